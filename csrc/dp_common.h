@@ -1,0 +1,47 @@
+/* dp_common.h - shared definitions of the plain-C core (no Python.h anywhere below module.c).
+ *
+ * Dimension letters used across csrc/: B batch rows, IN/OUT features of a dense layer,
+ * C classes, M/N/K of a GEMM (C is M x N, the reduction runs over K), P a flat parameter count.
+ *
+ * Error convention: every helper returns DP_OK (0) or a negative DP_E* code; the module turns
+ * the code into a Python exception. Nothing here prints, exits or aborts.
+ */
+#ifndef DP_COMMON_H
+#define DP_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DP_OK 0
+#define DP_ENOMEM (-1)     /* an allocation failed */
+#define DP_ELABEL (-2)     /* a label is out of range */
+#define DP_ETHREAD (-3)    /* a worker thread could not be started */
+#define DP_EVALUE (-4)     /* an argument value is invalid */
+
+#if defined(__GNUC__) || defined(__clang__)
+#define DP_RESTRICT __restrict__
+#define DP_INLINE static inline __attribute__((always_inline))
+#define DP_LIKELY(x) __builtin_expect(!!(x), 1)
+#else
+#define DP_RESTRICT
+#define DP_INLINE static inline
+#define DP_LIKELY(x) (x)
+#endif
+
+/* Packed GEMM panels and activations are aligned to a cache line (and to the widest vector). */
+#define DP_ALIGN 64
+
+void *dp_aligned_alloc(size_t bytes);
+void dp_aligned_free(void *p);
+
+/* A growable aligned scratch buffer; owned by a context, never shared between threads. */
+typedef struct {
+    void *ptr;
+    size_t cap;
+} dp_scratch;
+
+/* Returns a buffer of at least `bytes` (contents undefined), or NULL on allocation failure. */
+void *dp_scratch_get(dp_scratch *s, size_t bytes);
+void dp_scratch_free(dp_scratch *s);
+
+#endif

@@ -1,0 +1,53 @@
+/* dp_gemm.h - dense matrix multiply for the forward/backward kernels, written here (no BLAS).
+ *
+ *   C = alpha * A * B + beta * C,   A is M x K, B is K x N, C is M x N (row-major, row stride ldc)
+ *
+ * A and B are addressed through a row stride and a column stride each, so the three variants
+ * the layers need (A*B, A*B^T, A^T*B) are one routine: a transpose is a swap of the strides,
+ * paid once while packing. beta == 0 never reads C (C may hold NaN garbage).
+ *
+ * The context owns what the routine needs besides its arguments: the intra-worker thread pool
+ * and one pair of packing buffers per thread. A context is used by one caller at a time.
+ */
+#ifndef DP_GEMM_H
+#define DP_GEMM_H
+
+#include "dp_common.h"
+#include "dp_pool.h"
+
+#define DP_MAX_THREADS 256
+
+typedef struct {
+    dp_pool *pool;            /* NULL when threads == 1 */
+    int threads;
+    dp_scratch pack[2 * DP_MAX_THREADS];   /* [2t] packed A block, [2t + 1] packed B panel */
+} dp_ctx;
+
+int dp_ctx_init(dp_ctx *ctx, int threads);
+void dp_ctx_free(dp_ctx *ctx);
+
+/* The SIMD level the dispatcher picked on this CPU: "avx2+fma" or "generic". */
+const char *dp_gemm_isa(void);
+/* Micro-kernel shape of the chosen path, for `dptrain info`. */
+void dp_gemm_blocking(int dtype_bytes, int *mr, int *nr, int *kc, int *mc, int *nc);
+
+int dp_gemm_f32(dp_ctx *ctx, float *C, ptrdiff_t ldc,
+                const float *A, ptrdiff_t rsa, ptrdiff_t csa,
+                const float *B, ptrdiff_t rsb, ptrdiff_t csb,
+                int M, int N, int K, float alpha, float beta);
+int dp_gemm_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc,
+                const double *A, ptrdiff_t rsa, ptrdiff_t csa,
+                const double *B, ptrdiff_t rsb, ptrdiff_t csb,
+                int M, int N, int K, double alpha, double beta);
+
+/* The readable twin: a triple loop, the reference for tests and the fallback nobody needs. */
+void dp_gemm_naive_f32(float *C, ptrdiff_t ldc,
+                       const float *A, ptrdiff_t rsa, ptrdiff_t csa,
+                       const float *B, ptrdiff_t rsb, ptrdiff_t csb,
+                       int M, int N, int K, float alpha, float beta);
+void dp_gemm_naive_f64(double *C, ptrdiff_t ldc,
+                       const double *A, ptrdiff_t rsa, ptrdiff_t csa,
+                       const double *B, ptrdiff_t rsb, ptrdiff_t csb,
+                       int M, int N, int K, double alpha, double beta);
+
+#endif

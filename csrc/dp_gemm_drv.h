@@ -1,0 +1,169 @@
+/* dp_gemm_drv.h - the blocked GEMM driver for one dtype (BLIS's three outer loops plus
+ * threading). Included by dp_gemm.c with T, DSUF (_f32/_f64), KC, MC, NC and the names of
+ * the two ISA builds of the packing routines and macro-kernel (ISA_FAST, ISA_GENERIC).
+ *
+ * Loop order: jc over NC-column panels of B, pc over KC-deep slices (B panel packed once,
+ * lives in L3/L2), ic over MC-row blocks of A (packed, lives in L2), then the macro-kernel.
+ * Threads: the problem is cut into T sub-GEMMs along N (whole NR micro-panels) or, when N is
+ * too narrow, along M; each thread packs into its own buffers, so there is no shared write.
+ */
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define D(name) CAT(name, DSUF)
+#define FAST(name) CAT(CAT(name, DSUF), ISA_FAST)
+#define GEN(name) CAT(CAT(name, DSUF), ISA_GENERIC)
+
+#define MR 6
+#define NR (2 * (32 / (int)sizeof(T)))
+
+typedef struct {
+    void (*pack_a)(T *, const T *, ptrdiff_t, ptrdiff_t, int, int);
+    void (*pack_b)(T *, const T *, ptrdiff_t, ptrdiff_t, int, int);
+    void (*macro)(T *, ptrdiff_t, const T *, const T *, int, int, int, T, T);
+} D(gemm_impl);
+
+static D(gemm_impl) D(pick_impl)(void)
+{
+#ifdef ISA_FAST
+    if (dp_cpu_fast()) {
+        D(gemm_impl) f = {FAST(pack_a), FAST(pack_b), FAST(macrokernel)};
+        return f;
+    }
+#endif
+    D(gemm_impl) g = {GEN(pack_a), GEN(pack_b), GEN(macrokernel)};
+    return g;
+}
+
+typedef struct {
+    dp_ctx *ctx;
+    D(gemm_impl) impl;
+    T *C;
+    ptrdiff_t ldc;
+    const T *A, *B;
+    ptrdiff_t rsa, csa, rsb, csb;
+    int M, N, K;
+    T alpha, beta;
+    int split_n;     /* 1: threads own column ranges, 0: row ranges */
+    int kc;          /* balanced depth of a K slice */
+} D(gemm_job);
+
+static int D(round_up)(int x, int m) { return (x + m - 1) / m * m; }
+
+/* Splits [0, total) into n parts of whole `unit`s; part t is [*lo, *hi). */
+static void D(part)(int total, int unit, int t, int n, int *lo, int *hi)
+{
+    int units = (total + unit - 1) / unit;
+    int q = units / n, r = units % n;
+    int u0 = t * q + (t < r ? t : r);
+    int u1 = u0 + q + (t < r ? 1 : 0);
+    *lo = u0 * unit < total ? u0 * unit : total;
+    *hi = u1 * unit < total ? u1 * unit : total;
+}
+
+/* Balanced block size: the count of blocks is what MAXB dictates, the size is spread evenly. */
+static int D(balanced)(int total, int maxb, int unit)
+{
+    int nb = (total + maxb - 1) / maxb;
+    if (nb < 1) nb = 1;
+    return D(round_up)((total + nb - 1) / nb, unit);
+}
+
+static void D(gemm_task)(void *arg, int t, int n)
+{
+    D(gemm_job) *job = arg;
+    int m0 = 0, m1 = job->M, n0 = 0, n1 = job->N;
+    if (job->split_n) D(part)(job->N, NR, t, n, &n0, &n1);
+    else D(part)(job->M, MR, t, n, &m0, &m1);
+    if (m0 >= m1 || n0 >= n1) return;
+    int M = m1 - m0, N = n1 - n0, kcb = job->kc;
+    int mcb = D(balanced)(M, MC, MR);
+    T *Ap = job->ctx->pack[2 * t].ptr, *Bp = job->ctx->pack[2 * t + 1].ptr;
+    const T *A = job->A + (ptrdiff_t)m0 * job->rsa;
+    const T *B = job->B + (ptrdiff_t)n0 * job->csb;
+    T *C = job->C + (ptrdiff_t)m0 * job->ldc + n0;
+    for (int jc = 0; jc < N; jc += NC) {
+        int nc = N - jc < NC ? N - jc : NC;
+        for (int pc = 0; pc < job->K; pc += kcb) {
+            int kc = job->K - pc < kcb ? job->K - pc : kcb;
+            T beta = pc == 0 ? job->beta : (T)1;
+            job->impl.pack_b(Bp, B + (ptrdiff_t)pc * job->rsb + (ptrdiff_t)jc * job->csb,
+                             job->rsb, job->csb, kc, nc);
+            for (int ic = 0; ic < M; ic += mcb) {
+                int mc = M - ic < mcb ? M - ic : mcb;
+                job->impl.pack_a(Ap, A + (ptrdiff_t)ic * job->rsa + (ptrdiff_t)pc * job->csa,
+                                 job->rsa, job->csa, mc, kc);
+                job->impl.macro(C + (ptrdiff_t)ic * job->ldc + jc, job->ldc, Ap, Bp, mc, nc, kc,
+                                job->alpha, beta);
+            }
+        }
+    }
+}
+
+int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t csa,
+               const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, T alpha, T beta)
+{
+    // A is (M, K) via (rsa, csa), B is (K, N) via (rsb, csb), C is (M, N) with row stride ldc
+    if (M <= 0 || N <= 0) return DP_OK;
+    if (K <= 0 || alpha == 0) {
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++)
+                C[(ptrdiff_t)i * ldc + j] = beta == 0 ? (T)0 : beta * C[(ptrdiff_t)i * ldc + j];
+        return DP_OK;
+    }
+    dp_ctx local;
+    int own = 0;
+    if (!ctx) {
+        int rc = dp_ctx_init(&local, 1);
+        if (rc) return rc;
+        ctx = &local;
+        own = 1;
+    }
+    D(gemm_job) job = {ctx, D(pick_impl)(), C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta,
+                       1, D(balanced)(K, KC, 1)};
+    /* How many threads: no more than there are 6x16-ish tiles' worth of work per thread. */
+    int threads = ctx->threads;
+    long long flops = 2LL * M * N * K;
+    if (flops < 200000LL * threads) threads = (int)(flops / 200000LL) > 1 ? (int)(flops / 200000LL) : 1;
+    int nblocks = (N + NR - 1) / NR, mblocks = (M + MR - 1) / MR;
+    job.split_n = nblocks >= threads || nblocks >= mblocks;
+    int units = job.split_n ? nblocks : mblocks;
+    if (threads > units) threads = units;
+    if (threads < 1) threads = 1;
+    /* Scratch is sized in the caller so that no thread can fail. */
+    for (int t = 0; t < threads; t++) {
+        int m0 = 0, m1 = M, n0 = 0, n1 = N;
+        if (job.split_n) D(part)(N, NR, t, threads, &n0, &n1);
+        else D(part)(M, MR, t, threads, &m0, &m1);
+        int mcb = D(balanced)(m1 - m0 > 0 ? m1 - m0 : 1, MC, MR);
+        int ncb = D(round_up)((n1 - n0) < NC ? (n1 - n0 > 0 ? n1 - n0 : 1) : NC, NR);
+        if (!dp_scratch_get(&ctx->pack[2 * t], sizeof(T) * (size_t)mcb * job.kc) ||
+            !dp_scratch_get(&ctx->pack[2 * t + 1], sizeof(T) * (size_t)ncb * job.kc)) {
+            if (own) dp_ctx_free(&local);
+            return DP_ENOMEM;
+        }
+    }
+    dp_pool_run(ctx->pool, threads, D(gemm_task), &job);
+    if (own) dp_ctx_free(&local);
+    return DP_OK;
+}
+
+void D(dp_gemm_naive)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t csa,
+                      const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, T alpha, T beta)
+{
+    // A is (M, K), B is (K, N), C is (M, N); accumulates each dot product in T
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            T s = 0;
+            for (int k = 0; k < K; k++)
+                s += A[(ptrdiff_t)i * rsa + (ptrdiff_t)k * csa] * B[(ptrdiff_t)k * rsb + (ptrdiff_t)j * csb];
+            T *c = &C[(ptrdiff_t)i * ldc + j];
+            *c = beta == 0 ? alpha * s : alpha * s + beta * *c;
+        }
+}
+
+#undef MR
+#undef NR
+#undef D
+#undef FAST
+#undef GEN

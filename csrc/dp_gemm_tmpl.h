@@ -1,0 +1,170 @@
+/* dp_gemm_tmpl.h - packing routines and the MR x NR micro-kernel, for one dtype and one ISA.
+ * Included by dp_gemm.c once per (dtype, ISA) with these macros defined:
+ *   T     element type (float or double)
+ *   VL    elements in a 32-byte vector (8 or 4)
+ *   SUF   name suffix, e.g. _f32_avx2
+ *   TGT   function attribute selecting the ISA (empty for the generic build)
+ * The micro-kernel is written with GNU vector extensions: under TGT = target("avx2,fma") they
+ * become ymm registers and vfmadd; in the generic build they become SSE2 pairs on x86-64 or
+ * NEON pairs on AArch64. MR = 6 rows and NR = 2 vectors give 12 accumulators + 2 B vectors +
+ * 1 broadcast = 15 of the 16 ymm registers (the BLIS Haswell shape).
+ *
+ * Assumptions: panels are packed by the routines below (zero-padded to MR/NR, aligned to
+ * DP_ALIGN); C is row-major with unit column stride; kc >= 1.
+ */
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define F(name) CAT(name, SUF)
+
+#define MR 6
+#define NR (2 * VL)
+
+typedef T F(vec_t) __attribute__((vector_size(VL * sizeof(T))));
+
+/* Packs the mc x kc block of A (element (i, k) at A[i * rsa + k * csa]) into MR-row
+ * micro-panels: panel p holds rows p*MR.., stored k-major (MR values per k), zero-padded. */
+TGT static void F(pack_a)(T *DP_RESTRICT Ap, const T *DP_RESTRICT A, ptrdiff_t rsa, ptrdiff_t csa,
+                          int mc, int kc)
+{
+    for (int i0 = 0; i0 < mc; i0 += MR) {
+        int mr = mc - i0 < MR ? mc - i0 : MR;
+        const T *a = A + (ptrdiff_t)i0 * rsa;
+        if (mr == MR && csa == 1) {
+            /* row-major A: MR row pointers walked together */
+            const T *r0 = a, *r1 = a + rsa, *r2 = a + 2 * rsa, *r3 = a + 3 * rsa,
+                    *r4 = a + 4 * rsa, *r5 = a + 5 * rsa;
+            for (int k = 0; k < kc; k++) {
+                Ap[0] = r0[k]; Ap[1] = r1[k]; Ap[2] = r2[k];
+                Ap[3] = r3[k]; Ap[4] = r4[k]; Ap[5] = r5[k];
+                Ap += MR;
+            }
+        } else if (mr == MR && rsa == 1) {
+            /* transposed A (A^T stored K x M): MR contiguous values per k */
+            for (int k = 0; k < kc; k++) {
+                const T *src = a + (ptrdiff_t)k * csa;
+                for (int i = 0; i < MR; i++) Ap[i] = src[i];
+                Ap += MR;
+            }
+        } else {
+            for (int k = 0; k < kc; k++) {
+                int i = 0;
+                for (; i < mr; i++) Ap[i] = a[(ptrdiff_t)i * rsa + (ptrdiff_t)k * csa];
+                for (; i < MR; i++) Ap[i] = 0;
+                Ap += MR;
+            }
+        }
+    }
+}
+
+/* Packs the kc x nc panel of B (element (k, j) at B[k * rsb + j * csb]) into NR-column
+ * micro-panels stored k-major (NR values per k), zero-padded. */
+TGT static void F(pack_b)(T *DP_RESTRICT Bp, const T *DP_RESTRICT B, ptrdiff_t rsb, ptrdiff_t csb,
+                          int kc, int nc)
+{
+    for (int j0 = 0; j0 < nc; j0 += NR) {
+        int nr = nc - j0 < NR ? nc - j0 : NR;
+        const T *b = B + (ptrdiff_t)j0 * csb;
+        if (nr == NR && csb == 1) {
+            for (int k = 0; k < kc; k++) {
+                const T *src = b + (ptrdiff_t)k * rsb;
+                for (int j = 0; j < NR; j++) Bp[j] = src[j];
+                Bp += NR;
+            }
+        } else if (nr == NR && rsb == 1) {
+            /* B = W^T with W row-major: read each of the NR rows of W contiguously and
+             * scatter into the panel (a kc x NR transpose that stays in L1) */
+            for (int j = 0; j < NR; j++) {
+                const T *src = b + (ptrdiff_t)j * csb;
+                for (int k = 0; k < kc; k++) Bp[(ptrdiff_t)k * NR + j] = src[k];
+            }
+            Bp += (ptrdiff_t)kc * NR;
+        } else {
+            for (int k = 0; k < kc; k++) {
+                int j = 0;
+                for (; j < nr; j++) Bp[j] = b[(ptrdiff_t)k * rsb + (ptrdiff_t)j * csb];
+                for (; j < NR; j++) Bp[j] = 0;
+                Bp += NR;
+            }
+        }
+    }
+}
+
+DP_INLINE F(vec_t) F(vload)(const T *p)
+{
+    F(vec_t) v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+
+DP_INLINE void F(vstore)(T *p, F(vec_t) v) { __builtin_memcpy(p, &v, sizeof v); }
+
+/* C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C  (beta == 0: C is not read).
+ * Ap is an MR x kc micro-panel, Bp a kc x NR micro-panel; k is the innermost loop. */
+TGT static void F(ukernel)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *DP_RESTRICT a,
+                           const T *DP_RESTRICT b, int kc, int mr, int nr, T alpha, T beta)
+{
+    typedef F(vec_t) V;
+    V c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
+    V c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
+#pragma GCC unroll 4
+    for (int k = 0; k < kc; k++) {
+        V b0 = F(vload)(b), b1 = F(vload)(b + VL);
+        T a0 = a[0], a1 = a[1], a2 = a[2];
+        c00 += b0 * a0; c01 += b1 * a0;
+        c10 += b0 * a1; c11 += b1 * a1;
+        c20 += b0 * a2; c21 += b1 * a2;
+        T a3 = a[3], a4 = a[4], a5 = a[5];
+        c30 += b0 * a3; c31 += b1 * a3;
+        c40 += b0 * a4; c41 += b1 * a4;
+        c50 += b0 * a5; c51 += b1 * a5;
+        a += MR;
+        b += NR;
+    }
+    V acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    if (mr == MR && nr == NR) {
+        for (int i = 0; i < MR; i++) {
+            T *c = C + (ptrdiff_t)i * ldc;
+            V r0 = acc[i][0] * alpha, r1 = acc[i][1] * alpha;
+            if (beta != 0) {
+                r0 += F(vload)(c) * beta;
+                r1 += F(vload)(c + VL) * beta;
+            }
+            F(vstore)(c, r0);
+            F(vstore)(c + VL, r1);
+        }
+    } else {
+        T tile[MR * NR];
+        for (int i = 0; i < MR; i++) {
+            F(vstore)(tile + i * NR, acc[i][0] * alpha);
+            F(vstore)(tile + i * NR + VL, acc[i][1] * alpha);
+        }
+        for (int i = 0; i < mr; i++) {
+            T *c = C + (ptrdiff_t)i * ldc;
+            if (beta != 0)
+                for (int j = 0; j < nr; j++) c[j] = tile[i * NR + j] + beta * c[j];
+            else
+                for (int j = 0; j < nr; j++) c[j] = tile[i * NR + j];
+        }
+    }
+}
+
+/* The two loops around the micro-kernel over one packed mc x kc block of A and one packed
+ * kc x nc panel of B (BLIS's macro-kernel). */
+TGT static void F(macrokernel)(T *C, ptrdiff_t ldc, const T *Ap, const T *Bp,
+                               int mc, int nc, int kc, T alpha, T beta)
+{
+    for (int j0 = 0; j0 < nc; j0 += NR) {
+        int nr = nc - j0 < NR ? nc - j0 : NR;
+        const T *bp = Bp + (ptrdiff_t)j0 * kc;
+        for (int i0 = 0; i0 < mc; i0 += MR) {
+            int mr = mc - i0 < MR ? mc - i0 : MR;
+            F(ukernel)(C + (ptrdiff_t)i0 * ldc + j0, ldc, Ap + (ptrdiff_t)i0 * kc, bp, kc, mr, nr,
+                       alpha, beta);
+        }
+    }
+}
+
+#undef MR
+#undef NR
+#undef F

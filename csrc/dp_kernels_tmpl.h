@@ -1,0 +1,233 @@
+/* dp_kernels_tmpl.h - bodies of the kernels in dp_kernels.h for one dtype.
+ * Included by dp_kernels.c with T, S (_f32/_f64), EXP, LOG1P defined. */
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define K(name) CAT(name, S)
+
+int K(dp_dense_forward)(dp_ctx *ctx, T *y, const T *x, const T *w, const T *b,
+                        int B, int IN, int OUT)
+{
+    // x is (B, IN), w is (OUT, IN), b is (OUT,), y is (B, OUT):  y = x w^T + b
+    for (int i = 0; i < B; i++) memcpy(y + (ptrdiff_t)i * OUT, b, sizeof(T) * (size_t)OUT);
+    return K(dp_gemm)(ctx, y, OUT, x, IN, 1, w, 1, IN, B, OUT, IN, (T)1, (T)1);
+}
+
+int K(dp_dense_backward)(dp_ctx *ctx, T *dw, T *db, T *dx, const T *dy, const T *x,
+                         const T *w, int B, int IN, int OUT)
+{
+    // dy is (B, OUT), x is (B, IN), w is (OUT, IN): dw += dy^T x, db += sum_rows dy, dx = dy w
+    int rc = K(dp_gemm)(ctx, dw, IN, dy, 1, OUT, x, IN, 1, OUT, IN, B, (T)1, (T)1);
+    if (rc) return rc;
+    for (int i = 0; i < B; i++) {
+        const T *r = dy + (ptrdiff_t)i * OUT;
+        for (int o = 0; o < OUT; o++) db[o] += r[o];
+    }
+    if (dx) rc = K(dp_gemm)(ctx, dx, IN, dy, OUT, 1, w, IN, 1, B, IN, OUT, (T)1, (T)0);
+    return rc;
+}
+
+void K(dp_relu_forward)(T *y, const T *x, ptrdiff_t n)
+{
+    for (ptrdiff_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : (T)0;
+}
+
+void K(dp_relu_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
+{
+    // y is the forward output: relu'(x) = 1[x > 0] = 1[y > 0]
+    for (ptrdiff_t i = 0; i < n; i++) dx[i] = y[i] > 0 ? dy[i] : (T)0;
+}
+
+int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
+                       int B, int C, T grad_scale)
+{
+    // logits is (B, C); loss_i = logsumexp(z_i) - z_i[y_i], computed as
+    // log(sum_j exp(z_ij - max_i)) + max_i - z_i[y_i] so that no exp overflows.
+    double total = 0;
+    for (int i = 0; i < B; i++) {
+        const T *z = logits + (ptrdiff_t)i * C;
+        int64_t y = labels[i];
+        if (y < 0 || y >= C) return DP_ELABEL;
+        T mx = z[0];
+        for (int j = 1; j < C; j++) mx = z[j] > mx ? z[j] : mx;
+        T sum = 0;
+        if (dlogits) {
+            T *d = dlogits + (ptrdiff_t)i * C;
+            for (int j = 0; j < C; j++) { d[j] = EXP(z[j] - mx); sum += d[j]; }
+            T inv = grad_scale / sum;
+            for (int j = 0; j < C; j++) d[j] *= inv;
+            d[y] -= grad_scale;
+        } else {
+            for (int j = 0; j < C; j++) sum += EXP(z[j] - mx);
+        }
+        total += (double)LOG(sum) + (double)mx - (double)z[y];
+    }
+    *loss_sum = total;
+    return DP_OK;
+}
+
+/* softplus(z) - y z, the binary cross-entropy on a logit, without overflow:
+ * softplus(z) = max(z, 0) + log1p(exp(-|z|)). */
+DP_INLINE T K(bce_term)(T z, T y, T *sig)
+{
+    T e = EXP(-(z < 0 ? -z : z));                 /* in (0, 1] */
+    *sig = z >= 0 ? (T)1 / ((T)1 + e) : e / ((T)1 + e);
+    return (z > 0 ? z : (T)0) - y * z + LOG1P(e);
+}
+
+int K(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
+                      int B, T grad_scale)
+{
+    // logits is (B,), labels in {0, 1}: loss_i = softplus(z_i) - y_i z_i, dz = sigmoid(z) - y
+    double total = 0;
+    for (int i = 0; i < B; i++) {
+        if (labels[i] != 0 && labels[i] != 1) return DP_ELABEL;
+        T y = (T)labels[i], s;
+        total += (double)K(bce_term)(logits[i], y, &s);
+        if (dlogits) dlogits[i] = (s - y) * grad_scale;
+    }
+    *loss_sum = total;
+    return DP_OK;
+}
+
+/* Rows per block of the fused logistic kernel: the block's x (ROWS x IN) is read from memory
+ * once for z = x w and then again from L1/L2 for dw += g x. */
+#define LOGISTIC_ROWS 64
+
+int K(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x,
+                        const T *w, const T *b, const int64_t *labels, int B, int IN,
+                        T grad_scale)
+{
+    // x is (B, IN), w is (1, IN), b is (1,): one pass of logistic regression's forward,
+    // loss, and backward; dw (IN,) and db (1,) accumulate.
+    double total = 0;
+    int64_t right = 0;
+    T gsum = 0;
+    for (int r0 = 0; r0 < B; r0 += LOGISTIC_ROWS) {
+        int rows = B - r0 < LOGISTIC_ROWS ? B - r0 : LOGISTIC_ROWS;
+        T g[LOGISTIC_ROWS];
+        for (int r = 0; r < rows; r++) {
+            int64_t lab = labels[r0 + r];
+            if (lab != 0 && lab != 1) return DP_ELABEL;
+            const T *xr = x + (ptrdiff_t)(r0 + r) * IN;
+            T z = b[0];
+            for (int j = 0; j < IN; j++) z += xr[j] * w[j];
+            T y = (T)lab, s;
+            total += (double)K(bce_term)(z, y, &s);
+            right += (z > 0) == (lab == 1);
+            g[r] = (s - y) * grad_scale;
+            gsum += g[r];
+        }
+        for (int r = 0; r < rows; r++) {
+            const T *xr = x + (ptrdiff_t)(r0 + r) * IN;
+            T gr = g[r];
+            for (int j = 0; j < IN; j++) dw[j] += gr * xr[j];
+        }
+    }
+    db[0] += gsum;
+    *loss_sum = total;
+    *correct = right;
+    return DP_OK;
+}
+
+void K(dp_argmax)(int64_t *out, const T *x, int B, int C)
+{
+    // x is (B, C); the first maximum wins, as in NumPy
+    for (int i = 0; i < B; i++) {
+        const T *r = x + (ptrdiff_t)i * C;
+        int best = 0;
+        for (int j = 1; j < C; j++)
+            if (r[j] > r[best]) best = j;
+        out[i] = best;
+    }
+}
+
+int64_t K(dp_count_correct)(const T *logits, const int64_t *labels, int B, int C)
+{
+    // logits is (B, C); C == 1 is a binary logit: predicted 1 when z > 0
+    int64_t right = 0;
+    for (int i = 0; i < B; i++) {
+        const T *r = logits + (ptrdiff_t)i * C;
+        int64_t pred;
+        if (C == 1) {
+            pred = r[0] > 0;
+        } else {
+            int best = 0;
+            for (int j = 1; j < C; j++)
+                if (r[j] > r[best]) best = j;
+            pred = best;
+        }
+        right += pred == labels[i];
+    }
+    return right;
+}
+
+void K(dp_sgd_step)(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum, T dampening,
+                    T weight_decay, int nesterov, int first_step)
+{
+    // p, v, g are (P,). torch.optim.SGD: d = g + wd p; v = momentum v + (1 - dampening) d
+    // (v = d on the first step); d = d + momentum v if nesterov else v; p -= lr d.
+    if (momentum == 0) {
+        for (ptrdiff_t i = 0; i < n; i++) p[i] -= lr * (g[i] + weight_decay * p[i]);
+        return;
+    }
+    T damp = (T)1 - dampening;
+    if (first_step) {
+        for (ptrdiff_t i = 0; i < n; i++) {
+            T d = g[i] + weight_decay * p[i];
+            v[i] = d;
+            p[i] -= lr * (nesterov ? d + momentum * d : d);
+        }
+    } else if (nesterov) {
+        for (ptrdiff_t i = 0; i < n; i++) {
+            T d = g[i] + weight_decay * p[i];
+            T vi = momentum * v[i] + damp * d;
+            v[i] = vi;
+            p[i] -= lr * (d + momentum * vi);
+        }
+    } else {
+        for (ptrdiff_t i = 0; i < n; i++) {
+            T d = g[i] + weight_decay * p[i];
+            T vi = momentum * v[i] + damp * d;
+            v[i] = vi;
+            p[i] -= lr * vi;
+        }
+    }
+}
+
+/* Elements per chunk: ins[0..k) are added chunk by chunk so the running sum stays in L1. */
+#define SUM_CHUNK 2048
+
+void K(dp_sum_buffers)(T *out, const T *const *ins, int k, ptrdiff_t start, ptrdiff_t stop,
+                       T scale)
+{
+    // out[start:stop] = scale * (ins[0] + ins[1] + ... + ins[k-1])[start:stop], added left to
+    // right in that order (so the result does not depend on how [start, stop) is sliced)
+    for (ptrdiff_t c0 = start; c0 < stop; c0 += SUM_CHUNK) {
+        ptrdiff_t c1 = stop - c0 < SUM_CHUNK ? stop : c0 + SUM_CHUNK;
+        T acc[SUM_CHUNK];
+        ptrdiff_t len = c1 - c0;
+        if (k == 0) {
+            for (ptrdiff_t i = 0; i < len; i++) acc[i] = 0;
+        } else {
+            const T *a = ins[0] + c0;
+            for (ptrdiff_t i = 0; i < len; i++) acc[i] = a[i];
+        }
+        for (int q = 1; q < k; q++) {
+            const T *a = ins[q] + c0;
+            for (ptrdiff_t i = 0; i < len; i++) acc[i] += a[i];
+        }
+        T *o = out + c0;
+        if (scale == 1)
+            for (ptrdiff_t i = 0; i < len; i++) o[i] = acc[i];
+        else
+            for (ptrdiff_t i = 0; i < len; i++) o[i] = acc[i] * scale;
+    }
+}
+
+void K(dp_scale)(T *buf, ptrdiff_t n, T alpha)
+{
+    for (ptrdiff_t i = 0; i < n; i++) buf[i] *= alpha;
+}
+
+#undef K

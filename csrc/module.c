@@ -1,0 +1,938 @@
+/* module.c - dptrain._core: the one file that talks to CPython and NumPy.
+ *
+ * Every entry point follows the same recipe: parse -> validate (ndarray, dtype, ndim, shape,
+ * C-contiguity, alignment, writeable outputs, no output aliasing an input) -> release the GIL
+ * -> call the plain-C kernel -> turn its return code into an exception. No argument is ever
+ * converted or copied: a wrong dtype or layout is an error, so no hidden copy hides in a loop.
+ *
+ * Objects that own scratch (Context, Network) carry a lock taken without the GIL, so two
+ * Python threads sharing one object serialize instead of corrupting its buffers; threads
+ * with their own objects run in parallel.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+#include <numpy/arrayobject.h>
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "dp_gemm.h"
+#include "dp_kernels.h"
+#include "dp_net.h"
+
+/* ------------------------------------------------------------------ validation helpers */
+
+static const char *dtype_name(PyArrayObject *a)
+{
+    switch (PyArray_TYPE(a)) {
+    case NPY_FLOAT32: return "float32";
+    case NPY_FLOAT64: return "float64";
+    case NPY_INT64: return "int64";
+    case NPY_INT32: return "int32";
+    case NPY_UINT8: return "uint8";
+    case NPY_FLOAT16: return "float16";
+    default: return PyArray_DESCR(a)->typeobj->tp_name;
+    }
+}
+
+static const char *typenum_name(int t)
+{
+    return t == NPY_FLOAT32 ? "float32" : t == NPY_FLOAT64 ? "float64" : t == NPY_INT64 ? "int64" : "?";
+}
+
+static void shape_str(char *buf, size_t n, int ndim, const npy_intp *dims)
+{
+    size_t used = (size_t)snprintf(buf, n, "(");
+    for (int i = 0; i < ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, i + 1 == ndim && ndim > 1 ? "%ld" : "%ld, ",
+                                 (long)dims[i]);
+    if (used < n) snprintf(buf + used, n - used, ")");
+}
+
+/* Returns obj as an ndarray of dtype `typenum` (NPY_NOTYPE: float32 or float64) and `ndim`
+ * dimensions (-1: any), C-contiguous and aligned, writeable when `output`; NULL + exception. */
+static PyArrayObject *check_array(PyObject *obj, const char *name, int typenum, int ndim, int output)
+{
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    int t = PyArray_TYPE(a);
+    if (typenum == NPY_NOTYPE ? (t != NPY_FLOAT32 && t != NPY_FLOAT64) : t != typenum) {
+        PyErr_Format(PyExc_TypeError, "%s has dtype %s, expected %s", name, dtype_name(a),
+                     typenum == NPY_NOTYPE ? "float32 or float64" : typenum_name(typenum));
+        return NULL;
+    }
+    if (ndim >= 0 && PyArray_NDIM(a) != ndim) {
+        char s[128];
+        shape_str(s, sizeof s, PyArray_NDIM(a), PyArray_DIMS(a));
+        PyErr_Format(PyExc_ValueError, "%s has shape %s, expected a %d-D array", name, s, ndim);
+        return NULL;
+    }
+    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s must be C-contiguous and aligned (convert it once with "
+                     "np.ascontiguousarray, outside the training loop)", name);
+        return NULL;
+    }
+    if (output && !PyArray_ISWRITEABLE(a)) {
+        PyErr_Format(PyExc_ValueError, "%s is read-only, but it is written to", name);
+        return NULL;
+    }
+    for (int i = 0; i < PyArray_NDIM(a); i++)
+        if (PyArray_DIM(a, i) > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "%s has a dimension of %ld, more than the kernels' limit %d",
+                         name, (long)PyArray_DIM(a, i), INT_MAX);
+            return NULL;
+        }
+    return a;
+}
+
+/* Checks a's shape against `expected` (ndim entries). */
+static int check_shape(PyArrayObject *a, const char *name, int ndim, const npy_intp *expected)
+{
+    int ok = PyArray_NDIM(a) == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = PyArray_DIM(a, i) == expected[i];
+    if (ok) return 0;
+    char got[128], want[128];
+    shape_str(got, sizeof got, PyArray_NDIM(a), PyArray_DIMS(a));
+    shape_str(want, sizeof want, ndim, expected);
+    PyErr_Format(PyExc_ValueError, "%s has shape %s, expected %s", name, got, want);
+    return -1;
+}
+
+static int check_same_dtype(PyArrayObject *a, const char *name, PyArrayObject *ref, const char *ref_name)
+{
+    if (PyArray_TYPE(a) == PyArray_TYPE(ref)) return 0;
+    PyErr_Format(PyExc_TypeError, "%s has dtype %s, expected %s (the dtype of %s)", name,
+                 dtype_name(a), dtype_name(ref), ref_name);
+    return -1;
+}
+
+/* An output must not share memory with an input it is computed from. */
+static int check_no_overlap(PyArrayObject *out, const char *out_name, PyArrayObject *in, const char *in_name)
+{
+    if (!in) return 0;
+    char *o0 = PyArray_BYTES(out), *o1 = o0 + PyArray_NBYTES(out);
+    char *i0 = PyArray_BYTES(in), *i1 = i0 + PyArray_NBYTES(in);
+    if (o0 < i1 && i0 < o1 && PyArray_NBYTES(out) && PyArray_NBYTES(in)) {
+        PyErr_Format(PyExc_ValueError, "%s shares memory with %s; pass a separate output array",
+                     out_name, in_name);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_finite(double v, const char *name)
+{
+    if (isfinite(v)) return 0;
+    PyErr_Format(PyExc_ValueError, "%s must be finite, got %R", name, PyFloat_FromDouble(v));
+    return -1;
+}
+
+/* The first label outside [0, classes) (binary: outside {0, 1}) as an exception. */
+static void label_error(PyArrayObject *labels, int64_t classes)
+{
+    const int64_t *l = PyArray_DATA(labels);
+    npy_intp n = PyArray_SIZE(labels);
+    for (npy_intp i = 0; i < n; i++)
+        if (l[i] < 0 || l[i] >= classes) {
+            PyErr_Format(PyExc_ValueError, "labels[%ld] = %lld is out of range: expected 0 <= label < %lld",
+                         (long)i, (long long)l[i], (long long)classes);
+            return;
+        }
+    PyErr_SetString(PyExc_ValueError, "labels are out of range");
+}
+
+static PyObject *raise_code(int rc, const char *what)
+{
+    if (rc == DP_ENOMEM) return PyErr_NoMemory();
+    if (rc == DP_ETHREAD) return PyErr_Format(PyExc_RuntimeError, "%s: could not start a thread", what);
+    return PyErr_Format(PyExc_RuntimeError, "%s failed with code %d", what, rc);
+}
+
+#define IS_F32(a) (PyArray_TYPE(a) == NPY_FLOAT32)
+
+/* ------------------------------------------------------------------ Context */
+
+typedef struct {
+    PyObject_HEAD
+    dp_ctx ctx;
+    PyThread_type_lock lock;
+    int ready;
+} ContextObject;
+
+static PyTypeObject ContextType;
+
+static int Context_init(ContextObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"threads", NULL};
+    int threads = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|i:Context", kwlist, &threads)) return -1;
+    if (threads < 1 || threads > DP_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads);
+        return -1;
+    }
+    if (self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "Context is already initialized");
+        return -1;
+    }
+    self->lock = PyThread_allocate_lock();
+    if (!self->lock) { PyErr_NoMemory(); return -1; }
+    int rc = dp_ctx_init(&self->ctx, threads);
+    if (rc) { raise_code(rc, "Context"); return -1; }
+    self->ready = 1;
+    return 0;
+}
+
+static void Context_dealloc(ContextObject *self)
+{
+    if (self->ready) dp_ctx_free(&self->ctx);
+    if (self->lock) PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Context_threads(ContextObject *self, void *closure)
+{
+    return PyLong_FromLong(self->ready ? self->ctx.threads : 0);
+}
+
+static PyGetSetDef Context_getset[] = {
+    {"threads", (getter)Context_threads, NULL, "threads the kernels split work over", NULL},
+    {NULL},
+};
+
+static PyTypeObject ContextType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dptrain._core.Context",
+    .tp_basicsize = sizeof(ContextObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Context(threads=1): a thread pool and GEMM packing buffers for the kernels.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Context_init,
+    .tp_dealloc = (destructor)Context_dealloc,
+    .tp_getset = Context_getset,
+};
+
+/* ctx argument: None -> a NULL context (the kernel allocates its own scratch). */
+static int get_ctx(PyObject *obj, ContextObject **out)
+{
+    *out = NULL;
+    if (!obj || obj == Py_None) return 0;
+    if (!PyObject_TypeCheck(obj, &ContextType) || !((ContextObject *)obj)->ready) {
+        PyErr_Format(PyExc_TypeError, "ctx must be a dptrain._core.Context or None, got %s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *out = (ContextObject *)obj;
+    return 0;
+}
+
+/* Runs stmt with the GIL released, holding `lock` (a PyThread lock, or NULL for none). */
+#define WITHOUT_GIL_LOCKED(lock, stmt)                                        \
+    do {                                                                      \
+        PyThread_type_lock lk_ = (lock);                                      \
+        Py_BEGIN_ALLOW_THREADS                                                \
+        if (lk_) PyThread_acquire_lock(lk_, WAIT_LOCK);                       \
+        stmt;                                                                 \
+        if (lk_) PyThread_release_lock(lk_);                                  \
+        Py_END_ALLOW_THREADS                                                  \
+    } while (0)
+#define WITHOUT_GIL(stmt) WITHOUT_GIL_LOCKED(NULL, stmt)
+#define CTX_LOCK(cobj) ((cobj) ? (cobj)->lock : NULL)
+
+/* ------------------------------------------------------------------ GEMM */
+
+static PyObject *gemm_common(PyObject *args, PyObject *kwds, int naive)
+{
+    static char *kwlist[] = {"a", "b", "c", "trans_a", "trans_b", "alpha", "beta", "ctx", NULL};
+    PyObject *ao, *bo, *co, *ctxo = NULL;
+    int ta = 0, tb = 0;
+    double alpha = 1.0, beta = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$ppddO:gemm", kwlist, &ao, &bo, &co, &ta,
+                                     &tb, &alpha, &beta, &ctxo))
+        return NULL;
+    PyArrayObject *a, *b, *c;
+    ContextObject *cobj;
+    if (!(a = check_array(ao, "a", NPY_NOTYPE, 2, 0)) || !(b = check_array(bo, "b", NPY_NOTYPE, 2, 0)) ||
+        !(c = check_array(co, "c", NPY_NOTYPE, 2, 1)) || check_same_dtype(b, "b", a, "a") ||
+        check_same_dtype(c, "c", a, "a") || get_ctx(ctxo, &cobj) ||
+        check_finite(alpha, "alpha") || check_finite(beta, "beta"))
+        return NULL;
+    npy_intp M = PyArray_DIM(a, ta ? 1 : 0), K = PyArray_DIM(a, ta ? 0 : 1);
+    npy_intp N = PyArray_DIM(b, tb ? 0 : 1), Kb = PyArray_DIM(b, tb ? 1 : 0);
+    if (Kb != K) {
+        npy_intp want[2] = {tb ? PyArray_DIM(b, 0) : K, tb ? K : PyArray_DIM(b, 1)};
+        return check_shape(b, tb ? "b (transposed)" : "b", 2, want), NULL;
+    }
+    npy_intp cdims[2] = {M, N};
+    if (check_shape(c, "c", 2, cdims) || check_no_overlap(c, "c", a, "a") || check_no_overlap(c, "c", b, "b"))
+        return NULL;
+    /* op(a)(i, k) = a[i, k] or a[k, i]: strides in elements */
+    ptrdiff_t lda = PyArray_DIM(a, 1), ldb = PyArray_DIM(b, 1);
+    ptrdiff_t rsa = ta ? 1 : lda, csa = ta ? lda : 1, rsb = tb ? 1 : ldb, csb = tb ? ldb : 1;
+    int rc = 0;
+    void *C = PyArray_DATA(c);
+    const void *A = PyArray_DATA(a), *B = PyArray_DATA(b);
+    if (IS_F32(a)) {
+        if (naive)
+            WITHOUT_GIL(dp_gemm_naive_f32(C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, (float)alpha, (float)beta));
+        else
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_gemm_f32(cobj ? &cobj->ctx : NULL, C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, (float)alpha, (float)beta));
+    } else {
+        if (naive)
+            WITHOUT_GIL(dp_gemm_naive_f64(C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, alpha, beta));
+        else
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_gemm_f64(cobj ? &cobj->ctx : NULL, C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, alpha, beta));
+    }
+    if (rc) return raise_code(rc, "gemm");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_gemm(PyObject *self, PyObject *args, PyObject *kwds) { return gemm_common(args, kwds, 0); }
+static PyObject *py_gemm_naive(PyObject *self, PyObject *args, PyObject *kwds) { return gemm_common(args, kwds, 1); }
+
+/* ------------------------------------------------------------------ dense layer */
+
+static PyObject *py_dense_forward(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "w", "b", "y", "ctx", NULL};
+    PyObject *xo, *wo, *bo, *yo, *ctxo = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO|$O:dense_forward", kwlist, &xo, &wo, &bo, &yo, &ctxo))
+        return NULL;
+    PyArrayObject *x, *w, *b, *y;
+    ContextObject *cobj;
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) || !(w = check_array(wo, "w", NPY_NOTYPE, 2, 0)) ||
+        !(b = check_array(bo, "b", NPY_NOTYPE, 1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 2, 1)) ||
+        check_same_dtype(w, "w", x, "x") || check_same_dtype(b, "b", x, "x") ||
+        check_same_dtype(y, "y", x, "x") || get_ctx(ctxo, &cobj))
+        return NULL;
+    npy_intp B = PyArray_DIM(x, 0), IN = PyArray_DIM(x, 1), OUT = PyArray_DIM(w, 0);
+    npy_intp wd[2] = {OUT, IN}, bd[1] = {OUT}, yd[2] = {B, OUT};
+    if (check_shape(w, "w", 2, wd) || check_shape(b, "b", 1, bd) || check_shape(y, "y", 2, yd) ||
+        check_no_overlap(y, "y", x, "x") || check_no_overlap(y, "y", w, "w") || check_no_overlap(y, "y", b, "b"))
+        return NULL;
+    int rc;
+    dp_ctx *c = cobj ? &cobj->ctx : NULL;
+    if (IS_F32(x))
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_forward_f32(c, PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w), PyArray_DATA(b), (int)B, (int)IN, (int)OUT));
+    else
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_forward_f64(c, PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w), PyArray_DATA(b), (int)B, (int)IN, (int)OUT));
+    if (rc) return raise_code(rc, "dense_forward");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_dense_backward(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"dy", "x", "w", "dw", "db", "dx", "ctx", NULL};
+    PyObject *dyo, *xo, *wo, *dwo, *dbo, *dxo = Py_None, *ctxo = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO|O$O:dense_backward", kwlist, &dyo, &xo, &wo,
+                                     &dwo, &dbo, &dxo, &ctxo))
+        return NULL;
+    PyArrayObject *dy, *x, *w, *dw, *db, *dx = NULL;
+    ContextObject *cobj;
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 2, 0)) || !(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) ||
+        !(w = check_array(wo, "w", NPY_NOTYPE, 2, 0)) || !(dw = check_array(dwo, "dw", NPY_NOTYPE, 2, 1)) ||
+        !(db = check_array(dbo, "db", NPY_NOTYPE, 1, 1)) ||
+        (dxo != Py_None && !(dx = check_array(dxo, "dx", NPY_NOTYPE, 2, 1))) ||
+        check_same_dtype(x, "x", dy, "dy") || check_same_dtype(w, "w", dy, "dy") ||
+        check_same_dtype(dw, "dw", dy, "dy") || check_same_dtype(db, "db", dy, "dy") ||
+        (dx && check_same_dtype(dx, "dx", dy, "dy")) || get_ctx(ctxo, &cobj))
+        return NULL;
+    npy_intp B = PyArray_DIM(dy, 0), OUT = PyArray_DIM(dy, 1), IN = PyArray_DIM(w, 1);
+    npy_intp xd[2] = {B, IN}, wd[2] = {OUT, IN}, bd[1] = {OUT};
+    if (check_shape(x, "x", 2, xd) || check_shape(w, "w", 2, wd) || check_shape(dw, "dw", 2, wd) ||
+        check_shape(db, "db", 1, bd) || (dx && check_shape(dx, "dx", 2, xd)))
+        return NULL;
+    PyArrayObject *ins[3] = {dy, x, w};
+    const char *in_names[3] = {"dy", "x", "w"};
+    for (int i = 0; i < 3; i++)
+        if (check_no_overlap(dw, "dw", ins[i], in_names[i]) || check_no_overlap(db, "db", ins[i], in_names[i]) ||
+            (dx && check_no_overlap(dx, "dx", ins[i], in_names[i])))
+            return NULL;
+    if ((dx && (check_no_overlap(dx, "dx", dw, "dw") || check_no_overlap(dx, "dx", db, "db"))) ||
+        check_no_overlap(db, "db", dw, "dw"))
+        return NULL;
+    int rc;
+    dp_ctx *c = cobj ? &cobj->ctx : NULL;
+    void *dxp = dx ? PyArray_DATA(dx) : NULL;
+    if (IS_F32(dy))
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_backward_f32(c, PyArray_DATA(dw), PyArray_DATA(db), dxp, PyArray_DATA(dy), PyArray_DATA(x), PyArray_DATA(w), (int)B, (int)IN, (int)OUT));
+    else
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_backward_f64(c, PyArray_DATA(dw), PyArray_DATA(db), dxp, PyArray_DATA(dy), PyArray_DATA(x), PyArray_DATA(w), (int)B, (int)IN, (int)OUT));
+    if (rc) return raise_code(rc, "dense_backward");
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ activations */
+
+/* Element-wise kernels: every array has the shape of the first; the output may be the very
+ * same array as an input (in place) but must not partially overlap one. */
+static int check_elementwise(PyArrayObject *out, const char *oname, PyArrayObject *in, const char *iname)
+{
+    if (check_same_dtype(out, oname, in, iname) ||
+        check_shape(out, oname, PyArray_NDIM(in), PyArray_DIMS(in)))
+        return -1;
+    if (PyArray_DATA(out) == PyArray_DATA(in)) return 0;
+    return check_no_overlap(out, oname, in, iname);
+}
+
+static PyObject *py_relu_forward(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "y", NULL};
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:relu_forward", kwlist, &xo, &yo)) return NULL;
+    PyArrayObject *x, *y;
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, -1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, -1, 1)) ||
+        check_elementwise(y, "y", x, "x"))
+        return NULL;
+    ptrdiff_t n = PyArray_SIZE(x);
+    if (IS_F32(x)) WITHOUT_GIL(dp_relu_forward_f32(PyArray_DATA(y), PyArray_DATA(x), n));
+    else WITHOUT_GIL(dp_relu_forward_f64(PyArray_DATA(y), PyArray_DATA(x), n));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_relu_backward(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"dy", "y", "dx", NULL};
+    PyObject *dyo, *yo, *dxo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:relu_backward", kwlist, &dyo, &yo, &dxo)) return NULL;
+    PyArrayObject *dy, *y, *dx;
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, -1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, -1, 0)) ||
+        !(dx = check_array(dxo, "dx", NPY_NOTYPE, -1, 1)) || check_elementwise(y, "y", dy, "dy") ||
+        check_elementwise(dx, "dx", dy, "dy") || check_no_overlap(dx, "dx", y, "y"))
+        return NULL;
+    ptrdiff_t n = PyArray_SIZE(dy);
+    if (IS_F32(dy)) WITHOUT_GIL(dp_relu_backward_f32(PyArray_DATA(dx), PyArray_DATA(dy), PyArray_DATA(y), n));
+    else WITHOUT_GIL(dp_relu_backward_f64(PyArray_DATA(dx), PyArray_DATA(dy), PyArray_DATA(y), n));
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ losses */
+
+/* grad_scale argument: None -> 1/B. */
+static int get_grad_scale(PyObject *obj, npy_intp B, double *out)
+{
+    if (!obj || obj == Py_None) { *out = B > 0 ? 1.0 / (double)B : 0.0; return 0; }
+    *out = PyFloat_AsDouble(obj);
+    if (*out == -1.0 && PyErr_Occurred()) return -1;
+    return check_finite(*out, "grad_scale");
+}
+
+static PyObject *loss_common(PyObject *args, PyObject *kwds, int binary)
+{
+    static char *kwlist[] = {"logits", "labels", "dlogits", "grad_scale", NULL};
+    PyObject *zo, *lo, *dzo = Py_None, *gso = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, binary ? "OO|OO:sigmoid_bce" : "OO|OO:softmax_xent",
+                                     kwlist, &zo, &lo, &dzo, &gso))
+        return NULL;
+    PyArrayObject *z, *l, *dz = NULL;
+    if (!(z = check_array(zo, "logits", NPY_NOTYPE, -1, 0)) || !(l = check_array(lo, "labels", NPY_INT64, 1, 0)))
+        return NULL;
+    int nd = PyArray_NDIM(z);
+    if (binary ? !(nd == 1 || (nd == 2 && PyArray_DIM(z, 1) == 1)) : nd != 2) {
+        char s[128];
+        shape_str(s, sizeof s, nd, PyArray_DIMS(z));
+        PyErr_Format(PyExc_ValueError, "logits has shape %s, expected %s", s, binary ? "(B,) or (B, 1)" : "(B, C)");
+        return NULL;
+    }
+    npy_intp B = PyArray_DIM(z, 0), C = binary ? 1 : PyArray_DIM(z, 1);
+    npy_intp ld[1] = {B};
+    double gs;
+    if (!binary && C < 1) return PyErr_Format(PyExc_ValueError, "logits has 0 classes"), NULL;
+    if (check_shape(l, "labels", 1, ld) || get_grad_scale(gso, B, &gs)) return NULL;
+    if (dzo != Py_None && (!(dz = check_array(dzo, "dlogits", NPY_NOTYPE, -1, 1)) ||
+                           check_elementwise(dz, "dlogits", z, "logits")))
+        return NULL;
+    double loss = 0;
+    int rc;
+    void *dzp = dz ? PyArray_DATA(dz) : NULL;
+    if (binary) {
+        if (IS_F32(z)) WITHOUT_GIL(rc = dp_sigmoid_bce_f32(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, (float)gs));
+        else WITHOUT_GIL(rc = dp_sigmoid_bce_f64(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, gs));
+    } else {
+        if (IS_F32(z)) WITHOUT_GIL(rc = dp_softmax_xent_f32(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C, (float)gs));
+        else WITHOUT_GIL(rc = dp_softmax_xent_f64(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C, gs));
+    }
+    if (rc == DP_ELABEL) return label_error(l, binary ? 2 : C), NULL;
+    if (rc) return raise_code(rc, binary ? "sigmoid_bce" : "softmax_xent");
+    return PyFloat_FromDouble(loss);
+}
+
+static PyObject *py_softmax_xent(PyObject *self, PyObject *args, PyObject *kwds) { return loss_common(args, kwds, 0); }
+static PyObject *py_sigmoid_bce(PyObject *self, PyObject *args, PyObject *kwds) { return loss_common(args, kwds, 1); }
+
+static PyObject *py_argmax(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "out", NULL};
+    PyObject *xo, *oo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:argmax", kwlist, &xo, &oo)) return NULL;
+    PyArrayObject *x, *o;
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) || !(o = check_array(oo, "out", NPY_INT64, 1, 1)))
+        return NULL;
+    npy_intp B = PyArray_DIM(x, 0), C = PyArray_DIM(x, 1), od[1] = {B};
+    if (C < 1) return PyErr_Format(PyExc_ValueError, "x has shape (%ld, 0): no column to pick", (long)B), NULL;
+    if (check_shape(o, "out", 1, od)) return NULL;
+    if (IS_F32(x)) WITHOUT_GIL(dp_argmax_f32(PyArray_DATA(o), PyArray_DATA(x), (int)B, (int)C));
+    else WITHOUT_GIL(dp_argmax_f64(PyArray_DATA(o), PyArray_DATA(x), (int)B, (int)C));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_count_correct(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"logits", "labels", NULL};
+    PyObject *zo, *lo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:count_correct", kwlist, &zo, &lo)) return NULL;
+    PyArrayObject *z, *l;
+    if (!(z = check_array(zo, "logits", NPY_NOTYPE, -1, 0)) || !(l = check_array(lo, "labels", NPY_INT64, 1, 0)))
+        return NULL;
+    if (PyArray_NDIM(z) != 1 && PyArray_NDIM(z) != 2) {
+        char s[128];
+        shape_str(s, sizeof s, PyArray_NDIM(z), PyArray_DIMS(z));
+        return PyErr_Format(PyExc_ValueError, "logits has shape %s, expected (B,) or (B, C)", s), NULL;
+    }
+    npy_intp B = PyArray_DIM(z, 0), C = PyArray_NDIM(z) == 2 ? PyArray_DIM(z, 1) : 1, ld[1] = {B};
+    if (C < 1) return PyErr_Format(PyExc_ValueError, "logits has 0 classes"), NULL;
+    if (check_shape(l, "labels", 1, ld)) return NULL;
+    int64_t n;
+    if (IS_F32(z)) WITHOUT_GIL(n = dp_count_correct_f32(PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
+    else WITHOUT_GIL(n = dp_count_correct_f64(PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
+    return PyLong_FromLongLong(n);
+}
+
+/* ------------------------------------------------------------------ optimizer, buffers */
+
+static PyObject *py_sgd_step(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"params", "grads", "velocity", "lr", "momentum", "dampening",
+                             "weight_decay", "nesterov", "first_step", NULL};
+    PyObject *po, *go, *vo;
+    double lr, mom = 0, damp = 0, wd = 0;
+    int nesterov = 0, first = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$ddddpp:sgd_step", kwlist, &po, &go, &vo, &lr,
+                                     &mom, &damp, &wd, &nesterov, &first))
+        return NULL;
+    if (!kwds || !PyDict_GetItemString(kwds, "lr"))
+        return PyErr_Format(PyExc_TypeError, "sgd_step() missing the keyword argument lr"), NULL;
+    PyArrayObject *p, *g, *v = NULL;
+    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 1)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 0)) ||
+        check_elementwise(g, "grads", p, "params") || check_finite(lr, "lr") ||
+        check_finite(mom, "momentum") || check_finite(damp, "dampening") || check_finite(wd, "weight_decay"))
+        return NULL;
+    if (lr < 0) return PyErr_Format(PyExc_ValueError, "lr must be >= 0, got %R", PyTuple_GET_ITEM(PyTuple_Pack(1, PyFloat_FromDouble(lr)), 0)), NULL;
+    if (mom < 0) return PyErr_Format(PyExc_ValueError, "momentum must be >= 0, got %S", PyFloat_FromDouble(mom)), NULL;
+    if (nesterov && (mom <= 0 || damp != 0))
+        return PyErr_Format(PyExc_ValueError, "nesterov needs momentum > 0 and dampening == 0 (momentum=%S, dampening=%S)",
+                            PyFloat_FromDouble(mom), PyFloat_FromDouble(damp)), NULL;
+    if (PyArray_DATA(p) == PyArray_DATA(g))
+        return PyErr_Format(PyExc_ValueError, "grads shares memory with params"), NULL;
+    if (mom != 0) {
+        if (vo == Py_None) return PyErr_Format(PyExc_ValueError, "velocity is None, but momentum=%S needs it", PyFloat_FromDouble(mom)), NULL;
+        if (!(v = check_array(vo, "velocity", NPY_NOTYPE, 1, 1)) || check_elementwise(v, "velocity", p, "params") ||
+            check_no_overlap(v, "velocity", p, "params") || check_no_overlap(v, "velocity", g, "grads"))
+            return NULL;
+    }
+    if (check_no_overlap(p, "params", g, "grads")) return NULL;
+    ptrdiff_t n = PyArray_SIZE(p);
+    void *vp = v ? PyArray_DATA(v) : NULL;
+    if (IS_F32(p))
+        WITHOUT_GIL(dp_sgd_step_f32(PyArray_DATA(p), vp, PyArray_DATA(g), n, (float)lr, (float)mom, (float)damp, (float)wd, nesterov, first));
+    else
+        WITHOUT_GIL(dp_sgd_step_f64(PyArray_DATA(p), vp, PyArray_DATA(g), n, lr, mom, damp, wd, nesterov, first));
+    Py_RETURN_NONE;
+}
+
+/* start/stop arguments: a half-open element range inside [0, n]. */
+static int get_range(PyObject *starto, PyObject *stopo, npy_intp n, ptrdiff_t *start, ptrdiff_t *stop)
+{
+    *start = 0;
+    *stop = n;
+    if (starto && starto != Py_None) {
+        *start = PyLong_AsSsize_t(starto);
+        if (*start == -1 && PyErr_Occurred()) return -1;
+    }
+    if (stopo && stopo != Py_None) {
+        *stop = PyLong_AsSsize_t(stopo);
+        if (*stop == -1 && PyErr_Occurred()) return -1;
+    }
+    if (*start < 0 || *stop > n || *start > *stop) {
+        PyErr_Format(PyExc_ValueError, "start=%zd, stop=%zd is not a range inside [0, %zd]", *start, *stop, (Py_ssize_t)n);
+        return -1;
+    }
+    return 0;
+}
+
+#define MAX_SUM_INPUTS 1024
+
+static PyObject *py_sum_buffers(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"out", "inputs", "scale", "start", "stop", NULL};
+    PyObject *oo, *ino, *starto = NULL, *stopo = NULL, *seq = NULL, *result = NULL;
+    double scale = 1.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|$dOO:sum_buffers", kwlist, &oo, &ino, &scale, &starto, &stopo))
+        return NULL;
+    PyArrayObject *out;
+    if (!(out = check_array(oo, "out", NPY_NOTYPE, 1, 1)) || check_finite(scale, "scale")) return NULL;
+    if (!(seq = PySequence_Fast(ino, "inputs must be a sequence of arrays"))) return NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    const void *ptrs[MAX_SUM_INPUTS];
+    ptrdiff_t start, stop;
+    if (k > MAX_SUM_INPUTS) {
+        PyErr_Format(PyExc_ValueError, "inputs has %zd arrays, at most %d are supported", k, MAX_SUM_INPUTS);
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        char name[48];
+        snprintf(name, sizeof name, "inputs[%zd]", i);
+        PyArrayObject *a = check_array(PySequence_Fast_GET_ITEM(seq, i), name, NPY_NOTYPE, 1, 0);
+        if (!a || check_elementwise(out, "out", a, name)) goto fail;
+        ptrs[i] = PyArray_DATA(a);
+    }
+    if (get_range(starto, stopo, PyArray_SIZE(out), &start, &stop)) goto fail;
+    if (IS_F32(out))
+        WITHOUT_GIL(dp_sum_buffers_f32(PyArray_DATA(out), (const float *const *)ptrs, (int)k, start, stop, (float)scale));
+    else
+        WITHOUT_GIL(dp_sum_buffers_f64(PyArray_DATA(out), (const double *const *)ptrs, (int)k, start, stop, scale));
+    result = Py_None;
+    Py_INCREF(result);
+fail:
+    Py_XDECREF(seq);
+    return result;
+}
+
+static PyObject *py_scale(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"buf", "alpha", "start", "stop", NULL};
+    PyObject *bo, *starto = NULL, *stopo = NULL;
+    double alpha;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Od|$OO:scale_", kwlist, &bo, &alpha, &starto, &stopo)) return NULL;
+    PyArrayObject *b;
+    ptrdiff_t start, stop;
+    if (!(b = check_array(bo, "buf", NPY_NOTYPE, 1, 1)) || check_finite(alpha, "alpha") ||
+        get_range(starto, stopo, PyArray_SIZE(b), &start, &stop))
+        return NULL;
+    if (IS_F32(b)) WITHOUT_GIL(dp_scale_f32((float *)PyArray_DATA(b) + start, stop - start, (float)alpha));
+    else WITHOUT_GIL(dp_scale_f64((double *)PyArray_DATA(b) + start, stop - start, alpha));
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ Network */
+
+typedef struct {
+    PyObject_HEAD
+    dp_net net;
+    PyArrayObject *params, *grads;   /* owned references, validated once */
+    PyObject *sizes;                 /* tuple of ints */
+    PyThread_type_lock lock;
+    int ready;
+} NetworkObject;
+
+static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"sizes", "loss", "params", "grads", "threads", NULL};
+    PyObject *so, *po, *go, *seq = NULL;
+    const char *loss_name;
+    int threads = 1, sizes[DP_MAX_LAYERS + 1], rc = -1;
+    if (self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "Network is already initialized");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OsOO|$i:Network", kwlist, &so, &loss_name, &po, &go, &threads))
+        return -1;
+    dp_loss loss;
+    if (strcmp(loss_name, "softmax_xent") == 0) loss = DP_LOSS_SOFTMAX_XENT;
+    else if (strcmp(loss_name, "sigmoid_bce") == 0) loss = DP_LOSS_SIGMOID_BCE;
+    else {
+        PyErr_Format(PyExc_ValueError, "loss must be 'softmax_xent' or 'sigmoid_bce', got '%s'", loss_name);
+        return -1;
+    }
+    if (threads < 1 || threads > DP_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads);
+        return -1;
+    }
+    if (!(seq = PySequence_Fast(so, "sizes must be a sequence of ints"))) return -1;
+    Py_ssize_t ns = PySequence_Fast_GET_SIZE(seq);
+    if (ns < 2 || ns > DP_MAX_LAYERS + 1) {
+        PyErr_Format(PyExc_ValueError, "sizes has %zd entries, expected 2 to %d (input, hidden..., output)", ns, DP_MAX_LAYERS + 1);
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < ns; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) goto fail;
+        if (v < 1 || v > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "sizes[%zd] = %ld, expected a positive layer width", i, v);
+            goto fail;
+        }
+        sizes[i] = (int)v;
+    }
+    if (loss == DP_LOSS_SIGMOID_BCE && sizes[ns - 1] != 1) {
+        PyErr_Format(PyExc_ValueError, "loss 'sigmoid_bce' needs one output, sizes[-1] = %d", sizes[ns - 1]);
+        goto fail;
+    }
+    if (loss == DP_LOSS_SOFTMAX_XENT && sizes[ns - 1] < 2) {
+        PyErr_Format(PyExc_ValueError, "loss 'softmax_xent' needs >= 2 outputs, sizes[-1] = %d", sizes[ns - 1]);
+        goto fail;
+    }
+    PyArrayObject *p, *g;
+    npy_intp pn[1] = {dp_net_param_count(sizes, (int)ns - 1)};
+    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 0)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 1)) ||
+        check_same_dtype(g, "grads", p, "params") || check_shape(p, "params", 1, pn) ||
+        check_shape(g, "grads", 1, pn) || check_no_overlap(g, "grads", p, "params"))
+        goto fail;
+    self->lock = PyThread_allocate_lock();
+    if (!self->lock) { PyErr_NoMemory(); goto fail; }
+    int err = dp_net_init(&self->net, sizes, (int)ns - 1, loss, threads);
+    if (err) {
+        dp_net_free(&self->net);
+        raise_code(err, "Network");
+        goto fail;
+    }
+    self->sizes = PySequence_Tuple(seq);
+    if (!self->sizes) { dp_net_free(&self->net); goto fail; }
+    Py_INCREF(p);
+    Py_INCREF(g);
+    self->params = p;
+    self->grads = g;
+    self->ready = 1;
+    rc = 0;
+fail:
+    Py_XDECREF(seq);
+    return rc;
+}
+
+static void Network_dealloc(NetworkObject *self)
+{
+    if (self->ready) dp_net_free(&self->net);
+    Py_XDECREF(self->params);
+    Py_XDECREF(self->grads);
+    Py_XDECREF(self->sizes);
+    if (self->lock) PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* x (B, IN) of the network's dtype and labels (B,) int64 (labels may be optional). */
+static int network_batch(NetworkObject *self, PyObject *xo, PyObject *lo, PyArrayObject **x, PyArrayObject **l)
+{
+    if (!self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "Network is not initialized");
+        return -1;
+    }
+    if (!(*x = check_array(xo, "x", PyArray_TYPE(self->params), 2, 0))) return -1;
+    npy_intp B = PyArray_DIM(*x, 0), xd[2] = {B, self->net.sizes[0]}, ld[1] = {B};
+    if (check_shape(*x, "x", 2, xd)) return -1;
+    *l = NULL;
+    if (lo && lo != Py_None && (!(*l = check_array(lo, "labels", NPY_INT64, 1, 0)) || check_shape(*l, "labels", 1, ld)))
+        return -1;
+    return 0;
+}
+
+static PyObject *Network_loss_grad(NetworkObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "labels", "grad_scale", NULL};
+    PyObject *xo, *lo, *gso = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:loss_grad", kwlist, &xo, &lo, &gso)) return NULL;
+    PyArrayObject *x, *l;
+    double gs;
+    if (network_batch(self, xo, lo, &x, &l)) return NULL;
+    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    npy_intp B = PyArray_DIM(x, 0);
+    if (get_grad_scale(gso, B, &gs)) return NULL;
+    if (!PyArray_ISWRITEABLE(self->grads))
+        return PyErr_Format(PyExc_ValueError, "grads is read-only, but it is written to"), NULL;
+    double loss = 0;
+    int64_t correct = 0;
+    int rc;
+    dp_net *net = &self->net;
+    if (IS_F32(self->params))
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_loss_grad_f32(net, PyArray_DATA(self->grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, (float)gs));
+    else
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_loss_grad_f64(net, PyArray_DATA(self->grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
+    if (rc == DP_ELABEL) return label_error(l, net->loss == DP_LOSS_SIGMOID_BCE ? 2 : net->sizes[net->n_layers]), NULL;
+    if (rc) return raise_code(rc, "Network.loss_grad");
+    return Py_BuildValue("(dL)", loss, (long long)correct);
+}
+
+static PyObject *Network_evaluate(NetworkObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "labels", NULL};
+    PyObject *xo, *lo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:evaluate", kwlist, &xo, &lo)) return NULL;
+    PyArrayObject *x, *l;
+    if (network_batch(self, xo, lo, &x, &l)) return NULL;
+    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    double loss = 0;
+    int64_t correct = 0;
+    int rc;
+    dp_net *net = &self->net;
+    int B = (int)PyArray_DIM(x, 0);
+    if (IS_F32(self->params))
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_evaluate_f32(net, NULL, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), B));
+    else
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_evaluate_f64(net, NULL, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), B));
+    if (rc == DP_ELABEL) return label_error(l, net->loss == DP_LOSS_SIGMOID_BCE ? 2 : net->sizes[net->n_layers]), NULL;
+    if (rc) return raise_code(rc, "Network.evaluate");
+    return Py_BuildValue("(dL)", loss, (long long)correct);
+}
+
+static PyObject *Network_logits(NetworkObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "out", NULL};
+    PyObject *xo, *oo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:logits", kwlist, &xo, &oo)) return NULL;
+    PyArrayObject *x, *l, *o;
+    if (network_batch(self, xo, NULL, &x, &l)) return NULL;
+    npy_intp od[2] = {PyArray_DIM(x, 0), self->net.sizes[self->net.n_layers]};
+    if (!(o = check_array(oo, "out", PyArray_TYPE(self->params), 2, 1)) || check_shape(o, "out", 2, od) ||
+        check_no_overlap(o, "out", x, "x") || check_no_overlap(o, "out", self->params, "params"))
+        return NULL;
+    double loss;
+    int64_t correct;
+    int rc;
+    int B = (int)PyArray_DIM(x, 0);
+    if (IS_F32(self->params))
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_evaluate_f32(&self->net, PyArray_DATA(o), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), NULL, B));
+    else
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_evaluate_f64(&self->net, PyArray_DATA(o), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), NULL, B));
+    if (rc) return raise_code(rc, "Network.logits");
+    Py_RETURN_NONE;
+}
+
+static PyObject *Network_get_params(NetworkObject *self, void *c) { PyObject *o = self->params ? (PyObject *)self->params : Py_None; Py_INCREF(o); return o; }
+static PyObject *Network_get_grads(NetworkObject *self, void *c) { PyObject *o = self->grads ? (PyObject *)self->grads : Py_None; Py_INCREF(o); return o; }
+static PyObject *Network_get_sizes(NetworkObject *self, void *c) { PyObject *o = self->sizes ? self->sizes : Py_None; Py_INCREF(o); return o; }
+static PyObject *Network_get_threads(NetworkObject *self, void *c) { return PyLong_FromLong(self->ready ? self->net.ctx.threads : 0); }
+static PyObject *Network_get_loss(NetworkObject *self, void *c)
+{
+    return PyUnicode_FromString(self->net.loss == DP_LOSS_SIGMOID_BCE ? "sigmoid_bce" : "softmax_xent");
+}
+
+static PyMethodDef Network_methods[] = {
+    {"loss_grad", (PyCFunction)(void (*)(void))Network_loss_grad, METH_VARARGS | METH_KEYWORDS,
+     "loss_grad(x, labels, grad_scale=None) -> (loss_sum, n_correct)\n\nForward and backward on "
+     "one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (grad_scale "
+     "defaults to 1/B)."},
+    {"evaluate", (PyCFunction)(void (*)(void))Network_evaluate, METH_VARARGS | METH_KEYWORDS,
+     "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
+    {"logits", (PyCFunction)(void (*)(void))Network_logits, METH_VARARGS | METH_KEYWORDS,
+     "logits(x, out): writes the (B, OUT) logits."},
+    {NULL},
+};
+
+static PyGetSetDef Network_getset[] = {
+    {"params", (getter)Network_get_params, NULL, "the flat parameter array (held)", NULL},
+    {"grads", (getter)Network_get_grads, NULL, "the flat gradient array (held)", NULL},
+    {"sizes", (getter)Network_get_sizes, NULL, "layer widths (IN, H1, ..., OUT)", NULL},
+    {"threads", (getter)Network_get_threads, NULL, "threads the kernels split work over", NULL},
+    {"loss", (getter)Network_get_loss, NULL, "the loss name", NULL},
+    {NULL},
+};
+
+static PyTypeObject NetworkType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dptrain._core.Network",
+    .tp_basicsize = sizeof(NetworkObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Network(sizes, loss, params, grads, *, threads=1): dense layers with ReLU between "
+              "them over caller-owned flat parameter and gradient arrays.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Network_init,
+    .tp_dealloc = (destructor)Network_dealloc,
+    .tp_methods = Network_methods,
+    .tp_getset = Network_getset,
+};
+
+static PyObject *py_param_count(PyObject *self, PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "sizes must be a sequence of ints");
+    if (!seq) return NULL;
+    Py_ssize_t ns = PySequence_Fast_GET_SIZE(seq);
+    long long total = 0;
+    for (Py_ssize_t i = 0; i + 1 < ns; i++) {
+        long a = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i)), b = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i + 1));
+        if (PyErr_Occurred()) { Py_DECREF(seq); return NULL; }
+        total += (long long)b * (a + 1);
+    }
+    Py_DECREF(seq);
+    return PyLong_FromLongLong(total);
+}
+
+/* ------------------------------------------------------------------ build info */
+
+static PyObject *py_build_info(PyObject *self, PyObject *unused)
+{
+    int mr32, nr32, kc32, mc32, nc32, mr64, nr64, kc64, mc64, nc64;
+    dp_gemm_blocking(4, &mr32, &nr32, &kc32, &mc32, &nc32);
+    dp_gemm_blocking(8, &mr64, &nr64, &kc64, &mc64, &nc64);
+#if defined(__clang__)
+    const char *compiler = "clang " __clang_version__;
+#elif defined(__GNUC__)
+    const char *compiler = "gcc " __VERSION__;
+#else
+    const char *compiler = "unknown";
+#endif
+#if defined(DP_NO_PTHREADS) || defined(_WIN32)
+    const char *threads = "none (single-threaded build)";
+#else
+    const char *threads = "pthreads (own pool)";
+#endif
+    return Py_BuildValue(
+        "{s:s,s:s,s:(ss),s:s,s:O,s:i,s:{s:(iiiii),s:(iiiii)},s:s}",
+        "simd", dp_gemm_isa(), "compiler", compiler, "dtypes", "float32", "float64",
+        "threads", threads, "openmp", Py_False, "max_threads", DP_MAX_THREADS,
+        "gemm_blocking_mr_nr_kc_mc_nc", "float32", mr32, nr32, kc32, mc32, nc32,
+        "float64", mr64, nr64, kc64, mc64, nc64, "numpy_build_api", NPY_FEATURE_VERSION_STRING);
+}
+
+/* ------------------------------------------------------------------ module */
+
+#define KW (METH_VARARGS | METH_KEYWORDS)
+#define FN(f) ((PyCFunction)(void (*)(void))(f))
+
+static PyMethodDef module_methods[] = {
+    {"gemm", FN(py_gemm), KW, "gemm(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, ctx=None): c = alpha op(a) op(b) + beta c"},
+    {"gemm_naive", FN(py_gemm_naive), KW, "gemm_naive(...): the triple-loop twin of gemm"},
+    {"dense_forward", FN(py_dense_forward), KW, "dense_forward(x, w, b, y, *, ctx=None): y = x w^T + b"},
+    {"dense_backward", FN(py_dense_backward), KW, "dense_backward(dy, x, w, dw, db, dx=None, *, ctx=None): dw += dy^T x; db += sum(dy); dx = dy w"},
+    {"relu_forward", FN(py_relu_forward), KW, "relu_forward(x, y): y = max(x, 0)"},
+    {"relu_backward", FN(py_relu_backward), KW, "relu_backward(dy, y, dx): dx = dy * (y > 0)"},
+    {"softmax_xent", FN(py_softmax_xent), KW, "softmax_xent(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
+    {"sigmoid_bce", FN(py_sigmoid_bce), KW, "sigmoid_bce(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
+    {"argmax", FN(py_argmax), KW, "argmax(x, out): out = x.argmax(1)"},
+    {"count_correct", FN(py_count_correct), KW, "count_correct(logits, labels) -> int"},
+    {"sgd_step", FN(py_sgd_step), KW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False)"},
+    {"sum_buffers", FN(py_sum_buffers), KW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None)"},
+    {"scale_", FN(py_scale), KW, "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
+    {"param_count", py_param_count, METH_O, "param_count(sizes) -> length of the flat parameter layout"},
+    {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict describing this build"},
+    {NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, "dptrain._core",
+    "The C core of dptrain: GEMM, layer, loss, optimizer and buffer kernels (see docs/core_api.md).",
+    -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    import_array();
+    if (PyType_Ready(&ContextType) < 0 || PyType_Ready(&NetworkType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&core_module);
+    if (!m) return NULL;
+    Py_INCREF(&ContextType);
+    if (PyModule_AddObject(m, "Context", (PyObject *)&ContextType) < 0) {
+        Py_DECREF(&ContextType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&NetworkType);
+    if (PyModule_AddObject(m, "Network", (PyObject *)&NetworkType) < 0) {
+        Py_DECREF(&NetworkType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

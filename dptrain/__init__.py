@@ -1,0 +1,36 @@
+"""dptrain: synchronous data-parallel training on CPUs, with a C core.
+
+Quick start::
+
+    import dptrain
+    result = dptrain.train(model="mlp", dataset="mnist", epochs=2)
+
+The C extension ``dptrain._core`` holds the kernels (GEMM, layers, losses, SGD, buffer
+reductions); ``dptrain.reference`` is their pure-NumPy twin and test oracle.
+"""
+from . import _core
+from .models import MLP, LogisticRegression, Model, SoftmaxRegression, load_model
+from .optim import SGD
+
+__version__ = "0.1.0"
+
+__all__ = ["MLP", "LogisticRegression", "Model", "SoftmaxRegression", "SGD", "load_model",
+           "train", "build_info", "__version__"]
+
+
+def build_info() -> dict:
+    """How the C core was built: SIMD level, dtypes, compiler, threading, MPI availability."""
+    info = dict(_core.build_info())
+    try:
+        import mpi4py  # noqa: F401
+        from mpi4py import MPI
+        info["mpi"] = f"mpi4py {mpi4py.__version__}, {MPI.Get_library_version().splitlines()[0]}"
+    except Exception as exc:  # no mpi4py, or no MPI library behind it
+        info["mpi"] = f"not available ({type(exc).__name__}: {exc})"
+    return info
+
+
+def train(*args, **kwargs):
+    """See dptrain.training.train."""
+    from .training import train as _train
+    return _train(*args, **kwargs)

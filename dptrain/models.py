@@ -1,0 +1,244 @@
+"""The three model families: LogisticRegression, SoftmaxRegression, MLP.
+
+Each is a stack of dense layers (ReLU between them) run by the C core's fused
+``_core.Network``: one call per batch does forward, loss and backward with the GIL released.
+A model owns three flat, contiguous buffers, one per role:
+
+- ``params``: every layer's W (OUT, IN) row-major then b (OUT,), layer by layer;
+- ``grads``: the same layout; backward ACCUMULATES into it, ``zero_grad`` clears it;
+- ``velocity``: SGD's momentum buffer (optimizer state), same layout.
+
+Because each role is one buffer, a data-parallel engine all-reduces ``grads`` in one
+collective and updates ``params`` with one kernel. ``params``/``grads`` may also be passed in
+(for example views into shared memory), and are then used in place, never copied.
+
+Initialization is PyTorch's default for nn.Linear (``reference.init_params``), drawn from a
+seed, so the same seed gives the same model on every worker and every run.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from . import _core, reference
+
+__all__ = ["Model", "LogisticRegression", "SoftmaxRegression", "MLP", "load_model"]
+
+_DTYPES = {"float32": np.float32, "float64": np.float64}
+SAVE_FORMAT = 1
+
+
+def _as_dtype(dtype) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt.name not in _DTYPES:
+        raise TypeError(f"dtype is {dt.name}, expected float32 or float64")
+    return dt
+
+
+def _flat_buffer(name: str, given, n: int, dtype: np.dtype) -> np.ndarray:
+    """`given` validated as a writeable contiguous 1-D array of n elements, or a new zero one."""
+    if given is None:
+        return np.zeros(n, dtype=dtype)
+    if not isinstance(given, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(given).__name__}")
+    if given.dtype != dtype or given.shape != (n,):
+        raise ValueError(f"{name} has dtype {given.dtype} and shape {given.shape}, "
+                         f"expected {dtype.name} and ({n},)")
+    if not given.flags.c_contiguous or not given.flags.writeable:
+        raise ValueError(f"{name} must be C-contiguous and writeable")
+    return given
+
+
+class Model:
+    """Dense layers ``sizes = (IN, H1, ..., OUT)`` with ReLU between them and a fused loss.
+
+    loss: "softmax_xent" (OUT >= 2 classes) or "sigmoid_bce" (OUT == 1, binary labels).
+    threads: threads the kernels may split one batch over (intra-worker parallelism).
+    params/grads/velocity: optional caller-owned flat buffers (see the module docstring);
+    given params are kept as they are (not re-initialized).
+    """
+
+    kind = "model"
+
+    def __init__(self, sizes, loss="softmax_xent", *, seed: int = 0, dtype="float32",
+                 threads: int = 1, params=None, grads=None, velocity=None):
+        self.sizes = tuple(int(s) for s in sizes)
+        if len(self.sizes) < 2 or min(self.sizes) < 1:
+            raise ValueError(f"sizes is {tuple(sizes)}, expected (IN, ..., OUT) with at least "
+                             f"two positive entries")
+        if loss not in reference.LOSSES:
+            raise ValueError(f"loss is {loss!r}, expected one of {reference.LOSSES}")
+        self.loss = loss
+        self.dtype = _as_dtype(dtype)
+        self.seed = int(seed)
+        n = reference.n_params(self.sizes)
+        self.params = _flat_buffer("params", params, n, self.dtype)
+        if params is None:
+            self.params[:] = reference.init_params(self.sizes, self.seed, self.dtype)
+        self.grads = _flat_buffer("grads", grads, n, self.dtype)
+        self.velocity = _flat_buffer("velocity", velocity, n, self.dtype)
+        self._net = _core.Network(self.sizes, loss, self.params, self.grads, threads=int(threads))
+
+    # ---- shapes and views
+    @property
+    def n_params(self) -> int:
+        return self.params.size
+
+    @property
+    def n_features(self) -> int:
+        return self.sizes[0]
+
+    @property
+    def n_outputs(self) -> int:
+        return self.sizes[-1]
+
+    @property
+    def threads(self) -> int:
+        return self._net.threads
+
+    def layers(self):
+        """[(W, b), ...] views into ``params``."""
+        return reference.unflatten(self.sizes, self.params)
+
+    def grad_layers(self):
+        """[(dW, db), ...] views into ``grads``."""
+        return reference.unflatten(self.sizes, self.grads)
+
+    def layer_slices(self):
+        """[(start, stop), ...] of each layer's W and b in the flat buffers, first layer first."""
+        out, off = [], 0
+        for n_in, n_out in zip(self.sizes[:-1], self.sizes[1:]):
+            out.append((off, off + n_out * (n_in + 1)))
+            off += n_out * (n_in + 1)
+        return out
+
+    # ---- compute
+    def zero_grad(self) -> None:
+        self.grads.fill(0)
+
+    def loss_grad(self, x: np.ndarray, y: np.ndarray, grad_scale: float | None = None):
+        """Forward + backward on a batch; ACCUMULATES into grads. Returns (loss_sum, n_correct).
+
+        grad_scale multiplies the per-sample losses' sum (default 1/B: the mean). A data-parallel
+        worker holding b of a global batch of B passes 1/B so that the all-reduced sum of the
+        workers' gradients is exactly the global batch's mean gradient.
+        """
+        return self._net.loss_grad(x, y, grad_scale)
+
+    def forward_backward(self, x: np.ndarray, y: np.ndarray) -> float:
+        """zero_grad, then the mean loss's gradient into grads; returns the mean loss."""
+        self.zero_grad()
+        loss_sum, _ = self._net.loss_grad(x, y)
+        return loss_sum / max(len(x), 1)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty((len(x), self.n_outputs), dtype=self.dtype)
+        self._net.logits(x, out)
+        return out
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Predicted labels (int64): argmax of the logits, or logit > 0 for a binary model."""
+        z = self.logits(x)
+        if self.n_outputs == 1:
+            return (z[:, 0] > 0).astype(np.int64)
+        out = np.empty(len(x), dtype=np.int64)
+        _core.argmax(z, out)
+        return out
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        """(mean loss, accuracy) on a data set, forward only."""
+        if len(x) == 0:
+            raise ValueError("evaluate needs at least one sample, x is empty")
+        loss_sum, correct = self._net.evaluate(x, y)
+        return loss_sum / len(x), correct / len(x)
+
+    # ---- persistence (.npz, no pickle)
+    def config(self) -> dict:
+        return {"kind": self.kind, "sizes": list(self.sizes), "loss": self.loss,
+                "dtype": self.dtype.name, "seed": self.seed}
+
+    def save(self, path, **extra_arrays) -> None:
+        """Writes params, velocity and the configuration to ``path`` (.npz, no pickle)."""
+        np.savez(path, format=np.int64(SAVE_FORMAT), config=np.array(json.dumps(self.config())),
+                 params=self.params, velocity=self.velocity, **extra_arrays)
+
+    def load_state(self, path) -> dict:
+        """Loads params/velocity saved by ``save`` into this model (shapes must match);
+        returns the other arrays of the file."""
+        with np.load(path, allow_pickle=False) as f:
+            cfg = json.loads(str(f["config"]))
+            if tuple(cfg["sizes"]) != self.sizes or cfg["loss"] != self.loss:
+                raise ValueError(f"{path}: saved model has sizes {tuple(cfg['sizes'])} and loss "
+                                 f"{cfg['loss']!r}, this model has {self.sizes} and {self.loss!r}")
+            self.params[:] = f["params"]
+            self.velocity[:] = f["velocity"]
+            return {k: f[k] for k in f.files if k not in ("params", "velocity", "config", "format")}
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(sizes={self.sizes}, loss={self.loss!r}, "
+                f"dtype={self.dtype.name}, params={self.n_params})")
+
+
+class LogisticRegression(Model):
+    """Binary logistic regression: one dense layer to a single logit, sigmoid + BCE loss."""
+
+    kind = "logreg"
+
+    def __init__(self, n_features: int, **kw):
+        super().__init__((n_features, 1), "sigmoid_bce", **kw)
+
+
+class SoftmaxRegression(Model):
+    """Multinomial logistic regression: one dense layer, softmax + cross-entropy."""
+
+    kind = "softmax"
+
+    def __init__(self, n_inputs: int, n_classes: int, **kw):
+        super().__init__((n_inputs, n_classes), "softmax_xent", **kw)
+
+
+class MLP(Model):
+    """Multi-layer perceptron: ``sizes = [784, 256, 128, 10]``, ReLU hidden layers."""
+
+    kind = "mlp"
+
+    def __init__(self, sizes=(784, 256, 128, 10), **kw):
+        if len(tuple(sizes)) < 2:
+            raise ValueError(f"MLP sizes is {tuple(sizes)}, expected at least (IN, OUT)")
+        super().__init__(sizes, "softmax_xent", **kw)
+
+
+def build_model(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128), **kw) -> Model:
+    """The model the CLI names: 'logreg', 'softmax' or 'mlp'."""
+    if kind == "logreg":
+        if n_classes != 2:
+            raise ValueError(f"model 'logreg' is binary, but the data set has {n_classes} classes")
+        return LogisticRegression(n_features, **kw)
+    if kind == "softmax":
+        return SoftmaxRegression(n_features, n_classes, **kw)
+    if kind == "mlp":
+        return MLP((n_features, *hidden, n_classes), **kw)
+    raise ValueError(f"model is {kind!r}, expected 'logreg', 'softmax' or 'mlp'")
+
+
+def load_model(path, *, threads: int = 1) -> Model:
+    """Rebuilds a model saved with ``Model.save`` (its class, sizes, dtype, params, velocity)."""
+    with np.load(path, allow_pickle=False) as f:
+        if "config" not in f.files or "params" not in f.files:
+            raise ValueError(f"{path} is not a dptrain model file (no 'config'/'params' arrays)")
+        cfg = json.loads(str(f["config"]))
+    cls = {"logreg": LogisticRegression, "softmax": SoftmaxRegression, "mlp": MLP}.get(cfg["kind"])
+    sizes = cfg["sizes"]
+    kw = dict(seed=cfg["seed"], dtype=cfg["dtype"], threads=threads)
+    if cls is LogisticRegression:
+        model = cls(sizes[0], **kw)
+    elif cls is SoftmaxRegression:
+        model = cls(sizes[0], sizes[1], **kw)
+    elif cls is MLP:
+        model = cls(sizes, **kw)
+    else:
+        model = Model(sizes, cfg["loss"], **kw)
+    model.load_state(path)
+    return model

@@ -1,0 +1,40 @@
+"""SGD with momentum, Nesterov and weight decay on a model's flat buffers (one C kernel call).
+
+Semantics are torch.optim.SGD's: d = g + wd * p; v = momentum * v + (1 - dampening) * d
+(v = d on the first step); d = d + momentum * v if nesterov else v; p -= lr * d.
+"""
+from __future__ import annotations
+
+from . import _core
+
+
+class SGD:
+    def __init__(self, model, lr: float, *, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False):
+        for name, v in (("lr", lr), ("momentum", momentum), ("dampening", dampening),
+                        ("weight_decay", weight_decay)):
+            if not (float(v) >= 0.0) or float(v) == float("inf"):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError(f"nesterov needs momentum > 0 and dampening == 0, got "
+                             f"momentum={momentum}, dampening={dampening}")
+        self.model = model
+        self.lr = float(lr)
+        self.momentum = float(momentum)
+        self.dampening = float(dampening)
+        self.weight_decay = float(weight_decay)
+        self.nesterov = bool(nesterov)
+        self.steps = 0
+
+    def step(self, lr: float | None = None) -> None:
+        """One update of model.params from model.grads (lr overrides the default, e.g. warm-up)."""
+        m = self.model
+        _core.sgd_step(m.params, m.grads, m.velocity, lr=self.lr if lr is None else float(lr),
+                       momentum=self.momentum, dampening=self.dampening,
+                       weight_decay=self.weight_decay, nesterov=self.nesterov,
+                       first_step=self.steps == 0)
+        self.steps += 1
+
+    def config(self) -> dict:
+        return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
+                "weight_decay": self.weight_decay, "nesterov": self.nesterov}

@@ -1,0 +1,464 @@
+"""Pure-NumPy reference of the C core (dptrain._core): the readable spec and the test oracle.
+
+Every function here has the name, argument order, keywords and in-place semantics of its C
+twin in docs/core_api.md, so a test can hand both the same arrays and compare the outputs:
+results are written into the output arrays the contract names, gradients are accumulated
+(``+=``) where it says so, and the same value is returned. ``ctx`` arguments (the C core's
+scratch context) are accepted and ignored.
+
+Dimension letters: B batch, IN/OUT features of a dense layer, C classes, M/N/K of a GEMM.
+
+Arithmetic is done in the arrays' own dtype (float32 or float64), so the reference rounds
+the way a straightforward C kernel would; only the returned loss sums are accumulated in
+float64. Scalars (alpha, lr, ...) are converted to that dtype first, so NumPy's promotion
+rules (which changed in NumPy 2, NEP 50) never silently widen a float32 computation.
+
+Left out on purpose: speed (this is the spec, not a fallback), and the C boundary's full
+validation (C-contiguity, writeability). Shapes, float dtypes and label ranges are checked,
+raising ValueError/TypeError in the contract's words, because a wrong-shaped oracle call
+that NumPy broadcasts into "agreement" would be a test that cannot fail.
+
+The model-level part at the end (n_params, unflatten, init_params, mlp_loss_grad,
+mlp_evaluate, mlp_logits) is the reference of the Network contract, written with the
+functions above; init_params also *defines* the parameter initialisation the models use.
+"""
+import math
+
+import numpy as np
+
+__all__ = [
+    "gemm", "dense_forward", "dense_backward", "relu_forward", "relu_backward",
+    "softmax_xent", "sigmoid_bce", "argmax", "count_correct", "sgd_step", "sum_buffers",
+    "scale_", "n_params", "unflatten", "init_params", "mlp_loss_grad", "mlp_evaluate",
+    "mlp_logits", "LOSSES",
+]
+
+LOSSES = ("softmax_xent", "sigmoid_bce")
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+# ---------------------------------------------------------------------------------------
+# validation helpers: light, but with messages that name the argument and the values
+
+
+def _check_shape(name, arr, expected):
+    if arr.shape != tuple(expected):
+        raise ValueError(f"{name} has shape {arr.shape}, expected {tuple(expected)}")
+
+
+def _check_ndim(name, arr, ndims):
+    if arr.ndim not in ndims:
+        want = " or ".join(f"{n}-D" for n in ndims)
+        raise ValueError(f"{name} has shape {arr.shape}, expected a {want} array")
+
+
+def _common_float_dtype(**arrays):
+    """The one float dtype shared by all given arrays (None values are skipped)."""
+    dtype = None
+    first = None
+    for name, arr in arrays.items():
+        if arr is None:
+            continue
+        if arr.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name} has dtype {arr.dtype}, expected float32 or float64")
+        if dtype is None:
+            dtype, first = arr.dtype, name
+        elif arr.dtype != dtype:
+            raise TypeError(f"{name} has dtype {arr.dtype}, expected {dtype} "
+                            f"(the dtype of {first})")
+    return dtype
+
+
+def _check_labels(labels, batch, n_classes):
+    """labels: integer (B,), every value in [0, n_classes)."""
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise TypeError(f"labels has dtype {labels.dtype}, expected int64")
+    _check_shape("labels", labels, (batch,))
+    if batch:
+        lo, hi = int(labels.min()), int(labels.max())
+        if lo < 0 or hi >= n_classes:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"labels contains {bad}, expected values in [0, {n_classes})")
+
+
+def _range(name, n, start, stop):
+    """slice(start, stop) after checking 0 <= start <= stop <= n (no negative indexing)."""
+    stop = n if stop is None else stop
+    if not 0 <= start <= stop <= n:
+        raise ValueError(f"{name} range [{start}, {stop}) is not inside [0, {n}]")
+    return slice(start, stop)
+
+
+# ---------------------------------------------------------------------------------------
+# the C entry points
+
+
+def gemm(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, ctx=None):
+    """c[:] = alpha * op(a) @ op(b) + beta * c; op(a) (M, K), op(b) (K, N), c (M, N).
+
+    beta == 0 never reads c, so NaN/Inf garbage in an uninitialised c does not leak
+    into the result (BLAS convention).
+    """
+    dt = _common_float_dtype(a=a, b=b, c=c)
+    _check_ndim("a", a, (2,))
+    _check_ndim("b", b, (2,))
+    op_a = a.T if trans_a else a
+    op_b = b.T if trans_b else b
+    (m, k), (k_b, n) = op_a.shape, op_b.shape
+    if k_b != k:
+        raise ValueError(f"b has shape {b.shape} (op(b) {op_b.shape}), expected op(b) to have "
+                         f"{k} rows to match op(a) {op_a.shape}")
+    _check_shape("c", c, (m, n))
+    prod = np.matmul(op_a, op_b)  # computed before c is written: c may alias a or b
+    prod *= dt.type(alpha)
+    if beta != 0:
+        prod += dt.type(beta) * c
+    c[...] = prod
+
+
+def dense_forward(x, w, b, y, *, ctx=None):
+    """y[:] = x @ w.T + b; x (B, IN), w (OUT, IN), b (OUT,), y (B, OUT)."""
+    _common_float_dtype(x=x, w=w, b=b, y=y)
+    _check_ndim("w", w, (2,))
+    out_f, in_f = w.shape
+    _check_ndim("x", x, (2,))
+    batch = x.shape[0]
+    _check_shape("x", x, (batch, in_f))
+    _check_shape("b", b, (out_f,))
+    _check_shape("y", y, (batch, out_f))
+    y[...] = x @ w.T + b
+
+
+def dense_backward(dy, x, w, dw, db, dx=None, *, ctx=None):
+    """dw += dy.T @ x; db += dy.sum(0); if dx is given, dx[:] = dy @ w.
+
+    dy (B, OUT), x (B, IN) the forward input, w (OUT, IN), dw like w, db (OUT,), dx like x.
+    """
+    _common_float_dtype(dy=dy, x=x, w=w, dw=dw, db=db, dx=dx)
+    _check_ndim("w", w, (2,))
+    out_f, in_f = w.shape
+    _check_ndim("x", x, (2,))
+    batch = x.shape[0]
+    _check_shape("x", x, (batch, in_f))
+    _check_shape("dy", dy, (batch, out_f))
+    _check_shape("dw", dw, (out_f, in_f))
+    _check_shape("db", db, (out_f,))
+    if dx is not None:
+        _check_shape("dx", dx, (batch, in_f))
+    dw += dy.T @ x
+    db += dy.sum(axis=0)
+    if dx is not None:
+        dx[...] = dy @ w
+
+
+def relu_forward(x, y):
+    """y[:] = maximum(x, 0); y may be x."""
+    _common_float_dtype(x=x, y=y)
+    _check_shape("y", y, x.shape)
+    np.maximum(x, x.dtype.type(0), out=y)
+
+
+def relu_backward(dy, y, dx):
+    """dx[:] = dy * (y > 0); y is the forward *output*; dx may be dy."""
+    _common_float_dtype(dy=dy, y=y, dx=dx)
+    _check_shape("y", y, dy.shape)
+    _check_shape("dx", dx, dy.shape)
+    # where() rather than a multiply: a masked entry is exactly 0 even where dy is inf.
+    dx[...] = np.where(y > 0, dy, dy.dtype.type(0))
+
+
+def softmax_xent(logits, labels, dlogits=None, grad_scale=None):
+    """Softmax cross-entropy summed over the batch; logits (B, C), labels int64 (B,).
+
+    Returns float(sum_i logsumexp(z_i) - z_i[y_i]). If dlogits is given, writes
+    dlogits[:] = (softmax(z) - onehot(y)) * grad_scale, grad_scale defaulting to 1/B.
+    Stable form: with m_i = max_j z_ij and s = z - m, logsumexp(z_i) - z_i[y] =
+    log(sum_j exp(s_ij)) - s_i[y], and every exp() argument is <= 0.
+    """
+    dt = _common_float_dtype(logits=logits, dlogits=dlogits)
+    _check_ndim("logits", logits, (2,))
+    batch, n_classes = logits.shape
+    if n_classes < 1:
+        raise ValueError(f"logits has shape {logits.shape}, expected at least one class")
+    _check_labels(labels, batch, n_classes)
+    if dlogits is not None:
+        _check_shape("dlogits", dlogits, logits.shape)
+    if batch == 0:
+        return 0.0
+    rows = np.arange(batch)
+    shifted = logits - logits.max(axis=1, keepdims=True)  # (B, C), each row's max is 0
+    exps = np.exp(shifted)
+    sum_exp = exps.sum(axis=1)  # (B,), in [1, C]
+    losses = np.log(sum_exp) - shifted[rows, labels]  # (B,) per-sample losses, dtype dt
+    if dlogits is not None:
+        scale = dt.type(1.0 / batch if grad_scale is None else grad_scale)
+        grad = exps / sum_exp[:, None]  # softmax
+        grad[rows, labels] -= dt.type(1)
+        grad *= scale
+        dlogits[...] = grad
+    return float(losses.sum(dtype=np.float64))
+
+
+def _sigmoid(z):
+    """Stable logistic: exp() is only ever taken of -|z| <= 0, so it never overflows."""
+    e = np.exp(-np.abs(z))
+    one = z.dtype.type(1)
+    return np.where(z >= 0, one / (one + e), e / (one + e))
+
+
+def sigmoid_bce(logits, labels, dlogits=None, grad_scale=None):
+    """Binary cross-entropy on logits, summed over the batch.
+
+    logits (B,) or (B, 1), labels int64 (B,) in {0, 1}. Returns
+    float(sum_i softplus(z_i) - y_i z_i), computed stably as
+    max(z, 0) - y z + log1p(exp(-|z|)). If dlogits (shaped like logits) is given, writes
+    dlogits[:] = (sigmoid(z) - y) * grad_scale, grad_scale defaulting to 1/B.
+    """
+    dt = _common_float_dtype(logits=logits, dlogits=dlogits)
+    _check_ndim("logits", logits, (1, 2))
+    batch = logits.shape[0]
+    if logits.ndim == 2:
+        _check_shape("logits", logits, (batch, 1))
+    _check_labels(labels, batch, 2)
+    if dlogits is not None:
+        _check_shape("dlogits", dlogits, logits.shape)
+    if batch == 0:
+        return 0.0
+    z = logits.reshape(batch)
+    y = labels.astype(dt)
+    losses = np.maximum(z, dt.type(0)) - y * z + np.log1p(np.exp(-np.abs(z)))
+    if dlogits is not None:
+        scale = dt.type(1.0 / batch if grad_scale is None else grad_scale)
+        dlogits[...] = ((_sigmoid(z) - y) * scale).reshape(logits.shape)
+    return float(losses.sum(dtype=np.float64))
+
+
+def argmax(x, out):
+    """out[:] = x.argmax(1) (the first maximum); x (B, C), out int64 (B,)."""
+    _check_ndim("x", x, (2,))
+    batch, n_classes = x.shape
+    if n_classes < 1:
+        raise ValueError(f"x has shape {x.shape}, expected at least one column")
+    _check_shape("out", out, (batch,))
+    if out.dtype != np.int64:
+        raise TypeError(f"out has dtype {out.dtype}, expected int64")
+    out[...] = np.argmax(x, axis=1)
+
+
+def count_correct(logits, labels):
+    """Correct predictions in the batch, as an int.
+
+    logits (B, C) with C >= 2: (argmax == labels).sum();
+    logits (B,) or (B, 1) (one logit, the BCE case): ((z > 0) == labels).sum().
+    """
+    _check_ndim("logits", logits, (1, 2))
+    batch = logits.shape[0]
+    if logits.ndim == 1 or logits.shape[1] == 1:
+        _check_labels(labels, batch, 2)
+        predicted = (logits.reshape(batch) > 0).astype(np.int64)
+    else:
+        _check_labels(labels, batch, logits.shape[1])
+        predicted = np.argmax(logits, axis=1)
+    return int(np.count_nonzero(predicted == labels))
+
+
+def sgd_step(params, grads, velocity, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
+             nesterov=False, first_step=False):
+    """One torch.optim.SGD step on flat buffers, in place on params (and velocity).
+
+    Follows torch.optim.sgd._single_tensor_sgd (maximize=False) line by line:
+        g = grad + weight_decay * p                  (only if weight_decay != 0)
+        if momentum != 0:
+            v = g                                    on the first step (PyTorch clones g
+                                                     into the fresh buffer: no dampening)
+            v = momentum * v + (1 - dampening) * g   afterwards
+            g = g + momentum * v  if nesterov  else  v
+        p -= lr * g
+    velocity may be None when momentum == 0 (it is then neither read nor written).
+    grads are not modified. PyTorch's constructor also rejects nesterov with
+    momentum <= 0 or dampening != 0; the update rule itself is well defined there, so it is
+    applied as written rather than refused.
+    """
+    dt = _common_float_dtype(params=params, grads=grads, velocity=velocity)
+    _check_shape("grads", grads, params.shape)
+    if momentum != 0:
+        if velocity is None:
+            raise ValueError(f"velocity is None, expected an array of shape {params.shape} "
+                             f"when momentum is {momentum}")
+        _check_shape("velocity", velocity, params.shape)
+    g = grads
+    if weight_decay != 0:
+        g = g + dt.type(weight_decay) * params  # a new array: grads stay untouched
+    if momentum != 0:
+        if first_step:
+            velocity[...] = g
+        else:
+            velocity *= dt.type(momentum)
+            velocity += dt.type(1 - dampening) * g
+        if nesterov:
+            g = g + dt.type(momentum) * velocity
+        else:
+            g = velocity
+    params -= dt.type(lr) * g
+
+
+def sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None):
+    """out[start:stop] = scale * (inputs[0] + inputs[1] + ...)[start:stop].
+
+    The inputs are added left to right in the order given (float addition is not
+    associative, so the order is part of the contract). 1-D arrays of equal length;
+    out may be one of the inputs (the sum is formed before out is written).
+    """
+    inputs = list(inputs)
+    if not inputs:
+        raise ValueError("inputs is empty, expected at least one array")
+    dt = _common_float_dtype(out=out, **{f"inputs[{i}]": a for i, a in enumerate(inputs)})
+    _check_ndim("out", out, (1,))
+    for i, arr in enumerate(inputs):
+        _check_shape(f"inputs[{i}]", arr, out.shape)
+    sl = _range("sum_buffers", out.shape[0], start, stop)
+    acc = inputs[0][sl].copy()
+    for arr in inputs[1:]:
+        acc += arr[sl]
+    if scale != 1.0:  # x * 1 == x exactly, so skipping it changes nothing
+        acc *= dt.type(scale)
+    out[sl] = acc
+
+
+def scale_(buf, alpha, *, start=0, stop=None):
+    """buf[start:stop] *= alpha; buf 1-D."""
+    dt = _common_float_dtype(buf=buf)
+    _check_ndim("buf", buf, (1,))
+    sl = _range("scale_", buf.shape[0], start, stop)
+    buf[sl] *= dt.type(alpha)
+
+
+# ---------------------------------------------------------------------------------------
+# model level: the Network contract (docs/core_api.md, "Network")
+
+
+def _check_sizes(sizes):
+    sizes = tuple(int(s) for s in sizes)
+    if len(sizes) < 2 or min(sizes) < 1:
+        raise ValueError(f"sizes is {sizes}, expected (IN, H1, ..., OUT): "
+                         f"at least two positive entries")
+    return sizes
+
+
+def n_params(sizes):
+    """Length of the flat parameter buffer: per layer W (OUT, IN) then b (OUT,)."""
+    sizes = _check_sizes(sizes)
+    return sum(n_out * n_in + n_out for n_in, n_out in zip(sizes[:-1], sizes[1:]))
+
+
+def unflatten(sizes, flat):
+    """[(W_l, b_l), ...]: views (not copies) into the 1-D flat buffer, W_l (OUT, IN) row-major."""
+    sizes = _check_sizes(sizes)
+    _check_shape("flat", flat, (n_params(sizes),))
+    layers = []
+    offset = 0
+    for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+        w = flat[offset:offset + n_out * n_in].reshape(n_out, n_in)
+        offset += n_out * n_in
+        b = flat[offset:offset + n_out]
+        offset += n_out
+        layers.append((w, b))
+    return layers
+
+
+def init_params(sizes, seed, dtype=np.float32):
+    """PyTorch's default nn.Linear init, in the flat layout; returns a new 1-D array.
+
+    nn.Linear.reset_parameters uses kaiming_uniform_(a=sqrt(5)) for W, i.e. the bound
+    gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + 5)), which is 1 / sqrt(IN); and
+    U(-1/sqrt(IN), 1/sqrt(IN)) for b. Draws come from np.random.default_rng(seed), layer by
+    layer, W (in row-major order) then b, in float64, then are rounded to dtype.
+    """
+    sizes = _check_sizes(sizes)
+    dtype = np.dtype(dtype)
+    if dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"dtype is {dtype}, expected float32 or float64")
+    rng = np.random.default_rng(seed)
+    flat = np.empty(n_params(sizes), dtype=dtype)
+    for (w, b), n_in in zip(unflatten(sizes, flat), sizes[:-1]):
+        bound = 1.0 / math.sqrt(n_in)
+        w[...] = rng.uniform(-bound, bound, size=w.shape)
+        b[...] = rng.uniform(-bound, bound, size=b.shape)
+    return flat
+
+
+def _check_network(sizes, loss, params, x):
+    sizes = _check_sizes(sizes)
+    if loss not in LOSSES:
+        raise ValueError(f"loss is {loss!r}, expected one of {LOSSES}")
+    if loss == "softmax_xent" and sizes[-1] < 2:
+        raise ValueError(f"sizes is {sizes}: softmax_xent needs OUT >= 2")
+    if loss == "sigmoid_bce" and sizes[-1] != 1:
+        raise ValueError(f"sizes is {sizes}: sigmoid_bce needs OUT == 1")
+    _check_ndim("x", x, (2,))
+    _check_shape("x", x, (x.shape[0], sizes[0]))
+    return sizes
+
+
+def _forward(sizes, params, x):
+    """Activations [x, h1, ..., logits]; h_l are ReLU outputs, the logits have no ReLU."""
+    layers = unflatten(sizes, params)
+    acts = [x]
+    for i, (w, b) in enumerate(layers):
+        y = np.empty((x.shape[0], w.shape[0]), dtype=params.dtype)
+        dense_forward(acts[-1], w, b, y)
+        if i < len(layers) - 1:
+            relu_forward(y, y)
+        acts.append(y)
+    return acts
+
+
+def _loss(loss, logits, labels, dlogits=None, grad_scale=None):
+    fn = softmax_xent if loss == "softmax_xent" else sigmoid_bce
+    return fn(logits, labels, dlogits, grad_scale)
+
+
+def mlp_loss_grad(sizes, loss, params, grads, x, labels, grad_scale=None):
+    """Network.loss_grad: forward and backward on one batch -> (loss_sum, n_correct).
+
+    The gradient of grad_scale * (sum of per-sample losses) is ACCUMULATED into grads
+    (grad_scale defaults to 1/B: the mean loss's gradient). Dense layers with ReLU between
+    them, none after the last; loss is "softmax_xent" (OUT >= 2) or "sigmoid_bce" (OUT == 1).
+    """
+    sizes = _check_network(sizes, loss, params, x)
+    _common_float_dtype(params=params, grads=grads, x=x)
+    _check_shape("grads", grads, params.shape)
+    acts = _forward(sizes, params, x)
+    logits = acts[-1]
+    dlogits = np.empty_like(logits)
+    loss_sum = _loss(loss, logits, labels, dlogits, grad_scale)
+    n_correct = count_correct(logits, labels)
+
+    layers, grad_layers = unflatten(sizes, params), unflatten(sizes, grads)
+    dy = dlogits  # gradient w.r.t. the current layer's output
+    for i in reversed(range(len(layers))):
+        (w, _), (dw, db) = layers[i], grad_layers[i]
+        dx = np.empty_like(acts[i]) if i > 0 else None  # no gradient w.r.t. the input x
+        dense_backward(dy, acts[i], w, dw, db, dx)
+        if i > 0:
+            relu_backward(dx, acts[i], dx)  # acts[i] is the ReLU output feeding layer i
+        dy = dx
+    return loss_sum, n_correct
+
+
+def mlp_evaluate(sizes, loss, params, x, labels):
+    """Network.evaluate: forward only -> (loss_sum, n_correct)."""
+    sizes = _check_network(sizes, loss, params, x)
+    _common_float_dtype(params=params, x=x)
+    logits = _forward(sizes, params, x)[-1]
+    return _loss(loss, logits, labels), count_correct(logits, labels)
+
+
+def mlp_logits(sizes, params, x, out):
+    """Network.logits: forward only, writes the (B, OUT) logits into out."""
+    sizes = _check_sizes(sizes)
+    _common_float_dtype(params=params, x=x, out=out)
+    _check_ndim("x", x, (2,))
+    _check_shape("x", x, (x.shape[0], sizes[0]))
+    _check_shape("out", out, (x.shape[0], sizes[-1]))
+    out[...] = _forward(sizes, params, x)[-1]

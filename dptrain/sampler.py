@@ -1,0 +1,30 @@
+"""Which samples each step uses: seeded epoch permutations and batch boundaries.
+
+These are the semantics of a distributed sampler, kept in one place so that sequential and
+data-parallel training draw exactly the same global batches: epoch e of a run with seed s
+visits ``epoch_order(n, e, s)`` in consecutive batches of ``batch_size`` (the last one may
+be smaller; it is kept, not dropped or padded).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def epoch_order(n: int, epoch: int, seed: int, shuffle: bool = True) -> np.ndarray:
+    """The sample order of one epoch (int64): a permutation seeded by (seed, epoch), or 0..n-1."""
+    if n < 0 or epoch < 0:
+        raise ValueError(f"n={n} and epoch={epoch} must be >= 0")
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng([int(seed), int(epoch)]).permutation(n).astype(np.int64)
+
+
+def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """[(start, stop), ...] covering 0..n in steps of batch_size; the last may be shorter."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    return -(-n // batch_size)

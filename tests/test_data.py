@@ -1,0 +1,653 @@
+"""Tests for dptrain.data: IDX parsing, MNIST lookup and validation, synthetic sets, upscaling.
+
+No test touches the network: an autouse fixture replaces the module's fetch function with one
+that fails the test, and the tests that exercise `download_mnist` serve bytes from memory.
+"""
+
+import gzip
+import hashlib
+import re
+import tracemalloc
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dptrain import data
+from dptrain.data import (
+    DataError,
+    DataNotFound,
+    Dataset,
+    download_mnist,
+    get_mnist,
+    load_dataset,
+    load_mnist,
+    read_idx,
+    synthetic_binary,
+    synthetic_classification,
+    upscale_dataset,
+    upscale_images,
+)
+
+REAL_MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
+REAL_TRAIN_CLASS_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+REAL_SHA256 = {
+    "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+    "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+    "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+    "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+}
+
+
+# ---------------------------------------------------------------------------------------
+# helpers and fixtures
+# ---------------------------------------------------------------------------------------
+
+def idx_bytes(array: np.ndarray, elem_type: int = 0x08) -> bytes:
+    """Raw IDX encoding of a uint8 array: 0, 0, type, ndim, big-endian dims, data."""
+    header = bytes([0, 0, elem_type, array.ndim])
+    header += np.asarray(array.shape, dtype=">u4").tobytes()
+    return header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+
+
+def write_idx(path: Path, array: np.ndarray, *, gz: bool) -> Path:
+    blob = idx_bytes(array)
+    path.write_bytes(gzip.compress(blob) if gz else blob)
+    return path
+
+
+def fake_mnist_arrays(n_train=50, n_test=20, seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte": rng.integers(0, 10, n_train, dtype=np.uint8),
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test, dtype=np.uint8),
+    }
+
+
+def write_fake_mnist(directory: Path, arrays=None, *, gz=True) -> dict:
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays = fake_mnist_arrays() if arrays is None else arrays
+    for base, array in arrays.items():
+        write_idx(directory / (base + (".gz" if gz else "")), array, gz=gz)
+    return arrays
+
+
+@pytest.fixture(autouse=True)
+def isolated_environment(monkeypatch, tmp_path):
+    """No network, no DPTRAIN_DATA from the caller, and an empty private cache directory."""
+    def no_network(url, timeout):
+        pytest.fail(f"a test tried to download {url}")
+    monkeypatch.setattr(data, "_fetch", no_network)
+    monkeypatch.delenv("DPTRAIN_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+@pytest.fixture
+def fake_mnist(tmp_path):
+    directory = tmp_path / "fake-mnist"
+    return directory, write_fake_mnist(directory)
+
+
+# ---------------------------------------------------------------------------------------
+# read_idx
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gz", [True, False])
+@pytest.mark.parametrize("shape", [(7,), (3, 28, 28), (2, 3, 4, 5)])
+def test_read_idx_round_trip(tmp_path, gz, shape):
+    array = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
+    path = write_idx(tmp_path / "f.idx", array, gz=gz)
+    got = read_idx(path)
+    assert got.dtype == np.uint8
+    assert got.shape == shape
+    np.testing.assert_array_equal(got, array)
+
+
+def test_read_idx_detects_gzip_by_content_not_name(tmp_path):
+    array = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    gz_without_suffix = write_idx(tmp_path / "images", array, gz=True)
+    raw_with_gz_suffix = write_idx(tmp_path / "images.gz", array, gz=False)
+    np.testing.assert_array_equal(read_idx(gz_without_suffix), array)
+    np.testing.assert_array_equal(read_idx(raw_with_gz_suffix), array)
+
+
+def test_read_idx_empty_dimension(tmp_path):
+    path = write_idx(tmp_path / "empty", np.zeros((0, 28, 28), np.uint8), gz=False)
+    assert read_idx(path).shape == (0, 28, 28)
+
+
+def test_read_idx_wrong_magic(tmp_path):
+    path = tmp_path / "notidx.bin"
+    path.write_bytes(b"\x12\x34\x08\x01" + bytes(8))
+    with pytest.raises(DataError, match=r"notidx\.bin.*wrong magic number 0x12340801.*expected"):
+        read_idx(path)
+
+
+def test_read_idx_zero_dimensions_is_wrong_magic(tmp_path):
+    path = tmp_path / "zerodims"
+    path.write_bytes(b"\x00\x00\x08\x00")
+    with pytest.raises(DataError, match=r"zerodims.*wrong magic number 0x00000800"):
+        read_idx(path)
+
+
+def test_read_idx_unsupported_element_type(tmp_path):
+    path = tmp_path / "floats.idx"
+    path.write_bytes(idx_bytes(np.zeros(4, np.uint8), elem_type=0x0D))
+    with pytest.raises(DataError,
+                       match=r"floats\.idx.*unsupported IDX element type 0x0d \(float32\)"):
+        read_idx(path)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_read_idx_truncated_data(tmp_path, gz):
+    blob = idx_bytes(np.zeros((3, 28, 28), np.uint8))[:-100]
+    path = tmp_path / "short-images"
+    path.write_bytes(gzip.compress(blob) if gz else blob)
+    with pytest.raises(DataError, match=r"short-images: truncated file: dims \(3, 28, 28\) need "
+                                        r"2352 bytes of data, found 2252"):
+        read_idx(path)
+
+
+def test_read_idx_truncated_header(tmp_path):
+    path = tmp_path / "short-header"
+    path.write_bytes(b"\x00\x00\x08\x03\x00\x00\x00\x03")  # 3 dims announced, 1 present
+    with pytest.raises(DataError, match=r"short-header.*truncated IDX header.*16 bytes, found 8"):
+        read_idx(path)
+    path.write_bytes(b"\x00\x00")
+    with pytest.raises(DataError, match=r"short-header.*truncated IDX header"):
+        read_idx(path)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_read_idx_trailing_garbage(tmp_path, gz):
+    blob = idx_bytes(np.zeros(10, np.uint8)) + b"junk"
+    path = tmp_path / "trailing-labels"
+    path.write_bytes(gzip.compress(blob) if gz else blob)
+    with pytest.raises(DataError, match=r"trailing-labels.*trailing garbage.*need 10 bytes of "
+                                        r"data, found 14 \(4 extra\)"):
+        read_idx(path)
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbage", "crc"])
+def test_read_idx_corrupt_gzip(tmp_path, damage):
+    good = gzip.compress(idx_bytes(np.arange(100, dtype=np.uint8)))
+    blob = {"cut": good[: len(good) // 2],
+            "garbage": b"\x1f\x8b" + b"not really gzip" * 4,
+            "crc": good[:-8] + bytes(4) + good[-4:]}[damage]
+    path = tmp_path / "broken.gz"
+    path.write_bytes(blob)
+    with pytest.raises(DataError, match=r"broken\.gz.*corrupt gzip"):
+        read_idx(path)
+
+
+def test_data_not_found_is_a_data_error_is_a_value_error():
+    assert issubclass(DataNotFound, DataError)
+    assert issubclass(DataError, ValueError)
+
+
+# ---------------------------------------------------------------------------------------
+# load_mnist: lookup and validation
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_load_mnist_from_data_dir(tmp_path, gz):
+    directory = tmp_path / "m"
+    arrays = write_fake_mnist(directory, gz=gz)
+    ds = load_mnist(directory)
+    assert isinstance(ds, Dataset)
+    assert ds.name == "mnist" and ds.n_classes == 10 and ds.source == str(directory)
+    assert ds.x_train.shape == (50, 784) and ds.x_test.shape == (20, 784)
+    assert ds.n_features == 784
+    assert ds.x_train.dtype == np.float32 and ds.x_train.flags.c_contiguous
+    assert ds.y_train.dtype == np.int64 and ds.y_test.dtype == np.int64
+    expected = arrays["train-images-idx3-ubyte"].reshape(50, 784) / 255.0
+    np.testing.assert_allclose(ds.x_train, expected, rtol=1e-7, atol=0)
+    np.testing.assert_array_equal(ds.y_train, arrays["train-labels-idx1-ubyte"])
+    np.testing.assert_array_equal(ds.y_test, arrays["t10k-labels-idx1-ubyte"])
+
+
+def test_load_mnist_dtype_and_normalize(fake_mnist):
+    directory, arrays = fake_mnist
+    raw = load_mnist(directory, dtype=np.float64, normalize=False)
+    assert raw.x_test.dtype == np.float64
+    np.testing.assert_array_equal(raw.x_test, arrays["t10k-images-idx3-ubyte"].reshape(20, 784))
+    scaled = load_mnist(directory, dtype=np.float64)
+    assert scaled.x_test.min() >= 0.0 and scaled.x_test.max() <= 1.0
+    np.testing.assert_array_equal(scaled.x_test, raw.x_test / 255.0)
+
+
+def test_load_mnist_rejects_non_float_dtype(fake_mnist):
+    with pytest.raises(ValueError, match=r"dtype=int32 is not supported"):
+        load_mnist(fake_mnist[0], dtype=np.int32)
+
+
+def test_load_mnist_accepts_dot_variant_and_mixed_compression(tmp_path):
+    arrays = fake_mnist_arrays()
+    directory = tmp_path / "mixed"
+    directory.mkdir()
+    write_idx(directory / "train-images.idx3-ubyte", arrays["train-images-idx3-ubyte"], gz=False)
+    write_idx(directory / "train-labels.idx1-ubyte.gz", arrays["train-labels-idx1-ubyte"], gz=True)
+    write_idx(directory / "t10k-images-idx3-ubyte", arrays["t10k-images-idx3-ubyte"], gz=False)
+    write_idx(directory / "t10k-labels-idx1-ubyte.gz", arrays["t10k-labels-idx1-ubyte"], gz=True)
+    ds = load_mnist(directory, normalize=False)
+    np.testing.assert_array_equal(ds.x_train, arrays["train-images-idx3-ubyte"].reshape(50, 784))
+
+
+def test_load_mnist_finds_mnist_subdirectory_of_data_dir(tmp_path):
+    write_fake_mnist(tmp_path / "datasets" / "mnist")
+    ds = load_mnist(tmp_path / "datasets")
+    assert ds.source == str(tmp_path / "datasets" / "mnist")
+
+
+@pytest.mark.parametrize("subdir", ["", "mnist"])
+def test_load_mnist_from_env_var(tmp_path, monkeypatch, subdir):
+    root = tmp_path / "envdata"
+    write_fake_mnist(root / subdir if subdir else root)
+    monkeypatch.setenv("DPTRAIN_DATA", str(root))
+    ds = load_mnist()
+    assert ds.source == str(root / subdir if subdir else root)
+    assert ds.x_train.shape == (50, 784)
+
+
+def test_load_mnist_from_xdg_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "xdg-cache"  # set by the autouse fixture
+    write_fake_mnist(cache / "dptrain" / "mnist")
+    assert data.default_cache_dir() == cache / "dptrain" / "mnist"
+    assert load_mnist().source == str(cache / "dptrain" / "mnist")
+
+
+def test_env_var_is_searched_before_cache(tmp_path, monkeypatch):
+    write_fake_mnist(tmp_path / "xdg-cache" / "dptrain" / "mnist", fake_mnist_arrays(n_train=5))
+    write_fake_mnist(tmp_path / "env", fake_mnist_arrays(n_train=7))
+    monkeypatch.setenv("DPTRAIN_DATA", str(tmp_path / "env"))
+    assert load_mnist().n_train == 7
+
+
+def test_explicit_data_dir_is_the_only_place_searched(tmp_path, monkeypatch):
+    write_fake_mnist(tmp_path / "env")
+    monkeypatch.setenv("DPTRAIN_DATA", str(tmp_path / "env"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataNotFound) as info:
+        load_mnist(empty)
+    assert info.value.searched == [f"{empty} (no MNIST files)",
+                                   f"{empty / 'mnist'} (no such directory)"]
+
+
+def test_load_mnist_not_found_lists_places_searched(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPTRAIN_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(DataNotFound, match=r"MNIST not found") as info:
+        load_mnist()
+    message = str(info.value)
+    for place in (tmp_path / "nowhere", tmp_path / "nowhere" / "mnist",
+                  tmp_path / "xdg-cache" / "dptrain" / "mnist"):
+        assert str(place) in message
+    assert len(info.value.searched) == 3
+
+
+def test_load_mnist_partial_directory_names_missing_files(fake_mnist):
+    directory, _ = fake_mnist
+    (directory / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataNotFound, match=r"missing t10k-labels-idx1-ubyte\[\.gz\]"):
+        load_mnist(directory)
+
+
+def test_load_mnist_mismatched_counts_names_both_files(tmp_path):
+    arrays = fake_mnist_arrays()
+    arrays["train-labels-idx1-ubyte"] = arrays["train-labels-idx1-ubyte"][:49]
+    write_fake_mnist(tmp_path / "m", arrays)
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte\.gz has 50 images but .*"
+                                        r"train-labels-idx1-ubyte\.gz has 49 labels"):
+        load_mnist(tmp_path / "m")
+
+
+def test_load_mnist_labels_out_of_range(tmp_path):
+    arrays = fake_mnist_arrays()
+    arrays["t10k-labels-idx1-ubyte"][3] = 10
+    write_fake_mnist(tmp_path / "m", arrays)
+    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte\.gz: label 10 at index 3 is "
+                                        r"out of range 0\.\.9"):
+        load_mnist(tmp_path / "m")
+
+
+@pytest.mark.parametrize("bad_shape", [(50, 28, 27), (50, 784), (50, 1, 28, 28)])
+def test_load_mnist_wrong_image_dims(tmp_path, bad_shape):
+    arrays = fake_mnist_arrays()
+    arrays["train-images-idx3-ubyte"] = np.zeros(bad_shape, np.uint8)
+    write_fake_mnist(tmp_path / "m", arrays)
+    with pytest.raises(DataError, match=re.escape(f"train-images-idx3-ubyte.gz: expected images "
+                                                  f"of shape (n, 28, 28), found dims {bad_shape}")):
+        load_mnist(tmp_path / "m")
+
+
+def test_load_mnist_labels_not_1d(tmp_path):
+    arrays = fake_mnist_arrays()
+    arrays["t10k-labels-idx1-ubyte"] = np.zeros((20, 1), np.uint8)
+    write_fake_mnist(tmp_path / "m", arrays)
+    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte\.gz: expected labels of shape"):
+        load_mnist(tmp_path / "m")
+
+
+def test_load_mnist_corrupt_file_is_not_reported_as_missing(fake_mnist):
+    directory, _ = fake_mnist
+    (directory / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8bbroken")
+    with pytest.raises(DataError, match=r"train-labels-idx1-ubyte\.gz: corrupt gzip") as info:
+        get_mnist(directory, allow_download=False, announce=None)
+    assert not isinstance(info.value, DataNotFound)
+
+
+# ---------------------------------------------------------------------------------------
+# get_mnist and download_mnist (with an in-memory fake network)
+# ---------------------------------------------------------------------------------------
+
+def test_get_mnist_prefers_local_files(fake_mnist):
+    lines = []
+    ds = get_mnist(fake_mnist[0], announce=lines.append)
+    assert ds.source == str(fake_mnist[0]) and lines == []
+
+
+def test_get_mnist_not_found_without_download_or_synthetic(tmp_path):
+    with pytest.raises(DataNotFound, match=r"MNIST not found.*download disabled"):
+        get_mnist(tmp_path / "none", allow_download=False, allow_synthetic=False)
+
+
+def test_get_mnist_synthetic_fallback_announces_one_line(tmp_path):
+    lines = []
+    ds = get_mnist(tmp_path / "none", allow_download=False, announce=lines.append,
+                   synthetic_n_train=600, synthetic_n_test=200)
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert "MNIST not found" in lines[0] and "SYNTHETIC" in lines[0]
+    assert str(tmp_path / "none") in lines[0]
+    assert ds.source == "synthetic (MNIST not found)"
+    assert ds.x_train.shape == (600, 784) and ds.x_test.shape == (200, 784)
+    assert ds.n_classes == 10 and ds.x_train.dtype == np.float32
+
+
+def test_get_mnist_download_failure_falls_back_to_synthetic(tmp_path, monkeypatch):
+    def unreachable(url, timeout):
+        raise urllib.error.URLError("no route to host")
+    monkeypatch.setattr(data, "_fetch", unreachable)
+    lines = []
+    ds = get_mnist(tmp_path / "dl", announce=lines.append, synthetic_n_train=100,
+                   synthetic_n_test=100)
+    assert ds.source.startswith("synthetic")
+    assert "download into" in lines[0] and "no route to host" in lines[0]
+
+
+def serve(monkeypatch, blobs: dict, fail_prefix: str | None = None):
+    """Replace the network with a dict url -> bytes; URLs starting with fail_prefix fail."""
+    requested = []
+
+    def fetch(url, timeout):
+        requested.append(url)
+        if fail_prefix and url.startswith(fail_prefix):
+            raise urllib.error.URLError("mirror down")
+        return blobs[url.rsplit("/", 1)[1]]
+    monkeypatch.setattr(data, "_fetch", fetch)
+    return requested
+
+
+def fake_mnist_gz_and_sha(monkeypatch):
+    arrays = fake_mnist_arrays()
+    blobs = {}
+    for base, array in arrays.items():
+        raw = idx_bytes(array)
+        blobs[base + ".gz"] = gzip.compress(raw)
+        monkeypatch.setitem(data.MNIST_SHA256, base, hashlib.sha256(raw).hexdigest())
+    return arrays, blobs
+
+
+def test_download_mnist_verifies_and_writes_atomically(tmp_path, monkeypatch):
+    arrays, blobs = fake_mnist_gz_and_sha(monkeypatch)
+    requested = serve(monkeypatch, blobs, fail_prefix=data.MNIST_MIRRORS[0])
+    dest = download_mnist(tmp_path / "dl")
+    assert sorted(p.name for p in dest.iterdir()) == sorted(blobs)  # no temp files left
+    assert requested[:2] == [data.MNIST_MIRRORS[0] + "train-images-idx3-ubyte.gz",
+                             data.MNIST_MIRRORS[1] + "train-images-idx3-ubyte.gz"]
+    ds = load_mnist(dest, normalize=False)
+    np.testing.assert_array_equal(ds.y_train, arrays["train-labels-idx1-ubyte"])
+    # files already present and correct are not fetched again
+    requested.clear()
+    download_mnist(dest)
+    assert requested == []
+
+
+def test_download_mnist_rejects_checksum_mismatch(tmp_path, monkeypatch):
+    _, blobs = fake_mnist_gz_and_sha(monkeypatch)
+    monkeypatch.setitem(data.MNIST_SHA256, "train-images-idx3-ubyte", "0" * 64)
+    serve(monkeypatch, blobs)
+    with pytest.raises(DataError, match=r"could not download train-images-idx3-ubyte\.gz.*"
+                                        r"sha256 of decompressed data is [0-9a-f]{64}, "
+                                        r"expected 0{64}"):
+        download_mnist(tmp_path / "dl")
+    assert not (tmp_path / "dl" / "train-images-idx3-ubyte.gz").exists()
+
+
+def test_get_mnist_downloads_when_allowed(tmp_path, monkeypatch):
+    _, blobs = fake_mnist_gz_and_sha(monkeypatch)
+    serve(monkeypatch, blobs)
+    lines = []
+    ds = get_mnist(announce=lines.append)  # default: into the (private) cache directory
+    assert ds.source == str(tmp_path / "xdg-cache" / "dptrain" / "mnist")
+    assert ds.n_train == 50 and lines == []
+
+
+# ---------------------------------------------------------------------------------------
+# synthetic data
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_synthetic_binary_shapes_dtype_and_labels(dtype):
+    ds = synthetic_binary(20_000, 13, seed=3, dtype=dtype)
+    assert ds.x_train.shape == (20_000, 13) and ds.x_test.shape == (2000, 13)
+    assert ds.x_train.dtype == dtype and ds.x_test.dtype == dtype
+    assert ds.x_train.flags.c_contiguous
+    assert ds.y_train.dtype == np.int64 and ds.n_classes == 2 and ds.n_features == 13
+    w = ds.true_weights
+    assert w.shape == (13,)
+    for x, y in ((ds.x_train, ds.y_train), (ds.x_test, ds.y_test)):
+        margin = x.astype(np.float64) @ w
+        decided = np.abs(margin) > 1e-9  # a different summation order may flip only ties
+        np.testing.assert_array_equal(y[decided], (margin > 0)[decided])
+        assert abs(y.mean() - 0.5) < 0.03
+    assert abs(ds.x_train.mean()) < 0.01 and abs(ds.x_train.std() - 1.0) < 0.01
+
+
+def test_synthetic_binary_is_deterministic():
+    a = synthetic_binary(1000, 5, seed=7)
+    b = synthetic_binary(1000, 5, seed=7)
+    c = synthetic_binary(1000, 5, seed=8)
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+    np.testing.assert_array_equal(a.y_test, b.y_test)
+    np.testing.assert_array_equal(a.true_weights, b.true_weights)
+    assert not np.array_equal(a.x_train, c.x_train)
+    assert not np.array_equal(a.true_weights, c.true_weights)
+    # the training set does not depend on the size of the test set
+    d = synthetic_binary(1000, 5, seed=7, n_test=17)
+    np.testing.assert_array_equal(a.x_train, d.x_train)
+    assert d.x_test.shape == (17, 5)
+
+
+def test_synthetic_binary_float32_allocates_no_float64_copy():
+    n, d = 200_000, 20
+    tracemalloc.start()
+    try:
+        ds = synthetic_binary(n, d, dtype=np.float32, n_test=1000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    result = sum(a.nbytes for a in (ds.x_train, ds.y_train, ds.x_test, ds.y_test))
+    # a float64 temporary of x alone would add 2x the float32 x (32 MB here)
+    assert peak < result + 8 * 2**20, f"peak {peak} bytes for a {result}-byte result"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(n=0, d=3), r"n=0 must be >= 1"),
+    (dict(n=10, d=-1), r"d=-1 must be >= 1"),
+    (dict(n=2.5, d=3), r"n=2\.5 must be an integer"),
+    (dict(n=10, d=3, n_test=0), r"n_test=0 must be >= 1"),
+    (dict(n=10, d=3, dtype=np.float16), r"dtype=float16 is not supported"),
+])
+def test_synthetic_binary_validates_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        synthetic_binary(**kwargs)
+
+
+def test_synthetic_classification_is_learnable_and_mnist_like():
+    ds = synthetic_classification(3000, seed=1, n_test=1000)
+    assert ds.x_train.shape == (3000, 784) and ds.n_classes == 10
+    assert ds.x_train.min() >= 0.0 and ds.x_train.max() <= 1.0
+    assert set(np.unique(ds.y_train)) == set(range(10))
+    # nearest class mean on the training set classifies the test set far above chance
+    means = np.stack([ds.x_train[ds.y_train == c].mean(0) for c in range(10)])
+    dists = ((ds.x_test[:, None, :] - means[None]) ** 2).sum(-1)
+    accuracy = (dists.argmin(1) == ds.y_test).mean()
+    assert accuracy > 0.6, accuracy
+    again = synthetic_classification(3000, seed=1, n_test=1000)
+    np.testing.assert_array_equal(ds.x_test, again.x_test)
+
+
+# ---------------------------------------------------------------------------------------
+# upscaling
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("factor", [1, 2, 4])
+def test_upscale_images_repeats_each_pixel(dtype, factor):
+    n = 1500  # more than one chunk
+    x = np.random.default_rng(0).random((n, 784)).astype(dtype)
+    up = upscale_images(x, factor)
+    side = 28 * factor
+    assert up.shape == (n, side * side) and up.dtype == dtype and up.flags.c_contiguous
+    img = x.reshape(n, 28, 28)
+    img_up = up.reshape(n, 28, factor, 28, factor)
+    for a in range(factor):
+        for b in range(factor):
+            np.testing.assert_array_equal(img_up[:, :, a, :, b], img)
+    np.testing.assert_array_equal(up.reshape(n, side, side)[:, ::factor, ::factor], img)
+
+
+def test_upscale_images_factor_2_pixel_positions():
+    x = np.arange(2 * 784, dtype=np.float32).reshape(2, 784)
+    up = upscale_images(x, 2).reshape(2, 56, 56)
+    img = x.reshape(2, 28, 28)
+    i, j = np.meshgrid(np.arange(28), np.arange(28), indexing="ij")
+    for da in (0, 1):
+        for db in (0, 1):
+            np.testing.assert_array_equal(up[:, 2 * i + da, 2 * j + db], img[:, i, j])
+
+
+def test_upscale_images_other_side_and_errors():
+    x = np.arange(9, dtype=np.float64).reshape(1, 9)
+    np.testing.assert_array_equal(upscale_images(x, 3, side=3).reshape(9, 9),
+                                  np.kron(x.reshape(3, 3), np.ones((3, 3))))
+    with pytest.raises(ValueError, match=r"x has shape \(1, 9\), expected \(n, 784\)"):
+        upscale_images(x, 2)
+    with pytest.raises(ValueError, match=r"factor=0 must be >= 1"):
+        upscale_images(x, 0, side=3)
+
+
+def test_upscale_dataset(fake_mnist):
+    ds = load_mnist(fake_mnist[0])
+    up = upscale_dataset(ds, 2)
+    assert up.x_train.shape == (50, 3136) and up.x_test.shape == (20, 3136)
+    assert up.n_features == 3136 and up.name == "mnist-x2"
+    np.testing.assert_array_equal(up.y_train, ds.y_train)
+    with pytest.raises(ValueError, match=r"n_features=20 is not a square image"):
+        upscale_dataset(synthetic_binary(100, 20), 2)
+
+
+# ---------------------------------------------------------------------------------------
+# load_dataset and Dataset
+# ---------------------------------------------------------------------------------------
+
+def test_load_dataset_unknown_name_lists_valid_names():
+    with pytest.raises(ValueError, match=r"name='cifar10' is not a known dataset; "
+                                         r"valid names: mnist, synthetic"):
+        load_dataset("cifar10")
+
+
+def test_load_dataset_synthetic_defaults_and_options():
+    ds = load_dataset("synthetic")
+    assert ds.x_train.shape == (100_000, 20) and ds.x_train.dtype == np.float32
+    small = load_dataset("synthetic", n_samples=500, n_features=16, seed=2, dtype=np.float64,
+                         limit=100, upscale=2)
+    assert small.x_train.shape == (100, 64) and small.x_test.shape == (1000, 64)
+    assert small.x_train.dtype == np.float64
+
+
+def test_load_dataset_mnist_limit_and_upscale(fake_mnist):
+    full = load_dataset("mnist", data_dir=fake_mnist[0], allow_download=False)
+    ds = load_dataset("mnist", data_dir=fake_mnist[0], allow_download=False, limit=10,
+                      upscale=4)
+    assert ds.x_train.shape == (10, 112 * 112) and ds.x_test.shape == (20, 112 * 112)
+    np.testing.assert_array_equal(ds.y_train, full.y_train[:10])
+    np.testing.assert_array_equal(ds.x_train.reshape(10, 112, 112)[:, ::4, ::4],
+                                  full.x_train[:10].reshape(10, 28, 28))
+    limited = load_dataset("mnist", data_dir=fake_mnist[0], allow_download=False, limit=10)
+    assert limited.x_train.base is None  # a copy, not a view keeping the full array alive
+    assert limited.x_test.shape == (20, 784)
+
+
+def test_load_dataset_mnist_falls_back_to_synthetic(tmp_path, monkeypatch):
+    lines = []
+    ds = load_dataset("mnist", data_dir=tmp_path / "none", allow_download=False,
+                      announce=lines.append, limit=1000)
+    assert len(lines) == 1 and ds.source.startswith("synthetic")
+    assert ds.x_train.shape == (1000, 784)
+
+
+@pytest.mark.parametrize("limit, message", [
+    (0, r"limit=0 must be >= 1"),
+    (-5, r"limit=-5 must be >= 1"),
+    (1.5, r"limit=1\.5 must be an integer"),
+    (True, r"limit=True must be an integer"),
+    (51, r"limit=51 exceeds the 50 training samples of mnist"),
+])
+def test_load_dataset_rejects_bad_limit(fake_mnist, limit, message):
+    with pytest.raises(ValueError, match=message):
+        load_dataset("mnist", data_dir=fake_mnist[0], allow_download=False, limit=limit)
+
+
+def test_load_dataset_rejects_synthetic_options_for_mnist(fake_mnist):
+    with pytest.raises(ValueError, match=r"n_features=20 applies only to name='synthetic'"):
+        load_dataset("mnist", data_dir=fake_mnist[0], n_features=20)
+
+
+def test_dataset_validates_layout():
+    x = np.zeros((4, 3), np.float32)
+    y = np.zeros(4, np.int64)
+    Dataset(x, y, x, y, name="t", n_classes=2, source="test")
+    with pytest.raises(ValueError, match=r"x_train with shape \(4, 3\) is not C-contiguous"):
+        Dataset(np.zeros((3, 4), np.float32).T, y, x, y, name="t", n_classes=2, source="test")
+    with pytest.raises(ValueError, match=r"y_test must be a 1-D int64 ndarray.*int32"):
+        Dataset(x, y, x, y.astype(np.int32), name="t", n_classes=2, source="test")
+    with pytest.raises(ValueError, match=r"x_train has 4 samples but y_train has 3"):
+        Dataset(x, y[:3], x, y, name="t", n_classes=2, source="test")
+    with pytest.raises(ValueError, match=r"x_train has dtype float32 but x_test has float64"):
+        Dataset(x, y, x.astype(np.float64), y, name="t", n_classes=2, source="test")
+
+
+# ---------------------------------------------------------------------------------------
+# the real MNIST files
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not REAL_MNIST_DIR.is_dir(),
+                    reason=f"real MNIST not present at {REAL_MNIST_DIR}")
+def test_real_mnist():
+    for base, expected in REAL_SHA256.items():
+        path = REAL_MNIST_DIR / (base + ".gz")
+        digest = hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest()
+        assert digest == expected, f"{path}: sha256 {digest}, README says {expected}"
+        assert data.MNIST_SHA256[base] == expected
+    ds = load_mnist(REAL_MNIST_DIR)
+    assert ds.x_train.shape == (60000, 784) and ds.x_test.shape == (10000, 784)
+    assert ds.x_train.dtype == np.float32 and ds.x_train.flags.c_contiguous
+    assert ds.x_train.min() == 0.0 and ds.x_train.max() == 1.0
+    assert 0.12 < ds.x_train.mean() < 0.14  # MNIST's mean pixel is about 0.1307
+    assert np.bincount(ds.y_train, minlength=10).tolist() == REAL_TRAIN_CLASS_COUNTS
+    assert np.bincount(ds.y_test, minlength=10).sum() == 10000
+    assert ds.y_test.min() == 0 and ds.y_test.max() == 9
