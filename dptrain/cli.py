@@ -63,8 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MNIST up-scaling factor: 2 -> 56x56, 4 -> 112x112 inputs")
     t.add_argument("--epochs", type=_pos_int, default=2)
     t.add_argument("--batch-size", type=_pos_int, default=128)
-    t.add_argument("--lr", type=_nonneg_float, default=0.05)
+    t.add_argument("--lr", type=_nonneg_float, default=0.1)
     t.add_argument("--momentum", type=_nonneg_float, default=0.9)
+    t.add_argument("--lr-schedule", choices=("constant", "cosine"), default="cosine",
+                   help="learning-rate schedule over the whole run (default cosine decay)")
     t.add_argument("--nesterov", action="store_true")
     t.add_argument("--weight-decay", type=_nonneg_float, default=0.0)
     t.add_argument("--dampening", type=_nonneg_float, default=0.0)
@@ -100,7 +102,7 @@ def main(argv=None) -> int:
     try:
         train(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
               epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-              momentum=args.momentum, nesterov=args.nesterov,
+              momentum=args.momentum, nesterov=args.nesterov, lr_schedule=args.lr_schedule,
               weight_decay=args.weight_decay, dampening=args.dampening, seed=args.seed,
               shuffle=not args.no_shuffle, limit=args.limit, dtype=args.dtype,
               hidden=args.hidden, threads=args.threads, n_samples=args.n_samples,

@@ -5,7 +5,30 @@ Semantics are torch.optim.SGD's: d = g + wd * p; v = momentum * v + (1 - dampeni
 """
 from __future__ import annotations
 
+import math
+
 from . import _core
+
+SCHEDULES = ("constant", "cosine")
+
+
+def lr_at(step: int, total_steps: int, base_lr: float, schedule: str = "constant",
+          warmup_steps: int = 0) -> float:
+    """Learning rate of step `step` (0-based) out of `total_steps`.
+
+    constant: base_lr. cosine: base_lr * (1 + cos(pi * step / total_steps)) / 2, decaying to 0
+    at the end (Loshchilov & Hutter, SGDR). warmup_steps > 0 ramps linearly from
+    base_lr / warmup_steps up to base_lr first (Goyal et al., 2017), then the schedule runs
+    over the remaining steps.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"lr schedule is {schedule!r}, expected one of {SCHEDULES}")
+    if warmup_steps > 0 and step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    if schedule == "constant":
+        return base_lr
+    span = max(total_steps - warmup_steps, 1)
+    return base_lr * 0.5 * (1.0 + math.cos(math.pi * min(step - warmup_steps, span) / span))
 
 
 class SGD:

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import data as data_mod
 from .models import build_model
-from .optim import SGD
+from .optim import SCHEDULES, SGD, lr_at
 from .sampler import batch_bounds, epoch_order
 
 MODELS = ("logreg", "softmax", "mlp")
@@ -40,9 +40,9 @@ def _check_finite_data(ds):
 
 
 def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: int = 2,
-          batch_size: int = 128, lr: float = 0.05, momentum: float = 0.9,
+          batch_size: int = 128, lr: float = 0.1, momentum: float = 0.9,
           nesterov: bool = False, weight_decay: float = 0.0, dampening: float = 0.0,
-          seed: int = 0, shuffle: bool = True, limit: int | None = None, dtype: str = "float32",
+          lr_schedule: str = "cosine", seed: int = 0, shuffle: bool = True, limit: int | None = None, dtype: str = "float32",
           hidden=(256, 128), threads: int = 1, n_samples: int | None = None,
           n_features: int | None = None, upscale: int = 1, out=None, save_weights=None,
           quiet: bool = False, allow_download: bool = True, log=print) -> dict:
@@ -61,10 +61,13 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     if dtype not in ("float32", "float64"):
         raise ValueError(f"dtype is {dtype!r}, expected 'float32' or 'float64'")
     hidden = tuple(_positive_int("hidden size", h) for h in hidden)
+    if lr_schedule not in SCHEDULES:
+        raise ValueError(f"lr_schedule is {lr_schedule!r}, expected one of {SCHEDULES}")
     say = (lambda *a: None) if quiet else log
     config = dict(model=model, dataset=dataset, data_dir=str(data_dir) if data_dir else None,
                   epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
-                  nesterov=nesterov, weight_decay=weight_decay, dampening=dampening, seed=seed,
+                  nesterov=nesterov, weight_decay=weight_decay, dampening=dampening,
+                  lr_schedule=lr_schedule, seed=seed,
                   shuffle=shuffle, limit=limit, dtype=dtype,
                   hidden=list(hidden) if model == "mlp" else None, threads=threads,
                   n_samples=n_samples, n_features=n_features, upscale=upscale, workers=1,
@@ -87,6 +90,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     x, y = ds.x_train, ds.y_train
     n = len(x)
     bounds = batch_bounds(n, batch_size)
+    total_steps = epochs * len(bounds)
     xb = np.empty((batch_size, ds.n_features), dtype=x.dtype)
     yb = np.empty(batch_size, dtype=np.int64)
     phase = {"data": 0.0, "compute": 0.0, "update": 0.0}
@@ -112,7 +116,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
                 raise FloatingPointError(
                     f"training diverged: the loss is {batch_loss} at epoch {epoch + 1}, step "
                     f"{steps + 1} (lr={lr}); try a smaller learning rate")
-            opt.step()
+            opt.step(lr_at(steps, total_steps, lr, lr_schedule))
             t_d = time.perf_counter()
             phase["data"] += t_b - t_a
             phase["compute"] += t_c - t_b
