@@ -22,7 +22,7 @@ extra_link_args = []
 if sys.platform != "win32":
     # gnu11 (not c11): GNU vector extensions and target attributes; fp-contract lets the
     # compiler fuse multiply-adds in the generic kernels.
-    extra_compile_args = ["-std=gnu11", "-O3", "-ffp-contract=fast", "-fno-math-errno",
+    extra_compile_args = ["-std=gnu11", "-O3", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math",
                           "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-psabi"]
     extra_link_args = ["-pthread"]
 

@@ -7,26 +7,28 @@
 #include <math.h>
 #include <string.h>
 
+#include "dp_math.h"
+
 #define T float
 #define S _f32
-#define EXP expf
+#define EXPNEG dp_expneg_f32
 #define LOG logf
-#define LOG1P log1pf
+#define LOG1P01 dp_log1p01_f32
 #include "dp_kernels_tmpl.h"
-#undef LOG1P
+#undef LOG1P01
 #undef LOG
-#undef EXP
+#undef EXPNEG
 #undef S
 #undef T
 
 #define T double
 #define S _f64
-#define EXP exp
+#define EXPNEG dp_expneg_f64
 #define LOG log
-#define LOG1P log1p
+#define LOG1P01 dp_log1p01_f64
 #include "dp_kernels_tmpl.h"
-#undef LOG1P
+#undef LOG1P01
 #undef LOG
-#undef EXP
+#undef EXPNEG
 #undef S
 #undef T

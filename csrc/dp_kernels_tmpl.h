@@ -1,5 +1,5 @@
 /* dp_kernels_tmpl.h - bodies of the kernels in dp_kernels.h for one dtype.
- * Included by dp_kernels.c with T, S (_f32/_f64), EXP, LOG1P defined. */
+ * Included by dp_kernels.c with T, S (_f32/_f64), EXPNEG, LOG1P01, LOG defined. */
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
@@ -53,12 +53,12 @@ int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int6
         T sum = 0;
         if (dlogits) {
             T *d = dlogits + (ptrdiff_t)i * C;
-            for (int j = 0; j < C; j++) { d[j] = EXP(z[j] - mx); sum += d[j]; }
+            for (int j = 0; j < C; j++) { d[j] = EXPNEG(z[j] - mx); sum += d[j]; }
             T inv = grad_scale / sum;
             for (int j = 0; j < C; j++) d[j] *= inv;
             d[y] -= grad_scale;
         } else {
-            for (int j = 0; j < C; j++) sum += EXP(z[j] - mx);
+            for (int j = 0; j < C; j++) sum += EXPNEG(z[j] - mx);
         }
         total += (double)LOG(sum) + (double)mx - (double)z[y];
     }
@@ -66,61 +66,86 @@ int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int6
     return DP_OK;
 }
 
-/* softplus(z) - y z, the binary cross-entropy on a logit, without overflow:
- * softplus(z) = max(z, 0) + log1p(exp(-|z|)). */
-DP_INLINE T K(bce_term)(T z, T y, T *sig)
+/* Rows per block: a block's loss terms are summed in T, blocks in double. */
+#define LOSS_ROWS 64
+
+/* Binary cross-entropy on a logit, without overflow, for a block of n <= LOSS_ROWS logits:
+ * loss_i = softplus(z_i) - y_i z_i = max(z_i, 0) - y_i z_i + log1p(exp(-|z_i|)),
+ * g_i = (sigmoid(z_i) - y_i) * grad_scale. Branch-free so that the loop vectorizes.
+ * Returns the block's loss sum; *right counts (z_i > 0) == y_i. n <= LOSS_ROWS. */
+static T K(bce_block)(T *DP_RESTRICT g, int64_t *right, const T *DP_RESTRICT z,
+                      const int64_t *DP_RESTRICT labels, int n, T grad_scale)
 {
-    T e = EXP(-(z < 0 ? -z : z));                 /* in (0, 1] */
-    *sig = z >= 0 ? (T)1 / ((T)1 + e) : e / ((T)1 + e);
-    return (z > 0 ? z : (T)0) - y * z + LOG1P(e);
+    T y[LOSS_ROWS], lsum = 0;
+    int64_t ok = 0;
+    for (int i = 0; i < n; i++) {
+        y[i] = labels[i] ? (T)1 : (T)0;
+        ok += (z[i] > 0) == (labels[i] != 0);
+    }
+    for (int i = 0; i < n; i++) {
+        T zi = z[i];
+        T e = EXPNEG(zi < 0 ? zi : -zi);            /* exp(-|z|) in (0, 1] */
+        T inv = (T)1 / ((T)1 + e);
+        T s = zi >= 0 ? inv : e * inv;              /* sigmoid(z) */
+        lsum += (zi > 0 ? zi : (T)0) - y[i] * zi + LOG1P01(e);
+        g[i] = (s - y[i]) * grad_scale;
+    }
+    *right = ok;
+    return lsum;
+}
+
+static int K(check_binary_labels)(const int64_t *labels, int B)
+{
+    int bad = 0;
+    for (int i = 0; i < B; i++) bad |= (uint64_t)labels[i] > 1;
+    return bad ? DP_ELABEL : DP_OK;
 }
 
 int K(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
                       int B, T grad_scale)
 {
     // logits is (B,), labels in {0, 1}: loss_i = softplus(z_i) - y_i z_i, dz = sigmoid(z) - y
+    if (K(check_binary_labels)(labels, B)) return DP_ELABEL;
     double total = 0;
-    for (int i = 0; i < B; i++) {
-        if (labels[i] != 0 && labels[i] != 1) return DP_ELABEL;
-        T y = (T)labels[i], s;
-        total += (double)K(bce_term)(logits[i], y, &s);
-        if (dlogits) dlogits[i] = (s - y) * grad_scale;
+    for (int r0 = 0; r0 < B; r0 += LOSS_ROWS) {
+        int rows = B - r0 < LOSS_ROWS ? B - r0 : LOSS_ROWS;
+        int64_t ok;
+        T scratch[LOSS_ROWS];
+        total += (double)K(bce_block)(dlogits ? dlogits + r0 : scratch, &ok, logits + r0,
+                                      labels + r0, rows, grad_scale);
     }
     *loss_sum = total;
     return DP_OK;
 }
 
-/* Rows per block of the fused logistic kernel: the block's x (ROWS x IN) is read from memory
- * once for z = x w and then again from L1/L2 for dw += g x. */
-#define LOGISTIC_ROWS 64
-
 int K(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x,
                         const T *w, const T *b, const int64_t *labels, int B, int IN,
                         T grad_scale)
 {
-    // x is (B, IN), w is (1, IN), b is (1,): one pass of logistic regression's forward,
-    // loss, and backward; dw (IN,) and db (1,) accumulate.
+    // x is (B, IN), w is (1, IN), b is (1,): logistic regression's forward, loss and backward
+    // in one pass over x: a block of rows is read from memory once for z = x w + b and then
+    // again, from L1/L2, for dw += g x. dw (IN,) and db (1,) accumulate.
+    if (K(check_binary_labels)(labels, B)) return DP_ELABEL;
     double total = 0;
     int64_t right = 0;
     T gsum = 0;
-    for (int r0 = 0; r0 < B; r0 += LOGISTIC_ROWS) {
-        int rows = B - r0 < LOGISTIC_ROWS ? B - r0 : LOGISTIC_ROWS;
-        T g[LOGISTIC_ROWS];
+    for (int r0 = 0; r0 < B; r0 += LOSS_ROWS) {
+        int rows = B - r0 < LOSS_ROWS ? B - r0 : LOSS_ROWS;
+        const T *xb = x + (ptrdiff_t)r0 * IN;
+        T z[LOSS_ROWS], g[LOSS_ROWS];
         for (int r = 0; r < rows; r++) {
-            int64_t lab = labels[r0 + r];
-            if (lab != 0 && lab != 1) return DP_ELABEL;
-            const T *xr = x + (ptrdiff_t)(r0 + r) * IN;
-            T z = b[0];
-            for (int j = 0; j < IN; j++) z += xr[j] * w[j];
-            T y = (T)lab, s;
-            total += (double)K(bce_term)(z, y, &s);
-            right += (z > 0) == (lab == 1);
-            g[r] = (s - y) * grad_scale;
-            gsum += g[r];
+            const T *xr = xb + (ptrdiff_t)r * IN;
+            T acc = 0;
+            for (int j = 0; j < IN; j++) acc += xr[j] * w[j];
+            z[r] = acc + b[0];
         }
+        int64_t ok;
+        total += (double)K(bce_block)(g, &ok, z, labels + r0, rows, grad_scale);
+        right += ok;
         for (int r = 0; r < rows; r++) {
-            const T *xr = x + (ptrdiff_t)(r0 + r) * IN;
+            const T *xr = xb + (ptrdiff_t)r * IN;
             T gr = g[r];
+            gsum += gr;
             for (int j = 0; j < IN; j++) dw[j] += gr * xr[j];
         }
     }

@@ -4,6 +4,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +201,9 @@ def test_lr_schedules():
 
 # ------------------------------------------------------------------ the command line
 def _cli(*args, env=None, cwd=None):
+    # run outside the checkout: `python -m` puts the working directory first on sys.path, and
+    # the source tree's dptrain/ has no built extension
+    cwd = cwd or tempfile.mkdtemp(prefix="dptrain-cli-")
     return subprocess.run([sys.executable, "-m", "dptrain", *args], capture_output=True,
                           text=True, env=env, cwd=cwd, timeout=300)
 
