@@ -5,6 +5,7 @@ No BLAS or system library is needed; SIMD code paths are chosen at run time (csr
 so the wheel is portable and no flag is asked of the user.
 """
 import sys
+from pathlib import Path
 
 import numpy as np
 from setuptools import Extension, setup
@@ -16,6 +17,9 @@ sources = [
     "csrc/dp_net.c",
     "csrc/dp_pool.c",
 ]
+
+# Headers and templates: listed so that a change to one rebuilds the extension.
+depends = sorted(str(p) for p in Path("csrc").glob("*.h"))
 
 extra_compile_args = []
 extra_link_args = []
@@ -31,6 +35,7 @@ setup(
         Extension(
             "dptrain._core",
             sources=sources,
+            depends=depends,
             include_dirs=[np.get_include(), "csrc"],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_25_API_VERSION"),
                            ("NPY_TARGET_VERSION", "NPY_1_25_API_VERSION")],

@@ -129,6 +129,31 @@ def pin_torch(torch) -> None:
         raise RuntimeError(f"torch.get_num_threads() is {torch.get_num_threads()}, expected 1")
 
 
+def _git_state() -> dict:
+    """The checkout's commit and whether csrc/ or dptrain/ differ from it (figures depend on
+    the build, and the build on the sources)."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc", "dptrain",
+                                "setup.py"], cwd=REPO_ROOT, capture_output=True, text=True,
+                               check=True).stdout.split("\n")
+        return {"commit": head, "core_sources_modified": [ln[3:] for ln in dirty if ln.strip()]}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "core_sources_modified": None}
+
+
+def _core_build_id(core) -> dict:
+    """sha256 prefix and mtime of the loaded _core binary: which build was measured."""
+    import hashlib
+    path = core.__file__
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    mtime = datetime.datetime.fromtimestamp(os.path.getmtime(path)).isoformat(timespec="seconds")
+    return {"core_path": path, "core_sha256": digest, "core_mtime": mtime}
+
+
 def environment(**extra) -> dict:
     """What the figures depend on: machine, library versions, threads, load."""
     import dptrain  # the checkout's (REPO_ROOT is first on sys.path)
@@ -151,6 +176,8 @@ def environment(**extra) -> dict:
         "python": platform.python_version(),
         "dptrain_path": os.path.dirname(dptrain.__file__),
         "dptrain_build": _jsonable(dptrain._core.build_info()),
+        **_core_build_id(dptrain._core),
+        **_git_state(),
         "thread_env": {v: os.environ.get(v) for v in _THREAD_VARS},
         "peak_gflops_per_core": PEAK_GFLOPS,
         **blas_info(),
@@ -163,6 +190,10 @@ def print_environment(env: dict) -> None:
     b = env["dptrain_build"]
     print(f"# {env['date']}  cpu: {env['cpu']} ({env['cpus']} cpus, load {env['loadavg_1min']:.2f})")
     print(f"# dptrain: {env['dptrain_path']}  simd={b.get('simd')}  compiler={b.get('compiler')}")
+    modified = env.get("core_sources_modified")
+    print(f"# commit {env['commit']}"
+          + (f" + uncommitted changes in {', '.join(modified)}" if modified else "")
+          + f"; _core built {env['core_mtime']}, sha256 {env['core_sha256']}")
     print(f"# numpy {env['numpy']}, BLAS {env['blas']}, OpenBLAS core {env['openblas_core']}, "
           f"OpenBLAS threads {env['openblas_threads']}")
     if "torch" in env:

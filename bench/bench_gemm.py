@@ -6,7 +6,9 @@ Shapes are the ones training runs (B=128 batch, MLP 784-256-128-10):
 - weight gradient, dW = dy^T x: a = dy stored (B, OUT), b = x (B, IN) -> "TN" (trans_a);
 - input gradient, dX = dy w: a = dy (B, OUT), b = w (OUT, IN) -> "NN";
 - a 3x3x3 convolution as im2col: patches (M pixels, K=27) times filters^T (N, 27) -> "NT";
-- 1024^3 (no target: the large, square case a GEMM is usually tuned for).
+- 1024^3 (no target: the large, square case a GEMM is usually tuned for);
+- float64 only, no target: the two GEMV-like GEMMs of logistic regression on 20 features
+  with batch 8192 (bench_logreg.py's workload), forward N=1 and weight gradient M=1.
 M x N x K below is always C (M, N) = op(A) (M, K) op(B) (K, N); one GEMM is 2*M*N*K flop.
 
 NumPy's side writes into a preallocated output, np.matmul(a, b.T, out=c), so neither side
@@ -51,6 +53,8 @@ SHAPES_F64 = [
     ("dW   L1 dy^T x", 256, 784, 128, True, False, MLP_TARGET),
     ("conv im2col 32 filt", 1024, 32, 27, False, True, SKINNY_TARGET),
     ("square 1024^3", 1024, 1024, 1024, False, False, None),
+    ("logreg fwd x w^T (N=1)", 8192, 1, 20, False, True, None),
+    ("logreg dW dz^T x (M=1)", 1, 20, 8192, True, False, None),
 ]
 
 

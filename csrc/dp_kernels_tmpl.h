@@ -27,18 +27,18 @@ int K(dp_dense_backward)(dp_ctx *ctx, T *dw, T *db, T *dx, const T *dy, const T 
     return rc;
 }
 
-void K(dp_relu_forward)(T *y, const T *x, ptrdiff_t n)
+DP_CLONES void K(dp_relu_forward)(T *y, const T *x, ptrdiff_t n)
 {
     for (ptrdiff_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : (T)0;
 }
 
-void K(dp_relu_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
+DP_CLONES void K(dp_relu_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
 {
     // y is the forward output: relu'(x) = 1[x > 0] = 1[y > 0]
     for (ptrdiff_t i = 0; i < n; i++) dx[i] = y[i] > 0 ? dy[i] : (T)0;
 }
 
-int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
+DP_CLONES int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
                        int B, int C, T grad_scale)
 {
     // logits is (B, C); loss_i = logsumexp(z_i) - z_i[y_i], computed as
@@ -73,8 +73,8 @@ int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int6
  * loss_i = softplus(z_i) - y_i z_i = max(z_i, 0) - y_i z_i + log1p(exp(-|z_i|)),
  * g_i = (sigmoid(z_i) - y_i) * grad_scale. Branch-free so that the loop vectorizes.
  * Returns the block's loss sum; *right counts (z_i > 0) == y_i. n <= LOSS_ROWS. */
-static T K(bce_block)(T *DP_RESTRICT g, int64_t *right, const T *DP_RESTRICT z,
-                      const int64_t *DP_RESTRICT labels, int n, T grad_scale)
+DP_INLINE T K(bce_block)(T *DP_RESTRICT g, int64_t *right, const T *DP_RESTRICT z,
+                         const int64_t *DP_RESTRICT labels, int n, T grad_scale)
 {
     T y[LOSS_ROWS], lsum = 0;
     int64_t ok = 0;
@@ -101,7 +101,7 @@ static int K(check_binary_labels)(const int64_t *labels, int B)
     return bad ? DP_ELABEL : DP_OK;
 }
 
-int K(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
+DP_CLONES int K(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
                       int B, T grad_scale)
 {
     // logits is (B,), labels in {0, 1}: loss_i = softplus(z_i) - y_i z_i, dz = sigmoid(z) - y
@@ -118,7 +118,7 @@ int K(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int64
     return DP_OK;
 }
 
-int K(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x,
+DP_CLONES int K(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x,
                         const T *w, const T *b, const int64_t *labels, int B, int IN,
                         T grad_scale)
 {
@@ -187,7 +187,7 @@ int64_t K(dp_count_correct)(const T *logits, const int64_t *labels, int B, int C
     return right;
 }
 
-void K(dp_sgd_step)(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum, T dampening,
+DP_CLONES void K(dp_sgd_step)(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum, T dampening,
                     T weight_decay, int nesterov, int first_step)
 {
     // p, v, g are (P,). torch.optim.SGD: d = g + wd p; v = momentum v + (1 - dampening) d
@@ -223,7 +223,7 @@ void K(dp_sgd_step)(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum, T dam
 /* Elements per chunk: ins[0..k) are added chunk by chunk so the running sum stays in L1. */
 #define SUM_CHUNK 2048
 
-void K(dp_sum_buffers)(T *out, const T *const *ins, int k, ptrdiff_t start, ptrdiff_t stop,
+DP_CLONES void K(dp_sum_buffers)(T *out, const T *const *ins, int k, ptrdiff_t start, ptrdiff_t stop,
                        T scale)
 {
     // out[start:stop] = scale * (ins[0] + ins[1] + ... + ins[k-1])[start:stop], added left to
@@ -250,7 +250,7 @@ void K(dp_sum_buffers)(T *out, const T *const *ins, int k, ptrdiff_t start, ptrd
     }
 }
 
-void K(dp_scale)(T *buf, ptrdiff_t n, T alpha)
+DP_CLONES void K(dp_scale)(T *buf, ptrdiff_t n, T alpha)
 {
     for (ptrdiff_t i = 0; i < n; i++) buf[i] *= alpha;
 }

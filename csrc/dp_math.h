@@ -2,7 +2,8 @@
  * the compiler can vectorize loops that call them (libm's exp/log1p are scalar calls and made
  * the logistic-regression kernel ~20x slower than its memory traffic).
  *
- *   dp_expneg(x) = exp(x) for x <= 0   (results below the smallest normal flush to 0)
+ *   dp_expneg(x) = exp(x) for x <= 0   (0 below x = -708 / -87, where exp(x) nears the
+ *                                        smallest normal; NaN stays NaN so divergence shows)
  *   dp_log1p01(e) = log(1 + e) for 0 <= e <= 1
  *
  * exp: Cody & Waite range reduction x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor
@@ -24,8 +25,8 @@ DP_INLINE double dp_expneg_f64(double x)
 {
     const double inv_ln2 = 1.4426950408889634, shifter = 6755399441055744.0;  /* 1.5 * 2^52 */
     const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
-    double keep = x >= -708.0 ? 1.0 : 0.0;
-    x = x >= -708.0 ? x : -708.0;
+    double x0 = x, keep = x < -708.0 ? 0.0 : 1.0;
+    x = x < -708.0 ? -708.0 : x;
     double t = x * inv_ln2 + shifter;
     double n = t - shifter;
     double r = (x - n * ln2_hi) - n * ln2_lo;
@@ -48,15 +49,16 @@ DP_INLINE double dp_expneg_f64(double x)
     bits = (bits + 1023u) << 52;                   /* 2^n: n + 1023 in the exponent field */
     double scale;
     memcpy(&scale, &bits, sizeof scale);
-    return p * scale * keep;
+    /* vectorized, the clamp above may become max(), which drops a NaN: put it back */
+    return x0 == x0 ? p * scale * keep : x0;
 }
 
 DP_INLINE float dp_expneg_f32(float x)
 {
     const float inv_ln2 = 1.44269504f, shifter = 12582912.0f;                  /* 1.5 * 2^23 */
     const float ln2_hi = 0.693145752f, ln2_lo = 1.42860677e-06f;
-    float keep = x >= -87.0f ? 1.0f : 0.0f;
-    x = x >= -87.0f ? x : -87.0f;
+    float x0 = x, keep = x < -87.0f ? 0.0f : 1.0f;
+    x = x < -87.0f ? -87.0f : x;
     float t = x * inv_ln2 + shifter;
     float n = t - shifter;
     float r = (x - n * ln2_hi) - n * ln2_lo;
@@ -73,7 +75,7 @@ DP_INLINE float dp_expneg_f32(float x)
     bits = (bits + 127u) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    return p * scale * keep;
+    return x0 == x0 ? p * scale * keep : x0;
 }
 
 DP_INLINE double dp_log1p01_f64(double e)

@@ -95,7 +95,9 @@ static void *helper_main(void *p)
     helper_arg ha = *(helper_arg *)p;
     free(p);
     dp_pool *pool = ha.pool;
-    unsigned seen = atomic_load(&pool->generation);
+    /* The pool is created at generation 0 and no job can be posted before dp_pool_create
+     * returns; reading the counter here instead would race with the first job and skip it. */
+    unsigned seen = 0;
     for (;;) {
         int spins = 0;
         while (atomic_load_explicit(&pool->generation, memory_order_acquire) == seen

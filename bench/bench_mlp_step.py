@@ -1,0 +1,198 @@
+"""One training step, dptrain against PyTorch (one thread each): milliseconds per step.
+
+A step is zero_grad + forward + loss + backward + SGD-with-momentum update, on one fixed batch
+of MNIST-shaped data (`dptrain.data.synthetic_classification`, float32, 784 features, 10
+classes). Both sides start from the same weights (dptrain's init, copied into torch) and take
+the same kind of step:
+
+- dptrain: `model.zero_grad(); model.loss_grad(x, y); opt.step()` (MLP / SoftmaxRegression
+  and dptrain.SGD(momentum=0.9));
+- PyTorch: nn.Sequential(Linear, ReLU, Linear, ReLU, Linear), nn.CrossEntropyLoss (mean),
+  torch.optim.SGD(momentum=0.9), the idiomatic loop: `opt.zero_grad()` (set_to_none default),
+  `loss_fn(net(x), y).backward()`, `opt.step()`.
+
+Before timing, one step of each from the same weights must give the same loss and the same
+updated parameters (so both do the same work). Then repeats of `steps` steps each, ours and
+torch's interleaved, after warm-up steps; the figure is the median repeat's ms per step.
+
+GFLOP/s counts only the GEMMs, 2*B*IN*OUT flop each: per layer one forward, one dW, and one
+dX except for the first layer (the input needs no gradient).
+
+The first row (MLP 784-256-128-10, batch 128) carries the target: ours / torch <= 0.7
+(stretch 0.6); the other rows are for information.
+
+Run: python bench/bench_mlp_step.py [--quick] [--json PATH]
+"""
+from __future__ import annotations
+
+import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy/torch load)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import dptrain  # noqa: E402
+from dptrain.data import synthetic_classification  # noqa: E402
+
+MLP_SIZES = (784, 256, 128, 10)
+SOFTMAX_SIZES = (784, 10)
+LR = 0.01
+MOMENTUM = 0.9
+TARGET = 0.7
+STRETCH = 0.6
+
+# (model name, sizes, batch, carries the target)
+CASES = [
+    ("mlp", MLP_SIZES, 128, True),
+    ("mlp", MLP_SIZES, 32, False),
+    ("mlp", MLP_SIZES, 512, False),
+    ("softmax", SOFTMAX_SIZES, 128, False),
+    ("softmax", SOFTMAX_SIZES, 32, False),
+    ("softmax", SOFTMAX_SIZES, 512, False),
+]
+
+
+def step_flop(sizes, batch) -> float:
+    """GEMM flop of one training step: forward + dW on every layer, dX on all but the first."""
+    flop = 0.0
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        gemms = 2 if i == 0 else 3
+        flop += gemms * 2.0 * batch * n_in * n_out
+    return flop
+
+
+def build(sizes, batch):
+    """(ours, theirs, check): two step functions on the same batch and the same initial
+    weights, and a function asserting that one step of each agrees."""
+    ds = synthetic_classification(batch, n_features=sizes[0], n_classes=sizes[-1], seed=0,
+                                  n_test=1, dtype=np.float32)
+    x, y = ds.x_train, ds.y_train
+
+    model = (dptrain.MLP(sizes, seed=0, dtype="float32", threads=1) if len(sizes) > 2
+             else dptrain.SoftmaxRegression(sizes[0], sizes[1], seed=0, dtype="float32",
+                                            threads=1))
+    opt = dptrain.SGD(model, lr=LR, momentum=MOMENTUM)
+
+    layers = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        if i:
+            layers.append(torch.nn.ReLU())
+        layers.append(torch.nn.Linear(n_in, n_out))
+    net = torch.nn.Sequential(*layers)
+    linears = [m for m in net if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for lin, (w, b) in zip(linears, model.layers()):
+            lin.weight.copy_(torch.from_numpy(w))
+            lin.bias.copy_(torch.from_numpy(b))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    t_opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    last = {}
+
+    def ours():
+        model.zero_grad()
+        last["ours"], _ = model.loss_grad(x, y)
+        opt.step()
+
+    def theirs():
+        t_opt.zero_grad()
+        loss = loss_fn(net(xt), yt)
+        loss.backward()
+        t_opt.step()
+        last["torch"] = loss
+
+    def check():
+        ours()
+        theirs()
+        loss_ours = last["ours"] / batch
+        loss_torch = last["torch"].item()
+        if not np.isclose(loss_ours, loss_torch, rtol=1e-5, atol=1e-6):
+            raise AssertionError(f"step {sizes} B={batch}: loss {loss_ours} (dptrain) vs "
+                                 f"{loss_torch} (torch)")
+        for i, (lin, (w, b)) in enumerate(zip(linears, model.layers())):
+            for name, ours_p, torch_p in (("W", w, lin.weight), ("b", b, lin.bias)):
+                np.testing.assert_allclose(
+                    ours_p, torch_p.detach().numpy(), rtol=1e-4, atol=1e-6,
+                    err_msg=f"step {sizes} B={batch}: layer {i} {name} after one step")
+
+    def final_losses():
+        return {"ours": float(last["ours"]) / batch, "torch": last["torch"].item()}
+
+    return ours, theirs, check, final_losses
+
+
+def run_case(name, sizes, batch, main_row, *, repeats, steps, seconds):
+    ours, theirs, check, final_losses = build(sizes, batch)
+    check()
+    warmup = 20
+    if main_row:
+        number = steps
+    else:  # the other rows: about `seconds` per repeat, at least 50 steps
+        number = max(50, min(_util.calibrate(ours, seconds), _util.calibrate(theirs, seconds)))
+    times = _util.interleaved({"ours": ours, "torch": theirs}, repeats=repeats, number=number,
+                              warmup=warmup)
+    t_ours, t_torch = _util.median(times["ours"]), _util.median(times["torch"])
+    ratio = t_ours / t_torch
+    flop = step_flop(sizes, batch)
+    target = TARGET if main_row else None
+    met = _util.verdict(ratio, target, False)
+    if met == "yes" and ratio <= STRETCH:
+        met = "stretch"
+    losses = final_losses()
+    for side, value in losses.items():
+        if not np.isfinite(value):
+            raise FloatingPointError(f"{name} B={batch}: {side}'s loss became {value}")
+    return {
+        "model": name, "sizes": list(sizes), "batch": batch, "steps_per_repeat": number,
+        "repeats": repeats, "warmup_steps": warmup,
+        "ours_ms": 1e3 * t_ours, "torch_ms": 1e3 * t_torch, "ratio": ratio,
+        "target": target, "stretch": STRETCH if main_row else None, "met": met,
+        "gemm_flop_per_step": flop, "ours_gflops": flop / t_ours / 1e9,
+        "torch_gflops": flop / t_torch / 1e9,
+        "ours_pct_peak": 100.0 * flop / t_ours / 1e9 / _util.PEAK_GFLOPS["float32"],
+        "ours_spread": _util.spread(times["ours"]), "torch_spread": _util.spread(times["torch"]),
+        "final_loss_finite_check": losses,  # step counts differ (calibration)
+        "ours_seconds_per_step": times["ours"], "torch_seconds_per_step": times["torch"],
+    }
+
+
+def main(argv=None):
+    args = _util.parse_args("ms per training step: dptrain vs PyTorch, one thread", argv=argv)
+    _util.pin_torch(torch)
+    repeats, steps, seconds = (3, 50, 0.1) if args.quick else (7, 200, 0.5)
+    env = _util.environment(torch=torch.__version__, torch_threads=torch.get_num_threads(),
+                            torch_blas=torch.backends.mkl.is_available() and "mkl" or "other")
+    _util.print_environment(env)
+
+    rows = [run_case(name, sizes, batch, main_row, repeats=repeats, steps=steps,
+                     seconds=seconds)
+            for name, sizes, batch, main_row in CASES]
+
+    table = []
+    for r in rows:
+        target = (f"<= {r['target']:.2f} ({r['stretch']:.2f})" if r["target"] is not None
+                  else "-")
+        table.append([
+            r["model"] + " " + "-".join(map(str, r["sizes"])), r["batch"], r["steps_per_repeat"],
+            f"{r['ours_ms']:.3f}", f"{r['torch_ms']:.3f}", f"{r['ratio']:.2f}", target,
+            r["met"], f"{r['ours_gflops']:.1f} ({r['ours_pct_peak']:.0f}%)",
+            f"{r['torch_gflops']:.1f}",
+            f"{100 * max(r['ours_spread'], r['torch_spread']):.0f}%",
+        ])
+    print()
+    _util.print_table(
+        ["model", "batch", "steps", "ours ms", "torch ms", "ratio", "target (stretch)", "met",
+         "ours GF/s (%pk)", "torch GF/s", "noise"],
+        table, align="lrrrrrrlrrr",
+        title=f"Training step (zero_grad+fwd+bwd+SGD momentum), float32, 1 thread, median of "
+              f"{repeats} interleaved repeats (ratio = ours / torch, lower is better)")
+    print(f"GF/s counts GEMM flop only (fwd + dW per layer, dX except layer 1); %pk of "
+          f"{_util.PEAK_GFLOPS['float32']:.1f} GF/s; noise = largest (max - min) / median")
+    _util.write_json(args.json, "mlp_step", env,
+                     {"repeats": repeats, "steps_main_row": steps,
+                      "seconds_per_repeat_other_rows": seconds, "lr": LR, "momentum": MOMENTUM,
+                      "quick": args.quick}, rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1422 @@
+/* test_core.c - plain-C tests of the kernels in csrc/ (no Python anywhere).
+ *
+ * Every optimized kernel is checked against its naive twin or against a straightforward
+ * double-precision computation written here, for float and double, over odd sizes
+ * (1, 7, 33, 129, ...), for the GEMM on both ISA paths (DPTRAIN_GEMM_ISA=generic forces the
+ * portable one) and with a context of 1 and 3 threads and with none. Backward kernels of
+ * dp_net are checked against central finite differences of a double forward written here.
+ *
+ * Tolerances are rounding-error bounds, not fudge factors: (terms + slack) * epsilon of the
+ * dtype times the magnitude of what was summed (sum |a_k b_k| for a dot product). A missing or
+ * wrong term is far outside them.
+ *
+ * Output: one "FAIL ..." line per failed check naming function, sizes, dtype and the error,
+ * then exactly one summary line "N passed, M failed"; the exit status is 1 if any failed.
+ * Build and run with `make -C csrc/tests check` (AddressSanitizer, LeakSanitizer, UBSan) or
+ * `check-O3` (optimized, no sanitizers). DP_CLONES is off under ASan, so `check` runs the
+ * baseline build of the element-wise kernels and `check-O3` the clone the loader picks here.
+ *
+ * Leaves out on purpose: timings (bench/), the Python boundary (the tests/ directory), and two
+ * callers sharing one context (documented as unsupported).
+ */
+#include "dp_common.h"
+#include "dp_gemm.h"
+#include "dp_kernels.h"
+#include "dp_math.h"
+#include "dp_net.h"
+
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- bookkeeping ---------------------------------------------------------------------- */
+
+static volatile sig_atomic_t n_passed, n_failed;
+
+/* Records one check; a failure prints "FAIL <what>". */
+static int expect(int ok, const char *fmt, ...)
+{
+    if (ok) {
+        n_passed++;
+        return 1;
+    }
+    n_failed++;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("FAIL ", stdout);
+    vprintf(fmt, ap);
+    putchar('\n');
+    va_end(ap);
+    fflush(stdout);
+    return 0;
+}
+
+/* Element-wise comparison of one output array, reported as one check. */
+typedef struct {
+    ptrdiff_t n, bad, at;          /* elements compared, out of tolerance, index of the worst */
+    double got, want, tol, ratio;  /* at the worst element */
+} diff;
+
+static void diff_add(diff *d, ptrdiff_t i, double got, double want, double tol)
+{
+    double err = fabs(got - want);
+    d->n++;
+    if (err <= tol) return;        /* false for NaN */
+    double ratio = (isnan(err) || tol <= 0) ? INFINITY : err / tol;
+    if (d->bad++ == 0 || ratio > d->ratio) {
+        d->at = i;
+        d->got = got;
+        d->want = want;
+        d->tol = tol;
+        d->ratio = ratio;
+    }
+}
+
+/* cols > 0 prints the worst element as [row,col] of a row-major array with that row stride. */
+static void expect_diff(const diff *d, ptrdiff_t cols, const char *fmt, ...)
+{
+    if (!d->bad) {
+        n_passed++;
+        return;
+    }
+    n_failed++;
+    char what[512], where[64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (cols > 0) snprintf(where, sizeof where, "[%td,%td]", d->at / cols, d->at % cols);
+    else snprintf(where, sizeof where, "[%td]", d->at);
+    printf("FAIL %s: %td of %td elements off, worst %s got %.10g expected %.10g "
+           "(|err| %.3g > tol %.3g)\n",
+           what, d->bad, d->n, where, d->got, d->want, fabs(d->got - d->want), d->tol);
+    fflush(stdout);
+}
+
+/* A hang (a deadlocked pool) fails the run instead of stalling CI. Only write(2) in here. */
+static void put_uint(char **p, unsigned v)
+{
+    char tmp[16];
+    int k = 0;
+    do tmp[k++] = (char)('0' + v % 10); while ((v /= 10) && k < 16);
+    while (k) *(*p)++ = tmp[--k];
+}
+
+static void on_watchdog(int sig)
+{
+    (void)sig;
+    char buf[160], *p = buf;
+    const char *msg = "FAIL watchdog: test_core still running after its time limit (a hang?)\n";
+    while (*msg) *p++ = *msg++;
+    put_uint(&p, (unsigned)n_passed);
+    for (msg = " passed, "; *msg;) *p++ = *msg++;
+    put_uint(&p, (unsigned)n_failed + 1);
+    for (msg = " failed\n"; *msg;) *p++ = *msg++;
+    ssize_t w = write(STDOUT_FILENO, buf, (size_t)(p - buf));
+    (void)w;
+    _exit(1);
+}
+
+/* ---- deterministic data ---------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+
+static uint64_t xorshift64(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static double unif(double lo, double hi)
+{
+    return lo + (hi - lo) * ((double)(xorshift64() >> 11) * 0x1.0p-53);
+}
+
+static int randint(int n) { return (int)(xorshift64() % (uint64_t)n); }
+
+/* ---- one test body for both dtypes: typed buffers behind void* --------------------------- */
+
+typedef enum { F32, F64 } dtype;
+
+static const char *dtn(dtype dt) { return dt == F32 ? "f32" : "f64"; }
+static size_t dts(dtype dt) { return dt == F32 ? sizeof(float) : sizeof(double); }
+static double deps(dtype dt) { return dt == F32 ? FLT_EPSILON : DBL_EPSILON; }
+
+static void *xalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        puts("test_core: out of memory");
+        exit(2);
+    }
+    return p;
+}
+
+static void *talloc(dtype dt, ptrdiff_t n) { return xalloc((size_t)(n > 0 ? n : 1) * dts(dt)); }
+static double *dalloc(ptrdiff_t n) { return xalloc((size_t)(n > 0 ? n : 1) * sizeof(double)); }
+static int64_t *ialloc(ptrdiff_t n) { return xalloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t)); }
+
+static double tget(dtype dt, const void *p, ptrdiff_t i)
+{
+    return dt == F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+static void tset(dtype dt, void *p, ptrdiff_t i, double v)
+{
+    if (dt == F32) ((float *)p)[i] = (float)v;
+    else ((double *)p)[i] = v;
+}
+
+/* Rounds to the dtype. One float + or * done in double and rounded once is exactly the float
+ * operation (53 >= 2 * 24 + 2), so trnd(a + b) emulates float arithmetic bit for bit. */
+static double trnd(dtype dt, double v) { return dt == F32 ? (double)(float)v : v; }
+
+static void tfill(dtype dt, void *p, ptrdiff_t n, double lo, double hi)
+{
+    for (ptrdiff_t i = 0; i < n; i++) tset(dt, p, i, unif(lo, hi));
+}
+
+static void tconst(dtype dt, void *p, ptrdiff_t n, double v)
+{
+    for (ptrdiff_t i = 0; i < n; i++) tset(dt, p, i, v);
+}
+
+/* ---- the kernels, called by dtype ------------------------------------------------------- */
+
+static int gemm_t(dtype dt, dp_ctx *ctx, void *C, ptrdiff_t ldc, const void *A, ptrdiff_t rsa,
+                  ptrdiff_t csa, const void *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K,
+                  double alpha, double beta)
+{
+    if (dt == F32)
+        return dp_gemm_f32(ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, (float)alpha,
+                           (float)beta);
+    return dp_gemm_f64(ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta);
+}
+
+static void gemm_naive_t(dtype dt, void *C, ptrdiff_t ldc, const void *A, ptrdiff_t rsa,
+                         ptrdiff_t csa, const void *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N,
+                         int K, double alpha, double beta)
+{
+    if (dt == F32)
+        dp_gemm_naive_f32(C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, (float)alpha, (float)beta);
+    else
+        dp_gemm_naive_f64(C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta);
+}
+
+static int dense_forward_t(dtype dt, dp_ctx *ctx, void *y, const void *x, const void *w,
+                           const void *b, int B, int IN, int OUT)
+{
+    return dt == F32 ? dp_dense_forward_f32(ctx, y, x, w, b, B, IN, OUT)
+                     : dp_dense_forward_f64(ctx, y, x, w, b, B, IN, OUT);
+}
+
+static int dense_backward_t(dtype dt, dp_ctx *ctx, void *dw, void *db, void *dx, const void *dy,
+                            const void *x, const void *w, int B, int IN, int OUT)
+{
+    return dt == F32 ? dp_dense_backward_f32(ctx, dw, db, dx, dy, x, w, B, IN, OUT)
+                     : dp_dense_backward_f64(ctx, dw, db, dx, dy, x, w, B, IN, OUT);
+}
+
+static void relu_forward_t(dtype dt, void *y, const void *x, ptrdiff_t n)
+{
+    if (dt == F32) dp_relu_forward_f32(y, x, n);
+    else dp_relu_forward_f64(y, x, n);
+}
+
+static void relu_backward_t(dtype dt, void *dx, const void *dy, const void *y, ptrdiff_t n)
+{
+    if (dt == F32) dp_relu_backward_f32(dx, dy, y, n);
+    else dp_relu_backward_f64(dx, dy, y, n);
+}
+
+static int softmax_xent_t(dtype dt, void *dlogits, double *loss, const void *logits,
+                          const int64_t *labels, int B, int C, double gs)
+{
+    return dt == F32 ? dp_softmax_xent_f32(dlogits, loss, logits, labels, B, C, (float)gs)
+                     : dp_softmax_xent_f64(dlogits, loss, logits, labels, B, C, gs);
+}
+
+static int sigmoid_bce_t(dtype dt, void *dlogits, double *loss, const void *logits,
+                         const int64_t *labels, int B, double gs)
+{
+    return dt == F32 ? dp_sigmoid_bce_f32(dlogits, loss, logits, labels, B, (float)gs)
+                     : dp_sigmoid_bce_f64(dlogits, loss, logits, labels, B, gs);
+}
+
+static int logistic_grad_t(dtype dt, void *dw, void *db, double *loss, int64_t *correct,
+                           const void *x, const void *w, const void *b, const int64_t *labels,
+                           int B, int IN, double gs)
+{
+    return dt == F32
+               ? dp_logistic_grad_f32(dw, db, loss, correct, x, w, b, labels, B, IN, (float)gs)
+               : dp_logistic_grad_f64(dw, db, loss, correct, x, w, b, labels, B, IN, gs);
+}
+
+static void argmax_t(dtype dt, int64_t *out, const void *x, int B, int C)
+{
+    if (dt == F32) dp_argmax_f32(out, x, B, C);
+    else dp_argmax_f64(out, x, B, C);
+}
+
+static int64_t count_correct_t(dtype dt, const void *logits, const int64_t *labels, int B, int C)
+{
+    return dt == F32 ? dp_count_correct_f32(logits, labels, B, C)
+                     : dp_count_correct_f64(logits, labels, B, C);
+}
+
+static void sgd_step_t(dtype dt, void *p, void *v, const void *g, ptrdiff_t n, double lr,
+                       double momentum, double dampening, double wd, int nesterov, int first)
+{
+    if (dt == F32)
+        dp_sgd_step_f32(p, v, g, n, (float)lr, (float)momentum, (float)dampening, (float)wd,
+                        nesterov, first);
+    else
+        dp_sgd_step_f64(p, v, g, n, lr, momentum, dampening, wd, nesterov, first);
+}
+
+static void sum_buffers_t(dtype dt, void *out, void *const *ins, int k, ptrdiff_t start,
+                          ptrdiff_t stop, double scale)
+{
+    if (dt == F32) {
+        const float *in[8] = {0};
+        for (int q = 0; q < k; q++) in[q] = ins[q];
+        dp_sum_buffers_f32(out, in, k, start, stop, (float)scale);
+    } else {
+        const double *in[8] = {0};
+        for (int q = 0; q < k; q++) in[q] = ins[q];
+        dp_sum_buffers_f64(out, in, k, start, stop, scale);
+    }
+}
+
+static void scale_t(dtype dt, void *buf, ptrdiff_t n, double alpha)
+{
+    if (dt == F32) dp_scale_f32(buf, n, (float)alpha);
+    else dp_scale_f64(buf, n, alpha);
+}
+
+static int net_loss_grad_t(dtype dt, dp_net *net, void *grads, double *loss, int64_t *correct,
+                           const void *params, const void *x, const int64_t *labels, int B,
+                           double gs)
+{
+    return dt == F32
+               ? dp_net_loss_grad_f32(net, grads, loss, correct, params, x, labels, B, (float)gs)
+               : dp_net_loss_grad_f64(net, grads, loss, correct, params, x, labels, B, gs);
+}
+
+static int net_evaluate_t(dtype dt, dp_net *net, void *logits, double *loss, int64_t *correct,
+                          const void *params, const void *x, const int64_t *labels, int B)
+{
+    return dt == F32 ? dp_net_evaluate_f32(net, logits, loss, correct, params, x, labels, B)
+                     : dp_net_evaluate_f64(net, logits, loss, correct, params, x, labels, B);
+}
+
+/* ---- contexts and ISA paths ------------------------------------------------------------ */
+
+/* Lets a new pool's helper threads reach their wait loop before the first job. Works around
+ * the startup race that test_pool_startup checks for; harmless once that is fixed. */
+static void let_helpers_start(void)
+{
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+typedef struct {
+    const char *name;
+    dp_ctx *ctx;
+} ctx_case;
+
+static dp_ctx ctx1, ctx3;
+static ctx_case ctxs[3] = {{"NULL", NULL}, {"1", &ctx1}, {"3", &ctx3}};
+
+/* 0: what the dispatcher picks on this CPU, 1: the portable build. Returns its name. */
+static const char *use_isa(int generic)
+{
+    if (generic) setenv("DPTRAIN_GEMM_ISA", "generic", 1);
+    else unsetenv("DPTRAIN_GEMM_ISA");
+    return dp_gemm_isa();
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------ */
+
+/* An operand (rows x cols) as strides: 'N' row-major, 'T' stored transposed (cols x rows),
+ * 'S' neither stride 1 (every other element of rows 2 * cols + 1 long). *len: elements spanned. */
+static void layout(char l, int rows, int cols, ptrdiff_t *rs, ptrdiff_t *cs, ptrdiff_t *len)
+{
+    if (l == 'N') { *rs = cols; *cs = 1; }
+    else if (l == 'T') { *rs = 1; *cs = rows; }
+    else { *rs = 2 * (ptrdiff_t)cols + 1; *cs = 2; }
+    *len = (ptrdiff_t)(rows - 1) * *rs + (ptrdiff_t)(cols - 1) * *cs + 1;
+}
+
+/* C = alpha A B + beta C0 in double (ref, M x N) and the magnitude that bounds the rounding
+ * error of any summation order: |alpha| sum_k |a_ik b_kj| + |beta c_ij|. */
+static void gemm_ref(double *ref, double *mag, dtype dt, const void *C0, ptrdiff_t ldc,
+                     const void *A, ptrdiff_t rsa, ptrdiff_t csa, const void *B, ptrdiff_t rsb,
+                     ptrdiff_t csb, int M, int N, int K, double alpha, double beta)
+{
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0, m = 0;
+            for (int k = 0; k < K; k++) {
+                double p = tget(dt, A, i * rsa + k * csa) * tget(dt, B, k * rsb + j * csb);
+                s += p;
+                m += fabs(p);
+            }
+            double c = beta == 0 ? 0 : tget(dt, C0, i * ldc + j);
+            ref[(ptrdiff_t)i * N + j] = alpha * s + beta * c;
+            mag[(ptrdiff_t)i * N + j] = fabs(alpha) * m + fabs(beta * c);
+        }
+}
+
+/* C (M rows of ldc) against want (a T array like C, or NULL: the double ref) within rel * mag;
+ * the columns N..ldc-1 must still hold what C0 held. */
+static void diff_gemm(diff *d, dtype dt, const void *C, const void *C0, ptrdiff_t ldc, int M,
+                      int N, const void *want, const double *ref, const double *mag, double rel)
+{
+    for (int i = 0; i < M; i++)
+        for (ptrdiff_t j = 0; j < ldc; j++) {
+            ptrdiff_t at = i * ldc + j;
+            if (j < N)
+                diff_add(d, at, tget(dt, C, at), want ? tget(dt, want, at) : ref[i * N + j],
+                         rel * mag[i * N + j]);
+            else
+                diff_add(d, at, tget(dt, C, at), tget(dt, C0, at), 0);
+        }
+}
+
+#define PAD_SENTINEL 777.0
+
+/* One GEMM shape: the naive twin against the double reference, then the optimized GEMM on
+ * both ISA paths and every context against the naive twin. */
+static void gemm_case(dtype dt, char la, char lb, int M, int N, int K, double alpha,
+                      double beta, int pad)
+{
+    ptrdiff_t rsa, csa, na, rsb, csb, nb, ldc = N + pad;
+    layout(la, M, K, &rsa, &csa, &na);
+    layout(lb, K, N, &rsb, &csb, &nb);
+    ptrdiff_t nc = (ptrdiff_t)M * ldc;
+    void *A = talloc(dt, na), *B = talloc(dt, nb);
+    void *C0 = talloc(dt, nc), *Cn = talloc(dt, nc), *C = talloc(dt, nc);
+    double *ref = dalloc((ptrdiff_t)M * N), *mag = dalloc((ptrdiff_t)M * N);
+    tfill(dt, A, na, -1, 1);
+    tfill(dt, B, nb, -1, 1);
+    /* beta == 0 must not read C: fill it with NaN, which would propagate if it did */
+    for (ptrdiff_t i = 0; i < nc; i++)
+        tset(dt, C0, i, i % ldc >= N ? PAD_SENTINEL : beta == 0 ? NAN : unif(-1, 1));
+    gemm_ref(ref, mag, dt, C0, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta);
+    /* any summation order is within (K + slack) eps of the exact result (Higham, 3.1);
+     * the slack covers alpha, beta and the per-KC-slice updates of C */
+    double rel = (K + 16) * deps(dt);
+    char what[200];
+    snprintf(what, sizeof what, "%s M=%d N=%d K=%d A=%c B=%c alpha=%g beta=%g ldc=%td", dtn(dt),
+             M, N, K, la, lb, alpha, beta, ldc);
+
+    memcpy(Cn, C0, (size_t)nc * dts(dt));
+    gemm_naive_t(dt, Cn, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta);
+    diff d = {0};
+    diff_gemm(&d, dt, Cn, C0, ldc, M, N, NULL, ref, mag, rel);
+    expect_diff(&d, ldc, "dp_gemm_naive_%s vs double", what);
+
+    for (int g = 0; g < 2; g++) {
+        const char *isa = use_isa(g);
+        for (int c = 0; c < 3; c++) {
+            memcpy(C, C0, (size_t)nc * dts(dt));
+            int rc = gemm_t(dt, ctxs[c].ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha,
+                            beta);
+            expect(rc == DP_OK, "dp_gemm_%s isa=%s ctx=%s: returned %d", what, isa, ctxs[c].name,
+                   rc);
+            diff e = {0};
+            diff_gemm(&e, dt, C, C0, ldc, M, N, Cn, ref, mag, 2 * rel);
+            expect_diff(&e, ldc, "dp_gemm_%s isa=%s ctx=%s vs naive", what, isa, ctxs[c].name);
+        }
+    }
+    use_isa(0);
+    free(A); free(B); free(C0); free(Cn); free(C); free(ref); free(mag);
+}
+
+static void test_gemm(dtype dt)
+{
+    static const int sz[] = {1, 2, 7, 16, 33, 129};
+    static const double ab[][2] = {{1, 0}, {1, 1}, {0.5, -2}, {-1.25, 0.75}, {2, 0}, {1, -1}};
+    static const char lay[] = "NT";
+    int n = 0;
+    /* every shape in every layout; alpha/beta and ldc > N cycle with coprime periods */
+    for (int la = 0; la < 2; la++)
+        for (int lb = 0; lb < 2; lb++)
+            for (int m = 0; m < 6; m++)
+                for (int nn = 0; nn < 6; nn++)
+                    for (int k = 0; k < 6; k++, n++)
+                        gemm_case(dt, lay[la], lay[lb], sz[m], sz[nn], sz[k], ab[n % 6][0],
+                                  ab[n % 6][1], n % 7 < 3 ? 0 : 3);
+    /* neither stride 1 (the generic packing paths with full micro-panels) */
+    static const int st[][3] = {{7, 33, 7}, {33, 17, 33}, {1, 1, 1}, {129, 7, 33}, {6, 16, 5}};
+    for (int s = 0; s < 5; s++) {
+        gemm_case(dt, 'S', 'N', st[s][0], st[s][1], st[s][2], 1, 0, 1);
+        gemm_case(dt, 'T', 'S', st[s][0], st[s][1], st[s][2], 0.5, 1, 0);
+        gemm_case(dt, 'S', 'S', st[s][0], st[s][1], st[s][2], -1, 0.75, 2);
+    }
+    /* the layer shape (x w^T with MNIST-like sizes): several KC slices and MC blocks */
+    gemm_case(dt, 'N', 'T', 128, 256, 784, 1, 1, 0);
+    /* more than one NC panel of B, more than one KC slice with a thin C */
+    gemm_case(dt, 'N', 'N', 7, 3100, 5, 1, 0, 3);
+    gemm_case(dt, 'T', 'T', 9, 17, 700, 1, 0, 0);
+    gemm_case(dt, 'N', 'T', 9, 17, 700, -0.5, 1, 1);
+}
+
+/* K == 0 or alpha == 0: C = beta C without reading A, B (beta == 0 writes zeros over NaN);
+ * M == 0 or N == 0: nothing is written. */
+static void test_gemm_degenerate(dtype dt)
+{
+    const int M = 7, N = 5, K = 3;
+    const ptrdiff_t ldc = N + 2, nc = M * ldc;
+    static const double cases[][3] = {{0, 1, 0}, {0, 1, 0.5}, {K, 0, 0}, {K, 0, -2}};
+    void *A = talloc(dt, M * K), *B = talloc(dt, K * N), *C0 = talloc(dt, nc), *C = talloc(dt, nc);
+    tfill(dt, A, M * K, -1, 1);
+    tfill(dt, B, K * N, -1, 1);
+    for (int c = 0; c < 4; c++) {
+        int k = (int)cases[c][0];
+        double alpha = cases[c][1], beta = cases[c][2];
+        for (ptrdiff_t i = 0; i < nc; i++)
+            tset(dt, C0, i, i % ldc >= N ? PAD_SENTINEL : beta == 0 ? NAN : unif(-1, 1));
+        for (int naive = 0; naive < 2; naive++) {
+            memcpy(C, C0, (size_t)nc * dts(dt));
+            int rc = DP_OK;
+            if (naive) gemm_naive_t(dt, C, ldc, A, K, 1, B, N, 1, M, N, k, alpha, beta);
+            else rc = gemm_t(dt, NULL, C, ldc, A, K, 1, B, N, 1, M, N, k, alpha, beta);
+            diff d = {0};
+            for (ptrdiff_t i = 0; i < nc; i++) {
+                double c0 = tget(dt, C0, i);
+                diff_add(&d, i, tget(dt, C, i),
+                         i % ldc >= N ? c0 : beta == 0 ? 0 : trnd(dt, beta * c0), 0);
+            }
+            expect(rc == DP_OK, "dp_gemm_%s M=%d N=%d K=%d alpha=%g beta=%g: returned %d",
+                   dtn(dt), M, N, k, alpha, beta, rc);
+            expect_diff(&d, ldc, "dp_gemm%s_%s M=%d N=%d K=%d alpha=%g beta=%g",
+                        naive ? "_naive" : "", dtn(dt), M, N, k, alpha, beta);
+        }
+    }
+    /* empty C: returns OK and writes nothing */
+    for (int c = 0; c < 2; c++) {
+        int m = c ? M : 0, n = c ? 0 : N;
+        tconst(dt, C, nc, PAD_SENTINEL);
+        int rc = gemm_t(dt, &ctx3, C, ldc, A, K, 1, B, N, 1, m, n, K, 1, 0);
+        diff d = {0};
+        for (ptrdiff_t i = 0; i < nc; i++) diff_add(&d, i, tget(dt, C, i), PAD_SENTINEL, 0);
+        expect(rc == DP_OK, "dp_gemm_%s M=%d N=%d K=%d: returned %d", dtn(dt), m, n, K, rc);
+        expect_diff(&d, ldc, "dp_gemm_%s M=%d N=%d K=%d (nothing to write)", dtn(dt), m, n, K);
+    }
+    free(A); free(B); free(C0); free(C);
+}
+
+/* dp_pool: a job issued right after dp_ctx_init must reach every helper even if a helper has
+ * not started running yet. Runs in a child process with a deadline, so that a deadlock is a
+ * failure and not a hung test. */
+static void test_pool_startup(void)
+{
+    const int trials = 5, deadline_ms = 3000, n = 129;
+    int hung = 0, crashed = 0, t;
+    for (t = 0; t < trials && !hung && !crashed; t++) {
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid < 0) {
+            expect(0, "test_pool_startup: fork failed");
+            return;
+        }
+        if (pid == 0) {
+            float *A = calloc((size_t)n * n, sizeof(float)), *B = calloc((size_t)n * n, sizeof(float));
+            float *C = calloc((size_t)n * n, sizeof(float));
+            int rc = !A || !B || !C;
+            for (int r = 0; r < 3 && !rc; r++) {
+                dp_ctx c;
+                rc = dp_ctx_init(&c, 3);
+                if (!rc) rc = dp_gemm_f32(&c, C, n, A, n, 1, B, n, 1, n, n, n, 1, 0);
+                dp_ctx_free(&c);
+            }
+            _exit(rc ? 3 : 0);
+        }
+        int status = 0, waited = 0;
+        pid_t r;
+        while ((r = waitpid(pid, &status, WNOHANG)) == 0 && waited < deadline_ms) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            waited += 10;
+        }
+        if (r == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            hung++;
+        } else if (r < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            crashed++;
+        }
+    }
+    expect(!hung && !crashed,
+           "dp_pool_run via dp_gemm_f32 M=N=K=129 issued right after dp_ctx_init(ctx, 3): "
+           "trial %d of %d %s", t, trials,
+           hung ? "deadlocked (no return within 3 s; a helper thread that starts after the "
+                  "first job missed its generation bump)"
+                : "failed (nonzero exit or signal)");
+}
+
+/* ---- dense layer ------------------------------------------------------------------------ */
+
+static void test_dense(dtype dt)
+{
+    static const int sz[] = {1, 7, 33, 129};
+    const double eps = deps(dt);
+    for (int bi = 0; bi < 4; bi++)
+        for (int ii = 0; ii < 4; ii++)
+            for (int oi = 0; oi < 4; oi++) {
+                int B = sz[bi], IN = sz[ii], OUT = sz[oi];
+                ptrdiff_t nx = (ptrdiff_t)B * IN, nw = (ptrdiff_t)OUT * IN, ny = (ptrdiff_t)B * OUT;
+                void *x = talloc(dt, nx), *w = talloc(dt, nw), *b = talloc(dt, OUT);
+                void *dy = talloc(dt, ny), *dw0 = talloc(dt, nw), *db0 = talloc(dt, OUT);
+                void *y = talloc(dt, ny), *dw = talloc(dt, nw), *db = talloc(dt, OUT);
+                void *dx = talloc(dt, nx);
+                double *yr = dalloc(ny), *ym = dalloc(ny), *dwr = dalloc(nw), *dwm = dalloc(nw);
+                double *dbr = dalloc(OUT), *dbm = dalloc(OUT), *dxr = dalloc(nx), *dxm = dalloc(nx);
+                tfill(dt, x, nx, -1, 1);
+                tfill(dt, w, nw, -1, 1);
+                tfill(dt, b, OUT, -1, 1);
+                tfill(dt, dy, ny, -1, 1);
+                tfill(dt, dw0, nw, -1, 1);
+                tfill(dt, db0, OUT, -1, 1);
+                /* y = x w^T + b; dw = dw0 + dy^T x; db = db0 + sum_rows dy; dx = dy w */
+                for (int i = 0; i < B; i++)
+                    for (int o = 0; o < OUT; o++) {
+                        double s = tget(dt, b, o), m = fabs(s);
+                        for (int k = 0; k < IN; k++) {
+                            double p = tget(dt, x, i * IN + k) * tget(dt, w, o * IN + k);
+                            s += p;
+                            m += fabs(p);
+                        }
+                        yr[i * OUT + o] = s;
+                        ym[i * OUT + o] = m;
+                    }
+                for (int o = 0; o < OUT; o++) {
+                    for (int k = 0; k < IN; k++) {
+                        double s = tget(dt, dw0, o * IN + k), m = fabs(s);
+                        for (int i = 0; i < B; i++) {
+                            double p = tget(dt, dy, i * OUT + o) * tget(dt, x, i * IN + k);
+                            s += p;
+                            m += fabs(p);
+                        }
+                        dwr[o * IN + k] = s;
+                        dwm[o * IN + k] = m;
+                    }
+                    double s = tget(dt, db0, o), m = fabs(s);
+                    for (int i = 0; i < B; i++) {
+                        s += tget(dt, dy, i * OUT + o);
+                        m += fabs(tget(dt, dy, i * OUT + o));
+                    }
+                    dbr[o] = s;
+                    dbm[o] = m;
+                }
+                for (int i = 0; i < B; i++)
+                    for (int k = 0; k < IN; k++) {
+                        double s = 0, m = 0;
+                        for (int o = 0; o < OUT; o++) {
+                            double p = tget(dt, dy, i * OUT + o) * tget(dt, w, o * IN + k);
+                            s += p;
+                            m += fabs(p);
+                        }
+                        dxr[i * IN + k] = s;
+                        dxm[i * IN + k] = m;
+                    }
+                for (int c = 0; c < 4; c++) {
+                    /* c == 3: dx == NULL (the first layer), on a 3-thread context */
+                    ctx_case cc = c < 3 ? ctxs[c] : ctxs[2];
+                    char what[128];
+                    snprintf(what, sizeof what, "%s B=%d IN=%d OUT=%d ctx=%s%s", dtn(dt), B, IN,
+                             OUT, cc.name, c == 3 ? " dx=NULL" : "");
+                    tconst(dt, y, ny, NAN);
+                    int rc = dense_forward_t(dt, cc.ctx, y, x, w, b, B, IN, OUT);
+                    expect(rc == DP_OK, "dp_dense_forward_%s: returned %d", what, rc);
+                    diff d = {0};
+                    for (ptrdiff_t i = 0; i < ny; i++)
+                        diff_add(&d, i, tget(dt, y, i), yr[i], (IN + 16) * eps * ym[i]);
+                    expect_diff(&d, OUT, "dp_dense_forward_%s y", what);
+
+                    memcpy(dw, dw0, (size_t)nw * dts(dt));
+                    memcpy(db, db0, (size_t)OUT * dts(dt));
+                    tconst(dt, dx, nx, NAN);   /* dx is overwritten, never read */
+                    rc = dense_backward_t(dt, cc.ctx, dw, db, c == 3 ? NULL : dx, dy, x, w, B, IN,
+                                          OUT);
+                    expect(rc == DP_OK, "dp_dense_backward_%s: returned %d", what, rc);
+                    diff ew = {0}, eb = {0}, ex = {0};
+                    for (ptrdiff_t i = 0; i < nw; i++)
+                        diff_add(&ew, i, tget(dt, dw, i), dwr[i], (B + 16) * eps * dwm[i]);
+                    for (int o = 0; o < OUT; o++)
+                        diff_add(&eb, o, tget(dt, db, o), dbr[o], (B + 16) * eps * dbm[o]);
+                    expect_diff(&ew, IN, "dp_dense_backward_%s dw (accumulated)", what);
+                    expect_diff(&eb, 0, "dp_dense_backward_%s db (accumulated)", what);
+                    if (c < 3) {
+                        for (ptrdiff_t i = 0; i < nx; i++)
+                            diff_add(&ex, i, tget(dt, dx, i), dxr[i], (OUT + 16) * eps * dxm[i]);
+                        expect_diff(&ex, IN, "dp_dense_backward_%s dx", what);
+                    }
+                }
+                free(x); free(w); free(b); free(dy); free(dw0); free(db0); free(y); free(dw);
+                free(db); free(dx); free(yr); free(ym); free(dwr); free(dwm); free(dbr);
+                free(dbm); free(dxr); free(dxm);
+            }
+}
+
+/* ---- element-wise kernels ---------------------------------------------------------------- */
+
+static void test_relu(dtype dt)
+{
+    static const int sz[] = {1, 7, 33, 129};
+    for (int s = 0; s < 4; s++) {
+        int n = sz[s];
+        void *x = talloc(dt, n), *y = talloc(dt, n), *dy = talloc(dt, n), *dx = talloc(dt, n);
+        tfill(dt, x, n, -1, 1);
+        tfill(dt, dy, n, -1, 1);
+        for (int i = 0; i < n; i += 5) tset(dt, x, i, i % 10 ? -0.0 : 0.0);  /* relu'(0) = 0 */
+        for (int inplace = 0; inplace < 2; inplace++) {
+            diff d = {0}, e = {0};
+            if (inplace) {
+                memcpy(y, x, (size_t)n * dts(dt));
+                relu_forward_t(dt, y, y, n);
+            } else {
+                tconst(dt, y, n, NAN);
+                relu_forward_t(dt, y, x, n);
+            }
+            for (int i = 0; i < n; i++) {
+                double xi = tget(dt, x, i);
+                diff_add(&d, i, tget(dt, y, i), xi > 0 ? xi : 0, 0);
+            }
+            expect_diff(&d, 0, "dp_relu_forward_%s n=%d%s", dtn(dt), n, inplace ? " in place" : "");
+            if (inplace) {
+                memcpy(dx, dy, (size_t)n * dts(dt));
+                relu_backward_t(dt, dx, dx, y, n);
+            } else {
+                tconst(dt, dx, n, NAN);
+                relu_backward_t(dt, dx, dy, y, n);
+            }
+            for (int i = 0; i < n; i++)
+                diff_add(&e, i, tget(dt, dx, i), tget(dt, x, i) > 0 ? tget(dt, dy, i) : 0, 0);
+            expect_diff(&e, 0, "dp_relu_backward_%s n=%d%s", dtn(dt), n, inplace ? " in place" : "");
+        }
+        free(x); free(y); free(dy); free(dx);
+    }
+}
+
+/* dp_math.h: the vectorizable exp (x <= 0) and log1p (0 <= e <= 1) inside the loss kernels,
+ * against libm in double. Measured worst case ~2 eps; 4 allowed. Near and below the smallest
+ * normal the result may flush to 0 (exp cuts off at x < -708 for double, x < -87 for float,
+ * where exp(x) is below 4 * DBL_MIN / 4 * FLT_MIN). */
+static void test_math(void)
+{
+    diff e64 = {0}, e32 = {0}, l64 = {0}, l32 = {0};
+    const int n = 20000;
+    for (int i = 0; i <= n; i++) {
+        double x = -750.0 * i / n, r = exp(x);
+        diff_add(&e64, i, dp_expneg_f64(x), r, r >= 4 * DBL_MIN ? 4 * DBL_EPSILON * r : 4 * DBL_MIN);
+        float xf = (float)(-110.0 * i / n);
+        double rf = exp((double)xf);
+        diff_add(&e32, i, dp_expneg_f32(xf), rf, rf >= 4 * FLT_MIN ? 4 * FLT_EPSILON * rf : 4 * FLT_MIN);
+        /* e on [0, 1] plus tiny e, where log1p must stay accurate in relative terms */
+        double e = i < n / 2 ? (double)i / (n / 2) : ldexp(1.0, -(i - n / 2) % 1000);
+        diff_add(&l64, i, dp_log1p01_f64(e), log1p(e), 4 * DBL_EPSILON * log1p(e));
+        float ef = i < n / 2 ? (float)e : (float)ldexp(1.0, -(i - n / 2) % 120);
+        diff_add(&l32, i, dp_log1p01_f32(ef), log1p((double)ef), 4 * FLT_EPSILON * log1p((double)ef));
+    }
+    expect_diff(&e64, 0, "dp_expneg_f64 at x = -750 i / %d", n);
+    expect_diff(&e32, 0, "dp_expneg_f32 at x = -110 i / %d", n);
+    expect_diff(&l64, 0, "dp_log1p01_f64 on [0, 1] and 2^-k");
+    expect_diff(&l32, 0, "dp_log1p01_f32 on [0, 1] and 2^-k");
+}
+
+static void test_scale(dtype dt)
+{
+    static const int sz[] = {1, 7, 33, 129};
+    static const double alphas[] = {0.5, -3, 1.0 / 3.0, 0};
+    for (int s = 0; s < 4; s++)
+        for (int a = 0; a < 4; a++) {
+            int n = sz[s];
+            double alpha = trnd(dt, alphas[a]);
+            void *buf = talloc(dt, n), *orig = talloc(dt, n);
+            tfill(dt, orig, n, -2, 2);
+            memcpy(buf, orig, (size_t)n * dts(dt));
+            scale_t(dt, buf, n, alpha);
+            diff d = {0};
+            for (int i = 0; i < n; i++)
+                diff_add(&d, i, tget(dt, buf, i), trnd(dt, tget(dt, orig, i) * alpha), 0);
+            expect_diff(&d, 0, "dp_scale_%s n=%d alpha=%g", dtn(dt), n, alpha);
+            free(buf); free(orig);
+        }
+}
+
+static void test_sum_buffers(dtype dt)
+{
+    static const int sz[] = {1, 7, 33, 129, 4099};   /* 4099: three SUM_CHUNKs of 2048 */
+    static const int ks[] = {0, 1, 2, 3, 5};
+    static const double scales[] = {1, 0.5, 1.0 / 3.0};
+    for (int s = 0; s < 5; s++)
+        for (int kk = 0; kk < 5; kk++)
+            for (int sc = 0; sc < 3; sc++) {
+                int n = sz[s], k = ks[kk];
+                double scale = trnd(dt, scales[sc]);
+                void *ins[5];
+                for (int q = 0; q < k; q++) {
+                    ins[q] = talloc(dt, n);
+                    tfill(dt, ins[q], n, -1, 1);
+                }
+                /* left to right in T arithmetic, then the scale: bit-exact */
+                double *ref = dalloc(n);
+                for (int i = 0; i < n; i++) {
+                    double acc = k ? tget(dt, ins[0], i) : 0;
+                    for (int q = 1; q < k; q++) acc = trnd(dt, acc + tget(dt, ins[q], i));
+                    ref[i] = trnd(dt, acc * scale);
+                }
+                void *whole = talloc(dt, n), *sliced = talloc(dt, n), *part = talloc(dt, n);
+                char what[96];
+                snprintf(what, sizeof what, "dp_sum_buffers_%s n=%d k=%d scale=%g", dtn(dt), n, k,
+                         scale);
+
+                tconst(dt, whole, n, PAD_SENTINEL);
+                sum_buffers_t(dt, whole, ins, k, 0, n, scale);
+                diff d = {0};
+                for (int i = 0; i < n; i++) diff_add(&d, i, tget(dt, whole, i), ref[i], 0);
+                expect_diff(&d, 0, "%s [0,%d)", what, n);
+
+                /* odd slices covering [0, n): bit-identical to one call */
+                ptrdiff_t cut[4] = {0, n / 3, n / 3 + (n - n / 3) / 2 + 1, n};
+                if (cut[2] > n) cut[2] = n;
+                tconst(dt, sliced, n, PAD_SENTINEL);
+                for (int c = 0; c < 3; c++) sum_buffers_t(dt, sliced, ins, k, cut[c], cut[c + 1], scale);
+                expect(memcmp(whole, sliced, (size_t)n * dts(dt)) == 0,
+                       "%s: slices [0,%td) [%td,%td) [%td,%d) differ from one call over [0,%d)",
+                       what, cut[1], cut[1], cut[2], cut[2], n, n);
+
+                /* one inner slice: nothing outside it is written */
+                ptrdiff_t lo = n / 3, hi = n - n / 5;
+                tconst(dt, part, n, PAD_SENTINEL);
+                sum_buffers_t(dt, part, ins, k, lo, hi, scale);
+                diff e = {0};
+                for (int i = 0; i < n; i++)
+                    diff_add(&e, i, tget(dt, part, i), i >= lo && i < hi ? ref[i] : PAD_SENTINEL, 0);
+                expect_diff(&e, 0, "%s [%td,%td) (elements outside untouched)", what, lo, hi);
+
+                for (int q = 0; q < k; q++) free(ins[q]);
+                free(ref); free(whole); free(sliced); free(part);
+            }
+}
+
+/* torch.optim.SGD, written out: d = g + wd p; v = d on the first step, else m v + (1 - damp) d;
+ * step = d + m v if nesterov else v (momentum 0: step = d, v untouched); p -= lr step. */
+static void test_sgd(dtype dt)
+{
+    static const int sz[] = {1, 7, 33, 129};
+    const double eps = deps(dt);
+    for (int s = 0; s < 4; s++)
+        for (int cfg = 0; cfg < 16; cfg++) {
+            int n = sz[s], nesterov = cfg >> 3 & 1;
+            double lr = trnd(dt, 0.1), m = trnd(dt, cfg & 1 ? 0.9 : 0);
+            double damp = trnd(dt, cfg & 2 ? 0.25 : 0), wd = trnd(dt, cfg & 4 ? 0.01 : 0);
+            void *p = talloc(dt, n), *v = talloc(dt, n), *g = talloc(dt, n);
+            double *p0 = dalloc(n), *v0 = dalloc(n);
+            tfill(dt, p, n, -1, 1);
+            if (m == 0) tconst(dt, v, n, PAD_SENTINEL);
+            else tconst(dt, v, n, NAN);    /* the first step must not read v */
+            for (int step = 0; step < 3; step++) {
+                int first = step == 0;
+                tfill(dt, g, n, -1, 1);
+                for (int i = 0; i < n; i++) {
+                    p0[i] = tget(dt, p, i);
+                    v0[i] = tget(dt, v, i);
+                }
+                sgd_step_t(dt, p, v, g, n, lr, m, damp, wd, nesterov, first);
+                diff dp_ = {0}, dv = {0};
+                for (int i = 0; i < n; i++) {
+                    double gi = tget(dt, g, i), d = gi + wd * p0[i], vn, st;
+                    if (m == 0) {
+                        vn = v0[i];
+                        st = d;
+                    } else {
+                        vn = first ? d : m * v0[i] + (1 - damp) * d;
+                        st = nesterov ? d + m * vn : vn;
+                    }
+                    double vmag = fabs(gi) + fabs(wd * p0[i]) + (first || m == 0 ? 0 : fabs(m * v0[i]));
+                    double pmag = fabs(p0[i]) + lr * (vmag + fabs(d) + fabs(m * vn) + fabs(vn));
+                    diff_add(&dp_, i, tget(dt, p, i), p0[i] - lr * st, 8 * eps * pmag);
+                    diff_add(&dv, i, tget(dt, v, i), vn, m == 0 ? 0 : 8 * eps * vmag);
+                }
+                char what[160];
+                snprintf(what, sizeof what,
+                         "dp_sgd_step_%s n=%d lr=%g momentum=%g dampening=%g weight_decay=%g "
+                         "nesterov=%d step=%d first_step=%d",
+                         dtn(dt), n, lr, m, damp, wd, nesterov, step, first);
+                expect_diff(&dp_, 0, "%s p", what);
+                expect_diff(&dv, 0, "%s v%s", what, m == 0 ? " (must be untouched)" : "");
+            }
+            free(p); free(v); free(g); free(p0); free(v0);
+        }
+}
+
+/* ---- losses ------------------------------------------------------------------------------ */
+
+static void test_softmax_xent(dtype dt)
+{
+    static const int Bs[] = {1, 7, 33}, Cs[] = {1, 2, 7, 33, 129};
+    const double eps = deps(dt);
+    for (int bi = 0; bi < 3; bi++)
+        for (int ci = 0; ci < 5; ci++)
+            for (int var = 0; var < 3; var++) {
+                /* var 0: grad_scale 1/B, 1: grad_scale 2.5, 2: loss only (dlogits NULL) */
+                int B = Bs[bi], C = Cs[ci];
+                ptrdiff_t n = (ptrdiff_t)B * C;
+                double gs = trnd(dt, var == 1 ? 2.5 : 1.0 / B);
+                void *z = talloc(dt, n), *dz = talloc(dt, n);
+                int64_t *lab = ialloc(B);
+                double *dref = dalloc(n), *spread = dalloc(B), ltol = 0, lref = 0;
+                for (int i = 0; i < B; i++) {
+                    /* rows far from 0 and a single huge logit: exp overflows unless shifted */
+                    double off = i % 4 == 1 ? 800 : i % 4 == 3 ? -800 : 0;
+                    for (int j = 0; j < C; j++) tset(dt, z, i * C + j, off + unif(-5, 5));
+                    if (i % 4 == 2) tset(dt, z, i * C + randint(C), 90);
+                    lab[i] = randint(C);
+                }
+                for (int i = 0; i < B; i++) {
+                    double mx = -INFINITY, mn = INFINITY, s = 0;
+                    for (int j = 0; j < C; j++) {
+                        mx = fmax(mx, tget(dt, z, i * C + j));
+                        mn = fmin(mn, tget(dt, z, i * C + j));
+                    }
+                    for (int j = 0; j < C; j++) s += exp(tget(dt, z, i * C + j) - mx);
+                    double lse = log(s) + mx, zy = tget(dt, z, i * C + lab[i]);
+                    lref += lse - zy;
+                    /* exp of (z - max), off by eps |z - max|, summed over C terms; the terms
+                     * of magnitude |max| are added in double */
+                    spread[i] = mx - mn;
+                    ltol += (C + 16) * eps * (2 + spread[i] + log(C + 1.0)) +
+                            8 * DBL_EPSILON * (fabs(mx) + fabs(zy) + B * fabs(lse - zy));
+                    for (int j = 0; j < C; j++)
+                        dref[i * C + j] = gs * (exp(tget(dt, z, i * C + j) - mx) / s - (j == lab[i]));
+                }
+                char what[96];
+                snprintf(what, sizeof what, "dp_softmax_xent_%s B=%d C=%d grad_scale=%g%s", dtn(dt),
+                         B, C, gs, var == 2 ? " dlogits=NULL" : "");
+                tconst(dt, dz, n, NAN);
+                double loss = NAN;
+                int rc = softmax_xent_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, C, gs);
+                expect(rc == DP_OK, "%s: returned %d", what, rc);
+                expect(fabs(loss - lref) <= ltol, "%s: loss_sum %.12g expected %.12g (|err| %.3g > tol %.3g)",
+                       what, loss, lref, fabs(loss - lref), ltol);
+                if (var < 2) {
+                    diff d = {0};
+                    for (ptrdiff_t i = 0; i < n; i++) {
+                        /* p_j is off by (C + spread) eps relative (see the loss), then a few
+                         * roundings of grad_scale */
+                        double p = dref[i] / gs + ((int)(i % C) == lab[i / C]);
+                        diff_add(&d, i, tget(dt, dz, i), dref[i],
+                                 fabs(gs) * eps * ((C + 16 + spread[i / C]) * p + 4));
+                    }
+                    expect_diff(&d, C, "%s dlogits", what);
+                }
+                /* a label out of range is an error, not a read out of bounds */
+                int64_t keep = lab[B - 1];
+                lab[B - 1] = C;
+                rc = softmax_xent_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, C, gs);
+                expect(rc == DP_ELABEL, "%s label=%d (== C): returned %d, expected DP_ELABEL", what, C, rc);
+                lab[B - 1] = -1;
+                rc = softmax_xent_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, C, gs);
+                expect(rc == DP_ELABEL, "%s label=-1: returned %d, expected DP_ELABEL", what, rc);
+                lab[B - 1] = keep;
+                free(z); free(dz); free(lab); free(dref); free(spread);
+            }
+}
+
+/* softplus(z) - y z and sigmoid(z), in double, without overflow */
+static double bce_ref(double z, double y, double *sig)
+{
+    double e = exp(-fabs(z));
+    *sig = z >= 0 ? 1 / (1 + e) : e / (1 + e);
+    return fmax(z, 0) - y * z + log1p(e);
+}
+
+static void test_sigmoid_bce(dtype dt)
+{
+    static const int Bs[] = {1, 7, 33, 129};
+    static const double special[] = {0, 50, -50, 200, -200, 1000, -1000, 1e-3};
+    const double eps = deps(dt);
+    for (int bi = 0; bi < 4; bi++)
+        for (int var = 0; var < 3; var++) {
+            int B = Bs[bi];
+            double gs = trnd(dt, var == 1 ? -1.5 : 1.0 / B);
+            void *z = talloc(dt, B), *dz = talloc(dt, B);
+            int64_t *lab = ialloc(B);
+            double lref = 0, ltol = 0;
+            for (int i = 0; i < B; i++) {
+                tset(dt, z, i, i % 3 == 1 ? special[(i / 3) % 8] : unif(-8, 8));
+                lab[i] = randint(2);
+            }
+            char what[96];
+            snprintf(what, sizeof what, "dp_sigmoid_bce_%s B=%d grad_scale=%g%s", dtn(dt), B, gs,
+                     var == 2 ? " dlogits=NULL" : "");
+            tconst(dt, dz, B, NAN);
+            double loss = NAN;
+            int rc = sigmoid_bce_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, gs);
+            expect(rc == DP_OK, "%s: returned %d", what, rc);
+            diff d = {0};
+            for (int i = 0; i < B; i++) {
+                double s, zi = tget(dt, z, i), l = bce_ref(zi, (double)lab[i], &s);
+                lref += l;
+                ltol += 8 * eps * (1 + 2 * fabs(zi)) + B * DBL_EPSILON * l;
+                if (var < 2) diff_add(&d, i, tget(dt, dz, i), gs * (s - lab[i]), 8 * eps * fabs(gs));
+            }
+            expect(fabs(loss - lref) <= ltol, "%s: loss_sum %.12g expected %.12g (|err| %.3g > tol %.3g)",
+                   what, loss, lref, fabs(loss - lref), ltol);
+            if (var < 2) expect_diff(&d, 0, "%s dlogits", what);
+            int64_t keep = lab[B / 2];
+            lab[B / 2] = 2;
+            rc = sigmoid_bce_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, gs);
+            expect(rc == DP_ELABEL, "%s label=2: returned %d, expected DP_ELABEL", what, rc);
+            lab[B / 2] = -1;
+            rc = sigmoid_bce_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, gs);
+            expect(rc == DP_ELABEL, "%s label=-1: returned %d, expected DP_ELABEL", what, rc);
+            lab[B / 2] = keep;
+            free(z); free(dz); free(lab);
+        }
+}
+
+/* The fused logistic-regression kernel against its naive computation: z = x w + b, BCE,
+ * dw += grad_scale sum_r (sigmoid(z_r) - y_r) x_r, db likewise, correct = #[(z > 0) == y]. */
+static void test_logistic_grad(dtype dt)
+{
+    static const int Bs[] = {1, 7, 33, 129, 200}, INs[] = {1, 7, 33, 129};
+    const double eps = deps(dt);
+    for (int bi = 0; bi < 5; bi++)
+        for (int ii = 0; ii < 4; ii++) {
+            int B = Bs[bi], IN = INs[ii];
+            ptrdiff_t nx = (ptrdiff_t)B * IN;
+            double gs = trnd(dt, 1.0 / B);
+            void *x = talloc(dt, nx), *w = talloc(dt, IN), *b = talloc(dt, 1);
+            void *dw0 = talloc(dt, IN), *db0 = talloc(dt, 1), *dw = talloc(dt, IN), *db = talloc(dt, 1);
+            int64_t *lab = ialloc(B);
+            double *g = dalloc(B), *gtol = dalloc(B);
+            tfill(dt, x, nx, -1, 1);
+            tfill(dt, w, IN, -2, 2);
+            tfill(dt, b, 1, -1, 1);
+            tfill(dt, dw0, IN, -1, 1);
+            tfill(dt, db0, 1, -1, 1);
+            for (int i = 0; i < B; i++) lab[i] = randint(2);
+            double lref = 0, ltol = 0, dbr = tget(dt, db0, 0), dbm = fabs(dbr), dbt = 0;
+            int64_t cref = 0, ambiguous = 0;
+            for (int r = 0; r < B; r++) {
+                double z = tget(dt, b, 0), zm = fabs(z), s;
+                for (int j = 0; j < IN; j++) {
+                    double p = tget(dt, x, r * IN + j) * tget(dt, w, j);
+                    z += p;
+                    zm += fabs(p);
+                }
+                double ztol = (IN + 8) * eps * zm, l = bce_ref(z, (double)lab[r], &s);
+                lref += l;
+                ltol += ztol + 8 * eps * (1 + 2 * fabs(z)) + B * DBL_EPSILON * l;
+                if (fabs(z) <= ztol) ambiguous++;
+                else cref += (z > 0) == (lab[r] == 1);
+                g[r] = gs * (s - lab[r]);
+                gtol[r] = fabs(gs) * (ztol / 4 + 8 * eps);   /* sigmoid' <= 1/4 */
+                dbr += g[r];
+                dbm += fabs(g[r]);
+                dbt += gtol[r];
+            }
+            char what[96];
+            snprintf(what, sizeof what, "dp_logistic_grad_%s B=%d IN=%d", dtn(dt), B, IN);
+            memcpy(dw, dw0, (size_t)IN * dts(dt));
+            memcpy(db, db0, dts(dt));
+            double loss = NAN;
+            int64_t correct = -1;
+            int rc = logistic_grad_t(dt, dw, db, &loss, &correct, x, w, b, lab, B, IN, gs);
+            expect(rc == DP_OK, "%s: returned %d", what, rc);
+            expect(fabs(loss - lref) <= ltol, "%s: loss_sum %.12g expected %.12g (|err| %.3g > tol %.3g)",
+                   what, loss, lref, fabs(loss - lref), ltol);
+            expect(correct >= cref && correct <= cref + ambiguous,
+                   "%s: correct %" PRId64 " expected %" PRId64 " (+ up to %" PRId64 " rows with z ~ 0)",
+                   what, correct, cref, ambiguous);
+            diff d = {0}, e = {0};
+            for (int j = 0; j < IN; j++) {
+                double s = tget(dt, dw0, j), m = fabs(s), t = 0;
+                for (int r = 0; r < B; r++) {
+                    double xv = tget(dt, x, r * IN + j);
+                    s += g[r] * xv;
+                    m += fabs(g[r] * xv);
+                    t += gtol[r] * fabs(xv);
+                }
+                diff_add(&d, j, tget(dt, dw, j), s, t + (B + 8) * eps * m);
+            }
+            diff_add(&e, 0, tget(dt, db, 0), dbr, dbt + (B + 8) * eps * dbm);
+            expect_diff(&d, 0, "%s dw (accumulated)", what);
+            expect_diff(&e, 0, "%s db (accumulated)", what);
+            lab[B - 1] = 2;
+            rc = logistic_grad_t(dt, dw, db, &loss, &correct, x, w, b, lab, B, IN, gs);
+            expect(rc == DP_ELABEL, "%s label=2: returned %d, expected DP_ELABEL", what, rc);
+            free(x); free(w); free(b); free(dw0); free(db0); free(dw); free(db); free(lab);
+            free(g); free(gtol);
+        }
+}
+
+static void test_argmax_count(dtype dt)
+{
+    static const int Bs[] = {1, 7, 33}, Cs[] = {1, 2, 7, 33, 129};
+    for (int bi = 0; bi < 3; bi++)
+        for (int ci = 0; ci < 5; ci++) {
+            int B = Bs[bi], C = Cs[ci];
+            ptrdiff_t n = (ptrdiff_t)B * C;
+            void *x = talloc(dt, n);
+            int64_t *out = ialloc(B), *lab = ialloc(B), *ref = ialloc(B);
+            /* small integers: ties everywhere; row 0 all equal; the first maximum wins */
+            for (ptrdiff_t i = 0; i < n; i++) tset(dt, x, i, i < C ? -1 : randint(7) - 3);
+            int64_t cref = 0;
+            for (int i = 0; i < B; i++) {
+                int best = 0;
+                for (int j = 1; j < C; j++)
+                    if (tget(dt, x, i * C + j) > tget(dt, x, i * C + best)) best = j;
+                ref[i] = best;
+                lab[i] = C == 1 ? randint(2) : randint(C);
+                /* C == 1 is a binary logit: predicted 1 when z > 0 (z == 0 predicts 0) */
+                int64_t pred = C == 1 ? tget(dt, x, i) > 0 : best;
+                cref += pred == lab[i];
+                out[i] = -7;
+            }
+            argmax_t(dt, out, x, B, C);
+            diff d = {0};
+            for (int i = 0; i < B; i++) diff_add(&d, i, (double)out[i], (double)ref[i], 0);
+            expect_diff(&d, 0, "dp_argmax_%s B=%d C=%d", dtn(dt), B, C);
+            int64_t got = count_correct_t(dt, x, lab, B, C);
+            expect(got == cref, "dp_count_correct_%s B=%d C=%d: %" PRId64 " expected %" PRId64,
+                   dtn(dt), B, C, got, cref);
+            free(x); free(out); free(lab); free(ref);
+        }
+}
+
+/* ---- dp_net ------------------------------------------------------------------------------ */
+
+/* The forward of dp_net's layout in double: W_l (OUT, IN) then b_l, ReLU between layers. */
+static void net_ref_forward(double *logits, const int *sizes, int L, const double *params,
+                            const double *x, int B)
+{
+    double *h = dalloc((ptrdiff_t)B * sizes[0]);
+    memcpy(h, x, sizeof(double) * (size_t)B * (size_t)sizes[0]);
+    ptrdiff_t off = 0;
+    for (int l = 0; l < L; l++) {
+        int IN = sizes[l], OUT = sizes[l + 1];
+        const double *W = params + off, *bias = W + (ptrdiff_t)OUT * IN;
+        off += (ptrdiff_t)OUT * (IN + 1);
+        double *o = dalloc((ptrdiff_t)B * OUT);
+        for (int i = 0; i < B; i++)
+            for (int j = 0; j < OUT; j++) {
+                double s = bias[j];
+                for (int k = 0; k < IN; k++) s += h[i * IN + k] * W[j * IN + k];
+                o[i * OUT + j] = l + 1 < L && s < 0 ? 0 : s;
+            }
+        free(h);
+        h = o;
+    }
+    memcpy(logits, h, sizeof(double) * (size_t)B * (size_t)sizes[L]);
+    free(h);
+}
+
+/* Loss sum (softmax cross-entropy, or BCE on one logit) and correct count, in double;
+ * *ambiguous counts rows whose prediction is within `margin` of a tie. */
+static double net_ref_loss(const double *z, const int64_t *lab, int B, int C, dp_loss loss,
+                           int64_t *correct, double margin, int64_t *ambiguous)
+{
+    double total = 0;
+    *correct = 0;
+    *ambiguous = 0;
+    for (int i = 0; i < B; i++) {
+        const double *r = z + (ptrdiff_t)i * C;
+        if (loss == DP_LOSS_SIGMOID_BCE) {
+            double s;
+            total += bce_ref(r[0], (double)lab[i], &s);
+            if (fabs(r[0]) <= margin) (*ambiguous)++;
+            else *correct += (r[0] > 0) == (lab[i] == 1);
+        } else {
+            int best = 0;
+            double mx = r[0], s = 0, second = -INFINITY;
+            for (int j = 1; j < C; j++)
+                if (r[j] > r[best]) best = j;
+            mx = r[best];
+            for (int j = 0; j < C; j++) {
+                s += exp(r[j] - mx);
+                if (j != best) second = fmax(second, r[j]);
+            }
+            total += log(s) + mx - r[lab[i]];
+            if (mx - second <= margin) (*ambiguous)++;
+            else *correct += best == lab[i];
+        }
+    }
+    return total;
+}
+
+static void test_net_setup(void)
+{
+    const int s1[] = {7, 33, 5}, s2[] = {20, 1}, bad[] = {7, 0, 5};
+    int many[DP_MAX_LAYERS + 2];
+    for (int l = 0; l < DP_MAX_LAYERS + 2; l++) many[l] = 3;
+    const struct { const int *sizes; int L; ptrdiff_t want; const char *name; } pc[] = {
+        {s1, 2, 33 * 8 + 5 * 34, "{7,33,5}"},
+        {s2, 1, 21, "{20,1}"},
+        {bad, 2, -1, "{7,0,5}"},
+        {s1, 0, -1, "n_layers=0"},
+        {many, DP_MAX_LAYERS + 1, -1, "n_layers=DP_MAX_LAYERS+1"},
+        {many, DP_MAX_LAYERS, (ptrdiff_t)DP_MAX_LAYERS * 12, "n_layers=DP_MAX_LAYERS"},
+    };
+    for (int i = 0; i < 6; i++) {
+        ptrdiff_t p = dp_net_param_count(pc[i].sizes, pc[i].L);
+        expect(p == pc[i].want, "dp_net_param_count %s: %td expected %td", pc[i].name, p,
+               pc[i].want);
+    }
+    const struct { const int *sizes; int L; dp_loss loss; const char *name; } inv[] = {
+        {s1, 2, DP_LOSS_SIGMOID_BCE, "{7,33,5} bce (last size != 1)"},
+        {s2, 1, DP_LOSS_SOFTMAX_XENT, "{20,1} softmax (fewer than 2 classes)"},
+        {bad, 2, DP_LOSS_SOFTMAX_XENT, "{7,0,5} softmax (a size < 1)"},
+    };
+    for (int i = 0; i < 3; i++) {
+        dp_net net;
+        int rc = dp_net_init(&net, inv[i].sizes, inv[i].L, inv[i].loss, 1);
+        expect(rc == DP_EVALUE, "dp_net_init %s: returned %d, expected DP_EVALUE", inv[i].name, rc);
+        dp_net_free(&net);    /* safe after a failed init */
+    }
+}
+
+/* One network: loss_grad (f64) against central finite differences of the double forward,
+ * 1 vs 3 threads, f32 against f64, B == 0, evaluate in chunks, labels out of range. */
+static void test_net_case(const int *sizes, int L, dp_loss loss, int B, const char *name)
+{
+    const int C = sizes[L], EB = 1500;           /* EB > EVAL_ROWS (1024): two chunks */
+    const double gs = 1.0 / B;
+    dp_net net, net3;
+    int rc = dp_net_init(&net, sizes, L, loss, 1);
+    if (!expect(rc == DP_OK, "dp_net_init %s threads=1: returned %d", name, rc)) return;
+    rc = dp_net_init(&net3, sizes, L, loss, 3);
+    if (!expect(rc == DP_OK, "dp_net_init %s threads=3: returned %d", name, rc)) {
+        dp_net_free(&net);
+        return;
+    }
+    let_helpers_start();
+    const ptrdiff_t P = net.n_params, nx = (ptrdiff_t)B * sizes[0];
+    expect(P == dp_net_param_count(sizes, L), "dp_net_init %s: n_params %td, expected %td", name,
+           P, dp_net_param_count(sizes, L));
+    double *params = dalloc(P), *g0 = dalloc(P), *grads = dalloc(P), *grads3 = dalloc(P);
+    double *x = dalloc(nx), *pp = dalloc(P), *z = dalloc((ptrdiff_t)EB * C);
+    int64_t *lab = ialloc(EB), cref, amb, correct;
+    for (ptrdiff_t i = 0; i < P; i++) params[i] = unif(-0.5, 0.5);
+    for (ptrdiff_t i = 0; i < P; i++) g0[i] = unif(-1, 1);
+    for (ptrdiff_t i = 0; i < nx; i++) x[i] = unif(-1, 1);
+    for (int i = 0; i < EB; i++) lab[i] = randint(C == 1 ? 2 : C);
+
+    /* f64 loss and gradient */
+    memcpy(grads, g0, sizeof(double) * (size_t)P);
+    double lsum = NAN;
+    rc = dp_net_loss_grad_f64(&net, grads, &lsum, &correct, params, x, lab, B, gs);
+    expect(rc == DP_OK, "dp_net_loss_grad_f64 %s B=%d: returned %d", name, B, rc);
+    net_ref_forward(z, sizes, L, params, x, B);
+    double lref = net_ref_loss(z, lab, B, C, loss, &cref, 1e-9, &amb);
+    expect(fabs(lsum - lref) <= 1e-12 * (1 + fabs(lref)),
+           "dp_net_loss_grad_f64 %s B=%d: loss_sum %.15g expected %.15g", name, B, lsum, lref);
+    expect(correct >= cref && correct <= cref + amb,
+           "dp_net_loss_grad_f64 %s B=%d: correct %" PRId64 " expected %" PRId64, name, B,
+           correct, cref);
+
+    /* d(gs * sum loss)/dp by central differences; h balances truncation (h^2) and
+     * cancellation (eps / h) error */
+    const double h = 1e-6;
+    diff d = {0};
+    memcpy(pp, params, sizeof(double) * (size_t)P);
+    for (ptrdiff_t i = 0; i < P; i++) {
+        double lp, lm;
+        pp[i] = params[i] + h;
+        net_ref_forward(z, sizes, L, pp, x, B);
+        lp = net_ref_loss(z, lab, B, C, loss, &cref, 0, &amb);
+        pp[i] = params[i] - h;
+        net_ref_forward(z, sizes, L, pp, x, B);
+        lm = net_ref_loss(z, lab, B, C, loss, &cref, 0, &amb);
+        pp[i] = params[i];
+        double fd = gs * (lp - lm) / (2 * h);
+        diff_add(&d, i, grads[i] - g0[i], fd, 1e-7 + 1e-6 * fabs(fd));
+    }
+    expect_diff(&d, 0, "dp_net_loss_grad_f64 %s B=%d grads (minus the prefill) vs finite differences",
+                name, B);
+
+    /* a 3-thread context computes the same gradient */
+    memcpy(grads3, g0, sizeof(double) * (size_t)P);
+    double lsum3 = NAN;
+    rc = dp_net_loss_grad_f64(&net3, grads3, &lsum3, &correct, params, x, lab, B, gs);
+    expect(rc == DP_OK && fabs(lsum3 - lsum) <= 1e-13 * (1 + fabs(lsum)),
+           "dp_net_loss_grad_f64 %s B=%d threads=3: returned %d, loss_sum %.15g vs %.15g (threads=1)",
+           name, B, rc, lsum3, lsum);
+    diff e = {0};
+    for (ptrdiff_t i = 0; i < P; i++) diff_add(&e, i, grads3[i], grads[i], 1e-13 * (1 + fabs(grads[i])));
+    expect_diff(&e, 0, "dp_net_loss_grad_f64 %s B=%d threads=3 grads vs threads=1", name, B);
+
+    /* B == 0: zero loss, nothing accumulated */
+    memcpy(grads3, g0, sizeof(double) * (size_t)P);
+    lsum3 = NAN;
+    correct = -1;
+    rc = dp_net_loss_grad_f64(&net, grads3, &lsum3, &correct, params, x, lab, 0, gs);
+    expect(rc == DP_OK && lsum3 == 0 && correct == 0 &&
+               memcmp(grads3, g0, sizeof(double) * (size_t)P) == 0,
+           "dp_net_loss_grad_f64 %s B=0: returned %d, loss_sum %g, correct %" PRId64
+           ", grads %s", name, rc, lsum3, correct,
+           memcmp(grads3, g0, sizeof(double) * (size_t)P) ? "changed" : "unchanged");
+
+    /* f32 against the f64 kernel on the same (float-rounded) inputs */
+    float *p32 = xalloc(sizeof(float) * (size_t)P), *g32 = xalloc(sizeof(float) * (size_t)P);
+    float *x32 = xalloc(sizeof(float) * (size_t)nx);
+    for (ptrdiff_t i = 0; i < P; i++) {
+        p32[i] = (float)params[i];
+        pp[i] = p32[i];
+        g32[i] = 0;
+        grads3[i] = 0;
+    }
+    double *xr = dalloc(nx);
+    for (ptrdiff_t i = 0; i < nx; i++) xr[i] = x32[i] = (float)x[i];
+    double l64 = NAN, l32 = NAN;
+    int64_t c64 = -1, c32 = -1;
+    rc = dp_net_loss_grad_f64(&net, grads3, &l64, &c64, pp, xr, lab, B, gs);
+    int rc32 = dp_net_loss_grad_f32(&net3, g32, &l32, &c32, p32, x32, lab, B, (float)gs);
+    expect(rc == DP_OK && rc32 == DP_OK, "dp_net_loss_grad_f32 %s B=%d: returned %d", name, B, rc32);
+    expect(fabs(l32 - l64) <= 1e-5 * (1 + fabs(l64)),
+           "dp_net_loss_grad_f32 %s B=%d: loss_sum %.9g expected %.9g (f64)", name, B, l32, l64);
+    double gmax = 0;
+    for (ptrdiff_t i = 0; i < P; i++) gmax = fmax(gmax, fabs(grads3[i]));
+    diff f = {0};
+    for (ptrdiff_t i = 0; i < P; i++)
+        diff_add(&f, i, g32[i], grads3[i], 1e-4 * (gmax + fabs(grads3[i])));
+    expect_diff(&f, 0, "dp_net_loss_grad_f32 %s B=%d grads vs f64", name, B);
+
+    /* evaluate over more rows than one chunk, in both dtypes, with and without logits/labels */
+    double *ex = dalloc((ptrdiff_t)EB * sizes[0]), *zr = dalloc((ptrdiff_t)EB * C);
+    for (ptrdiff_t i = 0; i < (ptrdiff_t)EB * sizes[0]; i++) ex[i] = (float)unif(-1, 1);
+    for (int t = 0; t < 2; t++) {
+        dtype dt = t ? F32 : F64;
+        dp_net *nn = t ? &net3 : &net;
+        const double *pr = t ? pp : params;     /* f32: the float-rounded parameters */
+        void *tp = talloc(dt, P), *tx = talloc(dt, (ptrdiff_t)EB * sizes[0]);
+        void *tz = talloc(dt, (ptrdiff_t)EB * C), *tz2 = talloc(dt, (ptrdiff_t)EB * C);
+        for (ptrdiff_t i = 0; i < P; i++) tset(dt, tp, i, pr[i]);
+        for (ptrdiff_t i = 0; i < (ptrdiff_t)EB * sizes[0]; i++) tset(dt, tx, i, ex[i]);
+        net_ref_forward(zr, sizes, L, pr, ex, EB);
+        const double tol = t ? 1e-4 : 1e-11;
+        int64_t ec, ec2;
+        double el = NAN, el2 = NAN, eref = net_ref_loss(zr, lab, EB, C, loss, &cref, tol, &amb);
+        char what[96];
+        snprintf(what, sizeof what, "dp_net_evaluate_%s %s B=%d threads=%d", dtn(dt), name, EB,
+                 t ? 3 : 1);
+        tconst(dt, tz, (ptrdiff_t)EB * C, NAN);
+        rc = net_evaluate_t(dt, nn, tz, &el, &ec, tp, tx, lab, EB);
+        expect(rc == DP_OK, "%s: returned %d", what, rc);
+        diff g = {0};
+        for (ptrdiff_t i = 0; i < (ptrdiff_t)EB * C; i++)
+            diff_add(&g, i, tget(dt, tz, i), zr[i], tol * (1 + fabs(zr[i])));
+        expect_diff(&g, C, "%s logits", what);
+        expect(fabs(el - eref) <= tol * (EB + fabs(eref)), "%s: loss_sum %.12g expected %.12g",
+               what, el, eref);
+        expect(ec >= cref && ec <= cref + amb,
+               "%s: correct %" PRId64 " expected %" PRId64 " (+ up to %" PRId64 " near-ties)", what,
+               ec, cref, amb);
+        /* no labels: logits only, zero loss and count */
+        tconst(dt, tz2, (ptrdiff_t)EB * C, NAN);
+        rc = net_evaluate_t(dt, nn, tz2, &el2, &ec2, tp, tx, NULL, EB);
+        expect(rc == DP_OK && el2 == 0 && ec2 == 0 &&
+                   memcmp(tz, tz2, (size_t)EB * (size_t)C * dts(dt)) == 0,
+               "%s labels=NULL: returned %d, loss_sum %g, correct %" PRId64 ", logits %s", what,
+               rc, el2, ec2, memcmp(tz, tz2, (size_t)EB * (size_t)C * dts(dt)) ? "differ" : "same");
+        /* no logits: the same loss and count */
+        rc = net_evaluate_t(dt, nn, NULL, &el2, &ec2, tp, tx, lab, EB);
+        expect(rc == DP_OK && el2 == el && ec2 == ec,
+               "%s logits=NULL: returned %d, loss_sum %.12g vs %.12g, correct %" PRId64 " vs %" PRId64,
+               what, rc, el2, el, ec2, ec);
+        /* a label out of range fails in the first and in a later chunk */
+        for (int at = 0; at < 2; at++) {
+            int row = at ? EB - 1 : 3;
+            int64_t keep = lab[row];
+            for (int bad = 0; bad < 2; bad++) {
+                lab[row] = bad ? -1 : C == 1 ? 2 : C;
+                rc = net_evaluate_t(dt, nn, NULL, &el2, &ec2, tp, tx, lab, EB);
+                expect(rc == DP_ELABEL, "%s label=%" PRId64 " at row %d: returned %d, expected DP_ELABEL",
+                       what, lab[row], row, rc);
+                if (row < B) {
+                    void *tg = talloc(dt, P);
+                    tconst(dt, tg, P, 0);
+                    rc = net_loss_grad_t(dt, nn, tg, &el2, &ec2, tp, tx, lab, B, gs);
+                    expect(rc == DP_ELABEL,
+                           "dp_net_loss_grad_%s %s B=%d label=%" PRId64 " at row %d: returned %d, "
+                           "expected DP_ELABEL", dtn(dt), name, B, lab[row], row, rc);
+                    free(tg);
+                }
+            }
+            lab[row] = keep;
+        }
+        free(tp); free(tx); free(tz); free(tz2);
+    }
+    free(params); free(g0); free(grads); free(grads3); free(x); free(pp); free(z); free(lab);
+    free(p32); free(g32); free(x32); free(xr); free(ex); free(zr);
+    dp_net_free(&net);
+    dp_net_free(&net3);
+}
+
+/* ---- main -------------------------------------------------------------------------------- */
+
+int main(void)
+{
+    signal(SIGALRM, on_watchdog);
+    alarm(120);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("test_core: gemm ISA on this CPU: %s (the generic build is tested too)\n", use_isa(0));
+
+    test_pool_startup();   /* before this process has any pool of its own */
+    test_math();
+
+    int rc = dp_ctx_init(&ctx1, 1);
+    if (!rc) rc = dp_ctx_init(&ctx3, 3);
+    if (!expect(rc == DP_OK, "dp_ctx_init: returned %d", rc)) {
+        printf("%d passed, %d failed\n", (int)n_passed, (int)n_failed);
+        return 1;
+    }
+    let_helpers_start();
+    expect(ctx3.threads == 3 && ctx1.threads == 1, "dp_ctx_init: threads %d and %d, expected 1 and 3",
+           ctx1.threads, ctx3.threads);
+    expect(strcmp(use_isa(1), "generic") == 0, "dp_gemm_isa with DPTRAIN_GEMM_ISA=generic: %s",
+           dp_gemm_isa());
+    use_isa(0);
+
+    for (int t = 0; t < 2; t++) {
+        dtype dt = t ? F64 : F32;
+        test_gemm(dt);
+        test_gemm_degenerate(dt);
+        test_dense(dt);
+        test_relu(dt);
+        test_scale(dt);
+        test_sum_buffers(dt);
+        test_sgd(dt);
+        test_softmax_xent(dt);
+        test_sigmoid_bce(dt);
+        test_logistic_grad(dt);
+        test_argmax_count(dt);
+    }
+
+    test_net_setup();
+    const int mlp[] = {7, 33, 5}, logreg[] = {20, 1}, bce_mlp[] = {20, 6, 1};
+    test_net_case(mlp, 2, DP_LOSS_SOFTMAX_XENT, 11, "{7,33,5} softmax");
+    test_net_case(logreg, 1, DP_LOSS_SIGMOID_BCE, 13, "{20,1} bce");
+    test_net_case(bce_mlp, 2, DP_LOSS_SIGMOID_BCE, 13, "{20,6,1} bce");
+
+    dp_ctx_free(&ctx1);
+    dp_ctx_free(&ctx3);
+    printf("%d passed, %d failed\n", (int)n_passed, (int)n_failed);
+    return n_failed ? 1 : 0;
+}
