@@ -118,13 +118,85 @@ DP_CLONES int K(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, c
     return DP_OK;
 }
 
+/* 32-byte vectors for the hand-vectorized loops below: GCC cannot vectorize a float sum
+ * without reassociating it, so the dot products keep explicit vector partial sums. */
+#define KVL (32 / (int)sizeof(T))
+typedef T K(kvec) __attribute__((vector_size(32)));
+
+DP_INLINE K(kvec) K(kload)(const T *p)
+{
+    K(kvec) v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+DP_INLINE void K(kstore)(T *p, K(kvec) v) { memcpy(p, &v, sizeof v); }
+
+/* z[r] = b + x_r . w for the rows of one block. */
+DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, const T *DP_RESTRICT w,
+                             T b, int rows, int IN)
+{
+    for (int r = 0; r < rows; r++) {
+        const T *xr = xb + (ptrdiff_t)r * IN;
+        K(kvec) acc0 = {0}, acc1 = {0};
+        int j = 0;
+        for (; j + 2 * KVL <= IN; j += 2 * KVL) {
+            acc0 += K(kload)(xr + j) * K(kload)(w + j);
+            acc1 += K(kload)(xr + j + KVL) * K(kload)(w + j + KVL);
+        }
+        if (j + KVL <= IN) {
+            acc0 += K(kload)(xr + j) * K(kload)(w + j);
+            j += KVL;
+        }
+        acc0 += acc1;
+        T s = b;
+        for (int q = 0; q < KVL; q++) s += acc0[q];
+        for (; j < IN; j++) s += xr[j] * w[j];
+        z[r] = s;
+    }
+}
+
+/* dw += sum_r g[r] x_r over the rows of one block, with dw held in registers four vectors at
+ * a time while the rows stream by (instead of a load/store of dw per row). */
+DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const T *DP_RESTRICT xb,
+                               int rows, int IN)
+{
+    int j = 0;
+    for (; j + 4 * KVL <= IN; j += 4 * KVL) {
+        K(kvec) a0 = K(kload)(dw + j), a1 = K(kload)(dw + j + KVL);
+        K(kvec) a2 = K(kload)(dw + j + 2 * KVL), a3 = K(kload)(dw + j + 3 * KVL);
+        for (int r = 0; r < rows; r++) {
+            const T *xr = xb + (ptrdiff_t)r * IN + j;
+            T gr = g[r];
+            a0 += K(kload)(xr) * gr;
+            a1 += K(kload)(xr + KVL) * gr;
+            a2 += K(kload)(xr + 2 * KVL) * gr;
+            a3 += K(kload)(xr + 3 * KVL) * gr;
+        }
+        K(kstore)(dw + j, a0);
+        K(kstore)(dw + j + KVL, a1);
+        K(kstore)(dw + j + 2 * KVL, a2);
+        K(kstore)(dw + j + 3 * KVL, a3);
+    }
+    for (; j + KVL <= IN; j += KVL) {
+        K(kvec) a0 = K(kload)(dw + j);
+        for (int r = 0; r < rows; r++) a0 += K(kload)(xb + (ptrdiff_t)r * IN + j) * g[r];
+        K(kstore)(dw + j, a0);
+    }
+    for (; j < IN; j++) {
+        T a = dw[j];
+        for (int r = 0; r < rows; r++) a += xb[(ptrdiff_t)r * IN + j] * g[r];
+        dw[j] = a;
+    }
+}
+
 DP_CLONES int K(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x,
-                        const T *w, const T *b, const int64_t *labels, int B, int IN,
-                        T grad_scale)
+                                  const T *w, const T *b, const int64_t *labels, int B, int IN,
+                                  T grad_scale)
 {
     // x is (B, IN), w is (1, IN), b is (1,): logistic regression's forward, loss and backward
     // in one pass over x: a block of rows is read from memory once for z = x w + b and then
-    // again, from L1/L2, for dw += g x. dw (IN,) and db (1,) accumulate.
+    // again, from L1, for dw += g x. dw (IN,) and db (1,) accumulate.
     if (K(check_binary_labels)(labels, B)) return DP_ELABEL;
     double total = 0;
     int64_t right = 0;
@@ -133,21 +205,12 @@ DP_CLONES int K(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *corre
         int rows = B - r0 < LOSS_ROWS ? B - r0 : LOSS_ROWS;
         const T *xb = x + (ptrdiff_t)r0 * IN;
         T z[LOSS_ROWS], g[LOSS_ROWS];
-        for (int r = 0; r < rows; r++) {
-            const T *xr = xb + (ptrdiff_t)r * IN;
-            T acc = 0;
-            for (int j = 0; j < IN; j++) acc += xr[j] * w[j];
-            z[r] = acc + b[0];
-        }
+        K(block_gemv)(z, xb, w, b[0], rows, IN);
         int64_t ok;
         total += (double)K(bce_block)(g, &ok, z, labels + r0, rows, grad_scale);
         right += ok;
-        for (int r = 0; r < rows; r++) {
-            const T *xr = xb + (ptrdiff_t)r * IN;
-            T gr = g[r];
-            gsum += gr;
-            for (int j = 0; j < IN; j++) dw[j] += gr * xr[j];
-        }
+        for (int r = 0; r < rows; r++) gsum += g[r];
+        K(block_gemv_t)(dw, g, xb, rows, IN);
     }
     db[0] += gsum;
     *loss_sum = total;
@@ -255,4 +318,5 @@ DP_CLONES void K(dp_scale)(T *buf, ptrdiff_t n, T alpha)
     for (ptrdiff_t i = 0; i < n; i++) buf[i] *= alpha;
 }
 
+#undef KVL
 #undef K
