@@ -20,7 +20,8 @@
 typedef struct {
     void (*pack_a)(T *, const T *, ptrdiff_t, ptrdiff_t, int, int);
     void (*pack_b)(T *, const T *, ptrdiff_t, ptrdiff_t, int, int);
-    void (*macro)(T *, ptrdiff_t, const T *, const T *, int, int, int, T, T);
+    void (*macro)(T *, ptrdiff_t, const T *, ptrdiff_t, ptrdiff_t, ptrdiff_t, const T *,
+                  ptrdiff_t, ptrdiff_t, const T *, int, int, int, T, T);
 } D(gemm_impl);
 
 static D(gemm_impl) D(pick_impl)(void)
@@ -82,19 +83,44 @@ static void D(gemm_task)(void *arg, int t, int n)
     const T *A = job->A + (ptrdiff_t)m0 * job->rsa;
     const T *B = job->B + (ptrdiff_t)n0 * job->csb;
     T *C = job->C + (ptrdiff_t)m0 * job->ldc + n0;
+    /* Packing pays when an operand is reused: A once per NR-column panel of B, B once per
+     * MR-row panel of A. A skinny problem uses one of them (nearly) once, so it is read in
+     * place instead (the output layer's N = 10, its weight gradient's M = 10, K = 27 convs). */
+    int pack_a = N > 2 * NR;
+    int pack_b = !(job->csb == 1 && M <= 2 * MR);
     for (int jc = 0; jc < N; jc += NC) {
         int nc = N - jc < NC ? N - jc : NC;
         for (int pc = 0; pc < job->K; pc += kcb) {
             int kc = job->K - pc < kcb ? job->K - pc : kcb;
             T beta = pc == 0 ? job->beta : (T)1;
-            job->impl.pack_b(Bp, B + (ptrdiff_t)pc * job->rsb + (ptrdiff_t)jc * job->csb,
-                             job->rsb, job->csb, kc, nc);
+            const T *Bpc = B + (ptrdiff_t)pc * job->rsb + (ptrdiff_t)jc * job->csb;
+            const T *bsrc = Bp, *bedge = NULL;
+            ptrdiff_t bks = NR, bpanel = (ptrdiff_t)NR * kc;
+            if (pack_b) {
+                job->impl.pack_b(Bp, Bpc, job->rsb, job->csb, kc, nc);
+            } else {
+                bsrc = Bpc;
+                bks = job->rsb;
+                bpanel = NR;
+                if (nc % NR) {
+                    int last = nc / NR * NR;
+                    job->impl.pack_b(Bp, Bpc + last, job->rsb, job->csb, kc, nc - last);
+                    bedge = Bp;
+                }
+            }
             for (int ic = 0; ic < M; ic += mcb) {
                 int mc = M - ic < mcb ? M - ic : mcb;
-                job->impl.pack_a(Ap, A + (ptrdiff_t)ic * job->rsa + (ptrdiff_t)pc * job->csa,
-                                 job->rsa, job->csa, mc, kc);
-                job->impl.macro(C + (ptrdiff_t)ic * job->ldc + jc, job->ldc, Ap, Bp, mc, nc, kc,
-                                job->alpha, beta);
+                const T *Aic = A + (ptrdiff_t)ic * job->rsa + (ptrdiff_t)pc * job->csa;
+                if (pack_a) {
+                    job->impl.pack_a(Ap, Aic, job->rsa, job->csa, mc, kc);
+                    job->impl.macro(C + (ptrdiff_t)ic * job->ldc + jc, job->ldc, Ap, 1, MR,
+                                    (ptrdiff_t)MR * kc, bsrc, bks, bpanel, bedge, mc, nc, kc,
+                                    job->alpha, beta);
+                } else {
+                    job->impl.macro(C + (ptrdiff_t)ic * job->ldc + jc, job->ldc, Aic, job->rsa,
+                                    job->csa, (ptrdiff_t)MR * job->rsa, bsrc, bks, bpanel, bedge,
+                                    mc, nc, kc, job->alpha, beta);
+                }
             }
         }
     }

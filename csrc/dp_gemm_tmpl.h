@@ -99,29 +99,12 @@ DP_INLINE F(vec_t) F(vload)(const T *p)
 
 DP_INLINE void F(vstore)(T *p, F(vec_t) v) { __builtin_memcpy(p, &v, sizeof v); }
 
-/* C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C  (beta == 0: C is not read).
- * Ap is an MR x kc micro-panel, Bp a kc x NR micro-panel; k is the innermost loop. */
-TGT static void F(ukernel)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *DP_RESTRICT a,
-                           const T *DP_RESTRICT b, int kc, int mr, int nr, T alpha, T beta)
+/* Stores the MR x NR accumulators into C[0:mr, 0:nr]: alpha * acc + beta * C (beta == 0:
+ * C is not read). */
+DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[MR][2], int mr, int nr,
+                             T alpha, T beta)
 {
     typedef F(vec_t) V;
-    V c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
-    V c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
-#pragma GCC unroll 4
-    for (int k = 0; k < kc; k++) {
-        V b0 = F(vload)(b), b1 = F(vload)(b + VL);
-        T a0 = a[0], a1 = a[1], a2 = a[2];
-        c00 += b0 * a0; c01 += b1 * a0;
-        c10 += b0 * a1; c11 += b1 * a1;
-        c20 += b0 * a2; c21 += b1 * a2;
-        T a3 = a[3], a4 = a[4], a5 = a[5];
-        c30 += b0 * a3; c31 += b1 * a3;
-        c40 += b0 * a4; c41 += b1 * a4;
-        c50 += b0 * a5; c51 += b1 * a5;
-        a += MR;
-        b += NR;
-    }
-    V acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
     if (mr == MR && nr == NR) {
         for (int i = 0; i < MR; i++) {
             T *c = C + (ptrdiff_t)i * ldc;
@@ -149,18 +132,85 @@ TGT static void F(ukernel)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *DP_RESTRICT
     }
 }
 
-/* The two loops around the micro-kernel over one packed mc x kc block of A and one packed
- * kc x nc panel of B (BLIS's macro-kernel). */
-TGT static void F(macrokernel)(T *C, ptrdiff_t ldc, const T *Ap, const T *Bp,
-                               int mc, int nc, int kc, T alpha, T beta)
+/* The micro-kernel body: kc rank-1 updates of the MR x NR tile, k innermost, then the store.
+ * A_AT(i) reads A's row i at the current k, A_NEXT advances k, and B's rows are BKS apart.
+ * It is instantiated twice below, for packed panels (every stride a constant) and for
+ * operands read in place (strides from the caller), so the packed path keeps its tight loop. */
+#define UKERNEL_BODY(A_AT, A_NEXT, BKS)                                            \
+    typedef F(vec_t) V;                                                            \
+    V c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};            \
+    V c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};            \
+    _Pragma("GCC unroll 4")                                                        \
+    for (int k = 0; k < kc; k++) {                                                 \
+        V b0 = F(vload)(b), b1 = F(vload)(b + VL);                                 \
+        T a0 = A_AT(0), a1 = A_AT(1), a2 = A_AT(2);                                \
+        c00 += b0 * a0; c01 += b1 * a0;                                            \
+        c10 += b0 * a1; c11 += b1 * a1;                                            \
+        c20 += b0 * a2; c21 += b1 * a2;                                            \
+        T a3 = A_AT(3), a4 = A_AT(4), a5 = A_AT(5);                                \
+        c30 += b0 * a3; c31 += b1 * a3;                                            \
+        c40 += b0 * a4; c41 += b1 * a4;                                            \
+        c50 += b0 * a5; c51 += b1 * a5;                                            \
+        A_NEXT;                                                                    \
+        b += (BKS);                                                                \
+    }                                                                              \
+    V acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}}; \
+    F(store_tile)(C, ldc, acc, mr, nr, alpha, beta);
+
+/* C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C for packed micro-panels: Ap is MR x kc stored
+ * k-major (MR values per k), Bp is kc x NR (NR values per k). */
+TGT static void F(ukernel_packed)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *DP_RESTRICT a,
+                                  const T *DP_RESTRICT b, int kc, int mr, int nr, T alpha, T beta)
+{
+#define A_AT(i) a[i]
+    UKERNEL_BODY(A_AT, a += MR, NR)
+#undef A_AT
+}
+
+/* The same with A's element (i, k) at a[i * ars + k * acs] and B's k-th row at b + k * bks,
+ * for operands read in place. Rows i >= mr re-read row mr - 1 (valid memory); their results
+ * are never stored. */
+TGT static void F(ukernel_strided)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *a, ptrdiff_t ars,
+                                   ptrdiff_t acs, const T *DP_RESTRICT b, ptrdiff_t bks, int kc,
+                                   int mr, int nr, T alpha, T beta)
+{
+    const T *p[MR];
+    for (int i = 0; i < MR; i++) p[i] = a + (ptrdiff_t)(i < mr ? i : mr - 1) * ars;
+    const T *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3], *p4 = p[4], *p5 = p[5];
+    ptrdiff_t off = 0;
+#define A_AT(i) p##i[off]
+    UKERNEL_BODY(A_AT, off += acs, bks)
+#undef A_AT
+}
+
+#undef UKERNEL_BODY
+
+/* The two loops around the micro-kernel (BLIS's macro-kernel) over an mc x kc block of A and
+ * a kc x nc panel of B, either of which may be packed or read in place:
+ *   A micro-panel p starts at A + p * apanel, element (i, k) at [i * ars + k * acs];
+ *   B micro-panel q starts at B + q * bpanel, its k-th row at [k * bks]; when B is read in
+ *   place, a last partial panel (nc % NR != 0) would be read past its row, so the caller
+ *   passes a packed, zero-padded copy of it in bedge. */
+TGT static void F(macrokernel)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t ars, ptrdiff_t acs,
+                               ptrdiff_t apanel, const T *B, ptrdiff_t bks, ptrdiff_t bpanel,
+                               const T *bedge, int mc, int nc, int kc, T alpha, T beta)
 {
     for (int j0 = 0; j0 < nc; j0 += NR) {
         int nr = nc - j0 < NR ? nc - j0 : NR;
-        const T *bp = Bp + (ptrdiff_t)j0 * kc;
+        const T *bp = B + (ptrdiff_t)(j0 / NR) * bpanel;
+        ptrdiff_t bs = bks;
+        if (nr < NR && bedge) {
+            bp = bedge;
+            bs = NR;
+        }
         for (int i0 = 0; i0 < mc; i0 += MR) {
             int mr = mc - i0 < MR ? mc - i0 : MR;
-            F(ukernel)(C + (ptrdiff_t)i0 * ldc + j0, ldc, Ap + (ptrdiff_t)i0 * kc, bp, kc, mr, nr,
-                       alpha, beta);
+            const T *ap = A + (ptrdiff_t)(i0 / MR) * apanel;
+            if (ars == 1 && acs == MR && bs == NR)
+                F(ukernel_packed)(C + (ptrdiff_t)i0 * ldc + j0, ldc, ap, bp, kc, mr, nr, alpha, beta);
+            else
+                F(ukernel_strided)(C + (ptrdiff_t)i0 * ldc + j0, ldc, ap, ars, acs, bp, bs, kc, mr,
+                                   nr, alpha, beta);
         }
     }
 }
