@@ -28,7 +28,8 @@
                             const T *w, const T *b, const int64_t *labels, int B, int IN,      \
                             T grad_scale);                                                     \
     void dp_argmax##S(int64_t *out, const T *x, int B, int C);                                 \
-    int64_t dp_count_correct##S(const T *logits, const int64_t *labels, int B, int C);         \
+    int dp_count_correct##S(int64_t *correct, const T *logits, const int64_t *labels, int B,   \
+                            int C);                                                            \
     void dp_sgd_step##S(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum, T dampening,    \
                         T weight_decay, int nesterov, int first_step);                         \
     void dp_sum_buffers##S(T *out, const T *const *ins, int k, ptrdiff_t start,                \

@@ -48,7 +48,7 @@ DP_CLONES int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, 
         const T *z = logits + (ptrdiff_t)i * C;
         int64_t y = labels[i];
         if (y < 0 || y >= C) return DP_ELABEL;
-        T mx = z[0];
+        T mx = z[0], zy = z[y];       /* read before dlogits (which may be logits) is written */
         for (int j = 1; j < C; j++) mx = z[j] > mx ? z[j] : mx;
         T sum = 0;
         if (dlogits) {
@@ -60,7 +60,7 @@ DP_CLONES int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, 
         } else {
             for (int j = 0; j < C; j++) sum += EXPNEG(z[j] - mx);
         }
-        total += (double)LOG(sum) + (double)mx - (double)z[y];
+        total += (double)LOG(sum) + (double)mx - (double)zy;
     }
     *loss_sum = total;
     return DP_OK;
@@ -230,12 +230,13 @@ void K(dp_argmax)(int64_t *out, const T *x, int B, int C)
     }
 }
 
-int64_t K(dp_count_correct)(const T *logits, const int64_t *labels, int B, int C)
+int K(dp_count_correct)(int64_t *correct, const T *logits, const int64_t *labels, int B, int C)
 {
-    // logits is (B, C); C == 1 is a binary logit: predicted 1 when z > 0
-    int64_t right = 0;
+    // logits is (B, C); C == 1 is a binary logit: predicted 1 when z > 0, labels in {0, 1}
+    int64_t right = 0, classes = C == 1 ? 2 : C;
     for (int i = 0; i < B; i++) {
         const T *r = logits + (ptrdiff_t)i * C;
+        if (labels[i] < 0 || labels[i] >= classes) return DP_ELABEL;
         int64_t pred;
         if (C == 1) {
             pred = r[0] > 0;
@@ -247,7 +248,8 @@ int64_t K(dp_count_correct)(const T *logits, const int64_t *labels, int B, int C
         }
         right += pred == labels[i];
     }
-    return right;
+    *correct = right;
+    return DP_OK;
 }
 
 DP_CLONES void K(dp_sgd_step)(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum, T dampening,

@@ -50,8 +50,7 @@ static int K(net_loss)(dp_net *net, T *dlogits, double *loss_sum, int64_t *corre
                  ? K(dp_softmax_xent)(dlogits, loss_sum, logits, labels, B, C, grad_scale)
                  : K(dp_sigmoid_bce)(dlogits, loss_sum, logits, labels, B, grad_scale);
     if (rc) return rc;
-    *correct = K(dp_count_correct)(logits, labels, B, C);
-    return DP_OK;
+    return K(dp_count_correct)(correct, logits, labels, B, C);
 }
 
 int K(dp_net_loss_grad)(dp_net *net, T *grads, double *loss_sum, int64_t *correct,

@@ -42,13 +42,13 @@ static const char *typenum_name(int t)
     return t == NPY_FLOAT32 ? "float32" : t == NPY_FLOAT64 ? "float64" : t == NPY_INT64 ? "int64" : "?";
 }
 
+/* A shape as Python prints a tuple: (4,), (64, 784), (). */
 static void shape_str(char *buf, size_t n, int ndim, const npy_intp *dims)
 {
     size_t used = (size_t)snprintf(buf, n, "(");
     for (int i = 0; i < ndim && used < n; i++)
-        used += (size_t)snprintf(buf + used, n - used, i + 1 == ndim && ndim > 1 ? "%ld" : "%ld, ",
-                                 (long)dims[i]);
-    if (used < n) snprintf(buf + used, n - used, ")");
+        used += (size_t)snprintf(buf + used, n - used, "%s%ld", i ? ", " : "", (long)dims[i]);
+    if (used < n) snprintf(buf + used, n - used, ndim == 1 ? ",)" : ")");
 }
 
 /* Returns obj as an ndarray of dtype `typenum` (NPY_NOTYPE: float32 or float64) and `ndim`
@@ -126,10 +126,20 @@ static int check_no_overlap(PyArrayObject *out, const char *out_name, PyArrayObj
     return 0;
 }
 
+/* repr() of a double into buf (no Python object is created, so nothing can leak). */
+static const char *double_repr(char *buf, size_t n, double v)
+{
+    char *s = PyOS_double_to_string(v, 'r', 0, 0, NULL);
+    snprintf(buf, n, "%s", s ? s : "?");
+    PyMem_Free(s);
+    return buf;
+}
+
 static int check_finite(double v, const char *name)
 {
     if (isfinite(v)) return 0;
-    PyErr_Format(PyExc_ValueError, "%s must be finite, got %R", name, PyFloat_FromDouble(v));
+    char b[64];
+    PyErr_Format(PyExc_ValueError, "%s must be finite, got %s", name, double_repr(b, sizeof b, v));
     return -1;
 }
 
@@ -498,8 +508,10 @@ static PyObject *py_count_correct(PyObject *self, PyObject *args, PyObject *kwds
     if (C < 1) return PyErr_Format(PyExc_ValueError, "logits has 0 classes"), NULL;
     if (check_shape(l, "labels", 1, ld)) return NULL;
     int64_t n;
-    if (IS_F32(z)) WITHOUT_GIL(n = dp_count_correct_f32(PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
-    else WITHOUT_GIL(n = dp_count_correct_f64(PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
+    int rc;
+    if (IS_F32(z)) WITHOUT_GIL(rc = dp_count_correct_f32(&n, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
+    else WITHOUT_GIL(rc = dp_count_correct_f64(&n, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
+    if (rc == DP_ELABEL) return label_error(l, C == 1 ? 2 : C), NULL;
     return PyLong_FromLongLong(n);
 }
 
@@ -522,15 +534,21 @@ static PyObject *py_sgd_step(PyObject *self, PyObject *args, PyObject *kwds)
         check_elementwise(g, "grads", p, "params") || check_finite(lr, "lr") ||
         check_finite(mom, "momentum") || check_finite(damp, "dampening") || check_finite(wd, "weight_decay"))
         return NULL;
-    if (lr < 0) return PyErr_Format(PyExc_ValueError, "lr must be >= 0, got %R", PyTuple_GET_ITEM(PyTuple_Pack(1, PyFloat_FromDouble(lr)), 0)), NULL;
-    if (mom < 0) return PyErr_Format(PyExc_ValueError, "momentum must be >= 0, got %S", PyFloat_FromDouble(mom)), NULL;
+    char b1[64], b2[64];
+    if (lr < 0)
+        return PyErr_Format(PyExc_ValueError, "lr must be >= 0, got %s", double_repr(b1, sizeof b1, lr)), NULL;
+    if (mom < 0)
+        return PyErr_Format(PyExc_ValueError, "momentum must be >= 0, got %s", double_repr(b1, sizeof b1, mom)), NULL;
     if (nesterov && (mom <= 0 || damp != 0))
-        return PyErr_Format(PyExc_ValueError, "nesterov needs momentum > 0 and dampening == 0 (momentum=%S, dampening=%S)",
-                            PyFloat_FromDouble(mom), PyFloat_FromDouble(damp)), NULL;
+        return PyErr_Format(PyExc_ValueError,
+                            "nesterov needs momentum > 0 and dampening == 0 (momentum=%s, dampening=%s)",
+                            double_repr(b1, sizeof b1, mom), double_repr(b2, sizeof b2, damp)), NULL;
     if (PyArray_DATA(p) == PyArray_DATA(g))
         return PyErr_Format(PyExc_ValueError, "grads shares memory with params"), NULL;
     if (mom != 0) {
-        if (vo == Py_None) return PyErr_Format(PyExc_ValueError, "velocity is None, but momentum=%S needs it", PyFloat_FromDouble(mom)), NULL;
+        if (vo == Py_None)
+            return PyErr_Format(PyExc_ValueError, "velocity is None, but momentum=%s needs it",
+                                double_repr(b1, sizeof b1, mom)), NULL;
         if (!(v = check_array(vo, "velocity", NPY_NOTYPE, 1, 1)) || check_elementwise(v, "velocity", p, "params") ||
             check_no_overlap(v, "velocity", p, "params") || check_no_overlap(v, "velocity", g, "grads"))
             return NULL;
@@ -588,7 +606,7 @@ static PyObject *py_sum_buffers(PyObject *self, PyObject *args, PyObject *kwds)
         char name[48];
         snprintf(name, sizeof name, "inputs[%zd]", i);
         PyArrayObject *a = check_array(PySequence_Fast_GET_ITEM(seq, i), name, NPY_NOTYPE, 1, 0);
-        if (!a || check_elementwise(out, "out", a, name)) goto fail;
+        if (!a || check_elementwise(a, name, out, "out")) goto fail;
         ptrs[i] = PyArray_DATA(a);
     }
     if (get_range(starto, stopo, PyArray_SIZE(out), &start, &stop)) goto fail;

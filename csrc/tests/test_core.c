@@ -269,10 +269,13 @@ static void argmax_t(dtype dt, int64_t *out, const void *x, int B, int C)
     else dp_argmax_f64(out, x, B, C);
 }
 
+/* The count, or -1 when the kernel rejected a label. */
 static int64_t count_correct_t(dtype dt, const void *logits, const int64_t *labels, int B, int C)
 {
-    return dt == F32 ? dp_count_correct_f32(logits, labels, B, C)
-                     : dp_count_correct_f64(logits, labels, B, C);
+    int64_t n = 0;
+    int rc = dt == F32 ? dp_count_correct_f32(&n, logits, labels, B, C)
+                       : dp_count_correct_f64(&n, logits, labels, B, C);
+    return rc == DP_OK ? n : -1;
 }
 
 static void sgd_step_t(dtype dt, void *p, void *v, const void *g, ptrdiff_t n, double lr,
