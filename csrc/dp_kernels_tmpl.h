@@ -66,8 +66,9 @@ DP_CLONES int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, 
     return DP_OK;
 }
 
-/* Rows per block: a block's loss terms are summed in T, blocks in double. */
-#define LOSS_ROWS 64
+/* Rows per block: a block's loss terms are summed in T, blocks in double. 32 rows measured
+ * best for logistic regression on 1M x 20 (8 and 128 are 10-40% slower). */
+#define LOSS_ROWS 32
 
 /* Binary cross-entropy on a logit, without overflow, for a block of n <= LOSS_ROWS logits:
  * loss_i = softplus(z_i) - y_i z_i = max(z_i, 0) - y_i z_i + log1p(exp(-|z_i|)),

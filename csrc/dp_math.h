@@ -10,8 +10,8 @@
  * polynomial (degree 13 for double, 7 for float: truncation error below 2e-16 / 1.2e-7
  * relative), 2^n assembled in the exponent bits. n is read off the low mantissa bits of
  * x / ln2 + 1.5 * 2^52 (the "shifter" trick), so no float->int conversion is needed.
- * log1p: log(1 + e) = 2 atanh(u), u = e / (2 + e) in [0, 1/3], by the odd series
- * 2u (1 + u^2/3 + u^4/5 + ...), accurate in relative terms even for tiny e.
+ * log1p: log(1 + e) = 2 atanh(u) by the odd series 2u (1 + u^2/3 + u^4/5 + ...) after a
+ * range split (see dp_log1p01_f64).
  */
 #ifndef DP_MATH_H
 #define DP_MATH_H
@@ -78,17 +78,15 @@ DP_INLINE float dp_expneg_f32(float x)
     return x0 == x0 ? p * scale * keep : x0;
 }
 
+/* log(1 + e) for e in [0, 1]: with t = 1[e > sqrt(2) - 1],
+ *   log(1 + e) = t ln 2 + 2 atanh(u),  u = (e - t) / (2 + e + t),  |u| <= 3 - 2 sqrt(2) = 0.1716,
+ * so u^2 <= 0.0295 and the odd series needs 11 terms (double) or 5 (float); for small e
+ * (t = 0) u = e / (2 + e) keeps the result accurate in relative terms. */
 DP_INLINE double dp_log1p01_f64(double e)
 {
-    double u = e / (2.0 + e), u2 = u * u;
-    double p = 1.0 / 35;
-    p = p * u2 + 1.0 / 33;
-    p = p * u2 + 1.0 / 31;
-    p = p * u2 + 1.0 / 29;
-    p = p * u2 + 1.0 / 27;
-    p = p * u2 + 1.0 / 25;
-    p = p * u2 + 1.0 / 23;
-    p = p * u2 + 1.0 / 21;
+    double t = e > 0.41421356237309503 ? 1.0 : 0.0;
+    double u = (e - t) / (2.0 + e + t), u2 = u * u;
+    double p = 1.0 / 21;
     p = p * u2 + 1.0 / 19;
     p = p * u2 + 1.0 / 17;
     p = p * u2 + 1.0 / 15;
@@ -99,22 +97,19 @@ DP_INLINE double dp_log1p01_f64(double e)
     p = p * u2 + 1.0 / 5;
     p = p * u2 + 1.0 / 3;
     p = p * u2 + 1.0;
-    return 2.0 * u * p;
+    return t * 0.69314718055994531 + 2.0 * u * p;
 }
 
 DP_INLINE float dp_log1p01_f32(float e)
 {
-    float u = e / (2.0f + e), u2 = u * u;
-    float p = 1.0f / 17;
-    p = p * u2 + 1.0f / 15;
-    p = p * u2 + 1.0f / 13;
-    p = p * u2 + 1.0f / 11;
-    p = p * u2 + 1.0f / 9;
+    float t = e > 0.414213562f ? 1.0f : 0.0f;
+    float u = (e - t) / (2.0f + e + t), u2 = u * u;
+    float p = 1.0f / 9;
     p = p * u2 + 1.0f / 7;
     p = p * u2 + 1.0f / 5;
     p = p * u2 + 1.0f / 3;
     p = p * u2 + 1.0f;
-    return 2.0f * u * p;
+    return t * 0.693147182f + 2.0f * u * p;
 }
 
 #endif
