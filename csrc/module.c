@@ -749,25 +749,33 @@ static int network_batch(NetworkObject *self, PyObject *xo, PyObject *lo, PyArra
 
 static PyObject *Network_loss_grad(NetworkObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"x", "labels", "grad_scale", NULL};
-    PyObject *xo, *lo, *gso = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:loss_grad", kwlist, &xo, &lo, &gso)) return NULL;
-    PyArrayObject *x, *l;
+    static char *kwlist[] = {"x", "labels", "grad_scale", "grads", NULL};
+    PyObject *xo, *lo, *gso = Py_None, *go = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OO:loss_grad", kwlist, &xo, &lo, &gso, &go)) return NULL;
+    PyArrayObject *x, *l, *grads = self->grads;
     double gs;
     if (network_batch(self, xo, lo, &x, &l)) return NULL;
     if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
     npy_intp B = PyArray_DIM(x, 0);
     if (get_grad_scale(gso, B, &gs)) return NULL;
-    if (!PyArray_ISWRITEABLE(self->grads))
+    if (go != Py_None) {
+        /* another gradient buffer of the same layout (e.g. one per chunk of a global batch) */
+        npy_intp pn[1] = {self->net.n_params};
+        if (!(grads = check_array(go, "grads", PyArray_TYPE(self->params), 1, 1)) ||
+            check_shape(grads, "grads", 1, pn) || check_no_overlap(grads, "grads", self->params, "params") ||
+            check_no_overlap(grads, "grads", x, "x"))
+            return NULL;
+    }
+    if (!PyArray_ISWRITEABLE(grads))
         return PyErr_Format(PyExc_ValueError, "grads is read-only, but it is written to"), NULL;
     double loss = 0;
     int64_t correct = 0;
     int rc;
     dp_net *net = &self->net;
     if (IS_F32(self->params))
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_loss_grad_f32(net, PyArray_DATA(self->grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, (float)gs));
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_loss_grad_f32(net, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, (float)gs));
     else
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_loss_grad_f64(net, PyArray_DATA(self->grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_loss_grad_f64(net, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
     if (rc == DP_ELABEL) return label_error(l, net->loss == DP_LOSS_SIGMOID_BCE ? 2 : net->sizes[net->n_layers]), NULL;
     if (rc) return raise_code(rc, "Network.loss_grad");
     return Py_BuildValue("(dL)", loss, (long long)correct);
@@ -829,9 +837,9 @@ static PyObject *Network_get_loss(NetworkObject *self, void *c)
 
 static PyMethodDef Network_methods[] = {
     {"loss_grad", (PyCFunction)(void (*)(void))Network_loss_grad, METH_VARARGS | METH_KEYWORDS,
-     "loss_grad(x, labels, grad_scale=None) -> (loss_sum, n_correct)\n\nForward and backward on "
-     "one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (grad_scale "
-     "defaults to 1/B)."},
+     "loss_grad(x, labels, grad_scale=None, grads=None) -> (loss_sum, n_correct)\n\nForward and "
+     "backward on one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (the "
+     "held buffer, or the one given; grad_scale defaults to 1/B)."},
     {"evaluate", (PyCFunction)(void (*)(void))Network_evaluate, METH_VARARGS | METH_KEYWORDS,
      "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
     {"logits", (PyCFunction)(void (*)(void))Network_logits, METH_VARARGS | METH_KEYWORDS,

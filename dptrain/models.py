@@ -118,14 +118,16 @@ class Model:
     def zero_grad(self) -> None:
         self.grads.fill(0)
 
-    def loss_grad(self, x: np.ndarray, y: np.ndarray, grad_scale: float | None = None):
+    def loss_grad(self, x: np.ndarray, y: np.ndarray, grad_scale: float | None = None,
+                  grads: np.ndarray | None = None):
         """Forward + backward on a batch; ACCUMULATES into grads. Returns (loss_sum, n_correct).
 
         grad_scale multiplies the per-sample losses' sum (default 1/B: the mean). A data-parallel
         worker holding b of a global batch of B passes 1/B so that the all-reduced sum of the
-        workers' gradients is exactly the global batch's mean gradient.
+        workers' gradients is exactly the global batch's mean gradient. ``grads`` redirects the
+        gradient into another buffer of the same layout (one per chunk, for a fixed-order sum).
         """
-        return self._net.loss_grad(x, y, grad_scale)
+        return self._net.loss_grad(x, y, grad_scale, grads)
 
     def forward_backward(self, x: np.ndarray, y: np.ndarray) -> float:
         """zero_grad, then the mean loss's gradient into grads; returns the mean loss."""

@@ -174,6 +174,22 @@ def test_model_buffers_are_flat_and_can_be_caller_owned():
         SoftmaxRegression(5, 3, grads=np.zeros(n))
 
 
+def test_chunk_gradients_into_separate_buffers_sum_to_the_batch_gradient():
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((40, 6)), rng.integers(0, 3, 40)
+    m = MLP((6, 5, 3), dtype="float64")
+    m.zero_grad()
+    m.loss_grad(x, y)
+    chunks = [np.zeros(m.n_params) for _ in range(4)]
+    for i, g in enumerate(chunks):
+        m.loss_grad(x[10 * i:10 * i + 10], y[10 * i:10 * i + 10], grad_scale=1 / 40, grads=g)
+    np.testing.assert_allclose(sum(chunks), m.grads, rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match=r"grads has shape \(3,\), expected"):
+        m.loss_grad(x, y, grads=np.zeros(3))
+    with pytest.raises(ValueError, match="grads shares memory with params"):
+        m.loss_grad(x, y, grads=m.params)
+
+
 def test_save_and_load_round_trip(tmp_path):
     m = MLP((8, 6, 3), seed=2)
     m.velocity[:] = 0.5
