@@ -16,6 +16,7 @@ sources = [
     "csrc/dp_kernels.c",
     "csrc/dp_net.c",
     "csrc/dp_pool.c",
+    "csrc/dp_sync.c",
 ]
 
 # Headers and templates: listed so that a change to one rebuilds the extension.

@@ -43,11 +43,12 @@ DP_CLONES int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, 
 {
     // logits is (B, C); loss_i = logsumexp(z_i) - z_i[y_i], computed as
     // log(sum_j exp(z_ij - max_i)) + max_i - z_i[y_i] so that no exp overflows.
+    for (int i = 0; i < B; i++)            /* labels first: nothing is written on error */
+        if (labels[i] < 0 || labels[i] >= C) return DP_ELABEL;
     double total = 0;
     for (int i = 0; i < B; i++) {
         const T *z = logits + (ptrdiff_t)i * C;
         int64_t y = labels[i];
-        if (y < 0 || y >= C) return DP_ELABEL;
         T mx = z[0], zy = z[y];       /* read before dlogits (which may be logits) is written */
         for (int j = 1; j < C; j++) mx = z[j] > mx ? z[j] : mx;
         T sum = 0;

@@ -21,6 +21,7 @@
 #include "dp_gemm.h"
 #include "dp_kernels.h"
 #include "dp_net.h"
+#include "dp_sync.h"
 
 /* ------------------------------------------------------------------ validation helpers */
 
@@ -598,6 +599,10 @@ static PyObject *py_sum_buffers(PyObject *self, PyObject *args, PyObject *kwds)
     Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
     const void *ptrs[MAX_SUM_INPUTS];
     ptrdiff_t start, stop;
+    if (k == 0) {
+        PyErr_SetString(PyExc_ValueError, "inputs is empty: sum_buffers needs at least one array");
+        goto fail;
+    }
     if (k > MAX_SUM_INPUTS) {
         PyErr_Format(PyExc_ValueError, "inputs has %zd arrays, at most %d are supported", k, MAX_SUM_INPUTS);
         goto fail;
@@ -885,6 +890,224 @@ static PyObject *py_param_count(PyObject *self, PyObject *arg)
     return PyLong_FromLongLong(total);
 }
 
+/* ------------------------------------------------------------------ ShmGroup */
+
+static PyObject *GroupAborted;   /* dptrain._core.GroupAborted(RuntimeError) */
+
+#define MAX_GROUP 1024
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *control;            /* the array holding the dp_barrier (owned) */
+    PyObject *buffers;            /* tuple of the workers' flat buffers (owned) */
+    dp_barrier *barrier;
+    void *ptrs[MAX_GROUP];
+    int n, rank, f32;
+    npy_intp length;
+    dp_wait_policy policy;
+} ShmGroupObject;
+
+static dp_barrier *control_barrier(PyObject *obj, const char *name)
+{
+    PyArrayObject *a = check_array(obj, name, NPY_UINT8, 1, 1);
+    if (!a) return NULL;
+    if (PyArray_SIZE(a) < (npy_intp)sizeof(dp_barrier) || ((uintptr_t)PyArray_DATA(a) % 64) != 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be a writeable uint8 array of >= %d bytes at a "
+                     "64-byte aligned address", name, (int)sizeof(dp_barrier));
+        return NULL;
+    }
+    return (dp_barrier *)PyArray_DATA(a);
+}
+
+static PyObject *py_init_control(PyObject *self, PyObject *args)
+{
+    PyObject *co;
+    int n;
+    if (!PyArg_ParseTuple(args, "Oi:init_group_control", &co, &n)) return NULL;
+    dp_barrier *b = control_barrier(co, "control");
+    if (!b) return NULL;
+    if (n < 1 || n > MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %d", MAX_GROUP, n), NULL;
+    dp_barrier_init(b, n);
+    Py_RETURN_NONE;
+}
+
+static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"control", "buffers", "rank", "spin", "yield_time", "timeout", NULL};
+    PyObject *co, *bo, *seq = NULL;
+    int rank, rc = -1;
+    double spin = 200e-6, yield_time = 2e-3, timeout = 0.0;
+    if (self->barrier) {
+        PyErr_SetString(PyExc_RuntimeError, "ShmGroup is already initialized");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|$ddd:ShmGroup", kwlist, &co, &bo, &rank, &spin,
+                                     &yield_time, &timeout))
+        return -1;
+    dp_barrier *b = control_barrier(co, "control");
+    if (!b) return -1;
+    if (b->magic != DP_BARRIER_MAGIC) {
+        PyErr_SetString(PyExc_ValueError, "control is not initialized: call init_group_control(control, n) once first");
+        return -1;
+    }
+    if (!(seq = PySequence_Fast(bo, "buffers must be a sequence of arrays"))) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n != (Py_ssize_t)b->n) {
+        PyErr_Format(PyExc_ValueError, "buffers has %zd arrays, but the group has %u workers", n, b->n);
+        goto fail;
+    }
+    if (rank < 0 || rank >= n) {
+        PyErr_Format(PyExc_ValueError, "rank must be in [0, %zd), got %d", n, rank);
+        goto fail;
+    }
+    if (!(isfinite(spin) && spin >= 0 && isfinite(yield_time) && yield_time >= 0 && isfinite(timeout) && timeout >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "spin, yield_time and timeout must be finite numbers >= 0");
+        goto fail;
+    }
+    PyArrayObject *first = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char name[48];
+        snprintf(name, sizeof name, "buffers[%zd]", i);
+        PyArrayObject *a = check_array(PySequence_Fast_GET_ITEM(seq, i), name, NPY_NOTYPE, 1, 1);
+        if (!a) goto fail;
+        if (!first) first = a;
+        else if (check_same_dtype(a, name, first, "buffers[0]") ||
+                 check_shape(a, name, 1, PyArray_DIMS(first)))
+            goto fail;
+        for (Py_ssize_t j = 0; j < i; j++)
+            if (check_no_overlap(a, name, (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, j), "another buffer"))
+                goto fail;
+        self->ptrs[i] = PyArray_DATA(a);
+    }
+    self->buffers = PySequence_Tuple(seq);
+    if (!self->buffers) goto fail;
+    Py_INCREF(co);
+    self->control = co;
+    self->barrier = b;
+    self->n = (int)n;
+    self->rank = rank;
+    self->f32 = IS_F32(first);
+    self->length = PyArray_SIZE(first);
+    self->policy.spin_s = spin;
+    self->policy.yield_s = yield_time;
+    self->policy.timeout_s = timeout;
+    rc = 0;
+fail:
+    Py_XDECREF(seq);
+    return rc;
+}
+
+static void ShmGroup_dealloc(ShmGroupObject *self)
+{
+    Py_XDECREF(self->control);
+    Py_XDECREF(self->buffers);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const char *what)
+{
+    if (rc == DP_EABORT) {
+        PyObject *err = Py_BuildValue("(sI)", "group aborted", code);
+        if (err) PyErr_SetObject(GroupAborted, err);
+        Py_XDECREF(err);
+        return NULL;
+    }
+    if (rc == DP_ETIMEOUT) {
+        char t[64];
+        return PyErr_Format(PyExc_TimeoutError, "%s on rank %d timed out after %s s waiting for the "
+                            "other %d workers", what, self->rank,
+                            double_repr(t, sizeof t, self->policy.timeout_s), self->n - 1);
+    }
+    return raise_code(rc, what);
+}
+
+static int group_ready(ShmGroupObject *self)
+{
+    if (self->barrier) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "ShmGroup is not initialized");
+    return -1;
+}
+
+static PyObject *ShmGroup_barrier(ShmGroupObject *self, PyObject *unused)
+{
+    if (group_ready(self)) return NULL;
+    uint32_t code = 0;
+    int rc;
+    WITHOUT_GIL(rc = dp_barrier_wait(self->barrier, &self->policy, &code));
+    if (rc) return group_error(self, rc, code, "barrier");
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"scale", "start", "stop", NULL};
+    double scale = 1.0;
+    PyObject *starto = NULL, *stopo = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|dOO:allreduce", kwlist, &scale, &starto, &stopo)) return NULL;
+    ptrdiff_t start, stop, lo, hi;
+    if (group_ready(self) || check_finite(scale, "scale") || get_range(starto, stopo, self->length, &start, &stop))
+        return NULL;
+    dp_slice(start, stop, self->rank, self->n, self->f32 ? 4 : 8, &lo, &hi);
+    uint32_t code = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dp_barrier_wait(self->barrier, &self->policy, &code);   /* every gradient is complete */
+    if (rc == 0) {
+        if (self->f32) dp_allreduce_slice_f32((float *const *)self->ptrs, self->n, lo, hi, (float)scale);
+        else dp_allreduce_slice_f64((double *const *)self->ptrs, self->n, lo, hi, scale);
+        rc = dp_barrier_wait(self->barrier, &self->policy, &code);   /* every slice is reduced */
+    }
+    Py_END_ALLOW_THREADS
+    if (rc) return group_error(self, rc, code, "allreduce");
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShmGroup_abort(ShmGroupObject *self, PyObject *args)
+{
+    unsigned int code = 1;
+    if (!PyArg_ParseTuple(args, "|I:abort", &code)) return NULL;
+    if (group_ready(self)) return NULL;
+    dp_barrier_abort(self->barrier, code ? code : 1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShmGroup_get_aborted(ShmGroupObject *self, void *c)
+{
+    return PyLong_FromUnsignedLong(self->barrier ? dp_barrier_abort_code(self->barrier) : 0);
+}
+static PyObject *ShmGroup_get_rank(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->rank); }
+static PyObject *ShmGroup_get_size(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->n); }
+
+static PyMethodDef ShmGroup_methods[] = {
+    {"barrier", (PyCFunction)ShmGroup_barrier, METH_NOARGS, "barrier(): wait until every worker arrives"},
+    {"allreduce", (PyCFunction)(void (*)(void))ShmGroup_allreduce, METH_VARARGS | METH_KEYWORDS,
+     "allreduce(scale=1.0, start=0, stop=None): every buffer[start:stop] = scale * the sum of all "
+     "workers' buffer[start:stop], summed in rank order; this worker reduces its slice"},
+    {"abort", (PyCFunction)ShmGroup_abort, METH_VARARGS, "abort(code=1): wake every waiter with an error"},
+    {NULL},
+};
+
+static PyGetSetDef ShmGroup_getset[] = {
+    {"aborted", (getter)ShmGroup_get_aborted, NULL, "0, or the code the group was aborted with", NULL},
+    {"rank", (getter)ShmGroup_get_rank, NULL, "this worker's rank", NULL},
+    {"size", (getter)ShmGroup_get_size, NULL, "workers in the group", NULL},
+    {NULL},
+};
+
+static PyTypeObject ShmGroupType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dptrain._core.ShmGroup",
+    .tp_basicsize = sizeof(ShmGroupObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ShmGroup(control, buffers, rank, *, spin=2e-4, yield_time=2e-3, timeout=0): one "
+              "worker's handle on a group of workers that share memory (threads or processes).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ShmGroup_init,
+    .tp_dealloc = (destructor)ShmGroup_dealloc,
+    .tp_methods = ShmGroup_methods,
+    .tp_getset = ShmGroup_getset,
+};
+
 /* ------------------------------------------------------------------ build info */
 
 static PyObject *py_build_info(PyObject *self, PyObject *unused)
@@ -933,6 +1156,7 @@ static PyMethodDef module_methods[] = {
     {"scale_", FN(py_scale), KW, "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
     {"param_count", py_param_count, METH_O, "param_count(sizes) -> length of the flat parameter layout"},
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict describing this build"},
+    {"init_group_control", py_init_control, METH_VARARGS, "init_group_control(control, n): set up a ShmGroup's barrier memory for n workers"},
     {NULL},
 };
 
@@ -945,20 +1169,25 @@ static struct PyModuleDef core_module = {
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
-    if (PyType_Ready(&ContextType) < 0 || PyType_Ready(&NetworkType) < 0) return NULL;
+    if (PyType_Ready(&ContextType) < 0 || PyType_Ready(&NetworkType) < 0 ||
+        PyType_Ready(&ShmGroupType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
+    GroupAborted = PyErr_NewExceptionWithDoc(
+        "dptrain._core.GroupAborted",
+        "A worker of a shared-memory group aborted it; args are (message, code).",
+        PyExc_RuntimeError, NULL);
+    if (!GroupAborted || PyModule_AddObject(m, "GroupAborted", GroupAborted) < 0) goto fail;
+    Py_INCREF(GroupAborted);   /* one reference for the module, one for this file */
     Py_INCREF(&ContextType);
-    if (PyModule_AddObject(m, "Context", (PyObject *)&ContextType) < 0) {
-        Py_DECREF(&ContextType);
-        Py_DECREF(m);
-        return NULL;
-    }
+    if (PyModule_AddObject(m, "Context", (PyObject *)&ContextType) < 0) { Py_DECREF(&ContextType); goto fail; }
     Py_INCREF(&NetworkType);
-    if (PyModule_AddObject(m, "Network", (PyObject *)&NetworkType) < 0) {
-        Py_DECREF(&NetworkType);
-        Py_DECREF(m);
-        return NULL;
-    }
+    if (PyModule_AddObject(m, "Network", (PyObject *)&NetworkType) < 0) { Py_DECREF(&NetworkType); goto fail; }
+    Py_INCREF(&ShmGroupType);
+    if (PyModule_AddObject(m, "ShmGroup", (PyObject *)&ShmGroupType) < 0) { Py_DECREF(&ShmGroupType); goto fail; }
     return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
 }

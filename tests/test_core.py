@@ -588,12 +588,12 @@ def test_sum_buffers(out_is, start, stop, scale, k, n, dtype):
         start, stop = n // 2, n - 1
     inputs = [randn(rng, (n,), dtype) for _ in range(k)]
     inputs_ref = [a.copy() for a in inputs]
-    out = np.full(n, np.nan, dtype)
-    if out_is == "first_input":
-        out = inputs[0]
-    elif out_is == "last_input":
-        out = inputs[-1]
-    out_ref = out.copy() if out_is == "separate" else inputs_ref[0 if out_is == "first_input" else -1]
+    if out_is == "separate":
+        out = np.full(n, np.nan, dtype)
+        out_ref = out.copy()
+    else:  # out is one of the inputs, in both calls
+        i = 0 if out_is == "first_input" else -1
+        out, out_ref = inputs[i], inputs_ref[i]
     core.sum_buffers(out, inputs, scale=scale, start=start, stop=stop)
     ref.sum_buffers(out_ref, inputs_ref, scale=scale, start=start, stop=stop)
     # The order of the additions is part of the contract, so the result is exact.

@@ -1,0 +1,159 @@
+/* dp_sync.c - see dp_sync.h. */
+#include "dp_sync.h"
+
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#if !defined(_WIN32)
+#include <sched.h>
+#endif
+
+/* The fields are plain uint32_t in the struct (it is shared across processes and must have a
+ * fixed layout); all accesses go through these casts to atomics of the same size. */
+#define A32(field) ((_Atomic uint32_t *)&(field))
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Sleeps until *addr may differ from `seen` or about `max_s` seconds pass. */
+static void sleep_on(uint32_t *addr, uint32_t seen, double max_s)
+{
+#if defined(__linux__)
+    struct timespec ts = {(time_t)max_s, (long)((max_s - (double)(time_t)max_s) * 1e9)};
+    /* not FUTEX_PRIVATE_FLAG: the word may be shared between processes */
+    syscall(SYS_futex, addr, FUTEX_WAIT, seen, &ts, NULL, 0);
+#else
+    (void)addr;
+    (void)seen;
+    struct timespec ts = {0, max_s < 1e-4 ? (long)(max_s * 1e9) : 100000L};
+    nanosleep(&ts, NULL);
+#endif
+}
+
+static void wake_all(uint32_t *addr)
+{
+#if defined(__linux__)
+    syscall(SYS_futex, addr, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+#else
+    (void)addr;
+#endif
+}
+
+int dp_barrier_init(dp_barrier *b, int n)
+{
+    if (n < 1) return DP_EVALUE;
+    memset(b, 0, sizeof *b);
+    b->n = (uint32_t)n;
+    atomic_store(A32(b->magic), DP_BARRIER_MAGIC);
+    return DP_OK;
+}
+
+uint32_t dp_barrier_abort_code(const dp_barrier *b)
+{
+    return atomic_load(A32(((dp_barrier *)b)->abort_code));
+}
+
+void dp_barrier_abort(dp_barrier *b, uint32_t code)
+{
+    uint32_t zero = 0;
+    atomic_compare_exchange_strong(A32(b->abort_code), &zero, code ? code : 1u);
+    /* bump the generation so that sleepers see a change, then wake them all */
+    atomic_fetch_add(A32(b->generation), 1u);
+    wake_all(&b->generation);
+}
+
+int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
+{
+    uint32_t c = atomic_load(A32(b->abort_code));
+    if (c) { *code = c; return DP_EABORT; }
+    uint32_t gen = atomic_load_explicit(A32(b->generation), memory_order_acquire);
+    uint32_t arrived = atomic_fetch_add_explicit(A32(b->count), 1u, memory_order_acq_rel) + 1;
+    if (arrived == b->n) {
+        /* the last arrival opens the barrier for everyone */
+        atomic_store_explicit(A32(b->count), 0u, memory_order_relaxed);
+        atomic_fetch_add_explicit(A32(b->generation), 1u, memory_order_release);
+        if (atomic_load(A32(b->sleepers))) wake_all(&b->generation);
+        return DP_OK;
+    }
+    double t0 = now_s();
+    for (long i = 0;; i++) {
+        uint32_t g = atomic_load_explicit(A32(b->generation), memory_order_acquire);
+        c = atomic_load(A32(b->abort_code));
+        if (c) { *code = c; return DP_EABORT; }
+        if (g != gen) return DP_OK;
+        if ((i & 63) != 63) { cpu_relax(); continue; }   /* read the clock every 64 spins */
+        double waited = now_s() - t0;
+        if (policy->timeout_s > 0 && waited > policy->timeout_s) {
+            *code = 0;
+            return DP_ETIMEOUT;
+        }
+        if (waited < policy->spin_s) continue;
+#if !defined(_WIN32)
+        if (waited < policy->spin_s + policy->yield_s) { sched_yield(); continue; }
+#endif
+        atomic_fetch_add(A32(b->sleepers), 1u);
+        sleep_on(&b->generation, gen, 0.05);   /* re-check abort and timeout every 50 ms */
+        atomic_fetch_sub(A32(b->sleepers), 1u);
+    }
+}
+
+void dp_slice(ptrdiff_t start, ptrdiff_t stop, int rank, int n, int elem_bytes, ptrdiff_t *lo,
+              ptrdiff_t *hi)
+{
+    ptrdiff_t len = stop - start, line = 64 / elem_bytes;
+    ptrdiff_t lines = (len + line - 1) / line;
+    ptrdiff_t q = lines / n, r = lines % n;
+    ptrdiff_t l0 = rank * q + (rank < r ? rank : r), l1 = l0 + q + (rank < r ? 1 : 0);
+    *lo = start + l0 * line < stop ? start + l0 * line : stop;
+    *hi = start + l1 * line < stop ? start + l1 * line : stop;
+}
+
+/* Elements per chunk: the running sum stays in L1 while it is written to every buffer. */
+#define REDUCE_CHUNK 1024
+
+/* One pass per input and one per output, the scale folded into the writes. */
+#define ALLREDUCE_SLICE(T, NAME)                                                              \
+    DP_CLONES void NAME(T *const *bufs, int k, ptrdiff_t lo, ptrdiff_t hi, T scale)           \
+    {                                                                                         \
+        T acc[REDUCE_CHUNK];                                                                  \
+        for (ptrdiff_t c0 = lo; c0 < hi; c0 += REDUCE_CHUNK) {                                \
+            ptrdiff_t len = hi - c0 < REDUCE_CHUNK ? hi - c0 : REDUCE_CHUNK;                  \
+            const T *s0 = bufs[0] + c0;                                                       \
+            if (k == 1) {                                                                     \
+                for (ptrdiff_t i = 0; i < len; i++) acc[i] = s0[i];                           \
+            } else {                                                                          \
+                const T *s1 = bufs[1] + c0;                                                   \
+                for (ptrdiff_t i = 0; i < len; i++) acc[i] = s0[i] + s1[i];                   \
+            }                                                                                 \
+            for (int q = 2; q < k; q++) {                                                     \
+                const T *src = bufs[q] + c0;                                                  \
+                for (ptrdiff_t i = 0; i < len; i++) acc[i] += src[i];                         \
+            }                                                                                 \
+            for (int q = 0; q < k; q++) {                                                     \
+                T *dst = bufs[q] + c0;                                                        \
+                for (ptrdiff_t i = 0; i < len; i++) dst[i] = acc[i] * scale;                  \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+ALLREDUCE_SLICE(float, dp_allreduce_slice_f32)
+ALLREDUCE_SLICE(double, dp_allreduce_slice_f64)

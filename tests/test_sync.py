@@ -1,0 +1,133 @@
+"""The shared-memory group of the C core: barrier, all-reduce, abort, timeout (thread workers;
+the process backend's tests cover the same group across processes)."""
+import threading
+
+import numpy as np
+import pytest
+
+from dptrain import _core
+
+
+def control_block():
+    raw = np.zeros(192, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off:off + 64]
+
+
+def run_workers(n, fn):
+    """Runs fn(rank) on n threads; returns the results, re-raising the first exception."""
+    results, errors = [None] * n, []
+
+    def wrap(r):
+        try:
+            results[r] = fn(r)
+        except BaseException as exc:  # collected and re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrap, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive(), "a worker thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("length", [1, 17, 1000, 70001])
+def test_allreduce_sums_every_buffer_in_rank_order(n, dtype, length):
+    rng = np.random.default_rng(n * 1000 + length)
+    bufs = [rng.standard_normal(length).astype(dtype) for _ in range(n)]
+    expected = bufs[0].copy()
+    for b in bufs[1:]:
+        expected = expected + b          # rank order, the same rounding as the kernel
+    expected = expected * dtype(0.25)
+    ctrl = control_block()
+    _core.init_group_control(ctrl, n)
+    groups = [_core.ShmGroup(ctrl, bufs, r) for r in range(n)]
+    run_workers(n, lambda r: groups[r].allreduce(0.25))
+    for r, b in enumerate(bufs):
+        assert np.array_equal(b, expected), f"rank {r}, n={n}, {np.dtype(dtype).name}, {length}"
+
+
+def test_allreduce_of_a_range_leaves_the_rest_alone():
+    n, length = 3, 5000
+    bufs = [np.full(length, r + 1.0) for r in range(n)]
+    ctrl = control_block()
+    _core.init_group_control(ctrl, n)
+    groups = [_core.ShmGroup(ctrl, bufs, r) for r in range(n)]
+    run_workers(n, lambda r: groups[r].allreduce(start=1000, stop=2345))
+    for r, b in enumerate(bufs):
+        assert np.all(b[1000:2345] == 6.0)
+        assert np.all(b[:1000] == r + 1) and np.all(b[2345:] == r + 1)
+
+
+def test_many_back_to_back_collectives_do_not_hang_or_mix_up_phases():
+    n = 4
+    bufs = [np.zeros(64) for _ in range(n)]
+    ctrl = control_block()
+    _core.init_group_control(ctrl, n)
+    groups = [_core.ShmGroup(ctrl, bufs, r) for r in range(n)]
+
+    def work(r):
+        for step in range(300):
+            bufs[r][:] = r + step
+            groups[r].allreduce()
+            assert bufs[r][0] == sum(q + step for q in range(n))
+            groups[r].barrier()           # nobody overwrites before everyone has read
+    run_workers(n, work)
+
+
+def test_abort_wakes_every_waiter_with_its_code():
+    n = 3
+    bufs = [np.zeros(8) for _ in range(n)]
+    ctrl = control_block()
+    _core.init_group_control(ctrl, n)
+    groups = [_core.ShmGroup(ctrl, bufs, r) for r in range(n)]
+
+    def work(r):
+        if r == 2:
+            groups[r].abort(7)            # rank 2 fails instead of arriving
+            return "aborted"
+        with pytest.raises(_core.GroupAborted) as info:
+            groups[r].allreduce()
+        return info.value.args[1]
+    assert run_workers(n, work) == [7, 7, "aborted"]
+    assert groups[0].aborted == 7
+    with pytest.raises(_core.GroupAborted):   # and later calls fail at once
+        groups[0].barrier()
+
+
+def test_timeout_names_the_rank():
+    ctrl = control_block()
+    _core.init_group_control(ctrl, 2)
+    bufs = [np.zeros(4), np.zeros(4)]
+    g = _core.ShmGroup(ctrl, bufs, 1, timeout=0.2)
+    with pytest.raises(TimeoutError, match="allreduce on rank 1 timed out after 0.2 s"):
+        g.allreduce()
+
+
+def test_bad_group_arguments():
+    ctrl = control_block()
+    bufs = [np.zeros(4), np.zeros(4)]
+    with pytest.raises(ValueError, match="not initialized"):
+        _core.ShmGroup(ctrl, bufs, 0)
+    _core.init_group_control(ctrl, 2)
+    with pytest.raises(ValueError, match="buffers has 3 arrays, but the group has 2 workers"):
+        _core.ShmGroup(ctrl, bufs + [np.zeros(4)], 0)
+    with pytest.raises(ValueError, match="rank must be in"):
+        _core.ShmGroup(ctrl, bufs, 2)
+    with pytest.raises(ValueError, match=r"buffers\[1\] has shape \(5,\), expected \(4,\)"):
+        _core.ShmGroup(ctrl, [np.zeros(4), np.zeros(5)], 0)
+    with pytest.raises(TypeError, match=r"buffers\[1\] has dtype float32"):
+        _core.ShmGroup(ctrl, [np.zeros(4), np.zeros(4, np.float32)], 0)
+    with pytest.raises(ValueError, match="shares memory"):
+        _core.ShmGroup(ctrl, [bufs[0], bufs[0]], 0)
+    with pytest.raises(ValueError, match="64-byte aligned"):
+        _core.init_group_control(np.zeros(100, np.uint8)[1:], 2)
+    g = _core.ShmGroup(ctrl, bufs, 0)
+    with pytest.raises(ValueError, match="start=3, stop=9 is not a range"):
+        g.allreduce(start=3, stop=9)
