@@ -931,6 +931,19 @@ static PyObject *py_init_control(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_abort_control(PyObject *self, PyObject *args)
+{
+    PyObject *co;
+    unsigned int code = 1;
+    if (!PyArg_ParseTuple(args, "O|I:abort_group_control", &co, &code)) return NULL;
+    dp_barrier *b = control_barrier(co, "control");
+    if (!b) return NULL;
+    if (b->magic != DP_BARRIER_MAGIC)
+        return PyErr_Format(PyExc_ValueError, "control is not initialized"), NULL;
+    dp_barrier_abort(b, code ? code : 1);
+    Py_RETURN_NONE;
+}
+
 static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"control", "buffers", "rank", "spin", "yield_time", "timeout", NULL};
@@ -1157,6 +1170,7 @@ static PyMethodDef module_methods[] = {
     {"param_count", py_param_count, METH_O, "param_count(sizes) -> length of the flat parameter layout"},
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict describing this build"},
     {"init_group_control", py_init_control, METH_VARARGS, "init_group_control(control, n): set up a ShmGroup's barrier memory for n workers"},
+    {"abort_group_control", py_abort_control, METH_VARARGS, "abort_group_control(control, code=1): abort the group that waits on this control block (e.g. from the launcher when a worker died)"},
     {NULL},
 };
 

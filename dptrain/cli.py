@@ -37,6 +37,17 @@ def _nonneg_float(text: str) -> float:
     return v
 
 
+def _fault(text: str | None):
+    if text is None:
+        return None
+    parts = text.split(":")
+    if len(parts) != 3 or parts[2] not in ("raise", "kill") or not all(
+            p.isdigit() for p in parts[:2]):
+        raise ValueError(f"--inject-fault is {text!r}, expected RANK:STEP:raise or "
+                         f"RANK:STEP:kill, e.g. 1:10:raise")
+    return int(parts[0]), int(parts[1]), parts[2]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m dptrain",
@@ -75,8 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--limit", type=_pos_int, default=None,
                    help="use only the first N training samples")
     t.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    t.add_argument("--workers", type=_pos_int, default=1,
+                   help="data-parallel workers (default 1; under mpiexec: the MPI world size)")
+    t.add_argument("--backend", choices=("thread", "process", "mpi"), default="thread",
+                   help="how workers run: threads of this process, processes sharing memory, "
+                        "or MPI ranks (launch with mpiexec -n N)")
+    t.add_argument("--start-method", choices=("spawn", "fork", "forkserver"), default=None,
+                   help="process backend: how worker processes start (default: Python's)")
+    t.add_argument("--timeout", type=_nonneg_float, default=0.0,
+                   help="fail a collective that waits longer than this many seconds (0: never)")
+    t.add_argument("--inject-fault", default=None, metavar="RANK:STEP:raise|kill",
+                   help="make one worker fail at one step (to see how a failure is handled)")
     t.add_argument("--threads", type=_pos_int, default=1,
-                   help="threads the C kernels split each batch over (default 1)")
+                   help="threads the C kernels split each worker's batch over (default 1)")
     t.add_argument("--out", default=None, help="write the JSON result here")
     t.add_argument("--save-weights", default=None, help="save the trained model (.npz)")
     t.add_argument("--quiet", action="store_true", help="print nothing but errors")
@@ -105,11 +127,13 @@ def main(argv=None) -> int:
               momentum=args.momentum, nesterov=args.nesterov, lr_schedule=args.lr_schedule,
               weight_decay=args.weight_decay, dampening=args.dampening, seed=args.seed,
               shuffle=not args.no_shuffle, limit=args.limit, dtype=args.dtype,
-              hidden=args.hidden, threads=args.threads, n_samples=args.n_samples,
+              hidden=args.hidden, workers=args.workers, backend=args.backend,
+              start_method=args.start_method, timeout=args.timeout,
+              threads=args.threads, n_samples=args.n_samples,
               n_features=args.n_features, upscale=args.upscale, out=args.out,
               save_weights=args.save_weights, quiet=args.quiet,
-              allow_download=not args.no_download)
-    except (ValueError, TypeError, FloatingPointError, OSError) as exc:
+              allow_download=not args.no_download, fault=_fault(args.inject_fault))
+    except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
         print(f"dptrain: error: {exc}", file=sys.stderr)
         return 1
     return 0

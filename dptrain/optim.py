@@ -34,13 +34,8 @@ def lr_at(step: int, total_steps: int, base_lr: float, schedule: str = "constant
 class SGD:
     def __init__(self, model, lr: float, *, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
-        for name, v in (("lr", lr), ("momentum", momentum), ("dampening", dampening),
-                        ("weight_decay", weight_decay)):
-            if not (float(v) >= 0.0) or float(v) == float("inf"):
-                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError(f"nesterov needs momentum > 0 and dampening == 0, got "
-                             f"momentum={momentum}, dampening={dampening}")
+        self.check(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                   nesterov=nesterov)
         self.model = model
         self.lr = float(lr)
         self.momentum = float(momentum)
@@ -48,6 +43,17 @@ class SGD:
         self.weight_decay = float(weight_decay)
         self.nesterov = bool(nesterov)
         self.steps = 0
+
+    @staticmethod
+    def check(*, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False) -> None:
+        """Raises ValueError naming the first hyper-parameter that SGD cannot use."""
+        for name, v in (("lr", lr), ("momentum", momentum), ("dampening", dampening),
+                        ("weight_decay", weight_decay)):
+            if not (float(v) >= 0.0) or float(v) == float("inf"):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError(f"nesterov needs momentum > 0 and dampening == 0, got "
+                             f"momentum={momentum}, dampening={dampening}")
 
     def step(self, lr: float | None = None) -> None:
         """One update of model.params from model.grads (lr overrides the default, e.g. warm-up)."""

@@ -1,10 +1,20 @@
-"""Sequential training: the loop, its timing, and the JSON result.
+"""Training: one synchronous data-parallel loop for 1..N workers, its timing, the JSON result.
 
-``train(...)`` loads the data, builds the model, runs mini-batch SGD for some epochs and
-returns a result dict (also written as JSON with ``out=``): the full configuration,
-per-epoch training loss and test accuracy, and where the time went. ``train_seconds`` is the
-training loop alone: start-up, data loading and the per-epoch evaluation are reported
-separately (``data_load_seconds``, ``eval_seconds``) and are part of ``wall_seconds`` only.
+``train(...)`` loads the data once, starts the workers (outside the timed region), runs
+mini-batch SGD and returns a result dict (also written as JSON with ``out=``): the full
+configuration, per-epoch training loss and test accuracy, and where the time went.
+
+Semantics (the same model whatever the number of workers): each epoch has one seeded global
+order of the training samples (``sampler.epoch_order``), cut into global batches of
+``batch_size``; worker r of N takes its contiguous share of each global batch
+(``parallel.shard``: sizes differ by at most one, no padding, no duplicates) and computes the
+gradient of (sum of its samples' losses) / (global batch size). The all-reduced SUM of the
+workers' gradients is then exactly the global batch's mean gradient, also for an uneven last
+batch, and every worker applies the same SGD update to its identical copy of the parameters.
+
+``train_seconds`` is the training loop alone, measured on rank 0 between barriers: start-up,
+data loading and the per-epoch evaluation (on rank 0) are reported separately and are part of
+``wall_seconds`` only.
 """
 from __future__ import annotations
 
@@ -13,11 +23,14 @@ import math
 import os
 import platform
 import time
+import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import data as data_mod
+from . import parallel, reference
 from .models import build_model
 from .optim import SCHEDULES, SGD, lr_at
 from .sampler import batch_bounds, epoch_order
@@ -39,18 +52,152 @@ def _check_finite_data(ds):
             raise ValueError(f"data set {ds.name!r}: {name} has a non-finite value in row {bad}")
 
 
+@dataclass(frozen=True)
+class Job:
+    """Everything a worker needs besides the data: plain values, so it pickles for 'spawn'."""
+
+    model: str
+    sizes: tuple
+    n_classes: int
+    hidden: tuple
+    dtype: str
+    seed: int
+    threads: int
+    lr: float
+    momentum: float
+    dampening: float
+    weight_decay: float
+    nesterov: bool
+    lr_schedule: str
+    epochs: int
+    batch_size: int
+    shuffle: bool
+    fault: tuple | None = None    # (rank, step, "raise" | "kill"): injected, for fault tests
+
+    def specs(self):
+        p = reference.n_params(self.sizes)
+        dt = np.dtype(self.dtype)
+        return [parallel.BufferSpec("grads", p, dt), parallel.BufferSpec("params", p, dt),
+                parallel.BufferSpec("velocity", p, dt),
+                parallel.BufferSpec("stats", 2, np.dtype(np.float64))]
+
+
+def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=None) -> dict:
+    """The training loop of one worker (any transport). Returns its timings; rank 0 also
+    returns the per-epoch history and the final parameters."""
+    rank, world = comm.rank, comm.size
+    net = build_model(job.model, job.sizes[0], job.n_classes, hidden=job.hidden,
+                      dtype=job.dtype, threads=job.threads, seed=job.seed,
+                      params=comm.buffer("params"), grads=comm.buffer("grads"),
+                      velocity=comm.buffer("velocity"))
+    if rank == 0:
+        net.params[:] = reference.init_params(job.sizes, job.seed, job.dtype)
+    net.velocity.fill(0)
+    comm.broadcast_("params", root=0)
+    opt = SGD(net, job.lr, momentum=job.momentum, dampening=job.dampening,
+              weight_decay=job.weight_decay, nesterov=job.nesterov)
+    stats = comm.buffer("stats")
+
+    n = len(x)
+    bounds = batch_bounds(n, job.batch_size)
+    total_steps = job.epochs * len(bounds)
+    per_worker = -(-job.batch_size // world)
+    xb = np.empty((per_worker, x.shape[1]), dtype=x.dtype)
+    yb = np.empty(per_worker, dtype=np.int64)
+    phase = {"data": 0.0, "compute": 0.0, "communication": 0.0, "update": 0.0}
+    history, train_seconds, eval_seconds, step = [], 0.0, 0.0, 0
+    clock = time.perf_counter
+    for epoch in range(job.epochs):
+        order = epoch_order(n, epoch, job.seed, job.shuffle)
+        loss_sum, correct = 0.0, 0
+        comm.barrier()                    # every worker starts the epoch together
+        e0 = clock()
+        for s, e in bounds:
+            if job.fault and job.fault[0] == rank and job.fault[1] == step:
+                _inject_fault(job.fault[2], rank, step)
+            t_a = clock()
+            lo, hi = parallel.shard(s, e, rank, world)
+            if job.shuffle:
+                bx, by = xb[:hi - lo], yb[:hi - lo]
+                np.take(x, order[lo:hi], axis=0, out=bx)
+                np.take(y, order[lo:hi], out=by)
+            else:
+                bx, by = x[lo:hi], y[lo:hi]          # contiguous slices: no copy
+            t_b = clock()
+            net.zero_grad()
+            batch_loss, batch_correct = net.loss_grad(bx, by, 1.0 / (e - s))
+            t_c = clock()
+            comm.allreduce_("grads")
+            t_d = clock()
+            opt.step(lr_at(step, total_steps, job.lr, job.lr_schedule))
+            t_e = clock()
+            phase["data"] += t_b - t_a
+            phase["compute"] += t_c - t_b
+            phase["communication"] += t_d - t_c
+            phase["update"] += t_e - t_d
+            loss_sum += batch_loss
+            correct += batch_correct
+            step += 1
+        stats[0], stats[1] = loss_sum, correct
+        comm.allreduce_("stats")          # also the barrier that ends the epoch's timing
+        epoch_seconds = clock() - e0
+        train_seconds += epoch_seconds
+        loss_sum, correct = float(stats[0]), int(round(stats[1]))
+        if not math.isfinite(loss_sum):
+            raise FloatingPointError(
+                f"training diverged: the loss is {loss_sum} in epoch {epoch + 1} "
+                f"(lr={job.lr}); try a smaller learning rate")
+        if rank == 0:
+            v0 = clock()
+            test_loss, test_acc = net.evaluate(x_test, y_test)
+            eval_seconds += clock() - v0
+            rec = {"epoch": epoch + 1, "train_loss": loss_sum / n, "train_accuracy": correct / n,
+                   "test_loss": test_loss, "test_accuracy": test_acc, "seconds": epoch_seconds}
+            history.append(rec)
+            if say:
+                say(f"epoch {epoch + 1}/{job.epochs}  train loss {rec['train_loss']:.4f}  "
+                    f"test loss {test_loss:.4f}  test acc {100 * test_acc:.2f}%  "
+                    f"({epoch_seconds:.2f} s, {n / epoch_seconds:,.0f} samples/s)")
+    out = {"rank": rank, "phase_seconds": phase, "steps": step}
+    if rank == 0:
+        out.update(history=history, train_seconds=train_seconds, eval_seconds=eval_seconds,
+                   params=net.params.copy(), velocity=net.velocity.copy())
+    return out
+
+
+def _inject_fault(kind: str, rank: int, step: int) -> None:
+    if kind == "kill":
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+
+
+def _process_worker(comm: parallel.ShmComm, job: Job) -> dict:
+    """run_worker in a worker process: the data set lives in the shared segment."""
+    return run_worker(comm, job, comm.extra("x_train"), comm.extra("y_train"),
+                      comm.extra("x_test"), comm.extra("y_test"))
+
+
 def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: int = 2,
           batch_size: int = 128, lr: float = 0.1, momentum: float = 0.9,
           nesterov: bool = False, weight_decay: float = 0.0, dampening: float = 0.0,
-          lr_schedule: str = "cosine", seed: int = 0, shuffle: bool = True, limit: int | None = None, dtype: str = "float32",
-          hidden=(256, 128), threads: int = 1, n_samples: int | None = None,
-          n_features: int | None = None, upscale: int = 1, out=None, save_weights=None,
-          quiet: bool = False, allow_download: bool = True, log=print) -> dict:
-    """Trains one model on one worker; returns the result dict (see the module docstring).
+          lr_schedule: str = "cosine", seed: int = 0, shuffle: bool = True,
+          limit: int | None = None, dtype: str = "float32", hidden=(256, 128),
+          workers: int = 1, backend: str = "thread", threads: int = 1,
+          start_method: str | None = None, timeout: float = 0.0,
+          n_samples: int | None = None, n_features: int | None = None, upscale: int = 1,
+          out=None, save_weights=None, quiet: bool = False, allow_download: bool = True,
+          log=print, fault: tuple | None = None) -> dict:
+    """Trains one model on 1..N workers; returns the result dict (see the module docstring).
 
     model: 'logreg' | 'softmax' | 'mlp' (hidden sizes from ``hidden``); dataset: 'mnist' |
-    'synthetic'. shuffle=False keeps a fixed batch order; limit keeps the first N training
-    samples (data-size sweeps). Raises FloatingPointError when the loss stops being finite.
+    'synthetic'. backend: 'thread' | 'process' | 'mpi' (under mpiexec, where the world size
+    comes from MPI); batch_size is the GLOBAL batch. shuffle=False keeps a fixed batch order;
+    limit keeps the first N training samples. timeout > 0 bounds each collective's wait.
+    fault=(rank, step, "raise" | "kill") makes that worker fail at that step (for testing
+    that a failure stops the whole run; "kill" needs the process backend).
+    Raises FloatingPointError when the loss stops being finite and parallel.WorkerError
+    (naming the rank) when a worker fails.
     """
     wall0 = time.perf_counter()
     if model not in MODELS:
@@ -58,87 +205,109 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     epochs = _positive_int("epochs", epochs)
     batch_size = _positive_int("batch_size", batch_size)
     threads = _positive_int("threads", threads)
+    workers = _positive_int("workers", workers)
     if dtype not in ("float32", "float64"):
         raise ValueError(f"dtype is {dtype!r}, expected 'float32' or 'float64'")
     hidden = tuple(_positive_int("hidden size", h) for h in hidden)
     if lr_schedule not in SCHEDULES:
         raise ValueError(f"lr_schedule is {lr_schedule!r}, expected one of {SCHEDULES}")
-    say = (lambda *a: None) if quiet else log
+    if not (timeout >= 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+    mpi_rank = 0
+    if backend == "mpi":
+        comm_world = _mpi_comm()
+        workers, mpi_rank = comm_world.Get_size(), comm_world.Get_rank()
+    parallel.check_world(workers, batch_size, threads, backend)
+    say = (lambda *a: None) if (quiet or mpi_rank != 0) else log
+    warning = parallel.oversubscription_warning(workers, threads)
+    if warning and mpi_rank == 0:
+        warnings.warn(warning, RuntimeWarning, stacklevel=2)
+    # validated here so that bad values fail before any worker starts
+    SGD.check(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+              nesterov=nesterov)
     config = dict(model=model, dataset=dataset, data_dir=str(data_dir) if data_dir else None,
                   epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
                   nesterov=nesterov, weight_decay=weight_decay, dampening=dampening,
-                  lr_schedule=lr_schedule, seed=seed,
-                  shuffle=shuffle, limit=limit, dtype=dtype,
-                  hidden=list(hidden) if model == "mlp" else None, threads=threads,
-                  n_samples=n_samples, n_features=n_features, upscale=upscale, workers=1,
-                  backend="sequential")
+                  lr_schedule=lr_schedule, seed=seed, shuffle=shuffle, limit=limit,
+                  dtype=dtype, hidden=list(hidden) if model == "mlp" else None,
+                  threads=threads, n_samples=n_samples, n_features=n_features,
+                  upscale=upscale, workers=workers, backend=backend if workers > 1 or
+                  backend == "mpi" else "sequential", start_method=start_method,
+                  timeout=timeout)
 
     t0 = time.perf_counter()
     ds = data_mod.load_dataset(dataset, data_dir=data_dir, dtype=np.dtype(dtype), limit=limit,
                                seed=seed, n_samples=n_samples, n_features=n_features,
                                upscale=upscale, allow_download=allow_download, announce=say)
     _check_finite_data(ds)
+    if len(ds.x_train) < workers:
+        raise ValueError(f"the data set has {len(ds.x_train)} training samples, fewer than "
+                         f"workers={workers}")
     data_load_seconds = time.perf_counter() - t0
 
-    net = build_model(model, ds.n_features, ds.n_classes, hidden=hidden, seed=seed, dtype=dtype,
-                      threads=threads)
-    opt = SGD(net, lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-              nesterov=nesterov)
-    say(f"dptrain: {net!r} on {ds.name} ({len(ds.x_train)} train / {len(ds.x_test)} test, "
-        f"source: {ds.source}), batch {batch_size}, lr {lr}, momentum {momentum}")
+    if model == "logreg" and ds.n_classes != 2:
+        raise ValueError(f"model 'logreg' is binary, but the data set has {ds.n_classes} classes")
+    sizes = {"logreg": (ds.n_features, 1), "softmax": (ds.n_features, ds.n_classes),
+             "mlp": (ds.n_features, *hidden, ds.n_classes)}[model]
+    job = Job(model=model, sizes=tuple(sizes), n_classes=ds.n_classes, hidden=hidden,
+              dtype=dtype, seed=seed, threads=threads, lr=lr, momentum=momentum,
+              dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
+              lr_schedule=lr_schedule, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
+              fault=tuple(fault) if fault else None)
+    if fault and fault[2] == "kill" and backend != "process":
+        raise ValueError("fault kind 'kill' kills the worker's process: use backend='process'")
+    say(f"dptrain: {model} {tuple(sizes)} on {ds.name} ({len(ds.x_train)} train / "
+        f"{len(ds.x_test)} test, source: {ds.source}), global batch {batch_size}, lr {lr}, "
+        f"momentum {momentum}, {workers} worker(s)"
+        + (f" on {config['backend']}" if workers > 1 or backend == "mpi" else ""))
 
-    x, y = ds.x_train, ds.y_train
-    n = len(x)
-    bounds = batch_bounds(n, batch_size)
-    total_steps = epochs * len(bounds)
-    xb = np.empty((batch_size, ds.n_features), dtype=x.dtype)
-    yb = np.empty(batch_size, dtype=np.int64)
-    phase = {"data": 0.0, "compute": 0.0, "update": 0.0}
-    history, train_seconds, eval_seconds, steps = [], 0.0, 0.0, 0
-    for epoch in range(epochs):
-        order = epoch_order(n, epoch, seed, shuffle)
-        loss_sum, correct = 0.0, 0
-        e0 = time.perf_counter()
-        for s, e in bounds:
-            t_a = time.perf_counter()
-            if shuffle:
-                idx = order[s:e]
-                bx, by = xb[:e - s], yb[:e - s]
-                np.take(x, idx, axis=0, out=bx)
-                np.take(y, idx, out=by)
-            else:
-                bx, by = x[s:e], y[s:e]            # contiguous slices: no copy
-            t_b = time.perf_counter()
-            net.zero_grad()
-            batch_loss, batch_correct = net.loss_grad(bx, by)
-            t_c = time.perf_counter()
-            if not math.isfinite(batch_loss):
-                raise FloatingPointError(
-                    f"training diverged: the loss is {batch_loss} at epoch {epoch + 1}, step "
-                    f"{steps + 1} (lr={lr}); try a smaller learning rate")
-            opt.step(lr_at(steps, total_steps, lr, lr_schedule))
-            t_d = time.perf_counter()
-            phase["data"] += t_b - t_a
-            phase["compute"] += t_c - t_b
-            phase["update"] += t_d - t_c
-            loss_sum += batch_loss
-            correct += batch_correct
-            steps += 1
-        epoch_seconds = time.perf_counter() - e0
-        train_seconds += epoch_seconds
-        v0 = time.perf_counter()
-        test_loss, test_acc = net.evaluate(ds.x_test, ds.y_test)
-        eval_seconds += time.perf_counter() - v0
-        rec = {"epoch": epoch + 1, "train_loss": loss_sum / n, "train_accuracy": correct / n,
-               "test_loss": test_loss, "test_accuracy": test_acc, "seconds": epoch_seconds}
-        history.append(rec)
-        say(f"epoch {epoch + 1}/{epochs}  train loss {rec['train_loss']:.4f}  "
-            f"test loss {test_loss:.4f}  test acc {100 * test_acc:.2f}%  "
-            f"({epoch_seconds:.2f} s, {n / epoch_seconds:,.0f} samples/s)")
+    data = (ds.x_train, ds.y_train, ds.x_test, ds.y_test)
+    policy = parallel.WaitPolicy.for_workers(workers, threads, timeout)
+    if backend == "mpi":
+        try:
+            results = [run_worker(parallel.MPIComm(job.specs(), comm_world), job, *data,
+                                  say=say)]
+        except Exception as exc:
+            # the other ranks wait in a collective this rank will never join: name the rank
+            # and the cause, then abort the whole communicator (MPI_Abort ends every rank)
+            import sys
+            print(f"dptrain: worker rank {mpi_rank} failed: {parallel.describe(exc)}; "
+                  f"aborting all {workers} MPI ranks", file=sys.stderr, flush=True)
+            comm_world.Abort(1)
+            raise
+    elif workers == 1 and backend != "process":
+        results = [run_worker(parallel.LocalComm(job.specs()), job, *data, say=say)]
+    elif backend == "thread":
+        layout = parallel.SharedLayout(job.specs(), workers, {})
+        mem = parallel.aligned_bytes(layout.nbytes)
+        results = parallel.run_threads(
+            workers, layout, mem, policy,
+            lambda comm: run_worker(comm, job, *data, say=say if comm.rank == 0 else None))
+    else:
+        extras = {name: (arr.shape, arr.dtype) for name, arr in
+                  zip(("x_train", "y_train", "x_test", "y_test"), data)}
+        layout = parallel.SharedLayout(job.specs(), workers, extras)
 
+        def fill(mem):
+            for name, arr in zip(("x_train", "y_train", "x_test", "y_test"), data):
+                layout.extra(mem, name)[...] = arr
+        results = parallel.run_processes(workers, layout, fill, policy, _process_worker,
+                                         (job,), start_method=start_method)
+        for rec in results[0]["history"]:
+            say(f"epoch {rec['epoch']}/{epochs}  train loss {rec['train_loss']:.4f}  "
+                f"test loss {rec['test_loss']:.4f}  test acc {100 * rec['test_accuracy']:.2f}%"
+                f"  ({rec['seconds']:.2f} s)")
+    if mpi_rank != 0:
+        return {"rank": mpi_rank, "phase_seconds": results[0]["phase_seconds"]}
+    head = results[0]
+    history = head["history"]
+    net = build_model(model, ds.n_features, ds.n_classes, hidden=hidden, dtype=dtype,
+                      seed=seed, params=head["params"], velocity=head["velocity"])
     if save_weights:
         net.save(save_weights)
     from . import build_info
+    n, train_seconds = len(ds.x_train), head["train_seconds"]
+    steps = head["steps"]
     result = {
         "dptrain_version": _version(),
         "config": config,
@@ -152,22 +321,35 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
         "test_accuracy": [h["test_accuracy"] for h in history],
         "final_test_accuracy": history[-1]["test_accuracy"],
         "steps": steps,
-        "samples": steps and n * epochs,
+        "samples": n * epochs,
         "train_seconds": train_seconds,
-        "eval_seconds": eval_seconds,
+        "eval_seconds": head["eval_seconds"],
         "data_load_seconds": data_load_seconds,
-        "phase_seconds": phase,
+        "phase_seconds": head["phase_seconds"],
+        "rank_phase_seconds": [r["phase_seconds"] for r in results] if len(results) > 1 else
+        [head["phase_seconds"]],
         "steps_per_second": steps / train_seconds if train_seconds > 0 else None,
         "samples_per_second": n * epochs / train_seconds if train_seconds > 0 else None,
         "build": build_info(),
         "host": {"python": platform.python_version(), "machine": platform.machine(),
                  "cpus": os.cpu_count()},
+        "job": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(job).items()},
     }
     result["wall_seconds"] = time.perf_counter() - wall0
     if out:
         Path(out).write_text(json.dumps(result, indent=2) + "\n")
         say(f"wrote {out}")
+    result["params"] = head["params"]      # not in the JSON: the trained parameters
     return result
+
+
+def _mpi_comm():
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise RuntimeError("backend 'mpi' needs mpi4py and an MPI library: "
+                           "pip install 'dptrain[mpi]'") from exc
+    return MPI.COMM_WORLD
 
 
 def _version() -> str:

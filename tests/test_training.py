@@ -60,7 +60,7 @@ def test_result_json_holds_config_history_and_timings(tmp_path):
     assert saved["steps"] == 2 * 30 and saved["samples"] == 6000
     assert 0 < saved["train_seconds"] <= saved["wall_seconds"]
     assert saved["samples_per_second"] == pytest.approx(6000 / saved["train_seconds"])
-    assert set(saved["phase_seconds"]) == {"data", "compute", "update"}
+    assert set(saved["phase_seconds"]) == {"data", "compute", "communication", "update"}
     assert saved["train_loss"][1] < saved["train_loss"][0]
     assert r["final_test_accuracy"] == saved["final_test_accuracy"]
 

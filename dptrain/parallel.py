@@ -1,0 +1,476 @@
+"""Workers and how they talk: one communicator interface, three transports.
+
+Every transport gives each worker a ``Communicator`` with the same methods: ``rank``,
+``size``, ``buffer(name)`` (this worker's flat array of a named role), ``allreduce_(name,
+scale, start, stop)`` (in place, on that array), ``broadcast_(name, root)``, ``barrier()`` and
+``abort(code)``. The training loop (dptrain.training) uses nothing else, so it does not know
+whether it runs alone, on threads, on processes or on MPI ranks.
+
+- ``LocalComm``: one worker, every collective is a no-op.
+- ``ShmComm``: workers that share memory. Threads of this process, or processes mapping one
+  ``multiprocessing.shared_memory`` segment. Each named role is one flat array per rank, laid
+  out in one block of memory (``SharedLayout``); the all-reduce is one C call that waits at a
+  C barrier, sums this rank's slice of every rank's array (in rank order) and writes it back
+  into all of them, and waits again. Nothing is pickled on the hot path.
+- ``MPIComm``: MPI ranks through mpi4py's buffer collectives (``Allreduce(IN_PLACE, ...)`` on
+  the flat array), launched as ``mpiexec -n N python -m dptrain train --backend mpi ...``.
+
+Failures: a worker that raises aborts its group (every other worker's next or current
+collective raises ``GroupAborted`` at once) and the launcher reports the first failure with
+its rank; a process that dies without a word (SIGKILL) is noticed by the launcher, which
+aborts the group itself. Shared-memory segments are unlinked on every exit path.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _core
+
+BACKENDS = ("thread", "process", "mpi")
+ALIGN = 64
+
+
+class WorkerError(RuntimeError):
+    """A worker failed; ``rank`` names it and ``cause`` says why."""
+
+    def __init__(self, rank: int, cause: str):
+        super().__init__(f"worker rank {rank} failed: {cause}")
+        self.rank = rank
+        self.cause = cause
+
+
+# ------------------------------------------------------------------ communicators
+class Communicator:
+    """The interface the training loop sees (see the module docstring)."""
+
+    rank = 0
+    size = 1
+    backend = "sequential"
+
+    def buffer(self, name: str) -> np.ndarray:
+        raise NotImplementedError  # every transport defines it
+
+    def allreduce_(self, name: str, scale: float = 1.0, start: int = 0, stop: int | None = None):
+        raise NotImplementedError
+
+    def broadcast_(self, name: str, root: int = 0) -> None:
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def abort(self, code: int = 1) -> None:
+        raise NotImplementedError
+
+
+class LocalComm(Communicator):
+    """A single worker: buffers are plain arrays and collectives do nothing (but scale)."""
+
+    def __init__(self, specs):
+        self._bufs = {s.name: np.zeros(s.length, s.dtype) for s in specs}
+
+    def buffer(self, name):
+        return self._bufs[name]
+
+    def allreduce_(self, name, scale=1.0, start=0, stop=None):
+        if scale != 1.0:
+            self._bufs[name][start:stop] *= scale
+
+    def broadcast_(self, name, root=0):
+        pass
+
+    def barrier(self):
+        pass
+
+    def abort(self, code=1):
+        pass
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """A named role with one flat array per rank (params, grads, velocity, stats)."""
+
+    name: str
+    length: int
+    dtype: np.dtype
+
+
+class SharedLayout:
+    """Where everything lives in one block of memory shared by the workers.
+
+    [one 64-byte control block per role] [role 0: rank 0 .. rank n-1] [role 1: ...] ...
+    [extra arrays, e.g. the data set]. Every array starts on a 64-byte boundary, so ranks
+    never share a cache line and SIMD loads are aligned.
+    """
+
+    def __init__(self, specs, world: int, extras: dict[str, tuple[tuple[int, ...], np.dtype]]):
+        self.specs = list(specs)
+        self.world = world
+        off = 0
+        self.controls = {}
+        for s in self.specs:
+            self.controls[s.name] = off
+            off += ALIGN
+        self.arrays = {}
+        for s in self.specs:
+            nbytes = s.length * np.dtype(s.dtype).itemsize
+            for r in range(world):
+                self.arrays[(s.name, r)] = (off, (s.length,), np.dtype(s.dtype))
+                off += -(-nbytes // ALIGN) * ALIGN
+        self.extras = {}
+        for name, (shape, dtype) in extras.items():
+            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            self.extras[name] = (off, tuple(shape), np.dtype(dtype))
+            off += -(-nbytes // ALIGN) * ALIGN
+        self.nbytes = max(off, ALIGN)
+
+    def control(self, mem: np.ndarray, name: str) -> np.ndarray:
+        off = self.controls[name]
+        return mem[off:off + ALIGN]
+
+    def array(self, mem: np.ndarray, name: str, rank: int) -> np.ndarray:
+        off, shape, dtype = self.arrays[(name, rank)]
+        return _view(mem, off, shape, dtype)
+
+    def extra(self, mem: np.ndarray, name: str) -> np.ndarray:
+        off, shape, dtype = self.extras[name]
+        return _view(mem, off, shape, dtype)
+
+    def init_controls(self, mem: np.ndarray) -> None:
+        for s in self.specs:
+            _core.init_group_control(self.control(mem, s.name), self.world)
+
+
+def _view(mem, off, shape, dtype):
+    n = int(np.prod(shape)) * dtype.itemsize
+    return mem[off:off + n].view(dtype).reshape(shape)
+
+
+def aligned_bytes(nbytes: int) -> np.ndarray:
+    """A zeroed uint8 array of nbytes starting on a 64-byte boundary (process memory)."""
+    raw = np.zeros(nbytes + ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % ALIGN
+    return raw[off:off + nbytes]
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    """How a worker waits at a barrier: spin, then yield, then sleep (see csrc/dp_sync.h).
+
+    A wake-up through the kernel costs 40-55 us on a time-shared VM, so workers spin first;
+    when there are more workers than cores, spinning would steal the CPU from the worker being
+    waited for, so the spin is cut short and the yield phase starts at once.
+    """
+
+    spin: float = 200e-6
+    yield_time: float = 2e-3
+    timeout: float = 0.0
+
+    @classmethod
+    def for_workers(cls, workers: int, threads: int = 1, timeout: float = 0.0) -> "WaitPolicy":
+        cores = os.cpu_count() or 1
+        if workers * threads > cores:
+            return cls(spin=2e-6, yield_time=0.05, timeout=timeout)
+        return cls(timeout=timeout)
+
+
+class ShmComm(Communicator):
+    """A worker of a group sharing one block of memory (threads or processes)."""
+
+    def __init__(self, rank: int, layout: SharedLayout, mem: np.ndarray, policy: WaitPolicy,
+                 backend: str):
+        self.rank = rank
+        self.size = layout.world
+        self.backend = backend
+        self._layout = layout
+        self._mem = mem
+        self._bufs = {s.name: layout.array(mem, s.name, rank) for s in layout.specs}
+        self._all = {s.name: [layout.array(mem, s.name, r) for r in range(layout.world)]
+                     for s in layout.specs}
+        self._groups = {
+            s.name: _core.ShmGroup(layout.control(mem, s.name), self._all[s.name], rank,
+                                   spin=policy.spin, yield_time=policy.yield_time,
+                                   timeout=policy.timeout)
+            for s in layout.specs}
+        self._sync = self._groups[layout.specs[0].name]
+
+    def buffer(self, name):
+        return self._bufs[name]
+
+    def extra(self, name: str) -> np.ndarray:
+        """A shared array besides the roles (e.g. the data set, written by the launcher)."""
+        return self._layout.extra(self._mem, name)
+
+    def allreduce_(self, name, scale=1.0, start=0, stop=None):
+        self._groups[name].allreduce(scale, start, stop)
+
+    def broadcast_(self, name, root=0):
+        self._sync.barrier()                 # root's values are final
+        if self.rank != root:
+            self._bufs[name][:] = self._all[name][root]
+        self._sync.barrier()                 # nobody changes root's copy while others read
+
+    def barrier(self):
+        self._sync.barrier()
+
+    def abort(self, code=1):
+        self._sync.abort(code)
+
+    @property
+    def aborted(self) -> int:
+        return self._sync.aborted
+
+
+class MPIComm(Communicator):
+    """An MPI rank: buffer collectives on NumPy arrays through mpi4py (never pickled)."""
+
+    backend = "mpi"
+
+    def __init__(self, specs, comm=None):
+        from mpi4py import MPI
+        self._MPI = MPI
+        self._comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank = self._comm.Get_rank()
+        self.size = self._comm.Get_size()
+        self._bufs = {s.name: np.zeros(s.length, s.dtype) for s in specs}
+
+    def buffer(self, name):
+        return self._bufs[name]
+
+    def allreduce_(self, name, scale=1.0, start=0, stop=None):
+        buf = self._bufs[name][start:stop]
+        self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
+        if scale != 1.0:
+            buf *= scale
+
+    def broadcast_(self, name, root=0):
+        self._comm.Bcast(self._bufs[name], root=root)
+
+    def barrier(self):
+        self._comm.Barrier()
+
+    def abort(self, code=1):
+        self._comm.Abort(code)
+
+
+def mpi_world_size() -> int | None:
+    """The world size when this process was started by mpiexec (from the launcher's
+    environment, without importing mpi4py), else None."""
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
+        if var in os.environ:
+            try:
+                return int(os.environ[var])
+            except ValueError:
+                pass
+    return None
+
+
+# ------------------------------------------------------------------ launchers
+def run_threads(world: int, layout: SharedLayout, mem: np.ndarray, policy: WaitPolicy, target,
+                join_timeout: float | None = None):
+    """Runs target(comm) on `world` threads sharing `mem`; returns their results by rank.
+
+    The first worker to raise aborts the group, so the others stop at their next collective;
+    the error is re-raised as WorkerError naming its rank.
+    """
+    layout.init_controls(mem)
+    comms = [ShmComm(r, layout, mem, policy, "thread") for r in range(world)]
+    results = [None] * world
+    failures: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def body(rank):
+        try:
+            results[rank] = target(comms[rank])
+        except _core.GroupAborted:
+            pass                          # another worker failed first; it is reported
+        except BaseException as exc:      # report, then stop the others
+            with lock:
+                failures.append((rank, describe(exc)))
+            comms[rank].abort(rank + 1)
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"dptrain-worker-{r}", daemon=True)
+               for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout)
+    if any(t.is_alive() for t in threads):
+        comms[0].abort(world + 1)
+        raise WorkerError(next(r for r, t in enumerate(threads) if t.is_alive()),
+                          "did not finish in time")
+    if failures:
+        rank, cause = min(failures)
+        raise WorkerError(rank, cause)
+    if comms[0].aborted:
+        raise WorkerError(comms[0].aborted - 1, "aborted the group")
+    return results
+
+
+def describe(exc: BaseException) -> str:
+    """One line: the exception, its message and where it was raised."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _process_main(rank, world, shm_name, layout, policy, target, args, conn):
+    """Entry point of a worker process: attach the segment, run, send the result home."""
+    from multiprocessing import shared_memory
+    # Attaching registers the name with the resource tracker the workers share with the
+    # launcher (fork and spawn alike); it is already registered there, and the launcher's
+    # unlink unregisters it, so the worker must not unregister it itself.
+    shm = shared_memory.SharedMemory(name=shm_name)
+    try:
+        conn.send(_run_attached(rank, shm, layout, policy, target, args))
+    finally:
+        conn.close()
+        try:
+            shm.close()
+        except BufferError:   # a view still alive in a traceback; the OS unmaps at exit
+            pass
+
+
+def _run_attached(rank, shm, layout, policy, target, args):
+    mem = np.ndarray((layout.nbytes,), np.uint8, buffer=shm.buf)
+    comm = ShmComm(rank, layout, mem, policy, "process")
+    try:
+        return ("ok", rank, target(comm, *args))
+    except _core.GroupAborted:
+        return ("aborted", rank, None)
+    except BaseException as exc:
+        comm.abort(rank + 1)
+        return ("error", rank, describe(exc))
+
+
+def run_processes(world: int, layout: SharedLayout, fill, policy: WaitPolicy, target, args=(),
+                  start_method: str | None = None, stop_timeout: float = 10.0):
+    """Runs target(comm, *args) in `world` processes sharing one new segment.
+
+    fill(mem) writes the initial contents (data set, parameters) before the workers start.
+    Returns the results by rank. A worker that raises or dies stops the run: the group is
+    aborted, the others exit (or are terminated after stop_timeout), the segment is unlinked
+    and WorkerError names the first failed rank. target and args must be picklable for the
+    'spawn' start method (a module-level function and plain values).
+    """
+    import multiprocessing as mp
+    from multiprocessing import connection, shared_memory
+    ctx = mp.get_context(start_method)
+    shm = shared_memory.SharedMemory(create=True, size=layout.nbytes)
+    mem = None
+    procs, conns = [], []
+    try:
+        mem = np.ndarray((layout.nbytes,), np.uint8, buffer=shm.buf)
+        layout.init_controls(mem)
+        fill(mem)
+        for r in range(world):
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_process_main, name=f"dptrain-worker-{r}", daemon=True,
+                            args=(r, world, shm.name, layout, policy, target, args, child_end))
+            p.start()
+            child_end.close()
+            procs.append(p)
+            conns.append(parent_end)
+        results, failure = [None] * world, None
+        pending = {c: r for r, c in enumerate(conns)}
+        sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+        control = layout.control(mem, layout.specs[0].name)
+        while pending:
+            ready = connection.wait(list(pending) + list(sentinels), timeout=1.0)
+            for obj in ready:
+                if obj in pending:
+                    r = pending.pop(obj)
+                    try:
+                        status, rank, payload = obj.recv()
+                    except EOFError:
+                        status, rank, payload = "died", r, None
+                    if status == "ok":
+                        results[rank] = payload
+                    elif status == "error" and failure is None:
+                        failure = (rank, payload)
+                    elif status == "died" and failure is None:
+                        failure = (rank, _exit_cause(procs[rank]))
+                elif obj in sentinels:
+                    r = sentinels.pop(obj)
+                    procs[r].join(0.1)
+                    if procs[r].exitcode not in (0, None):
+                        # died before reporting (SIGKILL, segfault, os._exit): stop the rest
+                        if failure is None:
+                            failure = (r, _exit_cause(procs[r]))
+                        _core.abort_group_control(control, r + 1)
+            if failure is not None:
+                _core.abort_group_control(control, failure[0] + 1)
+        if failure is not None:
+            raise WorkerError(*failure)
+        return results
+    finally:
+        deadline = time.monotonic() + stop_timeout
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(1.0)
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        for c in conns:
+            c.close()
+        del mem
+        shm.close()
+        shm.unlink()
+
+
+def _exit_cause(p) -> str:
+    code = p.exitcode
+    if code is None:
+        return "stopped responding"
+    if code < 0:
+        import signal
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return f"killed by signal {name}"
+    return f"exited with code {code} without reporting"
+
+
+def check_world(workers: int, batch_size: int, threads: int, backend: str) -> None:
+    """Rejects configurations that cannot run, with the reason."""
+    if backend not in BACKENDS + ("sequential",):
+        raise ValueError(f"backend is {backend!r}, expected one of {BACKENDS}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if batch_size < workers:
+        raise ValueError(f"batch_size={batch_size} is smaller than workers={workers}: every "
+                         f"worker needs at least one sample of each global batch")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+
+
+def oversubscription_warning(workers: int, threads: int) -> str | None:
+    cores = os.cpu_count() or 1
+    if workers * threads > cores:
+        return (f"{workers} workers x {threads} threads = {workers * threads} exceeds the "
+                f"{cores} cores of this machine: timings will reflect time-sharing")
+    return None
+
+
+def shard(start: int, stop: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank's contiguous share of positions [start, stop) of an epoch order (sizes differ by
+    at most one; no padding, no duplicates)."""
+    n = stop - start
+    q, r = divmod(n, world)
+    lo = start + rank * q + min(rank, r)
+    return lo, lo + q + (1 if rank < r else 0)
+
+
+__all__ = ["BACKENDS", "BufferSpec", "Communicator", "LocalComm", "MPIComm", "SharedLayout",
+           "ShmComm", "WaitPolicy", "WorkerError", "check_world", "mpi_world_size",
+           "run_processes", "run_threads", "shard"]

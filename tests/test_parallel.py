@@ -1,0 +1,154 @@
+"""The data-parallel engine: N workers equal 1 worker, on every transport; failures stop the
+run with the rank named and nothing left behind."""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+import dptrain
+from dptrain import parallel
+
+SMALL = dict(model="mlp", hidden=(16,), dataset="synthetic", n_samples=1030, n_features=12,
+             epochs=2, batch_size=100, lr=0.05, momentum=0.9, lr_schedule="cosine", quiet=True)
+
+
+def _train(**kw):
+    args = dict(SMALL)
+    args.update(kw)
+    return dptrain.train(**args)
+
+
+@pytest.fixture(scope="module")
+def sequential():
+    return _train()
+
+
+def _shm_segments():
+    return set(glob.glob("/dev/shm/psm_*"))
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+def test_n_workers_equal_one_worker(sequential, backend, workers):
+    """Global batch 100 over 1030 samples: the last batch (30) is uneven, and 100 does not
+    split evenly over 3 workers either."""
+    r = _train(workers=workers, backend=backend)
+    np.testing.assert_allclose(r["params"], sequential["params"], rtol=0, atol=1e-5,
+                               err_msg=f"{backend} x {workers}")
+    np.testing.assert_allclose(r["train_loss"], sequential["train_loss"], rtol=1e-5)
+    assert r["config"]["workers"] == workers
+    assert len(r["rank_phase_seconds"]) == workers
+
+
+def test_spawned_processes_equal_one_worker(sequential):
+    before = _shm_segments()
+    r = _train(workers=2, backend="process", start_method="spawn")
+    np.testing.assert_allclose(r["params"], sequential["params"], rtol=0, atol=1e-5)
+    assert _shm_segments() == before
+
+
+def test_float64_threads_match_tightly():
+    a = _train(dtype="float64")
+    b = _train(dtype="float64", workers=4, backend="thread")
+    np.testing.assert_allclose(b["params"], a["params"], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_raising_worker_stops_the_run_and_is_named(backend):
+    before = _shm_segments()
+    t0 = time.monotonic()
+    with pytest.raises(parallel.WorkerError, match=r"worker rank 1 failed: RuntimeError: "
+                                                   r"injected fault on rank 1 at step 3") as info:
+        _train(workers=3, backend=backend, fault=(1, 3, "raise"))
+    assert info.value.rank == 1
+    assert time.monotonic() - t0 < 10
+    assert _shm_segments() == before
+
+
+def test_a_killed_worker_process_stops_the_run_and_leaves_nothing_behind():
+    import multiprocessing
+    before = _shm_segments()
+    t0 = time.monotonic()
+    with pytest.raises(parallel.WorkerError, match="worker rank 2 failed: killed by signal "
+                                                   "SIGKILL") as info:
+        _train(workers=3, backend="process", fault=(2, 5, "kill"))
+    assert info.value.rank == 2
+    assert time.monotonic() - t0 < 10
+    assert _shm_segments() == before
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("dptrain")]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(workers=4, batch_size=3), "batch_size=3 is smaller than workers=4"),
+    (dict(workers=2, backend="carrier-pigeon"), "backend is 'carrier-pigeon'"),
+    (dict(workers=0), "workers must be a positive integer"),
+    (dict(fault=(0, 1, "kill"), workers=2, backend="thread"), "use backend='process'"),
+    (dict(timeout=-1.0), "timeout must be"),
+])
+def test_bad_configurations_are_rejected(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _train(**kw)
+
+
+def test_oversubscription_warns():
+    cores = os.cpu_count() or 1
+    with pytest.warns(RuntimeWarning, match="exceeds the"):
+        _train(workers=cores + 1, backend="thread", epochs=1)
+
+
+def test_shard_covers_each_batch_exactly_once():
+    for start, stop in [(0, 100), (100, 130), (7, 8)]:
+        for world in (1, 2, 3, 4, 8):
+            parts = [parallel.shard(start, stop, r, world) for r in range(world)]
+            assert parts[0][0] == start and parts[-1][1] == stop
+            assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+            sizes = [hi - lo for lo, hi in parts]
+            assert max(sizes) - min(sizes) <= 1
+
+
+# ------------------------------------------------------------------ MPI
+def _mpiexec():
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    return shutil.which("mpiexec") or shutil.which("mpirun")
+
+
+needs_mpi = pytest.mark.skipif(_mpiexec() is None, reason="mpi4py or mpiexec not installed "
+                                                          "(pip install 'dptrain[mpi]')")
+
+
+@needs_mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_mpi_ranks_equal_one_worker(sequential, ranks, tmp_path):
+    weights = tmp_path / "w.npz"
+    args = ["--model", "mlp", "--hidden", "16", "--dataset", "synthetic", "--n-samples", "1030",
+            "--n-features", "12", "--epochs", "2", "--batch-size", "100", "--lr", "0.05",
+            "--momentum", "0.9", "--backend", "mpi", "--quiet", "--save-weights", str(weights)]
+    r = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dptrain", "train",
+                        *args], capture_output=True, text=True, timeout=300,
+                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = dptrain.load_model(weights).params
+    np.testing.assert_allclose(got, sequential["params"], rtol=0, atol=1e-5)
+
+
+@needs_mpi
+def test_a_failing_mpi_rank_aborts_every_rank_and_is_named():
+    t0 = time.monotonic()
+    r = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "dptrain", "train",
+                        "--model", "softmax", "--dataset", "synthetic", "--n-samples", "2000",
+                        "--epochs", "1", "--backend", "mpi", "--quiet",
+                        "--inject-fault", "1:3:raise"],
+                       capture_output=True, text=True, timeout=60,
+                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
+    assert r.returncode != 0
+    assert "worker rank 1 failed: RuntimeError: injected fault on rank 1 at step 3" in r.stderr
+    assert time.monotonic() - t0 < 30
