@@ -64,11 +64,18 @@ static int dp_cpu_fast(void)
 #define ISA_GENERIC _generic
 
 /* Blocking (elements): an MC x KC block of A stays in L2, a KC x NC panel of B in L3. */
+#define KC_F32 320
+#define MC_F32 120
+#define NC_F32 3072
+#define KC_F64 256
+#define MC_F64 96
+#define NC_F64 2048
+
 #define T float
 #define DSUF _f32
-#define KC 320
-#define MC 120
-#define NC 3072
+#define KC KC_F32
+#define MC MC_F32
+#define NC NC_F32
 #include "dp_gemm_drv.h"
 #undef NC
 #undef MC
@@ -78,9 +85,9 @@ static int dp_cpu_fast(void)
 
 #define T double
 #define DSUF _f64
-#define KC 256
-#define MC 96
-#define NC 2048
+#define KC KC_F64
+#define MC MC_F64
+#define NC NC_F64
 #include "dp_gemm_drv.h"
 #undef NC
 #undef MC
@@ -104,9 +111,9 @@ void dp_gemm_blocking(int dtype_bytes, int *mr, int *nr, int *kc, int *mc, int *
 {
     *mr = 6;
     *nr = 2 * (32 / dtype_bytes);
-    *kc = dtype_bytes == 4 ? 320 : 256;
-    *mc = dtype_bytes == 4 ? 120 : 96;
-    *nc = dtype_bytes == 4 ? 3072 : 2048;
+    *kc = dtype_bytes == 4 ? KC_F32 : KC_F64;
+    *mc = dtype_bytes == 4 ? MC_F32 : MC_F64;
+    *nc = dtype_bytes == 4 ? NC_F32 : NC_F64;
 }
 
 int dp_ctx_init(dp_ctx *ctx, int threads)

@@ -29,7 +29,7 @@ int K(dp_dense_backward)(dp_ctx *ctx, T *dw, T *db, T *dx, const T *dy, const T 
 
 DP_CLONES void K(dp_relu_forward)(T *y, const T *x, ptrdiff_t n)
 {
-    for (ptrdiff_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : (T)0;
+    for (ptrdiff_t i = 0; i < n; i++) y[i] = x[i] <= 0 ? (T)0 : x[i];   /* NaN stays NaN */
 }
 
 DP_CLONES void K(dp_relu_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
@@ -75,7 +75,7 @@ DP_CLONES int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, 
  * loss_i = softplus(z_i) - y_i z_i = max(z_i, 0) - y_i z_i + log1p(exp(-|z_i|)),
  * g_i = (sigmoid(z_i) - y_i) * grad_scale. Branch-free so that the loop vectorizes.
  * Returns the block's loss sum; *right counts (z_i > 0) == y_i. n <= LOSS_ROWS. */
-DP_INLINE T K(bce_block)(T *DP_RESTRICT g, int64_t *right, const T *DP_RESTRICT z,
+DP_INLINE T K(bce_block)(T *g, int64_t *right, const T *z,
                          const int64_t *DP_RESTRICT labels, int n, T grad_scale)
 {
     T y[LOSS_ROWS], lsum = 0;
@@ -220,16 +220,22 @@ DP_CLONES int K(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *corre
     return DP_OK;
 }
 
+/* Index of the row's maximum as NumPy's argmax picks it: the first maximum, and a NaN
+ * counts as larger than any number (the first NaN wins). */
+DP_INLINE int K(row_argmax)(const T *r, int C)
+{
+    int best = 0;
+    for (int j = 1; j < C; j++) {
+        if (r[best] != r[best]) break;                 /* a NaN is already the answer */
+        if (r[j] > r[best] || r[j] != r[j]) best = j;
+    }
+    return best;
+}
+
 void K(dp_argmax)(int64_t *out, const T *x, int B, int C)
 {
-    // x is (B, C); the first maximum wins, as in NumPy
-    for (int i = 0; i < B; i++) {
-        const T *r = x + (ptrdiff_t)i * C;
-        int best = 0;
-        for (int j = 1; j < C; j++)
-            if (r[j] > r[best]) best = j;
-        out[i] = best;
-    }
+    // x is (B, C)
+    for (int i = 0; i < B; i++) out[i] = K(row_argmax)(x + (ptrdiff_t)i * C, C);
 }
 
 int K(dp_count_correct)(int64_t *correct, const T *logits, const int64_t *labels, int B, int C)
@@ -239,15 +245,7 @@ int K(dp_count_correct)(int64_t *correct, const T *logits, const int64_t *labels
     for (int i = 0; i < B; i++) {
         const T *r = logits + (ptrdiff_t)i * C;
         if (labels[i] < 0 || labels[i] >= classes) return DP_ELABEL;
-        int64_t pred;
-        if (C == 1) {
-            pred = r[0] > 0;
-        } else {
-            int best = 0;
-            for (int j = 1; j < C; j++)
-                if (r[j] > r[best]) best = j;
-            pred = best;
-        }
+        int64_t pred = C == 1 ? r[0] > 0 : K(row_argmax)(r, C);
         right += pred == labels[i];
     }
     *correct = right;

@@ -9,7 +9,7 @@ ptrdiff_t dp_net_param_count(const int *sizes, int n_layers)
     ptrdiff_t p = 0;
     for (int l = 0; l <= n_layers; l++)
         if (sizes[l] < 1) return -1;
-    for (int l = 0; l < n_layers; l++) p += (ptrdiff_t)sizes[l + 1] * (sizes[l] + 1);
+    for (int l = 0; l < n_layers; l++) p += (ptrdiff_t)sizes[l + 1] * ((ptrdiff_t)sizes[l] + 1);
     return p;
 }
 

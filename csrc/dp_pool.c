@@ -68,9 +68,12 @@ void dp_pool_run(dp_pool *pool, int n, dp_task_fn fn, void *arg)
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 struct dp_pool {
     int threads;                /* parts it can run: helpers + the caller */
+    pid_t owner;                /* the process whose threads these are: a fork()ed child has
+                                   none of them, so there the pool runs everything inline */
     pthread_t *helpers;         /* threads - 1 of them */
     pthread_mutex_t mutex;
     pthread_cond_t wake;        /* helpers sleep here between jobs */
@@ -126,6 +129,7 @@ int dp_pool_create(dp_pool **out, int threads)
     dp_pool *pool = calloc(1, sizeof *pool);
     if (!pool) return DP_ENOMEM;
     pool->threads = threads;
+    pool->owner = getpid();
     pthread_mutex_init(&pool->mutex, NULL);
     pthread_cond_init(&pool->wake, NULL);
     pthread_cond_init(&pool->done_cv, NULL);
@@ -154,6 +158,13 @@ int dp_pool_create(dp_pool **out, int threads)
 void dp_pool_destroy(dp_pool *pool)
 {
     if (!pool) return;
+    if (pool->helpers && pool->owner != getpid()) {
+        /* after fork(): the helpers do not exist here, and the mutex may have been copied
+         * locked; leak them rather than wait forever */
+        free(pool->helpers);
+        free(pool);
+        return;
+    }
     if (pool->helpers) {
         pthread_mutex_lock(&pool->mutex);
         pool->stop = 1;
@@ -173,7 +184,7 @@ int dp_pool_threads(const dp_pool *pool) { return pool ? pool->threads : 1; }
 
 void dp_pool_run(dp_pool *pool, int n, dp_task_fn fn, void *arg)
 {
-    if (!pool || pool->threads == 1 || n <= 1) {
+    if (!pool || pool->threads == 1 || n <= 1 || pool->owner != getpid()) {
         for (int t = 0; t < n; t++) fn(arg, t, n);
         return;
     }

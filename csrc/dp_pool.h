@@ -5,8 +5,9 @@
  * object) and is not re-entrant: one caller at a time (the module serializes with a mutex).
  * Workers spin briefly on a generation counter and then sleep on a condition variable, so an
  * idle pool costs no CPU. Without pthreads (DP_NO_PTHREADS) everything runs on the caller.
- * We use our own pool instead of OpenMP on purpose: libgomp does not survive fork() and
- * would be one more runtime to ship.
+ * We use our own pool instead of OpenMP on purpose: it can notice that it was inherited
+ * through fork() (its threads are not) and then runs inline instead of hanging, which
+ * libgomp does not; and it is one runtime less to ship.
  */
 #ifndef DP_POOL_H
 #define DP_POOL_H

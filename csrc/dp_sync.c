@@ -103,7 +103,10 @@ int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
         if ((i & 63) != 63) { cpu_relax(); continue; }   /* read the clock every 64 spins */
         double waited = now_s() - t0;
         if (policy->timeout_s > 0 && waited > policy->timeout_s) {
-            *code = 0;
+            /* our arrival is counted and cannot be taken back safely: abort the group, or the
+             * next phase would open one worker short */
+            dp_barrier_abort(b, DP_TIMEOUT_ABORT_CODE);
+            *code = DP_TIMEOUT_ABORT_CODE;
             return DP_ETIMEOUT;
         }
         if (waited < policy->spin_s) continue;

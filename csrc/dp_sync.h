@@ -19,7 +19,8 @@
 #include "dp_common.h"
 
 #define DP_EABORT (-10)    /* another worker aborted the group */
-#define DP_ETIMEOUT (-11)  /* the wait exceeded its timeout */
+#define DP_ETIMEOUT (-11)  /* the wait exceeded its timeout (the group is then aborted) */
+#define DP_TIMEOUT_ABORT_CODE 0xfffffffeu   /* abort code left by a worker that timed out */
 
 /* 64 bytes, 64-byte aligned in the caller's memory; zero-initialized memory is not enough:
  * call dp_barrier_init once, before any worker waits. */

@@ -540,6 +540,8 @@ static PyObject *py_sgd_step(PyObject *self, PyObject *args, PyObject *kwds)
         return PyErr_Format(PyExc_ValueError, "lr must be >= 0, got %s", double_repr(b1, sizeof b1, lr)), NULL;
     if (mom < 0)
         return PyErr_Format(PyExc_ValueError, "momentum must be >= 0, got %s", double_repr(b1, sizeof b1, mom)), NULL;
+    if (wd < 0)
+        return PyErr_Format(PyExc_ValueError, "weight_decay must be >= 0, got %s", double_repr(b1, sizeof b1, wd)), NULL;
     if (nesterov && (mom <= 0 || damp != 0))
         return PyErr_Format(PyExc_ValueError,
                             "nesterov needs momentum > 0 and dampening == 0 (momentum=%s, dampening=%s)",
@@ -884,6 +886,10 @@ static PyObject *py_param_count(PyObject *self, PyObject *arg)
     for (Py_ssize_t i = 0; i + 1 < ns; i++) {
         long a = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i)), b = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i + 1));
         if (PyErr_Occurred()) { Py_DECREF(seq); return NULL; }
+        if (a < 1 || b < 1) {
+            Py_DECREF(seq);
+            return PyErr_Format(PyExc_ValueError, "sizes[%zd:%zd] = (%ld, %ld): layer widths must be >= 1", i, i + 2, a, b), NULL;
+        }
         total += (long long)b * (a + 1);
     }
     Py_DECREF(seq);
@@ -965,6 +971,11 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
     }
     if (!(seq = PySequence_Fast(bo, "buffers must be a sequence of arrays"))) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (b->n < 1 || b->n > MAX_GROUP) {
+        PyErr_Format(PyExc_ValueError, "control holds a group of %u workers, expected 1 to %d: "
+                     "it is not a control block made by init_group_control", b->n, MAX_GROUP);
+        goto fail;
+    }
     if (n != (Py_ssize_t)b->n) {
         PyErr_Format(PyExc_ValueError, "buffers has %zd arrays, but the group has %u workers", n, b->n);
         goto fail;

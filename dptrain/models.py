@@ -167,13 +167,21 @@ class Model:
                  params=self.params, velocity=self.velocity, **extra_arrays)
 
     def load_state(self, path) -> dict:
-        """Loads params/velocity saved by ``save`` into this model (shapes must match);
-        returns the other arrays of the file."""
-        with np.load(path, allow_pickle=False) as f:
-            cfg = json.loads(str(f["config"]))
+        """Loads params/velocity saved by ``save`` into this model (sizes, loss and dtype must
+        match); returns the other arrays of the file."""
+        with _open_model_file(path) as f:
+            cfg = _read_config(path, f)
             if tuple(cfg["sizes"]) != self.sizes or cfg["loss"] != self.loss:
                 raise ValueError(f"{path}: saved model has sizes {tuple(cfg['sizes'])} and loss "
                                  f"{cfg['loss']!r}, this model has {self.sizes} and {self.loss!r}")
+            for name in ("params", "velocity"):
+                arr = f[name] if name in f.files else None
+                if arr is None:
+                    raise ValueError(f"{path}: no {name!r} array in the file")
+                if arr.shape != (self.n_params,) or arr.dtype != self.dtype:
+                    raise ValueError(f"{path}: {name} has dtype {arr.dtype} and shape "
+                                     f"{arr.shape}, expected {self.dtype.name} and "
+                                     f"({self.n_params},)")
             self.params[:] = f["params"]
             self.velocity[:] = f["velocity"]
             return {k: f[k] for k in f.files if k not in ("params", "velocity", "config", "format")}
@@ -225,12 +233,33 @@ def build_model(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128)
     raise ValueError(f"model is {kind!r}, expected 'logreg', 'softmax' or 'mlp'")
 
 
+def _open_model_file(path):
+    """np.load of a .npz model file (never pickle), with errors that name the file."""
+    try:
+        f = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not a readable .npz model file: {exc}") from exc
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path} is a single .npy array, not a dptrain .npz model file")
+    return f
+
+
+def _read_config(path, f) -> dict:
+    if "config" not in f.files or "params" not in f.files:
+        raise ValueError(f"{path} is not a dptrain model file (no 'config'/'params' arrays)")
+    try:
+        cfg = json.loads(str(f["config"]))
+        for key in ("kind", "sizes", "loss", "dtype", "seed"):
+            cfg[key]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: the model configuration is damaged ({exc!r})") from exc
+    return cfg
+
+
 def load_model(path, *, threads: int = 1) -> Model:
     """Rebuilds a model saved with ``Model.save`` (its class, sizes, dtype, params, velocity)."""
-    with np.load(path, allow_pickle=False) as f:
-        if "config" not in f.files or "params" not in f.files:
-            raise ValueError(f"{path} is not a dptrain model file (no 'config'/'params' arrays)")
-        cfg = json.loads(str(f["config"]))
+    with _open_model_file(path) as f:
+        cfg = _read_config(path, f)
     cls = {"logreg": LogisticRegression, "softmax": SoftmaxRegression, "mlp": MLP}.get(cfg["kind"])
     sizes = cfg["sizes"]
     kw = dict(seed=cfg["seed"], dtype=cfg["dtype"], threads=threads)

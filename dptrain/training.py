@@ -101,7 +101,7 @@ def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=
     n = len(x)
     bounds = batch_bounds(n, job.batch_size)
     total_steps = job.epochs * len(bounds)
-    per_worker = -(-job.batch_size // world)
+    per_worker = -(-min(job.batch_size, n) // world)
     xb = np.empty((per_worker, x.shape[1]), dtype=x.dtype)
     yb = np.empty(per_worker, dtype=np.int64)
     phase = {"data": 0.0, "compute": 0.0, "communication": 0.0, "update": 0.0}

@@ -131,3 +131,21 @@ def test_bad_group_arguments():
     g = _core.ShmGroup(ctrl, bufs, 0)
     with pytest.raises(ValueError, match="start=3, stop=9 is not a range"):
         g.allreduce(start=3, stop=9)
+
+
+def test_a_timed_out_wait_aborts_the_group_instead_of_leaving_a_stale_arrival():
+    ctrl = control_block()
+    _core.init_group_control(ctrl, 2)
+    g = _core.ShmGroup(ctrl, [np.zeros(4), np.zeros(4)], 0, timeout=0.1)
+    with pytest.raises(TimeoutError):
+        g.barrier()
+    with pytest.raises(_core.GroupAborted):
+        g.barrier()                        # not a barrier that opens one worker short
+
+
+def test_a_foreign_control_block_is_rejected_not_trusted():
+    ctrl = control_block()
+    _core.init_group_control(ctrl, 2)
+    ctrl[16:20] = np.frombuffer(np.uint32(5000).tobytes(), np.uint8)   # n = 5000
+    with pytest.raises(ValueError, match="group of 5000 workers"):
+        _core.ShmGroup(ctrl, [np.zeros(1) for _ in range(5000)], 0)

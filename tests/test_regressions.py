@@ -1,0 +1,105 @@
+"""Behaviour fixed after review: each test names the finding it guards."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from dptrain import _core, reference
+from dptrain.models import MLP, load_model
+
+
+def test_relu_propagates_nan_like_numpy():
+    x = np.array([[np.nan, 1.0, -1.0]])
+    y = np.empty_like(x)
+    _core.relu_forward(x, y)
+    assert np.isnan(y[0, 0]) and y[0, 1] == 1.0 and y[0, 2] == 0.0
+
+
+def test_nan_weights_give_a_nan_loss_not_a_finite_one():
+    m = MLP((4, 3, 2), dtype="float64")
+    m.params[0] = np.nan
+    loss, _ = m.loss_grad(np.ones((2, 4)), np.array([0, 1]))
+    assert np.isnan(loss)
+
+
+@pytest.mark.parametrize("row", [[1.0, np.nan, 3.0], [np.nan, np.nan, 1.0], [5.0, 5.0, 1.0]])
+def test_argmax_follows_numpy_with_nan_and_ties(row):
+    x = np.array([row])
+    out = np.empty(1, np.int64)
+    _core.argmax(x, out)
+    assert out[0] == np.argmax(x, axis=1)[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_threaded_model_keeps_working_in_a_forked_child():
+    m = MLP((64, 256, 10), threads=2)
+    x = np.random.default_rng(0).random((128, 64), dtype=np.float32)
+    y = np.zeros(128, np.int64)
+    expected = m.loss_grad(x, y)[0]
+    pid = os.fork()
+    if pid == 0:                          # the child: its pool has no threads; must not hang
+        try:
+            ok = abs(m.loss_grad(x, y)[0] - expected) < 1e-4
+            del m
+            os._exit(0 if ok else 3)
+        except BaseException:
+            os._exit(4)
+    import time
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung in a threaded kernel")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_param_count_and_huge_sizes_are_checked():
+    with pytest.raises(ValueError, match="layer widths must be >= 1"):
+        _core.param_count([-5, 3])
+    n = 2**31 - 1
+    with pytest.raises(ValueError, match=r"expected \(6442450944,\)"):   # 3 * 2**31, not negative
+        _core.Network((n, 3), "softmax_xent", np.zeros(66, np.float32), np.zeros(66, np.float32))
+
+
+def test_sgd_rejects_negative_weight_decay():
+    p = np.zeros(3)
+    with pytest.raises(ValueError, match="weight_decay must be >= 0"):
+        _core.sgd_step(p, np.zeros(3), None, lr=0.1, weight_decay=-1.0)
+
+
+def test_load_model_rejects_damaged_files_with_their_name(tmp_path):
+    m = MLP((4, 3, 2))
+    good = tmp_path / "m.npz"
+    m.save(good)
+    cases = {
+        "scalar.npz": dict(config=np.array(open(good, "rb") and str(np.load(good)["config"])),
+                           params=np.float32(0.5), velocity=np.zeros(23, np.float32)),
+        "f64.npz": dict(config=np.load(good)["config"], params=np.zeros(23),
+                        velocity=np.zeros(23)),
+        "novel.npz": dict(config=np.load(good)["config"], params=np.zeros(23, np.float32)),
+        "nokind.npz": dict(config=np.array('{"sizes": [4, 3, 2]}'), params=np.zeros(23)),
+    }
+    for name, arrays in cases.items():
+        np.savez(tmp_path / name, **arrays)
+        with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+            load_model(tmp_path / name)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip file at all")
+    with pytest.raises(ValueError, match="junk.npz is not a readable"):
+        load_model(tmp_path / "junk.npz")
+    np.save(tmp_path / "single.npy", np.zeros(3))
+    with pytest.raises(ValueError, match="single .npy array"):
+        load_model(tmp_path / "single.npy")
+    assert np.array_equal(load_model(good).params, m.params)
+
+
+def test_a_huge_batch_size_on_a_small_data_set_does_not_allocate_it():
+    import dptrain
+    r = dptrain.train(model="softmax", dataset="synthetic", n_samples=200, epochs=1,
+                      batch_size=10**11, quiet=True)
+    assert r["steps"] == 1
