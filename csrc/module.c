@@ -908,7 +908,9 @@ typedef struct {
     PyObject *buffers;            /* tuple of the workers' flat buffers (owned) */
     dp_barrier *barrier;
     void *ptrs[MAX_GROUP];
-    int n, rank, f32;
+    void *out;                    /* NULL: results go into every buffer; else only here */
+    PyObject *out_obj;            /* owned reference to the out array, or NULL */
+    int n, k, rank, f32;
     npy_intp length;
     dp_wait_policy policy;
 } ShmGroupObject;
@@ -952,16 +954,16 @@ static PyObject *py_abort_control(PyObject *self, PyObject *args)
 
 static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"control", "buffers", "rank", "spin", "yield_time", "timeout", NULL};
-    PyObject *co, *bo, *seq = NULL;
+    static char *kwlist[] = {"control", "buffers", "rank", "out", "spin", "yield_time", "timeout", NULL};
+    PyObject *co, *bo, *seq = NULL, *oo = Py_None;
     int rank, rc = -1;
     double spin = 200e-6, yield_time = 2e-3, timeout = 0.0;
     if (self->barrier) {
         PyErr_SetString(PyExc_RuntimeError, "ShmGroup is already initialized");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|$ddd:ShmGroup", kwlist, &co, &bo, &rank, &spin,
-                                     &yield_time, &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|$Oddd:ShmGroup", kwlist, &co, &bo, &rank, &oo,
+                                     &spin, &yield_time, &timeout))
         return -1;
     dp_barrier *b = control_barrier(co, "control");
     if (!b) return -1;
@@ -976,12 +978,16 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
                      "it is not a control block made by init_group_control", b->n, MAX_GROUP);
         goto fail;
     }
-    if (n != (Py_ssize_t)b->n) {
+    if (oo == Py_None && n != (Py_ssize_t)b->n) {
         PyErr_Format(PyExc_ValueError, "buffers has %zd arrays, but the group has %u workers", n, b->n);
         goto fail;
     }
-    if (rank < 0 || rank >= n) {
-        PyErr_Format(PyExc_ValueError, "rank must be in [0, %zd), got %d", n, rank);
+    if (n < 1 || n > MAX_GROUP) {
+        PyErr_Format(PyExc_ValueError, "buffers has %zd arrays, expected 1 to %d", n, MAX_GROUP);
+        goto fail;
+    }
+    if (rank < 0 || rank >= (int)b->n) {
+        PyErr_Format(PyExc_ValueError, "rank must be in [0, %u), got %d", b->n, rank);
         goto fail;
     }
     if (!(isfinite(spin) && spin >= 0 && isfinite(yield_time) && yield_time >= 0 && isfinite(timeout) && timeout >= 0)) {
@@ -1003,12 +1009,23 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
                 goto fail;
         self->ptrs[i] = PyArray_DATA(a);
     }
+    if (oo != Py_None) {
+        PyArrayObject *o = check_array(oo, "out", PyArray_TYPE(first), 1, 1);
+        if (!o || check_shape(o, "out", 1, PyArray_DIMS(first))) goto fail;
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (check_no_overlap(o, "out", (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, j), "a buffer"))
+                goto fail;
+        Py_INCREF(oo);
+        self->out_obj = oo;
+        self->out = PyArray_DATA(o);
+    }
     self->buffers = PySequence_Tuple(seq);
     if (!self->buffers) goto fail;
     Py_INCREF(co);
     self->control = co;
     self->barrier = b;
-    self->n = (int)n;
+    self->n = (int)b->n;
+    self->k = (int)n;
     self->rank = rank;
     self->f32 = IS_F32(first);
     self->length = PyArray_SIZE(first);
@@ -1025,6 +1042,7 @@ static void ShmGroup_dealloc(ShmGroupObject *self)
 {
     Py_XDECREF(self->control);
     Py_XDECREF(self->buffers);
+    Py_XDECREF(self->out_obj);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1077,8 +1095,14 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObje
     Py_BEGIN_ALLOW_THREADS
     rc = dp_barrier_wait(self->barrier, &self->policy, &code);   /* every gradient is complete */
     if (rc == 0) {
-        if (self->f32) dp_allreduce_slice_f32((float *const *)self->ptrs, self->n, lo, hi, (float)scale);
-        else dp_allreduce_slice_f64((double *const *)self->ptrs, self->n, lo, hi, scale);
+        if (self->out && self->f32)
+            dp_sum_buffers_f32(self->out, (const float *const *)self->ptrs, self->k, lo, hi, (float)scale);
+        else if (self->out)
+            dp_sum_buffers_f64(self->out, (const double *const *)self->ptrs, self->k, lo, hi, scale);
+        else if (self->f32)
+            dp_allreduce_slice_f32((float *const *)self->ptrs, self->k, lo, hi, (float)scale);
+        else
+            dp_allreduce_slice_f64((double *const *)self->ptrs, self->k, lo, hi, scale);
         rc = dp_barrier_wait(self->barrier, &self->policy, &code);   /* every slice is reduced */
     }
     Py_END_ALLOW_THREADS
@@ -1105,8 +1129,9 @@ static PyObject *ShmGroup_get_size(ShmGroupObject *self, void *c) { return PyLon
 static PyMethodDef ShmGroup_methods[] = {
     {"barrier", (PyCFunction)ShmGroup_barrier, METH_NOARGS, "barrier(): wait until every worker arrives"},
     {"allreduce", (PyCFunction)(void (*)(void))ShmGroup_allreduce, METH_VARARGS | METH_KEYWORDS,
-     "allreduce(scale=1.0, start=0, stop=None): every buffer[start:stop] = scale * the sum of all "
-     "workers' buffer[start:stop], summed in rank order; this worker reduces its slice"},
+     "allreduce(scale=1.0, start=0, stop=None): every buffer[start:stop] (or only out[start:stop] "
+     "when the group has an out array) = scale * the sum of all buffers[start:stop], summed in "
+     "buffer order; this worker reduces its slice"},
     {"abort", (PyCFunction)ShmGroup_abort, METH_VARARGS, "abort(code=1): wake every waiter with an error"},
     {NULL},
 };
@@ -1123,8 +1148,8 @@ static PyTypeObject ShmGroupType = {
     .tp_name = "dptrain._core.ShmGroup",
     .tp_basicsize = sizeof(ShmGroupObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "ShmGroup(control, buffers, rank, *, spin=2e-4, yield_time=2e-3, timeout=0): one "
-              "worker's handle on a group of workers that share memory (threads or processes).",
+    .tp_doc = "ShmGroup(control, buffers, rank, *, out=None, spin=2e-4, yield_time=2e-3, timeout=0): "
+              "one worker's handle on a group of workers that share memory (threads or processes).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)ShmGroup_init,
     .tp_dealloc = (destructor)ShmGroup_dealloc,

@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="process backend: how worker processes start (default: Python's)")
     t.add_argument("--timeout", type=_nonneg_float, default=0.0,
                    help="fail a collective that waits longer than this many seconds (0: never)")
+    t.add_argument("--deterministic", action="store_true",
+                   help="bitwise-identical weights for any number of workers up to 8")
+    t.add_argument("--checkpoint", default=None, help="checkpoint file to write (.npz)")
+    t.add_argument("--checkpoint-every", type=_pos_int, default=0, metavar="K",
+                   help="write the checkpoint every K steps")
+    t.add_argument("--resume", default=None, metavar="PATH",
+                   help="continue the run saved in this checkpoint")
     t.add_argument("--inject-fault", default=None, metavar="RANK:STEP:raise|kill",
                    help="make one worker fail at one step (to see how a failure is handled)")
     t.add_argument("--threads", type=_pos_int, default=1,
@@ -132,7 +139,9 @@ def main(argv=None) -> int:
               threads=args.threads, n_samples=args.n_samples,
               n_features=args.n_features, upscale=args.upscale, out=args.out,
               save_weights=args.save_weights, quiet=args.quiet,
-              allow_download=not args.no_download, fault=_fault(args.inject_fault))
+              allow_download=not args.no_download, deterministic=args.deterministic,
+              checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+              resume=args.resume, fault=_fault(args.inject_fault))
     except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
         print(f"dptrain: error: {exc}", file=sys.stderr)
         return 1

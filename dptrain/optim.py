@@ -55,10 +55,12 @@ class SGD:
             raise ValueError(f"nesterov needs momentum > 0 and dampening == 0, got "
                              f"momentum={momentum}, dampening={dampening}")
 
-    def step(self, lr: float | None = None) -> None:
-        """One update of model.params from model.grads (lr overrides the default, e.g. warm-up)."""
+    def step(self, lr: float | None = None, grads=None) -> None:
+        """One update of model.params from model.grads (or ``grads``, a buffer of the same
+        layout); lr overrides the default, e.g. for a schedule."""
         m = self.model
-        _core.sgd_step(m.params, m.grads, m.velocity, lr=self.lr if lr is None else float(lr),
+        _core.sgd_step(m.params, m.grads if grads is None else grads, m.velocity,
+                       lr=self.lr if lr is None else float(lr),
                        momentum=self.momentum, dampening=self.dampening,
                        weight_decay=self.weight_decay, nesterov=self.nesterov,
                        first_step=self.steps == 0)

@@ -69,18 +69,31 @@ class Communicator:
         raise NotImplementedError
 
 
+def _role_buffers(spec, world, make):
+    return [make() for _ in range(spec.arrays(world))]
+
+
 class LocalComm(Communicator):
     """A single worker: buffers are plain arrays and collectives do nothing (but scale)."""
 
     def __init__(self, specs):
-        self._bufs = {s.name: np.zeros(s.length, s.dtype) for s in specs}
+        self._specs = {s.name: s for s in specs}
+        self._all = {s.name: _role_buffers(s, 1, lambda s=s: np.zeros(s.length, s.dtype))
+                     for s in specs}
 
     def buffer(self, name):
-        return self._bufs[name]
+        return self._all[name][0]
+
+    def buffers(self, name):
+        return self._all[name]
 
     def allreduce_(self, name, scale=1.0, start=0, stop=None):
-        if scale != 1.0:
-            self._bufs[name][start:stop] *= scale
+        into = self._specs[name].reduce_into
+        if into:
+            _core.sum_buffers(self._all[into][0], self._all[name], scale=scale, start=start,
+                              stop=stop)
+        elif scale != 1.0:
+            self._all[name][0][start:stop] *= scale
 
     def broadcast_(self, name, root=0):
         pass
@@ -94,11 +107,19 @@ class LocalComm(Communicator):
 
 @dataclass(frozen=True)
 class BufferSpec:
-    """A named role with one flat array per rank (params, grads, velocity, stats)."""
+    """A named role of flat arrays: one per rank (params, grads, velocity, stats), or a fixed
+    ``count`` of them shared by all ranks (the gradient chunks of deterministic mode). With
+    ``reduce_into``, the role's all-reduce writes the sum of its arrays, in index order, into
+    that other role's (single) array instead of into every array."""
 
     name: str
     length: int
     dtype: np.dtype
+    count: int | None = None
+    reduce_into: str | None = None
+
+    def arrays(self, world: int) -> int:
+        return world if self.count is None else self.count
 
 
 class SharedLayout:
@@ -120,7 +141,7 @@ class SharedLayout:
         self.arrays = {}
         for s in self.specs:
             nbytes = s.length * np.dtype(s.dtype).itemsize
-            for r in range(world):
+            for r in range(s.arrays(world)):
                 self.arrays[(s.name, r)] = (off, (s.length,), np.dtype(s.dtype))
                 off += -(-nbytes // ALIGN) * ALIGN
         self.extras = {}
@@ -190,18 +211,25 @@ class ShmComm(Communicator):
         self.backend = backend
         self._layout = layout
         self._mem = mem
-        self._bufs = {s.name: layout.array(mem, s.name, rank) for s in layout.specs}
-        self._all = {s.name: [layout.array(mem, s.name, r) for r in range(layout.world)]
+        self._specs = {s.name: s for s in layout.specs}
+        self._all = {s.name: [layout.array(mem, s.name, r) for r in range(s.arrays(self.size))]
                      for s in layout.specs}
-        self._groups = {
-            s.name: _core.ShmGroup(layout.control(mem, s.name), self._all[s.name], rank,
-                                   spin=policy.spin, yield_time=policy.yield_time,
-                                   timeout=policy.timeout)
-            for s in layout.specs}
+        self._groups = {}
+        for s in layout.specs:
+            if s.count is not None and not s.reduce_into:
+                continue                  # shared arrays nobody reduces (e.g. a result)
+            out = self._all[s.reduce_into][0] if s.reduce_into else None
+            self._groups[s.name] = _core.ShmGroup(
+                layout.control(mem, s.name), self._all[s.name], rank, out=out,
+                spin=policy.spin, yield_time=policy.yield_time, timeout=policy.timeout)
         self._sync = self._groups[layout.specs[0].name]
 
     def buffer(self, name):
-        return self._bufs[name]
+        bufs = self._all[name]
+        return bufs[0] if self._specs[name].count == 1 else bufs[self.rank]
+
+    def buffers(self, name):
+        return self._all[name]
 
     def extra(self, name: str) -> np.ndarray:
         """A shared array besides the roles (e.g. the data set, written by the launcher)."""
@@ -213,18 +241,20 @@ class ShmComm(Communicator):
     def broadcast_(self, name, root=0):
         self._sync.barrier()                 # root's values are final
         if self.rank != root:
-            self._bufs[name][:] = self._all[name][root]
+            self._all[name][self.rank][:] = self._all[name][root]
         self._sync.barrier()                 # nobody changes root's copy while others read
 
     def barrier(self):
         self._sync.barrier()
 
     def abort(self, code=1):
-        self._sync.abort(code)
+        # every role has its own barrier, and the others may be waiting in any of them
+        for g in self._groups.values():
+            g.abort(code)
 
     @property
     def aborted(self) -> int:
-        return self._sync.aborted
+        return max(g.aborted for g in self._groups.values())
 
 
 class MPIComm(Communicator):
@@ -238,19 +268,39 @@ class MPIComm(Communicator):
         self._comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
-        self._bufs = {s.name: np.zeros(s.length, s.dtype) for s in specs}
+        self._specs = {s.name: s for s in specs}
+        self._flat, self._all = {}, {}
+        for s in specs:
+            k = 1 if s.count is None else s.count
+            if k > 1 and k % self.size:
+                raise ValueError(f"{s.name}: {k} shared arrays cannot be split evenly over "
+                                 f"{self.size} MPI ranks (use a world size that divides {k})")
+            self._flat[s.name] = np.zeros(k * s.length, s.dtype)
+            self._all[s.name] = [self._flat[s.name][i * s.length:(i + 1) * s.length]
+                                 for i in range(k)]
 
     def buffer(self, name):
-        return self._bufs[name]
+        return self._all[name][0]
+
+    def buffers(self, name):
+        return self._all[name]
 
     def allreduce_(self, name, scale=1.0, start=0, stop=None):
-        buf = self._bufs[name][start:stop]
+        spec = self._specs[name]
+        if spec.reduce_into:
+            # rank r filled arrays [r k / size, (r + 1) k / size): gather them all (exact
+            # copies, no arithmetic), then every rank sums them in index order
+            self._comm.Allgather(self._MPI.IN_PLACE, self._flat[name])
+            _core.sum_buffers(self._all[spec.reduce_into][0], self._all[name], scale=scale,
+                              start=start, stop=stop)
+            return
+        buf = self._all[name][0][start:stop]
         self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
         if scale != 1.0:
             buf *= scale
 
     def broadcast_(self, name, root=0):
-        self._comm.Bcast(self._bufs[name], root=root)
+        self._comm.Bcast(self._all[name][0], root=root)
 
     def barrier(self):
         self._comm.Barrier()
@@ -380,7 +430,9 @@ def run_processes(world: int, layout: SharedLayout, fill, policy: WaitPolicy, ta
         results, failure = [None] * world, None
         pending = {c: r for r, c in enumerate(conns)}
         sentinels = {p.sentinel: r for r, p in enumerate(procs)}
-        control = layout.control(mem, layout.specs[0].name)
+        def abort_all(code):
+            for s in layout.specs:
+                _core.abort_group_control(layout.control(mem, s.name), code)
         while pending:
             ready = connection.wait(list(pending) + list(sentinels), timeout=1.0)
             for obj in ready:
@@ -403,9 +455,9 @@ def run_processes(world: int, layout: SharedLayout, fill, policy: WaitPolicy, ta
                         # died before reporting (SIGKILL, segfault, os._exit): stop the rest
                         if failure is None:
                             failure = (r, _exit_cause(procs[r]))
-                        _core.abort_group_control(control, r + 1)
+                        abort_all(r + 1)
             if failure is not None:
-                _core.abort_group_control(control, failure[0] + 1)
+                abort_all(failure[0] + 1)
         if failure is not None:
             raise WorkerError(*failure)
         return results

@@ -37,6 +37,12 @@ from .sampler import batch_bounds, epoch_order
 
 MODELS = ("logreg", "softmax", "mlp")
 
+# Deterministic mode cuts every global batch into this many fixed chunks (by position, not by
+# worker): each chunk's gradient is computed alone, and the chunks are summed in chunk order.
+# Nothing then depends on which worker computed what, so any world size up to CHUNKS gives
+# bitwise-identical weights.
+CHUNKS = 8
+
 
 def _positive_int(name, value):
     if isinstance(value, bool) or int(value) != value or int(value) < 1:
@@ -72,14 +78,27 @@ class Job:
     epochs: int
     batch_size: int
     shuffle: bool
+    deterministic: bool = False
+    checkpoint: str | None = None
+    checkpoint_every: int = 0
+    resume: str | None = None
     fault: tuple | None = None    # (rank, step, "raise" | "kill"): injected, for fault tests
+
+    # what a checkpoint must agree on to be resumed by this job
+    RESUME_KEYS = ("model", "sizes", "dtype", "seed", "lr", "momentum", "dampening",
+                   "weight_decay", "nesterov", "lr_schedule", "epochs", "batch_size", "shuffle",
+                   "deterministic")
 
     def specs(self):
         p = reference.n_params(self.sizes)
         dt = np.dtype(self.dtype)
-        return [parallel.BufferSpec("grads", p, dt), parallel.BufferSpec("params", p, dt),
-                parallel.BufferSpec("velocity", p, dt),
-                parallel.BufferSpec("stats", 2, np.dtype(np.float64))]
+        specs = [parallel.BufferSpec("grads", p, dt), parallel.BufferSpec("params", p, dt),
+                 parallel.BufferSpec("velocity", p, dt),
+                 parallel.BufferSpec("stats", 2, np.dtype(np.float64))]
+        if self.deterministic:
+            specs += [parallel.BufferSpec("chunks", p, dt, count=CHUNKS, reduce_into="chunk_sum"),
+                      parallel.BufferSpec("chunk_sum", p, dt, count=1)]
+        return specs
 
 
 def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=None) -> dict:
@@ -90,46 +109,85 @@ def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=
                       dtype=job.dtype, threads=job.threads, seed=job.seed,
                       params=comm.buffer("params"), grads=comm.buffer("grads"),
                       velocity=comm.buffer("velocity"))
-    if rank == 0:
-        net.params[:] = reference.init_params(job.sizes, job.seed, job.dtype)
-    net.velocity.fill(0)
-    comm.broadcast_("params", root=0)
     opt = SGD(net, job.lr, momentum=job.momentum, dampening=job.dampening,
               weight_decay=job.weight_decay, nesterov=job.nesterov)
+    state = {"step": 0, "epoch": 0, "batch": 0, "loss_sum": 0.0, "correct": 0, "history": [],
+             "train_seconds": 0.0, "eval_seconds": 0.0}
+    if rank == 0:
+        if job.resume:
+            state.update(load_checkpoint(job.resume, job, net))
+        else:
+            net.params[:] = reference.init_params(job.sizes, job.seed, job.dtype)
+            net.velocity.fill(0)
+    if job.resume:
+        # every rank reads the position (the file is visible to all: one machine, or a shared
+        # file system under MPI); parameters and momentum come from rank 0
+        if rank != 0:
+            state.update(load_checkpoint(job.resume, job, None))
+            state.update(loss_sum=0.0, correct=0)   # the epoch's sums so far count once, on 0
+        comm.broadcast_("velocity", root=0)
+    comm.broadcast_("params", root=0)
+    opt.steps = state["step"]
     stats = comm.buffer("stats")
+    chunk_bufs = comm.buffers("chunks") if job.deterministic else None
+    my_chunks = range(rank * CHUNKS // world, (rank + 1) * CHUNKS // world)
 
     n = len(x)
     bounds = batch_bounds(n, job.batch_size)
     total_steps = job.epochs * len(bounds)
-    per_worker = -(-min(job.batch_size, n) // world)
-    xb = np.empty((per_worker, x.shape[1]), dtype=x.dtype)
-    yb = np.empty(per_worker, dtype=np.int64)
+    rows = -(-min(job.batch_size, n) // (CHUNKS if job.deterministic else world))
+    xb = np.empty((rows, x.shape[1]), dtype=x.dtype)
+    yb = np.empty(rows, dtype=np.int64)
+
+    def batch_rows(order, lo, hi):
+        if job.shuffle:
+            bx, by = xb[:hi - lo], yb[:hi - lo]
+            np.take(x, order[lo:hi], axis=0, out=bx)
+            np.take(y, order[lo:hi], out=by)
+            return bx, by
+        return x[lo:hi], y[lo:hi]          # contiguous slices: no copy
+
     phase = {"data": 0.0, "compute": 0.0, "communication": 0.0, "update": 0.0}
-    history, train_seconds, eval_seconds, step = [], 0.0, 0.0, 0
+    history = state["history"]
+    train_seconds, eval_seconds, step = state["train_seconds"], state["eval_seconds"], state["step"]
     clock = time.perf_counter
-    for epoch in range(job.epochs):
+    for epoch in range(state["epoch"], job.epochs):
         order = epoch_order(n, epoch, job.seed, job.shuffle)
-        loss_sum, correct = 0.0, 0
+        first_batch = state["batch"] if epoch == state["epoch"] else 0
+        loss_sum, correct = (state["loss_sum"], state["correct"]) if first_batch else (0.0, 0)
         comm.barrier()                    # every worker starts the epoch together
         e0 = clock()
-        for s, e in bounds:
+        for b in range(first_batch, len(bounds)):
+            s, e = bounds[b]
             if job.fault and job.fault[0] == rank and job.fault[1] == step:
                 _inject_fault(job.fault[2], rank, step)
+            scale = 1.0 / (e - s)
             t_a = clock()
-            lo, hi = parallel.shard(s, e, rank, world)
-            if job.shuffle:
-                bx, by = xb[:hi - lo], yb[:hi - lo]
-                np.take(x, order[lo:hi], axis=0, out=bx)
-                np.take(y, order[lo:hi], out=by)
+            if job.deterministic:
+                t_data, batch_loss, batch_correct = 0.0, 0.0, 0
+                for c in my_chunks:
+                    u = clock()
+                    bx, by = batch_rows(order, *parallel.shard(s, e, c, CHUNKS))
+                    v = clock()
+                    chunk_bufs[c].fill(0)
+                    cl, cc = net.loss_grad(bx, by, scale, grads=chunk_bufs[c])
+                    batch_loss += cl
+                    batch_correct += cc
+                    t_data += v - u
+                t_b = t_a + t_data
+                t_c = clock()
+                comm.allreduce_("chunks")        # chunk_sum = the chunks, summed in order
+                grads = comm.buffer("chunk_sum")
             else:
-                bx, by = x[lo:hi], y[lo:hi]          # contiguous slices: no copy
-            t_b = clock()
-            net.zero_grad()
-            batch_loss, batch_correct = net.loss_grad(bx, by, 1.0 / (e - s))
-            t_c = clock()
-            comm.allreduce_("grads")
+                bx, by = batch_rows(order, *parallel.shard(s, e, rank, world))
+                t_b = clock()
+                net.zero_grad()
+                batch_loss, batch_correct = net.loss_grad(bx, by, scale)
+                t_c = clock()
+                comm.allreduce_("grads")
+                grads = None
             t_d = clock()
-            opt.step(lr_at(step, total_steps, job.lr, job.lr_schedule))
+            opt.step(lr_at(step, total_steps, job.lr, job.lr_schedule), grads=grads)
             t_e = clock()
             phase["data"] += t_b - t_a
             phase["compute"] += t_c - t_b
@@ -138,6 +196,17 @@ def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=
             loss_sum += batch_loss
             correct += batch_correct
             step += 1
+            if job.checkpoint_every and step % job.checkpoint_every == 0:
+                # the epoch's loss so far, over all workers (this all-reduce is also the
+                # barrier after which every update of this step is done)
+                stats[0], stats[1] = loss_sum, correct
+                comm.allreduce_("stats")
+                if rank == 0:
+                    save_checkpoint(job.checkpoint, job, net, step=step, epoch=epoch,
+                                    batch=b + 1, loss_sum=float(stats[0]),
+                                    correct=int(round(stats[1])), history=history,
+                                    train_seconds=train_seconds + clock() - e0,
+                                    eval_seconds=eval_seconds)
         stats[0], stats[1] = loss_sum, correct
         comm.allreduce_("stats")          # also the barrier that ends the epoch's timing
         epoch_seconds = clock() - e0
@@ -165,6 +234,53 @@ def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=
     return out
 
 
+CHECKPOINT_FORMAT = 1
+
+
+def save_checkpoint(path, job: Job, net, *, step, epoch, batch, loss_sum, correct, history,
+                    train_seconds, eval_seconds) -> None:
+    """Writes everything a run needs to continue bitwise where it stopped (.npz, no pickle):
+    parameters, momentum, the position (epoch, batch, step: the sampler's order and the
+    learning-rate schedule are functions of these and the seed) and the epoch so far."""
+    position = {"step": step, "epoch": epoch, "batch": batch, "loss_sum": loss_sum,
+                "correct": correct, "history": history, "train_seconds": train_seconds,
+                "eval_seconds": eval_seconds,
+                "job": {k: _plain(getattr(job, k)) for k in Job.RESUME_KEYS}}
+    tmp = Path(f"{path}.tmp-{os.getpid()}.npz")
+    np.savez(tmp, format=np.int64(CHECKPOINT_FORMAT), params=net.params,
+             velocity=net.velocity, position=np.array(json.dumps(position)))
+    os.replace(tmp, path)                 # atomic: a crash never leaves half a checkpoint
+
+
+def load_checkpoint(path, job: Job, net) -> dict:
+    """Reads a checkpoint written by save_checkpoint for this job; fills net's params and
+    momentum (when net is given) and returns the position."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            position = json.loads(str(f["position"]))
+            params, velocity = f["params"], f["velocity"]
+    except (OSError, KeyError, ValueError) as exc:
+        raise ValueError(f"{path} is not a readable dptrain checkpoint: {exc}") from exc
+    for key in Job.RESUME_KEYS:
+        saved, now = position["job"].get(key), _plain(getattr(job, key))
+        if saved != now:
+            raise ValueError(f"{path} was written by a run with {key}={saved!r}, but this run "
+                             f"has {key}={now!r}: it cannot resume it")
+    if net is not None:
+        if params.shape != net.params.shape or params.dtype != net.params.dtype:
+            raise ValueError(f"{path}: params have dtype {params.dtype} and shape "
+                             f"{params.shape}, expected {net.params.dtype} and "
+                             f"{net.params.shape}")
+        net.params[:] = params
+        net.velocity[:] = velocity
+    position.pop("job")
+    return position
+
+
+def _plain(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
 def _inject_fault(kind: str, rank: int, step: int) -> None:
     if kind == "kill":
         import signal
@@ -187,13 +303,18 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
           start_method: str | None = None, timeout: float = 0.0,
           n_samples: int | None = None, n_features: int | None = None, upscale: int = 1,
           out=None, save_weights=None, quiet: bool = False, allow_download: bool = True,
-          log=print, fault: tuple | None = None) -> dict:
+          log=print, deterministic: bool = False, checkpoint=None, checkpoint_every: int = 0,
+          resume=None, fault: tuple | None = None) -> dict:
     """Trains one model on 1..N workers; returns the result dict (see the module docstring).
 
     model: 'logreg' | 'softmax' | 'mlp' (hidden sizes from ``hidden``); dataset: 'mnist' |
     'synthetic'. backend: 'thread' | 'process' | 'mpi' (under mpiexec, where the world size
     comes from MPI); batch_size is the GLOBAL batch. shuffle=False keeps a fixed batch order;
     limit keeps the first N training samples. timeout > 0 bounds each collective's wait.
+    deterministic=True gives bitwise-identical weights for any number of workers up to 8 (the
+    gradient of each of 8 fixed chunks of the global batch is summed in chunk order).
+    checkpoint_every=K writes the full training state to ``checkpoint`` every K steps;
+    resume=PATH continues a run from such a file (bitwise as if it had not stopped).
     fault=(rank, step, "raise" | "kill") makes that worker fail at that step (for testing
     that a failure stops the whole run; "kill" needs the process backend).
     Raises FloatingPointError when the loss stops being finite and parallel.WorkerError
@@ -218,6 +339,18 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
         comm_world = _mpi_comm()
         workers, mpi_rank = comm_world.Get_size(), comm_world.Get_rank()
     parallel.check_world(workers, batch_size, threads, backend)
+    if deterministic and workers > CHUNKS:
+        raise ValueError(f"deterministic mode supports up to {CHUNKS} workers, got {workers}")
+    if deterministic and backend == "mpi" and CHUNKS % workers:
+        raise ValueError(f"deterministic mode under MPI needs a world size that divides "
+                         f"{CHUNKS}, got {workers}")
+    checkpoint_every = int(checkpoint_every or 0)
+    if checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+    if checkpoint_every and not checkpoint:
+        raise ValueError("checkpoint_every needs a checkpoint path to write to")
+    if resume and not Path(resume).is_file():
+        raise ValueError(f"resume: no checkpoint file at {resume}")
     say = (lambda *a: None) if (quiet or mpi_rank != 0) else log
     warning = parallel.oversubscription_warning(workers, threads)
     if warning and mpi_rank == 0:
@@ -233,7 +366,9 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
                   threads=threads, n_samples=n_samples, n_features=n_features,
                   upscale=upscale, workers=workers, backend=backend if workers > 1 or
                   backend == "mpi" else "sequential", start_method=start_method,
-                  timeout=timeout)
+                  timeout=timeout, deterministic=deterministic,
+                  checkpoint=str(checkpoint) if checkpoint else None,
+                  checkpoint_every=checkpoint_every, resume=str(resume) if resume else None)
 
     t0 = time.perf_counter()
     ds = data_mod.load_dataset(dataset, data_dir=data_dir, dtype=np.dtype(dtype), limit=limit,
@@ -253,6 +388,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
               dtype=dtype, seed=seed, threads=threads, lr=lr, momentum=momentum,
               dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
               lr_schedule=lr_schedule, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
+              deterministic=bool(deterministic), checkpoint=str(checkpoint) if checkpoint else None,
+              checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
               fault=tuple(fault) if fault else None)
     if fault and fault[2] == "kill" and backend != "process":
         raise ValueError("fault kind 'kill' kills the worker's process: use backend='process'")

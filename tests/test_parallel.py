@@ -157,3 +157,73 @@ def test_a_failing_mpi_rank_aborts_every_rank_and_is_named():
     # not): remove what this aborted job left so the test leaves the machine as it found it
     for path in set(glob.glob("/dev/shm/mpich_shm_*")) - before:
         os.unlink(path)
+
+
+# ------------------------------------------------------------------ deterministic mode
+@pytest.fixture(scope="module")
+def deterministic_one():
+    return _train(deterministic=True)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("workers", [2, 3, 4, 8])
+def test_deterministic_weights_are_bitwise_identical_for_any_world_size(deterministic_one,
+                                                                        backend, workers):
+    r = _train(deterministic=True, workers=workers, backend=backend)
+    assert np.array_equal(r["params"], deterministic_one["params"]), (
+        f"{backend} x {workers}: max difference "
+        f"{np.abs(r['params'] - deterministic_one['params']).max()}")
+
+
+def test_deterministic_mode_is_still_the_same_model(sequential, deterministic_one):
+    np.testing.assert_allclose(deterministic_one["params"], sequential["params"], atol=1e-5)
+
+
+def test_deterministic_mode_limits_the_world_size():
+    with pytest.raises(ValueError, match="up to 8 workers"):
+        _train(deterministic=True, workers=9, backend="thread")
+
+
+@needs_mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_deterministic_mpi_ranks_are_bitwise_identical(deterministic_one, ranks, tmp_path):
+    weights = tmp_path / "w.npz"
+    r = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dptrain", "train",
+                        "--model", "mlp", "--hidden", "16", "--dataset", "synthetic",
+                        "--n-samples", "1030", "--n-features", "12", "--epochs", "2",
+                        "--batch-size", "100", "--lr", "0.05", "--momentum", "0.9",
+                        "--backend", "mpi", "--deterministic", "--quiet",
+                        "--save-weights", str(weights)],
+                       capture_output=True, text=True, timeout=300,
+                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert np.array_equal(dptrain.load_model(weights).params, deterministic_one["params"])
+
+
+# ------------------------------------------------------------------ checkpoints
+@pytest.mark.parametrize("workers, backend, deterministic", [
+    (1, "thread", True), (2, "thread", True), (2, "process", False), (4, "thread", False)])
+def test_a_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(tmp_path, workers, backend,
+                                                                  deterministic):
+    kw = dict(workers=workers, backend=backend, deterministic=deterministic)
+    whole = _train(**kw)
+    ckpt = tmp_path / "run.ckpt.npz"
+    # 11 steps per epoch: die in the second epoch, after the checkpoint of step 15
+    with pytest.raises((parallel.WorkerError, RuntimeError), match="injected fault"):
+        _train(checkpoint=ckpt, checkpoint_every=5, fault=(0, 17, "raise"), **kw)
+    assert ckpt.is_file()
+    resumed = _train(resume=ckpt, **kw)
+    assert np.array_equal(resumed["params"], whole["params"])
+    assert resumed["train_loss"] == pytest.approx(whole["train_loss"], rel=1e-6)
+    assert [h["epoch"] for h in resumed["epochs"]] == [1, 2]
+
+
+def test_resume_refuses_a_checkpoint_of_another_run(tmp_path):
+    ckpt = tmp_path / "c.npz"
+    _train(checkpoint=ckpt, checkpoint_every=3)
+    with pytest.raises(ValueError, match="batch_size=100, but this run has batch_size=50"):
+        _train(resume=ckpt, batch_size=50)
+    with pytest.raises(ValueError, match="no checkpoint file"):
+        _train(resume=tmp_path / "missing.npz")
+    with pytest.raises(ValueError, match="checkpoint_every needs a checkpoint path"):
+        _train(checkpoint_every=3)
