@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="process backend: how worker processes start (default: Python's)")
     t.add_argument("--timeout", type=_nonneg_float, default=0.0,
                    help="fail a collective that waits longer than this many seconds (0: never)")
+    t.add_argument("--batch-per-worker", type=_pos_int, default=None, metavar="B",
+                   help="weak scaling: each worker's batch (the global batch is B x workers)")
+    t.add_argument("--scale-lr", action="store_true",
+                   help="multiply --lr by the number of workers (linear scaling rule)")
+    t.add_argument("--warmup-epochs", type=_nonneg_float, default=0.0,
+                   help="ramp the learning rate up linearly over this many epochs first")
     t.add_argument("--deterministic", action="store_true",
                    help="bitwise-identical weights for any number of workers up to 8")
     t.add_argument("--checkpoint", default=None, help="checkpoint file to write (.npz)")
@@ -141,7 +147,9 @@ def main(argv=None) -> int:
               save_weights=args.save_weights, quiet=args.quiet,
               allow_download=not args.no_download, deterministic=args.deterministic,
               checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-              resume=args.resume, fault=_fault(args.inject_fault))
+              resume=args.resume, batch_per_worker=args.batch_per_worker,
+              scale_lr=args.scale_lr, warmup_epochs=args.warmup_epochs,
+              fault=_fault(args.inject_fault))
     except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
         print(f"dptrain: error: {exc}", file=sys.stderr)
         return 1

@@ -78,6 +78,7 @@ class Job:
     epochs: int
     batch_size: int
     shuffle: bool
+    warmup_steps: int = 0
     deterministic: bool = False
     checkpoint: str | None = None
     checkpoint_every: int = 0
@@ -87,7 +88,7 @@ class Job:
     # what a checkpoint must agree on to be resumed by this job
     RESUME_KEYS = ("model", "sizes", "dtype", "seed", "lr", "momentum", "dampening",
                    "weight_decay", "nesterov", "lr_schedule", "epochs", "batch_size", "shuffle",
-                   "deterministic")
+                   "warmup_steps", "deterministic")
 
     def specs(self):
         p = reference.n_params(self.sizes)
@@ -187,7 +188,8 @@ def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=
                 comm.allreduce_("grads")
                 grads = None
             t_d = clock()
-            opt.step(lr_at(step, total_steps, job.lr, job.lr_schedule), grads=grads)
+            opt.step(lr_at(step, total_steps, job.lr, job.lr_schedule, job.warmup_steps),
+                     grads=grads)
             t_e = clock()
             phase["data"] += t_b - t_a
             phase["compute"] += t_c - t_b
@@ -304,13 +306,18 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
           n_samples: int | None = None, n_features: int | None = None, upscale: int = 1,
           out=None, save_weights=None, quiet: bool = False, allow_download: bool = True,
           log=print, deterministic: bool = False, checkpoint=None, checkpoint_every: int = 0,
-          resume=None, fault: tuple | None = None) -> dict:
+          resume=None, batch_per_worker: int | None = None, scale_lr: bool = False,
+          warmup_epochs: float = 0.0, fault: tuple | None = None) -> dict:
     """Trains one model on 1..N workers; returns the result dict (see the module docstring).
 
     model: 'logreg' | 'softmax' | 'mlp' (hidden sizes from ``hidden``); dataset: 'mnist' |
     'synthetic'. backend: 'thread' | 'process' | 'mpi' (under mpiexec, where the world size
     comes from MPI); batch_size is the GLOBAL batch. shuffle=False keeps a fixed batch order;
     limit keeps the first N training samples. timeout > 0 bounds each collective's wait.
+    Weak scaling: batch_per_worker=b fixes each worker's share (global batch b x workers);
+    scale_lr=True multiplies lr by the number of workers (the linear scaling rule), and
+    warmup_epochs ramps the learning rate up linearly over that many epochs first
+    (Goyal et al., 2017, "Accurate, large minibatch SGD").
     deterministic=True gives bitwise-identical weights for any number of workers up to 8 (the
     gradient of each of 8 fixed chunks of the global batch is summed in chunk order).
     checkpoint_every=K writes the full training state to ``checkpoint`` every K steps;
@@ -324,7 +331,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     if model not in MODELS:
         raise ValueError(f"model is {model!r}, expected one of {MODELS}")
     epochs = _positive_int("epochs", epochs)
-    batch_size = _positive_int("batch_size", batch_size)
+    if batch_per_worker is None:
+        batch_size = _positive_int("batch_size", batch_size)
     threads = _positive_int("threads", threads)
     workers = _positive_int("workers", workers)
     if dtype not in ("float32", "float64"):
@@ -338,6 +346,13 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     if backend == "mpi":
         comm_world = _mpi_comm()
         workers, mpi_rank = comm_world.Get_size(), comm_world.Get_rank()
+    base_lr = lr
+    if batch_per_worker is not None:
+        batch_size = _positive_int("batch_per_worker", batch_per_worker) * workers
+    if scale_lr:
+        lr = lr * workers
+    if not (warmup_epochs >= 0 and math.isfinite(warmup_epochs)):
+        raise ValueError(f"warmup_epochs must be a finite number >= 0, got {warmup_epochs!r}")
     parallel.check_world(workers, batch_size, threads, backend)
     if deterministic and workers > CHUNKS:
         raise ValueError(f"deterministic mode supports up to {CHUNKS} workers, got {workers}")
@@ -368,7 +383,9 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
                   backend == "mpi" else "sequential", start_method=start_method,
                   timeout=timeout, deterministic=deterministic,
                   checkpoint=str(checkpoint) if checkpoint else None,
-                  checkpoint_every=checkpoint_every, resume=str(resume) if resume else None)
+                  checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
+                  batch_per_worker=batch_per_worker, scale_lr=scale_lr, base_lr=base_lr,
+                  warmup_epochs=warmup_epochs)
 
     t0 = time.perf_counter()
     ds = data_mod.load_dataset(dataset, data_dir=data_dir, dtype=np.dtype(dtype), limit=limit,
@@ -388,6 +405,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
               dtype=dtype, seed=seed, threads=threads, lr=lr, momentum=momentum,
               dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
               lr_schedule=lr_schedule, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
+              warmup_steps=int(round(warmup_epochs * -(-len(ds.x_train) // batch_size))),
               deterministic=bool(deterministic), checkpoint=str(checkpoint) if checkpoint else None,
               checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
               fault=tuple(fault) if fault else None)

@@ -227,3 +227,22 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path):
         _train(resume=tmp_path / "missing.npz")
     with pytest.raises(ValueError, match="checkpoint_every needs a checkpoint path"):
         _train(checkpoint_every=3)
+
+
+# ------------------------------------------------------------------ weak scaling
+def test_batch_per_worker_is_the_global_batch_split(sequential):
+    r = _train(workers=2, backend="thread", batch_size=None, batch_per_worker=50)
+    assert r["config"]["batch_size"] == 100
+    np.testing.assert_allclose(r["params"], sequential["params"], atol=1e-5)
+
+
+def test_scale_lr_and_warmup():
+    a = _train(workers=2, backend="thread", lr=0.025, scale_lr=True, lr_schedule="constant")
+    b = _train(workers=2, backend="thread", lr=0.05, lr_schedule="constant")
+    assert a["config"]["lr"] == pytest.approx(0.05) and a["config"]["base_lr"] == 0.025
+    np.testing.assert_array_equal(a["params"], b["params"])
+    w = _train(warmup_epochs=1.0, lr_schedule="constant")
+    assert w["job"]["warmup_steps"] == 11           # one epoch of 1030 / 100 batches
+    assert not np.array_equal(w["params"], b["params"])
+    with pytest.raises(ValueError, match="warmup_epochs must be"):
+        _train(warmup_epochs=float("nan"))
