@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="process backend: how worker processes start (default: Python's)")
     t.add_argument("--timeout", type=_nonneg_float, default=0.0,
                    help="fail a collective that waits longer than this many seconds (0: never)")
+    t.add_argument("--allreduce", choices=("native", "ring", "tree", "ps"), default="native",
+                   help="gradient exchange: the transport's own (native), ring or tree over "
+                        "MPI messages, or a parameter server (ps)")
     t.add_argument("--batch-per-worker", type=_pos_int, default=None, metavar="B",
                    help="weak scaling: each worker's batch (the global batch is B x workers)")
     t.add_argument("--scale-lr", action="store_true",
@@ -149,6 +152,7 @@ def main(argv=None) -> int:
               checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
               resume=args.resume, batch_per_worker=args.batch_per_worker,
               scale_lr=args.scale_lr, warmup_epochs=args.warmup_epochs,
+              allreduce=args.allreduce,
               fault=_fault(args.inject_fault))
     except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
         print(f"dptrain: error: {exc}", file=sys.stderr)

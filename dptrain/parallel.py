@@ -59,6 +59,10 @@ class Communicator:
     def allreduce_(self, name: str, scale: float = 1.0, start: int = 0, stop: int | None = None):
         raise NotImplementedError
 
+    def reduce_(self, name: str, root: int = 0) -> None:
+        """The sum of every rank's array of a role, on root only (parameter server)."""
+        raise NotImplementedError
+
     def broadcast_(self, name: str, root: int = 0) -> None:
         raise NotImplementedError
 
@@ -94,6 +98,9 @@ class LocalComm(Communicator):
                               stop=stop)
         elif scale != 1.0:
             self._all[name][0][start:stop] *= scale
+
+    def reduce_(self, name, root=0):
+        pass
 
     def broadcast_(self, name, root=0):
         pass
@@ -223,6 +230,15 @@ class ShmComm(Communicator):
                 layout.control(mem, s.name), self._all[s.name], rank, out=out,
                 spin=policy.spin, yield_time=policy.yield_time, timeout=policy.timeout)
         self._sync = self._groups[layout.specs[0].name]
+        # reduce-to-root groups (parameter server): the rank-order sum of every rank's array
+        # of a role goes into a separate "<role>_sum" array, read by the root alone
+        self._reduce_groups = {}
+        for s in layout.specs:
+            if s.name.endswith("_sum") and s.name[:-4] in self._all and s.count == 1:
+                role = s.name[:-4]
+                self._reduce_groups[(role, 0)] = _core.ShmGroup(
+                    layout.control(mem, s.name), self._all[role], rank, out=self._all[s.name][0],
+                    spin=policy.spin, yield_time=policy.yield_time, timeout=policy.timeout)
 
     def buffer(self, name):
         bufs = self._all[name]
@@ -238,6 +254,13 @@ class ShmComm(Communicator):
     def allreduce_(self, name, scale=1.0, start=0, stop=None):
         self._groups[name].allreduce(scale, start, stop)
 
+    def reduce_(self, name, root=0):
+        """The sum of every rank's array (in rank order), into root's array only."""
+        key = (name, root)
+        if key not in self._reduce_groups:
+            raise ValueError(f"{name}: no reduce-to-root group (layout made without ps)")
+        self._reduce_groups[key].allreduce()
+
     def broadcast_(self, name, root=0):
         self._sync.barrier()                 # root's values are final
         if self.rank != root:
@@ -249,7 +272,7 @@ class ShmComm(Communicator):
 
     def abort(self, code=1):
         # every role has its own barrier, and the others may be waiting in any of them
-        for g in self._groups.values():
+        for g in list(self._groups.values()) + list(self._reduce_groups.values()):
             g.abort(code)
 
     @property
@@ -262,8 +285,14 @@ class MPIComm(Communicator):
 
     backend = "mpi"
 
-    def __init__(self, specs, comm=None):
+    def __init__(self, specs, comm=None, algorithm: str = "native"):
         from mpi4py import MPI
+        from . import collectives
+        if algorithm not in collectives.ALGORITHMS:
+            raise ValueError(f"allreduce is {algorithm!r}, expected one of "
+                             f"{collectives.ALGORITHMS}")
+        self._reduce = {"ring": collectives.ring_allreduce,
+                        "tree": collectives.tree_allreduce}.get(algorithm)
         self._MPI = MPI
         self._comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self._comm.Get_rank()
@@ -295,9 +324,20 @@ class MPIComm(Communicator):
                               start=start, stop=stop)
             return
         buf = self._all[name][0][start:stop]
-        self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
+        if self._reduce is not None and name != "stats":
+            self._reduce(self._comm, buf)
+        else:
+            self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
         if scale != 1.0:
             buf *= scale
+
+    def reduce_(self, name, root=0):
+        """The sum of every rank's array, on root only (the parameter server's gather)."""
+        buf = self._all[name][0]
+        if self.rank == root:
+            self._comm.Reduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM, root=root)
+        else:
+            self._comm.Reduce(buf, None, op=self._MPI.SUM, root=root)
 
     def broadcast_(self, name, root=0):
         self._comm.Bcast(self._all[name][0], root=root)

@@ -79,6 +79,7 @@ class Job:
     batch_size: int
     shuffle: bool
     warmup_steps: int = 0
+    allreduce: str = "native"
     deterministic: bool = False
     checkpoint: str | None = None
     checkpoint_every: int = 0
@@ -99,6 +100,8 @@ class Job:
         if self.deterministic:
             specs += [parallel.BufferSpec("chunks", p, dt, count=CHUNKS, reduce_into="chunk_sum"),
                       parallel.BufferSpec("chunk_sum", p, dt, count=1)]
+        if self.allreduce == "ps":
+            specs.append(parallel.BufferSpec("grads_sum", p, dt, count=1))
         return specs
 
 
@@ -185,11 +188,25 @@ def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=
                 net.zero_grad()
                 batch_loss, batch_correct = net.loss_grad(bx, by, scale)
                 t_c = clock()
-                comm.allreduce_("grads")
-                grads = None
+                if job.allreduce == "ps":
+                    comm.reduce_("grads", root=0)      # the gradients' sum, on rank 0 only
+                    grads = comm.buffer("grads_sum") if isinstance(
+                        comm, parallel.ShmComm) else None
+                else:
+                    comm.allreduce_("grads")
+                    grads = None
             t_d = clock()
-            opt.step(lr_at(step, total_steps, job.lr, job.lr_schedule, job.warmup_steps),
-                     grads=grads)
+            if job.allreduce == "ps" and not job.deterministic:
+                # parameter server: rank 0 alone updates, then sends the parameters out
+                if rank == 0 or world == 1:
+                    opt.step(lr_at(step, total_steps, job.lr, job.lr_schedule,
+                                   job.warmup_steps), grads=grads)
+                else:
+                    opt.steps += 1
+                comm.broadcast_("params", root=0)
+            else:
+                opt.step(lr_at(step, total_steps, job.lr, job.lr_schedule, job.warmup_steps),
+                         grads=grads)
             t_e = clock()
             phase["data"] += t_b - t_a
             phase["compute"] += t_c - t_b
@@ -307,6 +324,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
           out=None, save_weights=None, quiet: bool = False, allow_download: bool = True,
           log=print, deterministic: bool = False, checkpoint=None, checkpoint_every: int = 0,
           resume=None, batch_per_worker: int | None = None, scale_lr: bool = False,
+          allreduce: str = "native",
           warmup_epochs: float = 0.0, fault: tuple | None = None) -> dict:
     """Trains one model on 1..N workers; returns the result dict (see the module docstring).
 
@@ -314,6 +332,9 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     'synthetic'. backend: 'thread' | 'process' | 'mpi' (under mpiexec, where the world size
     comes from MPI); batch_size is the GLOBAL batch. shuffle=False keeps a fixed batch order;
     limit keeps the first N training samples. timeout > 0 bounds each collective's wait.
+    allreduce: 'native' (the transport's own: MPI_Allreduce, or the shared-memory reduce),
+    'ring' or 'tree' (over MPI point-to-point messages; mpi backend), or 'ps' (parameter
+    server: gradients summed on rank 0, which alone updates and broadcasts the parameters).
     Weak scaling: batch_per_worker=b fixes each worker's share (global batch b x workers);
     scale_lr=True multiplies lr by the number of workers (the linear scaling rule), and
     warmup_epochs ramps the learning rate up linearly over that many epochs first
@@ -354,6 +375,15 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     if not (warmup_epochs >= 0 and math.isfinite(warmup_epochs)):
         raise ValueError(f"warmup_epochs must be a finite number >= 0, got {warmup_epochs!r}")
     parallel.check_world(workers, batch_size, threads, backend)
+    from .collectives import ALGORITHMS
+    if allreduce not in ALGORITHMS:
+        raise ValueError(f"allreduce is {allreduce!r}, expected one of {ALGORITHMS}")
+    if allreduce in ("ring", "tree") and backend != "mpi" and workers > 1:
+        raise ValueError(f"allreduce={allreduce!r} runs over point-to-point messages: use "
+                         f"backend='mpi' (the {backend} backend offers 'native' and 'ps')")
+    if allreduce != "native" and deterministic:
+        raise ValueError("deterministic mode has its own fixed-order reduction: use "
+                         "allreduce='native' with it")
     if deterministic and workers > CHUNKS:
         raise ValueError(f"deterministic mode supports up to {CHUNKS} workers, got {workers}")
     if deterministic and backend == "mpi" and CHUNKS % workers:
@@ -385,6 +415,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
                   checkpoint=str(checkpoint) if checkpoint else None,
                   checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
                   batch_per_worker=batch_per_worker, scale_lr=scale_lr, base_lr=base_lr,
+                  allreduce=allreduce,
                   warmup_epochs=warmup_epochs)
 
     t0 = time.perf_counter()
@@ -406,6 +437,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
               dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
               lr_schedule=lr_schedule, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
               warmup_steps=int(round(warmup_epochs * -(-len(ds.x_train) // batch_size))),
+              allreduce=allreduce,
               deterministic=bool(deterministic), checkpoint=str(checkpoint) if checkpoint else None,
               checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
               fault=tuple(fault) if fault else None)
@@ -420,8 +452,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     policy = parallel.WaitPolicy.for_workers(workers, threads, timeout)
     if backend == "mpi":
         try:
-            results = [run_worker(parallel.MPIComm(job.specs(), comm_world), job, *data,
-                                  say=say)]
+            results = [run_worker(parallel.MPIComm(job.specs(), comm_world, allreduce), job,
+                                  *data, say=say)]
         except Exception as exc:
             # the other ranks wait in a collective this rank will never join: name the rank
             # and the cause, then abort the whole communicator (MPI_Abort ends every rank)

@@ -246,3 +246,35 @@ def test_scale_lr_and_warmup():
     assert not np.array_equal(w["params"], b["params"])
     with pytest.raises(ValueError, match="warmup_epochs must be"):
         _train(warmup_epochs=float("nan"))
+
+
+# ------------------------------------------------------------------ algorithms
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_parameter_server_on_shared_memory_equals_one_worker(sequential, backend):
+    r = _train(workers=3, backend=backend, allreduce="ps")
+    np.testing.assert_allclose(r["params"], sequential["params"], rtol=0, atol=1e-5)
+
+
+def test_ring_and_tree_need_point_to_point_messages():
+    with pytest.raises(ValueError, match="use backend='mpi'"):
+        _train(workers=2, backend="thread", allreduce="ring")
+    with pytest.raises(ValueError, match="allreduce is 'butterfly'"):
+        _train(allreduce="butterfly")
+
+
+@needs_mpi
+@pytest.mark.parametrize("algorithm", ["native", "ring", "tree", "ps"])
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_every_mpi_algorithm_equals_one_worker(sequential, algorithm, ranks, tmp_path):
+    weights = tmp_path / "w.npz"
+    r = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dptrain", "train",
+                        "--model", "mlp", "--hidden", "16", "--dataset", "synthetic",
+                        "--n-samples", "1030", "--n-features", "12", "--epochs", "2",
+                        "--batch-size", "100", "--lr", "0.05", "--momentum", "0.9",
+                        "--backend", "mpi", "--allreduce", algorithm, "--quiet",
+                        "--save-weights", str(weights)],
+                       capture_output=True, text=True, timeout=300,
+                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    np.testing.assert_allclose(dptrain.load_model(weights).params, sequential["params"],
+                               rtol=0, atol=1e-5)

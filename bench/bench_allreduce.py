@@ -1,0 +1,351 @@
+"""One all-reduce of a float32 buffer between 2 workers: shared memory against MPI.
+
+Three transports, the same 2 workers, the same buffer sizes (64 B ... 16 MB, and 0.94 MB: the
+MLP 784-256-128-10's 235,146-float gradient):
+
+- thread:  `_core.ShmGroup.allreduce()` between 2 threads of this process (the `thread`
+  backend's collective), buffers in one 64-byte aligned block (`parallel.SharedLayout`);
+- process: the same call between 2 processes mapping one `multiprocessing.shared_memory`
+  segment (the `process` backend's collective; workers started with 'spawn');
+- MPI:     `comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)` between 2 MPI ranks (mpi4py, the
+  `mpi` backend's collective): this script re-runs itself under `mpiexec -n 2` in a helper
+  mode that writes its timings as JSON.
+
+What is timed: back-to-back calls, one `time.perf_counter()` pair around each call, on every
+worker, after warm-up calls; there is NO barrier between calls (that would time the barrier),
+so each call also absorbs the skew between the two workers, as it does in training. The
+figures are rank 0's per-call p50 and p90. They include the Python call (about 0.5-1 us:
+argument parsing, GIL release) and the perf_counter pair; the header line "call floor" shows
+both for a group of ONE worker, where nobody is waited for.
+
+Every call uses scale=1.0 on buffers that hold zeros (so the values stay finite over thousands
+of calls); before timing, one all-reduce of rank+1 must give 3 everywhere, on every transport
+and size.
+
+Repeats: each repeat runs every transport over every size (order of the transports reversed
+every other repeat; a fresh pair of processes / a fresh mpiexec each repeat). p50/p90 are over
+the calls of all repeats pooled; `noise` is (max - min) / median of the per-repeat p50s, the
+largest of the three transports.
+
+Targets (from the issue): shared memory p50 <= 40 us at 0.94 MB and >= 4x faster than
+MPI_Allreduce on the same buffer; p50 <= 1 us for buffers up to 1 KB.
+
+Run: python bench/bench_allreduce.py [--quick] [--json PATH]
+"""
+from __future__ import annotations
+
+import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy loads)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from dptrain import _core, parallel  # noqa: E402
+
+WORLD = 2
+MLP_GRAD_FLOATS = 235_146
+# (label, float32 count)
+SIZES = [("64 B", 16), ("1 KB", 256), ("8 KB", 2048), ("64 KB", 16384), ("1 MB", 262144),
+         ("0.94 MB", MLP_GRAD_FLOATS), ("16 MB", 4 * 1024 * 1024)]
+SMALL_TARGET_US = 1.0         # p50 for buffers up to 1 KB
+MLP_TARGET_US = 40.0          # p50 at 0.94 MB
+MLP_MPI_RATIO_TARGET = 4.0    # MPI p50 / shared-memory p50 at 0.94 MB
+
+
+def calls_per_repeat(nbytes: int, quick: bool) -> int:
+    """Timed calls of one size per repeat: a few ms to ~0.2 s per transport."""
+    if nbytes <= 64 * 1024:
+        n = 4000
+    elif nbytes <= 1024 * 1024:
+        n = 600
+    else:
+        n = 60
+    return max(20, n // 4) if quick else n
+
+
+def warmup_calls(number: int) -> int:
+    return max(10, number // 10)
+
+
+def layout_for(sizes) -> parallel.SharedLayout:
+    """One role per size (its own control block and one buffer per rank), one block."""
+    specs = [parallel.BufferSpec(f"s{n}", n, np.dtype(np.float32)) for _, n in sizes]
+    return parallel.SharedLayout(specs, WORLD, {})
+
+
+def _timed_loop(call, number: int, warmup: int) -> list[float]:
+    clock = time.perf_counter
+    for _ in range(warmup):
+        call()
+    out = [0.0] * number
+    for i in range(number):
+        t0 = clock()
+        call()
+        out[i] = clock() - t0
+    return out
+
+
+def check_sum(call, buf, rank: int, label: str, transport: str) -> None:
+    """One all-reduce of rank+1 on every worker must give 1+2 = 3 everywhere."""
+    buf[:] = rank + 1.0
+    call()
+    if not np.all(buf == 3.0):
+        bad = int(np.argmax(buf != 3.0))
+        raise AssertionError(f"{transport} all-reduce of {label}: rank {rank} has "
+                             f"{buf[bad]} at {bad}, expected 3.0")
+
+
+def run_shm_rank(rank: int, layout: parallel.SharedLayout, mem: np.ndarray, plan,
+                 transport: str) -> dict:
+    """One worker of the shared-memory group: every size in `plan` [(label, n, number)];
+    returns {label: [seconds per call]}."""
+    policy = parallel.WaitPolicy.for_workers(WORLD)
+    out = {}
+    for label, n, number in plan:
+        name = f"s{n}"
+        bufs = [layout.array(mem, name, r) for r in range(WORLD)]
+        group = _core.ShmGroup(layout.control(mem, name), bufs, rank, spin=policy.spin,
+                               yield_time=policy.yield_time, timeout=60.0)
+        call = group.allreduce
+        check_sum(call, bufs[rank], rank, label, transport)
+        group.barrier()                   # nobody zeroes before both have checked
+        bufs[rank][:] = 0.0
+        group.barrier()
+        out[label] = _timed_loop(call, number, warmup_calls(number))
+    return out
+
+
+def run_threads_once(plan) -> dict:
+    layout = layout_for([(label, n) for label, n, _ in plan])
+    mem = parallel.aligned_bytes(layout.nbytes)
+    results = parallel.run_threads(WORLD, layout, mem, parallel.WaitPolicy.for_workers(WORLD),
+                                   lambda comm: run_shm_rank(comm.rank, layout, mem, plan,
+                                                             "thread"),
+                                   join_timeout=300)
+    return results[0]
+
+
+def _process_worker(rank, shm_name, layout, plan, conn):
+    """Entry point of a worker process ('spawn': a module-level function, plain arguments)."""
+    from multiprocessing import shared_memory
+    shm = shared_memory.SharedMemory(name=shm_name)
+    try:
+        mem = np.ndarray((layout.nbytes,), np.uint8, buffer=shm.buf)
+        try:
+            conn.send(("ok", run_shm_rank(rank, layout, mem, plan, "process")))
+        except BaseException as exc:  # reported to the parent, which fails the benchmark
+            conn.send(("error", parallel.describe(exc)))
+        del mem
+    finally:
+        conn.close()
+        shm.close()
+
+
+def run_processes_once(plan) -> dict:
+    import multiprocessing as mp
+    from multiprocessing import shared_memory
+    ctx = mp.get_context("spawn")
+    layout = layout_for([(label, n) for label, n, _ in plan])
+    shm = shared_memory.SharedMemory(create=True, size=layout.nbytes)
+    procs, conns = [], []
+    try:
+        mem = np.ndarray((layout.nbytes,), np.uint8, buffer=shm.buf)
+        mem[:] = 0
+        layout.init_controls(mem)
+        del mem
+        for r in range(WORLD):
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_process_worker, args=(r, shm.name, layout, plan, child_end),
+                            name=f"bench-allreduce-{r}", daemon=True)
+            p.start()
+            child_end.close()
+            procs.append(p)
+            conns.append(parent_end)
+        results = []
+        for r, c in enumerate(conns):
+            if not c.poll(300):
+                raise RuntimeError(f"process rank {r} did not report within 300 s")
+            status, payload = c.recv()
+            if status != "ok":
+                raise RuntimeError(f"process rank {r} failed: {payload}")
+            results.append(payload)
+        return results[0]
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(1)
+        for c in conns:
+            c.close()
+        shm.close()
+        shm.unlink()
+
+
+def run_mpi_once(plan, mpiexec: str) -> dict:
+    """Runs this script's --mpi-helper mode under `mpiexec -n 2`; rank 0's timings."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "mpi.json")
+        cmd = [mpiexec, "-n", str(WORLD), sys.executable, os.path.abspath(__file__),
+               "--mpi-helper", out, "--plan", json.dumps(plan)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:4])} ... --mpi-helper exited with "
+                               f"{proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def mpi_helper(out_path: str, plan) -> None:
+    """Helper mode, one MPI rank: the same timing loop on comm.Allreduce(IN_PLACE)."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    if comm.Get_size() != WORLD:
+        raise SystemExit(f"--mpi-helper needs {WORLD} ranks, got {comm.Get_size()}")
+    out = {}
+    for label, n, number in plan:
+        buf = np.zeros(n, np.float32)
+
+        def call(buf=buf):
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        check_sum(call, buf, rank, label, "MPI")
+        buf[:] = 0.0
+        comm.Barrier()
+        out[label] = _timed_loop(call, number, warmup_calls(number))
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(out, f)
+
+
+def call_floor(number: int = 20000) -> dict:
+    """What a call costs when nobody is waited for: the perf_counter pair around an empty
+    call, and ShmGroup.allreduce of 64 B in a group of ONE worker (call + barrier + sum)."""
+    layout = parallel.SharedLayout([parallel.BufferSpec("b", 16, np.dtype(np.float32))], 1, {})
+    mem = parallel.aligned_bytes(layout.nbytes)
+    layout.init_controls(mem)
+    group = _core.ShmGroup(layout.control(mem, "b"), [layout.array(mem, "b", 0)], 0)
+    empty = _timed_loop(lambda: None, number, 1000)
+    solo = _timed_loop(group.allreduce, number, 1000)
+    return {"timer_pair_us": 1e6 * float(np.median(empty)),
+            "solo_allreduce_64B_us": 1e6 * float(np.median(solo))}
+
+
+def percentiles_us(xs) -> tuple[float, float]:
+    a = np.asarray(xs)
+    return 1e6 * float(np.percentile(a, 50)), 1e6 * float(np.percentile(a, 90))
+
+
+def main(argv=None):
+    def extra(p):
+        p.add_argument("--mpi-helper", metavar="OUT", help=argparse.SUPPRESS)
+        p.add_argument("--plan", help=argparse.SUPPRESS)
+    args = _util.parse_args("all-reduce latency between 2 workers: shared memory vs MPI",
+                            extra, argv=argv)
+    if args.mpi_helper:
+        mpi_helper(args.mpi_helper, json.loads(args.plan))
+        return None
+
+    repeats = 2 if args.quick else 5
+    mpiexec = shutil.which("mpiexec")
+    try:
+        import mpi4py
+        mpi_version = mpi4py.__version__
+    except ImportError:
+        mpi_version = None
+    env = _util.environment(mpi4py=mpi_version, mpiexec=mpiexec)
+    _util.print_environment(env)
+    floor = call_floor(5000 if args.quick else 20000)
+    print(f"# call floor: perf_counter pair around an empty call {floor['timer_pair_us']:.2f} us;"
+          f" ShmGroup.allreduce of 64 B in a group of 1 (no peer) "
+          f"{floor['solo_allreduce_64B_us']:.2f} us")
+
+    plan = [(label, n, calls_per_repeat(4 * n, args.quick)) for label, n in SIZES]
+    runners = {"thread": lambda: run_threads_once(plan),
+               "process": lambda: run_processes_once(plan)}
+    if mpiexec and mpi_version:
+        runners["mpi"] = lambda: run_mpi_once(plan, mpiexec)
+    else:
+        print("# MPI: no mpiexec or mpi4py here, the MPI column is left out")
+    names = list(runners)
+    # raw[transport][label] = list over repeats of per-call seconds
+    raw = {t: {label: [] for label, _ in SIZES} for t in names}
+    t_start = time.perf_counter()
+    for r in range(repeats):
+        for t in (names if r % 2 == 0 else names[::-1]):
+            for label, calls in runners[t]().items():
+                raw[t][label].append(calls)
+    elapsed = time.perf_counter() - t_start
+
+    rows, table = [], []
+    for label, n in SIZES:
+        row = {"size": label, "floats": n, "bytes": 4 * n,
+               "calls": calls_per_repeat(4 * n, args.quick) * repeats}
+        cells = [label, f"{row['calls']}"]
+        noise = 0.0
+        for t in ("thread", "process", "mpi"):
+            if t not in raw:
+                cells.append("-")
+                continue
+            pooled = [x for rep in raw[t][label] for x in rep]
+            p50, p90 = percentiles_us(pooled)
+            rep_p50 = [percentiles_us(rep)[0] for rep in raw[t][label]]
+            noise = max(noise, _util.spread(rep_p50))
+            row[t] = {"p50_us": p50, "p90_us": p90, "repeat_p50_us": rep_p50}
+            cells.append(f"{_fmt_us(p50)} / {_fmt_us(p90)}")
+        for t in ("thread", "process"):
+            if "mpi" in row:
+                row[f"mpi_over_{t}"] = row["mpi"]["p50_us"] / row[t]["p50_us"]
+                cells.append(f"{row[f'mpi_over_{t}']:.1f}x")
+            else:
+                cells.append("-")
+        row["noise"] = noise
+        cells.append(f"{100 * noise:.0f}%")
+        rows.append(row)
+        table.append(cells)
+    print()
+    _util.print_table(["size", "calls", "thread p50 / p90 us", "process p50 / p90 us",
+                       "MPI p50 / p90 us", "MPI/thread", "MPI/process", "noise"], table,
+                      title=f"All-reduce of a float32 buffer between {WORLD} workers (rank 0, "
+                            f"back-to-back calls, p50/p90 over {repeats} interleaved repeats)")
+
+    targets = []
+    by = {row["size"]: row for row in rows}
+    for t in ("thread", "process"):
+        small = max(by[s][t]["p50_us"] for s in ("64 B", "1 KB"))
+        targets.append([f"{t}: p50 up to 1 KB (worst of 64 B, 1 KB)", f"{small:.2f} us",
+                        f"<= {SMALL_TARGET_US:.0f} us",
+                        _util.verdict(small, SMALL_TARGET_US, False)])
+        mlp = by["0.94 MB"][t]["p50_us"]
+        targets.append([f"{t}: p50 at 0.94 MB", f"{mlp:.1f} us", f"<= {MLP_TARGET_US:.0f} us",
+                        _util.verdict(mlp, MLP_TARGET_US, False)])
+        if "mpi" in by["0.94 MB"]:
+            ratio = by["0.94 MB"][f"mpi_over_{t}"]
+            targets.append([f"{t}: MPI p50 / {t} p50 at 0.94 MB", f"{ratio:.1f}x",
+                            f">= {MLP_MPI_RATIO_TARGET:.0f}x",
+                            _util.verdict(ratio, MLP_MPI_RATIO_TARGET, True)])
+    print()
+    _util.print_table(["target", "measured", "target", "met"], targets, align="lrrl")
+    print(f"# p50/p90 include the Python call and the timer pair (see the call floor above); "
+          f"{elapsed:.0f} s of timing")
+    _util.write_json(args.json, "allreduce", env,
+                     {"world": WORLD, "repeats": repeats, "quick": args.quick,
+                      "sizes": SIZES, "call_floor": floor,
+                      "calls_per_repeat": {label: c for label, _, c in plan}}, rows)
+    return rows
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us:.2f}" if us < 10 else f"{us:.1f}" if us < 1000 else f"{us:.0f}"
+
+
+if __name__ == "__main__":
+    main()
