@@ -80,6 +80,7 @@ class Job:
     shuffle: bool
     warmup_steps: int = 0
     allreduce: str = "native"
+    bucket_kb: float = 0.0
     deterministic: bool = False
     checkpoint: str | None = None
     checkpoint_every: int = 0
@@ -103,6 +104,16 @@ class Job:
         if self.allreduce == "ps":
             specs.append(parallel.BufferSpec("grads_sum", p, dt, count=1))
         return specs
+
+
+def gradient_buckets(n_params: int, itemsize: int, bucket_kb: float) -> list[tuple[int, int]]:
+    """[(start, stop), ...] of the flat gradient in buckets of about bucket_kb, LAST layer
+    first (the flat layout is first layer first, and backward produces the last layer's
+    gradient first); one bucket (the whole buffer) when bucket_kb is 0."""
+    if bucket_kb <= 0:
+        return [(0, n_params)]
+    per = max(1, int(bucket_kb * 1024) // itemsize)
+    return [(max(0, stop - per), stop) for stop in range(n_params, 0, -per)]
 
 
 def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=None) -> dict:
@@ -134,6 +145,7 @@ def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=
     opt.steps = state["step"]
     stats = comm.buffer("stats")
     chunk_bufs = comm.buffers("chunks") if job.deterministic else None
+    buckets = gradient_buckets(net.n_params, net.dtype.itemsize, job.bucket_kb)
     my_chunks = range(rank * CHUNKS // world, (rank + 1) * CHUNKS // world)
 
     n = len(x)
@@ -193,7 +205,8 @@ def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=
                     grads = comm.buffer("grads_sum") if isinstance(
                         comm, parallel.ShmComm) else None
                 else:
-                    comm.allreduce_("grads")
+                    for lo_b, hi_b in buckets:      # one collective per bucket
+                        comm.allreduce_("grads", start=lo_b, stop=hi_b)
                     grads = None
             t_d = clock()
             if job.allreduce == "ps" and not job.deterministic:
@@ -324,7 +337,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
           out=None, save_weights=None, quiet: bool = False, allow_download: bool = True,
           log=print, deterministic: bool = False, checkpoint=None, checkpoint_every: int = 0,
           resume=None, batch_per_worker: int | None = None, scale_lr: bool = False,
-          allreduce: str = "native",
+          allreduce: str = "native", bucket_kb: float = 0.0,
           warmup_epochs: float = 0.0, fault: tuple | None = None) -> dict:
     """Trains one model on 1..N workers; returns the result dict (see the module docstring).
 
@@ -335,6 +348,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     allreduce: 'native' (the transport's own: MPI_Allreduce, or the shared-memory reduce),
     'ring' or 'tree' (over MPI point-to-point messages; mpi backend), or 'ps' (parameter
     server: gradients summed on rank 0, which alone updates and broadcasts the parameters).
+    bucket_kb > 0 exchanges the gradient in buckets of that many KiB, last layer first
+    (0: one collective for the whole flat gradient).
     Weak scaling: batch_per_worker=b fixes each worker's share (global batch b x workers);
     scale_lr=True multiplies lr by the number of workers (the linear scaling rule), and
     warmup_epochs ramps the learning rate up linearly over that many epochs first
@@ -381,6 +396,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     if allreduce in ("ring", "tree") and backend != "mpi" and workers > 1:
         raise ValueError(f"allreduce={allreduce!r} runs over point-to-point messages: use "
                          f"backend='mpi' (the {backend} backend offers 'native' and 'ps')")
+    if not (bucket_kb >= 0 and math.isfinite(bucket_kb)):
+        raise ValueError(f"bucket_kb must be a finite number >= 0, got {bucket_kb!r}")
     if allreduce != "native" and deterministic:
         raise ValueError("deterministic mode has its own fixed-order reduction: use "
                          "allreduce='native' with it")
@@ -415,7 +432,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
                   checkpoint=str(checkpoint) if checkpoint else None,
                   checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
                   batch_per_worker=batch_per_worker, scale_lr=scale_lr, base_lr=base_lr,
-                  allreduce=allreduce,
+                  allreduce=allreduce, bucket_kb=bucket_kb,
                   warmup_epochs=warmup_epochs)
 
     t0 = time.perf_counter()
@@ -437,7 +454,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
               dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
               lr_schedule=lr_schedule, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
               warmup_steps=int(round(warmup_epochs * -(-len(ds.x_train) // batch_size))),
-              allreduce=allreduce,
+              allreduce=allreduce, bucket_kb=float(bucket_kb),
               deterministic=bool(deterministic), checkpoint=str(checkpoint) if checkpoint else None,
               checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
               fault=tuple(fault) if fault else None)

@@ -278,3 +278,18 @@ def test_every_mpi_algorithm_equals_one_worker(sequential, algorithm, ranks, tmp
     assert r.returncode == 0, r.stdout + r.stderr
     np.testing.assert_allclose(dptrain.load_model(weights).params, sequential["params"],
                                rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------ buckets
+def test_buckets_cover_the_gradient_last_layer_first():
+    from dptrain.training import gradient_buckets
+    assert gradient_buckets(10, 4, 0) == [(0, 10)]
+    b = gradient_buckets(1000, 4, 1.0)                 # 256 floats per bucket
+    assert b[0] == (744, 1000) and b[-1] == (0, 232)
+    assert all(x[0] == y[1] for x, y in zip(b, b[1:]))
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_bucketed_exchange_equals_one_worker(sequential, backend):
+    r = _train(workers=2, backend=backend, bucket_kb=0.25)
+    np.testing.assert_allclose(r["params"], sequential["params"], rtol=0, atol=1e-5)
