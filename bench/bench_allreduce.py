@@ -1,10 +1,14 @@
 """One all-reduce of a float32 buffer between 2 workers: shared memory against MPI.
 
-Three transports, the same 2 workers, the same buffer sizes (64 B ... 16 MB, and 0.94 MB: the
+The transports, the same 2 workers, the same buffer sizes (64 B ... 16 MB, and 0.94 MB: the
 MLP 784-256-128-10's 235,146-float gradient):
 
 - thread:  `_core.ShmGroup.allreduce()` between 2 threads of this process (the `thread`
   backend's collective), buffers in one 64-byte aligned block (`parallel.SharedLayout`);
+- thread, pinned: the same with each thread pinned to its own CPU. A diagnostic, not what the
+  engine does: unpinned, the GIL hand-off after each call wakes the other thread through a
+  futex, the scheduler may put it on the waker's CPU, and then both take turns on one core,
+  every wait lasting the barrier's whole spin phase (200 us);
 - process: the same call between 2 processes mapping one `multiprocessing.shared_memory`
   segment (the `process` backend's collective; workers started with 'spawn');
 - MPI:     `comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)` between 2 MPI ranks (mpi4py, the
@@ -25,7 +29,7 @@ and size.
 Repeats: each repeat runs every transport over every size (order of the transports reversed
 every other repeat; a fresh pair of processes / a fresh mpiexec each repeat). p50/p90 are over
 the calls of all repeats pooled; `noise` is (max - min) / median of the per-repeat p50s, the
-largest of the three transports.
+largest of the four columns.
 
 Targets (from the issue): shared memory p50 <= 40 us at 0.94 MB and >= 4x faster than
 MPI_Allreduce on the same buffer; p50 <= 1 us for buffers up to 1 KB.
@@ -43,7 +47,6 @@ import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -109,7 +112,8 @@ def check_sum(call, buf, rank: int, label: str, transport: str) -> None:
 
 
 def pin_to_own_cpu(rank: int) -> None:
-    """Pins the calling thread to its own CPU (rank r -> the r-th CPU this process may use)."""
+    """Pins the calling thread to its own CPU (rank r -> the r-th CPU this process may use;
+    on Linux, sched_setaffinity(0) applies to the calling thread only)."""
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
 
@@ -276,6 +280,9 @@ def main(argv=None):
         mpi_version = None
     env = _util.environment(mpi4py=mpi_version, mpiexec=mpiexec)
     _util.print_environment(env)
+    if env["loadavg_1min"] and env["loadavg_1min"] > 0.5:
+        print(f"# WARNING: load average {env['loadavg_1min']:.2f} before the start: other "
+              f"processes compete with the 2 workers for the 2 cores")
     floor = call_floor(5000 if args.quick else 20000)
     print(f"# call floor: perf_counter pair around an empty call {floor['timer_pair_us']:.2f} us;"
           f" ShmGroup.allreduce of 64 B in a group of 1 (no peer) "

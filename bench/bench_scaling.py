@@ -68,6 +68,7 @@ import numpy as np  # noqa: E402
 
 import dptrain  # noqa: E402
 from dptrain import parallel  # noqa: E402
+from dptrain.data import load_dataset  # noqa: E402
 
 MNIST_DIR = "/work/shared/data/mnist"
 WORKERS = 2
@@ -248,7 +249,7 @@ def _ddp_rank(rank: int, world: int, port: int, out_path: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         cfg = workload_config("mlp", world)
-        ds = dptrain.data.load_dataset("mnist", data_dir=cfg["data_dir"], dtype=np.float32,
+        ds = load_dataset("mnist", data_dir=cfg["data_dir"], dtype=np.float32,
                                        limit=cfg["limit"], allow_download=False, announce=None)
         x, y = torch.from_numpy(ds.x_train), torch.from_numpy(ds.y_train.astype(np.int64))
         torch.manual_seed(0)
@@ -357,9 +358,10 @@ def report(name: str, measured: dict, repeats: int) -> tuple[list, dict]:
             speed, pct = f"{ceiling:.2f}x (ceiling)", "100%"
         else:
             row["speedup"] = t1 / m
-            row["of_ceiling"] = row["speedup"] / ceiling if ceiling else None
-            speed = f"{row['speedup']:.2f}x"
-            pct = f"{100 * row['of_ceiling']:.0f}%" if ceiling else "-"
+            speed, pct = f"{row['speedup']:.2f}x", "-"
+            if cfg in TWO_WORKER and ceiling:
+                row["of_ceiling"] = row["speedup"] / ceiling
+                pct = f"{100 * row['of_ceiling']:.0f}%"
         comm = [r["phase_seconds"]["communication"] / r["train_seconds"] for r in ok
                 if "phase_seconds" in r]
         row["comm_share"] = _util.median(comm) if comm else None

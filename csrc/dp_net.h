@@ -26,10 +26,18 @@ typedef struct {
     dp_ctx ctx;
     dp_scratch acts;         /* post-activation outputs of every layer, rows x sum(OUT_l) */
     dp_scratch grad_io;      /* two rows x max(OUT_l) buffers for the backward sweep */
+    /* a backward sweep in progress (dp_net_forward_loss, then dp_net_backward_layer for
+     * layers L-1 .. 0, so that a caller can start exchanging a layer's gradient while the
+     * next one is computed) */
+    int pending_rows;        /* rows of the batch in flight; 0 when none */
+    int next_layer;          /* the layer the next backward step must be */
+    int d_second;            /* which grad_io half holds d(loss)/d(layer output) */
+    const void *pending_x;   /* the batch's input (the caller keeps it alive) */
 } dp_net;
 
 /* Parameter count of the layout above, or -1 when a size is < 1 or there are too many layers. */
 ptrdiff_t dp_net_param_count(const int *sizes, int n_layers);
+#define DP_EORDER (-20)      /* dp_net_backward_layer called out of order */
 int dp_net_init(dp_net *net, const int *sizes, int n_layers, dp_loss loss, int threads);
 void dp_net_free(dp_net *net);
 
@@ -37,6 +45,10 @@ void dp_net_free(dp_net *net);
     int dp_net_loss_grad##S(dp_net *net, T *grads, double *loss_sum, int64_t *correct,         \
                             const T *params, const T *x, const int64_t *labels, int B,         \
                             T grad_scale);                                                     \
+    int dp_net_forward_loss##S(dp_net *net, double *loss_sum, int64_t *correct,                \
+                               const T *params, const T *x, const int64_t *labels, int B,      \
+                               T grad_scale);                                                  \
+    int dp_net_backward_layer##S(dp_net *net, T *grads, const T *params, int layer);           \
     int dp_net_evaluate##S(dp_net *net, T *logits, double *loss_sum, int64_t *correct,         \
                            const T *params, const T *x, const int64_t *labels, int B);
 

@@ -66,26 +66,55 @@ int K(dp_net_loss_grad)(dp_net *net, T *grads, double *loss_sum, int64_t *correc
         return K(dp_logistic_grad)(grads + net->w_off[0], grads + net->b_off[0], loss_sum,
                                    correct, x, params + net->w_off[0], params + net->b_off[0],
                                    labels, B, net->sizes[0], grad_scale);
+    int rc = K(dp_net_forward_loss)(net, loss_sum, correct, params, x, labels, B, grad_scale);
+    for (int l = L - 1; l >= 0 && rc == DP_OK; l--) rc = K(dp_net_backward_layer)(net, grads, params, l);
+    return rc;
+}
+
+int K(dp_net_forward_loss)(dp_net *net, double *loss_sum, int64_t *correct, const T *params,
+                           const T *x, const int64_t *labels, int B, T grad_scale)
+{
+    // x is (B, sizes[0]): forward and loss; d(grad_scale * loss)/d(logits) is kept for the
+    // backward steps that follow
+    net->pending_rows = 0;
+    if (B <= 0) { *loss_sum = 0; *correct = 0; return DP_OK; }
     T *out[DP_MAX_LAYERS], *d, *dnext;
+    int L = net->n_layers;
     int rc = K(net_buffers)(net, B, out, &d, &dnext);
     if (rc) return rc;
     rc = K(net_forward)(net, out, params, x, B);
     if (rc) return rc;
     rc = K(net_loss)(net, d, loss_sum, correct, out[L - 1], labels, B, grad_scale);
     if (rc) return rc;
-    for (int l = L - 1; l >= 0; l--) {
-        int IN = net->sizes[l], OUT = net->sizes[l + 1];
-        const T *h = l > 0 ? out[l - 1] : x;
-        rc = K(dp_dense_backward)(&net->ctx, grads + net->w_off[l], grads + net->b_off[l],
-                                  l > 0 ? dnext : NULL, d, h, params + net->w_off[l], B, IN, OUT);
-        if (rc) return rc;
-        if (l > 0) {
-            K(dp_relu_backward)(dnext, dnext, out[l - 1], (ptrdiff_t)B * IN);
-            T *t = d;
-            d = dnext;
-            dnext = t;
-        }
+    net->pending_rows = B;
+    net->pending_x = x;
+    net->next_layer = L - 1;
+    net->d_second = 0;
+    return DP_OK;
+}
+
+int K(dp_net_backward_layer)(dp_net *net, T *grads, const T *params, int layer)
+{
+    // one step of the backward sweep: layer's dW, db accumulate into grads, and the gradient
+    // w.r.t. its input (through the ReLU) is left for layer - 1
+    int B = net->pending_rows;
+    if (B == 0 || layer != net->next_layer) return DP_EORDER;
+    T *out[DP_MAX_LAYERS], *g0, *g1;
+    int rc = K(net_buffers)(net, B, out, &g0, &g1);   /* the same scratch: no allocation */
+    if (rc) return rc;
+    T *d = net->d_second ? g1 : g0, *dnext = net->d_second ? g0 : g1;
+    int IN = net->sizes[layer], OUT = net->sizes[layer + 1];
+    const T *h = layer > 0 ? out[layer - 1] : (const T *)net->pending_x;
+    rc = K(dp_dense_backward)(&net->ctx, grads + net->w_off[layer], grads + net->b_off[layer],
+                              layer > 0 ? dnext : NULL, d, h, params + net->w_off[layer], B, IN,
+                              OUT);
+    if (rc) return rc;
+    if (layer > 0) {
+        K(dp_relu_backward)(dnext, dnext, out[layer - 1], (ptrdiff_t)B * IN);
+        net->d_second = !net->d_second;
     }
+    net->next_layer = layer - 1;
+    if (layer == 0) net->pending_rows = 0;
     return DP_OK;
 }
 

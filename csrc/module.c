@@ -651,6 +651,7 @@ typedef struct {
     dp_net net;
     PyArrayObject *params, *grads;   /* owned references, validated once */
     PyObject *sizes;                 /* tuple of ints */
+    PyObject *pending_x;             /* the input of a backward sweep in progress (owned) */
     PyThread_type_lock lock;
     int ready;
 } NetworkObject;
@@ -734,6 +735,7 @@ static void Network_dealloc(NetworkObject *self)
     Py_XDECREF(self->params);
     Py_XDECREF(self->grads);
     Py_XDECREF(self->sizes);
+    Py_XDECREF(self->pending_x);
     if (self->lock) PyThread_free_lock(self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -754,6 +756,80 @@ static int network_batch(NetworkObject *self, PyObject *xo, PyObject *lo, PyArra
     return 0;
 }
 
+/* The gradient buffer of a call: the held one, or another of the same layout (e.g. one per
+ * chunk of a global batch). */
+static PyArrayObject *network_grads(NetworkObject *self, PyObject *go, PyArrayObject *x)
+{
+    PyArrayObject *grads = self->grads;
+    if (go && go != Py_None) {
+        npy_intp pn[1] = {self->net.n_params};
+        if (!(grads = check_array(go, "grads", PyArray_TYPE(self->params), 1, 1)) ||
+            check_shape(grads, "grads", 1, pn) || check_no_overlap(grads, "grads", self->params, "params") ||
+            (x && check_no_overlap(grads, "grads", x, "x")))
+            return NULL;
+    }
+    if (!PyArray_ISWRITEABLE(grads)) {
+        PyErr_SetString(PyExc_ValueError, "grads is read-only, but it is written to");
+        return NULL;
+    }
+    return grads;
+}
+
+static PyObject *Network_forward_loss(NetworkObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "labels", "grad_scale", NULL};
+    PyObject *xo, *lo, *gso = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:forward_loss", kwlist, &xo, &lo, &gso)) return NULL;
+    PyArrayObject *x, *l;
+    double gs;
+    if (network_batch(self, xo, lo, &x, &l)) return NULL;
+    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    npy_intp B = PyArray_DIM(x, 0);
+    if (get_grad_scale(gso, B, &gs)) return NULL;
+    double loss = 0;
+    int64_t correct = 0;
+    int rc;
+    dp_net *net = &self->net;
+    if (IS_F32(self->params))
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_forward_loss_f32(net, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, (float)gs));
+    else
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_forward_loss_f64(net, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
+    Py_CLEAR(self->pending_x);
+    if (rc == DP_ELABEL) return label_error(l, net->loss == DP_LOSS_SIGMOID_BCE ? 2 : net->sizes[net->n_layers]), NULL;
+    if (rc) return raise_code(rc, "Network.forward_loss");
+    if (net->pending_rows) {
+        Py_INCREF(xo);
+        self->pending_x = xo;            /* backward_layer(0) reads it */
+    }
+    return Py_BuildValue("(dL)", loss, (long long)correct);
+}
+
+static PyObject *Network_backward_layer(NetworkObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"layer", "grads", NULL};
+    int layer;
+    PyObject *go = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|O:backward_layer", kwlist, &layer, &go)) return NULL;
+    if (!self->ready) return PyErr_Format(PyExc_RuntimeError, "Network is not initialized"), NULL;
+    PyArrayObject *grads = network_grads(self, go, self->pending_x ? (PyArrayObject *)self->pending_x : NULL);
+    if (!grads) return NULL;
+    dp_net *net = &self->net;
+    int rc;
+    if (IS_F32(self->params))
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_backward_layer_f32(net, PyArray_DATA(grads), PyArray_DATA(self->params), layer));
+    else
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_backward_layer_f64(net, PyArray_DATA(grads), PyArray_DATA(self->params), layer));
+    if (rc == DP_EORDER) {
+        if (!net->pending_rows)
+            return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d): no forward_loss to go back from", layer), NULL;
+        return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d) out of order: the next layer is %d",
+                            layer, net->next_layer), NULL;
+    }
+    if (rc) return raise_code(rc, "Network.backward_layer");
+    if (!net->pending_rows) Py_CLEAR(self->pending_x);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Network_loss_grad(NetworkObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"x", "labels", "grad_scale", "grads", NULL};
@@ -765,16 +841,8 @@ static PyObject *Network_loss_grad(NetworkObject *self, PyObject *args, PyObject
     if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
     npy_intp B = PyArray_DIM(x, 0);
     if (get_grad_scale(gso, B, &gs)) return NULL;
-    if (go != Py_None) {
-        /* another gradient buffer of the same layout (e.g. one per chunk of a global batch) */
-        npy_intp pn[1] = {self->net.n_params};
-        if (!(grads = check_array(go, "grads", PyArray_TYPE(self->params), 1, 1)) ||
-            check_shape(grads, "grads", 1, pn) || check_no_overlap(grads, "grads", self->params, "params") ||
-            check_no_overlap(grads, "grads", x, "x"))
-            return NULL;
-    }
-    if (!PyArray_ISWRITEABLE(grads))
-        return PyErr_Format(PyExc_ValueError, "grads is read-only, but it is written to"), NULL;
+    if (!(grads = network_grads(self, go, x))) return NULL;
+    Py_CLEAR(self->pending_x);           /* a full sweep replaces any one in progress */
     double loss = 0;
     int64_t correct = 0;
     int rc;
@@ -847,6 +915,12 @@ static PyMethodDef Network_methods[] = {
      "loss_grad(x, labels, grad_scale=None, grads=None) -> (loss_sum, n_correct)\n\nForward and "
      "backward on one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (the "
      "held buffer, or the one given; grad_scale defaults to 1/B)."},
+    {"forward_loss", (PyCFunction)(void (*)(void))Network_forward_loss, METH_VARARGS | METH_KEYWORDS,
+     "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
+     "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it"},
+    {"backward_layer", (PyCFunction)(void (*)(void))Network_backward_layer, METH_VARARGS | METH_KEYWORDS,
+     "backward_layer(layer, grads=None): one backward step, last layer first; that layer's "
+     "gradient is final when it returns"},
     {"evaluate", (PyCFunction)(void (*)(void))Network_evaluate, METH_VARARGS | METH_KEYWORDS,
      "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
     {"logits", (PyCFunction)(void (*)(void))Network_logits, METH_VARARGS | METH_KEYWORDS,

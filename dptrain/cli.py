@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--bucket-kb", type=_nonneg_float, default=0.0,
                    help="exchange the gradient in buckets of this many KiB, last layer first "
                         "(default 0: one all-reduce of the whole flat gradient)")
+    t.add_argument("--overlap", action="store_true",
+                   help="start each bucket's all-reduce while backward is still running")
     t.add_argument("--batch-per-worker", type=_pos_int, default=None, metavar="B",
                    help="weak scaling: each worker's batch (the global batch is B x workers)")
     t.add_argument("--scale-lr", action="store_true",
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
               checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
               resume=args.resume, batch_per_worker=args.batch_per_worker,
               scale_lr=args.scale_lr, warmup_epochs=args.warmup_epochs,
-              allreduce=args.allreduce, bucket_kb=args.bucket_kb,
+              allreduce=args.allreduce, bucket_kb=args.bucket_kb, overlap=args.overlap,
               fault=_fault(args.inject_fault))
     except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
         print(f"dptrain: error: {exc}", file=sys.stderr)

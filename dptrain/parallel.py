@@ -63,6 +63,18 @@ class Communicator:
         """The sum of every rank's array of a role, on root only (parameter server)."""
         raise NotImplementedError
 
+    def allreduce_async_(self, name: str, start: int = 0, stop: int | None = None):
+        """Starts allreduce_(name, 1.0, start, stop) and returns a handle for wait_; every
+        worker must start the same ranges in the same order."""
+        self.allreduce_(name, 1.0, start, stop)
+        return None
+
+    def wait_(self, handles) -> None:
+        """Waits for handles of allreduce_async_ (re-raising a failure of any of them)."""
+
+    def close(self) -> None:
+        """Releases what the communicator started (e.g. its communication thread)."""
+
     def broadcast_(self, name: str, root: int = 0) -> None:
         raise NotImplementedError
 
@@ -208,6 +220,16 @@ class WaitPolicy:
         return cls(timeout=timeout)
 
 
+class _Handle:
+    """An all-reduce in flight on a communication thread."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.error = None
+
+
 class ShmComm(Communicator):
     """A worker of a group sharing one block of memory (threads or processes)."""
 
@@ -218,6 +240,7 @@ class ShmComm(Communicator):
         self.backend = backend
         self._layout = layout
         self._mem = mem
+        self._comm_thread = None
         self._specs = {s.name: s for s in layout.specs}
         self._all = {s.name: [layout.array(mem, s.name, r) for r in range(s.arrays(self.size))]
                      for s in layout.specs}
@@ -253,6 +276,47 @@ class ShmComm(Communicator):
 
     def allreduce_(self, name, scale=1.0, start=0, stop=None):
         self._groups[name].allreduce(scale, start, stop)
+
+    def allreduce_async_(self, name, start=0, stop=None):
+        """Queues the all-reduce on this worker's communication thread, which runs the C call
+        (GIL released) while the caller goes on computing."""
+        if self._comm_thread is None:
+            import queue
+            self._queue = queue.SimpleQueue()
+            self._comm_thread = threading.Thread(target=self._comm_loop, daemon=True,
+                                                 name=f"dptrain-comm-{self.rank}")
+            self._comm_thread.start()
+        handle = _Handle()
+        self._queue.put((handle, name, start, stop))
+        return handle
+
+    def _comm_loop(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            handle, name, start, stop = item
+            try:
+                self._groups[name].allreduce(1.0, start, stop)
+            except BaseException as exc:  # handed to the waiting worker
+                handle.error = exc
+            handle.done.set()
+
+    def wait_(self, handles):
+        for h in handles:
+            if h is not None:
+                h.done.wait()
+        for h in handles:
+            if h is not None and h.error is not None:
+                raise h.error
+
+    def close(self):
+        # never wait long: after a failure the thread may still sit in a collective until
+        # the group's abort wakes it; it exits on its own then (it is a daemon)
+        if self._comm_thread is not None:
+            self._queue.put(None)
+            self._comm_thread.join(0.5)
+            self._comm_thread = None
 
     def reduce_(self, name, root=0):
         """The sum of every rank's array (in rank order), into root's array only."""
@@ -330,6 +394,18 @@ class MPIComm(Communicator):
             self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
         if scale != 1.0:
             buf *= scale
+
+    def allreduce_async_(self, name, start=0, stop=None):
+        if self._reduce is not None:
+            raise ValueError("overlap needs a non-blocking all-reduce: use allreduce='native' "
+                             "with the mpi backend")
+        return self._comm.Iallreduce(self._MPI.IN_PLACE, self._all[name][0][start:stop],
+                                     op=self._MPI.SUM)
+
+    def wait_(self, handles):
+        reqs = [h for h in handles if h is not None]
+        if reqs:
+            self._MPI.Request.Waitall(reqs)
 
     def reduce_(self, name, root=0):
         """The sum of every rank's array, on root only (the parameter server's gather)."""

@@ -81,6 +81,7 @@ class Job:
     warmup_steps: int = 0
     allreduce: str = "native"
     bucket_kb: float = 0.0
+    overlap: bool = False
     deterministic: bool = False
     checkpoint: str | None = None
     checkpoint_every: int = 0
@@ -119,6 +120,13 @@ def gradient_buckets(n_params: int, itemsize: int, bucket_kb: float) -> list[tup
 def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=None) -> dict:
     """The training loop of one worker (any transport). Returns its timings; rank 0 also
     returns the per-epoch history and the final parameters."""
+    try:
+        return _run_worker(comm, job, x, y, x_test, y_test, say)
+    finally:
+        comm.close()
+
+
+def _run_worker(comm, job, x, y, x_test, y_test, say):
     rank, world = comm.rank, comm.size
     net = build_model(job.model, job.sizes[0], job.n_classes, hidden=job.hidden,
                       dtype=job.dtype, threads=job.threads, seed=job.seed,
@@ -146,6 +154,7 @@ def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=
     stats = comm.buffer("stats")
     chunk_bufs = comm.buffers("chunks") if job.deterministic else None
     buckets = gradient_buckets(net.n_params, net.dtype.itemsize, job.bucket_kb)
+    layer_starts = [lo for lo, _ in net.layer_slices()]
     my_chunks = range(rank * CHUNKS // world, (rank + 1) * CHUNKS // world)
 
     n = len(x)
@@ -194,6 +203,22 @@ def run_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test, say=
                 t_c = clock()
                 comm.allreduce_("chunks")        # chunk_sum = the chunks, summed in order
                 grads = comm.buffer("chunk_sum")
+            elif job.overlap:
+                bx, by = batch_rows(order, *parallel.shard(s, e, rank, world))
+                t_b = clock()
+                net.zero_grad()
+                batch_loss, batch_correct = net._net.forward_loss(bx, by, scale)
+                # backward layer by layer, last first; a bucket's all-reduce starts as soon as
+                # every layer it covers is done, and runs while the next layers are computed
+                handles, k = [], 0
+                for layer in reversed(range(len(layer_starts))):
+                    net._net.backward_layer(layer)
+                    while k < len(buckets) and buckets[k][0] >= layer_starts[layer]:
+                        handles.append(comm.allreduce_async_("grads", *buckets[k]))
+                        k += 1
+                t_c = clock()
+                comm.wait_(handles)               # the communication backward did not hide
+                grads = None
             else:
                 bx, by = batch_rows(order, *parallel.shard(s, e, rank, world))
                 t_b = clock()
@@ -337,7 +362,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
           out=None, save_weights=None, quiet: bool = False, allow_download: bool = True,
           log=print, deterministic: bool = False, checkpoint=None, checkpoint_every: int = 0,
           resume=None, batch_per_worker: int | None = None, scale_lr: bool = False,
-          allreduce: str = "native", bucket_kb: float = 0.0,
+          allreduce: str = "native", bucket_kb: float = 0.0, overlap: bool = False,
           warmup_epochs: float = 0.0, fault: tuple | None = None) -> dict:
     """Trains one model on 1..N workers; returns the result dict (see the module docstring).
 
@@ -349,7 +374,9 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     'ring' or 'tree' (over MPI point-to-point messages; mpi backend), or 'ps' (parameter
     server: gradients summed on rank 0, which alone updates and broadcasts the parameters).
     bucket_kb > 0 exchanges the gradient in buckets of that many KiB, last layer first
-    (0: one collective for the whole flat gradient).
+    (0: one collective for the whole flat gradient); overlap=True starts each bucket's
+    all-reduce as soon as backward has produced it, while backward goes on (a communication
+    thread on the shared-memory transports, MPI_Iallreduce under MPI).
     Weak scaling: batch_per_worker=b fixes each worker's share (global batch b x workers);
     scale_lr=True multiplies lr by the number of workers (the linear scaling rule), and
     warmup_epochs ramps the learning rate up linearly over that many epochs first
@@ -398,6 +425,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
                          f"backend='mpi' (the {backend} backend offers 'native' and 'ps')")
     if not (bucket_kb >= 0 and math.isfinite(bucket_kb)):
         raise ValueError(f"bucket_kb must be a finite number >= 0, got {bucket_kb!r}")
+    if overlap and (deterministic or allreduce != "native"):
+        raise ValueError("overlap works with allreduce='native' and without deterministic mode")
     if allreduce != "native" and deterministic:
         raise ValueError("deterministic mode has its own fixed-order reduction: use "
                          "allreduce='native' with it")
@@ -432,7 +461,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
                   checkpoint=str(checkpoint) if checkpoint else None,
                   checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
                   batch_per_worker=batch_per_worker, scale_lr=scale_lr, base_lr=base_lr,
-                  allreduce=allreduce, bucket_kb=bucket_kb,
+                  allreduce=allreduce, bucket_kb=bucket_kb, overlap=overlap,
                   warmup_epochs=warmup_epochs)
 
     t0 = time.perf_counter()
@@ -454,7 +483,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
               dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
               lr_schedule=lr_schedule, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
               warmup_steps=int(round(warmup_epochs * -(-len(ds.x_train) // batch_size))),
-              allreduce=allreduce, bucket_kb=float(bucket_kb),
+              allreduce=allreduce, bucket_kb=float(bucket_kb), overlap=bool(overlap),
               deterministic=bool(deterministic), checkpoint=str(checkpoint) if checkpoint else None,
               checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
               fault=tuple(fault) if fault else None)

@@ -293,3 +293,41 @@ def test_buckets_cover_the_gradient_last_layer_first():
 def test_bucketed_exchange_equals_one_worker(sequential, backend):
     r = _train(workers=2, backend=backend, bucket_kb=0.25)
     np.testing.assert_allclose(r["params"], sequential["params"], rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------ overlap
+@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("bucket_kb", [0, 0.25])
+def test_overlapped_exchange_equals_one_worker(sequential, backend, bucket_kb):
+    r = _train(workers=2, backend=backend, bucket_kb=bucket_kb, overlap=True)
+    np.testing.assert_allclose(r["params"], sequential["params"], rtol=0, atol=1e-5)
+
+
+def test_overlap_with_a_failing_worker_still_stops_promptly():
+    t0 = time.monotonic()
+    with pytest.raises(parallel.WorkerError, match="worker rank 1 failed"):
+        _train(workers=3, backend="thread", bucket_kb=0.25, overlap=True, fault=(1, 4, "raise"))
+    assert time.monotonic() - t0 < 10
+
+
+def test_overlap_rejects_combinations_it_cannot_run():
+    with pytest.raises(ValueError, match="overlap works with allreduce='native'"):
+        _train(workers=2, backend="thread", overlap=True, allreduce="ps")
+    with pytest.raises(ValueError, match="overlap works with"):
+        _train(overlap=True, deterministic=True)
+
+
+@needs_mpi
+def test_overlapped_mpi_equals_one_worker(sequential, tmp_path):
+    weights = tmp_path / "w.npz"
+    r = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "dptrain", "train",
+                        "--model", "mlp", "--hidden", "16", "--dataset", "synthetic",
+                        "--n-samples", "1030", "--n-features", "12", "--epochs", "2",
+                        "--batch-size", "100", "--lr", "0.05", "--momentum", "0.9",
+                        "--backend", "mpi", "--bucket-kb", "0.25", "--overlap", "--quiet",
+                        "--save-weights", str(weights)],
+                       capture_output=True, text=True, timeout=300,
+                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    np.testing.assert_allclose(dptrain.load_model(weights).params, sequential["params"],
+                               rtol=0, atol=1e-5)
