@@ -1374,6 +1374,73 @@ static void test_net_case(const int *sizes, int L, dp_loss loss, int B, const ch
 
 /* ---- main -------------------------------------------------------------------------------- */
 
+/* ---- dp_sync: the shared-memory group's barrier and slice reduction, on real threads */
+
+#include "dp_sync.h"
+
+typedef struct {
+    dp_barrier *bar;
+    float **bufs;
+    int n, rank, rounds, len, failed;
+} sync_arg;
+
+static void *sync_worker(void *p)
+{
+    sync_arg *a = p;
+    dp_wait_policy pol = {1e-4, 1e-3, 20.0};
+    uint32_t code;
+    for (int round = 0; round < a->rounds; round++) {
+        for (int i = 0; i < a->len; i++) a->bufs[a->rank][i] = (float)(a->rank + round + i % 7);
+        ptrdiff_t lo, hi;
+        dp_slice(0, a->len, a->rank, a->n, 4, &lo, &hi);
+        if (dp_barrier_wait(a->bar, &pol, &code)) { a->failed = 1; return NULL; }
+        dp_allreduce_slice_f32(a->bufs, a->n, lo, hi, 1.0f);
+        if (dp_barrier_wait(a->bar, &pol, &code)) { a->failed = 1; return NULL; }
+        for (int i = 0; i < a->len; i++) {
+            float want = 0;
+            for (int r = 0; r < a->n; r++) want += (float)(r + round + i % 7);
+            if (a->bufs[a->rank][i] != want) { a->failed = 2; break; }
+        }
+        if (dp_barrier_wait(a->bar, &pol, &code)) { a->failed = 1; return NULL; }
+    }
+    return NULL;
+}
+
+static void test_sync(void)
+{
+    for (int n = 1; n <= 4; n++) {
+        int len = 1000 + 37 * n;
+        dp_barrier *bar = dp_aligned_alloc(sizeof *bar);
+        float *bufs[4];
+        pthread_t th[4];
+        sync_arg args[4];
+        dp_barrier_init(bar, n);
+        for (int r = 0; r < n; r++) bufs[r] = malloc(sizeof(float) * (size_t)len);
+        for (int r = 0; r < n; r++) {
+            args[r] = (sync_arg){bar, bufs, n, r, 200, len, 0};
+            pthread_create(&th[r], NULL, sync_worker, &args[r]);
+        }
+        int bad = 0;
+        for (int r = 0; r < n; r++) {
+            pthread_join(th[r], NULL);
+            bad |= args[r].failed;
+        }
+        expect(!bad, "dp_allreduce_slice_f32 / dp_barrier_wait n=%d: worker failure %d", n, bad);
+        /* an abort wakes a waiter with the code; a timed-out wait aborts the group */
+        uint32_t code = 0;
+        dp_wait_policy quick = {1e-5, 1e-5, 0.05};
+        if (n > 1) {
+            int rc = dp_barrier_wait(bar, &quick, &code);
+            expect(rc == DP_ETIMEOUT, "dp_barrier_wait alone of %d: returned %d, expected timeout", n, rc);
+            rc = dp_barrier_wait(bar, &quick, &code);
+            expect(rc == DP_EABORT && code == DP_TIMEOUT_ABORT_CODE,
+                   "dp_barrier_wait after a timeout: returned %d code %u, expected abort", rc, code);
+        }
+        for (int r = 0; r < n; r++) free(bufs[r]);
+        dp_aligned_free(bar);
+    }
+}
+
 int main(void)
 {
     signal(SIGALRM, on_watchdog);
@@ -1383,6 +1450,7 @@ int main(void)
 
     test_pool_startup();   /* before this process has any pool of its own */
     test_math();
+    test_sync();
 
     int rc = dp_ctx_init(&ctx1, 1);
     if (!rc) rc = dp_ctx_init(&ctx3, 3);
