@@ -1376,6 +1376,8 @@ static void test_net_case(const int *sizes, int L, dp_loss loss, int B, const ch
 
 /* ---- dp_sync: the shared-memory group's barrier and slice reduction, on real threads */
 
+#include <pthread.h>
+
 #include "dp_sync.h"
 
 typedef struct {
