@@ -644,6 +644,53 @@ static PyObject *py_scale(PyObject *self, PyObject *args, PyObject *kwds)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ batch assembly */
+
+static PyObject *py_gather_rows(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "index", "out", NULL};
+    PyObject *xo, *io, *oo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:gather_rows", kwlist, &xo, &io, &oo)) return NULL;
+    PyArrayObject *x, *idx, *out;
+    if (!(idx = check_array(io, "index", NPY_INT64, 1, 0))) return NULL;
+    if (!PyArray_Check(xo) || !PyArray_Check(oo))
+        return PyErr_Format(PyExc_TypeError, "x and out must be numpy.ndarray"), NULL;
+    x = (PyArrayObject *)xo;
+    out = (PyArrayObject *)oo;
+    if (PyArray_NDIM(x) < 1 || !PyArray_IS_C_CONTIGUOUS(x) || !PyArray_IS_C_CONTIGUOUS(out) ||
+        !PyArray_ISWRITEABLE(out))
+        return PyErr_Format(PyExc_ValueError, "x must be a C-contiguous array and out a writeable "
+                            "C-contiguous array"), NULL;
+    if (!PyArray_EquivTypes(PyArray_DESCR(x), PyArray_DESCR(out)))
+        return PyErr_Format(PyExc_TypeError, "out has dtype %s, expected %s (the dtype of x)",
+                            dtype_name(out), dtype_name(x)), NULL;
+    npy_intp n = PyArray_SIZE(idx), rows = PyArray_DIM(x, 0);
+    npy_intp want[NPY_MAXDIMS];
+    want[0] = n;
+    for (int d = 1; d < PyArray_NDIM(x); d++) want[d] = PyArray_DIM(x, d);
+    if (check_shape(out, "out", PyArray_NDIM(x), want) || check_no_overlap(out, "out", x, "x")) return NULL;
+    size_t row_bytes = rows ? (size_t)(PyArray_NBYTES(x) / rows) : 0;
+    const int64_t *ix = PyArray_DATA(idx);
+    for (npy_intp i = 0; i < n; i++)
+        if (ix[i] < 0 || ix[i] >= rows)
+            return PyErr_Format(PyExc_IndexError, "index[%ld] = %lld is out of range for %ld rows",
+                                (long)i, (long long)ix[i], (long)rows), NULL;
+    const char *src = PyArray_BYTES(x);
+    char *dst = PyArray_BYTES(out);
+    WITHOUT_GIL(for (npy_intp i = 0; i < n; i++) memcpy(dst + (size_t)i * row_bytes, src + (size_t)ix[i] * row_bytes, row_bytes));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_zero(PyObject *self, PyObject *arg)
+{
+    PyArrayObject *a = check_array(arg, "buf", NPY_NOTYPE, -1, 1);
+    if (!a) return NULL;
+    void *p = PyArray_DATA(a);
+    size_t n = (size_t)PyArray_NBYTES(a);
+    WITHOUT_GIL(memset(p, 0, n));
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------ Network */
 
 typedef struct {
@@ -1277,6 +1324,8 @@ static PyMethodDef module_methods[] = {
     {"sgd_step", FN(py_sgd_step), KW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False)"},
     {"sum_buffers", FN(py_sum_buffers), KW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None)"},
     {"scale_", FN(py_scale), KW, "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
+    {"gather_rows", FN(py_gather_rows), KW, "gather_rows(x, index, out): out[i] = x[index[i]] (rows, any dtype; GIL released)"},
+    {"zero_", py_zero, METH_O, "zero_(buf): buf[:] = 0 with the GIL released"},
     {"param_count", py_param_count, METH_O, "param_count(sizes) -> length of the flat parameter layout"},
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict describing this build"},
     {"init_group_control", py_init_control, METH_VARARGS, "init_group_control(control, n): set up a ShmGroup's barrier memory for n workers"},

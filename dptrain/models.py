@@ -116,7 +116,7 @@ class Model:
 
     # ---- compute
     def zero_grad(self) -> None:
-        self.grads.fill(0)
+        _core.zero_(self.grads)           # a memset with the GIL released
 
     def loss_grad(self, x: np.ndarray, y: np.ndarray, grad_scale: float | None = None,
                   grads: np.ndarray | None = None):

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import data as data_mod
-from . import parallel, reference
+from . import _core, parallel, reference
 from .models import build_model
 from .optim import SCHEDULES, SGD, lr_at
 from .sampler import batch_bounds, epoch_order
@@ -167,8 +167,8 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
     def batch_rows(order, lo, hi):
         if job.shuffle:
             bx, by = xb[:hi - lo], yb[:hi - lo]
-            np.take(x, order[lo:hi], axis=0, out=bx)
-            np.take(y, order[lo:hi], out=by)
+            _core.gather_rows(x, order[lo:hi], bx)      # GIL released: thread workers gather
+            _core.gather_rows(y, order[lo:hi], by)      # their batches at the same time
             return bx, by
         return x[lo:hi], y[lo:hi]          # contiguous slices: no copy
 

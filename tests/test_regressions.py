@@ -103,3 +103,27 @@ def test_a_huge_batch_size_on_a_small_data_set_does_not_allocate_it():
     r = dptrain.train(model="softmax", dataset="synthetic", n_samples=200, epochs=1,
                       batch_size=10**11, quiet=True)
     assert r["steps"] == 1
+
+
+def test_gather_rows_and_zero_release_the_gil_and_check_their_arguments():
+    x = np.arange(24, dtype=np.float32).reshape(6, 4)
+    out = np.empty((3, 4), np.float32)
+    _core.gather_rows(x, np.array([5, 0, 5]), out)
+    assert np.array_equal(out, x[[5, 0, 5]])
+    y = np.arange(6, dtype=np.int64)
+    yo = np.empty(2, np.int64)
+    _core.gather_rows(y, np.array([4, 1]), yo)
+    assert list(yo) == [4, 1]
+    with pytest.raises(IndexError, match=r"index\[1\] = -1 is out of range for 6 rows"):
+        _core.gather_rows(x, np.array([0, -1, 2]), out)
+    with pytest.raises(ValueError, match=r"out has shape \(3, 4\), expected \(2, 4\)"):
+        _core.gather_rows(x, np.array([0, 1]), out)
+    with pytest.raises(TypeError, match="out has dtype float64"):
+        _core.gather_rows(x, np.array([0, 1, 2]), np.empty((3, 4)))
+    g = np.ones(10)
+    _core.zero_(g)
+    assert not g.any()
+    with pytest.raises(ValueError, match="read-only"):
+        ro = np.ones(3)
+        ro.flags.writeable = False
+        _core.zero_(ro)
