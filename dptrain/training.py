@@ -408,7 +408,12 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     mpi_rank = 0
     if backend == "mpi":
         comm_world = _mpi_comm()
-        workers, mpi_rank = comm_world.Get_size(), comm_world.Get_rank()
+        size, mpi_rank = comm_world.Get_size(), comm_world.Get_rank()
+        if workers not in (1, size):
+            raise ValueError(f"under MPI the number of workers is the world size set by "
+                             f"mpiexec -n (here {size}), but workers={workers} was asked for: "
+                             f"launch with mpiexec -n {workers} python -m dptrain train ...")
+        workers = size
     base_lr = lr
     if batch_per_worker is not None:
         batch_size = _positive_int("batch_per_worker", batch_per_worker) * workers

@@ -331,3 +331,9 @@ def test_overlapped_mpi_equals_one_worker(sequential, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     np.testing.assert_allclose(dptrain.load_model(weights).params, sequential["params"],
                                rtol=0, atol=1e-5)
+
+
+@needs_mpi
+def test_mpi_workers_must_match_the_world_size():
+    with pytest.raises(ValueError, match="mpiexec -n 2"):
+        _train(workers=2, backend="mpi")
