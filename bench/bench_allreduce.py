@@ -271,7 +271,7 @@ def main(argv=None):
         mpi_helper(args.mpi_helper, json.loads(args.plan))
         return None
 
-    repeats = 2 if args.quick else 5
+    repeats = 2 if args.quick else 7
     mpiexec = shutil.which("mpiexec")
     try:
         import mpi4py
