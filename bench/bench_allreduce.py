@@ -143,7 +143,7 @@ def run_shm_rank(rank: int, layout: parallel.SharedLayout, mem: np.ndarray, plan
 def run_threads_once(plan, pin: bool = False) -> dict:
     layout = layout_for([(label, n) for label, n, _ in plan])
     mem = parallel.aligned_bytes(layout.nbytes)
-    results = parallel.run_threads(WORLD, layout, mem, parallel.WaitPolicy.for_workers(WORLD),
+    results = parallel.run_threads(WORLD, layout, mem, parallel.WaitPolicy.for_workers(WORLD, backend="thread"),
                                    lambda comm: run_shm_rank(comm.rank, layout, mem, plan,
                                                              "thread", pin),
                                    join_timeout=300)

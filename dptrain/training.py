@@ -500,7 +500,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
         + (f" on {config['backend']}" if workers > 1 or backend == "mpi" else ""))
 
     data = (ds.x_train, ds.y_train, ds.x_test, ds.y_test)
-    policy = parallel.WaitPolicy.for_workers(workers, threads, timeout)
+    policy = parallel.WaitPolicy.for_workers(workers, threads, timeout, backend)
     if backend == "mpi":
         try:
             results = [run_worker(parallel.MPIComm(job.specs(), comm_world, allreduce), job,
