@@ -124,7 +124,7 @@ def run_shm_rank(rank: int, layout: parallel.SharedLayout, mem: np.ndarray, plan
     returns {label: [seconds per call]}. The wait policy is the one training uses."""
     if pin:
         pin_to_own_cpu(rank)
-    policy = parallel.WaitPolicy.for_workers(WORLD)
+    policy = parallel.WaitPolicy.for_workers(WORLD, backend=transport)
     out = {}
     for label, n, number in plan:
         name = f"s{n}"
