@@ -22,6 +22,7 @@ aborts the group itself. Shared-memory segments are unlinked on every exit path.
 """
 from __future__ import annotations
 
+import abc
 import os
 import threading
 import time
@@ -46,22 +47,41 @@ class WorkerError(RuntimeError):
 
 
 # ------------------------------------------------------------------ communicators
-class Communicator:
-    """The interface the training loop sees (see the module docstring)."""
+class Communicator(abc.ABC):
+    """The interface the training loop sees (see the module docstring). Every transport
+    implements the abstract methods; the asynchronous pair defaults to the blocking call."""
 
     rank = 0
     size = 1
     backend = "sequential"
 
+    @abc.abstractmethod
     def buffer(self, name: str) -> np.ndarray:
-        raise NotImplementedError  # every transport defines it
+        """This worker's flat array of a role (or the role's single shared array)."""
 
+    @abc.abstractmethod
+    def buffers(self, name: str) -> list:
+        """Every array of a role (one per rank, or the role's fixed count)."""
+
+    @abc.abstractmethod
     def allreduce_(self, name: str, scale: float = 1.0, start: int = 0, stop: int | None = None):
-        raise NotImplementedError
+        """In place: the role's arrays [start:stop] become scale * their sum over ranks."""
 
+    @abc.abstractmethod
     def reduce_(self, name: str, root: int = 0) -> None:
         """The sum of every rank's array of a role, on root only (parameter server)."""
-        raise NotImplementedError
+
+    @abc.abstractmethod
+    def broadcast_(self, name: str, root: int = 0) -> None:
+        """Every rank's array of a role becomes root's."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Returns when every worker has called it."""
+
+    @abc.abstractmethod
+    def abort(self, code: int = 1) -> None:
+        """Makes every worker's current and next collective fail (one failed worker stops all)."""
 
     def allreduce_async_(self, name: str, start: int = 0, stop: int | None = None):
         """Starts allreduce_(name, 1.0, start, stop) and returns a handle for wait_; every
@@ -74,15 +94,6 @@ class Communicator:
 
     def close(self) -> None:
         """Releases what the communicator started (e.g. its communication thread)."""
-
-    def broadcast_(self, name: str, root: int = 0) -> None:
-        raise NotImplementedError
-
-    def barrier(self) -> None:
-        raise NotImplementedError
-
-    def abort(self, code: int = 1) -> None:
-        raise NotImplementedError
 
 
 def _role_buffers(spec, world, make):
