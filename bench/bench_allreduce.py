@@ -150,61 +150,19 @@ def run_threads_once(plan, pin: bool = False) -> dict:
     return results[0]
 
 
-def _process_worker(rank, shm_name, layout, plan, conn):
-    """Entry point of a worker process ('spawn': a module-level function, plain arguments)."""
-    from multiprocessing import shared_memory
-    shm = shared_memory.SharedMemory(name=shm_name)
-    try:
-        mem = np.ndarray((layout.nbytes,), np.uint8, buffer=shm.buf)
-        try:
-            conn.send(("ok", run_shm_rank(rank, layout, mem, plan, "process")))
-        except BaseException as exc:  # reported to the parent, which fails the benchmark
-            conn.send(("error", parallel.describe(exc)))
-        del mem
-    finally:
-        conn.close()
-        shm.close()
+def _process_target(comm: parallel.ShmComm, plan) -> dict:
+    """One worker process ('spawn': a module-level function with plain arguments)."""
+    return run_shm_rank(comm.rank, comm.layout, comm.memory, plan, "process")
 
 
 def run_processes_once(plan) -> dict:
-    import multiprocessing as mp
-    from multiprocessing import shared_memory
-    ctx = mp.get_context("spawn")
+    """Two worker processes over one shared segment, started, watched and cleaned up by the
+    engine's own launcher; returns rank 0's timings."""
     layout = layout_for([(label, n) for label, n, _ in plan])
-    shm = shared_memory.SharedMemory(create=True, size=layout.nbytes)
-    procs, conns = [], []
-    try:
-        mem = np.ndarray((layout.nbytes,), np.uint8, buffer=shm.buf)
-        mem[:] = 0
-        layout.init_controls(mem)
-        del mem
-        for r in range(WORLD):
-            parent_end, child_end = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_process_worker, args=(r, shm.name, layout, plan, child_end),
-                            name=f"bench-allreduce-{r}", daemon=True)
-            p.start()
-            child_end.close()
-            procs.append(p)
-            conns.append(parent_end)
-        results = []
-        for r, c in enumerate(conns):
-            if not c.poll(300):
-                raise RuntimeError(f"process rank {r} did not report within 300 s")
-            status, payload = c.recv()
-            if status != "ok":
-                raise RuntimeError(f"process rank {r} failed: {payload}")
-            results.append(payload)
-        return results[0]
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join(1)
-        for c in conns:
-            c.close()
-        shm.close()
-        shm.unlink()
+    policy = parallel.WaitPolicy.for_workers(WORLD, backend="process")
+    results = parallel.run_processes(WORLD, layout, lambda mem: None, policy, _process_target,
+                                     (plan,), start_method="spawn")
+    return results[0]
 
 
 def run_mpi_once(plan, mpiexec: str) -> dict:

@@ -68,8 +68,9 @@ class Communicator(abc.ABC):
         """In place: the role's arrays [start:stop] become scale * their sum over ranks."""
 
     @abc.abstractmethod
-    def reduce_(self, name: str, root: int = 0) -> None:
-        """The sum of every rank's array of a role, on root only (parameter server)."""
+    def reduce_(self, name: str, root: int = 0) -> np.ndarray:
+        """The sum of every rank's array of a role for root (parameter server); returns the
+        array that holds it on root (its own buffer, or the role's ``reduce_into`` array)."""
 
     @abc.abstractmethod
     def broadcast_(self, name: str, root: int = 0) -> None:
@@ -96,16 +97,12 @@ class Communicator(abc.ABC):
         """Releases what the communicator started (e.g. its communication thread)."""
 
 
-def _role_buffers(spec, world, make):
-    return [make() for _ in range(spec.arrays(world))]
-
-
 class LocalComm(Communicator):
     """A single worker: buffers are plain arrays and collectives do nothing (but scale)."""
 
     def __init__(self, specs):
         self._specs = {s.name: s for s in specs}
-        self._all = {s.name: _role_buffers(s, 1, lambda s=s: np.zeros(s.length, s.dtype))
+        self._all = {s.name: [np.zeros(s.length, s.dtype) for _ in range(s.arrays(1))]
                      for s in specs}
 
     def buffer(self, name):
@@ -123,7 +120,9 @@ class LocalComm(Communicator):
             self._all[name][0][start:stop] *= scale
 
     def reduce_(self, name, root=0):
-        pass
+        self.allreduce_(name)
+        into = self._specs[name].reduce_into
+        return self._all[into][0] if into else self._all[name][0]
 
     def broadcast_(self, name, root=0):
         pass
@@ -273,15 +272,6 @@ class ShmComm(Communicator):
                 layout.control(mem, s.name), self._all[s.name], rank, out=out,
                 spin=policy.spin, yield_time=policy.yield_time, timeout=policy.timeout)
         self._sync = self._groups[layout.specs[0].name]
-        # reduce-to-root groups (parameter server): the rank-order sum of every rank's array
-        # of a role goes into a separate "<role>_sum" array, read by the root alone
-        self._reduce_groups = {}
-        for s in layout.specs:
-            if s.name.endswith("_sum") and s.name[:-4] in self._all and s.count == 1:
-                role = s.name[:-4]
-                self._reduce_groups[(role, 0)] = _core.ShmGroup(
-                    layout.control(mem, s.name), self._all[role], rank, out=self._all[s.name][0],
-                    spin=policy.spin, yield_time=policy.yield_time, timeout=policy.timeout)
 
     def buffer(self, name):
         bufs = self._all[name]
@@ -289,6 +279,15 @@ class ShmComm(Communicator):
 
     def buffers(self, name):
         return self._all[name]
+
+    @property
+    def layout(self) -> SharedLayout:
+        return self._layout
+
+    @property
+    def memory(self) -> np.ndarray:
+        """The whole shared block (uint8) that the layout describes."""
+        return self._mem
 
     def extra(self, name: str) -> np.ndarray:
         """A shared array besides the roles (e.g. the data set, written by the launcher)."""
@@ -339,11 +338,13 @@ class ShmComm(Communicator):
             self._comm_thread = None
 
     def reduce_(self, name, root=0):
-        """The sum of every rank's array (in rank order), into root's array only."""
-        key = (name, root)
-        if key not in self._reduce_groups:
-            raise ValueError(f"{name}: no reduce-to-root group (layout made without ps)")
-        self._reduce_groups[key].allreduce()
+        """The rank-order sum of every rank's array into the role's shared reduce_into array
+        (readable by root, and by everyone)."""
+        into = self._specs[name].reduce_into
+        if not into:
+            raise ValueError(f"{name}: the layout gives this role no reduce_into array")
+        self._groups[name].allreduce()
+        return self._all[into][0]
 
     def broadcast_(self, name, root=0):
         self._sync.barrier()                 # root's values are final
@@ -356,7 +357,7 @@ class ShmComm(Communicator):
 
     def abort(self, code=1):
         # every role has its own barrier, and the others may be waiting in any of them
-        for g in list(self._groups.values()) + list(self._reduce_groups.values()):
+        for g in self._groups.values():
             g.abort(code)
 
     @property
@@ -400,7 +401,7 @@ class MPIComm(Communicator):
 
     def allreduce_(self, name, scale=1.0, start=0, stop=None):
         spec = self._specs[name]
-        if spec.reduce_into:
+        if spec.reduce_into and spec.count is not None:
             # rank r filled arrays [r k / size, (r + 1) k / size): gather them all (exact
             # copies, no arithmetic), then every rank sums them in index order
             self._comm.Allgather(self._MPI.IN_PLACE, self._flat[name])
@@ -428,12 +429,13 @@ class MPIComm(Communicator):
             self._MPI.Request.Waitall(reqs)
 
     def reduce_(self, name, root=0):
-        """The sum of every rank's array, on root only (the parameter server's gather)."""
+        """The sum of every rank's array, in root's own array (MPI_Reduce in place)."""
         buf = self._all[name][0]
         if self.rank == root:
             self._comm.Reduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM, root=root)
         else:
             self._comm.Reduce(buf, None, op=self._MPI.SUM, root=root)
+        return buf
 
     def broadcast_(self, name, root=0):
         self._comm.Bcast(self._all[name][0], root=root)
@@ -610,7 +612,7 @@ def run_processes(world: int, layout: SharedLayout, fill, policy: WaitPolicy, ta
                 p.join(1.0)
         for c in conns:
             c.close()
-        del mem
+        del mem          # every view of the mapping (abort_all's too) must go before close()
         shm.close()
         shm.unlink()
 

@@ -96,7 +96,10 @@ class Job:
     def specs(self):
         p = reference.n_params(self.sizes)
         dt = np.dtype(self.dtype)
-        specs = [parallel.BufferSpec("grads", p, dt), parallel.BufferSpec("params", p, dt),
+        # parameter server: the grads' rank-order sum goes into one shared array, read by 0
+        into = "grads_sum" if self.allreduce == "ps" else None
+        specs = [parallel.BufferSpec("grads", p, dt, reduce_into=into),
+                 parallel.BufferSpec("params", p, dt),
                  parallel.BufferSpec("velocity", p, dt),
                  parallel.BufferSpec("stats", 2, np.dtype(np.float64))]
         if self.deterministic:
@@ -194,7 +197,7 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
                     u = clock()
                     bx, by = batch_rows(order, *parallel.shard(s, e, c, CHUNKS))
                     v = clock()
-                    chunk_bufs[c].fill(0)
+                    _core.zero_(chunk_bufs[c])
                     cl, cc = net.loss_grad(bx, by, scale, grads=chunk_bufs[c])
                     batch_loss += cl
                     batch_correct += cc
@@ -226,25 +229,22 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
                 batch_loss, batch_correct = net.loss_grad(bx, by, scale)
                 t_c = clock()
                 if job.allreduce == "ps":
-                    comm.reduce_("grads", root=0)      # the gradients' sum, on rank 0 only
-                    grads = comm.buffer("grads_sum") if isinstance(
-                        comm, parallel.ShmComm) else None
+                    grads = comm.reduce_("grads", root=0)   # the gradients' sum, for rank 0
                 else:
                     for lo_b, hi_b in buckets:      # one collective per bucket
                         comm.allreduce_("grads", start=lo_b, stop=hi_b)
                     grads = None
             t_d = clock()
-            if job.allreduce == "ps" and not job.deterministic:
+            lr = lr_at(step, total_steps, job.lr, job.lr_schedule, job.warmup_steps)
+            if job.allreduce == "ps":
                 # parameter server: rank 0 alone updates, then sends the parameters out
-                if rank == 0 or world == 1:
-                    opt.step(lr_at(step, total_steps, job.lr, job.lr_schedule,
-                                   job.warmup_steps), grads=grads)
+                if rank == 0:
+                    opt.step(lr, grads=grads)
                 else:
                     opt.steps += 1
                 comm.broadcast_("params", root=0)
             else:
-                opt.step(lr_at(step, total_steps, job.lr, job.lr_schedule, job.warmup_steps),
-                         grads=grads)
+                opt.step(lr, grads=grads)
             t_e = clock()
             phase["data"] += t_b - t_a
             phase["compute"] += t_c - t_b
@@ -281,14 +281,18 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
                    "test_loss": test_loss, "test_accuracy": test_acc, "seconds": epoch_seconds}
             history.append(rec)
             if say:
-                say(f"epoch {epoch + 1}/{job.epochs}  train loss {rec['train_loss']:.4f}  "
-                    f"test loss {test_loss:.4f}  test acc {100 * test_acc:.2f}%  "
-                    f"({epoch_seconds:.2f} s, {n / epoch_seconds:,.0f} samples/s)")
+                say(_epoch_line(rec, job.epochs, n))
     out = {"rank": rank, "phase_seconds": phase, "steps": step}
     if rank == 0:
         out.update(history=history, train_seconds=train_seconds, eval_seconds=eval_seconds,
                    params=net.params.copy(), velocity=net.velocity.copy())
     return out
+
+
+def _epoch_line(rec: dict, epochs: int, n: int) -> str:
+    return (f"epoch {rec['epoch']}/{epochs}  train loss {rec['train_loss']:.4f}  "
+            f"test loss {rec['test_loss']:.4f}  test acc {100 * rec['test_accuracy']:.2f}%  "
+            f"({rec['seconds']:.2f} s, {n / rec['seconds']:,.0f} samples/s)")
 
 
 CHECKPOINT_FORMAT = 1
@@ -531,10 +535,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
                 layout.extra(mem, name)[...] = arr
         results = parallel.run_processes(workers, layout, fill, policy, _process_worker,
                                          (job,), start_method=start_method)
-        for rec in results[0]["history"]:
-            say(f"epoch {rec['epoch']}/{epochs}  train loss {rec['train_loss']:.4f}  "
-                f"test loss {rec['test_loss']:.4f}  test acc {100 * rec['test_accuracy']:.2f}%"
-                f"  ({rec['seconds']:.2f} s)")
+        for rec in results[0]["history"]:      # workers do not print; rank 0 reports here
+            say(_epoch_line(rec, epochs, len(ds.x_train)))
     if mpi_rank != 0:
         return {"rank": mpi_rank, "phase_seconds": results[0]["phase_seconds"]}
     head = results[0]
