@@ -125,18 +125,25 @@ needs_mpi = pytest.mark.skipif(_mpiexec() is None, reason="mpi4py or mpiexec not
                                                           "(pip install 'dptrain[mpi]')")
 
 
+def _mpi_weights(ranks, tmp_path, *extra):
+    """Trains SMALL's configuration under mpiexec -n ranks (plus extra CLI flags); returns
+    the saved weights."""
+    weights = tmp_path / "w.npz"
+    r = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dptrain", "train",
+                        "--model", "mlp", "--hidden", "16", "--dataset", "synthetic",
+                        "--n-samples", "1030", "--n-features", "12", "--epochs", "2",
+                        "--batch-size", "100", "--lr", "0.05", "--momentum", "0.9",
+                        "--backend", "mpi", "--quiet", "--save-weights", str(weights), *extra],
+                       capture_output=True, text=True, timeout=300,
+                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return dptrain.load_model(weights).params
+
+
 @needs_mpi
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_mpi_ranks_equal_one_worker(sequential, ranks, tmp_path):
-    weights = tmp_path / "w.npz"
-    args = ["--model", "mlp", "--hidden", "16", "--dataset", "synthetic", "--n-samples", "1030",
-            "--n-features", "12", "--epochs", "2", "--batch-size", "100", "--lr", "0.05",
-            "--momentum", "0.9", "--backend", "mpi", "--quiet", "--save-weights", str(weights)]
-    r = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dptrain", "train",
-                        *args], capture_output=True, text=True, timeout=300,
-                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    got = dptrain.load_model(weights).params
+    got = _mpi_weights(ranks, tmp_path)
     np.testing.assert_allclose(got, sequential["params"], rtol=0, atol=1e-5)
 
 
@@ -187,17 +194,8 @@ def test_deterministic_mode_limits_the_world_size():
 @needs_mpi
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_deterministic_mpi_ranks_are_bitwise_identical(deterministic_one, ranks, tmp_path):
-    weights = tmp_path / "w.npz"
-    r = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dptrain", "train",
-                        "--model", "mlp", "--hidden", "16", "--dataset", "synthetic",
-                        "--n-samples", "1030", "--n-features", "12", "--epochs", "2",
-                        "--batch-size", "100", "--lr", "0.05", "--momentum", "0.9",
-                        "--backend", "mpi", "--deterministic", "--quiet",
-                        "--save-weights", str(weights)],
-                       capture_output=True, text=True, timeout=300,
-                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert np.array_equal(dptrain.load_model(weights).params, deterministic_one["params"])
+    got = _mpi_weights(ranks, tmp_path, "--deterministic")
+    assert np.array_equal(got, deterministic_one["params"])
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -266,18 +264,8 @@ def test_ring_and_tree_need_point_to_point_messages():
 @pytest.mark.parametrize("algorithm", ["native", "ring", "tree", "ps"])
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_every_mpi_algorithm_equals_one_worker(sequential, algorithm, ranks, tmp_path):
-    weights = tmp_path / "w.npz"
-    r = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dptrain", "train",
-                        "--model", "mlp", "--hidden", "16", "--dataset", "synthetic",
-                        "--n-samples", "1030", "--n-features", "12", "--epochs", "2",
-                        "--batch-size", "100", "--lr", "0.05", "--momentum", "0.9",
-                        "--backend", "mpi", "--allreduce", algorithm, "--quiet",
-                        "--save-weights", str(weights)],
-                       capture_output=True, text=True, timeout=300,
-                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    np.testing.assert_allclose(dptrain.load_model(weights).params, sequential["params"],
-                               rtol=0, atol=1e-5)
+    got = _mpi_weights(ranks, tmp_path, "--allreduce", algorithm)
+    np.testing.assert_allclose(got, sequential["params"], rtol=0, atol=1e-5)
 
 
 # ------------------------------------------------------------------ buckets
@@ -319,18 +307,8 @@ def test_overlap_rejects_combinations_it_cannot_run():
 
 @needs_mpi
 def test_overlapped_mpi_equals_one_worker(sequential, tmp_path):
-    weights = tmp_path / "w.npz"
-    r = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "dptrain", "train",
-                        "--model", "mlp", "--hidden", "16", "--dataset", "synthetic",
-                        "--n-samples", "1030", "--n-features", "12", "--epochs", "2",
-                        "--batch-size", "100", "--lr", "0.05", "--momentum", "0.9",
-                        "--backend", "mpi", "--bucket-kb", "0.25", "--overlap", "--quiet",
-                        "--save-weights", str(weights)],
-                       capture_output=True, text=True, timeout=300,
-                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    np.testing.assert_allclose(dptrain.load_model(weights).params, sequential["params"],
-                               rtol=0, atol=1e-5)
+    got = _mpi_weights(2, tmp_path, "--bucket-kb", "0.25", "--overlap")
+    np.testing.assert_allclose(got, sequential["params"], rtol=0, atol=1e-5)
 
 
 @needs_mpi
