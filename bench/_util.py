@@ -186,6 +186,25 @@ def environment(**extra) -> dict:
     return env
 
 
+def run_mpi_helper(mpiexec: str, world: int, script: str, args: Sequence[str],
+                   timeout: float = 600) -> object:
+    """Runs `script --mpi-helper OUT *args` under `mpiexec -n world` and returns the JSON its
+    rank 0 wrote to OUT (a benchmark's MPI column: the script times itself as MPI ranks)."""
+    import json
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "mpi.json")
+        cmd = [mpiexec, "-n", str(world), sys.executable, os.path.abspath(script),
+               "--mpi-helper", out, *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:4])} ... --mpi-helper exited with "
+                               f"{proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        with open(out) as f:
+            return json.load(f)
+
+
 def print_environment(env: dict) -> None:
     b = env["dptrain_build"]
     print(f"# {env['date']}  cpu: {env['cpu']} ({env['cpus']} cpus, load {env['loadavg_1min']:.2f})")

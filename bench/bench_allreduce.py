@@ -44,9 +44,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -167,16 +164,7 @@ def run_processes_once(plan) -> dict:
 
 def run_mpi_once(plan, mpiexec: str) -> dict:
     """Runs this script's --mpi-helper mode under `mpiexec -n 2`; rank 0's timings."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "mpi.json")
-        cmd = [mpiexec, "-n", str(WORLD), sys.executable, os.path.abspath(__file__),
-               "--mpi-helper", out, "--plan", json.dumps(plan)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd[:4])} ... --mpi-helper exited with "
-                               f"{proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-        with open(out) as f:
-            return json.load(f)
+    return _util.run_mpi_helper(mpiexec, WORLD, __file__, ["--plan", json.dumps(plan)], 300)
 
 
 def mpi_helper(out_path: str, plan) -> None:

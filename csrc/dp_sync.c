@@ -27,7 +27,7 @@ static void cpu_relax(void)
 #endif
 }
 
-static double now_s(void)
+double dp_clock_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -94,14 +94,14 @@ int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
         if (atomic_load(A32(b->sleepers))) wake_all(&b->generation);
         return DP_OK;
     }
-    double t0 = now_s();
+    double t0 = dp_clock_s();
     for (long i = 0;; i++) {
         uint32_t g = atomic_load_explicit(A32(b->generation), memory_order_acquire);
         c = atomic_load(A32(b->abort_code));
         if (c) { *code = c; return DP_EABORT; }
         if (g != gen) return DP_OK;
         if ((i & 63) != 63) { cpu_relax(); continue; }   /* read the clock every 64 spins */
-        double waited = now_s() - t0;
+        double waited = dp_clock_s() - t0;
         if (policy->timeout_s > 0 && waited > policy->timeout_s) {
             /* our arrival is counted and cannot be taken back safely: abort the group, or the
              * next phase would open one worker short */
@@ -160,3 +160,91 @@ void dp_slice(ptrdiff_t start, ptrdiff_t stop, int rank, int n, int elem_bytes, 
 
 ALLREDUCE_SLICE(float, dp_allreduce_slice_f32)
 ALLREDUCE_SLICE(double, dp_allreduce_slice_f64)
+
+/* ---------------------------------------------------------------- point-to-point schedules */
+#define BARRIER_OR_RETURN()                                                                   \
+    do {                                                                                      \
+        int rc_ = dp_barrier_wait(b, policy, code);                                           \
+        if (rc_) return rc_;                                                                  \
+    } while (0)
+
+#define RING_ALLREDUCE(T, NAME)                                                               \
+    DP_CLONES int NAME(T *const *bufs, int n, int rank, ptrdiff_t start, ptrdiff_t stop,       \
+                       T scale, dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)   \
+    {                                                                                         \
+        T *mine = bufs[rank];                                                                 \
+        if (n == 1) {                                                                         \
+            if (scale != (T)1)                                                                \
+                for (ptrdiff_t i = start; i < stop; i++) mine[i] *= scale;                    \
+            return DP_OK;                                                                     \
+        }                                                                                     \
+        const T *left = bufs[(rank + n - 1) % n];                                             \
+        ptrdiff_t lo, hi;                                                                     \
+        /* reduce-scatter: step s adds the left worker's running sum of part (rank - s - 1), \
+         * and after n - 1 steps this worker holds the full (scaled) sum of part rank + 1 */  \
+        for (int s = 0; s < n - 1; s++) {                                                     \
+            dp_slice(start, stop, ((rank - s - 1) % n + n) % n, n, (int)sizeof(T), &lo, &hi); \
+            if (s < n - 2)                                                                    \
+                for (ptrdiff_t i = lo; i < hi; i++) mine[i] += left[i];                       \
+            else                                                                              \
+                for (ptrdiff_t i = lo; i < hi; i++) mine[i] = (mine[i] + left[i]) * scale;    \
+            BARRIER_OR_RETURN();                                                              \
+        }                                                                                     \
+        /* all-gather: step s copies the finished part (rank - s) from the left worker */     \
+        for (int s = 0; s < n - 1; s++) {                                                     \
+            dp_slice(start, stop, ((rank - s) % n + n) % n, n, (int)sizeof(T), &lo, &hi);     \
+            memcpy(mine + lo, left + lo, (size_t)(hi - lo) * sizeof(T));                      \
+            BARRIER_OR_RETURN();                                                              \
+        }                                                                                     \
+        return DP_OK;                                                                         \
+    }
+
+#define TREE_ALLREDUCE(T, NAME)                                                               \
+    DP_CLONES int NAME(T *const *bufs, T *tmp, int n, int rank, ptrdiff_t start,               \
+                       ptrdiff_t stop, T scale, dp_barrier *b, const dp_wait_policy *policy,   \
+                       uint32_t *code)                                                        \
+    {                                                                                         \
+        T *mine = bufs[rank] + start;                                                         \
+        ptrdiff_t len = stop - start;                                                         \
+        int pof2 = 1;                                                                         \
+        while (pof2 * 2 <= n) pof2 *= 2;                                                      \
+        int extra = n - pof2;                                                                 \
+        if (n == 1) {                                                                         \
+            if (scale != (T)1)                                                                \
+                for (ptrdiff_t i = 0; i < len; i++) mine[i] *= scale;                         \
+            return DP_OK;                                                                     \
+        }                                                                                     \
+        if (extra) {              /* fold: worker pof2 + r hands its buffer to worker r */    \
+            if (rank < extra) {                                                               \
+                const T *other = bufs[rank + pof2] + start;                                   \
+                for (ptrdiff_t i = 0; i < len; i++) mine[i] += other[i];                      \
+            }                                                                                 \
+            BARRIER_OR_RETURN();                                                              \
+        }                                                                                     \
+        for (int mask = 1; mask < pof2; mask <<= 1) {                                         \
+            /* sum into scratch first: the partner still reads this buffer in this round */   \
+            if (rank < pof2) {                                                                \
+                const T *other = bufs[rank ^ mask] + start;                                   \
+                for (ptrdiff_t i = 0; i < len; i++) tmp[i] = mine[i] + other[i];              \
+            }                                                                                 \
+            BARRIER_OR_RETURN();                                                              \
+            if (rank < pof2) {                                                                \
+                if (mask * 2 < pof2)                                                          \
+                    memcpy(mine, tmp, (size_t)len * sizeof(T));                               \
+                else                                                                          \
+                    for (ptrdiff_t i = 0; i < len; i++) mine[i] = tmp[i] * scale;             \
+            }                                                                                 \
+            BARRIER_OR_RETURN();                                                              \
+        }                                                                                     \
+        if (extra) {              /* unfold: the extra workers copy the result back */        \
+            if (rank >= pof2)                                                                 \
+                memcpy(mine, bufs[rank - pof2] + start, (size_t)len * sizeof(T));             \
+            BARRIER_OR_RETURN();                                                              \
+        }                                                                                     \
+        return DP_OK;                                                                         \
+    }
+
+RING_ALLREDUCE(float, dp_ring_allreduce_f32)
+RING_ALLREDUCE(double, dp_ring_allreduce_f64)
+TREE_ALLREDUCE(float, dp_tree_allreduce_f32)
+TREE_ALLREDUCE(double, dp_tree_allreduce_f64)

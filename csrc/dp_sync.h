@@ -42,6 +42,9 @@ typedef struct {
     double timeout_s;        /* <= 0: wait forever (until aborted); else fail after this long */
 } dp_wait_policy;
 
+/* Seconds on the monotonic clock (the same clock in every process of the machine). */
+double dp_clock_s(void);
+
 int dp_barrier_init(dp_barrier *b, int n);
 /* 0 when all n arrived; DP_EABORT (abort code in *code) or DP_ETIMEOUT otherwise. */
 int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code);
@@ -56,5 +59,32 @@ void dp_slice(ptrdiff_t start, ptrdiff_t stop, int rank, int n, int elem_bytes, 
 /* bufs[0..k)[lo:hi] = scale * (bufs[0] + ... + bufs[k-1])[lo:hi], summed in index order. */
 void dp_allreduce_slice_f32(float *const *bufs, int k, ptrdiff_t lo, ptrdiff_t hi, float scale);
 void dp_allreduce_slice_f64(double *const *bufs, int k, ptrdiff_t lo, ptrdiff_t hi, double scale);
+
+/* The point-to-point all-reduce algorithms over shared memory, for comparing algorithms on one
+ * machine (the same schedules as dptrain.collectives runs over MPI messages). A "message" from
+ * worker q is worker q's buffer itself: the receiver reads it in place after a barrier, so a
+ * step costs one barrier (alpha) plus the bytes it reads (beta). The group-wide barrier is
+ * stronger than the pairwise synchronization the schedules need; with 2 to 8 workers on one
+ * machine it costs the same.
+ *
+ * Worker `rank` of n calls it once every buffer is complete (after a barrier); it returns after
+ * a final barrier, with bufs[rank][start:stop] = scale * the sum over the n buffers.
+ * - ring: reduce-scatter then all-gather around the ring, 2 (n - 1) steps; part j of the range
+ *   is summed along one chain and then copied, so every worker ends with identical bits.
+ * - tree: recursive doubling (log2 n rounds of whole-range exchanges, partner = rank ^ mask;
+ *   x + y on one side, y + x on the other: identical bits); a world that is not a power of
+ *   two first folds its extra workers into the others and copies the result back to them.
+ *   tmp is this worker's scratch of stop - start elements (tree only; ring may pass NULL).
+ * Returns 0, or DP_EABORT / DP_ETIMEOUT from a barrier (abort code in *code). */
+int dp_ring_allreduce_f32(float *const *bufs, int n, int rank, ptrdiff_t start, ptrdiff_t stop,
+                          float scale, dp_barrier *b, const dp_wait_policy *policy, uint32_t *code);
+int dp_ring_allreduce_f64(double *const *bufs, int n, int rank, ptrdiff_t start, ptrdiff_t stop,
+                          double scale, dp_barrier *b, const dp_wait_policy *policy, uint32_t *code);
+int dp_tree_allreduce_f32(float *const *bufs, float *tmp, int n, int rank, ptrdiff_t start,
+                          ptrdiff_t stop, float scale, dp_barrier *b, const dp_wait_policy *policy,
+                          uint32_t *code);
+int dp_tree_allreduce_f64(double *const *bufs, double *tmp, int n, int rank, ptrdiff_t start,
+                          ptrdiff_t stop, double scale, dp_barrier *b, const dp_wait_policy *policy,
+                          uint32_t *code);
 
 #endif

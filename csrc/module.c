@@ -119,7 +119,7 @@ static int check_no_overlap(PyArrayObject *out, const char *out_name, PyArrayObj
     if (!in) return 0;
     char *o0 = PyArray_BYTES(out), *o1 = o0 + PyArray_NBYTES(out);
     char *i0 = PyArray_BYTES(in), *i1 = i0 + PyArray_NBYTES(in);
-    if (o0 < i1 && i0 < o1 && PyArray_NBYTES(out) && PyArray_NBYTES(in)) {
+    if (o0 < i1 && i0 < o1 && PyArray_NBYTES(out) > 0 && PyArray_NBYTES(in) > 0) {
         PyErr_Format(PyExc_ValueError, "%s shares memory with %s; pass a separate output array",
                      out_name, in_name);
         return -1;
@@ -1032,9 +1032,14 @@ typedef struct {
     void *out;                    /* NULL: results go into every buffer; else only here */
     PyObject *out_obj;            /* owned reference to the out array, or NULL */
     int n, k, rank, f32;
+    int algorithm;                /* ALG_NATIVE, ALG_RING or ALG_TREE */
+    void *scratch;                /* tree: this worker's partial sums (length elements) */
     npy_intp length;
     dp_wait_policy policy;
 } ShmGroupObject;
+
+enum { ALG_NATIVE, ALG_RING, ALG_TREE };
+static const char *const ALGORITHM_NAMES[] = {"native", "ring", "tree"};
 
 static dp_barrier *control_barrier(PyObject *obj, const char *name)
 {
@@ -1075,17 +1080,25 @@ static PyObject *py_abort_control(PyObject *self, PyObject *args)
 
 static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"control", "buffers", "rank", "out", "spin", "yield_time", "timeout", NULL};
+    static char *kwlist[] = {"control", "buffers", "rank", "out", "spin", "yield_time", "timeout",
+                             "algorithm", NULL};
     PyObject *co, *bo, *seq = NULL, *oo = Py_None;
-    int rank, rc = -1;
+    int rank, rc = -1, algorithm = -1;
     double spin = 200e-6, yield_time = 2e-3, timeout = 0.0;
+    const char *alg_name = "native";
     if (self->barrier) {
         PyErr_SetString(PyExc_RuntimeError, "ShmGroup is already initialized");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|$Oddd:ShmGroup", kwlist, &co, &bo, &rank, &oo,
-                                     &spin, &yield_time, &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|$Oddds:ShmGroup", kwlist, &co, &bo, &rank, &oo,
+                                     &spin, &yield_time, &timeout, &alg_name))
         return -1;
+    for (int a = 0; a < 3; a++)
+        if (strcmp(alg_name, ALGORITHM_NAMES[a]) == 0) algorithm = a;
+    if (algorithm < 0) {
+        PyErr_Format(PyExc_ValueError, "algorithm is '%s', expected 'native', 'ring' or 'tree'", alg_name);
+        return -1;
+    }
     dp_barrier *b = control_barrier(co, "control");
     if (!b) return -1;
     if (b->magic != DP_BARRIER_MAGIC) {
@@ -1140,6 +1153,16 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
         self->out_obj = oo;
         self->out = PyArray_DATA(o);
     }
+    if (algorithm != ALG_NATIVE && (oo != Py_None || n != (Py_ssize_t)b->n)) {
+        PyErr_Format(PyExc_ValueError, "algorithm '%s' needs one buffer per worker (%u, got %zd) "
+                     "and no out array", alg_name, b->n, n);
+        goto fail;
+    }
+    if (algorithm == ALG_TREE && PyArray_SIZE(first) > 0) {
+        self->scratch = PyMem_RawMalloc((size_t)PyArray_SIZE(first) * PyArray_ITEMSIZE(first));
+        if (!self->scratch) { PyErr_NoMemory(); goto fail; }
+    }
+    self->algorithm = algorithm;
     self->buffers = PySequence_Tuple(seq);
     if (!self->buffers) goto fail;
     Py_INCREF(co);
@@ -1164,6 +1187,7 @@ static void ShmGroup_dealloc(ShmGroupObject *self)
     Py_XDECREF(self->control);
     Py_XDECREF(self->buffers);
     Py_XDECREF(self->out_obj);
+    PyMem_RawFree(self->scratch);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1196,9 +1220,13 @@ static PyObject *ShmGroup_barrier(ShmGroupObject *self, PyObject *unused)
     if (group_ready(self)) return NULL;
     uint32_t code = 0;
     int rc;
-    WITHOUT_GIL(rc = dp_barrier_wait(self->barrier, &self->policy, &code));
+    double t0 = dp_clock_s(), t1 = t0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dp_barrier_wait(self->barrier, &self->policy, &code);
+    t1 = dp_clock_s();
+    Py_END_ALLOW_THREADS
     if (rc) return group_error(self, rc, code, "barrier");
-    Py_RETURN_NONE;
+    return PyFloat_FromDouble(t1 - t0);
 }
 
 static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObject *kwds)
@@ -1213,9 +1241,21 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObje
     dp_slice(start, stop, self->rank, self->n, self->f32 ? 4 : 8, &lo, &hi);
     uint32_t code = 0;
     int rc;
+    double t0 = dp_clock_s(), t1 = t0;
     Py_BEGIN_ALLOW_THREADS
     rc = dp_barrier_wait(self->barrier, &self->policy, &code);   /* every gradient is complete */
-    if (rc == 0) {
+    t1 = dp_clock_s();
+    if (rc == 0 && self->algorithm == ALG_RING) {
+        rc = self->f32 ? dp_ring_allreduce_f32((float *const *)self->ptrs, self->n, self->rank, start, stop,
+                                               (float)scale, self->barrier, &self->policy, &code)
+                       : dp_ring_allreduce_f64((double *const *)self->ptrs, self->n, self->rank, start, stop,
+                                               scale, self->barrier, &self->policy, &code);
+    } else if (rc == 0 && self->algorithm == ALG_TREE) {
+        rc = self->f32 ? dp_tree_allreduce_f32((float *const *)self->ptrs, self->scratch, self->n, self->rank,
+                                               start, stop, (float)scale, self->barrier, &self->policy, &code)
+                       : dp_tree_allreduce_f64((double *const *)self->ptrs, self->scratch, self->n, self->rank,
+                                               start, stop, scale, self->barrier, &self->policy, &code);
+    } else if (rc == 0) {
         if (self->out && self->f32)
             dp_sum_buffers_f32(self->out, (const float *const *)self->ptrs, self->k, lo, hi, (float)scale);
         else if (self->out)
@@ -1228,7 +1268,9 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObje
     }
     Py_END_ALLOW_THREADS
     if (rc) return group_error(self, rc, code, "allreduce");
-    Py_RETURN_NONE;
+    /* the wait at the entry barrier: this worker waiting for the slowest one (arrival skew),
+     * not transfer */
+    return PyFloat_FromDouble(t1 - t0);
 }
 
 static PyObject *ShmGroup_abort(ShmGroupObject *self, PyObject *args)
@@ -1248,11 +1290,12 @@ static PyObject *ShmGroup_get_rank(ShmGroupObject *self, void *c) { return PyLon
 static PyObject *ShmGroup_get_size(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->n); }
 
 static PyMethodDef ShmGroup_methods[] = {
-    {"barrier", (PyCFunction)ShmGroup_barrier, METH_NOARGS, "barrier(): wait until every worker arrives"},
+    {"barrier", (PyCFunction)ShmGroup_barrier, METH_NOARGS, "barrier() -> seconds waited: wait until every worker arrives"},
     {"allreduce", (PyCFunction)(void (*)(void))ShmGroup_allreduce, METH_VARARGS | METH_KEYWORDS,
-     "allreduce(scale=1.0, start=0, stop=None): every buffer[start:stop] (or only out[start:stop] "
-     "when the group has an out array) = scale * the sum of all buffers[start:stop], summed in "
-     "buffer order; this worker reduces its slice"},
+     "allreduce(scale=1.0, start=0, stop=None) -> seconds waited at the entry barrier: every "
+     "buffer[start:stop] (or only out[start:stop] when the group has an out array) = scale * the sum "
+     "of all buffers[start:stop]; native: summed in buffer order, this worker reduces its slice; "
+     "ring/tree: the point-to-point schedules of the group's algorithm"},
     {"abort", (PyCFunction)ShmGroup_abort, METH_VARARGS, "abort(code=1): wake every waiter with an error"},
     {NULL},
 };
@@ -1269,7 +1312,8 @@ static PyTypeObject ShmGroupType = {
     .tp_name = "dptrain._core.ShmGroup",
     .tp_basicsize = sizeof(ShmGroupObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "ShmGroup(control, buffers, rank, *, out=None, spin=2e-4, yield_time=2e-3, timeout=0): "
+    .tp_doc = "ShmGroup(control, buffers, rank, *, out=None, spin=2e-4, yield_time=2e-3, timeout=0, "
+              "algorithm='native'): "
               "one worker's handle on a group of workers that share memory (threads or processes).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)ShmGroup_init,

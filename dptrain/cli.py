@@ -96,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--timeout", type=_nonneg_float, default=0.0,
                    help="fail a collective that waits longer than this many seconds (0: never)")
     t.add_argument("--allreduce", choices=("native", "ring", "tree", "ps"), default="native",
-                   help="gradient exchange: the transport's own (native), ring or tree over "
-                        "MPI messages, or a parameter server (ps)")
+                   help="gradient exchange: the transport's own (native), the ring or tree "
+                        "point-to-point schedule, or a parameter server (ps)")
     t.add_argument("--bucket-kb", type=_nonneg_float, default=0.0,
                    help="exchange the gradient in buckets of this many KiB, last layer first "
                         "(default 0: one all-reduce of the whole flat gradient)")

@@ -139,13 +139,24 @@ class BufferSpec:
     """A named role of flat arrays: one per rank (params, grads, velocity, stats), or a fixed
     ``count`` of them shared by all ranks (the gradient chunks of deterministic mode). With
     ``reduce_into``, the role's all-reduce writes the sum of its arrays, in index order, into
-    that other role's (single) array instead of into every array."""
+    that other role's (single) array instead of into every array. ``algorithm`` picks the
+    role's all-reduce schedule (``collectives.ALGORITHMS`` less 'ps', which is a training-loop
+    scheme): 'native' is the transport's own, 'ring'/'tree' the point-to-point schedules."""
 
     name: str
     length: int
     dtype: np.dtype
     count: int | None = None
     reduce_into: str | None = None
+    algorithm: str = "native"
+
+    def __post_init__(self):
+        if self.algorithm not in ("native", "ring", "tree"):
+            raise ValueError(f"{self.name}: algorithm is {self.algorithm!r}, expected 'native', "
+                             f"'ring' or 'tree'")
+        if self.algorithm != "native" and (self.count is not None or self.reduce_into):
+            raise ValueError(f"{self.name}: algorithm {self.algorithm!r} needs one array per "
+                             f"rank and no reduce_into")
 
     def arrays(self, world: int) -> int:
         return world if self.count is None else self.count
@@ -270,7 +281,8 @@ class ShmComm(Communicator):
             out = self._all[s.reduce_into][0] if s.reduce_into else None
             self._groups[s.name] = _core.ShmGroup(
                 layout.control(mem, s.name), self._all[s.name], rank, out=out,
-                spin=policy.spin, yield_time=policy.yield_time, timeout=policy.timeout)
+                spin=policy.spin, yield_time=policy.yield_time, timeout=policy.timeout,
+                algorithm=s.algorithm)
         self._sync = self._groups[layout.specs[0].name]
 
     def buffer(self, name):
@@ -370,14 +382,11 @@ class MPIComm(Communicator):
 
     backend = "mpi"
 
-    def __init__(self, specs, comm=None, algorithm: str = "native"):
+    def __init__(self, specs, comm=None):
         from mpi4py import MPI
         from . import collectives
-        if algorithm not in collectives.ALGORITHMS:
-            raise ValueError(f"allreduce is {algorithm!r}, expected one of "
-                             f"{collectives.ALGORITHMS}")
-        self._reduce = {"ring": collectives.ring_allreduce,
-                        "tree": collectives.tree_allreduce}.get(algorithm)
+        schedules = {"ring": collectives.ring_allreduce, "tree": collectives.tree_allreduce}
+        self._reduce = {s.name: schedules[s.algorithm] for s in specs if s.algorithm in schedules}
         self._MPI = MPI
         self._comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self._comm.Get_rank()
@@ -409,15 +418,15 @@ class MPIComm(Communicator):
                               start=start, stop=stop)
             return
         buf = self._all[name][0][start:stop]
-        if self._reduce is not None and name != "stats":
-            self._reduce(self._comm, buf)
+        if name in self._reduce:
+            self._reduce[name](self._comm, buf)
         else:
             self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
         if scale != 1.0:
             buf *= scale
 
     def allreduce_async_(self, name, start=0, stop=None):
-        if self._reduce is not None:
+        if name in self._reduce:
             raise ValueError("overlap needs a non-blocking all-reduce: use allreduce='native' "
                              "with the mpi backend")
         return self._comm.Iallreduce(self._MPI.IN_PLACE, self._all[name][0][start:stop],

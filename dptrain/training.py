@@ -98,7 +98,8 @@ class Job:
         dt = np.dtype(self.dtype)
         # parameter server: the grads' rank-order sum goes into one shared array, read by 0
         into = "grads_sum" if self.allreduce == "ps" else None
-        specs = [parallel.BufferSpec("grads", p, dt, reduce_into=into),
+        schedule = self.allreduce if self.allreduce in ("ring", "tree") else "native"
+        specs = [parallel.BufferSpec("grads", p, dt, reduce_into=into, algorithm=schedule),
                  parallel.BufferSpec("params", p, dt),
                  parallel.BufferSpec("velocity", p, dt),
                  parallel.BufferSpec("stats", 2, np.dtype(np.float64))]
@@ -375,7 +376,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     comes from MPI); batch_size is the GLOBAL batch. shuffle=False keeps a fixed batch order;
     limit keeps the first N training samples. timeout > 0 bounds each collective's wait.
     allreduce: 'native' (the transport's own: MPI_Allreduce, or the shared-memory reduce),
-    'ring' or 'tree' (over MPI point-to-point messages; mpi backend), or 'ps' (parameter
+    'ring' or 'tree' (point-to-point schedules: MPI messages, or reads of the sender's
+    shared-memory buffer after a barrier on the thread/process backends), or 'ps' (parameter
     server: gradients summed on rank 0, which alone updates and broadcasts the parameters).
     bucket_kb > 0 exchanges the gradient in buckets of that many KiB, last layer first
     (0: one collective for the whole flat gradient); overlap=True starts each bucket's
@@ -429,9 +431,6 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     from .collectives import ALGORITHMS
     if allreduce not in ALGORITHMS:
         raise ValueError(f"allreduce is {allreduce!r}, expected one of {ALGORITHMS}")
-    if allreduce in ("ring", "tree") and backend != "mpi" and workers > 1:
-        raise ValueError(f"allreduce={allreduce!r} runs over point-to-point messages: use "
-                         f"backend='mpi' (the {backend} backend offers 'native' and 'ps')")
     if not (bucket_kb >= 0 and math.isfinite(bucket_kb)):
         raise ValueError(f"bucket_kb must be a finite number >= 0, got {bucket_kb!r}")
     if overlap and (deterministic or allreduce != "native"):
@@ -507,7 +506,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     policy = parallel.WaitPolicy.for_workers(workers, threads, timeout, backend)
     if backend == "mpi":
         try:
-            results = [run_worker(parallel.MPIComm(job.specs(), comm_world, allreduce), job,
+            results = [run_worker(parallel.MPIComm(job.specs(), comm_world), job,
                                   *data, say=say)]
         except Exception as exc:
             # the other ranks wait in a collective this rank will never join: name the rank

@@ -253,9 +253,20 @@ def test_parameter_server_on_shared_memory_equals_one_worker(sequential, backend
     np.testing.assert_allclose(r["params"], sequential["params"], rtol=0, atol=1e-5)
 
 
-def test_ring_and_tree_need_point_to_point_messages():
-    with pytest.raises(ValueError, match="use backend='mpi'"):
-        _train(workers=2, backend="thread", allreduce="ring")
+@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_point_to_point_schedules_on_shared_memory_equal_one_worker(sequential, backend,
+                                                                    algorithm, workers):
+    r = _train(workers=workers, backend=backend, allreduce=algorithm)
+    np.testing.assert_allclose(r["params"], sequential["params"], rtol=0, atol=1e-5,
+                               err_msg=f"{algorithm} on {backend} x {workers}")
+
+
+def test_ring_and_tree_with_buckets_and_an_unknown_algorithm():
+    a = _train(workers=2, backend="thread", allreduce="ring", bucket_kb=0.25)
+    b = _train(workers=2, backend="thread", allreduce="tree", bucket_kb=0.25)
+    np.testing.assert_allclose(a["params"], b["params"], rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="allreduce is 'butterfly'"):
         _train(allreduce="butterfly")
 

@@ -53,6 +53,74 @@ def test_allreduce_sums_every_buffer_in_rank_order(n, dtype, length):
         assert np.array_equal(b, expected), f"rank {r}, n={n}, {np.dtype(dtype).name}, {length}"
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("length", [1, 5, 1000, 70001])
+def test_point_to_point_schedules_sum_and_agree_bitwise(algorithm, n, dtype, length):
+    rng = np.random.default_rng(n * 1000 + length)
+    bufs = [rng.standard_normal(length).astype(dtype) for _ in range(n)]
+    exact = np.sum([b.astype(np.float64) for b in bufs], axis=0) * 0.5
+    ctrl = control_block()
+    _core.init_group_control(ctrl, n)
+    groups = [_core.ShmGroup(ctrl, bufs, r, algorithm=algorithm) for r in range(n)]
+    run_workers(n, lambda r: groups[r].allreduce(0.5))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for r, b in enumerate(bufs):
+        # every worker holds the same bits (a chain sum copied, or x + y against y + x)
+        assert np.array_equal(b, bufs[0]), f"{algorithm} n={n}: rank {r} differs from rank 0"
+    np.testing.assert_allclose(bufs[0], exact, rtol=tol, atol=tol * n,
+                               err_msg=f"{algorithm} n={n} {np.dtype(dtype).name} {length}")
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_point_to_point_schedules_of_a_range_and_repeated_calls(algorithm):
+    n, length = 3, 4000
+    bufs = [np.full(length, r + 1.0, np.float32) for r in range(n)]
+    ctrl = control_block()
+    _core.init_group_control(ctrl, n)
+    groups = [_core.ShmGroup(ctrl, bufs, r, algorithm=algorithm) for r in range(n)]
+
+    def work(r):
+        waits = [groups[r].allreduce(start=100, stop=3001) for _ in range(20)]
+        assert all(isinstance(w, float) and w >= 0 for w in waits)
+
+    run_workers(n, work)
+    for r, b in enumerate(bufs):
+        assert (b[100:3001] == 6.0 * 3 ** 19).all(), f"rank {r}"
+        assert (b[:100] == r + 1).all() and (b[3001:] == r + 1).all(), f"rank {r}: outside range"
+
+
+def test_allreduce_and_barrier_return_the_entry_wait():
+    import time
+    n = 2
+    bufs = [np.ones(64), np.ones(64)]
+    ctrl = control_block()
+    _core.init_group_control(ctrl, n)
+    groups = [_core.ShmGroup(ctrl, bufs, r) for r in range(n)]
+
+    def work(r):
+        if r == 1:
+            time.sleep(0.2)             # rank 0 waits for rank 1 at the entry barrier
+        return groups[r].allreduce(), groups[r].barrier()
+
+    (w0, b0), (w1, b1) = run_workers(n, work)
+    assert w0 > 0.15 and w1 < 0.1, (w0, w1)
+    assert 0 <= b0 < 0.1 and 0 <= b1 < 0.1
+
+
+def test_point_to_point_schedules_reject_what_they_cannot_do():
+    bufs = [np.zeros(8), np.zeros(8)]
+    ctrl = control_block()
+    _core.init_group_control(ctrl, 2)
+    with pytest.raises(ValueError, match="algorithm is 'butterfly'"):
+        _core.ShmGroup(ctrl, bufs, 0, algorithm="butterfly")
+    with pytest.raises(ValueError, match="one buffer per worker .* and no out array"):
+        _core.ShmGroup(ctrl, bufs, 0, algorithm="ring", out=np.zeros(8))
+    with pytest.raises(ValueError, match="buffers has 3 arrays, but the group has 2 workers"):
+        _core.ShmGroup(ctrl, bufs + [np.zeros(8)], 0, algorithm="tree")
+
+
 def test_allreduce_of_a_range_leaves_the_rest_alone():
     n, length = 3, 5000
     bufs = [np.full(length, r + 1.0) for r in range(n)]
