@@ -48,6 +48,20 @@ def _fault(text: str | None):
     return int(parts[0]), int(parts[1]), parts[2]
 
 
+def _straggle(text: str | None):
+    if text is None:
+        return None
+    parts = text.split(":")
+    try:
+        rank, ms = int(parts[0]), float(parts[1])
+        if len(parts) != 2 or rank < 0 or not ms >= 0:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise ValueError(f"--straggle is {text!r}, expected RANK:MS with MS >= 0, "
+                         f"e.g. 1:5") from None
+    return rank, ms
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m dptrain",
@@ -118,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run saved in this checkpoint")
     t.add_argument("--inject-fault", default=None, metavar="RANK:STEP:raise|kill",
                    help="make one worker fail at one step (to see how a failure is handled)")
+    t.add_argument("--straggle", default=None, metavar="RANK:MS",
+                   help="make one rank's compute MS milliseconds slower every step")
+    t.add_argument("--straggle-random", type=_nonneg_float, default=0.0, metavar="MS",
+                   help="add a random U(0, MS) ms delay to every rank's compute every step")
+    t.add_argument("--trace", default=None, metavar="FILE",
+                   help="write a Chrome trace of every step on every rank (open in Perfetto)")
+    t.add_argument("--steps-csv", default=None, metavar="FILE",
+                   help="write the per-step, per-rank phase table as CSV")
     t.add_argument("--threads", type=_pos_int, default=1,
                    help="threads the C kernels split each worker's batch over (default 1)")
     t.add_argument("--out", default=None, help="write the JSON result here")
@@ -143,7 +165,7 @@ def main(argv=None) -> int:
         return 0
     from .training import train
     try:
-        train(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
+        result = train(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
               epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
               momentum=args.momentum, nesterov=args.nesterov, lr_schedule=args.lr_schedule,
               weight_decay=args.weight_decay, dampening=args.dampening, seed=args.seed,
@@ -158,7 +180,10 @@ def main(argv=None) -> int:
               resume=args.resume, batch_per_worker=args.batch_per_worker,
               scale_lr=args.scale_lr, warmup_epochs=args.warmup_epochs,
               allreduce=args.allreduce, bucket_kb=args.bucket_kb, overlap=args.overlap,
-              fault=_fault(args.inject_fault))
+              fault=_fault(args.inject_fault), trace=args.trace,
+              straggle=_straggle(args.straggle), straggle_random_ms=args.straggle_random)
+        if args.steps_csv and "step_times" in result:
+            result["step_times"].to_csv(args.steps_csv)
     except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
         print(f"dptrain: error: {exc}", file=sys.stderr)
         return 1

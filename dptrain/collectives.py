@@ -22,6 +22,36 @@ import numpy as np
 ALGORITHMS = ("native", "ring", "tree", "ps")
 
 
+def bytes_sent(algorithm: str, p: int, nbytes: int, rank: int = 0, root: int = 0) -> int:
+    """Bytes worker `rank` of p sends in one collective on nbytes per worker, by schedule:
+
+    - 'native' / 'ring': 2 (p - 1) / p * nbytes (reduce-scatter + all-gather; the shared-memory
+      one-pass reduce moves the same: it reads p - 1 slices of nbytes / p and writes its summed
+      slice into p - 1 buffers; MPICH and Open MPI use the same volume for large buffers);
+    - 'tree': log2(pof2) * nbytes (recursive doubling), plus nbytes for the fold's sender and
+      for the receiver that sends the result back, when p is not a power of two;
+    - 'reduce': nbytes from every rank but root (a flat reduce, as the parameter server);
+    - 'broadcast': (p - 1) * nbytes from root, nothing from the others;
+    - 'barrier': 0.
+    """
+    if p <= 1 or algorithm == "barrier":
+        return 0
+    if algorithm in ("native", "ring"):
+        return int(round(2 * (p - 1) / p * nbytes))
+    if algorithm == "tree":
+        pof2 = 1 << (p.bit_length() - 1)
+        extra = p - pof2
+        if rank >= pof2:
+            return nbytes
+        return (pof2.bit_length() - 1) * nbytes + (nbytes if rank < extra else 0)
+    if algorithm == "reduce":
+        return 0 if rank == root else nbytes
+    if algorithm == "broadcast":
+        return (p - 1) * nbytes if rank == root else 0
+    raise ValueError(f"algorithm is {algorithm!r}, expected native, ring, tree, reduce, "
+                     f"broadcast or barrier")
+
+
 def _bounds(n: int, p: int) -> list[tuple[int, int]]:
     q, r = divmod(n, p)
     out, lo = [], 0

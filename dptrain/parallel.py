@@ -54,6 +54,27 @@ class Communicator(abc.ABC):
     rank = 0
     size = 1
     backend = "sequential"
+    # What this worker's collectives cost it so far (instance counters, read by the training
+    # loop's step timers): seconds waited at a collective's entry for the slowest worker
+    # (arrival skew, not transfer), collective calls, and bytes sent by the schedule.
+    waited = 0.0
+    calls = 0
+    bytes_sent = 0
+    _specs: dict = {}
+
+    def _account(self, kind: str, name: str, start: int = 0, stop: int | None = None,
+                  root: int = 0, waited: float = 0.0) -> None:
+        """Counts one collective on role `name` (see collectives.bytes_sent)."""
+        from .collectives import bytes_sent
+        self.calls += 1
+        self.waited += waited
+        spec = self._specs.get(name)
+        if spec is None or self.size == 1:
+            return
+        n = len(range(*slice(start, stop).indices(spec.length)))
+        nbytes = n * np.dtype(spec.dtype).itemsize * (spec.count or 1)
+        algorithm = spec.algorithm if kind == "allreduce" else kind
+        self.bytes_sent += bytes_sent(algorithm, self.size, nbytes, self.rank, root)
 
     @abc.abstractmethod
     def buffer(self, name: str) -> np.ndarray:
@@ -306,7 +327,8 @@ class ShmComm(Communicator):
         return self._layout.extra(self._mem, name)
 
     def allreduce_(self, name, scale=1.0, start=0, stop=None):
-        self._groups[name].allreduce(scale, start, stop)
+        waited = self._groups[name].allreduce(scale, start, stop)
+        self._account("allreduce", name, start, stop, waited=waited)
 
     def allreduce_async_(self, name, start=0, stop=None):
         """Queues the all-reduce on this worker's communication thread, which runs the C call
@@ -319,6 +341,7 @@ class ShmComm(Communicator):
             self._comm_thread.start()
         handle = _Handle()
         self._queue.put((handle, name, start, stop))
+        self._account("allreduce", name, start, stop)   # its wait overlaps compute: not counted
         return handle
 
     def _comm_loop(self):
@@ -355,17 +378,19 @@ class ShmComm(Communicator):
         into = self._specs[name].reduce_into
         if not into:
             raise ValueError(f"{name}: the layout gives this role no reduce_into array")
-        self._groups[name].allreduce()
+        waited = self._groups[name].allreduce()
+        self._account("reduce", name, root=root, waited=waited)
         return self._all[into][0]
 
     def broadcast_(self, name, root=0):
-        self._sync.barrier()                 # root's values are final
+        waited = self._sync.barrier()        # root's values are final
         if self.rank != root:
             self._all[name][self.rank][:] = self._all[name][root]
         self._sync.barrier()                 # nobody changes root's copy while others read
+        self._account("broadcast", name, root=root, waited=waited)
 
     def barrier(self):
-        self._sync.barrier()
+        self._account("barrier", "", waited=self._sync.barrier())
 
     def abort(self, code=1):
         # every role has its own barrier, and the others may be waiting in any of them
@@ -382,11 +407,16 @@ class MPIComm(Communicator):
 
     backend = "mpi"
 
-    def __init__(self, specs, comm=None):
+    def __init__(self, specs, comm=None, measure_wait: bool = True):
+        """measure_wait: enter each collective through MPI_Barrier and count the time spent
+        in it as synchronization wait (MPI reports no arrival times; the barrier costs a few
+        microseconds per collective on one machine). False: the wait stays inside the
+        collective's time."""
         from mpi4py import MPI
         from . import collectives
         schedules = {"ring": collectives.ring_allreduce, "tree": collectives.tree_allreduce}
         self._reduce = {s.name: schedules[s.algorithm] for s in specs if s.algorithm in schedules}
+        self._measure_wait = measure_wait
         self._MPI = MPI
         self._comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self._comm.Get_rank()
@@ -408,7 +438,15 @@ class MPIComm(Communicator):
     def buffers(self, name):
         return self._all[name]
 
+    def _entry_wait(self) -> float:
+        if not self._measure_wait or self.size == 1:
+            return 0.0
+        t0 = time.perf_counter()
+        self._comm.Barrier()
+        return time.perf_counter() - t0
+
     def allreduce_(self, name, scale=1.0, start=0, stop=None):
+        self._account("allreduce", name, start, stop, waited=self._entry_wait())
         spec = self._specs[name]
         if spec.reduce_into and spec.count is not None:
             # rank r filled arrays [r k / size, (r + 1) k / size): gather them all (exact
@@ -429,6 +467,7 @@ class MPIComm(Communicator):
         if name in self._reduce:
             raise ValueError("overlap needs a non-blocking all-reduce: use allreduce='native' "
                              "with the mpi backend")
+        self._account("allreduce", name, start, stop)
         return self._comm.Iallreduce(self._MPI.IN_PLACE, self._all[name][0][start:stop],
                                      op=self._MPI.SUM)
 
@@ -439,6 +478,7 @@ class MPIComm(Communicator):
 
     def reduce_(self, name, root=0):
         """The sum of every rank's array, in root's own array (MPI_Reduce in place)."""
+        self._account("reduce", name, root=root, waited=self._entry_wait())
         buf = self._all[name][0]
         if self.rank == root:
             self._comm.Reduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM, root=root)
@@ -447,10 +487,13 @@ class MPIComm(Communicator):
         return buf
 
     def broadcast_(self, name, root=0):
+        self._account("broadcast", name, root=root, waited=self._entry_wait())
         self._comm.Bcast(self._all[name][0], root=root)
 
     def barrier(self):
+        t0 = time.perf_counter()
         self._comm.Barrier()
+        self._account("barrier", "", waited=time.perf_counter() - t0)
 
     def abort(self, code=1):
         self._comm.Abort(code)

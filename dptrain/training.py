@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import data as data_mod
-from . import _core, parallel, reference
+from . import _core, parallel, reference, timing
 from .models import build_model
 from .optim import SCHEDULES, SGD, lr_at
 from .sampler import batch_bounds, epoch_order
@@ -87,6 +87,8 @@ class Job:
     checkpoint_every: int = 0
     resume: str | None = None
     fault: tuple | None = None    # (rank, step, "raise" | "kill"): injected, for fault tests
+    straggle: tuple | None = None  # (rank, ms): that rank's compute takes ms longer each step
+    straggle_random_ms: float = 0.0  # every rank's compute takes U(0, ms) longer each step
 
     # what a checkpoint must agree on to be resumed by this job
     RESUME_KEYS = ("model", "sizes", "dtype", "seed", "lr", "momentum", "dampening",
@@ -176,7 +178,9 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
             return bx, by
         return x[lo:hi], y[lo:hi]          # contiguous slices: no copy
 
-    phase = {"data": 0.0, "compute": 0.0, "communication": 0.0, "update": 0.0}
+    timer = timing.StepTimer()
+    delay_rng = np.random.default_rng([job.seed, rank, 0x57a6])
+    fixed_delay = job.straggle[1] / 1e3 if job.straggle and job.straggle[0] == rank else 0.0
     history = state["history"]
     train_seconds, eval_seconds, step = state["train_seconds"], state["eval_seconds"], state["step"]
     clock = time.perf_counter
@@ -191,7 +195,9 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
             if job.fault and job.fault[0] == rank and job.fault[1] == step:
                 _inject_fault(job.fault[2], rank, step)
             scale = 1.0 / (e - s)
-            t_a = clock()
+            t_a = e0 if b == first_batch else clock()
+            delay = fixed_delay + (delay_rng.uniform(0.0, job.straggle_random_ms / 1e3)
+                                   if job.straggle_random_ms else 0.0)
             if job.deterministic:
                 t_data, batch_loss, batch_correct = 0.0, 0.0, 0
                 for c in my_chunks:
@@ -203,8 +209,11 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
                     batch_loss += cl
                     batch_correct += cc
                     t_data += v - u
+                if delay:
+                    time.sleep(delay)               # injected straggler: slower compute
                 t_b = t_a + t_data
                 t_c = clock()
+                w0 = comm.waited
                 comm.allreduce_("chunks")        # chunk_sum = the chunks, summed in order
                 grads = comm.buffer("chunk_sum")
             elif job.overlap:
@@ -212,6 +221,9 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
                 t_b = clock()
                 net.zero_grad()
                 batch_loss, batch_correct = net._net.forward_loss(bx, by, scale)
+                if delay:
+                    time.sleep(delay)
+                w0 = comm.waited
                 # backward layer by layer, last first; a bucket's all-reduce starts as soon as
                 # every layer it covers is done, and runs while the next layers are computed
                 handles, k = [], 0
@@ -228,7 +240,10 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
                 t_b = clock()
                 net.zero_grad()
                 batch_loss, batch_correct = net.loss_grad(bx, by, scale)
+                if delay:
+                    time.sleep(delay)
                 t_c = clock()
+                w0 = comm.waited
                 if job.allreduce == "ps":
                     grads = comm.reduce_("grads", root=0)   # the gradients' sum, for rank 0
                 else:
@@ -236,6 +251,7 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
                         comm.allreduce_("grads", start=lo_b, stop=hi_b)
                     grads = None
             t_d = clock()
+            waited = comm.waited - w0
             lr = lr_at(step, total_steps, job.lr, job.lr_schedule, job.warmup_steps)
             if job.allreduce == "ps":
                 # parameter server: rank 0 alone updates, then sends the parameters out
@@ -247,10 +263,7 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
             else:
                 opt.step(lr, grads=grads)
             t_e = clock()
-            phase["data"] += t_b - t_a
-            phase["compute"] += t_c - t_b
-            phase["communication"] += t_d - t_c
-            phase["update"] += t_e - t_d
+            timer.step(epoch, t_a, t_b, t_c, t_d, t_e, waited)
             loss_sum += batch_loss
             correct += batch_correct
             step += 1
@@ -267,7 +280,9 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
                                     eval_seconds=eval_seconds)
         stats[0], stats[1] = loss_sum, correct
         comm.allreduce_("stats")          # also the barrier that ends the epoch's timing
-        epoch_seconds = clock() - e0
+        e1 = clock()
+        timer.end(e1)
+        epoch_seconds = e1 - e0
         train_seconds += epoch_seconds
         loss_sum, correct = float(stats[0]), int(round(stats[1]))
         if not math.isfinite(loss_sum):
@@ -283,11 +298,21 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
             history.append(rec)
             if say:
                 say(_epoch_line(rec, job.epochs, n))
-    out = {"rank": rank, "phase_seconds": phase, "steps": step}
+    out = {"rank": rank, "steps": step, "stamps": timer.array(), "calls": comm.calls,
+           "bytes_sent": comm.bytes_sent, "train_seconds": train_seconds}
     if rank == 0:
-        out.update(history=history, train_seconds=train_seconds, eval_seconds=eval_seconds,
+        out.update(history=history, eval_seconds=eval_seconds,
                    params=net.params.copy(), velocity=net.velocity.copy())
     return out
+
+
+def breakdown_line(b: dict) -> str:
+    """One line: each phase's share of the training time (mean over ranks), step p50/p99."""
+    total = sum(b["phase_seconds"].values()) or 1.0
+    shares = "  ".join(f"{k} {100 * v / total:.0f}%" for k, v in b["phase_seconds"].items())
+    st = b["step_seconds"]
+    return (f"time per step: p50 {1e3 * st['p50']:.2f} ms, p99 {1e3 * st['p99']:.2f} ms; "
+            f"{shares}")
 
 
 def _epoch_line(rec: dict, epochs: int, n: int) -> str:
@@ -368,7 +393,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
           log=print, deterministic: bool = False, checkpoint=None, checkpoint_every: int = 0,
           resume=None, batch_per_worker: int | None = None, scale_lr: bool = False,
           allreduce: str = "native", bucket_kb: float = 0.0, overlap: bool = False,
-          warmup_epochs: float = 0.0, fault: tuple | None = None) -> dict:
+          warmup_epochs: float = 0.0, fault: tuple | None = None, trace=None,
+          straggle: tuple | None = None, straggle_random_ms: float = 0.0) -> dict:
     """Trains one model on 1..N workers; returns the result dict (see the module docstring).
 
     model: 'logreg' | 'softmax' | 'mlp' (hidden sizes from ``hidden``); dataset: 'mnist' |
@@ -393,6 +419,14 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     resume=PATH continues a run from such a file (bitwise as if it had not stopped).
     fault=(rank, step, "raise" | "kill") makes that worker fail at that step (for testing
     that a failure stops the whole run; "kill" needs the process backend).
+    straggle=(rank, ms) makes that rank's compute take ms longer every step;
+    straggle_random_ms=ms adds a U(0, ms) delay to every rank's compute every step (seeded):
+    both for studying the synchronization wait (the delay is a sleep, the core stays free).
+    trace=PATH writes a Chrome trace (all ranks, every step's phases) for Perfetto.
+    The result's "breakdown" holds where the time went (dptrain.timing: data, compute,
+    communication, sync_wait, update, other, per rank; step percentiles; calls and bytes per
+    epoch; the host's steal time) and result["step_times"] (not in the JSON) the full
+    per-step, per-rank table as a timing.StepTimes.
     Raises FloatingPointError when the loss stops being finite and parallel.WorkerError
     (naming the rank) when a worker fails.
     """
@@ -443,6 +477,15 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     if deterministic and backend == "mpi" and CHUNKS % workers:
         raise ValueError(f"deterministic mode under MPI needs a world size that divides "
                          f"{CHUNKS}, got {workers}")
+    if straggle is not None:
+        if (len(straggle) != 2 or not 0 <= int(straggle[0]) < workers
+                or not (straggle[1] >= 0 and math.isfinite(straggle[1]))):
+            raise ValueError(f"straggle must be (rank, ms) with 0 <= rank < workers={workers} "
+                             f"and ms >= 0, got {straggle!r}")
+        straggle = (int(straggle[0]), float(straggle[1]))
+    if not (straggle_random_ms >= 0 and math.isfinite(straggle_random_ms)):
+        raise ValueError(f"straggle_random_ms must be a finite number >= 0, got "
+                         f"{straggle_random_ms!r}")
     checkpoint_every = int(checkpoint_every or 0)
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
@@ -470,7 +513,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
                   checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
                   batch_per_worker=batch_per_worker, scale_lr=scale_lr, base_lr=base_lr,
                   allreduce=allreduce, bucket_kb=bucket_kb, overlap=overlap,
-                  warmup_epochs=warmup_epochs)
+                  warmup_epochs=warmup_epochs, straggle=list(straggle) if straggle else None,
+                  straggle_random_ms=straggle_random_ms)
 
     t0 = time.perf_counter()
     ds = data_mod.load_dataset(dataset, data_dir=data_dir, dtype=np.dtype(dtype), limit=limit,
@@ -494,7 +538,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
               allreduce=allreduce, bucket_kb=float(bucket_kb), overlap=bool(overlap),
               deterministic=bool(deterministic), checkpoint=str(checkpoint) if checkpoint else None,
               checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
-              fault=tuple(fault) if fault else None)
+              fault=tuple(fault) if fault else None, straggle=straggle,
+              straggle_random_ms=float(straggle_random_ms))
     if fault and fault[2] == "kill" and backend != "process":
         raise ValueError("fault kind 'kill' kills the worker's process: use backend='process'")
     say(f"dptrain: {model} {tuple(sizes)} on {ds.name} ({len(ds.x_train)} train / "
@@ -503,6 +548,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
         + (f" on {config['backend']}" if workers > 1 or backend == "mpi" else ""))
 
     data = (ds.x_train, ds.y_train, ds.x_test, ds.y_test)
+    steal0 = timing.read_steal()
     policy = parallel.WaitPolicy.for_workers(workers, threads, timeout, backend)
     if backend == "mpi":
         try:
@@ -536,8 +582,13 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
                                          (job,), start_method=start_method)
         for rec in results[0]["history"]:      # workers do not print; rank 0 reports here
             say(_epoch_line(rec, epochs, len(ds.x_train)))
+    steal = timing.steal_fraction(steal0, timing.read_steal())
+    per_rank = [{k: r[k] for k in ("stamps", "calls", "bytes_sent", "train_seconds")}
+                for r in results]
+    if backend == "mpi" and workers > 1:
+        per_rank = comm_world.gather(per_rank[0], root=0)   # once, after training
     if mpi_rank != 0:
-        return {"rank": mpi_rank, "phase_seconds": results[0]["phase_seconds"]}
+        return {"rank": mpi_rank}
     head = results[0]
     history = head["history"]
     net = build_model(model, ds.n_features, ds.n_classes, hidden=hidden, dtype=dtype,
@@ -547,6 +598,19 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     from . import build_info
     n, train_seconds = len(ds.x_train), head["train_seconds"]
     steps = head["steps"]
+    step_times = timing.StepTimes([r["stamps"] for r in per_rank],
+                                  [r["calls"] for r in per_rank],
+                                  [r["bytes_sent"] for r in per_rank],
+                                  meta={k: config[k] for k in ("model", "dataset", "workers",
+                                                               "backend", "batch_size")})
+    breakdown = step_times.summary()
+    timer_cost = timing.timer_cost_seconds(5000)
+    breakdown["timer_seconds_per_step"] = timer_cost
+    breakdown["timer_fraction"] = (timer_cost / breakdown["step_seconds"]["mean"]
+                                   if breakdown["step_seconds"]["mean"] > 0 else None)
+    breakdown["steal_fraction"] = steal
+    breakdown["param_bytes"] = net.n_params * net.dtype.itemsize
+    breakdown["rank_train_seconds"] = [r["train_seconds"] for r in per_rank]
     result = {
         "dptrain_version": _version(),
         "config": config,
@@ -564,9 +628,9 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
         "train_seconds": train_seconds,
         "eval_seconds": head["eval_seconds"],
         "data_load_seconds": data_load_seconds,
-        "phase_seconds": head["phase_seconds"],
-        "rank_phase_seconds": [r["phase_seconds"] for r in results] if len(results) > 1 else
-        [head["phase_seconds"]],
+        "phase_seconds": breakdown["phase_seconds"],
+        "rank_phase_seconds": breakdown["rank_phase_seconds"],
+        "breakdown": breakdown,
         "steps_per_second": steps / train_seconds if train_seconds > 0 else None,
         "samples_per_second": n * epochs / train_seconds if train_seconds > 0 else None,
         "build": build_info(),
@@ -578,7 +642,12 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     if out:
         Path(out).write_text(json.dumps(result, indent=2) + "\n")
         say(f"wrote {out}")
+    say(breakdown_line(breakdown))
+    if trace:
+        step_times.chrome_trace(trace)
+        say(f"wrote {trace} (open it in https://ui.perfetto.dev)")
     result["params"] = head["params"]      # not in the JSON: the trained parameters
+    result["step_times"] = step_times      # not in the JSON: every step of every rank
     return result
 
 

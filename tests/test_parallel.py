@@ -1,6 +1,7 @@
 """The data-parallel engine: N workers equal 1 worker, on every transport; failures stop the
 run with the rank named and nothing left behind."""
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -145,6 +146,19 @@ def _mpi_weights(ranks, tmp_path, *extra):
 def test_mpi_ranks_equal_one_worker(sequential, ranks, tmp_path):
     got = _mpi_weights(ranks, tmp_path)
     np.testing.assert_allclose(got, sequential["params"], rtol=0, atol=1e-5)
+
+
+@needs_mpi
+def test_mpi_ranks_report_their_own_step_breakdown(tmp_path):
+    out, trace = tmp_path / "run.json", tmp_path / "trace.json"
+    _mpi_weights(2, tmp_path, "--out", str(out), "--trace", str(trace), "--straggle", "1:3")
+    res = json.loads(out.read_text())
+    ranks = res["rank_phase_seconds"]
+    assert len(ranks) == 2
+    # rank 0 waits at the entry barrier for the straggling rank 1
+    assert ranks[0]["sync_wait"] > 0.5 * 0.003 * res["steps"] > ranks[1]["sync_wait"]
+    tids = {e["tid"] for e in json.loads(trace.read_text())["traceEvents"]}
+    assert tids == {0, 1}
 
 
 @needs_mpi

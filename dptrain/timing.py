@@ -1,0 +1,270 @@
+"""Where every step's time goes, on every rank: the step timer, its tables, its trace.
+
+Each worker's training loop stamps every step with ``time.perf_counter`` (the monotonic
+clock, shared by every process of one machine) at its phase boundaries and asks its
+communicator how long its collectives waited at their entry for the slowest worker:
+
+    start ─data─ b ─compute─ c ─sync_wait─ (c + w) ─communication─ d ─update─ e ─other─ end
+
+- data: the batch's rows gathered; compute: forward + loss + backward;
+- sync_wait: the part of the gradient exchange spent waiting for the other workers to arrive
+  (the entry barrier's wait on shared memory, an MPI_Barrier before the collective under MPI),
+  communication: the rest of it, the transfer and reduction;
+- update: the optimizer step (and the parameter server's broadcast);
+- other: from the end of the update to the start of the next step (loop bookkeeping,
+  checkpoints), and for an epoch's last step up to the end of the epoch's closing collective.
+
+A step ends where the next one starts, so the phases of a step add up to its wall time and the
+steps of a rank add up to its training time (exactly, by construction). With overlap, the
+exchange's wait is hidden inside the communication phase (it runs beside backward).
+
+``StepTimes`` holds the stamps of all ranks (ranks x steps) and turns them into per-step and
+per-epoch tables, a summary, CSV/JSON, pandas frames and a Chrome trace. Ranks are aligned on
+their first stamp (every rank leaves the same barrier there), which also makes traces of MPI
+ranks on different machines line up.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+
+import numpy as np
+
+PHASES = ("data", "compute", "communication", "sync_wait", "update", "other")
+# columns of a rank's stamp array
+_START, _DATA, _COMPUTE, _EXCHANGE, _UPDATE, _END, _WAIT, _EPOCH = range(8)
+
+
+class StepTimer:
+    """One worker's stamps: ``step(...)`` once per step, ``end(t)`` when the step's time stops
+    counting (the next step's start, or the end of the epoch). Appends plain tuples (about
+    0.2 us); the array is built once at the end."""
+
+    __slots__ = ("rows", "_open")
+
+    def __init__(self):
+        self.rows: list[list] = []
+        self._open = None
+
+    def step(self, epoch, t_start, t_data, t_compute, t_exchange, t_update, waited):
+        if self._open is not None:
+            self._open[_END] = t_start
+        row = [t_start, t_data, t_compute, t_exchange, t_update, t_update, waited, epoch]
+        self.rows.append(row)
+        self._open = row
+
+    def end(self, t):
+        """Closes the open step at t (the epoch's end)."""
+        if self._open is not None:
+            self._open[_END] = t
+            self._open = None
+
+    def array(self) -> np.ndarray:
+        return np.array(self.rows, dtype=np.float64).reshape(-1, 8)
+
+
+def timer_cost_seconds(number: int = 20000) -> float:
+    """What the per-step recording costs: the perf_counter calls and the append of one step,
+    measured here (seconds per step)."""
+    timer, clock = StepTimer(), time.perf_counter
+    t0 = clock()
+    for i in range(number):
+        a, b, c, d, e = clock(), clock(), clock(), clock(), clock()
+        timer.step(0, a, b, c, d, e, 0.0)
+    return (clock() - t0) / number
+
+
+def read_steal() -> tuple[int, int] | None:
+    """(steal ticks, total ticks) of all CPUs from /proc/stat, or None where it is absent."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    ticks = [int(x) for x in fields[1:]]
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already in user/nice]
+    return ticks[7], sum(ticks[:8])
+
+
+def steal_fraction(before, after) -> float | None:
+    """The share of CPU time the host took away (steal) between two read_steal() samples."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+class StepTimes:
+    """The step stamps of every rank of one run.
+
+    stamps: one (steps, 8) array per rank (StepTimer.array()); calls / bytes_sent: per rank,
+    the collective calls and bytes of the whole run; meta: the run's configuration (goes into
+    the trace and the JSON).
+    """
+
+    def __init__(self, stamps, calls=None, bytes_sent=None, meta=None):
+        stamps = [np.asarray(s, dtype=np.float64).reshape(-1, 8) for s in stamps]
+        if not stamps:
+            raise ValueError("StepTimes needs the stamps of at least one rank")
+        steps = {len(s) for s in stamps}
+        if len(steps) != 1:
+            raise ValueError(f"every rank must have the same number of steps, got {sorted(steps)}")
+        self.stamps = stamps
+        self.ranks = len(stamps)
+        self.steps = len(stamps[0])
+        self.calls = list(calls) if calls is not None else [0] * self.ranks
+        self.bytes_sent = list(bytes_sent) if bytes_sent is not None else [0] * self.ranks
+        self.meta = dict(meta or {})
+
+    # ------------------------------------------------------------ arrays
+    def phases(self) -> np.ndarray:
+        """(ranks, steps, len(PHASES)) seconds."""
+        out = np.empty((self.ranks, self.steps, len(PHASES)))
+        for r, s in enumerate(self.stamps):
+            wait = np.clip(s[:, _WAIT], 0.0, s[:, _EXCHANGE] - s[:, _COMPUTE])
+            out[r, :, 0] = s[:, _DATA] - s[:, _START]
+            out[r, :, 1] = s[:, _COMPUTE] - s[:, _DATA]
+            out[r, :, 2] = s[:, _EXCHANGE] - s[:, _COMPUTE] - wait
+            out[r, :, 3] = wait
+            out[r, :, 4] = s[:, _UPDATE] - s[:, _EXCHANGE]
+            out[r, :, 5] = s[:, _END] - s[:, _UPDATE]
+        return out
+
+    def step_seconds(self) -> np.ndarray:
+        """(ranks, steps) wall time of each step."""
+        return np.stack([s[:, _END] - s[:, _START] for s in self.stamps])
+
+    def epochs(self) -> np.ndarray:
+        return self.stamps[0][:, _EPOCH].astype(np.int64)
+
+    # ------------------------------------------------------------ tables
+    def per_step(self) -> list[dict]:
+        """One row per (rank, step): epoch, wall seconds and every phase's seconds."""
+        ph, wall, ep = self.phases(), self.step_seconds(), self.epochs()
+        rows = []
+        for r in range(self.ranks):
+            for i in range(self.steps):
+                row = {"rank": r, "step": i, "epoch": int(ep[i]) + 1,
+                       "seconds": float(wall[r, i])}
+                row.update({p: float(ph[r, i, k]) for k, p in enumerate(PHASES)})
+                rows.append(row)
+        return rows
+
+    def per_epoch(self) -> list[dict]:
+        """One row per (rank, epoch): steps, wall seconds and every phase's seconds."""
+        ph, wall, ep = self.phases(), self.step_seconds(), self.epochs()
+        rows = []
+        for r in range(self.ranks):
+            for e in np.unique(ep):
+                m = ep == e
+                row = {"rank": r, "epoch": int(e) + 1, "steps": int(m.sum()),
+                       "seconds": float(wall[r, m].sum())}
+                row.update({p: float(ph[r, m, k].sum()) for k, p in enumerate(PHASES)})
+                rows.append(row)
+        return rows
+
+    def summary(self) -> dict:
+        """Totals (mean over ranks and per rank), per-step medians, step-time percentiles,
+        the compute-to-communication ratio, collective calls and bytes per epoch."""
+        ph, wall = self.phases(), self.step_seconds()
+        n_epochs = max(1, len(np.unique(self.epochs()))) if self.steps else 1
+        totals = ph.sum(axis=1)                       # (ranks, phases)
+        mean_tot = totals.mean(axis=0)
+        comm = mean_tot[2] + mean_tot[3]
+        per_step = wall.mean(axis=0) if self.steps else np.zeros(0)
+        pct = (lambda q: float(np.percentile(per_step, q))) if self.steps else (lambda q: 0.0)
+        return {
+            "ranks": self.ranks, "steps": self.steps,
+            "seconds": float(wall.sum(axis=1).mean()),
+            "phase_seconds": {p: float(mean_tot[k]) for k, p in enumerate(PHASES)},
+            "rank_phase_seconds": [{p: float(totals[r, k]) for k, p in enumerate(PHASES)}
+                                   for r in range(self.ranks)],
+            "step_median_seconds": {p: float(np.median(ph[:, :, k])) if self.steps else 0.0
+                                    for k, p in enumerate(PHASES)},
+            "step_seconds": {"mean": float(per_step.mean()) if self.steps else 0.0,
+                             "p50": pct(50), "p90": pct(90), "p99": pct(99)},
+            "compute_to_communication": float(mean_tot[1] / comm) if comm > 0 else None,
+            "collective_calls": int(max(self.calls)) if self.calls else 0,
+            "collective_calls_per_epoch": max(self.calls) / n_epochs if self.calls else 0.0,
+            "bytes_sent": int(max(self.bytes_sent)) if self.bytes_sent else 0,
+            "bytes_sent_per_epoch": max(self.bytes_sent) / n_epochs if self.bytes_sent else 0.0,
+        }
+
+    # ------------------------------------------------------------ export
+    def to_csv(self, path=None, per="step") -> str:
+        """The per-step (or per="epoch") table as CSV; written to path when given."""
+        if per not in ("step", "epoch"):
+            raise ValueError(f"per is {per!r}, expected 'step' or 'epoch'")
+        rows = self.per_step() if per == "step" else self.per_epoch()
+        buf = io.StringIO()
+        if rows:
+            w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+            w.writeheader()
+            w.writerows(rows)
+        text = buf.getvalue()
+        if path is not None:
+            with open(path, "w", newline="") as f:
+                f.write(text)
+        return text
+
+    def to_dict(self) -> dict:
+        return {"meta": self.meta, "phases": list(PHASES), "summary": self.summary(),
+                "per_epoch": self.per_epoch(), "calls": self.calls,
+                "bytes_sent": self.bytes_sent,
+                "stamps": [s.tolist() for s in self.stamps]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepTimes":
+        return cls(d["stamps"], d.get("calls"), d.get("bytes_sent"), d.get("meta"))
+
+    def to_json(self, path=None) -> str:
+        text = json.dumps(self.to_dict())
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    def to_pandas(self, per="step"):
+        """The per-step (or per-epoch) table as a pandas DataFrame (pandas must be installed)."""
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ImportError("to_pandas needs pandas: pip install pandas") from exc
+        if per not in ("step", "epoch"):
+            raise ValueError(f"per is {per!r}, expected 'step' or 'epoch'")
+        return pd.DataFrame(self.per_step() if per == "step" else self.per_epoch())
+
+    def chrome_trace(self, path=None, first_step: int = 0, last_step: int | None = None) -> dict:
+        """Chrome trace-event JSON (Perfetto, chrome://tracing): one track per rank, every
+        phase a slice (the gradient exchange as sync_wait then communication), times in us
+        from the run's start. Written to path when given."""
+        events = []
+        stop = self.steps if last_step is None else min(self.steps, last_step)
+        for r, s in enumerate(self.stamps):
+            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r,
+                           "args": {"name": f"rank {r}"}})
+            if not len(s):
+                continue
+            t0 = s[0, _START]
+            for i in range(first_step, stop):
+                row = s[i]
+                wait = min(max(row[_WAIT], 0.0), row[_EXCHANGE] - row[_COMPUTE])
+                bounds = [("data", row[_START], row[_DATA]),
+                          ("compute", row[_DATA], row[_COMPUTE]),
+                          ("sync_wait", row[_COMPUTE], row[_COMPUTE] + wait),
+                          ("communication", row[_COMPUTE] + wait, row[_EXCHANGE]),
+                          ("update", row[_EXCHANGE], row[_UPDATE]),
+                          ("other", row[_UPDATE], row[_END])]
+                for name, a, b in bounds:
+                    if b > a:
+                        events.append({"name": name, "cat": "phase", "ph": "X", "pid": 0,
+                                       "tid": r, "ts": (a - t0) * 1e6, "dur": (b - a) * 1e6,
+                                       "args": {"step": i, "epoch": int(row[_EPOCH]) + 1}})
+        trace = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": self.meta}
+        if path is not None:
+            with open(path, "w") as f:
+                json.dump(trace, f)
+        return trace
