@@ -146,6 +146,30 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--save-weights", default=None, help="save the trained model (.npz)")
     t.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
+    w = sub.add_parser("sweep", help="time every (data-set size, worker count) and tabulate "
+                                     "speedup, efficiency and where the time went",
+                       description="A scaling sweep: each size with each worker count, "
+                                   "repeated; writes sweep.json, runs.csv, summary.csv and "
+                                   "traces/ into --out.")
+    w.add_argument("--model", choices=("logreg", "softmax", "mlp"), default="mlp")
+    w.add_argument("--hidden", type=_hidden, default=(256, 128))
+    w.add_argument("--dataset", choices=("mnist", "synthetic"), default="mnist")
+    w.add_argument("--data-dir", default=None)
+    w.add_argument("--sizes", type=_pos_int, nargs="+", default=[5000, 10000, 20000, 40000],
+                   help="training-set sizes (first N samples of MNIST, or N synthetic ones)")
+    w.add_argument("--workers", type=_pos_int, nargs="+", default=[1, 2, 4])
+    w.add_argument("--backend", choices=("thread", "process"), default="process")
+    w.add_argument("--allreduce", choices=("native", "ring", "tree", "ps"), default="native")
+    w.add_argument("--repeat", type=_pos_int, default=3)
+    w.add_argument("--epochs", type=_pos_int, default=1)
+    w.add_argument("--batch-size", type=_pos_int, default=128)
+    w.add_argument("--lr", type=float, default=0.1)
+    w.add_argument("--threads", type=_pos_int, default=1)
+    w.add_argument("--no-ceiling", action="store_true",
+                   help="skip the uncoupled runs that measure the contention ceiling")
+    w.add_argument("--out", default="results", help="directory for the results")
+    w.add_argument("--quiet", action="store_true", help="no progress bar or table")
+
     sub.add_parser("info", help="print how the C core was built (SIMD, dtypes, compiler, MPI)")
     return p
 
@@ -162,6 +186,19 @@ def main(argv=None) -> int:
         print(f"dptrain {__version__}")
         for k, v in info.items():
             print(f"  {k:30s} {json.dumps(v) if not isinstance(v, str) else v}")
+        return 0
+    if args.command == "sweep":
+        from .sweep import sweep
+        try:
+            sweep(args.model, args.dataset, sizes=args.sizes, workers=args.workers,
+                  backend=args.backend, repeat=args.repeat, epochs=args.epochs,
+                  batch_size=args.batch_size, allreduce=args.allreduce,
+                  ceiling=not args.no_ceiling, out=args.out, quiet=args.quiet, lr=args.lr,
+                  threads=args.threads, data_dir=args.data_dir,
+                  **({"hidden": args.hidden} if args.model == "mlp" else {}))
+        except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
+            print(f"dptrain: error: {exc}", file=sys.stderr)
+            return 1
         return 0
     from .training import train
     try:

@@ -24,7 +24,7 @@ import os
 import platform
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -381,6 +381,23 @@ def _process_worker(comm: parallel.ShmComm, job: Job) -> dict:
                       comm.extra("x_test"), comm.extra("y_test"))
 
 
+def _uncoupled_worker(comm: parallel.Communicator, job: Job, x, y, x_test, y_test) -> dict:
+    """One of N workers that never talk: after one start barrier (so that all run at the
+    same moment), a 1-worker run on this rank's 1/N of the training set with 1/N of the
+    batch (the same number of steps as the coupled run). Evaluation uses one test row: it
+    is outside the timed loop and only has to exist."""
+    comm.barrier()
+    lo, hi = parallel.shard(0, len(x), comm.rank, comm.size)
+    out = run_worker(parallel.LocalComm(job.specs()), job, x[lo:hi], y[lo:hi], x_test[:1],
+                     y_test[:1])
+    return {"train_seconds": out["train_seconds"]}
+
+
+def _uncoupled_process_worker(comm: parallel.ShmComm, job: Job) -> dict:
+    return _uncoupled_worker(comm, job, comm.extra("x_train"), comm.extra("y_train"),
+                             comm.extra("x_test"), comm.extra("y_test"))
+
+
 def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: int = 2,
           batch_size: int = 128, lr: float = 0.1, momentum: float = 0.9,
           nesterov: bool = False, weight_decay: float = 0.0, dampening: float = 0.0,
@@ -394,7 +411,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
           resume=None, batch_per_worker: int | None = None, scale_lr: bool = False,
           allreduce: str = "native", bucket_kb: float = 0.0, overlap: bool = False,
           warmup_epochs: float = 0.0, fault: tuple | None = None, trace=None,
-          straggle: tuple | None = None, straggle_random_ms: float = 0.0) -> dict:
+          straggle: tuple | None = None, straggle_random_ms: float = 0.0,
+          uncoupled: bool = False) -> dict:
     """Trains one model on 1..N workers; returns the result dict (see the module docstring).
 
     model: 'logreg' | 'softmax' | 'mlp' (hidden sizes from ``hidden``); dataset: 'mnist' |
@@ -423,6 +441,9 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     straggle_random_ms=ms adds a U(0, ms) delay to every rank's compute every step (seeded):
     both for studying the synchronization wait (the delay is a sleep, the core stays free).
     trace=PATH writes a Chrome trace (all ranks, every step's phases) for Perfetto.
+    uncoupled=True measures the contention ceiling instead of training: the N workers run at
+    the same moment without any communication, each on its own 1/N of the data with 1/N of
+    the batch; the result holds train_seconds (the slowest worker's) and rank_train_seconds.
     The result's "breakdown" holds where the time went (dptrain.timing: data, compute,
     communication, sync_wait, update, other, per rank; step percentiles; calls and bytes per
     epoch; the host's steal time) and result["step_times"] (not in the JSON) the full
@@ -550,6 +571,28 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     data = (ds.x_train, ds.y_train, ds.x_test, ds.y_test)
     steal0 = timing.read_steal()
     policy = parallel.WaitPolicy.for_workers(workers, threads, timeout, backend)
+    if uncoupled:
+        if backend == "mpi":
+            raise ValueError("uncoupled runs use the thread or process backend")
+        job = replace(job, batch_size=-(-batch_size // workers), checkpoint_every=0,
+                      resume=None, checkpoint=None)
+        layout = parallel.SharedLayout(job.specs(), workers, {} if backend == "thread" else
+                                       {name: (arr.shape, arr.dtype) for name, arr in
+                                        zip(("x_train", "y_train", "x_test", "y_test"), data)})
+        if backend == "thread":
+            results = parallel.run_threads(
+                workers, layout, parallel.aligned_bytes(layout.nbytes), policy,
+                lambda comm: _uncoupled_worker(comm, job, *data))
+        else:
+            def fill_data(mem):
+                for name, arr in zip(("x_train", "y_train", "x_test", "y_test"), data):
+                    layout.extra(mem, name)[...] = arr
+            results = parallel.run_processes(workers, layout, fill_data, policy,
+                                             _uncoupled_process_worker, (job,),
+                                             start_method=start_method)
+        seconds = [r["train_seconds"] for r in results]
+        return {"config": config, "uncoupled": True, "train_seconds": max(seconds),
+                "rank_train_seconds": seconds}
     if backend == "mpi":
         try:
             results = [run_worker(parallel.MPIComm(job.specs(), comm_world), job,
