@@ -65,11 +65,12 @@ def _stats(xs) -> dict:
     return {"median": float(np.median(xs)), "min": float(min(xs)), "max": float(max(xs))}
 
 
-def run_row(result: dict, *, n_samples: int, repeat: int, independent: float | None) -> dict:
-    """The RUN row of one train() result."""
+def run_row(result: dict, *, n_samples: int, repeat: int, independent: float | None,
+            backend: str) -> dict:
+    """The RUN row of one train() result (backend: the sweep's, also for its 1-worker runs,
+    which are that transport's degenerate case)."""
     c, b = result["config"], result["breakdown"]
-    return {"model": c["model"], "dataset": c["dataset"],
-            "backend": c["backend"] if c["workers"] > 1 else "sequential",
+    return {"model": c["model"], "dataset": c["dataset"], "backend": backend,
             "allreduce": c["allreduce"], "n_samples": n_samples, "workers": c["workers"],
             "threads": c["threads"], "repeat": repeat, "epochs": c["epochs"],
             "batch_size": c["batch_size"], "steps": result["steps"],
@@ -191,7 +192,7 @@ def sweep(model: str = "mlp", dataset: str = "mnist", *, sizes=(5000, 10000, 200
             if ceiling and p > 1:
                 indep = train(**kw, uncoupled=True)["train_seconds"]
                 bar.update(f"{n} samples, {p} uncoupled workers: {indep:.3f} s")
-            runs.append(run_row(res, n_samples=n, repeat=r, independent=indep))
+            runs.append(run_row(res, n_samples=n, repeat=r, independent=indep, backend=backend))
     summary = summarize(runs)
     result = {"config": dict(model=model, dataset=dataset, sizes=sizes, workers=counts,
                              backend=backend, repeat=repeat, epochs=epochs,
