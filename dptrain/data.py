@@ -2,7 +2,8 @@
 
 What is here:
 - `Dataset`: train/test arrays in the layout the C core wants (x C-contiguous float32 or
-  float64 of shape (n, features), y int64 of shape (n,)), plus where the data came from.
+  float64 of shape (n, features), y int64 of shape (n,)), the shape of one input
+  (`input_shape`, e.g. (1, 28, 28) or (3, 32, 32)), and where the data came from.
 - `read_idx`: a strict reader for IDX files (the MNIST format), gzip or raw.
 - `load_mnist` / `download_mnist` / `get_mnist`: find MNIST on disk (argument, then the
   DPTRAIN_DATA environment variable, then the cache directory), fetch it when allowed, or
@@ -96,6 +97,9 @@ class Dataset:
 
     `source` says where the arrays came from (a directory, or "synthetic (...)").
     `true_weights` is the generating weight vector w* for `synthetic_binary`, else None.
+    `input_shape` is the shape of one sample, whose row-major flattening is a row of x:
+    (1, 28, 28) for MNIST, (3, 32, 32) for CIFAR-10 (channels first), so that a CNN can
+    view the rows as images. Left out (None), it becomes (features,): plain vectors.
     """
 
     x_train: np.ndarray
@@ -106,6 +110,7 @@ class Dataset:
     n_classes: int
     source: str
     true_weights: np.ndarray | None = None
+    input_shape: tuple[int, ...] | None = None
 
     def __post_init__(self):
         # Validate once here so the training loop can trust the layout and never convert.
@@ -133,6 +138,17 @@ class Dataset:
                              f"{self.x_test.shape[1]}")
         if int(self.n_classes) < 2:
             raise ValueError(f"n_classes={self.n_classes} must be at least 2")
+        shape = (self.x_train.shape[1],) if self.input_shape is None else self.input_shape
+        if not (isinstance(shape, (tuple, list)) and shape and all(
+                isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1
+                for s in shape)):
+            raise ValueError(f"input_shape={self.input_shape!r} must be a non-empty tuple of "
+                             f"positive integers")
+        shape = tuple(int(s) for s in shape)
+        if math.prod(shape) != self.x_train.shape[1]:
+            raise ValueError(f"input_shape={shape} holds {math.prod(shape)} values but x_train "
+                             f"has {self.x_train.shape[1]} features")
+        object.__setattr__(self, "input_shape", shape)  # frozen: the normalized tuple
 
     @property
     def n_features(self) -> int:
@@ -151,9 +167,10 @@ class Dataset:
         return self.x_train.dtype
 
     def describe(self) -> str:
-        """One line for logs: name, sizes, dtype and source."""
+        """One line for logs: name, sizes, input shape, dtype and source."""
+        shape = f" ({'x'.join(map(str, self.input_shape))})" if len(self.input_shape) > 1 else ""
         return (f"{self.name}: {self.n_train} train / {self.n_test} test, "
-                f"{self.n_features} features, {self.n_classes} classes, {self.dtype} "
+                f"{self.n_features} features{shape}, {self.n_classes} classes, {self.dtype} "
                 f"[{self.source}]")
 
 
@@ -337,7 +354,8 @@ def load_mnist(data_dir=None, *, dtype=np.float32, normalize=True) -> Dataset:
             y_train=y_tr_lbl.astype(np.int64),
             x_test=_images_to_float(x_te_img, dt, normalize),
             y_test=y_te_lbl.astype(np.int64),
-            name="mnist", n_classes=MNIST_CLASSES, source=str(directory))
+            name="mnist", n_classes=MNIST_CLASSES, source=str(directory),
+            input_shape=(1, MNIST_SIDE, MNIST_SIDE))
     hint = "" if data_dir is not None else f" (set {ENV_DATA_DIR} to a directory holding them)"
     raise DataNotFound(
         f"MNIST not found: looked for {', '.join(f + '[.gz]' for f in MNIST_FILES)} in: "
@@ -439,7 +457,8 @@ def get_mnist(data_dir=None, dtype=np.float32, allow_download=True, allow_synthe
     ds = synthetic_classification(synthetic_n_train, n_features=MNIST_SIDE * MNIST_SIDE,
                                   n_classes=MNIST_CLASSES, seed=seed, n_test=synthetic_n_test,
                                   dtype=dt)
-    ds = dataclasses.replace(ds, source="synthetic (MNIST not found)")
+    ds = dataclasses.replace(ds, source="synthetic (MNIST not found)",
+                             input_shape=(1, MNIST_SIDE, MNIST_SIDE))
     if announce is not None:
         announce(f"MNIST not found (searched: {', '.join(not_found.searched)}; "
                  f"{download_note}); using SYNTHETIC MNIST-shaped data: {ds.describe()}")
@@ -577,17 +596,26 @@ def upscale_images(x: np.ndarray, factor: int, side: int = MNIST_SIDE) -> np.nda
 
 
 def upscale_dataset(ds: Dataset, factor: int) -> Dataset:
-    """`ds` with both splits up-scaled by `factor`; the features must form a square image."""
+    """`ds` with both splits up-scaled by `factor`; a sample must be one square image.
+
+    That is input_shape (1, side, side), which stays an image, or flat features that form
+    a square, which stay flat. Several channels (CIFAR-10) are not supported.
+    """
     factor = _check_count(factor, "factor")
     side = math.isqrt(ds.n_features)
     if side * side != ds.n_features:
         raise ValueError(f"cannot upscale {ds.name}: n_features={ds.n_features} is not a "
                          f"square image (side * side)")
+    if ds.input_shape not in ((1, side, side), (ds.n_features,)):
+        raise ValueError(f"cannot upscale {ds.name}: input_shape={ds.input_shape} is not a "
+                         f"single-channel square image")
     if factor == 1:
         return ds
+    wide = side * factor
     return dataclasses.replace(
         ds, x_train=upscale_images(ds.x_train, factor, side),
         x_test=upscale_images(ds.x_test, factor, side),
+        input_shape=(1, wide, wide) if len(ds.input_shape) == 3 else (wide * wide,),
         name=f"{ds.name}-x{factor}", source=f"{ds.source}, upscaled x{factor}")
 
 
