@@ -568,9 +568,9 @@ def test_upscale_dataset(fake_mnist):
 # ---------------------------------------------------------------------------------------
 
 def test_load_dataset_unknown_name_lists_valid_names():
-    with pytest.raises(ValueError, match=r"name='cifar10' is not a known dataset; "
-                                         r"valid names: mnist, synthetic"):
-        load_dataset("cifar10")
+    with pytest.raises(ValueError, match=r"name='cifar100' is not a known dataset; "
+                                         r"valid names: mnist, cifar10, synthetic"):
+        load_dataset("cifar100")
 
 
 def test_load_dataset_synthetic_defaults_and_options():
