@@ -69,15 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     t = sub.add_parser("train", help="train a model and report where the time went",
-                       description="Train a model. With no data present, MNIST falls back to a "
-                                   "clearly announced synthetic data set.")
+                       description="Train a model. With no data present, MNIST and CIFAR-10 "
+                                   "fall back to a clearly announced synthetic data set.")
     t.add_argument("--model", choices=("logreg", "softmax", "mlp"), default="mlp")
     t.add_argument("--hidden", type=_hidden, default=(256, 128),
                    help="MLP hidden widths, comma-separated (default 256,128)")
-    t.add_argument("--dataset", choices=("mnist", "synthetic"), default="mnist")
+    t.add_argument("--dataset", choices=("mnist", "cifar10", "synthetic"), default="mnist")
     t.add_argument("--data-dir", default=None,
-                   help="directory with the MNIST IDX files (gzip or raw); default: "
-                        "$DPTRAIN_DATA, then ~/.cache/dptrain/mnist")
+                   help="directory with the MNIST IDX files (gzip or raw) or the CIFAR-10 "
+                        "batches (either format, or its .tar.gz); default: $DPTRAIN_DATA, "
+                        "then ~/.cache/dptrain/DATASET")
     t.add_argument("--no-download", action="store_true",
                    help="never try to download MNIST when it is not found")
     t.add_argument("--n-samples", type=_pos_int, default=None,

@@ -364,6 +364,7 @@ def test_get_mnist_synthetic_fallback_announces_one_line(tmp_path):
     assert ds.source == "synthetic (MNIST not found)"
     assert ds.x_train.shape == (600, 784) and ds.x_test.shape == (200, 784)
     assert ds.n_classes == 10 and ds.x_train.dtype == np.float32
+    assert ds.input_shape == (1, 28, 28)
 
 
 def test_get_mnist_download_failure_falls_back_to_synthetic(tmp_path, monkeypatch):
@@ -555,6 +556,8 @@ def test_upscale_dataset(fake_mnist):
     up = upscale_dataset(ds, 2)
     assert up.x_train.shape == (50, 3136) and up.x_test.shape == (20, 3136)
     assert up.n_features == 3136 and up.name == "mnist-x2"
+    assert ds.input_shape == (1, 28, 28) and up.input_shape == (1, 56, 56)
+    assert upscale_dataset(synthetic_binary(100, 16), 2).input_shape == (64,)
     np.testing.assert_array_equal(up.y_train, ds.y_train)
     with pytest.raises(ValueError, match=r"n_features=20 is not a square image"):
         upscale_dataset(synthetic_binary(100, 20), 2)
@@ -565,9 +568,9 @@ def test_upscale_dataset(fake_mnist):
 # ---------------------------------------------------------------------------------------
 
 def test_load_dataset_unknown_name_lists_valid_names():
-    with pytest.raises(ValueError, match=r"name='cifar10' is not a known dataset; "
-                                         r"valid names: mnist, synthetic"):
-        load_dataset("cifar10")
+    with pytest.raises(ValueError, match=r"name='cifar100' is not a known dataset; "
+                                         r"valid names: mnist, cifar10, synthetic"):
+        load_dataset("cifar100")
 
 
 def test_load_dataset_synthetic_defaults_and_options():
@@ -629,6 +632,26 @@ def test_dataset_validates_layout():
         Dataset(x, y[:3], x, y, name="t", n_classes=2, source="test")
     with pytest.raises(ValueError, match=r"x_train has dtype float32 but x_test has float64"):
         Dataset(x, y, x.astype(np.float64), y, name="t", n_classes=2, source="test")
+
+
+def test_dataset_input_shape():
+    x = np.zeros((4, 12), np.float32)
+    y = np.zeros(4, np.int64)
+    assert Dataset(x, y, x, y, name="t", n_classes=2, source="test").input_shape == (12,)
+    ds = Dataset(x, y, x, y, name="t", n_classes=2, source="test", input_shape=[3, 2, 2])
+    assert ds.input_shape == (3, 2, 2) and "12 features (3x2x2)" in ds.describe()
+    with pytest.raises(ValueError, match=r"input_shape=\(3, 2, 3\) holds 18 values but x_train "
+                                         r"has 12 features"):
+        Dataset(x, y, x, y, name="t", n_classes=2, source="test", input_shape=(3, 2, 3))
+    for bad in ((), (12.0,), (0, 12), (True, 12), 12):
+        with pytest.raises(ValueError, match=r"must be a non-empty tuple of positive integers"):
+            Dataset(x, y, x, y, name="t", n_classes=2, source="test", input_shape=bad)
+    x16 = np.zeros((4, 16), np.float32)  # 16 = 4 x 4, but as 4 channels of 2 x 2
+    four_channels = Dataset(x16, y, x16, y, name="t", n_classes=2, source="t",
+                            input_shape=(4, 2, 2))
+    with pytest.raises(ValueError, match=r"input_shape=\(4, 2, 2\) is not a single-channel "
+                                         r"square image"):
+        upscale_dataset(four_channels, 2)
 
 
 # ---------------------------------------------------------------------------------------
