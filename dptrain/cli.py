@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "traces/ into --out.")
     w.add_argument("--model", choices=("logreg", "softmax", "mlp"), default="mlp")
     w.add_argument("--hidden", type=_hidden, default=(256, 128))
-    w.add_argument("--dataset", choices=("mnist", "synthetic"), default="mnist")
+    w.add_argument("--dataset", choices=("mnist", "cifar10", "synthetic"), default="mnist")
     w.add_argument("--data-dir", default=None)
     w.add_argument("--sizes", type=_pos_int, nargs="+", default=[5000, 10000, 20000, 40000],
                    help="training-set sizes (first N samples of MNIST, or N synthetic ones)")
@@ -170,6 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the uncoupled runs that measure the contention ceiling")
     w.add_argument("--out", default="results", help="directory for the results")
     w.add_argument("--quiet", action="store_true", help="no progress bar or table")
+
+    st = sub.add_parser("study", help="run one of the four original studies and write its "
+                                      "report (Markdown, PNG, CSV)")
+    st.add_argument("name", choices=("mnist-mlp", "cifar10-cnn", "logreg-1m",
+                                     "mnist-softmax-scaled"))
+    st.add_argument("--out", default=None, help="report directory (default: study-NAME)")
+    st.add_argument("--quick", action="store_true",
+                    help="a reduced run that checks the pipeline (not the study's result)")
 
     sub.add_parser("info", help="print how the C core was built (SIMD, dtypes, compiler, MPI)")
     return p
@@ -187,6 +195,15 @@ def main(argv=None) -> int:
         print(f"dptrain {__version__}")
         for k, v in info.items():
             print(f"  {k:30s} {json.dumps(v) if not isinstance(v, str) else v}")
+        return 0
+    if args.command == "study":
+        from .studies import study
+        try:
+            study(args.name, args.out or f"study-{args.name}", quick=args.quick)
+        except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError,
+                ImportError) as exc:
+            print(f"dptrain: error: {exc}", file=sys.stderr)
+            return 1
         return 0
     if args.command == "sweep":
         from .sweep import sweep

@@ -416,7 +416,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     """Trains one model on 1..N workers; returns the result dict (see the module docstring).
 
     model: 'logreg' | 'softmax' | 'mlp' (hidden sizes from ``hidden``); dataset: 'mnist' |
-    'synthetic'. backend: 'thread' | 'process' | 'mpi' (under mpiexec, where the world size
+    'cifar10' | 'synthetic'. backend: 'thread' | 'process' | 'mpi' (under mpiexec, where the world size
     comes from MPI); batch_size is the GLOBAL batch. shuffle=False keeps a fixed batch order;
     limit keeps the first N training samples. timeout > 0 bounds each collective's wait.
     allreduce: 'native' (the transport's own: MPI_Allreduce, or the shared-memory reduce),

@@ -1,0 +1,154 @@
+"""Writes the notebooks of this directory from the cell sources below (outputs empty).
+
+Run: python notebooks/build_notebooks.py. Every notebook reads DPTRAIN_NOTEBOOK_QUICK=1 (set by
+the test suite, which executes them) to use small settings; in Colab the first cell installs
+dptrain with pip.
+"""
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+SETUP = '''# In Colab (or anywhere dptrain is missing) this installs it with its plotting extra.
+import importlib.util, os, subprocess, sys
+if importlib.util.find_spec("dptrain") is None:
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "dptrain[plot]"])
+QUICK = os.environ.get("DPTRAIN_NOTEBOOK_QUICK") == "1"   # small settings (the test suite)
+import numpy as np
+import matplotlib
+import matplotlib.pyplot as plt
+import dptrain
+from dptrain import plots
+print("dptrain", dptrain.__version__, dptrain.build_info()["simd"], "cores:", os.cpu_count())'''
+
+
+def nb(cells):
+    book = new_notebook()
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                   "language": "python"}
+    book.cells = [new_markdown_cell(c[3:]) if c.startswith("md:") else new_code_cell(c)
+                  for c in cells]
+    return book
+
+
+QUICKSTART = [
+    "md:# dptrain quickstart: train, look at accuracy and at where the time went\n\n"
+    "dptrain trains the same model on 1..N workers (threads, processes sharing memory, or MPI "
+    "ranks) and records every step's phases on every rank. Without MNIST on disk it uses a "
+    "clearly announced synthetic stand-in (nothing is downloaded in the test suite).",
+    SETUP,
+    "md:## Train an MLP (784-256-128-10) on 2 workers",
+    '''result = dptrain.train(model="mlp", dataset="mnist", epochs=1 if QUICK else 3,
+                       limit=6000 if QUICK else None, batch_size=128, lr=0.1,
+                       workers=2, backend="thread")
+print(f"test accuracy {100 * result['final_test_accuracy']:.2f} %, "
+      f"training loop {result['train_seconds']:.2f} s")''',
+    "md:## Accuracy per epoch",
+    '''import pandas as pd
+pd.DataFrame(result["epochs"])''',
+    "md:## Where the time went\n\nPhases per rank (seconds): data, compute (forward + backward), "
+    "communication (the transfer), sync_wait (waiting for the slowest worker), update, other. "
+    "They add up to each rank's training time.",
+    '''st = result["step_times"]
+b = result["breakdown"]
+print(f"step time p50 {1e3 * b['step_seconds']['p50']:.2f} ms, p99 {1e3 * b['step_seconds']['p99']:.2f} ms; "
+      f"compute/communication {b['compute_to_communication']:.1f}; "
+      f"{b['collective_calls_per_epoch']:.0f} collectives and {b['bytes_sent_per_epoch'] / 1e6:.1f} MB per epoch; "
+      f"timers cost {100 * b['timer_fraction']:.2f} % of a step")
+pd.DataFrame(b["rank_phase_seconds"]).rename_axis("rank")''',
+    '''st.to_pandas().head()''',
+    "md:## A few steps on every rank",
+    '''fig = plots.plot_timeline(st.chrome_trace(), steps=4)
+plt.show()''',
+]
+
+SCALING = [
+    "md:# A scaling study: sweep, speedup and efficiency, a fitted model and its projection\n\n"
+    "Every (data-set size, worker count) is trained `repeat` times; the baseline is our own "
+    "1-worker run in the same sweep, and p uncoupled workers started together give the "
+    "contention ceiling (what the machine allows without any communication).",
+    SETUP,
+    '''from dptrain.sweep import sweep, format_summary
+sizes = (2000, 4000) if QUICK else (5000, 10000, 20000, 40000)
+workers = (1, 2) if QUICK else (1, 2, 4)
+res = sweep("mlp", "mnist", sizes=sizes, workers=workers, backend="process",
+            repeat=2 if QUICK else 3, out="results", quiet=True)
+print(format_summary(res["summary"]))''',
+    "md:## Speedup against the ideal, efficiency and time against data-set size",
+    '''plots.plot_speedup(res); plt.show()''',
+    '''plots.plot_efficiency_vs_size(res); plt.show()
+plots.plot_time_vs_size(res); plt.show()''',
+    "md:## Where the time goes per configuration, and 1 worker against p",
+    '''plots.plot_breakdown(res); plt.show()
+plots.plot_baseline_vs_distributed(res); plt.show()''',
+    "md:## The performance model\n\nT_p = steps x (t_sample b / p + t_serial + T_comm(p, M) + "
+    "T_sync(p)), fitted by non-negative least squares on the sweep's phases. With only 2 "
+    "cores the sweep has one worker count above 1, so the latency alpha of shared memory is "
+    "taken from its preset and only the bandwidth is fitted. Validation: fit without the "
+    "largest size, predict it.",
+    '''from dptrain import perfmodel as pm
+alpha = pm.NETWORKS["shared memory"].alpha
+model = pm.fit(res["runs"], alpha=alpha)
+analysis = pm.analyze(res["runs"], alpha=alpha)
+print(f"serial fraction (Amdahl) at batch 128: {model.serial_fraction_at(128):.4f}; "
+      f"fit error (rms) {analysis['fit']['fit_rms_error_pct']:.1f} %")
+for p in model.parameters():
+    print(f"  {p['name']:24s} {p['value']:.3g} {p['unit']:10s} {p['meaning']}")
+pd_rows = analysis["validation"]["rows"]
+for r in pd_rows:
+    print(f"{r['workers']} worker(s), {r['n_samples']} samples: measured {r['measured']:.3f} s, "
+          f"predicted {r['predicted']:.3f} s ({r['error_pct']:+.1f} %)")''',
+    '''plots.plot_model_validation(analysis["validation"]["rows"]); plt.show()
+plots.plot_projection(analysis["projection"]); plt.show()''',
+    "md:## Below which data size does adding workers not pay?",
+    '''import pandas as pd
+be = pd.DataFrame(analysis["break_even"])
+be[be.workers.isin([2, 16, 256])].pivot_table(index=["network", "algorithm"], columns="workers",
+                                               values="samples_per_step")''',
+]
+
+COMMUNICATION = [
+    "md:# Communication: all-reduce algorithms, buckets and overlap, the timeline, a straggler",
+    SETUP,
+    '''common = dict(model="mlp", dataset="mnist", limit=4000 if QUICK else 20000, epochs=1,
+              batch_size=128, workers=2, backend="process", quiet=True)
+rows = []
+for alg in ("native", "ring", "tree", "ps"):
+    r = dptrain.train(allreduce=alg, **common)
+    ph = r["breakdown"]["phase_seconds"]
+    rows.append({"allreduce": alg, "train s": r["train_seconds"],
+                 "communication s": ph["communication"], "sync_wait s": ph["sync_wait"],
+                 "MB sent / epoch": r["breakdown"]["bytes_sent_per_epoch"] / 1e6,
+                 "test acc": r["final_test_accuracy"]})
+import pandas as pd
+pd.DataFrame(rows)''',
+    "md:Every algorithm trains the same model (the accuracy column); they differ in messages "
+    "and bytes. `ps` (parameter server) sends the most from rank 0.",
+    "md:## Buckets and overlap\n\nThe gradient can be exchanged in buckets, last layer first; "
+    "with overlap each bucket's all-reduce starts while backward continues. On a 2-core machine "
+    "the communication thread competes with the workers for the cores.",
+    '''rows = []
+for bucket_kb, overlap in ((0, False), (256, False), (256, True)):
+    r = dptrain.train(bucket_kb=bucket_kb, overlap=overlap, **common)
+    rows.append({"bucket KiB": bucket_kb, "overlap": overlap, "train s": r["train_seconds"],
+                 "collectives / epoch": r["breakdown"]["collective_calls_per_epoch"]})
+pd.DataFrame(rows)''',
+    "md:## A straggler\n\nRank 1's compute is made 3 ms slower per step: rank 0 now waits "
+    "for it at every all-reduce. The wait shows up as sync_wait, not as communication.",
+    '''r = dptrain.train(straggle=(1, 3.0), **common)
+pd.DataFrame(r["rank_phase_seconds"]).rename_axis("rank")''',
+    '''plots.plot_timeline(r["step_times"].chrome_trace(), steps=3); plt.show()''',
+]
+
+
+def main():
+    for name, cells in (("01_quickstart", QUICKSTART), ("02_scaling_study", SCALING),
+                        ("03_communication", COMMUNICATION)):
+        nbformat.write(nb(cells), HERE / f"{name}.ipynb")
+        print("wrote", HERE / f"{name}.ipynb")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""The notebooks run top to bottom (small settings: DPTRAIN_NOTEBOOK_QUICK=1), as a user
+would run them after pip install; every cell must succeed and the figures must render."""
+import os
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_the_three_notebooks_are_there():
+    assert [p.stem for p in NOTEBOOKS] == ["01_quickstart", "02_scaling_study",
+                                           "03_communication"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat", reason="executing notebooks needs nbformat")
+    nbclient = pytest.importorskip("nbclient", reason="executing notebooks needs nbclient")
+    pytest.importorskip("ipykernel", reason="executing notebooks needs ipykernel")
+    pytest.importorskip("matplotlib", reason="the notebooks plot with matplotlib")
+    monkeypatch.setenv("DPTRAIN_NOTEBOOK_QUICK", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    book = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(book, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()                       # raises CellExecutionError naming the cell
+    outputs = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    assert not errors
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert images, f"{path.name} drew no figure"
