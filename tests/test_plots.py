@@ -626,3 +626,27 @@ def test_notebook_detection_and_figures_there(monkeypatch, sweep, tmp_path):
     assert plots.save_figure(fig, tmp_path / "nb.png").stat().st_size > 2000
     import matplotlib.pyplot as plt
     assert plt.get_fignums() == []                       # nothing left open in pyplot
+
+
+# ------------------------------------------------------------------ the command line
+def test_cli_plot_writes_the_figures(tmp_path, sweep, capsys):
+    from dptrain.cli import main
+    root = _write_sweep_dir(tmp_path / "results", sweep, traces=[("run", fake_trace())])
+    (tmp_path / "proj.json").write_text(json.dumps(fake_projection()))
+    rc = main(["plot", str(root), "--out", str(tmp_path / "figures"), "--formats", "svg",
+               "--projection", str(tmp_path / "proj.json")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    written = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert written == sorted(f"{n}.svg" for n in plots.FIGURE_NAMES if n != "model_validation")
+    assert "skipped model_validation" in out and out.count("wrote ") == len(written)
+
+    rc = main(["plot", str(tmp_path / "missing"), "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "dptrain: error: no sweep found" in err
+    (tmp_path / "proj.json").write_text(json.dumps({"rows": []}))
+    rc = main(["plot", str(root), "--out", str(tmp_path / "x"), "--quiet",
+               "--projection", str(tmp_path / "proj.json")])
+    captured = capsys.readouterr()
+    assert rc == 1 and "--projection" in captured.err and "expected a JSON list" in captured.err
+    assert captured.out == ""
