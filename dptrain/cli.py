@@ -1,4 +1,5 @@
-"""The command line: ``python -m dptrain train ...`` and ``python -m dptrain info``."""
+"""The command line: ``python -m dptrain train ...``, ``python -m dptrain info`` and
+``python -m dptrain plot results/ --out figures/``."""
 from __future__ import annotations
 
 import argparse
@@ -180,6 +181,24 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a reduced run that checks the pipeline (not the study's result)")
 
     sub.add_parser("info", help="print how the C core was built (SIMD, dtypes, compiler, MPI)")
+
+    f = sub.add_parser("plot", help="draw the figures of a sweep (needs matplotlib)",
+                       description="Draw every figure that a sweep's data allows (speedup, "
+                                   "efficiency, time, breakdown, baseline vs distributed, "
+                                   "timeline, performance model) as PNG and SVG.")
+    f.add_argument("sweep", help="the sweep directory (holding sweep.json) or the file itself")
+    f.add_argument("--out", default="figures", help="directory for the figures (default figures)")
+    f.add_argument("--formats", nargs="+", choices=("png", "svg", "pdf"), default=["png", "svg"])
+    f.add_argument("--trace", default=None, metavar="PATH",
+                   help="Chrome trace JSON for the timeline (default: the trace with the most "
+                        "ranks in the sweep's traces/)")
+    f.add_argument("--validation", default=None, metavar="PATH",
+                   help="performance model: JSON list of {workers, n_samples, measured, "
+                        "predicted} rows")
+    f.add_argument("--projection", default=None, metavar="PATH",
+                   help="performance model: JSON list of {network, algorithm, workers, "
+                        "speedup, efficiency} rows")
+    f.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
 
 
@@ -218,6 +237,9 @@ def main(argv=None) -> int:
             print(f"dptrain: error: {exc}", file=sys.stderr)
             return 1
         return 0
+    if args.command == "plot":
+        from .plots import main_plot
+        return main_plot(args)
     from .training import train
     try:
         result = train(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
