@@ -17,8 +17,8 @@ if importlib.util.find_spec("dptrain") is None:
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "dptrain[plot]"])
 QUICK = os.environ.get("DPTRAIN_NOTEBOOK_QUICK") == "1"   # small settings (the test suite)
 import numpy as np
-import matplotlib
-import matplotlib.pyplot as plt
+from IPython.display import display
+%matplotlib inline
 import dptrain
 from dptrain import plots
 print("dptrain", dptrain.__version__, dptrain.build_info()["simd"], "cores:", os.cpu_count())'''
@@ -60,8 +60,7 @@ print(f"step time p50 {1e3 * b['step_seconds']['p50']:.2f} ms, p99 {1e3 * b['ste
 pd.DataFrame(b["rank_phase_seconds"]).rename_axis("rank")''',
     '''st.to_pandas().head()''',
     "md:## A few steps on every rank",
-    '''fig = plots.plot_timeline(st.chrome_trace(), steps=4)
-plt.show()''',
+    '''plots.plot_timeline(st.chrome_trace(), steps=4)''',
 ]
 
 SCALING = [
@@ -77,12 +76,12 @@ res = sweep("mlp", "mnist", sizes=sizes, workers=workers, backend="process",
             repeat=2 if QUICK else 3, out="results", quiet=True)
 print(format_summary(res["summary"]))''',
     "md:## Speedup against the ideal, efficiency and time against data-set size",
-    '''plots.plot_speedup(res); plt.show()''',
-    '''plots.plot_efficiency_vs_size(res); plt.show()
-plots.plot_time_vs_size(res); plt.show()''',
+    '''plots.plot_speedup(res)''',
+    '''display(plots.plot_efficiency_vs_size(res))
+display(plots.plot_time_vs_size(res))''',
     "md:## Where the time goes per configuration, and 1 worker against p",
-    '''plots.plot_breakdown(res); plt.show()
-plots.plot_baseline_vs_distributed(res); plt.show()''',
+    '''display(plots.plot_breakdown(res))
+display(plots.plot_baseline_vs_distributed(res))''',
     "md:## The performance model\n\nT_p = steps x (t_sample b / p + t_serial + T_comm(p, M) + "
     "T_sync(p)), fitted by non-negative least squares on the sweep's phases. With only 2 "
     "cores the sweep has one worker count above 1, so the latency alpha of shared memory is "
@@ -100,8 +99,8 @@ pd_rows = analysis["validation"]["rows"]
 for r in pd_rows:
     print(f"{r['workers']} worker(s), {r['n_samples']} samples: measured {r['measured']:.3f} s, "
           f"predicted {r['predicted']:.3f} s ({r['error_pct']:+.1f} %)")''',
-    '''plots.plot_model_validation(analysis["validation"]["rows"]); plt.show()
-plots.plot_projection(analysis["projection"]); plt.show()''',
+    '''display(plots.plot_model_validation(analysis["validation"]["rows"]))
+display(plots.plot_projection(analysis["projection"]))''',
     "md:## Below which data size does adding workers not pay?",
     '''import pandas as pd
 be = pd.DataFrame(analysis["break_even"])
@@ -139,7 +138,7 @@ pd.DataFrame(rows)''',
     "for it at every all-reduce. The wait shows up as sync_wait, not as communication.",
     '''r = dptrain.train(straggle=(1, 3.0), **common)
 pd.DataFrame(r["rank_phase_seconds"]).rename_axis("rank")''',
-    '''plots.plot_timeline(r["step_times"].chrome_trace(), steps=3); plt.show()''',
+    '''plots.plot_timeline(r["step_times"].chrome_trace(), steps=3)''',
 ]
 
 

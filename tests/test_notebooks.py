@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
 
@@ -20,7 +21,14 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     pytest.importorskip("ipykernel", reason="executing notebooks needs ipykernel")
     pytest.importorskip("matplotlib", reason="the notebooks plot with matplotlib")
     monkeypatch.setenv("DPTRAIN_NOTEBOOK_QUICK", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.delenv("MPLBACKEND", raising=False)    # the kernel's inline backend
+    if (SHARED_DATA / "mnist").is_dir():                # else the announced synthetic MNIST
+        monkeypatch.setenv("DPTRAIN_DATA", str(SHARED_DATA))
+    # the kernel imports the dptrain under test (a checkout's, or the installed one)
+    import dptrain
+    root = str(Path(dptrain.__file__).resolve().parent.parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     book = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(book, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
