@@ -92,7 +92,8 @@ def _mnist_mlp(out: Path, quick: bool, say) -> dict:
             _save(plots.plot_efficiency_vs_size(res), out, "efficiency_vs_size"),
             _save(plots.plot_time_vs_size(res), out, "time_vs_size"),
             _save(plots.plot_breakdown(res), out, "breakdown")]
-    rows = [[s["n_samples"], _workers_label(s["workers"]), f"{s['time']['median']:.3f}", f"{s['speedup']['median']:.2f}",
+    rows = [[s["n_samples"], _workers_label(s["workers"]), f"{s['time']['median']:.3g}",
+             f"{s['speedup']['median']:.2f}",
              f"{s['efficiency']['median']:.2f}",
              f"{s['ceiling_speedup']:.2f}" if s["ceiling_speedup"] else "-"]
             for s in res["summary"]]
@@ -177,7 +178,7 @@ def _logreg_1m(out: Path, quick: bool, say) -> dict:
     for s in res["summary"]:
         r = next(x for x in res["runs"] if x["workers"] == s["workers"])
         rows.append([_workers_label(s["workers"]),
-                     f"{s['time']['median']:.3f}", f"{s['speedup']['median']:.2f}",
+                     f"{s['time']['median']:.3g}", f"{s['speedup']['median']:.2f}",
                      f"{s['ceiling_speedup']:.2f}" if s["ceiling_speedup"] else "-",
                      f"{r['final_test_accuracy']:.4f}", r["collective_calls"],
                      f"{r['bytes_sent'] / 1e6:.2f}"])
@@ -226,7 +227,8 @@ def _softmax_scaled(out: Path, quick: bool, say) -> dict:
                  "oversubscribed": _oversubscribed(w, t)}
             data.append(d)
             rows.append([d["pixels"], label + (" (oversubscribed)" if d["oversubscribed"] else ""),
-                         f"{d['seconds']:.2f}", f"{d['speedup']:.2f}", f"{d['test_accuracy']:.4f}"])
+                         f"{d['seconds']:.3g}", f"{d['speedup']:.2f}",
+                         f"{d['test_accuracy']:.4f}"])
             say(f"{d['pixels']} pixels, {label}: {d['seconds']:.2f} s")
     (out / "results.json").write_text(json.dumps(data, indent=1))
     sweep_mod.write_csv(data, out / "results.csv")
