@@ -197,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "predicted} rows")
     f.add_argument("--projection", default=None, metavar="PATH",
                    help="performance model: JSON list of {network, algorithm, workers, "
-                        "speedup, efficiency} rows")
+                        "speedup, efficiency} rows (default: fitted to the sweep here)")
+    f.add_argument("--no-model", action="store_true",
+                   help="do not fit the performance model (dptrain.perfmodel) to the sweep")
     f.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
 

@@ -1039,6 +1039,8 @@ def main_plot(args) -> int:
     try:
         validation = _read_rows(getattr(args, "validation", None), "--validation")
         projection = _read_rows(getattr(args, "projection", None), "--projection")
+        if validation is None and projection is None and not getattr(args, "no_model", False):
+            validation, projection = _fit_model(args.sweep, args.out, say)
         files = plot_sweep(args.sweep, args.out, formats=tuple(args.formats),
                            trace=getattr(args, "trace", None), validation=validation,
                            projection=projection, report=say)
@@ -1048,6 +1050,38 @@ def main_plot(args) -> int:
     for path in files:
         say(f"wrote {path}")
     return 0
+
+
+def _fit_model(sweep, out_dir, say):
+    """The performance model's validation and projection rows for a sweep directory (also
+    written to out_dir/model.json), or (None, None) with the reason told when the sweep
+    cannot be fitted. With a single worker count above 1 the transport's latency cannot be
+    told from its bandwidth: the shared-memory preset's alpha is then used, and said so."""
+    from . import perfmodel
+    try:
+        runs = perfmodel.load_runs(sweep)
+    except ValueError as exc:
+        say(f"no performance model: {exc}")
+        return None, None
+    try:
+        analysis = perfmodel.analyze(runs)
+    except ValueError:
+        alpha = perfmodel.NETWORKS["shared memory"].alpha
+        try:
+            analysis = perfmodel.analyze(runs, alpha=alpha)
+        except ValueError as exc:
+            say(f"no performance model: {exc}")
+            return None, None
+        say(f"performance model: alpha fixed at the shared-memory preset ({alpha:.2g} s): "
+            f"the sweep has too few worker counts to fit it")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model.json").write_text(json.dumps(analysis, indent=1) + "\n")
+    v = analysis.get("validation")
+    if v:
+        say(f"performance model: held-out prediction error up to {v['max_abs_error_pct']:.1f} % "
+            f"(target {v['target_pct']:.0f} %); wrote {out / 'model.json'}")
+    return (v["rows"] if v else None), analysis["projection"]
 
 
 def _read_rows(path, option: str):

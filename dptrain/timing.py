@@ -19,9 +19,10 @@ steps of a rank add up to its training time (exactly, by construction). With ove
 exchange's wait is hidden inside the communication phase (it runs beside backward).
 
 ``StepTimes`` holds the stamps of all ranks (ranks x steps) and turns them into per-step and
-per-epoch tables, a summary, CSV/JSON, pandas frames and a Chrome trace. Ranks are aligned on
-their first stamp (every rank leaves the same barrier there), which also makes traces of MPI
-ranks on different machines line up.
+per-epoch tables, a summary, CSV/JSON, pandas frames and a Chrome trace. The trace keeps the
+ranks' real offsets on one machine (one monotonic clock); ranks whose clocks disagree by more
+than a second (MPI over machines) are aligned on their first stamp, where every rank leaves
+the same barrier.
 """
 from __future__ import annotations
 
@@ -243,12 +244,17 @@ class StepTimes:
         from the run's start. Written to path when given."""
         events = []
         stop = self.steps if last_step is None else min(self.steps, last_step)
+        firsts = [s[0, _START] for s in self.stamps if len(s)]
+        # one machine: every rank stamps the same monotonic clock, so keep their real offsets;
+        # clocks that disagree by more than a second are different machines' (MPI), and each
+        # rank is then aligned on its own first stamp (all ranks leave the same barrier there)
+        shared_clock = bool(firsts) and max(firsts) - min(firsts) < 1.0
         for r, s in enumerate(self.stamps):
             events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r,
                            "args": {"name": f"rank {r}"}})
             if not len(s):
                 continue
-            t0 = s[0, _START]
+            t0 = min(firsts) if shared_clock else s[0, _START]
             for i in range(first_step, stop):
                 row = s[i]
                 wait = min(max(row[_WAIT], 0.0), row[_EXCHANGE] - row[_COMPUTE])

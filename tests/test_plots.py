@@ -650,3 +650,22 @@ def test_cli_plot_writes_the_figures(tmp_path, sweep, capsys):
     captured = capsys.readouterr()
     assert rc == 1 and "--projection" in captured.err and "expected a JSON list" in captured.err
     assert captured.out == ""
+
+
+def test_plot_cli_fits_the_model_of_a_real_sweep(tmp_path):
+    """A sweep with one worker count above 1: the model is fitted with the shared-memory
+    alpha, and its two figures and model.json are written."""
+    pytest.importorskip("matplotlib")
+    from dptrain.cli import main
+    from dptrain.sweep import sweep
+    sweep("softmax", "synthetic", sizes=(400, 800), workers=(2,), backend="thread", repeat=1,
+          batch_size=50, out=tmp_path / "sw", quiet=True)
+    assert main(["plot", str(tmp_path / "sw"), "--out", str(tmp_path / "fig"),
+                 "--formats", "png", "--quiet"]) == 0
+    model = json.loads((tmp_path / "fig" / "model.json").read_text())
+    assert {"fit", "validation", "projection", "break_even"} <= set(model)
+    for name in ("model_validation", "model_projection", "speedup", "timeline"):
+        assert (tmp_path / "fig" / f"{name}.png").stat().st_size > 0
+    assert main(["plot", str(tmp_path / "sw"), "--out", str(tmp_path / "fig2"),
+                 "--formats", "png", "--quiet", "--no-model"]) == 0
+    assert not (tmp_path / "fig2" / "model.json").exists()
