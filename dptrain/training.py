@@ -316,9 +316,12 @@ def breakdown_line(b: dict) -> str:
 
 
 def _epoch_line(rec: dict, epochs: int, n: int) -> str:
+    from .progress import format_seconds
+    left = epochs - rec["epoch"]
+    eta = f", eta {format_seconds(left * rec['seconds'])}" if left else ""
     return (f"epoch {rec['epoch']}/{epochs}  train loss {rec['train_loss']:.4f}  "
             f"test loss {rec['test_loss']:.4f}  test acc {100 * rec['test_accuracy']:.2f}%  "
-            f"({rec['seconds']:.2f} s, {n / rec['seconds']:,.0f} samples/s)")
+            f"({rec['seconds']:.2f} s, {n / rec['seconds']:,.0f} samples/s{eta})")
 
 
 CHECKPOINT_FORMAT = 1
