@@ -42,7 +42,8 @@ static const char *dtype_name(PyArrayObject *a)
 
 static const char *typenum_name(int t)
 {
-    return t == NPY_FLOAT32 ? "float32" : t == NPY_FLOAT64 ? "float64" : t == NPY_INT64 ? "int64" : "?";
+    return t == NPY_FLOAT32 ? "float32" : t == NPY_FLOAT64 ? "float64" : t == NPY_INT64 ? "int64" :
+           t == NPY_UINT8 ? "uint8" : "?";
 }
 
 /* A shape as Python prints a tuple: (4,), (64, 784), (). */
@@ -1239,7 +1240,12 @@ static int int_list(PyObject *obj, const char *name, int max, int *out, int *n)
         goto done;
     }
     for (Py_ssize_t i = 0; i < k; i++) {
-        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyLong_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "%s[%zd] must be an int, got %s", name, i, Py_TYPE(item)->tp_name);
+            goto done;
+        }
+        long v = PyLong_AsLong(item);
         if (v == -1 && PyErr_Occurred()) goto done;
         if (v < 1 || v > INT_MAX) {
             PyErr_Format(PyExc_ValueError, "%s[%zd] = %ld, expected a positive size", name, i, v);
