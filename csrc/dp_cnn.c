@@ -26,11 +26,14 @@ int dp_cnn_init(dp_cnn *net, int C, int H, int W, const int *channels, int n_con
         g->C = C; g->H = H; g->W = W;
         g->OC = channels[l]; g->KH = kernel; g->KW = kernel; g->pad = pad;
         net->bad_layer = l;
-        if (dp_conv_out(g, &net->conv_oh[l], &net->conv_ow[l])) return DP_EVALUE;
-        if (net->conv_oh[l] < 2 || net->conv_ow[l] < 2) return DP_EVALUE;   /* nothing to pool */
+        int OH, OW;
+        if (dp_conv_out(g, &OH, &OW)) return DP_EVALUE;
+        if (OH < 2 || OW < 2) return DP_EVALUE;   /* nothing to pool */
         C = g->OC;
-        H = net->conv_oh[l] / 2;
-        W = net->conv_ow[l] / 2;
+        H = OH / 2;
+        W = OW / 2;
+        net->conv_h[l] = 2 * H;
+        net->conv_w[l] = 2 * W;
         net->width[l + 1] = C * H * W;
         net->w_off[l] = off;
         off += (ptrdiff_t)g->OC * g->C * kernel * kernel;

@@ -49,7 +49,9 @@ typedef struct {
 typedef struct {
     int n_conv, n_dense, n_layers;
     dp_conv_geom conv[DP_CNN_MAX_CONV];
-    int conv_oh[DP_CNN_MAX_CONV], conv_ow[DP_CNN_MAX_CONV];   /* before pooling */
+    /* the block of each conv output that pooling reads, 2 (OH / 2) x 2 (OW / 2): an odd last
+     * row or column of the convolution is never computed (it cannot reach the loss) */
+    int conv_h[DP_CNN_MAX_CONV], conv_w[DP_CNN_MAX_CONV];
     int width[DP_CNN_MAX_LAYERS + 1];
     ptrdiff_t w_off[DP_CNN_MAX_LAYERS], b_off[DP_CNN_MAX_LAYERS];
     ptrdiff_t n_params;

@@ -30,7 +30,9 @@ static int K(cnn_buffers)(dp_cnn *net, int rows, K(cnn_bufs) *bf)
     size_t col = 1, conv = 1, grad = 1;
     for (int l = 0; l < net->n_conv; l++) {
         const dp_conv_geom *g = &net->conv[l];
-        size_t c = dp_conv_col_elems(g), o = (size_t)g->OC * net->conv_oh[l] * net->conv_ow[l];
+        /* the block's patches (needed even for a 1x1 kernel when the block is cropped) */
+        size_t o = (size_t)g->OC * net->conv_h[l] * net->conv_w[l];
+        size_t c = (size_t)g->C * g->KH * g->KW * net->conv_h[l] * net->conv_w[l];
         size_t p = (size_t)g->OC * g->C * g->KH * g->KW + (size_t)g->OC;
         if (c > col) col = c;
         if (o > conv) conv = o;
@@ -83,13 +85,18 @@ DP_CLONES static void K(bias_relu)(T *y, const T *b, int OC, int n)
     }
 }
 
-/* db[o] += sum of row o of d (OC, n) */
+/* db[o] += sum of row o of d (OC, n), in 8 interleaved partial sums (the compiler may not
+ * reorder one float sum into vector lanes, but 8 independent ones are a vector) */
 DP_CLONES static void K(add_row_sums)(T *db, const T *d, int OC, int n)
 {
     for (int o = 0; o < OC; o++) {
         const T *r = d + (ptrdiff_t)o * n;
-        T s = 0;
-        for (int q = 0; q < n; q++) s += r[q];
+        T a[8] = {0};
+        int q = 0;
+        for (; q + 8 <= n; q += 8)
+            for (int k = 0; k < 8; k++) a[k] += r[q + k];
+        T s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+        for (; q < n; q++) s += r[q];
         db[o] += s;
     }
 }
@@ -107,7 +114,7 @@ static void K(conv_forward_task)(void *arg, int t, int n)
     dp_cnn_thread *th = &net->th[t];
     int l = job->layer, lo, hi;
     const dp_conv_geom *g = &net->conv[l];
-    int OH = net->conv_oh[l], OW = net->conv_ow[l], PHW = (OH / 2) * (OW / 2);
+    int CH = net->conv_h[l], CW = net->conv_w[l], PHW = (CH / 2) * (CW / 2);
     int win = net->width[l], wout = net->width[l + 1];
     const T *w = job->params + net->w_off[l], *b = job->params + net->b_off[l];
     T *col = th->col.ptr, *conv = th->conv.ptr;
@@ -115,10 +122,10 @@ static void K(conv_forward_task)(void *arg, int t, int n)
     job->rc[t] = DP_OK;
     for (int i = lo; i < hi; i++) {
         int rc = K(dp_conv_image_forward)(&th->ctx, col, conv, job->in + (ptrdiff_t)i * win, w,
-                                          g, (T)0);
+                                          g, CH, CW, (T)0);
         if (rc) { job->rc[t] = rc; return; }
         T *y = job->out + (ptrdiff_t)i * wout;
-        K(dp_maxpool2_forward)(y, job->code + (ptrdiff_t)i * wout, conv, g->OC, OH, OW);
+        K(dp_maxpool2_forward)(y, job->code + (ptrdiff_t)i * wout, conv, g->OC, CH, CW);
         K(bias_relu)(y, b, g->OC, PHW);
     }
 }
@@ -130,7 +137,7 @@ static void K(conv_backward_task)(void *arg, int t, int n)
     dp_cnn_thread *th = &net->th[t];
     int l = job->layer, lo, hi;
     const dp_conv_geom *g = &net->conv[l];
-    int OH = net->conv_oh[l], OW = net->conv_ow[l], PHW = (OH / 2) * (OW / 2);
+    int CH = net->conv_h[l], CW = net->conv_w[l], PHW = (CH / 2) * (CW / 2);
     int win = net->width[l], wout = net->width[l + 1];
     ptrdiff_t nw = (ptrdiff_t)g->OC * g->C * g->KH * g->KW;
     const T *w = job->params + net->w_off[l];
@@ -145,10 +152,10 @@ static void K(conv_backward_task)(void *arg, int t, int n)
         T *d = job->d + (ptrdiff_t)i * wout;
         K(dp_relu_backward)(d, d, job->out + (ptrdiff_t)i * wout, wout);
         K(add_row_sums)(db, d, g->OC, PHW);
-        K(dp_maxpool2_backward)(dconv, d, job->code + (ptrdiff_t)i * wout, g->OC, OH, OW);
+        K(dp_maxpool2_backward)(dconv, d, job->code + (ptrdiff_t)i * wout, g->OC, CH, CW);
         int rc = K(dp_conv_image_backward)(&th->ctx, col, dwt,
                                            job->dnext ? job->dnext + (ptrdiff_t)i * win : NULL,
-                                           dconv, job->in + (ptrdiff_t)i * win, w, g);
+                                           dconv, job->in + (ptrdiff_t)i * win, w, g, CH, CW);
         if (rc) { job->rc[t] = rc; return; }
     }
 }

@@ -49,17 +49,25 @@ int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW);
 size_t dp_conv_col_elems(const dp_conv_geom *g);
 
 #define DP_DECLARE_CONV(T, S)                                                                  \
-    /* One image: y (OC, P) = w col(x) + beta y, col a scratch of dp_conv_col_elems(g). */    \
+    /* One image, the top-left oh x ow block of its output (oh <= OH, ow <= OW; a network    \
+     * whose 2x2 pooling drops an odd last row or column never computes it): y (OC, oh ow)    \
+     * = w col(x) + beta y, col a scratch of dp_conv_col_elems(g) elements. */                \
     int dp_conv_image_forward##S(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,           \
-                                 const dp_conv_geom *g, T beta);                              \
-    /* One image: dwt (K, OC) += col(x) dy^T, dw's gradient transposed (see dp_conv_add_dwt); \
-     * dx = col2im(w^T dy) when dx is not NULL (written). */                                  \
+                                 const dp_conv_geom *g, int oh, int ow, T beta);              \
+    /* One image, dy (OC, oh ow) the gradient of that block: dwt (K, OC) += col(x) dy^T, dw's \
+     * gradient transposed (see dp_conv_add_dwt); dx = col2im(w^T dy) when dx is not NULL    \
+     * (written). */                                                                         \
     int dp_conv_image_backward##S(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy,            \
-                                  const T *x, const T *w, const dp_conv_geom *g);             \
+                                  const T *x, const T *w, const dp_conv_geom *g, int oh,     \
+                                  int ow);                                                   \
     /* dw (OC, K) += dwt^T */                                                                 \
     void dp_conv_add_dwt##S(T *dw, const T *dwt, const dp_conv_geom *g);                      \
-    void dp_im2col##S(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g);             \
-    void dp_col2im##S(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g);           \
+    /* col (K, oh ow) with row stride ldcol from x (C, H, W); col2im is its adjoint (dx is    \
+     * written). */                                                                          \
+    void dp_im2col##S(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh,      \
+                      int ow);                                                               \
+    void dp_col2im##S(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g, int oh,    \
+                      int ow);                                                               \
     /* The batch: y = conv(x) + b; col_scratch grows to dp_conv_col_elems(g) + 1 elements. */ \
     int dp_conv2d_forward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x,           \
                              const T *w, const T *b, int B, const dp_conv_geom *g);            \

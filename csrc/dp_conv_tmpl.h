@@ -63,11 +63,12 @@ DP_INLINE void K(valid_cols)(int v, int pad, int W, int OW, int *j0, int *j1)
     if (*j1 < *j0) *j1 = *j0;
 }
 
-DP_CLONES void K(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g)
+DP_CLONES void K(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g,
+                            int OH, int OW)
 {
-    // x is (C, H, W), col is (C KH KW, OH OW) with row stride ldcol:
-    // col[(c KH + u) KW + v, i OW + j] = x[c, i + u - PAD, j + v - PAD], 0 outside the image
-    int OH = g->H + 2 * g->pad - g->KH + 1, OW = g->W + 2 * g->pad - g->KW + 1;
+    // x is (C, H, W), col is (C KH KW, OH OW) with row stride ldcol, for the output block
+    // i < OH, j < OW: col[(c KH + u) KW + v, i OW + j] = x[c, i + u - PAD, j + v - PAD], 0
+    // outside the image
     int H = g->H, W = g->W, pad = g->pad;
     for (int c = 0; c < g->C; c++) {
         const T *xc = x + (ptrdiff_t)c * H * W;
@@ -93,14 +94,15 @@ DP_CLONES void K(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_g
     }
 }
 
-DP_CLONES void K(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g)
+DP_CLONES void K(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
+                            int OH, int OW)
 {
-    // dcol is (C KH KW, OH OW) with row stride ldcol, dx is (C, H, W), written:
-    // dx[c, h, q] = sum over (u, v) of dcol[(c KH + u) KW + v, (h + PAD - u) OW + q + PAD - v]
-    // (the entries im2col copied x[c, h, q] into), gathered one dx row at a time. Scattering
+    // dcol is (C KH KW, OH OW) with row stride ldcol (the output block i < OH, j < OW), dx is
+    // (C, H, W), written: dx[c, h, q] = sum over (u, v) of
+    // dcol[(c KH + u) KW + v, (h + PAD - u) OW + q + PAD - v] over the entries inside the block
+    // (those im2col copied x[c, h, q] into), gathered one dx row at a time. Scattering
     // dcol's rows instead would add into dx at a different offset for every v, and the vector
     // loads of dx would wait on the stores just made (a store-forwarding stall per vector).
-    int OH = g->H + 2 * g->pad - g->KH + 1, OW = g->W + 2 * g->pad - g->KW + 1;
     int H = g->H, W = g->W, pad = g->pad, KH = g->KH, KW = g->KW;
     /* q in [qlo, qhi): every v reads inside the dcol row (j = q + PAD - v in [0, OW)) */
     int qlo = KW - 1 - pad > 0 ? KW - 1 - pad : 0, qhi = OW - pad < W ? OW - pad : W;
@@ -142,32 +144,43 @@ DP_CLONES void K(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv
 /* A 1x1 kernel without padding: the patch matrix is the image itself. */
 DP_INLINE int K(is_direct)(const dp_conv_geom *g) { return g->KH == 1 && g->KW == 1 && g->pad == 0; }
 
-int K(dp_conv_image_forward)(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,
-                             const dp_conv_geom *g, T beta)
+/* The output block of an image call: 1 <= oh <= OH, 1 <= ow <= OW; sets P = oh ow. */
+DP_INLINE int K(check_block)(const dp_conv_geom *g, int oh, int ow, int *P)
 {
-    // x is (C, H, W), w is (OC, K), y is (OC, P): y = w col(x) + beta y
     int OH, OW;
-    if (dp_conv_out(g, &OH, &OW)) return DP_EVALUE;
-    int Kd = g->C * g->KH * g->KW, P = OH * OW;
+    if (dp_conv_out(g, &OH, &OW) || oh < 1 || ow < 1 || oh > OH || ow > OW) return DP_EVALUE;
+    *P = oh * ow;
+    return DP_OK;
+}
+
+int K(dp_conv_image_forward)(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,
+                             const dp_conv_geom *g, int oh, int ow, T beta)
+{
+    // x is (C, H, W), w is (OC, K), y is (OC, oh ow): y = w col(x) + beta y over the output
+    // block i < oh, j < ow
+    int P;
+    if (K(check_block)(g, oh, ow, &P)) return DP_EVALUE;
+    int Kd = g->C * g->KH * g->KW;
     const T *cx = x;
-    if (!K(is_direct)(g)) {
-        K(dp_im2col)(col, P, x, g);
+    if (!K(is_direct)(g) || oh * ow != g->H * g->W) {
+        K(dp_im2col)(col, P, x, g, oh, ow);
         cx = col;
     }
     return K(dp_gemm)(ctx, y, P, w, Kd, 1, cx, P, 1, g->OC, P, Kd, (T)1, beta);
 }
 
 int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, const T *x,
-                              const T *w, const dp_conv_geom *g)
+                              const T *w, const dp_conv_geom *g, int oh, int ow)
 {
-    // dy is (OC, P), x is (C, H, W), w is (OC, K), dwt is (K, OC): dwt += col(x) dy^T (the
+    // dy is (OC, oh ow) (the output block i < oh, j < ow; the rest of the output has no
+    // gradient), x is (C, H, W), w is (OC, K), dwt is (K, OC): dwt += col(x) dy^T (the
     // transpose of dw's gradient); dx (C, H, W) = col2im(w^T dy) when given
-    int OH, OW;
-    if (dp_conv_out(g, &OH, &OW)) return DP_EVALUE;
-    int Kd = g->C * g->KH * g->KW, P = OH * OW, direct = K(is_direct)(g);
+    int P;
+    if (K(check_block)(g, oh, ow, &P)) return DP_EVALUE;
+    int Kd = g->C * g->KH * g->KW, direct = K(is_direct)(g) && oh * ow == g->H * g->W;
     const T *cx = x;
     if (!direct) {
-        K(dp_im2col)(col, P, x, g);
+        K(dp_im2col)(col, P, x, g, oh, ow);
         cx = col;
     }
     /* dw^T = col dy^T rather than dw = dy col^T: the big operand, col, is then packed along
@@ -178,7 +191,7 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
     /* dcol (K, P) = w^T dy; col(x) is no longer needed, so dcol takes its place */
     T *dcol = direct ? dx : col;
     rc = K(dp_gemm)(ctx, dcol, P, w, 1, Kd, dy, P, 1, Kd, P, g->OC, (T)1, (T)0);
-    if (rc == DP_OK && !direct) K(dp_col2im)(dx, dcol, P, g);
+    if (rc == DP_OK && !direct) K(dp_col2im)(dx, dcol, P, g, oh, ow);
     return rc;
 }
 
@@ -213,7 +226,7 @@ int K(dp_conv2d_forward)(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x,
         T *yn = y + n * out;
         for (int o = 0; o < g->OC; o++)
             for (ptrdiff_t p = 0; p < P; p++) yn[o * P + p] = b[o];
-        rc = K(dp_conv_image_forward)(ctx, col, yn, x + n * in, w, g, (T)1);
+        rc = K(dp_conv_image_forward)(ctx, col, yn, x + n * in, w, g, OH, OW, (T)1);
     }
     dp_scratch_free(&local);
     return rc;
@@ -242,7 +255,7 @@ int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T 
             db[o] += s;
         }
         rc = K(dp_conv_image_backward)(ctx, col, dwt, dx ? dx + n * in : NULL, dyn, x + n * in,
-                                       w, g);
+                                       w, g, OH, OW);
     }
     if (rc == DP_OK) K(dp_conv_add_dwt)(dw, dwt, g);
     dp_scratch_free(&local);
