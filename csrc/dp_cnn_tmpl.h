@@ -32,7 +32,8 @@ static int K(cnn_buffers)(dp_cnn *net, int rows, K(cnn_bufs) *bf)
         const dp_conv_geom *g = &net->conv[l];
         /* the block's patches (needed even for a 1x1 kernel when the block is cropped) */
         size_t o = (size_t)g->OC * net->conv_h[l] * net->conv_w[l];
-        size_t c = (size_t)g->C * g->KH * g->KW * net->conv_h[l] * net->conv_w[l];
+        size_t c = (size_t)g->C * g->KH * g->KW * net->conv_h[l] * net->conv_w[l] +
+                   DP_CONV_COL_SLACK(g);
         size_t p = (size_t)g->OC * g->C * g->KH * g->KW + (size_t)g->OC;
         if (c > col) col = c;
         if (o > conv) conv = o;

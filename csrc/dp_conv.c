@@ -28,8 +28,7 @@ size_t dp_conv_col_elems(const dp_conv_geom *g)
 {
     int OH, OW;
     if (dp_conv_out(g, &OH, &OW)) return 0;
-    if (g->KH == 1 && g->KW == 1 && g->pad == 0) return 0;
-    return (size_t)g->C * g->KH * g->KW * (size_t)OH * (size_t)OW;
+    return (size_t)g->C * g->KH * g->KW * (size_t)OH * (size_t)OW + DP_CONV_COL_SLACK(g);
 }
 
 /* Pooling's vectors (see dp_conv_tmpl.h): VL values per 32 bytes, IT the same-width integer,
@@ -44,7 +43,9 @@ size_t dp_conv_col_elems(const dp_conv_geom *g)
 #define IHI {4, 12, 5, 13, 6, 14, 7, 15}
 #define ONES {1, 1, 1, 1, 1, 1, 1, 1}
 #define TWOS {2, 2, 2, 2, 2, 2, 2, 2}
+#define IOTA {0, 1, 2, 3, 4, 5, 6, 7}
 #include "dp_conv_tmpl.h"
+#undef IOTA
 #undef TWOS
 #undef ONES
 #undef IHI
@@ -66,7 +67,9 @@ size_t dp_conv_col_elems(const dp_conv_geom *g)
 #define IHI {2, 6, 3, 7}
 #define ONES {1, 1, 1, 1}
 #define TWOS {2, 2, 2, 2}
+#define IOTA {0, 1, 2, 3}
 #include "dp_conv_tmpl.h"
+#undef IOTA
 #undef TWOS
 #undef ONES
 #undef IHI

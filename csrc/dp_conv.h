@@ -45,7 +45,9 @@ typedef struct {
 /* Checks the geometry and sets the output size: DP_EVALUE when a size is < 1, pad < 0, the
  * kernel is larger than the padded input, or C KH KW or OC OH OW overflows an int. */
 int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW);
-/* Elements of the im2col buffer for one image: K * P (0 for a 1x1 kernel without padding). */
+/* Elements of the im2col buffer for one image: K * P and a slack of DP_CONV_COL_SLACK (col2im's
+ * masked vector lanes may read up to W + KW + PAD past the end of its dcol). */
+#define DP_CONV_COL_SLACK(g) ((size_t)(g)->W + (size_t)(g)->KW + (size_t)(g)->pad + 16)
 size_t dp_conv_col_elems(const dp_conv_geom *g);
 
 #define DP_DECLARE_CONV(T, S)                                                                  \

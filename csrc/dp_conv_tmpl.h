@@ -38,22 +38,6 @@ DP_INLINE void K(copy_row)(T *DP_RESTRICT d, const T *DP_RESTRICT s, int n)
     K(pstore)(d + n - VL, K(pload)(s + n - VL));
 }
 
-/* d[0:n] += a[0:n] + b[0:n] + c[0:n] (col2im's 3-wide kernel rows): whole vectors; the last
- * one, which overlaps the one before, is computed from d's values before any store. */
-DP_INLINE void K(add3_row)(T *DP_RESTRICT d, const T *DP_RESTRICT a, const T *DP_RESTRICT b,
-                           const T *DP_RESTRICT c, int n)
-{
-    if (n < VL) {
-        for (int q = 0; q < n; q++) d[q] += a[q] + b[q] + c[q];
-        return;
-    }
-    int e = n - VL;
-    K(pvec) last = K(pload)(d + e) + K(pload)(a + e) + K(pload)(b + e) + K(pload)(c + e);
-    for (int q = 0; q + VL < n; q += VL)
-        K(pstore)(d + q, K(pload)(d + q) + K(pload)(a + q) + K(pload)(b + q) + K(pload)(c + q));
-    K(pstore)(d + e, last);
-}
-
 /* Output columns j whose input column j + v - PAD lies inside [0, W): [*j0, *j1). */
 DP_INLINE void K(valid_cols)(int v, int pad, int W, int OW, int *j0, int *j1)
 {
@@ -94,15 +78,63 @@ DP_CLONES void K(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_g
     }
 }
 
+/* The most kernel rows col2im gathers at once (more: in several passes that add). */
+#define COL2IM_ROWS 16
+
+/* Lanes q0 .. q0 + VL - 1 of a dx row whose term from kernel column v lies inside the dcol
+ * row: 0 <= q + PAD - v < OW. */
+DP_INLINE K(pmask) K(col_mask)(int q0, int v, int pad, int OW)
+{
+    const K(pmask) iota = IOTA;
+    K(pmask) q = iota + (IT)q0;
+    return (q >= (IT)(v - pad)) & (q < (IT)(OW + v - pad));
+}
+
+/* d[0:W] (+)= sum over the rows r[t] (kernel row u's dcol row for kernel column 0 at the
+ * matching output row) and the kernel columns v of r[t][v ldcol + q + PAD - v], the terms
+ * outside the dcol row masked to 0: whole vectors, summed in registers and stored once (a
+ * running sum in memory would reload vectors that straddle the ones just stored: a
+ * store-forwarding stall each). The last vector overlaps the one before and is computed
+ * before any store. Masked lanes may read a little outside the row (never outside dcol and
+ * its slack, see dp_conv_col_elems); their bits are cleared, garbage or not. */
+DP_INLINE void K(gather_row)(T *DP_RESTRICT d, const T *const *r, int rows, ptrdiff_t ldcol,
+                             int W, int KW, int pad, int OW, int qlo, int qhi, int accumulate)
+{
+    typedef K(pvec) V;
+    typedef K(pmask) M;
+    const M all = ~(M){0};
+    int e = W - VL;
+    V last = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 0: the last vector (kept); pass 1: the others, stored as they are done */
+        int q0 = pass == 0 ? e : 0;
+        for (; pass == 0 ? q0 == e : q0 < e; q0 += VL) {
+            V a = {0};
+            if (accumulate) a = K(pload)(d + q0);
+            int edge = q0 < qlo || q0 + VL > qhi;
+            for (int v = 0; v < KW; v++) {
+                M m = edge ? K(col_mask)(q0, v, pad, OW) : all;
+                ptrdiff_t off = v * ldcol + q0 + pad - v;
+                for (int t = 0; t < rows; t++)
+                    a += (V)((M)K(pload)(r[t] + off) & m);
+            }
+            if (pass == 0) last = a;
+            else K(pstore)(d + q0, a);
+            if (pass == 0) break;
+        }
+    }
+    K(pstore)(d + e, last);
+}
+
 DP_CLONES void K(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
                             int OH, int OW)
 {
     // dcol is (C KH KW, OH OW) with row stride ldcol (the output block i < OH, j < OW), dx is
     // (C, H, W), written: dx[c, h, q] = sum over (u, v) of
     // dcol[(c KH + u) KW + v, (h + PAD - u) OW + q + PAD - v] over the entries inside the block
-    // (those im2col copied x[c, h, q] into), gathered one dx row at a time. Scattering
-    // dcol's rows instead would add into dx at a different offset for every v, and the vector
-    // loads of dx would wait on the stores just made (a store-forwarding stall per vector).
+    // (those im2col copied x[c, h, q] into), gathered one dx row at a time and written once.
+    // Scattering dcol's rows instead would add into dx at a different offset for every v, and
+    // the vector loads of dx would wait on the stores just made (store-forwarding stalls).
     int H = g->H, W = g->W, pad = g->pad, KH = g->KH, KW = g->KW;
     /* q in [qlo, qhi): every v reads inside the dcol row (j = q + PAD - v in [0, OW)) */
     int qlo = KW - 1 - pad > 0 ? KW - 1 - pad : 0, qhi = OW - pad < W ? OW - pad : W;
@@ -110,36 +142,35 @@ DP_CLONES void K(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv
     for (int c = 0; c < g->C; c++)
         for (int h = 0; h < H; h++) {
             T *DP_RESTRICT d = dx + ((ptrdiff_t)c * H + h) * W;
-            for (int q = 0; q < W; q++) d[q] = 0;
-            for (int u = 0; u < KH; u++) {
+            /* rows[t]: dcol's row (c, u, 0) at output row i = h + PAD - u, for the valid u;
+             * row (c, u, v) is rows[t] + v ldcol and holds dx[c, h, q]'s term at q + PAD - v */
+            const T *rows[COL2IM_ROWS];
+            int n = 0, first = 1;
+            for (int u = 0; u <= KH; u++) {
                 int i = h + pad - u;
-                if (i < 0 || i >= OH) continue;
-                /* r + v ldcol is dcol's row (c, u, v) at output row i; it holds dx[c, h, q]'s
-                 * term at column q + PAD - v */
-                const T *r = dcol + (ptrdiff_t)(c * KH + u) * KW * ldcol + (ptrdiff_t)i * OW;
-                if (KW == 3) {
-                    K(add3_row)(d + qlo, r + qlo + pad, r + ldcol + qlo + pad - 1,
-                                r + 2 * ldcol + qlo + pad - 2, qhi - qlo);
-                } else {
-                    for (int q = qlo; q < qhi; q++) {
-                        T a = 0;
-                        for (int v = 0; v < KW; v++) a += r[v * ldcol + q + pad - v];
-                        d[q] += a;
+                if (u < KH && i >= 0 && i < OH)
+                    rows[n++] = dcol + (ptrdiff_t)(c * KH + u) * KW * ldcol + (ptrdiff_t)i * OW;
+                if (n < COL2IM_ROWS && u < KH) continue;
+                if (W >= VL) {
+                    K(gather_row)(d, rows, n, ldcol, W, KW, pad, OW, qlo, qhi, !first);
+                } else {          /* a row narrower than a vector: element by element */
+                    for (int q = 0; q < W; q++) {
+                        T a = first ? (T)0 : d[q];
+                        for (int t = 0; t < n; t++)
+                            for (int v = 0; v < KW; v++) {
+                                int j = q + pad - v;
+                                if (j >= 0 && j < OW) a += rows[t][v * ldcol + j];
+                            }
+                        d[q] = a;
                     }
                 }
-                /* the edges, where only v in [q + PAD - OW + 1, q + PAD] fall inside the row */
-                for (int q = 0; q < W; q++) {
-                    if (q == qlo) q = qhi;
-                    if (q >= W) break;
-                    int v0 = q + pad - OW + 1 > 0 ? q + pad - OW + 1 : 0;
-                    int v1 = q + pad < KW - 1 ? q + pad : KW - 1;
-                    T a = 0;
-                    for (int v = v0; v <= v1; v++) a += r[v * ldcol + q + pad - v];
-                    d[q] += a;
-                }
+                first = 0;
+                n = 0;
             }
         }
 }
+
+#undef COL2IM_ROWS
 
 /* A 1x1 kernel without padding: the patch matrix is the image itself. */
 DP_INLINE int K(is_direct)(const dp_conv_geom *g) { return g->KH == 1 && g->KW == 1 && g->pad == 0; }
