@@ -328,8 +328,10 @@ def image_shape(n_features: int) -> tuple[int, int, int]:
                      f"set has {n} features, neither s*s nor 3*s*s")
 
 
-def model_sizes(kind: str, n_features: int, n_classes: int, hidden=(256, 128)) -> tuple:
-    """The ``sizes`` of the model ``build_model`` makes for these data (hidden: the MLP's)."""
+def model_sizes(kind: str, n_features: int, n_classes: int, hidden=(256, 128), *,
+                input_shape=None) -> tuple:
+    """The ``sizes`` of the model ``build_model`` makes for these data (hidden: the MLP's;
+    input_shape: the CNN's (C, H, W), else read from n_features by ``image_shape``)."""
     if kind == "logreg":
         return (n_features, 1)
     if kind == "softmax":
@@ -337,15 +339,16 @@ def model_sizes(kind: str, n_features: int, n_classes: int, hidden=(256, 128)) -
     if kind == "mlp":
         return (n_features, *hidden, n_classes)
     if kind == "cnn":
-        return reference.cnn_sizes(image_shape(n_features), CNN_CHANNELS,
+        return reference.cnn_sizes(_cnn_input(n_features, input_shape), CNN_CHANNELS,
                                    CNN_HIDDEN + (n_classes,))
     raise ValueError(f"model is {kind!r}, expected one of {MODEL_KINDS}")
 
 
-def model_n_params(kind: str, sizes) -> int:
-    """Length of the flat buffers of a model of this kind and these ``model_sizes``."""
+def model_n_params(kind: str, sizes, *, input_shape=None) -> int:
+    """Length of the flat buffers of a model of this kind and these ``model_sizes`` (the
+    CNN's input_shape as given to model_sizes)."""
     if kind == "cnn":
-        shape = image_shape(sizes[0])
+        shape = _cnn_input(sizes[0], input_shape)
         return reference.cnn_n_params(shape, CNN_CHANNELS, CNN_HIDDEN + (sizes[-1],))
     return reference.n_params(sizes)
 
@@ -355,11 +358,23 @@ CNN_CHANNELS = (32, 64)    # build_model's CNN: the studies' architecture (see C
 CNN_HIDDEN = (128,)
 
 
-def build_model(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128), **kw) -> Model:
+def _cnn_input(n_features: int, input_shape) -> tuple:
+    if input_shape is None:
+        return image_shape(n_features)
+    shape = tuple(int(v) for v in input_shape)
+    if len(shape) != 3 or math.prod(shape) != n_features:
+        raise ValueError(f"input_shape {shape} is not a (C, H, W) of the data set's "
+                         f"{n_features} features")
+    return shape
+
+
+def build_model(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128),
+                input_shape=None, **kw) -> Model:
     """The model the CLI names: 'logreg', 'softmax', 'mlp' (``hidden`` widths) or 'cnn' (the
-    default CNN, reading rows as images of ``image_shape(n_features)``)."""
+    default CNN on images of ``input_shape`` (C, H, W); when not given, read from n_features
+    by ``image_shape``)."""
     if kind == "cnn":
-        return CNN(image_shape(n_features), n_classes, channels=CNN_CHANNELS,
+        return CNN(_cnn_input(n_features, input_shape), n_classes, channels=CNN_CHANNELS,
                    hidden=CNN_HIDDEN, **kw)
     if kind == "logreg":
         if n_classes != 2:

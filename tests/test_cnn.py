@@ -79,10 +79,13 @@ CONV_SHAPES = [
 ]
 
 
-def conv_cases():
+def conv_cases(max_work=None):
+    """(shape, padding) pairs whose kernel fits; max_work bounds B C OC H W (the loop twin)."""
     for shape in CONV_SHAPES:
         for pad in (0, 1):
             b, c, h, w, oc, kh, kw = shape
+            if max_work and b * c * oc * h * w > max_work:
+                continue
             if h + 2 * pad >= kh and w + 2 * pad >= kw:
                 yield pytest.param(shape, pad, id="x".join(map(str, shape)) + f"-p{pad}")
 
@@ -147,10 +150,8 @@ def test_conv2d_matches_reference(gemm_isa, shape, pad, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("shape,pad", conv_cases())
+@pytest.mark.parametrize("shape,pad", conv_cases(max_work=20000))
 def test_conv2d_naive_twin_matches_reference(shape, pad, dtype):
-    if shape[0] * shape[1] * shape[4] * shape[2] * shape[3] > 20000:
-        pytest.skip("the loop twin is for small shapes")
     check_conv(core.conv2d_forward_naive, core.conv2d_backward_naive, shape, pad, dtype,
                "conv2d_naive")
 
@@ -427,6 +428,13 @@ def test_cnn_architecture_and_parameter_count():
     assert image_shape(12544) == (1, 112, 112) and image_shape(27) == (3, 3, 3)
     with pytest.raises(ValueError, match="20 features, neither s\\*s nor 3\\*s\\*s"):
         build_model("cnn", 20, 2)
+    # a data set that knows its sample shape passes it
+    wide = build_model("cnn", 3 * 12 * 20, 4, input_shape=(3, 12, 20))
+    assert wide.input_shape == (3, 12, 20)
+    assert model_sizes("cnn", 720, 4, input_shape=(3, 12, 20)) == wide.sizes
+    assert model_n_params("cnn", wide.sizes, input_shape=(3, 12, 20)) == wide.n_params
+    with pytest.raises(ValueError, match="input_shape \\(3, 12, 21\\) is not a \\(C, H, W\\) of"):
+        build_model("cnn", 720, 4, input_shape=(3, 12, 21))
 
 
 def test_cnn_init_is_pytorch_default_and_seeded():
