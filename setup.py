@@ -13,6 +13,8 @@ from setuptools import Extension, setup
 sources = [
     "csrc/module.c",
     "csrc/dp_gemm.c",
+    "csrc/dp_conv.c",
+    "csrc/dp_cnn.c",
     "csrc/dp_kernels.c",
     "csrc/dp_net.c",
     "csrc/dp_pool.c",

@@ -22,6 +22,49 @@
 
 typedef T F(vec_t) __attribute__((vector_size(VL * sizeof(T))));
 
+DP_INLINE F(vec_t) F(vload)(const T *p)
+{
+    F(vec_t) v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+
+DP_INLINE void F(vstore)(T *p, F(vec_t) v) { __builtin_memcpy(p, &v, sizeof v); }
+
+/* r[q][i] -> r[i][q]: the VL x VL transpose of AVX's unpack / shuffle / 128-bit-permute
+ * network (3 stages of 8 shuffles for float, 2 of 4 for double). */
+DP_INLINE void F(transpose)(F(vec_t) *r)
+{
+    typedef F(vec_t) V;
+#if VL == 8
+    typedef int32_t M __attribute__((vector_size(VL * sizeof(T))));
+    const M lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
+    const M s44 = {0, 1, 8, 9, 4, 5, 12, 13}, see = {2, 3, 10, 11, 6, 7, 14, 15};
+    const M p20 = {0, 1, 2, 3, 8, 9, 10, 11}, p31 = {4, 5, 6, 7, 12, 13, 14, 15};
+    V t0 = __builtin_shuffle(r[0], r[1], lo), t1 = __builtin_shuffle(r[0], r[1], hi);
+    V t2 = __builtin_shuffle(r[2], r[3], lo), t3 = __builtin_shuffle(r[2], r[3], hi);
+    V t4 = __builtin_shuffle(r[4], r[5], lo), t5 = __builtin_shuffle(r[4], r[5], hi);
+    V t6 = __builtin_shuffle(r[6], r[7], lo), t7 = __builtin_shuffle(r[6], r[7], hi);
+    V s0 = __builtin_shuffle(t0, t2, s44), s1 = __builtin_shuffle(t0, t2, see);
+    V s2 = __builtin_shuffle(t1, t3, s44), s3 = __builtin_shuffle(t1, t3, see);
+    V s4 = __builtin_shuffle(t4, t6, s44), s5 = __builtin_shuffle(t4, t6, see);
+    V s6 = __builtin_shuffle(t5, t7, s44), s7 = __builtin_shuffle(t5, t7, see);
+    r[0] = __builtin_shuffle(s0, s4, p20), r[1] = __builtin_shuffle(s1, s5, p20);
+    r[2] = __builtin_shuffle(s2, s6, p20), r[3] = __builtin_shuffle(s3, s7, p20);
+    r[4] = __builtin_shuffle(s0, s4, p31), r[5] = __builtin_shuffle(s1, s5, p31);
+    r[6] = __builtin_shuffle(s2, s6, p31), r[7] = __builtin_shuffle(s3, s7, p31);
+#elif VL == 4
+    typedef int64_t M __attribute__((vector_size(VL * sizeof(T))));
+    const M lo = {0, 4, 2, 6}, hi = {1, 5, 3, 7}, p20 = {0, 1, 4, 5}, p31 = {2, 3, 6, 7};
+    V t0 = __builtin_shuffle(r[0], r[1], lo), t1 = __builtin_shuffle(r[0], r[1], hi);
+    V t2 = __builtin_shuffle(r[2], r[3], lo), t3 = __builtin_shuffle(r[2], r[3], hi);
+    r[0] = __builtin_shuffle(t0, t2, p20), r[1] = __builtin_shuffle(t1, t3, p20);
+    r[2] = __builtin_shuffle(t0, t2, p31), r[3] = __builtin_shuffle(t1, t3, p31);
+#else
+#error "transpose: VL must be 4 or 8"
+#endif
+}
+
 /* Packs the mc x kc block of A (element (i, k) at A[i * rsa + k * csa]) into MR-row
  * micro-panels: panel p holds rows p*MR.., stored k-major (MR values per k), zero-padded. */
 TGT static void F(pack_a)(T *DP_RESTRICT Ap, const T *DP_RESTRICT A, ptrdiff_t rsa, ptrdiff_t csa,
@@ -72,11 +115,20 @@ TGT static void F(pack_b)(T *DP_RESTRICT Bp, const T *DP_RESTRICT B, ptrdiff_t r
                 Bp += NR;
             }
         } else if (nr == NR && rsb == 1) {
-            /* B = W^T with W row-major: read each of the NR rows of W contiguously and
-             * scatter into the panel (a kc x NR transpose that stays in L1) */
+            /* B = W^T with W row-major: a kc x NR transpose, VL x VL blocks at a time in
+             * registers (VL rows of W loaded contiguously, VL panel rows stored whole); the
+             * last kc % VL values element by element */
+            int k = 0;
+            for (; k + VL <= kc; k += VL)
+                for (int h = 0; h < NR; h += VL) {
+                    F(vec_t) r[VL];
+                    for (int q = 0; q < VL; q++) r[q] = F(vload)(b + (ptrdiff_t)(h + q) * csb + k);
+                    F(transpose)(r);
+                    for (int q = 0; q < VL; q++) F(vstore)(Bp + (ptrdiff_t)(k + q) * NR + h, r[q]);
+                }
             for (int j = 0; j < NR; j++) {
                 const T *src = b + (ptrdiff_t)j * csb;
-                for (int k = 0; k < kc; k++) Bp[(ptrdiff_t)k * NR + j] = src[k];
+                for (int kk = k; kk < kc; kk++) Bp[(ptrdiff_t)kk * NR + j] = src[kk];
             }
             Bp += (ptrdiff_t)kc * NR;
         } else {
@@ -90,14 +142,6 @@ TGT static void F(pack_b)(T *DP_RESTRICT Bp, const T *DP_RESTRICT B, ptrdiff_t r
     }
 }
 
-DP_INLINE F(vec_t) F(vload)(const T *p)
-{
-    F(vec_t) v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
-
-DP_INLINE void F(vstore)(T *p, F(vec_t) v) { __builtin_memcpy(p, &v, sizeof v); }
 
 /* Stores the MR x NR accumulators into C[0:mr, 0:nr]: alpha * acc + beta * C (beta == 0:
  * C is not read). */

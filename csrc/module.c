@@ -18,6 +18,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "dp_cnn.h"
+#include "dp_conv.h"
 #include "dp_gemm.h"
 #include "dp_kernels.h"
 #include "dp_net.h"
@@ -40,7 +42,8 @@ static const char *dtype_name(PyArrayObject *a)
 
 static const char *typenum_name(int t)
 {
-    return t == NPY_FLOAT32 ? "float32" : t == NPY_FLOAT64 ? "float64" : t == NPY_INT64 ? "int64" : "?";
+    return t == NPY_FLOAT32 ? "float32" : t == NPY_FLOAT64 ? "float64" : t == NPY_INT64 ? "int64" :
+           t == NPY_UINT8 ? "uint8" : "?";
 }
 
 /* A shape as Python prints a tuple: (4,), (64, 784), (). */
@@ -172,6 +175,7 @@ static PyObject *raise_code(int rc, const char *what)
 typedef struct {
     PyObject_HEAD
     dp_ctx ctx;
+    dp_scratch col;              /* the convolution kernels' im2col buffer */
     PyThread_type_lock lock;
     int ready;
 } ContextObject;
@@ -202,6 +206,7 @@ static int Context_init(ContextObject *self, PyObject *args, PyObject *kwds)
 static void Context_dealloc(ContextObject *self)
 {
     if (self->ready) dp_ctx_free(&self->ctx);
+    dp_scratch_free(&self->col);
     if (self->lock) PyThread_free_lock(self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -691,6 +696,196 @@ static PyObject *py_zero(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ convolution, pooling */
+
+/* The (C, H, W) -> (OC, OH, OW) geometry of x (B, C, H, W) and w (OC, C, KH, KW), checked. */
+static int conv_geometry(PyArrayObject *x, PyArrayObject *w, int padding, dp_conv_geom *g, int *OH, int *OW)
+{
+    char xs[128], ws[128];
+    shape_str(xs, sizeof xs, PyArray_NDIM(x), PyArray_DIMS(x));
+    shape_str(ws, sizeof ws, PyArray_NDIM(w), PyArray_DIMS(w));
+    if (padding < 0) return PyErr_Format(PyExc_ValueError, "padding must be >= 0, got %d", padding), -1;
+    if (PyArray_DIM(w, 1) != PyArray_DIM(x, 1))
+        return PyErr_Format(PyExc_ValueError, "w has shape %s, but x has shape %s: w.shape[1] must be "
+                            "x's channel count %ld", ws, xs, (long)PyArray_DIM(x, 1)), -1;
+    for (int i = 1; i < 4; i++)
+        if (PyArray_DIM(x, i) < 1)
+            return PyErr_Format(PyExc_ValueError, "x has shape %s, expected C, H, W >= 1", xs), -1;
+    for (int i = 0; i < 4; i++)
+        if (PyArray_DIM(w, i) < 1)
+            return PyErr_Format(PyExc_ValueError, "w has shape %s, expected every size >= 1", ws), -1;
+    g->C = (int)PyArray_DIM(x, 1);
+    g->H = (int)PyArray_DIM(x, 2);
+    g->W = (int)PyArray_DIM(x, 3);
+    g->OC = (int)PyArray_DIM(w, 0);
+    g->KH = (int)PyArray_DIM(w, 2);
+    g->KW = (int)PyArray_DIM(w, 3);
+    g->pad = padding;
+    if (dp_conv_out(g, OH, OW) == DP_OK) return 0;
+    if ((long long)g->H + 2LL * padding < g->KH || (long long)g->W + 2LL * padding < g->KW)
+        return PyErr_Format(PyExc_ValueError, "w has shape %s: its %dx%d kernel is larger than the "
+                            "%dx%d input of x %s with padding %d", ws, g->KH, g->KW, g->H, g->W, xs,
+                            padding), -1;
+    return PyErr_Format(PyExc_ValueError, "x %s and w %s with padding %d are too large for the "
+                        "kernels' int sizes", xs, ws, padding), -1;
+}
+
+static PyObject *conv_forward_common(PyObject *args, PyObject *kwds, int naive)
+{
+    static char *kwlist[] = {"x", "w", "b", "y", "padding", "ctx", NULL};
+    PyObject *xo, *wo, *bo, *yo, *ctxo = NULL;
+    int padding = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, naive ? "OOOO|$iO:conv2d_forward_naive" : "OOOO|$iO:conv2d_forward",
+                                     kwlist, &xo, &wo, &bo, &yo, &padding, &ctxo))
+        return NULL;
+    PyArrayObject *x, *w, *b, *y;
+    ContextObject *cobj;
+    dp_conv_geom g;
+    int OH, OW;
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) || !(w = check_array(wo, "w", NPY_NOTYPE, 4, 0)) ||
+        !(b = check_array(bo, "b", NPY_NOTYPE, 1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 4, 1)) ||
+        check_same_dtype(w, "w", x, "x") || check_same_dtype(b, "b", x, "x") ||
+        check_same_dtype(y, "y", x, "x") || get_ctx(ctxo, &cobj) || conv_geometry(x, w, padding, &g, &OH, &OW))
+        return NULL;
+    npy_intp B = PyArray_DIM(x, 0), bd[1] = {g.OC}, yd[4] = {B, g.OC, OH, OW};
+    if (check_shape(b, "b", 1, bd) || check_shape(y, "y", 4, yd) || check_no_overlap(y, "y", x, "x") ||
+        check_no_overlap(y, "y", w, "w") || check_no_overlap(y, "y", b, "b"))
+        return NULL;
+    int rc = DP_OK;
+    void *Y = PyArray_DATA(y);
+    const void *X = PyArray_DATA(x), *Wp = PyArray_DATA(w), *Bp = PyArray_DATA(b);
+    if (naive) {
+        if (IS_F32(x)) WITHOUT_GIL(dp_conv2d_forward_naive_f32(Y, X, Wp, Bp, (int)B, &g));
+        else WITHOUT_GIL(dp_conv2d_forward_naive_f64(Y, X, Wp, Bp, (int)B, &g));
+    } else {
+        dp_ctx *c = cobj ? &cobj->ctx : NULL;
+        dp_scratch *col = cobj ? &cobj->col : NULL;
+        if (IS_F32(x))
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_forward_f32(c, col, Y, X, Wp, Bp, (int)B, &g));
+        else
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_forward_f64(c, col, Y, X, Wp, Bp, (int)B, &g));
+    }
+    if (rc) return raise_code(rc, "conv2d_forward");
+    Py_RETURN_NONE;
+}
+
+static PyObject *conv_backward_common(PyObject *args, PyObject *kwds, int naive)
+{
+    static char *kwlist[] = {"dy", "x", "w", "dw", "db", "dx", "padding", "ctx", NULL};
+    PyObject *dyo, *xo, *wo, *dwo, *dbo, *dxo = Py_None, *ctxo = NULL;
+    int padding = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, naive ? "OOOOO|O$iO:conv2d_backward_naive" : "OOOOO|O$iO:conv2d_backward",
+                                     kwlist, &dyo, &xo, &wo, &dwo, &dbo, &dxo, &padding, &ctxo))
+        return NULL;
+    PyArrayObject *dy, *x, *w, *dw, *db, *dx = NULL;
+    ContextObject *cobj;
+    dp_conv_geom g;
+    int OH, OW;
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 4, 0)) || !(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) ||
+        !(w = check_array(wo, "w", NPY_NOTYPE, 4, 0)) || !(dw = check_array(dwo, "dw", NPY_NOTYPE, 4, 1)) ||
+        !(db = check_array(dbo, "db", NPY_NOTYPE, 1, 1)) ||
+        (dxo != Py_None && !(dx = check_array(dxo, "dx", NPY_NOTYPE, 4, 1))) ||
+        check_same_dtype(x, "x", dy, "dy") || check_same_dtype(w, "w", dy, "dy") ||
+        check_same_dtype(dw, "dw", dy, "dy") || check_same_dtype(db, "db", dy, "dy") ||
+        (dx && check_same_dtype(dx, "dx", dy, "dy")) || get_ctx(ctxo, &cobj) ||
+        conv_geometry(x, w, padding, &g, &OH, &OW))
+        return NULL;
+    npy_intp B = PyArray_DIM(x, 0), yd[4] = {B, g.OC, OH, OW}, bd[1] = {g.OC};
+    if (check_shape(dy, "dy", 4, yd) || check_shape(dw, "dw", 4, PyArray_DIMS(w)) ||
+        check_shape(db, "db", 1, bd) || (dx && check_shape(dx, "dx", 4, PyArray_DIMS(x))))
+        return NULL;
+    PyArrayObject *ins[3] = {dy, x, w};
+    const char *in_names[3] = {"dy", "x", "w"};
+    for (int i = 0; i < 3; i++)
+        if (check_no_overlap(dw, "dw", ins[i], in_names[i]) || check_no_overlap(db, "db", ins[i], in_names[i]) ||
+            (dx && check_no_overlap(dx, "dx", ins[i], in_names[i])))
+            return NULL;
+    if ((dx && (check_no_overlap(dx, "dx", dw, "dw") || check_no_overlap(dx, "dx", db, "db"))) ||
+        check_no_overlap(db, "db", dw, "dw"))
+        return NULL;
+    int rc = DP_OK;
+    void *DW = PyArray_DATA(dw), *DB = PyArray_DATA(db), *DX = dx ? PyArray_DATA(dx) : NULL;
+    const void *DY = PyArray_DATA(dy), *X = PyArray_DATA(x), *Wp = PyArray_DATA(w);
+    if (naive) {
+        if (IS_F32(x)) WITHOUT_GIL(dp_conv2d_backward_naive_f32(DW, DB, DX, DY, X, Wp, (int)B, &g));
+        else WITHOUT_GIL(dp_conv2d_backward_naive_f64(DW, DB, DX, DY, X, Wp, (int)B, &g));
+    } else {
+        dp_ctx *c = cobj ? &cobj->ctx : NULL;
+        dp_scratch *col = cobj ? &cobj->col : NULL;
+        if (IS_F32(x))
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_backward_f32(c, col, DW, DB, DX, DY, X, Wp, (int)B, &g));
+        else
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_backward_f64(c, col, DW, DB, DX, DY, X, Wp, (int)B, &g));
+    }
+    if (rc) return raise_code(rc, "conv2d_backward");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_conv2d_forward(PyObject *self, PyObject *args, PyObject *kwds) { return conv_forward_common(args, kwds, 0); }
+static PyObject *py_conv2d_forward_naive(PyObject *self, PyObject *args, PyObject *kwds) { return conv_forward_common(args, kwds, 1); }
+static PyObject *py_conv2d_backward(PyObject *self, PyObject *args, PyObject *kwds) { return conv_backward_common(args, kwds, 0); }
+static PyObject *py_conv2d_backward_naive(PyObject *self, PyObject *args, PyObject *kwds) { return conv_backward_common(args, kwds, 1); }
+
+/* The pooled shape (B, C, H / 2, W / 2) of a (B, C, H, W) array, H and W >= 2. */
+static int pooled_shape(PyArrayObject *a, const char *name, npy_intp *out)
+{
+    if (PyArray_DIM(a, 2) < 2 || PyArray_DIM(a, 3) < 2) {
+        char s[128];
+        shape_str(s, sizeof s, 4, PyArray_DIMS(a));
+        PyErr_Format(PyExc_ValueError, "%s has shape %s: 2x2 pooling needs H >= 2 and W >= 2", name, s);
+        return -1;
+    }
+    out[0] = PyArray_DIM(a, 0);
+    out[1] = PyArray_DIM(a, 1);
+    out[2] = PyArray_DIM(a, 2) / 2;
+    out[3] = PyArray_DIM(a, 3) / 2;
+    return 0;
+}
+
+static PyObject *py_maxpool2_forward(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "y", "idx", NULL};
+    PyObject *xo, *yo, *io;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:maxpool2_forward", kwlist, &xo, &yo, &io)) return NULL;
+    PyArrayObject *x, *y, *idx;
+    npy_intp yd[4];
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 4, 1)) ||
+        !(idx = check_array(io, "idx", NPY_UINT8, 4, 1)) || check_same_dtype(y, "y", x, "x") ||
+        pooled_shape(x, "x", yd) || check_shape(y, "y", 4, yd) || check_shape(idx, "idx", 4, yd) ||
+        check_no_overlap(y, "y", x, "x") || check_no_overlap(idx, "idx", x, "x") || check_no_overlap(idx, "idx", y, "y"))
+        return NULL;
+    ptrdiff_t planes = (ptrdiff_t)PyArray_DIM(x, 0) * PyArray_DIM(x, 1);
+    int H = (int)PyArray_DIM(x, 2), W = (int)PyArray_DIM(x, 3);
+    if (IS_F32(x)) WITHOUT_GIL(dp_maxpool2_forward_f32(PyArray_DATA(y), PyArray_DATA(idx), PyArray_DATA(x), planes, H, W));
+    else WITHOUT_GIL(dp_maxpool2_forward_f64(PyArray_DATA(y), PyArray_DATA(idx), PyArray_DATA(x), planes, H, W));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_maxpool2_backward(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"dy", "idx", "dx", NULL};
+    PyObject *dyo, *io, *dxo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:maxpool2_backward", kwlist, &dyo, &io, &dxo)) return NULL;
+    PyArrayObject *dy, *idx, *dx;
+    npy_intp yd[4];
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 4, 0)) || !(idx = check_array(io, "idx", NPY_UINT8, 4, 0)) ||
+        !(dx = check_array(dxo, "dx", NPY_NOTYPE, 4, 1)) || check_same_dtype(dx, "dx", dy, "dy") ||
+        pooled_shape(dx, "dx", yd) || check_shape(dy, "dy", 4, yd) || check_shape(idx, "idx", 4, yd) ||
+        check_no_overlap(dx, "dx", dy, "dy") || check_no_overlap(dx, "dx", idx, "idx"))
+        return NULL;
+    const uint8_t *code = PyArray_DATA(idx);
+    npy_intp n = PyArray_SIZE(idx);
+    for (npy_intp i = 0; i < n; i++)
+        if (code[i] > 3)
+            return PyErr_Format(PyExc_ValueError, "idx holds %d at flat position %ld: a window position "
+                                "is 0..3 (as maxpool2_forward writes it)", (int)code[i], (long)i), NULL;
+    ptrdiff_t planes = (ptrdiff_t)PyArray_DIM(dx, 0) * PyArray_DIM(dx, 1);
+    int H = (int)PyArray_DIM(dx, 2), W = (int)PyArray_DIM(dx, 3);
+    if (IS_F32(dy)) WITHOUT_GIL(dp_maxpool2_backward_f32(PyArray_DATA(dx), PyArray_DATA(dy), code, planes, H, W));
+    else WITHOUT_GIL(dp_maxpool2_backward_f64(PyArray_DATA(dx), PyArray_DATA(dy), code, planes, H, W));
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------ Network */
 
 typedef struct {
@@ -1016,6 +1211,358 @@ static PyObject *py_param_count(PyObject *self, PyObject *arg)
     Py_DECREF(seq);
     return PyLong_FromLongLong(total);
 }
+
+/* ------------------------------------------------------------------ ConvNet */
+
+typedef struct {
+    PyObject_HEAD
+    dp_cnn net;
+    PyArrayObject *params, *grads;   /* owned references, validated once */
+    PyObject *sizes;                 /* tuple: width of every layer's input and of the logits */
+    PyObject *input_shape;           /* tuple (C, H, W) */
+    PyObject *pending_x;             /* the input of a backward sweep in progress (owned) */
+    PyThread_type_lock lock;
+    int ready;
+} ConvNetObject;
+
+/* A sequence of 1..max positive ints into out; its length in *n. */
+static int int_list(PyObject *obj, const char *name, int max, int *out, int *n)
+{
+    PyObject *seq = PySequence_Fast(obj, "a sequence of ints was expected");
+    if (!seq) {
+        PyErr_Format(PyExc_TypeError, "%s must be a sequence of ints, got %s", name, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    int rc = -1;
+    if (k < 1 || k > max) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd entries, expected 1 to %d", name, k, max);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyLong_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "%s[%zd] must be an int, got %s", name, i, Py_TYPE(item)->tp_name);
+            goto done;
+        }
+        long v = PyLong_AsLong(item);
+        if (v == -1 && PyErr_Occurred()) goto done;
+        if (v < 1 || v > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "%s[%zd] = %ld, expected a positive size", name, i, v);
+            goto done;
+        }
+        out[i] = (int)v;
+    }
+    *n = (int)k;
+    rc = 0;
+done:
+    Py_DECREF(seq);
+    return rc;
+}
+
+/* The exception for a layer plan dp_cnn_init refused. */
+static void cnn_plan_error(const dp_cnn *net, const int *shape, int kernel, int padding)
+{
+    int l = net->bad_layer;
+    if (l < 0) {
+        PyErr_SetString(PyExc_ValueError, "the ConvNet layers are invalid");
+    } else if (l < net->n_conv) {
+        const dp_conv_geom *g = &net->conv[l];
+        int in_c = l ? g->C : shape[0], in_h = l ? g->H : shape[1], in_w = l ? g->W : shape[2];
+        PyErr_Format(PyExc_ValueError, "conv layer %d gets a (%d, %d, %d) input: a %dx%d kernel with "
+                     "padding %d leaves no 2x2 window to pool (the input is too small for this many "
+                     "conv layers)", l, in_c, in_h, in_w, kernel, kernel, padding);
+    } else if (l == net->n_layers - 1) {
+        PyErr_Format(PyExc_ValueError, "dense[-1] is the class count and must be >= 2 for softmax_xent");
+    } else {
+        PyErr_Format(PyExc_ValueError, "dense layer %d has an invalid width", l - net->n_conv);
+    }
+}
+
+static int ConvNet_init(ConvNetObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"input_shape", "channels", "dense", "params", "grads", "kernel", "padding", "threads", NULL};
+    PyObject *so, *co, *dno, *po, *go;
+    int kernel = 3, padding = 0, threads = 1, shape[3], channels[DP_CNN_MAX_CONV], dense[DP_CNN_MAX_DENSE];
+    int ns, nc, nd;
+    if (self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "ConvNet is already initialized");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO|$iii:ConvNet", kwlist, &so, &co, &dno, &po, &go,
+                                     &kernel, &padding, &threads))
+        return -1;
+    if (int_list(so, "input_shape", 3, shape, &ns) || int_list(co, "channels", DP_CNN_MAX_CONV, channels, &nc) ||
+        int_list(dno, "dense", DP_CNN_MAX_DENSE, dense, &nd))
+        return -1;
+    if (ns != 3) return PyErr_Format(PyExc_ValueError, "input_shape has %d entries, expected (C, H, W)", ns), -1;
+    if (kernel < 1) return PyErr_Format(PyExc_ValueError, "kernel must be >= 1, got %d", kernel), -1;
+    if (padding < 0) return PyErr_Format(PyExc_ValueError, "padding must be >= 0, got %d", padding), -1;
+    if (threads < 1 || threads > DP_MAX_THREADS)
+        return PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads), -1;
+    int err = dp_cnn_init(&self->net, shape[0], shape[1], shape[2], channels, nc, kernel, padding, dense, nd, threads);
+    if (err) {
+        if (err == DP_EVALUE) cnn_plan_error(&self->net, shape, kernel, padding);
+        else raise_code(err, "ConvNet");
+        dp_cnn_free(&self->net);
+        return -1;
+    }
+    PyArrayObject *p, *g;
+    npy_intp pn[1] = {self->net.n_params};
+    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 0)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 1)) ||
+        check_same_dtype(g, "grads", p, "params") || check_shape(p, "params", 1, pn) ||
+        check_shape(g, "grads", 1, pn) || check_no_overlap(g, "grads", p, "params") ||
+        !(self->lock = PyThread_allocate_lock())) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        dp_cnn_free(&self->net);
+        return -1;
+    }
+    self->sizes = PyTuple_New(self->net.n_layers + 1);
+    self->input_shape = Py_BuildValue("(iii)", shape[0], shape[1], shape[2]);
+    if (!self->sizes || !self->input_shape) {
+        dp_cnn_free(&self->net);
+        return -1;      /* dealloc releases the tuples and the lock */
+    }
+    for (int l = 0; l <= self->net.n_layers; l++) {
+        PyObject *v = PyLong_FromLong(self->net.width[l]);
+        if (!v) { dp_cnn_free(&self->net); return -1; }
+        PyTuple_SET_ITEM(self->sizes, l, v);
+    }
+    Py_INCREF(p);
+    Py_INCREF(g);
+    self->params = p;
+    self->grads = g;
+    self->ready = 1;
+    return 0;
+}
+
+static void ConvNet_dealloc(ConvNetObject *self)
+{
+    if (self->ready) dp_cnn_free(&self->net);
+    Py_XDECREF(self->params);
+    Py_XDECREF(self->grads);
+    Py_XDECREF(self->sizes);
+    Py_XDECREF(self->input_shape);
+    Py_XDECREF(self->pending_x);
+    if (self->lock) PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* x (B, C H W) of the network's dtype and labels (B,) int64 (labels may be optional). */
+static int convnet_batch(ConvNetObject *self, PyObject *xo, PyObject *lo, PyArrayObject **x, PyArrayObject **l)
+{
+    if (!self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "ConvNet is not initialized");
+        return -1;
+    }
+    if (!(*x = check_array(xo, "x", PyArray_TYPE(self->params), 2, 0))) return -1;
+    npy_intp B = PyArray_DIM(*x, 0), xd[2] = {B, self->net.width[0]}, ld[1] = {B};
+    if (check_shape(*x, "x", 2, xd)) return -1;
+    *l = NULL;
+    if (lo && lo != Py_None && (!(*l = check_array(lo, "labels", NPY_INT64, 1, 0)) || check_shape(*l, "labels", 1, ld)))
+        return -1;
+    return 0;
+}
+
+static PyArrayObject *convnet_grads(ConvNetObject *self, PyObject *go, PyArrayObject *x)
+{
+    PyArrayObject *grads = self->grads;
+    if (go && go != Py_None) {
+        npy_intp pn[1] = {self->net.n_params};
+        if (!(grads = check_array(go, "grads", PyArray_TYPE(self->params), 1, 1)) ||
+            check_shape(grads, "grads", 1, pn) || check_no_overlap(grads, "grads", self->params, "params") ||
+            (x && check_no_overlap(grads, "grads", x, "x")))
+            return NULL;
+    }
+    if (!PyArray_ISWRITEABLE(grads)) {
+        PyErr_SetString(PyExc_ValueError, "grads is read-only, but it is written to");
+        return NULL;
+    }
+    return grads;
+}
+
+#define CNN_CLASSES(self) ((self)->net.width[(self)->net.n_layers])
+
+static PyObject *ConvNet_loss_grad(ConvNetObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "labels", "grad_scale", "grads", NULL};
+    PyObject *xo, *lo, *gso = Py_None, *go = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OO:loss_grad", kwlist, &xo, &lo, &gso, &go)) return NULL;
+    PyArrayObject *x, *l, *grads;
+    double gs;
+    if (convnet_batch(self, xo, lo, &x, &l)) return NULL;
+    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    npy_intp B = PyArray_DIM(x, 0);
+    if (get_grad_scale(gso, B, &gs) || !(grads = convnet_grads(self, go, x))) return NULL;
+    Py_CLEAR(self->pending_x);           /* a full sweep replaces any one in progress */
+    double loss = 0;
+    int64_t correct = 0;
+    int rc;
+    dp_cnn *net = &self->net;
+    if (IS_F32(self->params))
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_loss_grad_f32(net, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, (float)gs));
+    else
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_loss_grad_f64(net, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
+    if (rc == DP_ELABEL) return label_error(l, CNN_CLASSES(self)), NULL;
+    if (rc) return raise_code(rc, "ConvNet.loss_grad");
+    return Py_BuildValue("(dL)", loss, (long long)correct);
+}
+
+static PyObject *ConvNet_forward_loss(ConvNetObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "labels", "grad_scale", NULL};
+    PyObject *xo, *lo, *gso = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:forward_loss", kwlist, &xo, &lo, &gso)) return NULL;
+    PyArrayObject *x, *l;
+    double gs;
+    if (convnet_batch(self, xo, lo, &x, &l)) return NULL;
+    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    npy_intp B = PyArray_DIM(x, 0);
+    if (get_grad_scale(gso, B, &gs)) return NULL;
+    double loss = 0;
+    int64_t correct = 0;
+    int rc;
+    dp_cnn *net = &self->net;
+    if (IS_F32(self->params))
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_forward_loss_f32(net, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, (float)gs));
+    else
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_forward_loss_f64(net, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
+    Py_CLEAR(self->pending_x);
+    if (rc == DP_ELABEL) return label_error(l, CNN_CLASSES(self)), NULL;
+    if (rc) return raise_code(rc, "ConvNet.forward_loss");
+    if (net->pending_rows) {
+        Py_INCREF(xo);
+        self->pending_x = xo;            /* backward_layer(0) reads it */
+    }
+    return Py_BuildValue("(dL)", loss, (long long)correct);
+}
+
+static PyObject *ConvNet_backward_layer(ConvNetObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"layer", "grads", NULL};
+    int layer;
+    PyObject *go = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|O:backward_layer", kwlist, &layer, &go)) return NULL;
+    if (!self->ready) return PyErr_Format(PyExc_RuntimeError, "ConvNet is not initialized"), NULL;
+    PyArrayObject *grads = convnet_grads(self, go, self->pending_x ? (PyArrayObject *)self->pending_x : NULL);
+    if (!grads) return NULL;
+    dp_cnn *net = &self->net;
+    int rc;
+    if (IS_F32(self->params))
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_backward_layer_f32(net, PyArray_DATA(grads), PyArray_DATA(self->params), layer));
+    else
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_backward_layer_f64(net, PyArray_DATA(grads), PyArray_DATA(self->params), layer));
+    if (rc == DP_EORDER) {
+        if (!net->pending_rows)
+            return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d): no forward_loss to go back from", layer), NULL;
+        return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d) out of order: the next layer is %d",
+                            layer, net->next_layer), NULL;
+    }
+    if (rc) return raise_code(rc, "ConvNet.backward_layer");
+    if (!net->pending_rows) Py_CLEAR(self->pending_x);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ConvNet_evaluate(ConvNetObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "labels", NULL};
+    PyObject *xo, *lo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:evaluate", kwlist, &xo, &lo)) return NULL;
+    PyArrayObject *x, *l;
+    if (convnet_batch(self, xo, lo, &x, &l)) return NULL;
+    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    double loss = 0;
+    int64_t correct = 0;
+    int rc;
+    int B = (int)PyArray_DIM(x, 0);
+    Py_CLEAR(self->pending_x);           /* the scratch is reused: a sweep in progress ends */
+    if (IS_F32(self->params))
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_evaluate_f32(&self->net, NULL, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), B));
+    else
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_evaluate_f64(&self->net, NULL, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), B));
+    if (rc == DP_ELABEL) return label_error(l, CNN_CLASSES(self)), NULL;
+    if (rc) return raise_code(rc, "ConvNet.evaluate");
+    return Py_BuildValue("(dL)", loss, (long long)correct);
+}
+
+static PyObject *ConvNet_logits(ConvNetObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "out", NULL};
+    PyObject *xo, *oo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:logits", kwlist, &xo, &oo)) return NULL;
+    PyArrayObject *x, *l, *o;
+    if (convnet_batch(self, xo, NULL, &x, &l)) return NULL;
+    npy_intp od[2] = {PyArray_DIM(x, 0), CNN_CLASSES(self)};
+    if (!(o = check_array(oo, "out", PyArray_TYPE(self->params), 2, 1)) || check_shape(o, "out", 2, od) ||
+        check_no_overlap(o, "out", x, "x") || check_no_overlap(o, "out", self->params, "params"))
+        return NULL;
+    double loss;
+    int64_t correct;
+    int rc;
+    int B = (int)PyArray_DIM(x, 0);
+    Py_CLEAR(self->pending_x);
+    if (IS_F32(self->params))
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_evaluate_f32(&self->net, PyArray_DATA(o), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), NULL, B));
+    else
+        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_evaluate_f64(&self->net, PyArray_DATA(o), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), NULL, B));
+    if (rc) return raise_code(rc, "ConvNet.logits");
+    Py_RETURN_NONE;
+}
+
+static PyObject *held(PyObject *o) { o = o ? o : Py_None; Py_INCREF(o); return o; }
+static PyObject *ConvNet_get_params(ConvNetObject *self, void *c) { return held((PyObject *)self->params); }
+static PyObject *ConvNet_get_grads(ConvNetObject *self, void *c) { return held((PyObject *)self->grads); }
+static PyObject *ConvNet_get_sizes(ConvNetObject *self, void *c) { return held(self->sizes); }
+static PyObject *ConvNet_get_input_shape(ConvNetObject *self, void *c) { return held(self->input_shape); }
+static PyObject *ConvNet_get_threads(ConvNetObject *self, void *c) { return PyLong_FromLong(self->ready ? self->net.threads : 0); }
+static PyObject *ConvNet_get_n_conv(ConvNetObject *self, void *c) { return PyLong_FromLong(self->net.n_conv); }
+static PyObject *ConvNet_get_n_params(ConvNetObject *self, void *c) { return PyLong_FromSsize_t(self->net.n_params); }
+static PyObject *ConvNet_get_loss(ConvNetObject *self, void *c) { return PyUnicode_FromString("softmax_xent"); }
+
+static PyMethodDef ConvNet_methods[] = {
+    {"loss_grad", (PyCFunction)(void (*)(void))ConvNet_loss_grad, METH_VARARGS | METH_KEYWORDS,
+     "loss_grad(x, labels, grad_scale=None, grads=None) -> (loss_sum, n_correct)\n\nForward and "
+     "backward on one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (the "
+     "held buffer, or the one given; grad_scale defaults to 1/B)."},
+    {"forward_loss", (PyCFunction)(void (*)(void))ConvNet_forward_loss, METH_VARARGS | METH_KEYWORDS,
+     "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
+     "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it"},
+    {"backward_layer", (PyCFunction)(void (*)(void))ConvNet_backward_layer, METH_VARARGS | METH_KEYWORDS,
+     "backward_layer(layer, grads=None): one backward step, last layer first; that layer's "
+     "gradient is final when it returns"},
+    {"evaluate", (PyCFunction)(void (*)(void))ConvNet_evaluate, METH_VARARGS | METH_KEYWORDS,
+     "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
+    {"logits", (PyCFunction)(void (*)(void))ConvNet_logits, METH_VARARGS | METH_KEYWORDS,
+     "logits(x, out): writes the (B, classes) logits."},
+    {NULL},
+};
+
+static PyGetSetDef ConvNet_getset[] = {
+    {"params", (getter)ConvNet_get_params, NULL, "the flat parameter array (held)", NULL},
+    {"grads", (getter)ConvNet_get_grads, NULL, "the flat gradient array (held)", NULL},
+    {"sizes", (getter)ConvNet_get_sizes, NULL, "flat width of the input and of every layer's output", NULL},
+    {"input_shape", (getter)ConvNet_get_input_shape, NULL, "(C, H, W) of one input row", NULL},
+    {"threads", (getter)ConvNet_get_threads, NULL, "threads the kernels split work over", NULL},
+    {"n_conv", (getter)ConvNet_get_n_conv, NULL, "number of conv blocks (the first layers)", NULL},
+    {"n_params", (getter)ConvNet_get_n_params, NULL, "length of the flat parameter layout", NULL},
+    {"loss", (getter)ConvNet_get_loss, NULL, "the loss name", NULL},
+    {NULL},
+};
+
+static PyTypeObject ConvNetType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dptrain._core.ConvNet",
+    .tp_basicsize = sizeof(ConvNetObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ConvNet(input_shape, channels, dense, params, grads, *, kernel=3, padding=0, threads=1): "
+              "conv blocks (conv -> ReLU -> 2x2 max-pool) then dense layers with ReLU between them, "
+              "softmax cross-entropy, over caller-owned flat parameter and gradient arrays.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ConvNet_init,
+    .tp_dealloc = (destructor)ConvNet_dealloc,
+    .tp_methods = ConvNet_methods,
+    .tp_getset = ConvNet_getset,
+};
 
 /* ------------------------------------------------------------------ ShmGroup */
 
@@ -1359,6 +1906,12 @@ static PyMethodDef module_methods[] = {
     {"gemm_naive", FN(py_gemm_naive), KW, "gemm_naive(...): the triple-loop twin of gemm"},
     {"dense_forward", FN(py_dense_forward), KW, "dense_forward(x, w, b, y, *, ctx=None): y = x w^T + b"},
     {"dense_backward", FN(py_dense_backward), KW, "dense_backward(dy, x, w, dw, db, dx=None, *, ctx=None): dw += dy^T x; db += sum(dy); dx = dy w"},
+    {"conv2d_forward", FN(py_conv2d_forward), KW, "conv2d_forward(x, w, b, y, *, padding=0, ctx=None): y = conv(x, w) + b; x (B, C, H, W), w (OC, C, KH, KW), stride 1"},
+    {"conv2d_forward_naive", FN(py_conv2d_forward_naive), KW, "conv2d_forward_naive(x, w, b, y, *, padding=0): the loop twin of conv2d_forward"},
+    {"conv2d_backward", FN(py_conv2d_backward), KW, "conv2d_backward(dy, x, w, dw, db, dx=None, *, padding=0, ctx=None): dw += d/dw, db += d/db; dx = d/dx (written)"},
+    {"conv2d_backward_naive", FN(py_conv2d_backward_naive), KW, "conv2d_backward_naive(...): the loop twin of conv2d_backward"},
+    {"maxpool2_forward", FN(py_maxpool2_forward), KW, "maxpool2_forward(x, y, idx): 2x2 max-pooling, stride 2; idx (uint8) = the window position 0..3 of each maximum"},
+    {"maxpool2_backward", FN(py_maxpool2_backward), KW, "maxpool2_backward(dy, idx, dx): dx = dy at each window's maximum, 0 elsewhere (written)"},
     {"relu_forward", FN(py_relu_forward), KW, "relu_forward(x, y): y = max(x, 0)"},
     {"relu_backward", FN(py_relu_backward), KW, "relu_backward(dy, y, dx): dx = dy * (y > 0)"},
     {"softmax_xent", FN(py_softmax_xent), KW, "softmax_xent(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
@@ -1379,7 +1932,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT, "dptrain._core",
-    "The C core of dptrain: GEMM, layer, loss, optimizer and buffer kernels (see docs/core_api.md).",
+    "The C core of dptrain: GEMM, layer, convolution, loss, optimizer and buffer kernels (see docs/core_api.md).",
     -1, module_methods,
 };
 
@@ -1387,7 +1940,7 @@ PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
     if (PyType_Ready(&ContextType) < 0 || PyType_Ready(&NetworkType) < 0 ||
-        PyType_Ready(&ShmGroupType) < 0)
+        PyType_Ready(&ConvNetType) < 0 || PyType_Ready(&ShmGroupType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
@@ -1401,6 +1954,8 @@ PyMODINIT_FUNC PyInit__core(void)
     if (PyModule_AddObject(m, "Context", (PyObject *)&ContextType) < 0) { Py_DECREF(&ContextType); goto fail; }
     Py_INCREF(&NetworkType);
     if (PyModule_AddObject(m, "Network", (PyObject *)&NetworkType) < 0) { Py_DECREF(&NetworkType); goto fail; }
+    Py_INCREF(&ConvNetType);
+    if (PyModule_AddObject(m, "ConvNet", (PyObject *)&ConvNetType) < 0) { Py_DECREF(&ConvNetType); goto fail; }
     Py_INCREF(&ShmGroupType);
     if (PyModule_AddObject(m, "ShmGroup", (PyObject *)&ShmGroupType) < 0) { Py_DECREF(&ShmGroupType); goto fail; }
     return m;

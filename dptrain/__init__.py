@@ -9,12 +9,12 @@ The C extension ``dptrain._core`` holds the kernels (GEMM, layers, losses, SGD, 
 reductions); ``dptrain.reference`` is their pure-NumPy twin and test oracle.
 """
 from . import _core
-from .models import MLP, LogisticRegression, Model, SoftmaxRegression, load_model
+from .models import CNN, MLP, LogisticRegression, Model, SoftmaxRegression, load_model
 from .optim import SGD
 
 __version__ = "0.1.0"
 
-__all__ = ["MLP", "LogisticRegression", "Model", "SoftmaxRegression", "SGD", "load_model",
+__all__ = ["CNN", "MLP", "LogisticRegression", "Model", "SoftmaxRegression", "SGD", "load_model",
            "train", "build_info", "__version__"]
 
 

@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a model and report where the time went",
                        description="Train a model. With no data present, MNIST and CIFAR-10 "
                                    "fall back to a clearly announced synthetic data set.")
-    t.add_argument("--model", choices=("logreg", "softmax", "mlp"), default="mlp")
+    t.add_argument("--model", choices=("logreg", "softmax", "mlp", "cnn"), default="mlp",
+                   help="mlp: dense layers (--hidden); cnn: two conv blocks and fc 128, "
+                        "reading each row as a 1x28x28 (MNIST) or 3xSxS image")
     t.add_argument("--hidden", type=_hidden, default=(256, 128),
                    help="MLP hidden widths, comma-separated (default 256,128)")
     t.add_argument("--dataset", choices=("mnist", "cifar10", "synthetic"), default="mnist")

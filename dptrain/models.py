@@ -1,10 +1,12 @@
-"""The three model families: LogisticRegression, SoftmaxRegression, MLP.
+"""The model families: LogisticRegression, SoftmaxRegression, MLP, and the convolutional CNN.
 
-Each is a stack of dense layers (ReLU between them) run by the C core's fused
-``_core.Network``: one call per batch does forward, loss and backward with the GIL released.
-A model owns three flat, contiguous buffers, one per role:
+The first three are stacks of dense layers (ReLU between them) run by the C core's fused
+``_core.Network``; the CNN is run by ``_core.ConvNet``. Either way one call per batch does
+forward, loss and backward with the GIL released. A model owns three flat, contiguous
+buffers, one per role:
 
-- ``params``: every layer's W (OUT, IN) row-major then b (OUT,), layer by layer;
+- ``params``: every layer's W (OUT, IN) row-major (a conv layer's W (OC, C, K, K)) then
+  b (OUT,), layer by layer;
 - ``grads``: the same layout; backward ACCUMULATES into it, ``zero_grad`` clears it;
 - ``velocity``: SGD's momentum buffer (optimizer state), same layout.
 
@@ -12,19 +14,22 @@ Because each role is one buffer, a data-parallel engine all-reduces ``grads`` in
 collective and updates ``params`` with one kernel. ``params``/``grads`` may also be passed in
 (for example views into shared memory), and are then used in place, never copied.
 
-Initialization is PyTorch's default for nn.Linear (``reference.init_params``), drawn from a
-seed, so the same seed gives the same model on every worker and every run.
+Initialization is PyTorch's default for nn.Linear and nn.Conv2d (``reference.init_params``,
+``reference.cnn_init_params``), drawn from a seed, so the same seed gives the same model on
+every worker and every run.
 """
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 
 from . import _core, reference
 
-__all__ = ["Model", "LogisticRegression", "SoftmaxRegression", "MLP", "load_model"]
+__all__ = ["Model", "LogisticRegression", "SoftmaxRegression", "MLP", "CNN", "load_model",
+           "build_model", "image_shape", "model_sizes", "model_n_params"]
 
 _DTYPES = {"float32": np.float32, "float64": np.float64}
 SAVE_FORMAT = 1
@@ -76,7 +81,7 @@ class Model:
         n = reference.n_params(self.sizes)
         self.params = _flat_buffer("params", params, n, self.dtype)
         if params is None:
-            self.params[:] = reference.init_params(self.sizes, self.seed, self.dtype)
+            self.reset_parameters()
         self.grads = _flat_buffer("grads", grads, n, self.dtype)
         self.velocity = _flat_buffer("velocity", velocity, n, self.dtype)
         self._net = _core.Network(self.sizes, loss, self.params, self.grads, threads=int(threads))
@@ -113,6 +118,10 @@ class Model:
             out.append((off, off + n_out * (n_in + 1)))
             off += n_out * (n_in + 1)
         return out
+
+    def reset_parameters(self) -> None:
+        """Writes the seeded initial parameters (PyTorch's default init) into ``params``."""
+        self.params[:] = reference.init_params(self.sizes, self.seed, self.dtype)
 
     # ---- compute
     def zero_grad(self) -> None:
@@ -220,8 +229,153 @@ class MLP(Model):
         super().__init__(sizes, "softmax_xent", **kw)
 
 
-def build_model(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128), **kw) -> Model:
-    """The model the CLI names: 'logreg', 'softmax' or 'mlp'."""
+class CNN(Model):
+    """Convolutional network: ``len(channels)`` blocks conv(KxK, stride 1) -> ReLU -> 2x2
+    max-pool, then dense layers ``hidden`` with ReLU, then the ``n_classes`` logits; softmax
+    cross-entropy. The default is the studies' network,
+
+        conv(C->32, 3x3) -> ReLU -> maxpool 2 -> conv(32->64, 3x3) -> ReLU -> maxpool 2
+        -> fc(->128) -> ReLU -> fc(128->10),
+
+    with fc(2304->128) for CIFAR-10's (3, 32, 32) and fc(1600->128) for MNIST's (1, 28, 28).
+    Input rows arrive flat, (N, C*H*W) in C, H, W order (how the data sets store images);
+    ``input_shape`` says how to read them. ``sizes`` are the flat widths of the input and of
+    every layer's output (the conv blocks' pooled maps), so ``sizes[0]`` is the feature count
+    and ``sizes[-1]`` the class count, as for the dense models. Everything else (the flat
+    buffers, loss_grad, evaluate, save/load, threads) is the Model interface.
+    """
+
+    kind = "cnn"
+
+    def __init__(self, input_shape=(1, 28, 28), n_classes: int = 10, *, channels=(32, 64),
+                 hidden=(128,), kernel: int = 3, padding: int = 0, seed: int = 0,
+                 dtype="float32", threads: int = 1, params=None, grads=None, velocity=None):
+        self.input_shape = tuple(int(v) for v in input_shape)
+        self.channels = tuple(int(c) for c in channels)
+        self.hidden = tuple(int(h) for h in hidden)
+        self.kernel, self.padding = int(kernel), int(padding)
+        if len(self.input_shape) != 3:
+            raise ValueError(f"input_shape is {tuple(input_shape)}, expected (C, H, W)")
+        self._dense = self.hidden + (int(n_classes),)
+        self.sizes = reference.cnn_sizes(self.input_shape, self.channels, self._dense,
+                                         self.kernel, self.padding)
+        self.loss = "softmax_xent"
+        self.dtype = _as_dtype(dtype)
+        self.seed = int(seed)
+        n = reference.cnn_n_params(self.input_shape, self.channels, self._dense, self.kernel,
+                                   self.padding)
+        self.params = _flat_buffer("params", params, n, self.dtype)
+        if params is None:
+            self.reset_parameters()
+        self.grads = _flat_buffer("grads", grads, n, self.dtype)
+        self.velocity = _flat_buffer("velocity", velocity, n, self.dtype)
+        self._net = _core.ConvNet(self.input_shape, self.channels, self._dense, self.params,
+                                  self.grads, kernel=self.kernel, padding=self.padding,
+                                  threads=int(threads))
+
+    def _arch(self):
+        return self.input_shape, self.channels, self._dense
+
+    def reset_parameters(self) -> None:
+        self.params[:] = reference.cnn_init_params(*self._arch(), self.seed, self.dtype,
+                                                   self.kernel, self.padding)
+
+    def layers(self):
+        """[(W, b), ...] views into ``params``; a conv layer's W is (OC, C, K, K)."""
+        return reference.cnn_unflatten(*self._arch(), self.params, self.kernel, self.padding)
+
+    def grad_layers(self):
+        return reference.cnn_unflatten(*self._arch(), self.grads, self.kernel, self.padding)
+
+    def layer_slices(self):
+        out, off = [], 0
+        for w, b in self.layers():
+            out.append((off, off + w.size + b.size))
+            off += w.size + b.size
+        return out
+
+    def config(self) -> dict:
+        return {**super().config(), "input_shape": list(self.input_shape),
+                "channels": list(self.channels), "hidden": list(self.hidden),
+                "kernel": self.kernel, "padding": self.padding}
+
+    def load_state(self, path) -> dict:
+        with _open_model_file(path) as f:
+            cfg = _read_config(path, f)
+        mine = self.config()
+        for key in ("kind", "input_shape", "channels", "hidden", "kernel", "padding"):
+            if cfg.get(key) != mine[key]:
+                raise ValueError(f"{path}: saved model has {key} {cfg.get(key)!r}, this model "
+                                 f"has {mine[key]!r}")
+        return super().load_state(path)
+
+    def __repr__(self) -> str:
+        return (f"CNN(input_shape={self.input_shape}, channels={self.channels}, "
+                f"hidden={self.hidden}, n_classes={self.sizes[-1]}, kernel={self.kernel}, "
+                f"padding={self.padding}, dtype={self.dtype.name}, params={self.n_params})")
+
+
+def image_shape(n_features: int) -> tuple[int, int, int]:
+    """(C, H, W) of a flat square image row: (3, s, s) when n_features = 3 s^2 (RGB, e.g.
+    CIFAR-10's 3072), else (1, s, s) when n_features = s^2 (e.g. MNIST's 784). No square
+    number is 3 times a square, so the reading is unique."""
+    n = int(n_features)
+    for c in (3, 1):
+        s = math.isqrt(n // c) if n % c == 0 else 0
+        if s > 0 and c * s * s == n:
+            return c, s, s
+    raise ValueError(f"the CNN reads rows of square images with 1 or 3 channels, but the data "
+                     f"set has {n} features, neither s*s nor 3*s*s")
+
+
+def model_sizes(kind: str, n_features: int, n_classes: int, hidden=(256, 128), *,
+                input_shape=None) -> tuple:
+    """The ``sizes`` of the model ``build_model`` makes for these data (hidden: the MLP's;
+    input_shape: the CNN's (C, H, W), else read from n_features by ``image_shape``)."""
+    if kind == "logreg":
+        return (n_features, 1)
+    if kind == "softmax":
+        return (n_features, n_classes)
+    if kind == "mlp":
+        return (n_features, *hidden, n_classes)
+    if kind == "cnn":
+        return reference.cnn_sizes(_cnn_input(n_features, input_shape), CNN_CHANNELS,
+                                   CNN_HIDDEN + (n_classes,))
+    raise ValueError(f"model is {kind!r}, expected one of {MODEL_KINDS}")
+
+
+def model_n_params(kind: str, sizes, *, input_shape=None) -> int:
+    """Length of the flat buffers of a model of this kind and these ``model_sizes`` (the
+    CNN's input_shape as given to model_sizes)."""
+    if kind == "cnn":
+        shape = _cnn_input(sizes[0], input_shape)
+        return reference.cnn_n_params(shape, CNN_CHANNELS, CNN_HIDDEN + (sizes[-1],))
+    return reference.n_params(sizes)
+
+
+MODEL_KINDS = ("logreg", "softmax", "mlp", "cnn")
+CNN_CHANNELS = (32, 64)    # build_model's CNN: the studies' architecture (see CNN)
+CNN_HIDDEN = (128,)
+
+
+def _cnn_input(n_features: int, input_shape) -> tuple:
+    if input_shape is None:
+        return image_shape(n_features)
+    shape = tuple(int(v) for v in input_shape)
+    if len(shape) != 3 or math.prod(shape) != n_features:
+        raise ValueError(f"input_shape {shape} is not a (C, H, W) of the data set's "
+                         f"{n_features} features")
+    return shape
+
+
+def build_model(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128),
+                input_shape=None, **kw) -> Model:
+    """The model the CLI names: 'logreg', 'softmax', 'mlp' (``hidden`` widths) or 'cnn' (the
+    default CNN on images of ``input_shape`` (C, H, W); when not given, read from n_features
+    by ``image_shape``)."""
+    if kind == "cnn":
+        return CNN(_cnn_input(n_features, input_shape), n_classes, channels=CNN_CHANNELS,
+                   hidden=CNN_HIDDEN, **kw)
     if kind == "logreg":
         if n_classes != 2:
             raise ValueError(f"model 'logreg' is binary, but the data set has {n_classes} classes")
@@ -230,7 +384,7 @@ def build_model(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128)
         return SoftmaxRegression(n_features, n_classes, **kw)
     if kind == "mlp":
         return MLP((n_features, *hidden, n_classes), **kw)
-    raise ValueError(f"model is {kind!r}, expected 'logreg', 'softmax' or 'mlp'")
+    raise ValueError(f"model is {kind!r}, expected one of {MODEL_KINDS}")
 
 
 def _open_model_file(path):
@@ -260,10 +414,17 @@ def load_model(path, *, threads: int = 1) -> Model:
     """Rebuilds a model saved with ``Model.save`` (its class, sizes, dtype, params, velocity)."""
     with _open_model_file(path) as f:
         cfg = _read_config(path, f)
-    cls = {"logreg": LogisticRegression, "softmax": SoftmaxRegression, "mlp": MLP}.get(cfg["kind"])
+    cls = {"logreg": LogisticRegression, "softmax": SoftmaxRegression, "mlp": MLP,
+           "cnn": CNN}.get(cfg["kind"])
     sizes = cfg["sizes"]
     kw = dict(seed=cfg["seed"], dtype=cfg["dtype"], threads=threads)
-    if cls is LogisticRegression:
+    if cls is CNN:
+        try:
+            model = CNN(cfg["input_shape"], sizes[-1], channels=cfg["channels"],
+                        hidden=cfg["hidden"], kernel=cfg["kernel"], padding=cfg["padding"], **kw)
+        except KeyError as exc:
+            raise ValueError(f"{path}: the CNN configuration lacks {exc}") from exc
+    elif cls is LogisticRegression:
         model = cls(sizes[0], **kw)
     elif cls is SoftmaxRegression:
         model = cls(sizes[0], sizes[1], **kw)

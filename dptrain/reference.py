@@ -21,6 +21,9 @@ that NumPy broadcasts into "agreement" would be a test that cannot fail.
 The model-level part at the end (n_params, unflatten, init_params, mlp_loss_grad,
 mlp_evaluate, mlp_logits) is the reference of the Network contract, written with the
 functions above; init_params also *defines* the parameter initialisation the models use.
+The cnn_* functions are the same for the ConvNet contract (conv -> ReLU -> 2x2 max-pool
+blocks, then dense layers), written in the textbook order ReLU-then-pool (the C core pools
+first, which gives the same values and gradients).
 """
 import math
 
@@ -30,7 +33,9 @@ __all__ = [
     "gemm", "dense_forward", "dense_backward", "relu_forward", "relu_backward",
     "softmax_xent", "sigmoid_bce", "argmax", "count_correct", "sgd_step", "sum_buffers",
     "scale_", "n_params", "unflatten", "init_params", "mlp_loss_grad", "mlp_evaluate",
-    "mlp_logits", "LOSSES",
+    "mlp_logits", "conv2d_forward", "conv2d_backward", "maxpool2_forward", "maxpool2_backward",
+    "cnn_layer_shapes", "cnn_sizes", "cnn_n_params", "cnn_unflatten", "cnn_init_params",
+    "cnn_loss_grad", "cnn_evaluate", "cnn_logits", "LOSSES",
 ]
 
 LOSSES = ("softmax_xent", "sigmoid_bce")
@@ -334,6 +339,121 @@ def scale_(buf, alpha, *, start=0, stop=None):
 
 
 # ---------------------------------------------------------------------------------------
+# convolution and pooling (NCHW, stride 1; see csrc/dp_conv.h)
+
+
+def _conv_shapes(x, w, padding):
+    """(B, C, H, W, OC, KH, KW, OH, OW) after checking x (B, C, H, W) and w (OC, C, KH, KW)."""
+    _check_ndim("x", x, (4,))
+    _check_ndim("w", w, (4,))
+    batch, c, h, wd = x.shape
+    oc, wc, kh, kw = w.shape
+    if wc != c:
+        raise ValueError(f"w has shape {w.shape}, but x has shape {x.shape}: w.shape[1] must be "
+                         f"x's channel count {c}")
+    if padding < 0:
+        raise ValueError(f"padding must be >= 0, got {padding}")
+    oh, ow = h + 2 * padding - kh + 1, wd + 2 * padding - kw + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(f"w has shape {w.shape}: its {kh}x{kw} kernel is larger than the "
+                         f"{h}x{wd} input of x {x.shape} with padding {padding}")
+    return batch, c, h, wd, oc, kh, kw, oh, ow
+
+
+def _windows(x, kh, kw, padding):
+    """(B, C, OH, OW, KH, KW) view of x's zero-padded patches: [n, c, i, j, u, v] is
+    x[n, c, i + u - padding, j + v - padding]."""
+    p = padding
+    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p))) if p else x
+    return np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
+
+
+def conv2d_forward(x, w, b, y, *, padding=0, ctx=None):
+    """y[:] = conv(x, w) + b, stride 1, zero padding; x (B, C, H, W), w (OC, C, KH, KW),
+    b (OC,), y (B, OC, OH, OW) with OH = H + 2 padding - KH + 1 (likewise OW):
+    y[n, o, i, j] = b[o] + sum_{c,u,v} w[o, c, u, v] x[n, c, i + u - padding, j + v - padding].
+    """
+    _common_float_dtype(x=x, w=w, b=b, y=y)
+    batch, _, _, _, oc, kh, kw, oh, ow = _conv_shapes(x, w, padding)
+    _check_shape("b", b, (oc,))
+    _check_shape("y", y, (batch, oc, oh, ow))
+    out = np.einsum("ncijuv,ocuv->noij", _windows(x, kh, kw, padding), w, optimize=True)
+    y[...] = out + b[None, :, None, None]
+
+
+def conv2d_backward(dy, x, w, dw, db, dx=None, *, padding=0, ctx=None):
+    """dw += d/dw and db += d/db of sum(dy * conv(x, w)); if dx is given, dx[:] = d/dx.
+
+    dy (B, OC, OH, OW), x and dx (B, C, H, W), w and dw (OC, C, KH, KW), db (OC,).
+    """
+    _common_float_dtype(dy=dy, x=x, w=w, dw=dw, db=db, dx=dx)
+    batch, c, h, wd, oc, kh, kw, oh, ow = _conv_shapes(x, w, padding)
+    _check_shape("dy", dy, (batch, oc, oh, ow))
+    _check_shape("dw", dw, w.shape)
+    _check_shape("db", db, (oc,))
+    if dx is not None:
+        _check_shape("dx", dx, x.shape)
+    dw += np.einsum("noij,ncijuv->ocuv", dy, _windows(x, kh, kw, padding), optimize=True)
+    db += dy.sum(axis=(0, 2, 3))
+    if dx is not None:
+        p = padding
+        dxp = np.zeros((batch, c, h + 2 * p, wd + 2 * p), dtype=dx.dtype)
+        for u in range(kh):          # x[.., i + u, j + v] took part in y[.., i, j] via w[.., u, v]
+            for v in range(kw):
+                dxp[:, :, u:u + oh, v:v + ow] += np.einsum("noij,oc->ncij", dy, w[:, :, u, v])
+        dx[...] = dxp[:, :, p:p + h, p:p + wd]
+
+
+def _pool_windows(x):
+    """(B, C, OH, OW, 4) copy of the 2x2 windows, positions in the order 2 du + dv."""
+    batch, c, h, wd = x.shape
+    oh, ow = h // 2, wd // 2
+    win = x[:, :, :2 * oh, :2 * ow].reshape(batch, c, oh, 2, ow, 2)
+    return win.transpose(0, 1, 2, 4, 3, 5).reshape(batch, c, oh, ow, 4)
+
+
+def _pooled_shape(name, a):
+    _check_ndim(name, a, (4,))
+    if a.shape[2] < 2 or a.shape[3] < 2:
+        raise ValueError(f"{name} has shape {a.shape}: 2x2 pooling needs H >= 2 and W >= 2")
+    return a.shape[0], a.shape[1], a.shape[2] // 2, a.shape[3] // 2
+
+
+def maxpool2_forward(x, y, idx):
+    """2x2 max-pooling, stride 2: y[n, c, i, j] = max of x[n, c, 2i:2i+2, 2j:2j+2] (an odd
+    last row/column is dropped); idx (uint8) = the maximum's window position 2 du + dv, the
+    first maximum as np.argmax picks it (a NaN counts as the maximum)."""
+    _common_float_dtype(x=x, y=y)
+    shape = _pooled_shape("x", x)
+    _check_shape("y", y, shape)
+    _check_shape("idx", idx, shape)
+    if idx.dtype != np.uint8:
+        raise TypeError(f"idx has dtype {idx.dtype}, expected uint8")
+    win = _pool_windows(x)
+    k = np.argmax(win, axis=-1)
+    y[...] = np.take_along_axis(win, k[..., None], axis=-1)[..., 0]
+    idx[...] = k
+
+
+def maxpool2_backward(dy, idx, dx):
+    """dx[:] = 0, then dy[n, c, i, j] at the window position idx[n, c, i, j] of each window."""
+    _common_float_dtype(dy=dy, dx=dx)
+    shape = _pooled_shape("dx", dx)
+    _check_shape("dy", dy, shape)
+    _check_shape("idx", idx, shape)
+    if idx.dtype != np.uint8:
+        raise TypeError(f"idx has dtype {idx.dtype}, expected uint8")
+    if idx.size and int(idx.max()) > 3:
+        raise ValueError(f"idx holds {int(idx.max())}: a window position is 0..3")
+    batch, c, oh, ow = shape
+    win = np.zeros((batch, c, oh, ow, 4), dtype=dx.dtype)
+    np.put_along_axis(win, idx[..., None].astype(np.intp), dy[..., None], axis=-1)
+    dx[...] = 0
+    dx[:, :, :2 * oh, :2 * ow] = (win.reshape(batch, c, oh, ow, 2, 2).transpose(0, 1, 2, 4, 3, 5)
+                                  .reshape(batch, c, 2 * oh, 2 * ow))
+
+
+# ---------------------------------------------------------------------------------------
 # model level: the Network contract (docs/core_api.md, "Network")
 
 
@@ -462,3 +582,161 @@ def mlp_logits(sizes, params, x, out):
     _check_shape("x", x, (x.shape[0], sizes[0]))
     _check_shape("out", out, (x.shape[0], sizes[-1]))
     out[...] = _forward(sizes, params, x)[-1]
+
+
+# ---------------------------------------------------------------------------------------
+# model level: the ConvNet contract (docs/core_api.md, "ConvNet")
+
+
+def cnn_layer_shapes(input_shape, channels, kernel=3, padding=0):
+    """[(C, H, W) of the input, then of each conv block's pooled output]; ValueError naming
+    the block whose input is too small to leave a 2x2 window after its convolution."""
+    c, h, w = (int(v) for v in input_shape)
+    if min(c, h, w) < 1 or len(tuple(input_shape)) != 3:
+        raise ValueError(f"input_shape is {tuple(input_shape)}, expected (C, H, W) >= 1")
+    if kernel < 1 or padding < 0:
+        raise ValueError(f"kernel is {kernel} and padding {padding}: expected >= 1 and >= 0")
+    shapes = [(c, h, w)]
+    for i, oc in enumerate(channels):
+        oh, ow = h + 2 * padding - kernel + 1, w + 2 * padding - kernel + 1
+        if oh < 2 or ow < 2 or oc < 1:
+            raise ValueError(f"conv layer {i} gets a {(c, h, w)} input: a {kernel}x{kernel} "
+                             f"kernel with padding {padding} leaves no 2x2 window to pool")
+        c, h, w = int(oc), oh // 2, ow // 2
+        shapes.append((c, h, w))
+    return shapes
+
+
+def cnn_sizes(input_shape, channels, dense, kernel=3, padding=0):
+    """Flat widths: of the input, of each conv block's output, of each dense layer's output."""
+    shapes = cnn_layer_shapes(input_shape, channels, kernel, padding)
+    dense = tuple(int(d) for d in dense)
+    if not dense or min(dense) < 1 or dense[-1] < 2:
+        raise ValueError(f"dense is {dense}, expected positive widths ending in >= 2 classes")
+    return tuple(c * h * w for c, h, w in shapes) + dense
+
+
+def _cnn_layers(input_shape, channels, dense, kernel, padding):
+    """[(W shape, b length), ...] of every layer, first layer first."""
+    shapes = cnn_layer_shapes(input_shape, channels, kernel, padding)
+    sizes = cnn_sizes(input_shape, channels, dense, kernel, padding)
+    out = [((oc, c, kernel, kernel), oc) for (c, _, _), (oc, _, _) in zip(shapes, shapes[1:])]
+    n_conv = len(out)
+    for n_in, n_out in zip(sizes[n_conv:-1], sizes[n_conv + 1:]):
+        out.append(((n_out, n_in), n_out))
+    return out
+
+
+def cnn_n_params(input_shape, channels, dense, kernel=3, padding=0):
+    """Length of the flat layout: per layer W (conv (OC, C, K, K) or dense (OUT, IN)) then b."""
+    return sum(math.prod(ws) + nb for ws, nb in _cnn_layers(input_shape, channels, dense,
+                                                             kernel, padding))
+
+
+def cnn_unflatten(input_shape, channels, dense, flat, kernel=3, padding=0):
+    """[(W_l, b_l), ...]: views into the flat buffer, conv W (OC, C, K, K), dense W (OUT, IN)."""
+    layers = _cnn_layers(input_shape, channels, dense, kernel, padding)
+    _check_shape("flat", flat, (sum(math.prod(ws) + nb for ws, nb in layers),))
+    out, off = [], 0
+    for ws, nb in layers:
+        w = flat[off:off + math.prod(ws)].reshape(ws)
+        off += math.prod(ws)
+        out.append((w, flat[off:off + nb]))
+        off += nb
+    return out
+
+
+def cnn_init_params(input_shape, channels, dense, seed, dtype=np.float32, kernel=3, padding=0):
+    """PyTorch's default init of nn.Conv2d and nn.Linear (kaiming_uniform_(a=sqrt(5)) for W,
+    which is U(-1/sqrt(fan_in), 1/sqrt(fan_in)), the same bound for b), fan_in = C K K for a
+    conv and IN for a dense layer; drawn from np.random.default_rng(seed) layer by layer, W
+    then b, in float64, then rounded to dtype (as init_params)."""
+    dtype = np.dtype(dtype)
+    if dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"dtype is {dtype}, expected float32 or float64")
+    rng = np.random.default_rng(seed)
+    flat = np.empty(cnn_n_params(input_shape, channels, dense, kernel, padding), dtype=dtype)
+    for w, b in cnn_unflatten(input_shape, channels, dense, flat, kernel, padding):
+        bound = 1.0 / math.sqrt(math.prod(w.shape[1:]))
+        w[...] = rng.uniform(-bound, bound, size=w.shape)
+        b[...] = rng.uniform(-bound, bound, size=b.shape)
+    return flat
+
+
+def _cnn_forward(input_shape, channels, dense, params, x, kernel, padding):
+    """(layers, saved): saved[l] holds what layer l's backward needs; the logits are last."""
+    shapes = cnn_layer_shapes(input_shape, channels, kernel, padding)
+    sizes = cnn_sizes(input_shape, channels, dense, kernel, padding)
+    _check_ndim("x", x, (2,))
+    _check_shape("x", x, (x.shape[0], sizes[0]))
+    batch, dt = x.shape[0], params.dtype
+    layers = cnn_unflatten(input_shape, channels, dense, params, kernel, padding)
+    h = x.reshape(batch, *shapes[0])
+    saved = []
+    for (w, b), (oc, ph, pw) in zip(layers, shapes[1:]):
+        _, _, _, _, _, _, _, oh, ow = _conv_shapes(h, w, padding)
+        a = np.empty((batch, oc, oh, ow), dtype=dt)
+        conv2d_forward(h, w, b, a, padding=padding)
+        relu_forward(a, a)
+        pooled = np.empty((batch, oc, ph, pw), dtype=dt)
+        idx = np.empty((batch, oc, ph, pw), dtype=np.uint8)
+        maxpool2_forward(a, pooled, idx)
+        saved.append((h, a, idx))
+        h = pooled
+    h = h.reshape(batch, -1)
+    n_conv = len(channels)
+    for i, (w, b) in enumerate(layers[n_conv:]):
+        y = np.empty((batch, w.shape[0]), dtype=dt)
+        dense_forward(h, w, b, y)
+        if n_conv + i < len(layers) - 1:
+            relu_forward(y, y)
+        saved.append(h)
+        h = y
+    return layers, saved, h
+
+
+def cnn_loss_grad(input_shape, channels, dense, params, grads, x, labels, grad_scale=None, *,
+                  kernel=3, padding=0):
+    """ConvNet.loss_grad: forward and backward on one batch -> (loss_sum, n_correct); the
+    gradient of grad_scale * (sum of the softmax cross-entropies) is ACCUMULATED into grads."""
+    _common_float_dtype(params=params, grads=grads, x=x)
+    _check_shape("grads", grads, params.shape)
+    layers, saved, logits = _cnn_forward(input_shape, channels, dense, params, x, kernel,
+                                         padding)
+    dlogits = np.empty_like(logits)
+    loss_sum = softmax_xent(logits, labels, dlogits, grad_scale)
+    n_correct = count_correct(logits, labels)
+    grad_layers = cnn_unflatten(input_shape, channels, dense, grads, kernel, padding)
+    n_conv, n_layers = len(channels), len(layers)
+    d = dlogits
+    for i in reversed(range(n_conv, n_layers)):
+        h = saved[i]
+        (w, _), (dw, db) = layers[i], grad_layers[i]
+        dh = np.empty_like(h)
+        dense_backward(d, h, w, dw, db, dh)
+        if i > n_conv:
+            relu_backward(dh, h, dh)       # h is the ReLU output of dense layer i - 1
+        d = dh
+    for i in reversed(range(n_conv)):
+        h, a, idx = saved[i]
+        (w, _), (dw, db) = layers[i], grad_layers[i]
+        da = np.empty_like(a)
+        maxpool2_backward(d.reshape(idx.shape), idx, da)
+        relu_backward(da, a, da)
+        dh = np.empty_like(h) if i > 0 else None
+        conv2d_backward(da, h, w, dw, db, dh, padding=padding)
+        d = dh
+    return loss_sum, n_correct
+
+
+def cnn_evaluate(input_shape, channels, dense, params, x, labels, *, kernel=3, padding=0):
+    """ConvNet.evaluate: forward only -> (loss_sum, n_correct)."""
+    logits = _cnn_forward(input_shape, channels, dense, params, x, kernel, padding)[2]
+    return softmax_xent(logits, labels), count_correct(logits, labels)
+
+
+def cnn_logits(input_shape, channels, dense, params, x, out, *, kernel=3, padding=0):
+    """ConvNet.logits: forward only, writes the (B, classes) logits into out."""
+    logits = _cnn_forward(input_shape, channels, dense, params, x, kernel, padding)[2]
+    _check_shape("out", out, logits.shape)
+    out[...] = logits

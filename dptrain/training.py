@@ -30,12 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from . import data as data_mod
-from . import _core, parallel, reference, timing
-from .models import build_model
+from . import _core, parallel, timing
+from .models import MODEL_KINDS, build_model, model_n_params, model_sizes
 from .optim import SCHEDULES, SGD, lr_at
 from .sampler import batch_bounds, epoch_order
 
-MODELS = ("logreg", "softmax", "mlp")
+MODELS = MODEL_KINDS        # "logreg", "softmax", "mlp", "cnn"
 
 # Deterministic mode cuts every global batch into this many fixed chunks (by position, not by
 # worker): each chunk's gradient is computed alone, and the chunks are summed in chunk order.
@@ -96,7 +96,7 @@ class Job:
                    "warmup_steps", "deterministic")
 
     def specs(self):
-        p = reference.n_params(self.sizes)
+        p = model_n_params(self.model, self.sizes)
         dt = np.dtype(self.dtype)
         # parameter server: the grads' rank-order sum goes into one shared array, read by 0
         into = "grads_sum" if self.allreduce == "ps" else None
@@ -146,7 +146,7 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
         if job.resume:
             state.update(load_checkpoint(job.resume, job, net))
         else:
-            net.params[:] = reference.init_params(job.sizes, job.seed, job.dtype)
+            net.reset_parameters()          # the seeded init, into the shared buffer
             net.velocity.fill(0)
     if job.resume:
         # every rank reads the position (the file is visible to all: one machine, or a shared
@@ -418,9 +418,11 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
           uncoupled: bool = False) -> dict:
     """Trains one model on 1..N workers; returns the result dict (see the module docstring).
 
-    model: 'logreg' | 'softmax' | 'mlp' (hidden sizes from ``hidden``); dataset: 'mnist' |
-    'cifar10' | 'synthetic'. backend: 'thread' | 'process' | 'mpi' (under mpiexec, where the world size
-    comes from MPI); batch_size is the GLOBAL batch. shuffle=False keeps a fixed batch order;
+    model: 'logreg' | 'softmax' | 'mlp' (hidden sizes from ``hidden``) | 'cnn' (models.CNN,
+    reading rows as images of the data set's input_shape: (1, 28, 28) for MNIST, (3, 32, 32)
+    for CIFAR-10); dataset: 'mnist' | 'cifar10' | 'synthetic'.
+    backend: 'thread' | 'process' | 'mpi' (under mpiexec, where the world size comes from
+    MPI); batch_size is the GLOBAL batch. shuffle=False keeps a fixed batch order;
     limit keeps the first N training samples. timeout > 0 bounds each collective's wait.
     allreduce: 'native' (the transport's own: MPI_Allreduce, or the shared-memory reduce),
     'ring' or 'tree' (point-to-point schedules: MPI messages, or reads of the sender's
@@ -552,8 +554,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
 
     if model == "logreg" and ds.n_classes != 2:
         raise ValueError(f"model 'logreg' is binary, but the data set has {ds.n_classes} classes")
-    sizes = {"logreg": (ds.n_features, 1), "softmax": (ds.n_features, ds.n_classes),
-             "mlp": (ds.n_features, *hidden, ds.n_classes)}[model]
+    sizes = model_sizes(model, ds.n_features, ds.n_classes, hidden)
     job = Job(model=model, sizes=tuple(sizes), n_classes=ds.n_classes, hidden=hidden,
               dtype=dtype, seed=seed, threads=threads, lr=lr, momentum=momentum,
               dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,

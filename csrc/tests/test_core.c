@@ -4,7 +4,9 @@
  * double-precision computation written here, for float and double, over odd sizes
  * (1, 7, 33, 129, ...), for the GEMM on both ISA paths (DPTRAIN_GEMM_ISA=generic forces the
  * portable one) and with a context of 1 and 3 threads and with none. Backward kernels of
- * dp_net are checked against central finite differences of a double forward written here.
+ * dp_net are checked against central finite differences of a double forward written here;
+ * the convolution against a loop written here, pooling against its rule, and dp_cnn against
+ * central finite differences of its own evaluate.
  *
  * Tolerances are rounding-error bounds, not fudge factors: (terms + slack) * epsilon of the
  * dtype times the magnitude of what was summed (sum |a_k b_k| for a dot product). A missing or
@@ -19,7 +21,9 @@
  * Leaves out on purpose: timings (bench/), the Python boundary (the tests/ directory), and two
  * callers sharing one context (documented as unsupported).
  */
+#include "dp_cnn.h"
 #include "dp_common.h"
+#include "dp_conv.h"
 #include "dp_gemm.h"
 #include "dp_kernels.h"
 #include "dp_math.h"
@@ -1443,6 +1447,289 @@ static void test_sync(void)
     }
 }
 
+/* ---- convolution, pooling, the CNN -------------------------------------------------------- */
+
+static int conv_fwd_t(dtype dt, dp_ctx *ctx, dp_scratch *s, void *y, const void *x, const void *w,
+                      const void *b, int B, const dp_conv_geom *g)
+{
+    return dt == F32 ? dp_conv2d_forward_f32(ctx, s, y, x, w, b, B, g)
+                     : dp_conv2d_forward_f64(ctx, s, y, x, w, b, B, g);
+}
+
+static int conv_bwd_t(dtype dt, dp_ctx *ctx, dp_scratch *s, void *dw, void *db, void *dx,
+                      const void *dy, const void *x, const void *w, int B, const dp_conv_geom *g)
+{
+    return dt == F32 ? dp_conv2d_backward_f32(ctx, s, dw, db, dx, dy, x, w, B, g)
+                     : dp_conv2d_backward_f64(ctx, s, dw, db, dx, dy, x, w, B, g);
+}
+
+/* The convolution against a double loop written here (sums of |terms| give the tolerance),
+ * through the batch kernels (GEMM) and the naive twins, with dw/db prefilled (they accumulate)
+ * and dx prefilled with NaN (it is written). Buffers are malloc'ed to their exact size, so
+ * AddressSanitizer sees any read or write past them. */
+static void conv_case(dtype dt, int B, int C, int H, int W, int OC, int KH, int KW, int pad,
+                      dp_ctx *ctx, const char *cname)
+{
+    dp_conv_geom g = {C, H, W, OC, KH, KW, pad};
+    int OH, OW;
+    if (!expect(dp_conv_out(&g, &OH, &OW) == DP_OK, "dp_conv_out %dx%dx%d k%dx%d p%d", C, H, W,
+                KH, KW, pad))
+        return;
+    ptrdiff_t nx = (ptrdiff_t)B * C * H * W, nw = (ptrdiff_t)OC * C * KH * KW;
+    ptrdiff_t ny = (ptrdiff_t)B * OC * OH * OW;
+    void *x = talloc(dt, nx), *w = talloc(dt, nw), *b = talloc(dt, OC), *dy = talloc(dt, ny);
+    void *y = talloc(dt, ny), *dw = talloc(dt, nw), *db = talloc(dt, OC), *dx = talloc(dt, nx);
+    void *dw0 = talloc(dt, nw), *db0 = talloc(dt, OC);
+    double *ry = dalloc(ny), *my = dalloc(ny), *rdw = dalloc(nw), *mdw = dalloc(nw);
+    double *rdx = dalloc(nx), *mdx = dalloc(nx), rdb[64], mdb[64];
+    tfill(dt, x, nx, -1, 1);
+    tfill(dt, w, nw, -1, 1);
+    tfill(dt, b, OC, -1, 1);
+    tfill(dt, dy, ny, -1, 1);
+    tfill(dt, dw0, nw, -1, 1);
+    tfill(dt, db0, OC, -1, 1);
+    for (ptrdiff_t i = 0; i < ny; i++) ry[i] = tget(dt, b, (i / ((ptrdiff_t)OH * OW)) % OC), my[i] = fabs(ry[i]);
+    for (ptrdiff_t i = 0; i < nw; i++) rdw[i] = tget(dt, dw0, i), mdw[i] = fabs(rdw[i]);
+    for (ptrdiff_t i = 0; i < nx; i++) rdx[i] = mdx[i] = 0;
+    for (int o = 0; o < OC; o++) rdb[o] = tget(dt, db0, o), mdb[o] = fabs(rdb[o]);
+    for (int n = 0; n < B; n++)
+        for (int o = 0; o < OC; o++)
+            for (int i = 0; i < OH; i++)
+                for (int j = 0; j < OW; j++) {
+                    ptrdiff_t yi = (((ptrdiff_t)n * OC + o) * OH + i) * OW + j;
+                    double d = tget(dt, dy, yi);
+                    rdb[o] += d;
+                    mdb[o] += fabs(d);
+                    for (int c = 0; c < C; c++)
+                        for (int u = 0; u < KH; u++)
+                            for (int v = 0; v < KW; v++) {
+                                int h = i + u - pad, q = j + v - pad;
+                                if (h < 0 || h >= H || q < 0 || q >= W) continue;
+                                ptrdiff_t wi = (((ptrdiff_t)o * C + c) * KH + u) * KW + v;
+                                ptrdiff_t xi = (((ptrdiff_t)n * C + c) * H + h) * W + q;
+                                double xv = tget(dt, x, xi), wv = tget(dt, w, wi);
+                                ry[yi] += wv * xv, my[yi] += fabs(wv * xv);
+                                rdw[wi] += d * xv, mdw[wi] += fabs(d * xv);
+                                rdx[xi] += d * wv, mdx[xi] += fabs(d * wv);
+                            }
+                }
+    const double eps = deps(dt);
+    int Kn = C * KH * KW, Pn = B * OH * OW;
+    for (int naive = 0; naive < 2; naive++) {
+        const char *kn = naive ? "naive" : "gemm";
+        dp_scratch s = {0};
+        tconst(dt, y, ny, NAN);
+        int rc = DP_OK;
+        if (naive) {
+            if (dt == F32) dp_conv2d_forward_naive_f32(y, x, w, b, B, &g);
+            else dp_conv2d_forward_naive_f64(y, x, w, b, B, &g);
+        } else {
+            rc = conv_fwd_t(dt, ctx, &s, y, x, w, b, B, &g);
+        }
+        expect(rc == DP_OK, "dp_conv2d_forward_%s[%s] %s: returned %d", dtn(dt), kn, cname, rc);
+        diff d = {0};
+        for (ptrdiff_t i = 0; i < ny; i++)
+            diff_add(&d, i, tget(dt, y, i), ry[i], (Kn + 4) * eps * my[i]);
+        expect_diff(&d, 0, "dp_conv2d_forward_%s[%s] %s B=%d C=%d %dx%d OC=%d k%dx%d p%d ctx=%s y",
+                    dtn(dt), kn, cname, B, C, H, W, OC, KH, KW, pad, cname);
+        memcpy(dw, dw0, dts(dt) * (size_t)nw);
+        memcpy(db, db0, dts(dt) * (size_t)OC);
+        tconst(dt, dx, nx, NAN);
+        if (naive) {
+            if (dt == F32) dp_conv2d_backward_naive_f32(dw, db, dx, dy, x, w, B, &g);
+            else dp_conv2d_backward_naive_f64(dw, db, dx, dy, x, w, B, &g);
+        } else {
+            rc = conv_bwd_t(dt, ctx, &s, dw, db, dx, dy, x, w, B, &g);
+        }
+        expect(rc == DP_OK, "dp_conv2d_backward_%s[%s] %s: returned %d", dtn(dt), kn, cname, rc);
+        diff ddw = {0}, ddb = {0}, ddx = {0};
+        for (ptrdiff_t i = 0; i < nw; i++)
+            diff_add(&ddw, i, tget(dt, dw, i), rdw[i], (Pn + 4) * eps * mdw[i]);
+        for (int o = 0; o < OC; o++) diff_add(&ddb, o, tget(dt, db, o), rdb[o], (Pn + 4) * eps * mdb[o]);
+        for (ptrdiff_t i = 0; i < nx; i++)
+            diff_add(&ddx, i, tget(dt, dx, i), rdx[i], (OC * KH * KW + 4) * eps * mdx[i] + 1e-300);
+        expect_diff(&ddw, 0, "dp_conv2d_backward_%s[%s] %s B=%d C=%d %dx%d OC=%d k%dx%d p%d dw",
+                    dtn(dt), kn, cname, B, C, H, W, OC, KH, KW, pad);
+        expect_diff(&ddb, 0, "dp_conv2d_backward_%s[%s] %s OC=%d db", dtn(dt), kn, cname, OC);
+        expect_diff(&ddx, 0, "dp_conv2d_backward_%s[%s] %s B=%d C=%d %dx%d k%dx%d p%d dx",
+                    dtn(dt), kn, cname, B, C, H, W, KH, KW, pad);
+        dp_scratch_free(&s);
+    }
+    free(x); free(w); free(b); free(dy); free(y); free(dw); free(db); free(dx); free(dw0);
+    free(db0); free(ry); free(my); free(rdw); free(mdw); free(rdx); free(mdx);
+}
+
+static void test_conv(dtype dt)
+{
+    static const int shapes[][8] = {
+        /* B, C, H, W, OC, KH, KW, pad */
+        {1, 1, 1, 1, 1, 1, 1, 0}, {3, 1, 7, 7, 1, 3, 3, 0}, {1, 3, 7, 3, 7, 3, 3, 1},
+        {7, 3, 3, 7, 3, 1, 3, 0}, {3, 7, 7, 7, 3, 3, 1, 1}, {1, 3, 7, 7, 3, 7, 7, 0},
+        {2, 2, 5, 6, 3, 2, 3, 2}, {2, 3, 9, 33, 5, 3, 3, 1}, {1, 1, 1, 1, 2, 5, 5, 2},
+        {1, 2, 20, 5, 2, 17, 2, 1},
+    };
+    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
+        const int *s = shapes[i];
+        for (int c = 0; c < 3; c++)
+            conv_case(dt, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], ctxs[c].ctx,
+                      ctxs[c].name);
+    }
+    use_isa(1);
+    conv_case(dt, 2, 3, 9, 33, 5, 3, 3, 1, &ctx1, "1 (generic GEMM)");
+    use_isa(0);
+    dp_conv_geom bad[] = {{0, 3, 3, 1, 1, 1, 0}, {1, 3, 3, 1, 6, 1, 1}, {1, 3, 3, 1, 1, 1, -1}};
+    for (int i = 0; i < 3; i++) {
+        int OH, OW;
+        expect(dp_conv_out(&bad[i], &OH, &OW) == DP_EVALUE, "dp_conv_out bad geometry %d accepted", i);
+    }
+}
+
+/* Pooling against the rule written out (first maximum, a NaN wins), on exact-size buffers
+ * (the kernels read and write whole vectors past a row's end inside the arrays: AddressSanitizer
+ * checks that they never leave them). */
+static void test_pool(dtype dt)
+{
+    static const int shapes[][3] = {{1, 2, 2}, {3, 7, 7}, {2, 7, 3}, {1, 3, 7}, {2, 30, 30},
+                                    {5, 13, 13}, {1, 2, 41}, {3, 33, 18}, {2, 4, 34}};
+    for (int s = 0; s < 9; s++) {
+        int P = shapes[s][0], H = shapes[s][1], W = shapes[s][2], OH = H / 2, OW = W / 2;
+        ptrdiff_t nx = (ptrdiff_t)P * H * W, ny = (ptrdiff_t)P * OH * OW;
+        void *x = talloc(dt, nx), *y = talloc(dt, ny), *dy = talloc(dt, ny), *dx = talloc(dt, nx);
+        uint8_t *idx = xalloc((size_t)ny);
+        for (ptrdiff_t i = 0; i < nx; i++) {
+            double r = unif(0, 1);
+            tset(dt, x, i, r < 0.03 ? NAN : floor(unif(-3, 3)));     /* ties and NaNs */
+        }
+        tfill(dt, dy, ny, -1, 1);
+        if (dt == F32) dp_maxpool2_forward_f32(y, idx, x, P, H, W);
+        else dp_maxpool2_forward_f64(y, idx, x, P, H, W);
+        tconst(dt, dx, nx, NAN);
+        if (dt == F32) dp_maxpool2_backward_f32(dx, dy, idx, P, H, W);
+        else dp_maxpool2_backward_f64(dx, dy, idx, P, H, W);
+        int bad_y = 0, bad_i = 0, bad_dx = 0;
+        for (int p = 0; p < P; p++)
+            for (int i = 0; i < OH; i++)
+                for (int j = 0; j < OW; j++) {
+                    int best = 0;
+                    double m = tget(dt, x, ((ptrdiff_t)p * H + 2 * i) * W + 2 * j);
+                    for (int k = 1; k < 4; k++) {
+                        double a = tget(dt, x, ((ptrdiff_t)p * H + 2 * i + k / 2) * W + 2 * j + k % 2);
+                        if (!isnan(m) && (a > m || isnan(a))) m = a, best = k;
+                    }
+                    ptrdiff_t yi = ((ptrdiff_t)p * OH + i) * OW + j;
+                    double got = tget(dt, y, yi);
+                    bad_y += !(got == m || (isnan(got) && isnan(m)));
+                    bad_i += idx[yi] != best;
+                }
+        for (int p = 0; p < P; p++)
+            for (int h = 0; h < H; h++)
+                for (int q = 0; q < W; q++) {
+                    double want = 0;
+                    int i = h / 2, j = q / 2;
+                    if (i < OH && j < OW) {
+                        ptrdiff_t yi = ((ptrdiff_t)p * OH + i) * OW + j;
+                        if (idx[yi] == (h % 2) * 2 + q % 2) want = tget(dt, dy, yi);
+                    }
+                    bad_dx += tget(dt, dx, ((ptrdiff_t)p * H + h) * W + q) != want;
+                }
+        expect(!bad_y && !bad_i, "dp_maxpool2_forward_%s %dx%dx%d: %d values, %d codes wrong",
+               dtn(dt), P, H, W, bad_y, bad_i);
+        expect(!bad_dx, "dp_maxpool2_backward_%s %dx%dx%d: %d values wrong", dtn(dt), P, H, W, bad_dx);
+        free(x); free(y); free(dy); free(dx); free(idx);
+    }
+}
+
+/* The CNN: loss_grad (f64) against central finite differences of dp_cnn_evaluate, the
+ * forward/backward steps equal loss_grad, 3 threads near 1, f32 runs; exact-size buffers. */
+static void test_cnn_case(int C, int H, int W, const int *ch, int nc, int kernel, int pad,
+                          const int *dense, int nd, int B, const char *name)
+{
+    dp_cnn net, net3;
+    int rc = dp_cnn_init(&net, C, H, W, ch, nc, kernel, pad, dense, nd, 1);
+    if (!expect(rc == DP_OK, "dp_cnn_init %s: returned %d", name, rc)) { dp_cnn_free(&net); return; }
+    rc = dp_cnn_init(&net3, C, H, W, ch, nc, kernel, pad, dense, nd, 3);
+    if (!expect(rc == DP_OK, "dp_cnn_init %s threads=3: returned %d", name, rc)) {
+        dp_cnn_free(&net);
+        dp_cnn_free(&net3);
+        return;
+    }
+    let_helpers_start();
+    ptrdiff_t P = net.n_params, nx = (ptrdiff_t)B * C * H * W;
+    int classes = dense[nd - 1];
+    double *params = dalloc(P), *g = dalloc(P), *g2 = dalloc(P), *g3 = dalloc(P), *x = dalloc(nx);
+    int64_t *lab = ialloc(B), correct, c2;
+    for (ptrdiff_t i = 0; i < P; i++) params[i] = unif(-0.5, 0.5);
+    for (ptrdiff_t i = 0; i < nx; i++) x[i] = unif(-1, 1);
+    for (int i = 0; i < B; i++) lab[i] = randint(classes);
+    memset(g, 0, sizeof(double) * (size_t)P);
+    double loss = NAN, l2 = NAN, gs = 1.0 / B;
+    rc = dp_cnn_loss_grad_f64(&net, g, &loss, &correct, params, x, lab, B, gs);
+    expect(rc == DP_OK, "dp_cnn_loss_grad_f64 %s: returned %d", name, rc);
+    diff d = {0};
+    const double h = 1e-6;
+    for (ptrdiff_t i = 0; i < P; i++) {
+        double lp, lm, old = params[i];
+        int64_t cc;
+        params[i] = old + h;
+        dp_cnn_evaluate_f64(&net, NULL, &lp, &cc, params, x, lab, B);
+        params[i] = old - h;
+        dp_cnn_evaluate_f64(&net, NULL, &lm, &cc, params, x, lab, B);
+        params[i] = old;
+        double fd = gs * (lp - lm) / (2 * h);
+        diff_add(&d, i, g[i], fd, 1e-7 + 1e-6 * fabs(fd));
+    }
+    expect_diff(&d, 0, "dp_cnn_loss_grad_f64 %s grads vs finite differences", name);
+    /* the same sweep in steps, into a second buffer */
+    memset(g2, 0, sizeof(double) * (size_t)P);
+    rc = dp_cnn_forward_loss_f64(&net, &l2, &c2, params, x, lab, B, gs);
+    for (int l = net.n_layers - 1; l >= 0 && rc == DP_OK; l--)
+        rc = dp_cnn_backward_layer_f64(&net, g2, params, l);
+    expect(rc == DP_OK && l2 == loss && c2 == correct && memcmp(g, g2, sizeof(double) * (size_t)P) == 0,
+           "dp_cnn forward_loss + backward_layer %s: differs from loss_grad (rc %d)", name, rc);
+    expect(dp_cnn_backward_layer_f64(&net, g2, params, 0) == DP_EORDER,
+           "dp_cnn_backward_layer %s: a step with no sweep was accepted", name);
+    memset(g3, 0, sizeof(double) * (size_t)P);
+    rc = dp_cnn_loss_grad_f64(&net3, g3, &l2, &c2, params, x, lab, B, gs);
+    diff d3 = {0};
+    for (ptrdiff_t i = 0; i < P; i++) diff_add(&d3, i, g3[i], g[i], 1e-12 * (1 + fabs(g[i])));
+    expect(rc == DP_OK && fabs(l2 - loss) <= 1e-12 * fabs(loss) && c2 == correct,
+           "dp_cnn_loss_grad_f64 %s threads=3: loss %.15g vs %.15g", name, l2, loss);
+    expect_diff(&d3, 0, "dp_cnn_loss_grad_f64 %s threads=3 grads vs threads=1", name);
+    /* float: runs on exact-size buffers and agrees loosely */
+    float *pf = talloc(F32, P), *gf = talloc(F32, P), *xf = talloc(F32, nx);
+    for (ptrdiff_t i = 0; i < P; i++) pf[i] = (float)params[i], gf[i] = 0;
+    for (ptrdiff_t i = 0; i < nx; i++) xf[i] = (float)x[i];
+    double lf = NAN;
+    rc = dp_cnn_loss_grad_f32(&net3, gf, &lf, &c2, pf, xf, lab, B, (float)gs);
+    diff df = {0};
+    for (ptrdiff_t i = 0; i < P; i++) diff_add(&df, i, gf[i], g[i], 1e-4 * (1e-3 + fabs(g[i])));
+    expect(rc == DP_OK && fabs(lf - loss) <= 1e-4 * fabs(loss),
+           "dp_cnn_loss_grad_f32 %s: rc %d loss %.7g vs %.7g", name, rc, lf, loss);
+    expect_diff(&df, 0, "dp_cnn_loss_grad_f32 %s grads vs f64", name);
+    free(pf); free(gf); free(xf);
+    free(params); free(g); free(g2); free(g3); free(x); free(lab);
+    dp_cnn_free(&net);
+    dp_cnn_free(&net3);
+}
+
+static void test_cnn(void)
+{
+    const int c2[] = {3, 4}, c1[] = {4}, d2[] = {6, 5}, d1[] = {3}, d3[] = {5, 4};
+    test_cnn_case(1, 12, 10, c2, 2, 3, 0, d2, 2, 5, "(1,12,10) conv 3,4 k3 dense 6,5");
+    test_cnn_case(2, 9, 9, c1, 1, 3, 1, d3, 2, 7, "(2,9,9) conv 4 k3 p1 dense 5,4");
+    test_cnn_case(3, 9, 7, c2, 2, 1, 0, d1, 1, 4, "(3,9,7) conv 3,4 k1 dense 3");
+    dp_cnn net;
+    const int big[] = {3, 3};
+    expect(dp_cnn_init(&net, 1, 6, 6, big, 2, 3, 0, d1, 1, 1) == DP_EVALUE && net.bad_layer == 1,
+           "dp_cnn_init: a conv layer with nothing left to pool was accepted (bad_layer %d)",
+           net.bad_layer);
+    dp_cnn_free(&net);
+    const int one[] = {1};
+    expect(dp_cnn_init(&net, 1, 6, 6, c1, 1, 3, 0, one, 1, 1) == DP_EVALUE,
+           "dp_cnn_init: one class was accepted");
+    dp_cnn_free(&net);
+}
+
 int main(void)
 {
     signal(SIGALRM, on_watchdog);
@@ -1480,7 +1767,10 @@ int main(void)
         test_sigmoid_bce(dt);
         test_logistic_grad(dt);
         test_argmax_count(dt);
+        test_conv(dt);
+        test_pool(dt);
     }
+    test_cnn();
 
     test_net_setup();
     const int mlp[] = {7, 33, 5}, logreg[] = {20, 1}, bce_mlp[] = {20, 6, 1};

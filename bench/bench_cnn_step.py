@@ -1,0 +1,197 @@
+"""One CNN training step, dptrain against PyTorch (one thread each): milliseconds per step.
+
+The network is the studies' CNN, conv(3->32, 3x3) -> ReLU -> maxpool 2 -> conv(32->64, 3x3)
+-> ReLU -> maxpool 2 -> fc(2304->128) -> ReLU -> fc(128->10), on one fixed batch of 128
+CIFAR-shaped images (3x32x32, float32, N(0, 1) pixels, 10 classes). A step is zero_grad +
+forward + loss + backward + SGD with momentum 0.9, from the same weights on both sides:
+
+- dptrain: `model.zero_grad(); model.loss_grad(x, y); opt.step()` (models.CNN, threads=1,
+  dptrain.SGD);
+- PyTorch: nn.Sequential(Conv2d, ReLU, MaxPool2d, Conv2d, ReLU, MaxPool2d, Flatten, Linear,
+  ReLU, Linear), nn.CrossEntropyLoss (mean), torch.optim.SGD, `torch.set_num_threads(1)`,
+  the idiomatic loop (`opt.zero_grad()`, `loss_fn(net(x), y).backward()`, `opt.step()`).
+
+Before timing, one step of each from the same weights must give the same loss and the same
+updated parameters. Then repeats of `steps` steps each, ours and torch's interleaved, after
+warm-up steps; the figure is the median repeat's ms per step (bench/_util.py).
+
+GFLOP/s counts the network's nominal GEMM work, 2 * M * N * K per product: per conv layer the
+forward, the weight gradient and (all but the first layer) the input gradient, each
+2 B OC OH OW C K K; per dense layer the same three as in bench_mlp_step.py. Both columns use
+this count, so they compare as the times do. (dptrain does less: conv2's 13x13 output loses
+its last row and column to the 2x2 pooling, so dptrain computes only the 12x12 block that
+reaches the loss, 15 % of conv2's work, whose gradient is exactly zero.)
+
+The first row (CIFAR shapes, batch 128) carries the target: ours / torch <= 0.6 (stretch 0.5).
+The MNIST-shaped row (1x28x28, fc 1600->128) is for information.
+
+Run: python bench/bench_cnn_step.py [--quick] [--json PATH]
+"""
+from __future__ import annotations
+
+import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy/torch load)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import dptrain  # noqa: E402
+
+LR = 0.01
+MOMENTUM = 0.9
+TARGET = 0.6
+STRETCH = 0.5
+CHANNELS = (32, 64)
+HIDDEN = 128
+CLASSES = 10
+
+# (name, input shape, batch, carries the target)
+CASES = [
+    ("cifar10 cnn", (3, 32, 32), 128, True),
+    ("mnist cnn", (1, 28, 28), 128, False),
+]
+
+
+def step_flop(model, batch) -> float:
+    """GEMM flop of one training step (see the module docstring)."""
+    flop, (c, h, w) = 0.0, model.input_shape
+    for i, oc in enumerate(model.channels):
+        oh, ow = h - 2, w - 2
+        gemms = 2 if i == 0 else 3
+        flop += gemms * 2.0 * batch * oc * oh * ow * c * 9
+        c, h, w = oc, oh // 2, ow // 2
+    dense = model.sizes[len(model.channels):]
+    for n_in, n_out in zip(dense[:-1], dense[1:]):
+        flop += 3 * 2.0 * batch * n_in * n_out
+    return flop
+
+
+def build(shape, batch):
+    """(model, ours, theirs, check, final_losses) on the same batch and initial weights."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, int(np.prod(shape)))).astype(np.float32)
+    y = rng.integers(0, CLASSES, batch)
+
+    model = dptrain.CNN(shape, CLASSES, channels=CHANNELS, hidden=(HIDDEN,), seed=0,
+                        dtype="float32", threads=1)
+    opt = dptrain.SGD(model, lr=LR, momentum=MOMENTUM)
+
+    c = shape[0]
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(c, CHANNELS[0], 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(CHANNELS[0], CHANNELS[1], 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(model.sizes[2], HIDDEN), torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, CLASSES))
+    tparams = list(net.parameters())
+    ours_arrays = [a for wb in model.layers() for a in wb]
+    if [tuple(p.shape) for p in tparams] != [a.shape for a in ours_arrays]:
+        raise AssertionError("the torch network's parameter shapes differ from dptrain's")
+    with torch.no_grad():
+        for p, a in zip(tparams, ours_arrays):
+            p.copy_(torch.from_numpy(a))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    t_opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    xt, yt = torch.from_numpy(x).reshape(batch, *shape), torch.from_numpy(y)
+    last = {}
+
+    def ours():
+        model.zero_grad()
+        last["ours"], _ = model.loss_grad(x, y)
+        opt.step()
+
+    def theirs():
+        t_opt.zero_grad()
+        loss = loss_fn(net(xt), yt)
+        loss.backward()
+        t_opt.step()
+        last["torch"] = loss
+
+    def check():
+        ours()
+        theirs()
+        loss_ours, loss_torch = last["ours"] / batch, last["torch"].item()
+        if not np.isclose(loss_ours, loss_torch, rtol=1e-5, atol=1e-6):
+            raise AssertionError(f"step {shape} B={batch}: loss {loss_ours} (dptrain) vs "
+                                 f"{loss_torch} (torch)")
+        for i, (p, a) in enumerate(zip(tparams, [a for wb in model.layers() for a in wb])):
+            np.testing.assert_allclose(a, p.detach().numpy(), rtol=1e-4, atol=1e-6,
+                                       err_msg=f"step {shape} B={batch}: parameter tensor {i} "
+                                               f"after one step")
+
+    def final_losses():
+        return {"ours": float(last["ours"]) / batch, "torch": last["torch"].item()}
+
+    return model, ours, theirs, check, final_losses
+
+
+def run_case(name, shape, batch, main_row, *, repeats, steps):
+    model, ours, theirs, check, final_losses = build(shape, batch)
+    check()
+    warmup = 3
+    number = steps if main_row else max(2, steps // 2)
+    times = _util.interleaved({"ours": ours, "torch": theirs}, repeats=repeats, number=number,
+                              warmup=warmup)
+    t_ours, t_torch = _util.median(times["ours"]), _util.median(times["torch"])
+    ratio = t_ours / t_torch
+    flop = step_flop(model, batch)
+    target = TARGET if main_row else None
+    met = _util.verdict(ratio, target, False)
+    if met == "yes" and ratio <= STRETCH:
+        met = "stretch"
+    losses = final_losses()
+    for side, value in losses.items():
+        if not np.isfinite(value):
+            raise FloatingPointError(f"{name}: {side}'s loss became {value}")
+    return {
+        "model": name, "input_shape": list(shape), "batch": batch, "n_params": model.n_params,
+        "steps_per_repeat": number, "repeats": repeats, "warmup_steps": warmup,
+        "ours_ms": 1e3 * t_ours, "torch_ms": 1e3 * t_torch, "ratio": ratio,
+        "target": target, "stretch": STRETCH if main_row else None, "met": met,
+        "gemm_flop_per_step": flop, "ours_gflops": flop / t_ours / 1e9,
+        "torch_gflops": flop / t_torch / 1e9,
+        "ours_pct_peak": 100.0 * flop / t_ours / 1e9 / _util.PEAK_GFLOPS["float32"],
+        "ours_spread": _util.spread(times["ours"]), "torch_spread": _util.spread(times["torch"]),
+        "final_loss_finite_check": losses,
+        "ours_seconds_per_step": times["ours"], "torch_seconds_per_step": times["torch"],
+    }
+
+
+def main(argv=None):
+    args = _util.parse_args("ms per CNN training step: dptrain vs PyTorch, one thread",
+                            argv=argv)
+    _util.pin_torch(torch)
+    repeats, steps = (3, 5) if args.quick else (9, 10)
+    env = _util.environment(torch=torch.__version__, torch_threads=torch.get_num_threads(),
+                            torch_mkldnn=torch.backends.mkldnn.is_available())
+    _util.print_environment(env)
+
+    rows = [run_case(name, shape, batch, main_row, repeats=repeats, steps=steps)
+            for name, shape, batch, main_row in CASES]
+
+    table = []
+    for r in rows:
+        target = (f"<= {r['target']:.2f} ({r['stretch']:.2f})" if r["target"] is not None
+                  else "-")
+        table.append([
+            r["model"] + " " + "x".join(map(str, r["input_shape"])), r["batch"],
+            r["steps_per_repeat"], f"{r['ours_ms']:.2f}", f"{r['torch_ms']:.2f}",
+            f"{r['ratio']:.2f}", target, r["met"],
+            f"{r['ours_gflops']:.1f} ({r['ours_pct_peak']:.0f}%)", f"{r['torch_gflops']:.1f}",
+            f"{100 * max(r['ours_spread'], r['torch_spread']):.0f}%",
+        ])
+    print()
+    _util.print_table(
+        ["model", "batch", "steps", "ours ms", "torch ms", "ratio", "target (stretch)", "met",
+         "ours GF/s (%pk)", "torch GF/s", "noise"],
+        table, align="lrrrrrrlrrr",
+        title=f"CNN training step (zero_grad+fwd+bwd+SGD momentum), float32, 1 thread, median "
+              f"of {repeats} interleaved repeats (ratio = ours / torch, lower is better)")
+    print(f"GF/s counts GEMM flop only (conv: fwd + dW, dX except layer 1; dense likewise); "
+          f"%pk of {_util.PEAK_GFLOPS['float32']:.1f} GF/s; noise = largest (max - min) / median")
+    _util.write_json(args.json, "cnn_step", env,
+                     {"repeats": repeats, "steps_main_row": steps, "lr": LR,
+                      "momentum": MOMENTUM, "quick": args.quick}, rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

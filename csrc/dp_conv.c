@@ -1,0 +1,82 @@
+/* dp_conv.c - see dp_conv.h; instantiates dp_conv_tmpl.h for float and double.
+ * Leaves out on purpose: SIMD intrinsics (the FLOPs are in dp_gemm; im2col and col2im are
+ * copies the compiler vectorizes, pooling uses GNU vector extensions, portable like the
+ * GEMM's micro-kernel). */
+#include "dp_conv.h"
+
+#include <limits.h>
+#include <string.h>
+
+int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW)
+{
+    if (g->C < 1 || g->H < 1 || g->W < 1 || g->OC < 1 || g->KH < 1 || g->KW < 1 || g->pad < 0)
+        return DP_EVALUE;
+    long long oh = (long long)g->H + 2LL * g->pad - g->KH + 1;
+    long long ow = (long long)g->W + 2LL * g->pad - g->KW + 1;
+    if (oh < 1 || ow < 1) return DP_EVALUE;
+    /* every count the kernels index with an int */
+    long long k = (long long)g->C * g->KH * g->KW, p = oh * ow;
+    if (oh > INT_MAX || ow > INT_MAX || k > INT_MAX || p > INT_MAX || (long long)g->OC * p > INT_MAX ||
+        (long long)g->C * g->H * g->W > INT_MAX)
+        return DP_EVALUE;
+    *OH = (int)oh;
+    *OW = (int)ow;
+    return DP_OK;
+}
+
+size_t dp_conv_col_elems(const dp_conv_geom *g)
+{
+    int OH, OW;
+    if (dp_conv_out(g, &OH, &OW)) return 0;
+    return (size_t)g->C * g->KH * g->KW * (size_t)OH * (size_t)OW + DP_CONV_COL_SLACK(g);
+}
+
+/* Pooling's vectors (see dp_conv_tmpl.h): VL values per 32 bytes, IT the same-width integer,
+ * shuffle masks picking the even and odd values of two vectors and interleaving two back. */
+#define T float
+#define S _f32
+#define VL 8
+#define IT int32_t
+#define EVEN {0, 2, 4, 6, 8, 10, 12, 14}
+#define ODD {1, 3, 5, 7, 9, 11, 13, 15}
+#define ILO {0, 8, 1, 9, 2, 10, 3, 11}
+#define IHI {4, 12, 5, 13, 6, 14, 7, 15}
+#define ONES {1, 1, 1, 1, 1, 1, 1, 1}
+#define TWOS {2, 2, 2, 2, 2, 2, 2, 2}
+#define IOTA {0, 1, 2, 3, 4, 5, 6, 7}
+#include "dp_conv_tmpl.h"
+#undef IOTA
+#undef TWOS
+#undef ONES
+#undef IHI
+#undef ILO
+#undef ODD
+#undef EVEN
+#undef IT
+#undef VL
+#undef S
+#undef T
+
+#define T double
+#define S _f64
+#define VL 4
+#define IT int64_t
+#define EVEN {0, 2, 4, 6}
+#define ODD {1, 3, 5, 7}
+#define ILO {0, 4, 1, 5}
+#define IHI {2, 6, 3, 7}
+#define ONES {1, 1, 1, 1}
+#define TWOS {2, 2, 2, 2}
+#define IOTA {0, 1, 2, 3}
+#include "dp_conv_tmpl.h"
+#undef IOTA
+#undef TWOS
+#undef ONES
+#undef IHI
+#undef ILO
+#undef ODD
+#undef EVEN
+#undef IT
+#undef VL
+#undef S
+#undef T

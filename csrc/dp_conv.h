@@ -1,0 +1,96 @@
+/* dp_conv.h - 2-D convolution (stride 1, zero padding) and 2x2 max-pooling, NCHW (plain C99).
+ *
+ * Letters: B batch, C input channels, H/W input height/width, OC output channels, KH/KW
+ * kernel height/width, PAD zero rows/columns added on every side, OH = H + 2 PAD - KH + 1 and
+ * OW = W + 2 PAD - KW + 1 the output size, P = OH OW output positions per channel, K = C KH KW
+ * the length of one patch (the reduction of the convolution's GEMM).
+ * Layout as PyTorch's Conv2d: x (B, C, H, W), w (OC, C, KH, KW), b (OC,), y (B, OC, OH, OW);
+ * the "convolution" is a cross-correlation:
+ *     y[n, o, i, j] = b[o] + sum_{c, u, v} w[o, c, u, v] x[n, c, i + u - PAD, j + v - PAD]
+ * (x read as 0 outside the image).
+ *
+ * How: per image, im2col copies the patches into a (K, P) matrix `col` (row k = (c, u, v) holds
+ * x[c, i + u - PAD, j + v - PAD] for every output position (i, j)), and the convolution is our
+ * GEMM (dp_gemm.h) on it: y_n = w (OC, K) col (K, P). Backward: dw^T += col dy_n^T (recomputing
+ * col; summed over the images as dw^T (K, OC), then added into dw once), dcol = w^T dy_n, and
+ * col2im gathers the patches of dcol back into dx_n. A 1x1 kernel with
+ * PAD 0 needs no copy: col is x_n itself. The col buffer is the caller's (a dp_scratch owned
+ * by a context or a network): nothing here is file-scope state.
+ *
+ * Max-pooling: 2x2 windows, stride 2, over `planes` independent H x W planes (B C of them in
+ * NCHW); OH = H / 2, OW = W / 2 rounded down (an odd last row or column is dropped, as in
+ * PyTorch's MaxPool2d). The argmax of each window is recorded as a code 0..3 = 2 du + dv
+ * (du, dv the row/column offset inside the window): the first maximum in the order
+ * (0,0), (0,1), (1,0), (1,1), and a NaN counts as the maximum (the first NaN wins), as NumPy's
+ * argmax does.
+ *
+ * Gradients: dw and db ACCUMULATE (+=) as in dp_kernels.h; dx is WRITTEN (=), every element
+ * of it (pooling: 0 where no window took its maximum).
+ *
+ * Leaves out on purpose: strides other than 1, dilation, groups, other pooling windows, and
+ * batching several images into one GEMM (per image, col and the output stay in L2).
+ */
+#ifndef DP_CONV_H
+#define DP_CONV_H
+
+#include "dp_common.h"
+#include "dp_gemm.h"
+
+typedef struct {
+    int C, H, W;      /* input channels, height, width */
+    int OC, KH, KW;   /* output channels, kernel height and width */
+    int pad;          /* zero padding on each side */
+} dp_conv_geom;
+
+/* Checks the geometry and sets the output size: DP_EVALUE when a size is < 1, pad < 0, the
+ * kernel is larger than the padded input, or C KH KW or OC OH OW overflows an int. */
+int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW);
+/* Elements of the im2col buffer for one image: K * P and a slack of DP_CONV_COL_SLACK (col2im's
+ * masked vector lanes may read up to W + KW + PAD past the end of its dcol). */
+#define DP_CONV_COL_SLACK(g) ((size_t)(g)->W + (size_t)(g)->KW + (size_t)(g)->pad + 16)
+size_t dp_conv_col_elems(const dp_conv_geom *g);
+
+#define DP_DECLARE_CONV(T, S)                                                                  \
+    /* One image, the top-left oh x ow block of its output (oh <= OH, ow <= OW; a network    \
+     * whose 2x2 pooling drops an odd last row or column never computes it): y (OC, oh ow)    \
+     * = w col(x) + beta y, col a scratch of dp_conv_col_elems(g) elements. */                \
+    int dp_conv_image_forward##S(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,           \
+                                 const dp_conv_geom *g, int oh, int ow, T beta);              \
+    /* One image, dy (OC, oh ow) the gradient of that block: dwt (K, OC) += col(x) dy^T, dw's \
+     * gradient transposed (see dp_conv_add_dwt); dx = col2im(w^T dy) when dx is not NULL    \
+     * (written). */                                                                         \
+    int dp_conv_image_backward##S(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy,            \
+                                  const T *x, const T *w, const dp_conv_geom *g, int oh,     \
+                                  int ow);                                                   \
+    /* dw (OC, K) += dwt^T */                                                                 \
+    void dp_conv_add_dwt##S(T *dw, const T *dwt, const dp_conv_geom *g);                      \
+    /* col (K, oh ow) with row stride ldcol from x (C, H, W); col2im is its adjoint (dx is    \
+     * written). */                                                                          \
+    void dp_im2col##S(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh,      \
+                      int ow);                                                               \
+    void dp_col2im##S(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g, int oh,    \
+                      int ow);                                                               \
+    /* The batch: y = conv(x) + b; col_scratch grows to dp_conv_col_elems(g) + 1 elements. */ \
+    int dp_conv2d_forward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x,           \
+                             const T *w, const T *b, int B, const dp_conv_geom *g);            \
+    /* dw += d/dw, db += d/db of sum(dy * y); dx (optional) = d/dx, written; col_scratch    \
+     * grows to dp_conv_col_elems(g) + OC K + 1 elements (col, then dw^T). */                 \
+    int dp_conv2d_backward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T *dx,       \
+                              const T *dy, const T *x, const T *w, int B,                      \
+                              const dp_conv_geom *g);                                          \
+    /* The readable twins: the sums above as loops, accumulated in T (tests, reference). */   \
+    void dp_conv2d_forward_naive##S(T *y, const T *x, const T *w, const T *b, int B,           \
+                                    const dp_conv_geom *g);                                    \
+    void dp_conv2d_backward_naive##S(T *dw, T *db, T *dx, const T *dy, const T *x,             \
+                                     const T *w, int B, const dp_conv_geom *g);                \
+    /* x (planes, H, W) -> y, idx (planes, H / 2, W / 2). */                                  \
+    void dp_maxpool2_forward##S(T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H,       \
+                                int W);                                                        \
+    /* dx (planes, H, W) = dy put where idx says, 0 elsewhere (written). */                   \
+    void dp_maxpool2_backward##S(T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes,     \
+                                 int H, int W);
+
+DP_DECLARE_CONV(float, _f32)
+DP_DECLARE_CONV(double, _f64)
+
+#endif

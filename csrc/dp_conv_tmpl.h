@@ -1,0 +1,476 @@
+/* dp_conv_tmpl.h - bodies of the kernels in dp_conv.h for one dtype.
+ * Included by dp_conv.c with T (float or double) and S (_f32/_f64) defined. */
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define K(name) CAT(name, S)
+
+/* 32-byte vectors (GNU vector extensions, as in the GEMM's micro-kernel): VL values of T, IT
+ * the integer of T's width for comparison masks, and VL window codes as bytes. */
+typedef T K(pvec) __attribute__((vector_size(32)));
+typedef IT K(pmask) __attribute__((vector_size(32)));
+typedef uint8_t K(pcode) __attribute__((vector_size(VL)));
+
+DP_INLINE K(pvec) K(pload)(const T *p)
+{
+    K(pvec) v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+DP_INLINE void K(pstore)(T *p, K(pvec) v) { memcpy(p, &v, sizeof v); }
+
+/* a where m is set (all ones), else b */
+DP_INLINE K(pvec) K(pselect)(K(pmask) m, K(pvec) a, K(pvec) b)
+{
+    return (K(pvec))((m & (K(pmask))a) | (~m & (K(pmask))b));
+}
+
+/* d[0:n] = s[0:n] for a short row (13 to 30 values in the CNNs here): whole vectors, the
+ * last one overlapping the one before, instead of a memcpy call per row. */
+DP_INLINE void K(copy_row)(T *DP_RESTRICT d, const T *DP_RESTRICT s, int n)
+{
+    if (n < VL) {
+        for (int j = 0; j < n; j++) d[j] = s[j];
+        return;
+    }
+    for (int j = 0; j + VL < n; j += VL) K(pstore)(d + j, K(pload)(s + j));
+    K(pstore)(d + n - VL, K(pload)(s + n - VL));
+}
+
+/* Output columns j whose input column j + v - PAD lies inside [0, W): [*j0, *j1). */
+DP_INLINE void K(valid_cols)(int v, int pad, int W, int OW, int *j0, int *j1)
+{
+    int lo = pad - v, hi = W + pad - v;
+    *j0 = lo > 0 ? lo : 0;
+    *j1 = hi < OW ? hi : OW;
+    if (*j1 < *j0) *j1 = *j0;
+}
+
+DP_CLONES void K(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g,
+                            int OH, int OW)
+{
+    // x is (C, H, W), col is (C KH KW, OH OW) with row stride ldcol, for the output block
+    // i < OH, j < OW: col[(c KH + u) KW + v, i OW + j] = x[c, i + u - PAD, j + v - PAD], 0
+    // outside the image
+    int H = g->H, W = g->W, pad = g->pad;
+    for (int c = 0; c < g->C; c++) {
+        const T *xc = x + (ptrdiff_t)c * H * W;
+        for (int u = 0; u < g->KH; u++)
+            for (int v = 0; v < g->KW; v++) {
+                T *dst = col + ((ptrdiff_t)(c * g->KH + u) * g->KW + v) * ldcol;
+                int j0, j1, shift = v - pad;
+                K(valid_cols)(v, pad, W, OW, &j0, &j1);
+                for (int i = 0; i < OH; i++) {
+                    T *DP_RESTRICT d = dst + (ptrdiff_t)i * OW;
+                    int ih = i + u - pad;
+                    if (ih < 0 || ih >= H) {
+                        memset(d, 0, sizeof(T) * (size_t)OW);
+                        continue;
+                    }
+                    /* j0 + shift = max(0, v - PAD) >= 0: the copy starts inside the row */
+                    const T *s = xc + (ptrdiff_t)ih * W;
+                    for (int j = 0; j < j0; j++) d[j] = 0;
+                    K(copy_row)(d + j0, s + j0 + shift, j1 - j0);
+                    for (int j = j1; j < OW; j++) d[j] = 0;
+                }
+            }
+    }
+}
+
+/* The most kernel rows col2im gathers at once (more: in several passes that add). */
+#define COL2IM_ROWS 16
+
+/* Lanes q0 .. q0 + VL - 1 of a dx row whose term from kernel column v lies inside the dcol
+ * row: 0 <= q + PAD - v < OW. */
+DP_INLINE K(pmask) K(col_mask)(int q0, int v, int pad, int OW)
+{
+    const K(pmask) iota = IOTA;
+    K(pmask) q = iota + (IT)q0;
+    return (q >= (IT)(v - pad)) & (q < (IT)(OW + v - pad));
+}
+
+/* d[0:W] (+)= sum over the rows r[t] (kernel row u's dcol row for kernel column 0 at the
+ * matching output row) and the kernel columns v of r[t][v ldcol + q + PAD - v], the terms
+ * outside the dcol row masked to 0: whole vectors, summed in registers and stored once (a
+ * running sum in memory would reload vectors that straddle the ones just stored: a
+ * store-forwarding stall each). The last vector overlaps the one before and is computed
+ * before any store. Masked lanes may read a little outside the row (never outside dcol and
+ * its slack, see dp_conv_col_elems); their bits are cleared, garbage or not. */
+DP_INLINE void K(gather_row)(T *DP_RESTRICT d, const T *const *r, int rows, ptrdiff_t ldcol,
+                             int W, int KW, int pad, int OW, int qlo, int qhi, int accumulate)
+{
+    typedef K(pvec) V;
+    typedef K(pmask) M;
+    const M all = ~(M){0};
+    int e = W - VL;
+    V last = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 0: the last vector (kept); pass 1: the others, stored as they are done */
+        int q0 = pass == 0 ? e : 0;
+        for (; pass == 0 ? q0 == e : q0 < e; q0 += VL) {
+            V a = {0};
+            if (accumulate) a = K(pload)(d + q0);
+            int edge = q0 < qlo || q0 + VL > qhi;
+            for (int v = 0; v < KW; v++) {
+                M m = edge ? K(col_mask)(q0, v, pad, OW) : all;
+                ptrdiff_t off = v * ldcol + q0 + pad - v;
+                for (int t = 0; t < rows; t++)
+                    a += (V)((M)K(pload)(r[t] + off) & m);
+            }
+            if (pass == 0) last = a;
+            else K(pstore)(d + q0, a);
+            if (pass == 0) break;
+        }
+    }
+    K(pstore)(d + e, last);
+}
+
+DP_CLONES void K(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
+                            int OH, int OW)
+{
+    // dcol is (C KH KW, OH OW) with row stride ldcol (the output block i < OH, j < OW), dx is
+    // (C, H, W), written: dx[c, h, q] = sum over (u, v) of
+    // dcol[(c KH + u) KW + v, (h + PAD - u) OW + q + PAD - v] over the entries inside the block
+    // (those im2col copied x[c, h, q] into), gathered one dx row at a time and written once.
+    // Scattering dcol's rows instead would add into dx at a different offset for every v, and
+    // the vector loads of dx would wait on the stores just made (store-forwarding stalls).
+    int H = g->H, W = g->W, pad = g->pad, KH = g->KH, KW = g->KW;
+    /* q in [qlo, qhi): every v reads inside the dcol row (j = q + PAD - v in [0, OW)) */
+    int qlo = KW - 1 - pad > 0 ? KW - 1 - pad : 0, qhi = OW - pad < W ? OW - pad : W;
+    if (qhi < qlo) qhi = qlo;
+    for (int c = 0; c < g->C; c++)
+        for (int h = 0; h < H; h++) {
+            T *DP_RESTRICT d = dx + ((ptrdiff_t)c * H + h) * W;
+            /* rows[t]: dcol's row (c, u, 0) at output row i = h + PAD - u, for the valid u;
+             * row (c, u, v) is rows[t] + v ldcol and holds dx[c, h, q]'s term at q + PAD - v */
+            const T *rows[COL2IM_ROWS];
+            int n = 0, first = 1;
+            for (int u = 0; u <= KH; u++) {
+                int i = h + pad - u;
+                if (u < KH && i >= 0 && i < OH)
+                    rows[n++] = dcol + (ptrdiff_t)(c * KH + u) * KW * ldcol + (ptrdiff_t)i * OW;
+                if (n < COL2IM_ROWS && u < KH) continue;
+                if (W >= VL) {
+                    K(gather_row)(d, rows, n, ldcol, W, KW, pad, OW, qlo, qhi, !first);
+                } else {          /* a row narrower than a vector: element by element */
+                    for (int q = 0; q < W; q++) {
+                        T a = first ? (T)0 : d[q];
+                        for (int t = 0; t < n; t++)
+                            for (int v = 0; v < KW; v++) {
+                                int j = q + pad - v;
+                                if (j >= 0 && j < OW) a += rows[t][v * ldcol + j];
+                            }
+                        d[q] = a;
+                    }
+                }
+                first = 0;
+                n = 0;
+            }
+        }
+}
+
+#undef COL2IM_ROWS
+
+/* A 1x1 kernel without padding: the patch matrix is the image itself. */
+DP_INLINE int K(is_direct)(const dp_conv_geom *g) { return g->KH == 1 && g->KW == 1 && g->pad == 0; }
+
+/* The output block of an image call: 1 <= oh <= OH, 1 <= ow <= OW; sets P = oh ow. */
+DP_INLINE int K(check_block)(const dp_conv_geom *g, int oh, int ow, int *P)
+{
+    int OH, OW;
+    if (dp_conv_out(g, &OH, &OW) || oh < 1 || ow < 1 || oh > OH || ow > OW) return DP_EVALUE;
+    *P = oh * ow;
+    return DP_OK;
+}
+
+int K(dp_conv_image_forward)(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,
+                             const dp_conv_geom *g, int oh, int ow, T beta)
+{
+    // x is (C, H, W), w is (OC, K), y is (OC, oh ow): y = w col(x) + beta y over the output
+    // block i < oh, j < ow
+    int P;
+    if (K(check_block)(g, oh, ow, &P)) return DP_EVALUE;
+    int Kd = g->C * g->KH * g->KW;
+    const T *cx = x;
+    if (!K(is_direct)(g) || oh * ow != g->H * g->W) {
+        K(dp_im2col)(col, P, x, g, oh, ow);
+        cx = col;
+    }
+    return K(dp_gemm)(ctx, y, P, w, Kd, 1, cx, P, 1, g->OC, P, Kd, (T)1, beta);
+}
+
+int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, const T *x,
+                              const T *w, const dp_conv_geom *g, int oh, int ow)
+{
+    // dy is (OC, oh ow) (the output block i < oh, j < ow; the rest of the output has no
+    // gradient), x is (C, H, W), w is (OC, K), dwt is (K, OC): dwt += col(x) dy^T (the
+    // transpose of dw's gradient); dx (C, H, W) = col2im(w^T dy) when given
+    int P;
+    if (K(check_block)(g, oh, ow, &P)) return DP_EVALUE;
+    int Kd = g->C * g->KH * g->KW, direct = K(is_direct)(g) && oh * ow == g->H * g->W;
+    const T *cx = x;
+    if (!direct) {
+        K(dp_im2col)(col, P, x, g, oh, ow);
+        cx = col;
+    }
+    /* dw^T = col dy^T rather than dw = dy col^T: the big operand, col, is then packed along
+     * its rows (A's fast path) instead of transposed column by column into B panels, and
+     * M = K, N = OC fill the 6 x 16 tiles better (288 x 64: no padding at all) */
+    int rc = K(dp_gemm)(ctx, dwt, g->OC, cx, P, 1, dy, 1, P, Kd, g->OC, P, (T)1, (T)1);
+    if (rc || !dx) return rc;
+    /* dcol (K, P) = w^T dy; col(x) is no longer needed, so dcol takes its place */
+    T *dcol = direct ? dx : col;
+    rc = K(dp_gemm)(ctx, dcol, P, w, 1, Kd, dy, P, 1, Kd, P, g->OC, (T)1, (T)0);
+    if (rc == DP_OK && !direct) K(dp_col2im)(dx, dcol, P, g, oh, ow);
+    return rc;
+}
+
+void K(dp_conv_add_dwt)(T *dw, const T *dwt, const dp_conv_geom *g)
+{
+    // dw is (OC, K), dwt is (K, OC): dw += dwt^T
+    int Kd = g->C * g->KH * g->KW, OC = g->OC;
+    for (int o = 0; o < OC; o++)
+        for (int k = 0; k < Kd; k++) dw[(ptrdiff_t)o * Kd + k] += dwt[(ptrdiff_t)k * OC + o];
+}
+
+/* The scratch of a batch call (the caller's, or a local one): the im2col buffer, then
+ * (extra > 0) `extra` more elements. */
+static T *K(conv_scratch)(dp_scratch *cs, dp_scratch *local, const dp_conv_geom *g, size_t extra)
+{
+    size_t n = dp_conv_col_elems(g);
+    return dp_scratch_get(cs ? cs : local, sizeof(T) * (n + extra + 1));
+}
+
+int K(dp_conv2d_forward)(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x, const T *w,
+                         const T *b, int B, const dp_conv_geom *g)
+{
+    // x is (B, C, H, W), w is (OC, C, KH, KW), b is (OC,), y is (B, OC, OH, OW)
+    int OH, OW;
+    if (dp_conv_out(g, &OH, &OW)) return DP_EVALUE;
+    ptrdiff_t P = (ptrdiff_t)OH * OW, in = (ptrdiff_t)g->C * g->H * g->W, out = g->OC * P;
+    dp_scratch local = {0};
+    T *col = K(conv_scratch)(col_scratch, &local, g, 0);
+    if (!col) return DP_ENOMEM;
+    int rc = DP_OK;
+    for (int n = 0; n < B && rc == DP_OK; n++) {
+        T *yn = y + n * out;
+        for (int o = 0; o < g->OC; o++)
+            for (ptrdiff_t p = 0; p < P; p++) yn[o * P + p] = b[o];
+        rc = K(dp_conv_image_forward)(ctx, col, yn, x + n * in, w, g, OH, OW, (T)1);
+    }
+    dp_scratch_free(&local);
+    return rc;
+}
+
+int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T *dx,
+                          const T *dy, const T *x, const T *w, int B, const dp_conv_geom *g)
+{
+    // dy is (B, OC, OH, OW), x and dx are (B, C, H, W), w and dw are (OC, C, KH, KW):
+    // dw += sum_n dy_n col(x_n)^T, db += sum of dy over n, i, j, dx_n = col2im(w^T dy_n)
+    int OH, OW;
+    if (dp_conv_out(g, &OH, &OW)) return DP_EVALUE;
+    ptrdiff_t P = (ptrdiff_t)OH * OW, in = (ptrdiff_t)g->C * g->H * g->W, out = g->OC * P;
+    size_t nw = (size_t)g->OC * g->C * g->KH * g->KW;
+    dp_scratch local = {0};
+    T *col = K(conv_scratch)(col_scratch, &local, g, nw);
+    if (!col) return DP_ENOMEM;
+    T *dwt = col + dp_conv_col_elems(g);          /* dw^T, (K, OC), summed over the batch */
+    memset(dwt, 0, sizeof(T) * nw);
+    int rc = DP_OK;
+    for (int n = 0; n < B && rc == DP_OK; n++) {
+        const T *dyn = dy + n * out;
+        for (int o = 0; o < g->OC; o++) {
+            T s = 0;
+            for (ptrdiff_t p = 0; p < P; p++) s += dyn[o * P + p];
+            db[o] += s;
+        }
+        rc = K(dp_conv_image_backward)(ctx, col, dwt, dx ? dx + n * in : NULL, dyn, x + n * in,
+                                       w, g, OH, OW);
+    }
+    if (rc == DP_OK) K(dp_conv_add_dwt)(dw, dwt, g);
+    dp_scratch_free(&local);
+    return rc;
+}
+
+void K(dp_conv2d_forward_naive)(T *y, const T *x, const T *w, const T *b, int B,
+                                const dp_conv_geom *g)
+{
+    // y[n, o, i, j] = b[o] + sum_{c, u, v} w[o, c, u, v] x[n, c, i + u - PAD, j + v - PAD]
+    int OH = g->H + 2 * g->pad - g->KH + 1, OW = g->W + 2 * g->pad - g->KW + 1;
+    int C = g->C, H = g->H, W = g->W, KH = g->KH, KW = g->KW, pad = g->pad;
+    for (int n = 0; n < B; n++)
+        for (int o = 0; o < g->OC; o++)
+            for (int i = 0; i < OH; i++)
+                for (int j = 0; j < OW; j++) {
+                    T s = 0;
+                    for (int c = 0; c < C; c++)
+                        for (int u = 0; u < KH; u++)
+                            for (int v = 0; v < KW; v++) {
+                                int h = i + u - pad, q = j + v - pad;
+                                if (h < 0 || h >= H || q < 0 || q >= W) continue;
+                                s += w[((ptrdiff_t)(o * C + c) * KH + u) * KW + v] *
+                                     x[((ptrdiff_t)(n * C + c) * H + h) * W + q];
+                            }
+                    y[((ptrdiff_t)(n * g->OC + o) * OH + i) * OW + j] = b[o] + s;
+                }
+}
+
+void K(dp_conv2d_backward_naive)(T *dw, T *db, T *dx, const T *dy, const T *x, const T *w,
+                                 int B, const dp_conv_geom *g)
+{
+    // the same sums, read backwards: every (n, o, i, j, c, u, v) term of the forward adds
+    // dy * x to dw and dy * w to dx
+    int OH = g->H + 2 * g->pad - g->KH + 1, OW = g->W + 2 * g->pad - g->KW + 1;
+    int C = g->C, H = g->H, W = g->W, KH = g->KH, KW = g->KW, pad = g->pad, OC = g->OC;
+    if (dx) memset(dx, 0, sizeof(T) * (size_t)B * C * H * W);
+    for (int n = 0; n < B; n++)
+        for (int o = 0; o < OC; o++)
+            for (int i = 0; i < OH; i++)
+                for (int j = 0; j < OW; j++) {
+                    T d = dy[((ptrdiff_t)(n * OC + o) * OH + i) * OW + j];
+                    db[o] += d;
+                    for (int c = 0; c < C; c++)
+                        for (int u = 0; u < KH; u++)
+                            for (int v = 0; v < KW; v++) {
+                                int h = i + u - pad, q = j + v - pad;
+                                if (h < 0 || h >= H || q < 0 || q >= W) continue;
+                                ptrdiff_t wi = ((ptrdiff_t)(o * C + c) * KH + u) * KW + v;
+                                ptrdiff_t xi = ((ptrdiff_t)(n * C + c) * H + h) * W + q;
+                                dw[wi] += d * x[xi];
+                                if (dx) dx[xi] += d * w[wi];
+                            }
+                }
+}
+
+/* b beats the best so far a: larger, or the first NaN (NumPy's argmax); 1 or 0 (scalar),
+ * all ones or 0 (vector) */
+#define BEATS(b, a) (((b) > (a)) | (((b) != (b)) & ((a) == (a))))
+
+DP_CLONES void K(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H,
+                                      int W)
+{
+    // x is (planes, H, W), y and idx are (planes, H / 2, W / 2)
+    // A tournament without branches (random data would mispredict every other branch): the
+    // better of each window's top pair and of its bottom pair, then the bottom winner only if
+    // it beats the top one, which keeps the first maximum in the order (0,0), (0,1), (1,0),
+    // (1,1).
+    typedef K(pvec) V;
+    typedef K(pmask) M;
+    const M even = EVEN, odd = ODD, one = ONES, two = TWOS;
+    int OH = H / 2, OW = W / 2;
+    const T *xend = x + planes * H * W;
+    const T *yend = y + planes * OH * OW;
+    for (ptrdiff_t p = 0; p < planes; p++) {
+        const T *xp = x + p * H * W;
+        T *yp = y + p * OH * OW;
+        uint8_t *ip = idx + p * OH * OW;
+        for (int i = 0; i < OH; i++) {
+            const T *r0 = xp + (ptrdiff_t)2 * i * W, *r1 = r0 + W;
+            T *yr = yp + (ptrdiff_t)i * OW;
+            uint8_t *ir = ip + (ptrdiff_t)i * OW;
+            for (int j = 0; j < OW; j += VL) {
+                /* The row's last VL windows read past the row into the next ones and write
+                 * past it into the next output row, which is written again later; only at
+                 * the very end of the arrays does that go through a padded copy. */
+                const T *t = r0 + 2 * j, *b = r1 + 2 * j;
+                T tt[2 * VL] = {0}, bb[2 * VL] = {0}, ty[VL];
+                uint8_t tc[VL];
+                int n = OW - j < VL ? OW - j : VL;
+                if (n < VL && b + 2 * VL > xend) {
+                    for (int q = 0; q < 2 * n; q++) {
+                        tt[q] = t[q];
+                        bb[q] = b[q];
+                    }
+                    t = tt;
+                    b = bb;
+                }
+                V t0 = K(pload)(t), t1 = K(pload)(t + VL);
+                V b0 = K(pload)(b), b1 = K(pload)(b + VL);
+                V a0 = __builtin_shuffle(t0, t1, even), a1 = __builtin_shuffle(t0, t1, odd);
+                V c0 = __builtin_shuffle(b0, b1, even), c1 = __builtin_shuffle(b0, b1, odd);
+                M kt = BEATS(a1, a0), kb = BEATS(c1, c0);
+                V top = K(pselect)(kt, a1, a0), bot = K(pselect)(kb, c1, c0);
+                M kf = BEATS(bot, top);
+                M code = (kf & (two + (kb & one))) | (~kf & (kt & one));
+                K(pcode) bytes = __builtin_convertvector(code, K(pcode));
+                if (n == VL || yr + j + VL <= yend) {
+                    K(pstore)(yr + j, K(pselect)(kf, bot, top));
+                    memcpy(ir + j, &bytes, VL);
+                } else {
+                    K(pstore)(ty, K(pselect)(kf, bot, top));
+                    memcpy(tc, &bytes, VL);
+                    for (int q = 0; q < n; q++) {
+                        yr[j + q] = ty[q];
+                        ir[j + q] = tc[q];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#undef BEATS
+
+DP_CLONES void K(dp_maxpool2_backward)(T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes,
+                                       int H, int W)
+{
+    // dy and idx are (planes, H / 2, W / 2), dx is (planes, H, W), every element written
+    typedef K(pvec) V;
+    typedef K(pmask) M;
+    const M lo = ILO, hi = IHI, zero = {0}, one = ONES, two = TWOS, three = two + one;
+    const V vzero = {0};
+    int OH = H / 2, OW = W / 2;
+    const T *gend = dy + planes * OH * OW;
+    T *dxend = dx + planes * H * W;
+    for (ptrdiff_t p = 0; p < planes; p++) {
+        T *dp = dx + p * H * W;
+        const T *gp = dy + p * OH * OW;
+        const uint8_t *ip = idx + p * OH * OW;
+        for (int i = 0; i < OH; i++) {
+            T *r0 = dp + (ptrdiff_t)2 * i * W, *r1 = r0 + W;
+            const T *gr = gp + (ptrdiff_t)i * OW;
+            const uint8_t *ir = ip + (ptrdiff_t)i * OW;
+            /* Last chunk first: its stores may run past the row pair (into r1's start and the
+             * next row pair), and everything they spill into is written again afterwards:
+             * r1 by this chunk's own r1 stores and the chunks before it, the next row pair
+             * later. Only at the very end of the arrays does a padded copy do it. */
+            for (int j = (OW - 1) / VL * VL; j >= 0; j -= VL) {
+                int n = OW - j < VL ? OW - j : VL;
+                const T *gsrc = gr + j;
+                const uint8_t *csrc = ir + j;
+                T tg[VL] = {0}, out[4 * VL];
+                uint8_t tcode[VL] = {0};
+                if (n < VL && gsrc + VL > gend) {
+                    for (int q = 0; q < n; q++) {
+                        tg[q] = gsrc[q];
+                        tcode[q] = csrc[q];
+                    }
+                    gsrc = tg;
+                    csrc = tcode;
+                }
+                V g = K(pload)(gsrc);
+                K(pcode) bytes;
+                memcpy(&bytes, csrc, VL);
+                M k = __builtin_convertvector(bytes, M);
+                V v00 = K(pselect)(k == zero, g, vzero), v01 = K(pselect)(k == one, g, vzero);
+                V v10 = K(pselect)(k == two, g, vzero), v11 = K(pselect)(k == three, g, vzero);
+                int direct = n == VL || r1 + 2 * j + 2 * VL <= dxend;
+                T *o0 = direct ? r0 + 2 * j : out, *o1 = direct ? r1 + 2 * j : out + 2 * VL;
+                K(pstore)(o0, __builtin_shuffle(v00, v01, lo));
+                K(pstore)(o0 + VL, __builtin_shuffle(v00, v01, hi));
+                K(pstore)(o1, __builtin_shuffle(v10, v11, lo));
+                K(pstore)(o1 + VL, __builtin_shuffle(v10, v11, hi));
+                if (!direct)
+                    for (int q = 0; q < 2 * n; q++) {
+                        r0[2 * j + q] = out[q];
+                        r1[2 * j + q] = out[2 * VL + q];
+                    }
+            }
+            if (W & 1) r0[W - 1] = r1[W - 1] = 0;
+        }
+        if (H & 1) memset(dp + (ptrdiff_t)(H - 1) * W, 0, sizeof(T) * (size_t)W);
+    }
+}
+
+#undef K

@@ -1,0 +1,55 @@
+"""Every study preset runs in its reduced --quick form and writes its report files."""
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from dptrain import studies
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def data_env(monkeypatch):
+    pytest.importorskip("matplotlib", reason="the study reports draw with matplotlib")
+    if (SHARED_DATA / "mnist").is_dir():
+        monkeypatch.setenv("DPTRAIN_DATA", str(SHARED_DATA))
+
+
+FILES = {"mnist-mlp": ["speedup.png", "efficiency_vs_size.png", "time_vs_size.png",
+                       "breakdown.png", "summary.csv", "runs.csv", "sweep.json"],
+         "cifar10-cnn": ["speedup.png", "breakdown.png", "baseline_vs_distributed.png",
+                         "summary.csv", "sweep.json"],
+         "logreg-1m": ["speedup.png", "breakdown.png", "summary.csv", "sweep.json"],
+         "mnist-softmax-scaled": ["speedup_layouts.png", "results.csv", "results.json"]}
+
+
+@pytest.mark.parametrize("name", studies.STUDIES)
+def test_quick_study_writes_its_report(name, tmp_path):
+    out = tmp_path / name
+    res = studies.study(name, out, quick=True, log=lambda *a: None)
+    report = (out / "report.md").read_text()
+    assert report.startswith("# Study:")
+    for section in ("## Configuration", "## Against the original", "## Figures"):
+        assert section in report, f"{name}: no {section!r}"
+    assert studies.ORIGINAL[name].split(":")[0][:20] in report
+    for f in FILES[name]:
+        path = out / f
+        assert path.is_file() and path.stat().st_size > 0, f"{name}: {f} missing"
+        if f.endswith(".png"):
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            assert f"]({f})" in report
+    if "summary.csv" in FILES[name]:
+        rows = list(csv.DictReader(open(out / "summary.csv")))
+        assert len(rows) == len(res["summary"]) >= 2
+        assert {int(r["workers"]) for r in rows} >= {1, 2}
+    else:
+        data = json.loads((out / "results.json").read_text())
+        assert {d["pixels"] for d in data} == {784, 3136}
+        assert all(d["seconds"] > 0 for d in data)
+
+
+def test_unknown_study_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="study is 'imagenet'"):
+        studies.study("imagenet", tmp_path)
