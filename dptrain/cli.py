@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="A scaling sweep: each size with each worker count, "
                                    "repeated; writes sweep.json, runs.csv, summary.csv and "
                                    "traces/ into --out.")
-    w.add_argument("--model", choices=("logreg", "softmax", "mlp"), default="mlp")
+    w.add_argument("--model", choices=("logreg", "softmax", "mlp", "cnn"), default="mlp")
     w.add_argument("--hidden", type=_hidden, default=(256, 128))
     w.add_argument("--dataset", choices=("mnist", "cifar10", "synthetic"), default="mnist")
     w.add_argument("--data-dir", default=None)
@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--epochs", type=_pos_int, default=1)
     w.add_argument("--batch-size", type=_pos_int, default=128)
     w.add_argument("--lr", type=float, default=0.1)
+    w.add_argument("--momentum", type=float, default=0.9)
+    w.add_argument("--upscale", type=_pos_int, default=1,
+                   help="enlarge MNIST images by this factor per side (more compute per sample)")
     w.add_argument("--threads", type=_pos_int, default=1)
     w.add_argument("--no-ceiling", action="store_true",
                    help="skip the uncoupled runs that measure the contention ceiling")
@@ -235,7 +238,8 @@ def main(argv=None) -> int:
                   backend=args.backend, repeat=args.repeat, epochs=args.epochs,
                   batch_size=args.batch_size, allreduce=args.allreduce,
                   ceiling=not args.no_ceiling, out=args.out, quiet=args.quiet, lr=args.lr,
-                  threads=args.threads, data_dir=args.data_dir,
+                  threads=args.threads, data_dir=args.data_dir, momentum=args.momentum,
+                  upscale=args.upscale,
                   **({"hidden": args.hidden} if args.model == "mlp" else {}))
         except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
             print(f"dptrain: error: {exc}", file=sys.stderr)
