@@ -17,7 +17,9 @@
  * a window and ReLU is monotone, so relu(max(a) + b) = max(relu(a + b)), with the same argmax
  * and the same gradient (d reaches the window's argmax iff the pooled output is > 0), and the
  * bias and ReLU passes touch a map four times smaller. Only the pooled maps and their argmax
- * codes are kept for backward; the full-size conv output is per-image scratch.
+ * codes are kept for backward; the conv output is per-image scratch, and of it only the block
+ * the pooling reads is computed: an odd last row or column (conv2's 13th of 13 in the CIFAR
+ * network) cannot reach the loss, and its gradient is exactly zero.
  *
  * Threads: a conv layer's images are split over the threads; each thread has its own GEMM
  * context (no pool), im2col buffer, conv-output buffer and its own partial dW^T (K, OC) and

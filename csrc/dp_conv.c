@@ -32,7 +32,9 @@ size_t dp_conv_col_elems(const dp_conv_geom *g)
 }
 
 /* Pooling's vectors (see dp_conv_tmpl.h): VL values per 32 bytes, IT the same-width integer,
- * shuffle masks picking the even and odd values of two vectors and interleaving two back. */
+ * shuffle masks picking the even and odd values of two vectors and interleaving two back,
+ * lane indices (IOTA), byte shuffles between one byte per lane and VL packed bytes, and the
+ * integer of VL bytes (CODE_WORD). */
 #define T float
 #define S _f32
 #define VL 8
@@ -44,7 +46,14 @@ size_t dp_conv_col_elems(const dp_conv_geom *g)
 #define ONES {1, 1, 1, 1, 1, 1, 1, 1}
 #define TWOS {2, 2, 2, 2, 2, 2, 2, 2}
 #define IOTA {0, 1, 2, 3, 4, 5, 6, 7}
+#define LOW_BYTES {0, 4, 8, 12, 16, 20, 24, 28}
+#define CODE_WORD uint64_t
+#define SPREAD_BYTES {0, 32, 32, 32, 1, 32, 32, 32, 2, 32, 32, 32, 3, 32, 32, 32, \
+                      4, 32, 32, 32, 5, 32, 32, 32, 6, 32, 32, 32, 7, 32, 32, 32}
 #include "dp_conv_tmpl.h"
+#undef CODE_WORD
+#undef SPREAD_BYTES
+#undef LOW_BYTES
 #undef IOTA
 #undef TWOS
 #undef ONES
@@ -68,7 +77,14 @@ size_t dp_conv_col_elems(const dp_conv_geom *g)
 #define ONES {1, 1, 1, 1}
 #define TWOS {2, 2, 2, 2}
 #define IOTA {0, 1, 2, 3}
+#define LOW_BYTES {0, 8, 16, 24}
+#define CODE_WORD uint32_t
+#define SPREAD_BYTES {0, 32, 32, 32, 32, 32, 32, 32, 1, 32, 32, 32, 32, 32, 32, 32, \
+                      2, 32, 32, 32, 32, 32, 32, 32, 3, 32, 32, 32, 32, 32, 32, 32}
 #include "dp_conv_tmpl.h"
+#undef CODE_WORD
+#undef SPREAD_BYTES
+#undef LOW_BYTES
 #undef IOTA
 #undef TWOS
 #undef ONES

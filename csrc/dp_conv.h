@@ -13,9 +13,10 @@
  * x[c, i + u - PAD, j + v - PAD] for every output position (i, j)), and the convolution is our
  * GEMM (dp_gemm.h) on it: y_n = w (OC, K) col (K, P). Backward: dw^T += col dy_n^T (recomputing
  * col; summed over the images as dw^T (K, OC), then added into dw once), dcol = w^T dy_n, and
- * col2im gathers the patches of dcol back into dx_n. A 1x1 kernel with
- * PAD 0 needs no copy: col is x_n itself. The col buffer is the caller's (a dp_scratch owned
- * by a context or a network): nothing here is file-scope state.
+ * col2im gathers the patches of dcol back into dx_n. A 1x1 kernel with PAD 0 needs no copy:
+ * col is x_n itself. The col buffer is the caller's (a dp_scratch owned by a context or a
+ * network): nothing here is file-scope state. The image functions can compute just the
+ * top-left block of the output (what a 2x2 pooling reads when the output size is odd).
  *
  * Max-pooling: 2x2 windows, stride 2, over `planes` independent H x W planes (B C of them in
  * NCHW); OH = H / 2, OW = W / 2 rounded down (an odd last row or column is dropped, as in

@@ -10,6 +10,8 @@
 typedef T K(pvec) __attribute__((vector_size(32)));
 typedef IT K(pmask) __attribute__((vector_size(32)));
 typedef uint8_t K(pcode) __attribute__((vector_size(VL)));
+typedef uint8_t K(pbytes) __attribute__((vector_size(32)));
+typedef CODE_WORD K(pwords) __attribute__((vector_size(32)));
 
 DP_INLINE K(pvec) K(pload)(const T *p)
 {
@@ -358,6 +360,7 @@ DP_CLONES void K(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t 
     typedef K(pvec) V;
     typedef K(pmask) M;
     const M even = EVEN, odd = ODD, one = ONES, two = TWOS;
+    const K(pbytes) low_bytes = LOW_BYTES;
     int OH = H / 2, OW = W / 2;
     const T *xend = x + planes * H * W;
     const T *yend = y + planes * OH * OW;
@@ -393,7 +396,11 @@ DP_CLONES void K(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t 
                 V top = K(pselect)(kt, a1, a0), bot = K(pselect)(kb, c1, c0);
                 M kf = BEATS(bot, top);
                 M code = (kf & (two + (kb & one))) | (~kf & (kt & one));
-                K(pcode) bytes = __builtin_convertvector(code, K(pcode));
+                /* the low byte of each lane, gathered by a byte shuffle (a lane-by-lane
+                 * conversion compiles to scalar extracts) */
+                K(pbytes) lows = __builtin_shuffle((K(pbytes))code, low_bytes);
+                K(pcode) bytes;
+                memcpy(&bytes, &lows, VL);
                 if (n == VL || yr + j + VL <= yend) {
                     K(pstore)(yr + j, K(pselect)(kf, bot, top));
                     memcpy(ir + j, &bytes, VL);
@@ -419,6 +426,7 @@ DP_CLONES void K(dp_maxpool2_backward)(T *dx, const T *dy, const uint8_t *idx, p
     typedef K(pvec) V;
     typedef K(pmask) M;
     const M lo = ILO, hi = IHI, zero = {0}, one = ONES, two = TWOS, three = two + one;
+    const K(pbytes) zero_bytes = {0}, spread = SPREAD_BYTES;
     const V vzero = {0};
     int OH = H / 2, OW = W / 2;
     const T *gend = dy + planes * OH * OW;
@@ -450,9 +458,13 @@ DP_CLONES void K(dp_maxpool2_backward)(T *dx, const T *dy, const uint8_t *idx, p
                     csrc = tcode;
                 }
                 V g = K(pload)(gsrc);
-                K(pcode) bytes;
-                memcpy(&bytes, csrc, VL);
-                M k = __builtin_convertvector(bytes, M);
+                /* the VL codes as one integer in lane 0 (a vector built from a partly
+                 * written one would stall on store forwarding), then byte q to lane q's low
+                 * byte, the rest 0 */
+                CODE_WORD word;
+                memcpy(&word, csrc, VL);
+                K(pwords) words = {word};
+                M k = (M)__builtin_shuffle((K(pbytes))words, zero_bytes, spread);
                 V v00 = K(pselect)(k == zero, g, vzero), v01 = K(pselect)(k == one, g, vzero);
                 V v10 = K(pselect)(k == two, g, vzero), v11 = K(pselect)(k == three, g, vzero);
                 int direct = n == VL || r1 + 2 * j + 2 * VL <= dxend;

@@ -70,14 +70,34 @@ DP_INLINE void F(transpose)(F(vec_t) *r)
 TGT static void F(pack_a)(T *DP_RESTRICT Ap, const T *DP_RESTRICT A, ptrdiff_t rsa, ptrdiff_t csa,
                           int mc, int kc)
 {
+    /* the packed block ends here: a vector store may run past the current k's MR values
+     * (the next store overwrites them) but never past this */
+    const T *end = Ap + (ptrdiff_t)((mc + MR - 1) / MR) * MR * kc;
+    enum { G = (MR + VL - 1) / VL };       /* vectors per k: MR values in G x VL lanes */
     for (int i0 = 0; i0 < mc; i0 += MR) {
         int mr = mc - i0 < MR ? mc - i0 : MR;
         const T *a = A + (ptrdiff_t)i0 * rsa;
         if (mr == MR && csa == 1) {
-            /* row-major A: MR row pointers walked together */
+            /* row-major A: VL values of each of the MR rows, transposed in registers (rows
+             * past MR repeat the last one), stored as VL runs of MR values; runs are written
+             * with whole vectors whose extra lanes the next run overwrites */
+            int k = 0;
+            for (; k + VL <= kc && Ap + (ptrdiff_t)MR * VL + G * VL - MR <= end; k += VL) {
+                F(vec_t) r[G][VL];
+                for (int g = 0; g < G; g++) {
+                    for (int q = 0; q < VL; q++) {
+                        int row = g * VL + q < MR ? g * VL + q : MR - 1;
+                        r[g][q] = F(vload)(a + (ptrdiff_t)row * rsa + k);
+                    }
+                    F(transpose)(r[g]);
+                }
+                for (int q = 0; q < VL; q++)
+                    for (int g = 0; g < G; g++) F(vstore)(Ap + (ptrdiff_t)q * MR + g * VL, r[g][q]);
+                Ap += (ptrdiff_t)MR * VL;
+            }
             const T *r0 = a, *r1 = a + rsa, *r2 = a + 2 * rsa, *r3 = a + 3 * rsa,
                     *r4 = a + 4 * rsa, *r5 = a + 5 * rsa;
-            for (int k = 0; k < kc; k++) {
+            for (; k < kc; k++) {
                 Ap[0] = r0[k]; Ap[1] = r1[k]; Ap[2] = r2[k];
                 Ap[3] = r3[k]; Ap[4] = r4[k]; Ap[5] = r5[k];
                 Ap += MR;

@@ -305,7 +305,8 @@ NETS = [
 
 def net_id(case):
     shape, ch, dense, k, p = case
-    return f"{'x'.join(map(str, shape))}-c{'.'.join(map(str, ch))}-d{'.'.join(map(str, dense))}-k{k}p{p}"
+    dims = "x".join(map(str, shape))
+    return f"{dims}-c{'.'.join(map(str, ch))}-d{'.'.join(map(str, dense))}-k{k}p{p}"
 
 
 def net_data(case, dtype, batch=13, tag=""):
@@ -455,7 +456,8 @@ def test_cnn_buffers_can_be_caller_owned_and_grads_accumulate(tmp_path):
     n = CNN((1, 8, 8), 3, channels=(2,), hidden=(4,)).n_params
     params, grads = np.zeros(n, np.float32), np.zeros(n, np.float32)
     m = CNN((1, 8, 8), 3, channels=(2,), hidden=(4,), params=params, grads=grads)
-    assert m.params is params and m.grads is grads and not params.any()   # given: not re-initialized
+    assert m.params is params and m.grads is grads
+    assert not params.any()                  # given buffers are used as they are
     m.reset_parameters()
     x, y = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32), np.arange(5) % 3
     m.loss_grad(x, y)
@@ -657,7 +659,6 @@ def releases_gil(call, max_calls=200):
 
 
 def gil_cases():
-    x, w, b, y, dy = conv_args()
     x = np.random.default_rng(0).standard_normal((64, 16, 30, 30)).astype(np.float32)
     w = np.ones((32, 16, 3, 3), np.float32)
     b = np.zeros(32, np.float32)
