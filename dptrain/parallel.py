@@ -63,59 +63,28 @@ class Communicator(abc.ABC):
     _specs: dict = {}
 
     def _account(self, kind: str, name: str, start: int = 0, stop: int | None = None,
-                  root: int = 0, waited: float = 0.0) -> None:
-        """Counts one collective on role `name` (see collectives.bytes_sent)."""
-        from .collectives import bytes_sent
+                 root: int = 0, waited: float = 0.0) -> None:
+        """Counts one collective on role `name` (bytes: see collectives.bytes_sent)."""
         self.calls += 1
         self.waited += waited
-        spec = self._specs.get(name)
-        if spec is None or self.size == 1:
+        if self.size == 1:
             return
+        key = (kind, name, start, stop, root)
+        cache = self.__dict__.setdefault("_bytes_cache", {})
+        nbytes = cache.get(key)
+        if nbytes is None:                    # once per distinct collective: a dict hit after
+            nbytes = cache[key] = self._bytes_of(kind, name, start, stop, root)
+        self.bytes_sent += nbytes
+
+    def _bytes_of(self, kind, name, start, stop, root) -> int:
+        from .collectives import bytes_sent
+        spec = self._specs.get(name)
+        if spec is None:
+            return 0
         n = len(range(*slice(start, stop).indices(spec.length)))
         nbytes = n * np.dtype(spec.dtype).itemsize * (spec.count or 1)
         algorithm = spec.algorithm if kind == "allreduce" else kind
-        self.bytes_sent += bytes_sent(algorithm, self.size, nbytes, self.rank, root)
-
-    @abc.abstractmethod
-    def buffer(self, name: str) -> np.ndarray:
-        """This worker's flat array of a role (or the role's single shared array)."""
-
-    @abc.abstractmethod
-    def buffers(self, name: str) -> list:
-        """Every array of a role (one per rank, or the role's fixed count)."""
-
-    @abc.abstractmethod
-    def allreduce_(self, name: str, scale: float = 1.0, start: int = 0, stop: int | None = None):
-        """In place: the role's arrays [start:stop] become scale * their sum over ranks."""
-
-    @abc.abstractmethod
-    def reduce_(self, name: str, root: int = 0) -> np.ndarray:
-        """The sum of every rank's array of a role for root (parameter server); returns the
-        array that holds it on root (its own buffer, or the role's ``reduce_into`` array)."""
-
-    @abc.abstractmethod
-    def broadcast_(self, name: str, root: int = 0) -> None:
-        """Every rank's array of a role becomes root's."""
-
-    @abc.abstractmethod
-    def barrier(self) -> None:
-        """Returns when every worker has called it."""
-
-    @abc.abstractmethod
-    def abort(self, code: int = 1) -> None:
-        """Makes every worker's current and next collective fail (one failed worker stops all)."""
-
-    def allreduce_async_(self, name: str, start: int = 0, stop: int | None = None):
-        """Starts allreduce_(name, 1.0, start, stop) and returns a handle for wait_; every
-        worker must start the same ranges in the same order."""
-        self.allreduce_(name, 1.0, start, stop)
-        return None
-
-    def wait_(self, handles) -> None:
-        """Waits for handles of allreduce_async_ (re-raising a failure of any of them)."""
-
-    def close(self) -> None:
-        """Releases what the communicator started (e.g. its communication thread)."""
+        return bytes_sent(algorithm, self.size, nbytes, self.rank, root)
 
 
 class LocalComm(Communicator):
