@@ -86,6 +86,47 @@ class Communicator(abc.ABC):
         algorithm = spec.algorithm if kind == "allreduce" else kind
         return bytes_sent(algorithm, self.size, nbytes, self.rank, root)
 
+    @abc.abstractmethod
+    def buffer(self, name: str) -> np.ndarray:
+        """This worker's flat array of a role (or the role's single shared array)."""
+
+    @abc.abstractmethod
+    def buffers(self, name: str) -> list:
+        """Every array of a role (one per rank, or the role's fixed count)."""
+
+    @abc.abstractmethod
+    def allreduce_(self, name: str, scale: float = 1.0, start: int = 0, stop: int | None = None):
+        """In place: the role's arrays [start:stop] become scale * their sum over ranks."""
+
+    @abc.abstractmethod
+    def reduce_(self, name: str, root: int = 0) -> np.ndarray:
+        """The sum of every rank's array of a role for root (parameter server); returns the
+        array that holds it on root (its own buffer, or the role's ``reduce_into`` array)."""
+
+    @abc.abstractmethod
+    def broadcast_(self, name: str, root: int = 0) -> None:
+        """Every rank's array of a role becomes root's."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Returns when every worker has called it."""
+
+    @abc.abstractmethod
+    def abort(self, code: int = 1) -> None:
+        """Makes every worker's current and next collective fail (one failed worker stops all)."""
+
+    def allreduce_async_(self, name: str, start: int = 0, stop: int | None = None):
+        """Starts allreduce_(name, 1.0, start, stop) and returns a handle for wait_; every
+        worker must start the same ranges in the same order."""
+        self.allreduce_(name, 1.0, start, stop)
+        return None
+
+    def wait_(self, handles) -> None:
+        """Waits for handles of allreduce_async_ (re-raising a failure of any of them)."""
+
+    def close(self) -> None:
+        """Releases what the communicator started (e.g. its communication thread)."""
+
 
 class LocalComm(Communicator):
     """A single worker: buffers are plain arrays and collectives do nothing (but scale)."""
