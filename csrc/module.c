@@ -1802,6 +1802,12 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObje
                                                start, stop, (float)scale, self->barrier, &self->policy, &code)
                        : dp_tree_allreduce_f64((double *const *)self->ptrs, self->scratch, self->n, self->rank,
                                                start, stop, scale, self->barrier, &self->policy, &code);
+    } else if (rc == 0 && self->k == 1 && !self->out) {
+        /* a group of one: the sum is the buffer itself, only the scale is left to apply */
+        if (scale != 1.0) {
+            if (self->f32) dp_scale_f32((float *)self->ptrs[0] + lo, hi - lo, (float)scale);
+            else dp_scale_f64((double *)self->ptrs[0] + lo, hi - lo, scale);
+        }
     } else if (rc == 0) {
         if (self->out && self->f32)
             dp_sum_buffers_f32(self->out, (const float *const *)self->ptrs, self->k, lo, hi, (float)scale);

@@ -14,7 +14,8 @@ between barriers; workers are started and the data loaded before it), its phase 
 and for worker counts > 1 the contention ceiling (``independent_seconds``: the same number of
 workers run uncoupled at the same moment, each on its 1/p of the data). A SUMMARY row is one
 configuration: median, min and max over the repeats of the time, the speedup T1/Tp (T1: our
-own 1-worker run of the same size in the same sweep) and the efficiency Sp/p, the median
+own 1-worker run of the same size in the same sweep: sequential, in this process, with no
+communicator, the fastest way we run one worker) and the efficiency Sp/p, the median
 phases, the ceiling's speedup, and the decomposition of the gap Tp - T1/p into:
 
 - contention: compute and data taking longer than 1/p of theirs in the 1-worker run (memory
@@ -182,6 +183,8 @@ def sweep(model: str = "mlp", dataset: str = "mnist", *, sizes=(5000, 10000, 200
     with Progress(len(plan) + n_ceiling, "sweep", quiet=quiet) as bar:
         for n, r, p in plan:
             kw = dict(common, workers=p, **{size_arg: n})
+            if p == 1:
+                kw["backend"] = "thread"     # 1 worker runs in this process, no communicator
             trace = (outdir / "traces" / f"{n}_{p}w.json") if (outdir and r == 0) else None
             res = train(**kw)
             if trace:
