@@ -1063,6 +1063,15 @@ def _fit_model(sweep, out_dir, say):
     except ValueError as exc:
         say(f"no performance model: {exc}")
         return None, None
+    # runs with more workers x threads than the sweep machine's cores time-share the cores:
+    # the model has no term for that (see dptrain.perfmodel), so they are left out of the fit
+    cores = (load_sweep(sweep).get("machine") or {}).get("cores")
+    if cores:
+        fitting = [r for r in runs if r["workers"] * r.get("threads", 1) <= cores]
+        if len(fitting) < len(runs):
+            say(f"performance model: {len(runs) - len(fitting)} run(s) with more workers x "
+                f"threads than the {cores} cores left out of the fit (oversubscribed)")
+            runs = fitting
     try:
         analysis = perfmodel.analyze(runs)
     except ValueError:
