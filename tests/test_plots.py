@@ -609,7 +609,7 @@ def test_importing_dptrain_plots_does_not_import_matplotlib():
     r = subprocess.run([sys.executable, "-c", "import sys, dptrain.plots; "
                         "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))"],
                        capture_output=True, text=True, env={"PYTHONPATH": src, "PATH": ""},
-                       timeout=60)
+                       timeout=60, cwd=src)     # not a checkout whose dptrain is unbuilt
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 
