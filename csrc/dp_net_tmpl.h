@@ -125,6 +125,7 @@ int K(dp_net_evaluate)(dp_net *net, T *logits, double *loss_sum, int64_t *correc
     int L = net->n_layers, IN0 = net->sizes[0], C = net->sizes[L];
     double total = 0;
     int64_t right = 0;
+    net->pending_rows = 0;     /* the scratch is reused: a sweep in progress is abandoned */
     for (int r0 = 0; r0 < B; r0 += EVAL_ROWS) {
         int rows = B - r0 < EVAL_ROWS ? B - r0 : EVAL_ROWS;
         T *out[DP_MAX_LAYERS], *g0, *g1;

@@ -886,17 +886,240 @@ static PyObject *py_maxpool2_backward(PyObject *self, PyObject *args, PyObject *
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ Network and ConvNet */
+
+/* Network (dense layers) and ConvNet (conv blocks + dense layers) have the same Python
+ * methods over two kernel families with the same signatures (dp_net_* and dp_cnn_*): both
+ * objects start with NET_HEAD, and the methods below reach their kernels through a NetOps
+ * table (the same idiom as PyObject_HEAD). */
+typedef struct NetOps NetOps;
+#define NET_HEAD                                                                              \
+    PyObject_HEAD                                                                             \
+    PyArrayObject *params, *grads;   /* owned references, validated once */                   \
+    PyObject *sizes;                 /* tuple: layer widths */                                 \
+    PyObject *pending_x;             /* the input of a backward sweep in progress (owned) */   \
+    PyThread_type_lock lock;                                                                  \
+    int ready;                                                                                \
+    const NetOps *ops;
+
+typedef struct {
+    NET_HEAD
+} NetBase;
+
+struct NetOps {
+    const char *name;                                  /* the type's name, for messages */
+    npy_intp (*in_width)(const NetBase *self);         /* features per input row */
+    npy_intp (*out_width)(const NetBase *self);        /* logits per row */
+    int64_t (*label_classes)(const NetBase *self);     /* labels must be in [0, this) */
+    npy_intp (*n_params)(const NetBase *self);
+    int (*pending_rows)(const NetBase *self);          /* a backward sweep in flight? */
+    int (*next_layer)(const NetBase *self);
+    int (*loss_grad)(NetBase *self, int f32, void *grads, double *loss, int64_t *correct,
+                     const void *params, const void *x, const int64_t *labels, int B, double gs);
+    int (*forward_loss)(NetBase *self, int f32, double *loss, int64_t *correct,
+                        const void *params, const void *x, const int64_t *labels, int B, double gs);
+    int (*backward_layer)(NetBase *self, int f32, void *grads, const void *params, int layer);
+    int (*evaluate)(NetBase *self, int f32, void *logits, double *loss, int64_t *correct,
+                    const void *params, const void *x, const int64_t *labels, int B);
+};
+
+/* The NetOps of an object type OBJ whose `net` member is driven by the PFX##_* kernels. */
+#define NET_OPS(OPS, OBJ, PFX, NAME, IN_WIDTH, OUT_WIDTH, CLASSES)                             \
+    static npy_intp OPS##_in(const NetBase *s) { const OBJ *o = (const OBJ *)s; return IN_WIDTH; } \
+    static npy_intp OPS##_out(const NetBase *s) { const OBJ *o = (const OBJ *)s; return OUT_WIDTH; } \
+    static int64_t OPS##_classes(const NetBase *s) { const OBJ *o = (const OBJ *)s; return CLASSES; } \
+    static npy_intp OPS##_n_params(const NetBase *s) { return ((const OBJ *)s)->net.n_params; } \
+    static int OPS##_pending(const NetBase *s) { return ((const OBJ *)s)->net.pending_rows; }  \
+    static int OPS##_next(const NetBase *s) { return ((const OBJ *)s)->net.next_layer; }        \
+    static int OPS##_loss_grad(NetBase *s, int f32, void *g, double *loss, int64_t *c,          \
+                               const void *p, const void *x, const int64_t *l, int B, double gs) \
+    {                                                                                         \
+        OBJ *o = (OBJ *)s;                                                                    \
+        return f32 ? PFX##_loss_grad_f32(&o->net, g, loss, c, p, x, l, B, (float)gs)          \
+                   : PFX##_loss_grad_f64(&o->net, g, loss, c, p, x, l, B, gs);                \
+    }                                                                                         \
+    static int OPS##_forward_loss(NetBase *s, int f32, double *loss, int64_t *c, const void *p, \
+                                  const void *x, const int64_t *l, int B, double gs)          \
+    {                                                                                         \
+        OBJ *o = (OBJ *)s;                                                                    \
+        return f32 ? PFX##_forward_loss_f32(&o->net, loss, c, p, x, l, B, (float)gs)          \
+                   : PFX##_forward_loss_f64(&o->net, loss, c, p, x, l, B, gs);                \
+    }                                                                                         \
+    static int OPS##_backward_layer(NetBase *s, int f32, void *g, const void *p, int layer)   \
+    {                                                                                         \
+        OBJ *o = (OBJ *)s;                                                                    \
+        return f32 ? PFX##_backward_layer_f32(&o->net, g, p, layer)                           \
+                   : PFX##_backward_layer_f64(&o->net, g, p, layer);                          \
+    }                                                                                         \
+    static int OPS##_evaluate(NetBase *s, int f32, void *logits, double *loss, int64_t *c,    \
+                              const void *p, const void *x, const int64_t *l, int B)          \
+    {                                                                                         \
+        OBJ *o = (OBJ *)s;                                                                    \
+        return f32 ? PFX##_evaluate_f32(&o->net, logits, loss, c, p, x, l, B)                 \
+                   : PFX##_evaluate_f64(&o->net, logits, loss, c, p, x, l, B);                \
+    }                                                                                         \
+    static const NetOps OPS = {NAME, OPS##_in, OPS##_out, OPS##_classes, OPS##_n_params,      \
+                               OPS##_pending, OPS##_next, OPS##_loss_grad, OPS##_forward_loss, \
+                               OPS##_backward_layer, OPS##_evaluate};
+
+/* x (B, IN) of the network's dtype and labels (B,) int64 (labels may be optional). */
+static int net_batch(NetBase *self, PyObject *xo, PyObject *lo, PyArrayObject **x, PyArrayObject **l)
+{
+    if (!self->ready) {
+        PyErr_Format(PyExc_RuntimeError, "%s is not initialized", Py_TYPE(self)->tp_name);
+        return -1;
+    }
+    if (!(*x = check_array(xo, "x", PyArray_TYPE(self->params), 2, 0))) return -1;
+    npy_intp B = PyArray_DIM(*x, 0), xd[2] = {B, self->ops->in_width(self)}, ld[1] = {B};
+    if (check_shape(*x, "x", 2, xd)) return -1;
+    *l = NULL;
+    if (lo && lo != Py_None && (!(*l = check_array(lo, "labels", NPY_INT64, 1, 0)) || check_shape(*l, "labels", 1, ld)))
+        return -1;
+    return 0;
+}
+
+/* The gradient buffer of a call: the held one, or another of the same layout (e.g. one per
+ * chunk of a global batch). */
+static PyArrayObject *net_grads(NetBase *self, PyObject *go, PyArrayObject *x)
+{
+    PyArrayObject *grads = self->grads;
+    if (go && go != Py_None) {
+        npy_intp pn[1] = {self->ops->n_params(self)};
+        if (!(grads = check_array(go, "grads", PyArray_TYPE(self->params), 1, 1)) ||
+            check_shape(grads, "grads", 1, pn) || check_no_overlap(grads, "grads", self->params, "params") ||
+            (x && check_no_overlap(grads, "grads", x, "x")))
+            return NULL;
+    }
+    if (!PyArray_ISWRITEABLE(grads)) {
+        PyErr_SetString(PyExc_ValueError, "grads is read-only, but it is written to");
+        return NULL;
+    }
+    return grads;
+}
+
+/* The exception of a failed kernel call: labels out of range, or the code's own message. */
+static PyObject *net_error(NetBase *self, int rc, PyArrayObject *labels, const char *method)
+{
+    if (rc == DP_ELABEL && labels) return label_error(labels, self->ops->label_classes(self)), NULL;
+    char what[64];
+    snprintf(what, sizeof what, "%s.%s", self->ops->name, method);
+    return raise_code(rc, what);
+}
+
+static PyObject *Net_loss_grad(NetBase *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "labels", "grad_scale", "grads", NULL};
+    PyObject *xo, *lo, *gso = Py_None, *go = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OO:loss_grad", kwlist, &xo, &lo, &gso, &go)) return NULL;
+    PyArrayObject *x, *l, *grads;
+    double gs;
+    if (net_batch(self, xo, lo, &x, &l)) return NULL;
+    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    npy_intp B = PyArray_DIM(x, 0);
+    if (get_grad_scale(gso, B, &gs) || !(grads = net_grads(self, go, x))) return NULL;
+    Py_CLEAR(self->pending_x);           /* a full sweep replaces any one in progress */
+    double loss = 0;
+    int64_t correct = 0;
+    int rc, f32 = IS_F32(self->params);
+    WITHOUT_GIL_LOCKED(self->lock, rc = self->ops->loss_grad(self, f32, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
+    if (rc) return net_error(self, rc, l, "loss_grad");
+    return Py_BuildValue("(dL)", loss, (long long)correct);
+}
+
+static PyObject *Net_forward_loss(NetBase *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "labels", "grad_scale", NULL};
+    PyObject *xo, *lo, *gso = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:forward_loss", kwlist, &xo, &lo, &gso)) return NULL;
+    PyArrayObject *x, *l;
+    double gs;
+    if (net_batch(self, xo, lo, &x, &l)) return NULL;
+    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    npy_intp B = PyArray_DIM(x, 0);
+    if (get_grad_scale(gso, B, &gs)) return NULL;
+    double loss = 0;
+    int64_t correct = 0;
+    int rc, f32 = IS_F32(self->params);
+    WITHOUT_GIL_LOCKED(self->lock, rc = self->ops->forward_loss(self, f32, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
+    Py_CLEAR(self->pending_x);
+    if (rc) return net_error(self, rc, l, "forward_loss");
+    if (self->ops->pending_rows(self)) {
+        Py_INCREF(xo);
+        self->pending_x = xo;            /* backward_layer(0) reads it */
+    }
+    return Py_BuildValue("(dL)", loss, (long long)correct);
+}
+
+static PyObject *Net_backward_layer(NetBase *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"layer", "grads", NULL};
+    int layer;
+    PyObject *go = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|O:backward_layer", kwlist, &layer, &go)) return NULL;
+    if (!self->ready) return PyErr_Format(PyExc_RuntimeError, "%s is not initialized", Py_TYPE(self)->tp_name), NULL;
+    PyArrayObject *grads = net_grads(self, go, self->pending_x ? (PyArrayObject *)self->pending_x : NULL);
+    if (!grads) return NULL;
+    int rc, f32 = IS_F32(self->params);
+    WITHOUT_GIL_LOCKED(self->lock, rc = self->ops->backward_layer(self, f32, PyArray_DATA(grads), PyArray_DATA(self->params), layer));
+    if (rc == DP_EORDER) {
+        if (!self->ops->pending_rows(self))
+            return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d): no forward_loss to go back from", layer), NULL;
+        return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d) out of order: the next layer is %d",
+                            layer, self->ops->next_layer(self)), NULL;
+    }
+    if (rc) return net_error(self, rc, NULL, "backward_layer");
+    if (!self->ops->pending_rows(self)) Py_CLEAR(self->pending_x);
+    Py_RETURN_NONE;
+}
+
+/* evaluate and logits: forward only, in chunks. The kernels reuse the activation scratch, so
+ * a backward sweep in progress ends here (the kernels say so too: no pending rows after). */
+static PyObject *net_forward_only(NetBase *self, PyObject *xo, PyObject *lo, PyObject *oo, const char *method)
+{
+    PyArrayObject *x, *l, *o = NULL;
+    if (net_batch(self, xo, lo, &x, &l)) return NULL;
+    if (lo && !l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    if (oo) {
+        npy_intp od[2] = {PyArray_DIM(x, 0), self->ops->out_width(self)};
+        if (!(o = check_array(oo, "out", PyArray_TYPE(self->params), 2, 1)) || check_shape(o, "out", 2, od) ||
+            check_no_overlap(o, "out", x, "x") || check_no_overlap(o, "out", self->params, "params"))
+            return NULL;
+    }
+    double loss = 0;
+    int64_t correct = 0;
+    int rc, f32 = IS_F32(self->params), B = (int)PyArray_DIM(x, 0);
+    Py_CLEAR(self->pending_x);
+    WITHOUT_GIL_LOCKED(self->lock, rc = self->ops->evaluate(self, f32, o ? PyArray_DATA(o) : NULL, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), l ? PyArray_DATA(l) : NULL, B));
+    if (rc) return net_error(self, rc, l, method);
+    if (o) Py_RETURN_NONE;
+    return Py_BuildValue("(dL)", loss, (long long)correct);
+}
+
+static PyObject *Net_evaluate(NetBase *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "labels", NULL};
+    PyObject *xo, *lo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:evaluate", kwlist, &xo, &lo)) return NULL;
+    return net_forward_only(self, xo, lo, NULL, "evaluate");
+}
+
+static PyObject *Net_logits(NetBase *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "out", NULL};
+    PyObject *xo, *oo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:logits", kwlist, &xo, &oo)) return NULL;
+    return net_forward_only(self, xo, NULL, oo, "logits");
+}
+
 /* ------------------------------------------------------------------ Network */
 
 typedef struct {
-    PyObject_HEAD
+    NET_HEAD
     dp_net net;
-    PyArrayObject *params, *grads;   /* owned references, validated once */
-    PyObject *sizes;                 /* tuple of ints */
-    PyObject *pending_x;             /* the input of a backward sweep in progress (owned) */
-    PyThread_type_lock lock;
-    int ready;
 } NetworkObject;
+
+NET_OPS(network_ops, NetworkObject, dp_net, "Network", o->net.sizes[0], o->net.sizes[o->net.n_layers],
+        o->net.loss == DP_LOSS_SIGMOID_BCE ? 2 : o->net.sizes[o->net.n_layers])
 
 static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds)
 {
@@ -964,6 +1187,7 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds)
     Py_INCREF(g);
     self->params = p;
     self->grads = g;
+    self->ops = &network_ops;
     self->ready = 1;
     rc = 0;
 fail:
@@ -982,167 +1206,6 @@ static void Network_dealloc(NetworkObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* x (B, IN) of the network's dtype and labels (B,) int64 (labels may be optional). */
-static int network_batch(NetworkObject *self, PyObject *xo, PyObject *lo, PyArrayObject **x, PyArrayObject **l)
-{
-    if (!self->ready) {
-        PyErr_SetString(PyExc_RuntimeError, "Network is not initialized");
-        return -1;
-    }
-    if (!(*x = check_array(xo, "x", PyArray_TYPE(self->params), 2, 0))) return -1;
-    npy_intp B = PyArray_DIM(*x, 0), xd[2] = {B, self->net.sizes[0]}, ld[1] = {B};
-    if (check_shape(*x, "x", 2, xd)) return -1;
-    *l = NULL;
-    if (lo && lo != Py_None && (!(*l = check_array(lo, "labels", NPY_INT64, 1, 0)) || check_shape(*l, "labels", 1, ld)))
-        return -1;
-    return 0;
-}
-
-/* The gradient buffer of a call: the held one, or another of the same layout (e.g. one per
- * chunk of a global batch). */
-static PyArrayObject *network_grads(NetworkObject *self, PyObject *go, PyArrayObject *x)
-{
-    PyArrayObject *grads = self->grads;
-    if (go && go != Py_None) {
-        npy_intp pn[1] = {self->net.n_params};
-        if (!(grads = check_array(go, "grads", PyArray_TYPE(self->params), 1, 1)) ||
-            check_shape(grads, "grads", 1, pn) || check_no_overlap(grads, "grads", self->params, "params") ||
-            (x && check_no_overlap(grads, "grads", x, "x")))
-            return NULL;
-    }
-    if (!PyArray_ISWRITEABLE(grads)) {
-        PyErr_SetString(PyExc_ValueError, "grads is read-only, but it is written to");
-        return NULL;
-    }
-    return grads;
-}
-
-static PyObject *Network_forward_loss(NetworkObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"x", "labels", "grad_scale", NULL};
-    PyObject *xo, *lo, *gso = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:forward_loss", kwlist, &xo, &lo, &gso)) return NULL;
-    PyArrayObject *x, *l;
-    double gs;
-    if (network_batch(self, xo, lo, &x, &l)) return NULL;
-    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
-    npy_intp B = PyArray_DIM(x, 0);
-    if (get_grad_scale(gso, B, &gs)) return NULL;
-    double loss = 0;
-    int64_t correct = 0;
-    int rc;
-    dp_net *net = &self->net;
-    if (IS_F32(self->params))
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_forward_loss_f32(net, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, (float)gs));
-    else
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_forward_loss_f64(net, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
-    Py_CLEAR(self->pending_x);
-    if (rc == DP_ELABEL) return label_error(l, net->loss == DP_LOSS_SIGMOID_BCE ? 2 : net->sizes[net->n_layers]), NULL;
-    if (rc) return raise_code(rc, "Network.forward_loss");
-    if (net->pending_rows) {
-        Py_INCREF(xo);
-        self->pending_x = xo;            /* backward_layer(0) reads it */
-    }
-    return Py_BuildValue("(dL)", loss, (long long)correct);
-}
-
-static PyObject *Network_backward_layer(NetworkObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"layer", "grads", NULL};
-    int layer;
-    PyObject *go = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|O:backward_layer", kwlist, &layer, &go)) return NULL;
-    if (!self->ready) return PyErr_Format(PyExc_RuntimeError, "Network is not initialized"), NULL;
-    PyArrayObject *grads = network_grads(self, go, self->pending_x ? (PyArrayObject *)self->pending_x : NULL);
-    if (!grads) return NULL;
-    dp_net *net = &self->net;
-    int rc;
-    if (IS_F32(self->params))
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_backward_layer_f32(net, PyArray_DATA(grads), PyArray_DATA(self->params), layer));
-    else
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_backward_layer_f64(net, PyArray_DATA(grads), PyArray_DATA(self->params), layer));
-    if (rc == DP_EORDER) {
-        if (!net->pending_rows)
-            return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d): no forward_loss to go back from", layer), NULL;
-        return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d) out of order: the next layer is %d",
-                            layer, net->next_layer), NULL;
-    }
-    if (rc) return raise_code(rc, "Network.backward_layer");
-    if (!net->pending_rows) Py_CLEAR(self->pending_x);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Network_loss_grad(NetworkObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"x", "labels", "grad_scale", "grads", NULL};
-    PyObject *xo, *lo, *gso = Py_None, *go = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OO:loss_grad", kwlist, &xo, &lo, &gso, &go)) return NULL;
-    PyArrayObject *x, *l, *grads = self->grads;
-    double gs;
-    if (network_batch(self, xo, lo, &x, &l)) return NULL;
-    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
-    npy_intp B = PyArray_DIM(x, 0);
-    if (get_grad_scale(gso, B, &gs)) return NULL;
-    if (!(grads = network_grads(self, go, x))) return NULL;
-    Py_CLEAR(self->pending_x);           /* a full sweep replaces any one in progress */
-    double loss = 0;
-    int64_t correct = 0;
-    int rc;
-    dp_net *net = &self->net;
-    if (IS_F32(self->params))
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_loss_grad_f32(net, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, (float)gs));
-    else
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_loss_grad_f64(net, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
-    if (rc == DP_ELABEL) return label_error(l, net->loss == DP_LOSS_SIGMOID_BCE ? 2 : net->sizes[net->n_layers]), NULL;
-    if (rc) return raise_code(rc, "Network.loss_grad");
-    return Py_BuildValue("(dL)", loss, (long long)correct);
-}
-
-static PyObject *Network_evaluate(NetworkObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"x", "labels", NULL};
-    PyObject *xo, *lo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:evaluate", kwlist, &xo, &lo)) return NULL;
-    PyArrayObject *x, *l;
-    if (network_batch(self, xo, lo, &x, &l)) return NULL;
-    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
-    double loss = 0;
-    int64_t correct = 0;
-    int rc;
-    dp_net *net = &self->net;
-    int B = (int)PyArray_DIM(x, 0);
-    if (IS_F32(self->params))
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_evaluate_f32(net, NULL, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), B));
-    else
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_evaluate_f64(net, NULL, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), B));
-    if (rc == DP_ELABEL) return label_error(l, net->loss == DP_LOSS_SIGMOID_BCE ? 2 : net->sizes[net->n_layers]), NULL;
-    if (rc) return raise_code(rc, "Network.evaluate");
-    return Py_BuildValue("(dL)", loss, (long long)correct);
-}
-
-static PyObject *Network_logits(NetworkObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"x", "out", NULL};
-    PyObject *xo, *oo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:logits", kwlist, &xo, &oo)) return NULL;
-    PyArrayObject *x, *l, *o;
-    if (network_batch(self, xo, NULL, &x, &l)) return NULL;
-    npy_intp od[2] = {PyArray_DIM(x, 0), self->net.sizes[self->net.n_layers]};
-    if (!(o = check_array(oo, "out", PyArray_TYPE(self->params), 2, 1)) || check_shape(o, "out", 2, od) ||
-        check_no_overlap(o, "out", x, "x") || check_no_overlap(o, "out", self->params, "params"))
-        return NULL;
-    double loss;
-    int64_t correct;
-    int rc;
-    int B = (int)PyArray_DIM(x, 0);
-    if (IS_F32(self->params))
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_evaluate_f32(&self->net, PyArray_DATA(o), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), NULL, B));
-    else
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_net_evaluate_f64(&self->net, PyArray_DATA(o), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), NULL, B));
-    if (rc) return raise_code(rc, "Network.logits");
-    Py_RETURN_NONE;
-}
-
 static PyObject *Network_get_params(NetworkObject *self, void *c) { PyObject *o = self->params ? (PyObject *)self->params : Py_None; Py_INCREF(o); return o; }
 static PyObject *Network_get_grads(NetworkObject *self, void *c) { PyObject *o = self->grads ? (PyObject *)self->grads : Py_None; Py_INCREF(o); return o; }
 static PyObject *Network_get_sizes(NetworkObject *self, void *c) { PyObject *o = self->sizes ? self->sizes : Py_None; Py_INCREF(o); return o; }
@@ -1153,19 +1216,19 @@ static PyObject *Network_get_loss(NetworkObject *self, void *c)
 }
 
 static PyMethodDef Network_methods[] = {
-    {"loss_grad", (PyCFunction)(void (*)(void))Network_loss_grad, METH_VARARGS | METH_KEYWORDS,
+    {"loss_grad", (PyCFunction)(void (*)(void))Net_loss_grad, METH_VARARGS | METH_KEYWORDS,
      "loss_grad(x, labels, grad_scale=None, grads=None) -> (loss_sum, n_correct)\n\nForward and "
      "backward on one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (the "
      "held buffer, or the one given; grad_scale defaults to 1/B)."},
-    {"forward_loss", (PyCFunction)(void (*)(void))Network_forward_loss, METH_VARARGS | METH_KEYWORDS,
+    {"forward_loss", (PyCFunction)(void (*)(void))Net_forward_loss, METH_VARARGS | METH_KEYWORDS,
      "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
      "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it"},
-    {"backward_layer", (PyCFunction)(void (*)(void))Network_backward_layer, METH_VARARGS | METH_KEYWORDS,
+    {"backward_layer", (PyCFunction)(void (*)(void))Net_backward_layer, METH_VARARGS | METH_KEYWORDS,
      "backward_layer(layer, grads=None): one backward step, last layer first; that layer's "
      "gradient is final when it returns"},
-    {"evaluate", (PyCFunction)(void (*)(void))Network_evaluate, METH_VARARGS | METH_KEYWORDS,
+    {"evaluate", (PyCFunction)(void (*)(void))Net_evaluate, METH_VARARGS | METH_KEYWORDS,
      "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
-    {"logits", (PyCFunction)(void (*)(void))Network_logits, METH_VARARGS | METH_KEYWORDS,
+    {"logits", (PyCFunction)(void (*)(void))Net_logits, METH_VARARGS | METH_KEYWORDS,
      "logits(x, out): writes the (B, OUT) logits."},
     {NULL},
 };
@@ -1215,15 +1278,13 @@ static PyObject *py_param_count(PyObject *self, PyObject *arg)
 /* ------------------------------------------------------------------ ConvNet */
 
 typedef struct {
-    PyObject_HEAD
+    NET_HEAD                         /* sizes: width of every layer's input and of the logits */
     dp_cnn net;
-    PyArrayObject *params, *grads;   /* owned references, validated once */
-    PyObject *sizes;                 /* tuple: width of every layer's input and of the logits */
     PyObject *input_shape;           /* tuple (C, H, W) */
-    PyObject *pending_x;             /* the input of a backward sweep in progress (owned) */
-    PyThread_type_lock lock;
-    int ready;
 } ConvNetObject;
+
+NET_OPS(convnet_ops, ConvNetObject, dp_cnn, "ConvNet", o->net.width[0], o->net.width[o->net.n_layers],
+        o->net.width[o->net.n_layers])
 
 /* A sequence of 1..max positive ints into out; its length in *n. */
 static int int_list(PyObject *obj, const char *name, int max, int *out, int *n)
@@ -1332,6 +1393,7 @@ static int ConvNet_init(ConvNetObject *self, PyObject *args, PyObject *kwds)
     Py_INCREF(g);
     self->params = p;
     self->grads = g;
+    self->ops = &convnet_ops;
     self->ready = 1;
     return 0;
 }
@@ -1348,167 +1410,6 @@ static void ConvNet_dealloc(ConvNetObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* x (B, C H W) of the network's dtype and labels (B,) int64 (labels may be optional). */
-static int convnet_batch(ConvNetObject *self, PyObject *xo, PyObject *lo, PyArrayObject **x, PyArrayObject **l)
-{
-    if (!self->ready) {
-        PyErr_SetString(PyExc_RuntimeError, "ConvNet is not initialized");
-        return -1;
-    }
-    if (!(*x = check_array(xo, "x", PyArray_TYPE(self->params), 2, 0))) return -1;
-    npy_intp B = PyArray_DIM(*x, 0), xd[2] = {B, self->net.width[0]}, ld[1] = {B};
-    if (check_shape(*x, "x", 2, xd)) return -1;
-    *l = NULL;
-    if (lo && lo != Py_None && (!(*l = check_array(lo, "labels", NPY_INT64, 1, 0)) || check_shape(*l, "labels", 1, ld)))
-        return -1;
-    return 0;
-}
-
-static PyArrayObject *convnet_grads(ConvNetObject *self, PyObject *go, PyArrayObject *x)
-{
-    PyArrayObject *grads = self->grads;
-    if (go && go != Py_None) {
-        npy_intp pn[1] = {self->net.n_params};
-        if (!(grads = check_array(go, "grads", PyArray_TYPE(self->params), 1, 1)) ||
-            check_shape(grads, "grads", 1, pn) || check_no_overlap(grads, "grads", self->params, "params") ||
-            (x && check_no_overlap(grads, "grads", x, "x")))
-            return NULL;
-    }
-    if (!PyArray_ISWRITEABLE(grads)) {
-        PyErr_SetString(PyExc_ValueError, "grads is read-only, but it is written to");
-        return NULL;
-    }
-    return grads;
-}
-
-#define CNN_CLASSES(self) ((self)->net.width[(self)->net.n_layers])
-
-static PyObject *ConvNet_loss_grad(ConvNetObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"x", "labels", "grad_scale", "grads", NULL};
-    PyObject *xo, *lo, *gso = Py_None, *go = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OO:loss_grad", kwlist, &xo, &lo, &gso, &go)) return NULL;
-    PyArrayObject *x, *l, *grads;
-    double gs;
-    if (convnet_batch(self, xo, lo, &x, &l)) return NULL;
-    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
-    npy_intp B = PyArray_DIM(x, 0);
-    if (get_grad_scale(gso, B, &gs) || !(grads = convnet_grads(self, go, x))) return NULL;
-    Py_CLEAR(self->pending_x);           /* a full sweep replaces any one in progress */
-    double loss = 0;
-    int64_t correct = 0;
-    int rc;
-    dp_cnn *net = &self->net;
-    if (IS_F32(self->params))
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_loss_grad_f32(net, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, (float)gs));
-    else
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_loss_grad_f64(net, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
-    if (rc == DP_ELABEL) return label_error(l, CNN_CLASSES(self)), NULL;
-    if (rc) return raise_code(rc, "ConvNet.loss_grad");
-    return Py_BuildValue("(dL)", loss, (long long)correct);
-}
-
-static PyObject *ConvNet_forward_loss(ConvNetObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"x", "labels", "grad_scale", NULL};
-    PyObject *xo, *lo, *gso = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:forward_loss", kwlist, &xo, &lo, &gso)) return NULL;
-    PyArrayObject *x, *l;
-    double gs;
-    if (convnet_batch(self, xo, lo, &x, &l)) return NULL;
-    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
-    npy_intp B = PyArray_DIM(x, 0);
-    if (get_grad_scale(gso, B, &gs)) return NULL;
-    double loss = 0;
-    int64_t correct = 0;
-    int rc;
-    dp_cnn *net = &self->net;
-    if (IS_F32(self->params))
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_forward_loss_f32(net, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, (float)gs));
-    else
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_forward_loss_f64(net, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
-    Py_CLEAR(self->pending_x);
-    if (rc == DP_ELABEL) return label_error(l, CNN_CLASSES(self)), NULL;
-    if (rc) return raise_code(rc, "ConvNet.forward_loss");
-    if (net->pending_rows) {
-        Py_INCREF(xo);
-        self->pending_x = xo;            /* backward_layer(0) reads it */
-    }
-    return Py_BuildValue("(dL)", loss, (long long)correct);
-}
-
-static PyObject *ConvNet_backward_layer(ConvNetObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"layer", "grads", NULL};
-    int layer;
-    PyObject *go = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|O:backward_layer", kwlist, &layer, &go)) return NULL;
-    if (!self->ready) return PyErr_Format(PyExc_RuntimeError, "ConvNet is not initialized"), NULL;
-    PyArrayObject *grads = convnet_grads(self, go, self->pending_x ? (PyArrayObject *)self->pending_x : NULL);
-    if (!grads) return NULL;
-    dp_cnn *net = &self->net;
-    int rc;
-    if (IS_F32(self->params))
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_backward_layer_f32(net, PyArray_DATA(grads), PyArray_DATA(self->params), layer));
-    else
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_backward_layer_f64(net, PyArray_DATA(grads), PyArray_DATA(self->params), layer));
-    if (rc == DP_EORDER) {
-        if (!net->pending_rows)
-            return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d): no forward_loss to go back from", layer), NULL;
-        return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d) out of order: the next layer is %d",
-                            layer, net->next_layer), NULL;
-    }
-    if (rc) return raise_code(rc, "ConvNet.backward_layer");
-    if (!net->pending_rows) Py_CLEAR(self->pending_x);
-    Py_RETURN_NONE;
-}
-
-static PyObject *ConvNet_evaluate(ConvNetObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"x", "labels", NULL};
-    PyObject *xo, *lo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:evaluate", kwlist, &xo, &lo)) return NULL;
-    PyArrayObject *x, *l;
-    if (convnet_batch(self, xo, lo, &x, &l)) return NULL;
-    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
-    double loss = 0;
-    int64_t correct = 0;
-    int rc;
-    int B = (int)PyArray_DIM(x, 0);
-    Py_CLEAR(self->pending_x);           /* the scratch is reused: a sweep in progress ends */
-    if (IS_F32(self->params))
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_evaluate_f32(&self->net, NULL, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), B));
-    else
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_evaluate_f64(&self->net, NULL, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), B));
-    if (rc == DP_ELABEL) return label_error(l, CNN_CLASSES(self)), NULL;
-    if (rc) return raise_code(rc, "ConvNet.evaluate");
-    return Py_BuildValue("(dL)", loss, (long long)correct);
-}
-
-static PyObject *ConvNet_logits(ConvNetObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"x", "out", NULL};
-    PyObject *xo, *oo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:logits", kwlist, &xo, &oo)) return NULL;
-    PyArrayObject *x, *l, *o;
-    if (convnet_batch(self, xo, NULL, &x, &l)) return NULL;
-    npy_intp od[2] = {PyArray_DIM(x, 0), CNN_CLASSES(self)};
-    if (!(o = check_array(oo, "out", PyArray_TYPE(self->params), 2, 1)) || check_shape(o, "out", 2, od) ||
-        check_no_overlap(o, "out", x, "x") || check_no_overlap(o, "out", self->params, "params"))
-        return NULL;
-    double loss;
-    int64_t correct;
-    int rc;
-    int B = (int)PyArray_DIM(x, 0);
-    Py_CLEAR(self->pending_x);
-    if (IS_F32(self->params))
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_evaluate_f32(&self->net, PyArray_DATA(o), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), NULL, B));
-    else
-        WITHOUT_GIL_LOCKED(self->lock, rc = dp_cnn_evaluate_f64(&self->net, PyArray_DATA(o), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), NULL, B));
-    if (rc) return raise_code(rc, "ConvNet.logits");
-    Py_RETURN_NONE;
-}
-
 static PyObject *held(PyObject *o) { o = o ? o : Py_None; Py_INCREF(o); return o; }
 static PyObject *ConvNet_get_params(ConvNetObject *self, void *c) { return held((PyObject *)self->params); }
 static PyObject *ConvNet_get_grads(ConvNetObject *self, void *c) { return held((PyObject *)self->grads); }
@@ -1520,19 +1421,19 @@ static PyObject *ConvNet_get_n_params(ConvNetObject *self, void *c) { return PyL
 static PyObject *ConvNet_get_loss(ConvNetObject *self, void *c) { return PyUnicode_FromString("softmax_xent"); }
 
 static PyMethodDef ConvNet_methods[] = {
-    {"loss_grad", (PyCFunction)(void (*)(void))ConvNet_loss_grad, METH_VARARGS | METH_KEYWORDS,
+    {"loss_grad", (PyCFunction)(void (*)(void))Net_loss_grad, METH_VARARGS | METH_KEYWORDS,
      "loss_grad(x, labels, grad_scale=None, grads=None) -> (loss_sum, n_correct)\n\nForward and "
      "backward on one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (the "
      "held buffer, or the one given; grad_scale defaults to 1/B)."},
-    {"forward_loss", (PyCFunction)(void (*)(void))ConvNet_forward_loss, METH_VARARGS | METH_KEYWORDS,
+    {"forward_loss", (PyCFunction)(void (*)(void))Net_forward_loss, METH_VARARGS | METH_KEYWORDS,
      "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
      "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it"},
-    {"backward_layer", (PyCFunction)(void (*)(void))ConvNet_backward_layer, METH_VARARGS | METH_KEYWORDS,
+    {"backward_layer", (PyCFunction)(void (*)(void))Net_backward_layer, METH_VARARGS | METH_KEYWORDS,
      "backward_layer(layer, grads=None): one backward step, last layer first; that layer's "
      "gradient is final when it returns"},
-    {"evaluate", (PyCFunction)(void (*)(void))ConvNet_evaluate, METH_VARARGS | METH_KEYWORDS,
+    {"evaluate", (PyCFunction)(void (*)(void))Net_evaluate, METH_VARARGS | METH_KEYWORDS,
      "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
-    {"logits", (PyCFunction)(void (*)(void))ConvNet_logits, METH_VARARGS | METH_KEYWORDS,
+    {"logits", (PyCFunction)(void (*)(void))Net_logits, METH_VARARGS | METH_KEYWORDS,
      "logits(x, out): writes the (B, classes) logits."},
     {NULL},
 };

@@ -127,3 +127,32 @@ def test_gather_rows_and_zero_release_the_gil_and_check_their_arguments():
         ro = np.ones(3)
         ro.flags.writeable = False
         _core.zero_(ro)
+
+
+@pytest.mark.parametrize("kind", ["dense", "conv"])
+def test_evaluate_ends_a_backward_sweep_in_progress(kind):
+    """evaluate/logits reuse the activation scratch: a backward step after them would read
+    overwritten activations. The dense Network used to keep the sweep open (the ConvNet
+    did not); both now end it, and backward_layer says there is nothing to go back from."""
+    rng = np.random.default_rng(0)
+    if kind == "dense":
+        sizes = (6, 5, 3)
+        params = rng.standard_normal(_core.param_count(sizes))
+        net = _core.Network(sizes, "softmax_xent", params, np.zeros_like(params))
+        x = rng.standard_normal((4, 6))
+        last = len(sizes) - 2
+    else:
+        from dptrain import reference
+        shape, ch, dense = (1, 6, 6), (2,), (4, 3)
+        n = reference.cnn_n_params(shape, ch, dense, 3, 0)
+        params = rng.standard_normal(n) * 0.1
+        net = _core.ConvNet(shape, ch, dense, params, np.zeros_like(params))
+        x = rng.standard_normal((4, 36))
+        last = len(ch) + len(dense) - 1
+    labels = np.array([0, 1, 2, 1])
+    for forward_only in (lambda: net.evaluate(x, labels),
+                         lambda: net.logits(x, np.empty((4, 3)))):
+        net.forward_loss(x, labels)
+        forward_only()
+        with pytest.raises(RuntimeError, match="no forward_loss to go back from"):
+            net.backward_layer(last)
