@@ -205,6 +205,49 @@ def run_mpi_helper(mpiexec: str, world: int, script: str, args: Sequence[str],
             return json.load(f)
 
 
+def paired_steps(model, opt, net, x, y, xt, yt, *, lr: float, momentum: float, label: str):
+    """(ours, theirs, check, final_losses) for one training step of a dptrain model and of a
+    PyTorch network holding the same initial weights (net.parameters() in the order of
+    dptrain's flattened model.layers()), on the same batch: each step function does
+    zero_grad + forward + loss + backward + SGD (momentum). check() runs one step of each and
+    asserts that the losses and every parameter tensor agree; label names the case."""
+    import torch
+    loss_fn = torch.nn.CrossEntropyLoss()
+    t_opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    batch = len(y)
+    last = {}
+
+    def ours():
+        model.zero_grad()
+        last["ours"], _ = model.loss_grad(x, y)
+        opt.step()
+
+    def theirs():
+        t_opt.zero_grad()
+        loss = loss_fn(net(xt), yt)
+        loss.backward()
+        t_opt.step()
+        last["torch"] = loss
+
+    def check():
+        ours()
+        theirs()
+        loss_ours, loss_torch = last["ours"] / batch, last["torch"].item()
+        if not np.isclose(loss_ours, loss_torch, rtol=1e-5, atol=1e-6):
+            raise AssertionError(f"step {label} B={batch}: loss {loss_ours} (dptrain) vs "
+                                 f"{loss_torch} (torch)")
+        ours_arrays = [a for wb in model.layers() for a in wb]
+        for i, (p, a) in enumerate(zip(net.parameters(), ours_arrays)):
+            np.testing.assert_allclose(a, p.detach().numpy(), rtol=1e-4, atol=1e-6,
+                                       err_msg=f"step {label} B={batch}: parameter tensor {i} "
+                                               f"after one step")
+
+    def final_losses():
+        return {"ours": float(last["ours"]) / batch, "torch": last["torch"].item()}
+
+    return ours, theirs, check, final_losses
+
+
 def print_environment(env: dict) -> None:
     b = env["dptrain_build"]
     print(f"# {env['date']}  cpu: {env['cpu']} ({env['cpus']} cpus, load {env['loadavg_1min']:.2f})")

@@ -88,38 +88,9 @@ def build(shape, batch):
     with torch.no_grad():
         for p, a in zip(tparams, ours_arrays):
             p.copy_(torch.from_numpy(a))
-    loss_fn = torch.nn.CrossEntropyLoss()
-    t_opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
     xt, yt = torch.from_numpy(x).reshape(batch, *shape), torch.from_numpy(y)
-    last = {}
-
-    def ours():
-        model.zero_grad()
-        last["ours"], _ = model.loss_grad(x, y)
-        opt.step()
-
-    def theirs():
-        t_opt.zero_grad()
-        loss = loss_fn(net(xt), yt)
-        loss.backward()
-        t_opt.step()
-        last["torch"] = loss
-
-    def check():
-        ours()
-        theirs()
-        loss_ours, loss_torch = last["ours"] / batch, last["torch"].item()
-        if not np.isclose(loss_ours, loss_torch, rtol=1e-5, atol=1e-6):
-            raise AssertionError(f"step {shape} B={batch}: loss {loss_ours} (dptrain) vs "
-                                 f"{loss_torch} (torch)")
-        for i, (p, a) in enumerate(zip(tparams, [a for wb in model.layers() for a in wb])):
-            np.testing.assert_allclose(a, p.detach().numpy(), rtol=1e-4, atol=1e-6,
-                                       err_msg=f"step {shape} B={batch}: parameter tensor {i} "
-                                               f"after one step")
-
-    def final_losses():
-        return {"ours": float(last["ours"]) / batch, "torch": last["torch"].item()}
-
+    ours, theirs, check, final_losses = _util.paired_steps(
+        model, opt, net, x, y, xt, yt, lr=LR, momentum=MOMENTUM, label=str(shape))
     return model, ours, theirs, check, final_losses
 
 

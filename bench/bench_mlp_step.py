@@ -83,40 +83,9 @@ def build(sizes, batch):
         for lin, (w, b) in zip(linears, model.layers()):
             lin.weight.copy_(torch.from_numpy(w))
             lin.bias.copy_(torch.from_numpy(b))
-    loss_fn = torch.nn.CrossEntropyLoss()
-    t_opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    last = {}
-
-    def ours():
-        model.zero_grad()
-        last["ours"], _ = model.loss_grad(x, y)
-        opt.step()
-
-    def theirs():
-        t_opt.zero_grad()
-        loss = loss_fn(net(xt), yt)
-        loss.backward()
-        t_opt.step()
-        last["torch"] = loss
-
-    def check():
-        ours()
-        theirs()
-        loss_ours = last["ours"] / batch
-        loss_torch = last["torch"].item()
-        if not np.isclose(loss_ours, loss_torch, rtol=1e-5, atol=1e-6):
-            raise AssertionError(f"step {sizes} B={batch}: loss {loss_ours} (dptrain) vs "
-                                 f"{loss_torch} (torch)")
-        for i, (lin, (w, b)) in enumerate(zip(linears, model.layers())):
-            for name, ours_p, torch_p in (("W", w, lin.weight), ("b", b, lin.bias)):
-                np.testing.assert_allclose(
-                    ours_p, torch_p.detach().numpy(), rtol=1e-4, atol=1e-6,
-                    err_msg=f"step {sizes} B={batch}: layer {i} {name} after one step")
-
-    def final_losses():
-        return {"ours": float(last["ours"]) / batch, "torch": last["torch"].item()}
-
+    ours, theirs, check, final_losses = _util.paired_steps(
+        model, opt, net, x, y, xt, yt, lr=LR, momentum=MOMENTUM, label=str(sizes))
     return ours, theirs, check, final_losses
 
 

@@ -1111,6 +1111,40 @@ static PyObject *Net_logits(NetBase *self, PyObject *args, PyObject *kwds)
     return net_forward_only(self, xo, NULL, oo, "logits");
 }
 
+static PyObject *held(PyObject *o) { o = o ? o : Py_None; Py_INCREF(o); return o; }
+static PyObject *Net_get_params(NetBase *self, void *c) { return held((PyObject *)self->params); }
+static PyObject *Net_get_grads(NetBase *self, void *c) { return held((PyObject *)self->grads); }
+static PyObject *Net_get_sizes(NetBase *self, void *c) { return held(self->sizes); }
+
+/* Releases what NET_HEAD holds (the type's dealloc frees its own net and fields first). */
+static void net_release(NetBase *self)
+{
+    Py_XDECREF(self->params);
+    Py_XDECREF(self->grads);
+    Py_XDECREF(self->sizes);
+    Py_XDECREF(self->pending_x);
+    if (self->lock) PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Net_methods[] = {
+    {"loss_grad", (PyCFunction)(void (*)(void))Net_loss_grad, METH_VARARGS | METH_KEYWORDS,
+     "loss_grad(x, labels, grad_scale=None, grads=None) -> (loss_sum, n_correct)\n\nForward and "
+     "backward on one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (the "
+     "held buffer, or the one given; grad_scale defaults to 1/B)."},
+    {"forward_loss", (PyCFunction)(void (*)(void))Net_forward_loss, METH_VARARGS | METH_KEYWORDS,
+     "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
+     "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it"},
+    {"backward_layer", (PyCFunction)(void (*)(void))Net_backward_layer, METH_VARARGS | METH_KEYWORDS,
+     "backward_layer(layer, grads=None): one backward step, last layer first; that layer's "
+     "gradient is final when it returns"},
+    {"evaluate", (PyCFunction)(void (*)(void))Net_evaluate, METH_VARARGS | METH_KEYWORDS,
+     "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
+    {"logits", (PyCFunction)(void (*)(void))Net_logits, METH_VARARGS | METH_KEYWORDS,
+     "logits(x, out): writes the (B, OUT) logits (OUT: the classes, 1 for sigmoid_bce)."},
+    {NULL},
+};
+
 /* ------------------------------------------------------------------ Network */
 
 typedef struct {
@@ -1198,45 +1232,20 @@ fail:
 static void Network_dealloc(NetworkObject *self)
 {
     if (self->ready) dp_net_free(&self->net);
-    Py_XDECREF(self->params);
-    Py_XDECREF(self->grads);
-    Py_XDECREF(self->sizes);
-    Py_XDECREF(self->pending_x);
-    if (self->lock) PyThread_free_lock(self->lock);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    net_release((NetBase *)self);
 }
 
-static PyObject *Network_get_params(NetworkObject *self, void *c) { PyObject *o = self->params ? (PyObject *)self->params : Py_None; Py_INCREF(o); return o; }
-static PyObject *Network_get_grads(NetworkObject *self, void *c) { PyObject *o = self->grads ? (PyObject *)self->grads : Py_None; Py_INCREF(o); return o; }
-static PyObject *Network_get_sizes(NetworkObject *self, void *c) { PyObject *o = self->sizes ? self->sizes : Py_None; Py_INCREF(o); return o; }
 static PyObject *Network_get_threads(NetworkObject *self, void *c) { return PyLong_FromLong(self->ready ? self->net.ctx.threads : 0); }
 static PyObject *Network_get_loss(NetworkObject *self, void *c)
 {
     return PyUnicode_FromString(self->net.loss == DP_LOSS_SIGMOID_BCE ? "sigmoid_bce" : "softmax_xent");
 }
 
-static PyMethodDef Network_methods[] = {
-    {"loss_grad", (PyCFunction)(void (*)(void))Net_loss_grad, METH_VARARGS | METH_KEYWORDS,
-     "loss_grad(x, labels, grad_scale=None, grads=None) -> (loss_sum, n_correct)\n\nForward and "
-     "backward on one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (the "
-     "held buffer, or the one given; grad_scale defaults to 1/B)."},
-    {"forward_loss", (PyCFunction)(void (*)(void))Net_forward_loss, METH_VARARGS | METH_KEYWORDS,
-     "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
-     "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it"},
-    {"backward_layer", (PyCFunction)(void (*)(void))Net_backward_layer, METH_VARARGS | METH_KEYWORDS,
-     "backward_layer(layer, grads=None): one backward step, last layer first; that layer's "
-     "gradient is final when it returns"},
-    {"evaluate", (PyCFunction)(void (*)(void))Net_evaluate, METH_VARARGS | METH_KEYWORDS,
-     "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
-    {"logits", (PyCFunction)(void (*)(void))Net_logits, METH_VARARGS | METH_KEYWORDS,
-     "logits(x, out): writes the (B, OUT) logits."},
-    {NULL},
-};
 
 static PyGetSetDef Network_getset[] = {
-    {"params", (getter)Network_get_params, NULL, "the flat parameter array (held)", NULL},
-    {"grads", (getter)Network_get_grads, NULL, "the flat gradient array (held)", NULL},
-    {"sizes", (getter)Network_get_sizes, NULL, "layer widths (IN, H1, ..., OUT)", NULL},
+    {"params", (getter)Net_get_params, NULL, "the flat parameter array (held)", NULL},
+    {"grads", (getter)Net_get_grads, NULL, "the flat gradient array (held)", NULL},
+    {"sizes", (getter)Net_get_sizes, NULL, "layer widths (IN, H1, ..., OUT)", NULL},
     {"threads", (getter)Network_get_threads, NULL, "threads the kernels split work over", NULL},
     {"loss", (getter)Network_get_loss, NULL, "the loss name", NULL},
     {NULL},
@@ -1252,7 +1261,7 @@ static PyTypeObject NetworkType = {
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Network_init,
     .tp_dealloc = (destructor)Network_dealloc,
-    .tp_methods = Network_methods,
+    .tp_methods = Net_methods,
     .tp_getset = Network_getset,
 };
 
@@ -1401,47 +1410,21 @@ static int ConvNet_init(ConvNetObject *self, PyObject *args, PyObject *kwds)
 static void ConvNet_dealloc(ConvNetObject *self)
 {
     if (self->ready) dp_cnn_free(&self->net);
-    Py_XDECREF(self->params);
-    Py_XDECREF(self->grads);
-    Py_XDECREF(self->sizes);
     Py_XDECREF(self->input_shape);
-    Py_XDECREF(self->pending_x);
-    if (self->lock) PyThread_free_lock(self->lock);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    net_release((NetBase *)self);
 }
 
-static PyObject *held(PyObject *o) { o = o ? o : Py_None; Py_INCREF(o); return o; }
-static PyObject *ConvNet_get_params(ConvNetObject *self, void *c) { return held((PyObject *)self->params); }
-static PyObject *ConvNet_get_grads(ConvNetObject *self, void *c) { return held((PyObject *)self->grads); }
-static PyObject *ConvNet_get_sizes(ConvNetObject *self, void *c) { return held(self->sizes); }
 static PyObject *ConvNet_get_input_shape(ConvNetObject *self, void *c) { return held(self->input_shape); }
 static PyObject *ConvNet_get_threads(ConvNetObject *self, void *c) { return PyLong_FromLong(self->ready ? self->net.threads : 0); }
 static PyObject *ConvNet_get_n_conv(ConvNetObject *self, void *c) { return PyLong_FromLong(self->net.n_conv); }
 static PyObject *ConvNet_get_n_params(ConvNetObject *self, void *c) { return PyLong_FromSsize_t(self->net.n_params); }
 static PyObject *ConvNet_get_loss(ConvNetObject *self, void *c) { return PyUnicode_FromString("softmax_xent"); }
 
-static PyMethodDef ConvNet_methods[] = {
-    {"loss_grad", (PyCFunction)(void (*)(void))Net_loss_grad, METH_VARARGS | METH_KEYWORDS,
-     "loss_grad(x, labels, grad_scale=None, grads=None) -> (loss_sum, n_correct)\n\nForward and "
-     "backward on one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (the "
-     "held buffer, or the one given; grad_scale defaults to 1/B)."},
-    {"forward_loss", (PyCFunction)(void (*)(void))Net_forward_loss, METH_VARARGS | METH_KEYWORDS,
-     "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
-     "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it"},
-    {"backward_layer", (PyCFunction)(void (*)(void))Net_backward_layer, METH_VARARGS | METH_KEYWORDS,
-     "backward_layer(layer, grads=None): one backward step, last layer first; that layer's "
-     "gradient is final when it returns"},
-    {"evaluate", (PyCFunction)(void (*)(void))Net_evaluate, METH_VARARGS | METH_KEYWORDS,
-     "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
-    {"logits", (PyCFunction)(void (*)(void))Net_logits, METH_VARARGS | METH_KEYWORDS,
-     "logits(x, out): writes the (B, classes) logits."},
-    {NULL},
-};
 
 static PyGetSetDef ConvNet_getset[] = {
-    {"params", (getter)ConvNet_get_params, NULL, "the flat parameter array (held)", NULL},
-    {"grads", (getter)ConvNet_get_grads, NULL, "the flat gradient array (held)", NULL},
-    {"sizes", (getter)ConvNet_get_sizes, NULL, "flat width of the input and of every layer's output", NULL},
+    {"params", (getter)Net_get_params, NULL, "the flat parameter array (held)", NULL},
+    {"grads", (getter)Net_get_grads, NULL, "the flat gradient array (held)", NULL},
+    {"sizes", (getter)Net_get_sizes, NULL, "flat width of the input and of every layer's output", NULL},
     {"input_shape", (getter)ConvNet_get_input_shape, NULL, "(C, H, W) of one input row", NULL},
     {"threads", (getter)ConvNet_get_threads, NULL, "threads the kernels split work over", NULL},
     {"n_conv", (getter)ConvNet_get_n_conv, NULL, "number of conv blocks (the first layers)", NULL},
@@ -1461,7 +1444,7 @@ static PyTypeObject ConvNetType = {
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)ConvNet_init,
     .tp_dealloc = (destructor)ConvNet_dealloc,
-    .tp_methods = ConvNet_methods,
+    .tp_methods = Net_methods,
     .tp_getset = ConvNet_getset,
 };
 

@@ -1020,50 +1020,6 @@ def test_fresh_thread_pool_used_at_once_does_not_deadlock(threads):
 # the GIL
 
 
-def releases_gil(call, max_calls=200):
-    """True if the main thread ran Python code while a worker thread was inside call().
-
-    With a huge switch interval the worker is never preempted while it runs Python code, so
-    the shared counter can only move between its reads `before` and `after` if call() itself
-    released the GIL. The main thread counts in bursts and then blocks briefly (releasing the
-    GIL) so that the worker can come back from its call. Nothing depends on timing: a loaded
-    machine only makes it take more calls.
-    """
-    counter = [0]
-    seen = []
-    errors = []
-    done = threading.Event()
-
-    def worker():
-        try:
-            for _ in range(max_calls):
-                before = counter[0]
-                call()
-                if counter[0] != before:
-                    seen.append(counter[0] - before)
-                    return
-        except BaseException as e:
-            errors.append(e)
-        finally:
-            done.set()
-
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(100.0)
-    try:
-        t = threading.Thread(target=worker, daemon=True)
-        t.start()
-        while not done.is_set():
-            for _ in range(1000):
-                counter[0] += 1
-            done.wait(0.001)
-    finally:
-        sys.setswitchinterval(old)
-    t.join(JOIN_TIMEOUT_S)
-    if errors:
-        raise errors[0]
-    return bool(seen)
-
-
 def gil_cases():
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((400, 400)), rng.standard_normal((400, 400))
@@ -1089,12 +1045,12 @@ def gil_cases():
 
 @pytest.mark.parametrize("kernel", ["gemm", "gemm_naive", "dense_forward", "Network.loss_grad",
                                     "Network.evaluate", "sum_buffers", "softmax_xent"])
-def test_kernel_releases_the_gil(kernel):
-    assert releases_gil(gil_cases()[kernel]), (
+def test_kernel_releases_the_gil(kernel, gil_probe):
+    assert gil_probe(gil_cases()[kernel]), (
         f"{kernel}: the main thread never ran while the worker was inside the call")
 
 
-def test_gil_probe_detects_a_call_that_holds_the_gil():
+def test_gil_probe_detects_a_call_that_holds_the_gil(gil_probe):
     """The probe itself can fail: a pure-Python busy loop never releases the GIL."""
     def hold():
         s = 0
@@ -1102,4 +1058,4 @@ def test_gil_probe_detects_a_call_that_holds_the_gil():
             s += i
         return s
 
-    assert not releases_gil(hold, max_calls=20)
+    assert not gil_probe(hold, max_calls=20)

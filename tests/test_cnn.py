@@ -622,42 +622,6 @@ def test_no_reference_leaks():
     assert [sys.getrefcount(o) for o in objs] == before
 
 
-def releases_gil(call, max_calls=200):
-    """True if the main thread ran Python code while a worker thread was inside call() (the
-    probe of test_boundary.py: with a huge switch interval the worker is never preempted in
-    Python code, so the counter only moves during a call that released the GIL)."""
-    counter, seen, errors, done = [0], [], [], threading.Event()
-
-    def worker():
-        try:
-            for _ in range(max_calls):
-                before = counter[0]
-                call()
-                if counter[0] != before:
-                    seen.append(1)
-                    return
-        except BaseException as e:
-            errors.append(e)
-        finally:
-            done.set()
-
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(100.0)
-    try:
-        t = threading.Thread(target=worker, daemon=True)
-        t.start()
-        while not done.is_set():
-            for _ in range(1000):
-                counter[0] += 1
-            done.wait(0.001)
-    finally:
-        sys.setswitchinterval(old)
-    t.join(JOIN_TIMEOUT_S)
-    if errors:
-        raise errors[0]
-    return bool(seen)
-
-
 def gil_cases():
     x = np.random.default_rng(0).standard_normal((64, 16, 30, 30)).astype(np.float32)
     w = np.ones((32, 16, 3, 3), np.float32)
@@ -681,8 +645,8 @@ def gil_cases():
 @pytest.mark.parametrize("kernel", ["conv2d_forward", "conv2d_backward", "maxpool2_forward",
                                     "maxpool2_backward", "ConvNet.loss_grad",
                                     "ConvNet.evaluate"])
-def test_kernel_releases_the_gil(kernel):
-    assert releases_gil(gil_cases()[kernel]), (
+def test_kernel_releases_the_gil(kernel, gil_probe):
+    assert gil_probe(gil_cases()[kernel]), (
         f"{kernel}: the main thread never ran while the worker was inside the call")
 
 

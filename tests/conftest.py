@@ -1,0 +1,57 @@
+"""Shared test helpers (pytest fixtures, available to every test module)."""
+import sys
+import threading
+
+import pytest
+
+JOIN_TIMEOUT_S = 60  # a deadlocked thread fails the test instead of hanging the run
+
+
+def releases_gil(call, max_calls=200):
+    """True if the main thread ran Python code while a worker thread was inside call().
+
+    With a huge switch interval the worker is never preempted while it runs Python code, so
+    the shared counter can only move between its reads `before` and `after` if call() itself
+    released the GIL. The main thread counts in bursts and then blocks briefly (releasing the
+    GIL) so that the worker can come back from its call. Nothing depends on timing: a loaded
+    machine only makes it take more calls.
+    """
+    counter = [0]
+    seen = []
+    errors = []
+    done = threading.Event()
+
+    def worker():
+        try:
+            for _ in range(max_calls):
+                before = counter[0]
+                call()
+                if counter[0] != before:
+                    seen.append(counter[0] - before)
+                    return
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            done.set()
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    try:
+        t = threading.Thread(target=worker, daemon=True)
+        t.start()
+        while not done.is_set():
+            for _ in range(1000):
+                counter[0] += 1
+            done.wait(0.001)
+    finally:
+        sys.setswitchinterval(old)
+    t.join(JOIN_TIMEOUT_S)
+    if errors:
+        raise errors[0]
+    return bool(seen)
+
+
+@pytest.fixture
+def gil_probe():
+    """releases_gil(call, max_calls=200) -> bool: the GIL-release probe above."""
+    return releases_gil
