@@ -1005,15 +1005,22 @@ _SYNTH_SHIFT = 3     # class patterns move by up to 3 pixels each way (wrapping 
 _SYNTH_CHUNK = 2048  # rows per independently seeded chunk
 
 
-def _interpolation_matrix(n_out: int, n_in: int) -> np.ndarray:
-    """(n_out, n_in): linear interpolation from n_in evenly spread points to n_out points."""
-    pos = np.linspace(0.0, n_in - 1.0, n_out)
-    lo = np.minimum(np.floor(pos).astype(np.int64), n_in - 2)
+def _bilinear(levels: np.ndarray, side: int) -> np.ndarray:
+    """(..., G, G) grids of levels -> (..., side, side) planes, by linear interpolation along
+    each axis from G evenly spread points to `side` points.
+
+    Written as element-wise products and sums (two terms per output value), never as a
+    matrix product: a BLAS call may block its reduction by the number of rows, so its
+    rounding would depend on how many samples are drawn at once. This way every value is
+    the same whatever the batch, on any machine.
+    """
+    g = levels.shape[-1]
+    pos = np.linspace(0.0, g - 1.0, side)
+    lo = np.minimum(np.floor(pos).astype(np.int64), g - 2)
     frac = pos - lo
-    m = np.zeros((n_out, n_in))
-    m[np.arange(n_out), lo] = 1.0 - frac
-    m[np.arange(n_out), lo + 1] = frac
-    return m
+    w0, w1 = (1.0 - frac).astype(levels.dtype), frac.astype(levels.dtype)
+    rows = levels[..., lo, :] * w0[:, None] + levels[..., lo + 1, :] * w1[:, None]
+    return rows[..., lo] * w0 + rows[..., lo + 1] * w1
 
 
 def synthetic_cifar10(n_train: int = CIFAR10_TRAIN_SIZE, n_test: int = CIFAR10_TEST_SIZE, *,
@@ -1043,13 +1050,9 @@ def synthetic_cifar10(n_train: int = CIFAR10_TRAIN_SIZE, n_test: int = CIFAR10_T
     dt = _float_dtype(dtype)
     channels, side, _ = CIFAR10_SHAPE
     plane = side * side
-    grid = _SYNTH_GRID * _SYNTH_GRID
-    # a flattened 4x4 grid -> a flattened 32x32 plane: kron of the 1-D interpolations
-    smooth = np.ascontiguousarray(
-        np.kron(*(2 * [_interpolation_matrix(side, _SYNTH_GRID)])).T, dtype=dt)  # (16, 1024)
+    grid = (_SYNTH_GRID, _SYNTH_GRID)
     prng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0,)))
-    patterns = (prng.random((CIFAR10_CLASSES * channels, grid), dtype=dt) @ smooth).reshape(
-        CIFAR10_CLASSES, channels, side, side)
+    patterns = _bilinear(prng.random((CIFAR10_CLASSES, channels) + grid, dtype=dt), side)
     # every class pattern at every shift, pre-scaled: a sample starts as one row of this
     offsets = range(-_SYNTH_SHIFT, _SYNTH_SHIFT + 1)
     shifted = np.stack([np.roll(p, (dy, dx), axis=(1, 2)).reshape(-1)
@@ -1075,7 +1078,7 @@ def synthetic_cifar10(n_train: int = CIFAR10_TRAIN_SIZE, n_test: int = CIFAR10_T
             block -= 0.5
             block *= uniform_scale
             block += shifted[which]
-            clutter = clutter_rng.random((m * channels, grid), dtype=dt) @ smooth  # (m*3, 1024)
+            clutter = _bilinear(clutter_rng.random((m, channels) + grid, dtype=dt), side)
             clutter *= distractor
             block += clutter.reshape(m, channels * plane)
             np.clip(block, 0.0, 1.0, out=block)
