@@ -11,6 +11,7 @@ reductions); ``dptrain.reference`` is their pure-NumPy twin and test oracle.
 from . import _core
 from .models import CNN, MLP, LogisticRegression, Model, SoftmaxRegression, load_model
 from .optim import SGD
+from .training import train
 
 __version__ = "0.1.0"
 
@@ -29,8 +30,3 @@ def build_info() -> dict:
         info["mpi"] = f"not available ({type(exc).__name__}: {exc})"
     return info
 
-
-def train(*args, **kwargs):
-    """See dptrain.training.train."""
-    from .training import train as _train
-    return _train(*args, **kwargs)

@@ -64,6 +64,8 @@ def _straggle(text: str | None):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m dptrain`` (subcommands train, sweep, study, info,
+    plot)."""
     p = argparse.ArgumentParser(
         prog="python -m dptrain",
         description="Synchronous data-parallel training on CPUs, with a C core.")
@@ -106,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     t.add_argument("--workers", type=_pos_int, default=1,
                    help="data-parallel workers (default 1; under mpiexec: the MPI world size)")
-    t.add_argument("--backend", choices=("thread", "process", "mpi"), default="thread",
+    t.add_argument("--backend", choices=("thread", "process", "mpi"), default=None,
                    help="how workers run: threads of this process, processes sharing memory, "
-                        "or MPI ranks (launch with mpiexec -n N)")
+                        "or MPI ranks (launch with mpiexec -n N). Default: mpi when started by "
+                        "an MPI launcher with several ranks, else thread")
     t.add_argument("--start-method", choices=("spawn", "fork", "forkserver"), default=None,
                    help="process backend: how worker processes start (default: Python's)")
     t.add_argument("--timeout", type=_nonneg_float, default=0.0,
@@ -210,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Runs the command line on argv (default sys.argv[1:]); returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -41,6 +41,7 @@ import pickle
 import tarfile
 import tempfile
 import urllib.request
+import warnings
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,7 @@ __all__ = [
     "CIFAR10_SHAPE",
     "DataError",
     "DataNotFound",
+    "DataWarning",
     "Dataset",
     "DATASET_NAMES",
     "MNIST_FILES",
@@ -86,6 +88,31 @@ class DataNotFound(DataError):
         self.searched = list(searched or [])
 
 
+class DataWarning(UserWarning):
+    """A data file was read, but it is not the published file it is named after (its
+    checksum differs): a subset, a re-encoding or damage. Training goes on with it."""
+
+
+def _integrity(what: str, where, checks: list[tuple[str, str, str, str | None]]) -> str:
+    """Dataset.integrity from (file, algorithm, digest, published digest or None) rows.
+
+    Warns once (DataWarning) naming every file whose digest is not the published one:
+    such files are a subset, a re-encoding or damaged, and results on them are not
+    comparable with published ones; training goes on with them.
+    """
+    differ = [f"{file} ({algorithm} {digest}, published {expected})"
+              for file, algorithm, digest, expected in checks
+              if expected is not None and digest != expected]
+    if differ:
+        warnings.warn(f"{what} in {where} is not the published data set: "
+                      + "; ".join(differ) + ". Training goes on with these files, but results "
+                      "will not be comparable with published ones.", DataWarning, stacklevel=4)
+        return "modified"
+    if checks and all(expected is not None for *_, expected in checks):
+        return "verified"
+    return "unchecked"
+
+
 # ---------------------------------------------------------------------------------------
 # Dataset
 # ---------------------------------------------------------------------------------------
@@ -111,6 +138,9 @@ class Dataset:
 
     `source` says where the arrays came from (a directory, or "synthetic (...)").
     `true_weights` is the generating weight vector w* for `synthetic_binary`, else None.
+    `integrity` says whether the files read are the published ones: "verified" (every
+    file's checksum matches), "modified" (one differs; a DataWarning said which),
+    "unchecked" (no published checksum, or not read from files).
     `input_shape` is the shape of one sample, whose row-major flattening is a row of x:
     (1, 28, 28) for MNIST, (3, 32, 32) for CIFAR-10 (channels first), so that a CNN can
     view the rows as images. Left out (None), it becomes (features,): plain vectors.
@@ -125,6 +155,7 @@ class Dataset:
     source: str
     true_weights: np.ndarray | None = None
     input_shape: tuple[int, ...] | None = None
+    integrity: str = "unchecked"
 
     def __post_init__(self):
         # Validate once here so the training loop can trust the layout and never convert.
@@ -166,18 +197,22 @@ class Dataset:
 
     @property
     def n_features(self) -> int:
+        """Features per row of x."""
         return self.x_train.shape[1]
 
     @property
     def n_train(self) -> int:
+        """Training samples."""
         return self.x_train.shape[0]
 
     @property
     def n_test(self) -> int:
+        """Test samples."""
         return self.x_test.shape[0]
 
     @property
     def dtype(self) -> np.dtype:
+        """The dtype of x (float32 or float64)."""
         return self.x_train.dtype
 
     def describe(self) -> str:
@@ -218,7 +253,11 @@ def read_idx(path) -> np.ndarray:
     a truncated file, trailing bytes after the data, or corrupt gzip data.
     """
     path = Path(path)
-    data = _read_bytes(path)
+    return _parse_idx(_read_bytes(path), path)
+
+
+def _parse_idx(data: bytes, path: Path) -> np.ndarray:
+    """The array of an IDX file's (decompressed) bytes; `path` names it in errors."""
     if len(data) < 4:
         raise DataError(f"{path}: truncated IDX header: expected at least 4 bytes, found "
                         f"{len(data)}")
@@ -355,10 +394,14 @@ def load_mnist(data_dir=None, *, dtype=np.float32, normalize=True) -> Dataset:
         if files is None:
             searched.append(f"{directory} ({why})")
             continue
-        x_tr_img = read_idx(files["train-images-idx3-ubyte"])
-        y_tr_lbl = read_idx(files["train-labels-idx1-ubyte"])
-        x_te_img = read_idx(files["t10k-images-idx3-ubyte"])
-        y_te_lbl = read_idx(files["t10k-labels-idx1-ubyte"])
+        arrays, checks = {}, []
+        for base, path in files.items():
+            raw = _read_bytes(path)
+            checks.append((path.name, "sha256 of the content", hashlib.sha256(raw).hexdigest(),
+                           MNIST_SHA256[base]))
+            arrays[base] = _parse_idx(raw, path)
+        x_tr_img, y_tr_lbl = arrays["train-images-idx3-ubyte"], arrays["train-labels-idx1-ubyte"]
+        x_te_img, y_te_lbl = arrays["t10k-images-idx3-ubyte"], arrays["t10k-labels-idx1-ubyte"]
         _check_split(x_tr_img, y_tr_lbl, files["train-images-idx3-ubyte"],
                      files["train-labels-idx1-ubyte"])
         _check_split(x_te_img, y_te_lbl, files["t10k-images-idx3-ubyte"],
@@ -369,7 +412,8 @@ def load_mnist(data_dir=None, *, dtype=np.float32, normalize=True) -> Dataset:
             x_test=_images_to_float(x_te_img, dt, normalize),
             y_test=y_te_lbl.astype(np.int64),
             name="mnist", n_classes=MNIST_CLASSES, source=str(directory),
-            input_shape=(1, MNIST_SIDE, MNIST_SIDE))
+            input_shape=(1, MNIST_SIDE, MNIST_SIDE),
+            integrity=_integrity("MNIST", directory, checks))
     hint = "" if data_dir is not None else f" (set {ENV_DATA_DIR} to a directory holding them)"
     raise DataNotFound(
         f"MNIST not found: looked for {', '.join(f + '[.gz]' for f in MNIST_FILES)} in: "
@@ -391,10 +435,6 @@ def download_mnist(dest_dir=None, *, timeout: float = 10.0, mirrors=MNIST_MIRROR
     not be fetched from any mirror.
     """
     dest = Path(dest_dir).expanduser() if dest_dir is not None else default_cache_dir()
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DataError(f"cannot create dest_dir={str(dest)!r}: {exc}") from exc
     for base in MNIST_FILES:
         target = dest / (base + ".gz")
         if target.is_file():
@@ -416,6 +456,10 @@ def download_mnist(dest_dir=None, *, timeout: float = 10.0, mirrors=MNIST_MIRROR
                 failures.append(f"{url}: sha256 of decompressed data is {digest}, "
                                 f"expected {MNIST_SHA256[base]}")
                 continue
+            try:                          # created only once there is something to keep
+                dest.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise DataError(f"cannot create dest_dir={str(dest)!r}: {exc}") from exc
             _write_atomic(target, blob)
             break
         else:
@@ -439,27 +483,43 @@ def _write_atomic(target: Path, blob: bytes) -> None:
         raise
 
 
+def _check_env_data_dir() -> None:
+    """$DPTRAIN_DATA names a directory: when it is set but there is no such directory (a
+    typo), that is an error, never a reason to fall back to synthetic data."""
+    env = os.environ.get(ENV_DATA_DIR, "")
+    if env and not Path(env).expanduser().is_dir():
+        raise DataNotFound(f"${ENV_DATA_DIR} is {env!r}, but there is no such directory",
+                           searched=[env])
+
+
 def get_mnist(data_dir=None, dtype=np.float32, allow_download=True, allow_synthetic=True,
               announce: Callable[[str], None] | None = print, *, seed: int = 0,
               synthetic_n_train: int = 60_000, synthetic_n_test: int = 10_000) -> Dataset:
     """MNIST for the main job: local files, else a download, else synthetic stand-in data.
 
-    1. `load_mnist(data_dir)`.
-    2. If not found and `allow_download`: `download_mnist` into `data_dir` (when given) or
-       the cache directory, then load it.
+    A directory the user names (`data_dir`, or $DPTRAIN_DATA when it does not exist) must
+    hold the files: otherwise DataNotFound names the directory and the files looked for,
+    and nothing is downloaded, created or made up. Without one (the implicit default):
+    1. `load_mnist()`: $DPTRAIN_DATA, then the cache directory.
+    2. If not found and `allow_download`: `download_mnist` into the cache directory, then
+       load it.
     3. If still not found and `allow_synthetic`: announce one line through `announce` and
-       return `synthetic_classification` data with MNIST's shapes (784 features, 10 classes).
+       return `synthetic_classification` data with MNIST's shapes (784 features, 10
+       classes), named "synthetic-mnist" (never "mnist").
     4. Otherwise raise DataNotFound.
-    A malformed local file raises DataError at step 1; it is never papered over.
+    A malformed local file raises DataError; it is never papered over.
     """
     dt = _float_dtype(dtype)
-    try:
+    if data_dir is not None:
         return load_mnist(data_dir, dtype=dt)
+    _check_env_data_dir()
+    try:
+        return load_mnist(dtype=dt)
     except DataNotFound as exc:
         not_found = exc
     download_note = "download disabled"
     if allow_download:
-        dest = Path(data_dir).expanduser() if data_dir is not None else default_cache_dir()
+        dest = default_cache_dir()
         try:
             download_mnist(dest)
             return load_mnist(dest, dtype=dt)
@@ -494,6 +554,18 @@ CIFAR10_CLASSES = 10
 CIFAR10_TRAIN_SIZE = 50_000
 CIFAR10_TEST_SIZE = 10_000
 _CIFAR10_RECORD = 1 + CIFAR10_FEATURES  # binary format: one label byte, then the pixels
+
+# The published md5 of each archive, and of each batch file of the Python format
+# (https://www.cs.toronto.edu/~kriz/cifar.html gives the archives'). No checksum of the binary
+# format's single batch files is published: read outside their archive, they go unchecked.
+CIFAR10_ARCHIVE_MD5 = {"cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a",
+                       "cifar-10-binary.tar.gz": "c32a1d4ab5d03f1284b67883e8d87530"}
+CIFAR10_PYTHON_BATCH_MD5 = {"data_batch_1": "c99cafc152244af753f735de768cd75f",
+                            "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+                            "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+                            "data_batch_4": "634d18415352ddfa80567beed471001a",
+                            "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+                            "test_batch": "40351d587109b95175f43aff81a1287e"}
 
 # format -> (official directory name, suffix of the batch files, official archive name)
 _CIFAR10_FORMATS = {
@@ -845,21 +917,38 @@ def load_cifar10(data_dir=None, *, dtype=np.float32, normalize=True) -> Dataset:
         fmt, location, batches = found
         parse = _parse_cifar10_pickle if fmt == "python" else _parse_cifar10_bin
         splits = {"train": [], "test": []}
+        checks = []
+        if location.is_file():            # an official archive: its own published md5
+            checks.append((location.name, "md5", _md5_file(location),
+                           CIFAR10_ARCHIVE_MD5.get(location.name)))
         for batch in CIFAR10_BATCHES:  # in this order, whatever the order in an archive
             item = batches[batch]
             where, blob = (str(item), item.read_bytes()) if isinstance(item, Path) else item
+            if not location.is_file():
+                checks.append((batch + _CIFAR10_FORMATS[fmt][1], "md5",
+                               hashlib.md5(blob).hexdigest(),
+                               CIFAR10_PYTHON_BATCH_MD5[batch] if fmt == "python" else None))
             splits["test" if batch == "test_batch" else "train"].append(parse(blob, where))
         x_train, y_train = _stack_cifar10(splits["train"], dt, normalize)
         x_test, y_test = _stack_cifar10(splits["test"], dt, normalize)
         return Dataset(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
                        name="cifar10", n_classes=CIFAR10_CLASSES, source=str(location),
-                       input_shape=CIFAR10_SHAPE)
+                       input_shape=CIFAR10_SHAPE,
+                       integrity=_integrity("CIFAR-10", location, checks))
     hint = ("" if data_dir is not None else
             f" (set {ENV_DATA_DIR} to a directory holding them)")
     raise DataNotFound(
         "CIFAR-10 not found: looked for cifar-10-batches-py/ or cifar-10-batches-bin/ (or the "
         "batch files themselves, or cifar-10-python.tar.gz / cifar-10-binary.tar.gz) in: "
         + "; ".join(searched) + hint, searched=searched)
+
+
+def _md5_file(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _stack_cifar10(parts, dtype: np.dtype, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -881,17 +970,24 @@ def get_cifar10(data_dir=None, dtype=np.float32, allow_synthetic=True,
                 synthetic_n_test: int = CIFAR10_TEST_SIZE) -> Dataset:
     """CIFAR-10 for the main job: local files, else announced synthetic stand-in data.
 
-    1. `load_cifar10(data_dir)`.
+    A directory the user names (`data_dir`, or $DPTRAIN_DATA when it does not exist) must
+    hold the batches: otherwise DataNotFound names the directory and what was looked for.
+    Without one (the implicit default):
+    1. `load_cifar10()`: $DPTRAIN_DATA, then the cache directory.
     2. If not found and `allow_synthetic`: announce one line through `announce` and return
-       `synthetic_cifar10` data with CIFAR-10's shapes (3072 features, 10 classes).
+       `synthetic_cifar10` data with CIFAR-10's shapes (3072 features, 10 classes), named
+       "synthetic-cifar10".
     3. Otherwise raise DataNotFound.
     There is no download step: CIFAR-10 is not reachable from the machines this runs on, so
-    the data must be put in place by hand. A malformed local file raises DataError at step
-    1; it is never papered over.
+    the data must be put in place by hand. A malformed local file raises DataError; it is
+    never papered over.
     """
     dt = _float_dtype(dtype)
-    try:
+    if data_dir is not None:
         return load_cifar10(data_dir, dtype=dt)
+    _check_env_data_dir()
+    try:
+        return load_cifar10(dtype=dt)
     except DataNotFound as exc:
         if not allow_synthetic:
             raise
@@ -1194,6 +1290,9 @@ def load_dataset(name: str, *, data_dir=None, dtype=np.float32, limit: int | Non
         ds = get_cifar10(data_dir, dtype=dt, allow_synthetic=True, announce=announce,
                          seed=seed, synthetic_n_train=n_synthetic)
     else:
+        if data_dir is not None:
+            raise ValueError(f"data_dir={str(data_dir)!r} applies to 'mnist' and 'cifar10'; "
+                             f"the 'synthetic' data set is generated, not read")
         n = SYNTHETIC_DEFAULT_SAMPLES if n_samples is None else _check_count(n_samples, "n_samples")
         d = (SYNTHETIC_DEFAULT_FEATURES if n_features is None
              else _check_count(n_features, "n_features"))

@@ -89,18 +89,22 @@ class Model:
     # ---- shapes and views
     @property
     def n_params(self) -> int:
+        """Length of the flat parameter (and gradient, velocity) buffer."""
         return self.params.size
 
     @property
     def n_features(self) -> int:
+        """Features per input row (``sizes[0]``)."""
         return self.sizes[0]
 
     @property
     def n_outputs(self) -> int:
+        """Logits per row: the classes, or 1 for a binary (sigmoid) model."""
         return self.sizes[-1]
 
     @property
     def threads(self) -> int:
+        """Threads the C kernels split one batch over."""
         return self._net.threads
 
     def layers(self):
@@ -125,6 +129,7 @@ class Model:
 
     # ---- compute
     def zero_grad(self) -> None:
+        """Clears ``grads`` (backward accumulates into it): one memset, GIL released."""
         _core.zero_(self.grads)           # a memset with the GIL released
 
     def loss_grad(self, x: np.ndarray, y: np.ndarray, grad_scale: float | None = None,
@@ -145,6 +150,7 @@ class Model:
         return loss_sum / max(len(x), 1)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
+        """The (B, n_outputs) logits of a batch (forward only), as a new array."""
         out = np.empty((len(x), self.n_outputs), dtype=self.dtype)
         self._net.logits(x, out)
         return out
@@ -167,6 +173,7 @@ class Model:
 
     # ---- persistence (.npz, no pickle)
     def config(self) -> dict:
+        """The architecture as plain values (what ``save`` writes and ``load_model`` reads)."""
         return {"kind": self.kind, "sizes": list(self.sizes), "loss": self.loss,
                 "dtype": self.dtype.name, "seed": self.seed}
 
@@ -277,6 +284,7 @@ class CNN(Model):
         return self.input_shape, self.channels, self._dense
 
     def reset_parameters(self) -> None:
+        """Writes the seeded initial parameters (PyTorch's Conv2d/Linear init) into ``params``."""
         self.params[:] = reference.cnn_init_params(*self._arch(), self.seed, self.dtype,
                                                    self.kernel, self.padding)
 
@@ -285,9 +293,11 @@ class CNN(Model):
         return reference.cnn_unflatten(*self._arch(), self.params, self.kernel, self.padding)
 
     def grad_layers(self):
+        """[(dW, db), ...] views into ``grads``, shaped as ``layers()``."""
         return reference.cnn_unflatten(*self._arch(), self.grads, self.kernel, self.padding)
 
     def layer_slices(self):
+        """[(start, stop), ...] of each layer's W and b in the flat buffers, first layer first."""
         out, off = [], 0
         for w, b in self.layers():
             out.append((off, off + w.size + b.size))
@@ -295,11 +305,13 @@ class CNN(Model):
         return out
 
     def config(self) -> dict:
+        """The architecture as plain values, with the CNN's shape, channels and kernel."""
         return {**super().config(), "input_shape": list(self.input_shape),
                 "channels": list(self.channels), "hidden": list(self.hidden),
                 "kernel": self.kernel, "padding": self.padding}
 
     def load_state(self, path) -> dict:
+        """As ``Model.load_state``, after checking the saved CNN architecture is this one."""
         with _open_model_file(path) as f:
             cfg = _read_config(path, f)
         mine = self.config()

@@ -32,6 +32,14 @@ def lr_at(step: int, total_steps: int, base_lr: float, schedule: str = "constant
 
 
 class SGD:
+    """Stochastic gradient descent on a model's flat buffers, one C kernel call per step.
+
+    ``SGD(model, lr, momentum=0.9, dampening=0, weight_decay=0, nesterov=False)``;
+    ``step()`` updates ``model.params`` from ``model.grads`` and keeps the momentum in
+    ``model.velocity``, with torch.optim.SGD's semantics (see the module docstring). Bad
+    hyper-parameters raise ValueError naming the value (see ``check``).
+    """
+
     def __init__(self, model, lr: float, *, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
         self.check(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
@@ -67,5 +75,6 @@ class SGD:
         self.steps += 1
 
     def config(self) -> dict:
+        """The hyper-parameters as a dict."""
         return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}

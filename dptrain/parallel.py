@@ -509,16 +509,52 @@ class MPIComm(Communicator):
         self._comm.Abort(code)
 
 
-def mpi_world_size() -> int | None:
-    """The world size when this process was started by mpiexec (from the launcher's
-    environment, without importing mpi4py), else None."""
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
-        if var in os.environ:
-            try:
-                return int(os.environ[var])
-            except ValueError:
-                pass
+# Launchers and the variable each sets to the world size in every process it starts.
+MPI_LAUNCH_VARIABLES = (
+    ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpiexec"),
+    ("PMI_SIZE", "an MPICH/Hydra or Intel MPI mpiexec"),
+    ("PMIX_SIZE", "a PMIx launcher"),
+    ("MV2_COMM_WORLD_SIZE", "MVAPICH's mpiexec"),
+    ("SLURM_STEP_NUM_TASKS", "Slurm's srun"),
+)
+
+
+def mpi_launch() -> tuple[str, int] | None:
+    """(which launcher, world size) when this process was started by an MPI launcher, read
+    from the environment without importing mpi4py (or starting MPI); None otherwise.
+    Slurm is read from srun's step variable: an sbatch script itself is not an MPI rank."""
+    for var, launcher in MPI_LAUNCH_VARIABLES:
+        value = os.environ.get(var, "")
+        if value.strip().isdigit():
+            return f"{launcher} ({var}={value})", int(value)
     return None
+
+
+def mpi_world_size() -> int | None:
+    """The world size when this process was started by an MPI launcher, else None."""
+    launch = mpi_launch()
+    return launch[1] if launch else None
+
+
+def resolve_backend(backend: str | None) -> tuple[str, str | None]:
+    """The backend to run (and a note saying why, or None): backend=None picks 'mpi' when
+    this process is one of several ranks started by an MPI launcher, else 'thread'. An
+    explicit 'thread' or 'process' under such a launcher is refused: every rank would run
+    its own copy of the whole training."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend is {backend!r}, expected one of {BACKENDS} (or None: "
+                         f"MPI when started by an MPI launcher, else thread)")
+    launch = mpi_launch()
+    if launch is None or launch[1] <= 1 or backend == "mpi":
+        return backend or "thread", None
+    where, size = launch
+    if backend is None:
+        return "mpi", (f"started by {where} as one of {size} ranks: using the MPI backend "
+                       f"(--backend mpi)")
+    raise ValueError(f"this process was started by {where} as one of {size} ranks, but "
+                     f"backend={backend!r} would make each rank run its own, separate "
+                     f"training: use --backend mpi (backend='mpi'), or start one process "
+                     f"without the MPI launcher")
 
 
 # ------------------------------------------------------------------ launchers
@@ -724,5 +760,6 @@ def shard(start: int, stop: int, rank: int, world: int) -> tuple[int, int]:
 
 
 __all__ = ["BACKENDS", "BufferSpec", "Communicator", "LocalComm", "MPIComm", "SharedLayout",
-           "ShmComm", "WaitPolicy", "WorkerError", "check_world", "mpi_world_size",
+           "ShmComm", "WaitPolicy", "WorkerError", "check_world", "mpi_launch", "mpi_world_size",
+           "resolve_backend",
            "run_processes", "run_threads", "shard"]

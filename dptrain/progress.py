@@ -19,6 +19,7 @@ def _in_notebook() -> bool:
 
 
 def format_seconds(s: float) -> str:
+    """A duration for people: "42 s", "3 min 05 s", "1 h 02 min"."""
     s = max(0.0, s)
     if s < 60:
         return f"{s:.0f} s"
@@ -45,6 +46,7 @@ class Progress:
         self._tty = not self._notebook and hasattr(self.stream, "isatty") and self.stream.isatty()
 
     def line(self, label: str = "") -> str:
+        """The bar as one line of text."""
         elapsed = time.perf_counter() - self.t0
         frac = self.done / self.total if self.total else 1.0
         filled = int(round(self.WIDTH * frac))
@@ -56,6 +58,7 @@ class Progress:
                 f"  eta {eta_s}" + (f"  {label}" if label else ""))
 
     def update(self, label: str = "", n: int = 1) -> None:
+        """n more items done; redraws the bar (with label) unless quiet."""
         self.done = min(self.total, self.done + n)
         if self.quiet:
             return

@@ -27,4 +27,5 @@ def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
+    """Batches per epoch: ceil(n / batch_size) (the last batch is kept, not dropped)."""
     return -(-n // batch_size)

@@ -44,6 +44,7 @@ TRACE_STEPS = 30
 
 
 def machine_info() -> dict:
+    """What the sweep ran on: cores, CPU model, the C core's SIMD level, Python, platform."""
     from . import build_info
     info = build_info()
     cpu = platform.processor() or platform.machine()
@@ -138,6 +139,7 @@ def _flat(row: dict, prefix: str = "") -> dict:
 
 
 def write_csv(rows: list[dict], path) -> None:
+    """Writes rows (nested dicts flattened to prefix_key columns, lists left out) as CSV."""
     flat = [_flat(r) for r in rows]
     fields = list(dict.fromkeys(k for r in flat for k in r))
     with open(path, "w", newline="") as f:
@@ -149,13 +151,16 @@ def write_csv(rows: list[dict], path) -> None:
 def sweep(model: str = "mlp", dataset: str = "mnist", *, sizes=(5000, 10000, 20000, 40000),
           workers=(1, 2, 4), backend: str = "process", repeat: int = 3, epochs: int = 1,
           batch_size: int = 128, allreduce: str = "native", ceiling: bool = True,
-          out=None, quiet: bool = False, log=print, **train_kw) -> dict:
+          out=None, quiet: bool = False, log=print, quick: bool = False, **train_kw) -> dict:
     """Runs the sweep (see the module docstring) and returns its dict; writes it to `out`.
 
     sizes: training-set sizes (the first N samples of MNIST, or N synthetic samples);
     workers: worker counts (1 is added: it is the baseline); backend: 'thread' | 'process'
     (MPI sweeps: one mpiexec per worker count, see the README); ceiling=False skips the
-    uncoupled runs. Other keyword arguments go to train() unchanged.
+    uncoupled runs; quick=True marks a reduced run (a pipeline check, not a result) in
+    the config, so that tables and figures say so. Other keyword arguments go to train()
+    unchanged. The config's "dataset" is the data set the runs really used, e.g.
+    "synthetic-mnist" when MNIST was not found ("requested_dataset" keeps the name asked for).
     """
     from .training import train
     if backend not in ("thread", "process"):
@@ -197,9 +202,12 @@ def sweep(model: str = "mlp", dataset: str = "mnist", *, sizes=(5000, 10000, 200
                 bar.update(f"{n} samples, {p} uncoupled workers: {indep:.3f} s")
             runs.append(run_row(res, n_samples=n, repeat=r, independent=indep, backend=backend))
     summary = summarize(runs)
-    result = {"config": dict(model=model, dataset=dataset, sizes=sizes, workers=counts,
-                             backend=backend, repeat=repeat, epochs=epochs,
-                             batch_size=batch_size, allreduce=allreduce, ceiling=ceiling,
+    used = runs[0]["dataset"]             # what the runs trained on, e.g. "synthetic-mnist"
+    result = {"config": dict(model=model, dataset=used, requested_dataset=dataset,
+                             synthetic=used.startswith("synthetic"), quick=bool(quick),
+                             sizes=sizes, workers=counts, backend=backend, repeat=repeat,
+                             epochs=epochs, batch_size=batch_size, allreduce=allreduce,
+                             ceiling=ceiling,
                              **{k: v for k, v in train_kw.items() if _jsonable(v)}),
               "machine": machine_info(), "runs": runs, "summary": summary}
     if outdir:
@@ -207,8 +215,17 @@ def sweep(model: str = "mlp", dataset: str = "mnist", *, sizes=(5000, 10000, 200
         write_csv(runs, outdir / "runs.csv")
         write_csv(summary, outdir / "summary.csv")
         say(f"wrote {outdir / 'sweep.json'}, runs.csv, summary.csv, traces/")
-    say(format_summary(summary))
+    say(f"{model} on {data_label(result['config'])}:\n" + format_summary(summary))
     return result
+
+
+def data_label(config: dict) -> str:
+    """The data set as tables and figures name it: its real name, flagged when the data
+    are synthetic or the run was a quick one."""
+    name = config.get("dataset", "?")
+    flags = (["SYNTHETIC DATA"] if str(name).startswith("synthetic") else []) + (
+        ["QUICK RUN"] if config.get("quick") else [])
+    return name + (f" ({', '.join(flags)})" if flags else "")
 
 
 def _jsonable(v) -> bool:

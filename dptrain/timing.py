@@ -50,6 +50,8 @@ class StepTimer:
         self._open = None
 
     def step(self, epoch, t_start, t_data, t_compute, t_exchange, t_update, waited):
+        """Records one step from its phase-boundary clock readings (perf_counter seconds)
+        and the seconds waited at its collectives' entry (the sync wait inside the exchange)."""
         if self._open is not None:
             self._open[_END] = t_start
         row = [t_start, t_data, t_compute, t_exchange, t_update, t_update, waited, epoch]
@@ -63,6 +65,7 @@ class StepTimer:
             self._open = None
 
     def array(self) -> np.ndarray:
+        """The recorded steps as a (steps, 8) float64 array (the per-rank stamps)."""
         return np.array(self.rows, dtype=np.float64).reshape(-1, 8)
 
 
@@ -145,6 +148,7 @@ class StepTimes:
         return np.stack([s[:, _END] - s[:, _START] for s in self.stamps])
 
     def epochs(self) -> np.ndarray:
+        """The epoch (0-based) of each step."""
         return self.stamps[0][:, _EPOCH].astype(np.int64)
 
     # ------------------------------------------------------------ tables
@@ -218,6 +222,7 @@ class StepTimes:
         return text
 
     def to_dict(self) -> dict:
+        """Metadata, summary, per-epoch table, calls and bytes as plain values (JSON-ready)."""
         return {"meta": self.meta, "phases": list(PHASES), "summary": self.summary(),
                 "per_epoch": self.per_epoch(), "calls": self.calls,
                 "bytes_sent": self.bytes_sent,
@@ -228,6 +233,7 @@ class StepTimes:
         return cls(d["stamps"], d.get("calls"), d.get("bytes_sent"), d.get("meta"))
 
     def to_json(self, path=None) -> str:
+        """``to_dict()`` as JSON text, also written to ``path`` when given."""
         text = json.dumps(self.to_dict())
         if path is not None:
             with open(path, "w") as f:

@@ -96,6 +96,7 @@ class Job:
                    "warmup_steps", "deterministic")
 
     def specs(self):
+        """The shared buffers this job's workers need (parallel.BufferSpec per role)."""
         p = model_n_params(self.model, self.sizes)
         dt = np.dtype(self.dtype)
         # parameter server: the grads' rank-order sum goes into one shared array, read by 0
@@ -417,7 +418,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
           nesterov: bool = False, weight_decay: float = 0.0, dampening: float = 0.0,
           lr_schedule: str = "cosine", seed: int = 0, shuffle: bool = True,
           limit: int | None = None, dtype: str = "float32", hidden=(256, 128),
-          workers: int = 1, backend: str = "thread", threads: int = 1,
+          workers: int = 1, backend: str | None = None, threads: int = 1,
           start_method: str | None = None, timeout: float = 0.0,
           n_samples: int | None = None, n_features: int | None = None, upscale: int = 1,
           out=None, save_weights=None, quiet: bool = False, allow_download: bool = True,
@@ -433,7 +434,9 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     reading rows as images of the data set's input_shape: (1, 28, 28) for MNIST, (3, 32, 32)
     for CIFAR-10); dataset: 'mnist' | 'cifar10' | 'synthetic'.
     backend: 'thread' | 'process' | 'mpi' (under mpiexec, where the world size comes from
-    MPI); batch_size is the GLOBAL batch. shuffle=False keeps a fixed batch order;
+    MPI) | None (the default: 'mpi' when this process is one of several ranks started by an
+    MPI launcher, else 'thread'; 'thread' or 'process' under such a launcher is an error,
+    never N separate trainings); batch_size is the GLOBAL batch. shuffle=False keeps a fixed batch order;
     limit keeps the first N training samples. timeout > 0 bounds each collective's wait.
     allreduce: 'native' (the transport's own: MPI_Allreduce, or the shared-memory reduce),
     'ring' or 'tree' (point-to-point schedules: MPI messages, or reads of the sender's
@@ -482,6 +485,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
         raise ValueError(f"lr_schedule is {lr_schedule!r}, expected one of {SCHEDULES}")
     if not (timeout >= 0 and math.isfinite(timeout)):
         raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+    backend, launch_note = parallel.resolve_backend(backend)
     mpi_rank = 0
     if backend == "mpi":
         comm_world = _mpi_comm()
@@ -531,6 +535,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     if resume and not Path(resume).is_file():
         raise ValueError(f"resume: no checkpoint file at {resume}")
     say = (lambda *a: None) if (quiet or mpi_rank != 0) else log
+    if launch_note:
+        say(f"dptrain: {launch_note}")
     warning = parallel.oversubscription_warning(workers, threads)
     if warning and mpi_rank == 0:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
@@ -554,9 +560,14 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
                   straggle_random_ms=straggle_random_ms)
 
     t0 = time.perf_counter()
+    # a synthetic stand-in is announced on stderr even when quiet: a run on made-up data
+    # must never pass for one on the real data set
+    note = _stderr_line if mpi_rank == 0 else None
     ds = data_mod.load_dataset(dataset, data_dir=data_dir, dtype=np.dtype(dtype), limit=limit,
                                seed=seed, n_samples=n_samples, n_features=n_features,
-                               upscale=upscale, allow_download=allow_download, announce=say)
+                               upscale=upscale, allow_download=allow_download, announce=note)
+    config["requested_dataset"] = dataset
+    config["dataset"] = ds.name          # e.g. "synthetic-mnist" when MNIST was not found
     _check_finite_data(ds)
     if len(ds.x_train) < workers:
         raise ValueError(f"the data set has {len(ds.x_train)} training samples, fewer than "
@@ -672,7 +683,8 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     result = {
         "dptrain_version": _version(),
         "config": config,
-        "dataset": {"name": ds.name, "source": ds.source, "n_train": n,
+        "dataset": {"name": ds.name, "source": ds.source, "integrity": ds.integrity,
+                    "synthetic": ds.name.startswith("synthetic"), "n_train": n,
                     "n_test": len(ds.x_test), "n_features": ds.n_features,
                     "n_classes": ds.n_classes},
         "model": {"kind": model, "sizes": list(net.sizes), "n_params": net.n_params,
@@ -707,6 +719,16 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     result["params"] = head["params"]      # not in the JSON: the trained parameters
     result["step_times"] = step_times      # not in the JSON: every step of every rank
     return result
+
+
+_ANNOUNCED: set = set()     # lines already printed by this process (a sweep's runs repeat them)
+
+
+def _stderr_line(line: str) -> None:
+    import sys
+    if line not in _ANNOUNCED:
+        _ANNOUNCED.add(line)
+        print(f"dptrain: {line}", file=sys.stderr, flush=True)
 
 
 def _mpi_comm():

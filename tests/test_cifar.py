@@ -31,6 +31,10 @@ from dptrain.data import (
     synthetic_cifar10,
 )
 
+# the tests write small stand-ins that are not the published files: the warning that says so
+# is tested below, and silenced elsewhere
+pytestmark = pytest.mark.filterwarnings("ignore::dptrain.data.DataWarning")
+
 TRAIN_SIZES = (3, 2, 4, 3, 3)  # data_batch_1..5: 15 training images
 TEST_SIZE = 7
 
@@ -659,16 +663,24 @@ def test_truncated_file_in_directory_is_reported_not_replaced(tmp_path, batches)
 
 def test_get_cifar10_synthetic_fallback_announces_one_line(tmp_path):
     lines = []
-    ds = get_cifar10(tmp_path / "none", announce=lines.append, synthetic_n_train=300,
-                     synthetic_n_test=100)
+    ds = get_cifar10(announce=lines.append, synthetic_n_train=300, synthetic_n_test=100)
     assert len(lines) == 1 and "\n" not in lines[0]
     assert "CIFAR-10 not found" in lines[0] and "SYNTHETIC" in lines[0]
-    assert "never downloaded" in lines[0] and str(tmp_path / "none") in lines[0]
+    assert "never downloaded" in lines[0]
+    assert str(tmp_path / "xdg-cache" / "dptrain" / "cifar10") in lines[0]
     assert ds.source == "synthetic (CIFAR-10 not found)" and ds.name == "synthetic-cifar10"
     assert ds.x_train.shape == (300, 3072) and ds.x_test.shape == (100, 3072)
     assert ds.input_shape == (3, 32, 32) and ds.n_classes == 10
     with pytest.raises(DataNotFound, match=r"CIFAR-10 not found"):
-        get_cifar10(tmp_path / "none", allow_synthetic=False)
+        get_cifar10(allow_synthetic=False)
+
+
+def test_a_named_directory_without_cifar10_is_an_error_and_nothing_is_created(tmp_path):
+    lines = []
+    with pytest.raises(DataNotFound, match=r"CIFAR-10 not found.*cifar-10-batches-py") as info:
+        get_cifar10(tmp_path / "none", announce=lines.append)
+    assert str(tmp_path / "none") in str(info.value)
+    assert lines == [] and not (tmp_path / "none").exists()
 
 
 def test_synthetic_cifar10_is_learnable_and_cifar_like():
@@ -734,8 +746,7 @@ def test_load_dataset_cifar10_with_limit(tmp_path, batches):
 
 def test_load_dataset_cifar10_fallback_draws_only_the_limit(tmp_path):
     lines = []
-    ds = load_dataset("cifar10", data_dir=tmp_path / "none", limit=500, seed=2,
-                      announce=lines.append)
+    ds = load_dataset("cifar10", limit=500, seed=2, announce=lines.append)
     assert len(lines) == 1 and "SYNTHETIC" in lines[0]
     assert ds.x_train.shape == (500, 3072) and ds.x_test.shape == (10_000, 3072)
     reference = synthetic_cifar10(500, 10, seed=2)
@@ -754,14 +765,45 @@ def test_cli_trains_on_cifar10_files(tmp_path, batches, capsys):
     assert result["dataset"]["n_train"] == 15 and result["dataset"]["n_features"] == 3072
 
 
-def test_cli_cifar10_fallback_is_announced(tmp_path, capsys):
-    rc = cli.main(["train", "--dataset", "cifar10", "--data-dir", str(tmp_path / "none"),
-                   "--model", "softmax", "--epochs", "1", "--limit", "200", "--batch-size",
-                   "50"])
+@pytest.mark.parametrize("quiet", [False, True])
+def test_cli_cifar10_fallback_is_announced_on_stderr_even_when_quiet(tmp_path, capsys, quiet):
+    from dptrain import training
+    training._ANNOUNCED.clear()
+    out = tmp_path / "run.json"
+    rc = cli.main(["train", "--dataset", "cifar10", "--model", "softmax", "--epochs", "1",
+                   "--limit", "200", "--batch-size", "50", "--out", str(out)]
+                  + (["--quiet"] if quiet else []))
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    assert "CIFAR-10 not found" in captured.out and "SYNTHETIC CIFAR-10-shaped" in captured.out
-    assert "test acc" in captured.out
+    assert "CIFAR-10 not found" in captured.err and "SYNTHETIC CIFAR-10-shaped" in captured.err
+    assert ("test acc" in captured.out) is not quiet
+    result = json.loads(out.read_text())
+    assert result["config"]["dataset"] == result["dataset"]["name"] == "synthetic-cifar10"
+    assert result["config"]["requested_dataset"] == "cifar10" and result["dataset"]["synthetic"]
+
+
+def test_cli_named_data_dir_without_cifar10_fails_and_creates_nothing(tmp_path, capsys):
+    rc = cli.main(["train", "--dataset", "cifar10", "--data-dir", str(tmp_path / "none"),
+                   "--model", "softmax", "--epochs", "1", "--out", str(tmp_path / "r.json")])
+    captured = capsys.readouterr()
+    assert rc == 1 and "CIFAR-10 not found" in captured.err
+    assert str(tmp_path / "none") in captured.err
+    assert not (tmp_path / "none").exists() and not (tmp_path / "r.json").exists()
+
+
+def test_python_batches_are_checked_against_the_published_md5(tmp_path, batches):
+    write_py(tmp_path / "cifar-10-batches-py", batches)
+    with pytest.warns(data.DataWarning, match=r"CIFAR-10 in .* is not the published data set: "
+                                              r"data_batch_1 \(md5 [0-9a-f]{32}, published "
+                                              r"c99cafc152244af753f735de768cd75f\)"):
+        ds = load_cifar10(tmp_path)
+    assert ds.integrity == "modified"
+
+
+def test_binary_batches_have_no_published_md5_and_say_unchecked(tmp_path, batches, recwarn):
+    write_bin(tmp_path / "cifar-10-batches-bin", batches)
+    assert load_cifar10(tmp_path).integrity == "unchecked"
+    assert not [w for w in recwarn if issubclass(w.category, data.DataWarning)]
 
 
 def test_cli_dataset_choices():

@@ -30,6 +30,10 @@ from dptrain.data import (
     upscale_images,
 )
 
+# the tests write small stand-ins that are not the published files: the warning that says so
+# is tested below, and silenced elsewhere
+pytestmark = pytest.mark.filterwarnings("ignore::dptrain.data.DataWarning")
+
 REAL_MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
 REAL_TRAIN_CLASS_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 REAL_SHA256 = {
@@ -343,6 +347,27 @@ def test_load_mnist_corrupt_file_is_not_reported_as_missing(fake_mnist):
 # get_mnist and download_mnist (with an in-memory fake network)
 # ---------------------------------------------------------------------------------------
 
+SHARED_MNIST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
+
+
+def test_the_published_mnist_files_are_verified(recwarn):
+    if not SHARED_MNIST.is_dir():
+        pytest.skip(f"the published MNIST files are not at {SHARED_MNIST}")
+    ds = load_mnist(SHARED_MNIST)
+    assert ds.integrity == "verified" and ds.n_train == 60_000
+    assert not [w for w in recwarn if issubclass(w.category, data.DataWarning)]
+
+
+def test_other_mnist_files_are_read_with_one_warning_naming_them(fake_mnist):
+    with pytest.warns(data.DataWarning) as caught:
+        ds = load_mnist(fake_mnist[0])
+    assert ds.integrity == "modified" and len(caught) == 1
+    message = str(caught[0].message)
+    assert str(fake_mnist[0]) in message and "not the published data set" in message
+    for base in data.MNIST_FILES:
+        assert f"{base}.gz (sha256 of the content " in message and data.MNIST_SHA256[base] in message
+
+
 def test_get_mnist_prefers_local_files(fake_mnist):
     lines = []
     ds = get_mnist(fake_mnist[0], announce=lines.append)
@@ -351,17 +376,40 @@ def test_get_mnist_prefers_local_files(fake_mnist):
 
 def test_get_mnist_not_found_without_download_or_synthetic(tmp_path):
     with pytest.raises(DataNotFound, match=r"MNIST not found.*download disabled"):
-        get_mnist(tmp_path / "none", allow_download=False, allow_synthetic=False)
+        get_mnist(allow_download=False, allow_synthetic=False)
+
+
+@pytest.mark.parametrize("make", [False, True], ids=["missing", "empty"])
+def test_a_named_directory_without_mnist_is_an_error_and_nothing_is_created(tmp_path, make):
+    named = tmp_path / "mnsit"                      # a typo of the user's
+    if make:
+        named.mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    lines = []
+    with pytest.raises(DataNotFound) as info:
+        get_mnist(named, announce=lines.append)     # download and synthetic both allowed
+    message = str(info.value)
+    assert str(named) in message
+    for base in data.MNIST_FILES:
+        assert base in message
+    assert lines == [] and sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_missing_dptrain_data_directory_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPTRAIN_DATA", str(tmp_path / "typo"))
+    with pytest.raises(DataNotFound, match=r"\$DPTRAIN_DATA is .*typo.*no such directory"):
+        get_mnist(announce=None)
+    assert not (tmp_path / "typo").exists()
 
 
 def test_get_mnist_synthetic_fallback_announces_one_line(tmp_path):
     lines = []
-    ds = get_mnist(tmp_path / "none", allow_download=False, announce=lines.append,
+    ds = get_mnist(allow_download=False, announce=lines.append,
                    synthetic_n_train=600, synthetic_n_test=200)
     assert len(lines) == 1 and "\n" not in lines[0]
     assert "MNIST not found" in lines[0] and "SYNTHETIC" in lines[0]
-    assert str(tmp_path / "none") in lines[0]
-    assert ds.source == "synthetic (MNIST not found)"
+    assert str(tmp_path / "xdg-cache" / "dptrain" / "mnist") in lines[0]
+    assert ds.source == "synthetic (MNIST not found)" and ds.name == "synthetic-mnist"
     assert ds.x_train.shape == (600, 784) and ds.x_test.shape == (200, 784)
     assert ds.n_classes == 10 and ds.x_train.dtype == np.float32
     assert ds.input_shape == (1, 28, 28)
@@ -372,9 +420,9 @@ def test_get_mnist_download_failure_falls_back_to_synthetic(tmp_path, monkeypatc
         raise urllib.error.URLError("no route to host")
     monkeypatch.setattr(data, "_fetch", unreachable)
     lines = []
-    ds = get_mnist(tmp_path / "dl", announce=lines.append, synthetic_n_train=100,
-                   synthetic_n_test=100)
-    assert ds.source.startswith("synthetic")
+    ds = get_mnist(announce=lines.append, synthetic_n_train=100, synthetic_n_test=100)
+    assert ds.source.startswith("synthetic") and ds.name == "synthetic-mnist"
+    assert not (tmp_path / "xdg-cache" / "dptrain" / "mnist").exists()  # nothing to keep
     assert "download into" in lines[0] and "no route to host" in lines[0]
 
 
@@ -597,10 +645,13 @@ def test_load_dataset_mnist_limit_and_upscale(fake_mnist):
 
 def test_load_dataset_mnist_falls_back_to_synthetic(tmp_path, monkeypatch):
     lines = []
-    ds = load_dataset("mnist", data_dir=tmp_path / "none", allow_download=False,
-                      announce=lines.append, limit=1000)
+    ds = load_dataset("mnist", allow_download=False, announce=lines.append, limit=1000)
     assert len(lines) == 1 and ds.source.startswith("synthetic")
-    assert ds.x_train.shape == (1000, 784)
+    assert ds.x_train.shape == (1000, 784) and ds.name == "synthetic-mnist"
+    with pytest.raises(DataNotFound, match="none"):
+        load_dataset("mnist", data_dir=tmp_path / "none", announce=lines.append, limit=1000)
+    with pytest.raises(ValueError, match=r"data_dir=.* applies to 'mnist' and 'cifar10'"):
+        load_dataset("synthetic", data_dir=tmp_path, n_samples=100)
 
 
 @pytest.mark.parametrize("limit, message", [

@@ -30,7 +30,14 @@ def test_quick_study_writes_its_report(name, tmp_path):
     out = tmp_path / name
     res = studies.study(name, out, quick=True, log=lambda *a: None)
     report = (out / "report.md").read_text()
-    assert report.startswith("# Study:")
+    assert report.startswith("# QUICK RUN - Study:")       # a quick run never passes for a study
+    assert "**QUICK RUN**" in report and "| QUICK |" in report
+    if name == "cifar10-cnn":                             # no CIFAR-10 here: the stand-in, named
+        assert "SYNTHETIC CIFAR-10-shaped data (synthetic-cifar10" in report
+        assert json.loads((out / "sweep.json").read_text())["config"]["dataset"] == \
+            "synthetic-cifar10"
+    if "†" in report:                                     # a speedup above the cores: explained
+        assert studies.SUPERLINEAR_NOTE in report
     for section in ("## Configuration", "## Against the original", "## Figures"):
         assert section in report, f"{name}: no {section!r}"
     assert studies.ORIGINAL[name].split(":")[0][:20] in report

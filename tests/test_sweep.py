@@ -101,3 +101,26 @@ def test_progress_line_and_eta():
     assert quiet.getvalue() == ""
     with pytest.raises(ValueError, match="total must be"):
         Progress(-1)
+
+
+def test_a_synthetic_stand_in_is_named_in_every_output(tmp_path, monkeypatch, capsys):
+    """MNIST absent (no $DPTRAIN_DATA, an empty cache, no network): the sweep's JSON, CSV
+    tables and printed table all say synthetic-mnist, never mnist."""
+    from dptrain import data
+    monkeypatch.delenv("DPTRAIN_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(data, "_fetch", lambda url, timeout: pytest.fail("tried to download"))
+    out = tmp_path / "sweep"
+    res = sweep_mod.sweep("softmax", "mnist", sizes=(256,), workers=(2,), backend="thread",
+                          repeat=1, epochs=1, batch_size=64, ceiling=False, out=out,
+                          quick=True, allow_download=False)
+    assert res["config"]["dataset"] == "synthetic-mnist" and res["config"]["synthetic"]
+    assert res["config"]["requested_dataset"] == "mnist" and res["config"]["quick"]
+    saved = json.loads((out / "sweep.json").read_text())
+    assert saved["config"]["dataset"] == "synthetic-mnist"
+    for table in ("runs.csv", "summary.csv"):
+        rows = list(csv.DictReader(open(out / table)))
+        assert rows and {r["dataset"] for r in rows} == {"synthetic-mnist"}, table
+    printed = capsys.readouterr()
+    assert "softmax on synthetic-mnist (SYNTHETIC DATA, QUICK RUN)" in printed.out
+    assert "SYNTHETIC MNIST-shaped" in printed.err
