@@ -5,6 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* *off += n, or -1 when the flat layout would not fit a ptrdiff_t (each n < 2^62). */
+static int grow(ptrdiff_t *off, ptrdiff_t n)
+{
+    if (*off > PTRDIFF_MAX - n) return -1;
+    *off += n;
+    return 0;
+}
+
 int dp_cnn_init(dp_cnn *net, int C, int H, int W, const int *channels, int n_conv, int kernel,
                 int pad, const int *dense, int n_dense, int threads)
 {
@@ -36,9 +44,9 @@ int dp_cnn_init(dp_cnn *net, int C, int H, int W, const int *channels, int n_con
         net->conv_w[l] = 2 * W;
         net->width[l + 1] = C * H * W;
         net->w_off[l] = off;
-        off += (ptrdiff_t)g->OC * g->C * kernel * kernel;
+        if (grow(&off, (ptrdiff_t)g->OC * g->C * kernel * kernel)) return DP_EVALUE;
         net->b_off[l] = off;
-        off += g->OC;
+        if (grow(&off, g->OC)) return DP_EVALUE;
     }
     for (int j = 0; j < n_dense; j++) {
         int l = n_conv + j;
@@ -46,9 +54,9 @@ int dp_cnn_init(dp_cnn *net, int C, int H, int W, const int *channels, int n_con
         if (dense[j] < 1 || (j == n_dense - 1 && dense[j] < 2)) return DP_EVALUE;
         net->width[l + 1] = dense[j];
         net->w_off[l] = off;
-        off += (ptrdiff_t)dense[j] * net->width[l];
+        if (grow(&off, (ptrdiff_t)dense[j] * net->width[l])) return DP_EVALUE;
         net->b_off[l] = off;
-        off += dense[j];
+        if (grow(&off, dense[j])) return DP_EVALUE;
     }
     net->bad_layer = -1;
     net->n_params = off;

@@ -310,9 +310,12 @@ void K(dp_conv2d_forward_naive)(T *y, const T *x, const T *w, const T *b, int B,
                         for (int u = 0; u < KH; u++)
                             for (int v = 0; v < KW; v++) {
                                 int h = i + u - pad, q = j + v - pad;
-                                if (h < 0 || h >= H || q < 0 || q >= W) continue;
-                                s += w[((ptrdiff_t)(o * C + c) * KH + u) * KW + v] *
-                                     x[((ptrdiff_t)(n * C + c) * H + h) * W + q];
+                                int inside = h >= 0 && h < H && q >= 0 && q < W;
+                                /* a padded position is a zero, not a skipped term: an inf or
+                                 * NaN weight over it gives NaN, as in the reference and the
+                                 * im2col path */
+                                T xv = inside ? x[((ptrdiff_t)(n * C + c) * H + h) * W + q] : (T)0;
+                                s += w[((ptrdiff_t)(o * C + c) * KH + u) * KW + v] * xv;
                             }
                     y[((ptrdiff_t)(n * g->OC + o) * OH + i) * OW + j] = b[o] + s;
                 }
@@ -336,8 +339,11 @@ void K(dp_conv2d_backward_naive)(T *dw, T *db, T *dx, const T *dy, const T *x, c
                         for (int u = 0; u < KH; u++)
                             for (int v = 0; v < KW; v++) {
                                 int h = i + u - pad, q = j + v - pad;
-                                if (h < 0 || h >= H || q < 0 || q >= W) continue;
                                 ptrdiff_t wi = ((ptrdiff_t)(o * C + c) * KH + u) * KW + v;
+                                if (h < 0 || h >= H || q < 0 || q >= W) {
+                                    dw[wi] += d * (T)0;   /* the zero padding: see forward */
+                                    continue;
+                                }
                                 ptrdiff_t xi = ((ptrdiff_t)(n * C + c) * H + h) * W + q;
                                 dw[wi] += d * x[xi];
                                 if (dx) dx[xi] += d * w[wi];

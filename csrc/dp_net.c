@@ -9,7 +9,12 @@ ptrdiff_t dp_net_param_count(const int *sizes, int n_layers)
     ptrdiff_t p = 0;
     for (int l = 0; l <= n_layers; l++)
         if (sizes[l] < 1) return -1;
-    for (int l = 0; l < n_layers; l++) p += (ptrdiff_t)sizes[l + 1] * ((ptrdiff_t)sizes[l] + 1);
+    for (int l = 0; l < n_layers; l++) {
+        /* OUT * (IN + 1) fits (both < 2^31); only the running sum can overflow */
+        ptrdiff_t layer = (ptrdiff_t)sizes[l + 1] * ((ptrdiff_t)sizes[l] + 1);
+        if (p > PTRDIFF_MAX - layer) return -1;
+        p += layer;
+    }
     return p;
 }
 

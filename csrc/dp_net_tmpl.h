@@ -58,6 +58,7 @@ int K(dp_net_loss_grad)(dp_net *net, T *grads, double *loss_sum, int64_t *correc
 {
     // x is (B, sizes[0]); grads and params are (P,); grads accumulate
     // d(grad_scale * sum_i loss_i) / d params
+    net->pending_rows = 0;   /* a whole sweep: one in progress ends here, on every path */
     if (B <= 0) { *loss_sum = 0; *correct = 0; return DP_OK; }
     int L = net->n_layers;
     if (L == 1 && net->sizes[1] == 1 && net->loss == DP_LOSS_SIGMOID_BCE)

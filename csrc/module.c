@@ -130,6 +130,54 @@ static int check_no_overlap(PyArrayObject *out, const char *out_name, PyArrayObj
     return 0;
 }
 
+/* An array an object holds between calls (a network's params and grads, a group's buffers).
+ * NumPy lets Python re-type (`a.dtype = ...`), re-shape or re-size (`a.resize(...,
+ * refcheck=False)`), and on NumPy 1.x re-point (`a.data = ...`) an array in place, so what
+ * was validated when the object was built is checked again on every call that uses it: the
+ * same memory, dtype, element count, C-contiguity and (for outputs) writeability. */
+typedef struct {
+    PyArrayObject *arr;          /* owned reference */
+    void *data;
+    npy_intp size;
+    int typenum;
+    int output;
+} held_array;
+
+static void hold_array(held_array *h, PyArrayObject *a, int output)
+{
+    Py_INCREF(a);
+    h->arr = a;
+    h->data = PyArray_DATA(a);
+    h->size = PyArray_SIZE(a);
+    h->typenum = PyArray_TYPE(a);
+    h->output = output;
+}
+
+static int check_held(const held_array *h, const char *owner, const char *name)
+{
+    PyArrayObject *a = h->arr;
+    if (PyArray_DATA(a) == h->data && PyArray_TYPE(a) == h->typenum && PyArray_NDIM(a) == 1 &&
+        PyArray_DIM(a, 0) == h->size && PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISALIGNED(a) &&
+        (!h->output || PyArray_ISWRITEABLE(a)))
+        return 0;
+    char now[128];
+    shape_str(now, sizeof now, PyArray_NDIM(a), PyArray_DIMS(a));
+    if (PyArray_DATA(a) == h->data && PyArray_TYPE(a) == h->typenum && PyArray_SIZE(a) == h->size &&
+        PyArray_IS_C_CONTIGUOUS(a) && PyArray_NDIM(a) == 1) {
+        PyErr_Format(PyExc_ValueError, "%s is read-only, but it is written to (%s.%s was made "
+                     "read-only after the %s was built)", name, owner, name, owner);
+        return -1;
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "%s.%s was changed after the %s was built: it is now %s of shape %s%s%s, but "
+                 "it was built on %s of shape (%zd,) at its memory then; build a new %s for a "
+                 "changed array", owner, name, owner, dtype_name(a), now,
+                 PyArray_DATA(a) != h->data ? ", at other memory" : "",
+                 h->output && !PyArray_ISWRITEABLE(a) ? ", read-only" : "",
+                 typenum_name(h->typenum), (Py_ssize_t)h->size, owner);
+    return -1;
+}
+
 /* repr() of a double into buf (no Python object is created, so nothing can leak). */
 static const char *double_repr(char *buf, size_t n, double v)
 {
@@ -460,8 +508,10 @@ static PyObject *loss_common(PyObject *args, PyObject *kwds, int binary)
     double gs;
     if (!binary && C < 1) return PyErr_Format(PyExc_ValueError, "logits has 0 classes"), NULL;
     if (check_shape(l, "labels", 1, ld) || get_grad_scale(gso, B, &gs)) return NULL;
+    /* the kernels read a row's label after writing its gradient: they must not overlap */
     if (dzo != Py_None && (!(dz = check_array(dzo, "dlogits", NPY_NOTYPE, -1, 1)) ||
-                           check_elementwise(dz, "dlogits", z, "logits")))
+                           check_elementwise(dz, "dlogits", z, "logits") ||
+                           check_no_overlap(dz, "dlogits", l, "labels")))
         return NULL;
     double loss = 0;
     int rc;
@@ -491,7 +541,7 @@ static PyObject *py_argmax(PyObject *self, PyObject *args, PyObject *kwds)
         return NULL;
     npy_intp B = PyArray_DIM(x, 0), C = PyArray_DIM(x, 1), od[1] = {B};
     if (C < 1) return PyErr_Format(PyExc_ValueError, "x has shape (%ld, 0): no column to pick", (long)B), NULL;
-    if (check_shape(o, "out", 1, od)) return NULL;
+    if (check_shape(o, "out", 1, od) || check_no_overlap(o, "out", x, "x")) return NULL;
     if (IS_F32(x)) WITHOUT_GIL(dp_argmax_f32(PyArray_DATA(o), PyArray_DATA(x), (int)B, (int)C));
     else WITHOUT_GIL(dp_argmax_f64(PyArray_DATA(o), PyArray_DATA(x), (int)B, (int)C));
     Py_RETURN_NONE;
@@ -666,6 +716,11 @@ static PyObject *py_gather_rows(PyObject *self, PyObject *args, PyObject *kwds)
         !PyArray_ISWRITEABLE(out))
         return PyErr_Format(PyExc_ValueError, "x must be a C-contiguous array and out a writeable "
                             "C-contiguous array"), NULL;
+    /* rows are copied as bytes: only plain numbers may pass (an object array's copy would
+     * duplicate references without counting them) */
+    if (!PyTypeNum_ISNUMBER(PyArray_TYPE(x)) || PyDataType_REFCHK(PyArray_DESCR(x)))
+        return PyErr_Format(PyExc_TypeError, "x has dtype %s: gather_rows copies rows of a numeric "
+                            "dtype (bool, integer, floating or complex)", dtype_name(x)), NULL;
     if (!PyArray_EquivTypes(PyArray_DESCR(x), PyArray_DESCR(out)))
         return PyErr_Format(PyExc_TypeError, "out has dtype %s, expected %s (the dtype of x)",
                             dtype_name(out), dtype_name(x)), NULL;
@@ -673,7 +728,9 @@ static PyObject *py_gather_rows(PyObject *self, PyObject *args, PyObject *kwds)
     npy_intp want[NPY_MAXDIMS];
     want[0] = n;
     for (int d = 1; d < PyArray_NDIM(x); d++) want[d] = PyArray_DIM(x, d);
-    if (check_shape(out, "out", PyArray_NDIM(x), want) || check_no_overlap(out, "out", x, "x")) return NULL;
+    if (check_shape(out, "out", PyArray_NDIM(x), want) || check_no_overlap(out, "out", x, "x") ||
+        check_no_overlap(out, "out", idx, "index"))
+        return NULL;
     size_t row_bytes = rows ? (size_t)(PyArray_NBYTES(x) / rows) : 0;
     const int64_t *ix = PyArray_DATA(idx);
     for (npy_intp i = 0; i < n; i++)
@@ -895,11 +952,16 @@ static PyObject *py_maxpool2_backward(PyObject *self, PyObject *args, PyObject *
 typedef struct NetOps NetOps;
 #define NET_HEAD                                                                              \
     PyObject_HEAD                                                                             \
-    PyArrayObject *params, *grads;   /* owned references, validated once */                   \
+    held_array params, grads;        /* re-checked on every call (see held_array) */           \
     PyObject *sizes;                 /* tuple: layer widths */                                 \
-    PyObject *pending_x;             /* the input of a backward sweep in progress (owned) */   \
+    PyArrayObject *pending_x;        /* the input of a backward sweep in progress (owned) */   \
+    void *pending_data;              /* ... its memory and size when the sweep began */        \
+    npy_intp pending_nbytes;                                                                  \
+    unsigned long sweep_owner;       /* the thread whose sweep is in flight, 0: none; read and \
+                                      * written only under `lock` */                          \
     PyThread_type_lock lock;                                                                  \
     int ready;                                                                                \
+    int f32;                                                                                  \
     const NetOps *ops;
 
 typedef struct {
@@ -962,14 +1024,48 @@ struct NetOps {
                                OPS##_pending, OPS##_next, OPS##_loss_grad, OPS##_forward_loss, \
                                OPS##_backward_layer, OPS##_evaluate};
 
-/* x (B, IN) of the network's dtype and labels (B,) int64 (labels may be optional). */
-static int net_batch(NetBase *self, PyObject *xo, PyObject *lo, PyArrayObject **x, PyArrayObject **l)
+/* The object is built and its held arrays are still what it was built on. */
+static int net_ready(NetBase *self, int writes_grads)
 {
     if (!self->ready) {
         PyErr_Format(PyExc_RuntimeError, "%s is not initialized", Py_TYPE(self)->tp_name);
         return -1;
     }
-    if (!(*x = check_array(xo, "x", PyArray_TYPE(self->params), 2, 0))) return -1;
+    /* forward-only calls (evaluate, logits) never touch the gradient */
+    return check_held(&self->params, self->ops->name, "params") ||
+           (writes_grads && check_held(&self->grads, self->ops->name, "grads"));
+}
+
+/* The backward sweep (forward_loss, then backward_layer for L-1 .. 0) keeps activations in
+ * the object between calls, so it belongs to the thread that started it: while it is in
+ * flight, another thread's call on the object is refused (NET_EBUSY) instead of silently
+ * replacing the activations that the owner's next backward_layer reads. Fused calls
+ * (loss_grad, evaluate, logits) from threads with no sweep in flight serialize on the lock. */
+#define NET_EBUSY (-100)
+
+static PyObject *net_busy_error(NetBase *self, const char *method)
+{
+    return PyErr_Format(PyExc_RuntimeError,
+                        "%s.%s: a backward sweep (forward_loss, then backward_layer down to 0) "
+                        "started by another thread is in progress on this object; finish it in "
+                        "that thread first, or give each thread its own %s",
+                        self->ops->name, method, self->ops->name);
+}
+
+/* The end of a sweep (or of a call that replaced it): drop the input it held. */
+static void net_end_sweep(NetBase *self)
+{
+    Py_CLEAR(self->pending_x);
+    self->pending_data = NULL;
+    self->pending_nbytes = 0;
+}
+
+/* x (B, IN) of the network's dtype and labels (B,) int64 (labels may be optional). */
+static int net_batch(NetBase *self, PyObject *xo, PyObject *lo, PyArrayObject **x, PyArrayObject **l,
+                     int writes_grads)
+{
+    if (net_ready(self, writes_grads)) return -1;
+    if (!(*x = check_array(xo, "x", self->params.typenum, 2, 0))) return -1;
     npy_intp B = PyArray_DIM(*x, 0), xd[2] = {B, self->ops->in_width(self)}, ld[1] = {B};
     if (check_shape(*x, "x", 2, xd)) return -1;
     *l = NULL;
@@ -980,20 +1076,19 @@ static int net_batch(NetBase *self, PyObject *xo, PyObject *lo, PyArrayObject **
 
 /* The gradient buffer of a call: the held one, or another of the same layout (e.g. one per
  * chunk of a global batch). */
-static PyArrayObject *net_grads(NetBase *self, PyObject *go, PyArrayObject *x)
+static PyArrayObject *net_grads(NetBase *self, PyObject *go, PyArrayObject *x, PyArrayObject *labels)
 {
-    PyArrayObject *grads = self->grads;
+    PyArrayObject *grads = self->grads.arr;
     if (go && go != Py_None) {
         npy_intp pn[1] = {self->ops->n_params(self)};
-        if (!(grads = check_array(go, "grads", PyArray_TYPE(self->params), 1, 1)) ||
-            check_shape(grads, "grads", 1, pn) || check_no_overlap(grads, "grads", self->params, "params") ||
-            (x && check_no_overlap(grads, "grads", x, "x")))
+        if (!(grads = check_array(go, "grads", self->params.typenum, 1, 1)) ||
+            check_shape(grads, "grads", 1, pn) || check_no_overlap(grads, "grads", self->params.arr, "params"))
             return NULL;
     }
-    if (!PyArray_ISWRITEABLE(grads)) {
-        PyErr_SetString(PyExc_ValueError, "grads is read-only, but it is written to");
+    /* the gradient is written while x (and, on the fused logistic path, labels) are read */
+    if ((x && check_no_overlap(grads, "grads", x, "x")) ||
+        (labels && check_no_overlap(grads, "grads", labels, "labels")))
         return NULL;
-    }
     return grads;
 }
 
@@ -1013,15 +1108,23 @@ static PyObject *Net_loss_grad(NetBase *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OO:loss_grad", kwlist, &xo, &lo, &gso, &go)) return NULL;
     PyArrayObject *x, *l, *grads;
     double gs;
-    if (net_batch(self, xo, lo, &x, &l)) return NULL;
+    if (net_batch(self, xo, lo, &x, &l, 1)) return NULL;
     if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
     npy_intp B = PyArray_DIM(x, 0);
-    if (get_grad_scale(gso, B, &gs) || !(grads = net_grads(self, go, x))) return NULL;
-    Py_CLEAR(self->pending_x);           /* a full sweep replaces any one in progress */
+    if (get_grad_scale(gso, B, &gs) || !(grads = net_grads(self, go, x, l))) return NULL;
     double loss = 0;
     int64_t correct = 0;
-    int rc, f32 = IS_F32(self->params);
-    WITHOUT_GIL_LOCKED(self->lock, rc = self->ops->loss_grad(self, f32, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
+    int rc;
+    unsigned long me = PyThread_get_thread_ident();
+    /* a whole sweep: one of this thread's in progress ends here (the kernel says so too) */
+    WITHOUT_GIL_LOCKED(self->lock,
+        if (self->sweep_owner && self->sweep_owner != me) rc = NET_EBUSY;
+        else {
+            rc = self->ops->loss_grad(self, self->f32, PyArray_DATA(grads), &loss, &correct, self->params.data, PyArray_DATA(x), PyArray_DATA(l), (int)B, gs);
+            self->sweep_owner = 0;
+        });
+    if (rc == NET_EBUSY) return net_busy_error(self, "loss_grad");
+    net_end_sweep(self);
     if (rc) return net_error(self, rc, l, "loss_grad");
     return Py_BuildValue("(dL)", loss, (long long)correct);
 }
@@ -1033,19 +1136,29 @@ static PyObject *Net_forward_loss(NetBase *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:forward_loss", kwlist, &xo, &lo, &gso)) return NULL;
     PyArrayObject *x, *l;
     double gs;
-    if (net_batch(self, xo, lo, &x, &l)) return NULL;
+    if (net_batch(self, xo, lo, &x, &l, 1)) return NULL;
     if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
     npy_intp B = PyArray_DIM(x, 0);
     if (get_grad_scale(gso, B, &gs)) return NULL;
     double loss = 0;
     int64_t correct = 0;
-    int rc, f32 = IS_F32(self->params);
-    WITHOUT_GIL_LOCKED(self->lock, rc = self->ops->forward_loss(self, f32, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), PyArray_DATA(l), (int)B, gs));
-    Py_CLEAR(self->pending_x);
+    int rc, pending = 0;
+    unsigned long me = PyThread_get_thread_ident();
+    WITHOUT_GIL_LOCKED(self->lock,
+        if (self->sweep_owner && self->sweep_owner != me) rc = NET_EBUSY;
+        else {
+            rc = self->ops->forward_loss(self, self->f32, &loss, &correct, self->params.data, PyArray_DATA(x), PyArray_DATA(l), (int)B, gs);
+            pending = rc == 0 && self->ops->pending_rows(self);
+            self->sweep_owner = pending ? me : 0;
+        });
+    if (rc == NET_EBUSY) return net_busy_error(self, "forward_loss");
+    net_end_sweep(self);                 /* this thread's earlier sweep, if any, is replaced */
     if (rc) return net_error(self, rc, l, "forward_loss");
-    if (self->ops->pending_rows(self)) {
-        Py_INCREF(xo);
-        self->pending_x = xo;            /* backward_layer(0) reads it */
+    if (pending) {                       /* backward_layer(0) reads x: keep it alive */
+        Py_INCREF(x);
+        self->pending_x = x;
+        self->pending_data = PyArray_DATA(x);
+        self->pending_nbytes = PyArray_NBYTES(x);
     }
     return Py_BuildValue("(dL)", loss, (long long)correct);
 }
@@ -1056,19 +1169,34 @@ static PyObject *Net_backward_layer(NetBase *self, PyObject *args, PyObject *kwd
     int layer;
     PyObject *go = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|O:backward_layer", kwlist, &layer, &go)) return NULL;
-    if (!self->ready) return PyErr_Format(PyExc_RuntimeError, "%s is not initialized", Py_TYPE(self)->tp_name), NULL;
-    PyArrayObject *grads = net_grads(self, go, self->pending_x ? (PyArrayObject *)self->pending_x : NULL);
+    if (net_ready(self, 1)) return NULL;
+    PyArrayObject *px = self->pending_x;
+    if (px && (PyArray_DATA(px) != self->pending_data || PyArray_NBYTES(px) != self->pending_nbytes))
+        return PyErr_Format(PyExc_ValueError, "backward_layer(%d): the x given to forward_loss was "
+                            "resized or moved since; call forward_loss again", layer), NULL;
+    PyArrayObject *grads = net_grads(self, go, px, NULL);
     if (!grads) return NULL;
-    int rc, f32 = IS_F32(self->params);
-    WITHOUT_GIL_LOCKED(self->lock, rc = self->ops->backward_layer(self, f32, PyArray_DATA(grads), PyArray_DATA(self->params), layer));
+    int rc, ended = 0, next = -1, owned_by_other = 0;
+    unsigned long me = PyThread_get_thread_ident();
+    WITHOUT_GIL_LOCKED(self->lock,
+        if (self->sweep_owner != me) {
+            owned_by_other = self->sweep_owner != 0;
+            rc = DP_EORDER;
+        } else {
+            rc = self->ops->backward_layer(self, self->f32, PyArray_DATA(grads), self->params.data, layer);
+            ended = !self->ops->pending_rows(self);
+            if (ended) self->sweep_owner = 0;
+            next = self->ops->next_layer(self);
+        });
+    if (owned_by_other) return net_busy_error(self, "backward_layer");
     if (rc == DP_EORDER) {
-        if (!self->ops->pending_rows(self))
+        if (next < 0)
             return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d): no forward_loss to go back from", layer), NULL;
         return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d) out of order: the next layer is %d",
-                            layer, self->ops->next_layer(self)), NULL;
+                            layer, next), NULL;
     }
+    if (ended) net_end_sweep(self);
     if (rc) return net_error(self, rc, NULL, "backward_layer");
-    if (!self->ops->pending_rows(self)) Py_CLEAR(self->pending_x);
     Py_RETURN_NONE;
 }
 
@@ -1077,19 +1205,26 @@ static PyObject *Net_backward_layer(NetBase *self, PyObject *args, PyObject *kwd
 static PyObject *net_forward_only(NetBase *self, PyObject *xo, PyObject *lo, PyObject *oo, const char *method)
 {
     PyArrayObject *x, *l, *o = NULL;
-    if (net_batch(self, xo, lo, &x, &l)) return NULL;
+    if (net_batch(self, xo, lo, &x, &l, 0)) return NULL;
     if (lo && !l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
     if (oo) {
         npy_intp od[2] = {PyArray_DIM(x, 0), self->ops->out_width(self)};
-        if (!(o = check_array(oo, "out", PyArray_TYPE(self->params), 2, 1)) || check_shape(o, "out", 2, od) ||
-            check_no_overlap(o, "out", x, "x") || check_no_overlap(o, "out", self->params, "params"))
+        if (!(o = check_array(oo, "out", self->params.typenum, 2, 1)) || check_shape(o, "out", 2, od) ||
+            check_no_overlap(o, "out", x, "x") || check_no_overlap(o, "out", self->params.arr, "params"))
             return NULL;
     }
     double loss = 0;
     int64_t correct = 0;
-    int rc, f32 = IS_F32(self->params), B = (int)PyArray_DIM(x, 0);
-    Py_CLEAR(self->pending_x);
-    WITHOUT_GIL_LOCKED(self->lock, rc = self->ops->evaluate(self, f32, o ? PyArray_DATA(o) : NULL, &loss, &correct, PyArray_DATA(self->params), PyArray_DATA(x), l ? PyArray_DATA(l) : NULL, B));
+    int rc, B = (int)PyArray_DIM(x, 0);
+    unsigned long me = PyThread_get_thread_ident();
+    WITHOUT_GIL_LOCKED(self->lock,
+        if (self->sweep_owner && self->sweep_owner != me) rc = NET_EBUSY;
+        else {
+            rc = self->ops->evaluate(self, self->f32, o ? PyArray_DATA(o) : NULL, &loss, &correct, self->params.data, PyArray_DATA(x), l ? PyArray_DATA(l) : NULL, B);
+            self->sweep_owner = 0;
+        });
+    if (rc == NET_EBUSY) return net_busy_error(self, method);
+    net_end_sweep(self);
     if (rc) return net_error(self, rc, l, method);
     if (o) Py_RETURN_NONE;
     return Py_BuildValue("(dL)", loss, (long long)correct);
@@ -1112,15 +1247,15 @@ static PyObject *Net_logits(NetBase *self, PyObject *args, PyObject *kwds)
 }
 
 static PyObject *held(PyObject *o) { o = o ? o : Py_None; Py_INCREF(o); return o; }
-static PyObject *Net_get_params(NetBase *self, void *c) { return held((PyObject *)self->params); }
-static PyObject *Net_get_grads(NetBase *self, void *c) { return held((PyObject *)self->grads); }
+static PyObject *Net_get_params(NetBase *self, void *c) { return held((PyObject *)self->params.arr); }
+static PyObject *Net_get_grads(NetBase *self, void *c) { return held((PyObject *)self->grads.arr); }
 static PyObject *Net_get_sizes(NetBase *self, void *c) { return held(self->sizes); }
 
 /* Releases what NET_HEAD holds (the type's dealloc frees its own net and fields first). */
 static void net_release(NetBase *self)
 {
-    Py_XDECREF(self->params);
-    Py_XDECREF(self->grads);
+    Py_XDECREF(self->params.arr);
+    Py_XDECREF(self->grads.arr);
     Py_XDECREF(self->sizes);
     Py_XDECREF(self->pending_x);
     if (self->lock) PyThread_free_lock(self->lock);
@@ -1146,6 +1281,51 @@ static PyMethodDef Net_methods[] = {
 };
 
 /* ------------------------------------------------------------------ Network */
+
+/* A dense stack's sizes (IN, H1, ..., OUT): 2 to DP_MAX_LAYERS + 1 ints in [1, INT_MAX] (the
+ * kernels index with int), and its flat parameter count, which must fit the address space. */
+static int layer_sizes(PyObject *obj, int *sizes, Py_ssize_t *ns, npy_intp *n_params)
+{
+    PyObject *seq = PySequence_Fast(obj, "sizes must be a sequence of ints");
+    if (!seq) return -1;
+    int rc = -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 2 || n > DP_MAX_LAYERS + 1) {
+        PyErr_Format(PyExc_ValueError, "sizes has %zd entries, expected 2 to %d (input, hidden..., output)",
+                     n, DP_MAX_LAYERS + 1);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *index = PyNumber_Index(item);     /* int, numpy integers; not float */
+        if (!index) {
+            PyErr_Format(PyExc_TypeError, "sizes[%zd] must be an int, got %s", i, Py_TYPE(item)->tp_name);
+            goto done;
+        }
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+        if (overflow || v < 1 || v > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "sizes[%zd] = %S: layer widths must be >= 1 and at most %d",
+                         i, index, INT_MAX);
+            Py_DECREF(index);
+            goto done;
+        }
+        Py_DECREF(index);
+        sizes[i] = (int)v;
+    }
+    ptrdiff_t p = dp_net_param_count(sizes, (int)n - 1);
+    if (p < 0 || (size_t)p > (size_t)PY_SSIZE_T_MAX / sizeof(double)) {
+        PyErr_Format(PyExc_OverflowError, "sizes: the flat parameter count of these %zd layer widths "
+                     "is too large to allocate", n);
+        goto done;
+    }
+    *ns = n;
+    *n_params = (npy_intp)p;
+    rc = 0;
+done:
+    Py_DECREF(seq);
+    return rc;
+}
 
 typedef struct {
     NET_HEAD
@@ -1178,21 +1358,10 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds)
         PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads);
         return -1;
     }
-    if (!(seq = PySequence_Fast(so, "sizes must be a sequence of ints"))) return -1;
-    Py_ssize_t ns = PySequence_Fast_GET_SIZE(seq);
-    if (ns < 2 || ns > DP_MAX_LAYERS + 1) {
-        PyErr_Format(PyExc_ValueError, "sizes has %zd entries, expected 2 to %d (input, hidden..., output)", ns, DP_MAX_LAYERS + 1);
-        goto fail;
-    }
-    for (Py_ssize_t i = 0; i < ns; i++) {
-        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (v == -1 && PyErr_Occurred()) goto fail;
-        if (v < 1 || v > INT_MAX) {
-            PyErr_Format(PyExc_ValueError, "sizes[%zd] = %ld, expected a positive layer width", i, v);
-            goto fail;
-        }
-        sizes[i] = (int)v;
-    }
+    Py_ssize_t ns;
+    npy_intp n_params;
+    if (layer_sizes(so, sizes, &ns, &n_params)) return -1;
+    if (!(seq = PySequence_Tuple(so))) return -1;
     if (loss == DP_LOSS_SIGMOID_BCE && sizes[ns - 1] != 1) {
         PyErr_Format(PyExc_ValueError, "loss 'sigmoid_bce' needs one output, sizes[-1] = %d", sizes[ns - 1]);
         goto fail;
@@ -1202,7 +1371,7 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds)
         goto fail;
     }
     PyArrayObject *p, *g;
-    npy_intp pn[1] = {dp_net_param_count(sizes, (int)ns - 1)};
+    npy_intp pn[1] = {n_params};
     if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 0)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 1)) ||
         check_same_dtype(g, "grads", p, "params") || check_shape(p, "params", 1, pn) ||
         check_shape(g, "grads", 1, pn) || check_no_overlap(g, "grads", p, "params"))
@@ -1215,12 +1384,11 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds)
         raise_code(err, "Network");
         goto fail;
     }
-    self->sizes = PySequence_Tuple(seq);
-    if (!self->sizes) { dp_net_free(&self->net); goto fail; }
-    Py_INCREF(p);
-    Py_INCREF(g);
-    self->params = p;
-    self->grads = g;
+    Py_INCREF(seq);
+    self->sizes = seq;
+    hold_array(&self->params, p, 0);
+    hold_array(&self->grads, g, 1);
+    self->f32 = IS_F32(p);
     self->ops = &network_ops;
     self->ready = 1;
     rc = 0;
@@ -1267,21 +1435,11 @@ static PyTypeObject NetworkType = {
 
 static PyObject *py_param_count(PyObject *self, PyObject *arg)
 {
-    PyObject *seq = PySequence_Fast(arg, "sizes must be a sequence of ints");
-    if (!seq) return NULL;
-    Py_ssize_t ns = PySequence_Fast_GET_SIZE(seq);
-    long long total = 0;
-    for (Py_ssize_t i = 0; i + 1 < ns; i++) {
-        long a = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i)), b = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i + 1));
-        if (PyErr_Occurred()) { Py_DECREF(seq); return NULL; }
-        if (a < 1 || b < 1) {
-            Py_DECREF(seq);
-            return PyErr_Format(PyExc_ValueError, "sizes[%zd:%zd] = (%ld, %ld): layer widths must be >= 1", i, i + 2, a, b), NULL;
-        }
-        total += (long long)b * (a + 1);
-    }
-    Py_DECREF(seq);
-    return PyLong_FromLongLong(total);
+    int sizes[DP_MAX_LAYERS + 1];
+    Py_ssize_t ns;
+    npy_intp n_params;
+    if (layer_sizes(arg, sizes, &ns, &n_params)) return NULL;
+    return PyLong_FromSsize_t((Py_ssize_t)n_params);
 }
 
 /* ------------------------------------------------------------------ ConvNet */
@@ -1398,10 +1556,9 @@ static int ConvNet_init(ConvNetObject *self, PyObject *args, PyObject *kwds)
         if (!v) { dp_cnn_free(&self->net); return -1; }
         PyTuple_SET_ITEM(self->sizes, l, v);
     }
-    Py_INCREF(p);
-    Py_INCREF(g);
-    self->params = p;
-    self->grads = g;
+    hold_array(&self->params, p, 0);
+    hold_array(&self->grads, g, 1);
+    self->f32 = IS_F32(p);
     self->ops = &convnet_ops;
     self->ready = 1;
     return 0;
@@ -1572,6 +1729,8 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
         for (Py_ssize_t j = 0; j < i; j++)
             if (check_no_overlap(a, name, (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, j), "another buffer"))
                 goto fail;
+        if (check_no_overlap(a, name, (PyArrayObject *)co, "control"))   /* the barrier's memory */
+            goto fail;
         self->ptrs[i] = PyArray_DATA(a);
     }
     if (oo != Py_None) {
@@ -1580,6 +1739,7 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
         for (Py_ssize_t j = 0; j < n; j++)
             if (check_no_overlap(o, "out", (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, j), "a buffer"))
                 goto fail;
+        if (check_no_overlap(o, "out", (PyArrayObject *)co, "control")) goto fail;
         Py_INCREF(oo);
         self->out_obj = oo;
         self->out = PyArray_DATA(o);
@@ -1639,16 +1799,48 @@ static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const 
     return raise_code(rc, what);
 }
 
+/* Built, and its arrays are still the ones it was built on (see held_array): the control
+ * block where the barrier lives, every worker's buffer and the out array. */
+static int group_control_ready(ShmGroupObject *self)
+{
+    if (!self->barrier) {
+        PyErr_SetString(PyExc_RuntimeError, "ShmGroup is not initialized");
+        return -1;
+    }
+    PyArrayObject *c = (PyArrayObject *)self->control;
+    if (PyArray_DATA(c) != (void *)self->barrier || PyArray_TYPE(c) != NPY_UINT8 ||
+        PyArray_NBYTES(c) < (npy_intp)sizeof(dp_barrier) || !PyArray_ISWRITEABLE(c))
+        return PyErr_Format(PyExc_ValueError, "ShmGroup.control was changed after the ShmGroup "
+                            "was built (moved, re-typed, shrunk or made read-only)"), -1;
+    return 0;
+}
+
 static int group_ready(ShmGroupObject *self)
 {
-    if (self->barrier) return 0;
-    PyErr_SetString(PyExc_RuntimeError, "ShmGroup is not initialized");
-    return -1;
+    if (group_control_ready(self)) return -1;
+    int t = self->f32 ? NPY_FLOAT32 : NPY_FLOAT64;
+    for (int i = 0; i < self->k; i++) {
+        PyArrayObject *a = (PyArrayObject *)PyTuple_GET_ITEM(self->buffers, i);
+        if (PyArray_DATA(a) != self->ptrs[i] || PyArray_TYPE(a) != t || PyArray_NDIM(a) != 1 ||
+            PyArray_DIM(a, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISWRITEABLE(a))
+            return PyErr_Format(PyExc_ValueError, "ShmGroup buffers[%d] was changed after the ShmGroup "
+                                "was built: it must stay a writeable %s array of shape (%zd,) at its "
+                                "memory", i, typenum_name(t), (Py_ssize_t)self->length), -1;
+    }
+    if (self->out_obj) {
+        PyArrayObject *o = (PyArrayObject *)self->out_obj;
+        if (PyArray_DATA(o) != self->out || PyArray_TYPE(o) != t || PyArray_NDIM(o) != 1 ||
+            PyArray_DIM(o, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(o) || !PyArray_ISWRITEABLE(o))
+            return PyErr_Format(PyExc_ValueError, "ShmGroup out was changed after the ShmGroup was "
+                                "built: it must stay a writeable %s array of shape (%zd,) at its memory",
+                                typenum_name(t), (Py_ssize_t)self->length), -1;
+    }
+    return 0;
 }
 
 static PyObject *ShmGroup_barrier(ShmGroupObject *self, PyObject *unused)
 {
-    if (group_ready(self)) return NULL;
+    if (group_control_ready(self)) return NULL;
     uint32_t code = 0;
     int rc;
     double t0 = dp_clock_s(), t1 = t0;
@@ -1714,14 +1906,16 @@ static PyObject *ShmGroup_abort(ShmGroupObject *self, PyObject *args)
 {
     unsigned int code = 1;
     if (!PyArg_ParseTuple(args, "|I:abort", &code)) return NULL;
-    if (group_ready(self)) return NULL;
+    if (group_control_ready(self)) return NULL;    /* aborting needs the barrier alone */
     dp_barrier_abort(self->barrier, code ? code : 1);
     Py_RETURN_NONE;
 }
 
 static PyObject *ShmGroup_get_aborted(ShmGroupObject *self, void *c)
 {
-    return PyLong_FromUnsignedLong(self->barrier ? dp_barrier_abort_code(self->barrier) : 0);
+    if (!self->barrier) return PyLong_FromLong(0);
+    if (group_control_ready(self)) return NULL;
+    return PyLong_FromUnsignedLong(dp_barrier_abort_code(self->barrier));
 }
 static PyObject *ShmGroup_get_rank(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->rank); }
 static PyObject *ShmGroup_get_size(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->n); }
