@@ -8,11 +8,10 @@ Quick start::
 The C extension ``dptrain._core`` holds the kernels (GEMM, layers, losses, SGD, buffer
 reductions); ``dptrain.reference`` is their pure-NumPy twin and test oracle.
 """
+from ._version import __version__
 from . import _core
 from .models import CNN, MLP, LogisticRegression, Model, SoftmaxRegression, load_model
 from .optim import SGD
-
-__version__ = "0.1.0"
 
 __all__ = ["CNN", "MLP", "LogisticRegression", "Model", "SoftmaxRegression", "SGD", "load_model",
            "train", "build_info", "__version__"]
