@@ -9,7 +9,14 @@ The C extension ``dptrain._core`` holds the kernels (GEMM, layers, losses, SGD, 
 reductions); ``dptrain.reference`` is their pure-NumPy twin and test oracle.
 """
 from ._version import __version__
-from . import _core
+
+try:
+    from . import _core
+except ImportError as exc:          # say so if this is a source tree with _core not built
+    from ._source_tree import unbuilt_core_error
+    if (unbuilt := unbuilt_core_error()) is None:
+        raise
+    raise unbuilt from exc
 from .models import CNN, MLP, LogisticRegression, Model, SoftmaxRegression, load_model
 from .optim import SGD
 
