@@ -8,12 +8,18 @@ Quick start::
 The C extension ``dptrain._core`` holds the kernels (GEMM, layers, losses, SGD, buffer
 reductions); ``dptrain.reference`` is their pure-NumPy twin and test oracle.
 """
-from . import _core
+from ._version import __version__
+
+try:
+    from . import _core
+except ImportError as exc:          # say so if this is a source tree with _core not built
+    from ._source_tree import unbuilt_core_error
+    if (unbuilt := unbuilt_core_error()) is None:
+        raise
+    raise unbuilt from exc
 from .models import CNN, MLP, LogisticRegression, Model, SoftmaxRegression, load_model
 from .optim import SGD
 from .training import train
-
-__version__ = "0.1.0"
 
 __all__ = ["CNN", "MLP", "LogisticRegression", "Model", "SoftmaxRegression", "SGD", "load_model",
            "train", "build_info", "__version__"]

@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m dptrain",
         description="Synchronous data-parallel training on CPUs, with a C core.")
+    from ._version import __version__
+    p.add_argument("--version", action="version", version=f"dptrain {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     t = sub.add_parser("train", help="train a model and report where the time went",

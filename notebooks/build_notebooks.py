@@ -1,20 +1,67 @@
 """Writes the notebooks of this directory from the cell sources below (outputs empty).
 
 Run: python notebooks/build_notebooks.py. Every notebook reads DPTRAIN_NOTEBOOK_QUICK=1 (set by
-the test suite, which executes them) to use small settings; in Colab the first cell installs
-dptrain with pip.
+the test suite, which executes them) to use small settings. The first code cell (INSTALL)
+installs dptrain where it is missing, as in Colab, from the source named in its DPTRAIN_SOURCE.
 """
+import re
 from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
+# the version the examples name (dptrain/_version.py, which setup.cfg also reads)
+VERSION = re.search(r'__version__ = "(.+)"',
+                    (HERE.parent / "dptrain" / "_version.py").read_text())[1]
 
-SETUP = '''# In Colab (or anywhere dptrain is missing) this installs it with its plotting extra.
-import importlib.util, os, subprocess, sys
-if importlib.util.find_spec("dptrain") is None:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "dptrain[plot]"])
+# The first code cell of every notebook: plain Python (no IPython magic), so that the test
+# suite can run it as a script in a fresh virtual environment (tests/test_install_cell.py).
+INSTALL = r'''# Installs dptrain with its plotting extra where it is missing (Colab); where
+# dptrain is importable already, nothing is installed. dptrain is not on the package index:
+# set DPTRAIN_SOURCE to where pip should get it, either
+#   a git URL:                  "git+https://github.com/OWNER/dptrain"  (pip builds it, ~1 min)
+#   an uploaded sdist or wheel: "/content/dptrain-@VERSION@.tar.gz"
+# Left empty, the package index is tried.
+DPTRAIN_SOURCE = ""
+
+import importlib, importlib.util, subprocess, sys
+from pathlib import Path
+
+
+def install_dptrain(source):
+    # PEP 508 "name[extra] @ URL" serves a git URL, an sdist, a wheel and a directory alike
+    if not source:
+        requirement = "dptrain[plot]"
+    elif "://" in source:
+        requirement = f"dptrain[plot] @ {source}"
+    elif Path(source).expanduser().exists():
+        requirement = f"dptrain[plot] @ {Path(source).expanduser().resolve().as_uri()}"
+    else:
+        raise SystemExit(f"DPTRAIN_SOURCE is {source!r}, which is neither a URL nor an existing "
+                         f"file: set it to a git URL or to the path of an uploaded sdist or wheel")
+    print(f"pip install '{requirement}' ...", flush=True)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", requirement],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if pip.returncode != 0:
+        hint = (f"check DPTRAIN_SOURCE = {source!r} at the top of this cell" if source else
+                "dptrain is not on the package index: set DPTRAIN_SOURCE at the top of this cell "
+                "to a git URL (git+https://github.com/OWNER/dptrain) or to the path of an "
+                "uploaded sdist or wheel (/content/dptrain-@VERSION@.tar.gz), then run it again")
+        tail = "\n".join(pip.stdout.strip().splitlines()[-12:])
+        raise SystemExit(f"installing dptrain failed: pip install '{requirement}' exited with "
+                         f"{pip.returncode}; {hint}.\n--- the last lines pip printed:\n{tail}")
+    importlib.invalidate_caches()           # this process now sees the new site-packages entry
+
+
+spec = importlib.util.find_spec("dptrain")
+if spec is None or spec.origin is None:     # missing, or only a folder named dptrain (a clone?)
+    install_dptrain(DPTRAIN_SOURCE.strip())
+else:
+    print("dptrain is importable from", Path(spec.origin).parent, "(nothing installed)")'''.replace(
+    "@VERSION@", VERSION)
+
+SETUP = '''import os
 QUICK = os.environ.get("DPTRAIN_NOTEBOOK_QUICK") == "1"   # small settings (the test suite)
 import numpy as np
 from IPython.display import display
@@ -28,8 +75,9 @@ def nb(cells):
     book = new_notebook()
     book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                    "language": "python"}
-    book.cells = [new_markdown_cell(c[3:]) if c.startswith("md:") else new_code_cell(c)
-                  for c in cells]
+    # ids by position, so that regenerating an unchanged notebook changes nothing
+    book.cells = [new_markdown_cell(c[3:], id=f"cell-{i}") if c.startswith("md:")
+                  else new_code_cell(c, id=f"cell-{i}") for i, c in enumerate(cells)]
     return book
 
 
@@ -38,6 +86,7 @@ QUICKSTART = [
     "dptrain trains the same model on 1..N workers (threads, processes sharing memory, or MPI "
     "ranks) and records every step's phases on every rank. Without MNIST on disk it uses a "
     "clearly announced synthetic stand-in (nothing is downloaded in the test suite).",
+    INSTALL,
     SETUP,
     "md:## Train an MLP (784-256-128-10) on 2 workers",
     '''result = dptrain.train(model="mlp", dataset="mnist", epochs=1 if QUICK else 3,
@@ -68,6 +117,7 @@ SCALING = [
     "Every (data-set size, worker count) is trained `repeat` times; the baseline is our own "
     "1-worker run in the same sweep, and p uncoupled workers started together give the "
     "contention ceiling (what the machine allows without any communication).",
+    INSTALL,
     SETUP,
     '''from dptrain.sweep import sweep, format_summary
 sizes = (2000, 4000) if QUICK else (5000, 10000, 20000, 40000)
@@ -110,6 +160,7 @@ be[be.workers.isin([2, 16, 256])].pivot_table(index=["network", "algorithm"], co
 
 COMMUNICATION = [
     "md:# Communication: all-reduce algorithms, buckets and overlap, the timeline, a straggler",
+    INSTALL,
     SETUP,
     '''common = dict(model="mlp", dataset="mnist", limit=4000 if QUICK else 20000, epochs=1,
               batch_size=128, workers=2, backend="process", quiet=True)

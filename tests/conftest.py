@@ -1,6 +1,8 @@
 """Shared test helpers (pytest fixtures, available to every test module)."""
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +57,22 @@ def releases_gil(call, max_calls=200):
 def gil_probe():
     """releases_gil(call, max_calls=200) -> bool: the GIL-release probe above."""
     return releases_gil
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def sdist(tmp_path_factory):
+    """Path of an sdist of this checkout, built once per session as a release would build it:
+    ``python -m build --sdist`` (isolated build environment)."""
+    pytest.importorskip("build", reason="building an sdist needs the build package "
+                                        "(pip install build, or the test extra)")
+    if not (REPO_ROOT / "setup.py").is_file():
+        pytest.skip(f"{REPO_ROOT} is not a dptrain checkout (no setup.py)")
+    out = tmp_path_factory.mktemp("sdist")
+    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out),
+                           str(REPO_ROOT)], capture_output=True, text=True)
+    assert proc.returncode == 0, f"python -m build --sdist failed:\n{proc.stdout}\n{proc.stderr}"
+    (path,) = out.glob("dptrain-*.tar.gz")
+    return path
