@@ -266,8 +266,9 @@ def test_speedup_lines_are_the_summary_medians_with_min_max_bars(sweep):
         assert _close(list(ceiling.get_ydata()),
                       [1.0] + [r["ceiling_speedup"] for r in rows if r["workers"] > 1])
     # the efficiency loss is shaded between the largest data set's line and the ideal line
-    shade = [c for c in ax.collections if c.get_paths() and
-             len(c.get_paths()[0].vertices) > 4]
+    from matplotlib.collections import PolyCollection
+    shade = [c for c in ax.collections if isinstance(c, PolyCollection) and c.get_paths()
+             and len(c.get_paths()[0].vertices) > 4]
     assert len(shade) == 1
     verts = {(round(x, 9), round(y, 9)) for x, y in shade[0].get_paths()[0].vertices}
     big = sorted((r for r in summary if r["n_samples"] == 40000), key=lambda r: r["workers"])
@@ -286,7 +287,7 @@ def test_speedup_table_holds_time_speedup_efficiency_per_configuration(sweep):
     ncols = 1 + max(c for _, c in cells)
     header = [cells[0, c].get_text().get_text() for c in range(ncols)]
     assert header == ["configuration", "workers", "time [ms]", "speedup", "efficiency",
-                      "ceiling"]
+                      "ceiling", "note"]
     rows = [[cells[r, c].get_text().get_text() for c in range(ncols)]
             for r in range(1, 1 + max(r for r, _ in cells))]
     assert len(rows) == len(sweep["summary"])
@@ -297,6 +298,11 @@ def test_speedup_table_holds_time_speedup_efficiency_per_configuration(sweep):
         assert row[3] == f"{s['speedup']['median']:.2f}×"
         assert row[4] == f"{100 * s['efficiency']['median']:.0f} %"
         assert row[5] == ("–" if s["workers"] == 1 else f"{s['ceiling_speedup']:.2f}×")
+        # the machine has 2 cores: 4 workers are oversubscribed, a speedup above 2 is flagged
+        flags = (["oversubscribed"] if s["workers"] > 2 else []) + (
+            ["speedup > 2 cores"] if max(s["speedup"]["max"], s["ceiling_speedup"] or 0) > 2
+            else [])
+        assert row[6] == (", ".join(flags) or "–"), row
 
 
 def test_speedup_one_line_per_backend_when_several():
@@ -317,8 +323,8 @@ def test_efficiency_and_time_vs_size_one_line_per_worker_count(sweep):
     lines = _lines(ax)
     assert ax.get_xscale() == "log"
     assert "1 worker" not in lines                       # 100 % by definition: not drawn
-    for p in (2, 4):
-        line = lines[f"{p} workers"]
+    for p, label in ((2, "2 workers"), (4, "4 workers (oversubscribed)")):   # 2 cores
+        line = lines[label]
         assert list(line.get_xdata()) == [5000, 10000, 20000, 40000]
         assert _close(list(line.get_ydata()),
                       [100 * m for m in _medians(summary, "efficiency", workers=p)])
@@ -327,12 +333,12 @@ def test_efficiency_and_time_vs_size_one_line_per_worker_count(sweep):
     ax = plots.plot_time_vs_size(sweep).axes[0]
     lines = _lines(ax)
     assert ax.get_xscale() == "log"
-    for p, label in ((1, "1 worker"), (2, "2 workers"), (4, "4 workers")):
+    for p, label in ((1, "1 worker"), (2, "2 workers"), (4, "4 workers (oversubscribed)")):
         assert _close(list(lines[label].get_ydata()), _medians(summary, "time", workers=p))
     # one color per worker count, the same in both figures
     eff_colors = {k: v.get_color() for k, v in _lines(
         plots.plot_efficiency_vs_size(sweep).axes[0]).items()}
-    assert eff_colors["4 workers"] == lines["4 workers"].get_color()
+    assert eff_colors["2 workers"] == lines["2 workers"].get_color()
 
 
 # ------------------------------------------------------------------ 4. stacked breakdown
@@ -373,11 +379,12 @@ def test_breakdown_stacks_every_phase_and_sums_to_the_phase_totals(sweep):
 def test_baseline_vs_distributed_bars_are_total_compute_communication(sweep):
     ax = plots.plot_baseline_vs_distributed(sweep).axes[0]
     bars = _bar_containers(ax)
-    assert list(bars) == ["1 worker (baseline)", "2 workers", "4 workers"]
+    assert list(bars) == ["1 worker (baseline)", "2 workers", "4 workers (oversubscribed)"]
     assert [t.get_text() for t in ax.get_xticklabels()] == [
         "total", "compute (fwd + bwd)", "communication", "sync wait"]
     rows = {r["workers"]: r for r in sweep["summary"] if r["n_samples"] == 40000}  # largest
-    for label, p in (("1 worker (baseline)", 1), ("2 workers", 2), ("4 workers", 4)):
+    for label, p in (("1 worker (baseline)", 1), ("2 workers", 2),
+                     ("4 workers (oversubscribed)", 4)):
         heights = [rect.get_height() for rect in bars[label].patches]
         r = rows[p]
         assert _close(heights, [r["time"]["median"], r["phases"]["compute"],
