@@ -739,6 +739,8 @@ def validation_verdict(max_abs_error_pct: float, target_pct: float = TARGET_ERRO
                         f" for {n_parameters} fitted parameters: not a validation")
     if problems:
         text = "NOT VALIDATED: " + "; ".join(problems)
+        if err <= target:                   # the error passed: say so, after the failure
+            text += f" (held-out error up to {err:.1f} %, within the {target:g} % target)"
     else:
         text = f"validated: held-out error up to {err:.1f} % <= {target:g} % target"
         if n_points is not None:

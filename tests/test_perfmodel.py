@@ -406,6 +406,9 @@ def test_validation_verdict_states_a_failed_or_too_small_check():
     v = pm.validation_verdict(3.0, 15.0, n_points=4, n_parameters=11)
     assert not v["validated"] and v["problems"] == [
         "checked on 4 held-out points for 11 fitted parameters: not a validation"]
+    assert v["text"] == ("NOT VALIDATED: checked on 4 held-out points for 11 fitted "
+                         "parameters: not a validation (held-out error up to 3.0 %, within "
+                         "the 15 % target)")
     v = pm.validation_verdict(30.0, 15.0, n_points=20, n_parameters=11)
     assert not v["validated"] and v["problems"] == ["held-out error up to 30.0 % > 15 % target"]
     v = pm.validation_verdict(3.0, 15.0, n_points=12, n_parameters=11)
@@ -429,8 +432,9 @@ def test_validation_counts_held_out_points_against_fitted_parameters():
     doc = val.to_dict()
     assert doc["within_target"] is True and doc["validated"] is False
     assert doc["n_points"] == 4 and doc["n_fitted_parameters"] == 11
-    assert doc["verdict"] == ("NOT VALIDATED: checked on 4 held-out points for 11 fitted "
-                              "parameters: not a validation")
+    assert doc["verdict"] == (f"NOT VALIDATED: checked on 4 held-out points for 11 fitted "
+                              f"parameters: not a validation (held-out error up to "
+                              f"{val.max_abs_error_pct:.1f} %, within the 15 % target)")
     assert doc["fit"]["n_fitted_parameters"] == 11
     # three data-set sizes of five worker counts held out: 15 points, within the target
     sizes = (2500, 5000, 10000, 20000, 40000, 80000)
