@@ -78,8 +78,8 @@ import numpy as np
 
 __all__ = ["PHASES", "ALGORITHMS", "Network", "NETWORKS", "DEFAULT_GAMMA", "TARGET_ERROR_PCT",
            "get_network", "allreduce_coefficients", "allreduce_seconds",
-           "expected_max_normal", "DEFAULT_WORKERS", "FittedModel", "Prediction", "Validation", "fit",
-           "validate", "validation_verdict", "project", "break_even_samples", "analyze",
+           "expected_max_normal", "DEFAULT_WORKERS", "FittedModel", "Prediction", "Validation",
+           "fit", "validate", "validation_verdict", "project", "break_even_samples", "analyze",
            "load_runs"]
 
 PHASES = ("data", "compute", "communication", "sync_wait", "update", "other")

@@ -551,7 +551,8 @@ def plot_speedup(sweep, *, table: bool = True):
                                   label="contention ceiling" + (" (dotted, same color)"
                                                                 if len(groups) > 1 else "")))
         highest = max([top] + [_stat(r, "speedup")[2] for r in rows]
-                      + [r["ceiling_speedup"] for r in rows if _is_number(r.get("ceiling_speedup"))])
+                      + [r["ceiling_speedup"] for r in rows
+                         if _is_number(r.get("ceiling_speedup"))])
         ax.set_xticks(workers)
         ax.set_xlim(0.8, top * 1.05)
         ax.set_ylim(0, highest * 1.08)

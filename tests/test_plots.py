@@ -507,7 +507,7 @@ def test_projection_one_line_per_network_and_algorithm():
         plots.plot_projection([dict(rows[0], speedup=-1)])
 
 
-# ------------------------------------------------------------------ what a figure must not leave out
+# ------------------------------------------------------------------ what a figure never leaves out
 def _texts(fig):
     """Every text drawn on ``fig`` (titles, notes, legends, tick labels, table cells), with
     the no-break spaces of '15 %' made plain."""
