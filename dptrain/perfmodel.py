@@ -51,6 +51,13 @@ than its asymptote sqrt(2 ln p), which is 2x too large at p = 2 and would bias s
 then every projection) from the small worker counts a sweep has. One parameter, physical
 shape, zero where there is no one to wait for.
 
+Validation: ``validate`` fits on some runs and predicts the configurations left out.
+``validation_verdict`` calls that a validation only when every held-out prediction is within
+the target (15 %) and there are at least as many held-out configurations as the fit has
+parameters (11, or 10 with a known alpha); ``dptrain.plots`` and ``python -m dptrain plot``
+print its line and draw a projection from a model that fails it as "NOT VALIDATED ...
+projection shown for illustration only".
+
 What is left out on purpose: overlap of communication with the backward pass (the measured
 communication phase is what the overlap did not hide, and is fitted as such), contention
 between workers that share a host's memory bandwidth or time-share cores (filter out runs
@@ -71,8 +78,9 @@ import numpy as np
 
 __all__ = ["PHASES", "ALGORITHMS", "Network", "NETWORKS", "DEFAULT_GAMMA", "TARGET_ERROR_PCT",
            "get_network", "allreduce_coefficients", "allreduce_seconds",
-           "expected_max_normal", "DEFAULT_WORKERS", "FittedModel", "Prediction", "Validation", "fit",
-           "validate", "project", "break_even_samples", "analyze", "load_runs"]
+           "expected_max_normal", "DEFAULT_WORKERS", "FittedModel", "Prediction", "Validation",
+           "fit", "validate", "validation_verdict", "project", "break_even_samples", "analyze",
+           "load_runs"]
 
 PHASES = ("data", "compute", "communication", "sync_wait", "update", "other")
 ALGORITHMS = ("ring", "tree", "ps")
@@ -588,6 +596,12 @@ class FittedModel:
     fit_rms_error_pct: float = float("nan")
 
     @property
+    def n_fitted_parameters(self) -> int:
+        """How many parameters the fit estimated: the per-sample and per-step coefficients,
+        beta and sigma, and alpha unless it was given."""
+        return len(self.coefficients) + 2 + (not self.alpha_fixed)
+
+    @property
     def t_sample(self) -> float:
         """Seconds of work per sample (sum of the phases' per-sample coefficients)."""
         return sum(self.coefficients[f"{ph}_per_sample"] for ph in WORK_PHASES)
@@ -696,16 +710,53 @@ class FittedModel:
                           "calls_per_step": self.calls_per_step},
             "labels": self.labels, "n_runs": self.n_runs,
             "n_configurations": self.n_configurations,
+            "n_fitted_parameters": self.n_fitted_parameters,
             "workers_fitted": self.workers_fitted, "n_samples_fitted": self.n_samples_fitted,
             "fit_rms_error_pct": self.fit_rms_error_pct,
             "network": self.network.to_dict()})
 
 
 # ------------------------------------------------------------------ validation
+def validation_verdict(max_abs_error_pct: float, target_pct: float = TARGET_ERROR_PCT,
+                       n_points: int | None = None, n_parameters: int | None = None) -> dict:
+    """Whether a held-out check validates the model, and one line that says why or why not:
+    ``{"validated": bool, "problems": [...], "text": "..."}``.
+
+    A check validates the model when every held-out prediction is within ``target_pct`` and
+    it has at least as many held-out points (configurations) as the model has fitted
+    parameters: with fewer, agreement says little about the model (a fit with k free
+    parameters can be bent through k points). ``n_points`` / ``n_parameters`` None: not known,
+    that test is left out (and the text says so). This text is what the figures and the
+    command line print, so a projection from a failed check is never shown as a forecast.
+    """
+    err = _nonneg("max_abs_error_pct", max_abs_error_pct)
+    target = _nonneg("target_pct", target_pct)
+    problems = []
+    if not err <= target:
+        problems.append(f"held-out error up to {err:.1f} % > {target:g} % target")
+    if n_points is not None and n_parameters is not None and n_points < n_parameters:
+        problems.append(f"checked on {n_points} held-out point{'s' if n_points != 1 else ''}"
+                        f" for {n_parameters} fitted parameters: not a validation")
+    if problems:
+        text = "NOT VALIDATED: " + "; ".join(problems)
+        if err <= target:                   # the error passed: say so, after the failure
+            text += f" (held-out error up to {err:.1f} %, within the {target:g} % target)"
+    else:
+        text = f"validated: held-out error up to {err:.1f} % <= {target:g} % target"
+        if n_points is not None:
+            text += f" on {n_points} held-out point{'s' if n_points != 1 else ''}"
+            text += (f" for {n_parameters} fitted parameters" if n_parameters is not None
+                     else " (number of fitted parameters not given)")
+    return {"validated": not problems, "problems": problems, "text": text}
+
+
 @dataclass
 class Validation:
     """Predicted vs measured for the configurations left out of the fit (rows: workers,
-    n_samples, ..., measured = median train_seconds over repeats, predicted, error_pct)."""
+    n_samples, ..., measured = median train_seconds over repeats, predicted, error_pct).
+
+    ``within_target``: every held-out error within target_pct; ``validated``: that, and at
+    least as many held-out configurations as fitted parameters (``validation_verdict``)."""
 
     holdout: str
     rows: list
@@ -720,14 +771,31 @@ class Validation:
     def within_target(self) -> bool:
         return self.max_abs_error_pct <= self.target_pct
 
+    @property
+    def n_points(self) -> int:
+        """Held-out configurations (each the median over its repeats)."""
+        return len(self.rows)
+
+    def verdict(self) -> dict:
+        """``validation_verdict`` of this check: validated or not, and the line that says so."""
+        return validation_verdict(self.max_abs_error_pct, self.target_pct, self.n_points,
+                                  self.fit.n_fitted_parameters)
+
+    @property
+    def validated(self) -> bool:
+        return self.verdict()["validated"]
+
     def to_rows(self) -> list[dict]:
         return _jsonable(self.rows)
 
     def to_dict(self) -> dict:
+        verdict = self.verdict()
         return _jsonable({"holdout": self.holdout, "target_pct": self.target_pct,
                           "max_abs_error_pct": self.max_abs_error_pct,
-                          "within_target": self.within_target, "rows": self.to_rows(),
-                          "fit": self.fit.to_dict()})
+                          "within_target": self.within_target, "n_points": self.n_points,
+                          "n_fitted_parameters": self.fit.n_fitted_parameters,
+                          "validated": verdict["validated"], "verdict": verdict["text"],
+                          "rows": self.to_rows(), "fit": self.fit.to_dict()})
 
 
 def validate(runs, holdout="n_samples", *, target_pct: float = TARGET_ERROR_PCT,

@@ -14,6 +14,17 @@ Every function takes plain data and returns a ``matplotlib.figure.Figure``:
   dptrain.perfmodel: ``{workers, n_samples, measured, predicted}`` and ``{network, algorithm,
   workers, speedup, efficiency}``).
 
+What a figure never leaves out (the issue "no run passes synthetic data off as real"):
+
+- the data set's name as the sweep recorded it in every subtitle, followed by
+  "(SYNTHETIC DATA)" when it is synthetic, and "QUICK RUN" for a sweep marked ``quick: true``;
+- a speedup above the machine's core count (``machine.cores`` in sweep.json) circled with why
+  it can happen, and worker counts with more workers x threads than cores marked
+  oversubscribed (the command line leaves them out of the model fit);
+- whether the performance model passed its held-out check (``model_verdict``, after
+  ``perfmodel.validation_verdict``): a projection from a model that did not is titled and
+  boxed "NOT VALIDATED ... for illustration only", and the command line prints the same line.
+
 ``plot_sweep(sweep_dir, out_dir)`` writes every figure the data allows (PNG and SVG) and returns
 the files; a figure that needs more than the sweep holds (two worker counts, two data-set sizes,
 a trace) raises ``NotEnoughData`` when called alone and is skipped by ``plot_sweep``.
@@ -108,15 +119,30 @@ def _figure(width: float, height: float):
 
 
 def _titles(fig, what: str, context: str = "") -> None:
-    """The figure's title: what it shows, and on a second line for which model/data/backend."""
-    fig.suptitle(what + (f"\n{context}" if context else ""), fontsize=12)
+    """The figure's title: what it shows, and under it for which model/data/backend (wrapped
+    between its ' · ' parts to the figure's width, so that no part is cut off)."""
+    width = int(fig.get_figwidth() * 11)            # characters of 12 pt per line
+    lines, line = [], ""
+    for part in context.split(" · ") if context else ():
+        if line and len(line) + 3 + len(part) > width:
+            lines.append(line)
+            line = part
+        else:
+            line = f"{line} · {part}" if line else part
+    if line:
+        lines.append(line)
+    fig.suptitle("\n".join([what] + lines), fontsize=12)
+
+
+def _wrap(text: str, width: int) -> list:
+    """Lines of at most ``width`` characters that never break '15 %' from its unit."""
+    return textwrap.wrap(text.replace(" %", "\u00a0%"), width) or [""]
 
 
 def _footnote(fig, text: str) -> None:
     """How to read the figure (repeats, error bars, definitions), wrapped to its width."""
     width = int(fig.get_figwidth() * 17)
-    lines = [wrapped for para in text.split("\n")
-             for wrapped in textwrap.wrap(para, width) or [""]]
+    lines = [wrapped for para in text.split("\n") for wrapped in _wrap(para, width)]
     fig.supxlabel("\n".join(lines), fontsize=8, color="#444444", ha="left", x=0.01)
 
 
@@ -243,15 +269,135 @@ def _varying(rows, dims=CONFIG_DIMS) -> list:
     return [d for d in dims if len({repr(r.get(d)) for r in rows}) > 1]
 
 
-def _context(rows, exclude=()) -> str:
-    """What is the same in every row, for a title: 'mlp on mnist · process backend · ...'."""
+def _context(rows, exclude=(), sweep=None) -> str:
+    """What is the same in every row, for a title: 'mlp on mnist · process backend · ...',
+    and what the reader must not miss: synthetic data, a quick run (``_data_marks``)."""
+    varying = _varying(rows)
     fixed = {d: rows[0].get(d) for d in CONFIG_DIMS
-             if d not in exclude and d not in _varying(rows) and rows[0].get(d) is not None}
+             if d not in exclude and d not in varying and rows[0].get(d) is not None}
+    if "dataset" not in fixed and "dataset" not in varying and "dataset" not in exclude \
+            and _sweep_config(sweep).get("dataset") is not None:
+        fixed["dataset"] = _sweep_config(sweep)["dataset"]    # rows without a dataset field
     parts = []
     if "model" in fixed or "dataset" in fixed:
-        parts.append(" on ".join(str(fixed[d]) for d in ("model", "dataset") if d in fixed))
+        parts.append(" on ".join(_dataset_text(fixed[d]) if d == "dataset" else str(fixed[d])
+                                 for d in ("model", "dataset") if d in fixed))
     parts += [_dim_text(d, fixed[d]) for d in ("backend", "allreduce", "n_samples") if d in fixed]
-    return " · ".join(parts)
+    named = _is_synthetic_name(fixed.get("dataset"))       # already marked after its name
+    return " · ".join(parts + _data_marks(sweep, rows, synthetic_named=named))
+
+
+# ------------------------------------------------------------------ provenance
+# A figure of synthetic stand-in data, or of a quick pipeline check, says so in its subtitle.
+SYNTHETIC_MARK = "SYNTHETIC DATA"
+QUICK_MARK = "QUICK RUN"
+
+
+def _sweep_config(sweep) -> dict:
+    config = (sweep or {}).get("config") if isinstance(sweep, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def _is_synthetic_name(name) -> bool:
+    return isinstance(name, str) and name.strip().lower().startswith("synthetic")
+
+
+def _dataset_text(name) -> str:
+    """A data set's name as the sweep recorded it, '(SYNTHETIC DATA)' after a synthetic one."""
+    return f"{name} ({SYNTHETIC_MARK})" if _is_synthetic_name(name) else str(name)
+
+
+def _is_synthetic(sweep, rows=()) -> bool:
+    """Whether any data set the sweep recorded (its rows', its config's) is synthetic, or the
+    sweep flags itself ``synthetic: true``."""
+    config = _sweep_config(sweep)
+    names = [r.get("dataset") for r in rows if isinstance(r, dict)] + [config.get("dataset")]
+    flags = [config.get("synthetic"), sweep.get("synthetic") if isinstance(sweep, dict) else None]
+    return any(map(_is_synthetic_name, names)) or any(f is True for f in flags)
+
+
+def _is_quick(sweep) -> bool:
+    """A quick study run (``quick: true`` at the top of sweep.json or in its config)."""
+    top = sweep.get("quick") if isinstance(sweep, dict) else None
+    return top is True or _sweep_config(sweep).get("quick") is True
+
+
+def _data_marks(sweep, rows=(), *, synthetic_named: bool = False) -> list:
+    """['SYNTHETIC DATA', 'QUICK RUN'] as far as they apply (the first left out where the
+    data set's name already carries it)."""
+    marks = []
+    if _is_synthetic(sweep, rows) and not synthetic_named:
+        marks.append(SYNTHETIC_MARK)
+    if _is_quick(sweep):
+        marks.append(QUICK_MARK)
+    return marks
+
+
+# ------------------------------------------------------------------ the machine
+def machine_cores(sweep):
+    """The core count the sweep recorded for its machine (``machine.cores``), or None."""
+    machine = (sweep or {}).get("machine") if isinstance(sweep, dict) else None
+    for key in ("cores", "cpus", "cpu_count"):
+        value = (machine or {}).get(key) if isinstance(machine, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+    return None
+
+
+def _threads(sweep) -> int:
+    """Threads per worker: the sweep config's ``threads``, else the most any run used, else 1."""
+    value = _sweep_config(sweep).get("threads")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    runs = (sweep or {}).get("runs") if isinstance(sweep, dict) else None
+    used = [r.get("threads") for r in runs or () if isinstance(r, dict)]
+    return max((t for t in used if isinstance(t, int) and not isinstance(t, bool) and t >= 1),
+               default=1)
+
+
+def _oversubscribed(workers: int, sweep) -> bool:
+    """More workers x threads than the machine's cores: they time-share them (the command
+    line leaves such runs out of the model fit for the same reason)."""
+    cores = machine_cores(sweep)
+    return cores is not None and workers * _threads(sweep) > cores
+
+
+def _oversubscribed_text(sweep) -> str:
+    """Oversubscribed, explained: 'Oversubscribed: workers > 2 cores, ...'."""
+    cores, threads = machine_cores(sweep), _threads(sweep)
+    per = f" × {threads} threads" if threads > 1 else ""
+    return (f"Oversubscribed: workers{per} > {cores} cores; the workers time-share the cores "
+            f"(these runs are left out of the performance-model fit).")
+
+
+def _above_cores_text(cores: int) -> str:
+    """Why a speedup can exceed the core count (the figure's note under the plot)."""
+    return (f"Circled red, speedup > {cores} cores: more than {cores} cores can give "
+            f"CPU-bound work, so either superlinear (cache effects: each worker's shard fits "
+            f"in cache) or a noisy baseline (a slow 1-worker run). See the min–max bars; "
+            f"repeat the sweep to tell them apart.")
+
+
+def _above_cores_short(cores: int) -> str:
+    return textwrap.fill(f"speedup > {cores} cores (circled): superlinear (cache effects) or "
+                         f"a noisy baseline; see the note below", 38)
+
+
+def _red_title(legend) -> None:
+    legend.get_title().set_color("#b22222")
+    legend.get_title().set_multialignment("left")
+    legend.get_frame().set_edgecolor("#b22222")
+
+
+def _above_cores_note(ax, cores: int) -> None:
+    """A short red note on ``ax`` where it hides the least data (a legend with a title only,
+    placed 'best'; added as an artist, so the axes' own legend stays ``ax.get_legend()``)."""
+    from matplotlib.legend import Legend
+    note = Legend(ax, [], [], title=_above_cores_short(cores), loc="best", title_fontsize=8,
+                  framealpha=0.92)
+    _red_title(note)
+    note.set_zorder(6)
+    ax.add_artist(note)
 
 
 def _machine_text(sweep) -> str:
@@ -296,6 +442,30 @@ def _workers_text(p: int) -> str:
     return f"{p} worker{'s' if p != 1 else ''}"
 
 
+def _tick_text(v: float) -> str:
+    """A tick label without float noise: at most 3 significant digits (0.00390625 ->
+    '0.00391'), thousands written out (1500 -> '1,500')."""
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
+
+
+def _tick_formatter():
+    from matplotlib.ticker import FuncFormatter
+    return FuncFormatter(lambda v, _: _tick_text(v))
+
+
+def _seconds_axis(axis, top: float) -> str:
+    """Tick labels of a time axis whose data are seconds: milliseconds where the axis ends
+    below 0.1 s (0.0175 s reads '17.5'), else seconds. Returns the unit for the label."""
+    from matplotlib.ticker import FuncFormatter
+    scale, unit = (1000.0, "ms") if top < 0.1 else (1.0, "s")
+    axis.set_major_formatter(FuncFormatter(lambda v, _: _tick_text(scale * v)))
+    return unit
+
+
 def _colors(n: int, cmap: str = "viridis", lo: float = 0.1, hi: float = 0.8) -> list:
     mpl = _matplotlib()
     cm = mpl.colormaps[cmap]
@@ -328,9 +498,13 @@ def plot_speedup(sweep, *, table: bool = True):
     dims = _varying(rows)
     groups = _series(rows, dims)
     colors = _colors(len(groups), "plasma", 0.05, 0.75) if len(groups) > 1 else ["#1f77b4"]
+    cores = machine_cores(sweep)
+    over = [p for p in workers if _oversubscribed(p, sweep)]
+    above = _above_cores(rows, cores)
     with _style():
         # beside the plot: the table on top, the legend under it (clear of the lines)
-        n_legend = len(groups) + 2 + any(_is_number(r.get("ceiling_speedup")) for r in rows)
+        n_legend = (len(groups) + 2 + any(_is_number(r.get("ceiling_speedup")) for r in rows)
+                    + bool(over) + bool(over or above) + bool(above))
         table_in, legend_in = 0.22 * (len(rows) + 1) + 0.5, 0.22 * n_legend + 0.3
         if table:
             fig = _figure(12.5, max(5.0, table_in + legend_in + 1.3))
@@ -376,12 +550,16 @@ def plot_speedup(sweep, *, table: bool = True):
             handles.append(Line2D([], [], ls=":", marker="v", color="#555555", lw=1.8,
                                   label="contention ceiling" + (" (dotted, same color)"
                                                                 if len(groups) > 1 else "")))
+        highest = max([top] + [_stat(r, "speedup")[2] for r in rows]
+                      + [r["ceiling_speedup"] for r in rows
+                         if _is_number(r.get("ceiling_speedup"))])
         ax.set_xticks(workers)
         ax.set_xlim(0.8, top * 1.05)
-        ax.set_ylim(0, top * 1.08)
+        ax.set_ylim(0, highest * 1.08)
+        handles += _mark_cores(ax, sweep, over, above, workers, top * 1.05)
         ax.set_xlabel("workers p")
         ax.set_ylabel("speedup T(1 worker) / T(p workers)  [×]")
-        ctx = _context(rows)
+        ctx = _context(rows, sweep=sweep)
         _titles(fig, "Speedup vs workers", ctx)
         if legend_ax is not None:
             legend_ax.axis("off")
@@ -391,12 +569,16 @@ def plot_speedup(sweep, *, table: bool = True):
         else:
             ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12))
         if tab_ax is not None:
-            _speedup_table(tab_ax, rows, dims)
+            _speedup_table(tab_ax, rows, dims, sweep)
         notes = [f"{_repeats_text(rows)}; error bars: min–max. Speedup against our own "
                  f"1-worker run of the same size in the same sweep."]
         if any(_is_number(r.get("ceiling_speedup")) for r in rows):
             notes.append("Contention ceiling: T1 / time of p uncoupled 1-worker runs started "
                          "together (what the hardware allows without communication).")
+        if over:
+            notes.append(f"Shaded grey. {_oversubscribed_text(sweep)}")
+        if above:
+            notes.append(_above_cores_text(cores))
         mach = _machine_text(sweep)
         if mach:
             notes.append(mach)
@@ -404,7 +586,52 @@ def plot_speedup(sweep, *, table: bool = True):
     return fig
 
 
-def _speedup_table(ax, rows, dims) -> None:
+def _above_cores(rows, cores, *, ceiling: bool = True) -> list:
+    """(workers, speedup) of every measured speedup (median, max over repeats, and the
+    contention ceiling where ``ceiling``) above the machine's core count: more than the cores
+    can give CPU-bound work."""
+    if cores is None:
+        return []
+    out = []
+    for r in rows:
+        med, _, hi = _stat(r, "speedup")
+        top = r.get("ceiling_speedup") if ceiling else None
+        for value in (med, hi, top if _is_number(top) else None):
+            if value is not None and value > cores:
+                out.append((r["workers"], value))
+    return sorted(set(out))
+
+
+def _mark_cores(ax, sweep, over, above, workers, right) -> list:
+    """Marks on a speedup axis: the oversubscribed worker counts shaded, the core count as a
+    line, each speedup above it circled. Returns their legend handles."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    cores = machine_cores(sweep)
+    handles = []
+    if over:
+        fitting = [p for p in workers if p not in over]
+        left = (max(fitting) + min(over)) / 2 if fitting else ax.get_xlim()[0]
+        ax.axvspan(left, right, color="#9a9a9a", alpha=0.18, lw=0, zorder=0)
+        ax.annotate(f"oversubscribed\n(> {cores} cores)", ((left + right) / 2, 0.98),
+                    xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=8.5,
+                    color="#444444")
+        handles.append(Patch(color="#9a9a9a", alpha=0.18, lw=0,
+                             label=f"oversubscribed: workers > {cores} cores"))
+    if over or above:
+        ax.axhline(cores, color="#b22222", ls=(0, (1, 2)), lw=1.3, zorder=1)
+        handles.append(Line2D([], [], color="#b22222", ls=(0, (1, 2)), lw=1.3,
+                              label=f"{cores} cores: the most CPU-bound work can gain"))
+    if above:
+        xs, ys = zip(*above)
+        ax.scatter(xs, ys, s=260, facecolors="none", edgecolors="#b22222", lw=1.8, zorder=5)
+        handles.append(Line2D([], [], ls="", marker="o", ms=12, mfc="none", mec="#b22222",
+                              mew=1.8, label=f"speedup > {cores} cores (see note)"))
+        _above_cores_note(ax, cores)
+    return handles
+
+
+def _speedup_table(ax, rows, dims, sweep=None) -> None:
     ax.axis("off")
     ax.grid(False)
     longest = max(_stat(r, "time")[0] for r in rows)
@@ -414,6 +641,11 @@ def _speedup_table(ax, rows, dims) -> None:
     has_ceiling = any(_is_number(r.get("ceiling_speedup")) for r in rows)
     if has_ceiling:
         header.append("ceiling")
+    cores = machine_cores(sweep)
+    has_note = any(_oversubscribed(r["workers"], sweep) for r in rows) or bool(
+        _above_cores(rows, cores))
+    if has_note:
+        header.append("note")
     cells = []
     for key, grp in _series(rows, dims).items():
         for r in grp:
@@ -426,6 +658,11 @@ def _speedup_table(ax, rows, dims) -> None:
             if has_ceiling:
                 c = r.get("ceiling_speedup")
                 line.append(f"{c:.2f}×" if _is_number(c) else "–")
+            if has_note:
+                flags = ["oversubscribed"] if _oversubscribed(r["workers"], sweep) else []
+                if _above_cores([r], cores):
+                    flags.append(f"speedup > {cores} cores")
+                line.append(", ".join(flags) or "–")
             cells.append(line)
     tab = ax.table(cellText=cells, colLabels=header, loc="upper center", cellLoc="center")
     tab.auto_set_font_size(False)
@@ -451,8 +688,9 @@ def _per_size(sweep, key: str, what: str):
     return rows, sweep, sizes
 
 
-def _size_lines(ax, rows, key, scale, include_one_worker):
-    """One line per (worker count, other varying dims) of ``key`` vs n_samples."""
+def _size_lines(ax, rows, key, scale, include_one_worker, sweep=None):
+    """One line per (worker count, other varying dims) of ``key`` vs n_samples; the label of
+    an oversubscribed worker count says so."""
     variant_dims = [d for d in _varying(rows) if d != "n_samples"]
     wcolors = _worker_colors(r["workers"] for r in rows)
     variants = list(_series(rows, variant_dims))
@@ -467,6 +705,8 @@ def _size_lines(ax, rows, key, scale, include_one_worker):
         yerr = [[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]]
         label = _workers_text(p) + (", " + _series_label(variant_dims, variant)
                                     if variant_dims else "")
+        if _oversubscribed(p, sweep):
+            label += " (oversubscribed)"
         ax.errorbar(n, med, yerr=yerr, color=wcolors[p], marker=_MARKERS[vi % 6],
                     ls=_LINESTYLES[vi % 4], lw=2, ms=6, capsize=3, label=label)
 
@@ -490,17 +730,35 @@ def plot_efficiency_vs_size(sweep):
         fig = _figure(7.5, 5.0)
         ax = fig.subplots()
         ax.axhline(100, color="black", ls="--", lw=1.2, label="ideal (100 %)")
-        _size_lines(ax, rows, "efficiency", 100.0, include_one_worker=False)
+        _size_lines(ax, rows, "efficiency", 100.0, include_one_worker=False, sweep=sweep)
         _size_axis(ax, sizes)
         top = max(100.0, *(100 * _stat(r, "efficiency")[2] for r in rows if r["workers"] > 1))
         ax.set_ylim(0, top * 1.1)
         ax.set_ylabel("parallel efficiency  speedup / p  [%]")
-        ctx = _context(rows, exclude=("n_samples",))
+        ctx = _context(rows, exclude=("n_samples",), sweep=sweep)
         _titles(fig, "Parallel efficiency vs data-set size", ctx)
-        ax.legend(loc="lower right")
-        _footnote(fig, "\n".join(filter(None, [
-            f"{_repeats_text(rows)}; error bars: min–max. Efficiency = (T1 / Tp) / p, T1 from "
-            f"the 1-worker run of the same size.", _machine_text(sweep)])))
+        # a speedup above the core count, as an efficiency: circled, with the explanation
+        cores = machine_cores(sweep)
+        above = [r for r in rows
+                 if r["workers"] > 1 and _above_cores([r], cores, ceiling=False)]
+        if above:
+            # the point whose median or max over repeats is above: at the larger of the two
+            ax.scatter([r["n_samples"] for r in above],
+                       [100 * (_stat(r, "efficiency")[0]
+                               if _stat(r, "speedup")[0] > cores else _stat(r, "efficiency")[2])
+                        for r in above], s=260, facecolors="none", edgecolors="#b22222",
+                       lw=1.8, zorder=5, label=f"speedup > {cores} cores")
+        legend = ax.legend(loc="best", title=_above_cores_short(cores) if above else None,
+                           title_fontsize=8)
+        if above:                    # the explanation heads the legend, clear of the data
+            _red_title(legend)
+        notes = [f"{_repeats_text(rows)}; error bars: min–max. Efficiency = (T1 / Tp) / p, T1 "
+                 f"from the 1-worker run of the same size."]
+        if any(_oversubscribed(r["workers"], sweep) for r in rows if r["workers"] > 1):
+            notes.append(_oversubscribed_text(sweep))
+        if above:
+            notes.append(_above_cores_text(cores))
+        _footnote(fig, "\n".join(filter(None, notes + [_machine_text(sweep)])))
     return fig
 
 
@@ -510,16 +768,19 @@ def plot_time_vs_size(sweep):
     with _style():
         fig = _figure(7.5, 5.0)
         ax = fig.subplots()
-        _size_lines(ax, rows, "time", 1.0, include_one_worker=True)
+        _size_lines(ax, rows, "time", 1.0, include_one_worker=True, sweep=sweep)
         _size_axis(ax, sizes)
         ax.set_ylim(0, None)
-        ax.set_ylabel("training time  [s]")
-        ctx = _context(rows, exclude=("n_samples",))
+        unit = _seconds_axis(ax.yaxis, ax.get_ylim()[1])
+        ax.set_ylabel(f"training time  [{unit}]")
+        ctx = _context(rows, exclude=("n_samples",), sweep=sweep)
         _titles(fig, "Training time vs data-set size", ctx)
         ax.legend(loc="upper left")
-        _footnote(fig, "\n".join(filter(None, [
-            f"{_repeats_text(rows)}; error bars: min–max. Time: the training loop on rank 0, "
-            f"between barriers (start-up and evaluation excluded).", _machine_text(sweep)])))
+        notes = [f"{_repeats_text(rows)}; error bars: min–max. Time: the training loop on rank "
+                 f"0, between barriers (start-up and evaluation excluded)."]
+        if any(_oversubscribed(r["workers"], sweep) for r in rows):
+            notes.append(_oversubscribed_text(sweep))
+        _footnote(fig, "\n".join(filter(None, notes + [_machine_text(sweep)])))
     return fig
 
 
@@ -563,7 +824,8 @@ def plot_breakdown(sweep):
             ax.annotate(_seconds_text(t), (xi, max(t, m)), textcoords="offset points",
                         xytext=(0, 4), ha="center", va="bottom", fontsize=7.5)
         ax.set_ylim(0, max(*totals, *measured) * 1.12)
-        ax.set_ylabel("time per run  [s]\n(mean over ranks)")
+        unit = _seconds_axis(ax.yaxis, ax.get_ylim()[1])
+        ax.set_ylabel(f"time per run  [{unit}]\n(mean over ranks)")
         ax_pct.set_ylabel("share of the time  [%]")
         ax_pct.set_ylim(0, 100)
         ax_pct.set_xticks(x, [f"p={r['workers']}" for r in ordered])
@@ -582,7 +844,7 @@ def plot_breakdown(sweep):
                                     fontsize=9)
                     start = i
         ax_pct.set_xlabel("configuration (p = workers)", labelpad=8 + 14 * len(dims))
-        ctx = _context(rows)
+        ctx = _context(rows, sweep=sweep)
         _titles(fig, "Where the training time goes, per configuration", ctx)
         handles, names = ax.get_legend_handles_labels()
         ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0),
@@ -635,7 +897,9 @@ def plot_baseline_vs_distributed(sweep, *, n_samples=None):
             top = max(top, *values)
             xs = [g + (i - (len(bars) - 1) / 2) * width for g in range(len(_BAR_METRICS))]
             variant = tuple(r.get(d) for d in variant_dims)
-            label = _workers_text(r["workers"]) + (" (baseline)" if r["workers"] == 1 else "")
+            label = _workers_text(r["workers"]) + (" (baseline)" if r["workers"] == 1 else
+                                                   " (oversubscribed)"
+                                                   if _oversubscribed(r["workers"], sweep) else "")
             if variant_dims:
                 label += ", " + _series_label(variant_dims, variant)
             cont = ax.bar(xs, values, width=width * 0.95, color=wcolors[r["workers"]],
@@ -655,9 +919,10 @@ def plot_baseline_vs_distributed(sweep, *, n_samples=None):
                          padding=2, rotation=90 if len(bars) > 4 else 0)
         ax.set_xticks(range(len(_BAR_METRICS)), [name for _, name in _BAR_METRICS])
         ax.set_ylim(0, top * (1.3 if len(bars) > 4 else 1.15))
-        ax.set_ylabel("time per run  [s]  (mean over ranks)")
+        unit = _seconds_axis(ax.yaxis, ax.get_ylim()[1])
+        ax.set_ylabel(f"time per run  [{unit}]  (mean over ranks)")
         ax.grid(axis="x", visible=False)
-        ctx = _context(rows)
+        ctx = _context(rows, sweep=sweep)
         _titles(fig, "1 worker vs p workers: where the time goes", ctx)
         ax.legend(loc="upper right")
         _footnote(fig, "\n".join(filter(None, [
@@ -709,12 +974,14 @@ def _trace_slices(trace) -> tuple[list, dict]:
 
 
 def plot_timeline(trace, *, steps: int | None = 3, first_step: int | None = None,
-                  title: str | None = None):
+                  title: str | None = None, sweep=None):
     """A few steps of a run, one row per rank, a colored slice per phase.
 
     ``steps`` consecutive steps from ``first_step`` (default: the second recorded step, the
     first one after warm-up, where there are enough) are drawn; ``steps=None`` draws the whole
     trace. Slices without a step number are drawn when they overlap the chosen steps.
+    ``sweep``: the sweep the trace belongs to; its data set's name (and whether it was
+    synthetic, or a quick run) goes into the subtitle.
     """
     slices, names = _trace_slices(trace)
     known = sorted({s[4] for s in slices if isinstance(s[4], int)})
@@ -740,6 +1007,14 @@ def plot_timeline(trace, *, steps: int | None = 3, first_step: int | None = None
     y_of = {r: i for i, r in enumerate(ranks)}
     one_process = len({pid for pid, _ in ranks}) == 1
     other = trace.get("otherData") if isinstance(trace, dict) else None
+    other = dict(other) if isinstance(other, dict) else {}
+    if sweep is not None:
+        recorded = {r.get("dataset") for r in sweep.get("summary", ()) if isinstance(r, dict)}
+        recorded.discard(None)
+        if len(recorded) == 1:                 # the name as the sweep recorded it
+            other["dataset"] = recorded.pop()
+        elif not recorded and _sweep_config(sweep).get("dataset") is not None:
+            other["dataset"] = _sweep_config(sweep)["dataset"]
     with _style():
         fig = _figure(11.0, max(2.8, 0.55 * len(ranks) + 2.2))
         ax = fig.subplots()
@@ -771,25 +1046,30 @@ def plot_timeline(trace, *, steps: int | None = 3, first_step: int | None = None
         what = (f"steps {shown[0]}–{shown[-1]}" if len(shown) > 1 else
                 f"step {shown[0]}" if shown else "whole trace")
         _titles(fig, title or f"Per-rank timeline of {what}: what each worker does when",
-                _run_text(other))
+                _run_text(other, sweep))
         _footnote(fig, "Slices from the run's merged Chrome trace (open the JSON in Perfetto "
                        "or chrome://tracing to see every step). sync wait = waiting for the "
                        "slowest worker to arrive; communication = the transfer itself.")
     return fig
 
 
-def _run_text(config) -> str:
-    if not isinstance(config, dict):
-        return ""
+def _run_text(config, sweep=None) -> str:
+    """One run's configuration (a trace's otherData) for a subtitle, with ``_data_marks``."""
+    config = config if isinstance(config, dict) else {}
     parts = []
     if config.get("model") or config.get("dataset"):
-        parts.append(" on ".join(str(config[k]) for k in ("model", "dataset") if config.get(k)))
+        parts.append(" on ".join(_dataset_text(config[k]) if k == "dataset" else str(config[k])
+                                 for k in ("model", "dataset") if config.get(k)))
     if config.get("workers"):
-        parts.append(_workers_text(config["workers"]))
+        over = isinstance(config["workers"], int) and _oversubscribed(config["workers"], sweep)
+        parts.append(_workers_text(config["workers"])
+                     + (f" (oversubscribed: > {machine_cores(sweep)} cores)" if over else ""))
     for d in ("backend", "allreduce", "n_samples"):
         if config.get(d) is not None:
             parts.append(_dim_text(d, config[d]))
-    return " · ".join(parts)
+    marks = _data_marks(sweep, [config],
+                        synthetic_named=_is_synthetic_name(config.get("dataset")))
+    return " · ".join(parts + marks)
 
 
 # ------------------------------------------------------------------ 7. performance model
@@ -805,19 +1085,72 @@ def _check_rows(rows, keys, what: str) -> list:
     return list(rows)
 
 
-def plot_model_validation(rows, *, context: str = ""):
-    """Predicted vs measured training time, the y = x line and the ±15 % band.
+def _validation_rows(validation) -> list:
+    """The rows of a validation given as perfmodel's dict (``Validation.to_dict()``) or as
+    the rows themselves."""
+    if isinstance(validation, dict):
+        return validation.get("rows")
+    return validation
 
-    ``rows``: ``{workers, n_samples, measured, predicted}`` (seconds); an optional boolean
-    ``held_out`` marks configurations left out of the fit (filled markers).
+
+def model_verdict(validation) -> dict:
+    """``perfmodel.validation_verdict`` of a validation: perfmodel's dict
+    (``Validation.to_dict()``, which carries the target and the number of fitted
+    parameters), bare rows (``{workers, n_samples, measured, predicted}``, the rows with
+    ``held_out: false`` not counted), or None (no validation given: not validated)."""
+    from .perfmodel import TARGET_ERROR_PCT, validation_verdict
+    if validation is None:
+        return {"validated": False, "problems": ["no held-out validation given"],
+                "text": "NOT VALIDATED: no held-out validation given"}
+    doc = validation if isinstance(validation, dict) else {"rows": validation}
+    rows = [r for r in doc.get("rows") or () if isinstance(r, dict)]
+    held = [r for r in rows if r.get("held_out", True) is not False]
+    if not held:
+        return {"validated": False, "problems": ["no held-out points"],
+                "text": "NOT VALIDATED: no held-out points (every configuration was in "
+                        "the fit)"}
+    err = doc.get("max_abs_error_pct")
+    if not _is_number(err):
+        err = max(100 * abs(r["predicted"] / r["measured"] - 1) for r in held)
+    target = doc.get("target_pct") if _is_number(doc.get("target_pct")) else TARGET_ERROR_PCT
+    n_params = doc.get("n_fitted_parameters")
+    if n_params is None and isinstance(doc.get("fit"), dict):
+        n_params = doc["fit"].get("n_fitted_parameters")
+    n_points = doc.get("n_points") if isinstance(doc.get("n_points"), int) else len(held)
+    return validation_verdict(err, target, n_points, n_params)
+
+
+_ILLUSTRATION = "projection shown for illustration only"
+_NOT_VALIDATED_RED = "#b22222"
+
+
+def _verdict_box(ax, verdict, x, y, ha, va, width=52, extra="") -> None:
+    """The verdict in a box on ``ax`` (axes fraction): red when not validated."""
+    color = "#2a6e2a" if verdict["validated"] else _NOT_VALIDATED_RED
+    text = "\n".join(_wrap(verdict["text"], width)) + (f"\n{extra}" if extra else "")
+    ax.text(x, y, text, transform=ax.transAxes, ha=ha, va=va, fontsize=8.5, color=color,
+            fontweight="normal" if verdict["validated"] else "bold", zorder=6,
+            bbox=dict(fc="white", ec=color, lw=1.5 if not verdict["validated"] else 1,
+                      alpha=0.95))
+
+
+def plot_model_validation(validation, *, context: str = ""):
+    """Predicted vs measured training time, the y = x line and the ±15 % band, and whether
+    the check validates the model (``model_verdict``), in the title and in a box.
+
+    ``validation``: perfmodel's validation dict (``Validation.to_dict()``, which also knows
+    the number of fitted parameters) or its rows ``{workers, n_samples, measured,
+    predicted}`` (seconds); an optional boolean ``held_out`` marks configurations left out of
+    the fit (filled markers).
     """
-    rows = _check_rows(rows, ("workers", "n_samples", "measured", "predicted"),
-                       "model validation")
+    rows = _check_rows(_validation_rows(validation),
+                       ("workers", "n_samples", "measured", "predicted"), "model validation")
     for i, r in enumerate(rows):
         for k in ("measured", "predicted"):
             if not _is_number(r[k]) or r[k] <= 0:
                 raise ValueError(f"model validation row {i}.{k} is {r[k]!r}, expected seconds "
                                  f"> 0")
+    verdict = model_verdict(validation)
     wcolors = _worker_colors(r["workers"] for r in rows)
     sizes = sorted({r["n_samples"] for r in rows})
     lo = min(min(r["measured"], r["predicted"]) for r in rows) / 1.4
@@ -826,7 +1159,7 @@ def plot_model_validation(rows, *, context: str = ""):
     within = sum(e <= TOLERANCE_BAND + 1e-12 for e in errors)
     has_split = any("held_out" in r for r in rows)
     with _style():
-        fig = _figure(7.0, 6.4)
+        fig = _figure(7.0, 6.8)
         ax = fig.subplots()
         line = [lo, hi]
         ax.fill_between(line, [v * (1 - TOLERANCE_BAND) for v in line],
@@ -846,35 +1179,42 @@ def plot_model_validation(rows, *, context: str = ""):
                               for r in pts],
                            color=wcolors[p] if held is not False else "none",
                            edgecolors=wcolors[p], lw=1.5, zorder=3, label=label)
-        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+        from matplotlib.ticker import LogLocator, NullFormatter
         ax.set_xscale("log")
         ax.set_yscale("log")
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_major_formatter(_tick_formatter())
             axis.set_minor_formatter(NullFormatter())
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_aspect("equal")
         ax.set_xlabel("measured training time  [s, log scale]")
         ax.set_ylabel("predicted training time  [s, log scale]")
-        _titles(fig, "Performance model: predicted vs measured training time", context)
+        title = "Performance model: predicted vs measured training time"
+        _titles(fig, title + ("" if verdict["validated"] else " (NOT VALIDATED)"), context)
         ax.legend(loc="upper left")
         ax.text(0.98, 0.03, f"{within} of {len(rows)} within ±{TOLERANCE_BAND:.0%}\n"
                 f"median |error| {100 * sorted(errors)[len(errors) // 2]:.1f} %, "
                 f"max {100 * max(errors):.1f} %", transform=ax.transAxes, ha="right",
                 va="bottom", fontsize=9, bbox=dict(fc="white", ec="#bbbbbb", alpha=0.9))
-        _footnote(fig, f"Marker size grows with the data-set size ({_fmt_n(sizes[0])} to "
-                       f"{_fmt_n(sizes[-1])} samples). Model: T_p = T_comp / p + T_comm(p) + "
-                       f"T_sync(p), fitted to the sweep.")
+        _verdict_box(ax, verdict, 0.98, 0.17, "right", "bottom", width=44)
+        size_text = (f"Marker size grows with the data-set size ({_fmt_n(sizes[0])} to "
+                     f"{_fmt_n(sizes[-1])} samples)." if len(sizes) > 1 else
+                     f"Every point: {_fmt_n(sizes[0])} samples.")
+        _footnote(fig, f"{size_text} Model: T_p = T_comp / p + T_comm(p) + T_sync(p), fitted "
+                       f"to the sweep. Model check: {verdict['text']}.")
     return fig
 
 
-def plot_projection(rows, *, context: str = ""):
+def plot_projection(rows, *, context: str = "", validation=None):
     """Projected speedup (and efficiency) vs workers up to large clusters, log2 axes.
 
     ``rows``: ``{network, algorithm, workers, speedup, efficiency}``; one line per
-    (network, algorithm): color per network, line style per algorithm.
+    (network, algorithm): color per network, line style per algorithm. ``validation``: the
+    model's held-out check (perfmodel's validation dict, or its rows; see ``model_verdict``).
+    A projection whose model is not validated (or that comes without a validation) is drawn
+    with "NOT VALIDATED ... for illustration only" in its title and in a red box.
     """
     rows = _check_rows(rows, ("network", "algorithm", "workers", "speedup", "efficiency"),
                        "projection")
@@ -882,13 +1222,14 @@ def plot_projection(rows, *, context: str = ""):
         for k in ("workers", "speedup", "efficiency"):
             if not _is_number(r[k]) or r[k] <= 0:
                 raise ValueError(f"projection row {i}.{k} is {r[k]!r}, expected a number > 0")
+    verdict = model_verdict(validation)
     networks = list(dict.fromkeys(str(r["network"]) for r in rows))
     algorithms = list(dict.fromkeys(str(r["algorithm"]) for r in rows))
     palette = _matplotlib().colormaps["Dark2"].colors     # not the phase colors
     ncolors = {net: palette[i % len(palette)] for i, net in enumerate(networks)}
     top = max(r["workers"] for r in rows)
     with _style():
-        fig = _figure(13.5, 5.4)
+        fig = _figure(13.5, 5.6)
         ax, ax_eff = fig.subplots(1, 2)
         ideal = [2 ** k for k in range(int(math.log2(top)) + 1)]
         if ideal[-1] < top:
@@ -913,20 +1254,36 @@ def plot_projection(rows, *, context: str = ""):
             a.set_xlabel("workers p  [log2 scale]")
         ax.set_yscale("log", base=2)
         low = min(1.0, min(r["speedup"] for r in rows))
-        yticks = [2.0 ** k for k in range(math.floor(math.log2(low)), len(ideal))]
-        ax.set_yticks(yticks, [f"{v:g}" for v in yticks])
+        powers = list(range(math.floor(math.log2(low)), len(ideal)))
+        stride = 1 if len(powers) <= 12 else 2            # at most ~12 labels; 1 is always one
+        yticks = [2.0 ** k for k in powers if k % stride == 0]
+        ax.set_yticks(yticks, [_tick_text(v) for v in yticks])
+        from matplotlib.ticker import NullFormatter
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(low / 1.3, ideal[-1] * 1.3)
         ax.set_ylabel("predicted speedup  [×, log2 scale]")
         ax_eff.set_ylabel("predicted parallel efficiency  [%]")
         ax_eff.set_ylim(0, 105)
-        _titles(fig, "Performance model: projected scaling to large clusters", context)
+        title = ("Performance model: projected scaling to large clusters"
+                 if verdict["validated"] else
+                 "Performance-model projection: NOT VALIDATED, for illustration only")
+        _titles(fig, title, context)
         ax.set_title("speedup")
         ax_eff.set_title("parallel efficiency (speedup / p)")
+        if not verdict["validated"]:
+            # upper left: above the ideal line, where no projection can go
+            _verdict_box(ax, verdict, 0.02, 0.98, "left", "top", width=48,
+                         extra=_ILLUSTRATION)
+            ax_eff.text(0.5, 0.5, "NOT VALIDATED", transform=ax_eff.transAxes, ha="center",
+                        va="center", rotation=25, fontsize=30, color=_NOT_VALIDATED_RED,
+                        alpha=0.18, fontweight="bold", zorder=0)
         fig.legend(handles=ax.get_lines(), loc="outside right upper",
                    title="network, all-reduce\nalgorithm")
         _footnote(fig, "Projection of the performance model fitted to the measured sweep: "
                        "compute time from the sweep, communication from an alpha-beta model "
-                       "of each algorithm on the named network.")
+                       f"of each algorithm on the named network. Model check: "
+                       f"{verdict['text']}"
+                       + ("." if verdict["validated"] else f"; {_ILLUSTRATION}."))
     return fig
 
 
@@ -978,8 +1335,10 @@ def plot_sweep(sweep_dir_or_dict, out_dir, formats=("png", "svg"), *, trace=None
 
     ``trace``: a trace dict or file (default: the trace with the most ranks in the sweep
     directory's ``traces/``, if any). ``validation`` / ``projection``: the performance model's
-    rows (dptrain.perfmodel), drawn when given. A figure the data does not allow (one worker
-    count, one data-set size, no trace) is skipped, and ``report`` (e.g. ``print``) is told why.
+    validation (perfmodel's dict, or its rows) and projection rows, drawn when given; the
+    projection carries the validation's verdict (``model_verdict``). A figure the data does
+    not allow (one worker count, one data-set size, no trace) is skipped, and ``report``
+    (e.g. ``print``) is told why.
     """
     _matplotlib()
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
@@ -992,18 +1351,19 @@ def plot_sweep(sweep_dir_or_dict, out_dir, formats=("png", "svg"), *, trace=None
         trace = _pick_trace(root if root.is_dir() else root.parent)
     elif isinstance(trace, (str, Path)):
         trace = load_trace(trace)
-    context = _context(sweep["summary"])
+    context = _context(sweep["summary"], sweep=sweep)
     makers = {
         "speedup": lambda: plot_speedup(sweep),
         "efficiency_vs_size": lambda: plot_efficiency_vs_size(sweep),
         "time_vs_size": lambda: plot_time_vs_size(sweep),
         "breakdown": lambda: plot_breakdown(sweep),
         "baseline_vs_distributed": lambda: plot_baseline_vs_distributed(sweep),
-        "timeline": (lambda: plot_timeline(trace)) if trace is not None else None,
+        "timeline": (lambda: plot_timeline(trace, sweep=sweep)) if trace is not None else None,
         "model_validation": ((lambda: plot_model_validation(validation, context=context))
                              if validation is not None else None),
         "model_projection": ((lambda: plot_projection(
-            projection, context=_context(sweep["summary"], exclude=("backend", "allreduce"))))
+            projection, validation=validation,
+            context=_context(sweep["summary"], exclude=("backend", "allreduce"), sweep=sweep)))
                              if projection is not None else None),
     }
     absent = {"timeline": "no trace given, and no traces/*.json in the sweep directory",
@@ -1037,10 +1397,19 @@ def main_plot(args) -> int:
     quiet = getattr(args, "quiet", False)
     say = (lambda msg: None) if quiet else print
     try:
-        validation = _read_rows(getattr(args, "validation", None), "--validation")
-        projection = _read_rows(getattr(args, "projection", None), "--projection")
+        sweep = load_sweep(args.sweep)
+        say(f"sweep: {_context(sweep['summary'], sweep=sweep)}")
+        validation = _read_model_file(getattr(args, "validation", None), "--validation",
+                                      "validation")
+        projection = _read_model_file(getattr(args, "projection", None), "--projection",
+                                      "projection")
         if validation is None and projection is None and not getattr(args, "no_model", False):
             validation, projection = _fit_model(args.sweep, args.out, say)
+        if validation is not None or projection is not None:
+            verdict = model_verdict(validation)
+            say(f"performance model: {verdict['text']}"
+                + (f"; {_ILLUSTRATION} (marked so on the figure)"
+                   if projection is not None and not verdict["validated"] else ""))
         files = plot_sweep(args.sweep, args.out, formats=tuple(args.formats),
                            trace=getattr(args, "trace", None), validation=validation,
                            projection=projection, report=say)
@@ -1053,10 +1422,11 @@ def main_plot(args) -> int:
 
 
 def _fit_model(sweep, out_dir, say):
-    """The performance model's validation and projection rows for a sweep directory (also
-    written to out_dir/model.json), or (None, None) with the reason told when the sweep
-    cannot be fitted. With a single worker count above 1 the transport's latency cannot be
-    told from its bandwidth: the shared-memory preset's alpha is then used, and said so."""
+    """The performance model's validation (perfmodel's dict) and projection rows for a sweep
+    directory (also written to out_dir/model.json), or (None, None) with the reason told when
+    the sweep cannot be fitted. With a single worker count above 1 the transport's latency
+    cannot be told from its bandwidth: the shared-memory preset's alpha is then used, and
+    said so."""
     from . import perfmodel
     try:
         runs = perfmodel.load_runs(sweep)
@@ -1065,7 +1435,7 @@ def _fit_model(sweep, out_dir, say):
         return None, None
     # runs with more workers x threads than the sweep machine's cores time-share the cores:
     # the model has no term for that (see dptrain.perfmodel), so they are left out of the fit
-    cores = (load_sweep(sweep).get("machine") or {}).get("cores")
+    cores = machine_cores(load_sweep(sweep))
     if cores:
         fitting = [r for r in runs if r["workers"] * r.get("threads", 1) <= cores]
         if len(fitting) < len(runs):
@@ -1086,21 +1456,24 @@ def _fit_model(sweep, out_dir, say):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "model.json").write_text(json.dumps(analysis, indent=1) + "\n")
-    v = analysis.get("validation")
-    if v:
-        say(f"performance model: held-out prediction error up to {v['max_abs_error_pct']:.1f} % "
-            f"(target {v['target_pct']:.0f} %); wrote {out / 'model.json'}")
-    return (v["rows"] if v else None), analysis["projection"]
+    say(f"performance model: wrote {out / 'model.json'}")
+    return analysis.get("validation"), analysis["projection"]
 
 
-def _read_rows(path, option: str):
+def _read_model_file(path, option: str, key: str):
+    """A JSON list of rows, or a dict: perfmodel's ``key`` entry of a model.json, or (for
+    the validation) perfmodel's validation dict with its 'rows'."""
     if path is None:
         return None
     try:
-        rows = json.loads(Path(path).read_text())
+        doc = json.loads(Path(path).read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{option} {path} is not valid JSON: {exc}") from None
-    if not isinstance(rows, list):
-        raise ValueError(f"{option} {path} holds a {type(rows).__name__}, expected a JSON "
-                         f"list of rows")
-    return rows
+    if isinstance(doc, dict) and key in doc:            # a model.json written by plot
+        doc = doc[key]
+    if key == "validation" and isinstance(doc, dict) and isinstance(doc.get("rows"), list):
+        return doc
+    if not isinstance(doc, list):
+        raise ValueError(f"{option} {path} holds a {type(doc).__name__}, expected a JSON "
+                         f"list of rows (or the model.json that plot writes)")
+    return doc

@@ -397,6 +397,59 @@ def test_validate_callable_and_bad_holdouts():
     assert val.max_abs_error_pct < 1e-4
 
 
+def test_validation_verdict_states_a_failed_or_too_small_check():
+    v = pm.validation_verdict(102.13, 15.0, n_points=2, n_parameters=5)
+    assert v["validated"] is False
+    assert v["text"] == ("NOT VALIDATED: held-out error up to 102.1 % > 15 % target; "
+                         "checked on 2 held-out points for 5 fitted parameters: not a "
+                         "validation")
+    v = pm.validation_verdict(3.0, 15.0, n_points=4, n_parameters=11)
+    assert not v["validated"] and v["problems"] == [
+        "checked on 4 held-out points for 11 fitted parameters: not a validation"]
+    assert v["text"] == ("NOT VALIDATED: checked on 4 held-out points for 11 fitted "
+                         "parameters: not a validation (held-out error up to 3.0 %, within "
+                         "the 15 % target)")
+    v = pm.validation_verdict(30.0, 15.0, n_points=20, n_parameters=11)
+    assert not v["validated"] and v["problems"] == ["held-out error up to 30.0 % > 15 % target"]
+    v = pm.validation_verdict(3.0, 15.0, n_points=12, n_parameters=11)
+    assert v["validated"] and v["problems"] == []
+    assert v["text"] == ("validated: held-out error up to 3.0 % <= 15 % target on 12 "
+                         "held-out points for 11 fitted parameters")
+    # the points test is left out, and said so, when the parameter count is not known
+    v = pm.validation_verdict(3.0, 15.0, n_points=3)
+    assert v["validated"] and "number of fitted parameters not given" in v["text"]
+    with pytest.raises(ValueError, match="max_abs_error_pct is nan"):
+        pm.validation_verdict(float("nan"))
+
+
+def test_validation_counts_held_out_points_against_fitted_parameters():
+    runs = synthetic_runs(noise=0.02, repeats=3, seed=3)
+    val = pm.validate(runs, holdout="n_samples")
+    assert val.fit.n_fitted_parameters == 11            # 8 work coefficients, alpha, beta, sigma
+    assert pm.fit(runs, alpha=TRUTH["alpha"]).n_fitted_parameters == 10
+    # within the target, but 4 held-out points for 11 parameters: not a validation
+    assert val.within_target and val.n_points == 4 and not val.validated
+    doc = val.to_dict()
+    assert doc["within_target"] is True and doc["validated"] is False
+    assert doc["n_points"] == 4 and doc["n_fitted_parameters"] == 11
+    assert doc["verdict"] == (f"NOT VALIDATED: checked on 4 held-out points for 11 fitted "
+                              f"parameters: not a validation (held-out error up to "
+                              f"{val.max_abs_error_pct:.1f} %, within the 15 % target)")
+    assert doc["fit"]["n_fitted_parameters"] == 11
+    # three data-set sizes of five worker counts held out: 15 points, within the target
+    sizes = (2500, 5000, 10000, 20000, 40000, 80000)
+    big = synthetic_runs(workers=(1, 2, 4, 8, 16), sizes=sizes)
+    val = pm.validate(big, holdout=lambda r: r["n_samples"] >= 20000)
+    assert val.n_points == 15 and val.validated
+    assert val.to_dict()["verdict"].startswith("validated: held-out error up to 0.0 % <= 15 %")
+    # a model that misses: the verdict names the error first
+    slow = [dict(r, train_seconds=2 * r["train_seconds"]) if r["n_samples"] >= 20000 else r
+            for r in big]
+    doc = pm.validate(slow, holdout=lambda r: r["n_samples"] >= 20000).to_dict()
+    assert doc["validated"] is False
+    assert doc["verdict"] == "NOT VALIDATED: held-out error up to 50.0 % > 15 % target"
+
+
 # ------------------------------------------------------------------ projection
 def test_projection_rows_and_monotonic_properties():
     model = pm.fit(synthetic_runs())
@@ -508,6 +561,7 @@ def test_analyze_and_load_runs(tmp_path):
     doc = json.loads(text)
     assert set(doc) == {"fit", "validation", "projection", "break_even"}
     assert doc["validation"]["within_target"] is True
+    assert doc["validation"]["verdict"].startswith("NOT VALIDATED: checked on 4 held-out")
     assert len(doc["projection"]) == 2 * 3 * 4
     assert len(doc["break_even"]) == 2 * 3 * 3
     assert all(r["samples_per_step"] >= 2 for r in doc["break_even"])

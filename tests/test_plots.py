@@ -266,8 +266,9 @@ def test_speedup_lines_are_the_summary_medians_with_min_max_bars(sweep):
         assert _close(list(ceiling.get_ydata()),
                       [1.0] + [r["ceiling_speedup"] for r in rows if r["workers"] > 1])
     # the efficiency loss is shaded between the largest data set's line and the ideal line
-    shade = [c for c in ax.collections if c.get_paths() and
-             len(c.get_paths()[0].vertices) > 4]
+    from matplotlib.collections import PolyCollection
+    shade = [c for c in ax.collections if isinstance(c, PolyCollection) and c.get_paths()
+             and len(c.get_paths()[0].vertices) > 4]
     assert len(shade) == 1
     verts = {(round(x, 9), round(y, 9)) for x, y in shade[0].get_paths()[0].vertices}
     big = sorted((r for r in summary if r["n_samples"] == 40000), key=lambda r: r["workers"])
@@ -286,7 +287,7 @@ def test_speedup_table_holds_time_speedup_efficiency_per_configuration(sweep):
     ncols = 1 + max(c for _, c in cells)
     header = [cells[0, c].get_text().get_text() for c in range(ncols)]
     assert header == ["configuration", "workers", "time [ms]", "speedup", "efficiency",
-                      "ceiling"]
+                      "ceiling", "note"]
     rows = [[cells[r, c].get_text().get_text() for c in range(ncols)]
             for r in range(1, 1 + max(r for r, _ in cells))]
     assert len(rows) == len(sweep["summary"])
@@ -297,6 +298,11 @@ def test_speedup_table_holds_time_speedup_efficiency_per_configuration(sweep):
         assert row[3] == f"{s['speedup']['median']:.2f}×"
         assert row[4] == f"{100 * s['efficiency']['median']:.0f} %"
         assert row[5] == ("–" if s["workers"] == 1 else f"{s['ceiling_speedup']:.2f}×")
+        # the machine has 2 cores: 4 workers are oversubscribed, a speedup above 2 is flagged
+        flags = (["oversubscribed"] if s["workers"] > 2 else []) + (
+            ["speedup > 2 cores"] if max(s["speedup"]["max"], s["ceiling_speedup"] or 0) > 2
+            else [])
+        assert row[6] == (", ".join(flags) or "–"), row
 
 
 def test_speedup_one_line_per_backend_when_several():
@@ -317,8 +323,8 @@ def test_efficiency_and_time_vs_size_one_line_per_worker_count(sweep):
     lines = _lines(ax)
     assert ax.get_xscale() == "log"
     assert "1 worker" not in lines                       # 100 % by definition: not drawn
-    for p in (2, 4):
-        line = lines[f"{p} workers"]
+    for p, label in ((2, "2 workers"), (4, "4 workers (oversubscribed)")):   # 2 cores
+        line = lines[label]
         assert list(line.get_xdata()) == [5000, 10000, 20000, 40000]
         assert _close(list(line.get_ydata()),
                       [100 * m for m in _medians(summary, "efficiency", workers=p)])
@@ -327,12 +333,12 @@ def test_efficiency_and_time_vs_size_one_line_per_worker_count(sweep):
     ax = plots.plot_time_vs_size(sweep).axes[0]
     lines = _lines(ax)
     assert ax.get_xscale() == "log"
-    for p, label in ((1, "1 worker"), (2, "2 workers"), (4, "4 workers")):
+    for p, label in ((1, "1 worker"), (2, "2 workers"), (4, "4 workers (oversubscribed)")):
         assert _close(list(lines[label].get_ydata()), _medians(summary, "time", workers=p))
     # one color per worker count, the same in both figures
     eff_colors = {k: v.get_color() for k, v in _lines(
         plots.plot_efficiency_vs_size(sweep).axes[0]).items()}
-    assert eff_colors["4 workers"] == lines["4 workers"].get_color()
+    assert eff_colors["2 workers"] == lines["2 workers"].get_color()
 
 
 # ------------------------------------------------------------------ 4. stacked breakdown
@@ -373,11 +379,12 @@ def test_breakdown_stacks_every_phase_and_sums_to_the_phase_totals(sweep):
 def test_baseline_vs_distributed_bars_are_total_compute_communication(sweep):
     ax = plots.plot_baseline_vs_distributed(sweep).axes[0]
     bars = _bar_containers(ax)
-    assert list(bars) == ["1 worker (baseline)", "2 workers", "4 workers"]
+    assert list(bars) == ["1 worker (baseline)", "2 workers", "4 workers (oversubscribed)"]
     assert [t.get_text() for t in ax.get_xticklabels()] == [
         "total", "compute (fwd + bwd)", "communication", "sync wait"]
     rows = {r["workers"]: r for r in sweep["summary"] if r["n_samples"] == 40000}  # largest
-    for label, p in (("1 worker (baseline)", 1), ("2 workers", 2), ("4 workers", 4)):
+    for label, p in (("1 worker (baseline)", 1), ("2 workers", 2),
+                     ("4 workers (oversubscribed)", 4)):
         heights = [rect.get_height() for rect in bars[label].patches]
         r = rows[p]
         assert _close(heights, [r["time"]["median"], r["phases"]["compute"],
@@ -498,6 +505,221 @@ def test_projection_one_line_per_network_and_algorithm():
     assert list(lines["ideal (speedup = workers)"].get_ydata())[-1] == 256
     with pytest.raises(ValueError, match="projection row 0.speedup is -1"):
         plots.plot_projection([dict(rows[0], speedup=-1)])
+
+
+# ------------------------------------------------------------------ what a figure never leaves out
+def _texts(fig):
+    """Every text drawn on ``fig`` (titles, notes, legends, tick labels, table cells), with
+    the no-break spaces of '15 %' made plain."""
+    import matplotlib.text
+    fig.canvas.draw()                                   # tick labels are made at draw time
+    return "\n".join(t.get_text() for t in fig.findobj(matplotlib.text.Text)).replace(
+        "\u00a0", " ")
+
+
+def _significant_digits(label):
+    """Digits of a tick label without leading and trailing zeros: '0.00391' -> 3."""
+    import re
+    return len(re.sub(r"\D", "", label.replace("\u2212", "-")).strip("0"))
+
+
+FAILED_CHECK = {"target_pct": 15.0, "max_abs_error_pct": 102.1, "n_points": 2,
+                "n_fitted_parameters": 5}
+
+
+def _failed_validation(sweep):
+    rows = [dict(r, predicted=2.021 * r["measured"], held_out=True)
+            for r in fake_validation(sweep) if r["n_samples"] == 20000][:2]
+    return dict(FAILED_CHECK, rows=rows)
+
+
+def test_projection_of_a_model_that_fails_its_check_says_not_validated_on_the_figure(sweep):
+    rows = fake_projection()
+    fig = plots.plot_projection(rows, validation=_failed_validation(sweep))
+    text = _texts(fig)
+    assert "NOT VALIDATED" in fig.get_suptitle() and "illustration only" in fig.get_suptitle()
+    box = [t.get_text().replace("\u00a0", " ") for t in fig.axes[0].texts]
+    assert any("NOT VALIDATED: held-out error up to 102.1 % > 15 % target" in " ".join(
+        b.split()) for b in box), box
+    assert any("checked on 2 held-out points for 5 fitted parameters: not a validation"
+               in " ".join(b.split()) for b in box), box
+    assert any("projection shown for illustration only" in b for b in box)
+    assert "projection shown for illustration only" in " ".join(text.split())
+    # the projection itself is still drawn, unchanged
+    assert _close(list(_lines(fig.axes[0])["10 GbE, ring"].get_ydata()),
+                  [r["speedup"] for r in rows if r["network"] == "10 GbE"
+                   and r["algorithm"] == "ring"])
+    # within the target but on fewer points than parameters: still not a validation
+    few = dict(_failed_validation(sweep), max_abs_error_pct=3.0)
+    text = " ".join(_texts(plots.plot_projection(rows, validation=few)).split())
+    assert "NOT VALIDATED: checked on 2 held-out points for 5 fitted parameters" in text
+    assert "held-out error up to" not in text.split("NOT VALIDATED")[1][:40]
+    # no validation given: not sold as a forecast either
+    fig = plots.plot_projection(rows)
+    assert "NOT VALIDATED" in fig.get_suptitle()
+    assert "no held-out validation given" in _texts(fig)
+    # a validation that passes both tests: no caveat anywhere on the figure
+    good = dict(FAILED_CHECK, max_abs_error_pct=4.0, n_points=12, n_fitted_parameters=11,
+                rows=[dict(r, held_out=True) for r in fake_validation(sweep)])
+    fig = plots.plot_projection(rows, validation=good)
+    assert "NOT VALIDATED" not in _texts(fig)
+    assert "validated: held-out error up to 4.0 % <= 15 % target on 12 held-out points " \
+           "for 11 fitted parameters" in " ".join(_texts(fig).split())
+
+
+def test_model_validation_figure_states_the_verdict(sweep):
+    fig = plots.plot_model_validation(_failed_validation(sweep), context="mlp on mnist")
+    assert "NOT VALIDATED" in fig.get_suptitle()
+    text = " ".join(_texts(fig).split())
+    assert "NOT VALIDATED: held-out error up to 102.1 % > 15 % target; checked on 2 " \
+           "held-out points for 5 fitted parameters: not a validation" in text
+    # bare rows: the error test alone, and the held-out rows are the ones counted
+    rows = fake_validation(sweep)
+    text = " ".join(_texts(plots.plot_model_validation(rows)).split())
+    held = sum(r["held_out"] for r in rows)
+    assert f"on {held} held-out points (number of fitted parameters not given)" in text
+
+
+def test_marker_size_sentence_only_for_several_data_set_sizes(sweep):
+    rows = fake_validation(sweep)
+    assert "Marker size grows with the data-set size (5,000 to 40,000 samples)" in \
+        plots.plot_model_validation(rows).get_supxlabel().replace("\n", " ")
+    one = [r for r in rows if r["n_samples"] == 20000]
+    note = plots.plot_model_validation(one).get_supxlabel().replace("\n", " ")
+    assert "Marker size" not in note and "20,000 to 20,000" not in note
+    assert "Every point: 20,000 samples." in note
+
+
+def test_tick_labels_have_at_most_three_significant_digits(sweep):
+    rows = [dict(r, speedup=r["speedup"] / 300, efficiency=r["efficiency"] / 300)
+            for r in fake_projection()]                 # speedups down to 1/256 and below
+    fig = plots.plot_projection(rows)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert "0.00391" in labels and "0.00390625" not in labels
+    assert len(labels) <= 13
+    tiny = copy.deepcopy(sweep)                          # a run of milliseconds
+    for r in tiny["summary"]:
+        r["time"] = {k: v / 1000 for k, v in r["time"].items()}
+        r["phases"] = {k: v / 1000 for k, v in r["phases"].items()}
+    figs = [plots.plot_projection(rows), plots.plot_model_validation(fake_validation(sweep)),
+            plots.plot_breakdown(tiny), plots.plot_baseline_vs_distributed(tiny),
+            plots.plot_time_vs_size(tiny), plots.plot_speedup(tiny),
+            plots.plot_efficiency_vs_size(tiny)]
+    for fig in figs:
+        fig.canvas.draw()
+        for ax in fig.axes:
+            for t in ax.get_xticklabels() + ax.get_yticklabels():
+                assert _significant_digits(t.get_text()) <= 3, (fig.get_suptitle(), t)
+    # the time axes of a run of milliseconds are in ms
+    assert "[ms]" in plots.plot_breakdown(tiny).axes[0].get_ylabel()
+    assert "[ms]" in plots.plot_time_vs_size(tiny).axes[0].get_ylabel()
+    assert "[s]" in plots.plot_time_vs_size(sweep).axes[0].get_ylabel()
+    assert plots._tick_text(0.00390625) == "0.00391" and plots._tick_text(1500.0) == "1,500"
+
+
+def _circled(ax):
+    """The points circled red on ``ax`` (speedups above the core count)."""
+    from matplotlib.colors import to_rgba
+    out = []
+    for c in ax.collections:
+        edges = c.get_edgecolors()
+        if len(edges) and tuple(edges[0]) == to_rgba("#b22222") and not len(c.get_facecolors()):
+            out += [tuple(map(float, xy)) for xy in c.get_offsets()]
+    return sorted(out)
+
+
+def test_speedup_above_the_core_count_is_circled_and_explained(sweep):
+    summary = sweep["summary"]                           # the machine has 2 cores
+    fig = plots.plot_speedup(sweep)
+    ax = fig.axes[0]
+    expected = sorted({(float(r["workers"]), float(v)) for r in summary
+                       for v in (r["speedup"]["median"], r["speedup"]["max"],
+                                 r["ceiling_speedup"] or 0) if v > 2})
+    assert expected and _circled(ax) == expected
+    text = " ".join(_texts(fig).split())
+    assert "speedup > 2 cores (circled): superlinear (cache effects) or a noisy baseline" in text
+    assert "2 cores: the most CPU-bound work can gain" in text
+    assert "superlinear (cache effects: each worker's shard fits in cache) or a noisy " \
+           "baseline (a slow 1-worker run)" in " ".join(fig.get_supxlabel().split())
+    assert [ln for ln in ax.get_lines() if list(ln.get_ydata()) == [2, 2]]     # the cores line
+    # the 4 workers time-share 2 cores: shaded and named oversubscribed
+    assert "oversubscribed (> 2 cores)" in " ".join(t.get_text() for t in ax.texts).replace(
+        "\n", " ")
+    assert "oversubscribed: workers > 2 cores" in text
+    # efficiency: the same points (measured, not the ceiling, which it does not draw)
+    eff = plots.plot_efficiency_vs_size(sweep).axes[0]
+    above = [r for r in summary if r["workers"] > 1 and r["speedup"]["max"] > 2]
+    assert len(_circled(eff)) == len(above) > 0
+    assert "speedup > 2 cores (circled)" in _texts(eff.figure)
+    assert "4 workers (oversubscribed)" in _lines(eff)
+    # a machine with 8 cores: nothing above it, nothing oversubscribed, nothing marked
+    roomy = copy.deepcopy(sweep)
+    roomy["machine"]["cores"] = 8
+    fig = plots.plot_speedup(roomy)
+    assert _circled(fig.axes[0]) == [] and "cores" not in " ".join(
+        t.get_text() for t in fig.axes[0].texts)
+    assert "oversubscribed" not in _texts(fig) and "speedup >" not in _texts(fig)
+    # no machine recorded: no core count to compare with, no marks and no error
+    bare = copy.deepcopy(sweep)
+    del bare["machine"]
+    assert _circled(plots.plot_speedup(bare).axes[0]) == []
+
+
+def test_superlinear_speedup_is_inside_the_axes_and_circled():
+    sweep = fake_sweep(sizes=(20000,), workers=(1, 2), repeats=1)
+    sweep["machine"]["cores"] = 2
+    row = [r for r in sweep["summary"] if r["workers"] == 2][0]
+    row["speedup"] = {"median": 2.5, "min": 2.5, "max": 2.5}
+    row["efficiency"] = {"median": 1.25, "min": 1.25, "max": 1.25}
+    row["ceiling_speedup"] = 1.9
+    ax = plots.plot_speedup(sweep, table=False).axes[0]
+    assert ax.get_ylim()[1] >= 2.5
+    assert _circled(ax) == [(2.0, 2.5)]
+    # threads count: 2 workers x 2 threads on 2 cores are oversubscribed
+    sweep["config"]["threads"] = 2
+    text = _texts(plots.plot_speedup(sweep))
+    assert "oversubscribed: workers > 2 cores" in text
+    assert "workers × 2 threads > 2 cores" in " ".join(text.split())
+
+
+def test_subtitles_name_synthetic_data_and_quick_runs(tmp_path):
+    sweep = fake_sweep(sizes=(5000, 20000), dataset="synthetic-mnist")
+    sweep["quick"] = True
+    trace = fake_trace(ranks=2)
+    files = plots.plot_sweep(sweep, tmp_path, formats="svg", trace=trace,
+                             validation=fake_validation(sweep), projection=fake_projection())
+    assert {p.stem for p in files} == set(plots.FIGURE_NAMES)
+    for path in files:
+        text = " ".join(_svg_text(path).replace("\u00a0", " ").split())
+        assert "synthetic-mnist (SYNTHETIC DATA)" in text, path.stem
+        assert "QUICK RUN" in text, path.stem
+    # the same checks on the figures' own titles
+    for fig in (plots.plot_speedup(sweep), plots.plot_breakdown(sweep),
+                plots.plot_time_vs_size(sweep), plots.plot_efficiency_vs_size(sweep),
+                plots.plot_baseline_vs_distributed(sweep),
+                plots.plot_timeline(trace, sweep=sweep)):
+        title = " ".join(fig.get_suptitle().split())
+        assert "synthetic-mnist (SYNTHETIC DATA)" in title and "QUICK RUN" in title, title
+    # a real data set: neither mark
+    real = fake_sweep(sizes=(5000, 20000))
+    for fig in (plots.plot_speedup(real), plots.plot_timeline(trace, sweep=real)):
+        assert "mnist" in fig.get_suptitle()
+        assert "SYNTHETIC" not in fig.get_suptitle() and "QUICK" not in fig.get_suptitle()
+    # read defensively: the name only in the config, today's name 'synthetic', a flag
+    bare = fake_sweep(sizes=(5000, 20000), dataset="synthetic")
+    for r in bare["summary"]:
+        del r["dataset"]
+    bare["config"]["quick"] = True
+    title = " ".join(plots.plot_speedup(bare).get_suptitle().split())
+    assert "mlp on synthetic (SYNTHETIC DATA)" in title and "QUICK RUN" in title
+    flagged = fake_sweep(sizes=(5000, 20000))
+    flagged["config"]["synthetic"] = True
+    assert "SYNTHETIC DATA" in plots.plot_time_vs_size(flagged).get_suptitle()
+    # two data sets in one sweep: each line names its own, the title still warns
+    mixed = fake_sweep(sizes=(5000,), dataset="synthetic-mnist")
+    other = fake_sweep(sizes=(5000,), dataset="mnist")
+    mixed["summary"] += other["summary"]
+    assert "SYNTHETIC DATA" in plots.plot_speedup(mixed, table=False).get_suptitle()
 
 
 # ------------------------------------------------------------------ consistent colors
@@ -669,3 +891,35 @@ def test_plot_cli_fits_the_model_of_a_real_sweep(tmp_path):
     assert main(["plot", str(tmp_path / "sw"), "--out", str(tmp_path / "fig2"),
                  "--formats", "png", "--quiet", "--no-model"]) == 0
     assert not (tmp_path / "fig2" / "model.json").exists()
+
+
+def test_cli_plot_prints_the_verdict_and_marks_the_figures(tmp_path, capsys):
+    """A fake sweep on synthetic data, 2 cores: the 4-worker runs are left out of the fit,
+    two held-out points remain for 10 fitted parameters: not a validation, said on the
+    command line, in model.json and on both model figures."""
+    from dptrain.cli import main
+    root = _write_sweep_dir(tmp_path / "results", fake_sweep(dataset="synthetic-mnist"))
+    assert main(["plot", str(root), "--out", str(tmp_path / "fig"), "--formats", "svg"]) == 0
+    out = capsys.readouterr().out
+    assert "sweep: mlp on synthetic-mnist (SYNTHETIC DATA)" in out
+    verdict = json.loads((tmp_path / "fig" / "model.json").read_text())["validation"]
+    assert verdict["validated"] is False and verdict["n_points"] == 2
+    assert verdict["verdict"].startswith("NOT VALIDATED: checked on 2 held-out points for 10 "
+                                         "fitted parameters: not a validation")
+    line = [ln for ln in out.splitlines() if "NOT VALIDATED" in ln]
+    assert line == [f"performance model: {verdict['verdict']}; projection shown for "
+                    f"illustration only (marked so on the figure)"]
+    for name in ("model_projection", "model_validation"):
+        text = " ".join(_svg_text(tmp_path / "fig" / f"{name}.svg").replace(
+            "\u00a0", " ").split())
+        assert "NOT VALIDATED" in text and "checked on 2 held-out points for 10 fitted " \
+            "parameters: not a validation" in text, name
+        assert "synthetic-mnist (SYNTHETIC DATA)" in text, name
+    assert "oversubscribed" in _svg_text(tmp_path / "fig" / "speedup.svg")
+    # the model.json it wrote, given back as --projection and --validation: the same verdict
+    model = str(tmp_path / "fig" / "model.json")
+    assert main(["plot", str(root), "--out", str(tmp_path / "again"), "--formats", "svg",
+                 "--projection", model, "--validation", model]) == 0
+    out = capsys.readouterr().out
+    assert f"performance model: {verdict['verdict']}; projection shown" in out
+    assert "NOT VALIDATED" in _svg_text(tmp_path / "again" / "model_projection.svg")
