@@ -149,8 +149,8 @@ pd_rows = analysis["validation"]["rows"]
 for r in pd_rows:
     print(f"{r['workers']} worker(s), {r['n_samples']} samples: measured {r['measured']:.3f} s, "
           f"predicted {r['predicted']:.3f} s ({r['error_pct']:+.1f} %)")''',
-    '''display(plots.plot_model_validation(analysis["validation"]["rows"]))
-display(plots.plot_projection(analysis["projection"]))''',
+    '''display(plots.plot_model_validation(analysis["validation"]))
+display(plots.plot_projection(analysis["projection"], validation=analysis["validation"]))''',
     "md:## Below which data size does adding workers not pay?",
     '''import pandas as pd
 be = pd.DataFrame(analysis["break_even"])
