@@ -58,6 +58,35 @@ static void wake_all(uint32_t *addr)
 #endif
 }
 
+size_t dp_group_control_bytes(int n)
+{
+    size_t bytes = sizeof(dp_barrier) + 4 * (size_t)(n > 0 ? n : 0);
+    return (bytes + 63) / 64 * 64;
+}
+
+uint32_t *dp_group_arrivals(dp_barrier *b, size_t bytes, int n)
+{
+    return n >= 1 && bytes >= dp_group_control_bytes(n) ? (uint32_t *)(b + 1) : NULL;
+}
+
+void dp_group_arrive(uint32_t *arrivals, int rank)
+{
+    atomic_fetch_add_explicit(A32(arrivals[rank]), 1u, memory_order_release);
+}
+
+int dp_group_missing(const uint32_t *arrivals, int n, int rank, int *out, int max)
+{
+    uint32_t mine = atomic_load(A32(((uint32_t *)arrivals)[rank]));
+    int k = 0;
+    for (int r = 0; r < n; r++)
+        /* wrap-around safe: behind when the difference, read as signed, is negative */
+        if ((int32_t)(atomic_load(A32(((uint32_t *)arrivals)[r])) - mine) < 0) {
+            if (k < max) out[k] = r;
+            k++;
+        }
+    return k;
+}
+
 int dp_barrier_init(dp_barrier *b, int n)
 {
     if (n < 1) return DP_EVALUE;

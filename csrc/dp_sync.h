@@ -42,6 +42,18 @@ typedef struct {
     double timeout_s;        /* <= 0: wait forever (until aborted); else fail after this long */
 } dp_wait_policy;
 
+/* A group's control block: the barrier, then (when the block is large enough) one arrival
+ * counter per worker, bumped as the worker enters each collective, so that a worker that
+ * times out can name the workers that never arrived. dp_group_control_bytes(n) is the size
+ * with the counters (64-byte multiple); a block of only sizeof(dp_barrier) works untracked. */
+size_t dp_group_control_bytes(int n);
+/* The counters of a control block of `bytes` bytes for n workers, or NULL when too small. */
+uint32_t *dp_group_arrivals(dp_barrier *b, size_t bytes, int n);
+void dp_group_arrive(uint32_t *arrivals, int rank);
+/* The ranks (at most max, into out) that have entered fewer collectives than `rank`; returns
+ * how many there are in all. */
+int dp_group_missing(const uint32_t *arrivals, int n, int rank, int *out, int max);
+
 /* Seconds on the monotonic clock (the same clock in every process of the machine). */
 double dp_clock_s(void);
 

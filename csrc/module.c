@@ -1621,6 +1621,7 @@ typedef struct {
     PyObject *out_obj;            /* owned reference to the out array, or NULL */
     int n, k, rank, f32;
     int algorithm;                /* ALG_NATIVE, ALG_RING or ALG_TREE */
+    uint32_t *arrivals;           /* the control block's per-worker arrival counters, or NULL */
     void *scratch;                /* tree: this worker's partial sums (length elements) */
     npy_intp length;
     dp_wait_policy policy;
@@ -1649,8 +1650,17 @@ static PyObject *py_init_control(PyObject *self, PyObject *args)
     dp_barrier *b = control_barrier(co, "control");
     if (!b) return NULL;
     if (n < 1 || n > MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %d", MAX_GROUP, n), NULL;
+    memset(b, 0, (size_t)PyArray_NBYTES((PyArrayObject *)co));   /* the arrival counters too */
     dp_barrier_init(b, n);
     Py_RETURN_NONE;
+}
+
+static PyObject *py_group_control_bytes(PyObject *self, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %ld", MAX_GROUP, n), NULL;
+    return PyLong_FromSize_t(dp_group_control_bytes((int)n));
 }
 
 static PyObject *py_abort_control(PyObject *self, PyObject *args)
@@ -1759,6 +1769,7 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
     Py_INCREF(co);
     self->control = co;
     self->barrier = b;
+    self->arrivals = dp_group_arrivals(b, (size_t)PyArray_NBYTES((PyArrayObject *)co), (int)b->n);
     self->n = (int)b->n;
     self->k = (int)n;
     self->rank = rank;
@@ -1791,10 +1802,18 @@ static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const 
         return NULL;
     }
     if (rc == DP_ETIMEOUT) {
-        char t[64];
+        char t[64], who[256] = "";
+        int missing[16], k = self->arrivals ? dp_group_missing(self->arrivals, self->n, self->rank, missing, 16) : 0;
+        if (k > 0) {
+            size_t used = (size_t)snprintf(who, sizeof who, ": rank%s ", k > 1 ? "s" : "");
+            for (int i = 0; i < k && i < 16 && used < sizeof who; i++)
+                used += (size_t)snprintf(who + used, sizeof who - used, "%s%d", i ? ", " : "", missing[i]);
+            if (used < sizeof who)
+                snprintf(who + used, sizeof who - used, "%s did not arrive", k > 16 ? ", ..." : "");
+        }
         return PyErr_Format(PyExc_TimeoutError, "%s on rank %d timed out after %s s waiting for the "
-                            "other %d workers", what, self->rank,
-                            double_repr(t, sizeof t, self->policy.timeout_s), self->n - 1);
+                            "other %d workers%s", what, self->rank,
+                            double_repr(t, sizeof t, self->policy.timeout_s), self->n - 1, who);
     }
     return raise_code(rc, what);
 }
@@ -1845,6 +1864,7 @@ static PyObject *ShmGroup_barrier(ShmGroupObject *self, PyObject *unused)
     int rc;
     double t0 = dp_clock_s(), t1 = t0;
     Py_BEGIN_ALLOW_THREADS
+    if (self->arrivals) dp_group_arrive(self->arrivals, self->rank);
     rc = dp_barrier_wait(self->barrier, &self->policy, &code);
     t1 = dp_clock_s();
     Py_END_ALLOW_THREADS
@@ -1866,6 +1886,7 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObje
     int rc;
     double t0 = dp_clock_s(), t1 = t0;
     Py_BEGIN_ALLOW_THREADS
+    if (self->arrivals) dp_group_arrive(self->arrivals, self->rank);
     rc = dp_barrier_wait(self->barrier, &self->policy, &code);   /* every gradient is complete */
     t1 = dp_clock_s();
     if (rc == 0 && self->algorithm == ALG_RING) {
@@ -2009,6 +2030,7 @@ static PyMethodDef module_methods[] = {
     {"zero_", py_zero, METH_O, "zero_(buf): buf[:] = 0 with the GIL released"},
     {"param_count", py_param_count, METH_O, "param_count(sizes) -> length of the flat parameter layout"},
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict describing this build"},
+    {"group_control_bytes", py_group_control_bytes, METH_O, "group_control_bytes(n) -> bytes of a ShmGroup control block for n workers that also tracks who arrived (a timeout then names the workers that did not)"},
     {"init_group_control", py_init_control, METH_VARARGS, "init_group_control(control, n): set up a ShmGroup's barrier memory for n workers"},
     {"abort_group_control", py_abort_control, METH_VARARGS, "abort_group_control(control, code=1): abort the group that waits on this control block (e.g. from the launcher when a worker died)"},
     {NULL},

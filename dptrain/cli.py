@@ -215,7 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """Runs the command line on argv (default sys.argv[1:]); returns the exit code."""
+    """Runs the command line on argv (default sys.argv[1:]); returns the exit code (130
+    after Ctrl-C, with one line on stderr: the workers are stopped by then)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("dptrain: interrupted: every worker was stopped", file=sys.stderr, flush=True)
+        return 130
+
+
+def _main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

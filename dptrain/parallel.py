@@ -8,7 +8,7 @@ whether it runs alone, on threads, on processes or on MPI ranks.
 
 - ``LocalComm``: one worker, every collective is a no-op.
 - ``ShmComm``: workers that share memory. Threads of this process, or processes mapping one
-  ``multiprocessing.shared_memory`` segment. Each named role is one flat array per rank, laid
+  nameless ``SharedSegment`` (a memfd). Each named role is one flat array per rank, laid
   out in one block of memory (``SharedLayout``); the all-reduce is one C call that waits at a
   C barrier, sums this rank's slice of every rank's array (in rank order) and writes it back
   into all of them, and waits again. Nothing is pickled on the hot path.
@@ -18,11 +18,14 @@ whether it runs alone, on threads, on processes or on MPI ranks.
 Failures: a worker that raises aborts its group (every other worker's next or current
 collective raises ``GroupAborted`` at once) and the launcher reports the first failure with
 its rank; a process that dies without a word (SIGKILL) is noticed by the launcher, which
-aborts the group itself. Shared-memory segments are unlinked on every exit path.
+aborts the group itself; workers still computing are terminated a second later, and worker
+processes die with their launcher. The shared segment has no name, so nothing is left behind
+after any kill.
 """
 from __future__ import annotations
 
 import abc
+import math
 import os
 import threading
 import time
@@ -196,7 +199,8 @@ class BufferSpec:
 class SharedLayout:
     """Where everything lives in one block of memory shared by the workers.
 
-    [one 64-byte control block per role] [role 0: rank 0 .. rank n-1] [role 1: ...] ...
+    [one control block per role: the barrier and an arrival counter per worker, a 64-byte
+    multiple] [role 0: rank 0 .. rank n-1] [role 1: ...] ...
     [extra arrays, e.g. the data set]. Every array starts on a 64-byte boundary, so ranks
     never share a cache line and SIMD loads are aligned.
     """
@@ -206,9 +210,11 @@ class SharedLayout:
         self.world = world
         off = 0
         self.controls = {}
+        # the barrier plus one arrival counter per worker (a timeout names who did not arrive)
+        self.control_bytes = _core.group_control_bytes(world)
         for s in self.specs:
             self.controls[s.name] = off
-            off += ALIGN
+            off += self.control_bytes
         self.arrays = {}
         for s in self.specs:
             nbytes = s.length * np.dtype(s.dtype).itemsize
@@ -223,8 +229,9 @@ class SharedLayout:
         self.nbytes = max(off, ALIGN)
 
     def control(self, mem: np.ndarray, name: str) -> np.ndarray:
+        """The control block (barrier and arrival counters) of a role's group."""
         off = self.controls[name]
-        return mem[off:off + ALIGN]
+        return mem[off:off + self.control_bytes]
 
     def array(self, mem: np.ndarray, name: str, rank: int) -> np.ndarray:
         off, shape, dtype = self.arrays[(name, rank)]
@@ -558,18 +565,30 @@ def resolve_backend(backend: str | None) -> tuple[str, str | None]:
 
 
 # ------------------------------------------------------------------ launchers
+# After a worker fails, the others get this long to leave on their own (a worker waiting in a
+# collective leaves at once: the group is aborted); then they are terminated, and killed
+# after as long again. A worker stuck in compute never holds the run hostage.
+STOP_GRACE_S = 1.0
+INTERRUPTED = 0xfffffff0        # the abort code of a group stopped by Ctrl-C / SIGINT
+
+
 def run_threads(world: int, layout: SharedLayout, mem: np.ndarray, policy: WaitPolicy, target,
-                join_timeout: float | None = None):
+                join_timeout: float | None = None, grace: float = STOP_GRACE_S):
     """Runs target(comm) on `world` threads sharing `mem`; returns their results by rank.
 
     The first worker to raise aborts the group, so the others stop at their next collective;
-    the error is re-raised as WorkerError naming its rank.
+    the error is re-raised as WorkerError naming its rank once every worker has left, or
+    `grace` seconds after the failure at most: a thread stuck in compute cannot be stopped
+    from outside, so it is left to finish its step in the background (it is a daemon, and
+    its next collective raises) and the error says so. Ctrl-C (KeyboardInterrupt) aborts the
+    group and is re-raised.
     """
     layout.init_controls(mem)
     comms = [ShmComm(r, layout, mem, policy, "thread") for r in range(world)]
     results = [None] * world
     failures: list[tuple[int, str]] = []
     lock = threading.Lock()
+    failed = threading.Event()
 
     def body(rank):
         try:
@@ -580,19 +599,36 @@ def run_threads(world: int, layout: SharedLayout, mem: np.ndarray, policy: WaitP
             with lock:
                 failures.append((rank, describe(exc)))
             comms[rank].abort(rank + 1)
+            failed.set()
 
     threads = [threading.Thread(target=body, args=(r,), name=f"dptrain-worker-{r}", daemon=True)
                for r in range(world)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(join_timeout)
-    if any(t.is_alive() for t in threads):
+    deadline = None if join_timeout is None else time.monotonic() + join_timeout
+    try:
+        while any(t.is_alive() for t in threads):
+            if failed.is_set():
+                deadline = min(deadline or math.inf, time.monotonic() + grace)
+                failed.clear()
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            next(t for t in threads if t.is_alive()).join(0.05)
+    except KeyboardInterrupt:
+        comms[0].abort(INTERRUPTED)
+        for t in threads:
+            t.join(grace)
+        raise
+    stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+    if stuck and not failures:
         comms[0].abort(world + 1)
-        raise WorkerError(next(r for r, t in enumerate(threads) if t.is_alive()),
-                          "did not finish in time")
+        raise WorkerError(stuck[0], "did not finish in time")
     if failures:
         rank, cause = min(failures)
+        if stuck:
+            cause += (f"; rank(s) {', '.join(map(str, stuck))} still computing {grace:g} s "
+                      f"later (a thread cannot be stopped from outside: it leaves at its next "
+                      f"collective)")
         raise WorkerError(rank, cause)
     if comms[0].aborted:
         raise WorkerError(comms[0].aborted - 1, "aborted the group")
@@ -606,26 +642,105 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def _process_main(rank, world, shm_name, layout, policy, target, args, conn):
-    """Entry point of a worker process: attach the segment, run, send the result home."""
-    from multiprocessing import shared_memory
-    # Attaching registers the name with the resource tracker the workers share with the
-    # launcher (fork and spawn alike); it is already registered there, and the launcher's
-    # unlink unregisters it, so the worker must not unregister it itself.
-    shm = shared_memory.SharedMemory(name=shm_name)
+class SharedSegment:
+    """nbytes of zeroed memory that worker processes share and that nothing names: a memfd
+    (Linux) or a temporary file unlinked at once, mapped MAP_SHARED. The memory lives while a
+    process maps it or holds its descriptor, so it is gone when the last one exits, whoever
+    is killed and whenever: nothing is left in /dev/shm, and no resource tracker is needed.
+
+    Passed to a worker as a Process argument: a forked child uses the inherited mapping; for
+    'spawn' and 'forkserver' the descriptor is duplicated into the child while the arguments
+    are pickled (multiprocessing.reduction.DupFd) and mapped there.
+    """
+
+    def __init__(self, nbytes: int, fd: int | None = None):
+        import mmap
+        self.nbytes = max(int(nbytes), 1)
+        if fd is None:
+            fd = _anonymous_fd("dptrain-shared")
+            try:
+                os.ftruncate(fd, self.nbytes)          # zero-filled
+            except BaseException:
+                os.close(fd)
+                raise
+        self.fd = fd
+        self._map = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+    def array(self) -> np.ndarray:
+        """The whole segment as a uint8 array (a view: the segment must outlive it)."""
+        return np.frombuffer(self._map, np.uint8, self.nbytes)
+
+    def close(self) -> None:
+        """Unmaps and closes this process's handle (the memory goes with the last one)."""
+        try:
+            self._map.close()
+        except BufferError:      # a view still alive (e.g. in a traceback): the OS unmaps at exit
+            pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+        return _attach_segment, (reduction.DupFd(self.fd), self.nbytes)
+
+
+def _attach_segment(dup, nbytes: int) -> SharedSegment:
+    return SharedSegment(nbytes, fd=dup.detach())
+
+
+def _anonymous_fd(name: str) -> int:
+    """A file descriptor of an anonymous, zero-length, shareable file."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create(name, os.MFD_CLOEXEC)
+    import tempfile
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    fd, path = tempfile.mkstemp(prefix=name + "-", dir=base)
+    os.unlink(path)                   # nameless from here on
+    return fd
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Makes this worker process end when its parent does (a launcher killed with SIGKILL
+    cannot stop its workers): PR_SET_PDEATHSIG on Linux, else a watchdog thread that polls
+    the parent's pid twice a second. parent: the pid the parent must have (None: the one it
+    has now)."""
+    import signal
+    parent = os.getppid() if parent is None else parent
     try:
-        conn.send(_run_attached(rank, shm, layout, policy, target, args))
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:     # PR_SET_PDEATHSIG
+            if os.getppid() != parent:       # the parent died before prctl took effect
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="dptrain-parent-watch").start()
+
+
+def _process_main(rank, segment, layout, policy, target, args, conn, parent):
+    """Entry point of a worker process: map the segment, run, send the result home."""
+    import signal
+    _die_with_parent(parent)
+    # Ctrl-C in a terminal reaches the whole process group: the launcher alone handles it
+    # (it aborts the group and stops everyone), so a worker neither dies on it half-way nor
+    # prints a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        conn.send(_run_attached(rank, segment, layout, policy, target, args))
     finally:
         conn.close()
-        try:
-            shm.close()
-        except BufferError:   # a view still alive in a traceback; the OS unmaps at exit
-            pass
+        segment.close()
 
 
-def _run_attached(rank, shm, layout, policy, target, args):
-    mem = np.ndarray((layout.nbytes,), np.uint8, buffer=shm.buf)
-    comm = ShmComm(rank, layout, mem, policy, "process")
+def _run_attached(rank, segment, layout, policy, target, args):
+    comm = ShmComm(rank, layout, segment.array(), policy, "process")
     try:
         return ("ok", rank, target(comm, *args))
     except _core.GroupAborted:
@@ -636,83 +751,112 @@ def _run_attached(rank, shm, layout, policy, target, args):
 
 
 def run_processes(world: int, layout: SharedLayout, fill, policy: WaitPolicy, target, args=(),
-                  start_method: str | None = None, stop_timeout: float = 10.0):
-    """Runs target(comm, *args) in `world` processes sharing one new segment.
+                  start_method: str | None = None, grace: float = STOP_GRACE_S):
+    """Runs target(comm, *args) in `world` processes sharing one new SharedSegment.
 
     fill(mem) writes the initial contents (data set, parameters) before the workers start.
-    Returns the results by rank. A worker that raises or dies stops the run: the group is
-    aborted, the others exit (or are terminated after stop_timeout), the segment is unlinked
-    and WorkerError names the first failed rank. target and args must be picklable for the
-    'spawn' start method (a module-level function and plain values).
+    Returns the results by rank. A worker that raises or dies stops the run at once: the
+    group is aborted, the others get `grace` seconds to leave, then are terminated (and
+    killed after as long again), and WorkerError names the first failed rank. Ctrl-C
+    (KeyboardInterrupt) in the launcher does the same and is re-raised. Workers die with the
+    launcher (PR_SET_PDEATHSIG), and the segment has no name, so nothing outlives a kill.
+    target and args must be picklable for the 'spawn' start method (a module-level function
+    and plain values).
     """
     import multiprocessing as mp
-    from multiprocessing import connection, shared_memory
+    from multiprocessing import connection
     ctx = mp.get_context(start_method)
-    shm = shared_memory.SharedMemory(create=True, size=layout.nbytes)
+    # the process a worker's parent must be: this one, except under a fork server (whose
+    # process is the parent; it exits when this one does)
+    parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
+    segment = SharedSegment(layout.nbytes)
     mem = None
     procs, conns = [], []
+    failure, interrupted = None, False
     try:
-        mem = np.ndarray((layout.nbytes,), np.uint8, buffer=shm.buf)
+        mem = segment.array()
         layout.init_controls(mem)
         fill(mem)
         for r in range(world):
             parent_end, child_end = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_process_main, name=f"dptrain-worker-{r}", daemon=True,
-                            args=(r, world, shm.name, layout, policy, target, args, child_end))
+                            args=(r, segment, layout, policy, target, args, child_end,
+                                  parent))
             p.start()
             child_end.close()
             procs.append(p)
             conns.append(parent_end)
-        results, failure = [None] * world, None
+        results = [None] * world
         pending = {c: r for r, c in enumerate(conns)}
         sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+        deadline = None
+
         def abort_all(code):
             for s in layout.specs:
                 _core.abort_group_control(layout.control(mem, s.name), code)
-        while pending:
-            ready = connection.wait(list(pending) + list(sentinels), timeout=1.0)
-            for obj in ready:
-                if obj in pending:
-                    r = pending.pop(obj)
-                    try:
-                        status, rank, payload = obj.recv()
-                    except EOFError:
-                        status, rank, payload = "died", r, None
-                    if status == "ok":
-                        results[rank] = payload
-                    elif status == "error" and failure is None:
-                        failure = (rank, payload)
-                    elif status == "died" and failure is None:
-                        failure = (rank, _exit_cause(procs[rank]))
-                elif obj in sentinels:
-                    r = sentinels.pop(obj)
-                    procs[r].join(0.1)
-                    if procs[r].exitcode not in (0, None):
-                        # died before reporting (SIGKILL, segfault, os._exit): stop the rest
-                        if failure is None:
+
+        try:
+            while pending and (deadline is None or time.monotonic() < deadline):
+                ready = connection.wait(list(pending) + list(sentinels),
+                                        timeout=0.05 if deadline else 1.0)
+                for obj in ready:
+                    if obj in pending:
+                        r = pending.pop(obj)
+                        try:
+                            status, rank, payload = obj.recv()
+                        except EOFError:
+                            status, rank, payload = "died", r, None
+                        if status == "ok":
+                            results[rank] = payload
+                        elif status == "error" and failure is None:
+                            failure = (rank, payload)
+                        elif status == "died" and failure is None:
+                            procs[rank].join(0.1)
+                            failure = (rank, _exit_cause(procs[rank]))
+                    elif obj in sentinels:
+                        r = sentinels.pop(obj)
+                        procs[r].join(0.1)
+                        if procs[r].exitcode not in (0, None) and failure is None:
+                            # died before reporting (SIGKILL, segfault, os._exit)
                             failure = (r, _exit_cause(procs[r]))
-                        abort_all(r + 1)
-            if failure is not None:
-                abort_all(failure[0] + 1)
+                if failure is not None and deadline is None:
+                    abort_all(failure[0] + 1)
+                    deadline = time.monotonic() + grace
+        except KeyboardInterrupt:
+            interrupted = True
+            abort_all(INTERRUPTED)
+            raise
         if failure is not None:
+            left = [r for r in pending.values() if procs[r].is_alive()]
+            if left:
+                failure = (failure[0], failure[1] + f"; rank(s) {', '.join(map(str, left))} "
+                           f"still running {grace:g} s later were terminated")
             raise WorkerError(*failure)
         return results
     finally:
-        deadline = time.monotonic() + stop_timeout
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(1.0)
-            if p.is_alive():
-                p.kill()
-                p.join(1.0)
+        _stop(procs, 0.0 if (failure or interrupted) else 10.0, grace)
         for c in conns:
             c.close()
         del mem          # every view of the mapping (abort_all's too) must go before close()
-        shm.close()
-        shm.unlink()
+        segment.close()
+
+
+def _stop(procs, wait: float, grace: float) -> None:
+    """Joins the worker processes for `wait` seconds in all, then terminates those left and,
+    `grace` seconds later, kills them."""
+    deadline = time.monotonic() + wait
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
 
 
 def _exit_cause(p) -> str:
@@ -760,6 +904,6 @@ def shard(start: int, stop: int, rank: int, world: int) -> tuple[int, int]:
 
 
 __all__ = ["BACKENDS", "BufferSpec", "Communicator", "LocalComm", "MPIComm", "SharedLayout",
-           "ShmComm", "WaitPolicy", "WorkerError", "check_world", "mpi_launch", "mpi_world_size",
+           "SharedSegment", "ShmComm", "WaitPolicy", "WorkerError", "check_world", "mpi_launch", "mpi_world_size",
            "resolve_backend",
            "run_processes", "run_threads", "shard"]

@@ -1,0 +1,149 @@
+"""Failures end every worker at once and leave nothing behind (the process transport, as a
+user's terminal runs it): a rank stuck in compute, the launcher killed with SIGKILL, the
+whole process group killed, SIGINT to the launcher or to the whole group. Each case asserts
+how long the run took to stop, the exit code, that no process of the run is left, and that
+nothing new is left in /dev/shm."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir() or not hasattr(os, "killpg"),
+                                reason="reads /proc and signals process groups (Linux)")
+
+ROOT = Path(__file__).resolve().parent.parent
+# long enough never to finish on its own during a test (about a minute at 2 workers)
+LONG_RUN = ["--model", "mlp", "--hidden", "64", "--dataset", "synthetic", "--n-samples",
+            "200000", "--epochs", "200", "--workers", "2", "--backend", "process", "--quiet"]
+
+
+def shm_entries() -> set:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is pid (read from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """pid exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def start(*extra, start_method="fork"):
+    """The long run, in a session of its own (a terminal's process group); returns the
+    launcher and its worker pids once both workers are up and training."""
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", *LONG_RUN,
+                             "--start-method", start_method, *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        workers = [c for c in children(proc.pid) if _is_worker(c)]
+        if len(workers) >= 2:          # (spawn also starts a resource tracker)
+            time.sleep(1.5)                  # past start-up, inside the training loop
+            return proc, workers
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    out, err = proc.communicate()
+    pytest.fail(f"the workers did not start: {out}\n{err}")
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _is_worker(pid: int) -> bool:
+    # a forked worker has the launcher's command line; a spawned one runs multiprocessing
+    cmd = _name(pid)
+    return "dptrain" in cmd or "multiprocessing" in cmd
+
+
+def wait_gone(pids, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+def test_a_rank_stuck_in_compute_is_stopped_and_the_timeout_names_it():
+    before = shm_entries()
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "dptrain", "train", "--model", "softmax",
+                        "--dataset", "synthetic", "--n-samples", "4000", "--epochs", "1",
+                        "--workers", "2", "--backend", "process", "--timeout", "2",
+                        "--straggle", "1:60000", "--quiet"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr
+    assert "worker rank 0 failed: TimeoutError" in r.stderr
+    assert "rank 1 did not arrive" in r.stderr                  # the culprit, named
+    assert "rank(s) 1 still running" in r.stderr and "were terminated" in r.stderr
+    assert took < 15, f"took {took:.1f} s to stop (the stuck rank sleeps 60 s)"
+    assert shm_entries() == before
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_killing_the_launcher_ends_its_workers(start_method):
+    before = shm_entries()
+    proc, workers = start(start_method=start_method)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    left = wait_gone(workers, 5)
+    assert not left, f"workers {left} outlived their killed launcher"
+    assert not [c for w in workers for c in children(w)]
+    assert shm_entries() == before
+
+
+def test_killing_the_whole_group_leaves_nothing_in_dev_shm():
+    before = shm_entries()
+    proc, workers = start()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert not wait_gone(workers, 5)
+    assert shm_entries() == before
+
+
+@pytest.mark.parametrize("target", ["launcher", "group"])
+def test_sigint_stops_every_worker_within_a_second_with_one_line(target):
+    before = shm_entries()
+    proc, workers = start()
+    t0 = time.monotonic()
+    if target == "launcher":
+        os.kill(proc.pid, signal.SIGINT)
+    else:                                     # Ctrl-C in a terminal: the whole group
+        os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    took = time.monotonic() - t0
+    assert proc.returncode == 130, err
+    assert took < 3, f"took {took:.1f} s to stop"
+    assert not wait_gone(workers, 2)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == ["dptrain: interrupted: every worker was stopped"], err
+    assert shm_entries() == before
