@@ -214,7 +214,8 @@ typedef double (*fma_block_fn)(int64_t rounds, double m, double c);
 static double fma_rate(fma_block_fn block, int lanes, double seconds)
 {
     const double flop_per_round = 2.0 * DP_FMA_CHAINS * lanes;
-    const double m = 1.0 - 1.0 / 1048576.0, c = 1.0 / 1048576.0;  /* exact in float; fixed point 1 */
+    /* 1 - 2^-20 and 2^-20: exact in float; the accumulators' fixed point is 1 */
+    const double m = 1.0 - 1.0 / 1048576.0, c = 1.0 / 1048576.0;
     const double t_end = dp_clock_s() + seconds;
     double best = 0.0, sum = 0.0;
     int64_t rounds = 256;
@@ -223,8 +224,9 @@ static double fma_rate(fma_block_fn block, int lanes, double seconds)
         sum += block(rounds, m, c);
         double dt = dp_clock_s() - t0;
         if (dt > 0) {
+            double rate = flop_per_round * (double)rounds / dt;
+            if (rate > best) best = rate;
             timed++;
-            if (flop_per_round * (double)rounds / dt > best) best = flop_per_round * (double)rounds / dt;
         }
         if (dt < 1e-3 && rounds < ((int64_t)1 << 40)) rounds *= 2;
     }
@@ -252,5 +254,12 @@ static int fma_peak(int isa, int f64, double seconds, double *gflops)
     return DP_OK;
 }
 
-int dp_fma_peak_f32(int isa, double seconds, double *gflops) { return fma_peak(isa, 0, seconds, gflops); }
-int dp_fma_peak_f64(int isa, double seconds, double *gflops) { return fma_peak(isa, 1, seconds, gflops); }
+int dp_fma_peak_f32(int isa, double seconds, double *gflops)
+{
+    return fma_peak(isa, 0, seconds, gflops);
+}
+
+int dp_fma_peak_f64(int isa, double seconds, double *gflops)
+{
+    return fma_peak(isa, 1, seconds, gflops);
+}

@@ -104,7 +104,8 @@ def test_fma_peak_defaults_and_dtype_spellings():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({"isa": "sse9"}, ValueError, r"isa must be 'widest', 'avx512', 'avx2' or 'generic', got 'sse9'"),
+    ({"isa": "sse9"}, ValueError,
+     r"isa must be 'widest', 'avx512', 'avx2' or 'generic', got 'sse9'"),
     ({"isa": None}, TypeError, "str"),
     ({"seconds": 0.0}, ValueError, r"seconds must be a finite number in \(0, 60\], got 0"),
     ({"seconds": -1.0}, ValueError, "got -1"),
