@@ -155,7 +155,7 @@ def main(argv=None):
     time_ratio = med["ours"] / med["numpy"]
     bw_ratio = bw_ours / machine_bw
 
-    del big   # 400 MB: the child allocates its own
+    big = None   # 400 MB released (the lambdas above hold the name): the child allocates its own
     best = _util.run_blas_best_child(__file__, ["--quick"] if args.quick else [])
     env["openblas_best"] = best["blas"]
     med_best = {k: _util.median(v) for k, v in best["seconds"].items()}
