@@ -14,6 +14,7 @@ sources = [
     "csrc/module.c",
     "csrc/dp_gemm.c",
     "csrc/dp_conv.c",
+    "csrc/dp_cpu.c",
     "csrc/dp_cnn.c",
     "csrc/dp_kernels.c",
     "csrc/dp_net.c",

@@ -13,6 +13,18 @@ Timing rules used by every script (the machine is small and shared, timings are 
   after untimed warm-up calls; the reported figure is the median of the repeats;
 - ours and the reference are compared as a ratio of figures taken in the same run.
 
+Peaks are measured, never written in: the first call of peaks() (environment() makes it, so
+once per benchmark process, after the imports) times _core.fma_peak for the widest FMA the CPU
+has and for the ISA our kernels use (build_info()["simd"]), in float32 and float64, one
+thread. Tables state the percentage of both (peak_columns, peak_legend).
+
+Reference libraries at their best: this machine may force NumPy's OpenBLAS onto older kernels
+through OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in the environment (old OpenBLAS builds misbehave
+without them, so they stay set everywhere else). A benchmark measures OpenBLAS twice: in its
+own process, as users of the machine get it, and in a child process whose environment lacks
+those two variables (run_blas_best_child: the script re-runs itself with --blas-best-helper),
+and names the kernel each one picked (threadpoolctl's `architecture`).
+
 What is left out on purpose: statistics beyond the median and the spread (min/max), and any
 CPU frequency control (the VM gives no access to it).
 """
@@ -35,19 +47,21 @@ if REPO_ROOT not in sys.path:
 import argparse  # noqa: E402
 import ctypes  # noqa: E402
 import datetime  # noqa: E402
+import functools  # noqa: E402
 import glob  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from typing import Callable, Sequence  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-# The brief's per-core peak: 3.24 GHz x 32 float32 flop/cycle (two 256-bit FMA pipes on Zen);
-# float64 is half of it. Used only for the "% of peak" columns.
-CLOCK_GHZ = 3.24
-PEAK_GFLOPS = {"float32": CLOCK_GHZ * 32, "float64": CLOCK_GHZ * 16}
+# Variables with which a machine forces OpenBLAS's kernel choice. Removed only in the
+# environment of a benchmark's own child process (run_blas_best_child), never anywhere else.
+OPENBLAS_FORCING_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+PEAK_SECONDS = 0.2   # per fma_peak measurement (4 of them at most)
 
 
 # ---------------------------------------------------------------------------------------
@@ -63,6 +77,7 @@ def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--cpu", type=int, metavar="N",
                    help="pin the process to CPU N (sched_setaffinity); default: no pinning")
+    p.add_argument("--blas-best-helper", metavar="OUT", help=argparse.SUPPRESS)
     if extra is not None:
         extra(p)
     args = p.parse_args(argv)
@@ -99,8 +114,29 @@ def _openblas_call(names: Sequence[str], restype):
     return None
 
 
+def threadpool_openblas() -> dict | None:
+    """threadpoolctl's entry for the OpenBLAS numpy loaded (internal_api, architecture,
+    version, num_threads, ...), {"error": ...} without threadpoolctl, None if none loaded."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return {"error": "threadpoolctl is not installed (pip install -e '.[bench]')"}
+    for entry in threadpool_info():
+        if entry.get("internal_api") == "openblas":
+            return {k: entry.get(k) for k in ("internal_api", "architecture", "version",
+                                               "num_threads", "threading_layer", "filepath")}
+    return None
+
+
+def openblas_kernel(info: dict) -> str:
+    """The kernel OpenBLAS picked, as threadpoolctl names it (else OpenBLAS's corename)."""
+    tp = info.get("threadpoolctl_openblas") or {}
+    return tp.get("architecture") or info.get("openblas_core") or "unknown"
+
+
 def blas_info() -> dict:
-    """numpy's BLAS: its name/version, OpenBLAS's chosen core and its thread count."""
+    """numpy's BLAS: its name/version, OpenBLAS's chosen core and its thread count, what
+    threadpoolctl reports, and the forcing variables of this process's environment."""
     info = {"numpy": np.__version__}
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
@@ -115,6 +151,128 @@ def blas_info() -> dict:
                              ctypes.c_int)
     info["openblas_core"] = core.decode() if core else None
     info["openblas_threads"] = threads
+    info["threadpoolctl_openblas"] = threadpool_openblas()
+    info["openblas_forcing_env"] = {v: os.environ[v] for v in OPENBLAS_FORCING_VARS
+                                    if v in os.environ}
+    return info
+
+
+def describe_openblas(info: dict) -> str:
+    """'OpenBLAS 0.3.31 Haswell, 1 thread, forced by OPENBLAS_CORETYPE=Haswell' or similar."""
+    tp = info.get("threadpoolctl_openblas") or {}
+    version = tp.get("version") or info.get("blas", "?")
+    threads = tp.get("num_threads", info.get("openblas_threads"))
+    forced = info.get("openblas_forcing_env") or {}
+    how = ("forced by " + " ".join(f"{k}={v}" for k, v in forced.items()) if forced
+           else "no " + "/".join(OPENBLAS_FORCING_VARS) + " set: OpenBLAS's own choice")
+    note = f" [{tp['error']}]" if "error" in tp else ""
+    return f"OpenBLAS {version} {openblas_kernel(info)}, {threads} thread(s), {how}{note}"
+
+
+def run_blas_best_child(script: str, args: Sequence[str] = (), timeout: float = 600) -> dict:
+    """Runs `script --blas-best-helper OUT *args` in a child process whose environment is this
+    one without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (so OpenBLAS picks its kernel for this
+    CPU), and returns the JSON the child wrote to OUT. The thread variables stay at 1."""
+    import subprocess
+    import tempfile
+    env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_FORCING_VARS}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "blas_best.json")
+        cmd = [sys.executable, os.path.abspath(script), "--blas-best-helper", out, *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:3])} ... (OpenBLAS at its best, child process) "
+                               f"exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def write_helper_json(path: str, payload: dict) -> None:
+    """A helper mode's result for its parent (see run_blas_best_child); adds blas_info()."""
+    with open(path, "w") as f:
+        json.dump(_jsonable({"blas": blas_info(), **payload}), f)
+
+
+# ---------------------------------------------------------------------------------------
+# Peaks: measured once per process, on first use
+# ---------------------------------------------------------------------------------------
+
+# Vector width of each _core.fma_peak ISA (dp_isa_bits in csrc/dp_cpu.c), for the labels.
+ISA_BITS = {"avx512": 512, "avx2": 256, "generic": 128}
+
+
+def kernel_isa() -> str:
+    """The fma_peak ISA of the widest code our kernels run: build_info()['simd'] is
+    'avx2+fma' (the GEMM's fast path) or 'generic...'."""
+    from dptrain import _core
+    simd = _core.build_info()["simd"]
+    for isa in ("avx512", "avx2"):
+        if simd.startswith(isa):
+            return isa
+    return "generic"
+
+
+@functools.lru_cache(maxsize=None)
+def peaks() -> dict:
+    """One thread's FMA peak in GFLOP/s, measured here (_core.fma_peak, PEAK_SECONDS each):
+    {"widest": {"isa", "bits", "float32", "float64"}, "kernels": {...}}: the widest FMA this
+    CPU has, and the ISA our kernels use (the same measurement when they coincide)."""
+    from dptrain import _core
+    measured = {}
+    out = {}
+    for role, isa in (("widest", _core.cpu_features()["widest_fma"]), ("kernels", kernel_isa())):
+        if isa not in measured:
+            measured[isa] = {dt: _core.fma_peak(isa, dt, PEAK_SECONDS)
+                             for dt in ("float32", "float64")}
+        out[role] = {"isa": isa, "bits": ISA_BITS[isa], **measured[isa]}
+    return out
+
+
+def peak_columns(dtype: str = "float32") -> list[tuple[str, float]]:
+    """[(column label, GFLOP/s)] for the '% of peak' columns: the widest FMA's peak, then our
+    kernels' where it is another ISA. Labels: '%512b', '%256b', ..."""
+    p = peaks()
+    cols = [(f"%{p['widest']['bits']}b", p["widest"][dtype])]
+    if p["kernels"]["isa"] != p["widest"]["isa"]:
+        cols.append((f"%{p['kernels']['bits']}b", p["kernels"][dtype]))
+    return cols
+
+
+def pct_of_peaks(gflops: float, dtype: str = "float32") -> dict[str, float]:
+    """{label: percent} of gflops against each of peak_columns(dtype)."""
+    return {label: 100.0 * gflops / peak for label, peak in peak_columns(dtype)}
+
+
+def peak_legend(dtypes: Sequence[str] = ("float32",)) -> str:
+    """What the % columns divide by, e.g. '%512b = % of the 512-bit FMA peak (avx512, 266.1
+    GF/s f32, measured); %256b = % of the 256-bit peak our kernels use (avx2, 134.0 GF/s)'."""
+    p = peaks()
+
+    def figures(d):
+        return ", ".join(f"{d[dt]:.1f} GF/s {dt.replace('float', 'f')}" for dt in dtypes)
+
+    w, k = p["widest"], p["kernels"]
+    if w["isa"] == k["isa"]:
+        return (f"%{w['bits']}b = % of the {w['bits']}-bit FMA peak ({w['isa']}, {figures(w)}, "
+                f"measured): the widest this CPU has, and the one our kernels use")
+    return (f"%{w['bits']}b = % of the {w['bits']}-bit FMA peak ({w['isa']}, {figures(w)}, "
+            f"measured), the widest this CPU has; %{k['bits']}b = % of the {k['bits']}-bit "
+            f"peak our kernels use ({k['isa']}, {figures(k)})")
+
+
+def torch_info(torch) -> dict:
+    """PyTorch's version, threads, and the BLAS / ISA it says it uses."""
+    info = {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+    try:
+        info["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:
+        info["torch_cpu_capability"] = None
+    try:   # "Build settings: BLAS_INFO=mkl, BUILD_TYPE=Release, ..."
+        found = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
+        info["torch_blas"] = found.group(1) if found else None
+    except AttributeError:  # a build without __config__: leave it unknown
+        info["torch_blas"] = None
+    info["torch_mkldnn"] = torch.backends.mkldnn.is_available()
     return info
 
 
@@ -179,7 +337,7 @@ def environment(**extra) -> dict:
         **_core_build_id(dptrain._core),
         **_git_state(),
         "thread_env": {v: os.environ.get(v) for v in _THREAD_VARS},
-        "peak_gflops_per_core": PEAK_GFLOPS,
+        "fma_peaks_gflops_per_thread": peaks(),
         **blas_info(),
     }
     env.update(extra)
@@ -256,12 +414,21 @@ def print_environment(env: dict) -> None:
     print(f"# commit {env['commit']}"
           + (f" + uncommitted changes in {', '.join(modified)}" if modified else "")
           + f"; _core built {env['core_mtime']}, sha256 {env['core_sha256']}")
-    print(f"# numpy {env['numpy']}, BLAS {env['blas']}, OpenBLAS core {env['openblas_core']}, "
-          f"OpenBLAS threads {env['openblas_threads']}")
+    print(f"# numpy {env['numpy']}, BLAS {env['blas']}: {describe_openblas(env)}")
     if "torch" in env:
-        print(f"# torch {env['torch']} (threads {env['torch_threads']})")
-    print(f"# peak per core: {PEAK_GFLOPS['float32']:.1f} GFLOP/s float32, "
-          f"{PEAK_GFLOPS['float64']:.1f} GFLOP/s float64")
+        print(f"# torch {env['torch']} (threads {env['torch_threads']}, BLAS "
+              f"{env.get('torch_blas')}, CPU capability {env.get('torch_cpu_capability')}, "
+              f"oneDNN {'yes' if env.get('torch_mkldnn') else 'no'}; the OpenBLAS variables "
+              f"do not reach it)")
+    p = env["fma_peaks_gflops_per_thread"]
+    same = p["widest"]["isa"] == p["kernels"]["isa"]
+    for role, what in (("widest", "the widest FMA on this CPU" + (
+            ", and our kernels' ISA" if same else "")), ("kernels", "our kernels' ISA")):
+        d = p[role]
+        if role == "kernels" and same:
+            break
+        print(f"# FMA peak, one thread, measured: {d['bits']}-bit {d['isa']} ({what}) "
+              f"{d['float32']:.1f} GFLOP/s float32, {d['float64']:.1f} float64")
 
 
 # ---------------------------------------------------------------------------------------

@@ -119,11 +119,17 @@ def run_case(name, shape, batch, main_row, *, repeats, steps):
         "target": target, "stretch": STRETCH if main_row else None, "met": met,
         "gemm_flop_per_step": flop, "ours_gflops": flop / t_ours / 1e9,
         "torch_gflops": flop / t_torch / 1e9,
-        "ours_pct_peak": 100.0 * flop / t_ours / 1e9 / _util.PEAK_GFLOPS["float32"],
+        "ours_pct_peaks": _util.pct_of_peaks(flop / t_ours / 1e9),
+        "torch_pct_peaks": _util.pct_of_peaks(flop / t_torch / 1e9),
         "ours_spread": _util.spread(times["ours"]), "torch_spread": _util.spread(times["torch"]),
         "final_loss_finite_check": losses,
         "ours_seconds_per_step": times["ours"], "torch_seconds_per_step": times["torch"],
     }
+
+
+def pct_cell(gflops, pcts):
+    """'45.1 (17%/34%)': GF/s and its share of each measured peak (bench/_util.peak_columns)."""
+    return f"{gflops:.1f} (" + "/".join(f"{v:.0f}%" for v in pcts.values()) + ")"
 
 
 def main(argv=None):
@@ -131,13 +137,13 @@ def main(argv=None):
                             argv=argv)
     _util.pin_torch(torch)
     repeats, steps = (3, 5) if args.quick else (9, 10)
-    env = _util.environment(torch=torch.__version__, torch_threads=torch.get_num_threads(),
-                            torch_mkldnn=torch.backends.mkldnn.is_available())
+    env = _util.environment(**_util.torch_info(torch))
     _util.print_environment(env)
 
     rows = [run_case(name, shape, batch, main_row, repeats=repeats, steps=steps)
             for name, shape, batch, main_row in CASES]
 
+    pct_head = "/".join(label for label, _ in _util.peak_columns())
     table = []
     for r in rows:
         target = (f"<= {r['target']:.2f} ({r['stretch']:.2f})" if r["target"] is not None
@@ -146,18 +152,20 @@ def main(argv=None):
             r["model"] + " " + "x".join(map(str, r["input_shape"])), r["batch"],
             r["steps_per_repeat"], f"{r['ours_ms']:.2f}", f"{r['torch_ms']:.2f}",
             f"{r['ratio']:.2f}", target, r["met"],
-            f"{r['ours_gflops']:.1f} ({r['ours_pct_peak']:.0f}%)", f"{r['torch_gflops']:.1f}",
+            pct_cell(r["ours_gflops"], r["ours_pct_peaks"]),
+            pct_cell(r["torch_gflops"], r["torch_pct_peaks"]),
             f"{100 * max(r['ours_spread'], r['torch_spread']):.0f}%",
         ])
     print()
     _util.print_table(
         ["model", "batch", "steps", "ours ms", "torch ms", "ratio", "target (stretch)", "met",
-         "ours GF/s (%pk)", "torch GF/s", "noise"],
+         f"ours GF/s ({pct_head})", f"torch GF/s ({pct_head})", "noise"],
         table, align="lrrrrrrlrrr",
         title=f"CNN training step (zero_grad+fwd+bwd+SGD momentum), float32, 1 thread, median "
               f"of {repeats} interleaved repeats (ratio = ours / torch, lower is better)")
-    print(f"GF/s counts GEMM flop only (conv: fwd + dW, dX except layer 1; dense likewise); "
-          f"%pk of {_util.PEAK_GFLOPS['float32']:.1f} GF/s; noise = largest (max - min) / median")
+    print("GF/s counts GEMM flop only (conv: fwd + dW, dX except layer 1; dense likewise); "
+          "noise = largest (max - min) / median")
+    print(_util.peak_legend())
     _util.write_json(args.json, "cnn_step", env,
                      {"repeats": repeats, "steps_main_row": steps, "lr": LR,
                       "momentum": MOMENTUM, "quick": args.quick}, rows)

@@ -117,25 +117,31 @@ def run_case(name, sizes, batch, main_row, *, repeats, steps, seconds):
         "target": target, "stretch": STRETCH if main_row else None, "met": met,
         "gemm_flop_per_step": flop, "ours_gflops": flop / t_ours / 1e9,
         "torch_gflops": flop / t_torch / 1e9,
-        "ours_pct_peak": 100.0 * flop / t_ours / 1e9 / _util.PEAK_GFLOPS["float32"],
+        "ours_pct_peaks": _util.pct_of_peaks(flop / t_ours / 1e9),
+        "torch_pct_peaks": _util.pct_of_peaks(flop / t_torch / 1e9),
         "ours_spread": _util.spread(times["ours"]), "torch_spread": _util.spread(times["torch"]),
         "final_loss_finite_check": losses,  # step counts differ (calibration)
         "ours_seconds_per_step": times["ours"], "torch_seconds_per_step": times["torch"],
     }
 
 
+def pct_cell(gflops, pcts):
+    """'45.1 (17%/34%)': GF/s and its share of each measured peak (bench/_util.peak_columns)."""
+    return f"{gflops:.1f} (" + "/".join(f"{v:.0f}%" for v in pcts.values()) + ")"
+
+
 def main(argv=None):
     args = _util.parse_args("ms per training step: dptrain vs PyTorch, one thread", argv=argv)
     _util.pin_torch(torch)
     repeats, steps, seconds = (3, 50, 0.1) if args.quick else (7, 200, 0.5)
-    env = _util.environment(torch=torch.__version__, torch_threads=torch.get_num_threads(),
-                            torch_blas=torch.backends.mkl.is_available() and "mkl" or "other")
+    env = _util.environment(**_util.torch_info(torch))
     _util.print_environment(env)
 
     rows = [run_case(name, sizes, batch, main_row, repeats=repeats, steps=steps,
                      seconds=seconds)
             for name, sizes, batch, main_row in CASES]
 
+    pct_head = "/".join(label for label, _ in _util.peak_columns())
     table = []
     for r in rows:
         target = (f"<= {r['target']:.2f} ({r['stretch']:.2f})" if r["target"] is not None
@@ -143,19 +149,20 @@ def main(argv=None):
         table.append([
             r["model"] + " " + "-".join(map(str, r["sizes"])), r["batch"], r["steps_per_repeat"],
             f"{r['ours_ms']:.3f}", f"{r['torch_ms']:.3f}", f"{r['ratio']:.2f}", target,
-            r["met"], f"{r['ours_gflops']:.1f} ({r['ours_pct_peak']:.0f}%)",
-            f"{r['torch_gflops']:.1f}",
+            r["met"], pct_cell(r["ours_gflops"], r["ours_pct_peaks"]),
+            pct_cell(r["torch_gflops"], r["torch_pct_peaks"]),
             f"{100 * max(r['ours_spread'], r['torch_spread']):.0f}%",
         ])
     print()
     _util.print_table(
         ["model", "batch", "steps", "ours ms", "torch ms", "ratio", "target (stretch)", "met",
-         "ours GF/s (%pk)", "torch GF/s", "noise"],
+         f"ours GF/s ({pct_head})", f"torch GF/s ({pct_head})", "noise"],
         table, align="lrrrrrrlrrr",
         title=f"Training step (zero_grad+fwd+bwd+SGD momentum), float32, 1 thread, median of "
               f"{repeats} interleaved repeats (ratio = ours / torch, lower is better)")
-    print(f"GF/s counts GEMM flop only (fwd + dW per layer, dX except layer 1); %pk of "
-          f"{_util.PEAK_GFLOPS['float32']:.1f} GF/s; noise = largest (max - min) / median")
+    print("GF/s counts GEMM flop only (fwd + dW per layer, dX except layer 1); "
+          "noise = largest (max - min) / median")
+    print(_util.peak_legend())
     _util.write_json(args.json, "mlp_step", env,
                      {"repeats": repeats, "steps_main_row": steps,
                       "seconds_per_repeat_other_rows": seconds, "lr": LR, "momentum": MOMENTUM,

@@ -1974,6 +1974,82 @@ static PyTypeObject ShmGroupType = {
     .tp_getset = ShmGroup_getset,
 };
 
+/* ------------------------------------------------------------------ CPU features and FMA peak */
+/* Included here, beside its only callers, so that this section stays one block. */
+#include "dp_cpu.h"
+
+static PyObject *py_cpu_features(PyObject *self, PyObject *unused)
+{
+    dp_cpu_features f;
+    dp_cpu_detect(&f);
+#define FLAG(x) (f.x ? Py_True : Py_False)
+    return Py_BuildValue("{s:s,s:s,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}",
+                         "vendor", f.vendor, "brand", f.brand, "avx", FLAG(avx), "fma", FLAG(fma),
+                         "avx2", FLAG(avx2), "avx512f", FLAG(avx512f), "avx512bw", FLAG(avx512bw),
+                         "avx512vl", FLAG(avx512vl), "avx512dq", FLAG(avx512dq),
+                         "avx512_vnni", FLAG(avx512_vnni), "avx512_bf16", FLAG(avx512_bf16),
+                         "widest_fma", dp_isa_name(dp_cpu_widest_isa(&f)));
+#undef FLAG
+}
+
+/* ValueError: the CPU (or this build) lacks `isa`; names what it needs and what there is. */
+static PyObject *isa_unavailable(int isa, const dp_cpu_features *f)
+{
+    char have[64] = "";
+    for (int i = 0; i < DP_ISA_COUNT; i++)
+        if (dp_cpu_has_isa(f, i))
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", *have ? ", " : "",
+                     dp_isa_name(i));
+    const char *needs = isa == DP_ISA_AVX512 ? "avx512f with the OS saving the ZMM state"
+                                             : "avx2 and fma with the OS saving the YMM state";
+    return PyErr_Format(PyExc_ValueError,
+                        "isa '%s' is not available on this CPU (%s, %s): it needs %s "
+                        "(available here: %s)", dp_isa_name(isa), *f->vendor ? f->vendor : "unknown vendor",
+                        *f->brand ? f->brand : "unknown model", needs, have);
+}
+
+static PyObject *py_fma_peak(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"isa", "dtype", "seconds", NULL};
+    const char *isa_name = "widest";
+    PyArray_Descr *descr = NULL;
+    double seconds = 0.2;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|sO&d:fma_peak", kwlist, &isa_name,
+                                     PyArray_DescrConverter2, &descr, &seconds))
+        return NULL;
+    int typenum = descr ? descr->type_num : NPY_FLOAT32;
+    if (typenum != NPY_FLOAT32 && typenum != NPY_FLOAT64) {
+        PyErr_Format(PyExc_ValueError, "dtype must be float32 or float64, got %R", (PyObject *)descr);
+        Py_XDECREF(descr);
+        return NULL;
+    }
+    Py_XDECREF(descr);
+    if (!(seconds > 0.0 && seconds <= 60.0)) {   /* false for NaN */
+        char b[64];
+        return PyErr_Format(PyExc_ValueError, "seconds must be a finite number in (0, 60], got %s",
+                            double_repr(b, sizeof b, seconds));
+    }
+    dp_cpu_features f;
+    dp_cpu_detect(&f);
+    int isa = -1;
+    if (strcmp(isa_name, "widest") == 0) isa = dp_cpu_widest_isa(&f);
+    for (int i = 0; isa < 0 && i < DP_ISA_COUNT; i++)
+        if (strcmp(isa_name, dp_isa_name(i)) == 0) isa = i;
+    if (isa < 0)
+        return PyErr_Format(PyExc_ValueError,
+                            "isa must be 'widest', 'avx512', 'avx2' or 'generic', got '%s'", isa_name);
+    if (!dp_cpu_has_isa(&f, isa)) return isa_unavailable(isa, &f);
+    double gflops = 0.0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = typenum == NPY_FLOAT32 ? dp_fma_peak_f32(isa, seconds, &gflops)
+                                : dp_fma_peak_f64(isa, seconds, &gflops);
+    Py_END_ALLOW_THREADS
+    if (rc == DP_ENOTSUP) return isa_unavailable(isa, &f);
+    if (rc) return raise_code(rc, "fma_peak");
+    return PyFloat_FromDouble(gflops);
+}
+
 /* ------------------------------------------------------------------ build info */
 
 static PyObject *py_build_info(PyObject *self, PyObject *unused)
@@ -2026,6 +2102,8 @@ static PyMethodDef module_methods[] = {
     {"sgd_step", FN(py_sgd_step), KW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False)"},
     {"sum_buffers", FN(py_sum_buffers), KW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None)"},
     {"scale_", FN(py_scale), KW, "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
+    {"cpu_features", py_cpu_features, METH_NOARGS, "cpu_features() -> dict: vendor, brand, the x86 vector flags the CPU has and the OS enables (avx, fma, avx2, avx512f/bw/vl/dq, avx512_vnni, avx512_bf16), widest_fma"},
+    {"fma_peak", FN(py_fma_peak), KW, "fma_peak(isa='widest', dtype='float32', seconds=0.2) -> GFLOP/s of one thread's FMA loop ('widest', 'avx512', 'avx2', 'generic'); ValueError where the CPU lacks the isa"},
     {"gather_rows", FN(py_gather_rows), KW, "gather_rows(x, index, out): out[i] = x[index[i]] (rows, any dtype; GIL released)"},
     {"zero_", py_zero, METH_O, "zero_(buf): buf[:] = 0 with the GIL released"},
     {"param_count", py_param_count, METH_O, "param_count(sizes) -> length of the flat parameter layout"},

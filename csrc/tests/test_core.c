@@ -24,6 +24,7 @@
 #include "dp_cnn.h"
 #include "dp_common.h"
 #include "dp_conv.h"
+#include "dp_cpu.h"
 #include "dp_gemm.h"
 #include "dp_kernels.h"
 #include "dp_math.h"
@@ -1730,6 +1731,46 @@ static void test_cnn(void)
     dp_cnn_free(&net);
 }
 
+/* Detection and the peak loops: a smoke check (timings live in bench/). What must hold on any
+ * CPU: the AVX-512 sub-features imply AVX-512F, FMA and AVX2 imply AVX; every ISA the CPU has
+ * gives a positive finite rate, every other one DP_ENOTSUP without touching the output; bad
+ * arguments give DP_EVALUE. */
+static void test_cpu(void)
+{
+    dp_cpu_features f;
+    dp_cpu_detect(&f);
+    printf("test_core: cpu %s / %s: avx %d fma %d avx2 %d avx512 f %d bw %d vl %d dq %d vnni %d "
+           "bf16 %d; widest FMA %s\n", f.vendor, f.brand, f.avx, f.fma, f.avx2, f.avx512f,
+           f.avx512bw, f.avx512vl, f.avx512dq, f.avx512_vnni, f.avx512_bf16,
+           dp_isa_name(dp_cpu_widest_isa(&f)));
+    expect(f.avx512f || !(f.avx512bw || f.avx512vl || f.avx512dq || f.avx512_vnni || f.avx512_bf16),
+           "dp_cpu_detect: an AVX-512 sub-feature without avx512f");
+    expect(f.avx || !(f.fma || f.avx2), "dp_cpu_detect: fma %d / avx2 %d without avx", f.fma, f.avx2);
+    expect(dp_cpu_has_isa(&f, DP_ISA_GENERIC) && dp_cpu_has_isa(&f, dp_cpu_widest_isa(&f)),
+           "dp_cpu_has_isa: generic or the widest isa (%d) refused", dp_cpu_widest_isa(&f));
+    for (int isa = 0; isa < DP_ISA_COUNT; isa++) {
+        for (int f64 = 0; f64 < 2; f64++) {
+            double g = -1.0;
+            int rc = f64 ? dp_fma_peak_f64(isa, 0.01, &g) : dp_fma_peak_f32(isa, 0.01, &g);
+            if (dp_cpu_has_isa(&f, isa))
+                expect(rc == DP_OK && g > 0 && isfinite(g), "dp_fma_peak_%s(%s): rc %d, %g GFLOP/s",
+                       f64 ? "f64" : "f32", dp_isa_name(isa), rc, g);
+            else
+                expect(rc == DP_ENOTSUP && g == -1.0, "dp_fma_peak_%s(%s) on a CPU without it: "
+                       "rc %d, %g", f64 ? "f64" : "f32", dp_isa_name(isa), rc, g);
+        }
+    }
+    double g = -1.0;
+    expect(dp_fma_peak_f32(DP_ISA_COUNT, 0.01, &g) == DP_EVALUE && dp_fma_peak_f32(-1, 0.01, &g) == DP_EVALUE,
+           "dp_fma_peak_f32: an unknown isa was accepted");
+    expect(dp_fma_peak_f32(DP_ISA_GENERIC, 0.0, &g) == DP_EVALUE &&
+           dp_fma_peak_f64(DP_ISA_GENERIC, NAN, &g) == DP_EVALUE &&
+           dp_fma_peak_f64(DP_ISA_GENERIC, INFINITY, &g) == DP_EVALUE && g == -1.0,
+           "dp_fma_peak: seconds 0, NaN or inf accepted (or the output written: %g)", g);
+    expect(dp_isa_name(DP_ISA_COUNT) == NULL && dp_isa_bits(DP_ISA_AVX512) == 512 &&
+           dp_isa_bits(DP_ISA_AVX2) == 256, "dp_isa_name / dp_isa_bits");
+}
+
 int main(void)
 {
     signal(SIGALRM, on_watchdog);
@@ -1738,6 +1779,7 @@ int main(void)
     printf("test_core: gemm ISA on this CPU: %s (the generic build is tested too)\n", use_isa(0));
 
     test_pool_startup();   /* before this process has any pool of its own */
+    test_cpu();
     test_math();
     test_sync();
 
