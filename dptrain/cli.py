@@ -265,7 +265,7 @@ def _main(argv=None) -> int:
         return main_plot(args)
     from .training import train
     try:
-        result = train(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
+        train(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
               epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
               momentum=args.momentum, nesterov=args.nesterov, lr_schedule=args.lr_schedule,
               weight_decay=args.weight_decay, dampening=args.dampening, seed=args.seed,
@@ -281,9 +281,8 @@ def _main(argv=None) -> int:
               scale_lr=args.scale_lr, warmup_epochs=args.warmup_epochs,
               allreduce=args.allreduce, bucket_kb=args.bucket_kb, overlap=args.overlap,
               fault=_fault(args.inject_fault), trace=args.trace,
-              straggle=_straggle(args.straggle), straggle_random_ms=args.straggle_random)
-        if args.steps_csv and "step_times" in result:
-            result["step_times"].to_csv(args.steps_csv)
+              straggle=_straggle(args.straggle), straggle_random_ms=args.straggle_random,
+              steps_csv=args.steps_csv)
     except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
         print(f"dptrain: error: {exc}", file=sys.stderr)
         return 1

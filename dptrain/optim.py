@@ -6,6 +6,7 @@ Semantics are torch.optim.SGD's: d = g + wd * p; v = momentum * v + (1 - dampeni
 from __future__ import annotations
 
 import math
+import numbers
 
 from . import _core
 
@@ -57,8 +58,14 @@ class SGD:
         """Raises ValueError naming the first hyper-parameter that SGD cannot use."""
         for name, v in (("lr", lr), ("momentum", momentum), ("dampening", dampening),
                         ("weight_decay", weight_decay)):
-            if not (float(v) >= 0.0) or float(v) == float("inf"):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (
+                    float(v) >= 0.0) or float(v) == float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if momentum >= 1:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}: with momentum >= 1 "
+                             f"the velocity never decays and training diverges")
+        if dampening > 1:
+            raise ValueError(f"dampening must be in [0, 1], got {dampening!r}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError(f"nesterov needs momentum > 0 and dampening == 0, got "
                              f"momentum={momentum}, dampening={dampening}")

@@ -145,7 +145,7 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
              "train_seconds": 0.0, "eval_seconds": 0.0}
     if rank == 0:
         if job.resume:
-            state.update(load_checkpoint(job.resume, job, net))
+            state.update(load_checkpoint(job.resume, job, net, len(x)))
         else:
             net.reset_parameters()          # the seeded init, into the shared buffer
             net.velocity.fill(0)
@@ -153,7 +153,7 @@ def _run_worker(comm, job, x, y, x_test, y_test, say):
         # every rank reads the position (the file is visible to all: one machine, or a shared
         # file system under MPI); parameters and momentum come from rank 0
         if rank != 0:
-            state.update(load_checkpoint(job.resume, job, None))
+            state.update(load_checkpoint(job.resume, job, None, len(x)))
             state.update(loss_sum=0.0, correct=0)   # the epoch's sums so far count once, on 0
         comm.broadcast_("velocity", root=0)
     comm.broadcast_("params", root=0)
@@ -332,40 +332,164 @@ def save_checkpoint(path, job: Job, net, *, step, epoch, batch, loss_sum, correc
                     train_seconds, eval_seconds) -> None:
     """Writes everything a run needs to continue bitwise where it stopped (.npz, no pickle):
     parameters, momentum, the position (epoch, batch, step: the sampler's order and the
-    learning-rate schedule are functions of these and the seed) and the epoch so far."""
+    learning-rate schedule are functions of these and the seed) and the epoch so far.
+
+    Atomic and durable: written to a temporary beside it, flushed to disk (file, then the
+    directory after the rename), then renamed over the old one, so a crash or a kill at any
+    moment leaves the previous checkpoint or the new one, whole. Temporaries that a killed
+    writer left behind are removed."""
+    path = Path(path)
     position = {"step": step, "epoch": epoch, "batch": batch, "loss_sum": loss_sum,
                 "correct": correct, "history": history, "train_seconds": train_seconds,
                 "eval_seconds": eval_seconds,
                 "job": {k: _plain(getattr(job, k)) for k in Job.RESUME_KEYS}}
-    tmp = Path(f"{path}.tmp-{os.getpid()}.npz")
-    np.savez(tmp, format=np.int64(CHECKPOINT_FORMAT), params=net.params,
-             velocity=net.velocity, position=np.array(json.dumps(position)))
-    os.replace(tmp, path)                 # atomic: a crash never leaves half a checkpoint
+    _remove_stale_temporaries(path)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}.npz")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, format=np.int64(CHECKPOINT_FORMAT), params=net.params,
+                     velocity=net.velocity, position=np.array(json.dumps(position)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
 
 
-def load_checkpoint(path, job: Job, net) -> dict:
-    """Reads a checkpoint written by save_checkpoint for this job; fills net's params and
-    momentum (when net is given) and returns the position."""
+def _remove_stale_temporaries(path: Path) -> None:
+    """Deletes <path>.tmp-PID.npz files whose writer (PID) no longer runs."""
+    for tmp in path.parent.glob(f"{path.name}.tmp-*.npz"):
+        pid = tmp.name[len(path.name) + 5:-4]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except PermissionError:          # alive, someone else's
+            pass
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:                       # not supported here (e.g. Windows): best effort
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_POSITION_FIELDS = {"step": int, "epoch": int, "batch": int, "loss_sum": float, "correct": int,
+                    "history": list, "train_seconds": float, "eval_seconds": float,
+                    "job": dict}
+
+
+def read_checkpoint(path, job: Job, n_params: int, n_train: int):
+    """(params, velocity, position) of a checkpoint that this job can resume, checked
+    through: the file (a readable .npz of this format), its arrays (this model's dtype and
+    length, finite), the run it belongs to (Job.RESUME_KEYS) and its position (a step this
+    data set and batch size can reach). Any problem is one ValueError naming the file and
+    what is wrong."""
+    import zipfile
+    where = f"checkpoint {path}"
     try:
         with np.load(path, allow_pickle=False) as f:
+            if not isinstance(f, np.lib.npyio.NpzFile):
+                raise ValueError("a single .npy array, not a .npz checkpoint")
+            missing = {"format", "params", "velocity", "position"} - set(f.files)
+            if missing:
+                raise ValueError(f"no {', '.join(sorted(missing))} array (not a dptrain "
+                                 f"checkpoint?)")
+            fmt, params, velocity = f["format"], f["params"], f["velocity"]
             position = json.loads(str(f["position"]))
-            params, velocity = f["params"], f["velocity"]
-    except (OSError, KeyError, ValueError) as exc:
-        raise ValueError(f"{path} is not a readable dptrain checkpoint: {exc}") from exc
+    except FileNotFoundError:
+        raise ValueError(f"{where}: no such file") from None
+    except (OSError, EOFError, zipfile.BadZipFile, KeyError, ValueError, TypeError,
+            UnicodeDecodeError, RuntimeError) as exc:
+        # truncated, bit-flipped (a CRC error), empty, not a zip, a damaged member, bad JSON
+        raise ValueError(f"{where} cannot be read: {type(exc).__name__}: {exc}") from None
+    if fmt.shape != () or int(fmt) != CHECKPOINT_FORMAT:
+        raise ValueError(f"{where} has format {fmt!r}, this dptrain reads format "
+                         f"{CHECKPOINT_FORMAT}")
+    dtype = np.dtype(job.dtype)
+    for name, arr in (("params", params), ("velocity", velocity)):
+        if arr.shape != (n_params,) or arr.dtype != dtype:
+            raise ValueError(f"{where}: {name} has dtype {arr.dtype} and shape {arr.shape}, "
+                             f"expected {dtype} and ({n_params},) for this model")
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{where}: {name} holds non-finite values")
+    if not isinstance(position, dict):
+        raise ValueError(f"{where}: the position is not a JSON object")
+    for key, kind in _POSITION_FIELDS.items():
+        value = position.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or (
+                kind is float and not isinstance(value, (int, float))):
+            if not (kind is float and isinstance(value, int) and not isinstance(value, bool)):
+                raise ValueError(f"{where}: position field {key!r} is {value!r}, expected "
+                                 f"{kind.__name__}")
     for key in Job.RESUME_KEYS:
         saved, now = position["job"].get(key), _plain(getattr(job, key))
         if saved != now:
             raise ValueError(f"{path} was written by a run with {key}={saved!r}, but this run "
                              f"has {key}={now!r}: it cannot resume it")
+    per_epoch = len(batch_bounds(n_train, job.batch_size))
+    step, epoch, batch = position["step"], position["epoch"], position["batch"]
+    if not (0 <= epoch < job.epochs and 0 <= batch <= per_epoch
+            and step == epoch * per_epoch + batch):
+        raise ValueError(f"{where}: step {step} at epoch {epoch}, batch {batch} is impossible "
+                         f"for {job.epochs} epoch(s) of {per_epoch} steps (batch size "
+                         f"{job.batch_size}, {n_train} samples)")
+    if len(position["history"]) != epoch or not all(
+            isinstance(h, dict) and "test_accuracy" in h for h in position["history"]):
+        raise ValueError(f"{where}: its history has {len(position['history'])} epoch "
+                         f"record(s), expected {epoch}")
+    if not (math.isfinite(position["loss_sum"]) and 0 <= position["correct"] <= n_train
+            and position["train_seconds"] >= 0 and position["eval_seconds"] >= 0):
+        raise ValueError(f"{where}: the epoch's running sums are impossible (loss_sum "
+                         f"{position['loss_sum']!r}, correct {position['correct']!r})")
+    position.pop("job")
+    return params, velocity, position
+
+
+def load_checkpoint(path, job: Job, net, n_train: int) -> dict:
+    """read_checkpoint, then net's params and momentum from it (when net is given); returns
+    the position."""
+    params, velocity, position = read_checkpoint(path, job, model_n_params(job.model, job.sizes),
+                                                 n_train)
     if net is not None:
-        if params.shape != net.params.shape or params.dtype != net.params.dtype:
-            raise ValueError(f"{path}: params have dtype {params.dtype} and shape "
-                             f"{params.shape}, expected {net.params.dtype} and "
-                             f"{net.params.shape}")
         net.params[:] = params
         net.velocity[:] = velocity
-    position.pop("job")
     return position
+
+
+def check_writable(path, arg: str) -> None:
+    """Raises ValueError naming the argument when a file cannot be written at `path`: its
+    directory is missing or not writable, or the path is a directory. Probes by creating
+    (and removing) a temporary file beside it: permission bits do not tell (root, read-only
+    file systems, ACLs)."""
+    import tempfile
+    p = Path(path).expanduser()
+    directory = p.parent
+    if p.is_dir():
+        raise ValueError(f"{arg}={str(path)!r} is a directory, expected a file path")
+    if not directory.is_dir():
+        raise ValueError(f"{arg}={str(path)!r}: the directory {str(directory)!r} does not exist "
+                         f"(checked before training, so that no result is lost)")
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".dptrain-probe-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{arg}={str(path)!r}: cannot write in {str(directory)!r} "
+                         f"({exc.strerror or exc}; checked before training, so that no result "
+                         f"is lost)") from None
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ValueError(f"{arg}={str(path)!r}: the file exists and is not writable")
 
 
 def _plain(v):
@@ -427,7 +551,7 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
           allreduce: str = "native", bucket_kb: float = 0.0, overlap: bool = False,
           warmup_epochs: float = 0.0, fault: tuple | None = None, trace=None,
           straggle: tuple | None = None, straggle_random_ms: float = 0.0,
-          uncoupled: bool = False) -> dict:
+          uncoupled: bool = False, steps_csv=None) -> dict:
     """Trains one model on 1..N workers; returns the result dict (see the module docstring).
 
     model: 'logreg' | 'softmax' | 'mlp' (hidden sizes from ``hidden``) | 'cnn' (models.CNN,
@@ -459,7 +583,9 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     straggle=(rank, ms) makes that rank's compute take ms longer every step;
     straggle_random_ms=ms adds a U(0, ms) delay to every rank's compute every step (seeded):
     both for studying the synchronization wait (the delay is a sleep, the core stays free).
-    trace=PATH writes a Chrome trace (all ranks, every step's phases) for Perfetto.
+    trace=PATH writes a Chrome trace (all ranks, every step's phases) for Perfetto;
+    steps_csv=PATH the per-step, per-rank phase table as CSV. Every output path (out,
+    save_weights, trace, steps_csv, checkpoint) is checked for writing before training starts.
     uncoupled=True measures the contention ceiling instead of training: the N workers run at
     the same moment without any communication, each on its own 1/N of the data with 1/N of
     the batch; the result holds train_seconds (the slowest worker's) and rank_train_seconds.
@@ -534,6 +660,12 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
         raise ValueError("checkpoint_every needs a checkpoint path to write to")
     if resume and not Path(resume).is_file():
         raise ValueError(f"resume: no checkpoint file at {resume}")
+    if mpi_rank == 0:
+        # every result is written after training: check now that it can be, not after hours
+        for arg, path in (("out", out), ("save_weights", save_weights), ("trace", trace),
+                          ("steps_csv", steps_csv), ("checkpoint", checkpoint)):
+            if path:
+                check_writable(path, arg)
     say = (lambda *a: None) if (quiet or mpi_rank != 0) else log
     if launch_note:
         say(f"dptrain: {launch_note}")
@@ -587,6 +719,12 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
               checkpoint_every=checkpoint_every, resume=str(resume) if resume else None,
               fault=tuple(fault) if fault else None, straggle=straggle,
               straggle_random_ms=float(straggle_random_ms))
+    if resume:          # a damaged or foreign checkpoint fails here, before any worker starts
+        read_checkpoint(resume, job, model_n_params(model, job.sizes), len(ds.x_train))
+    if batch_size > len(ds.x_train):
+        warnings.warn(f"batch_size={batch_size} is larger than the {len(ds.x_train)} training "
+                      f"samples of {ds.name}: every step is one full-batch step over all of "
+                      f"them", UserWarning, stacklevel=2)
     if fault and fault[2] == "kill" and backend != "process":
         raise ValueError("fault kind 'kill' kills the worker's process: use backend='process'")
     say(f"dptrain: {model} {tuple(sizes)} on {ds.name} ({len(ds.x_train)} train / "
@@ -623,13 +761,16 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
         try:
             results = [run_worker(parallel.MPIComm(job.specs(), comm_world), job,
                                   *data, say=say)]
-        except Exception as exc:
+        except BaseException as exc:
             # the other ranks wait in a collective this rank will never join: name the rank
-            # and the cause, then abort the whole communicator (MPI_Abort ends every rank)
+            # and the cause, then abort the whole communicator (MPI_Abort ends every rank;
+            # MPICH then leaves its own /dev/shm/mpich_shm_* segment behind, see the README)
             import sys
-            print(f"dptrain: worker rank {mpi_rank} failed: {parallel.describe(exc)}; "
-                  f"aborting all {workers} MPI ranks", file=sys.stderr, flush=True)
-            comm_world.Abort(1)
+            cause = ("interrupted (SIGINT)" if isinstance(exc, KeyboardInterrupt)
+                     else f"failed: {parallel.describe(exc)}")
+            print(f"dptrain: worker rank {mpi_rank} {cause}; aborting all {workers} MPI ranks",
+                  file=sys.stderr, flush=True)
+            comm_world.Abort(130 if isinstance(exc, KeyboardInterrupt) else 1)
             raise
     elif workers == 1 and backend != "process":
         results = [run_worker(parallel.LocalComm(job.specs()), job, *data, say=say)]
@@ -716,6 +857,9 @@ def train(model: str = "mlp", dataset: str = "mnist", *, data_dir=None, epochs: 
     if trace:
         step_times.chrome_trace(trace)
         say(f"wrote {trace} (open it in https://ui.perfetto.dev)")
+    if steps_csv:
+        step_times.to_csv(steps_csv)
+        say(f"wrote {steps_csv}")
     result["params"] = head["params"]      # not in the JSON: the trained parameters
     result["step_times"] = step_times      # not in the JSON: every step of every rank
     return result

@@ -1,0 +1,206 @@
+"""No result lost, every bad file a clear error: output paths are checked before the first
+step; checkpoints are written atomically and durably, stale temporaries are cleaned, and a
+damaged, foreign or impossible checkpoint given to resume is one error naming the file."""
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dptrain
+from dptrain import cli
+
+SMALL = dict(model="mlp", hidden=(16,), dataset="synthetic", n_samples=1030, n_features=12,
+             epochs=2, batch_size=100, lr=0.05, momentum=0.9, quiet=True)
+
+
+def _train(**kw):
+    return dptrain.train(**{**SMALL, **kw})
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A good checkpoint of SMALL, written at step 15 (epoch 1, batch 4)."""
+    path = tmp_path_factory.mktemp("ckpt") / "run.npz"
+    with pytest.raises(RuntimeError, match="injected fault"):
+        _train(checkpoint=path, checkpoint_every=5, fault=(0, 17, "raise"))
+    return path
+
+
+# ---------------------------------------------------------------- output paths
+@pytest.mark.parametrize("arg", ["out", "save_weights", "trace", "steps_csv", "checkpoint"])
+def test_an_unwritable_output_fails_before_training(tmp_path, arg):
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=rf"{arg}=.*the directory .*missing.* does not exist "
+                                         rf"\(checked before training"):
+        _train(**{arg: tmp_path / "missing" / "f.out"}, checkpoint_every=5 if arg ==
+               "checkpoint" else 0, epochs=50)
+    assert time.monotonic() - t0 < 5              # 50 epochs would take far longer
+    with pytest.raises(ValueError, match=rf"{arg}=.* is a directory"):
+        _train(**{arg: tmp_path}, checkpoint_every=5 if arg == "checkpoint" else 0)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc (Linux)")
+def test_a_directory_that_nobody_can_write_is_refused():
+    """/proc's directories refuse file creation even to root (permission bits would not)."""
+    with pytest.raises(ValueError, match=r"save_weights=.*cannot write in '/proc/self'"):
+        _train(save_weights="/proc/self/weights.npz")
+
+
+def test_cli_unwritable_steps_csv_fails_first(tmp_path, capsys):
+    rc = cli.main(["train", "--dataset", "synthetic", "--n-samples", "500",
+                           "--model", "logreg", "--epochs", "1",
+                           "--steps-csv", str(tmp_path / "no" / "steps.csv")])
+    assert rc == 1 and "steps_csv=" in capsys.readouterr().err
+
+
+def test_steps_csv_is_written_by_train(tmp_path):
+    r = _train(steps_csv=tmp_path / "steps.csv", epochs=1)
+    lines = (tmp_path / "steps.csv").read_text().splitlines()
+    assert len(lines) == 1 + r["steps"]
+
+
+# ---------------------------------------------------------------- writing
+def test_no_temporary_is_left_and_stale_ones_are_removed(tmp_path):
+    path = tmp_path / "c.npz"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    stale = tmp_path / f"c.npz.tmp-{dead}.npz"     # a writer killed mid-write left it
+    stale.write_bytes(b"half a checkpoint")
+    other = tmp_path / "other.npz.tmp-1.npz"        # another file's: not ours to remove
+    other.write_bytes(b"x")
+    _train(checkpoint=path, checkpoint_every=4, epochs=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npz", "other.npz.tmp-1.npz"]
+
+
+def test_a_kill_while_writing_leaves_the_previous_checkpoint_whole(tmp_path):
+    """SIGKILL at random moments of a run that checkpoints every step: whatever is left at
+    the path always reads as a whole checkpoint."""
+    path = tmp_path / "c.npz"
+    code = (f"import dptrain; dptrain.train(model='mlp', hidden=(64,), dataset='synthetic', "
+            f"n_samples=20000, n_features=64, epochs=20, batch_size=50, quiet=True, "
+            f"checkpoint={str(path)!r}, checkpoint_every=1)")
+    for delay in (1.5, 2.0, 2.6):
+        proc = subprocess.Popen([sys.executable, "-c", code])
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        if path.exists():
+            with np.load(path) as f:
+                assert {"params", "velocity", "position", "format"} <= set(f.files)
+                json.loads(str(f["position"]))
+    assert path.exists(), "no checkpoint was written at all"
+
+
+# ---------------------------------------------------------------- reading
+def _damaged(tmp_path, checkpoint, how):
+    data = checkpoint.read_bytes()
+    p = tmp_path / f"{how}.npz"
+    if how == "truncated":
+        p.write_bytes(data[:len(data) // 2])
+    elif how == "bit-flipped":
+        b = bytearray(data)
+        b[len(b) // 3] ^= 0x10
+        p.write_bytes(bytes(b))
+    elif how == "empty":
+        p.write_bytes(b"")
+    elif how == "not a checkpoint":
+        np.savez(p, weights=np.zeros(3))
+    elif how == "a .npy array":
+        np.save(p.with_suffix(".npy"), np.zeros(3))
+        p = p.with_suffix(".npy")
+    elif how == "text":
+        p.write_text("hello")
+    return p
+
+
+@pytest.mark.parametrize("how", ["truncated", "bit-flipped", "empty", "not a checkpoint",
+                                 "a .npy array", "text"])
+def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, checkpoint, how):
+    p = _damaged(tmp_path, checkpoint, how)
+    with pytest.raises(ValueError, match=rf"checkpoint {p}") as info:
+        _train(resume=p)
+    assert type(info.value) is ValueError
+    assert "Traceback" not in str(info.value)
+
+
+def _rewritten(tmp_path, checkpoint, name, **change):
+    with np.load(checkpoint) as f:
+        arrays = {k: f[k] for k in f.files}
+    position = json.loads(str(arrays["position"]))
+    for key, value in change.items():
+        if key in ("params", "velocity", "format"):
+            arrays[key] = value
+        else:
+            position[key] = value
+    arrays["position"] = np.array(json.dumps(position))
+    p = tmp_path / name
+    np.savez(p, **arrays)
+    return p
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(velocity=np.float32(0.0)), r"velocity has dtype float32 and shape \(\), expected"),
+    (dict(params=np.zeros(7, np.float32)), r"params has dtype float32 and shape \(7,\)"),
+    (dict(params=np.zeros(225, np.float64)), r"params has dtype float64"),
+    (dict(step=10_000), r"step 10000 at epoch 1, batch 4 is impossible"),
+    (dict(epoch=5, step=59), r"is impossible for 2 epoch\(s\) of 11 steps"),
+    (dict(batch=-1), r"impossible"),
+    (dict(history=[]), r"history has 0 epoch record\(s\), expected 1"),
+    (dict(loss_sum=float("nan")), r"running sums are impossible"),
+    (dict(step="15"), r"position field 'step' is '15', expected int"),
+    (dict(format=np.int64(9)), r"has format"),
+])
+def test_an_impossible_checkpoint_is_refused(tmp_path, checkpoint, change, message):
+    p = _rewritten(tmp_path, checkpoint, "bad.npz", **change)
+    with pytest.raises(ValueError, match=message):
+        _train(resume=p)
+
+
+def test_the_good_checkpoint_still_resumes(checkpoint):
+    assert _train(resume=checkpoint)["steps"] == 22
+
+
+def test_cli_resume_of_a_damaged_file_prints_one_error(tmp_path, checkpoint, capsys):
+    p = _damaged(tmp_path, checkpoint, "truncated")
+    rc = cli.main(["train", "--model", "mlp", "--hidden", "16", "--dataset",
+                           "synthetic", "--n-samples", "1030", "--n-features", "12",
+                           "--epochs", "2", "--batch-size", "100", "--lr", "0.05",
+                           "--momentum", "0.9", "--quiet", "--resume", str(p)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and f"checkpoint {p} cannot be read" in err
+
+
+# ---------------------------------------------------------------- hyper-parameters
+@pytest.mark.parametrize("kw, message", [
+    (dict(momentum=1.5), r"momentum must be in \[0, 1\), got 1\.5"),
+    (dict(momentum=1.0), r"momentum must be in \[0, 1\), got 1\.0"),
+    (dict(momentum=-0.1), r"momentum must be a finite number >= 0"),
+    (dict(dampening=2.0), r"dampening must be in \[0, 1\], got 2\.0"),
+    (dict(lr=float("nan")), r"lr must be a finite number >= 0"),
+    (dict(weight_decay=float("inf")), r"weight_decay must be a finite number"),
+    (dict(lr="0.1"), r"lr must be a finite number >= 0, got '0.1'"),
+])
+def test_bad_optimizer_settings_are_refused_before_training(kw, message):
+    with pytest.raises(ValueError, match=message):
+        _train(**kw)
+    model = dptrain.MLP([4, 3])
+    with pytest.raises(ValueError, match=message):
+        dptrain.SGD(model, **{"lr": 0.1, **kw})
+
+
+def test_cli_momentum_above_one_exits_with_the_value(capsys):
+    rc = cli.main(["train", "--dataset", "synthetic", "--n-samples", "500",
+                           "--model", "logreg", "--epochs", "1", "--momentum", "1.5"])
+    assert rc == 1 and "momentum must be in [0, 1), got 1.5" in capsys.readouterr().err
+
+
+def test_a_batch_larger_than_the_data_set_says_so():
+    with pytest.warns(UserWarning, match=r"batch_size=2000 is larger than the 1030 training "
+                                         r"samples"):
+        _train(batch_size=2000, epochs=1)
