@@ -1,0 +1,70 @@
+"""The Python-level boundary tests run again against the extension built with
+AddressSanitizer and UndefinedBehaviorSanitizer (libasan preloaded into this interpreter,
+leak detection off: CPython itself is not instrumented), so that a use after free or a heap
+overflow at the C boundary fails a test instead of passing by luck."""
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# the boundary's tests: every entry point with bad, aliased and changed arguments, and the
+# memory-safety regressions (the fuzzer's CI batch joins them where it is present)
+BOUNDARY_TESTS = ["tests/test_memory_safety.py", "tests/test_boundary.py",
+                  "tests/test_fuzz_core.py"]
+
+
+def _runtime(name: str) -> str | None:
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        return None
+    path = subprocess.run([cc, f"-print-file-name={name}"], capture_output=True,
+                          text=True).stdout.strip()
+    return path if os.path.isabs(path) and Path(path).is_file() else None
+
+
+pytestmark = [
+    pytest.mark.skipif(not (ROOT / "setup.py").is_file() or not (ROOT / "csrc").is_dir(),
+                       reason=f"no C sources at {ROOT} (installed package only)"),
+    pytest.mark.skipif(sys.platform != "linux" or _runtime("libasan.so") is None,
+                       reason="needs Linux and a C compiler with libasan"),
+]
+
+
+@pytest.fixture(scope="module")
+def asan_package(tmp_path_factory):
+    """A copy of the dptrain package whose _core is built with ASan + UBSan."""
+    lib = tmp_path_factory.mktemp("asan-lib")
+    flags = "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+    env = dict(os.environ, CFLAGS=flags, LDFLAGS="-fsanitize=address,undefined")
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(lib),
+                        "--build-temp", str(tmp_path_factory.mktemp("asan-tmp"))],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for source in (ROOT / "dptrain").glob("*.py"):
+        shutil.copy(source, lib / "dptrain" / source.name)
+    return lib
+
+
+def test_the_boundary_tests_pass_under_asan(asan_package):
+    preload = ":".join(p for p in (_runtime("libasan.so"), _runtime("libubsan.so")) if p)
+    env = dict(os.environ, PYTHONPATH=str(asan_package), LD_PRELOAD=preload,
+               ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=0",
+               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+    probe = subprocess.run([sys.executable, "-c", "import dptrain; print(dptrain._core.__file__)"],
+                           cwd=asan_package, env=env, capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip().startswith(str(asan_package)), probe.stdout  # the ASan build
+    tests = [str(ROOT / t) for t in BOUNDARY_TESTS if (ROOT / t).is_file()]
+    # --capture=sys: a sanitizer writes its report to fd 2 and exits; captured at the fd level
+    # the report would be lost with the process
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--capture=sys", "-p",
+                        "no:cacheprovider", "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), *tests],
+                       cwd=asan_package, env=env, capture_output=True, text=True, timeout=1800)
+    out = r.stdout + r.stderr
+    assert "ERROR: AddressSanitizer" not in out and "runtime error:" not in out, out[-8000:]
+    assert r.returncode == 0, out[-8000:]
