@@ -3,11 +3,11 @@
 For 8 KB, 1 MB and 16 MB float32 buffers, every algorithm the training loop offers
 (`--allreduce`) through the engine's own communicators, exactly as training calls them:
 
-- native: `comm.allreduce_(name)` (the shared-memory one-pass reduce / MPI_Allreduce);
-- ring, tree: the point-to-point schedules (`collectives.ring_allreduce` /
+- native: `comm.allreduce_sum_(a)` (the shared-memory one-pass reduce / MPI_Allreduce);
+- ring, tree: the point-to-point schedules (`comm.algorithms.ring_allreduce` /
   `tree_allreduce` over MPI Sendrecv; `_core.ShmGroup` with algorithm="ring"/"tree" over
-  shared memory, one barrier per step);
-- ps: the parameter server's exchange per step: `comm.reduce_(grads)` to rank 0, then
+  shared memory, one barrier per step), on arrays from `comm.zeros(n, algorithm=...)`;
+- ps: the parameter server's exchange per step: `comm.reduce_sum_(grads)` to rank 0, then
   `comm.broadcast_(params)` of the same size (the update on rank 0 in between is not timed).
 
 Transports: `process` (2 worker processes over one shared segment, the engine's launcher) and
@@ -27,7 +27,7 @@ import shutil  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_allreduce import _fmt_us, _timed_loop, percentiles_us  # noqa: E402
-from dptrain import parallel  # noqa: E402
+from dptrain import comm as dpcomm  # noqa: E402
 
 WORLD = 2
 SIZES = [("8 KB", 2048), ("1 MB", 262144), ("16 MB", 4 * 1024 * 1024)]
@@ -39,41 +39,27 @@ def calls(n: int, quick: bool) -> int:
     return max(10, c // 5) if quick else c
 
 
-def specs_for():
-    """One role per (algorithm, size); the parameter server's role reduces into a shared
-    array of the same size."""
-    f32 = np.dtype(np.float32)
-    specs = []
-    for _, n in SIZES:
-        for alg in ("native", "ring", "tree"):
-            specs.append(parallel.BufferSpec(f"{alg}{n}", n, f32, algorithm=alg))
-        specs.append(parallel.BufferSpec(f"ps{n}", n, f32, reduce_into=f"pssum{n}"))
-        specs.append(parallel.BufferSpec(f"pssum{n}", n, f32, count=1))
-    return specs
-
-
-def exchange(comm: parallel.Communicator, alg: str, n: int):
-    """The call training makes for one step's exchange with this algorithm; returns the
-    array that holds the sum on rank 0."""
-    name = f"{alg}{n}"
+def exchange(comm: dpcomm.Communicator, alg: str, buf):
+    """The call training makes for one step's exchange with this algorithm on buf."""
     if alg != "ps":
-        return lambda: comm.allreduce_(name)
+        return lambda: comm.allreduce_sum_(buf)
 
     def ps():
-        comm.reduce_(name, root=0)
-        comm.broadcast_(name, root=0)      # the parameters go back out: same bytes
+        comm.reduce_sum_(buf, root=0)
+        comm.broadcast_(buf, root=0)      # the parameters go back out: same bytes
     return ps
 
 
-def time_rank(comm: parallel.Communicator, quick: bool) -> dict:
+def time_rank(comm: dpcomm.Communicator, quick: bool) -> dict:
     out = {}
     for alg in ALGORITHMS:
         for label, n in SIZES:
-            buf = comm.buffer(f"{alg}{n}")
-            call = exchange(comm, alg, n)
+            buf = comm.zeros(n, np.float32, algorithm=alg if alg in ("ring", "tree")
+                             else "native")
+            call = exchange(comm, alg, buf)
             buf[:] = comm.rank + 1.0
             if alg == "ps":
-                total = comm.reduce_(f"{alg}{n}", root=0)
+                total = comm.reduce_sum_(buf, root=0)
                 ok = comm.rank != 0 or bool(np.all(total == 3.0))
                 comm.barrier()
             else:
@@ -94,10 +80,7 @@ def _process_target(comm, quick):
 
 
 def run_processes_once(quick: bool) -> dict:
-    layout = parallel.SharedLayout(specs_for(), WORLD, {})
-    policy = parallel.WaitPolicy.for_workers(WORLD, backend="process")
-    return parallel.run_processes(WORLD, layout, lambda mem: None, policy, _process_target,
-                                  (quick,), start_method="spawn")[0]
+    return dpcomm.run_processes(WORLD, _process_target, (quick,), start_method="spawn")[0]
 
 
 def run_mpi_once(mpiexec: str, quick: bool) -> dict:
@@ -105,7 +88,7 @@ def run_mpi_once(mpiexec: str, quick: bool) -> dict:
 
 
 def mpi_helper(out_path: str, quick: bool) -> None:
-    comm = parallel.MPIComm(specs_for(), measure_wait=False)   # the bare collectives
+    comm = dpcomm.MPIComm(measure_wait=False)   # the bare collectives
     res = time_rank(comm, quick)
     if comm.rank == 0:
         with open(out_path, "w") as f:

@@ -3,14 +3,15 @@
 The transports, the same 2 workers, the same buffer sizes (64 B ... 16 MB, and 0.94 MB: the
 MLP 784-256-128-10's 235,146-float gradient):
 
-- thread:  `_core.ShmGroup.allreduce()` between 2 threads of this process (the `thread`
-  backend's collective), buffers in one 64-byte aligned block (`parallel.SharedLayout`);
+- thread:  `comm.allreduce_sum_(buf)` between 2 threads of this process (the `thread`
+  backend's collective: `_core.ShmGroup.allreduce` on an array from `comm.zeros`, reduced
+  where it lies), as the training loop calls it;
 - thread, pinned: the same with each thread pinned to its own CPU. A diagnostic, not what the
   engine does: unpinned, the GIL hand-off after each call wakes the other thread through a
   futex, the scheduler may put it on the waker's CPU, and then both take turns on one core,
   every wait lasting the barrier's whole spin phase (200 us);
-- process: the same call between 2 processes mapping one `multiprocessing.shared_memory`
-  segment (the `process` backend's collective; workers started with 'spawn');
+- process: the same call between 2 processes mapping one shared segment (the `process`
+  backend's collective; workers started with 'spawn');
 - MPI:     `comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)` between 2 MPI ranks (mpi4py, the
   `mpi` backend's collective): this script re-runs itself under `mpiexec -n 2` in a helper
   mode that writes its timings as JSON.
@@ -48,7 +49,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from dptrain import _core, parallel  # noqa: E402
+from dptrain import _core  # noqa: E402
+from dptrain import comm as dpcomm  # noqa: E402
 
 WORLD = 2
 MLP_GRAD_FLOATS = 235_146
@@ -80,12 +82,6 @@ def warmup_calls(number: int) -> int:
     return max(10, number // 10)
 
 
-def layout_for(sizes) -> parallel.SharedLayout:
-    """One role per size (its own control block and one buffer per rank), one block."""
-    specs = [parallel.BufferSpec(f"s{n}", n, np.dtype(np.float32)) for _, n in sizes]
-    return parallel.SharedLayout(specs, WORLD, {})
-
-
 def _timed_loop(call, number: int, warmup: int) -> list[float]:
     clock = time.perf_counter
     for _ in range(warmup):
@@ -115,50 +111,43 @@ def pin_to_own_cpu(rank: int) -> None:
     os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
 
 
-def run_shm_rank(rank: int, layout: parallel.SharedLayout, mem: np.ndarray, plan,
-                 transport: str, pin: bool = False) -> dict:
+def run_shm_rank(comm, plan, transport: str, pin: bool = False) -> dict:
     """One worker of the shared-memory group: every size in `plan` [(label, n, number)];
     returns {label: [seconds per call]}. The wait policy is the one training uses."""
     if pin:
-        pin_to_own_cpu(rank)
-    policy = parallel.WaitPolicy.for_workers(WORLD, backend=transport)
+        pin_to_own_cpu(comm.rank)
     out = {}
     for label, n, number in plan:
-        name = f"s{n}"
-        bufs = [layout.array(mem, name, r) for r in range(WORLD)]
-        group = _core.ShmGroup(layout.control(mem, name), bufs, rank, spin=policy.spin,
-                               yield_time=policy.yield_time, timeout=60.0)
-        call = group.allreduce
-        check_sum(call, bufs[rank], rank, label, transport)
-        group.barrier()                   # nobody zeroes before both have checked
-        bufs[rank][:] = 0.0
-        group.barrier()
+        buf = comm.zeros(n, np.float32)
+
+        def call(buf=buf):
+            comm.allreduce_sum_(buf)
+        check_sum(call, buf, comm.rank, label, transport)
+        comm.barrier()                    # nobody zeroes before both have checked
+        buf[:] = 0.0
+        comm.barrier()
         out[label] = _timed_loop(call, number, warmup_calls(number))
     return out
 
 
 def run_threads_once(plan, pin: bool = False) -> dict:
-    layout = layout_for([(label, n) for label, n, _ in plan])
-    mem = parallel.aligned_bytes(layout.nbytes)
-    results = parallel.run_threads(WORLD, layout, mem, parallel.WaitPolicy.for_workers(WORLD, backend="thread"),
-                                   lambda comm: run_shm_rank(comm.rank, layout, mem, plan,
-                                                             "thread", pin),
-                                   join_timeout=300)
+    policy = dpcomm.WaitPolicy.for_workers(WORLD, backend="thread", timeout=60.0)
+    results = dpcomm.run_threads(WORLD, lambda comm: run_shm_rank(comm, plan, "thread", pin),
+                                 policy=policy, join_timeout=300)
     return results[0]
 
 
-def _process_target(comm: parallel.ShmComm, plan) -> dict:
+def _process_target(comm, plan) -> dict:
     """One worker process ('spawn': a module-level function with plain arguments)."""
-    return run_shm_rank(comm.rank, comm.layout, comm.memory, plan, "process")
+    return run_shm_rank(comm, plan, "process")
 
 
 def run_processes_once(plan) -> dict:
     """Two worker processes over one shared segment, started, watched and cleaned up by the
     engine's own launcher; returns rank 0's timings."""
-    layout = layout_for([(label, n) for label, n, _ in plan])
-    policy = parallel.WaitPolicy.for_workers(WORLD, backend="process")
-    results = parallel.run_processes(WORLD, layout, lambda mem: None, policy, _process_target,
-                                     (plan,), start_method="spawn")
+    policy = dpcomm.WaitPolicy.for_workers(WORLD, backend="process", timeout=60.0)
+    results = dpcomm.run_processes(WORLD, _process_target, (plan,), policy=policy,
+                                   start_method="spawn")
     return results[0]
 
 
@@ -192,10 +181,11 @@ def mpi_helper(out_path: str, plan) -> None:
 def call_floor(number: int = 20000) -> dict:
     """What a call costs when nobody is waited for: the perf_counter pair around an empty
     call, and ShmGroup.allreduce of 64 B in a group of ONE worker (call + barrier + sum)."""
-    layout = parallel.SharedLayout([parallel.BufferSpec("b", 16, np.dtype(np.float32))], 1, {})
-    mem = parallel.aligned_bytes(layout.nbytes)
-    layout.init_controls(mem)
-    group = _core.ShmGroup(layout.control(mem, "b"), [layout.array(mem, "b", 0)], 0)
+    raw = np.zeros(2 * _core.group_control_bytes(1) + 64 + 64, np.uint8)
+    mem = raw[(-raw.ctypes.data) % 64:]
+    control = mem[:_core.group_control_bytes(1)]
+    _core.init_group_control(control, 1)
+    group = _core.ShmGroup(control, [mem[-64:].view(np.float32)], 0)
     empty = _timed_loop(lambda: None, number, 1000)
     solo = _timed_loop(group.allreduce, number, 1000)
     return {"timer_pair_us": 1e6 * float(np.median(empty)),

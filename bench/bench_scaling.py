@@ -23,7 +23,7 @@ between barriers: no start-up, data loading or evaluation):
   softmax: batch 64 on the first 15,000 samples, 235 steps; logreg: batch 8192 on
   synthetic_binary(500,000, 20), the same steps as the 2-worker run), started together as 2
   processes ('spawn'); each loads its data, then both wait at a multiprocessing.Barrier placed
-  in front of dptrain's training loop (a wrapper around training.run_worker), so the two loops
+  in front of dptrain's training loop (a wrapper around engine.run.run_worker), so the two loops
   really run at the same time. T_pair = the slower one's train_seconds. The ceiling speedup
   T1 / T_pair is what 2 workers could reach with free communication on this machine (memory
   bandwidth, shared caches and the host's time-sharing included);
@@ -67,7 +67,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dptrain  # noqa: E402
-from dptrain import parallel  # noqa: E402
+from dptrain import sampler  # noqa: E402
+from dptrain.comm import describe  # noqa: E402
 from dptrain.data import load_dataset  # noqa: E402
 
 MNIST_DIR = "/work/shared/data/mnist"
@@ -165,19 +166,19 @@ def run_mpi(name: str, ranks: int, mpiexec: str) -> dict:
 def _pair_member(cfg: dict, barrier, conn) -> None:
     """One of the independent pair ('spawn' entry point): dptrain.train on 1 worker, with the
     training loop held at `barrier` until the other member has loaded its data too."""
-    from dptrain import training
-    original = training.run_worker
+    from dptrain.engine import run
+    original = run.run_worker
 
     def synchronized_run_worker(*args, **kwargs):
         barrier.wait(SUBPROCESS_TIMEOUT)
         return original(*args, **kwargs)
 
-    training.run_worker = synchronized_run_worker
+    run.run_worker = synchronized_run_worker
     try:
         conn.send(("ok", summary(dptrain.train(workers=1, quiet=True, **cfg))))
     except BaseException as exc:  # sent to the parent, which reports it
         barrier.abort()
-        conn.send(("error", parallel.describe(exc)))
+        conn.send(("error", describe(exc)))
     finally:
         conn.close()
 
@@ -262,7 +263,7 @@ def _ddp_rank(rank: int, world: int, port: int, out_path: str) -> None:
         n, batch = len(x), cfg["batch_size"]
         order = torch.from_numpy(np.random.default_rng(0).permutation(n))
         bounds = [(s, min(s + batch, n)) for s in range(0, n, batch)]
-        shards = [order[slice(*parallel.shard(s, e, rank, world))] for s, e in bounds]
+        shards = [order[slice(*sampler.shard(s, e, rank, world))] for s, e in bounds]
 
         def step(idx):
             opt.zero_grad()
@@ -320,7 +321,7 @@ def measure(name: str, runs: dict, repeats: int) -> dict:
             try:
                 out[cfg].append(runs[cfg]())
             except Exception as exc:  # reported in the table and the checks, not hidden
-                out[cfg].append({"error": parallel.describe(exc)})
+                out[cfg].append({"error": describe(exc)})
                 print(f"# {name} / {cfg}: FAILED: {exc}", flush=True)
     return out
 

@@ -110,9 +110,17 @@ void dp_barrier_abort(dp_barrier *b, uint32_t code)
     wake_all(&b->generation);
 }
 
-int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
+/* The abort code of the barrier, or of the policy's world barrier; 0 when neither is aborted. */
+static uint32_t aborted(dp_barrier *b, const dp_wait_policy *policy)
 {
     uint32_t c = atomic_load(A32(b->abort_code));
+    if (!c && policy->world) c = atomic_load(A32(policy->world->abort_code));
+    return c;
+}
+
+int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
+{
+    uint32_t c = aborted(b, policy);
     if (c) { *code = c; return DP_EABORT; }
     uint32_t gen = atomic_load_explicit(A32(b->generation), memory_order_acquire);
     uint32_t arrived = atomic_fetch_add_explicit(A32(b->count), 1u, memory_order_acq_rel) + 1;
@@ -126,7 +134,7 @@ int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
     double t0 = dp_clock_s();
     for (long i = 0;; i++) {
         uint32_t g = atomic_load_explicit(A32(b->generation), memory_order_acquire);
-        c = atomic_load(A32(b->abort_code));
+        c = aborted(b, policy);
         if (c) { *code = c; return DP_EABORT; }
         if (g != gen) return DP_OK;
         if ((i & 63) != 63) { cpu_relax(); continue; }   /* read the clock every 64 spins */
@@ -135,6 +143,7 @@ int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
             /* our arrival is counted and cannot be taken back safely: abort the group, or the
              * next phase would open one worker short */
             dp_barrier_abort(b, DP_TIMEOUT_ABORT_CODE);
+            if (policy->world) dp_barrier_abort(policy->world, DP_TIMEOUT_ABORT_CODE);
             *code = DP_TIMEOUT_ABORT_CODE;
             return DP_ETIMEOUT;
         }

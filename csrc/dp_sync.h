@@ -40,6 +40,10 @@ typedef struct {
     double spin_s;           /* busy-wait this long first */
     double yield_s;          /* then give the CPU away with sched_yield this long */
     double timeout_s;        /* <= 0: wait forever (until aborted); else fail after this long */
+    /* NULL, or the barrier of the whole set of workers whose abort also ends this wait: one
+     * abort of it stops every group of the set (a worker that fails before it ever meets a
+     * group others already wait in still stops them); a timeout aborts it too */
+    dp_barrier *world;
 } dp_wait_policy;
 
 /* A group's control block: the barrier, then (when the block is large enough) one arrival

@@ -1619,6 +1619,7 @@ typedef struct {
     void *ptrs[MAX_GROUP];
     void *out;                    /* NULL: results go into every buffer; else only here */
     PyObject *out_obj;            /* owned reference to the out array, or NULL */
+    PyObject *world_obj;          /* owned reference to the world control array, or NULL */
     int n, k, rank, f32;
     int algorithm;                /* ALG_NATIVE, ALG_RING or ALG_TREE */
     uint32_t *arrivals;           /* the control block's per-worker arrival counters, or NULL */
@@ -1679,8 +1680,8 @@ static PyObject *py_abort_control(PyObject *self, PyObject *args)
 static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"control", "buffers", "rank", "out", "spin", "yield_time", "timeout",
-                             "algorithm", NULL};
-    PyObject *co, *bo, *seq = NULL, *oo = Py_None;
+                             "algorithm", "world", NULL};
+    PyObject *co, *bo, *seq = NULL, *oo = Py_None, *wo = Py_None;
     int rank, rc = -1, algorithm = -1;
     double spin = 200e-6, yield_time = 2e-3, timeout = 0.0;
     const char *alg_name = "native";
@@ -1688,8 +1689,8 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "ShmGroup is already initialized");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|$Oddds:ShmGroup", kwlist, &co, &bo, &rank, &oo,
-                                     &spin, &yield_time, &timeout, &alg_name))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|$OdddsO:ShmGroup", kwlist, &co, &bo, &rank, &oo,
+                                     &spin, &yield_time, &timeout, &alg_name, &wo))
         return -1;
     for (int a = 0; a < 3; a++)
         if (strcmp(alg_name, ALGORITHM_NAMES[a]) == 0) algorithm = a;
@@ -1702,6 +1703,15 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
     if (b->magic != DP_BARRIER_MAGIC) {
         PyErr_SetString(PyExc_ValueError, "control is not initialized: call init_group_control(control, n) once first");
         return -1;
+    }
+    dp_barrier *world = NULL;
+    if (wo != Py_None) {
+        if (!(world = control_barrier(wo, "world"))) return -1;
+        if (world->magic != DP_BARRIER_MAGIC || world->n != b->n) {
+            PyErr_Format(PyExc_ValueError, "world is not an initialized control block of a group of %u "
+                         "workers", b->n);
+            return -1;
+        }
     }
     if (!(seq = PySequence_Fast(bo, "buffers must be a sequence of arrays"))) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -1778,6 +1788,11 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
     self->policy.spin_s = spin;
     self->policy.yield_s = yield_time;
     self->policy.timeout_s = timeout;
+    if (world) {
+        Py_INCREF(wo);
+        self->world_obj = wo;
+        self->policy.world = world;
+    }
     rc = 0;
 fail:
     Py_XDECREF(seq);
@@ -1789,6 +1804,7 @@ static void ShmGroup_dealloc(ShmGroupObject *self)
     Py_XDECREF(self->control);
     Py_XDECREF(self->buffers);
     Py_XDECREF(self->out_obj);
+    Py_XDECREF(self->world_obj);
     PyMem_RawFree(self->scratch);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -1830,6 +1846,11 @@ static int group_control_ready(ShmGroupObject *self)
     if (PyArray_DATA(c) != (void *)self->barrier || PyArray_TYPE(c) != NPY_UINT8 ||
         PyArray_NBYTES(c) < (npy_intp)sizeof(dp_barrier) || !PyArray_ISWRITEABLE(c))
         return PyErr_Format(PyExc_ValueError, "ShmGroup.control was changed after the ShmGroup "
+                            "was built (moved, re-typed, shrunk or made read-only)"), -1;
+    PyArrayObject *w = (PyArrayObject *)self->world_obj;
+    if (w && (PyArray_DATA(w) != (void *)self->policy.world || PyArray_TYPE(w) != NPY_UINT8 ||
+              PyArray_NBYTES(w) < (npy_intp)sizeof(dp_barrier) || !PyArray_ISWRITEABLE(w)))
+        return PyErr_Format(PyExc_ValueError, "ShmGroup world was changed after the ShmGroup "
                             "was built (moved, re-typed, shrunk or made read-only)"), -1;
     return 0;
 }
@@ -1929,6 +1950,7 @@ static PyObject *ShmGroup_abort(ShmGroupObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "|I:abort", &code)) return NULL;
     if (group_control_ready(self)) return NULL;    /* aborting needs the barrier alone */
     dp_barrier_abort(self->barrier, code ? code : 1);
+    if (self->policy.world) dp_barrier_abort(self->policy.world, code ? code : 1);
     Py_RETURN_NONE;
 }
 
@@ -1936,7 +1958,9 @@ static PyObject *ShmGroup_get_aborted(ShmGroupObject *self, void *c)
 {
     if (!self->barrier) return PyLong_FromLong(0);
     if (group_control_ready(self)) return NULL;
-    return PyLong_FromUnsignedLong(dp_barrier_abort_code(self->barrier));
+    uint32_t code = dp_barrier_abort_code(self->barrier);
+    if (!code && self->policy.world) code = dp_barrier_abort_code(self->policy.world);
+    return PyLong_FromUnsignedLong(code);
 }
 static PyObject *ShmGroup_get_rank(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->rank); }
 static PyObject *ShmGroup_get_size(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->n); }
@@ -1965,8 +1989,9 @@ static PyTypeObject ShmGroupType = {
     .tp_basicsize = sizeof(ShmGroupObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "ShmGroup(control, buffers, rank, *, out=None, spin=2e-4, yield_time=2e-3, timeout=0, "
-              "algorithm='native'): "
-              "one worker's handle on a group of workers that share memory (threads or processes).",
+              "algorithm='native', world=None): "
+              "one worker's handle on a group of workers that share memory (threads or processes); "
+              "world: the control block of the whole set of workers, whose abort also stops this group.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)ShmGroup_init,
     .tp_dealloc = (destructor)ShmGroup_dealloc,

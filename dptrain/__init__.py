@@ -1,12 +1,17 @@
 """dptrain: synchronous data-parallel training on CPUs, with a C core.
 
-Quick start::
+Three ways in, one engine underneath::
 
     import dptrain
-    result = dptrain.train(model="mlp", dataset="mnist", epochs=2)
+    result = dptrain.train("mlp", "mnist", epochs=2, workers=2)        # named model and data
+    model = dptrain.MLP([784, 256, 10]); dptrain.fit(model, X, y, workers=2)   # your arrays
+    dptrain.launch(my_loop, workers=4, backend="process")              # your own loop
 
-The C extension ``dptrain._core`` holds the kernels (GEMM, layers, losses, SGD, buffer
-reductions); ``dptrain.reference`` is their pure-NumPy twin and test oracle.
+and scikit-learn estimators in ``dptrain.sklearn``. The package's layers: ``_core`` (the C
+kernels; ``reference`` is their NumPy twin and test oracle), ``models`` and ``optim`` (the
+model face), ``data`` (data sets and your arrays), ``comm`` (the communicator and its
+transports), ``engine`` (the training loop, the gradient exchanges, checkpoints, a run),
+``measure`` (step timing, sweeps, the performance model, plots), ``studies``, ``cli``.
 """
 from ._version import __version__
 
@@ -17,12 +22,15 @@ except ImportError as exc:          # say so if this is a source tree with _core
     if (unbuilt := unbuilt_core_error()) is None:
         raise
     raise unbuilt from exc
+from .comm import Communicator, WorkerError, launch
+from .config import TrainConfig
+from .engine import TrainResult, fit, train
 from .models import CNN, MLP, LogisticRegression, Model, SoftmaxRegression, load_model
 from .optim import SGD
-from .training import train
 
-__all__ = ["CNN", "MLP", "LogisticRegression", "Model", "SoftmaxRegression", "SGD", "load_model",
-           "train", "build_info", "__version__"]
+__all__ = ["CNN", "Communicator", "MLP", "LogisticRegression", "Model", "SGD",
+           "SoftmaxRegression", "TrainConfig", "TrainResult", "WorkerError", "__version__",
+           "build_info", "fit", "launch", "load_model", "train"]
 
 
 def build_info() -> dict:

@@ -1,18 +1,20 @@
-"""The command line: ``python -m dptrain train ...``, ``python -m dptrain info`` and
-``python -m dptrain plot results/ --out figures/``."""
+"""The command line: ``python -m dptrain train ...`` (every option of ``dptrain.train``,
+built from ``dptrain.config.TrainConfig``), ``sweep``, ``study``, ``plot``, ``info``,
+``--version``."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
+from .config import DATASETS, MODELS, add_train_arguments, config_from_args, parse_hidden
+
 
 def _hidden(text: str) -> tuple[int, ...]:
     try:
-        sizes = tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--hidden is {text!r}, expected comma-separated "
-                                         f"widths such as 256,128") from None
+        sizes = parse_hidden(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"--hidden is {text!r}, expected positive widths")
     return sizes
@@ -28,41 +30,6 @@ def _pos_int(text: str) -> int:
     return v
 
 
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (v >= 0) or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return v
-
-
-def _fault(text: str | None):
-    if text is None:
-        return None
-    parts = text.split(":")
-    if len(parts) != 3 or parts[2] not in ("raise", "kill") or not all(
-            p.isdigit() for p in parts[:2]):
-        raise ValueError(f"--inject-fault is {text!r}, expected RANK:STEP:raise or "
-                         f"RANK:STEP:kill, e.g. 1:10:raise")
-    return int(parts[0]), int(parts[1]), parts[2]
-
-
-def _straggle(text: str | None):
-    if text is None:
-        return None
-    parts = text.split(":")
-    try:
-        rank, ms = int(parts[0]), float(parts[1])
-        if len(parts) != 2 or rank < 0 or not ms >= 0:
-            raise ValueError
-    except (ValueError, IndexError):
-        raise ValueError(f"--straggle is {text!r}, expected RANK:MS with MS >= 0, "
-                         f"e.g. 1:5") from None
-    return rank, ms
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m dptrain`` (subcommands train, sweep, study, info,
     plot)."""
@@ -74,95 +41,31 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     t = sub.add_parser("train", help="train a model and report where the time went",
-                       description="Train a model. With no data present, MNIST and CIFAR-10 "
-                                   "fall back to a clearly announced synthetic data set.")
-    t.add_argument("--model", choices=("logreg", "softmax", "mlp", "cnn"), default="mlp",
-                   help="mlp: dense layers (--hidden); cnn: two conv blocks and fc 128, "
-                        "reading each row as a 1x28x28 (MNIST) or 3xSxS image")
-    t.add_argument("--hidden", type=_hidden, default=(256, 128),
-                   help="MLP hidden widths, comma-separated (default 256,128)")
-    t.add_argument("--dataset", choices=("mnist", "cifar10", "synthetic"), default="mnist")
-    t.add_argument("--data-dir", default=None,
-                   help="directory with the MNIST IDX files (gzip or raw) or the CIFAR-10 "
-                        "batches (either format, or its .tar.gz); default: $DPTRAIN_DATA, "
-                        "then ~/.cache/dptrain/DATASET")
-    t.add_argument("--no-download", action="store_true",
-                   help="never try to download MNIST when it is not found")
-    t.add_argument("--n-samples", type=_pos_int, default=None,
-                   help="synthetic data set: training samples (default 100000)")
-    t.add_argument("--n-features", type=_pos_int, default=None,
-                   help="synthetic data set: features (default 20)")
-    t.add_argument("--upscale", type=int, choices=(1, 2, 4), default=1,
-                   help="MNIST up-scaling factor: 2 -> 56x56, 4 -> 112x112 inputs")
-    t.add_argument("--epochs", type=_pos_int, default=2)
-    t.add_argument("--batch-size", type=_pos_int, default=128)
-    t.add_argument("--lr", type=_nonneg_float, default=0.1)
-    t.add_argument("--momentum", type=_nonneg_float, default=0.9)
-    t.add_argument("--lr-schedule", choices=("constant", "cosine"), default="cosine",
-                   help="learning-rate schedule over the whole run (default cosine decay)")
-    t.add_argument("--nesterov", action="store_true")
-    t.add_argument("--weight-decay", type=_nonneg_float, default=0.0)
-    t.add_argument("--dampening", type=_nonneg_float, default=0.0)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--no-shuffle", action="store_true", help="fixed batch order")
-    t.add_argument("--limit", type=_pos_int, default=None,
-                   help="use only the first N training samples")
-    t.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    t.add_argument("--workers", type=_pos_int, default=1,
-                   help="data-parallel workers (default 1; under mpiexec: the MPI world size)")
-    t.add_argument("--backend", choices=("thread", "process", "mpi"), default=None,
-                   help="how workers run: threads of this process, processes sharing memory, "
-                        "or MPI ranks (launch with mpiexec -n N). Default: mpi when started by "
-                        "an MPI launcher with several ranks, else thread")
-    t.add_argument("--start-method", choices=("spawn", "fork", "forkserver"), default=None,
-                   help="process backend: how worker processes start (default: Python's)")
-    t.add_argument("--timeout", type=_nonneg_float, default=0.0,
-                   help="fail a collective that waits longer than this many seconds (0: never)")
-    t.add_argument("--allreduce", choices=("native", "ring", "tree", "ps"), default="native",
-                   help="gradient exchange: the transport's own (native), the ring or tree "
-                        "point-to-point schedule, or a parameter server (ps)")
-    t.add_argument("--bucket-kb", type=_nonneg_float, default=0.0,
-                   help="exchange the gradient in buckets of this many KiB, last layer first "
-                        "(default 0: one all-reduce of the whole flat gradient)")
-    t.add_argument("--overlap", action="store_true",
-                   help="start each bucket's all-reduce while backward is still running")
-    t.add_argument("--batch-per-worker", type=_pos_int, default=None, metavar="B",
-                   help="weak scaling: each worker's batch (the global batch is B x workers)")
-    t.add_argument("--scale-lr", action="store_true",
-                   help="multiply --lr by the number of workers (linear scaling rule)")
-    t.add_argument("--warmup-epochs", type=_nonneg_float, default=0.0,
-                   help="ramp the learning rate up linearly over this many epochs first")
-    t.add_argument("--deterministic", action="store_true",
-                   help="bitwise-identical weights for any number of workers up to 8")
-    t.add_argument("--checkpoint", default=None, help="checkpoint file to write (.npz)")
-    t.add_argument("--checkpoint-every", type=_pos_int, default=0, metavar="K",
-                   help="write the checkpoint every K steps")
-    t.add_argument("--resume", default=None, metavar="PATH",
-                   help="continue the run saved in this checkpoint")
-    t.add_argument("--inject-fault", default=None, metavar="RANK:STEP:raise|kill",
-                   help="make one worker fail at one step (to see how a failure is handled)")
-    t.add_argument("--straggle", default=None, metavar="RANK:MS",
-                   help="make one rank's compute MS milliseconds slower every step")
-    t.add_argument("--straggle-random", type=_nonneg_float, default=0.0, metavar="MS",
-                   help="add a random U(0, MS) ms delay to every rank's compute every step")
-    t.add_argument("--trace", default=None, metavar="FILE",
-                   help="write a Chrome trace of every step on every rank (open in Perfetto)")
-    t.add_argument("--steps-csv", default=None, metavar="FILE",
-                   help="write the per-step, per-rank phase table as CSV")
-    t.add_argument("--threads", type=_pos_int, default=1,
-                   help="threads the C kernels split each worker's batch over (default 1)")
-    t.add_argument("--out", default=None, help="write the JSON result here")
-    t.add_argument("--save-weights", default=None, help="save the trained model (.npz)")
-    t.add_argument("--quiet", action="store_true", help="print nothing but errors")
+                       description="Train a model on 1..N workers. With no data present, "
+                                   "MNIST and CIFAR-10 fall back to a clearly announced "
+                                   "synthetic data set. Your own data: --train-x X.npy "
+                                   "--train-y y.npy (memory-mapped) or --data file.npz.")
+    add_train_arguments(t)
+    d = t.add_argument_group("your own data")
+    d.add_argument("--data", default=None, metavar="FILE.npz",
+                   help="train on the arrays of this .npz (x_train, y_train and optionally "
+                        "x_test, y_test; or X, y)")
+    d.add_argument("--train-x", default=None, metavar="X.npy",
+                   help="training features (.npy, memory-mapped: may be larger than RAM)")
+    d.add_argument("--train-y", default=None, metavar="Y.npy", help="training labels (.npy)")
+    d.add_argument("--test-x", default=None, metavar="X.npy", help="held-out features (.npy)")
+    d.add_argument("--test-y", default=None, metavar="Y.npy", help="held-out labels (.npy)")
+    d.add_argument("--validation", type=float, default=None, metavar="FRACTION",
+                   help="hold out this fraction of the training data as the test set")
 
     w = sub.add_parser("sweep", help="time every (data-set size, worker count) and tabulate "
                                      "speedup, efficiency and where the time went",
                        description="A scaling sweep: each size with each worker count, "
                                    "repeated; writes sweep.json, runs.csv, summary.csv and "
                                    "traces/ into --out.")
-    w.add_argument("--model", choices=("logreg", "softmax", "mlp", "cnn"), default="mlp")
+    w.add_argument("--model", choices=MODELS, default="mlp")
     w.add_argument("--hidden", type=_hidden, default=(256, 128))
-    w.add_argument("--dataset", choices=("mnist", "cifar10", "synthetic"), default="mnist")
+    w.add_argument("--dataset", choices=DATASETS, default="mnist")
     w.add_argument("--data-dir", default=None)
     w.add_argument("--sizes", type=_pos_int, nargs="+", default=[5000, 10000, 20000, 40000],
                    help="training-set sizes (first N samples of MNIST, or N synthetic ones)")
@@ -247,7 +150,7 @@ def _main(argv=None) -> int:
             return 1
         return 0
     if args.command == "sweep":
-        from .sweep import sweep
+        from .measure.sweep import sweep
         try:
             sweep(args.model, args.dataset, sizes=args.sizes, workers=args.workers,
                   backend=args.backend, repeat=args.repeat, epochs=args.epochs,
@@ -261,28 +164,33 @@ def _main(argv=None) -> int:
             return 1
         return 0
     if args.command == "plot":
-        from .plots import main_plot
+        from .measure.plots import main_plot
         return main_plot(args)
-    from .training import train
+    return _train(args)
+
+
+def _train(args) -> int:
+    from . import data
+    from .engine import train
     try:
-        train(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
-              epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-              momentum=args.momentum, nesterov=args.nesterov, lr_schedule=args.lr_schedule,
-              weight_decay=args.weight_decay, dampening=args.dampening, seed=args.seed,
-              shuffle=not args.no_shuffle, limit=args.limit, dtype=args.dtype,
-              hidden=args.hidden, workers=args.workers, backend=args.backend,
-              start_method=args.start_method, timeout=args.timeout,
-              threads=args.threads, n_samples=args.n_samples,
-              n_features=args.n_features, upscale=args.upscale, out=args.out,
-              save_weights=args.save_weights, quiet=args.quiet,
-              allow_download=not args.no_download, deterministic=args.deterministic,
-              checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-              resume=args.resume, batch_per_worker=args.batch_per_worker,
-              scale_lr=args.scale_lr, warmup_epochs=args.warmup_epochs,
-              allreduce=args.allreduce, bucket_kb=args.bucket_kb, overlap=args.overlap,
-              fault=_fault(args.inject_fault), trace=args.trace,
-              straggle=_straggle(args.straggle), straggle_random_ms=args.straggle_random,
-              steps_csv=args.steps_csv)
+        cfg = config_from_args(args)
+        given = {k: getattr(args, k) for k in ("data", "train_x", "train_y", "test_x", "test_y")}
+        arrays = {}
+        if given["data"] or given["train_x"] or given["train_y"]:
+            if given["data"] and (given["train_x"] or given["train_y"]):
+                raise ValueError("give either --data or --train-x/--train-y, not both")
+            if given["data"]:
+                ds = data.from_npz(given["data"], dtype=cfg.dtype, seed=cfg.seed,
+                                   validation=args.validation)
+            else:
+                if not (given["train_x"] and given["train_y"]):
+                    raise ValueError("--train-x and --train-y go together")
+                ds = data.from_npy(given["train_x"], given["train_y"], x_test=given["test_x"],
+                                   y_test=given["test_y"], dtype=cfg.dtype, seed=cfg.seed,
+                                   validation=args.validation)
+            arrays["dataset"] = ds
+        options = {k: v for k, v in vars(cfg).items() if k not in ("model", "dataset")}
+        train(cfg.model, arrays.get("dataset", cfg.dataset), **options)
     except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
         print(f"dptrain: error: {exc}", file=sys.stderr)
         return 1

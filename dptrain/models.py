@@ -29,7 +29,7 @@ import numpy as np
 from . import _core, reference
 
 __all__ = ["Model", "LogisticRegression", "SoftmaxRegression", "MLP", "CNN", "load_model",
-           "build_model", "image_shape", "model_sizes", "model_n_params"]
+           "build_model", "image_shape", "model_from_spec", "model_sizes", "model_n_params"]
 
 _DTYPES = {"float32": np.float32, "float64": np.float64}
 SAVE_FORMAT = 1
@@ -143,6 +143,17 @@ class Model:
         """
         return self._net.loss_grad(x, y, grad_scale, grads)
 
+    def forward_loss(self, x: np.ndarray, y: np.ndarray, grad_scale: float | None = None):
+        """The first half of loss_grad: forward and loss; returns (loss_sum, n_correct).
+        Then ``backward_layer(L - 1)``, ..., ``backward_layer(0)`` finish the backward sweep,
+        each layer's gradient final when it returns (to exchange it while the next layers are
+        computed). The sweep belongs to the calling thread until it ends."""
+        return self._net.forward_loss(x, y, grad_scale)
+
+    def backward_layer(self, layer: int, grads: np.ndarray | None = None) -> None:
+        """One step of the backward sweep started by ``forward_loss``, last layer first."""
+        self._net.backward_layer(layer, grads)
+
     def forward_backward(self, x: np.ndarray, y: np.ndarray) -> float:
         """zero_grad, then the mean loss's gradient into grads; returns the mean loss."""
         self.zero_grad()
@@ -172,6 +183,11 @@ class Model:
         return loss_sum / len(x), correct / len(x)
 
     # ---- persistence (.npz, no pickle)
+    def spec(self) -> dict:
+        """``config()`` and the flat buffers' length: what a worker rebuilds the model from
+        (``model_from_spec``)."""
+        return {**self.config(), "n_params": self.n_params}
+
     def config(self) -> dict:
         """The architecture as plain values (what ``save`` writes and ``load_model`` reads)."""
         return {"kind": self.kind, "sizes": list(self.sizes), "loss": self.loss,
@@ -422,27 +438,35 @@ def _read_config(path, f) -> dict:
     return cfg
 
 
+def model_from_spec(spec: dict, *, threads: int = 1, params=None, grads=None,
+                    velocity=None) -> Model:
+    """The model a spec describes (``Model.spec()`` / ``Model.config()``: its class, sizes,
+    loss, dtype, seed, and the CNN's shape), on the given flat buffers (e.g. a worker's, in
+    shared memory) or new ones. Given params are used as they are (not initialized)."""
+    cls = {"logreg": LogisticRegression, "softmax": SoftmaxRegression, "mlp": MLP,
+           "cnn": CNN}.get(spec["kind"])
+    sizes = spec["sizes"]
+    kw = dict(seed=spec["seed"], dtype=spec["dtype"], threads=threads, params=params,
+              grads=grads, velocity=velocity)
+    if cls is CNN:
+        return CNN(spec["input_shape"], sizes[-1], channels=spec["channels"],
+                   hidden=spec["hidden"], kernel=spec["kernel"], padding=spec["padding"], **kw)
+    if cls is LogisticRegression:
+        return cls(sizes[0], **kw)
+    if cls is SoftmaxRegression:
+        return cls(sizes[0], sizes[1], **kw)
+    if cls is MLP:
+        return cls(sizes, **kw)
+    return Model(sizes, spec["loss"], **kw)
+
+
 def load_model(path, *, threads: int = 1) -> Model:
     """Rebuilds a model saved with ``Model.save`` (its class, sizes, dtype, params, velocity)."""
     with _open_model_file(path) as f:
         cfg = _read_config(path, f)
-    cls = {"logreg": LogisticRegression, "softmax": SoftmaxRegression, "mlp": MLP,
-           "cnn": CNN}.get(cfg["kind"])
-    sizes = cfg["sizes"]
-    kw = dict(seed=cfg["seed"], dtype=cfg["dtype"], threads=threads)
-    if cls is CNN:
-        try:
-            model = CNN(cfg["input_shape"], sizes[-1], channels=cfg["channels"],
-                        hidden=cfg["hidden"], kernel=cfg["kernel"], padding=cfg["padding"], **kw)
-        except KeyError as exc:
-            raise ValueError(f"{path}: the CNN configuration lacks {exc}") from exc
-    elif cls is LogisticRegression:
-        model = cls(sizes[0], **kw)
-    elif cls is SoftmaxRegression:
-        model = cls(sizes[0], sizes[1], **kw)
-    elif cls is MLP:
-        model = cls(sizes, **kw)
-    else:
-        model = Model(sizes, cfg["loss"], **kw)
+    try:
+        model = model_from_spec(cfg, threads=threads)
+    except KeyError as exc:
+        raise ValueError(f"{path}: the {cfg['kind']} configuration lacks {exc}") from exc
     model.load_state(path)
     return model

@@ -1,9 +1,11 @@
-"""Which samples each step uses: seeded epoch permutations and batch boundaries.
+"""Which samples each step uses: seeded epoch permutations, batch boundaries, and each
+worker's share of a batch.
 
 These are the semantics of a distributed sampler, kept in one place so that sequential and
 data-parallel training draw exactly the same global batches: epoch e of a run with seed s
 visits ``epoch_order(n, e, s)`` in consecutive batches of ``batch_size`` (the last one may
-be smaller; it is kept, not dropped or padded).
+be smaller; it is kept, not dropped or padded), and worker r of N takes
+``shard(start, stop, r, N)`` of each.
 """
 from __future__ import annotations
 
@@ -29,3 +31,12 @@ def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
 def steps_per_epoch(n: int, batch_size: int) -> int:
     """Batches per epoch: ceil(n / batch_size) (the last batch is kept, not dropped)."""
     return -(-n // batch_size)
+
+
+def shard(start: int, stop: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank's contiguous share of positions [start, stop) of an epoch order (sizes differ by
+    at most one; no padding, no duplicates)."""
+    n = stop - start
+    q, r = divmod(n, world)
+    lo = start + rank * q + min(rank, r)
+    return lo, lo + q + (1 if rank < r else 0)

@@ -67,7 +67,7 @@ import numpy as np
 from IPython.display import display
 %matplotlib inline
 import dptrain
-from dptrain import plots
+from dptrain.measure import plots
 print("dptrain", dptrain.__version__, dptrain.build_info()["simd"], "cores:", os.cpu_count())'''
 
 
@@ -119,7 +119,7 @@ SCALING = [
     "contention ceiling (what the machine allows without any communication).",
     INSTALL,
     SETUP,
-    '''from dptrain.sweep import sweep, format_summary
+    '''from dptrain.measure.sweep import sweep, format_summary
 sizes = (2000, 4000) if QUICK else (5000, 10000, 20000, 40000)
 workers = (1, 2) if QUICK else (1, 2, 4)
 res = sweep("mlp", "mnist", sizes=sizes, workers=workers, backend="process",
@@ -137,7 +137,7 @@ display(plots.plot_baseline_vs_distributed(res))''',
     "cores the sweep has one worker count above 1, so the latency alpha of shared memory is "
     "taken from its preset and only the bandwidth is fitted. Validation: fit without the "
     "largest size, predict it.",
-    '''from dptrain import perfmodel as pm
+    '''from dptrain.measure import perfmodel as pm
 alpha = pm.NETWORKS["shared memory"].alpha
 model = pm.fit(res["runs"], alpha=alpha)
 analysis = pm.analyze(res["runs"], alpha=alpha)

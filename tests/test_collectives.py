@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpi4py or mpiexec not i
 SCRIPT = textwrap.dedent("""
     import numpy as np
     from mpi4py import MPI
-    from dptrain.collectives import ring_allreduce, tree_allreduce
+    from dptrain.comm.algorithms import ring_allreduce, tree_allreduce
     comm = MPI.COMM_WORLD
     r = comm.Get_rank()
     for n in (1, 2, 5, 7, 1000, 4099):

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import dptrain
-from dptrain import parallel
+from dptrain import comm as parallel
+from dptrain import sampler
 
 SMALL = dict(model="mlp", hidden=(16,), dataset="synthetic", n_samples=1030, n_features=12,
              epochs=2, batch_size=100, lr=0.05, momentum=0.9, lr_schedule="cosine", quiet=True)
@@ -107,7 +108,7 @@ def test_oversubscription_warns():
 def test_shard_covers_each_batch_exactly_once():
     for start, stop in [(0, 100), (100, 130), (7, 8)]:
         for world in (1, 2, 3, 4, 8):
-            parts = [parallel.shard(start, stop, r, world) for r in range(world)]
+            parts = [sampler.shard(start, stop, r, world) for r in range(world)]
             assert parts[0][0] == start and parts[-1][1] == stop
             assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
             sizes = [hi - lo for lo, hi in parts]
@@ -296,7 +297,7 @@ def test_every_mpi_algorithm_equals_one_worker(sequential, algorithm, ranks, tmp
 
 # ------------------------------------------------------------------ buckets
 def test_buckets_cover_the_gradient_last_layer_first():
-    from dptrain.training import gradient_buckets
+    from dptrain.engine import gradient_buckets
     assert gradient_buckets(10, 4, 0) == [(0, 10)]
     b = gradient_buckets(1000, 4, 1.0)                 # 256 floats per bucket
     assert b[0] == (744, 1000) and b[-1] == (0, 232)
@@ -344,9 +345,9 @@ def test_mpi_workers_must_match_the_world_size():
 
 
 # ------------------------------------------------------------------ MPI launch detection
-@pytest.mark.parametrize("var", [v for v, _ in parallel.MPI_LAUNCH_VARIABLES])
+@pytest.mark.parametrize("var", [v for v, _ in parallel.mpi.MPI_LAUNCH_VARIABLES])
 def test_backend_follows_the_mpi_launcher(monkeypatch, var):
-    for v, _ in parallel.MPI_LAUNCH_VARIABLES:
+    for v, _ in parallel.mpi.MPI_LAUNCH_VARIABLES:
         monkeypatch.delenv(v, raising=False)
     assert parallel.resolve_backend(None) == ("thread", None)
     monkeypatch.setenv(var, "1")                        # one rank: nothing to coordinate

@@ -1,4 +1,4 @@
-"""The performance model (dptrain.perfmodel): cost formulas at hand-checked values, the fit
+"""The performance model (dptrain.measure.perfmodel): cost formulas at hand-checked values, the fit
 recovering known parameters from synthetic sweeps, validation, projection, break-even, and
 clear errors on bad input.
 
@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from dptrain import perfmodel as pm
+from dptrain.measure import perfmodel as pm
 
 M = 940584.0          # the MNIST MLP's gradient, bytes
 

@@ -1,4 +1,4 @@
-"""The figures (dptrain.plots): every figure type from realistic fake sweep data, the data
+"""The figures (dptrain.measure.plots): every figure type from realistic fake sweep data, the data
 behind each figure checked against its input, graceful degradation, and clear errors."""
 import copy
 import json
@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from dptrain import plots  # noqa: E402
-from dptrain.plots import PHASES  # noqa: E402
+from dptrain.measure import plots  # noqa: E402
+from dptrain.measure.plots import PHASES  # noqa: E402
 
 MACHINE = {"cores": 2, "simd": "avx2", "cpu": "AMD EPYC 7B13"}
 
@@ -52,7 +52,7 @@ def _stat(values):
 
 
 def _summarize(runs):
-    """SUMMARY rows as dptrain.sweep defines them: medians and min/max over repeats, speedup
+    """SUMMARY rows as dptrain.measure.sweep defines them: medians and min/max over repeats, speedup
     against the 1-worker median of the same size."""
     dims = ("model", "dataset", "backend", "allreduce", "n_samples", "workers")
     configs = {}
@@ -827,8 +827,8 @@ def test_matplotlib_missing_gives_the_install_hint(monkeypatch, sweep):
 def test_importing_dptrain_plots_does_not_import_matplotlib():
     import subprocess
     import sys
-    src = str(Path(plots.__file__).resolve().parents[1])
-    r = subprocess.run([sys.executable, "-c", "import sys, dptrain.plots; "
+    src = str(Path(plots.__file__).resolve().parents[2])
+    r = subprocess.run([sys.executable, "-c", "import sys, dptrain.measure.plots; "
                         "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))"],
                        capture_output=True, text=True, env={"PYTHONPATH": src, "PATH": ""},
                        timeout=60, cwd=src)     # not a checkout whose dptrain is unbuilt
@@ -879,7 +879,7 @@ def test_plot_cli_fits_the_model_of_a_real_sweep(tmp_path):
     alpha, and its two figures and model.json are written."""
     pytest.importorskip("matplotlib")
     from dptrain.cli import main
-    from dptrain.sweep import sweep
+    from dptrain.measure.sweep import sweep
     sweep("softmax", "synthetic", sizes=(400, 800), workers=(2,), backend="thread", repeat=1,
           batch_size=50, out=tmp_path / "sw", quiet=True)
     assert main(["plot", str(tmp_path / "sw"), "--out", str(tmp_path / "fig"),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import dptrain
-from dptrain import timing
+from dptrain.measure import timing
 
 SMALL = dict(model="mlp", hidden=(32,), dataset="synthetic", n_samples=2000, n_features=16,
              epochs=2, batch_size=100, lr=0.05, quiet=True)
@@ -65,7 +65,7 @@ def test_random_stragglers_are_seeded_and_validated():
 
 @pytest.mark.parametrize("algorithm", ["native", "ring", "tree", "ps"])
 def test_collective_calls_and_bytes_follow_the_schedule(algorithm):
-    from dptrain.collectives import bytes_sent
+    from dptrain.comm.algorithms import bytes_sent
     workers = 2
     r = _train(workers=workers, backend="thread", allreduce=algorithm, epochs=1)
     b, steps = r["breakdown"], r["steps"]
@@ -86,7 +86,7 @@ def test_collective_calls_and_bytes_follow_the_schedule(algorithm):
 
 
 def test_bytes_sent_by_schedule():
-    from dptrain.collectives import bytes_sent
+    from dptrain.comm.algorithms import bytes_sent
     assert bytes_sent("ring", 1, 1000) == 0
     assert bytes_sent("ring", 4, 1000) == 1500
     assert bytes_sent("tree", 4, 1000) == 2000

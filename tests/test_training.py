@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import dptrain
-from dptrain import optim, reference, timing
+from dptrain import optim, reference
+from dptrain.measure import timing
 from dptrain.models import MLP, LogisticRegression, SoftmaxRegression, load_model
 
 MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"

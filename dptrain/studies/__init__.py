@@ -27,7 +27,7 @@ import json
 import os
 from pathlib import Path
 
-from . import sweep as sweep_mod
+from ..measure import sweep as sweep_mod
 
 STUDIES = ("mnist-mlp", "cifar10-cnn", "logreg-1m", "mnist-softmax-scaled")
 
@@ -86,7 +86,7 @@ def _machine_md() -> str:
 
 
 def _save(fig, out: Path, name: str) -> str:
-    from .plots import save_figure
+    from ..measure.plots import save_figure
     import matplotlib.pyplot as plt
     save_figure(fig, out / f"{name}.png")
     plt.close(fig)
@@ -117,7 +117,7 @@ def _write(out: Path, name: str, title: str, sections: list[str], quick: bool) -
 
 # ------------------------------------------------------------------ 1. mnist-mlp
 def _mnist_mlp(out: Path, quick: bool, say) -> dict:
-    from . import plots
+    from ..measure import plots
     sizes = (1000, 2000) if quick else (5000, 10000, 20000, 40000)
     workers = (1, 2) if quick else (1, 2, 4)
     res = sweep_mod.sweep("mlp", "mnist", sizes=sizes, workers=workers, backend="process",
@@ -159,7 +159,7 @@ def _mnist_mlp(out: Path, quick: bool, say) -> dict:
 
 # ------------------------------------------------------------------ 2. cifar10-cnn
 def _cifar10_cnn(out: Path, quick: bool, say) -> dict:
-    from . import plots
+    from ..measure import plots
     limit = 512 if quick else None
     workers = (1, 2) if quick else (1, 2, 4)
     n = limit or 50000
@@ -203,7 +203,7 @@ def _cifar10_cnn(out: Path, quick: bool, say) -> dict:
 
 # ------------------------------------------------------------------ 3. logreg-1m
 def _logreg_1m(out: Path, quick: bool, say) -> dict:
-    from . import plots
+    from ..measure import plots
     n = 50_000 if quick else 1_000_000
     workers = (1, 2) if quick else (1, 2, 4)
     res = sweep_mod.sweep("logreg", "synthetic", sizes=(n,), workers=workers,
@@ -247,7 +247,7 @@ def _logreg_1m(out: Path, quick: bool, say) -> dict:
 # ------------------------------------------------------------------ 4. mnist-softmax-scaled
 def _softmax_scaled(out: Path, quick: bool, say) -> dict:
     import matplotlib.pyplot as plt
-    from .training import train
+    from ..engine import train
     ups = (1, 2) if quick else (1, 2, 4)
     limit = 1000 if quick else 60000
     epochs = 3 if quick else 100

@@ -45,7 +45,7 @@ TRACE_STEPS = 30
 
 def machine_info() -> dict:
     """What the sweep ran on: cores, CPU model, the C core's SIMD level, Python, platform."""
-    from . import build_info
+    from .. import build_info
     info = build_info()
     cpu = platform.processor() or platform.machine()
     try:
@@ -162,7 +162,7 @@ def sweep(model: str = "mlp", dataset: str = "mnist", *, sizes=(5000, 10000, 200
     unchanged. The config's "dataset" is the data set the runs really used, e.g.
     "synthetic-mnist" when MNIST was not found ("requested_dataset" keeps the name asked for).
     """
-    from .training import train
+    from ..engine import train
     if backend not in ("thread", "process"):
         raise ValueError(f"backend is {backend!r}: a sweep starts its own workers with "
                          f"'thread' or 'process' (under MPI, run one mpiexec per worker count)")

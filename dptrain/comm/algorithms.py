@@ -1,4 +1,10 @@
-"""All-reduce algorithms over point-to-point messages (MPI), for comparing with MPI_Allreduce.
+"""The exchange algorithms: their names, the bytes each one sends, and the point-to-point
+all-reduce schedules over MPI messages (for comparing with MPI_Allreduce).
+
+``ALGORITHMS`` is the one list of the gradient exchanges a run can ask for: 'native' (the
+transport's own all-reduce), 'ring' and 'tree' (the schedules below, also run over shared
+memory by the C core, csrc/dp_sync.c) and 'ps' (a parameter server: a reduce to rank 0, the
+update there, a broadcast; an exchange of the training engine, dptrain.engine.exchange).
 
 Each function sums a flat NumPy buffer in place over all ranks of an mpi4py communicator,
 with buffer-based ``Sendrecv`` on contiguous views (never pickled objects):
@@ -12,8 +18,6 @@ with buffer-based ``Sendrecv`` on contiguous views (never pickled objects):
 Every rank ends with bitwise the same values: a ring chunk is summed along one chain and then
 copied, and a doubling round computes x + y on one side and y + x on the other (addition is
 commutative, only its association varies, and both partners associate alike).
-The parameter-server scheme is not an all-reduce (the update happens on rank 0 alone) and
-lives in the training loop (dptrain.training, ``allreduce="ps"``).
 """
 from __future__ import annotations
 

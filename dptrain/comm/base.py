@@ -1,0 +1,208 @@
+"""The communicator: what a worker sees of the others, the same on every transport.
+
+A worker's ``Communicator`` has a ``rank`` and the group's ``size``, allocates the flat arrays
+that it exchanges (``zeros``, ``shared_zeros``: collective, so every rank calls them in the
+same order), and runs the collectives on flat NumPy arrays, in place:
+
+- ``allreduce_sum_(a, scale=1, start=0, stop=None)`` / ``allreduce_mean_(a)``;
+- ``allreduce_async_(a, start, stop)`` + ``wait_(handles)`` (overlap with compute);
+- ``reduce_sum_(a, root)``: every rank's ``a`` summed for root (a parameter server);
+- ``sum_into_(out, arrays, scale)``: shared arrays summed in index order (a fixed order that
+  does not depend on which rank wrote which array: deterministic mode);
+- ``broadcast_(a, root)``, ``barrier()``, ``abort(code)``.
+
+Any array works; arrays from ``zeros`` are reduced where they lie (shared memory: no copy),
+others go through a staging copy. Nothing is pickled on the hot path. The transports are in
+``local`` (one worker), ``shm`` (threads or processes sharing memory) and ``mpi`` (MPI ranks);
+``launch`` starts workers on any of them.
+
+A communicator also counts what its collectives cost this worker (``waited``: seconds spent
+at a collective's entry waiting for the slowest worker, ``calls``, ``bytes_sent`` by the
+schedule's volume), which the training loop's step timer reads.
+"""
+from __future__ import annotations
+
+import abc
+import traceback
+
+import numpy as np
+
+from .algorithms import bytes_sent as _schedule_bytes
+
+ALIGN = 64                 # bytes: arrays start on a cache line (no false sharing, aligned SIMD)
+BACKENDS = ("thread", "process", "mpi")   # the transports of more than one worker
+
+
+class WorkerError(RuntimeError):
+    """A worker failed; ``rank`` names it and ``cause`` says why."""
+
+    def __init__(self, rank: int, cause: str):
+        super().__init__(f"worker rank {rank} failed: {cause}")
+        self.rank = rank
+        self.cause = cause
+
+
+def describe(exc: BaseException) -> str:
+    """One line: the exception, its message and where it was raised."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def aligned_zeros(length: int, dtype) -> np.ndarray:
+    """A zeroed flat array in process memory, starting on a 64-byte boundary."""
+    dt = np.dtype(dtype)
+    raw = np.zeros(length * dt.itemsize + ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % ALIGN
+    return raw[off:off + length * dt.itemsize].view(dt)
+
+
+def check_flat(array, what: str = "array") -> np.ndarray:
+    """array, if it is a writeable C-contiguous 1-D float ndarray (what the collectives
+    reduce in place); else a ValueError/TypeError naming what is wrong."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray, got {type(array).__name__}")
+    if array.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{what} has dtype {array.dtype}, expected float32 or float64")
+    if array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
+        raise ValueError(f"{what} must be a writeable, C-contiguous 1-D array (got shape "
+                         f"{array.shape}); reshape(-1) a contiguous array, outside the loop")
+    return array
+
+
+class Communicator(abc.ABC):
+    """The interface every transport implements (see the module docstring)."""
+
+    rank = 0
+    size = 1
+    backend = "sequential"
+    # what this worker's collectives cost it so far (read by the training loop's step timer)
+    waited = 0.0
+    calls = 0
+    bytes_sent = 0
+    # rank 0's progress, [steps done, steps in all], which the launching process reads to
+    # draw a live bar (shared memory where the workers are processes)
+    progress: np.ndarray
+
+    # ---- memory (collective: every rank calls these in the same order, same arguments)
+    @abc.abstractmethod
+    def zeros(self, length: int, dtype="float32", *, algorithm: str = "native") -> np.ndarray:
+        """A new zeroed flat array of this rank, placed where this transport reduces it in
+        place; ``algorithm`` ('native', 'ring' or 'tree') is the schedule of its all-reduce."""
+
+    @abc.abstractmethod
+    def shared_zeros(self, count: int, length: int, dtype="float32") -> list:
+        """``count`` zeroed flat arrays for ``sum_into_``: on shared memory every rank sees the
+        same arrays; under MPI each rank holds its own copies, and ``sum_into_`` gathers them
+        (rank r fills arrays [r count / size, (r + 1) count / size))."""
+
+    # ---- collectives
+    @abc.abstractmethod
+    def allreduce_sum_(self, array: np.ndarray, *, scale: float = 1.0, start: int = 0,
+                       stop: int | None = None) -> None:
+        """In place on every rank: array[start:stop] = scale * its sum over the ranks."""
+
+    def allreduce_mean_(self, array: np.ndarray) -> None:
+        """In place on every rank: array = its mean over the ranks."""
+        self.allreduce_sum_(array, scale=1.0 / self.size)
+
+    def allreduce_async_(self, array: np.ndarray, start: int = 0, stop: int | None = None):
+        """Starts allreduce_sum_(array, start=start, stop=stop) and returns a handle for
+        ``wait_``; every rank must start the same ranges in the same order."""
+        self.allreduce_sum_(array, start=start, stop=stop)
+        return None
+
+    def wait_(self, handles) -> None:
+        """Waits for handles of allreduce_async_ (re-raising a failure of any of them)."""
+
+    @abc.abstractmethod
+    def reduce_sum_(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+        """The sum over the ranks of ``array`` (from ``zeros``) for root: returns the array
+        that holds it on root (on shared memory a shared array, readable by every rank)."""
+
+    @abc.abstractmethod
+    def sum_into_(self, out: np.ndarray, arrays: list, *, scale: float = 1.0) -> None:
+        """out = scale * (arrays[0] + arrays[1] + ...), summed in index order, for every rank
+        (``out`` and ``arrays`` from ``shared_zeros``)."""
+
+    @abc.abstractmethod
+    def broadcast_(self, array: np.ndarray, root: int = 0) -> None:
+        """Every rank's array becomes root's."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Returns when every worker has called it."""
+
+    @abc.abstractmethod
+    def abort(self, code: int = 1) -> None:
+        """Makes every worker's current and next collective fail (one failed worker stops
+        all)."""
+
+    def close(self) -> None:
+        """Releases what the communicator started (e.g. its communication thread)."""
+
+    # ---- accounting
+    def _account(self, kind: str, nbytes: int, algorithm: str = "native", root: int = 0,
+                 waited: float = 0.0) -> None:
+        """Counts one collective of `kind` on nbytes per rank (bytes: algorithms.bytes_sent)."""
+        self.calls += 1
+        self.waited += waited
+        if self.size == 1:
+            return
+        key = (kind, nbytes, algorithm, root)
+        cache = self.__dict__.setdefault("_bytes_cache", {})
+        sent = cache.get(key)
+        if sent is None:                     # once per distinct collective: a dict hit after
+            schedule = algorithm if kind == "allreduce" else kind
+            sent = cache[key] = _schedule_bytes(schedule, self.size, nbytes, self.rank, root)
+        self.bytes_sent += sent
+
+
+def range_bytes(array: np.ndarray, start: int, stop: int | None) -> int:
+    """Bytes of array[start:stop]."""
+    return len(range(*slice(start, stop).indices(array.size))) * array.itemsize
+
+
+class LocalComm(Communicator):
+    """A single worker: arrays live in process memory and collectives do nothing (but scale)."""
+
+    def __init__(self):
+        self.progress = np.zeros(2)
+
+    def zeros(self, length, dtype="float32", *, algorithm="native"):
+        _check_algorithm(algorithm)
+        return aligned_zeros(int(length), dtype)
+
+    def shared_zeros(self, count, length, dtype="float32"):
+        return [aligned_zeros(int(length), dtype) for _ in range(int(count))]
+
+    def allreduce_sum_(self, array, *, scale=1.0, start=0, stop=None):
+        if scale != 1.0:
+            array[start:stop] *= scale
+        self._account("allreduce", range_bytes(array, start, stop))
+
+    def reduce_sum_(self, array, root=0):
+        self._account("reduce", array.nbytes, root=root)
+        return array
+
+    def sum_into_(self, out, arrays, *, scale=1.0):
+        from .. import _core
+        _core.sum_buffers(out, arrays, scale=scale)
+        self._account("allreduce", out.nbytes)
+
+    def broadcast_(self, array, root=0):
+        self._account("broadcast", array.nbytes, root=root)
+
+    def barrier(self):
+        self._account("barrier", 0)
+
+    def abort(self, code=1):
+        pass
+
+
+SCHEDULES = ("native", "ring", "tree")      # the all-reduce schedules of an array
+
+
+def _check_algorithm(algorithm: str) -> None:
+    if algorithm not in SCHEDULES:
+        raise ValueError(f"algorithm is {algorithm!r}, expected one of {SCHEDULES}")

@@ -1,0 +1,177 @@
+"""MPI ranks through mpi4py: buffer collectives on NumPy arrays, never pickled objects.
+
+``mpiexec -n N python -m dptrain train`` (or any script calling ``dptrain.launch``) starts N
+ranks; each gets an ``MPIComm``. The all-reduce is ``Allreduce(IN_PLACE)`` on the flat array,
+or the ring / tree schedule of ``algorithms`` for arrays allocated with that algorithm.
+
+Also here: reading from the environment whether this process was started by an MPI launcher
+(without importing mpi4py), and picking the backend from it (``resolve_backend``).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .base import BACKENDS, Communicator, _check_algorithm, aligned_zeros, range_bytes
+
+# Launchers and the variable each sets to the world size in every process it starts.
+MPI_LAUNCH_VARIABLES = (
+    ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpiexec"),
+    ("PMI_SIZE", "an MPICH/Hydra or Intel MPI mpiexec"),
+    ("PMIX_SIZE", "a PMIx launcher"),
+    ("MV2_COMM_WORLD_SIZE", "MVAPICH's mpiexec"),
+    ("SLURM_STEP_NUM_TASKS", "Slurm's srun"),
+)
+
+
+def mpi_launch() -> tuple[str, int] | None:
+    """(which launcher, world size) when this process was started by an MPI launcher, read
+    from the environment without importing mpi4py (or starting MPI); None otherwise.
+    Slurm is read from srun's step variable: an sbatch script itself is not an MPI rank."""
+    for var, launcher in MPI_LAUNCH_VARIABLES:
+        value = os.environ.get(var, "")
+        if value.strip().isdigit():
+            return f"{launcher} ({var}={value})", int(value)
+    return None
+
+
+def mpi_world_size() -> int | None:
+    """The world size when this process was started by an MPI launcher, else None."""
+    launch = mpi_launch()
+    return launch[1] if launch else None
+
+
+def resolve_backend(backend: str | None) -> tuple[str, str | None]:
+    """The backend to run (and a note saying why, or None): backend=None picks 'mpi' when
+    this process is one of several ranks started by an MPI launcher, else 'thread'. An
+    explicit 'thread' or 'process' under such a launcher is refused: every rank would run
+    its own copy of the whole training."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend is {backend!r}, expected one of {BACKENDS} (or None: "
+                         f"MPI when started by an MPI launcher, else thread)")
+    launch = mpi_launch()
+    if launch is None or launch[1] <= 1 or backend == "mpi":
+        return backend or "thread", None
+    where, size = launch
+    if backend is None:
+        return "mpi", (f"started by {where} as one of {size} ranks: using the MPI backend "
+                       f"(--backend mpi)")
+    raise ValueError(f"this process was started by {where} as one of {size} ranks, but "
+                     f"backend={backend!r} would make each rank run its own, separate "
+                     f"training: use --backend mpi (backend='mpi'), or start one process "
+                     f"without the MPI launcher")
+
+
+def world():
+    """mpi4py's COMM_WORLD, or a RuntimeError that says what to install."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise RuntimeError("backend 'mpi' needs mpi4py and an MPI library: "
+                           "pip install 'dptrain[mpi]'") from exc
+    return MPI.COMM_WORLD
+
+
+class MPIComm(Communicator):
+    """An MPI rank: buffer collectives on NumPy arrays through mpi4py (never pickled)."""
+
+    backend = "mpi"
+
+    def __init__(self, comm=None, measure_wait: bool = True):
+        """measure_wait: enter each collective through MPI_Barrier and count the time spent
+        in it as synchronization wait (MPI reports no arrival times; the barrier costs a few
+        microseconds per collective on one machine). False: the wait stays inside the
+        collective's time."""
+        from mpi4py import MPI
+        from . import algorithms
+        self._schedules = {"ring": algorithms.ring_allreduce, "tree": algorithms.tree_allreduce}
+        self._MPI = MPI
+        self._comm = comm if comm is not None else MPI.COMM_WORLD
+        self._measure_wait = measure_wait
+        self.rank = self._comm.Get_rank()
+        self.size = self._comm.Get_size()
+        self.progress = np.zeros(2)
+        self._algorithm: dict[int, tuple[str, np.ndarray]] = {}   # id(array) -> schedule
+        self._shared: dict[int, np.ndarray] = {}     # id(arrays[0]) -> their flat buffer
+
+    def zeros(self, length, dtype="float32", *, algorithm="native"):
+        _check_algorithm(algorithm)
+        a = aligned_zeros(int(length), dtype)
+        if algorithm != "native":
+            self._algorithm[id(a)] = (algorithm, a)
+        return a
+
+    def shared_zeros(self, count, length, dtype="float32"):
+        count, length = int(count), int(length)
+        if count > 1 and count % self.size:
+            raise ValueError(f"{count} shared arrays cannot be split evenly over {self.size} "
+                             f"MPI ranks (use a world size that divides {count})")
+        flat = aligned_zeros(count * length, dtype)
+        arrays = [flat[i * length:(i + 1) * length] for i in range(count)]
+        self._shared[id(arrays[0])] = flat
+        return arrays
+
+    def _entry_wait(self) -> float:
+        if not self._measure_wait or self.size == 1:
+            return 0.0
+        t0 = time.perf_counter()
+        self._comm.Barrier()
+        return time.perf_counter() - t0
+
+    def allreduce_sum_(self, array, *, scale=1.0, start=0, stop=None):
+        schedule = self._algorithm.get(id(array), ("native", None))[0]
+        self._account("allreduce", range_bytes(array, start, stop), schedule,
+                      waited=self._entry_wait())
+        buf = array[start:stop]
+        if schedule in self._schedules:
+            self._schedules[schedule](self._comm, buf)
+        else:
+            self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
+        if scale != 1.0:
+            buf *= scale
+
+    def allreduce_async_(self, array, start=0, stop=None):
+        if id(array) in self._algorithm:
+            raise ValueError("overlap needs a non-blocking all-reduce: use allreduce='native' "
+                             "with the mpi backend")
+        self._account("allreduce", range_bytes(array, start, stop))
+        return self._comm.Iallreduce(self._MPI.IN_PLACE, array[start:stop], op=self._MPI.SUM)
+
+    def wait_(self, handles):
+        reqs = [h for h in handles if h is not None]
+        if reqs:
+            self._MPI.Request.Waitall(reqs)
+
+    def reduce_sum_(self, array, root=0):
+        """The sum of every rank's array, in root's own array (MPI_Reduce in place)."""
+        self._account("reduce", array.nbytes, root=root, waited=self._entry_wait())
+        if self.rank == root:
+            self._comm.Reduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM, root=root)
+        else:
+            self._comm.Reduce(array, None, op=self._MPI.SUM, root=root)
+        return array
+
+    def sum_into_(self, out, arrays, *, scale=1.0):
+        """Rank r filled arrays [r k / size, (r + 1) k / size): gather them all (exact copies,
+        no arithmetic), then every rank sums them in index order."""
+        from .. import _core
+        flat = self._shared.get(id(arrays[0]))
+        if flat is None:
+            raise ValueError("sum_into_ needs arrays from comm.shared_zeros()")
+        self._account("allreduce", out.nbytes * len(arrays), waited=self._entry_wait())
+        self._comm.Allgather(self._MPI.IN_PLACE, flat)
+        _core.sum_buffers(out, arrays, scale=scale)
+
+    def broadcast_(self, array, root=0):
+        self._account("broadcast", array.nbytes, root=root, waited=self._entry_wait())
+        self._comm.Bcast(array, root=root)
+
+    def barrier(self):
+        t0 = time.perf_counter()
+        self._comm.Barrier()
+        self._account("barrier", 0, waited=time.perf_counter() - t0)
+
+    def abort(self, code=1):
+        self._comm.Abort(code)

@@ -1,0 +1,674 @@
+"""Workers that share memory: threads of one process, or processes mapping one segment.
+
+The memory: one ``SharedSegment`` per run, nameless (a memfd), so nothing outlives a kill.
+It holds a head (the world group's control block and a small slot per rank), the launcher's
+read-only extras (e.g. the data set, written once before the workers start), then an arena:
+a sparse virtual range from which each worker's ``ShmComm`` hands out arrays. Every rank
+allocates in the same order (allocation is collective), so every rank computes the same
+offsets without talking; the pages are only backed when touched.
+
+The collectives run in C (``_core.ShmGroup``): one call waits at a C barrier (spin, yield,
+then futex), sums this rank's slice of every rank's array in rank order and writes it back,
+and waits again. Each array from ``zeros`` has its group (its own control block and
+schedule); a group is set up the first time the array is reduced: rank 0 initializes its
+control block, then every rank meets at the world barrier. Every group waits also on the
+world barrier's abort, so one ``abort`` stops every worker wherever it waits.
+
+Failures: a worker that raises aborts the world (every other worker's next or current
+collective raises ``GroupAborted`` at once), the launcher reports the first failure with its
+rank; a process that dies without a word (SIGKILL) is noticed by the launcher, which aborts
+the world itself; workers still computing are terminated a second later, and worker
+processes die with their launcher.
+"""
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _core
+from .base import (ALIGN, Communicator, WorkerError, _check_algorithm, check_flat, describe,
+                   range_bytes)
+
+# The arena's virtual size: a sparse memfd, backed page by page as arrays are touched.
+ARENA_BYTES = 1 << 36
+# After a worker fails, the others get this long to leave on their own (a worker waiting in a
+# collective leaves at once: the world is aborted); then they are terminated, and killed
+# after as long again. A worker stuck in compute never holds the run hostage.
+STOP_GRACE_S = 1.0
+INTERRUPTED = 0xfffffff0        # the abort code of a run stopped by Ctrl-C / SIGINT
+SLOT_BYTES = 64                 # the world group's per-rank buffer (a barrier needs one)
+
+
+def _round_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    """How a worker waits at a barrier: spin, then yield, then sleep (see csrc/dp_sync.h).
+
+    A wake-up through the kernel costs 40-55 us on a time-shared VM, so workers never sleep
+    early: they spin, then call sched_yield in a loop (which returns at once when nothing else
+    wants the core, so it is a spin with a syscall in it), and only then sleep.
+    - Processes on their own cores spin 200 us: measured on the 2-worker MNIST MLP, a 10 us
+      spin made the run 27 % slower (median 0.334 s vs 0.262 s over 5 interleaved repeats).
+    - Thread workers spin 10 us: a GIL hand-off can wake the other thread on the same core,
+      and a 200 us spin then costs 405 us per all-reduce before the core is handed over
+      (bench_allreduce.py); in training the two spins measured the same (0.262 vs 0.255 s).
+    - More workers than cores: the worker being waited for needs this core, so yield at once.
+    """
+
+    spin: float = 200e-6
+    yield_time: float = 5e-3
+    timeout: float = 0.0
+
+    @classmethod
+    def for_workers(cls, workers: int, threads: int = 1, timeout: float = 0.0,
+                    backend: str = "process") -> "WaitPolicy":
+        """The policy for `workers` x `threads` on this machine's cores (see above)."""
+        cores = os.cpu_count() or 1
+        if workers * threads > cores:
+            return cls(spin=2e-6, yield_time=0.05, timeout=timeout)
+        if backend == "thread":
+            return cls(spin=10e-6, timeout=timeout)
+        return cls(timeout=timeout)
+
+
+class SharedSegment:
+    """nbytes of zeroed memory that worker processes share and that nothing names: a memfd
+    (Linux) or a temporary file unlinked at once, mapped MAP_SHARED. The memory lives while a
+    process maps it or holds its descriptor, so it is gone when the last one exits, whoever
+    is killed and whenever: nothing is left in /dev/shm, and no resource tracker is needed.
+    The file is sparse: only pages that are touched take memory.
+
+    Passed to a worker as a Process argument: a forked child uses the inherited mapping; for
+    'spawn' and 'forkserver' the descriptor is duplicated into the child while the arguments
+    are pickled (multiprocessing.reduction.DupFd) and mapped there.
+    """
+
+    def __init__(self, nbytes: int, fd: int | None = None):
+        self.nbytes = max(int(nbytes), 1)
+        if fd is None:
+            fd = _anonymous_fd("dptrain-shared")
+            try:
+                os.ftruncate(fd, self.nbytes)          # zero-filled, sparse
+            except BaseException:
+                os.close(fd)
+                raise
+        self.fd = fd
+        self._map = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+    def array(self) -> np.ndarray:
+        """The whole segment as a uint8 array (a view: the segment must outlive it)."""
+        return np.frombuffer(self._map, np.uint8, self.nbytes)
+
+    def close(self) -> None:
+        """Unmaps and closes this process's handle (the memory goes with the last one)."""
+        try:
+            self._map.close()
+        except BufferError:      # a view still alive (e.g. in a traceback): the OS unmaps at exit
+            pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+        return _attach_segment, (reduction.DupFd(self.fd), self.nbytes)
+
+
+def _attach_segment(dup, nbytes: int) -> SharedSegment:
+    return SharedSegment(nbytes, fd=dup.detach())
+
+
+def _anonymous_fd(name: str) -> int:
+    """A file descriptor of an anonymous, zero-length, shareable file."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create(name, os.MFD_CLOEXEC)
+    import tempfile
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    fd, path = tempfile.mkstemp(prefix=name + "-", dir=base)
+    os.unlink(path)                   # nameless from here on
+    return fd
+
+
+class SegmentLayout:
+    """Where things are in a run's segment: [world control | a slot per rank] [extras]
+    [arena]. Plain values: it pickles to spawned workers."""
+
+    def __init__(self, world: int, extras: dict | None = None):
+        self.world = world
+        self.control_bytes = _core.group_control_bytes(world)
+        off = _round_up(self.control_bytes)
+        self.slots = off
+        off += world * SLOT_BYTES
+        self.progress_at = off                # rank 0's progress (see Communicator.progress)
+        off += ALIGN
+        self.extras = {}
+        for name, (shape, dtype) in (extras or {}).items():
+            dt = np.dtype(dtype)
+            self.extras[name] = (off, tuple(int(s) for s in shape), dt.str)
+            off = _round_up(off + int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+        self.arena = off
+        self.nbytes = off + ARENA_BYTES
+
+    def world_control(self, mem: np.ndarray) -> np.ndarray:
+        return mem[:self.control_bytes]
+
+    def slot(self, mem: np.ndarray, rank: int) -> np.ndarray:
+        off = self.slots + rank * SLOT_BYTES
+        return mem[off:off + SLOT_BYTES].view(np.float64)
+
+    def progress(self, mem: np.ndarray) -> np.ndarray:
+        return mem[self.progress_at:self.progress_at + 16].view(np.float64)
+
+    def extra(self, mem: np.ndarray, name: str) -> np.ndarray:
+        off, shape, dt = self.extras[name]
+        dt = np.dtype(dt)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        return mem[off:off + n].view(dt).reshape(shape)
+
+    def init(self, mem: np.ndarray) -> None:
+        """Readies the world group (the launcher does this once, before any worker starts)."""
+        _core.init_group_control(self.world_control(mem), self.world)
+
+    def abort(self, mem: np.ndarray, code: int) -> None:
+        """Aborts every group of the run (all of them also wait on the world's abort)."""
+        _core.abort_group_control(self.world_control(mem), code)
+
+
+class _Shared:
+    """An allocation of the arena: one array per rank (``zeros``) or ``count`` arrays every
+    rank sees (``shared_zeros``), their control block, and their group once set up."""
+
+    __slots__ = ("arrays", "control", "algorithm", "group", "out", "out_group")
+
+    def __init__(self, arrays, control, algorithm):
+        self.arrays = arrays
+        self.control = control
+        self.algorithm = algorithm
+        self.group = None
+        self.out = None            # reduce_sum_'s shared result and its group
+        self.out_group = None
+
+
+class _Handle:
+    """An all-reduce in flight on a communication thread."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.error = None
+
+
+class ShmComm(Communicator):
+    """A worker of a group sharing one segment (threads or processes)."""
+
+    def __init__(self, rank: int, layout: SegmentLayout, mem: np.ndarray, policy: WaitPolicy,
+                 backend: str):
+        self.rank = rank
+        self.size = layout.world
+        self.backend = backend
+        self._layout = layout
+        self._mem = mem
+        self._policy = policy
+        self._next = layout.arena             # the arena's bump pointer, identical on every rank
+        self._world_control = layout.world_control(mem)
+        self.progress = layout.progress(mem)
+        self._world = _core.ShmGroup(self._world_control,
+                                     [layout.slot(mem, r) for r in range(self.size)], rank,
+                                     spin=policy.spin, yield_time=policy.yield_time,
+                                     timeout=policy.timeout)
+        self._by_id: dict[int, _Shared] = {}    # id(array) -> its allocation (arrays held there)
+        self._staging: dict[tuple, tuple] = {}  # (dtype, length) -> (allocation, this rank's array)
+        self._sums: dict[tuple, object] = {}    # (id(out), id(arrays[0])) -> sum_into_'s group
+        self._extras: dict[str, np.ndarray] = {}  # thread workers: the launcher's arrays
+        self._comm_thread = None
+
+    # ---- memory
+    def _alloc(self, nbytes: int) -> int:
+        off = self._next
+        self._next = _round_up(off + max(int(nbytes), 1))
+        if self._next > self._layout.nbytes:
+            raise MemoryError(f"the shared arena of {ARENA_BYTES >> 30} GiB is full")
+        return off
+
+    def _view(self, off: int, length: int, dt: np.dtype) -> np.ndarray:
+        return self._mem[off:off + length * dt.itemsize].view(dt)
+
+    def zeros(self, length, dtype="float32", *, algorithm="native"):
+        _check_algorithm(algorithm)
+        dt, length = np.dtype(dtype), int(length)
+        control = self._alloc(self._layout.control_bytes)
+        arrays = [self._view(self._alloc(length * dt.itemsize), length, dt)
+                  for _ in range(self.size)]
+        shared = _Shared(arrays, control, algorithm)
+        self._by_id[id(arrays[self.rank])] = shared
+        return arrays[self.rank]
+
+    def shared_zeros(self, count, length, dtype="float32"):
+        dt, length = np.dtype(dtype), int(length)
+        control = self._alloc(self._layout.control_bytes)
+        arrays = [self._view(self._alloc(length * dt.itemsize), length, dt)
+                  for _ in range(int(count))]
+        shared = _Shared(arrays, control, "native")
+        for a in arrays:
+            self._by_id[id(a)] = shared
+        return arrays
+
+    @property
+    def layout(self) -> SegmentLayout:
+        """Where things are in the run's segment."""
+        return self._layout
+
+    def extra(self, name: str) -> np.ndarray:
+        """An array the launcher shared with every worker (e.g. the data set): in the segment
+        for processes, the launcher's own array for threads."""
+        if name in self._extras:
+            return self._extras[name]
+        return self._layout.extra(self._mem, name)
+
+    def _group(self, control_off: int, buffers, *, out=None, algorithm="native"):
+        """Sets up a group on a fresh control block: rank 0 readies it, then every rank
+        meets at the world barrier, so nobody waits on it before it is ready."""
+        control = self._mem[control_off:control_off + self._layout.control_bytes]
+        if self.rank == 0:
+            _core.init_group_control(control, self.size)
+        self._world.barrier()
+        p = self._policy
+        return _core.ShmGroup(control, buffers, self.rank, out=out, spin=p.spin,
+                              yield_time=p.yield_time, timeout=p.timeout, algorithm=algorithm,
+                              world=self._world_control)
+
+    def _shared(self, array: np.ndarray) -> tuple[_Shared, np.ndarray]:
+        """The allocation of an array from zeros (and the array itself), or of a staging array
+        of the same dtype and length for any other array (copied in by the caller)."""
+        shared = self._by_id.get(id(array))
+        if shared is not None:
+            return shared, array
+        check_flat(array)
+        key = (array.dtype.str, array.size)
+        staged = self._staging.get(key)
+        if staged is None:
+            buf = self.zeros(array.size, array.dtype)
+            staged = self._staging[key] = (self._by_id[id(buf)], buf)
+        return staged
+
+    def _ready(self, shared: _Shared):
+        if shared.group is None:
+            shared.group = self._group(shared.control, shared.arrays,
+                                       algorithm=shared.algorithm)
+        return shared.group
+
+    # ---- collectives
+    def allreduce_sum_(self, array, *, scale=1.0, start=0, stop=None):
+        shared, buf = self._shared(array)
+        group = self._ready(shared)
+        if buf is not array:
+            buf[start:stop] = array[start:stop]
+        waited = group.allreduce(scale, start, stop)
+        if buf is not array:
+            array[start:stop] = buf[start:stop]
+        self._account("allreduce", range_bytes(array, start, stop), shared.algorithm,
+                      waited=waited)
+
+    def allreduce_async_(self, array, start=0, stop=None):
+        """Queues the all-reduce on this worker's communication thread, which runs the C call
+        (GIL released) while the caller goes on computing. ``array`` must come from
+        ``zeros`` (it is reduced where it lies)."""
+        shared = self._by_id.get(id(array))
+        if shared is None:
+            raise ValueError("allreduce_async_ needs an array from comm.zeros() (it is reduced "
+                             "in place while the caller computes)")
+        group = self._ready(shared)
+        if self._comm_thread is None:
+            import queue
+            self._queue = queue.SimpleQueue()
+            self._comm_thread = threading.Thread(target=self._comm_loop, daemon=True,
+                                                 name=f"dptrain-comm-{self.rank}")
+            self._comm_thread.start()
+        handle = _Handle()
+        self._queue.put((handle, group, start, stop))
+        # its wait overlaps compute: not counted as waiting
+        self._account("allreduce", range_bytes(array, start, stop), shared.algorithm)
+        return handle
+
+    def _comm_loop(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            handle, group, start, stop = item
+            try:
+                group.allreduce(1.0, start, stop)
+            except BaseException as exc:  # handed to the waiting worker
+                handle.error = exc
+            handle.done.set()
+
+    def wait_(self, handles):
+        for h in handles:
+            if h is not None:
+                h.done.wait()
+        for h in handles:
+            if h is not None and h.error is not None:
+                raise h.error
+
+    def close(self):
+        # never wait long: after a failure the thread may still sit in a collective until
+        # the world's abort wakes it; it exits on its own then (it is a daemon)
+        if self._comm_thread is not None:
+            self._queue.put(None)
+            self._comm_thread.join(0.5)
+            self._comm_thread = None
+
+    def reduce_sum_(self, array, root=0):
+        """The rank-order sum of every rank's array in a shared array (readable by root, and
+        by everyone): the parameter server's reduce."""
+        shared, buf = self._shared(array)
+        if buf is not array:
+            buf[:] = array
+        if shared.out_group is None:
+            out_off = self._alloc(buf.nbytes)
+            shared.out = self._view(out_off, buf.size, buf.dtype)
+            shared.out_group = self._group(self._alloc(self._layout.control_bytes),
+                                           shared.arrays, out=shared.out)
+        waited = shared.out_group.allreduce()
+        self._account("reduce", array.nbytes, root=root, waited=waited)
+        return shared.out
+
+    def sum_into_(self, out, arrays, *, scale=1.0):
+        key = (id(out), id(arrays[0]), len(arrays))
+        group = self._sums.get(key)
+        if group is None:
+            if self._by_id.get(id(out)) is None or any(self._by_id.get(id(a)) is None
+                                                       for a in arrays):
+                raise ValueError("sum_into_ needs out and arrays from comm.shared_zeros()")
+            group = self._sums[key] = self._group(self._alloc(self._layout.control_bytes),
+                                                  list(arrays), out=out)
+        waited = group.allreduce(scale)
+        self._account("allreduce", out.nbytes * len(arrays), waited=waited)
+
+    def broadcast_(self, array, root=0):
+        shared, buf = self._shared(array)
+        group = self._ready(shared)
+        if buf is not array and self.rank == root:
+            buf[:] = array
+        waited = group.barrier()                 # root's values are final
+        if self.rank != root:
+            array[:] = shared.arrays[root]
+        group.barrier()                          # nobody changes root's copy while others read
+        self._account("broadcast", array.nbytes, root=root, waited=waited)
+
+    def barrier(self):
+        self._account("barrier", 0, waited=self._world.barrier())
+
+    def abort(self, code=1):
+        self._world.abort(code)
+
+    @property
+    def aborted(self) -> int:
+        """0, or the code the run was aborted with."""
+        return self._world.aborted
+
+
+# ------------------------------------------------------------------ launchers
+def run_threads(world: int, target, *, policy: WaitPolicy | None = None, extras=None,
+                join_timeout: float | None = None, grace: float = STOP_GRACE_S):
+    """Runs target(comm) on `world` threads sharing one segment; returns their results by
+    rank. ``extras`` (name -> array) are handed to every worker as they are (threads share
+    memory): ``comm.extra(name)``.
+
+    The first worker to raise aborts the world, so the others stop at their next collective;
+    the error is re-raised as WorkerError naming its rank once every worker has left, or
+    `grace` seconds after the failure at most: a thread stuck in compute cannot be stopped
+    from outside, so it is left to finish its step in the background (it is a daemon, and
+    its next collective raises) and the error says so. Ctrl-C (KeyboardInterrupt) aborts the
+    world and is re-raised.
+    """
+    policy = policy or WaitPolicy.for_workers(world, backend="thread")
+    layout = SegmentLayout(world)
+    segment = SharedSegment(layout.nbytes)
+    mem = segment.array()
+    layout.init(mem)
+    comms = [ShmComm(r, layout, mem, policy, "thread") for r in range(world)]
+    for c in comms:
+        c._extras = dict(extras or {})
+    results = [None] * world
+    failures: list[tuple[int, str]] = []
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def body(rank):
+        try:
+            results[rank] = target(comms[rank])
+        except _core.GroupAborted:
+            pass                          # another worker failed first; it is reported
+        except BaseException as exc:      # report, then stop the others
+            with lock:
+                failures.append((rank, describe(exc)))
+            comms[rank].abort(rank + 1)
+            failed.set()
+        finally:
+            comms[rank].close()
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"dptrain-worker-{r}", daemon=True)
+               for r in range(world)]
+    for t in threads:
+        t.start()
+    deadline = None if join_timeout is None else time.monotonic() + join_timeout
+    try:
+        while any(t.is_alive() for t in threads):
+            if failed.is_set():
+                deadline = min(deadline or math.inf, time.monotonic() + grace)
+                failed.clear()
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            next(t for t in threads if t.is_alive()).join(0.05)
+    except KeyboardInterrupt:
+        layout.abort(mem, INTERRUPTED)
+        for t in threads:
+            t.join(grace)
+        raise
+    stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+    if stuck and not failures:
+        layout.abort(mem, world + 1)
+        raise WorkerError(stuck[0], "did not finish in time")
+    if failures:
+        rank, cause = min(failures)
+        if stuck:
+            cause += (f"; rank(s) {', '.join(map(str, stuck))} still computing {grace:g} s "
+                      f"later (a thread cannot be stopped from outside: it leaves at its next "
+                      f"collective)")
+        raise WorkerError(rank, cause)
+    if comms[0].aborted:
+        raise WorkerError(comms[0].aborted - 1, "aborted the group")
+    if not stuck:            # a stuck thread may still hold views of the segment
+        del comms, mem
+        segment.close()
+    return results
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Makes this worker process end when its parent does (a launcher killed with SIGKILL
+    cannot stop its workers): PR_SET_PDEATHSIG on Linux, else a watchdog thread that polls
+    the parent's pid twice a second. parent: the pid the parent must have (None: the one it
+    has now)."""
+    import signal
+    parent = os.getppid() if parent is None else parent
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:     # PR_SET_PDEATHSIG
+            if os.getppid() != parent:       # the parent died before prctl took effect
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="dptrain-parent-watch").start()
+
+
+def _process_main(rank, segment, layout, policy, target, args, conn, parent):
+    """Entry point of a worker process: map the segment, run, send the result home."""
+    import signal
+    _die_with_parent(parent)
+    # Ctrl-C in a terminal reaches the whole process group: the launcher alone handles it
+    # (it aborts the run and stops everyone), so a worker neither dies on it half-way nor
+    # prints a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        conn.send(_run_attached(rank, segment, layout, policy, target, args))
+    finally:
+        conn.close()
+        segment.close()
+
+
+def _run_attached(rank, segment, layout, policy, target, args):
+    comm = ShmComm(rank, layout, segment.array(), policy, "process")
+    try:
+        return ("ok", rank, target(comm, *args))
+    except _core.GroupAborted:
+        return ("aborted", rank, None)
+    except BaseException as exc:
+        comm.abort(rank + 1)
+        return ("error", rank, describe(exc))
+    finally:
+        comm.close()
+
+
+def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = None,
+                  extras=None, start_method: str | None = None, grace: float = STOP_GRACE_S,
+                  watch=None):
+    """Runs target(comm, *args) in `world` processes sharing one new SharedSegment; returns
+    the results by rank. ``extras`` (name -> array) are copied once into the segment before
+    the workers start (e.g. the data set: one copy, not one per worker): ``comm.extra(name)``.
+
+    A worker that raises or dies stops the run at once: the world is aborted, the others get
+    `grace` seconds to leave, then are terminated (and killed after as long again), and
+    WorkerError names the first failed rank. Ctrl-C (KeyboardInterrupt) in the launcher does
+    the same and is re-raised. Workers die with the launcher (PR_SET_PDEATHSIG), and the
+    segment has no name, so nothing outlives a kill. target and args must be picklable for
+    the 'spawn' start method (a module-level function and plain values). ``watch``, if
+    given, is called once in this process with rank 0's progress array (see
+    Communicator.progress) when the workers have started.
+    """
+    import multiprocessing as mp
+    from multiprocessing import connection
+    policy = policy or WaitPolicy.for_workers(world, backend="process")
+    ctx = mp.get_context(start_method)
+    # the process a worker's parent must be: this one, except under a fork server (whose
+    # process is the parent; it exits when this one does)
+    parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
+    extras = dict(extras or {})
+    layout = SegmentLayout(world, {k: (a.shape, a.dtype) for k, a in extras.items()})
+    segment = SharedSegment(layout.nbytes)
+    mem = None
+    procs, conns = [], []
+    failure, interrupted = None, False
+    try:
+        mem = segment.array()
+        layout.init(mem)
+        for name, a in extras.items():
+            layout.extra(mem, name)[...] = a
+        for r in range(world):
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_process_main, name=f"dptrain-worker-{r}", daemon=True,
+                            args=(r, segment, layout, policy, target, args, child_end,
+                                  parent))
+            p.start()
+            child_end.close()
+            procs.append(p)
+            conns.append(parent_end)
+        results = [None] * world
+        pending = {c: r for r, c in enumerate(conns)}
+        sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+        deadline = None
+        if watch is not None:
+            watch(layout.progress(mem))
+        try:
+            while pending and (deadline is None or time.monotonic() < deadline):
+                ready = connection.wait(list(pending) + list(sentinels),
+                                        timeout=0.05 if deadline else 1.0)
+                for obj in ready:
+                    if obj in pending:
+                        r = pending.pop(obj)
+                        try:
+                            status, rank, payload = obj.recv()
+                        except EOFError:
+                            status, rank, payload = "died", r, None
+                        if status == "ok":
+                            results[rank] = payload
+                        elif status == "error" and failure is None:
+                            failure = (rank, payload)
+                        elif status == "died" and failure is None:
+                            procs[rank].join(0.1)
+                            failure = (rank, _exit_cause(procs[rank]))
+                    elif obj in sentinels:
+                        r = sentinels.pop(obj)
+                        procs[r].join(0.1)
+                        if procs[r].exitcode not in (0, None) and failure is None:
+                            # died before reporting (SIGKILL, segfault, os._exit)
+                            failure = (r, _exit_cause(procs[r]))
+                if failure is not None and deadline is None:
+                    layout.abort(mem, failure[0] + 1)
+                    deadline = time.monotonic() + grace
+        except KeyboardInterrupt:
+            interrupted = True
+            layout.abort(mem, INTERRUPTED)
+            raise
+        if failure is not None:
+            left = [r for r in pending.values() if procs[r].is_alive()]
+            if left:
+                failure = (failure[0], failure[1] + f"; rank(s) {', '.join(map(str, left))} "
+                           f"still running {grace:g} s later were terminated")
+            raise WorkerError(*failure)
+        return results
+    finally:
+        _stop(procs, 0.0 if (failure or interrupted) else 10.0, grace)
+        for c in conns:
+            c.close()
+        del mem          # every view of the mapping must go before close()
+        segment.close()
+
+
+def _stop(procs, wait: float, grace: float) -> None:
+    """Joins the worker processes for `wait` seconds in all, then terminates those left and,
+    `grace` seconds later, kills them."""
+    deadline = time.monotonic() + wait
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+def _exit_cause(p) -> str:
+    code = p.exitcode
+    if code is None:
+        return "stopped responding"
+    if code < 0:
+        import signal
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return f"killed by signal {name}"
+    return f"exited with code {code} without reporting"

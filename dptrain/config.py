@@ -1,0 +1,414 @@
+"""A training run's configuration: one frozen, validated object, built once.
+
+``TrainConfig`` is the single owner of the run's options: their defaults, their checks, and
+what the command line and ``help(dptrain.train)`` say about them. The CLI builds its
+``train`` options from the fields' metadata (``add_train_arguments``), ``dptrain.train``
+and ``dptrain.fit`` take them as keyword arguments (``TrainConfig.from_kwargs``), the
+scikit-learn estimators make one from their parameters, and the result records it
+(``as_dict``). Nothing about transports or data lives in the training loop: it reads this.
+
+Validation happens in ``__post_init__``: a bad value raises ValueError naming the option and
+the value before any data is read or worker started. What depends on the world (the global
+batch of ``batch_per_worker``, the scaled learning rate, the MPI world size) is settled by
+``resolve``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+
+from .comm.algorithms import ALGORITHMS
+from .comm.base import BACKENDS
+from .optim import SCHEDULES, SGD
+
+MODELS = ("logreg", "softmax", "mlp", "cnn")     # the named models (dptrain.models)
+DATASETS = ("mnist", "cifar10", "synthetic")     # the named data sets (dptrain.data)
+DTYPES = ("float32", "float64")
+START_METHODS = ("spawn", "fork", "forkserver")
+# Deterministic mode cuts every global batch into this many fixed chunks (by position, not by
+# worker): each chunk's gradient is computed alone, and the chunks are summed in chunk order.
+# Nothing then depends on which worker computed what, so any world size up to CHUNKS gives
+# bitwise-identical weights.
+CHUNKS = 8
+
+
+# ---- parsers of the command line's text forms (the API takes the values themselves)
+def parse_hidden(text: str) -> tuple[int, ...]:
+    """'256,128' -> (256, 128)."""
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"--hidden is {text!r}, expected comma-separated widths such as "
+                         f"256,128") from None
+    return sizes
+
+
+def parse_fault(text: str) -> tuple[int, int, str]:
+    """'1:10:raise' -> (1, 10, 'raise')."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[2] not in ("raise", "kill") or not all(
+            p.isdigit() for p in parts[:2]):
+        raise ValueError(f"--inject-fault is {text!r}, expected RANK:STEP:raise or "
+                         f"RANK:STEP:kill, e.g. 1:10:raise")
+    return int(parts[0]), int(parts[1]), parts[2]
+
+
+def parse_straggle(text: str) -> tuple[int, float]:
+    """'1:5' -> (1, 5.0)."""
+    parts = text.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return int(parts[0]), float(parts[1])
+    except ValueError:
+        raise ValueError(f"--straggle is {text!r}, expected RANK:MS, e.g. 1:5") from None
+
+
+def option(default, help: str, *, group: str, flag: str | None = None, parse=None,
+           choices=None, metavar=None, cli: bool = True, late: bool = False):
+    """A TrainConfig field with what the CLI and the docs say about it. parse: the CLI text's
+    parser (argparse refuses bad text with exit code 2; late=True parses it with the rest of
+    the config instead: exit code 1 and the config's message)."""
+    return field(default=default, metadata={"help": help, "group": group, "flag": flag,
+                                            "parse": parse, "choices": choices,
+                                            "metavar": metavar, "cli": cli, "late": late})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every option of a training run (see the module docstring); frozen once validated."""
+
+    # ---- the model
+    model: str = option("mlp", "the named model: logreg (binary), softmax, mlp (dense layers "
+                        "of --hidden widths, ReLU), cnn (two conv blocks and fc 128, reading each "
+                        "row as a 1x28x28 or 3xSxS image)", group="model", choices=MODELS)
+    hidden: tuple = option((256, 128), "MLP hidden widths (CLI: comma-separated, e.g. 256,128)",
+                           group="model", parse=parse_hidden)
+    dtype: str = option("float32", "float32 or float64", group="model", choices=DTYPES)
+    seed: int = option(0, "seeds the initial weights, the epochs' sample order and synthetic "
+                       "data", group="model")
+    threads: int = option(1, "threads the C kernels split each worker's batch over",
+                          group="model")
+    # ---- the data
+    dataset: str = option("mnist", "the named data set: mnist, cifar10 (from local files; a "
+                          "named --data-dir must hold them, else the announced synthetic "
+                          "stand-in), or synthetic (the logistic-regression workload)",
+                          group="data", choices=DATASETS)
+    data_dir: str | None = option(None, "directory with the MNIST IDX files or the CIFAR-10 "
+                                  "batches; default: $DPTRAIN_DATA, then ~/.cache/dptrain",
+                                  group="data")
+    limit: int | None = option(None, "use only the first N training samples", group="data",
+                               metavar="N")
+    n_samples: int | None = option(None, "synthetic data set: training samples (default "
+                                   "100000)", group="data")
+    n_features: int | None = option(None, "synthetic data set: features (default 20)",
+                                    group="data")
+    upscale: int = option(1, "MNIST up-scaling factor: 2 -> 56x56, 4 -> 112x112 inputs",
+                          group="data", choices=(1, 2, 4))
+    allow_download: bool = option(True, "download MNIST into the cache when it is not found "
+                                  "(CLI: --no-download turns it off)", group="data",
+                                  flag="--no-download")
+    shuffle: bool = option(True, "a seeded new order every epoch (CLI: --no-shuffle keeps the "
+                           "data set's order)", group="data", flag="--no-shuffle")
+    # ---- the optimization
+    epochs: int = option(2, "passes over the training set", group="optimization")
+    batch_size: int | None = option(128, "the GLOBAL batch: worker r takes its contiguous "
+                                    "share of every global batch (None with "
+                                    "batch_per_worker)", group="optimization")
+    batch_per_worker: int | None = option(None, "weak scaling: each worker's batch (the global "
+                                          "batch is B x workers)", group="optimization",
+                                          metavar="B")
+    lr: float = option(0.1, "learning rate", group="optimization")
+    scale_lr: bool = option(False, "multiply lr by the number of workers (linear scaling "
+                            "rule)", group="optimization")
+    momentum: float = option(0.9, "SGD momentum, in [0, 1)", group="optimization")
+    dampening: float = option(0.0, "SGD dampening, in [0, 1]", group="optimization")
+    weight_decay: float = option(0.0, "L2 weight decay", group="optimization")
+    nesterov: bool = option(False, "Nesterov momentum", group="optimization")
+    lr_schedule: str = option("cosine", "learning-rate schedule over the whole run",
+                              group="optimization", choices=SCHEDULES)
+    warmup_epochs: float = option(0.0, "ramp the learning rate up linearly over this many "
+                                  "epochs first", group="optimization")
+    # ---- the workers
+    workers: int = option(1, "data-parallel workers (under mpiexec: the MPI world size)",
+                          group="parallel")
+    backend: str | None = option(None, "how workers run: thread, process (sharing memory) or "
+                                 "mpi (launch with mpiexec -n N); default: mpi when started by "
+                                 "an MPI launcher with several ranks, else thread",
+                                 group="parallel", choices=BACKENDS)
+    start_method: str | None = option(None, "process backend: how worker processes start "
+                                      "(default: Python's)", group="parallel",
+                                      choices=START_METHODS)
+    timeout: float = option(0.0, "fail a collective that waits longer than this many seconds "
+                            "(0: never); the error names the ranks that did not arrive",
+                            group="parallel")
+    allreduce: str = option("native", "gradient exchange: the transport's own (native), the "
+                            "ring or tree schedule, or a parameter server (ps)",
+                            group="parallel", choices=ALGORITHMS)
+    bucket_kb: float = option(0.0, "exchange the gradient in buckets of this many KiB, last "
+                              "layer first (0: one all-reduce of the whole flat gradient)",
+                              group="parallel")
+    overlap: bool = option(False, "start each bucket's all-reduce while backward is still "
+                           "running", group="parallel")
+    deterministic: bool = option(False, "bitwise-identical weights for any number of workers "
+                                 f"up to {CHUNKS}", group="parallel")
+    # ---- checkpoints
+    checkpoint: str | None = option(None, "checkpoint file to write (.npz)", group="checkpoints")
+    checkpoint_every: int = option(0, "write the checkpoint every K steps",
+                                   group="checkpoints", metavar="K")
+    resume: str | None = option(None, "continue the run saved in this checkpoint",
+                                group="checkpoints", metavar="PATH")
+    # ---- outputs
+    out: str | None = option(None, "write the JSON result here", group="outputs")
+    save_weights: str | None = option(None, "save the trained model (.npz)", group="outputs")
+    trace: str | None = option(None, "write a Chrome trace of every step on every rank (open "
+                               "in https://ui.perfetto.dev)", group="outputs", metavar="FILE")
+    steps_csv: str | None = option(None, "write the per-step, per-rank phase table as CSV",
+                                   group="outputs", metavar="FILE")
+    quiet: bool = option(False, "print nothing but errors (a synthetic stand-in is still "
+                         "announced, on stderr)", group="outputs")
+    progress: bool = option(True, "a live progress bar inside each epoch (terminal, Jupyter, "
+                            "Colab); CLI: --no-progress", group="outputs", flag="--no-progress")
+    # ---- fault and straggler injection (to study failures and synchronization)
+    fault: tuple | None = option(None, "make one worker fail at one step: (rank, step, 'raise' "
+                                 "| 'kill'); 'kill' needs the process backend",
+                                 group="injection", flag="--inject-fault", parse=parse_fault,
+                                 metavar="RANK:STEP:raise|kill", late=True)
+    straggle: tuple | None = option(None, "(rank, ms): that rank's compute takes ms longer "
+                                    "every step", group="injection", parse=parse_straggle,
+                                    metavar="RANK:MS", late=True)
+    straggle_random_ms: float = option(0.0, "add a random U(0, ms) delay to every rank's "
+                                       "compute every step (seeded)", group="injection",
+                                       flag="--straggle-random", metavar="MS")
+    uncoupled: bool = option(False, "measure the contention ceiling instead of training: the "
+                             "workers run at the same moment without communicating, each on "
+                             "its 1/N of the data with 1/N of the batch", group="injection",
+                             cli=False)
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen)
+        if self.batch_size is None and self.batch_per_worker is None:
+            raise ValueError("batch_size must be a positive integer, got None (None only "
+                             "with batch_per_worker)")
+        for name in ("epochs", "threads", "workers", "upscale") + (
+                ("batch_size",) if self.batch_size is not None else ()):
+            set_(name, _positive_int(name, getattr(self, name)))
+        for name in ("limit", "n_samples", "n_features", "batch_per_worker"):
+            if getattr(self, name) is not None:
+                set_(name, _positive_int(name, getattr(self, name)))
+        set_("seed", _int("seed", self.seed))
+        set_("checkpoint_every", _int("checkpoint_every", self.checkpoint_every, minimum=0))
+        for name, allowed in (("model", MODELS), ("dtype", DTYPES),
+                              ("lr_schedule", SCHEDULES), ("allreduce", ALGORITHMS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} is {getattr(self, name)!r}, expected one of {allowed}")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ValueError(f"backend is {self.backend!r}, expected one of {BACKENDS} or None")
+        if self.start_method is not None and self.start_method not in START_METHODS:
+            raise ValueError(f"start_method is {self.start_method!r}, expected one of "
+                             f"{START_METHODS} or None")
+        if self.upscale not in (1, 2, 4):
+            raise ValueError(f"upscale is {self.upscale}, expected 1, 2 or 4")
+        hidden = self.hidden if isinstance(self.hidden, (tuple, list)) else (self.hidden,)
+        set_("hidden", tuple(_positive_int("hidden size", h) for h in hidden))
+        for name in ("timeout", "bucket_kb", "warmup_epochs", "straggle_random_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+                    value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            set_(name, float(value))
+        SGD.check(lr=self.lr, momentum=self.momentum, dampening=self.dampening,
+                  weight_decay=self.weight_decay, nesterov=self.nesterov)
+        for name in ("lr", "momentum", "dampening", "weight_decay"):
+            set_(name, float(getattr(self, name)))
+        if self.overlap and (self.deterministic or self.allreduce != "native"):
+            raise ValueError("overlap works with allreduce='native' and without deterministic "
+                             "mode")
+        if self.allreduce != "native" and self.deterministic:
+            raise ValueError("deterministic mode has its own fixed-order reduction: use "
+                             "allreduce='native' with it")
+        if self.deterministic and self.workers > CHUNKS:
+            raise ValueError(f"deterministic mode supports up to {CHUNKS} workers, got "
+                             f"{self.workers}")
+        if self.checkpoint_every and not self.checkpoint:
+            raise ValueError("checkpoint_every needs a checkpoint path to write to")
+        if self.fault is not None:
+            f = tuple(self.fault)
+            if len(f) != 3 or f[2] not in ("raise", "kill") or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in f[:2]):
+                raise ValueError(f"fault must be (rank, step, 'raise' | 'kill'), got "
+                                 f"{self.fault!r}")
+            set_("fault", f)
+        if self.straggle is not None:
+            st = tuple(self.straggle)
+            if (len(st) != 2 or not isinstance(st[0], numbers.Integral) or st[0] < 0
+                    or not isinstance(st[1], numbers.Real) or not (
+                        st[1] >= 0 and math.isfinite(st[1]))):
+                raise ValueError(f"straggle must be (rank, ms) with rank >= 0 and ms >= 0, "
+                                 f"got {self.straggle!r}")
+            set_("straggle", (int(st[0]), float(st[1])))
+        for name in ("data_dir", "checkpoint", "resume", "out", "save_weights", "trace",
+                     "steps_csv"):
+            value = getattr(self, name)
+            if value is not None:
+                set_(name, str(value))
+
+    # ---- construction
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "TrainConfig":
+        """A validated config from keyword arguments; an unknown name is a TypeError that
+        lists the known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(unknown)}; the options are "
+                            f"{', '.join(sorted(known))}")
+        return cls(**kwargs)
+
+    def resolve(self, world: int) -> "TrainConfig":
+        """The config with what depends on the world settled: `workers` (the MPI world size
+        under MPI), the global batch of batch_per_worker, lr scaled by the workers."""
+        cfg = replace(self, workers=world)
+        if cfg.batch_per_worker is not None:
+            cfg = replace(cfg, batch_size=cfg.batch_per_worker * world)
+        if cfg.scale_lr:
+            cfg = replace(cfg, lr=cfg.lr * world, scale_lr=False)
+        if cfg.straggle is not None and cfg.straggle[0] >= world:
+            raise ValueError(f"straggle must be (rank, ms) with 0 <= rank < workers={world}, "
+                             f"got {cfg.straggle!r}")
+        if cfg.fault is not None and cfg.fault[0] >= world:
+            raise ValueError(f"fault names rank {cfg.fault[0]}, but there are {world} workers")
+        return cfg
+
+    def as_dict(self) -> dict:
+        """Plain values (tuples as lists), for JSON."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def _int(name, value, minimum=None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
+            minimum is not None and value < minimum):
+        more = f" >= {minimum}" if minimum is not None else ""
+        raise ValueError(f"{name} must be an integer{more}, got {value!r}")
+    return int(value)
+
+
+def _positive_int(name, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value \
+            or int(value) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def option_fields():
+    """The options, in declaration order (fields with their metadata)."""
+    return [f for f in fields(TrainConfig)]
+
+
+def add_train_arguments(parser) -> None:
+    """Adds every TrainConfig option to an argparse parser, grouped, as --kebab-case flags:
+    a boolean that defaults to False is a switch; one that defaults to True has a --no-x flag
+    (in its metadata); tuples and parsed values take their CLI text form."""
+    import argparse
+    groups = {}
+    for f in option_fields():
+        meta = f.metadata
+        if not meta.get("cli", True):
+            continue
+        group = groups.get(meta["group"])
+        if group is None:
+            group = groups[meta["group"]] = parser.add_argument_group(meta["group"])
+        flag = meta["flag"] or "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not MISSING else None
+        kw = {"dest": f.name, "help": meta["help"]}
+        if meta["metavar"]:
+            kw["metavar"] = meta["metavar"]
+        if isinstance(default, bool):
+            kw["action"] = "store_false" if default else "store_true"
+            kw["default"] = default
+            kw.pop("metavar", None)
+        else:
+            kw["default"] = default
+            parse = meta["parse"]
+            if parse is not None:
+                if not meta["late"]:
+                    kw["type"] = _argparse_type(parse)
+            elif f.name in _NONNEGATIVE_INTS:
+                kw["type"] = _argparse_type(_nonneg_int)
+            elif f.type in ("int", "int | None"):
+                kw["type"] = _argparse_type(_pos_int_text) if f.name != "seed" else int
+            elif f.type in ("float", "float | None"):
+                kw["type"] = _argparse_type(_nonneg_float_text)
+            if meta["choices"]:
+                kw["choices"] = meta["choices"]
+        group.add_argument(flag, **kw)
+    del argparse
+
+
+_NONNEGATIVE_INTS = ("checkpoint_every",)
+
+
+def _pos_int_text(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise ValueError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise ValueError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def _nonneg_float_text(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
+    if not (v >= 0) or v == float("inf"):
+        raise ValueError(f"expected a finite number >= 0, got {text!r}")
+    return v
+
+
+def _argparse_type(parse):
+    import argparse
+
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__.replace("parse_", "")
+    return convert
+
+
+def config_from_args(args) -> TrainConfig:
+    """The TrainConfig of parsed CLI arguments (add_train_arguments' dests); options parsed
+    late are parsed here (ValueError)."""
+    values = {}
+    for f in option_fields():
+        if not f.metadata.get("cli", True):
+            continue
+        value = getattr(args, f.name)
+        if f.metadata["late"] and isinstance(value, str):
+            value = f.metadata["parse"](value)
+        values[f.name] = value
+    return TrainConfig.from_kwargs(**values)
+
+
+def options_doc() -> str:
+    """The options as documentation lines (for help(dptrain.train))."""
+    lines = []
+    for f in option_fields():
+        default = f.default if f.default is not MISSING else None
+        lines.append(f"    {f.name}={default!r}: {f.metadata['help']}")
+    return "\n".join(lines)

@@ -1,0 +1,173 @@
+"""How a step's gradient is computed and made the global batch's: one object per strategy.
+
+Every strategy allocates the buffers it exchanges (through the communicator, so that they lie
+where the transport reduces them in place), computes this worker's share of the global
+batch's gradient, exchanges it, and applies the update:
+
+- ``AllReduce``: the whole flat gradient in one all-reduce (or in buckets, last layer first),
+  with the transport's own schedule or the ring / tree;
+- ``Overlap``: buckets all-reduced while backward is still running (a communication thread on
+  shared memory, MPI_Iallreduce under MPI);
+- ``Deterministic``: the global batch cut into CHUNKS fixed chunks by position, each chunk's
+  gradient computed alone and the chunks summed in chunk order: nothing depends on which
+  worker computed what, so any world size up to CHUNKS gives bitwise-identical weights;
+- ``ParameterServer``: the gradients summed on rank 0, which alone updates and broadcasts the
+  parameters.
+
+The worker's share: worker r of N takes its contiguous share of each global batch
+(``sampler.shard``) and computes the gradient of (sum of its samples' losses) / (global batch
+size); the all-reduced SUM of the workers' gradients is then exactly the global batch's mean
+gradient, also for an uneven last batch.
+
+A strategy reports its phase boundaries to the step's ``clock`` (``data``, ``computed``,
+``exchanged``), which the training loop turns into the step's timings.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _core
+from ..config import CHUNKS
+from ..sampler import shard
+
+
+def gradient_buckets(n_params: int, itemsize: int, bucket_kb: float) -> list[tuple[int, int]]:
+    """[(start, stop), ...] of the flat gradient in buckets of about bucket_kb, LAST layer
+    first (the flat layout is first layer first, and backward produces the last layer's
+    gradient first); one bucket (the whole buffer) when bucket_kb is 0."""
+    if bucket_kb <= 0:
+        return [(0, n_params)]
+    per = max(1, int(bucket_kb * 1024) // itemsize)
+    return [(max(0, stop - per), stop) for stop in range(n_params, 0, -per)]
+
+
+class Exchange:
+    """The strategy interface (see the module docstring)."""
+
+    def buffers(self, comm, n_params: int, dtype) -> dict:
+        """Allocates the model's flat buffers (and the strategy's own): {'params', 'grads',
+        'velocity'} arrays for the model to live on."""
+        self.n_params, self.dtype = n_params, np.dtype(dtype)
+        return {"params": comm.zeros(n_params, dtype), "grads": self._grads(comm),
+                "velocity": comm.zeros(n_params, dtype)}
+
+    def _grads(self, comm):
+        return comm.zeros(self.n_params, self.dtype)
+
+    def gradient(self, comm, model, rows, start: int, stop: int, clock) -> tuple[float, int]:
+        """The gradient of global batch positions [start, stop) into ``self.grads`` (exchanged:
+        every worker holds the global batch's mean gradient). ``rows(lo, hi)`` returns the
+        (x, y) of positions [lo, hi). Returns this worker's (loss sum, correct count)."""
+        raise NotImplementedError
+
+    def update(self, comm, opt, lr: float) -> None:
+        """The optimizer step from the exchanged gradient."""
+        opt.step(lr, grads=self.grads)
+
+
+class AllReduce(Exchange):
+    """Compute this worker's share, then all-reduce the flat gradient (in buckets)."""
+
+    def __init__(self, algorithm: str = "native", bucket_kb: float = 0.0):
+        self.algorithm, self.bucket_kb = algorithm, bucket_kb
+
+    def _grads(self, comm):
+        return comm.zeros(self.n_params, self.dtype, algorithm=self.algorithm)
+
+    def gradient(self, comm, model, rows, start, stop, clock):
+        x, y = rows(*shard(start, stop, comm.rank, comm.size))
+        clock.data_done()
+        model.zero_grad()
+        loss, correct = model.loss_grad(x, y, 1.0 / (stop - start))
+        clock.computed()
+        grads = self.grads = model.grads
+        for lo, hi in gradient_buckets(grads.size, grads.itemsize, self.bucket_kb):
+            comm.allreduce_sum_(grads, start=lo, stop=hi)    # one collective per bucket
+        clock.exchanged()
+        return loss, correct
+
+
+class Overlap(Exchange):
+    """Backward layer by layer, last first; a bucket's all-reduce starts as soon as every
+    layer it covers is done, and runs while the next layers are computed."""
+
+    def __init__(self, bucket_kb: float):
+        self.bucket_kb = bucket_kb
+
+    def gradient(self, comm, model, rows, start, stop, clock):
+        x, y = rows(*shard(start, stop, comm.rank, comm.size))
+        clock.data_done()
+        model.zero_grad()
+        loss, correct = model.forward_loss(x, y, 1.0 / (stop - start))
+        grads = self.grads = model.grads
+        buckets = gradient_buckets(grads.size, grads.itemsize, self.bucket_kb)
+        starts = [lo for lo, _ in model.layer_slices()]
+        handles, k = [], 0
+        for layer in reversed(range(len(starts))):
+            model.backward_layer(layer)
+            while k < len(buckets) and buckets[k][0] >= starts[layer]:
+                handles.append(comm.allreduce_async_(grads, *buckets[k]))
+                k += 1
+        clock.computed()
+        comm.wait_(handles)                      # the communication backward did not hide
+        clock.exchanged()
+        return loss, correct
+
+
+class Deterministic(Exchange):
+    """CHUNKS fixed chunks of the global batch, each computed alone into its own shared
+    array, summed in chunk order into the gradient every worker reads."""
+
+    def buffers(self, comm, n_params, dtype):
+        bufs = super().buffers(comm, n_params, dtype)
+        self.chunks = comm.shared_zeros(CHUNKS, n_params, dtype)
+        self.grads = comm.shared_zeros(1, n_params, dtype)[0]     # the chunks' ordered sum
+        self.mine = range(comm.rank * CHUNKS // comm.size, (comm.rank + 1) * CHUNKS // comm.size)
+        return bufs
+
+    def gradient(self, comm, model, rows, start, stop, clock):
+        loss, correct = 0.0, 0
+        for c in self.mine:
+            with clock.data():
+                x, y = rows(*shard(start, stop, c, CHUNKS))
+            _core.zero_(self.chunks[c])
+            cl, cc = model.loss_grad(x, y, 1.0 / (stop - start), grads=self.chunks[c])
+            loss += cl
+            correct += cc
+        clock.computed()
+        comm.sum_into_(self.grads, self.chunks)      # the chunks, summed in chunk order
+        clock.exchanged()
+        return loss, correct
+
+
+class ParameterServer(Exchange):
+    """The gradients' sum to rank 0, which alone updates, then sends the parameters out."""
+
+    def gradient(self, comm, model, rows, start, stop, clock):
+        x, y = rows(*shard(start, stop, comm.rank, comm.size))
+        clock.data_done()
+        model.zero_grad()
+        loss, correct = model.loss_grad(x, y, 1.0 / (stop - start))
+        clock.computed()
+        self.grads = comm.reduce_sum_(model.grads, root=0)   # the gradients' sum, for rank 0
+        clock.exchanged()
+        self.params = model.params
+        return loss, correct
+
+    def update(self, comm, opt, lr):
+        if comm.rank == 0:
+            opt.step(lr, grads=self.grads)
+        else:
+            opt.steps += 1
+        comm.broadcast_(self.params, root=0)
+
+
+def make_exchange(config) -> Exchange:
+    """The strategy a TrainConfig asks for."""
+    if config.deterministic:
+        return Deterministic()
+    if config.allreduce == "ps":
+        return ParameterServer()
+    if config.overlap:
+        return Overlap(config.bucket_kb)
+    return AllReduce(config.allreduce, config.bucket_kb)

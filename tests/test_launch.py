@@ -1,0 +1,117 @@
+"""Your own loop on N workers: dptrain.launch runs fn(comm, *args) on threads, processes and
+MPI ranks, the public communicator's collectives on any array, and the example script."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dptrain
+from dptrain.comm import WorkerError
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "custom_loop.py"
+
+
+def collectives(comm, n):
+    """Every public collective once, on arrays from comm.zeros and on the caller's own."""
+    a = comm.zeros(n, np.float32)
+    a[:] = comm.rank + 1
+    comm.allreduce_sum_(a)
+    own = np.full(5, comm.rank + 1.0)             # not from zeros: goes through staging
+    comm.allreduce_mean_(own)
+    part = np.arange(6.0) + comm.rank
+    comm.allreduce_sum_(part, start=2, stop=4)    # a range only
+    root = np.arange(3.0) * (comm.rank + 1)
+    comm.broadcast_(root, root=comm.size - 1)
+    chunks = comm.shared_zeros(4, 3, np.float64)
+    total = comm.shared_zeros(1, 3, np.float64)[0]
+    for i in range(comm.rank * 4 // comm.size, (comm.rank + 1) * 4 // comm.size):
+        chunks[i][:] = i + 1
+    comm.sum_into_(total, chunks)
+    reduced = comm.reduce_sum_(a, root=0)
+    comm.barrier()
+    return (a.tolist(), own.tolist(), part.tolist(), root.tolist(), total.tolist(),
+            reduced.tolist() if comm.rank == 0 else None)
+
+
+@pytest.mark.parametrize("backend, workers", [("thread", 1), ("thread", 3), ("process", 2)])
+def test_the_public_collectives(backend, workers):
+    results = dptrain.launch(collectives, 4, workers=workers, backend=backend)
+    assert len(results) == workers
+    s = workers * (workers + 1) / 2                   # 1 + 2 + ... + workers
+    for rank, (a, own, part, root, total, reduced) in enumerate(results):
+        assert a == [s] * 4
+        assert own == [s / workers] * 5
+        want = list(np.arange(6.0) + rank)
+        want[2:4] = [2 * workers + workers * (workers - 1) / 2,
+                     3 * workers + workers * (workers - 1) / 2]
+        assert part == want
+        assert root == list(np.arange(3.0) * workers)
+        assert total == [10.0] * 3                    # 1 + 2 + 3 + 4, in chunk order
+        if rank == 0:
+            assert reduced == [s * workers] * 4       # the sum of the already summed a
+
+
+def failing(comm):
+    comm.barrier()
+    if comm.rank == 1:
+        raise KeyError("bad worker")
+    comm.barrier()                                    # rank 0 waits here: stopped by the abort
+    return "never"
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_raising_worker_stops_the_launch_and_is_named(backend):
+    with pytest.raises(WorkerError, match=r"worker rank 1 failed: KeyError: 'bad worker'"):
+        dptrain.launch(failing, workers=2, backend=backend)
+
+
+def test_launch_checks_its_arguments():
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        dptrain.launch(failing, workers=0, backend="thread")
+    with pytest.raises(ValueError, match="backend is 'gpu'"):
+        dptrain.launch(failing, workers=2, backend="gpu")
+
+
+def test_allreduce_async_needs_an_array_in_place():
+    def fn(comm):
+        with pytest.raises(ValueError, match=r"needs an array from comm.zeros"):
+            comm.allreduce_async_(np.zeros(4, np.float32))
+        a = comm.zeros(4, np.float32)
+        a[:] = 1
+        comm.wait_([comm.allreduce_async_(a)])
+        return a.tolist()
+    assert dptrain.launch(fn, workers=2, backend="thread") == [[2.0] * 4] * 2
+
+
+def _example(backend=None, workers=None):
+    args = ([] if backend is None else ["--backend", backend]) + (
+        [] if workers is None else ["--workers", str(workers)])
+    r = subprocess.run([sys.executable, str(EXAMPLE), "--epochs", "2", *args],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_the_example_trains_the_same_model_on_every_transport():
+    one = _example()
+    assert one.startswith("1 worker(s): final loss")
+    loss = one.split("final loss ")[1]
+    for backend in ("thread", "process"):
+        line = _example(backend, 2)
+        assert line.startswith("2 worker(s)") and line.endswith(loss), (line, one)
+    mpiexec = shutil.which("mpiexec")
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        mpiexec = None
+    if mpiexec is None:
+        pytest.skip("the thread and process runs were checked; MPI needs mpi4py and mpiexec")
+    r = subprocess.run([mpiexec, "-n", "2", sys.executable, str(EXAMPLE), "--epochs", "2"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("2 worker(s)") and line.endswith(loss), (line, one)
