@@ -2,9 +2,11 @@
 
 One role per module; every public name is re-exported here (`from dptrain.data import ...`):
 - dataset.py: `Dataset` (train/test arrays in the layout the C core wants: x C-contiguous
-  float32 or float64 of shape (n, features), y int64 of shape (n,); the shape of one input,
-  `input_shape`, e.g. (1, 28, 28) or (3, 32, 32); where the data came from), the errors
-  `DataError` / `DataNotFound` / `DataWarning`, and the checksum helpers.
+  float32 or float64 of shape (n, features); y int64 of shape (n,) for a classification,
+  float (n, k) for a regression; the shape of one input, `input_shape`, e.g. (1, 28, 28)
+  or (3, 32, 32); where the data came from; `notes` for the caller to print), the errors
+  `DataError` / `DataNotFound` / `DataWarning`, the checksum helpers and
+  `first_nonfinite_row`.
 - idx.py: `read_idx`, a strict reader for IDX files (the MNIST format), gzip or raw.
 - locations.py: where data sets are looked for (`default_cache_dir`, $DPTRAIN_DATA).
 - mnist.py: `load_mnist` / `download_mnist`: MNIST's files on disk, and the download.
@@ -34,7 +36,8 @@ from .catalog import (DATASET_NAMES, SYNTHETIC_DEFAULT_FEATURES, SYNTHETIC_DEFAU
 from .cifar10 import (CIFAR10_ARCHIVE_MD5, CIFAR10_BATCHES, CIFAR10_CLASSES, CIFAR10_FEATURES,
                       CIFAR10_PYTHON_BATCH_MD5, CIFAR10_SHAPE, CIFAR10_TEST_SIZE,
                       CIFAR10_TRAIN_SIZE, load_cifar10, read_cifar10_batch)
-from .dataset import DataError, DataNotFound, Dataset, DataWarning
+from .dataset import (CLASSIFICATION, REGRESSION, TASKS, DataError, DataNotFound, Dataset,
+                      DataWarning, first_nonfinite_row)
 from .idx import read_idx
 from .locations import ENV_DATA_DIR, default_cache_dir
 from .mnist import (MNIST_CLASSES, MNIST_FILES, MNIST_MIRRORS, MNIST_SHA256, MNIST_SIDE,
@@ -51,6 +54,7 @@ __all__ = [
     "CIFAR10_SHAPE",
     "CIFAR10_TEST_SIZE",
     "CIFAR10_TRAIN_SIZE",
+    "CLASSIFICATION",
     "DATASET_NAMES",
     "DataError",
     "DataNotFound",
@@ -62,10 +66,13 @@ __all__ = [
     "MNIST_MIRRORS",
     "MNIST_SHA256",
     "MNIST_SIDE",
+    "REGRESSION",
     "SYNTHETIC_DEFAULT_FEATURES",
     "SYNTHETIC_DEFAULT_SAMPLES",
+    "TASKS",
     "default_cache_dir",
     "download_mnist",
+    "first_nonfinite_row",
     "get_cifar10",
     "get_mnist",
     "load_cifar10",

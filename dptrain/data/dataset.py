@@ -5,7 +5,8 @@ construction so that the training loop never converts. The errors: `DataError` (
 inconsistent data; the message names the file or array), `DataNotFound` (no copy found;
 lists where it looked) and the `DataWarning` for files that are not the published ones.
 The helpers shared by the loaders: `_integrity` (checksums against published ones),
-`_md5_file`, `_float_dtype` (float32 / float64 only) and `_check_count`.
+`_md5_file`, `first_nonfinite_row` (a bounded-memory scan for NaN and infinity),
+`_float_dtype` (float32 / float64 only) and `_check_count`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 
 
 class DataError(ValueError):
-    """A data file is missing, malformed or inconsistent; the message names the file."""
+    """Data is missing, malformed or inconsistent; the message names the file or the array
+    (and the row, where one row is at fault)."""
 
 
 class DataNotFound(DataError):
@@ -65,6 +67,7 @@ def _md5_file(path: Path) -> str:
 
 
 def _check_count(value, arg: str, *, minimum: int = 1) -> int:
+    """`value` as an int, or a ValueError naming `arg` when it is not an integer >= minimum."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{arg}={value!r} must be an integer >= {minimum}")
     if value < minimum:
@@ -91,10 +94,44 @@ def _float_dtype(dtype, arg: str = "dtype") -> np.dtype:
     return dt
 
 
+# The kinds of target a Dataset holds (one owner of these words; the models and the
+# training loop import them from here).
+CLASSIFICATION = "classification"
+REGRESSION = "regression"
+TASKS = (CLASSIFICATION, REGRESSION)
+
+_CHUNK_BYTES = 8 << 20  # bytes of x read per chunk by the row-wise checks below
+
+
+def first_nonfinite_row(x: np.ndarray, chunk_bytes: int = _CHUNK_BYTES) -> int | None:
+    """The index of the first row of x (n, ...) holding a NaN or an infinity, else None.
+
+    Reads x in chunks of about `chunk_bytes`, in order, so the temporaries stay bounded
+    whatever n is and a memory map is read once from start to end. Integer and bool
+    arrays hold no such values: None at once.
+    """
+    if x.dtype.kind not in "fc" or x.size == 0:
+        return None
+    rows = max(1, chunk_bytes // max(1, x[0].nbytes))
+    for start in range(0, len(x), rows):
+        block = x[start:start + rows].reshape(min(rows, len(x) - start), -1)
+        finite = np.isfinite(block).all(axis=1)
+        if not finite.all():
+            return start + int(np.argmin(finite))
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-    """Train and test splits. x: (n, features) C-contiguous float32/float64; y: (n,) int64.
+    """Train and test splits. x: (n, features) C-contiguous float32/float64; y: see `task`.
 
+    `task` is "classification" (the default) or "regression":
+    - classification: y is (n,) int64, class indices 0..n_classes-1, n_classes >= 2;
+    - regression: y is (n, k) C-contiguous with x's dtype (k targets per row; a single
+      target is (n, 1)), and n_classes is None. `n_outputs` is k or n_classes.
+    The test split may be empty (n_test == 0, x_test of shape (0, features)): there is then
+    no held-out set to evaluate on.
+    x may be a read-only np.memmap (see arrays.py): a data set larger than memory.
     `source` says where the arrays came from (a directory, or "synthetic (...)").
     `true_weights` is the generating weight vector w* for `synthetic_binary`, else None.
     `integrity` says whether the files read are the published ones: "verified" (every
@@ -103,6 +140,8 @@ class Dataset:
     `input_shape` is the shape of one sample, whose row-major flattening is a row of x:
     (1, 28, 28) for MNIST, (3, 32, 32) for CIFAR-10 (channels first), so that a CNN can
     view the rows as images. Left out (None), it becomes (features,): plain vectors.
+    `notes` are lines for the caller to print (rank 0 only): what was done to the user's
+    data once when it was loaded (a dtype conversion, a held-out split), never printed here.
     """
 
     x_train: np.ndarray
@@ -110,14 +149,18 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     name: str
-    n_classes: int
+    n_classes: int | None
     source: str
     true_weights: np.ndarray | None = None
     input_shape: tuple[int, ...] | None = None
     integrity: str = "unchecked"
+    task: str = CLASSIFICATION
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self):
         # Validate once here so the training loop can trust the layout and never convert.
+        if self.task not in TASKS:
+            raise ValueError(f"task={self.task!r} is not one of {', '.join(TASKS)}")
         for split in ("train", "test"):
             x = getattr(self, f"x_{split}")
             y = getattr(self, f"y_{split}")
@@ -128,8 +171,16 @@ class Dataset:
                 raise ValueError(f"x_{split} has dtype {x.dtype}, expected float32 or float64")
             if not x.flags.c_contiguous:
                 raise ValueError(f"x_{split} with shape {x.shape} is not C-contiguous")
-            if not isinstance(y, np.ndarray) or y.ndim != 1 or y.dtype != np.int64:
-                raise ValueError(f"y_{split} must be a 1-D int64 ndarray, got "
+            if self.task == CLASSIFICATION:
+                if not isinstance(y, np.ndarray) or y.ndim != 1 or y.dtype != np.int64:
+                    raise ValueError(f"y_{split} must be a 1-D int64 ndarray, got "
+                                     f"{type(y).__name__} with shape "
+                                     f"{getattr(y, 'shape', None)} and dtype "
+                                     f"{getattr(y, 'dtype', None)}")
+            elif not (isinstance(y, np.ndarray) and y.ndim == 2 and y.shape[1] >= 1
+                      and y.dtype == x.dtype and y.flags.c_contiguous):
+                raise ValueError(f"y_{split} of a regression must be a C-contiguous (n, k) "
+                                 f"ndarray with k >= 1 and x's dtype {x.dtype}, got "
                                  f"{type(y).__name__} with shape {getattr(y, 'shape', None)} "
                                  f"and dtype {getattr(y, 'dtype', None)}")
             if len(x) != len(y):
@@ -140,8 +191,16 @@ class Dataset:
         if self.x_test.shape[1] != self.x_train.shape[1]:
             raise ValueError(f"x_train has {self.x_train.shape[1]} features but x_test has "
                              f"{self.x_test.shape[1]}")
-        if int(self.n_classes) < 2:
-            raise ValueError(f"n_classes={self.n_classes} must be at least 2")
+        if self.task == CLASSIFICATION:
+            if self.n_classes is None or int(self.n_classes) < 2:
+                raise ValueError(f"n_classes={self.n_classes} must be at least 2")
+        else:
+            if self.n_classes is not None:
+                raise ValueError(f"n_classes={self.n_classes!r}: a regression has no classes "
+                                 f"(n_classes=None)")
+            if self.y_test.shape[1] != self.y_train.shape[1]:
+                raise ValueError(f"y_train has {self.y_train.shape[1]} targets per row but "
+                                 f"y_test has {self.y_test.shape[1]}")
         shape = (self.x_train.shape[1],) if self.input_shape is None else self.input_shape
         if not (isinstance(shape, (tuple, list)) and shape and all(
                 isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1
@@ -153,6 +212,9 @@ class Dataset:
             raise ValueError(f"input_shape={shape} holds {math.prod(shape)} values but x_train "
                              f"has {self.x_train.shape[1]} features")
         object.__setattr__(self, "input_shape", shape)  # frozen: the normalized tuple
+        if isinstance(self.notes, str) or not all(isinstance(s, str) for s in self.notes):
+            raise ValueError(f"notes={self.notes!r} must be a sequence of strings")
+        object.__setattr__(self, "notes", tuple(self.notes))
 
     @property
     def n_features(self) -> int:
@@ -166,8 +228,13 @@ class Dataset:
 
     @property
     def n_test(self) -> int:
-        """Test samples."""
+        """Test samples (0: no held-out set)."""
         return self.x_test.shape[0]
+
+    @property
+    def n_outputs(self) -> int:
+        """Outputs a model needs: n_classes (classification) or targets per row (regression)."""
+        return self.n_classes if self.task == CLASSIFICATION else self.y_train.shape[1]
 
     @property
     def dtype(self) -> np.dtype:
@@ -175,8 +242,14 @@ class Dataset:
         return self.x_train.dtype
 
     def describe(self) -> str:
-        """One line for logs: name, sizes, input shape, dtype and source."""
+        """One line for logs: name, sizes, input shape, targets, dtype and source."""
         shape = f" ({'x'.join(map(str, self.input_shape))})" if len(self.input_shape) > 1 else ""
-        return (f"{self.name}: {self.n_train} train / {self.n_test} test, "
-                f"{self.n_features} features{shape}, {self.n_classes} classes, {self.dtype} "
+        test = f"{self.n_test} test" if self.n_test else "no test set"
+        if self.task == CLASSIFICATION:
+            targets = f"{self.n_classes} classes"
+        else:
+            k = self.n_outputs
+            targets = f"{k} regression target{'s' if k > 1 else ''}"
+        return (f"{self.name}: {self.n_train} train / {test}, "
+                f"{self.n_features} features{shape}, {targets}, {self.dtype} "
                 f"[{self.source}]")
