@@ -17,6 +17,10 @@ One role per module; every public name is re-exported here (`from dptrain.data i
   `synthetic_classification` (MNIST's shapes), `synthetic_cifar10` (CIFAR-10's shapes).
 - transforms.py: `upscale_images` / `upscale_dataset`: nearest-neighbour up-scaling
   (28x28 -> 56x56, 112x112) to make the per-sample compute larger for scaling experiments.
+- arrays.py: the user's own data: `from_arrays` (NumPy arrays), `from_npy` (.npy files as
+  memory maps: larger than memory is fine), `from_npz`; X converted to the model's dtype
+  once (no copy when it already is), labels or regression targets validated row by row,
+  a held-out set or `validation=` fraction; `memmap_region` for workers that map the data.
 - catalog.py: `load_dataset`, the single entry point the command line uses, and the
   policies `get_mnist` / `get_cifar10` (local files, else a download for MNIST, else an
   announced synthetic stand-in).
@@ -31,6 +35,7 @@ can call it and get identical arrays. Messages go through the `announce` callabl
 pass `announce=lambda line: None` on ranks other than 0.
 """
 
+from .arrays import from_arrays, from_npy, from_npz, memmap_region
 from .catalog import (DATASET_NAMES, SYNTHETIC_DEFAULT_FEATURES, SYNTHETIC_DEFAULT_SAMPLES,
                       get_cifar10, get_mnist, load_dataset)
 from .cifar10 import (CIFAR10_ARCHIVE_MD5, CIFAR10_BATCHES, CIFAR10_CLASSES, CIFAR10_FEATURES,
@@ -73,11 +78,15 @@ __all__ = [
     "default_cache_dir",
     "download_mnist",
     "first_nonfinite_row",
+    "from_arrays",
+    "from_npy",
+    "from_npz",
     "get_cifar10",
     "get_mnist",
     "load_cifar10",
     "load_dataset",
     "load_mnist",
+    "memmap_region",
     "read_cifar10_batch",
     "read_idx",
     "synthetic_binary",
