@@ -36,8 +36,8 @@ Targets (`task`):
 - "regression": y holds real targets of shape (n,) or (n, k), stored as (n, k) in the
   model's dtype; NaN and infinity are refused, naming the row.
 
-The test set: X_test and y_test; or `validation=f`, which holds out the LAST round(f * n)
-rows (no shuffling: a contiguous range, so that a memory-mapped X is split without a copy;
+The test set: X_test and y_test; or `validation=f`, which holds out the LAST f * n rows
+(rounded to the nearest, halves up; no shuffling: a contiguous range, so that a memory-mapped X is split without a copy;
 shuffle X and y together beforehand if the rows are ordered, e.g. by label); or neither,
 and the Dataset's test split is empty (n_test == 0).
 
@@ -75,12 +75,13 @@ def from_arrays(X, y, *, X_test=None, y_test=None, validation: float | None = No
     naming the dtype), n >= 1 rows; a row is X[i] flattened (see the module docstring for
     input_shape). y: class indices (task="classification") or real targets
     (task="regression"). X_test / y_test: a held-out set, rows shaped as X's; or
-    validation=f: the last round(f * n) rows are held out; or neither: no test set.
-    n_classes: for a classification, the number of classes (default max label + 1).
+    validation=f: the last f * n rows (rounded, halves up) are held out; or neither: no
+    test set. n_classes: for a classification, the number of classes (default: the largest
+    label + 1). input_shape: the shape of one sample, if not the one X's shape implies.
     dtype: the model's dtype, float32 or float64; X is converted to it once, here (a
     C-contiguous X of that dtype is not copied at all: the Dataset holds a view of it).
     tmp_dir: where an np.memmap X that needs a conversion is converted to (a temporary
-    file, unlinked at once; default tempfile.gettempdir()).
+    file, unlinked at once; default tempfile.gettempdir()). name: the Dataset's name.
     Returns a Dataset whose `notes` say what was done (conversions, the split); raises
     DataError naming the array and the row for inconsistent data, ValueError for bad
     arguments.
