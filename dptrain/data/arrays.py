@@ -37,9 +37,10 @@ Targets (`task`):
   model's dtype; NaN and infinity are refused, naming the row.
 
 The test set: X_test and y_test; or `validation=f`, which holds out the LAST f * n rows
-(rounded to the nearest, halves up; no shuffling: a contiguous range, so that a memory-mapped X is split without a copy;
-shuffle X and y together beforehand if the rows are ordered, e.g. by label); or neither,
-and the Dataset's test split is empty (n_test == 0).
+(rounded to the nearest, halves up; no shuffling: a contiguous range, so that a
+memory-mapped X is split without a copy; shuffle X and y together beforehand if the rows
+are ordered, e.g. by label); or neither, and the Dataset's test split is empty
+(n_test == 0).
 
 Left out on purpose: label encoding, shuffling (the training loop shuffles every epoch),
 feature scaling (divide uint8 pixels by 255 yourself), reading anything but NumPy's formats.
