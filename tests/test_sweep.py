@@ -110,7 +110,7 @@ def test_a_synthetic_stand_in_is_named_in_every_output(tmp_path, monkeypatch, ca
     from dptrain import data
     monkeypatch.delenv("DPTRAIN_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(data, "_fetch", lambda url, timeout: pytest.fail("tried to download"))
+    monkeypatch.setattr(data.mnist, "_fetch", lambda url, timeout: pytest.fail("tried to download"))
     out = tmp_path / "sweep"
     res = sweep_mod.sweep("softmax", "mnist", sizes=(256,), workers=(2,), backend="thread",
                           repeat=1, epochs=1, batch_size=64, ceiling=False, out=out,

@@ -217,7 +217,7 @@ def isolated_environment(monkeypatch, tmp_path):
     """No network, no DPTRAIN_DATA from the caller, and an empty private cache directory."""
     def no_network(url, timeout):
         pytest.fail(f"a test tried to download {url}")
-    monkeypatch.setattr(data, "_fetch", no_network)
+    monkeypatch.setattr(data.mnist, "_fetch", no_network)
     monkeypatch.delenv("DPTRAIN_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
@@ -681,45 +681,6 @@ def test_a_named_directory_without_cifar10_is_an_error_and_nothing_is_created(tm
         get_cifar10(tmp_path / "none", announce=lines.append)
     assert str(tmp_path / "none") in str(info.value)
     assert lines == [] and not (tmp_path / "none").exists()
-
-
-def test_synthetic_cifar10_is_learnable_and_cifar_like():
-    ds = synthetic_cifar10(3000, 1000, seed=1)
-    assert ds.x_train.dtype == np.float32 and ds.x_train.flags.c_contiguous
-    assert ds.x_train.min() >= 0.0 and ds.x_train.max() <= 1.0
-    assert 0.4 < ds.x_train.mean() < 0.6 and 0.15 < ds.x_train.std() < 0.35
-    assert set(np.unique(ds.y_train)) == set(range(10))
-    means = np.stack([ds.x_train[ds.y_train == c].mean(0) for c in range(10)])
-    dists = ((ds.x_test[:, None, :] - means[None]) ** 2).sum(-1)
-    accuracy = (dists.argmin(1) == ds.y_test).mean()
-    assert 0.5 < accuracy < 0.99, accuracy  # learnable, not trivial
-
-
-def test_synthetic_cifar10_prefixes_and_determinism():
-    big = synthetic_cifar10(2100, 30, seed=3)  # more than one 2048-row chunk
-    for n in (1, 100, 2048, 2049):
-        small = synthetic_cifar10(n, 10, seed=3)
-        np.testing.assert_array_equal(small.x_train, big.x_train[:n])
-        np.testing.assert_array_equal(small.y_train, big.y_train[:n])
-        np.testing.assert_array_equal(small.x_test, big.x_test[:10])
-    assert not np.array_equal(synthetic_cifar10(50, 10, seed=4).x_train, big.x_train[:50])
-    wide = synthetic_cifar10(50, 10, seed=3, dtype=np.float64)
-    assert wide.x_train.dtype == np.float64 and wide.x_train.flags.c_contiguous
-    assert 0.0 <= wide.x_train.min() and wide.x_train.max() <= 1.0
-    np.testing.assert_array_equal(wide.x_train, synthetic_cifar10(50, 1, seed=3,
-                                                                  dtype=np.float64).x_train)
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(n_train=0), r"n_train=0 must be >= 1"),
-    (dict(n_test=-1), r"n_test=-1 must be >= 1"),
-    (dict(distractor=1.5), r"distractor=1\.5 must be a number in \[0, 1\.0\]"),
-    (dict(noise=-0.1), r"noise=-0\.1 must be a number"),
-    (dict(dtype=np.int8), r"dtype=int8 is not supported"),
-])
-def test_synthetic_cifar10_validates_arguments(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        synthetic_cifar10(**{"n_train": 10, "n_test": 10, **kwargs})
 
 
 # ---------------------------------------------------------------------------------------

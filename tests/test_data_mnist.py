@@ -1,13 +1,8 @@
-"""Tests for dptrain.data: IDX parsing, MNIST lookup and validation, synthetic sets, upscaling.
-
-No test touches the network: an autouse fixture replaces the module's fetch function with one
-that fails the test, and the tests that exercise `download_mnist` serve bytes from memory.
-"""
-
+"""Tests for MNIST in dptrain.data: the IDX reader (idx.py), the files' lookup, validation
+and download (mnist.py), and the MNIST policies of catalog.py (get_mnist, load_dataset)."""
 import gzip
 import hashlib
 import re
-import tracemalloc
 import urllib.error
 from pathlib import Path
 
@@ -24,10 +19,6 @@ from dptrain.data import (
     load_dataset,
     load_mnist,
     read_idx,
-    synthetic_binary,
-    synthetic_classification,
-    upscale_dataset,
-    upscale_images,
 )
 
 # the tests write small stand-ins that are not the published files: the warning that says so
@@ -35,7 +26,11 @@ from dptrain.data import (
 pytestmark = pytest.mark.filterwarnings("ignore::dptrain.data.DataWarning")
 
 REAL_MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
+
+
 REAL_TRAIN_CLASS_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+
+
 REAL_SHA256 = {
     "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
     "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
@@ -47,6 +42,7 @@ REAL_SHA256 = {
 # ---------------------------------------------------------------------------------------
 # helpers and fixtures
 # ---------------------------------------------------------------------------------------
+
 
 def idx_bytes(array: np.ndarray, elem_type: int = 0x08) -> bytes:
     """Raw IDX encoding of a uint8 array: 0, 0, type, ndim, big-endian dims, data."""
@@ -84,7 +80,7 @@ def isolated_environment(monkeypatch, tmp_path):
     """No network, no DPTRAIN_DATA from the caller, and an empty private cache directory."""
     def no_network(url, timeout):
         pytest.fail(f"a test tried to download {url}")
-    monkeypatch.setattr(data, "_fetch", no_network)
+    monkeypatch.setattr(data.mnist, "_fetch", no_network)
     monkeypatch.delenv("DPTRAIN_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
@@ -98,6 +94,7 @@ def fake_mnist(tmp_path):
 # ---------------------------------------------------------------------------------------
 # read_idx
 # ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("gz", [True, False])
 @pytest.mark.parametrize("shape", [(7,), (3, 28, 28), (2, 3, 4, 5)])
@@ -187,14 +184,10 @@ def test_read_idx_corrupt_gzip(tmp_path, damage):
         read_idx(path)
 
 
-def test_data_not_found_is_a_data_error_is_a_value_error():
-    assert issubclass(DataNotFound, DataError)
-    assert issubclass(DataError, ValueError)
-
-
 # ---------------------------------------------------------------------------------------
 # load_mnist: lookup and validation
 # ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("gz", [True, False])
 def test_load_mnist_from_data_dir(tmp_path, gz):
@@ -347,6 +340,7 @@ def test_load_mnist_corrupt_file_is_not_reported_as_missing(fake_mnist):
 # get_mnist and download_mnist (with an in-memory fake network)
 # ---------------------------------------------------------------------------------------
 
+
 SHARED_MNIST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
 
 
@@ -365,7 +359,8 @@ def test_other_mnist_files_are_read_with_one_warning_naming_them(fake_mnist):
     message = str(caught[0].message)
     assert str(fake_mnist[0]) in message and "not the published data set" in message
     for base in data.MNIST_FILES:
-        assert f"{base}.gz (sha256 of the content " in message and data.MNIST_SHA256[base] in message
+        assert (f"{base}.gz (sha256 of the content " in message
+                and data.MNIST_SHA256[base] in message)
 
 
 def test_get_mnist_prefers_local_files(fake_mnist):
@@ -418,7 +413,7 @@ def test_get_mnist_synthetic_fallback_announces_one_line(tmp_path):
 def test_get_mnist_download_failure_falls_back_to_synthetic(tmp_path, monkeypatch):
     def unreachable(url, timeout):
         raise urllib.error.URLError("no route to host")
-    monkeypatch.setattr(data, "_fetch", unreachable)
+    monkeypatch.setattr(data.mnist, "_fetch", unreachable)
     lines = []
     ds = get_mnist(announce=lines.append, synthetic_n_train=100, synthetic_n_test=100)
     assert ds.source.startswith("synthetic") and ds.name == "synthetic-mnist"
@@ -435,7 +430,7 @@ def serve(monkeypatch, blobs: dict, fail_prefix: str | None = None):
         if fail_prefix and url.startswith(fail_prefix):
             raise urllib.error.URLError("mirror down")
         return blobs[url.rsplit("/", 1)[1]]
-    monkeypatch.setattr(data, "_fetch", fetch)
+    monkeypatch.setattr(data.mnist, "_fetch", fetch)
     return requested
 
 
@@ -485,149 +480,8 @@ def test_get_mnist_downloads_when_allowed(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------
-# synthetic data
+# load_dataset('mnist')
 # ---------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_synthetic_binary_shapes_dtype_and_labels(dtype):
-    ds = synthetic_binary(20_000, 13, seed=3, dtype=dtype)
-    assert ds.x_train.shape == (20_000, 13) and ds.x_test.shape == (2000, 13)
-    assert ds.x_train.dtype == dtype and ds.x_test.dtype == dtype
-    assert ds.x_train.flags.c_contiguous
-    assert ds.y_train.dtype == np.int64 and ds.n_classes == 2 and ds.n_features == 13
-    w = ds.true_weights
-    assert w.shape == (13,)
-    for x, y in ((ds.x_train, ds.y_train), (ds.x_test, ds.y_test)):
-        margin = x.astype(np.float64) @ w
-        decided = np.abs(margin) > 1e-9  # a different summation order may flip only ties
-        np.testing.assert_array_equal(y[decided], (margin > 0)[decided])
-        assert abs(y.mean() - 0.5) < 0.03
-    assert abs(ds.x_train.mean()) < 0.01 and abs(ds.x_train.std() - 1.0) < 0.01
-
-
-def test_synthetic_binary_is_deterministic():
-    a = synthetic_binary(1000, 5, seed=7)
-    b = synthetic_binary(1000, 5, seed=7)
-    c = synthetic_binary(1000, 5, seed=8)
-    np.testing.assert_array_equal(a.x_train, b.x_train)
-    np.testing.assert_array_equal(a.y_test, b.y_test)
-    np.testing.assert_array_equal(a.true_weights, b.true_weights)
-    assert not np.array_equal(a.x_train, c.x_train)
-    assert not np.array_equal(a.true_weights, c.true_weights)
-    # the training set does not depend on the size of the test set
-    d = synthetic_binary(1000, 5, seed=7, n_test=17)
-    np.testing.assert_array_equal(a.x_train, d.x_train)
-    assert d.x_test.shape == (17, 5)
-
-
-def test_synthetic_binary_float32_allocates_no_float64_copy():
-    n, d = 200_000, 20
-    tracemalloc.start()
-    try:
-        ds = synthetic_binary(n, d, dtype=np.float32, n_test=1000)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    result = sum(a.nbytes for a in (ds.x_train, ds.y_train, ds.x_test, ds.y_test))
-    # a float64 temporary of x alone would add 2x the float32 x (32 MB here)
-    assert peak < result + 8 * 2**20, f"peak {peak} bytes for a {result}-byte result"
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(n=0, d=3), r"n=0 must be >= 1"),
-    (dict(n=10, d=-1), r"d=-1 must be >= 1"),
-    (dict(n=2.5, d=3), r"n=2\.5 must be an integer"),
-    (dict(n=10, d=3, n_test=0), r"n_test=0 must be >= 1"),
-    (dict(n=10, d=3, dtype=np.float16), r"dtype=float16 is not supported"),
-])
-def test_synthetic_binary_validates_arguments(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        synthetic_binary(**kwargs)
-
-
-def test_synthetic_classification_is_learnable_and_mnist_like():
-    ds = synthetic_classification(3000, seed=1, n_test=1000)
-    assert ds.x_train.shape == (3000, 784) and ds.n_classes == 10
-    assert ds.x_train.min() >= 0.0 and ds.x_train.max() <= 1.0
-    assert set(np.unique(ds.y_train)) == set(range(10))
-    # nearest class mean on the training set classifies the test set far above chance
-    means = np.stack([ds.x_train[ds.y_train == c].mean(0) for c in range(10)])
-    dists = ((ds.x_test[:, None, :] - means[None]) ** 2).sum(-1)
-    accuracy = (dists.argmin(1) == ds.y_test).mean()
-    assert accuracy > 0.6, accuracy
-    again = synthetic_classification(3000, seed=1, n_test=1000)
-    np.testing.assert_array_equal(ds.x_test, again.x_test)
-
-
-# ---------------------------------------------------------------------------------------
-# upscaling
-# ---------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("factor", [1, 2, 4])
-def test_upscale_images_repeats_each_pixel(dtype, factor):
-    n = 1500  # more than one chunk
-    x = np.random.default_rng(0).random((n, 784)).astype(dtype)
-    up = upscale_images(x, factor)
-    side = 28 * factor
-    assert up.shape == (n, side * side) and up.dtype == dtype and up.flags.c_contiguous
-    img = x.reshape(n, 28, 28)
-    img_up = up.reshape(n, 28, factor, 28, factor)
-    for a in range(factor):
-        for b in range(factor):
-            np.testing.assert_array_equal(img_up[:, :, a, :, b], img)
-    np.testing.assert_array_equal(up.reshape(n, side, side)[:, ::factor, ::factor], img)
-
-
-def test_upscale_images_factor_2_pixel_positions():
-    x = np.arange(2 * 784, dtype=np.float32).reshape(2, 784)
-    up = upscale_images(x, 2).reshape(2, 56, 56)
-    img = x.reshape(2, 28, 28)
-    i, j = np.meshgrid(np.arange(28), np.arange(28), indexing="ij")
-    for da in (0, 1):
-        for db in (0, 1):
-            np.testing.assert_array_equal(up[:, 2 * i + da, 2 * j + db], img[:, i, j])
-
-
-def test_upscale_images_other_side_and_errors():
-    x = np.arange(9, dtype=np.float64).reshape(1, 9)
-    np.testing.assert_array_equal(upscale_images(x, 3, side=3).reshape(9, 9),
-                                  np.kron(x.reshape(3, 3), np.ones((3, 3))))
-    with pytest.raises(ValueError, match=r"x has shape \(1, 9\), expected \(n, 784\)"):
-        upscale_images(x, 2)
-    with pytest.raises(ValueError, match=r"factor=0 must be >= 1"):
-        upscale_images(x, 0, side=3)
-
-
-def test_upscale_dataset(fake_mnist):
-    ds = load_mnist(fake_mnist[0])
-    up = upscale_dataset(ds, 2)
-    assert up.x_train.shape == (50, 3136) and up.x_test.shape == (20, 3136)
-    assert up.n_features == 3136 and up.name == "mnist-x2"
-    assert ds.input_shape == (1, 28, 28) and up.input_shape == (1, 56, 56)
-    assert upscale_dataset(synthetic_binary(100, 16), 2).input_shape == (64,)
-    np.testing.assert_array_equal(up.y_train, ds.y_train)
-    with pytest.raises(ValueError, match=r"n_features=20 is not a square image"):
-        upscale_dataset(synthetic_binary(100, 20), 2)
-
-
-# ---------------------------------------------------------------------------------------
-# load_dataset and Dataset
-# ---------------------------------------------------------------------------------------
-
-def test_load_dataset_unknown_name_lists_valid_names():
-    with pytest.raises(ValueError, match=r"name='cifar100' is not a known dataset; "
-                                         r"valid names: mnist, cifar10, synthetic"):
-        load_dataset("cifar100")
-
-
-def test_load_dataset_synthetic_defaults_and_options():
-    ds = load_dataset("synthetic")
-    assert ds.x_train.shape == (100_000, 20) and ds.x_train.dtype == np.float32
-    small = load_dataset("synthetic", n_samples=500, n_features=16, seed=2, dtype=np.float64,
-                         limit=100, upscale=2)
-    assert small.x_train.shape == (100, 64) and small.x_test.shape == (1000, 64)
-    assert small.x_train.dtype == np.float64
 
 
 def test_load_dataset_mnist_limit_and_upscale(fake_mnist):
@@ -671,43 +525,10 @@ def test_load_dataset_rejects_synthetic_options_for_mnist(fake_mnist):
         load_dataset("mnist", data_dir=fake_mnist[0], n_features=20)
 
 
-def test_dataset_validates_layout():
-    x = np.zeros((4, 3), np.float32)
-    y = np.zeros(4, np.int64)
-    Dataset(x, y, x, y, name="t", n_classes=2, source="test")
-    with pytest.raises(ValueError, match=r"x_train with shape \(4, 3\) is not C-contiguous"):
-        Dataset(np.zeros((3, 4), np.float32).T, y, x, y, name="t", n_classes=2, source="test")
-    with pytest.raises(ValueError, match=r"y_test must be a 1-D int64 ndarray.*int32"):
-        Dataset(x, y, x, y.astype(np.int32), name="t", n_classes=2, source="test")
-    with pytest.raises(ValueError, match=r"x_train has 4 samples but y_train has 3"):
-        Dataset(x, y[:3], x, y, name="t", n_classes=2, source="test")
-    with pytest.raises(ValueError, match=r"x_train has dtype float32 but x_test has float64"):
-        Dataset(x, y, x.astype(np.float64), y, name="t", n_classes=2, source="test")
-
-
-def test_dataset_input_shape():
-    x = np.zeros((4, 12), np.float32)
-    y = np.zeros(4, np.int64)
-    assert Dataset(x, y, x, y, name="t", n_classes=2, source="test").input_shape == (12,)
-    ds = Dataset(x, y, x, y, name="t", n_classes=2, source="test", input_shape=[3, 2, 2])
-    assert ds.input_shape == (3, 2, 2) and "12 features (3x2x2)" in ds.describe()
-    with pytest.raises(ValueError, match=r"input_shape=\(3, 2, 3\) holds 18 values but x_train "
-                                         r"has 12 features"):
-        Dataset(x, y, x, y, name="t", n_classes=2, source="test", input_shape=(3, 2, 3))
-    for bad in ((), (12.0,), (0, 12), (True, 12), 12):
-        with pytest.raises(ValueError, match=r"must be a non-empty tuple of positive integers"):
-            Dataset(x, y, x, y, name="t", n_classes=2, source="test", input_shape=bad)
-    x16 = np.zeros((4, 16), np.float32)  # 16 = 4 x 4, but as 4 channels of 2 x 2
-    four_channels = Dataset(x16, y, x16, y, name="t", n_classes=2, source="t",
-                            input_shape=(4, 2, 2))
-    with pytest.raises(ValueError, match=r"input_shape=\(4, 2, 2\) is not a single-channel "
-                                         r"square image"):
-        upscale_dataset(four_channels, 2)
-
-
 # ---------------------------------------------------------------------------------------
 # the real MNIST files
 # ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.skipif(not REAL_MNIST_DIR.is_dir(),
                     reason=f"real MNIST not present at {REAL_MNIST_DIR}")
