@@ -180,14 +180,13 @@ def _train(args) -> int:
             if given["data"] and (given["train_x"] or given["train_y"]):
                 raise ValueError("give either --data or --train-x/--train-y, not both")
             if given["data"]:
-                ds = data.from_npz(given["data"], dtype=cfg.dtype, seed=cfg.seed,
-                                   validation=args.validation)
+                ds = data.from_npz(given["data"], dtype=cfg.dtype, validation=args.validation)
             else:
                 if not (given["train_x"] and given["train_y"]):
                     raise ValueError("--train-x and --train-y go together")
-                ds = data.from_npy(given["train_x"], given["train_y"], x_test=given["test_x"],
-                                   y_test=given["test_y"], dtype=cfg.dtype, seed=cfg.seed,
-                                   validation=args.validation)
+                ds = data.from_npy(given["train_x"], given["train_y"],
+                                   x_test_path=given["test_x"], y_test_path=given["test_y"],
+                                   dtype=cfg.dtype, validation=args.validation)
             arrays["dataset"] = ds
         options = {k: v for k, v in vars(cfg).items() if k not in ("model", "dataset")}
         train(cfg.model, arrays.get("dataset", cfg.dataset), **options)

@@ -241,6 +241,8 @@ def _run(cfg: TrainConfig, *, model_obj, data, log) -> TrainResult:
     t0 = time.perf_counter()
     note = _stderr_line if mpi_rank == 0 else None      # announced even when quiet
     ds = _load_data(cfg, data, model_obj, note)
+    for line in ds.notes:                 # what was done to the data (a conversion, a split)
+        say(f"dptrain: {line}")
     _check_finite_data(ds)
     if ds.n_train < world:
         raise ValueError(f"the data set has {ds.n_train} training samples, fewer than "
@@ -307,10 +309,7 @@ def _load_data(cfg, data, model_obj, note):
     else:
         _, X, y, X_test, y_test, validation = data
         ds = data_mod.from_arrays(X, y, X_test=X_test, y_test=y_test, validation=validation,
-                                  dtype=cfg.dtype, seed=cfg.seed)
-        for line in getattr(ds, "notes", ()):
-            if note:
-                note(line)
+                                  dtype=cfg.dtype)
     if ds.dtype != np.dtype(cfg.dtype):
         raise ValueError(f"the data set is {ds.dtype}, but the run is {cfg.dtype}")
     if cfg.limit is not None:
@@ -351,10 +350,11 @@ def _model_spec(cfg, ds, model_obj) -> dict:
 
 
 def _check_finite_data(ds):
+    """NaN/inf in the features are refused, naming the row (scanned in bounded chunks: the
+    data may be a memory map larger than RAM)."""
     for name in ("x_train", "x_test"):
-        arr = getattr(ds, name)
-        if arr.size and not np.isfinite(arr).all():
-            bad = int(np.argwhere(~np.isfinite(arr))[0][0])
+        bad = data_mod.first_nonfinite_row(getattr(ds, name))
+        if bad is not None:
             raise ValueError(f"data set {ds.name!r}: {name} has a non-finite value in row {bad}")
 
 
@@ -387,34 +387,59 @@ def _launch(job, arrays, world, backend, policy, cfg, say, init, comm_world, mpi
             return run_worker(comm, job, *arrays, say=say if comm.rank == 0 else None,
                               init_params=init)
         return run_threads(world, target, policy=policy)
-    extras = dict(zip(DATA_NAMES, arrays))
+    extras, mapped = _share(arrays)
     if init is not None:
         extras["init_params"] = init
-    results = run_processes(world, _process_worker, (job, init is not None), policy=policy,
-                            extras=extras, start_method=cfg.start_method,
+    results = run_processes(world, _process_worker, (job, init is not None, mapped),
+                            policy=policy, extras=extras, start_method=cfg.start_method,
                             watch=progress.watch if progress is not None else None)
     for rec in results[0]["history"]:      # workers do not print; rank 0 reports here
         say(epoch_line(rec, cfg.epochs, len(arrays[0])))
     return results
 
 
-def _shared_data(comm) -> tuple:
-    """The data set in the shared segment, its pages mapped into this process before the
-    timed loop: a worker process maps the segment afresh, and without this every page of x
-    would be faulted in during the first epoch's batch gathering (measured: the data phase of
-    a 2-worker softmax step at 75-83 us instead of about 45)."""
-    arrays = tuple(comm.extra(name) for name in DATA_NAMES)
-    for a in arrays:
+def _share(arrays) -> tuple[dict, dict]:
+    """How worker processes get the data: an array that is a view of a memory-mapped file
+    that still has its name (a user's .npy) is opened again by each worker (the page cache
+    is shared: no copy, and a data set larger than RAM stays on disk); the others are copied
+    once into the shared segment. Returns (extras to copy, {name: (path, offset, shape,
+    dtype)})."""
+    extras, mapped = {}, {}
+    for name, a in zip(DATA_NAMES, arrays):
+        region = data_mod.memmap_region(a)
+        if region is None:
+            extras[name] = a
+        else:
+            mapped[name] = (region[0], region[1], a.shape, a.dtype.str)
+    return extras, mapped
+
+
+def _shared_data(comm, mapped=None) -> tuple:
+    """The data set of a worker process: memory maps of the user's files, or views of the
+    shared segment, whose pages are mapped into this process before the timed loop: a worker
+    process maps the segment afresh, and without this every page of x would be faulted in
+    during the first epoch's batch gathering (measured: the data phase of a 2-worker softmax
+    step at 75-83 us instead of about 45)."""
+    mapped = mapped or {}
+    arrays = []
+    for name in DATA_NAMES:
+        if name in mapped:
+            path, offset, shape, dtype = mapped[name]
+            arrays.append(np.memmap(path, np.dtype(dtype), "r", offset, tuple(shape)))
+            continue
+        a = comm.extra(name)
         flat = a.reshape(-1).view(np.uint8)
         if flat.size:
             flat[::4096].sum()               # one read per 4 KiB page
-    return arrays
+        arrays.append(a)
+    return tuple(arrays)
 
 
-def _process_worker(comm, job: Job, has_init: bool) -> dict:
-    """run_worker in a worker process: the data set lives in the shared segment."""
+def _process_worker(comm, job: Job, has_init: bool, mapped: dict) -> dict:
+    """run_worker in a worker process: the data set lives in the shared segment (or in the
+    user's memory-mapped files)."""
     init = comm.extra("init_params") if has_init else None
-    return run_worker(comm, job, *_shared_data(comm), init_params=init)
+    return run_worker(comm, job, *_shared_data(comm, mapped), init_params=init)
 
 
 # ---------------------------------------------------------------- progress
@@ -481,9 +506,9 @@ def _uncoupled(job, arrays, world, backend, policy, cfg, config):
         results = run_threads(world, lambda comm: _uncoupled_worker(comm, job1, *arrays),
                               policy=policy)
     else:
-        results = run_processes(world, _uncoupled_process_worker, (job1,), policy=policy,
-                                extras=dict(zip(DATA_NAMES, arrays)),
-                                start_method=cfg.start_method)
+        extras, mapped = _share(arrays)
+        results = run_processes(world, _uncoupled_process_worker, (job1, mapped), policy=policy,
+                                extras=extras, start_method=cfg.start_method)
     seconds = [r["train_seconds"] for r in results]
     return TrainResult(config=config, uncoupled=True, train_seconds=max(seconds),
                        rank_train_seconds=seconds)
@@ -499,8 +524,8 @@ def _uncoupled_worker(comm, job, x, y, x_test, y_test) -> dict:
     return {"train_seconds": out["train_seconds"]}
 
 
-def _uncoupled_process_worker(comm, job) -> dict:
-    return _uncoupled_worker(comm, job, *_shared_data(comm))
+def _uncoupled_process_worker(comm, job, mapped) -> dict:
+    return _uncoupled_worker(comm, job, *_shared_data(comm, mapped))
 
 
 # ---------------------------------------------------------------- the result
