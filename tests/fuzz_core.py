@@ -166,10 +166,10 @@ class SubArray(np.ndarray):
 # =======================================================================================
 # hostile values, by argument kind
 
-# Kinds of an argument: "F" float array, "L" int64 labels, "I" int64 index or output,
-# "U" uint8 array, "A" array of any dtype, "FL" list of float arrays, "f" float, "f?" float
-# or None, "i" int, "i?" int or None, "b" truth value, "ctx" Context or None, "s" str,
-# "sizes" sequence of ints, "O" not mutated.
+# Kinds of an argument: "F" float array ("Fq": never given NaN/inf), "L" int64 labels,
+# "I" int64 index or output, "U" uint8 array, "A" array of any dtype, "FL" list of float
+# arrays, "f" float, "f?" float or None, "i" int, "i?" int or None, "b" truth value, "ctx"
+# Context or None, "s" str, "sizes" sequence of ints, "O" not mutated.
 
 HOSTILE_DTYPES = [np.dtype(t) for t in (
     np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8, np.int8, np.uint64,
@@ -189,6 +189,8 @@ def convert(a, dt):
 
 def relayout(rng, a, how):
     """The same values in another memory layout."""
+    if max(a.shape, default=0) > 2 ** 20:      # an empty array with a huge dimension
+        return a.copy()
     if how == "strided" and a.ndim:
         big = np.zeros(a.shape[:-1] + (2 * a.shape[-1] + 1,), a.dtype)
         v = big[..., 1::2]
@@ -316,6 +318,8 @@ BAD_CODES = (4, 5, 128, 255)
 ARRAY_MUTATORS = {
     "F": [(3, m_array_dtype), (2, m_array_ndim), (3, m_array_shape), (4, m_array_layout),
           (2, m_not_array), (2, m_special_values)],
+    "Fq": [(3, m_array_dtype), (2, m_array_ndim), (3, m_array_shape), (4, m_array_layout),
+           (2, m_not_array)],                   # floats that must stay finite (a ConvNet's x)
     "L": [(3, m_array_dtype), (1, m_array_ndim), (2, m_array_shape), (2, m_array_layout),
           (1, m_not_array), (4, lambda rng, a: m_int_values(rng, a, BAD_LABELS))],
     "I": [(3, m_array_dtype), (1, m_array_ndim), (2, m_array_shape), (2, m_array_layout),
@@ -391,6 +395,11 @@ class Expect:
 
 class Refuse(Exception):
     """Raised by an oracle: the contract refuses these arguments."""
+
+
+class CaseOver(Exception):
+    """Raised by Fuzz.run after a wrong result: the rest of the case would only report its
+    consequences (and the memory may be corrupt), so the case ends there."""
 
 
 @dataclass
@@ -681,7 +690,8 @@ def compare(name, actual, expected, rtol, scale=None, exact=False):
         else:
             s = np.zeros(()) if scale is None else np.abs(np.asarray(scale, np.float64))
             s = np.where(np.isfinite(s), s, np.inf)
-            tol = rtol * (np.abs(np.where(np.isfinite(e), e, 0)) + s)
+            tiny = np.finfo(expected.dtype).tiny if expected.dtype.kind in "fc" else 0.0
+            tol = rtol * (np.abs(np.where(np.isfinite(e), e, 0)) + s) + 4 * tiny   # subnormals
             finite = np.isfinite(e)
             ok = np.where(finite, np.isfinite(a) & (np.abs(a - e) <= tol), (a == e) | (nan_a & nan_e))
     if ok.all():
@@ -799,6 +809,7 @@ class Fuzz:
         sig = signature(category, tags)
         self.poisoned = True
         self.write(f"F\t{self.case}\t{label}\t{sig}\t{clean(detail)}", flush=True)
+        raise CaseOver(category)
 
     # -- a call ---------------------------------------------------------------------------
     def run(self, call):
@@ -834,6 +845,8 @@ class Fuzz:
         self.write(f"R\t{cid}\t{status}\t{sig}\t{clean(detail)}", flush=True)
         if self.verbose:
             print(f"    -> {status} {category} {detail}"[:800], file=sys.stderr)
+        if status in "WE":
+            raise CaseOver(category)
         return Outcome(status, ret=ret, exc=exc, expect=expect)
 
     def judge_error(self, call, e, values, snaps, held_before):
@@ -874,12 +887,18 @@ class Fuzz:
         for i in outputs:
             for j, (act, want) in enumerate(zip(arrays_in(values[i]), arrays_in(copies[i]))):
                 name = call.args[i].name + (f"[{j}]" if isinstance(values[i], (list, tuple)) else "")
-                p = compare(name, act, want, rtol, exp.scale.get(call.args[i].name), exp.exact)
+                scale = exp.scale.get(call.args[i].name, 0.0)
+                if scale is None:           # the oracle cannot tell (an overflowing sum)
+                    continue
+                p = compare(name, act, want, rtol, scale, exp.exact)
                 if p:
                     problems.append((differs("output", p), p))
         for k, act in call.held.items():
             want = exp.held.get(k, held_before[k])
-            p = compare(f"held {k}", act, want, rtol, exp.held_scale.get(k), k not in exp.held)
+            scale = exp.held_scale.get(k, 0.0)
+            if scale is None:
+                continue
+            p = compare(f"held {k}", act, want, rtol, scale, k not in exp.held)
             if p:
                 problems.append((differs(f"held {k}", p) if k in exp.held else f"held {k} changed", p))
         p = self.check_return(exp, ret, rtol)
@@ -979,7 +998,10 @@ def oracle_gemm(before, a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, bet
     check_ctx(ctx)
     c0 = c.copy()
     ref.gemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
-    if c.dtype.type(alpha) == 0:       # the contract (BLAS): alpha == 0 never reads a or b
+    k = a.shape[0] if trans_a else a.shape[1]
+    if c.dtype.type(alpha) == 0 or k == 0:
+        # the contract (BLAS): alpha == 0 never reads a or b; an empty product is no product
+        # (not alpha * 0, which is NaN for an alpha that overflows to inf in float32)
         c[...] = 0 if beta == 0 else c.dtype.type(beta) * c0
     scale = np.abs(c0)
     ref.gemm(np.abs(a), np.abs(b), scale, trans_a=trans_a, trans_b=trans_b, alpha=abs(alpha),
@@ -1160,7 +1182,9 @@ def oracle_sgd_step(before, params, grads, velocity, *, lr, momentum=0.0, dampen
                  weight_decay=weight_decay, nesterov=nesterov, first_step=first_step)
     d = np.abs(grads) + abs(weight_decay) * p0
     sv = d if first_step else abs(momentum) * v0 + abs(1 - dampening) * d
-    return Expect(scale={"params": p0 + abs(lr) * (d + abs(momentum) * sv), "velocity": sv})
+    # with momentum == 0 velocity is no output: whatever it is (params itself) is not checked
+    return Expect(scale={"params": p0 + abs(lr) * (d + abs(momentum) * sv),
+                         "velocity": sv if momentum != 0 else None})
 
 
 def range_args(rng, n):
@@ -1570,6 +1594,7 @@ class NetModel:
         self.params, self.grads = params, grads            # the objects the net holds
         self.params_view, self.grads_view = params.view(), grads.view()
         self.dtype = params.dtype
+        self.x_kind = "F" if cls is core.Network else "Fq"     # see make_batch
         if cls is core.Network:
             sizes = cfg["sizes"]
             self.in_width, self.out_width = sizes[0], sizes[-1]
@@ -1674,9 +1699,11 @@ class NetModel:
                     compare_int("n_correct", ret[1], correct))
         return check
 
-    def grads_expect(self, before, delta, rows, only_layer=None):
+    def grads_expect(self, before, delta, rows, grad_scale, only_layer=None):
         """before + delta (restricted to one layer's range), with a tolerance that grows with
-        the rows summed."""
+        the rows summed and is at least |grad_scale| * rows (the size of the terms, when they
+        cancel to 0); None for the tolerance when grad_scale is so large that the sums
+        overflow (to inf or -inf, by the order of summation)."""
         if only_layer is not None:
             lo, hi = self.ranges[only_layer]
             masked = np.zeros_like(delta)
@@ -1684,11 +1711,13 @@ class NetModel:
             delta = masked
         with np.errstate(all="ignore"):
             want = before + delta
+        if abs(grad_scale) > 1e30:
+            return want, None
         scale = np.zeros(delta.shape)
         for lo, hi in self.ranges:
             fin = lambda a: np.abs(a[lo:hi][np.isfinite(a[lo:hi])])
             top = max(fin(before).max(initial=0), fin(delta).max(initial=0))
-            scale[lo:hi] = top * (1 + math.sqrt(rows))
+            scale[lo:hi] = top * (1 + math.sqrt(rows)) + abs(grad_scale) * max(rows, 1)
         return want, scale
 
     # -- the sweep state --------------------------------------------------------------------
@@ -1757,7 +1786,7 @@ def step_forward_loss(rng, fz, net, model, thread="", hostile=0.25, big_p=0.02):
         sweep = Sweep(x.copy(), labels.copy(), gs, model.n_layers - 1) if rows else None
         return Expect(ret_check=model.result_check(loss, correct, x), extra={"sweep": sweep})
 
-    call = net_call(model, net, "forward_loss", [Arg("x", x, "F"), Arg("labels", labels, "L"),
+    call = net_call(model, net, "forward_loss", [Arg("x", x, model.x_kind), Arg("labels", labels, "L"),
                                                 grad_scale_arg(rng, len(x))], oracle, thread)
     del x
     out = fz.run(mutate(rng, call, hostile_count(rng, hostile)))
@@ -1791,10 +1820,11 @@ def step_backward_layer(rng, fz, net, model, thread="", hostile=0.25, layer=None
         exp = Expect()
         if grads is None:
             exp.held["grads"], exp.held_scale["grads"] = model.grads_expect(
-                before["grads"], sweep.grads, len(sweep.x), layer)
+                before["grads"], sweep.grads, len(sweep.x), sweep.grad_scale, layer)
         else:
             model.check_grads_arg(before, grads)
-            want, exp.scale["grads"] = model.grads_expect(grads.copy(), sweep.grads, len(sweep.x), layer)
+            want, exp.scale["grads"] = model.grads_expect(grads.copy(), sweep.grads, len(sweep.x),
+                                                          sweep.grad_scale, layer)
             grads[...] = want
         return exp
 
@@ -1843,15 +1873,15 @@ def step_loss_grad(rng, fz, net, model, thread="", hostile=0.25):
         loss, correct, delta = model.ref_loss_grad(x, labels, gs)
         exp = Expect(ret_check=model.result_check(loss, correct, x))
         if grads is None:
-            exp.held["grads"], exp.held_scale["grads"] = model.grads_expect(before["grads"], delta, rows)
+            exp.held["grads"], exp.held_scale["grads"] = model.grads_expect(before["grads"], delta, rows, gs)
         else:
             model.check_grads_arg(before, grads, "x")
-            want, exp.scale["grads"] = model.grads_expect(grads.copy(), delta, rows)
+            want, exp.scale["grads"] = model.grads_expect(grads.copy(), delta, rows, gs)
             grads[...] = want
         return exp
 
     call = net_call(model, net, "loss_grad", [
-        Arg("x", x, "F"), Arg("labels", labels, "L"), grad_scale_arg(rng, len(x)),
+        Arg("x", x, model.x_kind), Arg("labels", labels, "L"), grad_scale_arg(rng, len(x)),
         Arg("grads", grads, "F", output=True, omit=not given, keyword=True)], oracle, thread)
     if not given:
         call.arg("grad_scale").keyword = True
@@ -1869,7 +1899,8 @@ def step_evaluate(rng, fz, net, model, thread="", hostile=0.25):
         loss, correct = model.ref_evaluate(x, labels)
         return Expect(ret_check=model.result_check(loss, correct, x))
 
-    call = net_call(model, net, "evaluate", [Arg("x", x, "F"), Arg("labels", labels, "L")], oracle, thread)
+    call = net_call(model, net, "evaluate", [Arg("x", x, model.x_kind), Arg("labels", labels, "L")],
+                    oracle, thread)
     out = fz.run(mutate(rng, call, hostile_count(rng, hostile)))
     (model.ended if out.expect is not None else model.unsure)(thread)
     return out
@@ -1889,7 +1920,7 @@ def step_logits(rng, fz, net, model, thread="", hostile=0.25):
         out[...] = logits          # refuses a read-only or wrongly shaped out
         return Expect(scale={"out": np.abs(logits)})
 
-    call = net_call(model, net, "logits", [Arg("x", x, "F"), Arg("out", out_arr, "F", output=True)],
+    call = net_call(model, net, "logits", [Arg("x", x, model.x_kind), Arg("out", out_arr, "F", output=True)],
                     oracle, thread)
     out = fz.run(mutate(rng, call, hostile_count(rng, hostile)))
     (model.ended if out.expect is not None else model.unsure)(thread)
@@ -2098,13 +2129,12 @@ class RankThreads:
             box, done = [], threading.Event()
             q.put((fn, box, done))
             jobs.append((box, done))
-        results = []
-        for box, done in jobs:
+        for box, done in jobs:             # every rank finishes before anything is raised
             done.wait()
+        for box, done in jobs:
             if isinstance(box[0], BaseException):
                 raise box[0]
-            results.append(box[0])
-        return results
+        return [box[0] for box, done in jobs]
 
     def run(self, r, fn):
         box, done = [], threading.Event()
@@ -2543,11 +2573,21 @@ def threads_concurrent(rng, fz):
     for t, plan in enumerate(plans):
         for c in plan:
             c.thread = f"T{t + 1}"
-    workers = [threading.Thread(target=lambda p=p: [fz.run(c) for c in p]) for p in plans]
+    over = []
+
+    def work(plan):
+        try:
+            for c in plan:
+                fz.run(c)
+        except CaseOver as e:
+            over.append(e)
+    workers = [threading.Thread(target=work, args=(p,)) for p in plans]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
+    if over:
+        raise over[0]
 
 
 def plan_loss_grad(rng, net, model, thread):
@@ -2557,12 +2597,13 @@ def plan_loss_grad(rng, net, model, thread):
 
     def oracle(before, x, labels, grad_scale=None, grads=None):
         rows = model.check_batch(x, labels)
-        loss, correct, delta = model.ref_loss_grad(x, labels, model.grad_scale(grad_scale, rows))
+        gs = model.grad_scale(grad_scale, rows)
+        loss, correct, delta = model.ref_loss_grad(x, labels, gs)
         model.check_grads_arg(before, grads, "x")
-        want, scale = model.grads_expect(grads.copy(), delta, rows)
+        want, scale = model.grads_expect(grads.copy(), delta, rows, gs)
         grads[...] = want
         return Expect(ret_check=model.result_check(loss, correct, x), scale={"grads": scale})
-    return net_call(model, net, "loss_grad", [Arg("x", x, "F"), Arg("labels", labels, "L"),
+    return net_call(model, net, "loss_grad", [Arg("x", x, model.x_kind), Arg("labels", labels, "L"),
                                               Arg("grads", grads, "F", output=True, keyword=True)],
                     oracle, thread)
 
@@ -2574,7 +2615,8 @@ def plan_evaluate(rng, net, model, thread):
         model.check_batch(x, labels)
         loss, correct = model.ref_evaluate(x, labels)
         return Expect(ret_check=model.result_check(loss, correct, x))
-    return net_call(model, net, "evaluate", [Arg("x", x, "F"), Arg("labels", labels, "L")], oracle, thread)
+    return net_call(model, net, "evaluate", [Arg("x", x, model.x_kind), Arg("labels", labels, "L")],
+                    oracle, thread)
 
 
 def plan_logits(rng, net, model, thread):
@@ -2585,7 +2627,7 @@ def plan_logits(rng, net, model, thread):
         logits = model.ref_logits(x)
         out[...] = logits
         return Expect(scale={"out": np.abs(logits)})
-    return net_call(model, net, "logits", [Arg("x", x, "F"),
+    return net_call(model, net, "logits", [Arg("x", x, model.x_kind),
                                            Arg("out", np.zeros((len(x), model.out_width), model.dtype), "F",
                                                output=True)], oracle, thread)
 
@@ -2699,6 +2741,8 @@ def run_case(fz, case):
         warnings.simplefilter("ignore")
         try:
             fn(rng, fz)
+        except CaseOver:
+            pass
         except Exception:              # the fuzzer's own bug: reported, never hidden
             if fz.raise_errors:
                 raise
@@ -2870,8 +2914,14 @@ class Batch:
 
 
 def crash_summary(stderr):
-    """The C library's / Python's complaint and the innermost Python frames of a crash."""
+    """The C library's / Python's complaint and the innermost Python frames of a crash (or a
+    sanitizer's summary line and first frames, under ASan)."""
     lines = stderr.splitlines()
+    asan = [i for i, line in enumerate(lines) if "ERROR: AddressSanitizer" in line or
+            line.startswith("SUMMARY:")]
+    if asan:
+        first = lines[asan[0]:asan[0] + 6]
+        return " | ".join(line.strip() for line in first + lines[asan[-1]:asan[-1] + 1])[:900]
     head, frames, in_stack = [], [], False
     for line in lines:
         if "most recent call first" in line:
