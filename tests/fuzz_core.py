@@ -1792,9 +1792,12 @@ def step_forward_loss(rng, fz, net, model, thread="", hostile=0.25, big_p=0.02):
     out = fz.run(mutate(rng, call, hostile_count(rng, hostile)))
     x = call.arg("x").value
     model.last_x = weakref.ref(x) if isinstance(x, np.ndarray) and x.base is None else None
+    aliased = isinstance(x, np.ndarray) and np.may_share_memory(x, model.grads_view)
     del x, call                          # the net alone keeps x alive now
     if out.expect is not None:
         model.started(thread, out.expect.extra["sweep"])
+        if aliased and "pending x~held grads" not in model.notes:
+            model.notes.append("pending x~held grads")
     else:
         model.unsure(thread)
     return out
