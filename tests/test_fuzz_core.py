@@ -7,7 +7,14 @@ or a wrong exception fails the test, and the report names the case to replay:
 `python tests/fuzz_core.py --seed S --replay CASE -v`.
 
 DPTRAIN_FUZZ_CALLS / DPTRAIN_FUZZ_SEED / DPTRAIN_FUZZ_JOBS / DPTRAIN_FUZZ_HANG_S resize the
-run (a sanitized build is slower: give it a longer hang timeout).
+run (a sanitized build is slower: give it a longer hang timeout). Under AddressSanitizer, with
+the extension built by `CFLAGS="-fsanitize=address -fno-omit-frame-pointer"
+LDFLAGS=-fsanitize=address python setup.py build_ext --inplace`:
+
+    LD_PRELOAD=$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
+        python -m pytest tests/test_fuzz_core.py
+
+(a sanitizer report ends a child with exit status 1: a crash, summarized from its report).
 """
 import importlib.util
 import os
