@@ -143,14 +143,14 @@ def check_conv(fwd, bwd, shape, pad, dtype, what, **kw):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("shape,pad", conv_cases())
+@pytest.mark.parametrize("shape,pad", list(conv_cases()))
 def test_conv2d_matches_reference(gemm_isa, shape, pad, dtype):
     check_conv(core.conv2d_forward, core.conv2d_backward, shape, pad, dtype,
                f"conv2d[{gemm_isa}]")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("shape,pad", conv_cases(max_work=20000))
+@pytest.mark.parametrize("shape,pad", list(conv_cases(max_work=20000)))
 def test_conv2d_naive_twin_matches_reference(shape, pad, dtype):
     check_conv(core.conv2d_forward_naive, core.conv2d_backward_naive, shape, pad, dtype,
                "conv2d_naive")

@@ -81,7 +81,7 @@ def test_cli_sweep(tmp_path, capsys):
                "--out", str(tmp_path)])
     assert rc == 0
     captured = capsys.readouterr()
-    assert "speedup" in captured.out and "sweep: [" in captured.err
+    assert "speedup" in captured.out and "sweep:" in captured.err and "2/2" in captured.err
     res = json.loads((tmp_path / "sweep.json").read_text())
     assert [s["workers"] for s in res["summary"]] == [1, 2]
     assert all(r["independent_seconds"] is None for r in res["runs"])

@@ -17,8 +17,10 @@ pipeline in a minute; its figures are not the study's result.
   pixels, full-batch gradient descent: threads in a worker vs workers vs both, parameter
   server vs all-reduce.
 
-What is left out on purpose: the original studies' code (we compare against their published
-figures, quoted in ORIGINAL), and runs that need more cores than the machine has, which are
+Each report's prose (what the original study found, what explains the difference) is its
+template in ``templates/NAME.md``, filled with the run's figures. What is left out on purpose:
+the original studies' code (we compare against their published figures, quoted in the
+templates), and runs that need more cores than the machine has, which are
 run but flagged (oversubscribed) in the report.
 """
 from __future__ import annotations
@@ -31,18 +33,22 @@ from ..measure import sweep as sweep_mod
 
 STUDIES = ("mnist-mlp", "cifar10-cnn", "logreg-1m", "mnist-softmax-scaled")
 
-# The original studies' published figures, quoted for the side-by-side tables.
-ORIGINAL = {
-    "mnist-mlp": "MLP on MNIST subsets of 5k-40k samples with 1, 2, 4 workers: speedup near "
-                 "1 at every size; the study blamed fixed per-step overheads (pickling, "
-                 "process start-up inside the timing).",
-    "cifar10-cnn": "2 epochs: 138 s on 1 worker, 121 s on 2 workers (1.14x), one all-reduce "
-                   "call per parameter tensor: 1,568 calls per epoch.",
-    "logreg-1m": "a pickled multiprocessing Pool: 0.08 s sequential vs 1.05 s on 4 workers "
-                 "(0.08x); accuracy 0.9992 vs 0.9991.",
-    "mnist-softmax-scaled": "about 10x from threads on one node, near-linear over 4 MPI "
-                            "nodes, after enlarging the images to raise the compute per sample.",
-}
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def template(name: str) -> str:
+    """A study's report template (Markdown with {fields}): its prose, kept out of the code."""
+    return (TEMPLATES / f"{name}.md").read_text()
+
+
+def _original(name: str) -> str:
+    """The original study's published figures, as its template quotes them."""
+    line = next(line for line in template(name).splitlines() if line.startswith("Original: "))
+    return line[len("Original: "):]
+
+
+# The original studies' published figures, quoted in the reports (from the templates).
+ORIGINAL = {name: _original(name) for name in STUDIES}
 
 
 def _md_table(headers, rows, quick: bool = False) -> str:
@@ -67,8 +73,8 @@ SUPERLINEAR_NOTE = ("† A speedup above the number of cores of this machine can
                     "its cache). Do not read it as scaling.")
 
 
-def _notes(speedups) -> list[str]:
-    return [SUPERLINEAR_NOTE] if any(s > (os.cpu_count() or 1) for s in speedups) else []
+def _notes(speedups) -> str:
+    return SUPERLINEAR_NOTE if any(s > (os.cpu_count() or 1) for s in speedups) else ""
 
 
 def _dataset_text(name: str) -> str:
@@ -106,13 +112,22 @@ QUICK_BANNER = ("**QUICK RUN**: a reduced form (small data, few epochs, one repe
                 "without --quick for those.")
 
 
-def _write(out: Path, name: str, title: str, sections: list[str], quick: bool) -> Path:
+def _write(out: Path, name: str, quick: bool, **fields) -> Path:
+    """Renders the study's template into out/report.md; a quick run says so in the title and
+    in a banner under it."""
+    import re
+    fields.setdefault("machine", _machine_md())
+    text = template(name).format_map(fields)
     if quick:
-        title, sections = f"QUICK RUN - {title}", [QUICK_BANNER] + sections
-    text = f"# {title}\n\n" + "\n\n".join(sections) + "\n"
+        title, rest = text.split("\n", 1)
+        text = f"# QUICK RUN - {title[2:]}\n\n{QUICK_BANNER}\n{rest}"
     path = out / "report.md"
-    path.write_text(text)
+    path.write_text(re.sub(r"\n{3,}", "\n\n", text))     # an empty field leaves no gap
     return path
+
+
+def _figures(figs) -> str:
+    return "\n".join(f"![{f}]({f})" for f in figs)
 
 
 # ------------------------------------------------------------------ 1. mnist-mlp
@@ -135,25 +150,13 @@ def _mnist_mlp(out: Path, quick: bool, say) -> dict:
             for s in res["summary"]]
     best = max((s for s in res["summary"] if s["workers"] == 2),
                key=lambda s: s["speedup"]["median"])
-    sections = [
-        "## Configuration\n\nMLP 784-256-128-10, global batch 128, SGD lr 0.1 momentum 0.9 "
-        f"(cosine), 1 epoch per run, subsets {list(sizes)} of {data}, workers {list(workers)} on "
-        f"the process backend (shared memory), {res['config']['repeat']} repeat(s), medians. "
-        + _machine_md(),
-        "\n\n".join(["## Results", _md_table(["samples", "workers", "time s", "speedup",
-                                               "efficiency", "ceiling"], rows, quick)]
-                     + _notes(s["speedup"]["median"] for s in res["summary"])),
-        f"## Against the original\n\nOriginal: {ORIGINAL['mnist-mlp']}\n\nOurs: "
-        f"{best['speedup']['median']:.2f}x on 2 workers at {best['n_samples']} samples. "
-        "Workers start once outside the timed region, gradients stay in shared memory and "
-        "are all-reduced in one C call per step (no pickling), so the fixed per-step cost is "
-        "a few microseconds instead of milliseconds; what remains is shown per phase in "
-        "breakdown.png. The ceiling column is what p uncoupled workers reach on this "
-        "machine at the same moment: the cores share memory bandwidth and the host "
-        "time-shares them.",
-        "## Figures\n\n" + "\n".join(f"![{f}]({f})" for f in figs),
-    ]
-    _write(out, "mnist-mlp", f"Study: MLP on subsets of {data}, 1-4 workers", sections, quick)
+    _write(out, "mnist-mlp", quick, data=data, sizes=list(sizes), workers=list(workers),
+           repeat=res["config"]["repeat"],
+           table=_md_table(["samples", "workers", "time s", "speedup", "efficiency",
+                            "ceiling"], rows, quick),
+           notes=_notes(s["speedup"]["median"] for s in res["summary"]),
+           best_speedup=f"{best['speedup']['median']:.2f}", best_samples=best["n_samples"],
+           figures=_figures(figs))
     return res
 
 
@@ -182,22 +185,12 @@ def _cifar10_cnn(out: Path, quick: bool, say) -> dict:
                      f"{ph['compute'] / comm:.1f}" if comm > 0 else "-",
                      _speedup_cell(s["speedup"]["median"]),
                      f"{r['final_test_accuracy']:.3f}"])
-    sections = [
-        "## Configuration\n\nCNN conv(3->32,3x3)-ReLU-maxpool2-conv(32->64,3x3)-ReLU-maxpool2-"
-        f"fc(2304->128)-ReLU-fc(128->10), batch 128, SGD lr 0.01 momentum 0.9, "
-        f"{res['config']['epochs']} epoch(s), {n} training samples of {data}, process "
-        "backend. " + _machine_md(),
-        "\n\n".join(["## Metrics", _md_table(
-            ["workers", "time s", "collective calls / epoch", "communication s (incl. wait)",
-             "iteration ms", "compute / communication", "speedup", "test acc"], rows, quick)]
-            + _notes(s["speedup"]["median"] for s in res["summary"])),
-        f"## Against the original\n\nOriginal: {ORIGINAL['cifar10-cnn']}\n\nOurs: one "
-        "all-reduce of the whole flat gradient per step (plus one per epoch for the loss), "
-        "instead of one per parameter tensor; the gradient never leaves shared memory.",
-        "## Figures\n\n" + "\n".join(f"![{f}]({f})" for f in figs),
-    ]
-    _write(out, "cifar10-cnn", f"Study: a small CNN on {data}, 1 vs 2 (and 4) workers",
-           sections, quick)
+    _write(out, "cifar10-cnn", quick, data=data, epochs=res["config"]["epochs"], samples=n,
+           table=_md_table(["workers", "time s", "collective calls / epoch",
+                            "communication s (incl. wait)", "iteration ms",
+                            "compute / communication", "speedup", "test acc"], rows, quick),
+           notes=_notes(s["speedup"]["median"] for s in res["summary"]),
+           figures=_figures(figs))
     return res
 
 
@@ -222,25 +215,11 @@ def _logreg_1m(out: Path, quick: bool, say) -> dict:
                      f"{s['ceiling_speedup']:.2f}" if s["ceiling_speedup"] else "-",
                      f"{r['final_test_accuracy']:.4f}", r["collective_calls"],
                      f"{r['bytes_sent'] / 1e6:.2f}"])
-    sections = [
-        f"## Configuration\n\nBinary logistic regression, {n:,} x 20 synthetic samples, "
-        f"{res['config']['epochs']} epochs, batch 8192 per worker (global 8192 x workers), "
-        "lr 0.1 x workers with a linear warm-up over the first epoch (Goyal et al.), no "
-        "momentum, float64, batches in order (contiguous slices of the data set, as a "
-        "vectorized NumPy loop reads them), process backend. " + _machine_md(),
-        "\n\n".join(["## Sequential vs parallel", _md_table(
-            ["workers", "time s", "speedup", "ceiling", "test accuracy", "synchronizations",
-             "MB sent (rank max)"], rows, quick)]
-            + _notes(s["speedup"]["median"] for s in res["summary"])),
-        f"## Against the original\n\nOriginal: {ORIGINAL['logreg-1m']}\n\nOurs: the same "
-        "algorithm without pickling: the data set is placed once in shared memory, workers "
-        "start before the timing, and each step exchanges 21 numbers. The problem is "
-        "memory-bound (one pass over 160 MB per epoch), so the cores' shared memory bandwidth "
-        "bounds the speedup; the ceiling column measures it.",
-        "## Figures\n\n" + "\n".join(f"![{f}]({f})" for f in figs),
-    ]
-    _write(out, "logreg-1m", f"Study: logistic regression on {n:,} synthetic samples",
-           sections, quick)
+    _write(out, "logreg-1m", quick, samples=f"{n:,}", epochs=res["config"]["epochs"],
+           table=_md_table(["workers", "time s", "speedup", "ceiling", "test accuracy",
+                            "synchronizations", "MB sent (rank max)"], rows, quick),
+           notes=_notes(s["speedup"]["median"] for s in res["summary"]),
+           figures=_figures(figs))
     return res
 
 
@@ -300,23 +279,12 @@ def _softmax_scaled(out: Path, quick: bool, say) -> dict:
     ax.legend()
     figs = [_save(fig, out, "speedup_layouts")]
     plt.close("all")
-    sections = [
-        f"## Configuration\n\nSoftmax regression (no hidden layer) on the first {limit} "
-        f"images of {data_name}, enlarged {list(ups)}x per side ({', '.join(str(784 * u * u) for u in ups)} "
-        f"pixels), full-batch gradient descent (batch = the training set), {epochs} epochs, "
-        "lr 0.5; threads split each worker's batch inside the C kernels (the OpenMP role), "
-        "workers are processes (the MPI role); ps = reduce to rank 0 + broadcast. "
-        + _machine_md(),
-        "\n\n".join(["## Results", _md_table(["pixels", "layout", "time s", "speedup",
-                                               "test accuracy"], rows, quick)]
-                     + _notes(d["speedup"] for d in data)),
-        f"## Against the original\n\nOriginal: {ORIGINAL['mnist-softmax-scaled']}\n\nOurs: "
-        "the machine has 2 cores, so 2x is the ideal here; the larger the images, the more "
-        "compute per byte exchanged and the closer each layout gets to it.",
-        "## Figures\n\n" + "\n".join(f"![{f}]({f})" for f in figs),
-    ]
-    _write(out, "mnist-softmax-scaled", f"Study: softmax regression on enlarged {data_name}",
-           sections, quick)
+    _write(out, "mnist-softmax-scaled", quick, data=data_name, samples=limit,
+           factors=list(ups), pixels=", ".join(str(784 * u * u) for u in ups), epochs=epochs,
+           cores=os.cpu_count() or 1,
+           table=_md_table(["pixels", "layout", "time s", "speedup", "test accuracy"], rows,
+                           quick),
+           notes=_notes(d["speedup"] for d in data), figures=_figures(figs))
     return {"runs": data}
 
 
