@@ -298,12 +298,12 @@ class _Classifier(ClassifierMixin, _Estimator):
             labels = unique_labels(y if classes is None else classes)
             if len(labels) < 2:
                 raise ValueError(f"{type(self).__name__} needs samples of 2 classes at least; "
-                                 f"y holds 1 class ({labels[0]!r})")
+                                 f"y holds 1 class ({labels[0].item()!r})")
         else:
             labels = self.classes_
             if classes is not None and not np.array_equal(unique_labels(classes), labels):
-                raise ValueError(f"classes={classes!r} differs from classes_={labels!r} of "
-                                 f"the first partial_fit call")
+                raise ValueError(f"classes={classes!r} differs from classes_="
+                                 f"{labels.tolist()!r} of the first partial_fit call")
         codes = _encode(y, labels)
         if fresh:
             seed = _seed_of(self.random_state)
@@ -361,8 +361,8 @@ def _encode(y, labels) -> np.ndarray:
     codes = np.clip(np.searchsorted(labels, y), 0, len(labels) - 1)
     unknown = labels[codes] != y
     if unknown.any():
-        raise ValueError(f"y holds the label {y[np.argmax(unknown)]!r}, which is not one of "
-                         f"classes_ {labels!r}")
+        raise ValueError(f"y holds the label {y[np.argmax(unknown)].item()!r}, which is not "
+                         f"one of classes_ {labels.tolist()!r}")
     return codes.astype(np.int64)
 
 
