@@ -59,12 +59,13 @@ __all__ = ["CNNClassifier", "LogisticRegression", "MLPClassifier", "MLPRegressor
 
 SCHEDULES = ("constant", "cosine")      # learning_rate: TrainConfig's lr_schedule
 AUTO_BATCH = 200                        # batch_size="auto": min(200, n_samples), as sklearn's MLP
-# TrainConfig options an estimator sets from its own parameters (or that make no sense for
-# an estimator): engine_options may not give them
+# dptrain.fit options an estimator sets from its own parameters and data (or that make no
+# sense for an estimator): engine_options may not give them
 _OWN_OPTIONS = ("model", "dataset", "hidden", "dtype", "seed", "epochs", "batch_size",
                 "batch_per_worker", "lr", "lr_schedule", "momentum", "nesterov", "weight_decay",
                 "shuffle", "workers", "backend", "threads", "quiet", "progress", "limit",
-                "data_dir", "n_samples", "n_features", "upscale", "allow_download", "resume")
+                "data_dir", "n_samples", "n_features", "upscale", "allow_download", "resume",
+                "X_test", "y_test", "log")
 
 
 def regression_supported() -> bool:
@@ -411,8 +412,9 @@ _PARAM_DOCS = {
     Threads the C kernels split each worker's batch over.""",
     "engine_options": """engine_options : dict or None, default={default}
     Further ``dptrain.fit`` options, as they are (e.g. ``{{"allreduce": "ring"}}``,
-    ``{{"deterministic": True}}``, ``{{"timeout": 60}}``); not those set by the parameters
-    above.""",
+    ``{{"deterministic": True}}``, ``{{"timeout": 60}}``; ``{{"validation": 0.1}}`` holds
+    out the last 10 % of the rows and ``history_`` gives their loss and accuracy per
+    epoch); not those set by the parameters above.""",
     "verbose": """verbose : int, default={default}
     0 prints nothing; 1 prints the run's lines (one per epoch); 2 adds a progress bar.""",
     "input_shape": """input_shape : tuple (C, H, W) or None, default={default}

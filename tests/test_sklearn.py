@@ -320,6 +320,16 @@ def test_bad_parameters_are_named(param, value, message):
         MLPClassifier(**{param: value}).fit(X, y)
 
 
+def test_engine_options_hold_out_a_validation_split(digits):
+    X_train, _, y_train, _ = digits
+    est = small(MLPClassifier, max_iter=2, engine_options={"validation": 0.2})
+    est.fit(X_train, y_train)
+    cut = len(X_train) - int(0.2 * len(X_train) + 0.5)      # the last rows are held out
+    assert all(h["test_accuracy"] is not None for h in est.history_)
+    assert est.history_[-1]["test_accuracy"] == pytest.approx(
+        est.score(X_train[cut:], y_train[cut:]))
+
+
 def test_unknown_engine_option_lists_the_known_ones():
     X = np.random.default_rng(6).normal(size=(20, 3))
     with pytest.raises(TypeError, match="unknown option.*allreduce"):
