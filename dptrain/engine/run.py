@@ -308,8 +308,11 @@ def _load_data(cfg, data, model_obj, note):
         ds = data
     else:
         _, X, y, X_test, y_test, validation = data
+        # a given model fixes the classes (its outputs): labels are checked against them,
+        # and arrays that hold only some of them (one, in a partial_fit batch) are fine
+        n_classes = None if model_obj is None else _model_classes(model_obj.spec())
         ds = data_mod.from_arrays(X, y, X_test=X_test, y_test=y_test, validation=validation,
-                                  dtype=cfg.dtype)
+                                  n_classes=n_classes, dtype=cfg.dtype)
     if ds.dtype != np.dtype(cfg.dtype):
         raise ValueError(f"the data set is {ds.dtype}, but the run is {cfg.dtype}")
     if cfg.limit is not None:
@@ -328,7 +331,7 @@ def _model_spec(cfg, ds, model_obj) -> dict:
         if spec["sizes"][0] != ds.n_features:
             raise ValueError(f"the model takes {spec['sizes'][0]} features, but X has "
                              f"{ds.n_features} per row")
-        classes = 2 if spec["loss"] == "sigmoid_bce" else spec["sizes"][-1]
+        classes = _model_classes(spec)
         if ds.n_classes > classes:
             raise ValueError(f"the labels name {ds.n_classes} classes, but the model has "
                              f"{classes} outputs")
@@ -347,6 +350,11 @@ def _model_spec(cfg, ds, model_obj) -> dict:
     assert tuple(spec["sizes"]) == tuple(sizes)
     assert spec["n_params"] == model_n_params(cfg.model, sizes, input_shape=shape)
     return spec
+
+
+def _model_classes(spec) -> int:
+    """The classes a model's outputs name: 2 for a binary (sigmoid) model, else one per logit."""
+    return 2 if spec["loss"] == "sigmoid_bce" else spec["sizes"][-1]
 
 
 def _check_finite_data(ds):
