@@ -12,13 +12,14 @@ from setuptools import Extension, setup
 
 sources = [
     "csrc/module.c",
+    "csrc/dp_common.c",
     "csrc/dp_gemm.c",
     "csrc/dp_conv.c",
     "csrc/dp_cpu.c",
     "csrc/dp_cnn.c",
     "csrc/dp_kernels.c",
     "csrc/dp_net.c",
-    "csrc/dp_pool.c",
+    "csrc/dp_threads.c",
     "csrc/dp_sync.c",
 ]
 

@@ -22,7 +22,7 @@
  * network) cannot reach the loss, and its gradient is exactly zero.
  *
  * Threads: a conv layer's images are split over the threads; each thread has its own GEMM
- * context (no pool), im2col buffer, conv-output buffer and its own partial dW^T (K, OC) and
+ * context (no threads of its own), im2col buffer, conv-output buffer and its own partial dW^T (K, OC) and
  * db (see dp_conv_image_backward), added into the gradient after the layer in thread order
  * (so the sum's order depends on the thread count, not on timing). Dense layers run on the
  * whole batch with the threaded GEMM.
@@ -59,7 +59,7 @@ typedef struct {
     ptrdiff_t n_params;
     int bad_layer;            /* after DP_EVALUE from dp_cnn_init: the layer that failed */
     int threads;
-    dp_ctx ctx;               /* thread pool and packing buffers of the dense layers */
+    dp_ctx ctx;               /* threads and packing buffers of the dense layers */
     dp_cnn_thread *th;        /* one per thread */
     dp_scratch acts;          /* every layer's output for `rows` rows (T) */
     dp_scratch codes;         /* every conv layer's argmax codes (uint8) */

@@ -4,7 +4,7 @@
  * for a batch, so a training step crosses the Python/C boundary (and the GIL) once.
  * Flat parameter layout, layer by layer: W_l (OUT_l, IN_l) row-major, then b_l (OUT_l,).
  * The network owns its scratch (activations, gradient ping-pong buffers, GEMM packing
- * buffers and thread pool); parameters and gradients are the caller's flat arrays.
+ * buffers and intra-worker threads); parameters and gradients are the caller's flat arrays.
  * Leaves out on purpose: other activations and layer types (the CNN issue adds its own).
  */
 #ifndef DP_NET_H

@@ -107,7 +107,7 @@ static void expect_diff(const diff *d, ptrdiff_t cols, const char *fmt, ...)
     fflush(stdout);
 }
 
-/* A hang (a deadlocked pool) fails the run instead of stalling CI. Only write(2) in here. */
+/* A hang (a deadlocked thread team) fails the run instead of stalling CI. Only write(2) in here. */
 static void put_uint(char **p, unsigned v)
 {
     char tmp[16];
@@ -331,8 +331,8 @@ static int net_evaluate_t(dtype dt, dp_net *net, void *logits, double *loss, int
 
 /* ---- contexts and ISA paths ------------------------------------------------------------ */
 
-/* Lets a new pool's helper threads reach their wait loop before the first job. Works around
- * the startup race that test_pool_startup checks for; harmless once that is fixed. */
+/* Lets a new team's helper threads reach their wait loop before the first job. Works around
+ * the startup race that test_threads_startup checks for; harmless once that is fixed. */
 static void let_helpers_start(void)
 {
     struct timespec ts = {0, 200 * 1000 * 1000};
@@ -527,10 +527,10 @@ static void test_gemm_degenerate(dtype dt)
     free(A); free(B); free(C0); free(C);
 }
 
-/* dp_pool: a job issued right after dp_ctx_init must reach every helper even if a helper has
+/* dp_threads: a job issued right after dp_ctx_init must reach every helper even if a helper has
  * not started running yet. Runs in a child process with a deadline, so that a deadlock is a
  * failure and not a hung test. */
-static void test_pool_startup(void)
+static void test_threads_startup(void)
 {
     const int trials = 5, deadline_ms = 3000, n = 129;
     int hung = 0, crashed = 0, t;
@@ -538,7 +538,7 @@ static void test_pool_startup(void)
         fflush(stdout);
         pid_t pid = fork();
         if (pid < 0) {
-            expect(0, "test_pool_startup: fork failed");
+            expect(0, "test_threads_startup: fork failed");
             return;
         }
         if (pid == 0) {
@@ -569,7 +569,7 @@ static void test_pool_startup(void)
         }
     }
     expect(!hung && !crashed,
-           "dp_pool_run via dp_gemm_f32 M=N=K=129 issued right after dp_ctx_init(ctx, 3): "
+           "dp_threads_run via dp_gemm_f32 M=N=K=129 issued right after dp_ctx_init(ctx, 3): "
            "trial %d of %d %s", t, trials,
            hung ? "deadlocked (no return within 3 s; a helper thread that starts after the "
                   "first job missed its generation bump)"
@@ -1588,7 +1588,7 @@ static void test_conv(dtype dt)
 /* Pooling against the rule written out (first maximum, a NaN wins), on exact-size buffers
  * (the kernels read and write whole vectors past a row's end inside the arrays: AddressSanitizer
  * checks that they never leave them). */
-static void test_pool(dtype dt)
+static void test_maxpool(dtype dt)
 {
     static const int shapes[][3] = {{1, 2, 2}, {3, 7, 7}, {2, 7, 3}, {1, 3, 7}, {2, 30, 30},
                                     {5, 13, 13}, {1, 2, 41}, {3, 33, 18}, {2, 4, 34}};
@@ -1778,7 +1778,7 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("test_core: gemm ISA on this CPU: %s (the generic build is tested too)\n", use_isa(0));
 
-    test_pool_startup();   /* before this process has any pool of its own */
+    test_threads_startup();   /* before this process has any threads of its own */
     test_cpu();
     test_math();
     test_sync();
@@ -1811,7 +1811,7 @@ int main(void)
         test_logistic_grad(dt);
         test_argmax_count(dt);
         test_conv(dt);
-        test_pool(dt);
+        test_maxpool(dt);
     }
     test_cnn();
 
