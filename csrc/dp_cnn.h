@@ -34,7 +34,9 @@
 
 #include "dp_conv.h"
 #include "dp_gemm.h"
-#include "dp_kernels.h"
+#include "dp_act.h"
+#include "dp_dense.h"
+#include "dp_loss.h"
 #include "dp_net.h"      /* DP_EORDER */
 
 #define DP_CNN_MAX_CONV 8
@@ -90,6 +92,10 @@ void dp_cnn_free(dp_cnn *net);
     int dp_cnn_evaluate##S(dp_cnn *net, T *logits, double *loss_sum, int64_t *correct,         \
                            const T *params, const T *x, const int64_t *labels, int B);
 
+/* Declared above for float and double (bodies: dp_cnn_tmpl.h), that is:
+ * dp_cnn_loss_grad_f32, dp_cnn_loss_grad_f64, dp_cnn_forward_loss_f32,
+ * dp_cnn_forward_loss_f64, dp_cnn_backward_layer_f32, dp_cnn_backward_layer_f64,
+ * dp_cnn_evaluate_f32, dp_cnn_evaluate_f64. */
 DP_DECLARE_CNN(float, _f32)
 DP_DECLARE_CNN(double, _f64)
 

@@ -21,7 +21,11 @@
 #include "dp_cnn.h"
 #include "dp_conv.h"
 #include "dp_gemm.h"
-#include "dp_kernels.h"
+#include "dp_act.h"
+#include "dp_buffers.h"
+#include "dp_dense.h"
+#include "dp_loss.h"
+#include "dp_sgd.h"
 #include "dp_net.h"
 #include "dp_sync.h"
 
