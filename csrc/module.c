@@ -1613,26 +1613,16 @@ static PyTypeObject ConvNetType = {
 
 static PyObject *GroupAborted;   /* dptrain._core.GroupAborted(RuntimeError) */
 
-#define MAX_GROUP 1024
-
 typedef struct {
     PyObject_HEAD
     PyObject *control;            /* the array holding the dp_barrier (owned) */
     PyObject *buffers;            /* tuple of the workers' flat buffers (owned) */
-    dp_barrier *barrier;
-    void *ptrs[MAX_GROUP];
-    void *out;                    /* NULL: results go into every buffer; else only here */
     PyObject *out_obj;            /* owned reference to the out array, or NULL */
-    int n, k, rank, f32;
-    int algorithm;                /* ALG_NATIVE, ALG_RING or ALG_TREE */
-    uint32_t *arrivals;           /* the control block's per-worker arrival counters, or NULL */
-    void *scratch;                /* tree: this worker's partial sums (length elements) */
+    dp_group g;                   /* the handle the dp_group_* calls take; g.bufs is ptrs */
+    void *ptrs[DP_MAX_GROUP];
+    int f32;
     npy_intp length;
-    dp_wait_policy policy;
 } ShmGroupObject;
-
-enum { ALG_NATIVE, ALG_RING, ALG_TREE };
-static const char *const ALGORITHM_NAMES[] = {"native", "ring", "tree"};
 
 static dp_barrier *control_barrier(PyObject *obj, const char *name)
 {
@@ -1653,7 +1643,7 @@ static PyObject *py_init_control(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "Oi:init_group_control", &co, &n)) return NULL;
     dp_barrier *b = control_barrier(co, "control");
     if (!b) return NULL;
-    if (n < 1 || n > MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %d", MAX_GROUP, n), NULL;
+    if (n < 1 || n > DP_MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %d", DP_MAX_GROUP, n), NULL;
     memset(b, 0, (size_t)PyArray_NBYTES((PyArrayObject *)co));   /* the arrival counters too */
     dp_barrier_init(b, n);
     Py_RETURN_NONE;
@@ -1663,7 +1653,7 @@ static PyObject *py_group_control_bytes(PyObject *self, PyObject *arg)
 {
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 1 || n > MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %ld", MAX_GROUP, n), NULL;
+    if (n < 1 || n > DP_MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %ld", DP_MAX_GROUP, n), NULL;
     return PyLong_FromSize_t(dp_group_control_bytes((int)n));
 }
 
@@ -1688,15 +1678,15 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
     int rank, rc = -1, algorithm = -1;
     double spin = 200e-6, yield_time = 2e-3, timeout = 0.0;
     const char *alg_name = "native";
-    if (self->barrier) {
+    if (self->g.barrier) {
         PyErr_SetString(PyExc_RuntimeError, "ShmGroup is already initialized");
         return -1;
     }
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|$Oddds:ShmGroup", kwlist, &co, &bo, &rank, &oo,
                                      &spin, &yield_time, &timeout, &alg_name))
         return -1;
-    for (int a = 0; a < 3; a++)
-        if (strcmp(alg_name, ALGORITHM_NAMES[a]) == 0) algorithm = a;
+    for (int a = 0; a < DP_ALLREDUCE_COUNT; a++)
+        if (strcmp(alg_name, dp_allreduce_name(a)) == 0) algorithm = a;
     if (algorithm < 0) {
         PyErr_Format(PyExc_ValueError, "algorithm is '%s', expected 'native', 'ring' or 'tree'", alg_name);
         return -1;
@@ -1709,17 +1699,17 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
     }
     if (!(seq = PySequence_Fast(bo, "buffers must be a sequence of arrays"))) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (b->n < 1 || b->n > MAX_GROUP) {
+    if (b->n < 1 || b->n > DP_MAX_GROUP) {
         PyErr_Format(PyExc_ValueError, "control holds a group of %u workers, expected 1 to %d: "
-                     "it is not a control block made by init_group_control", b->n, MAX_GROUP);
+                     "it is not a control block made by init_group_control", b->n, DP_MAX_GROUP);
         goto fail;
     }
     if (oo == Py_None && n != (Py_ssize_t)b->n) {
         PyErr_Format(PyExc_ValueError, "buffers has %zd arrays, but the group has %u workers", n, b->n);
         goto fail;
     }
-    if (n < 1 || n > MAX_GROUP) {
-        PyErr_Format(PyExc_ValueError, "buffers has %zd arrays, expected 1 to %d", n, MAX_GROUP);
+    if (n < 1 || n > DP_MAX_GROUP) {
+        PyErr_Format(PyExc_ValueError, "buffers has %zd arrays, expected 1 to %d", n, DP_MAX_GROUP);
         goto fail;
     }
     if (rank < 0 || rank >= (int)b->n) {
@@ -1756,32 +1746,33 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
         if (check_no_overlap(o, "out", (PyArrayObject *)co, "control")) goto fail;
         Py_INCREF(oo);
         self->out_obj = oo;
-        self->out = PyArray_DATA(o);
+        self->g.out = PyArray_DATA(o);
     }
-    if (algorithm != ALG_NATIVE && (oo != Py_None || n != (Py_ssize_t)b->n)) {
+    if (algorithm != DP_ALLREDUCE_NATIVE && (oo != Py_None || n != (Py_ssize_t)b->n)) {
         PyErr_Format(PyExc_ValueError, "algorithm '%s' needs one buffer per worker (%u, got %zd) "
                      "and no out array", alg_name, b->n, n);
         goto fail;
     }
-    if (algorithm == ALG_TREE && PyArray_SIZE(first) > 0) {
-        self->scratch = PyMem_RawMalloc((size_t)PyArray_SIZE(first) * PyArray_ITEMSIZE(first));
-        if (!self->scratch) { PyErr_NoMemory(); goto fail; }
+    if (algorithm == DP_ALLREDUCE_TREE && PyArray_SIZE(first) > 0) {
+        self->g.scratch = PyMem_RawMalloc((size_t)PyArray_SIZE(first) * PyArray_ITEMSIZE(first));
+        if (!self->g.scratch) { PyErr_NoMemory(); goto fail; }
     }
-    self->algorithm = algorithm;
+    self->g.algorithm = algorithm;
     self->buffers = PySequence_Tuple(seq);
     if (!self->buffers) goto fail;
     Py_INCREF(co);
     self->control = co;
-    self->barrier = b;
-    self->arrivals = dp_group_arrivals(b, (size_t)PyArray_NBYTES((PyArrayObject *)co), (int)b->n);
-    self->n = (int)b->n;
-    self->k = (int)n;
-    self->rank = rank;
+    self->g.barrier = b;
+    self->g.arrivals = dp_group_arrivals(b, (size_t)PyArray_NBYTES((PyArrayObject *)co), (int)b->n);
+    self->g.n = (int)b->n;
+    self->g.k = (int)n;
+    self->g.rank = rank;
+    self->g.bufs = self->ptrs;
     self->f32 = IS_F32(first);
     self->length = PyArray_SIZE(first);
-    self->policy.spin_s = spin;
-    self->policy.yield_s = yield_time;
-    self->policy.timeout_s = timeout;
+    self->g.policy.spin_s = spin;
+    self->g.policy.yield_s = yield_time;
+    self->g.policy.timeout_s = timeout;
     rc = 0;
 fail:
     Py_XDECREF(seq);
@@ -1793,7 +1784,7 @@ static void ShmGroup_dealloc(ShmGroupObject *self)
     Py_XDECREF(self->control);
     Py_XDECREF(self->buffers);
     Py_XDECREF(self->out_obj);
-    PyMem_RawFree(self->scratch);
+    PyMem_RawFree(self->g.scratch);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1807,7 +1798,7 @@ static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const 
     }
     if (rc == DP_ETIMEOUT) {
         char t[64], who[256] = "";
-        int missing[16], k = self->arrivals ? dp_group_missing(self->arrivals, self->n, self->rank, missing, 16) : 0;
+        int missing[16], k = self->g.arrivals ? dp_group_missing(self->g.arrivals, self->g.n, self->g.rank, missing, 16) : 0;
         if (k > 0) {
             size_t used = (size_t)snprintf(who, sizeof who, ": rank%s ", k > 1 ? "s" : "");
             for (int i = 0; i < k && i < 16 && used < sizeof who; i++)
@@ -1816,8 +1807,8 @@ static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const 
                 snprintf(who + used, sizeof who - used, "%s did not arrive", k > 16 ? ", ..." : "");
         }
         return PyErr_Format(PyExc_TimeoutError, "%s on rank %d timed out after %s s waiting for the "
-                            "other %d workers%s", what, self->rank,
-                            double_repr(t, sizeof t, self->policy.timeout_s), self->n - 1, who);
+                            "other %d workers%s", what, self->g.rank,
+                            double_repr(t, sizeof t, self->g.policy.timeout_s), self->g.n - 1, who);
     }
     return raise_code(rc, what);
 }
@@ -1826,12 +1817,12 @@ static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const 
  * block where the barrier lives, every worker's buffer and the out array. */
 static int group_control_ready(ShmGroupObject *self)
 {
-    if (!self->barrier) {
+    if (!self->g.barrier) {
         PyErr_SetString(PyExc_RuntimeError, "ShmGroup is not initialized");
         return -1;
     }
     PyArrayObject *c = (PyArrayObject *)self->control;
-    if (PyArray_DATA(c) != (void *)self->barrier || PyArray_TYPE(c) != NPY_UINT8 ||
+    if (PyArray_DATA(c) != (void *)self->g.barrier || PyArray_TYPE(c) != NPY_UINT8 ||
         PyArray_NBYTES(c) < (npy_intp)sizeof(dp_barrier) || !PyArray_ISWRITEABLE(c))
         return PyErr_Format(PyExc_ValueError, "ShmGroup.control was changed after the ShmGroup "
                             "was built (moved, re-typed, shrunk or made read-only)"), -1;
@@ -1842,7 +1833,7 @@ static int group_ready(ShmGroupObject *self)
 {
     if (group_control_ready(self)) return -1;
     int t = self->f32 ? NPY_FLOAT32 : NPY_FLOAT64;
-    for (int i = 0; i < self->k; i++) {
+    for (int i = 0; i < self->g.k; i++) {
         PyArrayObject *a = (PyArrayObject *)PyTuple_GET_ITEM(self->buffers, i);
         if (PyArray_DATA(a) != self->ptrs[i] || PyArray_TYPE(a) != t || PyArray_NDIM(a) != 1 ||
             PyArray_DIM(a, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISWRITEABLE(a))
@@ -1852,7 +1843,7 @@ static int group_ready(ShmGroupObject *self)
     }
     if (self->out_obj) {
         PyArrayObject *o = (PyArrayObject *)self->out_obj;
-        if (PyArray_DATA(o) != self->out || PyArray_TYPE(o) != t || PyArray_NDIM(o) != 1 ||
+        if (PyArray_DATA(o) != self->g.out || PyArray_TYPE(o) != t || PyArray_NDIM(o) != 1 ||
             PyArray_DIM(o, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(o) || !PyArray_ISWRITEABLE(o))
             return PyErr_Format(PyExc_ValueError, "ShmGroup out was changed after the ShmGroup was "
                                 "built: it must stay a writeable %s array of shape (%zd,) at its memory",
@@ -1865,15 +1856,11 @@ static PyObject *ShmGroup_barrier(ShmGroupObject *self, PyObject *unused)
 {
     if (group_control_ready(self)) return NULL;
     uint32_t code = 0;
+    double waited = 0;
     int rc;
-    double t0 = dp_clock_s(), t1 = t0;
-    Py_BEGIN_ALLOW_THREADS
-    if (self->arrivals) dp_group_arrive(self->arrivals, self->rank);
-    rc = dp_barrier_wait(self->barrier, &self->policy, &code);
-    t1 = dp_clock_s();
-    Py_END_ALLOW_THREADS
+    WITHOUT_GIL(rc = dp_group_barrier(&self->g, &waited, &code));
     if (rc) return group_error(self, rc, code, "barrier");
-    return PyFloat_FromDouble(t1 - t0);
+    return PyFloat_FromDouble(waited);
 }
 
 static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObject *kwds)
@@ -1882,49 +1869,18 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObje
     double scale = 1.0;
     PyObject *starto = NULL, *stopo = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|dOO:allreduce", kwlist, &scale, &starto, &stopo)) return NULL;
-    ptrdiff_t start, stop, lo, hi;
+    ptrdiff_t start, stop;
     if (group_ready(self) || check_finite(scale, "scale") || get_range(starto, stopo, self->length, &start, &stop))
         return NULL;
-    dp_slice(start, stop, self->rank, self->n, self->f32 ? 4 : 8, &lo, &hi);
     uint32_t code = 0;
+    double waited = 0;
     int rc;
-    double t0 = dp_clock_s(), t1 = t0;
-    Py_BEGIN_ALLOW_THREADS
-    if (self->arrivals) dp_group_arrive(self->arrivals, self->rank);
-    rc = dp_barrier_wait(self->barrier, &self->policy, &code);   /* every gradient is complete */
-    t1 = dp_clock_s();
-    if (rc == 0 && self->algorithm == ALG_RING) {
-        rc = self->f32 ? dp_ring_allreduce_f32((float *const *)self->ptrs, self->n, self->rank, start, stop,
-                                               (float)scale, self->barrier, &self->policy, &code)
-                       : dp_ring_allreduce_f64((double *const *)self->ptrs, self->n, self->rank, start, stop,
-                                               scale, self->barrier, &self->policy, &code);
-    } else if (rc == 0 && self->algorithm == ALG_TREE) {
-        rc = self->f32 ? dp_tree_allreduce_f32((float *const *)self->ptrs, self->scratch, self->n, self->rank,
-                                               start, stop, (float)scale, self->barrier, &self->policy, &code)
-                       : dp_tree_allreduce_f64((double *const *)self->ptrs, self->scratch, self->n, self->rank,
-                                               start, stop, scale, self->barrier, &self->policy, &code);
-    } else if (rc == 0 && self->k == 1 && !self->out) {
-        /* a group of one: the sum is the buffer itself, only the scale is left to apply */
-        if (scale != 1.0) {
-            if (self->f32) dp_scale_f32((float *)self->ptrs[0] + lo, hi - lo, (float)scale);
-            else dp_scale_f64((double *)self->ptrs[0] + lo, hi - lo, scale);
-        }
-    } else if (rc == 0) {
-        if (self->out && self->f32)
-            dp_sum_buffers_f32(self->out, (const float *const *)self->ptrs, self->k, lo, hi, (float)scale);
-        else if (self->out)
-            dp_sum_buffers_f64(self->out, (const double *const *)self->ptrs, self->k, lo, hi, scale);
-        else if (self->f32)
-            dp_allreduce_slice_f32((float *const *)self->ptrs, self->k, lo, hi, (float)scale);
-        else
-            dp_allreduce_slice_f64((double *const *)self->ptrs, self->k, lo, hi, scale);
-        rc = dp_barrier_wait(self->barrier, &self->policy, &code);   /* every slice is reduced */
-    }
-    Py_END_ALLOW_THREADS
+    if (self->f32) WITHOUT_GIL(rc = dp_group_allreduce_f32(&self->g, start, stop, (float)scale, &waited, &code));
+    else WITHOUT_GIL(rc = dp_group_allreduce_f64(&self->g, start, stop, scale, &waited, &code));
     if (rc) return group_error(self, rc, code, "allreduce");
     /* the wait at the entry barrier: this worker waiting for the slowest one (arrival skew),
      * not transfer */
-    return PyFloat_FromDouble(t1 - t0);
+    return PyFloat_FromDouble(waited);
 }
 
 static PyObject *ShmGroup_abort(ShmGroupObject *self, PyObject *args)
@@ -1932,18 +1888,18 @@ static PyObject *ShmGroup_abort(ShmGroupObject *self, PyObject *args)
     unsigned int code = 1;
     if (!PyArg_ParseTuple(args, "|I:abort", &code)) return NULL;
     if (group_control_ready(self)) return NULL;    /* aborting needs the barrier alone */
-    dp_barrier_abort(self->barrier, code ? code : 1);
+    dp_barrier_abort(self->g.barrier, code ? code : 1);
     Py_RETURN_NONE;
 }
 
 static PyObject *ShmGroup_get_aborted(ShmGroupObject *self, void *c)
 {
-    if (!self->barrier) return PyLong_FromLong(0);
+    if (!self->g.barrier) return PyLong_FromLong(0);
     if (group_control_ready(self)) return NULL;
-    return PyLong_FromUnsignedLong(dp_barrier_abort_code(self->barrier));
+    return PyLong_FromUnsignedLong(dp_barrier_abort_code(self->g.barrier));
 }
-static PyObject *ShmGroup_get_rank(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->rank); }
-static PyObject *ShmGroup_get_size(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->n); }
+static PyObject *ShmGroup_get_rank(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->g.rank); }
+static PyObject *ShmGroup_get_size(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->g.n); }
 
 static PyMethodDef ShmGroup_methods[] = {
     {"barrier", (PyCFunction)ShmGroup_barrier, METH_NOARGS, "barrier() -> seconds waited: wait until every worker arrives"},
