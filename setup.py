@@ -10,15 +10,26 @@ from pathlib import Path
 import numpy as np
 from setuptools import Extension, setup
 
+# The bindings (the only files that include Python.h and NumPy), then the plain-C kernels.
 sources = [
     "csrc/module.c",
+    "csrc/mod_common.c",
+    "csrc/mod_kernels.c",
+    "csrc/mod_context.c",
+    "csrc/mod_network.c",
+    "csrc/mod_group.c",
+    "csrc/dp_common.c",
     "csrc/dp_gemm.c",
     "csrc/dp_conv.c",
     "csrc/dp_cpu.c",
     "csrc/dp_cnn.c",
-    "csrc/dp_kernels.c",
+    "csrc/dp_dense.c",
+    "csrc/dp_act.c",
+    "csrc/dp_loss.c",
+    "csrc/dp_sgd.c",
+    "csrc/dp_buffers.c",
     "csrc/dp_net.c",
-    "csrc/dp_pool.c",
+    "csrc/dp_threads.c",
     "csrc/dp_sync.c",
 ]
 
@@ -31,7 +42,14 @@ if sys.platform != "win32":
     # gnu11 (not c11): GNU vector extensions and target attributes; fp-contract lets the
     # compiler fuse multiply-adds in the generic kernels.
     extra_compile_args = ["-std=gnu11", "-O3", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math",
-                          "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-psabi"]
+                          "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-psabi",
+                          # -Wextra as csrc/tests builds the kernels; a binding's self, closure
+                          # or unused argument is CPython's fixed signature (as CPython's own
+                          # build, which passes -Wno-unused-parameter too)
+                          "-Wextra", "-Wno-unused-parameter",
+                          # only PyInit__core leaves the shared object: the helpers the files
+                          # share (mod_common.h) and the kernels stay internal
+                          "-fvisibility=hidden"]
     extra_link_args = ["-pthread"]
 
 setup(

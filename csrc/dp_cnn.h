@@ -22,7 +22,7 @@
  * network) cannot reach the loss, and its gradient is exactly zero.
  *
  * Threads: a conv layer's images are split over the threads; each thread has its own GEMM
- * context (no pool), im2col buffer, conv-output buffer and its own partial dW^T (K, OC) and
+ * context (no threads of its own), im2col buffer, conv-output buffer and its own partial dW^T (K, OC) and
  * db (see dp_conv_image_backward), added into the gradient after the layer in thread order
  * (so the sum's order depends on the thread count, not on timing). Dense layers run on the
  * whole batch with the threaded GEMM.
@@ -34,7 +34,9 @@
 
 #include "dp_conv.h"
 #include "dp_gemm.h"
-#include "dp_kernels.h"
+#include "dp_act.h"
+#include "dp_dense.h"
+#include "dp_loss.h"
 #include "dp_net.h"      /* DP_EORDER */
 
 #define DP_CNN_MAX_CONV 8
@@ -59,7 +61,7 @@ typedef struct {
     ptrdiff_t n_params;
     int bad_layer;            /* after DP_EVALUE from dp_cnn_init: the layer that failed */
     int threads;
-    dp_ctx ctx;               /* thread pool and packing buffers of the dense layers */
+    dp_ctx ctx;               /* threads and packing buffers of the dense layers */
     dp_cnn_thread *th;        /* one per thread */
     dp_scratch acts;          /* every layer's output for `rows` rows (T) */
     dp_scratch codes;         /* every conv layer's argmax codes (uint8) */
@@ -90,6 +92,10 @@ void dp_cnn_free(dp_cnn *net);
     int dp_cnn_evaluate##S(dp_cnn *net, T *logits, double *loss_sum, int64_t *correct,         \
                            const T *params, const T *x, const int64_t *labels, int B);
 
+/* Declared above for float and double (bodies: dp_cnn_tmpl.h), that is:
+ * dp_cnn_loss_grad_f32, dp_cnn_loss_grad_f64, dp_cnn_forward_loss_f32,
+ * dp_cnn_forward_loss_f64, dp_cnn_backward_layer_f32, dp_cnn_backward_layer_f64,
+ * dp_cnn_evaluate_f32, dp_cnn_evaluate_f64. */
 DP_DECLARE_CNN(float, _f32)
 DP_DECLARE_CNN(double, _f64)
 

@@ -165,7 +165,7 @@ static void K(conv_backward_task)(void *arg, int t, int n)
 static int K(run_conv)(dp_cnn *net, K(conv_job) *job, dp_task_fn fn)
 {
     int n = net->threads;
-    dp_pool_run(net->ctx.pool, n, fn, job);
+    dp_threads_run(net->ctx.team, n, fn, job);
     for (int t = 0; t < n; t++)
         if (job->rc[t]) return job->rc[t];
     return DP_OK;

@@ -1,4 +1,5 @@
-/* dp_common.h - shared definitions of the plain-C core (no Python.h anywhere below module.c).
+/* dp_common.h - shared definitions of the plain-C core (no Python.h in any dp_* file: only the
+ * bindings, module.c and mod_*.c, talk to CPython and NumPy).
  *
  * Dimension letters used across csrc/: B batch rows, IN/OUT features of a dense layer,
  * C classes, M/N/K of a GEMM (C is M x N, the reduction runs over K), P a flat parameter count.

@@ -25,7 +25,7 @@
  * (0,0), (0,1), (1,0), (1,1), and a NaN counts as the maximum (the first NaN wins), as NumPy's
  * argmax does.
  *
- * Gradients: dw and db ACCUMULATE (+=) as in dp_kernels.h; dx is WRITTEN (=), every element
+ * Gradients: dw and db ACCUMULATE (+=) as in dp_dense.h; dx is WRITTEN (=), every element
  * of it (pooling: 0 where no window took its maximum).
  *
  * Leaves out on purpose: strides other than 1, dilation, groups, other pooling windows, and
@@ -91,6 +91,14 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
     void dp_maxpool2_backward##S(T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes,     \
                                  int H, int W);
 
+/* Declared above for float and double (bodies: dp_conv_tmpl.h), that is:
+ * dp_conv_image_forward_f32, dp_conv_image_forward_f64,
+ * dp_conv_image_backward_f32, dp_conv_image_backward_f64, dp_conv_add_dwt_f32,
+ * dp_conv_add_dwt_f64, dp_im2col_f32, dp_im2col_f64, dp_col2im_f32, dp_col2im_f64,
+ * dp_conv2d_forward_f32, dp_conv2d_forward_f64, dp_conv2d_backward_f32, dp_conv2d_backward_f64,
+ * dp_conv2d_forward_naive_f32, dp_conv2d_forward_naive_f64, dp_conv2d_backward_naive_f32,
+ * dp_conv2d_backward_naive_f64, dp_maxpool2_forward_f32, dp_maxpool2_forward_f64,
+ * dp_maxpool2_backward_f32, dp_maxpool2_backward_f64. */
 DP_DECLARE_CONV(float, _f32)
 DP_DECLARE_CONV(double, _f64)
 

@@ -123,7 +123,7 @@ int dp_ctx_init(dp_ctx *ctx, int threads)
     if (threads > DP_MAX_THREADS) threads = DP_MAX_THREADS;
     ctx->threads = threads;
     if (threads > 1) {
-        int rc = dp_pool_create(&ctx->pool, threads);
+        int rc = dp_threads_create(&ctx->team, threads);
         if (rc) return rc;
     }
     return DP_OK;
@@ -131,7 +131,7 @@ int dp_ctx_init(dp_ctx *ctx, int threads)
 
 void dp_ctx_free(dp_ctx *ctx)
 {
-    dp_pool_destroy(ctx->pool);
-    ctx->pool = NULL;
+    dp_threads_destroy(ctx->team);
+    ctx->team = NULL;
     for (int i = 0; i < 2 * DP_MAX_THREADS; i++) dp_scratch_free(&ctx->pack[i]);
 }

@@ -6,19 +6,19 @@
  * the layers need (A*B, A*B^T, A^T*B) are one routine: a transpose is a swap of the strides,
  * paid once while packing. beta == 0 never reads C (C may hold NaN garbage).
  *
- * The context owns what the routine needs besides its arguments: the intra-worker thread pool
- * and one pair of packing buffers per thread. A context is used by one caller at a time.
+ * The context owns what the routine needs besides its arguments: the intra-worker threads
+ * (dp_threads.h) and one pair of packing buffers per thread. A context is used by one caller at a time.
  */
 #ifndef DP_GEMM_H
 #define DP_GEMM_H
 
 #include "dp_common.h"
-#include "dp_pool.h"
+#include "dp_threads.h"
 
 #define DP_MAX_THREADS 256
 
 typedef struct {
-    dp_pool *pool;            /* NULL when threads == 1 */
+    dp_threads *team;         /* the intra-worker threads; NULL when threads == 1 */
     int threads;
     dp_scratch pack[2 * DP_MAX_THREADS];   /* [2t] packed A block, [2t + 1] packed B panel */
 } dp_ctx;

@@ -169,7 +169,7 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
             return DP_ENOMEM;
         }
     }
-    dp_pool_run(ctx->pool, threads, D(gemm_task), &job);
+    dp_threads_run(ctx->team, threads, D(gemm_task), &job);
     if (own) dp_ctx_free(&local);
     return DP_OK;
 }

@@ -4,14 +4,16 @@
  * for a batch, so a training step crosses the Python/C boundary (and the GIL) once.
  * Flat parameter layout, layer by layer: W_l (OUT_l, IN_l) row-major, then b_l (OUT_l,).
  * The network owns its scratch (activations, gradient ping-pong buffers, GEMM packing
- * buffers and thread pool); parameters and gradients are the caller's flat arrays.
+ * buffers and intra-worker threads); parameters and gradients are the caller's flat arrays.
  * Leaves out on purpose: other activations and layer types (the CNN issue adds its own).
  */
 #ifndef DP_NET_H
 #define DP_NET_H
 
 #include "dp_gemm.h"
-#include "dp_kernels.h"
+#include "dp_act.h"
+#include "dp_dense.h"
+#include "dp_loss.h"
 
 #define DP_MAX_LAYERS 16
 
@@ -52,6 +54,10 @@ void dp_net_free(dp_net *net);
     int dp_net_evaluate##S(dp_net *net, T *logits, double *loss_sum, int64_t *correct,         \
                            const T *params, const T *x, const int64_t *labels, int B);
 
+/* Declared above for float and double (bodies: dp_net_tmpl.h), that is:
+ * dp_net_loss_grad_f32, dp_net_loss_grad_f64, dp_net_forward_loss_f32,
+ * dp_net_forward_loss_f64, dp_net_backward_layer_f32, dp_net_backward_layer_f64,
+ * dp_net_evaluate_f32, dp_net_evaluate_f64. */
 DP_DECLARE_NET(float, _f32)
 DP_DECLARE_NET(double, _f64)
 

@@ -12,6 +12,12 @@
  * dp_allreduce_slice: after a barrier, worker r of n sums its slice of every worker's buffer
  * in rank order and writes the scaled sum back into all of them (reduce-scatter + all-gather
  * in one pass over shared memory); a second barrier publishes the result.
+ *
+ * dp_group: one worker's handle on a group (what a Python ShmGroup holds), and
+ * dp_group_barrier / dp_group_allreduce_f32/_f64, the whole collective of one worker: arrival,
+ * entry barrier, the algorithm the group was built with (native, ring or tree), exit. The
+ * module only validates and releases the GIL around them; the plain-C tests run them on
+ * pthreads.
  */
 #ifndef DP_SYNC_H
 #define DP_SYNC_H
@@ -21,6 +27,8 @@
 #define DP_EABORT (-10)    /* another worker aborted the group */
 #define DP_ETIMEOUT (-11)  /* the wait exceeded its timeout (the group is then aborted) */
 #define DP_TIMEOUT_ABORT_CODE 0xfffffffeu   /* abort code left by a worker that timed out */
+
+#define DP_MAX_GROUP 1024  /* workers (and buffers) a group can have */
 
 /* 64 bytes, 64-byte aligned in the caller's memory; zero-initialized memory is not enough:
  * call dp_barrier_init once, before any worker waits. */
@@ -102,5 +110,46 @@ int dp_tree_allreduce_f32(float *const *bufs, float *tmp, int n, int rank, ptrdi
 int dp_tree_allreduce_f64(double *const *bufs, double *tmp, int n, int rank, ptrdiff_t start,
                           ptrdiff_t stop, double scale, dp_barrier *b, const dp_wait_policy *policy,
                           uint32_t *code);
+
+/* ---------------------------------------------------------------- one worker's group handle */
+
+/* The all-reduce algorithms of a group (see dp_ring_allreduce / dp_tree_allreduce above;
+ * native: dp_allreduce_slice, or dp_sum_buffers into `out`, between two barriers). */
+enum { DP_ALLREDUCE_NATIVE, DP_ALLREDUCE_RING, DP_ALLREDUCE_TREE, DP_ALLREDUCE_COUNT };
+/* "native", "ring", "tree" (the names Python passes as algorithm=); NULL outside the range. */
+const char *dp_allreduce_name(int algorithm);
+
+/* One worker's handle on a group. The caller owns every pointer and keeps it valid. */
+typedef struct {
+    dp_barrier *barrier;     /* the group's control block (shared memory) */
+    uint32_t *arrivals;      /* its per-worker arrival counters (dp_group_arrivals), or NULL */
+    dp_wait_policy policy;
+    int n;                   /* workers in the group */
+    int rank;                /* this worker, in [0, n) */
+    int k;                   /* buffers: n, or any number >= 1 for native with `out` */
+    int algorithm;           /* DP_ALLREDUCE_NATIVE, _RING or _TREE */
+    void *const *bufs;       /* k buffers (float * or double *) of one dtype and length */
+    void *out;               /* NULL: the result goes into every buffer; else only here */
+    void *scratch;           /* tree: this worker's scratch, as long as a buffer; else NULL */
+} dp_group;
+
+/* Counts this worker's arrival and waits at the group's barrier; *waited_s = the seconds it
+ * waited. 0, or DP_EABORT / DP_ETIMEOUT (abort code in *code). */
+int dp_group_barrier(dp_group *g, double *waited_s, uint32_t *code);
+
+/* Worker g->rank's part of an all-reduce of the group's buffers over [start, stop), every
+ * worker calling it once its buffer is complete. Entry barrier (*waited_s = the seconds this
+ * worker waited there for the others: arrival skew, not transfer), then the algorithm:
+ * - native: this worker's slice (dp_slice) of scale * (bufs[0] + ... + bufs[k-1]), summed in
+ *   buffer order, written into every buffer (dp_allreduce_slice), or only into out; a group of
+ *   one buffer and no out only scales it. Then an exit barrier.
+ * - ring / tree (k == n, no out; tree needs scratch): dp_ring_allreduce / dp_tree_allreduce,
+ *   every buffer then holds the same bits (summed in another order than native's).
+ * Returns 0; DP_EABORT / DP_ETIMEOUT from a barrier (abort code in *code); DP_EVALUE for a
+ * handle that breaks the rules above (nothing waited for, nothing written). */
+int dp_group_allreduce_f32(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale,
+                           double *waited_s, uint32_t *code);
+int dp_group_allreduce_f64(dp_group *g, ptrdiff_t start, ptrdiff_t stop, double scale,
+                           double *waited_s, uint32_t *code);
 
 #endif

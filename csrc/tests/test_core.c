@@ -26,7 +26,11 @@
 #include "dp_conv.h"
 #include "dp_cpu.h"
 #include "dp_gemm.h"
-#include "dp_kernels.h"
+#include "dp_act.h"
+#include "dp_buffers.h"
+#include "dp_dense.h"
+#include "dp_loss.h"
+#include "dp_sgd.h"
 #include "dp_math.h"
 #include "dp_net.h"
 
@@ -107,7 +111,7 @@ static void expect_diff(const diff *d, ptrdiff_t cols, const char *fmt, ...)
     fflush(stdout);
 }
 
-/* A hang (a deadlocked pool) fails the run instead of stalling CI. Only write(2) in here. */
+/* A hang (a deadlocked thread team) fails the run instead of stalling CI. Only write(2) in here. */
 static void put_uint(char **p, unsigned v)
 {
     char tmp[16];
@@ -331,8 +335,8 @@ static int net_evaluate_t(dtype dt, dp_net *net, void *logits, double *loss, int
 
 /* ---- contexts and ISA paths ------------------------------------------------------------ */
 
-/* Lets a new pool's helper threads reach their wait loop before the first job. Works around
- * the startup race that test_pool_startup checks for; harmless once that is fixed. */
+/* Lets a new team's helper threads reach their wait loop before the first job. Works around
+ * the startup race that test_threads_startup checks for; harmless once that is fixed. */
 static void let_helpers_start(void)
 {
     struct timespec ts = {0, 200 * 1000 * 1000};
@@ -527,10 +531,10 @@ static void test_gemm_degenerate(dtype dt)
     free(A); free(B); free(C0); free(C);
 }
 
-/* dp_pool: a job issued right after dp_ctx_init must reach every helper even if a helper has
+/* dp_threads: a job issued right after dp_ctx_init must reach every helper even if a helper has
  * not started running yet. Runs in a child process with a deadline, so that a deadlock is a
  * failure and not a hung test. */
-static void test_pool_startup(void)
+static void test_threads_startup(void)
 {
     const int trials = 5, deadline_ms = 3000, n = 129;
     int hung = 0, crashed = 0, t;
@@ -538,7 +542,7 @@ static void test_pool_startup(void)
         fflush(stdout);
         pid_t pid = fork();
         if (pid < 0) {
-            expect(0, "test_pool_startup: fork failed");
+            expect(0, "test_threads_startup: fork failed");
             return;
         }
         if (pid == 0) {
@@ -569,7 +573,7 @@ static void test_pool_startup(void)
         }
     }
     expect(!hung && !crashed,
-           "dp_pool_run via dp_gemm_f32 M=N=K=129 issued right after dp_ctx_init(ctx, 3): "
+           "dp_threads_run via dp_gemm_f32 M=N=K=129 issued right after dp_ctx_init(ctx, 3): "
            "trial %d of %d %s", t, trials,
            hung ? "deadlocked (no return within 3 s; a helper thread that starts after the "
                   "first job missed its generation bump)"
@@ -1448,6 +1452,155 @@ static void test_sync(void)
     }
 }
 
+/* ---- dp_group_allreduce: the whole collective of one worker (native, ring, tree), on
+ * pthreads, for group sizes 1 to 8 (powers of two and not: the tree folds), both dtypes, the
+ * full range, a sub-range and an empty one, and native's parameter-server form (k buffers
+ * summed into one shared out). Values are small integers, so every association of the sum
+ * is exact and each result is compared with == against the sum written here. */
+
+#define GROUP_ROUNDS 6
+
+typedef struct {
+    dp_group g;
+    dtype dt;
+    int len, failed;          /* failed: the first wrong check, 0 when none */
+    ptrdiff_t bad_at;
+    int bad_round;
+} group_arg;
+
+/* The value worker r puts at element i in round `round`. */
+static double group_value(int r, int round, int i) { return (double)(r + 2 * round + i % 5 - 2); }
+
+/* Worker: fill its buffer (every buffer, when it has an out), all-reduce a range, check. */
+static void *group_worker(void *p)
+{
+    group_arg *a = p;
+    dp_group *g = &a->g;
+    const ptrdiff_t ranges[3][2] = {{0, a->len}, {3, a->len - 5}, {7, 7}};
+    for (int round = 0; round < GROUP_ROUNDS && !a->failed; round++) {
+        ptrdiff_t start = ranges[round % 3][0], stop = ranges[round % 3][1];
+        double scale = round % 2 ? 0.5 : 1.0, waited = -1;
+        uint32_t code = 0;
+        /* with out, worker r fills buffer r (k == n here); the out is shared by all */
+        for (int i = 0; i < a->len; i++) tset(a->dt, g->bufs[g->rank], i, group_value(g->rank, round, i));
+        if (g->out && g->rank == 0) tconst(a->dt, g->out, a->len, -99);
+        /* nobody may read a buffer (or find the out unset) before every worker has set its own */
+        if (dp_group_barrier(g, &waited, &code)) { a->failed = 1; return NULL; }
+        int rc = a->dt == F32 ? dp_group_allreduce_f32(g, start, stop, (float)scale, &waited, &code)
+                              : dp_group_allreduce_f64(g, start, stop, scale, &waited, &code);
+        if (rc || !(waited >= 0)) { a->failed = 2; a->bad_round = round; return NULL; }
+        const void *res = g->out ? g->out : g->bufs[g->rank];
+        for (int i = 0; i < a->len && !a->failed; i++) {
+            double want;
+            if (i < start || i >= stop) {
+                want = g->out ? -99 : group_value(g->rank, round, i);     /* untouched */
+            } else {
+                want = 0;
+                for (int r = 0; r < g->k; r++) want += group_value(r, round, i);
+                want *= scale;
+            }
+            if (tget(a->dt, res, i) != want) { a->failed = 3; a->bad_at = i; a->bad_round = round; }
+        }
+        /* with out, the buffers are inputs only */
+        for (int i = 0; g->out && i < a->len && !a->failed; i++)
+            if (tget(a->dt, g->bufs[g->rank], i) != group_value(g->rank, round, i)) {
+                a->failed = 4; a->bad_at = i; a->bad_round = round;
+            }
+        /* the next round refills the buffers that others may still be reading */
+        if (dp_group_barrier(g, &waited, &code)) { a->failed = 1; return NULL; }
+    }
+    return NULL;
+}
+
+static void group_case(dtype dt, int algorithm, int n, int with_out)
+{
+    int len = 517 + 64 * n;           /* odd, and more than one cache line per worker */
+    size_t ctl = dp_group_control_bytes(n);
+    dp_barrier *bar = dp_aligned_alloc(ctl);
+    memset(bar, 0, ctl);
+    dp_barrier_init(bar, n);
+    uint32_t *arrivals = dp_group_arrivals(bar, ctl, n);
+    void *bufs[8], *out = with_out ? talloc(dt, len) : NULL;
+    pthread_t th[8];
+    group_arg args[8];
+    for (int r = 0; r < n; r++) bufs[r] = talloc(dt, len);
+    for (int r = 0; r < n; r++) {
+        dp_group g = {bar, arrivals, {1e-4, 1e-3, 20.0}, n, r, n, algorithm, bufs, out,
+                      algorithm == DP_ALLREDUCE_TREE ? talloc(dt, len) : NULL};
+        args[r] = (group_arg){g, dt, len, 0, 0, 0};
+        pthread_create(&th[r], NULL, group_worker, &args[r]);
+    }
+    int bad = 0, who = 0;
+    for (int r = 0; r < n; r++) {
+        pthread_join(th[r], NULL);
+        if (args[r].failed && !bad) { bad = args[r].failed; who = r; }
+    }
+    static const char *const what[] = {"", "a barrier failed", "the call failed",
+                                       "wrong result", "an input buffer was modified"};
+    expect(!bad, "dp_group_allreduce_%s %s n=%d%s: rank %d round %d: %s (element %td)",
+           dtn(dt), dp_allreduce_name(algorithm), n, with_out ? " with out" : "", who,
+           args[who].bad_round, what[bad], args[who].bad_at);
+    /* ring and tree leave identical bits in every buffer (checked above against one sum);
+     * every worker arrived as often as every other */
+    int missing[8];
+    expect(dp_group_missing(arrivals, n, 0, missing, 8) == 0 && (n == 1 || arrivals[0] == arrivals[n - 1]),
+           "dp_group_allreduce_%s %s n=%d: arrival counters differ after the run", dtn(dt),
+           dp_allreduce_name(algorithm), n);
+    for (int r = 0; r < n; r++) {
+        free(bufs[r]);
+        free(args[r].g.scratch);
+    }
+    free(out);
+    dp_aligned_free(bar);
+}
+
+static void test_group_allreduce(void)
+{
+    static const int sizes[] = {1, 2, 3, 4, 5, 8};
+    for (int t = 0; t < 2; t++)
+        for (int alg = 0; alg < DP_ALLREDUCE_COUNT; alg++)
+            for (int s = 0; s < 6; s++) group_case(t ? F64 : F32, alg, sizes[s], 0);
+    for (int s = 0; s < 6; s++) group_case(F32, DP_ALLREDUCE_NATIVE, sizes[s], 1);
+    group_case(F64, DP_ALLREDUCE_NATIVE, 3, 1);
+
+    expect(strcmp(dp_allreduce_name(DP_ALLREDUCE_NATIVE), "native") == 0 &&
+           strcmp(dp_allreduce_name(DP_ALLREDUCE_RING), "ring") == 0 &&
+           strcmp(dp_allreduce_name(DP_ALLREDUCE_TREE), "tree") == 0 &&
+           dp_allreduce_name(DP_ALLREDUCE_COUNT) == NULL && dp_allreduce_name(-1) == NULL,
+           "dp_allreduce_name: native, ring, tree, then NULL");
+
+    /* a handle that breaks the rules: DP_EVALUE, before any wait (a wait would time out) */
+    dp_barrier *bar = dp_aligned_alloc(sizeof *bar);
+    dp_barrier_init(bar, 2);
+    float b0[8] = {0}, b1[8] = {0}, o[8] = {0};
+    void *bufs[2] = {b0, b1};
+    double waited;
+    uint32_t code = 0;
+    dp_group ring_out = {bar, NULL, {1e-5, 1e-5, 0.05}, 2, 0, 2, DP_ALLREDUCE_RING, bufs, o, NULL};
+    dp_group tree_noscratch = {bar, NULL, {1e-5, 1e-5, 0.05}, 2, 0, 2, DP_ALLREDUCE_TREE, bufs, NULL, NULL};
+    dp_group native_short = {bar, NULL, {1e-5, 1e-5, 0.05}, 2, 0, 1, DP_ALLREDUCE_NATIVE, bufs, NULL, NULL};
+    dp_group bad_rank = {bar, NULL, {1e-5, 1e-5, 0.05}, 2, 2, 2, DP_ALLREDUCE_NATIVE, bufs, NULL, NULL};
+    expect(dp_group_allreduce_f32(&ring_out, 0, 8, 1, &waited, &code) == DP_EVALUE &&
+           dp_group_allreduce_f32(&tree_noscratch, 0, 8, 1, &waited, &code) == DP_EVALUE &&
+           dp_group_allreduce_f32(&native_short, 0, 8, 1, &waited, &code) == DP_EVALUE &&
+           dp_group_allreduce_f32(&bad_rank, 0, 8, 1, &waited, &code) == DP_EVALUE &&
+           dp_group_allreduce_f32(&ring_out, 5, 4, 1, &waited, &code) == DP_EVALUE,
+           "dp_group_allreduce_f32 with ring + out, tree without scratch, k != n without out, "
+           "rank n, start > stop: expected DP_EVALUE");
+    /* alone in a group of two: the entry barrier times out, the group is aborted, and the
+     * next call (of anyone) fails at once with the timeout's abort code */
+    dp_group alone = {bar, NULL, {1e-5, 1e-5, 0.05}, 2, 0, 2, DP_ALLREDUCE_NATIVE, bufs, NULL, NULL};
+    int rc = dp_group_allreduce_f32(&alone, 0, 8, 1, &waited, &code);
+    expect(rc == DP_ETIMEOUT && waited >= 0.05, "dp_group_allreduce_f32 alone of 2: returned %d after "
+           "%.3f s, expected a timeout after >= 0.05 s", rc, waited);
+    code = 0;
+    alone.rank = 1;
+    rc = dp_group_allreduce_f64(&alone, 0, 8, 1, &waited, &code);
+    expect(rc == DP_EABORT && code == DP_TIMEOUT_ABORT_CODE, "dp_group_allreduce_f64 after a "
+           "timeout: returned %d code %u, expected the abort", rc, code);
+    dp_aligned_free(bar);
+}
+
 /* ---- convolution, pooling, the CNN -------------------------------------------------------- */
 
 static int conv_fwd_t(dtype dt, dp_ctx *ctx, dp_scratch *s, void *y, const void *x, const void *w,
@@ -1588,7 +1741,7 @@ static void test_conv(dtype dt)
 /* Pooling against the rule written out (first maximum, a NaN wins), on exact-size buffers
  * (the kernels read and write whole vectors past a row's end inside the arrays: AddressSanitizer
  * checks that they never leave them). */
-static void test_pool(dtype dt)
+static void test_maxpool(dtype dt)
 {
     static const int shapes[][3] = {{1, 2, 2}, {3, 7, 7}, {2, 7, 3}, {1, 3, 7}, {2, 30, 30},
                                     {5, 13, 13}, {1, 2, 41}, {3, 33, 18}, {2, 4, 34}};
@@ -1778,10 +1931,11 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("test_core: gemm ISA on this CPU: %s (the generic build is tested too)\n", use_isa(0));
 
-    test_pool_startup();   /* before this process has any pool of its own */
+    test_threads_startup();   /* before this process has any threads of its own */
     test_cpu();
     test_math();
     test_sync();
+    test_group_allreduce();
 
     int rc = dp_ctx_init(&ctx1, 1);
     if (!rc) rc = dp_ctx_init(&ctx3, 3);
@@ -1811,7 +1965,7 @@ int main(void)
         test_logistic_grad(dt);
         test_argmax_count(dt);
         test_conv(dt);
-        test_pool(dt);
+        test_maxpool(dt);
     }
     test_cnn();
 

@@ -1,8 +1,7 @@
-/* dp_kernels.c - instantiates dp_kernels_tmpl.h for float and double.
- * Leaves out on purpose: SIMD intrinsics (these kernels are memory-bound or tiny next to the
- * GEMMs; the compiler's auto-vectorization at -O3 is enough) and any kernel that would need
- * per-call allocation. */
-#include "dp_kernels.h"
+/* dp_loss.c - instantiates dp_loss_tmpl.h for float and double (see dp_loss.h).
+ * Leaves out on purpose: SIMD intrinsics (the compiler's auto-vectorization and the GNU
+ * vectors of the fused logistic kernel are enough for these memory-bound loops). */
+#include "dp_loss.h"
 
 #include <math.h>
 #include <string.h>
@@ -14,7 +13,7 @@
 #define EXPNEG dp_expneg_f32
 #define LOG logf
 #define LOG1P01 dp_log1p01_f32
-#include "dp_kernels_tmpl.h"
+#include "dp_loss_tmpl.h"
 #undef LOG1P01
 #undef LOG
 #undef EXPNEG
@@ -26,7 +25,7 @@
 #define EXPNEG dp_expneg_f64
 #define LOG log
 #define LOG1P01 dp_log1p01_f64
-#include "dp_kernels_tmpl.h"
+#include "dp_loss_tmpl.h"
 #undef LOG1P01
 #undef LOG
 #undef EXPNEG

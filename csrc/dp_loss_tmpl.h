@@ -1,42 +1,9 @@
-/* dp_kernels_tmpl.h - bodies of the kernels in dp_kernels.h for one dtype.
- * Included by dp_kernels.c with T, S (_f32/_f64), EXPNEG, LOG1P01, LOG defined. */
+/* dp_loss_tmpl.h - bodies of the kernels in dp_loss.h for one dtype.
+ * Included by dp_loss.c with T, S (_f32/_f64), EXPNEG, LOG1P01, LOG defined. */
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #define K(name) CAT(name, S)
-
-int K(dp_dense_forward)(dp_ctx *ctx, T *y, const T *x, const T *w, const T *b,
-                        int B, int IN, int OUT)
-{
-    // x is (B, IN), w is (OUT, IN), b is (OUT,), y is (B, OUT):  y = x w^T + b
-    for (int i = 0; i < B; i++) memcpy(y + (ptrdiff_t)i * OUT, b, sizeof(T) * (size_t)OUT);
-    return K(dp_gemm)(ctx, y, OUT, x, IN, 1, w, 1, IN, B, OUT, IN, (T)1, (T)1);
-}
-
-int K(dp_dense_backward)(dp_ctx *ctx, T *dw, T *db, T *dx, const T *dy, const T *x,
-                         const T *w, int B, int IN, int OUT)
-{
-    // dy is (B, OUT), x is (B, IN), w is (OUT, IN): dw += dy^T x, db += sum_rows dy, dx = dy w
-    int rc = K(dp_gemm)(ctx, dw, IN, dy, 1, OUT, x, IN, 1, OUT, IN, B, (T)1, (T)1);
-    if (rc) return rc;
-    for (int i = 0; i < B; i++) {
-        const T *r = dy + (ptrdiff_t)i * OUT;
-        for (int o = 0; o < OUT; o++) db[o] += r[o];
-    }
-    if (dx) rc = K(dp_gemm)(ctx, dx, IN, dy, OUT, 1, w, IN, 1, B, IN, OUT, (T)1, (T)0);
-    return rc;
-}
-
-DP_CLONES void K(dp_relu_forward)(T *y, const T *x, ptrdiff_t n)
-{
-    for (ptrdiff_t i = 0; i < n; i++) y[i] = x[i] <= 0 ? (T)0 : x[i];   /* NaN stays NaN */
-}
-
-DP_CLONES void K(dp_relu_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
-{
-    // y is the forward output: relu'(x) = 1[x > 0] = 1[y > 0]
-    for (ptrdiff_t i = 0; i < n; i++) dx[i] = y[i] > 0 ? dy[i] : (T)0;
-}
 
 DP_CLONES int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
                        int B, int C, T grad_scale)
@@ -250,74 +217,6 @@ int K(dp_count_correct)(int64_t *correct, const T *logits, const int64_t *labels
     }
     *correct = right;
     return DP_OK;
-}
-
-DP_CLONES void K(dp_sgd_step)(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum, T dampening,
-                    T weight_decay, int nesterov, int first_step)
-{
-    // p, v, g are (P,). torch.optim.SGD: d = g + wd p; v = momentum v + (1 - dampening) d
-    // (v = d on the first step); d = d + momentum v if nesterov else v; p -= lr d.
-    if (momentum == 0) {
-        for (ptrdiff_t i = 0; i < n; i++) p[i] -= lr * (g[i] + weight_decay * p[i]);
-        return;
-    }
-    T damp = (T)1 - dampening;
-    if (first_step) {
-        for (ptrdiff_t i = 0; i < n; i++) {
-            T d = g[i] + weight_decay * p[i];
-            v[i] = d;
-            p[i] -= lr * (nesterov ? d + momentum * d : d);
-        }
-    } else if (nesterov) {
-        for (ptrdiff_t i = 0; i < n; i++) {
-            T d = g[i] + weight_decay * p[i];
-            T vi = momentum * v[i] + damp * d;
-            v[i] = vi;
-            p[i] -= lr * (d + momentum * vi);
-        }
-    } else {
-        for (ptrdiff_t i = 0; i < n; i++) {
-            T d = g[i] + weight_decay * p[i];
-            T vi = momentum * v[i] + damp * d;
-            v[i] = vi;
-            p[i] -= lr * vi;
-        }
-    }
-}
-
-/* Elements per chunk: ins[0..k) are added chunk by chunk so the running sum stays in L1. */
-#define SUM_CHUNK 2048
-
-DP_CLONES void K(dp_sum_buffers)(T *out, const T *const *ins, int k, ptrdiff_t start, ptrdiff_t stop,
-                       T scale)
-{
-    // out[start:stop] = scale * (ins[0] + ins[1] + ... + ins[k-1])[start:stop], added left to
-    // right in that order (so the result does not depend on how [start, stop) is sliced)
-    for (ptrdiff_t c0 = start; c0 < stop; c0 += SUM_CHUNK) {
-        ptrdiff_t c1 = stop - c0 < SUM_CHUNK ? stop : c0 + SUM_CHUNK;
-        T acc[SUM_CHUNK];
-        ptrdiff_t len = c1 - c0;
-        if (k == 0) {
-            for (ptrdiff_t i = 0; i < len; i++) acc[i] = 0;
-        } else {
-            const T *a = ins[0] + c0;
-            for (ptrdiff_t i = 0; i < len; i++) acc[i] = a[i];
-        }
-        for (int q = 1; q < k; q++) {
-            const T *a = ins[q] + c0;
-            for (ptrdiff_t i = 0; i < len; i++) acc[i] += a[i];
-        }
-        T *o = out + c0;
-        if (scale == 1)
-            for (ptrdiff_t i = 0; i < len; i++) o[i] = acc[i];
-        else
-            for (ptrdiff_t i = 0; i < len; i++) o[i] = acc[i] * scale;
-    }
-}
-
-DP_CLONES void K(dp_scale)(T *buf, ptrdiff_t n, T alpha)
-{
-    for (ptrdiff_t i = 0; i < n; i++) buf[i] *= alpha;
 }
 
 #undef KVL

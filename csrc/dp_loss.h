@@ -1,0 +1,55 @@
+/* dp_loss.h - losses on logits, and what is counted from them (argmax, correct predictions).
+ *
+ * Letters: B batch rows, C classes, IN features (dp_logistic_grad). Layout: logits (B, C)
+ * row-major (binary losses: (B,), one logit per row); labels int64 (B,), in [0, C), or in
+ * {0, 1} for the binary ones. Signatures: outputs first (dlogits may be NULL: loss only),
+ * then const inputs, then sizes and scalars. Loss sums are returned in double whatever the
+ * dtype (a sum, not a mean: the caller divides). Gradients are scaled by grad_scale (1/B for
+ * the mean loss). A label out of range returns DP_ELABEL before anything is written.
+ * Bodies: dp_loss_tmpl.h, instantiated for float and double by dp_loss.c.
+ * Reference twins: dptrain.reference.softmax_xent, sigmoid_bce, argmax, count_correct.
+ *
+ * Leaves out on purpose: label smoothing, class weights, and any loss the models do not use.
+ */
+#ifndef DP_LOSS_H
+#define DP_LOSS_H
+
+#include "dp_common.h"
+
+/* sum_i logsumexp(z_i) - z_i[y_i]; dlogits = (softmax(z) - onehot(y)) * grad_scale.
+ * dlogits may be logits (in place). */
+int dp_softmax_xent_f32(float *dlogits, double *loss_sum, const float *logits,
+                        const int64_t *labels, int B, int C, float grad_scale);
+int dp_softmax_xent_f64(double *dlogits, double *loss_sum, const double *logits,
+                        const int64_t *labels, int B, int C, double grad_scale);
+
+/* sum_i softplus(z_i) - y_i z_i (without overflow); dlogits = (sigmoid(z) - y) * grad_scale */
+int dp_sigmoid_bce_f32(float *dlogits, double *loss_sum, const float *logits,
+                       const int64_t *labels, int B, float grad_scale);
+int dp_sigmoid_bce_f64(double *dlogits, double *loss_sum, const double *logits,
+                       const int64_t *labels, int B, double grad_scale);
+
+/* Logistic regression's forward, loss and backward fused in one pass over x (B, IN):
+ * z = x w + b with w (1, IN), b (1,); the sigmoid_bce loss sum and the count of (z > 0) ==
+ * label; dw (IN,) and db (1,) ACCUMULATE the gradient of grad_scale * the loss sum. The
+ * dense path (dp_dense_forward, dp_sigmoid_bce, dp_dense_backward) computes the same. */
+int dp_logistic_grad_f32(float *dw, float *db, double *loss_sum, int64_t *correct,
+                         const float *x, const float *w, const float *b, const int64_t *labels,
+                         int B, int IN, float grad_scale);
+int dp_logistic_grad_f64(double *dw, double *db, double *loss_sum, int64_t *correct,
+                         const double *x, const double *w, const double *b,
+                         const int64_t *labels, int B, int IN, double grad_scale);
+
+/* out[i] = argmax of row i of x (B, C): the first maximum, a NaN counting as the maximum
+ * (NumPy's rule) */
+void dp_argmax_f32(int64_t *out, const float *x, int B, int C);
+void dp_argmax_f64(int64_t *out, const double *x, int B, int C);
+
+/* *correct = rows whose argmax is the label; C == 1 is a binary logit (predicted 1 when
+ * z > 0, labels in {0, 1}) */
+int dp_count_correct_f32(int64_t *correct, const float *logits, const int64_t *labels, int B,
+                         int C);
+int dp_count_correct_f64(int64_t *correct, const double *logits, const int64_t *labels, int B,
+                         int C);
+
+#endif

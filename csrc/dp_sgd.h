@@ -1,0 +1,26 @@
+/* dp_sgd.h - the optimizer: one SGD step over the whole flat parameter buffer.
+ *
+ * Letters: P the flat parameter count (n below). One call updates every layer at once:
+ * parameters, gradients and velocity are each one flat buffer of the same layout. The
+ * update is torch.optim.SGD's (momentum, dampening, weight decay, Nesterov); grads are not
+ * modified. Bodies: dp_sgd_tmpl.h, instantiated for float and double by dp_sgd.c.
+ * Reference twin: dptrain.reference.sgd_step.
+ *
+ * Leaves out on purpose: other optimizers, and validation of the hyper-parameters (the
+ * module refuses bad ones before calling).
+ */
+#ifndef DP_SGD_H
+#define DP_SGD_H
+
+#include "dp_common.h"
+
+/* p, v, g (P,): d = g + weight_decay p; with momentum v = d on the first step, else
+ * v = momentum v + (1 - dampening) d, then d = d + momentum v (nesterov) or v; p -= lr d.
+ * v may be NULL when momentum == 0. */
+void dp_sgd_step_f32(float *p, float *v, const float *g, ptrdiff_t n, float lr, float momentum,
+                     float dampening, float weight_decay, int nesterov, int first_step);
+void dp_sgd_step_f64(double *p, double *v, const double *g, ptrdiff_t n, double lr,
+                     double momentum, double dampening, double weight_decay, int nesterov,
+                     int first_step);
+
+#endif

@@ -1,0 +1,29 @@
+/* dp_threads.h - a small fork-join team of pthreads for intra-worker parallelism (the threads
+ * one worker's kernels split a GEMM or a batch over; not the data-parallel workers, and
+ * nothing to do with max-pooling, which is dp_maxpool2_* in dp_conv.h).
+ *
+ * dp_threads_run(team, n, fn, arg) calls fn(arg, t, n) for t = 0..n-1, t = 0 on the calling
+ * thread, and returns when all have finished. The team is owned by one context (one Python
+ * object) and is not re-entrant: one caller at a time (the module serializes with a mutex).
+ * Helpers spin briefly on a generation counter and then sleep on a condition variable, so an
+ * idle team costs no CPU. Without pthreads (DP_NO_PTHREADS) everything runs on the caller.
+ * We use our own threads instead of OpenMP on purpose: the team can notice that it was
+ * inherited through fork() (its threads are not) and then runs inline instead of hanging,
+ * which libgomp does not; and it is one runtime less to ship.
+ */
+#ifndef DP_THREADS_H
+#define DP_THREADS_H
+
+typedef void (*dp_task_fn)(void *arg, int t, int n);
+
+typedef struct dp_threads dp_threads;
+
+/* Creates a team that can run up to `threads` parts (threads - 1 helper threads). */
+int dp_threads_create(dp_threads **out, int threads);
+void dp_threads_destroy(dp_threads *team);
+/* The parts the team can run at once (1 for a NULL team). */
+int dp_threads_size(const dp_threads *team);
+/* Runs fn over n parts (n <= dp_threads_size; team may be NULL, then n must be 1). */
+void dp_threads_run(dp_threads *team, int n, dp_task_fn fn, void *arg);
+
+#endif

@@ -1,0 +1,228 @@
+/* mod_common.c - the boundary helpers every binding uses (see mod_common.h): names and
+ * messages, array checks, held arrays, scalar arguments, the ctx argument.
+ * Leaves out on purpose: any conversion. A wrong dtype, layout or shape is an error that
+ * names the argument, what it is and what was expected; nothing is copied or cast. */
+#include "mod_common.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+const char *dtype_name(PyArrayObject *a)
+{
+    switch (PyArray_TYPE(a)) {
+    case NPY_FLOAT32: return "float32";
+    case NPY_FLOAT64: return "float64";
+    case NPY_INT64: return "int64";
+    case NPY_INT32: return "int32";
+    case NPY_UINT8: return "uint8";
+    case NPY_FLOAT16: return "float16";
+    default: return PyArray_DESCR(a)->typeobj->tp_name;
+    }
+}
+
+const char *typenum_name(int t)
+{
+    return t == NPY_FLOAT32 ? "float32" : t == NPY_FLOAT64 ? "float64" : t == NPY_INT64 ? "int64" :
+           t == NPY_UINT8 ? "uint8" : "?";
+}
+
+/* A shape as Python prints a tuple: (4,), (64, 784), (). */
+void shape_str(char *buf, size_t n, int ndim, const npy_intp *dims)
+{
+    size_t used = (size_t)snprintf(buf, n, "(");
+    for (int i = 0; i < ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%ld", i ? ", " : "", (long)dims[i]);
+    if (used < n) snprintf(buf + used, n - used, ndim == 1 ? ",)" : ")");
+}
+
+/* Returns obj as an ndarray of dtype `typenum` (NPY_NOTYPE: float32 or float64) and `ndim`
+ * dimensions (-1: any), C-contiguous and aligned, writeable when `output`; NULL + exception. */
+PyArrayObject *check_array(PyObject *obj, const char *name, int typenum, int ndim, int output)
+{
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    int t = PyArray_TYPE(a);
+    if (typenum == NPY_NOTYPE ? (t != NPY_FLOAT32 && t != NPY_FLOAT64) : t != typenum) {
+        PyErr_Format(PyExc_TypeError, "%s has dtype %s, expected %s", name, dtype_name(a),
+                     typenum == NPY_NOTYPE ? "float32 or float64" : typenum_name(typenum));
+        return NULL;
+    }
+    if (ndim >= 0 && PyArray_NDIM(a) != ndim) {
+        char s[128];
+        shape_str(s, sizeof s, PyArray_NDIM(a), PyArray_DIMS(a));
+        PyErr_Format(PyExc_ValueError, "%s has shape %s, expected a %d-D array", name, s, ndim);
+        return NULL;
+    }
+    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s must be C-contiguous and aligned (convert it once with "
+                     "np.ascontiguousarray, outside the training loop)", name);
+        return NULL;
+    }
+    if (output && !PyArray_ISWRITEABLE(a)) {
+        PyErr_Format(PyExc_ValueError, "%s is read-only, but it is written to", name);
+        return NULL;
+    }
+    for (int i = 0; i < PyArray_NDIM(a); i++)
+        if (PyArray_DIM(a, i) > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "%s has a dimension of %ld, more than the kernels' limit %d",
+                         name, (long)PyArray_DIM(a, i), INT_MAX);
+            return NULL;
+        }
+    return a;
+}
+
+/* Checks a's shape against `expected` (ndim entries). */
+int check_shape(PyArrayObject *a, const char *name, int ndim, const npy_intp *expected)
+{
+    int ok = PyArray_NDIM(a) == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = PyArray_DIM(a, i) == expected[i];
+    if (ok) return 0;
+    char got[128], want[128];
+    shape_str(got, sizeof got, PyArray_NDIM(a), PyArray_DIMS(a));
+    shape_str(want, sizeof want, ndim, expected);
+    PyErr_Format(PyExc_ValueError, "%s has shape %s, expected %s", name, got, want);
+    return -1;
+}
+
+int check_same_dtype(PyArrayObject *a, const char *name, PyArrayObject *ref, const char *ref_name)
+{
+    if (PyArray_TYPE(a) == PyArray_TYPE(ref)) return 0;
+    PyErr_Format(PyExc_TypeError, "%s has dtype %s, expected %s (the dtype of %s)", name,
+                 dtype_name(a), dtype_name(ref), ref_name);
+    return -1;
+}
+
+/* An output must not share memory with an input it is computed from. */
+int check_no_overlap(PyArrayObject *out, const char *out_name, PyArrayObject *in, const char *in_name)
+{
+    if (!in) return 0;
+    char *o0 = PyArray_BYTES(out), *o1 = o0 + PyArray_NBYTES(out);
+    char *i0 = PyArray_BYTES(in), *i1 = i0 + PyArray_NBYTES(in);
+    if (o0 < i1 && i0 < o1 && PyArray_NBYTES(out) > 0 && PyArray_NBYTES(in) > 0) {
+        PyErr_Format(PyExc_ValueError, "%s shares memory with %s; pass a separate output array",
+                     out_name, in_name);
+        return -1;
+    }
+    return 0;
+}
+
+void hold_array(held_array *h, PyArrayObject *a, int output)
+{
+    Py_INCREF(a);
+    h->arr = a;
+    h->data = PyArray_DATA(a);
+    h->size = PyArray_SIZE(a);
+    h->typenum = PyArray_TYPE(a);
+    h->output = output;
+}
+
+int check_held(const held_array *h, const char *owner, const char *name)
+{
+    PyArrayObject *a = h->arr;
+    if (PyArray_DATA(a) == h->data && PyArray_TYPE(a) == h->typenum && PyArray_NDIM(a) == 1 &&
+        PyArray_DIM(a, 0) == h->size && PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISALIGNED(a) &&
+        (!h->output || PyArray_ISWRITEABLE(a)))
+        return 0;
+    char now[128];
+    shape_str(now, sizeof now, PyArray_NDIM(a), PyArray_DIMS(a));
+    if (PyArray_DATA(a) == h->data && PyArray_TYPE(a) == h->typenum && PyArray_SIZE(a) == h->size &&
+        PyArray_IS_C_CONTIGUOUS(a) && PyArray_NDIM(a) == 1) {
+        PyErr_Format(PyExc_ValueError, "%s is read-only, but it is written to (%s.%s was made "
+                     "read-only after the %s was built)", name, owner, name, owner);
+        return -1;
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "%s.%s was changed after the %s was built: it is now %s of shape %s%s%s, but "
+                 "it was built on %s of shape (%zd,) at its memory then; build a new %s for a "
+                 "changed array", owner, name, owner, dtype_name(a), now,
+                 PyArray_DATA(a) != h->data ? ", at other memory" : "",
+                 h->output && !PyArray_ISWRITEABLE(a) ? ", read-only" : "",
+                 typenum_name(h->typenum), (Py_ssize_t)h->size, owner);
+    return -1;
+}
+
+/* repr() of a double into buf (no Python object is created, so nothing can leak). */
+const char *double_repr(char *buf, size_t n, double v)
+{
+    char *s = PyOS_double_to_string(v, 'r', 0, 0, NULL);
+    snprintf(buf, n, "%s", s ? s : "?");
+    PyMem_Free(s);
+    return buf;
+}
+
+int check_finite(double v, const char *name)
+{
+    if (isfinite(v)) return 0;
+    char b[64];
+    PyErr_Format(PyExc_ValueError, "%s must be finite, got %s", name, double_repr(b, sizeof b, v));
+    return -1;
+}
+
+/* The first label outside [0, classes) (binary: outside {0, 1}) as an exception. */
+void label_error(PyArrayObject *labels, int64_t classes)
+{
+    const int64_t *l = PyArray_DATA(labels);
+    npy_intp n = PyArray_SIZE(labels);
+    for (npy_intp i = 0; i < n; i++)
+        if (l[i] < 0 || l[i] >= classes) {
+            PyErr_Format(PyExc_ValueError, "labels[%ld] = %lld is out of range: expected 0 <= label < %lld",
+                         (long)i, (long long)l[i], (long long)classes);
+            return;
+        }
+    PyErr_SetString(PyExc_ValueError, "labels are out of range");
+}
+
+PyObject *raise_code(int rc, const char *what)
+{
+    if (rc == DP_ENOMEM) return PyErr_NoMemory();
+    if (rc == DP_ETHREAD) return PyErr_Format(PyExc_RuntimeError, "%s: could not start a thread", what);
+    return PyErr_Format(PyExc_RuntimeError, "%s failed with code %d", what, rc);
+}
+
+/* grad_scale argument: None -> 1/B. */
+int get_grad_scale(PyObject *obj, npy_intp B, double *out)
+{
+    if (!obj || obj == Py_None) { *out = B > 0 ? 1.0 / (double)B : 0.0; return 0; }
+    *out = PyFloat_AsDouble(obj);
+    if (*out == -1.0 && PyErr_Occurred()) return -1;
+    return check_finite(*out, "grad_scale");
+}
+
+/* start/stop arguments: a half-open element range inside [0, n]. */
+int get_range(PyObject *starto, PyObject *stopo, npy_intp n, ptrdiff_t *start, ptrdiff_t *stop)
+{
+    *start = 0;
+    *stop = n;
+    if (starto && starto != Py_None) {
+        *start = PyLong_AsSsize_t(starto);
+        if (*start == -1 && PyErr_Occurred()) return -1;
+    }
+    if (stopo && stopo != Py_None) {
+        *stop = PyLong_AsSsize_t(stopo);
+        if (*stop == -1 && PyErr_Occurred()) return -1;
+    }
+    if (*start < 0 || *stop > n || *start > *stop) {
+        PyErr_Format(PyExc_ValueError, "start=%zd, stop=%zd is not a range inside [0, %zd]", *start, *stop, (Py_ssize_t)n);
+        return -1;
+    }
+    return 0;
+}
+
+/* ctx argument: None -> a NULL context (the kernel allocates its own scratch). */
+int get_ctx(PyObject *module, PyObject *obj, ContextObject **out)
+{
+    *out = NULL;
+    if (!obj || obj == Py_None) return 0;
+    if (!PyObject_TypeCheck(obj, module_state(module)->context_type) || !((ContextObject *)obj)->ready) {
+        PyErr_Format(PyExc_TypeError, "ctx must be a dptrain._core.Context or None, got %s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *out = (ContextObject *)obj;
+    return 0;
+}

@@ -1,0 +1,65 @@
+/* mod_context.c - dptrain._core.Context: the threads (dp_threads) and GEMM packing buffers of
+ * a dp_ctx, plus the convolutions' im2col buffer, kept between calls. A module-level kernel
+ * given ctx=... splits its work over the context's threads and reuses its scratch instead of
+ * allocating its own (get_ctx in mod_common.c checks the argument; the object's struct is in
+ * mod_common.h because every kernel binding reads it).
+ * Leaves out on purpose: pickling (a context is scratch; it is not picklable).
+ */
+#include "mod_common.h"
+
+static int Context_init(ContextObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"threads", NULL};
+    int threads = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|i:Context", kwlist, &threads)) return -1;
+    if (threads < 1 || threads > DP_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads);
+        return -1;
+    }
+    if (self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "Context is already initialized");
+        return -1;
+    }
+    self->lock = PyThread_allocate_lock();
+    if (!self->lock) { PyErr_NoMemory(); return -1; }
+    int rc = dp_ctx_init(&self->ctx, threads);
+    if (rc) { raise_code(rc, "Context"); return -1; }
+    self->ready = 1;
+    return 0;
+}
+
+static void Context_dealloc(ContextObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    if (self->ready) dp_ctx_free(&self->ctx);
+    dp_scratch_free(&self->col);
+    if (self->lock) PyThread_free_lock(self->lock);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);             /* a heap type: each instance holds a reference to it */
+}
+
+static PyObject *Context_threads(ContextObject *self, void *closure)
+{
+    return PyLong_FromLong(self->ready ? self->ctx.threads : 0);
+}
+
+static PyGetSetDef Context_getset[] = {
+    {"threads", (getter)Context_threads, NULL, "threads the kernels split work over", NULL},
+    {NULL},
+};
+
+static PyType_Slot Context_slots[] = {
+    {Py_tp_doc, (void *)"Context(threads=1): a thread pool and GEMM packing buffers for the kernels."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, Context_init},
+    {Py_tp_dealloc, Context_dealloc},
+    {Py_tp_getset, Context_getset},
+    {0, NULL},
+};
+
+PyType_Spec mod_context_spec = {
+    .name = "dptrain._core.Context",
+    .basicsize = sizeof(ContextObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Context_slots,
+};

@@ -1,0 +1,403 @@
+/* mod_group.c - dptrain._core.ShmGroup, one worker's handle on a group of workers that share
+ * memory (threads of one process, or processes mapping one segment), and the functions of the
+ * group's control block (group_control_bytes, init_group_control, abort_group_control).
+ *
+ * The collective itself is plain C (dp_group_barrier and dp_group_allreduce_f32/_f64 in
+ * dp_sync.c); this file validates the arrays once when the group is built, re-checks them on
+ * every call (Python can move, re-type or resize an array in place), releases the GIL around
+ * the call and turns its code into an exception: an abort raises the module's GroupAborted
+ * ("group aborted", code), a timeout a TimeoutError naming the ranks that did not arrive.
+ * Leaves out on purpose: pickling (a handle on shared memory is not picklable), and any
+ * transport but shared memory (dptrain's communicators wrap this one and MPI's).
+ */
+#include "mod_common.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "dp_sync.h"
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *control;            /* the array holding the dp_barrier (owned) */
+    PyObject *buffers;            /* tuple of the workers' flat buffers (owned) */
+    PyObject *out_obj;            /* owned reference to the out array, or NULL */
+    PyObject *world_obj;          /* owned reference to the world control array, or NULL */
+    dp_group g;                   /* the handle the dp_group_* calls take; g.bufs is ptrs */
+    void *ptrs[DP_MAX_GROUP];
+    int f32;
+    npy_intp length;
+} ShmGroupObject;
+
+/* ------------------------------------------------------------------ the control block */
+
+/* The dp_barrier at the start of `obj`: a writeable uint8 array, 64-byte aligned. */
+static dp_barrier *control_barrier(PyObject *obj, const char *name)
+{
+    PyArrayObject *a = check_array(obj, name, NPY_UINT8, 1, 1);
+    if (!a) return NULL;
+    if (PyArray_SIZE(a) < (npy_intp)sizeof(dp_barrier) || ((uintptr_t)PyArray_DATA(a) % 64) != 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be a writeable uint8 array of >= %d bytes at a "
+                     "64-byte aligned address", name, (int)sizeof(dp_barrier));
+        return NULL;
+    }
+    return (dp_barrier *)PyArray_DATA(a);
+}
+
+static PyObject *py_init_control(PyObject *module, PyObject *args)
+{
+    PyObject *co;
+    int n;
+    if (!PyArg_ParseTuple(args, "Oi:init_group_control", &co, &n)) return NULL;
+    dp_barrier *b = control_barrier(co, "control");
+    if (!b) return NULL;
+    if (n < 1 || n > DP_MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %d", DP_MAX_GROUP, n), NULL;
+    memset(b, 0, (size_t)PyArray_NBYTES((PyArrayObject *)co));   /* the arrival counters too */
+    dp_barrier_init(b, n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_group_control_bytes(PyObject *module, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > DP_MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %ld", DP_MAX_GROUP, n), NULL;
+    return PyLong_FromSize_t(dp_group_control_bytes((int)n));
+}
+
+/* An abort code argument: an int in [0, 2**32 - 1] (0 means 1: an abort always has a code). */
+static int abort_code(PyObject *obj, uint32_t *code)
+{
+    *code = 1;
+    if (!obj) return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow || v < 0 || v > (long long)UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "code must be an int in [0, %lu], got %S",
+                     (unsigned long)UINT32_MAX, obj);
+        return -1;
+    }
+    *code = v ? (uint32_t)v : 1u;
+    return 0;
+}
+
+static PyObject *py_abort_control(PyObject *module, PyObject *args)
+{
+    PyObject *co, *codeo = NULL;
+    uint32_t code;
+    if (!PyArg_ParseTuple(args, "O|O:abort_group_control", &co, &codeo) || abort_code(codeo, &code))
+        return NULL;
+    dp_barrier *b = control_barrier(co, "control");
+    if (!b) return NULL;
+    if (b->magic != DP_BARRIER_MAGIC)
+        return PyErr_Format(PyExc_ValueError, "control is not initialized"), NULL;
+    dp_barrier_abort(b, code);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ ShmGroup */
+
+static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"control", "buffers", "rank", "out", "spin", "yield_time", "timeout",
+                             "algorithm", "world", NULL};
+    PyObject *co, *bo, *seq = NULL, *oo = Py_None, *wo = Py_None;
+    int rank, rc = -1, algorithm = -1;
+    double spin = 200e-6, yield_time = 2e-3, timeout = 0.0;
+    const char *alg_name = "native";
+    if (self->g.barrier) {
+        PyErr_SetString(PyExc_RuntimeError, "ShmGroup is already initialized");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|$OdddsO:ShmGroup", kwlist, &co, &bo, &rank, &oo,
+                                     &spin, &yield_time, &timeout, &alg_name, &wo))
+        return -1;
+    for (int a = 0; a < DP_ALLREDUCE_COUNT; a++)
+        if (strcmp(alg_name, dp_allreduce_name(a)) == 0) algorithm = a;
+    if (algorithm < 0) {
+        PyErr_Format(PyExc_ValueError, "algorithm is '%s', expected 'native', 'ring' or 'tree'", alg_name);
+        return -1;
+    }
+    dp_barrier *b = control_barrier(co, "control");
+    if (!b) return -1;
+    if (b->magic != DP_BARRIER_MAGIC) {
+        PyErr_SetString(PyExc_ValueError, "control is not initialized: call init_group_control(control, n) once first");
+        return -1;
+    }
+    dp_barrier *world = NULL;
+    if (wo != Py_None) {
+        if (!(world = control_barrier(wo, "world"))) return -1;
+        if (world->magic != DP_BARRIER_MAGIC || world->n != b->n) {
+            PyErr_Format(PyExc_ValueError, "world is not an initialized control block of a group of %u "
+                         "workers", b->n);
+            return -1;
+        }
+    }
+    if (!(seq = PySequence_Fast(bo, "buffers must be a sequence of arrays"))) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (b->n < 1 || b->n > DP_MAX_GROUP) {
+        PyErr_Format(PyExc_ValueError, "control holds a group of %u workers, expected 1 to %d: "
+                     "it is not a control block made by init_group_control", b->n, DP_MAX_GROUP);
+        goto fail;
+    }
+    if (oo == Py_None && n != (Py_ssize_t)b->n) {
+        PyErr_Format(PyExc_ValueError, "buffers has %zd arrays, but the group has %u workers", n, b->n);
+        goto fail;
+    }
+    if (n < 1 || n > DP_MAX_GROUP) {
+        PyErr_Format(PyExc_ValueError, "buffers has %zd arrays, expected 1 to %d", n, DP_MAX_GROUP);
+        goto fail;
+    }
+    if (rank < 0 || rank >= (int)b->n) {
+        PyErr_Format(PyExc_ValueError, "rank must be in [0, %u), got %d", b->n, rank);
+        goto fail;
+    }
+    if (!(isfinite(spin) && spin >= 0 && isfinite(yield_time) && yield_time >= 0 && isfinite(timeout) && timeout >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "spin, yield_time and timeout must be finite numbers >= 0");
+        goto fail;
+    }
+    PyArrayObject *first = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char name[48];
+        snprintf(name, sizeof name, "buffers[%zd]", i);
+        PyArrayObject *a = check_array(PySequence_Fast_GET_ITEM(seq, i), name, NPY_NOTYPE, 1, 1);
+        if (!a) goto fail;
+        if (!first) first = a;
+        else if (check_same_dtype(a, name, first, "buffers[0]") ||
+                 check_shape(a, name, 1, PyArray_DIMS(first)))
+            goto fail;
+        for (Py_ssize_t j = 0; j < i; j++)
+            if (check_no_overlap(a, name, (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, j), "another buffer"))
+                goto fail;
+        if (check_no_overlap(a, name, (PyArrayObject *)co, "control"))   /* the barrier's memory */
+            goto fail;
+        self->ptrs[i] = PyArray_DATA(a);
+    }
+    if (oo != Py_None) {
+        PyArrayObject *o = check_array(oo, "out", PyArray_TYPE(first), 1, 1);
+        if (!o || check_shape(o, "out", 1, PyArray_DIMS(first))) goto fail;
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (check_no_overlap(o, "out", (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, j), "a buffer"))
+                goto fail;
+        if (check_no_overlap(o, "out", (PyArrayObject *)co, "control")) goto fail;
+        Py_INCREF(oo);
+        self->out_obj = oo;
+        self->g.out = PyArray_DATA(o);
+    }
+    if (algorithm != DP_ALLREDUCE_NATIVE && (oo != Py_None || n != (Py_ssize_t)b->n)) {
+        PyErr_Format(PyExc_ValueError, "algorithm '%s' needs one buffer per worker (%u, got %zd) "
+                     "and no out array", alg_name, b->n, n);
+        goto fail;
+    }
+    if (algorithm == DP_ALLREDUCE_TREE && PyArray_SIZE(first) > 0) {
+        self->g.scratch = PyMem_RawMalloc((size_t)PyArray_SIZE(first) * PyArray_ITEMSIZE(first));
+        if (!self->g.scratch) { PyErr_NoMemory(); goto fail; }
+    }
+    self->g.algorithm = algorithm;
+    self->buffers = PySequence_Tuple(seq);
+    if (!self->buffers) goto fail;
+    Py_INCREF(co);
+    self->control = co;
+    self->g.barrier = b;
+    self->g.arrivals = dp_group_arrivals(b, (size_t)PyArray_NBYTES((PyArrayObject *)co), (int)b->n);
+    self->g.n = (int)b->n;
+    self->g.k = (int)n;
+    self->g.rank = rank;
+    self->g.bufs = self->ptrs;
+    self->f32 = IS_F32(first);
+    self->length = PyArray_SIZE(first);
+    self->g.policy.spin_s = spin;
+    self->g.policy.yield_s = yield_time;
+    self->g.policy.timeout_s = timeout;
+    if (world) {
+        Py_INCREF(wo);
+        self->world_obj = wo;
+        self->g.policy.world = world;
+    }
+    rc = 0;
+fail:
+    Py_XDECREF(seq);
+    return rc;
+}
+
+static void ShmGroup_dealloc(ShmGroupObject *self)
+{
+    Py_XDECREF(self->control);
+    Py_XDECREF(self->buffers);
+    Py_XDECREF(self->out_obj);
+    Py_XDECREF(self->world_obj);
+    PyMem_RawFree(self->g.scratch);
+    PyTypeObject *type = Py_TYPE(self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);             /* a heap type: each instance holds a reference to it */
+}
+
+static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const char *what)
+{
+    if (rc == DP_EABORT) {
+        PyObject *err = Py_BuildValue("(sI)", "group aborted", code);
+        if (err) PyErr_SetObject(type_state(Py_TYPE(self))->group_aborted, err);
+        Py_XDECREF(err);
+        return NULL;
+    }
+    if (rc == DP_ETIMEOUT) {
+        char t[64], who[256] = "";
+        int missing[16], k = self->g.arrivals ? dp_group_missing(self->g.arrivals, self->g.n, self->g.rank, missing, 16) : 0;
+        if (k > 0) {
+            size_t used = (size_t)snprintf(who, sizeof who, ": rank%s ", k > 1 ? "s" : "");
+            for (int i = 0; i < k && i < 16 && used < sizeof who; i++)
+                used += (size_t)snprintf(who + used, sizeof who - used, "%s%d", i ? ", " : "", missing[i]);
+            if (used < sizeof who)
+                snprintf(who + used, sizeof who - used, "%s did not arrive", k > 16 ? ", ..." : "");
+        }
+        return PyErr_Format(PyExc_TimeoutError, "%s on rank %d timed out after %s s waiting for the "
+                            "other %d workers%s", what, self->g.rank,
+                            double_repr(t, sizeof t, self->g.policy.timeout_s), self->g.n - 1, who);
+    }
+    return raise_code(rc, what);
+}
+
+/* Built, and its arrays are still the ones it was built on (see held_array): the control
+ * block where the barrier lives, every worker's buffer and the out array. */
+static int group_control_ready(ShmGroupObject *self)
+{
+    if (!self->g.barrier) {
+        PyErr_SetString(PyExc_RuntimeError, "ShmGroup is not initialized");
+        return -1;
+    }
+    PyArrayObject *c = (PyArrayObject *)self->control;
+    if (PyArray_DATA(c) != (void *)self->g.barrier || PyArray_TYPE(c) != NPY_UINT8 ||
+        PyArray_NBYTES(c) < (npy_intp)sizeof(dp_barrier) || !PyArray_ISWRITEABLE(c))
+        return PyErr_Format(PyExc_ValueError, "ShmGroup.control was changed after the ShmGroup "
+                            "was built (moved, re-typed, shrunk or made read-only)"), -1;
+    PyArrayObject *w = (PyArrayObject *)self->world_obj;
+    if (w && (PyArray_DATA(w) != (void *)self->g.policy.world || PyArray_TYPE(w) != NPY_UINT8 ||
+              PyArray_NBYTES(w) < (npy_intp)sizeof(dp_barrier) || !PyArray_ISWRITEABLE(w)))
+        return PyErr_Format(PyExc_ValueError, "ShmGroup world was changed after the ShmGroup "
+                            "was built (moved, re-typed, shrunk or made read-only)"), -1;
+    return 0;
+}
+
+static int group_ready(ShmGroupObject *self)
+{
+    if (group_control_ready(self)) return -1;
+    int t = self->f32 ? NPY_FLOAT32 : NPY_FLOAT64;
+    for (int i = 0; i < self->g.k; i++) {
+        PyArrayObject *a = (PyArrayObject *)PyTuple_GET_ITEM(self->buffers, i);
+        if (PyArray_DATA(a) != self->ptrs[i] || PyArray_TYPE(a) != t || PyArray_NDIM(a) != 1 ||
+            PyArray_DIM(a, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISWRITEABLE(a))
+            return PyErr_Format(PyExc_ValueError, "ShmGroup buffers[%d] was changed after the ShmGroup "
+                                "was built: it must stay a writeable %s array of shape (%zd,) at its "
+                                "memory", i, typenum_name(t), (Py_ssize_t)self->length), -1;
+    }
+    if (self->out_obj) {
+        PyArrayObject *o = (PyArrayObject *)self->out_obj;
+        if (PyArray_DATA(o) != self->g.out || PyArray_TYPE(o) != t || PyArray_NDIM(o) != 1 ||
+            PyArray_DIM(o, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(o) || !PyArray_ISWRITEABLE(o))
+            return PyErr_Format(PyExc_ValueError, "ShmGroup out was changed after the ShmGroup was "
+                                "built: it must stay a writeable %s array of shape (%zd,) at its memory",
+                                typenum_name(t), (Py_ssize_t)self->length), -1;
+    }
+    return 0;
+}
+
+static PyObject *ShmGroup_barrier(ShmGroupObject *self, PyObject *unused)
+{
+    if (group_control_ready(self)) return NULL;
+    uint32_t code = 0;
+    double waited = 0;
+    int rc;
+    WITHOUT_GIL(rc = dp_group_barrier(&self->g, &waited, &code));
+    if (rc) return group_error(self, rc, code, "barrier");
+    return PyFloat_FromDouble(waited);
+}
+
+static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"scale", "start", "stop", NULL};
+    double scale = 1.0;
+    PyObject *starto = NULL, *stopo = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|dOO:allreduce", kwlist, &scale, &starto, &stopo)) return NULL;
+    ptrdiff_t start, stop;
+    if (group_ready(self) || check_finite(scale, "scale") || get_range(starto, stopo, self->length, &start, &stop))
+        return NULL;
+    uint32_t code = 0;
+    double waited = 0;
+    int rc;
+    if (self->f32) WITHOUT_GIL(rc = dp_group_allreduce_f32(&self->g, start, stop, (float)scale, &waited, &code));
+    else WITHOUT_GIL(rc = dp_group_allreduce_f64(&self->g, start, stop, scale, &waited, &code));
+    if (rc) return group_error(self, rc, code, "allreduce");
+    /* the wait at the entry barrier: this worker waiting for the slowest one (arrival skew),
+     * not transfer */
+    return PyFloat_FromDouble(waited);
+}
+
+static PyObject *ShmGroup_abort(ShmGroupObject *self, PyObject *args)
+{
+    PyObject *codeo = NULL;
+    uint32_t code;
+    if (!PyArg_ParseTuple(args, "|O:abort", &codeo) || abort_code(codeo, &code)) return NULL;
+    if (group_control_ready(self)) return NULL;    /* aborting needs the barrier alone */
+    dp_barrier_abort(self->g.barrier, code);
+    if (self->g.policy.world) dp_barrier_abort(self->g.policy.world, code);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShmGroup_get_aborted(ShmGroupObject *self, void *c)
+{
+    if (!self->g.barrier) return PyLong_FromLong(0);
+    if (group_control_ready(self)) return NULL;
+    uint32_t code = dp_barrier_abort_code(self->g.barrier);
+    if (!code && self->g.policy.world) code = dp_barrier_abort_code(self->g.policy.world);
+    return PyLong_FromUnsignedLong(code);
+}
+static PyObject *ShmGroup_get_rank(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->g.rank); }
+static PyObject *ShmGroup_get_size(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->g.n); }
+
+static PyMethodDef ShmGroup_methods[] = {
+    {"barrier", (PyCFunction)ShmGroup_barrier, METH_NOARGS, "barrier() -> seconds waited: wait until every worker arrives"},
+    {"allreduce", (PyCFunction)(void (*)(void))ShmGroup_allreduce, METH_VARARGS | METH_KEYWORDS,
+     "allreduce(scale=1.0, start=0, stop=None) -> seconds waited at the entry barrier: every "
+     "buffer[start:stop] (or only out[start:stop] when the group has an out array) = scale * the sum "
+     "of all buffers[start:stop]; native: summed in buffer order, this worker reduces its slice; "
+     "ring/tree: the point-to-point schedules of the group's algorithm"},
+    {"abort", (PyCFunction)ShmGroup_abort, METH_VARARGS, "abort(code=1): wake every waiter with an error"},
+    {NULL},
+};
+
+static PyGetSetDef ShmGroup_getset[] = {
+    {"aborted", (getter)ShmGroup_get_aborted, NULL, "0, or the code the group was aborted with", NULL},
+    {"rank", (getter)ShmGroup_get_rank, NULL, "this worker's rank", NULL},
+    {"size", (getter)ShmGroup_get_size, NULL, "workers in the group", NULL},
+    {NULL},
+};
+
+static PyType_Slot ShmGroup_slots[] = {
+    {Py_tp_doc, (void *)"ShmGroup(control, buffers, rank, *, out=None, spin=2e-4, yield_time=2e-3, "
+                        "timeout=0, algorithm='native', world=None): one worker's handle on a group "
+                        "of workers that share memory (threads or processes); world: the control "
+                        "block of the whole set of workers, whose abort also stops this group."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, ShmGroup_init},
+    {Py_tp_dealloc, ShmGroup_dealloc},
+    {Py_tp_methods, ShmGroup_methods},
+    {Py_tp_getset, ShmGroup_getset},
+    {0, NULL},
+};
+
+PyType_Spec mod_shmgroup_spec = {
+    .name = "dptrain._core.ShmGroup",
+    .basicsize = sizeof(ShmGroupObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = ShmGroup_slots,
+};
+
+/* ------------------------------------------------------------------ the functions */
+
+PyMethodDef mod_group_functions[] = {
+    {"group_control_bytes", py_group_control_bytes, METH_O, "group_control_bytes(n) -> bytes of a ShmGroup control block for n workers that also tracks who arrived (a timeout then names the workers that did not)"},
+    {"init_group_control", py_init_control, METH_VARARGS, "init_group_control(control, n): set up a ShmGroup's barrier memory for n workers"},
+    {"abort_group_control", py_abort_control, METH_VARARGS, "abort_group_control(control, code=1): abort the group that waits on this control block (e.g. from the launcher when a worker died)"},
+    {NULL},
+};

@@ -1,0 +1,761 @@
+/* mod_kernels.c - the module-level functions of dptrain._core: one binding per kernel
+ * family (gemm, dense, ReLU, losses, argmax, count_correct, sgd_step, sum_buffers, scale_,
+ * gather_rows, zero_, conv2d, maxpool2), and what describes the build and the CPU
+ * (build_info, cpu_features, fma_peak). Each follows the recipe of mod_common.h; the
+ * contract and the NumPy twins are in docs/core_api.md.
+ * Leaves out on purpose: the objects (mod_context.c, mod_network.c, mod_group.c) and
+ * param_count, which is Network's (mod_network.c).
+ */
+#include "mod_common.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "dp_act.h"
+#include "dp_buffers.h"
+#include "dp_conv.h"
+#include "dp_cpu.h"
+#include "dp_dense.h"
+#include "dp_gemm.h"
+#include "dp_loss.h"
+#include "dp_sgd.h"
+
+/* ------------------------------------------------------------------ GEMM */
+
+static PyObject *gemm_common(PyObject *module, PyObject *args, PyObject *kwds, int naive)
+{
+    static char *kwlist[] = {"a", "b", "c", "trans_a", "trans_b", "alpha", "beta", "ctx", NULL};
+    PyObject *ao, *bo, *co, *ctxo = NULL;
+    int ta = 0, tb = 0;
+    double alpha = 1.0, beta = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$ppddO:gemm", kwlist, &ao, &bo, &co, &ta,
+                                     &tb, &alpha, &beta, &ctxo))
+        return NULL;
+    PyArrayObject *a, *b, *c;
+    ContextObject *cobj;
+    if (!(a = check_array(ao, "a", NPY_NOTYPE, 2, 0)) || !(b = check_array(bo, "b", NPY_NOTYPE, 2, 0)) ||
+        !(c = check_array(co, "c", NPY_NOTYPE, 2, 1)) || check_same_dtype(b, "b", a, "a") ||
+        check_same_dtype(c, "c", a, "a") || get_ctx(module, ctxo, &cobj) ||
+        check_finite(alpha, "alpha") || check_finite(beta, "beta"))
+        return NULL;
+    npy_intp M = PyArray_DIM(a, ta ? 1 : 0), K = PyArray_DIM(a, ta ? 0 : 1);
+    npy_intp N = PyArray_DIM(b, tb ? 0 : 1), Kb = PyArray_DIM(b, tb ? 1 : 0);
+    if (Kb != K) {
+        npy_intp want[2] = {tb ? PyArray_DIM(b, 0) : K, tb ? K : PyArray_DIM(b, 1)};
+        return check_shape(b, tb ? "b (transposed)" : "b", 2, want), NULL;
+    }
+    npy_intp cdims[2] = {M, N};
+    if (check_shape(c, "c", 2, cdims) || check_no_overlap(c, "c", a, "a") || check_no_overlap(c, "c", b, "b"))
+        return NULL;
+    /* op(a)(i, k) = a[i, k] or a[k, i]: strides in elements */
+    ptrdiff_t lda = PyArray_DIM(a, 1), ldb = PyArray_DIM(b, 1);
+    ptrdiff_t rsa = ta ? 1 : lda, csa = ta ? lda : 1, rsb = tb ? 1 : ldb, csb = tb ? ldb : 1;
+    int rc = 0;
+    void *C = PyArray_DATA(c);
+    const void *A = PyArray_DATA(a), *B = PyArray_DATA(b);
+    if (IS_F32(a)) {
+        if (naive)
+            WITHOUT_GIL(dp_gemm_naive_f32(C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, (float)alpha, (float)beta));
+        else
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_gemm_f32(cobj ? &cobj->ctx : NULL, C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, (float)alpha, (float)beta));
+    } else {
+        if (naive)
+            WITHOUT_GIL(dp_gemm_naive_f64(C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, alpha, beta));
+        else
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_gemm_f64(cobj ? &cobj->ctx : NULL, C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, alpha, beta));
+    }
+    if (rc) return raise_code(rc, "gemm");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_gemm(PyObject *module, PyObject *args, PyObject *kwds) { return gemm_common(module, args, kwds, 0); }
+static PyObject *py_gemm_naive(PyObject *module, PyObject *args, PyObject *kwds) { return gemm_common(module, args, kwds, 1); }
+
+/* ------------------------------------------------------------------ dense layer */
+
+static PyObject *py_dense_forward(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "w", "b", "y", "ctx", NULL};
+    PyObject *xo, *wo, *bo, *yo, *ctxo = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO|$O:dense_forward", kwlist, &xo, &wo, &bo, &yo, &ctxo))
+        return NULL;
+    PyArrayObject *x, *w, *b, *y;
+    ContextObject *cobj;
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) || !(w = check_array(wo, "w", NPY_NOTYPE, 2, 0)) ||
+        !(b = check_array(bo, "b", NPY_NOTYPE, 1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 2, 1)) ||
+        check_same_dtype(w, "w", x, "x") || check_same_dtype(b, "b", x, "x") ||
+        check_same_dtype(y, "y", x, "x") || get_ctx(module, ctxo, &cobj))
+        return NULL;
+    npy_intp B = PyArray_DIM(x, 0), IN = PyArray_DIM(x, 1), OUT = PyArray_DIM(w, 0);
+    npy_intp wd[2] = {OUT, IN}, bd[1] = {OUT}, yd[2] = {B, OUT};
+    if (check_shape(w, "w", 2, wd) || check_shape(b, "b", 1, bd) || check_shape(y, "y", 2, yd) ||
+        check_no_overlap(y, "y", x, "x") || check_no_overlap(y, "y", w, "w") || check_no_overlap(y, "y", b, "b"))
+        return NULL;
+    int rc;
+    dp_ctx *c = cobj ? &cobj->ctx : NULL;
+    if (IS_F32(x))
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_forward_f32(c, PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w), PyArray_DATA(b), (int)B, (int)IN, (int)OUT));
+    else
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_forward_f64(c, PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w), PyArray_DATA(b), (int)B, (int)IN, (int)OUT));
+    if (rc) return raise_code(rc, "dense_forward");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_dense_backward(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"dy", "x", "w", "dw", "db", "dx", "ctx", NULL};
+    PyObject *dyo, *xo, *wo, *dwo, *dbo, *dxo = Py_None, *ctxo = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO|O$O:dense_backward", kwlist, &dyo, &xo, &wo,
+                                     &dwo, &dbo, &dxo, &ctxo))
+        return NULL;
+    PyArrayObject *dy, *x, *w, *dw, *db, *dx = NULL;
+    ContextObject *cobj;
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 2, 0)) || !(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) ||
+        !(w = check_array(wo, "w", NPY_NOTYPE, 2, 0)) || !(dw = check_array(dwo, "dw", NPY_NOTYPE, 2, 1)) ||
+        !(db = check_array(dbo, "db", NPY_NOTYPE, 1, 1)) ||
+        (dxo != Py_None && !(dx = check_array(dxo, "dx", NPY_NOTYPE, 2, 1))) ||
+        check_same_dtype(x, "x", dy, "dy") || check_same_dtype(w, "w", dy, "dy") ||
+        check_same_dtype(dw, "dw", dy, "dy") || check_same_dtype(db, "db", dy, "dy") ||
+        (dx && check_same_dtype(dx, "dx", dy, "dy")) || get_ctx(module, ctxo, &cobj))
+        return NULL;
+    npy_intp B = PyArray_DIM(dy, 0), OUT = PyArray_DIM(dy, 1), IN = PyArray_DIM(w, 1);
+    npy_intp xd[2] = {B, IN}, wd[2] = {OUT, IN}, bd[1] = {OUT};
+    if (check_shape(x, "x", 2, xd) || check_shape(w, "w", 2, wd) || check_shape(dw, "dw", 2, wd) ||
+        check_shape(db, "db", 1, bd) || (dx && check_shape(dx, "dx", 2, xd)))
+        return NULL;
+    PyArrayObject *ins[3] = {dy, x, w};
+    const char *in_names[3] = {"dy", "x", "w"};
+    for (int i = 0; i < 3; i++)
+        if (check_no_overlap(dw, "dw", ins[i], in_names[i]) || check_no_overlap(db, "db", ins[i], in_names[i]) ||
+            (dx && check_no_overlap(dx, "dx", ins[i], in_names[i])))
+            return NULL;
+    if ((dx && (check_no_overlap(dx, "dx", dw, "dw") || check_no_overlap(dx, "dx", db, "db"))) ||
+        check_no_overlap(db, "db", dw, "dw"))
+        return NULL;
+    int rc;
+    dp_ctx *c = cobj ? &cobj->ctx : NULL;
+    void *dxp = dx ? PyArray_DATA(dx) : NULL;
+    if (IS_F32(dy))
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_backward_f32(c, PyArray_DATA(dw), PyArray_DATA(db), dxp, PyArray_DATA(dy), PyArray_DATA(x), PyArray_DATA(w), (int)B, (int)IN, (int)OUT));
+    else
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_backward_f64(c, PyArray_DATA(dw), PyArray_DATA(db), dxp, PyArray_DATA(dy), PyArray_DATA(x), PyArray_DATA(w), (int)B, (int)IN, (int)OUT));
+    if (rc) return raise_code(rc, "dense_backward");
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ activations */
+
+/* Element-wise kernels: every array has the shape of the first; the output may be the very
+ * same array as an input (in place) but must not partially overlap one. */
+static int check_elementwise(PyArrayObject *out, const char *oname, PyArrayObject *in, const char *iname)
+{
+    if (check_same_dtype(out, oname, in, iname) ||
+        check_shape(out, oname, PyArray_NDIM(in), PyArray_DIMS(in)))
+        return -1;
+    if (PyArray_DATA(out) == PyArray_DATA(in)) return 0;
+    return check_no_overlap(out, oname, in, iname);
+}
+
+static PyObject *py_relu_forward(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "y", NULL};
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:relu_forward", kwlist, &xo, &yo)) return NULL;
+    PyArrayObject *x, *y;
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, -1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, -1, 1)) ||
+        check_elementwise(y, "y", x, "x"))
+        return NULL;
+    ptrdiff_t n = PyArray_SIZE(x);
+    if (IS_F32(x)) WITHOUT_GIL(dp_relu_forward_f32(PyArray_DATA(y), PyArray_DATA(x), n));
+    else WITHOUT_GIL(dp_relu_forward_f64(PyArray_DATA(y), PyArray_DATA(x), n));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_relu_backward(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"dy", "y", "dx", NULL};
+    PyObject *dyo, *yo, *dxo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:relu_backward", kwlist, &dyo, &yo, &dxo)) return NULL;
+    PyArrayObject *dy, *y, *dx;
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, -1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, -1, 0)) ||
+        !(dx = check_array(dxo, "dx", NPY_NOTYPE, -1, 1)) || check_elementwise(y, "y", dy, "dy") ||
+        check_elementwise(dx, "dx", dy, "dy") || check_no_overlap(dx, "dx", y, "y"))
+        return NULL;
+    ptrdiff_t n = PyArray_SIZE(dy);
+    if (IS_F32(dy)) WITHOUT_GIL(dp_relu_backward_f32(PyArray_DATA(dx), PyArray_DATA(dy), PyArray_DATA(y), n));
+    else WITHOUT_GIL(dp_relu_backward_f64(PyArray_DATA(dx), PyArray_DATA(dy), PyArray_DATA(y), n));
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ losses */
+
+static PyObject *loss_common(PyObject *args, PyObject *kwds, int binary)
+{
+    static char *kwlist[] = {"logits", "labels", "dlogits", "grad_scale", NULL};
+    PyObject *zo, *lo, *dzo = Py_None, *gso = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, binary ? "OO|OO:sigmoid_bce" : "OO|OO:softmax_xent",
+                                     kwlist, &zo, &lo, &dzo, &gso))
+        return NULL;
+    PyArrayObject *z, *l, *dz = NULL;
+    if (!(z = check_array(zo, "logits", NPY_NOTYPE, -1, 0)) || !(l = check_array(lo, "labels", NPY_INT64, 1, 0)))
+        return NULL;
+    int nd = PyArray_NDIM(z);
+    if (binary ? !(nd == 1 || (nd == 2 && PyArray_DIM(z, 1) == 1)) : nd != 2) {
+        char s[128];
+        shape_str(s, sizeof s, nd, PyArray_DIMS(z));
+        PyErr_Format(PyExc_ValueError, "logits has shape %s, expected %s", s, binary ? "(B,) or (B, 1)" : "(B, C)");
+        return NULL;
+    }
+    npy_intp B = PyArray_DIM(z, 0), C = binary ? 1 : PyArray_DIM(z, 1);
+    npy_intp ld[1] = {B};
+    double gs;
+    if (!binary && C < 1) return PyErr_Format(PyExc_ValueError, "logits has 0 classes"), NULL;
+    if (check_shape(l, "labels", 1, ld) || get_grad_scale(gso, B, &gs)) return NULL;
+    /* the kernels read a row's label after writing its gradient: they must not overlap */
+    if (dzo != Py_None && (!(dz = check_array(dzo, "dlogits", NPY_NOTYPE, -1, 1)) ||
+                           check_elementwise(dz, "dlogits", z, "logits") ||
+                           check_no_overlap(dz, "dlogits", l, "labels")))
+        return NULL;
+    double loss = 0;
+    int rc;
+    void *dzp = dz ? PyArray_DATA(dz) : NULL;
+    if (binary) {
+        if (IS_F32(z)) WITHOUT_GIL(rc = dp_sigmoid_bce_f32(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, (float)gs));
+        else WITHOUT_GIL(rc = dp_sigmoid_bce_f64(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, gs));
+    } else {
+        if (IS_F32(z)) WITHOUT_GIL(rc = dp_softmax_xent_f32(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C, (float)gs));
+        else WITHOUT_GIL(rc = dp_softmax_xent_f64(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C, gs));
+    }
+    if (rc == DP_ELABEL) return label_error(l, binary ? 2 : C), NULL;
+    if (rc) return raise_code(rc, binary ? "sigmoid_bce" : "softmax_xent");
+    return PyFloat_FromDouble(loss);
+}
+
+static PyObject *py_softmax_xent(PyObject *module, PyObject *args, PyObject *kwds) { return loss_common(args, kwds, 0); }
+static PyObject *py_sigmoid_bce(PyObject *module, PyObject *args, PyObject *kwds) { return loss_common(args, kwds, 1); }
+
+static PyObject *py_argmax(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "out", NULL};
+    PyObject *xo, *oo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:argmax", kwlist, &xo, &oo)) return NULL;
+    PyArrayObject *x, *o;
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) || !(o = check_array(oo, "out", NPY_INT64, 1, 1)))
+        return NULL;
+    npy_intp B = PyArray_DIM(x, 0), C = PyArray_DIM(x, 1), od[1] = {B};
+    if (C < 1) return PyErr_Format(PyExc_ValueError, "x has shape (%ld, 0): no column to pick", (long)B), NULL;
+    if (check_shape(o, "out", 1, od) || check_no_overlap(o, "out", x, "x")) return NULL;
+    if (IS_F32(x)) WITHOUT_GIL(dp_argmax_f32(PyArray_DATA(o), PyArray_DATA(x), (int)B, (int)C));
+    else WITHOUT_GIL(dp_argmax_f64(PyArray_DATA(o), PyArray_DATA(x), (int)B, (int)C));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_count_correct(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"logits", "labels", NULL};
+    PyObject *zo, *lo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:count_correct", kwlist, &zo, &lo)) return NULL;
+    PyArrayObject *z, *l;
+    if (!(z = check_array(zo, "logits", NPY_NOTYPE, -1, 0)) || !(l = check_array(lo, "labels", NPY_INT64, 1, 0)))
+        return NULL;
+    if (PyArray_NDIM(z) != 1 && PyArray_NDIM(z) != 2) {
+        char s[128];
+        shape_str(s, sizeof s, PyArray_NDIM(z), PyArray_DIMS(z));
+        return PyErr_Format(PyExc_ValueError, "logits has shape %s, expected (B,) or (B, C)", s), NULL;
+    }
+    npy_intp B = PyArray_DIM(z, 0), C = PyArray_NDIM(z) == 2 ? PyArray_DIM(z, 1) : 1, ld[1] = {B};
+    if (C < 1) return PyErr_Format(PyExc_ValueError, "logits has 0 classes"), NULL;
+    if (check_shape(l, "labels", 1, ld)) return NULL;
+    int64_t n;
+    int rc;
+    if (IS_F32(z)) WITHOUT_GIL(rc = dp_count_correct_f32(&n, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
+    else WITHOUT_GIL(rc = dp_count_correct_f64(&n, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
+    if (rc == DP_ELABEL) return label_error(l, C == 1 ? 2 : C), NULL;
+    return PyLong_FromLongLong(n);
+}
+
+/* ------------------------------------------------------------------ optimizer, buffers */
+
+static PyObject *py_sgd_step(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"params", "grads", "velocity", "lr", "momentum", "dampening",
+                             "weight_decay", "nesterov", "first_step", NULL};
+    PyObject *po, *go, *vo;
+    double lr, mom = 0, damp = 0, wd = 0;
+    int nesterov = 0, first = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$ddddpp:sgd_step", kwlist, &po, &go, &vo, &lr,
+                                     &mom, &damp, &wd, &nesterov, &first))
+        return NULL;
+    if (!kwds || !PyDict_GetItemString(kwds, "lr"))
+        return PyErr_Format(PyExc_TypeError, "sgd_step() missing the keyword argument lr"), NULL;
+    PyArrayObject *p, *g, *v = NULL;
+    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 1)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 0)) ||
+        check_elementwise(g, "grads", p, "params") || check_finite(lr, "lr") ||
+        check_finite(mom, "momentum") || check_finite(damp, "dampening") || check_finite(wd, "weight_decay"))
+        return NULL;
+    char b1[64], b2[64];
+    if (lr < 0)
+        return PyErr_Format(PyExc_ValueError, "lr must be >= 0, got %s", double_repr(b1, sizeof b1, lr)), NULL;
+    if (mom < 0)
+        return PyErr_Format(PyExc_ValueError, "momentum must be >= 0, got %s", double_repr(b1, sizeof b1, mom)), NULL;
+    if (wd < 0)
+        return PyErr_Format(PyExc_ValueError, "weight_decay must be >= 0, got %s", double_repr(b1, sizeof b1, wd)), NULL;
+    if (nesterov && (mom <= 0 || damp != 0))
+        return PyErr_Format(PyExc_ValueError,
+                            "nesterov needs momentum > 0 and dampening == 0 (momentum=%s, dampening=%s)",
+                            double_repr(b1, sizeof b1, mom), double_repr(b2, sizeof b2, damp)), NULL;
+    if (PyArray_DATA(p) == PyArray_DATA(g))
+        return PyErr_Format(PyExc_ValueError, "grads shares memory with params"), NULL;
+    if (mom != 0) {
+        if (vo == Py_None)
+            return PyErr_Format(PyExc_ValueError, "velocity is None, but momentum=%s needs it",
+                                double_repr(b1, sizeof b1, mom)), NULL;
+        if (!(v = check_array(vo, "velocity", NPY_NOTYPE, 1, 1)) || check_elementwise(v, "velocity", p, "params") ||
+            check_no_overlap(v, "velocity", p, "params") || check_no_overlap(v, "velocity", g, "grads"))
+            return NULL;
+    }
+    if (check_no_overlap(p, "params", g, "grads")) return NULL;
+    ptrdiff_t n = PyArray_SIZE(p);
+    void *vp = v ? PyArray_DATA(v) : NULL;
+    if (IS_F32(p))
+        WITHOUT_GIL(dp_sgd_step_f32(PyArray_DATA(p), vp, PyArray_DATA(g), n, (float)lr, (float)mom, (float)damp, (float)wd, nesterov, first));
+    else
+        WITHOUT_GIL(dp_sgd_step_f64(PyArray_DATA(p), vp, PyArray_DATA(g), n, lr, mom, damp, wd, nesterov, first));
+    Py_RETURN_NONE;
+}
+
+#define MAX_SUM_INPUTS 1024
+
+static PyObject *py_sum_buffers(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"out", "inputs", "scale", "start", "stop", NULL};
+    PyObject *oo, *ino, *starto = NULL, *stopo = NULL, *seq = NULL, *result = NULL;
+    double scale = 1.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|$dOO:sum_buffers", kwlist, &oo, &ino, &scale, &starto, &stopo))
+        return NULL;
+    PyArrayObject *out;
+    if (!(out = check_array(oo, "out", NPY_NOTYPE, 1, 1)) || check_finite(scale, "scale")) return NULL;
+    if (!(seq = PySequence_Fast(ino, "inputs must be a sequence of arrays"))) return NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    const void *ptrs[MAX_SUM_INPUTS];
+    ptrdiff_t start, stop;
+    if (k == 0) {
+        PyErr_SetString(PyExc_ValueError, "inputs is empty: sum_buffers needs at least one array");
+        goto fail;
+    }
+    if (k > MAX_SUM_INPUTS) {
+        PyErr_Format(PyExc_ValueError, "inputs has %zd arrays, at most %d are supported", k, MAX_SUM_INPUTS);
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        char name[48];
+        snprintf(name, sizeof name, "inputs[%zd]", i);
+        PyArrayObject *a = check_array(PySequence_Fast_GET_ITEM(seq, i), name, NPY_NOTYPE, 1, 0);
+        if (!a || check_elementwise(a, name, out, "out")) goto fail;
+        ptrs[i] = PyArray_DATA(a);
+    }
+    if (get_range(starto, stopo, PyArray_SIZE(out), &start, &stop)) goto fail;
+    if (IS_F32(out))
+        WITHOUT_GIL(dp_sum_buffers_f32(PyArray_DATA(out), (const float *const *)ptrs, (int)k, start, stop, (float)scale));
+    else
+        WITHOUT_GIL(dp_sum_buffers_f64(PyArray_DATA(out), (const double *const *)ptrs, (int)k, start, stop, scale));
+    result = Py_None;
+    Py_INCREF(result);
+fail:
+    Py_XDECREF(seq);
+    return result;
+}
+
+static PyObject *py_scale(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"buf", "alpha", "start", "stop", NULL};
+    PyObject *bo, *starto = NULL, *stopo = NULL;
+    double alpha;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Od|$OO:scale_", kwlist, &bo, &alpha, &starto, &stopo)) return NULL;
+    PyArrayObject *b;
+    ptrdiff_t start, stop;
+    if (!(b = check_array(bo, "buf", NPY_NOTYPE, 1, 1)) || check_finite(alpha, "alpha") ||
+        get_range(starto, stopo, PyArray_SIZE(b), &start, &stop))
+        return NULL;
+    if (IS_F32(b)) WITHOUT_GIL(dp_scale_f32((float *)PyArray_DATA(b) + start, stop - start, (float)alpha));
+    else WITHOUT_GIL(dp_scale_f64((double *)PyArray_DATA(b) + start, stop - start, alpha));
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ batch assembly */
+
+static PyObject *py_gather_rows(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "index", "out", NULL};
+    PyObject *xo, *io, *oo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:gather_rows", kwlist, &xo, &io, &oo)) return NULL;
+    PyArrayObject *x, *idx, *out;
+    if (!(idx = check_array(io, "index", NPY_INT64, 1, 0))) return NULL;
+    if (!PyArray_Check(xo) || !PyArray_Check(oo))
+        return PyErr_Format(PyExc_TypeError, "x and out must be numpy.ndarray"), NULL;
+    x = (PyArrayObject *)xo;
+    out = (PyArrayObject *)oo;
+    if (PyArray_NDIM(x) < 1 || !PyArray_IS_C_CONTIGUOUS(x) || !PyArray_IS_C_CONTIGUOUS(out) ||
+        !PyArray_ISWRITEABLE(out))
+        return PyErr_Format(PyExc_ValueError, "x must be a C-contiguous array and out a writeable "
+                            "C-contiguous array"), NULL;
+    /* rows are copied as bytes: only plain numbers may pass (an object array's copy would
+     * duplicate references without counting them) */
+    if (!PyTypeNum_ISNUMBER(PyArray_TYPE(x)) || PyDataType_REFCHK(PyArray_DESCR(x)))
+        return PyErr_Format(PyExc_TypeError, "x has dtype %s: gather_rows copies rows of a numeric "
+                            "dtype (bool, integer, floating or complex)", dtype_name(x)), NULL;
+    if (!PyArray_EquivTypes(PyArray_DESCR(x), PyArray_DESCR(out)))
+        return PyErr_Format(PyExc_TypeError, "out has dtype %s, expected %s (the dtype of x)",
+                            dtype_name(out), dtype_name(x)), NULL;
+    npy_intp n = PyArray_SIZE(idx), rows = PyArray_DIM(x, 0);
+    npy_intp want[NPY_MAXDIMS];
+    want[0] = n;
+    for (int d = 1; d < PyArray_NDIM(x); d++) want[d] = PyArray_DIM(x, d);
+    if (check_shape(out, "out", PyArray_NDIM(x), want) || check_no_overlap(out, "out", x, "x") ||
+        check_no_overlap(out, "out", idx, "index"))
+        return NULL;
+    size_t row_bytes = rows ? (size_t)(PyArray_NBYTES(x) / rows) : 0;
+    const int64_t *ix = PyArray_DATA(idx);
+    for (npy_intp i = 0; i < n; i++)
+        if (ix[i] < 0 || ix[i] >= rows)
+            return PyErr_Format(PyExc_IndexError, "index[%ld] = %lld is out of range for %ld rows",
+                                (long)i, (long long)ix[i], (long)rows), NULL;
+    const char *src = PyArray_BYTES(x);
+    char *dst = PyArray_BYTES(out);
+    WITHOUT_GIL(for (npy_intp i = 0; i < n; i++) memcpy(dst + (size_t)i * row_bytes, src + (size_t)ix[i] * row_bytes, row_bytes));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_zero(PyObject *module, PyObject *arg)
+{
+    PyArrayObject *a = check_array(arg, "buf", NPY_NOTYPE, -1, 1);
+    if (!a) return NULL;
+    void *p = PyArray_DATA(a);
+    size_t n = (size_t)PyArray_NBYTES(a);
+    WITHOUT_GIL(memset(p, 0, n));
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ convolution, pooling */
+
+/* The (C, H, W) -> (OC, OH, OW) geometry of x (B, C, H, W) and w (OC, C, KH, KW), checked. */
+static int conv_geometry(PyArrayObject *x, PyArrayObject *w, int padding, dp_conv_geom *g, int *OH, int *OW)
+{
+    char xs[128], ws[128];
+    shape_str(xs, sizeof xs, PyArray_NDIM(x), PyArray_DIMS(x));
+    shape_str(ws, sizeof ws, PyArray_NDIM(w), PyArray_DIMS(w));
+    if (padding < 0) return PyErr_Format(PyExc_ValueError, "padding must be >= 0, got %d", padding), -1;
+    if (PyArray_DIM(w, 1) != PyArray_DIM(x, 1))
+        return PyErr_Format(PyExc_ValueError, "w has shape %s, but x has shape %s: w.shape[1] must be "
+                            "x's channel count %ld", ws, xs, (long)PyArray_DIM(x, 1)), -1;
+    for (int i = 1; i < 4; i++)
+        if (PyArray_DIM(x, i) < 1)
+            return PyErr_Format(PyExc_ValueError, "x has shape %s, expected C, H, W >= 1", xs), -1;
+    for (int i = 0; i < 4; i++)
+        if (PyArray_DIM(w, i) < 1)
+            return PyErr_Format(PyExc_ValueError, "w has shape %s, expected every size >= 1", ws), -1;
+    g->C = (int)PyArray_DIM(x, 1);
+    g->H = (int)PyArray_DIM(x, 2);
+    g->W = (int)PyArray_DIM(x, 3);
+    g->OC = (int)PyArray_DIM(w, 0);
+    g->KH = (int)PyArray_DIM(w, 2);
+    g->KW = (int)PyArray_DIM(w, 3);
+    g->pad = padding;
+    if (dp_conv_out(g, OH, OW) == DP_OK) return 0;
+    if ((long long)g->H + 2LL * padding < g->KH || (long long)g->W + 2LL * padding < g->KW)
+        return PyErr_Format(PyExc_ValueError, "w has shape %s: its %dx%d kernel is larger than the "
+                            "%dx%d input of x %s with padding %d", ws, g->KH, g->KW, g->H, g->W, xs,
+                            padding), -1;
+    return PyErr_Format(PyExc_ValueError, "x %s and w %s with padding %d are too large for the "
+                        "kernels' int sizes", xs, ws, padding), -1;
+}
+
+static PyObject *conv_forward_common(PyObject *module, PyObject *args, PyObject *kwds, int naive)
+{
+    static char *kwlist[] = {"x", "w", "b", "y", "padding", "ctx", NULL};
+    PyObject *xo, *wo, *bo, *yo, *ctxo = NULL;
+    int padding = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, naive ? "OOOO|$iO:conv2d_forward_naive" : "OOOO|$iO:conv2d_forward",
+                                     kwlist, &xo, &wo, &bo, &yo, &padding, &ctxo))
+        return NULL;
+    PyArrayObject *x, *w, *b, *y;
+    ContextObject *cobj;
+    dp_conv_geom g;
+    int OH, OW;
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) || !(w = check_array(wo, "w", NPY_NOTYPE, 4, 0)) ||
+        !(b = check_array(bo, "b", NPY_NOTYPE, 1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 4, 1)) ||
+        check_same_dtype(w, "w", x, "x") || check_same_dtype(b, "b", x, "x") ||
+        check_same_dtype(y, "y", x, "x") || get_ctx(module, ctxo, &cobj) || conv_geometry(x, w, padding, &g, &OH, &OW))
+        return NULL;
+    npy_intp B = PyArray_DIM(x, 0), bd[1] = {g.OC}, yd[4] = {B, g.OC, OH, OW};
+    if (check_shape(b, "b", 1, bd) || check_shape(y, "y", 4, yd) || check_no_overlap(y, "y", x, "x") ||
+        check_no_overlap(y, "y", w, "w") || check_no_overlap(y, "y", b, "b"))
+        return NULL;
+    int rc = DP_OK;
+    void *Y = PyArray_DATA(y);
+    const void *X = PyArray_DATA(x), *Wp = PyArray_DATA(w), *Bp = PyArray_DATA(b);
+    if (naive) {
+        if (IS_F32(x)) WITHOUT_GIL(dp_conv2d_forward_naive_f32(Y, X, Wp, Bp, (int)B, &g));
+        else WITHOUT_GIL(dp_conv2d_forward_naive_f64(Y, X, Wp, Bp, (int)B, &g));
+    } else {
+        dp_ctx *c = cobj ? &cobj->ctx : NULL;
+        dp_scratch *col = cobj ? &cobj->col : NULL;
+        if (IS_F32(x))
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_forward_f32(c, col, Y, X, Wp, Bp, (int)B, &g));
+        else
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_forward_f64(c, col, Y, X, Wp, Bp, (int)B, &g));
+    }
+    if (rc) return raise_code(rc, "conv2d_forward");
+    Py_RETURN_NONE;
+}
+
+static PyObject *conv_backward_common(PyObject *module, PyObject *args, PyObject *kwds, int naive)
+{
+    static char *kwlist[] = {"dy", "x", "w", "dw", "db", "dx", "padding", "ctx", NULL};
+    PyObject *dyo, *xo, *wo, *dwo, *dbo, *dxo = Py_None, *ctxo = NULL;
+    int padding = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, naive ? "OOOOO|O$iO:conv2d_backward_naive" : "OOOOO|O$iO:conv2d_backward",
+                                     kwlist, &dyo, &xo, &wo, &dwo, &dbo, &dxo, &padding, &ctxo))
+        return NULL;
+    PyArrayObject *dy, *x, *w, *dw, *db, *dx = NULL;
+    ContextObject *cobj;
+    dp_conv_geom g;
+    int OH, OW;
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 4, 0)) || !(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) ||
+        !(w = check_array(wo, "w", NPY_NOTYPE, 4, 0)) || !(dw = check_array(dwo, "dw", NPY_NOTYPE, 4, 1)) ||
+        !(db = check_array(dbo, "db", NPY_NOTYPE, 1, 1)) ||
+        (dxo != Py_None && !(dx = check_array(dxo, "dx", NPY_NOTYPE, 4, 1))) ||
+        check_same_dtype(x, "x", dy, "dy") || check_same_dtype(w, "w", dy, "dy") ||
+        check_same_dtype(dw, "dw", dy, "dy") || check_same_dtype(db, "db", dy, "dy") ||
+        (dx && check_same_dtype(dx, "dx", dy, "dy")) || get_ctx(module, ctxo, &cobj) ||
+        conv_geometry(x, w, padding, &g, &OH, &OW))
+        return NULL;
+    npy_intp B = PyArray_DIM(x, 0), yd[4] = {B, g.OC, OH, OW}, bd[1] = {g.OC};
+    if (check_shape(dy, "dy", 4, yd) || check_shape(dw, "dw", 4, PyArray_DIMS(w)) ||
+        check_shape(db, "db", 1, bd) || (dx && check_shape(dx, "dx", 4, PyArray_DIMS(x))))
+        return NULL;
+    PyArrayObject *ins[3] = {dy, x, w};
+    const char *in_names[3] = {"dy", "x", "w"};
+    for (int i = 0; i < 3; i++)
+        if (check_no_overlap(dw, "dw", ins[i], in_names[i]) || check_no_overlap(db, "db", ins[i], in_names[i]) ||
+            (dx && check_no_overlap(dx, "dx", ins[i], in_names[i])))
+            return NULL;
+    if ((dx && (check_no_overlap(dx, "dx", dw, "dw") || check_no_overlap(dx, "dx", db, "db"))) ||
+        check_no_overlap(db, "db", dw, "dw"))
+        return NULL;
+    int rc = DP_OK;
+    void *DW = PyArray_DATA(dw), *DB = PyArray_DATA(db), *DX = dx ? PyArray_DATA(dx) : NULL;
+    const void *DY = PyArray_DATA(dy), *X = PyArray_DATA(x), *Wp = PyArray_DATA(w);
+    if (naive) {
+        if (IS_F32(x)) WITHOUT_GIL(dp_conv2d_backward_naive_f32(DW, DB, DX, DY, X, Wp, (int)B, &g));
+        else WITHOUT_GIL(dp_conv2d_backward_naive_f64(DW, DB, DX, DY, X, Wp, (int)B, &g));
+    } else {
+        dp_ctx *c = cobj ? &cobj->ctx : NULL;
+        dp_scratch *col = cobj ? &cobj->col : NULL;
+        if (IS_F32(x))
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_backward_f32(c, col, DW, DB, DX, DY, X, Wp, (int)B, &g));
+        else
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_backward_f64(c, col, DW, DB, DX, DY, X, Wp, (int)B, &g));
+    }
+    if (rc) return raise_code(rc, "conv2d_backward");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_conv2d_forward(PyObject *module, PyObject *args, PyObject *kwds) { return conv_forward_common(module, args, kwds, 0); }
+static PyObject *py_conv2d_forward_naive(PyObject *module, PyObject *args, PyObject *kwds) { return conv_forward_common(module, args, kwds, 1); }
+static PyObject *py_conv2d_backward(PyObject *module, PyObject *args, PyObject *kwds) { return conv_backward_common(module, args, kwds, 0); }
+static PyObject *py_conv2d_backward_naive(PyObject *module, PyObject *args, PyObject *kwds) { return conv_backward_common(module, args, kwds, 1); }
+
+/* The pooled shape (B, C, H / 2, W / 2) of a (B, C, H, W) array, H and W >= 2. */
+static int pooled_shape(PyArrayObject *a, const char *name, npy_intp *out)
+{
+    if (PyArray_DIM(a, 2) < 2 || PyArray_DIM(a, 3) < 2) {
+        char s[128];
+        shape_str(s, sizeof s, 4, PyArray_DIMS(a));
+        PyErr_Format(PyExc_ValueError, "%s has shape %s: 2x2 pooling needs H >= 2 and W >= 2", name, s);
+        return -1;
+    }
+    out[0] = PyArray_DIM(a, 0);
+    out[1] = PyArray_DIM(a, 1);
+    out[2] = PyArray_DIM(a, 2) / 2;
+    out[3] = PyArray_DIM(a, 3) / 2;
+    return 0;
+}
+
+static PyObject *py_maxpool2_forward(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "y", "idx", NULL};
+    PyObject *xo, *yo, *io;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:maxpool2_forward", kwlist, &xo, &yo, &io)) return NULL;
+    PyArrayObject *x, *y, *idx;
+    npy_intp yd[4];
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 4, 1)) ||
+        !(idx = check_array(io, "idx", NPY_UINT8, 4, 1)) || check_same_dtype(y, "y", x, "x") ||
+        pooled_shape(x, "x", yd) || check_shape(y, "y", 4, yd) || check_shape(idx, "idx", 4, yd) ||
+        check_no_overlap(y, "y", x, "x") || check_no_overlap(idx, "idx", x, "x") || check_no_overlap(idx, "idx", y, "y"))
+        return NULL;
+    ptrdiff_t planes = (ptrdiff_t)PyArray_DIM(x, 0) * PyArray_DIM(x, 1);
+    int H = (int)PyArray_DIM(x, 2), W = (int)PyArray_DIM(x, 3);
+    if (IS_F32(x)) WITHOUT_GIL(dp_maxpool2_forward_f32(PyArray_DATA(y), PyArray_DATA(idx), PyArray_DATA(x), planes, H, W));
+    else WITHOUT_GIL(dp_maxpool2_forward_f64(PyArray_DATA(y), PyArray_DATA(idx), PyArray_DATA(x), planes, H, W));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_maxpool2_backward(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"dy", "idx", "dx", NULL};
+    PyObject *dyo, *io, *dxo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:maxpool2_backward", kwlist, &dyo, &io, &dxo)) return NULL;
+    PyArrayObject *dy, *idx, *dx;
+    npy_intp yd[4];
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 4, 0)) || !(idx = check_array(io, "idx", NPY_UINT8, 4, 0)) ||
+        !(dx = check_array(dxo, "dx", NPY_NOTYPE, 4, 1)) || check_same_dtype(dx, "dx", dy, "dy") ||
+        pooled_shape(dx, "dx", yd) || check_shape(dy, "dy", 4, yd) || check_shape(idx, "idx", 4, yd) ||
+        check_no_overlap(dx, "dx", dy, "dy") || check_no_overlap(dx, "dx", idx, "idx"))
+        return NULL;
+    const uint8_t *code = PyArray_DATA(idx);
+    npy_intp n = PyArray_SIZE(idx);
+    for (npy_intp i = 0; i < n; i++)
+        if (code[i] > 3)
+            return PyErr_Format(PyExc_ValueError, "idx holds %d at flat position %ld: a window position "
+                                "is 0..3 (as maxpool2_forward writes it)", (int)code[i], (long)i), NULL;
+    ptrdiff_t planes = (ptrdiff_t)PyArray_DIM(dx, 0) * PyArray_DIM(dx, 1);
+    int H = (int)PyArray_DIM(dx, 2), W = (int)PyArray_DIM(dx, 3);
+    if (IS_F32(dy)) WITHOUT_GIL(dp_maxpool2_backward_f32(PyArray_DATA(dx), PyArray_DATA(dy), code, planes, H, W));
+    else WITHOUT_GIL(dp_maxpool2_backward_f64(PyArray_DATA(dx), PyArray_DATA(dy), code, planes, H, W));
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ CPU features and FMA peak */
+static PyObject *py_cpu_features(PyObject *module, PyObject *unused)
+{
+    dp_cpu_features f;
+    dp_cpu_detect(&f);
+#define FLAG(x) (f.x ? Py_True : Py_False)
+    return Py_BuildValue("{s:s,s:s,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}",
+                         "vendor", f.vendor, "brand", f.brand, "avx", FLAG(avx), "fma", FLAG(fma),
+                         "avx2", FLAG(avx2), "avx512f", FLAG(avx512f), "avx512bw", FLAG(avx512bw),
+                         "avx512vl", FLAG(avx512vl), "avx512dq", FLAG(avx512dq),
+                         "avx512_vnni", FLAG(avx512_vnni), "avx512_bf16", FLAG(avx512_bf16),
+                         "widest_fma", dp_isa_name(dp_cpu_widest_isa(&f)));
+#undef FLAG
+}
+
+/* ValueError: the CPU (or this build) lacks `isa`; names what it needs and what there is. */
+static PyObject *isa_unavailable(int isa, const dp_cpu_features *f)
+{
+    char have[64] = "";
+    for (int i = 0; i < DP_ISA_COUNT; i++)
+        if (dp_cpu_has_isa(f, i))
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", *have ? ", " : "",
+                     dp_isa_name(i));
+    const char *needs = isa == DP_ISA_AVX512 ? "avx512f with the OS saving the ZMM state"
+                                             : "avx2 and fma with the OS saving the YMM state";
+    return PyErr_Format(PyExc_ValueError,
+                        "isa '%s' is not available on this CPU (%s, %s): it needs %s "
+                        "(available here: %s)", dp_isa_name(isa), *f->vendor ? f->vendor : "unknown vendor",
+                        *f->brand ? f->brand : "unknown model", needs, have);
+}
+
+static PyObject *py_fma_peak(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"isa", "dtype", "seconds", NULL};
+    const char *isa_name = "widest";
+    PyArray_Descr *descr = NULL;
+    double seconds = 0.2;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|sO&d:fma_peak", kwlist, &isa_name,
+                                     PyArray_DescrConverter2, &descr, &seconds))
+        return NULL;
+    int typenum = descr ? descr->type_num : NPY_FLOAT32;
+    if (typenum != NPY_FLOAT32 && typenum != NPY_FLOAT64) {
+        PyErr_Format(PyExc_ValueError, "dtype must be float32 or float64, got %R", (PyObject *)descr);
+        Py_XDECREF(descr);
+        return NULL;
+    }
+    Py_XDECREF(descr);
+    if (!(seconds > 0.0 && seconds <= 60.0)) {   /* false for NaN */
+        char b[64];
+        return PyErr_Format(PyExc_ValueError, "seconds must be a finite number in (0, 60], got %s",
+                            double_repr(b, sizeof b, seconds));
+    }
+    dp_cpu_features f;
+    dp_cpu_detect(&f);
+    int isa = -1;
+    if (strcmp(isa_name, "widest") == 0) isa = dp_cpu_widest_isa(&f);
+    for (int i = 0; isa < 0 && i < DP_ISA_COUNT; i++)
+        if (strcmp(isa_name, dp_isa_name(i)) == 0) isa = i;
+    if (isa < 0)
+        return PyErr_Format(PyExc_ValueError,
+                            "isa must be 'widest', 'avx512', 'avx2' or 'generic', got '%s'", isa_name);
+    if (!dp_cpu_has_isa(&f, isa)) return isa_unavailable(isa, &f);
+    double gflops = 0.0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = typenum == NPY_FLOAT32 ? dp_fma_peak_f32(isa, seconds, &gflops)
+                                : dp_fma_peak_f64(isa, seconds, &gflops);
+    Py_END_ALLOW_THREADS
+    if (rc == DP_ENOTSUP) return isa_unavailable(isa, &f);
+    if (rc) return raise_code(rc, "fma_peak");
+    return PyFloat_FromDouble(gflops);
+}
+
+/* ------------------------------------------------------------------ build info */
+
+static PyObject *py_build_info(PyObject *module, PyObject *unused)
+{
+    int mr32, nr32, kc32, mc32, nc32, mr64, nr64, kc64, mc64, nc64;
+    dp_gemm_blocking(4, &mr32, &nr32, &kc32, &mc32, &nc32);
+    dp_gemm_blocking(8, &mr64, &nr64, &kc64, &mc64, &nc64);
+#if defined(__clang__)
+    const char *compiler = "clang " __clang_version__;
+#elif defined(__GNUC__)
+    const char *compiler = "gcc " __VERSION__;
+#else
+    const char *compiler = "unknown";
+#endif
+#if defined(DP_NO_PTHREADS) || defined(_WIN32)
+    const char *threads = "none (single-threaded build)";
+#else
+    const char *threads = "pthreads (own pool)";
+#endif
+    return Py_BuildValue(
+        "{s:s,s:s,s:(ss),s:s,s:O,s:i,s:{s:(iiiii),s:(iiiii)},s:s}",
+        "simd", dp_gemm_isa(), "compiler", compiler, "dtypes", "float32", "float64",
+        "threads", threads, "openmp", Py_False, "max_threads", DP_MAX_THREADS,
+        "gemm_blocking_mr_nr_kc_mc_nc", "float32", mr32, nr32, kc32, mc32, nc32,
+        "float64", mr64, nr64, kc64, mc64, nc64, "numpy_build_api", NPY_FEATURE_VERSION_STRING);
+}
+
+/* ------------------------------------------------------------------ the functions */
+
+#define KW (METH_VARARGS | METH_KEYWORDS)
+#define FN(f) ((PyCFunction)(void (*)(void))(f))
+
+PyMethodDef mod_kernels_functions[] = {
+    {"gemm", FN(py_gemm), KW, "gemm(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, ctx=None): c = alpha op(a) op(b) + beta c"},
+    {"gemm_naive", FN(py_gemm_naive), KW, "gemm_naive(...): the triple-loop twin of gemm"},
+    {"dense_forward", FN(py_dense_forward), KW, "dense_forward(x, w, b, y, *, ctx=None): y = x w^T + b"},
+    {"dense_backward", FN(py_dense_backward), KW, "dense_backward(dy, x, w, dw, db, dx=None, *, ctx=None): dw += dy^T x; db += sum(dy); dx = dy w"},
+    {"conv2d_forward", FN(py_conv2d_forward), KW, "conv2d_forward(x, w, b, y, *, padding=0, ctx=None): y = conv(x, w) + b; x (B, C, H, W), w (OC, C, KH, KW), stride 1"},
+    {"conv2d_forward_naive", FN(py_conv2d_forward_naive), KW, "conv2d_forward_naive(x, w, b, y, *, padding=0): the loop twin of conv2d_forward"},
+    {"conv2d_backward", FN(py_conv2d_backward), KW, "conv2d_backward(dy, x, w, dw, db, dx=None, *, padding=0, ctx=None): dw += d/dw, db += d/db; dx = d/dx (written)"},
+    {"conv2d_backward_naive", FN(py_conv2d_backward_naive), KW, "conv2d_backward_naive(...): the loop twin of conv2d_backward"},
+    {"maxpool2_forward", FN(py_maxpool2_forward), KW, "maxpool2_forward(x, y, idx): 2x2 max-pooling, stride 2; idx (uint8) = the window position 0..3 of each maximum"},
+    {"maxpool2_backward", FN(py_maxpool2_backward), KW, "maxpool2_backward(dy, idx, dx): dx = dy at each window's maximum, 0 elsewhere (written)"},
+    {"relu_forward", FN(py_relu_forward), KW, "relu_forward(x, y): y = max(x, 0)"},
+    {"relu_backward", FN(py_relu_backward), KW, "relu_backward(dy, y, dx): dx = dy * (y > 0)"},
+    {"softmax_xent", FN(py_softmax_xent), KW, "softmax_xent(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
+    {"sigmoid_bce", FN(py_sigmoid_bce), KW, "sigmoid_bce(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
+    {"argmax", FN(py_argmax), KW, "argmax(x, out): out = x.argmax(1)"},
+    {"count_correct", FN(py_count_correct), KW, "count_correct(logits, labels) -> int"},
+    {"sgd_step", FN(py_sgd_step), KW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False)"},
+    {"sum_buffers", FN(py_sum_buffers), KW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None)"},
+    {"scale_", FN(py_scale), KW, "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
+    {"cpu_features", py_cpu_features, METH_NOARGS, "cpu_features() -> dict: vendor, brand, the x86 vector flags the CPU has and the OS enables (avx, fma, avx2, avx512f/bw/vl/dq, avx512_vnni, avx512_bf16), widest_fma"},
+    {"fma_peak", FN(py_fma_peak), KW, "fma_peak(isa='widest', dtype='float32', seconds=0.2) -> GFLOP/s of one thread's FMA loop ('widest', 'avx512', 'avx2', 'generic'); ValueError where the CPU lacks the isa"},
+    {"gather_rows", FN(py_gather_rows), KW, "gather_rows(x, index, out): out[i] = x[index[i]] (rows, any dtype; GIL released)"},
+    {"zero_", py_zero, METH_O, "zero_(buf): buf[:] = 0 with the GIL released"},
+    {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict describing this build"},
+    {NULL},
+};
