@@ -177,9 +177,15 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
 void D(dp_gemm_naive)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t csa,
                       const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, T alpha, T beta)
 {
-    // A is (M, K), B is (K, N), C is (M, N); accumulates each dot product in T
+    // A is (M, K), B is (K, N), C is (M, N); accumulates each dot product in T. As the fast
+    // path and BLAS: alpha == 0 never reads A or B, beta == 0 never reads C
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
+            if (alpha == 0 || K <= 0) {
+                T *c = &C[(ptrdiff_t)i * ldc + j];
+                *c = beta == 0 ? (T)0 : beta * *c;
+                continue;
+            }
             T s = 0;
             for (int k = 0; k < K; k++)
                 s += A[(ptrdiff_t)i * rsa + (ptrdiff_t)k * csa] * B[(ptrdiff_t)k * rsb + (ptrdiff_t)j * csb];

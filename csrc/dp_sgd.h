@@ -16,7 +16,8 @@
 
 /* p, v, g (P,): d = g + weight_decay p; with momentum v = d on the first step, else
  * v = momentum v + (1 - dampening) d, then d = d + momentum v (nesterov) or v; p -= lr d.
- * v may be NULL when momentum == 0. */
+ * v == NULL: plain SGD, no momentum buffer (the caller's momentum is 0); given, v is kept
+ * even if momentum rounds to 0 in T. weight_decay == 0 adds no term (an infinite p stays). */
 void dp_sgd_step_f32(float *p, float *v, const float *g, ptrdiff_t n, float lr, float momentum,
                      float dampening, float weight_decay, int nesterov, int first_step);
 void dp_sgd_step_f64(double *p, double *v, const double *g, ptrdiff_t n, double lr,

@@ -10,32 +10,36 @@ DP_CLONES void K(dp_sgd_step)(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momen
 {
     // p, v, g are (P,). torch.optim.SGD: d = g + wd p; v = momentum v + (1 - dampening) d
     // (v = d on the first step); d = d + momentum v if nesterov else v; p -= lr d.
-    if (momentum == 0) {
-        for (ptrdiff_t i = 0; i < n; i++) p[i] -= lr * (g[i] + weight_decay * p[i]);
+    // v == NULL: no momentum (the caller's momentum is 0). As PyTorch, weight_decay == 0 adds
+    // no term (0 * p would turn an infinite parameter into NaN); the branch is loop-invariant.
+#define DECAYED(i) (weight_decay != 0 ? g[i] + weight_decay * p[i] : g[i])
+    if (!v) {
+        for (ptrdiff_t i = 0; i < n; i++) p[i] -= lr * DECAYED(i);
         return;
     }
     T damp = (T)1 - dampening;
     if (first_step) {
         for (ptrdiff_t i = 0; i < n; i++) {
-            T d = g[i] + weight_decay * p[i];
+            T d = DECAYED(i);
             v[i] = d;
             p[i] -= lr * (nesterov ? d + momentum * d : d);
         }
     } else if (nesterov) {
         for (ptrdiff_t i = 0; i < n; i++) {
-            T d = g[i] + weight_decay * p[i];
+            T d = DECAYED(i);
             T vi = momentum * v[i] + damp * d;
             v[i] = vi;
             p[i] -= lr * (d + momentum * vi);
         }
     } else {
         for (ptrdiff_t i = 0; i < n; i++) {
-            T d = g[i] + weight_decay * p[i];
+            T d = DECAYED(i);
             T vi = momentum * v[i] + damp * d;
             v[i] = vi;
             p[i] -= lr * vi;
         }
     }
+#undef DECAYED
 }
 
 #undef K

@@ -51,6 +51,12 @@ PyArrayObject *check_array(PyObject *obj, const char *name, int typenum, int ndi
                      typenum == NPY_NOTYPE ? "float32 or float64" : typenum_name(typenum));
         return NULL;
     }
+    if (!PyArray_ISNOTSWAPPED(a)) {      /* the kernels read native numbers */
+        PyErr_Format(PyExc_TypeError, "%s has the non-native byte order '%c' (dtype %s): convert "
+                     "it once with a.astype(a.dtype.newbyteorder('=')), outside the training loop",
+                     name, PyArray_DESCR(a)->byteorder, dtype_name(a));
+        return NULL;
+    }
     if (ndim >= 0 && PyArray_NDIM(a) != ndim) {
         char s[128];
         shape_str(s, sizeof s, PyArray_NDIM(a), PyArray_DIMS(a));

@@ -282,6 +282,10 @@ static int group_control_ready(ShmGroupObject *self)
 static int group_ready(ShmGroupObject *self)
 {
     if (group_control_ready(self)) return -1;
+    /* an aborted group says so first: the run is over, whatever else changed since */
+    uint32_t code = dp_barrier_abort_code(self->g.barrier);
+    if (!code && self->g.policy.world) code = dp_barrier_abort_code(self->g.policy.world);
+    if (code) return group_error(self, DP_EABORT, code, "allreduce"), -1;
     int t = self->f32 ? NPY_FLOAT32 : NPY_FLOAT64;
     for (int i = 0; i < self->g.k; i++) {
         PyArrayObject *a = (PyArrayObject *)PyTuple_GET_ITEM(self->buffers, i);

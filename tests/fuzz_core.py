@@ -1473,6 +1473,75 @@ def oracle_abort_group_control(before, control, code=1, /):
     return Expect(exact=True)
 
 
+def build_group_control_bytes(rng, fz):
+    return Call("group_control_bytes", core.group_control_bytes,
+                [Arg("n", int(rng.integers(1, 1025)), "i")], oracle_group_control_bytes)
+
+
+def oracle_group_control_bytes(before, n, /):
+    """The barrier (64 bytes) and a 4-byte arrival counter per worker, a 64-byte multiple."""
+    try:
+        n = int(n.__index__())
+    except AttributeError:
+        raise Refuse(f"n must be an int, got {type(n).__name__}") from None
+    if not 1 <= n <= 1024:
+        raise Refuse("n must be in [1, 1024]")
+    return Expect(ret=-(-(64 + 4 * n) // 64) * 64)
+
+
+CPU_FLAGS = ("avx", "fma", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+             "avx512_vnni", "avx512_bf16")
+
+
+def build_cpu_features(rng, fz):
+    return Call("cpu_features", core.cpu_features, [], oracle_cpu_features)
+
+
+def oracle_cpu_features(before):
+    def check(info):
+        if not isinstance(info, dict) or not set(CPU_FLAGS) <= set(info):
+            return f"returned {short(info)}, expected a dict with the flags {CPU_FLAGS}"
+        if not all(isinstance(info[f], bool) for f in CPU_FLAGS):
+            return f"returned non-boolean flags: {short(info, 200)}"
+        if any(info[f] for f in CPU_FLAGS[4:]) and not info["avx512f"]:
+            return f"an AVX-512 extension without avx512f: {short(info, 200)}"
+        if info.get("widest_fma") not in ("generic", "avx2", "avx512"):
+            return f"widest_fma is {info.get('widest_fma')!r}"
+        return None
+    return Expect(ret_check=check)
+
+
+def build_fma_peak(rng, fz):
+    isa = pick(rng, ("widest", "generic", "avx2", "avx512"))
+    dtype = pick(rng, ("float32", "float64"))
+    seconds = float(pick(rng, (0.001, 0.002, 0.005)))       # short: the fuzzer calls it often
+    return Call("fma_peak", core.fma_peak, [
+        Arg("isa", isa, "s", keyword=True), Arg("dtype", dtype, "s", keyword=True),
+        Arg("seconds", seconds, "f", keyword=True)], oracle_fma_peak)
+
+
+def oracle_fma_peak(before, isa="widest", dtype="float32", seconds=0.2):
+    """GFLOP/s of one thread's FMA loop: positive and finite, for an ISA this CPU has."""
+    features = core.cpu_features()
+    have = {"generic": True, "avx2": features["avx2"] and features["fma"],
+            "avx512": features["avx512f"]}
+    if not isinstance(isa, str) or (isa not in have and isa != "widest"):
+        raise Refuse(f"isa {isa!r} is not an ISA name")
+    if isa != "widest" and not have[isa]:
+        raise Refuse(f"this CPU lacks {isa}")
+    if dtype not in ("float32", "float64"):
+        raise Refuse(f"dtype {dtype!r}")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+            0 < seconds <= 60):
+        raise Refuse(f"seconds {seconds!r}")
+
+    def check(ret):
+        if not isinstance(ret, float) or not (0 < ret < 1e5):
+            return f"returned {ret!r}, expected a positive GFLOP/s figure"
+        return None
+    return Expect(ret_check=check)
+
+
 SPECS = {
     "gemm": lambda rng, fz: build_gemm(rng, fz, "gemm", core.gemm),
     "gemm_naive": lambda rng, fz: build_gemm(rng, fz, "gemm_naive", core.gemm_naive),
@@ -1503,6 +1572,9 @@ SPECS = {
     "build_info": build_build_info,
     "init_group_control": build_init_group_control,
     "abort_group_control": build_abort_group_control,
+    "group_control_bytes": build_group_control_bytes,
+    "cpu_features": build_cpu_features,
+    "fma_peak": build_fma_peak,
 }
 
 

@@ -827,7 +827,8 @@ static void test_sum_buffers(dtype dt)
 }
 
 /* torch.optim.SGD, written out: d = g + wd p; v = d on the first step, else m v + (1 - damp) d;
- * step = d + m v if nesterov else v (momentum 0: step = d, v untouched); p -= lr step. */
+ * step = d + m v if nesterov else v (momentum 0: no velocity given, step = d, v untouched);
+ * p -= lr step. */
 static void test_sgd(dtype dt)
 {
     static const int sz[] = {1, 7, 33, 129};
@@ -849,7 +850,7 @@ static void test_sgd(dtype dt)
                     p0[i] = tget(dt, p, i);
                     v0[i] = tget(dt, v, i);
                 }
-                sgd_step_t(dt, p, v, g, n, lr, m, damp, wd, nesterov, first);
+                sgd_step_t(dt, p, m == 0 ? NULL : v, g, n, lr, m, damp, wd, nesterov, first);
                 diff dp_ = {0}, dv = {0};
                 for (int i = 0; i < n; i++) {
                     double gi = tget(dt, g, i), d = gi + wd * p0[i], vn, st;
