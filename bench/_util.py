@@ -520,15 +520,8 @@ def verdict(ratio: float, target: float | None, higher_is_better: bool) -> str:
 
 
 def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return float(obj)
-    return obj
+    from dptrain._plain import plain     # dptrain loads after this module pins the threads
+    return plain(obj)
 
 
 def write_json(path: str | None, benchmark: str, env: dict, config: dict, rows: list) -> None:

@@ -31,7 +31,7 @@ from dptrain import comm as dpcomm  # noqa: E402
 
 WORLD = 2
 SIZES = [("8 KB", 2048), ("1 MB", 262144), ("16 MB", 4 * 1024 * 1024)]
-ALGORITHMS = ("native", "ring", "tree", "ps")
+from dptrain.comm.algorithms import ALGORITHMS  # noqa: E402
 
 
 def calls(n: int, quick: bool) -> int:

@@ -22,8 +22,8 @@ from .comm.algorithms import ALGORITHMS
 from .comm.base import BACKENDS
 from .optim import SCHEDULES, SGD
 
-MODELS = ("logreg", "softmax", "mlp", "cnn")     # the named models (dptrain.models)
-DATASETS = ("mnist", "cifar10", "synthetic")     # the named data sets (dptrain.data)
+from .data.catalog import DATASET_NAMES as DATASETS   # the named data sets
+from .models import MODEL_KINDS as MODELS              # the named models
 DTYPES = ("float32", "float64")
 START_METHODS = ("spawn", "fork", "forkserver")
 # Deterministic mode cuts every global batch into this many fixed chunks (by position, not by

@@ -52,12 +52,12 @@ from . import models, reference
 from .comm import BACKENDS, resolve_backend
 from .comm.mpi import world as mpi_world
 from .config import DTYPES
+from .optim import SCHEDULES      # learning_rate: TrainConfig's lr_schedule
 from .engine import fit as engine_fit
 
 __all__ = ["CNNClassifier", "LogisticRegression", "MLPClassifier", "MLPRegressor",
            "SoftmaxRegression", "regression_supported"]
 
-SCHEDULES = ("constant", "cosine")      # learning_rate: TrainConfig's lr_schedule
 AUTO_BATCH = 200                        # batch_size="auto": min(200, n_samples), as sklearn's MLP
 # dptrain.fit options an estimator sets from its own parameters and data (or that make no
 # sense for an estimator): engine_options may not give them

@@ -2224,7 +2224,7 @@ class RankThreads:
             q.put(None)
 
 
-ALGORITHMS = ("native", "ring", "tree")
+from dptrain.comm.algorithms import ALLREDUCE_SCHEDULES as ALGORITHMS  # noqa: E402
 
 
 def finite_float(v, name):

@@ -1,13 +1,13 @@
 """Communication and transports: the communicator every worker sees, the three transports
 behind it (shared memory for threads and processes, MPI), the exchange algorithms, and
 ``launch``, which starts workers on any of them. See ``base`` for the interface."""
-from .algorithms import ALGORITHMS, bytes_sent
-from .base import BACKENDS, SCHEDULES, Communicator, LocalComm, WorkerError, describe
+from .algorithms import ALGORITHMS, ALLREDUCE_SCHEDULES, bytes_sent
+from .base import BACKENDS, Communicator, LocalComm, WorkerError, describe
 from .launch import check_world, launch, oversubscription_warning
 from .mpi import MPIComm, mpi_launch, mpi_world_size, resolve_backend
 from .shm import SharedSegment, ShmComm, WaitPolicy, run_processes, run_threads
 
-__all__ = ["ALGORITHMS", "BACKENDS", "SCHEDULES", "Communicator", "LocalComm", "MPIComm",
+__all__ = ["ALGORITHMS", "ALLREDUCE_SCHEDULES", "BACKENDS", "Communicator", "LocalComm", "MPIComm",
            "SharedSegment", "ShmComm", "WaitPolicy", "WorkerError", "bytes_sent", "check_world",
            "describe", "launch", "mpi_launch", "mpi_world_size", "oversubscription_warning",
            "resolve_backend", "run_processes", "run_threads"]

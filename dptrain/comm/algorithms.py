@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-ALGORITHMS = ("native", "ring", "tree", "ps")
+# the all-reduce schedules of an array (the C core runs them over shared memory too)
+ALLREDUCE_SCHEDULES = ("native", "ring", "tree")
+ALGORITHMS = ALLREDUCE_SCHEDULES + ("ps",)
 
 
 def bytes_sent(algorithm: str, p: int, nbytes: int, rank: int = 0, root: int = 0) -> int:

@@ -27,6 +27,7 @@ import traceback
 
 import numpy as np
 
+from .algorithms import ALLREDUCE_SCHEDULES
 from .algorithms import bytes_sent as _schedule_bytes
 
 ALIGN = 64                 # bytes: arrays start on a cache line (no false sharing, aligned SIMD)
@@ -200,9 +201,6 @@ class LocalComm(Communicator):
         pass
 
 
-SCHEDULES = ("native", "ring", "tree")      # the all-reduce schedules of an array
-
-
 def _check_algorithm(algorithm: str) -> None:
-    if algorithm not in SCHEDULES:
-        raise ValueError(f"algorithm is {algorithm!r}, expected one of {SCHEDULES}")
+    if algorithm not in ALLREDUCE_SCHEDULES:
+        raise ValueError(f"algorithm is {algorithm!r}, expected one of {ALLREDUCE_SCHEDULES}")

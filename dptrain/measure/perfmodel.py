@@ -76,14 +76,18 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .._plain import plain
+from ..comm.algorithms import ALGORITHMS as EXCHANGE_ALGORITHMS
+from .timing import PHASES
+
 __all__ = ["PHASES", "ALGORITHMS", "Network", "NETWORKS", "DEFAULT_GAMMA", "TARGET_ERROR_PCT",
            "get_network", "allreduce_coefficients", "allreduce_seconds",
            "expected_max_normal", "DEFAULT_WORKERS", "FittedModel", "Prediction", "Validation",
            "fit", "validate", "validation_verdict", "project", "break_even_samples", "analyze",
            "load_runs"]
 
-PHASES = ("data", "compute", "communication", "sync_wait", "update", "other")
-ALGORITHMS = ("ring", "tree", "ps")
+# the algorithms of a network between machines ('native' is a transport's own, not modeled)
+ALGORITHMS = tuple(a for a in EXCHANGE_ALGORITHMS if a != "native")
 WORK_PHASES = ("data", "compute", "update", "other")   # per-sample + per-step coefficients
 DEFAULT_WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TARGET_ERROR_PCT = 15.0
@@ -701,7 +705,7 @@ class FittedModel:
         return rows
 
     def to_dict(self) -> dict:
-        return _jsonable({
+        return plain({
             "parameters": self.parameters(),
             "alpha_fixed": self.alpha_fixed,
             "algorithm": self.algorithm, "native_algorithm": self.native_algorithm,
@@ -786,11 +790,11 @@ class Validation:
         return self.verdict()["validated"]
 
     def to_rows(self) -> list[dict]:
-        return _jsonable(self.rows)
+        return plain(self.rows)
 
     def to_dict(self) -> dict:
         verdict = self.verdict()
-        return _jsonable({"holdout": self.holdout, "target_pct": self.target_pct,
+        return plain({"holdout": self.holdout, "target_pct": self.target_pct,
                           "max_abs_error_pct": self.max_abs_error_pct,
                           "within_target": self.within_target, "n_points": self.n_points,
                           "n_fitted_parameters": self.fit.n_fitted_parameters,
@@ -889,7 +893,7 @@ def project(model: FittedModel, workers: Sequence[int] = DEFAULT_WORKERS, networ
                              "sync_seconds": pr.breakdown["sync_wait"],
                              "serial_seconds": pr.breakdown["serial"],
                              "parallel_seconds": pr.breakdown["parallel_work"]})
-    return _jsonable(rows)
+    return plain(rows)
 
 
 def break_even_samples(model: FittedModel, workers: int, network=None,
@@ -956,7 +960,7 @@ def analyze(runs, *, holdout="n_samples", workers: Sequence[int] = DEFAULT_WORKE
         {"network": net.name, "algorithm": alg, "workers": p,
          "samples_per_step": break_even_samples(model, p, net, alg, gamma=gamma)}
         for net in _networks(networks) for alg in algorithms for p in workers if p > 1]
-    return _jsonable(out)
+    return plain(out)
 
 
 def load_runs(path) -> list[dict]:
@@ -972,15 +976,3 @@ def load_runs(path) -> list[dict]:
     return doc["runs"]
 
 
-def _jsonable(obj):
-    """Plain JSON types: numpy scalars to Python, inf/nan to None."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        v = float(obj)
-        return v if math.isfinite(v) else None
-    return obj

@@ -55,7 +55,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 # The phases of a step, in the order they are stacked (the contract in dptrain.sweep).
-PHASES = ("data", "compute", "communication", "sync_wait", "update", "other")
+from .timing import PHASES  # noqa: E402  (the one list of phases)
 PHASE_LABELS = {"data": "data", "compute": "compute (fwd + bwd)",
                 "communication": "communication", "sync_wait": "sync wait",
                 "update": "optimizer update", "other": "other"}

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._plain import is_json
 from . import timing
 from .progress import Progress
 
@@ -208,7 +209,7 @@ def sweep(model: str = "mlp", dataset: str = "mnist", *, sizes=(5000, 10000, 200
                              sizes=sizes, workers=counts, backend=backend, repeat=repeat,
                              epochs=epochs, batch_size=batch_size, allreduce=allreduce,
                              ceiling=ceiling,
-                             **{k: v for k, v in train_kw.items() if _jsonable(v)}),
+                             **{k: v for k, v in train_kw.items() if is_json(v)}),
               "machine": machine_info(), "runs": runs, "summary": summary}
     if outdir:
         (outdir / "sweep.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -226,14 +227,6 @@ def data_label(config: dict) -> str:
     flags = (["SYNTHETIC DATA"] if str(name).startswith("synthetic") else []) + (
         ["QUICK RUN"] if config.get("quick") else [])
     return name + (f" ({', '.join(flags)})" if flags else "")
-
-
-def _jsonable(v) -> bool:
-    try:
-        json.dumps(v)
-        return True
-    except TypeError:
-        return False
 
 
 def format_summary(summary: list[dict]) -> str:
