@@ -20,6 +20,7 @@ sources = [
     "csrc/dp_net.c",
     "csrc/dp_pool.c",
     "csrc/dp_sync.c",
+    "csrc/dp_act.c", "csrc/dp_model.c",
 ]
 
 # Headers and templates: listed so that a change to one rebuilds the extension.
