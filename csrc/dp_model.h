@@ -147,7 +147,8 @@ typedef struct {
 typedef struct {
     dp_plan plan;
     int threads;
-    int eval_rows;            /* rows per evaluate chunk: about 16 MiB of activations */
+    int eval_rows;            /* rows per evaluate chunk: about 16 MiB of activations (a
+                               * caller may lower it; the tests do, to get several chunks) */
     size_t col_elems, conv_elems, grad_elems;   /* per-thread scratch of the conv stages */
     dp_ctx ctx;               /* thread pool and packing buffers of the dense stages */
     dp_model_thread *th;      /* one per thread */

@@ -29,7 +29,10 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) *bf, int with_g
         if (w > widest) widest = w;
         if (K(has_codes)(&p->stage[s])) coded += w;
     }
-    if (width > SIZE_MAX / sizeof(T) / 2 / (size_t)rows) return DP_ENOMEM;   /* no overflow */
+    /* sizes that would overflow a size_t: no allocation could hold them */
+    if (width > SIZE_MAX / sizeof(T) / 2 / (size_t)rows || m->col_elems > SIZE_MAX / sizeof(T) ||
+        m->conv_elems > SIZE_MAX / sizeof(T) || m->grad_elems > SIZE_MAX / sizeof(T))
+        return DP_ENOMEM;
     T *acts = dp_scratch_get(&m->acts, sizeof(T) * (size_t)rows * width);
     uint8_t *codes = dp_scratch_get(&m->codes, (size_t)rows * (coded ? coded : 1));
     T *gio = NULL;

@@ -8,13 +8,17 @@
  * with `threads` (default 2).
  *
  * Method: the same parameters, batch and labels for both engines; a warm-up call each, then
- * the step count that takes about 0.1 s; then `repeats` repeats, each timing `steps` calls of
- * one engine and then of the other (which goes first alternates), and the figure is the
- * median repeat's ms per call. ratio = dp_model / old (1.00: the same speed; the target is
- * <= 1.03, within noise). Gradients accumulate across calls as in a training loop without
+ * the step count that takes about 20 ms; then `repeats` repeats, each timing `steps` calls of
+ * one engine and then of the other (which goes first alternates; short blocks, so that both
+ * of a pair see the same load on a shared machine). Reported: the median repeat's ms per call
+ * of each, and three ratios dp_model / old (1.00: the same speed; the target is <= 1.03):
+ * of the medians, of the fastest repeats, and the median of the per-pair quotients (the most
+ * robust to a busy machine); then the same in process CPU time, which on a shared machine
+ * leaves out the waits for a core (with several threads it also counts the pool's spinning). Gradients accumulate across calls as in a training loop without
  * zero_grad (the work per call does not depend on the values).
  *
  * Build and run: make -C csrc/tests bench && csrc/tests/build/bench_model [repeats] [threads]
+ * [only: a substring of the case names to run]
  * A benchmark, not a test: nothing here fails.
  */
 #define _POSIX_C_SOURCE 199309L
@@ -27,10 +31,10 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void)
+static double clock_s(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -80,49 +84,62 @@ static int run_once(runner *r)
     return dp_model_loss_grad_f32(r->engine, r->grads, &loss, &correct, r->params, r->x, r->labels, NULL, r->B, g);
 }
 
-static double time_steps(runner *r, int steps)
+/* Seconds per call: wall clock, and CPU time of the whole process in *cpu (all its threads;
+ * on a shared machine it leaves out the time the process waited for a core). */
+static double time_steps(runner *r, int steps, double *cpu)
 {
-    double t0 = now();
+    double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID), t0 = clock_s(CLOCK_MONOTONIC);
     for (int s = 0; s < steps; s++)
         if (run_once(r)) {
             fprintf(stderr, "bench_model: loss_grad failed\n");
             exit(1);
         }
-    return (now() - t0) / steps;
+    double t = (clock_s(CLOCK_MONOTONIC) - t0) / steps;
+    if (cpu) *cpu = (clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0) / steps;
+    return t;
 }
+
+#define MAX_REPEATS 256
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
+
+/* Only the cases whose name contains this (argv[3]); NULL: all. */
+static const char *only;
 
 /* Times the two runners interleaved; prints one row. */
 static void compare(const char *name, int threads, runner *old, runner *model, int repeats)
 {
-    time_steps(old, 1);
-    time_steps(model, 1);
+    if (only && !strstr(name, only)) return;
+    time_steps(old, 1, NULL);
+    time_steps(model, 1, NULL);
     double once[3];
-    for (int k = 0; k < 3; k++) once[k] = time_steps(old, 1);
-    qsort(once, 3, sizeof(double), cmp_double);
-    int steps = once[1] > 0 ? (int)(0.1 / once[1]) : 100;
+    for (int k = 0; k < 3; k++) once[k] = time_steps(old, 1, NULL);
+    int steps = median(once, 3) > 0 ? (int)(0.02 / median(once, 3)) : 100;
     if (steps < 1) steps = 1;
     if (steps > 2000) steps = 2000;
-    double *to = calloc((size_t)repeats, sizeof(double)), *tm = calloc((size_t)repeats, sizeof(double));
+    double to[MAX_REPEATS], tm[MAX_REPEATS], co[MAX_REPEATS], cm[MAX_REPEATS];
+    double rw[MAX_REPEATS], rc[MAX_REPEATS];
     for (int k = 0; k < repeats; k++) {
         if (k % 2 == 0) {
-            to[k] = time_steps(old, steps);
-            tm[k] = time_steps(model, steps);
+            to[k] = time_steps(old, steps, &co[k]);
+            tm[k] = time_steps(model, steps, &cm[k]);
         } else {
-            tm[k] = time_steps(model, steps);
-            to[k] = time_steps(old, steps);
+            tm[k] = time_steps(model, steps, &cm[k]);
+            to[k] = time_steps(old, steps, &co[k]);
         }
+        rw[k] = tm[k] / to[k];
+        rc[k] = cm[k] / co[k];
     }
-    double ratios[256];
-    for (int k = 0; k < repeats && k < 256; k++) ratios[k] = tm[k] / to[k];
-    qsort(to, (size_t)repeats, sizeof(double), cmp_double);
-    qsort(tm, (size_t)repeats, sizeof(double), cmp_double);
-    qsort(ratios, (size_t)(repeats < 256 ? repeats : 256), sizeof(double), cmp_double);
-    double mo = to[repeats / 2], mm = tm[repeats / 2];
-    printf("%-34s %7d %6d %10.3f %10.3f %7.3f %7.3f %7.3f\n", name, threads, steps, 1e3 * mo,
-           1e3 * mm, mm / mo, tm[0] / to[0], ratios[repeats / 2]);
+    double mo = median(to, repeats), mm = median(tm, repeats);
+    double cpu_o = median(co, repeats), cpu_m = median(cm, repeats);
+    printf("%-34s %3d %5d %9.3f %9.3f %7.3f %7.3f %7.3f %9.3f %9.3f %7.3f %7.3f\n", name, threads,
+           steps, 1e3 * mo, 1e3 * mm, mm / mo, tm[0] / to[0], median(rw, repeats),
+           1e3 * cpu_o, 1e3 * cpu_m, cpu_m / cpu_o, median(rc, repeats));
     fflush(stdout);
-    free(to);
-    free(tm);
 }
 
 static void *buf(int f64, ptrdiff_t n, double lo, double hi)
@@ -197,14 +214,16 @@ static void bench_cnn(const char *name, int f64, int threads, int repeats)
 
 int main(int argc, char **argv)
 {
-    int repeats = argc > 1 ? atoi(argv[1]) : 11;
+    int repeats = argc > 1 ? atoi(argv[1]) : 41;
     int threads = argc > 2 ? atoi(argv[2]) : 2;
+    only = argc > 3 ? argv[3] : NULL;
     if (repeats < 1) repeats = 1;
-    if (repeats > 256) repeats = 256;
+    if (repeats > MAX_REPEATS) repeats = MAX_REPEATS;
     printf("bench_model: loss_grad, ms per call, median of %d interleaved repeats; ratio = "
            "dp_model / old engine\n", repeats);
-    printf("%-34s %7s %6s %10s %10s %7s %7s %7s\n", "case (old engine)", "threads", "steps",
-           "old ms", "model ms", "ratio", "min", "med.r");
+    printf("%-34s %3s %5s %9s %9s %7s %7s %7s %9s %9s %7s %7s\n", "case (old engine)", "thr",
+           "steps", "old ms", "model ms", "ratio", "min", "med.r", "old cpu", "model cpu",
+           "ratio", "med.r");
     const int mlp[] = {784, 256, 128, 10}, softreg[] = {784, 10}, logreg[] = {100, 1};
     for (int pass = 0; pass < 2; pass++) {
         int t = pass ? threads : 1;
@@ -216,7 +235,8 @@ int main(int argc, char **argv)
         bench_dense("mlp 784-256-128-10 f64 (dp_net)", mlp, 3, DP_LOSS_SOFTMAX_XENT, 128, 1, t, repeats);
         bench_cnn("cnn cifar B=128 f64 (dp_cnn)", 1, t, repeats);
     }
-    printf("columns: old/model ms = median per call; ratio = their quotient; min = fastest model "
-           "repeat / fastest old repeat; med.r = median of the per-repeat quotients\n");
+    printf("columns: old/model ms = median wall ms per call; ratio = their quotient; min = fastest "
+           "model repeat / fastest old repeat; med.r = median of the per-pair quotients; then the "
+           "same for the process's CPU ms per call (all threads)\n");
     return 0;
 }

@@ -757,9 +757,18 @@ static void test_model_case(const arch *a, int B)
            "dp_model_evaluate_f64 %s B=%d: loss %.15g expected %.15g, correct %" PRId64
            " expected %" PRId64, a->name, B, l, lref, c, count_right(a->loss, zo, lab, B, OUT));
 
-    /* loss_grad (f64) accumulates the gradient of gs * loss: central differences */
+    /* loss_grad (f64) accumulates the gradient of gs * loss: central differences; its inputs
+     * are left as they were */
     memcpy(g, g0, sizeof(double) * (size_t)P);
+    double *keep_p = dalloc(P), *keep_x = dalloc((ptrdiff_t)B * IN);
+    memcpy(keep_p, params, sizeof(double) * (size_t)P);
+    memcpy(keep_x, x, sizeof(double) * (size_t)B * IN);
     rc = dp_model_loss_grad_f64(&m1, g, &l2, &c2, params, x, lab, tgt, B, gs);
+    expect(memcmp(keep_p, params, sizeof(double) * (size_t)P) == 0 &&
+               memcmp(keep_x, x, sizeof(double) * (size_t)B * IN) == 0,
+           "dp_model_loss_grad_f64 %s B=%d: params or x modified", a->name, B);
+    free(keep_p);
+    free(keep_x);
     /* logistic regression's loss_grad is the fused one-pass kernel: equal to rounding */
     const int fused = p->loss == DP_LOSS_SIGMOID_BCE && p->n_stages == 1 &&
                       p->stage[0].op == DP_STAGE_DENSE && p->stage[0].act == DP_ACT_NONE;
