@@ -5,7 +5,8 @@
  * conv(3->32, 3x3) ReLU pool conv(32->64) ReLU pool dense 128 ReLU dense 10 on 3x32x32 B=128;
  * softmax regression 784->10 B=128; logistic regression (IN=100, one output, sigmoid BCE: the
  * fused dp_logistic_grad path) B=8192; and the MLP and CNN in float64. Each with 1 thread and
- * with `threads` (default 2).
+ * with `threads` (default 2). Control rows time the old engine against a second instance of
+ * itself: their spread is the harness's noise floor (load, where the buffers landed).
  *
  * Method: the same parameters, batch and labels for both engines; a warm-up call each, then
  * the step count that takes about 20 ms; then `repeats` repeats, each timing `steps` calls of
@@ -157,8 +158,10 @@ static void *buf(int f64, ptrdiff_t n, double lo, double hi)
     return p;
 }
 
+/* control: a second dp_net in dp_model's place (the harness's own noise, e.g. from where the
+ * two engines' buffers landed) */
 static void bench_dense(const char *name, const int *sizes, int L, dp_loss loss, int B,
-                        int f64, int threads, int repeats)
+                        int f64, int threads, int repeats, int control)
 {
     dp_layer layers[2 * DP_MAX_LAYERS];
     int n = 0;
@@ -166,9 +169,10 @@ static void bench_dense(const char *name, const int *sizes, int L, dp_loss loss,
         layers[n++] = (dp_layer){DP_LAYER_DENSE, sizes[l + 1], 0, 0};
         if (l + 1 < L) layers[n++] = (dp_layer){DP_LAYER_RELU, 0, 0, 0};
     }
-    dp_net net;
+    dp_net net, net2;
     dp_model m;
-    if (dp_net_init(&net, sizes, L, loss, threads) || dp_model_init(&m, layers, n, sizes, 1, loss, threads)) {
+    if (dp_net_init(&net, sizes, L, loss, threads) || dp_model_init(&m, layers, n, sizes, 1, loss, threads) ||
+        dp_net_init(&net2, sizes, L, loss, threads)) {
         fprintf(stderr, "bench_model: init failed for %s\n", name);
         exit(1);
     }
@@ -178,13 +182,15 @@ static void bench_dense(const char *name, const int *sizes, int L, dp_loss loss,
     int64_t *lab = calloc((size_t)B, sizeof(int64_t));
     for (int i = 0; i < B; i++) lab[i] = (int64_t)(unif(0, 1) * (loss == DP_LOSS_SIGMOID_BCE ? 2 : sizes[L])) ;
     runner old = {0, f64, &net, g1, params, x, lab, B}, mod = {2, f64, &m, g2, params, x, lab, B};
-    compare(name, threads, &old, &mod, repeats);
+    runner twin = {0, f64, &net2, g2, params, x, lab, B};
+    compare(name, threads, &old, control ? &twin : &mod, repeats);
     free(params); free(x); free(g1); free(g2); free(lab);
     dp_net_free(&net);
+    dp_net_free(&net2);
     dp_model_free(&m);
 }
 
-static void bench_cnn(const char *name, int f64, int threads, int repeats)
+static void bench_cnn(const char *name, int f64, int threads, int repeats, int control)
 {
     const int C = 3, H = 32, W = 32, ch[2] = {32, 64}, dense[2] = {128, 10}, B = 128;
     const dp_layer layers[] = {
@@ -193,10 +199,11 @@ static void bench_cnn(const char *name, int f64, int threads, int repeats)
         {DP_LAYER_FLATTEN, 0, 0, 0}, {DP_LAYER_DENSE, 128, 0, 0}, {DP_LAYER_RELU, 0, 0, 0},
         {DP_LAYER_DENSE, 10, 0, 0}};
     const int shape[3] = {C, H, W};
-    dp_cnn net;
+    dp_cnn net, net2;
     dp_model m;
     if (dp_cnn_init(&net, C, H, W, ch, 2, 3, 0, dense, 2, threads) ||
-        dp_model_init(&m, layers, 10, shape, 3, DP_LOSS_SOFTMAX_XENT, threads)) {
+        dp_model_init(&m, layers, 10, shape, 3, DP_LOSS_SOFTMAX_XENT, threads) ||
+        dp_cnn_init(&net2, C, H, W, ch, 2, 3, 0, dense, 2, threads)) {
         fprintf(stderr, "bench_model: init failed for %s\n", name);
         exit(1);
     }
@@ -206,9 +213,11 @@ static void bench_cnn(const char *name, int f64, int threads, int repeats)
     int64_t *lab = calloc((size_t)B, sizeof(int64_t));
     for (int i = 0; i < B; i++) lab[i] = (int64_t)(unif(0, 1) * 10);
     runner old = {1, f64, &net, g1, params, x, lab, B}, mod = {2, f64, &m, g2, params, x, lab, B};
-    compare(name, threads, &old, &mod, repeats);
+    runner twin = {1, f64, &net2, g2, params, x, lab, B};
+    compare(name, threads, &old, control ? &twin : &mod, repeats);
     free(params); free(x); free(g1); free(g2); free(lab);
     dp_cnn_free(&net);
+    dp_cnn_free(&net2);
     dp_model_free(&m);
 }
 
@@ -228,12 +237,16 @@ int main(int argc, char **argv)
     for (int pass = 0; pass < 2; pass++) {
         int t = pass ? threads : 1;
         if (pass && threads == 1) break;
-        bench_dense("mlp 784-256-128-10 f32 (dp_net)", mlp, 3, DP_LOSS_SOFTMAX_XENT, 128, 0, t, repeats);
-        bench_cnn("cnn cifar B=128 f32 (dp_cnn)", 0, t, repeats);
-        bench_dense("softmax reg 784-10 f32 (dp_net)", softreg, 1, DP_LOSS_SOFTMAX_XENT, 128, 0, t, repeats);
-        bench_dense("logistic 100-1 B=8192 f32 (dp_net)", logreg, 1, DP_LOSS_SIGMOID_BCE, 8192, 0, t, repeats);
-        bench_dense("mlp 784-256-128-10 f64 (dp_net)", mlp, 3, DP_LOSS_SOFTMAX_XENT, 128, 1, t, repeats);
-        bench_cnn("cnn cifar B=128 f64 (dp_cnn)", 1, t, repeats);
+        bench_dense("mlp 784-256-128-10 f32 (dp_net)", mlp, 3, DP_LOSS_SOFTMAX_XENT, 128, 0, t, repeats, 0);
+        bench_cnn("cnn cifar B=128 f32 (dp_cnn)", 0, t, repeats, 0);
+        bench_dense("softmax reg 784-10 f32 (dp_net)", softreg, 1, DP_LOSS_SOFTMAX_XENT, 128, 0, t, repeats, 0);
+        bench_dense("logistic 100-1 B=8192 f32 (dp_net)", logreg, 1, DP_LOSS_SIGMOID_BCE, 8192, 0, t, repeats, 0);
+        bench_dense("mlp 784-256-128-10 f64 (dp_net)", mlp, 3, DP_LOSS_SOFTMAX_XENT, 128, 1, t, repeats, 0);
+        bench_cnn("cnn cifar B=128 f64 (dp_cnn)", 1, t, repeats, 0);
+        /* controls: the old engine against a second instance of itself */
+        bench_dense("control: mlp f32 dp_net vs dp_net", mlp, 3, DP_LOSS_SOFTMAX_XENT, 128, 0, t, repeats, 1);
+        bench_dense("control: mlp f64 dp_net vs dp_net", mlp, 3, DP_LOSS_SOFTMAX_XENT, 128, 1, t, repeats, 1);
+        bench_cnn("control: cnn f32 dp_cnn vs dp_cnn", 0, t, repeats, 1);
     }
     printf("columns: old/model ms = median wall ms per call; ratio = their quotient; min = fastest "
            "model repeat / fastest old repeat; med.r = median of the per-pair quotients; then the "
