@@ -31,6 +31,7 @@ sources = [
     "csrc/dp_net.c",
     "csrc/dp_threads.c",
     "csrc/dp_sync.c",
+    "csrc/dp_model.c",
 ]
 
 # Headers and templates: listed so that a change to one rebuilds the extension.

@@ -23,6 +23,7 @@ int dp_net_init(dp_net *net, const int *sizes, int n_layers, dp_loss loss, int t
     memset(net, 0, sizeof *net);
     ptrdiff_t p = dp_net_param_count(sizes, n_layers);
     if (p < 0) return DP_EVALUE;
+    if (loss != DP_LOSS_SOFTMAX_XENT && loss != DP_LOSS_SIGMOID_BCE) return DP_EVALUE;
     if (loss == DP_LOSS_SIGMOID_BCE && sizes[n_layers] != 1) return DP_EVALUE;
     if (loss == DP_LOSS_SOFTMAX_XENT && sizes[n_layers] < 2) return DP_EVALUE;
     net->n_layers = n_layers;

@@ -17,7 +17,8 @@
 
 #define DP_MAX_LAYERS 16
 
-typedef enum { DP_LOSS_SOFTMAX_XENT = 0, DP_LOSS_SIGMOID_BCE = 1 } dp_loss;
+/* The losses of every engine; dp_net takes the first two, dp_model (dp_model.h) all three. */
+typedef enum { DP_LOSS_SOFTMAX_XENT = 0, DP_LOSS_SIGMOID_BCE = 1, DP_LOSS_MSE = 2 } dp_loss;
 
 typedef struct {
     int n_layers;

@@ -1,0 +1,483 @@
+/* dp_model_tmpl.h - dp_model's forward, loss and backward sweep for one dtype (T, S defined by
+ * dp_model.c). The conv stage's tasks are dp_cnn_tmpl.h's, generalized to an optional pool and
+ * any output-derived activation. */
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define K(name) CAT(name, S)
+
+typedef struct {
+    T *out[DP_MODEL_MAX_LAYERS];         /* stage outputs, (rows, out_width) */
+    uint8_t *code[DP_MODEL_MAX_LAYERS];  /* pooling stages' argmax codes, like their outputs */
+    T *g0, *g1;                          /* the backward ping-pong buffers (NULL: evaluate) */
+} K(model_bufs);
+
+DP_INLINE int K(has_codes)(const dp_stage *st)
+{
+    return st->op == DP_STAGE_POOL || (st->op == DP_STAGE_CONV && st->pool);
+}
+
+/* Makes room for `rows` rows (the model's and every thread's scratch) and returns where the
+ * stages' buffers are. Growing only: the same rows again allocates nothing. */
+static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) *bf, int with_grad)
+{
+    const dp_plan *p = &m->plan;
+    size_t width = 0, widest = 0, coded = 0;
+    for (int s = 0; s < p->n_stages; s++) {
+        size_t w = (size_t)p->stage[s].out_width;
+        width += w;
+        if (w > widest) widest = w;
+        if (K(has_codes)(&p->stage[s])) coded += w;
+    }
+    /* sizes that would overflow a size_t: no allocation could hold them */
+    if (width > SIZE_MAX / sizeof(T) / 2 / (size_t)rows || m->col_elems > SIZE_MAX / sizeof(T) ||
+        m->conv_elems > SIZE_MAX / sizeof(T) || m->grad_elems > SIZE_MAX / sizeof(T))
+        return DP_ENOMEM;
+    T *acts = dp_scratch_get(&m->acts, sizeof(T) * (size_t)rows * width);
+    uint8_t *codes = dp_scratch_get(&m->codes, (size_t)rows * (coded ? coded : 1));
+    T *gio = NULL;
+    if (with_grad) gio = dp_scratch_get(&m->grad_io, sizeof(T) * 2 * (size_t)rows * widest);
+    if (!acts || !codes || (with_grad && !gio)) return DP_ENOMEM;
+    for (int t = 0; t < m->threads; t++) {
+        dp_model_thread *th = &m->th[t];
+        if (!dp_scratch_get(&th->col, sizeof(T) * m->col_elems) ||
+            !dp_scratch_get(&th->conv, sizeof(T) * m->conv_elems) ||
+            !dp_scratch_get(&th->grad, sizeof(T) * m->grad_elems))
+            return DP_ENOMEM;
+    }
+    for (int s = 0; s < p->n_stages; s++) {
+        const dp_stage *st = &p->stage[s];
+        bf->out[s] = acts;
+        acts += (ptrdiff_t)rows * st->out_width;
+        bf->code[s] = NULL;
+        if (K(has_codes)(st)) {
+            bf->code[s] = codes;
+            codes += (ptrdiff_t)rows * st->out_width;
+        }
+    }
+    bf->g0 = gio;
+    bf->g1 = gio ? gio + (ptrdiff_t)rows * (ptrdiff_t)widest : NULL;
+    return DP_OK;
+}
+
+/* ---- activations by kind --------------------------------------------------------------- */
+
+/* y = act(x), n values; y may be x */
+static void K(act_forward)(dp_act act, T *y, const T *x, ptrdiff_t n)
+{
+    switch (act) {
+    case DP_ACT_RELU: K(dp_relu_forward)(y, x, n); break;
+    case DP_ACT_TANH: K(dp_tanh_forward)(y, x, n); break;
+    case DP_ACT_SIGMOID: K(dp_sigmoid_forward)(y, x, n); break;
+    case DP_ACT_GELU: K(dp_gelu_forward)(y, x, n); break;
+    case DP_ACT_NONE:
+        if (y != x) memcpy(y, x, sizeof(T) * (size_t)n);
+        break;
+    }
+}
+
+/* dx = dy act'(.), from the forward output y (RELU, TANH, SIGMOID) or input x (GELU); dx may
+ * be dy */
+static void K(act_backward)(dp_act act, T *dx, const T *dy, const T *y, const T *x, ptrdiff_t n)
+{
+    switch (act) {
+    case DP_ACT_RELU: K(dp_relu_backward)(dx, dy, y, n); break;
+    case DP_ACT_TANH: K(dp_tanh_backward)(dx, dy, y, n); break;
+    case DP_ACT_SIGMOID: K(dp_sigmoid_backward)(dx, dy, y, n); break;
+    case DP_ACT_GELU: K(dp_gelu_backward)(dx, dy, x, n); break;
+    case DP_ACT_NONE:
+        if (dx != dy) memcpy(dx, dy, sizeof(T) * (size_t)n);
+        break;
+    }
+}
+
+/* y (OC, n) = act(y + b[o] in row o). ReLU fused into the bias pass (dp_cnn's bias_relu: a
+ * NaN stays NaN); the others after it, in place. */
+DP_CLONES static void K(bias_relu)(T *y, const T *b, int OC, int n)
+{
+    for (int o = 0; o < OC; o++) {
+        T *DP_RESTRICT r = y + (ptrdiff_t)o * n, bo = b[o];
+        for (int q = 0; q < n; q++) {
+            T v = r[q] + bo;
+            r[q] = v <= 0 ? (T)0 : v;
+        }
+    }
+}
+
+DP_CLONES static void K(bias_add)(T *y, const T *b, int OC, int n)
+{
+    for (int o = 0; o < OC; o++) {
+        T *DP_RESTRICT r = y + (ptrdiff_t)o * n, bo = b[o];
+        for (int q = 0; q < n; q++) r[q] += bo;
+    }
+}
+
+static void K(bias_act)(T *y, const T *b, int OC, int n, dp_act act)
+{
+    if (act == DP_ACT_RELU) {
+        K(bias_relu)(y, b, OC, n);
+        return;
+    }
+    K(bias_add)(y, b, OC, n);
+    if (act != DP_ACT_NONE) K(act_forward)(act, y, y, (ptrdiff_t)OC * n);
+}
+
+/* db[o] += sum of row o of d (OC, n), in 8 interleaved partial sums (dp_cnn's add_row_sums) */
+DP_CLONES static void K(add_row_sums)(T *db, const T *d, int OC, int n)
+{
+    for (int o = 0; o < OC; o++) {
+        const T *r = d + (ptrdiff_t)o * n;
+        T a[8] = {0};
+        int q = 0;
+        for (; q + 8 <= n; q += 8)
+            for (int k = 0; k < 8; k++) a[k] += r[q + k];
+        T s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+        for (; q < n; q++) s += r[q];
+        db[o] += s;
+    }
+}
+
+DP_INLINE void K(row_range)(int rows, int t, int n, int *lo, int *hi)
+{
+    *lo = (int)((long long)rows * t / n);
+    *hi = (int)((long long)rows * (t + 1) / n);
+}
+
+/* ---- a stage's work over a batch, split over the threads ---------------------------------- */
+
+typedef struct {
+    dp_model *m;
+    const dp_stage *st;
+    int rows;
+    const T *in;          /* (rows, in_width) */
+    T *out;               /* (rows, out_width) */
+    uint8_t *code;        /* like out (pooling stages) */
+    const T *params;
+    /* backward only */
+    T *d;                 /* d loss / d out (through the stage's activation here, in place) */
+    T *dnext;             /* d loss / d in (written), or NULL */
+    int rc[DP_MAX_THREADS];
+} K(stage_job);
+
+static void K(conv_forward_task)(void *arg, int t, int n)
+{
+    K(stage_job) *job = arg;
+    const dp_stage *st = job->st;
+    dp_model_thread *th = &job->m->th[t];
+    const dp_conv_geom *g = &st->g;
+    int CH = st->conv_h, CW = st->conv_w, lo, hi;
+    int npos = st->pool ? (CH / 2) * (CW / 2) : CH * CW;
+    int win = st->in_width, wout = st->out_width;
+    const T *w = job->params + st->w_off, *b = job->params + st->b_off;
+    T *col = th->col.ptr, *conv = th->conv.ptr;
+    K(row_range)(job->rows, t, n, &lo, &hi);
+    job->rc[t] = DP_OK;
+    for (int i = lo; i < hi; i++) {
+        T *y = job->out + (ptrdiff_t)i * wout;
+        int rc = K(dp_conv_image_forward)(&th->ctx, col, st->pool ? conv : y,
+                                          job->in + (ptrdiff_t)i * win, w, g, CH, CW, (T)0);
+        if (rc) { job->rc[t] = rc; return; }
+        if (st->pool) K(dp_maxpool2_forward)(y, job->code + (ptrdiff_t)i * wout, conv, g->OC, CH, CW);
+        K(bias_act)(y, b, g->OC, npos, st->act);
+    }
+}
+
+static void K(conv_backward_task)(void *arg, int t, int n)
+{
+    K(stage_job) *job = arg;
+    const dp_stage *st = job->st;
+    dp_model_thread *th = &job->m->th[t];
+    const dp_conv_geom *g = &st->g;
+    int CH = st->conv_h, CW = st->conv_w, lo, hi;
+    int npos = st->pool ? (CH / 2) * (CW / 2) : CH * CW;
+    int win = st->in_width, wout = st->out_width;
+    ptrdiff_t nw = (ptrdiff_t)g->OC * g->C * g->KH * g->KW;
+    const T *w = job->params + st->w_off;
+    K(row_range)(job->rows, t, n, &lo, &hi);
+    job->rc[t] = DP_OK;
+    if (lo >= hi) return;
+    /* this thread's dw^T (K, OC) and db, summed over its images; added into grads after */
+    T *dwt = th->grad.ptr, *db = dwt + nw;
+    memset(dwt, 0, sizeof(T) * (size_t)(nw + g->OC));
+    T *col = th->col.ptr, *dconv = th->conv.ptr;
+    for (int i = lo; i < hi; i++) {
+        T *d = job->d + (ptrdiff_t)i * wout;
+        K(act_backward)(st->act, d, d, job->out + (ptrdiff_t)i * wout, NULL, wout);
+        K(add_row_sums)(db, d, g->OC, npos);
+        if (st->pool) K(dp_maxpool2_backward)(dconv, d, job->code + (ptrdiff_t)i * wout, g->OC, CH, CW);
+        int rc = K(dp_conv_image_backward)(&th->ctx, col, dwt,
+                                           job->dnext ? job->dnext + (ptrdiff_t)i * win : NULL,
+                                           st->pool ? dconv : d, job->in + (ptrdiff_t)i * win,
+                                           w, g, CH, CW);
+        if (rc) { job->rc[t] = rc; return; }
+    }
+}
+
+/* POOL and ACT stages: a block of rows each. The pooling kernels stay inside the arrays they
+ * are given (their vector over-reads and over-writes are bounded by the block's end), so the
+ * threads' blocks do not touch each other. */
+static void K(rows_forward_task)(void *arg, int t, int n)
+{
+    K(stage_job) *job = arg;
+    const dp_stage *st = job->st;
+    int lo, hi;
+    K(row_range)(job->rows, t, n, &lo, &hi);
+    job->rc[t] = DP_OK;
+    if (lo >= hi) return;
+    ptrdiff_t iw = st->in_width, ow = st->out_width;
+    if (st->op == DP_STAGE_POOL)
+        K(dp_maxpool2_forward)(job->out + lo * ow, job->code + lo * ow, job->in + lo * iw,
+                               (ptrdiff_t)(hi - lo) * st->g.C, st->g.H, st->g.W);
+    else
+        K(act_forward)(st->act, job->out + lo * ow, job->in + lo * iw, (hi - lo) * ow);
+}
+
+static void K(rows_backward_task)(void *arg, int t, int n)
+{
+    K(stage_job) *job = arg;
+    const dp_stage *st = job->st;
+    int lo, hi;
+    K(row_range)(job->rows, t, n, &lo, &hi);
+    job->rc[t] = DP_OK;
+    if (lo >= hi) return;
+    ptrdiff_t iw = st->in_width, ow = st->out_width;
+    if (st->op == DP_STAGE_POOL)
+        K(dp_maxpool2_backward)(job->dnext + lo * iw, job->d + lo * ow, job->code + lo * ow,
+                                (ptrdiff_t)(hi - lo) * st->g.C, st->g.H, st->g.W);
+    else
+        K(act_backward)(st->act, job->d + lo * ow, job->d + lo * ow, job->out + lo * ow,
+                        job->in + lo * iw, (hi - lo) * ow);
+}
+
+/* Runs a job on every thread (one when the batch has a single row); the first failing
+ * thread's code, or DP_OK. */
+static int K(run_job)(dp_model *m, K(stage_job) *job, dp_task_fn fn)
+{
+    int n = job->rows < m->threads ? job->rows : m->threads;
+    if (n < 1) n = 1;
+    dp_threads_run(m->ctx.team, n, fn, job);
+    for (int t = 0; t < n; t++)
+        if (job->rc[t]) return job->rc[t];
+    return DP_OK;
+}
+
+/* ---- forward, loss ---------------------------------------------------------------------- */
+
+/* Forward through every stage; out[n_stages - 1] holds the model's outputs (rows, OUT). */
+static int K(model_forward)(dp_model *m, K(model_bufs) *bf, const T *params, const T *x, int rows)
+{
+    const dp_plan *p = &m->plan;
+    const T *h = x;
+    for (int s = 0; s < p->n_stages; s++) {
+        const dp_stage *st = &p->stage[s];
+        int rc = DP_OK;
+        if (st->op == DP_STAGE_DENSE) {
+            rc = K(dp_dense_forward)(&m->ctx, bf->out[s], h, params + st->w_off,
+                                     params + st->b_off, rows, st->in_width, st->out_width);
+            if (rc == DP_OK && st->act != DP_ACT_NONE)
+                K(act_forward)(st->act, bf->out[s], bf->out[s], (ptrdiff_t)rows * st->out_width);
+        } else {
+            K(stage_job) job = {.m = m, .st = st, .rows = rows, .in = h, .out = bf->out[s],
+                                .code = bf->code[s], .params = params};
+            rc = K(run_job)(m, &job, st->op == DP_STAGE_CONV ? K(conv_forward_task)
+                                                             : K(rows_forward_task));
+        }
+        if (rc) return rc;
+        h = bf->out[s];
+    }
+    return DP_OK;
+}
+
+/* The first row whose label the loss refuses (after DP_ELABEL). */
+static int K(first_bad_label)(const dp_plan *p, const int64_t *labels, int rows)
+{
+    int64_t classes = p->loss == DP_LOSS_SIGMOID_BCE ? 2 : p->out_width;
+    for (int i = 0; i < rows; i++)
+        if (labels[i] < 0 || labels[i] >= classes) return i;
+    return -1;
+}
+
+/* Loss sum and correct count of rows [row0, row0 + rows) from their outputs y; dout (when not
+ * NULL) = d(grad_scale * loss)/dy. labels and targets point at the batch's first row. */
+static int K(model_loss)(dp_model *m, T *dout, double *loss_sum, int64_t *correct, const T *y,
+                         const int64_t *labels, const T *targets, int row0, int rows,
+                         T grad_scale)
+{
+    const dp_plan *p = &m->plan;
+    int OUT = p->out_width, rc;
+    if (p->loss == DP_LOSS_MSE) {
+        K(dp_mse)(dout, loss_sum, y, targets + (ptrdiff_t)row0 * OUT, rows, OUT, grad_scale);
+        *correct = 0;
+        return DP_OK;
+    }
+    const int64_t *lab = labels + row0;
+    if (p->loss == DP_LOSS_SOFTMAX_XENT)
+        rc = K(dp_softmax_xent)(dout, loss_sum, y, lab, rows, OUT, grad_scale);
+    else
+        rc = K(dp_sigmoid_bce)(dout, loss_sum, y, lab, rows, grad_scale);
+    if (rc == DP_OK) rc = K(dp_count_correct)(correct, y, lab, rows, OUT);
+    if (rc == DP_ELABEL) m->bad_row = row0 + K(first_bad_label)(p, lab, rows);
+    return rc;
+}
+
+/* The loss's labels / targets are there. */
+DP_INLINE int K(has_targets)(const dp_plan *p, const int64_t *labels, const T *targets)
+{
+    return p->loss == DP_LOSS_MSE ? targets != NULL : labels != NULL;
+}
+
+int K(dp_model_forward_loss)(dp_model *m, double *loss_sum, int64_t *correct, const T *params,
+                             const T *x, const int64_t *labels, const T *targets, int B,
+                             T grad_scale)
+{
+    // x is (B, in_width): forward and loss; d(grad_scale * loss)/d(outputs) is kept for the
+    // backward steps that follow
+    const dp_plan *p = &m->plan;
+    m->pending_rows = 0;
+    *loss_sum = 0;
+    *correct = 0;
+    if (B <= 0) return DP_OK;
+    if (!K(has_targets)(p, labels, targets)) return DP_EVALUE;
+    K(model_bufs) bf;
+    int rc = K(model_buffers)(m, B, &bf, 1);
+    if (rc) return rc;
+    rc = K(model_forward)(m, &bf, params, x, B);
+    if (rc) return rc;
+    rc = K(model_loss)(m, bf.g0, loss_sum, correct, bf.out[p->n_stages - 1], labels, targets,
+                       0, B, grad_scale);
+    if (rc) return rc;
+    m->pending_rows = B;
+    m->pending_x = x;
+    m->next_layer = p->n_param_layers - 1;
+    m->d_second = 0;
+    return DP_OK;
+}
+
+/* Backward through stage s (parameter-free: POOL or ACT): d holds d loss / d out[s]; the
+ * result, d loss / d in[s], is left in d (ACT, in place) or dnext (POOL, and the halves swap). */
+static int K(free_stage_backward)(dp_model *m, K(model_bufs) *bf, int s, int rows)
+{
+    const dp_stage *st = &m->plan.stage[s];
+    T *d = m->d_second ? bf->g1 : bf->g0, *dnext = m->d_second ? bf->g0 : bf->g1;
+    K(stage_job) job = {.m = m, .st = st, .rows = rows, .in = bf->out[s - 1], .out = bf->out[s],
+                        .code = bf->code[s], .d = d, .dnext = dnext};
+    int rc = K(run_job)(m, &job, K(rows_backward_task));
+    if (rc == DP_OK && st->op == DP_STAGE_POOL) m->d_second = !m->d_second;
+    return rc;
+}
+
+int K(dp_model_backward_layer)(dp_model *m, T *grads, const T *params, int layer)
+{
+    // one step of the sweep: the parameter-free stages after parameterized layer `layer`, then
+    // its dW, db (accumulated into grads) and d(loss)/d(its input) for the step after (not
+    // computed for layer 0)
+    const dp_plan *p = &m->plan;
+    int B = m->pending_rows;
+    if (B == 0 || layer != m->next_layer) return DP_EORDER;
+    K(model_bufs) bf;
+    int rc = K(model_buffers)(m, B, &bf, 1);   /* the same scratch: no allocation */
+    if (rc) return rc;
+    int s0 = p->param_stage[layer];
+    int s1 = layer + 1 < p->n_param_layers ? p->param_stage[layer + 1] : p->n_stages;
+    for (int s = s1 - 1; s > s0; s--) {
+        rc = K(free_stage_backward)(m, &bf, s, B);
+        if (rc) return rc;
+    }
+    const dp_stage *st = &p->stage[s0];
+    T *d = m->d_second ? bf.g1 : bf.g0, *dnext = layer > 0 ? (m->d_second ? bf.g0 : bf.g1) : NULL;
+    const T *h = s0 > 0 ? bf.out[s0 - 1] : (const T *)m->pending_x;
+    if (st->op == DP_STAGE_DENSE) {
+        int IN = st->in_width, OUT = st->out_width;
+        if (st->act != DP_ACT_NONE)
+            K(act_backward)(st->act, d, d, bf.out[s0], NULL, (ptrdiff_t)B * OUT);
+        rc = K(dp_dense_backward)(&m->ctx, grads + st->w_off, grads + st->b_off, dnext, d, h,
+                                  params + st->w_off, B, IN, OUT);
+        if (rc) return rc;
+    } else {
+        K(stage_job) job = {.m = m, .st = st, .rows = B, .in = h, .out = bf.out[s0],
+                            .code = bf.code[s0], .params = params, .d = d, .dnext = dnext};
+        rc = K(run_job)(m, &job, K(conv_backward_task));
+        if (rc) return rc;
+        /* the threads' partials, in thread order */
+        const dp_conv_geom *g = &st->g;
+        ptrdiff_t nw = (ptrdiff_t)g->OC * g->C * g->KH * g->KW;
+        T *dw = grads + st->w_off, *db = grads + st->b_off;
+        int n = B < m->threads ? B : m->threads;
+        for (int t = 0; t < n; t++) {
+            int lo, hi;
+            K(row_range)(B, t, n, &lo, &hi);
+            if (lo >= hi) continue;
+            const T *dwt = m->th[t].grad.ptr;
+            K(dp_conv_add_dwt)(dw, dwt, g);
+            for (int o = 0; o < g->OC; o++) db[o] += dwt[nw + o];
+        }
+    }
+    if (layer > 0) m->d_second = !m->d_second;
+    m->next_layer = layer - 1;
+    if (layer == 0) m->pending_rows = 0;
+    return DP_OK;
+}
+
+int K(dp_model_loss_grad)(dp_model *m, T *grads, double *loss_sum, int64_t *correct,
+                          const T *params, const T *x, const int64_t *labels, const T *targets,
+                          int B, T grad_scale)
+{
+    // x is (B, in_width); grads and params are (P,); grads accumulate
+    // d(grad_scale * sum_i loss_i) / d params
+    const dp_plan *p = &m->plan;
+    const dp_stage *st = &p->stage[0];
+    m->pending_rows = 0;   /* a whole sweep: one in progress ends here, on every path */
+    if (B > 0 && labels && p->loss == DP_LOSS_SIGMOID_BCE && p->n_stages == 1 &&
+        st->op == DP_STAGE_DENSE && st->act == DP_ACT_NONE) {
+        /* logistic regression: a GEMM with one output column wastes the micro-kernel; the
+         * fused kernel reads x once */
+        int rc = K(dp_logistic_grad)(grads + st->w_off, grads + st->b_off, loss_sum, correct, x,
+                                     params + st->w_off, params + st->b_off, labels, B,
+                                     st->in_width, grad_scale);
+        if (rc == DP_ELABEL) m->bad_row = K(first_bad_label)(p, labels, B);
+        return rc;
+    }
+    int rc = K(dp_model_forward_loss)(m, loss_sum, correct, params, x, labels, targets, B,
+                                      grad_scale);
+    for (int l = p->n_param_layers - 1; l >= 0 && rc == DP_OK && m->pending_rows; l--)
+        rc = K(dp_model_backward_layer)(m, grads, params, l);
+    m->pending_rows = 0;
+    return rc;
+}
+
+int K(dp_model_evaluate)(dp_model *m, T *out, double *loss_sum, int64_t *correct,
+                         const T *params, const T *x, const int64_t *labels, const T *targets,
+                         int B)
+{
+    // x is (B, in_width); out (B, OUT) optional; labels / targets optional (then no loss)
+    const dp_plan *p = &m->plan;
+    int IN0 = p->in_width, OUT = p->out_width, with_loss = K(has_targets)(p, labels, targets);
+    double total = 0;
+    int64_t right = 0;
+    m->pending_rows = 0;     /* the scratch is reused: a sweep in progress is abandoned */
+    *loss_sum = 0;
+    *correct = 0;
+    for (int r0 = 0; r0 < B; r0 += m->eval_rows) {
+        int rows = B - r0 < m->eval_rows ? B - r0 : m->eval_rows;
+        K(model_bufs) bf;
+        int rc = K(model_buffers)(m, rows, &bf, 0);
+        if (rc) return rc;
+        rc = K(model_forward)(m, &bf, params, x + (ptrdiff_t)r0 * IN0, rows);
+        if (rc) return rc;
+        const T *y = bf.out[p->n_stages - 1];
+        if (with_loss) {
+            double part;
+            int64_t ok;
+            rc = K(model_loss)(m, NULL, &part, &ok, y, labels, targets, r0, rows, (T)1);
+            if (rc) return rc;
+            total += part;
+            right += ok;
+        }
+        if (out) memcpy(out + (ptrdiff_t)r0 * OUT, y, sizeof(T) * (size_t)rows * (size_t)OUT);
+    }
+    *loss_sum = total;
+    *correct = right;
+    return DP_OK;
+}
+
+#undef K
