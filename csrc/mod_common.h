@@ -46,6 +46,7 @@ typedef struct {
     PyTypeObject *context_type;      /* dptrain._core.Context */
     PyTypeObject *network_type;      /* dptrain._core.Network */
     PyTypeObject *convnet_type;      /* dptrain._core.ConvNet */
+    PyTypeObject *model_type;        /* dptrain._core.Model */
     PyTypeObject *shmgroup_type;     /* dptrain._core.ShmGroup */
     PyObject *group_aborted;         /* dptrain._core.GroupAborted(RuntimeError) */
 } core_state;
@@ -150,13 +151,14 @@ int get_ctx(PyObject *module, PyObject *obj, ContextObject **out);
 
 /* Module-level functions, added by module.c's exec slot (PyModule_AddFunctions). */
 extern PyMethodDef mod_kernels_functions[];     /* mod_kernels.c */
-extern PyMethodDef mod_network_functions[];     /* mod_network.c: param_count */
+extern PyMethodDef mod_network_functions[];     /* mod_network.c: param_count, model_plan */
 extern PyMethodDef mod_group_functions[];       /* mod_group.c: the control-block functions */
 
 /* Type specs, built by module.c's exec slot (PyType_FromModuleAndSpec) into core_state. */
 extern PyType_Spec mod_context_spec;            /* mod_context.c */
 extern PyType_Spec mod_network_spec;            /* mod_network.c */
 extern PyType_Spec mod_convnet_spec;            /* mod_network.c */
+extern PyType_Spec mod_model_spec;              /* mod_network.c */
 extern PyType_Spec mod_shmgroup_spec;           /* mod_group.c */
 
 #endif

@@ -250,6 +250,10 @@ static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const 
                 used += (size_t)snprintf(who + used, sizeof who - used, "%s%d", i ? ", " : "", missing[i]);
             if (used < sizeof who)
                 snprintf(who + used, sizeof who - used, "%s did not arrive", k > 16 ? ", ..." : "");
+        } else if (self->g.n == 1 || self->g.arrivals) {
+            /* nobody is missing, yet the barrier did not open: its words were written over */
+            snprintf(who, sizeof who, ", yet no rank is missing: the control block was written "
+                     "to from outside the group");
         }
         return PyErr_Format(PyExc_TimeoutError, "%s on rank %d timed out after %s s waiting for the "
                             "other %d workers%s", what, self->g.rank,

@@ -1,112 +1,94 @@
-/* mod_network.c - dptrain._core.Network and ConvNet, the fused training paths the models
- * drive (one call per batch crosses the boundary), and param_count (Network's layout).
+/* mod_network.c - dptrain._core.Model, Network and ConvNet: the fused training paths the
+ * models drive (one call per batch crosses the boundary), and model_plan / param_count.
  *
- * Network drives dp_net (dense layers), ConvNet dp_cnn (conv blocks + dense layers), with one
- * set of methods (NET_HEAD and NetOps below). Parameters and gradients are the caller's flat
- * arrays, validated once and held (held_array: re-checked on every call). A backward sweep
- * (forward_loss, then backward_layer down to 0) belongs to the thread that started it.
- * Leaves out on purpose: pickling (the objects hold scratch and the caller's arrays; they are
- * not picklable), other layer types and losses (the kernels' own limits).
+ * All three run on one engine, dp_model (dp_model.h), and share one object layout (NetObject)
+ * and one set of methods; they differ only in how the layer list is given:
+ *   Model(layers, input_shape, loss, params, grads, *, threads=1)   any list dp_model takes
+ *   Network(sizes, loss, params, grads, *, threads=1)               dense layers, ReLU between
+ *   ConvNet(input_shape, channels, dense, params, grads, *, kernel=3, padding=0, threads=1)
+ *                                                                   conv->ReLU->pool blocks,
+ *                                                                   then a Network's layers
+ * Parameters and gradients are the caller's flat arrays, validated once and held (held_array:
+ * re-checked on every call). A backward sweep (forward_loss, then backward_layer down to 0)
+ * belongs to the thread that started it.
+ * Leaves out on purpose: pickling (the objects hold scratch and the caller's arrays; the
+ * Python models save and load themselves), and what dp_model leaves out.
  */
 #include "mod_common.h"
 
 #include <limits.h>
 #include <string.h>
 
-#include "dp_cnn.h"
-#include "dp_net.h"
+#include "dp_model.h"
 
-/* ------------------------------------------------------------------ what both share */
-
-/* Network (dense layers) and ConvNet (conv blocks + dense layers) have the same Python
- * methods over two kernel families with the same signatures (dp_net_* and dp_cnn_*): both
- * objects start with NET_HEAD, and the methods below reach their kernels through a NetOps
- * table (the same idiom as PyObject_HEAD). */
-typedef struct NetOps NetOps;
-#define NET_HEAD                                                                              \
-    PyObject_HEAD                                                                             \
-    held_array params, grads;        /* re-checked on every call (see held_array) */           \
-    PyObject *sizes;                 /* tuple: layer widths */                                 \
-    PyArrayObject *pending_x;        /* the input of a backward sweep in progress (owned) */   \
-    void *pending_data;              /* ... its memory and size when the sweep began */        \
-    npy_intp pending_nbytes;                                                                  \
-    unsigned long sweep_owner;       /* the thread whose sweep is in flight, 0: none; read and \
-                                      * written only under `lock` */                          \
-    PyThread_type_lock lock;                                                                  \
-    int ready;                                                                                \
-    int f32;                                                                                  \
-    const NetOps *ops;
+/* Network's and ConvNet's own limits (their layer lists fit DP_MODEL_MAX_LAYERS). */
+#define NET_MAX_DENSE 16
+#define CNN_MAX_CONV 8
+#define CNN_MAX_DENSE 8
 
 typedef struct {
-    NET_HEAD
-} NetBase;
+    PyObject_HEAD
+    held_array params, grads;        /* re-checked on every call (see held_array) */
+    PyObject *sizes;                 /* tuple: flat width of the input and of every layer */
+    PyObject *input_shape;           /* tuple: one input row's shape */
+    PyObject *plan;                  /* dict: model_plan()'s description (Model only) */
+    PyArrayObject *pending_x;        /* the input of a backward sweep in progress (owned) */
+    void *pending_data;              /* ... its memory and size when the sweep began */
+    npy_intp pending_nbytes;
+    unsigned long sweep_owner;       /* the thread whose sweep is in flight, 0: none; read and
+                                      * written only under `lock` */
+    PyThread_type_lock lock;
+    int ready;
+    int f32;
+    int n_conv;                      /* ConvNet: conv blocks */
+    const char *name;                /* the type's name, for messages */
+    dp_model model;
+} NetObject;
 
-struct NetOps {
-    const char *name;                                  /* the type's name, for messages */
-    npy_intp (*in_width)(const NetBase *self);         /* features per input row */
-    npy_intp (*out_width)(const NetBase *self);        /* logits per row */
-    int64_t (*label_classes)(const NetBase *self);     /* labels must be in [0, this) */
-    npy_intp (*n_params)(const NetBase *self);
-    int (*pending_rows)(const NetBase *self);          /* a backward sweep in flight? */
-    int (*next_layer)(const NetBase *self);
-    int (*loss_grad)(NetBase *self, int f32, void *grads, double *loss, int64_t *correct,
-                     const void *params, const void *x, const int64_t *labels, int B, double gs);
-    int (*forward_loss)(NetBase *self, int f32, double *loss, int64_t *correct,
-                        const void *params, const void *x, const int64_t *labels, int B, double gs);
-    int (*backward_layer)(NetBase *self, int f32, void *grads, const void *params, int layer);
-    int (*evaluate)(NetBase *self, int f32, void *logits, double *loss, int64_t *correct,
-                    const void *params, const void *x, const int64_t *labels, int B);
+/* ------------------------------------------------------------------ names */
+
+static const char *const LOSS_NAMES[] = {"softmax_xent", "sigmoid_bce", "mse"};
+
+static int parse_loss(const char *name, int allow_mse, dp_loss *out)
+{
+    for (int i = 0; i < (allow_mse ? 3 : 2); i++)
+        if (strcmp(name, LOSS_NAMES[i]) == 0) { *out = (dp_loss)i; return 0; }
+    PyErr_Format(PyExc_ValueError, allow_mse ? "loss must be 'softmax_xent', 'sigmoid_bce' or 'mse', got '%s'"
+                                             : "loss must be 'softmax_xent' or 'sigmoid_bce', got '%s'", name);
+    return -1;
+}
+
+static const struct { const char *name; dp_layer_kind kind; int n_ints; } LAYER_KINDS[] = {
+    {"dense", DP_LAYER_DENSE, 1},    /* (out,) */
+    {"conv", DP_LAYER_CONV, 3},      /* (out_channels, kernel, padding); padding may be left out */
+    {"maxpool2", DP_LAYER_MAXPOOL2, 0},
+    {"relu", DP_LAYER_RELU, 0},
+    {"tanh", DP_LAYER_TANH, 0},
+    {"sigmoid", DP_LAYER_SIGMOID, 0},
+    {"gelu", DP_LAYER_GELU, 0},
+    {"flatten", DP_LAYER_FLATTEN, 0},
 };
+#define N_KINDS ((int)(sizeof LAYER_KINDS / sizeof LAYER_KINDS[0]))
 
-/* The NetOps of an object type OBJ whose `net` member is driven by the PFX##_* kernels. */
-#define NET_OPS(OPS, OBJ, PFX, NAME, IN_WIDTH, OUT_WIDTH, CLASSES)                             \
-    static npy_intp OPS##_in(const NetBase *s) { const OBJ *o = (const OBJ *)s; return IN_WIDTH; } \
-    static npy_intp OPS##_out(const NetBase *s) { const OBJ *o = (const OBJ *)s; return OUT_WIDTH; } \
-    static int64_t OPS##_classes(const NetBase *s) { const OBJ *o = (const OBJ *)s; return CLASSES; } \
-    static npy_intp OPS##_n_params(const NetBase *s) { return ((const OBJ *)s)->net.n_params; } \
-    static int OPS##_pending(const NetBase *s) { return ((const OBJ *)s)->net.pending_rows; }  \
-    static int OPS##_next(const NetBase *s) { return ((const OBJ *)s)->net.next_layer; }        \
-    static int OPS##_loss_grad(NetBase *s, int f32, void *g, double *loss, int64_t *c,          \
-                               const void *p, const void *x, const int64_t *l, int B, double gs) \
-    {                                                                                         \
-        OBJ *o = (OBJ *)s;                                                                    \
-        return f32 ? PFX##_loss_grad_f32(&o->net, g, loss, c, p, x, l, B, (float)gs)          \
-                   : PFX##_loss_grad_f64(&o->net, g, loss, c, p, x, l, B, gs);                \
-    }                                                                                         \
-    static int OPS##_forward_loss(NetBase *s, int f32, double *loss, int64_t *c, const void *p, \
-                                  const void *x, const int64_t *l, int B, double gs)          \
-    {                                                                                         \
-        OBJ *o = (OBJ *)s;                                                                    \
-        return f32 ? PFX##_forward_loss_f32(&o->net, loss, c, p, x, l, B, (float)gs)          \
-                   : PFX##_forward_loss_f64(&o->net, loss, c, p, x, l, B, gs);                \
-    }                                                                                         \
-    static int OPS##_backward_layer(NetBase *s, int f32, void *g, const void *p, int layer)   \
-    {                                                                                         \
-        OBJ *o = (OBJ *)s;                                                                    \
-        return f32 ? PFX##_backward_layer_f32(&o->net, g, p, layer)                           \
-                   : PFX##_backward_layer_f64(&o->net, g, p, layer);                          \
-    }                                                                                         \
-    static int OPS##_evaluate(NetBase *s, int f32, void *logits, double *loss, int64_t *c,    \
-                              const void *p, const void *x, const int64_t *l, int B)          \
-    {                                                                                         \
-        OBJ *o = (OBJ *)s;                                                                    \
-        return f32 ? PFX##_evaluate_f32(&o->net, logits, loss, c, p, x, l, B)                 \
-                   : PFX##_evaluate_f64(&o->net, logits, loss, c, p, x, l, B);                \
-    }                                                                                         \
-    static const NetOps OPS = {NAME, OPS##_in, OPS##_out, OPS##_classes, OPS##_n_params,      \
-                               OPS##_pending, OPS##_next, OPS##_loss_grad, OPS##_forward_loss, \
-                               OPS##_backward_layer, OPS##_evaluate};
+static const char *kind_name(dp_layer_kind k)
+{
+    for (int i = 0; i < N_KINDS; i++)
+        if (LAYER_KINDS[i].kind == k) return LAYER_KINDS[i].name;
+    return "?";
+}
+
+/* ------------------------------------------------------------------ the object */
 
 /* The object is built and its held arrays are still what it was built on. */
-static int net_ready(NetBase *self, int writes_grads)
+static int net_ready(NetObject *self, int writes_grads)
 {
     if (!self->ready) {
         PyErr_Format(PyExc_RuntimeError, "%s is not initialized", Py_TYPE(self)->tp_name);
         return -1;
     }
     /* forward-only calls (evaluate, logits) never touch the gradient */
-    return check_held(&self->params, self->ops->name, "params") ||
-           (writes_grads && check_held(&self->grads, self->ops->name, "grads"));
+    return check_held(&self->params, self->name, "params") ||
+           (writes_grads && check_held(&self->grads, self->name, "grads"));
 }
 
 /* The backward sweep (forward_loss, then backward_layer for L-1 .. 0) keeps activations in
@@ -116,84 +98,134 @@ static int net_ready(NetBase *self, int writes_grads)
  * (loss_grad, evaluate, logits) from threads with no sweep in flight serialize on the lock. */
 #define NET_EBUSY (-100)
 
-static PyObject *net_busy_error(NetBase *self, const char *method)
+static PyObject *net_busy_error(NetObject *self, const char *method)
 {
     return PyErr_Format(PyExc_RuntimeError,
                         "%s.%s: a backward sweep (forward_loss, then backward_layer down to 0) "
                         "started by another thread is in progress on this object; finish it in "
                         "that thread first, or give each thread its own %s",
-                        self->ops->name, method, self->ops->name);
+                        self->name, method, self->name);
 }
 
 /* The end of a sweep (or of a call that replaced it): drop the input it held. */
-static void net_end_sweep(NetBase *self)
+static void net_end_sweep(NetObject *self)
 {
     Py_CLEAR(self->pending_x);
     self->pending_data = NULL;
     self->pending_nbytes = 0;
 }
 
-/* x (B, IN) of the network's dtype and labels (B,) int64 (labels may be optional). */
-static int net_batch(NetBase *self, PyObject *xo, PyObject *lo, PyArrayObject **x, PyArrayObject **l,
-                     int writes_grads)
+static int is_mse(const NetObject *self) { return self->model.plan.loss == DP_LOSS_MSE; }
+
+/* x (B, IN) of the model's dtype, and the batch's targets: int64 labels (B,) for the
+ * classification losses, (B, OUT) values of the model's dtype for mse. The targets are
+ * optional when `need_labels` is 0 (Py_None or NULL: *l = NULL). */
+static int net_batch(NetObject *self, PyObject *xo, PyObject *lo, PyArrayObject **x,
+                     PyArrayObject **l, int writes_grads, int need_labels)
 {
     if (net_ready(self, writes_grads)) return -1;
     if (!(*x = check_array(xo, "x", self->params.typenum, 2, 0))) return -1;
-    npy_intp B = PyArray_DIM(*x, 0), xd[2] = {B, self->ops->in_width(self)}, ld[1] = {B};
+    const dp_plan *p = &self->model.plan;
+    npy_intp B = PyArray_DIM(*x, 0), xd[2] = {B, p->in_width};
     if (check_shape(*x, "x", 2, xd)) return -1;
     *l = NULL;
-    if (lo && lo != Py_None && (!(*l = check_array(lo, "labels", NPY_INT64, 1, 0)) || check_shape(*l, "labels", 1, ld)))
-        return -1;
+    if (!lo || lo == Py_None) {
+        if (need_labels)
+            PyErr_Format(PyExc_TypeError, is_mse(self) ? "targets must be a %s array, got None"
+                                                       : "labels must be an int64 array, got None",
+                         typenum_name(self->params.typenum));
+        return need_labels ? -1 : 0;
+    }
+    if (is_mse(self)) {
+        npy_intp td[2] = {B, p->out_width};
+        if (!(*l = check_array(lo, "targets", self->params.typenum, 2, 0)) || check_shape(*l, "targets", 2, td))
+            return -1;
+    } else {
+        npy_intp ld[1] = {B};
+        if (!(*l = check_array(lo, "labels", NPY_INT64, 1, 0)) || check_shape(*l, "labels", 1, ld))
+            return -1;
+    }
     return 0;
 }
 
 /* The gradient buffer of a call: the held one, or another of the same layout (e.g. one per
  * chunk of a global batch). */
-static PyArrayObject *net_grads(NetBase *self, PyObject *go, PyArrayObject *x, PyArrayObject *labels)
+static PyArrayObject *net_grads(NetObject *self, PyObject *go, PyArrayObject *x, PyArrayObject *labels)
 {
     PyArrayObject *grads = self->grads.arr;
     if (go && go != Py_None) {
-        npy_intp pn[1] = {self->ops->n_params(self)};
+        npy_intp pn[1] = {self->model.plan.n_params};
         if (!(grads = check_array(go, "grads", self->params.typenum, 1, 1)) ||
             check_shape(grads, "grads", 1, pn) || check_no_overlap(grads, "grads", self->params.arr, "params"))
             return NULL;
     }
-    /* the gradient is written while x (and, on the fused logistic path, labels) are read */
+    /* the gradient is written while x and the labels / targets are read */
     if ((x && check_no_overlap(grads, "grads", x, "x")) ||
-        (labels && check_no_overlap(grads, "grads", labels, "labels")))
+        (labels && check_no_overlap(grads, "grads", labels, is_mse(self) ? "targets" : "labels")))
         return NULL;
     return grads;
 }
 
 /* The exception of a failed kernel call: labels out of range, or the code's own message. */
-static PyObject *net_error(NetBase *self, int rc, PyArrayObject *labels, const char *method)
+static PyObject *net_error(NetObject *self, int rc, PyArrayObject *labels, const char *method)
 {
-    if (rc == DP_ELABEL && labels) return label_error(labels, self->ops->label_classes(self)), NULL;
+    if (rc == DP_ELABEL && labels) {
+        const dp_plan *p = &self->model.plan;
+        label_error(labels, p->loss == DP_LOSS_SIGMOID_BCE ? 2 : p->out_width);
+        return NULL;
+    }
     char what[64];
-    snprintf(what, sizeof what, "%s.%s", self->ops->name, method);
+    snprintf(what, sizeof what, "%s.%s", self->name, method);
     return raise_code(rc, what);
 }
 
-static PyObject *Net_loss_grad(NetBase *self, PyObject *args, PyObject *kwds)
+/* The engine's entry points for the object's dtype. */
+static int run_loss_grad(NetObject *s, void *g, double *loss, int64_t *c, const void *x,
+                         PyArrayObject *l, int B, double gs)
+{
+    const void *lab = l && !is_mse(s) ? PyArray_DATA(l) : NULL;
+    const void *tgt = l && is_mse(s) ? PyArray_DATA(l) : NULL;
+    return s->f32 ? dp_model_loss_grad_f32(&s->model, g, loss, c, s->params.data, x, lab, tgt, B, (float)gs)
+                  : dp_model_loss_grad_f64(&s->model, g, loss, c, s->params.data, x, lab, tgt, B, gs);
+}
+
+static int run_forward_loss(NetObject *s, double *loss, int64_t *c, const void *x, PyArrayObject *l,
+                            int B, double gs)
+{
+    const void *lab = l && !is_mse(s) ? PyArray_DATA(l) : NULL;
+    const void *tgt = l && is_mse(s) ? PyArray_DATA(l) : NULL;
+    return s->f32 ? dp_model_forward_loss_f32(&s->model, loss, c, s->params.data, x, lab, tgt, B, (float)gs)
+                  : dp_model_forward_loss_f64(&s->model, loss, c, s->params.data, x, lab, tgt, B, gs);
+}
+
+static int run_evaluate(NetObject *s, void *out, double *loss, int64_t *c, const void *x,
+                        PyArrayObject *l, int B)
+{
+    const void *lab = l && !is_mse(s) ? PyArray_DATA(l) : NULL;
+    const void *tgt = l && is_mse(s) ? PyArray_DATA(l) : NULL;
+    return s->f32 ? dp_model_evaluate_f32(&s->model, out, loss, c, s->params.data, x, lab, tgt, B)
+                  : dp_model_evaluate_f64(&s->model, out, loss, c, s->params.data, x, lab, tgt, B);
+}
+
+static PyObject *Net_loss_grad(NetObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"x", "labels", "grad_scale", "grads", NULL};
     PyObject *xo, *lo, *gso = Py_None, *go = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OO:loss_grad", kwlist, &xo, &lo, &gso, &go)) return NULL;
     PyArrayObject *x, *l, *grads;
     double gs;
-    if (net_batch(self, xo, lo, &x, &l, 1)) return NULL;
-    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    if (net_batch(self, xo, lo, &x, &l, 1, 1)) return NULL;
     npy_intp B = PyArray_DIM(x, 0);
     if (get_grad_scale(gso, B, &gs) || !(grads = net_grads(self, go, x, l))) return NULL;
     double loss = 0;
     int64_t correct = 0;
     int rc;
     unsigned long me = PyThread_get_thread_ident();
-    /* a whole sweep: one of this thread's in progress ends here (the kernel says so too) */
+    /* a whole sweep: one of this thread's in progress ends here (the engine says so too) */
     WITHOUT_GIL_LOCKED(self->lock,
         if (self->sweep_owner && self->sweep_owner != me) rc = NET_EBUSY;
         else {
-            rc = self->ops->loss_grad(self, self->f32, PyArray_DATA(grads), &loss, &correct, self->params.data, PyArray_DATA(x), PyArray_DATA(l), (int)B, gs);
+            rc = run_loss_grad(self, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(x), l, (int)B, gs);
             self->sweep_owner = 0;
         });
     if (rc == NET_EBUSY) return net_busy_error(self, "loss_grad");
@@ -202,15 +234,14 @@ static PyObject *Net_loss_grad(NetBase *self, PyObject *args, PyObject *kwds)
     return Py_BuildValue("(dL)", loss, (long long)correct);
 }
 
-static PyObject *Net_forward_loss(NetBase *self, PyObject *args, PyObject *kwds)
+static PyObject *Net_forward_loss(NetObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"x", "labels", "grad_scale", NULL};
     PyObject *xo, *lo, *gso = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:forward_loss", kwlist, &xo, &lo, &gso)) return NULL;
     PyArrayObject *x, *l;
     double gs;
-    if (net_batch(self, xo, lo, &x, &l, 1)) return NULL;
-    if (!l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    if (net_batch(self, xo, lo, &x, &l, 1, 1)) return NULL;
     npy_intp B = PyArray_DIM(x, 0);
     if (get_grad_scale(gso, B, &gs)) return NULL;
     double loss = 0;
@@ -220,8 +251,8 @@ static PyObject *Net_forward_loss(NetBase *self, PyObject *args, PyObject *kwds)
     WITHOUT_GIL_LOCKED(self->lock,
         if (self->sweep_owner && self->sweep_owner != me) rc = NET_EBUSY;
         else {
-            rc = self->ops->forward_loss(self, self->f32, &loss, &correct, self->params.data, PyArray_DATA(x), PyArray_DATA(l), (int)B, gs);
-            pending = rc == 0 && self->ops->pending_rows(self);
+            rc = run_forward_loss(self, &loss, &correct, PyArray_DATA(x), l, (int)B, gs);
+            pending = rc == 0 && self->model.pending_rows;
             self->sweep_owner = pending ? me : 0;
         });
     if (rc == NET_EBUSY) return net_busy_error(self, "forward_loss");
@@ -236,7 +267,7 @@ static PyObject *Net_forward_loss(NetBase *self, PyObject *args, PyObject *kwds)
     return Py_BuildValue("(dL)", loss, (long long)correct);
 }
 
-static PyObject *Net_backward_layer(NetBase *self, PyObject *args, PyObject *kwds)
+static PyObject *Net_backward_layer(NetObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"layer", "grads", NULL};
     int layer;
@@ -256,10 +287,11 @@ static PyObject *Net_backward_layer(NetBase *self, PyObject *args, PyObject *kwd
             owned_by_other = self->sweep_owner != 0;
             rc = DP_EORDER;
         } else {
-            rc = self->ops->backward_layer(self, self->f32, PyArray_DATA(grads), self->params.data, layer);
-            ended = !self->ops->pending_rows(self);
+            rc = self->f32 ? dp_model_backward_layer_f32(&self->model, PyArray_DATA(grads), self->params.data, layer)
+                           : dp_model_backward_layer_f64(&self->model, PyArray_DATA(grads), self->params.data, layer);
+            ended = !self->model.pending_rows;
             if (ended) self->sweep_owner = 0;
-            next = self->ops->next_layer(self);
+            next = self->model.next_layer;
         });
     if (owned_by_other) return net_busy_error(self, "backward_layer");
     if (rc == DP_EORDER) {
@@ -273,15 +305,14 @@ static PyObject *Net_backward_layer(NetBase *self, PyObject *args, PyObject *kwd
     Py_RETURN_NONE;
 }
 
-/* evaluate and logits: forward only, in chunks. The kernels reuse the activation scratch, so
- * a backward sweep in progress ends here (the kernels say so too: no pending rows after). */
-static PyObject *net_forward_only(NetBase *self, PyObject *xo, PyObject *lo, PyObject *oo, const char *method)
+/* evaluate and logits: forward only, in chunks. The engine reuses the activation scratch, so
+ * a backward sweep in progress ends here (the engine says so too: no pending rows after). */
+static PyObject *net_forward_only(NetObject *self, PyObject *xo, PyObject *lo, PyObject *oo, const char *method)
 {
     PyArrayObject *x, *l, *o = NULL;
-    if (net_batch(self, xo, lo, &x, &l, 0)) return NULL;
-    if (lo && !l) return PyErr_Format(PyExc_TypeError, "labels must be an int64 array, got None"), NULL;
+    if (net_batch(self, xo, lo, &x, &l, 0, lo != NULL)) return NULL;
     if (oo) {
-        npy_intp od[2] = {PyArray_DIM(x, 0), self->ops->out_width(self)};
+        npy_intp od[2] = {PyArray_DIM(x, 0), self->model.plan.out_width};
         if (!(o = check_array(oo, "out", self->params.typenum, 2, 1)) || check_shape(o, "out", 2, od) ||
             check_no_overlap(o, "out", x, "x") || check_no_overlap(o, "out", self->params.arr, "params"))
             return NULL;
@@ -293,7 +324,7 @@ static PyObject *net_forward_only(NetBase *self, PyObject *xo, PyObject *lo, PyO
     WITHOUT_GIL_LOCKED(self->lock,
         if (self->sweep_owner && self->sweep_owner != me) rc = NET_EBUSY;
         else {
-            rc = self->ops->evaluate(self, self->f32, o ? PyArray_DATA(o) : NULL, &loss, &correct, self->params.data, PyArray_DATA(x), l ? PyArray_DATA(l) : NULL, B);
+            rc = run_evaluate(self, o ? PyArray_DATA(o) : NULL, &loss, &correct, PyArray_DATA(x), l, B);
             self->sweep_owner = 0;
         });
     if (rc == NET_EBUSY) return net_busy_error(self, method);
@@ -303,7 +334,7 @@ static PyObject *net_forward_only(NetBase *self, PyObject *xo, PyObject *lo, PyO
     return Py_BuildValue("(dL)", loss, (long long)correct);
 }
 
-static PyObject *Net_evaluate(NetBase *self, PyObject *args, PyObject *kwds)
+static PyObject *Net_evaluate(NetObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"x", "labels", NULL};
     PyObject *xo, *lo;
@@ -311,7 +342,7 @@ static PyObject *Net_evaluate(NetBase *self, PyObject *args, PyObject *kwds)
     return net_forward_only(self, xo, lo, NULL, "evaluate");
 }
 
-static PyObject *Net_logits(NetBase *self, PyObject *args, PyObject *kwds)
+static PyObject *Net_logits(NetObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"x", "out", NULL};
     PyObject *xo, *oo;
@@ -320,16 +351,29 @@ static PyObject *Net_logits(NetBase *self, PyObject *args, PyObject *kwds)
 }
 
 static PyObject *held(PyObject *o) { o = o ? o : Py_None; Py_INCREF(o); return o; }
-static PyObject *Net_get_params(NetBase *self, void *c) { return held((PyObject *)self->params.arr); }
-static PyObject *Net_get_grads(NetBase *self, void *c) { return held((PyObject *)self->grads.arr); }
-static PyObject *Net_get_sizes(NetBase *self, void *c) { return held(self->sizes); }
-
-/* Releases what NET_HEAD holds (the type's dealloc frees its own net and fields first). */
-static void net_release(NetBase *self)
+static PyObject *Net_get_params(NetObject *self, void *c) { return held((PyObject *)self->params.arr); }
+static PyObject *Net_get_grads(NetObject *self, void *c) { return held((PyObject *)self->grads.arr); }
+static PyObject *Net_get_sizes(NetObject *self, void *c) { return held(self->sizes); }
+static PyObject *Net_get_input_shape(NetObject *self, void *c) { return held(self->input_shape); }
+static PyObject *Net_get_plan(NetObject *self, void *c) { return held(self->plan); }
+static PyObject *Net_get_threads(NetObject *self, void *c) { return PyLong_FromLong(self->ready ? self->model.threads : 0); }
+static PyObject *Net_get_n_params(NetObject *self, void *c) { return PyLong_FromSsize_t(self->model.plan.n_params); }
+static PyObject *Net_get_n_conv(NetObject *self, void *c) { return PyLong_FromLong(self->n_conv); }
+static PyObject *Net_get_n_param_layers(NetObject *self, void *c) { return PyLong_FromLong(self->model.plan.n_param_layers); }
+static PyObject *Net_get_loss(NetObject *self, void *c)
 {
+    if (!self->ready) Py_RETURN_NONE;
+    return PyUnicode_FromString(LOSS_NAMES[self->model.plan.loss]);
+}
+
+static void Net_dealloc(NetObject *self)
+{
+    if (self->ready) dp_model_free(&self->model);
     Py_XDECREF(self->params.arr);
     Py_XDECREF(self->grads.arr);
     Py_XDECREF(self->sizes);
+    Py_XDECREF(self->input_shape);
+    Py_XDECREF(self->plan);
     Py_XDECREF(self->pending_x);
     if (self->lock) PyThread_free_lock(self->lock);
     PyTypeObject *type = Py_TYPE(self);
@@ -341,23 +385,398 @@ static PyMethodDef Net_methods[] = {
     {"loss_grad", (PyCFunction)(void (*)(void))Net_loss_grad, METH_VARARGS | METH_KEYWORDS,
      "loss_grad(x, labels, grad_scale=None, grads=None) -> (loss_sum, n_correct)\n\nForward and "
      "backward on one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (the "
-     "held buffer, or the one given; grad_scale defaults to 1/B)."},
+     "held buffer, or the one given; grad_scale defaults to 1/B). labels: int64 (B,) class "
+     "labels, or for loss 'mse' the (B, OUT) targets of the model's dtype (n_correct is then 0)."},
     {"forward_loss", (PyCFunction)(void (*)(void))Net_forward_loss, METH_VARARGS | METH_KEYWORDS,
      "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
-     "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it"},
+     "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it (L: the dense and "
+     "conv layers)"},
     {"backward_layer", (PyCFunction)(void (*)(void))Net_backward_layer, METH_VARARGS | METH_KEYWORDS,
-     "backward_layer(layer, grads=None): one backward step, last layer first; that layer's "
-     "gradient is final when it returns"},
+     "backward_layer(layer, grads=None): one backward step, last parameterized layer first; "
+     "that layer's gradient is final when it returns"},
     {"evaluate", (PyCFunction)(void (*)(void))Net_evaluate, METH_VARARGS | METH_KEYWORDS,
      "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
     {"logits", (PyCFunction)(void (*)(void))Net_logits, METH_VARARGS | METH_KEYWORDS,
-     "logits(x, out): writes the (B, OUT) logits (OUT: the classes, 1 for sigmoid_bce)."},
+     "logits(x, out): writes the (B, OUT) outputs (OUT: the classes, 1 for sigmoid_bce)."},
     {NULL},
+};
+
+/* ------------------------------------------------------------------ building */
+
+static PyObject *plan_dict(const dp_plan *p);
+
+/* Checks params and grads against the plan, then builds the engine and holds the arrays.
+ * On failure the object stays unready (dealloc frees what was made). */
+static int net_build(NetObject *self, const char *name, const dp_layer *layers, int n_layers,
+                     const int *in_shape, int in_ndim, dp_loss loss, int threads, PyObject *po,
+                     PyObject *go)
+{
+    if (threads < 1 || threads > DP_MAX_THREADS)
+        return PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads), -1;
+    self->name = name;
+    PyArrayObject *p, *g;
+    npy_intp pn[1] = {self->model.plan.n_params};
+    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 0)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 1)) ||
+        check_same_dtype(g, "grads", p, "params") || check_shape(p, "params", 1, pn) ||
+        check_shape(g, "grads", 1, pn) || check_no_overlap(g, "grads", p, "params"))
+        return -1;
+    if (!self->lock && !(self->lock = PyThread_allocate_lock())) return PyErr_NoMemory(), -1;
+    int err = dp_model_init(&self->model, layers, n_layers, in_shape, in_ndim, loss, threads);
+    if (err) {
+        dp_model_free(&self->model);
+        raise_code(err, name);
+        return -1;
+    }
+    hold_array(&self->params, p, 0);
+    hold_array(&self->grads, g, 1);
+    self->f32 = IS_F32(p);
+    self->ready = 1;
+    return (self->plan = plan_dict(&self->model.plan)) ? 0 : -1;   /* ready: dealloc frees */
+}
+
+/* A tuple of ints from n C ints. */
+static PyObject *int_tuple(const int *v, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) {
+        PyObject *o = PyLong_FromLong(v[i]);
+        if (!o) { Py_CLEAR(t); break; }
+        PyTuple_SET_ITEM(t, i, o);
+    }
+    return t;
+}
+
+static int flat(const int *shape, int ndim) { return ndim == 3 ? shape[0] * shape[1] * shape[2] : shape[0]; }
+
+/* The input's flat width, then each of the given layers' (indices) output widths. */
+static PyObject *widths_tuple(const dp_plan *p, const int *layer_ids, int n)
+{
+    PyObject *t = PyTuple_New(n + 1);
+    if (!t) return NULL;
+    for (int i = 0; i <= n; i++) {
+        int w = i == 0 ? p->in_width : flat(p->out_shape[layer_ids[i - 1]], p->out_ndim[layer_ids[i - 1]]);
+        PyObject *o = PyLong_FromLong(w);
+        if (!o) { Py_DECREF(t); return NULL; }
+        PyTuple_SET_ITEM(t, i, o);
+    }
+    return t;
+}
+
+/* ------------------------------------------------------------------ Model */
+
+/* One layer spec: a kind name, or a sequence (name, ints...) as LAYER_KINDS lists. */
+static int parse_layer(PyObject *item, Py_ssize_t i, dp_layer *out)
+{
+    memset(out, 0, sizeof *out);
+    PyObject *seq = NULL, *name_obj = item;
+    Py_ssize_t n = 1;
+    if (!PyUnicode_Check(item)) {
+        if (!PySequence_Check(item) || !(seq = PySequence_Tuple(item))) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "layers[%zd] must be a layer name or a tuple (name, sizes...), "
+                         "got %s", i, Py_TYPE(item)->tp_name);
+            return -1;
+        }
+        n = PyTuple_GET_SIZE(seq);
+        name_obj = n ? PyTuple_GET_ITEM(seq, 0) : NULL;
+        if (!name_obj || !PyUnicode_Check(name_obj)) {
+            PyErr_Format(PyExc_TypeError, "layers[%zd] = %R: the first entry must be the layer's name", i, item);
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    const char *name = PyUnicode_AsUTF8(name_obj);
+    int k = -1;
+    for (int j = 0; name && j < N_KINDS; j++)
+        if (strcmp(name, LAYER_KINDS[j].name) == 0) k = j;
+    if (k < 0) {
+        if (name)
+            PyErr_Format(PyExc_ValueError, "layers[%zd]: unknown layer '%s' (known: dense, conv, maxpool2, "
+                         "relu, tanh, sigmoid, gelu, flatten)", i, name);
+        Py_XDECREF(seq);
+        return -1;
+    }
+    int want = LAYER_KINDS[k].n_ints, vals[3] = {0, 0, 0};
+    int min_given = LAYER_KINDS[k].kind == DP_LAYER_CONV ? 2 : want;   /* conv: padding optional */
+    if (n - 1 < min_given || n - 1 > want) {
+        PyErr_Format(PyExc_ValueError, "layers[%zd] = %R: '%s' takes %s", i, item, name,
+                     want == 0 ? "no sizes" : want == 1 ? "one size: ('dense', out_features)"
+                     : "('conv', out_channels, kernel) or ('conv', out_channels, kernel, padding)");
+        Py_XDECREF(seq);
+        return -1;
+    }
+    for (Py_ssize_t j = 1; j < n; j++) {
+        PyObject *v = PyTuple_GET_ITEM(seq, j);
+        PyObject *index = PyNumber_Index(v);     /* int, numpy integers; not float */
+        if (!index) {
+            PyErr_Format(PyExc_TypeError, "layers[%zd] = %R: sizes must be ints, got %s", i, item, Py_TYPE(v)->tp_name);
+            Py_DECREF(seq);
+            return -1;
+        }
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(index, &overflow);
+        Py_DECREF(index);
+        int lowest = LAYER_KINDS[k].kind == DP_LAYER_CONV && j == 3 ? 0 : 1;
+        if (overflow || x < lowest || x > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "layers[%zd] = %R: %s must be %s", i, item,
+                         j == 3 ? "padding" : j == 2 ? "the kernel size" : "the output size",
+                         lowest ? "a positive int" : "an int >= 0");
+            Py_DECREF(seq);
+            return -1;
+        }
+        vals[j - 1] = (int)x;
+    }
+    Py_XDECREF(seq);
+    out->kind = LAYER_KINDS[k].kind;
+    out->out = vals[0];
+    out->kernel = vals[1];
+    out->pad = vals[2];
+    return 0;
+}
+
+/* An input shape: (F,) or (C, H, W) of positive ints. */
+static int parse_shape(PyObject *obj, int *shape, int *ndim)
+{
+    PyObject *seq = PySequence_Check(obj) && !PyUnicode_Check(obj) ? PySequence_Tuple(obj) : NULL;
+    if (!seq) {
+        PyErr_Clear();
+        return PyErr_Format(PyExc_TypeError, "input_shape must be a tuple (F,) or (C, H, W), got %s",
+                            Py_TYPE(obj)->tp_name), -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    int rc = -1;
+    if (n != 1 && n != 3) {
+        PyErr_Format(PyExc_ValueError, "input_shape %R has %zd entries, expected (F,) or (C, H, W)", obj, n);
+        goto done;
+    }
+    for (Py_ssize_t d = 0; d < n; d++) {
+        PyObject *index = PyNumber_Index(PyTuple_GET_ITEM(seq, d));
+        if (!index) {
+            PyErr_Format(PyExc_TypeError, "input_shape %R: sizes must be ints", obj);
+            goto done;
+        }
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+        Py_DECREF(index);
+        if (overflow || v < 1 || v > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "input_shape %R: sizes must be positive ints", obj);
+            goto done;
+        }
+        shape[d] = (int)v;
+    }
+    *ndim = (int)n;
+    rc = 0;
+done:
+    Py_DECREF(seq);
+    return rc;
+}
+
+/* layers, input_shape and loss into a plan; a ValueError naming the layer at fault. */
+static int parse_model(PyObject *lo, PyObject *so, const char *loss_name, dp_layer *layers,
+                       int *n_layers, int *shape, int *ndim, dp_loss *loss, dp_plan *plan)
+{
+    if (parse_loss(loss_name, 1, loss) || parse_shape(so, shape, ndim)) return -1;
+    PyObject *seq = PySequence_Check(lo) && !PyUnicode_Check(lo) ? PySequence_Fast(lo, "") : NULL;
+    if (!seq) {
+        PyErr_Clear();
+        return PyErr_Format(PyExc_TypeError, "layers must be a list of layer specs, got %s",
+                            Py_TYPE(lo)->tp_name), -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > DP_MODEL_MAX_LAYERS) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "layers has %zd entries, expected 1 to %d", n,
+                            DP_MODEL_MAX_LAYERS), -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (parse_layer(PySequence_Fast_GET_ITEM(seq, i), i, &layers[i])) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    Py_DECREF(seq);
+    *n_layers = (int)n;
+    if (dp_model_plan(plan, layers, (int)n, shape, *ndim, *loss) == DP_OK) return 0;
+    int l = plan->bad_layer;
+    const char *why = plan->why ? plan->why : "invalid";
+    if (l >= 0 && l < n) {
+        const int *in = l ? plan->out_shape[l - 1] : shape;
+        int in_nd = l ? plan->out_ndim[l - 1] : *ndim;
+        char s[96];
+        if (in_nd == 3) snprintf(s, sizeof s, "(%d, %d, %d)", in[0], in[1], in[2]);
+        else snprintf(s, sizeof s, "(%d,)", in[0]);
+        PyErr_Format(PyExc_ValueError, "layers[%d] ('%s') gets a %s input: %s", l,
+                     kind_name(layers[l].kind), s, why);
+    } else if (l == n) {
+        PyErr_Format(PyExc_ValueError, "loss '%s' on this model: %s", loss_name, why);
+    } else {
+        PyErr_Format(PyExc_ValueError, "model: %s", why);
+    }
+    return -1;
+}
+
+static PyObject *layer_tuple(const dp_layer *ly)
+{
+    switch (ly->kind) {
+    case DP_LAYER_DENSE: return Py_BuildValue("(si)", "dense", ly->out);
+    case DP_LAYER_CONV: return Py_BuildValue("(siii)", "conv", ly->out, ly->kernel, ly->pad);
+    default: return Py_BuildValue("(s)", kind_name(ly->kind));
+    }
+}
+
+/* model_plan()'s dict: what the layers become (see its docstring). */
+static PyObject *plan_dict(const dp_plan *p)
+{
+    PyObject *d = PyDict_New(), *layers = PyList_New(p->n_layers), *shapes = PyList_New(p->n_layers);
+    PyObject *params = PyList_New(0), *stages = PyList_New(p->n_stages), *v = NULL;
+    if (!d || !layers || !shapes || !params || !stages) goto fail;
+    for (int l = 0; l < p->n_layers; l++) {
+        PyObject *t = layer_tuple(&p->layer[l]), *s = int_tuple(p->out_shape[l], p->out_ndim[l]);
+        if (!t || !s) { Py_XDECREF(t); Py_XDECREF(s); goto fail; }
+        PyList_SET_ITEM(layers, l, t);
+        PyList_SET_ITEM(shapes, l, s);
+    }
+    for (int s = 0; s < p->n_stages; s++) {
+        const dp_stage *st = &p->stage[s];
+        PyObject *names = PyList_New(0), *sep = NULL, *joined = NULL, *t = NULL;
+        for (int l = st->first; names && l <= st->last; l++) {
+            if (p->layer[l].kind == DP_LAYER_FLATTEN) continue;
+            PyObject *nm = PyUnicode_FromString(kind_name(p->layer[l].kind));
+            if (!nm || PyList_Append(names, nm)) { Py_XDECREF(nm); Py_CLEAR(names); break; }
+            Py_DECREF(nm);
+        }
+        if (names && (sep = PyUnicode_FromString("+")) && (joined = PyUnicode_Join(sep, names)))
+            t = Py_BuildValue("{s:O,s:(ii)}", "ops", joined, "layers", st->first, st->last);
+        Py_XDECREF(names);
+        Py_XDECREF(sep);
+        Py_XDECREF(joined);
+        if (!t) goto fail;
+        PyList_SET_ITEM(stages, s, t);
+        if (st->param >= 0) {
+            const dp_layer *ly = &p->layer[p->param_spec[st->param]];
+            int in_w = st->in_width;
+            PyObject *wshape = ly->kind == DP_LAYER_DENSE
+                ? Py_BuildValue("(ii)", ly->out, in_w)
+                : Py_BuildValue("(iiii)", ly->out, st->g.C, ly->kernel, ly->kernel);
+            PyObject *e = wshape ? Py_BuildValue("{s:i,s:n,s:O,s:n,s:(i)}", "layer", p->param_spec[st->param],
+                                                 "weight", (Py_ssize_t)st->w_off, "weight_shape", wshape,
+                                                 "bias", (Py_ssize_t)st->b_off, "bias_shape", ly->out)
+                                 : NULL;
+            Py_XDECREF(wshape);
+            if (!e || PyList_Append(params, e)) { Py_XDECREF(e); goto fail; }
+            Py_DECREF(e);
+        }
+    }
+    v = Py_BuildValue("{s:O,s:N,s:O,s:n,s:O,s:O,s:s}", "layers", layers,
+                      "input_shape", int_tuple(p->in_shape, p->in_ndim), "shapes", shapes,
+                      "n_params", (Py_ssize_t)p->n_params, "params", params, "stages", stages,
+                      "loss", LOSS_NAMES[p->loss]);
+    if (!v || PyDict_Update(d, v)) goto fail;
+    Py_DECREF(v);
+    Py_DECREF(layers);
+    Py_DECREF(shapes);
+    Py_DECREF(params);
+    Py_DECREF(stages);
+    return d;
+fail:
+    Py_XDECREF(v);
+    Py_XDECREF(d);
+    Py_XDECREF(layers);
+    Py_XDECREF(shapes);
+    Py_XDECREF(params);
+    Py_XDECREF(stages);
+    return NULL;
+}
+
+static int Model_init(NetObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"layers", "input_shape", "loss", "params", "grads", "threads", NULL};
+    PyObject *lo, *so, *po, *go;
+    const char *loss_name;
+    int threads = 1, shape[3], ndim, n_layers;
+    if (self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "Model is already initialized");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOsOO|$i:Model", kwlist, &lo, &so, &loss_name, &po, &go, &threads))
+        return -1;
+    dp_layer layers[DP_MODEL_MAX_LAYERS];
+    dp_loss loss;
+    if (parse_model(lo, so, loss_name, layers, &n_layers, shape, &ndim, &loss, &self->model.plan) ||
+        net_build(self, "Model", layers, n_layers, shape, ndim, loss, threads, po, go))
+        return -1;
+    int ids[DP_MODEL_MAX_LAYERS];
+    for (int l = 0; l < n_layers; l++) ids[l] = l;
+    if (!(self->sizes = widths_tuple(&self->model.plan, ids, n_layers)) ||
+        !(self->input_shape = int_tuple(shape, ndim)))
+        return -1;       /* ready: dealloc frees the engine */
+    return 0;
+}
+
+static PyObject *py_model_plan(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"layers", "input_shape", "loss", NULL};
+    PyObject *lo, *so;
+    const char *loss_name = "softmax_xent";
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|s:model_plan", kwlist, &lo, &so, &loss_name)) return NULL;
+    dp_layer layers[DP_MODEL_MAX_LAYERS];
+    dp_plan plan;
+    dp_loss loss;
+    int shape[3], ndim, n;
+    if (parse_model(lo, so, loss_name, layers, &n, shape, &ndim, &loss, &plan)) return NULL;
+    return plan_dict(&plan);
+}
+
+static PyGetSetDef Model_getset[] = {
+    {"params", (getter)Net_get_params, NULL, "the flat parameter array (held)", NULL},
+    {"grads", (getter)Net_get_grads, NULL, "the flat gradient array (held)", NULL},
+    {"sizes", (getter)Net_get_sizes, NULL, "flat width of the input and of every layer's output", NULL},
+    {"input_shape", (getter)Net_get_input_shape, NULL, "one input row's shape, (F,) or (C, H, W)", NULL},
+    {"plan", (getter)Net_get_plan, NULL, "model_plan() of the layers: shapes, parameter layout, stages", NULL},
+    {"threads", (getter)Net_get_threads, NULL, "threads the kernels split work over", NULL},
+    {"n_params", (getter)Net_get_n_params, NULL, "length of the flat parameter layout", NULL},
+    {"n_param_layers", (getter)Net_get_n_param_layers, NULL, "dense and conv layers (backward_layer's range)", NULL},
+    {"loss", (getter)Net_get_loss, NULL, "the loss name", NULL},
+    {NULL},
+};
+
+static PyType_Slot Model_slots[] = {
+    {Py_tp_doc, (void *)"Model(layers, input_shape, loss, params, grads, *, threads=1): a list of "
+                        "layers (('dense', out), ('conv', out_channels, kernel[, padding]), "
+                        "'maxpool2', 'relu', 'tanh', 'sigmoid', 'gelu', 'flatten') on an input of "
+                        "shape (F,) or (C, H, W), with loss 'softmax_xent', 'sigmoid_bce' or 'mse', "
+                        "over caller-owned flat parameter and gradient arrays (model_plan() gives "
+                        "their layout)."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, Model_init},
+    {Py_tp_dealloc, Net_dealloc},
+    {Py_tp_methods, Net_methods},
+    {Py_tp_getset, Model_getset},
+    {0, NULL},
+};
+
+PyType_Spec mod_model_spec = {
+    .name = "dptrain._core.Model",
+    .basicsize = sizeof(NetObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Model_slots,
 };
 
 /* ------------------------------------------------------------------ Network */
 
-/* A dense stack's sizes (IN, H1, ..., OUT): 2 to DP_MAX_LAYERS + 1 ints in [1, INT_MAX] (the
+/* Flat parameter count of dense layers sizes[0] -> ... -> sizes[n], or -1 when it does not fit
+ * (each sizes[i] <= INT_MAX, so a product fits a ptrdiff_t). */
+static ptrdiff_t dense_param_count(const int *sizes, int n_layers)
+{
+    ptrdiff_t total = 0;
+    for (int l = 0; l < n_layers; l++) {
+        ptrdiff_t layer = ((ptrdiff_t)sizes[l] + 1) * sizes[l + 1];
+        if (total > PTRDIFF_MAX - layer) return -1;
+        total += layer;
+    }
+    return total;
+}
+
+/* A dense stack's sizes (IN, H1, ..., OUT): 2 to NET_MAX_DENSE + 1 ints in [1, INT_MAX] (the
  * kernels index with int), and its flat parameter count, which must fit the address space. */
 static int layer_sizes(PyObject *obj, int *sizes, Py_ssize_t *ns, npy_intp *n_params)
 {
@@ -365,9 +784,9 @@ static int layer_sizes(PyObject *obj, int *sizes, Py_ssize_t *ns, npy_intp *n_pa
     if (!seq) return -1;
     int rc = -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n < 2 || n > DP_MAX_LAYERS + 1) {
+    if (n < 2 || n > NET_MAX_DENSE + 1) {
         PyErr_Format(PyExc_ValueError, "sizes has %zd entries, expected 2 to %d (input, hidden..., output)",
-                     n, DP_MAX_LAYERS + 1);
+                     n, NET_MAX_DENSE + 1);
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -388,7 +807,7 @@ static int layer_sizes(PyObject *obj, int *sizes, Py_ssize_t *ns, npy_intp *n_pa
         Py_DECREF(index);
         sizes[i] = (int)v;
     }
-    ptrdiff_t p = dp_net_param_count(sizes, (int)n - 1);
+    ptrdiff_t p = dense_param_count(sizes, (int)n - 1);
     if (p < 0 || (size_t)p > (size_t)PY_SSIZE_T_MAX / sizeof(double)) {
         PyErr_Format(PyExc_OverflowError, "sizes: the flat parameter count of these %zd layer widths "
                      "is too large to allocate", n);
@@ -402,20 +821,23 @@ done:
     return rc;
 }
 
-typedef struct {
-    NET_HEAD
-    dp_net net;
-} NetworkObject;
+/* [DENSE(s1) RELU DENSE(s2) ... DENSE(sL)]: the layer list of a Network; its length. */
+static int dense_stack(dp_layer *out, const int *sizes, int n_dense)
+{
+    int n = 0;
+    for (int l = 0; l < n_dense; l++) {
+        if (l) out[n++] = (dp_layer){DP_LAYER_RELU, 0, 0, 0};
+        out[n++] = (dp_layer){DP_LAYER_DENSE, sizes[l], 0, 0};
+    }
+    return n;
+}
 
-NET_OPS(network_ops, NetworkObject, dp_net, "Network", o->net.sizes[0], o->net.sizes[o->net.n_layers],
-        o->net.loss == DP_LOSS_SIGMOID_BCE ? 2 : o->net.sizes[o->net.n_layers])
-
-static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds)
+static int Network_init(NetObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"sizes", "loss", "params", "grads", "threads", NULL};
-    PyObject *so, *po, *go, *seq = NULL;
+    PyObject *so, *po, *go;
     const char *loss_name;
-    int threads = 1, sizes[DP_MAX_LAYERS + 1], rc = -1;
+    int threads = 1, sizes[NET_MAX_DENSE + 1];
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "Network is already initialized");
         return -1;
@@ -423,83 +845,41 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OsOO|$i:Network", kwlist, &so, &loss_name, &po, &go, &threads))
         return -1;
     dp_loss loss;
-    if (strcmp(loss_name, "softmax_xent") == 0) loss = DP_LOSS_SOFTMAX_XENT;
-    else if (strcmp(loss_name, "sigmoid_bce") == 0) loss = DP_LOSS_SIGMOID_BCE;
-    else {
-        PyErr_Format(PyExc_ValueError, "loss must be 'softmax_xent' or 'sigmoid_bce', got '%s'", loss_name);
-        return -1;
-    }
-    if (threads < 1 || threads > DP_MAX_THREADS) {
-        PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads);
-        return -1;
-    }
+    if (parse_loss(loss_name, 0, &loss)) return -1;
     Py_ssize_t ns;
     npy_intp n_params;
     if (layer_sizes(so, sizes, &ns, &n_params)) return -1;
-    if (!(seq = PySequence_Tuple(so))) return -1;
-    if (loss == DP_LOSS_SIGMOID_BCE && sizes[ns - 1] != 1) {
-        PyErr_Format(PyExc_ValueError, "loss 'sigmoid_bce' needs one output, sizes[-1] = %d", sizes[ns - 1]);
-        goto fail;
-    }
-    if (loss == DP_LOSS_SOFTMAX_XENT && sizes[ns - 1] < 2) {
-        PyErr_Format(PyExc_ValueError, "loss 'softmax_xent' needs >= 2 outputs, sizes[-1] = %d", sizes[ns - 1]);
-        goto fail;
-    }
-    PyArrayObject *p, *g;
-    npy_intp pn[1] = {n_params};
-    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 0)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 1)) ||
-        check_same_dtype(g, "grads", p, "params") || check_shape(p, "params", 1, pn) ||
-        check_shape(g, "grads", 1, pn) || check_no_overlap(g, "grads", p, "params"))
-        goto fail;
-    self->lock = PyThread_allocate_lock();
-    if (!self->lock) { PyErr_NoMemory(); goto fail; }
-    int err = dp_net_init(&self->net, sizes, (int)ns - 1, loss, threads);
-    if (err) {
-        dp_net_free(&self->net);
-        raise_code(err, "Network");
-        goto fail;
-    }
-    Py_INCREF(seq);
-    self->sizes = seq;
-    hold_array(&self->params, p, 0);
-    hold_array(&self->grads, g, 1);
-    self->f32 = IS_F32(p);
-    self->ops = &network_ops;
-    self->ready = 1;
-    rc = 0;
-fail:
-    Py_XDECREF(seq);
-    return rc;
+    if (loss == DP_LOSS_SIGMOID_BCE && sizes[ns - 1] != 1)
+        return PyErr_Format(PyExc_ValueError, "loss 'sigmoid_bce' needs one output, sizes[-1] = %d", sizes[ns - 1]), -1;
+    if (loss == DP_LOSS_SOFTMAX_XENT && sizes[ns - 1] < 2)
+        return PyErr_Format(PyExc_ValueError, "loss 'softmax_xent' needs >= 2 outputs, sizes[-1] = %d", sizes[ns - 1]), -1;
+    dp_layer layers[2 * NET_MAX_DENSE];
+    int n_layers = dense_stack(layers, sizes + 1, (int)ns - 1);
+    if (dp_model_plan(&self->model.plan, layers, n_layers, sizes, 1, loss))
+        return PyErr_Format(PyExc_ValueError, "Network: %s", self->model.plan.why), -1;
+    if (net_build(self, "Network", layers, n_layers, sizes, 1, loss, threads, po, go)) return -1;
+    if (!(self->sizes = PySequence_Tuple(so)) || !(self->input_shape = int_tuple(sizes, 1))) return -1;
+    return 0;
 }
-
-static void Network_dealloc(NetworkObject *self)
-{
-    if (self->ready) dp_net_free(&self->net);
-    net_release((NetBase *)self);
-}
-
-static PyObject *Network_get_threads(NetworkObject *self, void *c) { return PyLong_FromLong(self->ready ? self->net.ctx.threads : 0); }
-static PyObject *Network_get_loss(NetworkObject *self, void *c)
-{
-    return PyUnicode_FromString(self->net.loss == DP_LOSS_SIGMOID_BCE ? "sigmoid_bce" : "softmax_xent");
-}
-
 
 static PyGetSetDef Network_getset[] = {
     {"params", (getter)Net_get_params, NULL, "the flat parameter array (held)", NULL},
     {"grads", (getter)Net_get_grads, NULL, "the flat gradient array (held)", NULL},
     {"sizes", (getter)Net_get_sizes, NULL, "layer widths (IN, H1, ..., OUT)", NULL},
-    {"threads", (getter)Network_get_threads, NULL, "threads the kernels split work over", NULL},
-    {"loss", (getter)Network_get_loss, NULL, "the loss name", NULL},
+    {"threads", (getter)Net_get_threads, NULL, "threads the kernels split work over", NULL},
+    {"n_params", (getter)Net_get_n_params, NULL, "length of the flat parameter layout", NULL},
+    {"loss", (getter)Net_get_loss, NULL, "the loss name", NULL},
+    {"plan", (getter)Net_get_plan, NULL, "model_plan() of its layer list: shapes, parameter layout, stages", NULL},
     {NULL},
 };
 
 static PyType_Slot Network_slots[] = {
     {Py_tp_doc, (void *)"Network(sizes, loss, params, grads, *, threads=1): dense layers with ReLU "
-                        "between them over caller-owned flat parameter and gradient arrays."},
+                        "between them over caller-owned flat parameter and gradient arrays (a "
+                        "Model of ('dense', sizes[1]), 'relu', ..., ('dense', sizes[-1]))."},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, Network_init},
-    {Py_tp_dealloc, Network_dealloc},
+    {Py_tp_dealloc, Net_dealloc},
     {Py_tp_methods, Net_methods},
     {Py_tp_getset, Network_getset},
     {0, NULL},
@@ -507,14 +887,14 @@ static PyType_Slot Network_slots[] = {
 
 PyType_Spec mod_network_spec = {
     .name = "dptrain._core.Network",
-    .basicsize = sizeof(NetworkObject),
+    .basicsize = sizeof(NetObject),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = Network_slots,
 };
 
 static PyObject *py_param_count(PyObject *module, PyObject *arg)
 {
-    int sizes[DP_MAX_LAYERS + 1];
+    int sizes[NET_MAX_DENSE + 1];
     Py_ssize_t ns;
     npy_intp n_params;
     if (layer_sizes(arg, sizes, &ns, &n_params)) return NULL;
@@ -522,15 +902,6 @@ static PyObject *py_param_count(PyObject *module, PyObject *arg)
 }
 
 /* ------------------------------------------------------------------ ConvNet */
-
-typedef struct {
-    NET_HEAD                         /* sizes: width of every layer's input and of the logits */
-    dp_cnn net;
-    PyObject *input_shape;           /* tuple (C, H, W) */
-} ConvNetObject;
-
-NET_OPS(convnet_ops, ConvNetObject, dp_cnn, "ConvNet", o->net.width[0], o->net.width[o->net.n_layers],
-        o->net.width[o->net.n_layers])
 
 /* A sequence of 1..max positive ints into out; its length in *n. */
 static int int_list(PyObject *obj, const char *name, int max, int *out, int *n)
@@ -567,30 +938,29 @@ done:
     return rc;
 }
 
-/* The exception for a layer plan dp_cnn_init refused. */
-static void cnn_plan_error(const dp_cnn *net, const int *shape, int kernel, int padding)
+/* The exception for a ConvNet layer list the plan refused: conv block i is layers 3i .. 3i+2
+ * (conv, relu, maxpool2), then flatten, then the dense stack. */
+static void cnn_plan_error(const dp_plan *p, int n_conv, const int *shape, int kernel, int padding)
 {
-    int l = net->bad_layer;
-    if (l < 0) {
-        PyErr_SetString(PyExc_ValueError, "the ConvNet layers are invalid");
-    } else if (l < net->n_conv) {
-        const dp_conv_geom *g = &net->conv[l];
-        int in_c = l ? g->C : shape[0], in_h = l ? g->H : shape[1], in_w = l ? g->W : shape[2];
+    int l = p->bad_layer;
+    if (l >= 0 && l < 3 * n_conv) {
+        int i = l / 3;
+        const int *in = i ? p->out_shape[3 * i - 1] : shape;
         PyErr_Format(PyExc_ValueError, "conv layer %d gets a (%d, %d, %d) input: a %dx%d kernel with "
                      "padding %d leaves no 2x2 window to pool (the input is too small for this many "
-                     "conv layers)", l, in_c, in_h, in_w, kernel, kernel, padding);
-    } else if (l == net->n_layers - 1) {
+                     "conv layers)", i, in[0], in[1], in[2], kernel, kernel, padding);
+    } else if (l == p->n_layers) {
         PyErr_Format(PyExc_ValueError, "dense[-1] is the class count and must be >= 2 for softmax_xent");
     } else {
-        PyErr_Format(PyExc_ValueError, "dense layer %d has an invalid width", l - net->n_conv);
+        PyErr_Format(PyExc_ValueError, "ConvNet: %s", p->why ? p->why : "invalid layers");
     }
 }
 
-static int ConvNet_init(ConvNetObject *self, PyObject *args, PyObject *kwds)
+static int ConvNet_init(NetObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"input_shape", "channels", "dense", "params", "grads", "kernel", "padding", "threads", NULL};
     PyObject *so, *co, *dno, *po, *go;
-    int kernel = 3, padding = 0, threads = 1, shape[3], channels[DP_CNN_MAX_CONV], dense[DP_CNN_MAX_DENSE];
+    int kernel = 3, padding = 0, threads = 1, shape[3], channels[CNN_MAX_CONV], dense[CNN_MAX_DENSE];
     int ns, nc, nd;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "ConvNet is already initialized");
@@ -599,73 +969,47 @@ static int ConvNet_init(ConvNetObject *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO|$iii:ConvNet", kwlist, &so, &co, &dno, &po, &go,
                                      &kernel, &padding, &threads))
         return -1;
-    if (int_list(so, "input_shape", 3, shape, &ns) || int_list(co, "channels", DP_CNN_MAX_CONV, channels, &nc) ||
-        int_list(dno, "dense", DP_CNN_MAX_DENSE, dense, &nd))
+    if (int_list(so, "input_shape", 3, shape, &ns) || int_list(co, "channels", CNN_MAX_CONV, channels, &nc) ||
+        int_list(dno, "dense", CNN_MAX_DENSE, dense, &nd))
         return -1;
     if (ns != 3) return PyErr_Format(PyExc_ValueError, "input_shape has %d entries, expected (C, H, W)", ns), -1;
     if (kernel < 1) return PyErr_Format(PyExc_ValueError, "kernel must be >= 1, got %d", kernel), -1;
     if (padding < 0) return PyErr_Format(PyExc_ValueError, "padding must be >= 0, got %d", padding), -1;
     if (threads < 1 || threads > DP_MAX_THREADS)
         return PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads), -1;
-    int err = dp_cnn_init(&self->net, shape[0], shape[1], shape[2], channels, nc, kernel, padding, dense, nd, threads);
-    if (err) {
-        if (err == DP_EVALUE) cnn_plan_error(&self->net, shape, kernel, padding);
-        else raise_code(err, "ConvNet");
-        dp_cnn_free(&self->net);
+    dp_layer layers[3 * CNN_MAX_CONV + 1 + 2 * CNN_MAX_DENSE];
+    int n = 0, ids[CNN_MAX_CONV + CNN_MAX_DENSE];
+    for (int i = 0; i < nc; i++) {
+        layers[n++] = (dp_layer){DP_LAYER_CONV, channels[i], kernel, padding};
+        layers[n++] = (dp_layer){DP_LAYER_RELU, 0, 0, 0};
+        layers[n++] = (dp_layer){DP_LAYER_MAXPOOL2, 0, 0, 0};
+        ids[i] = n - 1;
+    }
+    layers[n++] = (dp_layer){DP_LAYER_FLATTEN, 0, 0, 0};
+    int first_dense = n;
+    n += dense_stack(layers + n, dense, nd);
+    for (int j = 0; j < nd; j++) ids[nc + j] = first_dense + 2 * j;
+    if (dp_model_plan(&self->model.plan, layers, n, shape, 3, DP_LOSS_SOFTMAX_XENT)) {
+        cnn_plan_error(&self->model.plan, nc, shape, kernel, padding);
         return -1;
     }
-    PyArrayObject *p, *g;
-    npy_intp pn[1] = {self->net.n_params};
-    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 0)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 1)) ||
-        check_same_dtype(g, "grads", p, "params") || check_shape(p, "params", 1, pn) ||
-        check_shape(g, "grads", 1, pn) || check_no_overlap(g, "grads", p, "params") ||
-        !(self->lock = PyThread_allocate_lock())) {
-        if (!PyErr_Occurred()) PyErr_NoMemory();
-        dp_cnn_free(&self->net);
+    if (net_build(self, "ConvNet", layers, n, shape, 3, DP_LOSS_SOFTMAX_XENT, threads, po, go)) return -1;
+    self->n_conv = nc;
+    if (!(self->sizes = widths_tuple(&self->model.plan, ids, nc + nd)) || !(self->input_shape = int_tuple(shape, 3)))
         return -1;
-    }
-    self->sizes = PyTuple_New(self->net.n_layers + 1);
-    self->input_shape = Py_BuildValue("(iii)", shape[0], shape[1], shape[2]);
-    if (!self->sizes || !self->input_shape) {
-        dp_cnn_free(&self->net);
-        return -1;      /* dealloc releases the tuples and the lock */
-    }
-    for (int l = 0; l <= self->net.n_layers; l++) {
-        PyObject *v = PyLong_FromLong(self->net.width[l]);
-        if (!v) { dp_cnn_free(&self->net); return -1; }
-        PyTuple_SET_ITEM(self->sizes, l, v);
-    }
-    hold_array(&self->params, p, 0);
-    hold_array(&self->grads, g, 1);
-    self->f32 = IS_F32(p);
-    self->ops = &convnet_ops;
-    self->ready = 1;
     return 0;
 }
-
-static void ConvNet_dealloc(ConvNetObject *self)
-{
-    if (self->ready) dp_cnn_free(&self->net);
-    Py_XDECREF(self->input_shape);
-    net_release((NetBase *)self);
-}
-
-static PyObject *ConvNet_get_input_shape(ConvNetObject *self, void *c) { return held(self->input_shape); }
-static PyObject *ConvNet_get_threads(ConvNetObject *self, void *c) { return PyLong_FromLong(self->ready ? self->net.threads : 0); }
-static PyObject *ConvNet_get_n_conv(ConvNetObject *self, void *c) { return PyLong_FromLong(self->net.n_conv); }
-static PyObject *ConvNet_get_n_params(ConvNetObject *self, void *c) { return PyLong_FromSsize_t(self->net.n_params); }
-static PyObject *ConvNet_get_loss(ConvNetObject *self, void *c) { return PyUnicode_FromString("softmax_xent"); }
-
 
 static PyGetSetDef ConvNet_getset[] = {
     {"params", (getter)Net_get_params, NULL, "the flat parameter array (held)", NULL},
     {"grads", (getter)Net_get_grads, NULL, "the flat gradient array (held)", NULL},
     {"sizes", (getter)Net_get_sizes, NULL, "flat width of the input and of every layer's output", NULL},
-    {"input_shape", (getter)ConvNet_get_input_shape, NULL, "(C, H, W) of one input row", NULL},
-    {"threads", (getter)ConvNet_get_threads, NULL, "threads the kernels split work over", NULL},
-    {"n_conv", (getter)ConvNet_get_n_conv, NULL, "number of conv blocks (the first layers)", NULL},
-    {"n_params", (getter)ConvNet_get_n_params, NULL, "length of the flat parameter layout", NULL},
-    {"loss", (getter)ConvNet_get_loss, NULL, "the loss name", NULL},
+    {"input_shape", (getter)Net_get_input_shape, NULL, "(C, H, W) of one input row", NULL},
+    {"threads", (getter)Net_get_threads, NULL, "threads the kernels split work over", NULL},
+    {"n_conv", (getter)Net_get_n_conv, NULL, "number of conv blocks (the first layers)", NULL},
+    {"n_params", (getter)Net_get_n_params, NULL, "length of the flat parameter layout", NULL},
+    {"loss", (getter)Net_get_loss, NULL, "the loss name", NULL},
+    {"plan", (getter)Net_get_plan, NULL, "model_plan() of its layer list: shapes, parameter layout, stages", NULL},
     {NULL},
 };
 
@@ -676,7 +1020,7 @@ static PyType_Slot ConvNet_slots[] = {
                         "parameter and gradient arrays."},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, ConvNet_init},
-    {Py_tp_dealloc, ConvNet_dealloc},
+    {Py_tp_dealloc, Net_dealloc},
     {Py_tp_methods, Net_methods},
     {Py_tp_getset, ConvNet_getset},
     {0, NULL},
@@ -684,7 +1028,7 @@ static PyType_Slot ConvNet_slots[] = {
 
 PyType_Spec mod_convnet_spec = {
     .name = "dptrain._core.ConvNet",
-    .basicsize = sizeof(ConvNetObject),
+    .basicsize = sizeof(NetObject),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = ConvNet_slots,
 };
@@ -692,6 +1036,13 @@ PyType_Spec mod_convnet_spec = {
 /* ------------------------------------------------------------------ the functions */
 
 PyMethodDef mod_network_functions[] = {
-    {"param_count", py_param_count, METH_O, "param_count(sizes) -> length of the flat parameter layout"},
+    {"param_count", py_param_count, METH_O, "param_count(sizes) -> length of a Network's flat parameter layout"},
+    {"model_plan", (PyCFunction)(void (*)(void))py_model_plan, METH_VARARGS | METH_KEYWORDS,
+     "model_plan(layers, input_shape, loss='softmax_xent') -> dict\n\nWhat Model(layers, "
+     "input_shape, loss, ...) builds, without building it: 'layers' (normalized), 'input_shape', "
+     "'shapes' (each layer's output), 'n_params', 'params' (per dense/conv layer: its index in "
+     "'layers', the offsets and shapes of its weight and bias in the flat array), 'stages' (the "
+     "fused units the engine runs: 'ops' such as 'conv+relu+maxpool2', and their 'layers' range) "
+     "and 'loss'. Raises ValueError naming the layer at fault."},
     {NULL},
 };

@@ -24,6 +24,7 @@ static int core_exec(PyObject *m)
         {&st->context_type, &mod_context_spec},
         {&st->network_type, &mod_network_spec},
         {&st->convnet_type, &mod_convnet_spec},
+        {&st->model_type, &mod_model_spec},
         {&st->shmgroup_type, &mod_shmgroup_spec},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
@@ -42,6 +43,7 @@ static int core_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->context_type);
     Py_VISIT(st->network_type);
     Py_VISIT(st->convnet_type);
+    Py_VISIT(st->model_type);
     Py_VISIT(st->shmgroup_type);
     Py_VISIT(st->group_aborted);
     return 0;
@@ -53,6 +55,7 @@ static int core_clear(PyObject *m)
     Py_CLEAR(st->context_type);
     Py_CLEAR(st->network_type);
     Py_CLEAR(st->convnet_type);
+    Py_CLEAR(st->model_type);
     Py_CLEAR(st->shmgroup_type);
     Py_CLEAR(st->group_aborted);
     return 0;

@@ -1529,10 +1529,11 @@ def oracle_fma_peak(before, isa="widest", dtype="float32", seconds=0.2):
         raise Refuse(f"isa {isa!r} is not an ISA name")
     if isa != "widest" and not have[isa]:
         raise Refuse(f"this CPU lacks {isa}")
-    if dtype not in ("float32", "float64"):
+    if dtype is not None and dtype not in ("float32", "float64"):   # None: the default
         raise Refuse(f"dtype {dtype!r}")
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
-            0 < seconds <= 60):
+    # a real number as the other kernels' scalars take it (__float__, so True and np.float32 too)
+    if isinstance(seconds, (str, bytes, complex)) or not hasattr(seconds, "__float__") or not (
+            0 < float(seconds) <= 60):
         raise Refuse(f"seconds {seconds!r}")
 
     def check(ret):
