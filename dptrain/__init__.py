@@ -5,13 +5,15 @@ Three ways in, one engine underneath::
     import dptrain
     result = dptrain.train("mlp", "mnist", epochs=2, workers=2)        # named model and data
     model = dptrain.MLP([784, 256, 10]); dptrain.fit(model, X, y, workers=2)   # your arrays
+    model = dptrain.nn.lenet5(); dptrain.fit(model, X, y, workers=2)   # your model (nn)
     dptrain.launch(my_loop, workers=4, backend="process")              # your own loop
 
 and scikit-learn estimators in ``dptrain.sklearn``. The package's layers: ``_core`` (the C
-kernels; ``reference`` is their NumPy twin and test oracle), ``models`` and ``optim`` (the
-model face), ``data`` (data sets and your arrays), ``comm`` (the communicator and its
-transports), ``engine`` (the training loop, the gradient exchanges, checkpoints, a run),
-``measure`` (step timing, sweeps, the performance model, plots), ``studies``, ``cli``.
+kernels; ``reference`` is their NumPy twin and test oracle), ``nn``, ``models`` and ``optim``
+(layers, the models built from them, SGD), ``data`` (data sets and your arrays), ``comm``
+(the communicator and its transports), ``engine`` (the training loop, the gradient
+exchanges, checkpoints, a run), ``measure`` (step timing, sweeps, the performance model,
+plots), ``studies``, ``cli``.
 """
 from ._version import __version__
 
@@ -25,11 +27,12 @@ except ImportError as exc:          # say so if this is a source tree with _core
 from .comm import Communicator, WorkerError, launch
 from .config import TrainConfig
 from .engine import TrainResult, fit, train
-from .models import CNN, MLP, LogisticRegression, Model, SoftmaxRegression, load_model
+from . import nn
+from .models import CNN, MLP, LogisticRegression, Model, Sequential, SoftmaxRegression, load_model
 from .optim import SGD
 
-__all__ = ["CNN", "Communicator", "MLP", "LogisticRegression", "Model", "SGD",
-           "SoftmaxRegression", "TrainConfig", "TrainResult", "WorkerError", "__version__",
+__all__ = ["CNN", "Communicator", "MLP", "LogisticRegression", "Model", "SGD", "Sequential",
+           "SoftmaxRegression", "nn", "TrainConfig", "TrainResult", "WorkerError", "__version__",
            "build_info", "fit", "launch", "load_model", "train"]
 
 

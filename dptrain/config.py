@@ -44,6 +44,23 @@ def parse_hidden(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def parse_layers(text: str) -> tuple:
+    """'conv:32:3,relu,maxpool2,flatten,dense:10' -> (('conv', 32, 3), 'relu', 'maxpool2',
+    'flatten', ('dense', 10)): a layer's name, then its sizes after colons."""
+    layers = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        name, *sizes = item.split(":")
+        try:
+            layers.append((name, *(int(v) for v in sizes)) if sizes else name)
+        except ValueError:
+            raise ValueError(f"--layers: {item!r} has a size that is not an int; write layers "
+                             f"as NAME[:SIZE...], e.g. conv:32:3,relu,maxpool2,flatten,"
+                             f"dense:10") from None
+    return tuple(layers)
+
+
 def parse_fault(text: str) -> tuple[int, int, str]:
     """'1:10:raise' -> (1, 10, 'raise')."""
     parts = text.split(":")
@@ -85,6 +102,13 @@ class TrainConfig:
                         "row as a 1x28x28 or 3xSxS image)", group="model", choices=MODELS)
     hidden: tuple = option((256, 128), "MLP hidden widths (CLI: comma-separated, e.g. 256,128)",
                            group="model", parse=parse_hidden)
+    layers: tuple | None = option(None, "a model of your own instead of --model: its layers, "
+                                  "e.g. conv:32:3,relu,maxpool2,flatten,dense:128,relu,dense:10 "
+                                  "(dense:OUT, conv:CHANNELS:KERNEL[:PADDING], maxpool2, "
+                                  "flatten, relu, tanh, sigmoid, gelu; the last dense layer "
+                                  "has one output per class, or 1 for two classes). API: a "
+                                  "list of dptrain.nn layers", group="model",
+                                  parse=parse_layers, metavar="LAYERS")
     dtype: str = option("float32", "float32 or float64", group="model", choices=DTYPES)
     seed: int = option(0, "seeds the initial weights, the epochs' sample order and synthetic "
                        "data", group="model")
@@ -199,7 +223,8 @@ class TrainConfig:
                 set_(name, _positive_int(name, getattr(self, name)))
         set_("seed", _int("seed", self.seed))
         set_("checkpoint_every", _int("checkpoint_every", self.checkpoint_every, minimum=0))
-        for name, allowed in (("model", MODELS), ("dtype", DTYPES),
+        # "sequential": the kind of a model the user built (dptrain.fit passes its kind)
+        for name, allowed in (("model", MODELS + ("sequential",)), ("dtype", DTYPES),
                               ("lr_schedule", SCHEDULES), ("allreduce", ALGORITHMS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} is {getattr(self, name)!r}, expected one of {allowed}")
@@ -212,6 +237,13 @@ class TrainConfig:
             raise ValueError(f"upscale is {self.upscale}, expected 1, 2 or 4")
         hidden = self.hidden if isinstance(self.hidden, (tuple, list)) else (self.hidden,)
         set_("hidden", tuple(_positive_int("hidden size", h) for h in hidden))
+        if self.layers is not None:        # a model of the user's: it replaces the named one
+            from .models import layer_specs
+            specs = tuple(layer_specs(self.layers))
+            if not specs:
+                raise ValueError("layers is empty: give at least one dense or conv layer")
+            set_("layers", specs)
+            set_("model", "sequential")
         for name in ("timeout", "bucket_kb", "warmup_epochs", "straggle_random_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (

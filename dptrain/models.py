@@ -1,12 +1,14 @@
-"""The model families: LogisticRegression, SoftmaxRegression, MLP, and the convolutional CNN.
+"""The models: any list of layers (``Sequential``), and the named families built on it,
+LogisticRegression, SoftmaxRegression, MLP and CNN.
 
-The first three are stacks of dense layers (ReLU between them) run by the C core's fused
-``_core.Network``; the CNN is run by ``_core.ConvNet``. Either way one call per batch does
-forward, loss and backward with the GIL released. A model owns three flat, contiguous
+Every model is a list of layers (``dptrain.nn``: Dense, Conv2d, MaxPool2, Flatten, ReLU, Tanh,
+Sigmoid, GELU) on an input shape, with a loss, run by the C core's one engine
+(``_core.Model``): one call per batch does forward, loss and backward with the GIL released,
+with conv -> activation -> pool fused into one pass. A model owns three flat, contiguous
 buffers, one per role:
 
-- ``params``: every layer's W (OUT, IN) row-major (a conv layer's W (OC, C, K, K)) then
-  b (OUT,), layer by layer;
+- ``params``: per dense or conv layer in list order, its W then its b: dense W (OUT, IN)
+  row-major (PyTorch's nn.Linear), conv W (OC, C, K, K) (nn.Conv2d), b (OUT,);
 - ``grads``: the same layout; backward ACCUMULATES into it, ``zero_grad`` clears it;
 - ``velocity``: SGD's momentum buffer (optimizer state), same layout.
 
@@ -14,29 +16,41 @@ Because each role is one buffer, a data-parallel engine all-reduces ``grads`` in
 collective and updates ``params`` with one kernel. ``params``/``grads`` may also be passed in
 (for example views into shared memory), and are then used in place, never copied.
 
-Initialization is PyTorch's default for nn.Linear and nn.Conv2d (``reference.init_params``,
-``reference.cnn_init_params``), drawn from a seed, so the same seed gives the same model on
-every worker and every run.
+Initialization is PyTorch's default for nn.Linear and nn.Conv2d (kaiming_uniform_(a=sqrt(5))
+for W, which is U(-1/sqrt(fan_in), 1/sqrt(fan_in)), the same bound for b; fan_in = IN for a
+dense layer and C K K for a conv), drawn from ``np.random.default_rng(seed)`` layer by layer,
+W in row-major order then b, in float64, then rounded to the dtype: the same seed gives the
+same model on every worker and every run.
+
+Losses: "softmax_xent" (integer class labels, OUT >= 2), "sigmoid_bce" (binary labels, OUT ==
+1), "mse" (real targets (n, OUT); a sample's loss is the mean over its OUT outputs of the
+squared error, so a batch's mean loss is PyTorch's ``MSELoss()``).
 """
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 
-from . import _core, reference
+from . import _core
 
-__all__ = ["Model", "LogisticRegression", "SoftmaxRegression", "MLP", "CNN", "load_model",
-           "build_model", "image_shape", "model_from_spec", "model_sizes", "model_n_params"]
+__all__ = ["Model", "Sequential", "LogisticRegression", "SoftmaxRegression", "MLP", "CNN",
+           "load_model", "build_model", "image_shape", "model_from_spec", "model_sizes",
+           "model_n_params", "LOSSES"]
 
 _DTYPES = {"float32": np.float32, "float64": np.float64}
 SAVE_FORMAT = 1
+LOSSES = ("softmax_xent", "sigmoid_bce", "mse")
+# one flat buffer's elements at most: the C core indexes it with a ptrdiff_t, NumPy with intp
+_MAX_PARAMS = np.iinfo(np.intp).max // 8
 
 
 def _as_dtype(dtype) -> np.dtype:
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"dtype is {dtype!r}, expected float32 or float64") from exc
     if dt.name not in _DTYPES:
         raise TypeError(f"dtype is {dt.name}, expected float32 or float64")
     return dt
@@ -56,35 +70,58 @@ def _flat_buffer(name: str, given, n: int, dtype: np.dtype) -> np.ndarray:
     return given
 
 
-class Model:
-    """Dense layers ``sizes = (IN, H1, ..., OUT)`` with ReLU between them and a fused loss.
+def layer_specs(layers) -> list:
+    """The C core's layer specs (('dense', 10), ('conv', 32, 3, 0), 'relu', ...) of a list of
+    ``dptrain.nn`` layers or specs (both may be mixed)."""
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        raise TypeError(f"layers must be a list of layers (dptrain.nn.Dense(10), ...), got "
+                        f"{type(layers).__name__}")
+    out = []
+    for i, layer in enumerate(layers):
+        spec = layer.spec() if hasattr(layer, "spec") and callable(layer.spec) else layer
+        if isinstance(spec, list):
+            spec = tuple(spec)
+        if not isinstance(spec, (str, tuple)):
+            raise TypeError(f"layers[{i}] = {layer!r} is not a layer: expected a dptrain.nn "
+                            f"layer (Dense, Conv2d, MaxPool2, Flatten, ReLU, Tanh, Sigmoid, "
+                            f"GELU) or its spec ('dense', 10), 'relu', ...")
+        out.append(spec)
+    return out
 
-    loss: "softmax_xent" (OUT >= 2 classes) or "sigmoid_bce" (OUT == 1, binary labels).
-    threads: threads the kernels may split one batch over (intra-worker parallelism).
-    params/grads/velocity: optional caller-owned flat buffers (see the module docstring);
-    given params are kept as they are (not re-initialized).
+
+class Model:
+    """A list of layers on an input shape, with a loss: the interface every model shares
+    (flat buffers, loss_grad, the backward sweep, evaluate, predict, save/load).
+
+    Build one with ``Sequential`` (any layer list) or a named family (``MLP``, ``CNN``, ...).
     """
 
     kind = "model"
+    _arch_keys: tuple = ()     # a family's own architecture keys, compared first on load
 
-    def __init__(self, sizes, loss="softmax_xent", *, seed: int = 0, dtype="float32",
-                 threads: int = 1, params=None, grads=None, velocity=None):
-        self.sizes = tuple(int(s) for s in sizes)
-        if len(self.sizes) < 2 or min(self.sizes) < 1:
-            raise ValueError(f"sizes is {tuple(sizes)}, expected (IN, ..., OUT) with at least "
-                             f"two positive entries")
-        if loss not in reference.LOSSES:
-            raise ValueError(f"loss is {loss!r}, expected one of {reference.LOSSES}")
+    def _build(self, layers, input_shape, loss, *, seed, dtype, threads, params, grads,
+               velocity) -> None:
+        if loss not in LOSSES:
+            raise ValueError(f"loss is {loss!r}, expected one of {LOSSES}")
+        if isinstance(input_shape, (int, np.integer)):
+            input_shape = (int(input_shape),)
+        specs = layer_specs(layers)
+        self.plan = _core.model_plan(specs, tuple(input_shape), loss)
         self.loss = loss
         self.dtype = _as_dtype(dtype)
         self.seed = int(seed)
-        n = reference.n_params(self.sizes)
+        self.input_shape = tuple(self.plan["input_shape"])
+        self.sizes = _sizes(self.plan)
+        n = self.plan["n_params"]
+        if n > _MAX_PARAMS:
+            raise ValueError(f"the model has {n} parameters, more than one buffer can hold")
         self.params = _flat_buffer("params", params, n, self.dtype)
         if params is None:
             self.reset_parameters()
         self.grads = _flat_buffer("grads", grads, n, self.dtype)
         self.velocity = _flat_buffer("velocity", velocity, n, self.dtype)
-        self._net = _core.Network(self.sizes, loss, self.params, self.grads, threads=int(threads))
+        self._net = _core.Model(self.plan["layers"], self.input_shape, loss, self.params,
+                                self.grads, threads=int(threads))
 
     # ---- shapes and views
     @property
@@ -94,43 +131,81 @@ class Model:
 
     @property
     def n_features(self) -> int:
-        """Features per input row (``sizes[0]``)."""
+        """Features per input row (``sizes[0]``: the flat width of ``input_shape``)."""
         return self.sizes[0]
 
     @property
     def n_outputs(self) -> int:
-        """Logits per row: the classes, or 1 for a binary (sigmoid) model."""
+        """Outputs per row: the classes, 1 for a binary (sigmoid) model, the targets for mse."""
         return self.sizes[-1]
+
+    @property
+    def output_shape(self) -> tuple:
+        """The shape of one row's output."""
+        return tuple(self.plan["shapes"][-1])
 
     @property
     def threads(self) -> int:
         """Threads the C kernels split one batch over."""
         return self._net.threads
 
+    def _views(self, flat):
+        return [(flat[p["weight"]:p["weight"] + math.prod(p["weight_shape"])]
+                 .reshape(p["weight_shape"]),
+                 flat[p["bias"]:p["bias"] + p["bias_shape"][0]]) for p in self.plan["params"]]
+
     def layers(self):
-        """[(W, b), ...] views into ``params``."""
-        return reference.unflatten(self.sizes, self.params)
+        """[(W, b), ...] views into ``params``, one per dense or conv layer: dense W (OUT, IN),
+        conv W (OC, C, K, K)."""
+        return self._views(self.params)
 
     def grad_layers(self):
-        """[(dW, db), ...] views into ``grads``."""
-        return reference.unflatten(self.sizes, self.grads)
+        """[(dW, db), ...] views into ``grads``, shaped as ``layers()``."""
+        return self._views(self.grads)
 
     def layer_slices(self):
-        """[(start, stop), ...] of each layer's W and b in the flat buffers, first layer first."""
-        out, off = [], 0
-        for n_in, n_out in zip(self.sizes[:-1], self.sizes[1:]):
-            out.append((off, off + n_out * (n_in + 1)))
-            off += n_out * (n_in + 1)
-        return out
+        """[(start, stop), ...] of each dense or conv layer's W and b in the flat buffers,
+        first layer first."""
+        return [(p["weight"], p["bias"] + p["bias_shape"][0]) for p in self.plan["params"]]
+
+    def summary(self) -> str:
+        """A table of the layers: output shape and parameters of each, and the fused stages
+        the C engine runs them as."""
+        per_layer = {p["layer"]: math.prod(p["weight_shape"]) + p["bias_shape"][0]
+                     for p in self.plan["params"]}
+        lines = [f"{type(self).__name__} on input {self.input_shape}, loss {self.loss}, "
+                 f"{self.dtype.name}",
+                 f"{'#':>3}  {'layer':<26} {'output':<16} {'params':>10}"]
+        for i, (spec, shape) in enumerate(zip(self.plan["layers"], self.plan["shapes"])):
+            lines.append(f"{i:>3}  {_spec_text(spec):<26} {str(tuple(shape)):<16} "
+                         f"{per_layer.get(i, 0):>10,}")
+        lines.append(f"total {self.n_params:,} parameters; engine stages: "
+                     + ", ".join(s["ops"] for s in self.plan["stages"]))
+        return "\n".join(lines)
 
     def reset_parameters(self) -> None:
-        """Writes the seeded initial parameters (PyTorch's default init) into ``params``."""
-        self.params[:] = reference.init_params(self.sizes, self.seed, self.dtype)
+        """Writes the seeded initial parameters (PyTorch's default init, see the module
+        docstring) into ``params``."""
+        rng = np.random.default_rng(self.seed)
+        for w, b in self.layers():
+            bound = 1.0 / math.sqrt(math.prod(w.shape[1:]))
+            w[...] = rng.uniform(-bound, bound, size=w.shape)
+            b[...] = rng.uniform(-bound, bound, size=b.shape)
 
     # ---- compute
     def zero_grad(self) -> None:
         """Clears ``grads`` (backward accumulates into it): one memset, GIL released."""
-        _core.zero_(self.grads)           # a memset with the GIL released
+        _core.zero_(self.grads)
+
+    def _scale(self) -> int:
+        # mse: the C core sums the squared errors over a row's outputs; a sample's loss here
+        # is their mean (PyTorch's MSELoss), so the scale and the sums are divided by OUT
+        return self.n_outputs if self.loss == "mse" else 1
+
+    def _grad_scale(self, x, grad_scale):
+        if grad_scale is None:
+            grad_scale = 1.0 / len(x) if len(x) else 0.0
+        return grad_scale / self._scale()
 
     def loss_grad(self, x: np.ndarray, y: np.ndarray, grad_scale: float | None = None,
                   grads: np.ndarray | None = None):
@@ -140,15 +215,19 @@ class Model:
         worker holding b of a global batch of B passes 1/B so that the all-reduced sum of the
         workers' gradients is exactly the global batch's mean gradient. ``grads`` redirects the
         gradient into another buffer of the same layout (one per chunk, for a fixed-order sum).
+        y: int64 labels (B,), or for mse the (B, OUT) targets in the model's dtype.
         """
-        return self._net.loss_grad(x, y, grad_scale, grads)
+        loss, correct = self._net.loss_grad(x, y, self._grad_scale(x, grad_scale), grads)
+        return loss / self._scale(), correct
 
     def forward_loss(self, x: np.ndarray, y: np.ndarray, grad_scale: float | None = None):
         """The first half of loss_grad: forward and loss; returns (loss_sum, n_correct).
-        Then ``backward_layer(L - 1)``, ..., ``backward_layer(0)`` finish the backward sweep,
-        each layer's gradient final when it returns (to exchange it while the next layers are
-        computed). The sweep belongs to the calling thread until it ends."""
-        return self._net.forward_loss(x, y, grad_scale)
+        Then ``backward_layer(L - 1)``, ..., ``backward_layer(0)`` (L: the dense and conv
+        layers) finish the backward sweep, each layer's gradient final when it returns (to
+        exchange it while the next layers are computed). The sweep belongs to the calling
+        thread until it ends."""
+        loss, correct = self._net.forward_loss(x, y, self._grad_scale(x, grad_scale))
+        return loss / self._scale(), correct
 
     def backward_layer(self, layer: int, grads: np.ndarray | None = None) -> None:
         """One step of the backward sweep started by ``forward_loss``, last layer first."""
@@ -157,30 +236,35 @@ class Model:
     def forward_backward(self, x: np.ndarray, y: np.ndarray) -> float:
         """zero_grad, then the mean loss's gradient into grads; returns the mean loss."""
         self.zero_grad()
-        loss_sum, _ = self._net.loss_grad(x, y)
+        loss_sum, _ = self.loss_grad(x, y)
         return loss_sum / max(len(x), 1)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        """The (B, n_outputs) logits of a batch (forward only), as a new array."""
+        """The (B, n_outputs) outputs of a batch (forward only), as a new array: logits of a
+        classifier, predictions of an mse model."""
         out = np.empty((len(x), self.n_outputs), dtype=self.dtype)
         self._net.logits(x, out)
         return out
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Predicted labels (int64): argmax of the logits, or logit > 0 for a binary model."""
+        """Predicted labels (int64): argmax of the logits, or logit > 0 for a binary model;
+        for an mse model the (B, n_outputs) outputs."""
         z = self.logits(x)
+        if self.loss == "mse":
+            return z
         if self.n_outputs == 1:
             return (z[:, 0] > 0).astype(np.int64)
         out = np.empty(len(x), dtype=np.int64)
         _core.argmax(z, out)
         return out
 
-    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        """(mean loss, accuracy) on a data set, forward only."""
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float | None]:
+        """(mean loss, accuracy) on a data set, forward only; accuracy is None for mse."""
         if len(x) == 0:
             raise ValueError("evaluate needs at least one sample, x is empty")
         loss_sum, correct = self._net.evaluate(x, y)
-        return loss_sum / len(x), correct / len(x)
+        accuracy = None if self.loss == "mse" else correct / len(x)
+        return loss_sum / self._scale() / len(x), accuracy
 
     # ---- persistence (.npz, no pickle)
     def spec(self) -> dict:
@@ -189,9 +273,12 @@ class Model:
         return {**self.config(), "n_params": self.n_params}
 
     def config(self) -> dict:
-        """The architecture as plain values (what ``save`` writes and ``load_model`` reads)."""
+        """The architecture as plain values (what ``save`` writes and ``load_model`` reads):
+        the layer list and input shape rebuild any model."""
         return {"kind": self.kind, "sizes": list(self.sizes), "loss": self.loss,
-                "dtype": self.dtype.name, "seed": self.seed}
+                "dtype": self.dtype.name, "seed": self.seed,
+                "layers": [list(s) for s in self.plan["layers"]],
+                "input_shape": list(self.input_shape)}
 
     def save(self, path, **extra_arrays) -> None:
         """Writes params, velocity and the configuration to ``path`` (.npz, no pickle)."""
@@ -199,13 +286,15 @@ class Model:
                  params=self.params, velocity=self.velocity, **extra_arrays)
 
     def load_state(self, path) -> dict:
-        """Loads params/velocity saved by ``save`` into this model (sizes, loss and dtype must
-        match); returns the other arrays of the file."""
+        """Loads params/velocity saved by ``save`` into this model (the architecture, loss and
+        dtype must match); returns the other arrays of the file."""
         with _open_model_file(path) as f:
             cfg = _read_config(path, f)
-            if tuple(cfg["sizes"]) != self.sizes or cfg["loss"] != self.loss:
-                raise ValueError(f"{path}: saved model has sizes {tuple(cfg['sizes'])} and loss "
-                                 f"{cfg['loss']!r}, this model has {self.sizes} and {self.loss!r}")
+            mine = self.config()
+            for key in self._arch_keys + ("sizes", "loss", "input_shape", "layers"):
+                if key in cfg and cfg[key] != mine[key]:
+                    raise ValueError(f"{path}: saved model has {key} {_plain(cfg[key])!r}, "
+                                     f"this model has {_plain(mine[key])!r}")
             for name in ("params", "velocity"):
                 arr = f[name] if name in f.files else None
                 if arr is None:
@@ -223,13 +312,82 @@ class Model:
                 f"dtype={self.dtype.name}, params={self.n_params})")
 
 
+def _plain(v):
+    """A saved list as the tuple the user wrote (sizes (784, 10), not [784, 10])."""
+    if isinstance(v, list):
+        return tuple(_plain(e) for e in v)
+    return v
+
+
+def _spec_text(spec) -> str:
+    """How dptrain.nn writes the layer of a spec: Conv2d(32, 3), ReLU(), Dense(10)."""
+    from .nn import from_spec     # nn builds on this module
+    return repr(from_spec(spec))
+
+
+def _sizes(plan) -> tuple:
+    """Flat widths: of the input of each dense or conv layer, then of the output (for an MLP
+    its layer widths (IN, H1, ..., OUT); for a CNN the input, each conv block's pooled map,
+    the dense widths)."""
+    widths = [math.prod(plan["input_shape"])] + [math.prod(s) for s in plan["shapes"]]
+    return tuple(widths[p["layer"]] for p in plan["params"]) + (widths[-1],)
+
+
+class Sequential(Model):
+    """Any list of layers on an input shape: the model you write.
+
+        from dptrain import nn
+        model = nn.Sequential([nn.Conv2d(16, 5, padding=2), nn.ReLU(), nn.MaxPool2(),
+                               nn.Flatten(), nn.Dense(64), nn.Tanh(), nn.Dense(10)],
+                              input_shape=(1, 28, 28))
+
+    layers: ``dptrain.nn`` layers (or their spec tuples, ('dense', 64), 'relu', ...); a Dense
+    layer flattens its input. input_shape: one row's shape, (F,) or (C, H, W); rows arrive
+    flat, (N, prod(input_shape)) in C, H, W order. loss: "softmax_xent", "sigmoid_bce" or
+    "mse". seed, dtype, threads, params/grads/velocity: as every model (the module docstring).
+    """
+
+    kind = "sequential"
+
+    def __init__(self, layers, input_shape, loss: str = "softmax_xent", *, seed: int = 0,
+                 dtype="float32", threads: int = 1, params=None, grads=None, velocity=None):
+        self._build(layers, input_shape, loss, seed=seed, dtype=dtype, threads=threads,
+                    params=params, grads=grads, velocity=velocity)
+
+    def __repr__(self) -> str:
+        layers = ", ".join(_spec_text(s) for s in self.plan["layers"])
+        return (f"Sequential([{layers}], input_shape={self.input_shape}, loss={self.loss!r}, "
+                f"dtype={self.dtype.name}, params={self.n_params})")
+
+
+def _dense_stack(widths) -> list:
+    """[('dense', w1), 'relu', ('dense', w2), ..., ('dense', wL)]."""
+    out = []
+    for i, w in enumerate(widths):
+        if i:
+            out.append("relu")
+        out.append(("dense", int(w)))
+    return out
+
+
+def _check_widths(name, sizes):
+    sizes = tuple(sizes)
+    if len(sizes) < 2 or not all(isinstance(s, (int, np.integer)) and s >= 1 for s in sizes):
+        raise ValueError(f"{name} is {sizes}, expected (IN, ..., OUT): at least two "
+                         f"positive ints")
+    return tuple(int(s) for s in sizes)
+
+
 class LogisticRegression(Model):
     """Binary logistic regression: one dense layer to a single logit, sigmoid + BCE loss."""
 
     kind = "logreg"
 
-    def __init__(self, n_features: int, **kw):
-        super().__init__((n_features, 1), "sigmoid_bce", **kw)
+    def __init__(self, n_features: int, *, seed: int = 0, dtype="float32", threads: int = 1,
+                 params=None, grads=None, velocity=None):
+        n = _check_widths("(n_features, 1)", (n_features, 1))[0]
+        self._build([("dense", 1)], (n,), "sigmoid_bce", seed=seed, dtype=dtype,
+                    threads=threads, params=params, grads=grads, velocity=velocity)
 
 
 class SoftmaxRegression(Model):
@@ -237,19 +395,49 @@ class SoftmaxRegression(Model):
 
     kind = "softmax"
 
-    def __init__(self, n_inputs: int, n_classes: int, **kw):
-        super().__init__((n_inputs, n_classes), "softmax_xent", **kw)
+    def __init__(self, n_inputs: int, n_classes: int, *, seed: int = 0, dtype="float32",
+                 threads: int = 1, params=None, grads=None, velocity=None):
+        n_in, n_out = _check_widths("(n_inputs, n_classes)", (n_inputs, n_classes))
+        self._build([("dense", n_out)], (n_in,), "softmax_xent", seed=seed, dtype=dtype,
+                    threads=threads, params=params, grads=grads, velocity=velocity)
 
 
 class MLP(Model):
-    """Multi-layer perceptron: ``sizes = [784, 256, 128, 10]``, ReLU hidden layers."""
+    """Multi-layer perceptron: ``sizes = [784, 256, 128, 10]``, ReLU between the dense layers.
+
+    loss: "softmax_xent" (the default: ``sizes[-1]`` classes), "sigmoid_bce" (``sizes[-1]``
+    == 1) or "mse" (regression onto ``sizes[-1]`` targets)."""
 
     kind = "mlp"
 
-    def __init__(self, sizes=(784, 256, 128, 10), **kw):
-        if len(tuple(sizes)) < 2:
-            raise ValueError(f"MLP sizes is {tuple(sizes)}, expected at least (IN, OUT)")
-        super().__init__(sizes, "softmax_xent", **kw)
+    def __init__(self, sizes=(784, 256, 128, 10), loss: str = "softmax_xent", *,
+                 seed: int = 0, dtype="float32", threads: int = 1, params=None, grads=None,
+                 velocity=None):
+        sizes = _check_widths("MLP sizes", sizes)
+        self._build(_dense_stack(sizes[1:]), (sizes[0],), loss, seed=seed, dtype=dtype,
+                    threads=threads, params=params, grads=grads, velocity=velocity)
+
+
+def cnn_layers(channels=(32, 64), hidden=(128,), n_classes: int = 10, *, kernel: int = 3,
+               padding: int = 0) -> list:
+    """The CNN's layer list: per channel count a conv(KxK) -> ReLU -> 2x2 max-pool block, then
+    flatten and the dense layers ``hidden`` (ReLU between) and the ``n_classes`` logits."""
+    out = []
+    for c in channels:
+        out += [("conv", int(c), int(kernel), int(padding)), "relu", "maxpool2"]
+    return out + ["flatten"] + _dense_stack(tuple(hidden) + (int(n_classes),))
+
+
+def check_conv_blocks(input_shape, channels, kernel: int, padding: int) -> None:
+    """ValueError naming the first conv block (conv KxK, padding, then a 2x2 pool) whose
+    input is too small to leave a 2x2 window to pool."""
+    c, h, w = (int(v) for v in input_shape)
+    for i, oc in enumerate(channels):
+        oh, ow = h + 2 * padding - kernel + 1, w + 2 * padding - kernel + 1
+        if oh < 2 or ow < 2:
+            raise ValueError(f"conv layer {i} gets a {(c, h, w)} input: a {kernel}x{kernel} "
+                             f"kernel with padding {padding} leaves no 2x2 window to pool")
+        c, h, w = int(oc), oh // 2, ow // 2
 
 
 class CNN(Model):
@@ -264,78 +452,35 @@ class CNN(Model):
     Input rows arrive flat, (N, C*H*W) in C, H, W order (how the data sets store images);
     ``input_shape`` says how to read them. ``sizes`` are the flat widths of the input and of
     every layer's output (the conv blocks' pooled maps), so ``sizes[0]`` is the feature count
-    and ``sizes[-1]`` the class count, as for the dense models. Everything else (the flat
-    buffers, loss_grad, evaluate, save/load, threads) is the Model interface.
+    and ``sizes[-1]`` the class count, as for the dense models.
     """
 
     kind = "cnn"
+    _arch_keys = ("channels", "hidden", "kernel", "padding")
 
     def __init__(self, input_shape=(1, 28, 28), n_classes: int = 10, *, channels=(32, 64),
                  hidden=(128,), kernel: int = 3, padding: int = 0, seed: int = 0,
                  dtype="float32", threads: int = 1, params=None, grads=None, velocity=None):
-        self.input_shape = tuple(int(v) for v in input_shape)
+        shape = tuple(input_shape)
+        if len(shape) != 3:
+            raise ValueError(f"input_shape is {shape}, expected (C, H, W)")
         self.channels = tuple(int(c) for c in channels)
         self.hidden = tuple(int(h) for h in hidden)
         self.kernel, self.padding = int(kernel), int(padding)
-        if len(self.input_shape) != 3:
-            raise ValueError(f"input_shape is {tuple(input_shape)}, expected (C, H, W)")
-        self._dense = self.hidden + (int(n_classes),)
-        self.sizes = reference.cnn_sizes(self.input_shape, self.channels, self._dense,
-                                         self.kernel, self.padding)
-        self.loss = "softmax_xent"
-        self.dtype = _as_dtype(dtype)
-        self.seed = int(seed)
-        n = reference.cnn_n_params(self.input_shape, self.channels, self._dense, self.kernel,
-                                   self.padding)
-        self.params = _flat_buffer("params", params, n, self.dtype)
-        if params is None:
-            self.reset_parameters()
-        self.grads = _flat_buffer("grads", grads, n, self.dtype)
-        self.velocity = _flat_buffer("velocity", velocity, n, self.dtype)
-        self._net = _core.ConvNet(self.input_shape, self.channels, self._dense, self.params,
-                                  self.grads, kernel=self.kernel, padding=self.padding,
-                                  threads=int(threads))
-
-    def _arch(self):
-        return self.input_shape, self.channels, self._dense
-
-    def reset_parameters(self) -> None:
-        """Writes the seeded initial parameters (PyTorch's Conv2d/Linear init) into ``params``."""
-        self.params[:] = reference.cnn_init_params(*self._arch(), self.seed, self.dtype,
-                                                   self.kernel, self.padding)
-
-    def layers(self):
-        """[(W, b), ...] views into ``params``; a conv layer's W is (OC, C, K, K)."""
-        return reference.cnn_unflatten(*self._arch(), self.params, self.kernel, self.padding)
-
-    def grad_layers(self):
-        """[(dW, db), ...] views into ``grads``, shaped as ``layers()``."""
-        return reference.cnn_unflatten(*self._arch(), self.grads, self.kernel, self.padding)
-
-    def layer_slices(self):
-        """[(start, stop), ...] of each layer's W and b in the flat buffers, first layer first."""
-        out, off = [], 0
-        for w, b in self.layers():
-            out.append((off, off + w.size + b.size))
-            off += w.size + b.size
-        return out
+        if not self.channels:
+            raise ValueError("channels is empty: a CNN has at least one conv block")
+        if int(n_classes) < 2:
+            raise ValueError(f"n_classes is {n_classes}: the CNN's softmax needs >= 2 classes")
+        layers = cnn_layers(self.channels, self.hidden, n_classes, kernel=self.kernel,
+                            padding=self.padding)
+        check_conv_blocks(shape, self.channels, self.kernel, self.padding)
+        self._build(layers, shape, "softmax_xent", seed=seed, dtype=dtype, threads=threads,
+                    params=params, grads=grads, velocity=velocity)
 
     def config(self) -> dict:
-        """The architecture as plain values, with the CNN's shape, channels and kernel."""
-        return {**super().config(), "input_shape": list(self.input_shape),
-                "channels": list(self.channels), "hidden": list(self.hidden),
-                "kernel": self.kernel, "padding": self.padding}
-
-    def load_state(self, path) -> dict:
-        """As ``Model.load_state``, after checking the saved CNN architecture is this one."""
-        with _open_model_file(path) as f:
-            cfg = _read_config(path, f)
-        mine = self.config()
-        for key in ("kind", "input_shape", "channels", "hidden", "kernel", "padding"):
-            if cfg.get(key) != mine[key]:
-                raise ValueError(f"{path}: saved model has {key} {cfg.get(key)!r}, this model "
-                                 f"has {mine[key]!r}")
-        return super().load_state(path)
+        """The architecture as plain values, with the CNN's channels, hidden and kernel."""
+        return {**super().config(), "channels": list(self.channels),
+                "hidden": list(self.hidden), "kernel": self.kernel, "padding": self.padding}
 
     def __repr__(self) -> str:
         return (f"CNN(input_shape={self.input_shape}, channels={self.channels}, "
@@ -367,8 +512,8 @@ def model_sizes(kind: str, n_features: int, n_classes: int, hidden=(256, 128), *
     if kind == "mlp":
         return (n_features, *hidden, n_classes)
     if kind == "cnn":
-        return reference.cnn_sizes(_cnn_input(n_features, input_shape), CNN_CHANNELS,
-                                   CNN_HIDDEN + (n_classes,))
+        return _sizes(_core.model_plan(cnn_layers(CNN_CHANNELS, CNN_HIDDEN, n_classes),
+                                       _cnn_input(n_features, input_shape)))
     raise ValueError(f"model is {kind!r}, expected one of {MODEL_KINDS}")
 
 
@@ -376,9 +521,10 @@ def model_n_params(kind: str, sizes, *, input_shape=None) -> int:
     """Length of the flat buffers of a model of this kind and these ``model_sizes`` (the
     CNN's input_shape as given to model_sizes)."""
     if kind == "cnn":
-        shape = _cnn_input(sizes[0], input_shape)
-        return reference.cnn_n_params(shape, CNN_CHANNELS, CNN_HIDDEN + (sizes[-1],))
-    return reference.n_params(sizes)
+        plan = _core.model_plan(cnn_layers(CNN_CHANNELS, CNN_HIDDEN, sizes[-1]),
+                                _cnn_input(sizes[0], input_shape))
+        return plan["n_params"]
+    return sum(n_out * (n_in + 1) for n_in, n_out in zip(sizes[:-1], sizes[1:]))
 
 
 MODEL_KINDS = ("logreg", "softmax", "mlp", "cnn")
@@ -441,23 +587,24 @@ def _read_config(path, f) -> dict:
 def model_from_spec(spec: dict, *, threads: int = 1, params=None, grads=None,
                     velocity=None) -> Model:
     """The model a spec describes (``Model.spec()`` / ``Model.config()``: its class, sizes,
-    loss, dtype, seed, and the CNN's shape), on the given flat buffers (e.g. a worker's, in
-    shared memory) or new ones. Given params are used as they are (not initialized)."""
-    cls = {"logreg": LogisticRegression, "softmax": SoftmaxRegression, "mlp": MLP,
-           "cnn": CNN}.get(spec["kind"])
-    sizes = spec["sizes"]
+    loss, dtype, seed, layers and input shape), on the given flat buffers (e.g. a worker's,
+    in shared memory) or new ones. Given params are used as they are (not initialized)."""
+    kind, sizes = spec["kind"], spec["sizes"]
     kw = dict(seed=spec["seed"], dtype=spec["dtype"], threads=threads, params=params,
               grads=grads, velocity=velocity)
-    if cls is CNN:
+    if kind == "cnn":
         return CNN(spec["input_shape"], sizes[-1], channels=spec["channels"],
                    hidden=spec["hidden"], kernel=spec["kernel"], padding=spec["padding"], **kw)
-    if cls is LogisticRegression:
-        return cls(sizes[0], **kw)
-    if cls is SoftmaxRegression:
-        return cls(sizes[0], sizes[1], **kw)
-    if cls is MLP:
-        return cls(sizes, **kw)
-    return Model(sizes, spec["loss"], **kw)
+    if kind == "logreg":
+        return LogisticRegression(sizes[0], **kw)
+    if kind == "softmax":
+        return SoftmaxRegression(sizes[0], sizes[1], **kw)
+    if kind in ("mlp", "model"):       # "model": a dense stack saved by dptrain 0.1
+        return MLP(sizes, spec["loss"], **kw)
+    if kind == "sequential":
+        return Sequential([tuple(s) if isinstance(s, list) else s for s in spec["layers"]],
+                          tuple(spec["input_shape"]), spec["loss"], **kw)
+    raise ValueError(f"model kind {kind!r} is not one dptrain knows ({MODEL_KINDS + ('sequential',)})")
 
 
 def load_model(path, *, threads: int = 1) -> Model:

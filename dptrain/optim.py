@@ -10,6 +10,8 @@ import numbers
 
 from . import _core
 
+__all__ = ["SGD", "SCHEDULES", "lr_at"]
+
 SCHEDULES = ("constant", "cosine")
 
 

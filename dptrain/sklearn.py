@@ -48,7 +48,7 @@ except ImportError as exc:          # no scikit-learn, or one older than 1.6 (va
     raise ImportError(f"dptrain.sklearn needs scikit-learn >= 1.6 (pip install scikit-learn): "
                       f"{exc}") from exc
 
-from . import models, reference
+from . import models
 from .comm import BACKENDS, resolve_backend
 from .comm.mpi import world as mpi_world
 from .config import DTYPES
@@ -71,7 +71,7 @@ _OWN_OPTIONS = ("model", "dataset", "hidden", "dtype", "seed", "epochs", "batch_
 def regression_supported() -> bool:
     """Whether the engine trains a mean-squared-error model (a ``dptrain.models.Model`` with
     loss "mse", given real targets by ``dptrain.fit``): what ``MLPRegressor`` needs."""
-    return "mse" in reference.LOSSES
+    return "mse" in models.LOSSES
 
 
 NO_Y = "no_validation"  # validate_data's "no y given" (None is a y, and refused)
@@ -599,7 +599,7 @@ class CNNClassifier(_Classifier):
         for _ in channels:                  # backwards through the blocks: the input they need
             side = max(2 * side, 2) - 2 * p + k - 1
         side = max(side, 1)
-        reference.cnn_layer_shapes((1, side, side), channels, k, p)   # raises if none works
+        models.check_conv_blocks((1, side, side), channels, k, p)   # raises if none works
         return side
 
     def _rows(self, X, y=NO_Y, *, reset: bool):
@@ -725,6 +725,11 @@ class MLPRegressor(RegressorMixin, _Estimator):
         self.engine_options = engine_options
         self.verbose = verbose
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True      # y (n_samples, n_outputs) is learned as is
+        return tags
+
     def fit(self, X, y):
         """Trains on X (n_samples, n_features) and real targets y, (n_samples,) or
         (n_samples, n_outputs), for ``max_iter`` epochs. Returns self."""
@@ -741,18 +746,12 @@ class MLPRegressor(RegressorMixin, _Estimator):
         X, y = validate_data(self, X, y, dtype=np.dtype(self._dtype()), order="C",
                              accept_sparse=False, y_numeric=True, multi_output=True,
                              reset=fresh)
-        if not regression_supported():
-            raise NotImplementedError(
-                "MLPRegressor needs a mean-squared-error loss in dptrain's engine, which the C "
-                "core does not have yet (its losses: " + ", ".join(reference.LOSSES) + "); "
-                "it trains once the engine's MSE loss lands (dptrain.sklearn."
-                "regression_supported() then says True)")
         targets = np.ascontiguousarray(y.reshape(len(y), -1), dtype=np.dtype(self._dtype()))
         if fresh:
             seed = _seed_of(self.random_state)
             sizes = (X.shape[1], *_widths_param(self, "hidden_layer_sizes"), targets.shape[1])
-            model = models.Model(sizes, "mse", seed=seed, dtype=self._dtype(),
-                                 threads=self.threads)
+            model = models.MLP(sizes, "mse", seed=seed, dtype=self._dtype(),
+                               threads=self.threads)
             self._train(model, X, targets, partial=partial, seed=seed)
             self._single_output = y.ndim == 1
         else:

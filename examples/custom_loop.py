@@ -29,8 +29,11 @@ def make_data(n=4096, d=32, classes=4, seed=0):
 
 def train_loop(comm, x, y, epochs, batch, lr):
     """One worker's loop. comm: dptrain.comm.Communicator (rank, size, collectives)."""
-    # a custom architecture: three hidden layers of different widths
-    model = dptrain.MLP([x.shape[1], 128, 64, 32, int(y.max()) + 1], seed=0)
+    # a custom architecture, written as a list of layers (dptrain.nn)
+    nn = dptrain.nn
+    model = nn.Sequential([nn.Dense(128), nn.GELU(), nn.Dense(64), nn.Tanh(), nn.Dense(32),
+                           nn.ReLU(), nn.Dense(int(y.max()) + 1)],
+                          input_shape=(x.shape[1],), seed=0)
     comm.broadcast_(model.params, root=0)          # one starting point (seeded here anyway)
     opt = dptrain.SGD(model, lr=lr, momentum=0.9)
     for epoch in range(epochs):

@@ -31,11 +31,21 @@ def test_sdist_holds_every_source_the_build_needs(sdist):
     needed = {"pyproject.toml", "setup.cfg", "setup.py", "README.md", "LICENSE",
               "dptrain/_version.py"}
     needed |= {f"csrc/{p.name}" for p in (REPO_ROOT / "csrc").glob("*.[ch]")}
-    needed |= {f"dptrain/{p.name}" for p in (REPO_ROOT / "dptrain").glob("*.py")}
+    needed |= {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "dptrain").rglob("*.py")
+               if "__pycache__" not in p.parts}
     assert any(n.endswith(".c") for n in needed) and any(n.endswith(".h") for n in needed)
     assert not needed - names, f"{sdist.name} lacks {sorted(needed - names)}"
     built = [n for n in names if n.endswith((".so", ".pyd", ".o"))]
     assert not built, f"{sdist.name} carries build outputs {built}"
+
+
+def test_every_subpackage_is_a_regular_package():
+    """setup.cfg's `packages = find:` ships only directories with an __init__.py: one
+    without (a namespace package, which imports fine from the checkout) would be missing from
+    every installed copy."""
+    for d in sorted(p.parent for p in (REPO_ROOT / "dptrain").rglob("*.py")
+                    if "__pycache__" not in p.parts):
+        assert (d / "__init__.py").is_file(), f"{d.relative_to(REPO_ROOT)} has no __init__.py"
 
 
 def test_one_version_string(sdist):

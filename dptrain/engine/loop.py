@@ -240,7 +240,8 @@ def _run_worker(comm, job, x, y, x_test, y_test, hooks, say, init_params):
             v0 = now()
             test_loss, test_acc = net.evaluate(x_test, y_test) if len(x_test) else (None, None)
             eval_seconds += now() - v0
-            rec = {"epoch": epoch + 1, "train_loss": loss_sum / n, "train_accuracy": correct / n,
+            rec = {"epoch": epoch + 1, "train_loss": loss_sum / n,
+                   "train_accuracy": None if net.loss == "mse" else correct / n,
                    "test_loss": test_loss, "test_accuracy": test_acc, "seconds": epoch_seconds}
             history.append(rec)
             if say:
@@ -258,7 +259,8 @@ def epoch_line(rec: dict, epochs: int, n: int) -> str:
     from ..measure.progress import format_seconds
     left = epochs - rec["epoch"]
     eta = f", eta {format_seconds(left * rec['seconds'])}" if left else ""
-    test = (f"test loss {rec['test_loss']:.4f}  test acc {100 * rec['test_accuracy']:.2f}%  "
-            if rec["test_loss"] is not None else "")
+    test = f"test loss {rec['test_loss']:.4f}  " if rec["test_loss"] is not None else ""
+    if rec["test_accuracy"] is not None:          # None: a regression
+        test += f"test acc {100 * rec['test_accuracy']:.2f}%  "
     return (f"epoch {rec['epoch']}/{epochs}  train loss {rec['train_loss']:.4f}  {test}"
             f"({rec['seconds']:.2f} s, {n / rec['seconds']:,.0f} samples/s{eta})")

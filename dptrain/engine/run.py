@@ -45,7 +45,7 @@ from ..comm.mpi import world as mpi_world
 from ..comm.base import describe
 from ..config import CHUNKS, TrainConfig, options_doc
 from ..measure import timing
-from ..models import Model, model_from_spec, model_n_params, model_sizes
+from ..models import MODEL_KINDS, Model, model_from_spec, model_n_params, model_sizes
 from ..sampler import shard
 from .checkpoint import read_checkpoint
 from .loop import Job, epoch_line, run_worker
@@ -310,9 +310,11 @@ def _load_data(cfg, data, model_obj, note):
         _, X, y, X_test, y_test, validation = data
         # a given model fixes the classes (its outputs): labels are checked against them,
         # and arrays that hold only some of them (one, in a partial_fit batch) are fine
-        n_classes = None if model_obj is None else _model_classes(model_obj.spec())
+        regression = model_obj is not None and model_obj.loss == "mse"
+        n_classes = None if model_obj is None or regression else _model_classes(model_obj.spec())
         ds = data_mod.from_arrays(X, y, X_test=X_test, y_test=y_test, validation=validation,
-                                  n_classes=n_classes, dtype=cfg.dtype)
+                                  n_classes=n_classes, dtype=cfg.dtype,
+                                  task="regression" if regression else "classification")
     if ds.dtype != np.dtype(cfg.dtype):
         raise ValueError(f"the data set is {ds.dtype}, but the run is {cfg.dtype}")
     if cfg.limit is not None:
@@ -331,11 +333,35 @@ def _model_spec(cfg, ds, model_obj) -> dict:
         if spec["sizes"][0] != ds.n_features:
             raise ValueError(f"the model takes {spec['sizes'][0]} features, but X has "
                              f"{ds.n_features} per row")
+        if spec["loss"] == "mse":
+            if ds.task != "regression" or ds.n_outputs != spec["sizes"][-1]:
+                got = (f"{ds.n_outputs} target(s) per row" if ds.task == "regression"
+                       else "class labels")
+                raise ValueError(f"the model regresses onto {spec['sizes'][-1]} output(s) "
+                                 f"(loss 'mse'), but y has {got}")
+            return spec
+        if ds.task != "classification":
+            raise ValueError(f"the model is a classifier (loss {spec['loss']!r}), but the data "
+                             f"set is a regression: use a model with loss='mse'")
         classes = _model_classes(spec)
         if ds.n_classes > classes:
             raise ValueError(f"the labels name {ds.n_classes} classes, but the model has "
                              f"{classes} outputs")
         return spec
+    if cfg.layers is not None:
+        from ..models import Sequential
+        binary = ds.n_classes == 2 and cfg.layers[-1] in (("dense", 1), ["dense", 1])
+        probe = Sequential(cfg.layers, ds.input_shape, "sigmoid_bce" if binary else
+                           "softmax_xent", dtype=cfg.dtype, seed=cfg.seed)
+        if not binary and probe.n_outputs != ds.n_classes:
+            raise ValueError(f"layers: the model has {probe.n_outputs} outputs, but the data "
+                             f"set has {ds.n_classes} classes: end with dense:{ds.n_classes}"
+                             + (" (or dense:1 for two classes)" if ds.n_classes == 2 else ""))
+        return probe.spec()
+    if cfg.model not in MODEL_KINDS:
+        raise ValueError(f"model={cfg.model!r} is a model you build (dptrain.nn.Sequential): "
+                         f"train it with dptrain.fit(model, X, y); dptrain.train names one of "
+                         f"{MODEL_KINDS}")
     if cfg.model == "logreg" and ds.n_classes != 2:
         raise ValueError(f"model 'logreg' is binary, but the data set has {ds.n_classes} "
                          f"classes")
@@ -570,13 +596,14 @@ def _result(cfg, config, ds, spec, head, per_rank, steal, data_load_seconds, wal
         "dataset": {"name": ds.name, "source": ds.source, "integrity": ds.integrity,
                     "synthetic": ds.name.startswith("synthetic"), "n_train": n,
                     "n_test": ds.n_test, "n_features": ds.n_features,
-                    "n_classes": ds.n_classes},
+                    "n_classes": ds.n_classes, "task": ds.task},
         "model": {"kind": spec["kind"], "sizes": list(net.sizes), "n_params": net.n_params,
                   "dtype": cfg.dtype, "loss": net.loss},
         "epochs": history,
         "train_loss": [h["train_loss"] for h in history],
         "test_accuracy": [h["test_accuracy"] for h in history],
         "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
+        "final_test_loss": history[-1]["test_loss"] if history else None,
         "steps": steps,
         "samples": n * cfg.epochs,
         "train_seconds": train_seconds,

@@ -56,6 +56,12 @@ from pathlib import Path
 
 # The phases of a step, in the order they are stacked (the contract in dptrain.sweep).
 from .timing import PHASES  # noqa: E402  (the one list of phases)
+
+__all__ = ["plot_sweep", "load_sweep", "load_trace", "plot_speedup", "plot_efficiency_vs_size",
+           "plot_time_vs_size", "plot_breakdown", "plot_baseline_vs_distributed",
+           "plot_timeline", "plot_model_validation", "plot_projection", "model_verdict",
+           "save_figure", "machine_cores", "NotEnoughData", "FIGURE_NAMES"]
+
 PHASE_LABELS = {"data": "data", "compute": "compute (fwd + bwd)",
                 "communication": "communication", "sync_wait": "sync wait",
                 "update": "optimizer update", "other": "other"}

@@ -39,6 +39,9 @@ from .._plain import is_json
 from . import timing
 from .progress import Progress
 
+__all__ = ["sweep", "summarize", "format_summary", "write_csv", "run_row", "machine_info",
+           "data_label"]
+
 GAP_PARTS = {"contention": ("data", "compute"), "communication": ("communication",),
              "sync_wait": ("sync_wait",), "serial": ("update", "other")}
 TRACE_STEPS = 30

@@ -33,6 +33,9 @@ import time
 
 import numpy as np
 
+__all__ = ["PHASES", "StepTimer", "StepTimes", "timer_cost_seconds", "read_steal",
+           "steal_fraction"]
+
 PHASES = ("data", "compute", "communication", "sync_wait", "update", "other")
 # columns of a rank's stamp array
 _START, _DATA, _COMPUTE, _EXCHANGE, _UPDATE, _END, _WAIT, _EPOCH = range(8)
