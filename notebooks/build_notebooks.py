@@ -110,6 +110,19 @@ pd.DataFrame(b["rank_phase_seconds"]).rename_axis("rank")''',
     '''st.to_pandas().head()''',
     "md:## A few steps on every rank",
     '''plots.plot_timeline(st.chrome_trace(), steps=4)''',
+    "md:## Your own model on your own arrays\n\nA model is a list of layers (`dptrain.nn`); "
+    "`dptrain.fit` trains it on NumPy arrays on N workers. Here the arrays are MNIST's (or its "
+    "announced stand-in); put yours in their place.",
+    '''from dptrain import nn
+ds = dptrain.data.load_dataset("mnist", limit=3000 if QUICK else 20000)
+X, y = ds.x_train, ds.y_train                 # your arrays: X (n, 784) or (n, 1, 28, 28), y (n,)
+model = nn.Sequential([nn.Conv2d(8, 5, padding=2), nn.ReLU(), nn.MaxPool2(),
+                       nn.Flatten(), nn.Dense(64), nn.GELU(), nn.Dense(10)],
+                      input_shape=(1, 28, 28), seed=0)
+print(model.summary())
+fitted = dptrain.fit(model, X, y, X_test=ds.x_test[:2000], y_test=ds.y_test[:2000],
+                     epochs=1 if QUICK else 3, lr=0.05, workers=2)
+print(f"test accuracy {100 * fitted.history[-1]['test_accuracy']:.2f} %")''',
 ]
 
 SCALING = [

@@ -231,3 +231,16 @@ def test_the_cli_trains_a_model_written_as_layers(tmp_path, capsys):
         cli.main(["train", "--layers", "dense:x", "--quiet"])
     assert exit_.value.code == 2
     assert "--layers: 'dense:x' has a size that is not an int" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_regression_trains_to_the_same_weights_on_any_number_of_workers(backend):
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 5))                       # float64 in, converted once
+    y = np.stack([X[:, 0] - X[:, 1], np.tanh(X[:, 2])], axis=1)
+    opts = dict(epochs=2, batch_size=32, lr=0.05, deterministic=True, quiet=True)
+    one, two = (nn.mlp(5, (8,), 2, activation="gelu", loss="mse", seed=1) for _ in range(2))
+    dptrain.fit(one, X, y, workers=1, **opts)
+    dptrain.fit(two, X, y, workers=2, backend=backend, **opts)
+    np.testing.assert_array_equal(one.params, two.params)
+    assert one.evaluate(X.astype(np.float32), y.astype(np.float32))[0] < 0.5
