@@ -17,9 +17,6 @@
 
 #define DP_MAX_LAYERS 16
 
-/* The losses of every engine; dp_net takes the first two, dp_model (dp_model.h) all three. */
-typedef enum { DP_LOSS_SOFTMAX_XENT = 0, DP_LOSS_SIGMOID_BCE = 1, DP_LOSS_MSE = 2 } dp_loss;
-
 typedef struct {
     int n_layers;
     int sizes[DP_MAX_LAYERS + 1];
@@ -40,7 +37,6 @@ typedef struct {
 
 /* Parameter count of the layout above, or -1 when a size is < 1 or there are too many layers. */
 ptrdiff_t dp_net_param_count(const int *sizes, int n_layers);
-#define DP_EORDER (-20)      /* dp_net_backward_layer called out of order */
 int dp_net_init(dp_net *net, const int *sizes, int n_layers, dp_loss loss, int threads);
 void dp_net_free(dp_net *net);
 
