@@ -18,6 +18,7 @@
 #define DP_ELABEL (-2)     /* a label is out of range */
 #define DP_ETHREAD (-3)    /* a worker thread could not be started */
 #define DP_EVALUE (-4)     /* an argument value is invalid */
+#define DP_EORDER (-5)     /* a step of a backward sweep out of order, or with no sweep in progress */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define DP_RESTRICT __restrict__

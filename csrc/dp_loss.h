@@ -16,6 +16,9 @@
 
 #include "dp_common.h"
 
+/* The losses a model is trained with (dp_model.h says what each takes and counts). */
+typedef enum { DP_LOSS_SOFTMAX_XENT = 0, DP_LOSS_SIGMOID_BCE = 1, DP_LOSS_MSE = 2 } dp_loss;
+
 /* sum_i logsumexp(z_i) - z_i[y_i]; dlogits = (softmax(z) - onehot(y)) * grad_scale.
  * dlogits may be logits (in place). */
 int dp_softmax_xent_f32(float *dlogits, double *loss_sum, const float *logits,

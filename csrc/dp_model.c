@@ -254,7 +254,7 @@ int dp_model_init(dp_model *m, const dp_layer *layers, int n_layers, const int *
     for (int s = 0; s < p->n_stages; s++) per_row += (size_t)p->stage[s].out_width * (sizeof(double) + 1);
     size_t rows = EVAL_BYTES / per_row;
     m->eval_rows = rows < 1 ? 1 : rows > EVAL_MAX_ROWS ? EVAL_MAX_ROWS : (int)rows;
-    /* the conv stages' per-thread scratch, in elements (as dp_cnn) */
+    /* the conv stages' per-thread scratch, in elements */
     m->col_elems = m->conv_elems = m->grad_elems = 1;
     for (int s = 0; s < p->n_stages; s++) {
         const dp_stage *st = &p->stage[s];

@@ -6,7 +6,7 @@
  *   DENSE [act]                  y = act(x W^T + b) on the flattened input (GEMM), act in place
  *   CONV [act]                   2-D convolution, stride 1, zero padding, the images split over
  *                                the threads; y = act(conv(x) + b) in place
- *   CONV MAXPOOL2 [act]          the fused block of dp_cnn.h: conv, 2x2 max-pool, then bias and
+ *   CONV MAXPOOL2 [act]          the fused conv block: conv, 2x2 max-pool, then the bias and the
  *   CONV RELU MAXPOOL2           act on the pooled map (relu(max(a) + b) = max(relu(a + b)), the
  *                                same argmax and gradient), and of the conv output only the
  *                                2 (OH/2) x 2 (OW/2) block the pooling reads is computed
@@ -20,9 +20,10 @@
  * that the next layers see; a DENSE layer flattens implicitly.
  *
  * So the studies' CNN, [CONV(32,3,0) RELU MAXPOOL2 CONV(64,3,0) RELU MAXPOOL2 FLATTEN DENSE(128)
- * RELU DENSE(10)], runs as dp_cnn does (two fused blocks, then dense stages) and an MLP
- * [DENSE(256) RELU DENSE(128) RELU DENSE(10)] as dp_net does; a single DENSE(1) with the
- * sigmoid BCE (logistic regression) takes dp_logistic_grad's one-pass path in loss_grad.
+ * RELU DENSE(10)], runs as four stages (two fused conv blocks, a dense stage with its ReLU, a
+ * dense stage) and an MLP [DENSE(256) RELU DENSE(128) RELU DENSE(10)] as three dense stages; a
+ * single DENSE(1) with the sigmoid BCE (logistic regression) takes dp_logistic_grad's one-pass
+ * path in loss_grad. (_core.Network and _core.ConvNet are such lists.)
  *
  * Letters: B batch rows; a stage's in_width / out_width are the flat features per row of its
  * input and output; OUT = the model's output width (the last stage's out_width). x is
@@ -32,7 +33,7 @@
  * its b: dense W (OUT, IN) row-major (PyTorch's Linear), conv W (OC, C, K, K) (Conv2d), b
  * (OUT,) / (OC,). Gradients: one flat array of the same layout; backward ACCUMULATES (+=).
  *
- * Losses (dp_loss, dp_net.h), summed over the batch and scaled by grad_scale for the gradient:
+ * Losses (dp_loss, dp_loss.h), summed over the batch and scaled by grad_scale for the gradient:
  *   DP_LOSS_SOFTMAX_XENT  int64 labels in [0, OUT), OUT >= 2; correct = argmax hits
  *   DP_LOSS_SIGMOID_BCE   OUT == 1, int64 labels in {0, 1}; correct = (z > 0) == label
  *   DP_LOSS_MSE           targets of the model's dtype, (B, OUT): loss = sum over rows and
@@ -78,7 +79,7 @@
 
 #include "dp_conv.h"
 #include "dp_gemm.h"
-#include "dp_net.h"      /* dp_loss, DP_EORDER */
+#include "dp_loss.h"     /* dp_loss */
 
 #define DP_MODEL_MAX_LAYERS 64
 

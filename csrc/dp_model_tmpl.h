@@ -1,6 +1,8 @@
 /* dp_model_tmpl.h - dp_model's forward, loss and backward sweep for one dtype (T, S defined by
- * dp_model.c). The conv stage's tasks are dp_cnn_tmpl.h's, generalized to an optional pool and
- * any output-derived activation. */
+ * dp_model.c). A conv stage's task runs one thread's share of the batch image by image (im2col
+ * and GEMM on the thread's own context and buffers, then the optional fused pool, the bias and
+ * an output-derived activation); its backward sums the thread's dW^T and db on the side, added
+ * into the gradient in thread order. */
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
@@ -91,8 +93,8 @@ static void K(act_backward)(dp_act act, T *dx, const T *dy, const T *y, const T 
     }
 }
 
-/* y (OC, n) = act(y + b[o] in row o). ReLU fused into the bias pass (dp_cnn's bias_relu: a
- * NaN stays NaN); the others after it, in place. */
+/* y (OC, n) = act(y + b[o] in row o). ReLU fused into the bias pass (a NaN stays NaN: v <= 0
+ * is false for it); the others after it, in place. */
 DP_CLONES static void K(bias_relu)(T *y, const T *b, int OC, int n)
 {
     for (int o = 0; o < OC; o++) {
@@ -122,7 +124,8 @@ static void K(bias_act)(T *y, const T *b, int OC, int n, dp_act act)
     if (act != DP_ACT_NONE) K(act_forward)(act, y, y, (ptrdiff_t)OC * n);
 }
 
-/* db[o] += sum of row o of d (OC, n), in 8 interleaved partial sums (dp_cnn's add_row_sums) */
+/* db[o] += sum of row o of d (OC, n), in 8 interleaved partial sums (independent chains that
+ * vectorize without reassociating the sum) */
 DP_CLONES static void K(add_row_sums)(T *db, const T *d, int OC, int n)
 {
     for (int o = 0; o < OC; o++) {

@@ -1,31 +1,39 @@
-/* bench_model.c - dp_model (the layer-list engine) against the fixed engines it replaces,
- * dp_net and dp_cnn, on the studies' models: milliseconds per loss_grad call, in one process.
+/* bench_model.c - dp_model (the one network engine) on the studies' models: milliseconds per
+ * loss_grad call and the GFLOP/s of its GEMM and conv work, at 1 thread and at N, in one process.
  *
- * Cases (float32 unless named, B the batch): the MLP 784-256-128-10 (ReLU) B=128; the CNN
- * conv(3->32, 3x3) ReLU pool conv(32->64) ReLU pool dense 128 ReLU dense 10 on 3x32x32 B=128;
- * softmax regression 784->10 B=128; logistic regression (IN=100, one output, sigmoid BCE: the
- * fused dp_logistic_grad path) B=8192; and the MLP and CNN in float64. Each with 1 thread and
- * with `threads` (default 2). Control rows time the old engine against a second instance of
- * itself: their spread is the harness's noise floor (load, where the buffers landed).
+ * Cases (B the batch): the MLP 784-256-128-10 (ReLU) B=128 in float32 and float64; the studies'
+ * CNN [conv(3->32, 3x3) ReLU pool conv(32->64, 3x3) ReLU pool flatten dense 128 ReLU dense 10]
+ * on 3x32x32 B=128 in float32 and float64; softmax regression 784->10 B=128 float32; logistic
+ * regression (IN=100, one output, sigmoid BCE: the fused dp_logistic_grad path) B=8192 float32.
  *
- * Method: the same parameters, batch and labels for both engines; a warm-up call each, then
- * the step count that takes about 20 ms; then `repeats` repeats, each timing `steps` calls of
- * one engine and then of the other (which goes first alternates; short blocks, so that both
- * of a pair see the same load on a shared machine). Reported: the median repeat's ms per call
- * of each, and three ratios dp_model / old (1.00: the same speed; the target is <= 1.03):
- * of the medians, of the fastest repeats, and the median of the per-pair quotients (the most
- * robust to a busy machine); then the same in process CPU time, which on a shared machine
- * leaves out the waits for a core (with several threads it also counts the pool's spinning). Gradients accumulate across calls as in a training loop without
- * zero_grad (the work per call does not depend on the values).
+ * Method: each row times two models, A and B, on the same parameters, batch and labels (each
+ * accumulating into its own gradient): a warm-up call each, then the step count that takes A
+ * about 20 ms; then `repeats` repeats, each timing `steps` calls of one model and then of the
+ * other (which goes first alternates; short blocks, so that both of a pair see the same load on
+ * a shared machine). A case row is the model at 1 thread (A) against the same model at N
+ * threads (B); a control row is a model against a second instance of itself (A and B at the
+ * same thread count): its B/A is the harness's noise floor (load, where the buffers landed).
+ *
+ * Reported per model: the median repeat's wall ms per call, the spread of the repeats (the
+ * interquartile range as a percentage of the median), GFLOP/s (the flops below over the median
+ * time), and the median repeat's process CPU ms per call (all threads; on a shared machine it
+ * leaves out the waits for a core, and with several threads it counts the pool's spinning);
+ * per row, B/A = the median of the per-pair quotients of wall time (the most robust to a busy
+ * machine; on a case row, 1 / the speedup from threads). Gradients accumulate across calls as
+ * in a training loop without zero_grad (the work per call does not depend on the values).
+ *
+ * Flops: 2 per multiply-add of the GEMMs and convolutions of one loss_grad call: forward
+ * Y = X W^T, backward dW = dY^T X and dX = dY W, no dX for the first parameterized layer (the
+ * engine computes none); a conv counts the block of its output that is computed (a fused pool
+ * reads 2 (OH/2) x 2 (OW/2) of it). Bias, activations, pooling and the loss are left out: they
+ * are memory-bound and small next to the GEMMs, except in the logistic case (a GEMV).
  *
  * Build and run: make -C csrc/tests bench && csrc/tests/build/bench_model [repeats] [threads]
  * [only: a substring of the case names to run]
  * A benchmark, not a test: nothing here fails.
  */
 #define _POSIX_C_SOURCE 199309L
-#include "dp_cnn.h"
 #include "dp_model.h"
-#include "dp_net.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,11 +63,10 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* One engine's loss_grad on fixed buffers. */
+/* One model's loss_grad on fixed buffers. */
 typedef struct {
-    int kind;              /* 0 dp_net, 1 dp_cnn, 2 dp_model */
+    dp_model *model;
     int f64;
-    void *engine;
     void *grads, *params, *x;
     int64_t *labels;
     int B;
@@ -70,19 +77,11 @@ static int run_once(runner *r)
     double loss;
     int64_t correct;
     double gs = 1.0 / r->B;
-    if (r->f64) {
-        if (r->kind == 0)
-            return dp_net_loss_grad_f64(r->engine, r->grads, &loss, &correct, r->params, r->x, r->labels, r->B, gs);
-        if (r->kind == 1)
-            return dp_cnn_loss_grad_f64(r->engine, r->grads, &loss, &correct, r->params, r->x, r->labels, r->B, gs);
-        return dp_model_loss_grad_f64(r->engine, r->grads, &loss, &correct, r->params, r->x, r->labels, NULL, r->B, gs);
-    }
-    float g = (float)gs;
-    if (r->kind == 0)
-        return dp_net_loss_grad_f32(r->engine, r->grads, &loss, &correct, r->params, r->x, r->labels, r->B, g);
-    if (r->kind == 1)
-        return dp_cnn_loss_grad_f32(r->engine, r->grads, &loss, &correct, r->params, r->x, r->labels, r->B, g);
-    return dp_model_loss_grad_f32(r->engine, r->grads, &loss, &correct, r->params, r->x, r->labels, NULL, r->B, g);
+    if (r->f64)
+        return dp_model_loss_grad_f64(r->model, r->grads, &loss, &correct, r->params, r->x,
+                                      r->labels, NULL, r->B, gs);
+    return dp_model_loss_grad_f32(r->model, r->grads, &loss, &correct, r->params, r->x,
+                                  r->labels, NULL, r->B, (float)gs);
 }
 
 /* Seconds per call: wall clock, and CPU time of the whole process in *cpu (all its threads;
@@ -102,44 +101,60 @@ static double time_steps(runner *r, int steps, double *cpu)
 
 #define MAX_REPEATS 256
 
-static double median(double *v, int n)
+/* The q-quantile of v[0..n) (sorts v in place): the element at rank q (n - 1), rounded. */
+static double quantile(double *v, int n, double q)
 {
     qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return v[n / 2];
+    return v[(int)(q * (n - 1) + 0.5)];
 }
 
-/* Only the cases whose name contains this (argv[3]); NULL: all. */
+/* 2 x the multiply-adds of one loss_grad call's GEMMs and convolutions (see the banner). */
+static double loss_grad_flops(const dp_plan *p, int B)
+{
+    double f = 0;
+    for (int k = 0; k < p->n_param_layers; k++) {
+        const dp_stage *st = &p->stage[p->param_stage[k]];
+        double macs = st->op == DP_STAGE_DENSE
+                          ? (double)st->in_width * st->out_width
+                          : (double)st->g.OC * st->g.C * st->g.KH * st->g.KW * st->conv_h * st->conv_w;
+        f += 2.0 * B * macs * (k ? 3 : 2);     /* forward, dW, and dX after the first layer */
+    }
+    return f;
+}
+
+/* Only the rows whose name contains this (argv[3]); NULL: all. */
 static const char *only;
 
-/* Times the two runners interleaved; prints one row. */
-static void compare(const char *name, int threads, runner *old, runner *model, int repeats)
+/* Times A and B interleaved; prints one row. */
+static void time_pair(const char *name, runner *a, runner *b, int repeats)
 {
-    if (only && !strstr(name, only)) return;
-    time_steps(old, 1, NULL);
-    time_steps(model, 1, NULL);
+    time_steps(a, 1, NULL);
+    time_steps(b, 1, NULL);
     double once[3];
-    for (int k = 0; k < 3; k++) once[k] = time_steps(old, 1, NULL);
-    int steps = median(once, 3) > 0 ? (int)(0.02 / median(once, 3)) : 100;
+    for (int k = 0; k < 3; k++) once[k] = time_steps(a, 1, NULL);
+    double one = quantile(once, 3, 0.5);
+    int steps = one > 0 ? (int)(0.02 / one) : 100;
     if (steps < 1) steps = 1;
     if (steps > 2000) steps = 2000;
-    double to[MAX_REPEATS], tm[MAX_REPEATS], co[MAX_REPEATS], cm[MAX_REPEATS];
-    double rw[MAX_REPEATS], rc[MAX_REPEATS];
+    double t[2][MAX_REPEATS], cpu[2][MAX_REPEATS], quot[MAX_REPEATS];
+    runner *r[2] = {a, b};
     for (int k = 0; k < repeats; k++) {
-        if (k % 2 == 0) {
-            to[k] = time_steps(old, steps, &co[k]);
-            tm[k] = time_steps(model, steps, &cm[k]);
-        } else {
-            tm[k] = time_steps(model, steps, &cm[k]);
-            to[k] = time_steps(old, steps, &co[k]);
+        for (int j = 0; j < 2; j++) {
+            int w = k % 2 ? 1 - j : j;
+            t[w][k] = time_steps(r[w], steps, &cpu[w][k]);
         }
-        rw[k] = tm[k] / to[k];
-        rc[k] = cm[k] / co[k];
+        quot[k] = t[1][k] / t[0][k];
     }
-    double mo = median(to, repeats), mm = median(tm, repeats);
-    double cpu_o = median(co, repeats), cpu_m = median(cm, repeats);
-    printf("%-34s %3d %5d %9.3f %9.3f %7.3f %7.3f %7.3f %9.3f %9.3f %7.3f %7.3f\n", name, threads,
-           steps, 1e3 * mo, 1e3 * mm, mm / mo, tm[0] / to[0], median(rw, repeats),
-           1e3 * cpu_o, 1e3 * cpu_m, cpu_m / cpu_o, median(rc, repeats));
+    printf("%-30s %5d", name, steps);
+    for (int w = 0; w < 2; w++) {
+        double med = quantile(t[w], repeats, 0.5);
+        double iqr = quantile(t[w], repeats, 0.75) - quantile(t[w], repeats, 0.25);
+        double flops = loss_grad_flops(&r[w]->model->plan, r[w]->B);
+        printf(" | %2d %8.3f %5.1f %7.2f", r[w]->model->threads, 1e3 * med, 100 * iqr / med,
+               1e-9 * flops / med);
+    }
+    printf(" | %6.3f | %8.3f %8.3f\n", quantile(quot, repeats, 0.5),
+           1e3 * quantile(cpu[0], repeats, 0.5), 1e3 * quantile(cpu[1], repeats, 0.5));
     fflush(stdout);
 }
 
@@ -158,68 +173,48 @@ static void *buf(int f64, ptrdiff_t n, double lo, double hi)
     return p;
 }
 
-/* control: a second dp_net in dp_model's place (the harness's own noise, e.g. from where the
- * two engines' buffers landed) */
-static void bench_dense(const char *name, const int *sizes, int L, dp_loss loss, int B,
-                        int f64, int threads, int repeats, int control)
+/* A layer list on its input shape, with its loss and batch size */
+typedef struct {
+    dp_layer l[10];
+    int n, ndim, shape[3];
+    dp_loss loss;
+    int B;
+} model_case;
+
+/* One row: the case's model at threads_a (A) and at threads_b (B), two instances. */
+static void bench_pair(const char *row, const model_case *c, int f64, int threads_a,
+                       int threads_b, int repeats)
 {
-    dp_layer layers[2 * DP_MAX_LAYERS];
-    int n = 0;
-    for (int l = 0; l < L; l++) {
-        layers[n++] = (dp_layer){DP_LAYER_DENSE, sizes[l + 1], 0, 0};
-        if (l + 1 < L) layers[n++] = (dp_layer){DP_LAYER_RELU, 0, 0, 0};
-    }
-    dp_net net, net2;
-    dp_model m;
-    if (dp_net_init(&net, sizes, L, loss, threads) || dp_model_init(&m, layers, n, sizes, 1, loss, threads) ||
-        dp_net_init(&net2, sizes, L, loss, threads)) {
-        fprintf(stderr, "bench_model: init failed for %s\n", name);
+    if (only && !strstr(row, only)) return;
+    dp_model ma, mb;
+    if (dp_model_init(&ma, c->l, c->n, c->shape, c->ndim, c->loss, threads_a) ||
+        dp_model_init(&mb, c->l, c->n, c->shape, c->ndim, c->loss, threads_b)) {
+        fprintf(stderr, "bench_model: init failed for %s\n", row);
         exit(1);
     }
-    ptrdiff_t P = net.n_params;
-    void *params = buf(f64, P, -0.05, 0.05), *x = buf(f64, (ptrdiff_t)B * sizes[0], -1, 1);
-    void *g1 = buf(f64, P, 0, 0), *g2 = buf(f64, P, 0, 0);
-    int64_t *lab = calloc((size_t)B, sizeof(int64_t));
-    for (int i = 0; i < B; i++) lab[i] = (int64_t)(unif(0, 1) * (loss == DP_LOSS_SIGMOID_BCE ? 2 : sizes[L])) ;
-    runner old = {0, f64, &net, g1, params, x, lab, B}, mod = {2, f64, &m, g2, params, x, lab, B};
-    runner twin = {0, f64, &net2, g2, params, x, lab, B};
-    compare(name, threads, &old, control ? &twin : &mod, repeats);
-    free(params); free(x); free(g1); free(g2); free(lab);
-    dp_net_free(&net);
-    dp_net_free(&net2);
-    dp_model_free(&m);
+    const dp_plan *p = &ma.plan;
+    int classes = c->loss == DP_LOSS_SIGMOID_BCE ? 2 : p->out_width;
+    void *params = buf(f64, p->n_params, -0.05, 0.05);
+    void *x = buf(f64, (ptrdiff_t)c->B * p->in_width, -1, 1);
+    void *ga = buf(f64, p->n_params, 0, 0), *gb = buf(f64, p->n_params, 0, 0);
+    int64_t *lab = calloc((size_t)c->B, sizeof(int64_t));
+    if (!lab) {
+        fprintf(stderr, "bench_model: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < c->B; i++) lab[i] = (int64_t)(unif(0, 1) * classes);
+    runner a = {&ma, f64, ga, params, x, lab, c->B}, b = {&mb, f64, gb, params, x, lab, c->B};
+    time_pair(row, &a, &b, repeats);
+    free(params); free(x); free(ga); free(gb); free(lab);
+    dp_model_free(&ma);
+    dp_model_free(&mb);
 }
 
-static void bench_cnn(const char *name, int f64, int threads, int repeats, int control)
-{
-    const int C = 3, H = 32, W = 32, ch[2] = {32, 64}, dense[2] = {128, 10}, B = 128;
-    const dp_layer layers[] = {
-        {DP_LAYER_CONV, 32, 3, 0}, {DP_LAYER_RELU, 0, 0, 0}, {DP_LAYER_MAXPOOL2, 0, 0, 0},
-        {DP_LAYER_CONV, 64, 3, 0}, {DP_LAYER_RELU, 0, 0, 0}, {DP_LAYER_MAXPOOL2, 0, 0, 0},
-        {DP_LAYER_FLATTEN, 0, 0, 0}, {DP_LAYER_DENSE, 128, 0, 0}, {DP_LAYER_RELU, 0, 0, 0},
-        {DP_LAYER_DENSE, 10, 0, 0}};
-    const int shape[3] = {C, H, W};
-    dp_cnn net, net2;
-    dp_model m;
-    if (dp_cnn_init(&net, C, H, W, ch, 2, 3, 0, dense, 2, threads) ||
-        dp_model_init(&m, layers, 10, shape, 3, DP_LOSS_SOFTMAX_XENT, threads) ||
-        dp_cnn_init(&net2, C, H, W, ch, 2, 3, 0, dense, 2, threads)) {
-        fprintf(stderr, "bench_model: init failed for %s\n", name);
-        exit(1);
-    }
-    ptrdiff_t P = net.n_params;
-    void *params = buf(f64, P, -0.05, 0.05), *x = buf(f64, (ptrdiff_t)B * C * H * W, -1, 1);
-    void *g1 = buf(f64, P, 0, 0), *g2 = buf(f64, P, 0, 0);
-    int64_t *lab = calloc((size_t)B, sizeof(int64_t));
-    for (int i = 0; i < B; i++) lab[i] = (int64_t)(unif(0, 1) * 10);
-    runner old = {1, f64, &net, g1, params, x, lab, B}, mod = {2, f64, &m, g2, params, x, lab, B};
-    runner twin = {1, f64, &net2, g2, params, x, lab, B};
-    compare(name, threads, &old, control ? &twin : &mod, repeats);
-    free(params); free(x); free(g1); free(g2); free(lab);
-    dp_cnn_free(&net);
-    dp_cnn_free(&net2);
-    dp_model_free(&m);
-}
+#define DENSE(n) {DP_LAYER_DENSE, (n), 0, 0}
+#define CONV(oc, k, p) {DP_LAYER_CONV, (oc), (k), (p)}
+#define POOL {DP_LAYER_MAXPOOL2, 0, 0, 0}
+#define RELU {DP_LAYER_RELU, 0, 0, 0}
+#define FLAT {DP_LAYER_FLATTEN, 0, 0, 0}
 
 int main(int argc, char **argv)
 {
@@ -228,28 +223,38 @@ int main(int argc, char **argv)
     only = argc > 3 ? argv[3] : NULL;
     if (repeats < 1) repeats = 1;
     if (repeats > MAX_REPEATS) repeats = MAX_REPEATS;
-    printf("bench_model: loss_grad, ms per call, median of %d interleaved repeats; ratio = "
-           "dp_model / old engine\n", repeats);
-    printf("%-34s %3s %5s %9s %9s %7s %7s %7s %9s %9s %7s %7s\n", "case (old engine)", "thr",
-           "steps", "old ms", "model ms", "ratio", "min", "med.r", "old cpu", "model cpu",
-           "ratio", "med.r");
-    const int mlp[] = {784, 256, 128, 10}, softreg[] = {784, 10}, logreg[] = {100, 1};
+    if (threads < 1) threads = 1;
+    if (threads > DP_MAX_THREADS) threads = DP_MAX_THREADS;
+    const model_case mlp = {{DENSE(256), RELU, DENSE(128), RELU, DENSE(10)}, 5, 1, {784},
+                            DP_LOSS_SOFTMAX_XENT, 128};
+    const model_case cnn = {{CONV(32, 3, 0), RELU, POOL, CONV(64, 3, 0), RELU, POOL, FLAT,
+                             DENSE(128), RELU, DENSE(10)}, 10, 3, {3, 32, 32},
+                            DP_LOSS_SOFTMAX_XENT, 128};
+    const model_case softreg = {{DENSE(10)}, 1, 1, {784}, DP_LOSS_SOFTMAX_XENT, 128};
+    const model_case logreg = {{DENSE(1)}, 1, 1, {100}, DP_LOSS_SIGMOID_BCE, 8192};
+
+    printf("bench_model: dp_model loss_grad, median of %d interleaved repeats; A = 1 thread, "
+           "B = %d threads (control rows: B is a second instance of A)\n", repeats, threads);
+    printf("%-30s %5s | %2s %8s %5s %7s | %2s %8s %5s %7s | %6s | %8s %8s\n", "case", "steps",
+           "A", "ms", "iqr%", "GFLOP/s", "B", "ms", "iqr%", "GFLOP/s", "B/A", "A cpu ms",
+           "B cpu ms");
+    bench_pair("mlp 784-256-128-10 f32", &mlp, 0, 1, threads, repeats);
+    bench_pair("cnn (3,32,32) B=128 f32", &cnn, 0, 1, threads, repeats);
+    bench_pair("softmax reg 784-10 f32", &softreg, 0, 1, threads, repeats);
+    bench_pair("logistic 100-1 B=8192 f32", &logreg, 0, 1, threads, repeats);
+    bench_pair("mlp 784-256-128-10 f64", &mlp, 1, 1, threads, repeats);
+    bench_pair("cnn (3,32,32) B=128 f64", &cnn, 1, 1, threads, repeats);
+    /* controls: a model against a second instance of itself */
     for (int pass = 0; pass < 2; pass++) {
         int t = pass ? threads : 1;
         if (pass && threads == 1) break;
-        bench_dense("mlp 784-256-128-10 f32 (dp_net)", mlp, 3, DP_LOSS_SOFTMAX_XENT, 128, 0, t, repeats, 0);
-        bench_cnn("cnn cifar B=128 f32 (dp_cnn)", 0, t, repeats, 0);
-        bench_dense("softmax reg 784-10 f32 (dp_net)", softreg, 1, DP_LOSS_SOFTMAX_XENT, 128, 0, t, repeats, 0);
-        bench_dense("logistic 100-1 B=8192 f32 (dp_net)", logreg, 1, DP_LOSS_SIGMOID_BCE, 8192, 0, t, repeats, 0);
-        bench_dense("mlp 784-256-128-10 f64 (dp_net)", mlp, 3, DP_LOSS_SOFTMAX_XENT, 128, 1, t, repeats, 0);
-        bench_cnn("cnn cifar B=128 f64 (dp_cnn)", 1, t, repeats, 0);
-        /* controls: the old engine against a second instance of itself */
-        bench_dense("control: mlp f32 dp_net vs dp_net", mlp, 3, DP_LOSS_SOFTMAX_XENT, 128, 0, t, repeats, 1);
-        bench_dense("control: mlp f64 dp_net vs dp_net", mlp, 3, DP_LOSS_SOFTMAX_XENT, 128, 1, t, repeats, 1);
-        bench_cnn("control: cnn f32 dp_cnn vs dp_cnn", 0, t, repeats, 1);
+        bench_pair(t == 1 ? "control: mlp f32 1 thread" : "control: mlp f32 N threads", &mlp, 0, t, t, repeats);
+        bench_pair(t == 1 ? "control: mlp f64 1 thread" : "control: mlp f64 N threads", &mlp, 1, t, t, repeats);
+        bench_pair(t == 1 ? "control: cnn f32 1 thread" : "control: cnn f32 N threads", &cnn, 0, t, t, repeats);
     }
-    printf("columns: old/model ms = median wall ms per call; ratio = their quotient; min = fastest "
-           "model repeat / fastest old repeat; med.r = median of the per-pair quotients; then the "
-           "same for the process's CPU ms per call (all threads)\n");
+    printf("columns: per model its threads, the median wall ms per call, the interquartile range of "
+           "the repeats in %% of the median, GFLOP/s of its GEMM/conv work at the median; B/A = "
+           "median of the per-pair quotients of wall time; the median process CPU ms per call of "
+           "each (all threads)\n");
     return 0;
 }

@@ -3,10 +3,9 @@
  * Every optimized kernel is checked against its naive twin or against a straightforward
  * double-precision computation written here, for float and double, over odd sizes
  * (1, 7, 33, 129, ...), for the GEMM on both ISA paths (DPTRAIN_GEMM_ISA=generic forces the
- * portable one) and with a context of 1 and 3 threads and with none. Backward kernels of
- * dp_net are checked against central finite differences of a double forward written here;
- * the convolution against a loop written here, pooling against its rule, and dp_cnn against
- * central finite differences of its own evaluate.
+ * portable one) and with a context of 1 and 3 threads and with none. The convolution is
+ * checked against a loop written here and pooling against its rule; the networks built from
+ * these kernels (dp_model) are tested by test_model.c.
  *
  * Tolerances are rounding-error bounds, not fudge factors: (terms + slack) * epsilon of the
  * dtype times the magnitude of what was summed (sum |a_k b_k| for a dot product). A missing or
@@ -21,7 +20,6 @@
  * Leaves out on purpose: timings (bench/), the Python boundary (the tests/ directory), and two
  * callers sharing one context (documented as unsupported).
  */
-#include "dp_cnn.h"
 #include "dp_common.h"
 #include "dp_conv.h"
 #include "dp_cpu.h"
@@ -32,7 +30,6 @@
 #include "dp_loss.h"
 #include "dp_sgd.h"
 #include "dp_math.h"
-#include "dp_net.h"
 
 #include <float.h>
 #include <inttypes.h>
@@ -315,22 +312,6 @@ static void scale_t(dtype dt, void *buf, ptrdiff_t n, double alpha)
 {
     if (dt == F32) dp_scale_f32(buf, n, (float)alpha);
     else dp_scale_f64(buf, n, alpha);
-}
-
-static int net_loss_grad_t(dtype dt, dp_net *net, void *grads, double *loss, int64_t *correct,
-                           const void *params, const void *x, const int64_t *labels, int B,
-                           double gs)
-{
-    return dt == F32
-               ? dp_net_loss_grad_f32(net, grads, loss, correct, params, x, labels, B, (float)gs)
-               : dp_net_loss_grad_f64(net, grads, loss, correct, params, x, labels, B, gs);
-}
-
-static int net_evaluate_t(dtype dt, dp_net *net, void *logits, double *loss, int64_t *correct,
-                          const void *params, const void *x, const int64_t *labels, int B)
-{
-    return dt == F32 ? dp_net_evaluate_f32(net, logits, loss, correct, params, x, labels, B)
-                     : dp_net_evaluate_f64(net, logits, loss, correct, params, x, labels, B);
 }
 
 /* ---- contexts and ISA paths ------------------------------------------------------------ */
@@ -1114,276 +1095,6 @@ static void test_argmax_count(dtype dt)
         }
 }
 
-/* ---- dp_net ------------------------------------------------------------------------------ */
-
-/* The forward of dp_net's layout in double: W_l (OUT, IN) then b_l, ReLU between layers. */
-static void net_ref_forward(double *logits, const int *sizes, int L, const double *params,
-                            const double *x, int B)
-{
-    double *h = dalloc((ptrdiff_t)B * sizes[0]);
-    memcpy(h, x, sizeof(double) * (size_t)B * (size_t)sizes[0]);
-    ptrdiff_t off = 0;
-    for (int l = 0; l < L; l++) {
-        int IN = sizes[l], OUT = sizes[l + 1];
-        const double *W = params + off, *bias = W + (ptrdiff_t)OUT * IN;
-        off += (ptrdiff_t)OUT * (IN + 1);
-        double *o = dalloc((ptrdiff_t)B * OUT);
-        for (int i = 0; i < B; i++)
-            for (int j = 0; j < OUT; j++) {
-                double s = bias[j];
-                for (int k = 0; k < IN; k++) s += h[i * IN + k] * W[j * IN + k];
-                o[i * OUT + j] = l + 1 < L && s < 0 ? 0 : s;
-            }
-        free(h);
-        h = o;
-    }
-    memcpy(logits, h, sizeof(double) * (size_t)B * (size_t)sizes[L]);
-    free(h);
-}
-
-/* Loss sum (softmax cross-entropy, or BCE on one logit) and correct count, in double;
- * *ambiguous counts rows whose prediction is within `margin` of a tie. */
-static double net_ref_loss(const double *z, const int64_t *lab, int B, int C, dp_loss loss,
-                           int64_t *correct, double margin, int64_t *ambiguous)
-{
-    double total = 0;
-    *correct = 0;
-    *ambiguous = 0;
-    for (int i = 0; i < B; i++) {
-        const double *r = z + (ptrdiff_t)i * C;
-        if (loss == DP_LOSS_SIGMOID_BCE) {
-            double s;
-            total += bce_ref(r[0], (double)lab[i], &s);
-            if (fabs(r[0]) <= margin) (*ambiguous)++;
-            else *correct += (r[0] > 0) == (lab[i] == 1);
-        } else {
-            int best = 0;
-            double mx = r[0], s = 0, second = -INFINITY;
-            for (int j = 1; j < C; j++)
-                if (r[j] > r[best]) best = j;
-            mx = r[best];
-            for (int j = 0; j < C; j++) {
-                s += exp(r[j] - mx);
-                if (j != best) second = fmax(second, r[j]);
-            }
-            total += log(s) + mx - r[lab[i]];
-            if (mx - second <= margin) (*ambiguous)++;
-            else *correct += best == lab[i];
-        }
-    }
-    return total;
-}
-
-static void test_net_setup(void)
-{
-    const int s1[] = {7, 33, 5}, s2[] = {20, 1}, bad[] = {7, 0, 5};
-    int many[DP_MAX_LAYERS + 2];
-    for (int l = 0; l < DP_MAX_LAYERS + 2; l++) many[l] = 3;
-    const struct { const int *sizes; int L; ptrdiff_t want; const char *name; } pc[] = {
-        {s1, 2, 33 * 8 + 5 * 34, "{7,33,5}"},
-        {s2, 1, 21, "{20,1}"},
-        {bad, 2, -1, "{7,0,5}"},
-        {s1, 0, -1, "n_layers=0"},
-        {many, DP_MAX_LAYERS + 1, -1, "n_layers=DP_MAX_LAYERS+1"},
-        {many, DP_MAX_LAYERS, (ptrdiff_t)DP_MAX_LAYERS * 12, "n_layers=DP_MAX_LAYERS"},
-    };
-    for (int i = 0; i < 6; i++) {
-        ptrdiff_t p = dp_net_param_count(pc[i].sizes, pc[i].L);
-        expect(p == pc[i].want, "dp_net_param_count %s: %td expected %td", pc[i].name, p,
-               pc[i].want);
-    }
-    const struct { const int *sizes; int L; dp_loss loss; const char *name; } inv[] = {
-        {s1, 2, DP_LOSS_SIGMOID_BCE, "{7,33,5} bce (last size != 1)"},
-        {s2, 1, DP_LOSS_SOFTMAX_XENT, "{20,1} softmax (fewer than 2 classes)"},
-        {bad, 2, DP_LOSS_SOFTMAX_XENT, "{7,0,5} softmax (a size < 1)"},
-    };
-    for (int i = 0; i < 3; i++) {
-        dp_net net;
-        int rc = dp_net_init(&net, inv[i].sizes, inv[i].L, inv[i].loss, 1);
-        expect(rc == DP_EVALUE, "dp_net_init %s: returned %d, expected DP_EVALUE", inv[i].name, rc);
-        dp_net_free(&net);    /* safe after a failed init */
-    }
-}
-
-/* One network: loss_grad (f64) against central finite differences of the double forward,
- * 1 vs 3 threads, f32 against f64, B == 0, evaluate in chunks, labels out of range. */
-static void test_net_case(const int *sizes, int L, dp_loss loss, int B, const char *name)
-{
-    const int C = sizes[L], EB = 1500;           /* EB > EVAL_ROWS (1024): two chunks */
-    const double gs = 1.0 / B;
-    dp_net net, net3;
-    int rc = dp_net_init(&net, sizes, L, loss, 1);
-    if (!expect(rc == DP_OK, "dp_net_init %s threads=1: returned %d", name, rc)) return;
-    rc = dp_net_init(&net3, sizes, L, loss, 3);
-    if (!expect(rc == DP_OK, "dp_net_init %s threads=3: returned %d", name, rc)) {
-        dp_net_free(&net);
-        return;
-    }
-    let_helpers_start();
-    const ptrdiff_t P = net.n_params, nx = (ptrdiff_t)B * sizes[0];
-    expect(P == dp_net_param_count(sizes, L), "dp_net_init %s: n_params %td, expected %td", name,
-           P, dp_net_param_count(sizes, L));
-    double *params = dalloc(P), *g0 = dalloc(P), *grads = dalloc(P), *grads3 = dalloc(P);
-    double *x = dalloc(nx), *pp = dalloc(P), *z = dalloc((ptrdiff_t)EB * C);
-    int64_t *lab = ialloc(EB), cref, amb, correct;
-    for (ptrdiff_t i = 0; i < P; i++) params[i] = unif(-0.5, 0.5);
-    for (ptrdiff_t i = 0; i < P; i++) g0[i] = unif(-1, 1);
-    for (ptrdiff_t i = 0; i < nx; i++) x[i] = unif(-1, 1);
-    for (int i = 0; i < EB; i++) lab[i] = randint(C == 1 ? 2 : C);
-
-    /* f64 loss and gradient */
-    memcpy(grads, g0, sizeof(double) * (size_t)P);
-    double lsum = NAN;
-    rc = dp_net_loss_grad_f64(&net, grads, &lsum, &correct, params, x, lab, B, gs);
-    expect(rc == DP_OK, "dp_net_loss_grad_f64 %s B=%d: returned %d", name, B, rc);
-    net_ref_forward(z, sizes, L, params, x, B);
-    double lref = net_ref_loss(z, lab, B, C, loss, &cref, 1e-9, &amb);
-    expect(fabs(lsum - lref) <= 1e-12 * (1 + fabs(lref)),
-           "dp_net_loss_grad_f64 %s B=%d: loss_sum %.15g expected %.15g", name, B, lsum, lref);
-    expect(correct >= cref && correct <= cref + amb,
-           "dp_net_loss_grad_f64 %s B=%d: correct %" PRId64 " expected %" PRId64, name, B,
-           correct, cref);
-
-    /* d(gs * sum loss)/dp by central differences; h balances truncation (h^2) and
-     * cancellation (eps / h) error */
-    const double h = 1e-6;
-    diff d = {0};
-    memcpy(pp, params, sizeof(double) * (size_t)P);
-    for (ptrdiff_t i = 0; i < P; i++) {
-        double lp, lm;
-        pp[i] = params[i] + h;
-        net_ref_forward(z, sizes, L, pp, x, B);
-        lp = net_ref_loss(z, lab, B, C, loss, &cref, 0, &amb);
-        pp[i] = params[i] - h;
-        net_ref_forward(z, sizes, L, pp, x, B);
-        lm = net_ref_loss(z, lab, B, C, loss, &cref, 0, &amb);
-        pp[i] = params[i];
-        double fd = gs * (lp - lm) / (2 * h);
-        diff_add(&d, i, grads[i] - g0[i], fd, 1e-7 + 1e-6 * fabs(fd));
-    }
-    expect_diff(&d, 0, "dp_net_loss_grad_f64 %s B=%d grads (minus the prefill) vs finite differences",
-                name, B);
-
-    /* a 3-thread context computes the same gradient */
-    memcpy(grads3, g0, sizeof(double) * (size_t)P);
-    double lsum3 = NAN;
-    rc = dp_net_loss_grad_f64(&net3, grads3, &lsum3, &correct, params, x, lab, B, gs);
-    expect(rc == DP_OK && fabs(lsum3 - lsum) <= 1e-13 * (1 + fabs(lsum)),
-           "dp_net_loss_grad_f64 %s B=%d threads=3: returned %d, loss_sum %.15g vs %.15g (threads=1)",
-           name, B, rc, lsum3, lsum);
-    diff e = {0};
-    for (ptrdiff_t i = 0; i < P; i++) diff_add(&e, i, grads3[i], grads[i], 1e-13 * (1 + fabs(grads[i])));
-    expect_diff(&e, 0, "dp_net_loss_grad_f64 %s B=%d threads=3 grads vs threads=1", name, B);
-
-    /* B == 0: zero loss, nothing accumulated */
-    memcpy(grads3, g0, sizeof(double) * (size_t)P);
-    lsum3 = NAN;
-    correct = -1;
-    rc = dp_net_loss_grad_f64(&net, grads3, &lsum3, &correct, params, x, lab, 0, gs);
-    expect(rc == DP_OK && lsum3 == 0 && correct == 0 &&
-               memcmp(grads3, g0, sizeof(double) * (size_t)P) == 0,
-           "dp_net_loss_grad_f64 %s B=0: returned %d, loss_sum %g, correct %" PRId64
-           ", grads %s", name, rc, lsum3, correct,
-           memcmp(grads3, g0, sizeof(double) * (size_t)P) ? "changed" : "unchanged");
-
-    /* f32 against the f64 kernel on the same (float-rounded) inputs */
-    float *p32 = xalloc(sizeof(float) * (size_t)P), *g32 = xalloc(sizeof(float) * (size_t)P);
-    float *x32 = xalloc(sizeof(float) * (size_t)nx);
-    for (ptrdiff_t i = 0; i < P; i++) {
-        p32[i] = (float)params[i];
-        pp[i] = p32[i];
-        g32[i] = 0;
-        grads3[i] = 0;
-    }
-    double *xr = dalloc(nx);
-    for (ptrdiff_t i = 0; i < nx; i++) xr[i] = x32[i] = (float)x[i];
-    double l64 = NAN, l32 = NAN;
-    int64_t c64 = -1, c32 = -1;
-    rc = dp_net_loss_grad_f64(&net, grads3, &l64, &c64, pp, xr, lab, B, gs);
-    int rc32 = dp_net_loss_grad_f32(&net3, g32, &l32, &c32, p32, x32, lab, B, (float)gs);
-    expect(rc == DP_OK && rc32 == DP_OK, "dp_net_loss_grad_f32 %s B=%d: returned %d", name, B, rc32);
-    expect(fabs(l32 - l64) <= 1e-5 * (1 + fabs(l64)),
-           "dp_net_loss_grad_f32 %s B=%d: loss_sum %.9g expected %.9g (f64)", name, B, l32, l64);
-    double gmax = 0;
-    for (ptrdiff_t i = 0; i < P; i++) gmax = fmax(gmax, fabs(grads3[i]));
-    diff f = {0};
-    for (ptrdiff_t i = 0; i < P; i++)
-        diff_add(&f, i, g32[i], grads3[i], 1e-4 * (gmax + fabs(grads3[i])));
-    expect_diff(&f, 0, "dp_net_loss_grad_f32 %s B=%d grads vs f64", name, B);
-
-    /* evaluate over more rows than one chunk, in both dtypes, with and without logits/labels */
-    double *ex = dalloc((ptrdiff_t)EB * sizes[0]), *zr = dalloc((ptrdiff_t)EB * C);
-    for (ptrdiff_t i = 0; i < (ptrdiff_t)EB * sizes[0]; i++) ex[i] = (float)unif(-1, 1);
-    for (int t = 0; t < 2; t++) {
-        dtype dt = t ? F32 : F64;
-        dp_net *nn = t ? &net3 : &net;
-        const double *pr = t ? pp : params;     /* f32: the float-rounded parameters */
-        void *tp = talloc(dt, P), *tx = talloc(dt, (ptrdiff_t)EB * sizes[0]);
-        void *tz = talloc(dt, (ptrdiff_t)EB * C), *tz2 = talloc(dt, (ptrdiff_t)EB * C);
-        for (ptrdiff_t i = 0; i < P; i++) tset(dt, tp, i, pr[i]);
-        for (ptrdiff_t i = 0; i < (ptrdiff_t)EB * sizes[0]; i++) tset(dt, tx, i, ex[i]);
-        net_ref_forward(zr, sizes, L, pr, ex, EB);
-        const double tol = t ? 1e-4 : 1e-11;
-        int64_t ec, ec2;
-        double el = NAN, el2 = NAN, eref = net_ref_loss(zr, lab, EB, C, loss, &cref, tol, &amb);
-        char what[96];
-        snprintf(what, sizeof what, "dp_net_evaluate_%s %s B=%d threads=%d", dtn(dt), name, EB,
-                 t ? 3 : 1);
-        tconst(dt, tz, (ptrdiff_t)EB * C, NAN);
-        rc = net_evaluate_t(dt, nn, tz, &el, &ec, tp, tx, lab, EB);
-        expect(rc == DP_OK, "%s: returned %d", what, rc);
-        diff g = {0};
-        for (ptrdiff_t i = 0; i < (ptrdiff_t)EB * C; i++)
-            diff_add(&g, i, tget(dt, tz, i), zr[i], tol * (1 + fabs(zr[i])));
-        expect_diff(&g, C, "%s logits", what);
-        expect(fabs(el - eref) <= tol * (EB + fabs(eref)), "%s: loss_sum %.12g expected %.12g",
-               what, el, eref);
-        expect(ec >= cref && ec <= cref + amb,
-               "%s: correct %" PRId64 " expected %" PRId64 " (+ up to %" PRId64 " near-ties)", what,
-               ec, cref, amb);
-        /* no labels: logits only, zero loss and count */
-        tconst(dt, tz2, (ptrdiff_t)EB * C, NAN);
-        rc = net_evaluate_t(dt, nn, tz2, &el2, &ec2, tp, tx, NULL, EB);
-        expect(rc == DP_OK && el2 == 0 && ec2 == 0 &&
-                   memcmp(tz, tz2, (size_t)EB * (size_t)C * dts(dt)) == 0,
-               "%s labels=NULL: returned %d, loss_sum %g, correct %" PRId64 ", logits %s", what,
-               rc, el2, ec2, memcmp(tz, tz2, (size_t)EB * (size_t)C * dts(dt)) ? "differ" : "same");
-        /* no logits: the same loss and count */
-        rc = net_evaluate_t(dt, nn, NULL, &el2, &ec2, tp, tx, lab, EB);
-        expect(rc == DP_OK && el2 == el && ec2 == ec,
-               "%s logits=NULL: returned %d, loss_sum %.12g vs %.12g, correct %" PRId64 " vs %" PRId64,
-               what, rc, el2, el, ec2, ec);
-        /* a label out of range fails in the first and in a later chunk */
-        for (int at = 0; at < 2; at++) {
-            int row = at ? EB - 1 : 3;
-            int64_t keep = lab[row];
-            for (int bad = 0; bad < 2; bad++) {
-                lab[row] = bad ? -1 : C == 1 ? 2 : C;
-                rc = net_evaluate_t(dt, nn, NULL, &el2, &ec2, tp, tx, lab, EB);
-                expect(rc == DP_ELABEL, "%s label=%" PRId64 " at row %d: returned %d, expected DP_ELABEL",
-                       what, lab[row], row, rc);
-                if (row < B) {
-                    void *tg = talloc(dt, P);
-                    tconst(dt, tg, P, 0);
-                    rc = net_loss_grad_t(dt, nn, tg, &el2, &ec2, tp, tx, lab, B, gs);
-                    expect(rc == DP_ELABEL,
-                           "dp_net_loss_grad_%s %s B=%d label=%" PRId64 " at row %d: returned %d, "
-                           "expected DP_ELABEL", dtn(dt), name, B, lab[row], row, rc);
-                    free(tg);
-                }
-            }
-            lab[row] = keep;
-        }
-        free(tp); free(tx); free(tz); free(tz2);
-    }
-    free(params); free(g0); free(grads); free(grads3); free(x); free(pp); free(z); free(lab);
-    free(p32); free(g32); free(x32); free(xr); free(ex); free(zr);
-    dp_net_free(&net);
-    dp_net_free(&net3);
-}
-
-/* ---- main -------------------------------------------------------------------------------- */
-
 /* ---- dp_sync: the shared-memory group's barrier and slice reduction, on real threads */
 
 #include <pthread.h>
@@ -1602,7 +1313,7 @@ static void test_group_allreduce(void)
     dp_aligned_free(bar);
 }
 
-/* ---- convolution, pooling, the CNN -------------------------------------------------------- */
+/* ---- convolution and pooling ------------------------------------------------------------- */
 
 static int conv_fwd_t(dtype dt, dp_ctx *ctx, dp_scratch *s, void *y, const void *x, const void *w,
                       const void *b, int B, const dp_conv_geom *g)
@@ -1794,97 +1505,6 @@ static void test_maxpool(dtype dt)
     }
 }
 
-/* The CNN: loss_grad (f64) against central finite differences of dp_cnn_evaluate, the
- * forward/backward steps equal loss_grad, 3 threads near 1, f32 runs; exact-size buffers. */
-static void test_cnn_case(int C, int H, int W, const int *ch, int nc, int kernel, int pad,
-                          const int *dense, int nd, int B, const char *name)
-{
-    dp_cnn net, net3;
-    int rc = dp_cnn_init(&net, C, H, W, ch, nc, kernel, pad, dense, nd, 1);
-    if (!expect(rc == DP_OK, "dp_cnn_init %s: returned %d", name, rc)) { dp_cnn_free(&net); return; }
-    rc = dp_cnn_init(&net3, C, H, W, ch, nc, kernel, pad, dense, nd, 3);
-    if (!expect(rc == DP_OK, "dp_cnn_init %s threads=3: returned %d", name, rc)) {
-        dp_cnn_free(&net);
-        dp_cnn_free(&net3);
-        return;
-    }
-    let_helpers_start();
-    ptrdiff_t P = net.n_params, nx = (ptrdiff_t)B * C * H * W;
-    int classes = dense[nd - 1];
-    double *params = dalloc(P), *g = dalloc(P), *g2 = dalloc(P), *g3 = dalloc(P), *x = dalloc(nx);
-    int64_t *lab = ialloc(B), correct, c2;
-    for (ptrdiff_t i = 0; i < P; i++) params[i] = unif(-0.5, 0.5);
-    for (ptrdiff_t i = 0; i < nx; i++) x[i] = unif(-1, 1);
-    for (int i = 0; i < B; i++) lab[i] = randint(classes);
-    memset(g, 0, sizeof(double) * (size_t)P);
-    double loss = NAN, l2 = NAN, gs = 1.0 / B;
-    rc = dp_cnn_loss_grad_f64(&net, g, &loss, &correct, params, x, lab, B, gs);
-    expect(rc == DP_OK, "dp_cnn_loss_grad_f64 %s: returned %d", name, rc);
-    diff d = {0};
-    const double h = 1e-6;
-    for (ptrdiff_t i = 0; i < P; i++) {
-        double lp, lm, old = params[i];
-        int64_t cc;
-        params[i] = old + h;
-        dp_cnn_evaluate_f64(&net, NULL, &lp, &cc, params, x, lab, B);
-        params[i] = old - h;
-        dp_cnn_evaluate_f64(&net, NULL, &lm, &cc, params, x, lab, B);
-        params[i] = old;
-        double fd = gs * (lp - lm) / (2 * h);
-        diff_add(&d, i, g[i], fd, 1e-7 + 1e-6 * fabs(fd));
-    }
-    expect_diff(&d, 0, "dp_cnn_loss_grad_f64 %s grads vs finite differences", name);
-    /* the same sweep in steps, into a second buffer */
-    memset(g2, 0, sizeof(double) * (size_t)P);
-    rc = dp_cnn_forward_loss_f64(&net, &l2, &c2, params, x, lab, B, gs);
-    for (int l = net.n_layers - 1; l >= 0 && rc == DP_OK; l--)
-        rc = dp_cnn_backward_layer_f64(&net, g2, params, l);
-    expect(rc == DP_OK && l2 == loss && c2 == correct && memcmp(g, g2, sizeof(double) * (size_t)P) == 0,
-           "dp_cnn forward_loss + backward_layer %s: differs from loss_grad (rc %d)", name, rc);
-    expect(dp_cnn_backward_layer_f64(&net, g2, params, 0) == DP_EORDER,
-           "dp_cnn_backward_layer %s: a step with no sweep was accepted", name);
-    memset(g3, 0, sizeof(double) * (size_t)P);
-    rc = dp_cnn_loss_grad_f64(&net3, g3, &l2, &c2, params, x, lab, B, gs);
-    diff d3 = {0};
-    for (ptrdiff_t i = 0; i < P; i++) diff_add(&d3, i, g3[i], g[i], 1e-12 * (1 + fabs(g[i])));
-    expect(rc == DP_OK && fabs(l2 - loss) <= 1e-12 * fabs(loss) && c2 == correct,
-           "dp_cnn_loss_grad_f64 %s threads=3: loss %.15g vs %.15g", name, l2, loss);
-    expect_diff(&d3, 0, "dp_cnn_loss_grad_f64 %s threads=3 grads vs threads=1", name);
-    /* float: runs on exact-size buffers and agrees loosely */
-    float *pf = talloc(F32, P), *gf = talloc(F32, P), *xf = talloc(F32, nx);
-    for (ptrdiff_t i = 0; i < P; i++) pf[i] = (float)params[i], gf[i] = 0;
-    for (ptrdiff_t i = 0; i < nx; i++) xf[i] = (float)x[i];
-    double lf = NAN;
-    rc = dp_cnn_loss_grad_f32(&net3, gf, &lf, &c2, pf, xf, lab, B, (float)gs);
-    diff df = {0};
-    for (ptrdiff_t i = 0; i < P; i++) diff_add(&df, i, gf[i], g[i], 1e-4 * (1e-3 + fabs(g[i])));
-    expect(rc == DP_OK && fabs(lf - loss) <= 1e-4 * fabs(loss),
-           "dp_cnn_loss_grad_f32 %s: rc %d loss %.7g vs %.7g", name, rc, lf, loss);
-    expect_diff(&df, 0, "dp_cnn_loss_grad_f32 %s grads vs f64", name);
-    free(pf); free(gf); free(xf);
-    free(params); free(g); free(g2); free(g3); free(x); free(lab);
-    dp_cnn_free(&net);
-    dp_cnn_free(&net3);
-}
-
-static void test_cnn(void)
-{
-    const int c2[] = {3, 4}, c1[] = {4}, d2[] = {6, 5}, d1[] = {3}, d3[] = {5, 4};
-    test_cnn_case(1, 12, 10, c2, 2, 3, 0, d2, 2, 5, "(1,12,10) conv 3,4 k3 dense 6,5");
-    test_cnn_case(2, 9, 9, c1, 1, 3, 1, d3, 2, 7, "(2,9,9) conv 4 k3 p1 dense 5,4");
-    test_cnn_case(3, 9, 7, c2, 2, 1, 0, d1, 1, 4, "(3,9,7) conv 3,4 k1 dense 3");
-    dp_cnn net;
-    const int big[] = {3, 3};
-    expect(dp_cnn_init(&net, 1, 6, 6, big, 2, 3, 0, d1, 1, 1) == DP_EVALUE && net.bad_layer == 1,
-           "dp_cnn_init: a conv layer with nothing left to pool was accepted (bad_layer %d)",
-           net.bad_layer);
-    dp_cnn_free(&net);
-    const int one[] = {1};
-    expect(dp_cnn_init(&net, 1, 6, 6, c1, 1, 3, 0, one, 1, 1) == DP_EVALUE,
-           "dp_cnn_init: one class was accepted");
-    dp_cnn_free(&net);
-}
-
 /* Detection and the peak loops: a smoke check (timings live in bench/). What must hold on any
  * CPU: the AVX-512 sub-features imply AVX-512F, FMA and AVX2 imply AVX; every ISA the CPU has
  * gives a positive finite rate, every other one DP_ENOTSUP without touching the output; bad
@@ -1924,6 +1544,8 @@ static void test_cpu(void)
     expect(dp_isa_name(DP_ISA_COUNT) == NULL && dp_isa_bits(DP_ISA_AVX512) == 512 &&
            dp_isa_bits(DP_ISA_AVX2) == 256, "dp_isa_name / dp_isa_bits");
 }
+
+/* ---- main -------------------------------------------------------------------------------- */
 
 int main(void)
 {
@@ -1968,13 +1590,6 @@ int main(void)
         test_conv(dt);
         test_maxpool(dt);
     }
-    test_cnn();
-
-    test_net_setup();
-    const int mlp[] = {7, 33, 5}, logreg[] = {20, 1}, bce_mlp[] = {20, 6, 1};
-    test_net_case(mlp, 2, DP_LOSS_SOFTMAX_XENT, 11, "{7,33,5} softmax");
-    test_net_case(logreg, 1, DP_LOSS_SIGMOID_BCE, 13, "{20,1} bce");
-    test_net_case(bce_mlp, 2, DP_LOSS_SIGMOID_BCE, 13, "{20,6,1} bce");
 
     dp_ctx_free(&ctx1);
     dp_ctx_free(&ctx3);

@@ -8,23 +8,23 @@
  *   +-inf, NaN: NaN propagates); backward kernels against central differences of the forward;
  * - dp_model_plan: the stages each pattern compiles to, the shapes, the parameter count, and
  *   every refusal (with the index of the bad layer);
- * - dp_model on architectures that together use every layer kind and every loss, against a
- *   forward written here in double (outputs, loss), its gradient against central differences
- *   of that forward, 3 threads against 1, float against double, the split sweep against
- *   loss_grad (bit for bit), evaluate in several chunks, B == 0, labels out of range (the
- *   code and the row), missing labels or targets, steps out of order;
- * - dp_model against dp_net on dense stacks and against dp_cnn on its architecture, with the
- *   same parameters (equal to rounding: the same kernels in the same order).
+ * - dp_model on architectures that together use every layer kind and every loss, and on the
+ *   layer lists _core.Network and _core.ConvNet build (dense stacks, conv blocks then a dense
+ *   stack) at odd widths and batch sizes: outputs and loss against a forward written here in
+ *   double (which also counts the parameters the layout must have), the gradient against
+ *   central differences of that forward, 3 threads against 1, float against double, the split
+ *   sweep against loss_grad (bit for bit, in both dtypes), evaluate in several chunks (both
+ *   dtypes, with and without outputs, labels or targets), B == 0, labels out of range (the
+ *   code and the row, from the first chunk and from the last), missing labels or targets,
+ *   steps out of order.
  * Tolerances are rounding-error bounds as in test_core.c.
  *
  * Output: one "FAIL ..." line per failed check, then "N passed, M failed"; exit status 1 when
  * any failed. Leaves out on purpose: timings (bench_model.c) and the Python boundary.
  */
 #include "dp_act.h"
-#include "dp_cnn.h"
 #include "dp_common.h"
 #include "dp_model.h"
-#include "dp_net.h"
 
 #include <float.h>
 #include <inttypes.h>
@@ -391,9 +391,10 @@ typedef struct {
 
 static int width_of(shape3 s) { return s.ndim == 3 ? s.c * s.h * s.w : s.c; }
 
-/* Forward of rows x (B, width(in)) through the list; returns the output (B, OUT), allocated. */
+/* Forward of rows x (B, width(in)) through the list; returns the output (B, OUT), allocated.
+ * *n_params (when not NULL): how many parameters it read, PyTorch's count for the list. */
 static double *ref_forward(const dp_layer *L, int n, shape3 in, const double *params,
-                           const double *x, int B, int *out_width)
+                           const double *x, int B, int *out_width, ptrdiff_t *n_params)
 {
     shape3 s = in;
     int wdt = width_of(s);
@@ -475,6 +476,7 @@ static double *ref_forward(const dp_layer *L, int n, shape3 in, const double *pa
         s = o;
     }
     *out_width = width_of(s);
+    if (n_params) *n_params = off;
     return h;
 }
 
@@ -523,6 +525,16 @@ static int m_backward_layer(int f64, dp_model *m, void *g, const void *p, int la
 {
     return f64 ? dp_model_backward_layer_f64(m, g, p, layer)
                : dp_model_backward_layer_f32(m, g, p, layer);
+}
+
+/* loss_grad as the split sweep: forward_loss, then backward_layer P_L - 1 .. 0 */
+static int m_split_sweep(int f64, dp_model *m, void *g, double *l, int64_t *c, const void *p,
+                         const void *x, const int64_t *lab, const void *t, int B, double gs)
+{
+    int rc = m_forward_loss(f64, m, l, c, p, x, lab, t, B, gs);
+    for (int k = m->plan.n_param_layers - 1; k >= 0 && rc == DP_OK; k--)
+        rc = m_backward_layer(f64, m, g, p, k);
+    return rc;
 }
 
 static int m_evaluate(int f64, dp_model *m, void *out, double *l, int64_t *c, const void *p,
@@ -582,7 +594,7 @@ static void test_plans(void)
     char buf[256];
     dp_plan p;
     const int img[3] = {3, 32, 32}, flat[1] = {784};
-    /* the studies' CNN: two fused blocks, then the dense tail (dp_cnn's stages) */
+    /* the studies' CNN: two fused blocks, then the dense tail */
     const dp_layer cnn[] = {CONV(32, 3, 0), RELU, POOL, CONV(64, 3, 0), RELU, POOL, FLAT,
                             DENSE(128), RELU, DENSE(10)};
     int rc = dp_model_plan(&p, cnn, NL(cnn), img, 3, DP_LOSS_SOFTMAX_XENT);
@@ -592,30 +604,29 @@ static void test_plans(void)
                p.stage[2].in_width == 2304 && p.out_width == 10,
            "dp_model_plan studies' CNN: rc %d, stages '%s', conv2 block %dx%d, dense in %d", rc,
            buf, p.stage[1].conv_h, p.stage[1].conv_w, p.stage[2].in_width);
-    dp_cnn cn;
-    const int ch[2] = {32, 64}, dn[2] = {128, 10};
-    rc = dp_cnn_init(&cn, 3, 32, 32, ch, 2, 3, 0, dn, 2, 1);
-    expect(rc == DP_OK && cn.n_params == p.n_params, "dp_model_plan studies' CNN: n_params %td, "
-           "dp_cnn's %td", p.n_params, cn.n_params);
+    /* its layout, PyTorch's: conv1 W (32,3,3,3) b (32,), conv2 W (64,32,3,3) b (64,), dense W
+     * (128,2304) b (128,), W (10,128) b (10,): 896 + 18496 + 295040 + 1290 parameters */
+    const ptrdiff_t w_at[4] = {0, 896, 19392, 314432}, b_at[4] = {864, 19328, 314304, 315712};
+    expect(p.n_params == 315722, "dp_model_plan studies' CNN: n_params %td, expected 315722",
+           p.n_params);
     for (int k = 0; k < 4 && rc == DP_OK; k++) {
         const dp_stage *st = &p.stage[p.param_stage[k]];
-        expect(st->w_off == cn.w_off[k] && st->b_off == cn.b_off[k],
-               "dp_model_plan studies' CNN layer %d: W at %td, b at %td; dp_cnn: %td, %td", k,
-               st->w_off, st->b_off, cn.w_off[k], cn.b_off[k]);
+        expect(st->w_off == w_at[k] && st->b_off == b_at[k],
+               "dp_model_plan studies' CNN layer %d: W at %td, b at %td; expected %td, %td", k,
+               st->w_off, st->b_off, w_at[k], b_at[k]);
     }
-    dp_cnn_free(&cn);
     expect(p.out_ndim[2] == 3 && p.out_shape[2][0] == 32 && p.out_shape[2][1] == 15 &&
                p.out_ndim[6] == 1 && p.out_shape[6][0] == 2304,
            "dp_model_plan studies' CNN shapes: pool1 (%d,%d,%d) flatten (%d)", p.out_shape[2][0],
            p.out_shape[2][1], p.out_shape[2][2], p.out_shape[6][0]);
-    /* the MLP: dp_net's layout */
+    /* the MLP: W_l (OUT, IN) then b_l, layer by layer */
     const dp_layer mlp[] = {DENSE(256), RELU, DENSE(128), RELU, DENSE(10)};
     rc = dp_model_plan(&p, mlp, NL(mlp), flat, 1, DP_LOSS_SOFTMAX_XENT);
-    const int sizes[4] = {784, 256, 128, 10};
+    const ptrdiff_t mlp_params = (784 + 1) * 256 + (256 + 1) * 128 + (128 + 1) * 10;
     expect(rc == DP_OK && strcmp(stages_str(&p, buf, sizeof buf), "dense:relu dense:relu dense") == 0 &&
-               p.n_params == dp_net_param_count(sizes, 3),
-           "dp_model_plan MLP: rc %d, stages '%s', n_params %td (dp_net: %td)", rc, buf,
-           p.n_params, dp_net_param_count(sizes, 3));
+               p.n_params == mlp_params && p.stage[2].w_off == mlp_params - 1290,
+           "dp_model_plan MLP: rc %d, stages '%s', n_params %td (expected %td), last W at %td", rc,
+           buf, p.n_params, mlp_params, p.stage[2].w_off);
     /* the other patterns */
     const int small[3] = {2, 9, 8};
     const struct { dp_layer l[8]; int n; const char *want; } pats[] = {
@@ -638,8 +649,8 @@ static void test_plans(void)
     }
     /* refusals: the layer at fault */
     const int tiny[3] = {1, 3, 3}, huge[3] = {1, 40000, 40000}, bigflat[1] = {INT_MAX};
-    const int zero[3] = {1, 0, 3}, over[3] = {70000, 70000, 1};
-    const struct { dp_layer l[6]; int n; const int *shape; int ndim; dp_loss loss; int bad;
+    const int zero[3] = {1, 0, 3}, over[3] = {70000, 70000, 1}, six[3] = {1, 6, 6};
+    const struct { dp_layer l[8]; int n; const int *shape; int ndim; dp_loss loss; int bad;
                    const char *name; } bad[] = {
         {{CONV(2, 3, 0)}, 1, flat, 1, DP_LOSS_MSE, 0, "conv on a flat input"},
         {{DENSE(4), POOL, DENSE(2)}, 3, tiny, 3, DP_LOSS_MSE, 1, "pool after dense"},
@@ -663,12 +674,20 @@ static void test_plans(void)
         {{DENSE(3)}, 1, over, 3, DP_LOSS_MSE, -1, "input size over INT_MAX"},
         {{DENSE(3)}, 1, tiny, 2, DP_LOSS_MSE, -1, "input of 2 dims"},
         {{DENSE(3)}, 0, tiny, 3, DP_LOSS_MSE, -1, "no layers"},
+        {{CONV(3, 3, 0), RELU, POOL, CONV(3, 3, 0), RELU, POOL, FLAT, DENSE(3)}, 8, six, 3,
+         DP_LOSS_SOFTMAX_XENT, 3, "ConvNet (1,6,6) conv 3,3 k3 (nothing left for the second block)"},
     };
+    /* init refuses the same way, and free is safe after it */
     for (int i = 0; i < NL(bad); i++) {
         rc = dp_model_plan(&p, bad[i].l, bad[i].n, bad[i].shape, bad[i].ndim, bad[i].loss);
         expect(rc == DP_EVALUE && p.bad_layer == bad[i].bad && p.why && p.n_stages == 0,
                "dp_model_plan refuses %s: rc %d, bad_layer %d (expected %d), why '%s'",
                bad[i].name, rc, p.bad_layer, bad[i].bad, p.why ? p.why : "(null)");
+        dp_model m;
+        rc = dp_model_init(&m, bad[i].l, bad[i].n, bad[i].shape, bad[i].ndim, bad[i].loss, 2);
+        expect(rc == DP_EVALUE && m.plan.bad_layer == bad[i].bad, "dp_model_init refuses %s: "
+               "rc %d, bad_layer %d", bad[i].name, rc, m.plan.bad_layer);
+        dp_model_free(&m);
     }
     dp_layer many[DP_MODEL_MAX_LAYERS + 1];
     for (int i = 0; i <= DP_MODEL_MAX_LAYERS; i++) many[i] = (dp_layer)DENSE(2);
@@ -678,11 +697,6 @@ static void test_plans(void)
     rc = dp_model_plan(&p, many, DP_MODEL_MAX_LAYERS, tiny, 3, DP_LOSS_MSE);
     expect(rc == DP_OK && p.n_param_layers == DP_MODEL_MAX_LAYERS,
            "dp_model_plan: %d layers refused (rc %d)", DP_MODEL_MAX_LAYERS, rc);
-    /* init refuses the same way, and free is safe after it */
-    dp_model m;
-    rc = dp_model_init(&m, bad[0].l, bad[0].n, flat, 1, DP_LOSS_MSE, 2);
-    expect(rc == DP_EVALUE && m.plan.bad_layer == 0, "dp_model_init conv on a flat input: rc %d", rc);
-    dp_model_free(&m);
 }
 
 /* ---- dp_model against the reference ----------------------------------------------------------- */
@@ -741,8 +755,11 @@ static void test_model_case(const arch *a, int B)
     make_targets(a, OUT, B, lab, tgt);
     const double gs = 1.0 / B;
     int ow;
-    double *z = ref_forward(a->l, a->n, in, params, x, B, &ow);
+    ptrdiff_t used;
+    double *z = ref_forward(a->l, a->n, in, params, x, B, &ow, &used);
     double lref = ref_loss(a->loss, z, lab, tgt, B, OUT);
+    expect(used == P, "dp_model_init %s: n_params %td, the reference forward reads %td", a->name,
+           P, used);
 
     /* outputs and loss (f64) against the reference */
     double l = NAN, l2 = NAN;
@@ -780,9 +797,9 @@ static void test_model_case(const arch *a, int B)
     for (ptrdiff_t i = 0; i < P; i++) {
         double old = params[i];
         params[i] = old + h;
-        double *zp = ref_forward(a->l, a->n, in, params, x, B, &ow);
+        double *zp = ref_forward(a->l, a->n, in, params, x, B, &ow, NULL);
         params[i] = old - h;
-        double *zm = ref_forward(a->l, a->n, in, params, x, B, &ow);
+        double *zm = ref_forward(a->l, a->n, in, params, x, B, &ow, NULL);
         params[i] = old;
         double fd = gs * (ref_loss(a->loss, zp, lab, tgt, B, OUT) - ref_loss(a->loss, zm, lab, tgt, B, OUT)) / (2 * h);
         free(zp);
@@ -794,8 +811,7 @@ static void test_model_case(const arch *a, int B)
 
     /* the split sweep: the same numbers, bit for bit */
     memcpy(g2, g0, sizeof(double) * (size_t)P);
-    rc = dp_model_forward_loss_f64(&m1, &l2, &c2, params, x, lab, tgt, B, gs);
-    for (int k = NPL - 1; k >= 0 && rc == DP_OK; k--) rc = dp_model_backward_layer_f64(&m1, g2, params, k);
+    rc = m_split_sweep(1, &m1, g2, &l2, &c2, params, x, lab, tgt, B, gs);
     diff ds = {0};
     for (ptrdiff_t i = 0; i < P; i++) diff_add(&ds, i, g2[i], g[i], fused ? 1e-14 * (1 + fabs(g[i])) : 0);
     expect(rc == DP_OK && (fused ? fabs(l2 - l) <= 1e-14 * (1 + fabs(l)) : l2 == l) && c2 == c,
@@ -836,45 +852,62 @@ static void test_model_case(const arch *a, int B)
            "dp_model_loss_grad_f64 %s B=%d threads=3: rc %d, loss %.15g vs %.15g", a->name, B, rc, l2, l);
     expect_diff(&d3, "dp_model_loss_grad_f64 %s B=%d threads=3 grads vs threads=1", a->name, B);
 
-    /* evaluate in chunks of 2 rows: the same outputs, loss and count */
-    double *zc = dalloc((ptrdiff_t)B * OUT);
-    int keep_rows = m3.eval_rows;
+    /* evaluate in chunks of 2 rows (threads=3) against the whole batch at once (threads=1), in
+     * both dtypes: the same outputs, loss and count; with no output array the same loss and
+     * count; with no labels / targets the same outputs, loss 0 and count 0 (loss_grad refuses);
+     * a label out of range: DP_ELABEL and its row, from the first chunk and from the last, in
+     * evaluate and in loss_grad */
+    const int keep_rows = m3.eval_rows;
     m3.eval_rows = 2;
-    rc = dp_model_evaluate_f64(&m3, zc, &l2, &c2, params, x, lab, tgt, B);
-    diff dc = {0};
-    for (ptrdiff_t i = 0; i < (ptrdiff_t)B * OUT; i++) diff_add(&dc, i, zc[i], zo[i], 1e-13 * (1 + fabs(zo[i])));
-    expect(rc == DP_OK && fabs(l2 - l) <= 1e-13 * (1 + fabs(l)) && c2 == c,
-           "dp_model_evaluate_f64 %s B=%d in chunks of 2 threads=3: rc %d, loss %.15g vs %.15g, "
-           "correct %" PRId64 " vs %" PRId64, a->name, B, rc, l2, l, c2, c);
-    expect_diff(&dc, "dp_model_evaluate_f64 %s B=%d in chunks of 2 outputs", a->name, B);
-    /* no labels / targets: outputs only */
-    memset(zc, 0, sizeof(double) * (size_t)B * OUT);
-    rc = dp_model_evaluate_f64(&m3, zc, &l2, &c2, params, x, NULL, NULL, B);
-    expect(rc == DP_OK && l2 == 0 && c2 == 0 && zc[0] == zo[0],
-           "dp_model_evaluate_f64 %s without labels/targets: rc %d, loss %g, correct %" PRId64,
-           a->name, rc, l2, c2);
-    /* loss_grad without them: refused */
-    rc = dp_model_loss_grad_f64(&m3, g2, &l2, &c2, params, x, NULL, NULL, B, gs);
-    expect(rc == DP_EVALUE, "dp_model_loss_grad_f64 %s without labels/targets: rc %d", a->name, rc);
-    /* a label out of range: DP_ELABEL and the row, also from a later chunk */
-    if (a->loss != DP_LOSS_MSE && B >= 2) {
-        int row = B - 2;          /* in the last chunk but one or the last */
-        int64_t keep = lab[row];
-        for (int bad = 0; bad < 2; bad++) {
-            lab[row] = bad ? -1 : a->loss == DP_LOSS_SIGMOID_BCE ? 2 : OUT;
-            m3.bad_row = -1;
-            rc = dp_model_evaluate_f64(&m3, NULL, &l2, &c2, params, x, lab, tgt, B);
-            expect(rc == DP_ELABEL && m3.bad_row == row, "dp_model_evaluate_f64 %s label %" PRId64
-                   " at row %d: rc %d, bad_row %d", a->name, lab[row], row, rc, m3.bad_row);
-            m1.bad_row = -1;
-            float *pf = to_dtype(0, params, P), *xf = to_dtype(0, x, (ptrdiff_t)B * IN);
-            float *gf = falloc(P);
-            rc = dp_model_loss_grad_f32(&m1, gf, &l2, &c2, pf, xf, lab, NULL, B, (float)gs);
-            expect(rc == DP_ELABEL && m1.bad_row == row, "dp_model_loss_grad_f32 %s label %" PRId64
-                   " at row %d: rc %d, bad_row %d", a->name, lab[row], row, rc, m1.bad_row);
-            free(pf); free(xf); free(gf);
+    for (int f64 = 1; f64 >= 0; f64--) {
+        const char *dn = f64 ? "f64" : "f32";
+        const double tol = f64 ? 1e-13 : 1e-5;
+        const ptrdiff_t NZ = (ptrdiff_t)B * OUT;
+        const size_t zbytes = (size_t)NZ * (f64 ? sizeof(double) : sizeof(float));
+        void *pt = to_dtype(f64, params, P), *xt = to_dtype(f64, x, (ptrdiff_t)B * IN);
+        void *tt = to_dtype(f64, tgt, NZ), *gt = to_dtype(f64, g0, P);
+        void *zw = xalloc(zbytes), *zc = xalloc(zbytes), *zn = xalloc(zbytes);
+        double lw = NAN, lc = NAN;
+        int64_t cw = -1, cc = -1;
+        int rcw = m_evaluate(f64, &m1, zw, &lw, &cw, pt, xt, lab, tt, B);
+        rc = m_evaluate(f64, &m3, zc, &lc, &cc, pt, xt, lab, tt, B);
+        diff dc = {0};
+        for (ptrdiff_t i = 0; i < NZ; i++)
+            diff_add(&dc, i, get_t(f64, zc, i), get_t(f64, zw, i), tol * (1 + fabs(get_t(f64, zw, i))));
+        expect(rcw == DP_OK && rc == DP_OK && fabs(lc - lw) <= tol * (1 + fabs(lw)) && cc == cw,
+               "dp_model_evaluate_%s %s B=%d in chunks of 2 threads=3: rc %d / %d, loss %.15g vs "
+               "%.15g, correct %" PRId64 " vs %" PRId64, dn, a->name, B, rc, rcw, lc, lw, cc, cw);
+        expect_diff(&dc, "dp_model_evaluate_%s %s B=%d in chunks of 2 outputs", dn, a->name, B);
+        rc = m_evaluate(f64, &m3, NULL, &l2, &c2, pt, xt, lab, tt, B);
+        expect(rc == DP_OK && l2 == lc && c2 == cc, "dp_model_evaluate_%s %s without outputs: rc %d, "
+               "loss %.15g vs %.15g, correct %" PRId64 " vs %" PRId64, dn, a->name, rc, l2, lc, c2, cc);
+        rc = m_evaluate(f64, &m3, zn, &l2, &c2, pt, xt, NULL, NULL, B);
+        expect(rc == DP_OK && l2 == 0 && c2 == 0 && memcmp(zn, zc, zbytes) == 0,
+               "dp_model_evaluate_%s %s without labels/targets: rc %d, loss %g, correct %" PRId64
+               ", outputs %s", dn, a->name, rc, l2, c2, memcmp(zn, zc, zbytes) ? "differ" : "same");
+        rc = m_loss_grad(f64, &m3, gt, &l2, &c2, pt, xt, NULL, NULL, B, gs);
+        expect(rc == DP_EVALUE, "dp_model_loss_grad_%s %s without labels/targets: rc %d", dn,
+               a->name, rc);
+        /* the first chunk's second row (its first when B <= 2), and the last row */
+        const int bad_rows[2] = {B > 2, B - 1};
+        for (int at = 0; at < (B > 1 ? 2 : 1) && a->loss != DP_LOSS_MSE; at++) {
+            const int row = bad_rows[at];
+            const int64_t keep = lab[row];
+            for (int bad = 0; bad < 2; bad++) {
+                lab[row] = bad ? -1 : a->loss == DP_LOSS_SIGMOID_BCE ? 2 : OUT;
+                m3.bad_row = m1.bad_row = -1;
+                rc = m_evaluate(f64, &m3, NULL, &l2, &c2, pt, xt, lab, tt, B);
+                expect(rc == DP_ELABEL && m3.bad_row == row, "dp_model_evaluate_%s %s label %" PRId64
+                       " at row %d of %d: rc %d, bad_row %d", dn, a->name, lab[row], row, B, rc,
+                       m3.bad_row);
+                rc = m_loss_grad(f64, &m1, gt, &l2, &c2, pt, xt, lab, tt, B, gs);
+                expect(rc == DP_ELABEL && m1.bad_row == row, "dp_model_loss_grad_%s %s label %" PRId64
+                       " at row %d of %d: rc %d, bad_row %d", dn, a->name, lab[row], row, B, rc,
+                       m1.bad_row);
+            }
+            lab[row] = keep;
         }
-        lab[row] = keep;
+        free(pt); free(xt); free(tt); free(gt); free(zw); free(zc); free(zn);
     }
     m3.eval_rows = keep_rows;
 
@@ -895,6 +928,19 @@ static void test_model_case(const arch *a, int B)
     diff df = {0};
     for (ptrdiff_t i = 0; i < P; i++) diff_add(&df, i, gf[i], g[i], 1e-4 * (gmax + fabs(g[i])));
     expect_diff(&df, "dp_model_loss_grad_f32 %s B=%d grads vs f64", a->name, B);
+    /* the split sweep in float: loss_grad's numbers, bit for bit (to rounding: logistic) */
+    float *gfs = falloc(P);
+    double l3 = NAN;
+    int64_t c3 = -1;
+    rcf = m_split_sweep(0, &m3, gfs, &l3, &c3, pf, xf, lab, tf, B, gs);
+    diff dsf = {0};
+    for (ptrdiff_t i = 0; i < P; i++) diff_add(&dsf, i, gfs[i], gf[i], fused ? 1e-5 * (1 + fabs(gf[i])) : 0);
+    expect(rcf == DP_OK && (fused ? fabs(l3 - l2) <= 1e-5 * (1 + fabs(l2)) : l3 == l2) && c3 == c2,
+           "dp_model forward_loss_f32 + backward_layer_f32 %s B=%d: rc %d, loss %.9g vs loss_grad's "
+           "%.9g", a->name, B, rcf, l3, l2);
+    expect_diff(&dsf, "dp_model forward_loss_f32 + backward_layer_f32 %s B=%d grads vs loss_grad's",
+                a->name, B);
+    free(gfs);
     rc = dp_model_evaluate_f64(&m1, zo, &l, &c, params, x, lab, tgt, B);
     rcf = dp_model_evaluate_f32(&m1, zf, &l2, &c2, pf, xf, lab, tf, B);
     diff dzf = {0};
@@ -902,7 +948,7 @@ static void test_model_case(const arch *a, int B)
     expect(rc == DP_OK && rcf == DP_OK, "dp_model_evaluate_f32 %s: rc %d", a->name, rcf);
     expect_diff(&dzf, "dp_model_evaluate_f32 %s B=%d outputs vs f64", a->name, B);
 
-    free(pf); free(xf); free(tf); free(gf); free(zf); free(zc);
+    free(pf); free(xf); free(tf); free(gf); free(zf);
     free(params); free(g0); free(g); free(g2); free(x); free(tgt); free(zo); free(lab); free(z);
     dp_model_free(&m1);
     dp_model_free(&m3);
@@ -931,178 +977,52 @@ static void test_models(void)
     }
 }
 
-/* ---- dp_model against dp_net and dp_cnn: the same parameters, the same numbers -------------- */
+/* ---- the layer lists of _core.Network and _core.ConvNet ------------------------------------ */
 
-/* got vs want (n values of the dtype): within 4 eps of the magnitude; *same counts exact ones */
-static void diff_close(diff *d, int f64, const void *got, const void *want, ptrdiff_t n, ptrdiff_t *same)
+/* Appends [DENSE(widths[0]) RELU DENSE(widths[1]) ... DENSE(widths[n - 1])]: a Network's dense
+ * stack (csrc/mod_network.c), also the tail of a ConvNet's. */
+static void dense_stack(arch *a, const int *widths, int n)
 {
-    double eps = f64 ? DBL_EPSILON : FLT_EPSILON, mag = 0;
-    for (ptrdiff_t i = 0; i < n; i++) mag = fmax(mag, fabs(get_t(f64, want, i)));
-    for (ptrdiff_t i = 0; i < n; i++) {
-        double a = get_t(f64, got, i), b = get_t(f64, want, i);
-        diff_add(d, i, a, b, 4 * eps * (mag + fabs(b)));
-        *same += a == b;
+    for (int l = 0; l < n; l++) {
+        if (l) a->l[a->n++] = (dp_layer)RELU;
+        a->l[a->n++] = (dp_layer)DENSE(widths[l]);
     }
 }
 
-static void test_vs_net(const int *sizes, int L, dp_loss loss, int B, int threads, const char *name)
+/* Network(sizes) and ConvNet(shape, channels, dense, kernel, padding) as the cases of
+ * test_model_case, at odd widths and batch sizes (a layer of 33, a batch of 11 or 13, kernels
+ * 1 and 3 with and without padding, an odd map cropped by the pool). */
+static void test_network_convnet(void)
 {
-    dp_layer layers[2 * DP_MAX_LAYERS];
-    int n = 0;
-    for (int l = 0; l < L; l++) {
-        layers[n++] = (dp_layer)DENSE(sizes[l + 1]);
-        if (l + 1 < L) layers[n++] = (dp_layer)RELU;
+    static const struct { const char *name; int sizes[3], L; dp_loss loss; int B; } nets[] = {
+        {"Network {7,33,5} softmax", {7, 33, 5}, 2, DP_LOSS_SOFTMAX_XENT, 11},
+        {"Network {20,1} bce (logistic regression)", {20, 1}, 1, DP_LOSS_SIGMOID_BCE, 13},
+        {"Network {20,6,1} bce", {20, 6, 1}, 2, DP_LOSS_SIGMOID_BCE, 13},
+        {"Network {13,3} softmax regression", {13, 3}, 1, DP_LOSS_SOFTMAX_XENT, 9},
+    };
+    for (int i = 0; i < NL(nets); i++) {
+        arch a = {nets[i].name, {{0}}, 0, 1, {nets[i].sizes[0], 0, 0}, nets[i].loss};
+        dense_stack(&a, nets[i].sizes + 1, nets[i].L);
+        test_model_case(&a, nets[i].B);
     }
-    dp_net net;
-    dp_model m;
-    int rcn = dp_net_init(&net, sizes, L, loss, threads);
-    int rcm = dp_model_init(&m, layers, n, sizes, 1, loss, threads);
-    if (!expect(rcn == DP_OK && rcm == DP_OK && net.n_params == m.plan.n_params,
-                "dp_model vs dp_net %s: init rc %d / %d, n_params %td / %td", name, rcn, rcm,
-                net.n_params, m.plan.n_params)) {
-        dp_net_free(&net);
-        dp_model_free(&m);
-        return;
-    }
-    if (threads > 1) let_helpers_start();
-    ptrdiff_t P = net.n_params, NX = (ptrdiff_t)B * sizes[0];
-    int C = sizes[L];
-    double *pd = dalloc(P), *xd = dalloc(NX);
-    int64_t *lab = ialloc(B);
-    for (ptrdiff_t i = 0; i < P; i++) pd[i] = unif(-0.5, 0.5);
-    for (ptrdiff_t i = 0; i < NX; i++) xd[i] = unif(-1, 1);
-    for (int i = 0; i < B; i++) lab[i] = randint(loss == DP_LOSS_SIGMOID_BCE ? 2 : C);
-    for (int f64 = 0; f64 < 2; f64++) {
-        void *p = to_dtype(f64, pd, P), *x = to_dtype(f64, xd, NX);
-        void *gn = to_dtype(f64, pd, P), *gm = to_dtype(f64, pd, P);   /* the same prefill */
-        void *zn = to_dtype(f64, xd, (ptrdiff_t)B * C), *zm = to_dtype(f64, xd, (ptrdiff_t)B * C);
-        double ln = NAN, lm = NAN;
-        int64_t cn = -1, cm = -1;
-        double gs = 1.0 / B;
-        rcn = f64 ? dp_net_loss_grad_f64(&net, gn, &ln, &cn, p, x, lab, B, gs)
-                  : dp_net_loss_grad_f32(&net, gn, &ln, &cn, p, x, lab, B, (float)gs);
-        rcm = m_loss_grad(f64, &m, gm, &lm, &cm, p, x, lab, NULL, B, gs);
-        ptrdiff_t same = 0;
-        diff d = {0};
-        diff_close(&d, f64, gm, gn, P, &same);
-        double eps = f64 ? DBL_EPSILON : FLT_EPSILON;
-        expect(rcn == DP_OK && rcm == DP_OK && fabs(lm - ln) <= 8 * eps * (1 + fabs(ln)) && cm == cn,
-               "dp_model_loss_grad_%s vs dp_net %s threads=%d: rc %d / %d, loss %.10g / %.10g, "
-               "correct %" PRId64 " / %" PRId64, f64 ? "f64" : "f32", name, threads, rcm, rcn,
-               lm, ln, cm, cn);
-        expect_diff(&d, "dp_model_loss_grad_%s vs dp_net %s threads=%d grads (%td of %td bit-equal)",
-                    f64 ? "f64" : "f32", name, threads, same, P);
-        rcn = f64 ? dp_net_evaluate_f64(&net, zn, &ln, &cn, p, x, lab, B)
-                  : dp_net_evaluate_f32(&net, zn, &ln, &cn, p, x, lab, B);
-        rcm = m_evaluate(f64, &m, zm, &lm, &cm, p, x, lab, NULL, B);
-        diff e = {0};
-        same = 0;
-        diff_close(&e, f64, zm, zn, (ptrdiff_t)B * C, &same);
-        expect(rcn == DP_OK && rcm == DP_OK && fabs(lm - ln) <= 8 * eps * (1 + fabs(ln)) && cm == cn,
-               "dp_model_evaluate_%s vs dp_net %s: loss %.10g / %.10g", f64 ? "f64" : "f32", name, lm, ln);
-        expect_diff(&e, "dp_model_evaluate_%s vs dp_net %s outputs", f64 ? "f64" : "f32", name);
-        free(p); free(x); free(gn); free(gm); free(zn); free(zm);
-    }
-    free(pd); free(xd); free(lab);
-    dp_net_free(&net);
-    dp_model_free(&m);
-}
-
-static void test_vs_cnn(int C, int H, int W, const int *ch, int nc, int kernel, int pad,
-                        const int *dense, int nd, int B, int threads, const char *name)
-{
-    dp_layer layers[32];
-    int n = 0;
-    for (int l = 0; l < nc; l++) {
-        layers[n++] = (dp_layer)CONV(ch[l], kernel, pad);
-        layers[n++] = (dp_layer)RELU;
-        layers[n++] = (dp_layer)POOL;
-    }
-    layers[n++] = (dp_layer)FLAT;
-    for (int l = 0; l < nd; l++) {
-        layers[n++] = (dp_layer)DENSE(dense[l]);
-        if (l + 1 < nd) layers[n++] = (dp_layer)RELU;
-    }
-    const int shape[3] = {C, H, W};
-    dp_cnn net;
-    dp_model m;
-    int rcn = dp_cnn_init(&net, C, H, W, ch, nc, kernel, pad, dense, nd, threads);
-    int rcm = dp_model_init(&m, layers, n, shape, 3, DP_LOSS_SOFTMAX_XENT, threads);
-    if (!expect(rcn == DP_OK && rcm == DP_OK && net.n_params == m.plan.n_params,
-                "dp_model vs dp_cnn %s: init rc %d / %d, n_params %td / %td", name, rcn, rcm,
-                net.n_params, m.plan.n_params)) {
-        dp_cnn_free(&net);
-        dp_model_free(&m);
-        return;
-    }
-    if (threads > 1) let_helpers_start();
-    ptrdiff_t P = net.n_params, NX = (ptrdiff_t)B * C * H * W;
-    int K = dense[nd - 1];
-    double *pd = dalloc(P), *xd = dalloc(NX);
-    int64_t *lab = ialloc(B);
-    for (ptrdiff_t i = 0; i < P; i++) pd[i] = unif(-0.5, 0.5);
-    for (ptrdiff_t i = 0; i < NX; i++) xd[i] = unif(-1, 1);
-    for (int i = 0; i < B; i++) lab[i] = randint(K);
-    for (int f64 = 0; f64 < 2; f64++) {
-        void *p = to_dtype(f64, pd, P), *x = to_dtype(f64, xd, NX);
-        void *gn = to_dtype(f64, pd, P), *gm = to_dtype(f64, pd, P);
-        void *zn = to_dtype(f64, xd, (ptrdiff_t)B * K), *zm = to_dtype(f64, xd, (ptrdiff_t)B * K);
-        double ln = NAN, lm = NAN, gs = 1.0 / B;
-        int64_t cn = -1, cm = -1;
-        rcn = f64 ? dp_cnn_loss_grad_f64(&net, gn, &ln, &cn, p, x, lab, B, gs)
-                  : dp_cnn_loss_grad_f32(&net, gn, &ln, &cn, p, x, lab, B, (float)gs);
-        rcm = m_loss_grad(f64, &m, gm, &lm, &cm, p, x, lab, NULL, B, gs);
-        ptrdiff_t same = 0;
-        diff d = {0};
-        diff_close(&d, f64, gm, gn, P, &same);
-        double eps = f64 ? DBL_EPSILON : FLT_EPSILON;
-        expect(rcn == DP_OK && rcm == DP_OK && fabs(lm - ln) <= 8 * eps * (1 + fabs(ln)) && cm == cn,
-               "dp_model_loss_grad_%s vs dp_cnn %s threads=%d: rc %d / %d, loss %.10g / %.10g",
-               f64 ? "f64" : "f32", name, threads, rcm, rcn, lm, ln);
-        expect_diff(&d, "dp_model_loss_grad_%s vs dp_cnn %s threads=%d grads (%td of %td bit-equal)",
-                    f64 ? "f64" : "f32", name, threads, same, P);
-        /* the split sweep against dp_cnn's */
-        void *gn2 = to_dtype(f64, pd, P), *gm2 = to_dtype(f64, pd, P);
-        rcn = f64 ? dp_cnn_forward_loss_f64(&net, &ln, &cn, p, x, lab, B, gs)
-                  : dp_cnn_forward_loss_f32(&net, &ln, &cn, p, x, lab, B, (float)gs);
-        for (int l = net.n_layers - 1; l >= 0 && rcn == DP_OK; l--)
-            rcn = f64 ? dp_cnn_backward_layer_f64(&net, gn2, p, l) : dp_cnn_backward_layer_f32(&net, gn2, p, l);
-        rcm = m_forward_loss(f64, &m, &lm, &cm, p, x, lab, NULL, B, gs);
-        for (int l = m.plan.n_param_layers - 1; l >= 0 && rcm == DP_OK; l--)
-            rcm = m_backward_layer(f64, &m, gm2, p, l);
-        diff d2 = {0};
-        same = 0;
-        diff_close(&d2, f64, gm2, gn2, P, &same);
-        expect(rcn == DP_OK && rcm == DP_OK, "dp_model vs dp_cnn %s split sweep: rc %d / %d", name, rcm, rcn);
-        expect_diff(&d2, "dp_model_backward_layer_%s vs dp_cnn's %s threads=%d grads (%td of %td "
-                    "bit-equal)", f64 ? "f64" : "f32", name, threads, same, P);
-        rcn = f64 ? dp_cnn_evaluate_f64(&net, zn, &ln, &cn, p, x, lab, B)
-                  : dp_cnn_evaluate_f32(&net, zn, &ln, &cn, p, x, lab, B);
-        rcm = m_evaluate(f64, &m, zm, &lm, &cm, p, x, lab, NULL, B);
-        diff e = {0};
-        same = 0;
-        diff_close(&e, f64, zm, zn, (ptrdiff_t)B * K, &same);
-        expect(rcn == DP_OK && rcm == DP_OK && cm == cn, "dp_model_evaluate_%s vs dp_cnn %s: rc %d / %d",
-               f64 ? "f64" : "f32", name, rcm, rcn);
-        expect_diff(&e, "dp_model_evaluate_%s vs dp_cnn %s outputs", f64 ? "f64" : "f32", name);
-        free(p); free(x); free(gn); free(gm); free(zn); free(zm); free(gn2); free(gm2);
-    }
-    free(pd); free(xd); free(lab);
-    dp_cnn_free(&net);
-    dp_model_free(&m);
-}
-
-static void test_equivalence(void)
-{
-    const int mlp[] = {7, 33, 5}, logreg[] = {20, 1}, bce_mlp[] = {20, 6, 1}, softreg[] = {13, 3};
-    for (int threads = 1; threads <= 3; threads += 2) {
-        test_vs_net(mlp, 2, DP_LOSS_SOFTMAX_XENT, 11, threads, "{7,33,5} softmax");
-        test_vs_net(logreg, 1, DP_LOSS_SIGMOID_BCE, 13, threads, "{20,1} bce (logistic)");
-        test_vs_net(bce_mlp, 2, DP_LOSS_SIGMOID_BCE, 13, threads, "{20,6,1} bce");
-        test_vs_net(softreg, 1, DP_LOSS_SOFTMAX_XENT, 9, threads, "{13,3} softmax regression");
-        const int c2[] = {4, 5}, c1[] = {3}, d2[] = {6, 5}, d1[] = {3};
-        test_vs_cnn(3, 12, 10, c2, 2, 3, 1, d2, 2, 7, threads, "(3,12,10) conv 4,5 k3 p1 dense 6,5");
-        test_vs_cnn(2, 9, 9, c1, 1, 3, 0, d1, 1, 5, threads, "(2,9,9) conv 3 k3 dense 3");
+    static const struct { const char *name; int shape[3], ch[2], nc, kernel, pad, dense[2], nd, B; } cnns[] = {
+        {"ConvNet (1,12,10) conv 3,4 k3 dense 6,5", {1, 12, 10}, {3, 4}, 2, 3, 0, {6, 5}, 2, 5},
+        {"ConvNet (2,9,9) conv 4 k3 p1 dense 5,4", {2, 9, 9}, {4}, 1, 3, 1, {5, 4}, 2, 7},
+        {"ConvNet (3,9,7) conv 3,4 k1 dense 3", {3, 9, 7}, {3, 4}, 2, 1, 0, {3}, 1, 4},
+        {"ConvNet (3,12,10) conv 4,5 k3 p1 dense 6,5", {3, 12, 10}, {4, 5}, 2, 3, 1, {6, 5}, 2, 7},
+        {"ConvNet (2,9,9) conv 3 k3 dense 3", {2, 9, 9}, {3}, 1, 3, 0, {3}, 1, 5},
+    };
+    for (int i = 0; i < NL(cnns); i++) {
+        arch a = {cnns[i].name, {{0}}, 0, 3, {0}, DP_LOSS_SOFTMAX_XENT};
+        memcpy(a.shape, cnns[i].shape, sizeof a.shape);
+        for (int l = 0; l < cnns[i].nc; l++) {
+            a.l[a.n++] = (dp_layer)CONV(cnns[i].ch[l], cnns[i].kernel, cnns[i].pad);
+            a.l[a.n++] = (dp_layer)RELU;
+            a.l[a.n++] = (dp_layer)POOL;
+        }
+        a.l[a.n++] = (dp_layer)FLAT;
+        dense_stack(&a, cnns[i].dense, cnns[i].nd);
+        test_model_case(&a, cnns[i].B);
     }
 }
 
@@ -1115,7 +1035,7 @@ int main(void)
     test_mse();
     test_plans();
     test_models();
-    test_equivalence();
+    test_network_convnet();
     printf("%d passed, %d failed\n", (int)n_passed, (int)n_failed);
     return n_failed ? 1 : 0;
 }
