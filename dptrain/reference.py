@@ -829,6 +829,8 @@ def mse(outputs, targets, doutputs=None, grad_scale=None):
     if doutputs is not None:
         _check_shape("doutputs", doutputs, outputs.shape)
     batch = outputs.shape[0]
+    if batch == 0:
+        return 0.0
     diff = outputs - targets                      # (B, OUT), in the dtype
     if doutputs is not None:
         scale = 1.0 / batch if grad_scale is None else grad_scale
@@ -909,14 +911,14 @@ def _model_input_shape(input_shape):
                         f"{type(input_shape).__name__}")
     shape = tuple(input_shape)
     if len(shape) not in (1, 3):
-        raise ValueError(f"input_shape {shape!r} has {len(shape)} entries, expected (F,) or "
+        raise ValueError(f"input_shape {input_shape!r} has {len(shape)} entries, expected (F,) or "
                          f"(C, H, W)")
     try:
         shape = tuple(operator.index(v) for v in shape)
     except TypeError:
-        raise TypeError(f"input_shape {shape!r}: sizes must be ints") from None
+        raise TypeError(f"input_shape {input_shape!r}: sizes must be ints") from None
     if not all(1 <= v <= _INT_MAX for v in shape):
-        raise ValueError(f"input_shape {shape!r}: sizes must be positive ints")
+        raise ValueError(f"input_shape {input_shape!r}: sizes must be positive ints")
     if math.prod(shape) > _INT_MAX:
         raise ValueError(f"input_shape {input_shape!r}: the input size does not fit an int")
     return tuple(int(v) for v in shape)
