@@ -139,6 +139,227 @@ def reference_outputs(model, params, x):
 
 
 # ---------------------------------------------------------------------------------------
+# Model against the twin
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+def test_model_matches_reference(model, dtype):
+    """loss_grad (grad_scale 0.25, into a gradient that is not zero), logits and evaluate, on
+    1 and 2 threads; the inputs are left as they were; the getters describe the model."""
+    name, layers, shape, loss = model
+    plan, params, x, labels = model_data(model, dtype)
+    start = rng_for("start", name, dname(dtype)).standard_normal(params.size).astype(dtype)
+    grads_ref = start.copy()
+    want = ref.model_loss_grad(layers, shape, loss, params, grads_ref, x, labels, 0.25)
+    outputs_ref = reference_outputs(model, params, x)
+    k = reduction(plan, len(x))
+    inputs = [a.copy() for a in (params, x, labels)]
+    results = {}
+    for threads in (1, 2):
+        what = f"Model {name} dtype={dname(dtype)} threads={threads}"
+        grads = start.copy()
+        m = core.Model(layers, shape, loss, params, grads, threads=threads)
+        assert (m.threads, m.loss, m.n_params, m.input_shape) == (threads, loss, params.size, shape)
+        assert m.n_param_layers == len(plan["params"]) and m.params is params and m.grads is grads
+        assert m.sizes == (math.prod(shape), *(math.prod(s) for s in plan["shapes"])), what
+        got = m.loss_grad(x, labels, 0.25)
+        check_result(got, want, outputs_ref, loss, dtype, k, what + " loss_grad")
+        check_blocks(plan, grads, grads_ref, start, dtype, k, what + " loss_grad")
+        outputs = np.full_like(outputs_ref, np.nan)
+        m.logits(x, outputs)
+        np.testing.assert_allclose(outputs, outputs_ref, rtol=0, err_msg=what + " logits",
+                                   atol=RTOL[np.dtype(dtype)] * math.sqrt(k) * (1 + np.abs(outputs_ref).max()))
+        check_result(m.evaluate(x, labels), want, outputs_ref, loss, dtype, k, what + " evaluate")
+        for before, after in zip(inputs, (params, x, labels)):
+            np.testing.assert_array_equal(after, before, err_msg=what + " modified an input")
+        results[threads] = got, grads
+    # threads = 2 splits the images (conv) and the GEMMs: the same sums in another order
+    check_result(results[2][0], results[1][0], outputs_ref, loss, dtype, k, f"Model {name} threads 2 vs 1")
+    check_blocks(plan, results[2][1], results[1][1], start, dtype, k, f"Model {name} threads 2 vs 1")
+
+
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+def test_steps_equal_loss_grad(model):
+    """forward_loss, then backward_layer(P-1) ... (0) into another buffer, is loss_grad (to the
+    bit: the same engine calls; the logistic fast path to rounding); a step out of order, or
+    with no sweep in progress, is refused."""
+    name, layers, shape, loss = model
+    plan, params, x, labels = model_data(model, np.float64, tag="steps")
+    whole, steps = np.zeros_like(params), np.zeros_like(params)
+    m = core.Model(layers, shape, loss, params, whole, threads=2)
+    got_whole = m.loss_grad(x, labels)
+    got_steps = m.forward_loss(x, labels)
+    n = m.n_param_layers
+    if n > 1:
+        with pytest.raises(RuntimeError, match=f"backward_layer\\(0\\) out of order: the next layer is {n - 1}"):
+            m.backward_layer(0, grads=steps)
+    for layer in reversed(range(n)):
+        m.backward_layer(layer, grads=steps)
+    with pytest.raises(RuntimeError, match="no forward_loss to go back from"):
+        m.backward_layer(0, grads=steps)
+    if name == "logistic":
+        check_result(got_steps, got_whole, reference_outputs(model, params, x), loss, np.float64,
+                     reduction(plan, len(x)), f"Model {name} steps")
+        check_blocks(plan, steps, whole, np.zeros_like(params), np.float64, reduction(plan, len(x)),
+                     f"Model {name} steps")
+    else:
+        assert got_steps == got_whole, name
+        np.testing.assert_array_equal(steps, whole, err_msg=f"Model {name}: steps vs loss_grad")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("model", [MODELS[i] for i in (0, 1, 7, 10)], ids=[MODEL_IDS[i] for i in (0, 1, 7, 10)])
+def test_gradients_accumulate_and_scale(model, dtype):
+    """Two calls from zero give twice one call's gradient; grad_scale s gives s B times the
+    default (1/B) gradient; grads= writes the given buffer and leaves the held one alone."""
+    name, layers, shape, loss = model
+    plan, params, x, labels = model_data(model, dtype, tag="accumulate")
+    k, what = reduction(plan, len(x)), f"Model {name} dtype={dname(dtype)}"
+    held, other = np.zeros_like(params), np.zeros_like(params)
+    m = core.Model(layers, shape, loss, params, held)
+    first = m.loss_grad(x, labels)
+    once = held.copy()
+    assert np.any(once != 0)
+    assert m.loss_grad(x, labels) == first
+    check_blocks(plan, held, 2 * once, np.zeros_like(params), dtype, k, what + " accumulation")
+    m.loss_grad(x, labels, 0.75, other)
+    check_blocks(plan, other, 0.75 * len(x) * once, np.zeros_like(params), dtype, k, what + " grad_scale")
+    check_blocks(plan, held, 2 * once, np.zeros_like(params), dtype, 1, what + " held grads after grads=")
+
+
+# (id, layers, input_shape, loss, batch): the conv model's chunks are bounded by memory (its
+# activations are ~23 KB a row: 727 rows), the MLP's by the 1024-row cap
+CHUNKED = [
+    ("conv-tanh-pool-mse", [("conv", 8, 3, 1), "tanh", "maxpool2", "flatten", ("dense", 3)],
+     (4, 16, 16), "mse", 2000),
+    ("mlp", [("dense", 20), "gelu", ("dense", 5)], (9,), "softmax_xent", 2500),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("case", CHUNKED, ids=[c[0] for c in CHUNKED])
+def test_evaluate_and_logits_in_chunks(case, dtype):
+    """Batches larger than a chunk: the chunks' sums add up to the twin's, each chunk reads its
+    own labels / targets and writes its own output rows; a bad label in a later chunk is
+    named by its row in the batch."""
+    name, layers, shape, loss, batch = case
+    model = case[:4]
+    plan, params, x, labels = model_data(model, dtype, batch=batch, tag="chunks")
+    grads = np.full_like(params, 3.0)
+    m = core.Model(layers, shape, loss, params, grads)
+    what, k = f"Model {name} B={batch} dtype={dname(dtype)}", reduction(plan, 1)
+    outputs_ref = reference_outputs(model, params, x)
+    check_result(m.evaluate(x, labels), ref.model_evaluate(layers, shape, loss, params, x, labels),
+                 outputs_ref, loss, dtype, k, what + " evaluate")
+    outputs = np.full_like(outputs_ref, np.nan)
+    m.logits(x, outputs)
+    np.testing.assert_allclose(outputs, outputs_ref, rtol=0, err_msg=what + " logits",
+                               atol=RTOL[np.dtype(dtype)] * math.sqrt(k) * (1 + np.abs(outputs_ref).max()))
+    np.testing.assert_array_equal(grads, np.full_like(params, 3.0), err_msg=what + " wrote grads")
+    if loss != "mse":
+        labels[1500] = 5
+        with pytest.raises(ValueError, match=r"labels\[1500\] = 5 is out of range"):
+            m.evaluate(x, labels)
+
+
+@pytest.mark.parametrize("model", [MODELS[i] for i in (0, 6, 7, 8)], ids=[MODEL_IDS[i] for i in (0, 6, 7, 8)])
+def test_bad_label_names_its_row_and_leaves_grads(model):
+    name, layers, shape, loss = model
+    plan, params, x, labels = model_data(model, np.float64, batch=70, tag="bad label")
+    classes = 2 if loss == "sigmoid_bce" else math.prod(plan["shapes"][-1])
+    grads = np.ones_like(params)
+    m = core.Model(layers, shape, loss, params, grads)
+    for row, value in ((0, -1), (65, classes), (69, 2 ** 40)):
+        bad = labels.copy()
+        bad[row] = value
+        for call in (lambda: m.loss_grad(x, bad), lambda: m.forward_loss(x, bad),
+                     lambda: m.evaluate(x, bad)):
+            with pytest.raises(ValueError, match=rf"labels\[{row}\] = {value} is out of range: "
+                                                 rf"expected 0 <= label < {classes}"):
+                call()
+        np.testing.assert_array_equal(grads, np.ones_like(params), err_msg=f"Model {name}: wrote grads")
+    with pytest.raises(RuntimeError, match="no forward_loss"):        # the refused sweep is none
+        m.backward_layer(m.n_param_layers - 1)
+
+
+def test_mse_targets_are_checked():
+    model = MODELS[9]
+    _, layers, shape, loss = model
+    plan, params, x, targets = model_data(model, np.float64, batch=4)
+    m = core.Model(layers, shape, loss, params, np.zeros_like(params))
+    cases = [(None, TypeError, "targets must be a float64 array, got None"),
+             (targets[:, :2].copy(), ValueError, r"targets has shape \(4, 2\), expected \(4, 3\)"),
+             (targets.astype(np.float32), TypeError, "targets has dtype float32, expected float64"),
+             (np.zeros(4, np.int64), TypeError, "targets has dtype int64")]
+    for bad, exc, match in cases:
+        for call in (m.loss_grad, m.forward_loss, m.evaluate):
+            with pytest.raises(exc, match=match):
+                call(x, bad)
+    assert m.loss_grad(x, targets, 1.0) == (pytest.approx(ref.mse(reference_outputs(model, params, x), targets),
+                                                          rel=1e-12), 0)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+def test_empty_batch(model):
+    name, layers, shape, loss = model
+    plan, params, x, labels = model_data(model, np.float64, batch=0)
+    grads = np.ones_like(params)
+    m = core.Model(layers, shape, loss, params, grads)
+    assert m.loss_grad(x, labels) == (0.0, 0) == ref.model_loss_grad(layers, shape, loss, params,
+                                                                      np.ones_like(params), x, labels)
+    assert m.forward_loss(x, labels) == (0.0, 0)
+    with pytest.raises(RuntimeError, match="no forward_loss"):     # nothing to go back from
+        m.backward_layer(m.n_param_layers - 1)
+    assert m.evaluate(x, labels) == (0.0, 0) == ref.model_evaluate(layers, shape, loss, params, x, labels)
+    m.logits(x, np.empty((0, math.prod(plan["shapes"][-1]))))
+    np.testing.assert_array_equal(grads, np.ones_like(params), err_msg=f"Model {name}")
+
+
+# ---------------------------------------------------------------------------------------
+# finite differences (float64)
+
+
+def central_differences(loss, a, eps=1e-6):
+    """d loss() / d a, a perturbed in place one entry at a time (the Model holds it)."""
+    grad = np.empty(a.size)
+    flat = a.reshape(-1)
+    for i, old in enumerate(flat.copy()):
+        flat[i] = old + eps
+        up = loss()
+        flat[i] = old - eps
+        grad[i] = (up - loss()) / (2 * eps)
+        flat[i] = old
+    return grad
+
+
+FD_MODELS = [
+    ("cnn", [("conv", 2, 3, 1), "relu", "maxpool2", "flatten", ("dense", 3)], (1, 6, 5), "softmax_xent"),
+    ("conv-pool-tanh", [("conv", 2, 2), "maxpool2", "tanh", ("conv", 2, 2, 1), "sigmoid", "flatten",
+                        ("dense", 2)], (2, 5, 6), "softmax_xent"),
+    ("gelu-bce", [("dense", 4), "gelu", ("dense", 3), "sigmoid", ("dense", 1)], (3,), "sigmoid_bce"),
+    ("logistic", [("dense", 1)], (4,), "sigmoid_bce"),
+    ("gelu-mse", ["gelu", ("conv", 2, 3), "gelu", "flatten", ("dense", 3), "tanh", ("dense", 2)],
+     (1, 5, 5), "mse"),
+]
+
+
+@pytest.mark.parametrize("grad_scale", [None, 0.3], ids=["default_scale", "scale=0.3"])
+@pytest.mark.parametrize("model", FD_MODELS, ids=[m[0] for m in FD_MODELS])
+def test_gradient_matches_finite_differences(model, grad_scale):
+    """loss_grad's gradient is the central difference of grad_scale * evaluate()'s loss."""
+    name, layers, shape, loss = model
+    plan, params, x, labels = model_data(model, np.float64, batch=6, tag="fd")
+    grads = np.zeros_like(params)
+    m = core.Model(layers, shape, loss, params, grads)
+    m.loss_grad(x, labels, grad_scale)
+    gs = 1 / len(x) if grad_scale is None else grad_scale
+    numeric = central_differences(lambda: gs * m.evaluate(x, labels)[0], params)
+    np.testing.assert_allclose(grads, numeric, rtol=1e-5, atol=1e-8,
+                               err_msg=f"Model {name} gradient vs finite differences")
+
+
+# ---------------------------------------------------------------------------------------
 # model_plan
 
 
@@ -256,3 +477,43 @@ def test_model_checks_params_against_the_plan():
         core.Model(layers, shape, "softmax_xent", np.zeros(n), np.zeros(n, np.float32))
     with pytest.raises(ValueError, match="threads must be in"):
         core.Model(layers, shape, "softmax_xent", np.zeros(n), np.zeros(n), threads=0)
+
+
+# ---------------------------------------------------------------------------------------
+# PyTorch on the same weights (the conventions: layouts, GELU's erf form, MSE without 1/2)
+
+
+def test_model_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    model = ("mix", [("conv", 3, 3, 1), "gelu", "maxpool2", ("conv", 2, 2), "tanh", "flatten",
+                     ("dense", 5), "sigmoid", ("dense", 3)], (2, 9, 8), "mse")
+    _, layers, shape, loss = model
+    plan, params, x, targets = model_data(model, np.float64, batch=5, tag="torch")
+    grads = np.zeros_like(params)
+    got = core.Model(layers, shape, loss, params, grads).loss_grad(x, targets, 1.0)
+    views = {e["layer"]: e for e in plan["params"]}
+    modules = []
+    for i, (kind, *sizes) in enumerate(plan["layers"]):
+        if kind in ("dense", "conv"):
+            e = views[i]
+            w = params[e["weight"]:e["weight"] + math.prod(e["weight_shape"])].reshape(e["weight_shape"])
+            b = params[e["bias"]:e["bias"] + e["bias_shape"][0]]
+            mod = (torch.nn.Linear(w.shape[1], w.shape[0]) if kind == "dense" else
+                   torch.nn.Conv2d(w.shape[1], w.shape[0], sizes[1], padding=sizes[2])).double()
+            with torch.no_grad():
+                mod.weight.copy_(torch.from_numpy(w.copy()))
+                mod.bias.copy_(torch.from_numpy(b.copy()))
+        else:
+            mod = {"maxpool2": lambda: torch.nn.MaxPool2d(2), "relu": torch.nn.ReLU, "tanh": torch.nn.Tanh,
+                   "sigmoid": torch.nn.Sigmoid, "gelu": torch.nn.GELU, "flatten": torch.nn.Flatten}[kind]()
+        modules.append(mod)
+    net = torch.nn.Sequential(*modules)
+    out = net(torch.from_numpy(x.reshape(len(x), *shape).copy()))
+    torch_loss = torch.nn.MSELoss(reduction="sum")(out, torch.from_numpy(targets))
+    torch_loss.backward()
+    assert abs(got[0] - torch_loss.item()) <= 1e-10 * abs(torch_loss.item())
+    for e, mod in ((views[i], modules[i]) for i in views):
+        w_grad = grads[e["weight"]:e["weight"] + math.prod(e["weight_shape"])].reshape(e["weight_shape"])
+        np.testing.assert_allclose(w_grad, mod.weight.grad.numpy(), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(grads[e["bias"]:e["bias"] + e["bias_shape"][0]], mod.bias.grad.numpy(),
+                                   rtol=1e-9, atol=1e-12)
