@@ -861,9 +861,9 @@ _ACTIVATIONS = {  # kind -> (forward, backward, whether backward takes the input
 
 
 def _is_sequence(obj):
-    """What the C parser takes as a sequence (PySequence_Check): not a str or a mapping."""
-    return (hasattr(type(obj), "__getitem__") and hasattr(type(obj), "__len__") and
-            not isinstance(obj, (str, dict)))
+    """What the C parser takes as a sequence (PySequence_Check, a __getitem__ that is not a
+    dict's), and not a str."""
+    return hasattr(type(obj), "__getitem__") and not isinstance(obj, (str, dict))
 
 
 def _model_layer(spec, i):
