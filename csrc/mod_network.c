@@ -485,17 +485,18 @@ static int parse_layer(PyObject *item, Py_ssize_t i, dp_layer *out)
             return -1;
         }
     }
-    const char *name = PyUnicode_AsUTF8(name_obj);
+    /* compared as str, not as a C string: 'relu\0x' is no 'relu', and a name that has no
+     * UTF-8 form (a lone surrogate) is unknown like any other */
     int k = -1;
-    for (int j = 0; name && j < N_KINDS; j++)
-        if (strcmp(name, LAYER_KINDS[j].name) == 0) k = j;
+    for (int j = 0; j < N_KINDS; j++)
+        if (PyUnicode_CompareWithASCIIString(name_obj, LAYER_KINDS[j].name) == 0) k = j;
     if (k < 0) {
-        if (name)
-            PyErr_Format(PyExc_ValueError, "layers[%zd]: unknown layer '%s' (known: dense, conv, maxpool2, "
-                         "relu, tanh, sigmoid, gelu, flatten)", i, name);
+        PyErr_Format(PyExc_ValueError, "layers[%zd]: unknown layer %R (known: dense, conv, maxpool2, "
+                     "relu, tanh, sigmoid, gelu, flatten)", i, name_obj);
         Py_XDECREF(seq);
         return -1;
     }
+    const char *name = LAYER_KINDS[k].name;
     int want = LAYER_KINDS[k].n_ints, vals[3] = {0, 0, 0};
     int min_given = LAYER_KINDS[k].kind == DP_LAYER_CONV ? 2 : want;   /* conv: padding optional */
     if (n - 1 < min_given || n - 1 > want) {
@@ -518,9 +519,9 @@ static int parse_layer(PyObject *item, Py_ssize_t i, dp_layer *out)
         Py_DECREF(index);
         int lowest = LAYER_KINDS[k].kind == DP_LAYER_CONV && j == 3 ? 0 : 1;
         if (overflow || x < lowest || x > INT_MAX) {
-            PyErr_Format(PyExc_ValueError, "layers[%zd] = %R: %s must be %s", i, item,
+            PyErr_Format(PyExc_ValueError, "layers[%zd] = %R: %s must be %d..%d", i, item,
                          j == 3 ? "padding" : j == 2 ? "the kernel size" : "the output size",
-                         lowest ? "a positive int" : "an int >= 0");
+                         lowest, INT_MAX);
             Py_DECREF(seq);
             return -1;
         }
@@ -571,6 +572,13 @@ done:
     return rc;
 }
 
+/* "(C, H, W)" or "(F,)", as Python writes the tuple. */
+static void shape_text(char *buf, size_t size, const int *shape, int ndim)
+{
+    if (ndim == 3) snprintf(buf, size, "(%d, %d, %d)", shape[0], shape[1], shape[2]);
+    else snprintf(buf, size, "(%d,)", shape[0]);
+}
+
 /* layers, input_shape and loss into a plan; a ValueError naming the layer at fault. */
 static int parse_model(PyObject *lo, PyObject *so, const char *loss_name, dp_layer *layers,
                        int *n_layers, int *shape, int *ndim, dp_loss *loss, dp_plan *plan)
@@ -599,17 +607,19 @@ static int parse_model(PyObject *lo, PyObject *so, const char *loss_name, dp_lay
     int l = plan->bad_layer;
     const char *why = plan->why ? plan->why : "invalid";
     if (l >= 0 && l < n) {
-        const int *in = l ? plan->out_shape[l - 1] : shape;
-        int in_nd = l ? plan->out_ndim[l - 1] : *ndim;
-        char s[96];
-        if (in_nd == 3) snprintf(s, sizeof s, "(%d, %d, %d)", in[0], in[1], in[2]);
-        else snprintf(s, sizeof s, "(%d,)", in[0]);
+        char s[48];
+        shape_text(s, sizeof s, l ? plan->out_shape[l - 1] : shape, l ? plan->out_ndim[l - 1] : *ndim);
         PyErr_Format(PyExc_ValueError, "layers[%d] ('%s') gets a %s input: %s", l,
                      kind_name(layers[l].kind), s, why);
+    } else if (l == n && plan->n_param_layers == 0) {
+        PyErr_SetString(PyExc_ValueError, "layers has no dense or conv layer: nothing to train");
     } else if (l == n) {
-        PyErr_Format(PyExc_ValueError, "loss '%s' on this model: %s", loss_name, why);
+        char s[48];
+        shape_text(s, sizeof s, plan->out_shape[n - 1], plan->out_ndim[n - 1]);
+        PyErr_Format(PyExc_ValueError, "loss '%s' on this model: %s, but layers[%d] ('%s') gives %s",
+                     loss_name, why, (int)n - 1, kind_name(layers[n - 1].kind), s);
     } else {
-        PyErr_Format(PyExc_ValueError, "model: %s", why);
+        PyErr_Format(PyExc_ValueError, "input_shape %R: %s", so, why);
     }
     return -1;
 }

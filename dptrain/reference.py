@@ -23,9 +23,14 @@ mlp_evaluate, mlp_logits) is the reference of the Network contract, written with
 functions above; init_params also *defines* the parameter initialisation the models use.
 The cnn_* functions are the same for the ConvNet contract (conv -> ReLU -> 2x2 max-pool
 blocks, then dense layers), written in the textbook order ReLU-then-pool (the C core pools
-first, which gives the same values and gradients).
+first, which gives the same values and gradients). The model_* functions are the same for
+the Model contract (any list of dense, conv, maxpool2, relu, tanh, sigmoid, gelu and flatten
+layers; losses MODEL_LOSSES, which add the squared error "mse" to LOSSES), written layer by
+layer in the list's order, with the twins of the activations and of the MSE loss the C core
+runs inside Model (tanh_*, sigmoid_*, gelu_*, mse).
 """
 import math
+import operator
 
 import numpy as np
 
@@ -36,6 +41,9 @@ __all__ = [
     "mlp_logits", "conv2d_forward", "conv2d_backward", "maxpool2_forward", "maxpool2_backward",
     "cnn_layer_shapes", "cnn_sizes", "cnn_n_params", "cnn_unflatten", "cnn_init_params",
     "cnn_loss_grad", "cnn_evaluate", "cnn_logits", "LOSSES",
+    "tanh_forward", "tanh_backward", "sigmoid_forward", "sigmoid_backward", "gelu_forward",
+    "gelu_backward", "mse", "model_plan", "model_loss_grad", "model_evaluate", "model_logits",
+    "MODEL_LOSSES", "LAYER_SIZES", "MODEL_MAX_LAYERS",
 ]
 
 LOSSES = ("softmax_xent", "sigmoid_bce")
@@ -740,3 +748,383 @@ def cnn_logits(input_shape, channels, dense, params, x, out, *, kernel=3, paddin
     logits = _cnn_forward(input_shape, channels, dense, params, x, kernel, padding)[2]
     _check_shape("out", out, logits.shape)
     out[...] = logits
+
+
+# ---------------------------------------------------------------------------------------
+# activations and the MSE loss of the general model (twins of csrc/dp_act.h; they have no
+# binding of their own: the C core runs them inside Model)
+
+
+def tanh_forward(x, y):
+    """y[:] = tanh(x); y may be x."""
+    _common_float_dtype(x=x, y=y)
+    _check_shape("y", y, x.shape)
+    np.tanh(x, out=y)
+
+
+def tanh_backward(dy, y, dx):
+    """dx[:] = dy * (1 - y^2); y is the forward *output* (as PyTorch's tanh_backward)."""
+    dt = _common_float_dtype(dy=dy, y=y, dx=dx)
+    _check_shape("y", y, dy.shape)
+    _check_shape("dx", dx, dy.shape)
+    dx[...] = dy * (dt.type(1) - y * y)
+
+
+def sigmoid_forward(x, y):
+    """y[:] = 1 / (1 + exp(-x)), taken as 1 / (1 + e) or e / (1 + e) with e = exp(-|x|) so
+    that no exp overflows; y may be x."""
+    _common_float_dtype(x=x, y=y)
+    _check_shape("y", y, x.shape)
+    y[...] = _sigmoid(x)
+
+
+def sigmoid_backward(dy, y, dx):
+    """dx[:] = dy * y * (1 - y); y is the forward *output*."""
+    dt = _common_float_dtype(dy=dy, y=y, dx=dx)
+    _check_shape("y", y, dy.shape)
+    _check_shape("dx", dx, dy.shape)
+    dx[...] = dy * y * (dt.type(1) - y)
+
+
+_erfc = np.frompyfunc(math.erfc, 1, 1)   # libm's erfc, element by element (NumPy has none)
+
+
+def _normal_cdf(x):
+    """Phi(x) = 0.5 erfc(-x / sqrt 2) in float64 (the erfc form has no cancellation for
+    x << 0, where 0.5 (1 + erf(x / sqrt 2)) has)."""
+    return 0.5 * _erfc(-np.asarray(x, np.float64) * math.sqrt(0.5)).astype(np.float64)
+
+
+def gelu_forward(x, y):
+    """y[:] = x Phi(x), Phi the standard normal CDF: PyTorch's nn.GELU() (the erf form, not
+    the tanh approximation). GELU(-inf) = -inf * 0 = NaN, as in IEEE arithmetic and the C
+    core. Phi is taken in float64 and the product rounded once to the dtype: transcendental
+    functions cannot round as a C kernel does anyway (the C core is within a few ulp)."""
+    _common_float_dtype(x=x, y=y)
+    _check_shape("y", y, x.shape)
+    x64 = x.astype(np.float64)
+    y[...] = x64 * _normal_cdf(x64)
+
+
+def gelu_backward(dy, x, dx):
+    """dx[:] = dy * (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi); x is the forward
+    *input* (GELU's derivative cannot be had from its output). NaN at x = +-inf (inf * 0)."""
+    _common_float_dtype(dy=dy, x=x, dx=dx)
+    _check_shape("x", x, dy.shape)
+    _check_shape("dx", dx, dy.shape)
+    x64 = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        slope = _normal_cdf(x64) + x64 * np.exp(-0.5 * x64 * x64) / math.sqrt(2 * math.pi)
+    dx[...] = dy * slope.astype(dx.dtype)
+
+
+def mse(outputs, targets, doutputs=None, grad_scale=None):
+    """Squared error summed over the rows and outputs (PyTorch's MSELoss(reduction='sum'),
+    no 1/2); outputs and targets (B, OUT) of one float dtype. Returns float(sum (y - t)^2).
+    If doutputs is given, writes doutputs[:] = 2 grad_scale (y - t), grad_scale defaulting to
+    1/B (pass 1 / (B OUT) for the gradient of MSELoss()'s mean)."""
+    dt = _common_float_dtype(outputs=outputs, targets=targets, doutputs=doutputs)
+    _check_ndim("outputs", outputs, (2,))
+    _check_shape("targets", targets, outputs.shape)
+    if doutputs is not None:
+        _check_shape("doutputs", doutputs, outputs.shape)
+    batch = outputs.shape[0]
+    if batch == 0:
+        return 0.0
+    diff = outputs - targets                      # (B, OUT), in the dtype
+    if doutputs is not None:
+        scale = 1.0 / batch if grad_scale is None else grad_scale
+        doutputs[...] = dt.type(2) * dt.type(scale) * diff
+    d64 = diff.astype(np.float64)
+    return float(np.sum(d64 * d64))
+
+
+# ---------------------------------------------------------------------------------------
+# model level: the Model contract (any layer list; docs/core_api.md, "Model", and the
+# header comment of csrc/dp_model.h)
+
+# The loss names a Model takes. Network and ConvNet take LOSSES, the classification ones.
+MODEL_LOSSES = ("softmax_xent", "sigmoid_bce", "mse")
+# Layer kinds and how many sizes each takes: (fewest, most); conv's padding may be left out.
+LAYER_SIZES = {"dense": (1, 1), "conv": (2, 3), "maxpool2": (0, 0), "relu": (0, 0),
+               "tanh": (0, 0), "sigmoid": (0, 0), "gelu": (0, 0), "flatten": (0, 0)}
+MODEL_MAX_LAYERS = 64           # DP_MODEL_MAX_LAYERS (csrc/dp_model.h)
+_INT_MAX = 2 ** 31 - 1          # every count the C kernels index with is a C int
+_PTRDIFF_MAX = 2 ** 63 - 1      # the flat parameter offsets are ptrdiff_t
+
+_ACTIVATIONS = {  # kind -> (forward, backward, whether backward takes the input (else output))
+    "relu": (relu_forward, relu_backward, False),
+    "tanh": (tanh_forward, tanh_backward, False),
+    "sigmoid": (sigmoid_forward, sigmoid_backward, False),
+    "gelu": (gelu_forward, gelu_backward, True),
+}
+
+
+def _is_sequence(obj):
+    """What the C parser takes as a sequence (PySequence_Check, a __getitem__ that is not a
+    dict's), and not a str."""
+    return hasattr(type(obj), "__getitem__") and not isinstance(obj, (str, dict))
+
+
+def _model_layer(spec, i):
+    """One layer spec normalized: ('dense', out), ('conv', out_channels, kernel, padding) or
+    (kind,); TypeError/ValueError naming layers[i]."""
+    if isinstance(spec, str):
+        items = (spec,)
+    elif _is_sequence(spec):
+        items = tuple(spec)
+    else:
+        raise TypeError(f"layers[{i}] must be a layer name or a tuple (name, sizes...), got "
+                        f"{type(spec).__name__}")
+    if not items or not isinstance(items[0], str):
+        raise TypeError(f"layers[{i}] = {spec!r}: the first entry must be the layer's name")
+    kind = items[0]
+    if kind not in LAYER_SIZES:
+        raise ValueError(f"layers[{i}]: unknown layer {kind!r} (known: "
+                         f"{', '.join(LAYER_SIZES)})")
+    fewest, most = LAYER_SIZES[kind]
+    if not fewest <= len(items) - 1 <= most:
+        takes = {"dense": "one size: ('dense', out_features)",
+                 "conv": "('conv', out_channels, kernel) or ('conv', out_channels, kernel, "
+                         "padding)"}.get(kind, "no sizes")
+        raise ValueError(f"layers[{i}] = {spec!r}: {kind!r} takes {takes}")
+    sizes = []
+    for j, v in enumerate(items[1:], start=1):
+        try:
+            v = operator.index(v)                 # int, bool, NumPy integers; not float
+        except TypeError:
+            raise TypeError(f"layers[{i}] = {spec!r}: sizes must be ints, got "
+                            f"{type(v).__name__}") from None
+        lowest = 0 if (kind, j) == ("conv", 3) else 1
+        if not lowest <= v <= _INT_MAX:
+            what = ("the output size", "the kernel size", "padding")[j - 1]
+            raise ValueError(f"layers[{i}] = {spec!r}: {what} must be {lowest}..{_INT_MAX}")
+        sizes.append(int(v))
+    if kind == "conv" and len(sizes) == 2:
+        sizes.append(0)
+    return (kind, *sizes)
+
+
+def _model_input_shape(input_shape):
+    if not _is_sequence(input_shape):
+        raise TypeError(f"input_shape must be a tuple (F,) or (C, H, W), got "
+                        f"{type(input_shape).__name__}")
+    shape = tuple(input_shape)
+    if len(shape) not in (1, 3):
+        raise ValueError(f"input_shape {input_shape!r} has {len(shape)} entries, expected (F,) or "
+                         f"(C, H, W)")
+    try:
+        shape = tuple(operator.index(v) for v in shape)
+    except TypeError:
+        raise TypeError(f"input_shape {input_shape!r}: sizes must be ints") from None
+    if not all(1 <= v <= _INT_MAX for v in shape):
+        raise ValueError(f"input_shape {input_shape!r}: sizes must be positive ints")
+    if math.prod(shape) > _INT_MAX:
+        raise ValueError(f"input_shape {input_shape!r}: the input size does not fit an int")
+    return tuple(int(v) for v in shape)
+
+
+def _layer_output(kind, sizes, shape):
+    """(output shape, weight shape or None), or the reason the layer refuses its input
+    shape as a str (the words of csrc/dp_model.c)."""
+    if kind == "dense":
+        return (sizes[0],), (sizes[0], math.prod(shape))
+    if kind == "conv":
+        if len(shape) != 3:
+            return "conv needs a (C, H, W) input"
+        (oc, k, pad), (c, h, w) = sizes, shape
+        if 2 * pad + max(h, w) > _INT_MAX:
+            return "conv padding does not fit an int"
+        if min(h, w) + 2 * pad < k:
+            return "conv kernel larger than the padded input"
+        oh, ow = h + 2 * pad - k + 1, w + 2 * pad - k + 1
+        if max(oh, ow, c * k * k, oh * ow, oc * oh * ow) > _INT_MAX:
+            return "conv sizes do not fit an int"
+        return (oc, oh, ow), (oc, c, k, k)
+    if kind == "maxpool2":
+        if len(shape) != 3:
+            return "max-pooling needs a (C, H, W) input"
+        if min(shape[1:]) < 2:
+            return "max-pooling needs a map of at least 2x2"
+        return (shape[0], shape[1] // 2, shape[2] // 2), None
+    if kind == "flatten":
+        return (math.prod(shape),), None
+    return shape, None                            # an activation
+
+
+def model_plan(layers, input_shape, loss="softmax_xent"):
+    """_core.model_plan: what Model(layers, input_shape, loss, ...) builds, without the C
+    engine's fused 'stages' (its own business): a dict of
+      'layers'       the specs normalized: ('dense', out), ('conv', OC, K, padding), (kind,);
+      'input_shape'  (F,) or (C, H, W);
+      'shapes'       each layer's output shape ((C, H, W) or (F,); flatten and dense give F);
+      'n_params'     the length of the flat parameter array;
+      'params'       per dense/conv layer, in list order: {'layer': its index, 'weight': the
+                     offset of W, 'weight_shape': dense (OUT, IN) / conv (OC, C, K, K),
+                     'bias': the offset of b, 'bias_shape': (OUT,)}; W then b, layer by layer;
+      'loss'         the loss name.
+    TypeError/ValueError naming the layer at fault (the C core's words), the input shape or
+    the loss: a dense layer flattens its input, conv and maxpool2 need a (C, H, W) one, the
+    kernel must fit the padded input, pooling a map of at least 2x2; at least one dense or
+    conv layer; softmax_xent needs >= 2 outputs, sigmoid_bce exactly 1.
+    """
+    if not isinstance(loss, str):
+        raise TypeError(f"loss must be a str, got {type(loss).__name__}")
+    if loss not in MODEL_LOSSES:
+        raise ValueError(f"loss must be one of {MODEL_LOSSES}, got {loss!r}")
+    shape = in_shape = _model_input_shape(input_shape)
+    if not _is_sequence(layers):
+        raise TypeError(f"layers must be a list of layer specs, got {type(layers).__name__}")
+    specs = list(layers)
+    if not 1 <= len(specs) <= MODEL_MAX_LAYERS:
+        raise ValueError(f"layers has {len(specs)} entries, expected 1 to {MODEL_MAX_LAYERS}")
+    specs = [_model_layer(spec, i) for i, spec in enumerate(specs)]
+    shapes, params, offset = [], [], 0
+    for i, (kind, *sizes) in enumerate(specs):
+        out = _layer_output(kind, sizes, shape)
+        if not isinstance(out, str) and out[1] is not None:
+            n_weights = math.prod(out[1])
+            if offset + n_weights + out[1][0] > _PTRDIFF_MAX:
+                out = "parameter count overflows"
+        if isinstance(out, str):
+            raise ValueError(f"layers[{i}] ('{kind}') gets a {shape} input: {out}")
+        shape, weight_shape = out
+        if weight_shape is not None:        # W, then b
+            params.append({"layer": i, "weight": offset, "weight_shape": weight_shape,
+                           "bias": offset + n_weights, "bias_shape": (weight_shape[0],)})
+            offset += n_weights + weight_shape[0]
+        shapes.append(shape)
+    if not params:
+        raise ValueError("layers has no dense or conv layer: nothing to train")
+    n_out = math.prod(shape)
+    need = {"softmax_xent": (n_out >= 2, "softmax cross-entropy needs >= 2 outputs"),
+            "sigmoid_bce": (n_out == 1, "sigmoid BCE needs exactly 1 output"),
+            "mse": (True, "")}[loss]
+    if not need[0]:
+        last = len(specs) - 1
+        raise ValueError(f"loss '{loss}' on this model: {need[1]}, but layers[{last}] "
+                         f"('{specs[last][0]}') gives {shape}")
+    return {"layers": specs, "input_shape": in_shape, "shapes": shapes, "n_params": offset,
+            "params": params, "loss": loss}
+
+
+def _model_check(plan, params, x):
+    """The rows of x (B, in_width), after checking params (n_params,) and x of one dtype."""
+    _common_float_dtype(params=params, x=x)
+    _check_shape("params", params, (plan["n_params"],))
+    _check_ndim("x", x, (2,))
+    in_width = math.prod(plan["input_shape"])
+    _check_shape("x", x, (x.shape[0], in_width))
+    return x.shape[0]
+
+
+def _model_param_views(plan, flat):
+    """{layer index: (W, b)}: views into the flat buffer, in model_plan's layout."""
+    views = {}
+    for e in plan["params"]:
+        w = flat[e["weight"]:e["weight"] + math.prod(e["weight_shape"])]
+        views[e["layer"]] = (w.reshape(e["weight_shape"]), flat[e["bias"]:e["bias"] + e["bias_shape"][0]])
+    return views
+
+
+def _rows(a):
+    """a (B, ...) as (B, features): reshape(B, -1) cannot tell the width of an empty batch."""
+    return a.reshape(len(a), math.prod(a.shape[1:]))
+
+
+def _model_forward(plan, params, x):
+    """(acts, codes): acts[l] is layer l's input and acts[l + 1] its output, each
+    (B, *shape); codes[l] a maxpool2 layer's argmax codes. Written layer by layer, in the
+    list's order (the C core fuses some, with the same values; see csrc/dp_model.h)."""
+    batch, dt = x.shape[0], params.dtype
+    weights = _model_param_views(plan, params)
+    acts, codes = [x.reshape((batch, *plan["input_shape"]))], {}
+    for i, (kind, *sizes) in enumerate(plan["layers"]):
+        h = acts[-1]
+        y = np.empty((batch, *plan["shapes"][i]), dt)
+        if kind == "dense":
+            dense_forward(_rows(h), *weights[i], y)
+        elif kind == "conv":
+            conv2d_forward(h, *weights[i], y, padding=sizes[2])
+        elif kind == "maxpool2":
+            codes[i] = np.empty(y.shape, np.uint8)
+            maxpool2_forward(h, y, codes[i])
+        elif kind == "flatten":
+            y = h.reshape(y.shape)
+        else:
+            _ACTIVATIONS[kind][0](h, y)
+        acts.append(y)
+    return acts, codes
+
+
+def _model_backward(plan, params, grads, acts, codes, dout):
+    """ACCUMULATES d(loss)/d(params) into grads from dout = d(loss)/d(outputs), last layer
+    first, down to the first dense/conv layer (nothing below it has a parameter)."""
+    weights, grad_views = _model_param_views(plan, params), _model_param_views(plan, grads)
+    first = plan["params"][0]["layer"]
+    d = dout
+    for i in range(len(plan["layers"]) - 1, first - 1, -1):
+        kind, *sizes = plan["layers"][i]
+        h, y = acts[i], acts[i + 1]
+        d = d.reshape(y.shape)
+        dx = np.empty_like(h) if i > first else None
+        if kind == "dense":
+            dense_backward(d, _rows(h), weights[i][0], *grad_views[i],
+                           None if dx is None else _rows(dx))
+        elif kind == "conv":
+            conv2d_backward(d, h, weights[i][0], *grad_views[i], dx, padding=sizes[2])
+        elif kind == "maxpool2":
+            maxpool2_backward(d, codes[i], dx)
+        elif kind == "flatten":
+            dx = d.reshape(h.shape)
+        else:
+            forward, backward, from_input = _ACTIVATIONS[kind]
+            backward(d, h if from_input else y, dx)
+        d = dx
+
+
+def _model_loss(plan, outputs, labels, doutputs=None, grad_scale=None):
+    """(loss_sum, n_correct) of the (B, OUT) outputs; labels are int64 class labels, or the
+    (B, OUT) targets for 'mse' (n_correct is then 0)."""
+    if plan["loss"] == "mse":
+        return mse(outputs, labels, doutputs, grad_scale), 0
+    fn = softmax_xent if plan["loss"] == "softmax_xent" else sigmoid_bce
+    return fn(outputs, labels, doutputs, grad_scale), count_correct(outputs, labels)
+
+
+def model_loss_grad(layers, input_shape, loss, params, grads, x, labels, grad_scale=None):
+    """Model.loss_grad: forward and backward on one batch -> (loss_sum, n_correct).
+
+    x is (B, in_width) flat rows (a (C, H, W) input in C, H, W order); labels are int64 (B,)
+    class labels for softmax_xent / sigmoid_bce, or the (B, OUT) float targets of the
+    params' dtype for mse (loss_sum = sum of squared errors, n_correct = 0). The gradient of
+    grad_scale * loss_sum is ACCUMULATED into grads (grad_scale defaults to 1/B). An empty
+    batch gives (0.0, 0) and leaves grads as they are.
+    """
+    plan = model_plan(layers, input_shape, loss)
+    batch = _model_check(plan, params, x)
+    _common_float_dtype(params=params, grads=grads)
+    _check_shape("grads", grads, params.shape)
+    acts, codes = _model_forward(plan, params, x)
+    outputs = _rows(acts[-1])
+    dout = np.empty_like(outputs)
+    result = _model_loss(plan, outputs, labels, dout, grad_scale)
+    if batch:
+        _model_backward(plan, params, grads, acts, codes, dout)
+    return result
+
+
+def model_evaluate(layers, input_shape, loss, params, x, labels):
+    """Model.evaluate: forward only -> (loss_sum, n_correct) (labels as in model_loss_grad)."""
+    plan = model_plan(layers, input_shape, loss)
+    _model_check(plan, params, x)
+    return _model_loss(plan, _rows(_model_forward(plan, params, x)[0][-1]), labels)
+
+
+def model_logits(layers, input_shape, loss, params, x, out):
+    """Model.logits: forward only, writes the (B, OUT) outputs into out."""
+    plan = model_plan(layers, input_shape, loss)
+    batch = _model_check(plan, params, x)
+    _common_float_dtype(params=params, out=out)
+    _check_shape("out", out, (batch, math.prod(plan["shapes"][-1])))
+    out[...] = _rows(_model_forward(plan, params, x)[0][-1])
