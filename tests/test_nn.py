@@ -123,7 +123,8 @@ def test_mse_is_pytorchs_mean_squared_error():
     ([nn.Dense(3), nn.MaxPool2()], (1, 8, 8), r"layers\[1\] \('maxpool2'\).*needs a \(C, H, W\)"),
     ([nn.ReLU()], (3,), "no dense or conv layer"),
     ([nn.Dense(1)], (3,), "softmax cross-entropy needs >= 2 outputs"),
-    ([("dense", 0)], (3,), r"layers\[0\].*output size must be a positive int"),
+    ([("dense", 0)], (3,),
+     r"layers\[0\] = \('dense', 0\): the output size must be 1\.\.2147483647"),
     (["softmax"], (3,), r"layers\[0\]: unknown layer 'softmax'"),
     ([3], (3,), r"layers\[0\] = 3 is not a layer"),
 ])
