@@ -305,7 +305,8 @@ class Model:
                                      f"({self.n_params},)")
             self.params[:] = f["params"]
             self.velocity[:] = f["velocity"]
-            return {k: f[k] for k in f.files if k not in ("params", "velocity", "config", "format")}
+            own = ("params", "velocity", "config", "format")
+            return {k: f[k] for k in f.files if k not in own}
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(sizes={self.sizes}, loss={self.loss!r}, "
@@ -604,7 +605,8 @@ def model_from_spec(spec: dict, *, threads: int = 1, params=None, grads=None,
     if kind == "sequential":
         return Sequential([tuple(s) if isinstance(s, list) else s for s in spec["layers"]],
                           tuple(spec["input_shape"]), spec["loss"], **kw)
-    raise ValueError(f"model kind {kind!r} is not one dptrain knows ({MODEL_KINDS + ('sequential',)})")
+    raise ValueError(f"model kind {kind!r} is not one dptrain knows "
+                     f"({', '.join(MODEL_KINDS + ('sequential',))})")
 
 
 def load_model(path, *, threads: int = 1) -> Model:
