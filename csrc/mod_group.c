@@ -52,7 +52,10 @@ static PyObject *py_init_control(PyObject *module, PyObject *args)
     dp_barrier *b = control_barrier(co, "control");
     if (!b) return NULL;
     if (n < 1 || n > DP_MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %d", DP_MAX_GROUP, n), NULL;
-    memset(b, 0, (size_t)PyArray_NBYTES((PyArrayObject *)co));   /* the arrival counters too */
+    /* the barrier and, where the array has room for them, the n arrival counters after it;
+     * nothing past that (the array may be part of a larger buffer) */
+    size_t bytes = (size_t)PyArray_NBYTES((PyArrayObject *)co), block = dp_group_control_bytes(n);
+    memset(b, 0, bytes < block ? bytes : block);
     dp_barrier_init(b, n);
     Py_RETURN_NONE;
 }

@@ -1492,10 +1492,12 @@ def build_init_group_control(rng, fz):
 
 def oracle_init_group_control(before, control, n, /):
     """Writes the 64-byte barrier (csrc/dp_sync.h): zeros, then n (word 4) and the magic
-    (word 5); nothing past it."""
+    (word 5); zeros the arrival counters after it as far as group_control_bytes(n) reaches
+    inside the array; nothing past that."""
     valid_control(control)
     if not 1 <= n.__index__() <= 1024:
         raise Refuse("n must be in [1, 1024]")
+    control[:core.group_control_bytes(n.__index__())] = 0
     words = control[:64].view(np.uint32)
     words[:] = 0
     words[4], words[5] = n.__index__(), BARRIER_MAGIC

@@ -217,3 +217,20 @@ def test_a_foreign_control_block_is_rejected_not_trusted():
     ctrl[16:20] = np.frombuffer(np.uint32(5000).tobytes(), np.uint8)   # n = 5000
     with pytest.raises(ValueError, match="group of 5000 workers"):
         _core.ShmGroup(ctrl, [np.zeros(1) for _ in range(5000)], 0)
+
+
+def test_init_group_control_writes_its_block_and_nothing_past_it():
+    """The barrier and n arrival counters (group_control_bytes(n)) are zeroed and set; a
+    control array that is part of a larger buffer keeps the rest as it was."""
+    from dptrain.comm.base import aligned_zeros
+    mem = aligned_zeros(512, np.uint8)
+    mem[:] = 0xAB
+    block = _core.group_control_bytes(3)
+    _core.init_group_control(mem, 3)
+    words = mem[:64].view(np.uint32)
+    assert words[4] == 3 and words[5] != 0                      # n and the magic
+    assert not mem[24:block].any() and not mem[:16].any()       # the rest of the block: zero
+    assert (mem[block:] == 0xAB).all()
+    mem[:] = 0xAB                                               # a block with no room for the
+    _core.init_group_control(mem[:64], 3)                       # counters: 64 bytes only
+    assert (mem[64:] == 0xAB).all()
