@@ -719,12 +719,18 @@ static PyObject *py_build_info(PyObject *module, PyObject *unused)
 #else
     const char *threads = "pthreads (own pool)";
 #endif
+#ifdef NPY_FEATURE_VERSION_STRING           /* NumPy >= 2 headers */
+    const char *numpy_api = NPY_FEATURE_VERSION_STRING;
+#else                                       /* NumPy 1.x headers: the C API version, in hex */
+    char numpy_api[32];
+    snprintf(numpy_api, sizeof numpy_api, "C API 0x%x", (unsigned)NPY_FEATURE_VERSION);
+#endif
     return Py_BuildValue(
         "{s:s,s:s,s:(ss),s:s,s:O,s:i,s:{s:(iiiii),s:(iiiii)},s:s}",
         "simd", dp_gemm_isa(), "compiler", compiler, "dtypes", "float32", "float64",
         "threads", threads, "openmp", Py_False, "max_threads", DP_MAX_THREADS,
         "gemm_blocking_mr_nr_kc_mc_nc", "float32", mr32, nr32, kc32, mc32, nc32,
-        "float64", mr64, nr64, kc64, mc64, nc64, "numpy_build_api", NPY_FEATURE_VERSION_STRING);
+        "float64", mr64, nr64, kc64, mc64, nc64, "numpy_build_api", numpy_api);
 }
 
 /* ------------------------------------------------------------------ the functions */
