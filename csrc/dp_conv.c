@@ -14,9 +14,11 @@ int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW)
     long long oh = (long long)g->H + 2LL * g->pad - g->KH + 1;
     long long ow = (long long)g->W + 2LL * g->pad - g->KW + 1;
     if (oh < 1 || ow < 1) return DP_EVALUE;
-    /* every count the kernels index with an int */
+    /* every count the kernels index with an int (oh and ow first: their product of two
+     * values near 2^32, from a padding near INT_MAX, would overflow a long long) */
+    if (oh > INT_MAX || ow > INT_MAX) return DP_EVALUE;
     long long k = (long long)g->C * g->KH * g->KW, p = oh * ow;
-    if (oh > INT_MAX || ow > INT_MAX || k > INT_MAX || p > INT_MAX || (long long)g->OC * p > INT_MAX ||
+    if (k > INT_MAX || p > INT_MAX || (long long)g->OC * p > INT_MAX ||
         (long long)g->C * g->H * g->W > INT_MAX)
         return DP_EVALUE;
     *OH = (int)oh;

@@ -33,6 +33,7 @@
 
 #include <float.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1443,8 +1444,11 @@ static void test_conv(dtype dt)
     use_isa(1);
     conv_case(dt, 2, 3, 9, 33, 5, 3, 3, 1, &ctx1, "1 (generic GEMM)");
     use_isa(0);
-    dp_conv_geom bad[] = {{0, 3, 3, 1, 1, 1, 0}, {1, 3, 3, 1, 6, 1, 1}, {1, 3, 3, 1, 1, 1, -1}};
-    for (int i = 0; i < 3; i++) {
+    /* the last: a padding near INT_MAX makes OH and OW near 2^32 each (their product overflowed
+     * a long long; found by the fuzzer under UBSan) */
+    dp_conv_geom bad[] = {{0, 3, 3, 1, 1, 1, 0}, {1, 3, 3, 1, 6, 1, 1}, {1, 3, 3, 1, 1, 1, -1},
+                          {2, 4, 6, 1, 3, 1, INT_MAX}};
+    for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
         int OH, OW;
         expect(dp_conv_out(&bad[i], &OH, &OW) == DP_EVALUE, "dp_conv_out bad geometry %d accepted", i);
     }
