@@ -435,6 +435,32 @@ def print_environment(env: dict) -> None:
 # Timing
 # ---------------------------------------------------------------------------------------
 
+def timed_loop(call: Callable[[], object], number: int, warmup: int) -> list[float]:
+    """Seconds of each of `number` back-to-back calls (a perf_counter pair around each), after
+    `warmup` untimed calls."""
+    clock = time.perf_counter
+    for _ in range(warmup):
+        call()
+    out = [0.0] * number
+    for i in range(number):
+        t0 = clock()
+        call()
+        out[i] = clock() - t0
+    return out
+
+
+def mpi_allreduce_call(world, hier, n: int):
+    """(buf, call): one all-reduce of n float32 values under MPI, as the mpi backend runs it:
+    HierComm.allreduce_sum_ of an array from hier.zeros (hier: a dptrain.comm.HierComm), or
+    MPI_Allreduce(IN_PLACE) of a NumPy array on the communicator `world` (hier None)."""
+    if hier is not None:
+        buf = hier.zeros(n, np.float32)
+        return buf, lambda: hier.allreduce_sum_(buf)
+    from mpi4py import MPI
+    buf = np.zeros(n, np.float32)
+    return buf, lambda: world.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+
 def time_calls(fn: Callable[[], object], number: int) -> float:
     """Seconds per call of fn over one loop of `number` calls."""
     t0 = time.perf_counter()

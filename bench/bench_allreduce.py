@@ -12,9 +12,12 @@ MLP 784-256-128-10's 235,146-float gradient):
   every wait lasting the barrier's whole spin phase (200 us);
 - process: the same call between 2 processes mapping one shared segment (the `process`
   backend's collective; workers started with 'spawn');
-- MPI:     `comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)` between 2 MPI ranks (mpi4py, the
-  `mpi` backend's collective): this script re-runs itself under `mpiexec -n 2` in a helper
-  mode that writes its timings as JSON.
+- MPI+shm: `comm.allreduce_sum_(buf)` between 2 MPI ranks on one node (the `mpi` backend's
+  collective: `dptrain.comm.HierComm`, the node's ranks reduce over an MPI-3 shared window
+  with the process transport's C group; no MPI message on one node);
+- MPI:     `comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)` between 2 MPI ranks (mpi4py: the
+  `mpi` backend's collective with --no-mpi-shm). The MPI columns re-run this script under
+  `mpiexec -n 2` in a helper mode that writes its timings as JSON.
 
 What is timed: back-to-back calls, one `time.perf_counter()` pair around each call, on every
 worker, after warm-up calls; there is NO barrier between calls (that would time the barrier),
@@ -33,7 +36,8 @@ the calls of all repeats pooled; `noise` is (max - min) / median of the per-repe
 largest of the four columns.
 
 Targets (from the issue): shared memory p50 <= 40 us at 0.94 MB and >= 4x faster than
-MPI_Allreduce on the same buffer; p50 <= 1 us for buffers up to 1 KB.
+MPI_Allreduce on the same buffer; p50 <= 1 us for buffers up to 1 KB; MPI ranks on one node
+(MPI+shm) within 1.2x of the process transport at 0.94 MB.
 
 Run: python bench/bench_allreduce.py [--quick] [--json PATH]
 """
@@ -60,11 +64,14 @@ SIZES = [("64 B", 16), ("1 KB", 256), ("8 KB", 2048), ("64 KB", 16384), ("1 MB",
 SMALL_TARGET_US = 1.0         # p50 for buffers up to 1 KB
 MLP_TARGET_US = 40.0          # p50 at 0.94 MB
 MLP_MPI_RATIO_TARGET = 4.0    # MPI p50 / shared-memory p50 at 0.94 MB
+MPI_SHM_OVER_PROCESS_TARGET = 1.2   # MPI+shm p50 / process p50 at 0.94 MB
 # the shared-memory columns: the thread transport as the engine runs it, the same with each
 # thread pinned to its own CPU (a diagnostic, see the module docstring), the process transport
-SHM_TRANSPORTS = ["thread", "pinned", "process"]
-SHORT = {"thread": "thread", "pinned": "thr.pinned", "process": "process", "mpi": "MPI"}
-LONG = {"thread": "thread", "pinned": "thread, pinned", "process": "process", "mpi": "MPI"}
+SHM_TRANSPORTS = ["thread", "pinned", "process", "mpi-shm"]
+SHORT = {"thread": "thread", "pinned": "thr.pinned", "process": "process", "mpi-shm": "MPI+shm",
+         "mpi": "MPI"}
+LONG = {"thread": "thread", "pinned": "thread, pinned", "process": "process",
+        "mpi-shm": "MPI ranks, node shared memory", "mpi": "MPI"}
 
 
 def calls_per_repeat(nbytes: int, quick: bool) -> int:
@@ -80,18 +87,6 @@ def calls_per_repeat(nbytes: int, quick: bool) -> int:
 
 def warmup_calls(number: int) -> int:
     return max(10, number // 10)
-
-
-def _timed_loop(call, number: int, warmup: int) -> list[float]:
-    clock = time.perf_counter
-    for _ in range(warmup):
-        call()
-    out = [0.0] * number
-    for i in range(number):
-        t0 = clock()
-        call()
-        out[i] = clock() - t0
-    return out
 
 
 def check_sum(call, buf, rank: int, label: str, transport: str) -> None:
@@ -126,7 +121,7 @@ def run_shm_rank(comm, plan, transport: str, pin: bool = False) -> dict:
         comm.barrier()                    # nobody zeroes before both have checked
         buf[:] = 0.0
         comm.barrier()
-        out[label] = _timed_loop(call, number, warmup_calls(number))
+        out[label] = _util.timed_loop(call, number, warmup_calls(number))
     return out
 
 
@@ -151,28 +146,28 @@ def run_processes_once(plan) -> dict:
     return results[0]
 
 
-def run_mpi_once(plan, mpiexec: str) -> dict:
+def run_mpi_once(plan, mpiexec: str, mode: str = "flat") -> dict:
     """Runs this script's --mpi-helper mode under `mpiexec -n 2`; rank 0's timings."""
-    return _util.run_mpi_helper(mpiexec, WORLD, __file__, ["--plan", json.dumps(plan)], 300)
+    return _util.run_mpi_helper(mpiexec, WORLD, __file__,
+                                ["--plan", json.dumps(plan), "--mode", mode], 300)
 
 
-def mpi_helper(out_path: str, plan) -> None:
-    """Helper mode, one MPI rank: the same timing loop on comm.Allreduce(IN_PLACE)."""
+def mpi_helper(out_path: str, plan, mode: str) -> None:
+    """Helper mode, one MPI rank: the same timing loop on comm.Allreduce(IN_PLACE) (flat), or
+    on HierComm.allreduce_sum_ of an array from its zeros (hier)."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     if comm.Get_size() != WORLD:
         raise SystemExit(f"--mpi-helper needs {WORLD} ranks, got {comm.Get_size()}")
+    hier = dpcomm.HierComm(comm) if mode == "hier" else None
     out = {}
     for label, n, number in plan:
-        buf = np.zeros(n, np.float32)
-
-        def call(buf=buf):
-            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        check_sum(call, buf, rank, label, "MPI")
+        buf, call = _util.mpi_allreduce_call(comm, hier, n)
+        check_sum(call, buf, rank, label, SHORT["mpi-shm" if hier else "mpi"])
         buf[:] = 0.0
         comm.Barrier()
-        out[label] = _timed_loop(call, number, warmup_calls(number))
+        out[label] = _util.timed_loop(call, number, warmup_calls(number))
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(out, f)
@@ -186,8 +181,8 @@ def call_floor(number: int = 20000) -> dict:
     control = mem[:_core.group_control_bytes(1)]
     _core.init_group_control(control, 1)
     group = _core.ShmGroup(control, [mem[-64:].view(np.float32)], 0)
-    empty = _timed_loop(lambda: None, number, 1000)
-    solo = _timed_loop(group.allreduce, number, 1000)
+    empty = _util.timed_loop(lambda: None, number, 1000)
+    solo = _util.timed_loop(group.allreduce, number, 1000)
     return {"timer_pair_us": 1e6 * float(np.median(empty)),
             "solo_allreduce_64B_us": 1e6 * float(np.median(solo))}
 
@@ -201,10 +196,11 @@ def main(argv=None):
     def extra(p):
         p.add_argument("--mpi-helper", metavar="OUT", help=argparse.SUPPRESS)
         p.add_argument("--plan", help=argparse.SUPPRESS)
+        p.add_argument("--mode", default="flat", help=argparse.SUPPRESS)
     args = _util.parse_args("all-reduce latency between 2 workers: shared memory vs MPI",
                             extra, argv=argv)
     if args.mpi_helper:
-        mpi_helper(args.mpi_helper, json.loads(args.plan))
+        mpi_helper(args.mpi_helper, json.loads(args.plan), args.mode)
         return None
 
     repeats = 2 if args.quick else 7
@@ -229,6 +225,7 @@ def main(argv=None):
                "pinned": lambda: run_threads_once(plan, pin=True),
                "process": lambda: run_processes_once(plan)}
     if mpiexec and mpi_version:
+        runners["mpi-shm"] = lambda: run_mpi_once(plan, mpiexec, "hier")
         runners["mpi"] = lambda: run_mpi_once(plan, mpiexec)
     else:
         print("# MPI: no mpiexec or mpi4py here, the MPI column is left out")
@@ -291,6 +288,11 @@ def main(argv=None):
             targets.append([f"{LONG[t]}: MPI p50 / its p50 at 0.94 MB", f"{ratio:.1f}x",
                             f">= {MLP_MPI_RATIO_TARGET:.0f}x",
                             _util.verdict(ratio, MLP_MPI_RATIO_TARGET, True)])
+    if "mpi-shm" in shm:
+        ratio = by["0.94 MB"]["mpi-shm"]["p50_us"] / by["0.94 MB"]["process"]["p50_us"]
+        targets.append(["MPI+shm p50 / process p50 at 0.94 MB", f"{ratio:.2f}x",
+                        f"<= {MPI_SHM_OVER_PROCESS_TARGET}x",
+                        _util.verdict(ratio, MPI_SHM_OVER_PROCESS_TARGET, False)])
     print()
     _util.print_table(["target", "measured", "target", "met"], targets, align="lrrl")
     print(f"# p50/p90 include the Python call and the timer pair (see the call floor above); "

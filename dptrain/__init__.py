@@ -42,7 +42,9 @@ def build_info() -> dict:
     try:
         import mpi4py  # noqa: F401
         from mpi4py import MPI
-        info["mpi"] = f"mpi4py {mpi4py.__version__}, {MPI.Get_library_version().splitlines()[0]}"
+        # Open MPI's version string ends in a NUL character
+        library = MPI.Get_library_version().strip("\x00 \n").splitlines()[0]
+        info["mpi"] = f"mpi4py {mpi4py.__version__}, {library}"
     except Exception as exc:  # no mpi4py, or no MPI library behind it
         info["mpi"] = f"not available ({type(exc).__name__}: {exc})"
     return info

@@ -177,6 +177,14 @@ class TrainConfig:
                            "running", group="parallel")
     deterministic: bool = option(False, "bitwise-identical weights for any number of workers "
                                  f"up to {CHUNKS}", group="parallel")
+    mpi_shm: bool = option(True, "under MPI, the ranks of each node reduce over shared "
+                           "memory and one leader per node all-reduces between nodes (CLI: "
+                           "--no-mpi-shm, or DPTRAIN_MPI_SHM=0: a flat MPI all-reduce over "
+                           "every rank)", group="parallel", flag="--no-mpi-shm")
+    mpi_nodes: int = option(0, "under MPI, split the ranks into K simulated nodes of "
+                            "consecutive ranks, to run the inter-node path on one machine "
+                            "(0: the real nodes, or DPTRAIN_MPI_NODES)", group="parallel",
+                            metavar="K")
     # ---- checkpoints
     checkpoint: str | None = option(None, "checkpoint file to write (.npz)", group="checkpoints")
     checkpoint_every: int = option(0, "write the checkpoint every K steps",
@@ -223,6 +231,7 @@ class TrainConfig:
                 set_(name, _positive_int(name, getattr(self, name)))
         set_("seed", _int("seed", self.seed))
         set_("checkpoint_every", _int("checkpoint_every", self.checkpoint_every, minimum=0))
+        set_("mpi_nodes", _int("mpi_nodes", self.mpi_nodes, minimum=0))
         # "sequential": the kind of a model the user built (dptrain.fit passes its kind)
         for name, allowed in (("model", MODELS + ("sequential",)), ("dtype", DTYPES),
                               ("lr_schedule", SCHEDULES), ("allreduce", ALGORITHMS)):
@@ -378,7 +387,7 @@ def add_train_arguments(parser) -> None:
     del argparse
 
 
-_NONNEGATIVE_INTS = ("checkpoint_every",)
+_NONNEGATIVE_INTS = ("checkpoint_every", "mpi_nodes")
 
 
 def _pos_int_text(text: str) -> int:

@@ -1,5 +1,4 @@
 """The point-to-point all-reduce algorithms against MPI_Allreduce, run under mpiexec."""
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -7,11 +6,9 @@ import textwrap
 
 import pytest
 
-try:
-    import mpi4py  # noqa: F401
-    MPIEXEC = shutil.which("mpiexec") or shutil.which("mpirun")
-except ImportError:
-    MPIEXEC = None
+from dptrain.comm.mpi import find_mpiexec
+
+MPIEXEC = find_mpiexec()
 
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpi4py or mpiexec not installed "
                                                        "(pip install 'dptrain[mpi]')")

@@ -3,7 +3,6 @@ run with the rank named and nothing left behind."""
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,7 @@ import pytest
 import dptrain
 from dptrain import comm as parallel
 from dptrain import sampler
+from dptrain.comm.mpi import find_mpiexec
 
 SMALL = dict(model="mlp", hidden=(16,), dataset="synthetic", n_samples=1030, n_features=12,
              epochs=2, batch_size=100, lr=0.05, momentum=0.9, lr_schedule="cosine", quiet=True)
@@ -117,11 +117,7 @@ def test_shard_covers_each_batch_exactly_once():
 
 # ------------------------------------------------------------------ MPI
 def _mpiexec():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return None
-    return shutil.which("mpiexec") or shutil.which("mpirun")
+    return find_mpiexec()
 
 
 needs_mpi = pytest.mark.skipif(_mpiexec() is None, reason="mpi4py or mpiexec not installed "

@@ -570,3 +570,50 @@ def test_analyze_and_load_runs(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="no 'runs' list"):
         pm.load_runs(tmp_path / "bad.json")
+
+
+# ------------------------------------------------------------------ hierarchical all-reduce
+def test_hierarchical_allreduce_cost_by_its_terms():
+    eth, shm, m, g = pm.NETWORKS["10 GbE"], pm.NETWORKS["shared memory"], 0.94e6, 3e-11
+    # one rank per node: the flat algorithm; one node: the shared-memory ring alone
+    for alg in ("ring", "tree"):
+        assert pm.hierarchical_allreduce_seconds(alg, 64, m, 1, eth, gamma=g) == \
+            pytest.approx(pm.allreduce_seconds(alg, 64, m, eth, gamma=g))
+        assert pm.hierarchical_allreduce_seconds(alg, 16, m, 16, eth, gamma=g) == \
+            pytest.approx(pm.allreduce_seconds("ring", 16, m, shm, gamma=g))
+    # 256 ranks on 16 nodes: the node's sum and read-out, then a ring over 16 leaders
+    want = (3 * shm.alpha + 15 / 16 * m * (shm.beta + g) + m * shm.beta
+            + pm.allreduce_seconds("ring", 16, m, eth, gamma=g))
+    got = pm.hierarchical_allreduce_seconds("ring", 256, m, 16, eth, gamma=g)
+    assert got == pytest.approx(want)
+    # 30 fewer inter-node latencies than the flat ring's 2 * 255: far cheaper on Ethernet
+    assert got < 0.3 * pm.allreduce_seconds("ring", 256, m, eth, gamma=g)
+    # a rank count that does not fill the last node: ceil(p / m) nodes
+    assert pm.hierarchical_allreduce_seconds("tree", 20, m, 16, eth, gamma=g) == pytest.approx(
+        3 * shm.alpha + 15 / 16 * m * (shm.beta + g) + m * shm.beta
+        + pm.allreduce_seconds("tree", 2, m, eth, gamma=g))
+    with pytest.raises(ValueError, match="ranks_per_node is 0, expected a positive integer"):
+        pm.hierarchical_allreduce_seconds("ring", 8, m, 0, eth)
+
+
+def test_projection_shows_flat_and_hierarchical_to_256_workers():
+    model = pm.fit(synthetic_runs())
+    workers = (1, 2, 16, 64, 256)
+    rows = pm.project(model, workers, networks=["10 GbE", "100 Gb InfiniBand (EDR)"],
+                      ranks_per_node=16)
+    algs = list(dict.fromkeys(r["algorithm"] for r in rows))
+    assert algs == ["ring", "tree", "ps", "hier-ring", "hier-tree"]
+    assert len(rows) == 2 * 5 * len(workers)
+    by = {(r["network"], r["algorithm"], r["workers"]): r for r in rows}
+    assert all(r["ranks_per_node"] == (16 if r["algorithm"].startswith("hier") else None)
+               for r in rows)
+    for net in ("10 GbE", "100 Gb InfiniBand (EDR)"):
+        for alg in ("ring", "tree"):
+            assert by[net, f"hier-{alg}", 1]["speedup"] == pytest.approx(1.0)
+            for p in (64, 256):
+                assert by[net, f"hier-{alg}", p]["communication_seconds"] < \
+                    by[net, alg, p]["communication_seconds"]
+    with pytest.raises(ValueError, match="no parameter-server form"):
+        model.predict(16, algorithm="ps", network="10 GbE", ranks_per_node=4)
+    # without ranks_per_node: the flat rows only, as before
+    assert len(pm.project(model, workers, networks="10 GbE")) == 3 * len(workers)

@@ -13,7 +13,8 @@ same order), and runs the collectives on flat NumPy arrays, in place:
 
 Any array works; arrays from ``zeros`` are reduced where they lie (shared memory: no copy),
 others go through a staging copy. Nothing is pickled on the hot path. The transports are in
-``local`` (one worker), ``shm`` (threads or processes sharing memory) and ``mpi`` (MPI ranks);
+``local`` (one worker), ``shm`` (threads or processes sharing memory), ``mpi`` (MPI ranks,
+flat) and ``hier`` (MPI ranks sharing memory inside each node: the MPI backend's default);
 ``launch`` starts workers on any of them.
 
 A communicator also counts what its collectives cost this worker (``waited``: seconds spent
@@ -154,9 +155,13 @@ class Communicator(abc.ABC):
         cache = self.__dict__.setdefault("_bytes_cache", {})
         sent = cache.get(key)
         if sent is None:                     # once per distinct collective: a dict hit after
-            schedule = algorithm if kind == "allreduce" else kind
-            sent = cache[key] = _schedule_bytes(schedule, self.size, nbytes, self.rank, root)
+            sent = cache[key] = self._bytes_of(kind, nbytes, algorithm, root)
         self.bytes_sent += sent
+
+    def _bytes_of(self, kind: str, nbytes: int, algorithm: str, root: int) -> int:
+        """Bytes this worker sends in one collective of `kind` on nbytes per rank."""
+        schedule = algorithm if kind == "allreduce" else kind
+        return _schedule_bytes(schedule, self.size, nbytes, self.rank, root)
 
 
 def range_bytes(array: np.ndarray, start: int, stop: int | None) -> int:

@@ -14,7 +14,8 @@ import sys
 import warnings
 
 from .base import BACKENDS, LocalComm, WorkerError, describe
-from .mpi import MPIComm, resolve_backend, world
+from .hier import mpi_comm
+from .mpi import resolve_backend, world
 from .shm import WaitPolicy, run_processes, run_threads
 
 
@@ -71,7 +72,7 @@ def launch(fn, *args, workers: int | None = None, backend: str | None = None,
         if workers not in (None, size):
             raise ValueError(f"under MPI the number of workers is the world size set by "
                              f"mpiexec -n (here {size}), but workers={workers} was asked for")
-        comm = MPIComm(comm_world)
+        comm = mpi_comm(comm_world, timeout=timeout, threads=threads)
         try:
             mine = fn(comm, *args)
         except BaseException as exc:

@@ -64,6 +64,16 @@ def resolve_backend(backend: str | None) -> tuple[str, str | None]:
                      f"without the MPI launcher")
 
 
+def find_mpiexec() -> str | None:
+    """The path of mpiexec (or mpirun) when mpi4py is importable too, else None: what a script
+    needs to start MPI ranks of dptrain."""
+    import importlib.util
+    import shutil
+    if importlib.util.find_spec("mpi4py") is None:
+        return None
+    return shutil.which("mpiexec") or shutil.which("mpirun")
+
+
 def world():
     """mpi4py's COMM_WORLD, or a RuntimeError that says what to install."""
     try:

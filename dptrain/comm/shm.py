@@ -215,6 +215,9 @@ class ShmComm(Communicator):
                  backend: str):
         self.rank = rank
         self.size = layout.world
+        # this worker's place in the group that shares the segment (the same as rank and size
+        # here; a subclass may share memory with only some of the ranks, e.g. one node's)
+        self._local, self._peers = rank, layout.world
         self.backend = backend
         self._layout = layout
         self._mem = mem
@@ -223,7 +226,7 @@ class ShmComm(Communicator):
         self._world_control = layout.world_control(mem)
         self.progress = layout.progress(mem)
         self._world = _core.ShmGroup(self._world_control,
-                                     [layout.slot(mem, r) for r in range(self.size)], rank,
+                                     [layout.slot(mem, r) for r in range(self._peers)], rank,
                                      spin=policy.spin, yield_time=policy.yield_time,
                                      timeout=policy.timeout)
         self._by_id: dict[int, _Shared] = {}    # id(array) -> its allocation (arrays held there)
@@ -248,10 +251,10 @@ class ShmComm(Communicator):
         dt, length = np.dtype(dtype), int(length)
         control = self._alloc(self._layout.control_bytes)
         arrays = [self._view(self._alloc(length * dt.itemsize), length, dt)
-                  for _ in range(self.size)]
+                  for _ in range(self._peers)]
         shared = _Shared(arrays, control, algorithm)
-        self._by_id[id(arrays[self.rank])] = shared
-        return arrays[self.rank]
+        self._by_id[id(arrays[self._local])] = shared
+        return arrays[self._local]
 
     def shared_zeros(self, count, length, dtype="float32"):
         dt, length = np.dtype(dtype), int(length)
@@ -278,12 +281,12 @@ class ShmComm(Communicator):
     def _group(self, control_off: int, buffers, *, out=None, algorithm="native"):
         """Sets up a group on a fresh control block: rank 0 readies it, then every rank
         meets at the world barrier, so nobody waits on it before it is ready."""
-        control = self._mem[control_off:control_off + self._layout.control_bytes]
-        if self.rank == 0:
-            _core.init_group_control(control, self.size)
+        control = self._view(control_off, self._layout.control_bytes, np.dtype(np.uint8))
+        if self._local == 0:
+            _core.init_group_control(control, self._peers)
         self._world.barrier()
         p = self._policy
-        return _core.ShmGroup(control, buffers, self.rank, out=out, spin=p.spin,
+        return _core.ShmGroup(control, buffers, self._local, out=out, spin=p.spin,
                               yield_time=p.yield_time, timeout=p.timeout, algorithm=algorithm,
                               world=self._world_control)
 
@@ -332,7 +335,7 @@ class ShmComm(Communicator):
             import queue
             self._queue = queue.SimpleQueue()
             self._comm_thread = threading.Thread(target=self._comm_loop, daemon=True,
-                                                 name=f"dptrain-comm-{self.rank}")
+                                                 name=f"dptrain-comm-{self._local}")
             self._comm_thread.start()
         handle = _Handle()
         self._queue.put((handle, group, start, stop))
@@ -396,15 +399,21 @@ class ShmComm(Communicator):
         self._account("allreduce", out.nbytes * len(arrays), waited=waited)
 
     def broadcast_(self, array, root=0):
+        waited = self._shared_broadcast(array, root)
+        self._account("broadcast", array.nbytes, root=root, waited=waited)
+
+    def _shared_broadcast(self, array, local_root: int) -> float:
+        """array = the array of the sharing group's worker local_root; returns the seconds
+        waited for the others."""
         shared, buf = self._shared(array)
         group = self._ready(shared)
-        if buf is not array and self.rank == root:
+        if buf is not array and self._local == local_root:
             buf[:] = array
         waited = group.barrier()                 # root's values are final
-        if self.rank != root:
-            array[:] = shared.arrays[root]
+        if self._local != local_root:
+            array[:] = shared.arrays[local_root]
         group.barrier()                          # nobody changes root's copy while others read
-        self._account("broadcast", array.nbytes, root=root, waited=waited)
+        return waited
 
     def barrier(self):
         self._account("barrier", 0, waited=self._world.barrier())

@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import data as data_mod
-from ..comm import (LocalComm, MPIComm, WaitPolicy, check_world, oversubscription_warning,
-                    resolve_backend, run_processes, run_threads)
+from ..comm import (HierComm, LocalComm, WaitPolicy, check_world, mpi_comm,
+                    oversubscription_warning, resolve_backend, run_processes, run_threads)
 from ..comm.mpi import world as mpi_world
 from ..comm.base import describe
 from ..config import CHUNKS, TrainConfig, options_doc
@@ -291,6 +291,9 @@ def _run(cfg: TrainConfig, *, model_obj, data, log) -> TrainResult:
     if mpi_rank != 0:
         return TrainResult(rank=mpi_rank)
     head = results[0]
+    if backend == "mpi":
+        # the ranks of each node (shared memory inside, MPI between leaders); None: flat MPI
+        config["mpi_layout"] = head.get("mpi_layout")
     return _result(cfg, config, ds, spec, head, per_rank, steal, data_load_seconds, wall0,
                    model_obj, say)
 
@@ -396,10 +399,15 @@ def _launch(job, arrays, world, backend, policy, cfg, say, init, comm_world, mpi
             progress):
     """The workers, on the transport; returns their results by rank (MPI: this rank's)."""
     if backend == "mpi":
-        comm = MPIComm(comm_world)
+        comm = mpi_comm(comm_world, shm=cfg.mpi_shm, nodes=cfg.mpi_nodes or None,
+                        timeout=cfg.timeout, threads=cfg.threads)
         _watch(progress, comm)
         try:
-            return [run_worker(comm, job, *arrays, say=say, init_params=init)]
+            out = run_worker(comm, job, *arrays, say=say, init_params=init)
+            out["mpi_layout"] = getattr(comm, "node_members", None)
+            if isinstance(comm, HierComm):
+                comm.close_windows()           # the results are copies: free the windows
+            return [out]
         except BaseException as exc:
             # the other ranks wait in a collective this rank will never join: name the rank
             # and the cause, then abort the whole communicator (MPI_Abort ends every rank;

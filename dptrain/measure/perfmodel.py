@@ -81,7 +81,8 @@ from ..comm.algorithms import ALGORITHMS as EXCHANGE_ALGORITHMS
 from .timing import PHASES
 
 __all__ = ["PHASES", "ALGORITHMS", "Network", "NETWORKS", "DEFAULT_GAMMA", "TARGET_ERROR_PCT",
-           "get_network", "allreduce_coefficients", "allreduce_seconds",
+           "get_network", "allreduce_coefficients", "allreduce_seconds", "HIERARCHICAL",
+           "hierarchical_allreduce_seconds",
            "expected_max_normal", "DEFAULT_WORKERS", "FittedModel", "Prediction", "Validation",
            "fit", "validate", "validation_verdict", "project", "break_even_samples", "analyze",
            "load_runs"]
@@ -232,6 +233,59 @@ def allreduce_seconds(algorithm: str, p: int, nbytes: float, network,
     gamma = _nonneg("gamma", gamma)
     na, nb, ng = allreduce_coefficients(algorithm, p)
     return na * net.alpha + nb * nbytes * net.beta + ng * nbytes * gamma
+
+
+# ------------------------------------------------------------------ hierarchical all-reduce
+# The all-reduce of dptrain's MPI backend (dptrain.comm.hier) on nodes of several ranks: the
+# node's ranks sum over shared memory, one leader per node all-reduces between nodes by the
+# flat algorithm, the node's ranks read the total. Projections name it "hier-" + algorithm.
+HIERARCHICAL = ("hier-ring", "hier-tree")
+
+
+def _terms(algorithm: str, p: int, nbytes: float, net: Network, gamma: float,
+           ranks_per_node: int | None, node_network) -> tuple[float, float]:
+    """(seconds of latency, seconds of bytes) of one all-reduce of nbytes over p workers:
+    flat on net, or hierarchical with ranks_per_node ranks per node (see
+    hierarchical_allreduce_seconds). The latency part is what buckets multiply."""
+    m = 1 if not ranks_per_node else min(_positive_int("ranks_per_node", ranks_per_node), p)
+    if m == 1:
+        na, nb, ng = allreduce_coefficients(algorithm, p)
+        return na * net.alpha, nb * nbytes * net.beta + ng * nbytes * gamma
+    node = get_network(node_network)
+    nodes = -(-p // m)
+    if nodes == 1:                   # one node: the shared-memory all-reduce alone
+        na, nb, ng = allreduce_coefficients("ring", m)
+        return na * node.alpha, nb * nbytes * node.beta + ng * nbytes * gamma
+    na, nb, ng = allreduce_coefficients(algorithm, nodes)
+    # the node's sum: a barrier in and out, each rank sums its 1/m slice of the m arrays;
+    # then the leaders; then a barrier and every rank copies the total out of shared memory
+    latency = 3 * node.alpha + na * net.alpha
+    volume = ((m - 1) / m * nbytes * (node.beta + gamma) + nbytes * node.beta
+              + nb * nbytes * net.beta + ng * nbytes * gamma)
+    return latency, volume
+
+
+def hierarchical_allreduce_seconds(algorithm: str, p: int, nbytes: float, ranks_per_node: int,
+                                   network, node_network="shared memory",
+                                   gamma: float = DEFAULT_GAMMA) -> float:
+    """Seconds for one hierarchical all-reduce of ``nbytes`` over ``p`` workers, nodes of
+    ``ranks_per_node`` ranks (m) joined by ``network``, the ranks of a node by
+    ``node_network`` (default the measured shared-memory preset):
+
+        3 alpha_node + (m - 1) / m M (beta_node + gamma)     the node's sum, in shared memory
+        + T_algorithm(ceil(p / m) nodes, M, network)          the leaders' all-reduce
+        + M beta_node                                         every rank reads the total
+
+    Only ceil(p / m) workers cross the network, each with the whole gradient: against the
+    flat ring's 2 (p - 1) messages, 2 (p / m - 1). On one node it is the shared-memory
+    all-reduce alone."""
+    _check_algorithm(algorithm)
+    p = _positive_int("p", p)
+    nbytes = _nonneg("nbytes", nbytes)
+    ranks_per_node = _positive_int("ranks_per_node", ranks_per_node)
+    latency, volume = _terms(algorithm, p, nbytes, get_network(network), _nonneg("gamma", gamma),
+                             ranks_per_node, node_network)
+    return latency + volume
 
 
 # ------------------------------------------------------------------ synchronization shape
@@ -636,11 +690,14 @@ class FittedModel:
                 batch_size: int | None = None, epochs: int | None = None,
                 param_bytes: float | None = None, calls_per_step: float | None = None,
                 algorithm: str | None = None, network=None,
-                gamma: float | None = None) -> Prediction:
+                gamma: float | None = None, ranks_per_node: int | None = None,
+                node_network="shared memory") -> Prediction:
         """Predicted seconds of a run of ``n_samples`` (default: the sweep's largest) on
         ``workers``. Unset arguments take the sweep's values; network=None is the measured
         transport (gamma then 0: its beta includes summing), a Network or preset name uses
-        that link with gamma (default DEFAULT_GAMMA) for the sums."""
+        that link with gamma (default DEFAULT_GAMMA) for the sums. ranks_per_node > 1: the
+        hierarchical all-reduce (hierarchical_allreduce_seconds) on nodes of that many ranks
+        linked inside by node_network."""
         p = _positive_int("workers", workers)
         n = self.n_samples if n_samples is None else _positive_int("n_samples", n_samples)
         b = self.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
@@ -656,9 +713,12 @@ class FittedModel:
             net = get_network(network)
             g = DEFAULT_GAMMA if gamma is None else _nonneg("gamma", gamma)
         steps, mean, busiest = _work(n, b, e, p)
-        na, nb, ng = allreduce_coefficients(alg, p)
+        if ranks_per_node is not None and alg == "ps":
+            raise ValueError("ranks_per_node: the hierarchical all-reduce has no parameter-"
+                             "server form; use algorithm 'ring' or 'tree'")
+        latency, volume = _terms(alg, p, m, net, g, ranks_per_node, node_network)
         calls = 1.0 if alg == "ps" else cps
-        comm = steps * (calls * na * net.alpha + nb * m * net.beta + ng * m * g)
+        comm = steps * (calls * latency + volume)
         c = self.coefficients
         phases = {ph: c[f"{ph}_per_sample"] * mean + c[f"{ph}_per_step"] * steps
                   for ph in WORK_PHASES}
@@ -670,7 +730,7 @@ class FittedModel:
                      "communication": comm, "sync_wait": phases["sync_wait"]}
         config = {"workers": p, "n_samples": n, "batch_size": b, "epochs": e, "steps": steps,
                   "param_bytes": m, "calls_per_step": calls, "algorithm": alg,
-                  "network": net.name, "gamma": g}
+                  "network": net.name, "gamma": g, "ranks_per_node": ranks_per_node}
         return Prediction(float(sum(phases.values())), phases,
                           {k: float(v) for k, v in breakdown.items()}, config)
 
@@ -861,11 +921,15 @@ def _networks(networks) -> list[Network]:
 
 def project(model: FittedModel, workers: Sequence[int] = DEFAULT_WORKERS, networks=None,
             algorithms: Sequence[str] = ALGORITHMS, *, n_samples: int | None = None,
-            batch_size: int | None = None, gamma: float = DEFAULT_GAMMA) -> list[dict]:
+            batch_size: int | None = None, gamma: float = DEFAULT_GAMMA,
+            ranks_per_node: int | None = None) -> list[dict]:
     """Predicted time, speedup T_1 / T_p and efficiency speedup / p of the fitted workload on
     each network (names or Networks; default every preset) with each all-reduce algorithm.
     The baseline T_1 is the model's one worker (no communication). Rows: network, algorithm,
-    workers, n_samples, batch_size, seconds, speedup, efficiency and the breakdown."""
+    workers, n_samples, batch_size, seconds, speedup, efficiency and the breakdown.
+    ranks_per_node > 1 adds, after each network's flat rows, the hierarchical all-reduce
+    (algorithm 'hier-ring', 'hier-tree': the ring or tree between nodes of that many ranks;
+    row field ranks_per_node) for the ring and the tree asked for."""
     if not isinstance(model, FittedModel):
         raise ValueError(f"model is a {type(model).__name__}, expected a FittedModel from fit")
     ps = [_positive_int("workers", p) for p in workers]
@@ -875,16 +939,22 @@ def project(model: FittedModel, workers: Sequence[int] = DEFAULT_WORKERS, networ
         algorithms = [algorithms]
     for alg in algorithms:
         _check_algorithm(alg)
+    if ranks_per_node is not None:
+        ranks_per_node = _positive_int("ranks_per_node", ranks_per_node)
+    layouts = [(alg, None) for alg in algorithms]
+    if ranks_per_node and ranks_per_node > 1:
+        layouts += [(alg, ranks_per_node) for alg in algorithms if alg != "ps"]
     rows = []
     for net in _networks(networks):
-        for alg in algorithms:
+        for alg, rpn in layouts:
             base = model.predict(1, n_samples, batch_size=batch_size, algorithm=alg,
                                  network=net, gamma=gamma)
             for p in ps:
                 pr = model.predict(p, n_samples, batch_size=batch_size, algorithm=alg,
-                                   network=net, gamma=gamma)
+                                   network=net, gamma=gamma, ranks_per_node=rpn)
                 speedup = base.seconds / pr.seconds if pr.seconds > 0 else math.inf
-                rows.append({"network": net.name, "algorithm": alg, "workers": p,
+                rows.append({"network": net.name, "algorithm": f"hier-{alg}" if rpn else alg,
+                             "ranks_per_node": rpn, "workers": p,
                              "n_samples": pr.config["n_samples"],
                              "batch_size": pr.config["batch_size"],
                              "seconds": pr.seconds, "speedup": speedup,
@@ -947,15 +1017,18 @@ def break_even_samples(model: FittedModel, workers: int, network=None,
 # ------------------------------------------------------------------ everything at once
 def analyze(runs, *, holdout="n_samples", workers: Sequence[int] = DEFAULT_WORKERS,
             networks=None, algorithms: Sequence[str] = ALGORITHMS,
-            gamma: float = DEFAULT_GAMMA, **fit_kwargs) -> dict:
-    """Fit on all runs, validate with ``holdout`` (None to skip), project, and compute the
+            gamma: float = DEFAULT_GAMMA, ranks_per_node: int | None = None,
+            **fit_kwargs) -> dict:
+    """Fit on all runs, validate with ``holdout`` (None to skip), project (ranks_per_node:
+    also the hierarchical all-reduce on nodes of that many ranks), and compute the
     break-even per network, algorithm and worker count: one JSON-ready dict for the plots
     and the report."""
     model = fit(runs, **fit_kwargs)
     out = {"fit": model.to_dict()}
     if holdout is not None:
         out["validation"] = validate(runs, holdout, **fit_kwargs).to_dict()
-    out["projection"] = project(model, workers, networks, algorithms, gamma=gamma)
+    out["projection"] = project(model, workers, networks, algorithms, gamma=gamma,
+                                ranks_per_node=ranks_per_node)
     out["break_even"] = [
         {"network": net.name, "algorithm": alg, "workers": p,
          "samples_per_step": break_even_samples(model, p, net, alg, gamma=gamma)}

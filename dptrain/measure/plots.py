@@ -1430,9 +1430,10 @@ def main_plot(args) -> int:
 def _fit_model(sweep, out_dir, say):
     """The performance model's validation (perfmodel's dict) and projection rows for a sweep
     directory (also written to out_dir/model.json), or (None, None) with the reason told when
-    the sweep cannot be fitted. With a single worker count above 1 the transport's latency
-    cannot be told from its bandwidth: the shared-memory preset's alpha is then used, and
-    said so."""
+    the sweep cannot be fitted. The projection adds the hierarchical all-reduce on nodes of
+    as many ranks as the sweep's machine has cores. With a single worker count above 1 the
+    transport's latency cannot be told from its bandwidth: the shared-memory preset's alpha
+    is then used, and said so."""
     from . import perfmodel
     try:
         runs = perfmodel.load_runs(sweep)
@@ -1448,12 +1449,14 @@ def _fit_model(sweep, out_dir, say):
             say(f"performance model: {len(runs) - len(fitting)} run(s) with more workers x "
                 f"threads than the {cores} cores left out of the fit (oversubscribed)")
             runs = fitting
+    # the hierarchical all-reduce projected on nodes like the sweep's machine (its cores)
+    per_node = cores if cores and cores > 1 else None
     try:
-        analysis = perfmodel.analyze(runs)
+        analysis = perfmodel.analyze(runs, ranks_per_node=per_node)
     except ValueError:
         alpha = perfmodel.NETWORKS["shared memory"].alpha
         try:
-            analysis = perfmodel.analyze(runs, alpha=alpha)
+            analysis = perfmodel.analyze(runs, alpha=alpha, ranks_per_node=per_node)
         except ValueError as exc:
             say(f"no performance model: {exc}")
             return None, None
