@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from .algorithms import bytes_sent as _schedule_bytes
-from .base import ALIGN
+from .base import ALIGN, check_flat
 from .shm import SegmentLayout, ShmComm, WaitPolicy, _round_up
 
 WINDOW_BYTES = 4 << 20           # a window's least size (the arena grows by such chunks)
@@ -244,6 +244,15 @@ class HierComm(ShmComm):
     def allreduce_sum_(self, array, *, scale=1.0, start=0, stop=None):
         if self.nodes == 1:
             return super().allreduce_sum_(array, scale=scale, start=start, stop=stop)
+        if self._peers == 1:               # alone on its node: MPI in place, no copies
+            part = check_flat(array)[start:stop]
+            shared = self._by_id.get(id(array))
+            algorithm = shared.algorithm if shared is not None else "native"
+            waited = self._leaders_allreduce(part, algorithm)
+            if scale != 1.0:
+                part *= scale
+            self._account("allreduce", part.nbytes, algorithm, waited=waited)
+            return
         shared, buf = self._shared(array)
         group = self._node_sum(shared)
         if buf is not array:
