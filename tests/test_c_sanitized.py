@@ -18,7 +18,8 @@ pytestmark = [
 
 @pytest.mark.parametrize("target", ["check", "check-O3"])
 def test_c_kernels(target):
-    r = subprocess.run(["make", "-s", "-C", str(C_TESTS), target], capture_output=True,
+    # -j2: the two test programs build at once (each compiles every kernel)
+    r = subprocess.run(["make", "-s", "-j2", "-C", str(C_TESTS), target], capture_output=True,
                        text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
