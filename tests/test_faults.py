@@ -16,9 +16,16 @@ pytestmark = pytest.mark.skipif(not Path("/proc").is_dir() or not hasattr(os, "k
                                 reason="reads /proc and signals process groups (Linux)")
 
 ROOT = Path(__file__).resolve().parent.parent
-# long enough never to finish on its own during a test (about a minute at 2 workers)
+# long enough never to finish on its own during a test (minutes at 2 workers; 200 epochs took
+# 25 s on a 2-core machine)
 LONG_RUN = ["--model", "mlp", "--hidden", "64", "--dataset", "synthetic", "--n-samples",
-            "200000", "--epochs", "200", "--workers", "2", "--backend", "process", "--quiet"]
+            "200000", "--epochs", "5000", "--workers", "2", "--backend", "process", "--quiet"]
+
+
+def _terminal_signals():
+    """In the child: SIGINT as a terminal gives it. A shell's background job (`cmd &`, e.g. a
+    CI runner's) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def shm_entries() -> set:
@@ -54,7 +61,7 @@ def start(*extra, start_method="fork"):
     proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", *LONG_RUN,
                              "--start-method", start_method, *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_terminal_signals)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         workers = [c for c in children(proc.pid) if _is_worker(c)]

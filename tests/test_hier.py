@@ -71,6 +71,12 @@ COLLECTIVES = textwrap.dedent("""
                 stop = max(1, n // 2)
                 c.allreduce_sum_(a, start=1, stop=stop)
                 assert np.all(a[1:stop] == p * (p + 1) / 2) and (n == 1 or a[0] == r + 1)
+    for dt in (np.float32, np.float64):              # overlap: on the comm thread
+        a = c.zeros(5000, dt)
+        a[:] = r + 1
+        handles = [c.allreduce_async_(a, 2000, 5000), c.allreduce_async_(a, 0, 2000)]
+        c.wait_(handles)
+        assert np.all(a == p * (p + 1) / 2), ("async", dt)
     plain = np.full(5, float(r))                    # not from zeros: staged
     c.allreduce_sum_(plain)
     assert np.all(plain == p * (p - 1) / 2)
@@ -161,14 +167,24 @@ def test_the_breakdown_has_every_rank_and_the_straggler_is_waited_for(tmp_path):
     assert {e["tid"] for e in json.loads(trace.read_text())["traceEvents"]} == {0, 1, 2, 3}
 
 
-def test_a_failing_rank_on_another_node_stops_every_rank_and_is_named(tmp_path):
+@pytest.fixture
+def mpich_leftovers():
+    """Removes the /dev/shm/mpich_shm_* files that a test's aborted job left: MPICH's own
+    (its shared windows and buffers), which MPI_Abort leaves behind (see the README)."""
     before = set(glob.glob("/dev/shm/mpich_shm_*"))
+    yield
+    for path in set(glob.glob("/dev/shm/mpich_shm_*")) - before:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def test_a_failing_rank_on_another_node_stops_every_rank_and_is_named(mpich_leftovers):
     r = _run(4, ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "2",
                  "--inject-fault", "3:3:raise"], timeout=60)
     assert r.returncode != 0
     assert "worker rank 3 failed: RuntimeError: injected fault on rank 3 at step 3" in r.stderr
-    for path in set(glob.glob("/dev/shm/mpich_shm_*")) - before:   # MPICH's, after an abort
-        os.unlink(path)
 
 
 def test_bad_node_counts_are_refused_with_the_value(tmp_path):
@@ -181,7 +197,7 @@ def test_bad_node_counts_are_refused_with_the_value(tmp_path):
         in r.stderr
 
 
-def test_a_timeout_inside_a_node_names_the_world_ranks(tmp_path):
+def test_a_timeout_inside_a_node_names_the_world_ranks(mpich_leftovers):
     r = _run(4, ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "2", "--timeout", "0.5",
                  "--straggle", "3:3000"], timeout=120)
     assert r.returncode != 0

@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from .algorithms import bytes_sent as _schedule_bytes
-from .base import ALIGN, check_flat
+from .base import ALIGN, check_flat, range_bytes
 from .shm import SegmentLayout, ShmComm, WaitPolicy, _round_up
 
 WINDOW_BYTES = 4 << 20           # a window's least size (the arena grows by such chunks)
@@ -188,6 +188,8 @@ class HierComm(ShmComm):
         self._node_id = self._node_of[self.rank]
         self._next = self._windows.end
         self._flat: dict[int, tuple] = {}     # id(arrays[0]) of shared_zeros -> packing plan
+        # MPI from the communication thread while the caller computes (overlap across nodes)
+        self._threaded_mpi = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
 
     # ---- memory: the node's windows
     def _alloc(self, nbytes: int) -> int:
@@ -202,8 +204,9 @@ class HierComm(ShmComm):
         return self._windows.view(off, length * dt.itemsize).view(dt)
 
     def close_windows(self) -> None:
-        """Frees the node's shared windows (collective on the world: every rank calls it,
-        after every array from this communicator is gone or copied)."""
+        """Frees the node's shared windows and communicators (collective on the world: every
+        rank calls it, after every array from this communicator is gone or copied); the
+        communicator is done then."""
         self.close()
         self._mpi.Barrier()
         self._by_id.clear()
@@ -211,6 +214,9 @@ class HierComm(ShmComm):
         self._sums.clear()
         self._world = None
         self._windows.free()
+        self._node.Free()
+        if self._leaders != self._MPI.COMM_NULL:
+            self._leaders.Free()
 
     @property
     def is_leader(self) -> bool:
@@ -245,19 +251,25 @@ class HierComm(ShmComm):
         if self.nodes == 1:
             return super().allreduce_sum_(array, scale=scale, start=start, stop=stop)
         if self._peers == 1:               # alone on its node: MPI in place, no copies
-            part = check_flat(array)[start:stop]
-            shared = self._by_id.get(id(array))
-            algorithm = shared.algorithm if shared is not None else "native"
-            waited = self._leaders_allreduce(part, algorithm)
+            shared = self._by_id.get(id(check_flat(array)))
+        else:
+            shared, buf = self._shared(array)
+            if buf is not array:
+                buf[start:stop] = array[start:stop]
+        algorithm = shared.algorithm if shared is not None else "native"
+        waited = self._exchange(shared, array, start, stop, scale)
+        self._account("allreduce", range_bytes(array, start, stop), algorithm, waited=waited)
+
+    def _exchange(self, shared, array, start, stop, scale) -> float:
+        """array[start:stop] = scale * the world's sum, the node's arrays (shared.arrays)
+        filled; returns the seconds waited for other ranks."""
+        if self._peers == 1:
+            part = array[start:stop]
+            waited = self._leaders_allreduce(part, shared.algorithm if shared else "native")
             if scale != 1.0:
                 part *= scale
-            self._account("allreduce", part.nbytes, algorithm, waited=waited)
-            return
-        shared, buf = self._shared(array)
-        group = self._node_sum(shared)
-        if buf is not array:
-            buf[start:stop] = array[start:stop]
-        waited = group.allreduce(1.0, start, stop)      # the node's sum, in shared.out
+            return waited
+        waited = self._node_sum(shared).allreduce(1.0, start, stop)   # into shared.out
         total = shared.out[start:stop]
         if self._local == 0:
             waited += self._leaders_allreduce(total, shared.algorithm)
@@ -269,14 +281,24 @@ class HierComm(ShmComm):
             part[:] = total
         # nobody writes shared.out again before every rank has passed the next call's entry
         # barrier, i.e. has read it
-        self._account("allreduce", part.nbytes, shared.algorithm, waited=waited)
+        return waited
 
     def allreduce_async_(self, array, start=0, stop=None):
+        """Across nodes: the whole exchange (node sum, leaders' MPI, read-out) on the
+        communication thread while the caller computes. MPI is then called from that thread
+        alone until wait_ (MPI_THREAD_SERIALIZED is enough); below that thread level the
+        exchange runs at once, in the caller."""
         if self.nodes == 1:
             return super().allreduce_async_(array, start, stop)
-        # MPI stays on the calling thread: the all-reduce runs now (no overlap across nodes)
-        self.allreduce_sum_(array, start=start, stop=stop)
-        return None
+        shared = self._async_shared(array)
+        if not self._threaded_mpi:
+            self.allreduce_sum_(array, start=start, stop=stop)
+            return None
+        if self._peers > 1:
+            self._node_sum(shared)         # set up here: allocation is collective
+        handle = self._post(lambda: self._exchange(shared, array, start, stop, 1.0))
+        self._account("allreduce", range_bytes(array, start, stop), shared.algorithm)
+        return handle
 
     @_world_ranks
     def reduce_sum_(self, array, root=0):

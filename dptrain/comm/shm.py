@@ -326,11 +326,23 @@ class ShmComm(Communicator):
         """Queues the all-reduce on this worker's communication thread, which runs the C call
         (GIL released) while the caller goes on computing. ``array`` must come from
         ``zeros`` (it is reduced where it lies)."""
+        shared = self._async_shared(array)
+        group = self._ready(shared)
+        handle = self._post(lambda: group.allreduce(1.0, start, stop))
+        # its wait overlaps compute: not counted as waiting
+        self._account("allreduce", range_bytes(array, start, stop), shared.algorithm)
+        return handle
+
+    def _async_shared(self, array) -> _Shared:
         shared = self._by_id.get(id(array))
         if shared is None:
             raise ValueError("allreduce_async_ needs an array from comm.zeros() (it is reduced "
                              "in place while the caller computes)")
-        group = self._ready(shared)
+        return shared
+
+    def _post(self, work) -> _Handle:
+        """Runs work() on this worker's communication thread (started on first use), in
+        order; the handle says when it is done, and holds what it raised."""
         if self._comm_thread is None:
             import queue
             self._queue = queue.SimpleQueue()
@@ -338,9 +350,7 @@ class ShmComm(Communicator):
                                                  name=f"dptrain-comm-{self._local}")
             self._comm_thread.start()
         handle = _Handle()
-        self._queue.put((handle, group, start, stop))
-        # its wait overlaps compute: not counted as waiting
-        self._account("allreduce", range_bytes(array, start, stop), shared.algorithm)
+        self._queue.put((handle, work))
         return handle
 
     def _comm_loop(self):
@@ -348,9 +358,9 @@ class ShmComm(Communicator):
             item = self._queue.get()
             if item is None:
                 return
-            handle, group, start, stop = item
+            handle, work = item
             try:
-                group.allreduce(1.0, start, stop)
+                work()
             except BaseException as exc:  # handed to the waiting worker
                 handle.error = exc
             handle.done.set()
