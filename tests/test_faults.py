@@ -29,7 +29,11 @@ def _terminal_signals():
 
 
 def shm_entries() -> set:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """/dev/shm's entries, less MPI libraries' own (mpich_shm_*, Open MPI's): an MPI job
+    elsewhere on the machine may come and go during a test, and these runs use no MPI."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {e for e in os.listdir("/dev/shm") if not e.startswith(("mpich_", "ompi.", "vader"))}
 
 
 def children(pid: int) -> list[int]:

@@ -48,6 +48,7 @@ def _train(ranks, tmp_path, *extra, env=None):
 
 COLLECTIVES = textwrap.dedent("""
     import sys
+    import time
     import numpy as np
     from mpi4py import MPI
     from dptrain.comm import HierComm
@@ -77,6 +78,21 @@ COLLECTIVES = textwrap.dedent("""
         handles = [c.allreduce_async_(a, 2000, 5000), c.allreduce_async_(a, 0, 2000)]
         c.wait_(handles)
         assert np.all(a == p * (p + 1) / 2), ("async", dt)
+    # a collective, and a new array's set-up, while an exchange is in flight (the last rank
+    # late): each waits for it first, and every sum is whole
+    # (different values: a message matched to the wrong collective shows)
+    a, b = c.zeros(300, np.float64), c.zeros(300, np.float64)
+    a[:], b[:] = r + 1, 100 * (r + 1)
+    if r == p - 1:
+        time.sleep(0.3)
+    first = c.allreduce_async_(a)
+    s = np.full(300, 10.0 * (r + 1))
+    c.allreduce_sum_(s)
+    second = c.allreduce_async_(b)
+    c.wait_([first, second])
+    whole = p * (p + 1) / 2
+    assert np.all(a == whole) and np.all(s == 10 * whole) and np.all(b == 100 * whole), (
+        "in flight", a[0], s[0], b[0])
     plain = np.full(5, float(r))                    # not from zeros: staged
     c.allreduce_sum_(plain)
     assert np.all(plain == p * (p - 1) / 2)
@@ -204,3 +220,13 @@ def test_a_timeout_inside_a_node_names_the_world_ranks(mpich_leftovers):
     assert "worker rank 2 failed: TimeoutError" in r.stderr, r.stderr
     assert ("rank 1 did not arrive (ranks of node 1, numbered in it: 0...1 are world ranks "
             "2, 3)") in r.stderr, r.stderr
+
+
+def test_a_rank_waiting_for_its_leader_says_so(mpich_leftovers):
+    """Rank 3 alone on its node straggles: nobody of its node can time out, its leader-peers
+    wait in MPI (no timeout), and rank 1 waits twice the timeout for its leader's result."""
+    r = _run(4, ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "3", "--timeout", "0.5",
+                 "--straggle", "3:3000"], timeout=120)
+    assert r.returncode != 0
+    assert ("worker rank 1 failed: LeaderWaitTimeout: rank 1 waited 1 s for its node's leader "
+            "(world rank 0) to finish the exchange between nodes") in r.stderr, r.stderr

@@ -76,13 +76,24 @@ def split_nodes(world, nodes: int = 0):
     return world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
 
 
-def _world_ranks(method):
-    """A collective whose timeout (raised by the node's C group, which numbers the node's
+class LeaderWaitTimeout(TimeoutError):
+    """A rank waited longer than twice the timeout for its node's leader to finish the
+    exchange between nodes (the leader itself waits in MPI, which has no timeout)."""
+
+
+def _collective(method):
+    """A collective of HierComm: across nodes it first waits for this rank's exchanges in
+    flight on the communication thread (so that the two threads never use the node's
+    barriers or MPI at once), and a timeout of the node's C group (which numbers the node's
     ranks from 0) also says which world ranks those are."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
+        if self._pending:
+            self._settle()
         try:
             return method(self, *args, **kwargs)
+        except LeaderWaitTimeout:
+            raise
         except TimeoutError as exc:
             members = self.node_members[self._node_id]
             raise TimeoutError(f"{exc} (ranks of node {self._node_id}, numbered in it: 0..."
@@ -190,8 +201,18 @@ class HierComm(ShmComm):
         self._flat: dict[int, tuple] = {}     # id(arrays[0]) of shared_zeros -> packing plan
         # MPI from the communication thread while the caller computes (overlap across nodes)
         self._threaded_mpi = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
+        self._pending: list = []              # handles of exchanges posted across nodes
+        self._readout: dict[int, object] = {}  # id(shared) -> the group of its read-out wait
 
     # ---- memory: the node's windows
+    @_collective
+    def zeros(self, length, dtype="float32", *, algorithm="native"):
+        return super().zeros(length, dtype, algorithm=algorithm)
+
+    @_collective
+    def shared_zeros(self, count, length, dtype="float32"):
+        return super().shared_zeros(count, length, dtype)
+
     def _alloc(self, nbytes: int) -> int:
         nbytes = _round_up(max(int(nbytes), 1))
         if self._next + nbytes > self._windows.end:
@@ -207,6 +228,7 @@ class HierComm(ShmComm):
         """Frees the node's shared windows and communicators (collective on the world: every
         rank calls it, after every array from this communicator is gone or copied); the
         communicator is done then."""
+        self._settle()
         self.close()
         self._mpi.Barrier()
         self._by_id.clear()
@@ -223,10 +245,21 @@ class HierComm(ShmComm):
         """Whether this rank talks to the other nodes for its node."""
         return self._local == 0
 
+    # ---- exchanges in flight on the communication thread
+    def _settle(self) -> None:
+        """Waits for every exchange this rank posted across nodes (raising the first error)."""
+        pending, self._pending = self._pending, []
+        super().wait_(pending)
+
+    def wait_(self, handles):
+        super().wait_(handles)
+        done = {id(h) for h in handles}
+        self._pending = [h for h in self._pending if id(h) not in done]
+
     # ---- the inter-node step of the leaders
-    def _leaders_allreduce(self, buf: np.ndarray, algorithm: str) -> float:
+    def _leaders_allreduce(self, buf: np.ndarray, algorithm: str, measure: bool = True) -> float:
         waited = 0.0
-        if self._measure_wait:
+        if measure and self._measure_wait:
             t0 = time.perf_counter()
             self._leaders.Barrier()
             waited = time.perf_counter() - t0
@@ -237,16 +270,35 @@ class HierComm(ShmComm):
         return waited
 
     def _node_sum(self, shared):
-        """The group that sums the node's arrays into one shared array (shared.out)."""
+        """The group that sums the node's arrays into one shared array (shared.out), set up
+        with the group of the wait for the leader's result (twice the timeout: the leader
+        waits in MPI for every node, and a late rank is named first by its own node)."""
         if shared.out_group is None:
             buf = shared.arrays[0]
             shared.out = self._view(self._alloc(buf.nbytes), buf.size, buf.dtype)
             shared.out_group = self._group(self._alloc(self._layout.control_bytes),
                                            shared.arrays, out=shared.out)
+            self._readout[id(shared)] = self._group(
+                self._alloc(self._layout.control_bytes), shared.arrays,
+                timeout=2 * self._policy.timeout)
         return shared.out_group
 
+    def _await_leader(self, shared) -> None:
+        """Returns once the node's leader has written the exchange between nodes into shared
+        memory."""
+        try:
+            self._readout[id(shared)].barrier()
+        except TimeoutError:
+            if self._local == 0:
+                raise
+            raise LeaderWaitTimeout(
+                f"rank {self.rank} waited {2 * self._policy.timeout:g} s for its node's leader "
+                f"(world rank {self.node_members[self._node_id][0]}) to finish the exchange "
+                f"between nodes: a rank of another node did not arrive in time, or the network "
+                f"stalled") from None
+
     # ---- collectives
-    @_world_ranks
+    @_collective
     def allreduce_sum_(self, array, *, scale=1.0, start=0, stop=None):
         if self.nodes == 1:
             return super().allreduce_sum_(array, scale=scale, start=start, stop=stop)
@@ -260,20 +312,22 @@ class HierComm(ShmComm):
         waited = self._exchange(shared, array, start, stop, scale)
         self._account("allreduce", range_bytes(array, start, stop), algorithm, waited=waited)
 
-    def _exchange(self, shared, array, start, stop, scale) -> float:
+    def _exchange(self, shared, array, start, stop, scale, measure=True) -> float:
         """array[start:stop] = scale * the world's sum, the node's arrays (shared.arrays)
-        filled; returns the seconds waited for other ranks."""
+        filled; returns the seconds waited for other ranks (measure: the leaders' entry
+        barrier, left out on the communication thread, where waiting is not counted)."""
         if self._peers == 1:
             part = array[start:stop]
-            waited = self._leaders_allreduce(part, shared.algorithm if shared else "native")
+            waited = self._leaders_allreduce(part, shared.algorithm if shared else "native",
+                                             measure)
             if scale != 1.0:
                 part *= scale
             return waited
         waited = self._node_sum(shared).allreduce(1.0, start, stop)   # into shared.out
         total = shared.out[start:stop]
         if self._local == 0:
-            waited += self._leaders_allreduce(total, shared.algorithm)
-        self._world.barrier()                           # the leader wrote the total
+            waited += self._leaders_allreduce(total, shared.algorithm, measure)
+        self._await_leader(shared)                      # the leader wrote the total
         part = array[start:stop]
         if scale != 1.0:
             np.multiply(total, scale, out=part)
@@ -294,13 +348,15 @@ class HierComm(ShmComm):
         if not self._threaded_mpi:
             self.allreduce_sum_(array, start=start, stop=stop)
             return None
-        if self._peers > 1:
-            self._node_sum(shared)         # set up here: allocation is collective
-        handle = self._post(lambda: self._exchange(shared, array, start, stop, 1.0))
+        if self._peers > 1 and shared.out_group is None:
+            self._settle()                 # set up here, alone: allocation is collective
+            self._node_sum(shared)
+        handle = self._post(lambda: self._exchange(shared, array, start, stop, 1.0, False))
+        self._pending.append(handle)
         self._account("allreduce", range_bytes(array, start, stop), shared.algorithm)
         return handle
 
-    @_world_ranks
+    @_collective
     def reduce_sum_(self, array, root=0):
         if self.nodes == 1:
             return super().reduce_sum_(array, root)
@@ -315,11 +371,11 @@ class HierComm(ShmComm):
                                      root=root_node)
             else:
                 self._leaders.Reduce(shared.out, None, op=self._MPI.SUM, root=root_node)
-        self._world.barrier()
+        self._await_leader(shared)
         self._account("reduce", array.nbytes, root=root, waited=waited)
         return shared.out
 
-    @_world_ranks
+    @_collective
     def broadcast_(self, array, root=0):
         if self.nodes == 1:
             return super().broadcast_(array, self.node_members[0].index(root))
@@ -330,10 +386,11 @@ class HierComm(ShmComm):
         if self._local == 0:
             self._leaders.Bcast(array, root=root_node)
         if self._node_id != root_node:
-            waited += self._shared_broadcast(array, 0)
+            # the wait here is for the leader's transfer from the root's node: not sync wait
+            self._shared_broadcast(array, 0)
         self._account("broadcast", array.nbytes, root=root, waited=waited)
 
-    @_world_ranks
+    @_collective
     def sum_into_(self, out, arrays, *, scale=1.0):
         """Every node first holds exact copies of every array (the leaders gather what each
         node's ranks filled: rank r fills arrays [r count / size, (r + 1) count / size)),
@@ -371,7 +428,7 @@ class HierComm(ShmComm):
             for j, i in enumerate(idx):
                 arrays[i][:] = recv[base + j * n:base + (j + 1) * n]
 
-    @_world_ranks
+    @_collective
     def barrier(self):
         waited = self._world.barrier()
         if self.nodes > 1:
@@ -387,10 +444,16 @@ class HierComm(ShmComm):
 
     # ---- accounting: bytes over shared memory inside the node, plus a leader's MPI bytes
     def _bytes_of(self, kind, nbytes, algorithm, root):
+        if self.nodes == 1:                   # the process transport's own schedules
+            return super()._bytes_of(kind, nbytes, algorithm, root)
         schedule = algorithm if kind == "allreduce" else kind
+        # inside the node: the native sum (whatever the algorithm between nodes), a
+        # broadcast from the root on its node and from the leader on the others
+        members = self.node_members[self._node_id]
+        local_root = members.index(root) if root in members else 0
         inside = _schedule_bytes("native" if kind == "allreduce" else kind, self._peers,
-                                 nbytes, self._local, 0)
-        if self._local or self.nodes == 1:
+                                 nbytes, self._local, local_root)
+        if self._local:
             return inside
         return inside + _schedule_bytes(schedule, self.nodes, nbytes, self._node_id,
                                         self._node_of[root])

@@ -278,17 +278,20 @@ class ShmComm(Communicator):
             return self._extras[name]
         return self._layout.extra(self._mem, name)
 
-    def _group(self, control_off: int, buffers, *, out=None, algorithm="native"):
+    def _group(self, control_off: int, buffers, *, out=None, algorithm="native",
+               timeout: float | None = None):
         """Sets up a group on a fresh control block: rank 0 readies it, then every rank
-        meets at the world barrier, so nobody waits on it before it is ready."""
+        meets at the world barrier, so nobody waits on it before it is ready. timeout: the
+        policy's unless given."""
         control = self._view(control_off, self._layout.control_bytes, np.dtype(np.uint8))
         if self._local == 0:
             _core.init_group_control(control, self._peers)
         self._world.barrier()
         p = self._policy
         return _core.ShmGroup(control, buffers, self._local, out=out, spin=p.spin,
-                              yield_time=p.yield_time, timeout=p.timeout, algorithm=algorithm,
-                              world=self._world_control)
+                              yield_time=p.yield_time,
+                              timeout=p.timeout if timeout is None else timeout,
+                              algorithm=algorithm, world=self._world_control)
 
     def _shared(self, array: np.ndarray) -> tuple[_Shared, np.ndarray]:
         """The allocation of an array from zeros (and the array itself), or of a staging array

@@ -293,7 +293,9 @@ def _run(cfg: TrainConfig, *, model_obj, data, log) -> TrainResult:
     head = results[0]
     if backend == "mpi":
         # the ranks of each node (shared memory inside, MPI between leaders); None: flat MPI
+        # (--no-mpi-shm, DPTRAIN_MPI_SHM=0 or one rank)
         config["mpi_layout"] = head.get("mpi_layout")
+        config["mpi_shm"] = config["mpi_layout"] is not None
     return _result(cfg, config, ds, spec, head, per_rank, steal, data_load_seconds, wall0,
                    model_obj, say)
 
