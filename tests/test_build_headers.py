@@ -1,0 +1,52 @@
+"""The C extension builds from source against NumPy 1.x headers, and works.
+
+pip builds dptrain in an isolated environment with NumPy 2 headers (NPY_TARGET_VERSION 1.25,
+so one build serves NumPy 1.25 and later). A user building from source next to an older
+NumPy (`python setup.py build_ext`, or pip without build isolation) compiles against NumPy
+1.x headers instead: this test does that, then trains with the result. It runs in CI's
+oldest-NumPy pass; with NumPy 2 installed, the build it would check is the one every other
+test already uses, so it skips."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [
+    pytest.mark.skipif(not (ROOT / "setup.py").is_file() or not (ROOT / "csrc").is_dir(),
+                       reason=f"no C sources at {ROOT} (installed package only)"),
+    pytest.mark.skipif(int(np.__version__.split(".")[0]) >= 2,
+                       reason=f"NumPy {np.__version__}: NumPy 2 headers are what pip's build "
+                              f"and every other test use; this checks NumPy 1.x headers "
+                              f"(CI's oldest-NumPy pass)"),
+]
+
+
+def test_the_extension_builds_against_numpy_1_headers_and_trains(tmp_path):
+    lib = tmp_path / "lib"
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(lib),
+                        "--build-temp", str(tmp_path / "build")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    shutil.copytree(ROOT / "dptrain", lib / "dptrain", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    probe = ("import numpy, dptrain\n"
+             "info = dptrain.build_info()\n"
+             "r = dptrain.train(model='mlp', hidden=(8,), dataset='synthetic', n_samples=600, "
+             "epochs=1, workers=2, backend='thread', quiet=True)\n"
+             "print(dptrain._core.__file__, numpy.__version__, info['numpy_build_api'], "
+             "r['final_test_accuracy'], sep='|')\n")
+    run = subprocess.run([sys.executable, "-c", probe], cwd=lib, capture_output=True,
+                         text=True, timeout=300, env={"PATH": "/usr/bin:/bin",
+                                                      "PYTHONPATH": str(lib)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    so, version, api, accuracy = run.stdout.splitlines()[-1].split("|")
+    assert so.startswith(str(lib)), so                       # this build, not the installed one
+    assert version == np.__version__
+    # NumPy 1.x headers have no NPY_FEATURE_VERSION_STRING: build_info gives the C API version
+    assert api.startswith("C API 0x"), api
+    assert float(accuracy) > 0.6
