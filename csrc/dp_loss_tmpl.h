@@ -22,9 +22,13 @@ DP_CLONES int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, 
         if (dlogits) {
             T *d = dlogits + (ptrdiff_t)i * C;
             for (int j = 0; j < C; j++) { d[j] = EXPNEG(z[j] - mx); sum += d[j]; }
-            T inv = grad_scale / sum;
+            /* (softmax - onehot) first, then the scale: scaling p and 1 apart gave inf - inf
+             * = NaN at the label where grad_scale overflows T (e.g. 1e308 in float32), and
+             * (p - 1) * grad_scale is -inf there */
+            T inv = (T)1 / sum;
             for (int j = 0; j < C; j++) d[j] *= inv;
-            d[y] -= grad_scale;
+            d[y] -= (T)1;
+            for (int j = 0; j < C; j++) d[j] *= grad_scale;
         } else {
             for (int j = 0; j < C; j++) sum += EXPNEG(z[j] - mx);
         }

@@ -214,8 +214,10 @@ def test_bad_node_counts_are_refused_with_the_value(tmp_path):
 
 
 def test_a_timeout_inside_a_node_names_the_world_ranks(mpich_leftovers):
-    r = _run(4, ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "2", "--timeout", "0.5",
-                 "--straggle", "3:3000"], timeout=120)
+    # a timeout well above the start-up skew of 4 ranks on 2 cores (a tight one can fire at
+    # the first broadcast on a loaded machine, naming whichever rank was late there)
+    r = _run(4, ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "2", "--timeout", "2",
+                 "--straggle", "3:20000"], timeout=120)
     assert r.returncode != 0
     assert "worker rank 2 failed: TimeoutError" in r.stderr, r.stderr
     assert ("rank 1 did not arrive (ranks of node 1, numbered in it: 0...1 are world ranks "
@@ -225,8 +227,8 @@ def test_a_timeout_inside_a_node_names_the_world_ranks(mpich_leftovers):
 def test_a_rank_waiting_for_its_leader_says_so(mpich_leftovers):
     """Rank 3 alone on its node straggles: nobody of its node can time out, its leader-peers
     wait in MPI (no timeout), and rank 1 waits twice the timeout for its leader's result."""
-    r = _run(4, ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "3", "--timeout", "0.5",
-                 "--straggle", "3:3000"], timeout=120)
+    r = _run(4, ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "3", "--timeout", "2",
+                 "--straggle", "3:20000"], timeout=120)
     assert r.returncode != 0
-    assert ("worker rank 1 failed: LeaderWaitTimeout: rank 1 waited 1 s for its node's leader "
+    assert ("worker rank 1 failed: LeaderWaitTimeout: rank 1 waited 4 s for its node's leader "
             "(world rank 0) to finish the exchange between nodes") in r.stderr, r.stderr

@@ -156,3 +156,22 @@ def test_evaluate_ends_a_backward_sweep_in_progress(kind):
         forward_only()
         with pytest.raises(RuntimeError, match="no forward_loss to go back from"):
             net.backward_layer(last)
+
+
+@pytest.mark.parametrize("scale", [1e308, -1e308, 3e38, 0.5])
+def test_softmax_xent_grad_scale_past_float32_gives_the_twins_infinities(scale):
+    """grad_scale 1e308 is inf in float32: the label's gradient (p - 1) * inf is -inf (as
+    the NumPy twin computes it), not p * inf - inf = NaN (the fuzzer's 503k-call campaign)."""
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((6, 5)).astype(np.float32)
+    z[0, 2] = 200.0                                 # a row whose softmax is exactly one-hot
+    labels = np.array([2, 0, 4, 1, 3, 2])
+    got, want = np.empty_like(z), np.empty_like(z)
+    with np.errstate(over="ignore", invalid="ignore"):
+        loss = _core.softmax_xent(z, labels, got, grad_scale=scale)
+        ref_loss = reference.softmax_xent(z, labels, want, grad_scale=scale)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=2e-6, atol=0)
