@@ -344,6 +344,15 @@ def environment(**extra) -> dict:
     return env
 
 
+def child_env() -> dict:
+    """This process's environment with the repository first on PYTHONPATH: a benchmark's
+    child process (mpiexec, a helper) imports the same dptrain."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"]
+                                     if env.get("PYTHONPATH") else "")
+    return env
+
+
 def run_mpi_helper(mpiexec: str, world: int, script: str, args: Sequence[str],
                    timeout: float = 600) -> object:
     """Runs `script --mpi-helper OUT *args` under `mpiexec -n world` and returns the JSON its

@@ -71,13 +71,6 @@ def helper(out_path: str, mode: str, nodes: int, number: int) -> None:
             json.dump(out, f)
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = _util.REPO_ROOT + (os.pathsep + env["PYTHONPATH"]
-                                           if env.get("PYTHONPATH") else "")
-    return env
-
-
 def micro(mpiexec: str, mode: str, nodes: int, number: int) -> dict:
     return _util.run_mpi_helper(mpiexec, RANKS, __file__,
                                 ["--mode", mode, "--nodes", str(nodes), "--number", str(number)],
@@ -93,7 +86,7 @@ def train(mpiexec: str, mode: str, nodes: int, limit: int) -> dict:
         cmd = [mpiexec, "-n", str(RANKS), sys.executable, "-m", "dptrain", "train", "--model",
                "mlp", *data, "--limit", str(limit), "--epochs", "1", "--batch-size", "128",
                "--backend", "mpi", "--quiet", "--out", out, *layout]
-        proc = subprocess.run(cmd, cwd=tmp, env=_env(), capture_output=True, text=True,
+        proc = subprocess.run(cmd, cwd=tmp, env=_util.child_env(), capture_output=True, text=True,
                               timeout=600)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}\n{proc.stderr[-2000:]}")

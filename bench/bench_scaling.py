@@ -144,20 +144,13 @@ def run_in_process(name: str, workers: int, backend: str) -> dict:
     return summary(dptrain.train(workers=workers, backend=backend, quiet=True, **cfg))
 
 
-def _child_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = _util.REPO_ROOT + (os.pathsep + env["PYTHONPATH"]
-                                           if env.get("PYTHONPATH") else "")
-    return env
-
-
 def run_mpi(name: str, ranks: int, mpiexec: str, *extra: str) -> dict:
     cfg = workload_config(name, ranks)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "dptrain", "train",
                *cli_args(cfg), "--backend", "mpi", "--out", out, "--quiet", *extra]
-        proc = subprocess.run(cmd, cwd=_util.REPO_ROOT, env=_child_env(), capture_output=True,
+        proc = subprocess.run(cmd, cwd=_util.REPO_ROOT, env=_util.child_env(), capture_output=True,
                               text=True, timeout=SUBPROCESS_TIMEOUT)
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"mpiexec -n {ranks} exited with {proc.returncode}: "
@@ -231,7 +224,7 @@ def run_ddp(world: int) -> dict:
         out = os.path.join(tmp, "ddp.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--ddp-helper", out,
                "--ddp-world", str(world)]
-        proc = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True,
+        proc = subprocess.run(cmd, env=_util.child_env(), capture_output=True, text=True,
                               timeout=SUBPROCESS_TIMEOUT)
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"DDP helper (world {world}) exited with {proc.returncode}: "

@@ -8,8 +8,8 @@ from .launch import check_world, launch, oversubscription_warning
 from .mpi import MPIComm, mpi_launch, mpi_world_size, resolve_backend
 from .shm import SharedSegment, ShmComm, WaitPolicy, run_processes, run_threads
 
-__all__ = ["ALGORITHMS", "ALLREDUCE_SCHEDULES", "BACKENDS", "Communicator", "HierComm", "LocalComm",
-           "MPIComm",
-           "SharedSegment", "ShmComm", "WaitPolicy", "WorkerError", "bytes_sent", "check_world",
-           "describe", "launch", "mpi_comm", "mpi_launch", "mpi_world_size", "oversubscription_warning",
-           "resolve_backend", "run_processes", "run_threads"]
+__all__ = ["ALGORITHMS", "ALLREDUCE_SCHEDULES", "BACKENDS", "Communicator", "HierComm",
+           "LocalComm", "MPIComm", "SharedSegment", "ShmComm", "WaitPolicy", "WorkerError",
+           "bytes_sent", "check_world", "describe", "launch", "mpi_comm", "mpi_launch",
+           "mpi_world_size", "oversubscription_warning", "resolve_backend", "run_processes",
+           "run_threads"]

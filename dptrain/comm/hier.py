@@ -32,12 +32,12 @@ from __future__ import annotations
 import bisect
 import functools
 import os
-import time
 
 import numpy as np
 
 from .algorithms import bytes_sent as _schedule_bytes
 from .base import ALIGN, check_flat, range_bytes
+from .mpi import allreduce_in_place, timed_barrier
 from .shm import SegmentLayout, ShmComm, WaitPolicy, _round_up
 
 WINDOW_BYTES = 4 << 20           # a window's least size (the arena grows by such chunks)
@@ -163,12 +163,9 @@ class HierComm(ShmComm):
         measure_wait: leaders enter the inter-node all-reduce through MPI_Barrier and count
         its time as waiting (as MPIComm does)."""
         from mpi4py import MPI
-        from . import algorithms
         self._MPI = MPI
         self._mpi = world if world is not None else MPI.COMM_WORLD
         self._measure_wait = measure_wait
-        self._schedules = {"ring": algorithms.ring_allreduce,
-                           "tree": algorithms.tree_allreduce}
         self._node = split_nodes(self._mpi, nodes)
         local, peers = self._node.Get_rank(), self._node.Get_size()
         self._leaders = self._mpi.Split(0 if local == 0 else MPI.UNDEFINED,
@@ -182,9 +179,7 @@ class HierComm(ShmComm):
                              for first in leaders]
         self.nodes = len(leaders)
         if policy is None:
-            machine = self._mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self._mpi.Get_rank())
-            policy = WaitPolicy.for_workers(machine.Get_size())
-            machine.Free()
+            policy = machine_policy(self._mpi)
         self._windows = _Windows(MPI, self._node)
         layout = SegmentLayout(peers)
         head = self._windows.view(self._windows.grow(layout.arena), layout.arena)
@@ -240,11 +235,6 @@ class HierComm(ShmComm):
         if self._leaders != self._MPI.COMM_NULL:
             self._leaders.Free()
 
-    @property
-    def is_leader(self) -> bool:
-        """Whether this rank talks to the other nodes for its node."""
-        return self._local == 0
-
     # ---- exchanges in flight on the communication thread
     def _settle(self) -> None:
         """Waits for every exchange this rank posted across nodes (raising the first error)."""
@@ -258,15 +248,8 @@ class HierComm(ShmComm):
 
     # ---- the inter-node step of the leaders
     def _leaders_allreduce(self, buf: np.ndarray, algorithm: str, measure: bool = True) -> float:
-        waited = 0.0
-        if measure and self._measure_wait:
-            t0 = time.perf_counter()
-            self._leaders.Barrier()
-            waited = time.perf_counter() - t0
-        if algorithm in self._schedules:
-            self._schedules[algorithm](self._leaders, buf)
-        else:
-            self._leaders.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
+        waited = timed_barrier(self._leaders) if measure and self._measure_wait else 0.0
+        allreduce_in_place(self._leaders, buf, algorithm)
         return waited
 
     def _node_sum(self, shared):
@@ -433,9 +416,7 @@ class HierComm(ShmComm):
         waited = self._world.barrier()
         if self.nodes > 1:
             if self._local == 0:
-                t0 = time.perf_counter()
-                self._leaders.Barrier()
-                waited += time.perf_counter() - t0
+                waited += timed_barrier(self._leaders)
             self._world.barrier()
         self._account("barrier", 0, waited=waited)
 
@@ -471,8 +452,15 @@ def mpi_comm(world=None, *, shm: bool | None = None, nodes: int | None = None,
     nodes = int(nodes) if nodes else env_nodes()
     if not shm or world.Get_size() == 1:
         return MPIComm(world)
+    return HierComm(world, nodes=nodes, policy=machine_policy(world, threads, timeout))
+
+
+def machine_policy(world, threads: int = 1, timeout: float = 0.0) -> WaitPolicy:
+    """How the ranks of world that run on this rank's machine wait at a barrier: the
+    WaitPolicy of as many workers as that (collective on world)."""
     from mpi4py import MPI
     machine = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
-    policy = WaitPolicy.for_workers(machine.Get_size(), threads, timeout)
-    machine.Free()
-    return HierComm(world, nodes=nodes, policy=policy)
+    try:
+        return WaitPolicy.for_workers(machine.Get_size(), threads, timeout)
+    finally:
+        machine.Free()

@@ -74,6 +74,26 @@ def find_mpiexec() -> str | None:
     return shutil.which("mpiexec") or shutil.which("mpirun")
 
 
+def allreduce_in_place(comm, buf, algorithm: str = "native") -> None:
+    """buf (1-D, contiguous) = its sum over the ranks of the mpi4py communicator comm, in
+    place: MPI_Allreduce ('native'), or the ring or tree schedule of ``algorithms``."""
+    from mpi4py import MPI
+    from . import algorithms
+    if algorithm == "ring":
+        algorithms.ring_allreduce(comm, buf)
+    elif algorithm == "tree":
+        algorithms.tree_allreduce(comm, buf)
+    else:
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+
+def timed_barrier(comm) -> float:
+    """MPI_Barrier on comm; the seconds it waited."""
+    t0 = time.perf_counter()
+    comm.Barrier()
+    return time.perf_counter() - t0
+
+
 def world():
     """mpi4py's COMM_WORLD, or a RuntimeError that says what to install."""
     try:
@@ -95,8 +115,6 @@ class MPIComm(Communicator):
         microseconds per collective on one machine). False: the wait stays inside the
         collective's time."""
         from mpi4py import MPI
-        from . import algorithms
-        self._schedules = {"ring": algorithms.ring_allreduce, "tree": algorithms.tree_allreduce}
         self._MPI = MPI
         self._comm = comm if comm is not None else MPI.COMM_WORLD
         self._measure_wait = measure_wait
@@ -126,19 +144,14 @@ class MPIComm(Communicator):
     def _entry_wait(self) -> float:
         if not self._measure_wait or self.size == 1:
             return 0.0
-        t0 = time.perf_counter()
-        self._comm.Barrier()
-        return time.perf_counter() - t0
+        return timed_barrier(self._comm)
 
     def allreduce_sum_(self, array, *, scale=1.0, start=0, stop=None):
         schedule = self._algorithm.get(id(array), ("native", None))[0]
         self._account("allreduce", range_bytes(array, start, stop), schedule,
                       waited=self._entry_wait())
         buf = array[start:stop]
-        if schedule in self._schedules:
-            self._schedules[schedule](self._comm, buf)
-        else:
-            self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
+        allreduce_in_place(self._comm, buf, schedule)
         if scale != 1.0:
             buf *= scale
 
@@ -179,9 +192,7 @@ class MPIComm(Communicator):
         self._comm.Bcast(array, root=root)
 
     def barrier(self):
-        t0 = time.perf_counter()
-        self._comm.Barrier()
-        self._account("barrier", 0, waited=time.perf_counter() - t0)
+        self._account("barrier", 0, waited=timed_barrier(self._comm))
 
     def abort(self, code=1):
         self._comm.Abort(code)
