@@ -30,6 +30,8 @@ sources = [
     "csrc/dp_threads.c",
     "csrc/dp_sync.c",
     "csrc/dp_model.c",
+    "csrc/dp_vec_avx2.c",
+    "csrc/dp_vec_avx512.c",
 ]
 
 # Headers and templates: listed so that a change to one rebuilds the extension.

@@ -202,14 +202,10 @@ ISA_BITS = {"avx512": 512, "avx2": 256, "generic": 128}
 
 
 def kernel_isa() -> str:
-    """The fma_peak ISA of the widest code our kernels run: build_info()['simd'] is
-    'avx2+fma' (the GEMM's fast path) or 'generic...'."""
+    """The ISA our kernels run (build_info()['isa']: the widest this CPU has, or DPTRAIN_ISA's),
+    as an fma_peak ISA."""
     from dptrain import _core
-    simd = _core.build_info()["simd"]
-    for isa in ("avx512", "avx2"):
-        if simd.startswith(isa):
-            return isa
-    return "generic"
+    return _core.build_info()["isa"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,7 +2,7 @@
  * split square, the normal tail's Chebyshev series, tanh's rational function near 0), then
  * dp_act_tmpl.h for float and double.
  * Leaves out on purpose: SIMD intrinsics (branch-free scalar code the compiler vectorizes, as
- * in the other kernel files; DP_CLONES builds an AVX2+FMA copy). */
+ * in the other kernel files; a build per ISA: dp_vec.h). */
 #include "dp_act.h"
 
 #include <math.h>

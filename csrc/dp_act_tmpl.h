@@ -16,18 +16,18 @@
 /* Values of the MSE summed in T before the sum moves to double (8 partial sums of 32 each). */
 #define MSE_BLOCK 256
 
-DP_CLONES void K(dp_relu_forward)(T *y, const T *x, ptrdiff_t n)
+void KV(dp_relu_forward)(T *y, const T *x, ptrdiff_t n)
 {
     for (ptrdiff_t i = 0; i < n; i++) y[i] = x[i] <= 0 ? (T)0 : x[i];   /* NaN stays NaN */
 }
 
-DP_CLONES void K(dp_relu_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
+void KV(dp_relu_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
 {
     // y is the forward output: relu'(x) = 1[x > 0] = 1[y > 0]
     for (ptrdiff_t i = 0; i < n; i++) dx[i] = y[i] > 0 ? dy[i] : (T)0;
 }
 
-DP_CLONES void K(dp_tanh_forward)(T *y, const T *x, ptrdiff_t n)
+void KV(dp_tanh_forward)(T *y, const T *x, ptrdiff_t n)
 {
     // x, y are (n,); y may be x
     for (ptrdiff_t i = 0; i < n; i++) {
@@ -39,13 +39,13 @@ DP_CLONES void K(dp_tanh_forward)(T *y, const T *x, ptrdiff_t n)
     }
 }
 
-DP_CLONES void K(dp_tanh_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
+void KV(dp_tanh_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
 {
     // y is the forward output: tanh'(x) = 1 - tanh(x)^2
     for (ptrdiff_t i = 0; i < n; i++) dx[i] = dy[i] * (1 - y[i] * y[i]);
 }
 
-DP_CLONES void K(dp_sigmoid_forward)(T *y, const T *x, ptrdiff_t n)
+void KV(dp_sigmoid_forward)(T *y, const T *x, ptrdiff_t n)
 {
     // x, y are (n,); y may be x
     for (ptrdiff_t i = 0; i < n; i++) {
@@ -56,7 +56,7 @@ DP_CLONES void K(dp_sigmoid_forward)(T *y, const T *x, ptrdiff_t n)
     }
 }
 
-DP_CLONES void K(dp_sigmoid_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
+void KV(dp_sigmoid_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
 {
     // y is the forward output: sigmoid'(x) = y (1 - y)
     for (ptrdiff_t i = 0; i < n; i++) dx[i] = dy[i] * (y[i] * (1 - y[i]));
@@ -75,7 +75,7 @@ DP_INLINE T K(normal_cdf)(T xi, T *gauss)
     return xi > 0 ? 1 - q : q;
 }
 
-DP_CLONES void K(dp_gelu_forward)(T *y, const T *x, ptrdiff_t n)
+void KV(dp_gelu_forward)(T *y, const T *x, ptrdiff_t n)
 {
     // x, y are (n,); y may be x. GELU(x) = x Phi(x) (erf form)
     for (ptrdiff_t i = 0; i < n; i++) {
@@ -85,7 +85,7 @@ DP_CLONES void K(dp_gelu_forward)(T *y, const T *x, ptrdiff_t n)
     }
 }
 
-DP_CLONES void K(dp_gelu_backward)(T *dx, const T *dy, const T *x, ptrdiff_t n)
+void KV(dp_gelu_backward)(T *dx, const T *dy, const T *x, ptrdiff_t n)
 {
     // x is the forward INPUT: GELU'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi)
     for (ptrdiff_t i = 0; i < n; i++) {
@@ -111,7 +111,7 @@ DP_INLINE T K(sq_diff_sum)(const T *y, const T *t, int n)
     return s;
 }
 
-DP_CLONES void K(dp_mse)(T *dy, double *loss_sum, const T *y, const T *target, int B, int OUT,
+void KV(dp_mse)(T *dy, double *loss_sum, const T *y, const T *target, int B, int OUT,
                          T grad_scale)
 {
     // y, target, dy are (B, OUT): loss_sum = sum (y - t)^2, dy = 2 grad_scale (y - t) (dy may
@@ -127,6 +127,9 @@ DP_CLONES void K(dp_mse)(T *dy, double *loss_sum, const T *y, const T *target, i
     }
     *loss_sum = total;
 }
+
+#ifndef DP_VEC_PASS
+DP_ACT_VEC(DP_VEC_DEFINE, T, S)
 
 /* ---- the naive twins: the definitions, on libm ------------------------------------------ */
 
@@ -177,6 +180,8 @@ void K(dp_mse_naive)(T *dy, double *loss_sum, const T *y, const T *target, int B
     }
     *loss_sum = total;
 }
+
+#endif /* DP_VEC_PASS */
 
 #undef MSE_BLOCK
 #undef INV_SQRT_2PI

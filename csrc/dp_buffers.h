@@ -4,7 +4,8 @@
  * Letters: k buffers, [start, stop) an element range of them. Every buffer is 1-D of one
  * length; the sum is taken in the order the buffers are given, so a result does not depend
  * on how a range is split between callers. Bodies: dp_buffers_tmpl.h, instantiated for float
- * and double by dp_buffers.c.
+ * and double by dp_buffers.c (and once per wider ISA by dp_vec_*.c), which also holds the
+ * bodies of dp_sync.h's reductions.
  * Reference twins: dptrain.reference.sum_buffers / scale_.
  *
  * Leaves out on purpose: the shared-memory group's reduction, which also synchronizes
@@ -14,16 +15,27 @@
 #define DP_BUFFERS_H
 
 #include "dp_common.h"
+#include "dp_vec.h"
 
-/* out[start:stop] = scale * (ins[0] + ins[1] + ... + ins[k-1])[start:stop], added left to
- * right; out may be one of the inputs */
-void dp_sum_buffers_f32(float *out, const float *const *ins, int k, ptrdiff_t start,
-                        ptrdiff_t stop, float scale);
-void dp_sum_buffers_f64(double *out, const double *const *ins, int k, ptrdiff_t start,
-                        ptrdiff_t stop, double scale);
+/* The vector kernels (dp_vec.h: a build per ISA and the public function that picks one):
+ * - sum_buffers: out[start:stop] = scale * (ins[0] + ins[1] + ... + ins[k-1])[start:stop],
+ *   added left to right; out may be one of the inputs;
+ * - scale: buf[0:n] *= alpha;
+ * - bias_relu / bias_add: y (OC, n) += b[o] in row o (bias_relu then max(., 0), a NaN stays
+ *   NaN); add_row_sums: db[o] += the sum of row o of d (OC, n), in 8 interleaved partial sums.
+ *   The bias passes of dp_model's layers. */
+#define DP_BUFFERS_VEC(X, T, S)                                                                \
+    X(void, dp_sum_buffers, S, (T *out, const T *const *ins, int k, ptrdiff_t start,           \
+                                ptrdiff_t stop, T scale), (out, ins, k, start, stop, scale))   \
+    X(void, dp_scale, S, (T *buf, ptrdiff_t n, T alpha), (buf, n, alpha))                      \
+    X(void, dp_bias_relu, S, (T *y, const T *b, int OC, int n), (y, b, OC, n))                 \
+    X(void, dp_bias_add, S, (T *y, const T *b, int OC, int n), (y, b, OC, n))                  \
+    X(void, dp_add_row_sums, S, (T *db, const T *d, int OC, int n), (db, d, OC, n))
 
-/* buf[0:n] *= alpha */
-void dp_scale_f32(float *buf, ptrdiff_t n, float alpha);
-void dp_scale_f64(double *buf, ptrdiff_t n, double alpha);
+/* The concrete symbols, for grep: dp_sum_buffers_f32 dp_sum_buffers_f64 dp_scale_f32
+ * dp_scale_f64 dp_bias_relu_f32 dp_bias_relu_f64 dp_bias_add_f32 dp_bias_add_f64
+ * dp_add_row_sums_f32 dp_add_row_sums_f64. */
+DP_BUFFERS_VEC(DP_VEC_PROTO, float, _f32)
+DP_BUFFERS_VEC(DP_VEC_PROTO, double, _f64)
 
 #endif

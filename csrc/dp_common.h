@@ -30,15 +30,9 @@
 #define DP_LIKELY(x) (x)
 #endif
 
-/* DP_CLONES: compile a memory-bound kernel twice, for AVX2+FMA and for the baseline ISA, and
- * let the loader pick one (GCC/Clang target_clones, an ifunc: Linux/glibc on x86-64 only;
- * elsewhere the kernel is built once for the baseline). */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(DP_NO_CLONES) && \
-    !defined(__SANITIZE_ADDRESS__)
-#define DP_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define DP_CLONES
-#endif
+/* The target of the kernels' 512-bit builds: x86-64-v4's AVX-512 subsets with the AVX2 and
+ * FMA they extend (dp_cpu_has_isa(DP_ISA_AVX512) checks the same four). */
+#define DP_TARGET_AVX512 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"
 
 /* Packed GEMM panels and activations are aligned to a cache line (and to the widest vector). */
 #define DP_ALIGN 64

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <string.h>
 
+#ifndef DP_VEC_PASS   /* the vector kernels' builds (dp_vec.h) need only the template */
 int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW)
 {
     if (g->C < 1 || g->H < 1 || g->W < 1 || g->OC < 1 || g->KH < 1 || g->KW < 1 || g->pad < 0)
@@ -32,6 +33,7 @@ size_t dp_conv_col_elems(const dp_conv_geom *g)
     if (dp_conv_out(g, &OH, &OW)) return 0;
     return (size_t)g->C * g->KH * g->KW * (size_t)OH * (size_t)OW + DP_CONV_COL_SLACK(g);
 }
+#endif
 
 /* Pooling's vectors (see dp_conv_tmpl.h): VL values per 32 bytes, IT the same-width integer,
  * shuffle masks picking the even and odd values of two vectors and interleaving two back,

@@ -35,6 +35,7 @@
 #define DP_CONV_H
 
 #include "dp_common.h"
+#include "dp_vec.h"
 #include "dp_gemm.h"
 
 typedef struct {
@@ -51,6 +52,21 @@ int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW);
 #define DP_CONV_COL_SLACK(g) ((size_t)(g)->W + (size_t)(g)->KW + (size_t)(g)->pad + 16)
 size_t dp_conv_col_elems(const dp_conv_geom *g);
 
+/* The vector kernels (dp_vec.h: a build per ISA and the public function that picks one):
+ * - im2col: col (K, oh ow) with row stride ldcol from x (C, H, W); col2im is its adjoint (dx
+ *   is written);
+ * - maxpool2_forward: x (planes, H, W) -> y, idx (planes, H / 2, W / 2); maxpool2_backward:
+ *   dx (planes, H, W) = dy put where idx says, 0 elsewhere (written). */
+#define DP_CONV_VEC(X, T, S)                                                                   \
+    X(void, dp_im2col, S, (T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh, \
+                           int ow), (col, ldcol, x, g, oh, ow))                                \
+    X(void, dp_col2im, S, (T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,       \
+                           int oh, int ow), (dx, dcol, ldcol, g, oh, ow))                      \
+    X(void, dp_maxpool2_forward, S, (T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H,  \
+                                     int W), (y, idx, x, planes, H, W))                        \
+    X(void, dp_maxpool2_backward, S, (T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes, \
+                                      int H, int W), (dx, dy, idx, planes, H, W))
+
 #define DP_DECLARE_CONV(T, S)                                                                  \
     /* One image, the top-left oh x ow block of its output (oh <= OH, ow <= OW; a network    \
      * whose 2x2 pooling drops an odd last row or column never computes it): y (OC, oh ow)    \
@@ -65,12 +81,6 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
                                   int ow);                                                   \
     /* dw (OC, K) += dwt^T */                                                                 \
     void dp_conv_add_dwt##S(T *dw, const T *dwt, const dp_conv_geom *g);                      \
-    /* col (K, oh ow) with row stride ldcol from x (C, H, W); col2im is its adjoint (dx is    \
-     * written). */                                                                          \
-    void dp_im2col##S(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh,      \
-                      int ow);                                                               \
-    void dp_col2im##S(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g, int oh,    \
-                      int ow);                                                               \
     /* The batch: y = conv(x) + b; col_scratch grows to dp_conv_col_elems(g) + 1 elements. */ \
     int dp_conv2d_forward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x,           \
                              const T *w, const T *b, int B, const dp_conv_geom *g);            \
@@ -84,12 +94,7 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
                                     const dp_conv_geom *g);                                    \
     void dp_conv2d_backward_naive##S(T *dw, T *db, T *dx, const T *dy, const T *x,             \
                                      const T *w, int B, const dp_conv_geom *g);                \
-    /* x (planes, H, W) -> y, idx (planes, H / 2, W / 2). */                                  \
-    void dp_maxpool2_forward##S(T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H,       \
-                                int W);                                                        \
-    /* dx (planes, H, W) = dy put where idx says, 0 elsewhere (written). */                   \
-    void dp_maxpool2_backward##S(T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes,     \
-                                 int H, int W);
+    DP_CONV_VEC(DP_VEC_PROTO, T, S)
 
 /* Declared above for float and double (bodies: dp_conv_tmpl.h), that is:
  * dp_conv_image_forward_f32, dp_conv_image_forward_f64,

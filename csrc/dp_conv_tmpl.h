@@ -49,7 +49,7 @@ DP_INLINE void K(valid_cols)(int v, int pad, int W, int OW, int *j0, int *j1)
     if (*j1 < *j0) *j1 = *j0;
 }
 
-DP_CLONES void K(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g,
+void KV(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g,
                             int OH, int OW)
 {
     // x is (C, H, W), col is (C KH KW, OH OW) with row stride ldcol, for the output block
@@ -128,7 +128,7 @@ DP_INLINE void K(gather_row)(T *DP_RESTRICT d, const T *const *r, int rows, ptrd
     K(pstore)(d + e, last);
 }
 
-DP_CLONES void K(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
+void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
                             int OH, int OW)
 {
     // dcol is (C KH KW, OH OW) with row stride ldcol (the output block i < OH, j < OW), dx is
@@ -174,6 +174,7 @@ DP_CLONES void K(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv
 
 #undef COL2IM_ROWS
 
+#ifndef DP_VEC_PASS
 /* A 1x1 kernel without padding: the patch matrix is the image itself. */
 DP_INLINE int K(is_direct)(const dp_conv_geom *g) { return g->KH == 1 && g->KW == 1 && g->pad == 0; }
 
@@ -351,11 +352,13 @@ void K(dp_conv2d_backward_naive)(T *dw, T *db, T *dx, const T *dy, const T *x, c
                 }
 }
 
+#endif /* DP_VEC_PASS */
+
 /* b beats the best so far a: larger, or the first NaN (NumPy's argmax); 1 or 0 (scalar),
  * all ones or 0 (vector) */
 #define BEATS(b, a) (((b) > (a)) | (((b) != (b)) & ((a) == (a))))
 
-DP_CLONES void K(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H,
+void KV(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H,
                                       int W)
 {
     // x is (planes, H, W), y and idx are (planes, H / 2, W / 2)
@@ -425,7 +428,7 @@ DP_CLONES void K(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t 
 
 #undef BEATS
 
-DP_CLONES void K(dp_maxpool2_backward)(T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes,
+void KV(dp_maxpool2_backward)(T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes,
                                        int H, int W)
 {
     // dy and idx are (planes, H / 2, W / 2), dx is (planes, H, W), every element written
@@ -490,5 +493,9 @@ DP_CLONES void K(dp_maxpool2_backward)(T *dx, const T *dy, const uint8_t *idx, p
         if (H & 1) memset(dp + (ptrdiff_t)(H - 1) * W, 0, sizeof(T) * (size_t)W);
     }
 }
+
+#ifndef DP_VEC_PASS
+DP_CONV_VEC(DP_VEC_DEFINE, T, S)
+#endif
 
 #undef K

@@ -112,7 +112,8 @@ int dp_cpu_has_isa(const dp_cpu_features *f, int isa)
     case DP_ISA_GENERIC: return 1;
 #ifdef DP_CPU_X86
     case DP_ISA_AVX2: return f->avx2 && f->fma;
-    case DP_ISA_AVX512: return f->avx512f;
+    case DP_ISA_AVX512:
+        return f->avx2 && f->fma && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq;
 #endif
     default: return 0;
     }
@@ -123,6 +124,38 @@ int dp_cpu_widest_isa(const dp_cpu_features *f)
     for (int isa = DP_ISA_COUNT - 1; isa > DP_ISA_GENERIC; isa--)
         if (dp_cpu_has_isa(f, isa)) return isa;
     return DP_ISA_GENERIC;
+}
+
+/* -1 until the first dp_isa_active or dp_isa_select; atomics: any thread may ask first */
+static int isa_active = -1;
+
+int dp_isa_active(void)
+{
+    int isa = __atomic_load_n(&isa_active, __ATOMIC_RELAXED);
+    if (isa >= 0) return isa;
+    dp_cpu_features f;
+    dp_cpu_detect(&f);
+    int widest = dp_cpu_widest_isa(&f), unset = -1;
+    /* a concurrent dp_isa_select wins: it was asked for */
+    __atomic_compare_exchange_n(&isa_active, &unset, widest, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return __atomic_load_n(&isa_active, __ATOMIC_RELAXED);
+}
+
+int dp_isa_select(int isa)
+{
+    if (isa < 0 || isa >= DP_ISA_COUNT) return DP_EVALUE;
+    dp_cpu_features f;
+    dp_cpu_detect(&f);
+    if (!dp_cpu_has_isa(&f, isa)) return DP_ENOTSUP;
+    __atomic_store_n(&isa_active, isa, __ATOMIC_RELAXED);
+    return DP_OK;
+}
+
+int dp_isa_from_name(const char *name)
+{
+    for (int i = 0; i < DP_ISA_COUNT; i++)
+        if (strcmp(name, dp_isa_name(i)) == 0) return i;
+    return -1;
 }
 
 const char *dp_isa_name(int isa)

@@ -18,8 +18,14 @@
  * of our GEMM's fast path); DP_ISA_AVX512 is 512-bit vfmadd (target "avx512f"). No compiler
  * flag is needed: the wide loops carry target attributes and run only where detection says.
  *
- * Leaves out on purpose: caching the detection (it is a handful of CPUID instructions; no
- * file-scope state), frequency and power reporting (the VM gives no access), AMX, SVE and
+ * The ISA the kernels run: one process-wide choice (dp_isa_active), the widest the CPU has
+ * until dp_isa_select (DPTRAIN_ISA at import, _core.set_isa) changes it. The GEMM and the
+ * vector kernels read it on every call, so a change applies from the next call on; it is
+ * meant for start-up, tests and benchmarks, not for while other threads run kernels.
+ * DP_ISA_AVX512 asks for F, BW, VL and DQ (x86-64-v4: every AVX-512 core since Skylake-SP
+ * and Zen 4), since the kernels' 512-bit build is compiled for all four.
+ *
+ * Leaves out on purpose: caching the detection (it is a handful of CPUID instructions), frequency and power reporting (the VM gives no access), AMX, SVE and
  * multi-thread peaks (the caller runs one measurement per thread if it wants them).
  */
 #ifndef DP_CPU_H
@@ -61,6 +67,14 @@ int dp_isa_bits(int isa);
 /* One thread's FMA throughput of `isa` in GFLOP/s, timed for about `seconds` (0 < seconds,
  * finite). Returns DP_OK, DP_EVALUE (unknown isa, bad seconds) or DP_ENOTSUP (the CPU or the
  * build lacks the isa; *gflops is then untouched). */
+/* The ISA the kernels run now (the widest the CPU has until a dp_isa_select). */
+int dp_isa_active(void);
+/* Makes `isa` the kernels' ISA: DP_OK, DP_EVALUE (unknown isa) or DP_ENOTSUP (the CPU or the
+ * build lacks it; the active ISA is then unchanged). */
+int dp_isa_select(int isa);
+/* The DP_ISA_* of "generic", "avx2" or "avx512"; -1 for any other name. */
+int dp_isa_from_name(const char *name);
+
 int dp_fma_peak_f32(int isa, double seconds, double *gflops);
 int dp_fma_peak_f64(int isa, double seconds, double *gflops);
 

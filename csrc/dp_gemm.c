@@ -1,67 +1,106 @@
-/* dp_gemm.c - instantiates the GEMM for float and double, each built twice (AVX2+FMA and
- * generic), and picks the build once per process from what the CPU reports.
- * Leaves out on purpose: AVX-512 (on the Zen cores we measure on it has the same FMA
- * throughput as AVX2), complex types, and any BLAS fallback. */
+/* dp_gemm.c - instantiates the GEMM for float and double, each built for three ISAs
+ * (generic, AVX2+FMA, AVX-512), and runs the build of the ISA dp_isa_active() names
+ * (dp_cpu.h: the widest the CPU has, or what DPTRAIN_ISA / _core.set_isa chose).
+ * Leaves out on purpose: complex types and any BLAS fallback. */
 #include "dp_gemm.h"
+#include "dp_cpu.h"
 
 #include <string.h>
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define DP_HAVE_X86_FAST 1
-#include <stdlib.h>
-/* DPTRAIN_GEMM_ISA=generic forces the portable build (tests run both paths on one machine). */
-static int dp_cpu_fast(void)
-{
-    const char *force = getenv("DPTRAIN_GEMM_ISA");
-    if (force && strcmp(force, "generic") == 0) return 0;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 #endif
 
-/* ---- instantiations ---- */
-#define T float
-#define VL 8
+/* ---- instantiations ----
+ * generic: 32-byte GNU vectors, 6 x 2 tiles, no target (SSE2 pairs on x86-64, NEON on ARM);
+ * avx2:    the same shape under target("avx2,fma");
+ * avx512:  64-byte vectors, 12 x 2 tiles, under the x86-64-v4 target.
+ * DP_GEMM_EMULATE_WIDE (csrc/tests only) builds the generic slot with the avx512 slot's
+ * shape and no target, so that its packing, tiles and edges run on any CPU. */
 #define TGT
+#ifdef DP_GEMM_EMULATE_WIDE
+#define PERFECT_SHUFFLE 1
+#define ROWS 12
+#define VL32 16
+#define VL64 8
+#else
+#define ROWS 6
+#define VL32 8
+#define VL64 4
+#endif
+#define T float
+#define TI int32_t
+#define VL VL32
 #define SUF _f32_generic
 #include "dp_gemm_tmpl.h"
 #undef SUF
-#undef TGT
 #undef VL
+#undef TI
 #undef T
-
 #define T double
-#define VL 4
-#define TGT
+#define TI int64_t
+#define VL VL64
 #define SUF _f64_generic
 #include "dp_gemm_tmpl.h"
 #undef SUF
-#undef TGT
 #undef VL
+#undef TI
 #undef T
+#undef VL64
+#undef VL32
+#undef TGT
 
 #ifdef DP_HAVE_X86_FAST
-#define T float
-#define VL 8
 #define TGT __attribute__((target("avx2,fma")))
+#undef ROWS
+#undef PERFECT_SHUFFLE
+#define ROWS 6
+#define T float
+#define TI int32_t
+#define VL 8
 #define SUF _f32_avx2
 #include "dp_gemm_tmpl.h"
 #undef SUF
-#undef TGT
 #undef VL
+#undef TI
 #undef T
-
 #define T double
+#define TI int64_t
 #define VL 4
-#define TGT __attribute__((target("avx2,fma")))
 #define SUF _f64_avx2
 #include "dp_gemm_tmpl.h"
 #undef SUF
-#undef TGT
 #undef VL
+#undef TI
 #undef T
-#define ISA_FAST _avx2
+#undef TGT
+#undef ROWS
+
+#define TGT __attribute__((target(DP_TARGET_AVX512)))
+#define PERFECT_SHUFFLE 1
+#define ROWS 12
+#define T float
+#define TI int32_t
+#define VL 16
+#define SUF _f32_avx512
+#include "dp_gemm_tmpl.h"
+#undef SUF
+#undef VL
+#undef TI
+#undef T
+#define T double
+#define TI int64_t
+#define VL 8
+#define SUF _f64_avx512
+#include "dp_gemm_tmpl.h"
+#undef SUF
+#undef VL
+#undef TI
+#undef T
+#undef TGT
 #endif
-#define ISA_GENERIC _generic
+#undef ROWS
+#undef PERFECT_SHUFFLE
 
 /* Blocking (elements): an MC x KC block of A stays in L2, a KC x NC panel of B in L3. */
 #define KC_F32 320
@@ -97,9 +136,14 @@ static int dp_cpu_fast(void)
 
 const char *dp_gemm_isa(void)
 {
-#ifdef DP_HAVE_X86_FAST
-    if (dp_cpu_fast()) return "avx2+fma";
+#ifdef DP_GEMM_EMULATE_WIDE
+    if (dp_isa_active() == DP_ISA_GENERIC) return "generic (the avx512 shape, emulated)";
 #endif
+    switch (dp_isa_active()) {
+    case DP_ISA_AVX512: return "avx512";
+    case DP_ISA_AVX2: return "avx2+fma";
+    default: break;
+    }
 #if defined(__aarch64__)
     return "generic (NEON)";
 #else
@@ -109,8 +153,12 @@ const char *dp_gemm_isa(void)
 
 void dp_gemm_blocking(int dtype_bytes, int *mr, int *nr, int *kc, int *mc, int *nc)
 {
-    *mr = 6;
-    *nr = 2 * (32 / dtype_bytes);
+    int isa = dp_isa_active(), wide = isa == DP_ISA_AVX512;
+#ifdef DP_GEMM_EMULATE_WIDE
+    wide = wide || isa == DP_ISA_GENERIC;
+#endif
+    *mr = wide ? 12 : 6;
+    *nr = 2 * ((wide ? 64 : 32) / dtype_bytes);
     *kc = dtype_bytes == 4 ? KC_F32 : KC_F64;
     *mc = dtype_bytes == 4 ? MC_F32 : MC_F64;
     *nc = dtype_bytes == 4 ? NC_F32 : NC_F64;

@@ -1,6 +1,7 @@
 /* dp_gemm_drv.h - the blocked GEMM driver for one dtype (BLIS's three outer loops plus
  * threading). Included by dp_gemm.c with T, DSUF (_f32/_f64), KC, MC, NC and the names of
- * the two ISA builds of the packing routines and macro-kernel (ISA_FAST, ISA_GENERIC).
+ * the ISA builds of the packing routines and macro-kernel (suffixes _generic, _avx2 and,
+ * with DP_HAVE_X86_FAST, _avx512); the build and its MR x NR come from dp_isa_active().
  *
  * Loop order: jc over NC-column panels of B, pc over KC-deep slices (B panel packed once,
  * lives in L3/L2), ic over MC-row blocks of A (packed, lives in L2), then the macro-kernel.
@@ -11,28 +12,38 @@
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #define D(name) CAT(name, DSUF)
-#define FAST(name) CAT(CAT(name, DSUF), ISA_FAST)
-#define GEN(name) CAT(CAT(name, DSUF), ISA_GENERIC)
-
-#define MR 6
-#define NR (2 * (32 / (int)sizeof(T)))
+#define ISA(name, isa) CAT(CAT(name, DSUF), isa)
+#define IMPL(isa, mr, nr) {ISA(pack_a, isa), ISA(pack_b, isa), ISA(macrokernel, isa), mr, nr}
+/* the chosen build's micro-tile, inside functions that have a job */
+#define MR (job->impl.mr)
+#define NR (job->impl.nr)
 
 typedef struct {
     void (*pack_a)(T *, const T *, ptrdiff_t, ptrdiff_t, int, int);
     void (*pack_b)(T *, const T *, ptrdiff_t, ptrdiff_t, int, int);
     void (*macro)(T *, ptrdiff_t, const T *, ptrdiff_t, ptrdiff_t, ptrdiff_t, const T *,
                   ptrdiff_t, ptrdiff_t, const T *, int, int, int, T, T);
+    int mr, nr;      /* the build's micro-tile */
 } D(gemm_impl);
 
 static D(gemm_impl) D(pick_impl)(void)
 {
-#ifdef ISA_FAST
-    if (dp_cpu_fast()) {
-        D(gemm_impl) f = {FAST(pack_a), FAST(pack_b), FAST(macrokernel)};
+    int mr, nr, kc, mc, nc;
+    dp_gemm_blocking((int)sizeof(T), &mr, &nr, &kc, &mc, &nc);
+#ifdef DP_HAVE_X86_FAST
+    switch (dp_isa_active()) {
+    case DP_ISA_AVX512: {
+        D(gemm_impl) w = IMPL(_avx512, mr, nr);
+        return w;
+    }
+    case DP_ISA_AVX2: {
+        D(gemm_impl) f = IMPL(_avx2, mr, nr);
         return f;
     }
+    default: break;
+    }
 #endif
-    D(gemm_impl) g = {GEN(pack_a), GEN(pack_b), GEN(macrokernel)};
+    D(gemm_impl) g = IMPL(_generic, mr, nr);
     return g;
 }
 
@@ -147,11 +158,12 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
     }
     D(gemm_job) job = {ctx, D(pick_impl)(), C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta,
                        1, D(balanced)(K, KC, 1)};
-    /* How many threads: no more than there are 6x16-ish tiles' worth of work per thread. */
+    /* How many threads: at least 200 kflop of work per thread. */
+    const int mr = job.impl.mr, nr = job.impl.nr;
     int threads = ctx->threads;
     long long flops = 2LL * M * N * K;
     if (flops < 200000LL * threads) threads = (int)(flops / 200000LL) > 1 ? (int)(flops / 200000LL) : 1;
-    int nblocks = (N + NR - 1) / NR, mblocks = (M + MR - 1) / MR;
+    int nblocks = (N + nr - 1) / nr, mblocks = (M + mr - 1) / mr;
     job.split_n = nblocks >= threads || nblocks >= mblocks;
     int units = job.split_n ? nblocks : mblocks;
     if (threads > units) threads = units;
@@ -159,10 +171,10 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
     /* Scratch is sized in the caller so that no thread can fail. */
     for (int t = 0; t < threads; t++) {
         int m0 = 0, m1 = M, n0 = 0, n1 = N;
-        if (job.split_n) D(part)(N, NR, t, threads, &n0, &n1);
-        else D(part)(M, MR, t, threads, &m0, &m1);
-        int mcb = D(balanced)(m1 - m0 > 0 ? m1 - m0 : 1, MC, MR);
-        int ncb = D(round_up)((n1 - n0) < NC ? (n1 - n0 > 0 ? n1 - n0 : 1) : NC, NR);
+        if (job.split_n) D(part)(N, nr, t, threads, &n0, &n1);
+        else D(part)(M, mr, t, threads, &m0, &m1);
+        int mcb = D(balanced)(m1 - m0 > 0 ? m1 - m0 : 1, MC, mr);
+        int ncb = D(round_up)((n1 - n0) < NC ? (n1 - n0 > 0 ? n1 - n0 : 1) : NC, nr);
         if (!dp_scratch_get(&ctx->pack[2 * t], sizeof(T) * (size_t)mcb * job.kc) ||
             !dp_scratch_get(&ctx->pack[2 * t + 1], sizeof(T) * (size_t)ncb * job.kc)) {
             if (own) dp_ctx_free(&local);
@@ -197,5 +209,5 @@ void D(dp_gemm_naive)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t 
 #undef MR
 #undef NR
 #undef D
-#undef FAST
-#undef GEN
+#undef ISA
+#undef IMPL

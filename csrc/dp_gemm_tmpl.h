@@ -1,13 +1,18 @@
 /* dp_gemm_tmpl.h - packing routines and the MR x NR micro-kernel, for one dtype and one ISA.
  * Included by dp_gemm.c once per (dtype, ISA) with these macros defined:
- *   T     element type (float or double)
- *   VL    elements in a 32-byte vector (8 or 4)
- *   SUF   name suffix, e.g. _f32_avx2
- *   TGT   function attribute selecting the ISA (empty for the generic build)
+ *   T      element type (float or double)
+ *   TI     the signed integer type of T's width (int32_t, int64_t): shuffle masks
+ *   VL     elements in one vector (32-byte vectors: 8 or 4; 64-byte: 16 or 8)
+ *   ROWS   MR, the micro-tile's rows
+ *   SUF    name suffix, e.g. _f32_avx2
+ *   TGT    function attribute selecting the ISA (empty for the generic build)
  * The micro-kernel is written with GNU vector extensions: under TGT = target("avx2,fma") they
- * become ymm registers and vfmadd; in the generic build they become SSE2 pairs on x86-64 or
- * NEON pairs on AArch64. MR = 6 rows and NR = 2 vectors give 12 accumulators + 2 B vectors +
- * 1 broadcast = 15 of the 16 ymm registers (the BLIS Haswell shape).
+ * become ymm registers and vfmadd; under the AVX-512 target zmm registers; in the generic
+ * build SSE2 pairs on x86-64 or NEON pairs on AArch64. The tile is MR rows x NR = 2 vectors:
+ *   32-byte vectors, MR = 6: 12 accumulators + 2 B vectors + 1 broadcast = 15 of the 16 ymm
+ *     registers (the BLIS Haswell shape);
+ *   64-byte vectors, MR = 12: 24 accumulators + 2 B vectors + 1 broadcast = 27 of the 32
+ *     zmm registers (the broadcast may also be an embedded {1toN} memory operand).
  *
  * Assumptions: panels are packed by the routines below (zero-padded to MR/NR, aligned to
  * DP_ALIGN); C is row-major with unit column stride; kc >= 1.
@@ -17,7 +22,7 @@
 #define CAT(a, b) CAT_(a, b)
 #define F(name) CAT(name, SUF)
 
-#define MR 6
+#define MR ROWS
 #define NR (2 * VL)
 
 typedef T F(vec_t) __attribute__((vector_size(VL * sizeof(T))));
@@ -31,13 +36,34 @@ DP_INLINE F(vec_t) F(vload)(const T *p)
 
 DP_INLINE void F(vstore)(T *p, F(vec_t) v) { __builtin_memcpy(p, &v, sizeof v); }
 
-/* r[q][i] -> r[i][q]: the VL x VL transpose of AVX's unpack / shuffle / 128-bit-permute
- * network (3 stages of 8 shuffles for float, 2 of 4 for double). */
+/* r[q][i] -> r[i][q]. 32-byte vectors (no PERFECT_SHUFFLE): AVX's unpack / shuffle /
+ * 128-bit-permute network (3 stages of 8 shuffles for float, 2 of 4 for double), each
+ * shuffle one in-lane instruction. PERFECT_SHUFFLE (the 64-byte builds, where a two-source
+ * permute across the whole register is one instruction): log2(VL) stages that each
+ * interleave row i with row i + VL/2; a stage rotates the bits of (row, column) by one, so
+ * log2(VL) stages swap them. */
 DP_INLINE void F(transpose)(F(vec_t) *r)
 {
     typedef F(vec_t) V;
-#if VL == 8
-    typedef int32_t M __attribute__((vector_size(VL * sizeof(T))));
+    typedef TI M __attribute__((vector_size(VL * sizeof(T))));
+#if defined(PERFECT_SHUFFLE) && VL == 16
+    const M lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+    const M hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    enum { STAGES = 4 };
+#elif defined(PERFECT_SHUFFLE) && VL == 8
+    const M lo = {0, 8, 1, 9, 2, 10, 3, 11}, hi = {4, 12, 5, 13, 6, 14, 7, 15};
+    enum { STAGES = 3 };
+#endif
+#ifdef PERFECT_SHUFFLE
+    for (int s = 0; s < STAGES; s++) {
+        V t[VL];
+        for (int i = 0; i < VL / 2; i++) {
+            t[2 * i] = __builtin_shuffle(r[i], r[i + VL / 2], lo);
+            t[2 * i + 1] = __builtin_shuffle(r[i], r[i + VL / 2], hi);
+        }
+        for (int i = 0; i < VL; i++) r[i] = t[i];
+    }
+#elif VL == 8
     const M lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
     const M s44 = {0, 1, 8, 9, 4, 5, 12, 13}, see = {2, 3, 10, 11, 6, 7, 14, 15};
     const M p20 = {0, 1, 2, 3, 8, 9, 10, 11}, p31 = {4, 5, 6, 7, 12, 13, 14, 15};
@@ -54,14 +80,13 @@ DP_INLINE void F(transpose)(F(vec_t) *r)
     r[4] = __builtin_shuffle(s0, s4, p31), r[5] = __builtin_shuffle(s1, s5, p31);
     r[6] = __builtin_shuffle(s2, s6, p31), r[7] = __builtin_shuffle(s3, s7, p31);
 #elif VL == 4
-    typedef int64_t M __attribute__((vector_size(VL * sizeof(T))));
     const M lo = {0, 4, 2, 6}, hi = {1, 5, 3, 7}, p20 = {0, 1, 4, 5}, p31 = {2, 3, 6, 7};
     V t0 = __builtin_shuffle(r[0], r[1], lo), t1 = __builtin_shuffle(r[0], r[1], hi);
     V t2 = __builtin_shuffle(r[2], r[3], lo), t3 = __builtin_shuffle(r[2], r[3], hi);
     r[0] = __builtin_shuffle(t0, t2, p20), r[1] = __builtin_shuffle(t1, t3, p20);
     r[2] = __builtin_shuffle(t0, t2, p31), r[3] = __builtin_shuffle(t1, t3, p31);
 #else
-#error "transpose: VL must be 4 or 8"
+#error "transpose: VL must be 4 or 8, or 8 or 16 with PERFECT_SHUFFLE"
 #endif
 }
 
@@ -95,11 +120,8 @@ TGT static void F(pack_a)(T *DP_RESTRICT Ap, const T *DP_RESTRICT A, ptrdiff_t r
                     for (int g = 0; g < G; g++) F(vstore)(Ap + (ptrdiff_t)q * MR + g * VL, r[g][q]);
                 Ap += (ptrdiff_t)MR * VL;
             }
-            const T *r0 = a, *r1 = a + rsa, *r2 = a + 2 * rsa, *r3 = a + 3 * rsa,
-                    *r4 = a + 4 * rsa, *r5 = a + 5 * rsa;
             for (; k < kc; k++) {
-                Ap[0] = r0[k]; Ap[1] = r1[k]; Ap[2] = r2[k];
-                Ap[3] = r3[k]; Ap[4] = r4[k]; Ap[5] = r5[k];
+                for (int i = 0; i < MR; i++) Ap[i] = a[(ptrdiff_t)i * rsa + k];
                 Ap += MR;
             }
         } else if (mr == MR && rsa == 1) {
@@ -198,27 +220,39 @@ DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[MR][2
 
 /* The micro-kernel body: kc rank-1 updates of the MR x NR tile, k innermost, then the store.
  * A_AT(i) reads A's row i at the current k, A_NEXT advances k, and B's rows are BKS apart.
- * It is instantiated twice below, for packed panels (every stride a constant) and for
+ * Every accumulator is a named variable (an array of them, or of row pointers, is kept in
+ * memory by GCC in the strided kernel: 100 stack accesses in its k loop, against none this
+ * way). It is instantiated twice below, for packed panels (every stride a constant) and for
  * operands read in place (strides from the caller), so the packed path keeps its tight loop. */
+#define ACC_DECL(i) V c##i##_0 = {0}, c##i##_1 = {0};
+#define ACC_ROW(i)                                                                 \
+    {                                                                              \
+        T ai = A_AT(i);                                                            \
+        c##i##_0 += b0 * ai;                                                       \
+        c##i##_1 += b1 * ai;                                                       \
+    }
+#define ACC_TILE(i) {c##i##_0, c##i##_1}
+#if ROWS == 6
+#define ROWS_DO(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5)
+#elif ROWS == 12
+#define ROWS_DO(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5) SEP X(6) SEP \
+    X(7) SEP X(8) SEP X(9) SEP X(10) SEP X(11)
+#else
+#error "ROWS must be 6 or 12"
+#endif
+#define NOSEP
+#define COMMA ,
 #define UKERNEL_BODY(A_AT, A_NEXT, BKS)                                            \
     typedef F(vec_t) V;                                                            \
-    V c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};            \
-    V c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};            \
+    ROWS_DO(ACC_DECL, NOSEP)                                                       \
     _Pragma("GCC unroll 4")                                                        \
     for (int k = 0; k < kc; k++) {                                                 \
         V b0 = F(vload)(b), b1 = F(vload)(b + VL);                                 \
-        T a0 = A_AT(0), a1 = A_AT(1), a2 = A_AT(2);                                \
-        c00 += b0 * a0; c01 += b1 * a0;                                            \
-        c10 += b0 * a1; c11 += b1 * a1;                                            \
-        c20 += b0 * a2; c21 += b1 * a2;                                            \
-        T a3 = A_AT(3), a4 = A_AT(4), a5 = A_AT(5);                                \
-        c30 += b0 * a3; c31 += b1 * a3;                                            \
-        c40 += b0 * a4; c41 += b1 * a4;                                            \
-        c50 += b0 * a5; c51 += b1 * a5;                                            \
+        ROWS_DO(ACC_ROW, NOSEP)                                                    \
         A_NEXT;                                                                    \
         b += (BKS);                                                                \
     }                                                                              \
-    V acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}}; \
+    V acc[MR][2] = {ROWS_DO(ACC_TILE, COMMA)};                                     \
     F(store_tile)(C, ldc, acc, mr, nr, alpha, beta);
 
 /* C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C for packed micro-panels: Ap is MR x kc stored
@@ -240,7 +274,9 @@ TGT static void F(ukernel_strided)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *a, 
 {
     const T *p[MR];
     for (int i = 0; i < MR; i++) p[i] = a + (ptrdiff_t)(i < mr ? i : mr - 1) * ars;
-    const T *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3], *p4 = p[4], *p5 = p[5];
+#define PTR_DECL(i) const T *p##i = p[i];
+    ROWS_DO(PTR_DECL, NOSEP)
+#undef PTR_DECL
     ptrdiff_t off = 0;
 #define A_AT(i) p##i[off]
     UKERNEL_BODY(A_AT, off += acs, bks)
@@ -248,6 +284,12 @@ TGT static void F(ukernel_strided)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *a, 
 }
 
 #undef UKERNEL_BODY
+#undef ACC_DECL
+#undef ACC_ROW
+#undef ACC_TILE
+#undef ROWS_DO
+#undef NOSEP
+#undef COMMA
 
 /* The two loops around the micro-kernel (BLIS's macro-kernel) over an mc x kc block of A and
  * a kc x nc panel of B, either of which may be packed or read in place:

@@ -15,33 +15,37 @@
 #define DP_LOSS_H
 
 #include "dp_common.h"
+#include "dp_vec.h"
 
 /* The losses a model is trained with (dp_model.h says what each takes and counts). */
 typedef enum { DP_LOSS_SOFTMAX_XENT = 0, DP_LOSS_SIGMOID_BCE = 1, DP_LOSS_MSE = 2 } dp_loss;
 
-/* sum_i logsumexp(z_i) - z_i[y_i]; dlogits = (softmax(z) - onehot(y)) * grad_scale.
- * dlogits may be logits (in place). */
-int dp_softmax_xent_f32(float *dlogits, double *loss_sum, const float *logits,
-                        const int64_t *labels, int B, int C, float grad_scale);
-int dp_softmax_xent_f64(double *dlogits, double *loss_sum, const double *logits,
-                        const int64_t *labels, int B, int C, double grad_scale);
+/* The vector kernels (dp_vec.h: a build per ISA and the public function that picks one):
+ * - softmax_xent: sum_i logsumexp(z_i) - z_i[y_i]; dlogits = (softmax(z) - onehot(y)) *
+ *   grad_scale; dlogits may be logits (in place);
+ * - sigmoid_bce: sum_i softplus(z_i) - y_i z_i (without overflow); dlogits = (sigmoid(z) - y) *
+ *   grad_scale;
+ * - logistic_grad: logistic regression's forward, loss and backward fused in one pass over
+ *   x (B, IN): z = x w + b with w (1, IN), b (1,); the sigmoid_bce loss sum and the count of
+ *   (z > 0) == label; dw (IN,) and db (1,) ACCUMULATE the gradient of grad_scale * the loss
+ *   sum. The dense path (dp_dense_forward, dp_sigmoid_bce, dp_dense_backward) computes the
+ *   same. */
+#define DP_LOSS_VEC(X, T, S)                                                                   \
+    X(int, dp_softmax_xent, S, (T *dlogits, double *loss_sum, const T *logits,                 \
+                                const int64_t *labels, int B, int C, T grad_scale),            \
+      (dlogits, loss_sum, logits, labels, B, C, grad_scale))                                   \
+    X(int, dp_sigmoid_bce, S, (T *dlogits, double *loss_sum, const T *logits,                  \
+                               const int64_t *labels, int B, T grad_scale),                    \
+      (dlogits, loss_sum, logits, labels, B, grad_scale))                                      \
+    X(int, dp_logistic_grad, S, (T *dw, T *db, double *loss_sum, int64_t *correct, const T *x, \
+                                 const T *w, const T *b, const int64_t *labels, int B, int IN, \
+                                 T grad_scale),                                                \
+      (dw, db, loss_sum, correct, x, w, b, labels, B, IN, grad_scale))
 
-/* sum_i softplus(z_i) - y_i z_i (without overflow); dlogits = (sigmoid(z) - y) * grad_scale */
-int dp_sigmoid_bce_f32(float *dlogits, double *loss_sum, const float *logits,
-                       const int64_t *labels, int B, float grad_scale);
-int dp_sigmoid_bce_f64(double *dlogits, double *loss_sum, const double *logits,
-                       const int64_t *labels, int B, double grad_scale);
-
-/* Logistic regression's forward, loss and backward fused in one pass over x (B, IN):
- * z = x w + b with w (1, IN), b (1,); the sigmoid_bce loss sum and the count of (z > 0) ==
- * label; dw (IN,) and db (1,) ACCUMULATE the gradient of grad_scale * the loss sum. The
- * dense path (dp_dense_forward, dp_sigmoid_bce, dp_dense_backward) computes the same. */
-int dp_logistic_grad_f32(float *dw, float *db, double *loss_sum, int64_t *correct,
-                         const float *x, const float *w, const float *b, const int64_t *labels,
-                         int B, int IN, float grad_scale);
-int dp_logistic_grad_f64(double *dw, double *db, double *loss_sum, int64_t *correct,
-                         const double *x, const double *w, const double *b,
-                         const int64_t *labels, int B, int IN, double grad_scale);
+/* The concrete symbols, for grep: dp_softmax_xent_f32 dp_softmax_xent_f64 dp_sigmoid_bce_f32
+ * dp_sigmoid_bce_f64 dp_logistic_grad_f32 dp_logistic_grad_f64. */
+DP_LOSS_VEC(DP_VEC_PROTO, float, _f32)
+DP_LOSS_VEC(DP_VEC_PROTO, double, _f64)
 
 /* out[i] = argmax of row i of x (B, C): the first maximum, a NaN counting as the maximum
  * (NumPy's rule) */

@@ -5,7 +5,7 @@
 #define CAT(a, b) CAT_(a, b)
 #define K(name) CAT(name, S)
 
-DP_CLONES int K(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
+int KV(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
                        int B, int C, T grad_scale)
 {
     // logits is (B, C); loss_i = logsumexp(z_i) - z_i[y_i], computed as
@@ -74,7 +74,7 @@ static int K(check_binary_labels)(const int64_t *labels, int B)
     return bad ? DP_ELABEL : DP_OK;
 }
 
-DP_CLONES int K(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
+int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
                       int B, T grad_scale)
 {
     // logits is (B,), labels in {0, 1}: loss_i = softplus(z_i) - y_i z_i, dz = sigmoid(z) - y
@@ -163,7 +163,7 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
     }
 }
 
-DP_CLONES int K(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x,
+int KV(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x,
                                   const T *w, const T *b, const int64_t *labels, int B, int IN,
                                   T grad_scale)
 {
@@ -190,6 +190,9 @@ DP_CLONES int K(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *corre
     *correct = right;
     return DP_OK;
 }
+
+#ifndef DP_VEC_PASS
+DP_LOSS_VEC(DP_VEC_DEFINE, T, S)
 
 /* Index of the row's maximum as NumPy's argmax picks it: the first maximum, and a NaN
  * counts as larger than any number (the first NaN wins). */
@@ -224,4 +227,6 @@ int K(dp_count_correct)(int64_t *correct, const T *logits, const int64_t *labels
 }
 
 #undef KVL
+#endif /* DP_VEC_PASS */
+
 #undef K

@@ -10,6 +10,7 @@
 #include "dp_act.h"
 #include "dp_dense.h"
 #include "dp_loss.h"
+#include "dp_buffers.h"
 
 /* Activations per evaluate chunk (counted as doubles, so both dtypes chunk alike). */
 #define EVAL_BYTES ((size_t)16 << 20)

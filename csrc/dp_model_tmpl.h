@@ -93,51 +93,14 @@ static void K(act_backward)(dp_act act, T *dx, const T *dy, const T *y, const T 
     }
 }
 
-/* y (OC, n) = act(y + b[o] in row o). ReLU fused into the bias pass (a NaN stays NaN: v <= 0
- * is false for it); the others after it, in place. */
-DP_CLONES static void K(bias_relu)(T *y, const T *b, int OC, int n)
-{
-    for (int o = 0; o < OC; o++) {
-        T *DP_RESTRICT r = y + (ptrdiff_t)o * n, bo = b[o];
-        for (int q = 0; q < n; q++) {
-            T v = r[q] + bo;
-            r[q] = v <= 0 ? (T)0 : v;
-        }
-    }
-}
-
-DP_CLONES static void K(bias_add)(T *y, const T *b, int OC, int n)
-{
-    for (int o = 0; o < OC; o++) {
-        T *DP_RESTRICT r = y + (ptrdiff_t)o * n, bo = b[o];
-        for (int q = 0; q < n; q++) r[q] += bo;
-    }
-}
-
 static void K(bias_act)(T *y, const T *b, int OC, int n, dp_act act)
 {
     if (act == DP_ACT_RELU) {
-        K(bias_relu)(y, b, OC, n);
+        K(dp_bias_relu)(y, b, OC, n);
         return;
     }
-    K(bias_add)(y, b, OC, n);
+    K(dp_bias_add)(y, b, OC, n);
     if (act != DP_ACT_NONE) K(act_forward)(act, y, y, (ptrdiff_t)OC * n);
-}
-
-/* db[o] += sum of row o of d (OC, n), in 8 interleaved partial sums (independent chains that
- * vectorize without reassociating the sum) */
-DP_CLONES static void K(add_row_sums)(T *db, const T *d, int OC, int n)
-{
-    for (int o = 0; o < OC; o++) {
-        const T *r = d + (ptrdiff_t)o * n;
-        T a[8] = {0};
-        int q = 0;
-        for (; q + 8 <= n; q += 8)
-            for (int k = 0; k < 8; k++) a[k] += r[q + k];
-        T s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-        for (; q < n; q++) s += r[q];
-        db[o] += s;
-    }
 }
 
 DP_INLINE void K(row_range)(int rows, int t, int n, int *lo, int *hi)
@@ -206,7 +169,7 @@ static void K(conv_backward_task)(void *arg, int t, int n)
     for (int i = lo; i < hi; i++) {
         T *d = job->d + (ptrdiff_t)i * wout;
         K(act_backward)(st->act, d, d, job->out + (ptrdiff_t)i * wout, NULL, wout);
-        K(add_row_sums)(db, d, g->OC, npos);
+        K(dp_add_row_sums)(db, d, g->OC, npos);
         if (st->pool) K(dp_maxpool2_backward)(dconv, d, job->code + (ptrdiff_t)i * wout, g->OC, CH, CW);
         int rc = K(dp_conv_image_backward)(&th->ctx, col, dwt,
                                            job->dnext ? job->dnext + (ptrdiff_t)i * win : NULL,

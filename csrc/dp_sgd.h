@@ -13,15 +13,19 @@
 #define DP_SGD_H
 
 #include "dp_common.h"
+#include "dp_vec.h"
 
 /* p, v, g (P,): d = g + weight_decay p; with momentum v = d on the first step, else
  * v = momentum v + (1 - dampening) d, then d = d + momentum v (nesterov) or v; p -= lr d.
  * v == NULL: plain SGD, no momentum buffer (the caller's momentum is 0); given, v is kept
  * even if momentum rounds to 0 in T. weight_decay == 0 adds no term (an infinite p stays). */
-void dp_sgd_step_f32(float *p, float *v, const float *g, ptrdiff_t n, float lr, float momentum,
-                     float dampening, float weight_decay, int nesterov, int first_step);
-void dp_sgd_step_f64(double *p, double *v, const double *g, ptrdiff_t n, double lr,
-                     double momentum, double dampening, double weight_decay, int nesterov,
-                     int first_step);
+#define DP_SGD_VEC(X, T, S)                                                                    \
+    X(void, dp_sgd_step, S, (T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum,           \
+                             T dampening, T weight_decay, int nesterov, int first_step),       \
+      (p, v, g, n, lr, momentum, dampening, weight_decay, nesterov, first_step))
+
+/* The concrete symbols, for grep: dp_sgd_step_f32 dp_sgd_step_f64 (vector kernels: dp_vec.h). */
+DP_SGD_VEC(DP_VEC_PROTO, float, _f32)
+DP_SGD_VEC(DP_VEC_PROTO, double, _f64)
 
 #endif

@@ -5,7 +5,7 @@
 #define CAT(a, b) CAT_(a, b)
 #define K(name) CAT(name, S)
 
-DP_CLONES void K(dp_sgd_step)(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum, T dampening,
+void KV(dp_sgd_step)(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum, T dampening,
                     T weight_decay, int nesterov, int first_step)
 {
     // p, v, g are (P,). torch.optim.SGD: d = g + wd p; v = momentum v + (1 - dampening) d
@@ -41,5 +41,9 @@ DP_CLONES void K(dp_sgd_step)(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momen
     }
 #undef DECAYED
 }
+
+#ifndef DP_VEC_PASS
+DP_SGD_VEC(DP_VEC_DEFINE, T, S)
+#endif
 
 #undef K

@@ -23,6 +23,7 @@
 #define DP_SYNC_H
 
 #include "dp_common.h"
+#include "dp_vec.h"
 
 #define DP_EABORT (-10)    /* another worker aborted the group */
 #define DP_ETIMEOUT (-11)  /* the wait exceeded its timeout (the group is then aborted) */
@@ -80,10 +81,6 @@ uint32_t dp_barrier_abort_code(const dp_barrier *b);
 void dp_slice(ptrdiff_t start, ptrdiff_t stop, int rank, int n, int elem_bytes, ptrdiff_t *lo,
               ptrdiff_t *hi);
 
-/* bufs[0..k)[lo:hi] = scale * (bufs[0] + ... + bufs[k-1])[lo:hi], summed in index order. */
-void dp_allreduce_slice_f32(float *const *bufs, int k, ptrdiff_t lo, ptrdiff_t hi, float scale);
-void dp_allreduce_slice_f64(double *const *bufs, int k, ptrdiff_t lo, ptrdiff_t hi, double scale);
-
 /* The point-to-point all-reduce algorithms over shared memory, for comparing algorithms on one
  * machine (the same schedules as dptrain.collectives runs over MPI messages). A "message" from
  * worker q is worker q's buffer itself: the receiver reads it in place after a barrier, so a
@@ -99,17 +96,27 @@ void dp_allreduce_slice_f64(double *const *bufs, int k, ptrdiff_t lo, ptrdiff_t 
  *   x + y on one side, y + x on the other: identical bits); a world that is not a power of
  *   two first folds its extra workers into the others and copies the result back to them.
  *   tmp is this worker's scratch of stop - start elements (tree only; ring may pass NULL).
- * Returns 0, or DP_EABORT / DP_ETIMEOUT from a barrier (abort code in *code). */
-int dp_ring_allreduce_f32(float *const *bufs, int n, int rank, ptrdiff_t start, ptrdiff_t stop,
-                          float scale, dp_barrier *b, const dp_wait_policy *policy, uint32_t *code);
-int dp_ring_allreduce_f64(double *const *bufs, int n, int rank, ptrdiff_t start, ptrdiff_t stop,
-                          double scale, dp_barrier *b, const dp_wait_policy *policy, uint32_t *code);
-int dp_tree_allreduce_f32(float *const *bufs, float *tmp, int n, int rank, ptrdiff_t start,
-                          ptrdiff_t stop, float scale, dp_barrier *b, const dp_wait_policy *policy,
-                          uint32_t *code);
-int dp_tree_allreduce_f64(double *const *bufs, double *tmp, int n, int rank, ptrdiff_t start,
-                          ptrdiff_t stop, double scale, dp_barrier *b, const dp_wait_policy *policy,
-                          uint32_t *code);
+ * Returns 0, or DP_EABORT / DP_ETIMEOUT from a barrier (abort code in *code).
+ *
+ * dp_allreduce_slice: bufs[0..k)[lo:hi] = scale * (bufs[0] + ... + bufs[k-1])[lo:hi], summed in
+ * index order. */
+#define DP_SYNC_VEC(X, T, S)                                                                   \
+    X(void, dp_allreduce_slice, S, (T *const *bufs, int k, ptrdiff_t lo, ptrdiff_t hi, T scale), \
+      (bufs, k, lo, hi, scale))                                                                \
+    X(int, dp_ring_allreduce, S, (T *const *bufs, int n, int rank, ptrdiff_t start,            \
+                                  ptrdiff_t stop, T scale, dp_barrier *b,                      \
+                                  const dp_wait_policy *policy, uint32_t *code),               \
+      (bufs, n, rank, start, stop, scale, b, policy, code))                                    \
+    X(int, dp_tree_allreduce, S, (T *const *bufs, T *tmp, int n, int rank, ptrdiff_t start,    \
+                                  ptrdiff_t stop, T scale, dp_barrier *b,                      \
+                                  const dp_wait_policy *policy, uint32_t *code),               \
+      (bufs, tmp, n, rank, start, stop, scale, b, policy, code))
+
+/* The concrete symbols, for grep: dp_allreduce_slice_f32 dp_allreduce_slice_f64
+ * dp_ring_allreduce_f32 dp_ring_allreduce_f64 dp_tree_allreduce_f32 dp_tree_allreduce_f64.
+ * Vector kernels (dp_vec.h); their bodies are in dp_buffers_tmpl.h. */
+DP_SYNC_VEC(DP_VEC_PROTO, float, _f32)
+DP_SYNC_VEC(DP_VEC_PROTO, double, _f64)
 
 /* ---------------------------------------------------------------- one worker's group handle */
 

@@ -150,9 +150,12 @@ int get_ctx(PyObject *module, PyObject *obj, ContextObject **out);
 /* ------------------------------------------------------------------ the pieces of the module */
 
 /* Module-level functions, added by module.c's exec slot (PyModule_AddFunctions). */
-extern PyMethodDef mod_kernels_functions[];     /* mod_kernels.c */
+extern PyMethodDef mod_kernels_functions[];
 extern PyMethodDef mod_network_functions[];     /* mod_network.c: param_count, model_plan */
 extern PyMethodDef mod_group_functions[];       /* mod_group.c: the control-block functions */
+/* DPTRAIN_ISA, read once at import: selects the kernels' ISA; -1 with ValueError when it names
+ * no ISA or one the CPU lacks (the import fails with that message). */
+int mod_isa_from_env(void);     /* mod_kernels.c */
 
 /* Type specs, built by module.c's exec slot (PyType_FromModuleAndSpec) into core_state. */
 extern PyType_Spec mod_context_spec;            /* mod_context.c */

@@ -650,12 +650,63 @@ static PyObject *isa_unavailable(int isa, const dp_cpu_features *f)
         if (dp_cpu_has_isa(f, i))
             snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", *have ? ", " : "",
                      dp_isa_name(i));
-    const char *needs = isa == DP_ISA_AVX512 ? "avx512f with the OS saving the ZMM state"
-                                             : "avx2 and fma with the OS saving the YMM state";
+    const char *needs = isa == DP_ISA_AVX512
+                            ? "avx512f, avx512bw, avx512vl and avx512dq with the OS saving the ZMM state"
+                            : "avx2 and fma with the OS saving the YMM state";
     return PyErr_Format(PyExc_ValueError,
                         "isa '%s' is not available on this CPU (%s, %s): it needs %s "
                         "(available here: %s)", dp_isa_name(isa), *f->vendor ? f->vendor : "unknown vendor",
                         *f->brand ? f->brand : "unknown model", needs, have);
+}
+
+/* The DP_ISA_* that `name` ("widest" or an ISA name) asks for; -1 with ValueError (`what`
+ * names the argument) for an unknown name or an ISA the CPU lacks. */
+static int isa_from_arg(const char *name, const char *what)
+{
+    dp_cpu_features f;
+    dp_cpu_detect(&f);
+    int isa = strcmp(name, "widest") == 0 ? dp_cpu_widest_isa(&f) : dp_isa_from_name(name);
+    if (isa < 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be 'widest', 'avx512', 'avx2' or 'generic', got '%s'",
+                     what, name);
+        return -1;
+    }
+    if (!dp_cpu_has_isa(&f, isa)) {
+        isa_unavailable(isa, &f);
+        if (strcmp(what, "isa") == 0) return -1;
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_Format(PyExc_ValueError, "%s: %S", what, value);
+        Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+        return -1;
+    }
+    return isa;
+}
+
+static PyObject *py_isa(PyObject *module, PyObject *unused)
+{
+    return PyUnicode_FromString(dp_isa_name(dp_isa_active()));
+}
+
+static PyObject *py_set_isa(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"isa", NULL};
+    const char *name;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s:set_isa", kwlist, &name)) return NULL;
+    int isa = isa_from_arg(name, "isa");
+    if (isa < 0) return NULL;
+    const char *previous = dp_isa_name(dp_isa_active());
+    if (dp_isa_select(isa) != DP_OK) return raise_code(DP_ENOTSUP, "set_isa");
+    return PyUnicode_FromString(previous);
+}
+
+int mod_isa_from_env(void)
+{
+    const char *name = getenv("DPTRAIN_ISA");
+    if (!name || !*name) return 0;
+    int isa = isa_from_arg(name, "environment variable DPTRAIN_ISA");
+    if (isa < 0) return -1;
+    return dp_isa_select(isa) == DP_OK ? 0 : (raise_code(DP_ENOTSUP, "DPTRAIN_ISA"), -1);
 }
 
 static PyObject *py_fma_peak(PyObject *module, PyObject *args, PyObject *kwds)
@@ -681,14 +732,8 @@ static PyObject *py_fma_peak(PyObject *module, PyObject *args, PyObject *kwds)
     }
     dp_cpu_features f;
     dp_cpu_detect(&f);
-    int isa = -1;
-    if (strcmp(isa_name, "widest") == 0) isa = dp_cpu_widest_isa(&f);
-    for (int i = 0; isa < 0 && i < DP_ISA_COUNT; i++)
-        if (strcmp(isa_name, dp_isa_name(i)) == 0) isa = i;
-    if (isa < 0)
-        return PyErr_Format(PyExc_ValueError,
-                            "isa must be 'widest', 'avx512', 'avx2' or 'generic', got '%s'", isa_name);
-    if (!dp_cpu_has_isa(&f, isa)) return isa_unavailable(isa, &f);
+    int isa = isa_from_arg(isa_name, "isa");
+    if (isa < 0) return NULL;
     double gflops = 0.0;
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -725,9 +770,18 @@ static PyObject *py_build_info(PyObject *module, PyObject *unused)
     char numpy_api[32];
     snprintf(numpy_api, sizeof numpy_api, "C API 0x%x", (unsigned)NPY_FEATURE_VERSION);
 #endif
+    dp_cpu_features f;
+    dp_cpu_detect(&f);
+    PyObject *have = PyList_New(0);
+    for (int i = 0; have && i < DP_ISA_COUNT; i++) {
+        PyObject *name = dp_cpu_has_isa(&f, i) ? PyUnicode_FromString(dp_isa_name(i)) : NULL;
+        if (dp_cpu_has_isa(&f, i) && (!name || PyList_Append(have, name) < 0)) Py_CLEAR(have);
+        Py_XDECREF(name);
+    }
+    if (!have) return NULL;
     return Py_BuildValue(
-        "{s:s,s:s,s:(ss),s:s,s:O,s:i,s:{s:(iiiii),s:(iiiii)},s:s}",
-        "simd", dp_gemm_isa(), "compiler", compiler, "dtypes", "float32", "float64",
+        "{s:s,s:N,s:s,s:s,s:(ss),s:s,s:O,s:i,s:{s:(iiiii),s:(iiiii)},s:s}",
+        "isa", dp_isa_name(dp_isa_active()), "isas_available", have, "simd", dp_gemm_isa(), "compiler", compiler, "dtypes", "float32", "float64",
         "threads", threads, "openmp", Py_False, "max_threads", DP_MAX_THREADS,
         "gemm_blocking_mr_nr_kc_mc_nc", "float32", mr32, nr32, kc32, mc32, nc32,
         "float64", mr64, nr64, kc64, mc64, nc64, "numpy_build_api", numpy_api);
@@ -759,9 +813,11 @@ PyMethodDef mod_kernels_functions[] = {
     {"sum_buffers", FN(py_sum_buffers), KW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None)"},
     {"scale_", FN(py_scale), KW, "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
     {"cpu_features", py_cpu_features, METH_NOARGS, "cpu_features() -> dict: vendor, brand, the x86 vector flags the CPU has and the OS enables (avx, fma, avx2, avx512f/bw/vl/dq, avx512_vnni, avx512_bf16), widest_fma"},
+    {"isa", py_isa, METH_NOARGS, "isa() -> str: the ISA the kernels run now ('generic', 'avx2' or 'avx512'): the widest this CPU has, unless DPTRAIN_ISA or set_isa chose another"},
+    {"set_isa", FN(py_set_isa), KW, "set_isa(isa) -> str: makes isa ('widest', 'avx512', 'avx2' or 'generic') the kernels' ISA from the next call on and returns the previous one; ValueError where the CPU lacks it. For start-up, tests and benchmarks: not while kernels run in other threads"},
     {"fma_peak", FN(py_fma_peak), KW, "fma_peak(isa='widest', dtype='float32', seconds=0.2) -> GFLOP/s of one thread's FMA loop ('widest', 'avx512', 'avx2', 'generic'); ValueError where the CPU lacks the isa"},
     {"gather_rows", FN(py_gather_rows), KW, "gather_rows(x, index, out): out[i] = x[index[i]] (rows, any dtype; GIL released)"},
     {"zero_", py_zero, METH_O, "zero_(buf): buf[:] = 0 with the GIL released"},
-    {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict describing this build"},
+    {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict describing this build: isa (the kernels' ISA now), isas_available (this CPU's), simd (the GEMM's build), compiler, dtypes, threads, the GEMM's blocking, the NumPy API built against"},
     {NULL},
 };

@@ -14,6 +14,7 @@ static int core_exec(PyObject *m)
 {
     core_state *st = module_state(m);
     import_array1(-1);
+    if (mod_isa_from_env() < 0) return -1;
     st->group_aborted = PyErr_NewExceptionWithDoc(
         "dptrain._core.GroupAborted",
         "A worker of a shared-memory group aborted it; args are (message, code).",

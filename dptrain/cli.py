@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .config import DATASETS, MODELS, add_train_arguments, config_from_args, parse_hidden
@@ -119,12 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Runs the command line on argv (default sys.argv[1:]); returns the exit code (130
-    after Ctrl-C, with one line on stderr: the workers are stopped by then)."""
+    after Ctrl-C, with one line on stderr: the workers are stopped by then; 141, quietly, when
+    the reader of stdout went away, as in ``python -m dptrain info | head -3``)."""
     try:
         return _main(argv)
     except KeyboardInterrupt:
         print("dptrain: interrupted: every worker was stopped", file=sys.stderr, flush=True)
         return 130
+    except BrokenPipeError:
+        # what is left in stdout's buffer cannot be written either: point stdout at
+        # /dev/null so that the interpreter's final flush does not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 def _main(argv=None) -> int:

@@ -53,6 +53,27 @@ def releases_gil(call, max_calls=200):
     return bool(seen)
 
 
+try:
+    from dptrain import _core
+    HAVE_ISAS = _core.build_info()["isas_available"]   # the kernel ISAs this CPU has
+except ImportError:          # an unbuilt checkout: the tests that import _core say so
+    HAVE_ISAS = ["generic"]
+
+
+@pytest.fixture(params=HAVE_ISAS)
+def isa(request):
+    """Runs a test on each kernel ISA this CPU has (the GEMM and the vector kernels:
+    csrc/dp_vec.h), forced with _core.set_isa; the previous ISA is restored after. The ISAs
+    the CPU lacks are not parametrized: tests/test_isa.py skips once for each, naming it."""
+    from dptrain import _core as core
+    previous = core.set_isa(request.param)
+    try:
+        assert core.isa() == request.param
+        yield request.param
+    finally:
+        core.set_isa(previous)
+
+
 @pytest.fixture
 def gil_probe():
     """releases_gil(call, max_calls=200) -> bool: the GIL-release probe above."""

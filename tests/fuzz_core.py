@@ -1432,8 +1432,9 @@ def oracle_param_count(before, sizes, /):
     return Expect(ret=ref.n_params(sizes))
 
 
-BUILD_INFO_KEYS = {"simd", "compiler", "dtypes", "threads", "openmp", "max_threads",
-                   "gemm_blocking_mr_nr_kc_mc_nc", "numpy_build_api"}
+BUILD_INFO_KEYS = {"isa", "isas_available", "simd", "compiler", "dtypes", "threads", "openmp",
+                   "max_threads", "gemm_blocking_mr_nr_kc_mc_nc", "numpy_build_api"}
+ISA_NAMES = ("generic", "avx2", "avx512")
 
 
 def build_build_info(rng, fz):
@@ -1446,6 +1447,50 @@ def oracle_build_info(before):
             return f"returned {short(info)}, expected a dict with the keys {sorted(BUILD_INFO_KEYS)}"
         if info["max_threads"] != MAX_THREADS or info["dtypes"] != ("float32", "float64"):
             return f"returned {short(info, 200)}"
+        if info["isas_available"] != cpu_isas() or info["isa"] not in info["isas_available"]:
+            return f"isa {info['isa']!r} of {info['isas_available']!r}; this CPU has {cpu_isas()}"
+        return None
+    return Expect(ret_check=check)
+
+
+def cpu_isas():
+    """The kernel ISAs this CPU has, from its flags (dp_cpu_has_isa's rule)."""
+    f = core.cpu_features()
+    avx2 = f["avx2"] and f["fma"]
+    avx512 = avx2 and all(f[k] for k in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+    return ["generic"] + (["avx2"] if avx2 else []) + (["avx512"] if avx512 else [])
+
+
+def build_isa(rng, fz):
+    return Call("isa", core.isa, [], oracle_isa)
+
+
+def oracle_isa(before):
+    def check(ret):
+        return None if ret in cpu_isas() else f"returned {ret!r}; this CPU has {cpu_isas()}"
+    return Expect(ret_check=check)
+
+
+def build_set_isa(rng, fz):
+    """Every ISA name, 'widest', and names that are none; the kernel calls that follow run on
+    whichever build it left selected, so the fuzzer covers every build this CPU has."""
+    name = pick(rng, ISA_NAMES + ("widest", "widest", "AVX2", "avx512f", "", "sse", 2, None, b"avx2"))
+    return Call("set_isa", core.set_isa, [Arg("isa", name, "s")], oracle_set_isa)
+
+
+def oracle_set_isa(before, isa):
+    if not isinstance(isa, str) or (isa not in ISA_NAMES and isa != "widest"):
+        raise Refuse(f"isa {isa!r} is not an ISA name")
+    if isa != "widest" and isa not in cpu_isas():
+        raise Refuse(f"this CPU lacks {isa}")
+    want = cpu_isas()[-1] if isa == "widest" else isa
+
+    def check(ret):
+        # (the previous ISA is not known here: the harness may ask the oracle after the call)
+        if ret not in cpu_isas():
+            return f"returned {ret!r}, not one of this CPU's isas {cpu_isas()}"
+        if core.isa() != want:
+            return f"isa() is {core.isa()!r} after set_isa({isa!r})"
         return None
     return Expect(ret_check=check)
 
@@ -1573,8 +1618,7 @@ def build_fma_peak(rng, fz):
 def oracle_fma_peak(before, isa="widest", dtype="float32", seconds=0.2):
     """GFLOP/s of one thread's FMA loop: positive and finite, for an ISA this CPU has."""
     features = core.cpu_features()
-    have = {"generic": True, "avx2": features["avx2"] and features["fma"],
-            "avx512": features["avx512f"]}
+    have = {name: name in cpu_isas() for name in ISA_NAMES}
     if not isinstance(isa, str) or (isa not in have and isa != "widest"):
         raise Refuse(f"isa {isa!r} is not an ISA name")
     if isa != "widest" and not have[isa]:
@@ -1742,6 +1786,8 @@ SPECS = {
     "param_count": build_param_count,
     "model_plan": build_model_plan,
     "build_info": build_build_info,
+    "isa": build_isa,
+    "set_isa": build_set_isa,
     "init_group_control": build_init_group_control,
     "abort_group_control": build_abort_group_control,
     "group_control_bytes": build_group_control_bytes,

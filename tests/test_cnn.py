@@ -1,8 +1,8 @@
 """The convolutional network: its C kernels, the fused ConvNet, the CNN model, training.
 
 - conv2d_forward/backward (and their loop twins) and maxpool2_forward/backward against the
-  NumPy reference over odd shapes (sizes 1, 3, 7; padding 0 and 1; float32 and float64; the
-  CPU-selected GEMM and DPTRAIN_GEMM_ISA=generic), with a tolerance relative to the magnitude
+  NumPy reference over odd shapes (sizes 1, 3, 7; padding 0 and 1; float32 and float64; every
+  kernel ISA this CPU has, conftest.isa), with a tolerance relative to the magnitude
   of the summed terms (|got - want| <= RTOL sqrt(K) * sum of |terms|, as in test_core.py);
 - central finite differences for conv and pool backward and for the whole CNN model;
 - ConvNet against the reference network, also cut into forward_loss / backward_layer steps
@@ -57,14 +57,10 @@ def assert_close(got, want, scale, *, dtype, k, what):
                     f"{got[i]!r}, expected {want[i]!r} (tolerance {tol[i]:.3g})")
 
 
-@pytest.fixture(params=["native", "generic"])
-def gemm_isa(request, monkeypatch):
-    if request.param == "generic":
-        monkeypatch.setenv("DPTRAIN_GEMM_ISA", "generic")
-        assert core.build_info()["simd"].startswith("generic")
-    else:
-        monkeypatch.delenv("DPTRAIN_GEMM_ISA", raising=False)
-    return request.param
+@pytest.fixture
+def gemm_isa(isa):
+    """The GEMM on each kernel ISA this CPU has (conftest.isa: the others are skipped)."""
+    return isa
 
 
 # ---------------------------------------------------------------------------------------
@@ -183,7 +179,7 @@ def pool_input(shape, dtype, tag=""):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("shape", POOL_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_maxpool2_matches_reference_exactly(shape, dtype):
+def test_maxpool2_matches_reference_exactly(isa, shape, dtype):
     x = pool_input(shape, dtype)
     x_in = x.copy()
     out_shape = (shape[0], shape[1], shape[2] // 2, shape[3] // 2)
@@ -204,7 +200,7 @@ def test_maxpool2_matches_reference_exactly(shape, dtype):
     assert np.isfinite(dx).all(), f"{what}: dx not fully written"
 
 
-def test_maxpool2_picks_the_first_maximum_and_nan():
+def test_maxpool2_picks_the_first_maximum_and_nan(isa):
     x = np.array([[[[1, 3, 0, 5, 2, 2, 7],
                     [3, 2, 5, 5, 2, 2, 7],
                     [np.nan, 1, 0, 0, 9, 9, 9]]]], dtype=np.float32)
@@ -322,7 +318,7 @@ def net_data(case, dtype, batch=13, tag=""):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("case", NETS, ids=net_id)
-def test_convnet_matches_reference(case, dtype, threads):
+def test_convnet_matches_reference(isa, case, dtype, threads):
     shape, ch, dense, k, p = case
     params, x, labels, start = net_data(case, dtype)
     grads, grads_ref = start.copy(), start.copy()

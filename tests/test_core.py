@@ -10,9 +10,10 @@ where K is the length of the reduction and `scale` the size of the summands (for
 |alpha| |op(a)| @ |op(b)| + |beta| |c|), so a cancellation in the result cannot make the test
 flaky, and a wrong transpose, stride or blocking edge (an O(1) relative error) cannot pass.
 
-The GEMM-based tests run twice: on the build the CPU selects and with DPTRAIN_GEMM_ISA=generic,
-which dp_gemm.c reads on every call to force the portable micro-kernel. Backward kernels and
-Network.loss_grad are also checked against central finite differences in float64.
+The GEMM-based tests and the vector kernels' (csrc/dp_vec.h: ReLU, the losses, SGD, the buffer
+sums) run on every kernel ISA this CPU has (conftest.isa: _core.set_isa forces each; an ISA the
+CPU lacks is a skip that names it). Backward kernels and Network.loss_grad are also checked
+against central finite differences in float64.
 
 Boundary hygiene (bad arguments, leaks, threads, the GIL) lives in test_boundary.py.
 """
@@ -61,15 +62,10 @@ def assert_close(got, want, *, dtype, scale, k=1, what):
                     f"got {got[i]!r}, expected {want[i]!r} (tolerance {tol[i]:.3g})")
 
 
-@pytest.fixture(params=["native", "generic"])
-def gemm_isa(request, monkeypatch):
-    """Runs a test on the CPU-selected GEMM build and on the forced portable one."""
-    if request.param == "generic":
-        monkeypatch.setenv("DPTRAIN_GEMM_ISA", "generic")
-        assert core.build_info()["simd"].startswith("generic"), core.build_info()["simd"]
-    else:
-        monkeypatch.delenv("DPTRAIN_GEMM_ISA", raising=False)
-    return request.param
+@pytest.fixture
+def gemm_isa(isa):
+    """The GEMM on each kernel ISA this CPU has (conftest.isa: the others are skipped)."""
+    return isa
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +309,7 @@ def relu_input(shape, dtype, tag):
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "in_place"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("shape", RELU_SHAPES, ids=shape_id)
-def test_relu_forward(shape, dtype, in_place):
+def test_relu_forward(isa, shape, dtype, in_place):
     x = relu_input(shape, dtype, "relu_forward")
     want = np.empty_like(x)
     ref.relu_forward(x, want)
@@ -330,7 +326,7 @@ def test_relu_forward(shape, dtype, in_place):
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "dx_is_dy"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("shape", RELU_SHAPES, ids=shape_id)
-def test_relu_backward(shape, dtype, in_place):
+def test_relu_backward(isa, shape, dtype, in_place):
     y = np.maximum(relu_input(shape, dtype, "relu_backward_y"), 0)
     dy = randn(rng_for("relu_backward_dy", shape, dname(dtype)), shape, dtype)
     dy.reshape(-1)[::3] = np.inf  # masked entries are exactly 0 even where dy is inf
@@ -379,7 +375,7 @@ def grad_mode_args(mode, batch):
 @pytest.mark.parametrize("mode", GRAD_MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("b_rows,n_classes", shape_params(SOFTMAX_SHAPES))
-def test_softmax_xent(b_rows, n_classes, dtype, mode):
+def test_softmax_xent(isa, b_rows, n_classes, dtype, mode):
     rng = rng_for("softmax", b_rows, n_classes, dname(dtype))
     z = (3 * rng.standard_normal((b_rows, n_classes))).astype(dtype)
     labels = rng.integers(0, n_classes, b_rows)
@@ -417,7 +413,7 @@ BCE_SHAPES = [(1,), (7,), (33,), (129,), (1, 1), (7, 1), (129, 1)]
 @pytest.mark.parametrize("mode", GRAD_MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("shape", BCE_SHAPES, ids=shape_id)
-def test_sigmoid_bce(shape, dtype, mode):
+def test_sigmoid_bce(isa, shape, dtype, mode):
     rng = rng_for("bce", shape, dname(dtype))
     z = (4 * rng.standard_normal(shape)).astype(dtype)
     z.reshape(-1)[::4] = 0.0
@@ -528,7 +524,7 @@ def sgd_configs():
 @pytest.mark.parametrize("n", [1, 7, 33, 129, 4099])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("momentum,dampening,weight_decay,nesterov,first_step", sgd_configs())
-def test_sgd_step_three_steps(momentum, dampening, weight_decay, nesterov, first_step, dtype, n):
+def test_sgd_step_three_steps(isa, momentum, dampening, weight_decay, nesterov, first_step, dtype, n):
     rng = rng_for("sgd", momentum, dampening, weight_decay, nesterov, first_step, dname(dtype), n)
     p = randn(rng, (n,), dtype)
     p_ref = p.copy()
@@ -582,7 +578,7 @@ SUM_SLICES = [(0, None), (3, None), (0, 5), (2, 2), ("half", None)]
 @pytest.mark.parametrize("scale", [1.0, 0.25])
 @pytest.mark.parametrize("start,stop", SUM_SLICES, ids=lambda v: str(v))
 @pytest.mark.parametrize("out_is", ["separate", "first_input", "last_input"])
-def test_sum_buffers(out_is, start, stop, scale, k, n, dtype):
+def test_sum_buffers(isa, out_is, start, stop, scale, k, n, dtype):
     rng = rng_for("sum", out_is, start, stop, scale, k, n, dname(dtype))
     if start == "half":
         start, stop = n // 2, n - 1
@@ -622,7 +618,7 @@ def test_sum_buffers_slices_compose(dtype):
 @pytest.mark.parametrize("start,stop", [(0, None), (1, None), (0, 1), ("half", None), (0, 0)],
                          ids=lambda v: str(v))
 @pytest.mark.parametrize("alpha", [0.5, -3.0, 0.0])
-def test_scale_(alpha, start, stop, n, dtype):
+def test_scale_(isa, alpha, start, stop, n, dtype):
     if start == "half":
         start, stop = n // 2, None
     buf = randn(rng_for("scale", alpha, start, stop, n, dname(dtype)), (n,), dtype)
@@ -784,7 +780,7 @@ def test_network_evaluate_and_logits_chunked(sizes, loss, dtype):
                                   ((7, 33, 3), "softmax_xent", 7),
                                   ((20, 7, 1), "sigmoid_bce", 33),
                                   ((20, 1), "sigmoid_bce", 129)], ids=net_id)
-def test_network_threads_match_one_thread(case, threads, dtype):
+def test_network_threads_match_one_thread(isa, case, threads, dtype):
     sizes, loss, batch = case
     params, x, labels, _ = net_data(sizes, loss, batch, dtype, tag="threads")
     g1, gt = np.zeros_like(params), np.zeros_like(params)

@@ -144,7 +144,7 @@ def reference_outputs(model, params, x):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
-def test_model_matches_reference(model, dtype):
+def test_model_matches_reference(isa, model, dtype):
     """loss_grad (grad_scale 0.25, into a gradient that is not zero), logits and evaluate, on
     1 and 2 threads; the inputs are left as they were; the getters describe the model."""
     name, layers, shape, loss = model

@@ -2,7 +2,7 @@
  *
  * Every optimized kernel is checked against its naive twin or against a straightforward
  * double-precision computation written here, for float and double, over odd sizes
- * (1, 7, 33, 129, ...), for the GEMM on both ISA paths (DPTRAIN_GEMM_ISA=generic forces the
+ * (1, 7, 33, 129, ...), for the GEMM on every ISA path the CPU has (dp_isa_select forces the
  * portable one) and with a context of 1 and 3 threads and with none. The convolution is
  * checked against a loop written here and pooling against its rule; the networks built from
  * these kernels (dp_model) are tested by test_model.c.
@@ -14,8 +14,10 @@
  * Output: one "FAIL ..." line per failed check naming function, sizes, dtype and the error,
  * then exactly one summary line "N passed, M failed"; the exit status is 1 if any failed.
  * Build and run with `make -C csrc/tests check` (AddressSanitizer, LeakSanitizer, UBSan) or
- * `check-O3` (optimized, no sanitizers). DP_CLONES is off under ASan, so `check` runs the
- * baseline build of the element-wise kernels and `check-O3` the clone the loader picks here.
+ * `check-O3` (optimized, no sanitizers). The GEMM and the vector kernels (dp_vec.h) run on
+ * every ISA this CPU has (dp_isa_select), the others are named as skipped on the first line;
+ * `check` also builds this file with -DDP_GEMM_EMULATE_WIDE, whose generic GEMM has the AVX-512
+ * build's shape (csrc/tests/Makefile).
  *
  * Leaves out on purpose: timings (bench/), the Python boundary (the tests/ directory), and two
  * callers sharing one context (documented as unsupported).
@@ -59,7 +61,7 @@ static int expect(int ok, const char *fmt, ...)
     n_failed++;
     va_list ap;
     va_start(ap, fmt);
-    fputs("FAIL ", stdout);
+    printf("FAIL [isa %s] ", dp_isa_name(dp_isa_active()));
     vprintf(fmt, ap);
     putchar('\n');
     va_end(ap);
@@ -103,8 +105,8 @@ static void expect_diff(const diff *d, ptrdiff_t cols, const char *fmt, ...)
     va_end(ap);
     if (cols > 0) snprintf(where, sizeof where, "[%td,%td]", d->at / cols, d->at % cols);
     else snprintf(where, sizeof where, "[%td]", d->at);
-    printf("FAIL %s: %td of %td elements off, worst %s got %.10g expected %.10g "
-           "(|err| %.3g > tol %.3g)\n",
+    printf("FAIL [isa %s] %s: %td of %td elements off, worst %s got %.10g expected %.10g "
+           "(|err| %.3g > tol %.3g)\n", dp_isa_name(dp_isa_active()),
            what, d->bad, d->n, where, d->got, d->want, fabs(d->got - d->want), d->tol);
     fflush(stdout);
 }
@@ -333,12 +335,18 @@ typedef struct {
 static dp_ctx ctx1, ctx3;
 static ctx_case ctxs[3] = {{"NULL", NULL}, {"1", &ctx1}, {"3", &ctx3}};
 
-/* 0: what the dispatcher picks on this CPU, 1: the portable build. Returns its name. */
-static const char *use_isa(int generic)
+/* Makes `isa` the kernels' ISA (DP_ISA_*); returns the GEMM's name for it, or NULL where the
+ * CPU lacks it (those cases are skipped: the start of main lists what runs here). */
+static const char *use_isa(int isa)
 {
-    if (generic) setenv("DPTRAIN_GEMM_ISA", "generic", 1);
-    else unsetenv("DPTRAIN_GEMM_ISA");
-    return dp_gemm_isa();
+    return dp_isa_select(isa) == DP_OK ? dp_gemm_isa() : NULL;
+}
+
+static int widest_isa(void)
+{
+    dp_cpu_features f;
+    dp_cpu_detect(&f);
+    return dp_cpu_widest_isa(&f);
 }
 
 /* ---- GEMM ------------------------------------------------------------------------------ */
@@ -422,9 +430,9 @@ static void gemm_case(dtype dt, char la, char lb, int M, int N, int K, double al
     diff_gemm(&d, dt, Cn, C0, ldc, M, N, NULL, ref, mag, rel);
     expect_diff(&d, ldc, "dp_gemm_naive_%s vs double", what);
 
-    for (int g = 0; g < 2; g++) {
+    for (int g = 0; g < DP_ISA_COUNT; g++) {
         const char *isa = use_isa(g);
-        for (int c = 0; c < 3; c++) {
+        for (int c = 0; isa && c < 3; c++) {
             memcpy(C, C0, (size_t)nc * dts(dt));
             int rc = gemm_t(dt, ctxs[c].ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha,
                             beta);
@@ -435,7 +443,7 @@ static void gemm_case(dtype dt, char la, char lb, int M, int N, int K, double al
             expect_diff(&e, ldc, "dp_gemm_%s isa=%s ctx=%s vs naive", what, isa, ctxs[c].name);
         }
     }
-    use_isa(0);
+    use_isa(widest_isa());
     free(A); free(B); free(C0); free(Cn); free(C); free(ref); free(mag);
 }
 
@@ -1441,9 +1449,10 @@ static void test_conv(dtype dt)
             conv_case(dt, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], ctxs[c].ctx,
                       ctxs[c].name);
     }
-    use_isa(1);
-    conv_case(dt, 2, 3, 9, 33, 5, 3, 3, 1, &ctx1, "1 (generic GEMM)");
-    use_isa(0);
+    for (int isa = 0; isa < DP_ISA_COUNT; isa++)
+        if (isa != widest_isa() && use_isa(isa))
+            conv_case(dt, 2, 3, 9, 33, 5, 3, 3, 1, &ctx1, dp_isa_name(isa));
+    use_isa(widest_isa());
     /* the last: a padding near INT_MAX makes OH and OW near 2^32 each (their product overflowed
      * a long long; found by the fuzzer under UBSan) */
     dp_conv_geom bad[] = {{0, 3, 3, 1, 1, 1, 0}, {1, 3, 3, 1, 6, 1, 1}, {1, 3, 3, 1, 1, 1, -1},
@@ -1556,13 +1565,18 @@ int main(void)
     signal(SIGALRM, on_watchdog);
     alarm(120);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    printf("test_core: gemm ISA on this CPU: %s (the generic build is tested too)\n", use_isa(0));
+    printf("test_core: kernels' ISA on this CPU: %s (GEMM %s); tested:", dp_isa_name(dp_isa_active()),
+           dp_gemm_isa());
+    for (int isa = 0; isa < DP_ISA_COUNT; isa++)
+        if (dp_isa_select(isa) == DP_OK) printf(" %s (GEMM %s)", dp_isa_name(isa), dp_gemm_isa());
+        else printf(" %s (skipped: not on this CPU)", dp_isa_name(isa));
+    printf("\n");
+    use_isa(widest_isa());
 
     test_threads_startup();   /* before this process has any threads of its own */
     test_cpu();
     test_math();
     test_sync();
-    test_group_allreduce();
 
     int rc = dp_ctx_init(&ctx1, 1);
     if (!rc) rc = dp_ctx_init(&ctx3, 3);
@@ -1574,26 +1588,41 @@ int main(void)
     expect(ctx3.threads == 3 && ctx1.threads == 1, "dp_ctx_init: threads %d and %d, expected 1 and 3",
            ctx1.threads, ctx3.threads);
     /* "generic", or "generic (NEON)" where the portable vectors are NEON's (ARM) */
-    expect(strncmp(use_isa(1), "generic", 7) == 0, "dp_gemm_isa with DPTRAIN_GEMM_ISA=generic: %s",
+    expect(strncmp(use_isa(DP_ISA_GENERIC), "generic", 7) == 0, "dp_gemm_isa with isa generic: %s",
            dp_gemm_isa());
-    use_isa(0);
+    expect(dp_isa_select(DP_ISA_COUNT) == DP_EVALUE && dp_isa_select(-1) == DP_EVALUE &&
+           dp_isa_active() == DP_ISA_GENERIC, "dp_isa_select: an unknown isa was accepted");
+    expect(dp_isa_from_name("avx2") == DP_ISA_AVX2 && dp_isa_from_name("avx512") == DP_ISA_AVX512 &&
+           dp_isa_from_name("generic") == DP_ISA_GENERIC && dp_isa_from_name("AVX2") == -1 &&
+           dp_isa_from_name("") == -1, "dp_isa_from_name");
+    use_isa(widest_isa());
+    expect(dp_isa_active() == widest_isa(), "dp_isa_select(widest): active %d", dp_isa_active());
 
     for (int t = 0; t < 2; t++) {
         dtype dt = t ? F64 : F32;
-        test_gemm(dt);
+        test_gemm(dt);            /* every ISA inside */
         test_gemm_degenerate(dt);
         test_dense(dt);
-        test_relu(dt);
-        test_scale(dt);
-        test_sum_buffers(dt);
-        test_sgd(dt);
-        test_softmax_xent(dt);
-        test_sigmoid_bce(dt);
-        test_logistic_grad(dt);
         test_argmax_count(dt);
-        test_conv(dt);
-        test_maxpool(dt);
     }
+    /* the vector kernels (dp_vec.h), on every ISA this CPU has */
+    for (int isa = 0; isa < DP_ISA_COUNT; isa++) {
+        if (!use_isa(isa)) continue;
+        for (int t = 0; t < 2; t++) {
+            dtype dt = t ? F64 : F32;
+            test_relu(dt);
+            test_scale(dt);
+            test_sum_buffers(dt);
+            test_sgd(dt);
+            test_softmax_xent(dt);
+            test_sigmoid_bce(dt);
+            test_logistic_grad(dt);
+            test_maxpool(dt);
+            test_conv(dt);        /* im2col and col2im */
+        }
+        test_group_allreduce();
+    }
+    use_isa(widest_isa());
 
     dp_ctx_free(&ctx1);
     dp_ctx_free(&ctx3);
