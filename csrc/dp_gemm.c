@@ -102,6 +102,15 @@
 #undef ROWS
 #undef PERFECT_SHUFFLE
 
+/* The least work (flop) a GEMM gives each of its threads: waking the pool and meeting at its
+ * end costs tens of microseconds on a shared machine. At 200 kflop, softmax regression
+ * 784->10 (batch 128: two 2 Mflop GEMMs) took 1.25-1.46x longer per step at 2 threads than
+ * at 1 (csrc/tests bench_model); at 2 Mflop it runs them on one thread (1.00), and the MLP
+ * and CNN steps keep their speedup. */
+#ifndef GEMM_THREAD_FLOPS
+#define GEMM_THREAD_FLOPS 2000000LL
+#endif
+
 /* Blocking (elements): an MC x KC block of A stays in L2, a KC x NC panel of B in L3. */
 #define KC_F32 320
 #define MC_F32 120

@@ -158,11 +158,12 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
     }
     D(gemm_job) job = {ctx, D(pick_impl)(), C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta,
                        1, D(balanced)(K, KC, 1)};
-    /* How many threads: at least 200 kflop of work per thread. */
+    /* How many threads: at least GEMM_THREAD_FLOPS of work per thread. */
     const int mr = job.impl.mr, nr = job.impl.nr;
     int threads = ctx->threads;
     long long flops = 2LL * M * N * K;
-    if (flops < 200000LL * threads) threads = (int)(flops / 200000LL) > 1 ? (int)(flops / 200000LL) : 1;
+    if (flops < GEMM_THREAD_FLOPS * threads)
+        threads = (int)(flops / GEMM_THREAD_FLOPS) > 1 ? (int)(flops / GEMM_THREAD_FLOPS) : 1;
     int nblocks = (N + nr - 1) / nr, mblocks = (M + mr - 1) / mr;
     job.split_n = nblocks >= threads || nblocks >= mblocks;
     int units = job.split_n ? nblocks : mblocks;
