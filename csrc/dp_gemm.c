@@ -12,8 +12,8 @@
 #endif
 
 /* ---- instantiations ----
- * generic: 32-byte GNU vectors, 6 x 2 tiles, no target (SSE2 pairs on x86-64, NEON on ARM);
- * avx2:    the same shape under target("avx2,fma");
+ * generic: 16-byte GNU vectors, 6 x 2 tiles, no target (SSE2 on x86-64, NEON on ARM);
+ * avx2:    32-byte vectors, 6 x 2 tiles, under target("avx2,fma");
  * avx512:  64-byte vectors, 12 x 2 tiles, under the x86-64-v4 target.
  * DP_GEMM_EMULATE_WIDE (csrc/tests only) builds the generic slot with the avx512 slot's
  * shape and no target, so that its packing, tiles and edges run on any CPU. */
@@ -24,9 +24,12 @@
 #define VL32 16
 #define VL64 8
 #else
+/* 16-byte vectors, the baseline's own width: 32-byte GNU vectors on a 16-byte ISA were split
+ * by GCC through memory (1.6 GFLOP/s on the MLP's shapes, 40x slower than the AVX2 build) */
+#define PERFECT_SHUFFLE 1
 #define ROWS 6
-#define VL32 8
-#define VL64 4
+#define VL32 4
+#define VL64 2
 #endif
 #define T float
 #define TI int32_t
@@ -167,7 +170,7 @@ void dp_gemm_blocking(int dtype_bytes, int *mr, int *nr, int *kc, int *mc, int *
     wide = wide || isa == DP_ISA_GENERIC;
 #endif
     *mr = wide ? 12 : 6;
-    *nr = 2 * ((wide ? 64 : 32) / dtype_bytes);
+    *nr = 2 * ((wide ? 64 : isa == DP_ISA_AVX2 ? 32 : 16) / dtype_bytes);
     *kc = dtype_bytes == 4 ? KC_F32 : KC_F64;
     *mc = dtype_bytes == 4 ? MC_F32 : MC_F64;
     *nc = dtype_bytes == 4 ? NC_F32 : NC_F64;

@@ -2,15 +2,16 @@
  * Included by dp_gemm.c once per (dtype, ISA) with these macros defined:
  *   T      element type (float or double)
  *   TI     the signed integer type of T's width (int32_t, int64_t): shuffle masks
- *   VL     elements in one vector (32-byte vectors: 8 or 4; 64-byte: 16 or 8)
+ *   VL     elements in one vector (16-byte vectors: 4 or 2; 32-byte: 8 or 4; 64-byte: 16 or 8)
  *   ROWS   MR, the micro-tile's rows
  *   SUF    name suffix, e.g. _f32_avx2
  *   TGT    function attribute selecting the ISA (empty for the generic build)
  * The micro-kernel is written with GNU vector extensions: under TGT = target("avx2,fma") they
  * become ymm registers and vfmadd; under the AVX-512 target zmm registers; in the generic
- * build SSE2 pairs on x86-64 or NEON pairs on AArch64. The tile is MR rows x NR = 2 vectors:
- *   32-byte vectors, MR = 6: 12 accumulators + 2 B vectors + 1 broadcast = 15 of the 16 ymm
- *     registers (the BLIS Haswell shape);
+ * build (16-byte vectors, the baseline width) xmm registers on x86-64 or NEON's q registers
+ * on AArch64. The tile is MR rows x NR = 2 vectors:
+ *   16- and 32-byte vectors, MR = 6: 12 accumulators + 2 B vectors + 1 broadcast = 15 of the
+ *     16 xmm / ymm registers (the BLIS Haswell shape);
  *   64-byte vectors, MR = 12: 24 accumulators + 2 B vectors + 1 broadcast = 27 of the 32
  *     zmm registers (the broadcast may also be an embedded {1toN} memory operand).
  *
@@ -53,6 +54,12 @@ DP_INLINE void F(transpose)(F(vec_t) *r)
 #elif defined(PERFECT_SHUFFLE) && VL == 8
     const M lo = {0, 8, 1, 9, 2, 10, 3, 11}, hi = {4, 12, 5, 13, 6, 14, 7, 15};
     enum { STAGES = 3 };
+#elif defined(PERFECT_SHUFFLE) && VL == 4
+    const M lo = {0, 4, 1, 5}, hi = {2, 6, 3, 7};
+    enum { STAGES = 2 };
+#elif defined(PERFECT_SHUFFLE) && VL == 2
+    const M lo = {0, 2}, hi = {1, 3};
+    enum { STAGES = 1 };
 #endif
 #ifdef PERFECT_SHUFFLE
     for (int s = 0; s < STAGES; s++) {
@@ -86,7 +93,7 @@ DP_INLINE void F(transpose)(F(vec_t) *r)
     r[0] = __builtin_shuffle(t0, t2, p20), r[1] = __builtin_shuffle(t1, t3, p20);
     r[2] = __builtin_shuffle(t0, t2, p31), r[3] = __builtin_shuffle(t1, t3, p31);
 #else
-#error "transpose: VL must be 4 or 8, or 8 or 16 with PERFECT_SHUFFLE"
+#error "transpose: VL must be 4 or 8, or 2, 4, 8 or 16 with PERFECT_SHUFFLE"
 #endif
 }
 

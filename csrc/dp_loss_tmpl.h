@@ -91,10 +91,13 @@ int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int6
     return DP_OK;
 }
 
-/* 32-byte vectors for the hand-vectorized loops below: GCC cannot vectorize a float sum
- * without reassociating it, so the dot products keep explicit vector partial sums. */
-#define KVL (32 / (int)sizeof(T))
-typedef T K(kvec) __attribute__((vector_size(32)));
+/* Vectors of the build's width (DP_VEC_BYTES: 16 generic, 32 AVX2, 64 AVX-512) for the
+ * hand-vectorized loops below: GCC cannot vectorize a float sum without reassociating it, so
+ * the dot products keep explicit vector partial sums. (32-byte vectors in the generic build
+ * were split through memory: logistic regression's kernel ran 4.7x slower than in the AVX2
+ * build, 439 against 93 us per 8192 x 20 float64 batch; at 16 bytes 2.7x, 320 against 117.) */
+#define KVL (DP_VEC_BYTES / (int)sizeof(T))
+typedef T K(kvec) __attribute__((vector_size(DP_VEC_BYTES)));
 
 DP_INLINE K(kvec) K(kload)(const T *p)
 {

@@ -34,11 +34,14 @@
 #define DP_VEC_CAT_(a, b) a##b
 #define DP_VEC_CAT(a, b) DP_VEC_CAT_(a, b)
 
-/* the suffix of the build being compiled */
+/* the suffix of the build being compiled, and the width of its vectors in bytes (for the
+ * kernels that write GNU vectors by hand; wider than the ISA's registers, GCC splits them
+ * through memory) */
 #ifdef DP_VEC_PASS
 #define DP_VEC_SFX DP_VEC_PASS
 #else
 #define DP_VEC_SFX _generic
+#define DP_VEC_BYTES 16
 #endif
 
 /* KV(name): a vector kernel's name in this build; templates define K(name) (name + dtype) */

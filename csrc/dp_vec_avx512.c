@@ -8,6 +8,7 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define DP_VEC_PASS _avx512
+#define DP_VEC_BYTES 64
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target(DP_TARGET_AVX512))), apply_to = function)
 #else
