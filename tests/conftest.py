@@ -1,4 +1,5 @@
 """Shared test helpers (pytest fixtures, available to every test module)."""
+import os
 import subprocess
 import sys
 import threading
@@ -58,9 +59,12 @@ try:
     HAVE_ISAS = _core.build_info()["isas_available"]   # the kernel ISAs this CPU has
 except ImportError:          # an unbuilt checkout: the tests that import _core say so
     HAVE_ISAS = ["generic"]
+# DPTRAIN_TEST_ISAS=widest: the kernel tests on the widest ISA only (.ci/run's second pass,
+# whose subject is the NumPy version, not the ISA builds the first pass tested)
+ISA_PARAMS = HAVE_ISAS[-1:] if os.environ.get("DPTRAIN_TEST_ISAS") == "widest" else HAVE_ISAS
 
 
-@pytest.fixture(params=HAVE_ISAS)
+@pytest.fixture(params=ISA_PARAMS)
 def isa(request):
     """Runs a test on each kernel ISA this CPU has (the GEMM and the vector kernels:
     csrc/dp_vec.h), forced with _core.set_isa; the previous ISA is restored after. The ISAs
