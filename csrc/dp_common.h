@@ -30,6 +30,16 @@
 #define DP_LIKELY(x) (x)
 #endif
 
+/* DP_SHUFFLE(M, a, b, i0, i1, ...): a vector of the lanes of a (indices 0..N-1) and b (N..2N-1)
+ * at constant indices, N of them; M is the integer vector type of the same lane count and
+ * width (GCC's __builtin_shuffle takes a mask vector of that type; Clang has only
+ * __builtin_shufflevector, which takes the indices, and GCC has that only from version 12). */
+#if defined(__clang__)
+#define DP_SHUFFLE(M, a, b, ...) __builtin_shufflevector((a), (b), __VA_ARGS__)
+#else
+#define DP_SHUFFLE(M, a, b, ...) __builtin_shuffle((a), (b), (M){__VA_ARGS__})
+#endif
+
 /* The target of the kernels' 512-bit builds: x86-64-v4's AVX-512 subsets with the AVX2 and
  * FMA they extend (dp_cpu_has_isa(DP_ISA_AVX512) checks the same four). */
 #define DP_TARGET_AVX512 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"

@@ -368,8 +368,7 @@ void KV(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t planes, i
     // (1,1).
     typedef K(pvec) V;
     typedef K(pmask) M;
-    const M even = EVEN, odd = ODD, one = ONES, two = TWOS;
-    const K(pbytes) low_bytes = LOW_BYTES;
+    const M one = ONES, two = TWOS;
     int OH = H / 2, OW = W / 2;
     const T *xend = x + planes * H * W;
     const T *yend = y + planes * OH * OW;
@@ -399,15 +398,15 @@ void KV(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t planes, i
                 }
                 V t0 = K(pload)(t), t1 = K(pload)(t + VL);
                 V b0 = K(pload)(b), b1 = K(pload)(b + VL);
-                V a0 = __builtin_shuffle(t0, t1, even), a1 = __builtin_shuffle(t0, t1, odd);
-                V c0 = __builtin_shuffle(b0, b1, even), c1 = __builtin_shuffle(b0, b1, odd);
+                V a0 = DP_SHUFFLE(M, t0, t1, EVEN), a1 = DP_SHUFFLE(M, t0, t1, ODD);
+                V c0 = DP_SHUFFLE(M, b0, b1, EVEN), c1 = DP_SHUFFLE(M, b0, b1, ODD);
                 M kt = BEATS(a1, a0), kb = BEATS(c1, c0);
                 V top = K(pselect)(kt, a1, a0), bot = K(pselect)(kb, c1, c0);
                 M kf = BEATS(bot, top);
                 M code = (kf & (two + (kb & one))) | (~kf & (kt & one));
                 /* the low byte of each lane, gathered by a byte shuffle (a lane-by-lane
                  * conversion compiles to scalar extracts) */
-                K(pbytes) lows = __builtin_shuffle((K(pbytes))code, low_bytes);
+                K(pbytes) lows = DP_SHUFFLE(K(pbytes), (K(pbytes))code, (K(pbytes))code, LOW_BYTES);
                 K(pcode) bytes;
                 memcpy(&bytes, &lows, VL);
                 if (n == VL || yr + j + VL <= yend) {
@@ -434,8 +433,8 @@ void KV(dp_maxpool2_backward)(T *dx, const T *dy, const uint8_t *idx, ptrdiff_t 
     // dy and idx are (planes, H / 2, W / 2), dx is (planes, H, W), every element written
     typedef K(pvec) V;
     typedef K(pmask) M;
-    const M lo = ILO, hi = IHI, zero = {0}, one = ONES, two = TWOS, three = two + one;
-    const K(pbytes) zero_bytes = {0}, spread = SPREAD_BYTES;
+    const M zero = {0}, one = ONES, two = TWOS, three = two + one;
+    const K(pbytes) zero_bytes = {0};
     const V vzero = {0};
     int OH = H / 2, OW = W / 2;
     const T *gend = dy + planes * OH * OW;
@@ -473,15 +472,15 @@ void KV(dp_maxpool2_backward)(T *dx, const T *dy, const uint8_t *idx, ptrdiff_t 
                 CODE_WORD word;
                 memcpy(&word, csrc, VL);
                 K(pwords) words = {word};
-                M k = (M)__builtin_shuffle((K(pbytes))words, zero_bytes, spread);
+                M k = (M)DP_SHUFFLE(K(pbytes), (K(pbytes))words, zero_bytes, SPREAD_BYTES);
                 V v00 = K(pselect)(k == zero, g, vzero), v01 = K(pselect)(k == one, g, vzero);
                 V v10 = K(pselect)(k == two, g, vzero), v11 = K(pselect)(k == three, g, vzero);
                 int direct = n == VL || r1 + 2 * j + 2 * VL <= dxend;
                 T *o0 = direct ? r0 + 2 * j : out, *o1 = direct ? r1 + 2 * j : out + 2 * VL;
-                K(pstore)(o0, __builtin_shuffle(v00, v01, lo));
-                K(pstore)(o0 + VL, __builtin_shuffle(v00, v01, hi));
-                K(pstore)(o1, __builtin_shuffle(v10, v11, lo));
-                K(pstore)(o1 + VL, __builtin_shuffle(v10, v11, hi));
+                K(pstore)(o0, DP_SHUFFLE(M, v00, v01, ILO));
+                K(pstore)(o0 + VL, DP_SHUFFLE(M, v00, v01, IHI));
+                K(pstore)(o1, DP_SHUFFLE(M, v10, v11, ILO));
+                K(pstore)(o1 + VL, DP_SHUFFLE(M, v10, v11, IHI));
                 if (!direct)
                     for (int q = 0; q < 2 * n; q++) {
                         r0[2 * j + q] = out[q];

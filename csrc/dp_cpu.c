@@ -50,7 +50,7 @@ static void read_brand(char *out, size_t n)
 {
     unsigned r[12], a, b, c, d;
     char raw[49];
-    if (__get_cpuid_max(0x80000000u, NULL) < 0x80000004u) return;
+    if ((unsigned)__get_cpuid_max(0x80000000u, NULL) < 0x80000004u) return;   /* int in Clang's cpuid.h */
     for (unsigned i = 0; i < 3; i++) {
         __cpuid(0x80000002u + i, a, b, c, d);
         r[4 * i] = a, r[4 * i + 1] = b, r[4 * i + 2] = c, r[4 * i + 3] = d;

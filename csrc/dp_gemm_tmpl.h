@@ -28,14 +28,14 @@
 
 typedef T F(vec_t) __attribute__((vector_size(VL * sizeof(T))));
 
-DP_INLINE F(vec_t) F(vload)(const T *p)
+TGT DP_INLINE F(vec_t) F(vload)(const T *p)
 {
     F(vec_t) v;
     __builtin_memcpy(&v, p, sizeof v);
     return v;
 }
 
-DP_INLINE void F(vstore)(T *p, F(vec_t) v) { __builtin_memcpy(p, &v, sizeof v); }
+TGT DP_INLINE void F(vstore)(T *p, F(vec_t) v) { __builtin_memcpy(p, &v, sizeof v); }
 
 /* r[q][i] -> r[i][q]. 32-byte vectors (no PERFECT_SHUFFLE): AVX's unpack / shuffle /
  * 128-bit-permute network (3 stages of 8 shuffles for float, 2 of 4 for double), each
@@ -43,58 +43,74 @@ DP_INLINE void F(vstore)(T *p, F(vec_t) v) { __builtin_memcpy(p, &v, sizeof v); 
  * permute across the whole register is one instruction): log2(VL) stages that each
  * interleave row i with row i + VL/2; a stage rotates the bits of (row, column) by one, so
  * log2(VL) stages swap them. */
-DP_INLINE void F(transpose)(F(vec_t) *r)
+TGT DP_INLINE void F(transpose)(F(vec_t) *r)
 {
     typedef F(vec_t) V;
     typedef TI M __attribute__((vector_size(VL * sizeof(T))));
+    (void)sizeof(M);    /* (the shuffle indices are macros, #undef'd below) */
 #if defined(PERFECT_SHUFFLE) && VL == 16
-    const M lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
-    const M hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+#define TR_LO 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23
+#define TR_HI 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31
     enum { STAGES = 4 };
 #elif defined(PERFECT_SHUFFLE) && VL == 8
-    const M lo = {0, 8, 1, 9, 2, 10, 3, 11}, hi = {4, 12, 5, 13, 6, 14, 7, 15};
+#define TR_LO 0, 8, 1, 9, 2, 10, 3, 11
+#define TR_HI 4, 12, 5, 13, 6, 14, 7, 15
     enum { STAGES = 3 };
 #elif defined(PERFECT_SHUFFLE) && VL == 4
-    const M lo = {0, 4, 1, 5}, hi = {2, 6, 3, 7};
+#define TR_LO 0, 4, 1, 5
+#define TR_HI 2, 6, 3, 7
     enum { STAGES = 2 };
 #elif defined(PERFECT_SHUFFLE) && VL == 2
-    const M lo = {0, 2}, hi = {1, 3};
+#define TR_LO 0, 2
+#define TR_HI 1, 3
     enum { STAGES = 1 };
 #endif
 #ifdef PERFECT_SHUFFLE
     for (int s = 0; s < STAGES; s++) {
         V t[VL];
         for (int i = 0; i < VL / 2; i++) {
-            t[2 * i] = __builtin_shuffle(r[i], r[i + VL / 2], lo);
-            t[2 * i + 1] = __builtin_shuffle(r[i], r[i + VL / 2], hi);
+            t[2 * i] = DP_SHUFFLE(M, r[i], r[i + VL / 2], TR_LO);
+            t[2 * i + 1] = DP_SHUFFLE(M, r[i], r[i + VL / 2], TR_HI);
         }
         for (int i = 0; i < VL; i++) r[i] = t[i];
     }
 #elif VL == 8
-    const M lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
-    const M s44 = {0, 1, 8, 9, 4, 5, 12, 13}, see = {2, 3, 10, 11, 6, 7, 14, 15};
-    const M p20 = {0, 1, 2, 3, 8, 9, 10, 11}, p31 = {4, 5, 6, 7, 12, 13, 14, 15};
-    V t0 = __builtin_shuffle(r[0], r[1], lo), t1 = __builtin_shuffle(r[0], r[1], hi);
-    V t2 = __builtin_shuffle(r[2], r[3], lo), t3 = __builtin_shuffle(r[2], r[3], hi);
-    V t4 = __builtin_shuffle(r[4], r[5], lo), t5 = __builtin_shuffle(r[4], r[5], hi);
-    V t6 = __builtin_shuffle(r[6], r[7], lo), t7 = __builtin_shuffle(r[6], r[7], hi);
-    V s0 = __builtin_shuffle(t0, t2, s44), s1 = __builtin_shuffle(t0, t2, see);
-    V s2 = __builtin_shuffle(t1, t3, s44), s3 = __builtin_shuffle(t1, t3, see);
-    V s4 = __builtin_shuffle(t4, t6, s44), s5 = __builtin_shuffle(t4, t6, see);
-    V s6 = __builtin_shuffle(t5, t7, s44), s7 = __builtin_shuffle(t5, t7, see);
-    r[0] = __builtin_shuffle(s0, s4, p20), r[1] = __builtin_shuffle(s1, s5, p20);
-    r[2] = __builtin_shuffle(s2, s6, p20), r[3] = __builtin_shuffle(s3, s7, p20);
-    r[4] = __builtin_shuffle(s0, s4, p31), r[5] = __builtin_shuffle(s1, s5, p31);
-    r[6] = __builtin_shuffle(s2, s6, p31), r[7] = __builtin_shuffle(s3, s7, p31);
+#define TR_LO 0, 8, 1, 9, 4, 12, 5, 13
+#define TR_HI 2, 10, 3, 11, 6, 14, 7, 15
+#define TR_S44 0, 1, 8, 9, 4, 5, 12, 13
+#define TR_SEE 2, 3, 10, 11, 6, 7, 14, 15
+#define TR_P20 0, 1, 2, 3, 8, 9, 10, 11
+#define TR_P31 4, 5, 6, 7, 12, 13, 14, 15
+    V t0 = DP_SHUFFLE(M, r[0], r[1], TR_LO), t1 = DP_SHUFFLE(M, r[0], r[1], TR_HI);
+    V t2 = DP_SHUFFLE(M, r[2], r[3], TR_LO), t3 = DP_SHUFFLE(M, r[2], r[3], TR_HI);
+    V t4 = DP_SHUFFLE(M, r[4], r[5], TR_LO), t5 = DP_SHUFFLE(M, r[4], r[5], TR_HI);
+    V t6 = DP_SHUFFLE(M, r[6], r[7], TR_LO), t7 = DP_SHUFFLE(M, r[6], r[7], TR_HI);
+    V s0 = DP_SHUFFLE(M, t0, t2, TR_S44), s1 = DP_SHUFFLE(M, t0, t2, TR_SEE);
+    V s2 = DP_SHUFFLE(M, t1, t3, TR_S44), s3 = DP_SHUFFLE(M, t1, t3, TR_SEE);
+    V s4 = DP_SHUFFLE(M, t4, t6, TR_S44), s5 = DP_SHUFFLE(M, t4, t6, TR_SEE);
+    V s6 = DP_SHUFFLE(M, t5, t7, TR_S44), s7 = DP_SHUFFLE(M, t5, t7, TR_SEE);
+    r[0] = DP_SHUFFLE(M, s0, s4, TR_P20), r[1] = DP_SHUFFLE(M, s1, s5, TR_P20);
+    r[2] = DP_SHUFFLE(M, s2, s6, TR_P20), r[3] = DP_SHUFFLE(M, s3, s7, TR_P20);
+    r[4] = DP_SHUFFLE(M, s0, s4, TR_P31), r[5] = DP_SHUFFLE(M, s1, s5, TR_P31);
+    r[6] = DP_SHUFFLE(M, s2, s6, TR_P31), r[7] = DP_SHUFFLE(M, s3, s7, TR_P31);
 #elif VL == 4
-    const M lo = {0, 4, 2, 6}, hi = {1, 5, 3, 7}, p20 = {0, 1, 4, 5}, p31 = {2, 3, 6, 7};
-    V t0 = __builtin_shuffle(r[0], r[1], lo), t1 = __builtin_shuffle(r[0], r[1], hi);
-    V t2 = __builtin_shuffle(r[2], r[3], lo), t3 = __builtin_shuffle(r[2], r[3], hi);
-    r[0] = __builtin_shuffle(t0, t2, p20), r[1] = __builtin_shuffle(t1, t3, p20);
-    r[2] = __builtin_shuffle(t0, t2, p31), r[3] = __builtin_shuffle(t1, t3, p31);
+#define TR_LO 0, 4, 2, 6
+#define TR_HI 1, 5, 3, 7
+#define TR_P20 0, 1, 4, 5
+#define TR_P31 2, 3, 6, 7
+    V t0 = DP_SHUFFLE(M, r[0], r[1], TR_LO), t1 = DP_SHUFFLE(M, r[0], r[1], TR_HI);
+    V t2 = DP_SHUFFLE(M, r[2], r[3], TR_LO), t3 = DP_SHUFFLE(M, r[2], r[3], TR_HI);
+    r[0] = DP_SHUFFLE(M, t0, t2, TR_P20), r[1] = DP_SHUFFLE(M, t1, t3, TR_P20);
+    r[2] = DP_SHUFFLE(M, t0, t2, TR_P31), r[3] = DP_SHUFFLE(M, t1, t3, TR_P31);
 #else
 #error "transpose: VL must be 4 or 8, or 2, 4, 8 or 16 with PERFECT_SHUFFLE"
 #endif
+#undef TR_LO
+#undef TR_HI
+#undef TR_S44
+#undef TR_SEE
+#undef TR_P20
+#undef TR_P31
 }
 
 /* Packs the mc x kc block of A (element (i, k) at A[i * rsa + k * csa]) into MR-row
@@ -194,7 +210,7 @@ TGT static void F(pack_b)(T *DP_RESTRICT Bp, const T *DP_RESTRICT B, ptrdiff_t r
 
 /* Stores the MR x NR accumulators into C[0:mr, 0:nr]: alpha * acc + beta * C (beta == 0:
  * C is not read). */
-DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[MR][2], int mr, int nr,
+TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[MR][2], int mr, int nr,
                              T alpha, T beta)
 {
     typedef F(vec_t) V;
