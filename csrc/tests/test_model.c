@@ -310,8 +310,9 @@ static void test_act_kernels(void)
 #undef GET
                 free(xd); free(x); free(y); free(yn); free(dy); free(dx); free(dxn); free(yy);
             }
-    printf("test_model: max relative error vs libm (double reference): tanh %.2g / %.2g, "
-           "sigmoid %.2g / %.2g, gelu %.2g / %.2g (f32 / f64)\n", worst[0][0], worst[0][1],
+    printf("test_model [isa %s]: max relative error vs libm (double reference): tanh %.2g / "
+           "%.2g, sigmoid %.2g / %.2g, gelu %.2g / %.2g (f32 / f64)\n",
+           dp_isa_name(dp_isa_active()), worst[0][0], worst[0][1],
            worst[1][0], worst[1][1], worst[2][0], worst[2][1]);
 
     /* the double kernels' derivative against central differences of their own forward */
