@@ -18,92 +18,37 @@
  * DP_GEMM_EMULATE_WIDE (csrc/tests only) builds the generic slot with the avx512 slot's
  * shape and no target, so that its packing, tiles and edges run on any CPU. */
 #define TGT
-#ifdef DP_GEMM_EMULATE_WIDE
+#define ISFX _generic
 #define PERFECT_SHUFFLE 1
+#ifdef DP_GEMM_EMULATE_WIDE
 #define ROWS 12
 #define VL32 16
 #define VL64 8
 #else
 /* 16-byte vectors, the baseline's own width: 32-byte GNU vectors on a 16-byte ISA were split
  * by GCC through memory (1.6 GFLOP/s on the MLP's shapes, 40x slower than the AVX2 build) */
-#define PERFECT_SHUFFLE 1
 #define ROWS 6
 #define VL32 4
 #define VL64 2
 #endif
-#define T float
-#define TI int32_t
-#define VL VL32
-#define SUF _f32_generic
-#include "dp_gemm_tmpl.h"
-#undef SUF
-#undef VL
-#undef TI
-#undef T
-#define T double
-#define TI int64_t
-#define VL VL64
-#define SUF _f64_generic
-#include "dp_gemm_tmpl.h"
-#undef SUF
-#undef VL
-#undef TI
-#undef T
-#undef VL64
-#undef VL32
-#undef TGT
+#include "dp_gemm_inst.h"
 
 #ifdef DP_HAVE_X86_FAST
 #define TGT __attribute__((target("avx2,fma")))
-#undef ROWS
-#undef PERFECT_SHUFFLE
+#define ISFX _avx2
 #define ROWS 6
-#define T float
-#define TI int32_t
-#define VL 8
-#define SUF _f32_avx2
-#include "dp_gemm_tmpl.h"
-#undef SUF
-#undef VL
-#undef TI
-#undef T
-#define T double
-#define TI int64_t
-#define VL 4
-#define SUF _f64_avx2
-#include "dp_gemm_tmpl.h"
-#undef SUF
-#undef VL
-#undef TI
-#undef T
-#undef TGT
-#undef ROWS
+#define VL32 8
+#define VL64 4
+#include "dp_gemm_inst.h"
 
 #define TGT __attribute__((target(DP_TARGET_AVX512)))
+#define ISFX _avx512
 #define PERFECT_SHUFFLE 1
 #define ROWS 12
-#define T float
-#define TI int32_t
-#define VL 16
-#define SUF _f32_avx512
-#include "dp_gemm_tmpl.h"
-#undef SUF
-#undef VL
-#undef TI
-#undef T
-#define T double
-#define TI int64_t
-#define VL 8
-#define SUF _f64_avx512
-#include "dp_gemm_tmpl.h"
-#undef SUF
-#undef VL
-#undef TI
-#undef T
-#undef TGT
+#define VL32 16
+#define VL64 8
+#include "dp_gemm_inst.h"
 #endif
-#undef ROWS
-#undef PERFECT_SHUFFLE
 
 /* The least work (flop) a GEMM gives each of its threads: waking the pool and meeting at its
  * end costs tens of microseconds on a shared machine. At 200 kflop, softmax regression

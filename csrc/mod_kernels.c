@@ -642,9 +642,11 @@ static PyObject *py_cpu_features(PyObject *module, PyObject *unused)
 #undef FLAG
 }
 
-/* ValueError: the CPU (or this build) lacks `isa`; names what it needs and what there is. */
-static PyObject *isa_unavailable(int isa, const dp_cpu_features *f)
+/* ValueError: the CPU (or this build) lacks `isa`; names what it needs and what there is.
+ * `what` names the argument, and prefixes the message unless it is plain "isa". */
+static PyObject *isa_unavailable(const char *what, int isa, const dp_cpu_features *f)
 {
+    int named = strcmp(what, "isa") != 0;
     char have[64] = "";
     for (int i = 0; i < DP_ISA_COUNT; i++)
         if (dp_cpu_has_isa(f, i))
@@ -654,8 +656,8 @@ static PyObject *isa_unavailable(int isa, const dp_cpu_features *f)
                             ? "avx512f, avx512bw, avx512vl and avx512dq with the OS saving the ZMM state"
                             : "avx2 and fma with the OS saving the YMM state";
     return PyErr_Format(PyExc_ValueError,
-                        "isa '%s' is not available on this CPU (%s, %s): it needs %s "
-                        "(available here: %s)", dp_isa_name(isa), *f->vendor ? f->vendor : "unknown vendor",
+                        "%s%sisa '%s' is not available on this CPU (%s, %s): it needs %s "
+                        "(available here: %s)", named ? what : "", named ? ": " : "", dp_isa_name(isa), *f->vendor ? f->vendor : "unknown vendor",
                         *f->brand ? f->brand : "unknown model", needs, have);
 }
 
@@ -672,12 +674,7 @@ static int isa_from_arg(const char *name, const char *what)
         return -1;
     }
     if (!dp_cpu_has_isa(&f, isa)) {
-        isa_unavailable(isa, &f);
-        if (strcmp(what, "isa") == 0) return -1;
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_Format(PyExc_ValueError, "%s: %S", what, value);
-        Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+        isa_unavailable(what, isa, &f);
         return -1;
     }
     return isa;
@@ -740,7 +737,7 @@ static PyObject *py_fma_peak(PyObject *module, PyObject *args, PyObject *kwds)
     rc = typenum == NPY_FLOAT32 ? dp_fma_peak_f32(isa, seconds, &gflops)
                                 : dp_fma_peak_f64(isa, seconds, &gflops);
     Py_END_ALLOW_THREADS
-    if (rc == DP_ENOTSUP) return isa_unavailable(isa, &f);
+    if (rc == DP_ENOTSUP) return isa_unavailable("isa", isa, &f);
     if (rc) return raise_code(rc, "fma_peak");
     return PyFloat_FromDouble(gflops);
 }
@@ -774,14 +771,16 @@ static PyObject *py_build_info(PyObject *module, PyObject *unused)
     dp_cpu_detect(&f);
     PyObject *have = PyList_New(0);
     for (int i = 0; have && i < DP_ISA_COUNT; i++) {
-        PyObject *name = dp_cpu_has_isa(&f, i) ? PyUnicode_FromString(dp_isa_name(i)) : NULL;
-        if (dp_cpu_has_isa(&f, i) && (!name || PyList_Append(have, name) < 0)) Py_CLEAR(have);
+        if (!dp_cpu_has_isa(&f, i)) continue;
+        PyObject *name = PyUnicode_FromString(dp_isa_name(i));
+        if (!name || PyList_Append(have, name) < 0) Py_CLEAR(have);
         Py_XDECREF(name);
     }
     if (!have) return NULL;
     return Py_BuildValue(
         "{s:s,s:N,s:s,s:s,s:(ss),s:s,s:O,s:i,s:{s:(iiiii),s:(iiiii)},s:s}",
-        "isa", dp_isa_name(dp_isa_active()), "isas_available", have, "simd", dp_gemm_isa(), "compiler", compiler, "dtypes", "float32", "float64",
+        "isa", dp_isa_name(dp_isa_active()), "isas_available", have, "simd", dp_gemm_isa(),
+        "compiler", compiler, "dtypes", "float32", "float64",
         "threads", threads, "openmp", Py_False, "max_threads", DP_MAX_THREADS,
         "gemm_blocking_mr_nr_kc_mc_nc", "float32", mr32, nr32, kc32, mc32, nc32,
         "float64", mr64, nr64, kc64, mc64, nc64, "numpy_build_api", numpy_api);

@@ -57,12 +57,6 @@ def assert_close(got, want, scale, *, dtype, k, what):
                     f"{got[i]!r}, expected {want[i]!r} (tolerance {tol[i]:.3g})")
 
 
-@pytest.fixture
-def gemm_isa(isa):
-    """The GEMM on each kernel ISA this CPU has (conftest.isa: the others are skipped)."""
-    return isa
-
-
 # ---------------------------------------------------------------------------------------
 # convolution against the reference
 
@@ -140,9 +134,9 @@ def check_conv(fwd, bwd, shape, pad, dtype, what, **kw):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("shape,pad", list(conv_cases()))
-def test_conv2d_matches_reference(gemm_isa, shape, pad, dtype):
+def test_conv2d_matches_reference(isa, shape, pad, dtype):
     check_conv(core.conv2d_forward, core.conv2d_backward, shape, pad, dtype,
-               f"conv2d[{gemm_isa}]")
+               f"conv2d[{isa}]")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)

@@ -62,12 +62,6 @@ def assert_close(got, want, *, dtype, scale, k=1, what):
                     f"got {got[i]!r}, expected {want[i]!r} (tolerance {tol[i]:.3g})")
 
 
-@pytest.fixture
-def gemm_isa(isa):
-    """The GEMM on each kernel ISA this CPU has (conftest.isa: the others are skipped)."""
-    return isa
-
-
 @pytest.fixture(scope="module")
 def ctx2():
     return core.Context(threads=2)
@@ -128,8 +122,8 @@ def check_gemm(fn, name, m, n, k, trans_a, trans_b, dtype, ctx=None):
 @pytest.mark.parametrize("trans_a,trans_b", list(itertools.product([False, True], repeat=2)),
                          ids=lambda t: "T" if t else "N")
 @pytest.mark.parametrize("m,n,k", shape_params(GEMM_SHAPES))
-def test_gemm(gemm_isa, m, n, k, trans_a, trans_b, dtype):
-    check_gemm(core.gemm, f"gemm[{gemm_isa}]", m, n, k, trans_a, trans_b, dtype)
+def test_gemm(isa, m, n, k, trans_a, trans_b, dtype):
+    check_gemm(core.gemm, f"gemm[{isa}]", m, n, k, trans_a, trans_b, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
@@ -150,14 +144,14 @@ CTX_SHAPES = [(128, 256, 784), (250, 5, 641), (6, 3100, 9), (33, 129, 129), (129
 @pytest.mark.parametrize("trans_a,trans_b", list(itertools.product([False, True], repeat=2)),
                          ids=lambda t: "T" if t else "N")
 @pytest.mark.parametrize("m,n,k", shape_params(CTX_SHAPES))
-def test_gemm_with_context(gemm_isa, m, n, k, trans_a, trans_b, dtype, threads):
+def test_gemm_with_context(isa, m, n, k, trans_a, trans_b, dtype, threads):
     ctx = core.Context(threads=threads)
-    check_gemm(core.gemm, f"gemm[{gemm_isa}, Context(threads={threads})]", m, n, k,
+    check_gemm(core.gemm, f"gemm[{isa}, Context(threads={threads})]", m, n, k,
                trans_a, trans_b, dtype, ctx=ctx)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-def test_gemm_matches_its_naive_twin(gemm_isa, dtype):
+def test_gemm_matches_its_naive_twin(isa, dtype):
     for m, n, k in GEMM_SHAPES:
         rng = rng_for("twin", m, n, k)
         a, b = randn(rng, (m, k), dtype), randn(rng, (k, n), dtype)
@@ -165,11 +159,11 @@ def test_gemm_matches_its_naive_twin(gemm_isa, dtype):
         core.gemm(a, b, c1)
         core.gemm_naive(a, b, c2)
         assert_close(c1, c2, dtype=dtype, scale=np.abs(a) @ np.abs(b), k=k,
-                     what=f"gemm[{gemm_isa}] vs gemm_naive M,N,K={m, n, k} dtype={dname(dtype)}")
+                     what=f"gemm[{isa}] vs gemm_naive M,N,K={m, n, k} dtype={dname(dtype)}")
 
 
 @pytest.mark.parametrize("fn", [core.gemm, core.gemm_naive], ids=["gemm", "gemm_naive"])
-def test_gemm_beta_zero_ignores_inf_and_nan_in_c(gemm_isa, fn):
+def test_gemm_beta_zero_ignores_inf_and_nan_in_c(isa, fn):
     a = np.ones((7, 5))
     b = np.ones((5, 9))
     c = np.full((7, 9), np.nan)
@@ -207,7 +201,7 @@ def dense_data(b_rows, n_in, n_out, dtype, tag):
 @pytest.mark.parametrize("use_ctx", [False, True], ids=["ctx=None", "ctx=Context(2)"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("b_rows,n_in,n_out", shape_params(DENSE_SHAPES))
-def test_dense_forward(gemm_isa, b_rows, n_in, n_out, dtype, use_ctx, ctx2):
+def test_dense_forward(isa, b_rows, n_in, n_out, dtype, use_ctx, ctx2):
     x, w, b, _, _ = dense_data(b_rows, n_in, n_out, dtype, "dense_forward")
     kw = {"ctx": ctx2} if use_ctx else {}
     y = np.full((b_rows, n_out), np.nan, dtype)  # y is fully overwritten
@@ -216,7 +210,7 @@ def test_dense_forward(gemm_isa, b_rows, n_in, n_out, dtype, use_ctx, ctx2):
     ref.dense_forward(x, w, b, want)
     scale = np.abs(x).astype(np.float64) @ np.abs(w).T + np.abs(b)
     assert_close(y, want, dtype=dtype, scale=scale, k=n_in + 1,
-                 what=f"dense_forward[{gemm_isa}] B,IN,OUT={b_rows, n_in, n_out} "
+                 what=f"dense_forward[{isa}] B,IN,OUT={b_rows, n_in, n_out} "
                       f"dtype={dname(dtype)} ctx={use_ctx}")
 
 
@@ -224,7 +218,7 @@ def test_dense_forward(gemm_isa, b_rows, n_in, n_out, dtype, use_ctx, ctx2):
 @pytest.mark.parametrize("use_ctx", [False, True], ids=["ctx=None", "ctx=Context(2)"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("b_rows,n_in,n_out", shape_params(DENSE_SHAPES))
-def test_dense_backward(gemm_isa, b_rows, n_in, n_out, dtype, use_ctx, with_dx, ctx2):
+def test_dense_backward(isa, b_rows, n_in, n_out, dtype, use_ctx, with_dx, ctx2):
     x, w, _, dy, rng = dense_data(b_rows, n_in, n_out, dtype, "dense_backward")
     dw0, db0 = randn(rng, w.shape, dtype), randn(rng, (n_out,), dtype)  # accumulated into
     dw, db, dw_ref, db_ref = dw0.copy(), db0.copy(), dw0.copy(), db0.copy()
@@ -233,7 +227,7 @@ def test_dense_backward(gemm_isa, b_rows, n_in, n_out, dtype, use_ctx, with_dx, 
     kw = {"ctx": ctx2} if use_ctx else {}
     core.dense_backward(dy, x, w, dw, db, dx, **kw)
     ref.dense_backward(dy, x, w, dw_ref, db_ref, dx_ref)
-    what = (f"dense_backward[{gemm_isa}] B,IN,OUT={b_rows, n_in, n_out} "
+    what = (f"dense_backward[{isa}] B,IN,OUT={b_rows, n_in, n_out} "
             f"dtype={dname(dtype)} ctx={use_ctx}")
     ady, ax = np.abs(dy).astype(np.float64), np.abs(x).astype(np.float64)
     assert_close(dw, dw_ref, dtype=dtype, scale=ady.T @ ax + np.abs(dw0), k=b_rows + 1,
@@ -704,7 +698,7 @@ def reference_logits(sizes, params, x):
 @pytest.mark.parametrize("grad_scale", [None, 0.25], ids=["default_scale", "scale=0.25"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("case", NET_CASES, ids=net_id)
-def test_network_loss_grad(gemm_isa, case, dtype, grad_scale):
+def test_network_loss_grad(isa, case, dtype, grad_scale):
     sizes, loss, batch = case
     params, x, labels, rng = net_data(sizes, loss, batch, dtype)
     grads0 = randn(rng, params.shape, dtype)  # loss_grad accumulates into whatever is there
@@ -713,7 +707,7 @@ def test_network_loss_grad(gemm_isa, case, dtype, grad_scale):
     net = core.Network(sizes, loss, params, grads)
     got = net.loss_grad(x, labels) if grad_scale is None else net.loss_grad(x, labels, grad_scale)
     want = ref.mlp_loss_grad(sizes, loss, params, grads_ref, x, labels, grad_scale)
-    what = f"Network.loss_grad[{gemm_isa}] {net_id(case)} dtype={dname(dtype)} gs={grad_scale}"
+    what = f"Network.loss_grad[{isa}] {net_id(case)} dtype={dname(dtype)} gs={grad_scale}"
     k = net_k(sizes, batch)
     check_loss_and_correct(got, want, reference_logits(sizes, params, x), loss, dtype, k,
                            batch, what)
