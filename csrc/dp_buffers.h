@@ -32,10 +32,27 @@
     X(void, dp_bias_add, S, (T *y, const T *b, int OC, int n), (y, b, OC, n))                  \
     X(void, dp_add_row_sums, S, (T *db, const T *d, int OC, int n), (db, d, OC, n))
 
-/* The concrete symbols, for grep: dp_sum_buffers_f32 dp_sum_buffers_f64 dp_scale_f32
+/* bfloat16 (the high 16 bits of a float, held as uint16_t) for the gradient exchange of
+ * mixed precision, vector kernels too (suffix _bf16):
+ * - dp_to_bf16: out[0:n] = x[0:n] rounded to the nearest bfloat16, ties to even (a NaN
+ *   stays a quiet NaN, a float above bfloat16's largest becomes inf): dp_round_bf16's bits;
+ * - dp_from_bf16: out[0:n] = x[0:n] widened to float (exact);
+ * - dp_sum_bf16: out[start:stop] = scale * (ins[0] + ... + ins[k-1])[start:stop] summed in
+ *   float, each input widened exactly, added left to right (as dp_sum_buffers), then rounded
+ *   to bfloat16 as dp_to_bf16: a bfloat16 all-reduce moves bfloat16 both ways. out may be
+ *   one of the inputs. */
+#define DP_BF16_VEC(X, T, S)                                                                   \
+    X(void, dp_to_bf16, S, (uint16_t *out, const float *x, ptrdiff_t n), (out, x, n))         \
+    X(void, dp_from_bf16, S, (float *out, const uint16_t *x, ptrdiff_t n), (out, x, n))       \
+    X(void, dp_sum_bf16, S, (uint16_t *out, const uint16_t *const *ins, int k,                \
+                             ptrdiff_t start, ptrdiff_t stop, float scale),                   \
+      (out, ins, k, start, stop, scale))
+
+/* The concrete symbols, for grep: dp_to_bf16 dp_from_bf16 dp_sum_bf16 dp_sum_buffers_f32 dp_sum_buffers_f64 dp_scale_f32
  * dp_scale_f64 dp_bias_relu_f32 dp_bias_relu_f64 dp_bias_add_f32 dp_bias_add_f64
  * dp_add_row_sums_f32 dp_add_row_sums_f64. */
 DP_BUFFERS_VEC(DP_VEC_PROTO, float, _f32)
 DP_BUFFERS_VEC(DP_VEC_PROTO, double, _f64)
+DP_BF16_VEC(DP_VEC_PROTO, float, )
 
 #endif

@@ -50,6 +50,20 @@
 #include "dp_gemm_inst.h"
 #endif
 
+void dp_round_bf16(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            u |= 0x00400000u;                       /* NaN: quiet it, keep sign and payload */
+        else
+            u += 0x7fffu + ((u >> 16) & 1u);        /* ties to even; carries into the exponent */
+        u &= 0xffff0000u;
+        memcpy(&x[i], &u, sizeof u);
+    }
+}
+
 /* The least work (flop) a GEMM gives each of its threads: waking the pool and meeting at its
  * end costs tens of microseconds on a shared machine. At 200 kflop, softmax regression
  * 784->10 (batch 128: two 2 Mflop GEMMs) took 1.25-1.46x longer per step at 2 threads than

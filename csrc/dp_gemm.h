@@ -20,6 +20,11 @@
 typedef struct {
     dp_threads *team;         /* the intra-worker threads; NULL when threads == 1 */
     int threads;
+    /* 1: the float GEMMs round A and B to bfloat16 (round to nearest even) as they pack them
+     * and accumulate in float (bf16 x bf16 products are exact in float, so this is what
+     * AVX512_BF16's vdpbf16ps computes, up to its flushing of denormals). The double GEMMs
+     * ignore it. dp_ctx_init sets 0; the caller sets it. */
+    int bf16_inputs;
     dp_scratch pack[2 * DP_MAX_THREADS];   /* [2t] packed A block, [2t + 1] packed B panel */
 } dp_ctx;
 
@@ -39,6 +44,11 @@ int dp_gemm_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc,
                 const double *A, ptrdiff_t rsa, ptrdiff_t csa,
                 const double *B, ptrdiff_t rsb, ptrdiff_t csb,
                 int M, int N, int K, double alpha, double beta);
+
+/* Rounds x[0:n] to the nearest bfloat16 (ties to even) in place, as float: the low 16 bits
+ * become 0. Infinities stay; a NaN stays a (quiet) NaN; a finite value above bfloat16's
+ * largest rounds to infinity, as the hardware's conversion does. */
+void dp_round_bf16(float *x, size_t n);
 
 /* The readable twin: a triple loop, the reference for tests and the fallback nobody needs. */
 void dp_gemm_naive_f32(float *C, ptrdiff_t ldc,

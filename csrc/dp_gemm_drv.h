@@ -13,7 +13,8 @@
 #define CAT(a, b) CAT_(a, b)
 #define D(name) CAT(name, DSUF)
 #define ISA(name, isa) CAT(CAT(name, DSUF), isa)
-#define IMPL(isa, mr, nr) {ISA(pack_a, isa), ISA(pack_b, isa), ISA(macrokernel, isa), mr, nr}
+#define IMPL(isa, mr, nr) {ISA(pack_a, isa), ISA(pack_b, isa), ISA(macrokernel, isa), \
+                           ISA(round_bf16, isa), mr, nr}
 /* the chosen build's micro-tile, inside functions that have a job */
 #define MR (job->impl.mr)
 #define NR (job->impl.nr)
@@ -23,6 +24,7 @@ typedef struct {
     void (*pack_b)(T *, const T *, ptrdiff_t, ptrdiff_t, int, int);
     void (*macro)(T *, ptrdiff_t, const T *, ptrdiff_t, ptrdiff_t, ptrdiff_t, const T *,
                   ptrdiff_t, ptrdiff_t, const T *, int, int, int, T, T);
+    void (*round_bf16)(float *, size_t);
     int mr, nr;      /* the build's micro-tile */
 } D(gemm_impl);
 
@@ -57,6 +59,7 @@ typedef struct {
     int M, N, K;
     T alpha, beta;
     int split_n;     /* 1: threads own column ranges, 0: row ranges */
+    int bf16;        /* round the packed A and B to bfloat16 (float only: dp_ctx.bf16_inputs) */
     int kc;          /* balanced depth of a K slice */
 } D(gemm_job);
 
@@ -99,6 +102,9 @@ static void D(gemm_task)(void *arg, int t, int n)
      * place instead (the output layer's N = 10, its weight gradient's M = 10, K = 27 convs). */
     int pack_a = N > 2 * NR;
     int pack_b = !(job->csb == 1 && M <= 2 * MR);
+    /* bfloat16 inputs: both operands are packed, and rounded where they are packed (the
+     * zero padding stays 0); the f64 build never sets job->bf16, so the casts never run */
+    if (job->bf16) pack_a = pack_b = 1;
     for (int jc = 0; jc < N; jc += NC) {
         int nc = N - jc < NC ? N - jc : NC;
         for (int pc = 0; pc < job->K; pc += kcb) {
@@ -109,6 +115,7 @@ static void D(gemm_task)(void *arg, int t, int n)
             ptrdiff_t bks = NR, bpanel = (ptrdiff_t)NR * kc;
             if (pack_b) {
                 job->impl.pack_b(Bp, Bpc, job->rsb, job->csb, kc, nc);
+                if (job->bf16) job->impl.round_bf16((float *)Bp, (size_t)D(round_up)(nc, NR) * kc);
             } else {
                 bsrc = Bpc;
                 bks = job->rsb;
@@ -124,6 +131,7 @@ static void D(gemm_task)(void *arg, int t, int n)
                 const T *Aic = A + (ptrdiff_t)ic * job->rsa + (ptrdiff_t)pc * job->csa;
                 if (pack_a) {
                     job->impl.pack_a(Ap, Aic, job->rsa, job->csa, mc, kc);
+                    if (job->bf16) job->impl.round_bf16((float *)Ap, (size_t)D(round_up)(mc, MR) * kc);
                     job->impl.macro(C + (ptrdiff_t)ic * job->ldc + jc, job->ldc, Ap, 1, MR,
                                     (ptrdiff_t)MR * kc, bsrc, bks, bpanel, bedge, mc, nc, kc,
                                     job->alpha, beta);
@@ -157,7 +165,7 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
         own = 1;
     }
     D(gemm_job) job = {ctx, D(pick_impl)(), C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta,
-                       1, D(balanced)(K, KC, 1)};
+                       1, ctx->bf16_inputs && sizeof(T) == sizeof(float), D(balanced)(K, KC, 1)};
     /* How many threads: at least GEMM_THREAD_FLOPS of work per thread. */
     const int mr = job.impl.mr, nr = job.impl.nr;
     int threads = ctx->threads;

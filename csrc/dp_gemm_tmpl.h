@@ -208,6 +208,20 @@ TGT static void F(pack_b)(T *DP_RESTRICT Bp, const T *DP_RESTRICT B, ptrdiff_t r
 }
 
 
+/* dp_round_bf16 (dp_gemm.h) in this build's vectors: the same bits, branch-free so that it
+ * vectorizes (a signed compare: SSE2 has no unsigned one, and |u| < 2^31). Used on packed
+ * float panels only; the double builds never call theirs. */
+TGT static __attribute__((unused)) void F(round_bf16)(float *DP_RESTRICT x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        __builtin_memcpy(&u, &x[i], sizeof u);
+        uint32_t rne = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x00400000u;
+        u = ((int32_t)(u & 0x7fffffffu) > 0x7f800000 ? quiet : rne) & 0xffff0000u;
+        __builtin_memcpy(&x[i], &u, sizeof u);
+    }
+}
+
 /* Stores the MR x NR accumulators into C[0:mr, 0:nr]: alpha * acc + beta * C (beta == 0:
  * C is not read). */
 TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[MR][2], int mr, int nr,

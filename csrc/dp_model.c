@@ -281,6 +281,12 @@ int dp_model_init(dp_model *m, const dp_layer *layers, int n_layers, const int *
     return dp_ctx_init(&m->ctx, threads);
 }
 
+void dp_model_set_bf16_inputs(dp_model *m, int on)
+{
+    m->ctx.bf16_inputs = on;
+    for (int t = 0; t < m->threads; t++) m->th[t].ctx.bf16_inputs = on;
+}
+
 void dp_model_free(dp_model *m)
 {
     dp_ctx_free(&m->ctx);

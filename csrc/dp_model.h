@@ -175,6 +175,10 @@ int dp_model_plan(dp_plan *plan, const dp_layer *layers, int n_layers, const int
  * DP_MAX_THREADS]). dp_model_free is safe after any failure. */
 int dp_model_init(dp_model *model, const dp_layer *layers, int n_layers, const int *in_shape,
                   int in_ndim, dp_loss loss, int threads);
+/* Mixed precision (float models only): 1 makes every GEMM of the model (dense and conv,
+ * forward and backward) round its inputs to bfloat16 and accumulate in float; the parameters,
+ * gradients and activations stay float (dp_ctx.bf16_inputs). After a successful init. */
+void dp_model_set_bf16_inputs(dp_model *model, int on);
 void dp_model_free(dp_model *model);
 
 #define DP_DECLARE_MODEL(T, S)                                                                 \

@@ -394,9 +394,9 @@ int K(dp_model_loss_grad)(dp_model *m, T *grads, double *loss_sum, int64_t *corr
     const dp_stage *st = &p->stage[0];
     m->pending_rows = 0;   /* a whole sweep: one in progress ends here, on every path */
     if (B > 0 && labels && p->loss == DP_LOSS_SIGMOID_BCE && p->n_stages == 1 &&
-        st->op == DP_STAGE_DENSE && st->act == DP_ACT_NONE) {
+        st->op == DP_STAGE_DENSE && st->act == DP_ACT_NONE && !m->ctx.bf16_inputs) {
         /* logistic regression: a GEMM with one output column wastes the micro-kernel; the
-         * fused kernel reads x once */
+         * fused kernel reads x once (it has no bfloat16 inputs: those take the GEMMs) */
         int rc = K(dp_logistic_grad)(grads + st->w_off, grads + st->b_off, loss_sum, correct, x,
                                      params + st->w_off, params + st->b_off, labels, B,
                                      st->in_width, grad_scale);

@@ -234,3 +234,17 @@ static int group_valid(const dp_group *g, ptrdiff_t start, ptrdiff_t stop)
 
 GROUP_ALLREDUCE(float, _f32)
 GROUP_ALLREDUCE(double, _f64)
+
+int dp_group_allreduce_bf16(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale,
+                            double *waited_s, uint32_t *code)
+{
+    *waited_s = 0;
+    if (!group_valid(g, start, stop) || g->algorithm != DP_ALLREDUCE_NATIVE || !g->out)
+        return DP_EVALUE;
+    int rc = dp_group_barrier(g, waited_s, code);     /* every buffer is complete */
+    if (rc) return rc;
+    ptrdiff_t lo, hi;
+    dp_slice(start, stop, g->rank, g->n, (int)sizeof(uint16_t), &lo, &hi);
+    dp_sum_bf16((uint16_t *)g->out, (const uint16_t *const *)g->bufs, g->k, lo, hi, scale);
+    return dp_barrier_wait(g->barrier, &g->policy, code);   /* every slice is summed */
+}

@@ -158,5 +158,10 @@ int dp_group_allreduce_f32(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float s
                            double *waited_s, uint32_t *code);
 int dp_group_allreduce_f64(dp_group *g, ptrdiff_t start, ptrdiff_t stop, double scale,
                            double *waited_s, uint32_t *code);
+/* The same for bfloat16 buffers (uint16_t, dp_buffers.h) and a bfloat16 out: native with
+ * out only (DP_EVALUE otherwise); out[slice] = bfloat16(scale * the float sum of the buffers
+ * widened, in buffer order) (dp_sum_bf16): half the bytes of a float all-reduce both ways. */
+int dp_group_allreduce_bf16(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale,
+                            double *waited_s, uint32_t *code);
 
 #endif

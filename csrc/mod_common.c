@@ -16,6 +16,7 @@ const char *dtype_name(PyArrayObject *a)
     case NPY_INT64: return "int64";
     case NPY_INT32: return "int32";
     case NPY_UINT8: return "uint8";
+    case NPY_UINT16: return "uint16";
     case NPY_FLOAT16: return "float16";
     default: return PyArray_DESCR(a)->typeobj->tp_name;
     }
@@ -24,7 +25,7 @@ const char *dtype_name(PyArrayObject *a)
 const char *typenum_name(int t)
 {
     return t == NPY_FLOAT32 ? "float32" : t == NPY_FLOAT64 ? "float64" : t == NPY_INT64 ? "int64" :
-           t == NPY_UINT8 ? "uint8" : "?";
+           t == NPY_UINT8 ? "uint8" : t == NPY_UINT16 ? "uint16" : "?";
 }
 
 /* A shape as Python prints a tuple: (4,), (64, 784), (). */
@@ -220,13 +221,48 @@ int get_range(PyObject *starto, PyObject *stopo, npy_intp n, ptrdiff_t *start, p
 }
 
 /* ctx argument: None -> a NULL context (the kernel allocates its own scratch). */
-int get_ctx(PyObject *module, PyObject *obj, ContextObject **out)
+int parse_gemm_inputs(PyObject *obj, int f32, int *bf16)
+{
+    *bf16 = 0;
+    if (!obj || obj == Py_None) return 0;
+    Py_ssize_t len = 0;
+    const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8AndSize(obj, &len) : NULL;
+    if (!s) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "gemm_inputs must be a str or None, got %s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if ((size_t)len != strlen(s)) {     /* an embedded NUL: not one of the names */
+        PyErr_SetString(PyExc_ValueError, "gemm_inputs holds a NUL character");
+        return -1;
+    }
+    if (strcmp(s, "bfloat16") == 0) {
+        if (f32 == 0) {
+            PyErr_SetString(PyExc_ValueError, "gemm_inputs='bfloat16' needs float32 params, got float64");
+            return -1;
+        }
+        *bf16 = 1;
+        return 0;
+    }
+    if ((strcmp(s, "float32") == 0 && f32 != 0) || (strcmp(s, "float64") == 0 && f32 != 1)) return 0;
+    PyErr_Format(PyExc_ValueError, "gemm_inputs is '%s', expected 'bfloat16' or the params' dtype%s",
+                 s, f32 == 1 ? " ('float32')" : f32 == 0 ? " ('float64')" : "");
+    return -1;
+}
+
+int get_ctx(PyObject *module, PyObject *obj, PyArrayObject *ref, const char *ref_name,
+            ContextObject **out)
 {
     *out = NULL;
     if (!obj || obj == Py_None) return 0;
     if (!PyObject_TypeCheck(obj, module_state(module)->context_type) || !((ContextObject *)obj)->ready) {
         PyErr_Format(PyExc_TypeError, "ctx must be a dptrain._core.Context or None, got %s",
                      Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (((ContextObject *)obj)->ctx.bf16_inputs && !IS_F32(ref)) {
+        PyErr_Format(PyExc_ValueError, "ctx rounds GEMM inputs to bfloat16 (gemm_inputs='bfloat16'), "
+                     "which only float32 arrays take; %s is float64", ref_name);
         return -1;
     }
     *out = (ContextObject *)obj;

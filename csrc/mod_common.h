@@ -131,8 +131,14 @@ typedef struct {
 } ContextObject;
 
 /* ctx argument of a module-level function: None (or NULL) -> *out = NULL (the kernel
- * allocates its own scratch); else an initialized Context of this module. */
-int get_ctx(PyObject *module, PyObject *obj, ContextObject **out);
+ * allocates its own scratch); else an initialized Context of this module. A context whose
+ * GEMMs take bfloat16 inputs is refused for float64 arrays (ref, named ref_name): it would
+ * silently compute in full precision. */
+int get_ctx(PyObject *module, PyObject *obj, PyArrayObject *ref, const char *ref_name,
+            ContextObject **out);
+/* gemm_inputs=... of Context and Model: None or the params' dtype name -> 0; "bfloat16" ->
+ * 1 (refused, naming the dtype, unless f32 is 1 or -1: not known yet). */
+int parse_gemm_inputs(PyObject *obj, int f32, int *bf16);
 
 /* Runs stmt with the GIL released, holding `lock` (a PyThread lock, or NULL for none). */
 #define WITHOUT_GIL_LOCKED(lock, stmt)                                        \

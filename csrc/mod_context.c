@@ -9,9 +9,12 @@
 
 static int Context_init(ContextObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"threads", NULL};
-    int threads = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|i:Context", kwlist, &threads)) return -1;
+    static char *kwlist[] = {"threads", "gemm_inputs", NULL};
+    int threads = 1, bf16;
+    PyObject *gi = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|i$O:Context", kwlist, &threads, &gi) ||
+        parse_gemm_inputs(gi, -1, &bf16))
+        return -1;
     if (threads < 1 || threads > DP_MAX_THREADS) {
         PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads);
         return -1;
@@ -24,6 +27,7 @@ static int Context_init(ContextObject *self, PyObject *args, PyObject *kwds)
     if (!self->lock) { PyErr_NoMemory(); return -1; }
     int rc = dp_ctx_init(&self->ctx, threads);
     if (rc) { raise_code(rc, "Context"); return -1; }
+    self->ctx.bf16_inputs = bf16;
     self->ready = 1;
     return 0;
 }
@@ -43,13 +47,24 @@ static PyObject *Context_threads(ContextObject *self, void *closure)
     return PyLong_FromLong(self->ready ? self->ctx.threads : 0);
 }
 
+static PyObject *Context_gemm_inputs(ContextObject *self, void *closure)
+{
+    if (self->ready && self->ctx.bf16_inputs) return PyUnicode_FromString("bfloat16");
+    Py_RETURN_NONE;
+}
+
 static PyGetSetDef Context_getset[] = {
     {"threads", (getter)Context_threads, NULL, "threads the kernels split work over", NULL},
+    {"gemm_inputs", (getter)Context_gemm_inputs, NULL,
+     "'bfloat16': float32 GEMMs round their inputs to bfloat16 (float accumulation); None: as given", NULL},
     {NULL},
 };
 
 static PyType_Slot Context_slots[] = {
-    {Py_tp_doc, (void *)"Context(threads=1): a thread pool and GEMM packing buffers for the kernels."},
+    {Py_tp_doc, (void *)"Context(threads=1, *, gemm_inputs=None): a thread pool and GEMM packing buffers for the "
+                        "kernels. gemm_inputs='bfloat16': the float32 GEMMs run with it (gemm, dense and "
+                        "conv kernels) round A and B to bfloat16 and accumulate in float32; float64 "
+                        "arrays are refused with it."},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, Context_init},
     {Py_tp_dealloc, Context_dealloc},

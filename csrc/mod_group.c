@@ -25,7 +25,8 @@ typedef struct {
     PyObject *world_obj;          /* owned reference to the world control array, or NULL */
     dp_group g;                   /* the handle the dp_group_* calls take; g.bufs is ptrs */
     void *ptrs[DP_MAX_GROUP];
-    int f32;
+    int btype, otype;             /* the buffers' and out's typenum: float32, float64, or
+                                   * uint16 buffers (bfloat16 bits) summed into a float32 out */
     npy_intp length;
 } ShmGroupObject;
 
@@ -161,10 +162,21 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
         goto fail;
     }
     PyArrayObject *first = NULL;
+    PyObject *b0 = PySequence_Fast_GET_ITEM(seq, 0);
+    /* uint16 buffers hold bfloat16 values: summed in float32 into a uint16 out, rounded to
+     * bfloat16 (native only) */
+    int bf16 = PyArray_Check(b0) && PyArray_TYPE((PyArrayObject *)b0) == NPY_UINT16;
+    if (bf16 && (oo == Py_None || algorithm != DP_ALLREDUCE_NATIVE)) {
+        PyErr_Format(PyExc_ValueError, "bfloat16 buffers (uint16) are summed into an out array "
+                     "with the native algorithm; got %s and algorithm '%s'",
+                     oo == Py_None ? "no out" : "an out", alg_name);
+        goto fail;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         char name[48];
         snprintf(name, sizeof name, "buffers[%zd]", i);
-        PyArrayObject *a = check_array(PySequence_Fast_GET_ITEM(seq, i), name, NPY_NOTYPE, 1, 1);
+        PyArrayObject *a = check_array(PySequence_Fast_GET_ITEM(seq, i), name,
+                                       bf16 ? NPY_UINT16 : NPY_NOTYPE, 1, 1);
         if (!a) goto fail;
         if (!first) first = a;
         else if (check_same_dtype(a, name, first, "buffers[0]") ||
@@ -208,7 +220,7 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
     self->g.k = (int)n;
     self->g.rank = rank;
     self->g.bufs = self->ptrs;
-    self->f32 = IS_F32(first);
+    self->btype = self->otype = PyArray_TYPE(first);
     self->length = PyArray_SIZE(first);
     self->g.policy.spin_s = spin;
     self->g.policy.yield_s = yield_time;
@@ -293,7 +305,7 @@ static int group_ready(ShmGroupObject *self)
     uint32_t code = dp_barrier_abort_code(self->g.barrier);
     if (!code && self->g.policy.world) code = dp_barrier_abort_code(self->g.policy.world);
     if (code) return group_error(self, DP_EABORT, code, "allreduce"), -1;
-    int t = self->f32 ? NPY_FLOAT32 : NPY_FLOAT64;
+    int t = self->btype;
     for (int i = 0; i < self->g.k; i++) {
         PyArrayObject *a = (PyArrayObject *)PyTuple_GET_ITEM(self->buffers, i);
         if (PyArray_DATA(a) != self->ptrs[i] || PyArray_TYPE(a) != t || PyArray_NDIM(a) != 1 ||
@@ -304,11 +316,11 @@ static int group_ready(ShmGroupObject *self)
     }
     if (self->out_obj) {
         PyArrayObject *o = (PyArrayObject *)self->out_obj;
-        if (PyArray_DATA(o) != self->g.out || PyArray_TYPE(o) != t || PyArray_NDIM(o) != 1 ||
+        if (PyArray_DATA(o) != self->g.out || PyArray_TYPE(o) != self->otype || PyArray_NDIM(o) != 1 ||
             PyArray_DIM(o, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(o) || !PyArray_ISWRITEABLE(o))
             return PyErr_Format(PyExc_ValueError, "ShmGroup out was changed after the ShmGroup was "
                                 "built: it must stay a writeable %s array of shape (%zd,) at its memory",
-                                typenum_name(t), (Py_ssize_t)self->length), -1;
+                                typenum_name(self->otype), (Py_ssize_t)self->length), -1;
     }
     return 0;
 }
@@ -336,7 +348,10 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObje
     uint32_t code = 0;
     double waited = 0;
     int rc;
-    if (self->f32) WITHOUT_GIL(rc = dp_group_allreduce_f32(&self->g, start, stop, (float)scale, &waited, &code));
+    if (self->btype == NPY_UINT16)
+        WITHOUT_GIL(rc = dp_group_allreduce_bf16(&self->g, start, stop, (float)scale, &waited, &code));
+    else if (self->btype == NPY_FLOAT32)
+        WITHOUT_GIL(rc = dp_group_allreduce_f32(&self->g, start, stop, (float)scale, &waited, &code));
     else WITHOUT_GIL(rc = dp_group_allreduce_f64(&self->g, start, stop, scale, &waited, &code));
     if (rc) return group_error(self, rc, code, "allreduce");
     /* the wait at the entry barrier: this worker waiting for the slowest one (arrival skew),
@@ -372,7 +387,8 @@ static PyMethodDef ShmGroup_methods[] = {
      "allreduce(scale=1.0, start=0, stop=None) -> seconds waited at the entry barrier: every "
      "buffer[start:stop] (or only out[start:stop] when the group has an out array) = scale * the sum "
      "of all buffers[start:stop]; native: summed in buffer order, this worker reduces its slice; "
-     "ring/tree: the point-to-point schedules of the group's algorithm"},
+     "ring/tree: the point-to-point schedules of the group's algorithm; uint16 buffers (bfloat16 "
+     "values) are summed in float32 into the uint16 out, rounded to bfloat16"},
     {"abort", (PyCFunction)ShmGroup_abort, METH_VARARGS, "abort(code=1): wake every waiter with an error"},
     {NULL},
 };

@@ -36,7 +36,7 @@ static PyObject *gemm_common(PyObject *module, PyObject *args, PyObject *kwds, i
     ContextObject *cobj;
     if (!(a = check_array(ao, "a", NPY_NOTYPE, 2, 0)) || !(b = check_array(bo, "b", NPY_NOTYPE, 2, 0)) ||
         !(c = check_array(co, "c", NPY_NOTYPE, 2, 1)) || check_same_dtype(b, "b", a, "a") ||
-        check_same_dtype(c, "c", a, "a") || get_ctx(module, ctxo, &cobj) ||
+        check_same_dtype(c, "c", a, "a") || get_ctx(module, ctxo, a, "a", &cobj) ||
         check_finite(alpha, "alpha") || check_finite(beta, "beta"))
         return NULL;
     npy_intp M = PyArray_DIM(a, ta ? 1 : 0), K = PyArray_DIM(a, ta ? 0 : 1);
@@ -85,7 +85,7 @@ static PyObject *py_dense_forward(PyObject *module, PyObject *args, PyObject *kw
     if (!(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) || !(w = check_array(wo, "w", NPY_NOTYPE, 2, 0)) ||
         !(b = check_array(bo, "b", NPY_NOTYPE, 1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 2, 1)) ||
         check_same_dtype(w, "w", x, "x") || check_same_dtype(b, "b", x, "x") ||
-        check_same_dtype(y, "y", x, "x") || get_ctx(module, ctxo, &cobj))
+        check_same_dtype(y, "y", x, "x") || get_ctx(module, ctxo, x, "x", &cobj))
         return NULL;
     npy_intp B = PyArray_DIM(x, 0), IN = PyArray_DIM(x, 1), OUT = PyArray_DIM(w, 0);
     npy_intp wd[2] = {OUT, IN}, bd[1] = {OUT}, yd[2] = {B, OUT};
@@ -117,7 +117,7 @@ static PyObject *py_dense_backward(PyObject *module, PyObject *args, PyObject *k
         (dxo != Py_None && !(dx = check_array(dxo, "dx", NPY_NOTYPE, 2, 1))) ||
         check_same_dtype(x, "x", dy, "dy") || check_same_dtype(w, "w", dy, "dy") ||
         check_same_dtype(dw, "dw", dy, "dy") || check_same_dtype(db, "db", dy, "dy") ||
-        (dx && check_same_dtype(dx, "dx", dy, "dy")) || get_ctx(module, ctxo, &cobj))
+        (dx && check_same_dtype(dx, "dx", dy, "dy")) || get_ctx(module, ctxo, dy, "dy", &cobj))
         return NULL;
     npy_intp B = PyArray_DIM(dy, 0), OUT = PyArray_DIM(dy, 1), IN = PyArray_DIM(w, 1);
     npy_intp xd[2] = {B, IN}, wd[2] = {OUT, IN}, bd[1] = {OUT};
@@ -335,7 +335,10 @@ static PyObject *py_sum_buffers(PyObject *module, PyObject *args, PyObject *kwds
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|$dOO:sum_buffers", kwlist, &oo, &ino, &scale, &starto, &stopo))
         return NULL;
     PyArrayObject *out;
-    if (!(out = check_array(oo, "out", NPY_NOTYPE, 1, 1)) || check_finite(scale, "scale")) return NULL;
+    if (!(out = (PyArray_Check(oo) && PyArray_TYPE((PyArrayObject *)oo) == NPY_UINT16
+                     ? check_array(oo, "out", NPY_UINT16, 1, 1) : check_array(oo, "out", NPY_NOTYPE, 1, 1))) ||
+        check_finite(scale, "scale"))
+        return NULL;
     if (!(seq = PySequence_Fast(ino, "inputs must be a sequence of arrays"))) return NULL;
     Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
     const void *ptrs[MAX_SUM_INPUTS];
@@ -348,15 +351,20 @@ static PyObject *py_sum_buffers(PyObject *module, PyObject *args, PyObject *kwds
         PyErr_Format(PyExc_ValueError, "inputs has %zd arrays, at most %d are supported", k, MAX_SUM_INPUTS);
         goto fail;
     }
+    /* uint16 arrays hold bfloat16 values: summed in float32, rounded to bfloat16 */
+    int bf16 = PyArray_TYPE(out) == NPY_UINT16;
     for (Py_ssize_t i = 0; i < k; i++) {
         char name[48];
         snprintf(name, sizeof name, "inputs[%zd]", i);
-        PyArrayObject *a = check_array(PySequence_Fast_GET_ITEM(seq, i), name, NPY_NOTYPE, 1, 0);
+        PyArrayObject *a = check_array(PySequence_Fast_GET_ITEM(seq, i), name,
+                                       bf16 ? NPY_UINT16 : NPY_NOTYPE, 1, 0);
         if (!a || check_elementwise(a, name, out, "out")) goto fail;
         ptrs[i] = PyArray_DATA(a);
     }
     if (get_range(starto, stopo, PyArray_SIZE(out), &start, &stop)) goto fail;
-    if (IS_F32(out))
+    if (bf16)
+        WITHOUT_GIL(dp_sum_bf16(PyArray_DATA(out), (const uint16_t *const *)ptrs, (int)k, start, stop, (float)scale));
+    else if (IS_F32(out))
         WITHOUT_GIL(dp_sum_buffers_f32(PyArray_DATA(out), (const float *const *)ptrs, (int)k, start, stop, (float)scale));
     else
         WITHOUT_GIL(dp_sum_buffers_f64(PyArray_DATA(out), (const double *const *)ptrs, (int)k, start, stop, scale));
@@ -366,6 +374,26 @@ fail:
     Py_XDECREF(seq);
     return result;
 }
+
+/* to_bf16 (to = 1: float32 x -> uint16 out) and from_bf16 (to = 0: the reverse) */
+static PyObject *bf16_convert(PyObject *args, PyObject *kwds, int to)
+{
+    static char *kwlist[] = {"x", "out", NULL};
+    PyObject *xo, *oo;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, to ? "OO:to_bf16" : "OO:from_bf16", kwlist, &xo, &oo))
+        return NULL;
+    PyArrayObject *x, *out;
+    if (!(x = check_array(xo, "x", to ? NPY_FLOAT32 : NPY_UINT16, -1, 0)) ||
+        !(out = check_array(oo, "out", to ? NPY_UINT16 : NPY_FLOAT32, -1, 1)) ||
+        check_shape(out, "out", PyArray_NDIM(x), PyArray_DIMS(x)) || check_no_overlap(out, "out", x, "x"))
+        return NULL;
+    if (to) WITHOUT_GIL(dp_to_bf16(PyArray_DATA(out), PyArray_DATA(x), PyArray_SIZE(x)));
+    else WITHOUT_GIL(dp_from_bf16(PyArray_DATA(out), PyArray_DATA(x), PyArray_SIZE(x)));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_to_bf16(PyObject *module, PyObject *args, PyObject *kwds) { return bf16_convert(args, kwds, 1); }
+static PyObject *py_from_bf16(PyObject *module, PyObject *args, PyObject *kwds) { return bf16_convert(args, kwds, 0); }
 
 static PyObject *py_scale(PyObject *module, PyObject *args, PyObject *kwds)
 {
@@ -486,7 +514,7 @@ static PyObject *conv_forward_common(PyObject *module, PyObject *args, PyObject 
     if (!(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) || !(w = check_array(wo, "w", NPY_NOTYPE, 4, 0)) ||
         !(b = check_array(bo, "b", NPY_NOTYPE, 1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 4, 1)) ||
         check_same_dtype(w, "w", x, "x") || check_same_dtype(b, "b", x, "x") ||
-        check_same_dtype(y, "y", x, "x") || get_ctx(module, ctxo, &cobj) || conv_geometry(x, w, padding, &g, &OH, &OW))
+        check_same_dtype(y, "y", x, "x") || get_ctx(module, ctxo, x, "x", &cobj) || conv_geometry(x, w, padding, &g, &OH, &OW))
         return NULL;
     npy_intp B = PyArray_DIM(x, 0), bd[1] = {g.OC}, yd[4] = {B, g.OC, OH, OW};
     if (check_shape(b, "b", 1, bd) || check_shape(y, "y", 4, yd) || check_no_overlap(y, "y", x, "x") ||
@@ -528,7 +556,7 @@ static PyObject *conv_backward_common(PyObject *module, PyObject *args, PyObject
         (dxo != Py_None && !(dx = check_array(dxo, "dx", NPY_NOTYPE, 4, 1))) ||
         check_same_dtype(x, "x", dy, "dy") || check_same_dtype(w, "w", dy, "dy") ||
         check_same_dtype(dw, "dw", dy, "dy") || check_same_dtype(db, "db", dy, "dy") ||
-        (dx && check_same_dtype(dx, "dx", dy, "dy")) || get_ctx(module, ctxo, &cobj) ||
+        (dx && check_same_dtype(dx, "dx", dy, "dy")) || get_ctx(module, ctxo, dy, "dy", &cobj) ||
         conv_geometry(x, w, padding, &g, &OH, &OW))
         return NULL;
     npy_intp B = PyArray_DIM(x, 0), yd[4] = {B, g.OC, OH, OW}, bd[1] = {g.OC};
@@ -778,9 +806,11 @@ static PyObject *py_build_info(PyObject *module, PyObject *unused)
     }
     if (!have) return NULL;
     return Py_BuildValue(
-        "{s:s,s:N,s:s,s:s,s:(ss),s:s,s:O,s:i,s:{s:(iiiii),s:(iiiii)},s:s}",
+        "{s:s,s:N,s:s,s:s,s:(ss),s:s,s:s,s:O,s:i,s:{s:(iiiii),s:(iiiii)},s:s}",
         "isa", dp_isa_name(dp_isa_active()), "isas_available", have, "simd", dp_gemm_isa(),
         "compiler", compiler, "dtypes", "float32", "float64",
+        /* dp_ctx.bf16_inputs: how a bfloat16 (mixed precision) GEMM is computed here */
+        "bfloat16_gemm", "inputs rounded to bfloat16 while packed, float32 micro-kernel",
         "threads", threads, "openmp", Py_False, "max_threads", DP_MAX_THREADS,
         "gemm_blocking_mr_nr_kc_mc_nc", "float32", mr32, nr32, kc32, mc32, nc32,
         "float64", mr64, nr64, kc64, mc64, nc64, "numpy_build_api", numpy_api);
@@ -809,7 +839,13 @@ PyMethodDef mod_kernels_functions[] = {
     {"argmax", FN(py_argmax), KW, "argmax(x, out): out = x.argmax(1)"},
     {"count_correct", FN(py_count_correct), KW, "count_correct(logits, labels) -> int"},
     {"sgd_step", FN(py_sgd_step), KW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False)"},
-    {"sum_buffers", FN(py_sum_buffers), KW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None)"},
+    {"sum_buffers", FN(py_sum_buffers), KW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None): "
+     "out[start:stop] = scale * sum(inputs)[start:stop], added in order; uint16 arrays hold bfloat16 "
+     "values: summed in float32, the result rounded to bfloat16"},
+    {"to_bf16", FN(py_to_bf16), KW, "to_bf16(x, out): out (uint16, x's shape) = float32 x rounded to the "
+     "nearest bfloat16 (ties to even), its bits"},
+    {"from_bf16", FN(py_from_bf16), KW, "from_bf16(x, out): out (float32, x's shape) = the bfloat16 values "
+     "whose bits x (uint16) holds, exactly"},
     {"scale_", FN(py_scale), KW, "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
     {"cpu_features", py_cpu_features, METH_NOARGS, "cpu_features() -> dict: vendor, brand, the x86 vector flags the CPU has and the OS enables (avx, fma, avx2, avx512f/bw/vl/dq, avx512_vnni, avx512_bf16), widest_fma"},
     {"isa", py_isa, METH_NOARGS, "isa() -> str: the ISA the kernels run now ('generic', 'avx2' or 'avx512'): the widest this CPU has, unless DPTRAIN_ISA or set_isa chose another"},

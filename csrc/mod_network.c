@@ -357,6 +357,11 @@ static PyObject *Net_get_sizes(NetObject *self, void *c) { return held(self->siz
 static PyObject *Net_get_input_shape(NetObject *self, void *c) { return held(self->input_shape); }
 static PyObject *Net_get_plan(NetObject *self, void *c) { return held(self->plan); }
 static PyObject *Net_get_threads(NetObject *self, void *c) { return PyLong_FromLong(self->ready ? self->model.threads : 0); }
+static PyObject *Net_get_gemm_inputs(NetObject *self, void *c)
+{
+    if (self->ready && self->model.ctx.bf16_inputs) return PyUnicode_FromString("bfloat16");
+    Py_RETURN_NONE;
+}
 static PyObject *Net_get_n_params(NetObject *self, void *c) { return PyLong_FromSsize_t(self->model.plan.n_params); }
 static PyObject *Net_get_n_conv(NetObject *self, void *c) { return PyLong_FromLong(self->n_conv); }
 static PyObject *Net_get_n_param_layers(NetObject *self, void *c) { return PyLong_FromLong(self->model.plan.n_param_layers); }
@@ -699,21 +704,30 @@ fail:
 
 static int Model_init(NetObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"layers", "input_shape", "loss", "params", "grads", "threads", NULL};
-    PyObject *lo, *so, *po, *go;
+    static char *kwlist[] = {"layers", "input_shape", "loss", "params", "grads", "threads",
+                             "gemm_inputs", NULL};
+    PyObject *lo, *so, *po, *go, *gi = NULL;
     const char *loss_name;
-    int threads = 1, shape[3], ndim, n_layers;
+    int threads = 1, shape[3], ndim, n_layers, bf16;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "Model is already initialized");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOsOO|$i:Model", kwlist, &lo, &so, &loss_name, &po, &go, &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOsOO|$iO:Model", kwlist, &lo, &so, &loss_name, &po, &go,
+                                     &threads, &gi))
         return -1;
     dp_layer layers[DP_MODEL_MAX_LAYERS];
     dp_loss loss;
+    /* the layer list is checked first: its errors name the layer at fault */
     if (parse_model(lo, so, loss_name, layers, &n_layers, shape, &ndim, &loss, &self->model.plan) ||
+        parse_gemm_inputs(gi, PyArray_Check(po) ? PyArray_TYPE((PyArrayObject *)po) == NPY_FLOAT32 : -1, &bf16) ||
         net_build(self, "Model", layers, n_layers, shape, ndim, loss, threads, po, go))
         return -1;
+    if (bf16 && !self->f32) {      /* params that were not an array at the parse: now checked */
+        PyErr_SetString(PyExc_ValueError, "gemm_inputs='bfloat16' needs float32 params, got float64");
+        return -1;
+    }
+    dp_model_set_bf16_inputs(&self->model, bf16);
     int ids[DP_MODEL_MAX_LAYERS];
     for (int l = 0; l < n_layers; l++) ids[l] = l;
     if (!(self->sizes = widths_tuple(&self->model.plan, ids, n_layers)) ||
@@ -743,6 +757,8 @@ static PyGetSetDef Model_getset[] = {
     {"input_shape", (getter)Net_get_input_shape, NULL, "one input row's shape, (F,) or (C, H, W)", NULL},
     {"plan", (getter)Net_get_plan, NULL, "model_plan() of the layers: shapes, parameter layout, stages", NULL},
     {"threads", (getter)Net_get_threads, NULL, "threads the kernels split work over", NULL},
+    {"gemm_inputs", (getter)Net_get_gemm_inputs, NULL,
+     "'bfloat16': every GEMM rounds its inputs to bfloat16 (float32 accumulation); None: as the params", NULL},
     {"n_params", (getter)Net_get_n_params, NULL, "length of the flat parameter layout", NULL},
     {"n_param_layers", (getter)Net_get_n_param_layers, NULL, "dense and conv layers (backward_layer's range)", NULL},
     {"loss", (getter)Net_get_loss, NULL, "the loss name", NULL},
@@ -750,12 +766,14 @@ static PyGetSetDef Model_getset[] = {
 };
 
 static PyType_Slot Model_slots[] = {
-    {Py_tp_doc, (void *)"Model(layers, input_shape, loss, params, grads, *, threads=1): a list of "
+    {Py_tp_doc, (void *)"Model(layers, input_shape, loss, params, grads, *, threads=1, gemm_inputs=None): a list of "
                         "layers (('dense', out), ('conv', out_channels, kernel[, padding]), "
                         "'maxpool2', 'relu', 'tanh', 'sigmoid', 'gelu', 'flatten') on an input of "
                         "shape (F,) or (C, H, W), with loss 'softmax_xent', 'sigmoid_bce' or 'mse', "
                         "over caller-owned flat parameter and gradient arrays (model_plan() gives "
-                        "their layout)."},
+                        "their layout). gemm_inputs='bfloat16' (float32 params only): mixed "
+                        "precision, every GEMM rounds its inputs to bfloat16 and accumulates in "
+                        "float32; params, grads and activations stay float32."},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, Model_init},
     {Py_tp_dealloc, Net_dealloc},

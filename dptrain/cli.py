@@ -180,6 +180,7 @@ def _main(argv=None) -> int:
 def _train(args) -> int:
     from . import data
     from .engine import train
+    from .models import storage_dtype
     try:
         cfg = config_from_args(args)
         given = {k: getattr(args, k) for k in ("data", "train_x", "train_y", "test_x", "test_y")}
@@ -188,13 +189,14 @@ def _train(args) -> int:
             if given["data"] and (given["train_x"] or given["train_y"]):
                 raise ValueError("give either --data or --train-x/--train-y, not both")
             if given["data"]:
-                ds = data.from_npz(given["data"], dtype=cfg.dtype, validation=args.validation)
+                ds = data.from_npz(given["data"], dtype=storage_dtype(cfg.dtype),
+                                   validation=args.validation)
             else:
                 if not (given["train_x"] and given["train_y"]):
                     raise ValueError("--train-x and --train-y go together")
                 ds = data.from_npy(given["train_x"], given["train_y"],
                                    x_test_path=given["test_x"], y_test_path=given["test_y"],
-                                   dtype=cfg.dtype, validation=args.validation)
+                                   dtype=storage_dtype(cfg.dtype), validation=args.validation)
             arrays["dataset"] = ds
         options = {k: v for k, v in vars(cfg).items() if k not in ("model", "dataset")}
         train(cfg.model, arrays.get("dataset", cfg.dataset), **options)

@@ -24,8 +24,9 @@ from .optim import SCHEDULES, SGD
 
 from .data.catalog import DATASET_NAMES as DATASETS   # the named data sets
 from .models import MODEL_KINDS as MODELS              # the named models
-DTYPES = ("float32", "float64")
+from .models import PRECISIONS as DTYPES               # float32, float64, bfloat16 (mixed)
 START_METHODS = ("spawn", "fork", "forkserver")
+COMM_DTYPES = ("float32", "float64", "bfloat16")
 # Deterministic mode cuts every global batch into this many fixed chunks (by position, not by
 # worker): each chunk's gradient is computed alone, and the chunks are summed in chunk order.
 # Nothing then depends on which worker computed what, so any world size up to CHUNKS gives
@@ -109,7 +110,9 @@ class TrainConfig:
                                   "has one output per class, or 1 for two classes). API: a "
                                   "list of dptrain.nn layers", group="model",
                                   parse=parse_layers, metavar="LAYERS")
-    dtype: str = option("float32", "float32 or float64", group="model", choices=DTYPES)
+    dtype: str = option("float32", "float32, float64, or bfloat16: mixed precision (float32 "
+                        "weights, gradients and optimizer state; every GEMM's inputs rounded "
+                        "to bfloat16, float32 accumulation)", group="model", choices=DTYPES)
     seed: int = option(0, "seeds the initial weights, the epochs' sample order and synthetic "
                        "data", group="model")
     threads: int = option(1, "threads the C kernels split each worker's batch over",
@@ -177,6 +180,14 @@ class TrainConfig:
                            "running", group="parallel")
     deterministic: bool = option(False, "bitwise-identical weights for any number of workers "
                                  f"up to {CHUNKS}", group="parallel")
+    comm_dtype: str | None = option(None, "the gradient exchange's dtype: bfloat16 rounds each "
+                                    "worker's gradient (in deterministic mode, each chunk's) "
+                                    "to bfloat16, sums them in float32 and rounds the sum to "
+                                    "bfloat16: half the bytes of float32 (with "
+                                    "allreduce=native and no overlap or "
+                                    "bucket_kb); default: bfloat16 for a bfloat16 model where "
+                                    "that allows it, else the model's buffers' dtype",
+                                    group="parallel", choices=COMM_DTYPES)
     mpi_shm: bool = option(True, "under MPI, the ranks of each node reduce over shared "
                            "memory and one leader per node all-reduces between nodes (CLI: "
                            "--no-mpi-shm, or DPTRAIN_MPI_SHM=0: a flat MPI all-reduce over "
@@ -269,6 +280,26 @@ class TrainConfig:
         if self.allreduce != "native" and self.deterministic:
             raise ValueError("deterministic mode has its own fixed-order reduction: use "
                              "allreduce='native' with it")
+        storage = "float64" if self.dtype == "float64" else "float32"
+        bf16_ok = self.allreduce == "native" and not self.overlap and (
+            self.deterministic or not self.bucket_kb)
+        if self.comm_dtype is None:
+            set_("comm_dtype", "bfloat16" if self.dtype == "bfloat16" and bf16_ok else storage)
+        elif self.comm_dtype not in COMM_DTYPES:
+            raise ValueError(f"comm_dtype is {self.comm_dtype!r}, expected one of {COMM_DTYPES} "
+                             f"or None")
+        elif self.comm_dtype == "bfloat16":
+            if storage != "float32":
+                raise ValueError("comm_dtype='bfloat16' needs float32 gradients: dtype float32 "
+                                 "or bfloat16, got float64")
+            if not bf16_ok:
+                raise ValueError(f"comm_dtype='bfloat16' works with allreduce='native' (or "
+                                 f"deterministic mode) and without overlap or bucket_kb; got "
+                                 f"allreduce={self.allreduce!r}, overlap={self.overlap}, "
+                                 f"bucket_kb={self.bucket_kb}")
+        elif self.comm_dtype != storage:
+            raise ValueError(f"comm_dtype is {self.comm_dtype!r}, but the model's gradients are "
+                             f"{storage}: use {storage!r} or 'bfloat16'")
         if self.deterministic and self.workers > CHUNKS:
             raise ValueError(f"deterministic mode supports up to {CHUNKS} workers, got "
                              f"{self.workers}")

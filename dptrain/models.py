@@ -22,6 +22,14 @@ dense layer and C K K for a conv), drawn from ``np.random.default_rng(seed)`` la
 W in row-major order then b, in float64, then rounded to the dtype: the same seed gives the
 same model on every worker and every run.
 
+Precision: ``dtype`` "float32" or "float64" is the buffers' dtype and the arithmetic's;
+"bfloat16" is mixed precision: float32 buffers (``dtype`` is then float32 and ``precision``
+"bfloat16"), float32 activations, gradients and optimizer state, and every GEMM (dense and
+conv, forward and backward) rounds its two inputs to bfloat16 and accumulates in float32,
+the arithmetic of AVX512_BF16's vdpbf16ps (bfloat16 products are exact in float32). The
+rounding is done while the GEMM packs its operands, on every CPU: the numbers are those of a
+bfloat16 GEMM, the speed is float32's (a vdpbf16ps micro-kernel is not written yet).
+
 Losses: "softmax_xent" (integer class labels, OUT >= 2), "sigmoid_bce" (binary labels, OUT ==
 1), "mse" (real targets (n, OUT); a sample's loss is the mean over its OUT outputs of the
 squared error, so a batch's mean loss is PyTorch's ``MSELoss()``).
@@ -36,24 +44,41 @@ import numpy as np
 from . import _core
 
 __all__ = ["Model", "Sequential", "LogisticRegression", "SoftmaxRegression", "MLP", "CNN",
+           "PRECISIONS", "precision_name", "storage_dtype",
            "load_model", "build_model", "image_shape", "model_from_spec", "model_sizes",
            "model_n_params", "LOSSES"]
 
-_DTYPES = {"float32": np.float32, "float64": np.float64}
 SAVE_FORMAT = 1
 LOSSES = ("softmax_xent", "sigmoid_bce", "mse")
 # one flat buffer's elements at most: the C core indexes it with a ptrdiff_t, NumPy with intp
 _MAX_PARAMS = np.iinfo(np.intp).max // 8
 
 
-def _as_dtype(dtype) -> np.dtype:
+# what a model's ``dtype`` may name: its buffers' dtype, or "bfloat16", mixed precision (float32
+# buffers, every GEMM's inputs rounded to bfloat16, float32 accumulation)
+PRECISIONS = ("float32", "float64", "bfloat16")
+_EXPECTED = "float32, float64 or bfloat16"
+
+
+def precision_name(dtype) -> str:
+    """The name of a model's precision from what a user passes as ``dtype``: "float32",
+    "float64" (also NumPy dtypes and types) or "bfloat16" (the string, or a bfloat16 dtype
+    such as ml_dtypes'). TypeError for anything else, naming it."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return dtype
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
-        raise TypeError(f"dtype is {dtype!r}, expected float32 or float64") from exc
-    if dt.name not in _DTYPES:
-        raise TypeError(f"dtype is {dt.name}, expected float32 or float64")
-    return dt
+        raise TypeError(f"dtype is {dtype!r}, expected {_EXPECTED}") from exc
+    if dt.name not in PRECISIONS:
+        raise TypeError(f"dtype is {dt.name}, expected {_EXPECTED}")
+    return dt.name
+
+
+def storage_dtype(dtype) -> np.dtype:
+    """The NumPy dtype of a model's buffers and data for a precision: float32 for bfloat16."""
+    name = precision_name(dtype)
+    return np.dtype(np.float32 if name == "bfloat16" else name)
 
 
 def _flat_buffer(name: str, given, n: int, dtype: np.dtype) -> np.ndarray:
@@ -108,7 +133,8 @@ class Model:
         specs = layer_specs(layers)
         self.plan = _core.model_plan(specs, tuple(input_shape), loss)
         self.loss = loss
-        self.dtype = _as_dtype(dtype)
+        self.precision = precision_name(dtype)
+        self.dtype = storage_dtype(dtype)
         self.seed = int(seed)
         self.input_shape = tuple(self.plan["input_shape"])
         self.sizes = _sizes(self.plan)
@@ -121,7 +147,8 @@ class Model:
         self.grads = _flat_buffer("grads", grads, n, self.dtype)
         self.velocity = _flat_buffer("velocity", velocity, n, self.dtype)
         self._net = _core.Model(self.plan["layers"], self.input_shape, loss, self.params,
-                                self.grads, threads=int(threads))
+                                self.grads, threads=int(threads),
+                                gemm_inputs="bfloat16" if self.precision == "bfloat16" else None)
 
     # ---- shapes and views
     @property
@@ -174,7 +201,7 @@ class Model:
         per_layer = {p["layer"]: math.prod(p["weight_shape"]) + p["bias_shape"][0]
                      for p in self.plan["params"]}
         lines = [f"{type(self).__name__} on input {self.input_shape}, loss {self.loss}, "
-                 f"{self.dtype.name}",
+                 f"{self._precision_text()}",
                  f"{'#':>3}  {'layer':<26} {'output':<16} {'params':>10}"]
         for i, (spec, shape) in enumerate(zip(self.plan["layers"], self.plan["shapes"])):
             lines.append(f"{i:>3}  {_spec_text(spec):<26} {str(tuple(shape)):<16} "
@@ -182,6 +209,11 @@ class Model:
         lines.append(f"total {self.n_params:,} parameters; engine stages: "
                      + ", ".join(s["ops"] for s in self.plan["stages"]))
         return "\n".join(lines)
+
+    def _precision_text(self) -> str:
+        if self.precision == "bfloat16":
+            return "bfloat16 mixed precision (float32 params, bfloat16 GEMM inputs)"
+        return self.dtype.name
 
     def reset_parameters(self) -> None:
         """Writes the seeded initial parameters (PyTorch's default init, see the module
@@ -276,7 +308,7 @@ class Model:
         """The architecture as plain values (what ``save`` writes and ``load_model`` reads):
         the layer list and input shape rebuild any model."""
         return {"kind": self.kind, "sizes": list(self.sizes), "loss": self.loss,
-                "dtype": self.dtype.name, "seed": self.seed,
+                "dtype": self.precision, "seed": self.seed,
                 "layers": [list(s) for s in self.plan["layers"]],
                 "input_shape": list(self.input_shape)}
 
@@ -310,7 +342,7 @@ class Model:
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(sizes={self.sizes}, loss={self.loss!r}, "
-                f"dtype={self.dtype.name}, params={self.n_params})")
+                f"dtype={self.precision}, params={self.n_params})")
 
 
 def _plain(v):
@@ -358,7 +390,7 @@ class Sequential(Model):
     def __repr__(self) -> str:
         layers = ", ".join(_spec_text(s) for s in self.plan["layers"])
         return (f"Sequential([{layers}], input_shape={self.input_shape}, loss={self.loss!r}, "
-                f"dtype={self.dtype.name}, params={self.n_params})")
+                f"dtype={self.precision}, params={self.n_params})")
 
 
 def _dense_stack(widths) -> list:
@@ -486,7 +518,7 @@ class CNN(Model):
     def __repr__(self) -> str:
         return (f"CNN(input_shape={self.input_shape}, channels={self.channels}, "
                 f"hidden={self.hidden}, n_classes={self.sizes[-1]}, kernel={self.kernel}, "
-                f"padding={self.padding}, dtype={self.dtype.name}, params={self.n_params})")
+                f"padding={self.padding}, dtype={self.precision}, params={self.n_params})")
 
 
 def image_shape(n_features: int) -> tuple[int, int, int]:

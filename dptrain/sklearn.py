@@ -178,7 +178,7 @@ class _Estimator(BaseEstimator):
 
     def _dtype(self) -> str:
         try:
-            return np.dtype(self.dtype).name
+            return models.precision_name(self.dtype)
         except TypeError:
             return repr(self.dtype)
 
@@ -246,7 +246,7 @@ class _Estimator(BaseEstimator):
     def __setstate__(self, state):
         saved = state.get("model_")
         if isinstance(saved, dict) and "dptrain_model" in saved:
-            dt = np.dtype(saved["dptrain_model"]["dtype"])
+            dt = models.storage_dtype(saved["dptrain_model"]["dtype"])
             state = dict(state, model_=models.model_from_spec(
                 saved["dptrain_model"], threads=state.get("threads", 1),
                 params=np.array(saved["params"], dtype=dt),
@@ -319,7 +319,7 @@ class _Classifier(ClassifierMixin, _Estimator):
         """X as C-contiguous rows of the model's dtype (and y as 1-D labels when given),
         validated by scikit-learn's helpers (n_features_in_ and feature_names_in_ set when
         reset)."""
-        kw = dict(dtype=np.dtype(self._dtype()), order="C", accept_sparse=False, reset=reset)
+        kw = dict(dtype=models.storage_dtype(self._dtype()), order="C", accept_sparse=False, reset=reset)
         if _no_y(y):
             return validate_data(self, X, **kw)
         return validate_data(self, X, y, **kw)
@@ -400,8 +400,9 @@ _PARAM_DOCS = {
     "warm_start": """warm_start : bool, default={default}
     ``fit`` continues from the current model (its classes and features) instead of a new
     one.""",
-    "dtype": """dtype : {{"float32", "float64"}}, default={default}
-    The model's dtype; X is converted to it once per call.""",
+    "dtype": """dtype : {{"float32", "float64", "bfloat16"}}, default={default}
+    The model's dtype; X is converted to it once per call. "bfloat16" is mixed precision:
+    float32 weights and X, every GEMM's inputs rounded to bfloat16, float32 accumulation.""",
     "workers": """workers : int, default={default}
     Data-parallel workers of each fit (under mpiexec: the MPI world size).""",
     "backend": """backend : {{"thread", "process", "mpi"}} or None, default={default}
@@ -606,7 +607,7 @@ class CNNClassifier(_Classifier):
         """Images (n, C, H, W), (n, H, W) or flat rows (n, d) as the network's flat rows: read
         as ``input_shape_`` (C, H, W), then zero-padded at the bottom and right to
         ``image_shape_`` when smaller than the conv blocks take."""
-        dt = np.dtype(self._dtype())
+        dt = models.storage_dtype(self._dtype())
         if getattr(X, "ndim", None) is None and not hasattr(X, "toarray"):
             try:                            # a list, or an object with __array__
                 X = np.asarray(X)
@@ -743,10 +744,10 @@ class MLPRegressor(RegressorMixin, _Estimator):
         self._check_params()
         _widths_param(self, "hidden_layer_sizes")
         fresh = not (self._is_trained() and (partial or self.warm_start))
-        X, y = validate_data(self, X, y, dtype=np.dtype(self._dtype()), order="C",
+        X, y = validate_data(self, X, y, dtype=models.storage_dtype(self._dtype()), order="C",
                              accept_sparse=False, y_numeric=True, multi_output=True,
                              reset=fresh)
-        targets = np.ascontiguousarray(y.reshape(len(y), -1), dtype=np.dtype(self._dtype()))
+        targets = np.ascontiguousarray(y.reshape(len(y), -1), dtype=models.storage_dtype(self._dtype()))
         if fresh:
             seed = _seed_of(self.random_state)
             sizes = (X.shape[1], *_widths_param(self, "hidden_layer_sizes"), targets.shape[1])
@@ -764,7 +765,7 @@ class MLPRegressor(RegressorMixin, _Estimator):
     def predict(self, X) -> np.ndarray:
         """The predicted targets (float64): (n_samples,) when fitted on 1-D y."""
         check_is_fitted(self)
-        X = validate_data(self, X, dtype=np.dtype(self._dtype()), order="C",
+        X = validate_data(self, X, dtype=models.storage_dtype(self._dtype()), order="C",
                           accept_sparse=False, reset=False)
         z = self._logits(X)
         return z[:, 0] if self._single_output else z

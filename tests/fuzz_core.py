@@ -1005,9 +1005,10 @@ class Fuzz:
 # outputs into them, and returns an Expect; raising means the contract refuses the call)
 
 
-def new_context(fz, threads):
-    fz.setup(f"ctx = Context(threads={threads})")
-    return core.Context(threads=threads)
+def new_context(fz, threads, bf16=False):
+    gi = "bfloat16" if bf16 else None
+    fz.setup(f"ctx = Context(threads={threads}, gemm_inputs={gi!r})")
+    return core.Context(threads=threads, gemm_inputs=gi)
 
 
 def ctx_arg(rng, fz):
@@ -1246,6 +1247,13 @@ def build_sum_buffers(rng, fz):
     dt, n, k = pick_dtype(rng), dim(rng), int(rng.integers(1, 5))
     if rng.random() < 0.05:
         n = 5000                       # past one 2048-element chunk of the kernel
+    if rng.random() < 0.2:             # bfloat16 buffers (uint16 bits): the bf16 exchange's sum
+        inputs = [bf16_bits(draw(rng, (n,), F32, pick_style(rng))) for _ in range(k)]
+        out = inputs[int(rng.integers(k))] if rng.random() < 0.3 else np.zeros(n, np.uint16)
+        return Call("sum_buffers", core.sum_buffers, [
+            Arg("out", out, "A", output=True), Arg("inputs", inputs, "FL"),
+            Arg("scale", pick(rng, (1.0, 0.5, -2.0)), "f", keyword=True)] + range_args(rng, n),
+            oracle_sum_buffers)
     inputs = [draw(rng, (n,), dt, pick_style(rng)) for _ in range(k)]
     out = inputs[int(rng.integers(k))] if rng.random() < 0.3 else draw(rng, (n,), dt)
     return Call("sum_buffers", core.sum_buffers, [
@@ -1256,10 +1264,95 @@ def build_sum_buffers(rng, fz):
 
 def oracle_sum_buffers(before, out, inputs, *, scale=1.0, start=0, stop=None):
     start = 0 if start is None else start      # C reads start=None as the default 0
+    if isinstance(out, np.ndarray) and out.dtype == np.uint16:
+        return oracle_sum_bf16(before, out, inputs, scale, start, stop)
     out0 = np.abs(out)
     ref.sum_buffers(out, inputs, scale=scale, start=start, stop=stop)
     ref.sum_buffers(out0, [np.abs(a) for a in inputs], scale=abs(scale), start=start, stop=stop)
     return Expect(scale={"out": out0})
+
+
+def bf16_bits(x):
+    """float32 -> its nearest bfloat16 (ties to even) as uint16 bits; a NaN stays a quiet NaN
+    (the C core's dp_to_bf16)."""
+    u = np.asarray(x, F32).view(np.uint32).astype(np.uint64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return (np.where(nan, u | 0x400000, u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_widen(b):
+    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(F32)
+
+
+def build_to_bf16(rng, fz):
+    shape = any_shape(rng)
+    x = draw(rng, shape, F32, pick_style(rng))
+    return Call("to_bf16", core.to_bf16, [Arg("x", x, "A"),
+                                         Arg("out", np.zeros(shape, np.uint16), "A", output=True)],
+                oracle_to_bf16)
+
+
+def check_bf16_pair(before, x, x_dt, out, out_dt):
+    """to_bf16 / from_bf16's contract: C-contiguous x of x_dt, writeable out of out_dt and x's
+    shape, not overlapping."""
+    for name, a, dt, w in (("x", x, x_dt, False), ("out", out, out_dt, True)):
+        if not (isinstance(a, np.ndarray) and a.dtype == dt and a.flags.c_contiguous and a.flags.aligned
+                and (a.flags.writeable or not w)):
+            raise Refuse(f"{name} must be a C-contiguous {dt} array")
+    if out.shape != x.shape or np.may_share_memory(before["args"]["x"], before["args"]["out"]):
+        raise Refuse("out must be x's shape and not overlap it")
+
+
+def oracle_to_bf16(before, x, out):
+    check_bf16_pair(before, x, F32, out, np.dtype(np.uint16))
+    out[...] = bf16_bits(x)
+    return Expect(exact=True)
+
+
+def build_from_bf16(rng, fz):
+    shape = any_shape(rng)
+    x = bf16_bits(draw(rng, shape, F32, pick_style(rng)))
+    return Call("from_bf16", core.from_bf16, [Arg("x", x, "A"),
+                                             Arg("out", np.zeros(shape, F32), "A", output=True)],
+                oracle_from_bf16)
+
+
+def oracle_from_bf16(before, x, out):
+    check_bf16_pair(before, x, np.dtype(np.uint16), out, F32)
+    out[...] = bf16_widen(x)
+    return Expect(exact=True)
+
+
+def oracle_sum_bf16(before, out, inputs, scale, start, stop):
+    """uint16 out and inputs hold bfloat16: the float32 sum in input order, scaled, rounded."""
+    if not (out.ndim == 1 and out.flags.c_contiguous and out.flags.aligned and out.flags.writeable):
+        raise Refuse("out must be a writeable 1-D C-contiguous array")
+    try:
+        inputs = list(inputs)              # any sequence (a 2-D array is one of its rows)
+    except TypeError:
+        raise Refuse("inputs must be a sequence") from None
+    if not 1 <= len(inputs) <= 64:
+        raise Refuse("inputs must hold 1 to 64 arrays")
+    orig_out = before["args"]["out"]
+    for i, a in enumerate(inputs):
+        if not (isinstance(a, np.ndarray) and a.dtype == np.uint16 and a.shape == out.shape and
+                a.flags.c_contiguous and a.flags.aligned):
+            raise Refuse(f"inputs[{i}] must be a uint16 array like out")
+        orig = before["args"]["inputs"][i]
+        if orig.ctypes.data != orig_out.ctypes.data and np.may_share_memory(orig, orig_out):
+            raise Refuse(f"inputs[{i}] partly overlaps out")     # (out may BE an input)
+    n = out.size
+    lo, hi, _ = slice(start, stop).indices(n)
+    if not (isinstance(start, int) and 0 <= start <= n) or (stop is not None and not 0 <= stop <= n) \
+            or lo > hi:
+        raise Refuse("start/stop must be 0 <= start <= stop <= n")
+    acc = bf16_widen(inputs[0][lo:hi]).copy()
+    for a in inputs[1:]:
+        acc = acc + bf16_widen(a[lo:hi])
+    if scale != 1:
+        acc = acc * F32.type(scale)
+    out[lo:hi] = bf16_bits(acc)
+    return Expect(exact=True)
 
 
 def build_scale(rng, fz):
@@ -1432,8 +1525,8 @@ def oracle_param_count(before, sizes, /):
     return Expect(ret=ref.n_params(sizes))
 
 
-BUILD_INFO_KEYS = {"isa", "isas_available", "simd", "compiler", "dtypes", "threads", "openmp",
-                   "max_threads", "gemm_blocking_mr_nr_kc_mc_nc", "numpy_build_api"}
+BUILD_INFO_KEYS = {"isa", "isas_available", "simd", "compiler", "dtypes", "bfloat16_gemm",
+                   "threads", "openmp", "max_threads", "gemm_blocking_mr_nr_kc_mc_nc", "numpy_build_api"}
 ISA_NAMES = ("generic", "avx2", "avx512")
 
 
@@ -1771,6 +1864,8 @@ SPECS = {
     "sgd_step": build_sgd_step,
     "sum_buffers": build_sum_buffers,
     "scale_": build_scale,
+    "to_bf16": build_to_bf16,
+    "from_bf16": build_from_bf16,
     "gather_rows": build_gather_rows,
     "zero_": build_zero,
     "conv2d_forward": lambda rng, fz: build_conv_forward(
@@ -1847,10 +1942,33 @@ def oracle_network(before, sizes, loss, params, grads, *, threads=1):
     return Expect(ret_check=lambda net: None if isinstance(net, core.Network) else "not a Network")
 
 
-def oracle_model(before, layers, input_shape, loss, params, grads, *, threads=1):
+def check_gemm_inputs(gemm_inputs, dtype=None):
+    """gemm_inputs of Context and Model: None, "bfloat16" (float32 params only), or the
+    params' dtype name (any float name when there are no params: a Context). Returns the
+    getter's value afterwards: "bfloat16" or None."""
+    if gemm_inputs is None:
+        return None
+    if not isinstance(gemm_inputs, str):
+        raise Refuse("gemm_inputs must be a str or None")
+    if gemm_inputs == "bfloat16":
+        if dtype is not None and dtype != F32:
+            raise Refuse("gemm_inputs='bfloat16' needs float32 params")
+        return "bfloat16"
+    if gemm_inputs in ("float32", "float64") and (dtype is None or dtype.name == gemm_inputs):
+        return None
+    raise Refuse("gemm_inputs is not 'bfloat16' or the params' dtype")
+
+
+def oracle_model(before, layers, input_shape, loss, params, grads, *, threads=1, gemm_inputs=None):
     check_flat(before, params, grads, ref.model_plan(layers, input_shape, loss)["n_params"])
     check_threads(threads)
-    return Expect(ret_check=lambda net: None if isinstance(net, core.Model) else "not a Model")
+    gi = check_gemm_inputs(gemm_inputs, params.dtype)
+
+    def check(net):
+        if not isinstance(net, core.Model):
+            return "not a Model"
+        return None if net.gemm_inputs == gi else f"gemm_inputs is {net.gemm_inputs!r}, expected {gi!r}"
+    return Expect(ret_check=check)
 
 
 def dense_layers(widths):
@@ -2100,16 +2218,64 @@ class NetModel:
         return int(np.sum((gap <= tol) & inexact))
 
     def exact_pooling(self, x):
-        """False where a pooling window may hold values that differ only below the rounding
-        of the bias added to them: x with nonzero entries under 2**-60 (label bits aliased into
-        x, say). The fused conv + pool of the C core takes the max before the bias, the
-        reference after it (b + tiny rounds to b: a tie, its first entry): both are right to
-        rounding, and their gradients go to different entries."""
-        if not any(spec[0] == "maxpool2" for spec in self.plan["layers"]):
+        """False where a pooling window may hold values that differ only below rounding, so
+        that the C core and the reference may each pick another maximum (both right to
+        rounding, their gradients going to different entries):
+        - x with nonzero entries under 2**-60 (label bits aliased into x, say);
+        - a window whose two largest values are within rounding of each other, unless both
+          are exact (on a 2**-20 grid and under 2**8: sums of quantized values, which both
+          compute exactly, so an exact tie stays one). For a pool right after a conv (or a
+          conv and ReLU) the values are the conv's sums before its bias: the fused conv +
+          pool of the C core takes the max before the bias, the reference after it (b + tiny
+          rounds to b: a tie, its first entry), so the rounding there is that of |u| + |b|.
+          Elsewhere (after tanh, sigmoid, GELU) the values are the layer's outputs, which the
+          C core and NumPy round apart by a few ulps."""
+        layers = self.plan["layers"]
+        if not any(spec[0] == "maxpool2" for spec in layers):
             return True
         with np.errstate(all="ignore"):
             a = np.abs(np.asarray(x, np.float64))
-        return not np.any((a > 0) & (a < 2.0 ** -60))
+            if np.any((a > 0) & (a < 2.0 ** -60)):
+                return False
+            if not len(x):
+                return True
+            try:
+                acts, _ = ref._model_forward(self.plan, self.params_view.copy(), np.asarray(x))
+            except Exception:        # a batch the reference refuses: the call is checked elsewhere
+                return True
+            weights = ref._model_param_views(self.plan, self.params_view.astype(np.float64))
+            for i, spec in enumerate(layers):
+                if spec[0] != "maxpool2":
+                    continue
+                conv = i - 1 if layers[i - 1][0] == "conv" else \
+                    i - 2 if i >= 2 and layers[i - 1][0] == "relu" and layers[i - 2][0] == "conv" else None
+                if conv is None:
+                    u, bias = acts[i].astype(np.float64), 0.0
+                else:
+                    w, b = weights[conv]
+                    h = acts[conv].astype(np.float64)
+                    u = np.empty(acts[conv + 1].shape, np.float64)
+                    ref.conv2d_forward(h, w, np.zeros_like(b), u, padding=layers[conv][3])
+                    bias = np.abs(b)[None, :, None, None]
+                if not self._pool_ties_exact(u, bias):
+                    return False
+        return True
+
+    def _pool_ties_exact(self, u, bias):
+        """No 2x2 window of u (B, C, H, W) whose top two values are within RTOL of |top| +
+        |second| + bias apart, unless both are exact grid values (see exact_pooling): exact
+        values are ordered alike by both, ties included."""
+        B, C, H, W = u.shape
+        h2, w2 = H // 2 * 2, W // 2 * 2
+        if not h2 or not w2:
+            return True
+        win = u[:, :, :h2, :w2].reshape(B, C, h2 // 2, 2, w2 // 2, 2).transpose(0, 1, 2, 4, 3, 5)
+        top = np.sort(win.reshape(B, C, h2 // 2, w2 // 2, 4), axis=-1)[..., 2:]
+        gap = top[..., 1] - top[..., 0]
+        size = np.abs(top[..., 0]) + np.abs(top[..., 1]) + bias
+        grid = lambda v: (np.abs(v) < 2.0 ** 8) & (v * 2.0 ** 20 == np.round(v * 2.0 ** 20))
+        exact = grid(top[..., 0]) & grid(top[..., 1])
+        return not np.any((gap <= RTOL[self.dtype] * size) & ~exact)
 
     def grads_expect(self, before, delta, x, grad_scale, only_layer=None):
         """before + delta (restricted to one layer's range), with a tolerance that grows with
@@ -2373,6 +2539,8 @@ def net_getters(model):
     c = model.cfg
     g = {"params": expect_is(model.params), "grads": expect_is(model.grads),
          "threads": expect_eq(model.threads), "loss": expect_eq(c.get("loss", "softmax_xent"))}
+    if model.cls is core.Model:     # the fuzzed models compute in full precision
+        g["gemm_inputs"] = lambda got: None if got is None else f"returned {short(got)}, expected None"
     g["n_params"] = expect_eq(model.params_view.size)
     g["plan"] = lambda got: plan_problem(got, model.plan)
     if model.cls is core.Network:
@@ -2500,6 +2668,12 @@ def construct_net(rng, fz, cls, hostile=0.3):
         if cls is core.ConvNet:
             args += [Arg("kernel", cfg["kernel"], "i", keyword=True),
                      Arg("padding", cfg["padding"], "i", keyword=True)]
+        if cls is core.Model:
+            # the params' own dtype name, None (both: full precision), or bfloat16 on float64
+            # params (refused); bfloat16 models are tests/test_bf16.py's (the oracles here
+            # compute in full precision)
+            gi = pick(rng, (None, dt.name, "bfloat16" if dt == F64 else None))
+            args.append(Arg("gemm_inputs", gi, "s", keyword=True, omit=gi is None and rng.random() < 0.7))
         call = mutate(rng, Call(cls.__name__, cls, args, oracle),
                       hostile_count(rng, hostile if attempt == 0 else 0))
         if cls is core.Model:
@@ -2508,7 +2682,7 @@ def construct_net(rng, fz, cls, hostile=0.3):
         out = fz.run(call)
         if out.status == "A":
             v = {a.name: a.value for a in call.args}
-            if not call.tags:
+            if not call.tags and v.get("gemm_inputs") != "bfloat16":
                 model = NetModel(cls, cfg, v["params"], v["grads"], threads)
                 model.init_args = [a.value for a in call.args if not a.keyword and not a.omit]
                 return out.ret, model
@@ -2935,9 +3109,15 @@ def scenario_shm_group(rng, fz):
 # Context, two threads on one object, uninitialized objects
 
 
-def oracle_context(before, threads=1):
+def oracle_context(before, threads=1, *, gemm_inputs=None):
     check_threads(threads)
-    return Expect(ret_check=lambda c: None if isinstance(c, core.Context) else "not a Context")
+    gi = check_gemm_inputs(gemm_inputs)
+
+    def check(c):
+        if not isinstance(c, core.Context):
+            return "not a Context"
+        return None if c.gemm_inputs == gi else f"gemm_inputs is {c.gemm_inputs!r}, expected {gi!r}"
+    return Expect(ret_check=check)
 
 
 CTX_SPECS = ("gemm", "dense_forward", "dense_backward", "conv2d_forward", "conv2d_backward")
@@ -2952,20 +3132,35 @@ def call_with_ctx(rng, fz, ctx):
 
 def scenario_context(rng, fz):
     threads = pick(rng, (1, 2, 3, 4))
+    gi = pick(rng, (None, None, "bfloat16", "float32", "float64"))
     call = mutate(rng, Call("Context", core.Context, [
-        Arg("threads", threads, "i", keyword=rng.random() < 0.5, omit=threads == 1 and rng.random() < 0.3)],
+        Arg("threads", threads, "i", keyword=rng.random() < 0.5, omit=threads == 1 and rng.random() < 0.3),
+        Arg("gemm_inputs", gi, "s", keyword=True, omit=gi is None and rng.random() < 0.5)],
         oracle_context), hostile_count(rng, 0.5))
     out = fz.run(call)
+    bf16 = gi == "bfloat16"
     if out.status == "A" and not call.tags:
         ctx = out.ret
     else:
-        ctx = new_context(fz, threads)
+        ctx = new_context(fz, threads, bf16)
     del out
     fz.run(getter_call("Context.threads", ctx, "threads", expect_eq(threads)))
+    fz.run(getter_call("Context.gemm_inputs", ctx, "gemm_inputs",
+                       expect_eq("bfloat16") if bf16 else (lambda got: None if got is None else
+                                                           f"returned {short(got)}, expected None")))
     if rng.random() < 0.3:
         fz.run(Call("Context", ctx.__init__, [Arg("threads", 2, "i")], refuses("__init__ of a live Context")))
     for _ in range(int(rng.integers(1, 4))):
-        fz.run(mutate(rng, call_with_ctx(rng, fz, ctx), hostile_count(rng, 0.2)))
+        call = call_with_ctx(rng, fz, ctx)
+        if bf16:
+            # float64 arrays are refused with it; float32 ones are rounded to bfloat16, which
+            # the full-precision oracles here do not model (tests/test_bf16.py checks them)
+            if any(isinstance(a.value, np.ndarray) and a.value.dtype == F32 for a in call.args):
+                continue
+            call.oracle = refuses("a bfloat16 context takes float32 arrays only")
+            fz.run(call)
+        else:
+            fz.run(mutate(rng, call, hostile_count(rng, 0.2)))
 
 
 def threads_interleaved(rng, fz):
@@ -3131,6 +3326,8 @@ COVERAGE = {
     **{name: f"SPECS[{name!r}]" for name in SPECS},
     "Context": "scenario_context (constructor, __init__ again), Context arguments of the kernels",
     "Context.threads": "scenario_context, scenario_uninitialized",
+    "Context.gemm_inputs": "scenario_context (bfloat16: float64 kernel calls refused), scenario_uninitialized",
+    "Model.gemm_inputs": "construct_net (checked by the constructor's oracle), net_getters",
     "Network": "construct_net, step_reinit",
     **{f"Network.{m}": "scenario_net(Network), scenario_threads, scenario_uninitialized"
        for m in NET_METHODS + ("n_params", "plan")},

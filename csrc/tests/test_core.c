@@ -399,6 +399,108 @@ static void diff_gemm(diff *d, dtype dt, const void *C, const void *C0, ptrdiff_
 
 #define PAD_SENTINEL 777.0
 
+/* bfloat16 inputs (dp_ctx.bf16_inputs): on every ISA and both contexts, the GEMM must equal
+ * the naive twin run on A and B rounded by dp_round_bf16 (the scalar twin of the builds'
+ * vector rounding), within the float summation bound of the rounded operands. */
+static void gemm_case_bf16(const float *A, ptrdiff_t na, ptrdiff_t rsa, ptrdiff_t csa,
+                           const float *B, ptrdiff_t nb, ptrdiff_t rsb, ptrdiff_t csb,
+                           const float *C0, ptrdiff_t ldc, int M, int N, int K, double alpha,
+                           double beta, const char *what)
+{
+    ptrdiff_t nc = (ptrdiff_t)M * ldc;
+    float *Ar = talloc(F32, na), *Br = talloc(F32, nb), *Cn = talloc(F32, nc), *C = talloc(F32, nc);
+    double *ref = dalloc((ptrdiff_t)M * N), *mag = dalloc((ptrdiff_t)M * N);
+    memcpy(Ar, A, (size_t)na * sizeof *A);
+    memcpy(Br, B, (size_t)nb * sizeof *B);
+    dp_round_bf16(Ar, (size_t)na);
+    dp_round_bf16(Br, (size_t)nb);
+    gemm_ref(ref, mag, F32, C0, ldc, Ar, rsa, csa, Br, rsb, csb, M, N, K, alpha, beta);
+    memcpy(Cn, C0, (size_t)nc * sizeof *C0);
+    dp_gemm_naive_f32(Cn, ldc, Ar, rsa, csa, Br, rsb, csb, M, N, K, (float)alpha, (float)beta);
+    double rel = 2 * (K + 16) * deps(F32);
+    for (int g = 0; g < DP_ISA_COUNT; g++) {
+        const char *isa = use_isa(g);
+        for (int c = 1; isa && c < 3; c++) {
+            memcpy(C, C0, (size_t)nc * sizeof *C0);
+            ctxs[c].ctx->bf16_inputs = 1;
+            int rc = dp_gemm_f32(ctxs[c].ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K,
+                                 (float)alpha, (float)beta);
+            ctxs[c].ctx->bf16_inputs = 0;
+            expect(rc == DP_OK, "dp_gemm_%s bf16 isa=%s ctx=%s: returned %d", what, isa,
+                   ctxs[c].name, rc);
+            diff e = {0};
+            diff_gemm(&e, F32, C, C0, ldc, M, N, Cn, ref, mag, rel);
+            expect_diff(&e, ldc, "dp_gemm_%s bf16 inputs isa=%s ctx=%s vs naive on rounded", what,
+                        isa, ctxs[c].name);
+        }
+    }
+    free(Ar); free(Br); free(Cn); free(C); free(ref); free(mag);
+}
+
+/* dp_round_bf16 on the values that decide it, then each ISA build's vector rounding through
+ * the GEMM: C = round(a) * 1 for a column of such values (K = N = 1; bfloat16 inputs pack
+ * both operands, so the packed path's rounding runs). */
+static void test_round_bf16(void)
+{
+    static const uint32_t cases[][2] = {
+        {0x3f800000u, 0x3f800000u},   /* 1 */
+        {0x3f808000u, 0x3f800000u},   /* 1 + 2^-8: a tie, to the even 1 */
+        {0x3f818000u, 0x3f820000u},   /* a tie, up to the even neighbour */
+        {0x3f808001u, 0x3f810000u},   /* above the tie: up */
+        {0x3f807fffu, 0x3f800000u},   /* below the tie: down */
+        {0xbf818000u, 0xbf820000u},   /* negative: the same on |x| */
+        {0x7f7fffffu, 0x7f800000u},   /* FLT_MAX: above bfloat16's largest, to +inf */
+        {0x7f7f0000u, 0x7f7f0000u},   /* bfloat16's largest stays */
+        {0x7f800000u, 0x7f800000u},   /* +inf */
+        {0xff800000u, 0xff800000u},   /* -inf */
+        {0x00000000u, 0x00000000u},   /* +0 */
+        {0x80000000u, 0x80000000u},   /* -0 */
+        {0x00008000u, 0x00000000u},   /* denormal tie: to the even 0 */
+        {0x00018000u, 0x00020000u},   /* denormal tie: up */
+        {0x007fffffu, 0x00800000u},   /* the largest denormal rounds to FLT_MIN */
+        {0x7fc00000u, 0x7fc00000u},   /* quiet NaN */
+        {0x7f800001u, 0x7fc00000u},   /* signalling NaN, payload in the low bits: quiet NaN */
+        {0xffc12345u, 0xffc10000u},   /* negative NaN keeps its sign and high payload */
+    };
+    enum { NC = sizeof cases / sizeof cases[0] };
+    float x[NC], want[NC];
+    for (int i = 0; i < NC; i++) {
+        memcpy(&x[i], &cases[i][0], 4);
+        memcpy(&want[i], &cases[i][1], 4);
+    }
+    float r[NC];
+    memcpy(r, x, sizeof x);
+    dp_round_bf16(r, NC);
+    for (int i = 0; i < NC; i++) {
+        uint32_t got;
+        memcpy(&got, &r[i], 4);
+        expect(got == cases[i][1], "dp_round_bf16(0x%08x) = 0x%08x, expected 0x%08x", cases[i][0],
+               got, cases[i][1]);
+    }
+    float one = 1.0f;
+    for (int g = 0; g < DP_ISA_COUNT; g++) {
+        const char *isa = use_isa(g);
+        for (int c = 1; isa && c < 3; c++) {
+            float C[NC];
+            ctxs[c].ctx->bf16_inputs = 1;
+            int rc = dp_gemm_f32(ctxs[c].ctx, C, 1, x, 1, 1, &one, 1, 1, NC, 1, 1, 1.0f, 0.0f);
+            ctxs[c].ctx->bf16_inputs = 0;
+            expect(rc == DP_OK, "bf16 GEMM isa=%s: returned %d", isa, rc);
+            for (int i = 0; i < NC; i++) {
+                uint32_t got;
+                memcpy(&got, &C[i], 4);
+                /* a NaN times 1 is a NaN; the hardware may set other payload bits. -0: the
+                 * accumulator starts at +0, and +0 + -0 is +0 */
+                int ok = isnan(want[i]) ? isnan(C[i]) && signbit(C[i]) == signbit(want[i])
+                         : want[i] == 0 ? C[i] == 0 : got == cases[i][1];
+                expect(ok, "bf16 GEMM isa=%s ctx=%s: round(0x%08x) * 1 = 0x%08x, expected 0x%08x",
+                       isa, ctxs[c].name, cases[i][0], got, cases[i][1]);
+            }
+        }
+    }
+    use_isa(widest_isa());
+}
+
 /* One GEMM shape: the naive twin against the double reference, then the optimized GEMM on
  * both ISA paths and every context against the naive twin. */
 static void gemm_case(dtype dt, char la, char lb, int M, int N, int K, double alpha,
@@ -443,6 +545,8 @@ static void gemm_case(dtype dt, char la, char lb, int M, int N, int K, double al
             expect_diff(&e, ldc, "dp_gemm_%s isa=%s ctx=%s vs naive", what, isa, ctxs[c].name);
         }
     }
+    if (dt == F32) gemm_case_bf16(A, na, rsa, csa, B, nb, rsb, csb, C0, ldc, M, N, K, alpha,
+                                  beta, what);
     use_isa(widest_isa());
     free(A); free(B); free(C0); free(Cn); free(C); free(ref); free(mag);
 }
@@ -758,6 +862,75 @@ static void test_scale(dtype dt)
             expect_diff(&d, 0, "dp_scale_%s n=%d alpha=%g", dtn(dt), n, alpha);
             free(buf); free(orig);
         }
+}
+
+/* dp_to_bf16 against dp_round_bf16 (the GEMM's scalar twin) on random bit patterns and the
+ * deciding values, dp_from_bf16 exact, dp_sum_bf16 = float sum in order, scaled, rounded
+ * (and sliced calls bit-identical to one); the ISA is the caller's. */
+static void test_bf16_buffers(void)
+{
+    enum { N = 4099, K = 3 };       /* past two chunks of 2048 */
+    static float x[N], r[N], back[N];
+    static uint16_t b[N], ins[K][N], whole[N], sliced[N];
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < N; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t u = (uint32_t)(st >> 32);
+        if (i < 8) {
+            static const uint32_t special[8] = {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u,
+                                                0xff800000u, 0x00008000u, 0x007fffffu, 0x80000000u};
+            u = special[i];
+        }
+        memcpy(&x[i], &u, 4);
+    }
+    memcpy(r, x, sizeof x);
+    dp_round_bf16(r, N);
+    dp_to_bf16(b, x, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        uint32_t ru;
+        memcpy(&ru, &r[i], 4);
+        if (isnan(x[i]) ? (b[i] & 0x7f80u) != 0x7f80u || !(b[i] & 0x7fu) : b[i] != (uint16_t)(ru >> 16)) bad++;
+    }
+    expect(bad == 0, "dp_to_bf16: %d of %d values differ from dp_round_bf16", bad, N);
+    dp_from_bf16(back, b, N);
+    bad = 0;
+    for (int i = 0; i < N; i++) {
+        uint32_t u;
+        memcpy(&u, &back[i], 4);
+        if (u != (uint32_t)b[i] << 16) bad++;
+    }
+    expect(bad == 0, "dp_from_bf16: %d of %d values are not the bits << 16", bad, N);
+    for (int q = 0; q < K; q++)
+        for (int i = 0; i < N; i++) {
+            float v = (float)unif(-4, 4);
+            dp_to_bf16(&ins[q][i], &v, 1);
+        }
+    const uint16_t *pins[K] = {ins[0], ins[1], ins[2]};
+    dp_sum_bf16(whole, pins, K, 0, N, 0.5f);
+    bad = 0;
+    for (int i = 0; i < N; i++) {
+        float acc = 0;
+        for (int q = 0; q < K; q++) {
+            uint32_t u = (uint32_t)ins[q][i] << 16;
+            float f;
+            memcpy(&f, &u, 4);
+            acc += f;
+        }
+        acc *= 0.5f;
+        uint16_t want;
+        dp_to_bf16(&want, &acc, 1);
+        if (whole[i] != want) bad++;
+    }
+    expect(bad == 0, "dp_sum_bf16 k=3 scale=0.5: %d of %d differ from the float sum rounded", bad, N);
+    ptrdiff_t cut[4] = {0, 1001, 2049, N};
+    for (int c = 0; c < 3; c++) dp_sum_bf16(sliced, pins, K, cut[c], cut[c + 1], 0.5f);
+    expect(memcmp(whole, sliced, sizeof whole) == 0, "dp_sum_bf16: sliced calls differ from one call");
+    /* out may be one of the inputs */
+    memcpy(sliced, ins[0], sizeof sliced);
+    const uint16_t *alias[K] = {sliced, ins[1], ins[2]};
+    dp_sum_bf16(sliced, alias, K, 0, N, 0.5f);
+    expect(memcmp(whole, sliced, sizeof whole) == 0, "dp_sum_bf16: out = ins[0] differs");
 }
 
 static void test_sum_buffers(dtype dt)
@@ -1598,9 +1771,10 @@ int main(void)
     use_isa(widest_isa());
     expect(dp_isa_active() == widest_isa(), "dp_isa_select(widest): active %d", dp_isa_active());
 
+    test_round_bf16();
     for (int t = 0; t < 2; t++) {
         dtype dt = t ? F64 : F32;
-        test_gemm(dt);            /* every ISA inside */
+        test_gemm(dt);            /* every ISA inside; float: also with bfloat16 inputs */
         test_gemm_degenerate(dt);
         test_dense(dt);
         test_argmax_count(dt);
@@ -1613,6 +1787,7 @@ int main(void)
             test_relu(dt);
             test_scale(dt);
             test_sum_buffers(dt);
+            if (dt == F32) test_bf16_buffers();
             test_sgd(dt);
             test_softmax_xent(dt);
             test_sigmoid_bce(dt);

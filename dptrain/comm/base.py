@@ -125,7 +125,8 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def sum_into_(self, out: np.ndarray, arrays: list, *, scale: float = 1.0) -> None:
         """out = scale * (arrays[0] + arrays[1] + ...), summed in index order, for every rank
-        (``out`` and ``arrays`` from ``shared_zeros``)."""
+        (``out`` and ``arrays`` from ``shared_zeros``). uint16 arrays hold bfloat16 values,
+        summed in float32 into a float32 out (half the bytes of float32 arrays)."""
 
     @abc.abstractmethod
     def broadcast_(self, array: np.ndarray, root: int = 0) -> None:
@@ -164,6 +165,13 @@ class Communicator(abc.ABC):
         return _schedule_bytes(schedule, self.size, nbytes, self.rank, root)
 
 
+def filled_bytes(arrays, size: int) -> int:
+    """The bytes of the arrays one rank of `size` fills for sum_into_ (rank r fills arrays
+    [r k / size, (r + 1) k / size)): what it contributes to the sum, as an all-reduce's
+    payload per rank."""
+    return sum(a.nbytes for a in arrays) // max(size, 1)
+
+
 def range_bytes(array: np.ndarray, start: int, stop: int | None) -> int:
     """Bytes of array[start:stop]."""
     return len(range(*slice(start, stop).indices(array.size))) * array.itemsize
@@ -194,7 +202,7 @@ class LocalComm(Communicator):
     def sum_into_(self, out, arrays, *, scale=1.0):
         from .. import _core
         _core.sum_buffers(out, arrays, scale=scale)
-        self._account("allreduce", out.nbytes)
+        self._account("allreduce", filled_bytes(arrays, self.size))
 
     def broadcast_(self, array, root=0):
         self._account("broadcast", array.nbytes, root=root)

@@ -402,7 +402,8 @@ class HierComm(ShmComm):
         n = arrays[0].size
         mine = owned[self._node_id]
         send = np.concatenate([arrays[i] for i in mine]) if mine else recv[:0]
-        mpi_type = self._MPI.FLOAT if recv.dtype == np.float32 else self._MPI.DOUBLE
+        mpi_type = {np.dtype(np.float32): self._MPI.FLOAT, np.dtype(np.float64): self._MPI.DOUBLE,
+                    np.dtype(np.uint16): self._MPI.UINT16_T}[recv.dtype]    # uint16: bfloat16
         self._leaders.Allgatherv(send, [recv, counts, displs, mpi_type])
         for node_id, idx in enumerate(owned):
             if node_id == self._node_id:

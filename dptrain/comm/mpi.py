@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from .base import BACKENDS, Communicator, _check_algorithm, aligned_zeros, range_bytes
+from .base import (BACKENDS, Communicator, _check_algorithm, aligned_zeros, filled_bytes,
+                   range_bytes)
 
 # Launchers and the variable each sets to the world size in every process it starts.
 MPI_LAUNCH_VARIABLES = (
@@ -183,7 +184,7 @@ class MPIComm(Communicator):
         flat = self._shared.get(id(arrays[0]))
         if flat is None:
             raise ValueError("sum_into_ needs arrays from comm.shared_zeros()")
-        self._account("allreduce", out.nbytes * len(arrays), waited=self._entry_wait())
+        self._account("allreduce", filled_bytes(arrays, self.size), waited=self._entry_wait())
         self._comm.Allgather(self._MPI.IN_PLACE, flat)
         _core.sum_buffers(out, arrays, scale=scale)
 

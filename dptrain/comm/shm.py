@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import _core
 from .base import (ALIGN, Communicator, WorkerError, _check_algorithm, check_flat, describe,
-                   range_bytes)
+                   filled_bytes, range_bytes)
 
 # The arena's virtual size: a sparse memfd, backed page by page as arrays are touched.
 ARENA_BYTES = 1 << 36
@@ -409,7 +409,7 @@ class ShmComm(Communicator):
             group = self._sums[key] = self._group(self._alloc(self._layout.control_bytes),
                                                   list(arrays), out=out)
         waited = group.allreduce(scale)
-        self._account("allreduce", out.nbytes * len(arrays), waited=waited)
+        self._account("allreduce", filled_bytes(arrays, self.size), waited=waited)
 
     def broadcast_(self, array, root=0):
         waited = self._shared_broadcast(array, root)

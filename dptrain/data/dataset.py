@@ -84,6 +84,9 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 def _float_dtype(dtype, arg: str = "dtype") -> np.dtype:
     """Normalize a requested dtype; only float32 and float64 are supported by the C core."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        raise ValueError(f"{arg}='bfloat16': data sets hold float32 or float64; a bfloat16 "
+                         f"(mixed precision) model reads float32 data")
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..models import storage_dtype
 from ..sampler import batch_bounds
 
 
@@ -121,7 +122,7 @@ def read_checkpoint(path, job, n_params: int, n_train: int):
         raise ValueError(f"{where} has format {fmt!r}, this dptrain reads format "
                          f"{CHECKPOINT_FORMAT}")
     cfg = job.config
-    dtype = np.dtype(cfg.dtype)
+    dtype = storage_dtype(cfg.dtype)
     for name, arr in (("params", params), ("velocity", velocity)):
         if arr.shape != (n_params,) or arr.dtype != dtype:
             raise ValueError(f"{where}: {name} has dtype {arr.dtype} and shape {arr.shape}, "

@@ -12,7 +12,13 @@ batch's gradient, exchanges it, and applies the update:
   gradient computed alone and the chunks summed in chunk order: nothing depends on which
   worker computed what, so any world size up to CHUNKS gives bitwise-identical weights;
 - ``ParameterServer``: the gradients summed on rank 0, which alone updates and broadcasts the
-  parameters.
+  parameters;
+- ``Bf16AllReduce``: each worker rounds its share's gradient to bfloat16 into a shared slot of
+  its own; the slots are summed in rank order in float32 and the sum is rounded to bfloat16
+  (``comm.sum_into_``), which every worker widens back to float32 for the update: half the
+  bytes of a float32 all-reduce, both ways. ``Deterministic(bf16=True)`` rounds each chunk's
+  gradient, and the chunks' sum, the same way. (TrainConfig's ``comm_dtype``; the default for
+  a bfloat16 model.)
 
 The worker's share: worker r of N takes its contiguous share of each global batch
 (``sampler.shard``) and computes the gradient of (sum of its samples' losses) / (global batch
@@ -27,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _core
+from ..comm.base import aligned_zeros
 from ..config import CHUNKS
 from ..sampler import shard
 
@@ -64,6 +71,17 @@ class Exchange:
         """The optimizer step from the exchanged gradient."""
         opt.step(lr, grads=self.grads)
 
+    @staticmethod
+    def _share(comm, model, rows, start, stop, clock) -> tuple[float, int]:
+        """This worker's share of the batch into ``model.grads`` (zeroed first), scaled by
+        1 / (global batch); the clock marks the data and the compute phases."""
+        x, y = rows(*shard(start, stop, comm.rank, comm.size))
+        clock.data_done()
+        model.zero_grad()
+        loss, correct = model.loss_grad(x, y, 1.0 / (stop - start))
+        clock.computed()
+        return loss, correct
+
 
 class AllReduce(Exchange):
     """Compute this worker's share, then all-reduce the flat gradient (in buckets)."""
@@ -75,11 +93,7 @@ class AllReduce(Exchange):
         return comm.zeros(self.n_params, self.dtype, algorithm=self.algorithm)
 
     def gradient(self, comm, model, rows, start, stop, clock):
-        x, y = rows(*shard(start, stop, comm.rank, comm.size))
-        clock.data_done()
-        model.zero_grad()
-        loss, correct = model.loss_grad(x, y, 1.0 / (stop - start))
-        clock.computed()
+        loss, correct = self._share(comm, model, rows, start, stop, clock)
         grads = self.grads = model.grads
         for lo, hi in gradient_buckets(grads.size, grads.itemsize, self.bucket_kb):
             comm.allreduce_sum_(grads, start=lo, stop=hi)    # one collective per bucket
@@ -114,15 +128,44 @@ class Overlap(Exchange):
         return loss, correct
 
 
-class Deterministic(Exchange):
-    """CHUNKS fixed chunks of the global batch, each computed alone into its own shared
-    array, summed in chunk order into the gradient every worker reads."""
+class Bf16AllReduce(Exchange):
+    """Compute this worker's share in float32, round it to bfloat16 into this worker's shared
+    slot, then sum every worker's slot in rank order in float32 into the gradient every
+    worker reads."""
 
     def buffers(self, comm, n_params, dtype):
         bufs = super().buffers(comm, n_params, dtype)
-        self.chunks = comm.shared_zeros(CHUNKS, n_params, dtype)
-        self.grads = comm.shared_zeros(1, n_params, dtype)[0]     # the chunks' ordered sum
+        self.slots = comm.shared_zeros(comm.size, n_params, np.uint16)   # bfloat16 bits
+        self.sum = comm.shared_zeros(1, n_params, np.uint16)[0]          # their sum, bfloat16
+        self.grads = aligned_zeros(n_params, dtype)                      # ... widened
+        return bufs
+
+    def gradient(self, comm, model, rows, start, stop, clock):
+        loss, correct = self._share(comm, model, rows, start, stop, clock)
+        _core.to_bf16(model.grads, self.slots[comm.rank])    # the exchange's own cost
+        comm.sum_into_(self.sum, self.slots)
+        _core.from_bf16(self.sum, self.grads)
+        clock.exchanged()
+        return loss, correct
+
+
+class Deterministic(Exchange):
+    """CHUNKS fixed chunks of the global batch, each computed alone into its own shared
+    array, summed in chunk order into the gradient every worker reads. bf16: each chunk's
+    gradient is computed in float32 and rounded to bfloat16 into its shared array."""
+
+    def __init__(self, bf16: bool = False):
+        self.bf16 = bf16
+
+    def buffers(self, comm, n_params, dtype):
+        bufs = super().buffers(comm, n_params, dtype)
+        self.chunks = comm.shared_zeros(CHUNKS, n_params, np.uint16 if self.bf16 else dtype)
+        # the chunks' ordered sum (bf16: in bfloat16, widened into grads for the update)
+        self.sum = comm.shared_zeros(1, n_params, np.uint16)[0] if self.bf16 else None
+        self.grads = aligned_zeros(n_params, dtype) if self.bf16 else \
+            comm.shared_zeros(1, n_params, dtype)[0]
         self.mine = range(comm.rank * CHUNKS // comm.size, (comm.rank + 1) * CHUNKS // comm.size)
+        self.work = aligned_zeros(n_params, dtype) if self.bf16 else None   # a chunk, float32
         return bufs
 
     def gradient(self, comm, model, rows, start, stop, clock):
@@ -130,12 +173,19 @@ class Deterministic(Exchange):
         for c in self.mine:
             with clock.data():
                 x, y = rows(*shard(start, stop, c, CHUNKS))
-            _core.zero_(self.chunks[c])
-            cl, cc = model.loss_grad(x, y, 1.0 / (stop - start), grads=self.chunks[c])
+            into = self.work if self.bf16 else self.chunks[c]
+            _core.zero_(into)
+            cl, cc = model.loss_grad(x, y, 1.0 / (stop - start), grads=into)
+            if self.bf16:
+                _core.to_bf16(into, self.chunks[c])
             loss += cl
             correct += cc
         clock.computed()
-        comm.sum_into_(self.grads, self.chunks)      # the chunks, summed in chunk order
+        if self.bf16:
+            comm.sum_into_(self.sum, self.chunks)    # the chunks, summed in chunk order
+            _core.from_bf16(self.sum, self.grads)
+        else:
+            comm.sum_into_(self.grads, self.chunks)
         clock.exchanged()
         return loss, correct
 
@@ -144,11 +194,7 @@ class ParameterServer(Exchange):
     """The gradients' sum to rank 0, which alone updates, then sends the parameters out."""
 
     def gradient(self, comm, model, rows, start, stop, clock):
-        x, y = rows(*shard(start, stop, comm.rank, comm.size))
-        clock.data_done()
-        model.zero_grad()
-        loss, correct = model.loss_grad(x, y, 1.0 / (stop - start))
-        clock.computed()
+        loss, correct = self._share(comm, model, rows, start, stop, clock)
         self.grads = comm.reduce_sum_(model.grads, root=0)   # the gradients' sum, for rank 0
         clock.exchanged()
         self.params = model.params
@@ -164,8 +210,11 @@ class ParameterServer(Exchange):
 
 def make_exchange(config) -> Exchange:
     """The strategy a TrainConfig asks for."""
+    bf16 = config.comm_dtype == "bfloat16"
     if config.deterministic:
-        return Deterministic()
+        return Deterministic(bf16)
+    if bf16:            # the config allows it with the native all-reduce only
+        return Bf16AllReduce()
     if config.allreduce == "ps":
         return ParameterServer()
     if config.overlap:

@@ -24,7 +24,7 @@ import numpy as np
 from .. import _core
 from ..config import TrainConfig
 from ..measure import timing
-from ..models import model_from_spec
+from ..models import model_from_spec, storage_dtype
 from ..optim import SGD, lr_at
 from ..sampler import batch_bounds, epoch_order
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -161,7 +161,7 @@ def _run_worker(comm, job, x, y, x_test, y_test, hooks, say, init_params):
     rank, world = comm.rank, comm.size
     exchange = make_exchange(cfg)
     n_params = job.model["n_params"]
-    bufs = exchange.buffers(comm, n_params, job.model["dtype"])
+    bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
     opt = SGD(net, cfg.lr, momentum=cfg.momentum, dampening=cfg.dampening,
               weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)

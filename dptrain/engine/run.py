@@ -45,7 +45,8 @@ from ..comm.mpi import world as mpi_world
 from ..comm.base import describe
 from ..config import CHUNKS, TrainConfig, options_doc
 from ..measure import timing
-from ..models import MODEL_KINDS, Model, model_from_spec, model_n_params, model_sizes
+from ..models import (MODEL_KINDS, Model, model_from_spec, model_n_params, model_sizes,
+                      storage_dtype)
 from ..sampler import shard
 from .checkpoint import read_checkpoint
 from .loop import Job, epoch_line, run_worker
@@ -268,7 +269,10 @@ def _run(cfg: TrainConfig, *, model_obj, data, log) -> TrainResult:
     say(f"dptrain: {spec['kind']} {tuple(spec['sizes'])} on {ds.name} ({ds.n_train} train / "
         f"{ds.n_test} test, source: {ds.source}), global batch {cfg.batch_size}, lr {cfg.lr}, "
         f"momentum {cfg.momentum}, {world} worker(s)"
-        + (f" on {config['backend']}" if world > 1 or backend == "mpi" else ""))
+        + (f" on {config['backend']}" if world > 1 or backend == "mpi" else "")
+        + (f", {cfg.dtype} (float32 weights, bfloat16 GEMM inputs; gradient exchange in "
+           f"{cfg.comm_dtype})" if cfg.dtype == "bfloat16" else
+           ", gradient exchange in bfloat16" if cfg.comm_dtype == "bfloat16" else ""))
 
     arrays = (ds.x_train, ds.y_train, ds.x_test, ds.y_test)
     init = model_obj.params if model_obj is not None else None
@@ -305,7 +309,7 @@ def _load_data(cfg, data, model_obj, note):
         if model_obj is not None:
             raise ValueError("fit needs the arrays X, y")
         return data_mod.load_dataset(cfg.dataset, data_dir=cfg.data_dir,
-                                     dtype=np.dtype(cfg.dtype), limit=cfg.limit, seed=cfg.seed,
+                                     dtype=storage_dtype(cfg.dtype), limit=cfg.limit, seed=cfg.seed,
                                      n_samples=cfg.n_samples, n_features=cfg.n_features,
                                      upscale=cfg.upscale, allow_download=cfg.allow_download,
                                      announce=note)
@@ -318,10 +322,11 @@ def _load_data(cfg, data, model_obj, note):
         regression = model_obj is not None and model_obj.loss == "mse"
         n_classes = None if model_obj is None or regression else _model_classes(model_obj.spec())
         ds = data_mod.from_arrays(X, y, X_test=X_test, y_test=y_test, validation=validation,
-                                  n_classes=n_classes, dtype=cfg.dtype,
+                                  n_classes=n_classes, dtype=storage_dtype(cfg.dtype),
                                   task="regression" if regression else "classification")
-    if ds.dtype != np.dtype(cfg.dtype):
-        raise ValueError(f"the data set is {ds.dtype}, but the run is {cfg.dtype}")
+    if ds.dtype != storage_dtype(cfg.dtype):
+        raise ValueError(f"the data set is {ds.dtype}, but the run is {cfg.dtype}"
+                         + (" (float32 data)" if cfg.dtype == "bfloat16" else ""))
     if cfg.limit is not None:
         if cfg.limit > ds.n_train:
             raise ValueError(f"limit={cfg.limit} exceeds the {ds.n_train} training samples of "
@@ -544,7 +549,8 @@ def _uncoupled(job, arrays, world, backend, policy, cfg, config):
     if backend == "mpi":
         raise ValueError("uncoupled runs use the thread or process backend")
     cfg1 = replace(cfg, batch_size=-(-cfg.batch_size // world), checkpoint_every=0,
-                   resume=None, checkpoint=None, workers=1, deterministic=False)
+                   resume=None, checkpoint=None, workers=1, deterministic=False,
+                   comm_dtype=None if cfg.deterministic else cfg.comm_dtype)
     job1 = replace(job, config=cfg1)
     if backend == "thread":
         results = run_threads(world, lambda comm: _uncoupled_worker(comm, job1, *arrays),

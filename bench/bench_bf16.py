@@ -1,0 +1,179 @@
+"""bfloat16 mixed precision (``dtype="bfloat16"``) against float32: final MNIST test accuracy
+of the MLP and the CNN, and the step time, from one run.
+
+Accuracy: each model is trained on the published MNIST files (``--data-dir``, default
+``../shared/data/mnist`` beside the clone; the script stops if they cannot be read: a
+synthetic stand-in would say nothing about accuracy) once in float32 and once in bfloat16
+per seed, with the same options (one worker, batch 128, lr 0.05, momentum 0.9): same
+initial weights, same sample order. The figure is the final test accuracy of each, and their
+difference (bfloat16 - float32) in points; the issue's target is |difference| <= 0.3.
+
+The bfloat16 runs use the model's defaults: bfloat16 GEMM inputs and the bfloat16 gradient
+exchange (each worker's gradient and their sum rounded to bfloat16; at one worker the
+gradient is rounded all the same), float32 weights and momentum.
+
+Exchange: 2 workers (process backend) train the bfloat16 MLP on MNIST-shaped synthetic data
+with the gradient exchanged in float32 and in bfloat16: bytes sent and the communication
+phase per step, from the run's own breakdown.
+
+Speed: one training step (zero_grad, loss_grad, SGD with momentum) of the same model on one
+fixed batch, float32 and bfloat16 interleaved, median of the repeats; the ratio
+float32 / bfloat16 is the speedup (the issue's target on an AVX512_BF16 CPU: >= 1.6). The
+bfloat16 GEMMs round their inputs while packing them and run the float32 micro-kernel on
+every CPU (no vdpbf16ps kernel exists yet), so the ratio measures the rounding's cost, not a
+gain: the table says whether the CPU has AVX512_BF16.
+
+Run: python bench/bench_bf16.py [--quick] [--json PATH] [--data-dir DIR] [--seeds N]
+"""
+from __future__ import annotations
+
+import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy/torch load)
+
+import os  # noqa: E402
+import sys  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import dptrain  # noqa: E402
+from dptrain import _core  # noqa: E402
+from dptrain.data import synthetic_classification  # noqa: E402
+
+DEFAULT_DATA = os.path.join(os.path.dirname(_util.REPO_ROOT), "shared", "data", "mnist")
+TARGET_POINTS = 0.3
+TARGET_SPEEDUP = 1.6
+# (name, dptrain.train options, epochs full / quick)
+MODELS = (("MLP 784-256-128-10", dict(model="mlp", hidden=(256, 128)), 10, 3),
+          ("CNN 1x28x28 (32, 64 conv, fc 128)", dict(model="cnn"), 3, 1))
+
+
+def add_args(p):
+    p.add_argument("--data-dir", default=DEFAULT_DATA, help="directory of the MNIST IDX files")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per model (default 3, quick 1)")
+
+
+def accuracy_rows(args) -> list[dict]:
+    seeds = args.seeds or (1 if args.quick else 3)
+    rows = []
+    for name, opts, epochs, quick_epochs in MODELS:
+        ep = quick_epochs if args.quick else epochs
+        for seed in range(seeds):
+            acc = {}
+            for dtype in ("float32", "bfloat16"):
+                r = dptrain.train(dataset="mnist", data_dir=args.data_dir, allow_download=False,
+                                  dtype=dtype, seed=seed, epochs=ep, batch_size=128, lr=0.05,
+                                  momentum=0.9, workers=1, log=lambda *a: None, progress=False,
+                                  **opts)
+                acc[dtype] = 100.0 * r.history[-1]["test_accuracy"]
+            diff = acc["bfloat16"] - acc["float32"]
+            rows.append({"model": name, "seed": seed, "epochs": ep, "float32": acc["float32"],
+                         "bfloat16": acc["bfloat16"], "diff_points": diff})
+            print(f"  {name} seed {seed}: float32 {acc['float32']:.2f} %, bfloat16 "
+                  f"{acc['bfloat16']:.2f} % ({diff:+.2f} points)", flush=True)
+    return rows
+
+
+def step_rows(args) -> list[dict]:
+    ds = synthetic_classification(128, 784, 10, seed=0, dtype=np.float32)
+    x, y = ds.x_train, ds.y_train
+    builds = {"MLP 784-256-128-10, batch 128": lambda dt: dptrain.MLP((784, 256, 128, 10), dtype=dt),
+              "CNN 1x28x28, batch 128": lambda dt: dptrain.CNN((1, 28, 28), 10, dtype=dt)}
+    rows = []
+    for name, build in builds.items():
+        fns = {}
+        for dt in ("float32", "bfloat16"):
+            model = build(dt)
+            opt = dptrain.SGD(model, 0.01, momentum=0.9)
+
+            def step(model=model, opt=opt):
+                model.zero_grad()
+                model.loss_grad(x, y)
+                opt.step()
+            fns[dt] = step
+        number = _util.calibrate(fns["float32"], 0.05 if args.quick else 0.2)
+        times = _util.interleaved(fns, repeats=5 if args.quick else 11, number=number, warmup=2)
+        f32, bf = _util.median(times["float32"]), _util.median(times["bfloat16"])
+        rows.append({"step": name, "float32_ms": 1e3 * f32, "bfloat16_ms": 1e3 * bf,
+                     "speedup": f32 / bf, "spread_f32": _util.spread(times["float32"]),
+                     "spread_bf16": _util.spread(times["bfloat16"])})
+    return rows
+
+
+def exchange_rows(args) -> list[dict]:
+    """2 workers (process backend) training the MLP on MNIST-shaped synthetic data, global batch
+    128: the communication phase's median per step and the bytes sent, with the gradient
+    exchanged in float32 and in bfloat16, runs interleaved."""
+    rounds = 2 if args.quick else 3
+    n = 8192 if args.quick else 30000
+    out = {cd: [] for cd in ("float32", "bfloat16")}
+    for _ in range(rounds):
+        for cd in out:
+            r = dptrain.train(model="mlp", dataset="synthetic", n_samples=n, n_features=784,
+                              epochs=1, batch_size=128, lr=0.05, momentum=0.9, workers=2,
+                              backend="process", dtype="bfloat16", comm_dtype=cd,
+                              log=lambda *a: None, progress=False)
+            b = r.breakdown
+            out[cd].append((b["step_median_seconds"]["communication"],
+                            b["step_median_seconds"]["sync_wait"],
+                            b["bytes_sent_per_epoch"] / r["steps"], r["train_seconds"] / r["steps"]))
+    rows = []
+    for cd, runs in out.items():
+        comm = [x[0] for x in runs]
+        rows.append({"comm_dtype": cd, "communication_ms": 1e3 * _util.median(comm),
+                     "spread": _util.spread(comm),
+                     "sync_wait_ms": 1e3 * _util.median([x[1] for x in runs]),
+                     "bytes_per_step": runs[0][2],
+                     "step_ms": 1e3 * _util.median([x[3] for x in runs])})
+    return rows
+
+
+def main():
+    args = _util.parse_args(__doc__, add_args)
+    env = _util.environment()
+    _util.print_environment(env)
+    feats = _core.cpu_features()
+    has_bf16 = bool(feats.get("avx512_bf16"))
+    print(f"CPU AVX512_BF16: {'yes' if has_bf16 else 'no'}; dptrain's bfloat16 GEMMs round "
+          f"while packing and run the {_core.isa()} float32 micro-kernel")
+    if not os.path.isdir(args.data_dir):
+        sys.exit(f"bench_bf16: the MNIST files are not at {args.data_dir} (--data-dir): the "
+                 f"accuracy comparison needs the real data")
+    print("\naccuracy (training on MNIST, one worker):", flush=True)
+    acc = accuracy_rows(args)
+    table = []
+    for name, *_ in MODELS:
+        mine = [r for r in acc if r["model"] == name]
+        diffs = [r["diff_points"] for r in mine]
+        worst = max(abs(d) for d in diffs)
+        table.append([name, mine[0]["epochs"], len(mine),
+                      f"{np.median([r['float32'] for r in mine]):.2f}",
+                      f"{np.median([r['bfloat16'] for r in mine]):.2f}",
+                      f"{np.median(diffs):+.2f}", f"{worst:.2f}",
+                      "met" if worst <= TARGET_POINTS else "NOT met"])
+    _util.print_table(["model", "epochs", "seeds", "float32 %", "bfloat16 %",
+                       "median diff", "max |diff|", f"|diff| <= {TARGET_POINTS}"], table,
+                      title="final MNIST test accuracy, float32 vs bfloat16 mixed precision "
+                            "(medians over seeds)")
+    steps = step_rows(args)
+    _util.print_table(["step", "float32 ms", "bfloat16 ms", "f32/bf16",
+                       f"target >= {TARGET_SPEEDUP}"],
+                      [[r["step"], f"{r['float32_ms']:.3f} (+-{r['spread_f32']:.0%})",
+                        f"{r['bfloat16_ms']:.3f} (+-{r['spread_bf16']:.0%})",
+                        f"{r['speedup']:.2f}",
+                        ("met" if r["speedup"] >= TARGET_SPEEDUP else "NOT met") if has_bf16
+                        else "n/a: no AVX512_BF16"] for r in steps],
+                      title="training step, one thread (median of interleaved repeats)")
+    exch = exchange_rows(args)
+    _util.print_table(["gradient exchange", "bytes sent / step", "communication ms / step",
+                       "of which sync wait", "train ms / step"],
+                      [[r["comm_dtype"], f"{r['bytes_per_step']:,.0f}",
+                        f"{r['communication_ms']:.3f} (+-{r['spread']:.0%})",
+                        f"{r['sync_wait_ms']:.3f}", f"{r['step_ms']:.2f}"] for r in exch],
+                      title="2 workers (process backend), bfloat16 MLP, global batch 128: the "
+                            "exchange in float32 and in bfloat16 (medians over steps and runs)")
+    _util.write_json(args.json, "bench_bf16", env, {"quick": args.quick, "data_dir": args.data_dir,
+                                                    "avx512_bf16": has_bf16},
+                     {"accuracy": acc, "steps": steps, "exchange": exch})
+
+
+if __name__ == "__main__":
+    main()
