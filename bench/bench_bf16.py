@@ -8,9 +8,10 @@ per seed, with the same options (one worker, batch 128, lr 0.05, momentum 0.9): 
 initial weights, same sample order. The figure is the final test accuracy of each, and their
 difference (bfloat16 - float32) in points; the issue's target is |difference| <= 0.3.
 
-The bfloat16 runs use the model's defaults: bfloat16 GEMM inputs and the bfloat16 gradient
-exchange (each worker's gradient and their sum rounded to bfloat16; at one worker the
-gradient is rounded all the same), float32 weights and momentum.
+Two bfloat16 variants per seed: the model's default (bfloat16 GEMM inputs, float32 gradient,
+weights and momentum), and the same with the bfloat16 gradient exchange (comm_dtype=
+"bfloat16": the gradient and the sum rounded to bfloat16; at one worker its one slot is
+rounded all the same).
 
 Exchange: 2 workers (process backend) train the bfloat16 MLP on MNIST-shaped synthetic data
 with the gradient exchanged in float32 and in bfloat16: bytes sent and the communication
@@ -23,7 +24,11 @@ bfloat16 GEMMs round their inputs while packing them and run the float32 micro-k
 every CPU (no vdpbf16ps kernel exists yet), so the ratio measures the rounding's cost, not a
 gain: the table says whether the CPU has AVX512_BF16.
 
+GEMM: _core.gemm on the MLP's and the conv's shapes with a float32 context and a bfloat16
+one (Context(gemm_inputs="bfloat16")), interleaved: the rounding's cost.
+
 Run: python bench/bench_bf16.py [--quick] [--json PATH] [--data-dir DIR] [--seeds N]
+     [--parts accuracy,gemm,steps,exchange]
 """
 from __future__ import annotations
 
@@ -41,14 +46,48 @@ from dptrain.data import synthetic_classification  # noqa: E402
 DEFAULT_DATA = os.path.join(os.path.dirname(_util.REPO_ROOT), "shared", "data", "mnist")
 TARGET_POINTS = 0.3
 TARGET_SPEEDUP = 1.6
+# (key, dtype, comm_dtype): float32; bfloat16 GEMM inputs; and also the gradient rounded to
+# bfloat16 by the bfloat16 exchange (at one worker its one slot is rounded all the same)
+VARIANTS = (("float32", "float32", None), ("bfloat16", "bfloat16", None),
+            ("bfloat16_comm", "bfloat16", "bfloat16"))
 # (name, dptrain.train options, epochs full / quick)
 MODELS = (("MLP 784-256-128-10", dict(model="mlp", hidden=(256, 128)), 10, 3),
           ("CNN 1x28x28 (32, 64 conv, fc 128)", dict(model="cnn"), 3, 1))
 
 
+PARTS = ("accuracy", "gemm", "steps", "exchange")
+GEMM_SHAPES = ((128, 256, 784, False, True), (256, 784, 128, True, False),
+               (128, 784, 256, False, False), (128, 10, 128, False, True),
+               (10, 128, 128, True, False), (6272, 32, 27, False, False))
+
+
 def add_args(p):
     p.add_argument("--data-dir", default=DEFAULT_DATA, help="directory of the MNIST IDX files")
     p.add_argument("--seeds", type=int, default=None, help="seeds per model (default 3, quick 1)")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
+
+
+def gemm_rows(args) -> list[dict]:
+    """_core.gemm with a float32 context and with a bfloat16-inputs one, interleaved: the
+    rounding's cost per shape (the MLP's three GEMMs, its output layer's two skinny ones, the
+    conv's K = 27)."""
+    rng = np.random.default_rng(0)
+    ctxs = {"float32": _core.Context(1), "bfloat16": _core.Context(1, gemm_inputs="bfloat16")}
+    rows = []
+    for M, N, K, ta, tb in GEMM_SHAPES:
+        a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+        b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+        c = np.zeros((M, N), np.float32)
+        fns = {k: (lambda ctx=ctx: _core.gemm(a, b, c, trans_a=ta, trans_b=tb, ctx=ctx))
+               for k, ctx in ctxs.items()}
+        number = _util.calibrate(fns["float32"], 0.02 if args.quick else 0.1)
+        t = _util.interleaved(fns, repeats=5 if args.quick else 11, number=number, warmup=2)
+        f32, bf = _util.median(t["float32"]), _util.median(t["bfloat16"])
+        rows.append({"shape": f"{M}x{N}x{K}{' A^T' if ta else ''}{' B^T' if tb else ''}",
+                     "float32_us": 1e6 * f32, "bfloat16_us": 1e6 * bf, "ratio": bf / f32,
+                     "gflops_f32": 2 * M * N * K / f32 / 1e9})
+    return rows
 
 
 def accuracy_rows(args) -> list[dict]:
@@ -58,17 +97,20 @@ def accuracy_rows(args) -> list[dict]:
         ep = quick_epochs if args.quick else epochs
         for seed in range(seeds):
             acc = {}
-            for dtype in ("float32", "bfloat16"):
+            for key, dtype, comm in VARIANTS:
                 r = dptrain.train(dataset="mnist", data_dir=args.data_dir, allow_download=False,
-                                  dtype=dtype, seed=seed, epochs=ep, batch_size=128, lr=0.05,
-                                  momentum=0.9, workers=1, log=lambda *a: None, progress=False,
-                                  **opts)
-                acc[dtype] = 100.0 * r.history[-1]["test_accuracy"]
-            diff = acc["bfloat16"] - acc["float32"]
-            rows.append({"model": name, "seed": seed, "epochs": ep, "float32": acc["float32"],
-                         "bfloat16": acc["bfloat16"], "diff_points": diff})
+                                  dtype=dtype, comm_dtype=comm, seed=seed, epochs=ep,
+                                  batch_size=128, lr=0.05, momentum=0.9, workers=1,
+                                  log=lambda *a: None, progress=False, **opts)
+                acc[key] = 100.0 * r.history[-1]["test_accuracy"]
+            row = {"model": name, "seed": seed, "epochs": ep, **acc}
+            for key in ("bfloat16", "bfloat16_comm"):
+                row[f"diff_{key}"] = acc[key] - acc["float32"]
+            rows.append(row)
             print(f"  {name} seed {seed}: float32 {acc['float32']:.2f} %, bfloat16 "
-                  f"{acc['bfloat16']:.2f} % ({diff:+.2f} points)", flush=True)
+                  f"{acc['bfloat16']:.2f} % ({row['diff_bfloat16']:+.2f} points), with the "
+                  f"bfloat16 exchange {acc['bfloat16_comm']:.2f} % "
+                  f"({row['diff_bfloat16_comm']:+.2f})", flush=True)
     return rows
 
 
@@ -134,6 +176,30 @@ def main():
     has_bf16 = bool(feats.get("avx512_bf16"))
     print(f"CPU AVX512_BF16: {'yes' if has_bf16 else 'no'}; dptrain's bfloat16 GEMMs round "
           f"while packing and run the {_core.isa()} float32 micro-kernel")
+    parts = set(args.parts.split(","))
+    if parts - set(PARTS):
+        sys.exit(f"bench_bf16: --parts names {sorted(parts - set(PARTS))}, expected {PARTS}")
+    acc, gemm, steps, exch = [], [], [], []
+    if "accuracy" in parts:
+        acc = accuracy_part(args)
+    if "gemm" in parts:
+        gemm = gemm_rows(args)
+        _util.print_table(["GEMM (M x N x K)", "float32 us", "bfloat16 inputs us",
+                           "bf16 / f32 time", "float32 GFLOP/s"],
+                          [[r["shape"], f"{r['float32_us']:.1f}", f"{r['bfloat16_us']:.1f}",
+                            f"{r['ratio']:.2f}", f"{r['gflops_f32']:.1f}"] for r in gemm],
+                          title="_core.gemm, one thread: float32 against bfloat16 inputs "
+                                "(rounded while packed; both operands packed)")
+    if "steps" in parts:
+        steps = step_part(args, has_bf16)
+    if "exchange" in parts:
+        exch = exchange_part(args)
+    _util.write_json(args.json, "bench_bf16", env, {"quick": args.quick, "data_dir": args.data_dir,
+                                                    "avx512_bf16": has_bf16, "parts": sorted(parts)},
+                     {"accuracy": acc, "gemm": gemm, "steps": steps, "exchange": exch})
+
+
+def accuracy_part(args) -> list[dict]:
     if not os.path.isdir(args.data_dir):
         sys.exit(f"bench_bf16: the MNIST files are not at {args.data_dir} (--data-dir): the "
                  f"accuracy comparison needs the real data")
@@ -142,17 +208,22 @@ def main():
     table = []
     for name, *_ in MODELS:
         mine = [r for r in acc if r["model"] == name]
-        diffs = [r["diff_points"] for r in mine]
-        worst = max(abs(d) for d in diffs)
-        table.append([name, mine[0]["epochs"], len(mine),
-                      f"{np.median([r['float32'] for r in mine]):.2f}",
-                      f"{np.median([r['bfloat16'] for r in mine]):.2f}",
-                      f"{np.median(diffs):+.2f}", f"{worst:.2f}",
-                      "met" if worst <= TARGET_POINTS else "NOT met"])
-    _util.print_table(["model", "epochs", "seeds", "float32 %", "bfloat16 %",
+        for key, label in (("bfloat16", "bfloat16"), ("bfloat16_comm", "+ bf16 exchange")):
+            diffs = [r[f"diff_{key}"] for r in mine]
+            worst = max(abs(d) for d in diffs)
+            table.append([name, label, mine[0]["epochs"], len(mine),
+                          f"{np.median([r['float32'] for r in mine]):.2f}",
+                          f"{np.median([r[key] for r in mine]):.2f}",
+                          f"{np.median(diffs):+.2f}", f"{worst:.2f}",
+                          "met" if worst <= TARGET_POINTS else "NOT met"])
+    _util.print_table(["model", "variant", "epochs", "seeds", "float32 %", "variant %",
                        "median diff", "max |diff|", f"|diff| <= {TARGET_POINTS}"], table,
                       title="final MNIST test accuracy, float32 vs bfloat16 mixed precision "
                             "(medians over seeds)")
+    return acc
+
+
+def step_part(args, has_bf16) -> list[dict]:
     steps = step_rows(args)
     _util.print_table(["step", "float32 ms", "bfloat16 ms", "f32/bf16",
                        f"target >= {TARGET_SPEEDUP}"],
@@ -162,6 +233,10 @@ def main():
                         ("met" if r["speedup"] >= TARGET_SPEEDUP else "NOT met") if has_bf16
                         else "n/a: no AVX512_BF16"] for r in steps],
                       title="training step, one thread (median of interleaved repeats)")
+    return steps
+
+
+def exchange_part(args) -> list[dict]:
     exch = exchange_rows(args)
     _util.print_table(["gradient exchange", "bytes sent / step", "communication ms / step",
                        "of which sync wait", "train ms / step"],
@@ -170,9 +245,7 @@ def main():
                         f"{r['sync_wait_ms']:.3f}", f"{r['step_ms']:.2f}"] for r in exch],
                       title="2 workers (process backend), bfloat16 MLP, global batch 128: the "
                             "exchange in float32 and in bfloat16 (medians over steps and runs)")
-    _util.write_json(args.json, "bench_bf16", env, {"quick": args.quick, "data_dir": args.data_dir,
-                                                    "avx512_bf16": has_bf16},
-                     {"accuracy": acc, "steps": steps, "exchange": exch})
+    return exch
 
 
 if __name__ == "__main__":

@@ -183,10 +183,12 @@ class TrainConfig:
     comm_dtype: str | None = option(None, "the gradient exchange's dtype: bfloat16 rounds each "
                                     "worker's gradient (in deterministic mode, each chunk's) "
                                     "to bfloat16, sums them in float32 and rounds the sum to "
-                                    "bfloat16: half the bytes of float32 (with "
-                                    "allreduce=native and no overlap or "
-                                    "bucket_kb); default: bfloat16 for a bfloat16 model where "
-                                    "that allows it, else the model's buffers' dtype",
+                                    "bfloat16: half the bytes of float32, for links where "
+                                    "bytes cost (MPI between nodes); over one machine's shared "
+                                    "memory its conversions cost more than the bytes save "
+                                    "(bench/bench_bf16.py). With allreduce=native and no "
+                                    "overlap or bucket_kb. Default: the model's buffers' dtype "
+                                    "(float32 for a bfloat16 model)",
                                     group="parallel", choices=COMM_DTYPES)
     mpi_shm: bool = option(True, "under MPI, the ranks of each node reduce over shared "
                            "memory and one leader per node all-reduces between nodes (CLI: "
@@ -284,7 +286,7 @@ class TrainConfig:
         bf16_ok = self.allreduce == "native" and not self.overlap and (
             self.deterministic or not self.bucket_kb)
         if self.comm_dtype is None:
-            set_("comm_dtype", "bfloat16" if self.dtype == "bfloat16" and bf16_ok else storage)
+            set_("comm_dtype", storage)
         elif self.comm_dtype not in COMM_DTYPES:
             raise ValueError(f"comm_dtype is {self.comm_dtype!r}, expected one of {COMM_DTYPES} "
                              f"or None")

@@ -237,16 +237,18 @@ def test_a_rank_waiting_for_its_leader_says_so(mpich_leftovers):
 def test_deterministic_bfloat16_weights_are_the_same_bits_under_mpi(tmp_path):
     """The bfloat16 exchange (uint16 chunks gathered between nodes, summed over shared memory
     or after MPI's all-gather) gives the single worker's bits."""
-    one = dptrain.train(**SMALL, dtype="bfloat16", deterministic=True)["params"]
+    one = dptrain.train(**SMALL, dtype="bfloat16", comm_dtype="bfloat16", deterministic=True)["params"]
     for name, (ranks, extra) in {"2 ranks, 2 nodes": (2, ("--mpi-nodes", "2")),
                                  "2 ranks, flat MPI": (2, ("--no-mpi-shm",))}.items():
-        params, res = _train(ranks, tmp_path, "--deterministic", "--dtype", "bfloat16", *extra)
+        params, res = _train(ranks, tmp_path, "--deterministic", "--dtype", "bfloat16",
+                             "--comm-dtype", "bfloat16", *extra)
         assert res["config"]["comm_dtype"] == "bfloat16"
         assert np.array_equal(params, one), f"{name}: max difference {np.abs(params - one).max()}"
 
 
 def test_the_bfloat16_exchange_runs_under_mpi(tmp_path, one_worker):
-    params, res = _train(2, tmp_path, "--dtype", "bfloat16", "--mpi-nodes", "2")
+    params, res = _train(2, tmp_path, "--dtype", "bfloat16", "--comm-dtype", "bfloat16",
+                         "--mpi-nodes", "2")
     assert res["config"]["comm_dtype"] == "bfloat16"
     # the float32 single worker's model, to bfloat16's precision
     assert np.abs(params - one_worker["params"]).max() <= 0.02 * np.abs(one_worker["params"]).max()

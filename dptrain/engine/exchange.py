@@ -17,8 +17,8 @@ batch's gradient, exchanges it, and applies the update:
   its own; the slots are summed in rank order in float32 and the sum is rounded to bfloat16
   (``comm.sum_into_``), which every worker widens back to float32 for the update: half the
   bytes of a float32 all-reduce, both ways. ``Deterministic(bf16=True)`` rounds each chunk's
-  gradient, and the chunks' sum, the same way. (TrainConfig's ``comm_dtype``; the default for
-  a bfloat16 model.)
+  gradient, and the chunks' sum, the same way. (TrainConfig's ``comm_dtype="bfloat16"``, for
+  any float32 or bfloat16 model.)
 
 The worker's share: worker r of N takes its contiguous share of each global batch
 (``sampler.shard``) and computes the gradient of (sum of its samples' losses) / (global batch

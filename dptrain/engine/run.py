@@ -550,7 +550,7 @@ def _uncoupled(job, arrays, world, backend, policy, cfg, config):
         raise ValueError("uncoupled runs use the thread or process backend")
     cfg1 = replace(cfg, batch_size=-(-cfg.batch_size // world), checkpoint_every=0,
                    resume=None, checkpoint=None, workers=1, deterministic=False,
-                   comm_dtype=None if cfg.deterministic else cfg.comm_dtype)
+                   comm_dtype=None)
     job1 = replace(job, config=cfg1)
     if backend == "thread":
         results = run_threads(world, lambda comm: _uncoupled_worker(comm, job1, *arrays),
