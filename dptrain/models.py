@@ -28,7 +28,8 @@ Precision: ``dtype`` "float32" or "float64" is the buffers' dtype and the arithm
 conv, forward and backward) rounds its two inputs to bfloat16 and accumulates in float32,
 the arithmetic of AVX512_BF16's vdpbf16ps (bfloat16 products are exact in float32). The
 rounding is done while the GEMM packs its operands, on every CPU: the numbers are those of a
-bfloat16 GEMM, the speed is float32's (a vdpbf16ps micro-kernel is not written yet).
+bfloat16 GEMM, the speed a little under float32's (a vdpbf16ps micro-kernel is not written
+yet).
 
 Losses: "softmax_xent" (integer class labels, OUT >= 2), "sigmoid_bce" (binary labels, OUT ==
 1), "mse" (real targets (n, OUT); a sample's loss is the mean over its OUT outputs of the

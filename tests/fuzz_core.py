@@ -1276,12 +1276,14 @@ def bf16_bits(x):
     """float32 -> its nearest bfloat16 (ties to even) as uint16 bits; a NaN stays a quiet NaN
     (the C core's dp_to_bf16)."""
     u = np.asarray(x, F32).view(np.uint32).astype(np.uint64)
-    nan = (u & 0x7FFFFFFF) > 0x7F800000
-    return (np.where(nan, u | 0x400000, u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    c = lambda v: np.uint64(v)   # typed: NumPy 1.x casts a 0-d uint64 and a Python int to float
+    nan = (u & c(0x7FFFFFFF)) > c(0x7F800000)
+    rne = u + c(0x7FFF) + ((u >> c(16)) & c(1))
+    return (np.where(nan, u | c(0x400000), rne) >> c(16)).astype(np.uint16)
 
 
 def bf16_widen(b):
-    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(F32)
+    return (np.asarray(b, np.uint16).astype(np.uint32) << np.uint32(16)).view(F32)
 
 
 def build_to_bf16(rng, fz):
