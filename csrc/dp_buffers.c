@@ -22,12 +22,11 @@
 
 void KV(dp_to_bf16)(uint16_t *out, const float *x, ptrdiff_t n)
 {
-    // out[i] = the high half of x[i] rounded to nearest even; branch-free so that it vectorizes
+    // out[i] = the high half of x[i] rounded to nearest even (dp_bf16_round_bits)
     for (ptrdiff_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &x[i], sizeof u);
-        uint32_t rne = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x00400000u;
-        out[i] = (uint16_t)(((int32_t)(u & 0x7fffffffu) > 0x7f800000 ? quiet : rne) >> 16);
+        out[i] = (uint16_t)(dp_bf16_round_bits(u) >> 16);
     }
 }
 

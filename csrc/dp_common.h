@@ -60,4 +60,15 @@ typedef struct {
 void *dp_scratch_get(dp_scratch *s, size_t bytes);
 void dp_scratch_free(dp_scratch *s);
 
+/* bfloat16 (the high half of a float): the bits u of a float rounded to the nearest bfloat16,
+ * ties to even, with the low half 0. A NaN stays a quiet NaN (sign and high payload kept), a
+ * float above bfloat16's largest becomes inf. Branch-free so that a loop over it vectorizes
+ * (a signed compare: SSE2 has none unsigned, and u & 0x7fffffff < 2^31). Used by the GEMM's
+ * bfloat16 inputs and the bfloat16 buffers; dp_round_bf16 (dp_gemm.h) is its readable twin. */
+DP_INLINE uint32_t dp_bf16_round_bits(uint32_t u)
+{
+    uint32_t rne = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x00400000u;
+    return ((int32_t)(u & 0x7fffffffu) > 0x7f800000 ? quiet : rne) & 0xffff0000u;
+}
+
 #endif

@@ -47,7 +47,8 @@ int dp_gemm_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc,
 
 /* Rounds x[0:n] to the nearest bfloat16 (ties to even) in place, as float: the low 16 bits
  * become 0. Infinities stay; a NaN stays a (quiet) NaN; a finite value above bfloat16's
- * largest rounds to infinity, as the hardware's conversion does. */
+ * largest rounds to infinity, as the hardware's conversion does. The readable twin (a
+ * branch per case) of dp_bf16_round_bits, which the kernels use: the tests' reference. */
 void dp_round_bf16(float *x, size_t n);
 
 /* The readable twin: a triple loop, the reference for tests and the fallback nobody needs. */

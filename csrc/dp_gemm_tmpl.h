@@ -208,16 +208,14 @@ TGT static void F(pack_b)(T *DP_RESTRICT Bp, const T *DP_RESTRICT B, ptrdiff_t r
 }
 
 
-/* dp_round_bf16 (dp_gemm.h) in this build's vectors: the same bits, branch-free so that it
- * vectorizes (a signed compare: SSE2 has no unsigned one, and |u| < 2^31). Used on packed
- * float panels only; the double builds never call theirs. */
+/* x[0:n] rounded to bfloat16 in place (dp_bf16_round_bits), in this build's vectors. Used on
+ * packed float panels only; the double builds never call theirs. */
 TGT static __attribute__((unused)) void F(round_bf16)(float *DP_RESTRICT x, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         uint32_t u;
         __builtin_memcpy(&u, &x[i], sizeof u);
-        uint32_t rne = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x00400000u;
-        u = ((int32_t)(u & 0x7fffffffu) > 0x7f800000 ? quiet : rne) & 0xffff0000u;
+        u = dp_bf16_round_bits(u);
         __builtin_memcpy(&x[i], &u, sizeof u);
     }
 }

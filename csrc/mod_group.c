@@ -25,8 +25,8 @@ typedef struct {
     PyObject *world_obj;          /* owned reference to the world control array, or NULL */
     dp_group g;                   /* the handle the dp_group_* calls take; g.bufs is ptrs */
     void *ptrs[DP_MAX_GROUP];
-    int btype, otype;             /* the buffers' and out's typenum: float32, float64, or
-                                   * uint16 buffers (bfloat16 bits) summed into a float32 out */
+    int btype;                    /* the buffers' (and out's) typenum: float32, float64, or
+                                   * uint16 (bfloat16 bits, summed in float32) */
     npy_intp length;
 } ShmGroupObject;
 
@@ -220,7 +220,7 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
     self->g.k = (int)n;
     self->g.rank = rank;
     self->g.bufs = self->ptrs;
-    self->btype = self->otype = PyArray_TYPE(first);
+    self->btype = PyArray_TYPE(first);
     self->length = PyArray_SIZE(first);
     self->g.policy.spin_s = spin;
     self->g.policy.yield_s = yield_time;
@@ -316,11 +316,11 @@ static int group_ready(ShmGroupObject *self)
     }
     if (self->out_obj) {
         PyArrayObject *o = (PyArrayObject *)self->out_obj;
-        if (PyArray_DATA(o) != self->g.out || PyArray_TYPE(o) != self->otype || PyArray_NDIM(o) != 1 ||
+        if (PyArray_DATA(o) != self->g.out || PyArray_TYPE(o) != t || PyArray_NDIM(o) != 1 ||
             PyArray_DIM(o, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(o) || !PyArray_ISWRITEABLE(o))
             return PyErr_Format(PyExc_ValueError, "ShmGroup out was changed after the ShmGroup was "
                                 "built: it must stay a writeable %s array of shape (%zd,) at its memory",
-                                typenum_name(self->otype), (Py_ssize_t)self->length), -1;
+                                typenum_name(t), (Py_ssize_t)self->length), -1;
     }
     return 0;
 }

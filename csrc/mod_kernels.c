@@ -335,9 +335,9 @@ static PyObject *py_sum_buffers(PyObject *module, PyObject *args, PyObject *kwds
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|$dOO:sum_buffers", kwlist, &oo, &ino, &scale, &starto, &stopo))
         return NULL;
     PyArrayObject *out;
-    if (!(out = (PyArray_Check(oo) && PyArray_TYPE((PyArrayObject *)oo) == NPY_UINT16
-                     ? check_array(oo, "out", NPY_UINT16, 1, 1) : check_array(oo, "out", NPY_NOTYPE, 1, 1))) ||
-        check_finite(scale, "scale"))
+    /* uint16 arrays hold bfloat16 values: summed in float32, rounded to bfloat16 */
+    int bf16 = PyArray_Check(oo) && PyArray_TYPE((PyArrayObject *)oo) == NPY_UINT16;
+    if (!(out = check_array(oo, "out", bf16 ? NPY_UINT16 : NPY_NOTYPE, 1, 1)) || check_finite(scale, "scale"))
         return NULL;
     if (!(seq = PySequence_Fast(ino, "inputs must be a sequence of arrays"))) return NULL;
     Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
@@ -351,8 +351,6 @@ static PyObject *py_sum_buffers(PyObject *module, PyObject *args, PyObject *kwds
         PyErr_Format(PyExc_ValueError, "inputs has %zd arrays, at most %d are supported", k, MAX_SUM_INPUTS);
         goto fail;
     }
-    /* uint16 arrays hold bfloat16 values: summed in float32, rounded to bfloat16 */
-    int bf16 = PyArray_TYPE(out) == NPY_UINT16;
     for (Py_ssize_t i = 0; i < k; i++) {
         char name[48];
         snprintf(name, sizeof name, "inputs[%zd]", i);

@@ -718,15 +718,12 @@ static int Model_init(NetObject *self, PyObject *args, PyObject *kwds)
         return -1;
     dp_layer layers[DP_MODEL_MAX_LAYERS];
     dp_loss loss;
-    /* the layer list is checked first: its errors name the layer at fault */
+    /* the layer list is checked first: its errors name the layer at fault; params that are not
+     * a float32 or float64 array fail in net_build, so the dtype is known wherever it matters */
     if (parse_model(lo, so, loss_name, layers, &n_layers, shape, &ndim, &loss, &self->model.plan) ||
         parse_gemm_inputs(gi, PyArray_Check(po) ? PyArray_TYPE((PyArrayObject *)po) == NPY_FLOAT32 : -1, &bf16) ||
         net_build(self, "Model", layers, n_layers, shape, ndim, loss, threads, po, go))
         return -1;
-    if (bf16 && !self->f32) {      /* params that were not an array at the parse: now checked */
-        PyErr_SetString(PyExc_ValueError, "gemm_inputs='bfloat16' needs float32 params, got float64");
-        return -1;
-    }
     dp_model_set_bf16_inputs(&self->model, bf16);
     int ids[DP_MODEL_MAX_LAYERS];
     for (int l = 0; l < n_layers; l++) ids[l] = l;

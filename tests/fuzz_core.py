@@ -1273,17 +1273,10 @@ def oracle_sum_buffers(before, out, inputs, *, scale=1.0, start=0, stop=None):
 
 
 def bf16_bits(x):
-    """float32 -> its nearest bfloat16 (ties to even) as uint16 bits; a NaN stays a quiet NaN
-    (the C core's dp_to_bf16)."""
-    u = np.asarray(x, F32).view(np.uint32).astype(np.uint64)
-    c = lambda v: np.uint64(v)   # typed: NumPy 1.x casts a 0-d uint64 and a Python int to float
-    nan = (u & c(0x7FFFFFFF)) > c(0x7F800000)
-    rne = u + c(0x7FFF) + ((u >> c(16)) & c(1))
-    return (np.where(nan, u | c(0x400000), rne) >> c(16)).astype(np.uint16)
-
-
-def bf16_widen(b):
-    return (np.asarray(b, np.uint16).astype(np.uint32) << np.uint32(16)).view(F32)
+    """float32 -> the bits (uint16) of its nearest bfloat16: reference.to_bf16's."""
+    out = np.empty(np.shape(x), np.uint16)
+    ref.to_bf16(np.asarray(x, F32), out)
+    return out
 
 
 def build_to_bf16(rng, fz):
@@ -1307,7 +1300,7 @@ def check_bf16_pair(before, x, x_dt, out, out_dt):
 
 def oracle_to_bf16(before, x, out):
     check_bf16_pair(before, x, F32, out, np.dtype(np.uint16))
-    out[...] = bf16_bits(x)
+    ref.to_bf16(x, out)
     return Expect(exact=True)
 
 
@@ -1321,12 +1314,13 @@ def build_from_bf16(rng, fz):
 
 def oracle_from_bf16(before, x, out):
     check_bf16_pair(before, x, np.dtype(np.uint16), out, F32)
-    out[...] = bf16_widen(x)
+    ref.from_bf16(x, out)
     return Expect(exact=True)
 
 
 def oracle_sum_bf16(before, out, inputs, scale, start, stop):
-    """uint16 out and inputs hold bfloat16: the float32 sum in input order, scaled, rounded."""
+    """uint16 out and inputs hold bfloat16 (reference.sum_buffers: the float32 sum in input
+    order, scaled, rounded), after the C boundary's own rules."""
     if not (out.ndim == 1 and out.flags.c_contiguous and out.flags.aligned and out.flags.writeable):
         raise Refuse("out must be a writeable 1-D C-contiguous array")
     try:
@@ -1348,12 +1342,7 @@ def oracle_sum_bf16(before, out, inputs, scale, start, stop):
     if not (isinstance(start, int) and 0 <= start <= n) or (stop is not None and not 0 <= stop <= n) \
             or lo > hi:
         raise Refuse("start/stop must be 0 <= start <= stop <= n")
-    acc = bf16_widen(inputs[0][lo:hi]).copy()
-    for a in inputs[1:]:
-        acc = acc + bf16_widen(a[lo:hi])
-    if scale != 1:
-        acc = acc * F32.type(scale)
-    out[lo:hi] = bf16_bits(acc)
+    ref.sum_buffers(out, inputs, scale=scale, start=lo, stop=hi)
     return Expect(exact=True)
 
 

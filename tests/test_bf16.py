@@ -13,17 +13,29 @@ import pytest
 
 import dptrain
 from dptrain import _core, cli
+from dptrain import reference as ref
 
 SMALL = dict(model="mlp", hidden=(16,), dataset="synthetic", n_samples=1030, n_features=12,
              epochs=2, batch_size=100, lr=0.05, momentum=0.9, quiet=True)
 
 
+def bits(a) -> np.ndarray:
+    """float32 -> the bits (uint16) of its nearest bfloat16, ties to even (the NumPy twin:
+    reference.to_bf16)."""
+    out = np.empty(np.shape(a), np.uint16)
+    ref.to_bf16(np.asarray(a, np.float32), out)
+    return out
+
+
+def widen(b) -> np.ndarray:
+    out = np.empty(np.shape(b), np.float32)
+    ref.from_bf16(np.asarray(b, np.uint16), out)
+    return out
+
+
 def round_bf16(a) -> np.ndarray:
     """float32 -> nearest bfloat16 (ties to even), as float32; NaN stays NaN, overflow is inf."""
-    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    nan = (u & 0x7FFFFFFF) > 0x7F800000
-    r = np.where(nan, u | 0x400000, u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return r.astype(np.uint32).view(np.float32).reshape(np.shape(a))
+    return widen(bits(a))
 
 
 def rmm(a, b) -> np.ndarray:
@@ -138,7 +150,8 @@ def test_bfloat16_needs_float32_buffers_and_names_the_problem():
     with pytest.raises(ValueError, match="expected float32 and"):
         dptrain.MLP((4, 3), dtype="bfloat16", params=np.zeros(15))
     p, g = np.zeros(15), np.zeros(15)
-    with pytest.raises(ValueError, match="gemm_inputs='bfloat16' needs float32 params, got float64"):
+    with pytest.raises(ValueError,
+                       match="gemm_inputs='bfloat16' needs float32 params, got float64"):
         _core.Model([("dense", 3)], (4,), "softmax_xent", p, g, gemm_inputs="bfloat16")
 
 
@@ -253,15 +266,6 @@ def test_a_data_set_asked_for_in_bfloat16_says_to_use_float32():
 
 # ---- the bfloat16 gradient exchange ------------------------------------------------------
 
-def bits(a) -> np.ndarray:
-    """float32 -> its bfloat16 (round to nearest even) as uint16 bits."""
-    return round_bf16(a).view(np.uint32).reshape(-1).__rshift__(16).astype(np.uint16)
-
-
-def widen(b) -> np.ndarray:
-    return (np.asarray(b, np.uint32) << 16).view(np.float32)
-
-
 def test_to_bf16_and_from_bf16_round_trip_every_pattern(isa):
     rng = np.random.default_rng(8)
     x = np.concatenate([rng.integers(0, 2**32, 5000, dtype=np.uint64).astype(np.uint32),
@@ -336,13 +340,15 @@ def test_deterministic_bfloat16_exchange_matches_the_numpy_chunk_sum():
 
 
 def test_comm_dtype_is_checked_against_the_model_and_the_exchange():
-    with pytest.raises(ValueError, match="needs float32 gradients: dtype float32 or bfloat16, got float64"):
+    with pytest.raises(ValueError,
+                       match="needs float32 gradients: dtype float32 or bfloat16, got float64"):
         dptrain.train(**SMALL, dtype="float64", comm_dtype="bfloat16")
     with pytest.raises(ValueError, match="works with allreduce='native'.*allreduce='ring'"):
         dptrain.train(**SMALL, comm_dtype="bfloat16", allreduce="ring", workers=2, backend="thread")
     with pytest.raises(ValueError, match="overlap=True"):
         dptrain.train(**SMALL, comm_dtype="bfloat16", overlap=True, workers=2, backend="thread")
-    with pytest.raises(ValueError, match="comm_dtype is 'float64', but the model's gradients are float32"):
+    with pytest.raises(ValueError,
+                       match="comm_dtype is 'float64', but the model's gradients are float32"):
         dptrain.train(**SMALL, comm_dtype="float64")
     with pytest.raises(ValueError, match="comm_dtype is 'int8'"):
         dptrain.train(**SMALL, comm_dtype="int8")

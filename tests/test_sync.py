@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 
-from dptrain import _core
+from dptrain import _core, reference
 
 
 def control_block():
@@ -237,24 +237,24 @@ def test_init_group_control_writes_its_block_and_nothing_past_it():
 
 
 def to_bits(x):
-    """float32 -> the bits of its nearest bfloat16 (ties to even), uint16 (finite x)."""
-    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    """float32 -> the bits (uint16) of its nearest bfloat16 (reference.to_bf16)."""
+    out = np.empty(np.shape(x), np.uint16)
+    reference.to_bf16(np.asarray(x, np.float32), out)
+    return out
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
 def test_a_shared_memory_group_sums_bfloat16_buffers_into_bfloat16(n):
     rng = np.random.default_rng(n)
     bufs = [to_bits(rng.standard_normal(70001).astype(np.float32)) for _ in range(n)]
-    acc = (bufs[0].astype(np.uint32) << 16).view(np.float32)
-    for b in bufs[1:]:
-        acc = acc + (b.astype(np.uint32) << 16).view(np.float32)
+    want = np.empty(70001, np.uint16)
+    reference.sum_buffers(want, bufs, scale=0.25)      # float32 sum in rank order, rounded
     out = np.zeros(70001, np.uint16)
     ctrl = control_block()
     _core.init_group_control(ctrl, n)
     groups = [_core.ShmGroup(ctrl, bufs, r, out=out) for r in range(n)]
     run_workers(n, lambda r: groups[r].allreduce(0.25))
-    assert np.array_equal(out, to_bits(acc * np.float32(0.25)))
+    assert np.array_equal(out, want)
     with pytest.raises(ValueError, match="bfloat16 buffers \\(uint16\\) are summed into an out"):
         _core.ShmGroup(ctrl, bufs, 0)
     with pytest.raises(TypeError, match="out has dtype float32, expected uint16"):

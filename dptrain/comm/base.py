@@ -125,8 +125,9 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def sum_into_(self, out: np.ndarray, arrays: list, *, scale: float = 1.0) -> None:
         """out = scale * (arrays[0] + arrays[1] + ...), summed in index order, for every rank
-        (``out`` and ``arrays`` from ``shared_zeros``). uint16 arrays hold bfloat16 values,
-        summed in float32 into a float32 out (half the bytes of float32 arrays)."""
+        (``out`` and ``arrays`` from ``shared_zeros``). uint16 arrays (out and all of
+        ``arrays``) hold bfloat16 values: summed in float32, the sum rounded to bfloat16 (half
+        the bytes of float32 arrays)."""
 
     @abc.abstractmethod
     def broadcast_(self, array: np.ndarray, root: int = 0) -> None:
