@@ -19,13 +19,16 @@ phase per step, from the run's own breakdown.
 
 Speed: one training step (zero_grad, loss_grad, SGD with momentum) of the same model on one
 fixed batch, float32 and bfloat16 interleaved, median of the repeats; the ratio
-float32 / bfloat16 is the speedup (the issue's target on an AVX512_BF16 CPU: >= 1.6). The
-bfloat16 GEMMs round their inputs while packing them and run the float32 micro-kernel on
-every CPU (no vdpbf16ps kernel exists yet), so the ratio measures the rounding's cost, not a
-gain: the table says whether the CPU has AVX512_BF16.
+float32 / bfloat16 is the speedup (the issue's target on an AVX512_BF16 CPU: >= 1.6). Where
+the CPU has AVX512_BF16, two more columns time each bfloat16 path forced
+(``_core.set_bf16_dot``): the vdpbf16ps micro-kernel (two k per instruction) and the
+rounding path (inputs rounded while packed, float32 micro-kernel; the same numbers); the
+default takes vdpbf16ps only where it was measured to do >= 1.2x the float32 FMA's flop
+(the header prints the ratio). Elsewhere only the rounding path exists, and the ratio
+measures its cost, not a gain.
 
 GEMM: _core.gemm on the MLP's and the conv's shapes with a float32 context and a bfloat16
-one (Context(gemm_inputs="bfloat16")), interleaved: the rounding's cost.
+one (Context(gemm_inputs="bfloat16")), interleaved, on each bfloat16 path this CPU has.
 
 Run: python bench/bench_bf16.py [--quick] [--json PATH] [--data-dir DIR] [--seeds N]
      [--parts accuracy,gemm,steps,exchange]
@@ -68,10 +71,41 @@ def add_args(p):
                    help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
 
 
+def dot_path() -> bool:
+    """True where bfloat16 GEMMs run the vdpbf16ps micro-kernel now (the default's choice)."""
+    return _core.build_info()["bfloat16_gemm"].startswith("vdpbf16ps")
+
+
+def dot_available() -> bool:
+    """True where the vdpbf16ps path can run: AVX512_BF16, and the avx512 ISA active."""
+    return _core.build_info()["bfloat16_dot_vs_fma"] is not None and _core.isa() == "avx512"
+
+
+def on_path(fn, on: bool):
+    """fn run on the vdpbf16ps path (on=True) or the rounding path (False): set_bf16_dot
+    around it, two atomic stores."""
+    def run():
+        previous = _core.set_bf16_dot(on)
+        try:
+            fn()
+        finally:
+            _core.set_bf16_dot(previous)
+    return run
+
+
+def with_paths(fns: dict) -> dict:
+    """fns plus, where the vdpbf16ps path can run, 'bfloat16_dot' and 'bfloat16_round': the
+    bfloat16 entry forced onto each path (the 'bfloat16' entry is the default's choice)."""
+    if dot_available():
+        fns["bfloat16_dot"] = on_path(fns["bfloat16"], True)
+        fns["bfloat16_round"] = on_path(fns["bfloat16"], False)
+    return fns
+
+
 def gemm_rows(args) -> list[dict]:
-    """_core.gemm with a float32 context and with a bfloat16-inputs one, interleaved: the
-    rounding's cost per shape (the MLP's three GEMMs, its output layer's two skinny ones, the
-    conv's K = 27)."""
+    """_core.gemm with a float32 context and with a bfloat16-inputs one (and its rounding path
+    where the dot path runs), interleaved, per shape (the MLP's three GEMMs, its output
+    layer's two skinny ones, the conv's K = 27)."""
     rng = np.random.default_rng(0)
     ctxs = {"float32": _core.Context(1), "bfloat16": _core.Context(1, gemm_inputs="bfloat16")}
     rows = []
@@ -79,14 +113,19 @@ def gemm_rows(args) -> list[dict]:
         a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
         b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
         c = np.zeros((M, N), np.float32)
-        fns = {k: (lambda ctx=ctx: _core.gemm(a, b, c, trans_a=ta, trans_b=tb, ctx=ctx))
-               for k, ctx in ctxs.items()}
+        fns = with_paths({k: (lambda ctx=ctx: _core.gemm(a, b, c, trans_a=ta, trans_b=tb, ctx=ctx))
+                          for k, ctx in ctxs.items()})
         number = _util.calibrate(fns["float32"], 0.02 if args.quick else 0.1)
         t = _util.interleaved(fns, repeats=5 if args.quick else 11, number=number, warmup=2)
-        f32, bf = _util.median(t["float32"]), _util.median(t["bfloat16"])
-        rows.append({"shape": f"{M}x{N}x{K}{' A^T' if ta else ''}{' B^T' if tb else ''}",
-                     "float32_us": 1e6 * f32, "bfloat16_us": 1e6 * bf, "ratio": bf / f32,
-                     "gflops_f32": 2 * M * N * K / f32 / 1e9})
+        med = {k: _util.median(v) for k, v in t.items()}
+        f32, bf = med["float32"], med["bfloat16"]
+        row = {"shape": f"{M}x{N}x{K}{' A^T' if ta else ''}{' B^T' if tb else ''}",
+               "float32_us": 1e6 * f32, "bfloat16_us": 1e6 * bf, "ratio": bf / f32,
+               "gflops_f32": 2 * M * N * K / f32 / 1e9, "gflops_bf16": 2 * M * N * K / bf / 1e9}
+        for path in ("dot", "round"):
+            if f"bfloat16_{path}" in med:
+                row[f"bfloat16_{path}_us"] = 1e6 * med[f"bfloat16_{path}"]
+        rows.append(row)
     return rows
 
 
@@ -131,12 +170,18 @@ def step_rows(args) -> list[dict]:
                 model.loss_grad(x, y)
                 opt.step()
             fns[dt] = step
+        fns = with_paths(fns)
         number = _util.calibrate(fns["float32"], 0.05 if args.quick else 0.2)
         times = _util.interleaved(fns, repeats=5 if args.quick else 11, number=number, warmup=2)
         f32, bf = _util.median(times["float32"]), _util.median(times["bfloat16"])
-        rows.append({"step": name, "float32_ms": 1e3 * f32, "bfloat16_ms": 1e3 * bf,
-                     "speedup": f32 / bf, "spread_f32": _util.spread(times["float32"]),
-                     "spread_bf16": _util.spread(times["bfloat16"])})
+        row = {"step": name, "float32_ms": 1e3 * f32, "bfloat16_ms": 1e3 * bf,
+               "speedup": f32 / bf, "spread_f32": _util.spread(times["float32"]),
+               "spread_bf16": _util.spread(times["bfloat16"])}
+        for path in ("dot", "round"):
+            if f"bfloat16_{path}" in times:
+                row[f"bfloat16_{path}_ms"] = 1e3 * _util.median(times[f"bfloat16_{path}"])
+                row[f"spread_bf16_{path}"] = _util.spread(times[f"bfloat16_{path}"])
+        rows.append(row)
     return rows
 
 
@@ -174,8 +219,12 @@ def main():
     _util.print_environment(env)
     feats = _core.cpu_features()
     has_bf16 = bool(feats.get("avx512_bf16"))
-    print(f"CPU AVX512_BF16: {'yes' if has_bf16 else 'no'}; dptrain's bfloat16 GEMMs round "
-          f"while packing and run the {_core.isa()} float32 micro-kernel")
+    info = _core.build_info()
+    ratio = info["bfloat16_dot_vs_fma"]
+    print(f"CPU AVX512_BF16: {'yes' if has_bf16 else 'no'}; dptrain's bfloat16 GEMMs "
+          f"(isa {_core.isa()}): {info['bfloat16_gemm']}"
+          + (f"; vdpbf16ps measured at {ratio:.2f}x the float32 FMA's flop here (the default "
+             f"takes it from 1.2x)" if ratio is not None else ""))
     parts = set(args.parts.split(","))
     if parts - set(PARTS):
         sys.exit(f"bench_bf16: --parts names {sorted(parts - set(PARTS))}, expected {PARTS}")
@@ -184,12 +233,17 @@ def main():
         acc = accuracy_part(args)
     if "gemm" in parts:
         gemm = gemm_rows(args)
-        _util.print_table(["GEMM (M x N x K)", "float32 us", "bfloat16 inputs us",
-                           "bf16 / f32 time", "float32 GFLOP/s"],
+        both = "bfloat16_dot_us" in gemm[0]
+        _util.print_table(["GEMM (M x N x K)", "float32 us", "bfloat16 us", "bf16 / f32 time",
+                           "float32 GFLOP/s", "bfloat16 GFLOP/s"]
+                          + (["vdpbf16ps path us", "rounding path us"] if both else []),
                           [[r["shape"], f"{r['float32_us']:.1f}", f"{r['bfloat16_us']:.1f}",
-                            f"{r['ratio']:.2f}", f"{r['gflops_f32']:.1f}"] for r in gemm],
-                          title="_core.gemm, one thread: float32 against bfloat16 inputs "
-                                "(rounded while packed; both operands packed)")
+                            f"{r['ratio']:.2f}", f"{r['gflops_f32']:.1f}", f"{r['gflops_bf16']:.1f}"]
+                           + ([f"{r['bfloat16_dot_us']:.1f}", f"{r['bfloat16_round_us']:.1f}"]
+                              if both else []) for r in gemm],
+                          title="_core.gemm, one thread: float32 against bfloat16 inputs (the "
+                                "default path: " + _core.build_info()["bfloat16_gemm"]
+                                + ("; each path forced beside it" if both else "") + ")")
     if "steps" in parts:
         steps = step_part(args, has_bf16)
     if "exchange" in parts:
@@ -225,13 +279,18 @@ def accuracy_part(args) -> list[dict]:
 
 def step_part(args, has_bf16) -> list[dict]:
     steps = step_rows(args)
+    both = "bfloat16_dot_ms" in steps[0]
     _util.print_table(["step", "float32 ms", "bfloat16 ms", "f32/bf16",
-                       f"target >= {TARGET_SPEEDUP}"],
+                       f"target >= {TARGET_SPEEDUP}"]
+                      + (["vdpbf16ps path ms", "rounding path ms"] if both else []),
                       [[r["step"], f"{r['float32_ms']:.3f} (+-{r['spread_f32']:.0%})",
                         f"{r['bfloat16_ms']:.3f} (+-{r['spread_bf16']:.0%})",
                         f"{r['speedup']:.2f}",
                         ("met" if r["speedup"] >= TARGET_SPEEDUP else "NOT met") if has_bf16
-                        else "n/a: no AVX512_BF16"] for r in steps],
+                        else "n/a: no AVX512_BF16"]
+                       + ([f"{r['bfloat16_dot_ms']:.3f} (+-{r['spread_bf16_dot']:.0%})",
+                           f"{r['bfloat16_round_ms']:.3f} (+-{r['spread_bf16_round']:.0%})"]
+                          if both else []) for r in steps],
                       title="training step, one thread (median of interleaved repeats)")
     return steps
 

@@ -237,6 +237,31 @@ int dp_isa_bits(int isa)
 #undef TGT
 #endif
 
+/* AVX512_BF16's vdpbf16ps: per round DP_FMA_CHAINS independent acc += x . y, 16 lanes of 2
+ * bfloat16 pairs each (2 FMAs a lane: the 2 * 2 * 16 flop of vdpbf16ps). x = y = 2^-10 in
+ * both halves: each round adds 2^-19 to each lane, which stays normal and far from overflow
+ * from (0, 1] for 2^40 rounds. Compilers with the intrinsic only (GCC 10, Clang 9). */
+#if defined(DP_CPU_X86) && \
+    ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10))
+#define DP_CPU_BF16DOT 1
+__attribute__((target("avx512f,avx512bf16"), noinline)) static double dot_block_bf16(int64_t rounds,
+                                                                                      double m, double c)
+{
+    (void)m;
+    (void)c;
+    const __m512i x = _mm512_set1_epi32(0x3a803a80);      /* bfloat16 2^-10, twice */
+    __m512 acc[DP_FMA_CHAINS];
+    for (int j = 0; j < DP_FMA_CHAINS; j++) acc[j] = _mm512_set1_ps((float)(j + 1) / DP_FMA_CHAINS);
+    for (int64_t i = 0; i < rounds; i++) {
+#pragma GCC unroll 16
+        for (int j = 0; j < DP_FMA_CHAINS; j++) acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)x, (__m512bh)x);
+    }
+    double sum = 0;
+    for (int j = 0; j < DP_FMA_CHAINS; j++) sum += _mm512_reduce_add_ps(acc[j]);
+    return sum;
+}
+#endif
+
 typedef double (*fma_block_fn)(int64_t rounds, double m, double c);
 
 /* Times blocks of `block` until `seconds` have passed (and at least 3 blocks with a nonzero
@@ -295,4 +320,19 @@ int dp_fma_peak_f32(int isa, double seconds, double *gflops)
 int dp_fma_peak_f64(int isa, double seconds, double *gflops)
 {
     return fma_peak(isa, 1, seconds, gflops);
+}
+
+int dp_bf16dot_peak(double seconds, double *gflops)
+{
+    if (!(seconds > 0.0) || !isfinite(seconds)) return DP_EVALUE;
+#ifdef DP_CPU_BF16DOT
+    dp_cpu_features f;
+    dp_cpu_detect(&f);
+    if (!dp_cpu_has_isa(&f, DP_ISA_AVX512) || !f.avx512_bf16) return DP_ENOTSUP;
+    *gflops = fma_rate(dot_block_bf16, 32, seconds);   /* 16 lanes x 2 pairs: 32 FMAs */
+    return DP_OK;
+#else
+    (void)gflops;
+    return DP_ENOTSUP;
+#endif
 }

@@ -50,6 +50,125 @@
 #include "dp_gemm_inst.h"
 #endif
 
+/* ---- the bfloat16 dot-product path (dp_gemm_dot_tmpl.h): float32 GEMMs with bfloat16 inputs
+ * on a CPU with AVX512_BF16, while the AVX-512 build is the active one. Compilers: GCC 10 and
+ * Clang 9 have the intrinsic; with an older one the path is left out and the rounding path
+ * (float micro-kernel) runs everywhere. */
+#if defined(DP_HAVE_X86_FAST) && \
+    ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10))
+#define DP_HAVE_BF16DOT 1
+#include <immintrin.h>
+#endif
+
+typedef struct {
+    void (*pair_a)(float *, int, int);
+    void (*pair_b)(float *, int, int);
+    void (*macro)(float *, ptrdiff_t, const float *, ptrdiff_t, const float *, ptrdiff_t, int, int,
+                  int, float, float);
+} dp_gemm_dot_fns;
+
+#ifdef DP_HAVE_BF16DOT
+#define DSFX _avx512bf16
+#define DOT_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,avx512bf16")))
+#define DOT_HW 1
+#include "dp_gemm_dot_tmpl.h"
+#endif
+#ifdef DP_GEMM_EMULATE_WIDE
+#define DSFX _emul
+#define DOT_TGT
+#define DOT_HW 0
+#include "dp_gemm_dot_tmpl.h"
+#endif
+
+/* The dot path's setting (dp_gemm_set_bf16_dot): DP_BF16_DOT_AUTO until set. The CPU's
+ * AVX512_BF16: -1 until first asked (CPUID is slow under a hypervisor, and this is asked once
+ * per GEMM). Auto's measurement: the vdpbf16ps / float32 FMA flop ratio, < 0 until measured. */
+static int bf16_dot_mode = DP_BF16_DOT_AUTO;
+#if defined(DP_HAVE_BF16DOT) && !defined(DP_GEMM_EMULATE_WIDE)
+static int bf16_dot_cpu = -1;
+#endif
+static double bf16_dot_ratio = -1.0;
+
+int dp_gemm_bf16_dot_available(void)
+{
+#ifdef DP_GEMM_EMULATE_WIDE
+    return 1;
+#elif defined(DP_HAVE_BF16DOT)
+    int have = __atomic_load_n(&bf16_dot_cpu, __ATOMIC_RELAXED);
+    if (have < 0) {
+        dp_cpu_features f;
+        dp_cpu_detect(&f);
+        have = dp_cpu_has_isa(&f, DP_ISA_AVX512) && f.avx512_bf16;
+        __atomic_store_n(&bf16_dot_cpu, have, __ATOMIC_RELAXED);
+    }
+    return have;
+#else
+    return 0;
+#endif
+}
+
+void dp_gemm_set_bf16_dot(int mode)
+{
+    if (mode != DP_BF16_DOT_AUTO) mode = mode != 0;
+    __atomic_store_n(&bf16_dot_mode, mode, __ATOMIC_RELAXED);
+}
+
+int dp_gemm_bf16_dot_setting(void) { return __atomic_load_n(&bf16_dot_mode, __ATOMIC_RELAXED); }
+
+double dp_gemm_bf16_dot_ratio(void)
+{
+    double r;
+    __atomic_load(&bf16_dot_ratio, &r, __ATOMIC_RELAXED);
+    if (r >= 0 || !dp_gemm_bf16_dot_available()) return r;
+    /* measured once per process: 2 x 3 ms, the two loops interleaved, the best of each (as
+     * dp_fma_peak: a moment of time-sharing is not a property of the core) */
+    double dot = 0, fma = 0;
+#ifdef DP_GEMM_EMULATE_WIDE
+    dot = 2, fma = 1;      /* the emulation stands for a CPU where the path pays */
+#else
+    for (int i = 0; i < 2; i++) {
+        double d = 0, f = 0;
+        if (dp_bf16dot_peak(0.003, &d) != DP_OK || dp_fma_peak_f32(DP_ISA_AVX512, 0.003, &f) != DP_OK)
+            break;
+        if (d > dot) dot = d;
+        if (f > fma) fma = f;
+    }
+#endif
+    r = fma > 0 ? dot / fma : 0.0;
+    __atomic_store(&bf16_dot_ratio, &r, __ATOMIC_RELAXED);
+    return r;
+}
+
+/* The dot path's functions for a float GEMM with bfloat16 inputs now, or NULL: the float
+ * path's rounding then runs. Auto takes the dot path where vdpbf16ps was measured to do at
+ * least DP_BF16_DOT_GAIN times the float32 FMA's flop: its pairing pass costs what the
+ * rounding pass costs, and more, so a smaller gain would not show. */
+static const dp_gemm_dot_fns *dot_pick(void)
+{
+    int mode = __atomic_load_n(&bf16_dot_mode, __ATOMIC_RELAXED);
+    if (mode == 0) return NULL;
+    const dp_gemm_dot_fns *fns = NULL;
+#ifdef DP_GEMM_EMULATE_WIDE
+    if (dp_isa_active() == DP_ISA_GENERIC) fns = &dot_fns_emul;
+#endif
+#ifdef DP_HAVE_BF16DOT
+    if (dp_isa_active() == DP_ISA_AVX512 && dp_gemm_bf16_dot_available()) fns = &dot_fns_avx512bf16;
+#endif
+    if (fns && mode == DP_BF16_DOT_AUTO && dp_gemm_bf16_dot_ratio() < DP_BF16_DOT_GAIN) fns = NULL;
+    return fns;
+}
+
+int dp_gemm_bf16_dot(void) { return dot_pick() != NULL; }
+
+const char *dp_gemm_bf16_dot_name(void)
+{
+#ifdef DP_GEMM_EMULATE_WIDE
+    return "vdpbf16ps on AVX-512 with AVX512_BF16, emulated in the generic slot";
+#else
+    return "vdpbf16ps micro-kernel (AVX512_BF16), bfloat16 pairs, float32 accumulation";
+#endif
+}
+
 void dp_round_bf16(float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++) {

@@ -51,6 +51,30 @@ int dp_gemm_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc,
  * branch per case) of dp_bf16_round_bits, which the kernels use: the tests' reference. */
 void dp_round_bf16(float *x, size_t n);
 
+/* The bfloat16 GEMM's dot-product path: with dp_ctx.bf16_inputs, a float GEMM may run a
+ * vdpbf16ps micro-kernel (bfloat16 pairs, float accumulation: the same bits as the rounding
+ * path, except that denormals count as zero) where the CPU has AVX512_BF16 and the AVX-512
+ * build is the active ISA. Whether it does is the setting's:
+ *   DP_BF16_DOT_AUTO (the default): where vdpbf16ps was measured here (dp_bf16dot_peak
+ *     against the float32 FMA peak, once per process, about 12 ms at the first bfloat16
+ *     GEMM) to do at least DP_BF16_DOT_GAIN times the FMA's flop; 1: wherever it can run;
+ *     0: never (the rounding path, float micro-kernel).
+ *   dp_gemm_bf16_dot_available: 1 if the CPU and this build have it
+ *   dp_gemm_bf16_dot_ratio: the measured ratio (measuring it on the first call); -1 where the
+ *     path is not available
+ *   dp_gemm_bf16_dot: 1 if a bfloat16-input GEMM takes the dot path now
+ * (csrc/tests' wide build, DP_GEMM_EMULATE_WIDE, runs an emulation of it in the generic slot,
+ * with a ratio of 2) */
+#define DP_BF16_DOT_AUTO (-1)
+#define DP_BF16_DOT_GAIN 1.2
+int dp_gemm_bf16_dot_available(void);
+void dp_gemm_set_bf16_dot(int mode);
+int dp_gemm_bf16_dot_setting(void);   /* the last dp_gemm_set_bf16_dot's (DP_BF16_DOT_AUTO at start) */
+double dp_gemm_bf16_dot_ratio(void);
+int dp_gemm_bf16_dot(void);
+/* What the dot path is, in words (for build_info and the tests' summary). */
+const char *dp_gemm_bf16_dot_name(void);
+
 /* The readable twin: a triple loop, the reference for tests and the fallback nobody needs. */
 void dp_gemm_naive_f32(float *C, ptrdiff_t ldc,
                        const float *A, ptrdiff_t rsa, ptrdiff_t csa,

@@ -14,7 +14,7 @@
 #define D(name) CAT(name, DSUF)
 #define ISA(name, isa) CAT(CAT(name, DSUF), isa)
 #define IMPL(isa, mr, nr) {ISA(pack_a, isa), ISA(pack_b, isa), ISA(macrokernel, isa), \
-                           ISA(round_bf16, isa), mr, nr}
+                           ISA(round_bf16, isa), mr, nr, NULL}
 /* the chosen build's micro-tile, inside functions that have a job */
 #define MR (job->impl.mr)
 #define NR (job->impl.nr)
@@ -26,6 +26,7 @@ typedef struct {
                   ptrdiff_t, ptrdiff_t, const T *, int, int, int, T, T);
     void (*round_bf16)(float *, size_t);
     int mr, nr;      /* the build's micro-tile */
+    const dp_gemm_dot_fns *dot;   /* bfloat16 inputs on the dot path (float only), or NULL */
 } D(gemm_impl);
 
 static D(gemm_impl) D(pick_impl)(void)
@@ -47,6 +48,15 @@ static D(gemm_impl) D(pick_impl)(void)
 #endif
     D(gemm_impl) g = IMPL(_generic, mr, nr);
     return g;
+}
+
+/* pick_impl, with the dot path's functions when a float GEMM with bfloat16 inputs can take
+ * it (its micro-tile, 12 x 32, is the AVX-512 float build's, which packs for it) */
+static D(gemm_impl) D(pick_impl_for)(int bf16)
+{
+    D(gemm_impl) impl = D(pick_impl)();
+    if (bf16 && sizeof(T) == sizeof(float) && impl.mr == 12 && impl.nr == 32) impl.dot = dot_pick();
+    return impl;
 }
 
 typedef struct {
@@ -105,6 +115,8 @@ static void D(gemm_task)(void *arg, int t, int n)
     /* bfloat16 inputs: both operands are packed, and rounded where they are packed (the
      * zero padding stays 0); the f64 build never sets job->bf16, so the casts never run */
     if (job->bf16) pack_a = pack_b = 1;
+    /* and on the dot path, paired (dp_gemm_dot_tmpl.h) */
+    const dp_gemm_dot_fns *dot = job->bf16 ? job->impl.dot : NULL;
     for (int jc = 0; jc < N; jc += NC) {
         int nc = N - jc < NC ? N - jc : NC;
         for (int pc = 0; pc < job->K; pc += kcb) {
@@ -115,7 +127,8 @@ static void D(gemm_task)(void *arg, int t, int n)
             ptrdiff_t bks = NR, bpanel = (ptrdiff_t)NR * kc;
             if (pack_b) {
                 job->impl.pack_b(Bp, Bpc, job->rsb, job->csb, kc, nc);
-                if (job->bf16) job->impl.round_bf16((float *)Bp, (size_t)D(round_up)(nc, NR) * kc);
+                if (dot) dot->pair_b((float *)Bp, (nc + NR - 1) / NR, kc);
+                else if (job->bf16) job->impl.round_bf16((float *)Bp, (size_t)D(round_up)(nc, NR) * kc);
             } else {
                 bsrc = Bpc;
                 bks = job->rsb;
@@ -131,6 +144,13 @@ static void D(gemm_task)(void *arg, int t, int n)
                 const T *Aic = A + (ptrdiff_t)ic * job->rsa + (ptrdiff_t)pc * job->csa;
                 if (pack_a) {
                     job->impl.pack_a(Ap, Aic, job->rsa, job->csa, mc, kc);
+                    if (dot) {
+                        dot->pair_a((float *)Ap, (mc + MR - 1) / MR, kc);
+                        dot->macro((float *)(C + (ptrdiff_t)ic * job->ldc + jc), job->ldc,
+                                   (const float *)Ap, (ptrdiff_t)MR * kc, (const float *)Bp,
+                                   (ptrdiff_t)NR * kc, mc, nc, kc, (float)job->alpha, (float)beta);
+                        continue;
+                    }
                     if (job->bf16) job->impl.round_bf16((float *)Ap, (size_t)D(round_up)(mc, MR) * kc);
                     job->impl.macro(C + (ptrdiff_t)ic * job->ldc + jc, job->ldc, Ap, 1, MR,
                                     (ptrdiff_t)MR * kc, bsrc, bks, bpanel, bedge, mc, nc, kc,
@@ -164,8 +184,9 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
         ctx = &local;
         own = 1;
     }
-    D(gemm_job) job = {ctx, D(pick_impl)(), C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta,
-                       1, ctx->bf16_inputs && sizeof(T) == sizeof(float), D(balanced)(K, KC, 1)};
+    int bf16 = ctx->bf16_inputs && sizeof(T) == sizeof(float);
+    D(gemm_job) job = {ctx, D(pick_impl_for)(bf16), C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta,
+                       1, bf16, D(balanced)(K, KC, 1)};
     /* How many threads: at least GEMM_THREAD_FLOPS of work per thread. */
     const int mr = job.impl.mr, nr = job.impl.nr;
     int threads = ctx->threads;

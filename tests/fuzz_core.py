@@ -1517,6 +1517,7 @@ def oracle_param_count(before, sizes, /):
 
 
 BUILD_INFO_KEYS = {"isa", "isas_available", "simd", "compiler", "dtypes", "bfloat16_gemm",
+                   "bfloat16_dot_vs_fma",
                    "threads", "openmp", "max_threads", "gemm_blocking_mr_nr_kc_mc_nc", "numpy_build_api"}
 ISA_NAMES = ("generic", "avx2", "avx512")
 
@@ -1575,6 +1576,41 @@ def oracle_set_isa(before, isa):
             return f"returned {ret!r}, not one of this CPU's isas {cpu_isas()}"
         if core.isa() != want:
             return f"isa() is {core.isa()!r} after set_isa({isa!r})"
+        return None
+    return Expect(ret_check=check)
+
+
+def bf16_dot_available():
+    """dp_gemm_bf16_dot_available's rule: AVX-512 (the four subsets) and AVX512_BF16."""
+    return "avx512" in cpu_isas() and bool(core.cpu_features()["avx512_bf16"])
+
+
+def build_set_bf16_dot(rng, fz):
+    """True, False and None (auto), and objects that are none of them; True where the CPU
+    lacks AVX512_BF16 is refused. The GEMMs with bfloat16 inputs that follow run on whichever
+    path it left."""
+    on = pick(rng, (True, False, None, None, 1, 0, "", "x", [1], np.bool_(True)))
+    return Call("set_bf16_dot", core.set_bf16_dot, [Arg("on", on)], oracle_set_bf16_dot)
+
+
+def oracle_set_bf16_dot(before, on):
+    if on is not None and not isinstance(on, bool):
+        raise Refuse(f"on is {type(on).__name__}, not True, False or None")
+    if on is True and not bf16_dot_available():
+        raise Refuse("this CPU lacks AVX512_BF16")
+
+    def check(ret):
+        if ret not in (True, False, None):
+            return f"returned {ret!r}, not True, False or None"
+        info = core.build_info()
+        dot = info["bfloat16_gemm"].startswith("vdpbf16ps")
+        ratio = info["bfloat16_dot_vs_fma"]
+        if (ratio is None) == bf16_dot_available():
+            return f"bfloat16_dot_vs_fma is {ratio!r} on a CPU {'with' if ratio is None else 'without'} AVX512_BF16"
+        can = bf16_dot_available() and core.isa() == "avx512"
+        want = can and (on is True or (on is None and ratio >= 1.2))
+        if dot != want:
+            return f"bfloat16_gemm is {info['bfloat16_gemm']!r} after set_bf16_dot({on!r})"
         return None
     return Expect(ret_check=check)
 
@@ -1874,6 +1910,7 @@ SPECS = {
     "build_info": build_build_info,
     "isa": build_isa,
     "set_isa": build_set_isa,
+    "set_bf16_dot": build_set_bf16_dot,
     "init_group_control": build_init_group_control,
     "abort_group_control": build_abort_group_control,
     "group_control_bytes": build_group_control_bytes,
@@ -2238,7 +2275,8 @@ class NetModel:
             for i, spec in enumerate(layers):
                 if spec[0] != "maxpool2":
                     continue
-                conv = i - 1 if layers[i - 1][0] == "conv" else \
+                # (i >= 1: a pool that is the first layer reads x, and layers[-1] is the last)
+                conv = i - 1 if i >= 1 and layers[i - 1][0] == "conv" else \
                     i - 2 if i >= 2 and layers[i - 1][0] == "relu" and layers[i - 2][0] == "conv" else None
                 if conv is None:
                     u, bias = acts[i].astype(np.float64), 0.0

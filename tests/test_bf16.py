@@ -101,6 +101,12 @@ def test_gemm_rounding_is_round_to_nearest_even_on_every_bit_pattern(isa):
     c = np.empty((len(x), 1), np.float32)
     _core.gemm(x, np.ones((1, 1), np.float32), c, ctx=_core.Context(gemm_inputs="bfloat16"))
     want = round_bf16(x)
+    if _core.build_info()["bfloat16_gemm"].startswith("vdpbf16ps"):
+        # the vdpbf16ps path reads a denormal input as 0 (Intel SDM: DAZ), the rounding path not
+        tiny = (want != 0) & (np.abs(want) < np.finfo(np.float32).tiny)
+        assert tiny.any()
+        assert np.all(c[tiny] == 0)
+        want[tiny] = 0
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(c), nan)
     assert np.array_equal(c[~nan], want[~nan])    # -0 * 1 + 0 is +0 on both sides (==)
@@ -169,6 +175,70 @@ def test_mlp_gradient_is_the_bfloat16_reference(isa):
         np.testing.assert_allclose(w, gw, rtol=1e-4, atol=1e-6 * np.abs(gw).max())
         np.testing.assert_allclose(b, gb, rtol=1e-4, atol=1e-6 * np.abs(gb).max())
         assert not np.array_equal(w, fw)       # not float32's
+
+
+HAS_BF16_DOT = ("avx512" in _core.build_info()["isas_available"]
+                and bool(_core.cpu_features()["avx512_bf16"]))
+
+
+def test_set_bf16_dot_says_which_path_runs():
+    previous = _core.set_bf16_dot(False)
+    try:
+        assert previous is None                               # auto, unless a test left it set
+        assert _core.build_info()["bfloat16_gemm"].startswith("inputs rounded to bfloat16")
+        assert _core.set_bf16_dot(False) is False
+        with pytest.raises(TypeError, match="on must be True, False or None"):
+            _core.set_bf16_dot(1)
+        ratio = _core.build_info()["bfloat16_dot_vs_fma"]
+        if not HAS_BF16_DOT:
+            assert ratio is None
+            with pytest.raises(ValueError, match="needs AVX512_BF16 .* which this CPU .* lacks"):
+                _core.set_bf16_dot(True)
+            assert _core.set_bf16_dot(None) is False          # the refusals changed nothing
+            assert _core.build_info()["bfloat16_gemm"].startswith("inputs rounded")
+        else:
+            assert ratio > 0
+            assert _core.set_bf16_dot(True) is False
+            on_avx512 = _core.isa() == "avx512"
+            assert _core.build_info()["bfloat16_gemm"].startswith("vdpbf16ps") == on_avx512
+            assert _core.set_bf16_dot(None) is True
+            # auto: the dot path where vdpbf16ps does >= 1.2x the float32 FMA's flop here
+            auto = _core.build_info()["bfloat16_gemm"].startswith("vdpbf16ps")
+            assert auto == (on_avx512 and ratio >= 1.2)
+    finally:
+        _core.set_bf16_dot(previous)
+
+
+@pytest.mark.skipif(not HAS_BF16_DOT, reason="this CPU has no AVX512_BF16: the vdpbf16ps "
+                    "micro-kernel cannot run here (csrc/tests' test_core_wide runs its emulation)")
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_the_vdpbf16ps_path_gives_the_rounding_paths_bits(model):
+    """dp_gemm_dot_tmpl.h: vdpbf16ps adds the pair's two exact products one after the other,
+    each rounded, as the float micro-kernel's FMAs do; only denormals (read as 0) differ, and
+    these data have none."""
+    rng = np.random.default_rng(7)
+    if model == "mlp":
+        x = rng.standard_normal((100, 50)).astype(np.float32)
+        make = lambda: dptrain.MLP((50, 40, 33, 7), dtype="bfloat16", seed=4, threads=2)
+    else:
+        x = rng.standard_normal((6, 2 * 11 * 11)).astype(np.float32)
+        make = lambda: dptrain.CNN((2, 11, 11), 7, channels=(5, 9), hidden=(13,),
+                                   dtype="bfloat16", seed=4)
+    y = rng.integers(0, 7, len(x))
+    previous_isa = _core.set_isa("avx512")
+    grads, losses = {}, {}
+    try:
+        for dot in (False, True):
+            _core.set_bf16_dot(dot)
+            m = make()
+            m.zero_grad()
+            losses[dot] = m.loss_grad(x, y)
+            grads[dot] = m.grads.copy()
+    finally:
+        _core.set_bf16_dot(None)
+        _core.set_isa(previous_isa)
+    assert losses[True] == losses[False]
+    np.testing.assert_array_equal(grads[True], grads[False])
 
 
 def test_logistic_regression_takes_the_bfloat16_gemms():

@@ -402,6 +402,9 @@ static void diff_gemm(diff *d, dtype dt, const void *C, const void *C0, ptrdiff_
 /* bfloat16 inputs (dp_ctx.bf16_inputs): on every ISA and both contexts, the GEMM must equal
  * the naive twin run on A and B rounded by dp_round_bf16 (the scalar twin of the builds'
  * vector rounding), within the float summation bound of the rounded operands. */
+/* GEMM cases that ran the bfloat16 dot path (dp_gemm_dot_tmpl.h), for the summary line */
+static int bf16_dot_cases;
+
 static void gemm_case_bf16(const float *A, ptrdiff_t na, ptrdiff_t rsa, ptrdiff_t csa,
                            const float *B, ptrdiff_t nb, ptrdiff_t rsb, ptrdiff_t csb,
                            const float *C0, ptrdiff_t ldc, int M, int N, int K, double alpha,
@@ -418,23 +421,47 @@ static void gemm_case_bf16(const float *A, ptrdiff_t na, ptrdiff_t rsa, ptrdiff_
     memcpy(Cn, C0, (size_t)nc * sizeof *C0);
     dp_gemm_naive_f32(Cn, ldc, Ar, rsa, csa, Br, rsb, csb, M, N, K, (float)alpha, (float)beta);
     double rel = 2 * (K + 16) * deps(F32);
+    float *Cr = talloc(F32, nc);
     for (int g = 0; g < DP_ISA_COUNT; g++) {
         const char *isa = use_isa(g);
         for (int c = 1; isa && c < 3; c++) {
-            memcpy(C, C0, (size_t)nc * sizeof *C0);
-            ctxs[c].ctx->bf16_inputs = 1;
-            int rc = dp_gemm_f32(ctxs[c].ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K,
-                                 (float)alpha, (float)beta);
-            ctxs[c].ctx->bf16_inputs = 0;
-            expect(rc == DP_OK, "dp_gemm_%s bf16 isa=%s ctx=%s: returned %d", what, isa,
-                   ctxs[c].name, rc);
-            diff e = {0};
-            diff_gemm(&e, F32, C, C0, ldc, M, N, Cn, ref, mag, rel);
-            expect_diff(&e, ldc, "dp_gemm_%s bf16 inputs isa=%s ctx=%s vs naive on rounded", what,
-                        isa, ctxs[c].name);
+            /* the rounding path (float micro-kernel), then the dot path where it runs: each
+             * against the reference, and the dot path's bits against the rounding path's
+             * (dp_gemm_dot_tmpl.h: the same sums in the same order; the data has no
+             * denormals, which only the dot path flushes) */
+            for (int dot = 0; dot < 2; dot++) {
+                dp_gemm_set_bf16_dot(dot);
+                if (dot && !dp_gemm_bf16_dot()) break;
+                memcpy(C, C0, (size_t)nc * sizeof *C0);
+                ctxs[c].ctx->bf16_inputs = 1;
+                int rc = dp_gemm_f32(ctxs[c].ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K,
+                                     (float)alpha, (float)beta);
+                ctxs[c].ctx->bf16_inputs = 0;
+                const char *path = dot ? "dot" : "rounding";
+                expect(rc == DP_OK, "dp_gemm_%s bf16 isa=%s ctx=%s %s path: returned %d", what, isa,
+                       ctxs[c].name, path, rc);
+                diff e = {0};
+                diff_gemm(&e, F32, C, C0, ldc, M, N, Cn, ref, mag, rel);
+                expect_diff(&e, ldc, "dp_gemm_%s bf16 inputs isa=%s ctx=%s %s path vs naive on rounded",
+                            what, isa, ctxs[c].name, path);
+                if (!dot) {
+                    memcpy(Cr, C, (size_t)nc * sizeof *C);
+                    continue;
+                }
+                bf16_dot_cases++;
+                int differ = 0;
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++) {
+                        float x = C[(ptrdiff_t)i * ldc + j], y = Cr[(ptrdiff_t)i * ldc + j];
+                        differ += !(x == y || (isnan(x) && isnan(y)));
+                    }
+                expect(differ == 0, "dp_gemm_%s bf16 isa=%s ctx=%s: the dot path differs from the "
+                       "rounding path in %d of %d values", what, isa, ctxs[c].name, differ, M * N);
+            }
+            dp_gemm_set_bf16_dot(DP_BF16_DOT_AUTO);
         }
     }
-    free(Ar); free(Br); free(Cn); free(C); free(ref); free(mag);
+    free(Ar); free(Br); free(Cn); free(C); free(Cr); free(ref); free(mag);
 }
 
 /* dp_round_bf16 on the values that decide it, then each ISA build's vector rounding through
@@ -493,6 +520,8 @@ static void test_round_bf16(void)
                  * accumulator starts at +0, and +0 + -0 is +0 */
                 int ok = isnan(want[i]) ? isnan(C[i]) && signbit(C[i]) == signbit(want[i])
                          : want[i] == 0 ? C[i] == 0 : got == cases[i][1];
+                /* the dot path (vdpbf16ps) reads a denormal as 0 */
+                if (dp_gemm_bf16_dot() && fpclassify(want[i]) == FP_SUBNORMAL) ok = ok || C[i] == 0;
                 expect(ok, "bf16 GEMM isa=%s ctx=%s: round(0x%08x) * 1 = 0x%08x, expected 0x%08x",
                        isa, ctxs[c].name, cases[i][0], got, cases[i][1]);
             }
@@ -1727,6 +1756,18 @@ static void test_cpu(void)
            dp_fma_peak_f64(DP_ISA_GENERIC, NAN, &g) == DP_EVALUE &&
            dp_fma_peak_f64(DP_ISA_GENERIC, INFINITY, &g) == DP_EVALUE && g == -1.0,
            "dp_fma_peak: seconds 0, NaN or inf accepted (or the output written: %g)", g);
+    /* vdpbf16ps's rate: where the CPU has AVX-512 and AVX512_BF16 (and this compiler the
+     * intrinsic, which the CI compilers have), else DP_ENOTSUP with nothing written */
+    {
+        double d = -1.0;
+        int rc = dp_bf16dot_peak(0.01, &d);
+        if (dp_cpu_has_isa(&f, DP_ISA_AVX512) && f.avx512_bf16)
+            expect(rc == DP_OK && d > 0 && isfinite(d), "dp_bf16dot_peak: rc %d, %g GFLOP/s", rc, d);
+        else
+            expect(rc == DP_ENOTSUP && d == -1.0, "dp_bf16dot_peak on a CPU without it: rc %d, %g", rc, d);
+        expect(dp_bf16dot_peak(0.0, &d) == DP_EVALUE && dp_bf16dot_peak(NAN, &d) == DP_EVALUE,
+               "dp_bf16dot_peak: seconds 0 or NaN accepted");
+    }
     expect(dp_isa_name(DP_ISA_COUNT) == NULL && dp_isa_bits(DP_ISA_AVX512) == 512 &&
            dp_isa_bits(DP_ISA_AVX2) == 256, "dp_isa_name / dp_isa_bits");
 }
@@ -1779,6 +1820,10 @@ int main(void)
         test_dense(dt);
         test_argmax_count(dt);
     }
+    printf("bfloat16 dot path: %s; %d GEMM cases ran it against the rounding path; vdpbf16ps / "
+           "float32 FMA flop, measured: %.2f (the default takes it from %.2f)\n",
+           dp_gemm_bf16_dot_available() ? dp_gemm_bf16_dot_name() : "not on this CPU", bf16_dot_cases,
+           dp_gemm_bf16_dot_ratio(), DP_BF16_DOT_GAIN);
     /* the vector kernels (dp_vec.h), on every ISA this CPU has */
     for (int isa = 0; isa < DP_ISA_COUNT; isa++) {
         if (!use_isa(isa)) continue;

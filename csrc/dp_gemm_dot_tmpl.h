@@ -1,0 +1,184 @@
+/* dp_gemm_dot_tmpl.h - the bfloat16 GEMM's dot-product path (float32 GEMMs with
+ * dp_ctx.bf16_inputs): packed panels turned into bfloat16 pairs, and a 12 x 32 micro-kernel
+ * built on AVX512_BF16's vdpbf16ps, which multiplies 16 pairs of bfloat16 by 16 pairs and
+ * adds both products to 16 float accumulators: 2 k per instruction where vfmadd213ps does 1.
+ * Included by dp_gemm.c with these macros defined (undefined at the end):
+ *   DSFX     name suffix: _avx512bf16 (the instruction) or _emul (csrc/tests' wide build:
+ *            the same arithmetic in plain vector code, so that the pairing, the odd k and
+ *            the edges run on any CPU)
+ *   DOT_TGT  the function attribute of the build (empty for _emul)
+ *   DOT_HW   1: vdpbf16ps through its intrinsic; 0: the emulation
+ *
+ * The pairs. The driver packs A (12-row micro-panels, 12 floats per k) and B (32-column
+ * micro-panels, 32 floats per k) as for float32, then dot_pair_a / dot_pair_b round them to
+ * bfloat16 (dp_bf16_round_bits, round to nearest even, as the float path's rounding) and pack
+ * rows k and k + 1 of each micro-panel into one row of 32-bit pairs, in place: row k in the
+ * HIGH half, row k + 1 in the low half, a zero low half past an odd kc. vdpbf16ps computes,
+ * per lane (Intel SDM), acc += hi(a) * hi(b), rounded, then acc += lo(a) * lo(b), rounded,
+ * with products of bfloat16 exact in float: so k, then k + 1, each added and rounded, which
+ * is what the float path's vfmadd sequence does. The two paths give the same bits, except
+ * that vdpbf16ps treats denormal inputs and results as zero (and the sign of a zero sum).
+ *
+ * The kernel: 24 accumulators (12 rows x 2 vectors of 16 lanes) + 2 B vectors + a broadcast
+ * pair, as the float32 AVX-512 kernel; one k pair per step, 24 vdpbf16ps.
+ */
+
+#define DCAT_(a, b) a##b
+#define DCAT(a, b) DCAT_(a, b)
+#define DF(name) DCAT(name, DSFX)
+
+#define DOT_MR 12
+#define DOT_NR 32
+
+typedef float DF(dot_vf) __attribute__((vector_size(64)));
+typedef uint32_t DF(dot_vu) __attribute__((vector_size(64)));
+
+/* dp_bf16_round_bits on 16 lanes (the same branch-free select) */
+DOT_TGT DP_INLINE DF(dot_vu) DF(dot_round)(DF(dot_vu) u)
+{
+    typedef int32_t VI __attribute__((vector_size(64)));
+    DF(dot_vu) rne = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x00400000u;
+    DF(dot_vu) nan = (DF(dot_vu))((VI)(u & 0x7fffffffu) > 0x7f800000);
+    return ((quiet & nan) | (rne & ~nan)) & 0xffff0000u;
+}
+
+/* Rows r and r + 1 (r + 1 < kc, or zeros) of a micro-panel of W floats per row, rounded to
+ * bfloat16 and paired into row r / 2, in place, 16 lanes at a time (W = 12: one partial
+ * chunk): row r / 2 <= r, and a chunk of it is written only after the same chunk of row r
+ * (the same place when r = 0) has been read; rows below r / 2 are no longer needed. */
+DOT_TGT DP_INLINE void DF(dot_pair_rows)(float *panel, int kc, int w)
+{
+    typedef DF(dot_vu) U;
+    for (int r = 0; r < kc; r += 2) {
+        const float *hi_row = panel + (ptrdiff_t)r * w, *lo_row = hi_row + w;
+        float *out_row = panel + (ptrdiff_t)(r / 2) * w;
+        for (int c = 0; c < w; c += 16) {
+            size_t bytes = (size_t)(w - c < 16 ? w - c : 16) * sizeof(float);
+            U hi = {0}, lo = {0};
+            memcpy(&hi, hi_row + c, bytes);
+            if (r + 1 < kc) memcpy(&lo, lo_row + c, bytes);
+            U out = DF(dot_round)(hi) | (DF(dot_round)(lo) >> 16);
+            memcpy(out_row + c, &out, bytes);
+        }
+    }
+}
+
+/* `panels` packed micro-panels of kc rows each, kc * W floats apart: each becomes (kc + 1) / 2
+ * rows of W pairs at its own start (the rest of its slot is left as it was). */
+DOT_TGT static void DF(dot_pair_a)(float *buf, int panels, int kc)
+{
+    for (int q = 0; q < panels; q++) DF(dot_pair_rows)(buf + (ptrdiff_t)q * kc * DOT_MR, kc, DOT_MR);
+}
+
+DOT_TGT static void DF(dot_pair_b)(float *buf, int panels, int kc)
+{
+    for (int q = 0; q < panels; q++) DF(dot_pair_rows)(buf + (ptrdiff_t)q * kc * DOT_NR, kc, DOT_NR);
+}
+
+#if DOT_HW
+/* acc + hi(a) hi(b) + lo(a) lo(b) per lane, a one pair broadcast */
+#define DOT_STEP(acc, a, b)                                                                  \
+    (acc) = (V)_mm512_dpbf16_ps((__m512)(acc), (__m512bh)_mm512_set1_epi32((int)(a)),     \
+                                 (__m512bh)(b))
+#else
+#define DOT_STEP(acc, a, b)                                                                  \
+    do {                                                                                     \
+        U a_ = (U){0} + (a);                                                                 \
+        (acc) += (V)(a_ & 0xffff0000u) * (V)((b) & 0xffff0000u);                             \
+        (acc) += (V)(a_ << 16) * (V)((b) << 16);                                             \
+    } while (0)
+#endif
+
+#define DOT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define DOT_DECL(i) V c##i##_0 = {0}, c##i##_1 = {0};
+#define DOT_ROW(i)                                                                           \
+    {                                                                                        \
+        uint32_t ai;                                                                         \
+        memcpy(&ai, a + (i), sizeof ai);                                                     \
+        DOT_STEP(c##i##_0, ai, b0);                                                          \
+        DOT_STEP(c##i##_1, ai, b1);                                                          \
+    }
+#define DOT_KEEP(i) {c##i##_0, c##i##_1},
+
+/* C[0:mr, 0:nr] = alpha * (a . b) + beta * C over kp pairs: a is 12 pairs per step, b 32
+ * (beta == 0: C is not read). */
+DOT_TGT static void DF(dot_ukernel)(float *DP_RESTRICT C, ptrdiff_t ldc, const float *DP_RESTRICT a,
+                                    const float *DP_RESTRICT b, int kp, int mr, int nr,
+                                    float alpha, float beta)
+{
+    typedef DF(dot_vf) V;
+    typedef DF(dot_vu) U;
+    DOT_ROWS(DOT_DECL)
+    for (int p = 0; p < kp; p++) {
+        U b0, b1;
+        memcpy(&b0, b, sizeof b0);
+        memcpy(&b1, b + 16, sizeof b1);
+        DOT_ROWS(DOT_ROW)
+        a += DOT_MR;
+        b += DOT_NR;
+    }
+    V acc[DOT_MR][2] = {DOT_ROWS(DOT_KEEP)};
+    if (mr == DOT_MR && nr == DOT_NR) {
+        for (int i = 0; i < DOT_MR; i++) {
+            float *c = C + (ptrdiff_t)i * ldc;
+            V r0 = acc[i][0] * alpha, r1 = acc[i][1] * alpha;
+            if (beta != 0) {
+                V o0, o1;
+                memcpy(&o0, c, sizeof o0);
+                memcpy(&o1, c + 16, sizeof o1);
+                r0 += o0 * beta;
+                r1 += o1 * beta;
+            }
+            memcpy(c, &r0, sizeof r0);
+            memcpy(c + 16, &r1, sizeof r1);
+        }
+    } else {
+        float tile[DOT_MR * DOT_NR];
+        for (int i = 0; i < DOT_MR; i++) {
+            V r0 = acc[i][0] * alpha, r1 = acc[i][1] * alpha;
+            memcpy(tile + i * DOT_NR, &r0, sizeof r0);
+            memcpy(tile + i * DOT_NR + 16, &r1, sizeof r1);
+        }
+        for (int i = 0; i < mr; i++) {
+            float *c = C + (ptrdiff_t)i * ldc;
+            if (beta != 0)
+                for (int j = 0; j < nr; j++) c[j] = tile[i * DOT_NR + j] + beta * c[j];
+            else
+                for (int j = 0; j < nr; j++) c[j] = tile[i * DOT_NR + j];
+        }
+    }
+}
+
+/* The macro-kernel over an mc x kc block of paired A and a kc x nc panel of paired B, their
+ * micro-panels apanel and bpanel floats apart (the slots of the float packing). */
+DOT_TGT static void DF(dot_macro)(float *C, ptrdiff_t ldc, const float *A, ptrdiff_t apanel,
+                                  const float *B, ptrdiff_t bpanel, int mc, int nc, int kc,
+                                  float alpha, float beta)
+{
+    int kp = (kc + 1) / 2;
+    for (int j0 = 0; j0 < nc; j0 += DOT_NR) {
+        int nr = nc - j0 < DOT_NR ? nc - j0 : DOT_NR;
+        const float *bp = B + (ptrdiff_t)(j0 / DOT_NR) * bpanel;
+        for (int i0 = 0; i0 < mc; i0 += DOT_MR) {
+            int mr = mc - i0 < DOT_MR ? mc - i0 : DOT_MR;
+            DF(dot_ukernel)(C + (ptrdiff_t)i0 * ldc + j0, ldc, A + (ptrdiff_t)(i0 / DOT_MR) * apanel,
+                            bp, kp, mr, nr, alpha, beta);
+        }
+    }
+}
+
+static const dp_gemm_dot_fns DF(dot_fns) = {DF(dot_pair_a), DF(dot_pair_b), DF(dot_macro)};
+
+#undef DOT_ROWS
+#undef DOT_DECL
+#undef DOT_ROW
+#undef DOT_KEEP
+#undef DOT_STEP
+#undef DOT_MR
+#undef DOT_NR
+#undef DF
+#undef DCAT
+#undef DCAT_
+#undef DSFX
+#undef DOT_TGT
+#undef DOT_HW
