@@ -272,4 +272,5 @@ void dp_ctx_free(dp_ctx *ctx)
     dp_threads_destroy(ctx->team);
     ctx->team = NULL;
     for (int i = 0; i < 2 * DP_MAX_THREADS; i++) dp_scratch_free(&ctx->pack[i]);
+    dp_scratch_free(&ctx->ct);
 }

@@ -603,6 +603,10 @@ static void test_gemm(dtype dt)
     }
     /* the layer shape (x w^T with MNIST-like sizes): several KC slices and MC blocks */
     gemm_case(dt, 'N', 'T', 128, 256, 784, 1, 1, 0);
+    /* narrow C, computed transposed (dp_gemm_drv.h): the output layer's N = 10 (on AVX-512
+     * and its emulation), forward (beta 1: the bias); N = 5 (on AVX2 too) into ldc > N */
+    gemm_case(dt, 'N', 'T', 128, 10, 128, 1, 1, 0);
+    gemm_case(dt, 'N', 'N', 100, 5, 30, -0.5, 0.75, 3);
     /* more than one NC panel of B, more than one KC slice with a thin C */
     gemm_case(dt, 'N', 'N', 7, 3100, 5, 1, 0, 3);
     gemm_case(dt, 'T', 'T', 9, 17, 700, 1, 0, 0);
