@@ -59,10 +59,12 @@ if sys.platform != "win32":
 
 
 def build_jobs() -> int:
-    """Compiler processes at once: DPTRAIN_BUILD_JOBS, else one per CPU."""
+    """Compiler processes at once: DPTRAIN_BUILD_JOBS, else one per CPU this process may run
+    on (its affinity, not the host's count: a container limited to 2 CPUs of 64), at most 8."""
     value = os.environ.get("DPTRAIN_BUILD_JOBS", "").strip()
     if not value:
-        return os.cpu_count() or 1
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return max(1, min(8, cpus or 1))
     if not value.isdigit() or int(value) < 1:
         sys.exit(f"setup.py: DPTRAIN_BUILD_JOBS must be a whole number >= 1, got {value!r}")
     return int(value)
@@ -71,14 +73,25 @@ def build_jobs() -> int:
 class ParallelBuildExt(build_ext):
     """build_ext compiling one extension's C files in parallel (setuptools' own -j runs
     extensions, not files, at once; this package has one of 20 files, 24 s one after another
-    on 2 cores, 13 s two at a time). The compiler's compile() as distutils writes it, with its
+    on 2 cores, 15 s two at a time). The compiler's compile() as distutils writes it, with its
     per-file step mapped over a thread pool (each runs a compiler process); where a setuptools
-    lacks those steps, the files compile one after another."""
+    compiles otherwise (MSVC overrides compile() itself, and the base _compile is a no-op), the
+    files compile one after another."""
+
+    @staticmethod
+    def per_file_compiler(compiler) -> bool:
+        """True where compile() is distutils' generic one and _compile, its per-file step, is
+        the compiler class's own (Unix compilers), not the base's no-op."""
+        def owner(name):
+            return next((k for k in type(compiler).__mro__ if name in vars(k)), None)
+        generic, step = owner("compile"), owner("_compile")
+        return (generic is not None and step is not None and step is not generic
+                and issubclass(step, generic) and hasattr(compiler, "_setup_compile")
+                and hasattr(compiler, "_get_cc_args"))
 
     def build_extension(self, ext):
         compiler, jobs = self.compiler, build_jobs()
-        steps = ("_setup_compile", "_get_cc_args", "_compile")
-        if jobs == 1 or not all(hasattr(compiler, s) for s in steps):
+        if jobs == 1 or not self.per_file_compiler(compiler):
             return super().build_extension(ext)
         serial = compiler.compile
 

@@ -44,6 +44,15 @@
  * FMA they extend (dp_cpu_has_isa(DP_ISA_AVX512) checks the same four). */
 #define DP_TARGET_AVX512 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"
 
+/* 1 where the compiler has AVX512_BF16's intrinsics (_mm512_dpbf16_ps): GCC 10, LLVM Clang 9,
+ * Apple Clang 12 (Apple's 9-11 are older LLVMs); the vdpbf16ps code is left out elsewhere. */
+#if (defined(__x86_64__) || defined(__i386__)) &&                                              \
+    ((defined(__apple_build_version__) && __clang_major__ >= 12) ||                             \
+     (defined(__clang__) && !defined(__apple_build_version__) && __clang_major__ >= 9) ||       \
+     (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10))
+#define DP_CC_AVX512BF16 1
+#endif
+
 /* Packed GEMM panels and activations are aligned to a cache line (and to the widest vector). */
 #define DP_ALIGN 64
 

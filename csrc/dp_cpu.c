@@ -240,9 +240,8 @@ int dp_isa_bits(int isa)
 /* AVX512_BF16's vdpbf16ps: per round DP_FMA_CHAINS independent acc += x . y, 16 lanes of 2
  * bfloat16 pairs each (2 FMAs a lane: the 2 * 2 * 16 flop of vdpbf16ps). x = y = 2^-10 in
  * both halves: each round adds 2^-19 to each lane, which stays normal and far from overflow
- * from (0, 1] for 2^40 rounds. Compilers with the intrinsic only (GCC 10, Clang 9). */
-#if defined(DP_CPU_X86) && \
-    ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10))
+ * from (0, 1] for 2^40 rounds. Compilers with the intrinsic only (DP_CC_AVX512BF16). */
+#if defined(DP_CPU_X86) && defined(DP_CC_AVX512BF16)
 #define DP_CPU_BF16DOT 1
 __attribute__((target("avx512f,avx512bf16"), noinline)) static double dot_block_bf16(int64_t rounds,
                                                                                       double m, double c)

@@ -51,11 +51,10 @@
 #endif
 
 /* ---- the bfloat16 dot-product path (dp_gemm_dot_tmpl.h): float32 GEMMs with bfloat16 inputs
- * on a CPU with AVX512_BF16, while the AVX-512 build is the active one. Compilers: GCC 10 and
- * Clang 9 have the intrinsic; with an older one the path is left out and the rounding path
- * (float micro-kernel) runs everywhere. */
-#if defined(DP_HAVE_X86_FAST) && \
-    ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10))
+ * on a CPU with AVX512_BF16, while the AVX-512 build is the active one. Compilers with the
+ * intrinsic only (DP_CC_AVX512BF16, dp_common.h); with an older one the path is left out and
+ * the rounding path (float micro-kernel) runs everywhere. */
+#if defined(DP_HAVE_X86_FAST) && defined(DP_CC_AVX512BF16)
 #define DP_HAVE_BF16DOT 1
 #include <immintrin.h>
 #endif
@@ -84,16 +83,15 @@ typedef struct {
  * AVX512_BF16: -1 until first asked (CPUID is slow under a hypervisor, and this is asked once
  * per GEMM). Auto's measurement: the vdpbf16ps / float32 FMA flop ratio, < 0 until measured. */
 static int bf16_dot_mode = DP_BF16_DOT_AUTO;
-#if defined(DP_HAVE_BF16DOT) && !defined(DP_GEMM_EMULATE_WIDE)
+#ifdef DP_HAVE_BF16DOT
 static int bf16_dot_cpu = -1;
 #endif
 static double bf16_dot_ratio = -1.0;
 
-int dp_gemm_bf16_dot_available(void)
+/* 1 if this CPU can run the vdpbf16ps build (AVX-512 and AVX512_BF16, the OS saving zmm) */
+static int cpu_has_bf16dot(void)
 {
-#ifdef DP_GEMM_EMULATE_WIDE
-    return 1;
-#elif defined(DP_HAVE_BF16DOT)
+#ifdef DP_HAVE_BF16DOT
     int have = __atomic_load_n(&bf16_dot_cpu, __ATOMIC_RELAXED);
     if (have < 0) {
         dp_cpu_features f;
@@ -104,6 +102,15 @@ int dp_gemm_bf16_dot_available(void)
     return have;
 #else
     return 0;
+#endif
+}
+
+int dp_gemm_bf16_dot_available(void)
+{
+#ifdef DP_GEMM_EMULATE_WIDE
+    return 1;     /* the emulation, in the generic slot, on any CPU */
+#else
+    return cpu_has_bf16dot();
 #endif
 }
 
@@ -152,7 +159,7 @@ static const dp_gemm_dot_fns *dot_pick(void)
     if (dp_isa_active() == DP_ISA_GENERIC) fns = &dot_fns_emul;
 #endif
 #ifdef DP_HAVE_BF16DOT
-    if (dp_isa_active() == DP_ISA_AVX512 && dp_gemm_bf16_dot_available()) fns = &dot_fns_avx512bf16;
+    if (dp_isa_active() == DP_ISA_AVX512 && cpu_has_bf16dot()) fns = &dot_fns_avx512bf16;
 #endif
     if (fns && mode == DP_BF16_DOT_AUTO && dp_gemm_bf16_dot_ratio() < DP_BF16_DOT_GAIN) fns = NULL;
     return fns;
@@ -163,10 +170,10 @@ int dp_gemm_bf16_dot(void) { return dot_pick() != NULL; }
 const char *dp_gemm_bf16_dot_name(void)
 {
 #ifdef DP_GEMM_EMULATE_WIDE
-    return "vdpbf16ps on AVX-512 with AVX512_BF16, emulated in the generic slot";
-#else
-    return "vdpbf16ps micro-kernel (AVX512_BF16), bfloat16 pairs, float32 accumulation";
+    if (dp_isa_active() == DP_ISA_GENERIC || !cpu_has_bf16dot())
+        return "vdpbf16ps on AVX-512 with AVX512_BF16, emulated in the generic slot";
 #endif
+    return "vdpbf16ps micro-kernel (AVX512_BF16), bfloat16 pairs, float32 accumulation";
 }
 
 void dp_round_bf16(float *x, size_t n)

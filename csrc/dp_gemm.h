@@ -26,7 +26,7 @@ typedef struct {
      * ignore it. dp_ctx_init sets 0; the caller sets it. */
     int bf16_inputs;
     dp_scratch pack[2 * DP_MAX_THREADS];   /* [2t] packed A block, [2t + 1] packed B panel */
-    dp_scratch ct;            /* C^T of a narrow GEMM (dp_gemm: N under half a micro-tile) */
+    dp_scratch ct;            /* C^T of a narrow GEMM, computed transposed (dp_gemm_drv.h) */
 } dp_ctx;
 
 int dp_ctx_init(dp_ctx *ctx, int threads);
@@ -64,6 +64,9 @@ void dp_round_bf16(float *x, size_t n);
  *   dp_gemm_bf16_dot_ratio: the measured ratio (measuring it on the first call); -1 where the
  *     path is not available
  *   dp_gemm_bf16_dot: 1 if a bfloat16-input GEMM takes the dot path now
+ * Each process measures for itself: on a CPU whose ratio sits near DP_BF16_DOT_GAIN, two
+ * processes of one run may choose differently, and their GEMMs then differ on denormal
+ * inputs only (which vdpbf16ps reads as 0); dp_gemm_set_bf16_dot(0 or 1) pins the path.
  * (csrc/tests' wide build, DP_GEMM_EMULATE_WIDE, runs an emulation of it in the generic slot,
  * with a ratio of 2) */
 #define DP_BF16_DOT_AUTO (-1)

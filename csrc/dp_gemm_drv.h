@@ -196,7 +196,10 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
      * (52 to 33 GFLOP/s): the transposed operand's packing costs more than the rows gain.
      * M > N: the transposed problem is not narrow again; N >= 4: a GEMV (N = 1) gains nothing
      * either way, and logistic regression has its own kernel. The sums over k are the same,
-     * in the same order; alpha and beta are applied as the store does. */
+     * in the same order, and so are the results where alpha = 1 and either beta = 0 or K
+     * fits one KC slice (the output layer's forward: K = 128, beta 1 for the bias); with K in
+     * several slices, alpha and beta are applied once rather than per slice, and C is added
+     * to the whole sum rather than to the first slice's: the same within rounding. */
     if (M > N && N >= 4 && 3 * N <= nr && 5 * D(round_up)(N, nr) > 6 * D(round_up)(N, mr)) {
         T *ct = dp_scratch_get(&ctx->ct, sizeof(T) * (size_t)M * N);
         int rc = ct ? D(dp_gemm)(ctx, ct, M, B, csb, rsb, A, csa, rsa, N, M, K, (T)1, (T)0) : DP_ENOMEM;

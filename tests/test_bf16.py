@@ -177,8 +177,11 @@ def test_mlp_gradient_is_the_bfloat16_reference(isa):
         assert not np.array_equal(w, fw)       # not float32's
 
 
-HAS_BF16_DOT = ("avx512" in _core.build_info()["isas_available"]
-                and bool(_core.cpu_features()["avx512_bf16"]))
+CPU_BF16 = ("avx512" in _core.build_info()["isas_available"]
+            and bool(_core.cpu_features()["avx512_bf16"]))
+# the path exists where the CPU has AVX512_BF16 and the compiler its intrinsics: then and only
+# then build_info has the measured ratio
+HAS_BF16_DOT = _core.build_info()["bfloat16_dot_vs_fma"] is not None
 
 
 def test_set_bf16_dot_says_which_path_runs():
@@ -190,6 +193,7 @@ def test_set_bf16_dot_says_which_path_runs():
         with pytest.raises(TypeError, match="on must be True, False or None"):
             _core.set_bf16_dot(1)
         ratio = _core.build_info()["bfloat16_dot_vs_fma"]
+        assert CPU_BF16 or not HAS_BF16_DOT                    # no ratio without the CPU
         if not HAS_BF16_DOT:
             assert ratio is None
             with pytest.raises(ValueError, match="needs AVX512_BF16 .* which this CPU .* lacks"):

@@ -607,6 +607,9 @@ static void test_gemm(dtype dt)
      * and its emulation), forward (beta 1: the bias); N = 5 (on AVX2 too) into ldc > N */
     gemm_case(dt, 'N', 'T', 128, 10, 128, 1, 1, 0);
     gemm_case(dt, 'N', 'N', 100, 5, 30, -0.5, 0.75, 3);
+    /* K in three slices of an odd depth (643 = 215 + 215 + 213): the bfloat16 pairs' zero
+     * halves at each slice's end, accumulated across slices (beta 1 after the first) */
+    gemm_case(dt, 'N', 'T', 30, 40, 643, 1, 0.5, 0);
     /* more than one NC panel of B, more than one KC slice with a thin C */
     gemm_case(dt, 'N', 'N', 7, 3100, 5, 1, 0, 3);
     gemm_case(dt, 'T', 'T', 9, 17, 700, 1, 0, 0);
