@@ -70,12 +70,16 @@ typedef struct {
 #define DSFX _avx512bf16
 #define DOT_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,avx512bf16")))
 #define DOT_HW 1
+#define DOT_VF vec_t_f32_avx512
+#define DOT_STORE store_tile_f32_avx512
 #include "dp_gemm_dot_tmpl.h"
 #endif
 #ifdef DP_GEMM_EMULATE_WIDE
 #define DSFX _emul
 #define DOT_TGT
 #define DOT_HW 0
+#define DOT_VF vec_t_f32_generic
+#define DOT_STORE store_tile_f32_generic
 #include "dp_gemm_dot_tmpl.h"
 #endif
 

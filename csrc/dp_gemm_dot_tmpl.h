@@ -8,13 +8,15 @@
  *            the edges run on any CPU)
  *   DOT_TGT  the function attribute of the build (empty for _emul)
  *   DOT_HW   1: vdpbf16ps through its intrinsic; 0: the emulation
+ *   DOT_VF, DOT_STORE  the float build of the same 12 x 2 x 16 shape whose vector type and
+ *            store_tile (alpha, beta, the edges) the kernel shares: the avx512 build's, or
+ *            the wide build's generic slot for the emulation
  *
  * The pairs. The driver packs A (12-row micro-panels, 12 floats per k) and B (32-column
- * micro-panels, 32 floats per k) as for float32, then dot_pair_a / dot_pair_b round them to
- * bfloat16 (dp_bf16_round_bits, round to nearest even, as the float path's rounding) and pack
- * rows k and k + 1 of each micro-panel into one row of 32-bit pairs, in place: row k in the
- * HIGH half, row k + 1 in the low half, a zero low half past an odd kc. vdpbf16ps computes,
- * per lane (Intel SDM), acc += hi(a) * hi(b), rounded, then acc += lo(a) * lo(b), rounded,
+ * micro-panels, 32 floats per k) as for float32 and rounds them to bfloat16 as the rounding
+ * path does; dot_pair_a / dot_pair_b then pack rows k and k + 1 of each micro-panel into one
+ * row of 32-bit pairs, in place: row k in the HIGH half, row k + 1 in the low half, a zero
+ * low half past an odd kc. vdpbf16ps computes, per lane (Intel SDM), acc += hi(a) * hi(b), rounded, then acc += lo(a) * lo(b), rounded,
  * with products of bfloat16 exact in float: so k, then k + 1, each added and rounded, which
  * is what the float path's vfmadd sequence does. The two paths give the same bits, except
  * that vdpbf16ps treats denormal inputs and results as zero (and the sign of a zero sum).
@@ -30,22 +32,14 @@
 #define DOT_MR 12
 #define DOT_NR 32
 
-typedef float DF(dot_vf) __attribute__((vector_size(64)));
+typedef DOT_VF DF(dot_vf);
 typedef uint32_t DF(dot_vu) __attribute__((vector_size(64)));
 
-/* dp_bf16_round_bits on 16 lanes (the same branch-free select) */
-DOT_TGT DP_INLINE DF(dot_vu) DF(dot_round)(DF(dot_vu) u)
-{
-    typedef int32_t VI __attribute__((vector_size(64)));
-    DF(dot_vu) rne = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x00400000u;
-    DF(dot_vu) nan = (DF(dot_vu))((VI)(u & 0x7fffffffu) > 0x7f800000);
-    return ((quiet & nan) | (rne & ~nan)) & 0xffff0000u;
-}
-
-/* Rows r and r + 1 (r + 1 < kc, or zeros) of a micro-panel of W floats per row, rounded to
- * bfloat16 and paired into row r / 2, in place, 16 lanes at a time (W = 12: one partial
- * chunk): row r / 2 <= r, and a chunk of it is written only after the same chunk of row r
- * (the same place when r = 0) has been read; rows below r / 2 are no longer needed. */
+/* Rows r and r + 1 (r + 1 < kc, or zeros) of a micro-panel of W floats per row, already
+ * rounded to bfloat16 (the driver's round_bf16 pass, as on the rounding path), paired into
+ * row r / 2, in place, 16 lanes at a time (W = 12: one partial chunk): row r / 2 <= r, and a
+ * chunk of it is written only after the same chunk of row r (the same place when r = 0) has
+ * been read; rows below r / 2 are no longer needed. */
 DOT_TGT DP_INLINE void DF(dot_pair_rows)(float *panel, int kc, int w)
 {
     typedef DF(dot_vu) U;
@@ -57,7 +51,7 @@ DOT_TGT DP_INLINE void DF(dot_pair_rows)(float *panel, int kc, int w)
             U hi = {0}, lo = {0};
             memcpy(&hi, hi_row + c, bytes);
             if (r + 1 < kc) memcpy(&lo, lo_row + c, bytes);
-            U out = DF(dot_round)(hi) | (DF(dot_round)(lo) >> 16);
+            U out = hi | (lo >> 16);
             memcpy(out_row + c, &out, bytes);
         }
     }
@@ -118,35 +112,7 @@ DOT_TGT static void DF(dot_ukernel)(float *DP_RESTRICT C, ptrdiff_t ldc, const f
         b += DOT_NR;
     }
     V acc[DOT_MR][2] = {DOT_ROWS(DOT_KEEP)};
-    if (mr == DOT_MR && nr == DOT_NR) {
-        for (int i = 0; i < DOT_MR; i++) {
-            float *c = C + (ptrdiff_t)i * ldc;
-            V r0 = acc[i][0] * alpha, r1 = acc[i][1] * alpha;
-            if (beta != 0) {
-                V o0, o1;
-                memcpy(&o0, c, sizeof o0);
-                memcpy(&o1, c + 16, sizeof o1);
-                r0 += o0 * beta;
-                r1 += o1 * beta;
-            }
-            memcpy(c, &r0, sizeof r0);
-            memcpy(c + 16, &r1, sizeof r1);
-        }
-    } else {
-        float tile[DOT_MR * DOT_NR];
-        for (int i = 0; i < DOT_MR; i++) {
-            V r0 = acc[i][0] * alpha, r1 = acc[i][1] * alpha;
-            memcpy(tile + i * DOT_NR, &r0, sizeof r0);
-            memcpy(tile + i * DOT_NR + 16, &r1, sizeof r1);
-        }
-        for (int i = 0; i < mr; i++) {
-            float *c = C + (ptrdiff_t)i * ldc;
-            if (beta != 0)
-                for (int j = 0; j < nr; j++) c[j] = tile[i * DOT_NR + j] + beta * c[j];
-            else
-                for (int j = 0; j < nr; j++) c[j] = tile[i * DOT_NR + j];
-        }
-    }
+    DOT_STORE(C, ldc, acc, mr, nr, alpha, beta);
 }
 
 /* The macro-kernel over an mc x kc block of paired A and a kc x nc panel of paired B, their
@@ -182,3 +148,5 @@ static const dp_gemm_dot_fns DF(dot_fns) = {DF(dot_pair_a), DF(dot_pair_b), DF(d
 #undef DSFX
 #undef DOT_TGT
 #undef DOT_HW
+#undef DOT_VF
+#undef DOT_STORE

@@ -115,7 +115,7 @@ static void D(gemm_task)(void *arg, int t, int n)
     /* bfloat16 inputs: both operands are packed, and rounded where they are packed (the
      * zero padding stays 0); the f64 build never sets job->bf16, so the casts never run */
     if (job->bf16) pack_a = pack_b = 1;
-    /* and on the dot path, paired (dp_gemm_dot_tmpl.h) */
+    /* and on the dot path, then paired (dp_gemm_dot_tmpl.h) */
     const dp_gemm_dot_fns *dot = job->bf16 ? job->impl.dot : NULL;
     for (int jc = 0; jc < N; jc += NC) {
         int nc = N - jc < NC ? N - jc : NC;
@@ -127,8 +127,8 @@ static void D(gemm_task)(void *arg, int t, int n)
             ptrdiff_t bks = NR, bpanel = (ptrdiff_t)NR * kc;
             if (pack_b) {
                 job->impl.pack_b(Bp, Bpc, job->rsb, job->csb, kc, nc);
+                if (job->bf16) job->impl.round_bf16((float *)Bp, (size_t)D(round_up)(nc, NR) * kc);
                 if (dot) dot->pair_b((float *)Bp, (nc + NR - 1) / NR, kc);
-                else if (job->bf16) job->impl.round_bf16((float *)Bp, (size_t)D(round_up)(nc, NR) * kc);
             } else {
                 bsrc = Bpc;
                 bks = job->rsb;
@@ -144,6 +144,7 @@ static void D(gemm_task)(void *arg, int t, int n)
                 const T *Aic = A + (ptrdiff_t)ic * job->rsa + (ptrdiff_t)pc * job->csa;
                 if (pack_a) {
                     job->impl.pack_a(Ap, Aic, job->rsa, job->csa, mc, kc);
+                    if (job->bf16) job->impl.round_bf16((float *)Ap, (size_t)D(round_up)(mc, MR) * kc);
                     if (dot) {
                         dot->pair_a((float *)Ap, (mc + MR - 1) / MR, kc);
                         dot->macro((float *)(C + (ptrdiff_t)ic * job->ldc + jc), job->ldc,
@@ -151,7 +152,6 @@ static void D(gemm_task)(void *arg, int t, int n)
                                    (ptrdiff_t)NR * kc, mc, nc, kc, (float)job->alpha, (float)beta);
                         continue;
                     }
-                    if (job->bf16) job->impl.round_bf16((float *)Ap, (size_t)D(round_up)(mc, MR) * kc);
                     job->impl.macro(C + (ptrdiff_t)ic * job->ldc + jc, job->ldc, Ap, 1, MR,
                                     (ptrdiff_t)MR * kc, bsrc, bks, bpanel, bedge, mc, nc, kc,
                                     job->alpha, beta);
