@@ -20,12 +20,13 @@ phase per step, from the run's own breakdown.
 Speed: one training step (zero_grad, loss_grad, SGD with momentum) of the same model on one
 fixed batch, float32 and bfloat16 interleaved, median of the repeats; the ratio
 float32 / bfloat16 is the speedup (the issue's target on an AVX512_BF16 CPU: >= 1.6). Where
-the CPU has AVX512_BF16, two more columns time each bfloat16 path forced
-(``_core.set_bf16_dot``): the vdpbf16ps micro-kernel (two k per instruction) and the
-rounding path (inputs rounded while packed, float32 micro-kernel; the same numbers); the
-default takes vdpbf16ps only where it was measured to do >= 1.2x the float32 FMA's flop
-(the header prints the ratio). Elsewhere only the rounding path exists, and the ratio
-measures its cost, not a gain.
+the CPU has AVX512_BF16, more columns time each bfloat16 path forced (``_core.set_bf16_amx``,
+``_core.set_bf16_dot``): AMX's tiles (tdpbf16ps, where this process has AMX-BF16; the
+default wherever it runs), the vdpbf16ps micro-kernel (two k per instruction) and the
+rounding path (inputs rounded while packed, float32 micro-kernel; the same numbers as
+vdpbf16ps); the default takes vdpbf16ps only where it was measured to do >= 1.2x the float32
+FMA's flop (the header prints the ratio). Elsewhere only the rounding path exists, and the
+ratio measures its cost, not a gain.
 
 GEMM: _core.gemm on the MLP's and the conv's shapes with a float32 context and a bfloat16
 one (Context(gemm_inputs="bfloat16")), interleaved, on each bfloat16 path this CPU has.
@@ -71,34 +72,42 @@ def add_args(p):
                    help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
 
 
-def dot_path() -> bool:
-    """True where bfloat16 GEMMs run the vdpbf16ps micro-kernel now (the default's choice)."""
-    return _core.build_info()["bfloat16_gemm"].startswith("vdpbf16ps")
+# the bfloat16 paths a run can force (set_bf16_amx, set_bf16_dot): label, (amx, dot) settings
+PATHS = {"amx": ("AMX path", True, None), "dot": ("vdpbf16ps path", False, True),
+         "round": ("rounding path", False, False)}
 
 
-def dot_available() -> bool:
-    """True where the vdpbf16ps path can run: AVX512_BF16, and the avx512 ISA active."""
-    return _core.build_info()["bfloat16_dot_vs_fma"] is not None and _core.isa() == "avx512"
+def paths_here() -> list[str]:
+    """The bfloat16 paths that can run here beside the rounding path: AMX where this process
+    has it, vdpbf16ps where the CPU has AVX512_BF16; each with the avx512 ISA active. Empty
+    where the rounding path is the only one."""
+    info = _core.build_info()
+    if _core.isa() != "avx512":
+        return []
+    here = (["amx"] if info["bfloat16_amx"] else []) + (
+        ["dot"] if info["bfloat16_dot_vs_fma"] is not None else [])
+    return here + ["round"] if here else []
 
 
-def on_path(fn, on: bool):
-    """fn run on the vdpbf16ps path (on=True) or the rounding path (False): set_bf16_dot
-    around it, two atomic stores."""
+def on_path(fn, path: str):
+    """fn run on one bfloat16 path: set_bf16_amx and set_bf16_dot around it (atomic stores)."""
+    _, amx, dot = PATHS[path]
+
     def run():
-        previous = _core.set_bf16_dot(on)
+        before = _core.set_bf16_amx(amx), _core.set_bf16_dot(dot)
         try:
             fn()
         finally:
-            _core.set_bf16_dot(previous)
+            _core.set_bf16_amx(before[0])
+            _core.set_bf16_dot(before[1])
     return run
 
 
 def with_paths(fns: dict) -> dict:
-    """fns plus, where the vdpbf16ps path can run, 'bfloat16_dot' and 'bfloat16_round': the
-    bfloat16 entry forced onto each path (the 'bfloat16' entry is the default's choice)."""
-    if dot_available():
-        fns["bfloat16_dot"] = on_path(fns["bfloat16"], True)
-        fns["bfloat16_round"] = on_path(fns["bfloat16"], False)
+    """fns plus 'bfloat16_<path>' for each path of paths_here(): the bfloat16 entry forced onto
+    it (the 'bfloat16' entry is the default's choice)."""
+    for path in paths_here():
+        fns[f"bfloat16_{path}"] = on_path(fns["bfloat16"], path)
     return fns
 
 
@@ -122,7 +131,7 @@ def gemm_rows(args) -> list[dict]:
         row = {"shape": f"{M}x{N}x{K}{' A^T' if ta else ''}{' B^T' if tb else ''}",
                "float32_us": 1e6 * f32, "bfloat16_us": 1e6 * bf, "ratio": bf / f32,
                "gflops_f32": 2 * M * N * K / f32 / 1e9, "gflops_bf16": 2 * M * N * K / bf / 1e9}
-        for path in ("dot", "round"):
+        for path in PATHS:
             if f"bfloat16_{path}" in med:
                 row[f"bfloat16_{path}_us"] = 1e6 * med[f"bfloat16_{path}"]
         rows.append(row)
@@ -177,7 +186,7 @@ def step_rows(args) -> list[dict]:
         row = {"step": name, "float32_ms": 1e3 * f32, "bfloat16_ms": 1e3 * bf,
                "speedup": f32 / bf, "spread_f32": _util.spread(times["float32"]),
                "spread_bf16": _util.spread(times["bfloat16"])}
-        for path in ("dot", "round"):
+        for path in PATHS:
             if f"bfloat16_{path}" in times:
                 row[f"bfloat16_{path}_ms"] = 1e3 * _util.median(times[f"bfloat16_{path}"])
                 row[f"spread_bf16_{path}"] = _util.spread(times[f"bfloat16_{path}"])
@@ -221,7 +230,9 @@ def main():
     has_bf16 = bool(feats.get("avx512_bf16"))
     info = _core.build_info()
     ratio = info["bfloat16_dot_vs_fma"]
-    print(f"CPU AVX512_BF16: {'yes' if has_bf16 else 'no'}; dptrain's bfloat16 GEMMs "
+    print(f"CPU AVX512_BF16: {'yes' if has_bf16 else 'no'}; AMX-BF16: "
+          f"{'yes' if info['bfloat16_amx'] else 'no (' + info['bfloat16_amx_why'] + ')'}; "
+          f"dptrain's bfloat16 GEMMs "
           f"(isa {_core.isa()}): {info['bfloat16_gemm']}"
           + (f"; vdpbf16ps measured at {ratio:.2f}x the float32 FMA's flop here (the default "
              f"takes it from 1.2x)" if ratio is not None else ""))
@@ -233,17 +244,16 @@ def main():
         acc = accuracy_part(args)
     if "gemm" in parts:
         gemm = gemm_rows(args)
-        both = "bfloat16_dot_us" in gemm[0]
+        forced = [p for p in PATHS if f"bfloat16_{p}_us" in gemm[0]]
         _util.print_table(["GEMM (M x N x K)", "float32 us", "bfloat16 us", "bf16 / f32 time",
                            "float32 GFLOP/s", "bfloat16 GFLOP/s"]
-                          + (["vdpbf16ps path us", "rounding path us"] if both else []),
+                          + [f"{PATHS[p][0]} us" for p in forced],
                           [[r["shape"], f"{r['float32_us']:.1f}", f"{r['bfloat16_us']:.1f}",
                             f"{r['ratio']:.2f}", f"{r['gflops_f32']:.1f}", f"{r['gflops_bf16']:.1f}"]
-                           + ([f"{r['bfloat16_dot_us']:.1f}", f"{r['bfloat16_round_us']:.1f}"]
-                              if both else []) for r in gemm],
+                           + [f"{r[f'bfloat16_{p}_us']:.1f}" for p in forced] for r in gemm],
                           title="_core.gemm, one thread: float32 against bfloat16 inputs (the "
                                 "default path: " + _core.build_info()["bfloat16_gemm"]
-                                + ("; each path forced beside it" if both else "") + ")")
+                                + ("; each path forced beside it" if forced else "") + ")")
     if "steps" in parts:
         steps = step_part(args, has_bf16)
     if "exchange" in parts:
@@ -279,18 +289,17 @@ def accuracy_part(args) -> list[dict]:
 
 def step_part(args, has_bf16) -> list[dict]:
     steps = step_rows(args)
-    both = "bfloat16_dot_ms" in steps[0]
+    forced = [p for p in PATHS if f"bfloat16_{p}_ms" in steps[0]]
     _util.print_table(["step", "float32 ms", "bfloat16 ms", "f32/bf16",
                        f"target >= {TARGET_SPEEDUP}"]
-                      + (["vdpbf16ps path ms", "rounding path ms"] if both else []),
+                      + [f"{PATHS[p][0]} ms" for p in forced],
                       [[r["step"], f"{r['float32_ms']:.3f} (+-{r['spread_f32']:.0%})",
                         f"{r['bfloat16_ms']:.3f} (+-{r['spread_bf16']:.0%})",
                         f"{r['speedup']:.2f}",
                         ("met" if r["speedup"] >= TARGET_SPEEDUP else "NOT met") if has_bf16
                         else "n/a: no AVX512_BF16"]
-                       + ([f"{r['bfloat16_dot_ms']:.3f} (+-{r['spread_bf16_dot']:.0%})",
-                           f"{r['bfloat16_round_ms']:.3f} (+-{r['spread_bf16_round']:.0%})"]
-                          if both else []) for r in steps],
+                       + [f"{r[f'bfloat16_{p}_ms']:.3f} (+-{r[f'spread_bf16_{p}']:.0%})"
+                          for p in forced] for r in steps],
                       title="training step, one thread (median of interleaved repeats)")
     return steps
 

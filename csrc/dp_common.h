@@ -53,6 +53,14 @@
 #define DP_CC_AVX512BF16 1
 #endif
 
+/* 1 where the compiler has AMX-TILE's and AMX-BF16's intrinsics (_tile_dpbf16ps): GCC 11,
+ * LLVM Clang 12; on Linux only, whose arch_prctl lends a process the tile state (5.16 on). */
+#if defined(__x86_64__) && defined(__linux__) &&                                               \
+    ((defined(__clang__) && !defined(__apple_build_version__) && __clang_major__ >= 12) ||      \
+     (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11))
+#define DP_CC_AMX 1
+#endif
+
 /* Packed GEMM panels and activations are aligned to a cache line (and to the widest vector). */
 #define DP_ALIGN 64
 

@@ -2,8 +2,9 @@
  *
  * Sources: Intel SDM vol. 2A, CPUID (leaf 1 ECX: FMA bit 12, OSXSAVE 27, AVX 28; leaf 7
  * sub-leaf 0 EBX: AVX2 5, AVX512F 16, AVX512DQ 17, AVX512BW 30, AVX512VL 31, ECX: AVX512_VNNI
- * 11; sub-leaf 1 EAX: AVX512_BF16 5), and vol. 1 section 13.3 / 15.2 (XCR0: bit 1 SSE, 2 AVX,
- * 5 opmask, 6 ZMM_Hi256, 7 Hi16_ZMM must all be set before the OS can be trusted with ZMM).
+ * 11, EDX: AMX-BF16 22, AMX-TILE 24; sub-leaf 1 EAX: AVX512_BF16 5), and vol. 1 section 13.3 / 15.2 (XCR0: bit 1 SSE, 2 AVX,
+ * 5 opmask, 6 ZMM_Hi256, 7 Hi16_ZMM must all be set before the OS can be trusted with ZMM;
+ * 17 XTILECFG and 18 XTILEDATA before it can be trusted with AMX's tiles).
  * AMD's APM vol. 3 documents the same bits.
  *
  * The peak loops are instantiated from dp_cpu_fma_tmpl.h six times:
@@ -98,6 +99,9 @@ void dp_cpu_detect(dp_cpu_features *f)
     f->avx512bw = bit(b, 30) && os_zmm;
     f->avx512vl = bit(b, 31) && os_zmm;
     f->avx512_vnni = bit(c, 11) && os_zmm;
+    int os_amx = (xcr0 & 0x60000u) == 0x60000u;
+    f->amx_tile = bit(d, 24) && os_amx;
+    f->amx_bf16 = bit(d, 22) && f->amx_tile;
     if (max_subleaf >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         f->avx512_bf16 = bit(a, 5) && os_zmm;

@@ -50,6 +50,8 @@ typedef struct {
     char brand[49];         /* leaves 0x80000002-4, leading blanks dropped; "" where unknown */
     int avx, fma, avx2;     /* each with the OS saving the YMM state */
     int avx512f, avx512bw, avx512vl, avx512dq, avx512_vnni, avx512_bf16;  /* and ZMM state */
+    int amx_tile, amx_bf16; /* AMX, with the OS saving the tile state (XCR0 bits 17, 18); Linux
+                             * still lends the tile data only on request (dp_gemm_amx.h) */
 } dp_cpu_features;
 
 /* Fills *f (never fails; all zero off x86). */

@@ -118,11 +118,14 @@ int dp_gemm_bf16_dot_available(void)
 #endif
 }
 
-void dp_gemm_set_bf16_dot(int mode)
+/* a path's setting: DP_BF16_DOT_AUTO, or any other value as 0 / 1 */
+static void set_mode(int *slot, int mode)
 {
     if (mode != DP_BF16_DOT_AUTO) mode = mode != 0;
-    __atomic_store_n(&bf16_dot_mode, mode, __ATOMIC_RELAXED);
+    __atomic_store_n(slot, mode, __ATOMIC_RELAXED);
 }
+
+void dp_gemm_set_bf16_dot(int mode) { set_mode(&bf16_dot_mode, mode); }
 
 int dp_gemm_bf16_dot_setting(void) { return __atomic_load_n(&bf16_dot_mode, __ATOMIC_RELAXED); }
 
@@ -194,6 +197,99 @@ void dp_round_bf16(float *x, size_t n)
     }
 }
 
+/* ---- the bfloat16 AMX path (dp_gemm_amx_tmpl.h, instantiated after the float drivers, whose
+ * helpers it shares): its settings and the OS's permission. */
+#if defined(DP_HAVE_BF16DOT) && defined(DP_CC_AMX)
+#define DP_HAVE_AMX 1
+#include <errno.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+static int bf16_amx_mode = DP_BF16_DOT_AUTO;
+#ifdef DP_HAVE_AMX
+static int amx_state = -1;   /* 1: tiles lent to this process, 0: not; -1 until first asked */
+#endif
+static const char *amx_why = "this build's compiler has no AMX intrinsics, or the OS is not Linux";
+
+/* 1 if this process can run tdpbf16ps: AMX-BF16 and AVX512_BF16 (its packing converts with
+ * vcvtne2ps2bf16) on an AVX-512 CPU, the OS saving the tile state, and Linux lending the tile
+ * data to the process (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once; a
+ * fork inherits it). Linux refuses where a thread's signal stack is too small for the 8 KB of
+ * tile data (ENOSPC), or is older than 5.16 (EINVAL): the path is then not taken, and
+ * dp_gemm_amx_why says why. */
+static int amx_ready(void)
+{
+#ifdef DP_HAVE_AMX
+    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
+    if (s < 0) {
+        dp_cpu_features f;
+        dp_cpu_detect(&f);
+        s = 0;
+        if (!(dp_cpu_has_isa(&f, DP_ISA_AVX512) && f.avx512_bf16 && f.amx_bf16)) {
+            amx_why = "this CPU has no AMX-BF16 (with AVX-512 and AVX512_BF16), or its OS does not save the tile state";
+        } else if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
+            amx_why = errno == ENOSPC ? "Linux refused the tile state (arch_prctl: ENOSPC, a thread's "
+                                        "signal stack is too small for it)"
+                      : errno == EINVAL ? "Linux refused the tile state (arch_prctl: EINVAL, a kernel before 5.16)"
+                                        : "Linux refused the tile state (arch_prctl failed)";
+        } else {
+            amx_why = NULL;
+            s = 1;
+        }
+        __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
+    }
+    return s;
+#else
+    return 0;
+#endif
+}
+
+int dp_gemm_bf16_amx_available(void)
+{
+#ifdef DP_GEMM_EMULATE_WIDE
+    return 1;     /* the emulation, in the generic slot, on any CPU */
+#else
+    return amx_ready();
+#endif
+}
+
+const char *dp_gemm_bf16_amx_why(void)
+{
+    return dp_gemm_bf16_amx_available() ? NULL : amx_why;
+}
+
+void dp_gemm_set_bf16_amx(int mode) { set_mode(&bf16_amx_mode, mode); }
+
+int dp_gemm_bf16_amx_setting(void) { return __atomic_load_n(&bf16_amx_mode, __ATOMIC_RELAXED); }
+
+/* 0: the AMX path is not taken now; 1: the instructions; 2: the emulation (csrc/tests' wide
+ * build, generic slot). Auto takes it wherever it can run. */
+static int amx_pick(void)
+{
+    if (__atomic_load_n(&bf16_amx_mode, __ATOMIC_RELAXED) == 0) return 0;
+#ifdef DP_GEMM_EMULATE_WIDE
+    if (dp_isa_active() == DP_ISA_GENERIC) return 2;
+#endif
+    return dp_isa_active() == DP_ISA_AVX512 && amx_ready();
+}
+
+int dp_gemm_bf16_amx(void) { return amx_pick() != 0; }
+
+const char *dp_gemm_bf16_amx_name(void)
+{
+#ifdef DP_GEMM_EMULATE_WIDE
+    if (dp_isa_active() == DP_ISA_GENERIC || !amx_ready())
+        return "AMX tiles (tdpbf16ps), emulated in the generic slot";
+#endif
+    return "AMX tiles (tdpbf16ps), bfloat16 inputs, float32 accumulation";
+}
+
+/* Runs C = alpha A B + beta C on the AMX path (defined below the drivers). */
+static int amx_run(int how, dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, ptrdiff_t rsa,
+                   ptrdiff_t csa, const float *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K,
+                   float alpha, float beta);
+
 /* The least work (flop) a GEMM gives each of its threads: waking the pool and meeting at its
  * end costs tens of microseconds on a shared machine. At 200 kflop, softmax regression
  * 784->10 (batch 128: two 2 Mflop GEMMs) took 1.25-1.46x longer per step at 2 threads than
@@ -234,6 +330,41 @@ void dp_round_bf16(float *x, size_t n)
 #undef KC
 #undef DSUF
 #undef T
+
+/* ---- the AMX path's builds ---- */
+#ifdef DP_HAVE_AMX
+#define ASFX _amx
+#define AMX_TGT __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,avx512bf16")))
+#define AMX_HW 1
+#define AMX_PACKB pack_b_f32_avx512
+#define AMX_VF vec_t_f32_avx512
+#define AMX_STORE store_tile_f32_avx512
+#include "dp_gemm_amx_tmpl.h"
+#endif
+#ifdef DP_GEMM_EMULATE_WIDE
+#define ASFX _amxemul
+#define AMX_TGT
+#define AMX_HW 0
+#define AMX_PACKB pack_b_f32_generic
+#define AMX_VF vec_t_f32_generic
+#define AMX_STORE store_tile_f32_generic
+#include "dp_gemm_amx_tmpl.h"
+#endif
+
+static int amx_run(int how, dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, ptrdiff_t rsa,
+                   ptrdiff_t csa, const float *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K,
+                   float alpha, float beta)
+{
+    (void)ctx, (void)C, (void)ldc, (void)A, (void)rsa, (void)csa, (void)B, (void)rsb, (void)csb;
+    (void)M, (void)N, (void)K, (void)alpha, (void)beta;
+#ifdef DP_HAVE_AMX
+    if (how == 1) return amx_gemm_amx(ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta);
+#endif
+#ifdef DP_GEMM_EMULATE_WIDE
+    if (how == 2) return amx_gemm_amxemul(ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta);
+#endif
+    return DP_ENOTSUP;
+}
 
 const char *dp_gemm_isa(void)
 {

@@ -79,6 +79,25 @@ int dp_gemm_bf16_dot(void);
 /* What the dot path is, in words (for build_info and the tests' summary). */
 const char *dp_gemm_bf16_dot_name(void);
 
+/* The bfloat16 GEMM's AMX path: with dp_ctx.bf16_inputs, a float GEMM runs on Intel AMX's
+ * tiles (tdpbf16ps, dp_gemm_amx_tmpl.h) where the CPU has AMX-BF16, Linux lends the process
+ * the tile state, and the AVX-512 build is the active ISA; it takes precedence over the dot
+ * path. Its sums keep more precision inside an instruction than the float path's one-by-one
+ * rounding: its results are within the float bound of the rounding path's, not its bits,
+ * and the same on every run for the same shapes. The setting: DP_BF16_DOT_AUTO (the
+ * default: wherever it can run), 1 (the same, asked for), 0 (never).
+ *   dp_gemm_bf16_amx_available: 1 if this process can run it
+ *   dp_gemm_bf16_amx_why: why not, in words (NULL where it can)
+ *   dp_gemm_bf16_amx: 1 if a bfloat16-input GEMM takes it now
+ * (csrc/tests' wide build runs an emulation of it in the generic slot: the rounding path's
+ * order, so its bits are the rounding path's) */
+int dp_gemm_bf16_amx_available(void);
+const char *dp_gemm_bf16_amx_why(void);
+void dp_gemm_set_bf16_amx(int mode);
+int dp_gemm_bf16_amx_setting(void);
+int dp_gemm_bf16_amx(void);
+const char *dp_gemm_bf16_amx_name(void);
+
 /* The readable twin: a triple loop, the reference for tests and the fallback nobody needs. */
 void dp_gemm_naive_f32(float *C, ptrdiff_t ldc,
                        const float *A, ptrdiff_t rsa, ptrdiff_t csa,

@@ -94,6 +94,21 @@ static int D(balanced)(int total, int maxb, int unit)
     return D(round_up)((total + nb - 1) / nb, unit);
 }
 
+/* How many threads a GEMM takes (at least GEMM_THREAD_FLOPS of work each, at most one per
+ * block of C), and whether they split C's columns (*split_n = 1) or its rows, in mr x nr
+ * blocks. */
+static int D(plan_threads)(int threads, int M, int N, int K, int mr, int nr, int *split_n)
+{
+    long long flops = 2LL * M * N * K;
+    if (flops < GEMM_THREAD_FLOPS * threads)
+        threads = (int)(flops / GEMM_THREAD_FLOPS) > 1 ? (int)(flops / GEMM_THREAD_FLOPS) : 1;
+    int nblocks = (N + nr - 1) / nr, mblocks = (M + mr - 1) / mr;
+    *split_n = nblocks >= threads || nblocks >= mblocks;
+    int units = *split_n ? nblocks : mblocks;
+    if (threads > units) threads = units;
+    return threads < 1 ? 1 : threads;
+}
+
 static void D(gemm_task)(void *arg, int t, int n)
 {
     D(gemm_job) *job = arg;
@@ -185,6 +200,14 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
         own = 1;
     }
     int bf16 = ctx->bf16_inputs && sizeof(T) == sizeof(float);
+    /* bfloat16 inputs on AMX's tiles where they run (dp_gemm_amx_tmpl.h; float only) */
+    int amx = bf16 ? amx_pick() : 0;
+    if (amx) {
+        int rc = amx_run(amx, ctx, (float *)C, ldc, (const float *)A, rsa, csa, (const float *)B,
+                         rsb, csb, M, N, K, (float)alpha, (float)beta);
+        if (own) dp_ctx_free(&local);
+        return rc;
+    }
     D(gemm_job) job = {ctx, D(pick_impl_for)(bf16), C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta,
                        1, bf16, D(balanced)(K, KC, 1)};
     const int mr = job.impl.mr, nr = job.impl.nr;
@@ -214,16 +237,7 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
         if (own) dp_ctx_free(&local);
         return rc;
     }
-    /* How many threads: at least GEMM_THREAD_FLOPS of work per thread. */
-    int threads = ctx->threads;
-    long long flops = 2LL * M * N * K;
-    if (flops < GEMM_THREAD_FLOPS * threads)
-        threads = (int)(flops / GEMM_THREAD_FLOPS) > 1 ? (int)(flops / GEMM_THREAD_FLOPS) : 1;
-    int nblocks = (N + nr - 1) / nr, mblocks = (M + mr - 1) / mr;
-    job.split_n = nblocks >= threads || nblocks >= mblocks;
-    int units = job.split_n ? nblocks : mblocks;
-    if (threads > units) threads = units;
-    if (threads < 1) threads = 1;
+    int threads = D(plan_threads)(ctx->threads, M, N, K, mr, nr, &job.split_n);
     /* Scratch is sized in the caller so that no thread can fail. */
     for (int t = 0; t < threads; t++) {
         int m0 = 0, m1 = M, n0 = 0, n1 = N;

@@ -659,11 +659,12 @@ static PyObject *py_cpu_features(PyObject *module, PyObject *unused)
     dp_cpu_features f;
     dp_cpu_detect(&f);
 #define FLAG(x) (f.x ? Py_True : Py_False)
-    return Py_BuildValue("{s:s,s:s,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}",
+    return Py_BuildValue("{s:s,s:s,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}",
                          "vendor", f.vendor, "brand", f.brand, "avx", FLAG(avx), "fma", FLAG(fma),
                          "avx2", FLAG(avx2), "avx512f", FLAG(avx512f), "avx512bw", FLAG(avx512bw),
                          "avx512vl", FLAG(avx512vl), "avx512dq", FLAG(avx512dq),
                          "avx512_vnni", FLAG(avx512_vnni), "avx512_bf16", FLAG(avx512_bf16),
+                         "amx_tile", FLAG(amx_tile), "amx_bf16", FLAG(amx_bf16),
                          "widest_fma", dp_isa_name(dp_cpu_widest_isa(&f)));
 #undef FLAG
 }
@@ -755,6 +756,30 @@ static PyObject *py_set_bf16_dot(PyObject *module, PyObject *args, PyObject *kwd
     return previous;
 }
 
+static PyObject *py_set_bf16_amx(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"on", NULL};
+    PyObject *on_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:set_bf16_amx", kwlist, &on_obj)) return NULL;
+    int mode = DP_BF16_DOT_AUTO;
+    if (on_obj != Py_None) {
+        if (!PyBool_Check(on_obj))
+            return PyErr_Format(PyExc_TypeError, "set_bf16_amx: on must be True, False or None (auto), "
+                                "got %s", Py_TYPE(on_obj)->tp_name);
+        mode = on_obj == Py_True;
+    }
+    if (mode == 1 && !dp_gemm_bf16_amx_available()) {
+        dp_cpu_features f;
+        dp_cpu_detect(&f);
+        return PyErr_Format(PyExc_ValueError, "set_bf16_amx(True): the AMX path cannot run here (CPU: %s): %s",
+                            f.brand[0] ? f.brand : f.vendor[0] ? f.vendor : "unknown",
+                            dp_gemm_bf16_amx_why());
+    }
+    PyObject *previous = bf16_dot_setting_obj(dp_gemm_bf16_amx_setting());
+    if (previous) dp_gemm_set_bf16_amx(mode);
+    return previous;
+}
+
 int mod_isa_from_env(void)
 {
     const char *name = getenv("DPTRAIN_ISA");
@@ -840,19 +865,22 @@ static PyObject *py_build_info(PyObject *module, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     ratio = dp_gemm_bf16_dot_ratio();
     Py_END_ALLOW_THREADS
+    int amx_available = dp_gemm_bf16_amx_available(), amx = dp_gemm_bf16_amx();
     PyObject *dot_ratio = ratio >= 0 ? PyFloat_FromDouble(ratio) : (Py_INCREF(Py_None), Py_None);
     if (!dot_ratio) {
         Py_DECREF(have);
         return NULL;
     }
     return Py_BuildValue(
-        "{s:s,s:N,s:s,s:s,s:(ss),s:s,s:N,s:s,s:O,s:i,s:{s:(iiiii),s:(iiiii)},s:s}",
+        "{s:s,s:N,s:s,s:s,s:(ss),s:s,s:N,s:O,s:z,s:s,s:O,s:i,s:{s:(iiiii),s:(iiiii)},s:s}",
         "isa", dp_isa_name(dp_isa_active()), "isas_available", have, "simd", dp_gemm_isa(),
         "compiler", compiler, "dtypes", "float32", "float64",
         /* dp_ctx.bf16_inputs: how a bfloat16 (mixed precision) GEMM is computed here */
-        "bfloat16_gemm", dp_gemm_bf16_dot() ? dp_gemm_bf16_dot_name()
+        "bfloat16_gemm", amx ? dp_gemm_bf16_amx_name() : dp_gemm_bf16_dot() ? dp_gemm_bf16_dot_name()
                          : "inputs rounded to bfloat16 while packed, float32 micro-kernel",
         "bfloat16_dot_vs_fma", dot_ratio,
+        /* the AMX path: whether this process can run it, and why not */
+        "bfloat16_amx", amx_available ? Py_True : Py_False, "bfloat16_amx_why", dp_gemm_bf16_amx_why(),
         "threads", threads, "openmp", Py_False, "max_threads", DP_MAX_THREADS,
         "gemm_blocking_mr_nr_kc_mc_nc", "float32", mr32, nr32, kc32, mc32, nc32,
         "float64", mr64, nr64, kc64, mc64, nc64, "numpy_build_api", numpy_api);
@@ -889,8 +917,9 @@ PyMethodDef mod_kernels_functions[] = {
     {"from_bf16", FN(py_from_bf16), KW, "from_bf16(x, out): out (float32, x's shape) = the bfloat16 values "
      "whose bits x (uint16) holds, exactly"},
     {"scale_", FN(py_scale), KW, "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
-    {"cpu_features", py_cpu_features, METH_NOARGS, "cpu_features() -> dict: vendor, brand, the x86 vector flags the CPU has and the OS enables (avx, fma, avx2, avx512f/bw/vl/dq, avx512_vnni, avx512_bf16), widest_fma"},
+    {"cpu_features", py_cpu_features, METH_NOARGS, "cpu_features() -> dict: vendor, brand, the x86 vector flags the CPU has and the OS enables (avx, fma, avx2, avx512f/bw/vl/dq, avx512_vnni, avx512_bf16, amx_tile, amx_bf16), widest_fma"},
     {"isa", py_isa, METH_NOARGS, "isa() -> str: the ISA the kernels run now ('generic', 'avx2' or 'avx512'): the widest this CPU has, unless DPTRAIN_ISA or set_isa chose another"},
+    {"set_bf16_amx", FN(py_set_bf16_amx), KW, "set_bf16_amx(on) -> previous: whether GEMMs with bfloat16 inputs run on Intel AMX's tiles (tdpbf16ps) where this process can (AMX-BF16, Linux lending the tile state, the avx512 ISA active): True or None (the default) wherever it can, False never (then set_bf16_dot's path). AMX sums keep more precision inside an instruction than float32's one-by-one rounding: its results are within float32's bound of the rounding path's, not its bits, and reproducible for the same shapes; it reads denormal inputs as 0. Returns the previous setting. ValueError for True where it cannot run, saying why (build_info()['bfloat16_amx_why']). For tests and benchmarks: not while kernels run in other threads"},
     {"set_bf16_dot", FN(py_set_bf16_dot), KW, "set_bf16_dot(on) -> previous: which path GEMMs with bfloat16 inputs take where the CPU has AVX512_BF16 and the avx512 ISA is active: True the vdpbf16ps micro-kernel, False the rounding path (inputs rounded while packed, float32 micro-kernel; the same numbers except denormals, which vdpbf16ps reads as 0), None (the default) vdpbf16ps where it was measured to do >= 1.2x the float32 FMA's flop here (build_info()['bfloat16_dot_vs_fma']; build_info()['bfloat16_gemm'] says which path runs). Returns the previous setting. ValueError for True where the CPU lacks AVX512_BF16. For tests and benchmarks: not while kernels run in other threads"},
     {"set_isa", FN(py_set_isa), KW, "set_isa(isa) -> str: makes isa ('widest', 'avx512', 'avx2' or 'generic') the kernels' ISA from the next call on and returns the previous one; ValueError where the CPU lacks it. For start-up, tests and benchmarks: not while kernels run in other threads"},
     {"fma_peak", FN(py_fma_peak), KW, "fma_peak(isa='widest', dtype='float32', seconds=0.2) -> GFLOP/s of one thread's FMA loop ('widest', 'avx512', 'avx2', 'generic'); ValueError where the CPU lacks the isa"},

@@ -27,11 +27,14 @@ Precision: ``dtype`` "float32" or "float64" is the buffers' dtype and the arithm
 "bfloat16"), float32 activations, gradients and optimizer state, and every GEMM (dense and
 conv, forward and backward) rounds its two inputs to bfloat16 and accumulates in float32,
 the arithmetic of AVX512_BF16's vdpbf16ps (bfloat16 products are exact in float32). Where
-the CPU has AVX512_BF16 and vdpbf16ps was measured there to do at least 1.2x the float32
-FMA's flop, a vdpbf16ps micro-kernel runs the GEMMs; elsewhere the rounding is done while the
-GEMM packs its operands and the float32 micro-kernel runs, a little under float32's speed.
-The two paths give the same bits, except that vdpbf16ps reads denormals as 0
-(``_core.build_info()["bfloat16_gemm"]`` names the path; ``_core.set_bf16_dot`` forces one).
+this process can use Intel AMX (AMX-BF16, the tile state lent by Linux), AMX's tiles run the
+GEMMs (tdpbf16ps: more precision inside an instruction, so results close to the others', not
+equal; the same on every run for the same shapes). Else, where the CPU has AVX512_BF16 and
+vdpbf16ps was measured there to do at least 1.2x the float32 FMA's flop, a vdpbf16ps
+micro-kernel runs them; elsewhere the rounding is done while the GEMM packs its operands and
+the float32 micro-kernel runs, a little under float32's speed. These two give the same bits,
+except that vdpbf16ps reads denormals as 0, as AMX does (``_core.build_info()
+["bfloat16_gemm"]`` names the path; ``_core.set_bf16_amx`` and ``_core.set_bf16_dot`` force one).
 
 Losses: "softmax_xent" (integer class labels, OUT >= 2), "sigmoid_bce" (binary labels, OUT ==
 1), "mse" (real targets (n, OUT); a sample's loss is the mean over its OUT outputs of the

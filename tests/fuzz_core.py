@@ -1517,7 +1517,7 @@ def oracle_param_count(before, sizes, /):
 
 
 BUILD_INFO_KEYS = {"isa", "isas_available", "simd", "compiler", "dtypes", "bfloat16_gemm",
-                   "bfloat16_dot_vs_fma",
+                   "bfloat16_dot_vs_fma", "bfloat16_amx", "bfloat16_amx_why",
                    "threads", "openmp", "max_threads", "gemm_blocking_mr_nr_kc_mc_nc", "numpy_build_api"}
 ISA_NAMES = ("generic", "avx2", "avx512")
 
@@ -1534,6 +1534,10 @@ def oracle_build_info(before):
             return f"returned {short(info, 200)}"
         if info["isas_available"] != cpu_isas() or info["isa"] not in info["isas_available"]:
             return f"isa {info['isa']!r} of {info['isas_available']!r}; this CPU has {cpu_isas()}"
+        if info["bfloat16_amx"] is not (info["bfloat16_amx_why"] is None):
+            return f"bfloat16_amx {info['bfloat16_amx']!r} with why {info['bfloat16_amx_why']!r}"
+        if info["bfloat16_amx"] and not cpu_amx():
+            return "bfloat16_amx is True on a CPU without AMX-BF16"
         return None
     return Expect(ret_check=check)
 
@@ -1585,6 +1589,20 @@ def cpu_bf16():
     return "avx512" in cpu_isas() and bool(core.cpu_features()["avx512_bf16"])
 
 
+def cpu_amx():
+    """The CPU side of dp_gemm_bf16_amx_available: AVX-512 with AVX512_BF16, and AMX-BF16."""
+    return cpu_bf16() and bool(core.cpu_features()["amx_bf16"])
+
+
+def amx_now(info):
+    """build_info's bfloat16_gemm names the AMX path, and it may run: this process has it and
+    the avx512 ISA is active."""
+    amx = info["bfloat16_gemm"].startswith("AMX")
+    if amx and not (info["bfloat16_amx"] and core.isa() == "avx512"):
+        raise AssertionError(f"bfloat16_gemm is {info['bfloat16_gemm']!r} without AMX here")
+    return amx
+
+
 def bf16_dot_available():
     """The vdpbf16ps path exists: the CPU has it and the compiler had its intrinsics, which
     build_info shows as a measured ratio."""
@@ -1614,9 +1632,33 @@ def oracle_set_bf16_dot(before, on):
         if ratio is not None and not (cpu_bf16() and ratio >= 0):
             return f"bfloat16_dot_vs_fma is {ratio!r} on a CPU without AVX512_BF16"
         can = bf16_dot_available() and core.isa() == "avx512"
-        want = can and (on is True or (on is None and ratio >= 1.2))
+        want = can and (on is True or (on is None and ratio >= 1.2)) and not amx_now(info)
         if dot != want:
             return f"bfloat16_gemm is {info['bfloat16_gemm']!r} after set_bf16_dot({on!r})"
+        return None
+    return Expect(ret_check=check)
+
+
+def build_set_bf16_amx(rng, fz):
+    """True, False and None (auto), and objects that are none of them; True where this
+    process cannot run AMX is refused."""
+    on = pick(rng, (True, False, None, None, 1, 0, "", [1], np.bool_(True)))
+    return Call("set_bf16_amx", core.set_bf16_amx, [Arg("on", on)], oracle_set_bf16_amx)
+
+
+def oracle_set_bf16_amx(before, on):
+    if on is not None and not isinstance(on, bool):
+        raise Refuse(f"on is {type(on).__name__}, not True, False or None")
+    if on is True and not core.build_info()["bfloat16_amx"]:
+        raise Refuse("this process cannot run AMX")
+
+    def check(ret):
+        if ret not in (True, False, None):
+            return f"returned {ret!r}, not True, False or None"
+        info = core.build_info()
+        want = info["bfloat16_amx"] and core.isa() == "avx512" and on is not False
+        if amx_now(info) != want:
+            return f"bfloat16_gemm is {info['bfloat16_gemm']!r} after set_bf16_amx({on!r})"
         return None
     return Expect(ret_check=check)
 
@@ -1712,6 +1754,7 @@ def oracle_group_control_bytes(before, n, /):
 
 CPU_FLAGS = ("avx", "fma", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq",
              "avx512_vnni", "avx512_bf16")
+AMX_FLAGS = ("amx_tile", "amx_bf16")
 
 
 def build_cpu_features(rng, fz):
@@ -1726,6 +1769,10 @@ def oracle_cpu_features(before):
             return f"returned non-boolean flags: {short(info, 200)}"
         if any(info[f] for f in CPU_FLAGS[4:]) and not info["avx512f"]:
             return f"an AVX-512 extension without avx512f: {short(info, 200)}"
+        if not all(isinstance(info.get(f), bool) for f in AMX_FLAGS):
+            return f"the AMX flags {AMX_FLAGS} are not booleans: {short(info, 200)}"
+        if info["amx_bf16"] and not info["amx_tile"]:
+            return f"amx_bf16 without amx_tile: {short(info, 200)}"
         if info.get("widest_fma") not in ("generic", "avx2", "avx512"):
             return f"widest_fma is {info.get('widest_fma')!r}"
         return None
@@ -1917,6 +1964,7 @@ SPECS = {
     "isa": build_isa,
     "set_isa": build_set_isa,
     "set_bf16_dot": build_set_bf16_dot,
+    "set_bf16_amx": build_set_bf16_amx,
     "init_group_control": build_init_group_control,
     "abort_group_control": build_abort_group_control,
     "group_control_bytes": build_group_control_bytes,

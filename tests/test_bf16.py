@@ -8,6 +8,8 @@ accuracy against float32 on MNIST is measured by bench/bench_bf16.py, not here."
 import json
 import pickle
 
+import re
+
 import numpy as np
 import pytest
 
@@ -101,9 +103,14 @@ def test_gemm_rounding_is_round_to_nearest_even_on_every_bit_pattern(isa):
     c = np.empty((len(x), 1), np.float32)
     _core.gemm(x, np.ones((1, 1), np.float32), c, ctx=_core.Context(gemm_inputs="bfloat16"))
     want = round_bf16(x)
-    if _core.build_info()["bfloat16_gemm"].startswith("vdpbf16ps"):
-        # the vdpbf16ps path reads a denormal input as 0 (Intel SDM: DAZ), the rounding path not
+    path = _core.build_info()["bfloat16_gemm"]
+    if path.startswith(("vdpbf16ps", "AMX")):
+        # vdpbf16ps and AMX's tdpbf16ps read a denormal input as 0 (Intel SDM: DAZ), the
+        # rounding path not; the AMX path's packing (vcvtne2ps2bf16) also reads a denormal
+        # float as 0 before rounding it (0x007fffff would round up to the smallest normal)
         tiny = (want != 0) & (np.abs(want) < np.finfo(np.float32).tiny)
+        if path.startswith("AMX"):
+            tiny |= (x != 0) & (np.abs(x) < np.finfo(np.float32).tiny)
         assert tiny.any()
         assert np.all(c[tiny] == 0)
         want[tiny] = 0
@@ -185,6 +192,7 @@ HAS_BF16_DOT = _core.build_info()["bfloat16_dot_vs_fma"] is not None
 
 
 def test_set_bf16_dot_says_which_path_runs():
+    previous_amx = _core.set_bf16_amx(False)      # AMX, where it runs, comes first
     previous = _core.set_bf16_dot(False)
     try:
         assert previous is None                               # auto, unless a test left it set
@@ -211,6 +219,78 @@ def test_set_bf16_dot_says_which_path_runs():
             assert auto == (on_avx512 and ratio >= 1.2)
     finally:
         _core.set_bf16_dot(previous)
+        _core.set_bf16_amx(previous_amx)
+
+
+HAS_AMX = _core.build_info()["bfloat16_amx"]
+
+
+def test_set_bf16_amx_says_which_path_runs():
+    info = _core.build_info()
+    assert info["bfloat16_amx"] is (info["bfloat16_amx_why"] is None)
+    assert not HAS_AMX or (CPU_BF16 and _core.cpu_features()["amx_bf16"])
+    previous = _core.set_bf16_amx(None)
+    try:
+        assert previous is None                               # auto, unless a test left it set
+        assert _core.build_info()["bfloat16_gemm"].startswith("AMX") == (
+            HAS_AMX and _core.isa() == "avx512")
+        with pytest.raises(TypeError, match="on must be True, False or None"):
+            _core.set_bf16_amx(1)
+        assert _core.set_bf16_amx(False) is None
+        assert not _core.build_info()["bfloat16_gemm"].startswith("AMX")
+        if not HAS_AMX:
+            with pytest.raises(ValueError, match="the AMX path cannot run here .*: " +
+                               re.escape(info["bfloat16_amx_why"])):
+                _core.set_bf16_amx(True)
+            assert _core.set_bf16_amx(None) is False          # the refusal changed nothing
+        else:
+            assert _core.set_bf16_amx(True) is False
+            assert _core.build_info()["bfloat16_gemm"].startswith("AMX") == (_core.isa() == "avx512")
+    finally:
+        _core.set_bf16_amx(previous)
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this process cannot run AMX here (build_info()"
+                    "['bfloat16_amx_why']); csrc/tests' test_core_wide runs its emulation")
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_the_amx_path_is_within_float32s_bound_and_reproducible(model):
+    """dp_gemm_amx_tmpl.h: tdpbf16ps sums otherwise than the rounding path (more precision
+    inside an instruction), so its gradients are close to the rounding path's, not equal; a
+    second run gives the same bits, and so do 3 threads for the MLP, whose GEMMs split C
+    among the threads (the CNN's conv layers also split the batch, and sum the threads'
+    weight gradients: float32 differs between thread counts there too)."""
+    rng = np.random.default_rng(7)
+    if model == "mlp":
+        x = rng.standard_normal((100, 50)).astype(np.float32)
+        make = lambda t: dptrain.MLP((50, 40, 33, 7), dtype="bfloat16", seed=4, threads=t)
+    else:
+        x = rng.standard_normal((6, 2 * 11 * 11)).astype(np.float32)
+        make = lambda t: dptrain.CNN((2, 11, 11), 7, channels=(5, 9), hidden=(13,),
+                                     dtype="bfloat16", seed=4, threads=t)
+    y = rng.integers(0, 7, len(x))
+    previous_isa = _core.set_isa("avx512")
+    runs = {}
+    try:
+        for amx, threads in ((False, 1), (True, 1), (True, 3), (True, 1)):
+            _core.set_bf16_amx(amx)
+            assert _core.build_info()["bfloat16_gemm"].startswith("AMX") == amx
+            m = make(threads)
+            m.zero_grad()
+            loss = m.loss_grad(x, y)
+            runs.setdefault((amx, threads), []).append((loss, m.grads.copy()))
+    finally:
+        _core.set_bf16_amx(None)
+        _core.set_isa(previous_isa)
+    (l0, g0), = runs[False, 1]
+    (l1, g1), (l1b, g1b) = runs[True, 1]
+    (l3, g3), = runs[True, 3]
+    assert l1 == l1b
+    np.testing.assert_array_equal(g1, g1b)
+    if model == "mlp":
+        assert l1 == l3
+        np.testing.assert_array_equal(g1, g3)
+    np.testing.assert_allclose(l1, l0, rtol=1e-5)
+    np.testing.assert_allclose(g1, g0, rtol=1e-3, atol=1e-5 * np.abs(g0).max())
 
 
 @pytest.mark.skipif(not HAS_BF16_DOT, reason="this CPU has no AVX512_BF16: the vdpbf16ps "
@@ -230,6 +310,7 @@ def test_the_vdpbf16ps_path_gives_the_rounding_paths_bits(model):
                                    dtype="bfloat16", seed=4)
     y = rng.integers(0, 7, len(x))
     previous_isa = _core.set_isa("avx512")
+    previous_amx = _core.set_bf16_amx(False)
     grads, losses = {}, {}
     try:
         for dot in (False, True):
@@ -240,9 +321,44 @@ def test_the_vdpbf16ps_path_gives_the_rounding_paths_bits(model):
             grads[dot] = m.grads.copy()
     finally:
         _core.set_bf16_dot(None)
+        _core.set_bf16_amx(previous_amx)
         _core.set_isa(previous_isa)
     assert losses[True] == losses[False]
     np.testing.assert_array_equal(grads[True], grads[False])
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this process cannot run AMX here (build_info()"
+                    "['bfloat16_amx_why']); csrc/tests' test_core_wide runs its emulation")
+@pytest.mark.parametrize("shape", [(128, 256, 784, False, True), (256, 784, 128, True, False),
+                                   (77, 45, 1000, False, False), (5, 300, 33, True, True),
+                                   (300, 10, 64, False, True)])
+def test_an_amx_gemm_has_the_same_bits_on_any_threads(shape):
+    """Each C element's sum runs over the same K slices and tiles whatever the threads (they
+    split C by whole 32-row or 32-column blocks); against the rounding path, the float32
+    summation bound of the rounded operands."""
+    M, N, K, ta, tb = shape
+    rng = np.random.default_rng(M + N + K)
+    a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    previous_isa = _core.set_isa("avx512")
+    out = {}
+    try:
+        for amx, threads in ((False, 1), (True, 1), (True, 2), (True, 3)):
+            _core.set_bf16_amx(amx)
+            c = c0.copy()
+            _core.gemm(a, b, c, trans_a=ta, trans_b=tb, alpha=0.5, beta=2.0,
+                       ctx=_core.Context(threads, gemm_inputs="bfloat16"))
+            out[amx, threads] = c
+    finally:
+        _core.set_bf16_amx(None)
+        _core.set_isa(previous_isa)
+    for threads in (2, 3):
+        np.testing.assert_array_equal(out[True, threads], out[True, 1])
+    opa, opb = (a.T if ta else a), (b.T if tb else b)
+    bound = (K + 16) * np.finfo(np.float32).eps * (
+        0.5 * np.abs(opa).astype(np.float64) @ np.abs(opb) + 2 * np.abs(c0))
+    assert np.all(np.abs(out[True, 1].astype(np.float64) - out[False, 1]) <= 2 * bound)
 
 
 def test_logistic_regression_takes_the_bfloat16_gemms():

@@ -18,7 +18,7 @@ import pytest
 from dptrain import _core as core
 
 FLAGS = ("avx", "fma", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
-         "avx512_bf16")
+         "avx512_bf16", "amx_tile", "amx_bf16")
 ISAS = ("generic", "avx2", "avx512")
 SHORT = 0.01   # seconds per measurement: enough for a positive rate, cheap on 2 shared cores
 
@@ -44,6 +44,7 @@ def test_cpu_features_implications():
     for sub in ("avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16"):
         assert f["avx512f"] or not f[sub], f"{sub} without avx512f: {f}"
     assert f["avx"] or not (f["fma"] or f["avx2"]), f"fma/avx2 without avx (OS YMM state): {f}"
+    assert f["amx_tile"] or not f["amx_bf16"], f"amx_bf16 without amx_tile: {f}"
     widest = "avx512" if available("avx512") else "avx2" if available("avx2") else "generic"
     assert f["widest_fma"] == widest, f
 

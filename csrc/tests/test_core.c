@@ -402,8 +402,9 @@ static void diff_gemm(diff *d, dtype dt, const void *C, const void *C0, ptrdiff_
 /* bfloat16 inputs (dp_ctx.bf16_inputs): on every ISA and both contexts, the GEMM must equal
  * the naive twin run on A and B rounded by dp_round_bf16 (the scalar twin of the builds'
  * vector rounding), within the float summation bound of the rounded operands. */
-/* GEMM cases that ran the bfloat16 dot path (dp_gemm_dot_tmpl.h), for the summary line */
-static int bf16_dot_cases;
+/* GEMM cases that ran the bfloat16 dot path (dp_gemm_dot_tmpl.h) and the AMX path
+ * (dp_gemm_amx_tmpl.h), for the summary line */
+static int bf16_dot_cases, bf16_amx_cases;
 
 static void gemm_case_bf16(const float *A, ptrdiff_t na, ptrdiff_t rsa, ptrdiff_t csa,
                            const float *B, ptrdiff_t nb, ptrdiff_t rsb, ptrdiff_t csb,
@@ -425,19 +426,23 @@ static void gemm_case_bf16(const float *A, ptrdiff_t na, ptrdiff_t rsa, ptrdiff_
     for (int g = 0; g < DP_ISA_COUNT; g++) {
         const char *isa = use_isa(g);
         for (int c = 1; isa && c < 3; c++) {
-            /* the rounding path (float micro-kernel), then the dot path where it runs: each
-             * against the reference, and the dot path's bits against the rounding path's
-             * (dp_gemm_dot_tmpl.h: the same sums in the same order; the data has no
-             * denormals, which only the dot path flushes) */
-            for (int dot = 0; dot < 2; dot++) {
-                dp_gemm_set_bf16_dot(dot);
-                if (dot && !dp_gemm_bf16_dot()) break;
+            /* the rounding path (float micro-kernel), then the dot path and the AMX path
+             * where they run: each against the reference, and the dot path's bits against
+             * the rounding path's (dp_gemm_dot_tmpl.h: the same sums in the same order; the
+             * data has no denormals, which only the dot path flushes), and so the AMX
+             * emulation's; the AMX instructions sum otherwise, within the same bound */
+            for (int dot = 0; dot < 3; dot++) {
+                dp_gemm_set_bf16_dot(dot == 1);
+                dp_gemm_set_bf16_amx(dot == 2);
+                if (dot == 1 && !dp_gemm_bf16_dot()) continue;
+                if (dot == 2 && !dp_gemm_bf16_amx()) break;
+                int amx_hw = dot == 2 && !strstr(dp_gemm_bf16_amx_name(), "emulated");
                 memcpy(C, C0, (size_t)nc * sizeof *C0);
                 ctxs[c].ctx->bf16_inputs = 1;
                 int rc = dp_gemm_f32(ctxs[c].ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K,
                                      (float)alpha, (float)beta);
                 ctxs[c].ctx->bf16_inputs = 0;
-                const char *path = dot ? "dot" : "rounding";
+                const char *path = dot == 2 ? "AMX" : dot ? "dot" : "rounding";
                 expect(rc == DP_OK, "dp_gemm_%s bf16 isa=%s ctx=%s %s path: returned %d", what, isa,
                        ctxs[c].name, path, rc);
                 diff e = {0};
@@ -448,17 +453,23 @@ static void gemm_case_bf16(const float *A, ptrdiff_t na, ptrdiff_t rsa, ptrdiff_
                     memcpy(Cr, C, (size_t)nc * sizeof *C);
                     continue;
                 }
-                bf16_dot_cases++;
+                if (dot == 2) {
+                    bf16_amx_cases++;
+                    if (amx_hw) continue;
+                } else {
+                    bf16_dot_cases++;
+                }
                 int differ = 0;
                 for (int i = 0; i < M; i++)
                     for (int j = 0; j < N; j++) {
                         float x = C[(ptrdiff_t)i * ldc + j], y = Cr[(ptrdiff_t)i * ldc + j];
                         differ += !(x == y || (isnan(x) && isnan(y)));
                     }
-                expect(differ == 0, "dp_gemm_%s bf16 isa=%s ctx=%s: the dot path differs from the "
-                       "rounding path in %d of %d values", what, isa, ctxs[c].name, differ, M * N);
+                expect(differ == 0, "dp_gemm_%s bf16 isa=%s ctx=%s: the %s path differs from the "
+                       "rounding path in %d of %d values", what, isa, ctxs[c].name, path, differ, M * N);
             }
             dp_gemm_set_bf16_dot(DP_BF16_DOT_AUTO);
+            dp_gemm_set_bf16_amx(DP_BF16_DOT_AUTO);
         }
     }
     free(Ar); free(Br); free(Cn); free(C); free(Cr); free(ref); free(mag);
@@ -520,8 +531,13 @@ static void test_round_bf16(void)
                  * accumulator starts at +0, and +0 + -0 is +0 */
                 int ok = isnan(want[i]) ? isnan(C[i]) && signbit(C[i]) == signbit(want[i])
                          : want[i] == 0 ? C[i] == 0 : got == cases[i][1];
-                /* the dot path (vdpbf16ps) reads a denormal as 0 */
-                if (dp_gemm_bf16_dot() && fpclassify(want[i]) == FP_SUBNORMAL) ok = ok || C[i] == 0;
+                /* the dot path (vdpbf16ps) and AMX's tdpbf16ps read a denormal as 0, and the
+                 * AMX path's packing (vcvtne2ps2bf16) a denormal float before it rounds it
+                 * (not the AMX emulation, whose bits are the rounding path's) */
+                int amx = dp_gemm_bf16_amx() && !strstr(dp_gemm_bf16_amx_name(), "emulated");
+                if ((amx || dp_gemm_bf16_dot()) && fpclassify(want[i]) == FP_SUBNORMAL)
+                    ok = ok || C[i] == 0;
+                if (amx && fpclassify(x[i]) == FP_SUBNORMAL) ok = ok || C[i] == 0;
                 expect(ok, "bf16 GEMM isa=%s ctx=%s: round(0x%08x) * 1 = 0x%08x, expected 0x%08x",
                        isa, ctxs[c].name, cases[i][0], got, cases[i][1]);
             }
@@ -1831,6 +1847,8 @@ int main(void)
            "float32 FMA flop, measured: %.2f (the default takes it from %.2f)\n",
            dp_gemm_bf16_dot_available() ? dp_gemm_bf16_dot_name() : "not on this CPU", bf16_dot_cases,
            dp_gemm_bf16_dot_ratio(), DP_BF16_DOT_GAIN);
+    printf("bfloat16 AMX path: %s; %d GEMM cases ran it\n",
+           dp_gemm_bf16_amx_available() ? dp_gemm_bf16_amx_name() : dp_gemm_bf16_amx_why(), bf16_amx_cases);
     /* the vector kernels (dp_vec.h), on every ISA this CPU has */
     for (int isa = 0; isa < DP_ISA_COUNT; isa++) {
         if (!use_isa(isa)) continue;
