@@ -9,6 +9,8 @@
 #include "dp_math.h"
 
 #define T float
+#define TI int32_t
+#define TBYTES 4
 #define S _f32
 #define EXPNEG dp_expneg_f32
 #define LOG logf
@@ -18,9 +20,13 @@
 #undef LOG
 #undef EXPNEG
 #undef S
+#undef TBYTES
+#undef TI
 #undef T
 
 #define T double
+#define TI int64_t
+#define TBYTES 8
 #define S _f64
 #define EXPNEG dp_expneg_f64
 #define LOG log
@@ -30,4 +36,6 @@
 #undef LOG
 #undef EXPNEG
 #undef S
+#undef TBYTES
+#undef TI
 #undef T
