@@ -88,9 +88,12 @@ const char *dp_gemm_bf16_dot_name(void);
  * default: wherever it can run), 1 (the same, asked for), 0 (never).
  *   dp_gemm_bf16_amx_available: 1 if this process can run it
  *   dp_gemm_bf16_amx_why: why not, in words (NULL where it can)
- *   dp_gemm_bf16_amx: 1 if a bfloat16-input GEMM takes it now
+ *   dp_gemm_bf16_amx: 1 if a bfloat16-input GEMM with K >= DP_GEMM_AMX_MIN_K takes it now
  * (csrc/tests' wide build runs an emulation of it in the generic slot: the rounding path's
  * order, so its bits are the rounding path's) */
+/* the least K a GEMM takes the AMX path for (one whole 32-k chunk; below, the dot or the
+ * rounding path runs it: dp_gemm_drv.h) */
+#define DP_GEMM_AMX_MIN_K 32
 int dp_gemm_bf16_amx_available(void);
 const char *dp_gemm_bf16_amx_why(void);
 void dp_gemm_set_bf16_amx(int mode);

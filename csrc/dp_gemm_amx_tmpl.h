@@ -18,11 +18,12 @@
  * Each C block of 32 x 32 uses all 8 tiles: 4 accumulators (tiles 0-3), 2 A (4, 5), 2 B (6, 7).
  *
  * Packing. Both operands are packed to whole 1 KB tiles, zero-padded: A as [16-row tile][32-k
- * chunk][16 rows][32], B as [16-column tile][32-k chunk][16 pair rows][16 columns][2]. Each
- * goes through the float build's pack_b first, 32 columns at a time, which takes any strides
- * (the three layouts of the layers) and pads with zeros: A through it as a "kc x nc" panel of
- * mc rows and 32 k (each packed row is then one tile row), B as itself; the floats are then
- * rounded to bfloat16 (round to nearest even) and, for B, paired.
+ * chunk][16 rows][32], B as [16-column tile][32-k chunk][16 pair rows][16 columns][2]. Rows
+ * of a row-major operand are rounded to bfloat16 (round to nearest even) and, for B, paired,
+ * straight from the operand. A transposed one (A^T or B^T stored) goes through the float
+ * build's pack_b first, 32 columns at a time, which transposes in registers and pads with
+ * zeros: A through it as a "kc x nc" panel of mc rows and 32 k (each packed row is then one
+ * tile row), B as itself.
  *
  * The arithmetic. The K slices are the float path's (balanced, at most KC_F32), each padded
  * to a multiple of 32 with zeros, and alpha and beta are applied per slice by the same
@@ -35,8 +36,10 @@
  * summation bound of the rounded operands. It reads denormal inputs as 0, as vdpbf16ps does,
  * and its packing's vcvtne2ps2bf16 reads a denormal float as 0 before rounding it (where
  * the other paths round 0x007fffff up to the smallest normal). Measured there against the
- * float path on one thread: MLP GEMMs 2.5-2.9x faster (128x256x784: 234 us, 219 GFLOP/s,
- * float32 595 us), the MLP training step 2.1x, the CNN's 1.6x (bench/bench_bf16.py).
+ * float path on one thread (bench/bench_bf16.py): the MLP's GEMMs 2.5-4.1x faster
+ * (128x256x784 B^T 169 us, 304 GFLOP/s, float32 427 us; 256x784x128 A^T 100 us, 512
+ * GFLOP/s), its training step 2.1x, the CNN's 1.5x. Reading row-major operands straight into
+ * tiles, not through pack_b, halved the A^T and plain shapes' times (210 and 229 us before).
  */
 
 #define ACAT_(a, b) a##b
@@ -95,6 +98,29 @@ AMX_TGT static void AF(amx_pack_a)(uint16_t *dst, float *stage, const float *A, 
                                    ptrdiff_t csa, int mc, int kc)
 {
     int nq = (kc + 31) / 32, mt = (mc + 15) / 16;
+    if (csa == 1) {
+        /* row-major A: each tile row straight from its row of A (a partial last chunk
+         * through 32 zero-padded floats) */
+        for (int t = 0; t < mt; t++)
+            for (int q = 0; q < nq; q++) {
+                uint16_t *tile = dst + ((ptrdiff_t)t * nq + q) * AMX_TILE;
+                int kq = kc - 32 * q < 32 ? kc - 32 * q : 32;
+                for (int r = 0; r < 16; r++) {
+                    int i = 16 * t + r;
+                    const float *src = A + (ptrdiff_t)i * rsa + 32 * q;
+                    if (i >= mc) {
+                        memset(tile + 32 * r, 0, 64);
+                    } else if (kq == 32) {
+                        AF(amx_row)(tile + 32 * r, src);
+                    } else {
+                        float pad[32] = {0};
+                        memcpy(pad, src, (size_t)kq * sizeof(float));
+                        AF(amx_row)(tile + 32 * r, pad);
+                    }
+                }
+            }
+        return;
+    }
     for (int q = 0; q < nq; q++) {
         int kq = kc - 32 * q < 32 ? kc - 32 * q : 32;
         /* a "kc x nc" = mc x kq panel: row i's 32 k in stage[i * 32 ..], zero past kq */
@@ -116,6 +142,26 @@ AMX_TGT static void AF(amx_pack_b)(uint16_t *dst, float *stage, const float *B, 
                                    ptrdiff_t csb, int kc, int nc)
 {
     int nq = (kc + 31) / 32;
+    if (csb == 1) {
+        /* row-major B: each pair straight from rows k and k + 1 of B (a partial last tile's
+         * columns through 16 zero-padded floats) */
+        for (int h = 0; h < (nc + 15) / 16; h++) {
+            uint16_t *col = dst + (ptrdiff_t)h * nq * AMX_TILE;
+            int w = nc - 16 * h < 16 ? nc - 16 * h : 16;
+            for (int r = 0; r < 16 * nq; r++) {
+                int k = 2 * r;
+                const float *even = k < kc ? B + (ptrdiff_t)k * rsb + 16 * h : NULL;
+                const float *odd = k + 1 < kc ? B + (ptrdiff_t)(k + 1) * rsb + 16 * h : NULL;
+                float pe[16] = {0}, po[16] = {0};
+                if (w < 16) {
+                    if (even) memcpy(pe, even, (size_t)w * sizeof(float)), even = pe;
+                    if (odd) memcpy(po, odd, (size_t)w * sizeof(float)), odd = po;
+                }
+                AF(amx_pairs)(col + (ptrdiff_t)32 * r, even, odd);
+            }
+        }
+        return;
+    }
     for (int j0 = 0; j0 < nc; j0 += 32) {
         int nr = nc - j0 < 32 ? nc - j0 : 32;
         AMX_PACKB(stage, B + (ptrdiff_t)j0 * csb, rsb, csb, kc, nr);   /* kc rows of 32 */
@@ -136,7 +182,7 @@ AMX_TGT static void AF(amx_pack_b)(uint16_t *dst, float *stage, const float *B, 
 #define TZERO(t) _tile_zero(t)
 #define TLOAD(t, p) _tile_loadd(t, p, 64)
 #define TDP(c, a, b) _tile_dpbf16ps(c, a, b)
-#define TSTORE(t, p) _tile_stored(t, p, 128)
+#define TSTORE(t, p, ld) _tile_stored(t, p, (ld) * (int)sizeof(float))
 #else
 /* the emulated tiles: 4 accumulators, 4 operand tiles (4, 5: A; 6, 7: B) */
 typedef struct {
@@ -164,23 +210,23 @@ static void AF(amx_dp)(float c[16][16], uint16_t a[16][32], uint16_t b[16][32])
             }
 }
 
-static void AF(amx_st)(float *out, float c[16][16])
+static void AF(amx_st)(float *out, ptrdiff_t ld, float c[16][16])
 {
-    for (int m = 0; m < 16; m++) memcpy(out + 32 * m, c[m], 64);
+    for (int m = 0; m < 16; m++) memcpy(out + ld * m, c[m], 64);
 }
 
 #define TILES_DECL AF(amx_tiles) tl_;
 #define TZERO(tc) memset(tl_.c[tc], 0, sizeof tl_.c[tc])
 #define TLOAD(tab, p) memcpy(tl_.ab[(tab) - 4], (p), 1024)
 #define TDP(tc, ta, tb) AF(amx_dp)(tl_.c[tc], tl_.ab[(ta) - 4], tl_.ab[(tb) - 4])
-#define TSTORE(tc, p) AF(amx_st)((p), tl_.c[tc])
+#define TSTORE(tc, p, ld) AF(amx_st)((p), (ld), tl_.c[tc])
 #endif
 
-/* out[32][32] = the (16 MT) x (16 NT) block of A . B over nq chunks: a is the block's first
- * row tile (its second nq tiles on), b its first column tile. Tile numbers are immediates,
- * hence one function per shape. */
+/* out[0:16 MT][0:16 NT] (rows ld floats apart) = the (16 MT) x (16 NT) block of A . B over nq
+ * chunks: a is the block's first row tile (its second nq tiles on), b its first column tile.
+ * Tile numbers are immediates, hence one function per shape. */
 #define AMX_KERNEL(MT, NT)                                                                    \
-    AMX_TGT static void AF(amx_kernel_##MT##NT)(float *out, const uint16_t *a,                \
+    AMX_TGT static void AF(amx_kernel_##MT##NT)(float *out, ptrdiff_t ld, const uint16_t *a,  \
                                                 const uint16_t *b, int nq)                    \
     {                                                                                         \
         TILES_DECL                                                                            \
@@ -198,10 +244,10 @@ static void AF(amx_st)(float *out, float c[16][16])
             if (MT > 1) TDP(2, 5, 6);                                                         \
             if (MT > 1 && NT > 1) TDP(3, 5, 7);                                               \
         }                                                                                     \
-        TSTORE(0, out);                                                                       \
-        if (NT > 1) TSTORE(1, out + 16);                                                      \
-        if (MT > 1) TSTORE(2, out + 16 * 32);                                                 \
-        if (MT > 1 && NT > 1) TSTORE(3, out + 16 * 32 + 16);                                  \
+        TSTORE(0, out, ld);                                                                   \
+        if (NT > 1) TSTORE(1, out + 16, ld);                                                  \
+        if (MT > 1) TSTORE(2, out + 16 * ld, ld);                                             \
+        if (MT > 1 && NT > 1) TSTORE(3, out + 16 * ld + 16, ld);                              \
     }
 AMX_KERNEL(1, 1)
 AMX_KERNEL(1, 2)
@@ -298,12 +344,17 @@ AMX_TGT static void AF(amx_task)(void *arg, int t, int n)
                     for (int i0 = 0; i0 < mc; i0 += 32) {
                         int mr = mc - i0 < 32 ? mc - i0 : 32;
                         const uint16_t *a = At + (ptrdiff_t)(i0 / 16) * nq * AMX_TILE;
-                        if (mr > 16 && nr > 16) AF(amx_kernel_22)(out, a, b, nq);
-                        else if (mr > 16) AF(amx_kernel_21)(out, a, b, nq);
-                        else if (nr > 16) AF(amx_kernel_12)(out, a, b, nq);
-                        else AF(amx_kernel_11)(out, a, b, nq);
-                        AF(amx_store)(C + (ptrdiff_t)(ic + i0) * job->ldc + jc + j0, job->ldc, out,
-                                      mr, nr, job->alpha, beta);
+                        float *c = C + (ptrdiff_t)(ic + i0) * job->ldc + jc + j0;
+                        if (mr == 32 && nr == 32 && job->alpha == 1 && beta == 0) {
+                            /* C = the sums: the tiles stored in place (store_tile's bits) */
+                            AF(amx_kernel_22)(c, job->ldc, a, b, nq);
+                            continue;
+                        }
+                        if (mr > 16 && nr > 16) AF(amx_kernel_22)(out, 32, a, b, nq);
+                        else if (mr > 16) AF(amx_kernel_21)(out, 32, a, b, nq);
+                        else if (nr > 16) AF(amx_kernel_12)(out, 32, a, b, nq);
+                        else AF(amx_kernel_11)(out, 32, a, b, nq);
+                        AF(amx_store)(c, job->ldc, out, mr, nr, job->alpha, beta);
                     }
                 }
             }

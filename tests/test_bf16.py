@@ -91,7 +91,10 @@ def test_gemm_rounds_both_inputs_to_bfloat16(isa, shape, trans_a, trans_b):
         assert np.abs(c - full).max() > 1e3 * np.finfo(np.float32).eps * np.abs(full).max()
 
 
-def test_gemm_rounding_is_round_to_nearest_even_on_every_bit_pattern(isa):
+@pytest.mark.parametrize("k", [1, 32])
+def test_gemm_rounding_is_round_to_nearest_even_on_every_bit_pattern(isa, k):
+    """x times 1, with K = 1 (the dot or the rounding path) and K = 32 (x in column 0, zeros
+    beside it: the AMX path where this process has it)."""
     rng = np.random.default_rng(7)
     bits = rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
     # the boundaries: ties (low half 0x8000) with even and odd kept bits, and their neighbours
@@ -100,10 +103,18 @@ def test_gemm_rounding_is_round_to_nearest_even_on_every_bit_pattern(isa):
                            np.array([0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x7F800001, 0x7FC00000,
                                      0x00008000, 0x00018000, 0x007FFFFF], np.uint32)])
     x = bits.view(np.float32).reshape(-1, 1)
+    a = np.zeros((len(x), k), np.float32)
+    a[:, :1] = x
+    one = np.zeros((k, 1), np.float32)
+    one[0] = 1
     c = np.empty((len(x), 1), np.float32)
-    _core.gemm(x, np.ones((1, 1), np.float32), c, ctx=_core.Context(gemm_inputs="bfloat16"))
+    _core.gemm(a, one, c, ctx=_core.Context(gemm_inputs="bfloat16"))
     want = round_bf16(x)
     path = _core.build_info()["bfloat16_gemm"]
+    if path.startswith("AMX") and k < 32:      # below one 32-k chunk: the path AMX falls back on
+        previous = _core.set_bf16_amx(False)
+        path = _core.build_info()["bfloat16_gemm"]
+        _core.set_bf16_amx(previous)
     if path.startswith(("vdpbf16ps", "AMX")):
         # vdpbf16ps and AMX's tdpbf16ps read a denormal input as 0 (Intel SDM: DAZ), the
         # rounding path not; the AMX path's packing (vcvtne2ps2bf16) also reads a denormal

@@ -435,7 +435,7 @@ static void gemm_case_bf16(const float *A, ptrdiff_t na, ptrdiff_t rsa, ptrdiff_
                 dp_gemm_set_bf16_dot(dot == 1);
                 dp_gemm_set_bf16_amx(dot == 2);
                 if (dot == 1 && !dp_gemm_bf16_dot()) continue;
-                if (dot == 2 && !dp_gemm_bf16_amx()) break;
+                if (dot == 2 && (!dp_gemm_bf16_amx() || K < DP_GEMM_AMX_MIN_K)) break;
                 int amx_hw = dot == 2 && !strstr(dp_gemm_bf16_amx_name(), "emulated");
                 memcpy(C, C0, (size_t)nc * sizeof *C0);
                 ctxs[c].ctx->bf16_inputs = 1;
@@ -515,34 +515,43 @@ static void test_round_bf16(void)
         expect(got == cases[i][1], "dp_round_bf16(0x%08x) = 0x%08x, expected 0x%08x", cases[i][0],
                got, cases[i][1]);
     }
-    float one = 1.0f;
+    /* x times 1 with K = 1 (the dot or the rounding path), then with K = DP_GEMM_AMX_MIN_K
+     * (x in column 0 of A, zeros beside it; B's row 0 is 1, the rest 0): the AMX path where
+     * it runs */
+    enum { KA = DP_GEMM_AMX_MIN_K };
+    float *xa = calloc((size_t)NC * KA, sizeof(float)), ones[KA] = {1.0f};
+    for (int i = 0; i < NC; i++) xa[(ptrdiff_t)i * KA] = x[i];
     for (int g = 0; g < DP_ISA_COUNT; g++) {
         const char *isa = use_isa(g);
-        for (int c = 1; isa && c < 3; c++) {
-            float C[NC];
-            ctxs[c].ctx->bf16_inputs = 1;
-            int rc = dp_gemm_f32(ctxs[c].ctx, C, 1, x, 1, 1, &one, 1, 1, NC, 1, 1, 1.0f, 0.0f);
-            ctxs[c].ctx->bf16_inputs = 0;
-            expect(rc == DP_OK, "bf16 GEMM isa=%s: returned %d", isa, rc);
-            for (int i = 0; i < NC; i++) {
-                uint32_t got;
-                memcpy(&got, &C[i], 4);
-                /* a NaN times 1 is a NaN; the hardware may set other payload bits. -0: the
-                 * accumulator starts at +0, and +0 + -0 is +0 */
-                int ok = isnan(want[i]) ? isnan(C[i]) && signbit(C[i]) == signbit(want[i])
-                         : want[i] == 0 ? C[i] == 0 : got == cases[i][1];
+        for (int c = 1; isa && c < 3; c++)
+            for (int kk = 1; kk <= KA; kk += KA - 1) {
+                float C[NC];
+                ctxs[c].ctx->bf16_inputs = 1;
+                int rc = dp_gemm_f32(ctxs[c].ctx, C, 1, kk == 1 ? x : xa, kk, 1, ones, 1, 1, NC, 1,
+                                     kk, 1.0f, 0.0f);
+                ctxs[c].ctx->bf16_inputs = 0;
+                expect(rc == DP_OK, "bf16 GEMM isa=%s K=%d: returned %d", isa, kk, rc);
                 /* the dot path (vdpbf16ps) and AMX's tdpbf16ps read a denormal as 0, and the
                  * AMX path's packing (vcvtne2ps2bf16) a denormal float before it rounds it
                  * (not the AMX emulation, whose bits are the rounding path's) */
-                int amx = dp_gemm_bf16_amx() && !strstr(dp_gemm_bf16_amx_name(), "emulated");
-                if ((amx || dp_gemm_bf16_dot()) && fpclassify(want[i]) == FP_SUBNORMAL)
-                    ok = ok || C[i] == 0;
-                if (amx && fpclassify(x[i]) == FP_SUBNORMAL) ok = ok || C[i] == 0;
-                expect(ok, "bf16 GEMM isa=%s ctx=%s: round(0x%08x) * 1 = 0x%08x, expected 0x%08x",
-                       isa, ctxs[c].name, cases[i][0], got, cases[i][1]);
+                int amx = kk >= DP_GEMM_AMX_MIN_K && dp_gemm_bf16_amx() &&
+                          !strstr(dp_gemm_bf16_amx_name(), "emulated");
+                int daz = amx || (!dp_gemm_bf16_amx() || kk < DP_GEMM_AMX_MIN_K ? dp_gemm_bf16_dot() : 0);
+                for (int i = 0; i < NC; i++) {
+                    uint32_t got;
+                    memcpy(&got, &C[i], 4);
+                    /* a NaN times 1 is a NaN; the hardware may set other payload bits. -0:
+                     * the accumulator starts at +0, and +0 + -0 is +0 */
+                    int ok = isnan(want[i]) ? isnan(C[i]) && signbit(C[i]) == signbit(want[i])
+                             : want[i] == 0 ? C[i] == 0 : got == cases[i][1];
+                    if (daz && fpclassify(want[i]) == FP_SUBNORMAL) ok = ok || C[i] == 0;
+                    if (amx && fpclassify(x[i]) == FP_SUBNORMAL) ok = ok || C[i] == 0;
+                    expect(ok, "bf16 GEMM isa=%s ctx=%s K=%d: round(0x%08x) * 1 = 0x%08x, expected "
+                           "0x%08x", isa, ctxs[c].name, kk, cases[i][0], got, cases[i][1]);
+                }
             }
-        }
     }
+    free(xa);
     use_isa(widest_isa());
 }
 
