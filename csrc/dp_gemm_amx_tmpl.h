@@ -306,13 +306,10 @@ static size_t AF(amx_b_bytes)(int nc, int kc)
     return (size_t)((nc + 31) / 32) * 2 * ((kc + 31) / 32) * AMX_TILE * 2;
 }
 
-AMX_TGT static void AF(amx_task)(void *arg, int t, int n)
+/* The tiles configured for this thread (every tile 16 rows of 64 bytes), and released after:
+ * back to their init state, with no 8 KB to save at a context switch. */
+AMX_TGT DP_INLINE void AF(amx_tiles_on)(void)
 {
-    AF(amx_job) *job = arg;
-    int m0 = 0, m1 = job->M, n0 = 0, n1 = job->N;
-    if (job->split_n) part_f32(job->N, 32, t, n, &n0, &n1);
-    else part_f32(job->M, 32, t, n, &m0, &m1);
-    if (m0 >= m1 || n0 >= n1) return;
 #if AMX_HW
     AF(amx_cfg) cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -320,6 +317,41 @@ AMX_TGT static void AF(amx_task)(void *arg, int t, int n)
     for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
     _tile_loadconfig(&cfg);
 #endif
+}
+
+AMX_TGT DP_INLINE void AF(amx_tiles_off)(void)
+{
+#if AMX_HW
+    _tile_release();
+#endif
+}
+
+/* One block of C, c[0:mr, 0:nr] (mr, nr <= 32), from its row tiles a and column tiles b over
+ * nq chunks: stored from the tiles in place where it is whole and C = the sums (alpha 1,
+ * beta 0: store_tile's bits), else through out and store_tile */
+AMX_TGT DP_INLINE void AF(amx_block)(const AF(amx_job) *job, float *out, const uint16_t *a,
+                                     const uint16_t *b, int nq, float *c, int mr, int nr,
+                                     float beta)
+{
+    if (mr == 32 && nr == 32 && job->alpha == 1 && beta == 0) {
+        AF(amx_kernel_22)(c, job->ldc, a, b, nq);
+        return;
+    }
+    if (mr > 16 && nr > 16) AF(amx_kernel_22)(out, 32, a, b, nq);
+    else if (mr > 16) AF(amx_kernel_21)(out, 32, a, b, nq);
+    else if (nr > 16) AF(amx_kernel_12)(out, 32, a, b, nq);
+    else AF(amx_kernel_11)(out, 32, a, b, nq);
+    AF(amx_store)(c, job->ldc, out, mr, nr, job->alpha, beta);
+}
+
+AMX_TGT static void AF(amx_task)(void *arg, int t, int n)
+{
+    AF(amx_job) *job = arg;
+    int m0 = 0, m1 = job->M, n0 = 0, n1 = job->N;
+    if (job->split_n) part_f32(job->N, 32, t, n, &n0, &n1);
+    else part_f32(job->M, 32, t, n, &m0, &m1);
+    if (m0 >= m1 || n0 >= n1) return;
+    AF(amx_tiles_on)();
     int M = m1 - m0, N = n1 - n0;
     uint16_t *At = job->ctx->pack[2 * t].ptr, *Bt = job->ctx->pack[2 * t + 1].ptr;
     const float *A = job->A + (ptrdiff_t)m0 * job->rsa;
@@ -343,26 +375,80 @@ AMX_TGT static void AF(amx_task)(void *arg, int t, int n)
                     const uint16_t *b = Bt + (ptrdiff_t)(j0 / 16) * nq * AMX_TILE;
                     for (int i0 = 0; i0 < mc; i0 += 32) {
                         int mr = mc - i0 < 32 ? mc - i0 : 32;
-                        const uint16_t *a = At + (ptrdiff_t)(i0 / 16) * nq * AMX_TILE;
-                        float *c = C + (ptrdiff_t)(ic + i0) * job->ldc + jc + j0;
-                        if (mr == 32 && nr == 32 && job->alpha == 1 && beta == 0) {
-                            /* C = the sums: the tiles stored in place (store_tile's bits) */
-                            AF(amx_kernel_22)(c, job->ldc, a, b, nq);
-                            continue;
-                        }
-                        if (mr > 16 && nr > 16) AF(amx_kernel_22)(out, 32, a, b, nq);
-                        else if (mr > 16) AF(amx_kernel_21)(out, 32, a, b, nq);
-                        else if (nr > 16) AF(amx_kernel_12)(out, 32, a, b, nq);
-                        else AF(amx_kernel_11)(out, 32, a, b, nq);
-                        AF(amx_store)(c, job->ldc, out, mr, nr, job->alpha, beta);
+                        AF(amx_block)(job, out, At + (ptrdiff_t)(i0 / 16) * nq * AMX_TILE, b, nq,
+                                      C + (ptrdiff_t)(ic + i0) * job->ldc + jc + j0, mr, nr, beta);
                     }
                 }
             }
         }
     }
-#if AMX_HW
-    _tile_release();   /* the tiles back to their init state: no 8 KB to save at a switch */
+    AF(amx_tiles_off)();
+}
+
+/* ---- several threads: both operands packed once, shared ----
+ * With its own packing, each thread packed all of the operand the threads share (a split
+ * along N: all of A): the 2-thread MLP step ran 0.89x the 1-thread one on the Xeon. So the
+ * threads first pack disjoint parts of A and B into one buffer (ctx->ct), then compute
+ * disjoint parts of C from it: the same slices, tiles, kernels and stores, hence the same
+ * bits as one thread. Slice s's tiles: A's [row tile][chunk], then B's [column tile][chunk],
+ * at s * AF(amx_slice_tiles) tiles. Above AMX_SHARED_BYTES the per-thread packing runs. */
+#ifndef AMX_SHARED_BYTES
+#define AMX_SHARED_BYTES (8 << 20)
 #endif
+
+typedef struct {
+    AF(amx_job) *job;
+    uint16_t *tiles;
+    int nq_max, mt;      /* chunks of a whole slice, A's row tiles */
+    size_t slice;        /* tiles per slice */
+} AF(amx_shared);
+
+AMX_TGT static void AF(amx_pack_task)(void *arg, int t, int n)
+{
+    AF(amx_shared) *sh = arg;
+    AF(amx_job) *job = sh->job;
+    int m0, m1, n0, n1;
+    part_f32(job->M, 32, t, n, &m0, &m1);
+    part_f32(job->N, 32, t, n, &n0, &n1);
+    float *stage = job->ctx->pack[2 * t].ptr;
+    for (int pc = 0, s = 0; pc < job->K; pc += job->kc, s++) {
+        int kc = job->K - pc < job->kc ? job->K - pc : job->kc, nq = (kc + 31) / 32;
+        uint16_t *at = sh->tiles + (size_t)s * sh->slice * AMX_TILE;
+        uint16_t *bt = at + (size_t)sh->mt * nq * AMX_TILE;
+        if (m0 < m1)
+            AF(amx_pack_a)(at + (ptrdiff_t)(m0 / 16) * nq * AMX_TILE, stage,
+                           job->A + (ptrdiff_t)m0 * job->rsa + (ptrdiff_t)pc * job->csa, job->rsa,
+                           job->csa, m1 - m0, kc);
+        if (n0 < n1)
+            AF(amx_pack_b)(bt + (ptrdiff_t)(n0 / 16) * nq * AMX_TILE, stage,
+                           job->B + (ptrdiff_t)pc * job->rsb + (ptrdiff_t)n0 * job->csb, job->rsb,
+                           job->csb, kc, n1 - n0);
+    }
+}
+
+AMX_TGT static void AF(amx_compute_task)(void *arg, int t, int n)
+{
+    AF(amx_shared) *sh = arg;
+    AF(amx_job) *job = sh->job;
+    int m0 = 0, m1 = job->M, n0 = 0, n1 = job->N;
+    if (job->split_n) part_f32(job->N, 32, t, n, &n0, &n1);
+    else part_f32(job->M, 32, t, n, &m0, &m1);
+    if (m0 >= m1 || n0 >= n1) return;
+    AF(amx_tiles_on)();
+    float out[32 * 32] __attribute__((aligned(64)));
+    for (int pc = 0, s = 0; pc < job->K; pc += job->kc, s++) {
+        int kc = job->K - pc < job->kc ? job->K - pc : job->kc, nq = (kc + 31) / 32;
+        float beta = pc == 0 ? job->beta : 1.0f;
+        const uint16_t *at = sh->tiles + (size_t)s * sh->slice * AMX_TILE;
+        const uint16_t *bt = at + (size_t)sh->mt * nq * AMX_TILE;
+        for (int j0 = n0; j0 < n1; j0 += 32)
+            for (int i0 = m0; i0 < m1; i0 += 32)
+                AF(amx_block)(job, out, at + (ptrdiff_t)(i0 / 16) * nq * AMX_TILE,
+                              bt + (ptrdiff_t)(j0 / 16) * nq * AMX_TILE, nq,
+                              job->C + (ptrdiff_t)i0 * job->ldc + j0, m1 - i0 < 32 ? m1 - i0 : 32,
+                              n1 - j0 < 32 ? n1 - j0 : 32, beta);
+    }
+    AF(amx_tiles_off)();
 }
 
 /* C = alpha A B + beta C with bfloat16 inputs on the tiles (M, N, K >= 1, alpha != 0). */
@@ -377,6 +463,22 @@ static int AF(amx_gemm)(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, pt
     int rows = job.split_n ? M : 32 * ((mblocks + threads - 1) / threads);
     job.mc = balanced_f32(rows, 128, 32);
     int cols = job.split_n ? 32 * ((nblocks + threads - 1) / threads) : N;
+    int nslices = (K + job.kc - 1) / job.kc, nq_max = (job.kc + 31) / 32;
+    AF(amx_shared) sh = {&job, NULL, nq_max, (M + 15) / 16,
+                         (size_t)((M + 15) / 16 + 2 * nblocks) * nq_max};
+    size_t shared = (size_t)nslices * sh.slice * AMX_TILE * 2;
+    if (threads > 1 && shared <= AMX_SHARED_BYTES) {
+        /* a thread's staging: 32 floats by its rows of A, or by the K slice for B */
+        int part_rows = 32 * ((mblocks + threads - 1) / threads);
+        size_t stage = (size_t)32 * (part_rows > job.kc ? part_rows : job.kc) * sizeof(float);
+        sh.tiles = dp_scratch_get(&ctx->ct, shared);
+        for (int t = 0; sh.tiles && t < threads; t++)
+            if (!dp_scratch_get(&ctx->pack[2 * t], stage)) sh.tiles = NULL;
+        if (!sh.tiles) return DP_ENOMEM;
+        dp_threads_run(ctx->team, threads, AF(amx_pack_task), &sh);
+        dp_threads_run(ctx->team, threads, AF(amx_compute_task), &sh);
+        return DP_OK;
+    }
     for (int t = 0; t < threads; t++)
         if (!dp_scratch_get(&ctx->pack[2 * t], AF(amx_a_bytes)(job.mc, job.kc)) ||
             !dp_scratch_get(&ctx->pack[2 * t + 1], AF(amx_b_bytes)(cols < NC_F32 ? cols : NC_F32, job.kc)))
@@ -391,6 +493,7 @@ static int AF(amx_gemm)(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, pt
 #undef TDP
 #undef TSTORE
 #undef AMX_TILE
+#undef AMX_SHARED_BYTES
 #undef AF
 #undef ACAT
 #undef ACAT_
