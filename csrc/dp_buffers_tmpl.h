@@ -175,15 +175,16 @@ int KV(dp_tree_allreduce)(T *const *bufs, T *tmp, int n, int rank, ptrdiff_t sta
         }
         BARRIER_OR_RETURN();
         if (rank < pof2) {
-            if (mask * 2 < pof2)
-                memcpy(mine, tmp, (size_t)len * sizeof(T));
+            if (mask * 2 < pof2) {
+                if (len > 0) memcpy(mine, tmp, (size_t)len * sizeof(T));   /* tmp: NULL at 0 */
+            }
             else
                 for (ptrdiff_t i = 0; i < len; i++) mine[i] = tmp[i] * scale;
         }
         BARRIER_OR_RETURN();
     }
     if (extra) {              /* unfold: the extra workers copy the result back */
-        if (rank >= pof2)
+        if (rank >= pof2 && len > 0)
             memcpy(mine, bufs[rank - pof2] + start, (size_t)len * sizeof(T));
         BARRIER_OR_RETURN();
     }

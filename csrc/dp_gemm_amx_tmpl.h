@@ -93,7 +93,7 @@ static void AF(amx_pairs)(uint16_t *dst, const float *even, const float *odd)
 #endif
 
 /* The mc x kc block of A (element (i, k) at A[i * rsa + k * csa]) as tiles: nq = ceil(kc / 32)
- * chunks, ceil(mc / 16) row tiles, rows past mc zero. stage: 32 x mc floats. */
+ * chunks, ceil(mc / 16) row tiles, rows past mc zero. stage: 32 x mc floats (at least 32). */
 AMX_TGT static void AF(amx_pack_a)(uint16_t *dst, float *stage, const float *A, ptrdiff_t rsa,
                                    ptrdiff_t csa, int mc, int kc)
 {
@@ -113,9 +113,12 @@ AMX_TGT static void AF(amx_pack_a)(uint16_t *dst, float *stage, const float *A, 
                     } else if (kq == 32) {
                         AF(amx_row)(tile + 32 * r, src);
                     } else {
-                        float pad[32] = {0};
-                        memcpy(pad, src, (size_t)kq * sizeof(float));
-                        AF(amx_row)(tile + 32 * r, pad);
+                        /* the padded row in stage: no array on this AVX-512 function's
+                         * stack (under AddressSanitizer, GCC 13's realigned frame crashed
+                         * on one, at its zeroing) */
+                        memset(stage, 0, 32 * sizeof(float));
+                        memcpy(stage, src, (size_t)kq * sizeof(float));
+                        AF(amx_row)(tile + 32 * r, stage);
                     }
                 }
             }
@@ -137,7 +140,7 @@ AMX_TGT static void AF(amx_pack_a)(uint16_t *dst, float *stage, const float *A, 
 }
 
 /* The kc x nc panel of B (element (k, j) at B[k * rsb + j * csb]) as tiles of pairs:
- * ceil(nc / 16) column tiles of nq chunks. stage: 32 x kc floats. */
+ * ceil(nc / 16) column tiles of nq chunks. stage: 32 x kc floats (at least 32). */
 AMX_TGT static void AF(amx_pack_b)(uint16_t *dst, float *stage, const float *B, ptrdiff_t rsb,
                                    ptrdiff_t csb, int kc, int nc)
 {
@@ -152,8 +155,9 @@ AMX_TGT static void AF(amx_pack_b)(uint16_t *dst, float *stage, const float *B, 
                 int k = 2 * r;
                 const float *even = k < kc ? B + (ptrdiff_t)k * rsb + 16 * h : NULL;
                 const float *odd = k + 1 < kc ? B + (ptrdiff_t)(k + 1) * rsb + 16 * h : NULL;
-                float pe[16] = {0}, po[16] = {0};
-                if (w < 16) {
+                if (w < 16) {   /* the padded columns in stage (as in amx_pack_a) */
+                    float *pe = stage, *po = stage + 16;
+                    memset(stage, 0, 32 * sizeof(float));
                     if (even) memcpy(pe, even, (size_t)w * sizeof(float)), even = pe;
                     if (odd) memcpy(po, odd, (size_t)w * sizeof(float)), odd = po;
                 }
@@ -293,8 +297,13 @@ typedef struct {
     int kc, mc;      /* the K slice (the float path's) and the row block */
 } AF(amx_job);
 
-/* bytes of one thread's scratch: [2t] the A tiles, then the staging floats; [2t + 1] the B
- * tiles of an NC-column panel */
+/* A thread's 32 x 32 floats of C on their way to store_tile (out): in its scratch, not on
+ * the stack (GCC 13's AddressSanitizer build crashed on a stack array in these AVX-512
+ * functions' realigned frames) */
+#define AMX_OUT_BYTES (32 * 32 * sizeof(float))
+
+/* bytes of one thread's scratch: [2t] the A tiles, then the staging floats; [2t + 1] out,
+ * then the B tiles of an NC-column panel (the shared scheme below: [2t] out, then staging) */
 static size_t AF(amx_a_bytes)(int mc, int kc)
 {
     size_t stage = (size_t)32 * (mc > kc ? mc : kc) * sizeof(float);
@@ -353,11 +362,12 @@ AMX_TGT static void AF(amx_task)(void *arg, int t, int n)
     if (m0 >= m1 || n0 >= n1) return;
     AF(amx_tiles_on)();
     int M = m1 - m0, N = n1 - n0;
-    uint16_t *At = job->ctx->pack[2 * t].ptr, *Bt = job->ctx->pack[2 * t + 1].ptr;
+    uint16_t *At = job->ctx->pack[2 * t].ptr;
+    float *out = job->ctx->pack[2 * t + 1].ptr;
+    uint16_t *Bt = (uint16_t *)((char *)out + AMX_OUT_BYTES);
     const float *A = job->A + (ptrdiff_t)m0 * job->rsa;
     const float *B = job->B + (ptrdiff_t)n0 * job->csb;
     float *C = job->C + (ptrdiff_t)m0 * job->ldc + n0;
-    float out[32 * 32] __attribute__((aligned(64)));
     for (int jc = 0; jc < N; jc += NC_F32) {
         int nc = N - jc < NC_F32 ? N - jc : NC_F32;
         for (int pc = 0; pc < job->K; pc += job->kc) {
@@ -410,7 +420,7 @@ AMX_TGT static void AF(amx_pack_task)(void *arg, int t, int n)
     int m0, m1, n0, n1;
     part_f32(job->M, 32, t, n, &m0, &m1);
     part_f32(job->N, 32, t, n, &n0, &n1);
-    float *stage = job->ctx->pack[2 * t].ptr;
+    float *stage = (float *)((char *)job->ctx->pack[2 * t].ptr + AMX_OUT_BYTES);
     for (int pc = 0, s = 0; pc < job->K; pc += job->kc, s++) {
         int kc = job->K - pc < job->kc ? job->K - pc : job->kc, nq = (kc + 31) / 32;
         uint16_t *at = sh->tiles + (size_t)s * sh->slice * AMX_TILE;
@@ -435,7 +445,7 @@ AMX_TGT static void AF(amx_compute_task)(void *arg, int t, int n)
     else part_f32(job->M, 32, t, n, &m0, &m1);
     if (m0 >= m1 || n0 >= n1) return;
     AF(amx_tiles_on)();
-    float out[32 * 32] __attribute__((aligned(64)));
+    float *out = job->ctx->pack[2 * t].ptr;
     for (int pc = 0, s = 0; pc < job->K; pc += job->kc, s++) {
         int kc = job->K - pc < job->kc ? job->K - pc : job->kc, nq = (kc + 31) / 32;
         float beta = pc == 0 ? job->beta : 1.0f;
@@ -470,7 +480,8 @@ static int AF(amx_gemm)(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, pt
     if (threads > 1 && shared <= AMX_SHARED_BYTES) {
         /* a thread's staging: 32 floats by its rows of A, or by the K slice for B */
         int part_rows = 32 * ((mblocks + threads - 1) / threads);
-        size_t stage = (size_t)32 * (part_rows > job.kc ? part_rows : job.kc) * sizeof(float);
+        size_t stage = (size_t)32 * (part_rows > job.kc ? part_rows : job.kc) * sizeof(float) +
+                       AMX_OUT_BYTES;
         sh.tiles = dp_scratch_get(&ctx->ct, shared);
         for (int t = 0; sh.tiles && t < threads; t++)
             if (!dp_scratch_get(&ctx->pack[2 * t], stage)) sh.tiles = NULL;
@@ -481,7 +492,8 @@ static int AF(amx_gemm)(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, pt
     }
     for (int t = 0; t < threads; t++)
         if (!dp_scratch_get(&ctx->pack[2 * t], AF(amx_a_bytes)(job.mc, job.kc)) ||
-            !dp_scratch_get(&ctx->pack[2 * t + 1], AF(amx_b_bytes)(cols < NC_F32 ? cols : NC_F32, job.kc)))
+            !dp_scratch_get(&ctx->pack[2 * t + 1],
+                            AMX_OUT_BYTES + AF(amx_b_bytes)(cols < NC_F32 ? cols : NC_F32, job.kc)))
             return DP_ENOMEM;
     dp_threads_run(ctx->team, threads, AF(amx_task), &job);
     return DP_OK;
@@ -494,6 +506,7 @@ static int AF(amx_gemm)(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, pt
 #undef TSTORE
 #undef AMX_TILE
 #undef AMX_SHARED_BYTES
+#undef AMX_OUT_BYTES
 #undef AF
 #undef ACAT
 #undef ACAT_
