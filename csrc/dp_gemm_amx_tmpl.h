@@ -468,7 +468,11 @@ static int AF(amx_gemm)(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, pt
 {
     AF(amx_job) job = {ctx, C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta, 1,
                        balanced_f32(K, KC_F32, 1), 0};
-    int threads = plan_threads_f32(ctx->threads, M, N, K, 32, 32, &job.split_n);
+    /* at least 4x the float path's work per thread: the tiles do about 4x its flop. On the
+     * Xeon, the bfloat16 MLP step (batch 128) at 2 and 4 threads ran 0.95x and 1.06x its
+     * 1-thread time with the float path's 2 MFLOP, 1.04x and 1.15x with 8, 1.00x and 1.03x
+     * with 32 (medians of 9; its GEMMs are 8 to 51 MFLOP, its other kernels one-threaded) */
+    int threads = plan_threads_f32(ctx->threads, M, N, K, 32, 32, 4 * GEMM_THREAD_FLOPS, &job.split_n);
     int nblocks = (N + 31) / 32, mblocks = (M + 31) / 32;
     int rows = job.split_n ? M : 32 * ((mblocks + threads - 1) / threads);
     job.mc = balanced_f32(rows, 128, 32);

@@ -94,14 +94,14 @@ static int D(balanced)(int total, int maxb, int unit)
     return D(round_up)((total + nb - 1) / nb, unit);
 }
 
-/* How many threads a GEMM takes (at least GEMM_THREAD_FLOPS of work each, at most one per
- * block of C), and whether they split C's columns (*split_n = 1) or its rows, in mr x nr
- * blocks. */
-static int D(plan_threads)(int threads, int M, int N, int K, int mr, int nr, int *split_n)
+/* How many threads a GEMM takes (at least min_flops of work each, at most one per block of
+ * C), and whether they split C's columns (*split_n = 1) or its rows, in mr x nr blocks. */
+static int D(plan_threads)(int threads, int M, int N, int K, int mr, int nr, long long min_flops,
+                           int *split_n)
 {
     long long flops = 2LL * M * N * K;
-    if (flops < GEMM_THREAD_FLOPS * threads)
-        threads = (int)(flops / GEMM_THREAD_FLOPS) > 1 ? (int)(flops / GEMM_THREAD_FLOPS) : 1;
+    if (flops < min_flops * threads)
+        threads = (int)(flops / min_flops) > 1 ? (int)(flops / min_flops) : 1;
     int nblocks = (N + nr - 1) / nr, mblocks = (M + mr - 1) / mr;
     *split_n = nblocks >= threads || nblocks >= mblocks;
     int units = *split_n ? nblocks : mblocks;
@@ -240,7 +240,7 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
         if (own) dp_ctx_free(&local);
         return rc;
     }
-    int threads = D(plan_threads)(ctx->threads, M, N, K, mr, nr, &job.split_n);
+    int threads = D(plan_threads)(ctx->threads, M, N, K, mr, nr, GEMM_THREAD_FLOPS, &job.split_n);
     /* Scratch is sized in the caller so that no thread can fail. */
     for (int t = 0; t < threads; t++) {
         int m0 = 0, m1 = M, n0 = 0, n1 = N;
