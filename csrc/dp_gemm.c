@@ -263,18 +263,35 @@ void dp_gemm_set_bf16_amx(int mode) { set_mode(&bf16_amx_mode, mode); }
 
 int dp_gemm_bf16_amx_setting(void) { return __atomic_load_n(&bf16_amx_mode, __ATOMIC_RELAXED); }
 
-/* 0: the AMX path is not taken now; 1: the instructions; 2: the emulation (csrc/tests' wide
- * build, generic slot). Auto takes it wherever it can run. */
-static int amx_pick(void)
-{
-    if (__atomic_load_n(&bf16_amx_mode, __ATOMIC_RELAXED) == 0) return 0;
-#ifdef DP_GEMM_EMULATE_WIDE
-    if (dp_isa_active() == DP_ISA_GENERIC) return 2;
+/* C = alpha A B + beta C on the AMX path (dp_gemm_amx_tmpl.h, instantiated below the drivers):
+ * the instructions' build and the emulation's (csrc/tests' wide build) */
+typedef int (*amx_gemm_fn)(dp_ctx *, float *, ptrdiff_t, const float *, ptrdiff_t, ptrdiff_t,
+                           const float *, ptrdiff_t, ptrdiff_t, int, int, int, float, float);
+#ifdef DP_HAVE_AMX
+static int amx_gemm_amx(dp_ctx *, float *, ptrdiff_t, const float *, ptrdiff_t, ptrdiff_t,
+                        const float *, ptrdiff_t, ptrdiff_t, int, int, int, float, float);
 #endif
-    return dp_isa_active() == DP_ISA_AVX512 && amx_ready();
+#ifdef DP_GEMM_EMULATE_WIDE
+static int amx_gemm_amxemul(dp_ctx *, float *, ptrdiff_t, const float *, ptrdiff_t, ptrdiff_t,
+                            const float *, ptrdiff_t, ptrdiff_t, int, int, int, float, float);
+#endif
+
+/* The AMX build a float GEMM with bfloat16 inputs takes now, or NULL: the instructions where
+ * this process can run them and the avx512 ISA is active, the emulation in the wide build's
+ * generic slot. Auto takes it wherever it can run. */
+static amx_gemm_fn amx_pick(void)
+{
+    if (__atomic_load_n(&bf16_amx_mode, __ATOMIC_RELAXED) == 0) return NULL;
+#ifdef DP_GEMM_EMULATE_WIDE
+    if (dp_isa_active() == DP_ISA_GENERIC) return amx_gemm_amxemul;
+#endif
+#ifdef DP_HAVE_AMX
+    if (dp_isa_active() == DP_ISA_AVX512 && amx_ready()) return amx_gemm_amx;
+#endif
+    return NULL;
 }
 
-int dp_gemm_bf16_amx(void) { return amx_pick() != 0; }
+int dp_gemm_bf16_amx(void) { return amx_pick() != NULL; }
 
 const char *dp_gemm_bf16_amx_name(void)
 {
@@ -284,11 +301,6 @@ const char *dp_gemm_bf16_amx_name(void)
 #endif
     return "AMX tiles (tdpbf16ps), bfloat16 inputs, float32 accumulation";
 }
-
-/* Runs C = alpha A B + beta C on the AMX path (defined below the drivers). */
-static int amx_run(int how, dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, ptrdiff_t rsa,
-                   ptrdiff_t csa, const float *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K,
-                   float alpha, float beta);
 
 /* The least work (flop) a GEMM gives each of its threads: waking the pool and meeting at its
  * end costs tens of microseconds on a shared machine. At 200 kflop, softmax regression
@@ -350,21 +362,6 @@ static int amx_run(int how, dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A
 #define AMX_STORE store_tile_f32_generic
 #include "dp_gemm_amx_tmpl.h"
 #endif
-
-static int amx_run(int how, dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, ptrdiff_t rsa,
-                   ptrdiff_t csa, const float *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K,
-                   float alpha, float beta)
-{
-    (void)ctx, (void)C, (void)ldc, (void)A, (void)rsa, (void)csa, (void)B, (void)rsb, (void)csb;
-    (void)M, (void)N, (void)K, (void)alpha, (void)beta;
-#ifdef DP_HAVE_AMX
-    if (how == 1) return amx_gemm_amx(ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta);
-#endif
-#ifdef DP_GEMM_EMULATE_WIDE
-    if (how == 2) return amx_gemm_amxemul(ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta);
-#endif
-    return DP_ENOTSUP;
-}
 
 const char *dp_gemm_isa(void)
 {

@@ -92,92 +92,92 @@ static void AF(amx_pairs)(uint16_t *dst, const float *even, const float *odd)
 }
 #endif
 
+/* Chunk q of A's tiles (dst: its first row tile's, nq chunks apart) from the mc rows of kq
+ * <= 32 floats at src, rs apart; rows past mc zero. A partial chunk goes through pad (32
+ * floats, zero past kq: no array on these AVX-512 functions' stacks, where under
+ * AddressSanitizer GCC 13's realigned frame crashed on one, at its zeroing); pad NULL: the
+ * rows are readable, and zero, up to 32 (pack_b's padding). */
+AMX_TGT static void AF(amx_rows)(uint16_t *dst, int nq, const float *src, ptrdiff_t rs, int mc,
+                                 int kq, float *pad)
+{
+    int copy = kq < 32 && pad;
+    if (copy) memset(pad, 0, 32 * sizeof(float));
+    for (int t = 0; t < (mc + 15) / 16; t++) {
+        uint16_t *tile = dst + (ptrdiff_t)t * nq * AMX_TILE;
+        for (int r = 0; r < 16; r++) {
+            int i = 16 * t + r;
+            const float *row = src + (ptrdiff_t)i * rs;
+            if (i >= mc) {
+                memset(tile + 32 * r, 0, 64);
+                continue;
+            }
+            if (copy) row = memcpy(pad, row, (size_t)kq * sizeof(float));
+            AF(amx_row)(tile + 32 * r, row);
+        }
+    }
+}
+
 /* The mc x kc block of A (element (i, k) at A[i * rsa + k * csa]) as tiles: nq = ceil(kc / 32)
- * chunks, ceil(mc / 16) row tiles, rows past mc zero. stage: 32 x mc floats (at least 32). */
+ * chunks, ceil(mc / 16) row tiles. A row-major A is read in place; a transposed one goes
+ * through pack_b, as a "kc x nc" = mc x 32 panel per chunk (row i's 32 k in stage[32 i ..],
+ * zero past the chunk). stage: 32 x mc floats (at least 32). */
 AMX_TGT static void AF(amx_pack_a)(uint16_t *dst, float *stage, const float *A, ptrdiff_t rsa,
                                    ptrdiff_t csa, int mc, int kc)
 {
-    int nq = (kc + 31) / 32, mt = (mc + 15) / 16;
-    if (csa == 1) {
-        /* row-major A: each tile row straight from its row of A (a partial last chunk
-         * through 32 zero-padded floats) */
-        for (int t = 0; t < mt; t++)
-            for (int q = 0; q < nq; q++) {
-                uint16_t *tile = dst + ((ptrdiff_t)t * nq + q) * AMX_TILE;
-                int kq = kc - 32 * q < 32 ? kc - 32 * q : 32;
-                for (int r = 0; r < 16; r++) {
-                    int i = 16 * t + r;
-                    const float *src = A + (ptrdiff_t)i * rsa + 32 * q;
-                    if (i >= mc) {
-                        memset(tile + 32 * r, 0, 64);
-                    } else if (kq == 32) {
-                        AF(amx_row)(tile + 32 * r, src);
-                    } else {
-                        /* the padded row in stage: no array on this AVX-512 function's
-                         * stack (under AddressSanitizer, GCC 13's realigned frame crashed
-                         * on one, at its zeroing) */
-                        memset(stage, 0, 32 * sizeof(float));
-                        memcpy(stage, src, (size_t)kq * sizeof(float));
-                        AF(amx_row)(tile + 32 * r, stage);
-                    }
-                }
-            }
-        return;
-    }
+    int nq = (kc + 31) / 32;
     for (int q = 0; q < nq; q++) {
         int kq = kc - 32 * q < 32 ? kc - 32 * q : 32;
-        /* a "kc x nc" = mc x kq panel: row i's 32 k in stage[i * 32 ..], zero past kq */
-        AMX_PACKB(stage, A + (ptrdiff_t)32 * q * csa, rsa, csa, mc, kq);
-        for (int t = 0; t < mt; t++) {
-            uint16_t *tile = dst + ((ptrdiff_t)t * nq + q) * AMX_TILE;
-            for (int r = 0; r < 16; r++) {
-                int i = 16 * t + r;
-                if (i < mc) AF(amx_row)(tile + 32 * r, stage + (ptrdiff_t)32 * i);
-                else memset(tile + 32 * r, 0, 64);
+        const float *a = A + (ptrdiff_t)32 * q * csa;
+        if (csa == 1) {
+            AF(amx_rows)(dst + (ptrdiff_t)q * AMX_TILE, nq, a, rsa, mc, kq, stage);
+        } else {
+            AMX_PACKB(stage, a, rsa, csa, mc, kq);
+            AF(amx_rows)(dst + (ptrdiff_t)q * AMX_TILE, nq, stage, 32, mc, kq, NULL);
+        }
+    }
+}
+
+/* The column tiles (dst: the first's, nq chunks each) of the kc x nc panel of a row-major B
+ * (rows rs floats apart): row pair r of each holds rows 2r (low halves) and 2r + 1 of 16
+ * columns, zero past kc. A partial last tile's columns go through pad (32 floats); pad NULL:
+ * the rows are readable, and zero, up to a multiple of 16 columns (pack_b's padding). */
+AMX_TGT static void AF(amx_pair_rows)(uint16_t *dst, const float *B, ptrdiff_t rs, int kc, int nc,
+                                      float *pad)
+{
+    int nq = (kc + 31) / 32;
+    for (int h = 0; h < (nc + 15) / 16; h++) {
+        uint16_t *col = dst + (ptrdiff_t)h * nq * AMX_TILE;
+        int w = nc - 16 * h < 16 ? nc - 16 * h : 16, copy = w < 16 && pad;
+        if (copy) memset(pad, 0, 32 * sizeof(float));
+        for (int r = 0; r < 16 * nq; r++) {
+            int k = 2 * r;
+            const float *even = k < kc ? B + (ptrdiff_t)k * rs + 16 * h : NULL;
+            const float *odd = k + 1 < kc ? B + (ptrdiff_t)(k + 1) * rs + 16 * h : NULL;
+            if (copy) {
+                if (even) even = memcpy(pad, even, (size_t)w * sizeof(float));
+                if (odd) odd = memcpy(pad + 16, odd, (size_t)w * sizeof(float));
             }
+            AF(amx_pairs)(col + (ptrdiff_t)32 * r, even, odd);
         }
     }
 }
 
 /* The kc x nc panel of B (element (k, j) at B[k * rsb + j * csb]) as tiles of pairs:
- * ceil(nc / 16) column tiles of nq chunks. stage: 32 x kc floats (at least 32). */
+ * ceil(nc / 16) column tiles of nq chunks. A row-major B is read in place; a transposed one
+ * goes through pack_b, 32 columns at a time (kc rows of 32 in stage, zero past nc). stage:
+ * 32 x kc floats (at least 32). */
 AMX_TGT static void AF(amx_pack_b)(uint16_t *dst, float *stage, const float *B, ptrdiff_t rsb,
                                    ptrdiff_t csb, int kc, int nc)
 {
-    int nq = (kc + 31) / 32;
     if (csb == 1) {
-        /* row-major B: each pair straight from rows k and k + 1 of B (a partial last tile's
-         * columns through 16 zero-padded floats) */
-        for (int h = 0; h < (nc + 15) / 16; h++) {
-            uint16_t *col = dst + (ptrdiff_t)h * nq * AMX_TILE;
-            int w = nc - 16 * h < 16 ? nc - 16 * h : 16;
-            for (int r = 0; r < 16 * nq; r++) {
-                int k = 2 * r;
-                const float *even = k < kc ? B + (ptrdiff_t)k * rsb + 16 * h : NULL;
-                const float *odd = k + 1 < kc ? B + (ptrdiff_t)(k + 1) * rsb + 16 * h : NULL;
-                if (w < 16) {   /* the padded columns in stage (as in amx_pack_a) */
-                    float *pe = stage, *po = stage + 16;
-                    memset(stage, 0, 32 * sizeof(float));
-                    if (even) memcpy(pe, even, (size_t)w * sizeof(float)), even = pe;
-                    if (odd) memcpy(po, odd, (size_t)w * sizeof(float)), odd = po;
-                }
-                AF(amx_pairs)(col + (ptrdiff_t)32 * r, even, odd);
-            }
-        }
+        AF(amx_pair_rows)(dst, B, rsb, kc, nc, stage);
         return;
     }
+    int nq = (kc + 31) / 32;
     for (int j0 = 0; j0 < nc; j0 += 32) {
         int nr = nc - j0 < 32 ? nc - j0 : 32;
-        AMX_PACKB(stage, B + (ptrdiff_t)j0 * csb, rsb, csb, kc, nr);   /* kc rows of 32 */
-        for (int h = 0; h < (nr + 15) / 16; h++) {
-            uint16_t *col = dst + (ptrdiff_t)(j0 / 16 + h) * nq * AMX_TILE;
-            for (int r = 0; r < 16 * nq; r++) {
-                int k = 2 * r;
-                const float *even = k < kc ? stage + (ptrdiff_t)32 * k + 16 * h : NULL;
-                const float *odd = k + 1 < kc ? stage + (ptrdiff_t)32 * (k + 1) + 16 * h : NULL;
-                AF(amx_pairs)(col + (ptrdiff_t)32 * r, even, odd);
-            }
-        }
+        AMX_PACKB(stage, B + (ptrdiff_t)j0 * csb, rsb, csb, kc, nr);
+        AF(amx_pair_rows)(dst + (ptrdiff_t)(j0 / 16) * nq * AMX_TILE, stage, 32, kc, nr, NULL);
     }
 }
 

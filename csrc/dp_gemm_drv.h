@@ -204,10 +204,10 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
      * K of at least one whole 32-k chunk: with less, packing and storing C outweigh the
      * tiles' speed (measured on a Xeon: the conv's 6272x32x27 took 239 us there against
      * 198 us on the rounding path) */
-    int amx = bf16 && K >= DP_GEMM_AMX_MIN_K ? amx_pick() : 0;
+    amx_gemm_fn amx = bf16 && K >= DP_GEMM_AMX_MIN_K ? amx_pick() : NULL;
     if (amx) {
-        int rc = amx_run(amx, ctx, (float *)C, ldc, (const float *)A, rsa, csa, (const float *)B,
-                         rsb, csb, M, N, K, (float)alpha, (float)beta);
+        int rc = amx(ctx, (float *)C, ldc, (const float *)A, rsa, csa, (const float *)B, rsb, csb,
+                     M, N, K, (float)alpha, (float)beta);
         if (own) dp_ctx_free(&local);
         return rc;
     }

@@ -96,7 +96,7 @@ int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int6
  * the dot products keep explicit vector partial sums. (32-byte vectors in the generic build
  * were split through memory: logistic regression's kernel ran 4.7x slower than in the AVX2
  * build, 439 against 93 us per 8192 x 20 float64 batch; at 16 bytes 2.7x, 320 against 117.) */
-#define KVL (DP_VEC_BYTES / (int)sizeof(T))
+#define KVL (DP_VEC_BYTES / TBYTES)   /* TBYTES: sizeof(T), as a preprocessor number */
 typedef T K(kvec) __attribute__((vector_size(DP_VEC_BYTES)));
 
 DP_INLINE K(kvec) K(kload)(const T *p)
@@ -110,17 +110,16 @@ DP_INLINE void K(kstore)(T *p, K(kvec) v) { memcpy(p, &v, sizeof v); }
 
 /* The sum of lanes 2i and 2i + 1 of (a, b) in lane i: applied log2(KVL) times to KVL vectors,
  * pairwise, it leaves one vector whose lane q is the sum of the lanes of vector q. */
-#define KVL_PP (DP_VEC_BYTES / TBYTES)
-#if KVL_PP == 2
+#if KVL == 2
 #define K_EVEN 0, 2
 #define K_ODD 1, 3
-#elif KVL_PP == 4
+#elif KVL == 4
 #define K_EVEN 0, 2, 4, 6
 #define K_ODD 1, 3, 5, 7
-#elif KVL_PP == 8
+#elif KVL == 8
 #define K_EVEN 0, 2, 4, 6, 8, 10, 12, 14
 #define K_ODD 1, 3, 5, 7, 9, 11, 13, 15
-#elif KVL_PP == 16
+#elif KVL == 16
 #define K_EVEN 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #define K_ODD 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
 #else
@@ -294,7 +293,6 @@ int K(dp_count_correct)(int64_t *correct, const T *logits, const int64_t *labels
 
 #undef KVL
 #endif /* DP_VEC_PASS */
-#undef KVL_PP
 #undef K_EVEN
 #undef K_ODD
 

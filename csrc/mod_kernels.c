@@ -724,58 +724,64 @@ static PyObject *py_set_isa(PyObject *module, PyObject *args, PyObject *kwds)
     return PyUnicode_FromString(previous);
 }
 
-/* the dot path's setting as Python: None (auto), True, False */
-static PyObject *bf16_dot_setting_obj(int mode)
+/* A bfloat16 path's setting as Python: None (auto), True, False */
+static PyObject *bf16_path_setting_obj(int mode)
 {
     if (mode == DP_BF16_DOT_AUTO) Py_RETURN_NONE;
     return PyBool_FromLong(mode);
 }
 
-static PyObject *py_set_bf16_dot(PyObject *module, PyObject *args, PyObject *kwds)
+/* set_bf16_dot / set_bf16_amx's argument: True, False or None -> 1, 0, DP_BF16_DOT_AUTO;
+ * -2 with a TypeError set */
+static int bf16_path_mode(const char *fname, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"on", NULL};
+    char format[48];
     PyObject *on_obj;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:set_bf16_dot", kwlist, &on_obj)) return NULL;
-    int mode = DP_BF16_DOT_AUTO;
-    if (on_obj != Py_None) {
-        if (!PyBool_Check(on_obj))
-            return PyErr_Format(PyExc_TypeError, "set_bf16_dot: on must be True, False or None (auto), "
-                                "got %s", Py_TYPE(on_obj)->tp_name);
-        mode = on_obj == Py_True;
+    snprintf(format, sizeof format, "O:%s", fname);
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, format, kwlist, &on_obj)) return -2;
+    if (on_obj == Py_None) return DP_BF16_DOT_AUTO;
+    if (!PyBool_Check(on_obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: on must be True, False or None (auto), got %s", fname,
+                     Py_TYPE(on_obj)->tp_name);
+        return -2;
     }
+    return on_obj == Py_True;
+}
+
+/* The CPU's name for the refusals */
+static const char *cpu_name(const dp_cpu_features *f)
+{
+    return f->brand[0] ? f->brand : f->vendor[0] ? f->vendor : "unknown";
+}
+
+static PyObject *py_set_bf16_dot(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    int mode = bf16_path_mode("set_bf16_dot", args, kwds);
+    if (mode == -2) return NULL;
     if (mode == 1 && !dp_gemm_bf16_dot_available()) {
         dp_cpu_features f;
         dp_cpu_detect(&f);
         return PyErr_Format(PyExc_ValueError,
                             "set_bf16_dot(True): the bfloat16 dot-product path needs AVX512_BF16 "
-                            "(and AVX-512), which this CPU (%s) lacks",
-                            f.brand[0] ? f.brand : f.vendor[0] ? f.vendor : "unknown");
+                            "(and AVX-512), which this CPU (%s) lacks", cpu_name(&f));
     }
-    PyObject *previous = bf16_dot_setting_obj(dp_gemm_bf16_dot_setting());
+    PyObject *previous = bf16_path_setting_obj(dp_gemm_bf16_dot_setting());
     if (previous) dp_gemm_set_bf16_dot(mode);
     return previous;
 }
 
 static PyObject *py_set_bf16_amx(PyObject *module, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"on", NULL};
-    PyObject *on_obj;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:set_bf16_amx", kwlist, &on_obj)) return NULL;
-    int mode = DP_BF16_DOT_AUTO;
-    if (on_obj != Py_None) {
-        if (!PyBool_Check(on_obj))
-            return PyErr_Format(PyExc_TypeError, "set_bf16_amx: on must be True, False or None (auto), "
-                                "got %s", Py_TYPE(on_obj)->tp_name);
-        mode = on_obj == Py_True;
-    }
+    int mode = bf16_path_mode("set_bf16_amx", args, kwds);
+    if (mode == -2) return NULL;
     if (mode == 1 && !dp_gemm_bf16_amx_available()) {
         dp_cpu_features f;
         dp_cpu_detect(&f);
         return PyErr_Format(PyExc_ValueError, "set_bf16_amx(True): the AMX path cannot run here (CPU: %s): %s",
-                            f.brand[0] ? f.brand : f.vendor[0] ? f.vendor : "unknown",
-                            dp_gemm_bf16_amx_why());
+                            cpu_name(&f), dp_gemm_bf16_amx_why());
     }
-    PyObject *previous = bf16_dot_setting_obj(dp_gemm_bf16_amx_setting());
+    PyObject *previous = bf16_path_setting_obj(dp_gemm_bf16_amx_setting());
     if (previous) dp_gemm_set_bf16_amx(mode);
     return previous;
 }

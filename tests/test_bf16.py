@@ -236,6 +236,20 @@ def test_set_bf16_dot_says_which_path_runs():
 HAS_AMX = _core.build_info()["bfloat16_amx"]
 
 
+def path_case(model):
+    """The data and a bfloat16 model of the tests that compare the GEMM paths: (x, y,
+    make(threads)), a small MLP or CNN."""
+    rng = np.random.default_rng(7)
+    if model == "mlp":
+        x = rng.standard_normal((100, 50)).astype(np.float32)
+        make = lambda t: dptrain.MLP((50, 40, 33, 7), dtype="bfloat16", seed=4, threads=t)
+    else:
+        x = rng.standard_normal((6, 2 * 11 * 11)).astype(np.float32)
+        make = lambda t: dptrain.CNN((2, 11, 11), 7, channels=(5, 9), hidden=(13,),
+                                     dtype="bfloat16", seed=4, threads=t)
+    return x, rng.integers(0, 7, len(x)), make
+
+
 def test_set_bf16_amx_says_which_path_runs():
     info = _core.build_info()
     assert info["bfloat16_amx"] is (info["bfloat16_amx_why"] is None)
@@ -270,15 +284,7 @@ def test_the_amx_path_is_within_float32s_bound_and_reproducible(model):
     second run gives the same bits, and so do 3 threads for the MLP, whose GEMMs split C
     among the threads (the CNN's conv layers also split the batch, and sum the threads'
     weight gradients: float32 differs between thread counts there too)."""
-    rng = np.random.default_rng(7)
-    if model == "mlp":
-        x = rng.standard_normal((100, 50)).astype(np.float32)
-        make = lambda t: dptrain.MLP((50, 40, 33, 7), dtype="bfloat16", seed=4, threads=t)
-    else:
-        x = rng.standard_normal((6, 2 * 11 * 11)).astype(np.float32)
-        make = lambda t: dptrain.CNN((2, 11, 11), 7, channels=(5, 9), hidden=(13,),
-                                     dtype="bfloat16", seed=4, threads=t)
-    y = rng.integers(0, 7, len(x))
+    x, y, make = path_case(model)
     previous_isa = _core.set_isa("avx512")
     runs = {}
     try:
@@ -311,22 +317,15 @@ def test_the_vdpbf16ps_path_gives_the_rounding_paths_bits(model):
     """dp_gemm_dot_tmpl.h: vdpbf16ps adds the pair's two exact products one after the other,
     each rounded, as the float micro-kernel's FMAs do; only denormals (read as 0) differ, and
     these data have none."""
-    rng = np.random.default_rng(7)
-    if model == "mlp":
-        x = rng.standard_normal((100, 50)).astype(np.float32)
-        make = lambda: dptrain.MLP((50, 40, 33, 7), dtype="bfloat16", seed=4, threads=2)
-    else:
-        x = rng.standard_normal((6, 2 * 11 * 11)).astype(np.float32)
-        make = lambda: dptrain.CNN((2, 11, 11), 7, channels=(5, 9), hidden=(13,),
-                                   dtype="bfloat16", seed=4)
-    y = rng.integers(0, 7, len(x))
+    x, y, make = path_case(model)
+    threads = 2 if model == "mlp" else 1
     previous_isa = _core.set_isa("avx512")
     previous_amx = _core.set_bf16_amx(False)
     grads, losses = {}, {}
     try:
         for dot in (False, True):
             _core.set_bf16_dot(dot)
-            m = make()
+            m = make(threads)
             m.zero_grad()
             losses[dot] = m.loss_grad(x, y)
             grads[dot] = m.grads.copy()
