@@ -25,20 +25,7 @@ DP_INLINE double expsum_f64(double hi, double lo)
     double t = (hi + lo) * inv_ln2 + shifter;
     double n = t - shifter;
     double r = (hi - n * ln2_hi) + (lo - n * ln2_lo);
-    double p = 1.0 / 6227020800.0;                 /* 1/13!, then Horner down to 1 */
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    double p = dp_exp_poly_f64(r);
     uint64_t bits;
     memcpy(&bits, &t, sizeof bits);
     bits = (bits + 1023u) << 52;
@@ -107,14 +94,7 @@ DP_INLINE float expsum_f32(float hi, float lo)
     float t = (hi + lo) * inv_ln2 + shifter;
     float n = t - shifter;
     float r = (hi - n * ln2_hi) + (lo - n * ln2_lo);
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    float p = dp_exp_poly_f32(r);
     uint32_t bits;
     memcpy(&bits, &t, sizeof bits);
     bits = (bits + 127u) << 23;

@@ -42,53 +42,11 @@ int KV(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int
  * best for logistic regression on 1M x 20 (8 and 128 are 10-40% slower). */
 #define LOSS_ROWS 32
 
-/* Binary cross-entropy on a logit, without overflow, for a block of n <= LOSS_ROWS logits:
- * loss_i = softplus(z_i) - y_i z_i = max(z_i, 0) - y_i z_i + log1p(exp(-|z_i|)),
- * g_i = (sigmoid(z_i) - y_i) * grad_scale. Branch-free so that the loop vectorizes.
- * Returns the block's loss sum; *right counts (z_i > 0) == y_i. n <= LOSS_ROWS. */
-DP_INLINE T K(bce_block)(T *g, int64_t *right, const T *z,
-                         const int64_t *DP_RESTRICT labels, int n, T grad_scale)
-{
-    T y[LOSS_ROWS], lsum = 0;
-    int64_t ok = 0;
-    for (int i = 0; i < n; i++) {
-        y[i] = labels[i] ? (T)1 : (T)0;
-        ok += (z[i] > 0) == (labels[i] != 0);
-    }
-    for (int i = 0; i < n; i++) {
-        T zi = z[i];
-        T e = EXPNEG(zi < 0 ? zi : -zi);            /* exp(-|z|) in (0, 1] */
-        T inv = (T)1 / ((T)1 + e);
-        T s = zi >= 0 ? inv : e * inv;              /* sigmoid(z) */
-        lsum += (zi > 0 ? zi : (T)0) - y[i] * zi + LOG1P01(e);
-        g[i] = (s - y[i]) * grad_scale;
-    }
-    *right = ok;
-    return lsum;
-}
-
 static int K(check_binary_labels)(const int64_t *labels, int B)
 {
     int bad = 0;
     for (int i = 0; i < B; i++) bad |= (uint64_t)labels[i] > 1;
     return bad ? DP_ELABEL : DP_OK;
-}
-
-int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
-                      int B, T grad_scale)
-{
-    // logits is (B,), labels in {0, 1}: loss_i = softplus(z_i) - y_i z_i, dz = sigmoid(z) - y
-    if (K(check_binary_labels)(labels, B)) return DP_ELABEL;
-    double total = 0;
-    for (int r0 = 0; r0 < B; r0 += LOSS_ROWS) {
-        int rows = B - r0 < LOSS_ROWS ? B - r0 : LOSS_ROWS;
-        int64_t ok;
-        T scratch[LOSS_ROWS];
-        total += (double)K(bce_block)(dlogits ? dlogits + r0 : scratch, &ok, logits + r0,
-                                      labels + r0, rows, grad_scale);
-    }
-    *loss_sum = total;
-    return DP_OK;
 }
 
 /* Vectors of the build's width (DP_VEC_BYTES: 16 generic, 32 AVX2, 64 AVX-512) for the
@@ -108,28 +66,137 @@ DP_INLINE K(kvec) K(kload)(const T *p)
 
 DP_INLINE void K(kstore)(T *p, K(kvec) v) { memcpy(p, &v, sizeof v); }
 
-/* The sum of lanes 2i and 2i + 1 of (a, b) in lane i: applied log2(KVL) times to KVL vectors,
- * pairwise, it leaves one vector whose lane q is the sum of the lanes of vector q. */
+/* The row sums of KVL vectors of partial sums, as one vector (lane q: the sum of the lanes of
+ * row q's vector), by log2(KVL) levels of folds: a fold of (a, b) with half-width h adds the
+ * two halves of each 2h-lane group of a, and of b, and puts a's h sums then b's in the group.
+ * The first level (h = KVL / 2) crosses the 128-bit lanes, the last ones (h <= 2 for 32-bit
+ * lanes, 1 for 64) stay within them, which x86 shuffles do in one cycle: an even/odd split at
+ * every level (vpermpd each time) had the forward's reduction as the hottest code of the
+ * logistic kernel. The lanes come out bit-reversed, so acc[k] holds row K_ROWS[k]. */
 #if KVL == 2
-#define K_EVEN 0, 2
-#define K_ODD 1, 3
+#define K_ROWS 0, 1
+#define K_LO1 0, 2
+#define K_HI1 1, 3
 #elif KVL == 4
-#define K_EVEN 0, 2, 4, 6
-#define K_ODD 1, 3, 5, 7
+#define K_ROWS 0, 2, 1, 3
+#define K_LO1 0, 1, 4, 5
+#define K_HI1 2, 3, 6, 7
+#define K_LO2 0, 4, 2, 6
+#define K_HI2 1, 5, 3, 7
 #elif KVL == 8
-#define K_EVEN 0, 2, 4, 6, 8, 10, 12, 14
-#define K_ODD 1, 3, 5, 7, 9, 11, 13, 15
+#define K_ROWS 0, 4, 2, 6, 1, 5, 3, 7
+#define K_LO1 0, 1, 2, 3, 8, 9, 10, 11
+#define K_HI1 4, 5, 6, 7, 12, 13, 14, 15
+#define K_LO2 0, 1, 8, 9, 4, 5, 12, 13
+#define K_HI2 2, 3, 10, 11, 6, 7, 14, 15
+#define K_LO3 0, 8, 2, 10, 4, 12, 6, 14
+#define K_HI3 1, 9, 3, 11, 5, 13, 7, 15
 #elif KVL == 16
-#define K_EVEN 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
-#define K_ODD 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+#define K_ROWS 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15
+#define K_LO1 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define K_HI1 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define K_LO2 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define K_HI2 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define K_LO3 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define K_HI3 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define K_LO4 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define K_HI4 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
 #else
 #error "the fused logistic kernel's vectors hold 2, 4, 8 or 16 lanes"
 #endif
 typedef TI K(kmask) __attribute__((vector_size(DP_VEC_BYTES)));
 
-DP_INLINE K(kvec) K(pairsum)(K(kvec) a, K(kvec) b)
+#define K_FOLD(lo, hi) DP_SHUFFLE(K(kmask), a, b, lo) + DP_SHUFFLE(K(kmask), a, b, hi)
+DP_INLINE K(kvec) K(fold1)(K(kvec) a, K(kvec) b) { return K_FOLD(K_LO1, K_HI1); }
+#if KVL >= 4
+DP_INLINE K(kvec) K(fold2)(K(kvec) a, K(kvec) b) { return K_FOLD(K_LO2, K_HI2); }
+#endif
+#if KVL >= 8
+DP_INLINE K(kvec) K(fold3)(K(kvec) a, K(kvec) b) { return K_FOLD(K_LO3, K_HI3); }
+#endif
+#if KVL >= 16
+DP_INLINE K(kvec) K(fold4)(K(kvec) a, K(kvec) b) { return K_FOLD(K_LO4, K_HI4); }
+#endif
+#undef K_FOLD
+
+DP_INLINE K(kvec) K(rowsums)(K(kvec) *acc)
 {
-    return DP_SHUFFLE(K(kmask), a, b, K_EVEN) + DP_SHUFFLE(K(kmask), a, b, K_ODD);
+    for (int i = 0; i < KVL / 2; i++) acc[i] = K(fold1)(acc[2 * i], acc[2 * i + 1]);
+#if KVL >= 4
+    for (int i = 0; i < KVL / 4; i++) acc[i] = K(fold2)(acc[2 * i], acc[2 * i + 1]);
+#endif
+#if KVL >= 8
+    for (int i = 0; i < KVL / 8; i++) acc[i] = K(fold3)(acc[2 * i], acc[2 * i + 1]);
+#endif
+#if KVL >= 16
+    acc[0] = K(fold4)(acc[0], acc[1]);
+#endif
+    return acc[0];
+}
+
+/* The sum of a[0 .. n): KVL-lane partial sums in two vectors, then their lanes. (A scalar
+ * `sum += a[i]` in the vectorized loops was an in-order chain of scalar adds, 3-4 cycles a
+ * row.) */
+DP_INLINE T K(ksum)(const T *a, int n)
+{
+    K(kvec) s0 = {0}, s1 = {0};
+    int i = 0;
+    for (; i + 2 * KVL <= n; i += 2 * KVL) {
+        s0 += K(kload)(a + i);
+        s1 += K(kload)(a + i + KVL);
+    }
+    for (; i + KVL <= n; i += KVL) s0 += K(kload)(a + i);
+    T lanes[KVL], r = 0;
+    K(kstore)(lanes, s0 + s1);
+    for (int q = 0; q < KVL; q++) r += lanes[q];
+    for (; i < n; i++) r += a[i];
+    return r;
+}
+
+/* Binary cross-entropy on a logit, without overflow, for a block of n <= LOSS_ROWS logits:
+ * loss_i = softplus(z_i) - y_i z_i = max(z_i, 0) - y_i z_i + log1p(exp(-|z_i|)),
+ * g_i = (sigmoid(z_i) - y_i) * grad_scale. Branch-free so that the loops vectorize.
+ * Returns the block's loss sum; *right counts (z_i > 0) == y_i. n <= LOSS_ROWS.
+ * Three loops (exp; the loss; the gradient, last since g may be z) rather than one: one
+ * loop's chain of dependent operations (exp, a division, log1p's division and series), ~100
+ * cycles a vector, was more than the out-of-order window overlaps across iterations; split,
+ * each chain is short enough (the logistic kernel on the AVX2 VM, 8192 x 20 float64 in
+ * cache: 9.0 ns a row as one loop, 8.3 split). */
+DP_INLINE T K(bce_block)(T *g, int64_t *right, const T *z,
+                         const int64_t *DP_RESTRICT labels, int n, T grad_scale)
+{
+    T y[LOSS_ROWS], e[LOSS_ROWS], lt[LOSS_ROWS];
+    int64_t ok = 0;
+    for (int i = 0; i < n; i++) {
+        y[i] = labels[i] ? (T)1 : (T)0;
+        ok += (z[i] > 0) == (labels[i] != 0);
+    }
+    for (int i = 0; i < n; i++) e[i] = EXPNEG(z[i] < 0 ? z[i] : -z[i]);   /* exp(-|z|), (0, 1] */
+    for (int i = 0; i < n; i++) lt[i] = (z[i] > 0 ? z[i] : (T)0) - y[i] * z[i] + LOG1P01(e[i]);
+    for (int i = 0; i < n; i++) {        /* last: g may be z (sigmoid_bce in place) */
+        T inv = (T)1 / ((T)1 + e[i]);
+        T s = z[i] >= 0 ? inv : e[i] * inv;                              /* sigmoid(z) */
+        g[i] = (s - y[i]) * grad_scale;
+    }
+    *right = ok;
+    return K(ksum)(lt, n);
+}
+
+int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
+                      int B, T grad_scale)
+{
+    // logits is (B,), labels in {0, 1}: loss_i = softplus(z_i) - y_i z_i, dz = sigmoid(z) - y
+    if (K(check_binary_labels)(labels, B)) return DP_ELABEL;
+    double total = 0;
+    for (int r0 = 0; r0 < B; r0 += LOSS_ROWS) {
+        int rows = B - r0 < LOSS_ROWS ? B - r0 : LOSS_ROWS;
+        int64_t ok;
+        T scratch[LOSS_ROWS];
+        total += (double)K(bce_block)(dlogits ? dlogits + r0 : scratch, &ok, logits + r0,
+                                      labels + r0, rows, grad_scale);
+    }
+    *loss_sum = total;
+    return DP_OK;
 }
 
 /* Rows ahead of the current one that the forward prefetches: a block's arithmetic (exp,
@@ -138,33 +205,48 @@ DP_INLINE K(kvec) K(pairsum)(K(kvec) a, K(kvec) b)
  * 128 7.1 (medians of 7 interleaved repeats). */
 #define LOGREG_PF_ROWS 64
 
+/* v with the lanes where m is 0 cleared (bitwise: a cleared lane is +0 whatever v held) */
+DP_INLINE K(kvec) K(kand)(K(kvec) v, K(kmask) m)
+{
+    K(kmask) bits;
+    memcpy(&bits, &v, sizeof bits);
+    bits &= m;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
 /* z[r] = b + x_r . w for the rows of one block: KVL rows at a time, each into its own vector
- * of partial sums, reduced together (pairsum) rather than one horizontal sum per row; the
- * last IN % KVL columns, and the last rows % KVL rows, one value at a time. */
+ * of partial sums, reduced together (rowsums) rather than one horizontal sum per row. The
+ * last IN % KVL columns: a vector load of the row's last KVL columns with the lanes already
+ * summed cleared, in x and in w (so that 0 * inf makes no NaN); one value at a time only when
+ * IN < KVL, and for the last rows % KVL rows. (The scalar loop over the last columns cost
+ * more than the vectors: IN = 20 leaves 4 columns with 8 lanes, AVX-512's float64.) */
 DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, const T *DP_RESTRICT w,
                              T b, int rows, int IN)
 {
+    const int jv = IN / KVL * KVL, jt = IN - KVL, tail = jv < IN && IN >= KVL;
+    K(kmask) keep = {0};
+    K(kvec) wt = {0};
+    if (tail) {
+        for (int l = 0; l < KVL; l++) keep[l] = jt + l >= jv ? -1 : 0;
+        wt = K(kand)(K(kload)(w + jt), keep);
+    }
     int r = 0;
-    for (; r + KVL <= rows; r += KVL) {
+    for (; r + KVL <= rows && IN >= KVL; r += KVL) {
         const T *x0 = xb + (ptrdiff_t)r * IN;
         const char *pf = (const char *)(x0 + (ptrdiff_t)LOGREG_PF_ROWS * IN);
         for (int o = 0; o < KVL * IN * (int)sizeof(T); o += 64) __builtin_prefetch(pf + o, 0, 3);
+        static const int row[KVL] = {K_ROWS};
         K(kvec) acc[KVL];
         for (int q = 0; q < KVL; q++) acc[q] = (K(kvec)){0};
-        int j = 0;
-        for (; j + KVL <= IN; j += KVL) {
+        for (int j = 0; j < jv; j += KVL) {
             K(kvec) wj = K(kload)(w + j);
-            for (int q = 0; q < KVL; q++) acc[q] += K(kload)(x0 + (ptrdiff_t)q * IN + j) * wj;
+            for (int q = 0; q < KVL; q++) acc[q] += K(kload)(x0 + (ptrdiff_t)row[q] * IN + j) * wj;
         }
-        for (int n = KVL; n > 1; n /= 2)
-            for (int i = 0; i < n / 2; i++) acc[i] = K(pairsum)(acc[2 * i], acc[2 * i + 1]);
-        T sums[KVL];
-        K(kstore)(sums, acc[0]);
-        for (int q = 0; q < KVL; q++) {
-            T s = b + sums[q];
-            for (int jj = j; jj < IN; jj++) s += x0[(ptrdiff_t)q * IN + jj] * w[jj];
-            z[r + q] = s;
-        }
+        if (tail)
+            for (int q = 0; q < KVL; q++)
+                acc[q] += K(kand)(K(kload)(x0 + (ptrdiff_t)row[q] * IN + jt), keep) * wt;
+        K(kstore)(z + r, K(rowsums)(acc) + b);
     }
     for (; r < rows; r++) {
         const T *xr = xb + (ptrdiff_t)r * IN;
@@ -172,6 +254,17 @@ DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, const T 
         for (int j = 0; j < IN; j++) s += xr[j] * w[j];
         z[r] = s;
     }
+}
+
+/* sum_r g[r] x[r * IN .. r * IN + KVL) over the rows of one block, in four chains */
+DP_INLINE K(kvec) K(col_sum)(const T *DP_RESTRICT x, const T *DP_RESTRICT g, int rows, int IN)
+{
+    K(kvec) a[4] = {{0}, {0}, {0}, {0}};
+    int r = 0;
+    for (; r + 4 <= rows; r += 4)
+        for (int q = 0; q < 4; q++) a[q] += K(kload)(x + (ptrdiff_t)(r + q) * IN) * g[r + q];
+    for (; r < rows; r++) a[0] += K(kload)(x + (ptrdiff_t)r * IN) * g[r];
+    return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
 /* dw += sum_r g[r] x_r over the rows of one block, with dw held in registers four vectors at
@@ -213,15 +306,16 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
         K(kstore)(dw + j + 2 * KVL, a2 + b2);
         K(kstore)(dw + j + 3 * KVL, a3 + b3);
     }
-    for (; j + KVL <= IN; j += KVL) {
-        V a[4] = {K(kload)(dw + j), {0}, {0}, {0}};
-        int r = 0;
-        for (; r + 4 <= rows; r += 4)
-            for (int q = 0; q < 4; q++) a[q] += K(kload)(xb + (ptrdiff_t)(r + q) * IN + j) * g[r + q];
-        for (; r < rows; r++) a[0] += K(kload)(xb + (ptrdiff_t)r * IN + j) * g[r];
-        K(kstore)(dw + j, (a[0] + a[1]) + (a[2] + a[3]));
+    for (; j + KVL <= IN; j += KVL) K(kstore)(dw + j, K(kload)(dw + j) + K(col_sum)(xb + j, g, rows, IN));
+    if (j < IN && IN >= KVL) {
+        /* the last IN % KVL columns: the row's last KVL columns summed, the lanes of the
+         * columns already done dropped */
+        T lanes[KVL];
+        K(kstore)(lanes, K(col_sum)(xb + IN - KVL, g, rows, IN));
+        for (int l = KVL - (IN - j); l < KVL; l++) dw[IN - KVL + l] += lanes[l];
+        j = IN;
     }
-    for (; j < IN; j++) {
+    for (; j < IN; j++) {     /* IN < KVL */
         T a = dw[j];
         for (int r = 0; r < rows; r++) a += xb[(ptrdiff_t)r * IN + j] * g[r];
         dw[j] = a;
@@ -247,7 +341,7 @@ int KV(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const
         int64_t ok;
         total += (double)K(bce_block)(g, &ok, z, labels + r0, rows, grad_scale);
         right += ok;
-        for (int r = 0; r < rows; r++) gsum += g[r];
+        gsum += K(ksum)(g, rows);
         K(block_gemv_t)(dw, g, xb, rows, IN);
     }
     db[0] += gsum;
@@ -293,7 +387,14 @@ int K(dp_count_correct)(int64_t *correct, const T *logits, const int64_t *labels
 
 #undef KVL
 #endif /* DP_VEC_PASS */
-#undef K_EVEN
-#undef K_ODD
+#undef K_ROWS
+#undef K_LO1
+#undef K_HI1
+#undef K_LO2
+#undef K_HI2
+#undef K_LO3
+#undef K_HI3
+#undef K_LO4
+#undef K_HI4
 
 #undef K

@@ -41,7 +41,14 @@
 #define DP_VEC_SFX DP_VEC_PASS
 #else
 #define DP_VEC_SFX _generic
+#ifdef DP_VEC_EMULATE_WIDE
+/* csrc/tests' wide build: the generic build with the AVX-512 build's vector width, so that
+ * the hand-written 64-byte vector code (the logistic kernel's 8- and 16-lane reductions) runs
+ * on any CPU, GCC splitting the vectors */
+#define DP_VEC_BYTES 64
+#else
 #define DP_VEC_BYTES 16
+#endif
 #endif
 
 /* KV(name): a vector kernel's name in this build; templates define K(name) (name + dtype) */

@@ -42,7 +42,8 @@ def test_each_isa_runs_where_the_cpu_has_it(name):
     if name not in HAVE_ISAS:
         pytest.skip(f"isa {name!r} is not on this CPU ({core.cpu_features()['brand']}): its "
                     f"build is compiled but cannot run here (the C tests run the AVX-512 GEMM's "
-                    f"shape emulated: make -C csrc/tests check)")
+                    f"shape and the loss kernels' 64-byte vectors emulated: make -C csrc/tests "
+                    f"check)")
     previous = core.set_isa(name)
     try:
         info = core.build_info()

@@ -17,7 +17,8 @@
  * `check-O3` (optimized, no sanitizers). The GEMM and the vector kernels (dp_vec.h) run on
  * every ISA this CPU has (dp_isa_select), the others are named as skipped on the first line;
  * `check` also builds this file with -DDP_GEMM_EMULATE_WIDE, whose generic GEMM has the AVX-512
- * build's shape (csrc/tests/Makefile).
+ * build's shape, and the generic loss kernels with the AVX-512 build's 64-byte vectors
+ * (csrc/tests/Makefile).
  *
  * Leaves out on purpose: timings (bench/), the Python boundary (the tests/ directory), and two
  * callers sharing one context (documented as unsupported).
@@ -1189,7 +1190,7 @@ static void test_sigmoid_bce(dtype dt)
     static const double special[] = {0, 50, -50, 200, -200, 1000, -1000, 1e-3};
     const double eps = deps(dt);
     for (int bi = 0; bi < 4; bi++)
-        for (int var = 0; var < 3; var++) {
+        for (int var = 0; var < 4; var++) {   /* 3: in place, dlogits = logits */
             int B = Bs[bi];
             double gs = trnd(dt, var == 1 ? -1.5 : 1.0 / B);
             void *z = talloc(dt, B), *dz = talloc(dt, B);
@@ -1201,21 +1202,22 @@ static void test_sigmoid_bce(dtype dt)
             }
             char what[96];
             snprintf(what, sizeof what, "dp_sigmoid_bce_%s B=%d grad_scale=%g%s", dtn(dt), B, gs,
-                     var == 2 ? " dlogits=NULL" : "");
+                     var == 2 ? " dlogits=NULL" : var == 3 ? " in place" : "");
             tconst(dt, dz, B, NAN);
+            if (var == 3) memcpy(dz, z, (size_t)B * dts(dt));
             double loss = NAN;
-            int rc = sigmoid_bce_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, gs);
+            int rc = sigmoid_bce_t(dt, var == 2 ? NULL : dz, &loss, var == 3 ? dz : z, lab, B, gs);
             expect(rc == DP_OK, "%s: returned %d", what, rc);
             diff d = {0};
             for (int i = 0; i < B; i++) {
                 double s, zi = tget(dt, z, i), l = bce_ref(zi, (double)lab[i], &s);
                 lref += l;
                 ltol += 8 * eps * (1 + 2 * fabs(zi)) + B * DBL_EPSILON * l;
-                if (var < 2) diff_add(&d, i, tget(dt, dz, i), gs * (s - lab[i]), 8 * eps * fabs(gs));
+                if (var != 2) diff_add(&d, i, tget(dt, dz, i), gs * (s - lab[i]), 8 * eps * fabs(gs));
             }
             expect(fabs(loss - lref) <= ltol, "%s: loss_sum %.12g expected %.12g (|err| %.3g > tol %.3g)",
                    what, loss, lref, fabs(loss - lref), ltol);
-            if (var < 2) expect_diff(&d, 0, "%s dlogits", what);
+            if (var != 2) expect_diff(&d, 0, "%s dlogits", what);
             int64_t keep = lab[B / 2];
             lab[B / 2] = 2;
             rc = sigmoid_bce_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, gs);
@@ -1232,10 +1234,12 @@ static void test_sigmoid_bce(dtype dt)
  * dw += grad_scale sum_r (sigmoid(z_r) - y_r) x_r, db likewise, correct = #[(z > 0) == y]. */
 static void test_logistic_grad(dtype dt)
 {
-    static const int Bs[] = {1, 7, 33, 129, 200}, INs[] = {1, 7, 33, 129};
+    /* IN: below and above each build's lanes, and 20 / 45, whose last 4 / 5 or 13 columns are
+     * the 8- and 16-lane builds' masked tail */
+    static const int Bs[] = {1, 7, 33, 129, 200}, INs[] = {1, 7, 20, 33, 45, 129};
     const double eps = deps(dt);
     for (int bi = 0; bi < 5; bi++)
-        for (int ii = 0; ii < 4; ii++) {
+        for (int ii = 0; ii < 6; ii++) {
             int B = Bs[bi], IN = INs[ii];
             ptrdiff_t nx = (ptrdiff_t)B * IN;
             double gs = trnd(dt, 1.0 / B);
