@@ -4,6 +4,7 @@
  * Leaves out on purpose: complex types and any BLAS fallback. */
 #include "dp_gemm.h"
 #include "dp_cpu.h"
+#include "dp_loss.h"
 
 #include <string.h>
 

@@ -218,11 +218,14 @@ DP_INLINE K(kvec) K(kand)(K(kvec) v, K(kmask) m)
 /* z[r] = b + x_r . w for the rows of one block: KVL rows at a time, each into its own vector
  * of partial sums, reduced together (rowsums) rather than one horizontal sum per row. The
  * last IN % KVL columns: a vector load of the row's last KVL columns with the lanes already
- * summed cleared, in x and in w (so that 0 * inf makes no NaN); one value at a time only when
- * IN < KVL, and for the last rows % KVL rows. (The scalar loop over the last columns cost
+ * summed cleared, in x and in w (so that 0 * inf makes no NaN). The last rows % KVL rows go
+ * through the same vector code (their group repeats its last row), so that every row's sum
+ * is taken in the same order wherever the row sits in x (a prediction must not depend on the
+ * order of the samples: scikit-learn's check_methods_sample_order_invariance); one value at
+ * a time only when IN < KVL, for every row. (The scalar loop over the last columns cost
  * more than the vectors: IN = 20 leaves 4 columns with 8 lanes, AVX-512's float64.) */
-DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, const T *DP_RESTRICT w,
-                             T b, int rows, int IN)
+DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, ptrdiff_t ldx,
+                             const T *DP_RESTRICT w, T b, int rows, int IN)
 {
     const int jv = IN / KVL * KVL, jt = IN - KVL, tail = jv < IN && IN >= KVL;
     K(kmask) keep = {0};
@@ -232,48 +235,66 @@ DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, const T 
         wt = K(kand)(K(kload)(w + jt), keep);
     }
     int r = 0;
-    for (; r + KVL <= rows && IN >= KVL; r += KVL) {
-        const T *x0 = xb + (ptrdiff_t)r * IN;
-        const char *pf = (const char *)(x0 + (ptrdiff_t)LOGREG_PF_ROWS * IN);
+    for (; r < rows && IN >= KVL; r += KVL) {
+        const T *x0 = xb + (ptrdiff_t)r * ldx;
+        const char *pf = (const char *)(x0 + (ptrdiff_t)LOGREG_PF_ROWS * ldx);
         for (int o = 0; o < KVL * IN * (int)sizeof(T); o += 64) __builtin_prefetch(pf + o, 0, 3);
         static const int row[KVL] = {K_ROWS};
+        /* a last group of fewer than KVL rows repeats its last row in the lanes it lacks;
+         * every group reads its rows through these pointers, so that one loop computes them
+         * all (written with row indices, GCC's -O3 build of the AVX2 float kernel summed the
+         * last group's rows in another order than the full groups') */
+        const int nr = rows - r < KVL ? rows - r : KVL;
+        const T *p[KVL];
+        for (int q = 0; q < KVL; q++) p[q] = x0 + (ptrdiff_t)(row[q] < nr ? row[q] : nr - 1) * ldx;
         K(kvec) acc[KVL];
         for (int q = 0; q < KVL; q++) acc[q] = (K(kvec)){0};
         for (int j = 0; j < jv; j += KVL) {
             K(kvec) wj = K(kload)(w + j);
-            for (int q = 0; q < KVL; q++) acc[q] += K(kload)(x0 + (ptrdiff_t)row[q] * IN + j) * wj;
+            for (int q = 0; q < KVL; q++) acc[q] += K(kload)(p[q] + j) * wj;
         }
         if (tail)
-            for (int q = 0; q < KVL; q++)
-                acc[q] += K(kand)(K(kload)(x0 + (ptrdiff_t)row[q] * IN + jt), keep) * wt;
-        K(kstore)(z + r, K(rowsums)(acc) + b);
+            for (int q = 0; q < KVL; q++) acc[q] += K(kand)(K(kload)(p[q] + jt), keep) * wt;
+        K(kvec) sums = K(rowsums)(acc) + b;
+        if (nr == KVL) {
+            K(kstore)(z + r, sums);
+        } else {
+            T lanes[KVL];
+            K(kstore)(lanes, sums);
+            memcpy(z + r, lanes, sizeof(T) * (size_t)nr);
+        }
     }
-    for (; r < rows; r++) {
-        const T *xr = xb + (ptrdiff_t)r * IN;
+    for (; r < rows; r++) {     /* IN < KVL */
+        const T *xr = xb + (ptrdiff_t)r * ldx;
         T s = b;
         for (int j = 0; j < IN; j++) s += xr[j] * w[j];
         z[r] = s;
     }
 }
 
-/* sum_r g[r] x[r * IN .. r * IN + KVL) over the rows of one block, in four chains */
-DP_INLINE K(kvec) K(col_sum)(const T *DP_RESTRICT x, const T *DP_RESTRICT g, int rows, int IN)
+/* (d + sum over the even rows of g[r] x_r) + sum over the odd rows, for the KVL columns at x
+ * (rows ldx apart): the order in which block_gemv_t's four-vector loop sums each column, so
+ * that every column's sum is taken in the same order wherever it sits */
+DP_INLINE K(kvec) K(col_sum)(K(kvec) d, const T *DP_RESTRICT x, const T *DP_RESTRICT g, int rows,
+                             ptrdiff_t ldx)
 {
-    K(kvec) a[4] = {{0}, {0}, {0}, {0}};
+    K(kvec) a = d, b = {0};
     int r = 0;
-    for (; r + 4 <= rows; r += 4)
-        for (int q = 0; q < 4; q++) a[q] += K(kload)(x + (ptrdiff_t)(r + q) * IN) * g[r + q];
-    for (; r < rows; r++) a[0] += K(kload)(x + (ptrdiff_t)r * IN) * g[r];
-    return (a[0] + a[1]) + (a[2] + a[3]);
+    for (; r + 2 <= rows; r += 2) {
+        a += K(kload)(x + (ptrdiff_t)r * ldx) * g[r];
+        b += K(kload)(x + (ptrdiff_t)(r + 1) * ldx) * g[r + 1];
+    }
+    if (r < rows) a += K(kload)(x + (ptrdiff_t)r * ldx) * g[r];
+    return a + b;
 }
 
 /* dw += sum_r g[r] x_r over the rows of one block, with dw held in registers four vectors at
  * a time while the rows stream by (instead of a load/store of dw per row). Each dw vector
- * gathers two (four, for the last vectors) sums over alternate rows, added at the end: one
- * sum over all rows is a chain of dependent FMAs, which ran at the FMA's latency (the
- * profile's hottest instruction, 5 cycles a row). */
+ * gathers two sums over alternate rows, added at the end: one sum over all rows is a chain of
+ * dependent FMAs, which ran at the FMA's latency (the profile's hottest instruction, 5 cycles
+ * a row). The vectors left over (col_sum) take the same order. */
 DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const T *DP_RESTRICT xb,
-                               int rows, int IN)
+                               ptrdiff_t ldx, int rows, int IN)
 {
     typedef K(kvec) V;
     int j = 0;
@@ -283,7 +304,7 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
         V b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
         int r = 0;
         for (; r + 2 <= rows; r += 2) {
-            const T *xr = xb + (ptrdiff_t)r * IN + j, *xs = xr + IN;
+            const T *xr = xb + (ptrdiff_t)r * ldx + j, *xs = xr + ldx;
             T gr = g[r], gs = g[r + 1];
             a0 += K(kload)(xr) * gr;
             a1 += K(kload)(xr + KVL) * gr;
@@ -295,7 +316,7 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
             b3 += K(kload)(xs + 3 * KVL) * gs;
         }
         if (r < rows) {
-            const T *xr = xb + (ptrdiff_t)r * IN + j;
+            const T *xr = xb + (ptrdiff_t)r * ldx + j;
             a0 += K(kload)(xr) * g[r];
             a1 += K(kload)(xr + KVL) * g[r];
             a2 += K(kload)(xr + 2 * KVL) * g[r];
@@ -306,18 +327,18 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
         K(kstore)(dw + j + 2 * KVL, a2 + b2);
         K(kstore)(dw + j + 3 * KVL, a3 + b3);
     }
-    for (; j + KVL <= IN; j += KVL) K(kstore)(dw + j, K(kload)(dw + j) + K(col_sum)(xb + j, g, rows, IN));
+    for (; j + KVL <= IN; j += KVL) K(kstore)(dw + j, K(col_sum)(K(kload)(dw + j), xb + j, g, rows, ldx));
     if (j < IN && IN >= KVL) {
         /* the last IN % KVL columns: the row's last KVL columns summed, the lanes of the
          * columns already done dropped */
         T lanes[KVL];
-        K(kstore)(lanes, K(col_sum)(xb + IN - KVL, g, rows, IN));
-        for (int l = KVL - (IN - j); l < KVL; l++) dw[IN - KVL + l] += lanes[l];
+        K(kstore)(lanes, K(col_sum)(K(kload)(dw + IN - KVL), xb + IN - KVL, g, rows, ldx));
+        memcpy(dw + j, lanes + KVL - (IN - j), sizeof(T) * (size_t)(IN - j));
         j = IN;
     }
     for (; j < IN; j++) {     /* IN < KVL */
         T a = dw[j];
-        for (int r = 0; r < rows; r++) a += xb[(ptrdiff_t)r * IN + j] * g[r];
+        for (int r = 0; r < rows; r++) a += xb[(ptrdiff_t)r * ldx + j] * g[r];
         dw[j] = a;
     }
 }
@@ -337,17 +358,38 @@ int KV(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const
         int rows = B - r0 < LOSS_ROWS ? B - r0 : LOSS_ROWS;
         const T *xb = x + (ptrdiff_t)r0 * IN;
         T z[LOSS_ROWS], g[LOSS_ROWS];
-        K(block_gemv)(z, xb, w, b[0], rows, IN);
+        K(block_gemv)(z, xb, IN, w, b[0], rows, IN);
         int64_t ok;
         total += (double)K(bce_block)(g, &ok, z, labels + r0, rows, grad_scale);
         right += ok;
         gsum += K(ksum)(g, rows);
-        K(block_gemv_t)(dw, g, xb, rows, IN);
+        K(block_gemv_t)(dw, g, xb, IN, rows, IN);
     }
     db[0] += gsum;
     *loss_sum = total;
     *correct = right;
     return DP_OK;
+}
+
+/* The GEMM's matrix-vector shapes (dp_gemm_drv.h), on the logistic kernel's two halves. X's
+ * rows are contiguous, ldx apart. */
+void KV(dp_gemv_rows)(T *out, const T *X, ptrdiff_t ldx, const T *v, int rows, int len)
+{
+    // out[r] = X[r, 0:len] . v
+    K(block_gemv)(out, X, ldx, v, (T)0, rows, len);
+}
+
+/* rows of X per pass of block_gemv_t: out stays in L1 while they stream by */
+#define GEMV_COLS_ROWS 64
+
+void KV(dp_gemv_cols)(T *out, const T *X, ptrdiff_t ldx, const T *v, int rows, int len)
+{
+    // out[0:len] = sum_r v[r] X[r, 0:len]
+    memset(out, 0, sizeof(T) * (size_t)len);
+    for (int r0 = 0; r0 < rows; r0 += GEMV_COLS_ROWS) {
+        int n = rows - r0 < GEMV_COLS_ROWS ? rows - r0 : GEMV_COLS_ROWS;
+        K(block_gemv_t)(out, v + r0, X + (ptrdiff_t)r0 * ldx, ldx, n, len);
+    }
 }
 
 #ifndef DP_VEC_PASS

@@ -640,6 +640,57 @@ static void test_gemm(dtype dt)
     gemm_case(dt, 'N', 'N', 7, 3100, 5, 1, 0, 3);
     gemm_case(dt, 'T', 'T', 9, 17, 700, 1, 0, 0);
     gemm_case(dt, 'N', 'T', 9, 17, 700, -0.5, 1, 1);
+    /* matrix-vector products (dp_gemm_drv.h's gemv): logistic regression's forward and
+     * gradient shapes, with 45 columns (the 8- and 16-lane builds' masked tail) and more
+     * rows than one block of dp_gemv_cols */
+    gemm_case(dt, 'N', 'T', 300, 1, 45, 1, 0, 0);
+    gemm_case(dt, 'T', 'N', 1, 45, 300, -0.5, 1, 0);
+    gemm_case(dt, 'T', 'T', 300, 1, 45, 2, 0, 3);
+    gemm_case(dt, 'N', 'T', 1, 300, 45, 1, 0.5, 0);
+}
+
+/* A row of C = A B must not depend on where the row sits in A, nor a column on where it sits
+ * in B: each (M = 37, N = 1) and (M = 1, N = 37) product in every layout, again with A's rows
+ * (B's columns) reversed, must give the same bits reversed (a prediction must not depend on
+ * the order of the samples; dp_gemm_drv.h's gemv sums the last rows % lanes of x in the same
+ * order as the others). */
+static void test_gemm_order_invariance(dtype dt)
+{
+    enum { R = 37, K = 45 };
+    void *A = talloc(dt, R * K), *Ar = talloc(dt, R * K), *v = talloc(dt, K);
+    void *C = talloc(dt, R), *Cr = talloc(dt, R);
+    tfill(dt, A, R * K, -1, 1);
+    tfill(dt, v, K, -1, 1);
+    /* A holds the R vectors of length K as rows (rs = K) or as columns (rs = 1) */
+    for (int isa = 0; isa < DP_ISA_COUNT; isa++) {
+        const char *name = use_isa(isa);
+        for (int c = 0; name && c < 8; c++) {
+            int m1 = c & 1, trans = (c >> 1) & 1, vstride = (c >> 2) & 1 ? 3 : 1;
+            ptrdiff_t rs = trans ? 1 : K, cs = trans ? R : 1;
+            for (int i = 0; i < R; i++)
+                for (int k = 0; k < K; k++)
+                    tset(dt, Ar, (R - 1 - i) * rs + k * cs, tget(dt, A, i * rs + k * cs));
+            void *vs = talloc(dt, K * vstride);
+            for (int k = 0; k < K; k++) tset(dt, vs, k * vstride, tget(dt, v, k));
+            int rc;
+            if (m1) {       /* C (1, R) = v (1, K) A^T: B (K, R) is A's vectors as columns */
+                rc = gemm_t(dt, NULL, C, R, vs, K * vstride, vstride, A, cs, rs, 1, R, K, 1, 0);
+                rc |= gemm_t(dt, NULL, Cr, R, vs, K * vstride, vstride, Ar, cs, rs, 1, R, K, 1, 0);
+            } else {        /* C (R, 1) = A (R, K) v (K, 1) */
+                rc = gemm_t(dt, NULL, C, 1, A, rs, cs, vs, vstride, 1, R, 1, K, 1, 0);
+                rc |= gemm_t(dt, NULL, Cr, 1, Ar, rs, cs, vs, vstride, 1, R, 1, K, 1, 0);
+            }
+            diff d = {0};
+            for (int i = 0; i < R; i++) diff_add(&d, i, tget(dt, Cr, R - 1 - i), tget(dt, C, i), 0);
+            expect(rc == DP_OK, "dp_gemm_%s order invariance: returned %d", dtn(dt), rc);
+            expect_diff(&d, 0, "dp_gemm_%s isa=%s %s, vectors as %s, stride %d: reversed order "
+                        "changes the bits", dtn(dt), name, m1 ? "M=1" : "N=1",
+                        trans ? "columns" : "rows", vstride);
+            free(vs);
+        }
+    }
+    use_isa(widest_isa());
+    free(A); free(Ar); free(v); free(C); free(Cr);
 }
 
 /* K == 0 or alpha == 0: C = beta C without reading A, B (beta == 0 writes zeros over NaN);
@@ -1853,6 +1904,7 @@ int main(void)
         dtype dt = t ? F64 : F32;
         test_gemm(dt);            /* every ISA inside; float: also with bfloat16 inputs */
         test_gemm_degenerate(dt);
+        test_gemm_order_invariance(dt);
         test_dense(dt);
         test_argmax_count(dt);
     }
