@@ -181,12 +181,44 @@ static void D(gemm_task)(void *arg, int t, int n)
 }
 
 /* A matrix-vector product (N == 1 or M == 1) whose matrix has a unit stride, on the logistic
- * kernel's halves (dp_gemv_rows / dp_gemv_cols, dp_loss.h) in one thread: the blocked path
+ * kernel's halves (dp_gemv_rows / dp_gemv_cols, dp_loss.h): the blocked path
  * packs the matrix for a micro-tile that the vector fills 1 / NR of (measured on the AVX2 VM:
  * 8192x1x20 at 2.6 GFLOP/s, 0.31x OpenBLAS; 1x20x8192 at 1.8, 0.18x). The vector is
  * copied into scratch where it is strided, the result is written with alpha and beta.
  * Returns GEMV_DECLINE where neither operand layout fits (then the blocked path runs). */
 #define GEMV_DECLINE 1
+/* Several threads split the rows of X v, or the columns of X^T v in whole units of 64 (the
+ * last thread takes the columns past the last whole unit): every row's (column's) sum is
+ * taken in the same order on any part of it that is at least one vector wide, so the bits
+ * are the same on any number of threads. */
+#define GEMV_ROWS_UNIT 16
+#define GEMV_COLS_UNIT 64
+
+typedef struct {
+    T *out;
+    const T *X;
+    ptrdiff_t ldx;
+    const T *v;
+    int rows, len, by_rows;
+} D(gemv_job);
+
+static void D(gemv_task)(void *arg, int t, int n)
+{
+    const D(gemv_job) *job = arg;
+    int lo, hi;
+    if (job->by_rows) {
+        D(part)(job->rows, GEMV_ROWS_UNIT, t, n, &lo, &hi);
+        if (lo < hi)
+            D(dp_gemv_rows)(job->out + lo, job->X + (ptrdiff_t)lo * job->ldx, job->ldx, job->v,
+                            hi - lo, job->len);
+    } else {
+        D(part)(job->len / GEMV_COLS_UNIT * GEMV_COLS_UNIT, GEMV_COLS_UNIT, t, n, &lo, &hi);
+        if (t == n - 1) hi = job->len;
+        if (lo < hi)
+            D(dp_gemv_cols)(job->out + lo, job->X + lo, job->ldx, job->v, job->rows, hi - lo);
+    }
+}
+
 static int D(gemv)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t csa,
                    const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, T alpha, T beta)
 {
@@ -213,8 +245,13 @@ static int D(gemv)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, 
         for (int k = 0; k < K; k++) vc[k] = v[(ptrdiff_t)k * vs];
         v = vc;
     }
-    if (by_rows) D(dp_gemv_rows)(out, X, ldx, v, rows, len);
-    else D(dp_gemv_cols)(out, X, ldx, v, rows, len);
+    D(gemv_job) job = {out, X, ldx, v, rows, len, by_rows};
+    /* threads: GEMM_THREAD_FLOPS each at least, and one unit of rows or columns */
+    long long flops = 2LL * rows * len;
+    int units = by_rows ? (rows + GEMV_ROWS_UNIT - 1) / GEMV_ROWS_UNIT : len / GEMV_COLS_UNIT;
+    int threads = flops / GEMM_THREAD_FLOPS < ctx->threads ? (int)(flops / GEMM_THREAD_FLOPS) : ctx->threads;
+    if (threads > units) threads = units;
+    dp_threads_run(ctx->team, threads < 1 ? 1 : threads, D(gemv_task), &job);
     ptrdiff_t cs = M == 1 ? 1 : ldc;        /* C's stride along the vector */
     for (int i = 0; i < len_out; i++) {
         T r = out[i] * alpha;
@@ -331,6 +368,8 @@ void D(dp_gemm_naive)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t 
 }
 
 #undef GEMV_DECLINE
+#undef GEMV_ROWS_UNIT
+#undef GEMV_COLS_UNIT
 #undef MR
 #undef NR
 #undef D

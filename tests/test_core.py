@@ -151,6 +151,32 @@ def test_gemm_with_context(isa, m, n, k, trans_a, trans_b, dtype, threads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("m,n,k,trans_a,trans_b", [
+    (8192, 1, 520, False, True),     # x w^T: rows of x, split by rows
+    (8192, 1, 520, True, True),      # x^T stored: columns, split by columns
+    (1, 520, 8192, True, False),     # dz^T x: columns, split by columns (8 units + 8 columns)
+    (1, 8192, 520, False, True),     # rows of w^T
+], ids=["N1-rows", "N1-cols", "M1-cols", "M1-rows"])
+def test_gemv_has_the_same_bits_on_any_threads(isa, m, n, k, trans_a, trans_b, dtype):
+    """A matrix-vector GEMM (dp_gemm_drv.h's gemv), big enough for several threads: the same
+    bits on 1, 2 and 3 threads, and within the bound of np.matmul."""
+    rng = rng_for("gemv-threads", m, n, k)
+    a = randn(rng, (k, m) if trans_a else (m, k), dtype)
+    b = randn(rng, (n, k) if trans_b else (k, n), dtype)
+    outs = []
+    for threads in (1, 2, 3):
+        c = np.full((m, n), np.nan, dtype)
+        core.gemm(a, b, c, trans_a=trans_a, trans_b=trans_b, ctx=core.Context(threads=threads))
+        outs.append(c)
+    for threads, c in zip((2, 3), outs[1:]):
+        np.testing.assert_array_equal(c, outs[0], err_msg=f"gemv[{isa}] {m}x{n}x{k} on {threads} "
+                                                          f"threads against 1")
+    op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
+    assert_close(outs[0], op_a @ op_b, dtype=dtype, scale=np.abs(op_a) @ np.abs(op_b), k=k,
+                 what=f"gemv[{isa}] {m}x{n}x{k} vs np.matmul")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 def test_gemm_matches_its_naive_twin(isa, dtype):
     for m, n, k in GEMM_SHAPES:
         rng = rng_for("twin", m, n, k)
