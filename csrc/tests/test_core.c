@@ -647,6 +647,10 @@ static void test_gemm(dtype dt)
     gemm_case(dt, 'T', 'N', 1, 45, 300, -0.5, 1, 0);
     gemm_case(dt, 'T', 'T', 300, 1, 45, 2, 0, 3);
     gemm_case(dt, 'N', 'T', 1, 300, 45, 1, 0.5, 0);
+    /* X^T v with long rows (dp_gemv_cols's row-streaming pass): more columns than one chunk
+     * of either dtype, an odd number of rows in the last block of rows */
+    gemm_case(dt, 'T', 'N', 1, 1037, 151, 1, 0, 0);
+    gemm_case(dt, 'N', 'N', 1, 1037, 151, -0.5, 1, 2);
 }
 
 /* A row of C = A B must not depend on where the row sits in A, nor a column on where it sits
@@ -691,6 +695,36 @@ static void test_gemm_order_invariance(dtype dt)
     }
     use_isa(widest_isa());
     free(A); free(Ar); free(v); free(C); free(Cr);
+}
+
+/* X^T v sums each column in the same order whether X's rows are long (streamed in order,
+ * dp_gemv_cols) or short (block_gemv_t): a window of 45 columns of a 151 x 1037 X, taken as
+ * a matrix of its own, must give the same bits as those columns of the whole product (one
+ * thread may get such a window of a long-row product). */
+static void test_gemv_cols_window(dtype dt)
+{
+    enum { R = 151, L = 1037, W = 45 };
+    static const int starts[] = {0, 3, 500, 990, L - W};
+    void *X = talloc(dt, R * L), *v = talloc(dt, R), *C = talloc(dt, L), *Cw = talloc(dt, W);
+    tfill(dt, X, R * L, -1, 1);
+    tfill(dt, v, R, -1, 1);
+    for (int isa = 0; isa < DP_ISA_COUNT; isa++) {
+        const char *name = use_isa(isa);
+        if (!name) continue;
+        /* C (1, L) = v (1, R) X (R, L) */
+        int rc = gemm_t(dt, NULL, C, L, v, R, 1, X, L, 1, 1, L, R, 1, 0);
+        for (int s = 0; s < 5; s++) {
+            rc |= gemm_t(dt, NULL, Cw, W, v, R, 1, (char *)X + (size_t)starts[s] * dts(dt), L, 1,
+                         1, W, R, 1, 0);
+            diff d = {0};
+            for (int j = 0; j < W; j++) diff_add(&d, j, tget(dt, Cw, j), tget(dt, C, starts[s] + j), 0);
+            expect_diff(&d, 0, "dp_gemm_%s isa=%s: X^T v columns %d..%d alone differ from the "
+                        "whole product's", dtn(dt), name, starts[s], starts[s] + W - 1);
+        }
+        expect(rc == DP_OK, "dp_gemm_%s isa=%s X^T v window: returned %d", dtn(dt), name, rc);
+    }
+    use_isa(widest_isa());
+    free(X); free(v); free(C); free(Cw);
 }
 
 /* K == 0 or alpha == 0: C = beta C without reading A, B (beta == 0 writes zeros over NaN);
@@ -1905,6 +1939,7 @@ int main(void)
         test_gemm(dt);            /* every ISA inside; float: also with bfloat16 inputs */
         test_gemm_degenerate(dt);
         test_gemm_order_invariance(dt);
+        test_gemv_cols_window(dt);
         test_dense(dt);
         test_argmax_count(dt);
     }
