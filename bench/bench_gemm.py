@@ -8,7 +8,9 @@ Shapes are the ones training runs (B=128 batch, MLP 784-256-128-10):
 - a 3x3x3 convolution as im2col: patches (M pixels, K=27) times filters^T (N, 27) -> "NT";
 - 1024^3 (no target: the large, square case a GEMM is usually tuned for);
 - float64 only, no target: the two GEMV-like GEMMs of logistic regression on 20 features
-  with batch 8192 (bench_logreg.py's workload), forward N=1 and weight gradient M=1.
+  with batch 8192 (bench_logreg.py's workload), forward N=1 and weight gradient M=1, and the
+  same two with rows of 2048 (2048 x 2048, 32 MB: from L3 or memory, the matrix-vector
+  path's streaming).
 M x N x K below is always C (M, N) = op(A) (M, K) op(B) (K, N); one GEMM is 2*M*N*K flop.
 
 NumPy's side writes into a preallocated output, np.matmul(a, b.T, out=c), so neither side
@@ -62,6 +64,8 @@ SHAPES_F64 = [
     ("square 1024^3", 1024, 1024, 1024, False, False, None),
     ("logreg fwd x w^T (N=1)", 8192, 1, 20, False, True, None),
     ("logreg dW dz^T x (M=1)", 1, 20, 8192, True, False, None),
+    ("X v, long rows (N=1)", 2048, 1, 2048, False, True, None),
+    ("v^T X, long rows (M=1)", 1, 2048, 2048, True, False, None),
 ]
 
 

@@ -649,8 +649,8 @@ static void test_gemm(dtype dt)
     gemm_case(dt, 'N', 'T', 1, 300, 45, 1, 0.5, 0);
     /* X^T v with long rows (dp_gemv_cols's row-streaming pass): more columns than one chunk
      * of either dtype, an odd number of rows in the last block of rows */
-    gemm_case(dt, 'T', 'N', 1, 1037, 151, 1, 0, 0);
-    gemm_case(dt, 'N', 'N', 1, 1037, 151, -0.5, 1, 2);
+    gemm_case(dt, 'T', 'N', 1, 2100, 151, 1, 0, 0);
+    gemm_case(dt, 'N', 'N', 1, 2100, 151, -0.5, 1, 2);
 }
 
 /* A row of C = A B must not depend on where the row sits in A, nor a column on where it sits
@@ -698,13 +698,14 @@ static void test_gemm_order_invariance(dtype dt)
 }
 
 /* X^T v sums each column in the same order whether X's rows are long (streamed in order,
- * dp_gemv_cols) or short (block_gemv_t): a window of 45 columns of a 151 x 1037 X, taken as
- * a matrix of its own, must give the same bits as those columns of the whole product (one
- * thread may get such a window of a long-row product). */
+ * dp_gemv_cols) or short (block_gemv_t): a window of 45 columns of a 151 x 2101 X (more
+ * columns than one 8 KB chunk of either dtype), taken as a matrix of its own, must give the
+ * same bits as those columns of the whole product (one thread may get such a window of a
+ * long-row product). */
 static void test_gemv_cols_window(dtype dt)
 {
-    enum { R = 151, L = 1037, W = 45 };
-    static const int starts[] = {0, 3, 500, 990, L - W};
+    enum { R = 151, L = 2101, W = 45 };
+    static const int starts[] = {0, 3, 1020, 2040, L - W};
     void *X = talloc(dt, R * L), *v = talloc(dt, R), *C = talloc(dt, L), *Cw = talloc(dt, W);
     tfill(dt, X, R * L, -1, 1);
     tfill(dt, v, R, -1, 1);
