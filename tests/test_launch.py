@@ -115,3 +115,42 @@ def test_the_example_trains_the_same_model_on_every_transport():
     assert r.returncode == 0, r.stdout + r.stderr
     line = r.stdout.strip().splitlines()[-1]
     assert line.startswith("2 worker(s)") and line.endswith(loss), (line, one)
+
+
+class _World:
+    """mpi4py's COMM_WORLD as abort_job uses it: the size, and Abort recorded."""
+    def __init__(self):
+        self.aborted = None
+
+    def Get_size(self):
+        return 4
+
+    def Abort(self, code):
+        self.aborted = code
+
+
+@pytest.mark.parametrize("exc, code, cause", [
+    (RuntimeError("boom"), 1, "failed: RuntimeError: boom"),
+    (KeyboardInterrupt(), 130, "interrupted (SIGINT)")])
+def test_a_failing_mpi_rank_names_itself_then_waits_for_the_launcher_then_aborts(
+        monkeypatch, capsys, exc, code, cause):
+    # MPICH's Hydra forwards a rank's stderr through its proxy: an abort that reaches the
+    # launcher first lost the line (1 run in 80 of a 4-rank job under load), hence the wait
+    from dptrain.comm import mpi
+    events, world = [], _World()
+    monkeypatch.setattr(mpi.time, "sleep", lambda s: events.append(("sleep", s)))
+    mpi.abort_job(world, 3, exc)
+    assert capsys.readouterr().err == f"dptrain: worker rank 3 {cause}; aborting all 4 MPI ranks\n"
+    assert events == [("sleep", mpi.ABORT_GRACE_SECONDS)] and mpi.ABORT_GRACE_SECONDS > 0
+    assert world.aborted == code
+
+
+def test_a_second_interrupt_during_the_wait_still_aborts_the_mpi_job(monkeypatch):
+    from dptrain.comm import mpi
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+    world = _World()
+    monkeypatch.setattr(mpi.time, "sleep", interrupted)
+    mpi.abort_job(world, 0, KeyboardInterrupt())
+    assert world.aborted == 130

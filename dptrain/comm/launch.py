@@ -13,9 +13,9 @@ import os
 import sys
 import warnings
 
-from .base import BACKENDS, LocalComm, WorkerError, describe
+from .base import BACKENDS, LocalComm, WorkerError
 from .hier import mpi_comm
-from .mpi import resolve_backend, world
+from .mpi import abort_job, resolve_backend, world
 from .shm import WaitPolicy, run_processes, run_threads
 
 
@@ -76,11 +76,7 @@ def launch(fn, *args, workers: int | None = None, backend: str | None = None,
         try:
             mine = fn(comm, *args)
         except BaseException as exc:
-            cause = ("interrupted (SIGINT)" if isinstance(exc, KeyboardInterrupt)
-                     else f"failed: {describe(exc)}")
-            print(f"dptrain: worker rank {comm.rank} {cause}; aborting all {size} MPI ranks",
-                  file=sys.stderr, flush=True)
-            comm_world.Abort(130 if isinstance(exc, KeyboardInterrupt) else 1)
+            abort_job(comm_world, comm.rank, exc)
             raise
         return comm_world.allgather(mine)
     workers = 1 if workers is None else int(workers)

@@ -41,8 +41,7 @@ import numpy as np
 from .. import data as data_mod
 from ..comm import (HierComm, LocalComm, WaitPolicy, check_world, mpi_comm,
                     oversubscription_warning, resolve_backend, run_processes, run_threads)
-from ..comm.mpi import world as mpi_world
-from ..comm.base import describe
+from ..comm.mpi import abort_job, world as mpi_world
 from ..config import CHUNKS, TrainConfig, options_doc
 from ..measure import timing
 from ..models import (MODEL_KINDS, Model, model_from_spec, model_n_params, model_sizes,
@@ -416,14 +415,10 @@ def _launch(job, arrays, world, backend, policy, cfg, say, init, comm_world, mpi
                 comm.close_windows()           # the results are copies: free the windows
             return [out]
         except BaseException as exc:
-            # the other ranks wait in a collective this rank will never join: name the rank
-            # and the cause, then abort the whole communicator (MPI_Abort ends every rank;
-            # MPICH then leaves its own /dev/shm/mpich_shm_* segment behind, see the README)
-            cause = ("interrupted (SIGINT)" if isinstance(exc, KeyboardInterrupt)
-                     else f"failed: {describe(exc)}")
-            print(f"dptrain: worker rank {mpi_rank} {cause}; aborting all {world} MPI ranks",
-                  file=sys.stderr, flush=True)
-            comm_world.Abort(130 if isinstance(exc, KeyboardInterrupt) else 1)
+            # the other ranks wait in a collective this rank will never join (MPI_Abort ends
+            # every rank; MPICH then leaves its own /dev/shm/mpich_shm_* segment behind, see
+            # the README)
+            abort_job(comm_world, mpi_rank, exc)
             raise
     if world == 1 and backend != "process":
         comm = LocalComm()
