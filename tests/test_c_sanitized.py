@@ -37,7 +37,7 @@ ARM_TOOLS = ("aarch64-linux-gnu-gcc", "qemu-aarch64")
 def test_c_kernels_on_aarch64():
     # the wheels are built for aarch64 too (pyproject.toml's cibuildwheel archs): the C tests
     # compiled there with -Werror, and run
-    r = subprocess.run(["make", "-s", "-j2", "-C", str(C_TESTS), "check-aarch64"],
+    r = subprocess.run(["make", "-s", "-j2", "-O", "-C", str(C_TESTS), "check-aarch64"],
                        capture_output=True, text=True, timeout=900)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
