@@ -26,7 +26,7 @@ typedef struct {
      * ignore it. dp_ctx_init sets 0; the caller sets it. */
     int bf16_inputs;
     dp_scratch pack[2 * DP_MAX_THREADS];   /* [2t] packed A block, [2t + 1] packed B panel */
-    dp_scratch ct;            /* C^T of a narrow GEMM, computed transposed (dp_gemm_drv.h) */
+    dp_scratch ct;            /* the matrix-vector path's output (dp_gemm_drv.h's gemv) */
 } dp_ctx;
 
 int dp_ctx_init(dp_ctx *ctx, int threads);

@@ -306,32 +306,6 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
     D(gemm_job) job = {ctx, D(pick_impl_for)(bf16), C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta,
                        1, bf16, D(balanced)(K, KC, 1)};
     const int mr = job.impl.mr, nr = job.impl.nr;
-    /* A narrow C that fills at most a third of a micro-tile's columns, and its rows better
-     * (the output layer's N = 10 on AVX-512: 10 of 32 columns, 10 of 12 rows), is computed
-     * transposed, C^T = B^T A^T, into scratch, then C = alpha C^T^T + beta C. Measured on an
-     * AVX-512 Xeon: 128x10x128 went from 34 to 44 GFLOP/s (1.00x to 1.37x OpenBLAS); a
-     * looser rule that also took N = 16 (half the columns) made the conv's 1024x16x27 slower
-     * (52 to 33 GFLOP/s): the transposed operand's packing costs more than the rows gain.
-     * M > N: the transposed problem is not narrow again; N >= 4: a GEMV (N = 1) gains nothing
-     * either way, and logistic regression has its own kernel. The sums over k are the same,
-     * in the same order, and so are the results where alpha = 1 and either beta = 0 or K
-     * fits one KC slice (the output layer's forward: K = 128, beta 1 for the bias); with K in
-     * several slices, alpha and beta are applied once rather than per slice, and C is added
-     * to the whole sum rather than to the first slice's: the same within rounding. */
-    if (M > N && N >= 4 && 3 * N <= nr && 5 * D(round_up)(N, nr) > 6 * D(round_up)(N, mr)) {
-        T *ct = dp_scratch_get(&ctx->ct, sizeof(T) * (size_t)M * N);
-        int rc = ct ? D(dp_gemm)(ctx, ct, M, B, csb, rsb, A, csa, rsa, N, M, K, (T)1, (T)0) : DP_ENOMEM;
-        for (int i = 0; rc == DP_OK && i < M; i++) {
-            T *c = C + (ptrdiff_t)i * ldc;
-            for (int j = 0; j < N; j++) {
-                T r = ct[(ptrdiff_t)j * M + i] * alpha;
-                if (beta != 0) r += c[j] * beta;
-                c[j] = r;
-            }
-        }
-        if (own) dp_ctx_free(&local);
-        return rc;
-    }
     int threads = D(plan_threads)(ctx->threads, M, N, K, mr, nr, GEMM_THREAD_FLOPS, &job.split_n);
     /* Scratch is sized in the caller so that no thread can fail. */
     for (int t = 0; t < threads; t++) {

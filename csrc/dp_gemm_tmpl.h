@@ -179,21 +179,24 @@ TGT static void F(pack_b)(T *DP_RESTRICT Bp, const T *DP_RESTRICT B, ptrdiff_t r
                 for (int j = 0; j < NR; j++) Bp[j] = src[j];
                 Bp += NR;
             }
-        } else if (nr == NR && rsb == 1) {
+        } else if (rsb == 1) {
             /* B = W^T with W row-major: a kc x NR transpose, VL x VL blocks at a time in
-             * registers (VL rows of W loaded contiguously, VL panel rows stored whole); the
-             * last kc % VL values element by element */
+             * registers (VL rows of W loaded contiguously, VL panel rows stored whole; rows
+             * of W past nr are zeros); the last kc % VL values element by element */
             int k = 0;
             for (; k + VL <= kc; k += VL)
                 for (int h = 0; h < NR; h += VL) {
                     F(vec_t) r[VL];
-                    for (int q = 0; q < VL; q++) r[q] = F(vload)(b + (ptrdiff_t)(h + q) * csb + k);
+                    for (int q = 0; q < VL; q++) {
+                        F(vec_t) zero = {0};
+                        r[q] = h + q < nr ? F(vload)(b + (ptrdiff_t)(h + q) * csb + k) : zero;
+                    }
                     F(transpose)(r);
                     for (int q = 0; q < VL; q++) F(vstore)(Bp + (ptrdiff_t)(k + q) * NR + h, r[q]);
                 }
             for (int j = 0; j < NR; j++) {
                 const T *src = b + (ptrdiff_t)j * csb;
-                for (int kk = k; kk < kc; kk++) Bp[(ptrdiff_t)kk * NR + j] = src[kk];
+                for (int kk = k; kk < kc; kk++) Bp[(ptrdiff_t)kk * NR + j] = j < nr ? src[kk] : 0;
             }
             Bp += (ptrdiff_t)kc * NR;
         } else {
@@ -237,6 +240,13 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
             F(vstore)(c, r0);
             F(vstore)(c + VL, r1);
         }
+    } else if (mr == MR && nr == VL) {      /* the narrow kernel's whole tile */
+        for (int i = 0; i < MR; i++) {
+            T *c = C + (ptrdiff_t)i * ldc;
+            V r0 = acc[i][0] * alpha;
+            if (beta != 0) r0 += F(vload)(c) * beta;
+            F(vstore)(c, r0);
+        }
     } else {
         T tile[MR * NR];
         for (int i = 0; i < MR; i++) {
@@ -257,14 +267,19 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
  * A_AT(i) reads A's row i at the current k, A_NEXT advances k, and B's rows are BKS apart.
  * Every accumulator is a named variable (an array of them, or of row pointers, is kept in
  * memory by GCC in the strided kernel: 100 stack accesses in its k loop, against none this
- * way). It is instantiated twice below, for packed panels (every stride a constant) and for
- * operands read in place (strides from the caller), so the packed path keeps its tight loop. */
+ * way). It is instantiated for packed panels (every stride a constant) and for operands read
+ * in place (strides from the caller), so the packed path keeps its tight loop.
+ * WIDE (a constant) 0 is the narrow tile: nr <= VL, where B's second vector would multiply
+ * zero padding, so MR rows x one vector: the same sums over k in the same order (so the same
+ * bits) at half the FMAs. It takes the conv's N = 16 filters and an output layer's N = 10 on
+ * AVX-512 float, and the last panel of any N = NR q + r with r <= VL; B's panels keep their
+ * NR stride (the same packing). */
 #define ACC_DECL(i) V c##i##_0 = {0}, c##i##_1 = {0};
 #define ACC_ROW(i)                                                                 \
     {                                                                              \
         T ai = A_AT(i);                                                            \
         c##i##_0 += b0 * ai;                                                       \
-        c##i##_1 += b1 * ai;                                                       \
+        if (WIDE_) c##i##_1 += b1 * ai;                                            \
     }
 #define ACC_TILE(i) {c##i##_0, c##i##_1}
 #if ROWS == 6
@@ -277,18 +292,22 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
 #endif
 #define NOSEP
 #define COMMA ,
-#define UKERNEL_BODY(A_AT, A_NEXT, BKS)                                            \
-    typedef F(vec_t) V;                                                            \
-    ROWS_DO(ACC_DECL, NOSEP)                                                       \
-    _Pragma("GCC unroll 4")                                                        \
-    for (int k = 0; k < kc; k++) {                                                 \
-        V b0 = F(vload)(b), b1 = F(vload)(b + VL);                                 \
-        ROWS_DO(ACC_ROW, NOSEP)                                                    \
-        A_NEXT;                                                                    \
-        b += (BKS);                                                                \
-    }                                                                              \
-    V acc[MR][2] = {ROWS_DO(ACC_TILE, COMMA)};                                     \
-    F(store_tile)(C, ldc, acc, mr, nr, alpha, beta);
+#define UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE)                                      \
+    {                                                                              \
+        typedef F(vec_t) V;                                                        \
+        enum { WIDE_ = (WIDE) };                                                   \
+        ROWS_DO(ACC_DECL, NOSEP)                                                   \
+        _Pragma("GCC unroll 4")                                                    \
+        for (int k = 0; k < kc; k++) {                                             \
+            V b0 = F(vload)(b), b1 = {0};                                          \
+            if (WIDE_) b1 = F(vload)(b + VL);                                      \
+            ROWS_DO(ACC_ROW, NOSEP)                                                \
+            A_NEXT;                                                                \
+            b += (BKS);                                                            \
+        }                                                                          \
+        V acc[MR][2] = {ROWS_DO(ACC_TILE, COMMA)};                                 \
+        F(store_tile)(C, ldc, acc, mr, nr, alpha, beta);                           \
+    }
 
 /* C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C for packed micro-panels: Ap is MR x kc stored
  * k-major (MR values per k), Bp is kc x NR (NR values per k). */
@@ -296,7 +315,10 @@ TGT static void F(ukernel_packed)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *DP_R
                                   const T *DP_RESTRICT b, int kc, int mr, int nr, T alpha, T beta)
 {
 #define A_AT(i) a[i]
-    UKERNEL_BODY(A_AT, a += MR, NR)
+    if (nr <= VL)
+        UKERNEL_BODY(A_AT, a += MR, NR, 0)
+    else
+        UKERNEL_BODY(A_AT, a += MR, NR, 1)
 #undef A_AT
 }
 
@@ -314,7 +336,10 @@ TGT static void F(ukernel_strided)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *a, 
 #undef PTR_DECL
     ptrdiff_t off = 0;
 #define A_AT(i) p##i[off]
-    UKERNEL_BODY(A_AT, off += acs, bks)
+    if (nr <= VL)
+        UKERNEL_BODY(A_AT, off += acs, bks, 0)
+    else
+        UKERNEL_BODY(A_AT, off += acs, bks, 1)
 #undef A_AT
 }
 

@@ -629,8 +629,8 @@ static void test_gemm(dtype dt)
     }
     /* the layer shape (x w^T with MNIST-like sizes): several KC slices and MC blocks */
     gemm_case(dt, 'N', 'T', 128, 256, 784, 1, 1, 0);
-    /* narrow C, computed transposed (dp_gemm_drv.h): the output layer's N = 10 (on AVX-512
-     * and its emulation), forward (beta 1: the bias); N = 5 (on AVX2 too) into ldc > N */
+    /* narrow C (dp_gemm_tmpl.h's one-vector tile where N <= VL): the output layer's N = 10
+     * (one vector on AVX-512 float), forward (beta 1: the bias); N = 5 into ldc > N */
     gemm_case(dt, 'N', 'T', 128, 10, 128, 1, 1, 0);
     gemm_case(dt, 'N', 'N', 100, 5, 30, -0.5, 0.75, 3);
     /* K in three slices of an odd depth (643 = 215 + 215 + 213): the bfloat16 pairs' zero
@@ -726,6 +726,47 @@ static void test_gemv_cols_window(dtype dt)
     }
     use_isa(widest_isa());
     free(X); free(v); free(C); free(Cw);
+}
+
+/* An element of C must not depend on which micro-tile computes it (a whole NR-wide one, the
+ * one-vector tile of a panel <= VL wide, a partial one) nor on M: a window of rows and
+ * columns of a 29 x 80 product, taken as a product of its own, must give the same bits as
+ * the whole product's (a worker's shard of the batch, a thread's part of the columns; the
+ * data-parallel result must not depend on the world size). K = 700: several KC slices. */
+static void test_gemm_tile_window(dtype dt)
+{
+    enum { M = 29, N = 80, K = 700 };
+    static const int win[][4] = {{0, 0, M, 16}, {3, 64, 17, 16}, {0, 70, 12, 10},
+                                 {5, 16, 24, 48}, {1, 47, 13, 33}, {0, 3, 2, 5}};
+    void *A = talloc(dt, M * K), *B = talloc(dt, K * N), *C = talloc(dt, M * N);
+    void *Cw = talloc(dt, M * N);
+    tfill(dt, A, M * K, -1, 1);
+    tfill(dt, B, K * N, -1, 1);
+    for (int isa = 0; isa < DP_ISA_COUNT; isa++) {
+        const char *name = use_isa(isa);
+        for (int nt = 0; name && nt < 2; nt++) {
+            /* B is (K, N) row-major, or (nt) W (N, K) row-major with B = W^T */
+            ptrdiff_t rsb = nt ? 1 : N, csb = nt ? K : 1;
+            int rc = gemm_t(dt, NULL, C, N, A, K, 1, B, rsb, csb, M, N, K, 1, 0);
+            for (int w = 0; w < 6; w++) {
+                int i0 = win[w][0], j0 = win[w][1], mw = win[w][2], nw = win[w][3];
+                rc |= gemm_t(dt, NULL, Cw, nw, (char *)A + (size_t)i0 * K * dts(dt), K, 1,
+                             (char *)B + (size_t)j0 * (nt ? K : 1) * dts(dt), rsb, csb, mw, nw,
+                             K, 1, 0);
+                diff d = {0};
+                for (int i = 0; i < mw; i++)
+                    for (int j = 0; j < nw; j++)
+                        diff_add(&d, i * nw + j, tget(dt, Cw, i * nw + j),
+                                 tget(dt, C, (i0 + i) * N + j0 + j), 0);
+                expect_diff(&d, nw, "dp_gemm_%s isa=%s %s: rows %d..%d x columns %d..%d alone "
+                            "differ from the whole product's", dtn(dt), name, nt ? "NT" : "NN",
+                            i0, i0 + mw - 1, j0, j0 + nw - 1);
+            }
+            expect(rc == DP_OK, "dp_gemm_%s isa=%s tile window: returned %d", dtn(dt), name, rc);
+        }
+    }
+    use_isa(widest_isa());
+    free(A); free(B); free(C); free(Cw);
 }
 
 /* K == 0 or alpha == 0: C = beta C without reading A, B (beta == 0 writes zeros over NaN);
@@ -1941,6 +1982,7 @@ int main(void)
         test_gemm_degenerate(dt);
         test_gemm_order_invariance(dt);
         test_gemv_cols_window(dt);
+        test_gemm_tile_window(dt);
         test_dense(dt);
         test_argmax_count(dt);
     }
