@@ -28,18 +28,6 @@ DP_INLINE K(pvec) K(pselect)(K(pmask) m, K(pvec) a, K(pvec) b)
     return (K(pvec))((m & (K(pmask))a) | (~m & (K(pmask))b));
 }
 
-/* d[0:n] = s[0:n] for a short row (13 to 30 values in the CNNs here): whole vectors, the
- * last one overlapping the one before, instead of a memcpy call per row. */
-DP_INLINE void K(copy_row)(T *DP_RESTRICT d, const T *DP_RESTRICT s, int n)
-{
-    if (n < VL) {
-        for (int j = 0; j < n; j++) d[j] = s[j];
-        return;
-    }
-    for (int j = 0; j + VL < n; j += VL) K(pstore)(d + j, K(pload)(s + j));
-    K(pstore)(d + n - VL, K(pload)(s + n - VL));
-}
-
 /* Output columns j whose input column j + v - PAD lies inside [0, W): [*j0, *j1). */
 DP_INLINE void K(valid_cols)(int v, int pad, int W, int OW, int *j0, int *j1)
 {
@@ -49,6 +37,41 @@ DP_INLINE void K(valid_cols)(int v, int pad, int W, int OW, int *j0, int *j1)
     if (*j1 < *j0) *j1 = *j0;
 }
 
+/* Vectors of the build's own width (DP_VEC_BYTES: 16 generic, 32 AVX2, 64 AVX-512) for
+ * im2col's row copies. */
+typedef T K(rvec) __attribute__((vector_size(DP_VEC_BYTES)));
+#define RVL ((int)(DP_VEC_BYTES / sizeof(T)))
+
+DP_INLINE K(rvec) K(rload)(const T *p)
+{
+    K(rvec) v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+DP_INLINE void K(rstore)(T *p, K(rvec) v) { memcpy(p, &v, sizeof v); }
+
+/* d[0:n] = s[0:n] for a short row (12 to 30 values in the CNNs here) in whole vectors, not a
+ * memcpy call per row. A row of at most RVL values is one vector where `over` allows it
+ * (reading and writing up to RVL - 1 values past the row: im2col writes its rows in
+ * increasing order, so what runs past one is written again by the next row or block, the
+ * last block's run landing in the buffer's slack, DP_CONV_COL_SLACK; the caller allows it
+ * where the read stays inside the image): conv2's rows of 12 floats on AVX-512. Otherwise
+ * the last vector overlaps the one before. */
+DP_INLINE void K(copy_row)(T *DP_RESTRICT d, const T *DP_RESTRICT s, int n, int over)
+{
+    if (n <= RVL && over) {
+        K(rstore)(d, K(rload)(s));
+        return;
+    }
+    if (n < RVL) {
+        for (int j = 0; j < n; j++) d[j] = s[j];
+        return;
+    }
+    for (int j = 0; j + RVL < n; j += RVL) K(rstore)(d + j, K(rload)(s + j));
+    K(rstore)(d + n - RVL, K(rload)(s + n - RVL));
+}
+
 void KV(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g,
                             int OH, int OW)
 {
@@ -56,29 +79,34 @@ void KV(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g,
     // i < OH, j < OW: col[(c KH + u) KW + v, i OW + j] = x[c, i + u - PAD, j + v - PAD], 0
     // outside the image
     int H = g->H, W = g->W, pad = g->pad;
+    const T *xend = x + (ptrdiff_t)g->C * H * W;
     for (int c = 0; c < g->C; c++) {
         const T *xc = x + (ptrdiff_t)c * H * W;
-        for (int u = 0; u < g->KH; u++)
+        for (int u = 0; u < g->KH; u++) {
+            /* output rows [i0, i1) read input row i + u - PAD inside [0, H); the others are 0 */
+            int i0 = pad - u > 0 ? pad - u : 0, i1 = H + pad - u < OH ? H + pad - u : OH;
+            if (i1 < i0) i1 = i0;
             for (int v = 0; v < g->KW; v++) {
                 T *dst = col + ((ptrdiff_t)(c * g->KH + u) * g->KW + v) * ldcol;
                 int j0, j1, shift = v - pad;
                 K(valid_cols)(v, pad, W, OW, &j0, &j1);
-                for (int i = 0; i < OH; i++) {
+                int n = j1 - j0;
+                if (i0 > 0) memset(dst, 0, sizeof(T) * (size_t)i0 * OW);
+                for (int i = i0; i < i1; i++) {
                     T *DP_RESTRICT d = dst + (ptrdiff_t)i * OW;
-                    int ih = i + u - pad;
-                    if (ih < 0 || ih >= H) {
-                        memset(d, 0, sizeof(T) * (size_t)OW);
-                        continue;
-                    }
                     /* j0 + shift = max(0, v - PAD) >= 0: the copy starts inside the row */
-                    const T *s = xc + (ptrdiff_t)ih * W;
+                    const T *s = xc + (ptrdiff_t)(i + u - pad) * W + j0 + shift;
                     for (int j = 0; j < j0; j++) d[j] = 0;
-                    K(copy_row)(d + j0, s + j0 + shift, j1 - j0);
+                    K(copy_row)(d + j0, s, n, s + RVL <= xend);
                     for (int j = j1; j < OW; j++) d[j] = 0;
                 }
+                if (i1 < OH) memset(dst + (ptrdiff_t)i1 * OW, 0, sizeof(T) * (size_t)(OH - i1) * OW);
             }
+        }
     }
 }
+
+#undef RVL
 
 /* The most kernel rows col2im gathers at once (more: in several passes that add). */
 #define COL2IM_ROWS 16
