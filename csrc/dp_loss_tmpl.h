@@ -279,32 +279,45 @@ DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, ptrdiff_
     }
 }
 
-/* (d + sum over the even rows of g[r] x_r) + sum over the odd rows, for the KVL columns at x
- * (rows ldx apart): the order in which block_gemv_t's four-vector loop sums each column, so
- * that every column's sum is taken in the same order wherever it sits */
-DP_INLINE K(kvec) K(col_sum)(K(kvec) d, const T *DP_RESTRICT x, const T *DP_RESTRICT g, int rows,
-                             ptrdiff_t ldx)
+/* The sums of block_gemv_t for nv (a constant once inlined, 1 to 4) vectors of columns
+ * starting at col[v]: out[v] = (dw's columns + the even rows' g[r] x_r) + the odd rows', the
+ * two sums of each vector gathered side by side while the rows stream by. Every path of X^T v
+ * sums a column in this order (block_gemv_t_rows too), so its bits do not depend on where it
+ * sits. */
+DP_INLINE void K(gemv_t_vecs)(K(kvec) *out, const T *DP_RESTRICT dw, const T *DP_RESTRICT g,
+                              const T *DP_RESTRICT xb, ptrdiff_t ldx, int rows, const int *col,
+                              int nv)
 {
-    K(kvec) a = d, b = {0};
+    typedef K(kvec) V;
+    V a[4], b[4];
+    for (int v = 0; v < nv; v++) a[v] = K(kload)(dw + col[v]), b[v] = (V){0};
     int r = 0;
     for (; r + 2 <= rows; r += 2) {
-        a += K(kload)(x + (ptrdiff_t)r * ldx) * g[r];
-        b += K(kload)(x + (ptrdiff_t)(r + 1) * ldx) * g[r + 1];
+        const T *xr = xb + (ptrdiff_t)r * ldx, *xs = xr + ldx;
+        T gr = g[r], gs = g[r + 1];
+        for (int v = 0; v < nv; v++) {
+            a[v] += K(kload)(xr + col[v]) * gr;
+            b[v] += K(kload)(xs + col[v]) * gs;
+        }
     }
-    if (r < rows) a += K(kload)(x + (ptrdiff_t)r * ldx) * g[r];
-    return a + b;
+    if (r < rows)
+        for (int v = 0; v < nv; v++) a[v] += K(kload)(xb + (ptrdiff_t)r * ldx + col[v]) * g[r];
+    for (int v = 0; v < nv; v++) out[v] = a[v] + b[v];
 }
 
-/* dw's last IN % KVL columns (block_gemv_t and block_gemv_t_rows): the row's last KVL
- * columns summed by col_sum, the lanes of the columns already done dropped; one column at a
- * time (one chain) only when IN < KVL, for every column */
+/* dw's last IN % KVL columns (block_gemv_t_rows; block_gemv_t for IN < KVL): the row's last
+ * KVL columns summed by gemv_t_vecs, the lanes of the columns already done dropped; one
+ * column at a time (one chain) only when IN < KVL, for every column */
 DP_INLINE void K(gemv_t_tail)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const T *DP_RESTRICT xb,
                               ptrdiff_t ldx, int rows, int IN)
 {
     int j = IN / KVL * KVL;
     if (j < IN && IN >= KVL) {
+        const int col[1] = {IN - KVL};
+        K(kvec) s;
         T lanes[KVL];
-        K(kstore)(lanes, K(col_sum)(K(kload)(dw + IN - KVL), xb + IN - KVL, g, rows, ldx));
+        K(gemv_t_vecs)(&s, dw, g, xb, ldx, rows, col, 1);
+        K(kstore)(lanes, s);
         memcpy(dw + j, lanes + KVL - (IN - j), sizeof(T) * (size_t)(IN - j));
         return;
     }
@@ -315,47 +328,46 @@ DP_INLINE void K(gemv_t_tail)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const T
     }
 }
 
-/* dw += sum_r g[r] x_r over the rows of one block, with dw held in registers four vectors at
- * a time while the rows stream by (instead of a load/store of dw per row). Each dw vector
- * gathers two sums over alternate rows, added at the end: one sum over all rows is a chain of
- * dependent FMAs, which ran at the FMA's latency (the profile's hottest instruction, 5 cycles
- * a row). The vectors left over (col_sum) take the same order. */
+/* dw += sum_r g[r] x_r over the rows of one block, with dw held in registers up to four
+ * vectors at a time while the rows stream by (instead of a load/store of dw per row). Each dw
+ * vector gathers two sums over alternate rows, added at the end: one sum over all rows is a
+ * chain of dependent FMAs, which ran at the FMA's latency (the profile's hottest instruction,
+ * 5 cycles a row). The columns past the last group of four, the last IN % KVL ones included
+ * (the row's last KVL columns, the lanes already summed dropped), go in one more pass of the
+ * same order: 20 float64 columns on AVX-512 are 2 vectors and a tail, which took three
+ * passes of two chains each when only groups of four shared one. */
 DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const T *DP_RESTRICT xb,
                                ptrdiff_t ldx, int rows, int IN)
 {
     typedef K(kvec) V;
+    if (IN < KVL) {             /* one column at a time (one chain), for every column */
+        K(gemv_t_tail)(dw, g, xb, ldx, rows, IN);
+        return;
+    }
+    V s[4];
     int j = 0;
     for (; j + 4 * KVL <= IN; j += 4 * KVL) {
-        V a0 = K(kload)(dw + j), a1 = K(kload)(dw + j + KVL);
-        V a2 = K(kload)(dw + j + 2 * KVL), a3 = K(kload)(dw + j + 3 * KVL);
-        V b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-        int r = 0;
-        for (; r + 2 <= rows; r += 2) {
-            const T *xr = xb + (ptrdiff_t)r * ldx + j, *xs = xr + ldx;
-            T gr = g[r], gs = g[r + 1];
-            a0 += K(kload)(xr) * gr;
-            a1 += K(kload)(xr + KVL) * gr;
-            a2 += K(kload)(xr + 2 * KVL) * gr;
-            a3 += K(kload)(xr + 3 * KVL) * gr;
-            b0 += K(kload)(xs) * gs;
-            b1 += K(kload)(xs + KVL) * gs;
-            b2 += K(kload)(xs + 2 * KVL) * gs;
-            b3 += K(kload)(xs + 3 * KVL) * gs;
-        }
-        if (r < rows) {
-            const T *xr = xb + (ptrdiff_t)r * ldx + j;
-            a0 += K(kload)(xr) * g[r];
-            a1 += K(kload)(xr + KVL) * g[r];
-            a2 += K(kload)(xr + 2 * KVL) * g[r];
-            a3 += K(kload)(xr + 3 * KVL) * g[r];
-        }
-        K(kstore)(dw + j, a0 + b0);
-        K(kstore)(dw + j + KVL, a1 + b1);
-        K(kstore)(dw + j + 2 * KVL, a2 + b2);
-        K(kstore)(dw + j + 3 * KVL, a3 + b3);
+        const int col[4] = {j, j + KVL, j + 2 * KVL, j + 3 * KVL};
+        K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 4);
+        for (int v = 0; v < 4; v++) K(kstore)(dw + col[v], s[v]);
     }
-    for (; j + KVL <= IN; j += KVL) K(kstore)(dw + j, K(col_sum)(K(kload)(dw + j), xb + j, g, rows, ldx));
-    K(gemv_t_tail)(dw, g, xb, ldx, rows, IN);
+    const int full = (IN - j) / KVL, tail = IN % KVL != 0, nv = full + tail;
+    int col[4] = {0};
+    for (int v = 0; v < full; v++) col[v] = j + v * KVL;
+    if (tail) col[full] = IN - KVL;
+    switch (nv) {                /* constant vector counts, so that each call is unrolled */
+    case 1: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 1); break;
+    case 2: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 2); break;
+    case 3: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 3); break;
+    case 4: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 4); break;
+    default: return;
+    }
+    for (int v = 0; v < full; v++) K(kstore)(dw + col[v], s[v]);
+    if (tail) {
+        T lanes[KVL];
+        K(kstore)(lanes, s[full]);
+        memcpy(dw + IN / KVL * KVL, lanes + KVL - IN % KVL, sizeof(T) * (size_t)(IN % KVL));
+    }
 }
 
 /* Columns of dw summed by one pass of block_gemv_t_rows: GEMV_T_CHUNK bytes of dw and as
