@@ -116,13 +116,32 @@ static int spin_more(spin_budget *sb, dp_threads *team)
     return 1;
 }
 
-/* a wait that ended while spinning: double the spin again, up to DP_THREADS_SPIN_NS */
-static void spin_won(dp_threads *team)
+/* Spins while waiting(team, arg) holds, within the budget: 1 if the wait ended while
+ * spinning (then the spin doubles again, up to DP_THREADS_SPIN_NS), 0 if the caller must
+ * sleep. */
+static int spin_until(dp_threads *team, int (*waiting)(dp_threads *, unsigned), unsigned arg)
 {
+    spin_budget sb = {0, 0};
+    while (waiting(team, arg))
+        if (!spin_more(&sb, team)) return 0;
     int64_t ns = atomic_load_explicit(&team->spin_ns, memory_order_relaxed);
     if (ns < DP_THREADS_SPIN_NS)
         atomic_store_explicit(&team->spin_ns, 2 * ns < DP_THREADS_SPIN_NS ? 2 * ns : DP_THREADS_SPIN_NS,
                               memory_order_relaxed);
+    return 1;
+}
+
+/* the helpers' wait: no job after generation `seen` yet */
+static int no_new_job(dp_threads *team, unsigned seen)
+{
+    return atomic_load_explicit(&team->generation, memory_order_acquire) == seen;
+}
+
+/* the caller's wait: helpers still on the job */
+static int helpers_busy(dp_threads *team, unsigned unused)
+{
+    (void)unused;
+    return atomic_load_explicit(&team->remaining, memory_order_acquire) > 0;
 }
 
 static void *helper_main(void *p)
@@ -134,16 +153,7 @@ static void *helper_main(void *p)
      * returns; reading the counter here instead would race with the first job and skip it. */
     unsigned seen = 0;
     for (;;) {
-        spin_budget sb = {0, 0};
-        int spun = 1;
-        while (atomic_load_explicit(&team->generation, memory_order_acquire) == seen)
-            if (!spin_more(&sb, team)) {
-                spun = 0;
-                break;
-            }
-        if (spun) {
-            spin_won(team);
-        } else {
+        if (!spin_until(team, no_new_job, seen)) {
             pthread_mutex_lock(&team->mutex);
             while (atomic_load(&team->generation) == seen && !team->stop)
                 pthread_cond_wait(&team->wake, &team->mutex);
@@ -241,16 +251,7 @@ void dp_threads_run(dp_threads *team, int n, dp_task_fn fn, void *arg)
     pthread_cond_broadcast(&team->wake);
     pthread_mutex_unlock(&team->mutex);
     fn(arg, 0, n);
-    spin_budget sb = {0, 0};
-    int spun = 1;
-    while (atomic_load_explicit(&team->remaining, memory_order_acquire) > 0)
-        if (!spin_more(&sb, team)) {
-            spun = 0;
-            break;
-        }
-    if (spun) {
-        spin_won(team);
-    } else {
+    if (!spin_until(team, helpers_busy, 0)) {
         pthread_mutex_lock(&team->mutex);
         while (atomic_load(&team->remaining) > 0) pthread_cond_wait(&team->done_cv, &team->mutex);
         pthread_mutex_unlock(&team->mutex);
