@@ -7,6 +7,9 @@ Shapes are the ones training runs (B=128 batch, MLP 784-256-128-10):
 - input gradient, dX = dy w: a = dy (B, OUT), b = w (OUT, IN) -> "NN";
 - a 3x3x3 convolution as im2col: patches (M pixels, K=27) times filters^T (N, 27) -> "NT";
 - 1024^3 (no target: the large, square case a GEMM is usually tuned for);
+- float32 only, no target: 120 x 256 x 320, one MC x KC block of A against 8 micro-panels of
+  B, all of it in L2 (the operands 0.4 MB): the closest a whole GEMM call comes to the
+  micro-kernel's own ceiling, against which the % of peak columns read;
 - float64 only, no target: the two GEMV-like GEMMs of logistic regression on 20 features
   with batch 8192 (bench_logreg.py's workload), forward N=1 and weight gradient M=1, and the
   same two with rows of 2048 (2048 x 2048, 32 MB: from L3 or memory, the matrix-vector
@@ -56,6 +59,7 @@ SHAPES_F32 = [
     ("conv im2col 16 filt", 1024, 16, 27, False, True, SKINNY_TARGET),
     ("conv im2col 32 filt", 1024, 32, 27, False, True, SKINNY_TARGET),
     ("square 1024^3", 1024, 1024, 1024, False, False, None),
+    ("in cache 120x256x320", 120, 256, 320, False, False, None),
 ]
 SHAPES_F64 = [
     ("fwd  L1 x w^T", 128, 256, 784, False, True, MLP_TARGET),
