@@ -240,6 +240,20 @@ class Model:
         # is their mean (PyTorch's MSELoss), so the scale and the sums are divided by OUT
         return self.n_outputs if self.loss == "mse" else 1
 
+    def _rows(self, x):
+        """x as the (B, features) rows the C core reads. A batch shaped like the input,
+        (B, *input_shape) (images (B, C, H, W), as PyTorch passes them), is viewed flat, with no
+        copy; any other array of more than 2 dimensions is an error that names both shapes."""
+        if not isinstance(x, np.ndarray) or x.ndim <= 2:
+            return x
+        if tuple(x.shape[1:]) != self.input_shape:
+            raise ValueError(f"x has shape {x.shape}, expected (B, {self.n_features}) rows or "
+                             f"(B, {', '.join(map(str, self.input_shape))}) samples")
+        if not x.flags.c_contiguous:
+            raise ValueError(f"x of shape {x.shape} is not C-contiguous: pass "
+                             "np.ascontiguousarray(x), once, outside the training loop")
+        return x.reshape(len(x), -1)
+
     def _grad_scale(self, x, grad_scale):
         if grad_scale is None:
             grad_scale = 1.0 / len(x) if len(x) else 0.0
@@ -255,6 +269,7 @@ class Model:
         gradient into another buffer of the same layout (one per chunk, for a fixed-order sum).
         y: int64 labels (B,), or for mse the (B, OUT) targets in the model's dtype.
         """
+        x = self._rows(x)
         loss, correct = self._net.loss_grad(x, y, self._grad_scale(x, grad_scale), grads)
         return loss / self._scale(), correct
 
@@ -264,6 +279,7 @@ class Model:
         layers) finish the backward sweep, each layer's gradient final when it returns (to
         exchange it while the next layers are computed). The sweep belongs to the calling
         thread until it ends."""
+        x = self._rows(x)
         loss, correct = self._net.forward_loss(x, y, self._grad_scale(x, grad_scale))
         return loss / self._scale(), correct
 
@@ -280,6 +296,7 @@ class Model:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """The (B, n_outputs) outputs of a batch (forward only), as a new array: logits of a
         classifier, predictions of an mse model."""
+        x = self._rows(x)
         out = np.empty((len(x), self.n_outputs), dtype=self.dtype)
         self._net.logits(x, out)
         return out
@@ -300,7 +317,7 @@ class Model:
         """(mean loss, accuracy) on a data set, forward only; accuracy is None for mse."""
         if len(x) == 0:
             raise ValueError("evaluate needs at least one sample, x is empty")
-        loss_sum, correct = self._net.evaluate(x, y)
+        loss_sum, correct = self._net.evaluate(self._rows(x), y)
         accuracy = None if self.loss == "mse" else correct / len(x)
         return loss_sum / self._scale() / len(x), accuracy
 
@@ -489,7 +506,8 @@ class CNN(Model):
 
     with fc(2304->128) for CIFAR-10's (3, 32, 32) and fc(1600->128) for MNIST's (1, 28, 28).
     Input rows arrive flat, (N, C*H*W) in C, H, W order (how the data sets store images);
-    ``input_shape`` says how to read them. ``sizes`` are the flat widths of the input and of
+    ``input_shape`` says how to read them. A C-contiguous (N, C, H, W) batch is taken too (as
+    PyTorch passes images), viewed flat without a copy. ``sizes`` are the flat widths of the input and of
     every layer's output (the conv blocks' pooled maps), so ``sizes[0]`` is the feature count
     and ``sizes[-1]`` the class count, as for the dense models.
     """

@@ -428,6 +428,31 @@ def test_cnn_architecture_and_parameter_count():
         build_model("cnn", 720, 4, input_shape=(3, 12, 21))
 
 
+def test_cnn_takes_image_batches_as_pytorch_passes_them():
+    # (B, C, H, W) is viewed as the flat rows: the same loss, gradient, logits and evaluation,
+    # and the caller's array is not copied or changed
+    rng = np.random.default_rng(3)
+    images = rng.standard_normal((6, 3, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 4, 6)
+    flat_model = CNN((3, 8, 8), 4, channels=(4,), hidden=(8,), seed=1)
+    image_model = CNN((3, 8, 8), 4, channels=(4,), hidden=(8,), seed=1)
+    before = images.copy()
+    assert flat_model.loss_grad(images.reshape(6, -1), y) == image_model.loss_grad(images, y)
+    np.testing.assert_array_equal(flat_model.grads, image_model.grads)
+    assert np.array_equal(images, before)
+    np.testing.assert_array_equal(flat_model.logits(images.reshape(6, -1)),
+                                  image_model.logits(images))
+    np.testing.assert_array_equal(flat_model.predict(images.reshape(6, -1)),
+                                  image_model.predict(images))
+    assert flat_model.evaluate(images.reshape(6, -1), y) == image_model.evaluate(images, y)
+    assert image_model._rows(images).base is images          # a view, no copy
+    with pytest.raises(ValueError, match=r"x has shape \(6, 3, 8, 7\), expected \(B, 192\) "
+                                         r"rows or \(B, 3, 8, 8\) samples"):
+        image_model.loss_grad(images[..., :7].copy(), y)
+    with pytest.raises(ValueError, match="not C-contiguous: pass np.ascontiguousarray"):
+        image_model.logits(np.asfortranarray(images))
+
+
 def test_cnn_init_is_pytorch_default_and_seeded():
     a, b = CNN(seed=5), CNN(seed=5)
     assert np.array_equal(a.params, b.params)
