@@ -1,7 +1,9 @@
 """Shared test helpers (pytest fixtures, available to every test module)."""
+import glob
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -101,3 +103,21 @@ def sdist(tmp_path_factory):
     assert proc.returncode == 0, f"python -m build --sdist failed:\n{proc.stdout}\n{proc.stderr}"
     (path,) = out.glob("dptrain-*.tar.gz")
     return path
+
+
+@pytest.fixture
+def mpich_leftovers():
+    """Removes what a test's aborted MPICH job left behind: after MPI_Abort, MPICH leaves its
+    own /dev/shm/mpich_shm_* files (its shared windows and buffers; see the README) and its
+    launcher, Hydra, its hwloc topology file, $TMPDIR/hydra_hwloc_xmlfile_* (a normal run
+    removes both). Only files that appeared during the test are removed; a concurrent MPICH
+    job's would be too, so such tests do not run beside other MPI jobs."""
+    patterns = ("/dev/shm/mpich_shm_*",
+                os.path.join(tempfile.gettempdir(), "hydra_hwloc_xmlfile_*"))
+    before = {p for pattern in patterns for p in glob.glob(pattern)}
+    yield
+    for path in {p for pattern in patterns for p in glob.glob(pattern)} - before:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass

@@ -1,7 +1,6 @@
 """The point-to-point all-reduce algorithms against MPI_Allreduce, run under mpiexec."""
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
@@ -37,9 +36,8 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
-def test_ring_and_tree_equal_mpi_allreduce_and_agree_bitwise_across_ranks(ranks):
-    cwd = tempfile.mkdtemp(prefix="dptrain-coll-")
+def test_ring_and_tree_equal_mpi_allreduce_and_agree_bitwise_across_ranks(ranks, tmp_path):
     r = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, "-c", SCRIPT],
-                       capture_output=True, text=True, timeout=120, cwd=cwd)
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "collectives ok" in r.stdout

@@ -3,7 +3,6 @@
 bits in deterministic mode whatever the split of ranks into nodes, the abort and the
 breakdown. Run under mpiexec; the nodes are simulated on this machine (DPTRAIN_MPI_NODES /
 --mpi-nodes), so the inter-node path runs here."""
-import glob
 import json
 import os
 import subprocess
@@ -30,11 +29,11 @@ CLI = ["--model", "mlp", "--hidden", "16", "--dataset", "synthetic", "--n-sample
 
 
 def _run(ranks, args, env=None, timeout=300):
-    r = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, *args],
-                       capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, **(env or {})},
-                       cwd=tempfile.mkdtemp(prefix="dptrain-hier-"))
-    return r
+    # outside the checkout (its dptrain/ has no built extension), in a directory removed after
+    with tempfile.TemporaryDirectory(prefix="dptrain-hier-") as cwd:
+        return subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, *args],
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 def _train(ranks, tmp_path, *extra, env=None):
@@ -181,19 +180,6 @@ def test_the_breakdown_has_every_rank_and_the_straggler_is_waited_for(tmp_path):
     assert min(ranks[2]["sync_wait"], ranks[0]["sync_wait"]) > 0.5 * 0.003 * res["steps"]
     assert ranks[3]["sync_wait"] < ranks[2]["sync_wait"]
     assert {e["tid"] for e in json.loads(trace.read_text())["traceEvents"]} == {0, 1, 2, 3}
-
-
-@pytest.fixture
-def mpich_leftovers():
-    """Removes the /dev/shm/mpich_shm_* files that a test's aborted job left: MPICH's own
-    (its shared windows and buffers), which MPI_Abort leaves behind (see the README)."""
-    before = set(glob.glob("/dev/shm/mpich_shm_*"))
-    yield
-    for path in set(glob.glob("/dev/shm/mpich_shm_*")) - before:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 def test_a_failing_rank_on_another_node_stops_every_rank_and_is_named(mpich_leftovers):

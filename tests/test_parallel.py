@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -133,8 +132,7 @@ def _mpi_weights(ranks, tmp_path, *extra):
                         "--n-samples", "1030", "--n-features", "12", "--epochs", "2",
                         "--batch-size", "100", "--lr", "0.05", "--momentum", "0.9",
                         "--backend", "mpi", "--quiet", "--save-weights", str(weights), *extra],
-                       capture_output=True, text=True, timeout=300,
-                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     return dptrain.load_model(weights).params
 
@@ -160,22 +158,16 @@ def test_mpi_ranks_report_their_own_step_breakdown(tmp_path):
 
 
 @needs_mpi
-def test_a_failing_mpi_rank_aborts_every_rank_and_is_named():
-    before = set(glob.glob("/dev/shm/mpich_shm_*"))
+def test_a_failing_mpi_rank_aborts_every_rank_and_is_named(tmp_path, mpich_leftovers):
     t0 = time.monotonic()
     r = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "dptrain", "train",
                         "--model", "softmax", "--dataset", "synthetic", "--n-samples", "2000",
                         "--epochs", "1", "--backend", "mpi", "--quiet",
                         "--inject-fault", "1:3:raise"],
-                       capture_output=True, text=True, timeout=60,
-                       cwd=tempfile.mkdtemp(prefix="dptrain-mpi-"))
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode != 0
     assert "worker rank 1 failed: RuntimeError: injected fault on rank 1 at step 3" in r.stderr
     assert time.monotonic() - t0 < 30
-    # MPICH leaves its own shared-memory segment behind after MPI_Abort (a normal run does
-    # not): remove what this aborted job left so the test leaves the machine as it found it
-    for path in set(glob.glob("/dev/shm/mpich_shm_*")) - before:
-        os.unlink(path)
 
 
 # ------------------------------------------------------------------ deterministic mode

@@ -223,7 +223,10 @@ def test_lr_schedules():
 def _cli(*args, env=None, cwd=None):
     # run outside the checkout: `python -m` puts the working directory first on sys.path, and
     # the source tree's dptrain/ has no built extension
-    cwd = cwd or tempfile.mkdtemp(prefix="dptrain-cli-")
+    # (in a temporary directory removed afterwards: mkdtemp left one behind per call)
+    if cwd is None:
+        with tempfile.TemporaryDirectory(prefix="dptrain-cli-") as tmp:
+            return _cli(*args, env=env, cwd=tmp)
     return subprocess.run([sys.executable, "-m", "dptrain", *args], capture_output=True,
                           text=True, env=env, cwd=cwd, timeout=300)
 
