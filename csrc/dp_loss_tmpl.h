@@ -305,9 +305,18 @@ DP_INLINE void K(gemv_t_vecs)(K(kvec) *out, const T *DP_RESTRICT dw, const T *DP
     for (int v = 0; v < nv; v++) out[v] = a[v] + b[v];
 }
 
+/* dw's last IN % KVL columns (IN >= KVL) from s, the sums of the row's last KVL columns: the
+ * lanes of the columns already done are dropped */
+DP_INLINE void K(store_tail)(T *DP_RESTRICT dw, K(kvec) s, int IN)
+{
+    T lanes[KVL];
+    K(kstore)(lanes, s);
+    memcpy(dw + IN / KVL * KVL, lanes + KVL - IN % KVL, sizeof(T) * (size_t)(IN % KVL));
+}
+
 /* dw's last IN % KVL columns (block_gemv_t_rows; block_gemv_t for IN < KVL): the row's last
- * KVL columns summed by gemv_t_vecs, the lanes of the columns already done dropped; one
- * column at a time (one chain) only when IN < KVL, for every column */
+ * KVL columns summed by gemv_t_vecs (store_tail); one column at a time (one chain) only when
+ * IN < KVL, for every column */
 DP_INLINE void K(gemv_t_tail)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const T *DP_RESTRICT xb,
                               ptrdiff_t ldx, int rows, int IN)
 {
@@ -315,10 +324,8 @@ DP_INLINE void K(gemv_t_tail)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const T
     if (j < IN && IN >= KVL) {
         const int col[1] = {IN - KVL};
         K(kvec) s;
-        T lanes[KVL];
         K(gemv_t_vecs)(&s, dw, g, xb, ldx, rows, col, 1);
-        K(kstore)(lanes, s);
-        memcpy(dw + j, lanes + KVL - (IN - j), sizeof(T) * (size_t)(IN - j));
+        K(store_tail)(dw, s, IN);
         return;
     }
     for (; j < IN; j++) {
@@ -363,11 +370,7 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
     default: return;
     }
     for (int v = 0; v < full; v++) K(kstore)(dw + col[v], s[v]);
-    if (tail) {
-        T lanes[KVL];
-        K(kstore)(lanes, s[full]);
-        memcpy(dw + IN / KVL * KVL, lanes + KVL - IN % KVL, sizeof(T) * (size_t)(IN % KVL));
-    }
+    if (tail) K(store_tail)(dw, s[full], IN);
 }
 
 /* Columns of dw summed by one pass of block_gemv_t_rows: GEMV_T_CHUNK bytes of dw and as

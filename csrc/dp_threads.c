@@ -48,7 +48,7 @@ struct dp_threads {
     atomic_uint generation;     /* bumped once per job; helpers wait for a change */
     atomic_int remaining;       /* helpers still working on this job */
     int stop;
-    _Atomic int64_t spin_ns;    /* how long to spin before sleeping: adapted, see spin_more */
+    _Atomic int64_t spin_ns;    /* how long to spin before sleeping: adapted, see spin_until */
     /* the job */
     dp_task_fn fn;
     void *arg;
@@ -94,40 +94,29 @@ static inline void cpu_relax(void)
 #define DP_THREADS_SPIN_OVERSUBSCRIBED_NS 2000
 #define DP_THREADS_SPIN_MIN_NS 1000
 
-/* One spin-wait: spin_more() relaxes once and says whether the wait may go on spinning (the
- * clock is read once per 64 spins; the budget is team->spin_ns from the first call). */
-typedef struct { int64_t until; unsigned spins; } spin_budget;
-
-static int spin_more(spin_budget *sb, dp_threads *team)
-{
-    if ((sb->spins++ & 63) == 0) {
-        int64_t t = now_ns();
-        if (!sb->until) {
-            sb->until = t + atomic_load_explicit(&team->spin_ns, memory_order_relaxed);
-        } else if (t >= sb->until) {
-            /* the wait outlasted the spin: halve it for the next waits */
-            int64_t ns = atomic_load_explicit(&team->spin_ns, memory_order_relaxed) / 2;
-            atomic_store_explicit(&team->spin_ns, ns > DP_THREADS_SPIN_MIN_NS ? ns : DP_THREADS_SPIN_MIN_NS,
-                                  memory_order_relaxed);
-            return 0;
-        }
-    }
-    cpu_relax();
-    return 1;
-}
-
-/* Spins while waiting(team, arg) holds, within the budget: 1 if the wait ended while
- * spinning (then the spin doubles again, up to DP_THREADS_SPIN_NS), 0 if the caller must
- * sleep. */
+/* Spins while waiting(team, arg) holds, for at most team->spin_ns (the clock read once per 64
+ * spins), and adapts the spin: 1 if the wait ended while spinning (the spin doubles, up to
+ * DP_THREADS_SPIN_NS), 0 if it outlasted the spin and the caller must sleep (the spin halves,
+ * down to DP_THREADS_SPIN_MIN_NS). */
 static int spin_until(dp_threads *team, int (*waiting)(dp_threads *, unsigned), unsigned arg)
 {
-    spin_budget sb = {0, 0};
-    while (waiting(team, arg))
-        if (!spin_more(&sb, team)) return 0;
-    int64_t ns = atomic_load_explicit(&team->spin_ns, memory_order_relaxed);
+    int64_t ns = atomic_load_explicit(&team->spin_ns, memory_order_relaxed), until = 0;
+    for (unsigned spins = 0; waiting(team, arg); spins++) {
+        if ((spins & 63) == 0) {
+            int64_t t = now_ns();
+            if (!until) {
+                until = t + ns;
+            } else if (t >= until) {
+                atomic_store_explicit(&team->spin_ns, ns / 2 > DP_THREADS_SPIN_MIN_NS
+                                      ? ns / 2 : DP_THREADS_SPIN_MIN_NS, memory_order_relaxed);
+                return 0;
+            }
+        }
+        cpu_relax();
+    }
     if (ns < DP_THREADS_SPIN_NS)
-        atomic_store_explicit(&team->spin_ns, 2 * ns < DP_THREADS_SPIN_NS ? 2 * ns : DP_THREADS_SPIN_NS,
-                              memory_order_relaxed);
+        atomic_store_explicit(&team->spin_ns, 2 * ns < DP_THREADS_SPIN_NS
+                              ? 2 * ns : DP_THREADS_SPIN_NS, memory_order_relaxed);
     return 1;
 }
 

@@ -507,9 +507,9 @@ class CNN(Model):
     with fc(2304->128) for CIFAR-10's (3, 32, 32) and fc(1600->128) for MNIST's (1, 28, 28).
     Input rows arrive flat, (N, C*H*W) in C, H, W order (how the data sets store images);
     ``input_shape`` says how to read them. A C-contiguous (N, C, H, W) batch is taken too (as
-    PyTorch passes images), viewed flat without a copy. ``sizes`` are the flat widths of the input and of
-    every layer's output (the conv blocks' pooled maps), so ``sizes[0]`` is the feature count
-    and ``sizes[-1]`` the class count, as for the dense models.
+    PyTorch passes images), viewed flat without a copy. ``sizes`` are the flat widths of the
+    input and of every layer's output (the conv blocks' pooled maps), so ``sizes[0]`` is the
+    feature count and ``sizes[-1]`` the class count, as for the dense models.
     """
 
     kind = "cnn"

@@ -221,9 +221,8 @@ def test_lr_schedules():
 
 # ------------------------------------------------------------------ the command line
 def _cli(*args, env=None, cwd=None):
-    # run outside the checkout: `python -m` puts the working directory first on sys.path, and
-    # the source tree's dptrain/ has no built extension
-    # (in a temporary directory removed afterwards: mkdtemp left one behind per call)
+    # run outside the checkout (`python -m` puts the working directory first on sys.path, and
+    # the source tree's dptrain/ has no built extension), in a directory removed afterwards
     if cwd is None:
         with tempfile.TemporaryDirectory(prefix="dptrain-cli-") as tmp:
             return _cli(*args, env=env, cwd=tmp)
