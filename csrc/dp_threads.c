@@ -49,6 +49,7 @@ struct dp_threads {
     atomic_int remaining;       /* helpers still working on this job */
     int stop;
     _Atomic int64_t spin_ns;    /* how long to spin before sleeping: adapted, see spin_until */
+    atomic_uint waits;          /* spin-waits so far (every DP_THREADS_SPIN_PROBE-th spins long) */
     /* the job */
     dp_task_fn fn;
     void *arg;
@@ -93,28 +94,33 @@ static inline void cpu_relax(void)
 #define DP_THREADS_SPIN_NS 200000
 #define DP_THREADS_SPIN_OVERSUBSCRIBED_NS 2000
 #define DP_THREADS_SPIN_MIN_NS 1000
+#define DP_THREADS_SPIN_PROBE 64
 
 /* Spins while waiting(team, arg) holds, for at most team->spin_ns (the clock read once per 64
- * spins), and adapts the spin: 1 if the wait ended while spinning (the spin doubles, up to
- * DP_THREADS_SPIN_NS), 0 if it outlasted the spin and the caller must sleep (the spin halves,
- * down to DP_THREADS_SPIN_MIN_NS). */
+ * spins), and adapts the spin: 1 if the wait ended while spinning (the spin doubles what this
+ * wait spun, up to DP_THREADS_SPIN_NS), 0 if it outlasted the spin and the caller must sleep
+ * (the spin halves, down to DP_THREADS_SPIN_MIN_NS). */
 static int spin_until(dp_threads *team, int (*waiting)(dp_threads *, unsigned), unsigned arg)
 {
-    int64_t ns = atomic_load_explicit(&team->spin_ns, memory_order_relaxed), until = 0;
+    /* every DP_THREADS_SPIN_PROBE-th wait spins the whole DP_THREADS_SPIN_NS: a spin halved
+     * down to its minimum would otherwise only grow back from waits shorter than a few us */
+    int64_t cur = atomic_load_explicit(&team->spin_ns, memory_order_relaxed), until = 0;
+    unsigned wait = atomic_fetch_add_explicit(&team->waits, 1u, memory_order_relaxed);
+    int64_t ns = wait % DP_THREADS_SPIN_PROBE == 0 ? DP_THREADS_SPIN_NS : cur;
     for (unsigned spins = 0; waiting(team, arg); spins++) {
         if ((spins & 63) == 0) {
             int64_t t = now_ns();
             if (!until) {
                 until = t + ns;
             } else if (t >= until) {
-                atomic_store_explicit(&team->spin_ns, ns / 2 > DP_THREADS_SPIN_MIN_NS
-                                      ? ns / 2 : DP_THREADS_SPIN_MIN_NS, memory_order_relaxed);
+                atomic_store_explicit(&team->spin_ns, cur / 2 > DP_THREADS_SPIN_MIN_NS
+                                      ? cur / 2 : DP_THREADS_SPIN_MIN_NS, memory_order_relaxed);
                 return 0;
             }
         }
         cpu_relax();
     }
-    if (ns < DP_THREADS_SPIN_NS)
+    if (cur < DP_THREADS_SPIN_NS)
         atomic_store_explicit(&team->spin_ns, 2 * ns < DP_THREADS_SPIN_NS
                               ? 2 * ns : DP_THREADS_SPIN_NS, memory_order_relaxed);
     return 1;
@@ -167,6 +173,7 @@ int dp_threads_create(dp_threads **out, int threads)
     team->threads = threads;
     team->owner = getpid();
     atomic_init(&team->spin_ns, DP_THREADS_SPIN_NS);
+    atomic_init(&team->waits, 1u);
 #ifdef CPU_COUNT
     cpu_set_t allowed;
     if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) < threads)
