@@ -202,8 +202,13 @@ int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int6
 /* Rows ahead of the current one that the forward prefetches: a block's arithmetic (exp,
  * log1p, the gradient) leaves the memory idle unless the next blocks' rows are on their way.
  * Measured on the AVX2 VM (1M x 20 float64, batch 8192): 0 rows 6.8 GB/s, 32 7.9, 64 8.3,
- * 128 7.1 (medians of 7 interleaved repeats). */
+ * 128 7.1 (medians of 7 interleaved repeats). Into L2 (locality 1, prefetcht2), not L1: on
+ * an AMD EPYC (Zen 5, AVX-512) prefetcht0 made the stream slower than no prefetch at all,
+ * bench_logreg 0.124-0.202 s against 0.083-0.088 with prefetcht2, 3 interleaved runs (15.5
+ * -> 10.4 ns a row; no prefetch 11-12.5); the Intel Xeon of session 7 showed no difference
+ * between the three localities. */
 #define LOGREG_PF_ROWS 64
+#define LOGREG_PF_LOCALITY 1
 
 /* v with the lanes where m is 0 cleared (bitwise: a cleared lane is +0 whatever v held) */
 DP_INLINE K(kvec) K(kand)(K(kvec) v, K(kmask) m)
@@ -244,7 +249,8 @@ DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, ptrdiff_
         const T *x0 = xb + (ptrdiff_t)r * ldx;
         if (prefetch) {
             const char *pf = (const char *)(x0 + (ptrdiff_t)LOGREG_PF_ROWS * ldx);
-            for (int o = 0; o < KVL * IN * (int)sizeof(T); o += 64) __builtin_prefetch(pf + o, 0, 3);
+            for (int o = 0; o < KVL * IN * (int)sizeof(T); o += 64)
+                __builtin_prefetch(pf + o, 0, LOGREG_PF_LOCALITY);
         }
         static const int row[KVL] = {K_ROWS};
         /* a last group of fewer than KVL rows repeats its last row in the lanes it lacks;
