@@ -437,6 +437,16 @@ int KV(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const
     // x is (B, IN), w is (1, IN), b is (1,): logistic regression's forward, loss and backward
     // in one pass over x: a block of rows is read from memory once for z = x w + b and then
     // again, from L1, for dw += g x. dw (IN,) and db (1,) accumulate.
+#if defined(DP_VEC_PASS) && DP_VEC_BYTES == 64
+    /* a row narrower than a 64-byte vector would go one value at a time here: the AVX2
+     * build's 32-byte vectors take it (a CPU with AVX-512 has AVX2). AMD EPYC, 1 thread,
+     * ns a row streaming a 160 MB x, 2 interleaved runs: float32 IN = 8 8.3-8.6 -> 3.7-5.0,
+     * IN = 12 12.0-14.4 -> 4.6-6.4, IN = 15 14.3-20.0 -> 5.0-6.2; float64 IN = 4..7 within
+     * the noise (6.5-11.7 against 6.4-9.1) */
+    if (IN < KVL && 2 * IN >= KVL)
+        return DP_VEC_CAT(K(dp_logistic_grad), _avx2)(dw, db, loss_sum, correct, x, w, b, labels,
+                                                      B, IN, grad_scale);
+#endif
     if (K(check_binary_labels)(labels, B)) return DP_ELABEL;
     double total = 0;
     int64_t right = 0;
