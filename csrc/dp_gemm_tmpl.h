@@ -295,6 +295,8 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
 #define ROWS_DO4(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3)
 #define ROWS_DO6(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5)
 #define ROWS_DO8(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5) SEP X(6) SEP X(7)
+#define ROWS_DO10(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5) SEP X(6) SEP \
+    X(7) SEP X(8) SEP X(9)
 #define ROWS_DO12(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5) SEP X(6) SEP \
     X(7) SEP X(8) SEP X(9) SEP X(10) SEP X(11)
 #if ROWS == 6
@@ -323,12 +325,13 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
         F(store_tile)(C, ldc, acc, mr, nr, alpha, beta);                           \
     }
 
-/* The body for a tile of mr rows: the MR-row tile, or a tile of 4 rows (or 8 where MR is 12)
- * when mr is at most that, for C's last rows: with MR = 12, M = 27 = 12 + 12 + 3 (conv1's
- * K x OC weight gradient) computed 36 rows for 27, and 32 and 64 filters 36 and 72. The
- * smaller tiles read the same packed MR-row panels, so they make the same sums in the same
- * order (the same bits). AMD EPYC, us, 2 interleaved rounds: 27x32x900 NT 25.4-27.9 ->
- * 20.6-21.0, 32x900x27 22.3-25.2 -> 21.3-21.5, 64x169x288 76.1-84.1 -> 71.9-72.7. */
+/* The body for a tile of mr rows: the MR-row tile, or a tile of 4 rows (or 8 or 10 where MR
+ * is 12) when mr is at most that, for C's last rows: with MR = 12, M = 27 = 12 + 12 + 3
+ * (conv1's K x OC weight gradient) computed 36 rows for 27, 32 and 64 filters 36 and 72, and
+ * an output layer's weight gradient (M = 10 classes) 12. The smaller tiles read the same
+ * packed MR-row panels, so they make the same sums in the same order (the same bits). AMD
+ * EPYC, us, 2-3 interleaved rounds: 27x32x900 NT 25.4-27.9 -> 20.6-21.0, 32x900x27 22.3-25.2
+ * -> 21.3-21.5, 64x169x288 76.1-84.1 -> 71.9-72.7, 10x784x128 TN 28.2-29.4 -> 22.2-27.0. */
 #if ROWS == 12
 #define UKERNEL_ROWS(A_AT, A_NEXT, BKS, WIDE)                                     \
     {                                                                              \
@@ -336,6 +339,8 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
             UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO4)                        \
         else if (mr <= 8)                                                          \
             UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO8)                        \
+        else if (mr <= 10)                                                         \
+            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO10)                       \
         else                                                                       \
             UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO)                         \
     }
@@ -388,6 +393,7 @@ TGT static void F(ukernel_strided)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *a, 
 #undef ROWS_DO4
 #undef ROWS_DO6
 #undef ROWS_DO8
+#undef ROWS_DO10
 #undef ROWS_DO12
 #undef ACC_DECL
 #undef ACC_ROW
