@@ -147,8 +147,10 @@ static void D(gemm_task)(void *arg, int t, int n)
             ptrdiff_t bks = NR, bpanel = (ptrdiff_t)NR * kc;
             if (pack_b) {
                 job->impl.pack_b(Bp, Bpc, job->rsb, job->csb, kc, nc);
-                if (job->bf16) job->impl.round_bf16((float *)Bp, (size_t)D(round_up)(nc, NR) * kc);
-                if (dot) dot->pair_b((float *)Bp, (nc + NR - 1) / NR, kc);
+                if (dot) /* rounds as it pairs */
+                    dot->pair_b((float *)Bp, (nc + NR - 1) / NR, kc);
+                else if (job->bf16)
+                    job->impl.round_bf16((float *)Bp, (size_t)D(round_up)(nc, NR) * kc);
             } else {
                 bsrc = Bpc;
                 bks = job->rsb;
@@ -164,7 +166,8 @@ static void D(gemm_task)(void *arg, int t, int n)
                 const T *Aic = A + (ptrdiff_t)ic * job->rsa + (ptrdiff_t)pc * job->csa;
                 if (pack_a) {
                     job->impl.pack_a(Ap, Aic, job->rsa, job->csa, mc, kc);
-                    if (job->bf16) job->impl.round_bf16((float *)Ap, (size_t)D(round_up)(mc, MR) * kc);
+                    if (job->bf16 && !dot)
+                        job->impl.round_bf16((float *)Ap, (size_t)D(round_up)(mc, MR) * kc);
                     if (dot) {
                         dot->pair_a((float *)Ap, (mc + MR - 1) / MR, kc);
                         dot->macro((float *)(C + (ptrdiff_t)ic * job->ldc + jc), job->ldc,
