@@ -65,6 +65,11 @@ typedef struct {
     void (*pair_b)(float *, int, int);
     void (*macro)(float *, ptrdiff_t, const float *, ptrdiff_t, const float *, ptrdiff_t, int, int,
                   int, float, float);
+    /* packing, rounding and pairing in one pass where the source's rows are contiguous:
+     * (dst, A, csa, mc, kc) for a transposed A (rsa == 1), (dst, B, rsb, kc, nc) for a
+     * row-major B (csb == 1) */
+    void (*pack_pair_a)(float *, const float *, ptrdiff_t, int, int);
+    void (*pack_pair_b)(float *, const float *, ptrdiff_t, int, int);
 } dp_gemm_dot_fns;
 
 #ifdef DP_HAVE_BF16DOT

@@ -94,6 +94,62 @@ DOT_TGT static void DF(dot_pair_b)(float *buf, int panels, int kc)
     for (int q = 0; q < panels; q++) DF(dot_pair_rows)(buf + (ptrdiff_t)q * kc * DOT_NR, kc, DOT_NR);
 }
 
+/* Packs a micro-panel straight into rounded pairs, from a k-major source (element (k, j) at
+ * src[k * ld + j] for j < n, zeros for n <= j < w): what the float packing and dot_pair_rows
+ * make of it, in one pass, for the layouts whose k-th rows are contiguous (a row-major B, a
+ * transposed A). */
+DOT_TGT DP_INLINE void DF(dot_pack_pair)(float *DP_RESTRICT dst, const float *DP_RESTRICT src,
+                                         ptrdiff_t ld, int kc, int n, int w)
+{
+    typedef DF(dot_vu) U;
+    for (int r = 0; r < kc; r += 2) {
+        const float *hi_row = src + (ptrdiff_t)r * ld, *lo_row = hi_row + ld;
+        float *out_row = dst + (ptrdiff_t)(r / 2) * w;
+        for (int c = 0; c < w; c += 16) {
+            int valid = n - c < 0 ? 0 : n - c > 16 ? 16 : n - c, lanes = w - c < 16 ? w - c : 16;
+            U hi = {0}, lo = {0};
+            if (valid == 16) {
+                memcpy(&hi, hi_row + c, sizeof hi);
+                if (r + 1 < kc) memcpy(&lo, lo_row + c, sizeof lo);
+            } else if (valid > 0) {
+#if DOT_HW
+                __mmask16 m = (__mmask16)((1u << valid) - 1);
+                hi = (U)_mm512_maskz_loadu_epi32(m, hi_row + c);
+                if (r + 1 < kc) lo = (U)_mm512_maskz_loadu_epi32(m, lo_row + c);
+#else
+                memcpy(&hi, hi_row + c, (size_t)valid * sizeof(float));
+                if (r + 1 < kc) memcpy(&lo, lo_row + c, (size_t)valid * sizeof(float));
+#endif
+            }
+            U out = DF(dot_round)(hi) | (DF(dot_round)(lo) >> 16);
+#if DOT_HW
+            if (lanes < 16) {
+                _mm512_mask_storeu_epi32(out_row + c, (__mmask16)((1u << lanes) - 1), (__m512i)out);
+                continue;
+            }
+#endif
+            memcpy(out_row + c, &out, (size_t)lanes * sizeof(float));
+        }
+    }
+}
+
+/* The mc x kc block of a transposed A (row i at A + i, its k-th value csa further) as paired
+ * 12-row micro-panels, kc * 12 floats apart (the float packing's slots) */
+DOT_TGT static void DF(dot_pack_pair_a)(float *buf, const float *A, ptrdiff_t csa, int mc, int kc)
+{
+    for (int i = 0; i < mc; i += DOT_MR)
+        DF(dot_pack_pair)(buf + (ptrdiff_t)(i / DOT_MR) * kc * DOT_MR, A + i, csa, kc,
+                          mc - i < DOT_MR ? mc - i : DOT_MR, DOT_MR);
+}
+
+/* The kc x nc panel of a row-major B (row k at B + k * rsb) as paired 32-column micro-panels */
+DOT_TGT static void DF(dot_pack_pair_b)(float *buf, const float *B, ptrdiff_t rsb, int kc, int nc)
+{
+    for (int j = 0; j < nc; j += DOT_NR)
+        DF(dot_pack_pair)(buf + (ptrdiff_t)(j / DOT_NR) * kc * DOT_NR, B + j, rsb, kc,
+                          nc - j < DOT_NR ? nc - j : DOT_NR, DOT_NR);
+}
+
 #if DOT_HW
 /* acc + hi(a) hi(b) + lo(a) lo(b) per lane, a one pair broadcast */
 #define DOT_STEP(acc, a, b)                                                                  \
@@ -158,7 +214,8 @@ DOT_TGT static void DF(dot_macro)(float *C, ptrdiff_t ldc, const float *A, ptrdi
     }
 }
 
-static const dp_gemm_dot_fns DF(dot_fns) = {DF(dot_pair_a), DF(dot_pair_b), DF(dot_macro)};
+static const dp_gemm_dot_fns DF(dot_fns) = {DF(dot_pair_a), DF(dot_pair_b), DF(dot_macro),
+                                            DF(dot_pack_pair_a), DF(dot_pack_pair_b)};
 
 #undef DOT_ROWS
 #undef DOT_DECL

@@ -145,7 +145,9 @@ static void D(gemm_task)(void *arg, int t, int n)
             const T *Bpc = B + (ptrdiff_t)pc * job->rsb + (ptrdiff_t)jc * job->csb;
             const T *bsrc = Bp, *bedge = NULL;
             ptrdiff_t bks = NR, bpanel = (ptrdiff_t)NR * kc;
-            if (pack_b) {
+            if (pack_b && dot && job->csb == 1) {
+                dot->pack_pair_b((float *)Bp, (const float *)Bpc, job->rsb, kc, nc);
+            } else if (pack_b) {
                 job->impl.pack_b(Bp, Bpc, job->rsb, job->csb, kc, nc);
                 if (dot) /* rounds as it pairs */
                     dot->pair_b((float *)Bp, (nc + NR - 1) / NR, kc);
@@ -165,11 +167,15 @@ static void D(gemm_task)(void *arg, int t, int n)
                 int mc = M - ic < mcb ? M - ic : mcb;
                 const T *Aic = A + (ptrdiff_t)ic * job->rsa + (ptrdiff_t)pc * job->csa;
                 if (pack_a) {
-                    job->impl.pack_a(Ap, Aic, job->rsa, job->csa, mc, kc);
+                    if (!dot || job->rsa != 1)
+                        job->impl.pack_a(Ap, Aic, job->rsa, job->csa, mc, kc);
                     if (job->bf16 && !dot)
                         job->impl.round_bf16((float *)Ap, (size_t)D(round_up)(mc, MR) * kc);
                     if (dot) {
-                        dot->pair_a((float *)Ap, (mc + MR - 1) / MR, kc);
+                        if (job->rsa == 1)
+                            dot->pack_pair_a((float *)Ap, (const float *)Aic, job->csa, mc, kc);
+                        else
+                            dot->pair_a((float *)Ap, (mc + MR - 1) / MR, kc);
                         dot->macro((float *)(C + (ptrdiff_t)ic * job->ldc + jc), job->ldc,
                                    (const float *)Ap, (ptrdiff_t)MR * kc, (const float *)Bp,
                                    (ptrdiff_t)NR * kc, mc, nc, kc, (float)job->alpha, (float)beta);
