@@ -171,9 +171,28 @@ DOT_TGT static void DF(dot_pack_pair_b)(float *buf, const float *B, ptrdiff_t rs
         uint32_t ai;                                                                         \
         memcpy(&ai, a + (i), sizeof ai);                                                     \
         DOT_STEP(c##i##_0, ai, b0);                                                          \
-        DOT_STEP(c##i##_1, ai, b1);                                                          \
+        if (WIDE_) DOT_STEP(c##i##_1, ai, b1);                                               \
     }
 #define DOT_KEEP(i) {c##i##_0, c##i##_1},
+
+/* The kernel's body; WIDE (a constant) 0 is the narrow tile for nr <= 16 (an output layer's
+ * N = 10, the last panel of N = 32 q + r, r <= 16): 12 rows x one vector, the same sums for
+ * the columns it has at half the instructions, as the float kernel's */
+#define DOT_BODY(WIDE)                                                                       \
+    {                                                                                        \
+        enum { WIDE_ = (WIDE) };                                                             \
+        DOT_ROWS(DOT_DECL)                                                                   \
+        for (int p = 0; p < kp; p++) {                                                       \
+            U b0, b1 = {0};                                                                  \
+            memcpy(&b0, b, sizeof b0);                                                       \
+            if (WIDE_) memcpy(&b1, b + 16, sizeof b1);                                       \
+            DOT_ROWS(DOT_ROW)                                                                \
+            a += DOT_MR;                                                                     \
+            b += DOT_NR;                                                                     \
+        }                                                                                    \
+        V acc[DOT_MR][2] = {DOT_ROWS(DOT_KEEP)};                                             \
+        DOT_STORE(C, ldc, acc, mr, nr, alpha, beta);                                         \
+    }
 
 /* C[0:mr, 0:nr] = alpha * (a . b) + beta * C over kp pairs: a is 12 pairs per step, b 32
  * (beta == 0: C is not read). */
@@ -183,17 +202,10 @@ DOT_TGT static void DF(dot_ukernel)(float *DP_RESTRICT C, ptrdiff_t ldc, const f
 {
     typedef DF(dot_vf) V;
     typedef DF(dot_vu) U;
-    DOT_ROWS(DOT_DECL)
-    for (int p = 0; p < kp; p++) {
-        U b0, b1;
-        memcpy(&b0, b, sizeof b0);
-        memcpy(&b1, b + 16, sizeof b1);
-        DOT_ROWS(DOT_ROW)
-        a += DOT_MR;
-        b += DOT_NR;
-    }
-    V acc[DOT_MR][2] = {DOT_ROWS(DOT_KEEP)};
-    DOT_STORE(C, ldc, acc, mr, nr, alpha, beta);
+    if (nr <= 16)
+        DOT_BODY(0)
+    else
+        DOT_BODY(1)
 }
 
 /* The macro-kernel over an mc x kc block of paired A and a kc x nc panel of paired B, their
@@ -221,6 +233,7 @@ static const dp_gemm_dot_fns DF(dot_fns) = {DF(dot_pair_a), DF(dot_pair_b), DF(d
 #undef DOT_DECL
 #undef DOT_ROW
 #undef DOT_KEEP
+#undef DOT_BODY
 #undef DOT_STEP
 #undef DOT_MR
 #undef DOT_NR
