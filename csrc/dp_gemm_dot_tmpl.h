@@ -46,60 +46,19 @@ DOT_TGT DP_INLINE DF(dot_vu) DF(dot_round)(DF(dot_vu) u)
     return ((quiet & nan) | (rne & ~nan)) & 0xffff0000u;
 }
 
-/* Rows r and r + 1 (r + 1 < kc, or zeros) of a micro-panel of W floats per row, rounded to
- * bfloat16 here (the rounding path's round_bf16 pass, fused: one pass over the panel instead
- * of two) and paired into row r / 2, in place, 16 lanes at a time (W = 12: one partial
- * chunk, through masked loads and stores on the hardware: a 48-byte memcpy into a 64-byte
- * vector went through the stack, and pairing A was 11 % of the bfloat16 MLP step on an AMD
- * EPYC, 3x packing it): row r / 2 <= r, and a chunk of it is written only after the same
- * chunk of row r (the same place when r = 0) has been read; rows below r / 2 are no longer
- * needed. */
-DOT_TGT DP_INLINE void DF(dot_pair_rows)(float *panel, int kc, int w)
-{
-    typedef DF(dot_vu) U;
-    for (int r = 0; r < kc; r += 2) {
-        const float *hi_row = panel + (ptrdiff_t)r * w, *lo_row = hi_row + w;
-        float *out_row = panel + (ptrdiff_t)(r / 2) * w;
-        for (int c = 0; c < w; c += 16) {
-            int n = w - c < 16 ? w - c : 16;
-            U hi = {0}, lo = {0};
-#if DOT_HW
-            if (n < 16) {
-                __mmask16 m = (__mmask16)((1u << n) - 1);
-                hi = (U)_mm512_maskz_loadu_epi32(m, hi_row + c);
-                if (r + 1 < kc) lo = (U)_mm512_maskz_loadu_epi32(m, lo_row + c);
-                U out = DF(dot_round)(hi) | (DF(dot_round)(lo) >> 16);
-                _mm512_mask_storeu_epi32(out_row + c, m, (__m512i)out);
-                continue;
-            }
-#endif
-            size_t bytes = (size_t)n * sizeof(float);
-            memcpy(&hi, hi_row + c, bytes);
-            if (r + 1 < kc) memcpy(&lo, lo_row + c, bytes);
-            U out = DF(dot_round)(hi) | (DF(dot_round)(lo) >> 16);
-            memcpy(out_row + c, &out, bytes);
-        }
-    }
-}
-
-/* `panels` packed micro-panels of kc rows each, kc * W floats apart: each becomes (kc + 1) / 2
- * rows of W pairs at its own start (the rest of its slot is left as it was). */
-DOT_TGT static void DF(dot_pair_a)(float *buf, int panels, int kc)
-{
-    for (int q = 0; q < panels; q++) DF(dot_pair_rows)(buf + (ptrdiff_t)q * kc * DOT_MR, kc, DOT_MR);
-}
-
-DOT_TGT static void DF(dot_pair_b)(float *buf, int panels, int kc)
-{
-    for (int q = 0; q < panels; q++) DF(dot_pair_rows)(buf + (ptrdiff_t)q * kc * DOT_NR, kc, DOT_NR);
-}
-
-/* Packs a micro-panel straight into rounded pairs, from a k-major source (element (k, j) at
- * src[k * ld + j] for j < n, zeros for n <= j < w): what the float packing and dot_pair_rows
- * make of it, in one pass, for the layouts whose k-th rows are contiguous (a row-major B, a
- * transposed A). */
-DOT_TGT DP_INLINE void DF(dot_pack_pair)(float *DP_RESTRICT dst, const float *DP_RESTRICT src,
-                                         ptrdiff_t ld, int kc, int n, int w)
+/* Rounds rows r and r + 1 (r + 1 < kc, or zeros) of a k-major source (element (k, j) at
+ * src[k * ld + j] for j < n, zeros for n <= j < w) to bfloat16 and pairs them into row r / 2
+ * of a micro-panel of w pairs per row, 16 lanes at a time. Two uses: the float-packed panel
+ * itself, in place (src == dst, ld = n = w: row r / 2 <= r, and a chunk of it is written only
+ * after the same chunk of rows r and r + 1 has been read; rows below r / 2 are no longer
+ * needed), after which the rounding path's round_bf16 pass is not needed; and, for the
+ * layouts whose k-th rows are contiguous (a row-major B, a transposed A), the operand itself,
+ * which replaces the float packing too. A partial chunk (w = 12, or past n) goes through
+ * masked loads and stores on the hardware: a 48-byte memcpy into a 64-byte vector went
+ * through the stack, and pairing A was 11 % of the bfloat16 MLP step on an AMD EPYC, 3x
+ * packing it. */
+DOT_TGT DP_INLINE void DF(dot_pack_pair)(float *dst, const float *src, ptrdiff_t ld, int kc,
+                                         int n, int w)
 {
     typedef DF(dot_vu) U;
     for (int r = 0; r < kc; r += 2) {
@@ -130,6 +89,25 @@ DOT_TGT DP_INLINE void DF(dot_pack_pair)(float *DP_RESTRICT dst, const float *DP
 #endif
             memcpy(out_row + c, &out, (size_t)lanes * sizeof(float));
         }
+    }
+}
+
+/* `panels` float-packed micro-panels of kc rows each, kc * W floats apart: each becomes
+ * (kc + 1) / 2 rows of W pairs at its own start, in place (the rest of its slot is left as it
+ * was). */
+DOT_TGT static void DF(dot_pair_a)(float *buf, int panels, int kc)
+{
+    for (int q = 0; q < panels; q++) {
+        float *panel = buf + (ptrdiff_t)q * kc * DOT_MR;
+        DF(dot_pack_pair)(panel, panel, DOT_MR, kc, DOT_MR, DOT_MR);
+    }
+}
+
+DOT_TGT static void DF(dot_pair_b)(float *buf, int panels, int kc)
+{
+    for (int q = 0; q < panels; q++) {
+        float *panel = buf + (ptrdiff_t)q * kc * DOT_NR;
+        DF(dot_pack_pair)(panel, panel, DOT_NR, kc, DOT_NR, DOT_NR);
     }
 }
 

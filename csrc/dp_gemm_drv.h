@@ -167,15 +167,16 @@ static void D(gemm_task)(void *arg, int t, int n)
                 int mc = M - ic < mcb ? M - ic : mcb;
                 const T *Aic = A + (ptrdiff_t)ic * job->rsa + (ptrdiff_t)pc * job->csa;
                 if (pack_a) {
-                    if (!dot || job->rsa != 1)
+                    if (dot && job->rsa == 1) {
+                        dot->pack_pair_a((float *)Ap, (const float *)Aic, job->csa, mc, kc);
+                    } else {
                         job->impl.pack_a(Ap, Aic, job->rsa, job->csa, mc, kc);
-                    if (job->bf16 && !dot)
-                        job->impl.round_bf16((float *)Ap, (size_t)D(round_up)(mc, MR) * kc);
-                    if (dot) {
-                        if (job->rsa == 1)
-                            dot->pack_pair_a((float *)Ap, (const float *)Aic, job->csa, mc, kc);
-                        else
+                        if (dot) /* rounds as it pairs */
                             dot->pair_a((float *)Ap, (mc + MR - 1) / MR, kc);
+                        else if (job->bf16)
+                            job->impl.round_bf16((float *)Ap, (size_t)D(round_up)(mc, MR) * kc);
+                    }
+                    if (dot) {
                         dot->macro((float *)(C + (ptrdiff_t)ic * job->ldc + jc), job->ldc,
                                    (const float *)Ap, (ptrdiff_t)MR * kc, (const float *)Bp,
                                    (ptrdiff_t)NR * kc, mc, nc, kc, (float)job->alpha, (float)beta);
