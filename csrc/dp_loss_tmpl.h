@@ -199,14 +199,25 @@ int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int6
     return DP_OK;
 }
 
-/* Rows ahead of the current one that the forward prefetches: a block's arithmetic (exp,
- * log1p, the gradient) leaves the memory idle unless the next blocks' rows are on their way.
- * Measured on the AVX2 VM (1M x 20 float64, batch 8192): 0 rows 6.8 GB/s, 32 7.9, 64 8.3,
- * 128 7.1 (medians of 7 interleaved repeats). Into L2 (locality 1, prefetcht2), not L1: on
- * an AMD EPYC (Zen 5, AVX-512) prefetcht0 made the stream slower than no prefetch at all,
- * bench_logreg 0.124-0.202 s against 0.083-0.088 with prefetcht2, 3 interleaved runs (15.5
- * -> 10.4 ns a row; no prefetch 11-12.5); the Intel Xeon of session 7 showed no difference
- * between the three localities. */
+/* How far ahead of the rows it reads the logistic kernel prefetches x: a block's arithmetic
+ * (exp, log1p, the gradient) leaves the memory idle unless later blocks' rows are on their
+ * way. Rows that the backward takes in one pass (KVL to 4 KVL values: logistic regression's
+ * 20 float64 features) are prefetched from there, a few lines with each pair of rows,
+ * LOGREG_PF_BYTES ahead; the others in a burst of KVL rows from the forward, LOGREG_PF_ROWS
+ * ahead. AMD EPYC (Zen 5), the kernel called from C on x at 16 mod 64 (as NumPy's are) with
+ * huge pages, 1M x 20 float64, batch 8192, ns a row streaming x (medians of 9, 3 runs): the
+ * forward's burst 64 rows ahead 11.6-11.9, no prefetch 13.6-15.0, the same burst after the
+ * loss 8.6-9.2, from the backward 128 to 384 rows ahead 8.0-8.6 (so a distance in bytes:
+ * 32 KB; 8 and 16 KB no better, 64 and 128 KB worse). Other one-pass widths, the forward's
+ * burst -> the backward's: float64 IN = 16 7.9-8.8 -> 7.7-7.8, 32 16.3-17.6 -> 14.0-15.6;
+ * float32 IN = 32 7.8-8.5 -> 6.8-7.7, 64 20 -> 10-14; slower: float32 IN = 20 5.5-6.0 ->
+ * 5.9-7.2 (in L1 the same, 4.7). Prefetched from the backward, rows of several passes got
+ * slower as often as faster (float64 IN = 64 34 -> 37, 100 53 -> 57, 200 114 -> 102; 35 %
+ * slower at IN = 64 on AVX2), so they keep the forward's burst. Into L2 (locality 1,
+ * prefetcht2), not L1: on that EPYC prefetcht0 made the stream slower than no prefetch at
+ * all (bench_logreg 0.124-0.202 s against 0.083-0.088 with prefetcht2, 3 interleaved runs);
+ * the Intel Xeon of session 7 showed no difference between the three localities. */
+#define LOGREG_PF_BYTES 32768
 #define LOGREG_PF_ROWS 64
 #define LOGREG_PF_LOCALITY 1
 
@@ -229,11 +240,11 @@ DP_INLINE K(kvec) K(kand)(K(kvec) v, K(kmask) m)
  * order of the samples: scikit-learn's check_methods_sample_order_invariance); one value at
  * a time only when IN < KVL, for every row. (The scalar loop over the last columns cost
  * more than the vectors: IN = 20 leaves 4 columns with 8 lanes, AVX-512's float64.)
- * prefetch: the logistic kernel's, LOGREG_PF_ROWS ahead. The GEMM's matrix-vector product
- * goes without: it has no arithmetic for the memory to overlap, the hardware prefetcher
- * follows its KVL streams, and the prefetches took load slots (AVX2 VM, float64, X v, the
- * kernel called directly, medians of 5 interleaved runs: 64x520 in L2 6.3 -> 2.8 us,
- * 8192x64 in L3 113 -> 65 us). */
+ * prefetch: the logistic kernel's for rows that its backward takes in more than one pass,
+ * LOGREG_PF_ROWS ahead. The GEMM's matrix-vector product goes without: it has no arithmetic
+ * for the memory to overlap, the hardware prefetcher follows its KVL streams, and the
+ * prefetches took load slots (AVX2 VM, float64, X v, the kernel called directly, medians of
+ * 5 interleaved runs: 64x520 in L2 6.3 -> 2.8 us, 8192x64 in L3 113 -> 65 us). */
 DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, ptrdiff_t ldx,
                              const T *DP_RESTRICT w, T b, int rows, int IN, int prefetch)
 {
@@ -285,14 +296,26 @@ DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, ptrdiff_
     }
 }
 
+/* Prefetches (LOGREG_PF_LOCALITY) [p, p + len): the lines 64 bytes apart from p, and the
+ * last byte's (a fixed count, so that the loop's branch is predicted) */
+DP_INLINE void K(prefetch_range)(uintptr_t p, size_t len)
+{
+    const size_t n = (len + 63) / 64;
+    for (size_t i = 0; i < n; i++)
+        __builtin_prefetch((const void *)(p + 64 * i), 0, LOGREG_PF_LOCALITY);
+    __builtin_prefetch((const void *)(p + len - 1), 0, LOGREG_PF_LOCALITY);
+}
+
 /* The sums of block_gemv_t for nv (a constant once inlined, 1 to 4) vectors of columns
  * starting at col[v]: out[v] = (dw's columns + the even rows' g[r] x_r) + the odd rows', the
  * two sums of each vector gathered side by side while the rows stream by. Every path of X^T v
  * sums a column in this order (block_gemv_t_rows too), so its bits do not depend on where it
- * sits. */
+ * sits. pf > 0 (the logistic kernel, whose rows are contiguous, ldx values each, and taken
+ * in one pass): with each pair of rows, the pair pf rows further is prefetched, while it lies
+ * within the pf_rows rows from xb. */
 DP_INLINE void K(gemv_t_vecs)(K(kvec) *out, const T *DP_RESTRICT dw, const T *DP_RESTRICT g,
                               const T *DP_RESTRICT xb, ptrdiff_t ldx, int rows, const int *col,
-                              int nv)
+                              int nv, int pf, int pf_rows)
 {
     typedef K(kvec) V;
     V a[4], b[4];
@@ -301,6 +324,8 @@ DP_INLINE void K(gemv_t_vecs)(K(kvec) *out, const T *DP_RESTRICT dw, const T *DP
     for (; r + 2 <= rows; r += 2) {
         const T *xr = xb + (ptrdiff_t)r * ldx, *xs = xr + ldx;
         T gr = g[r], gs = g[r + 1];
+        if (pf > 0 && r + pf + 1 < pf_rows)
+            K(prefetch_range)((uintptr_t)(xr + (ptrdiff_t)pf * ldx), 2 * sizeof(T) * (size_t)ldx);
         for (int v = 0; v < nv; v++) {
             a[v] += K(kload)(xr + col[v]) * gr;
             b[v] += K(kload)(xs + col[v]) * gs;
@@ -330,7 +355,7 @@ DP_INLINE void K(gemv_t_tail)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const T
     if (j < IN && IN >= KVL) {
         const int col[1] = {IN - KVL};
         K(kvec) s;
-        K(gemv_t_vecs)(&s, dw, g, xb, ldx, rows, col, 1);
+        K(gemv_t_vecs)(&s, dw, g, xb, ldx, rows, col, 1, 0, 0);
         K(store_tail)(dw, s, IN);
         return;
     }
@@ -361,7 +386,7 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
     int j = 0;
     for (; j + 4 * KVL <= IN; j += 4 * KVL) {
         const int col[4] = {j, j + KVL, j + 2 * KVL, j + 3 * KVL};
-        K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 4);
+        K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 4, 0, 0);
         for (int v = 0; v < 4; v++) K(kstore)(dw + col[v], s[v]);
     }
     const int full = (IN - j) / KVL, tail = IN % KVL != 0, nv = full + tail;
@@ -369,10 +394,33 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
     for (int v = 0; v < full; v++) col[v] = j + v * KVL;
     if (tail) col[full] = IN - KVL;
     switch (nv) {                /* constant vector counts, so that each call is unrolled */
-    case 1: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 1); break;
-    case 2: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 2); break;
-    case 3: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 3); break;
-    case 4: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 4); break;
+    case 1: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 1, 0, 0); break;
+    case 2: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 2, 0, 0); break;
+    case 3: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 3, 0, 0); break;
+    case 4: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 4, 0, 0); break;
+    default: return;
+    }
+    for (int v = 0; v < full; v++) K(kstore)(dw + col[v], s[v]);
+    if (tail) K(store_tail)(dw, s[full], IN);
+}
+
+/* block_gemv_t for the logistic kernel's rows of KVL to 4 KVL values (one pass, the same
+ * order, so the same bits), contiguous, with gemv_t_vecs's prefetch pf rows ahead of each
+ * pair of rows (LOGREG_PF_BYTES); block_gemv_t's passes have none. pf_rows: the rows from
+ * xb to x's end. */
+DP_INLINE void K(block_gemv_t_pf)(T *DP_RESTRICT dw, const T *DP_RESTRICT g,
+                                  const T *DP_RESTRICT xb, int rows, int IN, int pf, int pf_rows)
+{
+    K(kvec) s[4];
+    const int full = IN / KVL, tail = IN % KVL != 0;
+    int col[4] = {0};
+    for (int v = 0; v < full; v++) col[v] = v * KVL;
+    if (tail) col[full] = IN - KVL;
+    switch (full + tail) {       /* constant vector counts, so that each call is unrolled */
+    case 1: K(gemv_t_vecs)(s, dw, g, xb, IN, rows, col, 1, pf, pf_rows); break;
+    case 2: K(gemv_t_vecs)(s, dw, g, xb, IN, rows, col, 2, pf, pf_rows); break;
+    case 3: K(gemv_t_vecs)(s, dw, g, xb, IN, rows, col, 3, pf, pf_rows); break;
+    case 4: K(gemv_t_vecs)(s, dw, g, xb, IN, rows, col, 4, pf, pf_rows); break;
     default: return;
     }
     for (int v = 0; v < full; v++) K(kstore)(dw + col[v], s[v]);
@@ -430,6 +478,38 @@ DP_INLINE void K(block_gemv_t_rows)(T *DP_RESTRICT dw, const T *DP_RESTRICT g,
     K(gemv_t_tail)(dw, g, xb, ldx, rows, IN);
 }
 
+/* dp_logistic_grad's blocks of rows, one_pass a constant once inlined: whether the backward
+ * takes a row in one pass of gemv_t_vecs (KVL to 4 KVL values), and then prefetches x
+ * (block_gemv_t_pf), or in several, and then the forward does. Two copies of the loop: in
+ * one loop with both branches, rows of several passes ran slower than before the backward
+ * prefetched (AMD EPYC, the kernel called from C, float64 IN = 64, ns a row streaming, 3
+ * interleaved runs: 34.4-35.3 with the branch taken out at compile time, 38.3-38.6 with it). */
+DP_INLINE void K(logistic_blocks)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x,
+                                  const T *w, const T *b, const int64_t *labels, int B, int IN,
+                                  T grad_scale, int one_pass)
+{
+    double total = 0;
+    int64_t right = 0;
+    T gsum = 0;
+    const int pf_bytes = LOGREG_PF_BYTES / (IN * (int)sizeof(T));
+    const int pf = pf_bytes > LOSS_ROWS ? pf_bytes : LOSS_ROWS;
+    for (int r0 = 0; r0 < B; r0 += LOSS_ROWS) {
+        int rows = B - r0 < LOSS_ROWS ? B - r0 : LOSS_ROWS;
+        const T *xb = x + (ptrdiff_t)r0 * IN;
+        T z[LOSS_ROWS], g[LOSS_ROWS];
+        K(block_gemv)(z, xb, IN, w, b[0], rows, IN, !one_pass);
+        int64_t ok;
+        total += (double)K(bce_block)(g, &ok, z, labels + r0, rows, grad_scale);
+        right += ok;
+        gsum += K(ksum)(g, rows);
+        if (one_pass) K(block_gemv_t_pf)(dw, g, xb, rows, IN, pf, B - r0);
+        else K(block_gemv_t)(dw, g, xb, IN, rows, IN);
+    }
+    db[0] += gsum;
+    *loss_sum = total;
+    *correct = right;
+}
+
 int KV(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x,
                                   const T *w, const T *b, const int64_t *labels, int B, int IN,
                                   T grad_scale)
@@ -448,23 +528,12 @@ int KV(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const
                                                       B, IN, grad_scale);
 #endif
     if (K(check_binary_labels)(labels, B)) return DP_ELABEL;
-    double total = 0;
-    int64_t right = 0;
-    T gsum = 0;
-    for (int r0 = 0; r0 < B; r0 += LOSS_ROWS) {
-        int rows = B - r0 < LOSS_ROWS ? B - r0 : LOSS_ROWS;
-        const T *xb = x + (ptrdiff_t)r0 * IN;
-        T z[LOSS_ROWS], g[LOSS_ROWS];
-        K(block_gemv)(z, xb, IN, w, b[0], rows, IN, 1);
-        int64_t ok;
-        total += (double)K(bce_block)(g, &ok, z, labels + r0, rows, grad_scale);
-        right += ok;
-        gsum += K(ksum)(g, rows);
-        K(block_gemv_t)(dw, g, xb, IN, rows, IN);
-    }
-    db[0] += gsum;
-    *loss_sum = total;
-    *correct = right;
+    /* rows the backward takes in one pass prefetch from there, the others from the forward
+     * (LOGREG_PF_BYTES); two copies of the loop, each with one of them */
+    if (IN >= KVL && IN <= 4 * KVL)
+        K(logistic_blocks)(dw, db, loss_sum, correct, x, w, b, labels, B, IN, grad_scale, 1);
+    else
+        K(logistic_blocks)(dw, db, loss_sum, correct, x, w, b, labels, B, IN, grad_scale, 0);
     return DP_OK;
 }
 
