@@ -1357,6 +1357,38 @@ static void test_sigmoid_bce(dtype dt)
         }
 }
 
+/* dp_sigmoid_bce densely over z, with y = (z > 0): each loss is then log1p(exp(-|z|)) alone,
+ * which must stay accurate in relative terms down to exp(-|z|) far below eps, and dlogits is
+ * sigmoid(z) (z <= 0, relative) or sigmoid(z) - 1 (z > 0, absolute: 1 - sigmoid is not
+ * computed alone). The random z of test_sigmoid_bce are a few dozen points. */
+static void test_sigmoid_bce_dense(dtype dt)
+{
+    const int n = 4001;
+    const double zmax = dt == F32 ? 30 : 300, eps = deps(dt);
+    void *z = talloc(dt, n), *dz = talloc(dt, n);
+    int64_t *lab = ialloc(n);
+    for (int i = 0; i < n; i++) {
+        tset(dt, z, i, zmax * (2.0 * i / (n - 1) - 1));
+        lab[i] = tget(dt, z, i) > 0;
+    }
+    int rc = sigmoid_bce_t(dt, dz, &(double){0}, z, lab, n, 1.0);
+    expect(rc == DP_OK, "dp_sigmoid_bce_%s dense: returned %d", dtn(dt), rc);
+    diff dl = {0}, dg = {0};
+    for (int i = 0; i < n; i++) {
+        double zi = tget(dt, z, i), s, l = bce_ref(zi, (double)lab[i], &s), loss = NAN;
+        const void *zi_p = (const char *)z + (size_t)i * dts(dt);
+        rc = sigmoid_bce_t(dt, NULL, &loss, zi_p, lab + i, 1, 1.0);
+        expect(rc == DP_OK, "dp_sigmoid_bce_%s z=%g: returned %d", dtn(dt), zi, rc);
+        diff_add(&dl, i, loss, l, 6 * eps * l);
+        diff_add(&dg, i, tget(dt, dz, i), s - (double)lab[i], 4 * eps * (zi > 0 ? 1 : s));
+    }
+    expect_diff(&dl, 0, "dp_sigmoid_bce_%s loss at z = %g (2 i / %d - 1), y = (z > 0)", dtn(dt),
+                zmax, n - 1);
+    expect_diff(&dg, 0, "dp_sigmoid_bce_%s dlogits at z = %g (2 i / %d - 1), y = (z > 0)",
+                dtn(dt), zmax, n - 1);
+    free(z); free(dz); free(lab);
+}
+
 /* The fused logistic-regression kernel against its naive computation: z = x w + b, BCE,
  * dw += grad_scale sum_r (sigmoid(z_r) - y_r) x_r, db likewise, correct = #[(z > 0) == y]. */
 static void test_logistic_grad(dtype dt)
@@ -2004,6 +2036,7 @@ int main(void)
             test_sgd(dt);
             test_softmax_xent(dt);
             test_sigmoid_bce(dt);
+            test_sigmoid_bce_dense(dt);
             test_logistic_grad(dt);
             test_maxpool(dt);
             test_conv(dt);        /* im2col and col2im */
