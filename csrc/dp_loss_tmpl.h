@@ -208,15 +208,16 @@ int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int6
  * huge pages, 1M x 20 float64, batch 8192, ns a row streaming x (medians of 9, 3 runs): the
  * forward's burst 64 rows ahead 11.6-11.9, no prefetch 13.6-15.0, the same burst after the
  * loss 8.6-9.2, from the backward 128 to 384 rows ahead 8.0-8.6 (so a distance in bytes:
- * 32 KB; 8 and 16 KB no better, 64 and 128 KB worse). Other one-pass widths, the forward's
- * burst -> the backward's: float64 IN = 16 7.9-8.8 -> 7.7-7.8, 32 16.3-17.6 -> 14.0-15.6;
- * float32 IN = 32 7.8-8.5 -> 6.8-7.7, 64 20 -> 10-14; slower: float32 IN = 20 5.5-6.0 ->
- * 5.9-7.2 (in L1 the same, 4.7). Prefetched from the backward, rows of several passes got
- * slower as often as faster (float64 IN = 64 34 -> 37, 100 53 -> 57, 200 114 -> 102; 35 %
- * slower at IN = 64 on AVX2), so they keep the forward's burst. Into L2 (locality 1,
- * prefetcht2), not L1: on that EPYC prefetcht0 made the stream slower than no prefetch at
- * all (bench_logreg 0.124-0.202 s against 0.083-0.088 with prefetcht2, 3 interleaved runs);
- * the Intel Xeon of session 7 showed no difference between the three localities. */
+ * 32 KB; 8 and 16 KB no better, 64 and 128 KB worse). Other one-pass widths, as built here
+ * (2-5 runs): float64 IN = 16 8.4-8.8 -> 7.8, 20 9.9-10.9 -> 8.5-10.3, 32 16.3-17.6 ->
+ * 15.2-17.9 (mixed); float32 IN = 32 8.2-8.5 -> 7.7, 64 19.8-20.3 -> 12.7-14.3; slower:
+ * float32 IN = 20 5.5-7.2 -> 6.2-7.9 (in L1 the same, 4.7). From the backward, rows of
+ * several passes got slower as often as faster (float64 IN = 64 34 -> 37, 100 53 -> 57, 200
+ * 114 -> 102; 35 % slower at IN = 64 on AVX2), so they keep the forward's burst. Into L2
+ * (locality 1, prefetcht2), not L1: on that EPYC prefetcht0 made the stream slower than no
+ * prefetch at all (bench_logreg 0.124-0.202 s against 0.083-0.088 with prefetcht2, 3
+ * interleaved runs); the Intel Xeon of session 7 showed no difference between the three
+ * localities. */
 #define LOGREG_PF_BYTES 32768
 #define LOGREG_PF_ROWS 64
 #define LOGREG_PF_LOCALITY 1
