@@ -374,9 +374,11 @@ DP_INLINE void K(gemv_t_tail)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const T
  * 5 cycles a row). The columns past the last group of four, the last IN % KVL ones included
  * (the row's last KVL columns, the lanes already summed dropped), go in one more pass of the
  * same order: 20 float64 columns on AVX-512 are 2 vectors and a tail, which took three
- * passes of two chains each when only groups of four shared one. */
+ * passes of two chains each when only groups of four shared one. pf, pf_rows: gemv_t_vecs's
+ * prefetch, only for the logistic kernel's rows of one pass (a constant 0 elsewhere, so that
+ * the other callers have no prefetch code). */
 DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const T *DP_RESTRICT xb,
-                               ptrdiff_t ldx, int rows, int IN)
+                               ptrdiff_t ldx, int rows, int IN, int pf, int pf_rows)
 {
     typedef K(kvec) V;
     if (IN < KVL) {             /* one column at a time (one chain), for every column */
@@ -387,7 +389,7 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
     int j = 0;
     for (; j + 4 * KVL <= IN; j += 4 * KVL) {
         const int col[4] = {j, j + KVL, j + 2 * KVL, j + 3 * KVL};
-        K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 4, 0, 0);
+        K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 4, pf, pf_rows);
         for (int v = 0; v < 4; v++) K(kstore)(dw + col[v], s[v]);
     }
     const int full = (IN - j) / KVL, tail = IN % KVL != 0, nv = full + tail;
@@ -395,33 +397,10 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
     for (int v = 0; v < full; v++) col[v] = j + v * KVL;
     if (tail) col[full] = IN - KVL;
     switch (nv) {                /* constant vector counts, so that each call is unrolled */
-    case 1: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 1, 0, 0); break;
-    case 2: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 2, 0, 0); break;
-    case 3: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 3, 0, 0); break;
-    case 4: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 4, 0, 0); break;
-    default: return;
-    }
-    for (int v = 0; v < full; v++) K(kstore)(dw + col[v], s[v]);
-    if (tail) K(store_tail)(dw, s[full], IN);
-}
-
-/* block_gemv_t for the logistic kernel's rows of KVL to 4 KVL values (one pass, the same
- * order, so the same bits), contiguous, with gemv_t_vecs's prefetch pf rows ahead of each
- * pair of rows (LOGREG_PF_BYTES); block_gemv_t's passes have none. pf_rows: the rows from
- * xb to x's end. */
-DP_INLINE void K(block_gemv_t_pf)(T *DP_RESTRICT dw, const T *DP_RESTRICT g,
-                                  const T *DP_RESTRICT xb, int rows, int IN, int pf, int pf_rows)
-{
-    K(kvec) s[4];
-    const int full = IN / KVL, tail = IN % KVL != 0;
-    int col[4] = {0};
-    for (int v = 0; v < full; v++) col[v] = v * KVL;
-    if (tail) col[full] = IN - KVL;
-    switch (full + tail) {       /* constant vector counts, so that each call is unrolled */
-    case 1: K(gemv_t_vecs)(s, dw, g, xb, IN, rows, col, 1, pf, pf_rows); break;
-    case 2: K(gemv_t_vecs)(s, dw, g, xb, IN, rows, col, 2, pf, pf_rows); break;
-    case 3: K(gemv_t_vecs)(s, dw, g, xb, IN, rows, col, 3, pf, pf_rows); break;
-    case 4: K(gemv_t_vecs)(s, dw, g, xb, IN, rows, col, 4, pf, pf_rows); break;
+    case 1: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 1, pf, pf_rows); break;
+    case 2: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 2, pf, pf_rows); break;
+    case 3: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 3, pf, pf_rows); break;
+    case 4: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 4, pf, pf_rows); break;
     default: return;
     }
     for (int v = 0; v < full; v++) K(kstore)(dw + col[v], s[v]);
@@ -481,7 +460,7 @@ DP_INLINE void K(block_gemv_t_rows)(T *DP_RESTRICT dw, const T *DP_RESTRICT g,
 
 /* dp_logistic_grad's blocks of rows, one_pass a constant once inlined: whether the backward
  * takes a row in one pass of gemv_t_vecs (KVL to 4 KVL values), and then prefetches x
- * (block_gemv_t_pf), or in several, and then the forward does. Two copies of the loop: in
+ * (block_gemv_t's pf), or in several, and then the forward does. Two copies of the loop: in
  * one loop with both branches, rows of several passes ran slower than before the backward
  * prefetched (AMD EPYC, the kernel called from C, float64 IN = 64, ns a row streaming, 3
  * interleaved runs: 34.4-35.3 with the branch taken out at compile time, 38.3-38.6 with it). */
@@ -503,8 +482,7 @@ DP_INLINE void K(logistic_blocks)(T *dw, T *db, double *loss_sum, int64_t *corre
         total += (double)K(bce_block)(g, &ok, z, labels + r0, rows, grad_scale);
         right += ok;
         gsum += K(ksum)(g, rows);
-        if (one_pass) K(block_gemv_t_pf)(dw, g, xb, rows, IN, pf, B - r0);
-        else K(block_gemv_t)(dw, g, xb, IN, rows, IN);
+        K(block_gemv_t)(dw, g, xb, IN, rows, IN, one_pass ? pf : 0, B - r0);
     }
     db[0] += gsum;
     *loss_sum = total;
@@ -560,7 +538,7 @@ void KV(dp_gemv_cols)(T *out, const T *X, ptrdiff_t ldx, const T *v, int rows, i
         if (len >= GEMV_T_ROWS_MIN)
             K(block_gemv_t_rows)(out, v + r0, X + (ptrdiff_t)r0 * ldx, ldx, n, len);
         else
-            K(block_gemv_t)(out, v + r0, X + (ptrdiff_t)r0 * ldx, ldx, n, len);
+            K(block_gemv_t)(out, v + r0, X + (ptrdiff_t)r0 * ldx, ldx, n, len, 0, 0);
     }
 }
 
