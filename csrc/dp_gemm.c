@@ -70,6 +70,11 @@ typedef struct {
      * row-major B (csb == 1) */
     void (*pack_pair_a)(float *, const float *, ptrdiff_t, int, int);
     void (*pack_pair_b)(float *, const float *, ptrdiff_t, int, int);
+    /* the same where the source's columns are contiguous (dp_gemm_dot_tmpl.h's
+     * dot_tpack_pair): (dst, A, rsa, mc, kc) for a row-major A (csa == 1), (dst, B, csb, kc,
+     * nc) for a transposed B (rsb == 1) */
+    void (*tpack_pair_a)(float *, const float *, ptrdiff_t, int, int);
+    void (*tpack_pair_b)(float *, const float *, ptrdiff_t, int, int);
 } dp_gemm_dot_fns;
 
 #ifdef DP_HAVE_BF16DOT

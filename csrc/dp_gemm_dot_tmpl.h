@@ -16,7 +16,9 @@
  * micro-panels, 32 floats per k) as for float32; dot_pair_a / dot_pair_b then round them to
  * bfloat16 as the rounding path does and pack rows k and k + 1 of each micro-panel into one
  * row of 32-bit pairs, in place: row k in the HIGH half, row k + 1 in the low half, a zero
- * low half past an odd kc. vdpbf16ps computes, per lane (Intel SDM), acc += hi(a) * hi(b), rounded, then acc += lo(a) * lo(b), rounded,
+ * low half past an odd kc. Where the operand's rows (a row-major B, a transposed A:
+ * dot_pack_pair_a / _b) or its columns (a transposed B, a row-major A: dot_tpack_pair_a / _b)
+ * are contiguous in k, packing, rounding and pairing are one pass instead. vdpbf16ps computes, per lane (Intel SDM), acc += hi(a) * hi(b), rounded, then acc += lo(a) * lo(b), rounded,
  * with products of bfloat16 exact in float: so k, then k + 1, each added and rounded, which
  * is what the float path's vfmadd sequence does. The two paths give the same bits, except
  * that vdpbf16ps treats denormal inputs and results as zero (and the sign of a zero sum).
@@ -46,6 +48,36 @@ DOT_TGT DP_INLINE DF(dot_vu) DF(dot_round)(DF(dot_vu) u)
     return ((quiet & nan) | (rne & ~nan)) & 0xffff0000u;
 }
 
+/* The first n (0 to 16) floats at p as 32-bit lanes, the rest 0; a partial vector through a
+ * masked load on the hardware (a memcpy of 48 bytes into a 64-byte vector goes through the
+ * stack) */
+DOT_TGT DP_INLINE DF(dot_vu) DF(dot_load)(const float *p, int n)
+{
+    DF(dot_vu) v = {0};
+    if (n >= 16) {
+        memcpy(&v, p, sizeof v);
+    } else if (n > 0) {
+#if DOT_HW
+        v = (DF(dot_vu))_mm512_maskz_loadu_epi32((__mmask16)((1u << n) - 1), p);
+#else
+        memcpy(&v, p, (size_t)n * sizeof(float));
+#endif
+    }
+    return v;
+}
+
+/* The first n (1 to 16) lanes of v at p, the same way */
+DOT_TGT DP_INLINE void DF(dot_store)(float *p, DF(dot_vu) v, int n)
+{
+#if DOT_HW
+    if (n < 16) {
+        _mm512_mask_storeu_epi32(p, (__mmask16)((1u << n) - 1), (__m512i)v);
+        return;
+    }
+#endif
+    memcpy(p, &v, (size_t)n * sizeof(float));
+}
+
 /* Rounds rows r and r + 1 (r + 1 < kc, or zeros) of a k-major source (element (k, j) at
  * src[k * ld + j] for j < n, zeros for n <= j < w) to bfloat16 and pairs them into row r / 2
  * of a micro-panel of w pairs per row, 16 lanes at a time. Two uses: the float-packed panel
@@ -65,30 +97,76 @@ DOT_TGT DP_INLINE void DF(dot_pack_pair)(float *dst, const float *src, ptrdiff_t
         const float *hi_row = src + (ptrdiff_t)r * ld, *lo_row = hi_row + ld;
         float *out_row = dst + (ptrdiff_t)(r / 2) * w;
         for (int c = 0; c < w; c += 16) {
-            int valid = n - c < 0 ? 0 : n - c > 16 ? 16 : n - c, lanes = w - c < 16 ? w - c : 16;
-            U hi = {0}, lo = {0};
-            if (valid == 16) {
-                memcpy(&hi, hi_row + c, sizeof hi);
-                if (r + 1 < kc) memcpy(&lo, lo_row + c, sizeof lo);
-            } else if (valid > 0) {
-#if DOT_HW
-                __mmask16 m = (__mmask16)((1u << valid) - 1);
-                hi = (U)_mm512_maskz_loadu_epi32(m, hi_row + c);
-                if (r + 1 < kc) lo = (U)_mm512_maskz_loadu_epi32(m, lo_row + c);
-#else
-                memcpy(&hi, hi_row + c, (size_t)valid * sizeof(float));
-                if (r + 1 < kc) memcpy(&lo, lo_row + c, (size_t)valid * sizeof(float));
-#endif
-            }
-            U out = DF(dot_round)(hi) | (DF(dot_round)(lo) >> 16);
-#if DOT_HW
-            if (lanes < 16) {
-                _mm512_mask_storeu_epi32(out_row + c, (__mmask16)((1u << lanes) - 1), (__m512i)out);
-                continue;
-            }
-#endif
-            memcpy(out_row + c, &out, (size_t)lanes * sizeof(float));
+            int valid = n - c < 0 ? 0 : n - c, lanes = w - c < 16 ? w - c : 16;
+            U hi = DF(dot_load)(hi_row + c, valid);
+            U lo = r + 1 < kc ? DF(dot_load)(lo_row + c, valid) : (U){0};
+            DF(dot_store)(out_row + c, DF(dot_round)(hi) | (DF(dot_round)(lo) >> 16), lanes);
         }
+    }
+}
+
+/* r[q][p] -> r[p][q] for 16 vectors of 16 32-bit lanes: 4 stages that each interleave row i
+ * with row i + 8, as the float builds' transpose (dp_gemm_tmpl.h) */
+DOT_TGT DP_INLINE void DF(dot_transpose)(DF(dot_vu) *r)
+{
+    typedef DF(dot_vu) U;
+    typedef int32_t M __attribute__((vector_size(64)));
+    (void)sizeof(M);
+    for (int s = 0; s < 4; s++) {
+        U t[16];
+        for (int i = 0; i < 8; i++) {
+            t[2 * i] = DP_SHUFFLE(M, r[i], r[i + 8], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21,
+                                  6, 22, 7, 23);
+            t[2 * i + 1] = DP_SHUFFLE(M, r[i], r[i + 8], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28,
+                                      13, 29, 14, 30, 15, 31);
+        }
+        for (int i = 0; i < 16; i++) r[i] = t[i];
+    }
+}
+
+/* One chunk of dot_tpack_pair: `left` (1 to 32) values from k of columns h .. h + 15 */
+DOT_TGT DP_INLINE void DF(dot_tpack_chunk)(float *dst, const float *src, ptrdiff_t ld, int k,
+                                           int left, int h, int n, int w)
+{
+    typedef DF(dot_vu) U;
+    typedef uint16_t W __attribute__((vector_size(64)));
+    typedef int16_t MW __attribute__((vector_size(64)));
+    (void)sizeof(MW);
+    U r[16];
+    for (int q = 0; q < 16; q++) {
+        U x0 = {0}, x1 = {0};
+        if (h + q < n) {
+            const float *col = src + (ptrdiff_t)(h + q) * ld + k;
+            x0 = DF(dot_load)(col, left);
+            x1 = DF(dot_load)(col + 16, left - 16);
+        }
+        /* the high halves (16-bit words 2 f + 1) of the rounded 32 floats f: the pair p's low
+         * half is float 2 p + 1's, its high half float 2 p's */
+        W w0 = (W)DF(dot_round)(x0), w1 = (W)DF(dot_round)(x1);
+        r[q] = (U)DP_SHUFFLE(MW, w0, w1, 3, 1, 7, 5, 11, 9, 15, 13, 19, 17, 23, 21, 27, 25, 31,
+                             29, 35, 33, 39, 37, 43, 41, 47, 45, 51, 49, 55, 53, 59, 57, 63, 61);
+    }
+    DF(dot_transpose)(r);
+    int lanes = w - h < 16 ? w - h : 16;
+    for (int p = 0; p < (left + 1) / 2; p++)
+        DF(dot_store)(dst + (ptrdiff_t)(k / 2 + p) * w + h, r[p], lanes);
+}
+
+/* dot_pack_pair for a source whose rows are the panel's columns: column j's kc values at
+ * src + j * ld, contiguous in k (j < n; columns n <= j < w are zeros): W^T, the B of a
+ * layer's forward, and a row-major A. It replaces the float packing's register transpose and
+ * the pairing pass over its panel with one pass: 32 k at a time, a column's 32 values become
+ * its 16 pairs in one vector (even k in the high halves, odd in the low), and 16 columns'
+ * vectors are transposed into 16 rows of pairs; the last kc % 32 values (all of them where
+ * kc < 32: the conv's K = 27) are a chunk of masked loads, zeros past kc. The same rounding,
+ * so the same bits as packing then pairing. */
+DOT_TGT DP_INLINE void DF(dot_tpack_pair)(float *dst, const float *src, ptrdiff_t ld, int kc,
+                                          int n, int w)
+{
+    int kv = kc / 32 * 32;
+    for (int h = 0; h < w; h += 16) {
+        for (int k = 0; k < kv; k += 32) DF(dot_tpack_chunk)(dst, src, ld, k, 32, h, n, w);
+        if (kv < kc) DF(dot_tpack_chunk)(dst, src, ld, kv, kc - kv, h, n, w);
     }
 }
 
@@ -126,6 +204,23 @@ DOT_TGT static void DF(dot_pack_pair_b)(float *buf, const float *B, ptrdiff_t rs
     for (int j = 0; j < nc; j += DOT_NR)
         DF(dot_pack_pair)(buf + (ptrdiff_t)(j / DOT_NR) * kc * DOT_NR, B + j, rsb, kc,
                           nc - j < DOT_NR ? nc - j : DOT_NR, DOT_NR);
+}
+
+/* The mc x kc block of a row-major A (row i at A + i * rsa) as paired 12-row micro-panels */
+DOT_TGT static void DF(dot_tpack_pair_a)(float *buf, const float *A, ptrdiff_t rsa, int mc, int kc)
+{
+    for (int i = 0; i < mc; i += DOT_MR)
+        DF(dot_tpack_pair)(buf + (ptrdiff_t)(i / DOT_MR) * kc * DOT_MR, A + (ptrdiff_t)i * rsa,
+                           rsa, kc, mc - i < DOT_MR ? mc - i : DOT_MR, DOT_MR);
+}
+
+/* The kc x nc panel of a transposed B (column j at B + j * csb) as paired 32-column
+ * micro-panels */
+DOT_TGT static void DF(dot_tpack_pair_b)(float *buf, const float *B, ptrdiff_t csb, int kc, int nc)
+{
+    for (int j = 0; j < nc; j += DOT_NR)
+        DF(dot_tpack_pair)(buf + (ptrdiff_t)(j / DOT_NR) * kc * DOT_NR, B + (ptrdiff_t)j * csb,
+                           csb, kc, nc - j < DOT_NR ? nc - j : DOT_NR, DOT_NR);
 }
 
 #if DOT_HW
@@ -205,7 +300,8 @@ DOT_TGT static void DF(dot_macro)(float *C, ptrdiff_t ldc, const float *A, ptrdi
 }
 
 static const dp_gemm_dot_fns DF(dot_fns) = {DF(dot_pair_a), DF(dot_pair_b), DF(dot_macro),
-                                            DF(dot_pack_pair_a), DF(dot_pack_pair_b)};
+                                            DF(dot_pack_pair_a), DF(dot_pack_pair_b),
+                                            DF(dot_tpack_pair_a), DF(dot_tpack_pair_b)};
 
 #undef DOT_ROWS
 #undef DOT_DECL

@@ -147,6 +147,8 @@ static void D(gemm_task)(void *arg, int t, int n)
             ptrdiff_t bks = NR, bpanel = (ptrdiff_t)NR * kc;
             if (pack_b && dot && job->csb == 1) {
                 dot->pack_pair_b((float *)Bp, (const float *)Bpc, job->rsb, kc, nc);
+            } else if (pack_b && dot && job->rsb == 1) {
+                dot->tpack_pair_b((float *)Bp, (const float *)Bpc, job->csb, kc, nc);
             } else if (pack_b) {
                 job->impl.pack_b(Bp, Bpc, job->rsb, job->csb, kc, nc);
                 if (dot) /* rounds as it pairs */
@@ -169,6 +171,8 @@ static void D(gemm_task)(void *arg, int t, int n)
                 if (pack_a) {
                     if (dot && job->rsa == 1) {
                         dot->pack_pair_a((float *)Ap, (const float *)Aic, job->csa, mc, kc);
+                    } else if (dot && job->csa == 1) {
+                        dot->tpack_pair_a((float *)Ap, (const float *)Aic, job->rsa, mc, kc);
                     } else {
                         job->impl.pack_a(Ap, Aic, job->rsa, job->csa, mc, kc);
                         if (dot) /* rounds as it pairs */
