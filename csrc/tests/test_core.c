@@ -1831,8 +1831,88 @@ static void conv_case(dtype dt, int B, int C, int H, int W, int OC, int KH, int 
     free(db0); free(ry); free(my); free(rdw); free(mdw); free(rdx); free(mdx);
 }
 
+/* dp_conv_direct_forward (one image, no im2col) against the im2col path it stands in for:
+ * im2col, then the GEMM, with beta 0 (the model's call) and beta 1 (the batch call's, onto the
+ * bias); the same bits where the GEMM is blocked (OC >= 2; a single filter takes its
+ * matrix-vector path, which sums in another order: within the summation bound there). Widths
+ * around one and two vectors of every build, odd and even counts of vectors (the overlapping
+ * last one), filter counts that leave every remainder of the tiles, patches up to 64 and past
+ * it. x, w and y are allocated to the byte, so a read or write outside them trips ASan. */
+static void test_conv_direct(dtype dt)
+{
+    static const int shapes[][6] = {
+        /* C, H, W, OC, KH, KW (pad 0; B = 1) */
+        {3, 32, 32, 32, 3, 3}, {1, 7, 7, 1, 3, 3}, {3, 9, 10, 5, 3, 3}, {2, 6, 18, 13, 3, 3},
+        {3, 5, 19, 7, 3, 3}, {1, 4, 34, 2, 3, 3}, {4, 8, 35, 30, 3, 3}, {7, 5, 40, 3, 3, 3},
+        {16, 4, 20, 6, 2, 2}, {2, 5, 24, 25, 1, 5}, {1, 9, 9, 4, 5, 5}, {3, 12, 21, 16, 4, 4},
+        {65, 4, 20, 3, 1, 1}, {3, 6, 3, 4, 3, 3},
+    };
+    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
+        const int *sh = shapes[i];
+        dp_conv_geom g = {sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], 0};
+        int OH, OW, Kd = sh[0] * sh[4] * sh[5];
+        if (!expect(dp_conv_out(&g, &OH, &OW) == DP_OK, "conv direct: geometry %d", i)) continue;
+        ptrdiff_t P = (ptrdiff_t)OH * OW, nx = (ptrdiff_t)g.C * g.H * g.W, ny = g.OC * P;
+        void *x = talloc(dt, nx), *w = talloc(dt, (ptrdiff_t)g.OC * Kd), *y0 = talloc(dt, ny);
+        void *y = talloc(dt, ny), *want = talloc(dt, ny);
+        void *col = talloc(dt, (ptrdiff_t)dp_conv_col_elems(&g));
+        double *ref = dalloc(ny), *mag = dalloc(ny);
+        tfill(dt, x, nx, -1, 1);
+        tfill(dt, w, (ptrdiff_t)g.OC * Kd, -1, 1);
+        tfill(dt, y0, ny, -1, 1);
+        int isa = dp_isa_active();
+        int vl = (isa == DP_ISA_AVX512 ? 64 : isa == DP_ISA_AVX2 ? 32 : 16) / (int)dts(dt);
+        int fits = dt == F32 && vl >= 8 && OW >= vl && Kd <= 64;   /* float, 32 bytes and up */
+        for (int beta = 0; beta < 2; beta++) {
+            for (int o = 0; o < g.OC; o++)
+                for (ptrdiff_t p = 0; p < P; p++) {
+                    double s = beta ? tget(dt, y0, o * P + p) : 0, m = fabs(s);
+                    for (int k = 0; k < Kd; k++) {
+                        int c = k / (g.KH * g.KW), u = k / g.KW % g.KH, v = k % g.KW;
+                        ptrdiff_t xi = ((ptrdiff_t)c * g.H + p / OW + u) * g.W + p % OW + v;
+                        double t = tget(dt, w, (ptrdiff_t)o * Kd + k) * tget(dt, x, xi);
+                        s += t, m += fabs(t);
+                    }
+                    ref[o * P + p] = s, mag[o * P + p] = m;
+                }
+            memcpy(want, y0, dts(dt) * (size_t)ny);
+            int rc;
+            if (dt == F32) {
+                dp_im2col_f32(col, P, x, &g, OH, OW);
+                rc = dp_gemm_f32(&ctx1, want, P, w, Kd, 1, col, P, 1, g.OC, (int)P, Kd, 1,
+                                 (float)beta);
+            } else {
+                dp_im2col_f64(col, P, x, &g, OH, OW);
+                rc = dp_gemm_f64(&ctx1, want, P, w, Kd, 1, col, P, 1, g.OC, (int)P, Kd, 1, beta);
+            }
+            memcpy(y, y0, dts(dt) * (size_t)ny);
+            int got = dt == F32 ? dp_conv_direct_forward_f32(y, x, w, &g, OH, OW, (float)beta)
+                                : dp_conv_direct_forward_f64(y, x, w, &g, OH, OW, beta);
+            expect(rc == DP_OK && got == !fits, "conv direct %s isa %s geometry %d beta %d: "
+                   "returned %d (gemm %d), expected %d", dtn(dt), dp_isa_name(dp_isa_active()), i,
+                   beta, got, rc, !fits);
+            diff d = {0};
+            for (ptrdiff_t q = 0; q < ny; q++) {
+                if (!fits)
+                    diff_add(&d, q, tget(dt, y, q), tget(dt, y0, q), 0);     /* untouched */
+                else if (g.OC >= 2)
+                    diff_add(&d, q, tget(dt, y, q), tget(dt, want, q), 0);   /* the same bits */
+                else
+                    diff_add(&d, q, tget(dt, y, q), ref[q], (Kd + 4) * deps(dt) * mag[q]);
+            }
+            expect_diff(&d, 0, "conv direct %s isa %s C=%d %dx%d OC=%d k%dx%d beta %d: %s",
+                        dtn(dt), dp_isa_name(dp_isa_active()), g.C, g.H, g.W, g.OC, g.KH, g.KW,
+                        beta, !fits ? "y changed where it does not apply"
+                                    : g.OC >= 2 ? "bits differ from im2col + GEMM" : "y");
+        }
+        free(x); free(w); free(y0); free(y); free(want); free(col); free(ref); free(mag);
+    }
+}
+
 static void test_conv(dtype dt)
 {
+    int entry_isa = dp_isa_active();
+    test_conv_direct(dt);
     static const int shapes[][8] = {
         /* B, C, H, W, OC, KH, KW, pad */
         {1, 1, 1, 1, 1, 1, 1, 0}, {3, 1, 7, 7, 1, 3, 3, 0}, {1, 3, 7, 3, 7, 3, 3, 1},
@@ -1849,7 +1929,9 @@ static void test_conv(dtype dt)
     for (int isa = 0; isa < DP_ISA_COUNT; isa++)
         if (isa != widest_isa() && use_isa(isa))
             conv_case(dt, 2, 3, 9, 33, 5, 3, 3, 1, &ctx1, dp_isa_name(isa));
-    use_isa(widest_isa());
+    /* back to the ISA the caller's loop is testing (the widest, which this left active, ran
+     * the float64 kernels after it in every pass) */
+    use_isa(entry_isa);
     /* the last: a padding near INT_MAX makes OH and OW near 2^32 each (their product overflowed
      * a long long; found by the fuzzer under UBSan) */
     dp_conv_geom bad[] = {{0, 3, 3, 1, 1, 1, 0}, {1, 3, 3, 1, 6, 1, 1}, {1, 3, 3, 1, 1, 1, -1},
