@@ -56,7 +56,10 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
  * - conv_direct_forward: y (OC, oh ow) = w col(x) + beta y for one image without im2col,
  *   the same bits as the im2col path; returns 1 (nothing done) where the layer does not fit
  *   (padding, ow below one vector, K = C KH KW above 64) or the build does not take it
- *   (float64, 16-byte vectors: no faster there), else 0;
+ *   (float64, 16-byte vectors: no faster there), else 0; conv_direct_dwt: dwt (K, OC) +=
+ *   col(x) dy^T for one image in the same way, where the direct forward runs on the AVX-512
+ *   build (its sums in another order than the GEMM's: within the same bound, not the same
+ *   bits);
  * - im2col: col (K, oh ow) with row stride ldcol from x (C, H, W); col2im is its adjoint (dx
  *   is written);
  * - maxpool2_forward: x (planes, H, W) -> y, idx (planes, H / 2, W / 2); maxpool2_backward:
@@ -64,6 +67,8 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
 #define DP_CONV_VEC(X, T, S)                                                                   \
     X(int, dp_conv_direct_forward, S, (T *y, const T *x, const T *w, const dp_conv_geom *g,     \
                                        int oh, int ow, T beta), (y, x, w, g, oh, ow, beta))     \
+    X(int, dp_conv_direct_dwt, S, (T *dwt, const T *dy, const T *x, const dp_conv_geom *g,      \
+                                   int oh, int ow), (dwt, dy, x, g, oh, ow))                    \
     X(void, dp_im2col, S, (T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh, \
                            int ow), (col, ldcol, x, g, oh, ow))                                \
     X(void, dp_col2im, S, (T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,       \

@@ -1905,6 +1905,39 @@ static void test_conv_direct(dtype dt)
                         beta, !fits ? "y changed where it does not apply"
                                     : g.OC >= 2 ? "bits differ from im2col + GEMM" : "y");
         }
+        /* the weight gradient, dwt (K, OC) += col(x) dy^T (AVX-512 only): within the bound of
+         * a sum of P products (it sums in another order than the GEMM), dwt untouched where it
+         * does not apply */
+        int fits_dw = fits && isa == DP_ISA_AVX512;
+        void *dy = talloc(dt, ny), *dwt0 = talloc(dt, (ptrdiff_t)Kd * g.OC);
+        void *dwt = talloc(dt, (ptrdiff_t)Kd * g.OC);
+        double *rw = dalloc((ptrdiff_t)Kd * g.OC), *mw = dalloc((ptrdiff_t)Kd * g.OC);
+        tfill(dt, dy, ny, -1, 1);
+        tfill(dt, dwt0, (ptrdiff_t)Kd * g.OC, -1, 1);
+        for (int k = 0; k < Kd; k++)
+            for (int o = 0; o < g.OC; o++) {
+                int c = k / (g.KH * g.KW), u = k / g.KW % g.KH, v = k % g.KW;
+                double s = tget(dt, dwt0, (ptrdiff_t)k * g.OC + o), m = fabs(s);
+                for (ptrdiff_t p = 0; p < P; p++) {
+                    ptrdiff_t xi = ((ptrdiff_t)c * g.H + p / OW + u) * g.W + p % OW + v;
+                    double t = tget(dt, dy, o * P + p) * tget(dt, x, xi);
+                    s += t, m += fabs(t);
+                }
+                rw[k * g.OC + o] = s, mw[k * g.OC + o] = m;
+            }
+        memcpy(dwt, dwt0, dts(dt) * (size_t)Kd * g.OC);
+        int got = dt == F32 ? dp_conv_direct_dwt_f32(dwt, dy, x, &g, OH, OW)
+                            : dp_conv_direct_dwt_f64(dwt, dy, x, &g, OH, OW);
+        expect(got == !fits_dw, "conv direct dwt %s isa %s geometry %d: returned %d, expected %d",
+               dtn(dt), dp_isa_name(isa), i, got, !fits_dw);
+        diff dd = {0};
+        for (ptrdiff_t q = 0; q < (ptrdiff_t)Kd * g.OC; q++)
+            diff_add(&dd, q, tget(dt, dwt, q), fits_dw ? rw[q] : tget(dt, dwt0, q),
+                     fits_dw ? (P + 4) * deps(dt) * mw[q] : 0);
+        expect_diff(&dd, 0, "conv direct dwt %s isa %s C=%d %dx%d OC=%d k%dx%d: %s", dtn(dt),
+                    dp_isa_name(isa), g.C, g.H, g.W, g.OC, g.KH, g.KW,
+                    fits_dw ? "dwt" : "dwt changed where it does not apply");
+        free(dy); free(dwt0); free(dwt); free(rw); free(mw);
         free(x); free(w); free(y0); free(y); free(want); free(col); free(ref); free(mag);
     }
 }
