@@ -22,7 +22,8 @@ this count, so they compare as the times do. (dptrain does less: conv2's 13x13 o
 its last row and column to the 2x2 pooling, so dptrain computes only the 12x12 block that
 reaches the loss, 15 % of conv2's work, whose gradient is exactly zero.)
 
-The first row (CIFAR shapes, batch 128) carries the target: ours / torch <= 0.6 (stretch 0.5).
+The first row (CIFAR shapes, batch 128) carries issue 12's target: ours / torch <= 0.35
+(stretch 0.3; the first version's was <= 0.6, stretch 0.5).
 The MNIST-shaped row (1x28x28, fc 1600->128) is for information.
 
 Run: python bench/bench_cnn_step.py [--quick] [--json PATH]
@@ -38,8 +39,8 @@ import dptrain  # noqa: E402
 
 LR = 0.01
 MOMENTUM = 0.9
-TARGET = 0.6
-STRETCH = 0.5
+TARGET = 0.35
+STRETCH = 0.3
 CHANNELS = (32, 64)
 HIDDEN = 128
 CLASSES = 10
