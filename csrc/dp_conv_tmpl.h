@@ -106,8 +106,6 @@ void KV(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g,
     }
 }
 
-#undef RVL
-
 /* The most kernel rows col2im gathers at once (more: in several passes that add). */
 #define COL2IM_ROWS 16
 
@@ -205,7 +203,8 @@ void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
 /* The direct forward (dp_conv_direct_forward): no im2col and no packing, for a layer whose
  * patch is short (K = C KH KW <= DIRECT_K: a first layer's 3 x 3 x 3 = 27, where the GEMM's
  * depth of 27 leaves it at 56 % of the FMA peak on an AMD EPYC, and im2col writes 27 copies
- * of the image). Vectors of the build's own width along an output row; DVL values each. */
+ * of the image). Vectors of the build's own width along an output row (im2col's rvec, RVL
+ * values each). */
 #define DIRECT_K 64
 /* Where it runs: float on 32- and 64-byte vectors. Measured on an AMD EPYC (Zen 4), batch 128,
  * conv2d_forward ms, 2 interleaved runs, im2col + GEMM -> direct: 3 x 32 x 32 -> 32 float
@@ -214,11 +213,9 @@ void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
  * and 2.97-3.37 -> 3.83-3.88 (AVX2) at K = 9, and the generic build's 16-byte vectors within
  * the noise: those keep the im2col path. */
 #define DIRECT_BUILD (sizeof(T) == 4 && DP_VEC_BYTES >= 32)
-#define DVL ((int)(DP_VEC_BYTES / sizeof(T)))
-typedef T K(dvec) __attribute__((vector_size(DP_VEC_BYTES)));
 
 /* The accumulators of one tile: filter f's two output vectors (columns ja and jb of row i) */
-#define DT_DECL(f) K(dvec) a##f = {0}, b##f = {0}; const T *w##f = wr[f];
+#define DT_DECL(f) K(rvec) a##f = {0}, b##f = {0}; const T *w##f = wr[f];
 #define DT_FMA(f)                                                                          \
     {                                                                                      \
         T s = w##f[k];                                                                     \
@@ -228,7 +225,7 @@ typedef T K(dvec) __attribute__((vector_size(DP_VEC_BYTES)));
 #define DT_STORE(f)                                                                        \
     if ((f) < nf) {                                                                        \
         T *yo = yr + (ptrdiff_t)(f) * P;                                                   \
-        K(dvec) ra = a##f * (T)1, rb = b##f * (T)1;                                        \
+        K(rvec) ra = a##f, rb = b##f;                                                      \
         if (beta != 0) {                                                                   \
             ra += K(rload)(yo + ja) * beta;                                                \
             rb += K(rload)(yo + jb) * beta;                                                \
@@ -250,7 +247,7 @@ typedef T K(dvec) __attribute__((vector_size(DP_VEC_BYTES)));
             for (int u = 0; u < g->KH; u++) {                                              \
                 const T *xr = x + ((ptrdiff_t)c * g->H + i + u) * g->W;                    \
                 for (int v = 0; v < g->KW; v++, k++) {                                     \
-                    K(dvec) xa = K(rload)(xr + ja + v), xb = K(rload)(xr + jb + v);         \
+                    K(rvec) xa = K(rload)(xr + ja + v), xb = K(rload)(xr + jb + v);         \
                     DO(DT_FMA)                                                             \
                 }                                                                          \
             }                                                                              \
@@ -278,18 +275,18 @@ int KV(dp_conv_direct_forward)(T *y, const T *x, const T *w, const dp_conv_geom 
     // dp_conv_image_forward; returns 1 (nothing written) where the layer does not fit: padding,
     // an output row narrower than one vector, a patch longer than DIRECT_K
     int Kd = g->C * g->KH * g->KW;
-    if (!DIRECT_BUILD || g->pad != 0 || ow < DVL || Kd > DIRECT_K) return 1;
+    if (!DIRECT_BUILD || g->pad != 0 || ow < RVL || Kd > DIRECT_K) return 1;
     /* 64-byte vectors: 32 registers, 12 filters x 2 vectors + 2 + a broadcast; else 16 */
     const int big = DP_VEC_BYTES >= 64 ? 12 : 6;
     ptrdiff_t P = (ptrdiff_t)oh * ow;
-    int nv = (ow + DVL - 1) / DVL;
+    int nv = (ow + RVL - 1) / RVL;
     for (int i = 0; i < oh; i++)
         for (int q = nv % 2 ? -1 : 0; q < nv; q += 2) {
-            /* vector q at column q DVL, the last one at ow - DVL, overlapping the one before:
+            /* vector q at column q RVL, the last one at ow - RVL, overlapping the one before:
              * those two are always in one tile, so that the overlap is read (beta != 0) before
              * either is stored; an odd count's first tile is vector 0 twice */
-            int ja = q < 0 ? 0 : q * DVL < ow - DVL ? q * DVL : ow - DVL;
-            int jb = (q + 1) * DVL < ow - DVL ? (q + 1) * DVL : ow - DVL;
+            int ja = q < 0 ? 0 : q * RVL < ow - RVL ? q * RVL : ow - RVL;
+            int jb = (q + 1) * RVL < ow - RVL ? (q + 1) * RVL : ow - RVL;
             int o0 = 0;
             for (; o0 + big <= g->OC; o0 += big)
                 K(direct_tile)(y, P, ow, x, w, Kd, g, o0, big, i, ja, jb, beta, big);
@@ -308,64 +305,54 @@ int KV(dp_conv_direct_forward)(T *y, const T *x, const T *w, const dp_conv_geom 
  * cleared in dy and x alike); each vector's lanes are then summed and added to dwt. On the
  * AVX-512 build only: AMD EPYC (Zen 4), conv2d_backward without dx (the first layer's),
  * batch 128, 3 x 32 x 32 -> 32, ms, 3 interleaved runs: 5.96-7.32 -> 5.58-5.77 on AVX-512,
- * but 5.68-7.80 -> 6.44-6.77 on AVX2 (10 accumulators of 8 lanes), which keeps the GEMM. */
-#if DP_VEC_BYTES >= 64
+ * but 5.68-7.80 -> 6.44-6.77 on AVX2 (measured with 2 x 5 vectors of 8 lanes), which keeps
+ * the GEMM. */
 #define DW_NO 4
 #define DW_NK 6
 #define DW_KDO(X) X(0) X(1) X(2) X(3) X(4) X(5)
-#else
-#define DW_NO 2
-#define DW_NK 5
-#define DW_KDO(X) X(0) X(1) X(2) X(3) X(4)
-#endif
 typedef IT K(dmask) __attribute__((vector_size(DP_VEC_BYTES)));
 
 /* v's lanes summed (a fixed tree: halves added until one is left) */
-DP_INLINE T K(dsum)(K(dvec) v)
+DP_INLINE T K(dsum)(K(rvec) v)
 {
-    T t[DVL];
+    T t[RVL];
     memcpy(t, &v, sizeof t);
-    for (int h = DVL / 2; h >= 1; h /= 2)
+    for (int h = RVL / 2; h >= 1; h /= 2)
         for (int q = 0; q < h; q++) t[q] += t[q + h];
     return t[0];
 }
 
 #define DW_DECL(kk)                                                                        \
-    K(dvec) s0_##kk = {0}, s1_##kk = {0}, s2_##kk = {0}, s3_##kk = {0};                    \
+    K(rvec) s0_##kk = {0}, s1_##kk = {0}, s2_##kk = {0}, s3_##kk = {0};                    \
     const T *xk##kk = x + xo[kk];
 #define DW_FMA(kk)                                                                         \
     {                                                                                      \
-        K(dvec) xv = K(rload)(xk##kk + at);                                                \
-        if (masked) xv = (K(dvec))((K(dmask))xv & m);                                      \
+        K(rvec) xv = K(rload)(xk##kk + at);                                                \
+        if (masked) xv = (K(rvec))((K(dmask))xv & m);                                      \
         s0_##kk += d0 * xv;                                                                \
         s1_##kk += d1 * xv;                                                                \
-        if (DW_NO > 2) {                                                                   \
-            s2_##kk += d2 * xv;                                                            \
-            s3_##kk += d3 * xv;                                                            \
-        }                                                                                  \
+        s2_##kk += d2 * xv;                                                                \
+        s3_##kk += d3 * xv;                                                                \
     }
 #define DW_ADD(kk)                                                                         \
     if (k0 + (kk) < Kd) {                                                                  \
         T *row = dwt + (ptrdiff_t)(k0 + (kk)) * g->OC + o0;                                \
         row[0] += K(dsum)(s0_##kk);                                                        \
         if (nf > 1) row[1] += K(dsum)(s1_##kk);                                            \
-        if (DW_NO > 2 && nf > 2) row[2] += K(dsum)(s2_##kk);                               \
-        if (DW_NO > 2 && nf > 3) row[3] += K(dsum)(s3_##kk);                               \
+        if (nf > 2) row[2] += K(dsum)(s2_##kk);                                            \
+        if (nf > 3) row[3] += K(dsum)(s3_##kk);                                            \
     }
 
-/* One step: the products at column j of output row i (lanes below `lo` cleared if masked) */
+/* One step: the products at column j of output row i (masked: the lanes m clears zeroed) */
 #define DW_STEP(masked_)                                                                   \
     {                                                                                      \
         const int masked = (masked_);                                                      \
         ptrdiff_t at = (ptrdiff_t)i * g->W + j, ad = (ptrdiff_t)i * ow + j;                \
-        K(dvec) d0 = K(rload)(dr[0] + ad), d1 = K(rload)(dr[1] + ad), d2 = {0}, d3 = {0};  \
-        if (DW_NO > 2) {                                                                   \
-            d2 = K(rload)(dr[2] + ad);                                                     \
-            d3 = K(rload)(dr[3] + ad);                                                     \
-        }                                                                                  \
+        K(rvec) d0 = K(rload)(dr[0] + ad), d1 = K(rload)(dr[1] + ad);                      \
+        K(rvec) d2 = K(rload)(dr[2] + ad), d3 = K(rload)(dr[3] + ad);                      \
         if (masked) {                                                                      \
-            d0 = (K(dvec))((K(dmask))d0 & m), d1 = (K(dvec))((K(dmask))d1 & m);            \
-            d2 = (K(dvec))((K(dmask))d2 & m), d3 = (K(dvec))((K(dmask))d3 & m);            \
+            d0 = (K(rvec))((K(dmask))d0 & m), d1 = (K(rvec))((K(dmask))d1 & m);            \
+            d2 = (K(rvec))((K(dmask))d2 & m), d3 = (K(rvec))((K(dmask))d3 & m);            \
         }                                                                                  \
         DW_KDO(DW_FMA)                                                                     \
     }
@@ -377,17 +364,18 @@ int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *
     // dp_conv_image_backward's first GEMM; returns 1 (nothing done) where the direct forward
     // would
     int Kd = g->C * g->KH * g->KW;
-    if (!DIRECT_BUILD || DP_VEC_BYTES < 64 || g->pad != 0 || ow < DVL || Kd > DIRECT_K) return 1;
+    /* 4 x 6 vectors: 32 registers (AVX-512) */
+    if (!DIRECT_BUILD || DP_VEC_BYTES < 64 || g->pad != 0 || ow < RVL || Kd > DIRECT_K) return 1;
     ptrdiff_t P = (ptrdiff_t)oh * ow;
-    int full = ow / DVL * DVL, js = ow - DVL;
-    /* the last vector's lanes below lo were taken by the vector before it */
+    int full = ow / RVL * RVL, js = ow - RVL;
+    /* m: the last vector's lanes that the vector before it has not taken */
     K(dmask) m, iota;
-    for (int q = 0; q < DVL; q++) iota[q] = (IT)q;
+    for (int q = 0; q < RVL; q++) iota[q] = (IT)q;
     m = (K(dmask))(iota >= (IT)(full - js));
     for (int o0 = 0; o0 < g->OC; o0 += DW_NO) {
         int nf = g->OC - o0 < DW_NO ? g->OC - o0 : DW_NO;
-        const T *dr[4];
-        for (int f = 0; f < 4; f++) dr[f] = dy + (ptrdiff_t)(o0 + (f < nf ? f : nf - 1)) * P;
+        const T *dr[DW_NO];
+        for (int f = 0; f < DW_NO; f++) dr[f] = dy + (ptrdiff_t)(o0 + (f < nf ? f : nf - 1)) * P;
         for (int k0 = 0; k0 < Kd; k0 += DW_NK) {
             ptrdiff_t xo[DW_NK];
             for (int kk = 0; kk < DW_NK; kk++) {
@@ -397,7 +385,7 @@ int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *
             }
             DW_KDO(DW_DECL)
             for (int i = 0; i < oh; i++) {
-                for (int j = 0; j < full; j += DVL) DW_STEP(0)
+                for (int j = 0; j < full; j += RVL) DW_STEP(0)
                 if (full < ow) {
                     int j = js;
                     DW_STEP(1)
@@ -426,7 +414,7 @@ int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *
 #undef DT_BODY
 #undef DIRECT_K
 #undef DIRECT_BUILD
-#undef DVL
+#undef RVL
 
 
 #ifndef DP_VEC_PASS

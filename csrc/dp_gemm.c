@@ -83,6 +83,7 @@ typedef struct {
 #define DOT_HW 1
 #define DOT_VF vec_t_f32_avx512
 #define DOT_STORE store_tile_f32_avx512
+#define DOT_TRANSPOSE transpose_f32_avx512
 #include "dp_gemm_dot_tmpl.h"
 #endif
 #ifdef DP_GEMM_EMULATE_WIDE
@@ -91,6 +92,7 @@ typedef struct {
 #define DOT_HW 0
 #define DOT_VF vec_t_f32_generic
 #define DOT_STORE store_tile_f32_generic
+#define DOT_TRANSPOSE transpose_f32_generic
 #include "dp_gemm_dot_tmpl.h"
 #endif
 

@@ -8,9 +8,10 @@
  *            the edges run on any CPU)
  *   DOT_TGT  the function attribute of the build (empty for _emul)
  *   DOT_HW   1: vdpbf16ps through its intrinsic; 0: the emulation
- *   DOT_VF, DOT_STORE  the float build of the same 12 x 2 x 16 shape whose vector type and
- *            store_tile (alpha, beta, the edges) the kernel shares: the avx512 build's, or
- *            the wide build's generic slot for the emulation
+ *   DOT_VF, DOT_STORE, DOT_TRANSPOSE  the float build of the same 12 x 2 x 16 shape whose
+ *            vector type, store_tile (alpha, beta, the edges) and 16 x 16 transpose the
+ *            kernel and the packing share: the avx512 build's, or the wide build's generic
+ *            slot for the emulation
  *
  * The pairs. The driver packs A (12-row micro-panels, 12 floats per k) and B (32-column
  * micro-panels, 32 floats per k) as for float32; dot_pair_a / dot_pair_b then round them to
@@ -105,25 +106,6 @@ DOT_TGT DP_INLINE void DF(dot_pack_pair)(float *dst, const float *src, ptrdiff_t
     }
 }
 
-/* r[q][p] -> r[p][q] for 16 vectors of 16 32-bit lanes: 4 stages that each interleave row i
- * with row i + 8, as the float builds' transpose (dp_gemm_tmpl.h) */
-DOT_TGT DP_INLINE void DF(dot_transpose)(DF(dot_vu) *r)
-{
-    typedef DF(dot_vu) U;
-    typedef int32_t M __attribute__((vector_size(64)));
-    (void)sizeof(M);
-    for (int s = 0; s < 4; s++) {
-        U t[16];
-        for (int i = 0; i < 8; i++) {
-            t[2 * i] = DP_SHUFFLE(M, r[i], r[i + 8], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21,
-                                  6, 22, 7, 23);
-            t[2 * i + 1] = DP_SHUFFLE(M, r[i], r[i + 8], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28,
-                                      13, 29, 14, 30, 15, 31);
-        }
-        for (int i = 0; i < 16; i++) r[i] = t[i];
-    }
-}
-
 /* One chunk of dot_tpack_pair: `left` (1 to 32) values from k of columns h .. h + 15 */
 DOT_TGT DP_INLINE void DF(dot_tpack_chunk)(float *dst, const float *src, ptrdiff_t ld, int k,
                                            int left, int h, int n, int w)
@@ -146,7 +128,11 @@ DOT_TGT DP_INLINE void DF(dot_tpack_chunk)(float *dst, const float *src, ptrdiff
         r[q] = (U)DP_SHUFFLE(MW, w0, w1, 3, 1, 7, 5, 11, 9, 15, 13, 19, 17, 23, 21, 27, 25, 31,
                              29, 35, 33, 39, 37, 43, 41, 47, 45, 51, 49, 55, 53, 59, 57, 63, 61);
     }
-    DF(dot_transpose)(r);
+    /* transposed as floats by the float build's 16 x 16 transpose (lanes moved, bits kept) */
+    DF(dot_vf) f[16];
+    for (int q = 0; q < 16; q++) f[q] = (DF(dot_vf))r[q];
+    DOT_TRANSPOSE(f);
+    for (int q = 0; q < 16; q++) r[q] = (U)f[q];
     int lanes = w - h < 16 ? w - h : 16;
     for (int p = 0; p < (left + 1) / 2; p++)
         DF(dot_store)(dst + (ptrdiff_t)(k / 2 + p) * w + h, r[p], lanes);
@@ -319,3 +305,4 @@ static const dp_gemm_dot_fns DF(dot_fns) = {DF(dot_pair_a), DF(dot_pair_b), DF(d
 #undef DOT_HW
 #undef DOT_VF
 #undef DOT_STORE
+#undef DOT_TRANSPOSE
