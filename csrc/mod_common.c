@@ -6,6 +6,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <string.h>
 
 const char *dtype_name(PyArrayObject *a)
@@ -160,6 +161,117 @@ const char *double_repr(char *buf, size_t n, double v)
     snprintf(buf, n, "%s", s ? s : "?");
     PyMem_Free(s);
     return buf;
+}
+
+/* The exception set now, its message prefixed with "fname() argument 'name': " */
+static void arg_error_context(const char *fname, const char *name)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *msg = value ? PyObject_Str(value) : NULL;
+    if (msg) {
+        PyErr_Format(type, "%s() argument '%s': %U", fname, name, msg);
+        Py_DECREF(msg);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    } else {
+        PyErr_Restore(type, value, tb);
+    }
+}
+
+int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *format,
+               const char *const *kwlist, ...)
+{
+    enum { MAX_PARAMS = 16 };
+    PyObject *val[MAX_PARAMS] = {NULL};
+    char code[MAX_PARAMS];
+    int n = 0, required = -1, positional = -1;
+    const char *fname = strchr(format, ':');
+    fname = fname ? fname + 1 : "function";
+    for (const char *f = format; *f && *f != ':'; f++) {
+        if (*f == '|') required = n;
+        else if (*f == '$') positional = n;
+        else if (n < MAX_PARAMS) code[n++] = *f;
+    }
+    if (required < 0) required = n;
+    if (positional < 0) positional = n;
+    if (nargs > positional) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %s %d positional argument%s (%zd given)", fname,
+                     required < positional ? "at most" : "exactly", positional,
+                     positional == 1 ? "" : "s", nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) val[i] = args[i];
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int j = 0;
+        while (j < n && PyUnicode_CompareWithASCIIString(key, kwlist[j]) != 0) j++;
+        if (j == n) {
+            PyErr_Format(PyExc_TypeError, "'%U' is an invalid keyword argument for %s()", key, fname);
+            return -1;
+        }
+        if (val[j]) {
+            PyErr_Format(PyExc_TypeError, "argument for %s() given by name ('%s') and position (%d)",
+                         fname, kwlist[j], j + 1);
+            return -1;
+        }
+        val[j] = args[nargs + k];
+    }
+    for (int j = 0; j < required; j++)
+        if (!val[j]) {
+            if (j < positional)
+                PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)",
+                             fname, kwlist[j], j + 1);
+            else
+                PyErr_Format(PyExc_TypeError, "%s() missing required keyword-only argument '%s'",
+                             fname, kwlist[j]);
+            return -1;
+        }
+    va_list ap;
+    va_start(ap, kwlist);
+    int rc = 0;
+    for (int j = 0; j < n && !rc; j++) {
+        void *out = va_arg(ap, void *);
+        PyObject *v = val[j];
+        if (!v) continue;
+        switch (code[j]) {
+        case 'O':
+            *(PyObject **)out = v;
+            break;
+        case 'p': {
+            int t = PyObject_IsTrue(v);
+            if (t < 0) rc = -1;
+            else *(int *)out = t;
+            break;
+        }
+        case 'd': {
+            double d = PyFloat_AsDouble(v);
+            if (d == -1.0 && PyErr_Occurred()) rc = -1;
+            else *(double *)out = d;
+            break;
+        }
+        case 'i': {
+            long l = PyLong_AsLong(v);
+            if (l == -1 && PyErr_Occurred()) rc = -1;
+            else if (l > INT_MAX || l < INT_MIN) {
+                PyErr_SetString(PyExc_OverflowError, l > INT_MAX ? "signed integer is greater than maximum"
+                                                                 : "signed integer is less than minimum");
+                rc = -1;
+            } else {
+                *(int *)out = (int)l;
+            }
+            break;
+        }
+        default:
+            PyErr_Format(PyExc_SystemError, "%s(): parse_args has no format code '%c'", fname, code[j]);
+            rc = -1;
+        }
+        if (rc) arg_error_context(fname, kwlist[j]);
+    }
+    va_end(ap);
+    return rc;
 }
 
 int check_finite(double v, const char *name)

@@ -336,12 +336,14 @@ static PyObject *ShmGroup_barrier(ShmGroupObject *self, PyObject *unused)
     return PyFloat_FromDouble(waited);
 }
 
-static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *args, PyObject *kwds)
+static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames)
 {
-    static char *kwlist[] = {"scale", "start", "stop", NULL};
+    static const char *const kwlist[] = {"scale", "start", "stop", NULL};
     double scale = 1.0;
     PyObject *starto = NULL, *stopo = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|dOO:allreduce", kwlist, &scale, &starto, &stopo)) return NULL;
+    if (parse_args(args, nargs, kwnames, "|dOO:allreduce", kwlist, &scale, &starto, &stopo))
+        return NULL;
     ptrdiff_t start, stop;
     if (group_ready(self) || check_finite(scale, "scale") || get_range(starto, stopo, self->length, &start, &stop))
         return NULL;
@@ -383,7 +385,7 @@ static PyObject *ShmGroup_get_size(ShmGroupObject *self, void *c) { return PyLon
 
 static PyMethodDef ShmGroup_methods[] = {
     {"barrier", (PyCFunction)ShmGroup_barrier, METH_NOARGS, "barrier() -> seconds waited: wait until every worker arrives"},
-    {"allreduce", (PyCFunction)(void (*)(void))ShmGroup_allreduce, METH_VARARGS | METH_KEYWORDS,
+    {"allreduce", FASTFN(ShmGroup_allreduce), FASTKW,
      "allreduce(scale=1.0, start=0, stop=None) -> seconds waited at the entry barrier: every "
      "buffer[start:stop] (or only out[start:stop] when the group has an out array) = scale * the sum "
      "of all buffers[start:stop]; native: summed in buffer order, this worker reduces its slice; "

@@ -23,14 +23,16 @@
 
 /* ------------------------------------------------------------------ GEMM */
 
-static PyObject *gemm_common(PyObject *module, PyObject *args, PyObject *kwds, int naive)
+static PyObject *gemm_common(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames, int naive)
 {
-    static char *kwlist[] = {"a", "b", "c", "trans_a", "trans_b", "alpha", "beta", "ctx", NULL};
+    static const char *const kwlist[] = {"a", "b", "c", "trans_a", "trans_b", "alpha", "beta",
+                                         "ctx", NULL};
     PyObject *ao, *bo, *co, *ctxo = NULL;
     int ta = 0, tb = 0;
     double alpha = 1.0, beta = 0.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$ppddO:gemm", kwlist, &ao, &bo, &co, &ta,
-                                     &tb, &alpha, &beta, &ctxo))
+    if (parse_args(args, nargs, kwnames, naive ? "OOO|$ppddO:gemm_naive" : "OOO|$ppddO:gemm",
+                   kwlist, &ao, &bo, &co, &ta, &tb, &alpha, &beta, &ctxo))
         return NULL;
     PyArrayObject *a, *b, *c;
     ContextObject *cobj;
@@ -69,16 +71,27 @@ static PyObject *gemm_common(PyObject *module, PyObject *args, PyObject *kwds, i
     Py_RETURN_NONE;
 }
 
-static PyObject *py_gemm(PyObject *module, PyObject *args, PyObject *kwds) { return gemm_common(module, args, kwds, 0); }
-static PyObject *py_gemm_naive(PyObject *module, PyObject *args, PyObject *kwds) { return gemm_common(module, args, kwds, 1); }
+static PyObject *py_gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames)
+{
+    return gemm_common(module, args, nargs, kwnames, 0);
+}
+
+static PyObject *py_gemm_naive(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames)
+{
+    return gemm_common(module, args, nargs, kwnames, 1);
+}
 
 /* ------------------------------------------------------------------ dense layer */
 
-static PyObject *py_dense_forward(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_dense_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames)
 {
-    static char *kwlist[] = {"x", "w", "b", "y", "ctx", NULL};
+    static const char *const kwlist[] = {"x", "w", "b", "y", "ctx", NULL};
     PyObject *xo, *wo, *bo, *yo, *ctxo = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO|$O:dense_forward", kwlist, &xo, &wo, &bo, &yo, &ctxo))
+    if (parse_args(args, nargs, kwnames, "OOOO|$O:dense_forward", kwlist, &xo, &wo, &bo, &yo,
+                   &ctxo))
         return NULL;
     PyArrayObject *x, *w, *b, *y;
     ContextObject *cobj;
@@ -102,12 +115,13 @@ static PyObject *py_dense_forward(PyObject *module, PyObject *args, PyObject *kw
     Py_RETURN_NONE;
 }
 
-static PyObject *py_dense_backward(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_dense_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames)
 {
-    static char *kwlist[] = {"dy", "x", "w", "dw", "db", "dx", "ctx", NULL};
+    static const char *const kwlist[] = {"dy", "x", "w", "dw", "db", "dx", "ctx", NULL};
     PyObject *dyo, *xo, *wo, *dwo, *dbo, *dxo = Py_None, *ctxo = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO|O$O:dense_backward", kwlist, &dyo, &xo, &wo,
-                                     &dwo, &dbo, &dxo, &ctxo))
+    if (parse_args(args, nargs, kwnames, "OOOOO|O$O:dense_backward", kwlist, &dyo, &xo, &wo, &dwo,
+                   &dbo, &dxo, &ctxo))
         return NULL;
     PyArrayObject *dy, *x, *w, *dw, *db, *dx = NULL;
     ContextObject *cobj;
@@ -157,11 +171,12 @@ static int check_elementwise(PyArrayObject *out, const char *oname, PyArrayObjec
     return check_no_overlap(out, oname, in, iname);
 }
 
-static PyObject *py_relu_forward(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_relu_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames)
 {
-    static char *kwlist[] = {"x", "y", NULL};
+    static const char *const kwlist[] = {"x", "y", NULL};
     PyObject *xo, *yo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:relu_forward", kwlist, &xo, &yo)) return NULL;
+    if (parse_args(args, nargs, kwnames, "OO:relu_forward", kwlist, &xo, &yo)) return NULL;
     PyArrayObject *x, *y;
     if (!(x = check_array(xo, "x", NPY_NOTYPE, -1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, -1, 1)) ||
         check_elementwise(y, "y", x, "x"))
@@ -172,11 +187,12 @@ static PyObject *py_relu_forward(PyObject *module, PyObject *args, PyObject *kwd
     Py_RETURN_NONE;
 }
 
-static PyObject *py_relu_backward(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_relu_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames)
 {
-    static char *kwlist[] = {"dy", "y", "dx", NULL};
+    static const char *const kwlist[] = {"dy", "y", "dx", NULL};
     PyObject *dyo, *yo, *dxo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:relu_backward", kwlist, &dyo, &yo, &dxo)) return NULL;
+    if (parse_args(args, nargs, kwnames, "OOO:relu_backward", kwlist, &dyo, &yo, &dxo)) return NULL;
     PyArrayObject *dy, *y, *dx;
     if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, -1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, -1, 0)) ||
         !(dx = check_array(dxo, "dx", NPY_NOTYPE, -1, 1)) || check_elementwise(y, "y", dy, "dy") ||
@@ -190,12 +206,12 @@ static PyObject *py_relu_backward(PyObject *module, PyObject *args, PyObject *kw
 
 /* ------------------------------------------------------------------ losses */
 
-static PyObject *loss_common(PyObject *args, PyObject *kwds, int binary)
+static PyObject *loss_common(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int binary)
 {
-    static char *kwlist[] = {"logits", "labels", "dlogits", "grad_scale", NULL};
+    static const char *const kwlist[] = {"logits", "labels", "dlogits", "grad_scale", NULL};
     PyObject *zo, *lo, *dzo = Py_None, *gso = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, binary ? "OO|OO:sigmoid_bce" : "OO|OO:softmax_xent",
-                                     kwlist, &zo, &lo, &dzo, &gso))
+    if (parse_args(args, nargs, kwnames, binary ? "OO|OO:sigmoid_bce" : "OO|OO:softmax_xent",
+                   kwlist, &zo, &lo, &dzo, &gso))
         return NULL;
     PyArrayObject *z, *l, *dz = NULL;
     if (!(z = check_array(zo, "logits", NPY_NOTYPE, -1, 0)) || !(l = check_array(lo, "labels", NPY_INT64, 1, 0)))
@@ -232,14 +248,24 @@ static PyObject *loss_common(PyObject *args, PyObject *kwds, int binary)
     return PyFloat_FromDouble(loss);
 }
 
-static PyObject *py_softmax_xent(PyObject *module, PyObject *args, PyObject *kwds) { return loss_common(args, kwds, 0); }
-static PyObject *py_sigmoid_bce(PyObject *module, PyObject *args, PyObject *kwds) { return loss_common(args, kwds, 1); }
-
-static PyObject *py_argmax(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_softmax_xent(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames)
 {
-    static char *kwlist[] = {"x", "out", NULL};
+    return loss_common(args, nargs, kwnames, 0);
+}
+
+static PyObject *py_sigmoid_bce(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
+{
+    return loss_common(args, nargs, kwnames, 1);
+}
+
+static PyObject *py_argmax(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
+{
+    static const char *const kwlist[] = {"x", "out", NULL};
     PyObject *xo, *oo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:argmax", kwlist, &xo, &oo)) return NULL;
+    if (parse_args(args, nargs, kwnames, "OO:argmax", kwlist, &xo, &oo)) return NULL;
     PyArrayObject *x, *o;
     if (!(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) || !(o = check_array(oo, "out", NPY_INT64, 1, 1)))
         return NULL;
@@ -251,11 +277,12 @@ static PyObject *py_argmax(PyObject *module, PyObject *args, PyObject *kwds)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_count_correct(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_count_correct(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames)
 {
-    static char *kwlist[] = {"logits", "labels", NULL};
+    static const char *const kwlist[] = {"logits", "labels", NULL};
     PyObject *zo, *lo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:count_correct", kwlist, &zo, &lo)) return NULL;
+    if (parse_args(args, nargs, kwnames, "OO:count_correct", kwlist, &zo, &lo)) return NULL;
     PyArrayObject *z, *l;
     if (!(z = check_array(zo, "logits", NPY_NOTYPE, -1, 0)) || !(l = check_array(lo, "labels", NPY_INT64, 1, 0)))
         return NULL;
@@ -277,18 +304,18 @@ static PyObject *py_count_correct(PyObject *module, PyObject *args, PyObject *kw
 
 /* ------------------------------------------------------------------ optimizer, buffers */
 
-static PyObject *py_sgd_step(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames)
 {
-    static char *kwlist[] = {"params", "grads", "velocity", "lr", "momentum", "dampening",
-                             "weight_decay", "nesterov", "first_step", NULL};
+    static const char *const kwlist[] = {"params", "grads", "velocity", "lr", "momentum",
+                                         "dampening", "weight_decay", "nesterov", "first_step",
+                                         NULL};
     PyObject *po, *go, *vo;
     double lr, mom = 0, damp = 0, wd = 0;
     int nesterov = 0, first = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$ddddpp:sgd_step", kwlist, &po, &go, &vo, &lr,
-                                     &mom, &damp, &wd, &nesterov, &first))
+    if (parse_args(args, nargs, kwnames, "OOO$d|dddpp:sgd_step", kwlist, &po, &go, &vo, &lr, &mom,
+                   &damp, &wd, &nesterov, &first))
         return NULL;
-    if (!kwds || !PyDict_GetItemString(kwds, "lr"))
-        return PyErr_Format(PyExc_TypeError, "sgd_step() missing the keyword argument lr"), NULL;
     PyArrayObject *p, *g, *v = NULL;
     if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 1)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 0)) ||
         check_elementwise(g, "grads", p, "params") || check_finite(lr, "lr") ||
@@ -327,12 +354,14 @@ static PyObject *py_sgd_step(PyObject *module, PyObject *args, PyObject *kwds)
 
 #define MAX_SUM_INPUTS 1024
 
-static PyObject *py_sum_buffers(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_sum_buffers(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
 {
-    static char *kwlist[] = {"out", "inputs", "scale", "start", "stop", NULL};
+    static const char *const kwlist[] = {"out", "inputs", "scale", "start", "stop", NULL};
     PyObject *oo, *ino, *starto = NULL, *stopo = NULL, *seq = NULL, *result = NULL;
     double scale = 1.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|$dOO:sum_buffers", kwlist, &oo, &ino, &scale, &starto, &stopo))
+    if (parse_args(args, nargs, kwnames, "OO|$dOO:sum_buffers", kwlist, &oo, &ino, &scale, &starto,
+                   &stopo))
         return NULL;
     PyArrayObject *out;
     /* uint16 arrays hold bfloat16 values: summed in float32, rounded to bfloat16 */
@@ -374,11 +403,11 @@ fail:
 }
 
 /* to_bf16 (to = 1: float32 x -> uint16 out) and from_bf16 (to = 0: the reverse) */
-static PyObject *bf16_convert(PyObject *args, PyObject *kwds, int to)
+static PyObject *bf16_convert(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int to)
 {
-    static char *kwlist[] = {"x", "out", NULL};
+    static const char *const kwlist[] = {"x", "out", NULL};
     PyObject *xo, *oo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, to ? "OO:to_bf16" : "OO:from_bf16", kwlist, &xo, &oo))
+    if (parse_args(args, nargs, kwnames, to ? "OO:to_bf16" : "OO:from_bf16", kwlist, &xo, &oo))
         return NULL;
     PyArrayObject *x, *out;
     if (!(x = check_array(xo, "x", to ? NPY_FLOAT32 : NPY_UINT16, -1, 0)) ||
@@ -390,15 +419,26 @@ static PyObject *bf16_convert(PyObject *args, PyObject *kwds, int to)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_to_bf16(PyObject *module, PyObject *args, PyObject *kwds) { return bf16_convert(args, kwds, 1); }
-static PyObject *py_from_bf16(PyObject *module, PyObject *args, PyObject *kwds) { return bf16_convert(args, kwds, 0); }
-
-static PyObject *py_scale(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_to_bf16(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
 {
-    static char *kwlist[] = {"buf", "alpha", "start", "stop", NULL};
+    return bf16_convert(args, nargs, kwnames, 1);
+}
+
+static PyObject *py_from_bf16(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
+{
+    return bf16_convert(args, nargs, kwnames, 0);
+}
+
+static PyObject *py_scale(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames)
+{
+    static const char *const kwlist[] = {"buf", "alpha", "start", "stop", NULL};
     PyObject *bo, *starto = NULL, *stopo = NULL;
     double alpha;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Od|$OO:scale_", kwlist, &bo, &alpha, &starto, &stopo)) return NULL;
+    if (parse_args(args, nargs, kwnames, "Od|$OO:scale_", kwlist, &bo, &alpha, &starto, &stopo))
+        return NULL;
     PyArrayObject *b;
     ptrdiff_t start, stop;
     if (!(b = check_array(bo, "buf", NPY_NOTYPE, 1, 1)) || check_finite(alpha, "alpha") ||
@@ -411,11 +451,12 @@ static PyObject *py_scale(PyObject *module, PyObject *args, PyObject *kwds)
 
 /* ------------------------------------------------------------------ batch assembly */
 
-static PyObject *py_gather_rows(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_gather_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
 {
-    static char *kwlist[] = {"x", "index", "out", NULL};
+    static const char *const kwlist[] = {"x", "index", "out", NULL};
     PyObject *xo, *io, *oo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:gather_rows", kwlist, &xo, &io, &oo)) return NULL;
+    if (parse_args(args, nargs, kwnames, "OOO:gather_rows", kwlist, &xo, &io, &oo)) return NULL;
     PyArrayObject *x, *idx, *out;
     if (!(idx = check_array(io, "index", NPY_INT64, 1, 0))) return NULL;
     if (!PyArray_Check(xo) || !PyArray_Check(oo))
@@ -497,13 +538,15 @@ static int conv_geometry(PyArrayObject *x, PyArrayObject *w, int padding, dp_con
                         "kernels' int sizes", xs, ws, padding), -1;
 }
 
-static PyObject *conv_forward_common(PyObject *module, PyObject *args, PyObject *kwds, int naive)
+static PyObject *conv_forward_common(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames, int naive)
 {
-    static char *kwlist[] = {"x", "w", "b", "y", "padding", "ctx", NULL};
+    static const char *const kwlist[] = {"x", "w", "b", "y", "padding", "ctx", NULL};
     PyObject *xo, *wo, *bo, *yo, *ctxo = NULL;
     int padding = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, naive ? "OOOO|$iO:conv2d_forward_naive" : "OOOO|$iO:conv2d_forward",
-                                     kwlist, &xo, &wo, &bo, &yo, &padding, &ctxo))
+    if (parse_args(args, nargs, kwnames,
+                   naive ? "OOOO|$iO:conv2d_forward_naive" : "OOOO|$iO:conv2d_forward", kwlist, &xo,
+                   &wo, &bo, &yo, &padding, &ctxo))
         return NULL;
     PyArrayObject *x, *w, *b, *y;
     ContextObject *cobj;
@@ -536,13 +579,15 @@ static PyObject *conv_forward_common(PyObject *module, PyObject *args, PyObject 
     Py_RETURN_NONE;
 }
 
-static PyObject *conv_backward_common(PyObject *module, PyObject *args, PyObject *kwds, int naive)
+static PyObject *conv_backward_common(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                      PyObject *kwnames, int naive)
 {
-    static char *kwlist[] = {"dy", "x", "w", "dw", "db", "dx", "padding", "ctx", NULL};
+    static const char *const kwlist[] = {"dy", "x", "w", "dw", "db", "dx", "padding", "ctx", NULL};
     PyObject *dyo, *xo, *wo, *dwo, *dbo, *dxo = Py_None, *ctxo = NULL;
     int padding = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, naive ? "OOOOO|O$iO:conv2d_backward_naive" : "OOOOO|O$iO:conv2d_backward",
-                                     kwlist, &dyo, &xo, &wo, &dwo, &dbo, &dxo, &padding, &ctxo))
+    if (parse_args(args, nargs, kwnames,
+                   naive ? "OOOOO|O$iO:conv2d_backward_naive" : "OOOOO|O$iO:conv2d_backward",
+                   kwlist, &dyo, &xo, &wo, &dwo, &dbo, &dxo, &padding, &ctxo))
         return NULL;
     PyArrayObject *dy, *x, *w, *dw, *db, *dx = NULL;
     ContextObject *cobj;
@@ -588,10 +633,29 @@ static PyObject *conv_backward_common(PyObject *module, PyObject *args, PyObject
     Py_RETURN_NONE;
 }
 
-static PyObject *py_conv2d_forward(PyObject *module, PyObject *args, PyObject *kwds) { return conv_forward_common(module, args, kwds, 0); }
-static PyObject *py_conv2d_forward_naive(PyObject *module, PyObject *args, PyObject *kwds) { return conv_forward_common(module, args, kwds, 1); }
-static PyObject *py_conv2d_backward(PyObject *module, PyObject *args, PyObject *kwds) { return conv_backward_common(module, args, kwds, 0); }
-static PyObject *py_conv2d_backward_naive(PyObject *module, PyObject *args, PyObject *kwds) { return conv_backward_common(module, args, kwds, 1); }
+static PyObject *py_conv2d_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames)
+{
+    return conv_forward_common(module, args, nargs, kwnames, 0);
+}
+
+static PyObject *py_conv2d_forward_naive(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                         PyObject *kwnames)
+{
+    return conv_forward_common(module, args, nargs, kwnames, 1);
+}
+
+static PyObject *py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames)
+{
+    return conv_backward_common(module, args, nargs, kwnames, 0);
+}
+
+static PyObject *py_conv2d_backward_naive(PyObject *module, PyObject *const *args,
+                                          Py_ssize_t nargs, PyObject *kwnames)
+{
+    return conv_backward_common(module, args, nargs, kwnames, 1);
+}
 
 /* The pooled shape (B, C, H / 2, W / 2) of a (B, C, H, W) array, H and W >= 2. */
 static int pooled_shape(PyArrayObject *a, const char *name, npy_intp *out)
@@ -609,11 +673,13 @@ static int pooled_shape(PyArrayObject *a, const char *name, npy_intp *out)
     return 0;
 }
 
-static PyObject *py_maxpool2_forward(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_maxpool2_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames)
 {
-    static char *kwlist[] = {"x", "y", "idx", NULL};
+    static const char *const kwlist[] = {"x", "y", "idx", NULL};
     PyObject *xo, *yo, *io;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:maxpool2_forward", kwlist, &xo, &yo, &io)) return NULL;
+    if (parse_args(args, nargs, kwnames, "OOO:maxpool2_forward", kwlist, &xo, &yo, &io))
+        return NULL;
     PyArrayObject *x, *y, *idx;
     npy_intp yd[4];
     if (!(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 4, 1)) ||
@@ -628,11 +694,13 @@ static PyObject *py_maxpool2_forward(PyObject *module, PyObject *args, PyObject 
     Py_RETURN_NONE;
 }
 
-static PyObject *py_maxpool2_backward(PyObject *module, PyObject *args, PyObject *kwds)
+static PyObject *py_maxpool2_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                      PyObject *kwnames)
 {
-    static char *kwlist[] = {"dy", "idx", "dx", NULL};
+    static const char *const kwlist[] = {"dy", "idx", "dx", NULL};
     PyObject *dyo, *io, *dxo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:maxpool2_backward", kwlist, &dyo, &io, &dxo)) return NULL;
+    if (parse_args(args, nargs, kwnames, "OOO:maxpool2_backward", kwlist, &dyo, &io, &dxo))
+        return NULL;
     PyArrayObject *dy, *idx, *dx;
     npy_intp yd[4];
     if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 4, 0)) || !(idx = check_array(io, "idx", NPY_UINT8, 4, 0)) ||
@@ -898,38 +966,38 @@ static PyObject *py_build_info(PyObject *module, PyObject *unused)
 #define FN(f) ((PyCFunction)(void (*)(void))(f))
 
 PyMethodDef mod_kernels_functions[] = {
-    {"gemm", FN(py_gemm), KW, "gemm(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, ctx=None): c = alpha op(a) op(b) + beta c"},
-    {"gemm_naive", FN(py_gemm_naive), KW, "gemm_naive(...): the triple-loop twin of gemm"},
-    {"dense_forward", FN(py_dense_forward), KW, "dense_forward(x, w, b, y, *, ctx=None): y = x w^T + b"},
-    {"dense_backward", FN(py_dense_backward), KW, "dense_backward(dy, x, w, dw, db, dx=None, *, ctx=None): dw += dy^T x; db += sum(dy); dx = dy w"},
-    {"conv2d_forward", FN(py_conv2d_forward), KW, "conv2d_forward(x, w, b, y, *, padding=0, ctx=None): y = conv(x, w) + b; x (B, C, H, W), w (OC, C, KH, KW), stride 1"},
-    {"conv2d_forward_naive", FN(py_conv2d_forward_naive), KW, "conv2d_forward_naive(x, w, b, y, *, padding=0): the loop twin of conv2d_forward"},
-    {"conv2d_backward", FN(py_conv2d_backward), KW, "conv2d_backward(dy, x, w, dw, db, dx=None, *, padding=0, ctx=None): dw += d/dw, db += d/db; dx = d/dx (written)"},
-    {"conv2d_backward_naive", FN(py_conv2d_backward_naive), KW, "conv2d_backward_naive(...): the loop twin of conv2d_backward"},
-    {"maxpool2_forward", FN(py_maxpool2_forward), KW, "maxpool2_forward(x, y, idx): 2x2 max-pooling, stride 2; idx (uint8) = the window position 0..3 of each maximum"},
-    {"maxpool2_backward", FN(py_maxpool2_backward), KW, "maxpool2_backward(dy, idx, dx): dx = dy at each window's maximum, 0 elsewhere (written)"},
-    {"relu_forward", FN(py_relu_forward), KW, "relu_forward(x, y): y = max(x, 0)"},
-    {"relu_backward", FN(py_relu_backward), KW, "relu_backward(dy, y, dx): dx = dy * (y > 0)"},
-    {"softmax_xent", FN(py_softmax_xent), KW, "softmax_xent(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
-    {"sigmoid_bce", FN(py_sigmoid_bce), KW, "sigmoid_bce(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
-    {"argmax", FN(py_argmax), KW, "argmax(x, out): out = x.argmax(1)"},
-    {"count_correct", FN(py_count_correct), KW, "count_correct(logits, labels) -> int"},
-    {"sgd_step", FN(py_sgd_step), KW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False)"},
-    {"sum_buffers", FN(py_sum_buffers), KW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None): "
+    {"gemm", FASTFN(py_gemm), FASTKW, "gemm(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, ctx=None): c = alpha op(a) op(b) + beta c"},
+    {"gemm_naive", FASTFN(py_gemm_naive), FASTKW, "gemm_naive(...): the triple-loop twin of gemm"},
+    {"dense_forward", FASTFN(py_dense_forward), FASTKW, "dense_forward(x, w, b, y, *, ctx=None): y = x w^T + b"},
+    {"dense_backward", FASTFN(py_dense_backward), FASTKW, "dense_backward(dy, x, w, dw, db, dx=None, *, ctx=None): dw += dy^T x; db += sum(dy); dx = dy w"},
+    {"conv2d_forward", FASTFN(py_conv2d_forward), FASTKW, "conv2d_forward(x, w, b, y, *, padding=0, ctx=None): y = conv(x, w) + b; x (B, C, H, W), w (OC, C, KH, KW), stride 1"},
+    {"conv2d_forward_naive", FASTFN(py_conv2d_forward_naive), FASTKW, "conv2d_forward_naive(x, w, b, y, *, padding=0): the loop twin of conv2d_forward"},
+    {"conv2d_backward", FASTFN(py_conv2d_backward), FASTKW, "conv2d_backward(dy, x, w, dw, db, dx=None, *, padding=0, ctx=None): dw += d/dw, db += d/db; dx = d/dx (written)"},
+    {"conv2d_backward_naive", FASTFN(py_conv2d_backward_naive), FASTKW, "conv2d_backward_naive(...): the loop twin of conv2d_backward"},
+    {"maxpool2_forward", FASTFN(py_maxpool2_forward), FASTKW, "maxpool2_forward(x, y, idx): 2x2 max-pooling, stride 2; idx (uint8) = the window position 0..3 of each maximum"},
+    {"maxpool2_backward", FASTFN(py_maxpool2_backward), FASTKW, "maxpool2_backward(dy, idx, dx): dx = dy at each window's maximum, 0 elsewhere (written)"},
+    {"relu_forward", FASTFN(py_relu_forward), FASTKW, "relu_forward(x, y): y = max(x, 0)"},
+    {"relu_backward", FASTFN(py_relu_backward), FASTKW, "relu_backward(dy, y, dx): dx = dy * (y > 0)"},
+    {"softmax_xent", FASTFN(py_softmax_xent), FASTKW, "softmax_xent(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
+    {"sigmoid_bce", FASTFN(py_sigmoid_bce), FASTKW, "sigmoid_bce(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
+    {"argmax", FASTFN(py_argmax), FASTKW, "argmax(x, out): out = x.argmax(1)"},
+    {"count_correct", FASTFN(py_count_correct), FASTKW, "count_correct(logits, labels) -> int"},
+    {"sgd_step", FASTFN(py_sgd_step), FASTKW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False)"},
+    {"sum_buffers", FASTFN(py_sum_buffers), FASTKW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None): "
      "out[start:stop] = scale * sum(inputs)[start:stop], added in order; uint16 arrays hold bfloat16 "
      "values: summed in float32, the result rounded to bfloat16"},
-    {"to_bf16", FN(py_to_bf16), KW, "to_bf16(x, out): out (uint16, x's shape) = float32 x rounded to the "
+    {"to_bf16", FASTFN(py_to_bf16), FASTKW, "to_bf16(x, out): out (uint16, x's shape) = float32 x rounded to the "
      "nearest bfloat16 (ties to even), its bits"},
-    {"from_bf16", FN(py_from_bf16), KW, "from_bf16(x, out): out (float32, x's shape) = the bfloat16 values "
+    {"from_bf16", FASTFN(py_from_bf16), FASTKW, "from_bf16(x, out): out (float32, x's shape) = the bfloat16 values "
      "whose bits x (uint16) holds, exactly"},
-    {"scale_", FN(py_scale), KW, "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
+    {"scale_", FASTFN(py_scale), FASTKW, "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
     {"cpu_features", py_cpu_features, METH_NOARGS, "cpu_features() -> dict: vendor, brand, the x86 vector flags the CPU has and the OS enables (avx, fma, avx2, avx512f/bw/vl/dq, avx512_vnni, avx512_bf16, amx_tile, amx_bf16), widest_fma"},
     {"isa", py_isa, METH_NOARGS, "isa() -> str: the ISA the kernels run now ('generic', 'avx2' or 'avx512'): the widest this CPU has, unless DPTRAIN_ISA or set_isa chose another"},
     {"set_bf16_amx", FN(py_set_bf16_amx), KW, "set_bf16_amx(on) -> previous: whether GEMMs with bfloat16 inputs run on Intel AMX's tiles (tdpbf16ps) where this process can (AMX-BF16, Linux lending the tile state, the avx512 ISA active): True or None (the default) wherever it can, False never (then set_bf16_dot's path). AMX sums keep more precision inside an instruction than float32's one-by-one rounding: its results are within float32's bound of the rounding path's, not its bits, and reproducible for the same shapes; it reads denormal inputs as 0. Returns the previous setting. ValueError for True where it cannot run, saying why (build_info()['bfloat16_amx_why']). For tests and benchmarks: not while kernels run in other threads"},
     {"set_bf16_dot", FN(py_set_bf16_dot), KW, "set_bf16_dot(on) -> previous: which path GEMMs with bfloat16 inputs take where the CPU has AVX512_BF16 and the avx512 ISA is active: True the vdpbf16ps micro-kernel, False the rounding path (inputs rounded while packed, float32 micro-kernel; the same numbers except denormals, which vdpbf16ps reads as 0), None (the default) vdpbf16ps where it was measured to do >= 1.2x the float32 FMA's flop here (build_info()['bfloat16_dot_vs_fma']; build_info()['bfloat16_gemm'] says which path runs). Returns the previous setting. ValueError for True where the CPU lacks AVX512_BF16. For tests and benchmarks: not while kernels run in other threads"},
     {"set_isa", FN(py_set_isa), KW, "set_isa(isa) -> str: makes isa ('widest', 'avx512', 'avx2' or 'generic') the kernels' ISA from the next call on and returns the previous one; ValueError where the CPU lacks it. For start-up, tests and benchmarks: not while kernels run in other threads"},
     {"fma_peak", FN(py_fma_peak), KW, "fma_peak(isa='widest', dtype='float32', seconds=0.2) -> GFLOP/s of one thread's FMA loop ('widest', 'avx512', 'avx2', 'generic'); ValueError where the CPU lacks the isa"},
-    {"gather_rows", FN(py_gather_rows), KW, "gather_rows(x, index, out): out[i] = x[index[i]] (rows, any dtype; GIL released)"},
+    {"gather_rows", FASTFN(py_gather_rows), FASTKW, "gather_rows(x, index, out): out[i] = x[index[i]] (rows, any dtype; GIL released)"},
     {"zero_", py_zero, METH_O, "zero_(buf): buf[:] = 0 with the GIL released"},
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict describing this build: isa (the kernels' ISA now), isas_available (this CPU's), simd (the GEMM's build), compiler, dtypes, threads, the GEMM's blocking, the NumPy API built against"},
     {NULL},

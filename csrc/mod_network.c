@@ -207,11 +207,13 @@ static int run_evaluate(NetObject *s, void *out, double *loss, int64_t *c, const
                   : dp_model_evaluate_f64(&s->model, out, loss, c, s->params.data, x, lab, tgt, B);
 }
 
-static PyObject *Net_loss_grad(NetObject *self, PyObject *args, PyObject *kwds)
+static PyObject *Net_loss_grad(NetObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames)
 {
-    static char *kwlist[] = {"x", "labels", "grad_scale", "grads", NULL};
+    static const char *const kwlist[] = {"x", "labels", "grad_scale", "grads", NULL};
     PyObject *xo, *lo, *gso = Py_None, *go = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OO:loss_grad", kwlist, &xo, &lo, &gso, &go)) return NULL;
+    if (parse_args(args, nargs, kwnames, "OO|OO:loss_grad", kwlist, &xo, &lo, &gso, &go))
+        return NULL;
     PyArrayObject *x, *l, *grads;
     double gs;
     if (net_batch(self, xo, lo, &x, &l, 1, 1)) return NULL;
@@ -234,11 +236,12 @@ static PyObject *Net_loss_grad(NetObject *self, PyObject *args, PyObject *kwds)
     return Py_BuildValue("(dL)", loss, (long long)correct);
 }
 
-static PyObject *Net_forward_loss(NetObject *self, PyObject *args, PyObject *kwds)
+static PyObject *Net_forward_loss(NetObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames)
 {
-    static char *kwlist[] = {"x", "labels", "grad_scale", NULL};
+    static const char *const kwlist[] = {"x", "labels", "grad_scale", NULL};
     PyObject *xo, *lo, *gso = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:forward_loss", kwlist, &xo, &lo, &gso)) return NULL;
+    if (parse_args(args, nargs, kwnames, "OO|O:forward_loss", kwlist, &xo, &lo, &gso)) return NULL;
     PyArrayObject *x, *l;
     double gs;
     if (net_batch(self, xo, lo, &x, &l, 1, 1)) return NULL;
@@ -267,12 +270,13 @@ static PyObject *Net_forward_loss(NetObject *self, PyObject *args, PyObject *kwd
     return Py_BuildValue("(dL)", loss, (long long)correct);
 }
 
-static PyObject *Net_backward_layer(NetObject *self, PyObject *args, PyObject *kwds)
+static PyObject *Net_backward_layer(NetObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames)
 {
-    static char *kwlist[] = {"layer", "grads", NULL};
+    static const char *const kwlist[] = {"layer", "grads", NULL};
     int layer;
     PyObject *go = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|O:backward_layer", kwlist, &layer, &go)) return NULL;
+    if (parse_args(args, nargs, kwnames, "i|O:backward_layer", kwlist, &layer, &go)) return NULL;
     if (net_ready(self, 1)) return NULL;
     PyArrayObject *px = self->pending_x;
     if (px && (PyArray_DATA(px) != self->pending_data || PyArray_NBYTES(px) != self->pending_nbytes))
@@ -334,19 +338,21 @@ static PyObject *net_forward_only(NetObject *self, PyObject *xo, PyObject *lo, P
     return Py_BuildValue("(dL)", loss, (long long)correct);
 }
 
-static PyObject *Net_evaluate(NetObject *self, PyObject *args, PyObject *kwds)
+static PyObject *Net_evaluate(NetObject *self, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
 {
-    static char *kwlist[] = {"x", "labels", NULL};
+    static const char *const kwlist[] = {"x", "labels", NULL};
     PyObject *xo, *lo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:evaluate", kwlist, &xo, &lo)) return NULL;
+    if (parse_args(args, nargs, kwnames, "OO:evaluate", kwlist, &xo, &lo)) return NULL;
     return net_forward_only(self, xo, lo, NULL, "evaluate");
 }
 
-static PyObject *Net_logits(NetObject *self, PyObject *args, PyObject *kwds)
+static PyObject *Net_logits(NetObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
 {
-    static char *kwlist[] = {"x", "out", NULL};
+    static const char *const kwlist[] = {"x", "out", NULL};
     PyObject *xo, *oo;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:logits", kwlist, &xo, &oo)) return NULL;
+    if (parse_args(args, nargs, kwnames, "OO:logits", kwlist, &xo, &oo)) return NULL;
     return net_forward_only(self, xo, NULL, oo, "logits");
 }
 
@@ -387,21 +393,21 @@ static void Net_dealloc(NetObject *self)
 }
 
 static PyMethodDef Net_methods[] = {
-    {"loss_grad", (PyCFunction)(void (*)(void))Net_loss_grad, METH_VARARGS | METH_KEYWORDS,
+    {"loss_grad", FASTFN(Net_loss_grad), FASTKW,
      "loss_grad(x, labels, grad_scale=None, grads=None) -> (loss_sum, n_correct)\n\nForward and "
      "backward on one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (the "
      "held buffer, or the one given; grad_scale defaults to 1/B). labels: int64 (B,) class "
      "labels, or for loss 'mse' the (B, OUT) targets of the model's dtype (n_correct is then 0)."},
-    {"forward_loss", (PyCFunction)(void (*)(void))Net_forward_loss, METH_VARARGS | METH_KEYWORDS,
+    {"forward_loss", FASTFN(Net_forward_loss), FASTKW,
      "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
      "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it (L: the dense and "
      "conv layers)"},
-    {"backward_layer", (PyCFunction)(void (*)(void))Net_backward_layer, METH_VARARGS | METH_KEYWORDS,
+    {"backward_layer", FASTFN(Net_backward_layer), FASTKW,
      "backward_layer(layer, grads=None): one backward step, last parameterized layer first; "
      "that layer's gradient is final when it returns"},
-    {"evaluate", (PyCFunction)(void (*)(void))Net_evaluate, METH_VARARGS | METH_KEYWORDS,
+    {"evaluate", FASTFN(Net_evaluate), FASTKW,
      "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
-    {"logits", (PyCFunction)(void (*)(void))Net_logits, METH_VARARGS | METH_KEYWORDS,
+    {"logits", FASTFN(Net_logits), FASTKW,
      "logits(x, out): writes the (B, OUT) outputs (OUT: the classes, 1 for sigmoid_bce)."},
     {NULL},
 };
