@@ -6,6 +6,8 @@
 #include "dp_cpu.h"
 #include "dp_loss.h"
 
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
@@ -428,4 +430,35 @@ void dp_ctx_free(dp_ctx *ctx)
     for (int i = 0; i < 2 * DP_MAX_THREADS; i++)
         if (ctx->pack[i].ptr) dp_scratch_free(&ctx->pack[i]);
     dp_scratch_free(&ctx->ct);
+}
+
+/* dp_ctx_default's key: its value is the thread's context, which default_ctx_end frees */
+static pthread_key_t default_ctx_key;
+static int default_ctx_key_ok;
+static pthread_once_t default_ctx_once = PTHREAD_ONCE_INIT;
+
+static void default_ctx_end(void *p)
+{
+    dp_ctx_free(p);
+    free(p);
+}
+
+static void default_ctx_key_make(void)
+{
+    default_ctx_key_ok = pthread_key_create(&default_ctx_key, default_ctx_end) == 0;
+}
+
+dp_ctx *dp_ctx_default(void)
+{
+    pthread_once(&default_ctx_once, default_ctx_key_make);
+    if (!default_ctx_key_ok) return NULL;
+    dp_ctx *c = pthread_getspecific(default_ctx_key);
+    if (c) return c;
+    if (!(c = malloc(sizeof *c))) return NULL;
+    if (dp_ctx_init(c, 1) != DP_OK || pthread_setspecific(default_ctx_key, c) != 0) {
+        dp_ctx_free(c);
+        free(c);
+        return NULL;
+    }
+    return c;
 }

@@ -292,6 +292,7 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
     }
     dp_ctx local;
     int own = 0;
+    if (!ctx) ctx = dp_ctx_default();
     if (!ctx) {
         int rc = dp_ctx_init(&local, 1);
         if (rc) return rc;

@@ -1535,6 +1535,62 @@ static void *sync_worker(void *p)
     return NULL;
 }
 
+/* dp_ctx_default: each thread's own context, reused by its calls without one and freed when
+ * the thread ends (LeakSanitizer, at the end of `make check`, reports one that is not). Four
+ * threads at once, each a run of GEMMs of growing and shrinking sizes without a context (its
+ * packing buffers grown and reused), checked against the naive GEMM; each thread's context
+ * must be the same on every call and another than the other threads'. */
+typedef struct {
+    int seed, failed;
+    dp_ctx *ctx;
+} default_ctx_arg;
+
+static void *default_ctx_worker(void *p)
+{
+    default_ctx_arg *a = p;
+    static const int sz[] = {3, 150, 17, 400, 1, 64, 129};
+    float *A = malloc(sizeof(float) * 400 * 400), *B = malloc(sizeof(float) * 400 * 400);
+    float *C = malloc(sizeof(float) * 400 * 400), *R = malloc(sizeof(float) * 400 * 400);
+    for (int i = 0; i < 400 * 400; i++) {
+        A[i] = (float)((i * 7 + a->seed) % 13) - 6;   /* small integers: exact sums */
+        B[i] = (float)((i * 5 + 3 * a->seed) % 11) - 5;
+    }
+    a->ctx = dp_ctx_default();
+    for (int round = 0; round < 3 && !a->failed; round++)
+        for (int s = 0; s < 7 && !a->failed; s++) {
+            int m = sz[s], n = sz[(s + 2 + a->seed) % 7], k = sz[(s + 4 + round) % 7];
+            if (dp_gemm_f32(NULL, C, n, A, k, 1, B, n, 1, m, n, k, 1.0f, 0.0f) != DP_OK) a->failed = 1;
+            dp_gemm_naive_f32(R, n, A, k, 1, B, n, 1, m, n, k, 1.0f, 0.0f);
+            if (memcmp(C, R, sizeof(float) * (size_t)m * (size_t)n)) a->failed = 2;
+            if (dp_ctx_default() != a->ctx) a->failed = 3;
+        }
+    free(A); free(B); free(C); free(R);
+    return NULL;
+}
+
+static void test_default_ctx(void)
+{
+    pthread_t th[4];
+    default_ctx_arg args[4];
+    for (int t = 0; t < 4; t++) {
+        args[t] = (default_ctx_arg){t, 0, NULL};
+        pthread_create(&th[t], NULL, default_ctx_worker, &args[t]);
+    }
+    int bad = 0;
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        bad |= args[t].failed;
+    }
+    expect(!bad, "dp_gemm_f32 without a context from 4 threads: failure %d", bad);
+    int distinct = 1;
+    for (int t = 0; t < 4; t++)
+        for (int u = 0; u < t; u++) distinct &= args[t].ctx && args[t].ctx != args[u].ctx;
+    expect(distinct, "dp_ctx_default: threads shared a context (or had none)");
+    dp_ctx *mine = dp_ctx_default();
+    expect(mine && mine == dp_ctx_default() && mine->threads == 1 && !mine->bf16_inputs,
+           "dp_ctx_default: the main thread's context is not one reusable single-thread context");
+}
+
 static void test_sync(void)
 {
     for (int n = 1; n <= 4; n++) {
@@ -2101,6 +2157,7 @@ int main(void)
     test_cpu();
     test_math();
     test_sync();
+    test_default_ctx();
 
     int rc = dp_ctx_init(&ctx1, 1);
     if (!rc) rc = dp_ctx_init(&ctx3, 3);
