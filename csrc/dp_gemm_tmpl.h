@@ -154,6 +154,15 @@ TGT static void F(pack_a)(T *DP_RESTRICT Ap, const T *DP_RESTRICT A, ptrdiff_t r
                 for (int i = 0; i < MR; i++) Ap[i] = src[i];
                 Ap += MR;
             }
+        } else if (rsa == 1) {
+            /* transposed A, a last panel of mr < MR rows: the values past mr zeroed in the same
+             * loop (as a copy loop and a zeroing loop, GCC called memcpy and memset for every
+             * k: 10x128x128 TN, A^T 128 x 10, spent 8 % of its time in them) */
+            for (int k = 0; k < kc; k++) {
+                const T *src = a + (ptrdiff_t)k * csa;
+                for (int i = 0; i < MR; i++) Ap[i] = i < mr ? src[i] : (T)0;
+                Ap += MR;
+            }
         } else {
             for (int k = 0; k < kc; k++) {
                 int i = 0;
@@ -290,7 +299,7 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
         c##i##_0 += b0 * ai;                                                       \
         if (WIDE_) c##i##_1 += b1 * ai;                                            \
     }
-#define ACC_TILE(i) {c##i##_0, c##i##_1}
+#define ACC_TILE(i) acc[i][0] = c##i##_0, acc[i][1] = c##i##_1;
 /* (written out: a SEP of COMMA cannot be passed on to another of these) */
 #define ROWS_DO4(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3)
 #define ROWS_DO6(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5)
@@ -321,7 +330,8 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
             A_NEXT;                                                                \
             b += (BKS);                                                            \
         }                                                                          \
-        V acc[MR][2] = {RDO(ACC_TILE, COMMA)};                                     \
+        V acc[MR][2];                                                              \
+        RDO(ACC_TILE, NOSEP)                                                       \
         F(store_tile)(C, ldc, acc, mr, nr, alpha, beta);                           \
     }
 
