@@ -2008,6 +2008,10 @@ static void test_conv(dtype dt)
         {7, 3, 3, 7, 3, 1, 3, 0}, {3, 7, 7, 7, 3, 3, 1, 1}, {1, 3, 7, 7, 3, 7, 7, 0},
         {2, 2, 5, 6, 3, 2, 3, 2}, {2, 3, 9, 33, 5, 3, 3, 1}, {1, 1, 1, 1, 2, 5, 5, 2},
         {1, 2, 20, 5, 2, 17, 2, 1},
+        /* no padding, rows narrower than a vector (dp_im2col's permutes on 64-byte vectors):
+         * conv2's 12-value rows (3 patterns for float, 3 for double), 13-value rows (13
+         * patterns each), both ending in the image's last values (the copy loop's tail) */
+        {2, 3, 14, 14, 2, 3, 3, 0}, {1, 4, 15, 15, 3, 3, 3, 0},
     };
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
         const int *s = shapes[i];
