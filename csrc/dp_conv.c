@@ -3,6 +3,7 @@
  * copies the compiler vectorizes, pooling uses GNU vector extensions, portable like the
  * GEMM's micro-kernel). */
 #include "dp_conv.h"
+#include "dp_buffers.h"
 
 #include <limits.h>
 #include <string.h>

@@ -591,11 +591,10 @@ int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T 
     int rc = DP_OK;
     for (int n = 0; n < B && rc == DP_OK; n++) {
         const T *dyn = dy + n * out;
-        for (int o = 0; o < g->OC; o++) {
-            T s = 0;
-            for (ptrdiff_t p = 0; p < P; p++) s += dyn[o * P + p];
-            db[o] += s;
-        }
+        /* 8 interleaved partial sums, vectorized (one sum per output channel was a chain of
+         * dependent adds: 4 of 5.5 ms of conv2d_backward, 3x32x32 -> 32, batch 128, without
+         * dx); the CNN engine sums its db the same way */
+        K(dp_add_row_sums)(db, dyn, g->OC, (int)P);
         rc = K(dp_conv_image_backward)(ctx, col, dwt, dx ? dx + n * in : NULL, dyn, x + n * in,
                                        w, g, OH, OW);
     }
