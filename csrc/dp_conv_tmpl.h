@@ -128,7 +128,8 @@ void KV(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g,
                     for (int t = 0; p + RVL <= P; p += RVL) {
                         const T *q = sp + base[t];
                         if (q + 2 * RVL > xend) break;            /* the image's last values */
-                        K(rstore)(dst + p, __builtin_shuffle(K(rload)(q), K(rload)(q + RVL), idx[t]));
+                        K(rvec) lo = K(rload)(q), hi = K(rload)(q + RVL);
+                        K(rstore)(dst + p, __builtin_shuffle(lo, hi, idx[t]));
                         if (++t == npat) {
                             t = 0;
                             sp += (ptrdiff_t)rows * W;

@@ -190,9 +190,17 @@ int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const
     const char *fname = strchr(format, ':');
     fname = fname ? fname + 1 : "function";
     for (const char *f = format; *f && *f != ':'; f++) {
-        if (*f == '|') required = n;
-        else if (*f == '$') positional = n;
-        else if (n < MAX_PARAMS) code[n++] = *f;
+        if (*f == '|') {
+            required = n;
+        } else if (*f == '$') {
+            positional = n;
+        } else if (n == MAX_PARAMS) {
+            PyErr_Format(PyExc_SystemError, "%s(): parse_args takes at most %d parameters", fname,
+                         MAX_PARAMS);
+            return -1;
+        } else {
+            code[n++] = *f;
+        }
     }
     if (required < 0) required = n;
     if (positional < 0) positional = n;
@@ -209,12 +217,14 @@ int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const
         int j = 0;
         while (j < n && PyUnicode_CompareWithASCIIString(key, kwlist[j]) != 0) j++;
         if (j == n) {
-            PyErr_Format(PyExc_TypeError, "'%U' is an invalid keyword argument for %s()", key, fname);
+            PyErr_Format(PyExc_TypeError, "'%U' is an invalid keyword argument for %s()", key,
+                         fname);
             return -1;
         }
         if (val[j]) {
-            PyErr_Format(PyExc_TypeError, "argument for %s() given by name ('%s') and position (%d)",
-                         fname, kwlist[j], j + 1);
+            PyErr_Format(PyExc_TypeError,
+                         "argument for %s() given by name ('%s') and position (%d)", fname,
+                         kwlist[j], j + 1);
             return -1;
         }
         val[j] = args[nargs + k];
@@ -256,8 +266,9 @@ int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const
             long l = PyLong_AsLong(v);
             if (l == -1 && PyErr_Occurred()) rc = -1;
             else if (l > INT_MAX || l < INT_MIN) {
-                PyErr_SetString(PyExc_OverflowError, l > INT_MAX ? "signed integer is greater than maximum"
-                                                                 : "signed integer is less than minimum");
+                PyErr_SetString(PyExc_OverflowError,
+                                l > INT_MAX ? "signed integer is greater than maximum"
+                                            : "signed integer is less than minimum");
                 rc = -1;
             } else {
                 *(int *)out = (int)l;
@@ -265,7 +276,8 @@ int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const
             break;
         }
         default:
-            PyErr_Format(PyExc_SystemError, "%s(): parse_args has no format code '%c'", fname, code[j]);
+            PyErr_Format(PyExc_SystemError, "%s(): parse_args has no format code '%c'", fname,
+                         code[j]);
             rc = -1;
         }
         if (rc) arg_error_context(fname, kwlist[j]);

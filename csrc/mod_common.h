@@ -147,9 +147,9 @@ typedef struct {
 } ContextObject;
 
 /* ctx argument of a module-level function: None (or NULL) -> *out = NULL (the GEMMs then use
- * the calling thread's context, dp_ctx_default); else an initialized Context of this module. A context whose
- * GEMMs take bfloat16 inputs is refused for float64 arrays (ref, named ref_name): it would
- * silently compute in full precision. */
+ * the calling thread's context, dp_ctx_default); else an initialized Context of this module.
+ * A context whose GEMMs take bfloat16 inputs is refused for float64 arrays (ref, named
+ * ref_name): it would silently compute in full precision. */
 int get_ctx(PyObject *module, PyObject *obj, PyArrayObject *ref, const char *ref_name,
             ContextObject **out);
 /* gemm_inputs=... of Context and Model: None or the params' dtype name -> 0; "bfloat16" ->

@@ -1559,7 +1559,8 @@ static void *default_ctx_worker(void *p)
     for (int round = 0; round < 3 && !a->failed; round++)
         for (int s = 0; s < 7 && !a->failed; s++) {
             int m = sz[s], n = sz[(s + 2 + a->seed) % 7], k = sz[(s + 4 + round) % 7];
-            if (dp_gemm_f32(NULL, C, n, A, k, 1, B, n, 1, m, n, k, 1.0f, 0.0f) != DP_OK) a->failed = 1;
+            if (dp_gemm_f32(NULL, C, n, A, k, 1, B, n, 1, m, n, k, 1.0f, 0.0f) != DP_OK)
+                a->failed = 1;
             dp_gemm_naive_f32(R, n, A, k, 1, B, n, 1, m, n, k, 1.0f, 0.0f);
             if (memcmp(C, R, sizeof(float) * (size_t)m * (size_t)n)) a->failed = 2;
             if (dp_ctx_default() != a->ctx) a->failed = 3;
