@@ -214,6 +214,60 @@ DP_INLINE void K(gather_row)(T *DP_RESTRICT d, const T *const *r, int rows, ptrd
     K(pstore)(d + e, last);
 }
 
+/* col2im for an image whose rows fit in one vector of the build's width (W <= RVL: conv2's
+ * 15-float rows on AVX-512, which gather_row's 32-byte vectors took in two overlapping
+ * halves, and the rows narrower than those, which went one value at a time): each dx row is
+ * one vector, summed from the masked dcol rows in the order of the path it replaces (v, then
+ * the kernel rows, as gather_row; the kernel rows, then v, for W < VL), so the same bits.
+ * The vector is stored whole: its lanes past W land on the next row, which is stored later,
+ * and only the last row of dx is stored value by value. Masked lanes read inside dcol and its
+ * slack, as gather_row's. Returns 1 (nothing written) for a wider image, KW > RVL or more
+ * kernel rows than COL2IM_ROWS. (conv2, dx 32x15x15, one image in cache, called from C, AMD
+ * EPYC Zen 4: 9.2 -> 5.3 us.) */
+static int K(col2im_narrow)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
+                            int OH, int OW)
+{
+    typedef K(rvec) V;
+    typedef IT K(cmask) __attribute__((vector_size(DP_VEC_BYTES)));
+    int H = g->H, W = g->W, pad = g->pad, KH = g->KH, KW = g->KW;
+    if (W > RVL || KW > RVL || KH > COL2IM_ROWS) return 1;
+    /* mv[v]: the lanes q whose term from kernel column v lies in the dcol row */
+    K(cmask) mv[RVL];
+    for (int v = 0; v < KW; v++)
+        for (int l = 0; l < RVL; l++) mv[v][l] = l + pad - v >= 0 && l + pad - v < OW ? -1 : 0;
+    const int v_outer = W >= VL;
+    T *const end = dx + (ptrdiff_t)g->C * H * W;
+    for (int c = 0; c < g->C; c++)
+        for (int h = 0; h < H; h++) {
+            T *d = dx + ((ptrdiff_t)c * H + h) * W;
+            const T *rows[COL2IM_ROWS];
+            int n = 0;
+            for (int u = 0; u < KH; u++) {
+                int i = h + pad - u;
+                if (i >= 0 && i < OH)
+                    rows[n++] = dcol + (ptrdiff_t)(c * KH + u) * KW * ldcol + (ptrdiff_t)i * OW + pad;
+            }
+            V a = {0};
+            if (v_outer) {
+                for (int v = 0; v < KW; v++)
+                    for (int t = 0; t < n; t++)
+                        a += (V)((K(cmask))K(rload)(rows[t] + v * (ldcol - 1)) & mv[v]);
+            } else {
+                for (int t = 0; t < n; t++)
+                    for (int v = 0; v < KW; v++)
+                        a += (V)((K(cmask))K(rload)(rows[t] + v * (ldcol - 1)) & mv[v]);
+            }
+            if (d + RVL <= end) {
+                K(rstore)(d, a);
+            } else {
+                T lanes[RVL];
+                K(rstore)(lanes, a);
+                memcpy(d, lanes, sizeof(T) * (size_t)W);
+            }
+        }
+    return 0;
+}
+
 void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
                             int OH, int OW)
 {
@@ -223,6 +277,7 @@ void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
     // (those im2col copied x[c, h, q] into), gathered one dx row at a time and written once.
     // Scattering dcol's rows instead would add into dx at a different offset for every v, and
     // the vector loads of dx would wait on the stores just made (store-forwarding stalls).
+    if (K(col2im_narrow)(dx, dcol, ldcol, g, OH, OW) == 0) return;
     int H = g->H, W = g->W, pad = g->pad, KH = g->KH, KW = g->KW;
     /* q in [qlo, qhi): every v reads inside the dcol row (j = q + PAD - v in [0, OW)) */
     int qlo = KW - 1 - pad > 0 ? KW - 1 - pad : 0, qhi = OW - pad < W ? OW - pad : W;
