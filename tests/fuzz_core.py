@@ -3545,6 +3545,8 @@ def parse_log(path, report, seed):
     made = 0
     last_case = None
     last_line = ""
+    if not os.path.exists(path):       # the child died before its first line (e.g. an import)
+        return done, made, None, last_case
     with open(path, errors="replace") as f:
         for line in f:
             if not line.endswith("\n"):
@@ -3606,8 +3608,13 @@ class Batch:
         self.err = os.path.join(workdir, f"batch{n}.err")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", str(seed), str(start), str(quota),
                self.log]
+        # the child imports the dptrain this process runs (an installed one, or a checkout built
+        # in place and imported from its root, which the child's sys.path would lack)
+        env = os.environ.copy()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(core.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         with open(self.err, "w") as err:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=os.environ.copy(),
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env,
                                          start_new_session=True)
         self.size, self.quiet_since = -1, time.monotonic()
 
