@@ -40,6 +40,7 @@ DP_INLINE void K(valid_cols)(int v, int pad, int W, int OW, int *j0, int *j1)
 /* Vectors of the build's own width (DP_VEC_BYTES: 16 generic, 32 AVX2, 64 AVX-512) for
  * im2col's row copies. */
 typedef T K(rvec) __attribute__((vector_size(DP_VEC_BYTES)));
+typedef IT K(rmask) __attribute__((vector_size(DP_VEC_BYTES)));   /* lane masks, permutes */
 #define RVL ((int)(DP_VEC_BYTES / sizeof(T)))
 
 DP_INLINE K(rvec) K(rload)(const T *p)
@@ -81,11 +82,10 @@ DP_INLINE void K(copy_row)(T *DP_RESTRICT d, const T *DP_RESTRICT s, int n, int 
  * row: *npat patterns, pattern t's first value at base[t] past its period's first row in x,
  * its lanes at idx[t] from there; a period covers *rows rows of x. 0, or -1 where a pattern
  * would span more than two vectors. (conv2, 32x15x15 -> 12x12, one image in cache, the
- * kernel called from C, AMD EPYC Zen 4: 7.3 -> 3.3 us.) GCC only: Clang has no permute with
- * a mask of variables (its builds keep the copies). */
+ * kernel called from C, AMD EPYC Zen 4: 7.2-7.7 -> 5.0-5.5 us.) GCC only: Clang has no
+ * permute with a mask of variables (its builds keep the copies). */
 #if DP_VEC_BYTES == 64 && !defined(__clang__)
 #define IM2COL_PERMUTE 1
-typedef IT K(rmask) __attribute__((vector_size(DP_VEC_BYTES)));
 
 static int K(im2col_plan)(K(rmask) *idx, int *base, int *npat, int *rows, int W, int OW)
 {
@@ -93,13 +93,18 @@ static int K(im2col_plan)(K(rmask) *idx, int *base, int *npat, int *rows, int W,
     while (period % OW) period += RVL;       /* lcm(OW, RVL): at most OW vectors */
     *npat = period / RVL;
     *rows = period / OW;
+    int at = 0, j = 0;                       /* x offset and column of value t RVL + l */
     for (int t = 0; t < *npat; t++) {
-        int p = t * RVL, first = p / OW * W + p % OW;
-        base[t] = first;
+        base[t] = at;
         for (int l = 0; l < RVL; l++) {
-            int q = p + l, off = q / OW * W + q % OW - first;
-            if (off >= 2 * RVL) return -1;
-            idx[t][l] = off;
+            if (at - base[t] >= 2 * RVL) return -1;
+            idx[t][l] = at - base[t];
+            if (++j == OW) {
+                j = 0;
+                at += W - OW + 1;
+            } else {
+                at++;
+            }
         }
     }
     return 0;
@@ -228,11 +233,10 @@ static int K(col2im_narrow)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv
                             int OH, int OW)
 {
     typedef K(rvec) V;
-    typedef IT K(cmask) __attribute__((vector_size(DP_VEC_BYTES)));
     int H = g->H, W = g->W, pad = g->pad, KH = g->KH, KW = g->KW;
     if (W > RVL || KW > RVL || KH > COL2IM_ROWS) return 1;
     /* mv[v]: the lanes q whose term from kernel column v lies in the dcol row */
-    K(cmask) mv[RVL];
+    K(rmask) mv[RVL];
     for (int v = 0; v < KW; v++)
         for (int l = 0; l < RVL; l++) mv[v][l] = l + pad - v >= 0 && l + pad - v < OW ? -1 : 0;
     const int v_outer = W >= VL;
@@ -251,11 +255,11 @@ static int K(col2im_narrow)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv
             if (v_outer) {
                 for (int v = 0; v < KW; v++)
                     for (int t = 0; t < n; t++)
-                        a += (V)((K(cmask))K(rload)(rows[t] + v * (ldcol - 1)) & mv[v]);
+                        a += (V)((K(rmask))K(rload)(rows[t] + v * (ldcol - 1)) & mv[v]);
             } else {
                 for (int t = 0; t < n; t++)
                     for (int v = 0; v < KW; v++)
-                        a += (V)((K(cmask))K(rload)(rows[t] + v * (ldcol - 1)) & mv[v]);
+                        a += (V)((K(rmask))K(rload)(rows[t] + v * (ldcol - 1)) & mv[v]);
             }
             if (d + RVL <= end) {
                 K(rstore)(d, a);
@@ -425,7 +429,6 @@ int KV(dp_conv_direct_forward)(T *y, const T *x, const T *w, const dp_conv_geom 
 #define DW_NO 4
 #define DW_NK 6
 #define DW_KDO(X) X(0) X(1) X(2) X(3) X(4) X(5)
-typedef IT K(dmask) __attribute__((vector_size(DP_VEC_BYTES)));
 
 /* v's lanes summed (a fixed tree: halves added until one is left) */
 DP_INLINE T K(dsum)(K(rvec) v)
@@ -443,7 +446,7 @@ DP_INLINE T K(dsum)(K(rvec) v)
 #define DW_FMA(kk)                                                                         \
     {                                                                                      \
         K(rvec) xv = K(rload)(xk##kk + at);                                                \
-        if (masked) xv = (K(rvec))((K(dmask))xv & m);                                      \
+        if (masked) xv = (K(rvec))((K(rmask))xv & m);                                      \
         s0_##kk += d0 * xv;                                                                \
         s1_##kk += d1 * xv;                                                                \
         s2_##kk += d2 * xv;                                                                \
@@ -466,8 +469,8 @@ DP_INLINE T K(dsum)(K(rvec) v)
         K(rvec) d0 = K(rload)(dr[0] + ad), d1 = K(rload)(dr[1] + ad);                      \
         K(rvec) d2 = K(rload)(dr[2] + ad), d3 = K(rload)(dr[3] + ad);                      \
         if (masked) {                                                                      \
-            d0 = (K(rvec))((K(dmask))d0 & m), d1 = (K(rvec))((K(dmask))d1 & m);            \
-            d2 = (K(rvec))((K(dmask))d2 & m), d3 = (K(rvec))((K(dmask))d3 & m);            \
+            d0 = (K(rvec))((K(rmask))d0 & m), d1 = (K(rvec))((K(rmask))d1 & m);            \
+            d2 = (K(rvec))((K(rmask))d2 & m), d3 = (K(rvec))((K(rmask))d3 & m);            \
         }                                                                                  \
         DW_KDO(DW_FMA)                                                                     \
     }
@@ -484,9 +487,9 @@ int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *
     ptrdiff_t P = (ptrdiff_t)oh * ow;
     int full = ow / RVL * RVL, js = ow - RVL;
     /* m: the last vector's lanes that the vector before it has not taken */
-    K(dmask) m, iota;
+    K(rmask) m, iota;
     for (int q = 0; q < RVL; q++) iota[q] = (IT)q;
-    m = (K(dmask))(iota >= (IT)(full - js));
+    m = (K(rmask))(iota >= (IT)(full - js));
     for (int o0 = 0; o0 < g->OC; o0 += DW_NO) {
         int nf = g->OC - o0 < DW_NO ? g->OC - o0 : DW_NO;
         const T *dr[DW_NO];

@@ -21,6 +21,16 @@
 #include "dp_loss.h"
 #include "dp_sgd.h"
 
+/* name(...): common(...) with its last argument, an int, fixed to `arg` (the entry points
+ * that share a body: gemm and gemm_naive, the two losses, the bf16 conversions, conv2d's
+ * kernels and their naive twins) */
+#define FIXED_ARG(name, common, arg)                                                         \
+    static PyObject *name(PyObject *module, PyObject *const *args, Py_ssize_t nargs,         \
+                          PyObject *kwnames)                                                 \
+    {                                                                                        \
+        return common(module, args, nargs, kwnames, arg);                                    \
+    }
+
 /* ------------------------------------------------------------------ GEMM */
 
 static PyObject *gemm_common(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
@@ -71,17 +81,8 @@ static PyObject *gemm_common(PyObject *module, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
-static PyObject *py_gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                         PyObject *kwnames)
-{
-    return gemm_common(module, args, nargs, kwnames, 0);
-}
-
-static PyObject *py_gemm_naive(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                               PyObject *kwnames)
-{
-    return gemm_common(module, args, nargs, kwnames, 1);
-}
+FIXED_ARG(py_gemm, gemm_common, 0)
+FIXED_ARG(py_gemm_naive, gemm_common, 1)
 
 /* ------------------------------------------------------------------ dense layer */
 
@@ -206,7 +207,8 @@ static PyObject *py_relu_backward(PyObject *module, PyObject *const *args, Py_ss
 
 /* ------------------------------------------------------------------ losses */
 
-static PyObject *loss_common(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int binary)
+static PyObject *loss_common(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames, int binary)
 {
     static const char *const kwlist[] = {"logits", "labels", "dlogits", "grad_scale", NULL};
     PyObject *zo, *lo, *dzo = Py_None, *gso = Py_None;
@@ -248,17 +250,8 @@ static PyObject *loss_common(PyObject *const *args, Py_ssize_t nargs, PyObject *
     return PyFloat_FromDouble(loss);
 }
 
-static PyObject *py_softmax_xent(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                                 PyObject *kwnames)
-{
-    return loss_common(args, nargs, kwnames, 0);
-}
-
-static PyObject *py_sigmoid_bce(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                                PyObject *kwnames)
-{
-    return loss_common(args, nargs, kwnames, 1);
-}
+FIXED_ARG(py_softmax_xent, loss_common, 0)
+FIXED_ARG(py_sigmoid_bce, loss_common, 1)
 
 static PyObject *py_argmax(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                            PyObject *kwnames)
@@ -403,7 +396,8 @@ fail:
 }
 
 /* to_bf16 (to = 1: float32 x -> uint16 out) and from_bf16 (to = 0: the reverse) */
-static PyObject *bf16_convert(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int to)
+static PyObject *bf16_convert(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames, int to)
 {
     static const char *const kwlist[] = {"x", "out", NULL};
     PyObject *xo, *oo;
@@ -419,17 +413,8 @@ static PyObject *bf16_convert(PyObject *const *args, Py_ssize_t nargs, PyObject 
     Py_RETURN_NONE;
 }
 
-static PyObject *py_to_bf16(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                            PyObject *kwnames)
-{
-    return bf16_convert(args, nargs, kwnames, 1);
-}
-
-static PyObject *py_from_bf16(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                              PyObject *kwnames)
-{
-    return bf16_convert(args, nargs, kwnames, 0);
-}
+FIXED_ARG(py_to_bf16, bf16_convert, 1)
+FIXED_ARG(py_from_bf16, bf16_convert, 0)
 
 static PyObject *py_scale(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                           PyObject *kwnames)
@@ -633,29 +618,10 @@ static PyObject *conv_backward_common(PyObject *module, PyObject *const *args, P
     Py_RETURN_NONE;
 }
 
-static PyObject *py_conv2d_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                                   PyObject *kwnames)
-{
-    return conv_forward_common(module, args, nargs, kwnames, 0);
-}
-
-static PyObject *py_conv2d_forward_naive(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                                         PyObject *kwnames)
-{
-    return conv_forward_common(module, args, nargs, kwnames, 1);
-}
-
-static PyObject *py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                                    PyObject *kwnames)
-{
-    return conv_backward_common(module, args, nargs, kwnames, 0);
-}
-
-static PyObject *py_conv2d_backward_naive(PyObject *module, PyObject *const *args,
-                                          Py_ssize_t nargs, PyObject *kwnames)
-{
-    return conv_backward_common(module, args, nargs, kwnames, 1);
-}
+FIXED_ARG(py_conv2d_forward, conv_forward_common, 0)
+FIXED_ARG(py_conv2d_forward_naive, conv_forward_common, 1)
+FIXED_ARG(py_conv2d_backward, conv_backward_common, 0)
+FIXED_ARG(py_conv2d_backward_naive, conv_backward_common, 1)
 
 /* The pooled shape (B, C, H / 2, W / 2) of a (B, C, H, W) array, H and W >= 2. */
 static int pooled_shape(PyArrayObject *a, const char *name, npy_intp *out)
