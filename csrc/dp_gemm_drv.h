@@ -114,6 +114,23 @@ static int D(plan_threads)(int threads, int M, int N, int K, int mr, int nr, lon
     return threads < 1 ? 1 : threads;
 }
 
+/* An operand read in place instead of packed where its panels are used at most this many
+ * times (it was 2: the skinny shapes). AMD EPYC (Zen 4), float32 AVX-512, GFLOP/s, 3
+ * interleaved runs, 2 -> 16: conv2's per-image forward 64x144x288 NN 90-95 -> 99-109 and
+ * input gradient 288x144x64 TN 93-99 -> 97-105, the CNN's fc1 input gradient 128x2304x128 NN
+ * 95-104 -> 97-107, 2304x128x128 TN 92-102 -> 100-109; 512^3 and larger unchanged (packed
+ * either way); 1024^3 read in place fell from 96-101 to 72-79 (A) and 84-90 (B). */
+#define IN_PLACE_REUSE 16
+
+/* 1 where an operand's step between rows or between columns (the larger, in elements) is a
+ * multiple of 4 KB: read in place, a panel's rows all land in a few sets of L1 and L2
+ * (float64 128x1024x1024 NN in place: 44-47 -> 31-33 GFLOP/s), so it is packed. */
+static int D(critical_stride)(ptrdiff_t rs, ptrdiff_t cs)
+{
+    ptrdiff_t step = (rs > cs ? rs : cs) * (ptrdiff_t)sizeof(T);
+    return step % 4096 == 0;
+}
+
 static void D(gemm_task)(void *arg, int t, int n)
 {
     D(gemm_job) *job = arg;
@@ -127,11 +144,14 @@ static void D(gemm_task)(void *arg, int t, int n)
     const T *A = job->A + (ptrdiff_t)m0 * job->rsa;
     const T *B = job->B + (ptrdiff_t)n0 * job->csb;
     T *C = job->C + (ptrdiff_t)m0 * job->ldc + n0;
-    /* Packing pays when an operand is reused: A once per NR-column panel of B, B once per
-     * MR-row panel of A. A skinny problem uses one of them (nearly) once, so it is read in
-     * place instead (the output layer's N = 10, its weight gradient's M = 10, K = 27 convs). */
-    int pack_a = N > 2 * NR;
-    int pack_b = !(job->csb == 1 && M <= 2 * MR);
+    /* Packing pays when an operand is reused many times: A once per NR-column panel of B, B
+     * once per MR-row panel of A. A skinny problem uses one of them (nearly) once (the output
+     * layer's N = 10, its weight gradient's M = 10, K = 27 convs), and up to IN_PLACE_REUSE
+     * uses the micro-kernel reads it where it is (from L2) for less than the copy costs,
+     * unless its rows are a multiple of 4 KB apart (critical_stride). */
+    int pack_a = N > 2 * NR && (N > IN_PLACE_REUSE * NR || D(critical_stride)(job->rsa, job->csa));
+    int pack_b = !(job->csb == 1 && (M <= 2 * MR || (M <= IN_PLACE_REUSE * MR &&
+                                                     !D(critical_stride)(job->rsb, 1))));
     /* bfloat16 inputs: both operands are packed, and rounded where they are packed (the
      * zero padding stays 0); the f64 build never sets job->bf16, so the casts never run */
     if (job->bf16) pack_a = pack_b = 1;
@@ -363,6 +383,7 @@ void D(dp_gemm_naive)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t 
 #undef GEMV_DECLINE
 #undef GEMV_ROWS_UNIT
 #undef GEMV_COLS_UNIT
+#undef IN_PLACE_REUSE
 #undef MR
 #undef NR
 #undef D
