@@ -54,6 +54,22 @@ int dp_gemm_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc,
                 const double *B, ptrdiff_t rsb, ptrdiff_t csb,
                 int M, int N, int K, double alpha, double beta);
 
+/* dp_gemm on the calling thread with A (M, K) read in place from an image: element (i, k)
+ * at x[aoff[i] + k / run * (run + jump) + k % run] (the convolution's col(x) for an output
+ * block `run` wide, without im2col: dp_conv_image_backward's weight gradient). The same
+ * sums, so the same bits, as dp_gemm's blocked path on a single-thread context (not its
+ * matrix-vector path, M or N = 1), float inputs (a context's bf16_inputs is not looked at:
+ * the caller takes dp_gemm for those). ctx may be NULL (the thread's default); DP_ENOMEM,
+ * DP_EVALUE (run < 1) or DP_OK. */
+int dp_gemm_patch_f32(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *x,
+                      const ptrdiff_t *aoff, int run, ptrdiff_t jump, const float *B,
+                      ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, float alpha,
+                      float beta);
+int dp_gemm_patch_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc, const double *x,
+                      const ptrdiff_t *aoff, int run, ptrdiff_t jump, const double *B,
+                      ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, double alpha,
+                      double beta);
+
 /* Rounds x[0:n] to the nearest bfloat16 (ties to even) in place, as float: the low 16 bits
  * become 0. Infinities stay; a NaN stays a (quiet) NaN; a finite value above bfloat16's
  * largest rounds to infinity, as the hardware's conversion does. The readable twin (a

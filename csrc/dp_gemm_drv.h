@@ -14,7 +14,7 @@
 #define D(name) CAT(name, DSUF)
 #define ISA(name, isa) CAT(CAT(name, DSUF), isa)
 #define IMPL(isa, mr, nr) {ISA(pack_a, isa), ISA(pack_b, isa), ISA(macrokernel, isa), \
-                           ISA(round_bf16, isa), mr, nr, NULL}
+                           ISA(macro_patch, isa), ISA(round_bf16, isa), mr, nr, NULL}
 /* the chosen build's micro-tile, inside functions that have a job */
 #define MR (job->impl.mr)
 #define NR (job->impl.nr)
@@ -24,6 +24,8 @@ typedef struct {
     void (*pack_b)(T *, const T *, ptrdiff_t, ptrdiff_t, int, int);
     void (*macro)(T *, ptrdiff_t, const T *, ptrdiff_t, ptrdiff_t, ptrdiff_t, const T *,
                   ptrdiff_t, ptrdiff_t, const T *, int, int, int, T, T);
+    void (*macro_patch)(T *, ptrdiff_t, const T *, const ptrdiff_t *, const ptrdiff_t *,
+                        const T *, int, int, int, T, T);
     void (*round_bf16)(float *, size_t);
     int mr, nr;      /* the build's micro-tile */
     const dp_gemm_dot_fns *dot;   /* bfloat16 inputs on the dot path (float only), or NULL */
@@ -299,15 +301,21 @@ static int D(gemv)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, 
     return DP_OK;
 }
 
+/* C = beta C where no product is added (K = 0 or alpha = 0); beta 0 never reads C */
+static void D(scale_c)(T *C, ptrdiff_t ldc, int M, int N, T beta)
+{
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++)
+            C[(ptrdiff_t)i * ldc + j] = beta == 0 ? (T)0 : beta * C[(ptrdiff_t)i * ldc + j];
+}
+
 int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t csa,
                const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, T alpha, T beta)
 {
     // A is (M, K) via (rsa, csa), B is (K, N) via (rsb, csb), C is (M, N) with row stride ldc
     if (M <= 0 || N <= 0) return DP_OK;
     if (K <= 0 || alpha == 0) {
-        for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++)
-                C[(ptrdiff_t)i * ldc + j] = beta == 0 ? (T)0 : beta * C[(ptrdiff_t)i * ldc + j];
+        D(scale_c)(C, ldc, M, N, beta);
         return DP_OK;
     }
     dp_ctx local;
@@ -357,6 +365,44 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
     }
     dp_threads_run(ctx->team, threads, D(gemm_task), &job);
     if (own) dp_ctx_free(&local);
+    return DP_OK;
+}
+
+int D(dp_gemm_patch)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *x, const ptrdiff_t *aoff,
+                     int run, ptrdiff_t jump, const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M,
+                     int N, int K, T alpha, T beta)
+{
+    // C (M, N) = alpha A B + beta C on the calling thread, A (M, K) read in place: element
+    // (i, k) at x[aoff[i] + k / run * (run + jump) + k % run]
+    if (M <= 0 || N <= 0) return DP_OK;
+    if (K <= 0 || alpha == 0) {
+        D(scale_c)(C, ldc, M, N, beta);
+        return DP_OK;
+    }
+    if (!ctx) ctx = dp_ctx_default();
+    if (!ctx || run < 1) return run < 1 ? DP_EVALUE : DP_ENOMEM;
+    D(gemm_impl) impl = D(pick_impl)();
+    /* the blocking of dp_gemm on one thread: the same K slices, so the same sums */
+    int mr = impl.mr, nr = impl.nr, kcb = D(balanced)(K, KC, 1), mcb = D(balanced)(M, MC, mr);
+    T *Bp = dp_scratch_get(&ctx->pack[1], sizeof(T) * (size_t)D(round_up)(N < NC ? N : NC, nr) *
+                                              (size_t)kcb);
+    /* A's column offsets, one load per k for all MR rows (a branch at each row's end in the
+     * k loop cost the micro-kernel more than im2col) */
+    ptrdiff_t *koff = dp_scratch_get(&ctx->ct, sizeof(ptrdiff_t) * (size_t)K);
+    if (!Bp || !koff) return DP_ENOMEM;
+    for (int k = 0; k < K; k++) koff[k] = (ptrdiff_t)(k / run) * (run + jump) + k % run;
+    for (int jc = 0; jc < N; jc += NC) {
+        int nc = N - jc < NC ? N - jc : NC;
+        for (int pc = 0; pc < K; pc += kcb) {
+            int kc = K - pc < kcb ? K - pc : kcb;
+            impl.pack_b(Bp, B + (ptrdiff_t)pc * rsb + (ptrdiff_t)jc * csb, rsb, csb, kc, nc);
+            for (int ic = 0; ic < M; ic += mcb) {
+                int mc = M - ic < mcb ? M - ic : mcb;
+                impl.macro_patch(C + (ptrdiff_t)ic * ldc + jc, ldc, x, aoff + ic, koff + pc, Bp,
+                                 mc, nc, kc, alpha, pc == 0 ? beta : (T)1);
+            }
+        }
+    }
     return DP_OK;
 }
 

@@ -398,6 +398,26 @@ TGT static void F(ukernel_strided)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *a, 
 #undef A_AT
 }
 
+/* The same with A's rows the entries of an image's patches, read where they are (the
+ * convolution's col(x) without im2col, dp_gemm_patch): element (i, k) at
+ * x[aoff[i] + koff[k]]. The sums are ukernel_strided's on im2col's rows. */
+TGT static void F(ukernel_patch)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *x,
+                                 const ptrdiff_t *aoff, const ptrdiff_t *koff,
+                                 const T *DP_RESTRICT b, int kc, int mr, int nr, T alpha, T beta)
+{
+    const T *p[MR];
+    for (int i = 0; i < MR; i++) p[i] = x + aoff[i < mr ? i : mr - 1];
+#define PTR_DECL(i) const T *p##i = p[i];
+    ROWS_DO(PTR_DECL, NOSEP)
+#undef PTR_DECL
+#define A_AT(i) p##i[*koff]
+    if (nr <= VL)
+        UKERNEL_ROWS(A_AT, koff++, NR, 0)
+    else
+        UKERNEL_ROWS(A_AT, koff++, NR, 1)
+#undef A_AT
+}
+
 #undef UKERNEL_BODY
 #undef UKERNEL_ROWS
 #undef ROWS_DO4
@@ -438,6 +458,23 @@ TGT static void F(macrokernel)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t ars, p
             else
                 F(ukernel_strided)(C + (ptrdiff_t)i0 * ldc + j0, ldc, ap, ars, acs, bp, bs, kc, mr,
                                    nr, alpha, beta);
+        }
+    }
+}
+
+/* The macro-kernel of dp_gemm_patch: the mc x kc block of patch rows aoff[0:mc] at the k
+ * offsets koff[0:kc] (see ukernel_patch) times a packed kc x nc panel of B. */
+TGT static void F(macro_patch)(T *C, ptrdiff_t ldc, const T *x, const ptrdiff_t *aoff,
+                               const ptrdiff_t *koff, const T *B, int mc, int nc, int kc,
+                               T alpha, T beta)
+{
+    for (int j0 = 0; j0 < nc; j0 += NR) {
+        int nr = nc - j0 < NR ? nc - j0 : NR;
+        const T *bp = B + (ptrdiff_t)(j0 / NR) * NR * kc;
+        for (int i0 = 0; i0 < mc; i0 += MR) {
+            int mr = mc - i0 < MR ? mc - i0 : MR;
+            F(ukernel_patch)(C + (ptrdiff_t)i0 * ldc + j0, ldc, x, aoff + i0, koff, bp, kc, mr,
+                             nr, alpha, beta);
         }
     }
 }

@@ -1999,10 +1999,72 @@ static void test_conv_direct(dtype dt)
     }
 }
 
+/* dp_gemm_patch, the weight gradient's GEMM reading col(x) in place, against im2col + dp_gemm
+ * on one thread: the same bits, over output blocks narrower and shorter than the output, K
+ * (positions) past one KC slice, M (patch entries) past one MC block and not a multiple of MR,
+ * N (filters) from 2 to several NR panels, beta 0 and 1 (N = 1 is dp_gemm's matrix-vector
+ * path, another order of sums, which dp_conv_image_backward keeps for one filter). */
+static void test_gemm_patch(dtype dt)
+{
+    static const int shapes[][8] = {
+        /* C, H, W, OC, KH, KW, oh, ow (the output block) */
+        {32, 15, 15, 64, 3, 3, 12, 12}, {3, 32, 32, 32, 3, 3, 30, 30}, {1, 7, 7, 2, 3, 3, 5, 5},
+        {16, 9, 11, 5, 3, 3, 7, 9}, {2, 24, 24, 70, 5, 5, 20, 19}, {4, 6, 40, 33, 2, 3, 5, 3},
+        {1, 1, 1, 3, 1, 1, 1, 1}, {15, 10, 10, 17, 1, 1, 10, 10}, {3, 8, 30, 12, 4, 1, 5, 30},
+    };
+    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
+        const int *sh = shapes[i];
+        dp_conv_geom g = {sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], 0};
+        int oh = sh[6], ow = sh[7], Kd = g.C * g.KH * g.KW, P = oh * ow;
+        ptrdiff_t nx = (ptrdiff_t)g.C * g.H * g.W, nc = (ptrdiff_t)Kd * g.OC;
+        void *x = talloc(dt, nx), *dy = talloc(dt, (ptrdiff_t)g.OC * P), *c0 = talloc(dt, nc);
+        void *want = talloc(dt, nc), *got = talloc(dt, nc);
+        void *col = talloc(dt, (ptrdiff_t)dp_conv_col_elems(&g));
+        ptrdiff_t *aoff = malloc(sizeof(ptrdiff_t) * (size_t)Kd);
+        tfill(dt, x, nx, -1, 1);
+        tfill(dt, dy, (ptrdiff_t)g.OC * P, -1, 1);
+        tfill(dt, c0, nc, -1, 1);
+        for (int k = 0; k < Kd; k++)
+            aoff[k] = ((ptrdiff_t)(k / (g.KH * g.KW)) * g.H + k / g.KW % g.KH) * g.W + k % g.KW;
+        for (int beta = 0; beta < 2; beta++) {
+            int rw, rg;
+            memcpy(want, c0, dts(dt) * (size_t)nc);
+            memcpy(got, c0, dts(dt) * (size_t)nc);
+            if (dt == F32) {
+                dp_im2col_f32(col, P, x, &g, oh, ow);
+                rw = dp_gemm_f32(&ctx1, want, g.OC, col, P, 1, dy, 1, P, Kd, g.OC, P, 1,
+                                 (float)beta);
+                rg = dp_gemm_patch_f32(&ctx1, got, g.OC, x, aoff, ow, g.W - ow, dy, 1, P, Kd,
+                                       g.OC, P, 1, (float)beta);
+            } else {
+                dp_im2col_f64(col, P, x, &g, oh, ow);
+                rw = dp_gemm_f64(&ctx1, want, g.OC, col, P, 1, dy, 1, P, Kd, g.OC, P, 1, beta);
+                rg = dp_gemm_patch_f64(&ctx1, got, g.OC, x, aoff, ow, g.W - ow, dy, 1, P, Kd,
+                                       g.OC, P, 1, beta);
+            }
+            expect(rw == DP_OK && rg == DP_OK, "dp_gemm_patch %s: returned %d (dp_gemm %d)",
+                   dtn(dt), rg, rw);
+            diff d = {0};
+            for (ptrdiff_t q = 0; q < nc; q++) diff_add(&d, q, tget(dt, got, q), tget(dt, want, q), 0);
+            expect_diff(&d, 0, "dp_gemm_patch %s isa %s C=%d %dx%d OC=%d k%dx%d block %dx%d beta "
+                        "%d: bits differ from im2col + dp_gemm", dtn(dt),
+                        dp_isa_name(dp_isa_active()), g.C, g.H, g.W, g.OC, g.KH, g.KW, oh, ow,
+                        beta);
+        }
+        free(x); free(dy); free(c0); free(want); free(got); free(col); free(aoff);
+    }
+    int rc = dt == F32 ? dp_gemm_patch_f32(&ctx1, NULL, 1, NULL, NULL, 0, 0, NULL, 1, 1, 1, 1, 1,
+                                           1, 0)
+                       : dp_gemm_patch_f64(&ctx1, NULL, 1, NULL, NULL, 0, 0, NULL, 1, 1, 1, 1, 1,
+                                           1, 0);
+    expect(rc == DP_EVALUE, "dp_gemm_patch %s run 0: returned %d, expected DP_EVALUE", dtn(dt), rc);
+}
+
 static void test_conv(dtype dt)
 {
     int entry_isa = dp_isa_active();
     test_conv_direct(dt);
+    test_gemm_patch(dt);
     static const int shapes[][8] = {
         /* B, C, H, W, OC, KH, KW, pad */
         {1, 1, 1, 1, 1, 1, 1, 0}, {3, 1, 7, 7, 1, 3, 3, 0}, {1, 3, 7, 3, 7, 3, 3, 1},
