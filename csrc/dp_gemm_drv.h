@@ -151,7 +151,8 @@ static void D(gemm_task)(void *arg, int t, int n)
      * layer's N = 10, its weight gradient's M = 10, K = 27 convs), and up to IN_PLACE_REUSE
      * uses the micro-kernel reads it where it is (from L2) for less than the copy costs,
      * unless its rows are a multiple of 4 KB apart (critical_stride). */
-    int pack_a = N > 2 * NR && (N > IN_PLACE_REUSE * NR || D(critical_stride)(job->rsa, job->csa));
+    int pack_a = N > 2 * NR &&
+                 (N > IN_PLACE_REUSE * NR || D(critical_stride)(job->rsa, job->csa));
     int pack_b = !(job->csb == 1 && (M <= 2 * MR || (M <= IN_PLACE_REUSE * MR &&
                                                      !D(critical_stride)(job->rsb, 1))));
     /* bfloat16 inputs: both operands are packed, and rounded where they are packed (the
@@ -374,13 +375,14 @@ int D(dp_gemm_patch)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *x, const ptrdiff
 {
     // C (M, N) = alpha A B + beta C on the calling thread, A (M, K) read in place: element
     // (i, k) at x[aoff[i] + k / run * (run + jump) + k % run]
+    if (run < 1) return DP_EVALUE;
     if (M <= 0 || N <= 0) return DP_OK;
     if (K <= 0 || alpha == 0) {
         D(scale_c)(C, ldc, M, N, beta);
         return DP_OK;
     }
     if (!ctx) ctx = dp_ctx_default();
-    if (!ctx || run < 1) return run < 1 ? DP_EVALUE : DP_ENOMEM;
+    if (!ctx) return DP_ENOMEM;
     D(gemm_impl) impl = D(pick_impl)();
     /* the blocking of dp_gemm on one thread: the same K slices, so the same sums */
     int mr = impl.mr, nr = impl.nr, kcb = D(balanced)(K, KC, 1), mcb = D(balanced)(M, MC, mr);

@@ -2045,7 +2045,8 @@ static void test_gemm_patch(dtype dt)
             expect(rw == DP_OK && rg == DP_OK, "dp_gemm_patch %s: returned %d (dp_gemm %d)",
                    dtn(dt), rg, rw);
             diff d = {0};
-            for (ptrdiff_t q = 0; q < nc; q++) diff_add(&d, q, tget(dt, got, q), tget(dt, want, q), 0);
+            for (ptrdiff_t q = 0; q < nc; q++)
+                diff_add(&d, q, tget(dt, got, q), tget(dt, want, q), 0);
             expect_diff(&d, 0, "dp_gemm_patch %s isa %s C=%d %dx%d OC=%d k%dx%d block %dx%d beta "
                         "%d: bits differ from im2col + dp_gemm", dtn(dt),
                         dp_isa_name(dp_isa_active()), g.C, g.H, g.W, g.OC, g.KH, g.KW, oh, ow,
