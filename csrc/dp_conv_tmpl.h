@@ -548,6 +548,31 @@ DP_INLINE int K(check_block)(const dp_conv_geom *g, int oh, int ow, int *P)
     return DP_OK;
 }
 
+/* The offset tables of dp_gemm_patch for an output block without padding, in col's space
+ * (K P values of T, which im2col would fill): pos[p] the offset in x of output position
+ * p = i ow + j's patch (i W + j), ent[k] that of patch entry k = (c KH + u) KW + v
+ * ((c H + u) W + v). 0 where they do not fit (or col is not aligned for them), or where the
+ * patch path is not taken: padding (its zeros are not in x), one filter, one patch entry or
+ * one output position (dp_gemm's matrix-vector path sums in another order), a context of
+ * several threads (dp_gemm splits the work). */
+static int K(patch_tables)(const dp_ctx *ctx, const dp_conv_geom *g, int oh, int ow, T *col,
+                           ptrdiff_t **pos, ptrdiff_t **ent)
+{
+    size_t P = (size_t)oh * ow, Kd = (size_t)g->C * g->KH * g->KW;
+    if (g->pad != 0 || g->OC < 2 || Kd < 2 || P < 2 || (ctx && ctx->threads > 1) ||
+        (P + Kd) * sizeof(ptrdiff_t) > Kd * P * sizeof(T) ||
+        (uintptr_t)(void *)col % sizeof(ptrdiff_t) != 0)
+        return 0;
+    *pos = (ptrdiff_t *)(void *)col;
+    *ent = *pos + P;
+    for (int i = 0, p = 0; i < oh; i++)
+        for (int j = 0; j < ow; j++, p++) (*pos)[p] = (ptrdiff_t)i * g->W + j;
+    for (int c = 0, k = 0; c < g->C; c++)
+        for (int u = 0; u < g->KH; u++)
+            for (int v = 0; v < g->KW; v++, k++) (*ent)[k] = ((ptrdiff_t)c * g->H + u) * g->W + v;
+    return 1;
+}
+
 int K(dp_conv_image_forward)(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,
                              const dp_conv_geom *g, int oh, int ow, T beta)
 {
@@ -566,10 +591,6 @@ int K(dp_conv_image_forward)(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,
     return K(dp_gemm)(ctx, y, P, w, Kd, 1, cx, P, 1, g->OC, P, Kd, (T)1, beta);
 }
 
-/* The longest patch (C KH KW) whose weight gradient reads x in place (dp_gemm_patch), for
- * its table of row offsets on the stack; longer ones take im2col. */
-#define PATCH_MAX_K 2048
-
 int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, const T *x,
                               const T *w, const dp_conv_geom *g, int oh, int ow)
 {
@@ -583,19 +604,13 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
     /* the direct kernel where it runs, with dx or without (dw the same bits either way) */
     if (bf16 || K(dp_conv_direct_dwt)(dwt, dy, x, g, oh, ow) != 0) {
         const T *cx = x;
-        ptrdiff_t aoff[PATCH_MAX_K];
-        if (!bf16 && !direct && g->pad == 0 && g->OC > 1 && Kd <= PATCH_MAX_K &&
-            (!ctx || ctx->threads <= 1)) {
-            /* col(x)'s rows read from x where they are (no padding to fill in): the sums of
-             * the GEMM below on im2col's copy (one filter: its matrix-vector path instead).
-             * AMD EPYC (Zen 4), conv2d_backward 32 x 15 x 15 -> 64 with dx, batch 128, ms,
-             * 4 interleaved runs: 18.1-21.0 -> 17.4-19.5 */
-            for (int c = 0, k = 0; c < g->C; c++)
-                for (int u = 0; u < g->KH; u++)
-                    for (int v = 0; v < g->KW; v++, k++)
-                        aoff[k] = ((ptrdiff_t)c * g->H + u) * g->W + v;
-            rc = K(dp_gemm_patch)(ctx, dwt, g->OC, x, aoff, ow, g->W - ow, dy, 1, P, Kd, g->OC,
-                                  P, (T)1, (T)1);
+        ptrdiff_t *pos, *ent;
+        if (!bf16 && !direct && K(patch_tables)(ctx, g, oh, ow, col, &pos, &ent)) {
+            /* col(x)'s rows read from x where they are: the sums of the GEMM below on
+             * im2col's copy. AMD EPYC (Zen 4), conv2d_backward 32 x 15 x 15 -> 64 with dx,
+             * batch 128, ms, 4 interleaved runs: 18.1-21.0 -> 17.4-19.5 */
+            rc = K(dp_gemm_patch)(ctx, dwt, g->OC, x, ent, pos, dy, 1, P, Kd, g->OC, P, (T)1,
+                                  (T)1);
             cx = NULL;
         } else if (!direct) {
             K(dp_im2col)(col, P, x, g, oh, ow);
@@ -613,8 +628,6 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
     if (rc == DP_OK && !direct) K(dp_col2im)(dx, dcol, P, g, oh, ow);
     return rc;
 }
-
-#undef PATCH_MAX_K
 
 void K(dp_conv_add_dwt)(T *dw, const T *dwt, const dp_conv_geom *g)
 {

@@ -55,18 +55,19 @@ int dp_gemm_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc,
                 int M, int N, int K, double alpha, double beta);
 
 /* dp_gemm on the calling thread with A (M, K) read in place from an image: element (i, k)
- * at x[aoff[i] + k / run * (run + jump) + k % run] (the convolution's col(x) for an output
- * block `run` wide, without im2col: dp_conv_image_backward's weight gradient). The same
- * sums, so the same bits, as dp_gemm's blocked path on a single-thread context (not its
- * matrix-vector path, M or N = 1), float inputs (a context's bf16_inputs is not looked at:
- * the caller takes dp_gemm for those). ctx may be NULL (the thread's default); DP_ENOMEM,
- * DP_EVALUE (run < 1) or DP_OK. */
+ * at x[aoff[i] + koff[k]] (the convolution's col(x) without im2col, for
+ * dp_conv_image_backward's weight gradient; the k offsets are one table load per k for all
+ * of a tile's rows: a branch at each output row's end in the k loop cost the micro-kernel
+ * more than im2col). The same sums, so the same bits, as dp_gemm's blocked path on a
+ * single-thread context (not its matrix-vector path, M or N = 1), float inputs (a context's
+ * bf16_inputs is not looked at: the caller takes dp_gemm for those). ctx may be NULL (the
+ * thread's default); DP_ENOMEM or DP_OK. */
 int dp_gemm_patch_f32(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *x,
-                      const ptrdiff_t *aoff, int run, ptrdiff_t jump, const float *B,
+                      const ptrdiff_t *aoff, const ptrdiff_t *koff, const float *B,
                       ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, float alpha,
                       float beta);
 int dp_gemm_patch_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc, const double *x,
-                      const ptrdiff_t *aoff, int run, ptrdiff_t jump, const double *B,
+                      const ptrdiff_t *aoff, const ptrdiff_t *koff, const double *B,
                       ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, double alpha,
                       double beta);
 

@@ -370,12 +370,11 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
 }
 
 int D(dp_gemm_patch)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *x, const ptrdiff_t *aoff,
-                     int run, ptrdiff_t jump, const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M,
+                     const ptrdiff_t *koff, const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M,
                      int N, int K, T alpha, T beta)
 {
     // C (M, N) = alpha A B + beta C on the calling thread, A (M, K) read in place: element
-    // (i, k) at x[aoff[i] + k / run * (run + jump) + k % run]
-    if (run < 1) return DP_EVALUE;
+    // (i, k) at x[aoff[i] + koff[k]]
     if (M <= 0 || N <= 0) return DP_OK;
     if (K <= 0 || alpha == 0) {
         D(scale_c)(C, ldc, M, N, beta);
@@ -388,11 +387,7 @@ int D(dp_gemm_patch)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *x, const ptrdiff
     int mr = impl.mr, nr = impl.nr, kcb = D(balanced)(K, KC, 1), mcb = D(balanced)(M, MC, mr);
     T *Bp = dp_scratch_get(&ctx->pack[1], sizeof(T) * (size_t)D(round_up)(N < NC ? N : NC, nr) *
                                               (size_t)kcb);
-    /* A's column offsets, one load per k for all MR rows (a branch at each row's end in the
-     * k loop cost the micro-kernel more than im2col) */
-    ptrdiff_t *koff = dp_scratch_get(&ctx->ct, sizeof(ptrdiff_t) * (size_t)K);
-    if (!Bp || !koff) return DP_ENOMEM;
-    for (int k = 0; k < K; k++) koff[k] = (ptrdiff_t)(k / run) * (run + jump) + k % run;
+    if (!Bp) return DP_ENOMEM;
     for (int jc = 0; jc < N; jc += NC) {
         int nc = N - jc < NC ? N - jc : NC;
         for (int pc = 0; pc < K; pc += kcb) {
