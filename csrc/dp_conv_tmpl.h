@@ -28,6 +28,14 @@ DP_INLINE K(pvec) K(pselect)(K(pmask) m, K(pvec) a, K(pvec) b)
     return (K(pvec))((m & (K(pmask))a) | (~m & (K(pmask))b));
 }
 
+/* The offset in x (C, H, W) of patch entry k = (c KH + u) KW + v from its output position's
+ * (the direct weight gradient's and dp_gemm_patch's A rows; padding 0) */
+DP_INLINE ptrdiff_t K(entry_offset)(const dp_conv_geom *g, int k)
+{
+    int c = k / (g->KH * g->KW), u = k / g->KW % g->KH, v = k % g->KW;
+    return ((ptrdiff_t)c * g->H + u) * g->W + v;
+}
+
 /* Output columns j whose input column j + v - PAD lies inside [0, W): [*j0, *j1). */
 DP_INLINE void K(valid_cols)(int v, int pad, int W, int OW, int *j0, int *j1)
 {
@@ -554,11 +562,8 @@ int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *
         for (int f = 0; f < DW_NO; f++) dr[f] = dy + (ptrdiff_t)(o0 + (f < nf ? f : nf - 1)) * P;
         for (int k0 = 0; k0 < Kd; k0 += DW_NK) {
             ptrdiff_t xo[DW_NK];
-            for (int kk = 0; kk < DW_NK; kk++) {
-                int k = k0 + kk < Kd ? k0 + kk : Kd - 1;
-                int c = k / (g->KH * g->KW), u = k / g->KW % g->KH, v = k % g->KW;
-                xo[kk] = ((ptrdiff_t)c * g->H + u) * g->W + v;
-            }
+            for (int kk = 0; kk < DW_NK; kk++)
+                xo[kk] = K(entry_offset)(g, k0 + kk < Kd ? k0 + kk : Kd - 1);
             if (Kd - k0 <= 3)
                 DW_TILE(DW_KDO3)
             else
@@ -622,9 +627,7 @@ static int K(patch_tables)(const dp_ctx *ctx, const dp_conv_geom *g, int oh, int
     *ent = *pos + P;
     for (int i = 0, p = 0; i < oh; i++)
         for (int j = 0; j < ow; j++, p++) (*pos)[p] = (ptrdiff_t)i * g->W + j;
-    for (int c = 0, k = 0; c < g->C; c++)
-        for (int u = 0; u < g->KH; u++)
-            for (int v = 0; v < g->KW; v++, k++) (*ent)[k] = ((ptrdiff_t)c * g->H + u) * g->W + v;
+    for (int k = 0; k < (int)Kd; k++) (*ent)[k] = K(entry_offset)(g, k);
     return 1;
 }
 
@@ -658,23 +661,21 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
     int bf16 = ctx && ctx->bf16_inputs && sizeof(T) == sizeof(float), rc = DP_OK;
     /* the direct kernel where it runs, with dx or without (dw the same bits either way) */
     if (bf16 || K(dp_conv_direct_dwt)(dwt, dy, x, g, oh, ow) != 0) {
-        const T *cx = x;
         ptrdiff_t *pos, *ent;
-        if (!bf16 && !direct && K(patch_tables)(ctx, g, oh, ow, col, &pos, &ent)) {
-            /* col(x)'s rows read from x where they are: the sums of the GEMM below on
-             * im2col's copy. AMD EPYC (Zen 4), conv2d_backward 32 x 15 x 15 -> 64 with dx,
-             * batch 128, ms, 4 interleaved runs: 18.1-21.0 -> 17.4-19.5 */
-            rc = K(dp_gemm_patch)(ctx, dwt, g->OC, x, ent, pos, dy, 1, P, Kd, g->OC, P, (T)1,
-                                  (T)1);
-            cx = NULL;
-        } else if (!direct) {
-            K(dp_im2col)(col, P, x, g, oh, ow);
-            cx = col;
-        }
         /* dw^T = col dy^T rather than dw = dy col^T: the big operand, col, is then packed
          * along its rows (A's fast path) instead of transposed column by column into B
          * panels, and M = K, N = OC fill the 6 x 16 tiles better (288 x 64: no padding) */
-        if (cx) rc = K(dp_gemm)(ctx, dwt, g->OC, cx, P, 1, dy, 1, P, Kd, g->OC, P, (T)1, (T)1);
+        if (!bf16 && !direct && K(patch_tables)(ctx, g, oh, ow, col, &pos, &ent)) {
+            /* col(x)'s rows read from x where they are: the same sums as on im2col's copy.
+             * AMD EPYC (Zen 4), conv2d_backward 32 x 15 x 15 -> 64 with dx, batch 128, ms,
+             * 4 interleaved runs: 18.1-21.0 -> 17.4-19.5 */
+            rc = K(dp_gemm_patch)(ctx, dwt, g->OC, x, ent, pos, dy, 1, P, Kd, g->OC, P, (T)1,
+                                  (T)1);
+        } else {
+            if (!direct) K(dp_im2col)(col, P, x, g, oh, ow);
+            rc = K(dp_gemm)(ctx, dwt, g->OC, direct ? x : col, P, 1, dy, 1, P, Kd, g->OC, P,
+                            (T)1, (T)1);
+        }
     }
     if (rc || !dx) return rc;
     /* dcol (K, P) = w^T dy; col(x) is no longer needed, so dcol takes its place */
