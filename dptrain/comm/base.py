@@ -28,10 +28,10 @@ import traceback
 
 import numpy as np
 
+from .._aligned import ALIGN, aligned_zeros  # noqa: F401  (re-exported: the transports')
 from .algorithms import ALLREDUCE_SCHEDULES
 from .algorithms import bytes_sent as _schedule_bytes
 
-ALIGN = 64                 # bytes: arrays start on a cache line (no false sharing, aligned SIMD)
 BACKENDS = ("thread", "process", "mpi")   # the transports of more than one worker
 
 
@@ -49,14 +49,6 @@ def describe(exc: BaseException) -> str:
     tb = traceback.extract_tb(exc.__traceback__)
     where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
     return f"{type(exc).__name__}: {exc}{where}"
-
-
-def aligned_zeros(length: int, dtype) -> np.ndarray:
-    """A zeroed flat array in process memory, starting on a 64-byte boundary."""
-    dt = np.dtype(dtype)
-    raw = np.zeros(length * dt.itemsize + ALIGN, np.uint8)
-    off = (-raw.ctypes.data) % ALIGN
-    return raw[off:off + length * dt.itemsize].view(dt)
 
 
 def check_flat(array, what: str = "array") -> np.ndarray:

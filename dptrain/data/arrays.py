@@ -57,6 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._aligned import aligned_empty
 from .dataset import (CLASSIFICATION, REGRESSION, TASKS, DataError, Dataset, _check_count,
                       _float_dtype, first_nonfinite_row)
 
@@ -327,7 +328,7 @@ def _rows_of(X: np.ndarray, dt: np.dtype, what: str, tmp_dir, notes: list[str]) 
               "copied once into C order (rows contiguous)")
     if isinstance(X, np.memmap):
         return _convert_to_file(X, dt, what, change, tmp_dir, notes)
-    out = np.empty((n, d), dtype=dt)
+    out = aligned_empty((n, d), dt)
     _copy_rows(X, out, what)
     notes.append(f"{what}: {change} ({_size(out.nbytes)} in memory)")
     return out

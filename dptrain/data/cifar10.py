@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._aligned import aligned_empty
 from ._cifar_pickle import (_ALLOWED_GLOBALS_TEXT, _BadArrayPickle, _CifarUnpickler,
                             _PickledArray, _RefusedGlobal)
 from .dataset import DataError, DataNotFound, Dataset, _float_dtype, _integrity, _md5_file
@@ -257,7 +258,7 @@ def load_cifar10(data_dir=None, *, dtype=np.float32, normalize=True) -> Dataset:
 def _stack_cifar10(parts, dtype: np.dtype, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate (uint8 images, labels) batches straight into one float array."""
     n = sum(len(images) for images, _ in parts)
-    x = np.empty((n, CIFAR10_FEATURES), dtype=dtype)
+    x = aligned_empty((n, CIFAR10_FEATURES), dtype)
     start = 0
     for images, _ in parts:
         x[start:start + len(images)] = images  # converts uint8 -> float, no temporary

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
 import os
 import tempfile
 import urllib.request
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._aligned import aligned_empty
 from .dataset import DataError, DataNotFound, Dataset, _float_dtype, _integrity
 from .idx import _parse_idx, _read_bytes
 from .locations import ENV_DATA_DIR, default_cache_dir, search_dirs
@@ -82,7 +84,8 @@ def _check_split(images: np.ndarray, labels: np.ndarray, img_path: Path, lbl_pat
 
 
 def _images_to_float(images: np.ndarray, dtype: np.dtype, normalize: bool) -> np.ndarray:
-    x = images.reshape(images.shape[0], -1).astype(dtype)  # a fresh C-contiguous copy
+    x = aligned_empty((images.shape[0], math.prod(images.shape[1:])), dtype)
+    x[...] = images.reshape(len(x), -1)  # converts uint8 -> float, no temporary
     if normalize:
         np.divide(x, 255, out=x)  # exact division: 255 -> 1.0, in place, no temporary
     return x

@@ -13,6 +13,7 @@ import numpy as np
 
 from .cifar10 import CIFAR10_CLASSES, CIFAR10_FEATURES, CIFAR10_SHAPE, CIFAR10_TEST_SIZE, \
     CIFAR10_TRAIN_SIZE
+from .._aligned import aligned_empty
 from .dataset import Dataset, _check_count, _float_dtype
 
 _CHUNK_ROWS = 16_384  # rows per chunk: bounds temporaries to a few MiB whatever n is
@@ -37,7 +38,7 @@ def synthetic_binary(n: int, d: int, *, seed: int = 0, n_test: int | None = None
 
     def draw(count: int, seq: np.random.SeedSequence) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng(seq)
-        x = np.empty((count, d), dtype=dt)
+        x = aligned_empty((count, d), dt)
         rng.standard_normal(out=x, dtype=dt)  # fills in place, in the final dtype
         y = np.empty(count, dtype=np.int64)
         for start in range(0, count, _CHUNK_ROWS):
@@ -81,7 +82,7 @@ def synthetic_classification(n_train: int, n_features: int = 784, n_classes: int
     def draw(count: int, seq: np.random.SeedSequence) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng(seq)
         y = rng.integers(0, n_classes, size=count, dtype=np.int64)
-        x = np.empty((count, n_features), dtype=dt)
+        x = aligned_empty((count, n_features), dt)
         rng.standard_normal(out=x, dtype=dt)
         for start in range(0, count, _CHUNK_ROWS):
             block = x[start:start + _CHUNK_ROWS]
@@ -161,7 +162,7 @@ def synthetic_cifar10(n_train: int = CIFAR10_TRAIN_SIZE, n_test: int = CIFAR10_T
     uniform_scale = noise * math.sqrt(12.0)  # U(-1/2, 1/2) has variance 1/12
 
     def draw(count: int, split: int) -> tuple[np.ndarray, np.ndarray]:
-        x = np.empty((count, CIFAR10_FEATURES), dtype=dt)
+        x = aligned_empty((count, CIFAR10_FEATURES), dt)
         y = np.empty(count, dtype=np.int64)
         for k, start in enumerate(range(0, count, _SYNTH_CHUNK)):
             # one stream per role, each consumed row by row: a short chunk draws a prefix

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _core
+from .._aligned import aligned_empty
 from ..config import TrainConfig
 from ..measure import timing
 from ..models import model_from_spec, storage_dtype
@@ -131,8 +132,8 @@ class BatchRows:
 
     def __init__(self, x, y, rows: int, shuffle: bool):
         self.x, self.y, self.shuffle = x, y, shuffle
-        self.xb = np.empty((rows,) + x.shape[1:], dtype=x.dtype)
-        self.yb = np.empty((rows,) + y.shape[1:], dtype=y.dtype)
+        self.xb = aligned_empty((rows,) + x.shape[1:], x.dtype)
+        self.yb = aligned_empty((rows,) + y.shape[1:], y.dtype)
         self.order = None
 
     def __call__(self, lo: int, hi: int):
