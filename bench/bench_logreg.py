@@ -13,6 +13,9 @@ no shuffling: every batch is a contiguous slice of x, read in order, on both sid
 Both start from dptrain's initial weights; before timing, one run of each must end with the
 same weights (rtol 1e-6) and the same last-epoch loss.
 
+x starts on a cache line, as every data set dptrain builds does (dptrain/_aligned.py); both
+sides read the same array.
+
 Bandwidth: x is 160 MB, five times the 32 MB L3, so every epoch streams it from memory (each
 batch, 1.3 MB, is then re-read from L2 for the gradient). Effective bandwidth =
 n * d * 8 bytes * epochs / seconds, compared with this machine's one-thread read bandwidth
