@@ -300,6 +300,19 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
         if (WIDE_) c##i##_1 += b1 * ai;                                            \
     }
 #define ACC_TILE(i) acc[i][0] = c##i##_0, acc[i][1] = c##i##_1;
+/* row i of a whole tile, alpha 1 and beta 0 or 1: acc, or C + acc (what store_tile computes
+ * then, one rounding either way, so the same bits) */
+#define STORE_ROW(i)                                                               \
+    {                                                                              \
+        T *ci = C + (ptrdiff_t)(i) * ldc;                                          \
+        V r0 = c##i##_0, r1 = c##i##_1;                                            \
+        if (beta != 0) {                                                           \
+            r0 += F(vload)(ci);                                                    \
+            if (WIDE_) r1 += F(vload)(ci + VL);                                    \
+        }                                                                          \
+        F(vstore)(ci, r0);                                                         \
+        if (WIDE_) F(vstore)(ci + VL, r1);                                         \
+    }
 /* (written out: a SEP of COMMA cannot be passed on to another of these) */
 #define ROWS_DO4(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3)
 #define ROWS_DO6(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5)
@@ -330,9 +343,13 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
             A_NEXT;                                                                \
             b += (BKS);                                                            \
         }                                                                          \
-        V acc[MR][2];                                                              \
-        RDO(ACC_TILE, NOSEP)                                                       \
-        F(store_tile)(C, ldc, acc, mr, nr, alpha, beta);                           \
+        if (mr == MR && nr == (WIDE_ ? NR : VL) && alpha == 1 && (beta == 0 || beta == 1)) { \
+            RDO(STORE_ROW, NOSEP)                                                  \
+        } else {                                                                   \
+            V acc[MR][2];                                                          \
+            RDO(ACC_TILE, NOSEP)                                                   \
+            F(store_tile)(C, ldc, acc, mr, nr, alpha, beta);                       \
+        }                                                                          \
     }
 
 /* The body for a tile of mr rows: the MR-row tile, or a tile of 4 rows (or 8 or 10 where MR
