@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 
 from dptrain import _core  # noqa: E402
 
-MLP_TARGET = 0.85     # ours / OpenBLAS on the MLP's large shapes
+MLP_TARGET = 0.9      # ours / OpenBLAS on the MLP's large shapes (issue 12's; was 0.85)
 SKINNY_TARGET = 1.3   # ours / OpenBLAS where one dimension is tiny (N=10 classes, K=27 im2col)
 
 # (case, M, N, K, trans_a, trans_b, target); the ratio target is ours / OpenBLAS GFLOP/s.

@@ -27,7 +27,8 @@ NumPy's loop and np.dot(a, a) run on OpenBLAS (dgemv, ddot). They are timed in t
 a child process whose environment lacks OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (the "OB best"
 column: OpenBLAS's own kernel for this CPU; the footer names both, as threadpoolctl does).
 
-Targets: seconds ours / NumPy <= 0.5; effective bandwidth >= 60 % of the read bandwidth.
+Targets: seconds ours / NumPy <= 0.5; effective bandwidth >= 80 % of the read bandwidth (issue
+12's; the first version's was 60 %).
 
 Run: python bench/bench_logreg.py [--quick] [--json PATH]
 """
@@ -45,7 +46,7 @@ EPOCHS = 8
 BATCH = 8192
 LR = 0.1
 TIME_TARGET = 0.5        # ours / NumPy seconds
-BANDWIDTH_TARGET = 0.60  # ours effective GB/s / machine read GB/s
+BANDWIDTH_TARGET = 0.80  # ours effective GB/s / machine read GB/s
 BW_ARRAY_BYTES = 400 * 10**6
 
 
