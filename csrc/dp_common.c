@@ -1,7 +1,9 @@
-/* dp_common.c - the aligned allocation and scratch-buffer helpers declared in dp_common.h. */
+/* dp_common.c - the aligned allocation and scratch-buffer helpers declared in dp_common.h,
+ * and the row gather that assembles a shuffled batch. */
 #include "dp_common.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 void *dp_aligned_alloc(size_t bytes)
 {
@@ -38,4 +40,38 @@ void dp_scratch_free(dp_scratch *s)
     dp_aligned_free(s->ptr);
     s->ptr = NULL;
     s->cap = 0;
+}
+
+/* dp_gather_rows reads rows in a shuffled order: each is a miss to memory, one after the
+ * other unless rows further on are prefetched. The rows GATHER_AHEAD further are (their first
+ * GATHER_PF_BYTES: the hardware prefetcher follows a longer row), into L2 (locality 1: into
+ * L1, prefetcht0, was barely faster than none). AMD EPYC Zen 4, one thread, from C, ns a row
+ * (medians of 41 random index sets, 2 MB pages): 8192 rows of 160 bytes from 1M (logistic
+ * regression's) 30.8 without prefetching, 26.2 with 16 rows into L1, 14.6 with 16 into L2,
+ * 11.8 with 32, 11.3 with 64; 64 rows of 3136 bytes from 60,000 (MNIST's) 415 -> 241-305
+ * (32 rows, 1-4 KB of each); 128 rows of 12,288 bytes from 50,000 (CIFAR-10's) 1112 -> 980-
+ * 1010. */
+#define GATHER_AHEAD 32
+#define GATHER_PF_BYTES 4096
+
+/* Prefetches the first min(len, GATHER_PF_BYTES) bytes from p: their lines and the last */
+static void gather_prefetch(const char *p, size_t len)
+{
+    if (len > GATHER_PF_BYTES) len = GATHER_PF_BYTES;
+    for (size_t o = 0; o < len; o += 64) __builtin_prefetch(p + o, 0, 1);
+    __builtin_prefetch(p + len - 1, 0, 1);
+}
+
+void dp_gather_rows(void *dst, const void *src, const int64_t *ix, ptrdiff_t n, size_t row_bytes)
+{
+    const char *s = src;
+    char *d = dst;
+    if (row_bytes == 0) return;
+    for (ptrdiff_t i = 0; i < n && i < GATHER_AHEAD; i++)
+        gather_prefetch(s + (size_t)ix[i] * row_bytes, row_bytes);
+    for (ptrdiff_t i = 0; i < n; i++) {
+        if (i + GATHER_AHEAD < n)
+            gather_prefetch(s + (size_t)ix[i + GATHER_AHEAD] * row_bytes, row_bytes);
+        memcpy(d + (size_t)i * row_bytes, s + (size_t)ix[i] * row_bytes, row_bytes);
+    }
 }

@@ -77,6 +77,10 @@ typedef struct {
 void *dp_scratch_get(dp_scratch *s, size_t bytes);
 void dp_scratch_free(dp_scratch *s);
 
+/* Row i of dst (n rows of row_bytes) = row ix[i] of src; every ix[i] must be a row of src
+ * (the caller checks). A shuffled batch's assembly: see dp_common.c for its prefetching. */
+void dp_gather_rows(void *dst, const void *src, const int64_t *ix, ptrdiff_t n, size_t row_bytes);
+
 /* bfloat16 (the high half of a float): the bits u of a float rounded to the nearest bfloat16,
  * ties to even, with the low half 0. A NaN stays a quiet NaN (sign and high payload kept), a
  * float above bfloat16's largest becomes inf. Branch-free so that a loop over it vectorizes

@@ -475,7 +475,7 @@ static PyObject *py_gather_rows(PyObject *module, PyObject *const *args, Py_ssiz
                                 (long)i, (long long)ix[i], (long)rows), NULL;
     const char *src = PyArray_BYTES(x);
     char *dst = PyArray_BYTES(out);
-    WITHOUT_GIL(for (npy_intp i = 0; i < n; i++) memcpy(dst + (size_t)i * row_bytes, src + (size_t)ix[i] * row_bytes, row_bytes));
+    WITHOUT_GIL(dp_gather_rows(dst, src, ix, n, row_bytes));
     Py_RETURN_NONE;
 }
 
