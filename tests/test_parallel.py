@@ -382,3 +382,25 @@ def test_mpiexec_with_a_non_mpi_backend_is_refused(tmp_path):
     assert r.returncode != 0
     assert "one of 2 ranks, but backend='thread'" in r.stderr and "--backend mpi" in r.stderr
     assert "epoch" not in r.stdout
+
+
+def _extras_as_seen(comm):
+    """A worker's view of the launcher's extras: where x lies, its sum, which extras the
+    segment holds."""
+    x = comm.extra("x")
+    return x.ctypes.data, float(x.sum()), sorted(comm.layout.extras)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_process_workers_get_the_extras_inherited_or_copied(start_method):
+    """Under fork a worker reads the launcher's own array, inherited at its address (no copy
+    in the segment); under spawn a copy in the segment. Either way the same values."""
+    from dptrain.comm.shm import run_processes
+    x = np.arange(3000, dtype=np.float64).reshape(100, 30)
+    seen = run_processes(2, _extras_as_seen, extras={"x": x}, start_method=start_method)
+    for address, total, in_segment in seen:
+        assert total == float(x.sum())
+        if start_method == "fork":
+            assert address == x.ctypes.data and in_segment == []
+        else:
+            assert in_segment == ["x"]

@@ -55,8 +55,8 @@ def launch(fn, *args, workers: int | None = None, backend: str | None = None,
     ``allreduce_sum_(a)``, ``broadcast_(a, root)``, ``barrier()``.
     timeout > 0 makes a collective that waits longer fail (naming the ranks that did not
     arrive). threads: the threads each worker's C kernels use (it only tunes how workers
-    wait). extras: arrays every worker reads with ``comm.extra(name)`` (copied once into
-    shared memory for processes). For 'process' with the 'spawn' start method, fn and args
+    wait). extras: arrays every worker reads with ``comm.extra(name)`` (processes: inherited
+    under the 'fork' start method, else copied once into shared memory). For 'process' with the 'spawn' start method, fn and args
     must pickle (a module-level function, plain values).
 
     A worker that raises stops every worker at once and raises ``WorkerError`` naming its

@@ -7,7 +7,8 @@ arrays) and ``fit`` (your model object on your arrays), both on 1..N workers.
    dtype), the model's spec is made (or taken from your model), the checkpoint to resume is
    checked: all before any worker starts.
 3. The workers run ``engine.loop.run_worker``: threads of this process, processes sharing
-   the data set in shared memory (copied in once), or MPI ranks (each reads the data itself).
+   the data set (inherited from this process under the 'fork' start method, copied once into
+   shared memory under the others), or MPI ranks (each reads the data itself).
 4. The result (``TrainResult``): the trained model, the per-epoch history, where the time
    went (``breakdown``, ``step_times``), the configuration, the data set; written as JSON
    with ``out=``.
@@ -445,9 +446,9 @@ def _launch(job, arrays, world, backend, policy, cfg, say, init, comm_world, mpi
 def _share(arrays) -> tuple[dict, dict]:
     """How worker processes get the data: an array that is a view of a memory-mapped file
     that still has its name (a user's .npy) is opened again by each worker (the page cache
-    is shared: no copy, and a data set larger than RAM stays on disk); the others are copied
-    once into the shared segment. Returns (extras to copy, {name: (path, offset, shape,
-    dtype)})."""
+    is shared: no copy, and a data set larger than RAM stays on disk); the others are the
+    workers' extras (shm.run_processes: inherited under fork, else copied once into the
+    shared segment). Returns (extras, {name: (path, offset, shape, dtype)})."""
     extras, mapped = {}, {}
     for name, a in zip(DATA_NAMES, arrays):
         region = data_mod.memmap_region(a)
@@ -459,9 +460,9 @@ def _share(arrays) -> tuple[dict, dict]:
 
 
 def _shared_data(comm, mapped=None) -> tuple:
-    """The data set of a worker process: memory maps of the user's files, or views of the
-    shared segment, whose pages are mapped into this process before the timed loop: a worker
-    process maps the segment afresh, and without this every page of x would be faulted in
+    """The data set of a worker process: memory maps of the user's files, or its extras (the
+    launcher's arrays, inherited, or views of the shared segment), whose pages are mapped into
+    this process before the timed loop: a worker process maps the segment afresh, and without this every page of x would be faulted in
     during the first epoch's batch gathering (measured: the data phase of a 2-worker softmax
     step at 75-83 us instead of about 45)."""
     mapped = mapped or {}
@@ -480,8 +481,8 @@ def _shared_data(comm, mapped=None) -> tuple:
 
 
 def _process_worker(comm, job: Job, has_init: bool, mapped: dict) -> dict:
-    """run_worker in a worker process: the data set lives in the shared segment (or in the
-    user's memory-mapped files)."""
+    """run_worker in a worker process: the data set is its extras (inherited, or in the shared
+    segment) or the user's memory-mapped files."""
     init = comm.extra("init_params") if has_init else None
     return run_worker(comm, job, *_shared_data(comm, mapped), init_params=init)
 
