@@ -330,7 +330,7 @@ DP_INLINE void K(prefetch_range)(uintptr_t p, size_t len)
     __builtin_prefetch((const void *)(p + len - 1), 0, LOGREG_PF_LOCALITY);
 }
 
-/* The sums of block_gemv_t for nv (a constant once inlined, 1 to 4) vectors of columns
+/* The sums of block_gemv_t for nv (a constant once inlined, 0 to 4) vectors of columns
  * starting at col[v]: out[v] = (dw's columns + the even rows' g[r] x_r) + the odd rows', the
  * two sums of each vector gathered side by side while the rows stream by. Every path of X^T v
  * sums a column in this order (block_gemv_t_rows too), so its bits do not depend on where it

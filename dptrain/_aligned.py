@@ -12,6 +12,8 @@ keeps its own alignment (no copy is made for it).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 ALIGN = 64   # bytes: arrays start on a cache line (no false sharing, aligned SIMD)
@@ -20,7 +22,9 @@ ALIGN = 64   # bytes: arrays start on a cache line (no false sharing, aligned SI
 def _aligned(shape, dtype, alloc) -> np.ndarray:
     dt = np.dtype(dtype)
     shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if any(s < 0 for s in shape):
+        raise ValueError(f"negative dimensions are not allowed: shape {shape}")
+    nbytes = math.prod(shape) * dt.itemsize      # Python ints: no wrap-around
     raw = alloc(nbytes + ALIGN, np.uint8)
     off = (-raw.ctypes.data) % ALIGN
     return raw[off:off + nbytes].view(dt).reshape(shape)

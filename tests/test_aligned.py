@@ -26,6 +26,16 @@ def test_aligned_empty_and_zeros(shape, dtype):
     assert not aligned_zeros(shape, dtype).any()
 
 
+@pytest.mark.parametrize("shape", [-1, (2, -3), (2**40, 2**40)])
+def test_aligned_refuses_impossible_shapes(shape):
+    """A negative size is refused by name, an impossible one by NumPy's allocator (no wrapped
+    size, no silently empty array)."""
+    for make in (aligned_empty, aligned_zeros):
+        with pytest.raises((ValueError, MemoryError), match="negative|[Mm]aximum|too big|"
+                                                            "Unable to allocate"):
+            make(shape, np.float64)
+
+
 def test_aligned_arrays_do_not_overlap():
     """Each array has its own buffer: writing one leaves another as it was."""
     a, b = aligned_zeros(100, np.float64), aligned_zeros(100, np.float64)

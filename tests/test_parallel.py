@@ -384,23 +384,29 @@ def test_mpiexec_with_a_non_mpi_backend_is_refused(tmp_path):
     assert "epoch" not in r.stdout
 
 
+
 def _extras_as_seen(comm):
-    """A worker's view of the launcher's extras: where x lies, its sum, which extras the
-    segment holds."""
+    """A forked worker's view of the launcher's extras: where x lies, its sum, which extras
+    the segment holds."""
     x = comm.extra("x")
     return x.ctypes.data, float(x.sum()), sorted(comm.layout.extras)
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_process_workers_get_the_extras_inherited_or_copied(start_method):
+def test_process_workers_get_the_extras_inherited_or_copied():
     """Under fork a worker reads the launcher's own array, inherited at its address (no copy
-    in the segment); under spawn a copy in the segment. Either way the same values."""
+    in the segment); under spawn a copy in the segment. Either way the same values. (The
+    spawned workers' targets are picklable callables from the standard library: a function
+    of this module would have to be imported there, and tests/ is not a package.)"""
+    import operator
+
     from dptrain.comm.shm import run_processes
     x = np.arange(3000, dtype=np.float64).reshape(100, 30)
-    seen = run_processes(2, _extras_as_seen, extras={"x": x}, start_method=start_method)
-    for address, total, in_segment in seen:
-        assert total == float(x.sum())
-        if start_method == "fork":
-            assert address == x.ctypes.data and in_segment == []
-        else:
-            assert in_segment == ["x"]
+    for address, total, in_segment in run_processes(2, _extras_as_seen, extras={"x": x},
+                                                    start_method="fork"):
+        assert address == x.ctypes.data and total == float(x.sum()) and in_segment == []
+    for seen in run_processes(2, operator.methodcaller("extra", "x"), extras={"x": x},
+                              start_method="spawn"):
+        np.testing.assert_array_equal(seen, x)
+    for layout in run_processes(2, operator.attrgetter("layout.extras"), extras={"x": x},
+                                start_method="spawn"):
+        assert sorted(layout) == ["x"]

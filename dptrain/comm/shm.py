@@ -233,7 +233,7 @@ class ShmComm(Communicator):
         self._by_id: dict[int, _Shared] = {}    # id(array) -> its allocation (arrays held there)
         self._staging: dict[tuple, tuple] = {}  # (dtype, length) -> (allocation, this rank's array)
         self._sums: dict[tuple, object] = {}    # (id(out), id(arrays[0])) -> sum_into_'s group
-        self._extras: dict[str, np.ndarray] = {}  # thread workers: the launcher's arrays
+        self._extras: dict[str, np.ndarray] = {}  # the launcher's arrays (threads, fork)
         self._comm_thread = None
 
     # ---- memory
@@ -273,8 +273,9 @@ class ShmComm(Communicator):
         return self._layout
 
     def extra(self, name: str) -> np.ndarray:
-        """An array the launcher shared with every worker (e.g. the data set): in the segment
-        for processes, the launcher's own array for threads."""
+        """An array the launcher shared with every worker (e.g. the data set): the launcher's
+        own array for threads and forked processes (a forked worker's writes stay its own),
+        a copy in the segment for spawned ones."""
         if name in self._extras:
             return self._extras[name]
         return self._layout.extra(self._mem, name)

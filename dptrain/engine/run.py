@@ -462,7 +462,8 @@ def _share(arrays) -> tuple[dict, dict]:
 def _shared_data(comm, mapped=None) -> tuple:
     """The data set of a worker process: memory maps of the user's files, or its extras (the
     launcher's arrays, inherited, or views of the shared segment), whose pages are mapped into
-    this process before the timed loop: a worker process maps the segment afresh, and without this every page of x would be faulted in
+    this process before the timed loop (for inherited arrays a quick pass over pages the fork
+    already mapped): a spawned worker maps the segment afresh, and without this every page of x would be faulted in
     during the first epoch's batch gathering (measured: the data phase of a 2-worker softmax
     step at 75-83 us instead of about 45)."""
     mapped = mapped or {}
