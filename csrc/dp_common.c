@@ -54,12 +54,10 @@ void dp_scratch_free(dp_scratch *s)
 #define GATHER_AHEAD 32
 #define GATHER_PF_BYTES 4096
 
-/* Prefetches the first min(len, GATHER_PF_BYTES) bytes from p: their lines and the last */
+/* Prefetches the first min(len, GATHER_PF_BYTES) bytes from p */
 static void gather_prefetch(const char *p, size_t len)
 {
-    if (len > GATHER_PF_BYTES) len = GATHER_PF_BYTES;
-    for (size_t o = 0; o < len; o += 64) __builtin_prefetch(p + o, 0, 1);
-    __builtin_prefetch(p + len - 1, 0, 1);
+    dp_prefetch_range(p, len < GATHER_PF_BYTES ? len : GATHER_PF_BYTES);
 }
 
 void dp_gather_rows(void *dst, const void *src, const int64_t *ix, ptrdiff_t n, size_t row_bytes)

@@ -77,6 +77,18 @@ typedef struct {
 void *dp_scratch_get(dp_scratch *s, size_t bytes);
 void dp_scratch_free(dp_scratch *s);
 
+/* Prefetches [p, p + len) into L2 (prefetcht2; the streaming kernels' locality, see
+ * dp_loss_tmpl.h's LOGREG_PF_BYTES): the lines 64 bytes apart from p, and the last byte's (a
+ * fixed count, so that the loop's branch is predicted). Prefetches never fault. */
+#define DP_PF_LOCALITY 1
+DP_INLINE void dp_prefetch_range(const void *p, size_t len)
+{
+    const char *c = p;
+    const size_t n = (len + 63) / 64;
+    for (size_t i = 0; i < n; i++) __builtin_prefetch(c + 64 * i, 0, DP_PF_LOCALITY);
+    __builtin_prefetch(c + len - 1, 0, DP_PF_LOCALITY);
+}
+
 /* Row i of dst (n rows of row_bytes) = row ix[i] of src; every ix[i] must be a row of src
  * (the caller checks). A shuffled batch's assembly: see dp_common.c for its prefetching. */
 void dp_gather_rows(void *dst, const void *src, const int64_t *ix, ptrdiff_t n, size_t row_bytes);

@@ -178,10 +178,11 @@ DP_INLINE T K(ksum)(const T *a, int n)
  * operations (exp, a division, log1p's division and series), ~100 cycles a vector, was more
  * than the out-of-order window overlaps across iterations; split, each chain is short enough
  * (the logistic kernel on the AVX2 VM, 8192 x 20 float64 in cache: 9.0 ns a row as one loop,
- * 8.3 split). The three loops run over LOSS_ROWS values,
- * whatever n, the logits past n taken as 0 (their results unused): a constant trip count
- * vectorizes without the remainder loops (AMD EPYC Zen 4, AVX-512, the kernel called from
- * C on 512 x 20 float64 rows in L2, 5 interleaved runs: 6.2-6.6 -> 5.9-6.3 ns a row). */
+ * 8.3 split). The three loops run over LOSS_ROWS values, whatever n, the logits past n taken
+ * as 0 (their results unused): a constant trip count vectorizes without the remainder loops
+ * (AMD EPYC Zen 4, AVX-512, the kernel called from C on 512 x 20 float64 rows in L2, 5
+ * interleaved runs: 6.2-6.6 -> 5.9-6.3 ns a row), and a logit's gradient has the same bits
+ * wherever it sits (a remainder loop rounded some otherwise). */
 DP_INLINE T K(bce_block)(T *g, int64_t *right, const T *z,
                          const int64_t *DP_RESTRICT labels, int n, T grad_scale)
 {
@@ -237,13 +238,13 @@ int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int6
  * float32 IN = 20 5.5-7.2 -> 6.2-7.9 (in L1 the same, 4.7). From the backward, rows of
  * several passes got slower as often as faster (float64 IN = 64 34 -> 37, 100 53 -> 57, 200
  * 114 -> 102; 35 % slower at IN = 64 on AVX2), so they keep the forward's burst. Into L2
- * (locality 1, prefetcht2), not L1: on that EPYC prefetcht0 made the stream slower than no
- * prefetch at all (bench_logreg 0.124-0.202 s against 0.083-0.088 with prefetcht2, 3
- * interleaved runs); the Intel Xeon of session 7 showed no difference between the three
+ * (DP_PF_LOCALITY, prefetcht2, dp_common.h), not L1: on that EPYC prefetcht0 made the
+ * stream slower than no prefetch at all (bench_logreg 0.124-0.202 s against 0.083-0.088 with
+ * prefetcht2, 3 interleaved runs; on Zen 4, session 13: 13.6-22.5 ns a row against 7.4-9.4
+ * at 4-32 KB ahead); the Intel Xeon of session 7 showed no difference between the three
  * localities. */
 #define LOGREG_PF_BYTES 32768
 #define LOGREG_PF_ROWS 64
-#define LOGREG_PF_LOCALITY 1
 
 /* v with the lanes where m is 0 cleared (bitwise: a cleared lane is +0 whatever v held) */
 DP_INLINE K(kvec) K(kand)(K(kvec) v, K(kmask) m)
@@ -285,7 +286,7 @@ DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, ptrdiff_
         if (prefetch) {
             const char *pf = (const char *)(x0 + (ptrdiff_t)LOGREG_PF_ROWS * ldx);
             for (int o = 0; o < KVL * IN * (int)sizeof(T); o += 64)
-                __builtin_prefetch(pf + o, 0, LOGREG_PF_LOCALITY);
+                __builtin_prefetch(pf + o, 0, DP_PF_LOCALITY);
         }
         static const int row[KVL] = {K_ROWS};
         /* a last group of fewer than KVL rows repeats its last row in the lanes it lacks;
@@ -320,16 +321,6 @@ DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, ptrdiff_
     }
 }
 
-/* Prefetches (LOGREG_PF_LOCALITY) [p, p + len): the lines 64 bytes apart from p, and the
- * last byte's (a fixed count, so that the loop's branch is predicted) */
-DP_INLINE void K(prefetch_range)(uintptr_t p, size_t len)
-{
-    const size_t n = (len + 63) / 64;
-    for (size_t i = 0; i < n; i++)
-        __builtin_prefetch((const void *)(p + 64 * i), 0, LOGREG_PF_LOCALITY);
-    __builtin_prefetch((const void *)(p + len - 1), 0, LOGREG_PF_LOCALITY);
-}
-
 /* The sums of block_gemv_t for nv (a constant once inlined, 0 to 4) vectors of columns
  * starting at col[v]: out[v] = (dw's columns + the even rows' g[r] x_r) + the odd rows', the
  * two sums of each vector gathered side by side while the rows stream by. Every path of X^T v
@@ -353,7 +344,7 @@ DP_INLINE void K(gemv_t_vecs)(K(kvec) *out, const T *DP_RESTRICT dw, const T *DP
         const T *xr = xb + (ptrdiff_t)r * ldx, *xs = xr + ldx;
         T gr = g[r], gs = g[r + 1];
         if (pf > 0 && r + pf + 1 < pf_rows)
-            K(prefetch_range)((uintptr_t)(xr + (ptrdiff_t)pf * ldx), 2 * sizeof(T) * (size_t)ldx);
+            dp_prefetch_range(xr + (ptrdiff_t)pf * ldx, 2 * sizeof(T) * (size_t)ldx);
         for (int v = 0; v < nv; v++) {
             a[v] += K(kload)(xr + col[v]) * gr;
             b[v] += K(kload)(xs + col[v]) * gs;
@@ -371,13 +362,20 @@ DP_INLINE void K(gemv_t_vecs)(K(kvec) *out, const T *DP_RESTRICT dw, const T *DP
     if (hout) *hout = ha + hb;
 }
 
-/* dw's last IN % KVL columns (IN >= KVL) from s, the sums of the row's last KVL columns: the
- * lanes of the columns already done are dropped */
+/* dw's last IN % KVL columns (IN >= KVL) from the `width` lanes of sums of the row's last
+ * `width` columns (a vector's or a half vector's): the lanes of the columns already done are
+ * dropped */
+DP_INLINE void K(store_last)(T *DP_RESTRICT dw, const T *lanes, int width, int IN)
+{
+    memcpy(dw + IN / KVL * KVL, lanes + width - IN % KVL, sizeof(T) * (size_t)(IN % KVL));
+}
+
+/* store_last of a vector of sums */
 DP_INLINE void K(store_tail)(T *DP_RESTRICT dw, K(kvec) s, int IN)
 {
     T lanes[KVL];
     K(kstore)(lanes, s);
-    memcpy(dw + IN / KVL * KVL, lanes + KVL - IN % KVL, sizeof(T) * (size_t)(IN % KVL));
+    K(store_last)(dw, lanes, KVL, IN);
 }
 
 /* dw's last IN % KVL columns (block_gemv_t_rows; block_gemv_t for IN < KVL): the row's last
@@ -450,7 +448,7 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
     if (half) {
         T lanes[KVL / 2];
         memcpy(lanes, &h, sizeof h);
-        memcpy(dw + IN - rem, lanes + KVL / 2 - rem, sizeof(T) * (size_t)rem);
+        K(store_last)(dw, lanes, KVL / 2, IN);
     }
     if (tail) K(store_tail)(dw, s[full], IN);
 }

@@ -56,8 +56,9 @@ def launch(fn, *args, workers: int | None = None, backend: str | None = None,
     timeout > 0 makes a collective that waits longer fail (naming the ranks that did not
     arrive). threads: the threads each worker's C kernels use (it only tunes how workers
     wait). extras: arrays every worker reads with ``comm.extra(name)`` (processes: inherited
-    under the 'fork' start method, else copied once into shared memory). For 'process' with the 'spawn' start method, fn and args
-    must pickle (a module-level function, plain values).
+    under the 'fork' start method, else copied once into shared memory). For 'process' with
+    the 'spawn' start method, fn and args must pickle (a module-level function, plain
+    values).
 
     A worker that raises stops every worker at once and raises ``WorkerError`` naming its
     rank (under MPI the failing rank prints its error and aborts the whole job). Under MPI
