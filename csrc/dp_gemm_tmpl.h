@@ -435,6 +435,75 @@ TGT static void F(ukernel_patch)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *x,
 #undef A_AT
 }
 
+#if ROWS == 12
+/* Small K (kc <= SMALLK_MAX; an output layer's input gradient dY W has K = 10 classes), on
+ * the 32-register builds. A tile's few rank-1 updates do not hide its prologue and its 2 MR
+ * stores: on AMD EPYC (Zen 4), float32 128x128xK NN took 0.85 us + 0.29 us per unit of K, an
+ * intercept of about 70 cycles a tile against 24 a k. Here B's kc x NR strip stays in 2 kc
+ * registers while C's rows go by, each row's two stores right after its FMAs. Each C value is
+ * UKERNEL_BODY's sum in its order (0, then += b_k a_ik for k = 0, 1, ...), stored as its
+ * STORE_ROW stores it, so the same bits; hence alpha 1 and beta 0 or 1 only (every GEMM of
+ * the engines): a general alpha and beta is left to store_tile, whose rounding of
+ * alpha acc + beta C (which product GCC fuses) the bfloat16 dot path shares. Measured there (C harness, median of 9), us, tile
+ * kernel -> this one: float32 128x128x10 3.76 -> 3.13, x5 3.12 -> 1.86, x16 5.51 -> 4.99, x20
+ * 6.64 -> 6.39, x24 7.75 -> 7.99 (B spills past 16); float64 128x128x10 7.47 -> 6.16, x16
+ * 11.05 -> 9.99. */
+#define SMALLK_MAX 16
+#define SK_KDO(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) \
+    X(14) X(15)
+#define SK_LOAD_B(k)                                                               \
+    V b##k##_0 = {0}, b##k##_1 = {0};                                              \
+    if ((k) < KC) {                                                                \
+        b##k##_0 = F(vload)(b + (ptrdiff_t)(k) * bks);                             \
+        b##k##_1 = F(vload)(b + (ptrdiff_t)(k) * bks + VL);                        \
+    }
+#define SK_FMA(k)                                                                  \
+    if ((k) < KC) {                                                                \
+        T a_ = ar[(ptrdiff_t)(k) * acs];                                           \
+        c0 += b##k##_0 * a_;                                                       \
+        c1 += b##k##_1 * a_;                                                       \
+    }
+
+/* C[0:m, 0:NR] = A B + beta C, beta 0 or 1 (C not read for 0), for B's KC x NR strip (row k
+ * at b + k * bks) and A's m rows (element (i, k) at a[i * ars + k * acs]); KC a constant (the
+ * caller's switch) */
+TGT DP_INLINE void F(smallk_rows)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars,
+                                  ptrdiff_t acs, const T *b, ptrdiff_t bks, int m, const int KC,
+                                  int add_c)
+{
+    typedef F(vec_t) V;
+    SK_KDO(SK_LOAD_B)
+    for (int i = 0; i < m; i++) {
+        const T *ar = a + (ptrdiff_t)i * ars;
+        V c0 = {0}, c1 = {0};
+        SK_KDO(SK_FMA)
+        T *c = C + (ptrdiff_t)i * ldc;
+        if (add_c) {
+            c0 += F(vload)(c);
+            c1 += F(vload)(c + VL);
+        }
+        F(vstore)(c, c0);
+        F(vstore)(c + VL, c1);
+    }
+}
+
+TGT static void F(ukernel_smallk)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars, ptrdiff_t acs,
+                                  const T *b, ptrdiff_t bks, int kc, int m, int add_c)
+{
+#define SK_CASE(k)                                                                 \
+    case (k) + 1:                                                                  \
+        F(smallk_rows)(C, ldc, a, ars, acs, b, bks, m, (k) + 1, add_c);            \
+        break;
+    switch (kc) { SK_KDO(SK_CASE) }
+#undef SK_CASE
+}
+#undef SK_KDO
+#undef SK_LOAD_B
+#undef SK_FMA
+#else
+#define SMALLK_MAX 0
+#endif
+
 #undef UKERNEL_BODY
 #undef UKERNEL_ROWS
 #undef ROWS_DO4
@@ -467,6 +536,18 @@ TGT static void F(macrokernel)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t ars, p
             bp = bedge;
             bs = NR;
         }
+#if SMALLK_MAX
+        if (kc <= SMALLK_MAX && nr == NR && alpha == 1 && (beta == 0 || beta == 1)) {
+            if (apanel == MR * ars)     /* A's rows evenly spaced: all mc of them at once */
+                F(ukernel_smallk)(C + j0, ldc, A, ars, acs, bp, bs, kc, mc, beta != 0);
+            else
+                for (int i0 = 0; i0 < mc; i0 += MR)
+                    F(ukernel_smallk)(C + (ptrdiff_t)i0 * ldc + j0, ldc,
+                                      A + (ptrdiff_t)(i0 / MR) * apanel, ars, acs, bp, bs, kc,
+                                      mc - i0 < MR ? mc - i0 : MR, beta != 0);
+            continue;
+        }
+#endif
         for (int i0 = 0; i0 < mc; i0 += MR) {
             int mr = mc - i0 < MR ? mc - i0 : MR;
             const T *ap = A + (ptrdiff_t)(i0 / MR) * apanel;
@@ -496,6 +577,7 @@ TGT static void F(macro_patch)(T *C, ptrdiff_t ldc, const T *x, const ptrdiff_t 
     }
 }
 
+#undef SMALLK_MAX
 #undef MR
 #undef NR
 #undef F
