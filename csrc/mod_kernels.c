@@ -302,12 +302,15 @@ static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t
 {
     static const char *const kwlist[] = {"params", "grads", "velocity", "lr", "momentum",
                                          "dampening", "weight_decay", "nesterov", "first_step",
-                                         NULL};
-    PyObject *po, *go, *vo;
+                                         "ctx", NULL};
+    PyObject *po, *go, *vo, *ctxo = NULL;
     double lr, mom = 0, damp = 0, wd = 0;
     int nesterov = 0, first = 0;
-    if (parse_args(args, nargs, kwnames, "OOO$d|dddpp:sgd_step", kwlist, &po, &go, &vo, &lr, &mom,
-                   &damp, &wd, &nesterov, &first))
+    dp_threads *team;
+    PyThread_type_lock lock;
+    if (parse_args(args, nargs, kwnames, "OOO$d|dddppO:sgd_step", kwlist, &po, &go, &vo, &lr, &mom,
+                   &damp, &wd, &nesterov, &first, &ctxo) ||
+        get_team(module, ctxo, &team, &lock))
         return NULL;
     PyArrayObject *p, *g, *v = NULL;
     if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 1)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 0)) ||
@@ -339,9 +342,12 @@ static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t
     ptrdiff_t n = PyArray_SIZE(p);
     void *vp = v ? PyArray_DATA(v) : NULL;
     if (IS_F32(p))
-        WITHOUT_GIL(dp_sgd_step_f32(PyArray_DATA(p), vp, PyArray_DATA(g), n, (float)lr, (float)mom, (float)damp, (float)wd, nesterov, first));
+        WITHOUT_GIL_LOCKED(lock, dp_sgd_step_team_f32(team, PyArray_DATA(p), vp, PyArray_DATA(g), n,
+                                                      (float)lr, (float)mom, (float)damp,
+                                                      (float)wd, nesterov, first));
     else
-        WITHOUT_GIL(dp_sgd_step_f64(PyArray_DATA(p), vp, PyArray_DATA(g), n, lr, mom, damp, wd, nesterov, first));
+        WITHOUT_GIL_LOCKED(lock, dp_sgd_step_team_f64(team, PyArray_DATA(p), vp, PyArray_DATA(g), n,
+                                                      lr, mom, damp, wd, nesterov, first));
     Py_RETURN_NONE;
 }
 
@@ -479,13 +485,19 @@ static PyObject *py_gather_rows(PyObject *module, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
-static PyObject *py_zero(PyObject *module, PyObject *arg)
+static PyObject *py_zero(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames)
 {
-    PyArrayObject *a = check_array(arg, "buf", NPY_NOTYPE, -1, 1);
-    if (!a) return NULL;
+    static const char *const kwlist[] = {"buf", "ctx", NULL};
+    PyObject *bo, *ctxo = NULL;
+    dp_threads *team;
+    PyThread_type_lock lock;
+    if (parse_args(args, nargs, kwnames, "O|$O:zero_", kwlist, &bo, &ctxo)) return NULL;
+    PyArrayObject *a = check_array(bo, "buf", NPY_NOTYPE, -1, 1);
+    if (!a || get_team(module, ctxo, &team, &lock)) return NULL;
     void *p = PyArray_DATA(a);
     size_t n = (size_t)PyArray_NBYTES(a);
-    WITHOUT_GIL(memset(p, 0, n));
+    WITHOUT_GIL_LOCKED(lock, dp_zero_team(team, p, n));
     Py_RETURN_NONE;
 }
 
@@ -948,7 +960,7 @@ PyMethodDef mod_kernels_functions[] = {
     {"sigmoid_bce", FASTFN(py_sigmoid_bce), FASTKW, "sigmoid_bce(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
     {"argmax", FASTFN(py_argmax), FASTKW, "argmax(x, out): out = x.argmax(1)"},
     {"count_correct", FASTFN(py_count_correct), FASTKW, "count_correct(logits, labels) -> int"},
-    {"sgd_step", FASTFN(py_sgd_step), FASTKW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False)"},
+    {"sgd_step", FASTFN(py_sgd_step), FASTKW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False, ctx=None): one torch.optim.SGD step in place; ctx (a Context, or the Model / Network / ConvNet that computed grads) splits it over that object's threads"},
     {"sum_buffers", FASTFN(py_sum_buffers), FASTKW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None): "
      "out[start:stop] = scale * sum(inputs)[start:stop], added in order; uint16 arrays hold bfloat16 "
      "values: summed in float32, the result rounded to bfloat16"},
@@ -964,7 +976,7 @@ PyMethodDef mod_kernels_functions[] = {
     {"set_isa", FN(py_set_isa), KW, "set_isa(isa) -> str: makes isa ('widest', 'avx512', 'avx2' or 'generic') the kernels' ISA from the next call on and returns the previous one; ValueError where the CPU lacks it. For start-up, tests and benchmarks: not while kernels run in other threads"},
     {"fma_peak", FN(py_fma_peak), KW, "fma_peak(isa='widest', dtype='float32', seconds=0.2) -> GFLOP/s of one thread's FMA loop ('widest', 'avx512', 'avx2', 'generic'); ValueError where the CPU lacks the isa"},
     {"gather_rows", FASTFN(py_gather_rows), FASTKW, "gather_rows(x, index, out): out[i] = x[index[i]] (rows, any dtype; GIL released)"},
-    {"zero_", py_zero, METH_O, "zero_(buf): buf[:] = 0 with the GIL released"},
+    {"zero_", FASTFN(py_zero), FASTKW, "zero_(buf, *, ctx=None): buf[:] = 0 with the GIL released; ctx (as sgd_step's) splits it over that object's threads"},
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict describing this build: isa (the kernels' ISA now), isas_available (this CPU's), simd (the GEMM's build), compiler, dtypes, threads, the GEMM's blocking, the NumPy API built against"},
     {NULL},
 };

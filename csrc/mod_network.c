@@ -115,6 +115,28 @@ static void net_end_sweep(NetObject *self)
     self->pending_nbytes = 0;
 }
 
+int get_team(PyObject *module, PyObject *obj, dp_threads **team, PyThread_type_lock *lock)
+{
+    core_state *st = module_state(module);
+    *team = NULL;
+    *lock = NULL;
+    if (!obj || obj == Py_None) return 0;
+    if (PyObject_TypeCheck(obj, st->context_type) && ((ContextObject *)obj)->ready) {
+        *team = ((ContextObject *)obj)->ctx.team;
+        *lock = ((ContextObject *)obj)->lock;
+        return 0;
+    }
+    if ((PyObject_TypeCheck(obj, st->model_type) || PyObject_TypeCheck(obj, st->network_type) ||
+         PyObject_TypeCheck(obj, st->convnet_type)) && ((NetObject *)obj)->ready) {
+        *team = ((NetObject *)obj)->model.ctx.team;
+        *lock = ((NetObject *)obj)->lock;
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "ctx must be a dptrain._core.Context, Model, Network or "
+                 "ConvNet, or None, got %s", Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
 static int is_mse(const NetObject *self) { return self->model.plan.loss == DP_LOSS_MSE; }
 
 /* x (B, IN) of the model's dtype, and the batch's targets: int64 labels (B,) for the

@@ -232,8 +232,9 @@ class Model:
 
     # ---- compute
     def zero_grad(self) -> None:
-        """Clears ``grads`` (backward accumulates into it): one memset, GIL released."""
-        _core.zero_(self.grads)
+        """Clears ``grads`` (backward accumulates into it): one memset, GIL released, on the
+        model's threads."""
+        _core.zero_(self.grads, ctx=self._net)
 
     def _scale(self) -> int:
         # mse: the C core sums the squared errors over a row's outputs; a sample's loss here

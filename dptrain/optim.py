@@ -76,11 +76,12 @@ class SGD:
         """One update of model.params from model.grads (or ``grads``, a buffer of the same
         layout); lr overrides the default, e.g. for a schedule."""
         m = self.model
+        # a dptrain model's own threads (the ones that computed its gradient) share the step
         _core.sgd_step(m.params, m.grads if grads is None else grads, m.velocity,
                        lr=self.lr if lr is None else float(lr),
                        momentum=self.momentum, dampening=self.dampening,
                        weight_decay=self.weight_decay, nesterov=self.nesterov,
-                       first_step=self.steps == 0)
+                       first_step=self.steps == 0, ctx=getattr(m, "_net", None))
         self.steps += 1
 
     def config(self) -> dict:

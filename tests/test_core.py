@@ -17,6 +17,7 @@ against central finite differences in float64.
 
 Boundary hygiene (bad arguments, leaks, threads, the GIL) lives in test_boundary.py.
 """
+import functools
 import itertools
 import math
 import zlib
@@ -24,6 +25,7 @@ import zlib
 import numpy as np
 import pytest
 
+from dptrain import MLP
 from dptrain import _core as core
 from dptrain import reference as ref
 
@@ -568,6 +570,65 @@ def test_sgd_step_three_steps(isa, momentum, dampening, weight_decay, nesterov, 
         if momentum:
             assert_close(v, v_ref, dtype=dtype, scale=1.0 + np.abs(v_ref), k=8,
                          what=f"{what} velocity after step {step + 1}")
+
+
+# around one part of the threaded split (32,768 elements) and its 1,024-element units
+SPLIT_SIZES = [32767, 65535, 65536 + 1, 100003, 3 * 32768 + 1023]
+
+
+@functools.cache
+def _split_owners():
+    """The objects whose threads sgd_step / zero_ may take: None, Contexts, a model's net."""
+    return {"none": None, "context-1": core.Context(1), "context-2": core.Context(2),
+            "context-3": core.Context(3), "model-2": MLP((784, 8, 10), threads=2)._net}
+
+
+@pytest.mark.parametrize("n", SPLIT_SIZES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("momentum,dampening,weight_decay,nesterov,first_step", sgd_configs())
+def test_sgd_step_split_over_threads_same_bits(isa, momentum, dampening, weight_decay, nesterov,
+                                                first_step, dtype, n):
+    """sgd_step(ctx=...) on 1, 2, 3 threads and on a Model's threads: the same bits as the
+    caller alone (the step is elementwise; a wrong part boundary skips or repeats elements)."""
+    rng = rng_for("sgd-split", momentum, dampening, weight_decay, nesterov, first_step,
+                  dname(dtype), n)
+    p0, g = randn(rng, (n,), dtype), randn(rng, (n,), dtype)
+    v0 = randn(rng, (n,), dtype) if momentum else None
+    kw = dict(lr=0.05, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+              nesterov=nesterov, first_step=first_step)
+    results = {}
+    for name, owner in _split_owners().items():
+        p, v = p0.copy(), None if v0 is None else v0.copy()
+        core.sgd_step(p, g, v, ctx=owner, **kw)
+        results[name] = (p, v)
+    want_p, want_v = results.pop("none")
+    for name, (p, v) in results.items():
+        np.testing.assert_array_equal(p, want_p, strict=True,
+                                      err_msg=f"sgd_step ctx={name} n={n} params")
+        if momentum:
+            np.testing.assert_array_equal(v, want_v, strict=True,
+                                          err_msg=f"sgd_step ctx={name} n={n} velocity")
+
+
+@pytest.mark.parametrize("n", [0, 1, 2 * 32768 - 3, 2 * 32768 + 1025, 100003])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+def test_zero_split_over_threads_clears_every_element(n, dtype):
+    """zero_(buf, ctx=...) clears the whole buffer on any number of threads, nothing past it."""
+    for name, owner in _split_owners().items():
+        buf = np.full(n + 16, np.nan, dtype)
+        core.zero_(buf[:n], ctx=owner)
+        assert (buf[:n] == 0).all(), f"zero_ ctx={name}: elements left of {n}"
+        assert np.isnan(buf[n:]).all(), f"zero_ ctx={name}: wrote past {n} elements"
+
+
+@pytest.mark.parametrize("fn", ["sgd_step", "zero_"])
+def test_split_ctx_of_the_wrong_type_is_refused(fn):
+    p = np.zeros(8)
+    call = (lambda ctx: core.sgd_step(p, np.ones(8), None, lr=0.1, ctx=ctx)) \
+        if fn == "sgd_step" else (lambda ctx: core.zero_(p, ctx=ctx))
+    with pytest.raises(TypeError, match=r"ctx must be a dptrain._core.Context, Model.*got str"):
+        call("threads")
+    np.testing.assert_array_equal(p, 0.0)
 
 
 def test_sgd_step_by_hand():
