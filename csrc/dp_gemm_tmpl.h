@@ -444,10 +444,10 @@ TGT static void F(ukernel_patch)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *x,
  * UKERNEL_BODY's sum in its order (0, then += b_k a_ik for k = 0, 1, ...), stored as its
  * STORE_ROW stores it, so the same bits; hence alpha 1 and beta 0 or 1 only (every GEMM of
  * the engines): a general alpha and beta is left to store_tile, whose rounding of
- * alpha acc + beta C (which product GCC fuses) the bfloat16 dot path shares. Measured there (C harness, median of 9), us, tile
- * kernel -> this one: float32 128x128x10 3.76 -> 3.13, x5 3.12 -> 1.86, x16 5.51 -> 4.99, x20
- * 6.64 -> 6.39, x24 7.75 -> 7.99 (B spills past 16); float64 128x128x10 7.47 -> 6.16, x16
- * 11.05 -> 9.99. */
+ * alpha acc + beta C (which product GCC fuses) the bfloat16 dot path shares. Measured there
+ * (C harness, median of 9), us, tile kernel -> this one: float32 128x128x10 3.76 -> 3.13, x5
+ * 3.12 -> 1.86, x16 5.51 -> 4.99, x20 6.64 -> 6.39, x24 7.75 -> 7.99 (B spills past 16);
+ * float64 128x128x10 7.47 -> 6.16, x16 11.05 -> 9.99. */
 #define SMALLK_MAX 16
 #define SK_KDO(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) \
     X(14) X(15)

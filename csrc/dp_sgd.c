@@ -26,7 +26,8 @@ static void zero_task(void *arg, int t, int nt)
     const zero_job *j = arg;
     const size_t unit = DP_SGD_UNIT * sizeof(float);
     size_t units = (j->nbytes + unit - 1) / unit;
-    size_t lo = units * (size_t)t / (size_t)nt * unit, hi = units * (size_t)(t + 1) / (size_t)nt * unit;
+    size_t lo = units * (size_t)t / (size_t)nt * unit;
+    size_t hi = units * (size_t)(t + 1) / (size_t)nt * unit;
     if (hi > j->nbytes) hi = j->nbytes;
     if (lo < hi) memset(j->p + lo, 0, hi - lo);
 }
