@@ -22,7 +22,13 @@ Two rows carry issue 12's targets: MLP 784-256-128-10 at batch 128, ours / torch
 (stretch 0.35), and softmax regression 784-10 at batch 128, <= 0.25 (they replace the first
 version's <= 0.7, stretch 0.6, on the MLP row); the other rows are for information.
 
-Run: python bench/bench_mlp_step.py [--quick] [--json PATH]
+A second table is the step inside one worker on more threads (`--threads T`, default 2: the
+model's `threads=T`, whose GEMMs, SGD step and zero_grad split over T threads; PyTorch's
+`torch.set_num_threads(T)`): the same step at 1 and at T threads, both sides, all four
+interleaved; the speedup is the 1-thread time over the T-thread time. The T-thread model must
+take exactly the step of the 1-thread one (the same parameters, bit for bit).
+
+Run: python bench/bench_mlp_step.py [--quick] [--threads T] [--json PATH]
 """
 from __future__ import annotations
 
@@ -61,16 +67,17 @@ def step_flop(sizes, batch) -> float:
     return flop
 
 
-def build(sizes, batch):
-    """(ours, theirs, check): two step functions on the same batch and the same initial
-    weights, and a function asserting that one step of each agrees."""
+def build(sizes, batch, threads=1):
+    """(ours, theirs, check, final_losses, model): two step functions on the same batch and the
+    same initial weights, a function asserting that one step of each agrees, and dptrain's model
+    (on `threads` threads)."""
     ds = synthetic_classification(batch, n_features=sizes[0], n_classes=sizes[-1], seed=0,
                                   n_test=1, dtype=np.float32)
     x, y = ds.x_train, ds.y_train
 
-    model = (dptrain.MLP(sizes, seed=0, dtype="float32", threads=1) if len(sizes) > 2
+    model = (dptrain.MLP(sizes, seed=0, dtype="float32", threads=threads) if len(sizes) > 2
              else dptrain.SoftmaxRegression(sizes[0], sizes[1], seed=0, dtype="float32",
-                                            threads=1))
+                                            threads=threads))
     opt = dptrain.SGD(model, lr=LR, momentum=MOMENTUM)
 
     layers = []
@@ -87,11 +94,11 @@ def build(sizes, batch):
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     ours, theirs, check, final_losses = _util.paired_steps(
         model, opt, net, x, y, xt, yt, lr=LR, momentum=MOMENTUM, label=str(sizes))
-    return ours, theirs, check, final_losses
+    return ours, theirs, check, final_losses, model
 
 
 def run_case(name, sizes, batch, main_row, *, repeats, steps, seconds):
-    ours, theirs, check, final_losses = build(sizes, batch)
+    ours, theirs, check, final_losses, _ = build(sizes, batch)
     check()
     warmup = 20
     if main_row:
@@ -126,13 +133,63 @@ def run_case(name, sizes, batch, main_row, *, repeats, steps, seconds):
     }
 
 
+# (model name, sizes, batch) of the threads table
+THREAD_CASES = [("mlp", MLP_SIZES, 128), ("mlp", MLP_SIZES, 512)]
+
+
+def on_torch_threads(step, n):
+    """step, run with PyTorch on n intra-op threads (set when a block of calls starts)."""
+    def run():
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+        step()
+    return run
+
+
+def run_threads_case(name, sizes, batch, threads, *, repeats, seconds):
+    """The step at 1 and at `threads` threads, ours and PyTorch's, interleaved."""
+    sides, models = {}, {}
+    for t in (1, threads):
+        ours, theirs, check, _, model = build(sizes, batch, threads=t)
+        check()
+        theirs = on_torch_threads(theirs, t)
+        sides[f"ours_{t}"], sides[f"torch_{t}"], models[t] = ours, theirs, model
+    # after the same step on the same batch: the T-thread model's parameters are the 1-thread's
+    if not np.array_equal(models[1].params, models[threads].params):
+        raise AssertionError(f"{name} B={batch}: {threads} threads took another step than 1 "
+                             f"(largest difference "
+                             f"{np.abs(models[1].params - models[threads].params).max():.3g})")
+    number = max(20, min(_util.calibrate(f, seconds) for f in sides.values()))
+    times = _util.interleaved(sides, repeats=repeats, number=number, warmup=10)
+    torch.set_num_threads(1)
+    ms = {k: 1e3 * _util.median(v) for k, v in times.items()}
+    return {
+        "model": name, "sizes": list(sizes), "batch": batch, "threads": threads,
+        "steps_per_repeat": number, "repeats": repeats,
+        "ours_1_ms": ms["ours_1"], "ours_T_ms": ms[f"ours_{threads}"],
+        "torch_1_ms": ms["torch_1"], "torch_T_ms": ms[f"torch_{threads}"],
+        "ours_speedup": ms["ours_1"] / ms[f"ours_{threads}"],
+        "torch_speedup": ms["torch_1"] / ms[f"torch_{threads}"],
+        "ratio_at_T": ms[f"ours_{threads}"] / ms[f"torch_{threads}"],
+        "spread": max(_util.spread(v) for v in times.values()),
+        "seconds_per_step": times,
+    }
+
+
 def pct_cell(gflops, pcts):
     """'45.1 (17%/34%)': GF/s and its share of each measured peak (bench/_util.peak_columns)."""
     return f"{gflops:.1f} (" + "/".join(f"{v:.0f}%" for v in pcts.values()) + ")"
 
 
 def main(argv=None):
-    args = _util.parse_args("ms per training step: dptrain vs PyTorch, one thread", argv=argv)
+    args = _util.parse_args(
+        "ms per training step: dptrain vs PyTorch, one thread, and at --threads T",
+        extra=lambda p: p.add_argument(
+            "--threads", type=int, default=2, metavar="T",
+            help="threads of the second table's steps (default 2; 1 leaves the table out)"),
+        argv=argv)
+    if args.threads < 1:
+        raise SystemExit(f"--threads must be >= 1, got {args.threads}")
     _util.pin_torch(torch)
     repeats, steps, seconds = (3, 50, 0.1) if args.quick else (7, 200, 0.5)
     env = _util.environment(**_util.torch_info(torch))
@@ -164,11 +221,31 @@ def main(argv=None):
     print("GF/s counts GEMM flop only (fwd + dW per layer, dX except layer 1); "
           "noise = largest (max - min) / median")
     print(_util.peak_legend())
+
+    thread_rows = []
+    if args.threads > 1:
+        T = args.threads
+        thread_rows = [run_threads_case(name, sizes, batch, T, repeats=repeats, seconds=seconds)
+                       for name, sizes, batch in THREAD_CASES]
+        print()
+        _util.print_table(
+            ["model", "batch", "ours 1 ms", f"ours {T} ms", "speedup", "torch 1 ms",
+             f"torch {T} ms", "speedup", f"ours/torch at {T}", "noise"],
+            [[r["model"] + " " + "-".join(map(str, r["sizes"])), r["batch"],
+              f"{r['ours_1_ms']:.3f}", f"{r['ours_T_ms']:.3f}", f"{r['ours_speedup']:.2f}x",
+              f"{r['torch_1_ms']:.3f}", f"{r['torch_T_ms']:.3f}", f"{r['torch_speedup']:.2f}x",
+              f"{r['ratio_at_T']:.2f}", f"{100 * r['spread']:.0f}%"] for r in thread_rows],
+            align="lrrrrrrrrr",
+            title=f"The same step on 1 and {T} threads inside one worker (dptrain threads={T}, "
+                  f"torch.set_num_threads({T})), float32, median of {repeats} interleaved "
+                  f"repeats ({_util.os.cpu_count()} CPUs here)")
+        print(f"speedup = 1-thread ms / {T}-thread ms; the {T}-thread model took the 1-thread "
+              f"model's step bit for bit")
     _util.write_json(args.json, "mlp_step", env,
                      {"repeats": repeats, "steps_main_row": steps,
                       "seconds_per_repeat_other_rows": seconds, "lr": LR, "momentum": MOMENTUM,
-                      "quick": args.quick}, rows)
-    return rows
+                      "quick": args.quick, "threads": args.threads}, rows + thread_rows)
+    return rows + thread_rows
 
 
 if __name__ == "__main__":
