@@ -411,6 +411,70 @@ def paired_steps(model, opt, net, x, y, xt, yt, *, lr: float, momentum: float, l
     return ours, theirs, check, final_losses
 
 
+def threads_case(label: str, build, threads: int, *, repeats: int, seconds: float,
+                 min_steps: int = 20, same_bits: bool = True) -> dict:
+    """One training step at 1 and at `threads` threads, dptrain's and PyTorch's, the four
+    interleaved. build(t) -> (ours, theirs, check, model): paired_steps' step functions and
+    the dptrain model on t threads (PyTorch's step is run under torch.set_num_threads(t)).
+    Each pair's check() runs first; then the t-thread model must hold the 1-thread model's
+    parameters: bit for bit, or (same_bits False: a model whose threads add partial sums in
+    thread order, dp_model.h) to within a relative 1e-5."""
+    import torch
+    sides, models = {}, {}
+    for t in (1, threads):
+        ours, theirs, check, model = build(t)
+        check()
+
+        def on_threads(step=theirs, n=t):
+            if torch.get_num_threads() != n:
+                torch.set_num_threads(n)
+            step()
+        sides[f"ours_{t}"], sides[f"torch_{t}"], models[t] = ours, on_threads, model
+    a, b = models[1].params, models[threads].params
+    if not (np.array_equal(a, b) if same_bits else np.allclose(a, b, rtol=1e-5, atol=1e-7)):
+        raise AssertionError(f"{label}: {threads} threads took another step than 1 (largest "
+                             f"difference {np.abs(a - b).max():.3g})")
+    number = max(min_steps, min(calibrate(f, seconds) for f in sides.values()))
+    times = interleaved(sides, repeats=repeats, number=number, warmup=max(2, min_steps // 2))
+    torch.set_num_threads(1)
+    ms = {k: 1e3 * median(v) for k, v in times.items()}
+    return {"case": label, "threads": threads, "steps_per_repeat": number, "repeats": repeats,
+            "same_step": "bit for bit" if same_bits else "to within a relative 1e-5",
+            "ours_1_ms": ms["ours_1"], "ours_T_ms": ms[f"ours_{threads}"],
+            "torch_1_ms": ms["torch_1"], "torch_T_ms": ms[f"torch_{threads}"],
+            "ours_speedup": ms["ours_1"] / ms[f"ours_{threads}"],
+            "torch_speedup": ms["torch_1"] / ms[f"torch_{threads}"],
+            "ratio_at_T": ms[f"ours_{threads}"] / ms[f"torch_{threads}"],
+            "spread": max(spread(v) for v in times.values()), "seconds_per_step": times}
+
+
+def print_threads_table(rows: list, threads: int, repeats: int) -> None:
+    """threads_case's rows as a table."""
+    T = threads
+    print()
+    print_table(
+        ["case", "ours 1 ms", f"ours {T} ms", "speedup", "torch 1 ms", f"torch {T} ms",
+         "speedup", f"ours/torch at {T}", "noise"],
+        [[r["case"], f"{r['ours_1_ms']:.3f}", f"{r['ours_T_ms']:.3f}",
+          f"{r['ours_speedup']:.2f}x", f"{r['torch_1_ms']:.3f}", f"{r['torch_T_ms']:.3f}",
+          f"{r['torch_speedup']:.2f}x", f"{r['ratio_at_T']:.2f}", f"{100 * r['spread']:.0f}%"]
+         for r in rows],
+        align="lrrrrrrrr",
+        title=f"The same step on 1 and {T} threads inside one worker (dptrain threads={T}, "
+              f"torch.set_num_threads({T})), float32, median of {repeats} interleaved repeats "
+              f"({os.cpu_count()} CPUs here)")
+    for r in rows:
+        print(f"{r['case']}: the {T}-thread model took the 1-thread model's step "
+              f"{r['same_step']}")
+    print(f"speedup = 1-thread ms / {T}-thread ms")
+
+
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    """--threads T of the step benchmarks' threads table."""
+    p.add_argument("--threads", type=int, default=2, metavar="T",
+                   help="threads of the threads table's steps (default 2; 1 leaves it out)")
+
+
 def print_environment(env: dict) -> None:
     b = env["dptrain_build"]
     print(f"# {env['date']}  cpu: {env['cpu']} ({env['cpus']} cpus, load {env['loadavg_1min']:.2f})")

@@ -26,7 +26,14 @@ The first row (CIFAR shapes, batch 128) carries issue 12's target: ours / torch 
 (stretch 0.3; the first version's was <= 0.6, stretch 0.5).
 The MNIST-shaped row (1x28x28, fc 1600->128) is for information.
 
-Run: python bench/bench_cnn_step.py [--quick] [--json PATH]
+A second table is the CIFAR step inside one worker on more threads (`--threads T`, default 2:
+the model's `threads=T`, which splits the batch's images, the dense GEMMs, the SGD step and
+zero_grad; PyTorch's `torch.set_num_threads(T)`), at 1 and at T threads, both sides, all four
+interleaved (bench/_util.py's threads_case: the T-thread model must take the 1-thread model's
+step to within a relative 1e-5; not bit for bit, as the conv stages add the threads' partial
+weight gradients in thread order).
+
+Run: python bench/bench_cnn_step.py [--quick] [--threads T] [--json PATH]
 """
 from __future__ import annotations
 
@@ -66,14 +73,15 @@ def step_flop(model, batch) -> float:
     return flop
 
 
-def build(shape, batch):
-    """(model, ours, theirs, check, final_losses) on the same batch and initial weights."""
+def build(shape, batch, threads=1):
+    """(model, ours, theirs, check, final_losses) on the same batch and initial weights (the
+    model on `threads` threads)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, int(np.prod(shape)))).astype(np.float32)
     y = rng.integers(0, CLASSES, batch)
 
     model = dptrain.CNN(shape, CLASSES, channels=CHANNELS, hidden=(HIDDEN,), seed=0,
-                        dtype="float32", threads=1)
+                        dtype="float32", threads=threads)
     opt = dptrain.SGD(model, lr=LR, momentum=MOMENTUM)
 
     c = shape[0]
@@ -128,14 +136,27 @@ def run_case(name, shape, batch, main_row, *, repeats, steps):
     }
 
 
+def threads_row(name, shape, batch, threads, *, repeats):
+    def build_on(t):
+        model, ours, theirs, check, _ = build(shape, batch, threads=t)
+        return ours, theirs, check, model
+    label = f"{name} " + "x".join(map(str, shape)) + f" B={batch}"
+    # (its conv stages add the threads' partial weight gradients in thread order: dp_model.h)
+    return _util.threads_case(label, build_on, threads, repeats=repeats, seconds=0.3,
+                              min_steps=3, same_bits=False)
+
+
 def pct_cell(gflops, pcts):
     """'45.1 (17%/34%)': GF/s and its share of each measured peak (bench/_util.peak_columns)."""
     return f"{gflops:.1f} (" + "/".join(f"{v:.0f}%" for v in pcts.values()) + ")"
 
 
 def main(argv=None):
-    args = _util.parse_args("ms per CNN training step: dptrain vs PyTorch, one thread",
-                            argv=argv)
+    args = _util.parse_args(
+        "ms per CNN training step: dptrain vs PyTorch, one thread, and at --threads T",
+        extra=_util.add_threads_option, argv=argv)
+    if args.threads < 1:
+        raise SystemExit(f"--threads must be >= 1, got {args.threads}")
     _util.pin_torch(torch)
     repeats, steps = (3, 5) if args.quick else (9, 10)
     env = _util.environment(**_util.torch_info(torch))
@@ -167,10 +188,17 @@ def main(argv=None):
     print("GF/s counts GEMM flop only (conv: fwd + dW, dX except layer 1; dense likewise); "
           "noise = largest (max - min) / median")
     print(_util.peak_legend())
+
+    thread_rows = []
+    if args.threads > 1:
+        name, shape, batch, _ = CASES[0]
+        thread_rows = [threads_row(name, shape, batch, args.threads, repeats=repeats)]
+        _util.print_threads_table(thread_rows, args.threads, repeats)
     _util.write_json(args.json, "cnn_step", env,
                      {"repeats": repeats, "steps_main_row": steps, "lr": LR,
-                      "momentum": MOMENTUM, "quick": args.quick}, rows)
-    return rows
+                      "momentum": MOMENTUM, "quick": args.quick, "threads": args.threads},
+                     rows + thread_rows)
+    return rows + thread_rows
 
 
 if __name__ == "__main__":

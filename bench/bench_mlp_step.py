@@ -137,43 +137,12 @@ def run_case(name, sizes, batch, main_row, *, repeats, steps, seconds):
 THREAD_CASES = [("mlp", MLP_SIZES, 128), ("mlp", MLP_SIZES, 512)]
 
 
-def on_torch_threads(step, n):
-    """step, run with PyTorch on n intra-op threads (set when a block of calls starts)."""
-    def run():
-        if torch.get_num_threads() != n:
-            torch.set_num_threads(n)
-        step()
-    return run
-
-
-def run_threads_case(name, sizes, batch, threads, *, repeats, seconds):
-    """The step at 1 and at `threads` threads, ours and PyTorch's, interleaved."""
-    sides, models = {}, {}
-    for t in (1, threads):
+def threads_row(name, sizes, batch, threads, *, repeats, seconds):
+    def build_on(t):
         ours, theirs, check, _, model = build(sizes, batch, threads=t)
-        check()
-        theirs = on_torch_threads(theirs, t)
-        sides[f"ours_{t}"], sides[f"torch_{t}"], models[t] = ours, theirs, model
-    # after the same step on the same batch: the T-thread model's parameters are the 1-thread's
-    if not np.array_equal(models[1].params, models[threads].params):
-        raise AssertionError(f"{name} B={batch}: {threads} threads took another step than 1 "
-                             f"(largest difference "
-                             f"{np.abs(models[1].params - models[threads].params).max():.3g})")
-    number = max(20, min(_util.calibrate(f, seconds) for f in sides.values()))
-    times = _util.interleaved(sides, repeats=repeats, number=number, warmup=10)
-    torch.set_num_threads(1)
-    ms = {k: 1e3 * _util.median(v) for k, v in times.items()}
-    return {
-        "model": name, "sizes": list(sizes), "batch": batch, "threads": threads,
-        "steps_per_repeat": number, "repeats": repeats,
-        "ours_1_ms": ms["ours_1"], "ours_T_ms": ms[f"ours_{threads}"],
-        "torch_1_ms": ms["torch_1"], "torch_T_ms": ms[f"torch_{threads}"],
-        "ours_speedup": ms["ours_1"] / ms[f"ours_{threads}"],
-        "torch_speedup": ms["torch_1"] / ms[f"torch_{threads}"],
-        "ratio_at_T": ms[f"ours_{threads}"] / ms[f"torch_{threads}"],
-        "spread": max(_util.spread(v) for v in times.values()),
-        "seconds_per_step": times,
-    }
+        return ours, theirs, check, model
+    label = f"{name} " + "-".join(map(str, sizes)) + f" B={batch}"
+    return _util.threads_case(label, build_on, threads, repeats=repeats, seconds=seconds)
 
 
 def pct_cell(gflops, pcts):
@@ -184,13 +153,9 @@ def pct_cell(gflops, pcts):
 def main(argv=None):
     args = _util.parse_args(
         "ms per training step: dptrain vs PyTorch, one thread, and at --threads T",
-        extra=lambda p: p.add_argument(
-            "--threads", type=int, default=2, metavar="T",
-            help="threads of the second table's steps (default 2; 1 leaves the table out)"),
-        argv=argv)
+        extra=_util.add_threads_option, argv=argv)
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
-    _util.pin_torch(torch)
     repeats, steps, seconds = (3, 50, 0.1) if args.quick else (7, 200, 0.5)
     env = _util.environment(**_util.torch_info(torch))
     _util.print_environment(env)
@@ -224,23 +189,9 @@ def main(argv=None):
 
     thread_rows = []
     if args.threads > 1:
-        T = args.threads
-        thread_rows = [run_threads_case(name, sizes, batch, T, repeats=repeats, seconds=seconds)
-                       for name, sizes, batch in THREAD_CASES]
-        print()
-        _util.print_table(
-            ["model", "batch", "ours 1 ms", f"ours {T} ms", "speedup", "torch 1 ms",
-             f"torch {T} ms", "speedup", f"ours/torch at {T}", "noise"],
-            [[r["model"] + " " + "-".join(map(str, r["sizes"])), r["batch"],
-              f"{r['ours_1_ms']:.3f}", f"{r['ours_T_ms']:.3f}", f"{r['ours_speedup']:.2f}x",
-              f"{r['torch_1_ms']:.3f}", f"{r['torch_T_ms']:.3f}", f"{r['torch_speedup']:.2f}x",
-              f"{r['ratio_at_T']:.2f}", f"{100 * r['spread']:.0f}%"] for r in thread_rows],
-            align="lrrrrrrrrr",
-            title=f"The same step on 1 and {T} threads inside one worker (dptrain threads={T}, "
-                  f"torch.set_num_threads({T})), float32, median of {repeats} interleaved "
-                  f"repeats ({_util.os.cpu_count()} CPUs here)")
-        print(f"speedup = 1-thread ms / {T}-thread ms; the {T}-thread model took the 1-thread "
-              f"model's step bit for bit")
+        thread_rows = [threads_row(name, sizes, batch, args.threads, repeats=repeats,
+                                   seconds=seconds) for name, sizes, batch in THREAD_CASES]
+        _util.print_threads_table(thread_rows, args.threads, repeats)
     _util.write_json(args.json, "mlp_step", env,
                      {"repeats": repeats, "steps_main_row": steps,
                       "seconds_per_repeat_other_rows": seconds, "lr": LR, "momentum": MOMENTUM,
