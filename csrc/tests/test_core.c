@@ -1230,6 +1230,69 @@ static void test_sgd(dtype dt)
         }
 }
 
+/* dp_sgd_step_team and dp_zero_team on teams of 2 and 3 threads: the same bits as the caller
+ * alone (dp_sgd_step / memset) at sizes around one part (DP_SGD_MIN_PART) and a unit
+ * (DP_SGD_UNIT), every configuration; the zero clears its range and nothing past it. */
+static void test_sgd_team(dtype dt)
+{
+    const ptrdiff_t P = DP_SGD_MIN_PART, U = DP_SGD_UNIT;
+    const ptrdiff_t sz[] = {1, P - 1, 2 * P - 1, 2 * P + U + 1, 3 * P + 7};
+    const size_t es = dts(dt);
+    for (int teamsize = 2; teamsize <= 3; teamsize++) {
+        dp_threads *team = NULL;
+        if (dp_threads_create(&team, teamsize) != DP_OK) {
+            expect(0, "dp_threads_create(%d) failed", teamsize);
+            return;
+        }
+        for (int s = 0; s < 5; s++)
+            for (int cfg = 0; cfg < 16; cfg++) {
+                ptrdiff_t n = sz[s];
+                int nesterov = cfg >> 3 & 1, mom = cfg & 1;
+                double lr = 0.1, m = mom ? 0.9 : 0, damp = cfg & 2 ? 0.25 : 0;
+                double wd = cfg & 4 ? 0.01 : 0;
+                if (nesterov && (!mom || damp != 0)) continue;
+                void *p = talloc(dt, n), *v = talloc(dt, n), *g = talloc(dt, n);
+                void *p1 = talloc(dt, n), *v1 = talloc(dt, n);
+                tfill(dt, p, n, -1, 1);
+                tfill(dt, v, n, -1, 1);
+                tfill(dt, g, n, -1, 1);
+                memcpy(p1, p, (size_t)n * es);
+                memcpy(v1, v, (size_t)n * es);
+                for (int first = 0; first <= 1; first++) {
+                    if (dt == F32) {
+                        dp_sgd_step_f32(p1, mom ? v1 : NULL, g, n, (float)lr, (float)m,
+                                        (float)damp, (float)wd, nesterov, first);
+                        dp_sgd_step_team_f32(team, p, mom ? v : NULL, g, n, (float)lr, (float)m,
+                                             (float)damp, (float)wd, nesterov, first);
+                    } else {
+                        dp_sgd_step_f64(p1, mom ? v1 : NULL, g, n, lr, m, damp, wd, nesterov,
+                                        first);
+                        dp_sgd_step_team_f64(team, p, mom ? v : NULL, g, n, lr, m, damp, wd,
+                                             nesterov, first);
+                    }
+                    expect(memcmp(p, p1, (size_t)n * es) == 0 &&
+                               memcmp(v, v1, (size_t)n * es) == 0,
+                           "dp_sgd_step_team_%s threads=%d n=%td momentum=%g dampening=%g "
+                           "weight_decay=%g nesterov=%d first_step=%d: differs from "
+                           "dp_sgd_step", dtn(dt), teamsize, n, m, damp, wd, nesterov, first);
+                }
+                free(p); free(v); free(g); free(p1); free(v1);
+            }
+        for (int s = 0; s < 5; s++) {
+            size_t nb = (size_t)sz[s] * es + (size_t)s;   /* any byte count */
+            unsigned char *b = xalloc(nb + 64);
+            memset(b, 0xAB, nb + 64);
+            dp_zero_team(team, b, nb);
+            size_t bad = 0;
+            for (size_t i = 0; i < nb + 64; i++) bad += b[i] != (i < nb ? 0 : 0xAB);
+            expect(bad == 0, "dp_zero_team threads=%d nbytes=%zu: %zu bytes wrong (cleared "
+                   "range or the 64 after it)", teamsize, nb, bad);
+            free(b);
+        }
+        dp_threads_destroy(team);
+    }
+}
+
 /* ---- losses ------------------------------------------------------------------------------ */
 
 static void test_softmax_xent(dtype dt)
@@ -2345,6 +2408,7 @@ int main(void)
             test_sum_buffers(dt);
             if (dt == F32) test_bf16_buffers();
             test_sgd(dt);
+            test_sgd_team(dt);
             test_softmax_xent(dt);
             test_sigmoid_bce(dt);
             test_sigmoid_bce_dense(dt);
