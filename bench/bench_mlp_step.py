@@ -156,6 +156,7 @@ def main(argv=None):
         extra=_util.add_threads_option, argv=argv)
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    _util.pin_torch(torch)
     repeats, steps, seconds = (3, 50, 0.1) if args.quick else (7, 200, 0.5)
     env = _util.environment(**_util.torch_info(torch))
     _util.print_environment(env)

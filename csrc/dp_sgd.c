@@ -18,30 +18,31 @@
 #ifndef DP_VEC_PASS    /* (dp_vec_*.c include this file for the vector kernels alone) */
 typedef struct {
     char *p;
-    size_t nbytes;
+    ptrdiff_t n;
+    size_t size;
 } zero_job;
 
+/* part t of nt: sgd_task's element range */
 static void zero_task(void *arg, int t, int nt)
 {
     const zero_job *j = arg;
-    const size_t unit = DP_SGD_UNIT * sizeof(float);
-    size_t units = (j->nbytes + unit - 1) / unit;
-    size_t lo = units * (size_t)t / (size_t)nt * unit;
-    size_t hi = units * (size_t)(t + 1) / (size_t)nt * unit;
-    if (hi > j->nbytes) hi = j->nbytes;
-    if (lo < hi) memset(j->p + lo, 0, hi - lo);
+    ptrdiff_t units = (j->n + DP_SGD_UNIT - 1) / DP_SGD_UNIT;
+    ptrdiff_t lo = units * t / nt * DP_SGD_UNIT, hi = units * (t + 1) / nt * DP_SGD_UNIT;
+    if (hi > j->n) hi = j->n;
+    if (lo < hi) memset(j->p + (size_t)lo * j->size, 0, (size_t)(hi - lo) * j->size);
 }
 
-void dp_zero_team(dp_threads *team, void *p, size_t nbytes)
+void dp_zero_team(dp_threads *team, void *p, ptrdiff_t n, size_t size)
 {
+    // p is (n,) of `size`-byte elements, split as dp_sgd_step_team splits n
     int threads = dp_threads_size(team);
-    size_t parts = nbytes / (DP_SGD_MIN_PART * sizeof(float));
-    if ((size_t)threads > parts) threads = parts > 1 ? (int)parts : 1;
+    ptrdiff_t parts = n / DP_SGD_MIN_PART;
+    if (threads > parts) threads = parts > 1 ? (int)parts : 1;
     if (threads <= 1) {
-        memset(p, 0, nbytes);
+        if (n > 0) memset(p, 0, (size_t)n * size);
         return;
     }
-    zero_job job = {p, nbytes};
+    zero_job job = {p, n, size};
     dp_threads_run(team, threads, zero_task, &job);
 }
 #endif

@@ -42,13 +42,13 @@ DP_SGD_VEC(DP_VEC_PROTO, double, _f64)
 void dp_sgd_step_team_f32(dp_threads *team, float *p, float *v, const float *g, ptrdiff_t n,
                           float lr, float momentum, float dampening, float weight_decay,
                           int nesterov, int first_step);
-/* memset(p, 0, nbytes) (zero_grad) split the same way, in parts of whole DP_SGD_UNIT floats
- * (4 KB), at least DP_SGD_MIN_PART floats each: each thread clears the float32 gradient part
- * that its sgd_step read. On one thread, after a 2-thread step, the memset had to take every
- * line back from the other core (the MLP's 0.94 MB: 42-53 us against 10 at 1 thread). */
-void dp_zero_team(dp_threads *team, void *p, size_t nbytes);
 void dp_sgd_step_team_f64(dp_threads *team, double *p, double *v, const double *g, ptrdiff_t n,
                           double lr, double momentum, double dampening, double weight_decay,
                           int nesterov, int first_step);
+/* memset(p, 0, n * size) (zero_grad) of n elements of `size` bytes, split the same way: each
+ * thread clears the part of the gradient that its sgd_step read. On one thread, after a
+ * 2-thread step, the memset had to take every line back from the other core (the MLP's
+ * 0.94 MB: 42-53 us against 10 at 1 thread). */
+void dp_zero_team(dp_threads *team, void *p, ptrdiff_t n, size_t size);
 
 #endif

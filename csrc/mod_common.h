@@ -154,8 +154,9 @@ int get_ctx(PyObject *module, PyObject *obj, PyArrayObject *ref, const char *ref
             ContextObject **out);
 /* The threads of a kernel that takes no packing buffers (sgd_step): a Context's, or a Model's,
  * Network's or ConvNet's (the team that computed its gradient), with the object's lock;
- * None (or NULL): no team, no lock. Anything else (or an object whose __init__ failed) is a
- * TypeError naming its type. (mod_network.c, which knows the network objects.) */
+ * None (or NULL): no team, no lock. Anything else is a TypeError naming its type, one of
+ * these whose __init__ failed a RuntimeError. (mod_network.c, which knows the network
+ * objects.) */
 int get_team(PyObject *module, PyObject *obj, dp_threads **team, PyThread_type_lock *lock);
 /* gemm_inputs=... of Context and Model: None or the params' dtype name -> 0; "bfloat16" ->
  * 1 (refused, naming the dtype, unless f32 is 1 or -1: not known yet). */

@@ -492,12 +492,15 @@ static PyObject *py_zero(PyObject *module, PyObject *const *args, Py_ssize_t nar
     PyObject *bo, *ctxo = NULL;
     dp_threads *team;
     PyThread_type_lock lock;
-    if (parse_args(args, nargs, kwnames, "O|$O:zero_", kwlist, &bo, &ctxo)) return NULL;
+    if (parse_args(args, nargs, kwnames, "O|$O:zero_", kwlist, &bo, &ctxo) ||
+        get_team(module, ctxo, &team, &lock))
+        return NULL;
     PyArrayObject *a = check_array(bo, "buf", NPY_NOTYPE, -1, 1);
-    if (!a || get_team(module, ctxo, &team, &lock)) return NULL;
+    if (!a) return NULL;
     void *p = PyArray_DATA(a);
-    size_t n = (size_t)PyArray_NBYTES(a);
-    WITHOUT_GIL_LOCKED(lock, dp_zero_team(team, p, n));
+    ptrdiff_t n = PyArray_SIZE(a);
+    size_t size = (size_t)PyArray_ITEMSIZE(a);
+    WITHOUT_GIL_LOCKED(lock, dp_zero_team(team, p, n, size));
     Py_RETURN_NONE;
 }
 

@@ -121,20 +121,25 @@ int get_team(PyObject *module, PyObject *obj, dp_threads **team, PyThread_type_l
     *team = NULL;
     *lock = NULL;
     if (!obj || obj == Py_None) return 0;
-    if (PyObject_TypeCheck(obj, st->context_type) && ((ContextObject *)obj)->ready) {
-        *team = ((ContextObject *)obj)->ctx.team;
-        *lock = ((ContextObject *)obj)->lock;
-        return 0;
+    int ready;
+    if (PyObject_TypeCheck(obj, st->context_type)) {
+        ready = ((ContextObject *)obj)->ready;
+        if (ready) *team = ((ContextObject *)obj)->ctx.team, *lock = ((ContextObject *)obj)->lock;
+    } else if (PyObject_TypeCheck(obj, st->model_type) ||
+               PyObject_TypeCheck(obj, st->network_type) ||
+               PyObject_TypeCheck(obj, st->convnet_type)) {
+        ready = ((NetObject *)obj)->ready;
+        if (ready) *team = ((NetObject *)obj)->model.ctx.team, *lock = ((NetObject *)obj)->lock;
+    } else {
+        PyErr_Format(PyExc_TypeError, "ctx must be a dptrain._core.Context, Model, Network or "
+                     "ConvNet, or None, got %s", Py_TYPE(obj)->tp_name);
+        return -1;
     }
-    if ((PyObject_TypeCheck(obj, st->model_type) || PyObject_TypeCheck(obj, st->network_type) ||
-         PyObject_TypeCheck(obj, st->convnet_type)) && ((NetObject *)obj)->ready) {
-        *team = ((NetObject *)obj)->model.ctx.team;
-        *lock = ((NetObject *)obj)->lock;
-        return 0;
+    if (!ready) {
+        PyErr_Format(PyExc_RuntimeError, "ctx: this %s is not initialized", Py_TYPE(obj)->tp_name);
+        return -1;
     }
-    PyErr_Format(PyExc_TypeError, "ctx must be a dptrain._core.Context, Model, Network or "
-                 "ConvNet, or None, got %s", Py_TYPE(obj)->tp_name);
-    return -1;
+    return 0;
 }
 
 static int is_mse(const NetObject *self) { return self->model.plan.loss == DP_LOSS_MSE; }

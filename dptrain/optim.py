@@ -77,11 +77,14 @@ class SGD:
         layout); lr overrides the default, e.g. for a schedule."""
         m = self.model
         # a dptrain model's own threads (the ones that computed its gradient) share the step
+        net = getattr(m, "_net", None)
+        if not isinstance(net, (_core.Model, _core.Network, _core.ConvNet)):
+            net = None
         _core.sgd_step(m.params, m.grads if grads is None else grads, m.velocity,
                        lr=self.lr if lr is None else float(lr),
                        momentum=self.momentum, dampening=self.dampening,
                        weight_decay=self.weight_decay, nesterov=self.nesterov,
-                       first_step=self.steps == 0, ctx=getattr(m, "_net", None))
+                       first_step=self.steps == 0, ctx=net)
         self.steps += 1
 
     def config(self) -> dict:

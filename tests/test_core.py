@@ -623,12 +623,14 @@ def test_zero_split_over_threads_clears_every_element(n, dtype):
 
 @pytest.mark.parametrize("fn", ["sgd_step", "zero_"])
 def test_split_ctx_of_the_wrong_type_is_refused(fn):
-    p = np.zeros(8)
+    p = np.ones(8)
     call = (lambda ctx: core.sgd_step(p, np.ones(8), None, lr=0.1, ctx=ctx)) \
         if fn == "sgd_step" else (lambda ctx: core.zero_(p, ctx=ctx))
     with pytest.raises(TypeError, match=r"ctx must be a dptrain._core.Context, Model.*got str"):
         call("threads")
-    np.testing.assert_array_equal(p, 0.0)
+    with pytest.raises(RuntimeError, match=r"ctx: this dptrain._core.Context is not initialized"):
+        call(core.Context.__new__(core.Context))
+    np.testing.assert_array_equal(p, 1.0)   # untouched
 
 
 def test_sgd_step_by_hand():

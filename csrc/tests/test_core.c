@@ -1232,7 +1232,7 @@ static void test_sgd(dtype dt)
 
 /* dp_sgd_step_team and dp_zero_team on teams of 2 and 3 threads: the same bits as the caller
  * alone (dp_sgd_step / memset) at sizes around one part (DP_SGD_MIN_PART) and a unit
- * (DP_SGD_UNIT), every configuration; the zero clears its range and nothing past it. */
+ * (DP_SGD_UNIT), every configuration; the zero clears its n elements and nothing past them. */
 static void test_sgd_team(dtype dt)
 {
     const ptrdiff_t P = DP_SGD_MIN_PART, U = DP_SGD_UNIT;
@@ -1279,14 +1279,14 @@ static void test_sgd_team(dtype dt)
                 free(p); free(v); free(g); free(p1); free(v1);
             }
         for (int s = 0; s < 5; s++) {
-            size_t nb = (size_t)sz[s] * es + (size_t)s;   /* any byte count */
+            size_t nb = (size_t)sz[s] * es;
             unsigned char *b = xalloc(nb + 64);
             memset(b, 0xAB, nb + 64);
-            dp_zero_team(team, b, nb);
+            dp_zero_team(team, b, sz[s], es);
             size_t bad = 0;
             for (size_t i = 0; i < nb + 64; i++) bad += b[i] != (i < nb ? 0 : 0xAB);
-            expect(bad == 0, "dp_zero_team threads=%d nbytes=%zu: %zu bytes wrong (cleared "
-                   "range or the 64 after it)", teamsize, nb, bad);
+            expect(bad == 0, "dp_zero_team threads=%d n=%td size=%zu: %zu bytes wrong (cleared "
+                   "range or the 64 after it)", teamsize, sz[s], es, bad);
             free(b);
         }
         dp_threads_destroy(team);
