@@ -77,15 +77,13 @@ typedef struct {
 
 static int D(round_up)(int x, int m) { return (x + m - 1) / m * m; }
 
-/* Splits [0, total) into n parts of whole `unit`s; part t is [*lo, *hi). */
+/* dp_threads_part (part t of n of [0, total) in whole `unit`s) on the GEMM's int sizes */
 static void D(part)(int total, int unit, int t, int n, int *lo, int *hi)
 {
-    int units = (total + unit - 1) / unit;
-    int q = units / n, r = units % n;
-    int u0 = t * q + (t < r ? t : r);
-    int u1 = u0 + q + (t < r ? 1 : 0);
-    *lo = u0 * unit < total ? u0 * unit : total;
-    *hi = u1 * unit < total ? u1 * unit : total;
+    ptrdiff_t l, h;
+    dp_threads_part(total, unit, t, n, &l, &h);
+    *lo = (int)l;
+    *hi = (int)h;
 }
 
 /* Balanced block size: the count of blocks is what MAXB dictates, the size is spread evenly. */
@@ -96,19 +94,12 @@ static int D(balanced)(int total, int maxb, int unit)
     return D(round_up)((total + nb - 1) / nb, unit);
 }
 
-/* Of `threads`, how many `flops` of work keep busy: min_flops each at least, and one. */
-static int D(flop_threads)(int threads, long long flops, long long min_flops)
-{
-    long long most = flops / min_flops;
-    return most >= threads ? threads : most > 1 ? (int)most : 1;
-}
-
 /* How many threads a GEMM takes (at least min_flops of work each, at most one per block of
  * C), and whether they split C's columns (*split_n = 1) or its rows, in mr x nr blocks. */
 static int D(plan_threads)(int threads, int M, int N, int K, int mr, int nr, long long min_flops,
                            int *split_n)
 {
-    threads = D(flop_threads)(threads, 2LL * M * N * K, min_flops);
+    threads = dp_threads_for(threads, 2LL * M * N * K, min_flops);
     int nblocks = (N + nr - 1) / nr, mblocks = (M + mr - 1) / mr;
     *split_n = nblocks >= threads || nblocks >= mblocks;
     int units = *split_n ? nblocks : mblocks;
@@ -290,7 +281,7 @@ static int D(gemv)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, 
     D(gemv_job) job = {out, X, ldx, v, rows, len, by_rows};
     /* threads: GEMM_THREAD_FLOPS each at least, and one unit of rows or columns */
     int units = by_rows ? (rows + GEMV_ROWS_UNIT - 1) / GEMV_ROWS_UNIT : len / GEMV_COLS_UNIT;
-    int threads = D(flop_threads)(ctx->threads, 2LL * rows * len, GEMM_THREAD_FLOPS);
+    int threads = dp_threads_for(ctx->threads, 2LL * rows * len, GEMM_THREAD_FLOPS);
     if (threads > units) threads = units;
     dp_threads_run(ctx->team, threads < 1 ? 1 : threads, D(gemv_task), &job);
     ptrdiff_t cs = M == 1 ? 1 : ldc;        /* C's stride along the vector */

@@ -26,18 +26,15 @@ typedef struct {
 static void zero_task(void *arg, int t, int nt)
 {
     const zero_job *j = arg;
-    ptrdiff_t units = (j->n + DP_SGD_UNIT - 1) / DP_SGD_UNIT;
-    ptrdiff_t lo = units * t / nt * DP_SGD_UNIT, hi = units * (t + 1) / nt * DP_SGD_UNIT;
-    if (hi > j->n) hi = j->n;
+    ptrdiff_t lo, hi;
+    dp_threads_part(j->n, DP_SGD_UNIT, t, nt, &lo, &hi);
     if (lo < hi) memset(j->p + (size_t)lo * j->size, 0, (size_t)(hi - lo) * j->size);
 }
 
 void dp_zero_team(dp_threads *team, void *p, ptrdiff_t n, size_t size)
 {
     // p is (n,) of `size`-byte elements, split as dp_sgd_step_team splits n
-    int threads = dp_threads_size(team);
-    ptrdiff_t parts = n / DP_SGD_MIN_PART;
-    if (threads > parts) threads = parts > 1 ? (int)parts : 1;
+    int threads = dp_threads_for(dp_threads_size(team), n, DP_SGD_MIN_PART);
     if (threads <= 1) {
         if (n > 0) memset(p, 0, (size_t)n * size);
         return;

@@ -53,13 +53,11 @@ typedef struct {
     int nesterov, first_step;
 } K(sgd_job);
 
-/* part t of nt: whole DP_SGD_UNITs, the last part to the end */
 static void K(sgd_task)(void *arg, int t, int nt)
 {
     const K(sgd_job) *j = arg;
-    ptrdiff_t units = (j->n + DP_SGD_UNIT - 1) / DP_SGD_UNIT;
-    ptrdiff_t lo = units * t / nt * DP_SGD_UNIT, hi = units * (t + 1) / nt * DP_SGD_UNIT;
-    if (hi > j->n) hi = j->n;
+    ptrdiff_t lo, hi;
+    dp_threads_part(j->n, DP_SGD_UNIT, t, nt, &lo, &hi);
     if (lo < hi)
         K(dp_sgd_step)(j->p + lo, j->v ? j->v + lo : NULL, j->g + lo, hi - lo, j->lr, j->momentum,
                        j->dampening, j->weight_decay, j->nesterov, j->first_step);
@@ -69,9 +67,7 @@ void K(dp_sgd_step_team)(dp_threads *team, T *p, T *v, const T *g, ptrdiff_t n, 
                          T dampening, T weight_decay, int nesterov, int first_step)
 {
     // p, v, g are (P,), split over the team in whole units
-    int threads = dp_threads_size(team);
-    ptrdiff_t parts = n / DP_SGD_MIN_PART;
-    if (threads > parts) threads = parts > 1 ? (int)parts : 1;
+    int threads = dp_threads_for(dp_threads_size(team), n, DP_SGD_MIN_PART);
     if (threads <= 1) {
         K(dp_sgd_step)(p, v, g, n, lr, momentum, dampening, weight_decay, nesterov, first_step);
         return;

@@ -7,6 +7,23 @@
 
 #include <stdlib.h>
 
+int dp_threads_for(int threads, long long work, long long min_work)
+{
+    long long most = work / min_work;
+    return most >= threads ? threads : most > 1 ? (int)most : 1;
+}
+
+void dp_threads_part(ptrdiff_t total, ptrdiff_t unit, int t, int n, ptrdiff_t *lo,
+                     ptrdiff_t *hi)
+{
+    ptrdiff_t units = (total + unit - 1) / unit;
+    ptrdiff_t q = units / n, r = units % n;
+    ptrdiff_t u0 = t * q + (t < r ? t : r);
+    ptrdiff_t u1 = u0 + q + (t < r ? 1 : 0);
+    *lo = u0 * unit < total ? u0 * unit : total;
+    *hi = u1 * unit < total ? u1 * unit : total;
+}
+
 #if defined(DP_NO_PTHREADS) || defined(_WIN32)
 
 struct dp_threads { int threads; };

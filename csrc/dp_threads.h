@@ -14,6 +14,8 @@
 #ifndef DP_THREADS_H
 #define DP_THREADS_H
 
+#include <stddef.h>
+
 typedef void (*dp_task_fn)(void *arg, int t, int n);
 
 typedef struct dp_threads dp_threads;
@@ -25,5 +27,13 @@ void dp_threads_destroy(dp_threads *team);
 int dp_threads_size(const dp_threads *team);
 /* Runs fn over n parts (n <= dp_threads_size; team may be NULL, then n must be 1). */
 void dp_threads_run(dp_threads *team, int n, dp_task_fn fn, void *arg);
+
+/* How a job is cut (the GEMM's blocks, the SGD step's elements): of `threads`, how many
+ * `work` keeps busy with min_work each at least, and one (a small job runs on fewer threads
+ * than its synchronization would cost); and part t of n of [0, total) in whole `unit`s, as
+ * even as whole units go (the first units % n parts one unit more): [*lo, *hi). */
+int dp_threads_for(int threads, long long work, long long min_work);
+void dp_threads_part(ptrdiff_t total, ptrdiff_t unit, int t, int n, ptrdiff_t *lo,
+                     ptrdiff_t *hi);
 
 #endif
