@@ -446,8 +446,9 @@ TGT static void F(ukernel_patch)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *x,
  * the engines): a general alpha and beta is left to store_tile, whose rounding of
  * alpha acc + beta C (which product GCC fuses) the bfloat16 dot path shares. Measured there
  * (C harness, median of 9), us, tile kernel -> this one: float32 128x128x10 3.76 -> 3.13, x5
- * 3.12 -> 1.86, x16 5.51 -> 4.99, x20 6.64 -> 6.39, x24 7.75 -> 7.99 (B spills past 16);
- * float64 128x128x10 7.47 -> 6.16, x16 11.05 -> 9.99. */
+ * 3.12 -> 1.86, x16 5.51 -> 4.99; float64 128x128x10 7.47 -> 6.16, x16 11.05 -> 9.99. Past
+ * 16, B's 2 kc registers spill (float32 x24 7.75 -> 7.99 in one pass), so smallk_block
+ * splits K in two. */
 #define SMALLK_MAX 16
 #define SK_KDO(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) \
     X(14) X(15)
@@ -464,21 +465,32 @@ TGT static void F(ukernel_patch)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *x,
         c1 += b##k##_1 * a_;                                                       \
     }
 
-/* C[0:m, 0:NR] = A B + beta C, beta 0 or 1 (C not read for 0), for B's KC x NR strip (row k
- * at b + k * bks) and A's m rows (element (i, k) at a[i * ars + k * acs]); KC a constant (the
- * caller's switch) */
+/* What smallk_rows does with C: SK_STORE C = A B, SK_ADD C = A B + C (beta 1: the sum, then
+ * C added), SK_GO_ON C = the sum over k started from C (the second half of a K split in two:
+ * the first half's sum carried on in the same order, so the bits of one pass over all of K) */
+#ifndef DP_GEMM_SK_MODES
+#define DP_GEMM_SK_MODES
+enum { SK_STORE, SK_ADD, SK_GO_ON };
+#endif
+
+/* C[0:m, 0:NR] as mode says, for B's KC x NR strip (row k at b + k * bks) and A's m rows
+ * (element (i, k) at a[i * ars + k * acs]); KC a constant (the caller's switch) */
 TGT DP_INLINE void F(smallk_rows)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars,
                                   ptrdiff_t acs, const T *b, ptrdiff_t bks, int m, const int KC,
-                                  int add_c)
+                                  int mode)
 {
     typedef F(vec_t) V;
     SK_KDO(SK_LOAD_B)
     for (int i = 0; i < m; i++) {
         const T *ar = a + (ptrdiff_t)i * ars;
-        V c0 = {0}, c1 = {0};
-        SK_KDO(SK_FMA)
         T *c = C + (ptrdiff_t)i * ldc;
-        if (add_c) {
+        V c0 = {0}, c1 = {0};
+        if (mode == SK_GO_ON) {
+            c0 = F(vload)(c);
+            c1 = F(vload)(c + VL);
+        }
+        SK_KDO(SK_FMA)
+        if (mode == SK_ADD) {
             c0 += F(vload)(c);
             c1 += F(vload)(c + VL);
         }
@@ -488,14 +500,35 @@ TGT DP_INLINE void F(smallk_rows)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars
 }
 
 TGT static void F(ukernel_smallk)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars, ptrdiff_t acs,
-                                  const T *b, ptrdiff_t bks, int kc, int m, int add_c)
+                                  const T *b, ptrdiff_t bks, int kc, int m, int mode)
 {
 #define SK_CASE(k)                                                                 \
     case (k) + 1:                                                                  \
-        F(smallk_rows)(C, ldc, a, ars, acs, b, bks, m, (k) + 1, add_c);            \
+        F(smallk_rows)(C, ldc, a, ars, acs, b, bks, m, (k) + 1, mode);             \
         break;
     switch (kc) { SK_KDO(SK_CASE) }
 #undef SK_CASE
+}
+
+/* C[0:m, 0:NR] = A B + beta C (beta 0 or 1) for kc <= SMALLK_MAX, or beta 0 and kc <= 2
+ * SMALLK_MAX in two passes over C's m rows (B's first ceil(kc / 2) rows in registers, then
+ * the rest, SK_GO_ON), while they are in L1: K = 27 (a 3x3 convolution of 3 channels, the
+ * im2col product x w^T), through the tile kernel's 27 rank-1 updates a tile, ran at 80-82 %
+ * of the FMA peak. The same bits: the sum is made in the same order. AMD EPYC (Zen 4), C
+ * harness, median of 9, us, tile kernel -> two passes: float32 1024x32x27 NT 17.5-17.8 ->
+ * 16.3-16.6 (92 % of the peak), 128x128x20 6.70 -> 5.92, x24 7.79 -> 7.20, x32 10.14 ->
+ * 9.82; float64 1024x32x27 NT 34.6-35.0 -> 32.9-33.4, 128x128x20 13.39 -> 11.83. */
+TGT static void F(smallk_block)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars, ptrdiff_t acs,
+                                const T *b, ptrdiff_t bks, int kc, int m, int add_c)
+{
+    if (kc <= SMALLK_MAX) {
+        F(ukernel_smallk)(C, ldc, a, ars, acs, b, bks, kc, m, add_c ? SK_ADD : SK_STORE);
+        return;
+    }
+    int k1 = (kc + 1) / 2;
+    F(ukernel_smallk)(C, ldc, a, ars, acs, b, bks, k1, m, SK_STORE);
+    F(ukernel_smallk)(C, ldc, a + (ptrdiff_t)k1 * acs, ars, acs, b + (ptrdiff_t)k1 * bks, bks,
+                      kc - k1, m, SK_GO_ON);
 }
 #undef SK_KDO
 #undef SK_LOAD_B
@@ -537,14 +570,15 @@ TGT static void F(macrokernel)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t ars, p
             bs = NR;
         }
 #if SMALLK_MAX
-        if (kc <= SMALLK_MAX && nr == NR && alpha == 1 && (beta == 0 || beta == 1)) {
+        if (nr == NR && alpha == 1 &&
+            ((kc <= SMALLK_MAX && beta == 1) || (kc <= 2 * SMALLK_MAX && beta == 0))) {
             if (apanel == MR * ars)     /* A's rows evenly spaced: all mc of them at once */
-                F(ukernel_smallk)(C + j0, ldc, A, ars, acs, bp, bs, kc, mc, beta != 0);
+                F(smallk_block)(C + j0, ldc, A, ars, acs, bp, bs, kc, mc, beta != 0);
             else
                 for (int i0 = 0; i0 < mc; i0 += MR)
-                    F(ukernel_smallk)(C + (ptrdiff_t)i0 * ldc + j0, ldc,
-                                      A + (ptrdiff_t)(i0 / MR) * apanel, ars, acs, bp, bs, kc,
-                                      mc - i0 < MR ? mc - i0 : MR, beta != 0);
+                    F(smallk_block)(C + (ptrdiff_t)i0 * ldc + j0, ldc,
+                                    A + (ptrdiff_t)(i0 / MR) * apanel, ars, acs, bp, bs, kc,
+                                    mc - i0 < MR ? mc - i0 : MR, beta != 0);
             continue;
         }
 #endif

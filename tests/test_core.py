@@ -83,9 +83,12 @@ def test_context_threads_attribute():
 GEMM_SHAPES = [
     (1, 1, 1), (1, 7, 33), (7, 1, 33), (33, 7, 1), (7, 33, 129), (129, 33, 7),
     (33, 129, 7), (129, 129, 129), (128, 256, 784), (250, 5, 641), (6, 3100, 9),
+    (100, 64, 27),      # K = 27 (a 3x3 conv of 3 channels): the small-K kernel in two passes
 ]
 # (alpha, beta); beta == 0 runs with c full of NaN: the contract says c is then never read.
-ALPHA_BETA = [(1.0, 0.0), (0.5, 0.0), (-2.0, 1.0), (1.5, -0.25), (0.0, 0.5), (0.0, 0.0)]
+# (1, 0) and (1, 1) are the engines' products (the small-K kernel takes them).
+ALPHA_BETA = [(1.0, 0.0), (1.0, 1.0), (0.5, 0.0), (-2.0, 1.0), (1.5, -0.25), (0.0, 0.5),
+              (0.0, 0.0)]
 
 
 def shape_id(shape):

@@ -633,6 +633,15 @@ static void test_gemm(dtype dt)
      * (one vector on AVX-512 float), forward (beta 1: the bias); N = 5 into ldc > N */
     gemm_case(dt, 'N', 'T', 128, 10, 128, 1, 1, 0);
     gemm_case(dt, 'N', 'N', 100, 5, 30, -0.5, 0.75, 3);
+    /* small K (dp_gemm_tmpl.h's ukernel_smallk on whole panels): K <= 32 with beta 0 in two
+     * passes over C (K = 27: the im2col product of a 3x3 convolution of 3 channels), K <= 16
+     * with beta 0 or 1; beta 1 past 16 and a general alpha or beta stay on the tile kernel */
+    gemm_case(dt, 'N', 'T', 100, 64, 27, 1, 0, 0);
+    gemm_case(dt, 'N', 'T', 100, 64, 27, 1, 1, 0);
+    gemm_case(dt, 'N', 'N', 37, 96, 17, 1, 0, 3);
+    gemm_case(dt, 'T', 'N', 25, 32, 32, 1, 0, 1);
+    gemm_case(dt, 'S', 'T', 30, 70, 23, 1, 0, 2);
+    gemm_case(dt, 'T', 'T', 13, 33, 12, 1, 1, 0);
     /* K in three slices of an odd depth (643 = 215 + 215 + 213): the bfloat16 pairs' zero
      * halves at each slice's end, accumulated across slices (beta 1 after the first) */
     gemm_case(dt, 'N', 'T', 30, 40, 643, 1, 0.5, 0);
@@ -732,10 +741,12 @@ static void test_gemv_cols_window(dtype dt)
  * one-vector tile of a panel <= VL wide, a partial one) nor on M: a window of rows and
  * columns of a 29 x 80 product, taken as a product of its own, must give the same bits as
  * the whole product's (a worker's shard of the batch, a thread's part of the columns; the
- * data-parallel result must not depend on the world size). K = 700: several KC slices. */
-static void test_gemm_tile_window(dtype dt)
+ * data-parallel result must not depend on the world size). K = 700: several KC slices;
+ * K = 10, 20 and 27: whole panels take the small-K kernel (K = 20 and 27 in two passes), the
+ * last 16 columns the tile kernel. */
+static void test_gemm_tile_window(dtype dt, int K)
 {
-    enum { M = 29, N = 80, K = 700 };
+    enum { M = 29, N = 80 };
     static const int win[][4] = {{0, 0, M, 16}, {3, 64, 17, 16}, {0, 70, 12, 10},
                                  {5, 16, 24, 48}, {1, 47, 13, 33}, {0, 3, 2, 5}};
     void *A = talloc(dt, M * K), *B = talloc(dt, K * N), *C = talloc(dt, M * N);
@@ -758,11 +769,12 @@ static void test_gemm_tile_window(dtype dt)
                     for (int j = 0; j < nw; j++)
                         diff_add(&d, i * nw + j, tget(dt, Cw, i * nw + j),
                                  tget(dt, C, (i0 + i) * N + j0 + j), 0);
-                expect_diff(&d, nw, "dp_gemm_%s isa=%s %s: rows %d..%d x columns %d..%d alone "
-                            "differ from the whole product's", dtn(dt), name, nt ? "NT" : "NN",
-                            i0, i0 + mw - 1, j0, j0 + nw - 1);
+                expect_diff(&d, nw, "dp_gemm_%s isa=%s %s K=%d: rows %d..%d x columns %d..%d "
+                            "alone differ from the whole product's", dtn(dt), name,
+                            nt ? "NT" : "NN", K, i0, i0 + mw - 1, j0, j0 + nw - 1);
             }
-            expect(rc == DP_OK, "dp_gemm_%s isa=%s tile window: returned %d", dtn(dt), name, rc);
+            expect(rc == DP_OK, "dp_gemm_%s isa=%s K=%d tile window: returned %d", dtn(dt), name,
+                   K, rc);
         }
     }
     use_isa(widest_isa());
@@ -2388,7 +2400,7 @@ int main(void)
         test_gemm_degenerate(dt);
         test_gemm_order_invariance(dt);
         test_gemv_cols_window(dt);
-        test_gemm_tile_window(dt);
+        for (int k = 0; k < 4; k++) test_gemm_tile_window(dt, (const int[]){700, 10, 20, 27}[k]);
         test_dense(dt);
         test_argmax_count(dt);
     }
