@@ -17,7 +17,11 @@ Shapes are the ones training runs (B=128 batch, MLP 784-256-128-10):
 M x N x K below is always C (M, N) = op(A) (M, K) op(B) (K, N); one GEMM is 2*M*N*K flop.
 
 NumPy's side writes into a preallocated output, np.matmul(a, b.T, out=c), so neither side
-allocates; the transposes are views, which NumPy hands to BLAS as transpose flags.
+allocates; the transposes are views, which NumPy hands to BLAS as transpose flags. Every
+operand starts on a cache line (dptrain's aligned_empty), in both processes: OpenBLAS's
+speed moves with where they start (10x128x128 TN on AMD EPYC (Zen 4): 75-76 GFLOP/s with B
+on a line, 70-71 at 4 to 32 bytes past one; ours 96-99 either way), so NumPy's 16-byte
+alignment would hand "OB here" and "OB best" different luck, and not OpenBLAS's best.
 Both sides are called from Python, so the ~1 us call overhead is in both figures (it shows on
 the smallest shapes, which is what a training step sees too).
 
@@ -41,6 +45,7 @@ import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy loads)
 import numpy as np  # noqa: E402
 
 from dptrain import _core  # noqa: E402
+from dptrain._aligned import aligned_empty  # noqa: E402
 
 MLP_TARGET = 0.9      # ours / OpenBLAS on the MLP's large shapes (issue 12's; was 0.85)
 SKINNY_TARGET = 1.3   # ours / OpenBLAS where one dimension is tiny (N=10 classes, K=27 im2col)
@@ -75,9 +80,16 @@ SHAPES_F64 = [
 
 def make_operands(m, n, k, trans_a, trans_b, dtype, rng):
     """a, b as stored (transposed storage where trans_*), and their op() views."""
-    a = rng.uniform(-1.0, 1.0, size=(k, m) if trans_a else (m, k)).astype(dtype)
-    b = rng.uniform(-1.0, 1.0, size=(n, k) if trans_b else (k, n)).astype(dtype)
+    a = aligned_copy(rng.uniform(-1.0, 1.0, size=(k, m) if trans_a else (m, k)), dtype)
+    b = aligned_copy(rng.uniform(-1.0, 1.0, size=(n, k) if trans_b else (k, n)), dtype)
     return a, b, (a.T if trans_a else a), (b.T if trans_b else b)
+
+
+def aligned_copy(values, dtype):
+    """values as dtype, in an array that starts on a cache line"""
+    out = aligned_empty(values.shape, dtype)
+    out[...] = values
+    return out
 
 
 def check(case, dtype, ours, ref, op_a, op_b, k):
@@ -94,8 +106,9 @@ def check(case, dtype, ours, ref, op_a, op_b, k):
 def bench_shape(case, m, n, k, trans_a, trans_b, target, dtype, ctx, rng, *, repeats,
                 seconds):
     a, b, op_a, op_b = make_operands(m, n, k, trans_a, trans_b, dtype, rng)
-    c_ours = np.full((m, n), np.nan, dtype=dtype)   # beta == 0 must not read it
-    c_blas = np.empty((m, n), dtype=dtype)
+    c_ours = aligned_empty((m, n), dtype)
+    c_ours[...] = np.nan                            # beta == 0 must not read it
+    c_blas = aligned_empty((m, n), dtype)
     gemm = _core.gemm
 
     def ours():
@@ -137,7 +150,7 @@ def blas_best_helper(args, repeats, seconds):
     for dtype, shapes in ((np.float32, SHAPES_F32), (np.float64, SHAPES_F64)):
         for case, m, n, k, trans_a, trans_b, _ in shapes:
             _, _, op_a, op_b = make_operands(m, n, k, trans_a, trans_b, dtype, rng)
-            c = np.empty((m, n), dtype=dtype)
+            c = aligned_empty((m, n), dtype)
 
             def blas():
                 np.matmul(op_a, op_b, out=c)
