@@ -44,7 +44,8 @@ __all__ = [
     "cnn_layer_shapes", "cnn_sizes", "cnn_n_params", "cnn_unflatten", "cnn_init_params",
     "cnn_loss_grad", "cnn_evaluate", "cnn_logits", "LOSSES",
     "tanh_forward", "tanh_backward", "sigmoid_forward", "sigmoid_backward", "gelu_forward",
-    "gelu_backward", "mse", "model_plan", "model_loss_grad", "model_evaluate", "model_logits",
+    "gelu_backward", "mse", "model_plan", "model_unflatten", "model_init_params",
+    "model_loss_grad", "model_evaluate", "model_logits",
     "MODEL_LOSSES", "LAYER_SIZES", "MODEL_MAX_LAYERS",
 ]
 
@@ -1075,6 +1076,37 @@ def _model_param_views(plan, flat):
         w = flat[e["weight"]:e["weight"] + math.prod(e["weight_shape"])]
         views[e["layer"]] = (w.reshape(e["weight_shape"]), flat[e["bias"]:e["bias"] + e["bias_shape"][0]])
     return views
+
+
+def model_unflatten(layers, input_shape, loss, flat):
+    """[(W, b), ...] per dense/conv layer, in list order: views (not copies) into the 1-D
+    flat buffer in model_plan's layout, dense W (OUT, IN) row-major, conv W (OC, C, K, K)."""
+    plan = model_plan(layers, input_shape, loss)
+    _check_shape("flat", flat, (plan["n_params"],))
+    views = _model_param_views(plan, flat)
+    return [views[e["layer"]] for e in plan["params"]]
+
+
+def model_init_params(layers, input_shape, loss, seed, dtype=np.float32):
+    """PyTorch's default init of nn.Linear and nn.Conv2d in the flat layout (the one
+    dptrain.models uses); returns a new 1-D array.
+
+    kaiming_uniform_(a=sqrt(5)) for W is the bound gain * sqrt(3 / fan_in) with gain =
+    sqrt(2 / (1 + 5)), which is 1 / sqrt(fan_in), and U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for
+    b; fan_in = IN for a dense layer, C K K for a conv. Draws come from
+    np.random.default_rng(seed), layer by layer, W (in row-major order) then b, in float64,
+    then are rounded to dtype.
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"dtype is {dtype}, expected float32 or float64")
+    rng = np.random.default_rng(seed)
+    flat = np.empty(model_plan(layers, input_shape, loss)["n_params"], dtype=dtype)
+    for w, b in model_unflatten(layers, input_shape, loss, flat):
+        bound = 1.0 / math.sqrt(math.prod(w.shape[1:]))
+        w[...] = rng.uniform(-bound, bound, size=w.shape)
+        b[...] = rng.uniform(-bound, bound, size=b.shape)
+    return flat
 
 
 def _rows(a):

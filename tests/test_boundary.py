@@ -17,6 +17,7 @@ import pytest
 
 from dptrain import _core as core
 from dptrain import reference as ref
+from _core_helpers import mlp_spec
 
 JOIN_TIMEOUT_S = 60  # a deadlocked thread fails the test instead of hanging the run
 
@@ -611,8 +612,8 @@ ARGUMENT_ERRORS = {
                      ("conv2d_forward() argument 'padding'", "maximum")),
     "truth-raises": (lambda: core.gemm(*_two(), trans_a=np.ones(3)), ValueError,
                      ("gemm() argument 'trans_a'", "ambiguous")),
-    "method-unknown-keyword": (lambda: core.Network((3, 2), "softmax_xent", np.zeros(8),
-                                                    np.zeros(8)).loss_grad(
+    "method-unknown-keyword": (lambda: core.Model([("dense", 2)], (3,), "softmax_xent",
+                                                  np.zeros(8), np.zeros(8)).loss_grad(
                                    np.ones((1, 3)), np.zeros(1, np.int64), scale=1.0),
                                TypeError, ("'scale'", "loss_grad()")),
 }
@@ -670,11 +671,11 @@ def test_inputs_not_modified(kernel, dtype):
 
 
 # ---------------------------------------------------------------------------------------
-# Network
+# Model (on dense stacks)
 
 
 def small_net(loss="softmax_xent", sizes=(6, 5, 3), dtype=np.float64, batch=9):
-    params = ref.init_params(sizes, seed=0, dtype=dtype)
+    params = ref.model_init_params(*mlp_spec(sizes, loss), seed=0, dtype=dtype)
     grads = np.zeros_like(params)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((batch, sizes[0])).astype(dtype)
@@ -682,46 +683,47 @@ def small_net(loss="softmax_xent", sizes=(6, 5, 3), dtype=np.float64, batch=9):
     return params, grads, x, labels
 
 
-def test_network_rejects_bad_construction():
+def test_model_rejects_bad_construction():
     sizes = (784, 256, 10)
-    n = core.param_count(sizes)
+    layers, shape, _ = mlp_spec(sizes)
+    n = core.model_plan(*mlp_spec(sizes))["n_params"]
     p, g = np.zeros(n, np.float32), np.zeros(n, np.float32)
     with pytest.raises(ValueError, match="loss"):
-        core.Network(sizes, "mse", p, g)
+        core.Model(layers, shape, "hinge", p, g)
     with pytest.raises(ValueError, match="sigmoid_bce"):
-        core.Network(sizes, "sigmoid_bce", p, g)
+        core.Model(layers, shape, "sigmoid_bce", p, g)
     with pytest.raises(ValueError, match="softmax_xent"):
-        core.Network((784, 1), "softmax_xent", np.zeros(785), np.zeros(785))
-    with pytest.raises(ValueError, match="sizes"):
-        core.Network((784,), "softmax_xent", p, g)
-    with pytest.raises(ValueError, match="sizes"):
-        core.Network((784, 0, 10), "softmax_xent", p, g)
+        core.Model(*mlp_spec((784, 1)), np.zeros(785), np.zeros(785))
+    with pytest.raises(ValueError, match="layers has 0 entries"):
+        core.Model(*mlp_spec((784,)), p, g)
+    with pytest.raises(ValueError, match="the output size must be"):
+        core.Model(*mlp_spec((784, 0, 10)), p, g)
     with pytest.raises(ValueError, match="params has shape"):
-        core.Network(sizes, "softmax_xent", p[:-1], g)
+        core.Model(layers, shape, "softmax_xent", p[:-1], g)
     with pytest.raises(ValueError, match="grads has shape"):
-        core.Network(sizes, "softmax_xent", p, g[:-1])
+        core.Model(layers, shape, "softmax_xent", p, g[:-1])
     with pytest.raises(TypeError, match="grads has dtype float64"):
-        core.Network(sizes, "softmax_xent", p, g.astype(np.float64))
+        core.Model(layers, shape, "softmax_xent", p, g.astype(np.float64))
     with pytest.raises(TypeError, match="params has dtype float16"):
-        core.Network(sizes, "softmax_xent", p.astype(np.float16), g)
+        core.Model(layers, shape, "softmax_xent", p.astype(np.float16), g)
     with pytest.raises(ValueError, match="shares memory"):
-        core.Network(sizes, "softmax_xent", p, p)
+        core.Model(layers, shape, "softmax_xent", p, p)
     with pytest.raises(ValueError, match="C-contiguous"):
-        core.Network(sizes, "softmax_xent", np.zeros(2 * n, np.float32)[::2], g)
+        core.Model(layers, shape, "softmax_xent", np.zeros(2 * n, np.float32)[::2], g)
     with pytest.raises(TypeError, match="ndarray"):
-        core.Network(sizes, "softmax_xent", p.tolist(), g)
+        core.Model(layers, shape, "softmax_xent", p.tolist(), g)
     with pytest.raises(ValueError, match="threads"):
-        core.Network(sizes, "softmax_xent", p, g, threads=0)
+        core.Model(layers, shape, "softmax_xent", p, g, threads=0)
     g.flags.writeable = False
     with pytest.raises(ValueError, match="grads is read-only"):
-        core.Network(sizes, "softmax_xent", p, g)
+        core.Model(layers, shape, "softmax_xent", p, g)
 
 
-def test_network_rejects_bad_batches():
+def test_model_rejects_bad_batches():
     sizes = (784, 16, 10)
-    n = core.param_count(sizes)
+    n = core.model_plan(*mlp_spec(sizes))["n_params"]
     params, grads = np.zeros(n, np.float32), np.zeros(n, np.float32)
-    net = core.Network(sizes, "softmax_xent", params, grads)
+    net = core.Model(*mlp_spec(sizes), params, grads)
     x, labels = np.zeros((64, 784), np.float32), np.zeros(64, np.int64)
     out = np.zeros((64, 10), np.float32)
     cases = [
@@ -764,7 +766,7 @@ def test_network_rejects_bad_batches():
                                         ((6, 1), "sigmoid_bce")],
                          ids=["softmax", "bce_layers", "bce_fused"])
 @pytest.mark.parametrize("index", [0, 100])
-def test_network_labels_out_of_range_named_and_grads_untouched(sizes, loss, index):
+def test_model_labels_out_of_range_named_and_grads_untouched(sizes, loss, index):
     """A batch with a bad label raises, naming index and value, and adds nothing to grads.
 
     Index 100 lies in the second 64-row block of the fused logistic kernel.
@@ -772,7 +774,7 @@ def test_network_labels_out_of_range_named_and_grads_untouched(sizes, loss, inde
     params, grads, x, labels = small_net(loss, sizes, batch=129)
     bad_value = 7
     labels[index] = bad_value
-    net = core.Network(sizes, loss, params, grads)
+    net = core.Model(*mlp_spec(sizes, loss), params, grads)
     for method in (net.evaluate, net.loss_grad):
         with pytest.raises(ValueError) as info:
             method(x, labels)
@@ -784,22 +786,22 @@ def test_network_labels_out_of_range_named_and_grads_untouched(sizes, loss, inde
 
 
 @pytest.mark.parametrize("loss,sizes", [("softmax_xent", (6, 5, 3)), ("sigmoid_bce", (6, 1))])
-def test_network_does_not_modify_inputs(loss, sizes):
+def test_model_does_not_modify_inputs(loss, sizes):
     params, grads, x, labels = small_net(loss, sizes)
     keep = params.copy(), x.copy(), labels.copy()
-    net = core.Network(sizes, loss, params, grads)
+    net = core.Model(*mlp_spec(sizes, loss), params, grads)
     net.loss_grad(x, labels)
     net.evaluate(x, labels)
     net.logits(x, np.empty((x.shape[0], sizes[-1])))
     for arr, before, name in zip((params, x, labels), keep, ("params", "x", "labels")):
-        np.testing.assert_array_equal(arr, before, err_msg=f"Network modified {name}")
+        np.testing.assert_array_equal(arr, before, err_msg=f"Model modified {name}")
 
 
-def test_network_init_twice_rejected():
+def test_model_init_twice_rejected():
     params, grads, _, _ = small_net()
-    net = core.Network((6, 5, 3), "softmax_xent", params, grads)
+    net = core.Model(*mlp_spec((6, 5, 3)), params, grads)
     with pytest.raises(RuntimeError, match="already initialized"):
-        net.__init__((6, 5, 3), "softmax_xent", params, grads)
+        net.__init__(*mlp_spec((6, 5, 3)), params, grads)
 
 
 # ---------------------------------------------------------------------------------------
@@ -923,12 +925,12 @@ def test_error_messages_do_not_leak_objects(case):
 
 
 @pytest.mark.parametrize("loss,sizes", [("softmax_xent", (6, 5, 3)), ("sigmoid_bce", (6, 1))])
-def test_network_no_reference_leaks(loss, sizes):
+def test_model_no_reference_leaks(loss, sizes):
     params, grads, x, labels = small_net(loss, sizes)
     out = np.empty((x.shape[0], sizes[-1]))
     base = refcounts([params, grads])
-    net = core.Network(sizes, loss, params, grads)
-    assert refcounts([params, grads]) == [c + 1 for c in base], "Network holds one reference each"
+    net = core.Model(*mlp_spec(sizes, loss), params, grads)
+    assert refcounts([params, grads]) == [c + 1 for c in base], "Model holds one reference each"
     assert net.params is params and net.grads is grads
     objs = [params, grads, x, labels, out]
     net.loss_grad(x, labels, 1e-9)
@@ -943,18 +945,18 @@ def test_network_no_reference_leaks(loss, sizes):
             pass
     assert refcounts(objs) == before
     del objs, net
-    assert refcounts([params, grads]) == base, "Network not freed: params/grads still held"
+    assert refcounts([params, grads]) == base, "Model not freed: params/grads still held"
 
 
-def test_network_failed_init_holds_nothing():
+def test_model_failed_init_holds_nothing():
     params, grads, _, _ = small_net()
     base = refcounts([params, grads])
     for _ in range(N_CALLS // 4):
         with pytest.raises(ValueError):
-            core.Network((6, 5, 4), "softmax_xent", params, grads)  # wrong length
-        net = core.Network((6, 5, 3), "softmax_xent", params, grads)
+            core.Model(*mlp_spec((6, 5, 4)), params, grads)  # wrong length
+        net = core.Model(*mlp_spec((6, 5, 3)), params, grads)
         with pytest.raises(RuntimeError):
-            net.__init__((6, 5, 3), "softmax_xent", params, grads)
+            net.__init__(*mlp_spec((6, 5, 3)), params, grads)
         del net
     assert refcounts([params, grads]) == base
 
@@ -1021,12 +1023,12 @@ NET_SIZES = (64, 48, 10)
 
 
 def net_job(seed, threads=1, dtype=np.float32):
-    params = ref.init_params(NET_SIZES, seed=seed, dtype=dtype)
+    params = ref.model_init_params(*mlp_spec(NET_SIZES), seed=seed, dtype=dtype)
     grads = np.zeros_like(params)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((129, NET_SIZES[0])).astype(dtype)
     labels = rng.integers(0, NET_SIZES[-1], 129)
-    return core.Network(NET_SIZES, "softmax_xent", params, grads, threads=threads), x, labels
+    return core.Model(*mlp_spec(NET_SIZES), params, grads, threads=threads), x, labels
 
 
 def run_net(job, repeats):
@@ -1054,8 +1056,8 @@ def test_two_threads_own_arrays_match_sequential(net_threads):
         np.testing.assert_array_equal(grads, seq_net[i][1], err_msg=f"thread {i} grads")
 
 
-def test_two_threads_sharing_one_network():
-    """Calls on one Network serialize: each thread gets its own batch's (loss, correct) and
+def test_two_threads_sharing_one_model():
+    """Calls on one Model serialize: each thread gets its own batch's (loss, correct) and
     grads hold the sum of every call's gradient, as if the calls had run one after another."""
     repeats = 8
     net, x0, labels0 = net_job(5, threads=2)
@@ -1097,8 +1099,8 @@ def test_fresh_thread_pool_used_at_once_does_not_deadlock(threads):
     def churn():
         for _ in range(100):
             core.gemm(a, b, c, ctx=core.Context(threads=threads))
-            core.Network((6, 64, 3), "softmax_xent", params, grads,
-                         threads=threads).loss_grad(x, labels)
+            core.Model(*mlp_spec((6, 64, 3)), params, grads,
+                       threads=threads).loss_grad(x, labels)
         return True
 
     assert run_threads([churn]) == [True]
@@ -1114,8 +1116,8 @@ def gil_cases():
     a, b = rng.standard_normal((400, 400)), rng.standard_normal((400, 400))
     c = np.empty((400, 400))
     sizes = (784, 256, 10)
-    params = ref.init_params(sizes, seed=0, dtype=np.float32)
-    net = core.Network(sizes, "softmax_xent", params, np.zeros_like(params))
+    params = ref.model_init_params(*mlp_spec(sizes), seed=0, dtype=np.float32)
+    net = core.Model(*mlp_spec(sizes), params, np.zeros_like(params))
     x = rng.standard_normal((512, 784)).astype(np.float32)
     labels = rng.integers(0, 10, 512)
     big = [rng.standard_normal(2_000_000) for _ in range(3)]
@@ -1125,15 +1127,15 @@ def gil_cases():
         "gemm": lambda: core.gemm(a, b, c),
         "gemm_naive": lambda: core.gemm_naive(a[:100], b, c[:100]),
         "dense_forward": lambda: core.dense_forward(a, b, a[0], c),
-        "Network.loss_grad": lambda: net.loss_grad(x, labels),
-        "Network.evaluate": lambda: net.evaluate(x, labels),
+        "Model.loss_grad": lambda: net.loss_grad(x, labels),
+        "Model.evaluate": lambda: net.evaluate(x, labels),
         "sum_buffers": lambda: core.sum_buffers(big[0], big[1:]),
         "softmax_xent": lambda: core.softmax_xent(z, zl),
     }
 
 
-@pytest.mark.parametrize("kernel", ["gemm", "gemm_naive", "dense_forward", "Network.loss_grad",
-                                    "Network.evaluate", "sum_buffers", "softmax_xent"])
+@pytest.mark.parametrize("kernel", ["gemm", "gemm_naive", "dense_forward", "Model.loss_grad",
+                                    "Model.evaluate", "sum_buffers", "softmax_xent"])
 def test_kernel_releases_the_gil(kernel, gil_probe):
     assert gil_probe(gil_cases()[kernel]), (
         f"{kernel}: the main thread never ran while the worker was inside the call")

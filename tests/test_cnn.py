@@ -1,11 +1,13 @@
-"""The convolutional network: its C kernels, the fused ConvNet, the CNN model, training.
+"""The convolutional network: its C kernels, the fused conv blocks of Model, the CNN model,
+training.
 
 - conv2d_forward/backward (and their loop twins) and maxpool2_forward/backward against the
   NumPy reference over odd shapes (sizes 1, 3, 7; padding 0 and 1; float32 and float64; every
   kernel ISA this CPU has, conftest.isa), with a tolerance relative to the magnitude
   of the summed terms (|got - want| <= RTOL sqrt(K) * sum of |terms|, as in test_core.py);
 - central finite differences for conv and pool backward and for the whole CNN model;
-- ConvNet against the reference network, also cut into forward_loss / backward_layer steps
+- Model on conv -> ReLU -> pool blocks and a dense stack (the CNN's layer list) against the
+  reference network, also cut into forward_loss / backward_layer steps
   and split over threads; PyTorch's Conv2d/MaxPool2d/Linear stack on the same weights when
   torch is installed (a check of the layout conventions, not of our arithmetic);
 - the boundary: bad arguments named, inputs untouched, no leaked references, the GIL released,
@@ -25,6 +27,7 @@ import pytest
 import dptrain
 from dptrain import _core as core
 from dptrain import reference as ref
+from _core_helpers import cnn_spec
 from dptrain.models import CNN, build_model, image_shape, load_model, model_n_params, model_sizes
 
 MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
@@ -280,7 +283,7 @@ def test_cnn_model_gradient_matches_finite_differences(kernel, padding):
 
 
 # ---------------------------------------------------------------------------------------
-# ConvNet against the reference network
+# Model on conv blocks against the reference network
 
 # (input_shape, channels, dense, kernel, padding)
 NETS = [
@@ -301,7 +304,7 @@ def net_id(case):
 
 def net_data(case, dtype, batch=13, tag=""):
     shape, ch, dense, k, p = case
-    params = ref.cnn_init_params(shape, ch, dense, 1, dtype, k, p)
+    params = ref.model_init_params(*cnn_spec(shape, ch, dense, k, p), 1, dtype)
     rng = rng_for("net", case, dname(dtype), tag)
     x = rng.standard_normal((batch, math.prod(shape))).astype(dtype)
     labels = rng.integers(0, dense[-1], batch)
@@ -312,17 +315,18 @@ def net_data(case, dtype, batch=13, tag=""):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("case", NETS, ids=net_id)
-def test_convnet_matches_reference(isa, case, dtype, threads):
+def test_conv_blocks_match_reference(isa, case, dtype, threads):
     shape, ch, dense, k, p = case
+    spec = cnn_spec(shape, ch, dense, k, p)
     params, x, labels, start = net_data(case, dtype)
     grads, grads_ref = start.copy(), start.copy()
-    net = core.ConvNet(shape, ch, dense, params, grads, kernel=k, padding=p, threads=threads)
-    assert net.n_params == params.size == ref.cnn_n_params(shape, ch, dense, k, p)
-    assert net.sizes == ref.cnn_sizes(shape, ch, dense, k, p)
-    what = f"ConvNet {net_id(case)} dtype={dname(dtype)} threads={threads}"
+    net = core.Model(*spec, params, grads, threads=threads)
+    plan = ref.model_plan(*spec)
+    assert net.n_params == params.size == plan["n_params"]
+    assert net.sizes == (math.prod(shape), *(math.prod(s) for s in plan["shapes"]))
+    what = f"Model {net_id(case)} dtype={dname(dtype)} threads={threads}"
     loss, correct = net.loss_grad(x, labels, 0.25)
-    loss_ref, correct_ref = ref.cnn_loss_grad(shape, ch, dense, params, grads_ref, x, labels,
-                                              0.25, kernel=k, padding=p)
+    loss_ref, correct_ref = ref.model_loss_grad(*spec, params, grads_ref, x, labels, 0.25)
     rtol = 2e-5 if dtype == np.float32 else 1e-11
     assert correct == correct_ref, what
     assert abs(loss - loss_ref) <= rtol * abs(loss_ref), f"{what}: loss {loss} vs {loss_ref}"
@@ -332,7 +336,7 @@ def test_convnet_matches_reference(isa, case, dtype, threads):
         f"{what}: grads off by {np.abs(diff).max():.3g} (scale {scale:.3g})")
     logits, logits_ref = np.empty((len(x), dense[-1]), dtype), np.empty((len(x), dense[-1]), dtype)
     net.logits(x, logits)
-    ref.cnn_logits(shape, ch, dense, params, x, logits_ref, kernel=k, padding=p)
+    ref.model_logits(*spec, params, x, logits_ref)
     np.testing.assert_allclose(logits, logits_ref, rtol=rtol, atol=rtol * np.abs(logits_ref).max(),
                                err_msg=what)
     ev = net.evaluate(x, labels)
@@ -340,11 +344,11 @@ def test_convnet_matches_reference(isa, case, dtype, threads):
 
 
 @pytest.mark.parametrize("case", NETS[:3], ids=net_id)
-def test_convnet_steps_equal_loss_grad(case):
+def test_conv_blocks_steps_equal_loss_grad(case):
     shape, ch, dense, k, p = case
     params, x, labels, _ = net_data(case, np.float64)
     g1, g2 = np.zeros_like(params), np.zeros_like(params)
-    net = core.ConvNet(shape, ch, dense, params, g1, kernel=k, padding=p, threads=2)
+    net = core.Model(*cnn_spec(shape, ch, dense, k, p), params, g1, threads=2)
     whole = net.loss_grad(x, labels)
     step = net.forward_loss(x, labels)
     n_layers = len(ch) + len(dense)
@@ -362,9 +366,9 @@ def test_evaluate_in_chunks_equals_one_pass():
     """More rows than one evaluation chunk (256): the chunks' sums add up."""
     case = ((1, 8, 8), (2,), (4, 3), 3, 0)
     params, x, labels, _ = net_data(case, np.float64, batch=600)
-    net = core.ConvNet(*case[:3], params, np.zeros_like(params))
+    net = core.Model(*cnn_spec(*case[:3]), params, np.zeros_like(params))
     loss, correct = net.evaluate(x, labels)
-    loss_ref, correct_ref = ref.cnn_evaluate(*case[:3], params, x, labels)
+    loss_ref, correct_ref = ref.model_evaluate(*cnn_spec(*case[:3]), params, x, labels)
     assert correct == correct_ref and abs(loss - loss_ref) < 1e-10 * loss_ref
 
 
@@ -503,7 +507,7 @@ def small_convnet(threads=1, dtype=np.float32):
     case = ((2, 8, 7), (3,), (5, 4), 3, 1)
     params, x, labels, _ = net_data(case, dtype, batch=9)
     grads = np.zeros_like(params)
-    return core.ConvNet(*case[:3], params, grads, kernel=3, padding=1, threads=threads), x, labels
+    return core.Model(*cnn_spec(*case[:3], 3, 1), params, grads, threads=threads), x, labels
 
 
 def conv_args(dtype=np.float32):
@@ -581,33 +585,41 @@ def test_bad_kernel_arguments_are_named(name):
         np.testing.assert_array_equal(a, b, err_msg=f"{name}: an argument was modified")
 
 
-def test_bad_convnet_arguments_are_named():
-    p = np.zeros(ref.cnn_n_params((1, 8, 8), (2,), (3,)), np.float32)
+def test_bad_conv_block_arguments_are_named():
+    spec = cnn_spec((1, 8, 8), (2,), (3,))
+    p = np.zeros(ref.model_plan(*spec)["n_params"], np.float32)
     g = np.zeros_like(p)
     cases = [
-        (dict(input_shape=(1, 8)), ValueError, "input_shape has 2 entries, expected \\(C, H, W\\)"),
-        (dict(input_shape=(1, 6, 6), channels=(2, 2)), ValueError,
-         "conv layer 1 gets a \\(2, 2, 2\\) input: a 3x3 kernel with padding 0 leaves no 2x2"),
-        (dict(input_shape=(1, 3, 3)), ValueError, "conv layer 0 gets a \\(1, 3, 3\\) input"),
-        (dict(dense=(1,)), ValueError, "dense\\[-1\\] is the class count and must be >= 2"),
-        (dict(dense=(0, 3)), ValueError, "dense\\[0\\] = 0, expected a positive size"),
-        (dict(kernel=0), ValueError, "kernel must be >= 1, got 0"),
-        (dict(padding=-2), ValueError, "padding must be >= 0, got -2"),
-        (dict(threads=0), ValueError, "threads must be in \\[1, "),
-        (dict(params=p[:-1]), ValueError, f"params has shape \\({p.size - 1},\\), expected"),
-        (dict(grads=g.astype(np.float64)), TypeError, "grads has dtype float64, expected float32"),
-        (dict(grads=p), ValueError, "grads shares memory with params"),
-        (dict(channels=("a",)), TypeError, "channels\\[0\\] must be an int, got str"),
-        (dict(channels=7), TypeError, "channels must be a sequence of ints, got int"),
+        (lambda: core.Model(spec[0], (1, 8), spec[2], p, g), ValueError,
+         "input_shape \\(1, 8\\) has 2 entries, expected \\(F,\\) or \\(C, H, W\\)"),
+        (lambda: core.Model(*cnn_spec((1, 6, 6), (2, 2), (3,)), p, g), ValueError,
+         "layers\\[3\\] \\('conv'\\) gets a \\(2, 2, 2\\) input: conv kernel larger than the padded"),
+        (lambda: core.Model(*cnn_spec((1, 3, 3), (2,), (3,)), p, g), ValueError,
+         "layers\\[2\\] \\('maxpool2'\\) gets a \\(2, 1, 1\\) input: max-pooling needs a map of "
+         "at least 2x2"),
+        (lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (1,)), p, g), ValueError,
+         "loss 'softmax_xent' on this model: softmax cross-entropy needs >= 2 outputs"),
+        (lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (0, 3)), p, g), ValueError,
+         "layers\\[4\\] = \\('dense', 0\\): the output size must be 1.."),
+        (lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (3,), kernel=0), p, g), ValueError,
+         "the kernel size must be 1.."),
+        (lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (3,), padding=-2), p, g), ValueError,
+         "padding must be 0.."),
+        (lambda: core.Model(*spec, p, g, threads=0), ValueError, "threads must be in \\[1, "),
+        (lambda: core.Model(*spec, p[:-1], g), ValueError,
+         f"params has shape \\({p.size - 1},\\), expected"),
+        (lambda: core.Model(*spec, p, g.astype(np.float64)), TypeError,
+         "grads has dtype float64, expected float32"),
+        (lambda: core.Model(*spec, p, p), ValueError, "grads shares memory with params"),
+        (lambda: core.Model(cnn_spec((1, 8, 8), ("a",), (3,))[0], *spec[1:], p, g), TypeError,
+         "sizes must be ints, got str"),
+        (lambda: core.Model(7, *spec[1:], p, g), TypeError,
+         "layers must be a list of layer specs, got int"),
     ]
-    for change, exc, pattern in cases:
-        kw = dict(input_shape=(1, 8, 8), channels=(2,), dense=(3,), params=p, grads=g)
-        kw.update(change)
-        extra = {k: kw.pop(k) for k in ("kernel", "padding", "threads") if k in kw}
+    for build, exc, pattern in cases:
         with pytest.raises(exc, match=pattern):
-            core.ConvNet(kw["input_shape"], kw["channels"], kw["dense"], kw["params"],
-                         kw["grads"], **extra)
-    net = core.ConvNet((1, 8, 8), (2,), (3,), p, g)
+            build()
+    net = core.Model(*spec, p, g)
     x = np.zeros((4, 64), np.float32)
     with pytest.raises(ValueError, match="x has shape \\(4, 63\\), expected \\(4, 64\\)"):
         net.loss_grad(x[:, :63].copy(), np.zeros(4, np.int64))
@@ -652,14 +664,14 @@ def gil_cases():
         "conv2d_backward": lambda: core.conv2d_backward(y, x, w, np.zeros_like(w), b.copy()),
         "maxpool2_forward": lambda: core.maxpool2_forward(y, p, idx),
         "maxpool2_backward": lambda: core.maxpool2_backward(p, idx, y),
-        "ConvNet.loss_grad": lambda: m.loss_grad(mx, my),
-        "ConvNet.evaluate": lambda: m.evaluate(mx, my),
+        "Model.loss_grad": lambda: m.loss_grad(mx, my),
+        "Model.evaluate": lambda: m.evaluate(mx, my),
     }
 
 
 @pytest.mark.parametrize("kernel", ["conv2d_forward", "conv2d_backward", "maxpool2_forward",
-                                    "maxpool2_backward", "ConvNet.loss_grad",
-                                    "ConvNet.evaluate"])
+                                    "maxpool2_backward", "Model.loss_grad",
+                                    "Model.evaluate"])
 def test_kernel_releases_the_gil(kernel, gil_probe):
     assert gil_probe(gil_cases()[kernel]), (
         f"{kernel}: the main thread never ran while the worker was inside the call")
@@ -701,7 +713,7 @@ def test_two_threads_with_their_own_networks_match_sequential():
 
 
 def test_two_threads_sharing_one_network_and_one_context():
-    """Calls on one ConvNet (or one Context) serialize: each thread gets its own batch's
+    """Calls on one Model (or one Context) serialize: each thread gets its own batch's
     result and the gradients sum up as if the calls had run one after another."""
     net, x0, labels0 = small_convnet(threads=2)
     x1, labels1 = x0[::-1].copy(), labels0[::-1].copy()

@@ -12,8 +12,8 @@ flaky, and a wrong transpose, stride or blocking edge (an O(1) relative error) c
 
 The GEMM-based tests and the vector kernels' (csrc/dp_vec.h: ReLU, the losses, SGD, the buffer
 sums) run on every kernel ISA this CPU has (conftest.isa: _core.set_isa forces each; an ISA the
-CPU lacks is a skip that names it). Backward kernels and Network.loss_grad are also checked
-against central finite differences in float64.
+CPU lacks is a skip that names it). Backward kernels and Model.loss_grad on dense stacks are
+also checked against central finite differences in float64.
 
 Boundary hygiene (bad arguments, leaks, threads, the GIL) lives in test_boundary.py.
 """
@@ -28,6 +28,7 @@ import pytest
 from dptrain import MLP
 from dptrain import _core as core
 from dptrain import reference as ref
+from _core_helpers import mlp_spec
 
 DTYPES = [np.float32, np.float64]
 # Error per unit of scale and per sqrt(reduction length): ~170 float32 ulps, ~9000 float64
@@ -716,7 +717,7 @@ def test_scale_(isa, alpha, start, stop, n, dtype):
 
 
 # ---------------------------------------------------------------------------------------
-# Network
+# Model on dense stacks: dense layers with ReLU between them, none after the last
 
 NET_CASES = [  # (sizes, loss, B)
     ((784, 256, 128, 10), "softmax_xent", 64),
@@ -737,7 +738,8 @@ def net_id(case):
 
 def net_data(sizes, loss, batch, dtype, tag="net"):
     rng = rng_for(tag, sizes, loss, batch, dname(dtype))
-    params = ref.init_params(sizes, seed=zlib.crc32(repr((tag, sizes)).encode()), dtype=dtype)
+    params = ref.model_init_params(*mlp_spec(sizes, loss),
+                                   seed=zlib.crc32(repr((tag, sizes)).encode()), dtype=dtype)
     x = randn(rng, (batch, sizes[0]), dtype)
     n_classes = 2 if loss == "sigmoid_bce" else sizes[-1]
     labels = rng.integers(0, n_classes, batch)
@@ -759,10 +761,10 @@ def net_k(sizes, batch):
     return max(sizes) + batch
 
 
-def assert_grads_close(sizes, grads, grads_ref, grads0, dtype, k, what):
+def assert_grads_close(sizes, loss, grads, grads_ref, grads0, dtype, k, what):
     """Per-block (W_l, b_l) comparison, relative to the largest entry of the block."""
-    blocks = zip(ref.unflatten(sizes, grads), ref.unflatten(sizes, grads_ref),
-                 ref.unflatten(sizes, grads0))
+    blocks = zip(*(ref.model_unflatten(*mlp_spec(sizes, loss), flat)
+                   for flat in (grads, grads_ref, grads0)))
     for layer, ((w, b), (w_ref, b_ref), (w0, b0)) in enumerate(blocks):
         for name, got, want, start in [("W", w, w_ref, w0), ("b", b, b_ref, b0)]:
             scale = np.abs(want - start).max() + np.abs(start).max()
@@ -781,29 +783,29 @@ def check_loss_and_correct(got, want, logits_ref, loss, dtype, k, batch, what):
         f"{what}: n_correct {n_correct}, expected {correct_ref} (+-{slack} near-ties)")
 
 
-def reference_logits(sizes, params, x):
+def reference_logits(sizes, loss, params, x):
     out = np.empty((x.shape[0], sizes[-1]), x.dtype)
-    ref.mlp_logits(sizes, params, x, out)
+    ref.model_logits(*mlp_spec(sizes, loss), params, x, out)
     return out
 
 
 @pytest.mark.parametrize("grad_scale", [None, 0.25], ids=["default_scale", "scale=0.25"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("case", NET_CASES, ids=net_id)
-def test_network_loss_grad(isa, case, dtype, grad_scale):
+def test_dense_stack_loss_grad(isa, case, dtype, grad_scale):
     sizes, loss, batch = case
     params, x, labels, rng = net_data(sizes, loss, batch, dtype)
     grads0 = randn(rng, params.shape, dtype)  # loss_grad accumulates into whatever is there
     grads, grads_ref = grads0.copy(), grads0.copy()
     params_in, x_in, labels_in = params.copy(), x.copy(), labels.copy()
-    net = core.Network(sizes, loss, params, grads)
+    net = core.Model(*mlp_spec(sizes, loss), params, grads)
     got = net.loss_grad(x, labels) if grad_scale is None else net.loss_grad(x, labels, grad_scale)
-    want = ref.mlp_loss_grad(sizes, loss, params, grads_ref, x, labels, grad_scale)
-    what = f"Network.loss_grad[{isa}] {net_id(case)} dtype={dname(dtype)} gs={grad_scale}"
+    want = ref.model_loss_grad(*mlp_spec(sizes, loss), params, grads_ref, x, labels, grad_scale)
+    what = f"Model.loss_grad[{isa}] {net_id(case)} dtype={dname(dtype)} gs={grad_scale}"
     k = net_k(sizes, batch)
-    check_loss_and_correct(got, want, reference_logits(sizes, params, x), loss, dtype, k,
+    check_loss_and_correct(got, want, reference_logits(sizes, loss, params, x), loss, dtype, k,
                            batch, what)
-    assert_grads_close(sizes, grads, grads_ref, grads0, dtype, k, what)
+    assert_grads_close(sizes, loss, grads, grads_ref, grads0, dtype, k, what)
     np.testing.assert_array_equal(params, params_in, err_msg=what + " modified params")
     np.testing.assert_array_equal(x, x_in, err_msg=what + " modified x")
     np.testing.assert_array_equal(labels, labels_in, err_msg=what + " modified labels")
@@ -811,19 +813,19 @@ def test_network_loss_grad(isa, case, dtype, grad_scale):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("case", NET_CASES, ids=net_id)
-def test_network_loss_grad_accumulates(case, dtype):
+def test_dense_stack_loss_grad_accumulates(case, dtype):
     """Two calls on the same batch from zero grads give twice the gradient of one call."""
     sizes, loss, batch = case
     params, x, labels, _ = net_data(sizes, loss, batch, dtype, tag="accumulate")
     grads = np.zeros_like(params)
-    net = core.Network(sizes, loss, params, grads)
+    net = core.Model(*mlp_spec(sizes, loss), params, grads)
     first = net.loss_grad(x, labels)
     once = grads.copy()
     second = net.loss_grad(x, labels)
     assert first == second
     assert np.any(once != 0)
     assert_close(grads, 2 * once, dtype=dtype, scale=2 * np.abs(once).max(), k=batch,
-                 what=f"Network.loss_grad accumulation {net_id(case)} dtype={dname(dtype)}")
+                 what=f"Model.loss_grad accumulation {net_id(case)} dtype={dname(dtype)}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
@@ -832,17 +834,17 @@ def test_network_loss_grad_accumulates(case, dtype):
                                         ((20, 1), "sigmoid_bce"),
                                         ((20, 7, 1), "sigmoid_bce")],
                          ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else v)
-def test_network_evaluate_and_logits_chunked(sizes, loss, dtype):
+def test_dense_stack_evaluate_and_logits_chunked(sizes, loss, dtype):
     """B = 2500 is evaluated in 1024-row chunks: 1024 + 1024 + 452."""
     batch = 2500
     params, x, labels, _ = net_data(sizes, loss, batch, dtype, tag="evaluate")
     grads = np.full_like(params, 3.0)
-    net = core.Network(sizes, loss, params, grads)
-    what = f"Network.evaluate {'-'.join(map(str, sizes))} B={batch} dtype={dname(dtype)}"
+    net = core.Model(*mlp_spec(sizes, loss), params, grads)
+    what = f"Model.evaluate {'-'.join(map(str, sizes))} B={batch} dtype={dname(dtype)}"
     k = net_k(sizes, 1)
-    logits_ref = reference_logits(sizes, params, x)
+    logits_ref = reference_logits(sizes, loss, params, x)
     got = net.evaluate(x, labels)
-    want = ref.mlp_evaluate(sizes, loss, params, x, labels)
+    want = ref.model_evaluate(*mlp_spec(sizes, loss), params, x, labels)
     check_loss_and_correct(got, want, logits_ref, loss, dtype, k, batch, what)
     logits = np.full((batch, sizes[-1]), np.nan, dtype)
     net.logits(x, logits)
@@ -852,8 +854,8 @@ def test_network_evaluate_and_logits_chunked(sizes, loss, dtype):
                                   err_msg="evaluate/logits must not touch grads")
     # evaluate is the forward of loss_grad: the same loss and count on the same batch
     small = slice(0, 100)
-    lg = core.Network(sizes, loss, params, np.zeros_like(params)).loss_grad(x[small],
-                                                                           labels[small])
+    lg = core.Model(*mlp_spec(sizes, loss), params, np.zeros_like(params)).loss_grad(
+        x[small], labels[small])
     ev = net.evaluate(x[small], labels[small])
     assert_close(lg[0], ev[0], dtype=dtype, scale=abs(ev[0]) + 100, k=k,
                  what=what + " evaluate vs loss_grad loss")
@@ -866,20 +868,20 @@ def test_network_evaluate_and_logits_chunked(sizes, loss, dtype):
                                   ((7, 33, 3), "softmax_xent", 7),
                                   ((20, 7, 1), "sigmoid_bce", 33),
                                   ((20, 1), "sigmoid_bce", 129)], ids=net_id)
-def test_network_threads_match_one_thread(isa, case, threads, dtype):
+def test_dense_stack_threads_match_one_thread(isa, case, threads, dtype):
     sizes, loss, batch = case
     params, x, labels, _ = net_data(sizes, loss, batch, dtype, tag="threads")
     g1, gt = np.zeros_like(params), np.zeros_like(params)
-    net1 = core.Network(sizes, loss, params, g1, threads=1)
-    nett = core.Network(sizes, loss, params, gt, threads=threads)
+    net1 = core.Model(*mlp_spec(sizes, loss), params, g1, threads=1)
+    nett = core.Model(*mlp_spec(sizes, loss), params, gt, threads=threads)
     assert nett.threads == threads
-    what = f"Network threads={threads} vs 1 {net_id(case)} dtype={dname(dtype)}"
+    what = f"Model threads={threads} vs 1 {net_id(case)} dtype={dname(dtype)}"
     k = net_k(sizes, batch)
     r1, rt = net1.loss_grad(x, labels), nett.loss_grad(x, labels)
     logits1 = np.empty((batch, sizes[-1]), dtype)
     net1.logits(x, logits1)
     check_loss_and_correct(rt, r1, logits1, loss, dtype, k, batch, what)
-    assert_grads_close(sizes, gt, g1, np.zeros_like(params), dtype, k, what)
+    assert_grads_close(sizes, loss, gt, g1, np.zeros_like(params), dtype, k, what)
     logits_t = np.empty_like(logits1)
     nett.logits(x, logits_t)
     assert_close(logits_t, logits1, dtype=dtype, scale=1 + np.abs(logits1).max(), k=k,
@@ -894,51 +896,51 @@ def test_network_threads_match_one_thread(isa, case, threads, dtype):
     ((4, 5, 1), "sigmoid_bce", None),
     ((4, 1), "sigmoid_bce", 0.3),  # the fused logistic kernel
 ], ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else str(v))
-def test_network_gradient_finite_differences(sizes, loss, grad_scale):
+def test_dense_stack_gradient_finite_differences(sizes, loss, grad_scale):
     """loss_grad's gradient equals central differences of grad_scale * evaluate()'s loss.
 
-    The Network holds params by reference, so perturbing the array in place is seen by
+    The Model holds params by reference, so perturbing the array in place is seen by
     evaluate: this also checks that the held buffer is the caller's, not a copy.
     """
     batch = 7
     params, x, labels, _ = net_data(sizes, loss, batch, np.float64, tag="fd")
     grads = np.zeros_like(params)
-    net = core.Network(sizes, loss, params, grads)
+    net = core.Model(*mlp_spec(sizes, loss), params, grads)
     net.loss_grad(x, labels, grad_scale)
     gs = 1.0 / batch if grad_scale is None else grad_scale
     num = numeric_grad(lambda: gs * net.evaluate(x, labels)[0], params)
     np.testing.assert_allclose(grads, num, rtol=1e-5, atol=1e-8,
-                               err_msg=f"Network {sizes} {loss} gradient vs finite differences")
+                               err_msg=f"Model {sizes} {loss} gradient vs finite differences")
 
 
-def test_network_params_can_be_a_view_into_a_larger_buffer():
+def test_dense_stack_params_can_be_a_view_into_a_larger_buffer():
     sizes = (7, 5, 3)
-    n = core.param_count(sizes)
-    assert n == ref.n_params(sizes)
+    n = core.model_plan(*mlp_spec(sizes))["n_params"]
+    assert n == ref.model_plan(*mlp_spec(sizes))["n_params"]
     shared = np.zeros(3 * n + 10)
     params, grads = shared[5:5 + n], shared[5 + n:5 + 2 * n]
-    params[...] = ref.init_params(sizes, seed=1, dtype=np.float64)
+    params[...] = ref.model_init_params(*mlp_spec(sizes), seed=1, dtype=np.float64)
     rng = rng_for("view")
     x, labels = rng.standard_normal((9, 7)), rng.integers(0, 3, 9)
-    net = core.Network(sizes, "softmax_xent", params, grads)
+    net = core.Model(*mlp_spec(sizes), params, grads)
     assert net.params is params and net.grads is grads
-    assert net.sizes == sizes and net.loss == "softmax_xent"
+    assert net.sizes == (7, 5, 5, 3) and net.loss == "softmax_xent"   # input, dense, relu, dense
     got = net.loss_grad(x, labels)
     grads_ref = np.zeros(n)
-    want = ref.mlp_loss_grad(sizes, "softmax_xent", params, grads_ref, x, labels)
+    want = ref.model_loss_grad(*mlp_spec(sizes), params, grads_ref, x, labels)
     assert_close(got[0], want[0], dtype=np.float64, scale=abs(want[0]) + 9, k=16,
-                 what="Network on views loss")
+                 what="Model on views loss")
     assert_close(grads, grads_ref, dtype=np.float64, scale=np.abs(grads_ref).max(), k=16,
-                 what="Network on views grads")
+                 what="Model on views grads")
     assert np.all(shared[:5] == 0) and np.all(shared[5 + 2 * n:] == 0), "wrote outside the views"
 
 
 @pytest.mark.parametrize("loss,sizes", [("softmax_xent", (5, 4, 3)), ("sigmoid_bce", (5, 1)),
                                         ("sigmoid_bce", (5, 3, 1))])
-def test_network_empty_batch(loss, sizes):
-    params = ref.init_params(sizes, seed=0, dtype=np.float64)
+def test_dense_stack_empty_batch(loss, sizes):
+    params = ref.model_init_params(*mlp_spec(sizes, loss), seed=0, dtype=np.float64)
     grads = np.ones_like(params)
-    net = core.Network(sizes, loss, params, grads)
+    net = core.Model(*mlp_spec(sizes, loss), params, grads)
     x, labels = np.empty((0, sizes[0])), np.empty(0, np.int64)
     assert net.loss_grad(x, labels) == (0.0, 0)
     assert net.evaluate(x, labels) == (0.0, 0)

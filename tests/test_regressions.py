@@ -5,6 +5,7 @@ import sys
 import numpy as np
 import pytest
 
+from _core_helpers import cnn_spec, mlp_spec
 from dptrain import _core, reference
 from dptrain.models import MLP, load_model
 
@@ -59,12 +60,12 @@ def test_a_threaded_model_keeps_working_in_a_forked_child():
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
-def test_param_count_and_huge_sizes_are_checked():
-    with pytest.raises(ValueError, match="layer widths must be >= 1"):
-        _core.param_count([-5, 3])
+def test_model_plan_and_huge_sizes_are_checked():
+    with pytest.raises(ValueError, match="sizes must be positive ints"):
+        _core.model_plan(*mlp_spec([-5, 3]))
     n = 2**31 - 1
     with pytest.raises(ValueError, match=r"expected \(6442450944,\)"):   # 3 * 2**31, not negative
-        _core.Network((n, 3), "softmax_xent", np.zeros(66, np.float32), np.zeros(66, np.float32))
+        _core.Model(*mlp_spec((n, 3)), np.zeros(66, np.float32), np.zeros(66, np.float32))
 
 
 def test_sgd_rejects_negative_weight_decay():
@@ -132,21 +133,21 @@ def test_gather_rows_and_zero_release_the_gil_and_check_their_arguments():
 @pytest.mark.parametrize("kind", ["dense", "conv"])
 def test_evaluate_ends_a_backward_sweep_in_progress(kind):
     """evaluate/logits reuse the activation scratch: a backward step after them would read
-    overwritten activations. The dense Network used to keep the sweep open (the ConvNet
-    did not); both now end it, and backward_layer says there is nothing to go back from."""
+    overwritten activations. The dense stack (then _core.Network) used to keep the sweep open
+    (the conv blocks, then _core.ConvNet, did not); both now end it, and backward_layer says
+    there is nothing to go back from."""
     rng = np.random.default_rng(0)
     if kind == "dense":
         sizes = (6, 5, 3)
-        params = rng.standard_normal(_core.param_count(sizes))
-        net = _core.Network(sizes, "softmax_xent", params, np.zeros_like(params))
+        params = rng.standard_normal(_core.model_plan(*mlp_spec(sizes))["n_params"])
+        net = _core.Model(*mlp_spec(sizes), params, np.zeros_like(params))
         x = rng.standard_normal((4, 6))
         last = len(sizes) - 2
     else:
-        from dptrain import reference
         shape, ch, dense = (1, 6, 6), (2,), (4, 3)
-        n = reference.cnn_n_params(shape, ch, dense, 3, 0)
+        n = reference.model_plan(*cnn_spec(shape, ch, dense, 3, 0))["n_params"]
         params = rng.standard_normal(n) * 0.1
-        net = _core.ConvNet(shape, ch, dense, params, np.zeros_like(params))
+        net = _core.Model(*cnn_spec(shape, ch, dense, 3, 0), params, np.zeros_like(params))
         x = rng.standard_normal((4, 36))
         last = len(ch) + len(dense) - 1
     labels = np.array([0, 1, 2, 1])

@@ -89,14 +89,15 @@ def test_training_matches_a_numpy_reference_loop():
     y = rng.integers(0, 4, 96)
     m = MLP((9, 8, 4), dtype="float64", seed=5)
     opt = optim.SGD(m, 0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)
-    p = reference.init_params((9, 8, 4), 5, np.float64)
+    layers = [("dense", 8), "relu", ("dense", 4)]          # MLP((9, 8, 4))'s layer list
+    p = reference.model_init_params(layers, (9,), "softmax_xent", 5, np.float64)
     v = np.zeros_like(p)
     for step, (s, e) in enumerate([(0, 32), (32, 64), (64, 96)]):
         m.zero_grad()
         m.loss_grad(x[s:e], y[s:e])
         opt.step()
         g = np.zeros_like(p)
-        reference.mlp_loss_grad((9, 8, 4), "softmax_xent", p, g, x[s:e], y[s:e])
+        reference.model_loss_grad(layers, (9,), "softmax_xent", p, g, x[s:e], y[s:e])
         reference.sgd_step(p, g, v, lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=True,
                            first_step=step == 0)
     np.testing.assert_allclose(m.params, p, rtol=1e-12, atol=1e-12)
@@ -167,8 +168,8 @@ def test_init_is_pytorch_default_and_deterministic():
 
 
 def test_model_buffers_are_flat_and_can_be_caller_owned():
-    n = reference.n_params((5, 3))
-    params = reference.init_params((5, 3), 0, np.float32)
+    n = reference.model_plan([("dense", 3)], (5,))["n_params"]
+    params = reference.model_init_params([("dense", 3)], (5,), "softmax_xent", 0, np.float32)
     grads = np.zeros(n, np.float32)
     m = SoftmaxRegression(5, 3, params=params, grads=grads)
     assert m.params is params and m.grads is grads
