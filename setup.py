@@ -19,7 +19,7 @@ sources = [
     "csrc/mod_common.c",
     "csrc/mod_kernels.c",
     "csrc/mod_context.c",
-    "csrc/mod_network.c",
+    "csrc/mod_model.c",
     "csrc/mod_group.c",
     "csrc/dp_common.c",
     "csrc/dp_gemm.c",

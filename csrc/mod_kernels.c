@@ -3,8 +3,7 @@
  * gather_rows, zero_, conv2d, maxpool2), and what describes the build and the CPU
  * (build_info, cpu_features, fma_peak). Each follows the recipe of mod_common.h; the
  * contract and the NumPy twins are in docs/core_api.md.
- * Leaves out on purpose: the objects (mod_context.c, mod_network.c, mod_group.c) and
- * param_count, which is Network's (mod_network.c).
+ * Leaves out on purpose: the objects (mod_context.c, mod_model.c, mod_group.c).
  */
 #include "mod_common.h"
 
@@ -963,7 +962,7 @@ PyMethodDef mod_kernels_functions[] = {
     {"sigmoid_bce", FASTFN(py_sigmoid_bce), FASTKW, "sigmoid_bce(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
     {"argmax", FASTFN(py_argmax), FASTKW, "argmax(x, out): out = x.argmax(1)"},
     {"count_correct", FASTFN(py_count_correct), FASTKW, "count_correct(logits, labels) -> int"},
-    {"sgd_step", FASTFN(py_sgd_step), FASTKW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False, ctx=None): one torch.optim.SGD step in place; ctx (a Context, or the Model / Network / ConvNet that computed grads) splits it over that object's threads"},
+    {"sgd_step", FASTFN(py_sgd_step), FASTKW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False, ctx=None): one torch.optim.SGD step in place; ctx (a Context, or the Model that computed grads) splits it over that object's threads"},
     {"sum_buffers", FASTFN(py_sum_buffers), FASTKW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None): "
      "out[start:stop] = scale * sum(inputs)[start:stop], added in order; uint16 arrays hold bfloat16 "
      "values: summed in float32, the result rounded to bfloat16"},

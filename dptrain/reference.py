@@ -19,16 +19,14 @@ validation (C-contiguity, writeability). Shapes, float dtypes and label ranges a
 raising ValueError/TypeError in the contract's words, because a wrong-shaped oracle call
 that NumPy broadcasts into "agreement" would be a test that cannot fail.
 
-The model-level part at the end (n_params, unflatten, init_params, mlp_loss_grad,
-mlp_evaluate, mlp_logits) is the reference of the Network contract, written with the
-functions above; init_params also *defines* the parameter initialisation the models use.
-The cnn_* functions are the same for the ConvNet contract (conv -> ReLU -> 2x2 max-pool
-blocks, then dense layers), written in the textbook order ReLU-then-pool (the C core pools
-first, which gives the same values and gradients). The model_* functions are the same for
-the Model contract (any list of dense, conv, maxpool2, relu, tanh, sigmoid, gelu and flatten
-layers; losses MODEL_LOSSES, which add the squared error "mse" to LOSSES), written layer by
-layer in the list's order, with the twins of the activations and of the MSE loss the C core
-runs inside Model (tanh_*, sigmoid_*, gelu_*, mse).
+The model-level part at the end (model_plan, model_unflatten, model_init_params,
+model_loss_grad, model_evaluate, model_logits) is the reference of the Model contract (any
+list of dense, conv, maxpool2, relu, tanh, sigmoid, gelu and flatten layers; losses
+MODEL_LOSSES), written layer by layer in the list's order with the functions above and the
+twins of the activations and of the MSE loss the C core runs inside Model (tanh_*,
+sigmoid_*, gelu_*, mse): conv -> ReLU -> 2x2 max-pool is computed in the textbook order
+ReLU-then-pool, where the C core pools first, which gives the same values and gradients.
+model_init_params also *defines* the parameter initialisation the models use.
 """
 import math
 import operator
@@ -38,18 +36,14 @@ import numpy as np
 __all__ = [
     "gemm", "dense_forward", "dense_backward", "relu_forward", "relu_backward",
     "softmax_xent", "sigmoid_bce", "argmax", "count_correct", "sgd_step", "sum_buffers",
-    "to_bf16", "from_bf16", "scale_", "n_params", "unflatten", "init_params", "mlp_loss_grad",
-    "mlp_evaluate", "mlp_logits", "conv2d_forward", "conv2d_backward", "maxpool2_forward",
+    "to_bf16", "from_bf16", "scale_", "conv2d_forward", "conv2d_backward", "maxpool2_forward",
     "maxpool2_backward",
-    "cnn_layer_shapes", "cnn_sizes", "cnn_n_params", "cnn_unflatten", "cnn_init_params",
-    "cnn_loss_grad", "cnn_evaluate", "cnn_logits", "LOSSES",
     "tanh_forward", "tanh_backward", "sigmoid_forward", "sigmoid_backward", "gelu_forward",
     "gelu_backward", "mse", "model_plan", "model_unflatten", "model_init_params",
     "model_loss_grad", "model_evaluate", "model_logits",
     "MODEL_LOSSES", "LAYER_SIZES", "MODEL_MAX_LAYERS",
 ]
 
-LOSSES = ("softmax_xent", "sigmoid_bce")
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -513,295 +507,6 @@ def maxpool2_backward(dy, idx, dx):
 
 
 # ---------------------------------------------------------------------------------------
-# model level: the Network contract (docs/core_api.md, "Network")
-
-
-def _check_sizes(sizes):
-    sizes = tuple(int(s) for s in sizes)
-    if len(sizes) < 2 or min(sizes) < 1:
-        raise ValueError(f"sizes is {sizes}, expected (IN, H1, ..., OUT): "
-                         f"at least two positive entries")
-    return sizes
-
-
-def n_params(sizes):
-    """Length of the flat parameter buffer: per layer W (OUT, IN) then b (OUT,)."""
-    sizes = _check_sizes(sizes)
-    return sum(n_out * n_in + n_out for n_in, n_out in zip(sizes[:-1], sizes[1:]))
-
-
-def unflatten(sizes, flat):
-    """[(W_l, b_l), ...]: views (not copies) into the 1-D flat buffer, W_l (OUT, IN) row-major."""
-    sizes = _check_sizes(sizes)
-    _check_shape("flat", flat, (n_params(sizes),))
-    layers = []
-    offset = 0
-    for n_in, n_out in zip(sizes[:-1], sizes[1:]):
-        w = flat[offset:offset + n_out * n_in].reshape(n_out, n_in)
-        offset += n_out * n_in
-        b = flat[offset:offset + n_out]
-        offset += n_out
-        layers.append((w, b))
-    return layers
-
-
-def init_params(sizes, seed, dtype=np.float32):
-    """PyTorch's default nn.Linear init, in the flat layout; returns a new 1-D array.
-
-    nn.Linear.reset_parameters uses kaiming_uniform_(a=sqrt(5)) for W, i.e. the bound
-    gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + 5)), which is 1 / sqrt(IN); and
-    U(-1/sqrt(IN), 1/sqrt(IN)) for b. Draws come from np.random.default_rng(seed), layer by
-    layer, W (in row-major order) then b, in float64, then are rounded to dtype.
-    """
-    sizes = _check_sizes(sizes)
-    dtype = np.dtype(dtype)
-    if dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"dtype is {dtype}, expected float32 or float64")
-    rng = np.random.default_rng(seed)
-    flat = np.empty(n_params(sizes), dtype=dtype)
-    for (w, b), n_in in zip(unflatten(sizes, flat), sizes[:-1]):
-        bound = 1.0 / math.sqrt(n_in)
-        w[...] = rng.uniform(-bound, bound, size=w.shape)
-        b[...] = rng.uniform(-bound, bound, size=b.shape)
-    return flat
-
-
-def _check_network(sizes, loss, params, x):
-    sizes = _check_sizes(sizes)
-    if loss not in LOSSES:
-        raise ValueError(f"loss is {loss!r}, expected one of {LOSSES}")
-    if loss == "softmax_xent" and sizes[-1] < 2:
-        raise ValueError(f"sizes is {sizes}: softmax_xent needs OUT >= 2")
-    if loss == "sigmoid_bce" and sizes[-1] != 1:
-        raise ValueError(f"sizes is {sizes}: sigmoid_bce needs OUT == 1")
-    _check_ndim("x", x, (2,))
-    _check_shape("x", x, (x.shape[0], sizes[0]))
-    return sizes
-
-
-def _forward(sizes, params, x):
-    """Activations [x, h1, ..., logits]; h_l are ReLU outputs, the logits have no ReLU."""
-    layers = unflatten(sizes, params)
-    acts = [x]
-    for i, (w, b) in enumerate(layers):
-        y = np.empty((x.shape[0], w.shape[0]), dtype=params.dtype)
-        dense_forward(acts[-1], w, b, y)
-        if i < len(layers) - 1:
-            relu_forward(y, y)
-        acts.append(y)
-    return acts
-
-
-def _loss(loss, logits, labels, dlogits=None, grad_scale=None):
-    fn = softmax_xent if loss == "softmax_xent" else sigmoid_bce
-    return fn(logits, labels, dlogits, grad_scale)
-
-
-def mlp_loss_grad(sizes, loss, params, grads, x, labels, grad_scale=None):
-    """Network.loss_grad: forward and backward on one batch -> (loss_sum, n_correct).
-
-    The gradient of grad_scale * (sum of per-sample losses) is ACCUMULATED into grads
-    (grad_scale defaults to 1/B: the mean loss's gradient). Dense layers with ReLU between
-    them, none after the last; loss is "softmax_xent" (OUT >= 2) or "sigmoid_bce" (OUT == 1).
-    """
-    sizes = _check_network(sizes, loss, params, x)
-    _common_float_dtype(params=params, grads=grads, x=x)
-    _check_shape("grads", grads, params.shape)
-    acts = _forward(sizes, params, x)
-    logits = acts[-1]
-    dlogits = np.empty_like(logits)
-    loss_sum = _loss(loss, logits, labels, dlogits, grad_scale)
-    n_correct = count_correct(logits, labels)
-
-    layers, grad_layers = unflatten(sizes, params), unflatten(sizes, grads)
-    dy = dlogits  # gradient w.r.t. the current layer's output
-    for i in reversed(range(len(layers))):
-        (w, _), (dw, db) = layers[i], grad_layers[i]
-        dx = np.empty_like(acts[i]) if i > 0 else None  # no gradient w.r.t. the input x
-        dense_backward(dy, acts[i], w, dw, db, dx)
-        if i > 0:
-            relu_backward(dx, acts[i], dx)  # acts[i] is the ReLU output feeding layer i
-        dy = dx
-    return loss_sum, n_correct
-
-
-def mlp_evaluate(sizes, loss, params, x, labels):
-    """Network.evaluate: forward only -> (loss_sum, n_correct)."""
-    sizes = _check_network(sizes, loss, params, x)
-    _common_float_dtype(params=params, x=x)
-    logits = _forward(sizes, params, x)[-1]
-    return _loss(loss, logits, labels), count_correct(logits, labels)
-
-
-def mlp_logits(sizes, params, x, out):
-    """Network.logits: forward only, writes the (B, OUT) logits into out."""
-    sizes = _check_sizes(sizes)
-    _common_float_dtype(params=params, x=x, out=out)
-    _check_ndim("x", x, (2,))
-    _check_shape("x", x, (x.shape[0], sizes[0]))
-    _check_shape("out", out, (x.shape[0], sizes[-1]))
-    out[...] = _forward(sizes, params, x)[-1]
-
-
-# ---------------------------------------------------------------------------------------
-# model level: the ConvNet contract (docs/core_api.md, "ConvNet")
-
-
-def cnn_layer_shapes(input_shape, channels, kernel=3, padding=0):
-    """[(C, H, W) of the input, then of each conv block's pooled output]; ValueError naming
-    the block whose input is too small to leave a 2x2 window after its convolution."""
-    c, h, w = (int(v) for v in input_shape)
-    if min(c, h, w) < 1 or len(tuple(input_shape)) != 3:
-        raise ValueError(f"input_shape is {tuple(input_shape)}, expected (C, H, W) >= 1")
-    if kernel < 1 or padding < 0:
-        raise ValueError(f"kernel is {kernel} and padding {padding}: expected >= 1 and >= 0")
-    shapes = [(c, h, w)]
-    for i, oc in enumerate(channels):
-        oh, ow = h + 2 * padding - kernel + 1, w + 2 * padding - kernel + 1
-        if oh < 2 or ow < 2 or oc < 1:
-            raise ValueError(f"conv layer {i} gets a {(c, h, w)} input: a {kernel}x{kernel} "
-                             f"kernel with padding {padding} leaves no 2x2 window to pool")
-        c, h, w = int(oc), oh // 2, ow // 2
-        shapes.append((c, h, w))
-    return shapes
-
-
-def cnn_sizes(input_shape, channels, dense, kernel=3, padding=0):
-    """Flat widths: of the input, of each conv block's output, of each dense layer's output."""
-    shapes = cnn_layer_shapes(input_shape, channels, kernel, padding)
-    dense = tuple(int(d) for d in dense)
-    if not dense or min(dense) < 1 or dense[-1] < 2:
-        raise ValueError(f"dense is {dense}, expected positive widths ending in >= 2 classes")
-    return tuple(c * h * w for c, h, w in shapes) + dense
-
-
-def _cnn_layers(input_shape, channels, dense, kernel, padding):
-    """[(W shape, b length), ...] of every layer, first layer first."""
-    shapes = cnn_layer_shapes(input_shape, channels, kernel, padding)
-    sizes = cnn_sizes(input_shape, channels, dense, kernel, padding)
-    out = [((oc, c, kernel, kernel), oc) for (c, _, _), (oc, _, _) in zip(shapes, shapes[1:])]
-    n_conv = len(out)
-    for n_in, n_out in zip(sizes[n_conv:-1], sizes[n_conv + 1:]):
-        out.append(((n_out, n_in), n_out))
-    return out
-
-
-def cnn_n_params(input_shape, channels, dense, kernel=3, padding=0):
-    """Length of the flat layout: per layer W (conv (OC, C, K, K) or dense (OUT, IN)) then b."""
-    return sum(math.prod(ws) + nb for ws, nb in _cnn_layers(input_shape, channels, dense,
-                                                             kernel, padding))
-
-
-def cnn_unflatten(input_shape, channels, dense, flat, kernel=3, padding=0):
-    """[(W_l, b_l), ...]: views into the flat buffer, conv W (OC, C, K, K), dense W (OUT, IN)."""
-    layers = _cnn_layers(input_shape, channels, dense, kernel, padding)
-    _check_shape("flat", flat, (sum(math.prod(ws) + nb for ws, nb in layers),))
-    out, off = [], 0
-    for ws, nb in layers:
-        w = flat[off:off + math.prod(ws)].reshape(ws)
-        off += math.prod(ws)
-        out.append((w, flat[off:off + nb]))
-        off += nb
-    return out
-
-
-def cnn_init_params(input_shape, channels, dense, seed, dtype=np.float32, kernel=3, padding=0):
-    """PyTorch's default init of nn.Conv2d and nn.Linear (kaiming_uniform_(a=sqrt(5)) for W,
-    which is U(-1/sqrt(fan_in), 1/sqrt(fan_in)), the same bound for b), fan_in = C K K for a
-    conv and IN for a dense layer; drawn from np.random.default_rng(seed) layer by layer, W
-    then b, in float64, then rounded to dtype (as init_params)."""
-    dtype = np.dtype(dtype)
-    if dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"dtype is {dtype}, expected float32 or float64")
-    rng = np.random.default_rng(seed)
-    flat = np.empty(cnn_n_params(input_shape, channels, dense, kernel, padding), dtype=dtype)
-    for w, b in cnn_unflatten(input_shape, channels, dense, flat, kernel, padding):
-        bound = 1.0 / math.sqrt(math.prod(w.shape[1:]))
-        w[...] = rng.uniform(-bound, bound, size=w.shape)
-        b[...] = rng.uniform(-bound, bound, size=b.shape)
-    return flat
-
-
-def _cnn_forward(input_shape, channels, dense, params, x, kernel, padding):
-    """(layers, saved): saved[l] holds what layer l's backward needs; the logits are last."""
-    shapes = cnn_layer_shapes(input_shape, channels, kernel, padding)
-    sizes = cnn_sizes(input_shape, channels, dense, kernel, padding)
-    _check_ndim("x", x, (2,))
-    _check_shape("x", x, (x.shape[0], sizes[0]))
-    batch, dt = x.shape[0], params.dtype
-    layers = cnn_unflatten(input_shape, channels, dense, params, kernel, padding)
-    h = x.reshape(batch, *shapes[0])
-    saved = []
-    for (w, b), (oc, ph, pw) in zip(layers, shapes[1:]):
-        _, _, _, _, _, _, _, oh, ow = _conv_shapes(h, w, padding)
-        a = np.empty((batch, oc, oh, ow), dtype=dt)
-        conv2d_forward(h, w, b, a, padding=padding)
-        relu_forward(a, a)
-        pooled = np.empty((batch, oc, ph, pw), dtype=dt)
-        idx = np.empty((batch, oc, ph, pw), dtype=np.uint8)
-        maxpool2_forward(a, pooled, idx)
-        saved.append((h, a, idx))
-        h = pooled
-    h = h.reshape(batch, -1)
-    n_conv = len(channels)
-    for i, (w, b) in enumerate(layers[n_conv:]):
-        y = np.empty((batch, w.shape[0]), dtype=dt)
-        dense_forward(h, w, b, y)
-        if n_conv + i < len(layers) - 1:
-            relu_forward(y, y)
-        saved.append(h)
-        h = y
-    return layers, saved, h
-
-
-def cnn_loss_grad(input_shape, channels, dense, params, grads, x, labels, grad_scale=None, *,
-                  kernel=3, padding=0):
-    """ConvNet.loss_grad: forward and backward on one batch -> (loss_sum, n_correct); the
-    gradient of grad_scale * (sum of the softmax cross-entropies) is ACCUMULATED into grads."""
-    _common_float_dtype(params=params, grads=grads, x=x)
-    _check_shape("grads", grads, params.shape)
-    layers, saved, logits = _cnn_forward(input_shape, channels, dense, params, x, kernel,
-                                         padding)
-    dlogits = np.empty_like(logits)
-    loss_sum = softmax_xent(logits, labels, dlogits, grad_scale)
-    n_correct = count_correct(logits, labels)
-    grad_layers = cnn_unflatten(input_shape, channels, dense, grads, kernel, padding)
-    n_conv, n_layers = len(channels), len(layers)
-    d = dlogits
-    for i in reversed(range(n_conv, n_layers)):
-        h = saved[i]
-        (w, _), (dw, db) = layers[i], grad_layers[i]
-        dh = np.empty_like(h)
-        dense_backward(d, h, w, dw, db, dh)
-        if i > n_conv:
-            relu_backward(dh, h, dh)       # h is the ReLU output of dense layer i - 1
-        d = dh
-    for i in reversed(range(n_conv)):
-        h, a, idx = saved[i]
-        (w, _), (dw, db) = layers[i], grad_layers[i]
-        da = np.empty_like(a)
-        maxpool2_backward(d.reshape(idx.shape), idx, da)
-        relu_backward(da, a, da)
-        dh = np.empty_like(h) if i > 0 else None
-        conv2d_backward(da, h, w, dw, db, dh, padding=padding)
-        d = dh
-    return loss_sum, n_correct
-
-
-def cnn_evaluate(input_shape, channels, dense, params, x, labels, *, kernel=3, padding=0):
-    """ConvNet.evaluate: forward only -> (loss_sum, n_correct)."""
-    logits = _cnn_forward(input_shape, channels, dense, params, x, kernel, padding)[2]
-    return softmax_xent(logits, labels), count_correct(logits, labels)
-
-
-def cnn_logits(input_shape, channels, dense, params, x, out, *, kernel=3, padding=0):
-    """ConvNet.logits: forward only, writes the (B, classes) logits into out."""
-    logits = _cnn_forward(input_shape, channels, dense, params, x, kernel, padding)[2]
-    _check_shape("out", out, logits.shape)
-    out[...] = logits
-
-
-# ---------------------------------------------------------------------------------------
 # activations and the MSE loss of the general model (twins of csrc/dp_act.h; they have no
 # binding of their own: the C core runs them inside Model)
 
@@ -894,7 +599,7 @@ def mse(outputs, targets, doutputs=None, grad_scale=None):
 # model level: the Model contract (any layer list; docs/core_api.md, "Model", and the
 # header comment of csrc/dp_model.h)
 
-# The loss names a Model takes. Network and ConvNet take LOSSES, the classification ones.
+# The loss names a Model takes.
 MODEL_LOSSES = ("softmax_xent", "sigmoid_bce", "mse")
 # Layer kinds and how many sizes each takes: (fewest, most); conv's padding may be left out.
 LAYER_SIZES = {"dense": (1, 1), "conv": (2, 3), "maxpool2": (0, 0), "relu": (0, 0),
