@@ -30,6 +30,7 @@ sources = [
     "csrc/dp_loss.c",
     "csrc/dp_sgd.c",
     "csrc/dp_buffers.c",
+    "csrc/dp_allreduce.c",
     "csrc/dp_threads.c",
     "csrc/dp_sync.c",
     "csrc/dp_model.c",

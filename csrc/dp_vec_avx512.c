@@ -16,6 +16,7 @@
 #endif
 
 #include "dp_act.c"
+#include "dp_allreduce.c"
 #include "dp_buffers.c"
 #include "dp_conv.c"
 #include "dp_loss.c"

@@ -73,6 +73,28 @@ def test_point_to_point_schedules_sum_and_agree_bitwise(algorithm, n, dtype, len
                                err_msg=f"{algorithm} n={n} {np.dtype(dtype).name} {length}")
 
 
+@pytest.mark.parametrize("algorithm", reference.ALLREDUCE_ALGORITHMS)
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("length,start,stop", [(1, 0, None), (17, 0, None), (1000, 3, 997),
+                                               (70001, 0, None), (70001, 4099, 65000)])
+def test_allreduce_is_its_twin_bit_for_bit(algorithm, n, dtype, length, start, stop):
+    """Every worker's buffer after ShmGroup.allreduce is reference.allreduce's, to the bit:
+    the native sum in rank order, and the ring's and the tree's own orders of summation."""
+    rng = np.random.default_rng([n, length, start])
+    bufs = [rng.standard_normal(length).astype(dtype) for _ in range(n)]
+    want = [b.copy() for b in bufs]
+    reference.allreduce(want, scale=0.3, start=start, stop=stop, algorithm=algorithm)
+    ctrl = control_block()
+    _core.init_group_control(ctrl, n)
+    groups = [_core.ShmGroup(ctrl, bufs, r, algorithm=algorithm) for r in range(n)]
+    run_workers(n, lambda r: groups[r].allreduce(0.3, start, stop))
+    for r, (got, expected) in enumerate(zip(bufs, want)):
+        np.testing.assert_array_equal(got, expected, strict=True,
+                                      err_msg=f"allreduce {algorithm} n={n} rank {r} "
+                                              f"{np.dtype(dtype).name} [{start}:{stop}] of {length}")
+
+
 @pytest.mark.parametrize("algorithm", ["ring", "tree"])
 def test_point_to_point_schedules_of_a_range_and_repeated_calls(algorithm):
     n, length = 3, 4000
