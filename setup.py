@@ -23,6 +23,7 @@ sources = [
     "csrc/mod_group.c",
     "csrc/dp_common.c",
     "csrc/dp_gemm.c",
+    "csrc/dp_gemm_gemv.c",
     "csrc/dp_conv.c",
     "csrc/dp_cpu.c",
     "csrc/dp_dense.c",

@@ -4,7 +4,6 @@
  * Leaves out on purpose: complex types and any BLAS fallback. */
 #include "dp_gemm.h"
 #include "dp_cpu.h"
-#include "dp_loss.h"
 
 #include <pthread.h>
 #include <stdlib.h>

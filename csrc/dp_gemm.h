@@ -14,6 +14,7 @@
 
 #include "dp_common.h"
 #include "dp_threads.h"
+#include "dp_vec.h"
 
 #define DP_MAX_THREADS 256
 
@@ -125,6 +126,24 @@ void dp_gemm_set_bf16_amx(int mode);
 int dp_gemm_bf16_amx_setting(void);
 int dp_gemm_bf16_amx(void);
 const char *dp_gemm_bf16_amx_name(void);
+
+/* The matrix-vector products (vector kernels, dp_vec.h: a build per ISA and the public
+ * function that picks one), which the driver (dp_gemm_drv.h's gemv) takes for N = 1 or M = 1
+ * with a unit-stride matrix, X (rows, len) with contiguous rows ldx apart:
+ * - gemv_rows: out (rows,) = X v;
+ * - gemv_cols: out (len,) = X^T v (overwritten).
+ * Bodies: dp_gemm_gemv_tmpl.h, instantiated by dp_gemm_gemv.c; the logistic kernel
+ * (dp_logistic_grad, dp_loss.h) fuses their blocks around the loss. */
+#define DP_GEMV_VEC(X, T, S)                                                                   \
+    X(void, dp_gemv_rows, S, (T *out, const T *X, ptrdiff_t ldx, const T *v, int rows, int len), \
+      (out, X, ldx, v, rows, len))                                                             \
+    X(void, dp_gemv_cols, S, (T *out, const T *X, ptrdiff_t ldx, const T *v, int rows, int len), \
+      (out, X, ldx, v, rows, len))
+
+/* The concrete symbols, for grep: dp_gemv_rows_f32 dp_gemv_rows_f64 dp_gemv_cols_f32
+ * dp_gemv_cols_f64. */
+DP_GEMV_VEC(DP_VEC_PROTO, float, _f32)
+DP_GEMV_VEC(DP_VEC_PROTO, double, _f64)
 
 /* The readable twin: a triple loop, the reference for tests and the fallback nobody needs. */
 void dp_gemm_naive_f32(float *C, ptrdiff_t ldc,

@@ -214,7 +214,7 @@ static void D(gemm_task)(void *arg, int t, int n)
 }
 
 /* A matrix-vector product (N == 1 or M == 1) whose matrix has a unit stride, on the logistic
- * kernel's halves (dp_gemv_rows / dp_gemv_cols, dp_loss.h): the blocked path
+ * kernel's halves (dp_gemv_rows / dp_gemv_cols, dp_gemm.h): the blocked path
  * packs the matrix for a micro-tile that the vector fills 1 / NR of (measured on the AVX2 VM:
  * 8192x1x20 at 2.6 GFLOP/s, 0.31x OpenBLAS; 1x20x8192 at 1.8, 0.18x). The vector is
  * copied into scratch where it is strided, the result is written with alpha and beta.

@@ -17,7 +17,7 @@
  * `check-O3` (optimized, no sanitizers). The GEMM and the vector kernels (dp_vec.h) run on
  * every ISA this CPU has (dp_isa_select), the others are named as skipped on the first line;
  * `check` also builds this file with -DDP_GEMM_EMULATE_WIDE, whose generic GEMM has the AVX-512
- * build's shape, and the generic loss kernels with the AVX-512 build's 64-byte vectors
+ * build's shape, and the generic loss and GEMV kernels with the AVX-512 build's 64-byte vectors
  * (csrc/tests/Makefile).
  *
  * Leaves out on purpose: timings (bench/), the Python boundary (the tests/ directory), and two
