@@ -78,6 +78,7 @@
 #define DP_MODEL_H
 
 #include "dp_conv.h"
+#include "dp_pool.h"
 #include "dp_gemm.h"
 #include "dp_loss.h"     /* dp_loss */
 

@@ -14,6 +14,7 @@
 #include "dp_act.h"
 #include "dp_buffers.h"
 #include "dp_conv.h"
+#include "dp_pool.h"
 #include "dp_cpu.h"
 #include "dp_dense.h"
 #include "dp_gemm.h"

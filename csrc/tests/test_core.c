@@ -25,6 +25,7 @@
  */
 #include "dp_common.h"
 #include "dp_conv.h"
+#include "dp_pool.h"
 #include "dp_cpu.h"
 #include "dp_gemm.h"
 #include "dp_act.h"
