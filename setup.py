@@ -18,6 +18,7 @@ sources = [
     "csrc/module.c",
     "csrc/mod_common.c",
     "csrc/mod_kernels.c",
+    "csrc/mod_build.c",
     "csrc/mod_context.c",
     "csrc/mod_model.c",
     "csrc/mod_group.c",

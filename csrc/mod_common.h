@@ -11,7 +11,10 @@
  *
  *   module.c        the module: state, multi-phase init, the types and the exception
  *   mod_common.c    these helpers
- *   mod_kernels.c   the module-level functions (gemm, dense, losses, sgd_step, conv2d, ...)
+ *   mod_kernels.c   the module-level functions that run a kernel (gemm, dense, losses,
+ *                   sgd_step, conv2d, ...)
+ *   mod_build.c     the build and the CPU (build_info, cpu_features, fma_peak, isa, set_isa,
+ *                   set_bf16_dot, set_bf16_amx)
  *   mod_context.c   Context (threads and scratch the kernels can reuse between calls)
  *   mod_model.c     Model (the fused training path of any layer list) and model_plan
  *   mod_group.c     ShmGroup and the group control-block functions (GroupAborted's raiser)
@@ -179,11 +182,12 @@ int parse_gemm_inputs(PyObject *obj, int f32, int *bf16);
 
 /* Module-level functions, added by module.c's exec slot (PyModule_AddFunctions). */
 extern PyMethodDef mod_kernels_functions[];
+extern PyMethodDef mod_build_functions[];       /* mod_build.c: the build and the CPU */
 extern PyMethodDef mod_model_functions[];       /* mod_model.c: model_plan */
 extern PyMethodDef mod_group_functions[];       /* mod_group.c: the control-block functions */
 /* DPTRAIN_ISA, read once at import: selects the kernels' ISA; -1 with ValueError when it names
  * no ISA or one the CPU lacks (the import fails with that message). */
-int mod_isa_from_env(void);     /* mod_kernels.c */
+int mod_isa_from_env(void);     /* mod_build.c */
 
 /* Type specs, built by module.c's exec slot (PyType_FromModuleAndSpec) into core_state. */
 extern PyType_Spec mod_context_spec;            /* mod_context.c */
