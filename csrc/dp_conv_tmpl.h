@@ -69,9 +69,8 @@ DP_INLINE void K(copy_row)(T *DP_RESTRICT d, const T *DP_RESTRICT s, int n, int 
  * run before and mostly crossed a line. The permutes repeat every lcm(OW, RVL) values of the
  * row: *npat patterns, pattern t's first value at base[t] past its period's first row in x,
  * its lanes at idx[t] from there; a period covers *rows rows of x. 0, or -1 where a pattern
- * would span more than two vectors. (conv2, 32x15x15 -> 12x12, one image in cache, the
- * kernel called from C, AMD EPYC Zen 4: 7.2-7.7 -> 5.0-5.5 us.) GCC only: Clang has no
- * permute with a mask of variables (its builds keep the copies). */
+ * would span more than two vectors. GCC only: Clang has no permute with a mask of variables
+ * (its builds keep the copies). */
 #if DP_VEC_BYTES == 64 && !defined(__clang__)
 #define IM2COL_PERMUTE 1
 
@@ -215,8 +214,7 @@ DP_INLINE void K(gather_row)(T *DP_RESTRICT d, const T *const *r, int rows, ptrd
  * The vector is stored whole: its lanes past W land on the next row, which is stored later,
  * and only the last row of dx is stored value by value. Masked lanes read inside dcol and its
  * slack, as gather_row's. Returns 1 (nothing written) for a wider image, KW > RVL or more
- * kernel rows than COL2IM_ROWS. (conv2, dx 32x15x15, one image in cache, called from C, AMD
- * EPYC Zen 4: 9.2 -> 5.3 us.) */
+ * kernel rows than COL2IM_ROWS. */
 static int K(col2im_narrow)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
                             int OH, int OW)
 {
@@ -309,16 +307,12 @@ void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
 
 /* The direct forward (dp_conv_direct_forward): no im2col and no packing, for a layer whose
  * patch is short (K = C KH KW <= DIRECT_K: a first layer's 3 x 3 x 3 = 27, where the GEMM's
- * depth of 27 leaves it at 56 % of the FMA peak on an AMD EPYC, and im2col writes 27 copies
- * of the image). Vectors of the build's own width along an output row (im2col's rvec, RVL
- * values each). */
+ * shallow depth leaves it far from the FMA peak, and im2col writes 27 copies of the image).
+ * Vectors of the build's own width along an output row (im2col's rvec, RVL values each). */
 #define DIRECT_K 64
-/* Where it runs: float on 32- and 64-byte vectors. Measured on an AMD EPYC (Zen 4), batch 128,
- * conv2d_forward ms, 2 interleaved runs, im2col + GEMM -> direct: 3 x 32 x 32 -> 32 float
- * 3.84-4.31 -> 2.85-2.91 on AVX-512, 3.57-3.85 -> 3.16-3.21 on AVX2; 1 x 28 x 28 -> 32 (K = 9)
- * 1.49-2.00 -> 1.15 and 1.30-1.55 -> 1.36-1.45; but double 2.45-2.50 -> 2.60-2.62 (AVX-512)
- * and 2.97-3.37 -> 3.83-3.88 (AVX2) at K = 9, and the generic build's 16-byte vectors within
- * the noise: those keep the im2col path. */
+/* Where it runs: float on 32- and 64-byte vectors, where it was faster than im2col + GEMM;
+ * double was slower with it, and the generic build's 16-byte vectors gained nothing: those
+ * keep the im2col path. */
 #define DIRECT_BUILD (sizeof(T) == 4 && DP_VEC_BYTES >= 32)
 
 /* The accumulators of one tile: filter f's two output vectors (columns ja and jb of row i) */
@@ -387,10 +381,7 @@ int KV(dp_conv_direct_forward)(T *y, const T *x, const T *w, const dp_conv_geom 
     ptrdiff_t P = (ptrdiff_t)oh * ow;
     int nv = (ow + RVL - 1) / RVL;
     /* a tile's weights k by k (wt[k NF + f]): its broadcasts from one pointer at constant
-     * offsets, instead of one pointer a filter (12 of the 16 general registers). AMD EPYC
-     * (Zen 4), conv2d_forward 3 x 32 x 32 -> 32, batch 128, 4 interleaved runs, ms: 3.07-3.71
-     * -> 2.76-3.35 (AVX-512), 3.17-4.55 -> 2.97-4.24 (AVX2); its share of the CIFAR step
-     * (perf, 2 runs each) 7.2-7.5 % -> 6.4-6.8 % */
+     * offsets, instead of one pointer a filter (12 of the 16 general registers) */
     T wt[12 * DIRECT_K];
     for (int o0 = 0; o0 < g->OC;) {
         int NF = g->OC - o0 >= big ? big : 4, nf = g->OC - o0 < NF ? g->OC - o0 : NF;
@@ -421,17 +412,13 @@ int KV(dp_conv_direct_forward)(T *y, const T *x, const T *w, const dp_conv_geom 
  * accumulates, in one vector each, its products over every output position (vectors along
  * an output row: the last one, where it overlaps the one before, with the overlap's lanes
  * cleared in dy and x alike); each vector's lanes are then summed and added to dwt. On the
- * AVX-512 build only: AMD EPYC (Zen 4), conv2d_backward without dx (the first layer's),
- * batch 128, 3 x 32 x 32 -> 32, ms, 3 interleaved runs: 5.96-7.32 -> 5.58-5.77 on AVX-512,
- * but 5.68-7.80 -> 6.44-6.77 on AVX2 (measured with 2 x 5 vectors of 8 lanes), which keeps
- * the GEMM. */
+ * AVX-512 build only: it was faster than the GEMM there, slower on AVX2, which keeps the
+ * GEMM. */
 #define DW_NO 4
 #define DW_NK 6
 #define DW_KDO(X) X(0) X(1) X(2) X(3) X(4) X(5)
 /* the last tile of a patch with at most 3 entries left: conv1's 27 = 4 x 6 + 3 computed 3
- * clamped entries for nothing. conv2d_backward without dx, batch 128, 3 interleaved runs,
- * ms: 3 x 32 x 32 -> 32 3.63-3.68 -> 3.47-3.54, 1 x 28 x 28 -> 32 (9 = 6 + 3) 1.67-2.11 ->
- * 1.47-1.58 */
+ * clamped entries for nothing */
 #define DW_KDO3(X) X(0) X(1) X(2)
 
 /* v's lanes summed (a fixed tree: halves added until one is left) */
@@ -447,8 +434,7 @@ DP_INLINE T K(dsum)(K(rvec) v)
 /* The four sums of dsum at once, out[f] = dsum(v_f): the same halving tree on each vector
  * (the same additions, so the same bits), with the halves of two vectors gathered into one
  * by shuffles at each level (16 float lanes: the build the direct dwt runs on). Four scalar
- * trees were about a tenth of the kernel's time; conv2d_backward as above, 3 runs, ms:
- * 3 x 32 x 32 -> 32 3.34-3.42 -> 3.09-3.36, 1 x 28 x 28 -> 32 1.42-1.52 -> 1.32-1.37 */
+ * trees were about a tenth of the kernel's time. */
 DP_INLINE void K(dsum4)(K(rvec) a, K(rvec) b, K(rvec) c, K(rvec) d, T out[4])
 {
 #if DP_VEC_BYTES == 64 && VL == 8
@@ -646,9 +632,8 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
          * along its rows (A's fast path) instead of transposed column by column into B
          * panels, and M = K, N = OC fill the 6 x 16 tiles better (288 x 64: no padding) */
         if (!bf16 && !direct && K(patch_tables)(ctx, g, oh, ow, col, &pos, &ent)) {
-            /* col(x)'s rows read from x where they are: the same sums as on im2col's copy.
-             * AMD EPYC (Zen 4), conv2d_backward 32 x 15 x 15 -> 64 with dx, batch 128, ms,
-             * 4 interleaved runs: 18.1-21.0 -> 17.4-19.5 */
+            /* col(x)'s rows read from x where they are: the same sums as on im2col's copy,
+             * without writing the copy */
             rc = K(dp_gemm_patch)(ctx, dwt, g->OC, x, ent, pos, dy, 1, P, Kd, g->OC, P, (T)1,
                                   (T)1);
         } else {
@@ -720,8 +705,8 @@ int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T 
     for (int n = 0; n < B && rc == DP_OK; n++) {
         const T *dyn = dy + n * out;
         /* 8 interleaved partial sums, vectorized (one sum per output channel was a chain of
-         * dependent adds: 4 of 5.5 ms of conv2d_backward, 3x32x32 -> 32, batch 128, without
-         * dx); the CNN engine sums its db the same way */
+         * dependent adds, most of the time of a first layer's conv2d_backward without dx);
+         * the CNN engine sums its db the same way */
         K(dp_add_row_sums)(db, dyn, g->OC, (int)P);
         rc = K(dp_conv_image_backward)(ctx, col, dwt, dx ? dx + n * in : NULL, dyn, x + n * in,
                                        w, g, OH, OW);

@@ -35,10 +35,8 @@ void dp_ctx_free(dp_ctx *ctx);
 /* The context dp_gemm uses when given none: the calling thread's own (one thread, float
  * inputs), made at its first such call and freed when the thread ends, so that its packing
  * buffers are reused from one call to the next; NULL if it cannot be made (then dp_gemm makes
- * a context for the call). One made and freed per call cost about 0.4 us: _core.gemm(a, b, c)
- * without a context, us a call, 3 interleaved runs (AMD EPYC Zen 4, the arguments parsed by
- * parse_args in both): 1x1x1 0.75-0.77 -> 0.31-0.34 (and one run of 1.47), 128x10x128 NT
- * 6.93-8.96 -> 6.57-6.79. */
+ * a context for the call). One made and freed per call cost more than a small GEMM's whole
+ * call. */
 dp_ctx *dp_ctx_default(void);
 
 /* The SIMD level the dispatcher picked on this CPU: "avx2+fma" or "generic". */

@@ -35,9 +35,8 @@
 
 /* Vectors of the build's width (DP_VEC_BYTES: 16 generic, 32 AVX2, 64 AVX-512) for the
  * hand-vectorized loops below: GCC cannot vectorize a float sum without reassociating it, so
- * the dot products keep explicit vector partial sums. (32-byte vectors in the generic build
- * were split through memory: logistic regression's kernel ran 4.7x slower than in the AVX2
- * build, 439 against 93 us per 8192 x 20 float64 batch; at 16 bytes 2.7x, 320 against 117.) */
+ * the dot products keep explicit vector partial sums. (Wider vectors than the build's were
+ * split through memory: the generic build's 16 bytes, not 32.) */
 typedef T K(kvec) __attribute__((vector_size(DP_VEC_BYTES)));
 
 DP_INLINE K(kvec) K(kload)(const T *p)
@@ -156,10 +155,9 @@ DP_INLINE K(kvec) K(kand)(K(kvec) v, K(kmask) m)
  * a time only when IN < KVL, for every row. (The scalar loop over the last columns cost
  * more than the vectors: IN = 20 leaves 4 columns with 8 lanes, AVX-512's float64.)
  * prefetch: x GEMV_PF_ROWS rows ahead (the logistic kernel asks, for rows that its backward
- * takes in more than one pass). The GEMM's matrix-vector product goes without: it has no arithmetic
- * for the memory to overlap, the hardware prefetcher follows its KVL streams, and the
- * prefetches took load slots (AVX2 VM, float64, X v, the kernel called directly, medians of
- * 5 interleaved runs: 64x520 in L2 6.3 -> 2.8 us, 8192x64 in L3 113 -> 65 us). */
+ * takes in more than one pass). The GEMM's matrix-vector product goes without: it has no
+ * arithmetic for the memory to overlap, the hardware prefetcher follows its KVL streams, and
+ * the prefetches took load slots (it ran about twice as fast without them). */
 DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, ptrdiff_t ldx,
                              const T *DP_RESTRICT w, T b, int rows, int IN, int prefetch)
 {
@@ -345,8 +343,8 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
 
 /* Columns of dw summed by one pass of block_gemv_t_rows: GEMV_T_CHUNK bytes of dw and as
  * many of odd (the odd rows' sums) stay in L1 while each row's matching columns stream by in
- * memory order. (AVX2 VM, float64, X^T v 2048 x 2048, medians of 5 interleaved runs: 4 KB
- * 953 us, 8 KB 865, 16 KB 822: 16 KB would fill a 32 KB L1 with dw and odd alone.) */
+ * memory order. 16 KB was a little faster still, but would fill a 32 KB L1 with dw and odd
+ * alone. */
 #define GEMV_T_CHUNK 8192
 
 /* block_gemv_t for long rows, in the same order (so the same bits): dw + the even rows, plus
@@ -354,8 +352,7 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
  * columns at a time, a row's stride between loads: once the block is larger than L1, the
  * hardware prefetcher does not follow its 64 streams and those loads wait. Here the rows go
  * by in memory order, 4 at a time, and dw and odd take a load and a store per 4 rows'
- * vectors (AVX2 VM, float64, X^T v, the kernel called directly, medians of 5 interleaved
- * runs: 8192x520 2193 -> 1603 us, 2048x2048 2615 -> 1336 us). */
+ * vectors. */
 DP_INLINE void K(block_gemv_t_rows)(T *DP_RESTRICT dw, const T *DP_RESTRICT g,
                                     const T *DP_RESTRICT xb, ptrdiff_t ldx, int rows, int IN)
 {

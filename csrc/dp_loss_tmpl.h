@@ -40,8 +40,8 @@ int KV(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int
     return DP_OK;
 }
 
-/* Rows per block: a block's loss terms are summed in T, blocks in double. 32 rows measured
- * best for logistic regression on 1M x 20 (8 and 128 are 10-40% slower). */
+/* Rows per block: a block's loss terms are summed in T, blocks in double. 32 rows: fewer
+ * leave the per-block work exposed, more spill the block out of the registers and L1. */
 #define LOSS_ROWS 32
 
 static int K(check_binary_labels)(const int64_t *labels, int B)
@@ -79,13 +79,11 @@ DP_INLINE T K(ksum)(const T *a, int n)
  * for LOSS_ROWS values (those past n are left undefined) and may be z.
  * Three loops (exp; the loss; the gradient) rather than one: one loop's chain of dependent
  * operations (exp, a division, log1p's division and series), ~100 cycles a vector, was more
- * than the out-of-order window overlaps across iterations; split, each chain is short enough
- * (the logistic kernel on the AVX2 VM, 8192 x 20 float64 in cache: 9.0 ns a row as one loop,
- * 8.3 split). The three loops run over LOSS_ROWS values, whatever n, the logits past n taken
- * as 0 (their results unused): a constant trip count vectorizes without the remainder loops
- * (AMD EPYC Zen 4, AVX-512, the kernel called from C on 512 x 20 float64 rows in L2, 5
- * interleaved runs: 6.2-6.6 -> 5.9-6.3 ns a row), and a logit's gradient has the same bits
- * wherever it sits (a remainder loop rounded some otherwise). */
+ * than the out-of-order window overlaps across iterations; split, each chain is short enough.
+ * The three loops run over LOSS_ROWS values, whatever n, the logits past n taken as 0 (their
+ * results unused): a constant trip count vectorizes without the remainder loops, and a
+ * logit's gradient has the same bits wherever it sits (a remainder loop rounded some
+ * otherwise). */
 DP_INLINE T K(bce_block)(T *g, int64_t *right, const T *z,
                          const int64_t *DP_RESTRICT labels, int n, T grad_scale)
 {
@@ -131,29 +129,19 @@ int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int6
  * way. Rows that the backward takes in one pass (KVL to 4 KVL values: logistic regression's
  * 20 float64 features) are prefetched from there, a few lines with each pair of rows,
  * LOGREG_PF_BYTES ahead; the others in a burst of KVL rows from the forward, GEMV_PF_ROWS
- * (dp_gemm_gemv_tmpl.h) ahead. AMD EPYC (Zen 5), the kernel called from C on x at 16 mod 64 (as NumPy's are) with
- * huge pages, 1M x 20 float64, batch 8192, ns a row streaming x (medians of 9, 3 runs): the
- * forward's burst 64 rows ahead 11.6-11.9, no prefetch 13.6-15.0, the same burst after the
- * loss 8.6-9.2, from the backward 128 to 384 rows ahead 8.0-8.6 (so a distance in bytes:
- * 32 KB; 8 and 16 KB no better, 64 and 128 KB worse). Other one-pass widths, as built here
- * (2-5 runs): float64 IN = 16 8.4-8.8 -> 7.8, 20 9.9-10.9 -> 8.5-10.3, 32 16.3-17.6 ->
- * 15.2-17.9 (mixed); float32 IN = 32 8.2-8.5 -> 7.7, 64 19.8-20.3 -> 12.7-14.3; slower:
- * float32 IN = 20 5.5-7.2 -> 6.2-7.9 (in L1 the same, 4.7). From the backward, rows of
- * several passes got slower as often as faster (float64 IN = 64 34 -> 37, 100 53 -> 57, 200
- * 114 -> 102; 35 % slower at IN = 64 on AVX2), so they keep the forward's burst. Into L2
- * (DP_PF_LOCALITY, prefetcht2, dp_common.h), not L1: on that EPYC prefetcht0 made the
- * stream slower than no prefetch at all (bench_logreg 0.124-0.202 s against 0.083-0.088 with
- * prefetcht2, 3 interleaved runs; on Zen 4, session 13: 13.6-22.5 ns a row against 7.4-9.4
- * at 4-32 KB ahead); the Intel Xeon of session 7 showed no difference between the three
- * localities. */
+ * (dp_gemm_gemv_tmpl.h) ahead. A distance in bytes, 32 KB: the backward's prefetch was the
+ * fastest of those tried at 32 KB, no better nearer and worse further; from the backward,
+ * rows of several passes got slower as often as faster, so they keep the forward's burst.
+ * Into L2 (DP_PF_LOCALITY, prefetcht2, dp_common.h), not L1: on AMD EPYCs prefetcht0 made
+ * the stream slower than no prefetch at all, where an Intel Xeon showed no difference between
+ * the localities. */
 #define LOGREG_PF_BYTES 32768
 
 /* dp_logistic_grad's blocks of rows, one_pass a constant once inlined: whether the backward
  * takes a row in one pass of gemv_t_vecs (KVL to 4 KVL values), and then prefetches x
  * (block_gemv_t's pf), or in several, and then the forward does. Two copies of the loop: in
  * one loop with both branches, rows of several passes ran slower than before the backward
- * prefetched (AMD EPYC, the kernel called from C, float64 IN = 64, ns a row streaming, 3
- * interleaved runs: 34.4-35.3 with the branch taken out at compile time, 38.3-38.6 with it). */
+ * prefetched. */
 DP_INLINE void K(logistic_blocks)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x,
                                   const T *w, const T *b, const int64_t *labels, int B, int IN,
                                   T grad_scale, int one_pass)
@@ -188,10 +176,8 @@ int KV(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const
     // again, from L1, for dw += g x. dw (IN,) and db (1,) accumulate.
 #if defined(DP_VEC_PASS) && DP_VEC_BYTES == 64
     /* a row narrower than a 64-byte vector would go one value at a time here: the AVX2
-     * build's 32-byte vectors take it (a CPU with AVX-512 has AVX2). AMD EPYC, 1 thread,
-     * ns a row streaming a 160 MB x, 2 interleaved runs: float32 IN = 8 8.3-8.6 -> 3.7-5.0,
-     * IN = 12 12.0-14.4 -> 4.6-6.4, IN = 15 14.3-20.0 -> 5.0-6.2; float64 IN = 4..7 within
-     * the noise (6.5-11.7 against 6.4-9.1) */
+     * build's 32-byte vectors take it (a CPU with AVX-512 has AVX2), about twice as fast
+     * for float32 rows */
     if (IN < KVL && 2 * IN >= KVL)
         return DP_VEC_CAT(K(dp_logistic_grad), _avx2)(dw, db, loss_sum, correct, x, w, b, labels,
                                                       B, IN, grad_scale);

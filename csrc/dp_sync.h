@@ -3,7 +3,8 @@
  *
  * dp_barrier lives in the shared memory itself (it holds no pointer and no OS handle), so
  * every process that maps the segment can wait on it. Waiting spins first (a wake-up through
- * the kernel costs 40-55 us on a time-shared 2-core VM, a spin 0.1-1 us), then yields the CPU
+ * the kernel costs tens of microseconds on a time-shared VM, a spin well under one), then
+ * yields the CPU
  * (oversubscribed runs, e.g. 8 workers on 2 cores, must still progress), then sleeps on a
  * futex (Linux; a short nanosleep elsewhere). Any worker can abort the barrier: every waiter,
  * present and future, returns DP_EABORT with the code the aborter left, so one failing worker

@@ -120,8 +120,7 @@ int check_held(const held_array *h, const char *owner, const char *name);
  * NULL-terminated. The same TypeErrors for too many, missing, unknown or repeated arguments.
  * 0, or -1 with the exception set. Why not PyArg_ParseTupleAndKeywords: with METH_KEYWORDS,
  * CPython builds a tuple and a dict for each call, and the parser a str for each name it looks
- * up: half of a small GEMM's call cost (a 1x1x1 gemm with keywords and a Context, AMD EPYC
- * Zen 4: 0.79-0.80 -> 0.38-0.39 us a call). */
+ * up: half of a small GEMM's call cost. */
 int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *format,
                const char *const *kwlist, ...);
 /* The flags and the cast of a function parse_args parses for */
