@@ -1380,7 +1380,7 @@ def build_gather_rows(rng, fz):
 
 
 def oracle_gather_rows(before, x, index, out):
-    """The contract (docs/core_api.md, no twin in reference.py): out[i] = x[index[i]]."""
+    """The contract (docs/core_api.md, no twin in dptrain.reference): out[i] = x[index[i]]."""
     for name, a in (("x", x), ("index", index), ("out", out)):
         if not isinstance(a, np.ndarray):
             raise Refuse(f"{name} must be an array")
@@ -2198,10 +2198,10 @@ class NetModel:
             if not len(x):
                 return True
             try:
-                acts, _ = ref._model_forward(self.plan, self.params_view.copy(), np.asarray(x))
+                acts, _ = ref.model._model_forward(self.plan, self.params_view.copy(), np.asarray(x))
             except Exception:        # a batch the reference refuses: the call is checked elsewhere
                 return True
-            weights = ref._model_param_views(self.plan, self.params_view.astype(np.float64))
+            weights = ref.model._model_param_views(self.plan, self.params_view.astype(np.float64))
             for i, spec in enumerate(layers):
                 if spec[0] != "maxpool2":
                     continue
