@@ -163,13 +163,13 @@ def _pair_member(cfg: dict, barrier, conn) -> None:
     """One of the independent pair ('spawn' entry point): dptrain.train on 1 worker, with the
     training loop held at `barrier` until the other member has loaded its data too."""
     from dptrain.engine import run
-    original = run.run_worker
+    original = run.train_worker
 
-    def synchronized_run_worker(*args, **kwargs):
+    def synchronized_train_worker(*args, **kwargs):
         barrier.wait(SUBPROCESS_TIMEOUT)
         return original(*args, **kwargs)
 
-    run.run_worker = synchronized_run_worker
+    run.train_worker = synchronized_train_worker
     try:
         conn.send(("ok", summary(dptrain.train(workers=1, quiet=True, **cfg))))
     except BaseException as exc:  # sent to the parent, which reports it

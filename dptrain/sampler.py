@@ -11,6 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
+# Deterministic mode cuts every global batch into this many fixed chunks (by position, not by
+# worker): each chunk's gradient is computed alone, and the chunks are summed in chunk order.
+# Nothing then depends on which worker computed what, so any world size up to CHUNKS gives
+# bitwise-identical weights.
+CHUNKS = 8
+
 
 def epoch_order(n: int, epoch: int, seed: int, shuffle: bool = True) -> np.ndarray:
     """The sample order of one epoch (int64): a permutation seeded by (seed, epoch), or 0..n-1."""

@@ -17,7 +17,7 @@ import math
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -27,20 +27,56 @@ from ..config import TrainConfig
 from ..measure import timing
 from ..models import model_from_spec, storage_dtype
 from ..optim import SGD, lr_at
-from ..sampler import batch_bounds, epoch_order
+from ..comm import LocalComm
+from ..sampler import CHUNKS, batch_bounds, epoch_order, shard, steps_per_epoch
 from .checkpoint import load_checkpoint, save_checkpoint
-from .exchange import make_exchange
+from .exchange import AllReduce, make_exchange
 
 
 @dataclass(frozen=True)
 class Job:
     """Everything a worker needs besides the data: plain values, so it pickles for 'spawn'.
-    config: the resolved TrainConfig; model: the model's spec (``Model.spec()``);
-    warmup_steps: the warm-up of the learning rate, in steps."""
+
+    config: the run's options, as validated once; model: the model's spec (``Model.spec()``);
+    what depends on the number of workers, settled once (``Job.plan``): ``world``,
+    ``batch_size`` (the global batch), ``lr`` (the peak learning rate), ``warmup_steps``.
+    ``coupled=False``: one of the uncoupled workers that measure the contention ceiling (a
+    1-worker run on its own data: no deterministic chunks, checkpoints or resume)."""
 
     config: TrainConfig
     model: dict
+    world: int
+    batch_size: int
+    lr: float
     warmup_steps: int = 0
+    coupled: bool = True
+
+    @classmethod
+    def plan(cls, config: TrainConfig, model: dict, world: int, n_train: int) -> "Job":
+        """The job of a run of `config` on `world` workers over n_train samples."""
+        batch = config.global_batch(world)
+        return cls(config=config, model=model, world=world, batch_size=batch,
+                   lr=config.peak_lr(world),
+                   warmup_steps=int(round(config.warmup_epochs * steps_per_epoch(n_train,
+                                                                                 batch))))
+
+    def uncoupled(self) -> "Job":
+        """One of `world` uncoupled workers: a 1-worker run with 1/world of the batch (the
+        same number of steps over its 1/world of the data)."""
+        return replace(self, world=1, batch_size=-(-self.batch_size // self.world),
+                       coupled=False)
+
+    @property
+    def deterministic(self) -> bool:
+        return self.coupled and self.config.deterministic
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.config.checkpoint_every if self.coupled else 0
+
+    @property
+    def resume(self) -> str | None:
+        return self.config.resume if self.coupled else None
 
 
 class Hooks:
@@ -145,52 +181,71 @@ class BatchRows:
         return self.x[lo:hi], self.y[lo:hi]
 
 
+DATA_NAMES = ("x_train", "y_train", "x_test", "y_test")   # a run's data, as launch's extras
+INIT_PARAMS = "init_params"      # the extra holding the starting parameters of a user's model
+
+
+def train_worker(comm, job: Job) -> dict:
+    """What every worker of a run executes (``dptrain.comm.launch``'s fn): the training loop
+    on the run's data and starting parameters, which the launcher gave as extras (the data
+    set under ``DATA_NAMES``; the parameters of a model the user built under
+    ``INIT_PARAMS``, when there is one)."""
+    x, y, x_test, y_test = (comm.extra(name) for name in DATA_NAMES)
+    return run_worker(comm, job, x, y, x_test, y_test,
+                      init_params=comm.extra(INIT_PARAMS, None))
+
+
+def uncoupled_worker(comm, job: Job) -> dict:
+    """One of N workers that never talk (``Job.uncoupled``): after one start barrier (so that
+    all run at the same moment), a 1-worker run on this rank's 1/N of the training set.
+    Evaluation uses one test row: it is outside the timed loop and only has to exist."""
+    x, y, x_test, y_test = (comm.extra(name) for name in DATA_NAMES)
+    comm.barrier()
+    lo, hi = shard(0, len(x), comm.rank, comm.size)
+    out = run_worker(LocalComm(), job.uncoupled(), x[lo:hi], y[lo:hi], x_test[:1], y_test[:1])
+    return {"train_seconds": out["train_seconds"]}
+
+
 def run_worker(comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = None,
-               say=None, init_params=None) -> dict:
+               init_params=None) -> dict:
     """The training loop of one worker (see the module docstring). init_params: the starting
-    parameters (rank 0's; a model the user built), else the model's seeded initialization."""
-    try:
-        return _run_worker(comm, job, x, y, x_test, y_test, hooks or hooks_for(job.config,
-                                                                                 comm.rank),
-                           say, init_params)
-    finally:
-        comm.close()
-
-
-def _run_worker(comm, job, x, y, x_test, y_test, hooks, say, init_params):
+    parameters (a model the user built), else the model's seeded initialization. Rank 0
+    reports each epoch's record (``comm.report``: the launcher prints it) and returns the
+    history and the final parameters. (The launcher closes the communicator after.)"""
     cfg = job.config
-    rank, world = comm.rank, comm.size
-    exchange = make_exchange(cfg)
+    hooks = hooks or hooks_for(cfg, comm.rank)
+    rank = comm.rank
+    exchange = make_exchange(cfg) if job.coupled else AllReduce()
     n_params = job.model["n_params"]
     bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
-    opt = SGD(net, cfg.lr, momentum=cfg.momentum, dampening=cfg.dampening,
+    opt = SGD(net, job.lr, momentum=cfg.momentum, dampening=cfg.dampening,
               weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
     stats = comm.zeros(2, np.float64)
     state = {"step": 0, "epoch": 0, "batch": 0, "loss_sum": 0.0, "correct": 0, "history": [],
              "train_seconds": 0.0, "eval_seconds": 0.0}
     n = len(x)
     if rank == 0:
-        if cfg.resume:
-            state.update(load_checkpoint(cfg.resume, job, net, n))
+        if job.resume:
+            state.update(load_checkpoint(job.resume, job, net, n))
         elif init_params is not None:
             net.params[:] = init_params
         else:
             net.reset_parameters()          # the seeded init, into the exchanged buffer
-    if cfg.resume:
+    if job.resume:
         # every rank reads the position (the file is visible to all: one machine, or a shared
         # file system under MPI); parameters and momentum come from rank 0
         if rank != 0:
-            state.update(load_checkpoint(cfg.resume, job, None, n))
+            state.update(load_checkpoint(job.resume, job, None, n))
             state.update(loss_sum=0.0, correct=0)   # the epoch's sums so far count once, on 0
         comm.broadcast_(net.velocity, root=0)
     comm.broadcast_(net.params, root=0)
     opt.steps = state["step"]
 
-    bounds = batch_bounds(n, cfg.batch_size)
+    bounds = batch_bounds(n, job.batch_size)
     total_steps = cfg.epochs * len(bounds)
-    parts = 8 if cfg.deterministic else world
-    rows = BatchRows(x, y, -(-min(cfg.batch_size, n) // parts), cfg.shuffle)
+    parts = CHUNKS if job.deterministic else comm.size
+    rows = BatchRows(x, y, -(-min(job.batch_size, n) // parts), cfg.shuffle)
     timer = timing.StepTimer()
     clock = StepClock(comm, hooks)
     progress = comm.progress if rank == 0 else None
@@ -207,7 +262,7 @@ def _run_worker(comm, job, x, y, x_test, y_test, hooks, say, init_params):
             hooks.step_start(rank, step)
             clock.begin(e0 if b == first_batch else now())
             batch_loss, batch_correct = exchange.gradient(comm, net, rows, *bounds[b], clock)
-            exchange.update(comm, opt, lr_at(step, total_steps, cfg.lr, cfg.lr_schedule,
+            exchange.update(comm, opt, lr_at(step, total_steps, job.lr, cfg.lr_schedule,
                                              job.warmup_steps))
             clock.record(timer, epoch, now())
             loss_sum += batch_loss
@@ -215,7 +270,7 @@ def _run_worker(comm, job, x, y, x_test, y_test, hooks, say, init_params):
             step += 1
             if progress is not None:
                 progress[0], progress[1] = step, total_steps
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            if job.checkpoint_every and step % job.checkpoint_every == 0:
                 # the epoch's loss so far, over all workers (this all-reduce is also the
                 # barrier after which every update of this step is done)
                 stats[0], stats[1] = loss_sum, correct
@@ -236,7 +291,7 @@ def _run_worker(comm, job, x, y, x_test, y_test, hooks, say, init_params):
         if not math.isfinite(loss_sum):
             raise FloatingPointError(
                 f"training diverged: the loss is {loss_sum} in epoch {epoch + 1} "
-                f"(lr={cfg.lr}); try a smaller learning rate")
+                f"(lr={job.lr}); try a smaller learning rate")
         if rank == 0:
             v0 = now()
             test_loss, test_acc = net.evaluate(x_test, y_test) if len(x_test) else (None, None)
@@ -245,23 +300,11 @@ def _run_worker(comm, job, x, y, x_test, y_test, hooks, say, init_params):
                    "train_accuracy": None if net.loss == "mse" else correct / n,
                    "test_loss": test_loss, "test_accuracy": test_acc, "seconds": epoch_seconds}
             history.append(rec)
-            if say:
-                say(epoch_line(rec, cfg.epochs, n))
+            comm.report(rec)
     out = {"rank": rank, "steps": step, "stamps": timer.array(), "calls": comm.calls,
-           "bytes_sent": comm.bytes_sent, "train_seconds": train_seconds}
+           "bytes_sent": comm.bytes_sent, "train_seconds": train_seconds,
+           "node_members": comm.node_members}
     if rank == 0:
         out.update(history=history, eval_seconds=eval_seconds,
                    params=net.params.copy(), velocity=net.velocity.copy())
     return out
-
-
-def epoch_line(rec: dict, epochs: int, n: int) -> str:
-    """One line per epoch: losses, accuracy, time, throughput and the ETA."""
-    from ..measure.progress import format_seconds
-    left = epochs - rec["epoch"]
-    eta = f", eta {format_seconds(left * rec['seconds'])}" if left else ""
-    test = f"test loss {rec['test_loss']:.4f}  " if rec["test_loss"] is not None else ""
-    if rec["test_accuracy"] is not None:          # None: a regression
-        test += f"test acc {100 * rec['test_accuracy']:.2f}%  "
-    return (f"epoch {rec['epoch']}/{epochs}  train loss {rec['train_loss']:.4f}  {test}"
-            f"({rec['seconds']:.2f} s, {n / rec['seconds']:,.0f} samples/s{eta})")

@@ -45,6 +45,7 @@ __all__ = ["sweep", "summarize", "format_summary", "write_csv", "run_row", "mach
 GAP_PARTS = {"contention": ("data", "compute"), "communication": ("communication",),
              "sync_wait": ("sync_wait",), "serial": ("update", "other")}
 TRACE_STEPS = 30
+SWEEP_BACKENDS = ("thread", "process")   # a sweep starts its own workers (MPI: one mpiexec each)
 
 
 def machine_info() -> dict:
@@ -167,7 +168,7 @@ def sweep(model: str = "mlp", dataset: str = "mnist", *, sizes=(5000, 10000, 200
     "synthetic-mnist" when MNIST was not found ("requested_dataset" keeps the name asked for).
     """
     from ..engine import train
-    if backend not in ("thread", "process"):
+    if backend not in SWEEP_BACKENDS:
         raise ValueError(f"backend is {backend!r}: a sweep starts its own workers with "
                          f"'thread' or 'process' (under MPI, run one mpiexec per worker count)")
     sizes = sorted({int(s) for s in sizes})
