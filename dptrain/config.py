@@ -10,7 +10,7 @@ scikit-learn estimators make one from their parameters, and the result records i
 Validation happens in ``__post_init__``: a bad value raises ValueError naming the option and
 the value before any data is read or worker started. What depends on the number of workers
 (the global batch of ``batch_per_worker``, the scaled learning rate, ranks named by faults)
-is settled once per run, into its ``engine.loop.Job`` (``global_batch``, ``peak_lr``,
+is settled once per run, into its ``engine.job.Job`` (``global_batch``, ``peak_lr``,
 ``check_world``): the config itself is never rebuilt.
 """
 from __future__ import annotations

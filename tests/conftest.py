@@ -121,3 +121,74 @@ def mpich_leftovers():
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+# ---------------------------------------------------------------- MPI (the `mpi` marker)
+def pytest_runtest_setup(item):
+    """A test marked `mpi` starts ranks with mpiexec: it skips, saying why, where mpi4py or
+    mpiexec is missing (pip install 'dptrain[mpi]')."""
+    if item.get_closest_marker("mpi") is not None and _mpiexec() is None:
+        pytest.skip("mpi4py or mpiexec not installed (pip install 'dptrain[mpi]')")
+
+
+def _mpiexec():
+    from dptrain.comm.mpi import find_mpiexec
+    return find_mpiexec()
+
+
+@pytest.fixture(scope="session")
+def mpiexec():
+    """The path of mpiexec (tests marked `mpi` skip without it)."""
+    path = _mpiexec()
+    if path is None:
+        pytest.skip("mpi4py or mpiexec not installed (pip install 'dptrain[mpi]')")
+    return path
+
+
+# ---------------------------------------------------------------- the engine's small run
+# An MLP on a synthetic set whose last global batch (30 of 1030) is uneven and whose batch of
+# 100 does not split evenly over 3 workers: what the transport, exchange, job and checkpoint
+# tests train and compare.
+SMALL = dict(model="mlp", hidden=(16,), dataset="synthetic", n_samples=1030, n_features=12,
+             epochs=2, batch_size=100, lr=0.05, momentum=0.9, lr_schedule="cosine", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def train_small():
+    """train_small(**options): dptrain.train of SMALL with these options changed."""
+    import dptrain
+
+    def run(**options):
+        return dptrain.train(**{**SMALL, **options})
+    return run
+
+
+@pytest.fixture(scope="session")
+def sequential(train_small):
+    """SMALL on one worker: what N workers must equal."""
+    return train_small()
+
+
+@pytest.fixture(scope="session")
+def deterministic_one(train_small):
+    """SMALL on one worker in deterministic mode: what any world size must equal, bit for bit."""
+    return train_small(deterministic=True)
+
+
+@pytest.fixture
+def mpi_weights(mpiexec, tmp_path):
+    """mpi_weights(ranks, *flags): SMALL trained under mpiexec -n ranks (plus CLI flags); the
+    saved weights."""
+    def run(ranks, *extra):
+        import dptrain
+        weights = tmp_path / "w.npz"
+        r = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-m", "dptrain",
+                            "train", "--model", "mlp", "--hidden", "16", "--dataset",
+                            "synthetic", "--n-samples", "1030", "--n-features", "12",
+                            "--epochs", "2", "--batch-size", "100", "--lr", "0.05",
+                            "--momentum", "0.9", "--backend", "mpi", "--quiet",
+                            "--save-weights", str(weights), *extra],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return dptrain.load_model(weights).params
+    return run

@@ -1,13 +1,11 @@
 """What a run returns (``TrainResult``) and writes: the trained model, the per-epoch history,
-where the time went, the JSON result; the lines it prints about them (``epoch_line``,
-``breakdown_line``); and the check, before any work, that every output path can be
-written (``check_writable``: no result is lost after hours of training)."""
+where the time went, the JSON result and the files the options ask for; and the lines it
+prints about them (``epoch_line``, ``breakdown_line``)."""
 from __future__ import annotations
 
 import json
 import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 
@@ -159,26 +157,3 @@ def epoch_line(rec: dict, epochs: int, n: int) -> str:
         test += f"test acc {100 * rec['test_accuracy']:.2f}%  "
     return (f"epoch {rec['epoch']}/{epochs}  train loss {rec['train_loss']:.4f}  {test}"
             f"({rec['seconds']:.2f} s, {n / rec['seconds']:,.0f} samples/s{eta})")
-
-
-def check_writable(path, arg: str) -> None:
-    """Raises ValueError naming the argument when a file cannot be written at `path`: its
-    directory is missing or not writable, or the path is a directory. Probes by creating
-    (and removing) a temporary file beside it: permission bits do not tell (root, read-only
-    file systems, ACLs)."""
-    p = Path(path).expanduser()
-    directory = p.parent
-    if p.is_dir():
-        raise ValueError(f"{arg}={str(path)!r} is a directory, expected a file path")
-    if not directory.is_dir():
-        raise ValueError(f"{arg}={str(path)!r}: the directory {str(directory)!r} does not exist "
-                         f"(checked before training, so that no result is lost)")
-    try:
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".dptrain-probe-"):
-            pass
-    except OSError as exc:
-        raise ValueError(f"{arg}={str(path)!r}: cannot write in {str(directory)!r} "
-                         f"({exc.strerror or exc}; checked before training, so that no result "
-                         f"is lost)") from None
-    if p.exists() and not os.access(p, os.W_OK):
-        raise ValueError(f"{arg}={str(path)!r}: the file exists and is not writable")

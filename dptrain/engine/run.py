@@ -31,6 +31,8 @@ data loading and the per-epoch evaluation (on rank 0) are reported separately an
 from __future__ import annotations
 
 import inspect
+import os
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -42,8 +44,9 @@ from ..measure import timing
 from ..models import Model
 from .checkpoint import read_checkpoint
 from .inputs import announce, check_finite, data_arg, load_data, model_spec
-from .loop import DATA_NAMES, INIT_PARAMS, Job, train_worker, uncoupled_worker
-from .result import TrainResult, check_writable, epoch_line, make_result
+from .job import Job
+from .loop import DATA_NAMES, INIT_PARAMS, train_worker, uncoupled_worker
+from .result import TrainResult, epoch_line, make_result
 
 
 # ---------------------------------------------------------------- entry points
@@ -237,3 +240,26 @@ def _step_bar(config: TrainConfig):
         return StepBar()
     except ImportError:
         return None
+
+
+def check_writable(path, arg: str) -> None:
+    """Raises ValueError naming the argument when a file cannot be written at `path`: its
+    directory is missing or not writable, or the path is a directory. Probes by creating
+    (and removing) a temporary file beside it: permission bits do not tell (root, read-only
+    file systems, ACLs)."""
+    p = Path(path).expanduser()
+    directory = p.parent
+    if p.is_dir():
+        raise ValueError(f"{arg}={str(path)!r} is a directory, expected a file path")
+    if not directory.is_dir():
+        raise ValueError(f"{arg}={str(path)!r}: the directory {str(directory)!r} does not exist "
+                         f"(checked before training, so that no result is lost)")
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".dptrain-probe-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{arg}={str(path)!r}: cannot write in {str(directory)!r} "
+                         f"({exc.strerror or exc}; checked before training, so that no result "
+                         f"is lost)") from None
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ValueError(f"{arg}={str(path)!r}: the file exists and is not writable")
