@@ -55,15 +55,16 @@ def _round_up(n: int) -> int:
 class WaitPolicy:
     """How a worker waits at a barrier: spin, then yield, then sleep (see csrc/dp_sync.h).
 
-    A wake-up through the kernel costs 40-55 us on a time-shared VM, so workers never sleep
-    early: they spin, then call sched_yield in a loop (which returns at once when nothing else
-    wants the core, so it is a spin with a syscall in it), and only then sleep.
-    - Processes on their own cores spin 200 us: measured on the 2-worker MNIST MLP, a 10 us
-      spin made the run 27 % slower (median 0.334 s vs 0.262 s over 5 interleaved repeats).
+    A wake-up through the kernel costs tens of microseconds on a time-shared VM, so workers
+    never sleep early: they spin, then call sched_yield in a loop (which returns at once when
+    nothing else wants the core, so it is a spin with a syscall in it), and only then sleep.
+    - Processes on their own cores spin 200 us: a shorter spin hands the core to the kernel
+      between the MLP's steps, and its wake-up then costs more than the spin.
     - Thread workers spin 10 us: a GIL hand-off can wake the other thread on the same core,
-      and a 200 us spin then costs 405 us per all-reduce before the core is handed over
-      (bench_allreduce.py); in training the two spins measured the same (0.262 vs 0.255 s).
+      and a long spin then holds that core from the thread it waits for; in training the
+      two spins cost the same.
     - More workers than cores: the worker being waited for needs this core, so yield at once.
+    (The measurements: bench/README.md, "Design measurements behind the comments".)
     """
 
     spin: float = 200e-6
@@ -590,10 +591,9 @@ def _run_attached(rank, segment, layout, policy, target, args, conn, inherited, 
 def _touch_pages(a: np.ndarray) -> None:
     """Maps the pages of an array into this process before the worker's code reads it: a
     spawned worker maps the segment afresh, and otherwise the first pass over the data (the
-    training loop's first epoch, gathering its batches) would fault every page in (measured:
-    the data phase of a 2-worker softmax step at 75-83 us instead of about 45); for an
-    inherited array it is a quick pass over pages the fork already mapped. Memory maps of
-    the user's files are not touched: they may be larger than RAM."""
+    training loop's first epoch, gathering its batches) would fault every page in, inside
+    the timed steps; for an inherited array it is a quick pass over pages the fork already
+    mapped. Memory maps of the user's files are not touched: they may be larger than RAM."""
     flat = a.reshape(-1).view(np.uint8)
     if flat.size:
         flat[::4096].sum()                   # one read per 4 KiB page
@@ -607,7 +607,7 @@ def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = No
     ``comm.extra(name)``: under the 'fork' start method as the launcher's own arrays, which
     the workers inherit (no copy: the pages stay shared until written, and keep their size:
     a data set in 2 MB pages, where a memfd has 4 KB ones on a kernel whose shmem_enabled is
-    never, as Debian's, gathered its shuffled rows 1.4x slower from the segment); under
+    never, as Debian's, and shuffled rows are gathered faster from large pages); under
     'spawn' and 'forkserver' copied once into the segment before the workers start (one
     copy, not one per worker). An extra that is a view of a memory-mapped file still found
     under its name (a user's .npy opened with mmap_mode) is mapped again by each worker
