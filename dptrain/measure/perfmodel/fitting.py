@@ -255,6 +255,14 @@ class FittedModel:
         bw = math.inf if self.beta == 0 else 1.0 / self.beta
         return Network(f"fitted ({self.labels.get('backend') or 'measured'})", self.alpha, bw)
 
+    def link(self, network=None, gamma: float | None = None) -> tuple[Network, float]:
+        """(the link, gamma) a prediction uses: network=None is the measured transport, with
+        gamma 0 unless given (its beta includes summing); a Network or preset name is that
+        link, with gamma DEFAULT_GAMMA unless given."""
+        if network is None:
+            return self.network, 0.0 if gamma is None else _nonneg("gamma", gamma)
+        return get_network(network), DEFAULT_GAMMA if gamma is None else _nonneg("gamma", gamma)
+
     def predict(self, workers: int, n_samples: int | None = None, *,
                 batch_size: int | None = None, epochs: int | None = None,
                 param_bytes: float | None = None, calls_per_step: float | None = None,
@@ -276,11 +284,7 @@ class FittedModel:
                                                                           calls_per_step)
         alg = self.algorithm if algorithm is None else algorithm
         _check_algorithm(alg)
-        if network is None:
-            net, g = self.network, 0.0 if gamma is None else _nonneg("gamma", gamma)
-        else:
-            net = get_network(network)
-            g = DEFAULT_GAMMA if gamma is None else _nonneg("gamma", gamma)
+        net, g = self.link(network, gamma)
         steps, mean, busiest = _work(n, b, e, p)
         if ranks_per_node is not None and alg == "ps":
             raise ValueError("ranks_per_node: the hierarchical all-reduce has no parameter-"

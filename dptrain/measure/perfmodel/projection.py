@@ -99,11 +99,7 @@ def break_even_samples(model: FittedModel, workers: int, network=None,
                          f"workers with one)")
     alg = model.algorithm if algorithm is None else algorithm
     _check_algorithm(alg)
-    if network is None:
-        net, g = model.network, 0.0 if gamma is None else _nonneg("gamma", gamma)
-    else:
-        net = get_network(network)
-        g = DEFAULT_GAMMA if gamma is None else _nonneg("gamma", gamma)
+    net, g = model.link(network, gamma)
     m = model.param_bytes if param_bytes is None else _nonneg("param_bytes", param_bytes)
     cps = model.calls_per_step if calls_per_step is None else _nonneg("calls_per_step",
                                                                        calls_per_step)
