@@ -32,10 +32,11 @@ a trace) raises ``NotEnoughData`` when called alone and is skipped by ``plot_swe
 (``PHASE_COLORS``). The command line (``python -m dptrain plot results/ --out figures/``,
 which also fits the performance model) is dptrain.measure.plot_command.
 
-A sweep is ``sweep.json`` as written by dptrain.measure.sweep (the contract, docs/sweep_schema.md:
-SUMMARY rows with ``time``, ``speedup``, ``efficiency`` as ``{median, min, max}`` over repeats,
-``phases`` as medians, and ``ceiling_speedup``); the functions accept the loaded dict, a list of SUMMARY rows, or (through
-``load_sweep``) the directory or file. Times are seconds in the data, shown in s or ms.
+A sweep is ``sweep.json`` as written by dptrain.measure.sweep (the contract,
+docs/sweep_schema.md: SUMMARY rows with ``time``, ``speedup``, ``efficiency`` as ``{median,
+min, max}`` over repeats, ``phases`` as medians, and ``ceiling_speedup``); the functions
+accept the loaded dict, a list of SUMMARY rows, or (through ``load_sweep``) the directory or
+file. Times are seconds in the data, shown in s or ms.
 
 matplotlib is optional (``pip install "dptrain[plot]"``) and imported only when a figure is
 made. Figures are made without pyplot: no global figure list to leak in long sweeps, and
