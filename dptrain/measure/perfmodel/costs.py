@@ -19,8 +19,8 @@ ALGORITHMS = tuple(a for a in EXCHANGE_ALGORITHMS if a != "native")
 
 
 # Reduction cost per byte (gamma) on the host that sums: numpy float32 a += b over the MLP's
-# 0.94 MB gradient took 0.028 ns/B (in cache; 0.057 ns/B for 16 MB from DRAM), median of 200
-# calls on the 2-core EPYC VM the benchmarks run on.
+# gradient, in cache, timed on the machine the benchmarks run on (the figures: bench/README.md,
+# "Design measurements behind the comments").
 DEFAULT_GAMMA = 3e-11
 
 
@@ -66,11 +66,10 @@ class Network:
 # typically 85-95 % of them); latencies are per-message MPI latencies: tens of microseconds
 # through the kernel's TCP stack on Ethernet, about a microsecond over EDR InfiniBand verbs.
 # Pass your own Network(...) for a cluster you have measured.
-# "shared memory" is fitted from our measurements: bench/bench_allreduce.py, 2 processes over
-# multiprocessing.shared_memory, p50 of 64 B .. 16 MB (bench/results/allreduce.json, commit
-# 85d9054), least squares in relative error of 2 alpha + M beta + M gamma / 2 (the ring form
-# at p = 2) with gamma = DEFAULT_GAMMA: within 10 % from 64 B to 1 MB, 27 % under at 16 MB
-# (out of cache).
+# "shared memory" is fitted to our measurements (bench/bench_allreduce.py, 2 processes): least
+# squares in relative error of 2 alpha + M beta + M gamma / 2 (the ring form at p = 2) with
+# gamma = DEFAULT_GAMMA, so that the projections start from a link we have timed (the data and
+# how well it fits: bench/README.md, "Design measurements behind the comments").
 NETWORKS = {net.name: net for net in (
     Network("10 GbE", alpha=20e-6, bandwidth=10e9 / 8),
     Network("25 GbE", alpha=10e-6, bandwidth=25e9 / 8),
