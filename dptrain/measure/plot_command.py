@@ -55,8 +55,8 @@ def _fit_model(sweep, out_dir, say):
     except ValueError as exc:
         say(f"no performance model: {exc}")
         return None, None
-    # runs with more workers x threads than the sweep machine's cores time-share the cores:
-    # the model has no term for that (see dptrain.perfmodel), so they are left out of the fit
+    # runs with more workers x threads than the sweep machine's cores time-share the cores: the
+    # model has no term for that (see dptrain.measure.perfmodel), so they are left out of the fit
     cores = machine_cores(load_sweep(sweep))
     if cores:
         fitting = [r for r in runs if r["workers"] * r.get("threads", 1) <= cores]

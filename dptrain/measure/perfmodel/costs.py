@@ -97,7 +97,7 @@ def allreduce_coefficients(algorithm: str, p: int) -> tuple[float, float, float]
 
     - ring (reduce-scatter + all-gather): 2 (p - 1) messages of M / p each;
       (p - 1) / p M summed per worker.
-    - tree (recursive doubling, as dptrain.collectives.tree_allreduce does it): with
+    - tree (recursive doubling, as dptrain.comm.algorithms.tree_allreduce does it): with
       q = floor(log2 p), q rounds exchanging (and summing) all M. When p is not a power of
       two the extra ranks first fold into partners (one message of M, one sum) and get the
       result back at the end (one message of M): q + 2 messages, q + 1 sums. (ceil(log2 p)
