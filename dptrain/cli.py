@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="results", help="directory for the results")
     s.add_argument("--quiet", action="store_true", help="no progress bar or table")
 
-    st = sub.add_parser("study", help="run one of the four original studies and write its "
+    st = sub.add_parser("study", help="run one of the four studies dptrain reproduces "
+                                      "(help(dptrain.studies)) and write its "
                                       "report (Markdown, PNG, CSV)")
     st.add_argument("name", choices=STUDIES)
     st.add_argument("--out", default=None, help="report directory (default: study-NAME)")
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="performance model: JSON list of {network, algorithm, workers, "
                         "speedup, efficiency} rows (default: fitted to the sweep here)")
     f.add_argument("--no-model", action="store_true",
-                   help="do not fit the performance model (dptrain.perfmodel) to the sweep")
+                   help="do not fit the performance model (dptrain.measure.perfmodel) to the sweep")
     f.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
 
@@ -150,7 +151,7 @@ def _main(argv=None) -> int:
             return 1
         return 0
     if args.command == "plot":
-        from .measure.plots import main_plot
+        from .measure.plot_command import main_plot
         return main_plot(args)
     return _train(args)
 

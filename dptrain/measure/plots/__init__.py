@@ -67,12 +67,3 @@ __all__ = ["plot_sweep", "load_sweep", "load_trace", "plot_speedup", "plot_effic
            "plot_time_vs_size", "plot_breakdown", "plot_baseline_vs_distributed",
            "plot_timeline", "plot_model_validation", "plot_projection", "model_verdict",
            "save_figure", "machine_cores", "NotEnoughData", "FIGURE_NAMES"]
-
-
-def __getattr__(name):
-    # ``from dptrain.measure.plots import main_plot`` (dptrain.cli's import until it imports
-    # dptrain.measure.plot_command, where the command now lives)
-    if name == "main_plot":
-        from ..plot_command import main_plot
-        return main_plot
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
