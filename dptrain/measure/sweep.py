@@ -50,16 +50,7 @@ def machine_info() -> dict:
     """What the sweep ran on: cores, CPU model, the C core's SIMD level, Python, platform."""
     from .. import build_info
     info = build_info()
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cores": os.cpu_count(), "cpu": cpu, "simd": info.get("simd"),
+    return {"cores": os.cpu_count(), "cpu": info["cpu"], "simd": info.get("simd"),
             "python": platform.python_version(), "platform": platform.platform()}
 
 
