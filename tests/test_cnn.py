@@ -778,6 +778,7 @@ def test_cli_trains_the_cnn(tmp_path, capsys):
     assert rc == 1 and "neither s*s nor 3*s*s" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_mnist_cnn_reaches_98_percent_in_2_epochs():
     r = _train(model="cnn", dataset="mnist", data_dir=MNIST_DIR, epochs=2, batch_size=128,
