@@ -1,12 +1,13 @@
 """The training engine: a run from end to end in the launching process (``run``: ``train``,
-``fit``, ``run``), what it trains on (``inputs``: the data and the model's spec), the
-job every worker is given (``job``), the training loop it runs (``loop``), the gradient exchange strategies
-(``exchange``), checkpoints (``checkpoint``), and what a run returns and writes
-(``result``: ``TrainResult``)."""
+``fit``, ``run``), what it trains on (``data``) and what it trains (``model``: the model's
+spec), the job every worker is given (``job``), the training loop it runs (``loop``, with
+``hooks`` from outside), the gradient exchange strategies (``exchange``), checkpoints
+(``checkpoint``), and what a run returns and writes (``result``: ``TrainResult``)."""
 from .exchange import (AllReduce, Bf16AllReduce, Deterministic, Exchange, Overlap,
                        ParameterServer, gradient_buckets, make_exchange)
 from .job import Job
-from .loop import Hooks, run_worker, train_worker
+from .hooks import Hooks
+from .loop import run_worker, train_worker
 from .result import TrainResult
 from .run import fit, run, train
 

@@ -8,131 +8,26 @@
 
 The loop knows nothing of transports (``comm`` is a ``dptrain.comm.Communicator``), of how
 the gradient is exchanged (``engine.exchange``), or of injected faults and stragglers
-(``Hooks``, given from outside). It returns the worker's timings; rank 0 also returns the
+(``engine.hooks``, given from outside); a step's phases are marked by
+``measure.timing.StepClock`` and its batch gathered by ``sampler.BatchRows``. It returns the worker's timings; rank 0 also returns the
 per-epoch history and the final parameters.
 """
 from __future__ import annotations
 
 import math
-import os
 import time
-from contextlib import contextmanager
 
 import numpy as np
 
-from .. import _core
-from .._aligned import aligned_empty
-from ..config import TrainConfig
+from ..comm import LocalComm
 from ..measure import timing
 from ..models import model_from_spec, storage_dtype
 from ..optim import SGD, lr_at
-from ..comm import LocalComm
-from ..sampler import CHUNKS, batch_bounds, epoch_order, shard
+from ..sampler import CHUNKS, BatchRows, batch_bounds, epoch_order, shard
 from .checkpoint import load_checkpoint, save_checkpoint
 from .exchange import AllReduce, make_exchange
+from .hooks import Hooks, hooks_for
 from .job import Job
-
-
-class Hooks:
-    """What wraps the loop from outside; the default does nothing."""
-
-    def step_start(self, rank: int, step: int) -> None:
-        """Called before each step."""
-
-    def computed(self, rank: int) -> None:
-        """Called when a step's compute is done, before its exchange."""
-
-
-class Injection(Hooks):
-    """Faults and stragglers, to study failures and synchronization: worker `fault[0]` fails
-    at step `fault[1]` (raise, or SIGKILL itself); worker `straggle[0]` computes `straggle[1]`
-    ms longer every step; every worker computes U(0, straggle_random_ms) ms longer (seeded).
-    The delays are sleeps: the core stays free."""
-
-    def __init__(self, config: TrainConfig, rank: int):
-        self.fault = config.fault
-        self.fixed = (config.straggle[1] / 1e3
-                      if config.straggle and config.straggle[0] == rank else 0.0)
-        self.spread = config.straggle_random_ms / 1e3
-        self.rng = np.random.default_rng([config.seed, rank, 0x57a6])
-
-    def step_start(self, rank, step):
-        if self.fault and self.fault[0] == rank and self.fault[1] == step:
-            if self.fault[2] == "kill":
-                import signal
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise RuntimeError(f"injected fault on rank {rank} at step {step}")
-
-    def computed(self, rank):
-        delay = self.fixed + (self.rng.uniform(0.0, self.spread) if self.spread else 0.0)
-        if delay:
-            time.sleep(delay)
-
-
-def hooks_for(config: TrainConfig, rank: int) -> Hooks:
-    """The hooks a config asks for (none unless faults or stragglers are injected)."""
-    if config.fault or config.straggle or config.straggle_random_ms:
-        return Injection(config, rank)
-    return Hooks()
-
-
-class StepClock:
-    """The phase boundaries of one step (perf_counter), marked by the exchange strategy:
-    start ─data─ b ─compute─ c ─exchange─ d ─update─ e; and the seconds the exchange waited
-    at its collectives' entry (read from the communicator)."""
-
-    __slots__ = ("comm", "hooks", "rank", "start", "data_seconds", "t_data", "t_compute",
-                 "t_exchange", "waited_before")
-
-    def __init__(self, comm, hooks: Hooks):
-        self.comm, self.hooks, self.rank = comm, hooks, comm.rank
-
-    def begin(self, t: float) -> None:
-        self.start, self.data_seconds, self.t_data = t, 0.0, None
-
-    def data_done(self) -> None:
-        """The batch is gathered (strategies that gather once)."""
-        self.t_data = time.perf_counter()
-
-    @contextmanager
-    def data(self):
-        """Times one of several gathers (strategies that gather per chunk)."""
-        t0 = time.perf_counter()
-        yield
-        self.data_seconds += time.perf_counter() - t0
-
-    def computed(self) -> None:
-        self.hooks.computed(self.rank)              # an injected straggler computes longer
-        self.t_compute = time.perf_counter()
-        self.waited_before = self.comm.waited
-
-    def exchanged(self) -> None:
-        self.t_exchange = time.perf_counter()
-
-    def record(self, timer: timing.StepTimer, epoch: int, t_update: float) -> None:
-        t_data = self.t_data if self.t_data is not None else self.start + self.data_seconds
-        timer.step(epoch, self.start, t_data, self.t_compute, self.t_exchange, t_update,
-                   self.comm.waited - self.waited_before)
-
-
-class BatchRows:
-    """(x, y) of positions [lo, hi) of an epoch's order: gathered into reused buffers
-    (``_core.gather_rows``, GIL released, so thread workers gather at the same time), or
-    contiguous slices (no copy) when the order is the data set's own."""
-
-    def __init__(self, x, y, rows: int, shuffle: bool):
-        self.x, self.y, self.shuffle = x, y, shuffle
-        self.xb = aligned_empty((rows,) + x.shape[1:], x.dtype)
-        self.yb = aligned_empty((rows,) + y.shape[1:], y.dtype)
-        self.order = None
-
-    def __call__(self, lo: int, hi: int):
-        if self.shuffle:
-            bx, by = self.xb[:hi - lo], self.yb[:hi - lo]
-            _core.gather_rows(self.x, self.order[lo:hi], bx)
-            _core.gather_rows(self.y, self.order[lo:hi], by)
-            return bx, by
-        return self.x[lo:hi], self.y[lo:hi]
 
 
 DATA_NAMES = ("x_train", "y_train", "x_test", "y_test")   # a run's data, as launch's extras
@@ -201,7 +96,7 @@ def run_worker(comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = No
     parts = CHUNKS if job.deterministic else comm.size
     rows = BatchRows(x, y, -(-min(job.batch_size, n) // parts), cfg.shuffle)
     timer = timing.StepTimer()
-    clock = StepClock(comm, hooks)
+    clock = timing.StepClock(comm, hooks)
     progress = comm.progress if rank == 0 else None
     history = state["history"]
     train_seconds, eval_seconds, step = state["train_seconds"], state["eval_seconds"], state["step"]

@@ -7,7 +7,7 @@ the command line and the estimators pass it), on 1..N workers.
    transport is picked (``--backend``, or MPI when started by an MPI launcher); every
    output path is checked for writing.
 2. The data are loaded once and the model's spec is made without allocating a model
-   (``engine.inputs``); what depends on the number of workers is settled once, into the
+   (``engine.data``, ``engine.model``); what depends on the number of workers is settled once, into the
    ``Job``; the checkpoint to resume is checked: all before any worker starts.
 3. ``dptrain.comm.launch`` starts the workers, each running ``engine.loop.train_worker`` on
    the data it hands them (``comm.extra``): threads of this process, processes sharing
@@ -43,9 +43,10 @@ from ..config import TrainConfig, options_doc
 from ..measure import timing
 from ..models import Model
 from .checkpoint import read_checkpoint
-from .inputs import announce, check_finite, data_arg, load_data, model_spec
+from .data import announce, check_finite, data_arg, load_data
 from .job import Job
 from .loop import DATA_NAMES, INIT_PARAMS, train_worker, uncoupled_worker
+from .model import model_spec
 from .result import TrainResult, epoch_line, make_result
 
 
@@ -120,7 +121,7 @@ the rank) when a worker fails."""
 def run(config: TrainConfig, *, data=None, model: Model | None = None,
         log=print) -> TrainResult:
     """Runs the training that ``config`` describes (see the module docstring). data: None
-    (the config's named data set), a ``dptrain.data.Dataset``, or ``engine.inputs.data_arg``'s
+    (the config's named data set), a ``dptrain.data.Dataset``, or ``engine.data.data_arg``'s
     arrays; model: the user's model to train (its parameters are the start and are updated
     in place), else the config's named model or layers."""
     wall0 = time.perf_counter()

@@ -1,15 +1,14 @@
-"""What a run trains on and what it trains, checked against each other before any worker
-starts: the data (a named data set, a Dataset, or the user's arrays, converted once to the
-model's dtype, finite, at least one sample per worker) and the spec of the model (the
-user's model, or the named one planned for the data without allocating it).
-"""
+"""What a run trains on, read and checked before any worker starts: a named data set, a
+Dataset, or the user's arrays (converted once to the model's dtype, labels checked against
+a given model's classes, limited, finite)."""
 from __future__ import annotations
 
 import sys
 from dataclasses import replace
 
 from .. import data as data_mod
-from ..models import MODEL_KINDS, layers_spec, named_spec, storage_dtype
+from ..models import storage_dtype
+from .model import model_classes
 
 
 def data_arg(dataset, X, y, X_test, y_test, validation):
@@ -80,53 +79,6 @@ def load_data(cfg, data, model_obj, note):
                              f"{ds.name}")
         ds = replace(ds, x_train=ds.x_train[:cfg.limit], y_train=ds.y_train[:cfg.limit])
     return ds
-
-
-def model_spec(cfg, ds, model_obj) -> dict:
-    """The spec of the model the run trains: the user's model (checked against the data), or
-    the named model built for the data."""
-    if model_obj is not None:
-        spec = model_obj.spec()
-        if spec["sizes"][0] != ds.n_features:
-            raise ValueError(f"the model takes {spec['sizes'][0]} features, but X has "
-                             f"{ds.n_features} per row")
-        if spec["loss"] == "mse":
-            if ds.task != "regression" or ds.n_outputs != spec["sizes"][-1]:
-                got = (f"{ds.n_outputs} target(s) per row" if ds.task == "regression"
-                       else "class labels")
-                raise ValueError(f"the model regresses onto {spec['sizes'][-1]} output(s) "
-                                 f"(loss 'mse'), but y has {got}")
-            return spec
-        if ds.task != "classification":
-            raise ValueError(f"the model is a classifier (loss {spec['loss']!r}), but the data "
-                             f"set is a regression: use a model with loss='mse'")
-        classes = model_classes(spec)
-        if ds.n_classes > classes:
-            raise ValueError(f"the labels name {ds.n_classes} classes, but the model has "
-                             f"{classes} outputs")
-        return spec
-    if cfg.layers is not None:
-        binary = ds.n_classes == 2 and cfg.layers[-1] in (("dense", 1), ["dense", 1])
-        spec = layers_spec(cfg.layers, ds.input_shape, "sigmoid_bce" if binary else
-                           "softmax_xent", dtype=cfg.dtype, seed=cfg.seed)
-        outputs = spec["sizes"][-1]
-        if not binary and outputs != ds.n_classes:
-            raise ValueError(f"layers: the model has {outputs} outputs, but the data "
-                             f"set has {ds.n_classes} classes: end with dense:{ds.n_classes}"
-                             + (" (or dense:1 for two classes)" if ds.n_classes == 2 else ""))
-        return spec
-    if cfg.model not in MODEL_KINDS:
-        raise ValueError(f"model={cfg.model!r} is a model you build (dptrain.nn.Sequential): "
-                         f"train it with dptrain.fit(model, X, y); dptrain.train names one of "
-                         f"{MODEL_KINDS}")
-    shape = ds.input_shape if len(ds.input_shape) == 3 else None
-    return named_spec(cfg.model, ds.n_features, ds.n_classes, hidden=cfg.hidden,
-                      input_shape=shape, dtype=cfg.dtype, seed=cfg.seed)
-
-
-def model_classes(spec) -> int:
-    """The classes a model's outputs name: 2 for a binary (sigmoid) model, else one per logit."""
-    return 2 if spec["loss"] == "sigmoid_bce" else spec["sizes"][-1]
 
 
 def check_finite(ds) -> None:
