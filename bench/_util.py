@@ -311,19 +311,10 @@ def _core_build_id(core) -> dict:
 def environment(**extra) -> dict:
     """What the figures depend on: machine, library versions, threads, load."""
     import dptrain  # the checkout's (REPO_ROOT is first on sys.path)
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     env = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": platform.node(),
-        "cpu": cpu,
+        "cpu": dptrain.cpu_name(),
         "cpus": os.cpu_count(),
         "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "loadavg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,

@@ -25,7 +25,7 @@ between barriers: no start-up, data loading or evaluation):
   softmax: batch 64 on the first 15,000 samples, 235 steps; logreg: batch 8192 on
   synthetic_binary(500,000, 20), the same steps as the 2-worker run), started together as 2
   processes ('spawn'); each loads its data, then both wait at a multiprocessing.Barrier placed
-  in front of dptrain's training loop (a wrapper around engine.run.run_worker), so the two loops
+  in front of dptrain's training loop (a wrapper around engine.run.train_worker), so the two loops
   really run at the same time. T_pair = the slower one's train_seconds. The ceiling speedup
   T1 / T_pair is what 2 workers could reach with free communication on this machine (memory
   bandwidth, shared caches and the host's time-sharing included);
@@ -163,13 +163,13 @@ def _pair_member(cfg: dict, barrier, conn) -> None:
     """One of the independent pair ('spawn' entry point): dptrain.train on 1 worker, with the
     training loop held at `barrier` until the other member has loaded its data too."""
     from dptrain.engine import run
-    original = run.run_worker
+    original = run.train_worker
 
-    def synchronized_run_worker(*args, **kwargs):
+    def synchronized_train_worker(*args, **kwargs):
         barrier.wait(SUBPROCESS_TIMEOUT)
         return original(*args, **kwargs)
 
-    run.run_worker = synchronized_run_worker
+    run.train_worker = synchronized_train_worker
     try:
         conn.send(("ok", summary(dptrain.train(workers=1, quiet=True, **cfg))))
     except BaseException as exc:  # sent to the parent, which reports it

@@ -33,12 +33,14 @@ from .optim import SGD
 
 __all__ = ["CNN", "Communicator", "MLP", "LogisticRegression", "Model", "SGD", "Sequential",
            "SoftmaxRegression", "nn", "TrainConfig", "TrainResult", "WorkerError", "__version__",
-           "build_info", "fit", "launch", "load_model", "train"]
+           "build_info", "cpu_name", "fit", "launch", "load_model", "train"]
 
 
 def build_info() -> dict:
-    """How the C core was built: SIMD level, dtypes, compiler, threading, MPI availability."""
+    """How the C core was built: SIMD level, dtypes, compiler, threading, MPI availability;
+    and the CPU it runs on (``cpu``: its brand string)."""
     info = dict(_core.build_info())
+    info["cpu"] = cpu_name()
     try:
         import mpi4py  # noqa: F401
         from mpi4py import MPI
@@ -49,3 +51,9 @@ def build_info() -> dict:
         info["mpi"] = f"not available ({type(exc).__name__}: {exc})"
     return info
 
+
+def cpu_name() -> str:
+    """The CPU's name: its brand string as CPUID gives it (what Linux shows as "model name"),
+    else what the platform says (other architectures)."""
+    import platform
+    return _core.cpu_features().get("brand") or platform.processor() or platform.machine()

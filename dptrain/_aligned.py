@@ -2,10 +2,9 @@
 
 NumPy's allocator aligns to 16 bytes, so a large array's rows usually start 16 bytes into a
 cache line. Rows of a 64-byte multiple (or half of one) then split some vector loads across
-two lines, and the kernels that stream a batch pay for it: logistic regression's fused kernel
-(1,000,000 x 20 float64, rows of 160 bytes, batch 8192, AVX-512, one thread) read x at
-8.3-8.4 ns a row from an array at 16 bytes past a line and 7.4-7.6 from one on a line (3
-interleaved runs of 4 epochs). Data sets that dptrain builds (the synthetic ones, MNIST and
+two lines, and the kernels that stream a batch pay for it (logistic regression's fused
+kernel reads a row about a tenth slower: bench/README.md, "Design measurements behind the
+comments"). Data sets that dptrain builds (the synthetic ones, MNIST and
 CIFAR-10 as read, conversions of the user's arrays), the batch buffers of shuffled training
 and the exchange's gradient buffers start on a line; an array the user hands over as it is
 keeps its own alignment (no copy is made for it).

@@ -8,27 +8,13 @@ import json
 import os
 import sys
 
-from .config import DATASETS, MODELS, add_train_arguments, config_from_args, parse_hidden
+from .config import add_train_arguments, config_from_args, positive_int
+from .measure.sweep import SWEEP_BACKENDS
+from .studies import STUDIES
 
-
-def _hidden(text: str) -> tuple[int, ...]:
-    try:
-        sizes = parse_hidden(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"--hidden is {text!r}, expected positive widths")
-    return sizes
-
-
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+# the train options a sweep takes too (each run of a sweep is one dptrain.train)
+SWEEP_OPTIONS = ("model", "hidden", "dataset", "data_dir", "epochs", "batch_size", "lr",
+                 "momentum", "upscale", "threads", "allreduce")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,32 +50,25 @@ def build_parser() -> argparse.ArgumentParser:
                        description="A scaling sweep: each size with each worker count, "
                                    "repeated; writes sweep.json, runs.csv, summary.csv and "
                                    "traces/ into --out.")
-    w.add_argument("--model", choices=MODELS, default="mlp")
-    w.add_argument("--hidden", type=_hidden, default=(256, 128))
-    w.add_argument("--dataset", choices=DATASETS, default="mnist")
-    w.add_argument("--data-dir", default=None)
-    w.add_argument("--sizes", type=_pos_int, nargs="+", default=[5000, 10000, 20000, 40000],
+    add_train_arguments(w, only=SWEEP_OPTIONS, defaults={"epochs": 1})
+    s = w.add_argument_group("the sweep")
+    s.add_argument("--sizes", type=positive_int, nargs="+", default=[5000, 10000, 20000, 40000],
                    help="training-set sizes (first N samples of MNIST, or N synthetic ones)")
-    w.add_argument("--workers", type=_pos_int, nargs="+", default=[1, 2, 4])
-    w.add_argument("--backend", choices=("thread", "process"), default="process")
-    w.add_argument("--allreduce", choices=("native", "ring", "tree", "ps"), default="native")
-    w.add_argument("--repeat", type=_pos_int, default=3)
-    w.add_argument("--epochs", type=_pos_int, default=1)
-    w.add_argument("--batch-size", type=_pos_int, default=128)
-    w.add_argument("--lr", type=float, default=0.1)
-    w.add_argument("--momentum", type=float, default=0.9)
-    w.add_argument("--upscale", type=_pos_int, default=1,
-                   help="enlarge MNIST images by this factor per side (more compute per sample)")
-    w.add_argument("--threads", type=_pos_int, default=1)
-    w.add_argument("--no-ceiling", action="store_true",
+    s.add_argument("--workers", type=positive_int, nargs="+", default=[1, 2, 4],
+                   help="worker counts (1, the baseline, is always run)")
+    s.add_argument("--backend", choices=SWEEP_BACKENDS, default="process",
+                   help="how the workers run (under MPI: one mpiexec per worker count)")
+    s.add_argument("--repeat", type=positive_int, default=3,
+                   help="runs of each configuration, interleaved")
+    s.add_argument("--no-ceiling", action="store_true",
                    help="skip the uncoupled runs that measure the contention ceiling")
-    w.add_argument("--out", default="results", help="directory for the results")
-    w.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    s.add_argument("--out", default="results", help="directory for the results")
+    s.add_argument("--quiet", action="store_true", help="no progress bar or table")
 
-    st = sub.add_parser("study", help="run one of the four original studies and write its "
+    st = sub.add_parser("study", help="run one of the four studies dptrain reproduces "
+                                      "(help(dptrain.studies)) and write its "
                                       "report (Markdown, PNG, CSV)")
-    st.add_argument("name", choices=("mnist-mlp", "cifar10-cnn", "logreg-1m",
-                                     "mnist-softmax-scaled"))
+    st.add_argument("name", choices=STUDIES)
     st.add_argument("--out", default=None, help="report directory (default: study-NAME)")
     st.add_argument("--quick", action="store_true",
                     help="a reduced run that checks the pipeline (not the study's result)")
@@ -113,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="performance model: JSON list of {network, algorithm, workers, "
                         "speedup, efficiency} rows (default: fitted to the sweep here)")
     f.add_argument("--no-model", action="store_true",
-                   help="do not fit the performance model (dptrain.perfmodel) to the sweep")
+                   help="do not fit the performance model (dptrain.measure.perfmodel) to the sweep")
     f.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
 
@@ -172,35 +151,37 @@ def _main(argv=None) -> int:
             return 1
         return 0
     if args.command == "plot":
-        from .measure.plots import main_plot
+        from .measure.plot_command import main_plot
         return main_plot(args)
     return _train(args)
 
 
 def _train(args) -> int:
-    from . import data
-    from .engine import train
-    from .models import storage_dtype
+    from .engine import run
     try:
         cfg = config_from_args(args)
-        given = {k: getattr(args, k) for k in ("data", "train_x", "train_y", "test_x", "test_y")}
-        arrays = {}
-        if given["data"] or given["train_x"] or given["train_y"]:
-            if given["data"] and (given["train_x"] or given["train_y"]):
-                raise ValueError("give either --data or --train-x/--train-y, not both")
-            if given["data"]:
-                ds = data.from_npz(given["data"], dtype=storage_dtype(cfg.dtype),
-                                   validation=args.validation)
-            else:
-                if not (given["train_x"] and given["train_y"]):
-                    raise ValueError("--train-x and --train-y go together")
-                ds = data.from_npy(given["train_x"], given["train_y"],
-                                   x_test_path=given["test_x"], y_test_path=given["test_y"],
-                                   dtype=storage_dtype(cfg.dtype), validation=args.validation)
-            arrays["dataset"] = ds
-        options = {k: v for k, v in vars(cfg).items() if k not in ("model", "dataset")}
-        train(cfg.model, arrays.get("dataset", cfg.dataset), **options)
+        run(cfg, data=_own_data(args, cfg))
     except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
         print(f"dptrain: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _own_data(args, cfg):
+    """The Dataset of --data or --train-x/--train-y (read in the model's dtype), or None: the
+    config's named data set."""
+    from . import data
+    from .models import storage_dtype
+    given = {k: getattr(args, k) for k in ("data", "train_x", "train_y", "test_x", "test_y")}
+    if not (given["data"] or given["train_x"] or given["train_y"]):
+        return None
+    if given["data"] and (given["train_x"] or given["train_y"]):
+        raise ValueError("give either --data or --train-x/--train-y, not both")
+    if given["data"]:
+        return data.from_npz(given["data"], dtype=storage_dtype(cfg.dtype),
+                             validation=args.validation)
+    if not (given["train_x"] and given["train_y"]):
+        raise ValueError("--train-x and --train-y go together")
+    return data.from_npy(given["train_x"], given["train_y"], x_test_path=given["test_x"],
+                         y_test_path=given["test_y"], dtype=storage_dtype(cfg.dtype),
+                         validation=args.validation)

@@ -8,15 +8,16 @@ scikit-learn estimators make one from their parameters, and the result records i
 (``as_dict``). Nothing about transports or data lives in the training loop: it reads this.
 
 Validation happens in ``__post_init__``: a bad value raises ValueError naming the option and
-the value before any data is read or worker started. What depends on the world (the global
-batch of ``batch_per_worker``, the scaled learning rate, the MPI world size) is settled by
-``resolve``.
+the value before any data is read or worker started. What depends on the number of workers
+(the global batch of ``batch_per_worker``, the scaled learning rate, ranks named by faults)
+is settled once per run, into its ``engine.job.Job`` (``global_batch``, ``peak_lr``,
+``check_world``): the config itself is never rebuilt.
 """
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from .comm.algorithms import ALGORITHMS
 from .comm.base import BACKENDS
@@ -25,13 +26,9 @@ from .optim import SCHEDULES, SGD
 from .data.catalog import DATASET_NAMES as DATASETS   # the named data sets
 from .models import MODEL_KINDS as MODELS              # the named models
 from .models import PRECISIONS as DTYPES               # float32, float64, bfloat16 (mixed)
+from .sampler import CHUNKS                            # deterministic mode's fixed chunks
 START_METHODS = ("spawn", "fork", "forkserver")
 COMM_DTYPES = ("float32", "float64", "bfloat16")
-# Deterministic mode cuts every global batch into this many fixed chunks (by position, not by
-# worker): each chunk's gradient is computed alone, and the chunks are summed in chunk order.
-# Nothing then depends on which worker computed what, so any world size up to CHUNKS gives
-# bitwise-identical weights.
-CHUNKS = 8
 
 
 # ---- parsers of the command line's text forms (the API takes the values themselves)
@@ -340,20 +337,37 @@ class TrainConfig:
                             f"{', '.join(sorted(known))}")
         return cls(**kwargs)
 
-    def resolve(self, world: int) -> "TrainConfig":
-        """The config with what depends on the world settled: `workers` (the MPI world size
-        under MPI), the global batch of batch_per_worker, lr scaled by the workers."""
-        cfg = replace(self, workers=world)
-        if cfg.batch_per_worker is not None:
-            cfg = replace(cfg, batch_size=cfg.batch_per_worker * world)
-        if cfg.scale_lr:
-            cfg = replace(cfg, lr=cfg.lr * world, scale_lr=False)
-        if cfg.straggle is not None and cfg.straggle[0] >= world:
+    # ---- what depends on the number of workers (settled once per run, in its Job)
+    def global_batch(self, world: int) -> int:
+        """The global batch on `world` workers: batch_size, or batch_per_worker x world (weak
+        scaling)."""
+        if self.batch_per_worker is not None:
+            return self.batch_per_worker * world
+        return self.batch_size
+
+    def peak_lr(self, world: int) -> float:
+        """The learning rate on `world` workers: lr, times world with scale_lr (the linear
+        scaling rule)."""
+        return self.lr * world if self.scale_lr else self.lr
+
+    def check_world(self, world: int, backend: str) -> None:
+        """ValueError, naming the option, for what a run on `world` workers of `backend`
+        cannot do."""
+        if backend == "mpi" and self.deterministic and CHUNKS % world:
+            raise ValueError(f"deterministic mode under MPI needs a world size that divides "
+                             f"{CHUNKS}, got {world}")
+        if self.straggle is not None and self.straggle[0] >= world:
             raise ValueError(f"straggle must be (rank, ms) with 0 <= rank < workers={world}, "
-                             f"got {cfg.straggle!r}")
-        if cfg.fault is not None and cfg.fault[0] >= world:
-            raise ValueError(f"fault names rank {cfg.fault[0]}, but there are {world} workers")
-        return cfg
+                             f"got {self.straggle!r}")
+        if self.fault is not None and self.fault[0] >= world:
+            raise ValueError(f"fault names rank {self.fault[0]}, but there are {world} workers")
+        batch = self.global_batch(world)
+        if batch < world:
+            raise ValueError(f"batch_size={batch} is smaller than workers={world}: every "
+                             f"worker needs at least one sample of each global batch")
+        if self.fault and self.fault[2] == "kill" and backend != "process":
+            raise ValueError("fault kind 'kill' kills the worker's process: use "
+                             "backend='process'")
 
     def as_dict(self) -> dict:
         """Plain values (tuples as lists), for JSON."""
@@ -380,21 +394,23 @@ def option_fields():
     return [f for f in fields(TrainConfig)]
 
 
-def add_train_arguments(parser) -> None:
-    """Adds every TrainConfig option to an argparse parser, grouped, as --kebab-case flags:
-    a boolean that defaults to False is a switch; one that defaults to True has a --no-x flag
-    (in its metadata); tuples and parsed values take their CLI text form."""
+def add_train_arguments(parser, only=None, defaults=None) -> None:
+    """Adds the TrainConfig options to an argparse parser, grouped, as --kebab-case flags: a
+    boolean that defaults to False is a switch; one that defaults to True has a --no-x flag
+    (in its metadata); tuples and parsed values take their CLI text form. only: the names
+    of the options to add (default: every one); defaults: other defaults, by name (a sweep
+    runs one epoch)."""
     import argparse
     groups = {}
     for f in option_fields():
         meta = f.metadata
-        if not meta.get("cli", True):
+        if not meta.get("cli", True) or (only is not None and f.name not in only):
             continue
         group = groups.get(meta["group"])
         if group is None:
             group = groups[meta["group"]] = parser.add_argument_group(meta["group"])
         flag = meta["flag"] or "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not MISSING else None
+        default = (defaults or {}).get(f.name, f.default if f.default is not MISSING else None)
         kw = {"dest": f.name, "help": meta["help"]}
         if meta["metavar"]:
             kw["metavar"] = meta["metavar"]
@@ -463,6 +479,11 @@ def _argparse_type(parse):
             raise argparse.ArgumentTypeError(str(exc)) from None
     convert.__name__ = parse.__name__.replace("parse_", "")
     return convert
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a positive integer (its error names the text)."""
+    return _argparse_type(_pos_int_text)(text)
 
 
 def config_from_args(args) -> TrainConfig:

@@ -51,8 +51,8 @@ from . import _core
 
 __all__ = ["Model", "Sequential", "LogisticRegression", "SoftmaxRegression", "MLP", "CNN",
            "PRECISIONS", "precision_name", "storage_dtype",
-           "load_model", "build_model", "image_shape", "model_from_spec", "model_sizes",
-           "model_n_params", "LOSSES"]
+           "load_model", "build_model", "image_shape", "model_from_spec", "named_spec", "layers_spec",
+           "LOSSES"]
 
 SAVE_FORMAT = 1
 LOSSES = ("softmax_xent", "sigmoid_bce", "mse")
@@ -130,23 +130,17 @@ class Model:
     kind = "model"
     _arch_keys: tuple = ()     # a family's own architecture keys, compared first on load
 
-    def _build(self, layers, input_shape, loss, *, seed, dtype, threads, params, grads,
-               velocity) -> None:
-        if loss not in LOSSES:
-            raise ValueError(f"loss is {loss!r}, expected one of {LOSSES}")
-        if isinstance(input_shape, (int, np.integer)):
-            input_shape = (int(input_shape),)
-        specs = layer_specs(layers)
-        self.plan = _core.model_plan(specs, tuple(input_shape), loss)
+    def _build(self, layers, input_shape, loss, arch=None, *, seed, dtype, threads, params,
+               grads, velocity) -> None:
+        self.plan = _plan(layers, input_shape, loss)
         self.loss = loss
+        self._arch = dict(arch or {})      # a family's own architecture keys (the CNN's)
         self.precision = precision_name(dtype)
         self.dtype = storage_dtype(dtype)
         self.seed = int(seed)
         self.input_shape = tuple(self.plan["input_shape"])
         self.sizes = _sizes(self.plan)
         n = self.plan["n_params"]
-        if n > _MAX_PARAMS:
-            raise ValueError(f"the model has {n} parameters, more than one buffer can hold")
         self.params = _flat_buffer("params", params, n, self.dtype)
         if params is None:
             self.reset_parameters()
@@ -331,10 +325,8 @@ class Model:
     def config(self) -> dict:
         """The architecture as plain values (what ``save`` writes and ``load_model`` reads):
         the layer list and input shape rebuild any model."""
-        return {"kind": self.kind, "sizes": list(self.sizes), "loss": self.loss,
-                "dtype": self.precision, "seed": self.seed,
-                "layers": [list(s) for s in self.plan["layers"]],
-                "input_shape": list(self.input_shape)}
+        return {**_plan_config(self.kind, self.plan, self.loss, self.precision, self.seed),
+                **self._arch}
 
     def save(self, path, **extra_arrays) -> None:
         """Writes params, velocity and the configuration to ``path`` (.npz, no pickle)."""
@@ -380,6 +372,28 @@ def _spec_text(spec) -> str:
     """How dptrain.nn writes the layer of a spec: Conv2d(32, 3), ReLU(), Dense(10)."""
     from .nn import from_spec     # nn builds on this module
     return repr(from_spec(spec))
+
+
+def _plan(layers, input_shape, loss: str) -> dict:
+    """The C core's plan of a model (``_core.model_plan``: shapes, parameter offsets, fused
+    stages), with the loss and the buffers' size checked."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss is {loss!r}, expected one of {LOSSES}")
+    if isinstance(input_shape, (int, np.integer)):
+        input_shape = (int(input_shape),)
+    plan = _core.model_plan(layer_specs(layers), tuple(input_shape), loss)
+    if plan["n_params"] > _MAX_PARAMS:
+        raise ValueError(f"the model has {plan['n_params']} parameters, more than one buffer "
+                         f"can hold")
+    return plan
+
+
+def _plan_config(kind: str, plan: dict, loss: str, precision: str, seed: int) -> dict:
+    """A model's ``config()`` from its C plan (``_core.model_plan``): its class, flat widths,
+    loss, precision, seed, layer list and input shape."""
+    return {"kind": kind, "sizes": list(_sizes(plan)), "loss": loss, "dtype": precision,
+            "seed": int(seed), "layers": [list(s) for s in plan["layers"]],
+            "input_shape": list(plan["input_shape"])}
 
 
 def _sizes(plan) -> tuple:
@@ -442,9 +456,14 @@ class LogisticRegression(Model):
 
     def __init__(self, n_features: int, *, seed: int = 0, dtype="float32", threads: int = 1,
                  params=None, grads=None, velocity=None):
+        self._build(*self.architecture(n_features), seed=seed, dtype=dtype, threads=threads,
+                    params=params, grads=grads, velocity=velocity)
+
+    @staticmethod
+    def architecture(n_features: int) -> tuple:
+        """(layers, input_shape, loss) of the model."""
         n = _check_widths("(n_features, 1)", (n_features, 1))[0]
-        self._build([("dense", 1)], (n,), "sigmoid_bce", seed=seed, dtype=dtype,
-                    threads=threads, params=params, grads=grads, velocity=velocity)
+        return [("dense", 1)], (n,), "sigmoid_bce"
 
 
 class SoftmaxRegression(Model):
@@ -454,9 +473,14 @@ class SoftmaxRegression(Model):
 
     def __init__(self, n_inputs: int, n_classes: int, *, seed: int = 0, dtype="float32",
                  threads: int = 1, params=None, grads=None, velocity=None):
-        n_in, n_out = _check_widths("(n_inputs, n_classes)", (n_inputs, n_classes))
-        self._build([("dense", n_out)], (n_in,), "softmax_xent", seed=seed, dtype=dtype,
+        self._build(*self.architecture(n_inputs, n_classes), seed=seed, dtype=dtype,
                     threads=threads, params=params, grads=grads, velocity=velocity)
+
+    @staticmethod
+    def architecture(n_inputs: int, n_classes: int) -> tuple:
+        """(layers, input_shape, loss) of the model."""
+        n_in, n_out = _check_widths("(n_inputs, n_classes)", (n_inputs, n_classes))
+        return [("dense", n_out)], (n_in,), "softmax_xent"
 
 
 class MLP(Model):
@@ -470,9 +494,14 @@ class MLP(Model):
     def __init__(self, sizes=(784, 256, 128, 10), loss: str = "softmax_xent", *,
                  seed: int = 0, dtype="float32", threads: int = 1, params=None, grads=None,
                  velocity=None):
+        self._build(*self.architecture(sizes, loss), seed=seed, dtype=dtype, threads=threads,
+                    params=params, grads=grads, velocity=velocity)
+
+    @staticmethod
+    def architecture(sizes, loss: str = "softmax_xent") -> tuple:
+        """(layers, input_shape, loss) of the model."""
         sizes = _check_widths("MLP sizes", sizes)
-        self._build(_dense_stack(sizes[1:]), (sizes[0],), loss, seed=seed, dtype=dtype,
-                    threads=threads, params=params, grads=grads, velocity=velocity)
+        return _dense_stack(sizes[1:]), (sizes[0],), loss
 
 
 def cnn_layers(channels=(32, 64), hidden=(128,), n_classes: int = 10, *, kernel: int = 3,
@@ -519,26 +548,33 @@ class CNN(Model):
     def __init__(self, input_shape=(1, 28, 28), n_classes: int = 10, *, channels=(32, 64),
                  hidden=(128,), kernel: int = 3, padding: int = 0, seed: int = 0,
                  dtype="float32", threads: int = 1, params=None, grads=None, velocity=None):
+        layers, shape, loss, arch = self.architecture(input_shape, n_classes, channels=channels,
+                                                      hidden=hidden, kernel=kernel,
+                                                      padding=padding)
+        self.channels, self.hidden = tuple(arch["channels"]), tuple(arch["hidden"])
+        self.kernel, self.padding = arch["kernel"], arch["padding"]
+        self._build(layers, shape, loss, arch, seed=seed, dtype=dtype, threads=threads,
+                    params=params, grads=grads, velocity=velocity)
+
+    @staticmethod
+    def architecture(input_shape, n_classes: int, *, channels=(32, 64), hidden=(128,),
+                     kernel: int = 3, padding: int = 0) -> tuple:
+        """(layers, input_shape, loss, the CNN's own architecture keys) of the model."""
         shape = tuple(input_shape)
         if len(shape) != 3:
             raise ValueError(f"input_shape is {shape}, expected (C, H, W)")
-        self.channels = tuple(int(c) for c in channels)
-        self.hidden = tuple(int(h) for h in hidden)
-        self.kernel, self.padding = int(kernel), int(padding)
-        if not self.channels:
+        channels = tuple(int(c) for c in channels)
+        hidden = tuple(int(h) for h in hidden)
+        kernel, padding = int(kernel), int(padding)
+        if not channels:
             raise ValueError("channels is empty: a CNN has at least one conv block")
         if int(n_classes) < 2:
             raise ValueError(f"n_classes is {n_classes}: the CNN's softmax needs >= 2 classes")
-        layers = cnn_layers(self.channels, self.hidden, n_classes, kernel=self.kernel,
-                            padding=self.padding)
-        check_conv_blocks(shape, self.channels, self.kernel, self.padding)
-        self._build(layers, shape, "softmax_xent", seed=seed, dtype=dtype, threads=threads,
-                    params=params, grads=grads, velocity=velocity)
-
-    def config(self) -> dict:
-        """The architecture as plain values, with the CNN's channels, hidden and kernel."""
-        return {**super().config(), "channels": list(self.channels),
-                "hidden": list(self.hidden), "kernel": self.kernel, "padding": self.padding}
+        layers = cnn_layers(channels, hidden, n_classes, kernel=kernel, padding=padding)
+        check_conv_blocks(shape, channels, kernel, padding)
+        arch = {"channels": list(channels), "hidden": list(hidden), "kernel": kernel,
+                "padding": padding}
+        return layers, shape, "softmax_xent", arch
 
     def __repr__(self) -> str:
         return (f"CNN(input_shape={self.input_shape}, channels={self.channels}, "
@@ -559,32 +595,6 @@ def image_shape(n_features: int) -> tuple[int, int, int]:
                      f"set has {n} features, neither s*s nor 3*s*s")
 
 
-def model_sizes(kind: str, n_features: int, n_classes: int, hidden=(256, 128), *,
-                input_shape=None) -> tuple:
-    """The ``sizes`` of the model ``build_model`` makes for these data (hidden: the MLP's;
-    input_shape: the CNN's (C, H, W), else read from n_features by ``image_shape``)."""
-    if kind == "logreg":
-        return (n_features, 1)
-    if kind == "softmax":
-        return (n_features, n_classes)
-    if kind == "mlp":
-        return (n_features, *hidden, n_classes)
-    if kind == "cnn":
-        return _sizes(_core.model_plan(cnn_layers(CNN_CHANNELS, CNN_HIDDEN, n_classes),
-                                       _cnn_input(n_features, input_shape)))
-    raise ValueError(f"model is {kind!r}, expected one of {MODEL_KINDS}")
-
-
-def model_n_params(kind: str, sizes, *, input_shape=None) -> int:
-    """Length of the flat buffers of a model of this kind and these ``model_sizes`` (the
-    CNN's input_shape as given to model_sizes)."""
-    if kind == "cnn":
-        plan = _core.model_plan(cnn_layers(CNN_CHANNELS, CNN_HIDDEN, sizes[-1]),
-                                _cnn_input(sizes[0], input_shape))
-        return plan["n_params"]
-    return sum(n_out * (n_in + 1) for n_in, n_out in zip(sizes[:-1], sizes[1:]))
-
-
 MODEL_KINDS = ("logreg", "softmax", "mlp", "cnn")
 CNN_CHANNELS = (32, 64)    # build_model's CNN: the studies' architecture (see CNN)
 CNN_HIDDEN = (128,)
@@ -600,23 +610,47 @@ def _cnn_input(n_features: int, input_shape) -> tuple:
     return shape
 
 
-def build_model(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128),
-                input_shape=None, **kw) -> Model:
-    """The model the CLI names: 'logreg', 'softmax', 'mlp' (``hidden`` widths) or 'cnn' (the
-    default CNN on images of ``input_shape`` (C, H, W); when not given, read from n_features
-    by ``image_shape``)."""
+def named_spec(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128),
+               input_shape=None, dtype="float32", seed: int = 0) -> dict:
+    """The spec (``Model.spec()``) of the named model for these data, planned by the C core
+    without allocating the model: 'logreg' (binary), 'softmax', 'mlp' (``hidden`` widths) or
+    'cnn' (the studies' CNN on images of ``input_shape`` (C, H, W); when not given, read
+    from n_features by ``image_shape``). What a run's workers build their models from."""
     if kind == "cnn":
-        return CNN(_cnn_input(n_features, input_shape), n_classes, channels=CNN_CHANNELS,
-                   hidden=CNN_HIDDEN, **kw)
-    if kind == "logreg":
+        cls, args = CNN, (_cnn_input(n_features, input_shape), n_classes)
+        kw = {"channels": CNN_CHANNELS, "hidden": CNN_HIDDEN}
+    elif kind == "logreg":
         if n_classes != 2:
-            raise ValueError(f"model 'logreg' is binary, but the data set has {n_classes} classes")
-        return LogisticRegression(n_features, **kw)
-    if kind == "softmax":
-        return SoftmaxRegression(n_features, n_classes, **kw)
-    if kind == "mlp":
-        return MLP((n_features, *hidden, n_classes), **kw)
-    raise ValueError(f"model is {kind!r}, expected one of {MODEL_KINDS}")
+            raise ValueError(f"model 'logreg' is binary, but the data set has {n_classes} "
+                             f"classes")
+        cls, args, kw = LogisticRegression, (n_features,), {}
+    elif kind == "softmax":
+        cls, args, kw = SoftmaxRegression, (n_features, n_classes), {}
+    elif kind == "mlp":
+        cls, args, kw = MLP, ((n_features, *hidden, n_classes),), {}
+    else:
+        raise ValueError(f"model is {kind!r}, expected one of {MODEL_KINDS}")
+    layers, shape, loss, *arch = cls.architecture(*args, **kw)
+    return layers_spec(layers, shape, loss, dtype=dtype, seed=seed, kind=kind,
+                       arch=arch[0] if arch else None)
+
+
+def layers_spec(layers, input_shape, loss: str = "softmax_xent", *, dtype="float32",
+                seed: int = 0, kind: str = "sequential", arch: dict | None = None) -> dict:
+    """The spec (``Model.spec()``) of the model of these layers on this input shape, planned
+    by the C core without allocating the model (its buffers are made where a worker wants
+    them: ``model_from_spec``)."""
+    plan = _plan(layers, input_shape, loss)
+    return {**_plan_config(kind, plan, loss, precision_name(dtype), seed), **(arch or {}),
+            "n_params": plan["n_params"]}
+
+
+def build_model(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128),
+                input_shape=None, seed: int = 0, dtype="float32", **kw) -> Model:
+    """The named model for these data (``named_spec``), built: 'logreg', 'softmax', 'mlp' or
+    'cnn'; ``kw``: threads, params, grads, velocity (as every model)."""
+    return model_from_spec(named_spec(kind, n_features, n_classes, hidden=hidden,
+                                      input_shape=input_shape, dtype=dtype, seed=seed), **kw)
 
 
 def _open_model_file(path):

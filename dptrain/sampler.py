@@ -5,11 +5,21 @@ These are the semantics of a distributed sampler, kept in one place so that sequ
 data-parallel training draw exactly the same global batches: epoch e of a run with seed s
 visits ``epoch_order(n, e, s)`` in consecutive batches of ``batch_size`` (the last one may
 be smaller; it is kept, not dropped or padded), and worker r of N takes
-``shard(start, stop, r, N)`` of each.
+``shard(start, stop, r, N)`` of each. ``BatchRows`` gathers a share's rows, and
+deterministic mode cuts each global batch into ``CHUNKS`` fixed chunks.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from . import _core
+from ._aligned import aligned_empty
+
+# Deterministic mode cuts every global batch into this many fixed chunks (by position, not by
+# worker): each chunk's gradient is computed alone, and the chunks are summed in chunk order.
+# Nothing then depends on which worker computed what, so any world size up to CHUNKS gives
+# bitwise-identical weights.
+CHUNKS = 8
 
 
 def epoch_order(n: int, epoch: int, seed: int, shuffle: bool = True) -> np.ndarray:
@@ -40,3 +50,23 @@ def shard(start: int, stop: int, rank: int, world: int) -> tuple[int, int]:
     q, r = divmod(n, world)
     lo = start + rank * q + min(rank, r)
     return lo, lo + q + (1 if rank < r else 0)
+
+
+class BatchRows:
+    """(x, y) of positions [lo, hi) of an epoch's order: gathered into reused buffers
+    (``_core.gather_rows``, GIL released, so thread workers gather at the same time), or
+    contiguous slices (no copy) when the order is the data set's own."""
+
+    def __init__(self, x, y, rows: int, shuffle: bool):
+        self.x, self.y, self.shuffle = x, y, shuffle
+        self.xb = aligned_empty((rows,) + x.shape[1:], x.dtype)
+        self.yb = aligned_empty((rows,) + y.shape[1:], y.dtype)
+        self.order = None
+
+    def __call__(self, lo: int, hi: int):
+        if self.shuffle:
+            bx, by = self.xb[:hi - lo], self.yb[:hi - lo]
+            _core.gather_rows(self.x, self.order[lo:hi], bx)
+            _core.gather_rows(self.y, self.order[lo:hi], by)
+            return bx, by
+        return self.x[lo:hi], self.y[lo:hi]

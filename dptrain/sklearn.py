@@ -24,8 +24,7 @@ to dptrain's TrainConfig options (``lr``, ``epochs``, ``weight_decay``, ...); th
 
 Left out on purpose: early stopping and a convergence tolerance (``max_iter`` epochs are
 always run), sample weights, class weights, solvers other than SGD with momentum, sparse
-input. ``MLPRegressor`` waits for the engine's mean-squared-error loss: until the C core
-has one, its ``fit`` raises NotImplementedError (see ``regression_supported``).
+input.
 
 scikit-learn is no requirement of dptrain: ``import dptrain`` does not import this module,
 which needs scikit-learn >= 1.6 (``pip install scikit-learn``).
@@ -56,7 +55,7 @@ from .optim import SCHEDULES      # learning_rate: TrainConfig's lr_schedule
 from .engine import fit as engine_fit
 
 __all__ = ["CNNClassifier", "LogisticRegression", "MLPClassifier", "MLPRegressor",
-           "SoftmaxRegression", "regression_supported"]
+           "SoftmaxRegression"]
 
 AUTO_BATCH = 200                        # batch_size="auto": min(200, n_samples), as sklearn's MLP
 # dptrain.fit options an estimator sets from its own parameters and data (or that make no
@@ -66,12 +65,6 @@ _OWN_OPTIONS = ("model", "dataset", "hidden", "dtype", "seed", "epochs", "batch_
                 "shuffle", "workers", "backend", "threads", "quiet", "progress", "limit",
                 "data_dir", "n_samples", "n_features", "upscale", "allow_download", "resume",
                 "X_test", "y_test", "log")
-
-
-def regression_supported() -> bool:
-    """Whether the engine trains a mean-squared-error model (a ``dptrain.models.Model`` with
-    loss "mse", given real targets by ``dptrain.fit``): what ``MLPRegressor`` needs."""
-    return "mse" in models.LOSSES
 
 
 NO_Y = "no_validation"  # validate_data's "no y given" (None is a y, and refused)
@@ -773,8 +766,8 @@ class MLPRegressor(RegressorMixin, _Estimator):
 
 MLPRegressor.__doc__ = _doc(MLPRegressor, """
 Multi-layer perceptron regressor (dense layers, ReLU, mean squared error) trained by SGD
-on dptrain's engine. Not trainable yet: the C core has no mean-squared-error loss, and
-``fit`` raises NotImplementedError until it has (``regression_supported()``).""",
+on dptrain's engine: one or several real targets per row (the model's loss is "mse", a
+sample's loss the mean squared error over its outputs, PyTorch's ``MSELoss``).""",
                             """n_features_in_ : int
     Features per row seen by fit.
 feature_names_in_ : ndarray of str

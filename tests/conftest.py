@@ -125,3 +125,170 @@ def mpich_leftovers():
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+# ---------------------------------------------------------------- MPI (the `mpi` marker)
+def pytest_runtest_setup(item):
+    """A test marked `mpi` starts ranks with mpiexec: it skips, saying why, where mpi4py or
+    mpiexec is missing (pip install 'dptrain[mpi]')."""
+    if item.get_closest_marker("mpi") is not None and _mpiexec() is None:
+        pytest.skip("mpi4py or mpiexec not installed (pip install 'dptrain[mpi]')")
+
+
+def _mpiexec():
+    from dptrain.comm.mpi import find_mpiexec
+    return find_mpiexec()
+
+
+@pytest.fixture(scope="session")
+def mpiexec():
+    """The path of mpiexec (tests marked `mpi` skip without it)."""
+    path = _mpiexec()
+    if path is None:
+        pytest.skip("mpi4py or mpiexec not installed (pip install 'dptrain[mpi]')")
+    return path
+
+
+# ---------------------------------------------------------------- the engine's small run
+# An MLP on a synthetic set whose last global batch (30 of 1030) is uneven and whose batch of
+# 100 does not split evenly over 3 workers: what the transport, exchange, job and checkpoint
+# tests train and compare.
+SMALL = dict(model="mlp", hidden=(16,), dataset="synthetic", n_samples=1030, n_features=12,
+             epochs=2, batch_size=100, lr=0.05, momentum=0.9, lr_schedule="cosine", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def train_small():
+    """train_small(**options): dptrain.train of SMALL with these options changed."""
+    import dptrain
+
+    def run(**options):
+        return dptrain.train(**{**SMALL, **options})
+    return run
+
+
+@pytest.fixture(scope="session")
+def sequential(train_small):
+    """SMALL on one worker: what N workers must equal."""
+    return train_small()
+
+
+@pytest.fixture(scope="session")
+def deterministic_one(train_small):
+    """SMALL on one worker in deterministic mode: what any world size must equal, bit for bit."""
+    return train_small(deterministic=True)
+
+
+@pytest.fixture
+def mpi_weights(mpiexec, tmp_path):
+    """mpi_weights(ranks, *flags): SMALL trained under mpiexec -n ranks (plus CLI flags); the
+    saved weights."""
+    def run(ranks, *extra):
+        import dptrain
+        weights = tmp_path / "w.npz"
+        r = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-m", "dptrain",
+                            "train", "--model", "mlp", "--hidden", "16", "--dataset",
+                            "synthetic", "--n-samples", "1030", "--n-features", "12",
+                            "--epochs", "2", "--batch-size", "100", "--lr", "0.05",
+                            "--momentum", "0.9", "--backend", "mpi", "--quiet",
+                            "--save-weights", str(weights), *extra],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return dptrain.load_model(weights).params
+    return run
+
+
+# ---------------------------------------------------------------- background jobs
+# A test whose work is long and self-contained (building the extension or the C tests with
+# sanitizers and running them, installing an sdist into a fresh venv) carries
+# @pytest.mark.background.with_args(job): job(workdir, run) is a function of its module that does that
+# work, running its commands with run (run_background below), and returns what the test
+# asserts on. Every selected test's job starts as soon as the
+# session's tests are collected, in a thread of this process (two at a time, their
+# subprocesses niced and in sessions of their own, so that a test signalling its process
+# group does not reach them), while the rest of the suite runs on the other core; the tests
+# that own jobs run last, and the `background` fixture waits for the job's result (raising
+# what the job raised). Nothing is skipped or shortened: the same work runs, overlapped.
+_JOBS: dict = {}         # job function -> its Future
+_POOL: list = []         # the jobs' thread pool and their directory, once started
+
+
+def pytest_collection_modifyitems(config, items):
+    # the tests that wait for a background job go last, so the job has had the whole run
+    items.sort(key=lambda item: item.get_closest_marker("background") is not None)
+
+
+def pytest_collection_finish(session):
+    import concurrent.futures
+    if session.config.option.collectonly:
+        return
+    jobs = []
+    for item in session.items:
+        mark = item.get_closest_marker("background")
+        if mark is not None and mark.args[0] not in jobs and not _skipped(item):
+            jobs.append(mark.args[0])
+    if not jobs:
+        return
+    root = Path(tempfile.mkdtemp(prefix="dptrain-tests-background-"))
+    pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="tests-background")
+    _POOL[:] = [pool, root]
+    for i, job in enumerate(jobs):
+        workdir = root / f"{i}-{job.__name__.strip('_')}"
+        workdir.mkdir()
+        _JOBS[job] = pool.submit(job, workdir, run_background)
+
+
+def _skipped(item) -> bool:
+    """Whether the item skips whatever happens (a skip mark, or a skipif whose condition is
+    already True): its job is not started."""
+    return any(m.name == "skip" or (m.name == "skipif" and m.args and m.args[0] is True)
+               for m in item.iter_markers())
+
+
+def pytest_sessionfinish(session):
+    """Jobs not started are dropped, running ones stopped (the session may end early: -x,
+    Ctrl-C), and their directory removed."""
+    if _POOL:
+        import shutil
+        import signal
+        pool, root = _POOL
+        for future in _JOBS.values():
+            future.cancel()
+        for proc in list(_RUNNING):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pool.shutdown(wait=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def background(request, tmp_path):
+    """The result of this test's background job (see above), waiting for it; run here when
+    it was not started (the test selected some other way)."""
+    job = request.node.get_closest_marker("background").args[0]
+    future = _JOBS.get(job)
+    return future.result() if future is not None else job(tmp_path, run_background)
+
+
+_RUNNING: set = set()    # the background jobs' processes now running
+
+
+def run_background(argv, *, timeout=None, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run for a background job: niced (the foreground tests keep their cores),
+    in a session of its own (stopped with the session if it ends first), output captured as
+    text; past timeout its process group is killed and TimeoutExpired raised."""
+    import signal
+    proc = subprocess.Popen(["nice", "-n", "10", *map(str, argv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+    _RUNNING.add(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    finally:
+        _RUNNING.discard(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

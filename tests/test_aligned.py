@@ -8,7 +8,7 @@ from dptrain import data
 from dptrain._aligned import ALIGN, aligned_empty, aligned_zeros
 from dptrain.data.cifar10 import _stack_cifar10
 from dptrain.data.mnist import _images_to_float
-from dptrain.engine.loop import BatchRows
+from dptrain.sampler import BatchRows
 
 
 def on_line(a: np.ndarray) -> bool:

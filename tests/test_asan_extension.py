@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -63,6 +62,7 @@ def _runtime(name: str) -> str | None:
 
 
 pytestmark = [
+    pytest.mark.build,
     pytest.mark.skipif(not (ROOT / "setup.py").is_file() or not (ROOT / "csrc").is_dir(),
                        reason=f"no C sources at {ROOT} (installed package only)"),
     pytest.mark.skipif(sys.platform != "linux" or _runtime("libasan.so") is None,
@@ -70,39 +70,47 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def asan_package(tmp_path_factory):
-    """A copy of the dptrain package whose _core is built with ASan + UBSan."""
-    lib = tmp_path_factory.mktemp("asan-lib")
+def _asan_build_and_run(workdir, run) -> dict:
+    """The background job (conftest): a copy of the dptrain package whose _core is built with
+    ASan + UBSan, then the boundary's tests run against it (libasan preloaded). Returns each
+    step's CompletedProcess ('build', 'probe', 'tests') and the package's directory."""
+    lib = workdir / "asan-lib"
     flags = "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
     env = dict(os.environ, CFLAGS=flags, LDFLAGS="-fsanitize=address,undefined")
-    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(lib),
-                        "--build-temp", str(tmp_path_factory.mktemp("asan-tmp"))],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    steps = {"lib": lib}
+    steps["build"] = run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", lib,
+                          "--build-temp", workdir / "asan-tmp"], cwd=ROOT, env=env, timeout=900)
+    if steps["build"].returncode != 0:
+        return steps
     for source in (ROOT / "dptrain").rglob("*.py"):      # the package's modules, subpackages too
         target = lib / "dptrain" / source.relative_to(ROOT / "dptrain")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(source, target)
-    return lib
-
-
-def test_the_boundary_tests_pass_under_asan(asan_package):
     preload = ":".join(p for p in (_runtime("libasan.so"), _runtime("libubsan.so")) if p)
-    env = dict(os.environ, PYTHONPATH=str(asan_package), LD_PRELOAD=preload,
+    env = dict(os.environ, PYTHONPATH=str(lib), LD_PRELOAD=preload,
                ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=0",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
-    probe = subprocess.run([sys.executable, "-c", "import dptrain; print(dptrain._core.__file__)"],
-                           cwd=asan_package, env=env, capture_output=True, text=True, timeout=120)
-    assert probe.returncode == 0, probe.stderr
-    assert probe.stdout.strip().startswith(str(asan_package)), probe.stdout  # the ASan build
+    steps["probe"] = run([sys.executable, "-c", "import dptrain; print(dptrain._core.__file__)"],
+                         cwd=lib, env=env, timeout=120)
     tests = [str(ROOT / t) for t in BOUNDARY_TESTS if (ROOT / t).is_file()]
     # --capture=sys: a sanitizer writes its report to fd 2 and exits; captured at the fd level
     # the report would be lost with the process
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--capture=sys", "-p",
-                        "no:cacheprovider", "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
-                        "-k", " or ".join(BOUNDARY_CHECKS), *tests],
-                       cwd=asan_package, env=env, capture_output=True, text=True, timeout=1800)
+    steps["tests"] = run([sys.executable, "-m", "pytest", "-q", "--capture=sys", "-p",
+                          "no:cacheprovider", "--rootdir", ROOT, "-c", ROOT / "pyproject.toml",
+                          "-k", " or ".join(BOUNDARY_CHECKS), *tests], cwd=lib, env=env,
+                         timeout=1800)
+    return steps
+
+
+@pytest.mark.background.with_args(_asan_build_and_run)
+def test_the_boundary_tests_pass_under_asan(background):
+    build = background["build"]
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    probe = background["probe"]
+    assert probe.returncode == 0, probe.stderr
+    # the ASan build
+    assert probe.stdout.strip().startswith(str(background["lib"])), probe.stdout
+    r = background["tests"]
     out = r.stdout + r.stderr
     assert "ERROR: AddressSanitizer" not in out and "runtime error:" not in out, out[-8000:]
     assert r.returncode == 0, out[-8000:]

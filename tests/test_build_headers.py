@@ -7,7 +7,6 @@ NumPy (`python setup.py build_ext`, or pip without build isolation) compiles aga
 oldest-NumPy pass; with NumPy 2 installed, the build it would check is the one every other
 test already uses, so it skips."""
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [
+    pytest.mark.build,
+    pytest.mark.numpy1_headers,
     pytest.mark.skipif(not (ROOT / "setup.py").is_file() or not (ROOT / "csrc").is_dir(),
                        reason=f"no C sources at {ROOT} (installed package only)"),
     pytest.mark.skipif(int(np.__version__.split(".")[0]) >= 2,
@@ -26,12 +27,15 @@ pytestmark = [
 ]
 
 
-def test_the_extension_builds_against_numpy_1_headers_and_trains(tmp_path):
-    lib = tmp_path / "lib"
-    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(lib),
-                        "--build-temp", str(tmp_path / "build")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+def _build_and_train(workdir, run) -> dict:
+    """The background job (conftest): the extension built against this NumPy's headers into
+    a package of its own, then a short training with it; each step's CompletedProcess."""
+    lib = workdir / "lib"
+    steps = {"lib": lib}
+    steps["build"] = run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", lib,
+                          "--build-temp", workdir / "build"], cwd=ROOT, timeout=900)
+    if steps["build"].returncode != 0:
+        return steps
     shutil.copytree(ROOT / "dptrain", lib / "dptrain", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
     probe = ("import numpy, dptrain\n"
@@ -40,12 +44,19 @@ def test_the_extension_builds_against_numpy_1_headers_and_trains(tmp_path):
              "epochs=1, workers=2, backend='thread', quiet=True)\n"
              "print(dptrain._core.__file__, numpy.__version__, info['numpy_build_api'], "
              "r['final_test_accuracy'], sep='|')\n")
-    run = subprocess.run([sys.executable, "-c", probe], cwd=lib, capture_output=True,
-                         text=True, timeout=300, env={"PATH": "/usr/bin:/bin",
-                                                      "PYTHONPATH": str(lib)})
+    steps["run"] = run([sys.executable, "-c", probe], cwd=lib, timeout=300,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(lib)})
+    return steps
+
+
+@pytest.mark.background.with_args(_build_and_train)
+def test_the_extension_builds_against_numpy_1_headers_and_trains(background):
+    r = background["build"]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = background["run"]
     assert run.returncode == 0, run.stderr[-3000:]
     so, version, api, accuracy = run.stdout.splitlines()[-1].split("|")
-    assert so.startswith(str(lib)), so                       # this build, not the installed one
+    assert so.startswith(str(background["lib"])), so         # this build, not the installed one
     assert version == np.__version__
     # NumPy 1.x headers have no NPY_FEATURE_VERSION_STRING: build_info gives the C API version
     assert api.startswith("C API 0x"), api

@@ -2,7 +2,6 @@
 LeakSanitizer and UndefinedBehaviorSanitizer, then again at -O3 with the SIMD clones, and
 built for 64-bit ARM and run there under user-mode QEMU (the generic path, NEON on ARM)."""
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 C_TESTS = Path(__file__).resolve().parents[1] / "csrc" / "tests"
 
 pytestmark = [
+    pytest.mark.build,
     pytest.mark.skipif(not (C_TESTS / "Makefile").is_file(),
                        reason=f"no C test sources at {C_TESTS} (installed package only)"),
     pytest.mark.skipif(shutil.which("make") is None or shutil.which("cc") is None,
@@ -17,11 +17,24 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("target", ["check", "check-O3"])
-def test_c_kernels(target):
-    # -j2: the two test programs build at once (each compiles every kernel)
-    r = subprocess.run(["make", "-s", "-j2", "-C", str(C_TESTS), target], capture_output=True,
-                       text=True, timeout=600)
+def _make(target: str, *flags: str, timeout: float = 600):
+    """The background job (conftest) that builds and runs one make target of the C tests."""
+    def make(workdir, run):
+        return run(["make", "-s", "-j2", *flags, "-C", C_TESTS, target], timeout=timeout)
+    make.__name__ = f"make_{target.replace('-', '_')}"
+    return make
+
+
+# -j2: the test programs build (and where the target allows, run) at once
+MAKE_CHECK, MAKE_O3 = _make("check"), _make("check-O3")
+MAKE_AARCH64 = _make("check-aarch64", "-O", timeout=900)   # -O: each program's output whole
+
+
+@pytest.mark.parametrize("target", [
+    pytest.param("check", marks=pytest.mark.background.with_args(MAKE_CHECK)),
+    pytest.param("check-O3", marks=pytest.mark.background.with_args(MAKE_O3))])
+def test_c_kernels(target, background):
+    r = background
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     assert " 0 failed" in out, out[-3000:]
@@ -34,11 +47,11 @@ ARM_TOOLS = ("aarch64-linux-gnu-gcc", "qemu-aarch64")
                     reason="needs a 64-bit ARM cross compiler and user-mode QEMU on PATH "
                            f"({', '.join(ARM_TOOLS)}: Debian's gcc-aarch64-linux-gnu and "
                            "qemu-user; .ci/run installs them)")
-def test_c_kernels_on_aarch64():
+@pytest.mark.background.with_args(MAKE_AARCH64)
+def test_c_kernels_on_aarch64(background):
     # the wheels are built for aarch64 too (pyproject.toml's cibuildwheel archs): the C tests
     # compiled there with -Werror, and run
-    r = subprocess.run(["make", "-s", "-j2", "-O", "-C", str(C_TESTS), "check-aarch64"],
-                       capture_output=True, text=True, timeout=900)
+    r = background
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     assert "GEMM generic (NEON)" in out, out[-3000:]

@@ -2,11 +2,9 @@
 step; checkpoints are written atomically and durably, stale temporaries are cleaned, and a
 damaged, foreign or impossible checkpoint given to resume is one error naming the file."""
 import json
-import os
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -14,42 +12,36 @@ import pytest
 
 import dptrain
 from dptrain import cli
-
-SMALL = dict(model="mlp", hidden=(16,), dataset="synthetic", n_samples=1030, n_features=12,
-             epochs=2, batch_size=100, lr=0.05, momentum=0.9, quiet=True)
-
-
-def _train(**kw):
-    return dptrain.train(**{**SMALL, **kw})
+from dptrain import comm as parallel
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(train_small, tmp_path_factory):
     """A good checkpoint of SMALL, written at step 15 (epoch 1, batch 4)."""
     path = tmp_path_factory.mktemp("ckpt") / "run.npz"
     with pytest.raises(RuntimeError, match="injected fault"):
-        _train(checkpoint=path, checkpoint_every=5, fault=(0, 17, "raise"))
+        train_small(checkpoint=path, checkpoint_every=5, fault=(0, 17, "raise"))
     return path
 
 
 # ---------------------------------------------------------------- output paths
 @pytest.mark.parametrize("arg", ["out", "save_weights", "trace", "steps_csv", "checkpoint"])
-def test_an_unwritable_output_fails_before_training(tmp_path, arg):
+def test_an_unwritable_output_fails_before_training(train_small, tmp_path, arg):
     t0 = time.monotonic()
     with pytest.raises(ValueError, match=rf"{arg}=.*the directory .*missing.* does not exist "
                                          rf"\(checked before training"):
-        _train(**{arg: tmp_path / "missing" / "f.out"}, checkpoint_every=5 if arg ==
+        train_small(**{arg: tmp_path / "missing" / "f.out"}, checkpoint_every=5 if arg ==
                "checkpoint" else 0, epochs=50)
     assert time.monotonic() - t0 < 5              # 50 epochs would take far longer
     with pytest.raises(ValueError, match=rf"{arg}=.* is a directory"):
-        _train(**{arg: tmp_path}, checkpoint_every=5 if arg == "checkpoint" else 0)
+        train_small(**{arg: tmp_path}, checkpoint_every=5 if arg == "checkpoint" else 0)
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc (Linux)")
-def test_a_directory_that_nobody_can_write_is_refused():
+def test_a_directory_that_nobody_can_write_is_refused(train_small):
     """/proc's directories refuse file creation even to root (permission bits would not)."""
     with pytest.raises(ValueError, match=r"save_weights=.*cannot write in '/proc/self'"):
-        _train(save_weights="/proc/self/weights.npz")
+        train_small(save_weights="/proc/self/weights.npz")
 
 
 def test_cli_unwritable_steps_csv_fails_first(tmp_path, capsys):
@@ -59,14 +51,14 @@ def test_cli_unwritable_steps_csv_fails_first(tmp_path, capsys):
     assert rc == 1 and "steps_csv=" in capsys.readouterr().err
 
 
-def test_steps_csv_is_written_by_train(tmp_path):
-    r = _train(steps_csv=tmp_path / "steps.csv", epochs=1)
+def test_steps_csv_is_written_bytrain_small(train_small, tmp_path):
+    r = train_small(steps_csv=tmp_path / "steps.csv", epochs=1)
     lines = (tmp_path / "steps.csv").read_text().splitlines()
     assert len(lines) == 1 + r["steps"]
 
 
 # ---------------------------------------------------------------- writing
-def test_no_temporary_is_left_and_stale_ones_are_removed(tmp_path):
+def test_no_temporary_is_left_and_stale_ones_are_removed(train_small, tmp_path):
     path = tmp_path / "c.npz"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
@@ -74,7 +66,7 @@ def test_no_temporary_is_left_and_stale_ones_are_removed(tmp_path):
     stale.write_bytes(b"half a checkpoint")
     other = tmp_path / "other.npz.tmp-1.npz"        # another file's: not ours to remove
     other.write_bytes(b"x")
-    _train(checkpoint=path, checkpoint_every=4, epochs=1)
+    train_small(checkpoint=path, checkpoint_every=4, epochs=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npz", "other.npz.tmp-1.npz"]
 
 
@@ -121,10 +113,10 @@ def _damaged(tmp_path, checkpoint, how):
 
 @pytest.mark.parametrize("how", ["truncated", "bit-flipped", "empty", "not a checkpoint",
                                  "a .npy array", "text"])
-def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, checkpoint, how):
+def test_a_damaged_checkpoint_is_one_clear_error(train_small, tmp_path, checkpoint, how):
     p = _damaged(tmp_path, checkpoint, how)
     with pytest.raises(ValueError, match=rf"checkpoint {p}") as info:
-        _train(resume=p)
+        train_small(resume=p)
     assert type(info.value) is ValueError
     assert "Traceback" not in str(info.value)
 
@@ -156,14 +148,14 @@ def _rewritten(tmp_path, checkpoint, name, **change):
     (dict(step="15"), r"position field 'step' is '15', expected int"),
     (dict(format=np.int64(9)), r"has format"),
 ])
-def test_an_impossible_checkpoint_is_refused(tmp_path, checkpoint, change, message):
+def test_an_impossible_checkpoint_is_refused(train_small, tmp_path, checkpoint, change, message):
     p = _rewritten(tmp_path, checkpoint, "bad.npz", **change)
     with pytest.raises(ValueError, match=message):
-        _train(resume=p)
+        train_small(resume=p)
 
 
-def test_the_good_checkpoint_still_resumes(checkpoint):
-    assert _train(resume=checkpoint)["steps"] == 22
+def test_the_good_checkpoint_still_resumes(train_small, checkpoint):
+    assert train_small(resume=checkpoint)["steps"] == 22
 
 
 def test_cli_resume_of_a_damaged_file_prints_one_error(tmp_path, checkpoint, capsys):
@@ -186,9 +178,9 @@ def test_cli_resume_of_a_damaged_file_prints_one_error(tmp_path, checkpoint, cap
     (dict(weight_decay=float("inf")), r"weight_decay must be a finite number"),
     (dict(lr="0.1"), r"lr must be a finite number >= 0, got '0.1'"),
 ])
-def test_bad_optimizer_settings_are_refused_before_training(kw, message):
+def test_bad_optimizer_settings_are_refused_before_training(train_small, kw, message):
     with pytest.raises(ValueError, match=message):
-        _train(**kw)
+        train_small(**kw)
     model = dptrain.MLP([4, 3])
     with pytest.raises(ValueError, match=message):
         dptrain.SGD(model, **{"lr": 0.1, **kw})
@@ -200,7 +192,35 @@ def test_cli_momentum_above_one_exits_with_the_value(capsys):
     assert rc == 1 and "momentum must be in [0, 1), got 1.5" in capsys.readouterr().err
 
 
-def test_a_batch_larger_than_the_data_set_says_so():
+def test_a_batch_larger_than_the_data_set_says_so(train_small):
     with pytest.warns(UserWarning, match=r"batch_size=2000 is larger than the 1030 training "
                                          r"samples"):
-        _train(batch_size=2000, epochs=1)
+        train_small(batch_size=2000, epochs=1)
+
+
+@pytest.mark.parametrize("workers, backend, deterministic", [
+    (1, "thread", True), (2, "thread", True), (2, "process", False), (4, "thread", False)])
+def test_a_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(train_small, tmp_path, workers, backend,
+                                                                  deterministic):
+    kw = dict(workers=workers, backend=backend, deterministic=deterministic)
+    whole = train_small(**kw)
+    ckpt = tmp_path / "run.ckpt.npz"
+    # 11 steps per epoch: die in the second epoch, after the checkpoint of step 15
+    with pytest.raises((parallel.WorkerError, RuntimeError), match="injected fault"):
+        train_small(checkpoint=ckpt, checkpoint_every=5, fault=(0, 17, "raise"), **kw)
+    assert ckpt.is_file()
+    resumed = train_small(resume=ckpt, **kw)
+    assert np.array_equal(resumed["params"], whole["params"])
+    assert resumed["train_loss"] == pytest.approx(whole["train_loss"], rel=1e-6)
+    assert [h["epoch"] for h in resumed["epochs"]] == [1, 2]
+
+
+def test_resume_refuses_a_checkpoint_of_another_run(train_small, tmp_path):
+    ckpt = tmp_path / "c.npz"
+    train_small(checkpoint=ckpt, checkpoint_every=3)
+    with pytest.raises(ValueError, match="batch_size=100, but this run has batch_size=50"):
+        train_small(resume=ckpt, batch_size=50)
+    with pytest.raises(ValueError, match="no checkpoint file"):
+        train_small(resume=tmp_path / "missing.npz")
+    with pytest.raises(ValueError, match="checkpoint_every needs a checkpoint path"):
+        train_small(checkpoint_every=3)

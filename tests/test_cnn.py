@@ -15,7 +15,7 @@ import pytest
 
 import dptrain
 from _core_helpers import numeric_grad
-from dptrain.models import CNN, build_model, image_shape, load_model, model_n_params, model_sizes
+from dptrain.models import CNN, build_model, image_shape, load_model, named_spec
 
 
 MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
@@ -78,8 +78,9 @@ def test_cnn_architecture_and_parameter_count():
     assert mnist.input_shape == (1, 28, 28) and mnist.sizes[2] == 1600
     assert mnist.n_params == 320 + 18496 + (1600 * 128 + 128) + 1290
     for m in (cifar, mnist):
-        assert model_sizes("cnn", m.n_features, 10) == m.sizes
-        assert model_n_params("cnn", m.sizes) == m.n_params
+        spec = named_spec("cnn", m.n_features, 10)     # planned, not allocated
+        assert tuple(spec["sizes"]) == m.sizes and spec["n_params"] == m.n_params
+        assert spec == m.spec()
         slices = m.layer_slices()
         assert slices[0][0] == 0 and slices[-1][1] == m.n_params and len(slices) == 4
         assert all(a[1] == b[0] for a, b in zip(slices, slices[1:]))
@@ -89,8 +90,8 @@ def test_cnn_architecture_and_parameter_count():
     # a data set that knows its sample shape passes it
     wide = build_model("cnn", 3 * 12 * 20, 4, input_shape=(3, 12, 20))
     assert wide.input_shape == (3, 12, 20)
-    assert model_sizes("cnn", 720, 4, input_shape=(3, 12, 20)) == wide.sizes
-    assert model_n_params("cnn", wide.sizes, input_shape=(3, 12, 20)) == wide.n_params
+    spec = named_spec("cnn", 720, 4, input_shape=(3, 12, 20))
+    assert tuple(spec["sizes"]) == wide.sizes and spec["n_params"] == wide.n_params
     with pytest.raises(ValueError, match="input_shape \\(3, 12, 21\\) is not a \\(C, H, W\\) of"):
         build_model("cnn", 720, 4, input_shape=(3, 12, 21))
 
@@ -181,7 +182,8 @@ def test_two_workers_give_the_one_worker_weights():
     one = _train(**SMALL)
     two = _train(**SMALL, workers=2, backend="thread")
     assert one["steps"] == two["steps"] == 6
-    assert one["model"]["n_params"] == model_n_params("cnn", one["model"]["sizes"])
+    sizes = one["model"]["sizes"]
+    assert one["model"]["n_params"] == named_spec("cnn", sizes[0], sizes[-1])["n_params"]
     np.testing.assert_allclose(two["params"], one["params"], rtol=0, atol=1e-5)
     assert not np.array_equal(one["params"], _train(**{**SMALL, "epochs": 2})["params"])
 
@@ -206,6 +208,7 @@ def test_cli_trains_the_cnn(tmp_path, capsys):
     assert rc == 1 and "neither s*s nor 3*s*s" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_mnist_cnn_reaches_98_percent_in_2_epochs():
     r = _train(model="cnn", dataset="mnist", data_dir=MNIST_DIR, epochs=2, batch_size=128,

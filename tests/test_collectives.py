@@ -9,8 +9,7 @@ from dptrain.comm.mpi import find_mpiexec
 
 MPIEXEC = find_mpiexec()
 
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpi4py or mpiexec not installed "
-                                                       "(pip install 'dptrain[mpi]')")
+pytestmark = pytest.mark.mpi          # MPI ranks under mpiexec (conftest skips without)
 
 SCRIPT = textwrap.dedent("""
     import numpy as np

@@ -728,8 +728,8 @@ def test_cli_trains_on_cifar10_files(tmp_path, batches, capsys):
 
 @pytest.mark.parametrize("quiet", [False, True])
 def test_cli_cifar10_fallback_is_announced_on_stderr_even_when_quiet(tmp_path, capsys, quiet):
-    from dptrain.engine import run
-    run._ANNOUNCED.clear()
+    from dptrain.engine import data
+    data.ANNOUNCED.clear()
     out = tmp_path / "run.json"
     rc = cli.main(["train", "--dataset", "cifar10", "--model", "softmax", "--epochs", "1",
                    "--limit", "200", "--batch-size", "50", "--out", str(out)]

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not Path("/proc").is_dir() or not hasattr(os, "killpg"),
-                                reason="reads /proc and signals process groups (Linux)")
+pytestmark = [pytest.mark.signals,
+              pytest.mark.skipif(not Path("/proc").is_dir() or not hasattr(os, "killpg"),
+                                 reason="reads /proc and signals process groups (Linux)")]
 
 ROOT = Path(__file__).resolve().parent.parent
 # long enough never to finish on its own during a test (minutes at 2 workers; 200 epochs took

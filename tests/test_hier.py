@@ -18,11 +18,9 @@ from dptrain.comm.mpi import find_mpiexec
 
 
 MPIEXEC = find_mpiexec()
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpi4py or mpiexec not installed "
-                                                           "(pip install 'dptrain[mpi]')")
+pytestmark = pytest.mark.mpi          # MPI ranks under mpiexec (conftest skips without)
 
-SMALL = dict(model="mlp", hidden=(16,), dataset="synthetic", n_samples=1030, n_features=12,
-             epochs=2, batch_size=100, lr=0.05, momentum=0.9, quiet=True)
+# conftest's SMALL, as CLI flags
 CLI = ["--model", "mlp", "--hidden", "16", "--dataset", "synthetic", "--n-samples", "1030",
        "--n-features", "12", "--epochs", "2", "--batch-size", "100", "--lr", "0.05",
        "--momentum", "0.9", "--backend", "mpi", "--quiet"]
@@ -129,35 +127,30 @@ def test_collectives_on_simulated_nodes_give_the_exact_sums(tmp_path, ranks, nod
     assert r.stdout.strip() == f"layouts {(nodes, layout)}", r.stdout
 
 
-@pytest.fixture(scope="module")
-def one_worker():
-    return dptrain.train(**SMALL)
-
-
 @pytest.mark.parametrize("extra", [("--mpi-nodes", "2"), ("--mpi-nodes", "2", "--allreduce",
                                                             "ring"),
                                    ("--mpi-nodes", "2", "--allreduce", "ps"),
                                    ("--mpi-nodes", "2", "--bucket-kb", "0.25", "--overlap")])
-def test_four_ranks_as_two_nodes_equal_one_worker(one_worker, tmp_path, extra):
+def test_four_ranks_as_two_nodes_equal_sequential(sequential, tmp_path, extra):
     params, res = _train(4, tmp_path, *extra)
-    np.testing.assert_allclose(params, one_worker["params"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(params, sequential["params"], rtol=0, atol=1e-5)
     assert res["config"]["mpi_layout"] == [[0, 1], [2, 3]]
 
 
-def test_two_ranks_on_one_node_equal_one_worker(one_worker, tmp_path):
+def test_two_ranks_on_one_node_equal_sequential(sequential, tmp_path):
     params, res = _train(2, tmp_path)
-    np.testing.assert_allclose(params, one_worker["params"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(params, sequential["params"], rtol=0, atol=1e-5)
     assert res["config"]["mpi_layout"] == [[0, 1]]
 
 
-def test_no_mpi_shm_is_the_flat_mpi_all_reduce(one_worker, tmp_path):
+def test_no_mpi_shm_is_the_flat_mpi_all_reduce(sequential, tmp_path):
     params, res = _train(2, tmp_path, "--no-mpi-shm")
-    np.testing.assert_allclose(params, one_worker["params"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(params, sequential["params"], rtol=0, atol=1e-5)
     assert res["config"]["mpi_layout"] is None and res["config"]["mpi_shm"] is False
 
 
-def test_deterministic_weights_are_the_same_bits_for_every_layout(tmp_path):
-    one = dptrain.train(**SMALL, deterministic=True)["params"]
+def test_deterministic_weights_are_the_same_bits_for_every_layout(deterministic_one, tmp_path):
+    one = deterministic_one["params"]
     layouts = {"4 ranks, 2 nodes": (4, ("--mpi-nodes", "2"), None),
                "4 ranks, 4 nodes": (4, (), {"DPTRAIN_MPI_NODES": "4"}),
                "4 ranks, 1 node": (4, (), None),
@@ -220,10 +213,10 @@ def test_a_rank_waiting_for_its_leader_says_so(mpich_leftovers):
             "(world rank 0) to finish the exchange between nodes") in r.stderr, r.stderr
 
 
-def test_deterministic_bfloat16_weights_are_the_same_bits_under_mpi(tmp_path):
+def test_deterministic_bfloat16_weights_are_the_same_bits_under_mpi(train_small, tmp_path):
     """The bfloat16 exchange (uint16 chunks gathered between nodes, summed over shared memory
     or after MPI's all-gather) gives the single worker's bits."""
-    one = dptrain.train(**SMALL, dtype="bfloat16", comm_dtype="bfloat16", deterministic=True)["params"]
+    one = train_small(dtype="bfloat16", comm_dtype="bfloat16", deterministic=True)["params"]
     for name, (ranks, extra) in {"2 ranks, 2 nodes": (2, ("--mpi-nodes", "2")),
                                  "2 ranks, flat MPI": (2, ("--no-mpi-shm",))}.items():
         params, res = _train(ranks, tmp_path, "--deterministic", "--dtype", "bfloat16",
@@ -232,9 +225,9 @@ def test_deterministic_bfloat16_weights_are_the_same_bits_under_mpi(tmp_path):
         assert np.array_equal(params, one), f"{name}: max difference {np.abs(params - one).max()}"
 
 
-def test_the_bfloat16_exchange_runs_under_mpi(tmp_path, one_worker):
+def test_the_bfloat16_exchange_runs_under_mpi(tmp_path, sequential):
     params, res = _train(2, tmp_path, "--dtype", "bfloat16", "--comm-dtype", "bfloat16",
                          "--mpi-nodes", "2")
     assert res["config"]["comm_dtype"] == "bfloat16"
     # the float32 single worker's model, to bfloat16's precision
-    assert np.abs(params - one_worker["params"]).max() <= 0.02 * np.abs(one_worker["params"]).max()
+    assert np.abs(params - sequential["params"]).max() <= 0.02 * np.abs(sequential["params"]).max()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.build
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 ASSIGNMENT = re.compile(r'^DPTRAIN_SOURCE = ""$', re.MULTILINE)
 
@@ -50,33 +52,55 @@ def clean_env(**extra) -> dict:
     return {**env, **extra}
 
 
-def test_install_cell_installs_dptrain_from_an_sdist(sdist, tmp_path):
-    python = fresh_venv(tmp_path / "venv")
-    outside = tmp_path / "elsewhere"
+def _install_from_an_sdist(workdir, run) -> dict:
+    """The background job (conftest): an sdist of this checkout, a fresh venv, then the
+    install cell pointed at the sdist, run as Colab runs it; each step's CompletedProcess."""
+    root = Path(__file__).resolve().parents[1]
+    steps = {"sdist_build": run([sys.executable, "-m", "build", "--sdist", "--outdir",
+                                 workdir / "sdist", root], timeout=600)}
+    if steps["sdist_build"].returncode != 0:
+        return steps
+    (sdist,) = (workdir / "sdist").glob("dptrain-*.tar.gz")
+    python = fresh_venv(workdir / "venv")
+    outside = workdir / "elsewhere"
     outside.mkdir()
     env = clean_env()
-    absent = subprocess.run([python, "-c", "import dptrain"], cwd=outside, env=env,
-                            capture_output=True, text=True)
+    steps.update(sdist=sdist, venv=workdir / "venv")
+    steps["absent"] = run([python, "-c", "import dptrain"], cwd=outside, env=env)
+    steps["install"] = run([python, cell_script(workdir, str(sdist))], cwd=outside, env=env,
+                           timeout=900)
+    steps["check"] = run([python, "-c", "import dptrain, matplotlib; "
+                          "print(dptrain.__version__); print(dptrain.__file__)"],
+                         cwd=outside, env=env)
+    steps["flag"] = run([python, "-m", "dptrain", "--version"], cwd=outside, env=env)
+    # importable now: the cell installs nothing, so even a wrong source is never read
+    steps["again"] = run([python, cell_script(workdir, str(workdir / "missing.tar.gz"))],
+                         cwd=outside, env=env)
+    return steps
+
+
+@pytest.mark.background.with_args(_install_from_an_sdist)
+def test_install_cell_installs_dptrain_from_an_sdist(background):
+    pytest.importorskip("build", reason="building an sdist needs the build package "
+                                        "(pip install build, or the test extra)")
+    steps = background
+    build = steps["sdist_build"]
+    assert build.returncode == 0, f"python -m build --sdist failed:\n{build.stdout}\n{build.stderr}"
+    absent = steps["absent"]
     assert absent.returncode != 0, "dptrain is importable in the fresh venv before installing"
 
-    proc = subprocess.run([python, cell_script(tmp_path, str(sdist))], cwd=outside, env=env,
-                          capture_output=True, text=True)
+    proc = steps["install"]
     assert proc.returncode == 0, f"install cell failed:\n{proc.stdout}\n{proc.stderr}"
 
-    check = subprocess.run([python, "-c", "import dptrain, matplotlib; print(dptrain.__version__);"
-                            " print(dptrain.__file__)"],
-                           cwd=outside, env=env, capture_output=True, text=True)
+    check = steps["check"]
     assert check.returncode == 0, check.stderr
     version, where = check.stdout.split()
-    assert f"dptrain-{version}.tar.gz" == sdist.name
-    assert Path(where).is_relative_to(tmp_path / "venv"), where
-    flag = subprocess.run([python, "-m", "dptrain", "--version"], cwd=outside, env=env,
-                          capture_output=True, text=True)
+    assert f"dptrain-{version}.tar.gz" == steps["sdist"].name
+    assert Path(where).is_relative_to(steps["venv"]), where
+    flag = steps["flag"]
     assert flag.stdout.strip() == f"dptrain {version}", flag.stderr
 
-    # importable now: the cell installs nothing, so even a wrong source is never read
-    again = subprocess.run([python, cell_script(tmp_path, str(tmp_path / "missing.tar.gz"))],
-                           cwd=outside, env=env, capture_output=True, text=True)
+    again = steps["again"]
     assert again.returncode == 0, again.stderr
     assert "nothing installed" in again.stdout
 

@@ -14,6 +14,7 @@ def test_the_three_notebooks_are_there():
                                            "03_communication"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat", reason="executing notebooks needs nbformat")

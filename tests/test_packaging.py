@@ -14,6 +14,8 @@ import pytest
 
 import dptrain
 
+pytestmark = pytest.mark.build       # builds an sdist and a source tree of its own
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = Path(dptrain.__file__).resolve().parent
 

@@ -45,7 +45,7 @@ def comm_seconds(algorithm, p, nbytes, alpha, beta, calls=1.0):
 def synthetic_runs(truth=TRUTH, workers=(1, 2, 4, 8), sizes=(5000, 10000, 20000, 40000),
                    batch_size=128, epochs=1, allreduce="native", repeats=1, noise=0.0,
                    buckets=1, seed=0):
-    """RUN rows (sweep_schema.md) whose phases follow the model exactly, times a
+    """RUN rows (docs/sweep_schema.md) whose phases follow the model exactly, times a
     log-normal factor of relative size ``noise`` per phase."""
     rng = np.random.default_rng(seed)
     algorithm = "ring" if allreduce == "native" else allreduce

@@ -12,6 +12,7 @@ pytest.importorskip("matplotlib")
 
 from dptrain.measure import plots  # noqa: E402
 from dptrain.measure.plots import PHASES  # noqa: E402
+from dptrain.measure.plots import style  # noqa: E402
 
 MACHINE = {"cores": 2, "simd": "avx2", "cpu": "AMD EPYC 7B13"}
 
@@ -614,7 +615,7 @@ def test_tick_labels_have_at_most_three_significant_digits(sweep):
     assert "[ms]" in plots.plot_breakdown(tiny).axes[0].get_ylabel()
     assert "[ms]" in plots.plot_time_vs_size(tiny).axes[0].get_ylabel()
     assert "[s]" in plots.plot_time_vs_size(sweep).axes[0].get_ylabel()
-    assert plots._tick_text(0.00390625) == "0.00391" and plots._tick_text(1500.0) == "1,500"
+    assert style._tick_text(0.00390625) == "0.00391" and style._tick_text(1500.0) == "1,500"
 
 
 def _circled(ax):
@@ -839,11 +840,11 @@ def test_importing_dptrain_plots_does_not_import_matplotlib():
 def test_notebook_detection_and_figures_there(monkeypatch, sweep, tmp_path):
     import sys
     import types
-    assert not plots._in_notebook()                     # pytest is no notebook
+    assert not style._in_notebook()                     # pytest is no notebook
     shell = types.SimpleNamespace(kernel=object())      # what a Jupyter/Colab shell has
     monkeypatch.setitem(sys.modules, "IPython",
                         types.SimpleNamespace(get_ipython=lambda: shell))
-    assert plots._in_notebook()
+    assert style._in_notebook()
     fig = plots.plot_time_vs_size(sweep)                 # made without pyplot's figure list
     assert plots.save_figure(fig, tmp_path / "nb.png").stat().st_size > 2000
     import matplotlib.pyplot as plt

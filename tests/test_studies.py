@@ -25,6 +25,7 @@ FILES = {"mnist-mlp": ["speedup.png", "efficiency_vs_size.png", "time_vs_size.pn
          "mnist-softmax-scaled": ["speedup_layouts.png", "results.csv", "results.json"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", studies.STUDIES)
 def test_quick_study_writes_its_report(name, tmp_path):
     out = tmp_path / name

@@ -1,10 +1,6 @@
 """Sequential training end to end: accuracy targets, the JSON result, the CLI, save/load."""
 import json
 import math
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +9,7 @@ import pytest
 import dptrain
 from dptrain import optim, reference
 from dptrain.measure import timing
-from dptrain.models import MLP, LogisticRegression, SoftmaxRegression, load_model
+from dptrain.models import MLP, load_model
 
 MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
 needs_mnist = pytest.mark.skipif(not MNIST_DIR.is_dir(),
@@ -109,22 +105,6 @@ def test_limit_keeps_the_first_n_samples():
     assert r["steps"] == math.ceil(1234 / 128)
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(epochs=0), "epochs must be a positive integer"),
-    (dict(batch_size=-1), "batch_size must be a positive integer"),
-    (dict(model="resnet"), "model is 'resnet'"),
-    (dict(dtype="float16"), "dtype is 'float16'"),
-    (dict(lr_schedule="linear"), "lr_schedule is 'linear'"),
-    (dict(dataset="imagenet"), "imagenet"),
-    (dict(lr=-1.0), "lr must be"),
-])
-def test_bad_arguments_are_named(kw, match):
-    args = dict(model="softmax", dataset="synthetic", n_samples=500, epochs=1)
-    args.update(kw)
-    with pytest.raises(ValueError, match=match):
-        _train(**args)
-
-
 def test_divergence_is_reported_not_silent():
     with pytest.raises(FloatingPointError, match="diverged"):
         _train(model="mlp", hidden=(32,), dataset="synthetic", n_samples=2000, epochs=2,
@@ -132,142 +112,8 @@ def test_divergence_is_reported_not_silent():
 
 
 # ------------------------------------------------------------------ models
-@pytest.mark.parametrize("make", [
-    lambda: LogisticRegression(6, dtype="float64", seed=1),
-    lambda: SoftmaxRegression(6, 4, dtype="float64", seed=1),
-    lambda: MLP((6, 5, 7, 3), dtype="float64", seed=1),
-], ids=["logreg", "softmax", "mlp"])
-def test_model_gradient_matches_finite_differences(make):
-    m = make()
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((11, 6))
-    y = rng.integers(0, 2 if m.n_outputs == 1 else m.n_outputs, 11)
-    m.forward_backward(x, y)
-    analytic = m.grads.copy()
-    numeric = np.empty_like(analytic)
-    eps = 1e-6
-    for i in range(m.n_params):
-        old = m.params[i]
-        m.params[i] = old + eps
-        lp = m.evaluate(x, y)[0]
-        m.params[i] = old - eps
-        lm = m.evaluate(x, y)[0]
-        m.params[i] = old
-        numeric[i] = (lp - lm) / (2 * eps)
-    err = np.abs(analytic - numeric).max() / max(np.abs(numeric).max(), 1e-12)
-    assert err < 1e-6, f"{type(m).__name__}: relative gradient error {err:.2e}"
-
-
-def test_init_is_pytorch_default_and_deterministic():
-    a, b = MLP((784, 256, 10), seed=7), MLP((784, 256, 10), seed=7)
-    assert np.array_equal(a.params, b.params)
-    (w1, b1), (w2, _) = a.layers()
-    assert np.abs(w1).max() <= 1 / math.sqrt(784) and np.abs(w2).max() <= 1 / math.sqrt(256)
-    assert np.abs(w1).max() > 0.9 / math.sqrt(784)     # uses the whole range
-    assert not np.array_equal(a.params, MLP((784, 256, 10), seed=8).params)
-
-
-def test_model_buffers_are_flat_and_can_be_caller_owned():
-    n = reference.model_plan([("dense", 3)], (5,))["n_params"]
-    params = reference.model_init_params([("dense", 3)], (5,), "softmax_xent", 0, np.float32)
-    grads = np.zeros(n, np.float32)
-    m = SoftmaxRegression(5, 3, params=params, grads=grads)
-    assert m.params is params and m.grads is grads
-    m.loss_grad(np.ones((2, 5), np.float32), np.array([0, 2]))
-    assert np.abs(grads).sum() > 0
-    with pytest.raises(ValueError, match=r"grads has dtype float64 and shape \(18,\)"):
-        SoftmaxRegression(5, 3, grads=np.zeros(n))
-
-
-def test_chunk_gradients_into_separate_buffers_sum_to_the_batch_gradient():
-    rng = np.random.default_rng(4)
-    x, y = rng.standard_normal((40, 6)), rng.integers(0, 3, 40)
-    m = MLP((6, 5, 3), dtype="float64")
-    m.zero_grad()
-    m.loss_grad(x, y)
-    chunks = [np.zeros(m.n_params) for _ in range(4)]
-    for i, g in enumerate(chunks):
-        m.loss_grad(x[10 * i:10 * i + 10], y[10 * i:10 * i + 10], grad_scale=1 / 40, grads=g)
-    np.testing.assert_allclose(sum(chunks), m.grads, rtol=1e-12, atol=1e-15)
-    with pytest.raises(ValueError, match=r"grads has shape \(3,\), expected"):
-        m.loss_grad(x, y, grads=np.zeros(3))
-    with pytest.raises(ValueError, match="grads shares memory with params"):
-        m.loss_grad(x, y, grads=m.params)
-
-
-def test_save_and_load_round_trip(tmp_path):
-    m = MLP((8, 6, 3), seed=2)
-    m.velocity[:] = 0.5
-    path = tmp_path / "m.npz"
-    m.save(path)
-    back = load_model(path)
-    assert isinstance(back, MLP) and back.sizes == m.sizes
-    assert np.array_equal(back.params, m.params) and np.array_equal(back.velocity, m.velocity)
-    x = np.random.default_rng(0).random((5, 8), dtype=np.float32)
-    assert np.array_equal(back.predict(x), m.predict(x))
-    with pytest.raises(ValueError, match="saved model has sizes"):
-        MLP((8, 5, 3)).load_state(path)
-    np.savez(tmp_path / "junk.npz", a=np.zeros(3))
-    with pytest.raises(ValueError, match="not a dptrain model file"):
-        load_model(tmp_path / "junk.npz")
-
-
-def test_lr_schedules():
-    assert optim.lr_at(5, 10, 0.2, "constant") == 0.2
-    assert optim.lr_at(0, 10, 0.2, "cosine") == pytest.approx(0.2)
-    assert optim.lr_at(5, 10, 0.2, "cosine") == pytest.approx(0.1)
-    assert optim.lr_at(0, 10, 0.2, "constant", warmup_steps=4) == pytest.approx(0.05)
-    assert optim.lr_at(3, 10, 0.2, "constant", warmup_steps=4) == pytest.approx(0.2)
 
 
 # ------------------------------------------------------------------ the command line
-def _cli(*args, env=None, cwd=None):
-    # run outside the checkout (`python -m` puts the working directory first on sys.path, and
-    # the source tree's dptrain/ has no built extension), in a directory removed afterwards
-    if cwd is None:
-        with tempfile.TemporaryDirectory(prefix="dptrain-cli-") as tmp:
-            return _cli(*args, env=env, cwd=tmp)
-    return subprocess.run([sys.executable, "-m", "dptrain", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=300)
 
 
-def test_cli_help_and_info():
-    r = _cli("--help")
-    assert r.returncode == 0 and "train" in r.stdout and "info" in r.stdout
-    r = _cli("info")
-    assert r.returncode == 0
-    for key in ("simd", "dtypes", "compiler", "openmp", "mpi"):
-        assert key in r.stdout
-
-
-def test_cli_train_writes_result_and_weights(tmp_path):
-    out, w = tmp_path / "run.json", tmp_path / "w.npz"
-    r = _cli("train", "--model", "softmax", "--dataset", "synthetic", "--n-samples", "2000",
-             "--epochs", "2", "--batch-size", "50", "--lr", "0.05", "--momentum", "0.9",
-             "--seed", "0", "--no-shuffle", "--dtype", "float64", "--out", str(out),
-             "--save-weights", str(w), "--quiet")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == ""
-    res = json.loads(out.read_text())
-    assert res["config"]["dtype"] == "float64" and res["config"]["shuffle"] is False
-    assert load_model(w).dtype == np.float64
-
-
-def test_cli_main_job_runs_with_no_data_present(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "DPTRAIN_DATA"}
-    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-    env["HOME"] = str(tmp_path)
-    r = _cli("train", "--no-download", "--epochs", "1", "--limit", "3000", env=env,
-             cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert "synthetic" in r.stdout.lower()
-    assert "test acc" in r.stdout
-
-
-def test_cli_rejects_bad_values_with_a_message():
-    r = _cli("train", "--epochs", "0")
-    assert r.returncode == 2 and "expected a positive integer" in r.stderr
-    r = _cli("train", "--hidden", "256,x")
-    assert r.returncode == 2 and "--hidden" in r.stderr
-    r = _cli("train", "--dataset", "synthetic", "--limit", "10", "--n-samples", "5")
-    assert r.returncode == 1 and "limit" in r.stderr

@@ -2,7 +2,6 @@
 memory maps, through dptrain.train, dptrain.fit and the CLI, on every transport, equal to one
 worker."""
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,17 +83,8 @@ def test_bad_user_data_is_refused_naming_the_row(bad, message):
         dptrain.train("mlp", **args, **OPTS)
 
 
-def _mpiexec():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return None
-    return shutil.which("mpiexec")
-
-
-@pytest.mark.skipif(_mpiexec() is None, reason="mpi4py or mpiexec not installed "
-                                               "(pip install 'dptrain[mpi]')")
-def test_cli_npy_files_under_mpiexec_equal_one_worker(tmp_path):
+@pytest.mark.mpi
+def test_cli_npy_files_under_mpiexec_equal_one_worker(mpiexec, tmp_path):
     x, y = problem()
     np.save(tmp_path / "x.npy", x.astype(np.float32))
     np.save(tmp_path / "y.npy", y)
@@ -104,7 +94,7 @@ def test_cli_npy_files_under_mpiexec_equal_one_worker(tmp_path):
     one = subprocess.run([sys.executable, *args, "--save-weights", str(tmp_path / "one.npz")],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert one.returncode == 0, one.stderr
-    two = subprocess.run([_mpiexec(), "-n", "2", sys.executable, *args, "--save-weights",
+    two = subprocess.run([mpiexec, "-n", "2", sys.executable, *args, "--save-weights",
                           str(tmp_path / "two.npz"), "--out", str(tmp_path / "r.json")],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert two.returncode == 0, two.stderr

@@ -4,12 +4,12 @@ behind it (shared memory for threads and processes, MPI), the exchange algorithm
 from .algorithms import ALGORITHMS, ALLREDUCE_SCHEDULES, bytes_sent
 from .base import BACKENDS, Communicator, LocalComm, WorkerError, describe
 from .hier import HierComm, mpi_comm
-from .launch import check_world, launch, oversubscription_warning
+from .launch import launch, oversubscription_warning
 from .mpi import MPIComm, mpi_launch, mpi_world_size, resolve_backend
 from .shm import SharedSegment, ShmComm, WaitPolicy, run_processes, run_threads
 
 __all__ = ["ALGORITHMS", "ALLREDUCE_SCHEDULES", "BACKENDS", "Communicator", "HierComm",
            "LocalComm", "MPIComm", "SharedSegment", "ShmComm", "WaitPolicy", "WorkerError",
-           "bytes_sent", "check_world", "describe", "launch", "mpi_comm", "mpi_launch",
+           "bytes_sent", "describe", "launch", "mpi_comm", "mpi_launch",
            "mpi_world_size", "oversubscription_warning", "resolve_backend", "run_processes",
            "run_threads"]

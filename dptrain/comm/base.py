@@ -77,6 +77,31 @@ class Communicator(abc.ABC):
     # rank 0's progress, [steps done, steps in all], which the launching process reads to
     # draw a live bar (shared memory where the workers are processes)
     progress: np.ndarray
+    # the ranks of each node that share memory (hierarchical MPI), else None
+    node_members: list | None = None
+    # what launch gave the workers: its extras (name -> array) and its report callback
+    _extras: dict | None = None
+    _report = None
+
+    # ---- what the launcher gave the workers
+    def extra(self, name: str, default=KeyError) -> np.ndarray:
+        """An array the launcher shared with every worker (``launch``'s extras, e.g. the data
+        set; under MPI this rank's own), or ``default`` when there is none of that name (a
+        KeyError naming it unless a default is given)."""
+        extras = self._extras or {}
+        if name in extras:
+            return extras[name]
+        if default is KeyError:
+            raise KeyError(f"no extra array named {name!r} was given to launch (extras: "
+                           f"{', '.join(sorted(extras)) or 'none'})")
+        return default
+
+    def report(self, record) -> None:
+        """Hands ``record`` (small, picklable: an epoch's losses, say) to the launching
+        process, where ``launch``'s ``report`` callback receives it while the workers run (a
+        worker process sends it through its pipe home); nothing when launch was given none."""
+        if self._report is not None:
+            self._report(record)
 
     # ---- memory (collective: every rank calls these in the same order, same arguments)
     @abc.abstractmethod
@@ -137,6 +162,13 @@ class Communicator(abc.ABC):
     def close(self) -> None:
         """Releases what the communicator started (e.g. its communication thread)."""
 
+    def free(self) -> None:
+        """Collective, at the end of a run that went well (``launch`` calls it on every rank):
+        releases the memory behind this communicator's arrays where the transport owns it per
+        rank (hierarchical MPI's shared windows); every array from ``zeros`` is gone or copied
+        by then."""
+        self.close()
+
     # ---- accounting
     def _account(self, kind: str, nbytes: int, algorithm: str = "native", root: int = 0,
                  waited: float = 0.0) -> None:
@@ -173,8 +205,9 @@ def range_bytes(array: np.ndarray, start: int, stop: int | None) -> int:
 class LocalComm(Communicator):
     """A single worker: arrays live in process memory and collectives do nothing (but scale)."""
 
-    def __init__(self):
+    def __init__(self, extras: dict | None = None, report=None):
         self.progress = np.zeros(2)
+        self._extras, self._report = dict(extras or {}), report
 
     def zeros(self, length, dtype="float32", *, algorithm="native"):
         _check_algorithm(algorithm)

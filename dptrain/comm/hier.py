@@ -219,6 +219,10 @@ class HierComm(ShmComm):
     def _view(self, off: int, length: int, dt: np.dtype) -> np.ndarray:
         return self._windows.view(off, length * dt.itemsize).view(dt)
 
+    def free(self) -> None:
+        """The node's shared windows and communicators freed (Communicator.free)."""
+        self.close_windows()
+
     def close_windows(self) -> None:
         """Frees the node's shared windows and communicators (collective on the world: every
         rank calls it, after every array from this communicator is gone or copied); the

@@ -13,23 +13,10 @@ import os
 import sys
 import warnings
 
-from .base import BACKENDS, LocalComm, WorkerError
+from .base import LocalComm, WorkerError
 from .hier import mpi_comm
 from .mpi import abort_job, resolve_backend, world
 from .shm import WaitPolicy, run_processes, run_threads
-
-
-def check_world(workers: int, batch_size: int, threads: int, backend: str) -> None:
-    """Rejects configurations that cannot run, with the reason."""
-    if backend not in BACKENDS + ("sequential",):
-        raise ValueError(f"backend is {backend!r}, expected one of {BACKENDS}")
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if batch_size < workers:
-        raise ValueError(f"batch_size={batch_size} is smaller than workers={workers}: every "
-                         f"worker needs at least one sample of each global batch")
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
 
 
 def oversubscription_warning(workers: int, threads: int) -> str | None:
@@ -43,7 +30,8 @@ def oversubscription_warning(workers: int, threads: int) -> str | None:
 
 def launch(fn, *args, workers: int | None = None, backend: str | None = None,
            timeout: float = 0.0, threads: int = 1, start_method: str | None = None,
-           extras: dict | None = None) -> list:
+           extras: dict | None = None, mpi_shm: bool | None = None, mpi_nodes: int = 0,
+           watch=None, report=None, gather: str = "all") -> list:
     """Runs ``fn(comm, *args)`` on every worker; returns their return values, by rank.
 
     backend: 'thread' (threads of this process), 'process' (processes sharing memory), 'mpi'
@@ -52,34 +40,33 @@ def launch(fn, *args, workers: int | None = None, backend: str | None = None,
     and process; under MPI the world size, which workers may only confirm; default 1, or the
     MPI world size). ``comm`` is a ``dptrain.comm.Communicator``: ``rank``, ``size``,
     ``zeros(n)`` (an array reduced where it lies), ``allreduce_mean_(a)``,
-    ``allreduce_sum_(a)``, ``broadcast_(a, root)``, ``barrier()``.
+    ``allreduce_sum_(a)``, ``broadcast_(a, root)``, ``barrier()``, ``extra(name)``,
+    ``report(record)``.
     timeout > 0 makes a collective that waits longer fail (naming the ranks that did not
     arrive). threads: the threads each worker's C kernels use (it only tunes how workers
-    wait). extras: arrays every worker reads with ``comm.extra(name)`` (processes: inherited
-    under the 'fork' start method, else copied once into shared memory). For 'process' with
-    the 'spawn' start method, fn and args must pickle (a module-level function, plain
-    values).
+    wait). extras: arrays every worker reads with ``comm.extra(name)`` (threads: the arrays
+    themselves; processes: inherited under the 'fork' start method, else copied once into
+    shared memory, and a view of a memory-mapped file is mapped again by each worker; MPI:
+    each rank passes its own). mpi_shm, mpi_nodes: under MPI, the ranks of each node reduce
+    over shared memory (None: yes, unless $DPTRAIN_MPI_SHM=0) and k > 0 splits the ranks
+    into k simulated nodes (``dptrain.comm.mpi_comm``). watch: called once, in this process,
+    with rank 0's progress array (``comm.progress``) when the workers have started (under
+    MPI on rank 0). report: called in this process with every record a worker passes to
+    ``comm.report`` while the workers run (a worker process sends it home through its pipe;
+    under MPI each rank is its own launching process). For 'process' with the 'spawn'
+    start method, fn and args must pickle (a module-level function, plain values).
 
     A worker that raises stops every worker at once and raises ``WorkerError`` naming its
     rank (under MPI the failing rank prints its error and aborts the whole job). Under MPI
-    every rank gets the list of every rank's return value (gathered once, at the end).
+    every rank gets the list of every rank's return value (gathered once, at the end), or,
+    with gather='root', rank 0 gets it and every other rank a list holding only its own.
     """
+    if gather not in ("all", "root"):
+        raise ValueError(f"gather is {gather!r}, expected 'all' or 'root'")
     backend, note = resolve_backend(backend)
     if backend == "mpi":
-        comm_world = world()
-        size = comm_world.Get_size()
-        if note and comm_world.Get_rank() == 0:
-            print(f"dptrain: {note}", file=sys.stderr, flush=True)
-        if workers not in (None, size):
-            raise ValueError(f"under MPI the number of workers is the world size set by "
-                             f"mpiexec -n (here {size}), but workers={workers} was asked for")
-        comm = mpi_comm(comm_world, timeout=timeout, threads=threads)
-        try:
-            mine = fn(comm, *args)
-        except BaseException as exc:
-            abort_job(comm_world, comm.rank, exc)
-            raise
-        return comm_world.allgather(mine)
+        return _launch_mpi(fn, args, workers, note, timeout, threads, extras, mpi_shm,
+                           mpi_nodes, watch, report, gather)
     workers = 1 if workers is None else int(workers)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -88,15 +75,53 @@ def launch(fn, *args, workers: int | None = None, backend: str | None = None,
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
     policy = WaitPolicy.for_workers(workers, threads, timeout, backend)
     if backend == "thread":
-        if workers == 1 and not extras:
-            return [fn(LocalComm(), *args)]
-        return run_threads(workers, lambda comm: fn(comm, *args), policy=policy, extras=extras)
+        if workers == 1:        # no one to talk to: no shared segment, no thread
+            comm = LocalComm(extras, report)
+            if watch is not None:
+                watch(comm.progress)
+            try:
+                return [fn(comm, *args)]
+            finally:
+                comm.close()
+        return run_threads(workers, lambda comm: fn(comm, *args), policy=policy, extras=extras,
+                           watch=watch, report=report)
     return run_processes(workers, _call, (fn, args), policy=policy, extras=extras,
-                         start_method=start_method)
+                         start_method=start_method, watch=watch, report=report)
+
+
+def _launch_mpi(fn, args, workers, note, timeout, threads, extras, mpi_shm, mpi_nodes, watch,
+                report, gather) -> list:
+    """launch's MPI rank: this process runs fn once, as its rank."""
+    comm_world = world()
+    size, rank = comm_world.Get_size(), comm_world.Get_rank()
+    if note and rank == 0:
+        print(f"dptrain: {note}", file=sys.stderr, flush=True)
+    if workers not in (None, size):
+        raise ValueError(f"under MPI the number of workers is the world size set by "
+                         f"mpiexec -n (here {size}), but workers={workers} was asked for: "
+                         f"launch with mpiexec -n {workers}")
+    comm = mpi_comm(comm_world, shm=mpi_shm, nodes=mpi_nodes or None, timeout=timeout,
+                    threads=threads)
+    comm._extras, comm._report = dict(extras or {}), report
+    if watch is not None and rank == 0:
+        watch(comm.progress)
+    try:
+        mine = fn(comm, *args)
+        comm.free()                 # collective: every rank got here; the results are copies
+    except BaseException as exc:
+        # the other ranks wait in a collective this rank will never join (MPI_Abort ends
+        # every rank; MPICH then leaves its own /dev/shm/mpich_shm_* segment behind, see
+        # the README)
+        abort_job(comm_world, rank, exc)
+        raise
+    if gather == "root":
+        got = comm_world.gather(mine, root=0)
+        return got if rank == 0 else [mine if r == rank else None for r in range(size)]
+    return comm_world.allgather(mine)
 
 
 def _call(comm, fn, args):
     return fn(comm, *args)
 
 
-__all__ = ["WorkerError", "check_world", "launch", "oversubscription_warning"]
+__all__ = ["WorkerError", "launch", "oversubscription_warning"]

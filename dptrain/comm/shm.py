@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _core
+from .._memmap import memmap_region, open_region
 from .base import (ALIGN, Communicator, WorkerError, _check_algorithm, check_flat, describe,
                    filled_bytes, range_bytes)
 
@@ -54,15 +55,16 @@ def _round_up(n: int) -> int:
 class WaitPolicy:
     """How a worker waits at a barrier: spin, then yield, then sleep (see csrc/dp_sync.h).
 
-    A wake-up through the kernel costs 40-55 us on a time-shared VM, so workers never sleep
-    early: they spin, then call sched_yield in a loop (which returns at once when nothing else
-    wants the core, so it is a spin with a syscall in it), and only then sleep.
-    - Processes on their own cores spin 200 us: measured on the 2-worker MNIST MLP, a 10 us
-      spin made the run 27 % slower (median 0.334 s vs 0.262 s over 5 interleaved repeats).
+    A wake-up through the kernel costs tens of microseconds on a time-shared VM, so workers
+    never sleep early: they spin, then call sched_yield in a loop (which returns at once when
+    nothing else wants the core, so it is a spin with a syscall in it), and only then sleep.
+    - Processes on their own cores spin 200 us: a shorter spin hands the core to the kernel
+      between the MLP's steps, and its wake-up then costs more than the spin.
     - Thread workers spin 10 us: a GIL hand-off can wake the other thread on the same core,
-      and a 200 us spin then costs 405 us per all-reduce before the core is handed over
-      (bench_allreduce.py); in training the two spins measured the same (0.262 vs 0.255 s).
+      and a long spin then holds that core from the thread it waits for; in training the
+      two spins cost the same.
     - More workers than cores: the worker being waited for needs this core, so yield at once.
+    (The measurements: bench/README.md, "Design measurements behind the comments".)
     """
 
     spin: float = 200e-6
@@ -233,7 +235,7 @@ class ShmComm(Communicator):
         self._by_id: dict[int, _Shared] = {}    # id(array) -> its allocation (arrays held there)
         self._staging: dict[tuple, tuple] = {}  # (dtype, length) -> (allocation, this rank's array)
         self._sums: dict[tuple, object] = {}    # (id(out), id(arrays[0])) -> sum_into_'s group
-        self._extras: dict[str, np.ndarray] = {}  # the launcher's arrays (threads, fork)
+        self._extras: dict[str, np.ndarray] = {}  # the launcher's arrays (threads, fork, files)
         self._comm_thread = None
 
     # ---- memory
@@ -272,13 +274,14 @@ class ShmComm(Communicator):
         """Where things are in the run's segment."""
         return self._layout
 
-    def extra(self, name: str) -> np.ndarray:
+    def extra(self, name: str, default=KeyError) -> np.ndarray:
         """An array the launcher shared with every worker (e.g. the data set): the launcher's
         own array for threads and forked processes (a forked worker's writes stay its own),
-        a copy in the segment for spawned ones."""
-        if name in self._extras:
-            return self._extras[name]
-        return self._layout.extra(self._mem, name)
+        a copy in the segment for spawned ones, a memory map of the same file for a view of
+        one (see Communicator.extra)."""
+        if name not in (self._extras or {}) and name in self._layout.extras:
+            return self._layout.extra(self._mem, name)
+        return super().extra(name, default)
 
     def _group(self, control_off: int, buffers, *, out=None, algorithm="native",
                timeout: float | None = None):
@@ -444,10 +447,13 @@ class ShmComm(Communicator):
 
 # ------------------------------------------------------------------ launchers
 def run_threads(world: int, target, *, policy: WaitPolicy | None = None, extras=None,
-                join_timeout: float | None = None, grace: float = STOP_GRACE_S):
+                join_timeout: float | None = None, grace: float = STOP_GRACE_S, watch=None,
+                report=None):
     """Runs target(comm) on `world` threads sharing one segment; returns their results by
     rank. ``extras`` (name -> array) are handed to every worker as they are (threads share
-    memory): ``comm.extra(name)``.
+    memory): ``comm.extra(name)``. ``watch``: called once with rank 0's progress array
+    (Communicator.progress) when the workers have started; ``report``: called, on the
+    worker's thread, with what a worker passes to ``comm.report``.
 
     The first worker to raise aborts the world, so the others stop at their next collective;
     the error is re-raised as WorkerError naming its rank once every worker has left, or
@@ -463,7 +469,7 @@ def run_threads(world: int, target, *, policy: WaitPolicy | None = None, extras=
     layout.init(mem)
     comms = [ShmComm(r, layout, mem, policy, "thread") for r in range(world)]
     for c in comms:
-        c._extras = dict(extras or {})
+        c._extras, c._report = dict(extras or {}), report
     results = [None] * world
     failures: list[tuple[int, str]] = []
     lock = threading.Lock()
@@ -486,6 +492,8 @@ def run_threads(world: int, target, *, policy: WaitPolicy | None = None, extras=
                for r in range(world)]
     for t in threads:
         t.start()
+    if watch is not None:
+        watch(comms[0].progress)
     deadline = None if join_timeout is None else time.monotonic() + join_timeout
     try:
         while any(t.is_alive() for t in threads):
@@ -543,9 +551,11 @@ def _die_with_parent(parent: int | None) -> None:
     threading.Thread(target=watch, daemon=True, name="dptrain-parent-watch").start()
 
 
-def _process_main(rank, segment, layout, policy, target, args, conn, parent, inherited):
+def _process_main(rank, segment, layout, policy, target, args, conn, parent, inherited,
+                  mapped):
     """Entry point of a worker process: map the segment, run, send the result home.
-    inherited: the extras this process got from its parent by fork, or None."""
+    inherited: the extras this process got from its parent by fork, or None; mapped: the
+    extras that are views of files, {name: (path, offset, shape, dtype)}, mapped here."""
     import signal
     _die_with_parent(parent)
     # Ctrl-C in a terminal reaches the whole process group: the launcher alone handles it
@@ -553,15 +563,20 @@ def _process_main(rank, segment, layout, policy, target, args, conn, parent, inh
     # prints a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        conn.send(_run_attached(rank, segment, layout, policy, target, args, inherited))
+        conn.send(_run_attached(rank, segment, layout, policy, target, args, conn, inherited,
+                                mapped))
     finally:
         conn.close()
         segment.close()
 
 
-def _run_attached(rank, segment, layout, policy, target, args, inherited=None):
+def _run_attached(rank, segment, layout, policy, target, args, conn, inherited, mapped):
     comm = ShmComm(rank, layout, segment.array(), policy, "process")
     comm._extras = dict(inherited or {})
+    for name in list(comm._extras) + list(layout.extras):
+        _touch_pages(comm.extra(name))
+    comm._extras.update({name: open_region(*where) for name, where in mapped.items()})
+    comm._report = lambda record: conn.send(("report", rank, record))
     try:
         return ("ok", rank, target(comm, *args))
     except _core.GroupAborted:
@@ -573,17 +588,31 @@ def _run_attached(rank, segment, layout, policy, target, args, inherited=None):
         comm.close()
 
 
+def _touch_pages(a: np.ndarray) -> None:
+    """Maps the pages of an array into this process before the worker's code reads it: a
+    spawned worker maps the segment afresh, and otherwise the first pass over the data (the
+    training loop's first epoch, gathering its batches) would fault every page in, inside
+    the timed steps; for an inherited array it is a quick pass over pages the fork already
+    mapped. Memory maps of the user's files are not touched: they may be larger than RAM."""
+    flat = a.reshape(-1).view(np.uint8)
+    if flat.size:
+        flat[::4096].sum()                   # one read per 4 KiB page
+
+
 def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = None,
                   extras=None, start_method: str | None = None, grace: float = STOP_GRACE_S,
-                  watch=None):
+                  watch=None, report=None):
     """Runs target(comm, *args) in `world` processes sharing one new SharedSegment; returns
     the results by rank. ``extras`` (name -> array, e.g. the data set) reach every worker as
     ``comm.extra(name)``: under the 'fork' start method as the launcher's own arrays, which
     the workers inherit (no copy: the pages stay shared until written, and keep their size:
     a data set in 2 MB pages, where a memfd has 4 KB ones on a kernel whose shmem_enabled is
-    never, as Debian's, gathered its shuffled rows 1.4x slower from the segment); under
+    never, as Debian's, and shuffled rows are gathered faster from large pages); under
     'spawn' and 'forkserver' copied once into the segment before the workers start (one
-    copy, not one per worker).
+    copy, not one per worker). An extra that is a view of a memory-mapped file still found
+    under its name (a user's .npy opened with mmap_mode) is mapped again by each worker
+    instead (nothing copied: the page cache is shared, and a data set larger than RAM stays
+    on disk).
 
     A worker that raises or dies stops the run at once: the world is aborted, the others get
     `grace` seconds to leave, then are terminated (and killed after as long again), and
@@ -592,7 +621,9 @@ def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = No
     segment has no name, so nothing outlives a kill. target and args must be picklable for
     the 'spawn' start method (a module-level function and plain values). ``watch``, if
     given, is called once in this process with rank 0's progress array (see
-    Communicator.progress) when the workers have started.
+    Communicator.progress) when the workers have started; ``report``, if given, is called
+    in this process with what a worker passes to ``comm.report`` (sent through its pipe),
+    while the workers run.
     """
     import multiprocessing as mp
     from multiprocessing import connection
@@ -601,7 +632,13 @@ def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = No
     # the process a worker's parent must be: this one, except under a fork server (whose
     # process is the parent; it exits when this one does)
     parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
-    extras = dict(extras or {})
+    given, extras, mapped = extras or {}, {}, {}
+    for name, a in given.items():
+        region = memmap_region(a)
+        if region is None:
+            extras[name] = a
+        else:
+            mapped[name] = (*region, a.shape, a.dtype.str)
     inherited = extras if ctx.get_start_method() == "fork" else None
     shared = {} if inherited is not None else extras
     layout = SegmentLayout(world, {k: (a.shape, a.dtype) for k, a in shared.items()})
@@ -618,7 +655,7 @@ def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = No
             parent_end, child_end = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_process_main, name=f"dptrain-worker-{r}", daemon=True,
                             args=(r, segment, layout, policy, target, args, child_end,
-                                  parent, inherited))
+                                  parent, inherited, mapped))
             p.start()
             child_end.close()
             procs.append(p)
@@ -640,7 +677,11 @@ def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = No
                             status, rank, payload = obj.recv()
                         except EOFError:
                             status, rank, payload = "died", r, None
-                        if status == "ok":
+                        if status == "report":          # more to come from this worker
+                            pending[obj] = r
+                            if report is not None:
+                                report(payload)
+                        elif status == "ok":
                             results[rank] = payload
                         elif status == "error" and failure is None:
                             failure = (rank, payload)

@@ -49,7 +49,6 @@ feature scaling (divide uint8 pixels by 255 yourself), reading anything but NumP
 from __future__ import annotations
 
 import math
-import mmap
 import os
 import shutil
 import tempfile
@@ -58,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from .._aligned import aligned_empty
+from .._memmap import memmap_region  # noqa: F401  (dptrain.data's: where a map lies)
 from .dataset import (CLASSIFICATION, REGRESSION, TASKS, DataError, Dataset, _check_count,
                       _float_dtype, first_nonfinite_row)
 
@@ -159,27 +159,6 @@ def from_npz(path, *, validation: float | None = None, task: str = CLASSIFICATIO
     return _build(*arrays, names=names, validation=validation, task=task,
                   n_classes=n_classes, dtype=dtype, input_shape=input_shape,
                   name=path.stem if name is None else name, source=str(path), tmp_dir=None)
-
-
-def memmap_region(x: np.ndarray) -> tuple[str, int] | None:
-    """Where x lies in its file: (path, byte offset of x's first element), else None.
-
-    With it, another process maps the same bytes instead of being sent a copy (pickling an
-    np.memmap copies its data): np.memmap(path, x.dtype, "r", offset, x.shape) equals x.
-    None when x is not a C-contiguous view of a memory-mapped file that is still found under
-    its name: an array in memory, or the temporary file of a conversion (unlinked at once;
-    a forked worker inherits its mapping).
-    """
-    if not (isinstance(x, np.memmap) and x.flags.c_contiguous and x.filename):
-        return None
-    root = x
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    if not (isinstance(root, np.memmap) and isinstance(root.base, mmap.mmap)):
-        return None
-    if not os.path.isfile(x.filename):
-        return None
-    return str(x.filename), root.offset + (x.ctypes.data - root.ctypes.data)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,11 +1,16 @@
-"""The training engine: the loop every worker runs (``loop``), the gradient exchange
-strategies (``exchange``), checkpoints (``checkpoint``), and a run from end to end with its
-result (``run``: ``train``, ``fit``, ``TrainResult``)."""
+"""The training engine: a run from end to end in the launching process (``run``: ``train``,
+``fit``, ``run``), what it trains on (``data``) and what it trains (``model``: the model's
+spec), the job every worker is given (``job``), the training loop it runs (``loop``, with
+``hooks`` from outside), the gradient exchange strategies (``exchange``), checkpoints
+(``checkpoint``), and what a run returns and writes (``result``: ``TrainResult``)."""
 from .exchange import (AllReduce, Bf16AllReduce, Deterministic, Exchange, Overlap,
                        ParameterServer, gradient_buckets, make_exchange)
-from .loop import Hooks, Job, run_worker
-from .run import TrainResult, fit, train
+from .job import Job
+from .hooks import Hooks
+from .loop import run_worker, train_worker
+from .result import TrainResult
+from .run import fit, run, train
 
 __all__ = ["AllReduce", "Bf16AllReduce", "Deterministic", "Exchange", "Hooks", "Job", "Overlap",
-           "ParameterServer", "TrainResult", "fit", "gradient_buckets", "make_exchange",
-           "run_worker", "train"]
+           "ParameterServer", "TrainResult", "fit", "gradient_buckets", "make_exchange", "run",
+           "run_worker", "train", "train_worker"]

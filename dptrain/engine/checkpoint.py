@@ -15,17 +15,17 @@ from pathlib import Path
 import numpy as np
 
 from ..models import storage_dtype
-from ..sampler import batch_bounds
+from ..sampler import steps_per_epoch
 
 
 def resume_keys(job) -> dict:
     """What a checkpoint must agree on with the run that resumes it."""
     cfg = job.config
     return {"model": job.model["kind"], "sizes": list(job.model["sizes"]), "dtype": cfg.dtype,
-            "seed": cfg.seed, "lr": cfg.lr, "momentum": cfg.momentum,
+            "seed": cfg.seed, "lr": job.lr, "momentum": cfg.momentum,
             "dampening": cfg.dampening, "weight_decay": cfg.weight_decay,
             "nesterov": cfg.nesterov, "lr_schedule": cfg.lr_schedule, "epochs": cfg.epochs,
-            "batch_size": cfg.batch_size, "shuffle": cfg.shuffle,
+            "batch_size": job.batch_size, "shuffle": cfg.shuffle,
             "warmup_steps": job.warmup_steps, "deterministic": cfg.deterministic}
 
 
@@ -143,13 +143,13 @@ def read_checkpoint(path, job, n_params: int, n_train: int):
         if saved != now:
             raise ValueError(f"{path} was written by a run with {key}={saved!r}, but this run "
                              f"has {key}={now!r}: it cannot resume it")
-    per_epoch = len(batch_bounds(n_train, cfg.batch_size))
+    per_epoch = steps_per_epoch(n_train, job.batch_size)
     step, epoch, batch = position["step"], position["epoch"], position["batch"]
     if not (0 <= epoch < cfg.epochs and 0 <= batch <= per_epoch
             and step == epoch * per_epoch + batch):
         raise ValueError(f"{where}: step {step} at epoch {epoch}, batch {batch} is impossible "
                          f"for {cfg.epochs} epoch(s) of {per_epoch} steps (batch size "
-                         f"{cfg.batch_size}, {n_train} samples)")
+                         f"{job.batch_size}, {n_train} samples)")
     if len(position["history"]) != epoch or not all(
             isinstance(h, dict) and "test_accuracy" in h for h in position["history"]):
         raise ValueError(f"{where}: its history has {len(position['history'])} epoch "

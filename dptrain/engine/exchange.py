@@ -34,8 +34,7 @@ import numpy as np
 
 from .. import _core
 from ..comm.base import aligned_zeros
-from ..config import CHUNKS
-from ..sampler import shard
+from ..sampler import CHUNKS, shard
 
 
 def gradient_buckets(n_params: int, itemsize: int, bucket_kb: float) -> list[tuple[int, int]]:

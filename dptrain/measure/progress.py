@@ -1,8 +1,10 @@
 """Progress for sweeps and long runs, drawn by tqdm (``tqdm.auto``: a widget in Jupyter and
-Colab, one rewritten line in a terminal, lines in a log), and durations for people."""
+Colab, one rewritten line in a terminal, lines in a log): ``Progress`` over a sweep's runs,
+``StepBar`` over a run's steps; and durations for people."""
 from __future__ import annotations
 
 import sys
+import threading
 
 
 def format_seconds(s: float) -> str:
@@ -53,3 +55,45 @@ class Progress:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+class StepBar:
+    """A live bar over a run's steps (tqdm.auto: a terminal line, or a widget in Jupyter and
+    Colab), drawn in the launching process from rank 0's progress slot (steps done, steps in
+    all: ``Communicator.progress``, shared memory when the workers are processes), polled
+    every 0.2 s once ``watch`` is given the slot (``launch``'s watch)."""
+
+    def __init__(self):
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=None, desc="training", unit="step", leave=False,
+                        dynamic_ncols=True, file=sys.stderr)
+        self.done = threading.Event()
+        self.thread = None
+
+    def above(self, say, line: str) -> None:
+        """say(line) with the bar cleared first and drawn again after, so that the line
+        (an epoch's, printed while the run goes on) is not written into the bar's."""
+        with self.bar.external_write_mode(file=sys.stderr):
+            say(line)
+
+    def watch(self, slot) -> None:
+        def loop():
+            while not self.done.wait(0.2):
+                self._draw(slot)
+            self._draw(slot)
+        self.thread = threading.Thread(target=loop, daemon=True, name="dptrain-progress")
+        self.thread.start()
+
+    def _draw(self, slot):
+        step, total = int(slot[0]), int(slot[1])
+        if total and self.bar.total != total:
+            self.bar.total = total
+            self.bar.refresh()
+        if step > self.bar.n:
+            self.bar.update(step - self.bar.n)
+
+    def close(self) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join(1.0)
+        self.bar.close()

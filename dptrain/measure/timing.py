@@ -18,7 +18,8 @@ A step ends where the next one starts, so the phases of a step add up to its wal
 steps of a rank add up to its training time (exactly, by construction). With overlap, the
 exchange's wait is hidden inside the communication phase (it runs beside backward).
 
-``StepTimes`` holds the stamps of all ranks (ranks x steps) and turns them into per-step and
+``StepClock`` is what the exchange strategies mark the boundaries on during a step,
+``StepTimer`` what keeps a rank's stamps. ``StepTimes`` holds the stamps of all ranks (ranks x steps) and turns them into per-step and
 per-epoch tables, a summary, CSV/JSON, pandas frames and a Chrome trace. The trace keeps the
 ranks' real offsets on one machine (one monotonic clock); ranks whose clocks disagree by more
 than a second (MPI over machines) are aligned on their first stamp, where every rank leaves
@@ -30,6 +31,7 @@ import csv
 import io
 import json
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -43,8 +45,9 @@ _START, _DATA, _COMPUTE, _EXCHANGE, _UPDATE, _END, _WAIT, _EPOCH = range(8)
 
 class StepTimer:
     """One worker's stamps: ``step(...)`` once per step, ``end(t)`` when the step's time stops
-    counting (the next step's start, or the end of the epoch). Appends plain tuples (about
-    0.2 us); the array is built once at the end."""
+    counting (the next step's start, or the end of the epoch). Appends plain Python lists, so
+    that the timer costs a step next to nothing (every run measures it: timer_cost_seconds);
+    the array is built once at the end."""
 
     __slots__ = ("rows", "_open")
 
@@ -289,3 +292,43 @@ class StepTimes:
             with open(path, "w") as f:
                 json.dump(trace, f)
         return trace
+
+
+class StepClock:
+    """The phase boundaries of one step (perf_counter), marked by the exchange strategy:
+    start ─data─ b ─compute─ c ─exchange─ d ─update─ e; and the seconds the exchange waited
+    at its collectives' entry (read from the communicator). ``hooks.computed(rank)`` (the
+    training loop's hooks: an injected straggler) runs when the compute ends."""
+
+    __slots__ = ("comm", "hooks", "rank", "start", "data_seconds", "t_data", "t_compute",
+                 "t_exchange", "waited_before")
+
+    def __init__(self, comm, hooks):
+        self.comm, self.hooks, self.rank = comm, hooks, comm.rank
+
+    def begin(self, t: float) -> None:
+        self.start, self.data_seconds, self.t_data = t, 0.0, None
+
+    def data_done(self) -> None:
+        """The batch is gathered (strategies that gather once)."""
+        self.t_data = time.perf_counter()
+
+    @contextmanager
+    def data(self):
+        """Times one of several gathers (strategies that gather per chunk)."""
+        t0 = time.perf_counter()
+        yield
+        self.data_seconds += time.perf_counter() - t0
+
+    def computed(self) -> None:
+        self.hooks.computed(self.rank)              # an injected straggler computes longer
+        self.t_compute = time.perf_counter()
+        self.waited_before = self.comm.waited
+
+    def exchanged(self) -> None:
+        self.t_exchange = time.perf_counter()
+
+    def record(self, timer: StepTimer, epoch: int, t_update: float) -> None:
+        t_data = self.t_data if self.t_data is not None else self.start + self.data_seconds
+        timer.step(epoch, self.start, t_data, self.t_compute, self.t_exchange, t_update,
+                   self.comm.waited - self.waited_before)

@@ -1,0 +1,55 @@
+"""A run's job: everything a worker needs besides the data, settled once in the launching
+process (``Job.plan``) and handed to every worker as it is (plain values: it pickles for the
+'spawn' start method)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..config import TrainConfig
+from ..sampler import steps_per_epoch
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a worker needs besides the data: plain values, so it pickles for 'spawn'.
+
+    config: the run's options, as validated once; model: the model's spec (``Model.spec()``);
+    what depends on the number of workers, settled once (``Job.plan``): ``world``,
+    ``batch_size`` (the global batch), ``lr`` (the peak learning rate), ``warmup_steps``.
+    ``coupled=False``: one of the uncoupled workers that measure the contention ceiling (a
+    1-worker run on its own data: no deterministic chunks, checkpoints or resume)."""
+
+    config: TrainConfig
+    model: dict
+    world: int
+    batch_size: int
+    lr: float
+    warmup_steps: int = 0
+    coupled: bool = True
+
+    @classmethod
+    def plan(cls, config: TrainConfig, model: dict, world: int, n_train: int) -> "Job":
+        """The job of a run of `config` on `world` workers over n_train samples."""
+        batch = config.global_batch(world)
+        return cls(config=config, model=model, world=world, batch_size=batch,
+                   lr=config.peak_lr(world),
+                   warmup_steps=int(round(config.warmup_epochs * steps_per_epoch(n_train,
+                                                                                 batch))))
+
+    def uncoupled(self) -> "Job":
+        """One of `world` uncoupled workers: a 1-worker run with 1/world of the batch (the
+        same number of steps over its 1/world of the data)."""
+        return replace(self, world=1, batch_size=-(-self.batch_size // self.world),
+                       coupled=False)
+
+    @property
+    def deterministic(self) -> bool:
+        return self.coupled and self.config.deterministic
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.config.checkpoint_every if self.coupled else 0
+
+    @property
+    def resume(self) -> str | None:
+        return self.config.resume if self.coupled else None

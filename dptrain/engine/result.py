@@ -1,0 +1,159 @@
+"""What a run returns (``TrainResult``) and writes: the trained model, the per-epoch history,
+where the time went, the JSON result and the files the options ask for; and the lines it
+prints about them (``epoch_line``, ``breakdown_line``)."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from ..measure import timing
+from ..models import Model, model_from_spec
+
+
+class TrainResult(dict):
+    """What a run returns: a dict (the JSON result's keys, plus ``params`` and
+    ``step_times``) with attributes for what a user reaches for first:
+
+    - ``model``: the trained model (predict, evaluate, save);
+    - ``history``: one dict per epoch (train_loss, train_accuracy, test_loss, test_accuracy,
+      seconds);
+    - ``breakdown``: where the time went (phases per rank, step percentiles, collectives);
+    - ``step_times``: every step of every rank (``dptrain.measure.timing.StepTimes``);
+    - ``config``: the options as run; ``to_json()``.
+    """
+
+    @property
+    def model(self) -> Model | None:
+        """The trained model (rank 0; None on other MPI ranks)."""
+        return self.get("_model")
+
+    @property
+    def history(self) -> list:
+        """One dict per epoch."""
+        return self.get("epochs", [])
+
+    @property
+    def breakdown(self) -> dict:
+        """Where the time went (see dptrain.measure.timing)."""
+        return self.get("breakdown", {})
+
+    @property
+    def step_times(self):
+        """Every step of every rank: a dptrain.measure.timing.StepTimes."""
+        return self.get("step_times")
+
+    @property
+    def config(self) -> dict:
+        """The options as run."""
+        return self.get("config", {})
+
+    def to_json(self, path=None) -> str:
+        """The JSON result (without the parameters and the step table); written to path
+        when given."""
+        text = json.dumps({k: v for k, v in self.items()
+                           if k not in ("params", "step_times", "_model")}, indent=2) + "\n"
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+
+def make_result(job, config: dict, ds, per_rank: list, steal, data_load_seconds: float,
+                wall0: float, model_obj, say) -> TrainResult:
+    """The run's TrainResult from its workers' returns (``per_rank``, rank 0's first: its
+    history and final parameters): the trained model (``model_obj``, the user's, updated in
+    place; else the named model built from the spec on the trained parameters), where the
+    time went, and the files the options ask for (JSON, weights, trace, step table)."""
+    from .. import __version__, build_info
+    cfg, spec, head = job.config, job.model, per_rank[0]
+    history = head["history"]
+    if model_obj is not None:
+        model_obj.params[:] = head["params"]
+        model_obj.velocity[:] = head["velocity"]
+        net = model_obj
+    else:
+        net = model_from_spec(spec, threads=cfg.threads, params=head["params"].copy())
+        net.velocity[:] = head["velocity"]
+    if cfg.save_weights:
+        net.save(cfg.save_weights)
+    n, train_seconds, steps = ds.n_train, head["train_seconds"], head["steps"]
+    step_times = timing.StepTimes([r["stamps"] for r in per_rank],
+                                  [r["calls"] for r in per_rank],
+                                  [r["bytes_sent"] for r in per_rank],
+                                  meta={k: config[k] for k in ("model", "dataset", "workers",
+                                                               "backend", "batch_size")})
+    breakdown = step_times.summary()
+    timer_cost = timing.timer_cost_seconds(5000)
+    breakdown["timer_seconds_per_step"] = timer_cost
+    breakdown["timer_fraction"] = (timer_cost / breakdown["step_seconds"]["mean"]
+                                   if breakdown["step_seconds"]["mean"] > 0 else None)
+    breakdown["steal_fraction"] = steal
+    breakdown["param_bytes"] = net.n_params * net.dtype.itemsize
+    breakdown["rank_train_seconds"] = [r["train_seconds"] for r in per_rank]
+    result = TrainResult({
+        "dptrain_version": __version__,
+        "config": config,
+        "dataset": {"name": ds.name, "source": ds.source, "integrity": ds.integrity,
+                    "synthetic": ds.name.startswith("synthetic"), "n_train": n,
+                    "n_test": ds.n_test, "n_features": ds.n_features,
+                    "n_classes": ds.n_classes, "task": ds.task},
+        "model": {"kind": spec["kind"], "sizes": list(net.sizes), "n_params": net.n_params,
+                  "dtype": cfg.dtype, "loss": net.loss},
+        "epochs": history,
+        "train_loss": [h["train_loss"] for h in history],
+        "test_accuracy": [h["test_accuracy"] for h in history],
+        "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
+        "final_test_loss": history[-1]["test_loss"] if history else None,
+        "steps": steps,
+        "samples": n * cfg.epochs,
+        "train_seconds": train_seconds,
+        "eval_seconds": head["eval_seconds"],
+        "data_load_seconds": data_load_seconds,
+        "phase_seconds": breakdown["phase_seconds"],
+        "rank_phase_seconds": breakdown["rank_phase_seconds"],
+        "breakdown": breakdown,
+        "steps_per_second": steps / train_seconds if train_seconds > 0 else None,
+        "samples_per_second": n * cfg.epochs / train_seconds if train_seconds > 0 else None,
+        "build": build_info(),
+        "host": {"python": platform.python_version(), "machine": platform.machine(),
+                 "cpus": os.cpu_count()},
+        "job": {"model": spec, "warmup_steps": job.warmup_steps},
+    })
+    result["wall_seconds"] = time.perf_counter() - wall0
+    if cfg.out:
+        result.to_json(cfg.out)
+        say(f"wrote {cfg.out}")
+    say(breakdown_line(breakdown))
+    if cfg.trace:
+        step_times.chrome_trace(cfg.trace)
+        say(f"wrote {cfg.trace} (open it in https://ui.perfetto.dev)")
+    if cfg.steps_csv:
+        step_times.to_csv(cfg.steps_csv)
+        say(f"wrote {cfg.steps_csv}")
+    result["params"] = head["params"]      # not in the JSON: the trained parameters
+    result["step_times"] = step_times      # not in the JSON: every step of every rank
+    result["_model"] = net                 # not in the JSON: the trained model
+    return result
+
+
+def breakdown_line(b: dict) -> str:
+    """One line: each phase's share of the training time (mean over ranks), step p50/p99."""
+    total = sum(b["phase_seconds"].values()) or 1.0
+    shares = "  ".join(f"{k} {100 * v / total:.0f}%" for k, v in b["phase_seconds"].items())
+    st = b["step_seconds"]
+    return (f"time per step: p50 {1e3 * st['p50']:.2f} ms, p99 {1e3 * st['p99']:.2f} ms; "
+            f"{shares}")
+
+
+def epoch_line(rec: dict, epochs: int, n: int) -> str:
+    """One line per epoch: losses, accuracy, time, throughput and the ETA."""
+    from ..measure.progress import format_seconds
+    left = epochs - rec["epoch"]
+    eta = f", eta {format_seconds(left * rec['seconds'])}" if left else ""
+    test = f"test loss {rec['test_loss']:.4f}  " if rec["test_loss"] is not None else ""
+    if rec["test_accuracy"] is not None:          # None: a regression
+        test += f"test acc {100 * rec['test_accuracy']:.2f}%  "
+    return (f"epoch {rec['epoch']}/{epochs}  train loss {rec['train_loss']:.4f}  {test}"
+            f"({rec['seconds']:.2f} s, {n / rec['seconds']:,.0f} samples/s{eta})")

@@ -1,0 +1,89 @@
+"""The model face (dptrain.models): gradients against finite differences, PyTorch's default
+initialization, flat and caller-owned buffers, chunked gradients, save and load."""
+import math
+
+import numpy as np
+import pytest
+
+from dptrain import reference
+from dptrain.models import MLP, LogisticRegression, SoftmaxRegression, load_model
+
+
+@pytest.mark.parametrize("make", [
+    lambda: LogisticRegression(6, dtype="float64", seed=1),
+    lambda: SoftmaxRegression(6, 4, dtype="float64", seed=1),
+    lambda: MLP((6, 5, 7, 3), dtype="float64", seed=1),
+], ids=["logreg", "softmax", "mlp"])
+def test_model_gradient_matches_finite_differences(make):
+    m = make()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((11, 6))
+    y = rng.integers(0, 2 if m.n_outputs == 1 else m.n_outputs, 11)
+    m.forward_backward(x, y)
+    analytic = m.grads.copy()
+    numeric = np.empty_like(analytic)
+    eps = 1e-6
+    for i in range(m.n_params):
+        old = m.params[i]
+        m.params[i] = old + eps
+        lp = m.evaluate(x, y)[0]
+        m.params[i] = old - eps
+        lm = m.evaluate(x, y)[0]
+        m.params[i] = old
+        numeric[i] = (lp - lm) / (2 * eps)
+    err = np.abs(analytic - numeric).max() / max(np.abs(numeric).max(), 1e-12)
+    assert err < 1e-6, f"{type(m).__name__}: relative gradient error {err:.2e}"
+
+
+def test_init_is_pytorch_default_and_deterministic():
+    a, b = MLP((784, 256, 10), seed=7), MLP((784, 256, 10), seed=7)
+    assert np.array_equal(a.params, b.params)
+    (w1, b1), (w2, _) = a.layers()
+    assert np.abs(w1).max() <= 1 / math.sqrt(784) and np.abs(w2).max() <= 1 / math.sqrt(256)
+    assert np.abs(w1).max() > 0.9 / math.sqrt(784)     # uses the whole range
+    assert not np.array_equal(a.params, MLP((784, 256, 10), seed=8).params)
+
+
+def test_model_buffers_are_flat_and_can_be_caller_owned():
+    n = reference.model_plan([("dense", 3)], (5,))["n_params"]
+    params = reference.model_init_params([("dense", 3)], (5,), "softmax_xent", 0, np.float32)
+    grads = np.zeros(n, np.float32)
+    m = SoftmaxRegression(5, 3, params=params, grads=grads)
+    assert m.params is params and m.grads is grads
+    m.loss_grad(np.ones((2, 5), np.float32), np.array([0, 2]))
+    assert np.abs(grads).sum() > 0
+    with pytest.raises(ValueError, match=r"grads has dtype float64 and shape \(18,\)"):
+        SoftmaxRegression(5, 3, grads=np.zeros(n))
+
+
+def test_chunk_gradients_into_separate_buffers_sum_to_the_batch_gradient():
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((40, 6)), rng.integers(0, 3, 40)
+    m = MLP((6, 5, 3), dtype="float64")
+    m.zero_grad()
+    m.loss_grad(x, y)
+    chunks = [np.zeros(m.n_params) for _ in range(4)]
+    for i, g in enumerate(chunks):
+        m.loss_grad(x[10 * i:10 * i + 10], y[10 * i:10 * i + 10], grad_scale=1 / 40, grads=g)
+    np.testing.assert_allclose(sum(chunks), m.grads, rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match=r"grads has shape \(3,\), expected"):
+        m.loss_grad(x, y, grads=np.zeros(3))
+    with pytest.raises(ValueError, match="grads shares memory with params"):
+        m.loss_grad(x, y, grads=m.params)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    m = MLP((8, 6, 3), seed=2)
+    m.velocity[:] = 0.5
+    path = tmp_path / "m.npz"
+    m.save(path)
+    back = load_model(path)
+    assert isinstance(back, MLP) and back.sizes == m.sizes
+    assert np.array_equal(back.params, m.params) and np.array_equal(back.velocity, m.velocity)
+    x = np.random.default_rng(0).random((5, 8), dtype=np.float32)
+    assert np.array_equal(back.predict(x), m.predict(x))
+    with pytest.raises(ValueError, match="saved model has sizes"):
+        MLP((8, 5, 3)).load_state(path)
+    np.savez(tmp_path / "junk.npz", a=np.zeros(3))
+    with pytest.raises(ValueError, match="not a dptrain model file"):
+        load_model(tmp_path / "junk.npz")
