@@ -1,6 +1,5 @@
 /* dp_buffers.c - instantiates dp_buffers_tmpl.h for float and double (see dp_buffers.h). */
 #include "dp_buffers.h"
-#include "dp_sync.h"
 
 #include <string.h>
 

@@ -4,12 +4,11 @@
  * Letters: k buffers, [start, stop) an element range of them. Every buffer is 1-D of one
  * length; the sum is taken in the order the buffers are given, so a result does not depend
  * on how a range is split between callers. Bodies: dp_buffers_tmpl.h, instantiated for float
- * and double by dp_buffers.c (and once per wider ISA by dp_vec_*.c), which also holds the
- * bodies of dp_sync.h's reductions.
+ * and double by dp_buffers.c (and once per wider ISA by dp_vec_*.c).
  * Reference twins: dptrain.reference.sum_buffers / scale_.
  *
- * Leaves out on purpose: the shared-memory group's reduction, which also synchronizes
- * (dp_allreduce_slice and dp_group_allreduce in dp_sync.h).
+ * Leaves out on purpose: the shared-memory group's all-reduce, which also synchronizes
+ * (dp_allreduce.h).
  */
 #ifndef DP_BUFFERS_H
 #define DP_BUFFERS_H

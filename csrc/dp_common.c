@@ -45,12 +45,9 @@ void dp_scratch_free(dp_scratch *s)
 /* dp_gather_rows reads rows in a shuffled order: each is a miss to memory, one after the
  * other unless rows further on are prefetched. The rows GATHER_AHEAD further are (their first
  * GATHER_PF_BYTES: the hardware prefetcher follows a longer row), into L2 (locality 1: into
- * L1, prefetcht0, was barely faster than none). AMD EPYC Zen 4, one thread, from C, ns a row
- * (medians of 41 random index sets, 2 MB pages): 8192 rows of 160 bytes from 1M (logistic
- * regression's) 30.8 without prefetching, 26.2 with 16 rows into L1, 14.6 with 16 into L2,
- * 11.8 with 32, 11.3 with 64; 64 rows of 3136 bytes from 60,000 (MNIST's) 415 -> 241-305
- * (32 rows, 1-4 KB of each); 128 rows of 12,288 bytes from 50,000 (CIFAR-10's) 1112 -> 980-
- * 1010. */
+ * L1, prefetcht0, was barely faster than none). 32 rows ahead took most of the gain that 64
+ * did; the rows of MNIST and CIFAR-10 gain too, less (bench/README.md, "Design
+ * measurements"). */
 #define GATHER_AHEAD 32
 #define GATHER_PF_BYTES 4096
 

@@ -1,4 +1,4 @@
-/* dp_conv.h - 2-D convolution (stride 1, zero padding) and 2x2 max-pooling, NCHW (plain C99).
+/* dp_conv.h - 2-D convolution (stride 1, zero padding), NCHW (plain C99).
  *
  * Letters: B batch, C input channels, H/W input height/width, OC output channels, KH/KW
  * kernel height/width, PAD zero rows/columns added on every side, OH = H + 2 PAD - KH + 1 and
@@ -18,18 +18,11 @@
  * network): nothing here is file-scope state. The image functions can compute just the
  * top-left block of the output (what a 2x2 pooling reads when the output size is odd).
  *
- * Max-pooling: 2x2 windows, stride 2, over `planes` independent H x W planes (B C of them in
- * NCHW); OH = H / 2, OW = W / 2 rounded down (an odd last row or column is dropped, as in
- * PyTorch's MaxPool2d). The argmax of each window is recorded as a code 0..3 = 2 du + dv
- * (du, dv the row/column offset inside the window): the first maximum in the order
- * (0,0), (0,1), (1,0), (1,1), and a NaN counts as the maximum (the first NaN wins), as NumPy's
- * argmax does.
- *
  * Gradients: dw and db ACCUMULATE (+=) as in dp_dense.h; dx is WRITTEN (=), every element
- * of it (pooling: 0 where no window took its maximum).
+ * of it.
  *
- * Leaves out on purpose: strides other than 1, dilation, groups, other pooling windows, and
- * batching several images into one GEMM (per image, col and the output stay in L2).
+ * Leaves out on purpose: strides other than 1, dilation, groups, batching several images into
+ * one GEMM (per image, col and the output stay in L2), and pooling (dp_pool.h).
  */
 #ifndef DP_CONV_H
 #define DP_CONV_H
@@ -61,9 +54,7 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
  *   build (its sums in another order than the GEMM's: within the same bound, not the same
  *   bits);
  * - im2col: col (K, oh ow) with row stride ldcol from x (C, H, W); col2im is its adjoint (dx
- *   is written);
- * - maxpool2_forward: x (planes, H, W) -> y, idx (planes, H / 2, W / 2); maxpool2_backward:
- *   dx (planes, H, W) = dy put where idx says, 0 elsewhere (written). */
+ *   is written). */
 #define DP_CONV_VEC(X, T, S)                                                                   \
     X(int, dp_conv_direct_forward, S, (T *y, const T *x, const T *w, const dp_conv_geom *g,     \
                                        int oh, int ow, T beta), (y, x, w, g, oh, ow, beta))     \
@@ -72,11 +63,7 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
     X(void, dp_im2col, S, (T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh, \
                            int ow), (col, ldcol, x, g, oh, ow))                                \
     X(void, dp_col2im, S, (T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,       \
-                           int oh, int ow), (dx, dcol, ldcol, g, oh, ow))                      \
-    X(void, dp_maxpool2_forward, S, (T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H,  \
-                                     int W), (y, idx, x, planes, H, W))                        \
-    X(void, dp_maxpool2_backward, S, (T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes, \
-                                      int H, int W), (dx, dy, idx, planes, H, W))
+                           int oh, int ow), (dx, dcol, ldcol, g, oh, ow))
 
 #define DP_DECLARE_CONV(T, S)                                                                  \
     /* One image, the top-left oh x ow block of its output (oh <= OH, ow <= OW; a network    \
@@ -113,8 +100,8 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
  * dp_conv_add_dwt_f64, dp_im2col_f32, dp_im2col_f64, dp_col2im_f32, dp_col2im_f64,
  * dp_conv2d_forward_f32, dp_conv2d_forward_f64, dp_conv2d_backward_f32, dp_conv2d_backward_f64,
  * dp_conv2d_forward_naive_f32, dp_conv2d_forward_naive_f64, dp_conv2d_backward_naive_f32,
- * dp_conv2d_backward_naive_f64, dp_maxpool2_forward_f32, dp_maxpool2_forward_f64,
- * dp_maxpool2_backward_f32, dp_maxpool2_backward_f64. */
+ * dp_conv2d_backward_naive_f64, dp_conv_direct_forward_f32, dp_conv_direct_forward_f64,
+ * dp_conv_direct_dwt_f32, dp_conv_direct_dwt_f64. */
 DP_DECLARE_CONV(float, _f32)
 DP_DECLARE_CONV(double, _f64)
 

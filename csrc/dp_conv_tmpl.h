@@ -1,32 +1,12 @@
 /* dp_conv_tmpl.h - bodies of the kernels in dp_conv.h for one dtype.
- * Included by dp_conv.c with T (float or double) and S (_f32/_f64) defined. */
+ * Included by dp_conv.c with T (float or double), S (_f32/_f64), VL (T values in 32 bytes),
+ * IT (the integer of T's width) and IOTA (the lane indices 0 .. VL - 1) defined. */
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #define K(name) CAT(name, S)
 
-/* 32-byte vectors (GNU vector extensions, as in the GEMM's micro-kernel): VL values of T, IT
- * the integer of T's width for comparison masks, and VL window codes as bytes. */
-typedef T K(pvec) __attribute__((vector_size(32)));
-typedef IT K(pmask) __attribute__((vector_size(32)));
-typedef uint8_t K(pcode) __attribute__((vector_size(VL)));
-typedef uint8_t K(pbytes) __attribute__((vector_size(32)));
-typedef CODE_WORD K(pwords) __attribute__((vector_size(32)));
-
-DP_INLINE K(pvec) K(pload)(const T *p)
-{
-    K(pvec) v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-DP_INLINE void K(pstore)(T *p, K(pvec) v) { memcpy(p, &v, sizeof v); }
-
-/* a where m is set (all ones), else b */
-DP_INLINE K(pvec) K(pselect)(K(pmask) m, K(pvec) a, K(pvec) b)
-{
-    return (K(pvec))((m & (K(pmask))a) | (~m & (K(pmask))b));
-}
+#include "dp_vec32_tmpl.h"   /* pvec, pmask, pload, pstore, pselect */
 
 /* The offset in x (C, H, W) of patch entry k = (c KH + u) KW + v from its output position's
  * (the direct weight gradient's and dp_gemm_patch's A rows; padding 0) */
@@ -89,9 +69,8 @@ DP_INLINE void K(copy_row)(T *DP_RESTRICT d, const T *DP_RESTRICT s, int n, int 
  * run before and mostly crossed a line. The permutes repeat every lcm(OW, RVL) values of the
  * row: *npat patterns, pattern t's first value at base[t] past its period's first row in x,
  * its lanes at idx[t] from there; a period covers *rows rows of x. 0, or -1 where a pattern
- * would span more than two vectors. (conv2, 32x15x15 -> 12x12, one image in cache, the
- * kernel called from C, AMD EPYC Zen 4: 7.2-7.7 -> 5.0-5.5 us.) GCC only: Clang has no
- * permute with a mask of variables (its builds keep the copies). */
+ * would span more than two vectors. GCC only: Clang has no permute with a mask of variables
+ * (its builds keep the copies). */
 #if DP_VEC_BYTES == 64 && !defined(__clang__)
 #define IM2COL_PERMUTE 1
 
@@ -235,8 +214,7 @@ DP_INLINE void K(gather_row)(T *DP_RESTRICT d, const T *const *r, int rows, ptrd
  * The vector is stored whole: its lanes past W land on the next row, which is stored later,
  * and only the last row of dx is stored value by value. Masked lanes read inside dcol and its
  * slack, as gather_row's. Returns 1 (nothing written) for a wider image, KW > RVL or more
- * kernel rows than COL2IM_ROWS. (conv2, dx 32x15x15, one image in cache, called from C, AMD
- * EPYC Zen 4: 9.2 -> 5.3 us.) */
+ * kernel rows than COL2IM_ROWS. */
 static int K(col2im_narrow)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
                             int OH, int OW)
 {
@@ -329,16 +307,12 @@ void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
 
 /* The direct forward (dp_conv_direct_forward): no im2col and no packing, for a layer whose
  * patch is short (K = C KH KW <= DIRECT_K: a first layer's 3 x 3 x 3 = 27, where the GEMM's
- * depth of 27 leaves it at 56 % of the FMA peak on an AMD EPYC, and im2col writes 27 copies
- * of the image). Vectors of the build's own width along an output row (im2col's rvec, RVL
- * values each). */
+ * shallow depth leaves it far from the FMA peak, and im2col writes 27 copies of the image).
+ * Vectors of the build's own width along an output row (im2col's rvec, RVL values each). */
 #define DIRECT_K 64
-/* Where it runs: float on 32- and 64-byte vectors. Measured on an AMD EPYC (Zen 4), batch 128,
- * conv2d_forward ms, 2 interleaved runs, im2col + GEMM -> direct: 3 x 32 x 32 -> 32 float
- * 3.84-4.31 -> 2.85-2.91 on AVX-512, 3.57-3.85 -> 3.16-3.21 on AVX2; 1 x 28 x 28 -> 32 (K = 9)
- * 1.49-2.00 -> 1.15 and 1.30-1.55 -> 1.36-1.45; but double 2.45-2.50 -> 2.60-2.62 (AVX-512)
- * and 2.97-3.37 -> 3.83-3.88 (AVX2) at K = 9, and the generic build's 16-byte vectors within
- * the noise: those keep the im2col path. */
+/* Where it runs: float on 32- and 64-byte vectors, where it was faster than im2col + GEMM;
+ * double was slower with it, and the generic build's 16-byte vectors gained nothing: those
+ * keep the im2col path. */
 #define DIRECT_BUILD (sizeof(T) == 4 && DP_VEC_BYTES >= 32)
 
 /* The accumulators of one tile: filter f's two output vectors (columns ja and jb of row i) */
@@ -407,10 +381,7 @@ int KV(dp_conv_direct_forward)(T *y, const T *x, const T *w, const dp_conv_geom 
     ptrdiff_t P = (ptrdiff_t)oh * ow;
     int nv = (ow + RVL - 1) / RVL;
     /* a tile's weights k by k (wt[k NF + f]): its broadcasts from one pointer at constant
-     * offsets, instead of one pointer a filter (12 of the 16 general registers). AMD EPYC
-     * (Zen 4), conv2d_forward 3 x 32 x 32 -> 32, batch 128, 4 interleaved runs, ms: 3.07-3.71
-     * -> 2.76-3.35 (AVX-512), 3.17-4.55 -> 2.97-4.24 (AVX2); its share of the CIFAR step
-     * (perf, 2 runs each) 7.2-7.5 % -> 6.4-6.8 % */
+     * offsets, instead of one pointer a filter (12 of the 16 general registers) */
     T wt[12 * DIRECT_K];
     for (int o0 = 0; o0 < g->OC;) {
         int NF = g->OC - o0 >= big ? big : 4, nf = g->OC - o0 < NF ? g->OC - o0 : NF;
@@ -441,17 +412,13 @@ int KV(dp_conv_direct_forward)(T *y, const T *x, const T *w, const dp_conv_geom 
  * accumulates, in one vector each, its products over every output position (vectors along
  * an output row: the last one, where it overlaps the one before, with the overlap's lanes
  * cleared in dy and x alike); each vector's lanes are then summed and added to dwt. On the
- * AVX-512 build only: AMD EPYC (Zen 4), conv2d_backward without dx (the first layer's),
- * batch 128, 3 x 32 x 32 -> 32, ms, 3 interleaved runs: 5.96-7.32 -> 5.58-5.77 on AVX-512,
- * but 5.68-7.80 -> 6.44-6.77 on AVX2 (measured with 2 x 5 vectors of 8 lanes), which keeps
- * the GEMM. */
+ * AVX-512 build only: it was faster than the GEMM there, slower on AVX2, which keeps the
+ * GEMM. */
 #define DW_NO 4
 #define DW_NK 6
 #define DW_KDO(X) X(0) X(1) X(2) X(3) X(4) X(5)
 /* the last tile of a patch with at most 3 entries left: conv1's 27 = 4 x 6 + 3 computed 3
- * clamped entries for nothing. conv2d_backward without dx, batch 128, 3 interleaved runs,
- * ms: 3 x 32 x 32 -> 32 3.63-3.68 -> 3.47-3.54, 1 x 28 x 28 -> 32 (9 = 6 + 3) 1.67-2.11 ->
- * 1.47-1.58 */
+ * clamped entries for nothing */
 #define DW_KDO3(X) X(0) X(1) X(2)
 
 /* v's lanes summed (a fixed tree: halves added until one is left) */
@@ -467,8 +434,7 @@ DP_INLINE T K(dsum)(K(rvec) v)
 /* The four sums of dsum at once, out[f] = dsum(v_f): the same halving tree on each vector
  * (the same additions, so the same bits), with the halves of two vectors gathered into one
  * by shuffles at each level (16 float lanes: the build the direct dwt runs on). Four scalar
- * trees were about a tenth of the kernel's time; conv2d_backward as above, 3 runs, ms:
- * 3 x 32 x 32 -> 32 3.34-3.42 -> 3.09-3.36, 1 x 28 x 28 -> 32 1.42-1.52 -> 1.32-1.37 */
+ * trees were about a tenth of the kernel's time. */
 DP_INLINE void K(dsum4)(K(rvec) a, K(rvec) b, K(rvec) c, K(rvec) d, T out[4])
 {
 #if DP_VEC_BYTES == 64 && VL == 8
@@ -666,9 +632,8 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
          * along its rows (A's fast path) instead of transposed column by column into B
          * panels, and M = K, N = OC fill the 6 x 16 tiles better (288 x 64: no padding) */
         if (!bf16 && !direct && K(patch_tables)(ctx, g, oh, ow, col, &pos, &ent)) {
-            /* col(x)'s rows read from x where they are: the same sums as on im2col's copy.
-             * AMD EPYC (Zen 4), conv2d_backward 32 x 15 x 15 -> 64 with dx, batch 128, ms,
-             * 4 interleaved runs: 18.1-21.0 -> 17.4-19.5 */
+            /* col(x)'s rows read from x where they are: the same sums as on im2col's copy,
+             * without writing the copy */
             rc = K(dp_gemm_patch)(ctx, dwt, g->OC, x, ent, pos, dy, 1, P, Kd, g->OC, P, (T)1,
                                   (T)1);
         } else {
@@ -740,8 +705,8 @@ int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T 
     for (int n = 0; n < B && rc == DP_OK; n++) {
         const T *dyn = dy + n * out;
         /* 8 interleaved partial sums, vectorized (one sum per output channel was a chain of
-         * dependent adds: 4 of 5.5 ms of conv2d_backward, 3x32x32 -> 32, batch 128, without
-         * dx); the CNN engine sums its db the same way */
+         * dependent adds, most of the time of a first layer's conv2d_backward without dx);
+         * the CNN engine sums its db the same way */
         K(dp_add_row_sums)(db, dyn, g->OC, (int)P);
         rc = K(dp_conv_image_backward)(ctx, col, dwt, dx ? dx + n * in : NULL, dyn, x + n * in,
                                        w, g, OH, OW);
@@ -808,145 +773,6 @@ void K(dp_conv2d_backward_naive)(T *dw, T *db, T *dx, const T *dy, const T *x, c
 }
 
 #endif /* DP_VEC_PASS */
-
-/* b beats the best so far a: larger, or the first NaN (NumPy's argmax); 1 or 0 (scalar),
- * all ones or 0 (vector) */
-#define BEATS(b, a) (((b) > (a)) | (((b) != (b)) & ((a) == (a))))
-
-void KV(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H,
-                                      int W)
-{
-    // x is (planes, H, W), y and idx are (planes, H / 2, W / 2)
-    // A tournament without branches (random data would mispredict every other branch): the
-    // better of each window's top pair and of its bottom pair, then the bottom winner only if
-    // it beats the top one, which keeps the first maximum in the order (0,0), (0,1), (1,0),
-    // (1,1).
-    typedef K(pvec) V;
-    typedef K(pmask) M;
-    const M one = ONES, two = TWOS;
-    int OH = H / 2, OW = W / 2;
-    const T *xend = x + planes * H * W;
-    const T *yend = y + planes * OH * OW;
-    for (ptrdiff_t p = 0; p < planes; p++) {
-        const T *xp = x + p * H * W;
-        T *yp = y + p * OH * OW;
-        uint8_t *ip = idx + p * OH * OW;
-        for (int i = 0; i < OH; i++) {
-            const T *r0 = xp + (ptrdiff_t)2 * i * W, *r1 = r0 + W;
-            T *yr = yp + (ptrdiff_t)i * OW;
-            uint8_t *ir = ip + (ptrdiff_t)i * OW;
-            for (int j = 0; j < OW; j += VL) {
-                /* The row's last VL windows read past the row into the next ones and write
-                 * past it into the next output row, which is written again later; only at
-                 * the very end of the arrays does that go through a padded copy. */
-                const T *t = r0 + 2 * j, *b = r1 + 2 * j;
-                T tt[2 * VL] = {0}, bb[2 * VL] = {0}, ty[VL];
-                uint8_t tc[VL];
-                int n = OW - j < VL ? OW - j : VL;
-                if (n < VL && b + 2 * VL > xend) {
-                    for (int q = 0; q < 2 * n; q++) {
-                        tt[q] = t[q];
-                        bb[q] = b[q];
-                    }
-                    t = tt;
-                    b = bb;
-                }
-                V t0 = K(pload)(t), t1 = K(pload)(t + VL);
-                V b0 = K(pload)(b), b1 = K(pload)(b + VL);
-                V a0 = DP_SHUFFLE(M, t0, t1, EVEN), a1 = DP_SHUFFLE(M, t0, t1, ODD);
-                V c0 = DP_SHUFFLE(M, b0, b1, EVEN), c1 = DP_SHUFFLE(M, b0, b1, ODD);
-                M kt = BEATS(a1, a0), kb = BEATS(c1, c0);
-                V top = K(pselect)(kt, a1, a0), bot = K(pselect)(kb, c1, c0);
-                M kf = BEATS(bot, top);
-                M code = (kf & (two + (kb & one))) | (~kf & (kt & one));
-                /* the low byte of each lane, gathered by a byte shuffle (a lane-by-lane
-                 * conversion compiles to scalar extracts) */
-                K(pbytes) lows = DP_SHUFFLE(K(pbytes), (K(pbytes))code, (K(pbytes))code, LOW_BYTES);
-                K(pcode) bytes;
-                memcpy(&bytes, &lows, VL);
-                if (n == VL || yr + j + VL <= yend) {
-                    K(pstore)(yr + j, K(pselect)(kf, bot, top));
-                    memcpy(ir + j, &bytes, VL);
-                } else {
-                    K(pstore)(ty, K(pselect)(kf, bot, top));
-                    memcpy(tc, &bytes, VL);
-                    for (int q = 0; q < n; q++) {
-                        yr[j + q] = ty[q];
-                        ir[j + q] = tc[q];
-                    }
-                }
-            }
-        }
-    }
-}
-
-#undef BEATS
-
-void KV(dp_maxpool2_backward)(T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes,
-                                       int H, int W)
-{
-    // dy and idx are (planes, H / 2, W / 2), dx is (planes, H, W), every element written
-    typedef K(pvec) V;
-    typedef K(pmask) M;
-    const M zero = {0}, one = ONES, two = TWOS, three = two + one;
-    const K(pbytes) zero_bytes = {0};
-    const V vzero = {0};
-    int OH = H / 2, OW = W / 2;
-    const T *gend = dy + planes * OH * OW;
-    T *dxend = dx + planes * H * W;
-    for (ptrdiff_t p = 0; p < planes; p++) {
-        T *dp = dx + p * H * W;
-        const T *gp = dy + p * OH * OW;
-        const uint8_t *ip = idx + p * OH * OW;
-        for (int i = 0; i < OH; i++) {
-            T *r0 = dp + (ptrdiff_t)2 * i * W, *r1 = r0 + W;
-            const T *gr = gp + (ptrdiff_t)i * OW;
-            const uint8_t *ir = ip + (ptrdiff_t)i * OW;
-            /* Last chunk first: its stores may run past the row pair (into r1's start and the
-             * next row pair), and everything they spill into is written again afterwards:
-             * r1 by this chunk's own r1 stores and the chunks before it, the next row pair
-             * later. Only at the very end of the arrays does a padded copy do it. */
-            for (int j = (OW - 1) / VL * VL; j >= 0; j -= VL) {
-                int n = OW - j < VL ? OW - j : VL;
-                const T *gsrc = gr + j;
-                const uint8_t *csrc = ir + j;
-                T tg[VL] = {0}, out[4 * VL];
-                uint8_t tcode[VL] = {0};
-                if (n < VL && gsrc + VL > gend) {
-                    for (int q = 0; q < n; q++) {
-                        tg[q] = gsrc[q];
-                        tcode[q] = csrc[q];
-                    }
-                    gsrc = tg;
-                    csrc = tcode;
-                }
-                V g = K(pload)(gsrc);
-                /* the VL codes as one integer in lane 0 (a vector built from a partly
-                 * written one would stall on store forwarding), then byte q to lane q's low
-                 * byte, the rest 0 */
-                CODE_WORD word;
-                memcpy(&word, csrc, VL);
-                K(pwords) words = {word};
-                M k = (M)DP_SHUFFLE(K(pbytes), (K(pbytes))words, zero_bytes, SPREAD_BYTES);
-                V v00 = K(pselect)(k == zero, g, vzero), v01 = K(pselect)(k == one, g, vzero);
-                V v10 = K(pselect)(k == two, g, vzero), v11 = K(pselect)(k == three, g, vzero);
-                int direct = n == VL || r1 + 2 * j + 2 * VL <= dxend;
-                T *o0 = direct ? r0 + 2 * j : out, *o1 = direct ? r1 + 2 * j : out + 2 * VL;
-                K(pstore)(o0, DP_SHUFFLE(M, v00, v01, ILO));
-                K(pstore)(o0 + VL, DP_SHUFFLE(M, v00, v01, IHI));
-                K(pstore)(o1, DP_SHUFFLE(M, v10, v11, ILO));
-                K(pstore)(o1 + VL, DP_SHUFFLE(M, v10, v11, IHI));
-                if (!direct)
-                    for (int q = 0; q < 2 * n; q++) {
-                        r0[2 * j + q] = out[q];
-                        r1[2 * j + q] = out[2 * VL + q];
-                    }
-            }
-            if (W & 1) r0[W - 1] = r1[W - 1] = 0;
-        }
-        if (H & 1) memset(dp + (ptrdiff_t)(H - 1) * W, 0, sizeof(T) * (size_t)W);
-    }
-}
 
 #ifndef DP_VEC_PASS
 DP_CONV_VEC(DP_VEC_DEFINE, T, S)

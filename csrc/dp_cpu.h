@@ -80,8 +80,8 @@ int dp_isa_from_name(const char *name);
 int dp_fma_peak_f32(int isa, double seconds, double *gflops);
 /* The same for AVX512_BF16's vdpbf16ps (zmm, float32 accumulators, bfloat16 pairs; 64 flop an
  * instruction): DP_ENOTSUP where the CPU (AVX-512 and AVX512_BF16) or the compiler lacks it.
- * Measured, not assumed: on the Xeon (Sapphire Rapids class) it was measured on, one
- * vdpbf16ps took 4x a vfmadd231ps's issue time, half the float32 FMA peak in flop. */
+ * Measured, not assumed: its issue time against the FMA's differs between CPUs, and where
+ * it is long the instruction's doubled flop per lane does not pay. */
 int dp_bf16dot_peak(double seconds, double *gflops);
 int dp_fma_peak_f64(int isa, double seconds, double *gflops);
 

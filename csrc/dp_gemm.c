@@ -4,7 +4,6 @@
  * Leaves out on purpose: complex types and any BLAS fallback. */
 #include "dp_gemm.h"
 #include "dp_cpu.h"
-#include "dp_loss.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -29,7 +28,7 @@
 #define VL64 8
 #else
 /* 16-byte vectors, the baseline's own width: 32-byte GNU vectors on a 16-byte ISA were split
- * by GCC through memory (1.6 GFLOP/s on the MLP's shapes, 40x slower than the AVX2 build) */
+ * by GCC through memory, many times slower than the AVX2 build */
 #define ROWS 6
 #define VL32 4
 #define VL64 2
@@ -318,10 +317,9 @@ const char *dp_gemm_bf16_amx_name(void)
 }
 
 /* The least work (flop) a GEMM gives each of its threads: waking the pool and meeting at its
- * end costs tens of microseconds on a shared machine. At 200 kflop, softmax regression
- * 784->10 (batch 128: two 2 Mflop GEMMs) took 1.25-1.46x longer per step at 2 threads than
- * at 1 (csrc/tests bench_model); at 2 Mflop it runs them on one thread (1.00), and the MLP
- * and CNN steps keep their speedup. */
+ * end costs tens of microseconds on a shared machine. At a tenth of this, softmax
+ * regression's two 2 Mflop GEMMs a step (784->10, batch 128) ran slower on 2 threads than on
+ * 1; at this it runs them on one thread, and the MLP and CNN steps keep their speedup. */
 #ifndef GEMM_THREAD_FLOPS
 #define GEMM_THREAD_FLOPS 2000000LL
 #endif

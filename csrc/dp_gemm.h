@@ -14,6 +14,7 @@
 
 #include "dp_common.h"
 #include "dp_threads.h"
+#include "dp_vec.h"
 
 #define DP_MAX_THREADS 256
 
@@ -34,10 +35,8 @@ void dp_ctx_free(dp_ctx *ctx);
 /* The context dp_gemm uses when given none: the calling thread's own (one thread, float
  * inputs), made at its first such call and freed when the thread ends, so that its packing
  * buffers are reused from one call to the next; NULL if it cannot be made (then dp_gemm makes
- * a context for the call). One made and freed per call cost about 0.4 us: _core.gemm(a, b, c)
- * without a context, us a call, 3 interleaved runs (AMD EPYC Zen 4, the arguments parsed by
- * parse_args in both): 1x1x1 0.75-0.77 -> 0.31-0.34 (and one run of 1.47), 128x10x128 NT
- * 6.93-8.96 -> 6.57-6.79. */
+ * a context for the call). One made and freed per call cost more than a small GEMM's whole
+ * call. */
 dp_ctx *dp_ctx_default(void);
 
 /* The SIMD level the dispatcher picked on this CPU: "avx2+fma" or "generic". */
@@ -125,6 +124,24 @@ void dp_gemm_set_bf16_amx(int mode);
 int dp_gemm_bf16_amx_setting(void);
 int dp_gemm_bf16_amx(void);
 const char *dp_gemm_bf16_amx_name(void);
+
+/* The matrix-vector products (vector kernels, dp_vec.h: a build per ISA and the public
+ * function that picks one), which the driver (dp_gemm_drv.h's gemv) takes for N = 1 or M = 1
+ * with a unit-stride matrix, X (rows, len) with contiguous rows ldx apart:
+ * - gemv_rows: out (rows,) = X v;
+ * - gemv_cols: out (len,) = X^T v (overwritten).
+ * Bodies: dp_gemm_gemv_tmpl.h, instantiated by dp_gemm_gemv.c; the logistic kernel
+ * (dp_logistic_grad, dp_loss.h) fuses their blocks around the loss. */
+#define DP_GEMV_VEC(X, T, S)                                                                   \
+    X(void, dp_gemv_rows, S, (T *out, const T *X, ptrdiff_t ldx, const T *v, int rows, int len), \
+      (out, X, ldx, v, rows, len))                                                             \
+    X(void, dp_gemv_cols, S, (T *out, const T *X, ptrdiff_t ldx, const T *v, int rows, int len), \
+      (out, X, ldx, v, rows, len))
+
+/* The concrete symbols, for grep: dp_gemv_rows_f32 dp_gemv_rows_f64 dp_gemv_cols_f32
+ * dp_gemv_cols_f64. */
+DP_GEMV_VEC(DP_VEC_PROTO, float, _f32)
+DP_GEMV_VEC(DP_VEC_PROTO, double, _f64)
 
 /* The readable twin: a triple loop, the reference for tests and the fallback nobody needs. */
 void dp_gemm_naive_f32(float *C, ptrdiff_t ldc,

@@ -30,16 +30,15 @@
  * store_tile. The emulation adds each k's product one after the other, each rounded, as the
  * float micro-kernel does: its results are the rounding path's bits (csrc/tests checks it).
  * The hardware sums otherwise: measured on a Sapphire Rapids class Xeon, its results agree
- * with neither order of one-by-one rounded sums but more often with the exact sum (34 % of
- * 12,800 values against 15 %), so it keeps more precision inside an instruction. They are
+ * with neither order of one-by-one rounded sums but more often with the exact sum, so it
+ * keeps more precision inside an instruction. They are
  * the same for the same shapes on every run (one instruction sequence), and within the float
  * summation bound of the rounded operands. It reads denormal inputs as 0, as vdpbf16ps does,
  * and its packing's vcvtne2ps2bf16 reads a denormal float as 0 before rounding it (where
- * the other paths round 0x007fffff up to the smallest normal). Measured there against the
- * float path on one thread (bench/bench_bf16.py): the MLP's GEMMs 2.5-4.1x faster
- * (128x256x784 B^T 169 us, 304 GFLOP/s, float32 427 us; 256x784x128 A^T 100 us, 512
- * GFLOP/s), its training step 2.1x, the CNN's 1.5x. Reading row-major operands straight into
- * tiles, not through pack_b, halved the A^T and plain shapes' times (210 and 229 us before).
+ * the other paths round 0x007fffff up to the smallest normal). There, on one thread, it ran
+ * the MLP's GEMMs several times faster than the float path, and the MLP's and the CNN's
+ * training steps faster (bench/bench_bf16.py). Row-major operands go straight into tiles,
+ * not through pack_b, which had cost the A^T and plain shapes about half their time.
  */
 
 #define ACAT_(a, b) a##b
@@ -397,7 +396,7 @@ AMX_TGT static void AF(amx_task)(void *arg, int t, int n)
 
 /* ---- several threads: both operands packed once, shared ----
  * With its own packing, each thread packed all of the operand the threads share (a split
- * along N: all of A): the 2-thread MLP step ran 0.89x the 1-thread one on the Xeon. So the
+ * along N: all of A): the 2-thread MLP step ran slower than the 1-thread one. So the
  * threads first pack disjoint parts of A and B into one buffer (ctx->ct), then compute
  * disjoint parts of C from it: the same slices, tiles, kernels and stores, hence the same
  * bits as one thread. Slice s's tiles: A's [row tile][chunk], then B's [column tile][chunk],
@@ -468,10 +467,8 @@ static int AF(amx_gemm)(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, pt
 {
     AF(amx_job) job = {ctx, C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta, 1,
                        balanced_f32(K, KC_F32, 1), 0};
-    /* at least 4x the float path's work per thread: the tiles do about 4x its flop. On the
-     * Xeon, the bfloat16 MLP step (batch 128) at 2 and 4 threads ran 0.95x and 1.06x its
-     * 1-thread time with the float path's 2 MFLOP, 1.04x and 1.15x with 8, 1.00x and 1.03x
-     * with 32 (medians of 9; its GEMMs are 8 to 51 MFLOP, its other kernels one-threaded) */
+    /* at least 4x the float path's work per thread: the tiles do about 4x its flop (on the
+     * Xeon, the bfloat16 MLP step gained nothing from more threads at a smaller share) */
     int threads = plan_threads_f32(ctx->threads, M, N, K, 32, 32, 4 * GEMM_THREAD_FLOPS, &job.split_n);
     int nblocks = (N + 31) / 32, mblocks = (M + 31) / 32;
     int rows = job.split_n ? M : 32 * ((mblocks + threads - 1) / threads);

@@ -88,8 +88,7 @@ DOT_TGT DP_INLINE void DF(dot_store)(float *p, DF(dot_vu) v, int n)
  * layouts whose k-th rows are contiguous (a row-major B, a transposed A), the operand itself,
  * which replaces the float packing too. A partial chunk (w = 12, or past n) goes through
  * masked loads and stores on the hardware: a 48-byte memcpy into a 64-byte vector went
- * through the stack, and pairing A was 11 % of the bfloat16 MLP step on an AMD EPYC, 3x
- * packing it. */
+ * through the stack, and pairing A then cost several times what packing it did. */
 DOT_TGT DP_INLINE void DF(dot_pack_pair)(float *dst, const float *src, ptrdiff_t ld, int kc,
                                          int n, int w)
 {

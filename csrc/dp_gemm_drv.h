@@ -108,16 +108,13 @@ static int D(plan_threads)(int threads, int M, int N, int K, int mr, int nr, lon
 }
 
 /* An operand read in place instead of packed where its panels are used at most this many
- * times (it was 2: the skinny shapes). AMD EPYC (Zen 4), float32 AVX-512, GFLOP/s, 3
- * interleaved runs, 2 -> 16: conv2's per-image forward 64x144x288 NN 90-95 -> 99-109 and
- * input gradient 288x144x64 TN 93-99 -> 97-105, the CNN's fc1 input gradient 128x2304x128 NN
- * 95-104 -> 97-107, 2304x128x128 TN 92-102 -> 100-109; 512^3 and larger unchanged (packed
- * either way); 1024^3 read in place fell from 96-101 to 72-79 (A) and 84-90 (B). */
+ * times (it was 2: the skinny shapes): the CNN's mid-sized GEMMs gained, 512^3 and larger
+ * are packed either way; a 1024^3 read in place lost a fifth of its speed. */
 #define IN_PLACE_REUSE 16
 
 /* 1 where an operand's step between rows or between columns (the larger, in elements) is a
- * multiple of 4 KB: read in place, a panel's rows all land in a few sets of L1 and L2
- * (float64 128x1024x1024 NN in place: 44-47 -> 31-33 GFLOP/s), so it is packed. */
+ * multiple of 4 KB: read in place, a panel's rows all land in a few sets of L1 and L2, so it
+ * is packed. */
 static int D(critical_stride)(ptrdiff_t rs, ptrdiff_t cs)
 {
     ptrdiff_t step = (rs > cs ? rs : cs) * (ptrdiff_t)sizeof(T);
@@ -214,10 +211,10 @@ static void D(gemm_task)(void *arg, int t, int n)
 }
 
 /* A matrix-vector product (N == 1 or M == 1) whose matrix has a unit stride, on the logistic
- * kernel's halves (dp_gemv_rows / dp_gemv_cols, dp_loss.h): the blocked path
- * packs the matrix for a micro-tile that the vector fills 1 / NR of (measured on the AVX2 VM:
- * 8192x1x20 at 2.6 GFLOP/s, 0.31x OpenBLAS; 1x20x8192 at 1.8, 0.18x). The vector is
- * copied into scratch where it is strided, the result is written with alpha and beta.
+ * kernel's halves (dp_gemv_rows / dp_gemv_cols, dp_gemm.h): the blocked path packs the
+ * matrix for a micro-tile that the vector fills 1 / NR of, a fraction of OpenBLAS's speed.
+ * The vector is copied into scratch where it is strided, the result is written with alpha
+ * and beta.
  * Returns GEMV_DECLINE where neither operand layout fits (then the blocked path runs). */
 #define GEMV_DECLINE 1
 /* Several threads split the rows of X v, or the columns of X^T v in whole units of 64 (the
@@ -329,8 +326,7 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
     }
     /* bfloat16 inputs on AMX's tiles where they run (dp_gemm_amx_tmpl.h; float only), for a
      * K of at least one whole 32-k chunk: with less, packing and storing C outweigh the
-     * tiles' speed (measured on a Xeon: the conv's 6272x32x27 took 239 us there against
-     * 198 us on the rounding path) */
+     * tiles' speed (a first conv layer's K = 27 was slower there than on the rounding path) */
     amx_gemm_fn amx = bf16 && K >= DP_GEMM_AMX_MIN_K ? amx_pick() : NULL;
     if (amx) {
         int rc = amx(ctx, (float *)C, ldc, (const float *)A, rsa, csa, (const float *)B, rsb, csb,

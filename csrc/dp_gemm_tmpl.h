@@ -356,9 +356,7 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
  * is 12) when mr is at most that, for C's last rows: with MR = 12, M = 27 = 12 + 12 + 3
  * (conv1's K x OC weight gradient) computed 36 rows for 27, 32 and 64 filters 36 and 72, and
  * an output layer's weight gradient (M = 10 classes) 12. The smaller tiles read the same
- * packed MR-row panels, so they make the same sums in the same order (the same bits). AMD
- * EPYC, us, 2-3 interleaved rounds: 27x32x900 NT 25.4-27.9 -> 20.6-21.0, 32x900x27 22.3-25.2
- * -> 21.3-21.5, 64x169x288 76.1-84.1 -> 71.9-72.7, 10x784x128 TN 28.2-29.4 -> 22.2-27.0. */
+ * packed MR-row panels, so they make the same sums in the same order (the same bits). */
 #if ROWS == 12
 #define UKERNEL_ROWS(A_AT, A_NEXT, BKS, WIDE)                                     \
     {                                                                              \
@@ -438,17 +436,14 @@ TGT static void F(ukernel_patch)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *x,
 #if ROWS == 12
 /* Small K (kc <= SMALLK_MAX; an output layer's input gradient dY W has K = 10 classes), on
  * the 32-register builds. A tile's few rank-1 updates do not hide its prologue and its 2 MR
- * stores: on AMD EPYC (Zen 4), float32 128x128xK NN took 0.85 us + 0.29 us per unit of K, an
- * intercept of about 70 cycles a tile against 24 a k. Here B's kc x NR strip stays in 2 kc
+ * stores: a tile's fixed cost was about three k's. Here B's kc x NR strip stays in 2 kc
  * registers while C's rows go by, each row's two stores right after its FMAs. Each C value is
  * UKERNEL_BODY's sum in its order (0, then += b_k a_ik for k = 0, 1, ...), stored as its
  * STORE_ROW stores it, so the same bits; hence alpha 1 and beta 0 or 1 only (every GEMM of
  * the engines): a general alpha and beta is left to store_tile, whose rounding of
- * alpha acc + beta C (which product GCC fuses) the bfloat16 dot path shares. Measured there
- * (C harness, median of 9), us, tile kernel -> this one: float32 128x128x10 3.76 -> 3.13, x5
- * 3.12 -> 1.86, x16 5.51 -> 4.99; float64 128x128x10 7.47 -> 6.16, x16 11.05 -> 9.99. Past
- * 16, B's 2 kc registers spill (float32 x24 7.75 -> 7.99 in one pass), so smallk_block
- * splits K in two. */
+ * alpha acc + beta C (which product GCC fuses) the bfloat16 dot path shares. Past 16, B's 2 kc
+ * registers spill (slower than the tile kernel in one pass), so smallk_block splits K in
+ * two. */
 #define SMALLK_MAX 16
 #define SK_KDO(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) \
     X(14) X(15)
@@ -513,11 +508,8 @@ TGT static void F(ukernel_smallk)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars
 /* C[0:m, 0:NR] = A B + beta C (beta 0 or 1) for kc <= SMALLK_MAX, or beta 0 and kc <= 2
  * SMALLK_MAX in two passes over C's m rows (B's first ceil(kc / 2) rows in registers, then
  * the rest, SK_GO_ON), while they are in L1: K = 27 (a 3x3 convolution of 3 channels, the
- * im2col product x w^T), through the tile kernel's 27 rank-1 updates a tile, ran at 80-82 %
- * of the FMA peak. The same bits: the sum is made in the same order. AMD EPYC (Zen 4), C
- * harness, median of 9, us, tile kernel -> two passes: float32 1024x32x27 NT 17.5-17.8 ->
- * 16.3-16.6 (92 % of the peak), 128x128x20 6.70 -> 5.92, x24 7.79 -> 7.20, x32 10.14 ->
- * 9.82; float64 1024x32x27 NT 34.6-35.0 -> 32.9-33.4, 128x128x20 13.39 -> 11.83. */
+ * im2col product x w^T), through the tile kernel's 27 rank-1 updates a tile, ran well below
+ * the FMA peak. The same bits: the sum is made in the same order. */
 TGT static void F(smallk_block)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars, ptrdiff_t acs,
                                 const T *b, ptrdiff_t bks, int kc, int m, int add_c)
 {

@@ -29,10 +29,7 @@ typedef enum { DP_LOSS_SOFTMAX_XENT = 0, DP_LOSS_SIGMOID_BCE = 1, DP_LOSS_MSE = 
  *   x (B, IN): z = x w + b with w (1, IN), b (1,); the sigmoid_bce loss sum and the count of
  *   (z > 0) == label; dw (IN,) and db (1,) ACCUMULATE the gradient of grad_scale * the loss
  *   sum. The dense path (dp_dense_forward, dp_sigmoid_bce, dp_dense_backward) computes the
- *   same;
- * - gemv_rows, gemv_cols: the two halves of logistic_grad as the GEMM's matrix-vector
- *   products (dp_gemm_drv.h): out (rows,) = X v, and out (len,) = X^T v (overwritten), for X
- *   (rows, len) with contiguous rows ldx apart. */
+ *   same; its two halves are the GEMM's matrix-vector blocks (dp_gemm_gemv_tmpl.h). */
 #define DP_LOSS_VEC(X, T, S)                                                                   \
     X(int, dp_softmax_xent, S, (T *dlogits, double *loss_sum, const T *logits,                 \
                                 const int64_t *labels, int B, int C, T grad_scale),            \
@@ -43,15 +40,10 @@ typedef enum { DP_LOSS_SOFTMAX_XENT = 0, DP_LOSS_SIGMOID_BCE = 1, DP_LOSS_MSE = 
     X(int, dp_logistic_grad, S, (T *dw, T *db, double *loss_sum, int64_t *correct, const T *x, \
                                  const T *w, const T *b, const int64_t *labels, int B, int IN, \
                                  T grad_scale),                                                \
-      (dw, db, loss_sum, correct, x, w, b, labels, B, IN, grad_scale))                         \
-    X(void, dp_gemv_rows, S, (T *out, const T *X, ptrdiff_t ldx, const T *v, int rows, int len), \
-      (out, X, ldx, v, rows, len))                                                             \
-    X(void, dp_gemv_cols, S, (T *out, const T *X, ptrdiff_t ldx, const T *v, int rows, int len), \
-      (out, X, ldx, v, rows, len))
+      (dw, db, loss_sum, correct, x, w, b, labels, B, IN, grad_scale))
 
 /* The concrete symbols, for grep: dp_softmax_xent_f32 dp_softmax_xent_f64 dp_sigmoid_bce_f32
- * dp_sigmoid_bce_f64 dp_logistic_grad_f32 dp_logistic_grad_f64 dp_gemv_rows_f32 dp_gemv_rows_f64
- * dp_gemv_cols_f32 dp_gemv_cols_f64. */
+ * dp_sigmoid_bce_f64 dp_logistic_grad_f32 dp_logistic_grad_f64. */
 DP_LOSS_VEC(DP_VEC_PROTO, float, _f32)
 DP_LOSS_VEC(DP_VEC_PROTO, double, _f64)
 

@@ -1,6 +1,6 @@
 /* dp_math.h - branch-free exp and log1p on the ranges the loss kernels need, written so that
  * the compiler can vectorize loops that call them (libm's exp/log1p are scalar calls and made
- * the logistic-regression kernel ~20x slower than its memory traffic).
+ * the logistic-regression kernel many times slower than its memory traffic).
  *
  *   dp_expneg(x) = exp(x) for x <= 0   (0 below x = -708 / -87, where exp(x) nears the
  *                                        smallest normal; NaN stays NaN so divergence shows)
@@ -96,7 +96,7 @@ DP_INLINE float dp_expneg_f32(float x)
  * (t = 0) u = e / (2 + e) keeps the result accurate in relative terms. Below e = 2^-52
  * (2^-23) the series is 1 to the last bit, and its powers of u (up to u^16, u^4) are left out:
  * they underflow into subnormals, which x86 cores compute in microcode, ~100 cycles each
- * (the logistic kernel ran 1.25x slower on well-separated data, |z| > 44, exp(-44) = 2^-63). */
+ * (the logistic kernel ran slower on well-separated data, |z| > 44, exp(-44) = 2^-63). */
 DP_INLINE double dp_log1p01_f64(double e)
 {
     double t = e > 0.41421356237309503 ? 1.0 : 0.0;

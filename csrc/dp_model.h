@@ -23,7 +23,7 @@
  * RELU DENSE(10)], runs as four stages (two fused conv blocks, a dense stage with its ReLU, a
  * dense stage) and an MLP [DENSE(256) RELU DENSE(128) RELU DENSE(10)] as three dense stages; a
  * single DENSE(1) with the sigmoid BCE (logistic regression) takes dp_logistic_grad's one-pass
- * path in loss_grad. (_core.Network and _core.ConvNet are such lists.)
+ * path in loss_grad.
  *
  * Letters: B batch rows; a stage's in_width / out_width are the flat features per row of its
  * input and output; OUT = the model's output width (the last stage's out_width). x is
@@ -78,6 +78,7 @@
 #define DP_MODEL_H
 
 #include "dp_conv.h"
+#include "dp_pool.h"
 #include "dp_gemm.h"
 #include "dp_loss.h"     /* dp_loss */
 

@@ -35,8 +35,7 @@ DP_SGD_VEC(DP_VEC_PROTO, double, _f64)
  * DP_SGD_UNITs, at least DP_SGD_MIN_PART elements each (fewer threads for a small buffer).
  * The update is elementwise, so the bits do not depend on the split. Where a model's threads
  * computed the gradient, a step on one of them was slower than on one thread alone: half the
- * gradient sat in the other core's cache (AMD EPYC, 2 threads, the MNIST MLP's 235,146
- * float32 parameters with momentum: 72-82 us a step against 43 at 1 thread). */
+ * gradient sat in the other core's cache. */
 #define DP_SGD_UNIT 1024
 #define DP_SGD_MIN_PART 32768
 void dp_sgd_step_team_f32(dp_threads *team, float *p, float *v, const float *g, ptrdiff_t n,
@@ -47,8 +46,7 @@ void dp_sgd_step_team_f64(dp_threads *team, double *p, double *v, const double *
                           int nesterov, int first_step);
 /* memset(p, 0, n * size) (zero_grad) of n elements of `size` bytes, split the same way: each
  * thread clears the part of the gradient that its sgd_step read. On one thread, after a
- * 2-thread step, the memset had to take every line back from the other core (the MLP's
- * 0.94 MB: 42-53 us against 10 at 1 thread). */
+ * 2-thread step, the memset had to take every line back from the other core. */
 void dp_zero_team(dp_threads *team, void *p, ptrdiff_t n, size_t size);
 
 #endif

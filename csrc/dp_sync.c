@@ -1,8 +1,6 @@
 /* dp_sync.c - see dp_sync.h. */
 #include "dp_sync.h"
 
-#include "dp_buffers.h"
-
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
@@ -170,17 +168,7 @@ void dp_slice(ptrdiff_t start, ptrdiff_t stop, int rank, int n, int elem_bytes, 
     *hi = start + l1 * line < stop ? start + l1 * line : stop;
 }
 
-/* dp_allreduce_slice and the ring and tree schedules are vector kernels: their bodies are in
- * dp_buffers_tmpl.h (a build per ISA, dp_vec.h). */
-
 /* ---------------------------------------------------------------- one worker's group handle */
-
-static const char *const ALLREDUCE_NAMES[DP_ALLREDUCE_COUNT] = {"native", "ring", "tree"};
-
-const char *dp_allreduce_name(int algorithm)
-{
-    return algorithm >= 0 && algorithm < DP_ALLREDUCE_COUNT ? ALLREDUCE_NAMES[algorithm] : NULL;
-}
 
 int dp_group_barrier(dp_group *g, double *waited_s, uint32_t *code)
 {
@@ -189,62 +177,4 @@ int dp_group_barrier(dp_group *g, double *waited_s, uint32_t *code)
     int rc = dp_barrier_wait(g->barrier, &g->policy, code);
     *waited_s = dp_clock_s() - t0;
     return rc;
-}
-
-/* The handle's rules (see dp_group_allreduce_f32 in dp_sync.h). */
-static int group_valid(const dp_group *g, ptrdiff_t start, ptrdiff_t stop)
-{
-    if (g->n < 1 || g->rank < 0 || g->rank >= g->n || g->k < 1 || !g->barrier || !g->bufs ||
-        start < 0 || start > stop)
-        return 0;
-    if (g->algorithm == DP_ALLREDUCE_NATIVE) return g->out || g->k == g->n;
-    if (g->algorithm == DP_ALLREDUCE_RING) return !g->out && g->k == g->n;
-    if (g->algorithm == DP_ALLREDUCE_TREE) return !g->out && g->k == g->n && (g->scratch || start == stop);
-    return 0;
-}
-
-#define GROUP_ALLREDUCE(T, S)                                                                 \
-    int dp_group_allreduce##S(dp_group *g, ptrdiff_t start, ptrdiff_t stop, T scale,          \
-                              double *waited_s, uint32_t *code)                               \
-    {                                                                                         \
-        *waited_s = 0;                                                                        \
-        if (!group_valid(g, start, stop)) return DP_EVALUE;                                   \
-        T *const *bufs = (T *const *)g->bufs;                                                 \
-        int rc = dp_group_barrier(g, waited_s, code);     /* every buffer is complete */      \
-        if (rc) return rc;                                                                    \
-        if (g->algorithm == DP_ALLREDUCE_RING)                                                \
-            return dp_ring_allreduce##S(bufs, g->n, g->rank, start, stop, scale, g->barrier,  \
-                                        &g->policy, code);                                    \
-        if (g->algorithm == DP_ALLREDUCE_TREE)                                                \
-            return dp_tree_allreduce##S(bufs, (T *)g->scratch, g->n, g->rank, start, stop,    \
-                                        scale, g->barrier, &g->policy, code);                 \
-        ptrdiff_t lo, hi;                                                                     \
-        dp_slice(start, stop, g->rank, g->n, (int)sizeof(T), &lo, &hi);                       \
-        if (g->k == 1 && !g->out) {                                                           \
-            /* a group of one: the sum is the buffer itself, only the scale is left */        \
-            if (scale != (T)1) dp_scale##S(bufs[0] + lo, hi - lo, scale);                     \
-            return DP_OK;                                                                     \
-        }                                                                                     \
-        if (g->out)                                                                           \
-            dp_sum_buffers##S((T *)g->out, (const T *const *)bufs, g->k, lo, hi, scale);      \
-        else                                                                                  \
-            dp_allreduce_slice##S(bufs, g->k, lo, hi, scale);                                 \
-        return dp_barrier_wait(g->barrier, &g->policy, code);   /* every slice is reduced */  \
-    }
-
-GROUP_ALLREDUCE(float, _f32)
-GROUP_ALLREDUCE(double, _f64)
-
-int dp_group_allreduce_bf16(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale,
-                            double *waited_s, uint32_t *code)
-{
-    *waited_s = 0;
-    if (!group_valid(g, start, stop) || g->algorithm != DP_ALLREDUCE_NATIVE || !g->out)
-        return DP_EVALUE;
-    int rc = dp_group_barrier(g, waited_s, code);     /* every buffer is complete */
-    if (rc) return rc;
-    ptrdiff_t lo, hi;
-    dp_slice(start, stop, g->rank, g->n, (int)sizeof(uint16_t), &lo, &hi);
-    dp_sum_bf16((uint16_t *)g->out, (const uint16_t *const *)g->bufs, g->k, lo, hi, scale);
-    return dp_barrier_wait(g->barrier, &g->policy, code);   /* every slice is summed */
 }

@@ -3,27 +3,23 @@
  *
  * dp_barrier lives in the shared memory itself (it holds no pointer and no OS handle), so
  * every process that maps the segment can wait on it. Waiting spins first (a wake-up through
- * the kernel costs 40-55 us on a time-shared 2-core VM, a spin 0.1-1 us), then yields the CPU
+ * the kernel costs tens of microseconds on a time-shared VM, a spin well under one), then
+ * yields the CPU
  * (oversubscribed runs, e.g. 8 workers on 2 cores, must still progress), then sleeps on a
  * futex (Linux; a short nanosleep elsewhere). Any worker can abort the barrier: every waiter,
  * present and future, returns DP_EABORT with the code the aborter left, so one failing worker
  * stops all of them instead of leaving them in a collective forever.
  *
- * dp_allreduce_slice: after a barrier, worker r of n sums its slice of every worker's buffer
- * in rank order and writes the scaled sum back into all of them (reduce-scatter + all-gather
- * in one pass over shared memory); a second barrier publishes the result.
- *
  * dp_group: one worker's handle on a group (what a Python ShmGroup holds), and
- * dp_group_barrier / dp_group_allreduce_f32/_f64, the whole collective of one worker: arrival,
- * entry barrier, the algorithm the group was built with (native, ring or tree), exit. The
- * module only validates and releases the GIL around them; the plain-C tests run them on
- * pthreads.
+ * dp_group_barrier, a barrier of one worker: arrival, then the wait. The module only validates
+ * and releases the GIL around it; the plain-C tests run it on pthreads.
+ *
+ * Leaves out on purpose: the all-reduce over the group, its own family (dp_allreduce.h).
  */
 #ifndef DP_SYNC_H
 #define DP_SYNC_H
 
 #include "dp_common.h"
-#include "dp_vec.h"
 
 #define DP_EABORT (-10)    /* another worker aborted the group */
 #define DP_ETIMEOUT (-11)  /* the wait exceeded its timeout (the group is then aborted) */
@@ -81,50 +77,7 @@ uint32_t dp_barrier_abort_code(const dp_barrier *b);
 void dp_slice(ptrdiff_t start, ptrdiff_t stop, int rank, int n, int elem_bytes, ptrdiff_t *lo,
               ptrdiff_t *hi);
 
-/* The point-to-point all-reduce algorithms over shared memory, for comparing algorithms on one
- * machine (the same schedules as dptrain.collectives runs over MPI messages). A "message" from
- * worker q is worker q's buffer itself: the receiver reads it in place after a barrier, so a
- * step costs one barrier (alpha) plus the bytes it reads (beta). The group-wide barrier is
- * stronger than the pairwise synchronization the schedules need; with 2 to 8 workers on one
- * machine it costs the same.
- *
- * Worker `rank` of n calls it once every buffer is complete (after a barrier); it returns after
- * a final barrier, with bufs[rank][start:stop] = scale * the sum over the n buffers.
- * - ring: reduce-scatter then all-gather around the ring, 2 (n - 1) steps; part j of the range
- *   is summed along one chain and then copied, so every worker ends with identical bits.
- * - tree: recursive doubling (log2 n rounds of whole-range exchanges, partner = rank ^ mask;
- *   x + y on one side, y + x on the other: identical bits); a world that is not a power of
- *   two first folds its extra workers into the others and copies the result back to them.
- *   tmp is this worker's scratch of stop - start elements (tree only; ring may pass NULL).
- * Returns 0, or DP_EABORT / DP_ETIMEOUT from a barrier (abort code in *code).
- *
- * dp_allreduce_slice: bufs[0..k)[lo:hi] = scale * (bufs[0] + ... + bufs[k-1])[lo:hi], summed in
- * index order. */
-#define DP_SYNC_VEC(X, T, S)                                                                   \
-    X(void, dp_allreduce_slice, S, (T *const *bufs, int k, ptrdiff_t lo, ptrdiff_t hi, T scale), \
-      (bufs, k, lo, hi, scale))                                                                \
-    X(int, dp_ring_allreduce, S, (T *const *bufs, int n, int rank, ptrdiff_t start,            \
-                                  ptrdiff_t stop, T scale, dp_barrier *b,                      \
-                                  const dp_wait_policy *policy, uint32_t *code),               \
-      (bufs, n, rank, start, stop, scale, b, policy, code))                                    \
-    X(int, dp_tree_allreduce, S, (T *const *bufs, T *tmp, int n, int rank, ptrdiff_t start,    \
-                                  ptrdiff_t stop, T scale, dp_barrier *b,                      \
-                                  const dp_wait_policy *policy, uint32_t *code),               \
-      (bufs, tmp, n, rank, start, stop, scale, b, policy, code))
-
-/* The concrete symbols, for grep: dp_allreduce_slice_f32 dp_allreduce_slice_f64
- * dp_ring_allreduce_f32 dp_ring_allreduce_f64 dp_tree_allreduce_f32 dp_tree_allreduce_f64.
- * Vector kernels (dp_vec.h); their bodies are in dp_buffers_tmpl.h. */
-DP_SYNC_VEC(DP_VEC_PROTO, float, _f32)
-DP_SYNC_VEC(DP_VEC_PROTO, double, _f64)
-
 /* ---------------------------------------------------------------- one worker's group handle */
-
-/* The all-reduce algorithms of a group (see dp_ring_allreduce / dp_tree_allreduce above;
- * native: dp_allreduce_slice, or dp_sum_buffers into `out`, between two barriers). */
-enum { DP_ALLREDUCE_NATIVE, DP_ALLREDUCE_RING, DP_ALLREDUCE_TREE, DP_ALLREDUCE_COUNT };
-/* "native", "ring", "tree" (the names Python passes as algorithm=); NULL outside the range. */
-const char *dp_allreduce_name(int algorithm);
 
 /* One worker's handle on a group. The caller owns every pointer and keeps it valid. */
 typedef struct {
@@ -134,7 +87,7 @@ typedef struct {
     int n;                   /* workers in the group */
     int rank;                /* this worker, in [0, n) */
     int k;                   /* buffers: n, or any number >= 1 for native with `out` */
-    int algorithm;           /* DP_ALLREDUCE_NATIVE, _RING or _TREE */
+    int algorithm;           /* DP_ALLREDUCE_NATIVE, _RING or _TREE (dp_allreduce.h) */
     void *const *bufs;       /* k buffers (float * or double *) of one dtype and length */
     void *out;               /* NULL: the result goes into every buffer; else only here */
     void *scratch;           /* tree: this worker's scratch, as long as a buffer; else NULL */
@@ -143,25 +96,5 @@ typedef struct {
 /* Counts this worker's arrival and waits at the group's barrier; *waited_s = the seconds it
  * waited. 0, or DP_EABORT / DP_ETIMEOUT (abort code in *code). */
 int dp_group_barrier(dp_group *g, double *waited_s, uint32_t *code);
-
-/* Worker g->rank's part of an all-reduce of the group's buffers over [start, stop), every
- * worker calling it once its buffer is complete. Entry barrier (*waited_s = the seconds this
- * worker waited there for the others: arrival skew, not transfer), then the algorithm:
- * - native: this worker's slice (dp_slice) of scale * (bufs[0] + ... + bufs[k-1]), summed in
- *   buffer order, written into every buffer (dp_allreduce_slice), or only into out; a group of
- *   one buffer and no out only scales it. Then an exit barrier.
- * - ring / tree (k == n, no out; tree needs scratch): dp_ring_allreduce / dp_tree_allreduce,
- *   every buffer then holds the same bits (summed in another order than native's).
- * Returns 0; DP_EABORT / DP_ETIMEOUT from a barrier (abort code in *code); DP_EVALUE for a
- * handle that breaks the rules above (nothing waited for, nothing written). */
-int dp_group_allreduce_f32(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale,
-                           double *waited_s, uint32_t *code);
-int dp_group_allreduce_f64(dp_group *g, ptrdiff_t start, ptrdiff_t stop, double scale,
-                           double *waited_s, uint32_t *code);
-/* The same for bfloat16 buffers (uint16_t, dp_buffers.h) and a bfloat16 out: native with
- * out only (DP_EVALUE otherwise); out[slice] = bfloat16(scale * the float sum of the buffers
- * widened, in buffer order) (dp_sum_bf16): half the bytes of a float all-reduce both ways. */
-int dp_group_allreduce_bf16(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale,
-                            double *waited_s, uint32_t *code);
 
 #endif

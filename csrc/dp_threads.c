@@ -96,18 +96,14 @@ static inline void cpu_relax(void)
  * it sleeps on the condition variable: long enough to span the gaps between one step's
  * kernels (bias, activation, loss: tens of microseconds), short enough not to hold a core for
  * long once the step is over. A wake-up from the condition variable costs tens of microseconds
- * under a hypervisor: on a 2-vCPU AVX-512 Xeon the MLP 784-256-128-10 step (batch 128) took
- * 1.20 ms at 2 threads against 1.06 at 1 with a 20,000-iteration spin (about 10 us there),
- * 0.74-0.80 ms with a spin of up to 200 us. Measured in time, not iterations, so that it does
+ * under a hypervisor: with a spin of about 10 us the MLP step ran slower at 2 threads than at
+ * 1, with a spin of up to 200 us faster. Measured in time, not iterations, so that it does
  * not depend on the CPU's speed or its pause instruction's latency.
  * Spinning hurts where threads outnumber cores: a spinning thread holds the core that the
- * thread it waits for needs (the same step at 2 threads pinned to one CPU: 2.92 ms with a
- * 200 us spin, 1.13 with 2 us; 2 workers x 2 threads on the 2 vCPUs, MNIST MLP: 2.76 ms a step
- * with a fixed 200 us spin, 0.97 with the old 10 us). So the spin adapts: a wait that outlasts
- * it halves it (down to DP_THREADS_SPIN_MIN_NS), a wait that ends while spinning doubles it
- * (up to DP_THREADS_SPIN_NS); it starts at the maximum, or at DP_THREADS_SPIN_OVERSUBSCRIBED_NS
- * where the team has more threads than the CPUs this process may run on. With it: 2 workers x
- * 2 threads 1.02 ms (thread backend) and 0.85 (process), one worker at 2 threads 0.74 ms. */
+ * thread it waits for needs. So the spin adapts: a wait that outlasts it halves it (down to
+ * DP_THREADS_SPIN_MIN_NS), a wait that ends while spinning doubles it (up to
+ * DP_THREADS_SPIN_NS); it starts at the maximum, or at DP_THREADS_SPIN_OVERSUBSCRIBED_NS where
+ * the team has more threads than the CPUs this process may run on. */
 #define DP_THREADS_SPIN_NS 200000
 #define DP_THREADS_SPIN_OVERSUBSCRIBED_NS 2000
 #define DP_THREADS_SPIN_MIN_NS 1000

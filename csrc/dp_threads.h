@@ -1,6 +1,6 @@
 /* dp_threads.h - a small fork-join team of pthreads for intra-worker parallelism (the threads
  * one worker's kernels split a GEMM or a batch over; not the data-parallel workers, and
- * nothing to do with max-pooling, which is dp_maxpool2_* in dp_conv.h).
+ * nothing to do with max-pooling, which is dp_maxpool2_* in dp_pool.h).
  *
  * dp_threads_run(team, n, fn, arg) calls fn(arg, t, n) for t = 0..n-1, t = 0 on the calling
  * thread, and returns when all have finished. The team is owned by one context (one Python

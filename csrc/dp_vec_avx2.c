@@ -13,9 +13,12 @@
 #endif
 
 #include "dp_act.c"
+#include "dp_allreduce.c"
 #include "dp_buffers.c"
 #include "dp_conv.c"
+#include "dp_pool.c"
 #include "dp_loss.c"
+#include "dp_gemm_gemv.c"   /* after dp_loss.c: see dp_gemm_gemv_tmpl.h */
 #include "dp_sgd.c"
 
 #if defined(__clang__)

@@ -11,12 +11,15 @@
  *
  *   module.c        the module: state, multi-phase init, the types and the exception
  *   mod_common.c    these helpers
- *   mod_kernels.c   the module-level functions (gemm, dense, losses, sgd_step, conv2d, ...)
+ *   mod_kernels.c   the module-level functions that run a kernel (gemm, dense, losses,
+ *                   sgd_step, conv2d, ...)
+ *   mod_build.c     the build and the CPU (build_info, cpu_features, fma_peak, isa, set_isa,
+ *                   set_bf16_dot, set_bf16_amx)
  *   mod_context.c   Context (threads and scratch the kernels can reuse between calls)
- *   mod_network.c   Network and ConvNet (the fused training paths) and param_count
+ *   mod_model.c     Model (the fused training path of any layer list) and model_plan
  *   mod_group.c     ShmGroup and the group control-block functions (GroupAborted's raiser)
  *
- * Objects that own scratch (Context, Network, ConvNet) carry a lock taken without the GIL, so
+ * Objects that own scratch (Context, Model) carry a lock taken without the GIL, so
  * two Python threads sharing one object serialize instead of corrupting its buffers; threads
  * with their own objects run in parallel. No file-scope state is mutable: the types and the
  * exception live in the module state (as CPython's Modules/xxlimited.c does).
@@ -44,8 +47,6 @@
 /* Created in module.c's exec slot, visited and cleared there; one per module object. */
 typedef struct {
     PyTypeObject *context_type;      /* dptrain._core.Context */
-    PyTypeObject *network_type;      /* dptrain._core.Network */
-    PyTypeObject *convnet_type;      /* dptrain._core.ConvNet */
     PyTypeObject *model_type;        /* dptrain._core.Model */
     PyTypeObject *shmgroup_type;     /* dptrain._core.ShmGroup */
     PyObject *group_aborted;         /* dptrain._core.GroupAborted(RuntimeError) */
@@ -91,7 +92,7 @@ int check_same_dtype(PyArrayObject *a, const char *name, PyArrayObject *ref, con
 /* An output must not share memory with an input it is computed from (in may be NULL). */
 int check_no_overlap(PyArrayObject *out, const char *out_name, PyArrayObject *in, const char *in_name);
 
-/* An array an object holds between calls (a network's params and grads, a group's buffers).
+/* An array an object holds between calls (a model's params and grads, a group's buffers).
  * NumPy lets Python re-type (`a.dtype = ...`), re-shape or re-size (`a.resize(...,
  * refcheck=False)`), and on NumPy 1.x re-point (`a.data = ...`) an array in place, so what
  * was validated when the object was built is checked again on every call that uses it: the
@@ -119,8 +120,7 @@ int check_held(const held_array *h, const char *owner, const char *name);
  * NULL-terminated. The same TypeErrors for too many, missing, unknown or repeated arguments.
  * 0, or -1 with the exception set. Why not PyArg_ParseTupleAndKeywords: with METH_KEYWORDS,
  * CPython builds a tuple and a dict for each call, and the parser a str for each name it looks
- * up: half of a small GEMM's call cost (a 1x1x1 gemm with keywords and a Context, AMD EPYC
- * Zen 4: 0.79-0.80 -> 0.38-0.39 us a call). */
+ * up: half of a small GEMM's call cost. */
 int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *format,
                const char *const *kwlist, ...);
 /* The flags and the cast of a function parse_args parses for */
@@ -152,12 +152,14 @@ typedef struct {
  * ref_name): it would silently compute in full precision. */
 int get_ctx(PyObject *module, PyObject *obj, PyArrayObject *ref, const char *ref_name,
             ContextObject **out);
-/* The threads of a kernel that takes no packing buffers (sgd_step): a Context's, or a Model's,
- * Network's or ConvNet's (the team that computed its gradient), with the object's lock;
- * None (or NULL): no team, no lock. Anything else is a TypeError naming its type, one of
- * these whose __init__ failed a RuntimeError. (mod_network.c, which knows the network
- * objects.) */
+/* The threads of a kernel that takes no packing buffers (sgd_step, zero_): a Context's, or a
+ * Model's (the team that computed its gradient), with the object's lock; None (or NULL): no
+ * team, no lock. Anything else is a TypeError naming its type, one of these whose __init__
+ * failed a RuntimeError. (mod_context.c) */
 int get_team(PyObject *module, PyObject *obj, dp_threads **team, PyThread_type_lock *lock);
+/* A Model's team and lock into *team and *lock; 0 (and nothing written) when the Model is
+ * not initialized, else 1. (mod_model.c, which knows the object) */
+int model_team(PyObject *model, dp_threads **team, PyThread_type_lock *lock);
 /* gemm_inputs=... of Context and Model: None or the params' dtype name -> 0; "bfloat16" ->
  * 1 (refused, naming the dtype, unless f32 is 1 or -1: not known yet). */
 int parse_gemm_inputs(PyObject *obj, int f32, int *bf16);
@@ -179,17 +181,16 @@ int parse_gemm_inputs(PyObject *obj, int f32, int *bf16);
 
 /* Module-level functions, added by module.c's exec slot (PyModule_AddFunctions). */
 extern PyMethodDef mod_kernels_functions[];
-extern PyMethodDef mod_network_functions[];     /* mod_network.c: param_count, model_plan */
+extern PyMethodDef mod_build_functions[];       /* mod_build.c: the build and the CPU */
+extern PyMethodDef mod_model_functions[];       /* mod_model.c: model_plan */
 extern PyMethodDef mod_group_functions[];       /* mod_group.c: the control-block functions */
 /* DPTRAIN_ISA, read once at import: selects the kernels' ISA; -1 with ValueError when it names
  * no ISA or one the CPU lacks (the import fails with that message). */
-int mod_isa_from_env(void);     /* mod_kernels.c */
+int mod_isa_from_env(void);     /* mod_build.c */
 
 /* Type specs, built by module.c's exec slot (PyType_FromModuleAndSpec) into core_state. */
 extern PyType_Spec mod_context_spec;            /* mod_context.c */
-extern PyType_Spec mod_network_spec;            /* mod_network.c */
-extern PyType_Spec mod_convnet_spec;            /* mod_network.c */
-extern PyType_Spec mod_model_spec;              /* mod_network.c */
+extern PyType_Spec mod_model_spec;              /* mod_model.c */
 extern PyType_Spec mod_shmgroup_spec;           /* mod_group.c */
 
 #endif

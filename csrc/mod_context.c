@@ -2,10 +2,35 @@
  * a dp_ctx, plus the convolutions' im2col buffer, kept between calls. A module-level kernel
  * given ctx=... splits its work over the context's threads and reuses its scratch instead of
  * allocating its own (get_ctx in mod_common.c checks the argument; the object's struct is in
- * mod_common.h because every kernel binding reads it).
+ * mod_common.h because every kernel binding reads it). get_team: the thread team of a ctx=...
+ * argument that may also be a Model (the SGD step's and zero_'s).
  * Leaves out on purpose: pickling (a context is scratch; it is not picklable).
  */
 #include "mod_common.h"
+
+int get_team(PyObject *module, PyObject *obj, dp_threads **team, PyThread_type_lock *lock)
+{
+    core_state *st = module_state(module);
+    *team = NULL;
+    *lock = NULL;
+    if (!obj || obj == Py_None) return 0;
+    int ready;
+    if (PyObject_TypeCheck(obj, st->context_type)) {
+        ready = ((ContextObject *)obj)->ready;
+        if (ready) *team = ((ContextObject *)obj)->ctx.team, *lock = ((ContextObject *)obj)->lock;
+    } else if (PyObject_TypeCheck(obj, st->model_type)) {
+        ready = model_team(obj, team, lock);
+    } else {
+        PyErr_Format(PyExc_TypeError, "ctx must be a dptrain._core.Context, Model or None, got %s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (!ready) {
+        PyErr_Format(PyExc_RuntimeError, "ctx: this %s is not initialized", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    return 0;
+}
 
 static int Context_init(ContextObject *self, PyObject *args, PyObject *kwds)
 {

@@ -2,8 +2,8 @@
  * memory (threads of one process, or processes mapping one segment), and the functions of the
  * group's control block (group_control_bytes, init_group_control, abort_group_control).
  *
- * The collective itself is plain C (dp_group_barrier and dp_group_allreduce_f32/_f64 in
- * dp_sync.c); this file validates the arrays once when the group is built, re-checks them on
+ * The collective itself is plain C (dp_group_barrier in dp_sync.c, dp_allreduce_f32 / _f64 /
+ * _bf16 in dp_allreduce.c); this file validates the arrays once when the group is built, re-checks them on
  * every call (Python can move, re-type or resize an array in place), releases the GIL around
  * the call and turns its code into an exception: an abort raises the module's GroupAborted
  * ("group aborted", code), a timeout a TimeoutError naming the ranks that did not arrive.
@@ -15,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "dp_allreduce.h"
 #include "dp_sync.h"
 
 typedef struct {
@@ -351,10 +352,10 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *const *args,
     double waited = 0;
     int rc;
     if (self->btype == NPY_UINT16)
-        WITHOUT_GIL(rc = dp_group_allreduce_bf16(&self->g, start, stop, (float)scale, &waited, &code));
+        WITHOUT_GIL(rc = dp_allreduce_bf16(&self->g, start, stop, (float)scale, &waited, &code));
     else if (self->btype == NPY_FLOAT32)
-        WITHOUT_GIL(rc = dp_group_allreduce_f32(&self->g, start, stop, (float)scale, &waited, &code));
-    else WITHOUT_GIL(rc = dp_group_allreduce_f64(&self->g, start, stop, scale, &waited, &code));
+        WITHOUT_GIL(rc = dp_allreduce_f32(&self->g, start, stop, (float)scale, &waited, &code));
+    else WITHOUT_GIL(rc = dp_allreduce_f64(&self->g, start, stop, scale, &waited, &code));
     if (rc) return group_error(self, rc, code, "allreduce");
     /* the wait at the entry barrier: this worker waiting for the slowest one (arrival skew),
      * not transfer */

@@ -23,8 +23,6 @@ static int core_exec(PyObject *m)
         return -1;
     struct { PyTypeObject **slot; PyType_Spec *spec; } types[] = {
         {&st->context_type, &mod_context_spec},
-        {&st->network_type, &mod_network_spec},
-        {&st->convnet_type, &mod_convnet_spec},
         {&st->model_type, &mod_model_spec},
         {&st->shmgroup_type, &mod_shmgroup_spec},
     };
@@ -32,7 +30,8 @@ static int core_exec(PyObject *m)
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(m, types[i].spec, NULL);
         if (!*types[i].slot || PyModule_AddType(m, *types[i].slot) < 0) return -1;
     }
-    PyMethodDef *functions[] = {mod_kernels_functions, mod_network_functions, mod_group_functions};
+    PyMethodDef *functions[] = {mod_kernels_functions, mod_build_functions, mod_model_functions,
+                              mod_group_functions};
     for (size_t i = 0; i < sizeof functions / sizeof functions[0]; i++)
         if (PyModule_AddFunctions(m, functions[i]) < 0) return -1;
     return 0;
@@ -42,8 +41,6 @@ static int core_traverse(PyObject *m, visitproc visit, void *arg)
 {
     core_state *st = module_state(m);
     Py_VISIT(st->context_type);
-    Py_VISIT(st->network_type);
-    Py_VISIT(st->convnet_type);
     Py_VISIT(st->model_type);
     Py_VISIT(st->shmgroup_type);
     Py_VISIT(st->group_aborted);
@@ -54,8 +51,6 @@ static int core_clear(PyObject *m)
 {
     core_state *st = module_state(m);
     Py_CLEAR(st->context_type);
-    Py_CLEAR(st->network_type);
-    Py_CLEAR(st->convnet_type);
     Py_CLEAR(st->model_type);
     Py_CLEAR(st->shmgroup_type);
     Py_CLEAR(st->group_aborted);

@@ -39,8 +39,9 @@ class SGD:
 
     ``SGD(model, lr, momentum=0.9, dampening=0, weight_decay=0, nesterov=False)``;
     ``step()`` updates ``model.params`` from ``model.grads`` and keeps the momentum in
-    ``model.velocity``, with torch.optim.SGD's semantics (see the module docstring). Bad
-    hyper-parameters raise ValueError naming the value (see ``check``).
+    ``model.velocity``, with torch.optim.SGD's semantics (see the module docstring), split over
+    the threads of ``model.context`` where the model has one. Bad hyper-parameters raise
+    ValueError naming the value (see ``check``).
     """
 
     def __init__(self, model, lr: float, *, momentum: float = 0.0, dampening: float = 0.0,
@@ -76,15 +77,13 @@ class SGD:
         """One update of model.params from model.grads (or ``grads``, a buffer of the same
         layout); lr overrides the default, e.g. for a schedule."""
         m = self.model
-        # a dptrain model's own threads (the ones that computed its gradient) share the step
-        net = getattr(m, "_net", None)
-        if not isinstance(net, (_core.Model, _core.Network, _core.ConvNet)):
-            net = None
+        # the threads that computed the gradient share the step: the model's `context` (what
+        # _core.sgd_step takes as ctx: a dptrain model's C engine), None where it has none
         _core.sgd_step(m.params, m.grads if grads is None else grads, m.velocity,
                        lr=self.lr if lr is None else float(lr),
                        momentum=self.momentum, dampening=self.dampening,
                        weight_decay=self.weight_decay, nesterov=self.nesterov,
-                       first_step=self.steps == 0, ctx=net)
+                       first_step=self.steps == 0, ctx=getattr(m, "context", None))
         self.steps += 1
 
     def config(self) -> dict:

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+# tests/_core_helpers.py, which the C core's test files import (with --import-mode=importlib
+# pytest puts no test folder on sys.path itself)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 JOIN_TIMEOUT_S = 60  # a deadlocked thread fails the test instead of hanging the run
 
 

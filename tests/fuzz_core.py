@@ -40,8 +40,8 @@ depend on --jobs.
 
 Left out on purpose: timing-dependent interleavings (two threads interleave by hand-off, in
 an order drawn from the case's generator, so a case replays), writes into a ShmGroup control
-block (the shared protocol memory is the callers' to keep), NaN/inf in the input of a ConvNet
-or a Model with a conv layer (see make_batch), and the speed of anything.
+block (the shared protocol memory is the callers' to keep), NaN/inf in the input of a Model
+with a conv layer (see make_batch), and the speed of anything.
 """
 import argparse
 import collections
@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dptrain import _core as core
+from _core_helpers import conv_blocks, dense_stack
 from dptrain import reference as ref
 
 ALLOWED_ERRORS = (TypeError, ValueError, IndexError, RuntimeError, OverflowError, MemoryError)
@@ -321,7 +322,7 @@ ARRAY_MUTATORS = {
     "F": [(3, m_array_dtype), (2, m_array_ndim), (3, m_array_shape), (4, m_array_layout),
           (2, m_not_array), (2, m_special_values)],
     "Fq": [(3, m_array_dtype), (2, m_array_ndim), (3, m_array_shape), (4, m_array_layout),
-           (2, m_not_array)],                   # floats that must stay finite (a ConvNet's x)
+           (2, m_not_array)],                   # floats that must stay finite (x of a conv model)
     "L": [(3, m_array_dtype), (1, m_array_ndim), (2, m_array_shape), (2, m_array_layout),
           (1, m_not_array), (4, lambda rng, a: m_int_values(rng, a, BAD_LABELS))],
     "I": [(3, m_array_dtype), (1, m_array_ndim), (2, m_array_shape), (2, m_array_layout),
@@ -452,7 +453,7 @@ class CaseOver(Exception):
 
 @dataclass
 class Call:
-    label: str                 # the public name: "gemm", "Network.loss_grad", ...
+    label: str                 # the public name: "gemm", "Model.loss_grad", ...
     fn: object
     args: list
     oracle: object             # oracle(before, *args, **kwargs) -> Expect; raises: refuses
@@ -658,7 +659,7 @@ def describe(v, full=False):
     if isinstance(v, (list, tuple)) and any(isinstance(x, np.ndarray) for x in v):
         body = ", ".join(describe(x, full) for x in v[:6]) + (", ..." if len(v) > 6 else "")
         return ("[%s]" if isinstance(v, list) else "(%s)") % body
-    if isinstance(v, (core.Context, core.Network, core.ConvNet, core.Model, core.ShmGroup)):
+    if isinstance(v, (core.Context, core.Model, core.ShmGroup)):
         return f"<{type(v).__name__}#{id(v) % 10000:04d}>"
     return short(v, 200 if full else 60)
 
@@ -1379,7 +1380,7 @@ def build_gather_rows(rng, fz):
 
 
 def oracle_gather_rows(before, x, index, out):
-    """The contract (docs/core_api.md, no twin in reference.py): out[i] = x[index[i]]."""
+    """The contract (docs/core_api.md, no twin in dptrain.reference): out[i] = x[index[i]]."""
     for name, a in (("x", x), ("index", index), ("out", out)):
         if not isinstance(a, np.ndarray):
             raise Refuse(f"{name} must be an array")
@@ -1401,7 +1402,7 @@ def build_zero(rng, fz):
         oracle_zero)
 
 
-def oracle_zero(before, buf, /):
+def oracle_zero(before, buf):
     if not (isinstance(buf, np.ndarray) and buf.dtype in FLOATS and buf.flags.writeable):
         raise Refuse("buf must be a writeable float32 or float64 array")
     buf[...] = 0
@@ -1503,17 +1504,6 @@ def build_maxpool_backward(rng, fz):
 def oracle_maxpool2_backward(before, dy, idx, dx):
     ref.maxpool2_backward(dy, idx, dx)
     return Expect(exact=True)
-
-
-def build_param_count(rng, fz):
-    sizes = [int(rng.integers(1, 50)) for _ in range(int(rng.integers(2, 6)))]
-    form = pick(rng, ("list", "tuple", "array"))
-    value = tuple(sizes) if form == "tuple" else np.array(sizes) if form == "array" else sizes
-    return Call("param_count", core.param_count, [Arg("sizes", value, "sizes")], oracle_param_count)
-
-
-def oracle_param_count(before, sizes, /):
-    return Expect(ret=ref.n_params(sizes))
 
 
 BUILD_INFO_KEYS = {"isa", "isas_available", "simd", "compiler", "dtypes", "bfloat16_gemm",
@@ -1914,9 +1904,11 @@ def hostile_layers(rng, call, p):
 
 
 def build_model_plan(rng, fz):
-    cfg = model_config(rng)
+    """The plan of a random layer list, or now and then of a dense stack of widths up to 49
+    (what the retired param_count counted), its input shape a list, a tuple or an array."""
+    cfg = model_config(rng) if rng.random() < 0.8 else dense_stack_config(rng, widths=(1, 50))
     omit_loss = cfg["loss"] == "softmax_xent" and rng.random() < 0.5
-    shape = pick(rng, (list, tuple))(cfg["input_shape"])
+    shape = pick(rng, (list, tuple, np.array))(cfg["input_shape"])
     call = Call("model_plan", core.model_plan, [
         Arg("layers", cfg["layers"], "layers"), Arg("input_shape", shape, "sizes"),
         Arg("loss", cfg["loss"], "s", keyword=rng.random() < 0.5, omit=omit_loss)], oracle_model_plan)
@@ -1958,7 +1950,6 @@ SPECS = {
         rng, fz, "conv2d_backward_naive", core.conv2d_backward_naive, True),
     "maxpool2_forward": build_maxpool_forward,
     "maxpool2_backward": build_maxpool_backward,
-    "param_count": build_param_count,
     "model_plan": build_model_plan,
     "build_info": build_build_info,
     "isa": build_isa,
@@ -1982,7 +1973,7 @@ def function_case(name):
 
 
 # =======================================================================================
-# Network, ConvNet and Model: a model of the object, its oracles, and random method sequences
+# Model: a model of the object, its oracles, and random method sequences
 
 
 def index_int(v, name):
@@ -1997,7 +1988,7 @@ def index_int(v, name):
 
 
 def check_flat(before, params, grads, n):
-    """params and grads of a Network/ConvNet/Model: 1-D, one float dtype, n long, grads writeable,
+    """params and grads of a Model: 1-D, one float dtype, n long, grads writeable,
     and (on the originals) no shared memory."""
     for name, a in (("params", params), ("grads", grads)):
         if not (isinstance(a, np.ndarray) and a.dtype in FLOATS and a.shape == (n,)):
@@ -2012,16 +2003,6 @@ def check_flat(before, params, grads, n):
 def check_threads(threads):
     if not 1 <= index_int(threads, "threads") <= MAX_THREADS:
         raise Refuse(f"threads must be in [1, {MAX_THREADS}]")
-
-
-def oracle_network(before, sizes, loss, params, grads, *, threads=1):
-    sizes = tuple(index_int(s, "sizes[i]") for s in sizes)
-    if not 2 <= len(sizes) <= 17 or not isinstance(loss, str):
-        raise Refuse("sizes has 2..17 entries, loss is a str")
-    ref._check_network(sizes, loss, params, np.zeros((0, sizes[0])))
-    check_flat(before, params, grads, ref.n_params(sizes))
-    check_threads(threads)
-    return Expect(ret_check=lambda net: None if isinstance(net, core.Network) else "not a Network")
 
 
 def check_gemm_inputs(gemm_inputs, dtype=None):
@@ -2053,27 +2034,6 @@ def oracle_model(before, layers, input_shape, loss, params, grads, *, threads=1,
     return Expect(ret_check=check)
 
 
-def dense_layers(widths):
-    """A Network's layer list: dense layers of these widths, ReLU between them."""
-    return [spec for i, w in enumerate(widths) for spec in ((["relu"] if i else []) + [("dense", w)])]
-
-
-def oracle_convnet(before, input_shape, channels, dense, params, grads, *, kernel=3, padding=0,
-                   threads=1):
-    lists = [list(v) for v in (input_shape, channels, dense)]
-    if any(type(i) not in (int, bool) for v in lists for i in v):
-        raise Refuse("input_shape, channels and dense hold Python ints")
-    if len(lists[0]) != 3 or not 1 <= len(lists[1]) <= 8 or not 1 <= len(lists[2]) <= 8:
-        raise Refuse("input_shape (C, H, W), 1..8 channels, 1..8 dense widths")
-    kernel, padding = index_int(kernel, "kernel"), index_int(padding, "padding")
-    if any(v > 2 ** 31 - 1 for v in lists[0] + lists[1] + lists[2]):
-        raise Refuse("a size does not fit a C int")
-    n = ref.cnn_n_params(*lists, kernel, padding)
-    check_flat(before, params, grads, n)
-    check_threads(threads)
-    return Expect(ret_check=lambda net: None if isinstance(net, core.ConvNet) else "not a ConvNet")
-
-
 @dataclass
 class Sweep:
     """A backward sweep in progress: the batch of its forward_loss and the next layer."""
@@ -2085,83 +2045,45 @@ class Sweep:
 
 
 class NetModel:
-    """What a Network, ConvNet or Model must do, from dptrain.reference: its held arrays as
-    viewed at construction (so re-typing them in place changes nothing the object may do),
-    its layer list's model_plan, and, per thread, the backward sweep in progress (None) and
-    whether that is certain. A Model with loss 'mse' takes (B, OUT) targets where the others
-    take labels."""
+    """What a Model must do, from dptrain.reference: its held arrays as viewed at construction
+    (so re-typing them in place changes nothing the object may do), its layer list's
+    model_plan, and, per thread, the backward sweep in progress (None) and whether that is
+    certain. A Model with loss 'mse' takes (B, OUT) targets where the others take labels."""
 
-    def __init__(self, cls, cfg, params, grads, threads):
-        self.cls, self.cfg, self.threads = cls, cfg, threads
-        self.name = cls.__name__
+    def __init__(self, cfg, params, grads, threads):
+        self.cfg, self.threads = cfg, threads
+        self.name = "Model"
         self.params, self.grads = params, grads            # the objects the net holds
         self.params_view, self.grads_view = params.view(), grads.view()
         self.dtype = params.dtype
-        self.x_kind = "F" if cls is core.Network else "Fq"     # see make_batch
+        self.x_kind = "Fq"                                  # see make_batch
         self.labels_kind = "L"
         self.x_style = "quant"
-        if cls is core.Network:
-            sizes = cfg["sizes"]
-            self.in_width, self.out_width = sizes[0], sizes[-1]
-            self.classes = 2 if cfg["loss"] == "sigmoid_bce" else sizes[-1]
-            layers = ref.unflatten(sizes, np.arange(ref.n_params(sizes)))
-            self.plan = ref.model_plan(dense_layers(sizes[1:]), sizes[:1], cfg["loss"])
-        elif cls is core.Model:
-            self.plan = plan = ref.model_plan(cfg["layers"], cfg["input_shape"], cfg["loss"])
-            self.in_width, self.out_width = math.prod(plan["input_shape"]), math.prod(plan["shapes"][-1])
-            self.classes = {"softmax_xent": self.out_width, "sigmoid_bce": 2, "mse": 0}[cfg["loss"]]
-            kinds = [spec[0] for spec in plan["layers"]]
-            if "conv" not in kinds:
-                self.x_kind = "F"
-            # quantized inputs keep the sums exact, so that equal values in a pooling window
-            # are equal in both; after tanh, sigmoid or GELU they are not, and the C core and
-            # NumPy may round two equal values apart (a tie either argmax serves): inputs
-            # drawn from a continuum leave no such ties
-            last_pool = max((i for i, kind in enumerate(kinds) if kind == "maxpool2"), default=0)
-            if {"tanh", "sigmoid", "gelu"} & set(kinds[:last_pool]):
-                self.x_style = "normal"
-            if cfg["loss"] == "mse":
-                self.labels_kind = "F"
-            layers = [(np.arange(e["weight"], e["bias"]), np.arange(e["bias"], e["bias"] + e["bias_shape"][0]))
-                      for e in plan["params"]]
-        else:
-            c = cfg
-            widths = ref.cnn_sizes(c["input_shape"], c["channels"], c["dense"], c["kernel"], c["padding"])
-            self.in_width, self.out_width = widths[0], widths[-1]
-            self.classes = widths[-1]
-            layers = ref.cnn_unflatten(c["input_shape"], c["channels"], c["dense"],
-                                       np.arange(ref.cnn_n_params(c["input_shape"], c["channels"], c["dense"],
-                                                                  c["kernel"], c["padding"])),
-                                       c["kernel"], c["padding"])
-            convs = [(("conv", oc, c["kernel"], c["padding"]), "relu", "maxpool2") for oc in c["channels"]]
-            self.plan = ref.model_plan([spec for block in convs for spec in block] + ["flatten"] +
-                                       dense_layers(c["dense"]), c["input_shape"])
-        self.ranges = [(int(w.reshape(-1)[0]) if w.size else int(b[0]), int(b[-1]) + 1) for w, b in layers]
-        self.n_layers = len(layers)
+        self.plan = plan = ref.model_plan(cfg["layers"], cfg["input_shape"], cfg["loss"])
+        self.in_width, self.out_width = math.prod(plan["input_shape"]), math.prod(plan["shapes"][-1])
+        self.classes = {"softmax_xent": self.out_width, "sigmoid_bce": 2, "mse": 0}[cfg["loss"]]
+        kinds = [spec[0] for spec in plan["layers"]]
+        if "conv" not in kinds:
+            self.x_kind = "F"
+        # quantized inputs keep the sums exact, so that equal values in a pooling window
+        # are equal in both; after tanh, sigmoid or GELU they are not, and the C core and
+        # NumPy may round two equal values apart (a tie either argmax serves): inputs
+        # drawn from a continuum leave no such ties
+        last_pool = max((i for i, kind in enumerate(kinds) if kind == "maxpool2"), default=0)
+        if {"tanh", "sigmoid", "gelu"} & set(kinds[:last_pool]):
+            self.x_style = "normal"
+        if cfg["loss"] == "mse":
+            self.labels_kind = "F"
+        self.ranges = [(e["weight"], e["bias"] + e["bias_shape"][0]) for e in plan["params"]]
+        self.n_layers = len(self.ranges)
         self.sweeps = {}              # thread -> [Sweep or None, uncertain]
         self.notes = []               # state worth naming in a failure's tags
 
     # -- the reference ------------------------------------------------------------------
-    # reference.cnn_* cannot take an empty batch (h.reshape(0, -1) raises): the results of
-    # one are known, so the ConvNet's are filled in here
-    def empty(self, x):
-        return self.cls is core.ConvNet and len(x) == 0
-
     def ref_loss_grad(self, x, labels, grad_scale):
         g = np.zeros_like(self.params_view)
-        if self.empty(x):
-            ref._check_labels(labels, 0, self.classes)
-            return 0.0, 0, g
         p = self.params_view.copy()
-        if self.cls is core.Network:
-            loss, correct = ref.mlp_loss_grad(self.cfg["sizes"], self.cfg["loss"], p, g, x, labels,
-                                              grad_scale)
-        elif self.cls is core.Model:
-            loss, correct = ref.model_loss_grad(*self.model_args(), p, g, x, labels, grad_scale)
-        else:
-            c = self.cfg
-            loss, correct = ref.cnn_loss_grad(c["input_shape"], c["channels"], c["dense"], p, g, x, labels,
-                                              grad_scale, kernel=c["kernel"], padding=c["padding"])
+        loss, correct = ref.model_loss_grad(*self.model_args(), p, g, x, labels, grad_scale)
         return loss, correct, g
 
     def model_args(self):
@@ -2169,57 +2091,21 @@ class NetModel:
 
     def ref_logits(self, x):
         out = np.empty((len(x), self.out_width), self.dtype)
-        p = self.params_view.copy()
-        if self.empty(x):
-            return out
-        if self.cls is core.Network:
-            ref.mlp_logits(self.cfg["sizes"], p, x, out)
-        elif self.cls is core.Model:
-            ref.model_logits(*self.model_args(), p, x, out)
-        else:
-            c = self.cfg
-            ref.cnn_logits(c["input_shape"], c["channels"], c["dense"], p, x, out, kernel=c["kernel"],
-                           padding=c["padding"])
+        ref.model_logits(*self.model_args(), self.params_view.copy(), x, out)
         return out
 
     def magnitude(self, x):
-        """The size of the terms that make the outputs, for tolerances: a Model's outputs on
-        |params| and |x| (no layer's output is larger than its output on |input|, and the
-        nonlinear ones carry their error along, so this bounds what rounding can do where the
-        outputs cancel); the others' |outputs| (their quantized sums are exact)."""
-        if self.cls is not core.Model:
-            return np.abs(self.ref_logits(x))
+        """The size of the terms that make the outputs, for tolerances: the outputs on |params|
+        and |x| (no layer's output is larger than its output on |input|, and the nonlinear
+        ones carry their error along, so this bounds what rounding can do where the outputs
+        cancel)."""
         finite = lambda a: np.where(np.isfinite(a), np.abs(a), 0).astype(a.dtype)
         out = np.empty((len(x), self.out_width), self.dtype)
         ref.model_logits(*self.model_args(), finite(self.params_view), finite(x), out)
         return out
 
-    def abs_logits(self, x):
-        """The outputs on |params| and |x| (finite entries only): a bound on the size of the
-        terms every output sums."""
-        finite = lambda a: np.where(np.isfinite(a), np.abs(a), 0).astype(a.dtype)
-        out = np.empty((len(x), self.out_width), self.dtype)
-        p = finite(self.params_view)
-        if self.cls is core.Network:
-            ref.mlp_logits(self.cfg["sizes"], p, finite(x), out)
-        else:
-            c = self.cfg
-            ref.cnn_logits(c["input_shape"], c["channels"], c["dense"], p, finite(x), out,
-                           kernel=c["kernel"], padding=c["padding"])
-        return out
-
     def ref_evaluate(self, x, labels):
-        p = self.params_view.copy()
-        if self.empty(x):
-            ref._check_labels(labels, 0, self.classes)
-            return 0.0, 0
-        if self.cls is core.Network:
-            return ref.mlp_evaluate(self.cfg["sizes"], self.cfg["loss"], p, x, labels)
-        if self.cls is core.Model:
-            return ref.model_evaluate(*self.model_args(), p, x, labels)
-        c = self.cfg
-        return ref.cnn_evaluate(c["input_shape"], c["channels"], c["dense"], p, x, labels,
-                                kernel=c["kernel"], padding=c["padding"])
+        return ref.model_evaluate(*self.model_args(), self.params_view.copy(), x, labels)
 
     # -- the contract's checks ------------------------------------------------------------
     def check_batch(self, x, labels=None):
@@ -2279,25 +2165,15 @@ class NetModel:
         """The rows whose prediction rounding may flip: a Model's outputs are inexact (tanh,
         sigmoid, GELU), and the C core and NumPy round two equal or nearly equal ones apart
         (tanh saturates several to 1.0 in float32): top-2 gap, or |z| for one output, within
-        the tolerance of the outputs' magnitude. The others' sums of quantized values are exact,
-        except in a row holding values under 2**-60 (label bits aliased into x): there a
-        denormal term can decide the sign of an output that is otherwise 0 (-0.25 + tiny + 0.25
-        is tiny in float64, 0 in float32 summed in another order), so such a row counts when its
-        gap is within the rounding of |params| times |x|."""
+        the tolerance of the outputs' magnitude."""
         if not len(x):
             return 0
         with np.errstate(all="ignore"):
             z = self.ref_logits(x).astype(np.float64)
-            if self.cls is core.Model:
-                size = self.magnitude(x).astype(np.float64)
-                inexact = np.ones(len(x), bool)
-            else:
-                size = self.abs_logits(x).astype(np.float64)
-                a = np.abs(np.asarray(x, np.float64)).reshape(len(x), -1)
-                inexact = np.any((a > 0) & (a < 2.0 ** -60), axis=1)
+            size = self.magnitude(x).astype(np.float64)
             tol = RTOL[self.dtype] * (1 + np.where(np.isfinite(size), size, 0).max(axis=1))
             gap = np.abs(z[:, 0]) if z.shape[1] == 1 else np.diff(np.sort(z, axis=1)[:, -2:], axis=1)[:, 0]
-        return int(np.sum((gap <= tol) & inexact))
+        return int(np.sum(gap <= tol))
 
     def exact_pooling(self, x):
         """False where a pooling window may hold values that differ only below rounding, so
@@ -2322,10 +2198,10 @@ class NetModel:
             if not len(x):
                 return True
             try:
-                acts, _ = ref._model_forward(self.plan, self.params_view.copy(), np.asarray(x))
+                acts, _ = ref.model._model_forward(self.plan, self.params_view.copy(), np.asarray(x))
             except Exception:        # a batch the reference refuses: the call is checked elsewhere
                 return True
-            weights = ref._model_param_views(self.plan, self.params_view.astype(np.float64))
+            weights = ref.model._model_param_views(self.plan, self.params_view.astype(np.float64))
             for i, spec in enumerate(layers):
                 if spec[0] != "maxpool2":
                     continue
@@ -2413,12 +2289,12 @@ def net_tags(model, thread):
 def make_batch(rng, model, big_p=0.02):
     rows = pick(rng, (0, 1, 2, 3, 5, 8, 17, 33), (2, 3, 3, 2, 2, 2, 1, 1))
     if rng.random() < big_p:            # big enough that a freed copy goes back to the OS
-        rows = 200_000 if model.cls is core.Network and model.in_width <= 16 else 300
+        rows = 200_000 if model.cfg.get("dense stack") and model.in_width <= 16 else 300
     dt = model.dtype
     current = model.params.dtype
     if current != dt and rng.random() < 0.5:
         dt = current                     # the dtype the re-typed params now claim
-    # NaN/inf only in the input of a model with no conv layer (x_kind "F"): the ConvNet
+    # NaN/inf only in the input of a model with no conv layer (x_kind "F"): the conv
     # reference multiplies the conv output's last row/column, which 2x2 pooling drops, by a
     # zero gradient (NaN for a NaN input there), where the C core never computes that row (0):
     # a difference of no consequence
@@ -2622,21 +2498,13 @@ def net_getters(model):
     c = model.cfg
     g = {"params": expect_is(model.params), "grads": expect_is(model.grads),
          "threads": expect_eq(model.threads), "loss": expect_eq(c.get("loss", "softmax_xent"))}
-    if model.cls is core.Model:     # the fuzzed models compute in full precision
-        g["gemm_inputs"] = lambda got: None if got is None else f"returned {short(got)}, expected None"
+    # the fuzzed models compute in full precision
+    g["gemm_inputs"] = lambda got: None if got is None else f"returned {short(got)}, expected None"
     g["n_params"] = expect_eq(model.params_view.size)
     g["plan"] = lambda got: plan_problem(got, model.plan)
-    if model.cls is core.Network:
-        g["sizes"] = expect_eq(tuple(c["sizes"]))
-    elif model.cls is core.Model:
-        g["sizes"] = expect_eq((model.in_width, *(math.prod(s) for s in model.plan["shapes"])))
-        g["input_shape"] = expect_eq(tuple(c["input_shape"]))
-        g["n_param_layers"] = expect_eq(model.n_layers)
-    else:
-        g["sizes"] = expect_eq(ref.cnn_sizes(c["input_shape"], c["channels"], c["dense"], c["kernel"],
-                                             c["padding"]))
-        g["input_shape"] = expect_eq(tuple(c["input_shape"]))
-        g["n_conv"] = expect_eq(len(c["channels"]))
+    g["sizes"] = expect_eq((model.in_width, *(math.prod(s) for s in model.plan["shapes"])))
+    g["input_shape"] = expect_eq(tuple(c["input_shape"]))
+    g["n_param_layers"] = expect_eq(model.n_layers)
     return g
 
 
@@ -2697,84 +2565,80 @@ NET_STEPS = [(3, step_forward_loss), (4, step_backward_layer), (3, step_sweep), 
              (0.5, step_retype_x), (0.3, step_reinit)]
 
 
-def network_config(rng):
+def dense_stack_config(rng, widths=(1, 2, 5, 12)):
+    """A random dense stack (what _core.Network took): dense layers with ReLU between them, a
+    logistic regression, a binary or a softmax classifier; {layers, input_shape, loss}."""
     kind = pick(rng, ("logistic", "bce", "softmax"), (2, 1, 3))
     inp = pick(rng, (1, 3, 10, 16))
-    hidden = [pick(rng, (1, 2, 5, 12)) for _ in range(int(rng.integers(1, 3)))]
+    if len(widths) == 2:                # a range of widths
+        hidden = [int(rng.integers(*widths)) for _ in range(int(rng.integers(1, 3)))]
+    else:
+        hidden = [pick(rng, widths) for _ in range(int(rng.integers(1, 3)))]
     if kind == "logistic":
-        return {"sizes": (inp, 1), "loss": "sigmoid_bce"}
-    if kind == "bce":
-        return {"sizes": (inp, *hidden, 1), "loss": "sigmoid_bce"}
-    return {"sizes": (inp, *hidden[:int(rng.integers(0, 3))], int(rng.integers(2, 6))),
-            "loss": "softmax_xent"}
+        sizes, loss = (inp, 1), "sigmoid_bce"
+    elif kind == "bce":
+        sizes, loss = (inp, *hidden, 1), "sigmoid_bce"
+    else:
+        sizes, loss = (inp, *hidden[:int(rng.integers(0, 3))], int(rng.integers(2, 6))), "softmax_xent"
+    return {"layers": dense_stack(sizes), "input_shape": sizes[:1], "loss": loss, "dense stack": True}
 
 
-def convnet_config(rng):
+def conv_blocks_config(rng):
+    """Random conv -> ReLU -> 2x2 max-pool blocks and a dense stack (what _core.ConvNet took),
+    softmax cross-entropy; {layers, input_shape, loss}."""
     while True:
-        c = {"input_shape": (int(rng.integers(1, 3)), int(rng.integers(3, 10)), int(rng.integers(3, 10))),
-             "channels": tuple(int(rng.integers(1, 4)) for _ in range(int(rng.integers(1, 3)))),
-             "dense": tuple([int(rng.integers(2, 7))] * int(rng.integers(0, 2)) + [int(rng.integers(2, 5))]),
-             "kernel": int(rng.integers(1, 4)), "padding": int(rng.integers(0, 2))}
+        shape = (int(rng.integers(1, 3)), int(rng.integers(3, 10)), int(rng.integers(3, 10)))
+        channels = tuple(int(rng.integers(1, 4)) for _ in range(int(rng.integers(1, 3))))
+        dense = tuple([int(rng.integers(2, 7))] * int(rng.integers(0, 2)) + [int(rng.integers(2, 5))])
+        kernel, padding = int(rng.integers(1, 4)), int(rng.integers(0, 2))
+        layers = conv_blocks(channels, dense, kernel, padding)
         try:
-            ref.cnn_sizes(c["input_shape"], c["channels"], c["dense"], c["kernel"], c["padding"])
-            return c
+            ref.model_plan(layers, shape)
+            return {"layers": layers, "input_shape": shape, "loss": "softmax_xent"}
         except ValueError:
             continue
 
 
-def construct_net(rng, fz, cls, hostile=0.3):
-    """A Network, ConvNet or Model (its constructor fuzzed first); (net, model) or (None, None)."""
+def construct_net(rng, fz, config, hostile=0.3):
+    """A Model of a layer list drawn by config (its constructor fuzzed first); (net, model) or
+    (None, None)."""
     for attempt in range(2):
-        cfg = {core.Network: network_config, core.ConvNet: convnet_config, core.Model: model_config}[cls](rng)
+        cfg = config(rng)
         dt, threads = pick_dtype(rng), pick(rng, (1, 1, 2, 3))
-        if cls is core.Model:
-            n = ref.model_plan(cfg["layers"], cfg["input_shape"], cfg["loss"])["n_params"]
-            lead = [Arg("layers", list(cfg["layers"]), "layers"),
-                    Arg("input_shape", pick(rng, (list, tuple))(cfg["input_shape"]), "sizes"),
-                    Arg("loss", cfg["loss"], "s")]
-            oracle = oracle_model
-        elif cls is core.Network:
-            n = ref.n_params(cfg["sizes"])
-            lead = [Arg("sizes", list(cfg["sizes"]), "sizes"), Arg("loss", cfg["loss"], "s")]
-            oracle = oracle_network
-        else:
-            n = ref.cnn_n_params(cfg["input_shape"], cfg["channels"], cfg["dense"], cfg["kernel"],
-                                 cfg["padding"])
-            lead = [Arg("input_shape", list(cfg["input_shape"]), "sizes"),
-                    Arg("channels", list(cfg["channels"]), "sizes"),
-                    Arg("dense", list(cfg["dense"]), "sizes")]
-            oracle = oracle_convnet
+        n = ref.model_plan(cfg["layers"], cfg["input_shape"], cfg["loss"])["n_params"]
+        lead = [Arg("layers", list(cfg["layers"]), "layers"),
+                Arg("input_shape", pick(rng, (list, tuple))(cfg["input_shape"]), "sizes"),
+                Arg("loss", cfg["loss"], "s")]
         params = draw(rng, (n,), dt, "quant")
         grads = draw(rng, (n,), dt, "quant") if rng.random() < 0.5 else np.zeros(n, dt)
         args = lead + [Arg("params", params, "F"), Arg("grads", grads, "F", output=True),
                        Arg("threads", threads, "i", keyword=True, omit=threads == 1 and rng.random() < 0.5)]
-        if cls is core.ConvNet:
-            args += [Arg("kernel", cfg["kernel"], "i", keyword=True),
-                     Arg("padding", cfg["padding"], "i", keyword=True)]
-        if cls is core.Model:
-            # the params' own dtype name, None (both: full precision), or bfloat16 on float64
-            # params (refused); bfloat16 models are tests/test_bf16.py's (the oracles here
-            # compute in full precision)
-            gi = pick(rng, (None, dt.name, "bfloat16" if dt == F64 else None))
-            args.append(Arg("gemm_inputs", gi, "s", keyword=True, omit=gi is None and rng.random() < 0.7))
-        call = mutate(rng, Call(cls.__name__, cls, args, oracle),
+        # the params' own dtype name, None (both: full precision), or bfloat16 on float64
+        # params (refused); bfloat16 models are tests/test_bf16.py's (the oracles here
+        # compute in full precision)
+        gi = pick(rng, (None, dt.name, "bfloat16" if dt == F64 else None))
+        args.append(Arg("gemm_inputs", gi, "s", keyword=True, omit=gi is None and rng.random() < 0.7))
+        call = mutate(rng, Call("Model", core.Model, args, oracle_model),
                       hostile_count(rng, hostile if attempt == 0 else 0))
-        if cls is core.Model:
-            hostile_layers(rng, call, hostile / 2 if attempt == 0 else 0)
-            call.expect_error = refusal_agrees(call, only_tags=("layers", "input_shape", "loss"))
+        hostile_layers(rng, call, hostile / 2 if attempt == 0 else 0)
+        call.expect_error = refusal_agrees(call, only_tags=("layers", "input_shape", "loss"))
         out = fz.run(call)
         if out.status == "A":
             v = {a.name: a.value for a in call.args}
             if not call.tags and v.get("gemm_inputs") != "bfloat16":
-                model = NetModel(cls, cfg, v["params"], v["grads"], threads)
+                model = NetModel(cfg, v["params"], v["grads"], threads)
                 model.init_args = [a.value for a in call.args if not a.keyword and not a.omit]
                 return out.ret, model
     return None, None
 
 
-def scenario_net(cls):
+# the layer lists a Model is fuzzed on: any (model_config), a dense stack, conv blocks
+CONFIGS = (model_config, dense_stack_config, conv_blocks_config)
+
+
+def scenario_net(config):
     def run(rng, fz):
-        net, model = construct_net(rng, fz, cls)
+        net, model = construct_net(rng, fz, config)
         if net is None:
             return
         ws, steps = zip(*NET_STEPS)
@@ -2783,7 +2647,7 @@ def scenario_net(cls):
         if rng.random() < 0.3:          # every getter, after whatever the steps did
             for attr, check in sorted(net_getters(model).items()):
                 fz.run(getter_call(f"{model.name}.{attr}", net, attr, check))
-    run.__name__ = f"scenario_{cls.__name__}"
+    run.__name__ = f"scenario_{config.__name__}"
     return run
 
 
@@ -3248,9 +3112,9 @@ def scenario_context(rng, fz):
 
 def threads_interleaved(rng, fz):
     """Two threads, each with its own forward_loss then backward_layer(L-1) ... (0) on one
-    Network/ConvNet/Model, steps handed from one thread to the other: each thread's gradients
-    must be its own batch's, or the call must be refused."""
-    net, model = construct_net(rng, fz, pick(rng, (core.Network, core.ConvNet, core.Model)), hostile=0.0)
+    Model (any layer list, a dense stack or conv blocks), steps handed from one thread to the
+    other: each thread's gradients must be its own batch's, or the call must be refused."""
+    net, model = construct_net(rng, fz, pick(rng, CONFIGS), hostile=0.0)
     if net is None:
         return
     pool = RankThreads(2)
@@ -3275,7 +3139,7 @@ def threads_concurrent(rng, fz):
         ctx = new_context(fz, pick(rng, (1, 2, 3)))
         plans = [[call_with_ctx(rng, fz, ctx) for _ in range(int(rng.integers(2, 6)))] for _ in range(2)]
     else:
-        net, model = construct_net(rng, fz, pick(rng, (core.Network, core.ConvNet, core.Model)), hostile=0.0)
+        net, model = construct_net(rng, fz, pick(rng, CONFIGS), hostile=0.0)
         if net is None:
             return
         plans = [[], []]
@@ -3371,7 +3235,7 @@ UNINIT_ARGS = {
 def scenario_uninitialized(rng, fz):
     """Methods and getters of an object made by cls.__new__ without __init__: the methods
     refuse, the getters answer something, nothing crashes."""
-    cls = pick(rng, (core.Context, core.Network, core.ConvNet, core.Model, core.ShmGroup))
+    cls = pick(rng, (core.Context, core.Model, core.ShmGroup))
     obj = uninitialized(cls)
     for attr in rng.permutation(public_attrs(cls))[:int(rng.integers(1, 5))]:
         attr = str(attr)
@@ -3388,9 +3252,9 @@ def scenario_uninitialized(rng, fz):
 
 
 SCENARIOS = {
-    "Network": (5.0, scenario_net(core.Network)),
-    "ConvNet": (4.0, scenario_net(core.ConvNet)),
-    "Model": (5.0, scenario_net(core.Model)),
+    "Model": (5.0, scenario_net(model_config)),
+    "Model dense stack": (5.0, scenario_net(dense_stack_config)),
+    "Model conv blocks": (4.0, scenario_net(conv_blocks_config)),
     "ShmGroup": (3.0, scenario_shm_group),
     "Context": (1.0, scenario_context),
     "threads": (1.5, scenario_threads),
@@ -3411,14 +3275,8 @@ COVERAGE = {
     "Context.threads": "scenario_context, scenario_uninitialized",
     "Context.gemm_inputs": "scenario_context (bfloat16: float64 kernel calls refused), scenario_uninitialized",
     "Model.gemm_inputs": "construct_net (checked by the constructor's oracle), net_getters",
-    "Network": "construct_net, step_reinit",
-    **{f"Network.{m}": "scenario_net(Network), scenario_threads, scenario_uninitialized"
-       for m in NET_METHODS + ("n_params", "plan")},
-    "ConvNet": "construct_net, step_reinit",
-    **{f"ConvNet.{m}": "scenario_net(ConvNet), scenario_threads, scenario_uninitialized"
-       for m in NET_METHODS + ("input_shape", "n_conv", "n_params", "plan")},
-    "Model": "construct_net (random and hostile layer lists), step_reinit",
-    **{f"Model.{m}": "scenario_net(Model), scenario_threads, scenario_uninitialized"
+    "Model": "construct_net (random and hostile layer lists, dense stacks, conv blocks), step_reinit",
+    **{f"Model.{m}": "scenario_net (each of CONFIGS), scenario_threads, scenario_uninitialized"
        for m in NET_METHODS + ("input_shape", "n_params", "n_param_layers", "plan")},
     "ShmGroup": "scenario_shm_group (every rank, probe_group), step_reinit_group",
     **{f"ShmGroup.{m}": "scenario_shm_group, scenario_uninitialized"

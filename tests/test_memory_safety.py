@@ -12,6 +12,7 @@ import pytest
 
 from dptrain import _core as core
 from dptrain import reference as ref
+from _core_helpers import cnn_spec, mlp_spec
 
 
 def run_isolated(code: str) -> str:
@@ -25,10 +26,9 @@ def run_isolated(code: str) -> str:
 
 
 def net(sizes=(10, 8, 3), loss="softmax_xent", dtype=np.float32):
-    n = core.param_count(list(sizes))
-    p = ref.init_params(tuple(sizes), 0, np.dtype(dtype))
-    g = np.zeros(n, dtype)
-    return core.Network(list(sizes), loss, p, g), p, g
+    p = ref.model_init_params(*mlp_spec(sizes, loss), 0, np.dtype(dtype))
+    g = np.zeros(p.size, dtype)
+    return core.Model(*mlp_spec(sizes, loss), p, g), p, g
 
 
 # ---------------------------------------------------------------- 1. the sweep's held input
@@ -38,17 +38,16 @@ def test_a_fused_call_ends_the_sweep_and_backward_refuses(case):
         import numpy as np
         from dptrain import _core as core, reference as ref
         case = {case!r}
-        sizes = [10, 1] if case == "logistic fast path" else [10, 8, 3]
+        layers = [("dense", 1)] if case == "logistic fast path" else [("dense", 8), "relu", ("dense", 3)]
         loss = "sigmoid_bce" if case == "logistic fast path" else "softmax_xent"
-        n = core.param_count(sizes)
-        net = core.Network(sizes, loss, ref.init_params(tuple(sizes), 0, np.dtype(np.float64)),
-                           np.zeros(n))
+        p = ref.model_init_params(layers, (10,), loss, 0, np.dtype(np.float64))
+        net = core.Model(layers, (10,), loss, p, np.zeros(p.size))
         labels = np.zeros(200_000, np.int64)
         net.forward_loss(np.ones((200_000, 10)), labels)
         rows = 4 if case == "logistic fast path" else 0
         net.loss_grad(np.ones((rows, 10)), labels[:rows])      # drops the held x
         try:
-            net.backward_layer(len(sizes) - 2)
+            net.backward_layer(net.n_param_layers - 1)
         except RuntimeError as exc:
             print("refused:", exc)
         """)
@@ -92,7 +91,7 @@ def test_argmax_refuses_an_out_that_overlaps_x():
     np.testing.assert_array_equal(x, before)
 
 
-def test_network_grads_must_not_overlap_its_batch():
+def test_model_grads_must_not_overlap_its_batch():
     n, p, g = net()
     x = g[:40].reshape(4, 10)                           # the batch is a view of the gradient
     with pytest.raises(ValueError, match=r"grads shares memory with x"):
@@ -121,7 +120,7 @@ def test_gather_rows_copies_every_numeric_dtype(dtype):
 @pytest.mark.parametrize("held, change", [
     (held, change) for held in ("params", "grads") for change in ("retype", "reshape", "resize")
 ] + [("grads", "read-only")])                    # params are only read: read-only is fine
-def test_a_network_refuses_held_arrays_changed_after_it_was_built(held, change):
+def test_a_model_refuses_held_arrays_changed_after_it_was_built(held, change):
     n, p, g = net((10, 8, 2))                    # an even parameter count: it can be re-typed
     a = {"params": p, "grads": g}[held]
     if change == "retype":
@@ -134,8 +133,8 @@ def test_a_network_refuses_held_arrays_changed_after_it_was_built(held, change):
         a.flags.writeable = False
     wide = held == "params" and change == "retype"
     x, y = np.ones((4, 10), np.float64 if wide else np.float32), np.zeros(4, np.int64)
-    message = (r"grads is read-only, but it is written to \(Network\.grads was made read-only"
-               if change == "read-only" else rf"Network\.{held} was changed after the Network "
+    message = (r"grads is read-only, but it is written to \(Model\.grads was made read-only"
+               if change == "read-only" else rf"Model\.{held} was changed after the Model "
                                              rf"was built")
     calls = [lambda: n.loss_grad(x, y), lambda: n.forward_loss(x, y), lambda: n.backward_layer(1)]
     if held == "params":
@@ -147,13 +146,13 @@ def test_a_network_refuses_held_arrays_changed_after_it_was_built(held, change):
             call()
 
 
-def test_a_convnet_refuses_retyped_params():
-    shape, channels, dense = (1, 8, 8), [2], [2]          # 58 parameters: re-typeable
-    size = ref.cnn_n_params(shape, channels, dense)
+def test_a_model_with_conv_blocks_refuses_retyped_params():
+    spec = cnn_spec((1, 8, 8), [2], [2])                   # 58 parameters: re-typeable
+    size = ref.model_plan(*spec)["n_params"]
     p, g = np.zeros(size, np.float32), np.zeros(size, np.float32)
-    cnet = core.ConvNet(shape, channels, dense, p, g)
+    cnet = core.Model(*spec, p, g)
     p.dtype = np.float64
-    with pytest.raises(ValueError, match=r"ConvNet\.params was changed after"):
+    with pytest.raises(ValueError, match=r"Model\.params was changed after"):
         cnet.loss_grad(np.ones((2, 32)), np.zeros(2, np.int64))
 
 
@@ -182,14 +181,14 @@ def test_a_shm_group_buffer_must_not_overlap_its_control_block():
 # ---------------------------------------------------------------- 5. silently wrong results
 @pytest.mark.parametrize("sizes, error", [
     ([2 ** 32, 2 ** 32], ValueError), ([2 ** 31, 3], ValueError), ([2 ** 63, 3], ValueError),
-    ([2 ** 31 - 1] * 17, OverflowError), ([3, 2.0], TypeError), ([0, 3], ValueError)])
-def test_param_count_refuses_what_does_not_fit(sizes, error):
+    ([2 ** 31 - 1] * 17, ValueError), ([3, 2.0], TypeError), ([0, 3], ValueError)])
+def test_model_plan_refuses_sizes_that_do_not_fit(sizes, error):
     with pytest.raises(error):
-        core.param_count(sizes)
+        core.model_plan(*mlp_spec(sizes))
 
 
-def test_param_count_accepts_numpy_integers():
-    assert core.param_count(np.array([784, 256, 10])) == 256 * 785 + 10 * 257
+def test_model_plan_accepts_numpy_integers():
+    assert core.model_plan(*mlp_spec(np.array([784, 256, 10])))["n_params"] == 256 * 785 + 10 * 257
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -45,8 +45,8 @@ def test_init_is_pytorch_default_and_deterministic():
 
 
 def test_model_buffers_are_flat_and_can_be_caller_owned():
-    n = reference.n_params((5, 3))
-    params = reference.init_params((5, 3), 0, np.float32)
+    n = reference.model_plan([("dense", 3)], (5,))["n_params"]
+    params = reference.model_init_params([("dense", 3)], (5,), "softmax_xent", 0, np.float32)
     grads = np.zeros(n, np.float32)
     m = SoftmaxRegression(5, 3, params=params, grads=grads)
     assert m.params is params and m.grads is grads

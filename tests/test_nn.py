@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import dptrain
+from _core_helpers import cnn_spec, mlp_spec
 from dptrain import nn, reference
 from dptrain.models import CNN, MLP, Sequential, load_model
 
@@ -57,19 +58,22 @@ def test_named_models_are_sequentials_of_their_layers():
     mlp = MLP((20, 16, 8, 3), seed=5)
     seq = nn.mlp(20, (16, 8), 3, seed=5)
     np.testing.assert_array_equal(mlp.params, seq.params)
-    np.testing.assert_array_equal(mlp.params, reference.init_params((20, 16, 8, 3), 5))
+    np.testing.assert_array_equal(mlp.params,
+                                  reference.model_init_params(*mlp_spec((20, 16, 8, 3)), 5))
     cnn = CNN((1, 10, 10), 4, channels=(3, 5), hidden=(7,), seed=2)
     seq = nn.cnn((1, 10, 10), 4, channels=(3, 5), hidden=(7,), seed=2)
     np.testing.assert_array_equal(cnn.params, seq.params)
     np.testing.assert_array_equal(
-        cnn.params, reference.cnn_init_params((1, 10, 10), (3, 5), (7, 4), 2))
-    assert cnn.sizes == reference.cnn_sizes((1, 10, 10), (3, 5), (7, 4))
+        cnn.params, reference.model_init_params(*cnn_spec((1, 10, 10), (3, 5), (7, 4)), 2))
+    # the input, each conv block's pooled output (3x4x4, 5x1x1), each dense layer's output
+    assert cnn.sizes == (100, 48, 5, 7, 4)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_sequential_gradient_is_the_twins(dtype):
-    """A Sequential of the CNN's layers against reference.cnn_loss_grad, and one of an MLP's
-    against reference.mlp_loss_grad: same loss and gradient to rounding."""
+    """A Sequential of the CNN's layers and one of an MLP's against reference.model_loss_grad
+    on the layer lists written out (tests/_core_helpers.py): same loss and gradient to
+    rounding."""
     rng = np.random.default_rng(1)
     tol = dict(rtol=2e-4, atol=2e-5) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
     seq = nn.cnn((2, 9, 9), 5, channels=(3,), hidden=(6,), dtype=dtype, seed=3)
@@ -77,8 +81,8 @@ def test_a_sequential_gradient_is_the_twins(dtype):
     y = rng.integers(0, 5, 7)
     loss, correct = seq.loss_grad(x, y)
     ref_grads = np.zeros_like(seq.params)
-    ref_loss, ref_correct = reference.cnn_loss_grad((2, 9, 9), (3,), (6, 5), seq.params,
-                                                    ref_grads, x, y)
+    ref_loss, ref_correct = reference.model_loss_grad(*cnn_spec((2, 9, 9), (3,), (6, 5)),
+                                                      seq.params, ref_grads, x, y)
     assert correct == ref_correct
     np.testing.assert_allclose(loss, ref_loss, **tol)
     np.testing.assert_allclose(seq.grads, ref_grads, **tol)
@@ -88,7 +92,8 @@ def test_a_sequential_gradient_is_the_twins(dtype):
     y = rng.integers(0, 2, 9)
     loss, _ = seq.loss_grad(x, y)
     ref_grads = np.zeros_like(seq.params)
-    ref_loss, _ = reference.mlp_loss_grad((6, 5, 1), "sigmoid_bce", seq.params, ref_grads, x, y)
+    ref_loss, _ = reference.model_loss_grad(*mlp_spec((6, 5, 1), "sigmoid_bce"), seq.params,
+                                            ref_grads, x, y)
     np.testing.assert_allclose(loss, ref_loss, **tol)
     np.testing.assert_allclose(seq.grads, ref_grads, **tol)
 

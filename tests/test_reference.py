@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from _core_helpers import mlp_spec
 from dptrain import reference as ref
 
 DTYPES = [np.float32, np.float64]
@@ -280,12 +281,12 @@ def test_count_correct_multiclass_and_binary():
 
 
 # ---------------------------------------------------------------------------------------
-# the MLP: finite-difference gradient check and accumulation
+# model_* on dense stacks (an MLP): finite-difference gradient check and accumulation
 
 
 def make_problem(sizes, loss, batch=8, seed=0):
     rng = np.random.default_rng(seed)
-    params = ref.init_params(sizes, seed, np.float64)
+    params = ref.model_init_params(*mlp_spec(sizes, loss), seed, np.float64)
     x = rng.standard_normal((batch, sizes[0]))
     n_classes = 2 if loss == "sigmoid_bce" else sizes[-1]
     labels = rng.integers(0, n_classes, size=batch)
@@ -296,90 +297,95 @@ def make_problem(sizes, loss, batch=8, seed=0):
                                         ((4, 6, 1), "sigmoid_bce"),
                                         ((6, 3), "softmax_xent")])
 @pytest.mark.parametrize("grad_scale", [None, 0.7])
-def test_mlp_gradient_is_finite_difference(sizes, loss, grad_scale):
+def test_dense_stack_gradient_is_finite_difference(sizes, loss, grad_scale):
     params, x, labels = make_problem(sizes, loss)
+    spec = mlp_spec(sizes, loss)
     scale = 1 / len(x) if grad_scale is None else grad_scale
     grads = np.zeros_like(params)
-    loss_sum, n_correct = ref.mlp_loss_grad(sizes, loss, params, grads, x, labels, grad_scale)
-    assert (loss_sum, n_correct) == ref.mlp_evaluate(sizes, loss, params, x, labels)
+    loss_sum, n_correct = ref.model_loss_grad(*spec, params, grads, x, labels, grad_scale)
+    assert (loss_sum, n_correct) == ref.model_evaluate(*spec, params, x, labels)
 
     def scaled_loss(p):
-        return scale * ref.mlp_evaluate(sizes, loss, p, x, labels)[0]
+        return scale * ref.model_evaluate(*spec, p, x, labels)[0]
 
     fd = central_diff(scaled_loss, params.copy(), h=1e-5)
     err = rel_err(grads, fd)
-    assert err < 1e-6, f"mlp_loss_grad sizes={sizes} loss={loss}: relative error {err:.2e}"
+    assert err < 1e-6, f"model_loss_grad sizes={sizes} loss={loss}: relative error {err:.2e}"
     assert np.count_nonzero(grads) > 0.5 * grads.size  # the check is not vacuous
 
 
 @pytest.mark.parametrize("sizes,loss", [((5, 7, 3), "softmax_xent"),
                                         ((4, 6, 1), "sigmoid_bce")])
-def test_mlp_loss_grad_accumulates(sizes, loss):
+def test_dense_stack_loss_grad_accumulates(sizes, loss):
     params, x, labels = make_problem(sizes, loss, seed=1)
+    spec = mlp_spec(sizes, loss)
     params_before = params.copy()
     once = np.zeros_like(params)
-    ref.mlp_loss_grad(sizes, loss, params, once, x, labels)
+    ref.model_loss_grad(*spec, params, once, x, labels)
     twice = np.zeros_like(params)
-    ref.mlp_loss_grad(sizes, loss, params, twice, x, labels)
-    ref.mlp_loss_grad(sizes, loss, params, twice, x, labels)
+    ref.model_loss_grad(*spec, params, twice, x, labels)
+    ref.model_loss_grad(*spec, params, twice, x, labels)
     np.testing.assert_allclose(twice, 2 * once, rtol=1e-14, atol=1e-15)
     offset = np.linspace(-1, 1, params.size)
     started = offset.copy()
-    ref.mlp_loss_grad(sizes, loss, params, started, x, labels)
+    ref.model_loss_grad(*spec, params, started, x, labels)
     np.testing.assert_allclose(started, offset + once, rtol=1e-14, atol=1e-15)
     np.testing.assert_array_equal(params, params_before)  # params are only read
 
 
-def test_mlp_split_batches_sum_to_the_full_batch():
+def test_dense_stack_split_batches_sum_to_the_full_batch():
     """Two half batches with grad_scale=1/B accumulate the full batch's mean gradient:
     the identity data-parallel training relies on."""
     sizes, loss = (5, 7, 3), "softmax_xent"
+    spec = mlp_spec(sizes, loss)
     params, x, labels = make_problem(sizes, loss, batch=10, seed=2)
     full = np.zeros_like(params)
-    full_loss, full_correct = ref.mlp_loss_grad(sizes, loss, params, full, x, labels)
+    full_loss, full_correct = ref.model_loss_grad(*spec, params, full, x, labels)
     halves = np.zeros_like(params)
-    l1, c1 = ref.mlp_loss_grad(sizes, loss, params, halves, x[:5], labels[:5], 1 / 10)
-    l2, c2 = ref.mlp_loss_grad(sizes, loss, params, halves, x[5:], labels[5:], 1 / 10)
+    l1, c1 = ref.model_loss_grad(*spec, params, halves, x[:5], labels[:5], 1 / 10)
+    l2, c2 = ref.model_loss_grad(*spec, params, halves, x[5:], labels[5:], 1 / 10)
     np.testing.assert_allclose(halves, full, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(l1 + l2, full_loss, rtol=1e-12)
     assert c1 + c2 == full_correct
 
 
-def test_mlp_float32_and_logits():
+def test_dense_stack_float32_and_logits():
     sizes, loss = (5, 7, 3), "softmax_xent"
+    spec = mlp_spec(sizes, loss)
     params64, x64, labels = make_problem(sizes, loss)
     params32, x32 = params64.astype(np.float32), x64.astype(np.float32)
     g32, g64 = np.zeros_like(params32), np.zeros_like(params64)
-    l32, _ = ref.mlp_loss_grad(sizes, loss, params32, g32, x32, labels)
-    l64, _ = ref.mlp_loss_grad(sizes, loss, params64, g64, x64, labels)
+    l32, _ = ref.model_loss_grad(*spec, params32, g32, x32, labels)
+    l64, _ = ref.model_loss_grad(*spec, params64, g64, x64, labels)
     assert g32.dtype == np.float32
     np.testing.assert_allclose(l32, l64, rtol=1e-5)
     np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-6)
 
     out = np.empty((len(x64), 3))
-    ref.mlp_logits(sizes, params64, x64, out)
-    (w1, b1), (w2, b2) = ref.unflatten(sizes, params64)
+    ref.model_logits(*spec, params64, x64, out)
+    (w1, b1), (w2, b2) = ref.model_unflatten(*spec, params64)
     np.testing.assert_allclose(out, np.maximum(x64 @ w1.T + b1, 0) @ w2.T + b2, rtol=1e-12)
 
 
-def test_mlp_rejects_bad_arguments():
+def test_dense_stack_rejects_bad_arguments():
     sizes = (5, 7, 3)
+    spec = mlp_spec(sizes)
     params, x, labels = make_problem(sizes, "softmax_xent")
     grads = np.zeros_like(params)
     with pytest.raises(ValueError, match=r"x has shape \(8, 4\), expected \(8, 5\)"):
-        ref.mlp_loss_grad(sizes, "softmax_xent", params, grads, x[:, :4], labels)
+        ref.model_loss_grad(*spec, params, grads, x[:, :4], labels)
     bad_labels = labels.copy()
     bad_labels[3] = 3
     with pytest.raises(ValueError, match=r"labels contains 3, expected values in \[0, 3\)"):
-        ref.mlp_loss_grad(sizes, "softmax_xent", params, grads, x, bad_labels)
+        ref.model_loss_grad(*spec, params, grads, x, bad_labels)
     with pytest.raises(ValueError, match="grads has shape"):
-        ref.mlp_loss_grad(sizes, "softmax_xent", params, grads[:-1], x, labels)
-    with pytest.raises(ValueError, match="flat has shape"):
-        ref.mlp_evaluate(sizes, "softmax_xent", params[:-1], x, labels)
-    with pytest.raises(ValueError, match="sigmoid_bce needs OUT == 1"):
-        ref.mlp_evaluate(sizes, "sigmoid_bce", params, x, labels)
-    with pytest.raises(ValueError, match="loss is"):
-        ref.mlp_evaluate(sizes, "mse", params, x, labels)
+        ref.model_loss_grad(*spec, params, grads[:-1], x, labels)
+    with pytest.raises(ValueError, match="params has shape"):
+        ref.model_evaluate(*spec, params[:-1], x, labels)
+    with pytest.raises(ValueError, match="sigmoid BCE needs exactly 1 output"):
+        ref.model_evaluate(*mlp_spec(sizes, "sigmoid_bce"), params, x, labels)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        ref.model_evaluate(*mlp_spec(sizes, "hinge"), params, x, labels)
     np.testing.assert_array_equal(grads, 0)  # a rejected call writes nothing
 
 
@@ -505,29 +511,31 @@ def test_scale_slice():
 # layout and init
 
 
-def test_n_params_and_unflatten_views():
+def test_model_unflatten_views():
     sizes = (5, 7, 3)
-    assert ref.n_params(sizes) == 7 * 5 + 7 + 3 * 7 + 3
-    flat = np.arange(ref.n_params(sizes), dtype=np.float64)
-    (w1, b1), (w2, b2) = ref.unflatten(sizes, flat)
+    spec = mlp_spec(sizes)
+    assert ref.model_plan(*spec)["n_params"] == 7 * 5 + 7 + 3 * 7 + 3
+    flat = np.arange(ref.model_plan(*spec)["n_params"], dtype=np.float64)
+    (w1, b1), (w2, b2) = ref.model_unflatten(*spec, flat)
     assert (w1.shape, b1.shape, w2.shape, b2.shape) == ((7, 5), (7,), (3, 7), (3,))
     assert w1[0, 1] == 1 and w1[1, 0] == 5  # row-major (OUT, IN)
     assert b1[0] == 35 and w2[0, 0] == 42 and b2[-1] == flat.size - 1
     w2[0, 0] = -1.0  # views, not copies
     assert flat[42] == -1.0
-    with pytest.raises(ValueError, match="sizes"):
-        ref.n_params((5,))
+    with pytest.raises(ValueError, match="layers has 0 entries"):
+        ref.model_plan(*mlp_spec((5,)))
 
 
-def test_init_params_deterministic_and_bounded():
+def test_model_init_params_deterministic_and_bounded():
     sizes = (784, 64, 10)
-    a = ref.init_params(sizes, 0, np.float32)
-    b = ref.init_params(sizes, 0, np.float32)
-    c = ref.init_params(sizes, 1, np.float32)
-    assert a.dtype == np.float32 and a.shape == (ref.n_params(sizes),)
+    spec = mlp_spec(sizes)
+    a = ref.model_init_params(*spec, 0, np.float32)
+    b = ref.model_init_params(*spec, 0, np.float32)
+    c = ref.model_init_params(*spec, 1, np.float32)
+    assert a.dtype == np.float32 and a.shape == (ref.model_plan(*spec)["n_params"],)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
-    for (w, bias), n_in in zip(ref.unflatten(sizes, a), sizes[:-1]):
+    for (w, bias), n_in in zip(ref.model_unflatten(*spec, a), sizes[:-1]):
         bound = 1 / math.sqrt(n_in)
         for name, arr in (("W", w), ("b", bias)):
             assert np.abs(arr).max() <= bound, f"{name} of a layer with IN={n_in}"
@@ -535,7 +543,7 @@ def test_init_params_deterministic_and_bounded():
         assert np.abs(w).max() > 0.95 * bound and abs(w.mean()) < 0.05 * bound
 
 
-def test_init_params_draw_order():
+def test_model_init_params_draw_order():
     """Layer by layer, W then b, each from U(-1/sqrt(IN), 1/sqrt(IN)) of one generator."""
     sizes = (3, 4, 2)
     rng = np.random.default_rng(42)
@@ -544,4 +552,5 @@ def test_init_params_draw_order():
         bound = 1 / math.sqrt(n_in)
         parts.append(rng.uniform(-bound, bound, n_out * n_in))
         parts.append(rng.uniform(-bound, bound, n_out))
-    np.testing.assert_array_equal(ref.init_params(sizes, 42, np.float64), np.concatenate(parts))
+    np.testing.assert_array_equal(ref.model_init_params(*mlp_spec(sizes), 42, np.float64),
+                                  np.concatenate(parts))

@@ -85,14 +85,15 @@ def test_training_matches_a_numpy_reference_loop():
     y = rng.integers(0, 4, 96)
     m = MLP((9, 8, 4), dtype="float64", seed=5)
     opt = optim.SGD(m, 0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)
-    p = reference.init_params((9, 8, 4), 5, np.float64)
+    layers = [("dense", 8), "relu", ("dense", 4)]          # MLP((9, 8, 4))'s layer list
+    p = reference.model_init_params(layers, (9,), "softmax_xent", 5, np.float64)
     v = np.zeros_like(p)
     for step, (s, e) in enumerate([(0, 32), (32, 64), (64, 96)]):
         m.zero_grad()
         m.loss_grad(x[s:e], y[s:e])
         opt.step()
         g = np.zeros_like(p)
-        reference.mlp_loss_grad((9, 8, 4), "softmax_xent", p, g, x[s:e], y[s:e])
+        reference.model_loss_grad(layers, (9,), "softmax_xent", p, g, x[s:e], y[s:e])
         reference.sgd_step(p, g, v, lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=True,
                            first_step=step == 0)
     np.testing.assert_allclose(m.params, p, rtol=1e-12, atol=1e-12)

@@ -17,7 +17,7 @@
  * `check-O3` (optimized, no sanitizers). The GEMM and the vector kernels (dp_vec.h) run on
  * every ISA this CPU has (dp_isa_select), the others are named as skipped on the first line;
  * `check` also builds this file with -DDP_GEMM_EMULATE_WIDE, whose generic GEMM has the AVX-512
- * build's shape, and the generic loss kernels with the AVX-512 build's 64-byte vectors
+ * build's shape, and the generic loss and GEMV kernels with the AVX-512 build's 64-byte vectors
  * (csrc/tests/Makefile).
  *
  * Leaves out on purpose: timings (bench/), the Python boundary (the tests/ directory), and two
@@ -25,6 +25,7 @@
  */
 #include "dp_common.h"
 #include "dp_conv.h"
+#include "dp_pool.h"
 #include "dp_cpu.h"
 #include "dp_gemm.h"
 #include "dp_act.h"
@@ -1603,10 +1604,12 @@ static void test_argmax_count(dtype dt)
         }
 }
 
-/* ---- dp_sync: the shared-memory group's barrier and slice reduction, on real threads */
+/* ---- dp_sync and dp_allreduce_slice: the shared-memory group's barrier and slice reduction, on
+ * real threads */
 
 #include <pthread.h>
 
+#include "dp_allreduce.h"
 #include "dp_sync.h"
 
 typedef struct {
@@ -1729,7 +1732,7 @@ static void test_sync(void)
     }
 }
 
-/* ---- dp_group_allreduce: the whole collective of one worker (native, ring, tree), on
+/* ---- dp_allreduce: the whole collective of one worker (native, ring, tree), on
  * pthreads, for group sizes 1 to 8 (powers of two and not: the tree folds), both dtypes, the
  * full range, a sub-range and an empty one, and native's parameter-server form (k buffers
  * summed into one shared out). Values are small integers, so every association of the sum
@@ -1763,8 +1766,8 @@ static void *group_worker(void *p)
         if (g->out && g->rank == 0) tconst(a->dt, g->out, a->len, -99);
         /* nobody may read a buffer (or find the out unset) before every worker has set its own */
         if (dp_group_barrier(g, &waited, &code)) { a->failed = 1; return NULL; }
-        int rc = a->dt == F32 ? dp_group_allreduce_f32(g, start, stop, (float)scale, &waited, &code)
-                              : dp_group_allreduce_f64(g, start, stop, scale, &waited, &code);
+        int rc = a->dt == F32 ? dp_allreduce_f32(g, start, stop, (float)scale, &waited, &code)
+                              : dp_allreduce_f64(g, start, stop, scale, &waited, &code);
         if (rc || !(waited >= 0)) { a->failed = 2; a->bad_round = round; return NULL; }
         const void *res = g->out ? g->out : g->bufs[g->rank];
         for (int i = 0; i < a->len && !a->failed; i++) {
@@ -1814,14 +1817,14 @@ static void group_case(dtype dt, int algorithm, int n, int with_out)
     }
     static const char *const what[] = {"", "a barrier failed", "the call failed",
                                        "wrong result", "an input buffer was modified"};
-    expect(!bad, "dp_group_allreduce_%s %s n=%d%s: rank %d round %d: %s (element %td)",
+    expect(!bad, "dp_allreduce_%s %s n=%d%s: rank %d round %d: %s (element %td)",
            dtn(dt), dp_allreduce_name(algorithm), n, with_out ? " with out" : "", who,
            args[who].bad_round, what[bad], args[who].bad_at);
     /* ring and tree leave identical bits in every buffer (checked above against one sum);
      * every worker arrived as often as every other */
     int missing[8];
     expect(dp_group_missing(arrivals, n, 0, missing, 8) == 0 && (n == 1 || arrivals[0] == arrivals[n - 1]),
-           "dp_group_allreduce_%s %s n=%d: arrival counters differ after the run", dtn(dt),
+           "dp_allreduce_%s %s n=%d: arrival counters differ after the run", dtn(dt),
            dp_allreduce_name(algorithm), n);
     for (int r = 0; r < n; r++) {
         free(bufs[r]);
@@ -1857,23 +1860,23 @@ static void test_group_allreduce(void)
     dp_group tree_noscratch = {bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 2, DP_ALLREDUCE_TREE, bufs, NULL, NULL};
     dp_group native_short = {bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 1, DP_ALLREDUCE_NATIVE, bufs, NULL, NULL};
     dp_group bad_rank = {bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 2, 2, DP_ALLREDUCE_NATIVE, bufs, NULL, NULL};
-    expect(dp_group_allreduce_f32(&ring_out, 0, 8, 1, &waited, &code) == DP_EVALUE &&
-           dp_group_allreduce_f32(&tree_noscratch, 0, 8, 1, &waited, &code) == DP_EVALUE &&
-           dp_group_allreduce_f32(&native_short, 0, 8, 1, &waited, &code) == DP_EVALUE &&
-           dp_group_allreduce_f32(&bad_rank, 0, 8, 1, &waited, &code) == DP_EVALUE &&
-           dp_group_allreduce_f32(&ring_out, 5, 4, 1, &waited, &code) == DP_EVALUE,
-           "dp_group_allreduce_f32 with ring + out, tree without scratch, k != n without out, "
+    expect(dp_allreduce_f32(&ring_out, 0, 8, 1, &waited, &code) == DP_EVALUE &&
+           dp_allreduce_f32(&tree_noscratch, 0, 8, 1, &waited, &code) == DP_EVALUE &&
+           dp_allreduce_f32(&native_short, 0, 8, 1, &waited, &code) == DP_EVALUE &&
+           dp_allreduce_f32(&bad_rank, 0, 8, 1, &waited, &code) == DP_EVALUE &&
+           dp_allreduce_f32(&ring_out, 5, 4, 1, &waited, &code) == DP_EVALUE,
+           "dp_allreduce_f32 with ring + out, tree without scratch, k != n without out, "
            "rank n, start > stop: expected DP_EVALUE");
     /* alone in a group of two: the entry barrier times out, the group is aborted, and the
      * next call (of anyone) fails at once with the timeout's abort code */
     dp_group alone = {bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 2, DP_ALLREDUCE_NATIVE, bufs, NULL, NULL};
-    int rc = dp_group_allreduce_f32(&alone, 0, 8, 1, &waited, &code);
-    expect(rc == DP_ETIMEOUT && waited >= 0.05, "dp_group_allreduce_f32 alone of 2: returned %d after "
+    int rc = dp_allreduce_f32(&alone, 0, 8, 1, &waited, &code);
+    expect(rc == DP_ETIMEOUT && waited >= 0.05, "dp_allreduce_f32 alone of 2: returned %d after "
            "%.3f s, expected a timeout after >= 0.05 s", rc, waited);
     code = 0;
     alone.rank = 1;
-    rc = dp_group_allreduce_f64(&alone, 0, 8, 1, &waited, &code);
-    expect(rc == DP_EABORT && code == DP_TIMEOUT_ABORT_CODE, "dp_group_allreduce_f64 after a "
+    rc = dp_allreduce_f64(&alone, 0, 8, 1, &waited, &code);
+    expect(rc == DP_EABORT && code == DP_TIMEOUT_ABORT_CODE, "dp_allreduce_f64 after a "
            "timeout: returned %d code %u, expected the abort", rc, code);
     dp_aligned_free(bar);
 }

@@ -8,9 +8,9 @@
  *   +-inf, NaN: NaN propagates); backward kernels against central differences of the forward;
  * - dp_model_plan: the stages each pattern compiles to, the shapes, the parameter count, and
  *   every refusal (with the index of the bad layer);
- * - dp_model on architectures that together use every layer kind and every loss, and on the
- *   layer lists _core.Network and _core.ConvNet build (dense stacks, conv blocks then a dense
- *   stack) at odd widths and batch sizes: outputs and loss against a forward written here in
+ * - dp_model on architectures that together use every layer kind and every loss, and on
+ *   dense stacks and conv blocks then a dense stack (the MLP's and CNN's layer lists) at odd
+ *   widths and batch sizes: outputs and loss against a forward written here in
  *   double (which also counts the parameters the layout must have), the gradient against
  *   central differences of that forward, 3 threads against 1, float against double, the split
  *   sweep against loss_grad (bit for bit, in both dtypes), evaluate in several chunks (both
@@ -683,7 +683,7 @@ static void test_plans(void)
         {{DENSE(3)}, 1, tiny, 2, DP_LOSS_MSE, -1, "input of 2 dims"},
         {{DENSE(3)}, 0, tiny, 3, DP_LOSS_MSE, -1, "no layers"},
         {{CONV(3, 3, 0), RELU, POOL, CONV(3, 3, 0), RELU, POOL, FLAT, DENSE(3)}, 8, six, 3,
-         DP_LOSS_SOFTMAX_XENT, 3, "ConvNet (1,6,6) conv 3,3 k3 (nothing left for the second block)"},
+         DP_LOSS_SOFTMAX_XENT, 3, "conv blocks (1,6,6) conv 3,3 k3 (nothing left for the second block)"},
     };
     /* init refuses the same way, and free is safe after it */
     for (int i = 0; i < NL(bad); i++) {
@@ -985,10 +985,10 @@ static void test_models(void)
     }
 }
 
-/* ---- the layer lists of _core.Network and _core.ConvNet ------------------------------------ */
+/* ---- dense stacks and conv blocks --------------------------------------------------------- */
 
-/* Appends [DENSE(widths[0]) RELU DENSE(widths[1]) ... DENSE(widths[n - 1])]: a Network's dense
- * stack (csrc/mod_network.c), also the tail of a ConvNet's. */
+/* Appends [DENSE(widths[0]) RELU DENSE(widths[1]) ... DENSE(widths[n - 1])]: a dense stack
+ * (an MLP's layer list), also the tail of conv blocks'. */
 static void dense_stack(arch *a, const int *widths, int n)
 {
     for (int l = 0; l < n; l++) {
@@ -997,16 +997,17 @@ static void dense_stack(arch *a, const int *widths, int n)
     }
 }
 
-/* Network(sizes) and ConvNet(shape, channels, dense, kernel, padding) as the cases of
- * test_model_case, at odd widths and batch sizes (a layer of 33, a batch of 11 or 13, kernels
- * 1 and 3 with and without padding, an odd map cropped by the pool). */
-static void test_network_convnet(void)
+/* Dense stacks of the widths sizes and conv blocks (conv(kernel, padding) -> RELU -> POOL per
+ * channel count, FLATTEN, then a dense stack) as the cases of test_model_case, at odd widths
+ * and batch sizes (a layer of 33, a batch of 11 or 13, kernels 1 and 3 with and without
+ * padding, an odd map cropped by the pool). */
+static void test_dense_stacks_and_conv_blocks(void)
 {
     static const struct { const char *name; int sizes[3], L; dp_loss loss; int B; } nets[] = {
-        {"Network {7,33,5} softmax", {7, 33, 5}, 2, DP_LOSS_SOFTMAX_XENT, 11},
-        {"Network {20,1} bce (logistic regression)", {20, 1}, 1, DP_LOSS_SIGMOID_BCE, 13},
-        {"Network {20,6,1} bce", {20, 6, 1}, 2, DP_LOSS_SIGMOID_BCE, 13},
-        {"Network {13,3} softmax regression", {13, 3}, 1, DP_LOSS_SOFTMAX_XENT, 9},
+        {"dense stack {7,33,5} softmax", {7, 33, 5}, 2, DP_LOSS_SOFTMAX_XENT, 11},
+        {"dense stack {20,1} bce (logistic regression)", {20, 1}, 1, DP_LOSS_SIGMOID_BCE, 13},
+        {"dense stack {20,6,1} bce", {20, 6, 1}, 2, DP_LOSS_SIGMOID_BCE, 13},
+        {"dense stack {13,3} softmax regression", {13, 3}, 1, DP_LOSS_SOFTMAX_XENT, 9},
     };
     for (int i = 0; i < NL(nets); i++) {
         arch a = {nets[i].name, {{0}}, 0, 1, {nets[i].sizes[0], 0, 0}, nets[i].loss};
@@ -1014,11 +1015,11 @@ static void test_network_convnet(void)
         test_model_case(&a, nets[i].B);
     }
     static const struct { const char *name; int shape[3], ch[2], nc, kernel, pad, dense[2], nd, B; } cnns[] = {
-        {"ConvNet (1,12,10) conv 3,4 k3 dense 6,5", {1, 12, 10}, {3, 4}, 2, 3, 0, {6, 5}, 2, 5},
-        {"ConvNet (2,9,9) conv 4 k3 p1 dense 5,4", {2, 9, 9}, {4}, 1, 3, 1, {5, 4}, 2, 7},
-        {"ConvNet (3,9,7) conv 3,4 k1 dense 3", {3, 9, 7}, {3, 4}, 2, 1, 0, {3}, 1, 4},
-        {"ConvNet (3,12,10) conv 4,5 k3 p1 dense 6,5", {3, 12, 10}, {4, 5}, 2, 3, 1, {6, 5}, 2, 7},
-        {"ConvNet (2,9,9) conv 3 k3 dense 3", {2, 9, 9}, {3}, 1, 3, 0, {3}, 1, 5},
+        {"conv blocks (1,12,10) conv 3,4 k3 dense 6,5", {1, 12, 10}, {3, 4}, 2, 3, 0, {6, 5}, 2, 5},
+        {"conv blocks (2,9,9) conv 4 k3 p1 dense 5,4", {2, 9, 9}, {4}, 1, 3, 1, {5, 4}, 2, 7},
+        {"conv blocks (3,9,7) conv 3,4 k1 dense 3", {3, 9, 7}, {3, 4}, 2, 1, 0, {3}, 1, 4},
+        {"conv blocks (3,12,10) conv 4,5 k3 p1 dense 6,5", {3, 12, 10}, {4, 5}, 2, 3, 1, {6, 5}, 2, 7},
+        {"conv blocks (2,9,9) conv 3 k3 dense 3", {2, 9, 9}, {3}, 1, 3, 0, {3}, 1, 5},
     };
     for (int i = 0; i < NL(cnns); i++) {
         arch a = {cnns[i].name, {{0}}, 0, 3, {0}, DP_LOSS_SOFTMAX_XENT};
@@ -1052,7 +1053,7 @@ int main(void)
         test_act_kernels();
         test_mse();
         test_models();
-        test_network_convnet();
+        test_dense_stacks_and_conv_blocks();
     }
     dp_isa_select(dp_cpu_widest_isa(&f));
     printf("%d passed, %d failed\n", (int)n_passed, (int)n_failed);

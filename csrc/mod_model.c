@@ -1,13 +1,7 @@
-/* mod_network.c - dptrain._core.Model, Network and ConvNet: the fused training paths the
- * models drive (one call per batch crosses the boundary), and model_plan / param_count.
- *
- * All three run on one engine, dp_model (dp_model.h), and share one object layout (NetObject)
- * and one set of methods; they differ only in how the layer list is given:
- *   Model(layers, input_shape, loss, params, grads, *, threads=1)   any list dp_model takes
- *   Network(sizes, loss, params, grads, *, threads=1)               dense layers, ReLU between
- *   ConvNet(input_shape, channels, dense, params, grads, *, kernel=3, padding=0, threads=1)
- *                                                                   conv->ReLU->pool blocks,
- *                                                                   then a Network's layers
+/* mod_model.c - dptrain._core.Model: the fused training path the models drive (one call per
+ * batch crosses the boundary) on the engine dp_model (dp_model.h), for any layer list it takes:
+ *   Model(layers, input_shape, loss, params, grads, *, threads=1, gemm_inputs=None)
+ * and model_plan, what Model builds without building it.
  * Parameters and gradients are the caller's flat arrays, validated once and held (held_array:
  * re-checked on every call). A backward sweep (forward_loss, then backward_layer down to 0)
  * belongs to the thread that started it.
@@ -21,17 +15,12 @@
 
 #include "dp_model.h"
 
-/* Network's and ConvNet's own limits (their layer lists fit DP_MODEL_MAX_LAYERS). */
-#define NET_MAX_DENSE 16
-#define CNN_MAX_CONV 8
-#define CNN_MAX_DENSE 8
-
 typedef struct {
     PyObject_HEAD
     held_array params, grads;        /* re-checked on every call (see held_array) */
     PyObject *sizes;                 /* tuple: flat width of the input and of every layer */
     PyObject *input_shape;           /* tuple: one input row's shape */
-    PyObject *plan;                  /* dict: model_plan()'s description (Model only) */
+    PyObject *plan;                  /* dict: model_plan()'s description */
     PyArrayObject *pending_x;        /* the input of a backward sweep in progress (owned) */
     void *pending_data;              /* ... its memory and size when the sweep began */
     npy_intp pending_nbytes;
@@ -40,21 +29,18 @@ typedef struct {
     PyThread_type_lock lock;
     int ready;
     int f32;
-    int n_conv;                      /* ConvNet: conv blocks */
-    const char *name;                /* the type's name, for messages */
     dp_model model;
-} NetObject;
+} ModelObject;
 
 /* ------------------------------------------------------------------ names */
 
 static const char *const LOSS_NAMES[] = {"softmax_xent", "sigmoid_bce", "mse"};
 
-static int parse_loss(const char *name, int allow_mse, dp_loss *out)
+static int parse_loss(const char *name, dp_loss *out)
 {
-    for (int i = 0; i < (allow_mse ? 3 : 2); i++)
+    for (int i = 0; i < 3; i++)
         if (strcmp(name, LOSS_NAMES[i]) == 0) { *out = (dp_loss)i; return 0; }
-    PyErr_Format(PyExc_ValueError, allow_mse ? "loss must be 'softmax_xent', 'sigmoid_bce' or 'mse', got '%s'"
-                                             : "loss must be 'softmax_xent' or 'sigmoid_bce', got '%s'", name);
+    PyErr_Format(PyExc_ValueError, "loss must be 'softmax_xent', 'sigmoid_bce' or 'mse', got '%s'", name);
     return -1;
 }
 
@@ -80,77 +66,58 @@ static const char *kind_name(dp_layer_kind k)
 /* ------------------------------------------------------------------ the object */
 
 /* The object is built and its held arrays are still what it was built on. */
-static int net_ready(NetObject *self, int writes_grads)
+static int model_ready(ModelObject *self, int writes_grads)
 {
     if (!self->ready) {
         PyErr_Format(PyExc_RuntimeError, "%s is not initialized", Py_TYPE(self)->tp_name);
         return -1;
     }
     /* forward-only calls (evaluate, logits) never touch the gradient */
-    return check_held(&self->params, self->name, "params") ||
-           (writes_grads && check_held(&self->grads, self->name, "grads"));
+    return check_held(&self->params, "Model", "params") ||
+           (writes_grads && check_held(&self->grads, "Model", "grads"));
 }
 
 /* The backward sweep (forward_loss, then backward_layer for L-1 .. 0) keeps activations in
  * the object between calls, so it belongs to the thread that started it: while it is in
- * flight, another thread's call on the object is refused (NET_EBUSY) instead of silently
+ * flight, another thread's call on the object is refused (MODEL_EBUSY) instead of silently
  * replacing the activations that the owner's next backward_layer reads. Fused calls
  * (loss_grad, evaluate, logits) from threads with no sweep in flight serialize on the lock. */
-#define NET_EBUSY (-100)
+#define MODEL_EBUSY (-100)
 
-static PyObject *net_busy_error(NetObject *self, const char *method)
+static PyObject *model_busy_error(const char *method)
 {
     return PyErr_Format(PyExc_RuntimeError,
-                        "%s.%s: a backward sweep (forward_loss, then backward_layer down to 0) "
+                        "Model.%s: a backward sweep (forward_loss, then backward_layer down to 0) "
                         "started by another thread is in progress on this object; finish it in "
-                        "that thread first, or give each thread its own %s",
-                        self->name, method, self->name);
+                        "that thread first, or give each thread its own Model", method);
 }
 
 /* The end of a sweep (or of a call that replaced it): drop the input it held. */
-static void net_end_sweep(NetObject *self)
+static void model_end_sweep(ModelObject *self)
 {
     Py_CLEAR(self->pending_x);
     self->pending_data = NULL;
     self->pending_nbytes = 0;
 }
 
-int get_team(PyObject *module, PyObject *obj, dp_threads **team, PyThread_type_lock *lock)
+int model_team(PyObject *model, dp_threads **team, PyThread_type_lock *lock)
 {
-    core_state *st = module_state(module);
-    *team = NULL;
-    *lock = NULL;
-    if (!obj || obj == Py_None) return 0;
-    int ready;
-    if (PyObject_TypeCheck(obj, st->context_type)) {
-        ready = ((ContextObject *)obj)->ready;
-        if (ready) *team = ((ContextObject *)obj)->ctx.team, *lock = ((ContextObject *)obj)->lock;
-    } else if (PyObject_TypeCheck(obj, st->model_type) ||
-               PyObject_TypeCheck(obj, st->network_type) ||
-               PyObject_TypeCheck(obj, st->convnet_type)) {
-        ready = ((NetObject *)obj)->ready;
-        if (ready) *team = ((NetObject *)obj)->model.ctx.team, *lock = ((NetObject *)obj)->lock;
-    } else {
-        PyErr_Format(PyExc_TypeError, "ctx must be a dptrain._core.Context, Model, Network or "
-                     "ConvNet, or None, got %s", Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    if (!ready) {
-        PyErr_Format(PyExc_RuntimeError, "ctx: this %s is not initialized", Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    return 0;
+    ModelObject *self = (ModelObject *)model;
+    if (!self->ready) return 0;
+    *team = self->model.ctx.team;
+    *lock = self->lock;
+    return 1;
 }
 
-static int is_mse(const NetObject *self) { return self->model.plan.loss == DP_LOSS_MSE; }
+static int is_mse(const ModelObject *self) { return self->model.plan.loss == DP_LOSS_MSE; }
 
 /* x (B, IN) of the model's dtype, and the batch's targets: int64 labels (B,) for the
  * classification losses, (B, OUT) values of the model's dtype for mse. The targets are
  * optional when `need_labels` is 0 (Py_None or NULL: *l = NULL). */
-static int net_batch(NetObject *self, PyObject *xo, PyObject *lo, PyArrayObject **x,
+static int model_batch(ModelObject *self, PyObject *xo, PyObject *lo, PyArrayObject **x,
                      PyArrayObject **l, int writes_grads, int need_labels)
 {
-    if (net_ready(self, writes_grads)) return -1;
+    if (model_ready(self, writes_grads)) return -1;
     if (!(*x = check_array(xo, "x", self->params.typenum, 2, 0))) return -1;
     const dp_plan *p = &self->model.plan;
     npy_intp B = PyArray_DIM(*x, 0), xd[2] = {B, p->in_width};
@@ -177,7 +144,7 @@ static int net_batch(NetObject *self, PyObject *xo, PyObject *lo, PyArrayObject 
 
 /* The gradient buffer of a call: the held one, or another of the same layout (e.g. one per
  * chunk of a global batch). */
-static PyArrayObject *net_grads(NetObject *self, PyObject *go, PyArrayObject *x, PyArrayObject *labels)
+static PyArrayObject *model_grads(ModelObject *self, PyObject *go, PyArrayObject *x, PyArrayObject *labels)
 {
     PyArrayObject *grads = self->grads.arr;
     if (go && go != Py_None) {
@@ -194,7 +161,7 @@ static PyArrayObject *net_grads(NetObject *self, PyObject *go, PyArrayObject *x,
 }
 
 /* The exception of a failed kernel call: labels out of range, or the code's own message. */
-static PyObject *net_error(NetObject *self, int rc, PyArrayObject *labels, const char *method)
+static PyObject *model_error(ModelObject *self, int rc, PyArrayObject *labels, const char *method)
 {
     if (rc == DP_ELABEL && labels) {
         const dp_plan *p = &self->model.plan;
@@ -202,12 +169,12 @@ static PyObject *net_error(NetObject *self, int rc, PyArrayObject *labels, const
         return NULL;
     }
     char what[64];
-    snprintf(what, sizeof what, "%s.%s", self->name, method);
+    snprintf(what, sizeof what, "Model.%s", method);
     return raise_code(rc, what);
 }
 
 /* The engine's entry points for the object's dtype. */
-static int run_loss_grad(NetObject *s, void *g, double *loss, int64_t *c, const void *x,
+static int run_loss_grad(ModelObject *s, void *g, double *loss, int64_t *c, const void *x,
                          PyArrayObject *l, int B, double gs)
 {
     const void *lab = l && !is_mse(s) ? PyArray_DATA(l) : NULL;
@@ -216,7 +183,7 @@ static int run_loss_grad(NetObject *s, void *g, double *loss, int64_t *c, const 
                   : dp_model_loss_grad_f64(&s->model, g, loss, c, s->params.data, x, lab, tgt, B, gs);
 }
 
-static int run_forward_loss(NetObject *s, double *loss, int64_t *c, const void *x, PyArrayObject *l,
+static int run_forward_loss(ModelObject *s, double *loss, int64_t *c, const void *x, PyArrayObject *l,
                             int B, double gs)
 {
     const void *lab = l && !is_mse(s) ? PyArray_DATA(l) : NULL;
@@ -225,7 +192,7 @@ static int run_forward_loss(NetObject *s, double *loss, int64_t *c, const void *
                   : dp_model_forward_loss_f64(&s->model, loss, c, s->params.data, x, lab, tgt, B, gs);
 }
 
-static int run_evaluate(NetObject *s, void *out, double *loss, int64_t *c, const void *x,
+static int run_evaluate(ModelObject *s, void *out, double *loss, int64_t *c, const void *x,
                         PyArrayObject *l, int B)
 {
     const void *lab = l && !is_mse(s) ? PyArray_DATA(l) : NULL;
@@ -234,7 +201,7 @@ static int run_evaluate(NetObject *s, void *out, double *loss, int64_t *c, const
                   : dp_model_evaluate_f64(&s->model, out, loss, c, s->params.data, x, lab, tgt, B);
 }
 
-static PyObject *Net_loss_grad(NetObject *self, PyObject *const *args, Py_ssize_t nargs,
+static PyObject *Model_loss_grad(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames)
 {
     static const char *const kwlist[] = {"x", "labels", "grad_scale", "grads", NULL};
@@ -243,27 +210,27 @@ static PyObject *Net_loss_grad(NetObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     PyArrayObject *x, *l, *grads;
     double gs;
-    if (net_batch(self, xo, lo, &x, &l, 1, 1)) return NULL;
+    if (model_batch(self, xo, lo, &x, &l, 1, 1)) return NULL;
     npy_intp B = PyArray_DIM(x, 0);
-    if (get_grad_scale(gso, B, &gs) || !(grads = net_grads(self, go, x, l))) return NULL;
+    if (get_grad_scale(gso, B, &gs) || !(grads = model_grads(self, go, x, l))) return NULL;
     double loss = 0;
     int64_t correct = 0;
     int rc;
     unsigned long me = PyThread_get_thread_ident();
     /* a whole sweep: one of this thread's in progress ends here (the engine says so too) */
     WITHOUT_GIL_LOCKED(self->lock,
-        if (self->sweep_owner && self->sweep_owner != me) rc = NET_EBUSY;
+        if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY;
         else {
             rc = run_loss_grad(self, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(x), l, (int)B, gs);
             self->sweep_owner = 0;
         });
-    if (rc == NET_EBUSY) return net_busy_error(self, "loss_grad");
-    net_end_sweep(self);
-    if (rc) return net_error(self, rc, l, "loss_grad");
+    if (rc == MODEL_EBUSY) return model_busy_error("loss_grad");
+    model_end_sweep(self);
+    if (rc) return model_error(self, rc, l, "loss_grad");
     return Py_BuildValue("(dL)", loss, (long long)correct);
 }
 
-static PyObject *Net_forward_loss(NetObject *self, PyObject *const *args, Py_ssize_t nargs,
+static PyObject *Model_forward_loss(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
                                   PyObject *kwnames)
 {
     static const char *const kwlist[] = {"x", "labels", "grad_scale", NULL};
@@ -271,7 +238,7 @@ static PyObject *Net_forward_loss(NetObject *self, PyObject *const *args, Py_ssi
     if (parse_args(args, nargs, kwnames, "OO|O:forward_loss", kwlist, &xo, &lo, &gso)) return NULL;
     PyArrayObject *x, *l;
     double gs;
-    if (net_batch(self, xo, lo, &x, &l, 1, 1)) return NULL;
+    if (model_batch(self, xo, lo, &x, &l, 1, 1)) return NULL;
     npy_intp B = PyArray_DIM(x, 0);
     if (get_grad_scale(gso, B, &gs)) return NULL;
     double loss = 0;
@@ -279,15 +246,15 @@ static PyObject *Net_forward_loss(NetObject *self, PyObject *const *args, Py_ssi
     int rc, pending = 0;
     unsigned long me = PyThread_get_thread_ident();
     WITHOUT_GIL_LOCKED(self->lock,
-        if (self->sweep_owner && self->sweep_owner != me) rc = NET_EBUSY;
+        if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY;
         else {
             rc = run_forward_loss(self, &loss, &correct, PyArray_DATA(x), l, (int)B, gs);
             pending = rc == 0 && self->model.pending_rows;
             self->sweep_owner = pending ? me : 0;
         });
-    if (rc == NET_EBUSY) return net_busy_error(self, "forward_loss");
-    net_end_sweep(self);                 /* this thread's earlier sweep, if any, is replaced */
-    if (rc) return net_error(self, rc, l, "forward_loss");
+    if (rc == MODEL_EBUSY) return model_busy_error("forward_loss");
+    model_end_sweep(self);                 /* this thread's earlier sweep, if any, is replaced */
+    if (rc) return model_error(self, rc, l, "forward_loss");
     if (pending) {                       /* backward_layer(0) reads x: keep it alive */
         Py_INCREF(x);
         self->pending_x = x;
@@ -297,19 +264,19 @@ static PyObject *Net_forward_loss(NetObject *self, PyObject *const *args, Py_ssi
     return Py_BuildValue("(dL)", loss, (long long)correct);
 }
 
-static PyObject *Net_backward_layer(NetObject *self, PyObject *const *args, Py_ssize_t nargs,
+static PyObject *Model_backward_layer(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
                                     PyObject *kwnames)
 {
     static const char *const kwlist[] = {"layer", "grads", NULL};
     int layer;
     PyObject *go = Py_None;
     if (parse_args(args, nargs, kwnames, "i|O:backward_layer", kwlist, &layer, &go)) return NULL;
-    if (net_ready(self, 1)) return NULL;
+    if (model_ready(self, 1)) return NULL;
     PyArrayObject *px = self->pending_x;
     if (px && (PyArray_DATA(px) != self->pending_data || PyArray_NBYTES(px) != self->pending_nbytes))
         return PyErr_Format(PyExc_ValueError, "backward_layer(%d): the x given to forward_loss was "
                             "resized or moved since; call forward_loss again", layer), NULL;
-    PyArrayObject *grads = net_grads(self, go, px, NULL);
+    PyArrayObject *grads = model_grads(self, go, px, NULL);
     if (!grads) return NULL;
     int rc, ended = 0, next = -1, owned_by_other = 0;
     unsigned long me = PyThread_get_thread_ident();
@@ -324,24 +291,24 @@ static PyObject *Net_backward_layer(NetObject *self, PyObject *const *args, Py_s
             if (ended) self->sweep_owner = 0;
             next = self->model.next_layer;
         });
-    if (owned_by_other) return net_busy_error(self, "backward_layer");
+    if (owned_by_other) return model_busy_error("backward_layer");
     if (rc == DP_EORDER) {
         if (next < 0)
             return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d): no forward_loss to go back from", layer), NULL;
         return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d) out of order: the next layer is %d",
                             layer, next), NULL;
     }
-    if (ended) net_end_sweep(self);
-    if (rc) return net_error(self, rc, NULL, "backward_layer");
+    if (ended) model_end_sweep(self);
+    if (rc) return model_error(self, rc, NULL, "backward_layer");
     Py_RETURN_NONE;
 }
 
 /* evaluate and logits: forward only, in chunks. The engine reuses the activation scratch, so
  * a backward sweep in progress ends here (the engine says so too: no pending rows after). */
-static PyObject *net_forward_only(NetObject *self, PyObject *xo, PyObject *lo, PyObject *oo, const char *method)
+static PyObject *model_forward_only(ModelObject *self, PyObject *xo, PyObject *lo, PyObject *oo, const char *method)
 {
     PyArrayObject *x, *l, *o = NULL;
-    if (net_batch(self, xo, lo, &x, &l, 0, lo != NULL)) return NULL;
+    if (model_batch(self, xo, lo, &x, &l, 0, lo != NULL)) return NULL;
     if (oo) {
         npy_intp od[2] = {PyArray_DIM(x, 0), self->model.plan.out_width};
         if (!(o = check_array(oo, "out", self->params.typenum, 2, 1)) || check_shape(o, "out", 2, od) ||
@@ -353,58 +320,57 @@ static PyObject *net_forward_only(NetObject *self, PyObject *xo, PyObject *lo, P
     int rc, B = (int)PyArray_DIM(x, 0);
     unsigned long me = PyThread_get_thread_ident();
     WITHOUT_GIL_LOCKED(self->lock,
-        if (self->sweep_owner && self->sweep_owner != me) rc = NET_EBUSY;
+        if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY;
         else {
             rc = run_evaluate(self, o ? PyArray_DATA(o) : NULL, &loss, &correct, PyArray_DATA(x), l, B);
             self->sweep_owner = 0;
         });
-    if (rc == NET_EBUSY) return net_busy_error(self, method);
-    net_end_sweep(self);
-    if (rc) return net_error(self, rc, l, method);
+    if (rc == MODEL_EBUSY) return model_busy_error(method);
+    model_end_sweep(self);
+    if (rc) return model_error(self, rc, l, method);
     if (o) Py_RETURN_NONE;
     return Py_BuildValue("(dL)", loss, (long long)correct);
 }
 
-static PyObject *Net_evaluate(NetObject *self, PyObject *const *args, Py_ssize_t nargs,
+static PyObject *Model_evaluate(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames)
 {
     static const char *const kwlist[] = {"x", "labels", NULL};
     PyObject *xo, *lo;
     if (parse_args(args, nargs, kwnames, "OO:evaluate", kwlist, &xo, &lo)) return NULL;
-    return net_forward_only(self, xo, lo, NULL, "evaluate");
+    return model_forward_only(self, xo, lo, NULL, "evaluate");
 }
 
-static PyObject *Net_logits(NetObject *self, PyObject *const *args, Py_ssize_t nargs,
+static PyObject *Model_logits(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames)
 {
     static const char *const kwlist[] = {"x", "out", NULL};
     PyObject *xo, *oo;
     if (parse_args(args, nargs, kwnames, "OO:logits", kwlist, &xo, &oo)) return NULL;
-    return net_forward_only(self, xo, NULL, oo, "logits");
+    return model_forward_only(self, xo, NULL, oo, "logits");
 }
 
 static PyObject *held(PyObject *o) { o = o ? o : Py_None; Py_INCREF(o); return o; }
-static PyObject *Net_get_params(NetObject *self, void *c) { return held((PyObject *)self->params.arr); }
-static PyObject *Net_get_grads(NetObject *self, void *c) { return held((PyObject *)self->grads.arr); }
-static PyObject *Net_get_sizes(NetObject *self, void *c) { return held(self->sizes); }
-static PyObject *Net_get_input_shape(NetObject *self, void *c) { return held(self->input_shape); }
-static PyObject *Net_get_plan(NetObject *self, void *c) { return held(self->plan); }
-static PyObject *Net_get_threads(NetObject *self, void *c) { return PyLong_FromLong(self->ready ? self->model.threads : 0); }
-static PyObject *Net_get_gemm_inputs(NetObject *self, void *c)
+static PyObject *Model_get_params(ModelObject *self, void *c) { return held((PyObject *)self->params.arr); }
+static PyObject *Model_get_grads(ModelObject *self, void *c) { return held((PyObject *)self->grads.arr); }
+static PyObject *Model_get_sizes(ModelObject *self, void *c) { return held(self->sizes); }
+static PyObject *Model_get_input_shape(ModelObject *self, void *c) { return held(self->input_shape); }
+static PyObject *Model_get_plan(ModelObject *self, void *c) { return held(self->plan); }
+static PyObject *Model_get_threads(ModelObject *self, void *c) { return PyLong_FromLong(self->ready ? self->model.threads : 0); }
+static PyObject *Model_get_gemm_inputs(ModelObject *self, void *c)
 {
     if (self->ready && self->model.ctx.bf16_inputs) return PyUnicode_FromString("bfloat16");
     Py_RETURN_NONE;
 }
-static PyObject *Net_get_n_params(NetObject *self, void *c) { return PyLong_FromSsize_t(self->model.plan.n_params); }
-static PyObject *Net_get_n_conv(NetObject *self, void *c) { return PyLong_FromLong(self->n_conv); }
-static PyObject *Net_get_n_param_layers(NetObject *self, void *c) { return PyLong_FromLong(self->model.plan.n_param_layers); }
-static PyObject *Net_get_loss(NetObject *self, void *c)
+static PyObject *Model_get_n_params(ModelObject *self, void *c) { return PyLong_FromSsize_t(self->model.plan.n_params); }
+static PyObject *Model_get_n_param_layers(ModelObject *self, void *c) { return PyLong_FromLong(self->model.plan.n_param_layers); }
+static PyObject *Model_get_loss(ModelObject *self, void *c)
 {
     if (!self->ready) Py_RETURN_NONE;
     return PyUnicode_FromString(LOSS_NAMES[self->model.plan.loss]);
 }
 
-static void Net_dealloc(NetObject *self)
+static void Model_dealloc(ModelObject *self)
 {
     if (self->ready) dp_model_free(&self->model);
     Py_XDECREF(self->params.arr);
@@ -419,22 +385,22 @@ static void Net_dealloc(NetObject *self)
     Py_DECREF(type);             /* a heap type: each instance holds a reference to it */
 }
 
-static PyMethodDef Net_methods[] = {
-    {"loss_grad", FASTFN(Net_loss_grad), FASTKW,
+static PyMethodDef Model_methods[] = {
+    {"loss_grad", FASTFN(Model_loss_grad), FASTKW,
      "loss_grad(x, labels, grad_scale=None, grads=None) -> (loss_sum, n_correct)\n\nForward and "
      "backward on one batch; ACCUMULATES d(grad_scale * sum of losses)/d params into grads (the "
      "held buffer, or the one given; grad_scale defaults to 1/B). labels: int64 (B,) class "
      "labels, or for loss 'mse' the (B, OUT) targets of the model's dtype (n_correct is then 0)."},
-    {"forward_loss", FASTFN(Net_forward_loss), FASTKW,
+    {"forward_loss", FASTFN(Model_forward_loss), FASTKW,
      "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
      "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it (L: the dense and "
      "conv layers)"},
-    {"backward_layer", FASTFN(Net_backward_layer), FASTKW,
+    {"backward_layer", FASTFN(Model_backward_layer), FASTKW,
      "backward_layer(layer, grads=None): one backward step, last parameterized layer first; "
      "that layer's gradient is final when it returns"},
-    {"evaluate", FASTFN(Net_evaluate), FASTKW,
+    {"evaluate", FASTFN(Model_evaluate), FASTKW,
      "evaluate(x, labels) -> (loss_sum, n_correct): forward only, in chunks."},
-    {"logits", FASTFN(Net_logits), FASTKW,
+    {"logits", FASTFN(Model_logits), FASTKW,
      "logits(x, out): writes the (B, OUT) outputs (OUT: the classes, 1 for sigmoid_bce)."},
     {NULL},
 };
@@ -445,13 +411,12 @@ static PyObject *plan_dict(const dp_plan *p);
 
 /* Checks params and grads against the plan, then builds the engine and holds the arrays.
  * On failure the object stays unready (dealloc frees what was made). */
-static int net_build(NetObject *self, const char *name, const dp_layer *layers, int n_layers,
-                     const int *in_shape, int in_ndim, dp_loss loss, int threads, PyObject *po,
-                     PyObject *go)
+static int model_build(ModelObject *self, const dp_layer *layers, int n_layers,
+                       const int *in_shape, int in_ndim, dp_loss loss, int threads, PyObject *po,
+                       PyObject *go)
 {
     if (threads < 1 || threads > DP_MAX_THREADS)
         return PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads), -1;
-    self->name = name;
     PyArrayObject *p, *g;
     npy_intp pn[1] = {self->model.plan.n_params};
     if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 0)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 1)) ||
@@ -462,7 +427,7 @@ static int net_build(NetObject *self, const char *name, const dp_layer *layers, 
     int err = dp_model_init(&self->model, layers, n_layers, in_shape, in_ndim, loss, threads);
     if (err) {
         dp_model_free(&self->model);
-        raise_code(err, name);
+        raise_code(err, "Model");
         return -1;
     }
     hold_array(&self->params, p, 0);
@@ -486,13 +451,14 @@ static PyObject *int_tuple(const int *v, int n)
 
 static int flat(const int *shape, int ndim) { return ndim == 3 ? shape[0] * shape[1] * shape[2] : shape[0]; }
 
-/* The input's flat width, then each of the given layers' (indices) output widths. */
-static PyObject *widths_tuple(const dp_plan *p, const int *layer_ids, int n)
+/* The input's flat width, then each layer's output width. */
+static PyObject *widths_tuple(const dp_plan *p)
 {
+    int n = p->n_layers;
     PyObject *t = PyTuple_New(n + 1);
     if (!t) return NULL;
     for (int i = 0; i <= n; i++) {
-        int w = i == 0 ? p->in_width : flat(p->out_shape[layer_ids[i - 1]], p->out_ndim[layer_ids[i - 1]]);
+        int w = i == 0 ? p->in_width : flat(p->out_shape[i - 1], p->out_ndim[i - 1]);
         PyObject *o = PyLong_FromLong(w);
         if (!o) { Py_DECREF(t); return NULL; }
         PyTuple_SET_ITEM(t, i, o);
@@ -621,7 +587,7 @@ static void shape_text(char *buf, size_t size, const int *shape, int ndim)
 static int parse_model(PyObject *lo, PyObject *so, const char *loss_name, dp_layer *layers,
                        int *n_layers, int *shape, int *ndim, dp_loss *loss, dp_plan *plan)
 {
-    if (parse_loss(loss_name, 1, loss) || parse_shape(so, shape, ndim)) return -1;
+    if (parse_loss(loss_name, loss) || parse_shape(so, shape, ndim)) return -1;
     PyObject *seq = PySequence_Check(lo) && !PyUnicode_Check(lo) ? PySequence_Fast(lo, "") : NULL;
     if (!seq) {
         PyErr_Clear();
@@ -735,7 +701,7 @@ fail:
     return NULL;
 }
 
-static int Model_init(NetObject *self, PyObject *args, PyObject *kwds)
+static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"layers", "input_shape", "loss", "params", "grads", "threads",
                              "gemm_inputs", NULL};
@@ -752,15 +718,13 @@ static int Model_init(NetObject *self, PyObject *args, PyObject *kwds)
     dp_layer layers[DP_MODEL_MAX_LAYERS];
     dp_loss loss;
     /* the layer list is checked first: its errors name the layer at fault; params that are not
-     * a float32 or float64 array fail in net_build, so the dtype is known wherever it matters */
+     * a float32 or float64 array fail in model_build, so the dtype is known wherever it matters */
     if (parse_model(lo, so, loss_name, layers, &n_layers, shape, &ndim, &loss, &self->model.plan) ||
         parse_gemm_inputs(gi, PyArray_Check(po) ? PyArray_TYPE((PyArrayObject *)po) == NPY_FLOAT32 : -1, &bf16) ||
-        net_build(self, "Model", layers, n_layers, shape, ndim, loss, threads, po, go))
+        model_build(self, layers, n_layers, shape, ndim, loss, threads, po, go))
         return -1;
     dp_model_set_bf16_inputs(&self->model, bf16);
-    int ids[DP_MODEL_MAX_LAYERS];
-    for (int l = 0; l < n_layers; l++) ids[l] = l;
-    if (!(self->sizes = widths_tuple(&self->model.plan, ids, n_layers)) ||
+    if (!(self->sizes = widths_tuple(&self->model.plan)) ||
         !(self->input_shape = int_tuple(shape, ndim)))
         return -1;       /* ready: dealloc frees the engine */
     return 0;
@@ -781,17 +745,17 @@ static PyObject *py_model_plan(PyObject *module, PyObject *args, PyObject *kwds)
 }
 
 static PyGetSetDef Model_getset[] = {
-    {"params", (getter)Net_get_params, NULL, "the flat parameter array (held)", NULL},
-    {"grads", (getter)Net_get_grads, NULL, "the flat gradient array (held)", NULL},
-    {"sizes", (getter)Net_get_sizes, NULL, "flat width of the input and of every layer's output", NULL},
-    {"input_shape", (getter)Net_get_input_shape, NULL, "one input row's shape, (F,) or (C, H, W)", NULL},
-    {"plan", (getter)Net_get_plan, NULL, "model_plan() of the layers: shapes, parameter layout, stages", NULL},
-    {"threads", (getter)Net_get_threads, NULL, "threads the kernels split work over", NULL},
-    {"gemm_inputs", (getter)Net_get_gemm_inputs, NULL,
+    {"params", (getter)Model_get_params, NULL, "the flat parameter array (held)", NULL},
+    {"grads", (getter)Model_get_grads, NULL, "the flat gradient array (held)", NULL},
+    {"sizes", (getter)Model_get_sizes, NULL, "flat width of the input and of every layer's output", NULL},
+    {"input_shape", (getter)Model_get_input_shape, NULL, "one input row's shape, (F,) or (C, H, W)", NULL},
+    {"plan", (getter)Model_get_plan, NULL, "model_plan() of the layers: shapes, parameter layout, stages", NULL},
+    {"threads", (getter)Model_get_threads, NULL, "threads the kernels split work over", NULL},
+    {"gemm_inputs", (getter)Model_get_gemm_inputs, NULL,
      "'bfloat16': every GEMM rounds its inputs to bfloat16 (float32 accumulation); None: as the params", NULL},
-    {"n_params", (getter)Net_get_n_params, NULL, "length of the flat parameter layout", NULL},
-    {"n_param_layers", (getter)Net_get_n_param_layers, NULL, "dense and conv layers (backward_layer's range)", NULL},
-    {"loss", (getter)Net_get_loss, NULL, "the loss name", NULL},
+    {"n_params", (getter)Model_get_n_params, NULL, "length of the flat parameter layout", NULL},
+    {"n_param_layers", (getter)Model_get_n_param_layers, NULL, "dense and conv layers (backward_layer's range)", NULL},
+    {"loss", (getter)Model_get_loss, NULL, "the loss name", NULL},
     {NULL},
 };
 
@@ -806,295 +770,22 @@ static PyType_Slot Model_slots[] = {
                         "float32; params, grads and activations stay float32."},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, Model_init},
-    {Py_tp_dealloc, Net_dealloc},
-    {Py_tp_methods, Net_methods},
+    {Py_tp_dealloc, Model_dealloc},
+    {Py_tp_methods, Model_methods},
     {Py_tp_getset, Model_getset},
     {0, NULL},
 };
 
 PyType_Spec mod_model_spec = {
     .name = "dptrain._core.Model",
-    .basicsize = sizeof(NetObject),
+    .basicsize = sizeof(ModelObject),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = Model_slots,
 };
 
-/* ------------------------------------------------------------------ Network */
-
-/* Flat parameter count of dense layers sizes[0] -> ... -> sizes[n], or -1 when it does not fit
- * (each sizes[i] <= INT_MAX, so a product fits a ptrdiff_t). */
-static ptrdiff_t dense_param_count(const int *sizes, int n_layers)
-{
-    ptrdiff_t total = 0;
-    for (int l = 0; l < n_layers; l++) {
-        ptrdiff_t layer = ((ptrdiff_t)sizes[l] + 1) * sizes[l + 1];
-        if (total > PTRDIFF_MAX - layer) return -1;
-        total += layer;
-    }
-    return total;
-}
-
-/* A dense stack's sizes (IN, H1, ..., OUT): 2 to NET_MAX_DENSE + 1 ints in [1, INT_MAX] (the
- * kernels index with int), and its flat parameter count, which must fit the address space. */
-static int layer_sizes(PyObject *obj, int *sizes, Py_ssize_t *ns, npy_intp *n_params)
-{
-    PyObject *seq = PySequence_Fast(obj, "sizes must be a sequence of ints");
-    if (!seq) return -1;
-    int rc = -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n < 2 || n > NET_MAX_DENSE + 1) {
-        PyErr_Format(PyExc_ValueError, "sizes has %zd entries, expected 2 to %d (input, hidden..., output)",
-                     n, NET_MAX_DENSE + 1);
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-        PyObject *index = PyNumber_Index(item);     /* int, numpy integers; not float */
-        if (!index) {
-            PyErr_Format(PyExc_TypeError, "sizes[%zd] must be an int, got %s", i, Py_TYPE(item)->tp_name);
-            goto done;
-        }
-        int overflow;
-        long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
-        if (overflow || v < 1 || v > INT_MAX) {
-            PyErr_Format(PyExc_ValueError, "sizes[%zd] = %S: layer widths must be >= 1 and at most %d",
-                         i, index, INT_MAX);
-            Py_DECREF(index);
-            goto done;
-        }
-        Py_DECREF(index);
-        sizes[i] = (int)v;
-    }
-    ptrdiff_t p = dense_param_count(sizes, (int)n - 1);
-    if (p < 0 || (size_t)p > (size_t)PY_SSIZE_T_MAX / sizeof(double)) {
-        PyErr_Format(PyExc_OverflowError, "sizes: the flat parameter count of these %zd layer widths "
-                     "is too large to allocate", n);
-        goto done;
-    }
-    *ns = n;
-    *n_params = (npy_intp)p;
-    rc = 0;
-done:
-    Py_DECREF(seq);
-    return rc;
-}
-
-/* [DENSE(s1) RELU DENSE(s2) ... DENSE(sL)]: the layer list of a Network; its length. */
-static int dense_stack(dp_layer *out, const int *sizes, int n_dense)
-{
-    int n = 0;
-    for (int l = 0; l < n_dense; l++) {
-        if (l) out[n++] = (dp_layer){DP_LAYER_RELU, 0, 0, 0};
-        out[n++] = (dp_layer){DP_LAYER_DENSE, sizes[l], 0, 0};
-    }
-    return n;
-}
-
-static int Network_init(NetObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"sizes", "loss", "params", "grads", "threads", NULL};
-    PyObject *so, *po, *go;
-    const char *loss_name;
-    int threads = 1, sizes[NET_MAX_DENSE + 1];
-    if (self->ready) {
-        PyErr_SetString(PyExc_RuntimeError, "Network is already initialized");
-        return -1;
-    }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OsOO|$i:Network", kwlist, &so, &loss_name, &po, &go, &threads))
-        return -1;
-    dp_loss loss;
-    if (parse_loss(loss_name, 0, &loss)) return -1;
-    Py_ssize_t ns;
-    npy_intp n_params;
-    if (layer_sizes(so, sizes, &ns, &n_params)) return -1;
-    if (loss == DP_LOSS_SIGMOID_BCE && sizes[ns - 1] != 1)
-        return PyErr_Format(PyExc_ValueError, "loss 'sigmoid_bce' needs one output, sizes[-1] = %d", sizes[ns - 1]), -1;
-    if (loss == DP_LOSS_SOFTMAX_XENT && sizes[ns - 1] < 2)
-        return PyErr_Format(PyExc_ValueError, "loss 'softmax_xent' needs >= 2 outputs, sizes[-1] = %d", sizes[ns - 1]), -1;
-    dp_layer layers[2 * NET_MAX_DENSE];
-    int n_layers = dense_stack(layers, sizes + 1, (int)ns - 1);
-    if (dp_model_plan(&self->model.plan, layers, n_layers, sizes, 1, loss))
-        return PyErr_Format(PyExc_ValueError, "Network: %s", self->model.plan.why), -1;
-    if (net_build(self, "Network", layers, n_layers, sizes, 1, loss, threads, po, go)) return -1;
-    if (!(self->sizes = PySequence_Tuple(so)) || !(self->input_shape = int_tuple(sizes, 1))) return -1;
-    return 0;
-}
-
-static PyGetSetDef Network_getset[] = {
-    {"params", (getter)Net_get_params, NULL, "the flat parameter array (held)", NULL},
-    {"grads", (getter)Net_get_grads, NULL, "the flat gradient array (held)", NULL},
-    {"sizes", (getter)Net_get_sizes, NULL, "layer widths (IN, H1, ..., OUT)", NULL},
-    {"threads", (getter)Net_get_threads, NULL, "threads the kernels split work over", NULL},
-    {"n_params", (getter)Net_get_n_params, NULL, "length of the flat parameter layout", NULL},
-    {"loss", (getter)Net_get_loss, NULL, "the loss name", NULL},
-    {"plan", (getter)Net_get_plan, NULL, "model_plan() of its layer list: shapes, parameter layout, stages", NULL},
-    {NULL},
-};
-
-static PyType_Slot Network_slots[] = {
-    {Py_tp_doc, (void *)"Network(sizes, loss, params, grads, *, threads=1): dense layers with ReLU "
-                        "between them over caller-owned flat parameter and gradient arrays (a "
-                        "Model of ('dense', sizes[1]), 'relu', ..., ('dense', sizes[-1]))."},
-    {Py_tp_new, PyType_GenericNew},
-    {Py_tp_init, Network_init},
-    {Py_tp_dealloc, Net_dealloc},
-    {Py_tp_methods, Net_methods},
-    {Py_tp_getset, Network_getset},
-    {0, NULL},
-};
-
-PyType_Spec mod_network_spec = {
-    .name = "dptrain._core.Network",
-    .basicsize = sizeof(NetObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
-    .slots = Network_slots,
-};
-
-static PyObject *py_param_count(PyObject *module, PyObject *arg)
-{
-    int sizes[NET_MAX_DENSE + 1];
-    Py_ssize_t ns;
-    npy_intp n_params;
-    if (layer_sizes(arg, sizes, &ns, &n_params)) return NULL;
-    return PyLong_FromSsize_t((Py_ssize_t)n_params);
-}
-
-/* ------------------------------------------------------------------ ConvNet */
-
-/* A sequence of 1..max positive ints into out; its length in *n. */
-static int int_list(PyObject *obj, const char *name, int max, int *out, int *n)
-{
-    PyObject *seq = PySequence_Fast(obj, "a sequence of ints was expected");
-    if (!seq) {
-        PyErr_Format(PyExc_TypeError, "%s must be a sequence of ints, got %s", name, Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
-    int rc = -1;
-    if (k < 1 || k > max) {
-        PyErr_Format(PyExc_ValueError, "%s has %zd entries, expected 1 to %d", name, k, max);
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < k; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-        if (!PyLong_Check(item)) {
-            PyErr_Format(PyExc_TypeError, "%s[%zd] must be an int, got %s", name, i, Py_TYPE(item)->tp_name);
-            goto done;
-        }
-        long v = PyLong_AsLong(item);
-        if (v == -1 && PyErr_Occurred()) goto done;
-        if (v < 1 || v > INT_MAX) {
-            PyErr_Format(PyExc_ValueError, "%s[%zd] = %ld, expected a positive size", name, i, v);
-            goto done;
-        }
-        out[i] = (int)v;
-    }
-    *n = (int)k;
-    rc = 0;
-done:
-    Py_DECREF(seq);
-    return rc;
-}
-
-/* The exception for a ConvNet layer list the plan refused: conv block i is layers 3i .. 3i+2
- * (conv, relu, maxpool2), then flatten, then the dense stack. */
-static void cnn_plan_error(const dp_plan *p, int n_conv, const int *shape, int kernel, int padding)
-{
-    int l = p->bad_layer;
-    if (l >= 0 && l < 3 * n_conv) {
-        int i = l / 3;
-        const int *in = i ? p->out_shape[3 * i - 1] : shape;
-        PyErr_Format(PyExc_ValueError, "conv layer %d gets a (%d, %d, %d) input: a %dx%d kernel with "
-                     "padding %d leaves no 2x2 window to pool (the input is too small for this many "
-                     "conv layers)", i, in[0], in[1], in[2], kernel, kernel, padding);
-    } else if (l == p->n_layers) {
-        PyErr_Format(PyExc_ValueError, "dense[-1] is the class count and must be >= 2 for softmax_xent");
-    } else {
-        PyErr_Format(PyExc_ValueError, "ConvNet: %s", p->why ? p->why : "invalid layers");
-    }
-}
-
-static int ConvNet_init(NetObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"input_shape", "channels", "dense", "params", "grads", "kernel", "padding", "threads", NULL};
-    PyObject *so, *co, *dno, *po, *go;
-    int kernel = 3, padding = 0, threads = 1, shape[3], channels[CNN_MAX_CONV], dense[CNN_MAX_DENSE];
-    int ns, nc, nd;
-    if (self->ready) {
-        PyErr_SetString(PyExc_RuntimeError, "ConvNet is already initialized");
-        return -1;
-    }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO|$iii:ConvNet", kwlist, &so, &co, &dno, &po, &go,
-                                     &kernel, &padding, &threads))
-        return -1;
-    if (int_list(so, "input_shape", 3, shape, &ns) || int_list(co, "channels", CNN_MAX_CONV, channels, &nc) ||
-        int_list(dno, "dense", CNN_MAX_DENSE, dense, &nd))
-        return -1;
-    if (ns != 3) return PyErr_Format(PyExc_ValueError, "input_shape has %d entries, expected (C, H, W)", ns), -1;
-    if (kernel < 1) return PyErr_Format(PyExc_ValueError, "kernel must be >= 1, got %d", kernel), -1;
-    if (padding < 0) return PyErr_Format(PyExc_ValueError, "padding must be >= 0, got %d", padding), -1;
-    if (threads < 1 || threads > DP_MAX_THREADS)
-        return PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads), -1;
-    dp_layer layers[3 * CNN_MAX_CONV + 1 + 2 * CNN_MAX_DENSE];
-    int n = 0, ids[CNN_MAX_CONV + CNN_MAX_DENSE];
-    for (int i = 0; i < nc; i++) {
-        layers[n++] = (dp_layer){DP_LAYER_CONV, channels[i], kernel, padding};
-        layers[n++] = (dp_layer){DP_LAYER_RELU, 0, 0, 0};
-        layers[n++] = (dp_layer){DP_LAYER_MAXPOOL2, 0, 0, 0};
-        ids[i] = n - 1;
-    }
-    layers[n++] = (dp_layer){DP_LAYER_FLATTEN, 0, 0, 0};
-    int first_dense = n;
-    n += dense_stack(layers + n, dense, nd);
-    for (int j = 0; j < nd; j++) ids[nc + j] = first_dense + 2 * j;
-    if (dp_model_plan(&self->model.plan, layers, n, shape, 3, DP_LOSS_SOFTMAX_XENT)) {
-        cnn_plan_error(&self->model.plan, nc, shape, kernel, padding);
-        return -1;
-    }
-    if (net_build(self, "ConvNet", layers, n, shape, 3, DP_LOSS_SOFTMAX_XENT, threads, po, go)) return -1;
-    self->n_conv = nc;
-    if (!(self->sizes = widths_tuple(&self->model.plan, ids, nc + nd)) || !(self->input_shape = int_tuple(shape, 3)))
-        return -1;
-    return 0;
-}
-
-static PyGetSetDef ConvNet_getset[] = {
-    {"params", (getter)Net_get_params, NULL, "the flat parameter array (held)", NULL},
-    {"grads", (getter)Net_get_grads, NULL, "the flat gradient array (held)", NULL},
-    {"sizes", (getter)Net_get_sizes, NULL, "flat width of the input and of every layer's output", NULL},
-    {"input_shape", (getter)Net_get_input_shape, NULL, "(C, H, W) of one input row", NULL},
-    {"threads", (getter)Net_get_threads, NULL, "threads the kernels split work over", NULL},
-    {"n_conv", (getter)Net_get_n_conv, NULL, "number of conv blocks (the first layers)", NULL},
-    {"n_params", (getter)Net_get_n_params, NULL, "length of the flat parameter layout", NULL},
-    {"loss", (getter)Net_get_loss, NULL, "the loss name", NULL},
-    {"plan", (getter)Net_get_plan, NULL, "model_plan() of its layer list: shapes, parameter layout, stages", NULL},
-    {NULL},
-};
-
-static PyType_Slot ConvNet_slots[] = {
-    {Py_tp_doc, (void *)"ConvNet(input_shape, channels, dense, params, grads, *, kernel=3, padding=0, "
-                        "threads=1): conv blocks (conv -> ReLU -> 2x2 max-pool) then dense layers "
-                        "with ReLU between them, softmax cross-entropy, over caller-owned flat "
-                        "parameter and gradient arrays."},
-    {Py_tp_new, PyType_GenericNew},
-    {Py_tp_init, ConvNet_init},
-    {Py_tp_dealloc, Net_dealloc},
-    {Py_tp_methods, Net_methods},
-    {Py_tp_getset, ConvNet_getset},
-    {0, NULL},
-};
-
-PyType_Spec mod_convnet_spec = {
-    .name = "dptrain._core.ConvNet",
-    .basicsize = sizeof(NetObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
-    .slots = ConvNet_slots,
-};
-
 /* ------------------------------------------------------------------ the functions */
 
-PyMethodDef mod_network_functions[] = {
-    {"param_count", py_param_count, METH_O, "param_count(sizes) -> length of a Network's flat parameter layout"},
+PyMethodDef mod_model_functions[] = {
     {"model_plan", (PyCFunction)(void (*)(void))py_model_plan, METH_VARARGS | METH_KEYWORDS,
      "model_plan(layers, input_shape, loss='softmax_xent') -> dict\n\nWhat Model(layers, "
      "input_shape, loss, ...) builds, without building it: 'layers' (normalized), 'input_shape', "

@@ -1,0 +1,64 @@
+"""Pure-NumPy reference of the C core (dptrain._core): the readable spec and the test oracle.
+
+Every function here has the name, argument order, keywords and in-place semantics of its C
+twin in docs/core_api.md, so a test can hand both the same arrays and compare the outputs:
+results are written into the output arrays the contract names, gradients are accumulated
+(``+=``) where it says so, and the same value is returned. ``ctx`` arguments (the C core's
+scratch context) are accepted and ignored.
+
+Dimension letters: B batch, IN/OUT features of a dense layer, C classes, M/N/K of a GEMM.
+
+Arithmetic is done in the arrays' own dtype (float32 or float64), so the reference rounds
+the way a straightforward C kernel would; only the returned loss sums are accumulated in
+float64. Scalars (alpha, lr, ...) are converted to that dtype first, so NumPy's promotion
+rules (which changed in NumPy 2, NEP 50) never silently widen a float32 computation. uint16
+arrays hold bfloat16 values (to_bf16, from_bf16, sum_buffers), computed in float32.
+
+Left out on purpose: speed (this is the spec, not a fallback), and the C boundary's full
+validation (C-contiguity, writeability). Shapes, float dtypes and label ranges are checked,
+raising ValueError/TypeError in the contract's words, because a wrong-shaped oracle call
+that NumPy broadcasts into "agreement" would be a test that cannot fail.
+
+One module per family of the C core, named as its csrc/dp_*.h, so that a kernel, its twin
+and its tests (tests/test_<family>.py) are one name apart:
+
+    gemm       gemm                                   csrc/dp_gemm.h
+    dense      dense_forward, dense_backward          csrc/dp_dense.h
+    act        relu_*, tanh_*, sigmoid_*, gelu_*, mse csrc/dp_act.h
+    loss       softmax_xent, sigmoid_bce, argmax, count_correct    csrc/dp_loss.h
+    sgd        sgd_step                               csrc/dp_sgd.h
+    buffers    sum_buffers, scale_, to_bf16, from_bf16            csrc/dp_buffers.h
+    allreduce  allreduce, allreduce_slice             csrc/dp_allreduce.h
+    conv       conv2d_forward, conv2d_backward        csrc/dp_conv.h
+    pool       maxpool2_forward, maxpool2_backward    csrc/dp_pool.h
+    model      model_plan, model_loss_grad, ... (the Model contract)    csrc/dp_model.h
+
+This package re-exports every twin: ``reference.softmax_xent`` is
+``reference.loss.softmax_xent``. ``reference.gemm`` and ``reference.allreduce`` are the
+functions, which shadow their modules as attributes of the package (their other names come
+with ``from dptrain.reference.allreduce import allreduce_slice``).
+"""
+from .gemm import gemm
+from .dense import dense_forward, dense_backward
+from .act import (relu_forward, relu_backward, tanh_forward, tanh_backward, sigmoid_forward,
+                  sigmoid_backward, gelu_forward, gelu_backward, mse)
+from .loss import softmax_xent, sigmoid_bce, argmax, count_correct
+from .sgd import sgd_step
+from .buffers import sum_buffers, to_bf16, from_bf16, scale_
+from .allreduce import allreduce, allreduce_slice, ALLREDUCE_ALGORITHMS
+from .conv import conv2d_forward, conv2d_backward
+from .pool import maxpool2_forward, maxpool2_backward
+from .model import (model_plan, model_unflatten, model_init_params, model_loss_grad,
+                    model_evaluate, model_logits, MODEL_LOSSES, LAYER_SIZES, MODEL_MAX_LAYERS)
+
+__all__ = [
+    "gemm", "dense_forward", "dense_backward", "relu_forward", "relu_backward",
+    "softmax_xent", "sigmoid_bce", "argmax", "count_correct", "sgd_step", "sum_buffers",
+    "to_bf16", "from_bf16", "scale_", "allreduce", "allreduce_slice", "ALLREDUCE_ALGORITHMS",
+    "conv2d_forward", "conv2d_backward", "maxpool2_forward",
+    "maxpool2_backward",
+    "tanh_forward", "tanh_backward", "sigmoid_forward", "sigmoid_backward", "gelu_forward",
+    "gelu_backward", "mse", "model_plan", "model_unflatten", "model_init_params",
+    "model_loss_grad", "model_evaluate", "model_logits",
+    "MODEL_LOSSES", "LAYER_SIZES", "MODEL_MAX_LAYERS",
+]
