@@ -176,6 +176,12 @@ class Model:
         """Threads the C kernels split one batch over."""
         return self._net.threads
 
+    @property
+    def context(self):
+        """The C engine object (a ``_core.Model``) whose threads compute the gradient: what
+        ``_core.sgd_step`` and ``_core.zero_`` take as ctx, to share its thread team."""
+        return self._net
+
     def _views(self, flat):
         return [(flat[p["weight"]:p["weight"] + math.prod(p["weight_shape"])]
                  .reshape(p["weight_shape"]),
@@ -228,7 +234,7 @@ class Model:
     def zero_grad(self) -> None:
         """Clears ``grads`` (backward accumulates into it): one memset, GIL released, on the
         model's threads."""
-        _core.zero_(self.grads, ctx=self._net)
+        _core.zero_(self.grads, ctx=self.context)
 
     def _scale(self) -> int:
         # mse: the C core sums the squared errors over a row's outputs; a sample's loss here

@@ -729,7 +729,7 @@ def family_tests(kernels, gil=(), cases=None):
     tests = {}
 
     def register(fn):
-        tests[fn.__name__] = fn
+        tests[fn.__name__] = pytest.mark.boundary(fn)    # also run under ASan
         return fn
 
     if ks:

@@ -76,6 +76,7 @@ def test_relu_gradient_finite_differences():
 # boundary
 
 
+@pytest.mark.boundary
 def test_slices_that_stay_contiguous_are_accepted():
     """A row block of a C array (x[2:5]) is C-contiguous: no reason to refuse it."""
     x = np.arange(40.0).reshape(8, 5)
@@ -84,6 +85,7 @@ def test_slices_that_stay_contiguous_are_accepted():
     np.testing.assert_array_equal(y, x[2:5])
 
 
+@pytest.mark.boundary
 def test_allowed_in_place_calls():
     """The contract allows y is x (relu_forward), dx is dy (relu_backward)."""
     x = np.array([-1.0, 2.0, -3.0])

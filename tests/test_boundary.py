@@ -12,6 +12,8 @@ import pytest
 
 from dptrain import _core as core
 
+pytestmark = pytest.mark.boundary       # also run under ASan (test_asan_extension)
+
 
 def _two():
     return np.ones((2, 2)), np.ones((2, 2)), np.zeros((2, 2))

@@ -75,6 +75,7 @@ def test_scale_(isa, alpha, start, stop, n, dtype):
 # boundary
 
 
+@pytest.mark.boundary
 @pytest.mark.parametrize("kernel,kw", [("sum_buffers", dict(start=-1)),
                                        ("sum_buffers", dict(start=5, stop=4)),
                                        ("sum_buffers", dict(stop=10)),
@@ -85,6 +86,7 @@ def test_ranges_outside_the_buffer_rejected(kernel, kw):
     assert_rejected(call, ValueError, "start", what=f"{kernel}({kw})")
 
 
+@pytest.mark.boundary
 def test_allowed_in_place_calls():
     """The contract allows out in inputs (sum_buffers)."""
     a, b = np.ones(4), np.full(4, 2.0)
@@ -92,6 +94,7 @@ def test_allowed_in_place_calls():
     np.testing.assert_array_equal(b, np.full(4, 3.0))
 
 
+@pytest.mark.boundary
 def test_bad_scalar_types_rejected():
     with pytest.raises(TypeError):
         core.scale_(np.ones(3), None)

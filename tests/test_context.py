@@ -21,6 +21,7 @@ def test_context_threads_attribute():
     assert core.Context(threads=3).threads == 3
 
 
+@pytest.mark.boundary
 def test_context_arguments_rejected():
     with pytest.raises(ValueError, match="threads"):
         core.Context(threads=0)
@@ -31,6 +32,7 @@ def test_context_arguments_rejected():
     assert_rejected(call, TypeError, "ctx", what="gemm(ctx='not a context')")
 
 
+@pytest.mark.boundary
 def test_context_objects_are_freed():
     """Context with a thread pool: create, use and drop many; the helper threads exit."""
     a, b, c = np.ones((64, 128)), np.ones((128, 128)), np.empty((64, 128))
@@ -43,6 +45,7 @@ def test_context_objects_are_freed():
     assert threading.active_count() == start_threads
 
 
+@pytest.mark.boundary
 def test_two_threads_sharing_one_context():
     ctx = core.Context(threads=2)
     jobs = [gemm_job(s, ctx) for s in (3, 4)]
@@ -53,6 +56,7 @@ def test_two_threads_sharing_one_context():
             np.testing.assert_array_equal(c, seq[i], err_msg=f"thread {i} gemm with shared ctx")
 
 
+@pytest.mark.boundary
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_fresh_thread_pool_used_at_once_does_not_deadlock(threads):
     """Regression: a helper thread that started after the first job was posted used to
@@ -89,7 +93,6 @@ def test_a_threaded_model_keeps_working_in_a_forked_child():
             os._exit(0 if ok else 3)
         except BaseException:
             os._exit(4)
-    import time
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)

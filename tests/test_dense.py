@@ -106,6 +106,7 @@ def test_dense_gradients_finite_differences(b_rows, n_in, n_out):
 # boundary
 
 
+@pytest.mark.boundary
 def test_read_only_inputs_are_accepted():
     call = make_calls()["dense_forward"]
     for name in ("x", "w", "b"):

@@ -21,6 +21,10 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.boundary       # also run under ASan (test_asan_extension)
+
 CALLS = int(os.environ.get("DPTRAIN_FUZZ_CALLS", "12000"))
 SEED = int(os.environ.get("DPTRAIN_FUZZ_SEED", "0"))
 JOBS = int(os.environ.get("DPTRAIN_FUZZ_JOBS", "2"))

@@ -153,6 +153,7 @@ def test_gemm_empty_dimensions(dtype):
 # boundary
 
 
+@pytest.mark.boundary
 def test_gemm_transposed_shape_message():
     a, c = np.zeros((7, 5)), np.zeros((7, 3))
     with pytest.raises(ValueError, match=r"b \(transposed\) has shape \(3, 4\), expected \(3, 5\)"):
@@ -161,6 +162,7 @@ def test_gemm_transposed_shape_message():
         core.gemm(a, np.zeros((7, 3)), c, trans_a=True)
 
 
+@pytest.mark.boundary
 def test_column_slice_and_transpose_rejected():
     """The two usual ways to get a non-contiguous view; a.T must go through trans_a."""
     a = np.ones((6, 10))
@@ -173,6 +175,7 @@ def test_column_slice_and_transpose_rejected():
     np.testing.assert_array_equal(c, np.full((10, 3), 6.0))
 
 
+@pytest.mark.boundary
 def test_bad_scalar_types_rejected():
     call = make_calls()["gemm"]
     call.kwargs["alpha"] = "2"

@@ -158,6 +158,7 @@ def test_count_correct_binary(shape, dtype):
 # boundary
 
 
+@pytest.mark.boundary
 @pytest.mark.parametrize("kernel", ["softmax_xent", "sigmoid_bce", "count_correct"])
 @pytest.mark.parametrize("bad", [np.int32, np.uint8, np.float64], ids=lambda d: np.dtype(d).name)
 def test_labels_must_be_int64(kernel, bad):
@@ -166,12 +167,14 @@ def test_labels_must_be_int64(kernel, bad):
     assert_rejected(call, TypeError, "labels", np.dtype(bad).name, "int64", what=kernel)
 
 
+@pytest.mark.boundary
 @pytest.mark.parametrize("bad", [np.int32, np.float64], ids=lambda d: np.dtype(d).name)
 def test_argmax_out_must_be_int64(bad):
     call = make_calls()["argmax"].replaced("out", np.zeros(7, bad))
     assert_rejected(call, TypeError, "out", np.dtype(bad).name, "int64", what="argmax")
 
 
+@pytest.mark.boundary
 def test_softmax_xent_dlogits_is_logits_is_refused_or_correct():
     """dlogits may not silently alias logits: refused, or the loss and gradient are right.
 
@@ -195,6 +198,7 @@ def test_softmax_xent_dlogits_is_logits_is_refused_or_correct():
         f"softmax_xent(z, labels, dlogits=z) returned loss {loss}, expected {loss_ref}")
 
 
+@pytest.mark.boundary
 def test_sigmoid_bce_dlogits_is_logits_is_refused_or_correct():
     rng = np.random.default_rng(1)
     z = rng.standard_normal(6)
@@ -211,6 +215,7 @@ def test_sigmoid_bce_dlogits_is_logits_is_refused_or_correct():
     assert loss == pytest.approx(loss_ref, rel=1e-12)
 
 
+@pytest.mark.boundary
 @pytest.mark.parametrize("kernel,index,value", [
     ("softmax_xent", 3, 4), ("softmax_xent", 0, -1), ("softmax_xent", 6, 1 << 40),
     ("sigmoid_bce", 2, 2), ("sigmoid_bce", 5, -1),
@@ -223,6 +228,7 @@ def test_labels_out_of_range_named_by_index_and_value(kernel, index, value):
                     unchanged=["logits", "labels"])
 
 
+@pytest.mark.boundary
 @pytest.mark.parametrize("logits_shape,index,value", [((7, 4), 3, 4), ((7, 4), 0, -1),
                                                       ((7,), 2, 2), ((7, 1), 6, 3)],
                          ids=["multiclass-4", "multiclass--1", "binary-2", "binary_B1-3"])

@@ -14,6 +14,8 @@ from dptrain import _core as core
 from dptrain import reference as ref
 from _core_helpers import cnn_spec, mlp_spec
 
+pytestmark = pytest.mark.boundary       # also run under ASan (test_asan_extension)
+
 
 def run_isolated(code: str) -> str:
     """Runs code in a fresh interpreter; returns its stdout, failing the test (with the

@@ -936,6 +936,7 @@ def test_conv_blocks_release_the_gil(kernel, gil_probe):
 # boundary
 
 
+@pytest.mark.boundary
 def test_model_rejects_bad_construction():
     sizes = (784, 256, 10)
     layers, shape, _ = mlp_spec(sizes)
@@ -972,6 +973,7 @@ def test_model_rejects_bad_construction():
         core.Model(layers, shape, "softmax_xent", p, g)
 
 
+@pytest.mark.boundary
 def test_model_rejects_bad_batches():
     sizes = (784, 16, 10)
     n = core.model_plan(*mlp_spec(sizes))["n_params"]
@@ -1015,6 +1017,7 @@ def test_model_rejects_bad_batches():
         net.logits(buf.reshape(64, 784), buf[:640].reshape(64, 10))
 
 
+@pytest.mark.boundary
 @pytest.mark.parametrize("sizes,loss", [((6, 5, 3), "softmax_xent"), ((6, 5, 1), "sigmoid_bce"),
                                         ((6, 1), "sigmoid_bce")],
                          ids=["softmax", "bce_layers", "bce_fused"])
@@ -1038,6 +1041,7 @@ def test_model_labels_out_of_range_named_and_grads_untouched(sizes, loss, index)
         f"grads ({np.count_nonzero(grads)} of {grads.size} entries nonzero)")
 
 
+@pytest.mark.boundary
 @pytest.mark.parametrize("loss,sizes", [("softmax_xent", (6, 5, 3)), ("sigmoid_bce", (6, 1))])
 def test_model_does_not_modify_inputs(loss, sizes):
     params, grads, x, labels = small_net(loss, sizes)
@@ -1050,6 +1054,7 @@ def test_model_does_not_modify_inputs(loss, sizes):
         np.testing.assert_array_equal(arr, before, err_msg=f"Model modified {name}")
 
 
+@pytest.mark.boundary
 def test_model_init_twice_rejected():
     params, grads, _, _ = small_net()
     net = core.Model(*mlp_spec((6, 5, 3)), params, grads)
@@ -1057,6 +1062,7 @@ def test_model_init_twice_rejected():
         net.__init__(*mlp_spec((6, 5, 3)), params, grads)
 
 
+@pytest.mark.boundary
 @pytest.mark.parametrize("loss,sizes", [("softmax_xent", (6, 5, 3)), ("sigmoid_bce", (6, 1))])
 def test_model_no_reference_leaks(loss, sizes):
     params, grads, x, labels = small_net(loss, sizes)
@@ -1081,6 +1087,7 @@ def test_model_no_reference_leaks(loss, sizes):
     assert refcounts([params, grads]) == base, "Model not freed: params/grads still held"
 
 
+@pytest.mark.boundary
 def test_model_failed_init_holds_nothing():
     params, grads, _, _ = small_net()
     base = refcounts([params, grads])
@@ -1111,6 +1118,7 @@ def run_net(job, repeats):
     return [net.loss_grad(x, labels) for _ in range(repeats)], net.grads.copy()
 
 
+@pytest.mark.boundary
 @pytest.mark.parametrize("net_threads", [1, 2])
 def test_two_threads_own_arrays_match_sequential(net_threads):
     repeats = 10
@@ -1131,6 +1139,7 @@ def test_two_threads_own_arrays_match_sequential(net_threads):
         np.testing.assert_array_equal(grads, seq_net[i][1], err_msg=f"thread {i} grads")
 
 
+@pytest.mark.boundary
 def test_two_threads_sharing_one_model():
     """Calls on one Model serialize: each thread gets its own batch's (loss, correct) and
     grads hold the sum of every call's gradient, as if the calls had run one after another."""

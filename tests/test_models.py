@@ -87,3 +87,28 @@ def test_save_and_load_round_trip(tmp_path):
     np.savez(tmp_path / "junk.npz", a=np.zeros(3))
     with pytest.raises(ValueError, match="not a dptrain model file"):
         load_model(tmp_path / "junk.npz")
+
+
+def test_load_model_rejects_damaged_files_with_their_name(tmp_path):
+    m = MLP((4, 3, 2))
+    good = tmp_path / "m.npz"
+    m.save(good)
+    cases = {
+        "scalar.npz": dict(config=np.array(open(good, "rb") and str(np.load(good)["config"])),
+                           params=np.float32(0.5), velocity=np.zeros(23, np.float32)),
+        "f64.npz": dict(config=np.load(good)["config"], params=np.zeros(23),
+                        velocity=np.zeros(23)),
+        "novel.npz": dict(config=np.load(good)["config"], params=np.zeros(23, np.float32)),
+        "nokind.npz": dict(config=np.array('{"sizes": [4, 3, 2]}'), params=np.zeros(23)),
+    }
+    for name, arrays in cases.items():
+        np.savez(tmp_path / name, **arrays)
+        with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+            load_model(tmp_path / name)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip file at all")
+    with pytest.raises(ValueError, match="junk.npz is not a readable"):
+        load_model(tmp_path / "junk.npz")
+    np.save(tmp_path / "single.npy", np.zeros(3))
+    with pytest.raises(ValueError, match="single .npy array"):
+        load_model(tmp_path / "single.npy")
+    assert np.array_equal(load_model(good).params, m.params)

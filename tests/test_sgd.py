@@ -142,6 +142,7 @@ def test_sgd_step_by_hand():
 # boundary
 
 
+@pytest.mark.boundary
 def test_sgd_step_scalar_rules():
     p, g, v = np.ones(4), np.ones(4), np.zeros(4)
     with pytest.raises(TypeError, match="lr"):

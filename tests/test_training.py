@@ -79,7 +79,7 @@ def test_fixed_order_runs_are_identical_and_seed_matters(tmp_path):
 
 
 def test_training_matches_a_numpy_reference_loop():
-    """Three SGD steps through train()'s pieces equal the same steps done with reference.py."""
+    """Three SGD steps through train()'s pieces equal the same steps done with dptrain.reference."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((96, 9))
     y = rng.integers(0, 4, 96)
@@ -117,3 +117,8 @@ def test_divergence_is_reported_not_silent():
 # ------------------------------------------------------------------ the command line
 
 
+def test_a_huge_batch_size_on_a_small_data_set_does_not_allocate_it():
+    import dptrain
+    r = dptrain.train(model="softmax", dataset="synthetic", n_samples=200, epochs=1,
+                      batch_size=10**11, quiet=True)
+    assert r["steps"] == 1
