@@ -46,10 +46,10 @@ def _asan_build_and_run(workdir, run) -> dict:
                           "--build-temp", workdir / "asan-tmp"], cwd=ROOT, env=env, timeout=900)
     if steps["build"].returncode != 0:
         return steps
-    for source in (ROOT / "dptrain").rglob("*.py"):      # the package's modules, subpackages too
-        target = lib / "dptrain" / source.relative_to(ROOT / "dptrain")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(source, target)
+    # the package's modules and data (the studies' templates), subpackages too, around the
+    # ASan build of _core
+    shutil.copytree(ROOT / "dptrain", lib / "dptrain", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
     preload = ":".join(p for p in (_runtime("libasan.so"), _runtime("libubsan.so")) if p)
     env = dict(os.environ, PYTHONPATH=str(lib), LD_PRELOAD=preload,
                ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=0",
