@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -235,7 +236,25 @@ def pytest_collection_finish(session):
     for i, job in enumerate(jobs):
         workdir = root / f"{i}-{job.__name__.strip('_')}"
         workdir.mkdir()
-        _JOBS[job] = pool.submit(job, workdir, run_background)
+        _JOBS[job] = pool.submit(_timed, job, workdir)
+
+
+_TIMES: dict = {}        # job function -> (seconds it ran, seconds its test waited for it)
+
+
+def _timed(job, workdir):
+    t0 = time.monotonic()
+    try:
+        return job(workdir, run_background)
+    finally:
+        _TIMES[job] = [time.monotonic() - t0, 0.0]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How long each background job ran, and how long its test waited for it at the end."""
+    for job, (ran, waited) in _TIMES.items():
+        terminalreporter.write_line(f"background job {job.__name__.strip('_')}: ran {ran:.0f} s, "
+                                    f"its test waited {waited:.0f} s for it")
 
 
 def _skipped(item) -> bool:
@@ -269,7 +288,14 @@ def background(request, tmp_path):
     it was not started (the test selected some other way)."""
     job = request.node.get_closest_marker("background").args[0]
     future = _JOBS.get(job)
-    return future.result() if future is not None else job(tmp_path, run_background)
+    if future is None:
+        return job(tmp_path, run_background)
+    t0 = time.monotonic()
+    try:
+        return future.result()
+    finally:
+        if job in _TIMES:
+            _TIMES[job][1] += time.monotonic() - t0
 
 
 _RUNNING: set = set()    # the background jobs' processes now running
