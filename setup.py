@@ -4,6 +4,7 @@ Only what cannot be static lives here: the NumPy include directory and the compi
 No BLAS or system library is needed; SIMD code paths are chosen at run time (csrc/dp_gemm.c),
 so the wheel is portable and no flag is asked of the user.
 """
+
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -49,17 +50,26 @@ extra_link_args = []
 if sys.platform != "win32":
     # gnu11 (not c11): GNU vector extensions and target attributes; fp-contract lets the
     # compiler fuse multiply-adds in the generic kernels.
-    extra_compile_args = ["-std=gnu11", "-O3", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math",
-                          "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-psabi",
-                          # -Wextra as csrc/tests builds the kernels; a binding's self, closure
-                          # or unused argument is CPython's fixed signature (as CPython's own
-                          # build, which passes -Wno-unused-parameter too)
-                          "-Wextra", "-Wno-unused-parameter",
-                          # only PyInit__core leaves the shared object: the helpers the files
-                          # share (mod_common.h) and the kernels stay internal
-                          "-fvisibility=hidden"]
+    extra_compile_args = [
+        "-std=gnu11",
+        "-O3",
+        "-ffp-contract=fast",
+        "-fno-math-errno",
+        "-fno-trapping-math",
+        "-pthread",
+        "-Wall",
+        "-Wno-unknown-pragmas",
+        "-Wno-psabi",
+        # -Wextra as csrc/tests builds the kernels; a binding's self, closure
+        # or unused argument is CPython's fixed signature (as CPython's own
+        # build, which passes -Wno-unused-parameter too)
+        "-Wextra",
+        "-Wno-unused-parameter",
+        # only PyInit__core leaves the shared object: the helpers the files
+        # share (mod_common.h) and the kernels stay internal
+        "-fvisibility=hidden",
+    ]
     extra_link_args = ["-pthread"]
-
 
 
 def build_jobs() -> int:
@@ -86,12 +96,19 @@ class ParallelBuildExt(build_ext):
     def per_file_compiler(compiler) -> bool:
         """True where compile() is distutils' generic one and _compile, its per-file step, is
         the compiler class's own (Unix compilers), not the base's no-op."""
+
         def owner(name):
             return next((k for k in type(compiler).__mro__ if name in vars(k)), None)
+
         generic, step = owner("compile"), owner("_compile")
-        return (generic is not None and step is not None and step is not generic
-                and issubclass(step, generic) and hasattr(compiler, "_setup_compile")
-                and hasattr(compiler, "_get_cc_args"))
+        return (
+            generic is not None
+            and step is not None
+            and step is not generic
+            and issubclass(step, generic)
+            and hasattr(compiler, "_setup_compile")
+            and hasattr(compiler, "_get_cc_args")
+        )
 
     def build_extension(self, ext):
         compiler, jobs = self.compiler, build_jobs()
@@ -99,10 +116,19 @@ class ParallelBuildExt(build_ext):
             return super().build_extension(ext)
         serial = compiler.compile
 
-        def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=False,
-                    extra_preargs=None, extra_postargs=None, depends=None):
+        def compile(
+            sources,
+            output_dir=None,
+            macros=None,
+            include_dirs=None,
+            debug=False,
+            extra_preargs=None,
+            extra_postargs=None,
+            depends=None,
+        ):
             macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
-                output_dir, macros, include_dirs, sources, depends, extra_postargs)
+                output_dir, macros, include_dirs, sources, depends, extra_postargs
+            )
             cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
 
             def one(obj):
@@ -110,7 +136,7 @@ class ParallelBuildExt(build_ext):
                 compiler._compile(obj, src, src_ext, cc_args, extra_postargs, pp_opts)
 
             with ThreadPoolExecutor(jobs) as pool:
-                list(pool.map(one, [obj for obj in objects if obj in build]))   # re-raises
+                list(pool.map(one, [obj for obj in objects if obj in build]))  # re-raises
             return objects
 
         compiler.compile = compile
@@ -128,8 +154,10 @@ setup(
             sources=sources,
             depends=depends,
             include_dirs=[np.get_include(), "csrc"],
-            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_25_API_VERSION"),
-                           ("NPY_TARGET_VERSION", "NPY_1_25_API_VERSION")],
+            define_macros=[
+                ("NPY_NO_DEPRECATED_API", "NPY_1_25_API_VERSION"),
+                ("NPY_TARGET_VERSION", "NPY_1_25_API_VERSION"),
+            ],
             extra_compile_args=extra_compile_args,
             extra_link_args=extra_link_args,
         )

@@ -28,6 +28,7 @@ and names the kernel each one picked (threadpoolctl's `architecture`).
 What is left out on purpose: statistics beyond the median and the spread (min/max), and any
 CPU frequency control (the VM gives no access to it).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,10 @@ import sys
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 if "numpy" in sys.modules:
-    raise RuntimeError("bench/_util.py must be imported before numpy: the BLAS thread count "
-                       "is read from the environment when the library loads")
+    raise RuntimeError(
+        "bench/_util.py must be imported before numpy: the BLAS thread count "
+        "is read from the environment when the library loads"
+    )
 for _var in _THREAD_VARS:
     os.environ[_var] = "1"
 
@@ -61,22 +64,31 @@ import numpy as np  # noqa: E402
 # Variables with which a machine forces OpenBLAS's kernel choice. Removed only in the
 # environment of a benchmark's own child process (run_blas_best_child), never anywhere else.
 OPENBLAS_FORCING_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-PEAK_SECONDS = 0.2   # per fma_peak measurement (4 of them at most)
+PEAK_SECONDS = 0.2  # per fma_peak measurement (4 of them at most)
 
 
 # ---------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------
 
-def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None,
-               argv=None) -> argparse.Namespace:
+
+def parse_args(
+    description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None, argv=None
+) -> argparse.Namespace:
     """The options every script shares: --quick, --json PATH, --cpu N."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--quick", action="store_true",
-                   help="fewer repeats and shorter runs (a smoke run, noisier figures)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer repeats and shorter runs (a smoke run, noisier figures)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    p.add_argument("--cpu", type=int, metavar="N",
-                   help="pin the process to CPU N (sched_setaffinity); default: no pinning")
+    p.add_argument(
+        "--cpu",
+        type=int,
+        metavar="N",
+        help="pin the process to CPU N (sched_setaffinity); default: no pinning",
+    )
     p.add_argument("--blas-best-helper", metavar="OUT", help=argparse.SUPPRESS)
     if extra is not None:
         extra(p)
@@ -89,6 +101,7 @@ def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None
 # ---------------------------------------------------------------------------------------
 # Threads and environment
 # ---------------------------------------------------------------------------------------
+
 
 def _openblas_lib():
     """ctypes handle on the OpenBLAS that numpy loaded, or None where it cannot be found."""
@@ -123,8 +136,17 @@ def threadpool_openblas() -> dict | None:
         return {"error": "threadpoolctl is not installed (pip install -e '.[bench]')"}
     for entry in threadpool_info():
         if entry.get("internal_api") == "openblas":
-            return {k: entry.get(k) for k in ("internal_api", "architecture", "version",
-                                               "num_threads", "threading_layer", "filepath")}
+            return {
+                k: entry.get(k)
+                for k in (
+                    "internal_api",
+                    "architecture",
+                    "version",
+                    "num_threads",
+                    "threading_layer",
+                    "filepath",
+                )
+            }
     return None
 
 
@@ -143,17 +165,30 @@ def blas_info() -> dict:
         info["blas"] = f"{blas.get('name')} {blas.get('version')}"
     except Exception as exc:  # older numpy without mode="dicts"
         info["blas"] = f"unknown ({type(exc).__name__})"
-    core = _openblas_call(("scipy_openblas_get_corename64_", "scipy_openblas_get_corename",
-                           "openblas_get_corename64_", "openblas_get_corename"), ctypes.c_char_p)
-    threads = _openblas_call(("scipy_openblas_get_num_threads64_",
-                              "scipy_openblas_get_num_threads",
-                              "openblas_get_num_threads64_", "openblas_get_num_threads"),
-                             ctypes.c_int)
+    core = _openblas_call(
+        (
+            "scipy_openblas_get_corename64_",
+            "scipy_openblas_get_corename",
+            "openblas_get_corename64_",
+            "openblas_get_corename",
+        ),
+        ctypes.c_char_p,
+    )
+    threads = _openblas_call(
+        (
+            "scipy_openblas_get_num_threads64_",
+            "scipy_openblas_get_num_threads",
+            "openblas_get_num_threads64_",
+            "openblas_get_num_threads",
+        ),
+        ctypes.c_int,
+    )
     info["openblas_core"] = core.decode() if core else None
     info["openblas_threads"] = threads
     info["threadpoolctl_openblas"] = threadpool_openblas()
-    info["openblas_forcing_env"] = {v: os.environ[v] for v in OPENBLAS_FORCING_VARS
-                                    if v in os.environ}
+    info["openblas_forcing_env"] = {
+        v: os.environ[v] for v in OPENBLAS_FORCING_VARS if v in os.environ
+    }
     return info
 
 
@@ -163,8 +198,11 @@ def describe_openblas(info: dict) -> str:
     version = tp.get("version") or info.get("blas", "?")
     threads = tp.get("num_threads", info.get("openblas_threads"))
     forced = info.get("openblas_forcing_env") or {}
-    how = ("forced by " + " ".join(f"{k}={v}" for k, v in forced.items()) if forced
-           else "no " + "/".join(OPENBLAS_FORCING_VARS) + " set: OpenBLAS's own choice")
+    how = (
+        "forced by " + " ".join(f"{k}={v}" for k, v in forced.items())
+        if forced
+        else "no " + "/".join(OPENBLAS_FORCING_VARS) + " set: OpenBLAS's own choice"
+    )
     note = f" [{tp['error']}]" if "error" in tp else ""
     return f"OpenBLAS {version} {openblas_kernel(info)}, {threads} thread(s), {how}{note}"
 
@@ -175,14 +213,17 @@ def run_blas_best_child(script: str, args: Sequence[str] = (), timeout: float = 
     CPU), and returns the JSON the child wrote to OUT. The thread variables stay at 1."""
     import subprocess
     import tempfile
+
     env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_FORCING_VARS}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "blas_best.json")
         cmd = [sys.executable, os.path.abspath(script), "--blas-best-helper", out, *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd[:3])} ... (OpenBLAS at its best, child process) "
-                               f"exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+            raise RuntimeError(
+                f"{' '.join(cmd[:3])} ... (OpenBLAS at its best, child process) "
+                f"exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+            )
         with open(out) as f:
             return json.load(f)
 
@@ -205,6 +246,7 @@ def kernel_isa() -> str:
     """The ISA our kernels run (build_info()['isa']: the widest this CPU has, or DPTRAIN_ISA's),
     as an fma_peak ISA."""
     from dptrain import _core
+
     return _core.build_info()["isa"]
 
 
@@ -214,12 +256,14 @@ def peaks() -> dict:
     {"widest": {"isa", "bits", "float32", "float64"}, "kernels": {...}}: the widest FMA this
     CPU has, and the ISA our kernels use (the same measurement when they coincide)."""
     from dptrain import _core
+
     measured = {}
     out = {}
     for role, isa in (("widest", _core.cpu_features()["widest_fma"]), ("kernels", kernel_isa())):
         if isa not in measured:
-            measured[isa] = {dt: _core.fma_peak(isa, dt, PEAK_SECONDS)
-                             for dt in ("float32", "float64")}
+            measured[isa] = {
+                dt: _core.fma_peak(isa, dt, PEAK_SECONDS) for dt in ("float32", "float64")
+            }
         out[role] = {"isa": isa, "bits": ISA_BITS[isa], **measured[isa]}
     return out
 
@@ -249,11 +293,15 @@ def peak_legend(dtypes: Sequence[str] = ("float32",)) -> str:
 
     w, k = p["widest"], p["kernels"]
     if w["isa"] == k["isa"]:
-        return (f"%{w['bits']}b = % of the {w['bits']}-bit FMA peak ({w['isa']}, {figures(w)}, "
-                f"measured): the widest this CPU has, and the one our kernels use")
-    return (f"%{w['bits']}b = % of the {w['bits']}-bit FMA peak ({w['isa']}, {figures(w)}, "
-            f"measured), the widest this CPU has; %{k['bits']}b = % of the {k['bits']}-bit "
-            f"peak our kernels use ({k['isa']}, {figures(k)})")
+        return (
+            f"%{w['bits']}b = % of the {w['bits']}-bit FMA peak ({w['isa']}, {figures(w)}, "
+            f"measured): the widest this CPU has, and the one our kernels use"
+        )
+    return (
+        f"%{w['bits']}b = % of the {w['bits']}-bit FMA peak ({w['isa']}, {figures(w)}, "
+        f"measured), the widest this CPU has; %{k['bits']}b = % of the {k['bits']}-bit "
+        f"peak our kernels use ({k['isa']}, {figures(k)})"
+    )
 
 
 def torch_info(torch) -> dict:
@@ -263,7 +311,7 @@ def torch_info(torch) -> dict:
         info["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     except AttributeError:
         info["torch_cpu_capability"] = None
-    try:   # "Build settings: BLAS_INFO=mkl, BUILD_TYPE=Release, ..."
+    try:  # "Build settings: BLAS_INFO=mkl, BUILD_TYPE=Release, ..."
         found = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
         info["torch_blas"] = found.group(1) if found else None
     except AttributeError:  # a build without __config__: leave it unknown
@@ -287,12 +335,22 @@ def _git_state() -> dict:
     """The checkout's commit and whether csrc/ or dptrain/ differ from it (figures depend on
     the build, and the build on the sources)."""
     import subprocess
+
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc", "dptrain",
-                                "setup.py"], cwd=REPO_ROOT, capture_output=True, text=True,
-                               check=True).stdout.split("\n")
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "csrc", "dptrain", "setup.py"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
         return {"commit": head, "core_sources_modified": [ln[3:] for ln in dirty if ln.strip()]}
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "core_sources_modified": None}
@@ -301,6 +359,7 @@ def _git_state() -> dict:
 def _core_build_id(core) -> dict:
     """sha256 prefix and mtime of the loaded _core binary: which build was measured."""
     import hashlib
+
     path = core.__file__
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:12]
@@ -311,6 +370,7 @@ def _core_build_id(core) -> dict:
 def environment(**extra) -> dict:
     """What the figures depend on: machine, library versions, threads, load."""
     import dptrain  # the checkout's (REPO_ROOT is first on sys.path)
+
     env = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": platform.node(),
@@ -335,26 +395,39 @@ def child_env() -> dict:
     """This process's environment with the repository first on PYTHONPATH: a benchmark's
     child process (mpiexec, a helper) imports the same dptrain."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"]
-                                     if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = REPO_ROOT + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     return env
 
 
-def run_mpi_helper(mpiexec: str, world: int, script: str, args: Sequence[str],
-                   timeout: float = 600) -> object:
+def run_mpi_helper(
+    mpiexec: str, world: int, script: str, args: Sequence[str], timeout: float = 600
+) -> object:
     """Runs `script --mpi-helper OUT *args` under `mpiexec -n world` and returns the JSON its
     rank 0 wrote to OUT (a benchmark's MPI column: the script times itself as MPI ranks)."""
     import json
     import subprocess
     import tempfile
+
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "mpi.json")
-        cmd = [mpiexec, "-n", str(world), sys.executable, os.path.abspath(script),
-               "--mpi-helper", out, *args]
+        cmd = [
+            mpiexec,
+            "-n",
+            str(world),
+            sys.executable,
+            os.path.abspath(script),
+            "--mpi-helper",
+            out,
+            *args,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd[:4])} ... --mpi-helper exited with "
-                               f"{proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+            raise RuntimeError(
+                f"{' '.join(cmd[:4])} ... --mpi-helper exited with "
+                f"{proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+            )
         with open(out) as f:
             return json.load(f)
 
@@ -366,6 +439,7 @@ def paired_steps(model, opt, net, x, y, xt, yt, *, lr: float, momentum: float, l
     zero_grad + forward + loss + backward + SGD (momentum). check() runs one step of each and
     asserts that the losses and every parameter tensor agree; label names the case."""
     import torch
+
     loss_fn = torch.nn.CrossEntropyLoss()
     t_opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
     batch = len(y)
@@ -388,13 +462,18 @@ def paired_steps(model, opt, net, x, y, xt, yt, *, lr: float, momentum: float, l
         theirs()
         loss_ours, loss_torch = last["ours"] / batch, last["torch"].item()
         if not np.isclose(loss_ours, loss_torch, rtol=1e-5, atol=1e-6):
-            raise AssertionError(f"step {label} B={batch}: loss {loss_ours} (dptrain) vs "
-                                 f"{loss_torch} (torch)")
+            raise AssertionError(
+                f"step {label} B={batch}: loss {loss_ours} (dptrain) vs {loss_torch} (torch)"
+            )
         ours_arrays = [a for wb in model.layers() for a in wb]
         for i, (p, a) in enumerate(zip(net.parameters(), ours_arrays)):
-            np.testing.assert_allclose(a, p.detach().numpy(), rtol=1e-4, atol=1e-6,
-                                       err_msg=f"step {label} B={batch}: parameter tensor {i} "
-                                               f"after one step")
+            np.testing.assert_allclose(
+                a,
+                p.detach().numpy(),
+                rtol=1e-4,
+                atol=1e-6,
+                err_msg=f"step {label} B={batch}: parameter tensor {i} after one step",
+            )
 
     def final_losses():
         return {"ours": float(last["ours"]) / batch, "torch": last["torch"].item()}
@@ -402,8 +481,16 @@ def paired_steps(model, opt, net, x, y, xt, yt, *, lr: float, momentum: float, l
     return ours, theirs, check, final_losses
 
 
-def threads_case(label: str, build, threads: int, *, repeats: int, seconds: float,
-                 min_steps: int = 20, same_bits: bool = True) -> dict:
+def threads_case(
+    label: str,
+    build,
+    threads: int,
+    *,
+    repeats: int,
+    seconds: float,
+    min_steps: int = 20,
+    same_bits: bool = True,
+) -> dict:
     """One training step at 1 and at `threads` threads, dptrain's and PyTorch's, the four
     interleaved. build(t) -> (ours, theirs, check, model): paired_steps' step functions and
     the dptrain model on t threads (PyTorch's step is run under torch.set_num_threads(t)).
@@ -411,6 +498,7 @@ def threads_case(label: str, build, threads: int, *, repeats: int, seconds: floa
     parameters: bit for bit, or (same_bits False: a model whose threads add partial sums in
     thread order, dp_model.h) to within a relative 1e-5."""
     import torch
+
     sides, models = {}, {}
     for t in (1, threads):
         ours, theirs, check, model = build(t)
@@ -420,23 +508,34 @@ def threads_case(label: str, build, threads: int, *, repeats: int, seconds: floa
             if torch.get_num_threads() != n:
                 torch.set_num_threads(n)
             step()
+
         sides[f"ours_{t}"], sides[f"torch_{t}"], models[t] = ours, on_threads, model
     a, b = models[1].params, models[threads].params
     if not (np.array_equal(a, b) if same_bits else np.allclose(a, b, rtol=1e-5, atol=1e-7)):
-        raise AssertionError(f"{label}: {threads} threads took another step than 1 (largest "
-                             f"difference {np.abs(a - b).max():.3g})")
+        raise AssertionError(
+            f"{label}: {threads} threads took another step than 1 (largest "
+            f"difference {np.abs(a - b).max():.3g})"
+        )
     number = max(min_steps, min(calibrate(f, seconds) for f in sides.values()))
     times = interleaved(sides, repeats=repeats, number=number, warmup=max(2, min_steps // 2))
     torch.set_num_threads(1)
     ms = {k: 1e3 * median(v) for k, v in times.items()}
-    return {"case": label, "threads": threads, "steps_per_repeat": number, "repeats": repeats,
-            "same_step": "bit for bit" if same_bits else "to within a relative 1e-5",
-            "ours_1_ms": ms["ours_1"], "ours_T_ms": ms[f"ours_{threads}"],
-            "torch_1_ms": ms["torch_1"], "torch_T_ms": ms[f"torch_{threads}"],
-            "ours_speedup": ms["ours_1"] / ms[f"ours_{threads}"],
-            "torch_speedup": ms["torch_1"] / ms[f"torch_{threads}"],
-            "ratio_at_T": ms[f"ours_{threads}"] / ms[f"torch_{threads}"],
-            "spread": max(spread(v) for v in times.values()), "seconds_per_step": times}
+    return {
+        "case": label,
+        "threads": threads,
+        "steps_per_repeat": number,
+        "repeats": repeats,
+        "same_step": "bit for bit" if same_bits else "to within a relative 1e-5",
+        "ours_1_ms": ms["ours_1"],
+        "ours_T_ms": ms[f"ours_{threads}"],
+        "torch_1_ms": ms["torch_1"],
+        "torch_T_ms": ms[f"torch_{threads}"],
+        "ours_speedup": ms["ours_1"] / ms[f"ours_{threads}"],
+        "torch_speedup": ms["torch_1"] / ms[f"torch_{threads}"],
+        "ratio_at_T": ms[f"ours_{threads}"] / ms[f"torch_{threads}"],
+        "spread": max(spread(v) for v in times.values()),
+        "seconds_per_step": times,
+    }
 
 
 def print_threads_table(rows: list, threads: int, repeats: int) -> None:
@@ -444,56 +543,91 @@ def print_threads_table(rows: list, threads: int, repeats: int) -> None:
     T = threads
     print()
     print_table(
-        ["case", "ours 1 ms", f"ours {T} ms", "speedup", "torch 1 ms", f"torch {T} ms",
-         "speedup", f"ours/torch at {T}", "noise"],
-        [[r["case"], f"{r['ours_1_ms']:.3f}", f"{r['ours_T_ms']:.3f}",
-          f"{r['ours_speedup']:.2f}x", f"{r['torch_1_ms']:.3f}", f"{r['torch_T_ms']:.3f}",
-          f"{r['torch_speedup']:.2f}x", f"{r['ratio_at_T']:.2f}", f"{100 * r['spread']:.0f}%"]
-         for r in rows],
+        [
+            "case",
+            "ours 1 ms",
+            f"ours {T} ms",
+            "speedup",
+            "torch 1 ms",
+            f"torch {T} ms",
+            "speedup",
+            f"ours/torch at {T}",
+            "noise",
+        ],
+        [
+            [
+                r["case"],
+                f"{r['ours_1_ms']:.3f}",
+                f"{r['ours_T_ms']:.3f}",
+                f"{r['ours_speedup']:.2f}x",
+                f"{r['torch_1_ms']:.3f}",
+                f"{r['torch_T_ms']:.3f}",
+                f"{r['torch_speedup']:.2f}x",
+                f"{r['ratio_at_T']:.2f}",
+                f"{100 * r['spread']:.0f}%",
+            ]
+            for r in rows
+        ],
         align="lrrrrrrrr",
         title=f"The same step on 1 and {T} threads inside one worker (dptrain threads={T}, "
-              f"torch.set_num_threads({T})), float32, median of {repeats} interleaved repeats "
-              f"({os.cpu_count()} CPUs here)")
+        f"torch.set_num_threads({T})), float32, median of {repeats} interleaved repeats "
+        f"({os.cpu_count()} CPUs here)",
+    )
     for r in rows:
-        print(f"{r['case']}: the {T}-thread model took the 1-thread model's step "
-              f"{r['same_step']}")
+        print(f"{r['case']}: the {T}-thread model took the 1-thread model's step {r['same_step']}")
     print(f"speedup = 1-thread ms / {T}-thread ms")
 
 
 def add_threads_option(p: argparse.ArgumentParser) -> None:
     """--threads T of the step benchmarks' threads table."""
-    p.add_argument("--threads", type=int, default=2, metavar="T",
-                   help="threads of the threads table's steps (default 2; 1 leaves it out)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        metavar="T",
+        help="threads of the threads table's steps (default 2; 1 leaves it out)",
+    )
 
 
 def print_environment(env: dict) -> None:
     b = env["dptrain_build"]
-    print(f"# {env['date']}  cpu: {env['cpu']} ({env['cpus']} cpus, load {env['loadavg_1min']:.2f})")
+    print(
+        f"# {env['date']}  cpu: {env['cpu']} ({env['cpus']} cpus, load {env['loadavg_1min']:.2f})"
+    )
     print(f"# dptrain: {env['dptrain_path']}  simd={b.get('simd')}  compiler={b.get('compiler')}")
     modified = env.get("core_sources_modified")
-    print(f"# commit {env['commit']}"
-          + (f" + uncommitted changes in {', '.join(modified)}" if modified else "")
-          + f"; _core built {env['core_mtime']}, sha256 {env['core_sha256']}")
+    print(
+        f"# commit {env['commit']}"
+        + (f" + uncommitted changes in {', '.join(modified)}" if modified else "")
+        + f"; _core built {env['core_mtime']}, sha256 {env['core_sha256']}"
+    )
     print(f"# numpy {env['numpy']}, BLAS {env['blas']}: {describe_openblas(env)}")
     if "torch" in env:
-        print(f"# torch {env['torch']} (threads {env['torch_threads']}, BLAS "
-              f"{env.get('torch_blas')}, CPU capability {env.get('torch_cpu_capability')}, "
-              f"oneDNN {'yes' if env.get('torch_mkldnn') else 'no'}; the OpenBLAS variables "
-              f"do not reach it)")
+        print(
+            f"# torch {env['torch']} (threads {env['torch_threads']}, BLAS "
+            f"{env.get('torch_blas')}, CPU capability {env.get('torch_cpu_capability')}, "
+            f"oneDNN {'yes' if env.get('torch_mkldnn') else 'no'}; the OpenBLAS variables "
+            f"do not reach it)"
+        )
     p = env["fma_peaks_gflops_per_thread"]
     same = p["widest"]["isa"] == p["kernels"]["isa"]
-    for role, what in (("widest", "the widest FMA on this CPU" + (
-            ", and our kernels' ISA" if same else "")), ("kernels", "our kernels' ISA")):
+    for role, what in (
+        ("widest", "the widest FMA on this CPU" + (", and our kernels' ISA" if same else "")),
+        ("kernels", "our kernels' ISA"),
+    ):
         d = p[role]
         if role == "kernels" and same:
             break
-        print(f"# FMA peak, one thread, measured: {d['bits']}-bit {d['isa']} ({what}) "
-              f"{d['float32']:.1f} GFLOP/s float32, {d['float64']:.1f} float64")
+        print(
+            f"# FMA peak, one thread, measured: {d['bits']}-bit {d['isa']} ({what}) "
+            f"{d['float32']:.1f} GFLOP/s float32, {d['float64']:.1f} float64"
+        )
 
 
 # ---------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------
+
 
 def timed_loop(call: Callable[[], object], number: int, warmup: int) -> list[float]:
     """Seconds of each of `number` back-to-back calls (a perf_counter pair around each), after
@@ -517,6 +651,7 @@ def mpi_allreduce_call(world, hier, n: int):
         buf = hier.zeros(n, np.float32)
         return buf, lambda: hier.allreduce_sum_(buf)
     from mpi4py import MPI
+
     buf = np.zeros(n, np.float32)
     return buf, lambda: world.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
@@ -529,8 +664,9 @@ def time_calls(fn: Callable[[], object], number: int) -> float:
     return (time.perf_counter() - t0) / number
 
 
-def calibrate(fn: Callable[[], object], target_seconds: float, *, minimum: int = 1,
-              maximum: int = 1_000_000) -> int:
+def calibrate(
+    fn: Callable[[], object], target_seconds: float, *, minimum: int = 1, maximum: int = 1_000_000
+) -> int:
     """Calls per repeat so that one repeat of fn lasts about target_seconds."""
     number = 1
     while True:
@@ -542,8 +678,14 @@ def calibrate(fn: Callable[[], object], target_seconds: float, *, minimum: int =
     return int(min(maximum, max(minimum, round(target_seconds / max(per_call, 1e-9)))))
 
 
-def interleaved(fns: dict[str, Callable[[], object]], *, repeats: int, number: int,
-                warmup: int = 1, setup: Callable[[str], None] | None = None) -> dict[str, list]:
+def interleaved(
+    fns: dict[str, Callable[[], object]],
+    *,
+    repeats: int,
+    number: int,
+    warmup: int = 1,
+    setup: Callable[[str], None] | None = None,
+) -> dict[str, list]:
     """Per-call seconds of each fn, `repeats` times, interleaved: {name: [s, s, ...]}.
 
     Each repeat times every fn once (`number` calls); the order is reversed every other
@@ -556,7 +698,7 @@ def interleaved(fns: dict[str, Callable[[], object]], *, repeats: int, number: i
             fns[name]()
     out = {name: [] for name in names}
     for r in range(repeats):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             if setup is not None:
                 setup(name)
             out[name].append(time_calls(fns[name], number))
@@ -577,8 +719,14 @@ def spread(xs: Sequence[float]) -> float:
 # Output
 # ---------------------------------------------------------------------------------------
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence], *, title: str | None = None,
-                align: str | None = None) -> None:
+
+def print_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence],
+    *,
+    title: str | None = None,
+    align: str | None = None,
+) -> None:
     """A plain text table. align: one letter per column, 'l' or 'r' (default: first column
     left, the rest right)."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
@@ -586,8 +734,9 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence], *, title: str 
     align = align or ("l" + "r" * (len(headers) - 1))
 
     def fmt(row):
-        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w)
-                         for c, w, a in zip(row, widths, align)).rstrip()
+        return "  ".join(
+            c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align)
+        ).rstrip()
 
     if title:
         print(title)
@@ -606,7 +755,8 @@ def verdict(ratio: float, target: float | None, higher_is_better: bool) -> str:
 
 
 def _jsonable(obj):
-    from dptrain._plain import plain     # dptrain loads after this module pins the threads
+    from dptrain._plain import plain  # dptrain loads after this module pins the threads
+
     return plain(obj)
 
 

@@ -17,6 +17,7 @@ p50 pooled over the repeats. Before timing, one exchange of rank+1 must give 3 e
 
 Run: python bench/bench_algorithms.py [--quick] [--json PATH]
 """
+
 from __future__ import annotations
 
 import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy loads)
@@ -46,7 +47,8 @@ def exchange(comm: dpcomm.Communicator, alg: str, buf):
 
     def ps():
         comm.reduce_sum_(buf, root=0)
-        comm.broadcast_(buf, root=0)      # the parameters go back out: same bytes
+        comm.broadcast_(buf, root=0)  # the parameters go back out: same bytes
+
     return ps
 
 
@@ -54,8 +56,7 @@ def time_rank(comm: dpcomm.Communicator, quick: bool) -> dict:
     out = {}
     for alg in ALGORITHMS:
         for label, n in SIZES:
-            buf = comm.zeros(n, np.float32, algorithm=alg if alg in ("ring", "tree")
-                             else "native")
+            buf = comm.zeros(n, np.float32, algorithm=alg if alg in ("ring", "tree") else "native")
             call = exchange(comm, alg, buf)
             buf[:] = comm.rank + 1.0
             if alg == "ps":
@@ -66,8 +67,7 @@ def time_rank(comm: dpcomm.Communicator, quick: bool) -> dict:
                 call()
                 ok = bool(np.all(buf == 3.0))
             if not ok:
-                raise AssertionError(f"{comm.backend} {alg} {label}: wrong sum on rank "
-                                     f"{comm.rank}")
+                raise AssertionError(f"{comm.backend} {alg} {label}: wrong sum on rank {comm.rank}")
             buf[:] = 0.0
             comm.barrier()
             number = calls(n, quick)
@@ -88,7 +88,7 @@ def run_mpi_once(mpiexec: str, quick: bool) -> dict:
 
 
 def mpi_helper(out_path: str, quick: bool) -> None:
-    comm = dpcomm.MPIComm(measure_wait=False)   # the bare collectives
+    comm = dpcomm.MPIComm(measure_wait=False)  # the bare collectives
     res = time_rank(comm, quick)
     if comm.rank == 0:
         with open(out_path, "w") as f:
@@ -98,8 +98,10 @@ def mpi_helper(out_path: str, quick: bool) -> None:
 def main(argv=None):
     def extra(p):
         p.add_argument("--mpi-helper", metavar="OUT", help=__import__("argparse").SUPPRESS)
-    args = _util.parse_args("native/ring/tree/ps on the process and MPI transports", extra,
-                            argv=argv)
+
+    args = _util.parse_args(
+        "native/ring/tree/ps on the process and MPI transports", extra, argv=argv
+    )
     if args.mpi_helper:
         mpi_helper(args.mpi_helper, args.quick)
         return None
@@ -114,7 +116,7 @@ def main(argv=None):
         print("# no mpiexec here: the MPI column is left out")
     raw = {t: {} for t in runners}
     for r in range(repeats):
-        for t in (list(runners) if r % 2 == 0 else list(runners)[::-1]):
+        for t in list(runners) if r % 2 == 0 else list(runners)[::-1]:
             for key, xs in runners[t]().items():
                 raw[t].setdefault(key, []).extend(xs)
     rows, table = [], []
@@ -137,11 +139,19 @@ def main(argv=None):
             rows.append(row)
             table.append(cells)
     print()
-    _util.print_table(["size", "algorithm", "process (shm)", "MPI", "MPI/shm"], table,
-                      title=f"One gradient exchange between {WORLD} workers: p50 / p90 us per "
-                            f"call on rank 0 ({repeats} repeat(s) pooled)")
-    _util.write_json(args.json, "algorithms", env, {"world": WORLD, "repeats": repeats,
-                                                     "quick": args.quick}, rows)
+    _util.print_table(
+        ["size", "algorithm", "process (shm)", "MPI", "MPI/shm"],
+        table,
+        title=f"One gradient exchange between {WORLD} workers: p50 / p90 us per "
+        f"call on rank 0 ({repeats} repeat(s) pooled)",
+    )
+    _util.write_json(
+        args.json,
+        "algorithms",
+        env,
+        {"world": WORLD, "repeats": repeats, "quick": args.quick},
+        rows,
+    )
     return rows
 
 

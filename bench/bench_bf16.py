@@ -34,6 +34,7 @@ one (Context(gemm_inputs="bfloat16")), interleaved, on each bfloat16 path this C
 Run: python bench/bench_bf16.py [--quick] [--json PATH] [--data-dir DIR] [--seeds N]
      [--parts accuracy,gemm,steps,exchange]
 """
+
 from __future__ import annotations
 
 import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy/torch load)
@@ -52,29 +53,45 @@ TARGET_POINTS = 0.3
 TARGET_SPEEDUP = 1.6
 # (key, dtype, comm_dtype): float32; bfloat16 GEMM inputs; and also the gradient rounded to
 # bfloat16 by the bfloat16 exchange (at one worker its one slot is rounded all the same)
-VARIANTS = (("float32", "float32", None), ("bfloat16", "bfloat16", None),
-            ("bfloat16_comm", "bfloat16", "bfloat16"))
+VARIANTS = (
+    ("float32", "float32", None),
+    ("bfloat16", "bfloat16", None),
+    ("bfloat16_comm", "bfloat16", "bfloat16"),
+)
 # (name, dptrain.train options, epochs full / quick)
-MODELS = (("MLP 784-256-128-10", dict(model="mlp", hidden=(256, 128)), 10, 3),
-          ("CNN 1x28x28 (32, 64 conv, fc 128)", dict(model="cnn"), 3, 1))
+MODELS = (
+    ("MLP 784-256-128-10", dict(model="mlp", hidden=(256, 128)), 10, 3),
+    ("CNN 1x28x28 (32, 64 conv, fc 128)", dict(model="cnn"), 3, 1),
+)
 
 
 PARTS = ("accuracy", "gemm", "steps", "exchange")
-GEMM_SHAPES = ((128, 256, 784, False, True), (256, 784, 128, True, False),
-               (128, 784, 256, False, False), (128, 10, 128, False, True),
-               (10, 128, 128, True, False), (6272, 32, 27, False, False))
+GEMM_SHAPES = (
+    (128, 256, 784, False, True),
+    (256, 784, 128, True, False),
+    (128, 784, 256, False, False),
+    (128, 10, 128, False, True),
+    (10, 128, 128, True, False),
+    (6272, 32, 27, False, False),
+)
 
 
 def add_args(p):
     p.add_argument("--data-dir", default=DEFAULT_DATA, help="directory of the MNIST IDX files")
     p.add_argument("--seeds", type=int, default=None, help="seeds per model (default 3, quick 1)")
-    p.add_argument("--parts", default=",".join(PARTS),
-                   help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
+    p.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"comma-separated subset of {','.join(PARTS)} (default: all)",
+    )
 
 
 # the bfloat16 paths a run can force (set_bf16_amx, set_bf16_dot): label, (amx, dot) settings
-PATHS = {"amx": ("AMX path", True, None), "dot": ("vdpbf16ps path", False, True),
-         "round": ("rounding path", False, False)}
+PATHS = {
+    "amx": ("AMX path", True, None),
+    "dot": ("vdpbf16ps path", False, True),
+    "round": ("rounding path", False, False),
+}
 
 
 def paths_here() -> list[str]:
@@ -85,7 +102,8 @@ def paths_here() -> list[str]:
     if _core.isa() != "avx512":
         return []
     here = (["amx"] if info["bfloat16_amx"] else []) + (
-        ["dot"] if info["bfloat16_dot_vs_fma"] is not None else [])
+        ["dot"] if info["bfloat16_dot_vs_fma"] is not None else []
+    )
     return here + ["round"] if here else []
 
 
@@ -100,6 +118,7 @@ def on_path(fn, path: str):
         finally:
             _core.set_bf16_amx(before[0])
             _core.set_bf16_dot(before[1])
+
     return run
 
 
@@ -122,15 +141,24 @@ def gemm_rows(args) -> list[dict]:
         a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
         b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
         c = np.zeros((M, N), np.float32)
-        fns = with_paths({k: (lambda ctx=ctx: _core.gemm(a, b, c, trans_a=ta, trans_b=tb, ctx=ctx))
-                          for k, ctx in ctxs.items()})
+        fns = with_paths(
+            {
+                k: (lambda ctx=ctx: _core.gemm(a, b, c, trans_a=ta, trans_b=tb, ctx=ctx))
+                for k, ctx in ctxs.items()
+            }
+        )
         number = _util.calibrate(fns["float32"], 0.02 if args.quick else 0.1)
         t = _util.interleaved(fns, repeats=5 if args.quick else 11, number=number, warmup=2)
         med = {k: _util.median(v) for k, v in t.items()}
         f32, bf = med["float32"], med["bfloat16"]
-        row = {"shape": f"{M}x{N}x{K}{' A^T' if ta else ''}{' B^T' if tb else ''}",
-               "float32_us": 1e6 * f32, "bfloat16_us": 1e6 * bf, "ratio": bf / f32,
-               "gflops_f32": 2 * M * N * K / f32 / 1e9, "gflops_bf16": 2 * M * N * K / bf / 1e9}
+        row = {
+            "shape": f"{M}x{N}x{K}{' A^T' if ta else ''}{' B^T' if tb else ''}",
+            "float32_us": 1e6 * f32,
+            "bfloat16_us": 1e6 * bf,
+            "ratio": bf / f32,
+            "gflops_f32": 2 * M * N * K / f32 / 1e9,
+            "gflops_bf16": 2 * M * N * K / bf / 1e9,
+        }
         for path in PATHS:
             if f"bfloat16_{path}" in med:
                 row[f"bfloat16_{path}_us"] = 1e6 * med[f"bfloat16_{path}"]
@@ -146,27 +174,44 @@ def accuracy_rows(args) -> list[dict]:
         for seed in range(seeds):
             acc = {}
             for key, dtype, comm in VARIANTS:
-                r = dptrain.train(dataset="mnist", data_dir=args.data_dir, allow_download=False,
-                                  dtype=dtype, comm_dtype=comm, seed=seed, epochs=ep,
-                                  batch_size=128, lr=0.05, momentum=0.9, workers=1,
-                                  log=lambda *a: None, progress=False, **opts)
+                r = dptrain.train(
+                    dataset="mnist",
+                    data_dir=args.data_dir,
+                    allow_download=False,
+                    dtype=dtype,
+                    comm_dtype=comm,
+                    seed=seed,
+                    epochs=ep,
+                    batch_size=128,
+                    lr=0.05,
+                    momentum=0.9,
+                    workers=1,
+                    log=lambda *a: None,
+                    progress=False,
+                    **opts,
+                )
                 acc[key] = 100.0 * r.history[-1]["test_accuracy"]
             row = {"model": name, "seed": seed, "epochs": ep, **acc}
             for key in ("bfloat16", "bfloat16_comm"):
                 row[f"diff_{key}"] = acc[key] - acc["float32"]
             rows.append(row)
-            print(f"  {name} seed {seed}: float32 {acc['float32']:.2f} %, bfloat16 "
-                  f"{acc['bfloat16']:.2f} % ({row['diff_bfloat16']:+.2f} points), with the "
-                  f"bfloat16 exchange {acc['bfloat16_comm']:.2f} % "
-                  f"({row['diff_bfloat16_comm']:+.2f})", flush=True)
+            print(
+                f"  {name} seed {seed}: float32 {acc['float32']:.2f} %, bfloat16 "
+                f"{acc['bfloat16']:.2f} % ({row['diff_bfloat16']:+.2f} points), with the "
+                f"bfloat16 exchange {acc['bfloat16_comm']:.2f} % "
+                f"({row['diff_bfloat16_comm']:+.2f})",
+                flush=True,
+            )
     return rows
 
 
 def step_rows(args) -> list[dict]:
     ds = synthetic_classification(128, 784, 10, seed=0, dtype=np.float32)
     x, y = ds.x_train, ds.y_train
-    builds = {"MLP 784-256-128-10, batch 128": lambda dt: dptrain.MLP((784, 256, 128, 10), dtype=dt),
-              "CNN 1x28x28, batch 128": lambda dt: dptrain.CNN((1, 28, 28), 10, dtype=dt)}
+    builds = {
+        "MLP 784-256-128-10, batch 128": lambda dt: dptrain.MLP((784, 256, 128, 10), dtype=dt),
+        "CNN 1x28x28, batch 128": lambda dt: dptrain.CNN((1, 28, 28), 10, dtype=dt),
+    }
     rows = []
     for name, build in builds.items():
         fns = {}
@@ -178,14 +223,20 @@ def step_rows(args) -> list[dict]:
                 model.zero_grad()
                 model.loss_grad(x, y)
                 opt.step()
+
             fns[dt] = step
         fns = with_paths(fns)
         number = _util.calibrate(fns["float32"], 0.05 if args.quick else 0.2)
         times = _util.interleaved(fns, repeats=5 if args.quick else 11, number=number, warmup=2)
         f32, bf = _util.median(times["float32"]), _util.median(times["bfloat16"])
-        row = {"step": name, "float32_ms": 1e3 * f32, "bfloat16_ms": 1e3 * bf,
-               "speedup": f32 / bf, "spread_f32": _util.spread(times["float32"]),
-               "spread_bf16": _util.spread(times["bfloat16"])}
+        row = {
+            "step": name,
+            "float32_ms": 1e3 * f32,
+            "bfloat16_ms": 1e3 * bf,
+            "speedup": f32 / bf,
+            "spread_f32": _util.spread(times["float32"]),
+            "spread_bf16": _util.spread(times["bfloat16"]),
+        }
         for path in PATHS:
             if f"bfloat16_{path}" in times:
                 row[f"bfloat16_{path}_ms"] = 1e3 * _util.median(times[f"bfloat16_{path}"])
@@ -203,22 +254,44 @@ def exchange_rows(args) -> list[dict]:
     out = {cd: [] for cd in ("float32", "bfloat16")}
     for _ in range(rounds):
         for cd in out:
-            r = dptrain.train(model="mlp", dataset="synthetic", n_samples=n, n_features=784,
-                              epochs=1, batch_size=128, lr=0.05, momentum=0.9, workers=2,
-                              backend="process", dtype="bfloat16", comm_dtype=cd,
-                              log=lambda *a: None, progress=False)
+            r = dptrain.train(
+                model="mlp",
+                dataset="synthetic",
+                n_samples=n,
+                n_features=784,
+                epochs=1,
+                batch_size=128,
+                lr=0.05,
+                momentum=0.9,
+                workers=2,
+                backend="process",
+                dtype="bfloat16",
+                comm_dtype=cd,
+                log=lambda *a: None,
+                progress=False,
+            )
             b = r.breakdown
-            out[cd].append((b["step_median_seconds"]["communication"],
-                            b["step_median_seconds"]["sync_wait"],
-                            b["bytes_sent_per_epoch"] / r["steps"], r["train_seconds"] / r["steps"]))
+            out[cd].append(
+                (
+                    b["step_median_seconds"]["communication"],
+                    b["step_median_seconds"]["sync_wait"],
+                    b["bytes_sent_per_epoch"] / r["steps"],
+                    r["train_seconds"] / r["steps"],
+                )
+            )
     rows = []
     for cd, runs in out.items():
         comm = [x[0] for x in runs]
-        rows.append({"comm_dtype": cd, "communication_ms": 1e3 * _util.median(comm),
-                     "spread": _util.spread(comm),
-                     "sync_wait_ms": 1e3 * _util.median([x[1] for x in runs]),
-                     "bytes_per_step": runs[0][2],
-                     "step_ms": 1e3 * _util.median([x[3] for x in runs])})
+        rows.append(
+            {
+                "comm_dtype": cd,
+                "communication_ms": 1e3 * _util.median(comm),
+                "spread": _util.spread(comm),
+                "sync_wait_ms": 1e3 * _util.median([x[1] for x in runs]),
+                "bytes_per_step": runs[0][2],
+                "step_ms": 1e3 * _util.median([x[3] for x in runs]),
+            }
+        )
     return rows
 
 
@@ -230,12 +303,18 @@ def main():
     has_bf16 = bool(feats.get("avx512_bf16"))
     info = _core.build_info()
     ratio = info["bfloat16_dot_vs_fma"]
-    print(f"CPU AVX512_BF16: {'yes' if has_bf16 else 'no'}; AMX-BF16: "
-          f"{'yes' if info['bfloat16_amx'] else 'no (' + info['bfloat16_amx_why'] + ')'}; "
-          f"dptrain's bfloat16 GEMMs "
-          f"(isa {_core.isa()}): {info['bfloat16_gemm']}"
-          + (f"; vdpbf16ps measured at {ratio:.2f}x the float32 FMA's flop here (the default "
-             f"takes it from 1.2x)" if ratio is not None else ""))
+    print(
+        f"CPU AVX512_BF16: {'yes' if has_bf16 else 'no'}; AMX-BF16: "
+        f"{'yes' if info['bfloat16_amx'] else 'no (' + info['bfloat16_amx_why'] + ')'}; "
+        f"dptrain's bfloat16 GEMMs "
+        f"(isa {_core.isa()}): {info['bfloat16_gemm']}"
+        + (
+            f"; vdpbf16ps measured at {ratio:.2f}x the float32 FMA's flop here (the default "
+            f"takes it from 1.2x)"
+            if ratio is not None
+            else ""
+        )
+    )
     parts = set(args.parts.split(","))
     if parts - set(PARTS):
         sys.exit(f"bench_bf16: --parts names {sorted(parts - set(PARTS))}, expected {PARTS}")
@@ -245,28 +324,58 @@ def main():
     if "gemm" in parts:
         gemm = gemm_rows(args)
         forced = [p for p in PATHS if f"bfloat16_{p}_us" in gemm[0]]
-        _util.print_table(["GEMM (M x N x K)", "float32 us", "bfloat16 us", "bf16 / f32 time",
-                           "float32 GFLOP/s", "bfloat16 GFLOP/s"]
-                          + [f"{PATHS[p][0]} us" for p in forced],
-                          [[r["shape"], f"{r['float32_us']:.1f}", f"{r['bfloat16_us']:.1f}",
-                            f"{r['ratio']:.2f}", f"{r['gflops_f32']:.1f}", f"{r['gflops_bf16']:.1f}"]
-                           + [f"{r[f'bfloat16_{p}_us']:.1f}" for p in forced] for r in gemm],
-                          title="_core.gemm, one thread: float32 against bfloat16 inputs (the "
-                                "default path: " + _core.build_info()["bfloat16_gemm"]
-                                + ("; each path forced beside it" if forced else "") + ")")
+        _util.print_table(
+            [
+                "GEMM (M x N x K)",
+                "float32 us",
+                "bfloat16 us",
+                "bf16 / f32 time",
+                "float32 GFLOP/s",
+                "bfloat16 GFLOP/s",
+            ]
+            + [f"{PATHS[p][0]} us" for p in forced],
+            [
+                [
+                    r["shape"],
+                    f"{r['float32_us']:.1f}",
+                    f"{r['bfloat16_us']:.1f}",
+                    f"{r['ratio']:.2f}",
+                    f"{r['gflops_f32']:.1f}",
+                    f"{r['gflops_bf16']:.1f}",
+                ]
+                + [f"{r[f'bfloat16_{p}_us']:.1f}" for p in forced]
+                for r in gemm
+            ],
+            title="_core.gemm, one thread: float32 against bfloat16 inputs (the "
+            "default path: "
+            + _core.build_info()["bfloat16_gemm"]
+            + ("; each path forced beside it" if forced else "")
+            + ")",
+        )
     if "steps" in parts:
         steps = step_part(args, has_bf16)
     if "exchange" in parts:
         exch = exchange_part(args)
-    _util.write_json(args.json, "bench_bf16", env, {"quick": args.quick, "data_dir": args.data_dir,
-                                                    "avx512_bf16": has_bf16, "parts": sorted(parts)},
-                     {"accuracy": acc, "gemm": gemm, "steps": steps, "exchange": exch})
+    _util.write_json(
+        args.json,
+        "bench_bf16",
+        env,
+        {
+            "quick": args.quick,
+            "data_dir": args.data_dir,
+            "avx512_bf16": has_bf16,
+            "parts": sorted(parts),
+        },
+        {"accuracy": acc, "gemm": gemm, "steps": steps, "exchange": exch},
+    )
 
 
 def accuracy_part(args) -> list[dict]:
     if not os.path.isdir(args.data_dir):
-        sys.exit(f"bench_bf16: the MNIST files are not at {args.data_dir} (--data-dir): the "
-                 f"accuracy comparison needs the real data")
+        sys.exit(
+            f"bench_bf16: the MNIST files are not at {args.data_dir} (--data-dir): the "
+            f"accuracy comparison needs the real data"
+        )
     print("\naccuracy (training on MNIST, one worker):", flush=True)
     acc = accuracy_rows(args)
     table = []
@@ -275,44 +384,84 @@ def accuracy_part(args) -> list[dict]:
         for key, label in (("bfloat16", "bfloat16"), ("bfloat16_comm", "+ bf16 exchange")):
             diffs = [r[f"diff_{key}"] for r in mine]
             worst = max(abs(d) for d in diffs)
-            table.append([name, label, mine[0]["epochs"], len(mine),
-                          f"{np.median([r['float32'] for r in mine]):.2f}",
-                          f"{np.median([r[key] for r in mine]):.2f}",
-                          f"{np.median(diffs):+.2f}", f"{worst:.2f}",
-                          "met" if worst <= TARGET_POINTS else "NOT met"])
-    _util.print_table(["model", "variant", "epochs", "seeds", "float32 %", "variant %",
-                       "median diff", "max |diff|", f"|diff| <= {TARGET_POINTS}"], table,
-                      title="final MNIST test accuracy, float32 vs bfloat16 mixed precision "
-                            "(medians over seeds)")
+            table.append(
+                [
+                    name,
+                    label,
+                    mine[0]["epochs"],
+                    len(mine),
+                    f"{np.median([r['float32'] for r in mine]):.2f}",
+                    f"{np.median([r[key] for r in mine]):.2f}",
+                    f"{np.median(diffs):+.2f}",
+                    f"{worst:.2f}",
+                    "met" if worst <= TARGET_POINTS else "NOT met",
+                ]
+            )
+    _util.print_table(
+        [
+            "model",
+            "variant",
+            "epochs",
+            "seeds",
+            "float32 %",
+            "variant %",
+            "median diff",
+            "max |diff|",
+            f"|diff| <= {TARGET_POINTS}",
+        ],
+        table,
+        title="final MNIST test accuracy, float32 vs bfloat16 mixed precision (medians over seeds)",
+    )
     return acc
 
 
 def step_part(args, has_bf16) -> list[dict]:
     steps = step_rows(args)
     forced = [p for p in PATHS if f"bfloat16_{p}_ms" in steps[0]]
-    _util.print_table(["step", "float32 ms", "bfloat16 ms", "f32/bf16",
-                       f"target >= {TARGET_SPEEDUP}"]
-                      + [f"{PATHS[p][0]} ms" for p in forced],
-                      [[r["step"], f"{r['float32_ms']:.3f} (+-{r['spread_f32']:.0%})",
-                        f"{r['bfloat16_ms']:.3f} (+-{r['spread_bf16']:.0%})",
-                        f"{r['speedup']:.2f}",
-                        ("met" if r["speedup"] >= TARGET_SPEEDUP else "NOT met") if has_bf16
-                        else "n/a: no AVX512_BF16"]
-                       + [f"{r[f'bfloat16_{p}_ms']:.3f} (+-{r[f'spread_bf16_{p}']:.0%})"
-                          for p in forced] for r in steps],
-                      title="training step, one thread (median of interleaved repeats)")
+    _util.print_table(
+        ["step", "float32 ms", "bfloat16 ms", "f32/bf16", f"target >= {TARGET_SPEEDUP}"]
+        + [f"{PATHS[p][0]} ms" for p in forced],
+        [
+            [
+                r["step"],
+                f"{r['float32_ms']:.3f} (+-{r['spread_f32']:.0%})",
+                f"{r['bfloat16_ms']:.3f} (+-{r['spread_bf16']:.0%})",
+                f"{r['speedup']:.2f}",
+                ("met" if r["speedup"] >= TARGET_SPEEDUP else "NOT met")
+                if has_bf16
+                else "n/a: no AVX512_BF16",
+            ]
+            + [f"{r[f'bfloat16_{p}_ms']:.3f} (+-{r[f'spread_bf16_{p}']:.0%})" for p in forced]
+            for r in steps
+        ],
+        title="training step, one thread (median of interleaved repeats)",
+    )
     return steps
 
 
 def exchange_part(args) -> list[dict]:
     exch = exchange_rows(args)
-    _util.print_table(["gradient exchange", "bytes sent / step", "communication ms / step",
-                       "of which sync wait", "train ms / step"],
-                      [[r["comm_dtype"], f"{r['bytes_per_step']:,.0f}",
-                        f"{r['communication_ms']:.3f} (+-{r['spread']:.0%})",
-                        f"{r['sync_wait_ms']:.3f}", f"{r['step_ms']:.2f}"] for r in exch],
-                      title="2 workers (process backend), bfloat16 MLP, global batch 128: the "
-                            "exchange in float32 and in bfloat16 (medians over steps and runs)")
+    _util.print_table(
+        [
+            "gradient exchange",
+            "bytes sent / step",
+            "communication ms / step",
+            "of which sync wait",
+            "train ms / step",
+        ],
+        [
+            [
+                r["comm_dtype"],
+                f"{r['bytes_per_step']:,.0f}",
+                f"{r['communication_ms']:.3f} (+-{r['spread']:.0%})",
+                f"{r['sync_wait_ms']:.3f}",
+                f"{r['step_ms']:.2f}",
+            ]
+            for r in exch
+        ],
+        title="2 workers (process backend), bfloat16 MLP, global batch 128: the "
+        "exchange in float32 and in bfloat16 (medians over steps and runs)",
+    )
     return exch
 
 

@@ -35,6 +35,7 @@ weight gradients in thread order).
 
 Run: python bench/bench_cnn_step.py [--quick] [--threads T] [--json PATH]
 """
+
 from __future__ import annotations
 
 import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy/torch load)
@@ -67,7 +68,7 @@ def step_flop(model, batch) -> float:
         gemms = 2 if i == 0 else 3
         flop += gemms * 2.0 * batch * oc * oh * ow * c * 9
         c, h, w = oc, oh // 2, ow // 2
-    dense = model.sizes[len(model.channels):]
+    dense = model.sizes[len(model.channels) :]
     for n_in, n_out in zip(dense[:-1], dense[1:]):
         flop += 3 * 2.0 * batch * n_in * n_out
     return flop
@@ -80,16 +81,30 @@ def build(shape, batch, threads=1):
     x = rng.standard_normal((batch, int(np.prod(shape)))).astype(np.float32)
     y = rng.integers(0, CLASSES, batch)
 
-    model = dptrain.CNN(shape, CLASSES, channels=CHANNELS, hidden=(HIDDEN,), seed=0,
-                        dtype="float32", threads=threads)
+    model = dptrain.CNN(
+        shape,
+        CLASSES,
+        channels=CHANNELS,
+        hidden=(HIDDEN,),
+        seed=0,
+        dtype="float32",
+        threads=threads,
+    )
     opt = dptrain.SGD(model, lr=LR, momentum=MOMENTUM)
 
     c = shape[0]
     net = torch.nn.Sequential(
-        torch.nn.Conv2d(c, CHANNELS[0], 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(CHANNELS[0], CHANNELS[1], 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(model.sizes[2], HIDDEN), torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, CLASSES))
+        torch.nn.Conv2d(c, CHANNELS[0], 3),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(CHANNELS[0], CHANNELS[1], 3),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(model.sizes[2], HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, CLASSES),
+    )
     tparams = list(net.parameters())
     ours_arrays = [a for wb in model.layers() for a in wb]
     if [tuple(p.shape) for p in tparams] != [a.shape for a in ours_arrays]:
@@ -99,7 +114,8 @@ def build(shape, batch, threads=1):
             p.copy_(torch.from_numpy(a))
     xt, yt = torch.from_numpy(x).reshape(batch, *shape), torch.from_numpy(y)
     ours, theirs, check, final_losses = _util.paired_steps(
-        model, opt, net, x, y, xt, yt, lr=LR, momentum=MOMENTUM, label=str(shape))
+        model, opt, net, x, y, xt, yt, lr=LR, momentum=MOMENTUM, label=str(shape)
+    )
     return model, ours, theirs, check, final_losses
 
 
@@ -108,8 +124,9 @@ def run_case(name, shape, batch, main_row, *, repeats, steps):
     check()
     warmup = 3
     number = steps if main_row else max(2, steps // 2)
-    times = _util.interleaved({"ours": ours, "torch": theirs}, repeats=repeats, number=number,
-                              warmup=warmup)
+    times = _util.interleaved(
+        {"ours": ours, "torch": theirs}, repeats=repeats, number=number, warmup=warmup
+    )
     t_ours, t_torch = _util.median(times["ours"]), _util.median(times["torch"])
     ratio = t_ours / t_torch
     flop = step_flop(model, batch)
@@ -122,17 +139,29 @@ def run_case(name, shape, batch, main_row, *, repeats, steps):
         if not np.isfinite(value):
             raise FloatingPointError(f"{name}: {side}'s loss became {value}")
     return {
-        "model": name, "input_shape": list(shape), "batch": batch, "n_params": model.n_params,
-        "steps_per_repeat": number, "repeats": repeats, "warmup_steps": warmup,
-        "ours_ms": 1e3 * t_ours, "torch_ms": 1e3 * t_torch, "ratio": ratio,
-        "target": target, "stretch": STRETCH if main_row else None, "met": met,
-        "gemm_flop_per_step": flop, "ours_gflops": flop / t_ours / 1e9,
+        "model": name,
+        "input_shape": list(shape),
+        "batch": batch,
+        "n_params": model.n_params,
+        "steps_per_repeat": number,
+        "repeats": repeats,
+        "warmup_steps": warmup,
+        "ours_ms": 1e3 * t_ours,
+        "torch_ms": 1e3 * t_torch,
+        "ratio": ratio,
+        "target": target,
+        "stretch": STRETCH if main_row else None,
+        "met": met,
+        "gemm_flop_per_step": flop,
+        "ours_gflops": flop / t_ours / 1e9,
         "torch_gflops": flop / t_torch / 1e9,
         "ours_pct_peaks": _util.pct_of_peaks(flop / t_ours / 1e9),
         "torch_pct_peaks": _util.pct_of_peaks(flop / t_torch / 1e9),
-        "ours_spread": _util.spread(times["ours"]), "torch_spread": _util.spread(times["torch"]),
+        "ours_spread": _util.spread(times["ours"]),
+        "torch_spread": _util.spread(times["torch"]),
         "final_loss_finite_check": losses,
-        "ours_seconds_per_step": times["ours"], "torch_seconds_per_step": times["torch"],
+        "ours_seconds_per_step": times["ours"],
+        "torch_seconds_per_step": times["torch"],
     }
 
 
@@ -140,10 +169,12 @@ def threads_row(name, shape, batch, threads, *, repeats):
     def build_on(t):
         model, ours, theirs, check, _ = build(shape, batch, threads=t)
         return ours, theirs, check, model
+
     label = f"{name} " + "x".join(map(str, shape)) + f" B={batch}"
     # (its conv stages add the threads' partial weight gradients in thread order: dp_model.h)
-    return _util.threads_case(label, build_on, threads, repeats=repeats, seconds=0.3,
-                              min_steps=3, same_bits=False)
+    return _util.threads_case(
+        label, build_on, threads, repeats=repeats, seconds=0.3, min_steps=3, same_bits=False
+    )
 
 
 def pct_cell(gflops, pcts):
@@ -154,7 +185,9 @@ def pct_cell(gflops, pcts):
 def main(argv=None):
     args = _util.parse_args(
         "ms per CNN training step: dptrain vs PyTorch, one thread, and at --threads T",
-        extra=_util.add_threads_option, argv=argv)
+        extra=_util.add_threads_option,
+        argv=argv,
+    )
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
     _util.pin_torch(torch)
@@ -162,31 +195,54 @@ def main(argv=None):
     env = _util.environment(**_util.torch_info(torch))
     _util.print_environment(env)
 
-    rows = [run_case(name, shape, batch, main_row, repeats=repeats, steps=steps)
-            for name, shape, batch, main_row in CASES]
+    rows = [
+        run_case(name, shape, batch, main_row, repeats=repeats, steps=steps)
+        for name, shape, batch, main_row in CASES
+    ]
 
     pct_head = "/".join(label for label, _ in _util.peak_columns())
     table = []
     for r in rows:
-        target = (f"<= {r['target']:.2f} ({r['stretch']:.2f})" if r["target"] is not None
-                  else "-")
-        table.append([
-            r["model"] + " " + "x".join(map(str, r["input_shape"])), r["batch"],
-            r["steps_per_repeat"], f"{r['ours_ms']:.2f}", f"{r['torch_ms']:.2f}",
-            f"{r['ratio']:.2f}", target, r["met"],
-            pct_cell(r["ours_gflops"], r["ours_pct_peaks"]),
-            pct_cell(r["torch_gflops"], r["torch_pct_peaks"]),
-            f"{100 * max(r['ours_spread'], r['torch_spread']):.0f}%",
-        ])
+        target = f"<= {r['target']:.2f} ({r['stretch']:.2f})" if r["target"] is not None else "-"
+        table.append(
+            [
+                r["model"] + " " + "x".join(map(str, r["input_shape"])),
+                r["batch"],
+                r["steps_per_repeat"],
+                f"{r['ours_ms']:.2f}",
+                f"{r['torch_ms']:.2f}",
+                f"{r['ratio']:.2f}",
+                target,
+                r["met"],
+                pct_cell(r["ours_gflops"], r["ours_pct_peaks"]),
+                pct_cell(r["torch_gflops"], r["torch_pct_peaks"]),
+                f"{100 * max(r['ours_spread'], r['torch_spread']):.0f}%",
+            ]
+        )
     print()
     _util.print_table(
-        ["model", "batch", "steps", "ours ms", "torch ms", "ratio", "target (stretch)", "met",
-         f"ours GF/s ({pct_head})", f"torch GF/s ({pct_head})", "noise"],
-        table, align="lrrrrrrlrrr",
+        [
+            "model",
+            "batch",
+            "steps",
+            "ours ms",
+            "torch ms",
+            "ratio",
+            "target (stretch)",
+            "met",
+            f"ours GF/s ({pct_head})",
+            f"torch GF/s ({pct_head})",
+            "noise",
+        ],
+        table,
+        align="lrrrrrrlrrr",
         title=f"CNN training step (zero_grad+fwd+bwd+SGD momentum), float32, 1 thread, median "
-              f"of {repeats} interleaved repeats (ratio = ours / torch, lower is better)")
-    print("GF/s counts GEMM flop only (conv: fwd + dW, dX except layer 1; dense likewise); "
-          "noise = largest (max - min) / median")
+        f"of {repeats} interleaved repeats (ratio = ours / torch, lower is better)",
+    )
+    print(
+        "GF/s counts GEMM flop only (conv: fwd + dW, dX except layer 1; dense likewise); "
+        "noise = largest (max - min) / median"
+    )
     print(_util.peak_legend())
 
     thread_rows = []
@@ -194,10 +250,20 @@ def main(argv=None):
         name, shape, batch, _ = CASES[0]
         thread_rows = [threads_row(name, shape, batch, args.threads, repeats=repeats)]
         _util.print_threads_table(thread_rows, args.threads, repeats)
-    _util.write_json(args.json, "cnn_step", env,
-                     {"repeats": repeats, "steps_main_row": steps, "lr": LR,
-                      "momentum": MOMENTUM, "quick": args.quick, "threads": args.threads},
-                     rows + thread_rows)
+    _util.write_json(
+        args.json,
+        "cnn_step",
+        env,
+        {
+            "repeats": repeats,
+            "steps_main_row": steps,
+            "lr": LR,
+            "momentum": MOMENTUM,
+            "quick": args.quick,
+            "threads": args.threads,
+        },
+        rows + thread_rows,
+    )
     return rows + thread_rows
 
 

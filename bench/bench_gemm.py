@@ -38,6 +38,7 @@ threadpoolctl reports them). % columns: of the measured FMA peaks (bench/_util.p
 
 Run: python bench/bench_gemm.py [--quick] [--json PATH]
 """
+
 from __future__ import annotations
 
 import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy loads)
@@ -47,8 +48,8 @@ import numpy as np  # noqa: E402
 from dptrain import _core  # noqa: E402
 from dptrain._aligned import aligned_empty  # noqa: E402
 
-MLP_TARGET = 0.9      # ours / OpenBLAS on the MLP's large shapes (issue 12's; was 0.85)
-SKINNY_TARGET = 1.3   # ours / OpenBLAS where one dimension is tiny (N=10 classes, K=27 im2col)
+MLP_TARGET = 0.9  # ours / OpenBLAS on the MLP's large shapes (issue 12's; was 0.85)
+SKINNY_TARGET = 1.3  # ours / OpenBLAS where one dimension is tiny (N=10 classes, K=27 im2col)
 
 # (case, M, N, K, trans_a, trans_b, target); the ratio target is ours / OpenBLAS GFLOP/s.
 SHAPES_F32 = [
@@ -99,15 +100,16 @@ def check(case, dtype, ours, ref, op_a, op_b, k):
     err = np.abs(ours.astype(np.float64) - ref.astype(np.float64))
     if not np.all(np.isfinite(ours)) or np.any(err > bound + np.finfo(dtype).tiny):
         worst = np.unravel_index(np.argmax(err - bound), err.shape)
-        raise AssertionError(f"gemm {case} {dtype.__name__}: ours differs from np.matmul at "
-                             f"{worst}: {ours[worst]!r} vs {ref[worst]!r} (bound {bound[worst]:.3g})")
+        raise AssertionError(
+            f"gemm {case} {dtype.__name__}: ours differs from np.matmul at "
+            f"{worst}: {ours[worst]!r} vs {ref[worst]!r} (bound {bound[worst]:.3g})"
+        )
 
 
-def bench_shape(case, m, n, k, trans_a, trans_b, target, dtype, ctx, rng, *, repeats,
-                seconds):
+def bench_shape(case, m, n, k, trans_a, trans_b, target, dtype, ctx, rng, *, repeats, seconds):
     a, b, op_a, op_b = make_operands(m, n, k, trans_a, trans_b, dtype, rng)
     c_ours = aligned_empty((m, n), dtype)
-    c_ours[...] = np.nan                            # beta == 0 must not read it
+    c_ours[...] = np.nan  # beta == 0 must not read it
     c_blas = aligned_empty((m, n), dtype)
     gemm = _core.gemm
 
@@ -122,8 +124,9 @@ def bench_shape(case, m, n, k, trans_a, trans_b, target, dtype, ctx, rng, *, rep
     check(case, dtype, c_ours, c_blas, op_a, op_b, k)
 
     number = calibrate_both(ours, blas, seconds)
-    times = _util.interleaved({"ours": ours, "blas": blas}, repeats=repeats, number=number,
-                              warmup=max(3, number // 10))
+    times = _util.interleaved(
+        {"ours": ours, "blas": blas}, repeats=repeats, number=number, warmup=max(3, number // 10)
+    )
     flop = 2.0 * m * n * k
     gf_ours = flop / _util.median(times["ours"]) / 1e9
     gf_blas = flop / _util.median(times["blas"]) / 1e9
@@ -131,14 +134,27 @@ def bench_shape(case, m, n, k, trans_a, trans_b, target, dtype, ctx, rng, *, rep
     dname = np.dtype(dtype).name
     variant = ("T" if trans_a else "N") + ("T" if trans_b else "N")
     return {
-        "case": case, "m": m, "n": n, "k": k, "trans_a": trans_a, "trans_b": trans_b,
-        "variant": variant, "dtype": dname, "calls_per_repeat": number,
-        "repeats": repeats, "ours_gflops": gf_ours, "openblas_gflops": gf_blas,
-        "ratio": ratio, "target": target, "met": _util.verdict(ratio, target, True),
+        "case": case,
+        "m": m,
+        "n": n,
+        "k": k,
+        "trans_a": trans_a,
+        "trans_b": trans_b,
+        "variant": variant,
+        "dtype": dname,
+        "calls_per_repeat": number,
+        "repeats": repeats,
+        "ours_gflops": gf_ours,
+        "openblas_gflops": gf_blas,
+        "ratio": ratio,
+        "target": target,
+        "met": _util.verdict(ratio, target, True),
         "ours_pct_peaks": _util.pct_of_peaks(gf_ours, dname),
         "openblas_pct_peaks": _util.pct_of_peaks(gf_blas, dname),
-        "ours_spread": _util.spread(times["ours"]), "openblas_spread": _util.spread(times["blas"]),
-        "ours_seconds": times["ours"], "openblas_seconds": times["blas"],
+        "ours_spread": _util.spread(times["ours"]),
+        "openblas_spread": _util.spread(times["blas"]),
+        "ours_seconds": times["ours"],
+        "openblas_seconds": times["blas"],
     }
 
 
@@ -156,11 +172,18 @@ def blas_best_helper(args, repeats, seconds):
                 np.matmul(op_a, op_b, out=c)
 
             number = _util.calibrate(blas, seconds)
-            t = _util.interleaved({"blas": blas}, repeats=repeats, number=number,
-                                  warmup=max(3, number // 10))["blas"]
-            rows.append({"case": case, "dtype": np.dtype(dtype).name,
-                         "gflops": 2.0 * m * n * k / _util.median(t) / 1e9,
-                         "spread": _util.spread(t), "seconds": t})
+            t = _util.interleaved(
+                {"blas": blas}, repeats=repeats, number=number, warmup=max(3, number // 10)
+            )["blas"]
+            rows.append(
+                {
+                    "case": case,
+                    "dtype": np.dtype(dtype).name,
+                    "gflops": 2.0 * m * n * k / _util.median(t) / 1e9,
+                    "spread": _util.spread(t),
+                    "seconds": t,
+                }
+            )
     _util.write_helper_json(args.blas_best_helper, {"rows": rows})
 
 
@@ -182,14 +205,12 @@ def call_overhead(ctx, *, repeats, seconds):
         np.matmul(a, a.T, out=c_blas)
 
     number = calibrate_both(ours, blas, seconds)
-    t = _util.interleaved({"ours": ours, "numpy": blas}, repeats=repeats, number=number,
-                          warmup=100)
+    t = _util.interleaved({"ours": ours, "numpy": blas}, repeats=repeats, number=number, warmup=100)
     return {k + "_us": 1e6 * _util.median(v) for k, v in t.items()}
 
 
 def main(argv=None):
-    args = _util.parse_args("GFLOP/s of _core.gemm vs NumPy/OpenBLAS matmul, one thread",
-                            argv=argv)
+    args = _util.parse_args("GFLOP/s of _core.gemm vs NumPy/OpenBLAS matmul, one thread", argv=argv)
     repeats, seconds = (3, 0.02) if args.quick else (9, 0.1)
     if args.blas_best_helper:
         return blas_best_helper(args, repeats, seconds)
@@ -202,8 +223,11 @@ def main(argv=None):
     rows = []
     for dtype, shapes in ((np.float32, SHAPES_F32), (np.float64, SHAPES_F64)):
         for case, m, n, k, ta, tb, target in shapes:
-            rows.append(bench_shape(case, m, n, k, ta, tb, target, dtype, ctx, rng,
-                                    repeats=repeats, seconds=seconds))
+            rows.append(
+                bench_shape(
+                    case, m, n, k, ta, tb, target, dtype, ctx, rng, repeats=repeats, seconds=seconds
+                )
+            )
 
     best = _util.run_blas_best_child(__file__, ["--quick"] if args.quick else [])
     best_gf = {(b["case"], b["dtype"]): b for b in best["rows"]}
@@ -220,41 +244,83 @@ def main(argv=None):
     wide = pct_labels[0]
     table = []
     for r in rows:
-        table.append([
-            r["case"], f"{r['m']}x{r['n']}x{r['k']}", f"{r['variant']} f{r['dtype'][5:]}",
-            f"{r['ours_gflops']:.1f}", f"{r['openblas_gflops']:.1f}",
-            f"{r['openblas_best_gflops']:.1f}", f"{r['ratio']:.2f}",
-            "-" if r["target"] is None else f">= {r['target']:.2f}", r["met"],
-            f"{r['ratio_best']:.2f}",
-            *[f"{r['ours_pct_peaks'][label]:.0f}%" for label in pct_labels],
-            f"{r['openblas_best_pct_peaks'][wide]:.0f}%",
-            f"{100 * max(r['ours_spread'], r['openblas_spread'], r['openblas_best_spread']):.0f}%",
-        ])
+        spread = max(r["ours_spread"], r["openblas_spread"], r["openblas_best_spread"])
+        table.append(
+            [
+                r["case"],
+                f"{r['m']}x{r['n']}x{r['k']}",
+                f"{r['variant']} f{r['dtype'][5:]}",
+                f"{r['ours_gflops']:.1f}",
+                f"{r['openblas_gflops']:.1f}",
+                f"{r['openblas_best_gflops']:.1f}",
+                f"{r['ratio']:.2f}",
+                "-" if r["target"] is None else f">= {r['target']:.2f}",
+                r["met"],
+                f"{r['ratio_best']:.2f}",
+                *[f"{r['ours_pct_peaks'][label]:.0f}%" for label in pct_labels],
+                f"{r['openblas_best_pct_peaks'][wide]:.0f}%",
+                f"{100 * spread:.0f}%",
+            ]
+        )
     print()
     _util.print_table(
-        ["case", "MxNxK", "variant", "ours GF/s", "OB here", "OB best", "ratio", "target",
-         "met", "r. best", *[f"ours {label}" for label in pct_labels], f"best {wide}",
-         "noise"],
-        table, align="llrrrrrrlr" + "r" * (len(pct_labels) + 2),
+        [
+            "case",
+            "MxNxK",
+            "variant",
+            "ours GF/s",
+            "OB here",
+            "OB best",
+            "ratio",
+            "target",
+            "met",
+            "r. best",
+            *[f"ours {label}" for label in pct_labels],
+            f"best {wide}",
+            "noise",
+        ],
+        table,
+        align="llrrrrrrlr" + "r" * (len(pct_labels) + 2),
         title=f"GEMM, 1 thread, median of {repeats} interleaved repeats "
-              f"(ratio = ours / OB here, the target's; r. best = ours / OB best)")
+        f"(ratio = ours / OB here, the target's; r. best = ours / OB best)",
+    )
     print(f"OB here = np.matmul in this process: {_util.describe_openblas(env)}")
-    print(f"OB best = np.matmul in a child process without "
-          f"{' / '.join(_util.OPENBLAS_FORCING_VARS)}: {_util.describe_openblas(best['blas'])}")
+    print(
+        f"OB best = np.matmul in a child process without "
+        f"{' / '.join(_util.OPENBLAS_FORCING_VARS)}: {_util.describe_openblas(best['blas'])}"
+    )
     print(_util.peak_legend(("float32", "float64")))
-    print("* dX of layer 1 is not computed in training (the input needs no gradient); "
-          "noise = largest (max - min) / median of the three sides' repeats")
-    print(f"per-call overhead (a 1x1x1 float32 GEMM): ours {overhead['ours_us']:.2f} us, "
-          f"np.matmul {overhead['numpy_us']:.2f} us")
+    print(
+        "* dX of layer 1 is not computed in training (the input needs no gradient); "
+        "noise = largest (max - min) / median of the three sides' repeats"
+    )
+    print(
+        f"per-call overhead (a 1x1x1 float32 GEMM): ours {overhead['ours_us']:.2f} us, "
+        f"np.matmul {overhead['numpy_us']:.2f} us"
+    )
     missed = [r for r in rows if r["met"] == "NO"]
-    print(f"targets met: {sum(r['met'] == 'yes' for r in rows)} of "
-          f"{sum(r['target'] is not None for r in rows)}"
-          + ("" if not missed else "; missed: " + ", ".join(
-              f"{r['case'].strip()} {r['dtype']} ({r['ratio']:.2f})" for r in missed)))
-    _util.write_json(args.json, "gemm", env,
-                     {"repeats": repeats, "seconds_per_repeat": seconds, "quick": args.quick,
-                      "call_overhead_us": overhead},
-                     rows)
+    print(
+        f"targets met: {sum(r['met'] == 'yes' for r in rows)} of "
+        f"{sum(r['target'] is not None for r in rows)}"
+        + (
+            ""
+            if not missed
+            else "; missed: "
+            + ", ".join(f"{r['case'].strip()} {r['dtype']} ({r['ratio']:.2f})" for r in missed)
+        )
+    )
+    _util.write_json(
+        args.json,
+        "gemm",
+        env,
+        {
+            "repeats": repeats,
+            "seconds_per_repeat": seconds,
+            "quick": args.quick,
+            "call_overhead_us": overhead,
+        },
+        rows,
+    )
     return rows
 
 

@@ -27,6 +27,7 @@ the figures then include the scheduler, and only their ratios within this run me
 
 Run: python bench/bench_hier.py [--quick] [--json PATH]
 """
+
 from __future__ import annotations
 
 import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy loads)
@@ -44,8 +45,12 @@ import numpy as np  # noqa: E402
 
 RANKS = 4
 SIZES = [("8 KB", 2048), ("0.94 MB", 235_146)]
-LAYOUTS = {"flat MPI": ("flat", 0), "1 node": ("hier", 1), "2 nodes of 2": ("hier", 2),
-           "4 nodes of 1": ("hier", 4)}
+LAYOUTS = {
+    "flat MPI": ("flat", 0),
+    "1 node": ("hier", 1),
+    "2 nodes of 2": ("hier", 2),
+    "4 nodes of 1": ("hier", 4),
+}
 MNIST_DIR = "/work/shared/data/mnist"
 
 
@@ -53,6 +58,7 @@ def helper(out_path: str, mode: str, nodes: int, number: int) -> None:
     """One MPI rank: times the all-reduce of each size in one layout; rank 0 writes JSON."""
     from mpi4py import MPI
     from dptrain.comm import HierComm
+
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     hier = HierComm(world, nodes=nodes) if mode == "hier" else None
@@ -72,32 +78,65 @@ def helper(out_path: str, mode: str, nodes: int, number: int) -> None:
 
 
 def micro(mpiexec: str, mode: str, nodes: int, number: int) -> dict:
-    return _util.run_mpi_helper(mpiexec, RANKS, __file__,
-                                ["--mode", mode, "--nodes", str(nodes), "--number", str(number)],
-                                300)
+    return _util.run_mpi_helper(
+        mpiexec,
+        RANKS,
+        __file__,
+        ["--mode", mode, "--nodes", str(nodes), "--number", str(number)],
+        300,
+    )
 
 
 def train(mpiexec: str, mode: str, nodes: int, limit: int) -> dict:
-    data = (["--dataset", "mnist", "--data-dir", MNIST_DIR, "--no-download"]
-            if os.path.isdir(MNIST_DIR) else ["--dataset", "mnist", "--no-download"])
+    data = (
+        ["--dataset", "mnist", "--data-dir", MNIST_DIR, "--no-download"]
+        if os.path.isdir(MNIST_DIR)
+        else ["--dataset", "mnist", "--no-download"]
+    )
     layout = ["--no-mpi-shm"] if mode == "flat" else ["--mpi-nodes", str(nodes)]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "run.json")
-        cmd = [mpiexec, "-n", str(RANKS), sys.executable, "-m", "dptrain", "train", "--model",
-               "mlp", *data, "--limit", str(limit), "--epochs", "1", "--batch-size", "128",
-               "--backend", "mpi", "--quiet", "--out", out, *layout]
-        proc = subprocess.run(cmd, cwd=tmp, env=_util.child_env(), capture_output=True, text=True,
-                              timeout=600)
+        cmd = [
+            mpiexec,
+            "-n",
+            str(RANKS),
+            sys.executable,
+            "-m",
+            "dptrain",
+            "train",
+            "--model",
+            "mlp",
+            *data,
+            "--limit",
+            str(limit),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "128",
+            "--backend",
+            "mpi",
+            "--quiet",
+            "--out",
+            out,
+            *layout,
+        ]
+        proc = subprocess.run(
+            cmd, cwd=tmp, env=_util.child_env(), capture_output=True, text=True, timeout=600
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
         with open(out) as f:
             res = json.load(f)
     phases = res["rank_phase_seconds"][0]
     steps = res["steps"]
-    return {"train_seconds": res["train_seconds"], "steps": steps,
-            "exchange_per_step": (phases["communication"] + phases["sync_wait"]) / steps,
-            "loss": res["train_loss"][-1], "dataset": res["dataset"]["name"],
-            "layout": res["config"].get("mpi_layout")}
+    return {
+        "train_seconds": res["train_seconds"],
+        "steps": steps,
+        "exchange_per_step": (phases["communication"] + phases["sync_wait"]) / steps,
+        "loss": res["train_loss"][-1],
+        "dataset": res["dataset"]["name"],
+        "layout": res["config"].get("mpi_layout"),
+    }
 
 
 def main(argv=None):
@@ -106,8 +145,10 @@ def main(argv=None):
         p.add_argument("--mode", default="flat", help=argparse.SUPPRESS)
         p.add_argument("--nodes", type=int, default=0, help=argparse.SUPPRESS)
         p.add_argument("--number", type=int, default=400, help=argparse.SUPPRESS)
-    args = _util.parse_args("4 MPI ranks: flat MPI_Allreduce vs the hierarchical all-reduce",
-                            extra, argv=argv)
+
+    args = _util.parse_args(
+        "4 MPI ranks: flat MPI_Allreduce vs the hierarchical all-reduce", extra, argv=argv
+    )
     if args.mpi_helper:
         helper(args.mpi_helper, args.mode, args.nodes, args.number)
         return None
@@ -123,8 +164,10 @@ def main(argv=None):
     _util.print_environment(env)
     cores = os.cpu_count() or 1
     if cores < RANKS:
-        print(f"# NOTE: {RANKS} ranks on {cores} cores: the ranks time-share the cores; compare "
-              f"the layouts only with each other, in this run")
+        print(
+            f"# NOTE: {RANKS} ranks on {cores} cores: the ranks time-share the cores; compare "
+            f"the layouts only with each other, in this run"
+        )
     repeats = 2 if args.quick else 5
     number = 100 if args.quick else 400
     limit = 4000 if args.quick else 12000
@@ -133,14 +176,16 @@ def main(argv=None):
     names = list(LAYOUTS)
     t0 = time.perf_counter()
     for r in range(repeats):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             mode, nodes = LAYOUTS[name]
             for label, calls in micro(mpiexec, mode, nodes, number).items():
                 raw[name][label].append(calls)
             runs[name].append(train(mpiexec, mode, nodes, limit))
     rows, table = [], []
-    flat = {label: float(np.median([x for rep in raw["flat MPI"][label] for x in rep]))
-            for label, _ in SIZES}
+    flat = {
+        label: float(np.median([x for rep in raw["flat MPI"][label] for x in rep]))
+        for label, _ in SIZES
+    }
     flat_step = float(np.median([x["exchange_per_step"] for x in runs["flat MPI"]]))
     for name in names:
         row = {"layout": name}
@@ -152,28 +197,54 @@ def main(argv=None):
             cells += [f"{p50:.1f} / {p90:.1f}", f"{1e6 * flat[label] / p50:.2f}x"]
         step = [x["exchange_per_step"] for x in runs[name]]
         secs = [x["train_seconds"] for x in runs[name]]
-        row.update(exchange_per_step_us=1e6 * float(np.median(step)),
-                   train_seconds=float(np.median(secs)), noise=_util.spread(secs),
-                   loss=runs[name][0]["loss"], layout_ranks=runs[name][0]["layout"])
-        cells += [f"{row['exchange_per_step_us']:.0f}",
-                  f"{flat_step / float(np.median(step)):.2f}x",
-                  f"{row['train_seconds']:.3f}", f"{100 * row['noise']:.0f}%"]
+        row.update(
+            exchange_per_step_us=1e6 * float(np.median(step)),
+            train_seconds=float(np.median(secs)),
+            noise=_util.spread(secs),
+            loss=runs[name][0]["loss"],
+            layout_ranks=runs[name][0]["layout"],
+        )
+        cells += [
+            f"{row['exchange_per_step_us']:.0f}",
+            f"{flat_step / float(np.median(step)):.2f}x",
+            f"{row['train_seconds']:.3f}",
+            f"{100 * row['noise']:.0f}%",
+        ]
         rows.append(row)
         table.append(cells)
     print()
-    _util.print_table(["layout", "8 KB p50 / p90 us", "vs flat", "0.94 MB p50 / p90 us",
-                       "vs flat", "exchange us/step", "vs flat", "train s", "noise"], table,
-                      title=f"{RANKS} MPI ranks, {repeats} interleaved repeats: all-reduce per "
-                            f"call (rank 0, {number} calls per repeat) and the MLP's exchange "
-                            f"per training step (communication + sync wait, rank 0); "
-                            f"vs flat = flat MPI's figure / this one")
+    _util.print_table(
+        [
+            "layout",
+            "8 KB p50 / p90 us",
+            "vs flat",
+            "0.94 MB p50 / p90 us",
+            "vs flat",
+            "exchange us/step",
+            "vs flat",
+            "train s",
+            "noise",
+        ],
+        table,
+        title=f"{RANKS} MPI ranks, {repeats} interleaved repeats: all-reduce per "
+        f"call (rank 0, {number} calls per repeat) and the MLP's exchange "
+        f"per training step (communication + sync wait, rank 0); "
+        f"vs flat = flat MPI's figure / this one",
+    )
     losses = [row["loss"] for row in rows]
     agree = max(losses) - min(losses) <= 1e-5 * abs(losses[0])
-    print(f"# data: {runs['flat MPI'][0]['dataset']}; final training losses "
-          f"{', '.join(f'{v:.6f}' for v in losses)}: {'agree' if agree else 'DIFFER'}; "
-          f"{time.perf_counter() - t0:.0f} s")
-    _util.write_json(args.json, "hier", env, {"ranks": RANKS, "repeats": repeats,
-                                              "calls": number, "limit": limit}, rows)
+    print(
+        f"# data: {runs['flat MPI'][0]['dataset']}; final training losses "
+        f"{', '.join(f'{v:.6f}' for v in losses)}: {'agree' if agree else 'DIFFER'}; "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
+    _util.write_json(
+        args.json,
+        "hier",
+        env,
+        {"ranks": RANKS, "repeats": repeats, "calls": number, "limit": limit},
+        rows,
+    )
     if not agree:
         raise SystemExit("the layouts trained different models")
     return rows

@@ -18,6 +18,7 @@ build's against generic. Each result is first checked against the generic build'
 
 Run: python bench/bench_isa.py [--quick] [--json PATH]
 """
+
 from __future__ import annotations
 
 import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy loads)
@@ -39,6 +40,7 @@ def gemm_case(rng, m, n, k, trans, dtype):
 
     def fn():
         _core.gemm(a, b, c, trans_a=ta, trans_b=tb)
+
     return fn, 2.0 * m * n * k, lambda: c.copy()
 
 
@@ -58,18 +60,34 @@ def vector_cases(rng, n):
     p0, v0 = p.copy(), v.copy()
 
     def sgd():
-        p[:] = p0      # the same step each call (a copy: 8 MiB more traffic, on every build)
+        p[:] = p0  # the same step each call (a copy: 8 MiB more traffic, on every build)
         v[:] = v0
         _core.sgd_step(p, g, v, lr=0.01, momentum=0.9)
+
     return [
         ("relu_forward", f"{n:,}", lambda: _core.relu_forward(x, y), 8 * n, lambda: y.copy()),
         ("sgd_step (+2 copies)", f"{n:,}", sgd, 5 * 4 * n + 16 * n, lambda: p.copy()),
-        ("sum_buffers k=2", f"{n:,}", lambda: _core.sum_buffers(out, ins), 12 * n,
-         lambda: out.copy()),
-        ("maxpool2_forward", "128x32x32x32", lambda: _core.maxpool2_forward(img, pooled, idx),
-         img.nbytes + pooled.nbytes + idx.nbytes, lambda: pooled.copy()),
-        ("softmax_xent", "8192x10", lambda: _core.softmax_xent(logits, labels, dlogits),
-         2 * logits.nbytes + labels.nbytes, lambda: dlogits.copy()),
+        (
+            "sum_buffers k=2",
+            f"{n:,}",
+            lambda: _core.sum_buffers(out, ins),
+            12 * n,
+            lambda: out.copy(),
+        ),
+        (
+            "maxpool2_forward",
+            "128x32x32x32",
+            lambda: _core.maxpool2_forward(img, pooled, idx),
+            img.nbytes + pooled.nbytes + idx.nbytes,
+            lambda: pooled.copy(),
+        ),
+        (
+            "softmax_xent",
+            "8192x10",
+            lambda: _core.softmax_xent(logits, labels, dlogits),
+            2 * logits.nbytes + labels.nbytes,
+            lambda: dlogits.copy(),
+        ),
     ]
 
 
@@ -82,30 +100,42 @@ def main(argv=None):
     _util.print_environment(env)
     peaks = {isa: _core.fma_peak(isa, "float32", _util.PEAK_SECONDS) for isa in have}
     peaks64 = {isa: _core.fma_peak(isa, "float64", _util.PEAK_SECONDS) for isa in have}
-    print("# ISA builds on this CPU: " + ", ".join(have)
-          + "".join(f"; {i}: not on this CPU" for i in ISAS if i not in have))
-    print("# FMA peak of each, one thread, measured: " + ", ".join(
-        f"{i} {peaks[i]:.1f} GFLOP/s float32 ({peaks64[i]:.1f} float64)" for i in have))
+    print(
+        "# ISA builds on this CPU: "
+        + ", ".join(have)
+        + "".join(f"; {i}: not on this CPU" for i in ISAS if i not in have)
+    )
+    print(
+        "# FMA peak of each, one thread, measured: "
+        + ", ".join(f"{i} {peaks[i]:.1f} GFLOP/s float32 ({peaks64[i]:.1f} float64)" for i in have)
+    )
     rng = np.random.default_rng(0)
     previous = _core.isa()
     rows, records = [], []
     cases = []
     for m, n, k, trans, dtype, label in (
-            (128, 256, 784, "NT", F32, "gemm fwd 784->256"),
-            (256, 784, 128, "TN", F32, "gemm dW 256x784"),
-            (128, 784, 256, "NN", F32, "gemm dX 256->784"),
-            (128, 10, 128, "NT", F32, "gemm out layer N=10"),
-            (6272, 32, 27, "NT", F32, "gemm conv im2col K=27"),
-            (128, 256, 784, "NT", F64, "gemm fwd 784->256 f64")):
+        (128, 256, 784, "NT", F32, "gemm fwd 784->256"),
+        (256, 784, 128, "TN", F32, "gemm dW 256x784"),
+        (128, 784, 256, "NN", F32, "gemm dX 256->784"),
+        (128, 10, 128, "NT", F32, "gemm out layer N=10"),
+        (6272, 32, 27, "NT", F32, "gemm conv im2col K=27"),
+        (128, 256, 784, "NT", F64, "gemm fwd 784->256 f64"),
+    ):
         fn, flop, result = gemm_case(rng, m, n, k, trans, dtype)
         cases.append((label, f"{m}x{n}x{k} {trans}", fn, ("flop", flop, dtype), result))
     x = rng.standard_normal((128, 3, 32, 32)).astype(F32)
     w = rng.standard_normal((32, 3, 3, 3)).astype(F32)
     bias = rng.standard_normal(32).astype(F32)
     yconv = np.empty((128, 32, 32, 32), F32)
-    cases.append(("conv2d_forward 3->32 3x3", "B=128 32x32 pad 1",
-                  lambda: _core.conv2d_forward(x, w, bias, yconv, padding=1),
-                  ("flop", 2.0 * 128 * 32 * 32 * 32 * 27, F32), lambda: yconv.copy()))
+    cases.append(
+        (
+            "conv2d_forward 3->32 3x3",
+            "B=128 32x32 pad 1",
+            lambda: _core.conv2d_forward(x, w, bias, yconv, padding=1),
+            ("flop", 2.0 * 128 * 32 * 32 * 32 * 27, F32),
+            lambda: yconv.copy(),
+        )
+    )
     for name, shape, fn, nbytes, result in vector_cases(rng, 1 << 20):
         cases.append((name, shape, fn, ("bytes", nbytes, F32), result))
     try:
@@ -124,8 +154,9 @@ def main(argv=None):
             _core.set_isa(have[-1])
             number = _util.calibrate(fn, target_s)
             fns = {isa: fn for isa in have}
-            times = _util.interleaved(fns, repeats=repeats, number=number,
-                                      setup=lambda isa: _core.set_isa(isa))
+            times = _util.interleaved(
+                fns, repeats=repeats, number=number, setup=lambda isa: _core.set_isa(isa)
+            )
             med = {isa: _util.median(times[isa]) for isa in have}
             row = [name, shape]
             rec = {"kernel": name, "shape": shape, "unit": unit}
@@ -136,7 +167,9 @@ def main(argv=None):
                 rate = amount / med[isa] / 1e9
                 if unit == "flop":
                     peak = (peaks if dtype == F32 else peaks64)[isa]
-                    row.append(f"{med[isa] * 1e6:9.1f} us {rate:6.1f} GF/s ({100 * rate / peak:3.0f}%)")
+                    row.append(
+                        f"{med[isa] * 1e6:9.1f} us {rate:6.1f} GF/s ({100 * rate / peak:3.0f}%)"
+                    )
                 else:
                     row.append(f"{med[isa] * 1e6:9.1f} us {rate:6.1f} GB/s")
                 rec[isa] = {"seconds": med[isa], "rate": rate}
@@ -150,12 +183,21 @@ def main(argv=None):
         _core.set_isa(previous)
     _util.print_table(
         ["kernel", "shape"] + [f"{isa}" for isa in ISAS] + [f"speedup {have[-1]}/generic", "noise"],
-        rows, title=f"Kernels on each ISA build, 1 thread, median of {repeats} interleaved repeats "
-                    f"(% = of that ISA's own FMA peak)")
-    print("GF/s: GEMM flop (2 M N K; conv: its im2col GEMM); GB/s: the bytes the kernel must read "
-          "and write; noise = largest (max - min) / median")
-    _util.write_json(args.json, "isa", env, {"repeats": repeats, "peaks_f32": peaks,
-                                             "peaks_f64": peaks64}, records)
+        rows,
+        title=f"Kernels on each ISA build, 1 thread, median of {repeats} interleaved repeats "
+        f"(% = of that ISA's own FMA peak)",
+    )
+    print(
+        "GF/s: GEMM flop (2 M N K; conv: its im2col GEMM); GB/s: the bytes the kernel must read "
+        "and write; noise = largest (max - min) / median"
+    )
+    _util.write_json(
+        args.json,
+        "isa",
+        env,
+        {"repeats": repeats, "peaks_f32": peaks, "peaks_f64": peaks64},
+        records,
+    )
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ Targets: seconds ours / NumPy <= 0.5; effective bandwidth >= 80 % of the read ba
 
 Run: python bench/bench_logreg.py [--quick] [--json PATH]
 """
+
 from __future__ import annotations
 
 import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy loads)
@@ -45,7 +46,7 @@ N, D = 1_000_000, 20
 EPOCHS = 8
 BATCH = 8192
 LR = 0.1
-TIME_TARGET = 0.5        # ours / NumPy seconds
+TIME_TARGET = 0.5  # ours / NumPy seconds
 BANDWIDTH_TARGET = 0.80  # ours effective GB/s / machine read GB/s
 BW_ARRAY_BYTES = 400 * 10**6
 
@@ -62,7 +63,7 @@ def train_dptrain(x, y, *, epochs, batch, lr, cached=False):
         for start in range(0, n, batch):
             model.zero_grad()
             s0 = 0 if cached else start
-            batch_loss, _ = model.loss_grad(x[s0:s0 + batch], y[s0:s0 + batch])
+            batch_loss, _ = model.loss_grad(x[s0 : s0 + batch], y[s0 : s0 + batch])
             opt.step()
             loss_sum += batch_loss
     return model, loss_sum
@@ -83,8 +84,8 @@ def train_numpy(x, y_float, w0, b0, *, epochs, batch, lr, cached=False):
         loss_sum = 0.0
         for start in range(0, n, batch):
             s0 = 0 if cached else start
-            xb = x[s0:s0 + batch]
-            yb = y_float[s0:s0 + batch]
+            xb = x[s0 : s0 + batch]
+            yb = y_float[s0 : s0 + batch]
             z = xb @ w
             z += b
             # Stable sigmoid and softplus from e = exp(-|z|) in (0, 1]: exp never overflows.
@@ -105,8 +106,8 @@ def workload():
     x, y = ds.x_train, ds.y_train
     assert x.flags.c_contiguous and x.dtype == np.float64 and x.shape == (N, D)
     init = dptrain.LogisticRegression(D, seed=0, dtype="float64")
-    (w0, b0), = init.layers()
-    return ds, x, y, y.astype(np.float64), w0[0].copy(), float(b0[0])   # W (1, D), b (1,)
+    ((w0, b0),) = init.layers()
+    return ds, x, y, y.astype(np.float64), w0[0].copy(), float(b0[0])  # W (1, D), b (1,)
 
 
 def blas_best_helper(args, repeats):
@@ -115,14 +116,21 @@ def blas_best_helper(args, repeats):
     _, x, _, y_float, w0, b0 = workload()
     big = np.full(BW_ARRAY_BYTES // 8, 1.0)
     times = _util.interleaved(
-        {"numpy": lambda: train_numpy(x, y_float, w0, b0, epochs=EPOCHS, batch=BATCH, lr=LR),
-         "dot": lambda: np.dot(big, big)}, repeats=repeats, number=1, warmup=1)
+        {
+            "numpy": lambda: train_numpy(x, y_float, w0, b0, epochs=EPOCHS, batch=BATCH, lr=LR),
+            "dot": lambda: np.dot(big, big),
+        },
+        repeats=repeats,
+        number=1,
+        warmup=1,
+    )
     _util.write_helper_json(args.blas_best_helper, {"seconds": times})
 
 
 def main(argv=None):
-    args = _util.parse_args("logistic regression epochs: dptrain vs NumPy, and bandwidth",
-                            argv=argv)
+    args = _util.parse_args(
+        "logistic regression epochs: dptrain vs NumPy, and bandwidth", argv=argv
+    )
     repeats = 3 if args.quick else 5
     if args.blas_best_helper:
         return blas_best_helper(args, repeats)
@@ -134,24 +142,27 @@ def main(argv=None):
     # Same weights from the same SGD (this run is also the warm-up of both loops).
     model, loss_ours = train_dptrain(x, y, epochs=EPOCHS, batch=BATCH, lr=LR)
     w_np, b_np, loss_np = train_numpy(x, y_float, w0, b0, epochs=EPOCHS, batch=BATCH, lr=LR)
-    (w_ours, b_ours), = model.layers()
-    np.testing.assert_allclose(w_ours[0], w_np, rtol=1e-6, atol=1e-12,
-                               err_msg="final weights: dptrain vs NumPy")
-    np.testing.assert_allclose(b_ours[0], b_np, rtol=1e-6, atol=1e-12,
-                               err_msg="final bias: dptrain vs NumPy")
-    np.testing.assert_allclose(loss_ours, loss_np, rtol=1e-6,
-                               err_msg="last epoch's loss sum: dptrain vs NumPy")
+    ((w_ours, b_ours),) = model.layers()
+    np.testing.assert_allclose(
+        w_ours[0], w_np, rtol=1e-6, atol=1e-12, err_msg="final weights: dptrain vs NumPy"
+    )
+    np.testing.assert_allclose(
+        b_ours[0], b_np, rtol=1e-6, atol=1e-12, err_msg="final bias: dptrain vs NumPy"
+    )
+    np.testing.assert_allclose(
+        loss_ours, loss_np, rtol=1e-6, err_msg="last epoch's loss sum: dptrain vs NumPy"
+    )
     max_rel = float(np.max(np.abs(w_ours[0] - w_np) / np.abs(w_np)))
     accuracy = model.evaluate(ds.x_test, ds.y_test)[1]
 
-    big = np.full(BW_ARRAY_BYTES // 8, 1.0)   # written once: every page is touched
+    big = np.full(BW_ARRAY_BYTES // 8, 1.0)  # written once: every page is touched
     fns = {
         "ours": lambda: train_dptrain(x, y, epochs=EPOCHS, batch=BATCH, lr=LR),
         "numpy": lambda: train_numpy(x, y_float, w0, b0, epochs=EPOCHS, batch=BATCH, lr=LR),
-        "ours cached": lambda: train_dptrain(x, y, epochs=EPOCHS, batch=BATCH, lr=LR,
-                                             cached=True),
-        "numpy cached": lambda: train_numpy(x, y_float, w0, b0, epochs=EPOCHS, batch=BATCH,
-                                            lr=LR, cached=True),
+        "ours cached": lambda: train_dptrain(x, y, epochs=EPOCHS, batch=BATCH, lr=LR, cached=True),
+        "numpy cached": lambda: train_numpy(
+            x, y_float, w0, b0, epochs=EPOCHS, batch=BATCH, lr=LR, cached=True
+        ),
         "add.reduce": lambda: np.add.reduce(big),
         "dot": lambda: np.dot(big, big),
     }
@@ -167,63 +178,118 @@ def main(argv=None):
     time_ratio = med["ours"] / med["numpy"]
     bw_ratio = bw_ours / machine_bw
 
-    big = None   # 400 MB released (the lambdas above hold the name): the child allocates its own
+    big = None  # 400 MB released (the lambdas above hold the name): the child allocates its own
     best = _util.run_blas_best_child(__file__, ["--quick"] if args.quick else [])
     env["openblas_best"] = best["blas"]
     med_best = {k: _util.median(v) for k, v in best["seconds"].items()}
     bw_dot_best = BW_ARRAY_BYTES / med_best["dot"] / 1e9
 
     rows = [
-        {"metric": f"seconds for {EPOCHS} epochs", "ours": med["ours"],
-         "reference": med["numpy"], "reference_name": "numpy", "ratio": time_ratio,
-         "target": TIME_TARGET, "met": _util.verdict(time_ratio, TIME_TARGET, False),
-         "ours_seconds": times["ours"], "reference_seconds": times["numpy"],
-         "reference_best": med_best["numpy"], "ratio_best": med["ours"] / med_best["numpy"],
-         "reference_best_seconds": best["seconds"]["numpy"]},
-        {"metric": "x read bandwidth GB/s", "ours": bw_ours, "reference": machine_bw,
-         "reference_name": "machine read bandwidth (best of add.reduce, ddot)",
-         "ratio": bw_ratio, "target": BANDWIDTH_TARGET,
-         "met": _util.verdict(bw_ratio, BANDWIDTH_TARGET, True),
-         "numpy_effective_gbs": bw_numpy, "add_reduce_gbs": bw_reduce, "ddot_gbs": bw_dot,
-         "add_reduce_seconds": times["add.reduce"], "ddot_seconds": times["dot"],
-         "ddot_best_gbs": bw_dot_best, "ddot_best_seconds": best["seconds"]["dot"]},
+        {
+            "metric": f"seconds for {EPOCHS} epochs",
+            "ours": med["ours"],
+            "reference": med["numpy"],
+            "reference_name": "numpy",
+            "ratio": time_ratio,
+            "target": TIME_TARGET,
+            "met": _util.verdict(time_ratio, TIME_TARGET, False),
+            "ours_seconds": times["ours"],
+            "reference_seconds": times["numpy"],
+            "reference_best": med_best["numpy"],
+            "ratio_best": med["ours"] / med_best["numpy"],
+            "reference_best_seconds": best["seconds"]["numpy"],
+        },
+        {
+            "metric": "x read bandwidth GB/s",
+            "ours": bw_ours,
+            "reference": machine_bw,
+            "reference_name": "machine read bandwidth (best of add.reduce, ddot)",
+            "ratio": bw_ratio,
+            "target": BANDWIDTH_TARGET,
+            "met": _util.verdict(bw_ratio, BANDWIDTH_TARGET, True),
+            "numpy_effective_gbs": bw_numpy,
+            "add_reduce_gbs": bw_reduce,
+            "ddot_gbs": bw_dot,
+            "add_reduce_seconds": times["add.reduce"],
+            "ddot_seconds": times["dot"],
+            "ddot_best_gbs": bw_dot_best,
+            "ddot_best_seconds": best["seconds"]["dot"],
+        },
     ]
     print()
     _util.print_table(
-        ["metric", "ours", "reference", "ratio", "target", "met", "OB best", "r. best",
-         "noise"],
-        [[rows[0]["metric"], f"{med['ours']:.3f}", f"{med['numpy']:.3f} (NumPy)",
-          f"{time_ratio:.2f}", f"<= {TIME_TARGET:.2f}", rows[0]["met"],
-          f"{med_best['numpy']:.3f} (NumPy)", f"{rows[0]['ratio_best']:.2f}",
-          f"{100 * max(_util.spread(times['ours']), _util.spread(times['numpy'])):.0f}%"],
-         [rows[1]["metric"], f"{bw_ours:.1f}", f"{machine_bw:.1f} (machine)",
-          f"{100 * bw_ratio:.0f}%", f">= {100 * BANDWIDTH_TARGET:.0f}%", rows[1]["met"],
-          f"{bw_dot_best:.1f} (ddot)", f"{100 * bw_ours / bw_dot_best:.0f}%",
-          f"{100 * max(_util.spread(times['add.reduce']), _util.spread(times['dot'])):.0f}%"]],
+        ["metric", "ours", "reference", "ratio", "target", "met", "OB best", "r. best", "noise"],
+        [
+            [
+                rows[0]["metric"],
+                f"{med['ours']:.3f}",
+                f"{med['numpy']:.3f} (NumPy)",
+                f"{time_ratio:.2f}",
+                f"<= {TIME_TARGET:.2f}",
+                rows[0]["met"],
+                f"{med_best['numpy']:.3f} (NumPy)",
+                f"{rows[0]['ratio_best']:.2f}",
+                f"{100 * max(_util.spread(times['ours']), _util.spread(times['numpy'])):.0f}%",
+            ],
+            [
+                rows[1]["metric"],
+                f"{bw_ours:.1f}",
+                f"{machine_bw:.1f} (machine)",
+                f"{100 * bw_ratio:.0f}%",
+                f">= {100 * BANDWIDTH_TARGET:.0f}%",
+                rows[1]["met"],
+                f"{bw_dot_best:.1f} (ddot)",
+                f"{100 * bw_ours / bw_dot_best:.0f}%",
+                f"{100 * max(_util.spread(times['add.reduce']), _util.spread(times['dot'])):.0f}%",
+            ],
+        ],
         align="lrrrrlrrr",
         title=f"Logistic regression, {N:,} x {D} float64, {EPOCHS} epochs, batch {BATCH}, "
-              f"lr {LR}, 1 thread, median of {repeats} interleaved repeats")
-    print(f"read bandwidth over {BW_ARRAY_BYTES // 10**6} MB: np.add.reduce {bw_reduce:.1f} GB/s, "
-          f"np.dot(a, a) {bw_dot:.1f} GB/s; NumPy's loop reads x at {bw_numpy:.1f} GB/s")
-    ns_row = {k: 1e9 * med[k] / (N * EPOCHS) for k in ("ours", "ours cached", "numpy", "numpy cached")}
-    print(f"ns a row: ours {ns_row['ours']:.1f} streaming x, {ns_row['ours cached']:.1f} with "
-          f"every step on the first batch (in cache: the kernel and the step's own cost), "
-          f"NumPy {ns_row['numpy']:.1f} / {ns_row['numpy cached']:.1f}; x from memory alone "
-          f"would take {1e9 * D * 8 / (machine_bw * 1e9):.1f}")
+        f"lr {LR}, 1 thread, median of {repeats} interleaved repeats",
+    )
+    print(
+        f"read bandwidth over {BW_ARRAY_BYTES // 10**6} MB: np.add.reduce {bw_reduce:.1f} GB/s, "
+        f"np.dot(a, a) {bw_dot:.1f} GB/s; NumPy's loop reads x at {bw_numpy:.1f} GB/s"
+    )
+    ns_row = {
+        k: 1e9 * med[k] / (N * EPOCHS) for k in ("ours", "ours cached", "numpy", "numpy cached")
+    }
+    print(
+        f"ns a row: ours {ns_row['ours']:.1f} streaming x, {ns_row['ours cached']:.1f} with "
+        f"every step on the first batch (in cache: the kernel and the step's own cost), "
+        f"NumPy {ns_row['numpy']:.1f} / {ns_row['numpy cached']:.1f}; x from memory alone "
+        f"would take {1e9 * D * 8 / (machine_bw * 1e9):.1f}"
+    )
     print(f"reference = NumPy in this process: {_util.describe_openblas(env)}")
-    print(f"OB best = the NumPy loop and np.dot(a, a) in a child process without "
-          f"{' / '.join(_util.OPENBLAS_FORCING_VARS)}: {_util.describe_openblas(best['blas'])}")
-    print(f"final weights agree (max relative difference {max_rel:.1e}); last-epoch mean loss "
-          f"{loss_ours / N:.5f}; test accuracy {accuracy:.4f}")
-    _util.write_json(args.json, "logreg", env,
-                     {"n": N, "d": D, "epochs": EPOCHS, "batch": BATCH, "lr": LR,
-                      "repeats": repeats, "quick": args.quick,
-                      "bandwidth_array_bytes": BW_ARRAY_BYTES,
-                      "max_relative_weight_difference": max_rel,
-                      "last_epoch_loss_sum": {"ours": loss_ours, "numpy": loss_np},
-                      "test_accuracy": accuracy, "ns_per_row": ns_row,
-                      "cached_seconds": {"ours": times["ours cached"],
-                                         "numpy": times["numpy cached"]}}, rows)
+    print(
+        f"OB best = the NumPy loop and np.dot(a, a) in a child process without "
+        f"{' / '.join(_util.OPENBLAS_FORCING_VARS)}: {_util.describe_openblas(best['blas'])}"
+    )
+    print(
+        f"final weights agree (max relative difference {max_rel:.1e}); last-epoch mean loss "
+        f"{loss_ours / N:.5f}; test accuracy {accuracy:.4f}"
+    )
+    _util.write_json(
+        args.json,
+        "logreg",
+        env,
+        {
+            "n": N,
+            "d": D,
+            "epochs": EPOCHS,
+            "batch": BATCH,
+            "lr": LR,
+            "repeats": repeats,
+            "quick": args.quick,
+            "bandwidth_array_bytes": BW_ARRAY_BYTES,
+            "max_relative_weight_difference": max_rel,
+            "last_epoch_loss_sum": {"ours": loss_ours, "numpy": loss_np},
+            "test_accuracy": accuracy,
+            "ns_per_row": ns_row,
+            "cached_seconds": {"ours": times["ours cached"], "numpy": times["numpy cached"]},
+        },
+        rows,
+    )
     return rows
 
 

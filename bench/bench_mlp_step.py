@@ -30,6 +30,7 @@ take exactly the step of the 1-thread one (the same parameters, bit for bit).
 
 Run: python bench/bench_mlp_step.py [--quick] [--threads T] [--json PATH]
 """
+
 from __future__ import annotations
 
 import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy/torch load)
@@ -71,13 +72,16 @@ def build(sizes, batch, threads=1):
     """(ours, theirs, check, final_losses, model): two step functions on the same batch and the
     same initial weights, a function asserting that one step of each agrees, and dptrain's model
     (on `threads` threads)."""
-    ds = synthetic_classification(batch, n_features=sizes[0], n_classes=sizes[-1], seed=0,
-                                  n_test=1, dtype=np.float32)
+    ds = synthetic_classification(
+        batch, n_features=sizes[0], n_classes=sizes[-1], seed=0, n_test=1, dtype=np.float32
+    )
     x, y = ds.x_train, ds.y_train
 
-    model = (dptrain.MLP(sizes, seed=0, dtype="float32", threads=threads) if len(sizes) > 2
-             else dptrain.SoftmaxRegression(sizes[0], sizes[1], seed=0, dtype="float32",
-                                            threads=threads))
+    model = (
+        dptrain.MLP(sizes, seed=0, dtype="float32", threads=threads)
+        if len(sizes) > 2
+        else dptrain.SoftmaxRegression(sizes[0], sizes[1], seed=0, dtype="float32", threads=threads)
+    )
     opt = dptrain.SGD(model, lr=LR, momentum=MOMENTUM)
 
     layers = []
@@ -93,7 +97,8 @@ def build(sizes, batch, threads=1):
             lin.bias.copy_(torch.from_numpy(b))
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     ours, theirs, check, final_losses = _util.paired_steps(
-        model, opt, net, x, y, xt, yt, lr=LR, momentum=MOMENTUM, label=str(sizes))
+        model, opt, net, x, y, xt, yt, lr=LR, momentum=MOMENTUM, label=str(sizes)
+    )
     return ours, theirs, check, final_losses, model
 
 
@@ -105,8 +110,9 @@ def run_case(name, sizes, batch, main_row, *, repeats, steps, seconds):
         number = steps
     else:  # the other rows: about `seconds` per repeat, at least 50 steps
         number = max(50, min(_util.calibrate(ours, seconds), _util.calibrate(theirs, seconds)))
-    times = _util.interleaved({"ours": ours, "torch": theirs}, repeats=repeats, number=number,
-                              warmup=warmup)
+    times = _util.interleaved(
+        {"ours": ours, "torch": theirs}, repeats=repeats, number=number, warmup=warmup
+    )
     t_ours, t_torch = _util.median(times["ours"]), _util.median(times["torch"])
     ratio = t_ours / t_torch
     flop = step_flop(sizes, batch)
@@ -119,17 +125,28 @@ def run_case(name, sizes, batch, main_row, *, repeats, steps, seconds):
         if not np.isfinite(value):
             raise FloatingPointError(f"{name} B={batch}: {side}'s loss became {value}")
     return {
-        "model": name, "sizes": list(sizes), "batch": batch, "steps_per_repeat": number,
-        "repeats": repeats, "warmup_steps": warmup,
-        "ours_ms": 1e3 * t_ours, "torch_ms": 1e3 * t_torch, "ratio": ratio,
-        "target": target, "stretch": stretch, "met": met,
-        "gemm_flop_per_step": flop, "ours_gflops": flop / t_ours / 1e9,
+        "model": name,
+        "sizes": list(sizes),
+        "batch": batch,
+        "steps_per_repeat": number,
+        "repeats": repeats,
+        "warmup_steps": warmup,
+        "ours_ms": 1e3 * t_ours,
+        "torch_ms": 1e3 * t_torch,
+        "ratio": ratio,
+        "target": target,
+        "stretch": stretch,
+        "met": met,
+        "gemm_flop_per_step": flop,
+        "ours_gflops": flop / t_ours / 1e9,
         "torch_gflops": flop / t_torch / 1e9,
         "ours_pct_peaks": _util.pct_of_peaks(flop / t_ours / 1e9),
         "torch_pct_peaks": _util.pct_of_peaks(flop / t_torch / 1e9),
-        "ours_spread": _util.spread(times["ours"]), "torch_spread": _util.spread(times["torch"]),
+        "ours_spread": _util.spread(times["ours"]),
+        "torch_spread": _util.spread(times["torch"]),
         "final_loss_finite_check": losses,  # step counts differ (calibration)
-        "ours_seconds_per_step": times["ours"], "torch_seconds_per_step": times["torch"],
+        "ours_seconds_per_step": times["ours"],
+        "torch_seconds_per_step": times["torch"],
     }
 
 
@@ -141,6 +158,7 @@ def threads_row(name, sizes, batch, threads, *, repeats, seconds):
     def build_on(t):
         ours, theirs, check, _, model = build(sizes, batch, threads=t)
         return ours, theirs, check, model
+
     label = f"{name} " + "-".join(map(str, sizes)) + f" B={batch}"
     return _util.threads_case(label, build_on, threads, repeats=repeats, seconds=seconds)
 
@@ -153,7 +171,9 @@ def pct_cell(gflops, pcts):
 def main(argv=None):
     args = _util.parse_args(
         "ms per training step: dptrain vs PyTorch, one thread, and at --threads T",
-        extra=_util.add_threads_option, argv=argv)
+        extra=_util.add_threads_option,
+        argv=argv,
+    )
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
     _util.pin_torch(torch)
@@ -161,42 +181,83 @@ def main(argv=None):
     env = _util.environment(**_util.torch_info(torch))
     _util.print_environment(env)
 
-    rows = [run_case(name, sizes, batch, main_row, repeats=repeats, steps=steps,
-                     seconds=seconds)
-            for name, sizes, batch, main_row in CASES]
+    rows = [
+        run_case(name, sizes, batch, main_row, repeats=repeats, steps=steps, seconds=seconds)
+        for name, sizes, batch, main_row in CASES
+    ]
 
     pct_head = "/".join(label for label, _ in _util.peak_columns())
     table = []
     for r in rows:
-        target = "-" if r["target"] is None else f"<= {r['target']:.2f}" + (
-            f" ({r['stretch']:.2f})" if r["stretch"] is not None else "")
-        table.append([
-            r["model"] + " " + "-".join(map(str, r["sizes"])), r["batch"], r["steps_per_repeat"],
-            f"{r['ours_ms']:.3f}", f"{r['torch_ms']:.3f}", f"{r['ratio']:.2f}", target,
-            r["met"], pct_cell(r["ours_gflops"], r["ours_pct_peaks"]),
-            pct_cell(r["torch_gflops"], r["torch_pct_peaks"]),
-            f"{100 * max(r['ours_spread'], r['torch_spread']):.0f}%",
-        ])
+        target = (
+            "-"
+            if r["target"] is None
+            else f"<= {r['target']:.2f}"
+            + (f" ({r['stretch']:.2f})" if r["stretch"] is not None else "")
+        )
+        table.append(
+            [
+                r["model"] + " " + "-".join(map(str, r["sizes"])),
+                r["batch"],
+                r["steps_per_repeat"],
+                f"{r['ours_ms']:.3f}",
+                f"{r['torch_ms']:.3f}",
+                f"{r['ratio']:.2f}",
+                target,
+                r["met"],
+                pct_cell(r["ours_gflops"], r["ours_pct_peaks"]),
+                pct_cell(r["torch_gflops"], r["torch_pct_peaks"]),
+                f"{100 * max(r['ours_spread'], r['torch_spread']):.0f}%",
+            ]
+        )
     print()
     _util.print_table(
-        ["model", "batch", "steps", "ours ms", "torch ms", "ratio", "target (stretch)", "met",
-         f"ours GF/s ({pct_head})", f"torch GF/s ({pct_head})", "noise"],
-        table, align="lrrrrrrlrrr",
+        [
+            "model",
+            "batch",
+            "steps",
+            "ours ms",
+            "torch ms",
+            "ratio",
+            "target (stretch)",
+            "met",
+            f"ours GF/s ({pct_head})",
+            f"torch GF/s ({pct_head})",
+            "noise",
+        ],
+        table,
+        align="lrrrrrrlrrr",
         title=f"Training step (zero_grad+fwd+bwd+SGD momentum), float32, 1 thread, median of "
-              f"{repeats} interleaved repeats (ratio = ours / torch, lower is better)")
-    print("GF/s counts GEMM flop only (fwd + dW per layer, dX except layer 1); "
-          "noise = largest (max - min) / median")
+        f"{repeats} interleaved repeats (ratio = ours / torch, lower is better)",
+    )
+    print(
+        "GF/s counts GEMM flop only (fwd + dW per layer, dX except layer 1); "
+        "noise = largest (max - min) / median"
+    )
     print(_util.peak_legend())
 
     thread_rows = []
     if args.threads > 1:
-        thread_rows = [threads_row(name, sizes, batch, args.threads, repeats=repeats,
-                                   seconds=seconds) for name, sizes, batch in THREAD_CASES]
+        thread_rows = [
+            threads_row(name, sizes, batch, args.threads, repeats=repeats, seconds=seconds)
+            for name, sizes, batch in THREAD_CASES
+        ]
         _util.print_threads_table(thread_rows, args.threads, repeats)
-    _util.write_json(args.json, "mlp_step", env,
-                     {"repeats": repeats, "steps_main_row": steps,
-                      "seconds_per_repeat_other_rows": seconds, "lr": LR, "momentum": MOMENTUM,
-                      "quick": args.quick, "threads": args.threads}, rows + thread_rows)
+    _util.write_json(
+        args.json,
+        "mlp_step",
+        env,
+        {
+            "repeats": repeats,
+            "steps_main_row": steps,
+            "seconds_per_repeat_other_rows": seconds,
+            "lr": LR,
+            "momentum": MOMENTUM,
+            "quick": args.quick,
+            "threads": args.threads,
+        },
+        rows + thread_rows,
+    )
     return rows + thread_rows
 
 

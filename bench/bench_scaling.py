@@ -51,6 +51,7 @@ ceiling; mlp under mpiexec -n 2: speedup >= 0.95x the process transport's.
 
 Run: python bench/bench_scaling.py [--quick] [--json PATH]  (about 90 s; --quick: 1 repeat, 40 s)
 """
+
 from __future__ import annotations
 
 import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy loads)
@@ -82,12 +83,20 @@ SUBPROCESS_TIMEOUT = 300
 
 SPEEDUP_TARGETS = {"mlp": 1.75, "softmax": 1.6, "logreg": 1.3}
 CEILING_TARGETS = {"mlp": 0.90, "logreg": 0.90}
-DDP_TARGET = 4.0           # ours (2 workers, best transport) / DDP (2 ranks), samples/s
-MPI_OVER_PROCESS_TARGET = 0.95   # mlp: speedup of mpi -n 2 / speedup of process x2
+DDP_TARGET = 4.0  # ours (2 workers, best transport) / DDP (2 ranks), samples/s
+MPI_OVER_PROCESS_TARGET = 0.95  # mlp: speedup of mpi -n 2 / speedup of process x2
 
 SEQ, THREAD, PROCESS, MPI1, MPI2, MPI2F, PAIR, DDP1, DDP2 = (
-    "1 worker", "thread x2", "process x2", "mpi -n 1", "mpi -n 2", "mpi -n 2 flat",
-    "independent pair", "DDP gloo x1", "DDP gloo x2")
+    "1 worker",
+    "thread x2",
+    "process x2",
+    "mpi -n 1",
+    "mpi -n 2",
+    "mpi -n 2 flat",
+    "independent pair",
+    "DDP gloo x1",
+    "DDP gloo x2",
+)
 TWO_WORKER = (THREAD, PROCESS, MPI2, MPI2F)
 
 
@@ -99,14 +108,29 @@ def workload_config(name: str, workers: int, *, half: bool = False) -> dict:
     """dptrain.train keyword arguments of one run of the workload at `workers` workers; with
     half=True, one member of the independent pair (1 worker, half of the 2-worker job)."""
     if name in ("mlp", "softmax"):
-        cfg = dict(model=name, dataset="mnist", data_dir=mnist_dir(), allow_download=False,
-                   limit=MLP_LIMIT // 2 if half else MLP_LIMIT, epochs=1,
-                   batch_size=128 // 2 if half else 128, lr=0.1, momentum=0.9)
+        cfg = dict(
+            model=name,
+            dataset="mnist",
+            data_dir=mnist_dir(),
+            allow_download=False,
+            limit=MLP_LIMIT // 2 if half else MLP_LIMIT,
+            epochs=1,
+            batch_size=128 // 2 if half else 128,
+            lr=0.1,
+            momentum=0.9,
+        )
     elif name == "logreg":
-        cfg = dict(model="logreg", dataset="synthetic",
-                   n_samples=LOGREG_N // 2 if half else LOGREG_N, n_features=LOGREG_D,
-                   dtype="float64", epochs=2,
-                   batch_size=LOGREG_BATCH * (1 if half else workers), lr=0.1, momentum=0.0)
+        cfg = dict(
+            model="logreg",
+            dataset="synthetic",
+            n_samples=LOGREG_N // 2 if half else LOGREG_N,
+            n_features=LOGREG_D,
+            dtype="float64",
+            epochs=2,
+            batch_size=LOGREG_BATCH * (1 if half else workers),
+            lr=0.1,
+            momentum=0.0,
+        )
     else:
         raise ValueError(f"unknown workload {name!r}")
     return cfg
@@ -114,9 +138,20 @@ def workload_config(name: str, workers: int, *, half: bool = False) -> dict:
 
 def cli_args(cfg: dict) -> list[str]:
     """The same configuration as `python -m dptrain train` options."""
-    out = ["--model", cfg["model"], "--dataset", cfg["dataset"], "--epochs", str(cfg["epochs"]),
-           "--batch-size", str(cfg["batch_size"]), "--lr", str(cfg["lr"]),
-           "--momentum", str(cfg["momentum"])]
+    out = [
+        "--model",
+        cfg["model"],
+        "--dataset",
+        cfg["dataset"],
+        "--epochs",
+        str(cfg["epochs"]),
+        "--batch-size",
+        str(cfg["batch_size"]),
+        "--lr",
+        str(cfg["lr"]),
+        "--momentum",
+        str(cfg["momentum"]),
+    ]
     if cfg.get("dtype"):
         out += ["--dtype", cfg["dtype"]]
     if cfg.get("limit"):
@@ -132,10 +167,13 @@ def cli_args(cfg: dict) -> list[str]:
 
 def summary(result: dict) -> dict:
     """What the benchmark keeps of a dptrain result dict."""
-    return {"train_seconds": result["train_seconds"], "steps": result["steps"],
-            "train_loss": result["train_loss"][-1],
-            "phase_seconds": result["phase_seconds"],
-            "source": result["dataset"]["source"]}
+    return {
+        "train_seconds": result["train_seconds"],
+        "steps": result["steps"],
+        "train_loss": result["train_loss"][-1],
+        "phase_seconds": result["phase_seconds"],
+        "source": result["dataset"]["source"],
+    }
 
 
 # ------------------------------------------------------------------ the configurations
@@ -148,13 +186,35 @@ def run_mpi(name: str, ranks: int, mpiexec: str, *extra: str) -> dict:
     cfg = workload_config(name, ranks)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "dptrain", "train",
-               *cli_args(cfg), "--backend", "mpi", "--out", out, "--quiet", *extra]
-        proc = subprocess.run(cmd, cwd=_util.REPO_ROOT, env=_util.child_env(), capture_output=True,
-                              text=True, timeout=SUBPROCESS_TIMEOUT)
+        cmd = [
+            mpiexec,
+            "-n",
+            str(ranks),
+            sys.executable,
+            "-m",
+            "dptrain",
+            "train",
+            *cli_args(cfg),
+            "--backend",
+            "mpi",
+            "--out",
+            out,
+            "--quiet",
+            *extra,
+        ]
+        proc = subprocess.run(
+            cmd,
+            cwd=_util.REPO_ROOT,
+            env=_util.child_env(),
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_TIMEOUT,
+        )
         if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"mpiexec -n {ranks} exited with {proc.returncode}: "
-                               f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
+            raise RuntimeError(
+                f"mpiexec -n {ranks} exited with {proc.returncode}: "
+                f"{(proc.stderr or proc.stdout).strip()[-2000:]}"
+            )
         with open(out) as f:
             return summary(json.load(f))
 
@@ -163,6 +223,7 @@ def _pair_member(cfg: dict, barrier, conn) -> None:
     """One of the independent pair ('spawn' entry point): dptrain.train on 1 worker, with the
     training loop held at `barrier` until the other member has loaded its data too."""
     from dptrain.engine import run
+
     original = run.train_worker
 
     def synchronized_train_worker(*args, **kwargs):
@@ -181,6 +242,7 @@ def _pair_member(cfg: dict, barrier, conn) -> None:
 
 def run_pair(name: str) -> dict:
     import multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     cfg = workload_config(name, 1, half=True)
     barrier = ctx.Barrier(WORKERS)
@@ -188,11 +250,15 @@ def run_pair(name: str) -> dict:
     try:
         for i in range(WORKERS):
             parent_end, child_end = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_pair_member, args=(cfg, barrier, child_end),
-                            name=f"bench-pair-{i}", daemon=True)
+            p = ctx.Process(
+                target=_pair_member,
+                args=(cfg, barrier, child_end),
+                name=f"bench-pair-{i}",
+                daemon=True,
+            )
             procs.append(p)
             conns.append(parent_end)
-        for p in procs:                    # started back to back, after both exist
+        for p in procs:  # started back to back, after both exist
             p.start()
         members = []
         for i, c in enumerate(conns):
@@ -222,13 +288,22 @@ def run_ddp(world: int) -> dict:
     """The DDP reference in a helper process of this script (which spawns the ranks)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ddp.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--ddp-helper", out,
-               "--ddp-world", str(world)]
-        proc = subprocess.run(cmd, env=_util.child_env(), capture_output=True, text=True,
-                              timeout=SUBPROCESS_TIMEOUT)
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--ddp-helper",
+            out,
+            "--ddp-world",
+            str(world),
+        ]
+        proc = subprocess.run(
+            cmd, env=_util.child_env(), capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT
+        )
         if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"DDP helper (world {world}) exited with {proc.returncode}: "
-                               f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
+            raise RuntimeError(
+                f"DDP helper (world {world}) exited with {proc.returncode}: "
+                f"{(proc.stderr or proc.stdout).strip()[-2000:]}"
+            )
         with open(out) as f:
             return json.load(f)
 
@@ -246,13 +321,23 @@ def _ddp_rank(rank: int, world: int, port: int, out_path: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         cfg = workload_config("mlp", world)
-        ds = load_dataset("mnist", data_dir=cfg["data_dir"], dtype=np.float32,
-                                       limit=cfg["limit"], allow_download=False, announce=None)
+        ds = load_dataset(
+            "mnist",
+            data_dir=cfg["data_dir"],
+            dtype=np.float32,
+            limit=cfg["limit"],
+            allow_download=False,
+            announce=None,
+        )
         x, y = torch.from_numpy(ds.x_train), torch.from_numpy(ds.y_train.astype(np.int64))
         torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
-                                  torch.nn.Linear(256, 128), torch.nn.ReLU(),
-                                  torch.nn.Linear(128, 10))
+        net = torch.nn.Sequential(
+            torch.nn.Linear(784, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 128),
+            torch.nn.ReLU(),
+            torch.nn.Linear(128, 10),
+        )
         model = DDP(net)
         opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
         loss_fn = torch.nn.CrossEntropyLoss()
@@ -279,23 +364,35 @@ def _ddp_rank(rank: int, world: int, port: int, out_path: str) -> None:
         seconds = time.perf_counter() - t0
         if rank == 0:
             with open(out_path, "w") as f:
-                json.dump({"train_seconds": seconds, "steps": len(shards), "samples": n,
-                           "mean_batch_loss": loss_sum / len(shards), "source": ds.source,
-                           "torch": torch.__version__, "threads": torch.get_num_threads()}, f)
+                json.dump(
+                    {
+                        "train_seconds": seconds,
+                        "steps": len(shards),
+                        "samples": n,
+                        "mean_batch_loss": loss_sum / len(shards),
+                        "source": ds.source,
+                        "torch": torch.__version__,
+                        "threads": torch.get_num_threads(),
+                    },
+                    f,
+                )
     finally:
         dist.destroy_process_group()
 
 
 def ddp_helper(out_path: str, world: int) -> None:
     import torch.multiprocessing as tmp
+
     tmp.spawn(_ddp_rank, args=(world, free_port(), out_path), nprocs=world, join=True)
 
 
 # ------------------------------------------------------------------ the benchmark
 def configurations(name: str, mpiexec: str | None, with_ddp: bool) -> dict:
-    runs = {SEQ: lambda: run_in_process(name, 1, "thread"),
-            THREAD: lambda: run_in_process(name, WORKERS, "thread"),
-            PROCESS: lambda: run_in_process(name, WORKERS, "process")}
+    runs = {
+        SEQ: lambda: run_in_process(name, 1, "thread"),
+        THREAD: lambda: run_in_process(name, WORKERS, "thread"),
+        PROCESS: lambda: run_in_process(name, WORKERS, "process"),
+    }
     if mpiexec:
         runs[MPI1] = lambda: run_mpi(name, 1, mpiexec)
         runs[MPI2] = lambda: run_mpi(name, WORKERS, mpiexec)
@@ -309,12 +406,12 @@ def configurations(name: str, mpiexec: str | None, with_ddp: bool) -> dict:
 
 def measure(name: str, runs: dict, repeats: int) -> dict:
     """{config: [summary per repeat]} (a failed run is {'error': ...} and is reported)."""
-    for cfg in (SEQ, THREAD, PROCESS):      # warm-up: first-run costs of this process
+    for cfg in (SEQ, THREAD, PROCESS):  # warm-up: first-run costs of this process
         runs[cfg]()
     out = {cfg: [] for cfg in runs}
     names = list(runs)
     for r in range(repeats):
-        for cfg in (names if r % 2 == 0 else names[::-1]):
+        for cfg in names if r % 2 == 0 else names[::-1]:
             try:
                 out[cfg].append(runs[cfg]())
             except Exception as exc:  # reported in the table and the checks, not hidden
@@ -336,15 +433,25 @@ def report(name: str, measured: dict, repeats: int) -> tuple[list, dict]:
     rows, table = [], []
     for cfg, rs in measured.items():
         ok = [r for r in rs if "error" not in r]
-        row = {"config": cfg, "failed": len(rs) - len(ok), "seconds": _seconds(rs),
-               "errors": [r["error"] for r in rs if "error" in r]}
+        row = {
+            "config": cfg,
+            "failed": len(rs) - len(ok),
+            "seconds": _seconds(rs),
+            "errors": [r["error"] for r in rs if "error" in r],
+        }
         if not ok:
             rows.append(row)
             table.append([cfg, "-", "FAILED", "", "", "", "", "", ""])
             continue
         m, secs = med[cfg], _seconds(rs)
-        row.update(median=m, min=min(secs), max=max(secs), noise=_util.spread(secs),
-                   steps=ok[0]["steps"], samples_per_second=samples / m)
+        row.update(
+            median=m,
+            min=min(secs),
+            max=max(secs),
+            noise=_util.spread(secs),
+            steps=ok[0]["steps"],
+            samples_per_second=samples / m,
+        )
         if cfg in (DDP1, DDP2):
             # DDP's own scaling: against its own 1 rank
             base = med.get(DDP1)
@@ -360,33 +467,63 @@ def report(name: str, measured: dict, repeats: int) -> tuple[list, dict]:
             if cfg in TWO_WORKER and ceiling:
                 row["of_ceiling"] = row["speedup"] / ceiling
                 pct = f"{100 * row['of_ceiling']:.0f}%"
-        comm = [r["phase_seconds"]["communication"] / r["train_seconds"] for r in ok
-                if "phase_seconds" in r]
+        comm = [
+            r["phase_seconds"]["communication"] / r["train_seconds"]
+            for r in ok
+            if "phase_seconds" in r
+        ]
         row["comm_share"] = _util.median(comm) if comm else None
         rows.append(row)
-        table.append([cfg, f"{row['steps']}", f"{m:.3f}", f"{min(secs):.3f} / {max(secs):.3f}",
-                      f"{samples / m:,.0f}", speed, pct,
-                      f"{100 * row['comm_share']:.0f}%" if comm else "-",
-                      f"{100 * row['noise']:.0f}%"
-                      + (f" ({row['failed']} failed)" if row["failed"] else "")])
-    titles = {"mlp": f"MLP 784-256-128-10, MNIST first {MLP_LIMIT:,}, global batch 128, 1 epoch",
-              "softmax": f"softmax regression 784->10, MNIST first {MLP_LIMIT:,}, global batch "
-                         f"128, 1 epoch",
-              "logreg": f"logistic regression {LOGREG_N:,} x {LOGREG_D} float64, batch "
-                        f"{LOGREG_BATCH} per worker, 2 epochs"}
+        table.append(
+            [
+                cfg,
+                f"{row['steps']}",
+                f"{m:.3f}",
+                f"{min(secs):.3f} / {max(secs):.3f}",
+                f"{samples / m:,.0f}",
+                speed,
+                pct,
+                f"{100 * row['comm_share']:.0f}%" if comm else "-",
+                f"{100 * row['noise']:.0f}%"
+                + (f" ({row['failed']} failed)" if row["failed"] else ""),
+            ]
+        )
+    titles = {
+        "mlp": f"MLP 784-256-128-10, MNIST first {MLP_LIMIT:,}, global batch 128, 1 epoch",
+        "softmax": f"softmax regression 784->10, MNIST first {MLP_LIMIT:,}, global batch "
+        f"128, 1 epoch",
+        "logreg": f"logistic regression {LOGREG_N:,} x {LOGREG_D} float64, batch "
+        f"{LOGREG_BATCH} per worker, 2 epochs",
+    }
     print()
-    _util.print_table(["config", "steps", "train s", "min / max", "samples/s", "speedup",
-                       "of ceiling", "comm %", "noise"], table,
-                      title=f"{titles[name]}: median of {repeats}")
+    _util.print_table(
+        [
+            "config",
+            "steps",
+            "train s",
+            "min / max",
+            "samples/s",
+            "speedup",
+            "of ceiling",
+            "comm %",
+            "noise",
+        ],
+        table,
+        title=f"{titles[name]}: median of {repeats}",
+    )
     best = min((c for c in TWO_WORKER if c in med), key=lambda c: med[c], default=None)
-    head = {"t1": t1, "ceiling": ceiling, "best": best,
-            "best_speedup": t1 / med[best] if best and t1 else None,
-            "best_of_ceiling": (t1 / med[best]) / ceiling if best and t1 and ceiling else None,
-            "ddp2": med.get(DDP2)}
+    head = {
+        "t1": t1,
+        "ceiling": ceiling,
+        "best": best,
+        "best_speedup": t1 / med[best] if best and t1 else None,
+        "best_of_ceiling": (t1 / med[best]) / ceiling if best and t1 and ceiling else None,
+        "ddp2": med.get(DDP2),
+    }
     if best and DDP2 in med:
-        head["ours_over_ddp"] = med[DDP2] / med[best]   # same samples: throughput ratio
+        head["ours_over_ddp"] = med[DDP2] / med[best]  # same samples: throughput ratio
     if MPI2 in med and PROCESS in med:
-        head["mpi_over_process"] = med[PROCESS] / med[MPI2]   # ratio of their speedups
+        head["mpi_over_process"] = med[PROCESS] / med[MPI2]  # ratio of their speedups
     return rows, head
 
 
@@ -395,8 +532,10 @@ def checks(name: str, measured: dict) -> list[str]:
     problems = []
     cfg1, cfg2 = workload_config(name, 1), workload_config(name, WORKERS)
     n = cfg1["limit"] if name != "logreg" else LOGREG_N
-    expect = {c: cfg1["epochs"] * math.ceil(n / (cfg1 if c in (SEQ, MPI1) else cfg2)
-                                            ["batch_size"]) for c in (SEQ, MPI1) + TWO_WORKER}
+    expect = {
+        c: cfg1["epochs"] * math.ceil(n / (cfg1 if c in (SEQ, MPI1) else cfg2)["batch_size"])
+        for c in (SEQ, MPI1) + TWO_WORKER
+    }
     expect[PAIR] = expect[THREAD]
     loss = {}
     for cfg, rs in measured.items():
@@ -408,30 +547,46 @@ def checks(name: str, measured: dict) -> list[str]:
                 problems.append(f"{name} / {cfg}: {r['steps']} steps, expected {expect[cfg]}")
             if cfg in (SEQ, MPI1) + TWO_WORKER:
                 loss.setdefault(cfg, r["train_loss"])
+
     def close(a, b, rtol):
         return a in loss and b in loss and abs(loss[a] - loss[b]) <= rtol * abs(loss[a])
+
     for c in TWO_WORKER[1:]:
         if c in loss and not close(THREAD, c, 1e-3):
-            problems.append(f"{name}: final mean training loss of {c} is {loss[c]:.6g}, of "
-                            f"{THREAD} {loss.get(THREAD, float('nan')):.6g}")
+            problems.append(
+                f"{name}: final mean training loss of {c} is {loss[c]:.6g}, of "
+                f"{THREAD} {loss.get(THREAD, float('nan')):.6g}"
+            )
     if MPI1 in loss and not close(SEQ, MPI1, 1e-3):
-        problems.append(f"{name}: final mean training loss of {MPI1} is {loss[MPI1]:.6g}, of "
-                        f"{SEQ} {loss[SEQ]:.6g}")
+        problems.append(
+            f"{name}: final mean training loss of {MPI1} is {loss[MPI1]:.6g}, of "
+            f"{SEQ} {loss[SEQ]:.6g}"
+        )
     if name != "logreg" and THREAD in loss and not close(SEQ, THREAD, 2e-2):
-        problems.append(f"{name}: final mean training loss at 2 workers is {loss[THREAD]:.6g}, "
-                        f"at 1 worker {loss[SEQ]:.6g}")
+        problems.append(
+            f"{name}: final mean training loss at 2 workers is {loss[THREAD]:.6g}, "
+            f"at 1 worker {loss[SEQ]:.6g}"
+        )
     return problems
 
 
 def main(argv=None):
     def extra(p):
-        p.add_argument("--workloads", default="mlp,softmax,logreg",
-                       help="comma-separated subset of mlp,softmax,logreg")
+        p.add_argument(
+            "--workloads",
+            default="mlp,softmax,logreg",
+            help="comma-separated subset of mlp,softmax,logreg",
+        )
         p.add_argument("--no-ddp", action="store_true", help="skip the PyTorch DDP reference")
         p.add_argument("--ddp-helper", metavar="OUT", help=argparse.SUPPRESS)
         p.add_argument("--ddp-world", type=int, default=1, help=argparse.SUPPRESS)
-    args = _util.parse_args("2-worker scaling of dptrain's transports, against the independent-"
-                            "pair ceiling and PyTorch DDP", extra, argv=argv)
+
+    args = _util.parse_args(
+        "2-worker scaling of dptrain's transports, against the independent-"
+        "pair ceiling and PyTorch DDP",
+        extra,
+        argv=argv,
+    )
     if args.ddp_helper:
         ddp_helper(args.ddp_helper, args.ddp_world)
         return None
@@ -441,10 +596,12 @@ def main(argv=None):
     mpiexec = shutil.which("mpiexec")
     try:
         import mpi4py
+
         mpi_version = mpi4py.__version__
     except ImportError:
         mpiexec, mpi_version = None, None
     import importlib.metadata
+
     try:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -452,12 +609,16 @@ def main(argv=None):
     with_ddp = torch_version is not None and not args.no_ddp
     env = _util.environment(mpi4py=mpi_version, mpiexec=mpiexec, torch_installed=torch_version)
     _util.print_environment(env)
-    print(f"# MNIST: {mnist_dir() or 'not found: the announced synthetic stand-in'}; mpiexec: "
-          f"{mpiexec or 'not found, MPI rows left out'}; torch: "
-          f"{torch_version or 'not installed'}{'' if with_ddp else ' (DDP rows left out)'}")
+    print(
+        f"# MNIST: {mnist_dir() or 'not found: the announced synthetic stand-in'}; mpiexec: "
+        f"{mpiexec or 'not found, MPI rows left out'}; torch: "
+        f"{torch_version or 'not installed'}{'' if with_ddp else ' (DDP rows left out)'}"
+    )
     if env["loadavg_1min"] and env["loadavg_1min"] > 0.5:
-        print(f"# WARNING: load average {env['loadavg_1min']:.2f} before the start: other "
-              f"processes compete with the 2 workers for the 2 cores")
+        print(
+            f"# WARNING: load average {env['loadavg_1min']:.2f} before the start: other "
+            f"processes compete with the 2 workers for the 2 cores"
+        )
 
     t_start = time.perf_counter()
     all_rows, heads, problems, sources = {}, {}, [], set()
@@ -473,35 +634,66 @@ def main(argv=None):
     for name in workloads:
         h = heads[name]
         if h["best_speedup"] is not None:
-            targets.append([f"{name}: speedup, best transport ({h['best']})",
-                            f"{h['best_speedup']:.2f}x", f">= {SPEEDUP_TARGETS[name]:.2f}x",
-                            _util.verdict(h["best_speedup"], SPEEDUP_TARGETS[name], True)])
+            targets.append(
+                [
+                    f"{name}: speedup, best transport ({h['best']})",
+                    f"{h['best_speedup']:.2f}x",
+                    f">= {SPEEDUP_TARGETS[name]:.2f}x",
+                    _util.verdict(h["best_speedup"], SPEEDUP_TARGETS[name], True),
+                ]
+            )
         if name in CEILING_TARGETS and h["best_of_ceiling"] is not None:
-            targets.append([f"{name}: % of the independent-pair ceiling ({h['ceiling']:.2f}x)",
-                            f"{100 * h['best_of_ceiling']:.0f}%",
-                            f">= {100 * CEILING_TARGETS[name]:.0f}%",
-                            _util.verdict(h["best_of_ceiling"], CEILING_TARGETS[name], True)])
+            targets.append(
+                [
+                    f"{name}: % of the independent-pair ceiling ({h['ceiling']:.2f}x)",
+                    f"{100 * h['best_of_ceiling']:.0f}%",
+                    f">= {100 * CEILING_TARGETS[name]:.0f}%",
+                    _util.verdict(h["best_of_ceiling"], CEILING_TARGETS[name], True),
+                ]
+            )
         if "ours_over_ddp" in h:
-            targets.append([f"{name}: samples/s ours ({h['best']}) / DDP gloo x2",
-                            f"{h['ours_over_ddp']:.2f}x", f">= {DDP_TARGET:.0f}x",
-                            _util.verdict(h["ours_over_ddp"], DDP_TARGET, True)])
+            targets.append(
+                [
+                    f"{name}: samples/s ours ({h['best']}) / DDP gloo x2",
+                    f"{h['ours_over_ddp']:.2f}x",
+                    f">= {DDP_TARGET:.0f}x",
+                    _util.verdict(h["ours_over_ddp"], DDP_TARGET, True),
+                ]
+            )
         if name == "mlp" and "mpi_over_process" in h:
-            targets.append([f"{name}: speedup of {MPI2} / of {PROCESS}",
-                            f"{h['mpi_over_process']:.2f}x", f">= {MPI_OVER_PROCESS_TARGET}x",
-                            _util.verdict(h["mpi_over_process"], MPI_OVER_PROCESS_TARGET,
-                                          True)])
+            targets.append(
+                [
+                    f"{name}: speedup of {MPI2} / of {PROCESS}",
+                    f"{h['mpi_over_process']:.2f}x",
+                    f">= {MPI_OVER_PROCESS_TARGET}x",
+                    _util.verdict(h["mpi_over_process"], MPI_OVER_PROCESS_TARGET, True),
+                ]
+            )
     print()
     _util.print_table(["target", "measured", "target", "met"], targets, align="lrrl")
     print(f"# data: {'; '.join(sorted(s for s in sources if s))}")
     print(f"# {time.perf_counter() - t_start:.0f} s")
-    _util.write_json(args.json, "scaling", env,
-                     {"workers": WORKERS, "repeats": repeats, "quick": args.quick,
-                      "workloads": {w: {"one_worker": workload_config(w, 1),
-                                        "two_workers": workload_config(w, WORKERS),
-                                        "pair_member": workload_config(w, 1, half=True)}
-                                    for w in workloads},
-                      "headline": heads, "problems": problems},
-                     [{"workload": w, **row} for w in workloads for row in all_rows[w]])
+    _util.write_json(
+        args.json,
+        "scaling",
+        env,
+        {
+            "workers": WORKERS,
+            "repeats": repeats,
+            "quick": args.quick,
+            "workloads": {
+                w: {
+                    "one_worker": workload_config(w, 1),
+                    "two_workers": workload_config(w, WORKERS),
+                    "pair_member": workload_config(w, 1, half=True),
+                }
+                for w in workloads
+            },
+            "headline": heads,
+            "problems": problems,
+        },
+        [{"workload": w, **row} for w in workloads for row in all_rows[w]],
+    )
     if problems:
         raise AssertionError("scaling runs disagree or failed:\n  " + "\n  ".join(problems))
     print("# checks: expected step counts; the same final training loss across transports")

@@ -18,7 +18,7 @@
  * exponent, a relative error of up to 708 eps in the result). */
 DP_INLINE double expsum_f64(double hi, double lo)
 {
-    const double inv_ln2 = 1.4426950408889634, shifter = 6755399441055744.0;  /* 1.5 * 2^52 */
+    const double inv_ln2 = 1.4426950408889634, shifter = 6755399441055744.0; /* 1.5 * 2^52 */
     const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
     double keep = hi + lo < -708.0 ? 0.0 : 1.0;
     hi = hi + lo < -708.0 ? -708.0 : hi;
@@ -51,14 +51,14 @@ DP_INLINE double gauss_f64(double a)
  * 23 (csrc/tests/gen_act_coeffs.py). Clenshaw's recurrence, unrolled so the element loop
  * around it vectorizes. */
 static const double phi_cheb_f64[24] = {
-    4.71146074660290653511e-1,  3.77158949691565792806e-1,  1.18036033447495454251e-1,
-    2.83623466996951515153e-2,  4.87175775760554638765e-3,  4.59852387876544278611e-4,
-    -2.14302223810531519356e-5, -1.30144736992413488498e-5, -8.80928358285351363346e-7,
-    2.74648004797028445267e-7,  4.41599189922378550835e-8,  -6.39840838557548284128e-9,
-    -1.67683572124846441693e-9, 1.94733547008900241467e-10, 6.24744130346938950734e-11,
+    4.71146074660290653511e-1,   3.77158949691565792806e-1,   1.18036033447495454251e-1,
+    2.83623466996951515153e-2,   4.87175775760554638765e-3,   4.59852387876544278611e-4,
+    -2.14302223810531519356e-5,  -1.30144736992413488498e-5,  -8.80928358285351363346e-7,
+    2.74648004797028445267e-7,   4.41599189922378550835e-8,   -6.39840838557548284128e-9,
+    -1.67683572124846441693e-9,  1.94733547008900241467e-10,  6.24744130346938950734e-11,
     -8.12455755224449573526e-12, -2.33031461322256572524e-12, 4.19103853922533297577e-13,
-    8.19333526881302985937e-14, -2.33524721079292632895e-14, -2.24425856491653643024e-15,
-    1.28114352980505061602e-15, 1.10545829653963038334e-18, -6.44579513564903971148e-17,
+    8.19333526881302985937e-14,  -2.33524721079292632895e-14, -2.24425856491653643024e-15,
+    1.28114352980505061602e-15,  1.10545829653963038334e-18,  -6.44579513564903971148e-17,
 };
 
 DP_INLINE double phi_tail_g_f64(double u)
@@ -87,7 +87,7 @@ DP_INLINE double tanh_near0_f64(double x)
 
 DP_INLINE float expsum_f32(float hi, float lo)
 {
-    const float inv_ln2 = 1.44269504f, shifter = 12582912.0f;                  /* 1.5 * 2^23 */
+    const float inv_ln2 = 1.44269504f, shifter = 12582912.0f; /* 1.5 * 2^23 */
     const float ln2_hi = 0.693145752f, ln2_lo = 1.42860677e-06f;
     float keep = hi + lo < -87.0f ? 0.0f : 1.0f;
     hi = hi + lo < -87.0f ? -87.0f : hi;
@@ -117,10 +117,10 @@ DP_INLINE float gauss_f32(float a)
 
 /* the same series cut at degree 10: 2.5e-7 relative */
 static const float phi_cheb_f32[11] = {
-    4.71146074660290653511e-1f, 3.77158949691565792806e-1f, 1.18036033447495454251e-1f,
-    2.83623466996951515153e-2f, 4.87175775760554638765e-3f, 4.59852387876544278611e-4f,
+    4.71146074660290653511e-1f,  3.77158949691565792806e-1f,  1.18036033447495454251e-1f,
+    2.83623466996951515153e-2f,  4.87175775760554638765e-3f,  4.59852387876544278611e-4f,
     -2.14302223810531519356e-5f, -1.30144736992413488498e-5f, -8.80928358285351363346e-7f,
-    2.74648004797028445267e-7f, 4.41599189922378550835e-8f,
+    2.74648004797028445267e-7f,  4.41599189922378550835e-8f,
 };
 
 DP_INLINE float phi_tail_g_f32(float u)
@@ -148,7 +148,7 @@ DP_INLINE float tanh_near0_f32(float x)
 #define S _f32
 #define EXPNEG dp_expneg_f32
 #define GAUSS gauss_f32
-#define GELU_AMAX 14.0f                /* exp(-14^2 / 2) = 3e-43: below float's normals */
+#define GELU_AMAX 14.0f /* exp(-14^2 / 2) = 3e-43: below float's normals */
 #define PHI_TAIL_G phi_tail_g_f32
 #define TANH_NEAR0 tanh_near0_f32
 #define TANH_LIBM tanhf
@@ -170,7 +170,7 @@ DP_INLINE float tanh_near0_f32(float x)
 #define S _f64
 #define EXPNEG dp_expneg_f64
 #define GAUSS gauss_f64
-#define GELU_AMAX 40.0                 /* exp(-40^2 / 2) = 0 in double */
+#define GELU_AMAX 40.0 /* exp(-40^2 / 2) = 0 in double */
 #define PHI_TAIL_G phi_tail_g_f64
 #define TANH_NEAR0 tanh_near0_f64
 #define TANH_LIBM tanh

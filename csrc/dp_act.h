@@ -46,18 +46,18 @@
 /* The vector kernels (dp_vec.h: a build per ISA and the public function that picks one).
  * relu: y = max(x, 0), a NaN stays NaN; dx = dy * (y > 0), y the forward OUTPUT
  * (relu'(x) = 1[x > 0] = 1[y > 0]). Reference twins: dptrain.reference.relu_forward/_backward. */
-#define DP_ACT_VEC(X, T, S)                                                                    \
-    X(void, dp_relu_forward, S, (T *y, const T *x, ptrdiff_t n), (y, x, n))                    \
-    X(void, dp_relu_backward, S, (T *dx, const T *dy, const T *y, ptrdiff_t n), (dx, dy, y, n)) \
-    X(void, dp_tanh_forward, S, (T *y, const T *x, ptrdiff_t n), (y, x, n))                    \
-    X(void, dp_tanh_backward, S, (T *dx, const T *dy, const T *y, ptrdiff_t n), (dx, dy, y, n)) \
-    X(void, dp_sigmoid_forward, S, (T *y, const T *x, ptrdiff_t n), (y, x, n))                 \
-    X(void, dp_sigmoid_backward, S, (T *dx, const T *dy, const T *y, ptrdiff_t n),             \
-      (dx, dy, y, n))                                                                          \
-    X(void, dp_gelu_forward, S, (T *y, const T *x, ptrdiff_t n), (y, x, n))                    \
-    X(void, dp_gelu_backward, S, (T *dx, const T *dy, const T *x, ptrdiff_t n), (dx, dy, x, n)) \
-    X(void, dp_mse, S, (T *dy, double *loss_sum, const T *y, const T *target, int B, int OUT,  \
-                        T grad_scale), (dy, loss_sum, y, target, B, OUT, grad_scale))
+#define DP_ACT_VEC(X, T, S)                                                                        \
+    X(void, dp_relu_forward, S, (T *y, const T *x, ptrdiff_t n), (y, x, n))                        \
+    X(void, dp_relu_backward, S, (T *dx, const T *dy, const T *y, ptrdiff_t n), (dx, dy, y, n))    \
+    X(void, dp_tanh_forward, S, (T *y, const T *x, ptrdiff_t n), (y, x, n))                        \
+    X(void, dp_tanh_backward, S, (T *dx, const T *dy, const T *y, ptrdiff_t n), (dx, dy, y, n))    \
+    X(void, dp_sigmoid_forward, S, (T *y, const T *x, ptrdiff_t n), (y, x, n))                     \
+    X(void, dp_sigmoid_backward, S, (T *dx, const T *dy, const T *y, ptrdiff_t n), (dx, dy, y, n)) \
+    X(void, dp_gelu_forward, S, (T *y, const T *x, ptrdiff_t n), (y, x, n))                        \
+    X(void, dp_gelu_backward, S, (T *dx, const T *dy, const T *x, ptrdiff_t n), (dx, dy, x, n))    \
+    X(void, dp_mse, S,                                                                             \
+      (T *dy, double *loss_sum, const T *y, const T *target, int B, int OUT, T grad_scale),        \
+      (dy, loss_sum, y, target, B, OUT, grad_scale))
 
 #define DP_DECLARE_ACT(T, S)                                                                   \
     DP_ACT_VEC(DP_VEC_PROTO, T, S)                                                             \

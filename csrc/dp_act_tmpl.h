@@ -18,7 +18,7 @@
 
 void KV(dp_relu_forward)(T *y, const T *x, ptrdiff_t n)
 {
-    for (ptrdiff_t i = 0; i < n; i++) y[i] = x[i] <= 0 ? (T)0 : x[i];   /* NaN stays NaN */
+    for (ptrdiff_t i = 0; i < n; i++) y[i] = x[i] <= 0 ? (T)0 : x[i]; /* NaN stays NaN */
 }
 
 void KV(dp_relu_backward)(T *dx, const T *dy, const T *y, ptrdiff_t n)
@@ -32,7 +32,7 @@ void KV(dp_tanh_forward)(T *y, const T *x, ptrdiff_t n)
     // x, y are (n,); y may be x
     for (ptrdiff_t i = 0; i < n; i++) {
         T xi = x[i], ax = xi < 0 ? -xi : xi;
-        T e = EXPNEG(-2 * ax);                       /* NaN stays NaN, -inf gives 0 */
+        T e = EXPNEG(-2 * ax); /* NaN stays NaN, -inf gives 0 */
         T far = (1 - e) / (1 + e);
         far = xi < 0 ? -far : far;
         y[i] = ax < TANH_SPLIT ? TANH_NEAR0(xi) : far;
@@ -50,7 +50,7 @@ void KV(dp_sigmoid_forward)(T *y, const T *x, ptrdiff_t n)
     // x, y are (n,); y may be x
     for (ptrdiff_t i = 0; i < n; i++) {
         T xi = x[i];
-        T e = EXPNEG(xi < 0 ? xi : -xi);             /* exp(-|x|) in (0, 1] */
+        T e = EXPNEG(xi < 0 ? xi : -xi); /* exp(-|x|) in (0, 1] */
         T inv = 1 / (1 + e);
         y[i] = xi >= 0 ? inv : e * inv;
     }
@@ -81,7 +81,7 @@ void KV(dp_gelu_forward)(T *y, const T *x, ptrdiff_t n)
     for (ptrdiff_t i = 0; i < n; i++) {
         T xi = x[i], E;
         T v = xi * K(normal_cdf)(xi, &E);
-        y[i] = xi == xi ? v : xi;                    /* the clamp may have dropped a NaN */
+        y[i] = xi == xi ? v : xi; /* the clamp may have dropped a NaN */
     }
 }
 
@@ -111,8 +111,7 @@ DP_INLINE T K(sq_diff_sum)(const T *y, const T *t, int n)
     return s;
 }
 
-void KV(dp_mse)(T *dy, double *loss_sum, const T *y, const T *target, int B, int OUT,
-                         T grad_scale)
+void KV(dp_mse)(T *dy, double *loss_sum, const T *y, const T *target, int B, int OUT, T grad_scale)
 {
     // y, target, dy are (B, OUT): loss_sum = sum (y - t)^2, dy = 2 grad_scale (y - t) (dy may
     // be y or NULL)
@@ -121,7 +120,7 @@ void KV(dp_mse)(T *dy, double *loss_sum, const T *y, const T *target, int B, int
     double total = 0;
     for (ptrdiff_t c0 = 0; c0 < n; c0 += MSE_BLOCK) {
         int len = n - c0 < MSE_BLOCK ? (int)(n - c0) : MSE_BLOCK;
-        total += (double)K(sq_diff_sum)(y + c0, target + c0, len);   /* before dy overwrites y */
+        total += (double)K(sq_diff_sum)(y + c0, target + c0, len); /* before dy overwrites y */
         if (dy)
             for (int q = 0; q < len; q++) dy[c0 + q] = g * (y[c0 + q] - target[c0 + q]);
     }

@@ -23,9 +23,7 @@
 static const char *const ALLREDUCE_NAMES[DP_ALLREDUCE_COUNT] = {"native", "ring", "tree"};
 
 const char *dp_allreduce_name(int algorithm)
-{
-    return algorithm >= 0 && algorithm < DP_ALLREDUCE_COUNT ? ALLREDUCE_NAMES[algorithm] : NULL;
-}
+{ return algorithm >= 0 && algorithm < DP_ALLREDUCE_COUNT ? ALLREDUCE_NAMES[algorithm] : NULL; }
 
 /* The handle's rules (see dp_allreduce_f32 in dp_allreduce.h). */
 static int group_valid(const dp_group *g, ptrdiff_t start, ptrdiff_t stop)
@@ -35,54 +33,55 @@ static int group_valid(const dp_group *g, ptrdiff_t start, ptrdiff_t stop)
         return 0;
     if (g->algorithm == DP_ALLREDUCE_NATIVE) return g->out || g->k == g->n;
     if (g->algorithm == DP_ALLREDUCE_RING) return !g->out && g->k == g->n;
-    if (g->algorithm == DP_ALLREDUCE_TREE) return !g->out && g->k == g->n && (g->scratch || start == stop);
+    if (g->algorithm == DP_ALLREDUCE_TREE)
+        return !g->out && g->k == g->n && (g->scratch || start == stop);
     return 0;
 }
 
-#define GROUP_ALLREDUCE(T, S)                                                                 \
-    int dp_allreduce##S(dp_group *g, ptrdiff_t start, ptrdiff_t stop, T scale,                \
-                        double *waited_s, uint32_t *code)                                     \
-    {                                                                                         \
-        *waited_s = 0;                                                                        \
-        if (!group_valid(g, start, stop)) return DP_EVALUE;                                   \
-        T *const *bufs = (T *const *)g->bufs;                                                 \
-        int rc = dp_group_barrier(g, waited_s, code);     /* every buffer is complete */      \
-        if (rc) return rc;                                                                    \
-        if (g->algorithm == DP_ALLREDUCE_RING)                                                \
-            return dp_allreduce_ring##S(bufs, g->n, g->rank, start, stop, scale, g->barrier,  \
-                                        &g->policy, code);                                    \
-        if (g->algorithm == DP_ALLREDUCE_TREE)                                                \
-            return dp_allreduce_tree##S(bufs, (T *)g->scratch, g->n, g->rank, start, stop,    \
-                                        scale, g->barrier, &g->policy, code);                 \
-        ptrdiff_t lo, hi;                                                                     \
-        dp_slice(start, stop, g->rank, g->n, (int)sizeof(T), &lo, &hi);                       \
-        if (g->k == 1 && !g->out) {                                                           \
-            /* a group of one: the sum is the buffer itself, only the scale is left */        \
-            if (scale != (T)1) dp_scale##S(bufs[0] + lo, hi - lo, scale);                     \
-            return DP_OK;                                                                     \
-        }                                                                                     \
-        if (g->out)                                                                           \
-            dp_sum_buffers##S((T *)g->out, (const T *const *)bufs, g->k, lo, hi, scale);      \
-        else                                                                                  \
-            dp_allreduce_slice##S(bufs, g->k, lo, hi, scale);                                 \
-        return dp_barrier_wait(g->barrier, &g->policy, code);   /* every slice is reduced */  \
+#define GROUP_ALLREDUCE(T, S)                                                                     \
+    int dp_allreduce##S(dp_group *g, ptrdiff_t start, ptrdiff_t stop, T scale, double *waited_s,  \
+                        uint32_t *code)                                                           \
+    {                                                                                             \
+        *waited_s = 0;                                                                            \
+        if (!group_valid(g, start, stop)) return DP_EVALUE;                                       \
+        T *const *bufs = (T *const *)g->bufs;                                                     \
+        int rc = dp_group_barrier(g, waited_s, code); /* every buffer is complete */              \
+        if (rc) return rc;                                                                        \
+        if (g->algorithm == DP_ALLREDUCE_RING)                                                    \
+            return dp_allreduce_ring##S(bufs, g->n, g->rank, start, stop, scale, g->barrier,      \
+                                        &g->policy, code);                                        \
+        if (g->algorithm == DP_ALLREDUCE_TREE)                                                    \
+            return dp_allreduce_tree##S(bufs, (T *)g->scratch, g->n, g->rank, start, stop, scale, \
+                                        g->barrier, &g->policy, code);                            \
+        ptrdiff_t lo, hi;                                                                         \
+        dp_slice(start, stop, g->rank, g->n, (int)sizeof(T), &lo, &hi);                           \
+        if (g->k == 1 && !g->out) {                                                               \
+            /* a group of one: the sum is the buffer itself, only the scale is left */            \
+            if (scale != (T)1) dp_scale##S(bufs[0] + lo, hi - lo, scale);                         \
+            return DP_OK;                                                                         \
+        }                                                                                         \
+        if (g->out)                                                                               \
+            dp_sum_buffers##S((T *)g->out, (const T *const *)bufs, g->k, lo, hi, scale);          \
+        else                                                                                      \
+            dp_allreduce_slice##S(bufs, g->k, lo, hi, scale);                                     \
+        return dp_barrier_wait(g->barrier, &g->policy, code); /* every slice is reduced */        \
     }
 
 /* dp_allreduce_f32, dp_allreduce_f64 */
 GROUP_ALLREDUCE(float, _f32)
 GROUP_ALLREDUCE(double, _f64)
 
-int dp_allreduce_bf16(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale,
-                      double *waited_s, uint32_t *code)
+int dp_allreduce_bf16(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale, double *waited_s,
+                      uint32_t *code)
 {
     *waited_s = 0;
     if (!group_valid(g, start, stop) || g->algorithm != DP_ALLREDUCE_NATIVE || !g->out)
         return DP_EVALUE;
-    int rc = dp_group_barrier(g, waited_s, code);     /* every buffer is complete */
+    int rc = dp_group_barrier(g, waited_s, code); /* every buffer is complete */
     if (rc) return rc;
     ptrdiff_t lo, hi;
     dp_slice(start, stop, g->rank, g->n, (int)sizeof(uint16_t), &lo, &hi);
     dp_sum_bf16((uint16_t *)g->out, (const uint16_t *const *)g->bufs, g->k, lo, hi, scale);
-    return dp_barrier_wait(g->barrier, &g->policy, code);   /* every slice is summed */
+    return dp_barrier_wait(g->barrier, &g->policy, code); /* every slice is summed */
 }
 #endif /* DP_VEC_PASS */

@@ -47,16 +47,16 @@
  *
  * dp_allreduce_slice: the native algorithm's share of one worker, bufs[0..k)[lo:hi] = scale *
  * (bufs[0] + ... + bufs[k-1])[lo:hi], summed in index order. */
-#define DP_ALLREDUCE_VEC(X, T, S)                                                              \
+#define DP_ALLREDUCE_VEC(X, T, S)                                                                \
     X(void, dp_allreduce_slice, S, (T *const *bufs, int k, ptrdiff_t lo, ptrdiff_t hi, T scale), \
-      (bufs, k, lo, hi, scale))                                                                \
-    X(int, dp_allreduce_ring, S, (T *const *bufs, int n, int rank, ptrdiff_t start,            \
-                                  ptrdiff_t stop, T scale, dp_barrier *b,                      \
-                                  const dp_wait_policy *policy, uint32_t *code),               \
-      (bufs, n, rank, start, stop, scale, b, policy, code))                                    \
-    X(int, dp_allreduce_tree, S, (T *const *bufs, T *tmp, int n, int rank, ptrdiff_t start,    \
-                                  ptrdiff_t stop, T scale, dp_barrier *b,                      \
-                                  const dp_wait_policy *policy, uint32_t *code),               \
+      (bufs, k, lo, hi, scale))                                                                  \
+    X(int, dp_allreduce_ring, S,                                                                 \
+      (T *const *bufs, int n, int rank, ptrdiff_t start, ptrdiff_t stop, T scale, dp_barrier *b, \
+       const dp_wait_policy *policy, uint32_t *code),                                            \
+      (bufs, n, rank, start, stop, scale, b, policy, code))                                      \
+    X(int, dp_allreduce_tree, S,                                                                 \
+      (T *const *bufs, T *tmp, int n, int rank, ptrdiff_t start, ptrdiff_t stop, T scale,        \
+       dp_barrier *b, const dp_wait_policy *policy, uint32_t *code),                             \
       (bufs, tmp, n, rank, start, stop, scale, b, policy, code))
 
 /* The concrete symbols, for grep: dp_allreduce_slice_f32 dp_allreduce_slice_f64
@@ -83,14 +83,14 @@ const char *dp_allreduce_name(int algorithm);
  *   every buffer then holds the same bits (summed in another order than native's).
  * Returns 0; DP_EABORT / DP_ETIMEOUT from a barrier (abort code in *code); DP_EVALUE for a
  * handle that breaks the rules above (nothing waited for, nothing written). */
-int dp_allreduce_f32(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale,
-                     double *waited_s, uint32_t *code);
-int dp_allreduce_f64(dp_group *g, ptrdiff_t start, ptrdiff_t stop, double scale,
-                     double *waited_s, uint32_t *code);
+int dp_allreduce_f32(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale, double *waited_s,
+                     uint32_t *code);
+int dp_allreduce_f64(dp_group *g, ptrdiff_t start, ptrdiff_t stop, double scale, double *waited_s,
+                     uint32_t *code);
 /* The same for bfloat16 buffers (uint16_t, dp_buffers.h) and a bfloat16 out: native with
  * out only (DP_EVALUE otherwise); out[slice] = bfloat16(scale * the float sum of the buffers
  * widened, in buffer order) (dp_sum_bf16): half the bytes of a float all-reduce both ways. */
-int dp_allreduce_bf16(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale,
-                      double *waited_s, uint32_t *code);
+int dp_allreduce_bf16(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale, double *waited_s,
+                      uint32_t *code);
 
 #endif

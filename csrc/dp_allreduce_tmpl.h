@@ -36,14 +36,14 @@ void KV(dp_allreduce_slice)(T *const *bufs, int k, ptrdiff_t lo, ptrdiff_t hi, T
 }
 
 /* ---- the point-to-point schedules ---------------------------------------------------------- */
-#define BARRIER_OR_RETURN()                                                                   \
-    do {                                                                                      \
-        int rc_ = dp_barrier_wait(b, policy, code);                                           \
-        if (rc_) return rc_;                                                                  \
+#define BARRIER_OR_RETURN()                         \
+    do {                                            \
+        int rc_ = dp_barrier_wait(b, policy, code); \
+        if (rc_) return rc_;                        \
     } while (0)
 
-int KV(dp_allreduce_ring)(T *const *bufs, int n, int rank, ptrdiff_t start, ptrdiff_t stop,
-                          T scale, dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
+int KV(dp_allreduce_ring)(T *const *bufs, int n, int rank, ptrdiff_t start, ptrdiff_t stop, T scale,
+                          dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
 {
     T *mine = bufs[rank];
     if (n == 1) {
@@ -72,9 +72,8 @@ int KV(dp_allreduce_ring)(T *const *bufs, int n, int rank, ptrdiff_t start, ptrd
     return DP_OK;
 }
 
-int KV(dp_allreduce_tree)(T *const *bufs, T *tmp, int n, int rank, ptrdiff_t start,
-                          ptrdiff_t stop, T scale, dp_barrier *b, const dp_wait_policy *policy,
-                          uint32_t *code)
+int KV(dp_allreduce_tree)(T *const *bufs, T *tmp, int n, int rank, ptrdiff_t start, ptrdiff_t stop,
+                          T scale, dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
 {
     T *mine = bufs[rank] + start;
     ptrdiff_t len = stop - start;
@@ -86,7 +85,7 @@ int KV(dp_allreduce_tree)(T *const *bufs, T *tmp, int n, int rank, ptrdiff_t sta
             for (ptrdiff_t i = 0; i < len; i++) mine[i] *= scale;
         return DP_OK;
     }
-    if (extra) {              /* fold: worker pof2 + r hands its buffer to worker r */
+    if (extra) { /* fold: worker pof2 + r hands its buffer to worker r */
         if (rank < extra) {
             const T *other = bufs[rank + pof2] + start;
             for (ptrdiff_t i = 0; i < len; i++) mine[i] += other[i];
@@ -102,14 +101,13 @@ int KV(dp_allreduce_tree)(T *const *bufs, T *tmp, int n, int rank, ptrdiff_t sta
         BARRIER_OR_RETURN();
         if (rank < pof2) {
             if (mask * 2 < pof2) {
-                if (len > 0) memcpy(mine, tmp, (size_t)len * sizeof(T));   /* tmp: NULL at 0 */
-            }
-            else
+                if (len > 0) memcpy(mine, tmp, (size_t)len * sizeof(T)); /* tmp: NULL at 0 */
+            } else
                 for (ptrdiff_t i = 0; i < len; i++) mine[i] = tmp[i] * scale;
         }
         BARRIER_OR_RETURN();
     }
-    if (extra) {              /* unfold: the extra workers copy the result back */
+    if (extra) { /* unfold: the extra workers copy the result back */
         if (rank >= pof2 && len > 0)
             memcpy(mine, bufs[rank - pof2] + start, (size_t)len * sizeof(T));
         BARRIER_OR_RETURN();

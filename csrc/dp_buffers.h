@@ -23,12 +23,13 @@
  * - bias_relu / bias_add: y (OC, n) += b[o] in row o (bias_relu then max(., 0), a NaN stays
  *   NaN); add_row_sums: db[o] += the sum of row o of d (OC, n), in 8 interleaved partial sums.
  *   The bias passes of dp_model's layers. */
-#define DP_BUFFERS_VEC(X, T, S)                                                                \
-    X(void, dp_sum_buffers, S, (T *out, const T *const *ins, int k, ptrdiff_t start,           \
-                                ptrdiff_t stop, T scale), (out, ins, k, start, stop, scale))   \
-    X(void, dp_scale, S, (T *buf, ptrdiff_t n, T alpha), (buf, n, alpha))                      \
-    X(void, dp_bias_relu, S, (T *y, const T *b, int OC, int n), (y, b, OC, n))                 \
-    X(void, dp_bias_add, S, (T *y, const T *b, int OC, int n), (y, b, OC, n))                  \
+#define DP_BUFFERS_VEC(X, T, S)                                                       \
+    X(void, dp_sum_buffers, S,                                                        \
+      (T *out, const T *const *ins, int k, ptrdiff_t start, ptrdiff_t stop, T scale), \
+      (out, ins, k, start, stop, scale))                                              \
+    X(void, dp_scale, S, (T *buf, ptrdiff_t n, T alpha), (buf, n, alpha))             \
+    X(void, dp_bias_relu, S, (T *y, const T *b, int OC, int n), (y, b, OC, n))        \
+    X(void, dp_bias_add, S, (T *y, const T *b, int OC, int n), (y, b, OC, n))         \
     X(void, dp_add_row_sums, S, (T *db, const T *d, int OC, int n), (db, d, OC, n))
 
 /* bfloat16 (the high 16 bits of a float, held as uint16_t) for the gradient exchange of
@@ -40,11 +41,12 @@
  *   float, each input widened exactly, added left to right (as dp_sum_buffers), then rounded
  *   to bfloat16 as dp_to_bf16: a bfloat16 all-reduce moves bfloat16 both ways. out may be
  *   one of the inputs. */
-#define DP_BF16_VEC(X, T, S)                                                                   \
-    X(void, dp_to_bf16, S, (uint16_t *out, const float *x, ptrdiff_t n), (out, x, n))         \
-    X(void, dp_from_bf16, S, (float *out, const uint16_t *x, ptrdiff_t n), (out, x, n))       \
-    X(void, dp_sum_bf16, S, (uint16_t *out, const uint16_t *const *ins, int k,                \
-                             ptrdiff_t start, ptrdiff_t stop, float scale),                   \
+#define DP_BF16_VEC(X, T, S)                                                              \
+    X(void, dp_to_bf16, S, (uint16_t *out, const float *x, ptrdiff_t n), (out, x, n))     \
+    X(void, dp_from_bf16, S, (float *out, const uint16_t *x, ptrdiff_t n), (out, x, n))   \
+    X(void, dp_sum_bf16, S,                                                               \
+      (uint16_t *out, const uint16_t *const *ins, int k, ptrdiff_t start, ptrdiff_t stop, \
+       float scale),                                                                      \
       (out, ins, k, start, stop, scale))
 
 /* The concrete symbols, for grep: dp_to_bf16 dp_from_bf16 dp_sum_bf16 dp_sum_buffers_f32 dp_sum_buffers_f64 dp_scale_f32

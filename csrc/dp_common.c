@@ -53,9 +53,7 @@ void dp_scratch_free(dp_scratch *s)
 
 /* Prefetches the first min(len, GATHER_PF_BYTES) bytes from p */
 static void gather_prefetch(const char *p, size_t len)
-{
-    dp_prefetch_range(p, len < GATHER_PF_BYTES ? len : GATHER_PF_BYTES);
-}
+{ dp_prefetch_range(p, len < GATHER_PF_BYTES ? len : GATHER_PF_BYTES); }
 
 void dp_gather_rows(void *dst, const void *src, const int64_t *ix, ptrdiff_t n, size_t row_bytes)
 {

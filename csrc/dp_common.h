@@ -14,11 +14,11 @@
 #include <stdint.h>
 
 #define DP_OK 0
-#define DP_ENOMEM (-1)     /* an allocation failed */
-#define DP_ELABEL (-2)     /* a label is out of range */
-#define DP_ETHREAD (-3)    /* a worker thread could not be started */
-#define DP_EVALUE (-4)     /* an argument value is invalid */
-#define DP_EORDER (-5)     /* a step of a backward sweep out of order, or with no sweep in progress */
+#define DP_ENOMEM (-1)  /* an allocation failed */
+#define DP_ELABEL (-2)  /* a label is out of range */
+#define DP_ETHREAD (-3) /* a worker thread could not be started */
+#define DP_EVALUE (-4)  /* an argument value is invalid */
+#define DP_EORDER (-5)  /* a step of a backward sweep out of order, or with no sweep in progress */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define DP_RESTRICT __restrict__
@@ -46,17 +46,17 @@
 
 /* 1 where the compiler has AVX512_BF16's intrinsics (_mm512_dpbf16_ps): GCC 10, LLVM Clang 9,
  * Apple Clang 12 (Apple's 9-11 are older LLVMs); the vdpbf16ps code is left out elsewhere. */
-#if (defined(__x86_64__) || defined(__i386__)) &&                                              \
-    ((defined(__apple_build_version__) && __clang_major__ >= 12) ||                             \
-     (defined(__clang__) && !defined(__apple_build_version__) && __clang_major__ >= 9) ||       \
+#if (defined(__x86_64__) || defined(__i386__)) &&                                         \
+    ((defined(__apple_build_version__) && __clang_major__ >= 12) ||                       \
+     (defined(__clang__) && !defined(__apple_build_version__) && __clang_major__ >= 9) || \
      (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10))
 #define DP_CC_AVX512BF16 1
 #endif
 
 /* 1 where the compiler has AMX-TILE's and AMX-BF16's intrinsics (_tile_dpbf16ps): GCC 11,
  * LLVM Clang 12; on Linux only, whose arch_prctl lends a process the tile state (5.16 on). */
-#if defined(__x86_64__) && defined(__linux__) &&                                               \
-    ((defined(__clang__) && !defined(__apple_build_version__) && __clang_major__ >= 12) ||      \
+#if defined(__x86_64__) && defined(__linux__) &&                                           \
+    ((defined(__clang__) && !defined(__apple_build_version__) && __clang_major__ >= 12) || \
      (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11))
 #define DP_CC_AMX 1
 #endif

@@ -8,7 +8,7 @@
 #include <limits.h>
 #include <string.h>
 
-#ifndef DP_VEC_PASS   /* the vector kernels' builds (dp_vec.h) need only the template */
+#ifndef DP_VEC_PASS /* the vector kernels' builds (dp_vec.h) need only the template */
 int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW)
 {
     if (g->C < 1 || g->H < 1 || g->W < 1 || g->OC < 1 || g->KH < 1 || g->KW < 1 || g->pad < 0)

@@ -32,9 +32,9 @@
 #include "dp_gemm.h"
 
 typedef struct {
-    int C, H, W;      /* input channels, height, width */
-    int OC, KH, KW;   /* output channels, kernel height and width */
-    int pad;          /* zero padding on each side */
+    int C, H, W;    /* input channels, height, width */
+    int OC, KH, KW; /* output channels, kernel height and width */
+    int pad;        /* zero padding on each side */
 } dp_conv_geom;
 
 /* Checks the geometry and sets the output size: DP_EVALUE when a size is < 1, pad < 0, the
@@ -55,43 +55,45 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
  *   bits);
  * - im2col: col (K, oh ow) with row stride ldcol from x (C, H, W); col2im is its adjoint (dx
  *   is written). */
-#define DP_CONV_VEC(X, T, S)                                                                   \
-    X(int, dp_conv_direct_forward, S, (T *y, const T *x, const T *w, const dp_conv_geom *g,     \
-                                       int oh, int ow, T beta), (y, x, w, g, oh, ow, beta))     \
-    X(int, dp_conv_direct_dwt, S, (T *dwt, const T *dy, const T *x, const dp_conv_geom *g,      \
-                                   int oh, int ow), (dwt, dy, x, g, oh, ow))                    \
-    X(void, dp_im2col, S, (T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh, \
-                           int ow), (col, ldcol, x, g, oh, ow))                                \
-    X(void, dp_col2im, S, (T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,       \
-                           int oh, int ow), (dx, dcol, ldcol, g, oh, ow))
+#define DP_CONV_VEC(X, T, S)                                                          \
+    X(int, dp_conv_direct_forward, S,                                                 \
+      (T *y, const T *x, const T *w, const dp_conv_geom *g, int oh, int ow, T beta),  \
+      (y, x, w, g, oh, ow, beta))                                                     \
+    X(int, dp_conv_direct_dwt, S,                                                     \
+      (T *dwt, const T *dy, const T *x, const dp_conv_geom *g, int oh, int ow),       \
+      (dwt, dy, x, g, oh, ow))                                                        \
+    X(void, dp_im2col, S,                                                             \
+      (T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh, int ow),   \
+      (col, ldcol, x, g, oh, ow))                                                     \
+    X(void, dp_col2im, S,                                                             \
+      (T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g, int oh, int ow), \
+      (dx, dcol, ldcol, g, oh, ow))
 
-#define DP_DECLARE_CONV(T, S)                                                                  \
+#define DP_DECLARE_CONV(T, S)                                                                     \
     /* One image, the top-left oh x ow block of its output (oh <= OH, ow <= OW; a network    \
      * whose 2x2 pooling drops an odd last row or column never computes it): y (OC, oh ow)    \
-     * = w col(x) + beta y, col a scratch of dp_conv_col_elems(g) elements. */                \
-    int dp_conv_image_forward##S(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,           \
-                                 const dp_conv_geom *g, int oh, int ow, T beta);              \
+     * = w col(x) + beta y, col a scratch of dp_conv_col_elems(g) elements. */    \
+    int dp_conv_image_forward##S(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,               \
+                                 const dp_conv_geom *g, int oh, int ow, T beta);                  \
     /* One image, dy (OC, oh ow) the gradient of that block: dwt (K, OC) += col(x) dy^T, dw's \
      * gradient transposed (see dp_conv_add_dwt); dx = col2im(w^T dy) when dx is not NULL    \
-     * (written). */                                                                         \
-    int dp_conv_image_backward##S(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy,            \
-                                  const T *x, const T *w, const dp_conv_geom *g, int oh,     \
-                                  int ow);                                                   \
-    /* dw (OC, K) += dwt^T */                                                                 \
-    void dp_conv_add_dwt##S(T *dw, const T *dwt, const dp_conv_geom *g);                      \
-    /* The batch: y = conv(x) + b; col_scratch grows to dp_conv_col_elems(g) + 1 elements. */ \
-    int dp_conv2d_forward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x,           \
-                             const T *w, const T *b, int B, const dp_conv_geom *g);            \
+     * (written). */   \
+    int dp_conv_image_backward##S(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, const T *x,    \
+                                  const T *w, const dp_conv_geom *g, int oh, int ow);             \
+    /* dw (OC, K) += dwt^T */                                                                     \
+    void dp_conv_add_dwt##S(T *dw, const T *dwt, const dp_conv_geom *g);                          \
+    /* The batch: y = conv(x) + b; col_scratch grows to dp_conv_col_elems(g) + 1 elements. */     \
+    int dp_conv2d_forward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x, const T *w,  \
+                             const T *b, int B, const dp_conv_geom *g);                           \
     /* dw += d/dw, db += d/db of sum(dy * y); dx (optional) = d/dx, written; col_scratch    \
-     * grows to dp_conv_col_elems(g) + OC K + 1 elements (col, then dw^T). */                 \
-    int dp_conv2d_backward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T *dx,       \
-                              const T *dy, const T *x, const T *w, int B,                      \
-                              const dp_conv_geom *g);                                          \
-    /* The readable twins: the sums above as loops, accumulated in T (tests, reference). */   \
-    void dp_conv2d_forward_naive##S(T *y, const T *x, const T *w, const T *b, int B,           \
-                                    const dp_conv_geom *g);                                    \
-    void dp_conv2d_backward_naive##S(T *dw, T *db, T *dx, const T *dy, const T *x,             \
-                                     const T *w, int B, const dp_conv_geom *g);                \
+     * grows to dp_conv_col_elems(g) + OC K + 1 elements (col, then dw^T). */     \
+    int dp_conv2d_backward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T *dx,          \
+                              const T *dy, const T *x, const T *w, int B, const dp_conv_geom *g); \
+    /* The readable twins: the sums above as loops, accumulated in T (tests, reference). */       \
+    void dp_conv2d_forward_naive##S(T *y, const T *x, const T *w, const T *b, int B,              \
+                                    const dp_conv_geom *g);                                       \
+    void dp_conv2d_backward_naive##S(T *dw, T *db, T *dx, const T *dy, const T *x, const T *w,    \
+                                     int B, const dp_conv_geom *g);                               \
     DP_CONV_VEC(DP_VEC_PROTO, T, S)
 
 /* Declared above for float and double (bodies: dp_conv_tmpl.h), that is:

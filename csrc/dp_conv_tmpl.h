@@ -6,7 +6,7 @@
 #define CAT(a, b) CAT_(a, b)
 #define K(name) CAT(name, S)
 
-#include "dp_vec32_tmpl.h"   /* pvec, pmask, pload, pstore, pselect */
+#include "dp_vec32_tmpl.h" /* pvec, pmask, pload, pstore, pselect */
 
 /* The offset in x (C, H, W) of patch entry k = (c KH + u) KW + v from its output position's
  * (the direct weight gradient's and dp_gemm_patch's A rows; padding 0) */
@@ -28,7 +28,7 @@ DP_INLINE void K(valid_cols)(int v, int pad, int W, int OW, int *j0, int *j1)
 /* Vectors of the build's own width (DP_VEC_BYTES: 16 generic, 32 AVX2, 64 AVX-512) for
  * im2col's row copies. */
 typedef T K(rvec) __attribute__((vector_size(DP_VEC_BYTES)));
-typedef IT K(rmask) __attribute__((vector_size(DP_VEC_BYTES)));   /* lane masks, permutes */
+typedef IT K(rmask) __attribute__((vector_size(DP_VEC_BYTES))); /* lane masks, permutes */
 #define RVL ((int)(DP_VEC_BYTES / sizeof(T)))
 
 DP_INLINE K(rvec) K(rload)(const T *p)
@@ -74,13 +74,13 @@ DP_INLINE void K(copy_row)(T *DP_RESTRICT d, const T *DP_RESTRICT s, int n, int 
 #if DP_VEC_BYTES == 64 && !defined(__clang__)
 #define IM2COL_PERMUTE 1
 
-static int K(im2col_plan)(K(rmask) *idx, int *base, int *npat, int *rows, int W, int OW)
+static int K(im2col_plan)(K(rmask) * idx, int *base, int *npat, int *rows, int W, int OW)
 {
     int period = RVL;
-    while (period % OW) period += RVL;       /* lcm(OW, RVL): at most OW vectors */
+    while (period % OW) period += RVL; /* lcm(OW, RVL): at most OW vectors */
     *npat = period / RVL;
     *rows = period / OW;
-    int at = 0, j = 0;                       /* x offset and column of value t RVL + l */
+    int at = 0, j = 0; /* x offset and column of value t RVL + l */
     for (int t = 0; t < *npat; t++) {
         base[t] = at;
         for (int l = 0; l < RVL; l++) {
@@ -98,8 +98,7 @@ static int K(im2col_plan)(K(rmask) *idx, int *base, int *npat, int *rows, int W,
 }
 #endif
 
-void KV(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g,
-                            int OH, int OW)
+void KV(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int OH, int OW)
 {
     // x is (C, H, W), col is (C KH KW, OH OW) with row stride ldcol, for the output block
     // i < OH, j < OW: col[(c KH + u) KW + v, i OW + j] = x[c, i + u - PAD, j + v - PAD], 0
@@ -119,7 +118,7 @@ void KV(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g,
                     int p = 0;
                     for (int t = 0; p + RVL <= P; p += RVL) {
                         const T *q = sp + base[t];
-                        if (q + 2 * RVL > xend) break;            /* the image's last values */
+                        if (q + 2 * RVL > xend) break; /* the image's last values */
                         K(rvec) lo = K(rload)(q), hi = K(rload)(q + RVL);
                         K(rstore)(dst + p, __builtin_shuffle(lo, hi, idx[t]));
                         if (++t == npat) {
@@ -152,7 +151,8 @@ void KV(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g,
                     K(copy_row)(d + j0, s, n, s + RVL <= xend);
                     for (int j = j1; j < OW; j++) d[j] = 0;
                 }
-                if (i1 < OH) memset(dst + (ptrdiff_t)i1 * OW, 0, sizeof(T) * (size_t)(OH - i1) * OW);
+                if (i1 < OH)
+                    memset(dst + (ptrdiff_t)i1 * OW, 0, sizeof(T) * (size_t)(OH - i1) * OW);
             }
         }
     }
@@ -177,8 +177,8 @@ DP_INLINE K(pmask) K(col_mask)(int q0, int v, int pad, int OW)
  * store-forwarding stall each). The last vector overlaps the one before and is computed
  * before any store. Masked lanes may read a little outside the row (never outside dcol and
  * its slack, see dp_conv_col_elems); their bits are cleared, garbage or not. */
-DP_INLINE void K(gather_row)(T *DP_RESTRICT d, const T *const *r, int rows, ptrdiff_t ldcol,
-                             int W, int KW, int pad, int OW, int qlo, int qhi, int accumulate)
+DP_INLINE void K(gather_row)(T *DP_RESTRICT d, const T *const *r, int rows, ptrdiff_t ldcol, int W,
+                             int KW, int pad, int OW, int qlo, int qhi, int accumulate)
 {
     typedef K(pvec) V;
     typedef K(pmask) M;
@@ -195,11 +195,12 @@ DP_INLINE void K(gather_row)(T *DP_RESTRICT d, const T *const *r, int rows, ptrd
             for (int v = 0; v < KW; v++) {
                 M m = edge ? K(col_mask)(q0, v, pad, OW) : all;
                 ptrdiff_t off = v * ldcol + q0 + pad - v;
-                for (int t = 0; t < rows; t++)
-                    a += (V)((M)K(pload)(r[t] + off) & m);
+                for (int t = 0; t < rows; t++) a += (V)((M)K(pload)(r[t] + off) & m);
             }
-            if (pass == 0) last = a;
-            else K(pstore)(d + q0, a);
+            if (pass == 0)
+                last = a;
+            else
+                K(pstore)(d + q0, a);
             if (pass == 0) break;
         }
     }
@@ -215,8 +216,8 @@ DP_INLINE void K(gather_row)(T *DP_RESTRICT d, const T *const *r, int rows, ptrd
  * and only the last row of dx is stored value by value. Masked lanes read inside dcol and its
  * slack, as gather_row's. Returns 1 (nothing written) for a wider image, KW > RVL or more
  * kernel rows than COL2IM_ROWS. */
-static int K(col2im_narrow)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
-                            int OH, int OW)
+static int K(col2im_narrow)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g, int OH,
+                            int OW)
 {
     typedef K(rvec) V;
     int H = g->H, W = g->W, pad = g->pad, KH = g->KH, KW = g->KW;
@@ -235,7 +236,8 @@ static int K(col2im_narrow)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv
             for (int u = 0; u < KH; u++) {
                 int i = h + pad - u;
                 if (i >= 0 && i < OH)
-                    rows[n++] = dcol + (ptrdiff_t)(c * KH + u) * KW * ldcol + (ptrdiff_t)i * OW + pad;
+                    rows[n++] =
+                        dcol + (ptrdiff_t)(c * KH + u) * KW * ldcol + (ptrdiff_t)i * OW + pad;
             }
             V a = {0};
             if (v_outer) {
@@ -258,8 +260,7 @@ static int K(col2im_narrow)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv
     return 0;
 }
 
-void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
-                            int OH, int OW)
+void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g, int OH, int OW)
 {
     // dcol is (C KH KW, OH OW) with row stride ldcol (the output block i < OH, j < OW), dx is
     // (C, H, W), written: dx[c, h, q] = sum over (u, v) of
@@ -286,7 +287,7 @@ void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
                 if (n < COL2IM_ROWS && u < KH) continue;
                 if (W >= VL) {
                     K(gather_row)(d, rows, n, ldcol, W, KW, pad, OW, qlo, qhi, !first);
-                } else {          /* a row narrower than a vector: element by element */
+                } else { /* a row narrower than a vector: element by element */
                     for (int q = 0; q < W; q++) {
                         T a = first ? (T)0 : d[q];
                         for (int t = 0; t < n; t++)
@@ -317,22 +318,22 @@ void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
 
 /* The accumulators of one tile: filter f's two output vectors (columns ja and jb of row i) */
 #define DT_DECL(f) K(rvec) a##f = {0}, b##f = {0};
-#define DT_FMA(f)                                                                          \
-    {                                                                                      \
-        T s = wk[f];                                                                       \
-        a##f += xa * s;                                                                    \
-        b##f += xb * s;                                                                    \
+#define DT_FMA(f)       \
+    {                   \
+        T s = wk[f];    \
+        a##f += xa * s; \
+        b##f += xb * s; \
     }
-#define DT_STORE(f)                                                                        \
-    if ((f) < nf) {                                                                        \
-        T *yo = yr + (ptrdiff_t)(f) * P;                                                   \
-        K(rvec) ra = a##f, rb = b##f;                                                      \
-        if (beta != 0) {                                                                   \
-            ra += K(rload)(yo + ja) * beta;                                                \
-            rb += K(rload)(yo + jb) * beta;                                                \
-        }                                                                                  \
-        K(rstore)(yo + ja, ra);                                                            \
-        K(rstore)(yo + jb, rb);                                                            \
+#define DT_STORE(f)                         \
+    if ((f) < nf) {                         \
+        T *yo = yr + (ptrdiff_t)(f) * P;    \
+        K(rvec) ra = a##f, rb = b##f;       \
+        if (beta != 0) {                    \
+            ra += K(rload)(yo + ja) * beta; \
+            rb += K(rload)(yo + jb) * beta; \
+        }                                   \
+        K(rstore)(yo + ja, ra);             \
+        K(rstore)(yo + jb, rb);             \
     }
 #define DT_DO4(X) X(0) X(1) X(2) X(3)
 #define DT_DO6(X) X(0) X(1) X(2) X(3) X(4) X(5)
@@ -340,36 +341,39 @@ void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
 /* The tile's sums: k = (c KH + u) KW + v ascending, one FMA each from 0, then alpha = 1 and
  * beta as the GEMM's store_tile: what the im2col path's GEMM computes for each output, so the
  * same bits (the tests compare them). */
-#define DT_BODY(DO)                                                                        \
-    {                                                                                      \
-        DO(DT_DECL)                                                                        \
-        const T *wk = wt;                                                                  \
-        for (int c = 0; c < g->C; c++)                                                     \
-            for (int u = 0; u < g->KH; u++) {                                              \
-                const T *xr = x + ((ptrdiff_t)c * g->H + i + u) * g->W;                    \
-                for (int v = 0; v < g->KW; v++, wk += NF) {                                \
-                    K(rvec) xa = K(rload)(xr + ja + v), xb = K(rload)(xr + jb + v);         \
-                    DO(DT_FMA)                                                             \
-                }                                                                          \
-            }                                                                              \
-        DO(DT_STORE)                                                                       \
+#define DT_BODY(DO)                                                                 \
+    {                                                                               \
+        DO(DT_DECL)                                                                 \
+        const T *wk = wt;                                                           \
+        for (int c = 0; c < g->C; c++)                                              \
+            for (int u = 0; u < g->KH; u++) {                                       \
+                const T *xr = x + ((ptrdiff_t)c * g->H + i + u) * g->W;             \
+                for (int v = 0; v < g->KW; v++, wk += NF) {                         \
+                    K(rvec) xa = K(rload)(xr + ja + v), xb = K(rload)(xr + jb + v); \
+                    DO(DT_FMA)                                                      \
+                }                                                                   \
+            }                                                                       \
+        DO(DT_STORE)                                                                \
     }
 
 /* Filters o0 .. o0 + nf - 1 of output row i at the vectors from columns ja and jb, from the
  * tile's weights wt packed k by k (NF a k, rows past nf repeating the last: computed, never
  * stored; NF a constant once inlined) */
 DP_INLINE void K(direct_tile)(T *y, ptrdiff_t P, int ow, const T *x, const T *wt,
-                              const dp_conv_geom *g, int o0, int nf, int i, int ja, int jb,
-                              T beta, const int NF)
+                              const dp_conv_geom *g, int o0, int nf, int i, int ja, int jb, T beta,
+                              const int NF)
 {
     T *yr = y + (ptrdiff_t)o0 * P + (ptrdiff_t)i * ow;
-    if (NF == 12) DT_BODY(DT_DO12)
-    else if (NF == 6) DT_BODY(DT_DO6)
-    else DT_BODY(DT_DO4)
+    if (NF == 12)
+        DT_BODY(DT_DO12)
+    else if (NF == 6)
+        DT_BODY(DT_DO6)
+    else
+        DT_BODY(DT_DO4)
 }
 
-int KV(dp_conv_direct_forward)(T *y, const T *x, const T *w, const dp_conv_geom *g, int oh,
-                               int ow, T beta)
+int KV(dp_conv_direct_forward)(T *y, const T *x, const T *w, const dp_conv_geom *g, int oh, int ow,
+                               T beta)
 {
     // x is (C, H, W), w is (OC, K), y is (OC, oh ow): y = w col(x) + beta y as
     // dp_conv_image_forward; returns 1 (nothing written) where the layer does not fit: padding,
@@ -459,56 +463,55 @@ DP_INLINE void K(dsum4)(K(rvec) a, K(rvec) b, K(rvec) c, K(rvec) d, T out[4])
 #endif
 }
 
-#define DW_DECL(kk)                                                                        \
-    K(rvec) s0_##kk = {0}, s1_##kk = {0}, s2_##kk = {0}, s3_##kk = {0};                    \
+#define DW_DECL(kk)                                                     \
+    K(rvec) s0_##kk = {0}, s1_##kk = {0}, s2_##kk = {0}, s3_##kk = {0}; \
     const T *xk##kk = x + xo[kk];
-#define DW_FMA(kk)                                                                         \
-    {                                                                                      \
-        K(rvec) xv = K(rload)(xk##kk + at);                                                \
-        if (masked) xv = (K(rvec))((K(rmask))xv & m);                                      \
-        s0_##kk += d0 * xv;                                                                \
-        s1_##kk += d1 * xv;                                                                \
-        s2_##kk += d2 * xv;                                                                \
-        s3_##kk += d3 * xv;                                                                \
+#define DW_FMA(kk)                                    \
+    {                                                 \
+        K(rvec) xv = K(rload)(xk##kk + at);           \
+        if (masked) xv = (K(rvec))((K(rmask))xv & m); \
+        s0_##kk += d0 * xv;                           \
+        s1_##kk += d1 * xv;                           \
+        s2_##kk += d2 * xv;                           \
+        s3_##kk += d3 * xv;                           \
     }
-#define DW_ADD(kk)                                                                         \
-    if (k0 + (kk) < Kd) {                                                                  \
-        T *row = dwt + (ptrdiff_t)(k0 + (kk)) * g->OC + o0, sum[4];                        \
-        K(dsum4)(s0_##kk, s1_##kk, s2_##kk, s3_##kk, sum);                                 \
-        for (int f = 0; f < nf; f++) row[f] += sum[f];                                     \
+#define DW_ADD(kk)                                                  \
+    if (k0 + (kk) < Kd) {                                           \
+        T *row = dwt + (ptrdiff_t)(k0 + (kk)) * g->OC + o0, sum[4]; \
+        K(dsum4)(s0_##kk, s1_##kk, s2_##kk, s3_##kk, sum);          \
+        for (int f = 0; f < nf; f++) row[f] += sum[f];              \
     }
 
 /* One step: the products at column j of output row i (masked: the lanes m clears zeroed)
  * for the tile's entries KDO */
-#define DW_STEP(masked_, KDO)                                                              \
-    {                                                                                      \
-        const int masked = (masked_);                                                      \
-        ptrdiff_t at = (ptrdiff_t)i * g->W + j, ad = (ptrdiff_t)i * ow + j;                \
-        K(rvec) d0 = K(rload)(dr[0] + ad), d1 = K(rload)(dr[1] + ad);                      \
-        K(rvec) d2 = K(rload)(dr[2] + ad), d3 = K(rload)(dr[3] + ad);                      \
-        if (masked) {                                                                      \
-            d0 = (K(rvec))((K(rmask))d0 & m), d1 = (K(rvec))((K(rmask))d1 & m);            \
-            d2 = (K(rvec))((K(rmask))d2 & m), d3 = (K(rvec))((K(rmask))d3 & m);            \
-        }                                                                                  \
-        KDO(DW_FMA)                                                                        \
+#define DW_STEP(masked_, KDO)                                                   \
+    {                                                                           \
+        const int masked = (masked_);                                           \
+        ptrdiff_t at = (ptrdiff_t)i * g->W + j, ad = (ptrdiff_t)i * ow + j;     \
+        K(rvec) d0 = K(rload)(dr[0] + ad), d1 = K(rload)(dr[1] + ad);           \
+        K(rvec) d2 = K(rload)(dr[2] + ad), d3 = K(rload)(dr[3] + ad);           \
+        if (masked) {                                                           \
+            d0 = (K(rvec))((K(rmask))d0 & m), d1 = (K(rvec))((K(rmask))d1 & m); \
+            d2 = (K(rvec))((K(rmask))d2 & m), d3 = (K(rvec))((K(rmask))d3 & m); \
+        }                                                                       \
+        KDO(DW_FMA)                                                             \
     }
 
 /* A tile: its entries' sums over every output position, added to dwt */
-#define DW_TILE(KDO)                                                                       \
-    {                                                                                      \
-        KDO(DW_DECL)                                                                       \
-        for (int i = 0; i < oh; i++) {                                                     \
-            for (int j = 0; j < full; j += RVL) DW_STEP(0, KDO)                            \
-            if (full < ow) {                                                               \
-                int j = js;                                                                \
-                DW_STEP(1, KDO)                                                            \
-            }                                                                              \
-        }                                                                                  \
-        KDO(DW_ADD)                                                                        \
+#define DW_TILE(KDO)                                            \
+    {                                                           \
+        KDO(DW_DECL)                                            \
+        for (int i = 0; i < oh; i++) {                          \
+            for (int j = 0; j < full; j += RVL) DW_STEP(0, KDO) \
+            if (full < ow) {                                    \
+                int j = js;                                     \
+                DW_STEP(1, KDO)                                 \
+            }                                                   \
+        }                                                       \
+        KDO(DW_ADD)                                             \
     }
 
-int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *g, int oh,
-                           int ow)
+int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *g, int oh, int ow)
 {
     // dy is (OC, oh ow), x is (C, H, W), dwt is (K, OC): dwt += col(x) dy^T as
     // dp_conv_image_backward's first GEMM; returns 1 (nothing done) where the direct forward
@@ -560,10 +563,10 @@ int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *
 #undef DIRECT_BUILD
 #undef RVL
 
-
 #ifndef DP_VEC_PASS
 /* A 1x1 kernel without padding: the patch matrix is the image itself. */
-DP_INLINE int K(is_direct)(const dp_conv_geom *g) { return g->KH == 1 && g->KW == 1 && g->pad == 0; }
+DP_INLINE int K(is_direct)(const dp_conv_geom *g)
+{ return g->KH == 1 && g->KW == 1 && g->pad == 0; }
 
 /* The output block of an image call: 1 <= oh <= OH, 1 <= ow <= OW; sets P = oh ow. */
 DP_INLINE int K(check_block)(const dp_conv_geom *g, int oh, int ow, int *P)
@@ -634,12 +637,11 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
         if (!bf16 && !direct && K(patch_tables)(ctx, g, oh, ow, col, &pos, &ent)) {
             /* col(x)'s rows read from x where they are: the same sums as on im2col's copy,
              * without writing the copy */
-            rc = K(dp_gemm_patch)(ctx, dwt, g->OC, x, ent, pos, dy, 1, P, Kd, g->OC, P, (T)1,
-                                  (T)1);
+            rc = K(dp_gemm_patch)(ctx, dwt, g->OC, x, ent, pos, dy, 1, P, Kd, g->OC, P, (T)1, (T)1);
         } else {
             if (!direct) K(dp_im2col)(col, P, x, g, oh, ow);
-            rc = K(dp_gemm)(ctx, dwt, g->OC, direct ? x : col, P, 1, dy, 1, P, Kd, g->OC, P,
-                            (T)1, (T)1);
+            rc = K(dp_gemm)(ctx, dwt, g->OC, direct ? x : col, P, 1, dy, 1, P, Kd, g->OC, P, (T)1,
+                            (T)1);
         }
     }
     if (rc || !dx) return rc;
@@ -687,8 +689,8 @@ int K(dp_conv2d_forward)(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x,
     return rc;
 }
 
-int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T *dx,
-                          const T *dy, const T *x, const T *w, int B, const dp_conv_geom *g)
+int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T *dx, const T *dy,
+                          const T *x, const T *w, int B, const dp_conv_geom *g)
 {
     // dy is (B, OC, OH, OW), x and dx are (B, C, H, W), w and dw are (OC, C, KH, KW):
     // dw += sum_n dy_n col(x_n)^T, db += sum of dy over n, i, j, dx_n = col2im(w^T dy_n)
@@ -699,7 +701,7 @@ int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T 
     dp_scratch local = {0};
     T *col = K(conv_scratch)(col_scratch, &local, g, nw);
     if (!col) return DP_ENOMEM;
-    T *dwt = col + dp_conv_col_elems(g);          /* dw^T, (K, OC), summed over the batch */
+    T *dwt = col + dp_conv_col_elems(g); /* dw^T, (K, OC), summed over the batch */
     memset(dwt, 0, sizeof(T) * nw);
     int rc = DP_OK;
     for (int n = 0; n < B && rc == DP_OK; n++) {
@@ -708,8 +710,8 @@ int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T 
          * dependent adds, most of the time of a first layer's conv2d_backward without dx);
          * the CNN engine sums its db the same way */
         K(dp_add_row_sums)(db, dyn, g->OC, (int)P);
-        rc = K(dp_conv_image_backward)(ctx, col, dwt, dx ? dx + n * in : NULL, dyn, x + n * in,
-                                       w, g, OH, OW);
+        rc = K(dp_conv_image_backward)(ctx, col, dwt, dx ? dx + n * in : NULL, dyn, x + n * in, w,
+                                       g, OH, OW);
     }
     if (rc == DP_OK) K(dp_conv_add_dwt)(dw, dwt, g);
     dp_scratch_free(&local);
@@ -742,8 +744,8 @@ void K(dp_conv2d_forward_naive)(T *y, const T *x, const T *w, const T *b, int B,
                 }
 }
 
-void K(dp_conv2d_backward_naive)(T *dw, T *db, T *dx, const T *dy, const T *x, const T *w,
-                                 int B, const dp_conv_geom *g)
+void K(dp_conv2d_backward_naive)(T *dw, T *db, T *dx, const T *dy, const T *x, const T *w, int B,
+                                 const dp_conv_geom *g)
 {
     // the same sums, read backwards: every (n, o, i, j, c, u, v) term of the forward adds
     // dy * x to dw and dy * w to dx
@@ -762,7 +764,7 @@ void K(dp_conv2d_backward_naive)(T *dw, T *db, T *dx, const T *dy, const T *x, c
                                 int h = i + u - pad, q = j + v - pad;
                                 ptrdiff_t wi = ((ptrdiff_t)(o * C + c) * KH + u) * KW + v;
                                 if (h < 0 || h >= H || q < 0 || q >= W) {
-                                    dw[wi] += d * (T)0;   /* the zero padding: see forward */
+                                    dw[wi] += d * (T)0; /* the zero padding: see forward */
                                     continue;
                                 }
                                 ptrdiff_t xi = ((ptrdiff_t)(n * C + c) * H + h) * W + q;

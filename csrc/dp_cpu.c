@@ -14,7 +14,7 @@
  * and dp_fma_peak_f32 / dp_fma_peak_f64 pick one after checking dp_cpu_has_isa.
  */
 #include "dp_cpu.h"
-#include "dp_sync.h"   /* dp_clock_s */
+#include "dp_sync.h" /* dp_clock_s */
 
 #include <math.h>
 #include <string.h>
@@ -51,7 +51,8 @@ static void read_brand(char *out, size_t n)
 {
     unsigned r[12], a, b, c, d;
     char raw[49];
-    if ((unsigned)__get_cpuid_max(0x80000000u, NULL) < 0x80000004u) return;   /* int in Clang's cpuid.h */
+    if ((unsigned)__get_cpuid_max(0x80000000u, NULL) < 0x80000004u)
+        return; /* int in Clang's cpuid.h */
     for (unsigned i = 0; i < 3; i++) {
         __cpuid(0x80000002u + i, a, b, c, d);
         r[4 * i] = a, r[4 * i + 1] = b, r[4 * i + 2] = c, r[4 * i + 3] = d;
@@ -77,7 +78,7 @@ void dp_cpu_detect(dp_cpu_features *f)
     unsigned max_leaf = __get_cpuid_max(0, NULL);
     if (max_leaf == 0) return;
     __cpuid(0, a, b, c, d);
-    memcpy(f->vendor, &b, 4);        /* "Auth" "enti" "cAMD": EBX, EDX, ECX */
+    memcpy(f->vendor, &b, 4); /* "Auth" "enti" "cAMD": EBX, EDX, ECX */
     memcpy(f->vendor + 4, &d, 4);
     memcpy(f->vendor + 8, &c, 4);
     f->vendor[12] = '\0';
@@ -86,8 +87,8 @@ void dp_cpu_detect(dp_cpu_features *f)
 
     __cpuid(1, a, b, c, d);
     uint64_t xcr0 = bit(c, 27) ? read_xcr0() : 0;
-    int os_ymm = (xcr0 & 0x6u) == 0x6u;                    /* SSE and AVX state */
-    int os_zmm = os_ymm && (xcr0 & 0xe0u) == 0xe0u;        /* opmask, ZMM_Hi256, Hi16_ZMM */
+    int os_ymm = (xcr0 & 0x6u) == 0x6u;             /* SSE and AVX state */
+    int os_zmm = os_ymm && (xcr0 & 0xe0u) == 0xe0u; /* opmask, ZMM_Hi256, Hi16_ZMM */
     f->avx = bit(c, 28) && os_ymm;
     f->fma = bit(c, 12) && f->avx;
     if (max_leaf < 7) return;
@@ -111,7 +112,7 @@ void dp_cpu_detect(dp_cpu_features *f)
 
 int dp_cpu_has_isa(const dp_cpu_features *f, int isa)
 {
-    (void)f;   /* unused where only the generic loop is built */
+    (void)f; /* unused where only the generic loop is built */
     switch (isa) {
     case DP_ISA_GENERIC: return 1;
 #ifdef DP_CPU_X86
@@ -247,17 +248,18 @@ int dp_isa_bits(int isa)
  * from (0, 1] for 2^40 rounds. Compilers with the intrinsic only (DP_CC_AVX512BF16). */
 #if defined(DP_CPU_X86) && defined(DP_CC_AVX512BF16)
 #define DP_CPU_BF16DOT 1
-__attribute__((target("avx512f,avx512bf16"), noinline)) static double dot_block_bf16(int64_t rounds,
-                                                                                      double m, double c)
+__attribute__((target("avx512f,avx512bf16"),
+               noinline)) static double dot_block_bf16(int64_t rounds, double m, double c)
 {
     (void)m;
     (void)c;
-    const __m512i x = _mm512_set1_epi32(0x3a803a80);      /* bfloat16 2^-10, twice */
+    const __m512i x = _mm512_set1_epi32(0x3a803a80); /* bfloat16 2^-10, twice */
     __m512 acc[DP_FMA_CHAINS];
     for (int j = 0; j < DP_FMA_CHAINS; j++) acc[j] = _mm512_set1_ps((float)(j + 1) / DP_FMA_CHAINS);
     for (int64_t i = 0; i < rounds; i++) {
 #pragma GCC unroll 16
-        for (int j = 0; j < DP_FMA_CHAINS; j++) acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)x, (__m512bh)x);
+        for (int j = 0; j < DP_FMA_CHAINS; j++)
+            acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)x, (__m512bh)x);
     }
     double sum = 0;
     for (int j = 0; j < DP_FMA_CHAINS; j++) sum += _mm512_reduce_add_ps(acc[j]);
@@ -291,7 +293,7 @@ static double fma_rate(fma_block_fn block, int lanes, double seconds)
         }
         if (dt < 1e-3 && rounds < ((int64_t)1 << 40)) rounds *= 2;
     }
-    volatile double keep = sum;   /* the blocks' results are used */
+    volatile double keep = sum; /* the blocks' results are used */
     (void)keep;
     return best * 1e-9;
 }
@@ -316,14 +318,10 @@ static int fma_peak(int isa, int f64, double seconds, double *gflops)
 }
 
 int dp_fma_peak_f32(int isa, double seconds, double *gflops)
-{
-    return fma_peak(isa, 0, seconds, gflops);
-}
+{ return fma_peak(isa, 0, seconds, gflops); }
 
 int dp_fma_peak_f64(int isa, double seconds, double *gflops)
-{
-    return fma_peak(isa, 1, seconds, gflops);
-}
+{ return fma_peak(isa, 1, seconds, gflops); }
 
 int dp_bf16dot_peak(double seconds, double *gflops)
 {
@@ -332,7 +330,7 @@ int dp_bf16dot_peak(double seconds, double *gflops)
     dp_cpu_features f;
     dp_cpu_detect(&f);
     if (!dp_cpu_has_isa(&f, DP_ISA_AVX512) || !f.avx512_bf16) return DP_ENOTSUP;
-    *gflops = fma_rate(dot_block_bf16, 32, seconds);   /* 16 lanes x 2 pairs: 32 FMAs */
+    *gflops = fma_rate(dot_block_bf16, 32, seconds); /* 16 lanes x 2 pairs: 32 FMAs */
     return DP_OK;
 #else
     (void)gflops;

@@ -33,7 +33,7 @@
 
 #include "dp_common.h"
 
-#define DP_ENOTSUP (-20)   /* the CPU (or this build) lacks the requested instruction set */
+#define DP_ENOTSUP (-20) /* the CPU (or this build) lacks the requested instruction set */
 
 /* ISAs of the peak loops, in increasing vector width. */
 #define DP_ISA_GENERIC 0
@@ -46,10 +46,10 @@
 #define DP_FMA_CHAINS 12
 
 typedef struct {
-    char vendor[13];        /* CPUID leaf 0, e.g. "AuthenticAMD"; "" where unknown */
-    char brand[49];         /* leaves 0x80000002-4, leading blanks dropped; "" where unknown */
-    int avx, fma, avx2;     /* each with the OS saving the YMM state */
-    int avx512f, avx512bw, avx512vl, avx512dq, avx512_vnni, avx512_bf16;  /* and ZMM state */
+    char vendor[13];    /* CPUID leaf 0, e.g. "AuthenticAMD"; "" where unknown */
+    char brand[49];     /* leaves 0x80000002-4, leading blanks dropped; "" where unknown */
+    int avx, fma, avx2; /* each with the OS saving the YMM state */
+    int avx512f, avx512bw, avx512vl, avx512dq, avx512_vnni, avx512_bf16; /* and ZMM state */
     int amx_tile, amx_bf16; /* AMX, with the OS saving the tile state (XCR0 bits 17, 18); Linux
                              * still lends the tile data only on request (dp_gemm_amx.h) */
 } dp_cpu_features;

@@ -19,8 +19,8 @@
 /* y = x w^T + b */
 int dp_dense_forward_f32(dp_ctx *ctx, float *y, const float *x, const float *w, const float *b,
                          int B, int IN, int OUT);
-int dp_dense_forward_f64(dp_ctx *ctx, double *y, const double *x, const double *w,
-                         const double *b, int B, int IN, int OUT);
+int dp_dense_forward_f64(dp_ctx *ctx, double *y, const double *x, const double *w, const double *b,
+                         int B, int IN, int OUT);
 
 /* dw += dy^T x, db += sum over rows of dy, and dx = dy w when dx is not NULL */
 int dp_dense_backward_f32(dp_ctx *ctx, float *dw, float *db, float *dx, const float *dy,

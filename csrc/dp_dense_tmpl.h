@@ -5,16 +5,16 @@
 #define CAT(a, b) CAT_(a, b)
 #define K(name) CAT(name, S)
 
-int K(dp_dense_forward)(dp_ctx *ctx, T *y, const T *x, const T *w, const T *b,
-                        int B, int IN, int OUT)
+int K(dp_dense_forward)(dp_ctx *ctx, T *y, const T *x, const T *w, const T *b, int B, int IN,
+                        int OUT)
 {
     // x is (B, IN), w is (OUT, IN), b is (OUT,), y is (B, OUT):  y = x w^T + b
     for (int i = 0; i < B; i++) memcpy(y + (ptrdiff_t)i * OUT, b, sizeof(T) * (size_t)OUT);
     return K(dp_gemm)(ctx, y, OUT, x, IN, 1, w, 1, IN, B, OUT, IN, (T)1, (T)1);
 }
 
-int K(dp_dense_backward)(dp_ctx *ctx, T *dw, T *db, T *dx, const T *dy, const T *x,
-                         const T *w, int B, int IN, int OUT)
+int K(dp_dense_backward)(dp_ctx *ctx, T *dw, T *db, T *dx, const T *dy, const T *x, const T *w,
+                         int B, int IN, int OUT)
 {
     // dy is (B, OUT), x is (B, IN), w is (OUT, IN): dw += dy^T x, db += sum_rows dy, dx = dy w
     int rc = K(dp_gemm)(ctx, dw, IN, dy, 1, OUT, x, IN, 1, OUT, IN, B, (T)1, (T)1);

@@ -126,7 +126,7 @@ static int cpu_has_bf16dot(void)
 int dp_gemm_bf16_dot_available(void)
 {
 #ifdef DP_GEMM_EMULATE_WIDE
-    return 1;     /* the emulation, in the generic slot, on any CPU */
+    return 1; /* the emulation, in the generic slot, on any CPU */
 #else
     return cpu_has_bf16dot();
 #endif
@@ -152,11 +152,12 @@ double dp_gemm_bf16_dot_ratio(void)
      * dp_fma_peak: a moment of time-sharing is not a property of the core) */
     double dot = 0, fma = 0;
 #ifdef DP_GEMM_EMULATE_WIDE
-    dot = 2, fma = 1;      /* the emulation stands for a CPU where the path pays */
+    dot = 2, fma = 1; /* the emulation stands for a CPU where the path pays */
 #else
     for (int i = 0; i < 2; i++) {
         double d = 0, f = 0;
-        if (dp_bf16dot_peak(0.003, &d) != DP_OK || dp_fma_peak_f32(DP_ISA_AVX512, 0.003, &f) != DP_OK)
+        if (dp_bf16dot_peak(0.003, &d) != DP_OK ||
+            dp_fma_peak_f32(DP_ISA_AVX512, 0.003, &f) != DP_OK)
             break;
         if (d > dot) dot = d;
         if (f > fma) fma = f;
@@ -203,9 +204,9 @@ void dp_round_bf16(float *x, size_t n)
         uint32_t u;
         memcpy(&u, &x[i], sizeof u);
         if ((u & 0x7fffffffu) > 0x7f800000u)
-            u |= 0x00400000u;                       /* NaN: quiet it, keep sign and payload */
+            u |= 0x00400000u; /* NaN: quiet it, keep sign and payload */
         else
-            u += 0x7fffu + ((u >> 16) & 1u);        /* ties to even; carries into the exponent */
+            u += 0x7fffu + ((u >> 16) & 1u); /* ties to even; carries into the exponent */
         u &= 0xffff0000u;
         memcpy(&x[i], &u, sizeof u);
     }
@@ -222,7 +223,7 @@ void dp_round_bf16(float *x, size_t n)
 
 static int bf16_amx_mode = DP_BF16_DOT_AUTO;
 #ifdef DP_HAVE_AMX
-static int amx_state = -1;   /* 1: tiles lent to this process, 0: not; -1 until first asked */
+static int amx_state = -1; /* 1: tiles lent to this process, 0: not; -1 until first asked */
 #endif
 static const char *amx_why = "this build's compiler has no AMX intrinsics, or the OS is not Linux";
 
@@ -241,12 +242,16 @@ static int amx_ready(void)
         dp_cpu_detect(&f);
         s = 0;
         if (!(dp_cpu_has_isa(&f, DP_ISA_AVX512) && f.avx512_bf16 && f.amx_bf16)) {
-            amx_why = "this CPU has no AMX-BF16 (with AVX-512 and AVX512_BF16), or its OS does not save the tile state";
-        } else if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
-            amx_why = errno == ENOSPC ? "Linux refused the tile state (arch_prctl: ENOSPC, a thread's "
-                                        "signal stack is too small for it)"
-                      : errno == EINVAL ? "Linux refused the tile state (arch_prctl: EINVAL, a kernel before 5.16)"
-                                        : "Linux refused the tile state (arch_prctl failed)";
+            amx_why = "this CPU has no AMX-BF16 (with AVX-512 and AVX512_BF16), or its OS does not "
+                      "save the tile state";
+        } else if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) !=
+                   0) {
+            amx_why =
+                errno == ENOSPC ? "Linux refused the tile state (arch_prctl: ENOSPC, a thread's "
+                                  "signal stack is too small for it)"
+                : errno == EINVAL
+                    ? "Linux refused the tile state (arch_prctl: EINVAL, a kernel before 5.16)"
+                    : "Linux refused the tile state (arch_prctl failed)";
         } else {
             amx_why = NULL;
             s = 1;
@@ -262,16 +267,13 @@ static int amx_ready(void)
 int dp_gemm_bf16_amx_available(void)
 {
 #ifdef DP_GEMM_EMULATE_WIDE
-    return 1;     /* the emulation, in the generic slot, on any CPU */
+    return 1; /* the emulation, in the generic slot, on any CPU */
 #else
     return amx_ready();
 #endif
 }
 
-const char *dp_gemm_bf16_amx_why(void)
-{
-    return dp_gemm_bf16_amx_available() ? NULL : amx_why;
-}
+const char *dp_gemm_bf16_amx_why(void) { return dp_gemm_bf16_amx_available() ? NULL : amx_why; }
 
 void dp_gemm_set_bf16_amx(int mode) { set_mode(&bf16_amx_mode, mode); }
 
@@ -359,7 +361,9 @@ const char *dp_gemm_bf16_amx_name(void)
 /* ---- the AMX path's builds ---- */
 #ifdef DP_HAVE_AMX
 #define ASFX _amx
-#define AMX_TGT __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,avx512bf16")))
+#define AMX_TGT     \
+    __attribute__(( \
+        target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,avx512bf16")))
 #define AMX_HW 1
 #define AMX_PACKB pack_b_f32_avx512
 #define AMX_VF vec_t_f32_avx512
@@ -442,9 +446,7 @@ static void default_ctx_end(void *p)
 }
 
 static void default_ctx_key_make(void)
-{
-    default_ctx_key_ok = pthread_key_create(&default_ctx_key, default_ctx_end) == 0;
-}
+{ default_ctx_key_ok = pthread_key_create(&default_ctx_key, default_ctx_end) == 0; }
 
 dp_ctx *dp_ctx_default(void)
 {

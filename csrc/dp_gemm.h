@@ -19,15 +19,15 @@
 #define DP_MAX_THREADS 256
 
 typedef struct {
-    dp_threads *team;         /* the intra-worker threads; NULL when threads == 1 */
+    dp_threads *team; /* the intra-worker threads; NULL when threads == 1 */
     int threads;
     /* 1: the float GEMMs round A and B to bfloat16 (round to nearest even) as they pack them
      * and accumulate in float (bf16 x bf16 products are exact in float, so this is what
      * AVX512_BF16's vdpbf16ps computes, up to its flushing of denormals). The double GEMMs
      * ignore it. dp_ctx_init sets 0; the caller sets it. */
     int bf16_inputs;
-    dp_scratch pack[2 * DP_MAX_THREADS];   /* [2t] packed A block, [2t + 1] packed B panel */
-    dp_scratch ct;            /* the matrix-vector path's output (dp_gemm_drv.h's gemv) */
+    dp_scratch pack[2 * DP_MAX_THREADS]; /* [2t] packed A block, [2t + 1] packed B panel */
+    dp_scratch ct; /* the matrix-vector path's output (dp_gemm_drv.h's gemv) */
 } dp_ctx;
 
 int dp_ctx_init(dp_ctx *ctx, int threads);
@@ -44,14 +44,12 @@ const char *dp_gemm_isa(void);
 /* Micro-kernel shape of the chosen path, for `dptrain info`. */
 void dp_gemm_blocking(int dtype_bytes, int *mr, int *nr, int *kc, int *mc, int *nc);
 
-int dp_gemm_f32(dp_ctx *ctx, float *C, ptrdiff_t ldc,
-                const float *A, ptrdiff_t rsa, ptrdiff_t csa,
-                const float *B, ptrdiff_t rsb, ptrdiff_t csb,
-                int M, int N, int K, float alpha, float beta);
-int dp_gemm_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc,
-                const double *A, ptrdiff_t rsa, ptrdiff_t csa,
-                const double *B, ptrdiff_t rsb, ptrdiff_t csb,
-                int M, int N, int K, double alpha, double beta);
+int dp_gemm_f32(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, ptrdiff_t rsa, ptrdiff_t csa,
+                const float *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, float alpha,
+                float beta);
+int dp_gemm_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc, const double *A, ptrdiff_t rsa,
+                ptrdiff_t csa, const double *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K,
+                double alpha, double beta);
 
 /* dp_gemm on the calling thread with A (M, K) read in place from an image: element (i, k)
  * at x[aoff[i] + koff[k]] (the convolution's col(x) without im2col, for
@@ -61,14 +59,12 @@ int dp_gemm_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc,
  * single-thread context (not its matrix-vector path, M or N = 1), float inputs (a context's
  * bf16_inputs is not looked at: the caller takes dp_gemm for those). ctx may be NULL (the
  * thread's default); DP_ENOMEM or DP_OK. */
-int dp_gemm_patch_f32(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *x,
-                      const ptrdiff_t *aoff, const ptrdiff_t *koff, const float *B,
-                      ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, float alpha,
-                      float beta);
-int dp_gemm_patch_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc, const double *x,
-                      const ptrdiff_t *aoff, const ptrdiff_t *koff, const double *B,
-                      ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, double alpha,
-                      double beta);
+int dp_gemm_patch_f32(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *x, const ptrdiff_t *aoff,
+                      const ptrdiff_t *koff, const float *B, ptrdiff_t rsb, ptrdiff_t csb, int M,
+                      int N, int K, float alpha, float beta);
+int dp_gemm_patch_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc, const double *x, const ptrdiff_t *aoff,
+                      const ptrdiff_t *koff, const double *B, ptrdiff_t rsb, ptrdiff_t csb, int M,
+                      int N, int K, double alpha, double beta);
 
 /* Rounds x[0:n] to the nearest bfloat16 (ties to even) in place, as float: the low 16 bits
  * become 0. Infinities stay; a NaN stays a (quiet) NaN; a finite value above bfloat16's
@@ -97,7 +93,8 @@ void dp_round_bf16(float *x, size_t n);
 #define DP_BF16_DOT_GAIN 1.2
 int dp_gemm_bf16_dot_available(void);
 void dp_gemm_set_bf16_dot(int mode);
-int dp_gemm_bf16_dot_setting(void);   /* the last dp_gemm_set_bf16_dot's (DP_BF16_DOT_AUTO at start) */
+int dp_gemm_bf16_dot_setting(
+    void); /* the last dp_gemm_set_bf16_dot's (DP_BF16_DOT_AUTO at start) */
 double dp_gemm_bf16_dot_ratio(void);
 int dp_gemm_bf16_dot(void);
 /* What the dot path is, in words (for build_info and the tests' summary). */
@@ -132,9 +129,9 @@ const char *dp_gemm_bf16_amx_name(void);
  * - gemv_cols: out (len,) = X^T v (overwritten).
  * Bodies: dp_gemm_gemv_tmpl.h, instantiated by dp_gemm_gemv.c; the logistic kernel
  * (dp_logistic_grad, dp_loss.h) fuses their blocks around the loss. */
-#define DP_GEMV_VEC(X, T, S)                                                                   \
+#define DP_GEMV_VEC(X, T, S)                                                                     \
     X(void, dp_gemv_rows, S, (T *out, const T *X, ptrdiff_t ldx, const T *v, int rows, int len), \
-      (out, X, ldx, v, rows, len))                                                             \
+      (out, X, ldx, v, rows, len))                                                               \
     X(void, dp_gemv_cols, S, (T *out, const T *X, ptrdiff_t ldx, const T *v, int rows, int len), \
       (out, X, ldx, v, rows, len))
 
@@ -144,13 +141,11 @@ DP_GEMV_VEC(DP_VEC_PROTO, float, _f32)
 DP_GEMV_VEC(DP_VEC_PROTO, double, _f64)
 
 /* The readable twin: a triple loop, the reference for tests and the fallback nobody needs. */
-void dp_gemm_naive_f32(float *C, ptrdiff_t ldc,
-                       const float *A, ptrdiff_t rsa, ptrdiff_t csa,
-                       const float *B, ptrdiff_t rsb, ptrdiff_t csb,
-                       int M, int N, int K, float alpha, float beta);
-void dp_gemm_naive_f64(double *C, ptrdiff_t ldc,
-                       const double *A, ptrdiff_t rsa, ptrdiff_t csa,
-                       const double *B, ptrdiff_t rsb, ptrdiff_t csb,
-                       int M, int N, int K, double alpha, double beta);
+void dp_gemm_naive_f32(float *C, ptrdiff_t ldc, const float *A, ptrdiff_t rsa, ptrdiff_t csa,
+                       const float *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K,
+                       float alpha, float beta);
+void dp_gemm_naive_f64(double *C, ptrdiff_t ldc, const double *A, ptrdiff_t rsa, ptrdiff_t csa,
+                       const double *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K,
+                       double alpha, double beta);
 
 #endif

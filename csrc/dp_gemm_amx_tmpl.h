@@ -45,7 +45,7 @@
 #define ACAT(a, b) ACAT_(a, b)
 #define AF(name) ACAT(name, ASFX)
 
-#define AMX_TILE 512          /* bfloat16 in a tile: 16 rows x 32 */
+#define AMX_TILE 512 /* bfloat16 in a tile: 16 rows x 32 */
 
 typedef AMX_VF AF(amx_vf);
 
@@ -61,12 +61,11 @@ AMX_TGT DP_INLINE void AF(amx_row)(uint16_t *dst, const float *src)
 /* 16 floats of row k and 16 of row k + 1 -> 16 pairs, k in the low half */
 AMX_TGT DP_INLINE void AF(amx_pairs)(uint16_t *dst, const float *even, const float *odd)
 {
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512 e = even ? _mm512_loadu_ps(even) : _mm512_setzero_ps();
     __m512 o = odd ? _mm512_loadu_ps(odd) : _mm512_setzero_ps();
-    __m512i w = (__m512i)_mm512_cvtne2ps_pbh(o, e);   /* words 0-15: e, 16-31: o */
+    __m512i w = (__m512i)_mm512_cvtne2ps_pbh(o, e); /* words 0-15: e, 16-31: o */
     _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(idx, w));
 }
 #else
@@ -228,29 +227,29 @@ static void AF(amx_st)(float *out, ptrdiff_t ld, float c[16][16])
 /* out[0:16 MT][0:16 NT] (rows ld floats apart) = the (16 MT) x (16 NT) block of A . B over nq
  * chunks: a is the block's first row tile (its second nq tiles on), b its first column tile.
  * Tile numbers are immediates, hence one function per shape. */
-#define AMX_KERNEL(MT, NT)                                                                    \
-    AMX_TGT static void AF(amx_kernel_##MT##NT)(float *out, ptrdiff_t ld, const uint16_t *a,  \
-                                                const uint16_t *b, int nq)                    \
-    {                                                                                         \
-        TILES_DECL                                                                            \
-        TZERO(0);                                                                             \
-        if (NT > 1) TZERO(1);                                                                 \
-        if (MT > 1) TZERO(2);                                                                 \
-        if (MT > 1 && NT > 1) TZERO(3);                                                       \
-        for (int q = 0; q < nq; q++) {                                                        \
-            TLOAD(4, a + (ptrdiff_t)q * AMX_TILE);                                            \
-            TLOAD(6, b + (ptrdiff_t)q * AMX_TILE);                                            \
-            if (MT > 1) TLOAD(5, a + (ptrdiff_t)(nq + q) * AMX_TILE);                         \
-            if (NT > 1) TLOAD(7, b + (ptrdiff_t)(nq + q) * AMX_TILE);                         \
-            TDP(0, 4, 6);                                                                     \
-            if (NT > 1) TDP(1, 4, 7);                                                         \
-            if (MT > 1) TDP(2, 5, 6);                                                         \
-            if (MT > 1 && NT > 1) TDP(3, 5, 7);                                               \
-        }                                                                                     \
-        TSTORE(0, out, ld);                                                                   \
-        if (NT > 1) TSTORE(1, out + 16, ld);                                                  \
-        if (MT > 1) TSTORE(2, out + 16 * ld, ld);                                             \
-        if (MT > 1 && NT > 1) TSTORE(3, out + 16 * ld + 16, ld);                              \
+#define AMX_KERNEL(MT, NT)                                                                   \
+    AMX_TGT static void AF(amx_kernel_##MT##NT)(float *out, ptrdiff_t ld, const uint16_t *a, \
+                                                const uint16_t *b, int nq)                   \
+    {                                                                                        \
+        TILES_DECL                                                                           \
+        TZERO(0);                                                                            \
+        if (NT > 1) TZERO(1);                                                                \
+        if (MT > 1) TZERO(2);                                                                \
+        if (MT > 1 && NT > 1) TZERO(3);                                                      \
+        for (int q = 0; q < nq; q++) {                                                       \
+            TLOAD(4, a + (ptrdiff_t)q * AMX_TILE);                                           \
+            TLOAD(6, b + (ptrdiff_t)q * AMX_TILE);                                           \
+            if (MT > 1) TLOAD(5, a + (ptrdiff_t)(nq + q) * AMX_TILE);                        \
+            if (NT > 1) TLOAD(7, b + (ptrdiff_t)(nq + q) * AMX_TILE);                        \
+            TDP(0, 4, 6);                                                                    \
+            if (NT > 1) TDP(1, 4, 7);                                                        \
+            if (MT > 1) TDP(2, 5, 6);                                                        \
+            if (MT > 1 && NT > 1) TDP(3, 5, 7);                                              \
+        }                                                                                    \
+        TSTORE(0, out, ld);                                                                  \
+        if (NT > 1) TSTORE(1, out + 16, ld);                                                 \
+        if (MT > 1) TSTORE(2, out + 16 * ld, ld);                                            \
+        if (MT > 1 && NT > 1) TSTORE(3, out + 16 * ld + 16, ld);                             \
     }
 AMX_KERNEL(1, 1)
 AMX_KERNEL(1, 2)
@@ -292,8 +291,8 @@ typedef struct {
     ptrdiff_t rsa, csa, rsb, csb;
     int M, N, K;
     float alpha, beta;
-    int split_n;     /* 1: threads own column ranges (whole 32-column blocks), 0: row ranges */
-    int kc, mc;      /* the K slice (the float path's) and the row block */
+    int split_n; /* 1: threads own column ranges (whole 32-column blocks), 0: row ranges */
+    int kc, mc;  /* the K slice (the float path's) and the row block */
 } AF(amx_job);
 
 /* A thread's 32 x 32 floats of C on their way to store_tile (out): in its scratch, not on
@@ -310,9 +309,7 @@ static size_t AF(amx_a_bytes)(int mc, int kc)
 }
 
 static size_t AF(amx_b_bytes)(int nc, int kc)
-{
-    return (size_t)((nc + 31) / 32) * 2 * ((kc + 31) / 32) * AMX_TILE * 2;
-}
+{ return (size_t)((nc + 31) / 32) * 2 * ((kc + 31) / 32) * AMX_TILE * 2; }
 
 /* The tiles configured for this thread (every tile 16 rows of 64 bytes), and released after:
  * back to their init state, with no 8 KB to save at a context switch. */
@@ -337,7 +334,7 @@ AMX_TGT DP_INLINE void AF(amx_tiles_off)(void)
 /* One block of C, c[0:mr, 0:nr] (mr, nr <= 32), from its row tiles a and column tiles b over
  * nq chunks: stored from the tiles in place where it is whole and C = the sums (alpha 1,
  * beta 0: store_tile's bits), else through out and store_tile */
-AMX_TGT DP_INLINE void AF(amx_block)(const AF(amx_job) *job, float *out, const uint16_t *a,
+AMX_TGT DP_INLINE void AF(amx_block)(const AF(amx_job) * job, float *out, const uint16_t *a,
                                      const uint16_t *b, int nq, float *c, int mr, int nr,
                                      float beta)
 {
@@ -345,10 +342,14 @@ AMX_TGT DP_INLINE void AF(amx_block)(const AF(amx_job) *job, float *out, const u
         AF(amx_kernel_22)(c, job->ldc, a, b, nq);
         return;
     }
-    if (mr > 16 && nr > 16) AF(amx_kernel_22)(out, 32, a, b, nq);
-    else if (mr > 16) AF(amx_kernel_21)(out, 32, a, b, nq);
-    else if (nr > 16) AF(amx_kernel_12)(out, 32, a, b, nq);
-    else AF(amx_kernel_11)(out, 32, a, b, nq);
+    if (mr > 16 && nr > 16)
+        AF(amx_kernel_22)(out, 32, a, b, nq);
+    else if (mr > 16)
+        AF(amx_kernel_21)(out, 32, a, b, nq);
+    else if (nr > 16)
+        AF(amx_kernel_12)(out, 32, a, b, nq);
+    else
+        AF(amx_kernel_11)(out, 32, a, b, nq);
     AF(amx_store)(c, job->ldc, out, mr, nr, job->alpha, beta);
 }
 
@@ -356,8 +357,10 @@ AMX_TGT static void AF(amx_task)(void *arg, int t, int n)
 {
     AF(amx_job) *job = arg;
     int m0 = 0, m1 = job->M, n0 = 0, n1 = job->N;
-    if (job->split_n) part_f32(job->N, 32, t, n, &n0, &n1);
-    else part_f32(job->M, 32, t, n, &m0, &m1);
+    if (job->split_n)
+        part_f32(job->N, 32, t, n, &n0, &n1);
+    else
+        part_f32(job->M, 32, t, n, &m0, &m1);
     if (m0 >= m1 || n0 >= n1) return;
     AF(amx_tiles_on)();
     int M = m1 - m0, N = n1 - n0;
@@ -372,9 +375,10 @@ AMX_TGT static void AF(amx_task)(void *arg, int t, int n)
         for (int pc = 0; pc < job->K; pc += job->kc) {
             int kc = job->K - pc < job->kc ? job->K - pc : job->kc, nq = (kc + 31) / 32;
             float beta = pc == 0 ? job->beta : 1.0f;
-            float *stage = (float *)(At + (size_t)((job->mc + 15) / 16) * ((job->kc + 31) / 32) * AMX_TILE);
-            AF(amx_pack_b)(Bt, stage, B + (ptrdiff_t)pc * job->rsb + (ptrdiff_t)jc * job->csb, job->rsb,
-                           job->csb, kc, nc);
+            float *stage =
+                (float *)(At + (size_t)((job->mc + 15) / 16) * ((job->kc + 31) / 32) * AMX_TILE);
+            AF(amx_pack_b)(Bt, stage, B + (ptrdiff_t)pc * job->rsb + (ptrdiff_t)jc * job->csb,
+                           job->rsb, job->csb, kc, nc);
             for (int ic = 0; ic < M; ic += job->mc) {
                 int mc = M - ic < job->mc ? M - ic : job->mc;
                 AF(amx_pack_a)(At, stage, A + (ptrdiff_t)ic * job->rsa + (ptrdiff_t)pc * job->csa,
@@ -406,10 +410,10 @@ AMX_TGT static void AF(amx_task)(void *arg, int t, int n)
 #endif
 
 typedef struct {
-    AF(amx_job) *job;
+    AF(amx_job) * job;
     uint16_t *tiles;
-    int nq_max, mt;      /* chunks of a whole slice, A's row tiles */
-    size_t slice;        /* tiles per slice */
+    int nq_max, mt; /* chunks of a whole slice, A's row tiles */
+    size_t slice;   /* tiles per slice */
 } AF(amx_shared);
 
 AMX_TGT static void AF(amx_pack_task)(void *arg, int t, int n)
@@ -440,8 +444,10 @@ AMX_TGT static void AF(amx_compute_task)(void *arg, int t, int n)
     AF(amx_shared) *sh = arg;
     AF(amx_job) *job = sh->job;
     int m0 = 0, m1 = job->M, n0 = 0, n1 = job->N;
-    if (job->split_n) part_f32(job->N, 32, t, n, &n0, &n1);
-    else part_f32(job->M, 32, t, n, &m0, &m1);
+    if (job->split_n)
+        part_f32(job->N, 32, t, n, &n0, &n1);
+    else
+        part_f32(job->M, 32, t, n, &m0, &m1);
     if (m0 >= m1 || n0 >= n1) return;
     AF(amx_tiles_on)();
     float *out = job->ctx->pack[2 * t].ptr;
@@ -465,24 +471,27 @@ static int AF(amx_gemm)(dp_ctx *ctx, float *C, ptrdiff_t ldc, const float *A, pt
                         ptrdiff_t csa, const float *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N,
                         int K, float alpha, float beta)
 {
-    AF(amx_job) job = {ctx, C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta, 1,
-                       balanced_f32(K, KC_F32, 1), 0};
+    AF(amx_job)
+    job = {ctx, C, ldc, A, B,     rsa,  csa, rsb,
+           csb, M, N,   K, alpha, beta, 1,   balanced_f32(K, KC_F32, 1),
+           0};
     /* at least 4x the float path's work per thread: the tiles do about 4x its flop (on the
      * Xeon, the bfloat16 MLP step gained nothing from more threads at a smaller share) */
-    int threads = plan_threads_f32(ctx->threads, M, N, K, 32, 32, 4 * GEMM_THREAD_FLOPS, &job.split_n);
+    int threads =
+        plan_threads_f32(ctx->threads, M, N, K, 32, 32, 4 * GEMM_THREAD_FLOPS, &job.split_n);
     int nblocks = (N + 31) / 32, mblocks = (M + 31) / 32;
     int rows = job.split_n ? M : 32 * ((mblocks + threads - 1) / threads);
     job.mc = balanced_f32(rows, 128, 32);
     int cols = job.split_n ? 32 * ((nblocks + threads - 1) / threads) : N;
     int nslices = (K + job.kc - 1) / job.kc, nq_max = (job.kc + 31) / 32;
-    AF(amx_shared) sh = {&job, NULL, nq_max, (M + 15) / 16,
-                         (size_t)((M + 15) / 16 + 2 * nblocks) * nq_max};
+    AF(amx_shared)
+    sh = {&job, NULL, nq_max, (M + 15) / 16, (size_t)((M + 15) / 16 + 2 * nblocks) * nq_max};
     size_t shared = (size_t)nslices * sh.slice * AMX_TILE * 2;
     if (threads > 1 && shared <= AMX_SHARED_BYTES) {
         /* a thread's staging: 32 floats by its rows of A, or by the K slice for B */
         int part_rows = 32 * ((mblocks + threads - 1) / threads);
-        size_t stage = (size_t)32 * (part_rows > job.kc ? part_rows : job.kc) * sizeof(float) +
-                       AMX_OUT_BYTES;
+        size_t stage =
+            (size_t)32 * (part_rows > job.kc ? part_rows : job.kc) * sizeof(float) + AMX_OUT_BYTES;
         sh.tiles = dp_scratch_get(&ctx->ct, shared);
         for (int t = 0; sh.tiles && t < threads; t++)
             if (!dp_scratch_get(&ctx->pack[2 * t], stage)) sh.tiles = NULL;

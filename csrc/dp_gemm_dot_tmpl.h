@@ -89,8 +89,8 @@ DOT_TGT DP_INLINE void DF(dot_store)(float *p, DF(dot_vu) v, int n)
  * which replaces the float packing too. A partial chunk (w = 12, or past n) goes through
  * masked loads and stores on the hardware: a 48-byte memcpy into a 64-byte vector went
  * through the stack, and pairing A then cost several times what packing it did. */
-DOT_TGT DP_INLINE void DF(dot_pack_pair)(float *dst, const float *src, ptrdiff_t ld, int kc,
-                                         int n, int w)
+DOT_TGT DP_INLINE void DF(dot_pack_pair)(float *dst, const float *src, ptrdiff_t ld, int kc, int n,
+                                         int w)
 {
     typedef DF(dot_vu) U;
     for (int r = 0; r < kc; r += 2) {
@@ -124,8 +124,8 @@ DOT_TGT DP_INLINE void DF(dot_tpack_chunk)(float *dst, const float *src, ptrdiff
         /* the high halves (16-bit words 2 f + 1) of the rounded 32 floats f: the pair p's low
          * half is float 2 p + 1's, its high half float 2 p's */
         W w0 = (W)DF(dot_round)(x0), w1 = (W)DF(dot_round)(x1);
-        r[q] = (U)DP_SHUFFLE(MW, w0, w1, 3, 1, 7, 5, 11, 9, 15, 13, 19, 17, 23, 21, 27, 25, 31,
-                             29, 35, 33, 39, 37, 43, 41, 47, 45, 51, 49, 55, 53, 59, 57, 63, 61);
+        r[q] = (U)DP_SHUFFLE(MW, w0, w1, 3, 1, 7, 5, 11, 9, 15, 13, 19, 17, 23, 21, 27, 25, 31, 29,
+                             35, 33, 39, 37, 43, 41, 47, 45, 51, 49, 55, 53, 59, 57, 63, 61);
     }
     /* transposed as floats by the float build's 16 x 16 transpose (lanes moved, bits kept) */
     DF(dot_vf) f[16];
@@ -145,8 +145,8 @@ DOT_TGT DP_INLINE void DF(dot_tpack_chunk)(float *dst, const float *src, ptrdiff
  * vectors are transposed into 16 rows of pairs; the last kc % 32 values (all of them where
  * kc < 32: the conv's K = 27) are a chunk of masked loads, zeros past kc. The same rounding,
  * so the same bits as packing then pairing. */
-DOT_TGT DP_INLINE void DF(dot_tpack_pair)(float *dst, const float *src, ptrdiff_t ld, int kc,
-                                          int n, int w)
+DOT_TGT DP_INLINE void DF(dot_tpack_pair)(float *dst, const float *src, ptrdiff_t ld, int kc, int n,
+                                          int w)
 {
     int kv = kc / 32 * 32;
     for (int h = 0; h < w; h += 16) {
@@ -195,8 +195,8 @@ DOT_TGT static void DF(dot_pack_pair_b)(float *buf, const float *B, ptrdiff_t rs
 DOT_TGT static void DF(dot_tpack_pair_a)(float *buf, const float *A, ptrdiff_t rsa, int mc, int kc)
 {
     for (int i = 0; i < mc; i += DOT_MR)
-        DF(dot_tpack_pair)(buf + (ptrdiff_t)(i / DOT_MR) * kc * DOT_MR, A + (ptrdiff_t)i * rsa,
-                           rsa, kc, mc - i < DOT_MR ? mc - i : DOT_MR, DOT_MR);
+        DF(dot_tpack_pair)(buf + (ptrdiff_t)(i / DOT_MR) * kc * DOT_MR, A + (ptrdiff_t)i * rsa, rsa,
+                           kc, mc - i < DOT_MR ? mc - i : DOT_MR, DOT_MR);
 }
 
 /* The kc x nc panel of a transposed B (column j at B + j * csb) as paired 32-column
@@ -204,59 +204,58 @@ DOT_TGT static void DF(dot_tpack_pair_a)(float *buf, const float *A, ptrdiff_t r
 DOT_TGT static void DF(dot_tpack_pair_b)(float *buf, const float *B, ptrdiff_t csb, int kc, int nc)
 {
     for (int j = 0; j < nc; j += DOT_NR)
-        DF(dot_tpack_pair)(buf + (ptrdiff_t)(j / DOT_NR) * kc * DOT_NR, B + (ptrdiff_t)j * csb,
-                           csb, kc, nc - j < DOT_NR ? nc - j : DOT_NR, DOT_NR);
+        DF(dot_tpack_pair)(buf + (ptrdiff_t)(j / DOT_NR) * kc * DOT_NR, B + (ptrdiff_t)j * csb, csb,
+                           kc, nc - j < DOT_NR ? nc - j : DOT_NR, DOT_NR);
 }
 
 #if DOT_HW
 /* acc + hi(a) hi(b) + lo(a) lo(b) per lane, a one pair broadcast */
-#define DOT_STEP(acc, a, b)                                                                  \
-    (acc) = (V)_mm512_dpbf16_ps((__m512)(acc), (__m512bh)_mm512_set1_epi32((int)(a)),     \
-                                 (__m512bh)(b))
+#define DOT_STEP(acc, a, b) \
+    (acc) = (V)_mm512_dpbf16_ps((__m512)(acc), (__m512bh)_mm512_set1_epi32((int)(a)), (__m512bh)(b))
 #else
-#define DOT_STEP(acc, a, b)                                                                  \
-    do {                                                                                     \
-        U a_ = (U){0} + (a);                                                                 \
-        (acc) += (V)(a_ & 0xffff0000u) * (V)((b) & 0xffff0000u);                             \
-        (acc) += (V)(a_ << 16) * (V)((b) << 16);                                             \
+#define DOT_STEP(acc, a, b)                                      \
+    do {                                                         \
+        U a_ = (U){0} + (a);                                     \
+        (acc) += (V)(a_ & 0xffff0000u) * (V)((b) & 0xffff0000u); \
+        (acc) += (V)(a_ << 16) * (V)((b) << 16);                 \
     } while (0)
 #endif
 
 #define DOT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 #define DOT_DECL(i) V c##i##_0 = {0}, c##i##_1 = {0};
-#define DOT_ROW(i)                                                                           \
-    {                                                                                        \
-        uint32_t ai;                                                                         \
-        memcpy(&ai, a + (i), sizeof ai);                                                     \
-        DOT_STEP(c##i##_0, ai, b0);                                                          \
-        if (WIDE_) DOT_STEP(c##i##_1, ai, b1);                                               \
+#define DOT_ROW(i)                             \
+    {                                          \
+        uint32_t ai;                           \
+        memcpy(&ai, a + (i), sizeof ai);       \
+        DOT_STEP(c##i##_0, ai, b0);            \
+        if (WIDE_) DOT_STEP(c##i##_1, ai, b1); \
     }
 #define DOT_KEEP(i) {c##i##_0, c##i##_1},
 
 /* The kernel's body; WIDE (a constant) 0 is the narrow tile for nr <= 16 (an output layer's
  * N = 10, the last panel of N = 32 q + r, r <= 16): 12 rows x one vector, the same sums for
  * the columns it has at half the instructions, as the float kernel's */
-#define DOT_BODY(WIDE)                                                                       \
-    {                                                                                        \
-        enum { WIDE_ = (WIDE) };                                                             \
-        DOT_ROWS(DOT_DECL)                                                                   \
-        for (int p = 0; p < kp; p++) {                                                       \
-            U b0, b1 = {0};                                                                  \
-            memcpy(&b0, b, sizeof b0);                                                       \
-            if (WIDE_) memcpy(&b1, b + 16, sizeof b1);                                       \
-            DOT_ROWS(DOT_ROW)                                                                \
-            a += DOT_MR;                                                                     \
-            b += DOT_NR;                                                                     \
-        }                                                                                    \
-        V acc[DOT_MR][2] = {DOT_ROWS(DOT_KEEP)};                                             \
-        DOT_STORE(C, ldc, acc, mr, nr, alpha, beta);                                         \
+#define DOT_BODY(WIDE)                                 \
+    {                                                  \
+        enum { WIDE_ = (WIDE) };                       \
+        DOT_ROWS(DOT_DECL)                             \
+        for (int p = 0; p < kp; p++) {                 \
+            U b0, b1 = {0};                            \
+            memcpy(&b0, b, sizeof b0);                 \
+            if (WIDE_) memcpy(&b1, b + 16, sizeof b1); \
+            DOT_ROWS(DOT_ROW)                          \
+            a += DOT_MR;                               \
+            b += DOT_NR;                               \
+        }                                              \
+        V acc[DOT_MR][2] = {DOT_ROWS(DOT_KEEP)};       \
+        DOT_STORE(C, ldc, acc, mr, nr, alpha, beta);   \
     }
 
 /* C[0:mr, 0:nr] = alpha * (a . b) + beta * C over kp pairs: a is 12 pairs per step, b 32
  * (beta == 0: C is not read). */
 DOT_TGT static void DF(dot_ukernel)(float *DP_RESTRICT C, ptrdiff_t ldc, const float *DP_RESTRICT a,
-                                    const float *DP_RESTRICT b, int kp, int mr, int nr,
-                                    float alpha, float beta)
+                                    const float *DP_RESTRICT b, int kp, int mr, int nr, float alpha,
+                                    float beta)
 {
     typedef DF(dot_vf) V;
     typedef DF(dot_vu) U;
@@ -278,15 +277,15 @@ DOT_TGT static void DF(dot_macro)(float *C, ptrdiff_t ldc, const float *A, ptrdi
         const float *bp = B + (ptrdiff_t)(j0 / DOT_NR) * bpanel;
         for (int i0 = 0; i0 < mc; i0 += DOT_MR) {
             int mr = mc - i0 < DOT_MR ? mc - i0 : DOT_MR;
-            DF(dot_ukernel)(C + (ptrdiff_t)i0 * ldc + j0, ldc, A + (ptrdiff_t)(i0 / DOT_MR) * apanel,
-                            bp, kp, mr, nr, alpha, beta);
+            DF(dot_ukernel)(C + (ptrdiff_t)i0 * ldc + j0, ldc,
+                            A + (ptrdiff_t)(i0 / DOT_MR) * apanel, bp, kp, mr, nr, alpha, beta);
         }
     }
 }
 
-static const dp_gemm_dot_fns DF(dot_fns) = {DF(dot_pair_a), DF(dot_pair_b), DF(dot_macro),
-                                            DF(dot_pack_pair_a), DF(dot_pack_pair_b),
-                                            DF(dot_tpack_pair_a), DF(dot_tpack_pair_b)};
+static const dp_gemm_dot_fns DF(dot_fns) = {
+    DF(dot_pair_a),      DF(dot_pair_b),       DF(dot_macro),       DF(dot_pack_pair_a),
+    DF(dot_pack_pair_b), DF(dot_tpack_pair_a), DF(dot_tpack_pair_b)};
 
 #undef DOT_ROWS
 #undef DOT_DECL

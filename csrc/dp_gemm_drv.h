@@ -13,8 +13,15 @@
 #define CAT(a, b) CAT_(a, b)
 #define D(name) CAT(name, DSUF)
 #define ISA(name, isa) CAT(CAT(name, DSUF), isa)
-#define IMPL(isa, mr, nr) {ISA(pack_a, isa), ISA(pack_b, isa), ISA(macrokernel, isa), \
-                           ISA(macro_patch, isa), ISA(round_bf16, isa), mr, nr, NULL}
+#define IMPL(isa, mr, nr)   \
+    {ISA(pack_a, isa),      \
+     ISA(pack_b, isa),      \
+     ISA(macrokernel, isa), \
+     ISA(macro_patch, isa), \
+     ISA(round_bf16, isa),  \
+     mr,                    \
+     nr,                    \
+     NULL}
 /* the chosen build's micro-tile, inside functions that have a job */
 #define MR (job->impl.mr)
 #define NR (job->impl.nr)
@@ -22,13 +29,13 @@
 typedef struct {
     void (*pack_a)(T *, const T *, ptrdiff_t, ptrdiff_t, int, int);
     void (*pack_b)(T *, const T *, ptrdiff_t, ptrdiff_t, int, int);
-    void (*macro)(T *, ptrdiff_t, const T *, ptrdiff_t, ptrdiff_t, ptrdiff_t, const T *,
-                  ptrdiff_t, ptrdiff_t, const T *, int, int, int, T, T);
-    void (*macro_patch)(T *, ptrdiff_t, const T *, const ptrdiff_t *, const ptrdiff_t *,
-                        const T *, int, int, int, T, T);
+    void (*macro)(T *, ptrdiff_t, const T *, ptrdiff_t, ptrdiff_t, ptrdiff_t, const T *, ptrdiff_t,
+                  ptrdiff_t, const T *, int, int, int, T, T);
+    void (*macro_patch)(T *, ptrdiff_t, const T *, const ptrdiff_t *, const ptrdiff_t *, const T *,
+                        int, int, int, T, T);
     void (*round_bf16)(float *, size_t);
-    int mr, nr;      /* the build's micro-tile */
-    const dp_gemm_dot_fns *dot;   /* bfloat16 inputs on the dot path (float only), or NULL */
+    int mr, nr;                 /* the build's micro-tile */
+    const dp_gemm_dot_fns *dot; /* bfloat16 inputs on the dot path (float only), or NULL */
 } D(gemm_impl);
 
 static D(gemm_impl) D(pick_impl)(void)
@@ -70,9 +77,9 @@ typedef struct {
     ptrdiff_t rsa, csa, rsb, csb;
     int M, N, K;
     T alpha, beta;
-    int split_n;     /* 1: threads own column ranges, 0: row ranges */
-    int bf16;        /* round the packed A and B to bfloat16 (float only: dp_ctx.bf16_inputs) */
-    int kc;          /* balanced depth of a K slice */
+    int split_n; /* 1: threads own column ranges, 0: row ranges */
+    int bf16;    /* round the packed A and B to bfloat16 (float only: dp_ctx.bf16_inputs) */
+    int kc;      /* balanced depth of a K slice */
 } D(gemm_job);
 
 static int D(round_up)(int x, int m) { return (x + m - 1) / m * m; }
@@ -125,8 +132,10 @@ static void D(gemm_task)(void *arg, int t, int n)
 {
     D(gemm_job) *job = arg;
     int m0 = 0, m1 = job->M, n0 = 0, n1 = job->N;
-    if (job->split_n) D(part)(job->N, NR, t, n, &n0, &n1);
-    else D(part)(job->M, MR, t, n, &m0, &m1);
+    if (job->split_n)
+        D(part)(job->N, NR, t, n, &n0, &n1);
+    else
+        D(part)(job->M, MR, t, n, &m0, &m1);
     if (m0 >= m1 || n0 >= n1) return;
     int M = m1 - m0, N = n1 - n0, kcb = job->kc;
     int mcb = D(balanced)(M, MC, MR);
@@ -139,10 +148,9 @@ static void D(gemm_task)(void *arg, int t, int n)
      * layer's N = 10, its weight gradient's M = 10, K = 27 convs), and up to IN_PLACE_REUSE
      * uses the micro-kernel reads it where it is (from L2) for less than the copy costs,
      * unless its rows are a multiple of 4 KB apart (critical_stride). */
-    int pack_a = N > 2 * NR &&
-                 (N > IN_PLACE_REUSE * NR || D(critical_stride)(job->rsa, job->csa));
-    int pack_b = !(job->csb == 1 && (M <= 2 * MR || (M <= IN_PLACE_REUSE * MR &&
-                                                     !D(critical_stride)(job->rsb, 1))));
+    int pack_a = N > 2 * NR && (N > IN_PLACE_REUSE * NR || D(critical_stride)(job->rsa, job->csa));
+    int pack_b = !(job->csb == 1 &&
+                   (M <= 2 * MR || (M <= IN_PLACE_REUSE * MR && !D(critical_stride)(job->rsb, 1))));
     /* bfloat16 inputs: both operands are packed, and rounded where they are packed (the
      * zero padding stays 0); the f64 build never sets job->bf16, so the casts never run */
     if (job->bf16) pack_a = pack_b = 1;
@@ -257,16 +265,22 @@ static int D(gemv)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, 
     const T *X, *v;
     ptrdiff_t ldx, vs;
     int rows, len, by_rows, len_out = M == 1 ? N : M;
-    if (M == 1) {                   /* c (1, N) = a (1, K) B (K, N) */
+    if (M == 1) { /* c (1, N) = a (1, K) B (K, N) */
         v = A, vs = csa;
-        if (csb == 1) X = B, ldx = rsb, rows = K, len = N, by_rows = 0;        /* B rows */
-        else if (rsb == 1) X = B, ldx = csb, rows = N, len = K, by_rows = 1;   /* B^T rows */
-        else return GEMV_DECLINE;
-    } else {                        /* c (M, 1) = A (M, K) b (K, 1) */
+        if (csb == 1)
+            X = B, ldx = rsb, rows = K, len = N, by_rows = 0; /* B rows */
+        else if (rsb == 1)
+            X = B, ldx = csb, rows = N, len = K, by_rows = 1; /* B^T rows */
+        else
+            return GEMV_DECLINE;
+    } else { /* c (M, 1) = A (M, K) b (K, 1) */
         v = B, vs = rsb;
-        if (csa == 1) X = A, ldx = rsa, rows = M, len = K, by_rows = 1;
-        else if (rsa == 1) X = A, ldx = csa, rows = K, len = M, by_rows = 0;
-        else return GEMV_DECLINE;
+        if (csa == 1)
+            X = A, ldx = rsa, rows = M, len = K, by_rows = 1;
+        else if (rsa == 1)
+            X = A, ldx = csa, rows = K, len = M, by_rows = 0;
+        else
+            return GEMV_DECLINE;
     }
     T *out = dp_scratch_get(&ctx->ct, sizeof(T) * ((size_t)len_out + (vs != 1 ? (size_t)K : 0)));
     if (!out) return DP_ENOMEM;
@@ -281,7 +295,7 @@ static int D(gemv)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, 
     int threads = dp_threads_for(ctx->threads, 2LL * rows * len, GEMM_THREAD_FLOPS);
     if (threads > units) threads = units;
     dp_threads_run(ctx->team, threads < 1 ? 1 : threads, D(gemv_task), &job);
-    ptrdiff_t cs = M == 1 ? 1 : ldc;        /* C's stride along the vector */
+    ptrdiff_t cs = M == 1 ? 1 : ldc; /* C's stride along the vector */
     for (int i = 0; i < len_out; i++) {
         T r = out[i] * alpha;
         if (beta != 0) r += C[(ptrdiff_t)i * cs] * beta;
@@ -334,15 +348,18 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
         if (own) dp_ctx_free(&local);
         return rc;
     }
-    D(gemm_job) job = {ctx, D(pick_impl_for)(bf16), C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta,
-                       1, bf16, D(balanced)(K, KC, 1)};
+    D(gemm_job)
+    job = {ctx,  D(pick_impl_for)(bf16), C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta, 1,
+           bf16, D(balanced)(K, KC, 1)};
     const int mr = job.impl.mr, nr = job.impl.nr;
     int threads = D(plan_threads)(ctx->threads, M, N, K, mr, nr, GEMM_THREAD_FLOPS, &job.split_n);
     /* Scratch is sized in the caller so that no thread can fail. */
     for (int t = 0; t < threads; t++) {
         int m0 = 0, m1 = M, n0 = 0, n1 = N;
-        if (job.split_n) D(part)(N, nr, t, threads, &n0, &n1);
-        else D(part)(M, mr, t, threads, &m0, &m1);
+        if (job.split_n)
+            D(part)(N, nr, t, threads, &n0, &n1);
+        else
+            D(part)(M, mr, t, threads, &m0, &m1);
         int mcb = D(balanced)(m1 - m0 > 0 ? m1 - m0 : 1, MC, mr);
         int ncb = D(round_up)((n1 - n0) < NC ? (n1 - n0 > 0 ? n1 - n0 : 1) : NC, nr);
         if (!dp_scratch_get(&ctx->pack[2 * t], sizeof(T) * (size_t)mcb * job.kc) ||
@@ -357,8 +374,8 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
 }
 
 int D(dp_gemm_patch)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *x, const ptrdiff_t *aoff,
-                     const ptrdiff_t *koff, const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M,
-                     int N, int K, T alpha, T beta)
+                     const ptrdiff_t *koff, const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N,
+                     int K, T alpha, T beta)
 {
     // C (M, N) = alpha A B + beta C on the calling thread, A (M, K) read in place: element
     // (i, k) at x[aoff[i] + koff[k]]
@@ -372,8 +389,8 @@ int D(dp_gemm_patch)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *x, const ptrdiff
     D(gemm_impl) impl = D(pick_impl)();
     /* the blocking of dp_gemm on one thread: the same K slices, so the same sums */
     int mr = impl.mr, nr = impl.nr, kcb = D(balanced)(K, KC, 1), mcb = D(balanced)(M, MC, mr);
-    T *Bp = dp_scratch_get(&ctx->pack[1], sizeof(T) * (size_t)D(round_up)(N < NC ? N : NC, nr) *
-                                              (size_t)kcb);
+    T *Bp = dp_scratch_get(&ctx->pack[1],
+                           sizeof(T) * (size_t)D(round_up)(N < NC ? N : NC, nr) * (size_t)kcb);
     if (!Bp) return DP_ENOMEM;
     for (int jc = 0; jc < N; jc += NC) {
         int nc = N - jc < NC ? N - jc : NC;
@@ -382,16 +399,16 @@ int D(dp_gemm_patch)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *x, const ptrdiff
             impl.pack_b(Bp, B + (ptrdiff_t)pc * rsb + (ptrdiff_t)jc * csb, rsb, csb, kc, nc);
             for (int ic = 0; ic < M; ic += mcb) {
                 int mc = M - ic < mcb ? M - ic : mcb;
-                impl.macro_patch(C + (ptrdiff_t)ic * ldc + jc, ldc, x, aoff + ic, koff + pc, Bp,
-                                 mc, nc, kc, alpha, pc == 0 ? beta : (T)1);
+                impl.macro_patch(C + (ptrdiff_t)ic * ldc + jc, ldc, x, aoff + ic, koff + pc, Bp, mc,
+                                 nc, kc, alpha, pc == 0 ? beta : (T)1);
             }
         }
     }
     return DP_OK;
 }
 
-void D(dp_gemm_naive)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t csa,
-                      const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, T alpha, T beta)
+void D(dp_gemm_naive)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t csa, const T *B,
+                      ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, T alpha, T beta)
 {
     // A is (M, K), B is (K, N), C is (M, N); accumulates each dot product in T. As the fast
     // path and BLAS: alpha == 0 never reads A or B, beta == 0 never reads C
@@ -404,7 +421,8 @@ void D(dp_gemm_naive)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t 
             }
             T s = 0;
             for (int k = 0; k < K; k++)
-                s += A[(ptrdiff_t)i * rsa + (ptrdiff_t)k * csa] * B[(ptrdiff_t)k * rsb + (ptrdiff_t)j * csb];
+                s += A[(ptrdiff_t)i * rsa + (ptrdiff_t)k * csa] *
+                     B[(ptrdiff_t)k * rsb + (ptrdiff_t)j * csb];
             T *c = &C[(ptrdiff_t)i * ldc + j];
             *c = beta == 0 ? alpha * s : alpha * s + beta * *c;
         }

@@ -24,7 +24,7 @@
 #define DP_GEMV_OWN_K
 #endif
 
-#define KVL (DP_VEC_BYTES / TBYTES)   /* TBYTES: sizeof(T), as a preprocessor number */
+#define KVL (DP_VEC_BYTES / TBYTES) /* TBYTES: sizeof(T), as a preprocessor number */
 
 #if (TBYTES == 4 && !defined(DP_GEMV_BLOCKS_F32)) || (TBYTES == 8 && !defined(DP_GEMV_BLOCKS_F64))
 #if TBYTES == 4
@@ -117,7 +117,7 @@ DP_INLINE K(kvec) K(fold4)(K(kvec) a, K(kvec) b) { return K_FOLD(K_LO4, K_HI4); 
 #endif
 #undef K_FOLD
 
-DP_INLINE K(kvec) K(rowsums)(K(kvec) *acc)
+DP_INLINE K(kvec) K(rowsums)(K(kvec) * acc)
 {
     for (int i = 0; i < KVL / 2; i++) acc[i] = K(fold1)(acc[2 * i], acc[2 * i + 1]);
 #if KVL >= 4
@@ -201,7 +201,7 @@ DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, ptrdiff_
             memcpy(z + r, lanes, sizeof(T) * (size_t)nr);
         }
     }
-    for (; r < rows; r++) {     /* IN < KVL */
+    for (; r < rows; r++) { /* IN < KVL */
         const T *xr = xb + (ptrdiff_t)r * ldx;
         T s = b;
         for (int j = 0; j < IN; j++) s += xr[j] * w[j];
@@ -217,9 +217,9 @@ DP_INLINE void K(block_gemv)(T *DP_RESTRICT z, const T *DP_RESTRICT xb, ptrdiff_
  * in one pass): with each pair of rows, the pair pf rows further is prefetched, while it lies
  * within the pf_rows rows from xb. hout (non-NULL): the same sums for the half vector of
  * columns from hcol, into *hout. */
-DP_INLINE void K(gemv_t_vecs)(K(kvec) *out, const T *DP_RESTRICT dw, const T *DP_RESTRICT g,
+DP_INLINE void K(gemv_t_vecs)(K(kvec) * out, const T *DP_RESTRICT dw, const T *DP_RESTRICT g,
                               const T *DP_RESTRICT xb, ptrdiff_t ldx, int rows, const int *col,
-                              int nv, int pf, int pf_rows, K(hvec) *hout, int hcol)
+                              int nv, int pf, int pf_rows, K(hvec) * hout, int hcol)
 {
     typedef K(kvec) V;
     typedef K(hvec) H;
@@ -254,9 +254,7 @@ DP_INLINE void K(gemv_t_vecs)(K(kvec) *out, const T *DP_RESTRICT dw, const T *DP
  * `width` columns (a vector's or a half vector's): the lanes of the columns already done are
  * dropped */
 DP_INLINE void K(store_last)(T *DP_RESTRICT dw, const T *lanes, int width, int IN)
-{
-    memcpy(dw + IN / KVL * KVL, lanes + width - IN % KVL, sizeof(T) * (size_t)(IN % KVL));
-}
+{ memcpy(dw + IN / KVL * KVL, lanes + width - IN % KVL, sizeof(T) * (size_t)(IN % KVL)); }
 
 /* store_last of a vector of sums */
 DP_INLINE void K(store_tail)(T *DP_RESTRICT dw, K(kvec) s, int IN)
@@ -301,7 +299,7 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
                                ptrdiff_t ldx, int rows, int IN, int pf, int pf_rows)
 {
     typedef K(kvec) V;
-    if (IN < KVL) {             /* one column at a time (one chain), for every column */
+    if (IN < KVL) { /* one column at a time (one chain), for every column */
         K(gemv_t_tail)(dw, g, xb, ldx, rows, IN);
         return;
     }
@@ -324,7 +322,7 @@ DP_INLINE void K(block_gemv_t)(T *DP_RESTRICT dw, const T *DP_RESTRICT g, const 
     if (nv == 0 && !half) return;
     K(hvec) h, *hp = half ? &h : NULL;
     const int hcol = IN - KVL / 2;
-    switch (nv) {                /* constant vector counts, so that each call is unrolled */
+    switch (nv) { /* constant vector counts, so that each call is unrolled */
     case 0: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 0, pf, pf_rows, hp, hcol); break;
     case 1: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 1, pf, pf_rows, hp, hcol); break;
     case 2: K(gemv_t_vecs)(s, dw, g, xb, ldx, rows, col, 2, pf, pf_rows, hp, hcol); break;
@@ -366,7 +364,8 @@ DP_INLINE void K(block_gemv_t_rows)(T *DP_RESTRICT dw, const T *DP_RESTRICT g,
         memset(odd, 0, sizeof(T) * (size_t)n);
         int r = 0;
         for (; r + 4 <= rows; r += 4) {
-            const T *x0 = xb + (ptrdiff_t)r * ldx + c0, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
+            const T *x0 = xb + (ptrdiff_t)r * ldx + c0, *x1 = x0 + ldx, *x2 = x1 + ldx,
+                    *x3 = x2 + ldx;
             const T g0 = g[r], g1 = g[r + 1], g2 = g[r + 2], g3 = g[r + 3];
             for (int j = 0; j < n; j += KVL) {
                 V a = K(kload)(d + j), b = K(kload)(odd + j);
@@ -383,7 +382,8 @@ DP_INLINE void K(block_gemv_t_rows)(T *DP_RESTRICT dw, const T *DP_RESTRICT g,
             for (int j = 0; j < n; j += KVL) {
                 V a = K(kload)(d + j) + K(kload)(x0 + j) * g[r];
                 K(kstore)(d + j, a);
-                if (r + 1 < rows) K(kstore)(odd + j, K(kload)(odd + j) + K(kload)(x0 + ldx + j) * g[r + 1]);
+                if (r + 1 < rows)
+                    K(kstore)(odd + j, K(kload)(odd + j) + K(kload)(x0 + ldx + j) * g[r + 1]);
             }
         }
         for (int j = 0; j < n; j += KVL) K(kstore)(d + j, K(kload)(d + j) + K(kload)(odd + j));

@@ -43,11 +43,11 @@ TGT DP_INLINE void F(vstore)(T *p, F(vec_t) v) { __builtin_memcpy(p, &v, sizeof 
  * permute across the whole register is one instruction): log2(VL) stages that each
  * interleave row i with row i + VL/2; a stage rotates the bits of (row, column) by one, so
  * log2(VL) stages swap them. */
-TGT DP_INLINE void F(transpose)(F(vec_t) *r)
+TGT DP_INLINE void F(transpose)(F(vec_t) * r)
 {
     typedef F(vec_t) V;
     typedef TI M __attribute__((vector_size(VL * sizeof(T))));
-    (void)sizeof(M);    /* (the shuffle indices are macros, #undef'd below) */
+    (void)sizeof(M); /* (the shuffle indices are macros, #undef'd below) */
 #if defined(PERFECT_SHUFFLE) && VL == 16
 #define TR_LO 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23
 #define TR_HI 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31
@@ -121,7 +121,7 @@ TGT static void F(pack_a)(T *DP_RESTRICT Ap, const T *DP_RESTRICT A, ptrdiff_t r
     /* the packed block ends here: a vector store may run past the current k's MR values
      * (the next store overwrites them) but never past this */
     const T *end = Ap + (ptrdiff_t)((mc + MR - 1) / MR) * MR * kc;
-    enum { G = (MR + VL - 1) / VL };       /* vectors per k: MR values in G x VL lanes */
+    enum { G = (MR + VL - 1) / VL }; /* vectors per k: MR values in G x VL lanes */
     for (int i0 = 0; i0 < mc; i0 += MR) {
         int mr = mc - i0 < MR ? mc - i0 : MR;
         const T *a = A + (ptrdiff_t)i0 * rsa;
@@ -219,7 +219,6 @@ TGT static void F(pack_b)(T *DP_RESTRICT Bp, const T *DP_RESTRICT B, ptrdiff_t r
     }
 }
 
-
 /* x[0:n] rounded to bfloat16 in place (dp_bf16_round_bits), in this build's vectors. Used on
  * packed float panels only; the double builds never call theirs. */
 TGT static __attribute__((unused)) void F(round_bf16)(float *DP_RESTRICT x, size_t n)
@@ -234,8 +233,8 @@ TGT static __attribute__((unused)) void F(round_bf16)(float *DP_RESTRICT x, size
 
 /* Stores the MR x NR accumulators into C[0:mr, 0:nr]: alpha * acc + beta * C (beta == 0:
  * C is not read). */
-TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[MR][2], int mr, int nr,
-                             T alpha, T beta)
+TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[MR][2], int mr,
+                                 int nr, T alpha, T beta)
 {
     typedef F(vec_t) V;
     if (mr == MR && nr == NR) {
@@ -249,7 +248,7 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
             F(vstore)(c, r0);
             F(vstore)(c + VL, r1);
         }
-    } else if (mr == MR && nr == VL) {      /* the narrow kernel's whole tile */
+    } else if (mr == MR && nr == VL) { /* the narrow kernel's whole tile */
         for (int i = 0; i < MR; i++) {
             T *c = C + (ptrdiff_t)i * ldc;
             V r0 = acc[i][0] * alpha;
@@ -293,34 +292,36 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
  * AVX-512 float, and the last panel of any N = NR q + r with r <= VL; B's panels keep their
  * NR stride (the same packing). */
 #define ACC_DECL(i) V c##i##_0 = {0}, c##i##_1 = {0};
-#define ACC_ROW(i)                                                                 \
-    {                                                                              \
-        T ai = A_AT(i);                                                            \
-        c##i##_0 += b0 * ai;                                                       \
-        if (WIDE_) c##i##_1 += b1 * ai;                                            \
+#define ACC_ROW(i)                      \
+    {                                   \
+        T ai = A_AT(i);                 \
+        c##i##_0 += b0 * ai;            \
+        if (WIDE_) c##i##_1 += b1 * ai; \
     }
 #define ACC_TILE(i) acc[i][0] = c##i##_0, acc[i][1] = c##i##_1;
 /* row i of a whole tile, alpha 1 and beta 0 or 1: acc, or C + acc (what store_tile computes
  * then, one rounding either way, so the same bits) */
-#define STORE_ROW(i)                                                               \
-    {                                                                              \
-        T *ci = C + (ptrdiff_t)(i) * ldc;                                          \
-        V r0 = c##i##_0, r1 = c##i##_1;                                            \
-        if (beta != 0) {                                                           \
-            r0 += F(vload)(ci);                                                    \
-            if (WIDE_) r1 += F(vload)(ci + VL);                                    \
-        }                                                                          \
-        F(vstore)(ci, r0);                                                         \
-        if (WIDE_) F(vstore)(ci + VL, r1);                                         \
+#define STORE_ROW(i)                            \
+    {                                           \
+        T *ci = C + (ptrdiff_t)(i) * ldc;       \
+        V r0 = c##i##_0, r1 = c##i##_1;         \
+        if (beta != 0) {                        \
+            r0 += F(vload)(ci);                 \
+            if (WIDE_) r1 += F(vload)(ci + VL); \
+        }                                       \
+        F(vstore)(ci, r0);                      \
+        if (WIDE_) F(vstore)(ci + VL, r1);      \
     }
 /* (written out: a SEP of COMMA cannot be passed on to another of these) */
 #define ROWS_DO4(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3)
 #define ROWS_DO6(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5)
 #define ROWS_DO8(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5) SEP X(6) SEP X(7)
-#define ROWS_DO10(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5) SEP X(6) SEP \
-    X(7) SEP X(8) SEP X(9)
-#define ROWS_DO12(X, SEP) X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5) SEP X(6) SEP \
-    X(7) SEP X(8) SEP X(9) SEP X(10) SEP X(11)
+#define ROWS_DO10(X, SEP) \
+    X(0) SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5) SEP X(6) SEP X(7) SEP X(8) SEP X(9)
+#define ROWS_DO12(X, SEP)                                                                      \
+    X(0)                                                                                       \
+    SEP X(1) SEP X(2) SEP X(3) SEP X(4) SEP X(5) SEP X(6) SEP X(7) SEP X(8) SEP X(9) SEP X(10) \
+        SEP X(11)
 #if ROWS == 6
 #define ROWS_DO ROWS_DO6
 #elif ROWS == 12
@@ -330,26 +331,26 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
 #endif
 #define NOSEP
 #define COMMA ,
-#define UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, RDO)                                 \
-    {                                                                              \
-        typedef F(vec_t) V;                                                        \
-        enum { WIDE_ = (WIDE) };                                                   \
-        RDO(ACC_DECL, NOSEP)                                                       \
-        _Pragma("GCC unroll 4")                                                    \
-        for (int k = 0; k < kc; k++) {                                             \
-            V b0 = F(vload)(b), b1 = {0};                                          \
-            if (WIDE_) b1 = F(vload)(b + VL);                                      \
-            RDO(ACC_ROW, NOSEP)                                                    \
-            A_NEXT;                                                                \
-            b += (BKS);                                                            \
-        }                                                                          \
+#define UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, RDO)                                           \
+    {                                                                                        \
+        typedef F(vec_t) V;                                                                  \
+        enum { WIDE_ = (WIDE) };                                                             \
+        RDO(ACC_DECL, NOSEP)                                                                 \
+        _Pragma("GCC unroll 4") for (int k = 0; k < kc; k++)                                 \
+        {                                                                                    \
+            V b0 = F(vload)(b), b1 = {0};                                                    \
+            if (WIDE_) b1 = F(vload)(b + VL);                                                \
+            RDO(ACC_ROW, NOSEP)                                                              \
+            A_NEXT;                                                                          \
+            b += (BKS);                                                                      \
+        }                                                                                    \
         if (mr == MR && nr == (WIDE_ ? NR : VL) && alpha == 1 && (beta == 0 || beta == 1)) { \
-            RDO(STORE_ROW, NOSEP)                                                  \
-        } else {                                                                   \
-            V acc[MR][2];                                                          \
-            RDO(ACC_TILE, NOSEP)                                                   \
-            F(store_tile)(C, ldc, acc, mr, nr, alpha, beta);                       \
-        }                                                                          \
+            RDO(STORE_ROW, NOSEP)                                                            \
+        } else {                                                                             \
+            V acc[MR][2];                                                                    \
+            RDO(ACC_TILE, NOSEP)                                                             \
+            F(store_tile)(C, ldc, acc, mr, nr, alpha, beta);                                 \
+        }                                                                                    \
     }
 
 /* The body for a tile of mr rows: the MR-row tile, or a tile of 4 rows (or 8 or 10 where MR
@@ -358,24 +359,24 @@ TGT DP_INLINE void F(store_tile)(T *DP_RESTRICT C, ptrdiff_t ldc, F(vec_t) acc[M
  * an output layer's weight gradient (M = 10 classes) 12. The smaller tiles read the same
  * packed MR-row panels, so they make the same sums in the same order (the same bits). */
 #if ROWS == 12
-#define UKERNEL_ROWS(A_AT, A_NEXT, BKS, WIDE)                                     \
-    {                                                                              \
-        if (mr <= 4)                                                               \
-            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO4)                        \
-        else if (mr <= 8)                                                          \
-            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO8)                        \
-        else if (mr <= 10)                                                         \
-            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO10)                       \
-        else                                                                       \
-            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO)                         \
+#define UKERNEL_ROWS(A_AT, A_NEXT, BKS, WIDE)                \
+    {                                                        \
+        if (mr <= 4)                                         \
+            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO4)  \
+        else if (mr <= 8)                                    \
+            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO8)  \
+        else if (mr <= 10)                                   \
+            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO10) \
+        else                                                 \
+            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO)   \
     }
 #else
-#define UKERNEL_ROWS(A_AT, A_NEXT, BKS, WIDE)                                     \
-    {                                                                              \
-        if (mr <= 4)                                                               \
-            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO4)                        \
-        else                                                                       \
-            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO)                         \
+#define UKERNEL_ROWS(A_AT, A_NEXT, BKS, WIDE)               \
+    {                                                       \
+        if (mr <= 4)                                        \
+            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO4) \
+        else                                                \
+            UKERNEL_BODY(A_AT, A_NEXT, BKS, WIDE, ROWS_DO)  \
     }
 #endif
 
@@ -416,9 +417,9 @@ TGT static void F(ukernel_strided)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *a, 
 /* The same with A's rows the entries of an image's patches, read where they are (the
  * convolution's col(x) without im2col, dp_gemm_patch): element (i, k) at
  * x[aoff[i] + koff[k]]. The sums are ukernel_strided's on im2col's rows. */
-TGT static void F(ukernel_patch)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *x,
-                                 const ptrdiff_t *aoff, const ptrdiff_t *koff,
-                                 const T *DP_RESTRICT b, int kc, int mr, int nr, T alpha, T beta)
+TGT static void F(ukernel_patch)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *x, const ptrdiff_t *aoff,
+                                 const ptrdiff_t *koff, const T *DP_RESTRICT b, int kc, int mr,
+                                 int nr, T alpha, T beta)
 {
     const T *p[MR];
     for (int i = 0; i < MR; i++) p[i] = x + aoff[i < mr ? i : mr - 1];
@@ -445,19 +446,19 @@ TGT static void F(ukernel_patch)(T *DP_RESTRICT C, ptrdiff_t ldc, const T *x,
  * registers spill (slower than the tile kernel in one pass), so smallk_block splits K in
  * two. */
 #define SMALLK_MAX 16
-#define SK_KDO(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) \
-    X(14) X(15)
-#define SK_LOAD_B(k)                                                               \
-    V b##k##_0 = {0}, b##k##_1 = {0};                                              \
-    if ((k) < KC) {                                                                \
-        b##k##_0 = F(vload)(b + (ptrdiff_t)(k) * bks);                             \
-        b##k##_1 = F(vload)(b + (ptrdiff_t)(k) * bks + VL);                        \
+#define SK_KDO(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+#define SK_LOAD_B(k)                                        \
+    V b##k##_0 = {0}, b##k##_1 = {0};                       \
+    if ((k) < KC) {                                         \
+        b##k##_0 = F(vload)(b + (ptrdiff_t)(k) * bks);      \
+        b##k##_1 = F(vload)(b + (ptrdiff_t)(k) * bks + VL); \
     }
-#define SK_FMA(k)                                                                  \
-    if ((k) < KC) {                                                                \
-        T a_ = ar[(ptrdiff_t)(k) * acs];                                           \
-        c0 += b##k##_0 * a_;                                                       \
-        c1 += b##k##_1 * a_;                                                       \
+#define SK_FMA(k)                        \
+    if ((k) < KC) {                      \
+        T a_ = ar[(ptrdiff_t)(k) * acs]; \
+        c0 += b##k##_0 * a_;             \
+        c1 += b##k##_1 * a_;             \
     }
 
 /* What smallk_rows does with C: SK_STORE C = A B, SK_ADD C = A B + C (beta 1: the sum, then
@@ -470,9 +471,8 @@ enum { SK_STORE, SK_ADD, SK_GO_ON };
 
 /* C[0:m, 0:NR] as mode says, for B's KC x NR strip (row k at b + k * bks) and A's m rows
  * (element (i, k) at a[i * ars + k * acs]); KC a constant (the caller's switch) */
-TGT DP_INLINE void F(smallk_rows)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars,
-                                  ptrdiff_t acs, const T *b, ptrdiff_t bks, int m, const int KC,
-                                  int mode)
+TGT DP_INLINE void F(smallk_rows)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars, ptrdiff_t acs,
+                                  const T *b, ptrdiff_t bks, int m, const int KC, int mode)
 {
     typedef F(vec_t) V;
     SK_KDO(SK_LOAD_B)
@@ -497,11 +497,11 @@ TGT DP_INLINE void F(smallk_rows)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars
 TGT static void F(ukernel_smallk)(T *C, ptrdiff_t ldc, const T *a, ptrdiff_t ars, ptrdiff_t acs,
                                   const T *b, ptrdiff_t bks, int kc, int m, int mode)
 {
-#define SK_CASE(k)                                                                 \
-    case (k) + 1:                                                                  \
-        F(smallk_rows)(C, ldc, a, ars, acs, b, bks, m, (k) + 1, mode);             \
-        break;
-    switch (kc) { SK_KDO(SK_CASE) }
+#define SK_CASE(k) \
+    case (k) + 1: F(smallk_rows)(C, ldc, a, ars, acs, b, bks, m, (k) + 1, mode); break;
+    switch (kc) {
+        SK_KDO(SK_CASE)
+    }
 #undef SK_CASE
 }
 
@@ -564,7 +564,7 @@ TGT static void F(macrokernel)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t ars, p
 #if SMALLK_MAX
         if (nr == NR && alpha == 1 &&
             ((kc <= SMALLK_MAX && beta == 1) || (kc <= 2 * SMALLK_MAX && beta == 0))) {
-            if (apanel == MR * ars)     /* A's rows evenly spaced: all mc of them at once */
+            if (apanel == MR * ars) /* A's rows evenly spaced: all mc of them at once */
                 F(smallk_block)(C + j0, ldc, A, ars, acs, bp, bs, kc, mc, beta != 0);
             else
                 for (int i0 = 0; i0 < mc; i0 += MR)
@@ -578,7 +578,8 @@ TGT static void F(macrokernel)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t ars, p
             int mr = mc - i0 < MR ? mc - i0 : MR;
             const T *ap = A + (ptrdiff_t)(i0 / MR) * apanel;
             if (ars == 1 && acs == MR && bs == NR)
-                F(ukernel_packed)(C + (ptrdiff_t)i0 * ldc + j0, ldc, ap, bp, kc, mr, nr, alpha, beta);
+                F(ukernel_packed)(C + (ptrdiff_t)i0 * ldc + j0, ldc, ap, bp, kc, mr, nr, alpha,
+                                  beta);
             else
                 F(ukernel_strided)(C + (ptrdiff_t)i0 * ldc + j0, ldc, ap, ars, acs, bp, bs, kc, mr,
                                    nr, alpha, beta);
@@ -589,16 +590,16 @@ TGT static void F(macrokernel)(T *C, ptrdiff_t ldc, const T *A, ptrdiff_t ars, p
 /* The macro-kernel of dp_gemm_patch: the mc x kc block of patch rows aoff[0:mc] at the k
  * offsets koff[0:kc] (see ukernel_patch) times a packed kc x nc panel of B. */
 TGT static void F(macro_patch)(T *C, ptrdiff_t ldc, const T *x, const ptrdiff_t *aoff,
-                               const ptrdiff_t *koff, const T *B, int mc, int nc, int kc,
-                               T alpha, T beta)
+                               const ptrdiff_t *koff, const T *B, int mc, int nc, int kc, T alpha,
+                               T beta)
 {
     for (int j0 = 0; j0 < nc; j0 += NR) {
         int nr = nc - j0 < NR ? nc - j0 : NR;
         const T *bp = B + (ptrdiff_t)(j0 / NR) * NR * kc;
         for (int i0 = 0; i0 < mc; i0 += MR) {
             int mr = mc - i0 < MR ? mc - i0 : MR;
-            F(ukernel_patch)(C + (ptrdiff_t)i0 * ldc + j0, ldc, x, aoff + i0, koff, bp, kc, mr,
-                             nr, alpha, beta);
+            F(ukernel_patch)(C + (ptrdiff_t)i0 * ldc + j0, ldc, x, aoff + i0, koff, bp, kc, mr, nr,
+                             alpha, beta);
         }
     }
 }

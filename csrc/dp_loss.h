@@ -30,16 +30,17 @@ typedef enum { DP_LOSS_SOFTMAX_XENT = 0, DP_LOSS_SIGMOID_BCE = 1, DP_LOSS_MSE = 
  *   (z > 0) == label; dw (IN,) and db (1,) ACCUMULATE the gradient of grad_scale * the loss
  *   sum. The dense path (dp_dense_forward, dp_sigmoid_bce, dp_dense_backward) computes the
  *   same; its two halves are the GEMM's matrix-vector blocks (dp_gemm_gemv_tmpl.h). */
-#define DP_LOSS_VEC(X, T, S)                                                                   \
-    X(int, dp_softmax_xent, S, (T *dlogits, double *loss_sum, const T *logits,                 \
-                                const int64_t *labels, int B, int C, T grad_scale),            \
-      (dlogits, loss_sum, logits, labels, B, C, grad_scale))                                   \
-    X(int, dp_sigmoid_bce, S, (T *dlogits, double *loss_sum, const T *logits,                  \
-                               const int64_t *labels, int B, T grad_scale),                    \
-      (dlogits, loss_sum, logits, labels, B, grad_scale))                                      \
-    X(int, dp_logistic_grad, S, (T *dw, T *db, double *loss_sum, int64_t *correct, const T *x, \
-                                 const T *w, const T *b, const int64_t *labels, int B, int IN, \
-                                 T grad_scale),                                                \
+#define DP_LOSS_VEC(X, T, S)                                                                       \
+    X(int, dp_softmax_xent, S,                                                                     \
+      (T *dlogits, double *loss_sum, const T *logits, const int64_t *labels, int B, int C,         \
+       T grad_scale),                                                                              \
+      (dlogits, loss_sum, logits, labels, B, C, grad_scale))                                       \
+    X(int, dp_sigmoid_bce, S,                                                                      \
+      (T *dlogits, double *loss_sum, const T *logits, const int64_t *labels, int B, T grad_scale), \
+      (dlogits, loss_sum, logits, labels, B, grad_scale))                                          \
+    X(int, dp_logistic_grad, S,                                                                    \
+      (T *dw, T *db, double *loss_sum, int64_t *correct, const T *x, const T *w, const T *b,       \
+       const int64_t *labels, int B, int IN, T grad_scale),                                        \
       (dw, db, loss_sum, correct, x, w, b, labels, B, IN, grad_scale))
 
 /* The concrete symbols, for grep: dp_softmax_xent_f32 dp_softmax_xent_f64 dp_sigmoid_bce_f32

@@ -7,23 +7,26 @@
 #define CAT(a, b) CAT_(a, b)
 #define K(name) CAT(name, S)
 
-int KV(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
-                       int B, int C, T grad_scale)
+int KV(dp_softmax_xent)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels, int B,
+                        int C, T grad_scale)
 {
     // logits is (B, C); loss_i = logsumexp(z_i) - z_i[y_i], computed as
     // log(sum_j exp(z_ij - max_i)) + max_i - z_i[y_i] so that no exp overflows.
-    for (int i = 0; i < B; i++)            /* labels first: nothing is written on error */
+    for (int i = 0; i < B; i++) /* labels first: nothing is written on error */
         if (labels[i] < 0 || labels[i] >= C) return DP_ELABEL;
     double total = 0;
     for (int i = 0; i < B; i++) {
         const T *z = logits + (ptrdiff_t)i * C;
         int64_t y = labels[i];
-        T mx = z[0], zy = z[y];       /* read before dlogits (which may be logits) is written */
+        T mx = z[0], zy = z[y]; /* read before dlogits (which may be logits) is written */
         for (int j = 1; j < C; j++) mx = z[j] > mx ? z[j] : mx;
         T sum = 0;
         if (dlogits) {
             T *d = dlogits + (ptrdiff_t)i * C;
-            for (int j = 0; j < C; j++) { d[j] = EXPNEG(z[j] - mx); sum += d[j]; }
+            for (int j = 0; j < C; j++) {
+                d[j] = EXPNEG(z[j] - mx);
+                sum += d[j];
+            }
             /* (softmax - onehot) first, then the scale: scaling p and 1 apart gave inf - inf
              * = NaN at the label where grad_scale overflows T (e.g. 1e308 in float32), and
              * (p - 1) * grad_scale is -inf there */
@@ -51,7 +54,7 @@ static int K(check_binary_labels)(const int64_t *labels, int B)
     return bad ? DP_ELABEL : DP_OK;
 }
 
-#include "dp_gemm_gemv_tmpl.h"   /* KVL, the vectors, block_gemv and block_gemv_t */
+#include "dp_gemm_gemv_tmpl.h" /* KVL, the vectors, block_gemv and block_gemv_t */
 
 /* The sum of a[0 .. n): KVL-lane partial sums in two vectors, then their lanes. (A scalar
  * `sum += a[i]` in the vectorized loops was an in-order chain of scalar adds, 3-4 cycles a
@@ -84,8 +87,8 @@ DP_INLINE T K(ksum)(const T *a, int n)
  * results unused): a constant trip count vectorizes without the remainder loops, and a
  * logit's gradient has the same bits wherever it sits (a remainder loop rounded some
  * otherwise). */
-DP_INLINE T K(bce_block)(T *g, int64_t *right, const T *z,
-                         const int64_t *DP_RESTRICT labels, int n, T grad_scale)
+DP_INLINE T K(bce_block)(T *g, int64_t *right, const T *z, const int64_t *DP_RESTRICT labels, int n,
+                         T grad_scale)
 {
     T y[LOSS_ROWS], e[LOSS_ROWS], lt[LOSS_ROWS], zz[LOSS_ROWS];
     int64_t ok = 0;
@@ -95,20 +98,20 @@ DP_INLINE T K(bce_block)(T *g, int64_t *right, const T *z,
         zz[i] = z[i];
     }
     for (int i = n; i < LOSS_ROWS; i++) y[i] = 0, zz[i] = 0;
-    for (int i = 0; i < LOSS_ROWS; i++) e[i] = EXPNEG(zz[i] < 0 ? zz[i] : -zz[i]);  /* (0, 1] */
+    for (int i = 0; i < LOSS_ROWS; i++) e[i] = EXPNEG(zz[i] < 0 ? zz[i] : -zz[i]); /* (0, 1] */
     for (int i = 0; i < LOSS_ROWS; i++)
         lt[i] = (zz[i] > 0 ? zz[i] : (T)0) - y[i] * zz[i] + LOG1P01(e[i]);
     for (int i = 0; i < LOSS_ROWS; i++) {
         T inv = (T)1 / ((T)1 + e[i]);
-        T s = zz[i] >= 0 ? inv : e[i] * inv;                            /* sigmoid(z) */
+        T s = zz[i] >= 0 ? inv : e[i] * inv; /* sigmoid(z) */
         g[i] = (s - y[i]) * grad_scale;
     }
     *right = ok;
     return K(ksum)(lt, n);
 }
 
-int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels,
-                      int B, T grad_scale)
+int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int64_t *labels, int B,
+                       T grad_scale)
 {
     // logits is (B,), labels in {0, 1}: loss_i = softplus(z_i) - y_i z_i, dz = sigmoid(z) - y
     if (K(check_binary_labels)(labels, B)) return DP_ELABEL;
@@ -116,7 +119,7 @@ int KV(dp_sigmoid_bce)(T *dlogits, double *loss_sum, const T *logits, const int6
     for (int r0 = 0; r0 < B; r0 += LOSS_ROWS) {
         int rows = B - r0 < LOSS_ROWS ? B - r0 : LOSS_ROWS;
         int64_t ok;
-        T g[LOSS_ROWS];      /* bce_block writes LOSS_ROWS values, dlogits has rows left */
+        T g[LOSS_ROWS]; /* bce_block writes LOSS_ROWS values, dlogits has rows left */
         total += (double)K(bce_block)(g, &ok, logits + r0, labels + r0, rows, grad_scale);
         if (dlogits) memcpy(dlogits + r0, g, sizeof(T) * (size_t)rows);
     }
@@ -167,9 +170,8 @@ DP_INLINE void K(logistic_blocks)(T *dw, T *db, double *loss_sum, int64_t *corre
     *correct = right;
 }
 
-int KV(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x,
-                                  const T *w, const T *b, const int64_t *labels, int B, int IN,
-                                  T grad_scale)
+int KV(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const T *x, const T *w,
+                         const T *b, const int64_t *labels, int B, int IN, T grad_scale)
 {
     // x is (B, IN), w is (1, IN), b is (1,): logistic regression's forward, loss and backward
     // in one pass over x: a block of rows is read from memory once for z = x w + b and then
@@ -179,8 +181,8 @@ int KV(dp_logistic_grad)(T *dw, T *db, double *loss_sum, int64_t *correct, const
      * build's 32-byte vectors take it (a CPU with AVX-512 has AVX2), about twice as fast
      * for float32 rows */
     if (IN < KVL && 2 * IN >= KVL)
-        return DP_VEC_CAT(K(dp_logistic_grad), _avx2)(dw, db, loss_sum, correct, x, w, b, labels,
-                                                      B, IN, grad_scale);
+        return DP_VEC_CAT(K(dp_logistic_grad), _avx2)(dw, db, loss_sum, correct, x, w, b, labels, B,
+                                                      IN, grad_scale);
 #endif
     if (K(check_binary_labels)(labels, B)) return DP_ELABEL;
     /* rows the backward takes in one pass prefetch from there, the others from the forward
@@ -201,7 +203,7 @@ DP_INLINE int K(row_argmax)(const T *r, int C)
 {
     int best = 0;
     for (int j = 1; j < C; j++) {
-        if (r[best] != r[best]) break;                 /* a NaN is already the answer */
+        if (r[best] != r[best]) break; /* a NaN is already the answer */
         if (r[j] > r[best] || r[j] != r[j]) best = j;
     }
     return best;

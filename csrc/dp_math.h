@@ -55,7 +55,7 @@ DP_INLINE float dp_exp_poly_f32(float r)
 
 DP_INLINE double dp_expneg_f64(double x)
 {
-    const double inv_ln2 = 1.4426950408889634, shifter = 6755399441055744.0;  /* 1.5 * 2^52 */
+    const double inv_ln2 = 1.4426950408889634, shifter = 6755399441055744.0; /* 1.5 * 2^52 */
     const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
     double x0 = x, keep = x < -708.0 ? 0.0 : 1.0;
     x = x < -708.0 ? -708.0 : x;
@@ -65,7 +65,7 @@ DP_INLINE double dp_expneg_f64(double x)
     double p = dp_exp_poly_f64(r);
     uint64_t bits;
     memcpy(&bits, &t, sizeof bits);
-    bits = (bits + 1023u) << 52;                   /* 2^n: n + 1023 in the exponent field */
+    bits = (bits + 1023u) << 52; /* 2^n: n + 1023 in the exponent field */
     double scale;
     memcpy(&scale, &bits, sizeof scale);
     /* vectorized, the clamp above may become max(), which drops a NaN: put it back */
@@ -74,7 +74,7 @@ DP_INLINE double dp_expneg_f64(double x)
 
 DP_INLINE float dp_expneg_f32(float x)
 {
-    const float inv_ln2 = 1.44269504f, shifter = 12582912.0f;                  /* 1.5 * 2^23 */
+    const float inv_ln2 = 1.44269504f, shifter = 12582912.0f; /* 1.5 * 2^23 */
     const float ln2_hi = 0.693145752f, ln2_lo = 1.42860677e-06f;
     float x0 = x, keep = x < -87.0f ? 0.0f : 1.0f;
     x = x < -87.0f ? -87.0f : x;
@@ -102,7 +102,8 @@ DP_INLINE double dp_log1p01_f64(double e)
     double t = e > 0.41421356237309503 ? 1.0 : 0.0;
     double u = (e - t) / (2.0 + e + t), us = e < 0x1p-52 ? 0.0 : u;
     double v = us * us, v2 = v * v, v4 = v2 * v2, v8 = v4 * v4;
-    double a0 = 1.0 / 3 + v * (1.0 / 5), a1 = 1.0 / 7 + v * (1.0 / 9), a2 = 1.0 / 11 + v * (1.0 / 13);
+    double a0 = 1.0 / 3 + v * (1.0 / 5), a1 = 1.0 / 7 + v * (1.0 / 9),
+           a2 = 1.0 / 11 + v * (1.0 / 13);
     double a3 = 1.0 / 15 + v * (1.0 / 17), a4 = 1.0 / 19 + v * (1.0 / 21);
     double p = 1.0 + v * (((a0 + v2 * a1) + v4 * (a2 + v2 * a3)) + v8 * a4);
     return t * 0.69314718055994531 + 2.0 * u * p;

@@ -42,9 +42,7 @@ static dp_act act_of(dp_layer_kind k)
 }
 
 static int flat_width(int ndim, const int *shape)
-{
-    return ndim == 3 ? shape[0] * shape[1] * shape[2] : shape[0];
-}
+{ return ndim == 3 ? shape[0] * shape[1] * shape[2] : shape[0]; }
 
 /* Records the failure and returns DP_EVALUE. */
 static int refuse(dp_plan *p, int layer, const char *why)
@@ -67,7 +65,8 @@ static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off)
         case DP_LAYER_DENSE:
             if (ly->out < 1) return refuse(p, l, "dense output size < 1");
             w_off[l] = off;
-            if (grow(&off, (ptrdiff_t)ly->out * width)) return refuse(p, l, "parameter count overflows");
+            if (grow(&off, (ptrdiff_t)ly->out * width))
+                return refuse(p, l, "parameter count overflows");
             b_off[l] = off;
             if (grow(&off, ly->out)) return refuse(p, l, "parameter count overflows");
             ndim = 1;
@@ -79,9 +78,11 @@ static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off)
                 return refuse(p, l, "conv channels or kernel < 1, or padding < 0");
             dp_conv_geom g = {sh[0], sh[1], sh[2], ly->out, ly->kernel, ly->kernel, ly->pad};
             int OH, OW;
-            if ((long long)ly->pad * 2 + sh[1] > INT_MAX || (long long)ly->pad * 2 + sh[2] > INT_MAX)
+            if ((long long)ly->pad * 2 + sh[1] > INT_MAX ||
+                (long long)ly->pad * 2 + sh[2] > INT_MAX)
                 return refuse(p, l, "conv padding does not fit an int");
-            if ((long long)sh[1] + 2LL * ly->pad < ly->kernel || (long long)sh[2] + 2LL * ly->pad < ly->kernel)
+            if ((long long)sh[1] + 2LL * ly->pad < ly->kernel ||
+                (long long)sh[2] + 2LL * ly->pad < ly->kernel)
                 return refuse(p, l, "conv kernel larger than the padded input");
             if (dp_conv_out(&g, &OH, &OW)) return refuse(p, l, "conv sizes do not fit an int");
             w_off[l] = off;
@@ -96,18 +97,20 @@ static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off)
         }
         case DP_LAYER_MAXPOOL2:
             if (ndim != 3) return refuse(p, l, "max-pooling needs a (C, H, W) input");
-            if (sh[1] < 2 || sh[2] < 2) return refuse(p, l, "max-pooling needs a map of at least 2x2");
+            if (sh[1] < 2 || sh[2] < 2)
+                return refuse(p, l, "max-pooling needs a map of at least 2x2");
             sh[1] /= 2;
             sh[2] /= 2;
             break;
-        case DP_LAYER_RELU: case DP_LAYER_TANH: case DP_LAYER_SIGMOID: case DP_LAYER_GELU:
-            break;
+        case DP_LAYER_RELU:
+        case DP_LAYER_TANH:
+        case DP_LAYER_SIGMOID:
+        case DP_LAYER_GELU: break;
         case DP_LAYER_FLATTEN:
             sh[0] = width;
             ndim = 1;
             break;
-        default:
-            return refuse(p, l, "unknown layer kind");
+        default: return refuse(p, l, "unknown layer kind");
         }
         p->out_ndim[l] = ndim;
         for (int d = 0; d < 3; d++) p->out_shape[l][d] = d < ndim ? sh[d] : 1;
@@ -124,9 +127,7 @@ static int next_layer(const dp_plan *p, int l)
 }
 
 static int in_width_of(const dp_plan *p, int l)
-{
-    return l == 0 ? p->in_width : flat_width(p->out_ndim[l - 1], p->out_shape[l - 1]);
-}
+{ return l == 0 ? p->in_width : flat_width(p->out_ndim[l - 1], p->out_shape[l - 1]); }
 
 /* Pass 2: the stages (dp_model.h lists the patterns). */
 static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_off)
@@ -153,7 +154,7 @@ static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_o
             p->param_spec[p->n_param_layers] = l;
             p->n_param_layers++;
             if (kind == DP_LAYER_CONV && kj == DP_LAYER_RELU && kk == DP_LAYER_MAXPOOL2) {
-                st.pool = 1;                      /* conv relu pool = conv pool relu */
+                st.pool = 1; /* conv relu pool = conv pool relu */
                 st.act = DP_ACT_RELU;
                 st.last = k;
             } else if (kind == DP_LAYER_CONV && kj == DP_LAYER_MAXPOOL2) {
@@ -176,7 +177,7 @@ static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_o
                 st.g = g;
                 st.conv_h = p->out_shape[l][1];
                 st.conv_w = p->out_shape[l][2];
-                if (st.pool) {                    /* the block the pooling reads */
+                if (st.pool) { /* the block the pooling reads */
                     st.conv_h = st.conv_h / 2 * 2;
                     st.conv_w = st.conv_w / 2 * 2;
                 }
@@ -229,15 +230,14 @@ int dp_model_plan(dp_plan *p, const dp_layer *layers, int n_layers, const int *i
     if (p->n_param_layers == 0) return refuse(p, n_layers, "no dense or conv layer");
     switch (loss) {
     case DP_LOSS_SOFTMAX_XENT:
-        if (p->out_width < 2) return refuse(p, n_layers, "softmax cross-entropy needs >= 2 outputs");
+        if (p->out_width < 2)
+            return refuse(p, n_layers, "softmax cross-entropy needs >= 2 outputs");
         break;
     case DP_LOSS_SIGMOID_BCE:
         if (p->out_width != 1) return refuse(p, n_layers, "sigmoid BCE needs exactly 1 output");
         break;
-    case DP_LOSS_MSE:
-        break;
-    default:
-        return refuse(p, n_layers, "unknown loss");
+    case DP_LOSS_MSE: break;
+    default: return refuse(p, n_layers, "unknown loss");
     }
     return DP_OK;
 }
@@ -252,7 +252,8 @@ int dp_model_init(dp_model *m, const dp_layer *layers, int n_layers, const int *
     const dp_plan *p = &m->plan;
     /* evaluate's chunk: EVAL_BYTES of activations and codes, 1 .. EVAL_MAX_ROWS rows */
     size_t per_row = 0;
-    for (int s = 0; s < p->n_stages; s++) per_row += (size_t)p->stage[s].out_width * (sizeof(double) + 1);
+    for (int s = 0; s < p->n_stages; s++)
+        per_row += (size_t)p->stage[s].out_width * (sizeof(double) + 1);
     size_t rows = EVAL_BYTES / per_row;
     m->eval_rows = rows < 1 ? 1 : rows > EVAL_MAX_ROWS ? EVAL_MAX_ROWS : (int)rows;
     /* the conv stages' per-thread scratch, in elements */

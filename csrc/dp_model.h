@@ -80,29 +80,27 @@
 #include "dp_conv.h"
 #include "dp_pool.h"
 #include "dp_gemm.h"
-#include "dp_loss.h"     /* dp_loss */
+#include "dp_loss.h" /* dp_loss */
 
 #define DP_MODEL_MAX_LAYERS 64
 
 typedef enum {
-    DP_LAYER_DENSE = 0,      /* out: output features */
-    DP_LAYER_CONV = 1,       /* out: output channels; kernel: K (K x K); pad: zeros per side */
+    DP_LAYER_DENSE = 0, /* out: output features */
+    DP_LAYER_CONV = 1,  /* out: output channels; kernel: K (K x K); pad: zeros per side */
     DP_LAYER_MAXPOOL2 = 2,
     DP_LAYER_RELU = 3,
     DP_LAYER_TANH = 4,
     DP_LAYER_SIGMOID = 5,
-    DP_LAYER_GELU = 6,       /* erf form: PyTorch's nn.GELU() default (see dp_act.h) */
+    DP_LAYER_GELU = 6, /* erf form: PyTorch's nn.GELU() default (see dp_act.h) */
     DP_LAYER_FLATTEN = 7,
 } dp_layer_kind;
 
 typedef struct {
     dp_layer_kind kind;
-    int out, kernel, pad;    /* unused fields of a kind are ignored */
+    int out, kernel, pad; /* unused fields of a kind are ignored */
 } dp_layer;
 
-typedef enum {
-    DP_ACT_NONE = 0, DP_ACT_RELU, DP_ACT_TANH, DP_ACT_SIGMOID, DP_ACT_GELU
-} dp_act;
+typedef enum { DP_ACT_NONE = 0, DP_ACT_RELU, DP_ACT_TANH, DP_ACT_SIGMOID, DP_ACT_GELU } dp_act;
 
 typedef enum { DP_STAGE_DENSE = 0, DP_STAGE_CONV, DP_STAGE_POOL, DP_STAGE_ACT } dp_stage_op;
 
@@ -122,14 +120,14 @@ typedef struct {
 typedef struct {
     int n_layers;
     dp_layer layer[DP_MODEL_MAX_LAYERS];
-    int in_ndim, in_shape[3];                          /* (C, H, W) or (F,) */
-    int out_ndim[DP_MODEL_MAX_LAYERS];                 /* each layer's output shape */
+    int in_ndim, in_shape[3];          /* (C, H, W) or (F,) */
+    int out_ndim[DP_MODEL_MAX_LAYERS]; /* each layer's output shape */
     int out_shape[DP_MODEL_MAX_LAYERS][3];
     int n_stages;
     dp_stage stage[DP_MODEL_MAX_LAYERS];
-    int n_param_layers;                                /* P_L: DENSE and CONV layers */
-    int param_stage[DP_MODEL_MAX_LAYERS];              /* parameterized layer k's stage */
-    int param_spec[DP_MODEL_MAX_LAYERS];               /* ... and its index in the list */
+    int n_param_layers;                   /* P_L: DENSE and CONV layers */
+    int param_stage[DP_MODEL_MAX_LAYERS]; /* parameterized layer k's stage */
+    int param_spec[DP_MODEL_MAX_LAYERS];  /* ... and its index in the list */
     ptrdiff_t n_params;
     int in_width, out_width;
     dp_loss loss;
@@ -140,28 +138,28 @@ typedef struct {
 } dp_plan;
 
 typedef struct {
-    dp_ctx ctx;               /* threads = 1: this thread's GEMM packing buffers */
-    dp_scratch col;           /* im2col patches of one image */
-    dp_scratch conv;          /* one image's conv output block (fused blocks), or its gradient */
-    dp_scratch grad;          /* this thread's dW^T and db of one conv layer */
+    dp_ctx ctx;      /* threads = 1: this thread's GEMM packing buffers */
+    dp_scratch col;  /* im2col patches of one image */
+    dp_scratch conv; /* one image's conv output block (fused blocks), or its gradient */
+    dp_scratch grad; /* this thread's dW^T and db of one conv layer */
 } dp_model_thread;
 
 typedef struct {
     dp_plan plan;
     int threads;
-    int eval_rows;            /* rows per evaluate chunk: about 16 MiB of activations (a
+    int eval_rows; /* rows per evaluate chunk: about 16 MiB of activations (a
                                * caller may lower it; the tests do, to get several chunks) */
-    size_t col_elems, conv_elems, grad_elems;   /* per-thread scratch of the conv stages */
-    dp_ctx ctx;               /* thread pool and packing buffers of the dense stages */
-    dp_model_thread *th;      /* one per thread */
-    dp_scratch acts;          /* every stage's output for `rows` rows (T) */
-    dp_scratch codes;         /* pooling argmax codes (uint8) */
-    dp_scratch grad_io;       /* two rows x max(out_width) buffers for the backward sweep */
-    int bad_row;              /* after DP_ELABEL: the first row with a bad label */
+    size_t col_elems, conv_elems, grad_elems; /* per-thread scratch of the conv stages */
+    dp_ctx ctx;          /* thread pool and packing buffers of the dense stages */
+    dp_model_thread *th; /* one per thread */
+    dp_scratch acts;     /* every stage's output for `rows` rows (T) */
+    dp_scratch codes;    /* pooling argmax codes (uint8) */
+    dp_scratch grad_io;  /* two rows x max(out_width) buffers for the backward sweep */
+    int bad_row;         /* after DP_ELABEL: the first row with a bad label */
     /* a backward sweep in progress (forward_loss, then backward_layer P_L - 1 .. 0) */
-    int pending_rows;         /* rows of the batch in flight; 0 when none */
-    int next_layer;           /* the parameterized layer the next step must be */
-    int d_second;             /* which grad_io half holds d(loss)/d(current output) */
+    int pending_rows; /* rows of the batch in flight; 0 when none */
+    int next_layer;   /* the parameterized layer the next step must be */
+    int d_second;     /* which grad_io half holds d(loss)/d(current output) */
     const void *pending_x;
 } dp_model;
 
@@ -182,17 +180,17 @@ int dp_model_init(dp_model *model, const dp_layer *layers, int n_layers, const i
 void dp_model_set_bf16_inputs(dp_model *model, int on);
 void dp_model_free(dp_model *model);
 
-#define DP_DECLARE_MODEL(T, S)                                                                 \
-    int dp_model_loss_grad##S(dp_model *model, T *grads, double *loss_sum, int64_t *correct,   \
-                              const T *params, const T *x, const int64_t *labels,              \
-                              const T *targets, int B, T grad_scale);                          \
-    int dp_model_forward_loss##S(dp_model *model, double *loss_sum, int64_t *correct,          \
-                                 const T *params, const T *x, const int64_t *labels,           \
-                                 const T *targets, int B, T grad_scale);                       \
-    int dp_model_backward_layer##S(dp_model *model, T *grads, const T *params, int layer);     \
-    int dp_model_evaluate##S(dp_model *model, T *out, double *loss_sum, int64_t *correct,      \
-                             const T *params, const T *x, const int64_t *labels,               \
-                             const T *targets, int B);
+#define DP_DECLARE_MODEL(T, S)                                                                     \
+    int dp_model_loss_grad##S(dp_model *model, T *grads, double *loss_sum, int64_t *correct,       \
+                              const T *params, const T *x, const int64_t *labels,                  \
+                              const T *targets, int B, T grad_scale);                              \
+    int dp_model_forward_loss##S(dp_model *model, double *loss_sum, int64_t *correct,              \
+                                 const T *params, const T *x, const int64_t *labels,               \
+                                 const T *targets, int B, T grad_scale);                           \
+    int dp_model_backward_layer##S(dp_model *model, T *grads, const T *params, int layer);         \
+    int dp_model_evaluate##S(dp_model *model, T *out, double *loss_sum, int64_t *correct,          \
+                             const T *params, const T *x, const int64_t *labels, const T *targets, \
+                             int B);
 
 /* The concrete symbols, for grep: dp_model_loss_grad_f32 dp_model_loss_grad_f64
  * dp_model_forward_loss_f32 dp_model_forward_loss_f64 dp_model_backward_layer_f32

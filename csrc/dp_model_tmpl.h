@@ -9,19 +9,17 @@
 #define K(name) CAT(name, S)
 
 typedef struct {
-    T *out[DP_MODEL_MAX_LAYERS];         /* stage outputs, (rows, out_width) */
-    uint8_t *code[DP_MODEL_MAX_LAYERS];  /* pooling stages' argmax codes, like their outputs */
-    T *g0, *g1;                          /* the backward ping-pong buffers (NULL: evaluate) */
+    T *out[DP_MODEL_MAX_LAYERS];        /* stage outputs, (rows, out_width) */
+    uint8_t *code[DP_MODEL_MAX_LAYERS]; /* pooling stages' argmax codes, like their outputs */
+    T *g0, *g1;                         /* the backward ping-pong buffers (NULL: evaluate) */
 } K(model_bufs);
 
 DP_INLINE int K(has_codes)(const dp_stage *st)
-{
-    return st->op == DP_STAGE_POOL || (st->op == DP_STAGE_CONV && st->pool);
-}
+{ return st->op == DP_STAGE_POOL || (st->op == DP_STAGE_CONV && st->pool); }
 
 /* Makes room for `rows` rows (the model's and every thread's scratch) and returns where the
  * stages' buffers are. Growing only: the same rows again allocates nothing. */
-static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) *bf, int with_grad)
+static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_grad)
 {
     const dp_plan *p = &m->plan;
     size_t width = 0, widest = 0, coded = 0;
@@ -115,13 +113,13 @@ typedef struct {
     dp_model *m;
     const dp_stage *st;
     int rows;
-    const T *in;          /* (rows, in_width) */
-    T *out;               /* (rows, out_width) */
-    uint8_t *code;        /* like out (pooling stages) */
+    const T *in;   /* (rows, in_width) */
+    T *out;        /* (rows, out_width) */
+    uint8_t *code; /* like out (pooling stages) */
     const T *params;
     /* backward only */
-    T *d;                 /* d loss / d out (through the stage's activation here, in place) */
-    T *dnext;             /* d loss / d in (written), or NULL */
+    T *d;     /* d loss / d out (through the stage's activation here, in place) */
+    T *dnext; /* d loss / d in (written), or NULL */
     int rc[DP_MAX_THREADS];
 } K(stage_job);
 
@@ -142,8 +140,12 @@ static void K(conv_forward_task)(void *arg, int t, int n)
         T *y = job->out + (ptrdiff_t)i * wout;
         int rc = K(dp_conv_image_forward)(&th->ctx, col, st->pool ? conv : y,
                                           job->in + (ptrdiff_t)i * win, w, g, CH, CW, (T)0);
-        if (rc) { job->rc[t] = rc; return; }
-        if (st->pool) K(dp_maxpool2_forward)(y, job->code + (ptrdiff_t)i * wout, conv, g->OC, CH, CW);
+        if (rc) {
+            job->rc[t] = rc;
+            return;
+        }
+        if (st->pool)
+            K(dp_maxpool2_forward)(y, job->code + (ptrdiff_t)i * wout, conv, g->OC, CH, CW);
         K(bias_act)(y, b, g->OC, npos, st->act);
     }
 }
@@ -170,12 +172,15 @@ static void K(conv_backward_task)(void *arg, int t, int n)
         T *d = job->d + (ptrdiff_t)i * wout;
         K(act_backward)(st->act, d, d, job->out + (ptrdiff_t)i * wout, NULL, wout);
         K(dp_add_row_sums)(db, d, g->OC, npos);
-        if (st->pool) K(dp_maxpool2_backward)(dconv, d, job->code + (ptrdiff_t)i * wout, g->OC, CH, CW);
-        int rc = K(dp_conv_image_backward)(&th->ctx, col, dwt,
-                                           job->dnext ? job->dnext + (ptrdiff_t)i * win : NULL,
-                                           st->pool ? dconv : d, job->in + (ptrdiff_t)i * win,
-                                           w, g, CH, CW);
-        if (rc) { job->rc[t] = rc; return; }
+        if (st->pool)
+            K(dp_maxpool2_backward)(dconv, d, job->code + (ptrdiff_t)i * wout, g->OC, CH, CW);
+        int rc = K(dp_conv_image_backward)(
+            &th->ctx, col, dwt, job->dnext ? job->dnext + (ptrdiff_t)i * win : NULL,
+            st->pool ? dconv : d, job->in + (ptrdiff_t)i * win, w, g, CH, CW);
+        if (rc) {
+            job->rc[t] = rc;
+            return;
+        }
     }
 }
 
@@ -217,7 +222,7 @@ static void K(rows_backward_task)(void *arg, int t, int n)
 
 /* Runs a job on every thread (one when the batch has a single row); the first failing
  * thread's code, or DP_OK. */
-static int K(run_job)(dp_model *m, K(stage_job) *job, dp_task_fn fn)
+static int K(run_job)(dp_model *m, K(stage_job) * job, dp_task_fn fn)
 {
     int n = job->rows < m->threads ? job->rows : m->threads;
     if (n < 1) n = 1;
@@ -230,7 +235,7 @@ static int K(run_job)(dp_model *m, K(stage_job) *job, dp_task_fn fn)
 /* ---- forward, loss ---------------------------------------------------------------------- */
 
 /* Forward through every stage; out[n_stages - 1] holds the model's outputs (rows, OUT). */
-static int K(model_forward)(dp_model *m, K(model_bufs) *bf, const T *params, const T *x, int rows)
+static int K(model_forward)(dp_model *m, K(model_bufs) * bf, const T *params, const T *x, int rows)
 {
     const dp_plan *p = &m->plan;
     const T *h = x;
@@ -238,15 +243,21 @@ static int K(model_forward)(dp_model *m, K(model_bufs) *bf, const T *params, con
         const dp_stage *st = &p->stage[s];
         int rc = DP_OK;
         if (st->op == DP_STAGE_DENSE) {
-            rc = K(dp_dense_forward)(&m->ctx, bf->out[s], h, params + st->w_off,
-                                     params + st->b_off, rows, st->in_width, st->out_width);
+            rc = K(dp_dense_forward)(&m->ctx, bf->out[s], h, params + st->w_off, params + st->b_off,
+                                     rows, st->in_width, st->out_width);
             if (rc == DP_OK && st->act != DP_ACT_NONE)
                 K(act_forward)(st->act, bf->out[s], bf->out[s], (ptrdiff_t)rows * st->out_width);
         } else {
-            K(stage_job) job = {.m = m, .st = st, .rows = rows, .in = h, .out = bf->out[s],
-                                .code = bf->code[s], .params = params};
-            rc = K(run_job)(m, &job, st->op == DP_STAGE_CONV ? K(conv_forward_task)
-                                                             : K(rows_forward_task));
+            K(stage_job)
+            job = {.m = m,
+                   .st = st,
+                   .rows = rows,
+                   .in = h,
+                   .out = bf->out[s],
+                   .code = bf->code[s],
+                   .params = params};
+            rc = K(run_job)(m, &job,
+                            st->op == DP_STAGE_CONV ? K(conv_forward_task) : K(rows_forward_task));
         }
         if (rc) return rc;
         h = bf->out[s];
@@ -266,8 +277,7 @@ static int K(first_bad_label)(const dp_plan *p, const int64_t *labels, int rows)
 /* Loss sum and correct count of rows [row0, row0 + rows) from their outputs y; dout (when not
  * NULL) = d(grad_scale * loss)/dy. labels and targets point at the batch's first row. */
 static int K(model_loss)(dp_model *m, T *dout, double *loss_sum, int64_t *correct, const T *y,
-                         const int64_t *labels, const T *targets, int row0, int rows,
-                         T grad_scale)
+                         const int64_t *labels, const T *targets, int row0, int rows, T grad_scale)
 {
     const dp_plan *p = &m->plan;
     int OUT = p->out_width, rc;
@@ -288,9 +298,7 @@ static int K(model_loss)(dp_model *m, T *dout, double *loss_sum, int64_t *correc
 
 /* The loss's labels / targets are there. */
 DP_INLINE int K(has_targets)(const dp_plan *p, const int64_t *labels, const T *targets)
-{
-    return p->loss == DP_LOSS_MSE ? targets != NULL : labels != NULL;
-}
+{ return p->loss == DP_LOSS_MSE ? targets != NULL : labels != NULL; }
 
 int K(dp_model_forward_loss)(dp_model *m, double *loss_sum, int64_t *correct, const T *params,
                              const T *x, const int64_t *labels, const T *targets, int B,
@@ -309,8 +317,8 @@ int K(dp_model_forward_loss)(dp_model *m, double *loss_sum, int64_t *correct, co
     if (rc) return rc;
     rc = K(model_forward)(m, &bf, params, x, B);
     if (rc) return rc;
-    rc = K(model_loss)(m, bf.g0, loss_sum, correct, bf.out[p->n_stages - 1], labels, targets,
-                       0, B, grad_scale);
+    rc = K(model_loss)(m, bf.g0, loss_sum, correct, bf.out[p->n_stages - 1], labels, targets, 0, B,
+                       grad_scale);
     if (rc) return rc;
     m->pending_rows = B;
     m->pending_x = x;
@@ -321,12 +329,19 @@ int K(dp_model_forward_loss)(dp_model *m, double *loss_sum, int64_t *correct, co
 
 /* Backward through stage s (parameter-free: POOL or ACT): d holds d loss / d out[s]; the
  * result, d loss / d in[s], is left in d (ACT, in place) or dnext (POOL, and the halves swap). */
-static int K(free_stage_backward)(dp_model *m, K(model_bufs) *bf, int s, int rows)
+static int K(free_stage_backward)(dp_model *m, K(model_bufs) * bf, int s, int rows)
 {
     const dp_stage *st = &m->plan.stage[s];
     T *d = m->d_second ? bf->g1 : bf->g0, *dnext = m->d_second ? bf->g0 : bf->g1;
-    K(stage_job) job = {.m = m, .st = st, .rows = rows, .in = bf->out[s - 1], .out = bf->out[s],
-                        .code = bf->code[s], .d = d, .dnext = dnext};
+    K(stage_job)
+    job = {.m = m,
+           .st = st,
+           .rows = rows,
+           .in = bf->out[s - 1],
+           .out = bf->out[s],
+           .code = bf->code[s],
+           .d = d,
+           .dnext = dnext};
     int rc = K(run_job)(m, &job, K(rows_backward_task));
     if (rc == DP_OK && st->op == DP_STAGE_POOL) m->d_second = !m->d_second;
     return rc;
@@ -341,7 +356,7 @@ int K(dp_model_backward_layer)(dp_model *m, T *grads, const T *params, int layer
     int B = m->pending_rows;
     if (B == 0 || layer != m->next_layer) return DP_EORDER;
     K(model_bufs) bf;
-    int rc = K(model_buffers)(m, B, &bf, 1);   /* the same scratch: no allocation */
+    int rc = K(model_buffers)(m, B, &bf, 1); /* the same scratch: no allocation */
     if (rc) return rc;
     int s0 = p->param_stage[layer];
     int s1 = layer + 1 < p->n_param_layers ? p->param_stage[layer + 1] : p->n_stages;
@@ -360,8 +375,16 @@ int K(dp_model_backward_layer)(dp_model *m, T *grads, const T *params, int layer
                                   params + st->w_off, B, IN, OUT);
         if (rc) return rc;
     } else {
-        K(stage_job) job = {.m = m, .st = st, .rows = B, .in = h, .out = bf.out[s0],
-                            .code = bf.code[s0], .params = params, .d = d, .dnext = dnext};
+        K(stage_job)
+        job = {.m = m,
+               .st = st,
+               .rows = B,
+               .in = h,
+               .out = bf.out[s0],
+               .code = bf.code[s0],
+               .params = params,
+               .d = d,
+               .dnext = dnext};
         rc = K(run_job)(m, &job, K(conv_backward_task));
         if (rc) return rc;
         /* the threads' partials, in thread order */
@@ -392,7 +415,7 @@ int K(dp_model_loss_grad)(dp_model *m, T *grads, double *loss_sum, int64_t *corr
     // d(grad_scale * sum_i loss_i) / d params
     const dp_plan *p = &m->plan;
     const dp_stage *st = &p->stage[0];
-    m->pending_rows = 0;   /* a whole sweep: one in progress ends here, on every path */
+    m->pending_rows = 0; /* a whole sweep: one in progress ends here, on every path */
     if (B > 0 && labels && p->loss == DP_LOSS_SIGMOID_BCE && p->n_stages == 1 &&
         st->op == DP_STAGE_DENSE && st->act == DP_ACT_NONE && !m->ctx.bf16_inputs) {
         /* logistic regression: a GEMM with one output column wastes the micro-kernel; the
@@ -403,24 +426,23 @@ int K(dp_model_loss_grad)(dp_model *m, T *grads, double *loss_sum, int64_t *corr
         if (rc == DP_ELABEL) m->bad_row = K(first_bad_label)(p, labels, B);
         return rc;
     }
-    int rc = K(dp_model_forward_loss)(m, loss_sum, correct, params, x, labels, targets, B,
-                                      grad_scale);
+    int rc =
+        K(dp_model_forward_loss)(m, loss_sum, correct, params, x, labels, targets, B, grad_scale);
     for (int l = p->n_param_layers - 1; l >= 0 && rc == DP_OK && m->pending_rows; l--)
         rc = K(dp_model_backward_layer)(m, grads, params, l);
     m->pending_rows = 0;
     return rc;
 }
 
-int K(dp_model_evaluate)(dp_model *m, T *out, double *loss_sum, int64_t *correct,
-                         const T *params, const T *x, const int64_t *labels, const T *targets,
-                         int B)
+int K(dp_model_evaluate)(dp_model *m, T *out, double *loss_sum, int64_t *correct, const T *params,
+                         const T *x, const int64_t *labels, const T *targets, int B)
 {
     // x is (B, in_width); out (B, OUT) optional; labels / targets optional (then no loss)
     const dp_plan *p = &m->plan;
     int IN0 = p->in_width, OUT = p->out_width, with_loss = K(has_targets)(p, labels, targets);
     double total = 0;
     int64_t right = 0;
-    m->pending_rows = 0;     /* the scratch is reused: a sweep in progress is abandoned */
+    m->pending_rows = 0; /* the scratch is reused: a sweep in progress is abandoned */
     *loss_sum = 0;
     *correct = 0;
     for (int r0 = 0; r0 < B; r0 += m->eval_rows) {

@@ -21,11 +21,12 @@
 /* The vector kernels (dp_vec.h: a build per ISA and the public function that picks one):
  * - maxpool2_forward: x (planes, H, W) -> y, idx (planes, H / 2, W / 2);
  * - maxpool2_backward: dx (planes, H, W) = dy put where idx says, 0 elsewhere (written). */
-#define DP_POOL_VEC(X, T, S)                                                                   \
-    X(void, dp_maxpool2_forward, S, (T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H,  \
-                                     int W), (y, idx, x, planes, H, W))                        \
-    X(void, dp_maxpool2_backward, S, (T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes, \
-                                      int H, int W), (dx, dy, idx, planes, H, W))
+#define DP_POOL_VEC(X, T, S)                                                                       \
+    X(void, dp_maxpool2_forward, S,                                                                \
+      (T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H, int W), (y, idx, x, planes, H, W)) \
+    X(void, dp_maxpool2_backward, S,                                                               \
+      (T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes, int H, int W),                    \
+      (dx, dy, idx, planes, H, W))
 
 /* The concrete symbols, for grep: dp_maxpool2_forward_f32 dp_maxpool2_forward_f64
  * dp_maxpool2_backward_f32 dp_maxpool2_backward_f64. */

@@ -6,7 +6,7 @@
 #define CAT(a, b) CAT_(a, b)
 #define K(name) CAT(name, S)
 
-#include "dp_vec32_tmpl.h"   /* pvec, pmask, pload, pstore, pselect */
+#include "dp_vec32_tmpl.h" /* pvec, pmask, pload, pstore, pselect */
 
 /* VL window codes as bytes, 32 of them, and 32 bytes as integers of VL bytes */
 typedef uint8_t K(pcode) __attribute__((vector_size(VL)));
@@ -17,8 +17,7 @@ typedef CODE_WORD K(pwords) __attribute__((vector_size(32)));
  * all ones or 0 (vector) */
 #define BEATS(b, a) (((b) > (a)) | (((b) != (b)) & ((a) == (a))))
 
-void KV(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H,
-                                      int W)
+void KV(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t planes, int H, int W)
 {
     // x is (planes, H, W), y and idx are (planes, H / 2, W / 2)
     // A tournament without branches (random data would mispredict every other branch): the
@@ -86,8 +85,8 @@ void KV(dp_maxpool2_forward)(T *y, uint8_t *idx, const T *x, ptrdiff_t planes, i
 
 #undef BEATS
 
-void KV(dp_maxpool2_backward)(T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes,
-                                       int H, int W)
+void KV(dp_maxpool2_backward)(T *dx, const T *dy, const uint8_t *idx, ptrdiff_t planes, int H,
+                              int W)
 {
     // dy and idx are (planes, H / 2, W / 2), dx is (planes, H, W), every element written
     typedef K(pvec) V;

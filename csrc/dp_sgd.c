@@ -15,7 +15,7 @@
 #undef S
 #undef T
 
-#ifndef DP_VEC_PASS    /* (dp_vec_*.c include this file for the vector kernels alone) */
+#ifndef DP_VEC_PASS /* (dp_vec_*.c include this file for the vector kernels alone) */
 typedef struct {
     char *p;
     ptrdiff_t n;

@@ -22,9 +22,10 @@
  * v = momentum v + (1 - dampening) d, then d = d + momentum v (nesterov) or v; p -= lr d.
  * v == NULL: plain SGD, no momentum buffer (the caller's momentum is 0); given, v is kept
  * even if momentum rounds to 0 in T. weight_decay == 0 adds no term (an infinite p stays). */
-#define DP_SGD_VEC(X, T, S)                                                                    \
-    X(void, dp_sgd_step, S, (T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum,           \
-                             T dampening, T weight_decay, int nesterov, int first_step),       \
+#define DP_SGD_VEC(X, T, S)                                                                \
+    X(void, dp_sgd_step, S,                                                                \
+      (T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum, T dampening, T weight_decay, \
+       int nesterov, int first_step),                                                      \
       (p, v, g, n, lr, momentum, dampening, weight_decay, nesterov, first_step))
 
 /* The concrete symbols, for grep: dp_sgd_step_f32 dp_sgd_step_f64 (vector kernels: dp_vec.h). */

@@ -6,7 +6,7 @@
 #define K(name) CAT(name, S)
 
 void KV(dp_sgd_step)(T *p, T *v, const T *g, ptrdiff_t n, T lr, T momentum, T dampening,
-                    T weight_decay, int nesterov, int first_step)
+                     T weight_decay, int nesterov, int first_step)
 {
     // p, v, g are (P,). torch.optim.SGD: d = g + wd p; v = momentum v + (1 - dampening) d
     // (v = d on the first step); d = d + momentum v if nesterov else v; p -= lr d.

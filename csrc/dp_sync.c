@@ -65,14 +65,10 @@ size_t dp_group_control_bytes(int n)
 }
 
 uint32_t *dp_group_arrivals(dp_barrier *b, size_t bytes, int n)
-{
-    return n >= 1 && bytes >= dp_group_control_bytes(n) ? (uint32_t *)(b + 1) : NULL;
-}
+{ return n >= 1 && bytes >= dp_group_control_bytes(n) ? (uint32_t *)(b + 1) : NULL; }
 
 void dp_group_arrive(uint32_t *arrivals, int rank)
-{
-    atomic_fetch_add_explicit(A32(arrivals[rank]), 1u, memory_order_release);
-}
+{ atomic_fetch_add_explicit(A32(arrivals[rank]), 1u, memory_order_release); }
 
 int dp_group_missing(const uint32_t *arrivals, int n, int rank, int *out, int max)
 {
@@ -97,9 +93,7 @@ int dp_barrier_init(dp_barrier *b, int n)
 }
 
 uint32_t dp_barrier_abort_code(const dp_barrier *b)
-{
-    return atomic_load(A32(((dp_barrier *)b)->abort_code));
-}
+{ return atomic_load(A32(((dp_barrier *)b)->abort_code)); }
 
 void dp_barrier_abort(dp_barrier *b, uint32_t code)
 {
@@ -121,7 +115,10 @@ static uint32_t aborted(dp_barrier *b, const dp_wait_policy *policy)
 int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
 {
     uint32_t c = aborted(b, policy);
-    if (c) { *code = c; return DP_EABORT; }
+    if (c) {
+        *code = c;
+        return DP_EABORT;
+    }
     uint32_t gen = atomic_load_explicit(A32(b->generation), memory_order_acquire);
     uint32_t arrived = atomic_fetch_add_explicit(A32(b->count), 1u, memory_order_acq_rel) + 1;
     if (arrived == b->n) {
@@ -135,9 +132,15 @@ int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
     for (long i = 0;; i++) {
         uint32_t g = atomic_load_explicit(A32(b->generation), memory_order_acquire);
         c = aborted(b, policy);
-        if (c) { *code = c; return DP_EABORT; }
+        if (c) {
+            *code = c;
+            return DP_EABORT;
+        }
         if (g != gen) return DP_OK;
-        if ((i & 63) != 63) { cpu_relax(); continue; }   /* read the clock every 64 spins */
+        if ((i & 63) != 63) {
+            cpu_relax();
+            continue;
+        } /* read the clock every 64 spins */
         double waited = dp_clock_s() - t0;
         if (policy->timeout_s > 0 && waited > policy->timeout_s) {
             /* our arrival is counted and cannot be taken back safely: abort the group, or the
@@ -149,10 +152,13 @@ int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
         }
         if (waited < policy->spin_s) continue;
 #if !defined(_WIN32)
-        if (waited < policy->spin_s + policy->yield_s) { sched_yield(); continue; }
+        if (waited < policy->spin_s + policy->yield_s) {
+            sched_yield();
+            continue;
+        }
 #endif
         atomic_fetch_add(A32(b->sleepers), 1u);
-        sleep_on(&b->generation, gen, 0.05);   /* re-check abort and timeout every 50 ms */
+        sleep_on(&b->generation, gen, 0.05); /* re-check abort and timeout every 50 ms */
         atomic_fetch_sub(A32(b->sleepers), 1u);
     }
 }

@@ -21,30 +21,30 @@
 
 #include "dp_common.h"
 
-#define DP_EABORT (-10)    /* another worker aborted the group */
-#define DP_ETIMEOUT (-11)  /* the wait exceeded its timeout (the group is then aborted) */
-#define DP_TIMEOUT_ABORT_CODE 0xfffffffeu   /* abort code left by a worker that timed out */
+#define DP_EABORT (-10)   /* another worker aborted the group */
+#define DP_ETIMEOUT (-11) /* the wait exceeded its timeout (the group is then aborted) */
+#define DP_TIMEOUT_ABORT_CODE 0xfffffffeu /* abort code left by a worker that timed out */
 
-#define DP_MAX_GROUP 1024  /* workers (and buffers) a group can have */
+#define DP_MAX_GROUP 1024 /* workers (and buffers) a group can have */
 
 /* 64 bytes, 64-byte aligned in the caller's memory; zero-initialized memory is not enough:
  * call dp_barrier_init once, before any worker waits. */
 typedef struct {
-    uint32_t count;          /* arrivals in the current phase */
-    uint32_t generation;     /* bumped by the last arrival of each phase */
-    uint32_t abort_code;     /* 0, or why the group was aborted (set once) */
-    uint32_t sleepers;       /* waiters that may be blocked in the kernel */
-    uint32_t n;              /* workers in the group */
-    uint32_t magic;          /* DP_BARRIER_MAGIC once initialized */
+    uint32_t count;      /* arrivals in the current phase */
+    uint32_t generation; /* bumped by the last arrival of each phase */
+    uint32_t abort_code; /* 0, or why the group was aborted (set once) */
+    uint32_t sleepers;   /* waiters that may be blocked in the kernel */
+    uint32_t n;          /* workers in the group */
+    uint32_t magic;      /* DP_BARRIER_MAGIC once initialized */
     uint32_t pad[10];
 } dp_barrier;
 
 #define DP_BARRIER_MAGIC 0x64706272u
 
 typedef struct {
-    double spin_s;           /* busy-wait this long first */
-    double yield_s;          /* then give the CPU away with sched_yield this long */
-    double timeout_s;        /* <= 0: wait forever (until aborted); else fail after this long */
+    double spin_s;    /* busy-wait this long first */
+    double yield_s;   /* then give the CPU away with sched_yield this long */
+    double timeout_s; /* <= 0: wait forever (until aborted); else fail after this long */
     /* NULL, or the barrier of the whole set of workers whose abort also ends this wait: one
      * abort of it stops every group of the set (a worker that fails before it ever meets a
      * group others already wait in still stops them); a timeout aborts it too */
@@ -81,16 +81,16 @@ void dp_slice(ptrdiff_t start, ptrdiff_t stop, int rank, int n, int elem_bytes, 
 
 /* One worker's handle on a group. The caller owns every pointer and keeps it valid. */
 typedef struct {
-    dp_barrier *barrier;     /* the group's control block (shared memory) */
-    uint32_t *arrivals;      /* its per-worker arrival counters (dp_group_arrivals), or NULL */
+    dp_barrier *barrier; /* the group's control block (shared memory) */
+    uint32_t *arrivals;  /* its per-worker arrival counters (dp_group_arrivals), or NULL */
     dp_wait_policy policy;
-    int n;                   /* workers in the group */
-    int rank;                /* this worker, in [0, n) */
-    int k;                   /* buffers: n, or any number >= 1 for native with `out` */
-    int algorithm;           /* DP_ALLREDUCE_NATIVE, _RING or _TREE (dp_allreduce.h) */
-    void *const *bufs;       /* k buffers (float * or double *) of one dtype and length */
-    void *out;               /* NULL: the result goes into every buffer; else only here */
-    void *scratch;           /* tree: this worker's scratch, as long as a buffer; else NULL */
+    int n;             /* workers in the group */
+    int rank;          /* this worker, in [0, n) */
+    int k;             /* buffers: n, or any number >= 1 for native with `out` */
+    int algorithm;     /* DP_ALLREDUCE_NATIVE, _RING or _TREE (dp_allreduce.h) */
+    void *const *bufs; /* k buffers (float * or double *) of one dtype and length */
+    void *out;         /* NULL: the result goes into every buffer; else only here */
+    void *scratch;     /* tree: this worker's scratch, as long as a buffer; else NULL */
 } dp_group;
 
 /* Counts this worker's arrival and waits at the group's barrier; *waited_s = the seconds it

@@ -1,6 +1,6 @@
 /* dp_threads.c - see dp_threads.h. */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE     /* sched_getaffinity and CPU_COUNT (glibc) */
+#define _GNU_SOURCE /* sched_getaffinity and CPU_COUNT (glibc) */
 #endif
 #include "dp_threads.h"
 #include "dp_common.h"
@@ -13,8 +13,7 @@ int dp_threads_for(int threads, long long work, long long min_work)
     return most >= threads ? threads : most > 1 ? (int)most : 1;
 }
 
-void dp_threads_part(ptrdiff_t total, ptrdiff_t unit, int t, int n, ptrdiff_t *lo,
-                     ptrdiff_t *hi)
+void dp_threads_part(ptrdiff_t total, ptrdiff_t unit, int t, int n, ptrdiff_t *lo, ptrdiff_t *hi)
 {
     ptrdiff_t units = (total + unit - 1) / unit;
     ptrdiff_t q = units / n, r = units % n;
@@ -26,7 +25,9 @@ void dp_threads_part(ptrdiff_t total, ptrdiff_t unit, int t, int n, ptrdiff_t *l
 
 #if defined(DP_NO_PTHREADS) || defined(_WIN32)
 
-struct dp_threads { int threads; };
+struct dp_threads {
+    int threads;
+};
 
 int dp_threads_create(dp_threads **out, int threads)
 {
@@ -55,25 +56,28 @@ void dp_threads_run(dp_threads *team, int n, dp_task_fn fn, void *arg)
 #include <unistd.h>
 
 struct dp_threads {
-    int threads;                /* parts it can run: helpers + the caller */
-    pid_t owner;                /* the process whose threads these are: a fork()ed child has
+    int threads;        /* parts it can run: helpers + the caller */
+    pid_t owner;        /* the process whose threads these are: a fork()ed child has
                                    none of them, so there the team runs everything inline */
-    pthread_t *helpers;         /* threads - 1 of them */
+    pthread_t *helpers; /* threads - 1 of them */
     pthread_mutex_t mutex;
-    pthread_cond_t wake;        /* helpers sleep here between jobs */
-    pthread_cond_t done_cv;     /* the caller sleeps here until the job is done */
-    atomic_uint generation;     /* bumped once per job; helpers wait for a change */
-    atomic_int remaining;       /* helpers still working on this job */
+    pthread_cond_t wake;    /* helpers sleep here between jobs */
+    pthread_cond_t done_cv; /* the caller sleeps here until the job is done */
+    atomic_uint generation; /* bumped once per job; helpers wait for a change */
+    atomic_int remaining;   /* helpers still working on this job */
     int stop;
-    _Atomic int64_t spin_ns;    /* how long to spin before sleeping: adapted, see spin_until */
-    atomic_uint waits;          /* spin-waits so far (every DP_THREADS_SPIN_PROBE-th spins long) */
+    _Atomic int64_t spin_ns; /* how long to spin before sleeping: adapted, see spin_until */
+    atomic_uint waits;       /* spin-waits so far (every DP_THREADS_SPIN_PROBE-th spins long) */
     /* the job */
     dp_task_fn fn;
     void *arg;
     int n;
 };
 
-typedef struct { dp_threads *team; int t; } helper_arg;
+typedef struct {
+    dp_threads *team;
+    int t;
+} helper_arg;
 
 static int64_t now_ns(void)
 {
@@ -126,24 +130,25 @@ static int spin_until(dp_threads *team, int (*waiting)(dp_threads *, unsigned), 
             if (!until) {
                 until = t + ns;
             } else if (t >= until) {
-                atomic_store_explicit(&team->spin_ns, cur / 2 > DP_THREADS_SPIN_MIN_NS
-                                      ? cur / 2 : DP_THREADS_SPIN_MIN_NS, memory_order_relaxed);
+                atomic_store_explicit(&team->spin_ns,
+                                      cur / 2 > DP_THREADS_SPIN_MIN_NS ? cur / 2
+                                                                       : DP_THREADS_SPIN_MIN_NS,
+                                      memory_order_relaxed);
                 return 0;
             }
         }
         cpu_relax();
     }
     if (cur < DP_THREADS_SPIN_NS)
-        atomic_store_explicit(&team->spin_ns, 2 * ns < DP_THREADS_SPIN_NS
-                              ? 2 * ns : DP_THREADS_SPIN_NS, memory_order_relaxed);
+        atomic_store_explicit(&team->spin_ns,
+                              2 * ns < DP_THREADS_SPIN_NS ? 2 * ns : DP_THREADS_SPIN_NS,
+                              memory_order_relaxed);
     return 1;
 }
 
 /* the helpers' wait: no job after generation `seen` yet */
 static int no_new_job(dp_threads *team, unsigned seen)
-{
-    return atomic_load_explicit(&team->generation, memory_order_acquire) == seen;
-}
+{ return atomic_load_explicit(&team->generation, memory_order_acquire) == seen; }
 
 /* the caller's wait: helpers still on the job */
 static int helpers_busy(dp_threads *team, unsigned unused)
@@ -199,15 +204,22 @@ int dp_threads_create(dp_threads **out, int threads)
     atomic_init(&team->remaining, 0);
     if (threads > 1) {
         team->helpers = calloc((size_t)threads - 1, sizeof(pthread_t));
-        if (!team->helpers) { dp_threads_destroy(team); return DP_ENOMEM; }
+        if (!team->helpers) {
+            dp_threads_destroy(team);
+            return DP_ENOMEM;
+        }
         for (int t = 1; t < threads; t++) {
             helper_arg *ha = malloc(sizeof *ha);
-            if (!ha) { team->threads = t; dp_threads_destroy(team); return DP_ENOMEM; }
+            if (!ha) {
+                team->threads = t;
+                dp_threads_destroy(team);
+                return DP_ENOMEM;
+            }
             ha->team = team;
             ha->t = t;
             if (pthread_create(&team->helpers[t - 1], NULL, helper_main, ha) != 0) {
                 free(ha);
-                team->threads = t;    /* destroy joins only the helpers that exist */
+                team->threads = t; /* destroy joins only the helpers that exist */
                 dp_threads_destroy(team);
                 return DP_ETHREAD;
             }

@@ -33,7 +33,6 @@ void dp_threads_run(dp_threads *team, int n, dp_task_fn fn, void *arg);
  * than its synchronization would cost); and part t of n of [0, total) in whole `unit`s, as
  * even as whole units go (the first units % n parts one unit more): [*lo, *hi). */
 int dp_threads_for(int threads, long long work, long long min_work);
-void dp_threads_part(ptrdiff_t total, ptrdiff_t unit, int t, int n, ptrdiff_t *lo,
-                     ptrdiff_t *hi);
+void dp_threads_part(ptrdiff_t total, ptrdiff_t unit, int t, int n, ptrdiff_t *lo, ptrdiff_t *hi);
 
 #endif

@@ -55,24 +55,26 @@
 #define KV(name) DP_VEC_CAT(K(name), DP_VEC_SFX)
 
 #ifdef DP_VEC_X86
-#define DP_VEC_PROTO_WIDE(ret, f, params) ret f##_avx2 params; ret f##_avx512 params;
-#define DP_VEC_CALL(f, args)                                                                  \
-    switch (dp_isa_active()) {                                                                \
-    case DP_ISA_AVX512: return f##_avx512 args;                                               \
-    case DP_ISA_AVX2: return f##_avx2 args;                                                   \
-    default: return f##_generic args;                                                         \
+#define DP_VEC_PROTO_WIDE(ret, f, params) \
+    ret f##_avx2 params;                  \
+    ret f##_avx512 params;
+#define DP_VEC_CALL(f, args)                    \
+    switch (dp_isa_active()) {                  \
+    case DP_ISA_AVX512: return f##_avx512 args; \
+    case DP_ISA_AVX2: return f##_avx2 args;     \
+    default: return f##_generic args;           \
     }
 #else
 #define DP_VEC_PROTO_WIDE(ret, f, params)
 #define DP_VEC_CALL(f, args) return f##_generic args;
 #endif
 
-#define DP_VEC_PROTO(ret, name, S, params, args)                                              \
-    ret name##S params;                                                                       \
-    ret name##S##_generic params;                                                             \
+#define DP_VEC_PROTO(ret, name, S, params, args) \
+    ret name##S params;                          \
+    ret name##S##_generic params;                \
     DP_VEC_PROTO_WIDE(ret, name##S, params)
 
-#define DP_VEC_DEFINE(ret, name, S, params, args)                                             \
+#define DP_VEC_DEFINE(ret, name, S, params, args) \
     ret name##S params { DP_VEC_CALL(name##S, args) }
 
 #endif

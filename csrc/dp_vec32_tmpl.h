@@ -25,8 +25,6 @@ DP_INLINE void K(pstore)(T *p, K(pvec) v) { memcpy(p, &v, sizeof v); }
 
 /* a where m is set (all ones), else b */
 DP_INLINE K(pvec) K(pselect)(K(pmask) m, K(pvec) a, K(pvec) b)
-{
-    return (K(pvec))((m & (K(pmask))a) | (~m & (K(pmask))b));
-}
+{ return (K(pvec))((m & (K(pmask))a) | (~m & (K(pmask))b)); }
 
 #endif

@@ -18,12 +18,12 @@
 #include "dp_conv.c"
 #include "dp_pool.c"
 #include "dp_loss.c"
-#include "dp_gemm_gemv.c"   /* after dp_loss.c: see dp_gemm_gemv_tmpl.h */
+#include "dp_gemm_gemv.c" /* after dp_loss.c: see dp_gemm_gemv_tmpl.h */
 #include "dp_sgd.c"
 
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
 #else
-typedef int dp_vec_avx2_empty;   /* ISO C: a translation unit declares something */
+typedef int dp_vec_avx2_empty; /* ISO C: a translation unit declares something */
 #endif

@@ -12,7 +12,7 @@
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target(DP_TARGET_AVX512))), apply_to = function)
 #else
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")   /* DP_TARGET_AVX512 */
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma") /* DP_TARGET_AVX512 */
 #endif
 
 #include "dp_act.c"
@@ -21,12 +21,12 @@
 #include "dp_conv.c"
 #include "dp_pool.c"
 #include "dp_loss.c"
-#include "dp_gemm_gemv.c"   /* after dp_loss.c: see dp_gemm_gemv_tmpl.h */
+#include "dp_gemm_gemv.c" /* after dp_loss.c: see dp_gemm_gemv_tmpl.h */
 #include "dp_sgd.c"
 
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
 #else
-typedef int dp_vec_avx512_empty;   /* ISO C: a translation unit declares something */
+typedef int dp_vec_avx512_empty; /* ISO C: a translation unit declares something */
 #endif

@@ -25,8 +25,12 @@ const char *dtype_name(PyArrayObject *a)
 
 const char *typenum_name(int t)
 {
-    return t == NPY_FLOAT32 ? "float32" : t == NPY_FLOAT64 ? "float64" : t == NPY_INT64 ? "int64" :
-           t == NPY_UINT8 ? "uint8" : t == NPY_UINT16 ? "uint16" : "?";
+    return t == NPY_FLOAT32   ? "float32"
+           : t == NPY_FLOAT64 ? "float64"
+           : t == NPY_INT64   ? "int64"
+           : t == NPY_UINT8   ? "uint8"
+           : t == NPY_UINT16  ? "uint16"
+                              : "?";
 }
 
 /* A shape as Python prints a tuple: (4,), (64, 784), (). */
@@ -43,7 +47,8 @@ void shape_str(char *buf, size_t n, int ndim, const npy_intp *dims)
 PyArrayObject *check_array(PyObject *obj, const char *name, int typenum, int ndim, int output)
 {
     if (!PyArray_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name, Py_TYPE(obj)->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name,
+                     Py_TYPE(obj)->tp_name);
         return NULL;
     }
     PyArrayObject *a = (PyArrayObject *)obj;
@@ -53,8 +58,9 @@ PyArrayObject *check_array(PyObject *obj, const char *name, int typenum, int ndi
                      typenum == NPY_NOTYPE ? "float32 or float64" : typenum_name(typenum));
         return NULL;
     }
-    if (!PyArray_ISNOTSWAPPED(a)) {      /* the kernels read native numbers */
-        PyErr_Format(PyExc_TypeError, "%s has the non-native byte order '%c' (dtype %s): convert "
+    if (!PyArray_ISNOTSWAPPED(a)) { /* the kernels read native numbers */
+        PyErr_Format(PyExc_TypeError,
+                     "%s has the non-native byte order '%c' (dtype %s): convert "
                      "it once with a.astype(a.dtype.newbyteorder('=')), outside the training loop",
                      name, PyArray_DESCR(a)->byteorder, dtype_name(a));
         return NULL;
@@ -68,7 +74,8 @@ PyArrayObject *check_array(PyObject *obj, const char *name, int typenum, int ndi
     if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)) {
         PyErr_Format(PyExc_ValueError,
                      "%s must be C-contiguous and aligned (convert it once with "
-                     "np.ascontiguousarray, outside the training loop)", name);
+                     "np.ascontiguousarray, outside the training loop)",
+                     name);
         return NULL;
     }
     if (output && !PyArray_ISWRITEABLE(a)) {
@@ -77,8 +84,9 @@ PyArrayObject *check_array(PyObject *obj, const char *name, int typenum, int ndi
     }
     for (int i = 0; i < PyArray_NDIM(a); i++)
         if (PyArray_DIM(a, i) > INT_MAX) {
-            PyErr_Format(PyExc_ValueError, "%s has a dimension of %ld, more than the kernels' limit %d",
-                         name, (long)PyArray_DIM(a, i), INT_MAX);
+            PyErr_Format(PyExc_ValueError,
+                         "%s has a dimension of %ld, more than the kernels' limit %d", name,
+                         (long)PyArray_DIM(a, i), INT_MAX);
             return NULL;
         }
     return a;
@@ -106,7 +114,8 @@ int check_same_dtype(PyArrayObject *a, const char *name, PyArrayObject *ref, con
 }
 
 /* An output must not share memory with an input it is computed from. */
-int check_no_overlap(PyArrayObject *out, const char *out_name, PyArrayObject *in, const char *in_name)
+int check_no_overlap(PyArrayObject *out, const char *out_name, PyArrayObject *in,
+                     const char *in_name)
 {
     if (!in) return 0;
     char *o0 = PyArray_BYTES(out), *o1 = o0 + PyArray_NBYTES(out);
@@ -140,14 +149,17 @@ int check_held(const held_array *h, const char *owner, const char *name)
     shape_str(now, sizeof now, PyArray_NDIM(a), PyArray_DIMS(a));
     if (PyArray_DATA(a) == h->data && PyArray_TYPE(a) == h->typenum && PyArray_SIZE(a) == h->size &&
         PyArray_IS_C_CONTIGUOUS(a) && PyArray_NDIM(a) == 1) {
-        PyErr_Format(PyExc_ValueError, "%s is read-only, but it is written to (%s.%s was made "
-                     "read-only after the %s was built)", name, owner, name, owner);
+        PyErr_Format(PyExc_ValueError,
+                     "%s is read-only, but it is written to (%s.%s was made "
+                     "read-only after the %s was built)",
+                     name, owner, name, owner);
         return -1;
     }
     PyErr_Format(PyExc_ValueError,
                  "%s.%s was changed after the %s was built: it is now %s of shape %s%s%s, but "
                  "it was built on %s of shape (%zd,) at its memory then; build a new %s for a "
-                 "changed array", owner, name, owner, dtype_name(a), now,
+                 "changed array",
+                 owner, name, owner, dtype_name(a), now,
                  PyArray_DATA(a) != h->data ? ", at other memory" : "",
                  h->output && !PyArray_ISWRITEABLE(a) ? ", read-only" : "",
                  typenum_name(h->typenum), (Py_ssize_t)h->size, owner);
@@ -188,7 +200,7 @@ static int keyword_is(PyObject *key, const char *name)
     if (!PyUnicode_IS_ASCII(key)) return PyUnicode_CompareWithASCIIString(key, name) == 0;
     const char *s = (const char *)PyUnicode_DATA(key);
     Py_ssize_t len = PyUnicode_GET_LENGTH(key), i = 0;
-    while (i < len && name[i] && s[i] == name[i]) i++;   /* (a key may hold a NUL) */
+    while (i < len && name[i] && s[i] == name[i]) i++; /* (a key may hold a NUL) */
     return i == len && name[len] == '\0';
 }
 
@@ -244,8 +256,8 @@ int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const
     for (int j = 0; j < required; j++)
         if (!val[j]) {
             if (j < positional)
-                PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)",
-                             fname, kwlist[j], j + 1);
+                PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", fname,
+                             kwlist[j], j + 1);
             else
                 PyErr_Format(PyExc_TypeError, "%s() missing required keyword-only argument '%s'",
                              fname, kwlist[j]);
@@ -259,28 +271,31 @@ int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const
         PyObject *v = val[j];
         if (!v) continue;
         switch (code[j]) {
-        case 'O':
-            *(PyObject **)out = v;
-            break;
+        case 'O': *(PyObject **)out = v; break;
         case 'p': {
             int t = PyObject_IsTrue(v);
-            if (t < 0) rc = -1;
-            else *(int *)out = t;
+            if (t < 0)
+                rc = -1;
+            else
+                *(int *)out = t;
             break;
         }
         case 'd': {
             double d = PyFloat_AsDouble(v);
-            if (d == -1.0 && PyErr_Occurred()) rc = -1;
-            else *(double *)out = d;
+            if (d == -1.0 && PyErr_Occurred())
+                rc = -1;
+            else
+                *(double *)out = d;
             break;
         }
         case 'i': {
             long l = PyLong_AsLong(v);
-            if (l == -1 && PyErr_Occurred()) rc = -1;
+            if (l == -1 && PyErr_Occurred())
+                rc = -1;
             else if (l > INT_MAX || l < INT_MIN) {
-                PyErr_SetString(PyExc_OverflowError,
-                                l > INT_MAX ? "signed integer is greater than maximum"
-                                            : "signed integer is less than minimum");
+                PyErr_SetString(PyExc_OverflowError, l > INT_MAX
+                                                         ? "signed integer is greater than maximum"
+                                                         : "signed integer is less than minimum");
                 rc = -1;
             } else {
                 *(int *)out = (int)l;
@@ -313,8 +328,9 @@ void label_error(PyArrayObject *labels, int64_t classes)
     npy_intp n = PyArray_SIZE(labels);
     for (npy_intp i = 0; i < n; i++)
         if (l[i] < 0 || l[i] >= classes) {
-            PyErr_Format(PyExc_ValueError, "labels[%ld] = %lld is out of range: expected 0 <= label < %lld",
-                         (long)i, (long long)l[i], (long long)classes);
+            PyErr_Format(PyExc_ValueError,
+                         "labels[%ld] = %lld is out of range: expected 0 <= label < %lld", (long)i,
+                         (long long)l[i], (long long)classes);
             return;
         }
     PyErr_SetString(PyExc_ValueError, "labels are out of range");
@@ -323,14 +339,18 @@ void label_error(PyArrayObject *labels, int64_t classes)
 PyObject *raise_code(int rc, const char *what)
 {
     if (rc == DP_ENOMEM) return PyErr_NoMemory();
-    if (rc == DP_ETHREAD) return PyErr_Format(PyExc_RuntimeError, "%s: could not start a thread", what);
+    if (rc == DP_ETHREAD)
+        return PyErr_Format(PyExc_RuntimeError, "%s: could not start a thread", what);
     return PyErr_Format(PyExc_RuntimeError, "%s failed with code %d", what, rc);
 }
 
 /* grad_scale argument: None -> 1/B. */
 int get_grad_scale(PyObject *obj, npy_intp B, double *out)
 {
-    if (!obj || obj == Py_None) { *out = B > 0 ? 1.0 / (double)B : 0.0; return 0; }
+    if (!obj || obj == Py_None) {
+        *out = B > 0 ? 1.0 / (double)B : 0.0;
+        return 0;
+    }
     *out = PyFloat_AsDouble(obj);
     if (*out == -1.0 && PyErr_Occurred()) return -1;
     return check_finite(*out, "grad_scale");
@@ -350,7 +370,8 @@ int get_range(PyObject *starto, PyObject *stopo, npy_intp n, ptrdiff_t *start, p
         if (*stop == -1 && PyErr_Occurred()) return -1;
     }
     if (*start < 0 || *stop > n || *start > *stop) {
-        PyErr_Format(PyExc_ValueError, "start=%zd, stop=%zd is not a range inside [0, %zd]", *start, *stop, (Py_ssize_t)n);
+        PyErr_Format(PyExc_ValueError, "start=%zd, stop=%zd is not a range inside [0, %zd]", *start,
+                     *stop, (Py_ssize_t)n);
         return -1;
     }
     return 0;
@@ -365,24 +386,30 @@ int parse_gemm_inputs(PyObject *obj, int f32, int *bf16)
     const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8AndSize(obj, &len) : NULL;
     if (!s) {
         if (!PyErr_Occurred())
-            PyErr_Format(PyExc_TypeError, "gemm_inputs must be a str or None, got %s", Py_TYPE(obj)->tp_name);
+            PyErr_Format(PyExc_TypeError, "gemm_inputs must be a str or None, got %s",
+                         Py_TYPE(obj)->tp_name);
         return -1;
     }
-    if ((size_t)len != strlen(s)) {     /* an embedded NUL: not one of the names */
+    if ((size_t)len != strlen(s)) { /* an embedded NUL: not one of the names */
         PyErr_SetString(PyExc_ValueError, "gemm_inputs holds a NUL character");
         return -1;
     }
     if (strcmp(s, "bfloat16") == 0) {
         if (f32 == 0) {
-            PyErr_SetString(PyExc_ValueError, "gemm_inputs='bfloat16' needs float32 params, got float64");
+            PyErr_SetString(PyExc_ValueError,
+                            "gemm_inputs='bfloat16' needs float32 params, got float64");
             return -1;
         }
         *bf16 = 1;
         return 0;
     }
-    if ((strcmp(s, "float32") == 0 && f32 != 0) || (strcmp(s, "float64") == 0 && f32 != 1)) return 0;
-    PyErr_Format(PyExc_ValueError, "gemm_inputs is '%s', expected 'bfloat16' or the params' dtype%s",
-                 s, f32 == 1 ? " ('float32')" : f32 == 0 ? " ('float64')" : "");
+    if ((strcmp(s, "float32") == 0 && f32 != 0) || (strcmp(s, "float64") == 0 && f32 != 1))
+        return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "gemm_inputs is '%s', expected 'bfloat16' or the params' dtype%s", s,
+                 f32 == 1   ? " ('float32')"
+                 : f32 == 0 ? " ('float64')"
+                            : "");
     return -1;
 }
 
@@ -391,14 +418,17 @@ int get_ctx(PyObject *module, PyObject *obj, PyArrayObject *ref, const char *ref
 {
     *out = NULL;
     if (!obj || obj == Py_None) return 0;
-    if (!PyObject_TypeCheck(obj, module_state(module)->context_type) || !((ContextObject *)obj)->ready) {
+    if (!PyObject_TypeCheck(obj, module_state(module)->context_type) ||
+        !((ContextObject *)obj)->ready) {
         PyErr_Format(PyExc_TypeError, "ctx must be a dptrain._core.Context or None, got %s",
                      Py_TYPE(obj)->tp_name);
         return -1;
     }
     if (((ContextObject *)obj)->ctx.bf16_inputs && !IS_F32(ref)) {
-        PyErr_Format(PyExc_ValueError, "ctx rounds GEMM inputs to bfloat16 (gemm_inputs='bfloat16'), "
-                     "which only float32 arrays take; %s is float64", ref_name);
+        PyErr_Format(PyExc_ValueError,
+                     "ctx rounds GEMM inputs to bfloat16 (gemm_inputs='bfloat16'), "
+                     "which only float32 arrays take; %s is float64",
+                     ref_name);
         return -1;
     }
     *out = (ContextObject *)obj;

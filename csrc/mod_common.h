@@ -46,23 +46,19 @@
 
 /* Created in module.c's exec slot, visited and cleared there; one per module object. */
 typedef struct {
-    PyTypeObject *context_type;      /* dptrain._core.Context */
-    PyTypeObject *model_type;        /* dptrain._core.Model */
-    PyTypeObject *shmgroup_type;     /* dptrain._core.ShmGroup */
-    PyObject *group_aborted;         /* dptrain._core.GroupAborted(RuntimeError) */
+    PyTypeObject *context_type;  /* dptrain._core.Context */
+    PyTypeObject *model_type;    /* dptrain._core.Model */
+    PyTypeObject *shmgroup_type; /* dptrain._core.ShmGroup */
+    PyObject *group_aborted;     /* dptrain._core.GroupAborted(RuntimeError) */
 } core_state;
 
 /* The state of the module (self of a module-level function). */
 static inline core_state *module_state(PyObject *module)
-{
-    return (core_state *)PyModule_GetState(module);
-}
+{ return (core_state *)PyModule_GetState(module); }
 
 /* The state of the module that defined `type` (Py_TYPE(self) in a method of our types). */
 static inline core_state *type_state(PyTypeObject *type)
-{
-    return (core_state *)PyType_GetModuleState(type);
-}
+{ return (core_state *)PyType_GetModuleState(type); }
 
 /* ------------------------------------------------------------------ names and messages */
 
@@ -90,7 +86,8 @@ int check_shape(PyArrayObject *a, const char *name, int ndim, const npy_intp *ex
 /* 0 when a has ref's dtype, else -1 + a TypeError naming both. */
 int check_same_dtype(PyArrayObject *a, const char *name, PyArrayObject *ref, const char *ref_name);
 /* An output must not share memory with an input it is computed from (in may be NULL). */
-int check_no_overlap(PyArrayObject *out, const char *out_name, PyArrayObject *in, const char *in_name);
+int check_no_overlap(PyArrayObject *out, const char *out_name, PyArrayObject *in,
+                     const char *in_name);
 
 /* An array an object holds between calls (a model's params and grads, a group's buffers).
  * NumPy lets Python re-type (`a.dtype = ...`), re-shape or re-size (`a.resize(...,
@@ -98,7 +95,7 @@ int check_no_overlap(PyArrayObject *out, const char *out_name, PyArrayObject *in
  * was validated when the object was built is checked again on every call that uses it: the
  * same memory, dtype, element count, C-contiguity and (for outputs) writeability. */
 typedef struct {
-    PyArrayObject *arr;          /* owned reference */
+    PyArrayObject *arr; /* owned reference */
     void *data;
     npy_intp size;
     int typenum;
@@ -139,9 +136,8 @@ int get_range(PyObject *starto, PyObject *stopo, npy_intp n, ptrdiff_t *start, p
 /* A Context: threads and GEMM packing buffers the kernels reuse between calls (its type and
  * methods: mod_context.c). */
 typedef struct {
-    PyObject_HEAD
-    dp_ctx ctx;
-    dp_scratch col;              /* the convolution kernels' im2col buffer */
+    PyObject_HEAD dp_ctx ctx;
+    dp_scratch col; /* the convolution kernels' im2col buffer */
     PyThread_type_lock lock;
     int ready;
 } ContextObject;
@@ -165,14 +161,13 @@ int model_team(PyObject *model, dp_threads **team, PyThread_type_lock *lock);
 int parse_gemm_inputs(PyObject *obj, int f32, int *bf16);
 
 /* Runs stmt with the GIL released, holding `lock` (a PyThread lock, or NULL for none). */
-#define WITHOUT_GIL_LOCKED(lock, stmt)                                        \
-    do {                                                                      \
-        PyThread_type_lock lk_ = (lock);                                      \
-        Py_BEGIN_ALLOW_THREADS                                                \
-        if (lk_) PyThread_acquire_lock(lk_, WAIT_LOCK);                       \
-        stmt;                                                                 \
-        if (lk_) PyThread_release_lock(lk_);                                  \
-        Py_END_ALLOW_THREADS                                                  \
+#define WITHOUT_GIL_LOCKED(lock, stmt)                                         \
+    do {                                                                       \
+        PyThread_type_lock lk_ = (lock);                                       \
+        Py_BEGIN_ALLOW_THREADS if (lk_) PyThread_acquire_lock(lk_, WAIT_LOCK); \
+        stmt;                                                                  \
+        if (lk_) PyThread_release_lock(lk_);                                   \
+        Py_END_ALLOW_THREADS                                                   \
     } while (0)
 #define WITHOUT_GIL(stmt) WITHOUT_GIL_LOCKED(NULL, stmt)
 #define CTX_LOCK(cobj) ((cobj) ? (cobj)->lock : NULL)
@@ -181,16 +176,16 @@ int parse_gemm_inputs(PyObject *obj, int f32, int *bf16);
 
 /* Module-level functions, added by module.c's exec slot (PyModule_AddFunctions). */
 extern PyMethodDef mod_kernels_functions[];
-extern PyMethodDef mod_build_functions[];       /* mod_build.c: the build and the CPU */
-extern PyMethodDef mod_model_functions[];       /* mod_model.c: model_plan */
-extern PyMethodDef mod_group_functions[];       /* mod_group.c: the control-block functions */
+extern PyMethodDef mod_build_functions[]; /* mod_build.c: the build and the CPU */
+extern PyMethodDef mod_model_functions[]; /* mod_model.c: model_plan */
+extern PyMethodDef mod_group_functions[]; /* mod_group.c: the control-block functions */
 /* DPTRAIN_ISA, read once at import: selects the kernels' ISA; -1 with ValueError when it names
  * no ISA or one the CPU lacks (the import fails with that message). */
-int mod_isa_from_env(void);     /* mod_build.c */
+int mod_isa_from_env(void); /* mod_build.c */
 
 /* Type specs, built by module.c's exec slot (PyType_FromModuleAndSpec) into core_state. */
-extern PyType_Spec mod_context_spec;            /* mod_context.c */
-extern PyType_Spec mod_model_spec;              /* mod_model.c */
-extern PyType_Spec mod_shmgroup_spec;           /* mod_group.c */
+extern PyType_Spec mod_context_spec;  /* mod_context.c */
+extern PyType_Spec mod_model_spec;    /* mod_model.c */
+extern PyType_Spec mod_shmgroup_spec; /* mod_group.c */
 
 #endif

@@ -41,7 +41,8 @@ static int Context_init(ContextObject *self, PyObject *args, PyObject *kwds)
         parse_gemm_inputs(gi, -1, &bf16))
         return -1;
     if (threads < 1 || threads > DP_MAX_THREADS) {
-        PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads);
+        PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS,
+                     threads);
         return -1;
     }
     if (self->ready) {
@@ -49,9 +50,15 @@ static int Context_init(ContextObject *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     self->lock = PyThread_allocate_lock();
-    if (!self->lock) { PyErr_NoMemory(); return -1; }
+    if (!self->lock) {
+        PyErr_NoMemory();
+        return -1;
+    }
     int rc = dp_ctx_init(&self->ctx, threads);
-    if (rc) { raise_code(rc, "Context"); return -1; }
+    if (rc) {
+        raise_code(rc, "Context");
+        return -1;
+    }
     self->ctx.bf16_inputs = bf16;
     self->ready = 1;
     return 0;
@@ -64,13 +71,11 @@ static void Context_dealloc(ContextObject *self)
     dp_scratch_free(&self->col);
     if (self->lock) PyThread_free_lock(self->lock);
     type->tp_free((PyObject *)self);
-    Py_DECREF(type);             /* a heap type: each instance holds a reference to it */
+    Py_DECREF(type); /* a heap type: each instance holds a reference to it */
 }
 
 static PyObject *Context_threads(ContextObject *self, void *closure)
-{
-    return PyLong_FromLong(self->ready ? self->ctx.threads : 0);
-}
+{ return PyLong_FromLong(self->ready ? self->ctx.threads : 0); }
 
 static PyObject *Context_gemm_inputs(ContextObject *self, void *closure)
 {
@@ -81,15 +86,19 @@ static PyObject *Context_gemm_inputs(ContextObject *self, void *closure)
 static PyGetSetDef Context_getset[] = {
     {"threads", (getter)Context_threads, NULL, "threads the kernels split work over", NULL},
     {"gemm_inputs", (getter)Context_gemm_inputs, NULL,
-     "'bfloat16': float32 GEMMs round their inputs to bfloat16 (float accumulation); None: as given", NULL},
+     "'bfloat16': float32 GEMMs round their inputs to bfloat16 (float accumulation); None: as "
+     "given",
+     NULL},
     {NULL},
 };
 
 static PyType_Slot Context_slots[] = {
-    {Py_tp_doc, (void *)"Context(threads=1, *, gemm_inputs=None): a thread pool and GEMM packing buffers for the "
-                        "kernels. gemm_inputs='bfloat16': the float32 GEMMs run with it (gemm, dense and "
-                        "conv kernels) round A and B to bfloat16 and accumulate in float32; float64 "
-                        "arrays are refused with it."},
+    {Py_tp_doc,
+     (void *)"Context(threads=1, *, gemm_inputs=None): a thread pool and GEMM packing buffers for "
+             "the "
+             "kernels. gemm_inputs='bfloat16': the float32 GEMMs run with it (gemm, dense and "
+             "conv kernels) round A and B to bfloat16 and accumulate in float32; float64 "
+             "arrays are refused with it."},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, Context_init},
     {Py_tp_dealloc, Context_dealloc},

@@ -19,14 +19,13 @@
 #include "dp_sync.h"
 
 typedef struct {
-    PyObject_HEAD
-    PyObject *control;            /* the array holding the dp_barrier (owned) */
-    PyObject *buffers;            /* tuple of the workers' flat buffers (owned) */
-    PyObject *out_obj;            /* owned reference to the out array, or NULL */
-    PyObject *world_obj;          /* owned reference to the world control array, or NULL */
-    dp_group g;                   /* the handle the dp_group_* calls take; g.bufs is ptrs */
+    PyObject_HEAD PyObject *control; /* the array holding the dp_barrier (owned) */
+    PyObject *buffers;               /* tuple of the workers' flat buffers (owned) */
+    PyObject *out_obj;               /* owned reference to the out array, or NULL */
+    PyObject *world_obj;             /* owned reference to the world control array, or NULL */
+    dp_group g;                      /* the handle the dp_group_* calls take; g.bufs is ptrs */
     void *ptrs[DP_MAX_GROUP];
-    int btype;                    /* the buffers' (and out's) typenum: float32, float64, or
+    int btype; /* the buffers' (and out's) typenum: float32, float64, or
                                    * uint16 (bfloat16 bits, summed in float32) */
     npy_intp length;
 } ShmGroupObject;
@@ -39,8 +38,10 @@ static dp_barrier *control_barrier(PyObject *obj, const char *name)
     PyArrayObject *a = check_array(obj, name, NPY_UINT8, 1, 1);
     if (!a) return NULL;
     if (PyArray_SIZE(a) < (npy_intp)sizeof(dp_barrier) || ((uintptr_t)PyArray_DATA(a) % 64) != 0) {
-        PyErr_Format(PyExc_ValueError, "%s must be a writeable uint8 array of >= %d bytes at a "
-                     "64-byte aligned address", name, (int)sizeof(dp_barrier));
+        PyErr_Format(PyExc_ValueError,
+                     "%s must be a writeable uint8 array of >= %d bytes at a "
+                     "64-byte aligned address",
+                     name, (int)sizeof(dp_barrier));
         return NULL;
     }
     return (dp_barrier *)PyArray_DATA(a);
@@ -53,7 +54,9 @@ static PyObject *py_init_control(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "Oi:init_group_control", &co, &n)) return NULL;
     dp_barrier *b = control_barrier(co, "control");
     if (!b) return NULL;
-    if (n < 1 || n > DP_MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %d", DP_MAX_GROUP, n), NULL;
+    if (n < 1 || n > DP_MAX_GROUP)
+        return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %d", DP_MAX_GROUP, n),
+               NULL;
     /* the barrier and, where the array has room for them, the n arrival counters after it;
      * nothing past that (the array may be part of a larger buffer) */
     size_t bytes = (size_t)PyArray_NBYTES((PyArrayObject *)co), block = dp_group_control_bytes(n);
@@ -66,7 +69,9 @@ static PyObject *py_group_control_bytes(PyObject *module, PyObject *arg)
 {
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 1 || n > DP_MAX_GROUP) return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %ld", DP_MAX_GROUP, n), NULL;
+    if (n < 1 || n > DP_MAX_GROUP)
+        return PyErr_Format(PyExc_ValueError, "n must be in [1, %d], got %ld", DP_MAX_GROUP, n),
+               NULL;
     return PyLong_FromSize_t(dp_group_control_bytes((int)n));
 }
 
@@ -105,8 +110,8 @@ static PyObject *py_abort_control(PyObject *module, PyObject *args)
 
 static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"control", "buffers", "rank", "out", "spin", "yield_time", "timeout",
-                             "algorithm", "world", NULL};
+    static char *kwlist[] = {"control",    "buffers", "rank",      "out",   "spin",
+                             "yield_time", "timeout", "algorithm", "world", NULL};
     PyObject *co, *bo, *seq = NULL, *oo = Py_None, *wo = Py_None;
     int rank, rc = -1, algorithm = -1;
     double spin = 200e-6, yield_time = 2e-3, timeout = 0.0;
@@ -115,39 +120,47 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "ShmGroup is already initialized");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|$OdddsO:ShmGroup", kwlist, &co, &bo, &rank, &oo,
-                                     &spin, &yield_time, &timeout, &alg_name, &wo))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|$OdddsO:ShmGroup", kwlist, &co, &bo, &rank,
+                                     &oo, &spin, &yield_time, &timeout, &alg_name, &wo))
         return -1;
     for (int a = 0; a < DP_ALLREDUCE_COUNT; a++)
         if (strcmp(alg_name, dp_allreduce_name(a)) == 0) algorithm = a;
     if (algorithm < 0) {
-        PyErr_Format(PyExc_ValueError, "algorithm is '%s', expected 'native', 'ring' or 'tree'", alg_name);
+        PyErr_Format(PyExc_ValueError, "algorithm is '%s', expected 'native', 'ring' or 'tree'",
+                     alg_name);
         return -1;
     }
     dp_barrier *b = control_barrier(co, "control");
     if (!b) return -1;
     if (b->magic != DP_BARRIER_MAGIC) {
-        PyErr_SetString(PyExc_ValueError, "control is not initialized: call init_group_control(control, n) once first");
+        PyErr_SetString(
+            PyExc_ValueError,
+            "control is not initialized: call init_group_control(control, n) once first");
         return -1;
     }
     dp_barrier *world = NULL;
     if (wo != Py_None) {
         if (!(world = control_barrier(wo, "world"))) return -1;
         if (world->magic != DP_BARRIER_MAGIC || world->n != b->n) {
-            PyErr_Format(PyExc_ValueError, "world is not an initialized control block of a group of %u "
-                         "workers", b->n);
+            PyErr_Format(PyExc_ValueError,
+                         "world is not an initialized control block of a group of %u "
+                         "workers",
+                         b->n);
             return -1;
         }
     }
     if (!(seq = PySequence_Fast(bo, "buffers must be a sequence of arrays"))) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (b->n < 1 || b->n > DP_MAX_GROUP) {
-        PyErr_Format(PyExc_ValueError, "control holds a group of %u workers, expected 1 to %d: "
-                     "it is not a control block made by init_group_control", b->n, DP_MAX_GROUP);
+        PyErr_Format(PyExc_ValueError,
+                     "control holds a group of %u workers, expected 1 to %d: "
+                     "it is not a control block made by init_group_control",
+                     b->n, DP_MAX_GROUP);
         goto fail;
     }
     if (oo == Py_None && n != (Py_ssize_t)b->n) {
-        PyErr_Format(PyExc_ValueError, "buffers has %zd arrays, but the group has %u workers", n, b->n);
+        PyErr_Format(PyExc_ValueError, "buffers has %zd arrays, but the group has %u workers", n,
+                     b->n);
         goto fail;
     }
     if (n < 1 || n > DP_MAX_GROUP) {
@@ -158,8 +171,10 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
         PyErr_Format(PyExc_ValueError, "rank must be in [0, %u), got %d", b->n, rank);
         goto fail;
     }
-    if (!(isfinite(spin) && spin >= 0 && isfinite(yield_time) && yield_time >= 0 && isfinite(timeout) && timeout >= 0)) {
-        PyErr_SetString(PyExc_ValueError, "spin, yield_time and timeout must be finite numbers >= 0");
+    if (!(isfinite(spin) && spin >= 0 && isfinite(yield_time) && yield_time >= 0 &&
+          isfinite(timeout) && timeout >= 0)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "spin, yield_time and timeout must be finite numbers >= 0");
         goto fail;
     }
     PyArrayObject *first = NULL;
@@ -168,7 +183,8 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
      * bfloat16 (native only) */
     int bf16 = PyArray_Check(b0) && PyArray_TYPE((PyArrayObject *)b0) == NPY_UINT16;
     if (bf16 && (oo == Py_None || algorithm != DP_ALLREDUCE_NATIVE)) {
-        PyErr_Format(PyExc_ValueError, "bfloat16 buffers (uint16) are summed into an out array "
+        PyErr_Format(PyExc_ValueError,
+                     "bfloat16 buffers (uint16) are summed into an out array "
                      "with the native algorithm; got %s and algorithm '%s'",
                      oo == Py_None ? "no out" : "an out", alg_name);
         goto fail;
@@ -179,14 +195,16 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
         PyArrayObject *a = check_array(PySequence_Fast_GET_ITEM(seq, i), name,
                                        bf16 ? NPY_UINT16 : NPY_NOTYPE, 1, 1);
         if (!a) goto fail;
-        if (!first) first = a;
+        if (!first)
+            first = a;
         else if (check_same_dtype(a, name, first, "buffers[0]") ||
                  check_shape(a, name, 1, PyArray_DIMS(first)))
             goto fail;
         for (Py_ssize_t j = 0; j < i; j++)
-            if (check_no_overlap(a, name, (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, j), "another buffer"))
+            if (check_no_overlap(a, name, (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, j),
+                                 "another buffer"))
                 goto fail;
-        if (check_no_overlap(a, name, (PyArrayObject *)co, "control"))   /* the barrier's memory */
+        if (check_no_overlap(a, name, (PyArrayObject *)co, "control")) /* the barrier's memory */
             goto fail;
         self->ptrs[i] = PyArray_DATA(a);
     }
@@ -194,7 +212,8 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
         PyArrayObject *o = check_array(oo, "out", PyArray_TYPE(first), 1, 1);
         if (!o || check_shape(o, "out", 1, PyArray_DIMS(first))) goto fail;
         for (Py_ssize_t j = 0; j < n; j++)
-            if (check_no_overlap(o, "out", (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, j), "a buffer"))
+            if (check_no_overlap(o, "out", (PyArrayObject *)PySequence_Fast_GET_ITEM(seq, j),
+                                 "a buffer"))
                 goto fail;
         if (check_no_overlap(o, "out", (PyArrayObject *)co, "control")) goto fail;
         Py_INCREF(oo);
@@ -202,13 +221,18 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
         self->g.out = PyArray_DATA(o);
     }
     if (algorithm != DP_ALLREDUCE_NATIVE && (oo != Py_None || n != (Py_ssize_t)b->n)) {
-        PyErr_Format(PyExc_ValueError, "algorithm '%s' needs one buffer per worker (%u, got %zd) "
-                     "and no out array", alg_name, b->n, n);
+        PyErr_Format(PyExc_ValueError,
+                     "algorithm '%s' needs one buffer per worker (%u, got %zd) "
+                     "and no out array",
+                     alg_name, b->n, n);
         goto fail;
     }
     if (algorithm == DP_ALLREDUCE_TREE && PyArray_SIZE(first) > 0) {
         self->g.scratch = PyMem_RawMalloc((size_t)PyArray_SIZE(first) * PyArray_ITEMSIZE(first));
-        if (!self->g.scratch) { PyErr_NoMemory(); goto fail; }
+        if (!self->g.scratch) {
+            PyErr_NoMemory();
+            goto fail;
+        }
     }
     self->g.algorithm = algorithm;
     self->buffers = PySequence_Tuple(seq);
@@ -246,7 +270,7 @@ static void ShmGroup_dealloc(ShmGroupObject *self)
     PyMem_RawFree(self->g.scratch);
     PyTypeObject *type = Py_TYPE(self);
     type->tp_free((PyObject *)self);
-    Py_DECREF(type);             /* a heap type: each instance holds a reference to it */
+    Py_DECREF(type); /* a heap type: each instance holds a reference to it */
 }
 
 static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const char *what)
@@ -259,21 +283,27 @@ static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const 
     }
     if (rc == DP_ETIMEOUT) {
         char t[64], who[256] = "";
-        int missing[16], k = self->g.arrivals ? dp_group_missing(self->g.arrivals, self->g.n, self->g.rank, missing, 16) : 0;
+        int missing[16], k = self->g.arrivals ? dp_group_missing(self->g.arrivals, self->g.n,
+                                                                 self->g.rank, missing, 16)
+                                              : 0;
         if (k > 0) {
             size_t used = (size_t)snprintf(who, sizeof who, ": rank%s ", k > 1 ? "s" : "");
             for (int i = 0; i < k && i < 16 && used < sizeof who; i++)
-                used += (size_t)snprintf(who + used, sizeof who - used, "%s%d", i ? ", " : "", missing[i]);
+                used += (size_t)snprintf(who + used, sizeof who - used, "%s%d", i ? ", " : "",
+                                         missing[i]);
             if (used < sizeof who)
                 snprintf(who + used, sizeof who - used, "%s did not arrive", k > 16 ? ", ..." : "");
         } else if (self->g.n == 1 || self->g.arrivals) {
             /* nobody is missing, yet the barrier did not open: its words were written over */
-            snprintf(who, sizeof who, ", yet no rank is missing: the control block was written "
+            snprintf(who, sizeof who,
+                     ", yet no rank is missing: the control block was written "
                      "to from outside the group");
         }
-        return PyErr_Format(PyExc_TimeoutError, "%s on rank %d timed out after %s s waiting for the "
-                            "other %d workers%s", what, self->g.rank,
-                            double_repr(t, sizeof t, self->g.policy.timeout_s), self->g.n - 1, who);
+        return PyErr_Format(PyExc_TimeoutError,
+                            "%s on rank %d timed out after %s s waiting for the "
+                            "other %d workers%s",
+                            what, self->g.rank, double_repr(t, sizeof t, self->g.policy.timeout_s),
+                            self->g.n - 1, who);
     }
     return raise_code(rc, what);
 }
@@ -289,13 +319,17 @@ static int group_control_ready(ShmGroupObject *self)
     PyArrayObject *c = (PyArrayObject *)self->control;
     if (PyArray_DATA(c) != (void *)self->g.barrier || PyArray_TYPE(c) != NPY_UINT8 ||
         PyArray_NBYTES(c) < (npy_intp)sizeof(dp_barrier) || !PyArray_ISWRITEABLE(c))
-        return PyErr_Format(PyExc_ValueError, "ShmGroup.control was changed after the ShmGroup "
-                            "was built (moved, re-typed, shrunk or made read-only)"), -1;
+        return PyErr_Format(PyExc_ValueError,
+                            "ShmGroup.control was changed after the ShmGroup "
+                            "was built (moved, re-typed, shrunk or made read-only)"),
+               -1;
     PyArrayObject *w = (PyArrayObject *)self->world_obj;
     if (w && (PyArray_DATA(w) != (void *)self->g.policy.world || PyArray_TYPE(w) != NPY_UINT8 ||
               PyArray_NBYTES(w) < (npy_intp)sizeof(dp_barrier) || !PyArray_ISWRITEABLE(w)))
-        return PyErr_Format(PyExc_ValueError, "ShmGroup world was changed after the ShmGroup "
-                            "was built (moved, re-typed, shrunk or made read-only)"), -1;
+        return PyErr_Format(PyExc_ValueError,
+                            "ShmGroup world was changed after the ShmGroup "
+                            "was built (moved, re-typed, shrunk or made read-only)"),
+               -1;
     return 0;
 }
 
@@ -310,18 +344,27 @@ static int group_ready(ShmGroupObject *self)
     for (int i = 0; i < self->g.k; i++) {
         PyArrayObject *a = (PyArrayObject *)PyTuple_GET_ITEM(self->buffers, i);
         if (PyArray_DATA(a) != self->ptrs[i] || PyArray_TYPE(a) != t || PyArray_NDIM(a) != 1 ||
-            PyArray_DIM(a, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISWRITEABLE(a))
-            return PyErr_Format(PyExc_ValueError, "ShmGroup buffers[%d] was changed after the ShmGroup "
-                                "was built: it must stay a writeable %s array of shape (%zd,) at its "
-                                "memory", i, typenum_name(t), (Py_ssize_t)self->length), -1;
+            PyArray_DIM(a, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(a) ||
+            !PyArray_ISWRITEABLE(a))
+            return PyErr_Format(
+                       PyExc_ValueError,
+                       "ShmGroup buffers[%d] was changed after the ShmGroup "
+                       "was built: it must stay a writeable %s array of shape (%zd,) at its "
+                       "memory",
+                       i, typenum_name(t), (Py_ssize_t)self->length),
+                   -1;
     }
     if (self->out_obj) {
         PyArrayObject *o = (PyArrayObject *)self->out_obj;
         if (PyArray_DATA(o) != self->g.out || PyArray_TYPE(o) != t || PyArray_NDIM(o) != 1 ||
-            PyArray_DIM(o, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(o) || !PyArray_ISWRITEABLE(o))
-            return PyErr_Format(PyExc_ValueError, "ShmGroup out was changed after the ShmGroup was "
-                                "built: it must stay a writeable %s array of shape (%zd,) at its memory",
-                                typenum_name(t), (Py_ssize_t)self->length), -1;
+            PyArray_DIM(o, 0) != self->length || !PyArray_IS_C_CONTIGUOUS(o) ||
+            !PyArray_ISWRITEABLE(o))
+            return PyErr_Format(
+                       PyExc_ValueError,
+                       "ShmGroup out was changed after the ShmGroup was "
+                       "built: it must stay a writeable %s array of shape (%zd,) at its memory",
+                       typenum_name(t), (Py_ssize_t)self->length),
+                   -1;
     }
     return 0;
 }
@@ -338,7 +381,7 @@ static PyObject *ShmGroup_barrier(ShmGroupObject *self, PyObject *unused)
 }
 
 static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *const *args, Py_ssize_t nargs,
-                                     PyObject *kwnames)
+                                    PyObject *kwnames)
 {
     static const char *const kwlist[] = {"scale", "start", "stop", NULL};
     double scale = 1.0;
@@ -346,7 +389,8 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *const *args,
     if (parse_args(args, nargs, kwnames, "|dOO:allreduce", kwlist, &scale, &starto, &stopo))
         return NULL;
     ptrdiff_t start, stop;
-    if (group_ready(self) || check_finite(scale, "scale") || get_range(starto, stopo, self->length, &start, &stop))
+    if (group_ready(self) || check_finite(scale, "scale") ||
+        get_range(starto, stopo, self->length, &start, &stop))
         return NULL;
     uint32_t code = 0;
     double waited = 0;
@@ -355,7 +399,8 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *const *args,
         WITHOUT_GIL(rc = dp_allreduce_bf16(&self->g, start, stop, (float)scale, &waited, &code));
     else if (self->btype == NPY_FLOAT32)
         WITHOUT_GIL(rc = dp_allreduce_f32(&self->g, start, stop, (float)scale, &waited, &code));
-    else WITHOUT_GIL(rc = dp_allreduce_f64(&self->g, start, stop, scale, &waited, &code));
+    else
+        WITHOUT_GIL(rc = dp_allreduce_f64(&self->g, start, stop, scale, &waited, &code));
     if (rc) return group_error(self, rc, code, "allreduce");
     /* the wait at the entry barrier: this worker waiting for the slowest one (arrival skew),
      * not transfer */
@@ -367,7 +412,7 @@ static PyObject *ShmGroup_abort(ShmGroupObject *self, PyObject *args)
     PyObject *codeo = NULL;
     uint32_t code;
     if (!PyArg_ParseTuple(args, "|O:abort", &codeo) || abort_code(codeo, &code)) return NULL;
-    if (group_control_ready(self)) return NULL;    /* aborting needs the barrier alone */
+    if (group_control_ready(self)) return NULL; /* aborting needs the barrier alone */
     dp_barrier_abort(self->g.barrier, code);
     if (self->g.policy.world) dp_barrier_abort(self->g.policy.world, code);
     Py_RETURN_NONE;
@@ -381,33 +426,40 @@ static PyObject *ShmGroup_get_aborted(ShmGroupObject *self, void *c)
     if (!code && self->g.policy.world) code = dp_barrier_abort_code(self->g.policy.world);
     return PyLong_FromUnsignedLong(code);
 }
-static PyObject *ShmGroup_get_rank(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->g.rank); }
-static PyObject *ShmGroup_get_size(ShmGroupObject *self, void *c) { return PyLong_FromLong(self->g.n); }
+static PyObject *ShmGroup_get_rank(ShmGroupObject *self, void *c)
+{ return PyLong_FromLong(self->g.rank); }
+static PyObject *ShmGroup_get_size(ShmGroupObject *self, void *c)
+{ return PyLong_FromLong(self->g.n); }
 
 static PyMethodDef ShmGroup_methods[] = {
-    {"barrier", (PyCFunction)ShmGroup_barrier, METH_NOARGS, "barrier() -> seconds waited: wait until every worker arrives"},
+    {"barrier", (PyCFunction)ShmGroup_barrier, METH_NOARGS,
+     "barrier() -> seconds waited: wait until every worker arrives"},
     {"allreduce", FASTFN(ShmGroup_allreduce), FASTKW,
      "allreduce(scale=1.0, start=0, stop=None) -> seconds waited at the entry barrier: every "
-     "buffer[start:stop] (or only out[start:stop] when the group has an out array) = scale * the sum "
+     "buffer[start:stop] (or only out[start:stop] when the group has an out array) = scale * the "
+     "sum "
      "of all buffers[start:stop]; native: summed in buffer order, this worker reduces its slice; "
      "ring/tree: the point-to-point schedules of the group's algorithm; uint16 buffers (bfloat16 "
      "values) are summed in float32 into the uint16 out, rounded to bfloat16"},
-    {"abort", (PyCFunction)ShmGroup_abort, METH_VARARGS, "abort(code=1): wake every waiter with an error"},
+    {"abort", (PyCFunction)ShmGroup_abort, METH_VARARGS,
+     "abort(code=1): wake every waiter with an error"},
     {NULL},
 };
 
 static PyGetSetDef ShmGroup_getset[] = {
-    {"aborted", (getter)ShmGroup_get_aborted, NULL, "0, or the code the group was aborted with", NULL},
+    {"aborted", (getter)ShmGroup_get_aborted, NULL, "0, or the code the group was aborted with",
+     NULL},
     {"rank", (getter)ShmGroup_get_rank, NULL, "this worker's rank", NULL},
     {"size", (getter)ShmGroup_get_size, NULL, "workers in the group", NULL},
     {NULL},
 };
 
 static PyType_Slot ShmGroup_slots[] = {
-    {Py_tp_doc, (void *)"ShmGroup(control, buffers, rank, *, out=None, spin=2e-4, yield_time=2e-3, "
-                        "timeout=0, algorithm='native', world=None): one worker's handle on a group "
-                        "of workers that share memory (threads or processes); world: the control "
-                        "block of the whole set of workers, whose abort also stops this group."},
+    {Py_tp_doc,
+     (void *)"ShmGroup(control, buffers, rank, *, out=None, spin=2e-4, yield_time=2e-3, "
+             "timeout=0, algorithm='native', world=None): one worker's handle on a group "
+             "of workers that share memory (threads or processes); world: the control "
+             "block of the whole set of workers, whose abort also stops this group."},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, ShmGroup_init},
     {Py_tp_dealloc, ShmGroup_dealloc},
@@ -426,8 +478,13 @@ PyType_Spec mod_shmgroup_spec = {
 /* ------------------------------------------------------------------ the functions */
 
 PyMethodDef mod_group_functions[] = {
-    {"group_control_bytes", py_group_control_bytes, METH_O, "group_control_bytes(n) -> bytes of a ShmGroup control block for n workers that also tracks who arrived (a timeout then names the workers that did not)"},
-    {"init_group_control", py_init_control, METH_VARARGS, "init_group_control(control, n): set up a ShmGroup's barrier memory for n workers"},
-    {"abort_group_control", py_abort_control, METH_VARARGS, "abort_group_control(control, code=1): abort the group that waits on this control block (e.g. from the launcher when a worker died)"},
+    {"group_control_bytes", py_group_control_bytes, METH_O,
+     "group_control_bytes(n) -> bytes of a ShmGroup control block for n workers that also tracks "
+     "who arrived (a timeout then names the workers that did not)"},
+    {"init_group_control", py_init_control, METH_VARARGS,
+     "init_group_control(control, n): set up a ShmGroup's barrier memory for n workers"},
+    {"abort_group_control", py_abort_control, METH_VARARGS,
+     "abort_group_control(control, code=1): abort the group that waits on this control block (e.g. "
+     "from the launcher when a worker died)"},
     {NULL},
 };

@@ -23,20 +23,18 @@
 /* name(...): common(...) with its last argument, an int, fixed to `arg` (the entry points
  * that share a body: gemm and gemm_naive, the two losses, the bf16 conversions, conv2d's
  * kernels and their naive twins) */
-#define FIXED_ARG(name, common, arg)                                                         \
-    static PyObject *name(PyObject *module, PyObject *const *args, Py_ssize_t nargs,         \
-                          PyObject *kwnames)                                                 \
-    {                                                                                        \
-        return common(module, args, nargs, kwnames, arg);                                    \
-    }
+#define FIXED_ARG(name, common, arg)                                                 \
+    static PyObject *name(PyObject *module, PyObject *const *args, Py_ssize_t nargs, \
+                          PyObject *kwnames)                                         \
+    { return common(module, args, nargs, kwnames, arg); }
 
 /* ------------------------------------------------------------------ GEMM */
 
 static PyObject *gemm_common(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames, int naive)
 {
-    static const char *const kwlist[] = {"a", "b", "c", "trans_a", "trans_b", "alpha", "beta",
-                                         "ctx", NULL};
+    static const char *const kwlist[] = {"a",     "b",    "c",   "trans_a", "trans_b",
+                                         "alpha", "beta", "ctx", NULL};
     PyObject *ao, *bo, *co, *ctxo = NULL;
     int ta = 0, tb = 0;
     double alpha = 1.0, beta = 0.0;
@@ -45,7 +43,8 @@ static PyObject *gemm_common(PyObject *module, PyObject *const *args, Py_ssize_t
         return NULL;
     PyArrayObject *a, *b, *c;
     ContextObject *cobj;
-    if (!(a = check_array(ao, "a", NPY_NOTYPE, 2, 0)) || !(b = check_array(bo, "b", NPY_NOTYPE, 2, 0)) ||
+    if (!(a = check_array(ao, "a", NPY_NOTYPE, 2, 0)) ||
+        !(b = check_array(bo, "b", NPY_NOTYPE, 2, 0)) ||
         !(c = check_array(co, "c", NPY_NOTYPE, 2, 1)) || check_same_dtype(b, "b", a, "a") ||
         check_same_dtype(c, "c", a, "a") || get_ctx(module, ctxo, a, "a", &cobj) ||
         check_finite(alpha, "alpha") || check_finite(beta, "beta"))
@@ -57,7 +56,8 @@ static PyObject *gemm_common(PyObject *module, PyObject *const *args, Py_ssize_t
         return check_shape(b, tb ? "b (transposed)" : "b", 2, want), NULL;
     }
     npy_intp cdims[2] = {M, N};
-    if (check_shape(c, "c", 2, cdims) || check_no_overlap(c, "c", a, "a") || check_no_overlap(c, "c", b, "b"))
+    if (check_shape(c, "c", 2, cdims) || check_no_overlap(c, "c", a, "a") ||
+        check_no_overlap(c, "c", b, "b"))
         return NULL;
     /* op(a)(i, k) = a[i, k] or a[k, i]: strides in elements */
     ptrdiff_t lda = PyArray_DIM(a, 1), ldb = PyArray_DIM(b, 1);
@@ -67,14 +67,21 @@ static PyObject *gemm_common(PyObject *module, PyObject *const *args, Py_ssize_t
     const void *A = PyArray_DATA(a), *B = PyArray_DATA(b);
     if (IS_F32(a)) {
         if (naive)
-            WITHOUT_GIL(dp_gemm_naive_f32(C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, (float)alpha, (float)beta));
+            WITHOUT_GIL(dp_gemm_naive_f32(C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K,
+                                          (float)alpha, (float)beta));
         else
-            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_gemm_f32(cobj ? &cobj->ctx : NULL, C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, (float)alpha, (float)beta));
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj),
+                               rc = dp_gemm_f32(cobj ? &cobj->ctx : NULL, C, N, A, rsa, csa, B, rsb,
+                                                csb, (int)M, (int)N, (int)K, (float)alpha,
+                                                (float)beta));
     } else {
         if (naive)
-            WITHOUT_GIL(dp_gemm_naive_f64(C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, alpha, beta));
+            WITHOUT_GIL(dp_gemm_naive_f64(C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K,
+                                          alpha, beta));
         else
-            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_gemm_f64(cobj ? &cobj->ctx : NULL, C, N, A, rsa, csa, B, rsb, csb, (int)M, (int)N, (int)K, alpha, beta));
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj),
+                               rc = dp_gemm_f64(cobj ? &cobj->ctx : NULL, C, N, A, rsa, csa, B, rsb,
+                                                csb, (int)M, (int)N, (int)K, alpha, beta));
     }
     if (rc) return raise_code(rc, "gemm");
     Py_RETURN_NONE;
@@ -95,22 +102,29 @@ static PyObject *py_dense_forward(PyObject *module, PyObject *const *args, Py_ss
         return NULL;
     PyArrayObject *x, *w, *b, *y;
     ContextObject *cobj;
-    if (!(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) || !(w = check_array(wo, "w", NPY_NOTYPE, 2, 0)) ||
-        !(b = check_array(bo, "b", NPY_NOTYPE, 1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 2, 1)) ||
-        check_same_dtype(w, "w", x, "x") || check_same_dtype(b, "b", x, "x") ||
-        check_same_dtype(y, "y", x, "x") || get_ctx(module, ctxo, x, "x", &cobj))
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) ||
+        !(w = check_array(wo, "w", NPY_NOTYPE, 2, 0)) ||
+        !(b = check_array(bo, "b", NPY_NOTYPE, 1, 0)) ||
+        !(y = check_array(yo, "y", NPY_NOTYPE, 2, 1)) || check_same_dtype(w, "w", x, "x") ||
+        check_same_dtype(b, "b", x, "x") || check_same_dtype(y, "y", x, "x") ||
+        get_ctx(module, ctxo, x, "x", &cobj))
         return NULL;
     npy_intp B = PyArray_DIM(x, 0), IN = PyArray_DIM(x, 1), OUT = PyArray_DIM(w, 0);
     npy_intp wd[2] = {OUT, IN}, bd[1] = {OUT}, yd[2] = {B, OUT};
     if (check_shape(w, "w", 2, wd) || check_shape(b, "b", 1, bd) || check_shape(y, "y", 2, yd) ||
-        check_no_overlap(y, "y", x, "x") || check_no_overlap(y, "y", w, "w") || check_no_overlap(y, "y", b, "b"))
+        check_no_overlap(y, "y", x, "x") || check_no_overlap(y, "y", w, "w") ||
+        check_no_overlap(y, "y", b, "b"))
         return NULL;
     int rc;
     dp_ctx *c = cobj ? &cobj->ctx : NULL;
     if (IS_F32(x))
-        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_forward_f32(c, PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w), PyArray_DATA(b), (int)B, (int)IN, (int)OUT));
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_forward_f32(
+                                               c, PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w),
+                                               PyArray_DATA(b), (int)B, (int)IN, (int)OUT));
     else
-        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_forward_f64(c, PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w), PyArray_DATA(b), (int)B, (int)IN, (int)OUT));
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_forward_f64(
+                                               c, PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w),
+                                               PyArray_DATA(b), (int)B, (int)IN, (int)OUT));
     if (rc) return raise_code(rc, "dense_forward");
     Py_RETURN_NONE;
 }
@@ -125,8 +139,10 @@ static PyObject *py_dense_backward(PyObject *module, PyObject *const *args, Py_s
         return NULL;
     PyArrayObject *dy, *x, *w, *dw, *db, *dx = NULL;
     ContextObject *cobj;
-    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 2, 0)) || !(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) ||
-        !(w = check_array(wo, "w", NPY_NOTYPE, 2, 0)) || !(dw = check_array(dwo, "dw", NPY_NOTYPE, 2, 1)) ||
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 2, 0)) ||
+        !(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) ||
+        !(w = check_array(wo, "w", NPY_NOTYPE, 2, 0)) ||
+        !(dw = check_array(dwo, "dw", NPY_NOTYPE, 2, 1)) ||
         !(db = check_array(dbo, "db", NPY_NOTYPE, 1, 1)) ||
         (dxo != Py_None && !(dx = check_array(dxo, "dx", NPY_NOTYPE, 2, 1))) ||
         check_same_dtype(x, "x", dy, "dy") || check_same_dtype(w, "w", dy, "dy") ||
@@ -141,7 +157,8 @@ static PyObject *py_dense_backward(PyObject *module, PyObject *const *args, Py_s
     PyArrayObject *ins[3] = {dy, x, w};
     const char *in_names[3] = {"dy", "x", "w"};
     for (int i = 0; i < 3; i++)
-        if (check_no_overlap(dw, "dw", ins[i], in_names[i]) || check_no_overlap(db, "db", ins[i], in_names[i]) ||
+        if (check_no_overlap(dw, "dw", ins[i], in_names[i]) ||
+            check_no_overlap(db, "db", ins[i], in_names[i]) ||
             (dx && check_no_overlap(dx, "dx", ins[i], in_names[i])))
             return NULL;
     if ((dx && (check_no_overlap(dx, "dx", dw, "dw") || check_no_overlap(dx, "dx", db, "db"))) ||
@@ -151,9 +168,15 @@ static PyObject *py_dense_backward(PyObject *module, PyObject *const *args, Py_s
     dp_ctx *c = cobj ? &cobj->ctx : NULL;
     void *dxp = dx ? PyArray_DATA(dx) : NULL;
     if (IS_F32(dy))
-        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_backward_f32(c, PyArray_DATA(dw), PyArray_DATA(db), dxp, PyArray_DATA(dy), PyArray_DATA(x), PyArray_DATA(w), (int)B, (int)IN, (int)OUT));
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj),
+                           rc = dp_dense_backward_f32(c, PyArray_DATA(dw), PyArray_DATA(db), dxp,
+                                                      PyArray_DATA(dy), PyArray_DATA(x),
+                                                      PyArray_DATA(w), (int)B, (int)IN, (int)OUT));
     else
-        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_dense_backward_f64(c, PyArray_DATA(dw), PyArray_DATA(db), dxp, PyArray_DATA(dy), PyArray_DATA(x), PyArray_DATA(w), (int)B, (int)IN, (int)OUT));
+        WITHOUT_GIL_LOCKED(CTX_LOCK(cobj),
+                           rc = dp_dense_backward_f64(c, PyArray_DATA(dw), PyArray_DATA(db), dxp,
+                                                      PyArray_DATA(dy), PyArray_DATA(x),
+                                                      PyArray_DATA(w), (int)B, (int)IN, (int)OUT));
     if (rc) return raise_code(rc, "dense_backward");
     Py_RETURN_NONE;
 }
@@ -162,7 +185,8 @@ static PyObject *py_dense_backward(PyObject *module, PyObject *const *args, Py_s
 
 /* Element-wise kernels: every array has the shape of the first; the output may be the very
  * same array as an input (in place) but must not partially overlap one. */
-static int check_elementwise(PyArrayObject *out, const char *oname, PyArrayObject *in, const char *iname)
+static int check_elementwise(PyArrayObject *out, const char *oname, PyArrayObject *in,
+                             const char *iname)
 {
     if (check_same_dtype(out, oname, in, iname) ||
         check_shape(out, oname, PyArray_NDIM(in), PyArray_DIMS(in)))
@@ -178,12 +202,14 @@ static PyObject *py_relu_forward(PyObject *module, PyObject *const *args, Py_ssi
     PyObject *xo, *yo;
     if (parse_args(args, nargs, kwnames, "OO:relu_forward", kwlist, &xo, &yo)) return NULL;
     PyArrayObject *x, *y;
-    if (!(x = check_array(xo, "x", NPY_NOTYPE, -1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, -1, 1)) ||
-        check_elementwise(y, "y", x, "x"))
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, -1, 0)) ||
+        !(y = check_array(yo, "y", NPY_NOTYPE, -1, 1)) || check_elementwise(y, "y", x, "x"))
         return NULL;
     ptrdiff_t n = PyArray_SIZE(x);
-    if (IS_F32(x)) WITHOUT_GIL(dp_relu_forward_f32(PyArray_DATA(y), PyArray_DATA(x), n));
-    else WITHOUT_GIL(dp_relu_forward_f64(PyArray_DATA(y), PyArray_DATA(x), n));
+    if (IS_F32(x))
+        WITHOUT_GIL(dp_relu_forward_f32(PyArray_DATA(y), PyArray_DATA(x), n));
+    else
+        WITHOUT_GIL(dp_relu_forward_f64(PyArray_DATA(y), PyArray_DATA(x), n));
     Py_RETURN_NONE;
 }
 
@@ -194,13 +220,16 @@ static PyObject *py_relu_backward(PyObject *module, PyObject *const *args, Py_ss
     PyObject *dyo, *yo, *dxo;
     if (parse_args(args, nargs, kwnames, "OOO:relu_backward", kwlist, &dyo, &yo, &dxo)) return NULL;
     PyArrayObject *dy, *y, *dx;
-    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, -1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, -1, 0)) ||
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, -1, 0)) ||
+        !(y = check_array(yo, "y", NPY_NOTYPE, -1, 0)) ||
         !(dx = check_array(dxo, "dx", NPY_NOTYPE, -1, 1)) || check_elementwise(y, "y", dy, "dy") ||
         check_elementwise(dx, "dx", dy, "dy") || check_no_overlap(dx, "dx", y, "y"))
         return NULL;
     ptrdiff_t n = PyArray_SIZE(dy);
-    if (IS_F32(dy)) WITHOUT_GIL(dp_relu_backward_f32(PyArray_DATA(dx), PyArray_DATA(dy), PyArray_DATA(y), n));
-    else WITHOUT_GIL(dp_relu_backward_f64(PyArray_DATA(dx), PyArray_DATA(dy), PyArray_DATA(y), n));
+    if (IS_F32(dy))
+        WITHOUT_GIL(dp_relu_backward_f32(PyArray_DATA(dx), PyArray_DATA(dy), PyArray_DATA(y), n));
+    else
+        WITHOUT_GIL(dp_relu_backward_f64(PyArray_DATA(dx), PyArray_DATA(dy), PyArray_DATA(y), n));
     Py_RETURN_NONE;
 }
 
@@ -215,13 +244,15 @@ static PyObject *loss_common(PyObject *module, PyObject *const *args, Py_ssize_t
                    kwlist, &zo, &lo, &dzo, &gso))
         return NULL;
     PyArrayObject *z, *l, *dz = NULL;
-    if (!(z = check_array(zo, "logits", NPY_NOTYPE, -1, 0)) || !(l = check_array(lo, "labels", NPY_INT64, 1, 0)))
+    if (!(z = check_array(zo, "logits", NPY_NOTYPE, -1, 0)) ||
+        !(l = check_array(lo, "labels", NPY_INT64, 1, 0)))
         return NULL;
     int nd = PyArray_NDIM(z);
     if (binary ? !(nd == 1 || (nd == 2 && PyArray_DIM(z, 1) == 1)) : nd != 2) {
         char s[128];
         shape_str(s, sizeof s, nd, PyArray_DIMS(z));
-        PyErr_Format(PyExc_ValueError, "logits has shape %s, expected %s", s, binary ? "(B,) or (B, 1)" : "(B, C)");
+        PyErr_Format(PyExc_ValueError, "logits has shape %s, expected %s", s,
+                     binary ? "(B,) or (B, 1)" : "(B, C)");
         return NULL;
     }
     npy_intp B = PyArray_DIM(z, 0), C = binary ? 1 : PyArray_DIM(z, 1);
@@ -238,11 +269,19 @@ static PyObject *loss_common(PyObject *module, PyObject *const *args, Py_ssize_t
     int rc;
     void *dzp = dz ? PyArray_DATA(dz) : NULL;
     if (binary) {
-        if (IS_F32(z)) WITHOUT_GIL(rc = dp_sigmoid_bce_f32(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, (float)gs));
-        else WITHOUT_GIL(rc = dp_sigmoid_bce_f64(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, gs));
+        if (IS_F32(z))
+            WITHOUT_GIL(rc = dp_sigmoid_bce_f32(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l),
+                                                (int)B, (float)gs));
+        else
+            WITHOUT_GIL(
+                rc = dp_sigmoid_bce_f64(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, gs));
     } else {
-        if (IS_F32(z)) WITHOUT_GIL(rc = dp_softmax_xent_f32(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C, (float)gs));
-        else WITHOUT_GIL(rc = dp_softmax_xent_f64(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C, gs));
+        if (IS_F32(z))
+            WITHOUT_GIL(rc = dp_softmax_xent_f32(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l),
+                                                 (int)B, (int)C, (float)gs));
+        else
+            WITHOUT_GIL(rc = dp_softmax_xent_f64(dzp, &loss, PyArray_DATA(z), PyArray_DATA(l),
+                                                 (int)B, (int)C, gs));
     }
     if (rc == DP_ELABEL) return label_error(l, binary ? 2 : C), NULL;
     if (rc) return raise_code(rc, binary ? "sigmoid_bce" : "softmax_xent");
@@ -259,13 +298,18 @@ static PyObject *py_argmax(PyObject *module, PyObject *const *args, Py_ssize_t n
     PyObject *xo, *oo;
     if (parse_args(args, nargs, kwnames, "OO:argmax", kwlist, &xo, &oo)) return NULL;
     PyArrayObject *x, *o;
-    if (!(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) || !(o = check_array(oo, "out", NPY_INT64, 1, 1)))
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) ||
+        !(o = check_array(oo, "out", NPY_INT64, 1, 1)))
         return NULL;
     npy_intp B = PyArray_DIM(x, 0), C = PyArray_DIM(x, 1), od[1] = {B};
-    if (C < 1) return PyErr_Format(PyExc_ValueError, "x has shape (%ld, 0): no column to pick", (long)B), NULL;
+    if (C < 1)
+        return PyErr_Format(PyExc_ValueError, "x has shape (%ld, 0): no column to pick", (long)B),
+               NULL;
     if (check_shape(o, "out", 1, od) || check_no_overlap(o, "out", x, "x")) return NULL;
-    if (IS_F32(x)) WITHOUT_GIL(dp_argmax_f32(PyArray_DATA(o), PyArray_DATA(x), (int)B, (int)C));
-    else WITHOUT_GIL(dp_argmax_f64(PyArray_DATA(o), PyArray_DATA(x), (int)B, (int)C));
+    if (IS_F32(x))
+        WITHOUT_GIL(dp_argmax_f32(PyArray_DATA(o), PyArray_DATA(x), (int)B, (int)C));
+    else
+        WITHOUT_GIL(dp_argmax_f64(PyArray_DATA(o), PyArray_DATA(x), (int)B, (int)C));
     Py_RETURN_NONE;
 }
 
@@ -276,20 +320,26 @@ static PyObject *py_count_correct(PyObject *module, PyObject *const *args, Py_ss
     PyObject *zo, *lo;
     if (parse_args(args, nargs, kwnames, "OO:count_correct", kwlist, &zo, &lo)) return NULL;
     PyArrayObject *z, *l;
-    if (!(z = check_array(zo, "logits", NPY_NOTYPE, -1, 0)) || !(l = check_array(lo, "labels", NPY_INT64, 1, 0)))
+    if (!(z = check_array(zo, "logits", NPY_NOTYPE, -1, 0)) ||
+        !(l = check_array(lo, "labels", NPY_INT64, 1, 0)))
         return NULL;
     if (PyArray_NDIM(z) != 1 && PyArray_NDIM(z) != 2) {
         char s[128];
         shape_str(s, sizeof s, PyArray_NDIM(z), PyArray_DIMS(z));
-        return PyErr_Format(PyExc_ValueError, "logits has shape %s, expected (B,) or (B, C)", s), NULL;
+        return PyErr_Format(PyExc_ValueError, "logits has shape %s, expected (B,) or (B, C)", s),
+               NULL;
     }
     npy_intp B = PyArray_DIM(z, 0), C = PyArray_NDIM(z) == 2 ? PyArray_DIM(z, 1) : 1, ld[1] = {B};
     if (C < 1) return PyErr_Format(PyExc_ValueError, "logits has 0 classes"), NULL;
     if (check_shape(l, "labels", 1, ld)) return NULL;
     int64_t n;
     int rc;
-    if (IS_F32(z)) WITHOUT_GIL(rc = dp_count_correct_f32(&n, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
-    else WITHOUT_GIL(rc = dp_count_correct_f64(&n, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
+    if (IS_F32(z))
+        WITHOUT_GIL(rc =
+                        dp_count_correct_f32(&n, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
+    else
+        WITHOUT_GIL(rc =
+                        dp_count_correct_f64(&n, PyArray_DATA(z), PyArray_DATA(l), (int)B, (int)C));
     if (rc == DP_ELABEL) return label_error(l, C == 1 ? 2 : C), NULL;
     return PyLong_FromLongLong(n);
 }
@@ -299,9 +349,9 @@ static PyObject *py_count_correct(PyObject *module, PyObject *const *args, Py_ss
 static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames)
 {
-    static const char *const kwlist[] = {"params", "grads", "velocity", "lr", "momentum",
-                                         "dampening", "weight_decay", "nesterov", "first_step",
-                                         "ctx", NULL};
+    static const char *const kwlist[] = {
+        "params",       "grads",    "velocity",   "lr",  "momentum", "dampening",
+        "weight_decay", "nesterov", "first_step", "ctx", NULL};
     PyObject *po, *go, *vo, *ctxo = NULL;
     double lr, mom = 0, damp = 0, wd = 0;
     int nesterov = 0, first = 0;
@@ -312,29 +362,42 @@ static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t
         get_team(module, ctxo, &team, &lock))
         return NULL;
     PyArrayObject *p, *g, *v = NULL;
-    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 1)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 0)) ||
+    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 1)) ||
+        !(g = check_array(go, "grads", NPY_NOTYPE, 1, 0)) ||
         check_elementwise(g, "grads", p, "params") || check_finite(lr, "lr") ||
-        check_finite(mom, "momentum") || check_finite(damp, "dampening") || check_finite(wd, "weight_decay"))
+        check_finite(mom, "momentum") || check_finite(damp, "dampening") ||
+        check_finite(wd, "weight_decay"))
         return NULL;
     char b1[64], b2[64];
     if (lr < 0)
-        return PyErr_Format(PyExc_ValueError, "lr must be >= 0, got %s", double_repr(b1, sizeof b1, lr)), NULL;
+        return PyErr_Format(PyExc_ValueError, "lr must be >= 0, got %s",
+                            double_repr(b1, sizeof b1, lr)),
+               NULL;
     if (mom < 0)
-        return PyErr_Format(PyExc_ValueError, "momentum must be >= 0, got %s", double_repr(b1, sizeof b1, mom)), NULL;
+        return PyErr_Format(PyExc_ValueError, "momentum must be >= 0, got %s",
+                            double_repr(b1, sizeof b1, mom)),
+               NULL;
     if (wd < 0)
-        return PyErr_Format(PyExc_ValueError, "weight_decay must be >= 0, got %s", double_repr(b1, sizeof b1, wd)), NULL;
+        return PyErr_Format(PyExc_ValueError, "weight_decay must be >= 0, got %s",
+                            double_repr(b1, sizeof b1, wd)),
+               NULL;
     if (nesterov && (mom <= 0 || damp != 0))
-        return PyErr_Format(PyExc_ValueError,
-                            "nesterov needs momentum > 0 and dampening == 0 (momentum=%s, dampening=%s)",
-                            double_repr(b1, sizeof b1, mom), double_repr(b2, sizeof b2, damp)), NULL;
+        return PyErr_Format(
+                   PyExc_ValueError,
+                   "nesterov needs momentum > 0 and dampening == 0 (momentum=%s, dampening=%s)",
+                   double_repr(b1, sizeof b1, mom), double_repr(b2, sizeof b2, damp)),
+               NULL;
     if (PyArray_DATA(p) == PyArray_DATA(g))
         return PyErr_Format(PyExc_ValueError, "grads shares memory with params"), NULL;
     if (mom != 0) {
         if (vo == Py_None)
             return PyErr_Format(PyExc_ValueError, "velocity is None, but momentum=%s needs it",
-                                double_repr(b1, sizeof b1, mom)), NULL;
-        if (!(v = check_array(vo, "velocity", NPY_NOTYPE, 1, 1)) || check_elementwise(v, "velocity", p, "params") ||
-            check_no_overlap(v, "velocity", p, "params") || check_no_overlap(v, "velocity", g, "grads"))
+                                double_repr(b1, sizeof b1, mom)),
+                   NULL;
+        if (!(v = check_array(vo, "velocity", NPY_NOTYPE, 1, 1)) ||
+            check_elementwise(v, "velocity", p, "params") ||
+            check_no_overlap(v, "velocity", p, "params") ||
+            check_no_overlap(v, "velocity", g, "grads"))
             return NULL;
     }
     if (check_no_overlap(p, "params", g, "grads")) return NULL;
@@ -342,8 +405,8 @@ static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t
     void *vp = v ? PyArray_DATA(v) : NULL;
     if (IS_F32(p))
         WITHOUT_GIL_LOCKED(lock, dp_sgd_step_team_f32(team, PyArray_DATA(p), vp, PyArray_DATA(g), n,
-                                                      (float)lr, (float)mom, (float)damp,
-                                                      (float)wd, nesterov, first));
+                                                      (float)lr, (float)mom, (float)damp, (float)wd,
+                                                      nesterov, first));
     else
         WITHOUT_GIL_LOCKED(lock, dp_sgd_step_team_f64(team, PyArray_DATA(p), vp, PyArray_DATA(g), n,
                                                       lr, mom, damp, wd, nesterov, first));
@@ -364,7 +427,8 @@ static PyObject *py_sum_buffers(PyObject *module, PyObject *const *args, Py_ssiz
     PyArrayObject *out;
     /* uint16 arrays hold bfloat16 values: summed in float32, rounded to bfloat16 */
     int bf16 = PyArray_Check(oo) && PyArray_TYPE((PyArrayObject *)oo) == NPY_UINT16;
-    if (!(out = check_array(oo, "out", bf16 ? NPY_UINT16 : NPY_NOTYPE, 1, 1)) || check_finite(scale, "scale"))
+    if (!(out = check_array(oo, "out", bf16 ? NPY_UINT16 : NPY_NOTYPE, 1, 1)) ||
+        check_finite(scale, "scale"))
         return NULL;
     if (!(seq = PySequence_Fast(ino, "inputs must be a sequence of arrays"))) return NULL;
     Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
@@ -375,7 +439,8 @@ static PyObject *py_sum_buffers(PyObject *module, PyObject *const *args, Py_ssiz
         goto fail;
     }
     if (k > MAX_SUM_INPUTS) {
-        PyErr_Format(PyExc_ValueError, "inputs has %zd arrays, at most %d are supported", k, MAX_SUM_INPUTS);
+        PyErr_Format(PyExc_ValueError, "inputs has %zd arrays, at most %d are supported", k,
+                     MAX_SUM_INPUTS);
         goto fail;
     }
     for (Py_ssize_t i = 0; i < k; i++) {
@@ -388,11 +453,14 @@ static PyObject *py_sum_buffers(PyObject *module, PyObject *const *args, Py_ssiz
     }
     if (get_range(starto, stopo, PyArray_SIZE(out), &start, &stop)) goto fail;
     if (bf16)
-        WITHOUT_GIL(dp_sum_bf16(PyArray_DATA(out), (const uint16_t *const *)ptrs, (int)k, start, stop, (float)scale));
+        WITHOUT_GIL(dp_sum_bf16(PyArray_DATA(out), (const uint16_t *const *)ptrs, (int)k, start,
+                                stop, (float)scale));
     else if (IS_F32(out))
-        WITHOUT_GIL(dp_sum_buffers_f32(PyArray_DATA(out), (const float *const *)ptrs, (int)k, start, stop, (float)scale));
+        WITHOUT_GIL(dp_sum_buffers_f32(PyArray_DATA(out), (const float *const *)ptrs, (int)k, start,
+                                       stop, (float)scale));
     else
-        WITHOUT_GIL(dp_sum_buffers_f64(PyArray_DATA(out), (const double *const *)ptrs, (int)k, start, stop, scale));
+        WITHOUT_GIL(dp_sum_buffers_f64(PyArray_DATA(out), (const double *const *)ptrs, (int)k,
+                                       start, stop, scale));
     result = Py_None;
     Py_INCREF(result);
 fail:
@@ -411,10 +479,13 @@ static PyObject *bf16_convert(PyObject *module, PyObject *const *args, Py_ssize_
     PyArrayObject *x, *out;
     if (!(x = check_array(xo, "x", to ? NPY_FLOAT32 : NPY_UINT16, -1, 0)) ||
         !(out = check_array(oo, "out", to ? NPY_UINT16 : NPY_FLOAT32, -1, 1)) ||
-        check_shape(out, "out", PyArray_NDIM(x), PyArray_DIMS(x)) || check_no_overlap(out, "out", x, "x"))
+        check_shape(out, "out", PyArray_NDIM(x), PyArray_DIMS(x)) ||
+        check_no_overlap(out, "out", x, "x"))
         return NULL;
-    if (to) WITHOUT_GIL(dp_to_bf16(PyArray_DATA(out), PyArray_DATA(x), PyArray_SIZE(x)));
-    else WITHOUT_GIL(dp_from_bf16(PyArray_DATA(out), PyArray_DATA(x), PyArray_SIZE(x)));
+    if (to)
+        WITHOUT_GIL(dp_to_bf16(PyArray_DATA(out), PyArray_DATA(x), PyArray_SIZE(x)));
+    else
+        WITHOUT_GIL(dp_from_bf16(PyArray_DATA(out), PyArray_DATA(x), PyArray_SIZE(x)));
     Py_RETURN_NONE;
 }
 
@@ -434,8 +505,10 @@ static PyObject *py_scale(PyObject *module, PyObject *const *args, Py_ssize_t na
     if (!(b = check_array(bo, "buf", NPY_NOTYPE, 1, 1)) || check_finite(alpha, "alpha") ||
         get_range(starto, stopo, PyArray_SIZE(b), &start, &stop))
         return NULL;
-    if (IS_F32(b)) WITHOUT_GIL(dp_scale_f32((float *)PyArray_DATA(b) + start, stop - start, (float)alpha));
-    else WITHOUT_GIL(dp_scale_f64((double *)PyArray_DATA(b) + start, stop - start, alpha));
+    if (IS_F32(b))
+        WITHOUT_GIL(dp_scale_f32((float *)PyArray_DATA(b) + start, stop - start, (float)alpha));
+    else
+        WITHOUT_GIL(dp_scale_f64((double *)PyArray_DATA(b) + start, stop - start, alpha));
     Py_RETURN_NONE;
 }
 
@@ -456,15 +529,20 @@ static PyObject *py_gather_rows(PyObject *module, PyObject *const *args, Py_ssiz
     if (PyArray_NDIM(x) < 1 || !PyArray_IS_C_CONTIGUOUS(x) || !PyArray_IS_C_CONTIGUOUS(out) ||
         !PyArray_ISWRITEABLE(out))
         return PyErr_Format(PyExc_ValueError, "x must be a C-contiguous array and out a writeable "
-                            "C-contiguous array"), NULL;
+                                              "C-contiguous array"),
+               NULL;
     /* rows are copied as bytes: only plain numbers may pass (an object array's copy would
      * duplicate references without counting them) */
     if (!PyTypeNum_ISNUMBER(PyArray_TYPE(x)) || PyDataType_REFCHK(PyArray_DESCR(x)))
-        return PyErr_Format(PyExc_TypeError, "x has dtype %s: gather_rows copies rows of a numeric "
-                            "dtype (bool, integer, floating or complex)", dtype_name(x)), NULL;
+        return PyErr_Format(PyExc_TypeError,
+                            "x has dtype %s: gather_rows copies rows of a numeric "
+                            "dtype (bool, integer, floating or complex)",
+                            dtype_name(x)),
+               NULL;
     if (!PyArray_EquivTypes(PyArray_DESCR(x), PyArray_DESCR(out)))
         return PyErr_Format(PyExc_TypeError, "out has dtype %s, expected %s (the dtype of x)",
-                            dtype_name(out), dtype_name(x)), NULL;
+                            dtype_name(out), dtype_name(x)),
+               NULL;
     npy_intp n = PyArray_SIZE(idx), rows = PyArray_DIM(x, 0);
     npy_intp want[NPY_MAXDIMS];
     want[0] = n;
@@ -477,7 +555,8 @@ static PyObject *py_gather_rows(PyObject *module, PyObject *const *args, Py_ssiz
     for (npy_intp i = 0; i < n; i++)
         if (ix[i] < 0 || ix[i] >= rows)
             return PyErr_Format(PyExc_IndexError, "index[%ld] = %lld is out of range for %ld rows",
-                                (long)i, (long long)ix[i], (long)rows), NULL;
+                                (long)i, (long long)ix[i], (long)rows),
+                   NULL;
     const char *src = PyArray_BYTES(x);
     char *dst = PyArray_BYTES(out);
     WITHOUT_GIL(dp_gather_rows(dst, src, ix, n, row_bytes));
@@ -506,21 +585,27 @@ static PyObject *py_zero(PyObject *module, PyObject *const *args, Py_ssize_t nar
 /* ------------------------------------------------------------------ convolution, pooling */
 
 /* The (C, H, W) -> (OC, OH, OW) geometry of x (B, C, H, W) and w (OC, C, KH, KW), checked. */
-static int conv_geometry(PyArrayObject *x, PyArrayObject *w, int padding, dp_conv_geom *g, int *OH, int *OW)
+static int conv_geometry(PyArrayObject *x, PyArrayObject *w, int padding, dp_conv_geom *g, int *OH,
+                         int *OW)
 {
     char xs[128], ws[128];
     shape_str(xs, sizeof xs, PyArray_NDIM(x), PyArray_DIMS(x));
     shape_str(ws, sizeof ws, PyArray_NDIM(w), PyArray_DIMS(w));
-    if (padding < 0) return PyErr_Format(PyExc_ValueError, "padding must be >= 0, got %d", padding), -1;
+    if (padding < 0)
+        return PyErr_Format(PyExc_ValueError, "padding must be >= 0, got %d", padding), -1;
     if (PyArray_DIM(w, 1) != PyArray_DIM(x, 1))
-        return PyErr_Format(PyExc_ValueError, "w has shape %s, but x has shape %s: w.shape[1] must be "
-                            "x's channel count %ld", ws, xs, (long)PyArray_DIM(x, 1)), -1;
+        return PyErr_Format(PyExc_ValueError,
+                            "w has shape %s, but x has shape %s: w.shape[1] must be "
+                            "x's channel count %ld",
+                            ws, xs, (long)PyArray_DIM(x, 1)),
+               -1;
     for (int i = 1; i < 4; i++)
         if (PyArray_DIM(x, i) < 1)
             return PyErr_Format(PyExc_ValueError, "x has shape %s, expected C, H, W >= 1", xs), -1;
     for (int i = 0; i < 4; i++)
         if (PyArray_DIM(w, i) < 1)
-            return PyErr_Format(PyExc_ValueError, "w has shape %s, expected every size >= 1", ws), -1;
+            return PyErr_Format(PyExc_ValueError, "w has shape %s, expected every size >= 1", ws),
+                   -1;
     g->C = (int)PyArray_DIM(x, 1);
     g->H = (int)PyArray_DIM(x, 2);
     g->W = (int)PyArray_DIM(x, 3);
@@ -530,11 +615,16 @@ static int conv_geometry(PyArrayObject *x, PyArrayObject *w, int padding, dp_con
     g->pad = padding;
     if (dp_conv_out(g, OH, OW) == DP_OK) return 0;
     if ((long long)g->H + 2LL * padding < g->KH || (long long)g->W + 2LL * padding < g->KW)
-        return PyErr_Format(PyExc_ValueError, "w has shape %s: its %dx%d kernel is larger than the "
-                            "%dx%d input of x %s with padding %d", ws, g->KH, g->KW, g->H, g->W, xs,
-                            padding), -1;
-    return PyErr_Format(PyExc_ValueError, "x %s and w %s with padding %d are too large for the "
-                        "kernels' int sizes", xs, ws, padding), -1;
+        return PyErr_Format(PyExc_ValueError,
+                            "w has shape %s: its %dx%d kernel is larger than the "
+                            "%dx%d input of x %s with padding %d",
+                            ws, g->KH, g->KW, g->H, g->W, xs, padding),
+               -1;
+    return PyErr_Format(PyExc_ValueError,
+                        "x %s and w %s with padding %d are too large for the "
+                        "kernels' int sizes",
+                        xs, ws, padding),
+           -1;
 }
 
 static PyObject *conv_forward_common(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
@@ -551,28 +641,35 @@ static PyObject *conv_forward_common(PyObject *module, PyObject *const *args, Py
     ContextObject *cobj;
     dp_conv_geom g;
     int OH, OW;
-    if (!(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) || !(w = check_array(wo, "w", NPY_NOTYPE, 4, 0)) ||
-        !(b = check_array(bo, "b", NPY_NOTYPE, 1, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 4, 1)) ||
-        check_same_dtype(w, "w", x, "x") || check_same_dtype(b, "b", x, "x") ||
-        check_same_dtype(y, "y", x, "x") || get_ctx(module, ctxo, x, "x", &cobj) || conv_geometry(x, w, padding, &g, &OH, &OW))
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) ||
+        !(w = check_array(wo, "w", NPY_NOTYPE, 4, 0)) ||
+        !(b = check_array(bo, "b", NPY_NOTYPE, 1, 0)) ||
+        !(y = check_array(yo, "y", NPY_NOTYPE, 4, 1)) || check_same_dtype(w, "w", x, "x") ||
+        check_same_dtype(b, "b", x, "x") || check_same_dtype(y, "y", x, "x") ||
+        get_ctx(module, ctxo, x, "x", &cobj) || conv_geometry(x, w, padding, &g, &OH, &OW))
         return NULL;
     npy_intp B = PyArray_DIM(x, 0), bd[1] = {g.OC}, yd[4] = {B, g.OC, OH, OW};
-    if (check_shape(b, "b", 1, bd) || check_shape(y, "y", 4, yd) || check_no_overlap(y, "y", x, "x") ||
-        check_no_overlap(y, "y", w, "w") || check_no_overlap(y, "y", b, "b"))
+    if (check_shape(b, "b", 1, bd) || check_shape(y, "y", 4, yd) ||
+        check_no_overlap(y, "y", x, "x") || check_no_overlap(y, "y", w, "w") ||
+        check_no_overlap(y, "y", b, "b"))
         return NULL;
     int rc = DP_OK;
     void *Y = PyArray_DATA(y);
     const void *X = PyArray_DATA(x), *Wp = PyArray_DATA(w), *Bp = PyArray_DATA(b);
     if (naive) {
-        if (IS_F32(x)) WITHOUT_GIL(dp_conv2d_forward_naive_f32(Y, X, Wp, Bp, (int)B, &g));
-        else WITHOUT_GIL(dp_conv2d_forward_naive_f64(Y, X, Wp, Bp, (int)B, &g));
+        if (IS_F32(x))
+            WITHOUT_GIL(dp_conv2d_forward_naive_f32(Y, X, Wp, Bp, (int)B, &g));
+        else
+            WITHOUT_GIL(dp_conv2d_forward_naive_f64(Y, X, Wp, Bp, (int)B, &g));
     } else {
         dp_ctx *c = cobj ? &cobj->ctx : NULL;
         dp_scratch *col = cobj ? &cobj->col : NULL;
         if (IS_F32(x))
-            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_forward_f32(c, col, Y, X, Wp, Bp, (int)B, &g));
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj),
+                               rc = dp_conv2d_forward_f32(c, col, Y, X, Wp, Bp, (int)B, &g));
         else
-            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_forward_f64(c, col, Y, X, Wp, Bp, (int)B, &g));
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj),
+                               rc = dp_conv2d_forward_f64(c, col, Y, X, Wp, Bp, (int)B, &g));
     }
     if (rc) return raise_code(rc, "conv2d_forward");
     Py_RETURN_NONE;
@@ -592,8 +689,10 @@ static PyObject *conv_backward_common(PyObject *module, PyObject *const *args, P
     ContextObject *cobj;
     dp_conv_geom g;
     int OH, OW;
-    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 4, 0)) || !(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) ||
-        !(w = check_array(wo, "w", NPY_NOTYPE, 4, 0)) || !(dw = check_array(dwo, "dw", NPY_NOTYPE, 4, 1)) ||
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 4, 0)) ||
+        !(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) ||
+        !(w = check_array(wo, "w", NPY_NOTYPE, 4, 0)) ||
+        !(dw = check_array(dwo, "dw", NPY_NOTYPE, 4, 1)) ||
         !(db = check_array(dbo, "db", NPY_NOTYPE, 1, 1)) ||
         (dxo != Py_None && !(dx = check_array(dxo, "dx", NPY_NOTYPE, 4, 1))) ||
         check_same_dtype(x, "x", dy, "dy") || check_same_dtype(w, "w", dy, "dy") ||
@@ -608,7 +707,8 @@ static PyObject *conv_backward_common(PyObject *module, PyObject *const *args, P
     PyArrayObject *ins[3] = {dy, x, w};
     const char *in_names[3] = {"dy", "x", "w"};
     for (int i = 0; i < 3; i++)
-        if (check_no_overlap(dw, "dw", ins[i], in_names[i]) || check_no_overlap(db, "db", ins[i], in_names[i]) ||
+        if (check_no_overlap(dw, "dw", ins[i], in_names[i]) ||
+            check_no_overlap(db, "db", ins[i], in_names[i]) ||
             (dx && check_no_overlap(dx, "dx", ins[i], in_names[i])))
             return NULL;
     if ((dx && (check_no_overlap(dx, "dx", dw, "dw") || check_no_overlap(dx, "dx", db, "db"))) ||
@@ -618,15 +718,19 @@ static PyObject *conv_backward_common(PyObject *module, PyObject *const *args, P
     void *DW = PyArray_DATA(dw), *DB = PyArray_DATA(db), *DX = dx ? PyArray_DATA(dx) : NULL;
     const void *DY = PyArray_DATA(dy), *X = PyArray_DATA(x), *Wp = PyArray_DATA(w);
     if (naive) {
-        if (IS_F32(x)) WITHOUT_GIL(dp_conv2d_backward_naive_f32(DW, DB, DX, DY, X, Wp, (int)B, &g));
-        else WITHOUT_GIL(dp_conv2d_backward_naive_f64(DW, DB, DX, DY, X, Wp, (int)B, &g));
+        if (IS_F32(x))
+            WITHOUT_GIL(dp_conv2d_backward_naive_f32(DW, DB, DX, DY, X, Wp, (int)B, &g));
+        else
+            WITHOUT_GIL(dp_conv2d_backward_naive_f64(DW, DB, DX, DY, X, Wp, (int)B, &g));
     } else {
         dp_ctx *c = cobj ? &cobj->ctx : NULL;
         dp_scratch *col = cobj ? &cobj->col : NULL;
         if (IS_F32(x))
-            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_backward_f32(c, col, DW, DB, DX, DY, X, Wp, (int)B, &g));
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_backward_f32(c, col, DW, DB, DX, DY,
+                                                                           X, Wp, (int)B, &g));
         else
-            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_backward_f64(c, col, DW, DB, DX, DY, X, Wp, (int)B, &g));
+            WITHOUT_GIL_LOCKED(CTX_LOCK(cobj), rc = dp_conv2d_backward_f64(c, col, DW, DB, DX, DY,
+                                                                           X, Wp, (int)B, &g));
     }
     if (rc) return raise_code(rc, "conv2d_backward");
     Py_RETURN_NONE;
@@ -643,7 +747,8 @@ static int pooled_shape(PyArrayObject *a, const char *name, npy_intp *out)
     if (PyArray_DIM(a, 2) < 2 || PyArray_DIM(a, 3) < 2) {
         char s[128];
         shape_str(s, sizeof s, 4, PyArray_DIMS(a));
-        PyErr_Format(PyExc_ValueError, "%s has shape %s: 2x2 pooling needs H >= 2 and W >= 2", name, s);
+        PyErr_Format(PyExc_ValueError, "%s has shape %s: 2x2 pooling needs H >= 2 and W >= 2", name,
+                     s);
         return -1;
     }
     out[0] = PyArray_DIM(a, 0);
@@ -662,15 +767,21 @@ static PyObject *py_maxpool2_forward(PyObject *module, PyObject *const *args, Py
         return NULL;
     PyArrayObject *x, *y, *idx;
     npy_intp yd[4];
-    if (!(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) || !(y = check_array(yo, "y", NPY_NOTYPE, 4, 1)) ||
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 4, 0)) ||
+        !(y = check_array(yo, "y", NPY_NOTYPE, 4, 1)) ||
         !(idx = check_array(io, "idx", NPY_UINT8, 4, 1)) || check_same_dtype(y, "y", x, "x") ||
         pooled_shape(x, "x", yd) || check_shape(y, "y", 4, yd) || check_shape(idx, "idx", 4, yd) ||
-        check_no_overlap(y, "y", x, "x") || check_no_overlap(idx, "idx", x, "x") || check_no_overlap(idx, "idx", y, "y"))
+        check_no_overlap(y, "y", x, "x") || check_no_overlap(idx, "idx", x, "x") ||
+        check_no_overlap(idx, "idx", y, "y"))
         return NULL;
     ptrdiff_t planes = (ptrdiff_t)PyArray_DIM(x, 0) * PyArray_DIM(x, 1);
     int H = (int)PyArray_DIM(x, 2), W = (int)PyArray_DIM(x, 3);
-    if (IS_F32(x)) WITHOUT_GIL(dp_maxpool2_forward_f32(PyArray_DATA(y), PyArray_DATA(idx), PyArray_DATA(x), planes, H, W));
-    else WITHOUT_GIL(dp_maxpool2_forward_f64(PyArray_DATA(y), PyArray_DATA(idx), PyArray_DATA(x), planes, H, W));
+    if (IS_F32(x))
+        WITHOUT_GIL(dp_maxpool2_forward_f32(PyArray_DATA(y), PyArray_DATA(idx), PyArray_DATA(x),
+                                            planes, H, W));
+    else
+        WITHOUT_GIL(dp_maxpool2_forward_f64(PyArray_DATA(y), PyArray_DATA(idx), PyArray_DATA(x),
+                                            planes, H, W));
     Py_RETURN_NONE;
 }
 
@@ -683,53 +794,90 @@ static PyObject *py_maxpool2_backward(PyObject *module, PyObject *const *args, P
         return NULL;
     PyArrayObject *dy, *idx, *dx;
     npy_intp yd[4];
-    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 4, 0)) || !(idx = check_array(io, "idx", NPY_UINT8, 4, 0)) ||
+    if (!(dy = check_array(dyo, "dy", NPY_NOTYPE, 4, 0)) ||
+        !(idx = check_array(io, "idx", NPY_UINT8, 4, 0)) ||
         !(dx = check_array(dxo, "dx", NPY_NOTYPE, 4, 1)) || check_same_dtype(dx, "dx", dy, "dy") ||
-        pooled_shape(dx, "dx", yd) || check_shape(dy, "dy", 4, yd) || check_shape(idx, "idx", 4, yd) ||
-        check_no_overlap(dx, "dx", dy, "dy") || check_no_overlap(dx, "dx", idx, "idx"))
+        pooled_shape(dx, "dx", yd) || check_shape(dy, "dy", 4, yd) ||
+        check_shape(idx, "idx", 4, yd) || check_no_overlap(dx, "dx", dy, "dy") ||
+        check_no_overlap(dx, "dx", idx, "idx"))
         return NULL;
     const uint8_t *code = PyArray_DATA(idx);
     npy_intp n = PyArray_SIZE(idx);
     for (npy_intp i = 0; i < n; i++)
         if (code[i] > 3)
-            return PyErr_Format(PyExc_ValueError, "idx holds %d at flat position %ld: a window position "
-                                "is 0..3 (as maxpool2_forward writes it)", (int)code[i], (long)i), NULL;
+            return PyErr_Format(PyExc_ValueError,
+                                "idx holds %d at flat position %ld: a window position "
+                                "is 0..3 (as maxpool2_forward writes it)",
+                                (int)code[i], (long)i),
+                   NULL;
     ptrdiff_t planes = (ptrdiff_t)PyArray_DIM(dx, 0) * PyArray_DIM(dx, 1);
     int H = (int)PyArray_DIM(dx, 2), W = (int)PyArray_DIM(dx, 3);
-    if (IS_F32(dy)) WITHOUT_GIL(dp_maxpool2_backward_f32(PyArray_DATA(dx), PyArray_DATA(dy), code, planes, H, W));
-    else WITHOUT_GIL(dp_maxpool2_backward_f64(PyArray_DATA(dx), PyArray_DATA(dy), code, planes, H, W));
+    if (IS_F32(dy))
+        WITHOUT_GIL(
+            dp_maxpool2_backward_f32(PyArray_DATA(dx), PyArray_DATA(dy), code, planes, H, W));
+    else
+        WITHOUT_GIL(
+            dp_maxpool2_backward_f64(PyArray_DATA(dx), PyArray_DATA(dy), code, planes, H, W));
     Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------ the functions */
 
 PyMethodDef mod_kernels_functions[] = {
-    {"gemm", FASTFN(py_gemm), FASTKW, "gemm(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, ctx=None): c = alpha op(a) op(b) + beta c"},
+    {"gemm", FASTFN(py_gemm), FASTKW,
+     "gemm(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, ctx=None): c = alpha "
+     "op(a) op(b) + beta c"},
     {"gemm_naive", FASTFN(py_gemm_naive), FASTKW, "gemm_naive(...): the triple-loop twin of gemm"},
-    {"dense_forward", FASTFN(py_dense_forward), FASTKW, "dense_forward(x, w, b, y, *, ctx=None): y = x w^T + b"},
-    {"dense_backward", FASTFN(py_dense_backward), FASTKW, "dense_backward(dy, x, w, dw, db, dx=None, *, ctx=None): dw += dy^T x; db += sum(dy); dx = dy w"},
-    {"conv2d_forward", FASTFN(py_conv2d_forward), FASTKW, "conv2d_forward(x, w, b, y, *, padding=0, ctx=None): y = conv(x, w) + b; x (B, C, H, W), w (OC, C, KH, KW), stride 1"},
-    {"conv2d_forward_naive", FASTFN(py_conv2d_forward_naive), FASTKW, "conv2d_forward_naive(x, w, b, y, *, padding=0): the loop twin of conv2d_forward"},
-    {"conv2d_backward", FASTFN(py_conv2d_backward), FASTKW, "conv2d_backward(dy, x, w, dw, db, dx=None, *, padding=0, ctx=None): dw += d/dw, db += d/db; dx = d/dx (written)"},
-    {"conv2d_backward_naive", FASTFN(py_conv2d_backward_naive), FASTKW, "conv2d_backward_naive(...): the loop twin of conv2d_backward"},
-    {"maxpool2_forward", FASTFN(py_maxpool2_forward), FASTKW, "maxpool2_forward(x, y, idx): 2x2 max-pooling, stride 2; idx (uint8) = the window position 0..3 of each maximum"},
-    {"maxpool2_backward", FASTFN(py_maxpool2_backward), FASTKW, "maxpool2_backward(dy, idx, dx): dx = dy at each window's maximum, 0 elsewhere (written)"},
+    {"dense_forward", FASTFN(py_dense_forward), FASTKW,
+     "dense_forward(x, w, b, y, *, ctx=None): y = x w^T + b"},
+    {"dense_backward", FASTFN(py_dense_backward), FASTKW,
+     "dense_backward(dy, x, w, dw, db, dx=None, *, ctx=None): dw += dy^T x; db += sum(dy); dx = dy "
+     "w"},
+    {"conv2d_forward", FASTFN(py_conv2d_forward), FASTKW,
+     "conv2d_forward(x, w, b, y, *, padding=0, ctx=None): y = conv(x, w) + b; x (B, C, H, W), w "
+     "(OC, C, KH, KW), stride 1"},
+    {"conv2d_forward_naive", FASTFN(py_conv2d_forward_naive), FASTKW,
+     "conv2d_forward_naive(x, w, b, y, *, padding=0): the loop twin of conv2d_forward"},
+    {"conv2d_backward", FASTFN(py_conv2d_backward), FASTKW,
+     "conv2d_backward(dy, x, w, dw, db, dx=None, *, padding=0, ctx=None): dw += d/dw, db += d/db; "
+     "dx = d/dx (written)"},
+    {"conv2d_backward_naive", FASTFN(py_conv2d_backward_naive), FASTKW,
+     "conv2d_backward_naive(...): the loop twin of conv2d_backward"},
+    {"maxpool2_forward", FASTFN(py_maxpool2_forward), FASTKW,
+     "maxpool2_forward(x, y, idx): 2x2 max-pooling, stride 2; idx (uint8) = the window position "
+     "0..3 of each maximum"},
+    {"maxpool2_backward", FASTFN(py_maxpool2_backward), FASTKW,
+     "maxpool2_backward(dy, idx, dx): dx = dy at each window's maximum, 0 elsewhere (written)"},
     {"relu_forward", FASTFN(py_relu_forward), FASTKW, "relu_forward(x, y): y = max(x, 0)"},
-    {"relu_backward", FASTFN(py_relu_backward), FASTKW, "relu_backward(dy, y, dx): dx = dy * (y > 0)"},
-    {"softmax_xent", FASTFN(py_softmax_xent), FASTKW, "softmax_xent(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
-    {"sigmoid_bce", FASTFN(py_sigmoid_bce), FASTKW, "sigmoid_bce(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
+    {"relu_backward", FASTFN(py_relu_backward), FASTKW,
+     "relu_backward(dy, y, dx): dx = dy * (y > 0)"},
+    {"softmax_xent", FASTFN(py_softmax_xent), FASTKW,
+     "softmax_xent(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
+    {"sigmoid_bce", FASTFN(py_sigmoid_bce), FASTKW,
+     "sigmoid_bce(logits, labels, dlogits=None, grad_scale=None) -> loss sum"},
     {"argmax", FASTFN(py_argmax), FASTKW, "argmax(x, out): out = x.argmax(1)"},
     {"count_correct", FASTFN(py_count_correct), FASTKW, "count_correct(logits, labels) -> int"},
-    {"sgd_step", FASTFN(py_sgd_step), FASTKW, "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, first_step=False, ctx=None): one torch.optim.SGD step in place; ctx (a Context, or the Model that computed grads) splits it over that object's threads"},
-    {"sum_buffers", FASTFN(py_sum_buffers), FASTKW, "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None): "
-     "out[start:stop] = scale * sum(inputs)[start:stop], added in order; uint16 arrays hold bfloat16 "
+    {"sgd_step", FASTFN(py_sgd_step), FASTKW,
+     "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, "
+     "nesterov=False, first_step=False, ctx=None): one torch.optim.SGD step in place; ctx (a "
+     "Context, or the Model that computed grads) splits it over that object's threads"},
+    {"sum_buffers", FASTFN(py_sum_buffers), FASTKW,
+     "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None): "
+     "out[start:stop] = scale * sum(inputs)[start:stop], added in order; uint16 arrays hold "
+     "bfloat16 "
      "values: summed in float32, the result rounded to bfloat16"},
-    {"to_bf16", FASTFN(py_to_bf16), FASTKW, "to_bf16(x, out): out (uint16, x's shape) = float32 x rounded to the "
+    {"to_bf16", FASTFN(py_to_bf16), FASTKW,
+     "to_bf16(x, out): out (uint16, x's shape) = float32 x rounded to the "
      "nearest bfloat16 (ties to even), its bits"},
-    {"from_bf16", FASTFN(py_from_bf16), FASTKW, "from_bf16(x, out): out (float32, x's shape) = the bfloat16 values "
+    {"from_bf16", FASTFN(py_from_bf16), FASTKW,
+     "from_bf16(x, out): out (float32, x's shape) = the bfloat16 values "
      "whose bits x (uint16) holds, exactly"},
-    {"scale_", FASTFN(py_scale), FASTKW, "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
-    {"gather_rows", FASTFN(py_gather_rows), FASTKW, "gather_rows(x, index, out): out[i] = x[index[i]] (rows, any dtype; GIL released)"},
-    {"zero_", FASTFN(py_zero), FASTKW, "zero_(buf, *, ctx=None): buf[:] = 0 with the GIL released; ctx (as sgd_step's) splits it over that object's threads"},
+    {"scale_", FASTFN(py_scale), FASTKW,
+     "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
+    {"gather_rows", FASTFN(py_gather_rows), FASTKW,
+     "gather_rows(x, index, out): out[i] = x[index[i]] (rows, any dtype; GIL released)"},
+    {"zero_", FASTFN(py_zero), FASTKW,
+     "zero_(buf, *, ctx=None): buf[:] = 0 with the GIL released; ctx (as sgd_step's) splits it "
+     "over that object's threads"},
     {NULL},
 };

@@ -16,15 +16,14 @@
 #include "dp_model.h"
 
 typedef struct {
-    PyObject_HEAD
-    held_array params, grads;        /* re-checked on every call (see held_array) */
-    PyObject *sizes;                 /* tuple: flat width of the input and of every layer */
-    PyObject *input_shape;           /* tuple: one input row's shape */
-    PyObject *plan;                  /* dict: model_plan()'s description */
-    PyArrayObject *pending_x;        /* the input of a backward sweep in progress (owned) */
-    void *pending_data;              /* ... its memory and size when the sweep began */
+    PyObject_HEAD held_array params, grads; /* re-checked on every call (see held_array) */
+    PyObject *sizes;                        /* tuple: flat width of the input and of every layer */
+    PyObject *input_shape;                  /* tuple: one input row's shape */
+    PyObject *plan;                         /* dict: model_plan()'s description */
+    PyArrayObject *pending_x;               /* the input of a backward sweep in progress (owned) */
+    void *pending_data;                     /* ... its memory and size when the sweep began */
     npy_intp pending_nbytes;
-    unsigned long sweep_owner;       /* the thread whose sweep is in flight, 0: none; read and
+    unsigned long sweep_owner; /* the thread whose sweep is in flight, 0: none; read and
                                       * written only under `lock` */
     PyThread_type_lock lock;
     int ready;
@@ -39,20 +38,25 @@ static const char *const LOSS_NAMES[] = {"softmax_xent", "sigmoid_bce", "mse"};
 static int parse_loss(const char *name, dp_loss *out)
 {
     for (int i = 0; i < 3; i++)
-        if (strcmp(name, LOSS_NAMES[i]) == 0) { *out = (dp_loss)i; return 0; }
-    PyErr_Format(PyExc_ValueError, "loss must be 'softmax_xent', 'sigmoid_bce' or 'mse', got '%s'", name);
+        if (strcmp(name, LOSS_NAMES[i]) == 0) {
+            *out = (dp_loss)i;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "loss must be 'softmax_xent', 'sigmoid_bce' or 'mse', got '%s'",
+                 name);
     return -1;
 }
 
-static const struct { const char *name; dp_layer_kind kind; int n_ints; } LAYER_KINDS[] = {
-    {"dense", DP_LAYER_DENSE, 1},    /* (out,) */
-    {"conv", DP_LAYER_CONV, 3},      /* (out_channels, kernel, padding); padding may be left out */
-    {"maxpool2", DP_LAYER_MAXPOOL2, 0},
-    {"relu", DP_LAYER_RELU, 0},
-    {"tanh", DP_LAYER_TANH, 0},
-    {"sigmoid", DP_LAYER_SIGMOID, 0},
-    {"gelu", DP_LAYER_GELU, 0},
-    {"flatten", DP_LAYER_FLATTEN, 0},
+static const struct {
+    const char *name;
+    dp_layer_kind kind;
+    int n_ints;
+} LAYER_KINDS[] = {
+    {"dense", DP_LAYER_DENSE, 1}, /* (out,) */
+    {"conv", DP_LAYER_CONV, 3},   /* (out_channels, kernel, padding); padding may be left out */
+    {"maxpool2", DP_LAYER_MAXPOOL2, 0}, {"relu", DP_LAYER_RELU, 0},
+    {"tanh", DP_LAYER_TANH, 0},         {"sigmoid", DP_LAYER_SIGMOID, 0},
+    {"gelu", DP_LAYER_GELU, 0},         {"flatten", DP_LAYER_FLATTEN, 0},
 };
 #define N_KINDS ((int)(sizeof LAYER_KINDS / sizeof LAYER_KINDS[0]))
 
@@ -89,7 +93,8 @@ static PyObject *model_busy_error(const char *method)
     return PyErr_Format(PyExc_RuntimeError,
                         "Model.%s: a backward sweep (forward_loss, then backward_layer down to 0) "
                         "started by another thread is in progress on this object; finish it in "
-                        "that thread first, or give each thread its own Model", method);
+                        "that thread first, or give each thread its own Model",
+                        method);
 }
 
 /* The end of a sweep (or of a call that replaced it): drop the input it held. */
@@ -115,7 +120,7 @@ static int is_mse(const ModelObject *self) { return self->model.plan.loss == DP_
  * classification losses, (B, OUT) values of the model's dtype for mse. The targets are
  * optional when `need_labels` is 0 (Py_None or NULL: *l = NULL). */
 static int model_batch(ModelObject *self, PyObject *xo, PyObject *lo, PyArrayObject **x,
-                     PyArrayObject **l, int writes_grads, int need_labels)
+                       PyArrayObject **l, int writes_grads, int need_labels)
 {
     if (model_ready(self, writes_grads)) return -1;
     if (!(*x = check_array(xo, "x", self->params.typenum, 2, 0))) return -1;
@@ -125,14 +130,16 @@ static int model_batch(ModelObject *self, PyObject *xo, PyObject *lo, PyArrayObj
     *l = NULL;
     if (!lo || lo == Py_None) {
         if (need_labels)
-            PyErr_Format(PyExc_TypeError, is_mse(self) ? "targets must be a %s array, got None"
-                                                       : "labels must be an int64 array, got None",
+            PyErr_Format(PyExc_TypeError,
+                         is_mse(self) ? "targets must be a %s array, got None"
+                                      : "labels must be an int64 array, got None",
                          typenum_name(self->params.typenum));
         return need_labels ? -1 : 0;
     }
     if (is_mse(self)) {
         npy_intp td[2] = {B, p->out_width};
-        if (!(*l = check_array(lo, "targets", self->params.typenum, 2, 0)) || check_shape(*l, "targets", 2, td))
+        if (!(*l = check_array(lo, "targets", self->params.typenum, 2, 0)) ||
+            check_shape(*l, "targets", 2, td))
             return -1;
     } else {
         npy_intp ld[1] = {B};
@@ -144,13 +151,15 @@ static int model_batch(ModelObject *self, PyObject *xo, PyObject *lo, PyArrayObj
 
 /* The gradient buffer of a call: the held one, or another of the same layout (e.g. one per
  * chunk of a global batch). */
-static PyArrayObject *model_grads(ModelObject *self, PyObject *go, PyArrayObject *x, PyArrayObject *labels)
+static PyArrayObject *model_grads(ModelObject *self, PyObject *go, PyArrayObject *x,
+                                  PyArrayObject *labels)
 {
     PyArrayObject *grads = self->grads.arr;
     if (go && go != Py_None) {
         npy_intp pn[1] = {self->model.plan.n_params};
         if (!(grads = check_array(go, "grads", self->params.typenum, 1, 1)) ||
-            check_shape(grads, "grads", 1, pn) || check_no_overlap(grads, "grads", self->params.arr, "params"))
+            check_shape(grads, "grads", 1, pn) ||
+            check_no_overlap(grads, "grads", self->params.arr, "params"))
             return NULL;
     }
     /* the gradient is written while x and the labels / targets are read */
@@ -179,17 +188,21 @@ static int run_loss_grad(ModelObject *s, void *g, double *loss, int64_t *c, cons
 {
     const void *lab = l && !is_mse(s) ? PyArray_DATA(l) : NULL;
     const void *tgt = l && is_mse(s) ? PyArray_DATA(l) : NULL;
-    return s->f32 ? dp_model_loss_grad_f32(&s->model, g, loss, c, s->params.data, x, lab, tgt, B, (float)gs)
-                  : dp_model_loss_grad_f64(&s->model, g, loss, c, s->params.data, x, lab, tgt, B, gs);
+    return s->f32
+               ? dp_model_loss_grad_f32(&s->model, g, loss, c, s->params.data, x, lab, tgt, B,
+                                        (float)gs)
+               : dp_model_loss_grad_f64(&s->model, g, loss, c, s->params.data, x, lab, tgt, B, gs);
 }
 
-static int run_forward_loss(ModelObject *s, double *loss, int64_t *c, const void *x, PyArrayObject *l,
-                            int B, double gs)
+static int run_forward_loss(ModelObject *s, double *loss, int64_t *c, const void *x,
+                            PyArrayObject *l, int B, double gs)
 {
     const void *lab = l && !is_mse(s) ? PyArray_DATA(l) : NULL;
     const void *tgt = l && is_mse(s) ? PyArray_DATA(l) : NULL;
-    return s->f32 ? dp_model_forward_loss_f32(&s->model, loss, c, s->params.data, x, lab, tgt, B, (float)gs)
-                  : dp_model_forward_loss_f64(&s->model, loss, c, s->params.data, x, lab, tgt, B, gs);
+    return s->f32
+               ? dp_model_forward_loss_f32(&s->model, loss, c, s->params.data, x, lab, tgt, B,
+                                           (float)gs)
+               : dp_model_forward_loss_f64(&s->model, loss, c, s->params.data, x, lab, tgt, B, gs);
 }
 
 static int run_evaluate(ModelObject *s, void *out, double *loss, int64_t *c, const void *x,
@@ -202,7 +215,7 @@ static int run_evaluate(ModelObject *s, void *out, double *loss, int64_t *c, con
 }
 
 static PyObject *Model_loss_grad(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
-                               PyObject *kwnames)
+                                 PyObject *kwnames)
 {
     static const char *const kwlist[] = {"x", "labels", "grad_scale", "grads", NULL};
     PyObject *xo, *lo, *gso = Py_None, *go = Py_None;
@@ -218,10 +231,10 @@ static PyObject *Model_loss_grad(ModelObject *self, PyObject *const *args, Py_ss
     int rc;
     unsigned long me = PyThread_get_thread_ident();
     /* a whole sweep: one of this thread's in progress ends here (the engine says so too) */
-    WITHOUT_GIL_LOCKED(self->lock,
-        if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY;
-        else {
-            rc = run_loss_grad(self, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(x), l, (int)B, gs);
+    WITHOUT_GIL_LOCKED(
+        self->lock, if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY; else {
+            rc = run_loss_grad(self, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(x), l,
+                               (int)B, gs);
             self->sweep_owner = 0;
         });
     if (rc == MODEL_EBUSY) return model_busy_error("loss_grad");
@@ -231,7 +244,7 @@ static PyObject *Model_loss_grad(ModelObject *self, PyObject *const *args, Py_ss
 }
 
 static PyObject *Model_forward_loss(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
-                                  PyObject *kwnames)
+                                    PyObject *kwnames)
 {
     static const char *const kwlist[] = {"x", "labels", "grad_scale", NULL};
     PyObject *xo, *lo, *gso = Py_None;
@@ -245,17 +258,16 @@ static PyObject *Model_forward_loss(ModelObject *self, PyObject *const *args, Py
     int64_t correct = 0;
     int rc, pending = 0;
     unsigned long me = PyThread_get_thread_ident();
-    WITHOUT_GIL_LOCKED(self->lock,
-        if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY;
-        else {
+    WITHOUT_GIL_LOCKED(
+        self->lock, if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY; else {
             rc = run_forward_loss(self, &loss, &correct, PyArray_DATA(x), l, (int)B, gs);
             pending = rc == 0 && self->model.pending_rows;
             self->sweep_owner = pending ? me : 0;
         });
     if (rc == MODEL_EBUSY) return model_busy_error("forward_loss");
-    model_end_sweep(self);                 /* this thread's earlier sweep, if any, is replaced */
+    model_end_sweep(self); /* this thread's earlier sweep, if any, is replaced */
     if (rc) return model_error(self, rc, l, "forward_loss");
-    if (pending) {                       /* backward_layer(0) reads x: keep it alive */
+    if (pending) { /* backward_layer(0) reads x: keep it alive */
         Py_INCREF(x);
         self->pending_x = x;
         self->pending_data = PyArray_DATA(x);
@@ -265,7 +277,7 @@ static PyObject *Model_forward_loss(ModelObject *self, PyObject *const *args, Py
 }
 
 static PyObject *Model_backward_layer(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
-                                    PyObject *kwnames)
+                                      PyObject *kwnames)
 {
     static const char *const kwlist[] = {"layer", "grads", NULL};
     int layer;
@@ -273,20 +285,27 @@ static PyObject *Model_backward_layer(ModelObject *self, PyObject *const *args, 
     if (parse_args(args, nargs, kwnames, "i|O:backward_layer", kwlist, &layer, &go)) return NULL;
     if (model_ready(self, 1)) return NULL;
     PyArrayObject *px = self->pending_x;
-    if (px && (PyArray_DATA(px) != self->pending_data || PyArray_NBYTES(px) != self->pending_nbytes))
-        return PyErr_Format(PyExc_ValueError, "backward_layer(%d): the x given to forward_loss was "
-                            "resized or moved since; call forward_loss again", layer), NULL;
+    if (px &&
+        (PyArray_DATA(px) != self->pending_data || PyArray_NBYTES(px) != self->pending_nbytes))
+        return PyErr_Format(PyExc_ValueError,
+                            "backward_layer(%d): the x given to forward_loss was "
+                            "resized or moved since; call forward_loss again",
+                            layer),
+               NULL;
     PyArrayObject *grads = model_grads(self, go, px, NULL);
     if (!grads) return NULL;
     int rc, ended = 0, next = -1, owned_by_other = 0;
     unsigned long me = PyThread_get_thread_ident();
-    WITHOUT_GIL_LOCKED(self->lock,
+    WITHOUT_GIL_LOCKED(
+        self->lock,
         if (self->sweep_owner != me) {
             owned_by_other = self->sweep_owner != 0;
             rc = DP_EORDER;
         } else {
-            rc = self->f32 ? dp_model_backward_layer_f32(&self->model, PyArray_DATA(grads), self->params.data, layer)
-                           : dp_model_backward_layer_f64(&self->model, PyArray_DATA(grads), self->params.data, layer);
+            rc = self->f32 ? dp_model_backward_layer_f32(&self->model, PyArray_DATA(grads),
+                                                         self->params.data, layer)
+                           : dp_model_backward_layer_f64(&self->model, PyArray_DATA(grads),
+                                                         self->params.data, layer);
             ended = !self->model.pending_rows;
             if (ended) self->sweep_owner = 0;
             next = self->model.next_layer;
@@ -294,9 +313,12 @@ static PyObject *Model_backward_layer(ModelObject *self, PyObject *const *args, 
     if (owned_by_other) return model_busy_error("backward_layer");
     if (rc == DP_EORDER) {
         if (next < 0)
-            return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d): no forward_loss to go back from", layer), NULL;
-        return PyErr_Format(PyExc_RuntimeError, "backward_layer(%d) out of order: the next layer is %d",
-                            layer, next), NULL;
+            return PyErr_Format(PyExc_RuntimeError,
+                                "backward_layer(%d): no forward_loss to go back from", layer),
+                   NULL;
+        return PyErr_Format(PyExc_RuntimeError,
+                            "backward_layer(%d) out of order: the next layer is %d", layer, next),
+               NULL;
     }
     if (ended) model_end_sweep(self);
     if (rc) return model_error(self, rc, NULL, "backward_layer");
@@ -305,24 +327,26 @@ static PyObject *Model_backward_layer(ModelObject *self, PyObject *const *args, 
 
 /* evaluate and logits: forward only, in chunks. The engine reuses the activation scratch, so
  * a backward sweep in progress ends here (the engine says so too: no pending rows after). */
-static PyObject *model_forward_only(ModelObject *self, PyObject *xo, PyObject *lo, PyObject *oo, const char *method)
+static PyObject *model_forward_only(ModelObject *self, PyObject *xo, PyObject *lo, PyObject *oo,
+                                    const char *method)
 {
     PyArrayObject *x, *l, *o = NULL;
     if (model_batch(self, xo, lo, &x, &l, 0, lo != NULL)) return NULL;
     if (oo) {
         npy_intp od[2] = {PyArray_DIM(x, 0), self->model.plan.out_width};
-        if (!(o = check_array(oo, "out", self->params.typenum, 2, 1)) || check_shape(o, "out", 2, od) ||
-            check_no_overlap(o, "out", x, "x") || check_no_overlap(o, "out", self->params.arr, "params"))
+        if (!(o = check_array(oo, "out", self->params.typenum, 2, 1)) ||
+            check_shape(o, "out", 2, od) || check_no_overlap(o, "out", x, "x") ||
+            check_no_overlap(o, "out", self->params.arr, "params"))
             return NULL;
     }
     double loss = 0;
     int64_t correct = 0;
     int rc, B = (int)PyArray_DIM(x, 0);
     unsigned long me = PyThread_get_thread_ident();
-    WITHOUT_GIL_LOCKED(self->lock,
-        if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY;
-        else {
-            rc = run_evaluate(self, o ? PyArray_DATA(o) : NULL, &loss, &correct, PyArray_DATA(x), l, B);
+    WITHOUT_GIL_LOCKED(
+        self->lock, if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY; else {
+            rc = run_evaluate(self, o ? PyArray_DATA(o) : NULL, &loss, &correct, PyArray_DATA(x), l,
+                              B);
             self->sweep_owner = 0;
         });
     if (rc == MODEL_EBUSY) return model_busy_error(method);
@@ -333,7 +357,7 @@ static PyObject *model_forward_only(ModelObject *self, PyObject *xo, PyObject *l
 }
 
 static PyObject *Model_evaluate(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
-                              PyObject *kwnames)
+                                PyObject *kwnames)
 {
     static const char *const kwlist[] = {"x", "labels", NULL};
     PyObject *xo, *lo;
@@ -342,7 +366,7 @@ static PyObject *Model_evaluate(ModelObject *self, PyObject *const *args, Py_ssi
 }
 
 static PyObject *Model_logits(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
-                            PyObject *kwnames)
+                              PyObject *kwnames)
 {
     static const char *const kwlist[] = {"x", "out", NULL};
     PyObject *xo, *oo;
@@ -350,20 +374,31 @@ static PyObject *Model_logits(ModelObject *self, PyObject *const *args, Py_ssize
     return model_forward_only(self, xo, NULL, oo, "logits");
 }
 
-static PyObject *held(PyObject *o) { o = o ? o : Py_None; Py_INCREF(o); return o; }
-static PyObject *Model_get_params(ModelObject *self, void *c) { return held((PyObject *)self->params.arr); }
-static PyObject *Model_get_grads(ModelObject *self, void *c) { return held((PyObject *)self->grads.arr); }
+static PyObject *held(PyObject *o)
+{
+    o = o ? o : Py_None;
+    Py_INCREF(o);
+    return o;
+}
+static PyObject *Model_get_params(ModelObject *self, void *c)
+{ return held((PyObject *)self->params.arr); }
+static PyObject *Model_get_grads(ModelObject *self, void *c)
+{ return held((PyObject *)self->grads.arr); }
 static PyObject *Model_get_sizes(ModelObject *self, void *c) { return held(self->sizes); }
-static PyObject *Model_get_input_shape(ModelObject *self, void *c) { return held(self->input_shape); }
+static PyObject *Model_get_input_shape(ModelObject *self, void *c)
+{ return held(self->input_shape); }
 static PyObject *Model_get_plan(ModelObject *self, void *c) { return held(self->plan); }
-static PyObject *Model_get_threads(ModelObject *self, void *c) { return PyLong_FromLong(self->ready ? self->model.threads : 0); }
+static PyObject *Model_get_threads(ModelObject *self, void *c)
+{ return PyLong_FromLong(self->ready ? self->model.threads : 0); }
 static PyObject *Model_get_gemm_inputs(ModelObject *self, void *c)
 {
     if (self->ready && self->model.ctx.bf16_inputs) return PyUnicode_FromString("bfloat16");
     Py_RETURN_NONE;
 }
-static PyObject *Model_get_n_params(ModelObject *self, void *c) { return PyLong_FromSsize_t(self->model.plan.n_params); }
-static PyObject *Model_get_n_param_layers(ModelObject *self, void *c) { return PyLong_FromLong(self->model.plan.n_param_layers); }
+static PyObject *Model_get_n_params(ModelObject *self, void *c)
+{ return PyLong_FromSsize_t(self->model.plan.n_params); }
+static PyObject *Model_get_n_param_layers(ModelObject *self, void *c)
+{ return PyLong_FromLong(self->model.plan.n_param_layers); }
 static PyObject *Model_get_loss(ModelObject *self, void *c)
 {
     if (!self->ready) Py_RETURN_NONE;
@@ -382,7 +417,7 @@ static void Model_dealloc(ModelObject *self)
     if (self->lock) PyThread_free_lock(self->lock);
     PyTypeObject *type = Py_TYPE(self);
     type->tp_free((PyObject *)self);
-    Py_DECREF(type);             /* a heap type: each instance holds a reference to it */
+    Py_DECREF(type); /* a heap type: each instance holds a reference to it */
 }
 
 static PyMethodDef Model_methods[] = {
@@ -411,15 +446,17 @@ static PyObject *plan_dict(const dp_plan *p);
 
 /* Checks params and grads against the plan, then builds the engine and holds the arrays.
  * On failure the object stays unready (dealloc frees what was made). */
-static int model_build(ModelObject *self, const dp_layer *layers, int n_layers,
-                       const int *in_shape, int in_ndim, dp_loss loss, int threads, PyObject *po,
-                       PyObject *go)
+static int model_build(ModelObject *self, const dp_layer *layers, int n_layers, const int *in_shape,
+                       int in_ndim, dp_loss loss, int threads, PyObject *po, PyObject *go)
 {
     if (threads < 1 || threads > DP_MAX_THREADS)
-        return PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS, threads), -1;
+        return PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", DP_MAX_THREADS,
+                            threads),
+               -1;
     PyArrayObject *p, *g;
     npy_intp pn[1] = {self->model.plan.n_params};
-    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 0)) || !(g = check_array(go, "grads", NPY_NOTYPE, 1, 1)) ||
+    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 0)) ||
+        !(g = check_array(go, "grads", NPY_NOTYPE, 1, 1)) ||
         check_same_dtype(g, "grads", p, "params") || check_shape(p, "params", 1, pn) ||
         check_shape(g, "grads", 1, pn) || check_no_overlap(g, "grads", p, "params"))
         return -1;
@@ -434,7 +471,7 @@ static int model_build(ModelObject *self, const dp_layer *layers, int n_layers,
     hold_array(&self->grads, g, 1);
     self->f32 = IS_F32(p);
     self->ready = 1;
-    return (self->plan = plan_dict(&self->model.plan)) ? 0 : -1;   /* ready: dealloc frees */
+    return (self->plan = plan_dict(&self->model.plan)) ? 0 : -1; /* ready: dealloc frees */
 }
 
 /* A tuple of ints from n C ints. */
@@ -443,13 +480,17 @@ static PyObject *int_tuple(const int *v, int n)
     PyObject *t = PyTuple_New(n);
     for (int i = 0; t && i < n; i++) {
         PyObject *o = PyLong_FromLong(v[i]);
-        if (!o) { Py_CLEAR(t); break; }
+        if (!o) {
+            Py_CLEAR(t);
+            break;
+        }
         PyTuple_SET_ITEM(t, i, o);
     }
     return t;
 }
 
-static int flat(const int *shape, int ndim) { return ndim == 3 ? shape[0] * shape[1] * shape[2] : shape[0]; }
+static int flat(const int *shape, int ndim)
+{ return ndim == 3 ? shape[0] * shape[1] * shape[2] : shape[0]; }
 
 /* The input's flat width, then each layer's output width. */
 static PyObject *widths_tuple(const dp_plan *p)
@@ -460,7 +501,10 @@ static PyObject *widths_tuple(const dp_plan *p)
     for (int i = 0; i <= n; i++) {
         int w = i == 0 ? p->in_width : flat(p->out_shape[i - 1], p->out_ndim[i - 1]);
         PyObject *o = PyLong_FromLong(w);
-        if (!o) { Py_DECREF(t); return NULL; }
+        if (!o) {
+            Py_DECREF(t);
+            return NULL;
+        }
         PyTuple_SET_ITEM(t, i, o);
     }
     return t;
@@ -477,14 +521,17 @@ static int parse_layer(PyObject *item, Py_ssize_t i, dp_layer *out)
     if (!PyUnicode_Check(item)) {
         if (!PySequence_Check(item) || !(seq = PySequence_Tuple(item))) {
             PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "layers[%zd] must be a layer name or a tuple (name, sizes...), "
-                         "got %s", i, Py_TYPE(item)->tp_name);
+            PyErr_Format(PyExc_TypeError,
+                         "layers[%zd] must be a layer name or a tuple (name, sizes...), "
+                         "got %s",
+                         i, Py_TYPE(item)->tp_name);
             return -1;
         }
         n = PyTuple_GET_SIZE(seq);
         name_obj = n ? PyTuple_GET_ITEM(seq, 0) : NULL;
         if (!name_obj || !PyUnicode_Check(name_obj)) {
-            PyErr_Format(PyExc_TypeError, "layers[%zd] = %R: the first entry must be the layer's name", i, item);
+            PyErr_Format(PyExc_TypeError,
+                         "layers[%zd] = %R: the first entry must be the layer's name", i, item);
             Py_DECREF(seq);
             return -1;
         }
@@ -495,26 +542,32 @@ static int parse_layer(PyObject *item, Py_ssize_t i, dp_layer *out)
     for (int j = 0; j < N_KINDS; j++)
         if (PyUnicode_CompareWithASCIIString(name_obj, LAYER_KINDS[j].name) == 0) k = j;
     if (k < 0) {
-        PyErr_Format(PyExc_ValueError, "layers[%zd]: unknown layer %R (known: dense, conv, maxpool2, "
-                     "relu, tanh, sigmoid, gelu, flatten)", i, name_obj);
+        PyErr_Format(PyExc_ValueError,
+                     "layers[%zd]: unknown layer %R (known: dense, conv, maxpool2, "
+                     "relu, tanh, sigmoid, gelu, flatten)",
+                     i, name_obj);
         Py_XDECREF(seq);
         return -1;
     }
     const char *name = LAYER_KINDS[k].name;
     int want = LAYER_KINDS[k].n_ints, vals[3] = {0, 0, 0};
-    int min_given = LAYER_KINDS[k].kind == DP_LAYER_CONV ? 2 : want;   /* conv: padding optional */
+    int min_given = LAYER_KINDS[k].kind == DP_LAYER_CONV ? 2 : want; /* conv: padding optional */
     if (n - 1 < min_given || n - 1 > want) {
-        PyErr_Format(PyExc_ValueError, "layers[%zd] = %R: '%s' takes %s", i, item, name,
-                     want == 0 ? "no sizes" : want == 1 ? "one size: ('dense', out_features)"
-                     : "('conv', out_channels, kernel) or ('conv', out_channels, kernel, padding)");
+        PyErr_Format(
+            PyExc_ValueError, "layers[%zd] = %R: '%s' takes %s", i, item, name,
+            want == 0 ? "no sizes"
+            : want == 1
+                ? "one size: ('dense', out_features)"
+                : "('conv', out_channels, kernel) or ('conv', out_channels, kernel, padding)");
         Py_XDECREF(seq);
         return -1;
     }
     for (Py_ssize_t j = 1; j < n; j++) {
         PyObject *v = PyTuple_GET_ITEM(seq, j);
-        PyObject *index = PyNumber_Index(v);     /* int, numpy integers; not float */
+        PyObject *index = PyNumber_Index(v); /* int, numpy integers; not float */
         if (!index) {
-            PyErr_Format(PyExc_TypeError, "layers[%zd] = %R: sizes must be ints, got %s", i, item, Py_TYPE(v)->tp_name);
+            PyErr_Format(PyExc_TypeError, "layers[%zd] = %R: sizes must be ints, got %s", i, item,
+                         Py_TYPE(v)->tp_name);
             Py_DECREF(seq);
             return -1;
         }
@@ -524,7 +577,9 @@ static int parse_layer(PyObject *item, Py_ssize_t i, dp_layer *out)
         int lowest = LAYER_KINDS[k].kind == DP_LAYER_CONV && j == 3 ? 0 : 1;
         if (overflow || x < lowest || x > INT_MAX) {
             PyErr_Format(PyExc_ValueError, "layers[%zd] = %R: %s must be %d..%d", i, item,
-                         j == 3 ? "padding" : j == 2 ? "the kernel size" : "the output size",
+                         j == 3   ? "padding"
+                         : j == 2 ? "the kernel size"
+                                  : "the output size",
                          lowest, INT_MAX);
             Py_DECREF(seq);
             return -1;
@@ -545,13 +600,16 @@ static int parse_shape(PyObject *obj, int *shape, int *ndim)
     PyObject *seq = PySequence_Check(obj) && !PyUnicode_Check(obj) ? PySequence_Tuple(obj) : NULL;
     if (!seq) {
         PyErr_Clear();
-        return PyErr_Format(PyExc_TypeError, "input_shape must be a tuple (F,) or (C, H, W), got %s",
-                            Py_TYPE(obj)->tp_name), -1;
+        return PyErr_Format(PyExc_TypeError,
+                            "input_shape must be a tuple (F,) or (C, H, W), got %s",
+                            Py_TYPE(obj)->tp_name),
+               -1;
     }
     Py_ssize_t n = PyTuple_GET_SIZE(seq);
     int rc = -1;
     if (n != 1 && n != 3) {
-        PyErr_Format(PyExc_ValueError, "input_shape %R has %zd entries, expected (F,) or (C, H, W)", obj, n);
+        PyErr_Format(PyExc_ValueError, "input_shape %R has %zd entries, expected (F,) or (C, H, W)",
+                     obj, n);
         goto done;
     }
     for (Py_ssize_t d = 0; d < n; d++) {
@@ -579,8 +637,10 @@ done:
 /* "(C, H, W)" or "(F,)", as Python writes the tuple. */
 static void shape_text(char *buf, size_t size, const int *shape, int ndim)
 {
-    if (ndim == 3) snprintf(buf, size, "(%d, %d, %d)", shape[0], shape[1], shape[2]);
-    else snprintf(buf, size, "(%d,)", shape[0]);
+    if (ndim == 3)
+        snprintf(buf, size, "(%d, %d, %d)", shape[0], shape[1], shape[2]);
+    else
+        snprintf(buf, size, "(%d,)", shape[0]);
 }
 
 /* layers, input_shape and loss into a plan; a ValueError naming the layer at fault. */
@@ -592,13 +652,15 @@ static int parse_model(PyObject *lo, PyObject *so, const char *loss_name, dp_lay
     if (!seq) {
         PyErr_Clear();
         return PyErr_Format(PyExc_TypeError, "layers must be a list of layer specs, got %s",
-                            Py_TYPE(lo)->tp_name), -1;
+                            Py_TYPE(lo)->tp_name),
+               -1;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (n < 1 || n > DP_MODEL_MAX_LAYERS) {
         Py_DECREF(seq);
         return PyErr_Format(PyExc_ValueError, "layers has %zd entries, expected 1 to %d", n,
-                            DP_MODEL_MAX_LAYERS), -1;
+                            DP_MODEL_MAX_LAYERS),
+               -1;
     }
     for (Py_ssize_t i = 0; i < n; i++)
         if (parse_layer(PySequence_Fast_GET_ITEM(seq, i), i, &layers[i])) {
@@ -612,7 +674,8 @@ static int parse_model(PyObject *lo, PyObject *so, const char *loss_name, dp_lay
     const char *why = plan->why ? plan->why : "invalid";
     if (l >= 0 && l < n) {
         char s[48];
-        shape_text(s, sizeof s, l ? plan->out_shape[l - 1] : shape, l ? plan->out_ndim[l - 1] : *ndim);
+        shape_text(s, sizeof s, l ? plan->out_shape[l - 1] : shape,
+                   l ? plan->out_ndim[l - 1] : *ndim);
         PyErr_Format(PyExc_ValueError, "layers[%d] ('%s') gets a %s input: %s", l,
                      kind_name(layers[l].kind), s, why);
     } else if (l == n && plan->n_param_layers == 0) {
@@ -620,8 +683,9 @@ static int parse_model(PyObject *lo, PyObject *so, const char *loss_name, dp_lay
     } else if (l == n) {
         char s[48];
         shape_text(s, sizeof s, plan->out_shape[n - 1], plan->out_ndim[n - 1]);
-        PyErr_Format(PyExc_ValueError, "loss '%s' on this model: %s, but layers[%d] ('%s') gives %s",
-                     loss_name, why, (int)n - 1, kind_name(layers[n - 1].kind), s);
+        PyErr_Format(PyExc_ValueError,
+                     "loss '%s' on this model: %s, but layers[%d] ('%s') gives %s", loss_name, why,
+                     (int)n - 1, kind_name(layers[n - 1].kind), s);
     } else {
         PyErr_Format(PyExc_ValueError, "input_shape %R: %s", so, why);
     }
@@ -640,12 +704,17 @@ static PyObject *layer_tuple(const dp_layer *ly)
 /* model_plan()'s dict: what the layers become (see its docstring). */
 static PyObject *plan_dict(const dp_plan *p)
 {
-    PyObject *d = PyDict_New(), *layers = PyList_New(p->n_layers), *shapes = PyList_New(p->n_layers);
+    PyObject *d = PyDict_New(), *layers = PyList_New(p->n_layers),
+             *shapes = PyList_New(p->n_layers);
     PyObject *params = PyList_New(0), *stages = PyList_New(p->n_stages), *v = NULL;
     if (!d || !layers || !shapes || !params || !stages) goto fail;
     for (int l = 0; l < p->n_layers; l++) {
         PyObject *t = layer_tuple(&p->layer[l]), *s = int_tuple(p->out_shape[l], p->out_ndim[l]);
-        if (!t || !s) { Py_XDECREF(t); Py_XDECREF(s); goto fail; }
+        if (!t || !s) {
+            Py_XDECREF(t);
+            Py_XDECREF(s);
+            goto fail;
+        }
         PyList_SET_ITEM(layers, l, t);
         PyList_SET_ITEM(shapes, l, s);
     }
@@ -655,7 +724,11 @@ static PyObject *plan_dict(const dp_plan *p)
         for (int l = st->first; names && l <= st->last; l++) {
             if (p->layer[l].kind == DP_LAYER_FLATTEN) continue;
             PyObject *nm = PyUnicode_FromString(kind_name(p->layer[l].kind));
-            if (!nm || PyList_Append(names, nm)) { Py_XDECREF(nm); Py_CLEAR(names); break; }
+            if (!nm || PyList_Append(names, nm)) {
+                Py_XDECREF(nm);
+                Py_CLEAR(names);
+                break;
+            }
             Py_DECREF(nm);
         }
         if (names && (sep = PyUnicode_FromString("+")) && (joined = PyUnicode_Join(sep, names)))
@@ -668,22 +741,27 @@ static PyObject *plan_dict(const dp_plan *p)
         if (st->param >= 0) {
             const dp_layer *ly = &p->layer[p->param_spec[st->param]];
             int in_w = st->in_width;
-            PyObject *wshape = ly->kind == DP_LAYER_DENSE
-                ? Py_BuildValue("(ii)", ly->out, in_w)
-                : Py_BuildValue("(iiii)", ly->out, st->g.C, ly->kernel, ly->kernel);
-            PyObject *e = wshape ? Py_BuildValue("{s:i,s:n,s:O,s:n,s:(i)}", "layer", p->param_spec[st->param],
-                                                 "weight", (Py_ssize_t)st->w_off, "weight_shape", wshape,
-                                                 "bias", (Py_ssize_t)st->b_off, "bias_shape", ly->out)
-                                 : NULL;
+            PyObject *wshape =
+                ly->kind == DP_LAYER_DENSE
+                    ? Py_BuildValue("(ii)", ly->out, in_w)
+                    : Py_BuildValue("(iiii)", ly->out, st->g.C, ly->kernel, ly->kernel);
+            PyObject *e =
+                wshape ? Py_BuildValue("{s:i,s:n,s:O,s:n,s:(i)}", "layer", p->param_spec[st->param],
+                                       "weight", (Py_ssize_t)st->w_off, "weight_shape", wshape,
+                                       "bias", (Py_ssize_t)st->b_off, "bias_shape", ly->out)
+                       : NULL;
             Py_XDECREF(wshape);
-            if (!e || PyList_Append(params, e)) { Py_XDECREF(e); goto fail; }
+            if (!e || PyList_Append(params, e)) {
+                Py_XDECREF(e);
+                goto fail;
+            }
             Py_DECREF(e);
         }
     }
-    v = Py_BuildValue("{s:O,s:N,s:O,s:n,s:O,s:O,s:s}", "layers", layers,
-                      "input_shape", int_tuple(p->in_shape, p->in_ndim), "shapes", shapes,
-                      "n_params", (Py_ssize_t)p->n_params, "params", params, "stages", stages,
-                      "loss", LOSS_NAMES[p->loss]);
+    v = Py_BuildValue("{s:O,s:N,s:O,s:n,s:O,s:O,s:s}", "layers", layers, "input_shape",
+                      int_tuple(p->in_shape, p->in_ndim), "shapes", shapes, "n_params",
+                      (Py_ssize_t)p->n_params, "params", params, "stages", stages, "loss",
+                      LOSS_NAMES[p->loss]);
     if (!v || PyDict_Update(d, v)) goto fail;
     Py_DECREF(v);
     Py_DECREF(layers);
@@ -703,8 +781,8 @@ fail:
 
 static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"layers", "input_shape", "loss", "params", "grads", "threads",
-                             "gemm_inputs", NULL};
+    static char *kwlist[] = {"layers", "input_shape", "loss",        "params",
+                             "grads",  "threads",     "gemm_inputs", NULL};
     PyObject *lo, *so, *po, *go, *gi = NULL;
     const char *loss_name;
     int threads = 1, shape[3], ndim, n_layers, bf16;
@@ -712,21 +790,22 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "Model is already initialized");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOsOO|$iO:Model", kwlist, &lo, &so, &loss_name, &po, &go,
-                                     &threads, &gi))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOsOO|$iO:Model", kwlist, &lo, &so, &loss_name,
+                                     &po, &go, &threads, &gi))
         return -1;
     dp_layer layers[DP_MODEL_MAX_LAYERS];
     dp_loss loss;
     /* the layer list is checked first: its errors name the layer at fault; params that are not
      * a float32 or float64 array fail in model_build, so the dtype is known wherever it matters */
     if (parse_model(lo, so, loss_name, layers, &n_layers, shape, &ndim, &loss, &self->model.plan) ||
-        parse_gemm_inputs(gi, PyArray_Check(po) ? PyArray_TYPE((PyArrayObject *)po) == NPY_FLOAT32 : -1, &bf16) ||
+        parse_gemm_inputs(
+            gi, PyArray_Check(po) ? PyArray_TYPE((PyArrayObject *)po) == NPY_FLOAT32 : -1, &bf16) ||
         model_build(self, layers, n_layers, shape, ndim, loss, threads, po, go))
         return -1;
     dp_model_set_bf16_inputs(&self->model, bf16);
     if (!(self->sizes = widths_tuple(&self->model.plan)) ||
         !(self->input_shape = int_tuple(shape, ndim)))
-        return -1;       /* ready: dealloc frees the engine */
+        return -1; /* ready: dealloc frees the engine */
     return 0;
 }
 
@@ -735,7 +814,8 @@ static PyObject *py_model_plan(PyObject *module, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"layers", "input_shape", "loss", NULL};
     PyObject *lo, *so;
     const char *loss_name = "softmax_xent";
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|s:model_plan", kwlist, &lo, &so, &loss_name)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|s:model_plan", kwlist, &lo, &so, &loss_name))
+        return NULL;
     dp_layer layers[DP_MODEL_MAX_LAYERS];
     dp_plan plan;
     dp_loss loss;
@@ -747,27 +827,35 @@ static PyObject *py_model_plan(PyObject *module, PyObject *args, PyObject *kwds)
 static PyGetSetDef Model_getset[] = {
     {"params", (getter)Model_get_params, NULL, "the flat parameter array (held)", NULL},
     {"grads", (getter)Model_get_grads, NULL, "the flat gradient array (held)", NULL},
-    {"sizes", (getter)Model_get_sizes, NULL, "flat width of the input and of every layer's output", NULL},
-    {"input_shape", (getter)Model_get_input_shape, NULL, "one input row's shape, (F,) or (C, H, W)", NULL},
-    {"plan", (getter)Model_get_plan, NULL, "model_plan() of the layers: shapes, parameter layout, stages", NULL},
+    {"sizes", (getter)Model_get_sizes, NULL, "flat width of the input and of every layer's output",
+     NULL},
+    {"input_shape", (getter)Model_get_input_shape, NULL, "one input row's shape, (F,) or (C, H, W)",
+     NULL},
+    {"plan", (getter)Model_get_plan, NULL,
+     "model_plan() of the layers: shapes, parameter layout, stages", NULL},
     {"threads", (getter)Model_get_threads, NULL, "threads the kernels split work over", NULL},
     {"gemm_inputs", (getter)Model_get_gemm_inputs, NULL,
-     "'bfloat16': every GEMM rounds its inputs to bfloat16 (float32 accumulation); None: as the params", NULL},
+     "'bfloat16': every GEMM rounds its inputs to bfloat16 (float32 accumulation); None: as the "
+     "params",
+     NULL},
     {"n_params", (getter)Model_get_n_params, NULL, "length of the flat parameter layout", NULL},
-    {"n_param_layers", (getter)Model_get_n_param_layers, NULL, "dense and conv layers (backward_layer's range)", NULL},
+    {"n_param_layers", (getter)Model_get_n_param_layers, NULL,
+     "dense and conv layers (backward_layer's range)", NULL},
     {"loss", (getter)Model_get_loss, NULL, "the loss name", NULL},
     {NULL},
 };
 
 static PyType_Slot Model_slots[] = {
-    {Py_tp_doc, (void *)"Model(layers, input_shape, loss, params, grads, *, threads=1, gemm_inputs=None): a list of "
-                        "layers (('dense', out), ('conv', out_channels, kernel[, padding]), "
-                        "'maxpool2', 'relu', 'tanh', 'sigmoid', 'gelu', 'flatten') on an input of "
-                        "shape (F,) or (C, H, W), with loss 'softmax_xent', 'sigmoid_bce' or 'mse', "
-                        "over caller-owned flat parameter and gradient arrays (model_plan() gives "
-                        "their layout). gemm_inputs='bfloat16' (float32 params only): mixed "
-                        "precision, every GEMM rounds its inputs to bfloat16 and accumulates in "
-                        "float32; params, grads and activations stay float32."},
+    {Py_tp_doc,
+     (void *)"Model(layers, input_shape, loss, params, grads, *, threads=1, gemm_inputs=None): a "
+             "list of "
+             "layers (('dense', out), ('conv', out_channels, kernel[, padding]), "
+             "'maxpool2', 'relu', 'tanh', 'sigmoid', 'gelu', 'flatten') on an input of "
+             "shape (F,) or (C, H, W), with loss 'softmax_xent', 'sigmoid_bce' or 'mse', "
+             "over caller-owned flat parameter and gradient arrays (model_plan() gives "
+             "their layout). gemm_inputs='bfloat16' (float32 params only): mixed "
+             "precision, every GEMM rounds its inputs to bfloat16 and accumulates in "
+             "float32; params, grads and activations stay float32."},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, Model_init},
     {Py_tp_dealloc, Model_dealloc},

@@ -7,7 +7,7 @@
  * module state, and adds them and the functions to the module; traverse/clear/free let the
  * garbage collector see and break the module <-> type references.
  */
-#define MOD_IMPORTS_NUMPY      /* this file defines the NumPy C-API table the others use */
+#define MOD_IMPORTS_NUMPY /* this file defines the NumPy C-API table the others use */
 #include "mod_common.h"
 
 static int core_exec(PyObject *m)
@@ -21,7 +21,10 @@ static int core_exec(PyObject *m)
         PyExc_RuntimeError, NULL);
     if (!st->group_aborted || PyModule_AddObjectRef(m, "GroupAborted", st->group_aborted) < 0)
         return -1;
-    struct { PyTypeObject **slot; PyType_Spec *spec; } types[] = {
+    struct {
+        PyTypeObject **slot;
+        PyType_Spec *spec;
+    } types[] = {
         {&st->context_type, &mod_context_spec},
         {&st->model_type, &mod_model_spec},
         {&st->shmgroup_type, &mod_shmgroup_spec},
@@ -31,7 +34,7 @@ static int core_exec(PyObject *m)
         if (!*types[i].slot || PyModule_AddType(m, *types[i].slot) < 0) return -1;
     }
     PyMethodDef *functions[] = {mod_kernels_functions, mod_build_functions, mod_model_functions,
-                              mod_group_functions};
+                                mod_group_functions};
     for (size_t i = 0; i < sizeof functions / sizeof functions[0]; i++)
         if (PyModule_AddFunctions(m, functions[i]) < 0) return -1;
     return 0;
@@ -57,10 +60,7 @@ static int core_clear(PyObject *m)
     return 0;
 }
 
-static void core_free(void *m)
-{
-    core_clear((PyObject *)m);
-}
+static void core_free(void *m) { core_clear((PyObject *)m); }
 
 static PyModuleDef_Slot core_slots[] = {
     {Py_mod_exec, core_exec},
@@ -73,14 +73,11 @@ static struct PyModuleDef core_module = {
     .m_doc = "The C core of dptrain: GEMM, layer, convolution, loss, optimizer and buffer kernels "
              "(see docs/core_api.md).",
     .m_size = sizeof(core_state),
-    .m_methods = NULL,           /* added by core_exec from the mod_*.c pieces */
+    .m_methods = NULL, /* added by core_exec from the mod_*.c pieces */
     .m_slots = core_slots,
     .m_traverse = core_traverse,
     .m_clear = core_clear,
     .m_free = core_free,
 };
 
-PyMODINIT_FUNC PyInit__core(void)
-{
-    return PyModuleDef_Init(&core_module);
-}
+PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&core_module); }

@@ -15,25 +15,45 @@ kernels; ``reference`` is their NumPy twin and test oracle), ``nn``, ``models`` 
 exchanges, checkpoints, a run), ``measure`` (step timing, sweeps, the performance model,
 plots), ``studies``, ``cli``.
 """
+
 from ._version import __version__
 
 try:
     from . import _core
-except ImportError as exc:          # say so if this is a source tree with _core not built
+except ImportError as exc:  # say so if this is a source tree with _core not built
     from ._source_tree import unbuilt_core_error
+
     if (unbuilt := unbuilt_core_error()) is None:
         raise
     raise unbuilt from exc
+from . import nn
 from .comm import Communicator, WorkerError, launch
 from .config import TrainConfig
 from .engine import TrainResult, fit, train
-from . import nn
 from .models import CNN, MLP, LogisticRegression, Model, Sequential, SoftmaxRegression, load_model
 from .optim import SGD
 
-__all__ = ["CNN", "Communicator", "MLP", "LogisticRegression", "Model", "SGD", "Sequential",
-           "SoftmaxRegression", "nn", "TrainConfig", "TrainResult", "WorkerError", "__version__",
-           "build_info", "cpu_name", "fit", "launch", "load_model", "train"]
+__all__ = [
+    "CNN",
+    "Communicator",
+    "MLP",
+    "LogisticRegression",
+    "Model",
+    "SGD",
+    "Sequential",
+    "SoftmaxRegression",
+    "nn",
+    "TrainConfig",
+    "TrainResult",
+    "WorkerError",
+    "__version__",
+    "build_info",
+    "cpu_name",
+    "fit",
+    "launch",
+    "load_model",
+    "train",
+]
 
 
 def build_info() -> dict:
@@ -44,6 +64,7 @@ def build_info() -> dict:
     try:
         import mpi4py  # noqa: F401
         from mpi4py import MPI
+
         # Open MPI's version string ends in a NUL character
         library = MPI.Get_library_version().strip("\x00 \n").splitlines()[0]
         info["mpi"] = f"mpi4py {mpi4py.__version__}, {library}"
@@ -56,4 +77,5 @@ def cpu_name() -> str:
     """The CPU's name: its brand string as CPUID gives it (what Linux shows as "model name"),
     else what the platform says (other architectures)."""
     import platform
+
     return _core.cpu_features().get("brand") or platform.processor() or platform.machine()

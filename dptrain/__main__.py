@@ -1,4 +1,5 @@
 """python -m dptrain: the command line (see dptrain.cli)."""
+
 import sys
 
 from .cli import main

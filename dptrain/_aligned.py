@@ -9,13 +9,14 @@ CIFAR-10 as read, conversions of the user's arrays), the batch buffers of shuffl
 and the exchange's gradient buffers start on a line; an array the user hands over as it is
 keeps its own alignment (no copy is made for it).
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-ALIGN = 64   # bytes: arrays start on a cache line (no false sharing, aligned SIMD)
+ALIGN = 64  # bytes: arrays start on a cache line (no false sharing, aligned SIMD)
 
 
 def _aligned(shape, dtype, alloc) -> np.ndarray:
@@ -23,10 +24,10 @@ def _aligned(shape, dtype, alloc) -> np.ndarray:
     shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise ValueError(f"negative dimensions are not allowed: shape {shape}")
-    nbytes = math.prod(shape) * dt.itemsize      # Python ints: no wrap-around
+    nbytes = math.prod(shape) * dt.itemsize  # Python ints: no wrap-around
     raw = alloc(nbytes + ALIGN, np.uint8)
     off = (-raw.ctypes.data) % ALIGN
-    return raw[off:off + nbytes].view(dt).reshape(shape)
+    return raw[off : off + nbytes].view(dt).reshape(shape)
 
 
 def aligned_empty(shape, dtype) -> np.ndarray:

@@ -3,6 +3,7 @@ process maps the same bytes by name instead of being sent a copy (pickling an np
 its data). The data sets use it to keep a user's .npy a memory map; ``launch`` to hand such an
 array to worker processes (a data set larger than RAM stays on disk, its pages shared through
 the page cache)."""
+
 from __future__ import annotations
 
 import mmap

@@ -1,4 +1,5 @@
 """Plain values for JSON: the one helper every writer of results uses."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 extension: the clone's root on sys.path (``python -m`` puts the current directory first)
 shadows the installed dptrain. Python's own message then blames a circular import.
 """
+
 from __future__ import annotations
 
 import importlib.machinery
@@ -21,4 +22,6 @@ def unbuilt_core_error() -> ImportError | None:
         f"dptrain is being imported from the source tree {package}, whose C extension "
         f"dptrain._core is not built (no {expected} there{found}): run `pip install -e .` in "
         f"{package.parent} to build it in place, or run Python from another directory to use "
-        f"an installed dptrain", name="dptrain._core")
+        f"an installed dptrain",
+        name="dptrain._core",
+    )

@@ -1,6 +1,7 @@
 """The command line: ``python -m dptrain train ...`` (every option of ``dptrain.train``,
 built from ``dptrain.config.TrainConfig``), ``sweep``, ``study``, ``plot``, ``info``,
 ``--version``."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,19 @@ from .measure.sweep import SWEEP_BACKENDS
 from .studies import STUDIES
 
 # the train options a sweep takes too (each run of a sweep is one dptrain.train)
-SWEEP_OPTIONS = ("model", "hidden", "dataset", "data_dir", "epochs", "batch_size", "lr",
-                 "momentum", "upscale", "threads", "allreduce")
+SWEEP_OPTIONS = (
+    "model",
+    "hidden",
+    "dataset",
+    "data_dir",
+    "epochs",
+    "batch_size",
+    "lr",
+    "momentum",
+    "upscale",
+    "threads",
+    "allreduce",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,77 +34,139 @@ def build_parser() -> argparse.ArgumentParser:
     plot)."""
     p = argparse.ArgumentParser(
         prog="python -m dptrain",
-        description="Synchronous data-parallel training on CPUs, with a C core.")
+        description="Synchronous data-parallel training on CPUs, with a C core.",
+    )
     from ._version import __version__
+
     p.add_argument("--version", action="version", version=f"dptrain {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    t = sub.add_parser("train", help="train a model and report where the time went",
-                       description="Train a model on 1..N workers. With no data present, "
-                                   "MNIST and CIFAR-10 fall back to a clearly announced "
-                                   "synthetic data set. Your own data: --train-x X.npy "
-                                   "--train-y y.npy (memory-mapped) or --data file.npz.")
+    t = sub.add_parser(
+        "train",
+        help="train a model and report where the time went",
+        description="Train a model on 1..N workers. With no data present, "
+        "MNIST and CIFAR-10 fall back to a clearly announced "
+        "synthetic data set. Your own data: --train-x X.npy "
+        "--train-y y.npy (memory-mapped) or --data file.npz.",
+    )
     add_train_arguments(t)
     d = t.add_argument_group("your own data")
-    d.add_argument("--data", default=None, metavar="FILE.npz",
-                   help="train on the arrays of this .npz (x_train, y_train and optionally "
-                        "x_test, y_test; or X, y)")
-    d.add_argument("--train-x", default=None, metavar="X.npy",
-                   help="training features (.npy, memory-mapped: may be larger than RAM)")
+    d.add_argument(
+        "--data",
+        default=None,
+        metavar="FILE.npz",
+        help="train on the arrays of this .npz (x_train, y_train and optionally "
+        "x_test, y_test; or X, y)",
+    )
+    d.add_argument(
+        "--train-x",
+        default=None,
+        metavar="X.npy",
+        help="training features (.npy, memory-mapped: may be larger than RAM)",
+    )
     d.add_argument("--train-y", default=None, metavar="Y.npy", help="training labels (.npy)")
     d.add_argument("--test-x", default=None, metavar="X.npy", help="held-out features (.npy)")
     d.add_argument("--test-y", default=None, metavar="Y.npy", help="held-out labels (.npy)")
-    d.add_argument("--validation", type=float, default=None, metavar="FRACTION",
-                   help="hold out this fraction of the training data as the test set")
+    d.add_argument(
+        "--validation",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="hold out this fraction of the training data as the test set",
+    )
 
-    w = sub.add_parser("sweep", help="time every (data-set size, worker count) and tabulate "
-                                     "speedup, efficiency and where the time went",
-                       description="A scaling sweep: each size with each worker count, "
-                                   "repeated; writes sweep.json, runs.csv, summary.csv and "
-                                   "traces/ into --out.")
+    w = sub.add_parser(
+        "sweep",
+        help="time every (data-set size, worker count) and tabulate "
+        "speedup, efficiency and where the time went",
+        description="A scaling sweep: each size with each worker count, "
+        "repeated; writes sweep.json, runs.csv, summary.csv and "
+        "traces/ into --out.",
+    )
     add_train_arguments(w, only=SWEEP_OPTIONS, defaults={"epochs": 1})
     s = w.add_argument_group("the sweep")
-    s.add_argument("--sizes", type=positive_int, nargs="+", default=[5000, 10000, 20000, 40000],
-                   help="training-set sizes (first N samples of MNIST, or N synthetic ones)")
-    s.add_argument("--workers", type=positive_int, nargs="+", default=[1, 2, 4],
-                   help="worker counts (1, the baseline, is always run)")
-    s.add_argument("--backend", choices=SWEEP_BACKENDS, default="process",
-                   help="how the workers run (under MPI: one mpiexec per worker count)")
-    s.add_argument("--repeat", type=positive_int, default=3,
-                   help="runs of each configuration, interleaved")
-    s.add_argument("--no-ceiling", action="store_true",
-                   help="skip the uncoupled runs that measure the contention ceiling")
+    s.add_argument(
+        "--sizes",
+        type=positive_int,
+        nargs="+",
+        default=[5000, 10000, 20000, 40000],
+        help="training-set sizes (first N samples of MNIST, or N synthetic ones)",
+    )
+    s.add_argument(
+        "--workers",
+        type=positive_int,
+        nargs="+",
+        default=[1, 2, 4],
+        help="worker counts (1, the baseline, is always run)",
+    )
+    s.add_argument(
+        "--backend",
+        choices=SWEEP_BACKENDS,
+        default="process",
+        help="how the workers run (under MPI: one mpiexec per worker count)",
+    )
+    s.add_argument(
+        "--repeat", type=positive_int, default=3, help="runs of each configuration, interleaved"
+    )
+    s.add_argument(
+        "--no-ceiling",
+        action="store_true",
+        help="skip the uncoupled runs that measure the contention ceiling",
+    )
     s.add_argument("--out", default="results", help="directory for the results")
     s.add_argument("--quiet", action="store_true", help="no progress bar or table")
 
-    st = sub.add_parser("study", help="run one of the four studies dptrain reproduces "
-                                      "(help(dptrain.studies)) and write its "
-                                      "report (Markdown, PNG, CSV)")
+    st = sub.add_parser(
+        "study",
+        help="run one of the four studies dptrain reproduces "
+        "(help(dptrain.studies)) and write its "
+        "report (Markdown, PNG, CSV)",
+    )
     st.add_argument("name", choices=STUDIES)
     st.add_argument("--out", default=None, help="report directory (default: study-NAME)")
-    st.add_argument("--quick", action="store_true",
-                    help="a reduced run that checks the pipeline (not the study's result)")
+    st.add_argument(
+        "--quick",
+        action="store_true",
+        help="a reduced run that checks the pipeline (not the study's result)",
+    )
 
     sub.add_parser("info", help="print how the C core was built (SIMD, dtypes, compiler, MPI)")
 
-    f = sub.add_parser("plot", help="draw the figures of a sweep (needs matplotlib)",
-                       description="Draw every figure that a sweep's data allows (speedup, "
-                                   "efficiency, time, breakdown, baseline vs distributed, "
-                                   "timeline, performance model) as PNG and SVG.")
+    f = sub.add_parser(
+        "plot",
+        help="draw the figures of a sweep (needs matplotlib)",
+        description="Draw every figure that a sweep's data allows (speedup, "
+        "efficiency, time, breakdown, baseline vs distributed, "
+        "timeline, performance model) as PNG and SVG.",
+    )
     f.add_argument("sweep", help="the sweep directory (holding sweep.json) or the file itself")
     f.add_argument("--out", default="figures", help="directory for the figures (default figures)")
     f.add_argument("--formats", nargs="+", choices=("png", "svg", "pdf"), default=["png", "svg"])
-    f.add_argument("--trace", default=None, metavar="PATH",
-                   help="Chrome trace JSON for the timeline (default: the trace with the most "
-                        "ranks in the sweep's traces/)")
-    f.add_argument("--validation", default=None, metavar="PATH",
-                   help="performance model: JSON list of {workers, n_samples, measured, "
-                        "predicted} rows")
-    f.add_argument("--projection", default=None, metavar="PATH",
-                   help="performance model: JSON list of {network, algorithm, workers, "
-                        "speedup, efficiency} rows (default: fitted to the sweep here)")
-    f.add_argument("--no-model", action="store_true",
-                   help="do not fit the performance model (dptrain.measure.perfmodel) to the sweep")
+    f.add_argument(
+        "--trace",
+        default=None,
+        metavar="PATH",
+        help="Chrome trace JSON for the timeline (default: the trace with the most "
+        "ranks in the sweep's traces/)",
+    )
+    f.add_argument(
+        "--validation",
+        default=None,
+        metavar="PATH",
+        help="performance model: JSON list of {workers, n_samples, measured, predicted} rows",
+    )
+    f.add_argument(
+        "--projection",
+        default=None,
+        metavar="PATH",
+        help="performance model: JSON list of {network, algorithm, workers, "
+        "speedup, efficiency} rows (default: fitted to the sweep here)",
+    )
+    f.add_argument(
+        "--no-model",
+        action="store_true",
+        help="do not fit the performance model (dptrain.measure.perfmodel) to the sweep",
+    )
     f.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
 
@@ -122,6 +196,7 @@ def _main(argv=None) -> int:
         return 2
     if args.command == "info":
         from . import __version__, build_info
+
         info = build_info()
         print(f"dptrain {__version__}")
         for k, v in info.items():
@@ -129,35 +204,58 @@ def _main(argv=None) -> int:
         return 0
     if args.command == "study":
         from .studies import study
+
         try:
             study(args.name, args.out or f"study-{args.name}", quick=args.quick)
-        except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError,
-                ImportError) as exc:
+        except (
+            ValueError,
+            TypeError,
+            FloatingPointError,
+            OSError,
+            RuntimeError,
+            ImportError,
+        ) as exc:
             print(f"dptrain: error: {exc}", file=sys.stderr)
             return 1
         return 0
     if args.command == "sweep":
         from .measure.sweep import sweep
+
         try:
-            sweep(args.model, args.dataset, sizes=args.sizes, workers=args.workers,
-                  backend=args.backend, repeat=args.repeat, epochs=args.epochs,
-                  batch_size=args.batch_size, allreduce=args.allreduce,
-                  ceiling=not args.no_ceiling, out=args.out, quiet=args.quiet, lr=args.lr,
-                  threads=args.threads, data_dir=args.data_dir, momentum=args.momentum,
-                  upscale=args.upscale,
-                  **({"hidden": args.hidden} if args.model == "mlp" else {}))
+            sweep(
+                args.model,
+                args.dataset,
+                sizes=args.sizes,
+                workers=args.workers,
+                backend=args.backend,
+                repeat=args.repeat,
+                epochs=args.epochs,
+                batch_size=args.batch_size,
+                allreduce=args.allreduce,
+                ceiling=not args.no_ceiling,
+                out=args.out,
+                quiet=args.quiet,
+                lr=args.lr,
+                threads=args.threads,
+                data_dir=args.data_dir,
+                momentum=args.momentum,
+                upscale=args.upscale,
+                **({"hidden": args.hidden} if args.model == "mlp" else {}),
+            )
         except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
             print(f"dptrain: error: {exc}", file=sys.stderr)
             return 1
         return 0
     if args.command == "plot":
         from .measure.plot_command import main_plot
+
         return main_plot(args)
     return _train(args)
 
 
 def _train(args) -> int:
     from .engine import run
+
     try:
         cfg = config_from_args(args)
         run(cfg, data=_own_data(args, cfg))
@@ -172,16 +270,23 @@ def _own_data(args, cfg):
     config's named data set."""
     from . import data
     from .models import storage_dtype
+
     given = {k: getattr(args, k) for k in ("data", "train_x", "train_y", "test_x", "test_y")}
     if not (given["data"] or given["train_x"] or given["train_y"]):
         return None
     if given["data"] and (given["train_x"] or given["train_y"]):
         raise ValueError("give either --data or --train-x/--train-y, not both")
     if given["data"]:
-        return data.from_npz(given["data"], dtype=storage_dtype(cfg.dtype),
-                             validation=args.validation)
+        return data.from_npz(
+            given["data"], dtype=storage_dtype(cfg.dtype), validation=args.validation
+        )
     if not (given["train_x"] and given["train_y"]):
         raise ValueError("--train-x and --train-y go together")
-    return data.from_npy(given["train_x"], given["train_y"], x_test_path=given["test_x"],
-                         y_test_path=given["test_y"], dtype=storage_dtype(cfg.dtype),
-                         validation=args.validation)
+    return data.from_npy(
+        given["train_x"],
+        given["train_y"],
+        x_test_path=given["test_x"],
+        y_test_path=given["test_y"],
+        dtype=storage_dtype(cfg.dtype),
+        validation=args.validation,
+    )

@@ -13,6 +13,7 @@ the value before any data is read or worker started. What depends on the number 
 is settled once per run, into its ``engine.job.Job`` (``global_batch``, ``peak_lr``,
 ``check_world``): the config itself is never rebuilt.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,12 +22,12 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from .comm.algorithms import ALGORITHMS
 from .comm.base import BACKENDS
+from .data.catalog import DATASET_NAMES as DATASETS  # the named data sets
+from .models import MODEL_KINDS as MODELS  # the named models
+from .models import PRECISIONS as DTYPES  # float32, float64, bfloat16 (mixed)
 from .optim import SCHEDULES, SGD
+from .sampler import CHUNKS  # deterministic mode's fixed chunks
 
-from .data.catalog import DATASET_NAMES as DATASETS   # the named data sets
-from .models import MODEL_KINDS as MODELS              # the named models
-from .models import PRECISIONS as DTYPES               # float32, float64, bfloat16 (mixed)
-from .sampler import CHUNKS                            # deterministic mode's fixed chunks
 START_METHODS = ("spawn", "fork", "forkserver")
 COMM_DTYPES = ("float32", "float64", "bfloat16")
 
@@ -37,8 +38,9 @@ def parse_hidden(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise ValueError(f"--hidden is {text!r}, expected comma-separated widths such as "
-                         f"256,128") from None
+        raise ValueError(
+            f"--hidden is {text!r}, expected comma-separated widths such as 256,128"
+        ) from None
     return sizes
 
 
@@ -53,19 +55,26 @@ def parse_layers(text: str) -> tuple:
         try:
             layers.append((name, *(int(v) for v in sizes)) if sizes else name)
         except ValueError:
-            raise ValueError(f"--layers: {item!r} has a size that is not an int; write layers "
-                             f"as NAME[:SIZE...], e.g. conv:32:3,relu,maxpool2,flatten,"
-                             f"dense:10") from None
+            raise ValueError(
+                f"--layers: {item!r} has a size that is not an int; write layers "
+                f"as NAME[:SIZE...], e.g. conv:32:3,relu,maxpool2,flatten,"
+                f"dense:10"
+            ) from None
     return tuple(layers)
 
 
 def parse_fault(text: str) -> tuple[int, int, str]:
     """'1:10:raise' -> (1, 10, 'raise')."""
     parts = text.split(":")
-    if len(parts) != 3 or parts[2] not in ("raise", "kill") or not all(
-            p.isdigit() for p in parts[:2]):
-        raise ValueError(f"--inject-fault is {text!r}, expected RANK:STEP:raise or "
-                         f"RANK:STEP:kill, e.g. 1:10:raise")
+    if (
+        len(parts) != 3
+        or parts[2] not in ("raise", "kill")
+        or not all(p.isdigit() for p in parts[:2])
+    ):
+        raise ValueError(
+            f"--inject-fault is {text!r}, expected RANK:STEP:raise or "
+            f"RANK:STEP:kill, e.g. 1:10:raise"
+        )
     return int(parts[0]), int(parts[1]), parts[2]
 
 
@@ -80,14 +89,34 @@ def parse_straggle(text: str) -> tuple[int, float]:
         raise ValueError(f"--straggle is {text!r}, expected RANK:MS, e.g. 1:5") from None
 
 
-def option(default, help: str, *, group: str, flag: str | None = None, parse=None,
-           choices=None, metavar=None, cli: bool = True, late: bool = False):
+def option(
+    default,
+    help: str,
+    *,
+    group: str,
+    flag: str | None = None,
+    parse=None,
+    choices=None,
+    metavar=None,
+    cli: bool = True,
+    late: bool = False,
+):
     """A TrainConfig field with what the CLI and the docs say about it. parse: the CLI text's
     parser (argparse refuses bad text with exit code 2; late=True parses it with the rest of
     the config instead: exit code 1 and the config's message)."""
-    return field(default=default, metadata={"help": help, "group": group, "flag": flag,
-                                            "parse": parse, "choices": choices,
-                                            "metavar": metavar, "cli": cli, "late": late})
+    return field(
+        default=default,
+        metadata={
+            "help": help,
+            "group": group,
+            "flag": flag,
+            "parse": parse,
+            "choices": choices,
+            "metavar": metavar,
+            "cli": cli,
+            "late": late,
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -95,146 +124,267 @@ class TrainConfig:
     """Every option of a training run (see the module docstring); frozen once validated."""
 
     # ---- the model
-    model: str = option("mlp", "the named model: logreg (binary), softmax, mlp (dense layers "
-                        "of --hidden widths, ReLU), cnn (two conv blocks and fc 128, reading each "
-                        "row as a 1x28x28 or 3xSxS image)", group="model", choices=MODELS)
-    hidden: tuple = option((256, 128), "MLP hidden widths (CLI: comma-separated, e.g. 256,128)",
-                           group="model", parse=parse_hidden)
-    layers: tuple | None = option(None, "a model of your own instead of --model: its layers, "
-                                  "e.g. conv:32:3,relu,maxpool2,flatten,dense:128,relu,dense:10 "
-                                  "(dense:OUT, conv:CHANNELS:KERNEL[:PADDING], maxpool2, "
-                                  "flatten, relu, tanh, sigmoid, gelu; the last dense layer "
-                                  "has one output per class, or 1 for two classes). API: a "
-                                  "list of dptrain.nn layers", group="model",
-                                  parse=parse_layers, metavar="LAYERS")
-    dtype: str = option("float32", "float32, float64, or bfloat16: mixed precision (float32 "
-                        "weights, gradients and optimizer state; every GEMM's inputs rounded "
-                        "to bfloat16, float32 accumulation)", group="model", choices=DTYPES)
-    seed: int = option(0, "seeds the initial weights, the epochs' sample order and synthetic "
-                       "data", group="model")
-    threads: int = option(1, "threads the C kernels split each worker's batch over",
-                          group="model")
+    model: str = option(
+        "mlp",
+        "the named model: logreg (binary), softmax, mlp (dense layers "
+        "of --hidden widths, ReLU), cnn (two conv blocks and fc 128, reading each "
+        "row as a 1x28x28 or 3xSxS image)",
+        group="model",
+        choices=MODELS,
+    )
+    hidden: tuple = option(
+        (256, 128),
+        "MLP hidden widths (CLI: comma-separated, e.g. 256,128)",
+        group="model",
+        parse=parse_hidden,
+    )
+    layers: tuple | None = option(
+        None,
+        "a model of your own instead of --model: its layers, "
+        "e.g. conv:32:3,relu,maxpool2,flatten,dense:128,relu,dense:10 "
+        "(dense:OUT, conv:CHANNELS:KERNEL[:PADDING], maxpool2, "
+        "flatten, relu, tanh, sigmoid, gelu; the last dense layer "
+        "has one output per class, or 1 for two classes). API: a "
+        "list of dptrain.nn layers",
+        group="model",
+        parse=parse_layers,
+        metavar="LAYERS",
+    )
+    dtype: str = option(
+        "float32",
+        "float32, float64, or bfloat16: mixed precision (float32 "
+        "weights, gradients and optimizer state; every GEMM's inputs rounded "
+        "to bfloat16, float32 accumulation)",
+        group="model",
+        choices=DTYPES,
+    )
+    seed: int = option(
+        0, "seeds the initial weights, the epochs' sample order and synthetic data", group="model"
+    )
+    threads: int = option(1, "threads the C kernels split each worker's batch over", group="model")
     # ---- the data
-    dataset: str = option("mnist", "the named data set: mnist, cifar10 (from local files; a "
-                          "named --data-dir must hold them, else the announced synthetic "
-                          "stand-in), or synthetic (the logistic-regression workload)",
-                          group="data", choices=DATASETS)
-    data_dir: str | None = option(None, "directory with the MNIST IDX files or the CIFAR-10 "
-                                  "batches; default: $DPTRAIN_DATA, then ~/.cache/dptrain",
-                                  group="data")
-    limit: int | None = option(None, "use only the first N training samples", group="data",
-                               metavar="N")
-    n_samples: int | None = option(None, "synthetic data set: training samples (default "
-                                   "100000)", group="data")
-    n_features: int | None = option(None, "synthetic data set: features (default 20)",
-                                    group="data")
-    upscale: int = option(1, "MNIST up-scaling factor: 2 -> 56x56, 4 -> 112x112 inputs",
-                          group="data", choices=(1, 2, 4))
-    allow_download: bool = option(True, "download MNIST into the cache when it is not found "
-                                  "(CLI: --no-download turns it off)", group="data",
-                                  flag="--no-download")
-    shuffle: bool = option(True, "a seeded new order every epoch (CLI: --no-shuffle keeps the "
-                           "data set's order)", group="data", flag="--no-shuffle")
+    dataset: str = option(
+        "mnist",
+        "the named data set: mnist, cifar10 (from local files; a "
+        "named --data-dir must hold them, else the announced synthetic "
+        "stand-in), or synthetic (the logistic-regression workload)",
+        group="data",
+        choices=DATASETS,
+    )
+    data_dir: str | None = option(
+        None,
+        "directory with the MNIST IDX files or the CIFAR-10 "
+        "batches; default: $DPTRAIN_DATA, then ~/.cache/dptrain",
+        group="data",
+    )
+    limit: int | None = option(
+        None, "use only the first N training samples", group="data", metavar="N"
+    )
+    n_samples: int | None = option(
+        None, "synthetic data set: training samples (default 100000)", group="data"
+    )
+    n_features: int | None = option(None, "synthetic data set: features (default 20)", group="data")
+    upscale: int = option(
+        1,
+        "MNIST up-scaling factor: 2 -> 56x56, 4 -> 112x112 inputs",
+        group="data",
+        choices=(1, 2, 4),
+    )
+    allow_download: bool = option(
+        True,
+        "download MNIST into the cache when it is not found (CLI: --no-download turns it off)",
+        group="data",
+        flag="--no-download",
+    )
+    shuffle: bool = option(
+        True,
+        "a seeded new order every epoch (CLI: --no-shuffle keeps the data set's order)",
+        group="data",
+        flag="--no-shuffle",
+    )
     # ---- the optimization
     epochs: int = option(2, "passes over the training set", group="optimization")
-    batch_size: int | None = option(128, "the GLOBAL batch: worker r takes its contiguous "
-                                    "share of every global batch (None with "
-                                    "batch_per_worker)", group="optimization")
-    batch_per_worker: int | None = option(None, "weak scaling: each worker's batch (the global "
-                                          "batch is B x workers)", group="optimization",
-                                          metavar="B")
+    batch_size: int | None = option(
+        128,
+        "the GLOBAL batch: worker r takes its contiguous "
+        "share of every global batch (None with "
+        "batch_per_worker)",
+        group="optimization",
+    )
+    batch_per_worker: int | None = option(
+        None,
+        "weak scaling: each worker's batch (the global batch is B x workers)",
+        group="optimization",
+        metavar="B",
+    )
     lr: float = option(0.1, "learning rate", group="optimization")
-    scale_lr: bool = option(False, "multiply lr by the number of workers (linear scaling "
-                            "rule)", group="optimization")
+    scale_lr: bool = option(
+        False, "multiply lr by the number of workers (linear scaling rule)", group="optimization"
+    )
     momentum: float = option(0.9, "SGD momentum, in [0, 1)", group="optimization")
     dampening: float = option(0.0, "SGD dampening, in [0, 1]", group="optimization")
     weight_decay: float = option(0.0, "L2 weight decay", group="optimization")
     nesterov: bool = option(False, "Nesterov momentum", group="optimization")
-    lr_schedule: str = option("cosine", "learning-rate schedule over the whole run",
-                              group="optimization", choices=SCHEDULES)
-    warmup_epochs: float = option(0.0, "ramp the learning rate up linearly over this many "
-                                  "epochs first", group="optimization")
+    lr_schedule: str = option(
+        "cosine",
+        "learning-rate schedule over the whole run",
+        group="optimization",
+        choices=SCHEDULES,
+    )
+    warmup_epochs: float = option(
+        0.0, "ramp the learning rate up linearly over this many epochs first", group="optimization"
+    )
     # ---- the workers
-    workers: int = option(1, "data-parallel workers (under mpiexec: the MPI world size)",
-                          group="parallel")
-    backend: str | None = option(None, "how workers run: thread, process (sharing memory) or "
-                                 "mpi (launch with mpiexec -n N); default: mpi when started by "
-                                 "an MPI launcher with several ranks, else thread",
-                                 group="parallel", choices=BACKENDS)
-    start_method: str | None = option(None, "process backend: how worker processes start "
-                                      "(default: Python's)", group="parallel",
-                                      choices=START_METHODS)
-    timeout: float = option(0.0, "fail a collective that waits longer than this many seconds "
-                            "(0: never); the error names the ranks that did not arrive",
-                            group="parallel")
-    allreduce: str = option("native", "gradient exchange: the transport's own (native), the "
-                            "ring or tree schedule, or a parameter server (ps)",
-                            group="parallel", choices=ALGORITHMS)
-    bucket_kb: float = option(0.0, "exchange the gradient in buckets of this many KiB, last "
-                              "layer first (0: one all-reduce of the whole flat gradient)",
-                              group="parallel")
-    overlap: bool = option(False, "start each bucket's all-reduce while backward is still "
-                           "running", group="parallel")
-    deterministic: bool = option(False, "bitwise-identical weights for any number of workers "
-                                 f"up to {CHUNKS}", group="parallel")
-    comm_dtype: str | None = option(None, "the gradient exchange's dtype: bfloat16 rounds each "
-                                    "worker's gradient (in deterministic mode, each chunk's) "
-                                    "to bfloat16, sums them in float32 and rounds the sum to "
-                                    "bfloat16: half the bytes of float32, for links where "
-                                    "bytes cost (MPI between nodes); over one machine's shared "
-                                    "memory its conversions cost more than the bytes save "
-                                    "(bench/bench_bf16.py). With allreduce=native and no "
-                                    "overlap or bucket_kb. Default: the model's buffers' dtype "
-                                    "(float32 for a bfloat16 model)",
-                                    group="parallel", choices=COMM_DTYPES)
-    mpi_shm: bool = option(True, "under MPI, the ranks of each node reduce over shared "
-                           "memory and one leader per node all-reduces between nodes (CLI: "
-                           "--no-mpi-shm, or DPTRAIN_MPI_SHM=0: a flat MPI all-reduce over "
-                           "every rank)", group="parallel", flag="--no-mpi-shm")
-    mpi_nodes: int = option(0, "under MPI, split the ranks into K simulated nodes of "
-                            "consecutive ranks, to run the inter-node path on one machine "
-                            "(0: the real nodes, or DPTRAIN_MPI_NODES)", group="parallel",
-                            metavar="K")
+    workers: int = option(
+        1, "data-parallel workers (under mpiexec: the MPI world size)", group="parallel"
+    )
+    backend: str | None = option(
+        None,
+        "how workers run: thread, process (sharing memory) or "
+        "mpi (launch with mpiexec -n N); default: mpi when started by "
+        "an MPI launcher with several ranks, else thread",
+        group="parallel",
+        choices=BACKENDS,
+    )
+    start_method: str | None = option(
+        None,
+        "process backend: how worker processes start (default: Python's)",
+        group="parallel",
+        choices=START_METHODS,
+    )
+    timeout: float = option(
+        0.0,
+        "fail a collective that waits longer than this many seconds "
+        "(0: never); the error names the ranks that did not arrive",
+        group="parallel",
+    )
+    allreduce: str = option(
+        "native",
+        "gradient exchange: the transport's own (native), the "
+        "ring or tree schedule, or a parameter server (ps)",
+        group="parallel",
+        choices=ALGORITHMS,
+    )
+    bucket_kb: float = option(
+        0.0,
+        "exchange the gradient in buckets of this many KiB, last "
+        "layer first (0: one all-reduce of the whole flat gradient)",
+        group="parallel",
+    )
+    overlap: bool = option(
+        False, "start each bucket's all-reduce while backward is still running", group="parallel"
+    )
+    deterministic: bool = option(
+        False,
+        f"bitwise-identical weights for any number of workers up to {CHUNKS}",
+        group="parallel",
+    )
+    comm_dtype: str | None = option(
+        None,
+        "the gradient exchange's dtype: bfloat16 rounds each "
+        "worker's gradient (in deterministic mode, each chunk's) "
+        "to bfloat16, sums them in float32 and rounds the sum to "
+        "bfloat16: half the bytes of float32, for links where "
+        "bytes cost (MPI between nodes); over one machine's shared "
+        "memory its conversions cost more than the bytes save "
+        "(bench/bench_bf16.py). With allreduce=native and no "
+        "overlap or bucket_kb. Default: the model's buffers' dtype "
+        "(float32 for a bfloat16 model)",
+        group="parallel",
+        choices=COMM_DTYPES,
+    )
+    mpi_shm: bool = option(
+        True,
+        "under MPI, the ranks of each node reduce over shared "
+        "memory and one leader per node all-reduces between nodes (CLI: "
+        "--no-mpi-shm, or DPTRAIN_MPI_SHM=0: a flat MPI all-reduce over "
+        "every rank)",
+        group="parallel",
+        flag="--no-mpi-shm",
+    )
+    mpi_nodes: int = option(
+        0,
+        "under MPI, split the ranks into K simulated nodes of "
+        "consecutive ranks, to run the inter-node path on one machine "
+        "(0: the real nodes, or DPTRAIN_MPI_NODES)",
+        group="parallel",
+        metavar="K",
+    )
     # ---- checkpoints
     checkpoint: str | None = option(None, "checkpoint file to write (.npz)", group="checkpoints")
-    checkpoint_every: int = option(0, "write the checkpoint every K steps",
-                                   group="checkpoints", metavar="K")
-    resume: str | None = option(None, "continue the run saved in this checkpoint",
-                                group="checkpoints", metavar="PATH")
+    checkpoint_every: int = option(
+        0, "write the checkpoint every K steps", group="checkpoints", metavar="K"
+    )
+    resume: str | None = option(
+        None, "continue the run saved in this checkpoint", group="checkpoints", metavar="PATH"
+    )
     # ---- outputs
     out: str | None = option(None, "write the JSON result here", group="outputs")
     save_weights: str | None = option(None, "save the trained model (.npz)", group="outputs")
-    trace: str | None = option(None, "write a Chrome trace of every step on every rank (open "
-                               "in https://ui.perfetto.dev)", group="outputs", metavar="FILE")
-    steps_csv: str | None = option(None, "write the per-step, per-rank phase table as CSV",
-                                   group="outputs", metavar="FILE")
-    quiet: bool = option(False, "print nothing but errors (a synthetic stand-in is still "
-                         "announced, on stderr)", group="outputs")
-    progress: bool = option(True, "a live progress bar inside each epoch (terminal, Jupyter, "
-                            "Colab); CLI: --no-progress", group="outputs", flag="--no-progress")
+    trace: str | None = option(
+        None,
+        "write a Chrome trace of every step on every rank (open in https://ui.perfetto.dev)",
+        group="outputs",
+        metavar="FILE",
+    )
+    steps_csv: str | None = option(
+        None, "write the per-step, per-rank phase table as CSV", group="outputs", metavar="FILE"
+    )
+    quiet: bool = option(
+        False,
+        "print nothing but errors (a synthetic stand-in is still announced, on stderr)",
+        group="outputs",
+    )
+    progress: bool = option(
+        True,
+        "a live progress bar inside each epoch (terminal, Jupyter, Colab); CLI: --no-progress",
+        group="outputs",
+        flag="--no-progress",
+    )
     # ---- fault and straggler injection (to study failures and synchronization)
-    fault: tuple | None = option(None, "make one worker fail at one step: (rank, step, 'raise' "
-                                 "| 'kill'); 'kill' needs the process backend",
-                                 group="injection", flag="--inject-fault", parse=parse_fault,
-                                 metavar="RANK:STEP:raise|kill", late=True)
-    straggle: tuple | None = option(None, "(rank, ms): that rank's compute takes ms longer "
-                                    "every step", group="injection", parse=parse_straggle,
-                                    metavar="RANK:MS", late=True)
-    straggle_random_ms: float = option(0.0, "add a random U(0, ms) delay to every rank's "
-                                       "compute every step (seeded)", group="injection",
-                                       flag="--straggle-random", metavar="MS")
-    uncoupled: bool = option(False, "measure the contention ceiling instead of training: the "
-                             "workers run at the same moment without communicating, each on "
-                             "its 1/N of the data with 1/N of the batch", group="injection",
-                             cli=False)
+    fault: tuple | None = option(
+        None,
+        "make one worker fail at one step: (rank, step, 'raise' "
+        "| 'kill'); 'kill' needs the process backend",
+        group="injection",
+        flag="--inject-fault",
+        parse=parse_fault,
+        metavar="RANK:STEP:raise|kill",
+        late=True,
+    )
+    straggle: tuple | None = option(
+        None,
+        "(rank, ms): that rank's compute takes ms longer every step",
+        group="injection",
+        parse=parse_straggle,
+        metavar="RANK:MS",
+        late=True,
+    )
+    straggle_random_ms: float = option(
+        0.0,
+        "add a random U(0, ms) delay to every rank's compute every step (seeded)",
+        group="injection",
+        flag="--straggle-random",
+        metavar="MS",
+    )
+    uncoupled: bool = option(
+        False,
+        "measure the contention ceiling instead of training: the "
+        "workers run at the same moment without communicating, each on "
+        "its 1/N of the data with 1/N of the batch",
+        group="injection",
+        cli=False,
+    )
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen)
         if self.batch_size is None and self.batch_per_worker is None:
-            raise ValueError("batch_size must be a positive integer, got None (None only "
-                             "with batch_per_worker)")
+            raise ValueError(
+                "batch_size must be a positive integer, got None (None only with batch_per_worker)"
+            )
         for name in ("epochs", "threads", "workers", "upscale") + (
-                ("batch_size",) if self.batch_size is not None else ()):
+            ("batch_size",) if self.batch_size is not None else ()
+        ):
             set_(name, _positive_int(name, getattr(self, name)))
         for name in ("limit", "n_samples", "n_features", "batch_per_worker"):
             if getattr(self, name) is not None:
@@ -243,21 +393,27 @@ class TrainConfig:
         set_("checkpoint_every", _int("checkpoint_every", self.checkpoint_every, minimum=0))
         set_("mpi_nodes", _int("mpi_nodes", self.mpi_nodes, minimum=0))
         # "sequential": the kind of a model the user built (dptrain.fit passes its kind)
-        for name, allowed in (("model", MODELS + ("sequential",)), ("dtype", DTYPES),
-                              ("lr_schedule", SCHEDULES), ("allreduce", ALGORITHMS)):
+        for name, allowed in (
+            ("model", MODELS + ("sequential",)),
+            ("dtype", DTYPES),
+            ("lr_schedule", SCHEDULES),
+            ("allreduce", ALGORITHMS),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} is {getattr(self, name)!r}, expected one of {allowed}")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"backend is {self.backend!r}, expected one of {BACKENDS} or None")
         if self.start_method is not None and self.start_method not in START_METHODS:
-            raise ValueError(f"start_method is {self.start_method!r}, expected one of "
-                             f"{START_METHODS} or None")
+            raise ValueError(
+                f"start_method is {self.start_method!r}, expected one of {START_METHODS} or None"
+            )
         if self.upscale not in (1, 2, 4):
             raise ValueError(f"upscale is {self.upscale}, expected 1, 2 or 4")
         hidden = self.hidden if isinstance(self.hidden, (tuple, list)) else (self.hidden,)
         set_("hidden", tuple(_positive_int("hidden size", h) for h in hidden))
-        if self.layers is not None:        # a model of the user's: it replaces the named one
+        if self.layers is not None:  # a model of the user's: it replaces the named one
             from .models import layer_specs
+
             specs = tuple(layer_specs(self.layers))
             if not specs:
                 raise ValueError("layers is empty: give at least one dense or conv layer")
@@ -265,62 +421,98 @@ class TrainConfig:
             set_("model", "sequential")
         for name in ("timeout", "bucket_kb", "warmup_epochs", "straggle_random_ms"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
-                    value >= 0 and math.isfinite(value)):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, numbers.Real)
+                or not (value >= 0 and math.isfinite(value))
+            ):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
             set_(name, float(value))
-        SGD.check(lr=self.lr, momentum=self.momentum, dampening=self.dampening,
-                  weight_decay=self.weight_decay, nesterov=self.nesterov)
+        SGD.check(
+            lr=self.lr,
+            momentum=self.momentum,
+            dampening=self.dampening,
+            weight_decay=self.weight_decay,
+            nesterov=self.nesterov,
+        )
         for name in ("lr", "momentum", "dampening", "weight_decay"):
             set_(name, float(getattr(self, name)))
         if self.overlap and (self.deterministic or self.allreduce != "native"):
-            raise ValueError("overlap works with allreduce='native' and without deterministic "
-                             "mode")
+            raise ValueError("overlap works with allreduce='native' and without deterministic mode")
         if self.allreduce != "native" and self.deterministic:
-            raise ValueError("deterministic mode has its own fixed-order reduction: use "
-                             "allreduce='native' with it")
+            raise ValueError(
+                "deterministic mode has its own fixed-order reduction: use "
+                "allreduce='native' with it"
+            )
         storage = "float64" if self.dtype == "float64" else "float32"
-        bf16_ok = self.allreduce == "native" and not self.overlap and (
-            self.deterministic or not self.bucket_kb)
+        bf16_ok = (
+            self.allreduce == "native"
+            and not self.overlap
+            and (self.deterministic or not self.bucket_kb)
+        )
         if self.comm_dtype is None:
             set_("comm_dtype", storage)
         elif self.comm_dtype not in COMM_DTYPES:
-            raise ValueError(f"comm_dtype is {self.comm_dtype!r}, expected one of {COMM_DTYPES} "
-                             f"or None")
+            raise ValueError(
+                f"comm_dtype is {self.comm_dtype!r}, expected one of {COMM_DTYPES} or None"
+            )
         elif self.comm_dtype == "bfloat16":
             if storage != "float32":
-                raise ValueError("comm_dtype='bfloat16' needs float32 gradients: dtype float32 "
-                                 "or bfloat16, got float64")
+                raise ValueError(
+                    "comm_dtype='bfloat16' needs float32 gradients: dtype float32 "
+                    "or bfloat16, got float64"
+                )
             if not bf16_ok:
-                raise ValueError(f"comm_dtype='bfloat16' works with allreduce='native' (or "
-                                 f"deterministic mode) and without overlap or bucket_kb; got "
-                                 f"allreduce={self.allreduce!r}, overlap={self.overlap}, "
-                                 f"bucket_kb={self.bucket_kb}")
+                raise ValueError(
+                    f"comm_dtype='bfloat16' works with allreduce='native' (or "
+                    f"deterministic mode) and without overlap or bucket_kb; got "
+                    f"allreduce={self.allreduce!r}, overlap={self.overlap}, "
+                    f"bucket_kb={self.bucket_kb}"
+                )
         elif self.comm_dtype != storage:
-            raise ValueError(f"comm_dtype is {self.comm_dtype!r}, but the model's gradients are "
-                             f"{storage}: use {storage!r} or 'bfloat16'")
+            raise ValueError(
+                f"comm_dtype is {self.comm_dtype!r}, but the model's gradients are "
+                f"{storage}: use {storage!r} or 'bfloat16'"
+            )
         if self.deterministic and self.workers > CHUNKS:
-            raise ValueError(f"deterministic mode supports up to {CHUNKS} workers, got "
-                             f"{self.workers}")
+            raise ValueError(
+                f"deterministic mode supports up to {CHUNKS} workers, got {self.workers}"
+            )
         if self.checkpoint_every and not self.checkpoint:
             raise ValueError("checkpoint_every needs a checkpoint path to write to")
         if self.fault is not None:
             f = tuple(self.fault)
-            if len(f) != 3 or f[2] not in ("raise", "kill") or not all(
-                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in f[:2]):
-                raise ValueError(f"fault must be (rank, step, 'raise' | 'kill'), got "
-                                 f"{self.fault!r}")
+            if (
+                len(f) != 3
+                or f[2] not in ("raise", "kill")
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in f[:2])
+            ):
+                raise ValueError(
+                    f"fault must be (rank, step, 'raise' | 'kill'), got {self.fault!r}"
+                )
             set_("fault", f)
         if self.straggle is not None:
             st = tuple(self.straggle)
-            if (len(st) != 2 or not isinstance(st[0], numbers.Integral) or st[0] < 0
-                    or not isinstance(st[1], numbers.Real) or not (
-                        st[1] >= 0 and math.isfinite(st[1]))):
-                raise ValueError(f"straggle must be (rank, ms) with rank >= 0 and ms >= 0, "
-                                 f"got {self.straggle!r}")
+            if (
+                len(st) != 2
+                or not isinstance(st[0], numbers.Integral)
+                or st[0] < 0
+                or not isinstance(st[1], numbers.Real)
+                or not (st[1] >= 0 and math.isfinite(st[1]))
+            ):
+                raise ValueError(
+                    f"straggle must be (rank, ms) with rank >= 0 and ms >= 0, got {self.straggle!r}"
+                )
             set_("straggle", (int(st[0]), float(st[1])))
-        for name in ("data_dir", "checkpoint", "resume", "out", "save_weights", "trace",
-                     "steps_csv"):
+        for name in (
+            "data_dir",
+            "checkpoint",
+            "resume",
+            "out",
+            "save_weights",
+            "trace",
+            "steps_csv",
+        ):
             value = getattr(self, name)
             if value is not None:
                 set_(name, str(value))
@@ -333,8 +525,10 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise TypeError(f"unknown option(s) {', '.join(unknown)}; the options are "
-                            f"{', '.join(sorted(known))}")
+            raise TypeError(
+                f"unknown option(s) {', '.join(unknown)}; the options are "
+                f"{', '.join(sorted(known))}"
+            )
         return cls(**kwargs)
 
     # ---- what depends on the number of workers (settled once per run, in its Job)
@@ -354,20 +548,25 @@ class TrainConfig:
         """ValueError, naming the option, for what a run on `world` workers of `backend`
         cannot do."""
         if backend == "mpi" and self.deterministic and CHUNKS % world:
-            raise ValueError(f"deterministic mode under MPI needs a world size that divides "
-                             f"{CHUNKS}, got {world}")
+            raise ValueError(
+                f"deterministic mode under MPI needs a world size that divides "
+                f"{CHUNKS}, got {world}"
+            )
         if self.straggle is not None and self.straggle[0] >= world:
-            raise ValueError(f"straggle must be (rank, ms) with 0 <= rank < workers={world}, "
-                             f"got {self.straggle!r}")
+            raise ValueError(
+                f"straggle must be (rank, ms) with 0 <= rank < workers={world}, "
+                f"got {self.straggle!r}"
+            )
         if self.fault is not None and self.fault[0] >= world:
             raise ValueError(f"fault names rank {self.fault[0]}, but there are {world} workers")
         batch = self.global_batch(world)
         if batch < world:
-            raise ValueError(f"batch_size={batch} is smaller than workers={world}: every "
-                             f"worker needs at least one sample of each global batch")
+            raise ValueError(
+                f"batch_size={batch} is smaller than workers={world}: every "
+                f"worker needs at least one sample of each global batch"
+            )
         if self.fault and self.fault[2] == "kill" and backend != "process":
-            raise ValueError("fault kind 'kill' kills the worker's process: use "
-                             "backend='process'")
+            raise ValueError("fault kind 'kill' kills the worker's process: use backend='process'")
 
     def as_dict(self) -> dict:
         """Plain values (tuples as lists), for JSON."""
@@ -375,16 +574,23 @@ class TrainConfig:
 
 
 def _int(name, value, minimum=None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
-            minimum is not None and value < minimum):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or (minimum is not None and value < minimum)
+    ):
         more = f" >= {minimum}" if minimum is not None else ""
         raise ValueError(f"{name} must be an integer{more}, got {value!r}")
     return int(value)
 
 
 def _positive_int(name, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value \
-            or int(value) < 1:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or int(value) != value
+        or int(value) < 1
+    ):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
@@ -401,6 +607,7 @@ def add_train_arguments(parser, only=None, defaults=None) -> None:
     of the options to add (default: every one); defaults: other defaults, by name (a sweep
     runs one epoch)."""
     import argparse
+
     groups = {}
     for f in option_fields():
         meta = f.metadata
@@ -477,6 +684,7 @@ def _argparse_type(parse):
             return parse(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+
     convert.__name__ = parse.__name__.replace("parse_", "")
     return convert
 

@@ -40,6 +40,7 @@ Losses: "softmax_xent" (integer class labels, OUT >= 2), "sigmoid_bce" (binary l
 1), "mse" (real targets (n, OUT); a sample's loss is the mean over its OUT outputs of the
 squared error, so a batch's mean loss is PyTorch's ``MSELoss()``).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,10 +50,24 @@ import numpy as np
 
 from . import _core
 
-__all__ = ["Model", "Sequential", "LogisticRegression", "SoftmaxRegression", "MLP", "CNN",
-           "PRECISIONS", "precision_name", "storage_dtype",
-           "load_model", "build_model", "image_shape", "model_from_spec", "named_spec", "layers_spec",
-           "LOSSES"]
+__all__ = [
+    "Model",
+    "Sequential",
+    "LogisticRegression",
+    "SoftmaxRegression",
+    "MLP",
+    "CNN",
+    "PRECISIONS",
+    "precision_name",
+    "storage_dtype",
+    "load_model",
+    "build_model",
+    "image_shape",
+    "model_from_spec",
+    "named_spec",
+    "layers_spec",
+    "LOSSES",
+]
 
 SAVE_FORMAT = 1
 LOSSES = ("softmax_xent", "sigmoid_bce", "mse")
@@ -94,8 +109,10 @@ def _flat_buffer(name: str, given, n: int, dtype: np.dtype) -> np.ndarray:
     if not isinstance(given, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(given).__name__}")
     if given.dtype != dtype or given.shape != (n,):
-        raise ValueError(f"{name} has dtype {given.dtype} and shape {given.shape}, "
-                         f"expected {dtype.name} and ({n},)")
+        raise ValueError(
+            f"{name} has dtype {given.dtype} and shape {given.shape}, "
+            f"expected {dtype.name} and ({n},)"
+        )
     if not given.flags.c_contiguous or not given.flags.writeable:
         raise ValueError(f"{name} must be C-contiguous and writeable")
     return given
@@ -105,17 +122,21 @@ def layer_specs(layers) -> list:
     """The C core's layer specs (('dense', 10), ('conv', 32, 3, 0), 'relu', ...) of a list of
     ``dptrain.nn`` layers or specs (both may be mixed)."""
     if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
-        raise TypeError(f"layers must be a list of layers (dptrain.nn.Dense(10), ...), got "
-                        f"{type(layers).__name__}")
+        raise TypeError(
+            f"layers must be a list of layers (dptrain.nn.Dense(10), ...), got "
+            f"{type(layers).__name__}"
+        )
     out = []
     for i, layer in enumerate(layers):
         spec = layer.spec() if hasattr(layer, "spec") and callable(layer.spec) else layer
         if isinstance(spec, list):
             spec = tuple(spec)
         if not isinstance(spec, (str, tuple)):
-            raise TypeError(f"layers[{i}] = {layer!r} is not a layer: expected a dptrain.nn "
-                            f"layer (Dense, Conv2d, MaxPool2, Flatten, ReLU, Tanh, Sigmoid, "
-                            f"GELU) or its spec ('dense', 10), 'relu', ...")
+            raise TypeError(
+                f"layers[{i}] = {layer!r} is not a layer: expected a dptrain.nn "
+                f"layer (Dense, Conv2d, MaxPool2, Flatten, ReLU, Tanh, Sigmoid, "
+                f"GELU) or its spec ('dense', 10), 'relu', ..."
+            )
         out.append(spec)
     return out
 
@@ -128,13 +149,14 @@ class Model:
     """
 
     kind = "model"
-    _arch_keys: tuple = ()     # a family's own architecture keys, compared first on load
+    _arch_keys: tuple = ()  # a family's own architecture keys, compared first on load
 
-    def _build(self, layers, input_shape, loss, arch=None, *, seed, dtype, threads, params,
-               grads, velocity) -> None:
+    def _build(
+        self, layers, input_shape, loss, arch=None, *, seed, dtype, threads, params, grads, velocity
+    ) -> None:
         self.plan = _plan(layers, input_shape, loss)
         self.loss = loss
-        self._arch = dict(arch or {})      # a family's own architecture keys (the CNN's)
+        self._arch = dict(arch or {})  # a family's own architecture keys (the CNN's)
         self.precision = precision_name(dtype)
         self.dtype = storage_dtype(dtype)
         self.seed = int(seed)
@@ -146,9 +168,15 @@ class Model:
             self.reset_parameters()
         self.grads = _flat_buffer("grads", grads, n, self.dtype)
         self.velocity = _flat_buffer("velocity", velocity, n, self.dtype)
-        self._net = _core.Model(self.plan["layers"], self.input_shape, loss, self.params,
-                                self.grads, threads=int(threads),
-                                gemm_inputs="bfloat16" if self.precision == "bfloat16" else None)
+        self._net = _core.Model(
+            self.plan["layers"],
+            self.input_shape,
+            loss,
+            self.params,
+            self.grads,
+            threads=int(threads),
+            gemm_inputs="bfloat16" if self.precision == "bfloat16" else None,
+        )
 
     # ---- shapes and views
     @property
@@ -183,9 +211,15 @@ class Model:
         return self._net
 
     def _views(self, flat):
-        return [(flat[p["weight"]:p["weight"] + math.prod(p["weight_shape"])]
-                 .reshape(p["weight_shape"]),
-                 flat[p["bias"]:p["bias"] + p["bias_shape"][0]]) for p in self.plan["params"]]
+        return [
+            (
+                flat[p["weight"] : p["weight"] + math.prod(p["weight_shape"])].reshape(
+                    p["weight_shape"]
+                ),
+                flat[p["bias"] : p["bias"] + p["bias_shape"][0]],
+            )
+            for p in self.plan["params"]
+        ]
 
     def layers(self):
         """[(W, b), ...] views into ``params``, one per dense or conv layer: dense W (OUT, IN),
@@ -204,16 +238,23 @@ class Model:
     def summary(self) -> str:
         """A table of the layers: output shape and parameters of each, and the fused stages
         the C engine runs them as."""
-        per_layer = {p["layer"]: math.prod(p["weight_shape"]) + p["bias_shape"][0]
-                     for p in self.plan["params"]}
-        lines = [f"{type(self).__name__} on input {self.input_shape}, loss {self.loss}, "
-                 f"{self._precision_text()}",
-                 f"{'#':>3}  {'layer':<26} {'output':<16} {'params':>10}"]
+        per_layer = {
+            p["layer"]: math.prod(p["weight_shape"]) + p["bias_shape"][0]
+            for p in self.plan["params"]
+        }
+        lines = [
+            f"{type(self).__name__} on input {self.input_shape}, loss {self.loss}, "
+            f"{self._precision_text()}",
+            f"{'#':>3}  {'layer':<26} {'output':<16} {'params':>10}",
+        ]
         for i, (spec, shape) in enumerate(zip(self.plan["layers"], self.plan["shapes"])):
-            lines.append(f"{i:>3}  {_spec_text(spec):<26} {str(tuple(shape)):<16} "
-                         f"{per_layer.get(i, 0):>10,}")
-        lines.append(f"total {self.n_params:,} parameters; engine stages: "
-                     + ", ".join(s["ops"] for s in self.plan["stages"]))
+            lines.append(
+                f"{i:>3}  {_spec_text(spec):<26} {str(tuple(shape)):<16} {per_layer.get(i, 0):>10,}"
+            )
+        lines.append(
+            f"total {self.n_params:,} parameters; engine stages: "
+            + ", ".join(s["ops"] for s in self.plan["stages"])
+        )
         return "\n".join(lines)
 
     def _precision_text(self) -> str:
@@ -248,11 +289,15 @@ class Model:
         if not isinstance(x, np.ndarray) or x.ndim <= 2:
             return x
         if tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"x has shape {x.shape}, expected (B, {self.n_features}) rows or "
-                             f"(B, {', '.join(map(str, self.input_shape))}) samples")
+            raise ValueError(
+                f"x has shape {x.shape}, expected (B, {self.n_features}) rows or "
+                f"(B, {', '.join(map(str, self.input_shape))}) samples"
+            )
         if not x.flags.c_contiguous:
-            raise ValueError(f"x of shape {x.shape} is not C-contiguous: pass "
-                             "np.ascontiguousarray(x), once, outside the training loop")
+            raise ValueError(
+                f"x of shape {x.shape} is not C-contiguous: pass "
+                "np.ascontiguousarray(x), once, outside the training loop"
+            )
         return x.reshape(len(x), -1)
 
     def _grad_scale(self, x, grad_scale):
@@ -260,8 +305,13 @@ class Model:
             grad_scale = 1.0 / len(x) if len(x) else 0.0
         return grad_scale / self._scale()
 
-    def loss_grad(self, x: np.ndarray, y: np.ndarray, grad_scale: float | None = None,
-                  grads: np.ndarray | None = None):
+    def loss_grad(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        grad_scale: float | None = None,
+        grads: np.ndarray | None = None,
+    ):
         """Forward + backward on a batch; ACCUMULATES into grads. Returns (loss_sum, n_correct).
 
         grad_scale multiplies the per-sample losses' sum (default 1/B: the mean). A data-parallel
@@ -331,13 +381,21 @@ class Model:
     def config(self) -> dict:
         """The architecture as plain values (what ``save`` writes and ``load_model`` reads):
         the layer list and input shape rebuild any model."""
-        return {**_plan_config(self.kind, self.plan, self.loss, self.precision, self.seed),
-                **self._arch}
+        return {
+            **_plan_config(self.kind, self.plan, self.loss, self.precision, self.seed),
+            **self._arch,
+        }
 
     def save(self, path, **extra_arrays) -> None:
         """Writes params, velocity and the configuration to ``path`` (.npz, no pickle)."""
-        np.savez(path, format=np.int64(SAVE_FORMAT), config=np.array(json.dumps(self.config())),
-                 params=self.params, velocity=self.velocity, **extra_arrays)
+        np.savez(
+            path,
+            format=np.int64(SAVE_FORMAT),
+            config=np.array(json.dumps(self.config())),
+            params=self.params,
+            velocity=self.velocity,
+            **extra_arrays,
+        )
 
     def load_state(self, path) -> dict:
         """Loads params/velocity saved by ``save`` into this model (the architecture, loss and
@@ -347,24 +405,30 @@ class Model:
             mine = self.config()
             for key in self._arch_keys + ("sizes", "loss", "input_shape", "layers"):
                 if key in cfg and cfg[key] != mine[key]:
-                    raise ValueError(f"{path}: saved model has {key} {_plain(cfg[key])!r}, "
-                                     f"this model has {_plain(mine[key])!r}")
+                    raise ValueError(
+                        f"{path}: saved model has {key} {_plain(cfg[key])!r}, "
+                        f"this model has {_plain(mine[key])!r}"
+                    )
             for name in ("params", "velocity"):
                 arr = f[name] if name in f.files else None
                 if arr is None:
                     raise ValueError(f"{path}: no {name!r} array in the file")
                 if arr.shape != (self.n_params,) or arr.dtype != self.dtype:
-                    raise ValueError(f"{path}: {name} has dtype {arr.dtype} and shape "
-                                     f"{arr.shape}, expected {self.dtype.name} and "
-                                     f"({self.n_params},)")
+                    raise ValueError(
+                        f"{path}: {name} has dtype {arr.dtype} and shape "
+                        f"{arr.shape}, expected {self.dtype.name} and "
+                        f"({self.n_params},)"
+                    )
             self.params[:] = f["params"]
             self.velocity[:] = f["velocity"]
             own = ("params", "velocity", "config", "format")
             return {k: f[k] for k in f.files if k not in own}
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(sizes={self.sizes}, loss={self.loss!r}, "
-                f"dtype={self.precision}, params={self.n_params})")
+        return (
+            f"{type(self).__name__}(sizes={self.sizes}, loss={self.loss!r}, "
+            f"dtype={self.precision}, params={self.n_params})"
+        )
 
 
 def _plain(v):
@@ -376,7 +440,8 @@ def _plain(v):
 
 def _spec_text(spec) -> str:
     """How dptrain.nn writes the layer of a spec: Conv2d(32, 3), ReLU(), Dense(10)."""
-    from .nn import from_spec     # nn builds on this module
+    from .nn import from_spec  # nn builds on this module
+
     return repr(from_spec(spec))
 
 
@@ -389,17 +454,24 @@ def _plan(layers, input_shape, loss: str) -> dict:
         input_shape = (int(input_shape),)
     plan = _core.model_plan(layer_specs(layers), tuple(input_shape), loss)
     if plan["n_params"] > _MAX_PARAMS:
-        raise ValueError(f"the model has {plan['n_params']} parameters, more than one buffer "
-                         f"can hold")
+        raise ValueError(
+            f"the model has {plan['n_params']} parameters, more than one buffer can hold"
+        )
     return plan
 
 
 def _plan_config(kind: str, plan: dict, loss: str, precision: str, seed: int) -> dict:
     """A model's ``config()`` from its C plan (``_core.model_plan``): its class, flat widths,
     loss, precision, seed, layer list and input shape."""
-    return {"kind": kind, "sizes": list(_sizes(plan)), "loss": loss, "dtype": precision,
-            "seed": int(seed), "layers": [list(s) for s in plan["layers"]],
-            "input_shape": list(plan["input_shape"])}
+    return {
+        "kind": kind,
+        "sizes": list(_sizes(plan)),
+        "loss": loss,
+        "dtype": precision,
+        "seed": int(seed),
+        "layers": [list(s) for s in plan["layers"]],
+        "input_shape": list(plan["input_shape"]),
+    }
 
 
 def _sizes(plan) -> tuple:
@@ -426,15 +498,37 @@ class Sequential(Model):
 
     kind = "sequential"
 
-    def __init__(self, layers, input_shape, loss: str = "softmax_xent", *, seed: int = 0,
-                 dtype="float32", threads: int = 1, params=None, grads=None, velocity=None):
-        self._build(layers, input_shape, loss, seed=seed, dtype=dtype, threads=threads,
-                    params=params, grads=grads, velocity=velocity)
+    def __init__(
+        self,
+        layers,
+        input_shape,
+        loss: str = "softmax_xent",
+        *,
+        seed: int = 0,
+        dtype="float32",
+        threads: int = 1,
+        params=None,
+        grads=None,
+        velocity=None,
+    ):
+        self._build(
+            layers,
+            input_shape,
+            loss,
+            seed=seed,
+            dtype=dtype,
+            threads=threads,
+            params=params,
+            grads=grads,
+            velocity=velocity,
+        )
 
     def __repr__(self) -> str:
         layers = ", ".join(_spec_text(s) for s in self.plan["layers"])
-        return (f"Sequential([{layers}], input_shape={self.input_shape}, loss={self.loss!r}, "
-                f"dtype={self.precision}, params={self.n_params})")
+        return (
+            f"Sequential([{layers}], input_shape={self.input_shape}, loss={self.loss!r}, "
+            f"dtype={self.precision}, params={self.n_params})"
+        )
 
 
 def _dense_stack(widths) -> list:
@@ -450,8 +544,7 @@ def _dense_stack(widths) -> list:
 def _check_widths(name, sizes):
     sizes = tuple(sizes)
     if len(sizes) < 2 or not all(isinstance(s, (int, np.integer)) and s >= 1 for s in sizes):
-        raise ValueError(f"{name} is {sizes}, expected (IN, ..., OUT): at least two "
-                         f"positive ints")
+        raise ValueError(f"{name} is {sizes}, expected (IN, ..., OUT): at least two positive ints")
     return tuple(int(s) for s in sizes)
 
 
@@ -460,10 +553,26 @@ class LogisticRegression(Model):
 
     kind = "logreg"
 
-    def __init__(self, n_features: int, *, seed: int = 0, dtype="float32", threads: int = 1,
-                 params=None, grads=None, velocity=None):
-        self._build(*self.architecture(n_features), seed=seed, dtype=dtype, threads=threads,
-                    params=params, grads=grads, velocity=velocity)
+    def __init__(
+        self,
+        n_features: int,
+        *,
+        seed: int = 0,
+        dtype="float32",
+        threads: int = 1,
+        params=None,
+        grads=None,
+        velocity=None,
+    ):
+        self._build(
+            *self.architecture(n_features),
+            seed=seed,
+            dtype=dtype,
+            threads=threads,
+            params=params,
+            grads=grads,
+            velocity=velocity,
+        )
 
     @staticmethod
     def architecture(n_features: int) -> tuple:
@@ -477,10 +586,27 @@ class SoftmaxRegression(Model):
 
     kind = "softmax"
 
-    def __init__(self, n_inputs: int, n_classes: int, *, seed: int = 0, dtype="float32",
-                 threads: int = 1, params=None, grads=None, velocity=None):
-        self._build(*self.architecture(n_inputs, n_classes), seed=seed, dtype=dtype,
-                    threads=threads, params=params, grads=grads, velocity=velocity)
+    def __init__(
+        self,
+        n_inputs: int,
+        n_classes: int,
+        *,
+        seed: int = 0,
+        dtype="float32",
+        threads: int = 1,
+        params=None,
+        grads=None,
+        velocity=None,
+    ):
+        self._build(
+            *self.architecture(n_inputs, n_classes),
+            seed=seed,
+            dtype=dtype,
+            threads=threads,
+            params=params,
+            grads=grads,
+            velocity=velocity,
+        )
 
     @staticmethod
     def architecture(n_inputs: int, n_classes: int) -> tuple:
@@ -497,11 +623,27 @@ class MLP(Model):
 
     kind = "mlp"
 
-    def __init__(self, sizes=(784, 256, 128, 10), loss: str = "softmax_xent", *,
-                 seed: int = 0, dtype="float32", threads: int = 1, params=None, grads=None,
-                 velocity=None):
-        self._build(*self.architecture(sizes, loss), seed=seed, dtype=dtype, threads=threads,
-                    params=params, grads=grads, velocity=velocity)
+    def __init__(
+        self,
+        sizes=(784, 256, 128, 10),
+        loss: str = "softmax_xent",
+        *,
+        seed: int = 0,
+        dtype="float32",
+        threads: int = 1,
+        params=None,
+        grads=None,
+        velocity=None,
+    ):
+        self._build(
+            *self.architecture(sizes, loss),
+            seed=seed,
+            dtype=dtype,
+            threads=threads,
+            params=params,
+            grads=grads,
+            velocity=velocity,
+        )
 
     @staticmethod
     def architecture(sizes, loss: str = "softmax_xent") -> tuple:
@@ -510,8 +652,9 @@ class MLP(Model):
         return _dense_stack(sizes[1:]), (sizes[0],), loss
 
 
-def cnn_layers(channels=(32, 64), hidden=(128,), n_classes: int = 10, *, kernel: int = 3,
-               padding: int = 0) -> list:
+def cnn_layers(
+    channels=(32, 64), hidden=(128,), n_classes: int = 10, *, kernel: int = 3, padding: int = 0
+) -> list:
     """The CNN's layer list: per channel count a conv(KxK) -> ReLU -> 2x2 max-pool block, then
     flatten and the dense layers ``hidden`` (ReLU between) and the ``n_classes`` logits."""
     out = []
@@ -527,8 +670,10 @@ def check_conv_blocks(input_shape, channels, kernel: int, padding: int) -> None:
     for i, oc in enumerate(channels):
         oh, ow = h + 2 * padding - kernel + 1, w + 2 * padding - kernel + 1
         if oh < 2 or ow < 2:
-            raise ValueError(f"conv layer {i} gets a {(c, h, w)} input: a {kernel}x{kernel} "
-                             f"kernel with padding {padding} leaves no 2x2 window to pool")
+            raise ValueError(
+                f"conv layer {i} gets a {(c, h, w)} input: a {kernel}x{kernel} "
+                f"kernel with padding {padding} leaves no 2x2 window to pool"
+            )
         c, h, w = int(oc), oh // 2, ow // 2
 
 
@@ -551,20 +696,50 @@ class CNN(Model):
     kind = "cnn"
     _arch_keys = ("channels", "hidden", "kernel", "padding")
 
-    def __init__(self, input_shape=(1, 28, 28), n_classes: int = 10, *, channels=(32, 64),
-                 hidden=(128,), kernel: int = 3, padding: int = 0, seed: int = 0,
-                 dtype="float32", threads: int = 1, params=None, grads=None, velocity=None):
-        layers, shape, loss, arch = self.architecture(input_shape, n_classes, channels=channels,
-                                                      hidden=hidden, kernel=kernel,
-                                                      padding=padding)
+    def __init__(
+        self,
+        input_shape=(1, 28, 28),
+        n_classes: int = 10,
+        *,
+        channels=(32, 64),
+        hidden=(128,),
+        kernel: int = 3,
+        padding: int = 0,
+        seed: int = 0,
+        dtype="float32",
+        threads: int = 1,
+        params=None,
+        grads=None,
+        velocity=None,
+    ):
+        layers, shape, loss, arch = self.architecture(
+            input_shape, n_classes, channels=channels, hidden=hidden, kernel=kernel, padding=padding
+        )
         self.channels, self.hidden = tuple(arch["channels"]), tuple(arch["hidden"])
         self.kernel, self.padding = arch["kernel"], arch["padding"]
-        self._build(layers, shape, loss, arch, seed=seed, dtype=dtype, threads=threads,
-                    params=params, grads=grads, velocity=velocity)
+        self._build(
+            layers,
+            shape,
+            loss,
+            arch,
+            seed=seed,
+            dtype=dtype,
+            threads=threads,
+            params=params,
+            grads=grads,
+            velocity=velocity,
+        )
 
     @staticmethod
-    def architecture(input_shape, n_classes: int, *, channels=(32, 64), hidden=(128,),
-                     kernel: int = 3, padding: int = 0) -> tuple:
+    def architecture(
+        input_shape,
+        n_classes: int,
+        *,
+        channels=(32, 64),
+        hidden=(128,),
+        kernel: int = 3,
+        padding: int = 0,
+    ) -> tuple:
         """(layers, input_shape, loss, the CNN's own architecture keys) of the model."""
         shape = tuple(input_shape)
         if len(shape) != 3:
@@ -578,14 +753,20 @@ class CNN(Model):
             raise ValueError(f"n_classes is {n_classes}: the CNN's softmax needs >= 2 classes")
         layers = cnn_layers(channels, hidden, n_classes, kernel=kernel, padding=padding)
         check_conv_blocks(shape, channels, kernel, padding)
-        arch = {"channels": list(channels), "hidden": list(hidden), "kernel": kernel,
-                "padding": padding}
+        arch = {
+            "channels": list(channels),
+            "hidden": list(hidden),
+            "kernel": kernel,
+            "padding": padding,
+        }
         return layers, shape, "softmax_xent", arch
 
     def __repr__(self) -> str:
-        return (f"CNN(input_shape={self.input_shape}, channels={self.channels}, "
-                f"hidden={self.hidden}, n_classes={self.sizes[-1]}, kernel={self.kernel}, "
-                f"padding={self.padding}, dtype={self.precision}, params={self.n_params})")
+        return (
+            f"CNN(input_shape={self.input_shape}, channels={self.channels}, "
+            f"hidden={self.hidden}, n_classes={self.sizes[-1]}, kernel={self.kernel}, "
+            f"padding={self.padding}, dtype={self.precision}, params={self.n_params})"
+        )
 
 
 def image_shape(n_features: int) -> tuple[int, int, int]:
@@ -597,12 +778,14 @@ def image_shape(n_features: int) -> tuple[int, int, int]:
         s = math.isqrt(n // c) if n % c == 0 else 0
         if s > 0 and c * s * s == n:
             return c, s, s
-    raise ValueError(f"the CNN reads rows of square images with 1 or 3 channels, but the data "
-                     f"set has {n} features, neither s*s nor 3*s*s")
+    raise ValueError(
+        f"the CNN reads rows of square images with 1 or 3 channels, but the data "
+        f"set has {n} features, neither s*s nor 3*s*s"
+    )
 
 
 MODEL_KINDS = ("logreg", "softmax", "mlp", "cnn")
-CNN_CHANNELS = (32, 64)    # build_model's CNN: the studies' architecture (see CNN)
+CNN_CHANNELS = (32, 64)  # build_model's CNN: the studies' architecture (see CNN)
 CNN_HIDDEN = (128,)
 
 
@@ -611,13 +794,22 @@ def _cnn_input(n_features: int, input_shape) -> tuple:
         return image_shape(n_features)
     shape = tuple(int(v) for v in input_shape)
     if len(shape) != 3 or math.prod(shape) != n_features:
-        raise ValueError(f"input_shape {shape} is not a (C, H, W) of the data set's "
-                         f"{n_features} features")
+        raise ValueError(
+            f"input_shape {shape} is not a (C, H, W) of the data set's {n_features} features"
+        )
     return shape
 
 
-def named_spec(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128),
-               input_shape=None, dtype="float32", seed: int = 0) -> dict:
+def named_spec(
+    kind: str,
+    n_features: int,
+    n_classes: int,
+    *,
+    hidden=(256, 128),
+    input_shape=None,
+    dtype="float32",
+    seed: int = 0,
+) -> dict:
     """The spec (``Model.spec()``) of the named model for these data, planned by the C core
     without allocating the model: 'logreg' (binary), 'softmax', 'mlp' (``hidden`` widths) or
     'cnn' (the studies' CNN on images of ``input_shape`` (C, H, W); when not given, read
@@ -627,8 +819,7 @@ def named_spec(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128),
         kw = {"channels": CNN_CHANNELS, "hidden": CNN_HIDDEN}
     elif kind == "logreg":
         if n_classes != 2:
-            raise ValueError(f"model 'logreg' is binary, but the data set has {n_classes} "
-                             f"classes")
+            raise ValueError(f"model 'logreg' is binary, but the data set has {n_classes} classes")
         cls, args, kw = LogisticRegression, (n_features,), {}
     elif kind == "softmax":
         cls, args, kw = SoftmaxRegression, (n_features, n_classes), {}
@@ -637,26 +828,57 @@ def named_spec(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128),
     else:
         raise ValueError(f"model is {kind!r}, expected one of {MODEL_KINDS}")
     layers, shape, loss, *arch = cls.architecture(*args, **kw)
-    return layers_spec(layers, shape, loss, dtype=dtype, seed=seed, kind=kind,
-                       arch=arch[0] if arch else None)
+    return layers_spec(
+        layers, shape, loss, dtype=dtype, seed=seed, kind=kind, arch=arch[0] if arch else None
+    )
 
 
-def layers_spec(layers, input_shape, loss: str = "softmax_xent", *, dtype="float32",
-                seed: int = 0, kind: str = "sequential", arch: dict | None = None) -> dict:
+def layers_spec(
+    layers,
+    input_shape,
+    loss: str = "softmax_xent",
+    *,
+    dtype="float32",
+    seed: int = 0,
+    kind: str = "sequential",
+    arch: dict | None = None,
+) -> dict:
     """The spec (``Model.spec()``) of the model of these layers on this input shape, planned
     by the C core without allocating the model (its buffers are made where a worker wants
     them: ``model_from_spec``)."""
     plan = _plan(layers, input_shape, loss)
-    return {**_plan_config(kind, plan, loss, precision_name(dtype), seed), **(arch or {}),
-            "n_params": plan["n_params"]}
+    return {
+        **_plan_config(kind, plan, loss, precision_name(dtype), seed),
+        **(arch or {}),
+        "n_params": plan["n_params"],
+    }
 
 
-def build_model(kind: str, n_features: int, n_classes: int, *, hidden=(256, 128),
-                input_shape=None, seed: int = 0, dtype="float32", **kw) -> Model:
+def build_model(
+    kind: str,
+    n_features: int,
+    n_classes: int,
+    *,
+    hidden=(256, 128),
+    input_shape=None,
+    seed: int = 0,
+    dtype="float32",
+    **kw,
+) -> Model:
     """The named model for these data (``named_spec``), built: 'logreg', 'softmax', 'mlp' or
     'cnn'; ``kw``: threads, params, grads, velocity (as every model)."""
-    return model_from_spec(named_spec(kind, n_features, n_classes, hidden=hidden,
-                                      input_shape=input_shape, dtype=dtype, seed=seed), **kw)
+    return model_from_spec(
+        named_spec(
+            kind,
+            n_features,
+            n_classes,
+            hidden=hidden,
+            input_shape=input_shape,
+            dtype=dtype,
+            seed=seed,
+        ),
+        **kw,
+    )
 
 
 def _open_model_file(path):
@@ -682,28 +904,47 @@ def _read_config(path, f) -> dict:
     return cfg
 
 
-def model_from_spec(spec: dict, *, threads: int = 1, params=None, grads=None,
-                    velocity=None) -> Model:
+def model_from_spec(
+    spec: dict, *, threads: int = 1, params=None, grads=None, velocity=None
+) -> Model:
     """The model a spec describes (``Model.spec()`` / ``Model.config()``: its class, sizes,
     loss, dtype, seed, layers and input shape), on the given flat buffers (e.g. a worker's,
     in shared memory) or new ones. Given params are used as they are (not initialized)."""
     kind, sizes = spec["kind"], spec["sizes"]
-    kw = dict(seed=spec["seed"], dtype=spec["dtype"], threads=threads, params=params,
-              grads=grads, velocity=velocity)
+    kw = dict(
+        seed=spec["seed"],
+        dtype=spec["dtype"],
+        threads=threads,
+        params=params,
+        grads=grads,
+        velocity=velocity,
+    )
     if kind == "cnn":
-        return CNN(spec["input_shape"], sizes[-1], channels=spec["channels"],
-                   hidden=spec["hidden"], kernel=spec["kernel"], padding=spec["padding"], **kw)
+        return CNN(
+            spec["input_shape"],
+            sizes[-1],
+            channels=spec["channels"],
+            hidden=spec["hidden"],
+            kernel=spec["kernel"],
+            padding=spec["padding"],
+            **kw,
+        )
     if kind == "logreg":
         return LogisticRegression(sizes[0], **kw)
     if kind == "softmax":
         return SoftmaxRegression(sizes[0], sizes[1], **kw)
-    if kind in ("mlp", "model"):       # "model": a dense stack saved by dptrain 0.1
+    if kind in ("mlp", "model"):  # "model": a dense stack saved by dptrain 0.1
         return MLP(sizes, spec["loss"], **kw)
     if kind == "sequential":
-        return Sequential([tuple(s) if isinstance(s, list) else s for s in spec["layers"]],
-                          tuple(spec["input_shape"]), spec["loss"], **kw)
-    raise ValueError(f"model kind {kind!r} is not one dptrain knows "
-                     f"({', '.join(MODEL_KINDS + ('sequential',))})")
+        return Sequential(
+            [tuple(s) if isinstance(s, list) else s for s in spec["layers"]],
+            tuple(spec["input_shape"]),
+            spec["loss"],
+            **kw,
+        )
+    raise ValueError(
+        f"model kind {kind!r} is not one dptrain knows ({', '.join(MODEL_KINDS + ('sequential',))})"
+    )
 
 
 def load_model(path, *, threads: int = 1) -> Model:

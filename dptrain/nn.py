@@ -20,12 +20,27 @@ ReLU, Tanh, Sigmoid and GELU (erf form, nn.GELU()). Losses: softmax cross-entrop
 BCE, mean squared error. What it does not have (yet): dropout, batch norm, strides other than
 1, other pooling, residual connections (a list has no branches).
 """
+
 from __future__ import annotations
 
 from .models import Sequential, cnn_layers
 
-__all__ = ["Layer", "Dense", "Conv2d", "MaxPool2", "Flatten", "ReLU", "Tanh", "Sigmoid",
-           "GELU", "Sequential", "mlp", "lenet5", "cnn", "from_spec"]
+__all__ = [
+    "Layer",
+    "Dense",
+    "Conv2d",
+    "MaxPool2",
+    "Flatten",
+    "ReLU",
+    "Tanh",
+    "Sigmoid",
+    "GELU",
+    "Sequential",
+    "mlp",
+    "lenet5",
+    "cnn",
+    "from_spec",
+]
 
 
 def _positive(name: str, v, minimum: int = 1) -> int:
@@ -125,8 +140,7 @@ class GELU(Layer):
     name = "gelu"
 
 
-_BY_NAME = {cls.name: cls for cls in (Dense, Conv2d, MaxPool2, Flatten, ReLU, Tanh, Sigmoid,
-                                      GELU)}
+_BY_NAME = {cls.name: cls for cls in (Dense, Conv2d, MaxPool2, Flatten, ReLU, Tanh, Sigmoid, GELU)}
 
 
 def from_spec(spec) -> Layer:
@@ -139,8 +153,15 @@ def from_spec(spec) -> Layer:
     return _BY_NAME[spec[0]](*spec[1:])
 
 
-def mlp(n_features: int, hidden, n_outputs: int, *, activation: str = "relu",
-        loss: str = "softmax_xent", **kw) -> Sequential:
+def mlp(
+    n_features: int,
+    hidden,
+    n_outputs: int,
+    *,
+    activation: str = "relu",
+    loss: str = "softmax_xent",
+    **kw,
+) -> Sequential:
     """Dense layers ``hidden`` with ``activation`` between them, then ``n_outputs``:
     ``nn.mlp(784, [256, 128], 10)``. loss: softmax_xent, sigmoid_bce (n_outputs 1) or mse."""
     act = from_spec(activation)
@@ -150,21 +171,50 @@ def mlp(n_features: int, hidden, n_outputs: int, *, activation: str = "relu",
     return Sequential(layers + [Dense(n_outputs)], (int(n_features),), loss, **kw)
 
 
-def lenet5(input_shape=(1, 28, 28), n_classes: int = 10, *, activation: str = "relu",
-           **kw) -> Sequential:
+def lenet5(
+    input_shape=(1, 28, 28), n_classes: int = 10, *, activation: str = "relu", **kw
+) -> Sequential:
     """LeNet-5 (LeCun et al. 1998) as it is usually written today: conv(6, 5x5, padding 2) ->
     act -> max-pool -> conv(16, 5x5) -> act -> max-pool -> dense 120 -> act -> dense 84 ->
     act -> dense ``n_classes`` (the original's tanh: ``activation="tanh"``; it pooled by
     averaging, which the engine does not have)."""
     act = from_spec(activation)
-    return Sequential([Conv2d(6, 5, padding=2), act, MaxPool2(), Conv2d(16, 5), act, MaxPool2(),
-                       Flatten(), Dense(120), act, Dense(84), act, Dense(n_classes)],
-                      tuple(input_shape), "softmax_xent", **kw)
+    return Sequential(
+        [
+            Conv2d(6, 5, padding=2),
+            act,
+            MaxPool2(),
+            Conv2d(16, 5),
+            act,
+            MaxPool2(),
+            Flatten(),
+            Dense(120),
+            act,
+            Dense(84),
+            act,
+            Dense(n_classes),
+        ],
+        tuple(input_shape),
+        "softmax_xent",
+        **kw,
+    )
 
 
-def cnn(input_shape, n_classes: int = 10, *, channels=(32, 64), hidden=(128,), kernel: int = 3,
-        padding: int = 0, **kw) -> Sequential:
+def cnn(
+    input_shape,
+    n_classes: int = 10,
+    *,
+    channels=(32, 64),
+    hidden=(128,),
+    kernel: int = 3,
+    padding: int = 0,
+    **kw,
+) -> Sequential:
     """The CNN family as a ``Sequential``: per entry of ``channels`` a conv -> ReLU -> 2x2
     max-pool block, then ``hidden`` dense layers and the logits (``dptrain.CNN``'s layers)."""
-    return Sequential(cnn_layers(channels, hidden, n_classes, kernel=kernel, padding=padding),
-                      tuple(input_shape), "softmax_xent", **kw)
+    return Sequential(
+        cnn_layers(channels, hidden, n_classes, kernel=kernel, padding=padding),
+        tuple(input_shape),
+        "softmax_xent",
+        **kw,
+    )

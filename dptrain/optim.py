@@ -3,6 +3,7 @@
 Semantics are torch.optim.SGD's: d = g + wd * p; v = momentum * v + (1 - dampening) * d
 (v = d on the first step); d = d + momentum * v if nesterov else v; p -= lr * d.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,9 @@ __all__ = ["SGD", "SCHEDULES", "lr_at"]
 SCHEDULES = ("constant", "cosine")
 
 
-def lr_at(step: int, total_steps: int, base_lr: float, schedule: str = "constant",
-          warmup_steps: int = 0) -> float:
+def lr_at(
+    step: int, total_steps: int, base_lr: float, schedule: str = "constant", warmup_steps: int = 0
+) -> float:
     """Learning rate of step `step` (0-based) out of `total_steps`.
 
     constant: base_lr. cosine: base_lr * (1 + cos(pi * step / total_steps)) / 2, decaying to 0
@@ -44,10 +46,23 @@ class SGD:
     ValueError naming the value (see ``check``).
     """
 
-    def __init__(self, model, lr: float, *, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False):
-        self.check(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                   nesterov=nesterov)
+    def __init__(
+        self,
+        model,
+        lr: float,
+        *,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ):
+        self.check(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+        )
         self.model = model
         self.lr = float(lr)
         self.momentum = float(momentum)
@@ -59,19 +74,31 @@ class SGD:
     @staticmethod
     def check(*, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False) -> None:
         """Raises ValueError naming the first hyper-parameter that SGD cannot use."""
-        for name, v in (("lr", lr), ("momentum", momentum), ("dampening", dampening),
-                        ("weight_decay", weight_decay)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (
-                    float(v) >= 0.0) or float(v) == float("inf"):
+        for name, v in (
+            ("lr", lr),
+            ("momentum", momentum),
+            ("dampening", dampening),
+            ("weight_decay", weight_decay),
+        ):
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, numbers.Real)
+                or not (float(v) >= 0.0)
+                or float(v) == float("inf")
+            ):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         if momentum >= 1:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}: with momentum >= 1 "
-                             f"the velocity never decays and training diverges")
+            raise ValueError(
+                f"momentum must be in [0, 1), got {momentum!r}: with momentum >= 1 "
+                f"the velocity never decays and training diverges"
+            )
         if dampening > 1:
             raise ValueError(f"dampening must be in [0, 1], got {dampening!r}")
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError(f"nesterov needs momentum > 0 and dampening == 0, got "
-                             f"momentum={momentum}, dampening={dampening}")
+            raise ValueError(
+                f"nesterov needs momentum > 0 and dampening == 0, got "
+                f"momentum={momentum}, dampening={dampening}"
+            )
 
     def step(self, lr: float | None = None, grads=None) -> None:
         """One update of model.params from model.grads (or ``grads``, a buffer of the same
@@ -79,14 +106,26 @@ class SGD:
         m = self.model
         # the threads that computed the gradient share the step: the model's `context` (what
         # _core.sgd_step takes as ctx: a dptrain model's C engine), None where it has none
-        _core.sgd_step(m.params, m.grads if grads is None else grads, m.velocity,
-                       lr=self.lr if lr is None else float(lr),
-                       momentum=self.momentum, dampening=self.dampening,
-                       weight_decay=self.weight_decay, nesterov=self.nesterov,
-                       first_step=self.steps == 0, ctx=getattr(m, "context", None))
+        _core.sgd_step(
+            m.params,
+            m.grads if grads is None else grads,
+            m.velocity,
+            lr=self.lr if lr is None else float(lr),
+            momentum=self.momentum,
+            dampening=self.dampening,
+            weight_decay=self.weight_decay,
+            nesterov=self.nesterov,
+            first_step=self.steps == 0,
+            ctx=getattr(m, "context", None),
+        )
         self.steps += 1
 
     def config(self) -> dict:
         """The hyper-parameters as a dict."""
-        return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
-                "weight_decay": self.weight_decay, "nesterov": self.nesterov}
+        return {
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "dampening": self.dampening,
+            "weight_decay": self.weight_decay,
+            "nesterov": self.nesterov,
+        }

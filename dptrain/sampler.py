@@ -8,6 +8,7 @@ be smaller; it is kept, not dropped or padded), and worker r of N takes
 ``shard(start, stop, r, N)`` of each. ``BatchRows`` gathers a share's rows, and
 deterministic mode cuts each global batch into ``CHUNKS`` fixed chunks.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,7 +66,7 @@ class BatchRows:
 
     def __call__(self, lo: int, hi: int):
         if self.shuffle:
-            bx, by = self.xb[:hi - lo], self.yb[:hi - lo]
+            bx, by = self.xb[: hi - lo], self.yb[: hi - lo]
             _core.gather_rows(self.x, self.order[lo:hi], bx)
             _core.gather_rows(self.y, self.order[lo:hi], by)
             return bx, by

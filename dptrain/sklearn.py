@@ -29,6 +29,7 @@ input.
 scikit-learn is no requirement of dptrain: ``import dptrain`` does not import this module,
 which needs scikit-learn >= 1.6 (``pip install scikit-learn``).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -43,28 +44,60 @@ try:
     from sklearn.utils import check_random_state
     from sklearn.utils.multiclass import check_classification_targets, unique_labels
     from sklearn.utils.validation import check_array, check_is_fitted, validate_data
-except ImportError as exc:          # no scikit-learn, or one older than 1.6 (validate_data)
-    raise ImportError(f"dptrain.sklearn needs scikit-learn >= 1.6 (pip install scikit-learn): "
-                      f"{exc}") from exc
+except ImportError as exc:  # no scikit-learn, or one older than 1.6 (validate_data)
+    raise ImportError(
+        f"dptrain.sklearn needs scikit-learn >= 1.6 (pip install scikit-learn): {exc}"
+    ) from exc
 
 from . import models
 from .comm import BACKENDS, resolve_backend
 from .comm.mpi import world as mpi_world
 from .config import DTYPES
-from .optim import SCHEDULES      # learning_rate: TrainConfig's lr_schedule
 from .engine import fit as engine_fit
+from .optim import SCHEDULES  # learning_rate: TrainConfig's lr_schedule
 
-__all__ = ["CNNClassifier", "LogisticRegression", "MLPClassifier", "MLPRegressor",
-           "SoftmaxRegression"]
+__all__ = [
+    "CNNClassifier",
+    "LogisticRegression",
+    "MLPClassifier",
+    "MLPRegressor",
+    "SoftmaxRegression",
+]
 
-AUTO_BATCH = 200                        # batch_size="auto": min(200, n_samples), as sklearn's MLP
+AUTO_BATCH = 200  # batch_size="auto": min(200, n_samples), as sklearn's MLP
 # dptrain.fit options an estimator sets from its own parameters and data (or that make no
 # sense for an estimator): engine_options may not give them
-_OWN_OPTIONS = ("model", "dataset", "hidden", "dtype", "seed", "epochs", "batch_size",
-                "batch_per_worker", "lr", "lr_schedule", "momentum", "nesterov", "weight_decay",
-                "shuffle", "workers", "backend", "threads", "quiet", "progress", "limit",
-                "data_dir", "n_samples", "n_features", "upscale", "allow_download", "resume",
-                "X_test", "y_test", "log")
+_OWN_OPTIONS = (
+    "model",
+    "dataset",
+    "hidden",
+    "dtype",
+    "seed",
+    "epochs",
+    "batch_size",
+    "batch_per_worker",
+    "lr",
+    "lr_schedule",
+    "momentum",
+    "nesterov",
+    "weight_decay",
+    "shuffle",
+    "workers",
+    "backend",
+    "threads",
+    "quiet",
+    "progress",
+    "limit",
+    "data_dir",
+    "n_samples",
+    "n_features",
+    "upscale",
+    "allow_download",
+    "resume",
+    "X_test",
+    "y_test",
+    "log",
+)
 
 
 NO_Y = "no_validation"  # validate_data's "no y given" (None is a y, and refused)
@@ -76,8 +109,9 @@ def _no_y(y) -> bool:
 
 # ---------------------------------------------------------------- parameter checks
 def _bad(est, name, expected):
-    return ValueError(f"{type(est).__name__}: {name} must be {expected}, got "
-                      f"{getattr(est, name)!r}")
+    return ValueError(
+        f"{type(est).__name__}: {name} must be {expected}, got {getattr(est, name)!r}"
+    )
 
 
 def _int_param(est, name, minimum=1):
@@ -89,8 +123,13 @@ def _int_param(est, name, minimum=1):
 
 def _real_param(est, name, low, high=math.inf, *, low_open=False, high_open=False):
     v = getattr(est, name)
-    ok = (not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(v)
-          and (v > low if low_open else v >= low) and (v < high if high_open else v <= high))
+    ok = (
+        not isinstance(v, bool)
+        and isinstance(v, numbers.Real)
+        and math.isfinite(v)
+        and (v > low if low_open else v >= low)
+        and (v < high if high_open else v <= high)
+    )
     if not ok:
         lo, hi = "(" if low_open else "[", ")" if high_open else "]"
         raise _bad(est, name, f"a finite number in {lo}{low}, {high}{hi}")
@@ -112,8 +151,9 @@ def _widths_param(est, name, allow_empty=True):
         widths = tuple(seq)
     except TypeError:
         raise _bad(est, name, "a sequence of positive integers") from None
-    if any(isinstance(w, bool) or not isinstance(w, numbers.Integral) or w < 1
-           for w in widths) or (not widths and not allow_empty):
+    if any(isinstance(w, bool) or not isinstance(w, numbers.Integral) or w < 1 for w in widths) or (
+        not widths and not allow_empty
+    ):
         raise _bad(est, name, "a sequence of positive integers")
     return tuple(int(w) for w in widths)
 
@@ -123,8 +163,9 @@ def _seed_of(random_state) -> int:
     drawn from the RandomState (None: NumPy's global one)."""
     if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
         if random_state < 0:
-            raise ValueError(f"random_state must be an int >= 0, a RandomState or None, got "
-                             f"{random_state!r}")
+            raise ValueError(
+                f"random_state must be an int >= 0, a RandomState or None, got {random_state!r}"
+            )
         return int(random_state)
     return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
 
@@ -149,7 +190,8 @@ class _Estimator(BaseEstimator):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise _bad(self, name, "True or False")
         if self.random_state is not None and not isinstance(
-                self.random_state, (numbers.Integral, np.random.RandomState)):
+            self.random_state, (numbers.Integral, np.random.RandomState)
+        ):
             raise _bad(self, "random_state", "an int >= 0, a numpy RandomState or None")
         if self._dtype() not in DTYPES:
             raise _bad(self, "dtype", f"one of {', '.join(DTYPES)}")
@@ -164,10 +206,12 @@ class _Estimator(BaseEstimator):
                 raise _bad(self, "engine_options", "a dict of dptrain.fit options or None")
             own = sorted(set(self.engine_options) & set(_OWN_OPTIONS))
             if own:
-                raise ValueError(f"{type(self).__name__}: engine_options may not set "
-                                 f"{', '.join(own)}: the estimator's own parameters do "
-                                 f"(learning_rate_init is lr, max_iter epochs, alpha "
-                                 f"weight_decay, ...)")
+                raise ValueError(
+                    f"{type(self).__name__}: engine_options may not set "
+                    f"{', '.join(own)}: the estimator's own parameters do "
+                    f"(learning_rate_init is lr, max_iter epochs, alpha "
+                    f"weight_decay, ...)"
+                )
 
     def _dtype(self) -> str:
         try:
@@ -180,20 +224,34 @@ class _Estimator(BaseEstimator):
         if isinstance(self.batch_size, str):
             return min(AUTO_BATCH, n)
         if self.batch_size > n:
-            warnings.warn(f"{type(self).__name__}: batch_size={self.batch_size} is larger than "
-                          f"the {n} samples; it is clipped to {n}", UserWarning, stacklevel=6)
+            warnings.warn(
+                f"{type(self).__name__}: batch_size={self.batch_size} is larger than "
+                f"the {n} samples; it is clipped to {n}",
+                UserWarning,
+                stacklevel=6,
+            )
         return min(self.batch_size, n)
 
     def _engine_options(self, n: int, epochs: int, schedule: str, seed: int) -> dict:
         """The estimator's parameters as dptrain.fit options (TrainConfig names)."""
         verbose = int(self.verbose)
-        return {**(self.engine_options or {}),
-                "epochs": epochs, "batch_size": self._batch(n), "lr": self.learning_rate_init,
-                "lr_schedule": schedule, "momentum": self.momentum,
-                "nesterov": bool(self.nesterovs_momentum), "weight_decay": self.alpha,
-                "shuffle": bool(self.shuffle), "workers": self.workers, "backend": self.backend,
-                "threads": self.threads, "seed": seed,
-                "quiet": verbose == 0, "progress": verbose >= 2}
+        return {
+            **(self.engine_options or {}),
+            "epochs": epochs,
+            "batch_size": self._batch(n),
+            "lr": self.learning_rate_init,
+            "lr_schedule": schedule,
+            "momentum": self.momentum,
+            "nesterov": bool(self.nesterovs_momentum),
+            "weight_decay": self.alpha,
+            "shuffle": bool(self.shuffle),
+            "workers": self.workers,
+            "backend": self.backend,
+            "threads": self.threads,
+            "seed": seed,
+            "quiet": verbose == 0,
+            "progress": verbose >= 2,
+        }
 
     # ---- training
     def _is_trained(self) -> bool:
@@ -215,10 +273,15 @@ class _Estimator(BaseEstimator):
         schedule = "constant" if partial else self.learning_rate
         backend, _ = resolve_backend(self.backend)
         # each run's epochs get their own sample orders: the seed moves on by the epochs done
-        result = engine_fit(model, X, targets, log=print,
-                            **self._engine_options(len(X), epochs, schedule, seed + done))
+        result = engine_fit(
+            model,
+            X,
+            targets,
+            log=print,
+            **self._engine_options(len(X), epochs, schedule, seed + done),
+        )
         history = result.history
-        if backend == "mpi":        # rank 0 holds the result: every rank gets the model
+        if backend == "mpi":  # rank 0 holds the result: every rank gets the model
             history = _from_rank0(model, history)
         if new:
             self._seed, self.model_ = seed, model
@@ -232,18 +295,26 @@ class _Estimator(BaseEstimator):
         state = dict(super().__getstate__())
         model = state.get("model_")
         if isinstance(model, models.Model):
-            state["model_"] = {"dptrain_model": model.config(), "params": model.params.copy(),
-                               "velocity": model.velocity.copy()}
+            state["model_"] = {
+                "dptrain_model": model.config(),
+                "params": model.params.copy(),
+                "velocity": model.velocity.copy(),
+            }
         return state
 
     def __setstate__(self, state):
         saved = state.get("model_")
         if isinstance(saved, dict) and "dptrain_model" in saved:
             dt = models.storage_dtype(saved["dptrain_model"]["dtype"])
-            state = dict(state, model_=models.model_from_spec(
-                saved["dptrain_model"], threads=state.get("threads", 1),
-                params=np.array(saved["params"], dtype=dt),
-                velocity=np.array(saved["velocity"], dtype=dt)))
+            state = dict(
+                state,
+                model_=models.model_from_spec(
+                    saved["dptrain_model"],
+                    threads=state.get("threads", 1),
+                    params=np.array(saved["params"], dtype=dt),
+                    velocity=np.array(saved["velocity"], dtype=dt),
+                ),
+            )
         super().__setstate__(state)
 
     def _logits(self, X) -> np.ndarray:
@@ -286,18 +357,24 @@ class _Classifier(ClassifierMixin, _Estimator):
         check_classification_targets(y)
         if fresh:
             if partial and classes is None:
-                raise ValueError(f"{type(self).__name__}: classes must be given to the first "
-                                 f"partial_fit call: every label to be seen, e.g. "
-                                 f"classes=np.unique(y_all)")
+                raise ValueError(
+                    f"{type(self).__name__}: classes must be given to the first "
+                    f"partial_fit call: every label to be seen, e.g. "
+                    f"classes=np.unique(y_all)"
+                )
             labels = unique_labels(y if classes is None else classes)
             if len(labels) < 2:
-                raise ValueError(f"{type(self).__name__} needs samples of 2 classes at least; "
-                                 f"y holds 1 class ({labels[0].item()!r})")
+                raise ValueError(
+                    f"{type(self).__name__} needs samples of 2 classes at least; "
+                    f"y holds 1 class ({labels[0].item()!r})"
+                )
         else:
             labels = self.classes_
             if classes is not None and not np.array_equal(unique_labels(classes), labels):
-                raise ValueError(f"classes={classes!r} differs from classes_="
-                                 f"{labels.tolist()!r} of the first partial_fit call")
+                raise ValueError(
+                    f"classes={classes!r} differs from classes_="
+                    f"{labels.tolist()!r} of the first partial_fit call"
+                )
         codes = _encode(y, labels)
         if fresh:
             seed = _seed_of(self.random_state)
@@ -312,7 +389,9 @@ class _Classifier(ClassifierMixin, _Estimator):
         """X as C-contiguous rows of the model's dtype (and y as 1-D labels when given),
         validated by scikit-learn's helpers (n_features_in_ and feature_names_in_ set when
         reset)."""
-        kw = dict(dtype=models.storage_dtype(self._dtype()), order="C", accept_sparse=False, reset=reset)
+        kw = dict(
+            dtype=models.storage_dtype(self._dtype()), order="C", accept_sparse=False, reset=reset
+        )
         if _no_y(y):
             return validate_data(self, X, **kw)
         return validate_data(self, X, y, **kw)
@@ -322,9 +401,9 @@ class _Classifier(ClassifierMixin, _Estimator):
         (n_samples, n_classes)."""
         check_is_fitted(self)
         z = self._logits(self._rows(X, reset=False))
-        if z.shape[1] == 1:                 # one sigmoid logit
+        if z.shape[1] == 1:  # one sigmoid logit
             return z[:, 0]
-        if z.shape[1] == 2:                 # two softmax logits: their difference
+        if z.shape[1] == 2:  # two softmax logits: their difference
             return z[:, 1] - z[:, 0]
         return z
 
@@ -338,7 +417,7 @@ class _Classifier(ClassifierMixin, _Estimator):
         """log of predict_proba, computed stably in float64: (n_samples, n_classes)."""
         check_is_fitted(self)
         z = self._logits(self._rows(X, reset=False))
-        if z.shape[1] == 1:                 # log sigmoid(-z), log sigmoid(z)
+        if z.shape[1] == 1:  # log sigmoid(-z), log sigmoid(z)
             return np.column_stack([-np.logaddexp(0.0, z[:, 0]), -np.logaddexp(0.0, -z[:, 0])])
         top = z.max(axis=1, keepdims=True)
         return z - (top + np.log(np.exp(z - top).sum(axis=1, keepdims=True)))
@@ -355,8 +434,10 @@ def _encode(y, labels) -> np.ndarray:
     codes = np.clip(np.searchsorted(labels, y), 0, len(labels) - 1)
     unknown = labels[codes] != y
     if unknown.any():
-        raise ValueError(f"y holds the label {y[np.argmax(unknown)].item()!r}, which is not "
-                         f"one of classes_ {labels.tolist()!r}")
+        raise ValueError(
+            f"y holds the label {y[np.argmax(unknown)].item()!r}, which is not "
+            f"one of classes_ {labels.tolist()!r}"
+        )
     return codes.astype(np.int64)
 
 
@@ -424,9 +505,24 @@ _PARAM_DOCS = {
     "padding": """padding : int, default={default}
     Zeros around each convolution's input.""",
 }
-_COMMON = ("learning_rate_init", "learning_rate", "max_iter", "batch_size", "momentum",
-           "nesterovs_momentum", "alpha", "shuffle", "random_state", "warm_start", "dtype",
-           "workers", "backend", "threads", "engine_options", "verbose")
+_COMMON = (
+    "learning_rate_init",
+    "learning_rate",
+    "max_iter",
+    "batch_size",
+    "momentum",
+    "nesterovs_momentum",
+    "alpha",
+    "shuffle",
+    "random_state",
+    "warm_start",
+    "dtype",
+    "workers",
+    "backend",
+    "threads",
+    "engine_options",
+    "verbose",
+)
 _CLASSIFIER_ATTRIBUTES = """classes_ : ndarray (n_classes,)
     The labels, sorted; predictions are taken from them.
 n_features_in_ : int
@@ -451,8 +547,11 @@ def _doc(cls, summary: str, attributes: str, notes: str = "") -> str:
     for name, p in sig.parameters.items():
         if name == "self":
             continue
-        key = f"cnn_{name}" if cls.__name__ == "CNNClassifier" and name == "hidden_layer_sizes" \
+        key = (
+            f"cnn_{name}"
+            if cls.__name__ == "CNNClassifier" and name == "hidden_layer_sizes"
             else name
+        )
         lines.append(_PARAM_DOCS[key].format(default=repr(p.default)))
     lines += ["", "Attributes", "----------", attributes.strip()]
     if notes:
@@ -462,11 +561,27 @@ def _doc(cls, summary: str, attributes: str, notes: str = "") -> str:
 
 # ---------------------------------------------------------------- the estimators
 class MLPClassifier(_Classifier):
-    def __init__(self, hidden_layer_sizes=(100,), *, learning_rate_init=0.05,
-                 learning_rate="constant", max_iter=200, batch_size="auto", momentum=0.9,
-                 nesterovs_momentum=False, alpha=0.0, shuffle=True, random_state=None,
-                 warm_start=False, dtype="float32", workers=1, backend=None, threads=1,
-                 engine_options=None, verbose=0):
+    def __init__(
+        self,
+        hidden_layer_sizes=(100,),
+        *,
+        learning_rate_init=0.05,
+        learning_rate="constant",
+        max_iter=200,
+        batch_size="auto",
+        momentum=0.9,
+        nesterovs_momentum=False,
+        alpha=0.0,
+        shuffle=True,
+        random_state=None,
+        warm_start=False,
+        dtype="float32",
+        workers=1,
+        backend=None,
+        threads=1,
+        engine_options=None,
+        verbose=0,
+    ):
         self.hidden_layer_sizes = hidden_layer_sizes
         self.learning_rate_init = learning_rate_init
         self.learning_rate = learning_rate
@@ -490,23 +605,46 @@ class MLPClassifier(_Classifier):
         _widths_param(self, "hidden_layer_sizes")
 
     def _build_model(self, n_features, n_classes, seed):
-        return models.MLP((n_features, *_widths_param(self, "hidden_layer_sizes"), n_classes),
-                          seed=seed, dtype=self._dtype(), threads=self.threads)
+        return models.MLP(
+            (n_features, *_widths_param(self, "hidden_layer_sizes"), n_classes),
+            seed=seed,
+            dtype=self._dtype(),
+            threads=self.threads,
+        )
 
 
-MLPClassifier.__doc__ = _doc(MLPClassifier, """
+MLPClassifier.__doc__ = _doc(
+    MLPClassifier,
+    """
 Multi-layer perceptron classifier trained by SGD on dptrain's engine (``dptrain.MLP``:
 dense layers, ReLU, softmax cross-entropy; two classes get two softmax outputs).""",
-                             _CLASSIFIER_ATTRIBUTES)
+    _CLASSIFIER_ATTRIBUTES,
+)
 
 
 class _LinearClassifier(_Classifier):
     """LogisticRegression and SoftmaxRegression: one dense layer; the same parameters."""
 
-    def __init__(self, *, learning_rate_init=0.1, learning_rate="constant", max_iter=100,
-                 batch_size="auto", momentum=0.9, nesterovs_momentum=False, alpha=0.0,
-                 shuffle=True, random_state=None, warm_start=False, dtype="float32", workers=1,
-                 backend=None, threads=1, engine_options=None, verbose=0):
+    def __init__(
+        self,
+        *,
+        learning_rate_init=0.1,
+        learning_rate="constant",
+        max_iter=100,
+        batch_size="auto",
+        momentum=0.9,
+        nesterovs_momentum=False,
+        alpha=0.0,
+        shuffle=True,
+        random_state=None,
+        warm_start=False,
+        dtype="float32",
+        workers=1,
+        backend=None,
+        threads=1,
+        engine_options=None,
+        verbose=0,
+    ):
         self.learning_rate_init = learning_rate_init
         self.learning_rate = learning_rate
         self.max_iter = max_iter
@@ -535,17 +673,37 @@ class LogisticRegression(_LinearClassifier):
 
 class SoftmaxRegression(_LinearClassifier):
     def _build_model(self, n_features, n_classes, seed):
-        return models.SoftmaxRegression(n_features, n_classes, seed=seed, dtype=self._dtype(),
-                                        threads=self.threads)
+        return models.SoftmaxRegression(
+            n_features, n_classes, seed=seed, dtype=self._dtype(), threads=self.threads
+        )
 
 
 class CNNClassifier(_Classifier):
-    def __init__(self, input_shape=None, *, channels=(32, 64), hidden_layer_sizes=(128,),
-                 kernel_size=3, padding=0, learning_rate_init=0.05, learning_rate="constant",
-                 max_iter=10, batch_size="auto", momentum=0.9, nesterovs_momentum=False,
-                 alpha=0.0, shuffle=True, random_state=None, warm_start=False,
-                 dtype="float32", workers=1, backend=None, threads=1, engine_options=None,
-                 verbose=0):
+    def __init__(
+        self,
+        input_shape=None,
+        *,
+        channels=(32, 64),
+        hidden_layer_sizes=(128,),
+        kernel_size=3,
+        padding=0,
+        learning_rate_init=0.05,
+        learning_rate="constant",
+        max_iter=10,
+        batch_size="auto",
+        momentum=0.9,
+        nesterovs_momentum=False,
+        alpha=0.0,
+        shuffle=True,
+        random_state=None,
+        warm_start=False,
+        dtype="float32",
+        workers=1,
+        backend=None,
+        threads=1,
+        engine_options=None,
+        verbose=0,
+    ):
         self.input_shape = input_shape
         self.channels = channels
         self.hidden_layer_sizes = hidden_layer_sizes
@@ -570,7 +728,7 @@ class CNNClassifier(_Classifier):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.three_d_array = True    # (n, H, W) grayscale images (and (n, C, H, W))
+        tags.input_tags.three_d_array = True  # (n, H, W) grayscale images (and (n, C, H, W))
         return tags
 
     def _check_params(self):
@@ -590,10 +748,10 @@ class CNNClassifier(_Classifier):
         channels = _widths_param(self, "channels")
         k, p = self.kernel_size, self.padding
         side = 1
-        for _ in channels:                  # backwards through the blocks: the input they need
+        for _ in channels:  # backwards through the blocks: the input they need
             side = max(2 * side, 2) - 2 * p + k - 1
         side = max(side, 1)
-        models.check_conv_blocks((1, side, side), channels, k, p)   # raises if none works
+        models.check_conv_blocks((1, side, side), channels, k, p)  # raises if none works
         return side
 
     def _rows(self, X, y=NO_Y, *, reset: bool):
@@ -602,15 +760,17 @@ class CNNClassifier(_Classifier):
         ``image_shape_`` when smaller than the conv blocks take."""
         dt = models.storage_dtype(self._dtype())
         if getattr(X, "ndim", None) is None and not hasattr(X, "toarray"):
-            try:                            # a list, or an object with __array__
+            try:  # a list, or an object with __array__
                 X = np.asarray(X)
-            except ValueError:              # ragged: validate_data says what is wrong
+            except ValueError:  # ragged: validate_data says what is wrong
                 pass
         if getattr(X, "ndim", 2) > 2:
             X = check_array(X, allow_nd=True, dtype=dt, order="C")
             if X.ndim > 4:
-                raise ValueError(f"X has shape {X.shape}: expected images (n, C, H, W) or "
-                                 f"(n, H, W), or rows (n, features)")
+                raise ValueError(
+                    f"X has shape {X.shape}: expected images (n, C, H, W) or "
+                    f"(n, H, W), or rows (n, features)"
+                )
             read = (1,) + X.shape[1:] if X.ndim == 3 else X.shape[1:]
             X = X.reshape(len(X), -1)
         else:
@@ -626,8 +786,10 @@ class CNNClassifier(_Classifier):
             self.input_shape_ = tuple(read)
             self.image_shape_ = (read[0], max(read[1], side), max(read[2], side))
         elif read is not None and tuple(read) != self.input_shape_:
-            raise ValueError(f"X holds images of shape {tuple(read)}, but "
-                             f"{type(self).__name__} was fitted on {self.input_shape_}")
+            raise ValueError(
+                f"X holds images of shape {tuple(read)}, but "
+                f"{type(self).__name__} was fitted on {self.input_shape_}"
+            )
         rows = _as_image_rows(rows, self.input_shape_, self.image_shape_)
         return rows if _no_y(y) else (rows, out[1])
 
@@ -636,20 +798,29 @@ class CNNClassifier(_Classifier):
         if self.input_shape is not None:
             shape = _widths_param(self, "input_shape")
             if math.prod(shape) != d:
-                raise ValueError(f"input_shape={shape} holds {math.prod(shape)} values, but "
-                                 f"X has {d} features per row")
+                raise ValueError(
+                    f"input_shape={shape} holds {math.prod(shape)} values, but "
+                    f"X has {d} features per row"
+                )
             return shape
         try:
             return models.image_shape(d)
         except ValueError:
-            side = math.isqrt(d - 1) + 1        # the smallest s with s * s >= d
+            side = math.isqrt(d - 1) + 1  # the smallest s with s * s >= d
             return (1, side, side)
 
     def _build_model(self, n_features, n_classes, seed):
-        return models.CNN(self.image_shape_, n_classes, channels=_widths_param(self, "channels"),
-                          hidden=_widths_param(self, "hidden_layer_sizes"),
-                          kernel=self.kernel_size, padding=self.padding, seed=seed,
-                          dtype=self._dtype(), threads=self.threads)
+        return models.CNN(
+            self.image_shape_,
+            n_classes,
+            channels=_widths_param(self, "channels"),
+            hidden=_widths_param(self, "hidden_layer_sizes"),
+            kernel=self.kernel_size,
+            padding=self.padding,
+            seed=seed,
+            dtype=self._dtype(),
+            threads=self.threads,
+        )
 
 
 def _as_image_rows(rows: np.ndarray, read: tuple, image: tuple) -> np.ndarray:
@@ -667,7 +838,9 @@ def _as_image_rows(rows: np.ndarray, read: tuple, image: tuple) -> np.ndarray:
     return out.reshape(n, -1)
 
 
-CNNClassifier.__doc__ = _doc(CNNClassifier, """
+CNNClassifier.__doc__ = _doc(
+    CNNClassifier,
+    """
 Convolutional classifier trained by SGD on dptrain's engine (``dptrain.CNN``: conv blocks
 conv KxK -> ReLU -> 2x2 max-pool, then dense layers with ReLU, softmax cross-entropy).
 
@@ -675,32 +848,59 @@ X: images (n, C, H, W) (channels first), grayscale images (n, H, W), or flat row
 read as ``input_shape`` (see there: tabular rows are laid out row-major in a square
 image). An image smaller than the conv blocks take (``kernel_size``, ``padding`` and the
 2x2 pools leave a window at every block) is zero-padded at its bottom and right.""",
-                             _CLASSIFIER_ATTRIBUTES + """
+    _CLASSIFIER_ATTRIBUTES
+    + """
 input_shape_ : tuple (C, H, W)
     How a sample of X was read.
 image_shape_ : tuple (C, H, W)
     The network's input: input_shape_, zero-padded up to the smallest side the conv
-    blocks take.""")
+    blocks take.""",
+)
 
 _LINEAR_NOTES = """Trained by mini-batch SGD with momentum (not scikit-learn's lbfgs), so
 standardize the features first (e.g. a StandardScaler in a Pipeline)."""
-LogisticRegression.__doc__ = _doc(LogisticRegression, """
+LogisticRegression.__doc__ = _doc(
+    LogisticRegression,
+    """
 Logistic regression trained by SGD on dptrain's engine: for two classes one sigmoid
 output (``dptrain.LogisticRegression``, binary cross-entropy), for more the multinomial
 model (``dptrain.SoftmaxRegression``), as scikit-learn's LogisticRegression does.""",
-                                  _CLASSIFIER_ATTRIBUTES, _LINEAR_NOTES)
-SoftmaxRegression.__doc__ = _doc(SoftmaxRegression, """
+    _CLASSIFIER_ATTRIBUTES,
+    _LINEAR_NOTES,
+)
+SoftmaxRegression.__doc__ = _doc(
+    SoftmaxRegression,
+    """
 Multinomial logistic (softmax) regression trained by SGD on dptrain's engine
 (``dptrain.SoftmaxRegression``: one dense layer, one output per class, softmax
-cross-entropy, for two classes too).""", _CLASSIFIER_ATTRIBUTES, _LINEAR_NOTES)
+cross-entropy, for two classes too).""",
+    _CLASSIFIER_ATTRIBUTES,
+    _LINEAR_NOTES,
+)
 
 
 class MLPRegressor(RegressorMixin, _Estimator):
-    def __init__(self, hidden_layer_sizes=(100,), *, learning_rate_init=0.01,
-                 learning_rate="constant", max_iter=200, batch_size="auto", momentum=0.9,
-                 nesterovs_momentum=False, alpha=0.0, shuffle=True, random_state=None,
-                 warm_start=False, dtype="float32", workers=1, backend=None, threads=1,
-                 engine_options=None, verbose=0):
+    def __init__(
+        self,
+        hidden_layer_sizes=(100,),
+        *,
+        learning_rate_init=0.01,
+        learning_rate="constant",
+        max_iter=200,
+        batch_size="auto",
+        momentum=0.9,
+        nesterovs_momentum=False,
+        alpha=0.0,
+        shuffle=True,
+        random_state=None,
+        warm_start=False,
+        dtype="float32",
+        workers=1,
+        backend=None,
+        threads=1,
+        engine_options=None,
+        verbose=0,
+    ):
         self.hidden_layer_sizes = hidden_layer_sizes
         self.learning_rate_init = learning_rate_init
         self.learning_rate = learning_rate
@@ -721,7 +921,7 @@ class MLPRegressor(RegressorMixin, _Estimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.target_tags.multi_output = True      # y (n_samples, n_outputs) is learned as is
+        tags.target_tags.multi_output = True  # y (n_samples, n_outputs) is learned as is
         return tags
 
     def fit(self, X, y):
@@ -737,38 +937,57 @@ class MLPRegressor(RegressorMixin, _Estimator):
         self._check_params()
         _widths_param(self, "hidden_layer_sizes")
         fresh = not (self._is_trained() and (partial or self.warm_start))
-        X, y = validate_data(self, X, y, dtype=models.storage_dtype(self._dtype()), order="C",
-                             accept_sparse=False, y_numeric=True, multi_output=True,
-                             reset=fresh)
-        targets = np.ascontiguousarray(y.reshape(len(y), -1), dtype=models.storage_dtype(self._dtype()))
+        X, y = validate_data(
+            self,
+            X,
+            y,
+            dtype=models.storage_dtype(self._dtype()),
+            order="C",
+            accept_sparse=False,
+            y_numeric=True,
+            multi_output=True,
+            reset=fresh,
+        )
+        targets = np.ascontiguousarray(
+            y.reshape(len(y), -1), dtype=models.storage_dtype(self._dtype())
+        )
         if fresh:
             seed = _seed_of(self.random_state)
             sizes = (X.shape[1], *_widths_param(self, "hidden_layer_sizes"), targets.shape[1])
-            model = models.MLP(sizes, "mse", seed=seed, dtype=self._dtype(),
-                               threads=self.threads)
+            model = models.MLP(sizes, "mse", seed=seed, dtype=self._dtype(), threads=self.threads)
             self._train(model, X, targets, partial=partial, seed=seed)
             self._single_output = y.ndim == 1
         else:
             if targets.shape[1] != self.model_.n_outputs:
-                raise ValueError(f"y has {targets.shape[1]} outputs per row, but the model "
-                                 f"was fitted on {self.model_.n_outputs}")
+                raise ValueError(
+                    f"y has {targets.shape[1]} outputs per row, but the model "
+                    f"was fitted on {self.model_.n_outputs}"
+                )
             self._train(self.model_, X, targets, partial=partial)
         return self
 
     def predict(self, X) -> np.ndarray:
         """The predicted targets (float64): (n_samples,) when fitted on 1-D y."""
         check_is_fitted(self)
-        X = validate_data(self, X, dtype=models.storage_dtype(self._dtype()), order="C",
-                          accept_sparse=False, reset=False)
+        X = validate_data(
+            self,
+            X,
+            dtype=models.storage_dtype(self._dtype()),
+            order="C",
+            accept_sparse=False,
+            reset=False,
+        )
         z = self._logits(X)
         return z[:, 0] if self._single_output else z
 
 
-MLPRegressor.__doc__ = _doc(MLPRegressor, """
+MLPRegressor.__doc__ = _doc(
+    MLPRegressor,
+    """
 Multi-layer perceptron regressor (dense layers, ReLU, mean squared error) trained by SGD
 on dptrain's engine: one or several real targets per row (the model's loss is "mse", a
 sample's loss the mean squared error over its outputs, PyTorch's ``MSELoss``).""",
-                            """n_features_in_ : int
+    """n_features_in_ : int
     Features per row seen by fit.
 feature_names_in_ : ndarray of str
     Column names of a DataFrame X (only then).
@@ -779,4 +998,5 @@ n_iter_ : int
 loss_curve_ : list of float
     The mean training loss of every epoch.
 history_ : list of dict
-    dptrain's per-epoch records.""")
+    dptrain's per-epoch records.""",
+)

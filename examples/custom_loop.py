@@ -10,6 +10,7 @@ Every run prints the same final loss and accuracy: the workers split each global
 the summed gradients are the global batch's mean gradient, so N workers train the model one
 worker would.
 """
+
 import argparse
 
 import numpy as np
@@ -31,17 +32,27 @@ def train_loop(comm, x, y, epochs, batch, lr):
     """One worker's loop. comm: dptrain.comm.Communicator (rank, size, collectives)."""
     # a custom architecture, written as a list of layers (dptrain.nn)
     nn = dptrain.nn
-    model = nn.Sequential([nn.Dense(128), nn.GELU(), nn.Dense(64), nn.Tanh(), nn.Dense(32),
-                           nn.ReLU(), nn.Dense(int(y.max()) + 1)],
-                          input_shape=(x.shape[1],), seed=0)
-    comm.broadcast_(model.params, root=0)          # one starting point (seeded here anyway)
+    model = nn.Sequential(
+        [
+            nn.Dense(128),
+            nn.GELU(),
+            nn.Dense(64),
+            nn.Tanh(),
+            nn.Dense(32),
+            nn.ReLU(),
+            nn.Dense(int(y.max()) + 1),
+        ],
+        input_shape=(x.shape[1],),
+        seed=0,
+    )
+    comm.broadcast_(model.params, root=0)  # one starting point (seeded here anyway)
     opt = dptrain.SGD(model, lr=lr, momentum=0.9)
     for epoch in range(epochs):
-        order = np.random.default_rng([0, epoch]).permutation(len(x))   # the same everywhere
+        order = np.random.default_rng([0, epoch]).permutation(len(x))  # the same everywhere
         for start in range(0, len(x), batch):
-            idx = order[start:start + batch]
+            idx = order[start : start + batch]
             lo, hi = shard(0, len(idx), comm.rank, comm.size)
-            mine = idx[lo:hi]                          # this worker's share of the batch
+            mine = idx[lo:hi]  # this worker's share of the batch
             model.zero_grad()
             # the gradient of (sum of my samples' losses) / (global batch size) ...
             model.loss_grad(x[mine], y[mine], grad_scale=1.0 / len(idx))
@@ -59,8 +70,9 @@ def main():
     p.add_argument("--epochs", type=int, default=5)
     args = p.parse_args()
     x, y = make_data()
-    results = dptrain.launch(train_loop, x, y, args.epochs, 128, 0.05, workers=args.workers,
-                             backend=args.backend)
+    results = dptrain.launch(
+        train_loop, x, y, args.epochs, 128, 0.05, workers=args.workers, backend=args.backend
+    )
     rank, loss, accuracy = results[0]
     if dptrain.comm.mpi_world_size() in (None, 1) or _mpi_rank() == 0:
         print(f"{len(results)} worker(s): final loss {loss}, accuracy {accuracy}")
@@ -68,6 +80,7 @@ def main():
 
 def _mpi_rank() -> int:
     from mpi4py import MPI
+
     return MPI.COMM_WORLD.Get_rank()
 
 

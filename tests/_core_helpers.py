@@ -13,6 +13,7 @@ this folder on sys.path; tests/fuzz_core.py, run as a script, finds it beside it
 - threads: run_threads (thunks released together), run_workers and control_block (a
   shared-memory group of thread workers).
 """
+
 import math
 import sys
 import threading
@@ -25,7 +26,6 @@ import pytest
 from dptrain import _core as core
 from dptrain import reference as ref
 from dptrain.models import CNN
-
 
 # ---------------------------------------------------------------------------------------
 # layer lists
@@ -99,8 +99,10 @@ def assert_close(got, want, *, dtype, scale, k=1, what):
     if bad.any():
         ratio = np.where(bad, np.nan_to_num(err / np.maximum(tol, 1e-300), nan=np.inf), 0)
         i = np.unravel_index(int(np.argmax(ratio)), want.shape) if want.ndim else ()
-        pytest.fail(f"{what}: {int(bad.sum())} of {bad.size} values off; worst at {i}: "
-                    f"got {got[i]!r}, expected {want[i]!r} (tolerance {tol[i]:.3g})")
+        pytest.fail(
+            f"{what}: {int(bad.sum())} of {bad.size} values off; worst at {i}: "
+            f"got {got[i]!r}, expected {want[i]!r} (tolerance {tol[i]:.3g})"
+        )
 
 
 def shape_id(shape):
@@ -137,8 +139,10 @@ def assert_close_terms(got, want, scale, *, dtype, k, what):
     bad = ~(err <= tol)
     if bad.any():
         i = np.unravel_index(int(np.argmax(np.where(bad, err / tol, 0))), want.shape)
-        pytest.fail(f"{what}: {int(bad.sum())} of {bad.size} values off; worst at {i}: got "
-                    f"{got[i]!r}, expected {want[i]!r} (tolerance {tol[i]:.3g})")
+        pytest.fail(
+            f"{what}: {int(bad.sum())} of {bad.size} values off; worst at {i}: got "
+            f"{got[i]!r}, expected {want[i]!r} (tolerance {tol[i]:.3g})"
+        )
 
 
 def conv_data(shape, pad, dtype, tag=""):
@@ -164,55 +168,119 @@ def conv_args(dtype=np.float32):
 
 
 BAD_CALLS = {
-    "x dtype": (lambda x, w, b, y, dy: core.conv2d_forward(x.astype(np.float16), w, b, y),
-                TypeError, "x has dtype float16, expected float32 or float64"),
-    "w dtype": (lambda x, w, b, y, dy: core.conv2d_forward(x, w.astype(np.float64), b, y),
-                TypeError, "w has dtype float64, expected float32 \\(the dtype of x\\)"),
-    "x ndim": (lambda x, w, b, y, dy: core.conv2d_forward(x[0], w, b, y),
-               ValueError, "x has shape \\(3, 7, 6\\), expected a 4-D array"),
-    "channels": (lambda x, w, b, y, dy: core.conv2d_forward(x, w[:, :2].copy(), b, y),
-                 ValueError, "w.shape\\[1\\] must be x's channel count 3"),
-    "y shape": (lambda x, w, b, y, dy: core.conv2d_forward(x, w, b,
-                                                         np.empty((2, 4, 4, 4), np.float32)),
-                ValueError, "y has shape \\(2, 4, 4, 4\\), expected \\(2, 4, 5, 4\\)"),
-    "b shape": (lambda x, w, b, y, dy: core.conv2d_forward(x, w, b[:3], y),
-                ValueError, "b has shape \\(3,\\), expected \\(4,\\)"),
-    "kernel too big": (lambda x, w, b, y, dy: core.conv2d_forward(
-        np.ascontiguousarray(x[:, :, :2]), w, b, np.empty((2, 4, 1, 4), np.float32)),
-        ValueError, "3x3 kernel is larger than the 2x6 input"),
-    "padding": (lambda x, w, b, y, dy: core.conv2d_forward(x, w, b, y, padding=-1),
-                ValueError, "padding must be >= 0, got -1"),
-    "not contiguous": (lambda x, w, b, y, dy: core.conv2d_forward(x[:, :, :, ::-1], w, b, y),
-                       ValueError, "x must be C-contiguous"),
-    "read-only y": (lambda x, w, b, y, dy: core.conv2d_forward(x, w, b, _readonly(y)),
-                    ValueError, "y is read-only"),
-    "y aliases x": (lambda x, w, b, y, dy: core.conv2d_forward(
-        x, w, b, x.reshape(-1)[:y.size].reshape(y.shape)),
-        ValueError, "y shares memory with x"),
-    "dy shape": (lambda x, w, b, y, dy: core.conv2d_backward(
-        dy[:1], x, w, np.zeros_like(w), np.zeros_like(b)),
-        ValueError, "dy has shape \\(1, 4, 5, 4\\), expected \\(2, 4, 5, 4\\)"),
-    "dw shape": (lambda x, w, b, y, dy: core.conv2d_backward(
-        dy, x, w, np.zeros_like(w)[:2], np.zeros_like(b)),
-        ValueError, "dw has shape \\(2, 3, 3, 3\\), expected \\(4, 3, 3, 3\\)"),
-    "dx aliases x": (lambda x, w, b, y, dy: core.conv2d_backward(
-        dy, x, w, w.copy(), np.zeros_like(b), x),
-        ValueError, "dx shares memory with x"),
-    "ctx": (lambda x, w, b, y, dy: core.conv2d_forward(x, w, b, y, ctx="fast"),
-            TypeError, "ctx must be a dptrain._core.Context or None, got str"),
-    "pool idx dtype": (lambda x, w, b, y, dy: core.maxpool2_forward(
-        x, np.empty((2, 3, 3, 3), np.float32), np.empty((2, 3, 3, 3), np.int64)),
-        TypeError, "idx has dtype int64, expected uint8"),
-    "pool y shape": (lambda x, w, b, y, dy: core.maxpool2_forward(
-        x, np.empty((2, 3, 3, 2), np.float32), np.empty((2, 3, 3, 2), np.uint8)),
-        ValueError, "y has shape \\(2, 3, 3, 2\\), expected \\(2, 3, 3, 3\\)"),
-    "pool too small": (lambda x, w, b, y, dy: core.maxpool2_forward(
-        np.ascontiguousarray(x[:, :, :1]), np.empty((2, 3, 0, 3), np.float32),
-        np.empty((2, 3, 0, 3), np.uint8)),
-        ValueError, "2x2 pooling needs H >= 2 and W >= 2"),
-    "pool idx value": (lambda x, w, b, y, dy: core.maxpool2_backward(
-        np.ones((2, 3, 3, 3), np.float32), np.full((2, 3, 3, 3), 4, np.uint8), x),
-        ValueError, "idx holds 4 at flat position 0: a window position is 0..3"),
+    "x dtype": (
+        lambda x, w, b, y, dy: core.conv2d_forward(x.astype(np.float16), w, b, y),
+        TypeError,
+        "x has dtype float16, expected float32 or float64",
+    ),
+    "w dtype": (
+        lambda x, w, b, y, dy: core.conv2d_forward(x, w.astype(np.float64), b, y),
+        TypeError,
+        "w has dtype float64, expected float32 \\(the dtype of x\\)",
+    ),
+    "x ndim": (
+        lambda x, w, b, y, dy: core.conv2d_forward(x[0], w, b, y),
+        ValueError,
+        "x has shape \\(3, 7, 6\\), expected a 4-D array",
+    ),
+    "channels": (
+        lambda x, w, b, y, dy: core.conv2d_forward(x, w[:, :2].copy(), b, y),
+        ValueError,
+        "w.shape\\[1\\] must be x's channel count 3",
+    ),
+    "y shape": (
+        lambda x, w, b, y, dy: core.conv2d_forward(x, w, b, np.empty((2, 4, 4, 4), np.float32)),
+        ValueError,
+        "y has shape \\(2, 4, 4, 4\\), expected \\(2, 4, 5, 4\\)",
+    ),
+    "b shape": (
+        lambda x, w, b, y, dy: core.conv2d_forward(x, w, b[:3], y),
+        ValueError,
+        "b has shape \\(3,\\), expected \\(4,\\)",
+    ),
+    "kernel too big": (
+        lambda x, w, b, y, dy: core.conv2d_forward(
+            np.ascontiguousarray(x[:, :, :2]), w, b, np.empty((2, 4, 1, 4), np.float32)
+        ),
+        ValueError,
+        "3x3 kernel is larger than the 2x6 input",
+    ),
+    "padding": (
+        lambda x, w, b, y, dy: core.conv2d_forward(x, w, b, y, padding=-1),
+        ValueError,
+        "padding must be >= 0, got -1",
+    ),
+    "not contiguous": (
+        lambda x, w, b, y, dy: core.conv2d_forward(x[:, :, :, ::-1], w, b, y),
+        ValueError,
+        "x must be C-contiguous",
+    ),
+    "read-only y": (
+        lambda x, w, b, y, dy: core.conv2d_forward(x, w, b, _readonly(y)),
+        ValueError,
+        "y is read-only",
+    ),
+    "y aliases x": (
+        lambda x, w, b, y, dy: core.conv2d_forward(
+            x, w, b, x.reshape(-1)[: y.size].reshape(y.shape)
+        ),
+        ValueError,
+        "y shares memory with x",
+    ),
+    "dy shape": (
+        lambda x, w, b, y, dy: core.conv2d_backward(
+            dy[:1], x, w, np.zeros_like(w), np.zeros_like(b)
+        ),
+        ValueError,
+        "dy has shape \\(1, 4, 5, 4\\), expected \\(2, 4, 5, 4\\)",
+    ),
+    "dw shape": (
+        lambda x, w, b, y, dy: core.conv2d_backward(
+            dy, x, w, np.zeros_like(w)[:2], np.zeros_like(b)
+        ),
+        ValueError,
+        "dw has shape \\(2, 3, 3, 3\\), expected \\(4, 3, 3, 3\\)",
+    ),
+    "dx aliases x": (
+        lambda x, w, b, y, dy: core.conv2d_backward(dy, x, w, w.copy(), np.zeros_like(b), x),
+        ValueError,
+        "dx shares memory with x",
+    ),
+    "ctx": (
+        lambda x, w, b, y, dy: core.conv2d_forward(x, w, b, y, ctx="fast"),
+        TypeError,
+        "ctx must be a dptrain._core.Context or None, got str",
+    ),
+    "pool idx dtype": (
+        lambda x, w, b, y, dy: core.maxpool2_forward(
+            x, np.empty((2, 3, 3, 3), np.float32), np.empty((2, 3, 3, 3), np.int64)
+        ),
+        TypeError,
+        "idx has dtype int64, expected uint8",
+    ),
+    "pool y shape": (
+        lambda x, w, b, y, dy: core.maxpool2_forward(
+            x, np.empty((2, 3, 3, 2), np.float32), np.empty((2, 3, 3, 2), np.uint8)
+        ),
+        ValueError,
+        "y has shape \\(2, 3, 3, 2\\), expected \\(2, 3, 3, 3\\)",
+    ),
+    "pool too small": (
+        lambda x, w, b, y, dy: core.maxpool2_forward(
+            np.ascontiguousarray(x[:, :, :1]),
+            np.empty((2, 3, 0, 3), np.float32),
+            np.empty((2, 3, 0, 3), np.uint8),
+        ),
+        ValueError,
+        "2x2 pooling needs H >= 2 and W >= 2",
+    ),
+    "pool idx value": (
+        lambda x, w, b, y, dy: core.maxpool2_backward(
+            np.ones((2, 3, 3, 3), np.float32), np.full((2, 3, 3, 3), 4, np.uint8), x
+        ),
+        ValueError,
+        "idx holds 4 at flat position 0: a window position is 0..3",
+    ),
 }
 
 
@@ -277,7 +345,7 @@ def small_net(loss="softmax_xent", sizes=(6, 5, 3), dtype=np.float64, batch=9):
 def control_block():
     raw = np.zeros(192, np.uint8)
     off = (-raw.ctypes.data) % 64
-    return raw[off:off + 64]
+    return raw[off : off + 64]
 
 
 def run_workers(n, fn):
@@ -311,6 +379,7 @@ JOIN_TIMEOUT_S = 60  # a deadlocked thread fails the test instead of hanging the
 @dataclass
 class Call:
     """fn(*args.values(), **kwargs); `outputs` names the arguments the kernel writes."""
+
     fn: object
     args: dict
     kwargs: dict = field(default_factory=dict)
@@ -356,31 +425,48 @@ def make_calls(dtype=np.float64, seed=0):
     labels4 = rng.integers(0, 4, 7)
     labels2 = rng.integers(0, 2, 7)
     return {
-        "gemm": Call(core.gemm, dict(a=f(7, 5), b=f(5, 3), c=f(7, 3)),
-                     dict(alpha=1.5, beta=0.5), ("c",)),
-        "gemm_naive": Call(core.gemm_naive, dict(a=f(7, 5), b=f(5, 3), c=f(7, 3)),
-                           dict(alpha=1.5, beta=0.5), ("c",)),
-        "dense_forward": Call(core.dense_forward, dict(x=f(7, 5), w=f(3, 5), b=f(3), y=f(7, 3)),
-                              outputs=("y",)),
-        "dense_backward": Call(core.dense_backward,
-                               dict(dy=f(7, 3), x=f(7, 5), w=f(3, 5), dw=f(3, 5), db=f(3),
-                                    dx=f(7, 5)), outputs=("dw", "db", "dx")),
+        "gemm": Call(
+            core.gemm, dict(a=f(7, 5), b=f(5, 3), c=f(7, 3)), dict(alpha=1.5, beta=0.5), ("c",)
+        ),
+        "gemm_naive": Call(
+            core.gemm_naive,
+            dict(a=f(7, 5), b=f(5, 3), c=f(7, 3)),
+            dict(alpha=1.5, beta=0.5),
+            ("c",),
+        ),
+        "dense_forward": Call(
+            core.dense_forward, dict(x=f(7, 5), w=f(3, 5), b=f(3), y=f(7, 3)), outputs=("y",)
+        ),
+        "dense_backward": Call(
+            core.dense_backward,
+            dict(dy=f(7, 3), x=f(7, 5), w=f(3, 5), dw=f(3, 5), db=f(3), dx=f(7, 5)),
+            outputs=("dw", "db", "dx"),
+        ),
         "relu_forward": Call(core.relu_forward, dict(x=f(7, 5), y=f(7, 5)), outputs=("y",)),
-        "relu_backward": Call(core.relu_backward, dict(dy=f(7, 5), y=f(7, 5), dx=f(7, 5)),
-                              outputs=("dx",)),
-        "softmax_xent": Call(core.softmax_xent,
-                             dict(logits=f(7, 4), labels=labels4, dlogits=f(7, 4),
-                                  grad_scale=0.5), outputs=("dlogits",)),
-        "sigmoid_bce": Call(core.sigmoid_bce,
-                            dict(logits=f(7), labels=labels2, dlogits=f(7), grad_scale=0.5),
-                            outputs=("dlogits",)),
+        "relu_backward": Call(
+            core.relu_backward, dict(dy=f(7, 5), y=f(7, 5), dx=f(7, 5)), outputs=("dx",)
+        ),
+        "softmax_xent": Call(
+            core.softmax_xent,
+            dict(logits=f(7, 4), labels=labels4, dlogits=f(7, 4), grad_scale=0.5),
+            outputs=("dlogits",),
+        ),
+        "sigmoid_bce": Call(
+            core.sigmoid_bce,
+            dict(logits=f(7), labels=labels2, dlogits=f(7), grad_scale=0.5),
+            outputs=("dlogits",),
+        ),
         "argmax": Call(core.argmax, dict(x=f(7, 4), out=np.zeros(7, np.int64)), outputs=("out",)),
         "count_correct": Call(core.count_correct, dict(logits=f(7, 4), labels=labels4)),
-        "sgd_step": Call(core.sgd_step, dict(params=f(9), grads=f(9), velocity=f(9)),
-                         dict(lr=0.1, momentum=0.9, weight_decay=0.01),
-                         ("params", "velocity")),
-        "sum_buffers": Call(core.sum_buffers, dict(out=f(9), inputs=[f(9), f(9)]),
-                            dict(scale=0.5), ("out",)),
+        "sgd_step": Call(
+            core.sgd_step,
+            dict(params=f(9), grads=f(9), velocity=f(9)),
+            dict(lr=0.1, momentum=0.9, weight_decay=0.01),
+            ("params", "velocity"),
+        ),
+        "sum_buffers": Call(
+            core.sum_buffers, dict(out=f(9), inputs=[f(9), f(9)]), dict(scale=0.5), ("out",)
+        ),
         "scale_": Call(core.scale_, dict(buf=f(9), alpha=0.5), outputs=("buf",)),
     }
 
@@ -394,34 +480,45 @@ def float_names(call):
 
 def float_array_params(min_floats=1, kernels=KERNELS):
     """(kernel, argument) for every float array argument of kernels with >= min_floats."""
-    return [pytest.param(k, name, id=f"{k}-{name}")
-            for k, call in make_calls().items() if len(float_names(call)) >= min_floats
-            and k in kernels for name in float_names(call)]
+    return [
+        pytest.param(k, name, id=f"{k}-{name}")
+        for k, call in make_calls().items()
+        if len(float_names(call)) >= min_floats and k in kernels
+        for name in float_names(call)
+    ]
 
 
 def all_array_params(min_ndim=1, required_only=False, kernels=KERNELS):
     """(kernel, argument) for every array argument; optionally only those with ndim >=
     min_ndim, or only those that may not be None (dx, dlogits, velocity are optional)."""
     optional = ("dx", "dlogits", "velocity")
-    return [pytest.param(k, name, id=f"{k}-{name}")
-            for k, call in make_calls().items() if k in kernels for name in call.array_names()
-            if call.get(name).ndim >= min_ndim and not (required_only and name in optional)]
+    return [
+        pytest.param(k, name, id=f"{k}-{name}")
+        for k, call in make_calls().items()
+        if k in kernels
+        for name in call.array_names()
+        if call.get(name).ndim >= min_ndim and not (required_only and name in optional)
+    ]
 
 
 def output_params(kernels=KERNELS):
-    return [pytest.param(k, name, id=f"{k}-{name}")
-            for k, call in make_calls().items() if k in kernels for name in call.outputs]
+    return [
+        pytest.param(k, name, id=f"{k}-{name}")
+        for k, call in make_calls().items()
+        if k in kernels
+        for name in call.outputs
+    ]
 
 
 def snapshot(call):
-    return {name: arr.copy() for name, arr in call.arrays().items()
-            if isinstance(arr, np.ndarray)}
+    return {name: arr.copy() for name, arr in call.arrays().items() if isinstance(arr, np.ndarray)}
 
 
 def assert_unchanged(call, before, what, names=None):
     for name in before if names is None else names:
-        np.testing.assert_array_equal(call.get(name), before[name],
-                                      err_msg=f"{what} modified {name}")
+        np.testing.assert_array_equal(
+            call.get(name), before[name], err_msg=f"{what} modified {name}"
+        )
 
 
 def assert_rejected(call, exc, *fragments, what="", unchanged=None):
@@ -454,8 +551,13 @@ SHAPE_MESSAGES = [
     ("relu_forward-y", "relu_forward", "y", (7, 4), "y has shape (7, 4), expected (7, 5)"),
     ("relu_backward-y", "relu_backward", "y", (7, 4), "y has shape (7, 4), expected (7, 5)"),
     ("relu_backward-dx", "relu_backward", "dx", (5, 7), "dx has shape (5, 7), expected (7, 5)"),
-    ("softmax_xent-dlogits", "softmax_xent", "dlogits", (7, 3),
-     "dlogits has shape (7, 3), expected (7, 4)"),
+    (
+        "softmax_xent-dlogits",
+        "softmax_xent",
+        "dlogits",
+        (7, 3),
+        "dlogits has shape (7, 3), expected (7, 4)",
+    ),
     ("sigmoid_bce-logits", "sigmoid_bce", "logits", (7, 2), "logits has shape (7, 2), expected"),
 ]
 
@@ -465,12 +567,22 @@ SHAPE_MESSAGES_1D = [
     ("dense_forward-b", "dense_forward", "b", (4,), "b has shape (4,), expected (3,)"),
     ("dense_backward-db", "dense_backward", "db", (4,), "db has shape (4,), expected (3,)"),
     ("softmax_xent-labels", "softmax_xent", "labels", (6,), "labels has shape (6,), expected (7,)"),
-    ("sigmoid_bce-dlogits", "sigmoid_bce", "dlogits", (6,),
-     "dlogits has shape (6,), expected (7,)"),
+    (
+        "sigmoid_bce-dlogits",
+        "sigmoid_bce",
+        "dlogits",
+        (6,),
+        "dlogits has shape (6,), expected (7,)",
+    ),
     ("argmax-out", "argmax", "out", (6,), "out has shape (6,), expected (7,)"),
     ("sgd_step-grads", "sgd_step", "grads", (8,), "grads has shape (8,), expected (9,)"),
-    ("sum_buffers-inputs1", "sum_buffers", "inputs[1]", (8,),
-     "inputs[1] has shape (8,), expected (9,)"),
+    (
+        "sum_buffers-inputs1",
+        "sum_buffers",
+        "inputs[1]",
+        (8,),
+        "inputs[1] has shape (8,), expected (9,)",
+    ),
 ]
 
 
@@ -505,55 +617,110 @@ def aliasing_cases(kernels=KERNELS):
     b = sq()
     cases.append(("gemm-c_is_b", lambda b=b: core.gemm(sq(), b, b), ["c", "b"]))
     buf = np.ones((10, 5))
-    cases.append(("gemm-c_overlaps_a", lambda buf=buf: core.gemm(buf[:5], sq(), buf[3:8]),
-                  ["c", "a"]))
+    cases.append(
+        ("gemm-c_overlaps_a", lambda buf=buf: core.gemm(buf[:5], sq(), buf[3:8]), ["c", "a"])
+    )
     cases.append(("gemm_naive-c_is_a", lambda a=a: core.gemm_naive(a, sq(), a), ["c", "a"]))
     x = np.ones((4, 4))
-    cases.append(("dense_forward-y_is_x",
-                  lambda x=x: core.dense_forward(x, np.ones((4, 4)), np.ones(4), x), ["y", "x"]))
+    cases.append(
+        (
+            "dense_forward-y_is_x",
+            lambda x=x: core.dense_forward(x, np.ones((4, 4)), np.ones(4), x),
+            ["y", "x"],
+        )
+    )
     w = np.ones((4, 4))
-    cases.append(("dense_forward-y_is_w",
-                  lambda w=w: core.dense_forward(np.ones((4, 4)), w, np.ones(4), w), ["y", "w"]))
+    cases.append(
+        (
+            "dense_forward-y_is_w",
+            lambda w=w: core.dense_forward(np.ones((4, 4)), w, np.ones(4), w),
+            ["y", "w"],
+        )
+    )
     w2 = np.ones((3, 5))
-    cases.append(("dense_backward-dw_is_w",
-                  lambda w=w2: core.dense_backward(np.ones((7, 3)), np.ones((7, 5)), w, w,
-                                                   np.ones(3)), ["dw", "w"]))
+    cases.append(
+        (
+            "dense_backward-dw_is_w",
+            lambda w=w2: core.dense_backward(np.ones((7, 3)), np.ones((7, 5)), w, w, np.ones(3)),
+            ["dw", "w"],
+        )
+    )
     x2 = np.ones((7, 5))
-    cases.append(("dense_backward-dx_is_x",
-                  lambda x=x2: core.dense_backward(np.ones((7, 3)), x, np.ones((3, 5)),
-                                                   np.ones((3, 5)), np.ones(3), x), ["dx", "x"]))
+    cases.append(
+        (
+            "dense_backward-dx_is_x",
+            lambda x=x2: core.dense_backward(
+                np.ones((7, 3)), x, np.ones((3, 5)), np.ones((3, 5)), np.ones(3), x
+            ),
+            ["dx", "x"],
+        )
+    )
     dw = np.ones((3, 5))
-    cases.append(("dense_backward-db_inside_dw",
-                  lambda dw=dw: core.dense_backward(np.ones((7, 3)), np.ones((7, 5)),
-                                                    np.ones((3, 5)), dw, dw.reshape(-1)[:3]),
-                  ["db", "dw"]))
+    cases.append(
+        (
+            "dense_backward-db_inside_dw",
+            lambda dw=dw: core.dense_backward(
+                np.ones((7, 3)), np.ones((7, 5)), np.ones((3, 5)), dw, dw.reshape(-1)[:3]
+            ),
+            ["db", "dw"],
+        )
+    )
     r = np.arange(-5.0, 5.0)
-    cases.append(("relu_forward-partial_overlap", lambda r=r: core.relu_forward(r[:-1], r[1:]),
-                  ["y", "x"]))
+    cases.append(
+        ("relu_forward-partial_overlap", lambda r=r: core.relu_forward(r[:-1], r[1:]), ["y", "x"])
+    )
     y = np.ones(6)
-    cases.append(("relu_backward-dx_is_y", lambda y=y: core.relu_backward(np.ones(6), y, y),
-                  ["dx", "y"]))
+    cases.append(
+        ("relu_backward-dx_is_y", lambda y=y: core.relu_backward(np.ones(6), y, y), ["dx", "y"])
+    )
     p = np.ones(6)
-    cases.append(("sgd_step-grads_is_params",
-                  lambda p=p: core.sgd_step(p, p, None, lr=0.1), ["grads", "params"]))
-    cases.append(("sgd_step-velocity_is_params",
-                  lambda p=p: core.sgd_step(p, np.ones(6), p, lr=0.1, momentum=0.9),
-                  ["velocity", "params"]))
+    cases.append(
+        (
+            "sgd_step-grads_is_params",
+            lambda p=p: core.sgd_step(p, p, None, lr=0.1),
+            ["grads", "params"],
+        )
+    )
+    cases.append(
+        (
+            "sgd_step-velocity_is_params",
+            lambda p=p: core.sgd_step(p, np.ones(6), p, lr=0.1, momentum=0.9),
+            ["velocity", "params"],
+        )
+    )
     g = np.ones(6)
-    cases.append(("sgd_step-velocity_is_grads",
-                  lambda g=g: core.sgd_step(np.ones(6), g, g, lr=0.1, momentum=0.9),
-                  ["velocity", "grads"]))
+    cases.append(
+        (
+            "sgd_step-velocity_is_grads",
+            lambda g=g: core.sgd_step(np.ones(6), g, g, lr=0.1, momentum=0.9),
+            ["velocity", "grads"],
+        )
+    )
     s = np.ones(10)
-    cases.append(("sum_buffers-partial_overlap",
-                  lambda s=s: core.sum_buffers(s[1:], [s[:-1]]), ["out", "inputs[0]"]))
-    return [pytest.param(thunk, names, id=i) for i, thunk, names in cases
-            if i.split("-")[0] in kernels]
+    cases.append(
+        (
+            "sum_buffers-partial_overlap",
+            lambda s=s: core.sum_buffers(s[1:], [s[:-1]]),
+            ["out", "inputs[0]"],
+        )
+    )
+    return [
+        pytest.param(thunk, names, id=i) for i, thunk, names in cases if i.split("-")[0] in kernels
+    ]
 
 
 NONFINITE_CASES = [
-    ("gemm", "alpha"), ("gemm", "beta"), ("gemm_naive", "alpha"), ("gemm_naive", "beta"),
-    ("scale_", "alpha"), ("sum_buffers", "scale"), ("sgd_step", "lr"), ("sgd_step", "momentum"),
-    ("sgd_step", "dampening"), ("sgd_step", "weight_decay"), ("softmax_xent", "grad_scale"),
+    ("gemm", "alpha"),
+    ("gemm", "beta"),
+    ("gemm_naive", "alpha"),
+    ("gemm_naive", "beta"),
+    ("scale_", "alpha"),
+    ("sum_buffers", "scale"),
+    ("sgd_step", "lr"),
+    ("sgd_step", "momentum"),
+    ("sgd_step", "dampening"),
+    ("sgd_step", "weight_decay"),
+    ("softmax_xent", "grad_scale"),
     ("sigmoid_bce", "grad_scale"),
 ]
 
@@ -585,8 +752,9 @@ def error_calls(kernels=KERNELS):
         names = call.array_names()
         last = names[-1]
         arr = call.get(last)
-        out.append((f"{kernel}-shape-{last}", call.replaced(last, np.zeros((1,) * arr.ndim,
-                                                                          arr.dtype))))
+        out.append(
+            (f"{kernel}-shape-{last}", call.replaced(last, np.zeros((1,) * arr.ndim, arr.dtype)))
+        )
         out.append((f"{kernel}-dtype-{last}", call.replaced(last, arr.astype(np.float16))))
         out.append((f"{kernel}-list-{last}", call.replaced(last, arr.tolist())))
     bad_label = make_calls()["softmax_xent"]
@@ -603,31 +771,42 @@ def error_calls(kernels=KERNELS):
 # object for "%R"/"%S" and must release it. Each leaked float is one pymalloc block, so
 # sys.getallocatedblocks() grows by about N_CALLS when it leaks and stays flat when not.
 LEAKY_ERROR_CASES = {
-    "gemm-alpha_nan": lambda: core.gemm(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)),
-                                        alpha=float("nan")),
+    "gemm-alpha_nan": lambda: core.gemm(
+        np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), alpha=float("nan")
+    ),
     "scale_-alpha_inf": lambda: core.scale_(np.ones(3), float("inf")),
-    "sum_buffers-scale_nan": lambda: core.sum_buffers(np.ones(3), [np.ones(3)],
-                                                      scale=float("nan")),
-    "softmax_xent-grad_scale_nan": lambda: core.softmax_xent(np.ones((2, 2)),
-                                                             np.zeros(2, np.int64),
-                                                             None, float("nan")),
+    "sum_buffers-scale_nan": lambda: core.sum_buffers(np.ones(3), [np.ones(3)], scale=float("nan")),
+    "softmax_xent-grad_scale_nan": lambda: core.softmax_xent(
+        np.ones((2, 2)), np.zeros(2, np.int64), None, float("nan")
+    ),
     "sgd_step-lr_nan": lambda: core.sgd_step(np.ones(3), np.ones(3), None, lr=float("nan")),
     "sgd_step-lr_negative": lambda: core.sgd_step(np.ones(3), np.ones(3), None, lr=-1.0),
-    "sgd_step-momentum_negative": lambda: core.sgd_step(np.ones(3), np.ones(3), np.ones(3),
-                                                        lr=0.1, momentum=-1.0),
-    "sgd_step-nesterov_without_momentum": lambda: core.sgd_step(np.ones(3), np.ones(3), None,
-                                                                lr=0.1, nesterov=True),
-    "sgd_step-velocity_none": lambda: core.sgd_step(np.ones(3), np.ones(3), None, lr=0.1,
-                                                    momentum=0.9),
-    "gemm-control_shape_error": lambda: core.gemm(np.ones((2, 2)), np.ones((3, 2)), np.ones((2, 2))),
+    "sgd_step-momentum_negative": lambda: core.sgd_step(
+        np.ones(3), np.ones(3), np.ones(3), lr=0.1, momentum=-1.0
+    ),
+    "sgd_step-nesterov_without_momentum": lambda: core.sgd_step(
+        np.ones(3), np.ones(3), None, lr=0.1, nesterov=True
+    ),
+    "sgd_step-velocity_none": lambda: core.sgd_step(
+        np.ones(3), np.ones(3), None, lr=0.1, momentum=0.9
+    ),
+    "gemm-control_shape_error": lambda: core.gemm(
+        np.ones((2, 2)), np.ones((3, 2)), np.ones((2, 2))
+    ),
     # parse_args: a message naming the argument is built around the conversion's own
-    "gemm-alpha_str": lambda: core.gemm(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)),
-                                        alpha="2"),
-    "gemm-unknown_keyword": lambda: core.gemm(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)),
-                                              alpha_=2.0),
+    "gemm-alpha_str": lambda: core.gemm(
+        np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), alpha="2"
+    ),
+    "gemm-unknown_keyword": lambda: core.gemm(
+        np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), alpha_=2.0
+    ),
     "conv2d_forward-padding_float": lambda: core.conv2d_forward(
-        np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2)), np.ones(1), np.zeros((1, 1, 2, 2)),
-        padding=1.0),
+        np.ones((1, 1, 3, 3)),
+        np.ones((1, 1, 2, 2)),
+        np.ones(1),
+        np.zeros((1, 1, 2, 2)),
+        padding=1.0,
+    ),
 }
 
 
@@ -644,8 +823,9 @@ def run_threads(targets):
         except BaseException as e:  # reported below, in the test's thread
             errors.append(e)
 
-    threads = [threading.Thread(target=body, args=(i, fn), daemon=True)
-               for i, fn in enumerate(targets)]
+    threads = [
+        threading.Thread(target=body, args=(i, fn), daemon=True) for i, fn in enumerate(targets)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -729,10 +909,11 @@ def family_tests(kernels, gil=(), cases=None):
     tests = {}
 
     def register(fn):
-        tests[fn.__name__] = pytest.mark.boundary(fn)    # also run under ASan
+        tests[fn.__name__] = pytest.mark.boundary(fn)  # also run under ASan
         return fn
 
     if ks:
+
         @register
         @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
         @pytest.mark.parametrize("kernel", ks)
@@ -741,26 +922,38 @@ def family_tests(kernels, gil=(), cases=None):
             make_calls(dtype)[kernel]()
 
     if float_array_params(kernels=ks):
+
         @register
-        @pytest.mark.parametrize("bad", [np.float16, np.int64, np.int32, np.complex128],
-                                 ids=lambda d: np.dtype(d).name)
+        @pytest.mark.parametrize(
+            "bad", [np.float16, np.int64, np.int32, np.complex128], ids=lambda d: np.dtype(d).name
+        )
         @pytest.mark.parametrize("kernel,name", float_array_params(kernels=ks))
         def test_non_float_dtype_rejected(kernel, name, bad):
             call = make_calls()[kernel]
             call = call.replaced(name, call.get(name).astype(bad))
-            assert_rejected(call, TypeError, name, np.dtype(bad).name, "dtype",
-                            what=f"{kernel}({name}: {np.dtype(bad).name})")
+            assert_rejected(
+                call,
+                TypeError,
+                name,
+                np.dtype(bad).name,
+                "dtype",
+                what=f"{kernel}({name}: {np.dtype(bad).name})",
+            )
 
     if float_array_params(min_floats=2, kernels=ks):
+
         @register
         @pytest.mark.parametrize("kernel,name", float_array_params(min_floats=2, kernels=ks))
         def test_mixed_float32_float64_rejected(kernel, name):
             """One float32 argument among float64 ones: no silent conversion, no hidden copy."""
             call = make_calls(np.float64)[kernel]
             call = call.replaced(name, call.get(name).astype(np.float32))
-            assert_rejected(call, TypeError, "float32", "float64", "dtype", what=f"{kernel}({name})")
+            assert_rejected(
+                call, TypeError, "float32", "float64", "dtype", what=f"{kernel}({name})"
+            )
 
     if all_array_params(kernels=ks):
+
         @register
         @pytest.mark.parametrize("kernel,name", all_array_params(kernels=ks))
         def test_wrong_ndim_rejected(kernel, name):
@@ -774,38 +967,45 @@ def family_tests(kernels, gil=(), cases=None):
             assert name in msg or shape_text(bad.shape) in msg, msg
 
     if [row for row in SHAPE_MESSAGES if row[1] in ks]:
+
         @register
-        @pytest.mark.parametrize("kernel,name,shape,fragment",
-                                 [pytest.param(*row[1:], id=row[0]) for row in SHAPE_MESSAGES
-                                  if row[1] in ks])
+        @pytest.mark.parametrize(
+            "kernel,name,shape,fragment",
+            [pytest.param(*row[1:], id=row[0]) for row in SHAPE_MESSAGES if row[1] in ks],
+        )
         def test_wrong_shape_message_names_argument_and_both_shapes(kernel, name, shape, fragment):
             call = make_calls()[kernel]
             call = call.replaced(name, np.zeros(shape, call.get(name).dtype))
             assert_rejected(call, ValueError, fragment, what=f"{kernel}({name}: {shape})")
 
     if [row for row in SHAPE_MESSAGES_1D if row[1] in ks]:
+
         @register
-        @pytest.mark.parametrize("kernel,name,shape,fragment",
-                                 [pytest.param(*row[1:], id=row[0]) for row in SHAPE_MESSAGES_1D
-                                  if row[1] in ks])
+        @pytest.mark.parametrize(
+            "kernel,name,shape,fragment",
+            [pytest.param(*row[1:], id=row[0]) for row in SHAPE_MESSAGES_1D if row[1] in ks],
+        )
         def test_wrong_1d_shape_message(kernel, name, shape, fragment):
             call = make_calls()[kernel]
             call = call.replaced(name, np.zeros(shape, call.get(name).dtype))
             assert_rejected(call, ValueError, fragment, what=f"{kernel}({name}: {shape})")
 
     if all_array_params(kernels=ks):
+
         @register
         @pytest.mark.parametrize("kernel,name", all_array_params(kernels=ks))
         def test_strided_rejected(kernel, name):
             check_non_contiguous_rejected(kernel, name, strided_copy, "strided")
 
     if all_array_params(min_ndim=2, kernels=ks):
+
         @register
         @pytest.mark.parametrize("kernel,name", all_array_params(min_ndim=2, kernels=ks))
         def test_transposed_rejected(kernel, name):
             check_non_contiguous_rejected(kernel, name, fortran_copy, "transposed")
 
     if output_params(kernels=ks):
+
         @register
         @pytest.mark.parametrize("kernel,name", output_params(kernels=ks))
         def test_read_only_output_rejected(kernel, name):
@@ -814,6 +1014,7 @@ def family_tests(kernels, gil=(), cases=None):
             assert_rejected(call, ValueError, name, "read-only", what=f"{kernel}({name} read-only)")
 
     if aliasing_cases(kernels=ks):
+
         @register
         @pytest.mark.parametrize("thunk,names", aliasing_cases(kernels=ks))
         def test_output_aliasing_an_input_rejected(thunk, names):
@@ -823,11 +1024,14 @@ def family_tests(kernels, gil=(), cases=None):
                 assert n in str(info.value), str(info.value)
 
     if [c for c in NONFINITE_CASES if c[0] in ks]:
+
         @register
-        @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")],
-                                 ids=["nan", "inf", "-inf"])
-        @pytest.mark.parametrize("kernel,name", [pytest.param(*c, id="-".join(c)) for c in NONFINITE_CASES
-                                                      if c[0] in ks])
+        @pytest.mark.parametrize(
+            "value", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"]
+        )
+        @pytest.mark.parametrize(
+            "kernel,name", [pytest.param(*c, id="-".join(c)) for c in NONFINITE_CASES if c[0] in ks]
+        )
         def test_non_finite_scalar_rejected(kernel, name, value):
             call = make_calls()[kernel]
             if name in call.args:
@@ -837,10 +1041,12 @@ def family_tests(kernels, gil=(), cases=None):
             assert_rejected(call, ValueError, name, "finite", what=f"{kernel}({name}={value})")
 
     if ks:
+
         @register
         @pytest.mark.parametrize("kernel", ks)
         def test_arguments_by_name_or_position_agree(kernel):
-            """Every parameter can be passed by name: the same results, bit for bit, as by position."""
+            """Every parameter can be passed by name: the same results, bit for bit, as by
+            position."""
             positional = make_calls()[kernel]
             named = make_calls()[kernel]
             by_name = Call(named.fn, {}, {**named.args, **named.kwargs}, ())
@@ -851,6 +1057,7 @@ def family_tests(kernels, gil=(), cases=None):
                 np.testing.assert_array_equal(named.get(name), want[name], strict=True)
 
     if all_array_params(kernels=ks):
+
         @register
         @pytest.mark.parametrize("kernel,name", all_array_params(kernels=ks))
         def test_list_instead_of_ndarray_rejected(kernel, name):
@@ -859,6 +1066,7 @@ def family_tests(kernels, gil=(), cases=None):
             assert_rejected(call, TypeError, name, "ndarray", what=f"{kernel}({name}: list)")
 
     if all_array_params(required_only=True, kernels=ks):
+
         @register
         @pytest.mark.parametrize("kernel,name", all_array_params(required_only=True, kernels=ks))
         def test_none_instead_of_ndarray_rejected(kernel, name):
@@ -866,6 +1074,7 @@ def family_tests(kernels, gil=(), cases=None):
             assert_rejected(call, TypeError, name, "ndarray", what=f"{kernel}({name}: None)")
 
     if ks:
+
         @register
         @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
         @pytest.mark.parametrize("kernel", ks)
@@ -875,9 +1084,12 @@ def family_tests(kernels, gil=(), cases=None):
             call()
             for name, arr in call.arrays().items():
                 if name not in call.outputs:
-                    np.testing.assert_array_equal(arr, before[name], err_msg=f"{kernel} modified {name}")
+                    np.testing.assert_array_equal(
+                        arr, before[name], err_msg=f"{kernel} modified {name}"
+                    )
 
     if ks:
+
         @register
         @pytest.mark.parametrize("kernel", ks)
         def test_no_reference_leaks_on_success(kernel):
@@ -892,6 +1104,7 @@ def family_tests(kernels, gil=(), cases=None):
             assert refcounts(objs) == before, f"{kernel}: refcounts {before} -> {refcounts(objs)}"
 
     if error_calls(kernels=ks):
+
         @register
         @pytest.mark.parametrize("call", error_calls(kernels=ks))
         def test_no_reference_leaks_on_error(call):
@@ -909,9 +1122,12 @@ def family_tests(kernels, gil=(), cases=None):
                 attempt()
             assert refcounts(objs) == before
 
-    if [c for c in LEAKY_ERROR_CASES if c.split('-')[0] in kernels]:
+    if [c for c in LEAKY_ERROR_CASES if c.split("-")[0] in kernels]:
+
         @register
-        @pytest.mark.parametrize("case", [c for c in LEAKY_ERROR_CASES if c.split("-")[0] in kernels])
+        @pytest.mark.parametrize(
+            "case", [c for c in LEAKY_ERROR_CASES if c.split("-")[0] in kernels]
+        )
         def test_error_messages_do_not_leak_objects(case):
             thunk = LEAKY_ERROR_CASES[case]
 
@@ -928,12 +1144,17 @@ def family_tests(kernels, gil=(), cases=None):
             for _ in range(N_CALLS):
                 attempt()
             grown = sys.getallocatedblocks() - before
-            assert grown < N_CALLS // 4, f"{case}: {grown} memory blocks left after {N_CALLS} errors"
+            assert grown < N_CALLS // 4, (
+                f"{case}: {grown} memory blocks left after {N_CALLS} errors"
+            )
 
     if gil:
+
         @register
         @pytest.mark.parametrize("kernel", gil)
         def test_kernel_releases_the_gil(kernel, gil_probe):
             assert gil_probe(cases()[kernel]), (
-                f"{kernel}: the main thread never ran while the worker was inside the call")
+                f"{kernel}: the main thread never ran while the worker was inside the call"
+            )
+
     return tests

@@ -1,4 +1,5 @@
 """Shared test helpers (pytest fixtures, available to every test module)."""
+
 import glob
 import os
 import subprocess
@@ -63,8 +64,9 @@ def releases_gil(call, max_calls=200):
 
 try:
     from dptrain import _core
-    HAVE_ISAS = _core.build_info()["isas_available"]   # the kernel ISAs this CPU has
-except ImportError:          # an unbuilt checkout: the tests that import _core say so
+
+    HAVE_ISAS = _core.build_info()["isas_available"]  # the kernel ISAs this CPU has
+except ImportError:  # an unbuilt checkout: the tests that import _core say so
     HAVE_ISAS = ["generic"]
 # DPTRAIN_TEST_ISAS=widest: the kernel tests on the widest ISA only (.ci/run's second pass,
 # whose subject is the NumPy version, not the ISA builds the first pass tested)
@@ -77,6 +79,7 @@ def isa(request):
     csrc/dp_vec.h), forced with _core.set_isa; the previous ISA is restored after. The ISAs
     the CPU lacks are not parametrized: tests/test_isa.py skips once for each, naming it."""
     from dptrain import _core as core
+
     previous = core.set_isa(request.param)
     try:
         assert core.isa() == request.param
@@ -98,13 +101,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def sdist(tmp_path_factory):
     """Path of an sdist of this checkout, built once per session as a release would build it:
     ``python -m build --sdist`` (isolated build environment)."""
-    pytest.importorskip("build", reason="building an sdist needs the build package "
-                                        "(pip install build, or the test extra)")
+    pytest.importorskip(
+        "build",
+        reason="building an sdist needs the build package (pip install build, or the test extra)",
+    )
     if not (REPO_ROOT / "setup.py").is_file():
         pytest.skip(f"{REPO_ROOT} is not a dptrain checkout (no setup.py)")
     out = tmp_path_factory.mktemp("sdist")
-    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out),
-                           str(REPO_ROOT)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(REPO_ROOT)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, f"python -m build --sdist failed:\n{proc.stdout}\n{proc.stderr}"
     (path,) = out.glob("dptrain-*.tar.gz")
     return path
@@ -117,8 +125,10 @@ def mpich_leftovers():
     launcher, Hydra, its hwloc topology file, $TMPDIR/hydra_hwloc_xmlfile_* (a normal run
     removes both). Only files that appeared during the test are removed; a concurrent MPICH
     job's would be too, so such tests do not run beside other MPI jobs."""
-    patterns = ("/dev/shm/mpich_shm_*",
-                os.path.join(tempfile.gettempdir(), "hydra_hwloc_xmlfile_*"))
+    patterns = (
+        "/dev/shm/mpich_shm_*",
+        os.path.join(tempfile.gettempdir(), "hydra_hwloc_xmlfile_*"),
+    )
     before = {p for pattern in patterns for p in glob.glob(pattern)}
     yield
     for path in {p for pattern in patterns for p in glob.glob(pattern)} - before:
@@ -138,6 +148,7 @@ def pytest_runtest_setup(item):
 
 def _mpiexec():
     from dptrain.comm.mpi import find_mpiexec
+
     return find_mpiexec()
 
 
@@ -154,8 +165,19 @@ def mpiexec():
 # An MLP on a synthetic set whose last global batch (30 of 1030) is uneven and whose batch of
 # 100 does not split evenly over 3 workers: what the transport, exchange, job and checkpoint
 # tests train and compare.
-SMALL = dict(model="mlp", hidden=(16,), dataset="synthetic", n_samples=1030, n_features=12,
-             epochs=2, batch_size=100, lr=0.05, momentum=0.9, lr_schedule="cosine", quiet=True)
+SMALL = dict(
+    model="mlp",
+    hidden=(16,),
+    dataset="synthetic",
+    n_samples=1030,
+    n_features=12,
+    epochs=2,
+    batch_size=100,
+    lr=0.05,
+    momentum=0.9,
+    lr_schedule="cosine",
+    quiet=True,
+)
 
 
 @pytest.fixture(scope="session")
@@ -165,6 +187,7 @@ def train_small():
 
     def run(**options):
         return dptrain.train(**{**SMALL, **options})
+
     return run
 
 
@@ -184,34 +207,69 @@ def deterministic_one(train_small):
 def mpi_weights(mpiexec, tmp_path):
     """mpi_weights(ranks, *flags): SMALL trained under mpiexec -n ranks (plus CLI flags); the
     saved weights."""
+
     def run(ranks, *extra):
         import dptrain
+
         weights = tmp_path / "w.npz"
-        r = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-m", "dptrain",
-                            "train", "--model", "mlp", "--hidden", "16", "--dataset",
-                            "synthetic", "--n-samples", "1030", "--n-features", "12",
-                            "--epochs", "2", "--batch-size", "100", "--lr", "0.05",
-                            "--momentum", "0.9", "--backend", "mpi", "--quiet",
-                            "--save-weights", str(weights), *extra],
-                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        r = subprocess.run(
+            [
+                mpiexec,
+                "-n",
+                str(ranks),
+                sys.executable,
+                "-m",
+                "dptrain",
+                "train",
+                "--model",
+                "mlp",
+                "--hidden",
+                "16",
+                "--dataset",
+                "synthetic",
+                "--n-samples",
+                "1030",
+                "--n-features",
+                "12",
+                "--epochs",
+                "2",
+                "--batch-size",
+                "100",
+                "--lr",
+                "0.05",
+                "--momentum",
+                "0.9",
+                "--backend",
+                "mpi",
+                "--quiet",
+                "--save-weights",
+                str(weights),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         return dptrain.load_model(weights).params
+
     return run
 
 
 # ---------------------------------------------------------------- background jobs
 # A test whose work is long and self-contained (building the extension or the C tests with
 # sanitizers and running them, installing an sdist into a fresh venv) carries
-# @pytest.mark.background.with_args(job): job(workdir, run) is a function of its module that does that
-# work, running its commands with run (run_background below), and returns what the test
-# asserts on. Every selected test's job starts as soon as the
+# @pytest.mark.background.with_args(job): job(workdir, run) is a function of its module that
+# does that work, running its commands with run (run_background below), and returns what the
+# test asserts on. Every selected test's job starts as soon as the
 # session's tests are collected, in a thread of this process (two at a time, their
 # subprocesses niced and in sessions of their own, so that a test signalling its process
 # group does not reach them), while the rest of the suite runs on the other core; the tests
 # that own jobs run last, and the `background` fixture waits for the job's result (raising
 # what the job raised). Nothing is skipped or shortened: the same work runs, overlapped.
-_JOBS: dict = {}         # job function -> its Future
-_POOL: list = []         # the jobs' thread pool and their directory, once started
+_JOBS: dict = {}  # job function -> its Future
+_POOL: list = []  # the jobs' thread pool and their directory, once started
 
 
 def pytest_collection_modifyitems(config, items):
@@ -221,6 +279,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     import concurrent.futures
+
     if session.config.option.collectonly:
         return
     jobs = []
@@ -239,7 +298,7 @@ def pytest_collection_finish(session):
         _JOBS[job] = pool.submit(_timed, job, workdir)
 
 
-_TIMES: dict = {}        # job function -> (seconds it ran, seconds its test waited for it)
+_TIMES: dict = {}  # job function -> (seconds it ran, seconds its test waited for it)
 
 
 def _timed(job, workdir):
@@ -253,15 +312,19 @@ def _timed(job, workdir):
 def pytest_terminal_summary(terminalreporter):
     """How long each background job ran, and how long its test waited for it at the end."""
     for job, (ran, waited) in _TIMES.items():
-        terminalreporter.write_line(f"background job {job.__name__.strip('_')}: ran {ran:.0f} s, "
-                                    f"its test waited {waited:.0f} s for it")
+        terminalreporter.write_line(
+            f"background job {job.__name__.strip('_')}: ran {ran:.0f} s, "
+            f"its test waited {waited:.0f} s for it"
+        )
 
 
 def _skipped(item) -> bool:
     """Whether the item skips whatever happens (a skip mark, or a skipif whose condition is
     already True): its job is not started."""
-    return any(m.name == "skip" or (m.name == "skipif" and m.args and m.args[0] is True)
-               for m in item.iter_markers())
+    return any(
+        m.name == "skip" or (m.name == "skipif" and m.args and m.args[0] is True)
+        for m in item.iter_markers()
+    )
 
 
 def pytest_sessionfinish(session):
@@ -270,6 +333,7 @@ def pytest_sessionfinish(session):
     if _POOL:
         import shutil
         import signal
+
         pool, root = _POOL
         for future in _JOBS.values():
             future.cancel()
@@ -298,7 +362,7 @@ def background(request, tmp_path):
             _TIMES[job][1] += time.monotonic() - t0
 
 
-_RUNNING: set = set()    # the background jobs' processes now running
+_RUNNING: set = set()  # the background jobs' processes now running
 
 
 def run_background(argv, *, timeout=None, **kwargs) -> subprocess.CompletedProcess:
@@ -306,8 +370,15 @@ def run_background(argv, *, timeout=None, **kwargs) -> subprocess.CompletedProce
     in a session of its own (stopped with the session if it ends first), output captured as
     text; past timeout its process group is killed and TimeoutExpired raised."""
     import signal
-    proc = subprocess.Popen(["nice", "-n", "10", *map(str, argv)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+
+    proc = subprocess.Popen(
+        ["nice", "-n", "10", *map(str, argv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    )
     _RUNNING.add(proc)
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -13,9 +13,9 @@ misaligned and read-only arrays, arrays aliasing each other (the same array, ove
 views, partial overlaps cut from one buffer, across dtypes), out-of-range and huge integers,
 NaN/inf, wrong Python types, missing and extra arguments, hostile layer lists (unknown kinds,
 names with a NUL, sizes out of range or of the wrong type, shapes a layer cannot take, more
-layers than the engine holds); the classes get random method sequences (forward_loss / backward_layer / loss_grad / evaluate / logits interleavings,
-held arrays re-typed in place with `arr.dtype = ...` and `arr.shape = ...`, calls from two
-threads).
+layers than the engine holds); the classes get random method sequences (forward_loss /
+backward_layer / loss_grad / evaluate / logits interleavings, held arrays re-typed in place
+with `arr.dtype = ...` and `arr.shape = ...`, calls from two threads).
 
 Verdicts, per call:
   rejected  it raised TypeError/ValueError/IndexError/RuntimeError/OverflowError/MemoryError
@@ -43,11 +43,12 @@ an order drawn from the case's generator, so a case replays), writes into a ShmG
 block (the shared protocol memory is the callers' to keep), NaN/inf in the input of a Model
 with a conv layer (see make_batch), and the speed of anything.
 """
+
 import argparse
 import collections
-import gc
 import ctypes
 import faulthandler
+import gc
 import math
 import os
 import queue
@@ -57,16 +58,16 @@ import subprocess
 import sys
 import tempfile
 import threading
-import traceback
 import time
+import traceback
 import warnings
 import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
+from _core_helpers import conv_blocks, dense_stack
 
 from dptrain import _core as core
-from _core_helpers import conv_blocks, dense_stack
 from dptrain import reference as ref
 
 ALLOWED_ERRORS = (TypeError, ValueError, IndexError, RuntimeError, OverflowError, MemoryError)
@@ -76,11 +77,11 @@ FLOATS = (F32, F64)
 # absolute values for linear kernels, so cancellation does not make the check flaky)
 RTOL = {F32: 1e-4, F64: 1e-10}
 
-CASE_STRIDE = 10 ** 7      # batch b runs the cases b * CASE_STRIDE, b * CASE_STRIDE + 1, ...
-BATCH_CALLS = 1000         # calls per batch (a batch finishes the case it is in)
-HANG_TIMEOUT_S = 30.0      # a batch that logs nothing for this long is killed as a hang
-GROUP_TIMEOUT_S = 5.0      # ShmGroup waits of a group whose every rank takes part
-MAX_THREADS = 256          # DP_MAX_THREADS (csrc/dp_gemm.h)
+CASE_STRIDE = 10**7  # batch b runs the cases b * CASE_STRIDE, b * CASE_STRIDE + 1, ...
+BATCH_CALLS = 1000  # calls per batch (a batch finishes the case it is in)
+HANG_TIMEOUT_S = 30.0  # a batch that logs nothing for this long is killed as a hang
+GROUP_TIMEOUT_S = 5.0  # ShmGroup waits of a group whose every rank takes part
+MAX_THREADS = 256  # DP_MAX_THREADS (csrc/dp_gemm.h)
 
 
 # =======================================================================================
@@ -140,11 +141,12 @@ def aligned_bytes(nbytes, align=64):
     """A zeroed writeable uint8 array of nbytes whose first byte is `align`-aligned."""
     raw = np.zeros(nbytes + align, U8)
     off = (-raw.ctypes.data) % align
-    return raw[off:off + nbytes]
+    return raw[off : off + nbytes]
 
 
 class Token:
     """A fresh object for object arrays: its reference count is ours alone to watch."""
+
     __slots__ = ("i", "__weakref__")
 
     def __init__(self, i):
@@ -174,11 +176,35 @@ class SubArray(np.ndarray):
 # Context or None, "s" str, "sizes" sequence of ints, "layers" a Model's layer list, "O" not
 # mutated.
 
-HOSTILE_DTYPES = [np.dtype(t) for t in (
-    np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8, np.int8, np.uint64,
-    np.bool_, np.complex64, np.complex128, object, np.longlong, np.longdouble, ">f4", ">f8",
-    ">i8", "V8", "M8[ns]", "U2", "S8", [("a", "<f8")], [("a", "<f4"), ("b", "<f4")],
-    [("o", "O")])]
+HOSTILE_DTYPES = [
+    np.dtype(t)
+    for t in (
+        np.float16,
+        np.float32,
+        np.float64,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.int8,
+        np.uint64,
+        np.bool_,
+        np.complex64,
+        np.complex128,
+        object,
+        np.longlong,
+        np.longdouble,
+        ">f4",
+        ">f8",
+        ">i8",
+        "V8",
+        "M8[ns]",
+        "U2",
+        "S8",
+        [("a", "<f8")],
+        [("a", "<f4"), ("b", "<f4")],
+        [("o", "O")],
+    )
+]
 
 
 def convert(a, dt):
@@ -192,7 +218,7 @@ def convert(a, dt):
 
 def relayout(rng, a, how):
     """The same values in another memory layout."""
-    if max(a.shape, default=0) > 2 ** 20:      # an empty array with a huge dimension
+    if max(a.shape, default=0) > 2**20:  # an empty array with a huge dimension
         return a.copy()
     if how == "strided" and a.ndim:
         big = np.zeros(a.shape[:-1] + (2 * a.shape[-1] + 1,), a.dtype)
@@ -205,7 +231,7 @@ def relayout(rng, a, how):
         return a[::-1].copy()[::-1]
     if how == "misaligned" and a.dtype.itemsize > 1 and not a.dtype.hasobject:
         raw = np.zeros(a.nbytes + a.dtype.itemsize + 1, U8)
-        v = raw[1:1 + a.nbytes].view(a.dtype).reshape(a.shape)
+        v = raw[1 : 1 + a.nbytes].view(a.dtype).reshape(a.shape)
         v[...] = a
         return v
     if how == "readonly":
@@ -222,8 +248,16 @@ def relayout(rng, a, how):
     return a.copy()
 
 
-LAYOUTS = ("strided", "fortran", "reversed", "misaligned", "readonly", "swapped", "subclass",
-           "broadcast")
+LAYOUTS = (
+    "strided",
+    "fortran",
+    "reversed",
+    "misaligned",
+    "readonly",
+    "swapped",
+    "subclass",
+    "broadcast",
+)
 
 
 def m_array_dtype(rng, a):
@@ -263,12 +297,12 @@ def m_array_shape(rng, a):
         shape[ax] -= 1
     elif how == "zero":
         shape[ax] = 0
-    else:       # a dimension past INT_MAX, the array still empty
-        shape[ax] = pick(rng, (2 ** 31, 2 ** 31 - 1, 2 ** 40))
+    else:  # a dimension past INT_MAX, the array still empty
+        shape[ax] = pick(rng, (2**31, 2**31 - 1, 2**40))
         if a.ndim == 1:
             return f"shape:{how}", np.empty((0, shape[0]), a.dtype)
         shape[(ax + 1) % a.ndim] = 0
-    if math.prod(shape) * a.dtype.itemsize > 2 ** 24:      # a huge dimension stays empty
+    if math.prod(shape) * a.dtype.itemsize > 2**24:  # a huge dimension stays empty
         shape[int(np.argmin(shape))] = 0
     b = np.zeros(shape, a.dtype)
     common = tuple(slice(0, min(s, t)) for s, t in zip(a.shape, shape))
@@ -283,8 +317,17 @@ def m_array_layout(rng, a):
 
 
 def m_not_array(rng, a):
-    options = [None, 0, 1.5, "x", tuple(a.reshape(-1)[:4].tolist()), b"\0" * 8, np.float64(1.0),
-               object(), bytearray(16)]
+    options = [
+        None,
+        0,
+        1.5,
+        "x",
+        tuple(a.reshape(-1)[:4].tolist()),
+        b"\0" * 8,
+        np.float64(1.0),
+        object(),
+        bytearray(16),
+    ]
     if max(a.shape, default=0) <= 4096:
         options.append(a.tolist())
     if a.flags.c_contiguous and a.dtype.kind in "biufc":
@@ -315,33 +358,125 @@ def m_int_values(rng, a, values):
     return f"value={v}", b
 
 
-BAD_LABELS = (-1, 2, 3, 1000000, 2 ** 31, 2 ** 62, 2 ** 63 - 1, -2 ** 63)
+BAD_LABELS = (-1, 2, 3, 1000000, 2**31, 2**62, 2**63 - 1, -(2**63))
 BAD_CODES = (4, 5, 128, 255)
 
 ARRAY_MUTATORS = {
-    "F": [(3, m_array_dtype), (2, m_array_ndim), (3, m_array_shape), (4, m_array_layout),
-          (2, m_not_array), (2, m_special_values)],
-    "Fq": [(3, m_array_dtype), (2, m_array_ndim), (3, m_array_shape), (4, m_array_layout),
-           (2, m_not_array)],                   # floats that must stay finite (x of a conv model)
-    "L": [(3, m_array_dtype), (1, m_array_ndim), (2, m_array_shape), (2, m_array_layout),
-          (1, m_not_array), (4, lambda rng, a: m_int_values(rng, a, BAD_LABELS))],
-    "I": [(3, m_array_dtype), (1, m_array_ndim), (2, m_array_shape), (2, m_array_layout),
-          (1, m_not_array), (3, lambda rng, a: m_int_values(rng, a, BAD_LABELS))],
-    "U": [(3, m_array_dtype), (1, m_array_ndim), (2, m_array_shape), (3, m_array_layout),
-          (1, m_not_array), (2, lambda rng, a: m_int_values(rng, a, BAD_CODES))],
-    "A": [(3, m_array_dtype), (1, m_array_ndim), (2, m_array_shape), (3, m_array_layout),
-          (1, m_not_array)],
+    "F": [
+        (3, m_array_dtype),
+        (2, m_array_ndim),
+        (3, m_array_shape),
+        (4, m_array_layout),
+        (2, m_not_array),
+        (2, m_special_values),
+    ],
+    "Fq": [
+        (3, m_array_dtype),
+        (2, m_array_ndim),
+        (3, m_array_shape),
+        (4, m_array_layout),
+        (2, m_not_array),
+    ],  # floats that must stay finite (x of a conv model)
+    "L": [
+        (3, m_array_dtype),
+        (1, m_array_ndim),
+        (2, m_array_shape),
+        (2, m_array_layout),
+        (1, m_not_array),
+        (4, lambda rng, a: m_int_values(rng, a, BAD_LABELS)),
+    ],
+    "I": [
+        (3, m_array_dtype),
+        (1, m_array_ndim),
+        (2, m_array_shape),
+        (2, m_array_layout),
+        (1, m_not_array),
+        (3, lambda rng, a: m_int_values(rng, a, BAD_LABELS)),
+    ],
+    "U": [
+        (3, m_array_dtype),
+        (1, m_array_ndim),
+        (2, m_array_shape),
+        (3, m_array_layout),
+        (1, m_not_array),
+        (2, lambda rng, a: m_int_values(rng, a, BAD_CODES)),
+    ],
+    "A": [
+        (3, m_array_dtype),
+        (1, m_array_ndim),
+        (2, m_array_shape),
+        (3, m_array_layout),
+        (1, m_not_array),
+    ],
 }
 
-BAD_FLOATS = [math.nan, math.inf, -math.inf, -1.0, 0.0, 1e308, 5e-324, 2 ** 63, 2 ** 1100, "1.0",
-              None, 1j, [1.0], np.float32(0.5), True, np.float32("nan")]
-BAD_INTS = [-1, 0, 1, 2 ** 31 - 1, 2 ** 31, -2 ** 31 - 1, 2 ** 63 - 1, 2 ** 63, -2 ** 63, 2 ** 64,
-            1.0, "1", None, True, np.int64(1), np.uint64(2 ** 63), [1]]
+BAD_FLOATS = [
+    math.nan,
+    math.inf,
+    -math.inf,
+    -1.0,
+    0.0,
+    1e308,
+    5e-324,
+    2**63,
+    2**1100,
+    "1.0",
+    None,
+    1j,
+    [1.0],
+    np.float32(0.5),
+    True,
+    np.float32("nan"),
+]
+BAD_INTS = [
+    -1,
+    0,
+    1,
+    2**31 - 1,
+    2**31,
+    -(2**31) - 1,
+    2**63 - 1,
+    2**63,
+    -(2**63),
+    2**64,
+    1.0,
+    "1",
+    None,
+    True,
+    np.int64(1),
+    np.uint64(2**63),
+    [1],
+]
 BAD_BOOLS = [None, 0, 2, "yes", "", np.bool_(True), np.array([1, 2]), 1.5]
-BAD_STRS = ["", "softmax", "SOFTMAX_XENT", "softmax_xent\0", None, b"softmax_xent", 1,
-            "\udcff", "native ", "ring\0"]
-BAD_SIZES = [[], [5], None, "12", [2, 0], [3, -1], [2 ** 31, 2], [2 ** 63, 2], [1.5, 2],
-             [2, "3"], [[2], 3], [3] * 20, [2 ** 32, 2 ** 32], [2 ** 62, 4], [1, 2 ** 40]]
+BAD_STRS = [
+    "",
+    "softmax",
+    "SOFTMAX_XENT",
+    "softmax_xent\0",
+    None,
+    b"softmax_xent",
+    1,
+    "\udcff",
+    "native ",
+    "ring\0",
+]
+BAD_SIZES = [
+    [],
+    [5],
+    None,
+    "12",
+    [2, 0],
+    [3, -1],
+    [2**31, 2],
+    [2**63, 2],
+    [1.5, 2],
+    [2, "3"],
+    [[2], 3],
+    [3] * 20,
+    [2**32, 2**32],
+    [2**62, 4],
+    [1, 2**40],
+]
 
 
 def m_sizes(rng, v):
@@ -355,14 +490,58 @@ def m_sizes(rng, v):
 # Layer specs a Model refuses (or takes: a NumPy integer size, a bool, an array of names), and
 # whole lists that are no list of specs.
 BAD_LAYER_SPECS = [
-    None, 3, 1.5, "", "foo", "RELU", "relu\0", "dense\0junk", "\udcff", b"relu", (), [], ("dense",),
-    ("dense", 0), ("dense", -1), ("dense", 2 ** 31), ("dense", 2 ** 63), ("dense", 2 ** 31 - 1),
-    ("dense", 2.0), ("dense", "3"), ("dense", None), ("dense", True), ("dense", np.int64(3)),
-    ("dense", np.uint64(2 ** 63)), ("dense", 1, 1), ("DENSE", 3), (3, "dense"), {"dense": 3},
-    ("conv", 2), ("conv", 2, 3, -1), ("conv", 2, 3, 1, 1), ("conv", 0, 3), ("conv", 2, 0),
-    ("conv", 2, 2 ** 31 - 1), ("conv", 2 ** 31 - 1, 1), ("conv", 1, 1, 2 ** 30), ("conv", 1, 1, 2 ** 29),
-    ("conv", 2, 3, 2 ** 31), ("relu", 1), ("maxpool2", 2), ("maxpool2",), "maxpool2", "flatten",
-    ("flatten",), "gelu", np.array(["relu"]), ["tanh"], ("sigmoid",), object()]
+    None,
+    3,
+    1.5,
+    "",
+    "foo",
+    "RELU",
+    "relu\0",
+    "dense\0junk",
+    "\udcff",
+    b"relu",
+    (),
+    [],
+    ("dense",),
+    ("dense", 0),
+    ("dense", -1),
+    ("dense", 2**31),
+    ("dense", 2**63),
+    ("dense", 2**31 - 1),
+    ("dense", 2.0),
+    ("dense", "3"),
+    ("dense", None),
+    ("dense", True),
+    ("dense", np.int64(3)),
+    ("dense", np.uint64(2**63)),
+    ("dense", 1, 1),
+    ("DENSE", 3),
+    (3, "dense"),
+    {"dense": 3},
+    ("conv", 2),
+    ("conv", 2, 3, -1),
+    ("conv", 2, 3, 1, 1),
+    ("conv", 0, 3),
+    ("conv", 2, 0),
+    ("conv", 2, 2**31 - 1),
+    ("conv", 2**31 - 1, 1),
+    ("conv", 1, 1, 2**30),
+    ("conv", 1, 1, 2**29),
+    ("conv", 2, 3, 2**31),
+    ("relu", 1),
+    ("maxpool2", 2),
+    ("maxpool2",),
+    "maxpool2",
+    "flatten",
+    ("flatten",),
+    "gelu",
+    np.array(["relu"]),
+    ["tanh"],
+    ("sigmoid",),
+    object(),
+]
+
+
 def object_layers():
     """An object array of layer specs (its items appear in no returned plan: the reference
     count probe watches them)."""
@@ -371,9 +550,21 @@ def object_layers():
     return a
 
 
-BAD_LAYER_LISTS = [None, "relu", b"relu", (), [], {"dense": 3}, 3, iter([("dense", 2)]),
-                   [("dense", 2)] * 65, ["relu"] * 64, ["relu", "flatten"], object_layers(),
-                   [("dense", 2 ** 31 - 1)] * 3]
+BAD_LAYER_LISTS = [
+    None,
+    "relu",
+    b"relu",
+    (),
+    [],
+    {"dense": 3},
+    3,
+    iter([("dense", 2)]),
+    [("dense", 2)] * 65,
+    ["relu"] * 64,
+    ["relu", "flatten"],
+    object_layers(),
+    [("dense", 2**31 - 1)] * 3,
+]
 
 
 def m_layers(rng, v):
@@ -392,7 +583,7 @@ def m_layers(rng, v):
         del out[min(i, len(out) - 1)]
     elif how == "tuple":
         return tuple(out)
-    else:                              # DP_MODEL_MAX_LAYERS layers (taken) or one more (not)
+    else:  # DP_MODEL_MAX_LAYERS layers (taken) or one more (not)
         out += ["relu"] * (pick(rng, (64, 65)) - len(out))
     return out
 
@@ -423,23 +614,24 @@ class Arg:
     name: str
     value: object
     kind: str = "O"
-    keyword: bool = False      # passed as name=value
-    output: bool = False       # written by the callee
-    omit: bool = False         # left out of the call
+    keyword: bool = False  # passed as name=value
+    output: bool = False  # written by the callee
+    omit: bool = False  # left out of the call
 
 
 @dataclass
 class Expect:
     """What the oracle expects of an accepted call (the outputs are the oracle's copies)."""
-    ret: object = None         # the return value (None: must return None)
-    ret_check: object = None   # or ret_check(actual) -> message or None
-    ret_scale: float = 0.0     # tolerance scale of a float return value
-    rtol: float = 0.0          # 0: from the dtype of the outputs (float64's if none)
-    scale: dict = field(default_factory=dict)   # output name -> tolerance scale
-    exact: bool = False        # outputs must agree bit for bit (NaN == NaN)
-    held: dict = field(default_factory=dict)    # held array name -> expected contents
+
+    ret: object = None  # the return value (None: must return None)
+    ret_check: object = None  # or ret_check(actual) -> message or None
+    ret_scale: float = 0.0  # tolerance scale of a float return value
+    rtol: float = 0.0  # 0: from the dtype of the outputs (float64's if none)
+    scale: dict = field(default_factory=dict)  # output name -> tolerance scale
+    exact: bool = False  # outputs must agree bit for bit (NaN == NaN)
+    held: dict = field(default_factory=dict)  # held array name -> expected contents
     held_scale: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)   # anything a scenario needs afterwards
+    extra: dict = field(default_factory=dict)  # anything a scenario needs afterwards
 
 
 class Refuse(Exception):
@@ -453,17 +645,17 @@ class CaseOver(Exception):
 
 @dataclass
 class Call:
-    label: str                 # the public name: "gemm", "Model.loss_grad", ...
+    label: str  # the public name: "gemm", "Model.loss_grad", ...
     fn: object
     args: list
-    oracle: object             # oracle(before, *args, **kwargs) -> Expect; raises: refuses
-    held: dict = field(default_factory=dict)    # arrays the callee may write, not arguments
+    oracle: object  # oracle(before, *args, **kwargs) -> Expect; raises: refuses
+    held: dict = field(default_factory=dict)  # arrays the callee may write, not arguments
     extra_pos: list = field(default_factory=list)
     extra_kw: dict = field(default_factory=dict)
-    tags: list = field(default_factory=list)    # mutations and state notes, for grouping
+    tags: list = field(default_factory=list)  # mutations and state notes, for grouping
     allowed: tuple = ALLOWED_ERRORS
-    writes_on_error: bool = False               # a failed call may have written (collectives)
-    expect_error: object = None                 # check(exc) -> message, for a known refusal
+    writes_on_error: bool = False  # a failed call may have written (collectives)
+    expect_error: object = None  # check(exc) -> message, for a known refusal
     thread: str = ""
 
     def bind(self, values):
@@ -494,8 +686,10 @@ def mutate_arg(rng, call):
         if how == "item" and v:
             i = int(rng.integers(len(v)))
             ws, fns = zip(*ARRAY_MUTATORS["F"])
-            tag, item = pick(rng, fns, ws)(rng, v[i]) if isinstance(v[i], np.ndarray) else ("x", None)
-            a.value = list(v[:i]) + [item] + list(v[i + 1:])
+            tag, item = (
+                pick(rng, fns, ws)(rng, v[i]) if isinstance(v[i], np.ndarray) else ("x", None)
+            )
+            a.value = list(v[:i]) + [item] + list(v[i + 1 :])
             tag = f"[{i}]:{tag}"
         elif how == "empty":
             tag, a.value = "empty", []
@@ -504,8 +698,12 @@ def mutate_arg(rng, call):
         elif how == "tuple":
             tag, a.value = "tuple", tuple(v)
         elif how == "2-D" and v and isinstance(v[0], np.ndarray):
-            tag, a.value = "2-D array", np.stack([np.asarray(x) for x in v]) if \
-                len({np.shape(x) for x in v}) == 1 else np.zeros((2, 3))
+            tag, a.value = (
+                "2-D array",
+                np.stack([np.asarray(x) for x in v])
+                if len({np.shape(x) for x in v}) == 1
+                else np.zeros((2, 3)),
+            )
         else:
             tag, a.value = "with None", list(v) + [None]
     elif a.kind in SCALAR_MUTATORS:
@@ -522,8 +720,15 @@ def array_slots(call):
     for i, a in enumerate(call.args):
         if a.omit:
             continue
-        items = [(None, a.value)] if isinstance(a.value, np.ndarray) else (
-            list(enumerate(a.value)) if a.kind == "FL" and isinstance(a.value, (list, tuple)) else [])
+        items = (
+            [(None, a.value)]
+            if isinstance(a.value, np.ndarray)
+            else (
+                list(enumerate(a.value))
+                if a.kind == "FL" and isinstance(a.value, (list, tuple))
+                else []
+            )
+        )
         for j, v in items:
             if isinstance(v, np.ndarray) and v.nbytes and not v.dtype.hasobject:
                 slots.append((i, j))
@@ -578,10 +783,10 @@ def mutate_alias(rng, call):
             off_outer, off_inner = 0, max(0, a.nbytes - overlap) // step * step
             size = max(off_inner + b.nbytes, a.nbytes)
         raw = aligned_bytes(size + step)
-        vo = raw[off_outer:off_outer + outer.nbytes].view(outer.dtype).reshape(outer.shape)
-        vi = raw[off_inner:off_inner + inner.nbytes].view(inner.dtype).reshape(inner.shape)
+        vo = raw[off_outer : off_outer + outer.nbytes].view(outer.dtype).reshape(outer.shape)
+        vi = raw[off_inner : off_inner + inner.nbytes].view(inner.dtype).reshape(inner.shape)
         vo[...] = outer
-        vi[...] = inner            # the inner array keeps its values (valid labels, index)
+        vi[...] = inner  # the inner array keeps its values (valid labels, index)
         new_a, new_b = (vo, vi) if outer is a else (vi, vo)
         slot_set(call, sa, new_a)
         slot_set(call, sb, new_b)
@@ -633,23 +838,29 @@ def value_class(v):
         return "nan" if v != v else "inf" if abs(v) == math.inf else "float"
     if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
         v = int(v)
-        return "int<0" if v < 0 else "int>=2**31" if v >= 2 ** 31 else "int"
+        return "int<0" if v < 0 else "int>=2**31" if v >= 2**31 else "int"
     return type(v).__name__
 
 
 def short(v, n=40):
     r = repr(v)
-    return r if len(r) <= n else r[:n - 3] + "..."
+    return r if len(r) <= n else r[: n - 3] + "..."
 
 
 def describe(v, full=False):
     if isinstance(v, np.ndarray):
         dt = v.dtype.str if v.dtype.names is None else "struct"
         s = f"{dt}{list(v.shape)}"
-        flags = [f for f, on in (("noncontig", not v.flags.c_contiguous),
-                                 ("misaligned", not v.flags.aligned),
-                                 ("readonly", not v.flags.writeable),
-                                 (type(v).__name__, type(v) is not np.ndarray)) if on]
+        flags = [
+            f
+            for f, on in (
+                ("noncontig", not v.flags.c_contiguous),
+                ("misaligned", not v.flags.aligned),
+                ("readonly", not v.flags.writeable),
+                (type(v).__name__, type(v) is not np.ndarray),
+            )
+            if on
+        ]
         if v.base is not None and v.nbytes:
             flags.append(f"@{v.ctypes.data % 100000:05d}")
         s += ("{" + ",".join(flags) + "}") if flags else ""
@@ -688,7 +899,7 @@ def copy_value(v):
             c = np.array(v, copy=True, subok=False)
         else:
             off = v.__array_interface__["data"][0] % 64
-            c = aligned_bytes(v.nbytes + 64)[off:off + v.nbytes].view(v.dtype).reshape(v.shape)
+            c = aligned_bytes(v.nbytes + 64)[off : off + v.nbytes].view(v.dtype).reshape(v.shape)
             c[...] = v
         if not v.flags.writeable:
             c.setflags(write=False)
@@ -725,8 +936,11 @@ def compare(name, actual, expected, rtol, scale=None, exact=False):
         if same_bytes(np.ascontiguousarray(actual), np.ascontiguousarray(expected)):
             return None
         a, e = actual.reshape(-1), expected.reshape(-1)
-        bad = [i for i in range(a.size) if not (a[i] is e[i] or
-                                                 (not expected.dtype.hasobject and a[i] == e[i]))]
+        bad = [
+            i
+            for i in range(a.size)
+            if not (a[i] is e[i] or (not expected.dtype.hasobject and a[i] == e[i]))
+        ]
         i = bad[0] if bad else 0
         idx = np.unravel_index(i, actual.shape) if actual.ndim else ()
         return f"{name}{list(idx)} is {short(a[i])}, expected {short(e[i])} ({len(bad)} differ)"
@@ -740,17 +954,21 @@ def compare(name, actual, expected, rtol, scale=None, exact=False):
             s = np.zeros(()) if scale is None else np.abs(np.asarray(scale, np.float64))
             s = np.where(np.isfinite(s), s, np.inf)
             tiny = np.finfo(expected.dtype).tiny if expected.dtype.kind in "fc" else 0.0
-            tol = rtol * (np.abs(np.where(np.isfinite(e), e, 0)) + s) + 4 * tiny   # subnormals
+            tol = rtol * (np.abs(np.where(np.isfinite(e), e, 0)) + s) + 4 * tiny  # subnormals
             finite = np.isfinite(e)
-            ok = np.where(finite, np.isfinite(a) & (np.abs(a - e) <= tol), (a == e) | (nan_a & nan_e))
+            ok = np.where(
+                finite, np.isfinite(a) & (np.abs(a - e) <= tol), (a == e) | (nan_a & nan_e)
+            )
     if ok.all():
         return None
     bad = np.flatnonzero(~ok.reshape(-1))
     i = int(bad[0])
     idx = [int(j) for j in np.unravel_index(i, a.shape)] if a.ndim else []
     only = not (np.isfinite(a.reshape(-1)[bad]) & np.isfinite(e.reshape(-1)[bad])).any()
-    return (f"{'NaN/inf only: ' if only else ''}{name}{idx} is {a.reshape(-1)[i]!r}, expected "
-            f"{e.reshape(-1)[i]!r} ({bad.size} of {a.size} differ)")
+    return (
+        f"{'NaN/inf only: ' if only else ''}{name}{idx} is {a.reshape(-1)[i]!r}, expected "
+        f"{e.reshape(-1)[i]!r} ({bad.size} of {a.size} differ)"
+    )
 
 
 def compare_float(name, actual, expected, rtol, scale=0.0):
@@ -813,7 +1031,7 @@ def occurrences(arrays):
 
 @dataclass
 class Outcome:
-    status: str                # "A" accepted, "R" rejected, "W" wrong, "E" bad exception
+    status: str  # "A" accepted, "R" rejected, "W" wrong, "E" bad exception
     ret: object = None
     exc: object = None
     expect: object = None
@@ -840,7 +1058,7 @@ class Fuzz:
         self.next_id = 0
         self.lock = threading.Lock()
         self.raise_errors = False
-        self.poisoned = False          # a wrong result was seen: memory may be corrupt
+        self.poisoned = False  # a wrong result was seen: memory may be corrupt
 
     # -- the log ------------------------------------------------------------------------
     def write(self, line, flush=False):
@@ -870,14 +1088,17 @@ class Fuzz:
             cid = self.next_id
             self.next_id += 1
             self.calls += 1
-        self.write(f"C\t{cid}\t{self.case}\t{call.label}\t{call.thread}\t"
-                   f"{clean(describe_call(call, self.verbose))}", flush=True)
+        self.write(
+            f"C\t{cid}\t{self.case}\t{call.label}\t{call.thread}\t"
+            f"{clean(describe_call(call, self.verbose))}",
+            flush=True,
+        )
         pos, kw = call.bind(values)
         counts = [sys.getrefcount(o) for o in probe]
         ret = exc = None
         try:
             ret = call.fn(*pos, **kw)
-        except BaseException as e:     # judged below; a KeyboardInterrupt still stops the run
+        except BaseException as e:  # judged below; a KeyboardInterrupt still stops the run
             if isinstance(e, KeyboardInterrupt):
                 raise
             exc = e
@@ -888,7 +1109,8 @@ class Fuzz:
             expect = None
         else:
             status, category, detail, expect = self.judge_return(
-                call, ret, values, snaps, held_before, probe, counts, counts_after)
+                call, ret, values, snaps, held_before, probe, counts, counts_after
+            )
         sig = signature(category, call.tags) if status in "WE" else ""
         self.poisoned |= status in "WE"
         self.write(f"R\t{cid}\t{status}\t{sig}\t{clean(detail)}", flush=True)
@@ -925,19 +1147,26 @@ class Fuzz:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 before = {k: v.copy() for k, v in held_before.items()}
-                before["args"] = {a.name: v for a, v in zip(call.args, values)}   # the originals
+                before["args"] = {a.name: v for a, v in zip(call.args, values)}  # the originals
                 exp = call.oracle(before, *pos, **kw)
-        except Exception as e:     # the reference (or the contract) refuses these arguments
+        except Exception as e:  # the reference (or the contract) refuses these arguments
             why = re.sub(r"-?\d+", "N", str(e))[:70]
-            return "W", f"accepted, but the reference refuses: {why}", f"{type(e).__name__}: {e}", None
+            return (
+                "W",
+                f"accepted, but the reference refuses: {why}",
+                f"{type(e).__name__}: {e}",
+                None,
+            )
         outputs = [i for i, a in enumerate(call.args) if a.output and not a.omit]
         rtol = exp.rtol or rtol_of(*[copies[i] for i in outputs], *call.held.values(), *copies)
         problems = []
         for i in outputs:
             for j, (act, want) in enumerate(zip(arrays_in(values[i]), arrays_in(copies[i]))):
-                name = call.args[i].name + (f"[{j}]" if isinstance(values[i], (list, tuple)) else "")
+                name = call.args[i].name + (
+                    f"[{j}]" if isinstance(values[i], (list, tuple)) else ""
+                )
                 scale = exp.scale.get(call.args[i].name, 0.0)
-                if scale is None:           # the oracle cannot tell (an overflowing sum)
+                if scale is None:  # the oracle cannot tell (an overflowing sum)
                     continue
                 p = compare(name, act, want, rtol, scale, exp.exact)
                 if p:
@@ -949,7 +1178,9 @@ class Fuzz:
                 continue
             p = compare(f"held {k}", act, want, rtol, scale, k not in exp.held)
             if p:
-                problems.append((differs(f"held {k}", p) if k in exp.held else f"held {k} changed", p))
+                problems.append(
+                    (differs(f"held {k}", p) if k in exp.held else f"held {k} changed", p)
+                )
         p = self.check_return(exp, ret, rtol)
         if p:
             problems.append(("return value differs", p))
@@ -996,7 +1227,8 @@ class Fuzz:
                 fix = want - (c1 - c0)
                 for _ in range(abs(fix)):
                     (ctypes.pythonapi.Py_IncRef if fix > 0 else ctypes.pythonapi.Py_DecRef)(
-                        ctypes.py_object(o))
+                        ctypes.py_object(o)
+                    )
         return f"{len(bad)} objects: " + "; ".join(bad[:3]) if bad else None
 
 
@@ -1031,17 +1263,23 @@ def build_gemm(rng, fz, label, fn):
     dt, style = pick_dtype(rng), pick_style(rng)
     m, n, k = dim(rng), dim(rng), dim(rng)
     if rng.random() < 0.05:
-        m, n, k = 96, 100, 40          # enough work for a Context's threads
+        m, n, k = 96, 100, 40  # enough work for a Context's threads
     ta, tb = bool(rng.random() < 0.5), bool(rng.random() < 0.5)
-    return Call(label, fn, [
-        Arg("a", draw(rng, (k, m) if ta else (m, k), dt, style), "F"),
-        Arg("b", draw(rng, (n, k) if tb else (k, n), dt, style), "F"),
-        Arg("c", draw(rng, (m, n), dt, pick_style(rng)), "F", output=True),
-        Arg("trans_a", ta, "b", keyword=True, omit=not ta and rng.random() < 0.5),
-        Arg("trans_b", tb, "b", keyword=True, omit=not tb and rng.random() < 0.5),
-        Arg("alpha", pick(rng, ALPHAS), "f", keyword=True),
-        Arg("beta", pick(rng, BETAS), "f", keyword=True),
-        ctx_arg(rng, fz)], oracle_gemm)
+    return Call(
+        label,
+        fn,
+        [
+            Arg("a", draw(rng, (k, m) if ta else (m, k), dt, style), "F"),
+            Arg("b", draw(rng, (n, k) if tb else (k, n), dt, style), "F"),
+            Arg("c", draw(rng, (m, n), dt, pick_style(rng)), "F", output=True),
+            Arg("trans_a", ta, "b", keyword=True, omit=not ta and rng.random() < 0.5),
+            Arg("trans_b", tb, "b", keyword=True, omit=not tb and rng.random() < 0.5),
+            Arg("alpha", pick(rng, ALPHAS), "f", keyword=True),
+            Arg("beta", pick(rng, BETAS), "f", keyword=True),
+            ctx_arg(rng, fz),
+        ],
+        oracle_gemm,
+    )
 
 
 def oracle_gemm(before, a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, ctx=None):
@@ -1054,19 +1292,33 @@ def oracle_gemm(before, a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, bet
         # (not alpha * 0, which is NaN for an alpha that overflows to inf in float32)
         c[...] = 0 if beta == 0 else c.dtype.type(beta) * c0
     scale = np.abs(c0)
-    ref.gemm(np.abs(a), np.abs(b), scale, trans_a=trans_a, trans_b=trans_b, alpha=abs(alpha),
-             beta=abs(beta))
+    ref.gemm(
+        np.abs(a),
+        np.abs(b),
+        scale,
+        trans_a=trans_a,
+        trans_b=trans_b,
+        alpha=abs(alpha),
+        beta=abs(beta),
+    )
     return Expect(scale={"c": scale})
 
 
 def build_dense_forward(rng, fz):
     dt, style = pick_dtype(rng), pick_style(rng)
     b_, i_, o_ = dim(rng), dim(rng), dim(rng)
-    return Call("dense_forward", core.dense_forward, [
-        Arg("x", draw(rng, (b_, i_), dt, style), "F"), Arg("w", draw(rng, (o_, i_), dt, style), "F"),
-        Arg("b", draw(rng, (o_,), dt, style), "F"),
-        Arg("y", draw(rng, (b_, o_), dt), "F", output=True), ctx_arg(rng, fz)],
-        oracle_dense_forward)
+    return Call(
+        "dense_forward",
+        core.dense_forward,
+        [
+            Arg("x", draw(rng, (b_, i_), dt, style), "F"),
+            Arg("w", draw(rng, (o_, i_), dt, style), "F"),
+            Arg("b", draw(rng, (o_,), dt, style), "F"),
+            Arg("y", draw(rng, (b_, o_), dt), "F", output=True),
+            ctx_arg(rng, fz),
+        ],
+        oracle_dense_forward,
+    )
 
 
 def oracle_dense_forward(before, x, w, b, y, *, ctx=None):
@@ -1081,14 +1333,26 @@ def build_dense_backward(rng, fz):
     dt, style = pick_dtype(rng), pick_style(rng)
     b_, i_, o_ = dim(rng), dim(rng), dim(rng)
     with_dx = rng.random() < 0.7
-    return Call("dense_backward", core.dense_backward, [
-        Arg("dy", draw(rng, (b_, o_), dt, style), "F"), Arg("x", draw(rng, (b_, i_), dt, style), "F"),
-        Arg("w", draw(rng, (o_, i_), dt, style), "F"),
-        Arg("dw", draw(rng, (o_, i_), dt), "F", output=True),
-        Arg("db", draw(rng, (o_,), dt), "F", output=True),
-        Arg("dx", draw(rng, (b_, i_), dt) if with_dx else None, "F", output=True,
-            omit=not with_dx and rng.random() < 0.5),
-        ctx_arg(rng, fz)], oracle_dense_backward)
+    return Call(
+        "dense_backward",
+        core.dense_backward,
+        [
+            Arg("dy", draw(rng, (b_, o_), dt, style), "F"),
+            Arg("x", draw(rng, (b_, i_), dt, style), "F"),
+            Arg("w", draw(rng, (o_, i_), dt, style), "F"),
+            Arg("dw", draw(rng, (o_, i_), dt), "F", output=True),
+            Arg("db", draw(rng, (o_,), dt), "F", output=True),
+            Arg(
+                "dx",
+                draw(rng, (b_, i_), dt) if with_dx else None,
+                "F",
+                output=True,
+                omit=not with_dx and rng.random() < 0.5,
+            ),
+            ctx_arg(rng, fz),
+        ],
+        oracle_dense_backward,
+    )
 
 
 def oracle_dense_backward(before, dy, x, w, dw, db, dx=None, *, ctx=None):
@@ -1108,8 +1372,12 @@ def build_relu_forward(rng, fz):
     dt, shape = pick_dtype(rng), any_shape(rng)
     x = draw(rng, shape, dt, pick_style(rng))
     y = x if rng.random() < 0.3 else draw(rng, shape, dt)
-    return Call("relu_forward", core.relu_forward,
-                [Arg("x", x, "F"), Arg("y", y, "F", output=True)], oracle_relu_forward)
+    return Call(
+        "relu_forward",
+        core.relu_forward,
+        [Arg("x", x, "F"), Arg("y", y, "F", output=True)],
+        oracle_relu_forward,
+    )
 
 
 def oracle_relu_forward(before, x, y):
@@ -1122,8 +1390,12 @@ def build_relu_backward(rng, fz):
     dy = draw(rng, shape, dt, pick_style(rng))
     y = np.maximum(draw(rng, shape, dt, pick_style(rng)), 0)
     dx = dy if rng.random() < 0.3 else draw(rng, shape, dt)
-    return Call("relu_backward", core.relu_backward, [
-        Arg("dy", dy, "F"), Arg("y", y, "F"), Arg("dx", dx, "F", output=True)], oracle_relu_backward)
+    return Call(
+        "relu_backward",
+        core.relu_backward,
+        [Arg("dy", dy, "F"), Arg("y", y, "F"), Arg("dx", dx, "F", output=True)],
+        oracle_relu_backward,
+    )
 
 
 def oracle_relu_backward(before, dy, y, dx):
@@ -1133,7 +1405,9 @@ def oracle_relu_backward(before, dy, y, dx):
 
 def grad_scale_arg(rng, batch):
     v = pick(rng, (None, None, 0.5, 1.0 / max(batch, 1), -1.0, 0.0, 3.0))
-    return Arg("grad_scale", v, "f?", keyword=rng.random() < 0.5, omit=v is None and rng.random() < 0.5)
+    return Arg(
+        "grad_scale", v, "f?", keyword=rng.random() < 0.5, omit=v is None and rng.random() < 0.5
+    )
 
 
 def loss_scale(logits, classes):
@@ -1151,17 +1425,25 @@ def build_loss(rng, fz, label, fn, binary):
     logits = draw(rng, shape, dt, pick_style(rng))
     how = pick(rng, ("none", "array", "in-place"), (3, 5, 1))
     dlogits = None if how == "none" else logits if how == "in-place" else draw(rng, shape, dt)
-    return Call(label, fn, [
-        Arg("logits", logits, "F"), Arg("labels", labels_for(rng, b_, 2 if binary else c_), "L"),
-        Arg("dlogits", dlogits, "F", output=True, omit=how == "none" and rng.random() < 0.5),
-        grad_scale_arg(rng, b_)], oracle_sigmoid_bce if binary else oracle_softmax_xent)
+    return Call(
+        label,
+        fn,
+        [
+            Arg("logits", logits, "F"),
+            Arg("labels", labels_for(rng, b_, 2 if binary else c_), "L"),
+            Arg("dlogits", dlogits, "F", output=True, omit=how == "none" and rng.random() < 0.5),
+            grad_scale_arg(rng, b_),
+        ],
+        oracle_sigmoid_bce if binary else oracle_softmax_xent,
+    )
 
 
 def loss_expect(logits, dlogits, grad_scale, loss, classes):
     b_ = len(logits)
     gs = abs(1.0 / b_ if grad_scale is None else float(grad_scale)) if b_ else 0.0
-    return Expect(ret=loss, ret_scale=loss_scale(logits, classes), rtol=rtol_of(logits),
-                  scale={"dlogits": gs})
+    return Expect(
+        ret=loss, ret_scale=loss_scale(logits, classes), rtol=rtol_of(logits), scale={"dlogits": gs}
+    )
 
 
 def oracle_softmax_xent(before, logits, labels, dlogits=None, grad_scale=None):
@@ -1176,9 +1458,15 @@ def oracle_sigmoid_bce(before, logits, labels, dlogits=None, grad_scale=None):
 
 def build_argmax(rng, fz):
     dt, b_, c_ = pick_dtype(rng), dim(rng), dim(rng, lo=1)
-    return Call("argmax", core.argmax, [
-        Arg("x", draw(rng, (b_, c_), dt, pick(rng, ("quant", "special", "normal"))), "F"),
-        Arg("out", np.full(b_, -7, np.int64), "I", output=True)], oracle_argmax)
+    return Call(
+        "argmax",
+        core.argmax,
+        [
+            Arg("x", draw(rng, (b_, c_), dt, pick(rng, ("quant", "special", "normal"))), "F"),
+            Arg("out", np.full(b_, -7, np.int64), "I", output=True),
+        ],
+        oracle_argmax,
+    )
 
 
 def oracle_argmax(before, x, out):
@@ -1193,9 +1481,15 @@ def build_count_correct(rng, fz):
     form = pick(rng, ("(B,)", "(B, 1)", "(B, C)"))
     c_ = dim(rng, lo=2) if form == "(B, C)" else 1
     shape = (b_,) if form == "(B,)" else (b_, c_)
-    return Call("count_correct", core.count_correct, [
-        Arg("logits", draw(rng, shape, dt, pick(rng, ("quant", "special", "normal"))), "F"),
-        Arg("labels", labels_for(rng, b_, max(c_, 2)), "L")], oracle_count_correct)
+    return Call(
+        "count_correct",
+        core.count_correct,
+        [
+            Arg("logits", draw(rng, shape, dt, pick(rng, ("quant", "special", "normal"))), "F"),
+            Arg("labels", labels_for(rng, b_, max(c_, 2)), "L"),
+        ],
+        oracle_count_correct,
+    )
 
 
 def oracle_count_correct(before, logits, labels):
@@ -1210,61 +1504,107 @@ def build_sgd_step(rng, fz):
     dampening = pick(rng, (0.0, 0.0, 0.1))
     nesterov = bool(momentum > 0 and dampening == 0 and rng.random() < 0.4)
     velocity = draw(rng, (n,), dt) if momentum or rng.random() < 0.3 else None
-    return Call("sgd_step", core.sgd_step, [
-        Arg("params", draw(rng, (n,), dt, pick_style(rng)), "F", output=True),
-        Arg("grads", draw(rng, (n,), dt, pick_style(rng)), "F"),
-        Arg("velocity", velocity, "F", output=True),
-        Arg("lr", pick(rng, (0.1, 0.0, 1.0, 1e-3)), "f", keyword=True),
-        Arg("momentum", momentum, "f", keyword=True, omit=momentum == 0 and rng.random() < 0.5),
-        Arg("dampening", dampening, "f", keyword=True),
-        Arg("weight_decay", pick(rng, (0.0, 1e-2, 0.5)), "f", keyword=True),
-        Arg("nesterov", nesterov, "b", keyword=True),
-        Arg("first_step", bool(rng.random() < 0.3), "b", keyword=True)], oracle_sgd_step)
+    return Call(
+        "sgd_step",
+        core.sgd_step,
+        [
+            Arg("params", draw(rng, (n,), dt, pick_style(rng)), "F", output=True),
+            Arg("grads", draw(rng, (n,), dt, pick_style(rng)), "F"),
+            Arg("velocity", velocity, "F", output=True),
+            Arg("lr", pick(rng, (0.1, 0.0, 1.0, 1e-3)), "f", keyword=True),
+            Arg("momentum", momentum, "f", keyword=True, omit=momentum == 0 and rng.random() < 0.5),
+            Arg("dampening", dampening, "f", keyword=True),
+            Arg("weight_decay", pick(rng, (0.0, 1e-2, 0.5)), "f", keyword=True),
+            Arg("nesterov", nesterov, "b", keyword=True),
+            Arg("first_step", bool(rng.random() < 0.3), "b", keyword=True),
+        ],
+        oracle_sgd_step,
+    )
 
 
-def oracle_sgd_step(before, params, grads, velocity, *, lr, momentum=0.0, dampening=0.0,
-                    weight_decay=0.0, nesterov=False, first_step=False):
+def oracle_sgd_step(
+    before,
+    params,
+    grads,
+    velocity,
+    *,
+    lr,
+    momentum=0.0,
+    dampening=0.0,
+    weight_decay=0.0,
+    nesterov=False,
+    first_step=False,
+):
     # the contract: velocity is neither read nor written when momentum == 0 (any value then)
     v = velocity if momentum != 0 else None
     p0 = np.abs(params)
     v0 = np.abs(v) if isinstance(v, np.ndarray) else 0.0
-    ref.sgd_step(params, grads, v, lr=lr, momentum=momentum, dampening=dampening,
-                 weight_decay=weight_decay, nesterov=nesterov, first_step=first_step)
+    ref.sgd_step(
+        params,
+        grads,
+        v,
+        lr=lr,
+        momentum=momentum,
+        dampening=dampening,
+        weight_decay=weight_decay,
+        nesterov=nesterov,
+        first_step=first_step,
+    )
     d = np.abs(grads) + abs(weight_decay) * p0
     sv = d if first_step else abs(momentum) * v0 + abs(1 - dampening) * d
     # with momentum == 0 velocity is no output: whatever it is (params itself) is not checked
-    return Expect(scale={"params": p0 + abs(lr) * (d + abs(momentum) * sv),
-                         "velocity": sv if momentum != 0 else None})
+    return Expect(
+        scale={
+            "params": p0 + abs(lr) * (d + abs(momentum) * sv),
+            "velocity": sv if momentum != 0 else None,
+        }
+    )
 
 
 def range_args(rng, n):
     start = int(rng.integers(0, n + 1)) if rng.random() < 0.5 else None
     stop = int(rng.integers(start or 0, n + 1)) if rng.random() < 0.5 else None
-    return [Arg("start", start, "i?", keyword=True, omit=start is None and rng.random() < 0.7),
-            Arg("stop", stop, "i?", keyword=True, omit=stop is None and rng.random() < 0.7)]
+    return [
+        Arg("start", start, "i?", keyword=True, omit=start is None and rng.random() < 0.7),
+        Arg("stop", stop, "i?", keyword=True, omit=stop is None and rng.random() < 0.7),
+    ]
 
 
 def build_sum_buffers(rng, fz):
     dt, n, k = pick_dtype(rng), dim(rng), int(rng.integers(1, 5))
     if rng.random() < 0.05:
-        n = 5000                       # past one 2048-element chunk of the kernel
-    if rng.random() < 0.2:             # bfloat16 buffers (uint16 bits): the bf16 exchange's sum
+        n = 5000  # past one 2048-element chunk of the kernel
+    if rng.random() < 0.2:  # bfloat16 buffers (uint16 bits): the bf16 exchange's sum
         inputs = [bf16_bits(draw(rng, (n,), F32, pick_style(rng))) for _ in range(k)]
         out = inputs[int(rng.integers(k))] if rng.random() < 0.3 else np.zeros(n, np.uint16)
-        return Call("sum_buffers", core.sum_buffers, [
-            Arg("out", out, "A", output=True), Arg("inputs", inputs, "FL"),
-            Arg("scale", pick(rng, (1.0, 0.5, -2.0)), "f", keyword=True)] + range_args(rng, n),
-            oracle_sum_buffers)
+        return Call(
+            "sum_buffers",
+            core.sum_buffers,
+            [
+                Arg("out", out, "A", output=True),
+                Arg("inputs", inputs, "FL"),
+                Arg("scale", pick(rng, (1.0, 0.5, -2.0)), "f", keyword=True),
+            ]
+            + range_args(rng, n),
+            oracle_sum_buffers,
+        )
     inputs = [draw(rng, (n,), dt, pick_style(rng)) for _ in range(k)]
     out = inputs[int(rng.integers(k))] if rng.random() < 0.3 else draw(rng, (n,), dt)
-    return Call("sum_buffers", core.sum_buffers, [
-        Arg("out", out, "F", output=True), Arg("inputs", inputs, "FL"),
-        Arg("scale", pick(rng, (1.0, 0.5, -2.0)), "f", keyword=True)] + range_args(rng, n),
-        oracle_sum_buffers)
+    return Call(
+        "sum_buffers",
+        core.sum_buffers,
+        [
+            Arg("out", out, "F", output=True),
+            Arg("inputs", inputs, "FL"),
+            Arg("scale", pick(rng, (1.0, 0.5, -2.0)), "f", keyword=True),
+        ]
+        + range_args(rng, n),
+        oracle_sum_buffers,
+    )
 
 
 def oracle_sum_buffers(before, out, inputs, *, scale=1.0, start=0, stop=None):
-    start = 0 if start is None else start      # C reads start=None as the default 0
+    start = 0 if start is None else start  # C reads start=None as the default 0
     if isinstance(out, np.ndarray) and out.dtype == np.uint16:
         return oracle_sum_bf16(before, out, inputs, scale, start, stop)
     out0 = np.abs(out)
@@ -1283,17 +1623,25 @@ def bf16_bits(x):
 def build_to_bf16(rng, fz):
     shape = any_shape(rng)
     x = draw(rng, shape, F32, pick_style(rng))
-    return Call("to_bf16", core.to_bf16, [Arg("x", x, "A"),
-                                         Arg("out", np.zeros(shape, np.uint16), "A", output=True)],
-                oracle_to_bf16)
+    return Call(
+        "to_bf16",
+        core.to_bf16,
+        [Arg("x", x, "A"), Arg("out", np.zeros(shape, np.uint16), "A", output=True)],
+        oracle_to_bf16,
+    )
 
 
 def check_bf16_pair(before, x, x_dt, out, out_dt):
     """to_bf16 / from_bf16's contract: C-contiguous x of x_dt, writeable out of out_dt and x's
     shape, not overlapping."""
     for name, a, dt, w in (("x", x, x_dt, False), ("out", out, out_dt, True)):
-        if not (isinstance(a, np.ndarray) and a.dtype == dt and a.flags.c_contiguous and a.flags.aligned
-                and (a.flags.writeable or not w)):
+        if not (
+            isinstance(a, np.ndarray)
+            and a.dtype == dt
+            and a.flags.c_contiguous
+            and a.flags.aligned
+            and (a.flags.writeable or not w)
+        ):
             raise Refuse(f"{name} must be a C-contiguous {dt} array")
     if out.shape != x.shape or np.may_share_memory(before["args"]["x"], before["args"]["out"]):
         raise Refuse("out must be x's shape and not overlap it")
@@ -1308,9 +1656,12 @@ def oracle_to_bf16(before, x, out):
 def build_from_bf16(rng, fz):
     shape = any_shape(rng)
     x = bf16_bits(draw(rng, shape, F32, pick_style(rng)))
-    return Call("from_bf16", core.from_bf16, [Arg("x", x, "A"),
-                                             Arg("out", np.zeros(shape, F32), "A", output=True)],
-                oracle_from_bf16)
+    return Call(
+        "from_bf16",
+        core.from_bf16,
+        [Arg("x", x, "A"), Arg("out", np.zeros(shape, F32), "A", output=True)],
+        oracle_from_bf16,
+    )
 
 
 def oracle_from_bf16(before, x, out):
@@ -1325,23 +1676,31 @@ def oracle_sum_bf16(before, out, inputs, scale, start, stop):
     if not (out.ndim == 1 and out.flags.c_contiguous and out.flags.aligned and out.flags.writeable):
         raise Refuse("out must be a writeable 1-D C-contiguous array")
     try:
-        inputs = list(inputs)              # any sequence (a 2-D array is one of its rows)
+        inputs = list(inputs)  # any sequence (a 2-D array is one of its rows)
     except TypeError:
         raise Refuse("inputs must be a sequence") from None
     if not 1 <= len(inputs) <= 64:
         raise Refuse("inputs must hold 1 to 64 arrays")
     orig_out = before["args"]["out"]
     for i, a in enumerate(inputs):
-        if not (isinstance(a, np.ndarray) and a.dtype == np.uint16 and a.shape == out.shape and
-                a.flags.c_contiguous and a.flags.aligned):
+        if not (
+            isinstance(a, np.ndarray)
+            and a.dtype == np.uint16
+            and a.shape == out.shape
+            and a.flags.c_contiguous
+            and a.flags.aligned
+        ):
             raise Refuse(f"inputs[{i}] must be a uint16 array like out")
         orig = before["args"]["inputs"][i]
         if orig.ctypes.data != orig_out.ctypes.data and np.may_share_memory(orig, orig_out):
-            raise Refuse(f"inputs[{i}] partly overlaps out")     # (out may BE an input)
+            raise Refuse(f"inputs[{i}] partly overlaps out")  # (out may BE an input)
     n = out.size
     lo, hi, _ = slice(start, stop).indices(n)
-    if not (isinstance(start, int) and 0 <= start <= n) or (stop is not None and not 0 <= stop <= n) \
-            or lo > hi:
+    if (
+        not (isinstance(start, int) and 0 <= start <= n)
+        or (stop is not None and not 0 <= stop <= n)
+        or lo > hi
+    ):
         raise Refuse("start/stop must be 0 <= start <= stop <= n")
     ref.sum_buffers(out, inputs, scale=scale, start=lo, stop=hi)
     return Expect(exact=True)
@@ -1349,9 +1708,16 @@ def oracle_sum_bf16(before, out, inputs, scale, start, stop):
 
 def build_scale(rng, fz):
     dt, n = pick_dtype(rng), dim(rng)
-    return Call("scale_", core.scale_, [
-        Arg("buf", draw(rng, (n,), dt, pick_style(rng)), "F", output=True),
-        Arg("alpha", pick(rng, (0.5, -1.0, 0.0, 3.0)), "f")] + range_args(rng, n), oracle_scale)
+    return Call(
+        "scale_",
+        core.scale_,
+        [
+            Arg("buf", draw(rng, (n,), dt, pick_style(rng)), "F", output=True),
+            Arg("alpha", pick(rng, (0.5, -1.0, 0.0, 3.0)), "f"),
+        ]
+        + range_args(rng, n),
+        oracle_scale,
+    )
 
 
 def oracle_scale(before, buf, alpha, *, start=0, stop=None):
@@ -1360,23 +1726,37 @@ def oracle_scale(before, buf, alpha, *, start=0, stop=None):
     return Expect(scale={"buf": np.abs(buf)})
 
 
-GATHER_DTYPES = [np.dtype(t) for t in (np.float32, np.float64, np.int64, np.uint8, np.bool_,
-                                       np.complex64, [("a", "<f8"), ("b", "<i4")], object)]
+GATHER_DTYPES = [
+    np.dtype(t)
+    for t in (
+        np.float32,
+        np.float64,
+        np.int64,
+        np.uint8,
+        np.bool_,
+        np.complex64,
+        [("a", "<f8"), ("b", "<i4")],
+        object,
+    )
+]
 
 
 def build_gather_rows(rng, fz):
     dt = pick(rng, GATHER_DTYPES, (3, 3, 2, 1, 1, 1, 1, 2))
     shape = (dim(rng),) + tuple(dim(rng, lo=1) for _ in range(int(rng.integers(0, 3))))
     rows, n = shape[0], dim(rng) if shape[0] else 0
-    if dt == object:
+    if dt is object:
         x, out = object_array(rng, shape), object_array(rng, (n,) + shape[1:])
     else:
         x = convert(draw(rng, shape, F64, "quant") * 4, dt)
         out = np.zeros((n,) + shape[1:], dt)
     index = rng.integers(0, max(rows, 1), size=n).astype(np.int64)
-    return Call("gather_rows", core.gather_rows, [
-        Arg("x", x, "A"), Arg("index", index, "I"), Arg("out", out, "A", output=True)],
-        oracle_gather_rows)
+    return Call(
+        "gather_rows",
+        core.gather_rows,
+        [Arg("x", x, "A"), Arg("index", index, "I"), Arg("out", out, "A", output=True)],
+        oracle_gather_rows,
+    )
 
 
 def oracle_gather_rows(before, x, index, out):
@@ -1397,9 +1777,12 @@ def oracle_gather_rows(before, x, index, out):
 
 
 def build_zero(rng, fz):
-    return Call("zero_", core.zero_, [
-        Arg("buf", draw(rng, any_shape(rng), pick_dtype(rng), pick_style(rng)), "F", output=True)],
-        oracle_zero)
+    return Call(
+        "zero_",
+        core.zero_,
+        [Arg("buf", draw(rng, any_shape(rng), pick_dtype(rng), pick_style(rng)), "F", output=True)],
+        oracle_zero,
+    )
 
 
 def oracle_zero(before, buf):
@@ -1413,18 +1796,32 @@ def conv_dims(rng):
     """(B, C, H, W, OC, KH, KW, P) with the kernel inside the padded image."""
     p = pick(rng, (0, 0, 1, 2))
     h, w = int(rng.integers(1, 8)), int(rng.integers(1, 8))
-    kh, kw = int(rng.integers(1, min(h + 2 * p, 4) + 1)), int(rng.integers(1, min(w + 2 * p, 4) + 1))
-    return (pick(rng, (0, 1, 1, 2, 3)), int(rng.integers(1, 4)), h, w, int(rng.integers(1, 4)), kh, kw, p)
+    kh, kw = (
+        int(rng.integers(1, min(h + 2 * p, 4) + 1)),
+        int(rng.integers(1, min(w + 2 * p, 4) + 1)),
+    )
+    return (
+        pick(rng, (0, 1, 1, 2, 3)),
+        int(rng.integers(1, 4)),
+        h,
+        w,
+        int(rng.integers(1, 4)),
+        kh,
+        kw,
+        p,
+    )
 
 
 def build_conv_forward(rng, fz, label, fn, naive):
     dt, style = pick_dtype(rng), pick_style(rng)
     b_, c_, h, w, oc, kh, kw, p = conv_dims(rng)
-    args = [Arg("x", draw(rng, (b_, c_, h, w), dt, style), "F"),
-            Arg("w", draw(rng, (oc, c_, kh, kw), dt, style), "F"),
-            Arg("b", draw(rng, (oc,), dt, style), "F"),
-            Arg("y", draw(rng, (b_, oc, h + 2 * p - kh + 1, w + 2 * p - kw + 1), dt), "F", output=True),
-            Arg("padding", p, "i", keyword=True, omit=p == 0 and rng.random() < 0.5)]
+    args = [
+        Arg("x", draw(rng, (b_, c_, h, w), dt, style), "F"),
+        Arg("w", draw(rng, (oc, c_, kh, kw), dt, style), "F"),
+        Arg("b", draw(rng, (oc,), dt, style), "F"),
+        Arg("y", draw(rng, (b_, oc, h + 2 * p - kh + 1, w + 2 * p - kw + 1), dt), "F", output=True),
+        Arg("padding", p, "i", keyword=True, omit=p == 0 and rng.random() < 0.5),
+    ]
     if not naive:
         args.append(ctx_arg(rng, fz))
     return Call(label, fn, args, oracle_conv2d_forward_naive if naive else oracle_conv2d_forward)
@@ -1446,14 +1843,21 @@ def build_conv_backward(rng, fz, label, fn, naive):
     dt, style = pick_dtype(rng), pick_style(rng)
     b_, c_, h, w, oc, kh, kw, p = conv_dims(rng)
     with_dx = rng.random() < 0.7
-    args = [Arg("dy", draw(rng, (b_, oc, h + 2 * p - kh + 1, w + 2 * p - kw + 1), dt, style), "F"),
-            Arg("x", draw(rng, (b_, c_, h, w), dt, style), "F"),
-            Arg("w", draw(rng, (oc, c_, kh, kw), dt, style), "F"),
-            Arg("dw", draw(rng, (oc, c_, kh, kw), dt), "F", output=True),
-            Arg("db", draw(rng, (oc,), dt), "F", output=True),
-            Arg("dx", draw(rng, (b_, c_, h, w), dt) if with_dx else None, "F", output=True,
-                omit=not with_dx and rng.random() < 0.5),
-            Arg("padding", p, "i", keyword=True, omit=p == 0 and rng.random() < 0.5)]
+    args = [
+        Arg("dy", draw(rng, (b_, oc, h + 2 * p - kh + 1, w + 2 * p - kw + 1), dt, style), "F"),
+        Arg("x", draw(rng, (b_, c_, h, w), dt, style), "F"),
+        Arg("w", draw(rng, (oc, c_, kh, kw), dt, style), "F"),
+        Arg("dw", draw(rng, (oc, c_, kh, kw), dt), "F", output=True),
+        Arg("db", draw(rng, (oc,), dt), "F", output=True),
+        Arg(
+            "dx",
+            draw(rng, (b_, c_, h, w), dt) if with_dx else None,
+            "F",
+            output=True,
+            omit=not with_dx and rng.random() < 0.5,
+        ),
+        Arg("padding", p, "i", keyword=True, omit=p == 0 and rng.random() < 0.5),
+    ]
     if not naive:
         args.append(ctx_arg(rng, fz))
     return Call(label, fn, args, oracle_conv2d_backward_naive if naive else oracle_conv2d_backward)
@@ -1473,17 +1877,27 @@ def oracle_conv2d_backward_naive(before, dy, x, w, dw, db, dx=None, *, padding=0
 
 
 def pool_dims(rng):
-    return pick(rng, (0, 1, 2, 3)), int(rng.integers(1, 4)), int(rng.integers(2, 8)), int(rng.integers(2, 8))
+    return (
+        pick(rng, (0, 1, 2, 3)),
+        int(rng.integers(1, 4)),
+        int(rng.integers(2, 8)),
+        int(rng.integers(2, 8)),
+    )
 
 
 def build_maxpool_forward(rng, fz):
     dt = pick_dtype(rng)
     b_, c_, h, w = pool_dims(rng)
-    return Call("maxpool2_forward", core.maxpool2_forward, [
-        Arg("x", draw(rng, (b_, c_, h, w), dt, pick(rng, ("quant", "special", "normal"))), "F"),
-        Arg("y", draw(rng, (b_, c_, h // 2, w // 2), dt), "F", output=True),
-        Arg("idx", np.full((b_, c_, h // 2, w // 2), 9, np.uint8), "U", output=True)],
-        oracle_maxpool2_forward)
+    return Call(
+        "maxpool2_forward",
+        core.maxpool2_forward,
+        [
+            Arg("x", draw(rng, (b_, c_, h, w), dt, pick(rng, ("quant", "special", "normal"))), "F"),
+            Arg("y", draw(rng, (b_, c_, h // 2, w // 2), dt), "F", output=True),
+            Arg("idx", np.full((b_, c_, h // 2, w // 2), 9, np.uint8), "U", output=True),
+        ],
+        oracle_maxpool2_forward,
+    )
 
 
 def oracle_maxpool2_forward(before, x, y, idx):
@@ -1495,10 +1909,16 @@ def build_maxpool_backward(rng, fz):
     dt = pick_dtype(rng)
     b_, c_, h, w = pool_dims(rng)
     pooled = (b_, c_, h // 2, w // 2)
-    return Call("maxpool2_backward", core.maxpool2_backward, [
-        Arg("dy", draw(rng, pooled, dt, pick_style(rng)), "F"),
-        Arg("idx", rng.integers(0, 4, size=pooled).astype(np.uint8), "U"),
-        Arg("dx", draw(rng, (b_, c_, h, w), dt), "F", output=True)], oracle_maxpool2_backward)
+    return Call(
+        "maxpool2_backward",
+        core.maxpool2_backward,
+        [
+            Arg("dy", draw(rng, pooled, dt, pick_style(rng)), "F"),
+            Arg("idx", rng.integers(0, 4, size=pooled).astype(np.uint8), "U"),
+            Arg("dx", draw(rng, (b_, c_, h, w), dt), "F", output=True),
+        ],
+        oracle_maxpool2_backward,
+    )
 
 
 def oracle_maxpool2_backward(before, dy, idx, dx):
@@ -1506,9 +1926,22 @@ def oracle_maxpool2_backward(before, dy, idx, dx):
     return Expect(exact=True)
 
 
-BUILD_INFO_KEYS = {"isa", "isas_available", "simd", "compiler", "dtypes", "bfloat16_gemm",
-                   "bfloat16_dot_vs_fma", "bfloat16_amx", "bfloat16_amx_why",
-                   "threads", "openmp", "max_threads", "gemm_blocking_mr_nr_kc_mc_nc", "numpy_build_api"}
+BUILD_INFO_KEYS = {
+    "isa",
+    "isas_available",
+    "simd",
+    "compiler",
+    "dtypes",
+    "bfloat16_gemm",
+    "bfloat16_dot_vs_fma",
+    "bfloat16_amx",
+    "bfloat16_amx_why",
+    "threads",
+    "openmp",
+    "max_threads",
+    "gemm_blocking_mr_nr_kc_mc_nc",
+    "numpy_build_api",
+}
 ISA_NAMES = ("generic", "avx2", "avx512")
 
 
@@ -1519,7 +1952,9 @@ def build_build_info(rng, fz):
 def oracle_build_info(before):
     def check(info):
         if not isinstance(info, dict) or set(info) != BUILD_INFO_KEYS:
-            return f"returned {short(info)}, expected a dict with the keys {sorted(BUILD_INFO_KEYS)}"
+            return (
+                f"returned {short(info)}, expected a dict with the keys {sorted(BUILD_INFO_KEYS)}"
+            )
         if info["max_threads"] != MAX_THREADS or info["dtypes"] != ("float32", "float64"):
             return f"returned {short(info, 200)}"
         if info["isas_available"] != cpu_isas() or info["isa"] not in info["isas_available"]:
@@ -1529,6 +1964,7 @@ def oracle_build_info(before):
         if info["bfloat16_amx"] and not cpu_amx():
             return "bfloat16_amx is True on a CPU without AMX-BF16"
         return None
+
     return Expect(ret_check=check)
 
 
@@ -1547,13 +1983,16 @@ def build_isa(rng, fz):
 def oracle_isa(before):
     def check(ret):
         return None if ret in cpu_isas() else f"returned {ret!r}; this CPU has {cpu_isas()}"
+
     return Expect(ret_check=check)
 
 
 def build_set_isa(rng, fz):
     """Every ISA name, 'widest', and names that are none; the kernel calls that follow run on
     whichever build it left selected, so the fuzzer covers every build this CPU has."""
-    name = pick(rng, ISA_NAMES + ("widest", "widest", "AVX2", "avx512f", "", "sse", 2, None, b"avx2"))
+    name = pick(
+        rng, ISA_NAMES + ("widest", "widest", "AVX2", "avx512f", "", "sse", 2, None, b"avx2")
+    )
     return Call("set_isa", core.set_isa, [Arg("isa", name, "s")], oracle_set_isa)
 
 
@@ -1571,6 +2010,7 @@ def oracle_set_isa(before, isa):
         if core.isa() != want:
             return f"isa() is {core.isa()!r} after set_isa({isa!r})"
         return None
+
     return Expect(ret_check=check)
 
 
@@ -1626,6 +2066,7 @@ def oracle_set_bf16_dot(before, on):
         if dot != want:
             return f"bfloat16_gemm is {info['bfloat16_gemm']!r} after set_bf16_dot({on!r})"
         return None
+
     return Expect(ret_check=check)
 
 
@@ -1650,10 +2091,11 @@ def oracle_set_bf16_amx(before, on):
         if amx_now(info) != want:
             return f"bfloat16_gemm is {info['bfloat16_gemm']!r} after set_bf16_amx({on!r})"
         return None
+
     return Expect(ret_check=check)
 
 
-BARRIER_MAGIC = 0x64706272     # DP_BARRIER_MAGIC (csrc/dp_sync.h): the control block's word 5
+BARRIER_MAGIC = 0x64706272  # DP_BARRIER_MAGIC (csrc/dp_sync.h): the control block's word 5
 
 
 def control_block(rng, fz, n=None, nbytes=64):
@@ -1667,9 +2109,15 @@ def control_block(rng, fz, n=None, nbytes=64):
 
 def valid_control(control):
     """The contract of a control block argument (docs/core_api.md)."""
-    if not (isinstance(control, np.ndarray) and control.dtype == U8 and control.ndim == 1 and
-            control.flags.c_contiguous and control.flags.writeable and control.size >= 64 and
-            control.ctypes.data % 64 == 0):
+    if not (
+        isinstance(control, np.ndarray)
+        and control.dtype == U8
+        and control.ndim == 1
+        and control.flags.c_contiguous
+        and control.flags.writeable
+        and control.size >= 64
+        and control.ctypes.data % 64 == 0
+    ):
         raise Refuse("control must be a writeable uint8 array of >= 64 bytes, 64-byte aligned")
 
 
@@ -1682,15 +2130,23 @@ def initialized_control(control):
 def abort_code(code):
     """The code an abort records: a 32-bit unsigned int, 0 meaning 1."""
     code = int(code.__index__())
-    if not 0 <= code < 2 ** 32:
+    if not 0 <= code < 2**32:
         raise Refuse(f"code {code} is not an unsigned 32-bit int")
     return code or 1
 
 
 def build_init_group_control(rng, fz):
-    return Call("init_group_control", core.init_group_control, [
-        Arg("control", control_block(rng, fz, nbytes=pick(rng, (64, 64, 100))), "U", output=True),
-        Arg("n", int(rng.integers(1, 5)), "i")], oracle_init_group_control)
+    return Call(
+        "init_group_control",
+        core.init_group_control,
+        [
+            Arg(
+                "control", control_block(rng, fz, nbytes=pick(rng, (64, 64, 100))), "U", output=True
+            ),
+            Arg("n", int(rng.integers(1, 5)), "i"),
+        ],
+        oracle_init_group_control,
+    )
 
 
 def oracle_init_group_control(before, control, n, /):
@@ -1700,7 +2156,7 @@ def oracle_init_group_control(before, control, n, /):
     valid_control(control)
     if not 1 <= n.__index__() <= 1024:
         raise Refuse("n must be in [1, 1024]")
-    control[:core.group_control_bytes(n.__index__())] = 0
+    control[: core.group_control_bytes(n.__index__())] = 0
     words = control[:64].view(np.uint32)
     words[:] = 0
     words[4], words[5] = n.__index__(), BARRIER_MAGIC
@@ -1709,10 +2165,13 @@ def oracle_init_group_control(before, control, n, /):
 
 def build_abort_group_control(rng, fz):
     control = control_block(rng, fz, n=int(rng.integers(1, 5)))
-    code = pick(rng, (None, 1, 0, 7, 2 ** 32 - 1))
-    return Call("abort_group_control", core.abort_group_control, [
-        Arg("control", control, "U", output=True), Arg("code", code, "i", omit=code is None)],
-        oracle_abort_group_control)
+    code = pick(rng, (None, 1, 0, 7, 2**32 - 1))
+    return Call(
+        "abort_group_control",
+        core.abort_group_control,
+        [Arg("control", control, "U", output=True), Arg("code", code, "i", omit=code is None)],
+        oracle_abort_group_control,
+    )
 
 
 def oracle_abort_group_control(before, control, code=1, /):
@@ -1727,8 +2186,12 @@ def oracle_abort_group_control(before, control, code=1, /):
 
 
 def build_group_control_bytes(rng, fz):
-    return Call("group_control_bytes", core.group_control_bytes,
-                [Arg("n", int(rng.integers(1, 1025)), "i")], oracle_group_control_bytes)
+    return Call(
+        "group_control_bytes",
+        core.group_control_bytes,
+        [Arg("n", int(rng.integers(1, 1025)), "i")],
+        oracle_group_control_bytes,
+    )
 
 
 def oracle_group_control_bytes(before, n, /):
@@ -1742,8 +2205,17 @@ def oracle_group_control_bytes(before, n, /):
     return Expect(ret=-(-(64 + 4 * n) // 64) * 64)
 
 
-CPU_FLAGS = ("avx", "fma", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-             "avx512_vnni", "avx512_bf16")
+CPU_FLAGS = (
+    "avx",
+    "fma",
+    "avx2",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512dq",
+    "avx512_vnni",
+    "avx512_bf16",
+)
 AMX_FLAGS = ("amx_tile", "amx_bf16")
 
 
@@ -1766,37 +2238,48 @@ def oracle_cpu_features(before):
         if info.get("widest_fma") not in ("generic", "avx2", "avx512"):
             return f"widest_fma is {info.get('widest_fma')!r}"
         return None
+
     return Expect(ret_check=check)
 
 
 def build_fma_peak(rng, fz):
     isa = pick(rng, ("widest", "generic", "avx2", "avx512"))
     dtype = pick(rng, ("float32", "float64"))
-    seconds = float(pick(rng, (0.001, 0.002, 0.005)))       # short: the fuzzer calls it often
-    return Call("fma_peak", core.fma_peak, [
-        Arg("isa", isa, "s", keyword=True), Arg("dtype", dtype, "s", keyword=True),
-        Arg("seconds", seconds, "f", keyword=True)], oracle_fma_peak)
+    seconds = float(pick(rng, (0.001, 0.002, 0.005)))  # short: the fuzzer calls it often
+    return Call(
+        "fma_peak",
+        core.fma_peak,
+        [
+            Arg("isa", isa, "s", keyword=True),
+            Arg("dtype", dtype, "s", keyword=True),
+            Arg("seconds", seconds, "f", keyword=True),
+        ],
+        oracle_fma_peak,
+    )
 
 
 def oracle_fma_peak(before, isa="widest", dtype="float32", seconds=0.2):
     """GFLOP/s of one thread's FMA loop: positive and finite, for an ISA this CPU has."""
-    features = core.cpu_features()
     have = {name: name in cpu_isas() for name in ISA_NAMES}
     if not isinstance(isa, str) or (isa not in have and isa != "widest"):
         raise Refuse(f"isa {isa!r} is not an ISA name")
     if isa != "widest" and not have[isa]:
         raise Refuse(f"this CPU lacks {isa}")
-    if dtype is not None and dtype not in ("float32", "float64"):   # None: the default
+    if dtype is not None and dtype not in ("float32", "float64"):  # None: the default
         raise Refuse(f"dtype {dtype!r}")
     # a real number as the other kernels' scalars take it (__float__, so True and np.float32 too)
-    if isinstance(seconds, (str, bytes, complex)) or not hasattr(seconds, "__float__") or not (
-            0 < float(seconds) <= 60):
+    if (
+        isinstance(seconds, (str, bytes, complex))
+        or not hasattr(seconds, "__float__")
+        or not (0 < float(seconds) <= 60)
+    ):
         raise Refuse(f"seconds {seconds!r}")
 
     def check(ret):
         if not isinstance(ret, float) or not (0 < ret < 1e5):
             return f"returned {ret!r}, expected a positive GFLOP/s figure"
         return None
+
     return Expect(ret_check=check)
 
 
@@ -1808,18 +2291,30 @@ def model_config(rng):
     pieces (the fused patterns conv+relu+maxpool2 and conv+maxpool2+act, and others), then
     maybe a flatten; dense pieces follow, flatten and activations anywhere, mostly a dense
     layer last; the loss fits the output width."""
+
     def act():
         return pick(rng, MODEL_ACTS)
 
     def conv():
         oc, k, pad = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(0, 2))
         return ("conv", oc, k, pad) if pad or rng.random() < 0.5 else ("conv", oc, k)
-    image_pieces = (lambda: [conv(), "relu", "maxpool2"], lambda: [conv(), "maxpool2", act()],
-                    lambda: [conv(), "maxpool2"], lambda: [conv(), act()], lambda: [conv()],
-                    lambda: ["maxpool2"], lambda: [act()], lambda: ["flatten"])
-    flat_pieces = (lambda: [("dense", int(rng.integers(1, 9)))],
-                   lambda: [("dense", int(rng.integers(1, 9))), act()], lambda: [act()],
-                   lambda: ["flatten"])
+
+    image_pieces = (
+        lambda: [conv(), "relu", "maxpool2"],
+        lambda: [conv(), "maxpool2", act()],
+        lambda: [conv(), "maxpool2"],
+        lambda: [conv(), act()],
+        lambda: [conv()],
+        lambda: ["maxpool2"],
+        lambda: [act()],
+        lambda: ["flatten"],
+    )
+    flat_pieces = (
+        lambda: [("dense", int(rng.integers(1, 9)))],
+        lambda: [("dense", int(rng.integers(1, 9))), act()],
+        lambda: [act()],
+        lambda: ["flatten"],
+    )
     while True:
         image = rng.random() < 0.6
         if image:
@@ -1839,7 +2334,9 @@ def model_config(rng):
         except ValueError:
             continue
         width = math.prod(plan["shapes"][-1])
-        loss = pick(rng, ("sigmoid_bce", "mse") if width == 1 else ("softmax_xent", "softmax_xent", "mse"))
+        loss = pick(
+            rng, ("sigmoid_bce", "mse") if width == 1 else ("softmax_xent", "softmax_xent", "mse")
+        )
         if plan["n_params"] <= 3000 and max(math.prod(s) for s in plan["shapes"]) <= 1500:
             return {"layers": layers, "input_shape": shape, "loss": loss}
 
@@ -1874,6 +2371,7 @@ def refusal_agrees(call, only_tags=None):
     layer at fault (layers[i]), so does the message. With only_tags, checked only when every
     mutation of the call starts with one of them (the rest are refused by rules of the
     boundary that the oracle does not spell out: contiguity, alignment, ...)."""
+
     def check(exc):
         if only_tags and not all(t.startswith(only_tags) for t in call.tags):
             return None
@@ -1887,9 +2385,12 @@ def refusal_agrees(call, only_tags=None):
         except Exception as e:
             named = re.match(r"layers\[\d+\]", str(e))
             if named and named.group(0) not in str(exc):
-                return f"the message names no {named.group(0)} (the reference: {short(str(e), 200)})"
+                return (
+                    f"the message names no {named.group(0)} (the reference: {short(str(e), 200)})"
+                )
             return None
         return "refused, but the reference accepts"
+
     return check
 
 
@@ -1909,9 +2410,16 @@ def build_model_plan(rng, fz):
     cfg = model_config(rng) if rng.random() < 0.8 else dense_stack_config(rng, widths=(1, 50))
     omit_loss = cfg["loss"] == "softmax_xent" and rng.random() < 0.5
     shape = pick(rng, (list, tuple, np.array))(cfg["input_shape"])
-    call = Call("model_plan", core.model_plan, [
-        Arg("layers", cfg["layers"], "layers"), Arg("input_shape", shape, "sizes"),
-        Arg("loss", cfg["loss"], "s", keyword=rng.random() < 0.5, omit=omit_loss)], oracle_model_plan)
+    call = Call(
+        "model_plan",
+        core.model_plan,
+        [
+            Arg("layers", cfg["layers"], "layers"),
+            Arg("input_shape", shape, "sizes"),
+            Arg("loss", cfg["loss"], "s", keyword=rng.random() < 0.5, omit=omit_loss),
+        ],
+        oracle_model_plan,
+    )
     hostile_layers(rng, call, 0.5)
     call.expect_error = refusal_agrees(call)
     return call
@@ -1941,13 +2449,17 @@ SPECS = {
     "gather_rows": build_gather_rows,
     "zero_": build_zero,
     "conv2d_forward": lambda rng, fz: build_conv_forward(
-        rng, fz, "conv2d_forward", core.conv2d_forward, False),
+        rng, fz, "conv2d_forward", core.conv2d_forward, False
+    ),
     "conv2d_forward_naive": lambda rng, fz: build_conv_forward(
-        rng, fz, "conv2d_forward_naive", core.conv2d_forward_naive, True),
+        rng, fz, "conv2d_forward_naive", core.conv2d_forward_naive, True
+    ),
     "conv2d_backward": lambda rng, fz: build_conv_backward(
-        rng, fz, "conv2d_backward", core.conv2d_backward, False),
+        rng, fz, "conv2d_backward", core.conv2d_backward, False
+    ),
     "conv2d_backward_naive": lambda rng, fz: build_conv_backward(
-        rng, fz, "conv2d_backward_naive", core.conv2d_backward_naive, True),
+        rng, fz, "conv2d_backward_naive", core.conv2d_backward_naive, True
+    ),
     "maxpool2_forward": build_maxpool_forward,
     "maxpool2_backward": build_maxpool_backward,
     "model_plan": build_model_plan,
@@ -1968,6 +2480,7 @@ def function_case(name):
     def run(rng, fz):
         call = SPECS[name](rng, fz)
         fz.run(mutate(rng, call, hostile_count(rng, 0.6)))
+
     run.__name__ = f"function_case_{name}"
     return run
 
@@ -1982,7 +2495,7 @@ def index_int(v, name):
         v = int(v.__index__())
     except AttributeError:
         raise Refuse(f"{name} must be an int, got {type(v).__name__}") from None
-    if not -2 ** 31 <= v < 2 ** 31:
+    if not -(2**31) <= v < 2**31:
         raise Refuse(f"{name} = {v} does not fit a C int")
     return v
 
@@ -2030,18 +2543,24 @@ def oracle_model(before, layers, input_shape, loss, params, grads, *, threads=1,
     def check(net):
         if not isinstance(net, core.Model):
             return "not a Model"
-        return None if net.gemm_inputs == gi else f"gemm_inputs is {net.gemm_inputs!r}, expected {gi!r}"
+        return (
+            None
+            if net.gemm_inputs == gi
+            else f"gemm_inputs is {net.gemm_inputs!r}, expected {gi!r}"
+        )
+
     return Expect(ret_check=check)
 
 
 @dataclass
 class Sweep:
     """A backward sweep in progress: the batch of its forward_loss and the next layer."""
+
     x: np.ndarray
     labels: np.ndarray
     grad_scale: float
     next_layer: int
-    grads: np.ndarray = None      # the whole gradient of the batch (computed when needed)
+    grads: np.ndarray = None  # the whole gradient of the batch (computed when needed)
 
 
 class NetModel:
@@ -2053,14 +2572,17 @@ class NetModel:
     def __init__(self, cfg, params, grads, threads):
         self.cfg, self.threads = cfg, threads
         self.name = "Model"
-        self.params, self.grads = params, grads            # the objects the net holds
+        self.params, self.grads = params, grads  # the objects the net holds
         self.params_view, self.grads_view = params.view(), grads.view()
         self.dtype = params.dtype
-        self.x_kind = "Fq"                                  # see make_batch
+        self.x_kind = "Fq"  # see make_batch
         self.labels_kind = "L"
         self.x_style = "quant"
         self.plan = plan = ref.model_plan(cfg["layers"], cfg["input_shape"], cfg["loss"])
-        self.in_width, self.out_width = math.prod(plan["input_shape"]), math.prod(plan["shapes"][-1])
+        self.in_width, self.out_width = (
+            math.prod(plan["input_shape"]),
+            math.prod(plan["shapes"][-1]),
+        )
         self.classes = {"softmax_xent": self.out_width, "sigmoid_bce": 2, "mse": 0}[cfg["loss"]]
         kinds = [spec[0] for spec in plan["layers"]]
         if "conv" not in kinds:
@@ -2076,8 +2598,8 @@ class NetModel:
             self.labels_kind = "F"
         self.ranges = [(e["weight"], e["bias"] + e["bias_shape"][0]) for e in plan["params"]]
         self.n_layers = len(self.ranges)
-        self.sweeps = {}              # thread -> [Sweep or None, uncertain]
-        self.notes = []               # state worth naming in a failure's tags
+        self.sweeps = {}  # thread -> [Sweep or None, uncertain]
+        self.notes = []  # state worth naming in a failure's tags
 
     # -- the reference ------------------------------------------------------------------
     def ref_loss_grad(self, x, labels, grad_scale):
@@ -2099,7 +2621,10 @@ class NetModel:
         and |x| (no layer's output is larger than its output on |input|, and the nonlinear
         ones carry their error along, so this bounds what rounding can do where the outputs
         cancel)."""
-        finite = lambda a: np.where(np.isfinite(a), np.abs(a), 0).astype(a.dtype)
+
+        def finite(a):
+            return np.where(np.isfinite(a), np.abs(a), 0).astype(a.dtype)
+
         out = np.empty((len(x), self.out_width), self.dtype)
         ref.model_logits(*self.model_args(), finite(self.params_view), finite(x), out)
         return out
@@ -2109,22 +2634,35 @@ class NetModel:
 
     # -- the contract's checks ------------------------------------------------------------
     def check_batch(self, x, labels=None):
-        if not (isinstance(x, np.ndarray) and x.dtype == self.dtype and x.ndim == 2 and
-                x.shape[1] == self.in_width):
+        if not (
+            isinstance(x, np.ndarray)
+            and x.dtype == self.dtype
+            and x.ndim == 2
+            and x.shape[1] == self.in_width
+        ):
             raise Refuse(f"x must be ({self.in_width}) columns of {self.dtype}")
         if labels is None:
             return len(x)
         if self.labels_kind == "F":
-            if not (isinstance(labels, np.ndarray) and labels.dtype == self.dtype and
-                    labels.shape == (len(x), self.out_width)):
+            if not (
+                isinstance(labels, np.ndarray)
+                and labels.dtype == self.dtype
+                and labels.shape == (len(x), self.out_width)
+            ):
                 raise Refuse(f"targets must be ({len(x)}, {self.out_width}) of {self.dtype}")
-        elif not (isinstance(labels, np.ndarray) and labels.dtype == I64 and labels.shape == (len(x),)):
+        elif not (
+            isinstance(labels, np.ndarray) and labels.dtype == I64 and labels.shape == (len(x),)
+        ):
             raise Refuse("labels must be int64 (B,)")
         return len(x)
 
     def check_grads_arg(self, before, grads, x_name=None):
-        if not (isinstance(grads, np.ndarray) and grads.dtype == self.dtype and
-                grads.shape == self.params_view.shape and grads.flags.writeable):
+        if not (
+            isinstance(grads, np.ndarray)
+            and grads.dtype == self.dtype
+            and grads.shape == self.params_view.shape
+            and grads.flags.writeable
+        ):
             raise Refuse("grads must be a writeable flat array like params")
         orig = before["args"]["grads"]
         if np.may_share_memory(orig, self.params_view):
@@ -2144,7 +2682,7 @@ class NetModel:
     def result_check(self, loss, correct, x, labels):
         rtol = RTOL[self.dtype]
         scale = 0.0
-        if len(x) and self.labels_kind == "F":       # squared errors: the size of (|y| + |t|)^2
+        if len(x) and self.labels_kind == "F":  # squared errors: the size of (|y| + |t|)^2
             z = self.magnitude(x).astype(np.float64) + np.abs(labels.astype(np.float64))
             scale = float(np.sum(np.where(np.isfinite(z), z, 0) ** 2))
         elif len(x):
@@ -2157,8 +2695,12 @@ class NetModel:
             if problem or type(ret[1]) is not int or ret[1] == correct:
                 return problem or compare_int("n_correct", ret[1], correct)
             slack = self.near_ties(x)
-            return None if abs(ret[1] - correct) <= slack else \
-                f"n_correct is {ret[1]}, expected {correct} (+-{slack} rows near a tie)"
+            return (
+                None
+                if abs(ret[1] - correct) <= slack
+                else f"n_correct is {ret[1]}, expected {correct} (+-{slack} rows near a tie)"
+            )
+
         return check
 
     def near_ties(self, x):
@@ -2172,7 +2714,11 @@ class NetModel:
             z = self.ref_logits(x).astype(np.float64)
             size = self.magnitude(x).astype(np.float64)
             tol = RTOL[self.dtype] * (1 + np.where(np.isfinite(size), size, 0).max(axis=1))
-            gap = np.abs(z[:, 0]) if z.shape[1] == 1 else np.diff(np.sort(z, axis=1)[:, -2:], axis=1)[:, 0]
+            gap = (
+                np.abs(z[:, 0])
+                if z.shape[1] == 1
+                else np.diff(np.sort(z, axis=1)[:, -2:], axis=1)[:, 0]
+            )
         return int(np.sum(gap <= tol))
 
     def exact_pooling(self, x):
@@ -2193,21 +2739,28 @@ class NetModel:
             return True
         with np.errstate(all="ignore"):
             a = np.abs(np.asarray(x, np.float64))
-            if np.any((a > 0) & (a < 2.0 ** -60)):
+            if np.any((a > 0) & (a < 2.0**-60)):
                 return False
             if not len(x):
                 return True
             try:
-                acts, _ = ref.model._model_forward(self.plan, self.params_view.copy(), np.asarray(x))
-            except Exception:        # a batch the reference refuses: the call is checked elsewhere
+                acts, _ = ref.model._model_forward(
+                    self.plan, self.params_view.copy(), np.asarray(x)
+                )
+            except Exception:  # a batch the reference refuses: the call is checked elsewhere
                 return True
             weights = ref.model._model_param_views(self.plan, self.params_view.astype(np.float64))
             for i, spec in enumerate(layers):
                 if spec[0] != "maxpool2":
                     continue
                 # (i >= 1: a pool that is the first layer reads x, and layers[-1] is the last)
-                conv = i - 1 if i >= 1 and layers[i - 1][0] == "conv" else \
-                    i - 2 if i >= 2 and layers[i - 1][0] == "relu" and layers[i - 2][0] == "conv" else None
+                conv = (
+                    i - 1
+                    if i >= 1 and layers[i - 1][0] == "conv"
+                    else i - 2
+                    if i >= 2 and layers[i - 1][0] == "relu" and layers[i - 2][0] == "conv"
+                    else None
+                )
                 if conv is None:
                     u, bias = acts[i].astype(np.float64), 0.0
                 else:
@@ -2232,7 +2785,10 @@ class NetModel:
         top = np.sort(win.reshape(B, C, h2 // 2, w2 // 2, 4), axis=-1)[..., 2:]
         gap = top[..., 1] - top[..., 0]
         size = np.abs(top[..., 0]) + np.abs(top[..., 1]) + bias
-        grid = lambda v: (np.abs(v) < 2.0 ** 8) & (v * 2.0 ** 20 == np.round(v * 2.0 ** 20))
+
+        def grid(v):
+            return (np.abs(v) < 2.0**8) & (v * 2.0**20 == np.round(v * 2.0**20))
+
         exact = grid(top[..., 0]) & grid(top[..., 1])
         return not np.any((gap <= RTOL[self.dtype] * size) & ~exact)
 
@@ -2254,7 +2810,10 @@ class NetModel:
             return want, None
         scale = np.zeros(delta.shape)
         for lo, hi in self.ranges:
-            fin = lambda a: np.abs(a[lo:hi][np.isfinite(a[lo:hi])])
+
+            def fin(a, lo=lo, hi=hi):
+                return np.abs(a[lo:hi][np.isfinite(a[lo:hi])])
+
             top = max(fin(before).max(initial=0), fin(delta).max(initial=0))
             scale[lo:hi] = top * (1 + math.sqrt(rows)) + abs(grad_scale) * max(rows, 1)
         return want, scale
@@ -2288,12 +2847,12 @@ def net_tags(model, thread):
 
 def make_batch(rng, model, big_p=0.02):
     rows = pick(rng, (0, 1, 2, 3, 5, 8, 17, 33), (2, 3, 3, 2, 2, 2, 1, 1))
-    if rng.random() < big_p:            # big enough that a freed copy goes back to the OS
+    if rng.random() < big_p:  # big enough that a freed copy goes back to the OS
         rows = 200_000 if model.cfg.get("dense stack") and model.in_width <= 16 else 300
     dt = model.dtype
     current = model.params.dtype
     if current != dt and rng.random() < 0.5:
-        dt = current                     # the dtype the re-typed params now claim
+        dt = current  # the dtype the re-typed params now claim
     # NaN/inf only in the input of a model with no conv layer (x_kind "F"): the conv
     # reference multiplies the conv output's last row/column, which 2x2 pooling drops, by a
     # zero gradient (NaN for a NaN input there), where the C core never computes that row (0):
@@ -2302,19 +2861,29 @@ def make_batch(rng, model, big_p=0.02):
     x = draw(rng, (rows, model.in_width), F64, "special" if special else model.x_style)
     x = convert(x, dt) if dt.kind in "fc" else np.zeros(x.shape, dt)
     if rng.random() < 0.03 and rows * model.in_width <= model.grads_view.size and dt == model.dtype:
-        x = model.grads_view[:rows * model.in_width].reshape(rows, model.in_width)   # x ~ held grads
-    if model.labels_kind == "F":        # mse targets, of the dtype that x has
+        x = model.grads_view[: rows * model.in_width].reshape(
+            rows, model.in_width
+        )  # x ~ held grads
+    if model.labels_kind == "F":  # mse targets, of the dtype that x has
         targets = draw(rng, (rows, model.out_width), F64, "quant")
         return x, convert(targets, dt) if dt.kind in "fc" else np.zeros(targets.shape, dt)
     return x, labels_for(rng, rows, model.classes)
 
 
 def net_call(model, net, method, args, oracle, thread):
-    call = Call(f"{model.name}.{method}", getattr(net, method), args, oracle, held=net_held(model),
-                thread=thread)
+    call = Call(
+        f"{model.name}.{method}",
+        getattr(net, method),
+        args,
+        oracle,
+        held=net_held(model),
+        thread=thread,
+    )
     call.tags += net_tags(model, thread)
-    if any(isinstance(a.value, np.ndarray) and np.may_share_memory(a.value, model.grads_view)
-           for a in args):
+    if any(
+        isinstance(a.value, np.ndarray) and np.may_share_memory(a.value, model.grads_view)
+        for a in args
+    ):
         call.tags.append("arg~held grads")
     return call
 
@@ -2327,16 +2896,28 @@ def step_forward_loss(rng, fz, net, model, thread="", hostile=0.25, big_p=0.02):
         gs = model.grad_scale(grad_scale, rows)
         loss, correct = model.ref_evaluate(x, labels)
         sweep = Sweep(x.copy(), labels.copy(), gs, model.n_layers - 1) if rows else None
-        return Expect(ret_check=model.result_check(loss, correct, x, labels), extra={"sweep": sweep})
+        return Expect(
+            ret_check=model.result_check(loss, correct, x, labels), extra={"sweep": sweep}
+        )
 
-    call = net_call(model, net, "forward_loss", [Arg("x", x, model.x_kind), Arg("labels", labels, model.labels_kind),
-                                                grad_scale_arg(rng, len(x))], oracle, thread)
+    call = net_call(
+        model,
+        net,
+        "forward_loss",
+        [
+            Arg("x", x, model.x_kind),
+            Arg("labels", labels, model.labels_kind),
+            grad_scale_arg(rng, len(x)),
+        ],
+        oracle,
+        thread,
+    )
     del x
     out = fz.run(mutate(rng, call, hostile_count(rng, hostile)))
     x = call.arg("x").value
     model.last_x = weakref.ref(x) if isinstance(x, np.ndarray) and x.base is None else None
     aliased = isinstance(x, np.ndarray) and np.may_share_memory(x, model.grads_view)
-    del x, call                          # the net alone keeps x alive now
+    del x, call  # the net alone keeps x alive now
     if out.expect is not None:
         model.started(thread, out.expect.extra["sweep"])
         if aliased and "pending x~held grads" not in model.notes:
@@ -2349,8 +2930,11 @@ def step_forward_loss(rng, fz, net, model, thread="", hostile=0.25, big_p=0.02):
 def step_backward_layer(rng, fz, net, model, thread="", hostile=0.25, layer=None):
     sweep = model.sweep(thread)[0]
     if layer is None:
-        layer = sweep.next_layer if sweep is not None and rng.random() < 0.8 else \
-            pick(rng, (-1, 0, model.n_layers - 1, model.n_layers, 2 ** 31 - 1))
+        layer = (
+            sweep.next_layer
+            if sweep is not None and rng.random() < 0.8
+            else pick(rng, (-1, 0, model.n_layers - 1, model.n_layers, 2**31 - 1))
+        )
     given = rng.random() < 0.3
     grads = np.zeros_like(model.params_view) if given else None
 
@@ -2366,17 +2950,27 @@ def step_backward_layer(rng, fz, net, model, thread="", hostile=0.25, layer=None
         exp = Expect()
         if grads is None:
             exp.held["grads"], exp.held_scale["grads"] = model.grads_expect(
-                before["grads"], sweep.grads, sweep.x, sweep.grad_scale, layer)
+                before["grads"], sweep.grads, sweep.x, sweep.grad_scale, layer
+            )
         else:
             model.check_grads_arg(before, grads)
-            want, exp.scale["grads"] = model.grads_expect(grads.copy(), sweep.grads, sweep.x,
-                                                          sweep.grad_scale, layer)
+            want, exp.scale["grads"] = model.grads_expect(
+                grads.copy(), sweep.grads, sweep.x, sweep.grad_scale, layer
+            )
             grads[...] = want
         return exp
 
-    call = net_call(model, net, "backward_layer",
-                    [Arg("layer", layer, "i"), Arg("grads", grads, "F", output=True, omit=not given,
-                                                   keyword=rng.random() < 0.5)], oracle, thread)
+    call = net_call(
+        model,
+        net,
+        "backward_layer",
+        [
+            Arg("layer", layer, "i"),
+            Arg("grads", grads, "F", output=True, omit=not given, keyword=rng.random() < 0.5),
+        ],
+        oracle,
+        thread,
+    )
     out = fz.run(mutate(rng, call, hostile_count(rng, hostile)))
     if out.expect is not None:
         sweep = model.sweep(thread)[0]
@@ -2419,16 +3013,28 @@ def step_loss_grad(rng, fz, net, model, thread="", hostile=0.25):
         loss, correct, delta = model.ref_loss_grad(x, labels, gs)
         exp = Expect(ret_check=model.result_check(loss, correct, x, labels))
         if grads is None:
-            exp.held["grads"], exp.held_scale["grads"] = model.grads_expect(before["grads"], delta, x, gs)
+            exp.held["grads"], exp.held_scale["grads"] = model.grads_expect(
+                before["grads"], delta, x, gs
+            )
         else:
             model.check_grads_arg(before, grads, "x")
             want, exp.scale["grads"] = model.grads_expect(grads.copy(), delta, x, gs)
             grads[...] = want
         return exp
 
-    call = net_call(model, net, "loss_grad", [
-        Arg("x", x, model.x_kind), Arg("labels", labels, model.labels_kind), grad_scale_arg(rng, len(x)),
-        Arg("grads", grads, "F", output=True, omit=not given, keyword=True)], oracle, thread)
+    call = net_call(
+        model,
+        net,
+        "loss_grad",
+        [
+            Arg("x", x, model.x_kind),
+            Arg("labels", labels, model.labels_kind),
+            grad_scale_arg(rng, len(x)),
+            Arg("grads", grads, "F", output=True, omit=not given, keyword=True),
+        ],
+        oracle,
+        thread,
+    )
     if not given:
         call.arg("grad_scale").keyword = True
     del x
@@ -2445,8 +3051,14 @@ def step_evaluate(rng, fz, net, model, thread="", hostile=0.25):
         loss, correct = model.ref_evaluate(x, labels)
         return Expect(ret_check=model.result_check(loss, correct, x, labels))
 
-    call = net_call(model, net, "evaluate", [Arg("x", x, model.x_kind), Arg("labels", labels, model.labels_kind)],
-                    oracle, thread)
+    call = net_call(
+        model,
+        net,
+        "evaluate",
+        [Arg("x", x, model.x_kind), Arg("labels", labels, model.labels_kind)],
+        oracle,
+        thread,
+    )
     out = fz.run(mutate(rng, call, hostile_count(rng, hostile)))
     (model.ended if out.expect is not None else model.unsure)(thread)
     return out
@@ -2463,11 +3075,17 @@ def step_logits(rng, fz, net, model, thread="", hostile=0.25):
         if np.may_share_memory(before["args"]["out"], model.params_view):
             raise Refuse("out shares memory with params")
         logits = model.ref_logits(x)
-        out[...] = logits          # refuses a read-only or wrongly shaped out
+        out[...] = logits  # refuses a read-only or wrongly shaped out
         return Expect(scale={"out": model.magnitude(x)})
 
-    call = net_call(model, net, "logits", [Arg("x", x, model.x_kind), Arg("out", out_arr, "F", output=True)],
-                    oracle, thread)
+    call = net_call(
+        model,
+        net,
+        "logits",
+        [Arg("x", x, model.x_kind), Arg("out", out_arr, "F", output=True)],
+        oracle,
+        thread,
+    )
     out = fz.run(mutate(rng, call, hostile_count(rng, hostile)))
     (model.ended if out.expect is not None else model.unsure)(thread)
     return out
@@ -2475,14 +3093,20 @@ def step_logits(rng, fz, net, model, thread="", hostile=0.25):
 
 def refuses(reason):
     """The oracle of a call that the contract always refuses."""
+
     def oracle(before, *args, **kwargs):
         raise Refuse(reason)
+
     return oracle
 
 
 def getter_call(label, obj, attr, check):
-    return Call(label, getattr, [Arg("obj", obj), Arg("name", attr)],
-                lambda before, obj, name: Expect(ret_check=check))
+    return Call(
+        label,
+        getattr,
+        [Arg("obj", obj), Arg("name", attr)],
+        lambda before, obj, name: Expect(ret_check=check),
+    )
 
 
 def expect_is(want):
@@ -2490,14 +3114,21 @@ def expect_is(want):
 
 
 def expect_eq(want):
-    return lambda got: None if got == want and type(got) is type(want) else \
-        f"returned {short(got)}, expected {short(want)}"
+    return lambda got: (
+        None
+        if got == want and type(got) is type(want)
+        else f"returned {short(got)}, expected {short(want)}"
+    )
 
 
 def net_getters(model):
     c = model.cfg
-    g = {"params": expect_is(model.params), "grads": expect_is(model.grads),
-         "threads": expect_eq(model.threads), "loss": expect_eq(c.get("loss", "softmax_xent"))}
+    g = {
+        "params": expect_is(model.params),
+        "grads": expect_is(model.grads),
+        "threads": expect_eq(model.threads),
+        "loss": expect_eq(c.get("loss", "softmax_xent")),
+    }
     # the fuzzed models compute in full precision
     g["gemm_inputs"] = lambda got: None if got is None else f"returned {short(got)}, expected None"
     g["n_params"] = expect_eq(model.params_view.size)
@@ -2555,14 +3186,29 @@ def step_retype_x(rng, fz, net, model, thread=""):
 
 def step_reinit(rng, fz, net, model, thread=""):
     """__init__ again on a live object: refused (it holds arrays and scratch)."""
-    fz.run(Call(model.name, net.__init__, [Arg("args", a) for a in model.init_args],
-                refuses("__init__ of an initialized object")))
+    fz.run(
+        Call(
+            model.name,
+            net.__init__,
+            [Arg("args", a) for a in model.init_args],
+            refuses("__init__ of an initialized object"),
+        )
+    )
 
 
-NET_STEPS = [(3, step_forward_loss), (4, step_backward_layer), (3, step_sweep), (3, step_loss_grad),
-             (1, step_stale_sweep),
-             (1, step_evaluate), (1, step_logits), (2, step_getter), (0.7, step_retype_held),
-             (0.5, step_retype_x), (0.3, step_reinit)]
+NET_STEPS = [
+    (3, step_forward_loss),
+    (4, step_backward_layer),
+    (3, step_sweep),
+    (3, step_loss_grad),
+    (1, step_stale_sweep),
+    (1, step_evaluate),
+    (1, step_logits),
+    (2, step_getter),
+    (0.7, step_retype_held),
+    (0.5, step_retype_x),
+    (0.3, step_reinit),
+]
 
 
 def dense_stack_config(rng, widths=(1, 2, 5, 12)):
@@ -2570,7 +3216,7 @@ def dense_stack_config(rng, widths=(1, 2, 5, 12)):
     logistic regression, a binary or a softmax classifier; {layers, input_shape, loss}."""
     kind = pick(rng, ("logistic", "bce", "softmax"), (2, 1, 3))
     inp = pick(rng, (1, 3, 10, 16))
-    if len(widths) == 2:                # a range of widths
+    if len(widths) == 2:  # a range of widths
         hidden = [int(rng.integers(*widths)) for _ in range(int(rng.integers(1, 3)))]
     else:
         hidden = [pick(rng, widths) for _ in range(int(rng.integers(1, 3)))]
@@ -2579,8 +3225,16 @@ def dense_stack_config(rng, widths=(1, 2, 5, 12)):
     elif kind == "bce":
         sizes, loss = (inp, *hidden, 1), "sigmoid_bce"
     else:
-        sizes, loss = (inp, *hidden[:int(rng.integers(0, 3))], int(rng.integers(2, 6))), "softmax_xent"
-    return {"layers": dense_stack(sizes), "input_shape": sizes[:1], "loss": loss, "dense stack": True}
+        sizes, loss = (
+            (inp, *hidden[: int(rng.integers(0, 3))], int(rng.integers(2, 6))),
+            "softmax_xent",
+        )
+    return {
+        "layers": dense_stack(sizes),
+        "input_shape": sizes[:1],
+        "loss": loss,
+        "dense stack": True,
+    }
 
 
 def conv_blocks_config(rng):
@@ -2589,7 +3243,9 @@ def conv_blocks_config(rng):
     while True:
         shape = (int(rng.integers(1, 3)), int(rng.integers(3, 10)), int(rng.integers(3, 10)))
         channels = tuple(int(rng.integers(1, 4)) for _ in range(int(rng.integers(1, 3))))
-        dense = tuple([int(rng.integers(2, 7))] * int(rng.integers(0, 2)) + [int(rng.integers(2, 5))])
+        dense = tuple(
+            [int(rng.integers(2, 7))] * int(rng.integers(0, 2)) + [int(rng.integers(2, 5))]
+        )
         kernel, padding = int(rng.integers(1, 4)), int(rng.integers(0, 2))
         layers = conv_blocks(channels, dense, kernel, padding)
         try:
@@ -2606,20 +3262,30 @@ def construct_net(rng, fz, config, hostile=0.3):
         cfg = config(rng)
         dt, threads = pick_dtype(rng), pick(rng, (1, 1, 2, 3))
         n = ref.model_plan(cfg["layers"], cfg["input_shape"], cfg["loss"])["n_params"]
-        lead = [Arg("layers", list(cfg["layers"]), "layers"),
-                Arg("input_shape", pick(rng, (list, tuple))(cfg["input_shape"]), "sizes"),
-                Arg("loss", cfg["loss"], "s")]
+        lead = [
+            Arg("layers", list(cfg["layers"]), "layers"),
+            Arg("input_shape", pick(rng, (list, tuple))(cfg["input_shape"]), "sizes"),
+            Arg("loss", cfg["loss"], "s"),
+        ]
         params = draw(rng, (n,), dt, "quant")
         grads = draw(rng, (n,), dt, "quant") if rng.random() < 0.5 else np.zeros(n, dt)
-        args = lead + [Arg("params", params, "F"), Arg("grads", grads, "F", output=True),
-                       Arg("threads", threads, "i", keyword=True, omit=threads == 1 and rng.random() < 0.5)]
+        args = lead + [
+            Arg("params", params, "F"),
+            Arg("grads", grads, "F", output=True),
+            Arg("threads", threads, "i", keyword=True, omit=threads == 1 and rng.random() < 0.5),
+        ]
         # the params' own dtype name, None (both: full precision), or bfloat16 on float64
         # params (refused); bfloat16 models are tests/test_bf16.py's (the oracles here
         # compute in full precision)
         gi = pick(rng, (None, dt.name, "bfloat16" if dt == F64 else None))
-        args.append(Arg("gemm_inputs", gi, "s", keyword=True, omit=gi is None and rng.random() < 0.7))
-        call = mutate(rng, Call("Model", core.Model, args, oracle_model),
-                      hostile_count(rng, hostile if attempt == 0 else 0))
+        args.append(
+            Arg("gemm_inputs", gi, "s", keyword=True, omit=gi is None and rng.random() < 0.7)
+        )
+        call = mutate(
+            rng,
+            Call("Model", core.Model, args, oracle_model),
+            hostile_count(rng, hostile if attempt == 0 else 0),
+        )
         hostile_layers(rng, call, hostile / 2 if attempt == 0 else 0)
         call.expect_error = refusal_agrees(call, only_tags=("layers", "input_shape", "loss"))
         out = fz.run(call)
@@ -2644,9 +3310,10 @@ def scenario_net(config):
         ws, steps = zip(*NET_STEPS)
         for _ in range(int(rng.integers(3, 14))):
             pick(rng, steps, ws)(rng, fz, net, model)
-        if rng.random() < 0.3:          # every getter, after whatever the steps did
+        if rng.random() < 0.3:  # every getter, after whatever the steps did
             for attr, check in sorted(net_getters(model).items()):
                 fz.run(getter_call(f"{model.name}.{attr}", net, attr, check))
+
     run.__name__ = f"scenario_{config.__name__}"
     return run
 
@@ -2662,7 +3329,9 @@ class RankThreads:
 
     def __init__(self, n):
         self.queues = [queue.Queue() for _ in range(n)]
-        self.threads = [threading.Thread(target=self._serve, args=(q,), daemon=True) for q in self.queues]
+        self.threads = [
+            threading.Thread(target=self._serve, args=(q,), daemon=True) for q in self.queues
+        ]
         for t in self.threads:
             t.start()
 
@@ -2675,7 +3344,7 @@ class RankThreads:
             fn, box, done = item
             try:
                 box.append(fn())
-            except BaseException as e:   # handed back to the caller, who re-raises it
+            except BaseException as e:  # handed back to the caller, who re-raises it
                 box.append(e)
             done.set()
 
@@ -2685,7 +3354,7 @@ class RankThreads:
             box, done = [], threading.Event()
             q.put((fn, box, done))
             jobs.append((box, done))
-        for box, done in jobs:             # every rank finishes before anything is raised
+        for box, done in jobs:  # every rank finishes before anything is raised
             done.wait()
         for box, done in jobs:
             if isinstance(box[0], BaseException):
@@ -2729,15 +3398,25 @@ def group_range(start, stop, length):
 
 
 def index_int_any(v, name):
-    if not isinstance(v, int):            # PyLong_AsSsize_t: Python ints (and bools) only
+    if not isinstance(v, int):  # PyLong_AsSsize_t: Python ints (and bools) only
         raise Refuse(f"{name} must be an int")
-    if not -2 ** 63 <= v < 2 ** 63:
+    if not -(2**63) <= v < 2**63:
         raise Refuse(f"{name} does not fit a Py_ssize_t")
     return int(v)
 
 
-def oracle_shm_group(before, control, buffers, rank, *, out=None, spin=2e-4, yield_time=2e-3,
-                     timeout=0.0, algorithm="native"):
+def oracle_shm_group(
+    before,
+    control,
+    buffers,
+    rank,
+    *,
+    out=None,
+    spin=2e-4,
+    yield_time=2e-3,
+    timeout=0.0,
+    algorithm="native",
+):
     initialized_control(control)
     n = int(control[16:20].view(np.uint32)[0])
     if not 1 <= n <= 1024:
@@ -2755,8 +3434,14 @@ def oracle_shm_group(before, control, buffers, rank, *, out=None, spin=2e-4, yie
         if finite_float(v, name) < 0:
             raise Refuse(f"{name} < 0")
     for b in bufs + ([] if out is None else [out]):
-        if not (isinstance(b, np.ndarray) and b.dtype in FLOATS and b.ndim == 1 and b.flags.writeable
-                and b.dtype == bufs[0].dtype and b.shape == bufs[0].shape):
+        if not (
+            isinstance(b, np.ndarray)
+            and b.dtype in FLOATS
+            and b.ndim == 1
+            and b.flags.writeable
+            and b.dtype == bufs[0].dtype
+            and b.shape == bufs[0].shape
+        ):
             raise Refuse("buffers (and out) are writeable 1-D arrays of one float dtype and length")
     if algorithm != "native" and (out is not None or len(bufs) != n):
         raise Refuse(f"{algorithm} needs one buffer per worker and no out")
@@ -2766,7 +3451,7 @@ def oracle_shm_group(before, control, buffers, rank, *, out=None, spin=2e-4, yie
         for b in arrays[:i]:
             if np.may_share_memory(a, b):
                 raise Refuse("buffers (and out) overlap")
-        if np.may_share_memory(a, orig["control"]):    # its writes would corrupt the barrier
+        if np.may_share_memory(a, orig["control"]):  # its writes would corrupt the barrier
             raise Refuse("a buffer overlaps the control block")
     return Expect(ret_check=lambda g: None if isinstance(g, core.ShmGroup) else "not a ShmGroup")
 
@@ -2774,11 +3459,11 @@ def oracle_shm_group(before, control, buffers, rank, *, out=None, spin=2e-4, yie
 class GroupModel:
     def __init__(self, n, control, buffers, out, algorithm):
         self.n, self.control, self.algorithm = n, control, algorithm
-        self.buffers, self.out = buffers, out         # the objects the groups hold
-        self.views = [b.view() for b in buffers]      # as viewed at construction
+        self.buffers, self.out = buffers, out  # the objects the groups hold
+        self.views = [b.view() for b in buffers]  # as viewed at construction
         self.out_view = None if out is None else out.view()
         self.dtype, self.length = buffers[0].dtype, buffers[0].size
-        self.aborted = 0                              # the first abort code; None: unknown
+        self.aborted = 0  # the first abort code; None: unknown
         self.notes = []
 
     def aborted_error(self, e):
@@ -2796,12 +3481,16 @@ def float_seconds(v):
 
 def group_call(model, label, fn, args, check_args, thread):
     """A collective call of one rank; check_args(*args) raises Refuse for bad arguments."""
+
     def oracle(before, *a, **k):
         check_args(*a, **k)
         if model.aborted != 0:
             raise Refuse("the group is aborted")
         return Expect(ret_check=float_seconds)
-    return Call(label, fn, args, oracle, writes_on_error=True, thread=thread, tags=list(model.notes))
+
+    return Call(
+        label, fn, args, oracle, writes_on_error=True, thread=thread, tags=list(model.notes)
+    )
 
 
 def arm_aborted_check(model, call, check_args):
@@ -2820,19 +3509,30 @@ def run_collective(rng, fz, groups, model, pool, method, args, check_args, hosti
     template = mutate(rng, Call("", None, args, None), hostile_count(rng, hostile))
     calls = []
     for r, g in enumerate(groups):
-        c = group_call(model, f"ShmGroup.{method}", getattr(g, method),
-                       [Arg(a.name, a.value, a.kind, a.keyword, a.output, a.omit) for a in template.args],
-                       check_args, f"rank{r}")
-        c.extra_pos, c.extra_kw, c.tags = list(template.extra_pos), dict(template.extra_kw), \
-            c.tags + template.tags
+        c = group_call(
+            model,
+            f"ShmGroup.{method}",
+            getattr(g, method),
+            [Arg(a.name, a.value, a.kind, a.keyword, a.output, a.omit) for a in template.args],
+            check_args,
+            f"rank{r}",
+        )
+        c.extra_pos, c.extra_kw, c.tags = (
+            list(template.extra_pos),
+            dict(template.extra_kw),
+            c.tags + template.tags,
+        )
         arm_aborted_check(model, c, check_args)
         calls.append(c)
     outs = pool.run_all([lambda c=c: fz.run(c) for c in calls])
     took = [o.exc is None for o in outs]
     if any(took) and not all(took):
-        fz.wrong(f"ShmGroup.{method}", "ranks disagree on the same arguments",
-                 "; ".join(f"rank{r}: {o.status} {short(o.exc, 80)}" for r, o in enumerate(outs)),
-                 calls[0].tags)
+        fz.wrong(
+            f"ShmGroup.{method}",
+            "ranks disagree on the same arguments",
+            "; ".join(f"rank{r}: {o.status} {short(o.exc, 80)}" for r, o in enumerate(outs)),
+            calls[0].tags,
+        )
     return outs, calls
 
 
@@ -2843,9 +3543,11 @@ def step_allreduce(rng, fz, groups, model, pool):
     if model.length and rng.random() < 0.4:
         start = int(rng.integers(0, model.length + 1))
         stop = int(rng.integers(start, model.length + 1))
-    args = [Arg("scale", pick(rng, (1.0, 0.5, -2.0)), "f", keyword=rng.random() < 0.5),
-            Arg("start", start, "i?", keyword=True, omit=start is None),
-            Arg("stop", stop, "i?", keyword=True, omit=stop is None)]
+    args = [
+        Arg("scale", pick(rng, (1.0, 0.5, -2.0)), "f", keyword=rng.random() < 0.5),
+        Arg("start", start, "i?", keyword=True, omit=start is None),
+        Arg("stop", stop, "i?", keyword=True, omit=stop is None),
+    ]
 
     def check_args(scale=1.0, start=None, stop=None):
         finite_float(scale, "scale")
@@ -2887,8 +3589,12 @@ def step_allreduce(rng, fz, groups, model, pool):
         if p:
             problems.append(p)
     if problems:
-        fz.wrong("ShmGroup.allreduce", "buffers after allreduce differ", "; ".join(problems[:3]),
-                 calls[0].tags + [model.algorithm])
+        fz.wrong(
+            "ShmGroup.allreduce",
+            "buffers after allreduce differ",
+            "; ".join(problems[:3]),
+            calls[0].tags + [model.algorithm],
+        )
 
 
 def step_barrier(rng, fz, groups, model, pool):
@@ -2899,17 +3605,22 @@ def record_abort(model, out, code_arg):
     if out.exc is not None:
         return
     if out.expect is None:
-        model.aborted = model.aborted or None       # accepted a code the contract refuses
+        model.aborted = model.aborted or None  # accepted a code the contract refuses
     elif model.aborted == 0:
         model.aborted = abort_code(code_arg)
 
 
 def step_abort(rng, fz, groups, model, pool):
     r = int(rng.integers(model.n))
-    code = pick(rng, (None, 1, 0, 7, 2 ** 32 - 1, 0xfffffffe))
-    call = Call("ShmGroup.abort", groups[r].abort, [Arg("code", code, "i", omit=code is None)],
-                lambda before, code=1: (abort_code(code), Expect())[1], tags=list(model.notes),
-                thread=f"rank{r}")
+    code = pick(rng, (None, 1, 0, 7, 2**32 - 1, 0xFFFFFFFE))
+    call = Call(
+        "ShmGroup.abort",
+        groups[r].abort,
+        [Arg("code", code, "i", omit=code is None)],
+        lambda before, code=1: (abort_code(code), Expect())[1],
+        tags=list(model.notes),
+        thread=f"rank{r}",
+    )
     call = mutate(rng, call, hostile_count(rng, 0.4))
     arg = call.args[0]
     out = pool.run(r, lambda: fz.run(call))
@@ -2917,11 +3628,20 @@ def step_abort(rng, fz, groups, model, pool):
 
 
 def step_abort_control(rng, fz, groups, model, pool):
-    code = pick(rng, (None, 1, 3, 2 ** 31))
-    call = mutate(rng, Call("abort_group_control", core.abort_group_control,
-                            [Arg("control", model.control, "U", output=True),
-                             Arg("code", code, "i", omit=code is None)],
-                            oracle_abort_group_control), hostile_count(rng, 0.3))
+    code = pick(rng, (None, 1, 3, 2**31))
+    call = mutate(
+        rng,
+        Call(
+            "abort_group_control",
+            core.abort_group_control,
+            [
+                Arg("control", model.control, "U", output=True),
+                Arg("code", code, "i", omit=code is None),
+            ],
+            oracle_abort_group_control,
+        ),
+        hostile_count(rng, 0.3),
+    )
     out = fz.run(call)
     if call.args[0].value is model.control:
         record_abort(model, out, 1 if call.args[1].omit else call.args[1].value)
@@ -2929,9 +3649,14 @@ def step_abort_control(rng, fz, groups, model, pool):
 
 def step_reset_control(rng, fz, groups, model, pool):
     """init_group_control again, with no call in flight: the group starts over, un-aborted."""
-    out = fz.run(Call("init_group_control", core.init_group_control,
-                      [Arg("control", model.control, "U", output=True), Arg("n", model.n, "i")],
-                      oracle_init_group_control))
+    out = fz.run(
+        Call(
+            "init_group_control",
+            core.init_group_control,
+            [Arg("control", model.control, "U", output=True), Arg("n", model.n, "i")],
+            oracle_init_group_control,
+        )
+    )
     if out.exc is None:
         model.aborted = 0
 
@@ -2942,25 +3667,42 @@ def step_lonely_barrier(rng, fz, groups, model, pool):
     if model.n == 1:
         return step_barrier(rng, fz, groups, model, pool)
     fz.setup("lonely = ShmGroup(control, buffers, 0, timeout=0.05)")
-    lonely = core.ShmGroup(model.control, model.views, 0, out=model.out_view, timeout=0.05,
-                           algorithm=model.algorithm)
-    call = Call("ShmGroup.barrier", lonely.barrier, [], refuses("nobody else arrives"),
-                allowed=ALLOWED_ERRORS + (TimeoutError,), writes_on_error=True, tags=list(model.notes))
+    lonely = core.ShmGroup(
+        model.control, model.views, 0, out=model.out_view, timeout=0.05, algorithm=model.algorithm
+    )
+    call = Call(
+        "ShmGroup.barrier",
+        lonely.barrier,
+        [],
+        refuses("nobody else arrives"),
+        allowed=ALLOWED_ERRORS + (TimeoutError,),
+        writes_on_error=True,
+        tags=list(model.notes),
+    )
     if model.aborted != 0:
         call.expect_error = model.aborted_error
     else:
-        call.expect_error = lambda e: None if isinstance(e, TimeoutError) else "expected TimeoutError"
+        call.expect_error = lambda e: (
+            None if isinstance(e, TimeoutError) else "expected TimeoutError"
+        )
     out = fz.run(call)
     if out.exc is not None and model.aborted == 0:
-        model.aborted = 0xfffffffe
+        model.aborted = 0xFFFFFFFE
 
 
 def step_group_getter(rng, fz, groups, model, pool):
     r = int(rng.integers(model.n))
     attr = pick(rng, ("rank", "size", "aborted"))
     want = {"rank": r, "size": model.n, "aborted": model.aborted}[attr]
-    check = expect_eq(want) if want is not None else \
-        (lambda v: None if isinstance(v, int) and v > 0 else f"returned {short(v)}, expected a code")
+    check = (
+        expect_eq(want)
+        if want is not None
+        else (
+            lambda v: (
+                None if isinstance(v, int) and v > 0 else f"returned {short(v)}, expected a code"
+            )
+        )
+    )
     fz.run(getter_call(f"ShmGroup.{attr}", groups[r], attr, check))
 
 
@@ -2973,56 +3715,103 @@ def step_retype_buffer(rng, fz, groups, model, pool):
 
 def step_reinit_group(rng, fz, groups, model, pool):
     r = int(rng.integers(model.n))
-    fz.run(Call("ShmGroup", groups[r].__init__,
-                [Arg("control", model.control), Arg("buffers", model.buffers), Arg("rank", r)],
-                refuses("__init__ of an initialized group")))
+    fz.run(
+        Call(
+            "ShmGroup",
+            groups[r].__init__,
+            [Arg("control", model.control), Arg("buffers", model.buffers), Arg("rank", r)],
+            refuses("__init__ of an initialized group"),
+        )
+    )
 
 
-GROUP_STEPS = [(5, step_allreduce), (2, step_barrier), (1, step_abort), (0.7, step_abort_control),
-               (1, step_reset_control), (0.5, step_lonely_barrier), (2, step_group_getter),
-               (0.7, step_retype_buffer), (0.3, step_reinit_group)]
+GROUP_STEPS = [
+    (5, step_allreduce),
+    (2, step_barrier),
+    (1, step_abort),
+    (0.7, step_abort_control),
+    (1, step_reset_control),
+    (0.5, step_lonely_barrier),
+    (2, step_group_getter),
+    (0.7, step_retype_buffer),
+    (0.3, step_reinit_group),
+]
 
 
 def group_args(rng, control, buffers, rank, out, algorithm, timeout):
-    return [Arg("control", control, "U"), Arg("buffers", buffers, "FL"), Arg("rank", rank, "i"),
-            Arg("out", out, "F", keyword=True, omit=out is None),
-            Arg("spin", pick(rng, (2e-4, 0.0, 1e-3)), "f", keyword=True, omit=rng.random() < 0.5),
-            Arg("yield_time", pick(rng, (2e-3, 0.0)), "f", keyword=True, omit=rng.random() < 0.5),
-            Arg("timeout", timeout, "f", keyword=True, omit=timeout == 0),
-            Arg("algorithm", algorithm, "s", keyword=True, omit=algorithm == "native" and rng.random() < 0.5)]
+    return [
+        Arg("control", control, "U"),
+        Arg("buffers", buffers, "FL"),
+        Arg("rank", rank, "i"),
+        Arg("out", out, "F", keyword=True, omit=out is None),
+        Arg("spin", pick(rng, (2e-4, 0.0, 1e-3)), "f", keyword=True, omit=rng.random() < 0.5),
+        Arg("yield_time", pick(rng, (2e-3, 0.0)), "f", keyword=True, omit=rng.random() < 0.5),
+        Arg("timeout", timeout, "f", keyword=True, omit=timeout == 0),
+        Arg(
+            "algorithm",
+            algorithm,
+            "s",
+            keyword=True,
+            omit=algorithm == "native" and rng.random() < 0.5,
+        ),
+    ]
 
 
 def probe_group(rng, fz, model):
     """A hostile ShmGroup(...) (not used for collectives). If a group of one accepts it, an
     allreduce and a barrier follow: they must neither hang nor time out."""
-    call = Call("ShmGroup", core.ShmGroup,
-                group_args(rng, model.control, list(model.buffers), 0, model.out, model.algorithm, 1.0),
-                oracle_shm_group)
+    call = Call(
+        "ShmGroup",
+        core.ShmGroup,
+        group_args(rng, model.control, list(model.buffers), 0, model.out, model.algorithm, 1.0),
+        oracle_shm_group,
+    )
     if model.n == 1 and model.out is None and rng.random() < 0.3:
         # the one buffer of a group of one placed in the control block's memory
-        call.arg("buffers").value = [np.frombuffer(model.control, model.dtype,
-                                                   count=64 // model.dtype.itemsize)]
+        call.arg("buffers").value = [
+            np.frombuffer(model.control, model.dtype, count=64 // model.dtype.itemsize)
+        ]
         call.tags.append("alias:buffers[0]~control")
     mutate(rng, call, int(rng.integers(0, 3)))
     out = fz.run(call)
     if out.exc is None and isinstance(out.ret, core.ShmGroup) and model.n == 1:
         g = out.ret
-        for method, args in (("allreduce", [Arg("scale", 2.0, "f")]), ("barrier", []), ("barrier", [])):
-            fz.run(Call(f"ShmGroup.{method}", getattr(g, method), args,
-                        lambda before, *a, **k: Expect(ret_check=lambda v: None),
-                        tags=call.tags + ["after a probe"], writes_on_error=True,
-                        expect_error=lambda e: "a group of one cannot wait for anybody"
-                        if isinstance(e, (TimeoutError, core.GroupAborted)) else None))
+        for method, args in (
+            ("allreduce", [Arg("scale", 2.0, "f")]),
+            ("barrier", []),
+            ("barrier", []),
+        ):
+            fz.run(
+                Call(
+                    f"ShmGroup.{method}",
+                    getattr(g, method),
+                    args,
+                    lambda before, *a, **k: Expect(ret_check=lambda v: None),
+                    tags=call.tags + ["after a probe"],
+                    writes_on_error=True,
+                    expect_error=lambda e: (
+                        "a group of one cannot wait for anybody"
+                        if isinstance(e, (TimeoutError, core.GroupAborted))
+                        else None
+                    ),
+                )
+            )
 
 
 def scenario_shm_group(rng, fz):
     n, dt = int(rng.integers(1, 5)), pick_dtype(rng)
     length = pick(rng, (0, 1, 3, 8, 33, 100))
     control = control_block(rng, fz)
-    init = mutate(rng, Call("init_group_control", core.init_group_control,
-                            [Arg("control", control, "U", output=True), Arg("n", n, "i")],
-                            oracle_init_group_control),
-                  hostile_count(rng, 0.3))
+    init = mutate(
+        rng,
+        Call(
+            "init_group_control",
+            core.init_group_control,
+            [Arg("control", control, "U", output=True), Arg("n", n, "i")],
+            oracle_init_group_control,
+        ),
+        hostile_count(rng, 0.3),
+    )
     if fz.run(init).status != "A" or init.tags:
         fz.setup(f"init_group_control(control, {n})")
         core.init_group_control(control, n)
@@ -3034,9 +3823,14 @@ def scenario_shm_group(rng, fz):
     out_arr = draw(rng, (length,), dt) if use_out else None
     groups = []
     for r in range(n):
-        out = fz.run(Call("ShmGroup", core.ShmGroup,
-                          group_args(rng, control, buffers, r, out_arr, algorithm, timeout),
-                          oracle_shm_group))
+        out = fz.run(
+            Call(
+                "ShmGroup",
+                core.ShmGroup,
+                group_args(rng, control, buffers, r, out_arr, algorithm, timeout),
+                oracle_shm_group,
+            )
+        )
         if out.status != "A":
             return
         groups.append(out.ret)
@@ -3064,6 +3858,7 @@ def oracle_context(before, threads=1, *, gemm_inputs=None):
         if not isinstance(c, core.Context):
             return "not a Context"
         return None if c.gemm_inputs == gi else f"gemm_inputs is {c.gemm_inputs!r}, expected {gi!r}"
+
     return Expect(ret_check=check)
 
 
@@ -3080,10 +3875,25 @@ def call_with_ctx(rng, fz, ctx):
 def scenario_context(rng, fz):
     threads = pick(rng, (1, 2, 3, 4))
     gi = pick(rng, (None, None, "bfloat16", "float32", "float64"))
-    call = mutate(rng, Call("Context", core.Context, [
-        Arg("threads", threads, "i", keyword=rng.random() < 0.5, omit=threads == 1 and rng.random() < 0.3),
-        Arg("gemm_inputs", gi, "s", keyword=True, omit=gi is None and rng.random() < 0.5)],
-        oracle_context), hostile_count(rng, 0.5))
+    call = mutate(
+        rng,
+        Call(
+            "Context",
+            core.Context,
+            [
+                Arg(
+                    "threads",
+                    threads,
+                    "i",
+                    keyword=rng.random() < 0.5,
+                    omit=threads == 1 and rng.random() < 0.3,
+                ),
+                Arg("gemm_inputs", gi, "s", keyword=True, omit=gi is None and rng.random() < 0.5),
+            ],
+            oracle_context,
+        ),
+        hostile_count(rng, 0.5),
+    )
     out = fz.run(call)
     bf16 = gi == "bfloat16"
     if out.status == "A" and not call.tags:
@@ -3092,11 +3902,25 @@ def scenario_context(rng, fz):
         ctx = new_context(fz, threads, bf16)
     del out
     fz.run(getter_call("Context.threads", ctx, "threads", expect_eq(threads)))
-    fz.run(getter_call("Context.gemm_inputs", ctx, "gemm_inputs",
-                       expect_eq("bfloat16") if bf16 else (lambda got: None if got is None else
-                                                           f"returned {short(got)}, expected None")))
+    fz.run(
+        getter_call(
+            "Context.gemm_inputs",
+            ctx,
+            "gemm_inputs",
+            expect_eq("bfloat16")
+            if bf16
+            else (lambda got: None if got is None else f"returned {short(got)}, expected None"),
+        )
+    )
     if rng.random() < 0.3:
-        fz.run(Call("Context", ctx.__init__, [Arg("threads", 2, "i")], refuses("__init__ of a live Context")))
+        fz.run(
+            Call(
+                "Context",
+                ctx.__init__,
+                [Arg("threads", 2, "i")],
+                refuses("__init__ of a live Context"),
+            )
+        )
     for _ in range(int(rng.integers(1, 4))):
         call = call_with_ctx(rng, fz, ctx)
         if bf16:
@@ -3121,13 +3945,19 @@ def threads_interleaved(rng, fz):
     try:
         order = [0, 1] if rng.random() < 0.5 else [1, 0]
         for t in order:
-            pool.run(t, lambda t=t: step_forward_loss(rng, fz, net, model, f"T{t + 1}", hostile=0.0))
+            pool.run(
+                t, lambda t=t: step_forward_loss(rng, fz, net, model, f"T{t + 1}", hostile=0.0)
+            )
         for i in range(model.n_layers):
-            for t in (order if rng.random() < 0.5 else order[::-1]):
+            for t in order if rng.random() < 0.5 else order[::-1]:
                 sweep = model.sweep(f"T{t + 1}")[0]
                 layer = sweep.next_layer if sweep is not None else model.n_layers - 1 - i
-                pool.run(t, lambda t=t, layer=layer: step_backward_layer(
-                    rng, fz, net, model, f"T{t + 1}", hostile=0.0, layer=layer))
+                pool.run(
+                    t,
+                    lambda t=t, layer=layer: step_backward_layer(
+                        rng, fz, net, model, f"T{t + 1}", hostile=0.0, layer=layer
+                    ),
+                )
     finally:
         pool.close()
 
@@ -3137,7 +3967,9 @@ def threads_concurrent(rng, fz):
     shared net's loss_grad (into its own grads), evaluate and logits."""
     if rng.random() < 0.5:
         ctx = new_context(fz, pick(rng, (1, 2, 3)))
-        plans = [[call_with_ctx(rng, fz, ctx) for _ in range(int(rng.integers(2, 6)))] for _ in range(2)]
+        plans = [
+            [call_with_ctx(rng, fz, ctx) for _ in range(int(rng.integers(2, 6)))] for _ in range(2)
+        ]
     else:
         net, model = construct_net(rng, fz, pick(rng, CONFIGS), hostile=0.0)
         if net is None:
@@ -3158,6 +3990,7 @@ def threads_concurrent(rng, fz):
                 fz.run(c)
         except CaseOver as e:
             over.append(e)
+
     workers = [threading.Thread(target=work, args=(p,)) for p in plans]
     for w in workers:
         w.start()
@@ -3179,10 +4012,22 @@ def plan_loss_grad(rng, net, model, thread):
         model.check_grads_arg(before, grads, "x")
         want, scale = model.grads_expect(grads.copy(), delta, x, gs)
         grads[...] = want
-        return Expect(ret_check=model.result_check(loss, correct, x, labels), scale={"grads": scale})
-    return net_call(model, net, "loss_grad", [Arg("x", x, model.x_kind), Arg("labels", labels, model.labels_kind),
-                                              Arg("grads", grads, "F", output=True, keyword=True)],
-                    oracle, thread)
+        return Expect(
+            ret_check=model.result_check(loss, correct, x, labels), scale={"grads": scale}
+        )
+
+    return net_call(
+        model,
+        net,
+        "loss_grad",
+        [
+            Arg("x", x, model.x_kind),
+            Arg("labels", labels, model.labels_kind),
+            Arg("grads", grads, "F", output=True, keyword=True),
+        ],
+        oracle,
+        thread,
+    )
 
 
 def plan_evaluate(rng, net, model, thread):
@@ -3192,8 +4037,15 @@ def plan_evaluate(rng, net, model, thread):
         model.check_batch(x, labels)
         loss, correct = model.ref_evaluate(x, labels)
         return Expect(ret_check=model.result_check(loss, correct, x, labels))
-    return net_call(model, net, "evaluate", [Arg("x", x, model.x_kind), Arg("labels", labels, model.labels_kind)],
-                    oracle, thread)
+
+    return net_call(
+        model,
+        net,
+        "evaluate",
+        [Arg("x", x, model.x_kind), Arg("labels", labels, model.labels_kind)],
+        oracle,
+        thread,
+    )
 
 
 def plan_logits(rng, net, model, thread):
@@ -3203,9 +4055,18 @@ def plan_logits(rng, net, model, thread):
         model.check_batch(x)
         out[...] = model.ref_logits(x)
         return Expect(scale={"out": model.magnitude(x)})
-    return net_call(model, net, "logits", [Arg("x", x, model.x_kind),
-                                           Arg("out", np.zeros((len(x), model.out_width), model.dtype), "F",
-                                               output=True)], oracle, thread)
+
+    return net_call(
+        model,
+        net,
+        "logits",
+        [
+            Arg("x", x, model.x_kind),
+            Arg("out", np.zeros((len(x), model.out_width), model.dtype), "F", output=True),
+        ],
+        oracle,
+        thread,
+    )
 
 
 def scenario_threads(rng, fz):
@@ -3237,14 +4098,19 @@ def scenario_uninitialized(rng, fz):
     refuse, the getters answer something, nothing crashes."""
     cls = pick(rng, (core.Context, core.Model, core.ShmGroup))
     obj = uninitialized(cls)
-    for attr in rng.permutation(public_attrs(cls))[:int(rng.integers(1, 5))]:
+    for attr in rng.permutation(public_attrs(cls))[: int(rng.integers(1, 5))]:
         attr = str(attr)
         if is_getter(cls, attr):
             fz.run(getter_call(f"{cls.__name__}.{attr}", obj, attr, lambda v: None))
         else:
-            fz.run(Call(f"{cls.__name__}.{attr}", getattr(obj, attr),
-                        [Arg(f"a{i}", v) for i, v in enumerate(UNINIT_ARGS[attr]())],
-                        refuses("not initialized")))
+            fz.run(
+                Call(
+                    f"{cls.__name__}.{attr}",
+                    getattr(obj, attr),
+                    [Arg(f"a{i}", v) for i, v in enumerate(UNINIT_ARGS[attr]())],
+                    refuses("not initialized"),
+                )
+            )
 
 
 # =======================================================================================
@@ -3260,27 +4126,46 @@ SCENARIOS = {
     "threads": (1.5, scenario_threads),
     "uninitialized": (1.0, scenario_uninitialized),
 }
-SPEC_WEIGHTS = {"model_plan": 4.0}     # its layer lists have many ways to be wrong
-CASES = [(name, SPEC_WEIGHTS.get(name, 1.0), function_case(name)) for name in SPECS] + \
-        [(f"scenario {name}", w, fn) for name, (w, fn) in SCENARIOS.items()]
+SPEC_WEIGHTS = {"model_plan": 4.0}  # its layer lists have many ways to be wrong
+CASES = [(name, SPEC_WEIGHTS.get(name, 1.0), function_case(name)) for name in SPECS] + [
+    (f"scenario {name}", w, fn) for name, (w, fn) in SCENARIOS.items()
+]
 CASE_P = np.array([w for _, w, _ in CASES]) / sum(w for _, w, _ in CASES)
 
 # Who calls each public callable; test_fuzz_core fails when dir(_core) grows a name that is
 # not here (add it to a builder or a scenario, then here).
-NET_METHODS = ("loss_grad", "forward_loss", "backward_layer", "evaluate", "logits", "params",
-               "grads", "sizes", "threads", "loss")
+NET_METHODS = (
+    "loss_grad",
+    "forward_loss",
+    "backward_layer",
+    "evaluate",
+    "logits",
+    "params",
+    "grads",
+    "sizes",
+    "threads",
+    "loss",
+)
 COVERAGE = {
     **{name: f"SPECS[{name!r}]" for name in SPECS},
     "Context": "scenario_context (constructor, __init__ again), Context arguments of the kernels",
     "Context.threads": "scenario_context, scenario_uninitialized",
-    "Context.gemm_inputs": "scenario_context (bfloat16: float64 kernel calls refused), scenario_uninitialized",
+    "Context.gemm_inputs": (
+        "scenario_context (bfloat16: float64 kernel calls refused), scenario_uninitialized"
+    ),
     "Model.gemm_inputs": "construct_net (checked by the constructor's oracle), net_getters",
-    "Model": "construct_net (random and hostile layer lists, dense stacks, conv blocks), step_reinit",
-    **{f"Model.{m}": "scenario_net (each of CONFIGS), scenario_threads, scenario_uninitialized"
-       for m in NET_METHODS + ("input_shape", "n_params", "n_param_layers", "plan")},
+    "Model": (
+        "construct_net (random and hostile layer lists, dense stacks, conv blocks), step_reinit"
+    ),
+    **{
+        f"Model.{m}": "scenario_net (each of CONFIGS), scenario_threads, scenario_uninitialized"
+        for m in NET_METHODS + ("input_shape", "n_params", "n_param_layers", "plan")
+    },
     "ShmGroup": "scenario_shm_group (every rank, probe_group), step_reinit_group",
-    **{f"ShmGroup.{m}": "scenario_shm_group, scenario_uninitialized"
-       for m in ("barrier", "allreduce", "abort", "aborted", "rank", "size")},
+    **{
+        f"ShmGroup.{m}": "scenario_shm_group, scenario_uninitialized"
+        for m in ("barrier", "allreduce", "abort", "aborted", "rank", "size")
+    },
     "GroupAborted": "raised by ShmGroup.barrier/allreduce after an abort (checked: its code)",
 }
 
@@ -3320,16 +4205,18 @@ def run_case(fz, case):
             fn(rng, fz)
         except CaseOver:
             pass
-        except Exception:              # the fuzzer's own bug: reported, never hidden
+        except Exception:  # the fuzzer's own bug: reported, never hidden
             if fz.raise_errors:
                 raise
             after = " (after a wrong result: memory may be corrupt)" if fz.poisoned else ""
-            fz.write(f"X\t{case}\t{name}{after}\t{clean(traceback.format_exc()[-1500:])}", flush=True)
+            fz.write(
+                f"X\t{case}\t{name}{after}\t{clean(traceback.format_exc()[-1500:])}", flush=True
+            )
     fz.write(f"E\t{case}")
 
 
 def child_main(seed, start, quota, log_path):
-    faulthandler.enable()              # a crash prints the Python stack to stderr too
+    faulthandler.enable()  # a crash prints the Python stack to stderr too
     with open(log_path, "a", buffering=1 << 16) as log:
         fz = Fuzz(log, seed)
         case = start
@@ -3341,7 +4228,7 @@ def child_main(seed, start, quota, log_path):
         # After a wrong result the process may hold corrupt memory, which would crash a later,
         # innocent call: the batch ends here and the parent goes on in a fresh process.
         fz.write(f"D\t{case}", flush=True)
-    os._exit(0)                        # no interpreter teardown: the verdicts are in the log
+    os._exit(0)  # no interpreter teardown: the verdicts are in the log
 
 
 # =======================================================================================
@@ -3350,7 +4237,7 @@ def child_main(seed, start, quota, log_path):
 
 @dataclass
 class Failure:
-    kind: str                  # "wrong", "bad exception", "crash", "hang"
+    kind: str  # "wrong", "bad exception", "crash", "hang"
     label: str
     signature: str
     detail: str
@@ -3403,16 +4290,22 @@ def parse_log(path, report, seed):
     made = 0
     last_case = None
     last_line = ""
-    if not os.path.exists(path):       # the child died before its first line (e.g. an import)
+    if not os.path.exists(path):  # the child died before its first line (e.g. an import)
         return done, made, None, last_case
     with open(path, errors="replace") as f:
         for line in f:
             if not line.endswith("\n"):
-                break                  # a line cut by the crash
+                break  # a line cut by the crash
             parts = line.rstrip("\n").split("\t")
             tag = parts[0]
             if tag == "C":
-                cid, case, label, thread, desc = parts[1], int(parts[2]), parts[3], parts[4], parts[5]
+                cid, case, label, thread, desc = (
+                    parts[1],
+                    int(parts[2]),
+                    parts[3],
+                    parts[4],
+                    parts[5],
+                )
                 calls[cid] = (case, label, desc, thread)
                 open_ids.append(cid)
                 made += 1
@@ -3432,8 +4325,14 @@ def parse_log(path, report, seed):
                         report.count("GroupAborted", "accepted")
                 else:
                     report.count(label, "wrong")
-                    report.fail("wrong" if status == "W" else "bad exception", label, sig, detail, case,
-                                f"{label}({desc})" if not desc.startswith(label) else desc)
+                    report.fail(
+                        "wrong" if status == "W" else "bad exception",
+                        label,
+                        sig,
+                        detail,
+                        case,
+                        f"{label}({desc})" if not desc.startswith(label) else desc,
+                    )
             elif tag == "F":
                 case, label, sig, detail = int(parts[1]), parts[2], parts[3], parts[4]
                 report.count(label, "wrong")
@@ -3464,16 +4363,24 @@ class Batch:
         self.seed, self.start, self.quota = seed, start, quota
         self.log = os.path.join(workdir, f"batch{n}.log")
         self.err = os.path.join(workdir, f"batch{n}.err")
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", str(seed), str(start), str(quota),
-               self.log]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            str(seed),
+            str(start),
+            str(quota),
+            self.log,
+        ]
         # the child imports the dptrain this process runs (an installed one, or a checkout built
         # in place and imported from its root, which the child's sys.path would lack)
         env = os.environ.copy()
         root = os.path.dirname(os.path.dirname(os.path.abspath(core.__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         with open(self.err, "w") as err:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True
+            )
         self.size, self.quiet_since = -1, time.monotonic()
 
     def poll(self, hang_s):
@@ -3491,7 +4398,7 @@ class Batch:
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)     # our own child's session only
+                os.killpg(self.proc.pid, signal.SIGKILL)  # our own child's session only
                 self.proc.wait()
             return ("hang", None)
         return None
@@ -3501,11 +4408,14 @@ def crash_summary(stderr):
     """The C library's / Python's complaint and the innermost Python frames of a crash (or a
     sanitizer's summary line and first frames, under ASan)."""
     lines = stderr.splitlines()
-    asan = [i for i, line in enumerate(lines) if "ERROR: AddressSanitizer" in line or
-            line.startswith("SUMMARY:")]
+    asan = [
+        i
+        for i, line in enumerate(lines)
+        if "ERROR: AddressSanitizer" in line or line.startswith("SUMMARY:")
+    ]
     if asan:
-        first = lines[asan[0]:asan[0] + 6]
-        return " | ".join(line.strip() for line in first + lines[asan[-1]:asan[-1] + 1])[:900]
+        first = lines[asan[0] : asan[0] + 6]
+        return " | ".join(line.strip() for line in first + lines[asan[-1] : asan[-1] + 1])[:900]
     head, frames, in_stack = [], [], False
     for line in lines:
         if "most recent call first" in line:
@@ -3514,7 +4424,11 @@ def crash_summary(stderr):
             frames.append(line.strip())
         elif in_stack and not line.strip():
             in_stack = False
-        elif not in_stack and line.strip() and not line.startswith(("Extension modules", "Thread 0x")):
+        elif (
+            not in_stack
+            and line.strip()
+            and not line.startswith(("Extension modules", "Thread 0x"))
+        ):
             head.append(line.strip())
     return " | ".join(head[-3:] + frames[:3])[:700]
 
@@ -3528,8 +4442,15 @@ def signal_name(rc):
     return f"exit status {rc}"
 
 
-def run_fuzz(calls, seed=0, jobs=2, batch_calls=BATCH_CALLS, hang_s=HANG_TIMEOUT_S, progress=None,
-             keep_logs=None):
+def run_fuzz(
+    calls,
+    seed=0,
+    jobs=2,
+    batch_calls=BATCH_CALLS,
+    hang_s=HANG_TIMEOUT_S,
+    progress=None,
+    keep_logs=None,
+):
     """Runs `calls` calls (rounded up to whole cases) in child processes; returns a Report."""
     t0 = time.monotonic()
     report = Report(seed)
@@ -3554,12 +4475,14 @@ def run_fuzz(calls, seed=0, jobs=2, batch_calls=BATCH_CALLS, hang_s=HANG_TIMEOUT
                 how, rc = state
                 done, made, in_flight, last_case = parse_log(batch.log, report, seed)
                 if how == "done" and done is not None:
-                    if made < batch.quota:            # ended early after a wrong result
+                    if made < batch.quota:  # ended early after a wrong result
                         todo.appendleft((done, batch.quota - made))
                 elif in_flight is None:
                     with open(batch.err) as f:
-                        raise RuntimeError(f"a fuzz batch died before its first case ({signal_name(rc)}):\n"
-                                           + f.read()[-3000:])
+                        raise RuntimeError(
+                            f"a fuzz batch died before its first case ({signal_name(rc)}):\n"
+                            + f.read()[-3000:]
+                        )
                 else:
                     case, label, desc = in_flight
                     kind = "hang" if how == "hang" else "crash"
@@ -3567,8 +4490,14 @@ def run_fuzz(calls, seed=0, jobs=2, batch_calls=BATCH_CALLS, hang_s=HANG_TIMEOUT
                         stderr = f.read()[-6000:]
                     report.count(label, "crashes" if kind == "crash" else "hangs")
                     why = signal_name(rc) if kind == "crash" else "no progress"
-                    report.fail(kind, label, f"{kind} ({why})", crash_summary(stderr), case,
-                                desc if desc.startswith(label) else f"{label} {desc}")
+                    report.fail(
+                        kind,
+                        label,
+                        f"{kind} ({why})",
+                        crash_summary(stderr),
+                        case,
+                        desc if desc.startswith(label) else f"{label} {desc}",
+                    )
                     if made < batch.quota:
                         todo.appendleft((case + 1, batch.quota - made))
                 if progress:
@@ -3589,21 +4518,27 @@ def format_report(report, seed_hint=True):
         c = report.per_callable[label]
         lines.append(f"{label:<28}" + "".join(f"{c[k]:>10}" for k in cols))
     lines.append(f"{'TOTAL':<28}" + "".join(f"{report.total(k):>10}" for k in cols))
-    lines.append(f"\n{report.calls} calls in {report.cases} cases, {report.seconds:.1f} s, "
-                 f"seed {report.seed}: "
-                 f"{report.crashes} crashes, {report.hangs} hangs, {report.wrong} wrong")
+    lines.append(
+        f"\n{report.calls} calls in {report.cases} cases, {report.seconds:.1f} s, "
+        f"seed {report.seed}: "
+        f"{report.crashes} crashes, {report.hangs} hangs, {report.wrong} wrong"
+    )
     missing = [n for n in public_callables() if not report.per_callable.get(n, {}).get("accepted")]
     if missing:
         lines.append(f"never accepted (or never raised): {', '.join(missing)}")
     if report.failures:
-        lines.append(f"\n{len(report.failures)} distinct failures "
-                     f"(kind | callable | what [mutations/state] x count):")
+        lines.append(
+            f"\n{len(report.failures)} distinct failures "
+            f"(kind | callable | what [mutations/state] x count):"
+        )
         order = {"crash": 0, "hang": 1, "bad exception": 2, "wrong": 3, "fuzzer error": 4}
         for f in sorted(report.failures.values(), key=lambda f: (order[f.kind], f.label, -f.count)):
             lines.append(f"- {f.kind} | {f.label} | {f.signature} x{f.count}")
             lines.append(f"    first: case {f.case}: {f.call[:300]}")
             lines.append(f"    {f.detail[:400]}")
-            lines.append(f"    replay: python tests/fuzz_core.py --seed {report.seed} --replay {f.case} -v")
+            lines.append(
+                f"    replay: python tests/fuzz_core.py --seed {report.seed} --replay {f.case} -v"
+            )
     return "\n".join(lines)
 
 
@@ -3618,20 +4553,24 @@ def replay(seed, case, verbose):
 
         def flush(self):
             out.flush()
+
     fz = Fuzz(Echo(), seed, verbose=verbose)
     fz.raise_errors = True
     run_case(fz, case)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--calls", type=int, default=10_000, help="calls to make (whole cases)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2, help="batches run at once")
     ap.add_argument("--batch-calls", type=int, default=BATCH_CALLS)
     ap.add_argument("--hang-timeout", type=float, default=HANG_TIMEOUT_S)
-    ap.add_argument("--replay", type=int, metavar="CASE", help="run one case here, printing its calls")
+    ap.add_argument(
+        "--replay", type=int, metavar="CASE", help="run one case here, printing its calls"
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="with --replay: the values too")
     ap.add_argument("--list", action="store_true", help="the public callables and who covers them")
     ap.add_argument("--keep-logs", metavar="DIR", help="keep the batch logs in DIR")
@@ -3653,9 +4592,20 @@ def main(argv=None):
         return 2
 
     def progress(r):
-        print(f"  {r.calls} calls, {r.crashes} crashes, {r.hangs} hangs, {r.wrong} wrong", file=sys.stderr)
-    report = run_fuzz(args.calls, args.seed, args.jobs, args.batch_calls, args.hang_timeout, progress,
-                      args.keep_logs)
+        print(
+            f"  {r.calls} calls, {r.crashes} crashes, {r.hangs} hangs, {r.wrong} wrong",
+            file=sys.stderr,
+        )
+
+    report = run_fuzz(
+        args.calls,
+        args.seed,
+        args.jobs,
+        args.batch_calls,
+        args.hang_timeout,
+        progress,
+        args.keep_logs,
+    )
     print(format_report(report))
     return 1 if report.crashes or report.hangs or report.wrong else 0
 

@@ -4,13 +4,13 @@ central finite differences, and their boundary. (tanh, sigmoid, GELU and the MSE
 binding of their own: test_model_core.py runs them inside Model, csrc/tests/test_model.c
 against libm.)
 """
+
 import numpy as np
 import pytest
+from _core_helpers import DTYPES, dname, family_tests, numeric_grad, randn, rng_for, shape_id
 
-from _core_helpers import dname, DTYPES, family_tests, numeric_grad, randn, rng_for, shape_id
 from dptrain import _core as core
 from dptrain import reference as ref
-
 
 RELU_SHAPES = [(1,), (7,), (33, 7), (129, 33), (2, 3, 5)]
 
@@ -35,8 +35,9 @@ def test_relu_forward(isa, shape, dtype, in_place):
     else:
         y = np.full_like(x, np.nan)
     core.relu_forward(x, y)
-    np.testing.assert_array_equal(y, want, err_msg=f"relu_forward shape={shape} "
-                                                   f"dtype={dname(dtype)} in_place={in_place}")
+    np.testing.assert_array_equal(
+        y, want, err_msg=f"relu_forward shape={shape} dtype={dname(dtype)} in_place={in_place}"
+    )
     assert y.dtype == dtype
 
 
@@ -51,8 +52,9 @@ def test_relu_backward(isa, shape, dtype, in_place):
     ref.relu_backward(dy, y, want)
     dx = dy if in_place else np.full_like(dy, np.nan)
     core.relu_backward(dy, y, dx)
-    np.testing.assert_array_equal(dx, want, err_msg=f"relu_backward shape={shape} "
-                                                    f"dtype={dname(dtype)} in_place={in_place}")
+    np.testing.assert_array_equal(
+        dx, want, err_msg=f"relu_backward shape={shape} dtype={dname(dtype)} in_place={in_place}"
+    )
 
 
 def test_relu_gradient_finite_differences():

@@ -1,6 +1,7 @@
 """Arrays dptrain allocates start on a cache line (dptrain._aligned): the data sets it builds,
 the conversions of a user's arrays, the batch buffers of shuffled training. An array the
 user hands over in the model's layout is used as it is (no copy made to align it)."""
+
 import numpy as np
 import pytest
 
@@ -22,7 +23,7 @@ def test_aligned_empty_and_zeros(shape, dtype):
         a = make(shape, dtype)
         want = (shape,) if np.ndim(shape) == 0 else shape
         assert a.shape == want and a.dtype == dtype and a.flags.c_contiguous
-        assert a.flags.writeable and (a.size == 0 or on_line(a))   # empty: no bytes to place
+        assert a.flags.writeable and (a.size == 0 or on_line(a))  # empty: no bytes to place
     assert not aligned_zeros(shape, dtype).any()
 
 
@@ -31,8 +32,9 @@ def test_aligned_refuses_impossible_shapes(shape):
     """A negative size is refused by name, an impossible one by NumPy's allocator (no wrapped
     size, no silently empty array)."""
     for make in (aligned_empty, aligned_zeros):
-        with pytest.raises((ValueError, MemoryError), match="negative|[Mm]aximum|too big|"
-                                                            "Unable to allocate"):
+        with pytest.raises(
+            (ValueError, MemoryError), match="negative|[Mm]aximum|too big|Unable to allocate"
+        ):
             make(shape, np.float64)
 
 
@@ -45,9 +47,11 @@ def test_aligned_arrays_do_not_overlap():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_synthetic_data_sets_start_on_a_line(dtype):
-    for ds in (data.synthetic_binary(1000, 20, dtype=dtype),
-               data.synthetic_classification(300, 30, 3, dtype=dtype),
-               data.synthetic_cifar10(50, 20, dtype=dtype)):
+    for ds in (
+        data.synthetic_binary(1000, 20, dtype=dtype),
+        data.synthetic_classification(300, 30, 3, dtype=dtype),
+        data.synthetic_cifar10(50, 20, dtype=dtype),
+    ):
         assert on_line(ds.x_train) and on_line(ds.x_test), ds.name
 
 
@@ -59,8 +63,7 @@ def test_mnist_and_cifar_conversions_start_on_a_line_and_keep_the_values():
         want = images.reshape(37, -1).astype(np.float32) / (255 if normalize else 1)
         assert on_line(x) and x.shape == (37, 784)
         np.testing.assert_array_equal(x, want)
-    parts = [(rng.integers(0, 256, (n, 3072), dtype=np.uint8), np.arange(n) % 10)
-             for n in (5, 3)]
+    parts = [(rng.integers(0, 256, (n, 3072), dtype=np.uint8), np.arange(n) % 10) for n in (5, 3)]
     x, y = _stack_cifar10(parts, np.dtype(np.float64), True)
     assert on_line(x)
     np.testing.assert_array_equal(x, np.concatenate([p for p, _ in parts]) / 255.0)
@@ -71,14 +74,14 @@ def test_user_arrays_are_converted_onto_a_line_but_never_copied_to_align():
     rng = np.random.default_rng(1)
     y = rng.integers(0, 2, 64)
     ints = rng.integers(-5, 5, (64, 9))
-    ds = data.from_arrays(ints, y, dtype="float64")            # a conversion: dptrain's copy
+    ds = data.from_arrays(ints, y, dtype="float64")  # a conversion: dptrain's copy
     assert on_line(ds.x_train)
     np.testing.assert_array_equal(ds.x_train, ints)
     raw = np.empty(64 * 9 * 8 + ALIGN, np.uint8)
-    off = (16 - raw.ctypes.data) % ALIGN                        # 16 bytes past a line
-    x = raw[off:off + 64 * 9 * 8].view(np.float64).reshape(64, 9)
+    off = (16 - raw.ctypes.data) % ALIGN  # 16 bytes past a line
+    x = raw[off : off + 64 * 9 * 8].view(np.float64).reshape(64, 9)
     x[...] = ints
-    ds = data.from_arrays(x, y, dtype="float64")               # the model's layout: as it is
+    ds = data.from_arrays(x, y, dtype="float64")  # the model's layout: as it is
     assert np.shares_memory(ds.x_train, x) and ds.x_train.ctypes.data % ALIGN == 16
 
 

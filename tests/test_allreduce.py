@@ -5,14 +5,14 @@ buffers, what each algorithm refuses, and the wait it returns. (The group's barr
 and timeout: test_sync.py; the process backend's tests cover the same group across
 processes.)
 """
+
 import time
 
 import numpy as np
 import pytest
-
 from _core_helpers import control_block, run_workers
-from dptrain import _core
-from dptrain import reference
+
+from dptrain import _core, reference
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
@@ -23,7 +23,7 @@ def test_allreduce_sums_every_buffer_in_rank_order(n, dtype, length):
     bufs = [rng.standard_normal(length).astype(dtype) for _ in range(n)]
     expected = bufs[0].copy()
     for b in bufs[1:]:
-        expected = expected + b          # rank order, the same rounding as the kernel
+        expected = expected + b  # rank order, the same rounding as the kernel
     expected = expected * dtype(0.25)
     ctrl = control_block()
     _core.init_group_control(ctrl, n)
@@ -49,15 +49,22 @@ def test_point_to_point_schedules_sum_and_agree_bitwise(algorithm, n, dtype, len
     for r, b in enumerate(bufs):
         # every worker holds the same bits (a chain sum copied, or x + y against y + x)
         assert np.array_equal(b, bufs[0]), f"{algorithm} n={n}: rank {r} differs from rank 0"
-    np.testing.assert_allclose(bufs[0], exact, rtol=tol, atol=tol * n,
-                               err_msg=f"{algorithm} n={n} {np.dtype(dtype).name} {length}")
+    np.testing.assert_allclose(
+        bufs[0],
+        exact,
+        rtol=tol,
+        atol=tol * n,
+        err_msg=f"{algorithm} n={n} {np.dtype(dtype).name} {length}",
+    )
 
 
 @pytest.mark.parametrize("algorithm", reference.ALLREDUCE_ALGORITHMS)
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("length,start,stop", [(1, 0, None), (17, 0, None), (1000, 3, 997),
-                                               (70001, 0, None), (70001, 4099, 65000)])
+@pytest.mark.parametrize(
+    "length,start,stop",
+    [(1, 0, None), (17, 0, None), (1000, 3, 997), (70001, 0, None), (70001, 4099, 65000)],
+)
 def test_allreduce_is_its_twin_bit_for_bit(algorithm, n, dtype, length, start, stop):
     """Every worker's buffer after ShmGroup.allreduce is reference.allreduce's, to the bit:
     the native sum in rank order, and the ring's and the tree's own orders of summation."""
@@ -70,9 +77,13 @@ def test_allreduce_is_its_twin_bit_for_bit(algorithm, n, dtype, length, start, s
     groups = [_core.ShmGroup(ctrl, bufs, r, algorithm=algorithm) for r in range(n)]
     run_workers(n, lambda r: groups[r].allreduce(0.3, start, stop))
     for r, (got, expected) in enumerate(zip(bufs, want)):
-        np.testing.assert_array_equal(got, expected, strict=True,
-                                      err_msg=f"allreduce {algorithm} n={n} rank {r} "
-                                              f"{np.dtype(dtype).name} [{start}:{stop}] of {length}")
+        np.testing.assert_array_equal(
+            got,
+            expected,
+            strict=True,
+            err_msg=f"allreduce {algorithm} n={n} rank {r} "
+            f"{np.dtype(dtype).name} [{start}:{stop}] of {length}",
+        )
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "tree"])
@@ -89,12 +100,11 @@ def test_point_to_point_schedules_of_a_range_and_repeated_calls(algorithm):
 
     run_workers(n, work)
     for r, b in enumerate(bufs):
-        assert (b[100:3001] == 6.0 * 3 ** 19).all(), f"rank {r}"
+        assert (b[100:3001] == 6.0 * 3**19).all(), f"rank {r}"
         assert (b[:100] == r + 1).all() and (b[3001:] == r + 1).all(), f"rank {r}: outside range"
 
 
 def test_allreduce_and_barrier_return_the_entry_wait():
-    import time
     n = 2
     bufs = [np.ones(64), np.ones(64)]
     ctrl = control_block()
@@ -103,7 +113,7 @@ def test_allreduce_and_barrier_return_the_entry_wait():
 
     def work(r):
         if r == 1:
-            time.sleep(0.2)             # rank 0 waits for rank 1 at the entry barrier
+            time.sleep(0.2)  # rank 0 waits for rank 1 at the entry barrier
         return groups[r].allreduce(), groups[r].barrier()
 
     (w0, b0), (w1, b1) = run_workers(n, work)
@@ -147,7 +157,8 @@ def test_many_back_to_back_collectives_do_not_hang_or_mix_up_phases():
             bufs[r][:] = r + step
             groups[r].allreduce()
             assert bufs[r][0] == sum(q + step for q in range(n))
-            groups[r].barrier()           # nobody overwrites before everyone has read
+            groups[r].barrier()  # nobody overwrites before everyone has read
+
     run_workers(n, work)
 
 
@@ -163,7 +174,7 @@ def test_a_shared_memory_group_sums_bfloat16_buffers_into_bfloat16(n):
     rng = np.random.default_rng(n)
     bufs = [to_bits(rng.standard_normal(70001).astype(np.float32)) for _ in range(n)]
     want = np.empty(70001, np.uint16)
-    reference.sum_buffers(want, bufs, scale=0.25)      # float32 sum in rank order, rounded
+    reference.sum_buffers(want, bufs, scale=0.25)  # float32 sum in rank order, rounded
     out = np.zeros(70001, np.uint16)
     ctrl = control_block()
     _core.init_group_control(ctrl, n)

@@ -1,5 +1,6 @@
 """The public surface: every entry a user reaches (``dptrain.__all__`` and the public
 modules' ``__all__``) has a real signature and a docstring in ``help()``, as issue #11 asks."""
+
 import importlib
 import inspect
 import pydoc
@@ -8,9 +9,19 @@ import pytest
 
 import dptrain
 
-MODULES = ["dptrain", "dptrain.nn", "dptrain.models", "dptrain.data", "dptrain.comm",
-           "dptrain.optim", "dptrain.engine", "dptrain.measure.sweep",
-           "dptrain.measure.perfmodel", "dptrain.measure.plots", "dptrain.measure.timing"]
+MODULES = [
+    "dptrain",
+    "dptrain.nn",
+    "dptrain.models",
+    "dptrain.data",
+    "dptrain.comm",
+    "dptrain.optim",
+    "dptrain.engine",
+    "dptrain.measure.sweep",
+    "dptrain.measure.perfmodel",
+    "dptrain.measure.plots",
+    "dptrain.measure.timing",
+]
 
 
 def public_entries():
@@ -30,9 +41,12 @@ def public_entries():
 def test_help_shows_a_signature_and_a_docstring(obj):
     doc = inspect.getdoc(obj)
     assert doc and len(doc.split()) >= 4, f"{obj!r} has no docstring worth the name"
-    if inspect.isclass(obj) and not any("__init__" in vars(c) or "__new__" in vars(c)
-                                        for c in obj.__mro__[:-1] if c.__module__ != "builtins"):
-        return        # an exception or a dict with the builtin's constructor: nothing to show
+    if inspect.isclass(obj) and not any(
+        "__init__" in vars(c) or "__new__" in vars(c)
+        for c in obj.__mro__[:-1]
+        if c.__module__ != "builtins"
+    ):
+        return  # an exception or a dict with the builtin's constructor: nothing to show
     try:
         sig = inspect.signature(obj)
     except (TypeError, ValueError):

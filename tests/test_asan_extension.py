@@ -2,6 +2,7 @@
 AddressSanitizer and UndefinedBehaviorSanitizer (libasan preloaded into this interpreter,
 leak detection off: CPython itself is not instrumented), so that a use after free or a heap
 overflow at the C boundary fails a test instead of passing by luck."""
+
 import os
 import shutil
 import subprocess
@@ -20,17 +21,22 @@ def _runtime(name: str) -> str | None:
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         return None
-    path = subprocess.run([cc, f"-print-file-name={name}"], capture_output=True,
-                          text=True).stdout.strip()
+    path = subprocess.run(
+        [cc, f"-print-file-name={name}"], capture_output=True, text=True
+    ).stdout.strip()
     return path if os.path.isabs(path) and Path(path).is_file() else None
 
 
 pytestmark = [
     pytest.mark.build,
-    pytest.mark.skipif(not (ROOT / "setup.py").is_file() or not (ROOT / "csrc").is_dir(),
-                       reason=f"no C sources at {ROOT} (installed package only)"),
-    pytest.mark.skipif(sys.platform != "linux" or _runtime("libasan.so") is None,
-                       reason="needs Linux and a C compiler with libasan"),
+    pytest.mark.skipif(
+        not (ROOT / "setup.py").is_file() or not (ROOT / "csrc").is_dir(),
+        reason=f"no C sources at {ROOT} (installed package only)",
+    ),
+    pytest.mark.skipif(
+        sys.platform != "linux" or _runtime("libasan.so") is None,
+        reason="needs Linux and a C compiler with libasan",
+    ),
 ]
 
 
@@ -42,26 +48,68 @@ def _asan_build_and_run(workdir, run) -> dict:
     flags = "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
     env = dict(os.environ, CFLAGS=flags, LDFLAGS="-fsanitize=address,undefined")
     steps = {"lib": lib}
-    steps["build"] = run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", lib,
-                          "--build-temp", workdir / "asan-tmp"], cwd=ROOT, env=env, timeout=900)
+    steps["build"] = run(
+        [
+            sys.executable,
+            "setup.py",
+            "-q",
+            "build_ext",
+            "--build-lib",
+            lib,
+            "--build-temp",
+            workdir / "asan-tmp",
+        ],
+        cwd=ROOT,
+        env=env,
+        timeout=900,
+    )
     if steps["build"].returncode != 0:
         return steps
     # the package's modules and data (the studies' templates), subpackages too, around the
     # ASan build of _core
-    shutil.copytree(ROOT / "dptrain", lib / "dptrain", dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    shutil.copytree(
+        ROOT / "dptrain",
+        lib / "dptrain",
+        dirs_exist_ok=True,
+        ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"),
+    )
     preload = ":".join(p for p in (_runtime("libasan.so"), _runtime("libubsan.so")) if p)
-    env = dict(os.environ, PYTHONPATH=str(lib), LD_PRELOAD=preload,
-               ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=0",
-               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
-    steps["probe"] = run([sys.executable, "-c", "import dptrain; print(dptrain._core.__file__)"],
-                         cwd=lib, env=env, timeout=120)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(lib),
+        LD_PRELOAD=preload,
+        ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=0",
+        UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+    )
+    steps["probe"] = run(
+        [sys.executable, "-c", "import dptrain; print(dptrain._core.__file__)"],
+        cwd=lib,
+        env=env,
+        timeout=120,
+    )
     # --capture=sys: a sanitizer writes its report to fd 2 and exits; captured at the fd level
     # the report would be lost with the process
-    steps["tests"] = run([sys.executable, "-m", "pytest", "-q", "--capture=sys", "-p",
-                          "no:cacheprovider", "--rootdir", ROOT, "-c", ROOT / "pyproject.toml",
-                          "-m", "boundary", ROOT / "tests"], cwd=lib, env=env,
-                         timeout=1800)
+    steps["tests"] = run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "--capture=sys",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            ROOT,
+            "-c",
+            ROOT / "pyproject.toml",
+            "-m",
+            "boundary",
+            ROOT / "tests",
+        ],
+        cwd=lib,
+        env=env,
+        timeout=1800,
+    )
     return steps
 
 

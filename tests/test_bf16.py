@@ -5,9 +5,9 @@ The kernels are held to a NumPy reference that rounds the same operands; the mod
 NumPy forward/backward that does; the training engine to its promises (same weights for any
 world size in deterministic mode, checkpoints, the CLI, scikit-learn estimators). The
 accuracy against float32 on MNIST is measured by bench/bench_bf16.py, not here."""
+
 import json
 import pickle
-
 import re
 
 import numpy as np
@@ -17,8 +17,18 @@ import dptrain
 from dptrain import _core, cli
 from dptrain import reference as ref
 
-SMALL = dict(model="mlp", hidden=(16,), dataset="synthetic", n_samples=1030, n_features=12,
-             epochs=2, batch_size=100, lr=0.05, momentum=0.9, quiet=True)
+SMALL = dict(
+    model="mlp",
+    hidden=(16,),
+    dataset="synthetic",
+    n_samples=1030,
+    n_features=12,
+    epochs=2,
+    batch_size=100,
+    lr=0.05,
+    momentum=0.9,
+    quiet=True,
+)
 
 
 def bits(a) -> np.ndarray:
@@ -42,10 +52,11 @@ def round_bf16(a) -> np.ndarray:
 
 def rmm(a, b) -> np.ndarray:
     """a @ b with bfloat16 inputs, summed in float64 (the reference of a float32 GEMM)."""
-    return (round_bf16(a).astype(np.float64) @ round_bf16(b).astype(np.float64))
+    return round_bf16(a).astype(np.float64) @ round_bf16(b).astype(np.float64)
 
 
 # ---- kernels ---------------------------------------------------------------------------
+
 
 def test_context_takes_bfloat16_and_names_a_bad_value():
     assert _core.Context(2, gemm_inputs="bfloat16").gemm_inputs == "bfloat16"
@@ -67,10 +78,12 @@ def test_a_bfloat16_context_refuses_float64_arrays():
         _core.dense_forward(x, w, b, y, ctx=ctx)
 
 
-@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False),
-                                             (True, True)])
-@pytest.mark.parametrize("shape", [(128, 256, 784), (7, 10, 27), (1, 1, 1), (37, 3, 500),
-                                   (13, 130, 9)])
+@pytest.mark.parametrize(
+    "trans_a,trans_b", [(False, False), (False, True), (True, False), (True, True)]
+)
+@pytest.mark.parametrize(
+    "shape", [(128, 256, 784), (7, 10, 27), (1, 1, 1), (37, 3, 500), (13, 130, 9)]
+)
 def test_gemm_rounds_both_inputs_to_bfloat16(isa, shape, trans_a, trans_b):
     M, N, K = shape
     rng = np.random.default_rng(M * N + K)
@@ -83,11 +96,20 @@ def test_gemm_rounds_both_inputs_to_bfloat16(isa, shape, trans_a, trans_b):
     mag = 0.5 * (np.abs(round_bf16(opa)).astype(np.float64) @ np.abs(round_bf16(opb))) + 2 * abs(c0)
     for threads in (1, 3):
         c = c0.copy()
-        _core.gemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=0.5, beta=-2.0,
-                   ctx=_core.Context(threads, gemm_inputs="bfloat16"))
+        _core.gemm(
+            a,
+            b,
+            c,
+            trans_a=trans_a,
+            trans_b=trans_b,
+            alpha=0.5,
+            beta=-2.0,
+            ctx=_core.Context(threads, gemm_inputs="bfloat16"),
+        )
         assert np.all(np.abs(c - want) <= (K + 16) * np.finfo(np.float32).eps * mag + 1e-30), (
-            f"threads={threads}: max |c - ref| {np.abs(c - want).max()}")
-    if K >= 27:    # the rounding is visible: bfloat16's 8 bits, not float32's 24
+            f"threads={threads}: max |c - ref| {np.abs(c - want).max()}"
+        )
+    if K >= 27:  # the rounding is visible: bfloat16's 8 bits, not float32's 24
         assert np.abs(c - full).max() > 1e3 * np.finfo(np.float32).eps * np.abs(full).max()
 
 
@@ -98,10 +120,28 @@ def test_gemm_rounding_is_round_to_nearest_even_on_every_bit_pattern(isa, k):
     rng = np.random.default_rng(7)
     bits = rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
     # the boundaries: ties (low half 0x8000) with even and odd kept bits, and their neighbours
-    ties = (rng.integers(0, 2**16, 512, dtype=np.uint64).astype(np.uint32) << 16)
-    bits = np.concatenate([bits, ties | 0x8000, ties | 0x7FFF, ties | 0x8001,
-                           np.array([0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x7F800001, 0x7FC00000,
-                                     0x00008000, 0x00018000, 0x007FFFFF], np.uint32)])
+    ties = rng.integers(0, 2**16, 512, dtype=np.uint64).astype(np.uint32) << 16
+    bits = np.concatenate(
+        [
+            bits,
+            ties | 0x8000,
+            ties | 0x7FFF,
+            ties | 0x8001,
+            np.array(
+                [
+                    0x7F7FFFFF,
+                    0x7F800000,
+                    0xFF800000,
+                    0x7F800001,
+                    0x7FC00000,
+                    0x00008000,
+                    0x00018000,
+                    0x007FFFFF,
+                ],
+                np.uint32,
+            ),
+        ]
+    )
     x = bits.view(np.float32).reshape(-1, 1)
     a = np.zeros((len(x), k), np.float32)
     a[:, :1] = x
@@ -111,7 +151,7 @@ def test_gemm_rounding_is_round_to_nearest_even_on_every_bit_pattern(isa, k):
     _core.gemm(a, one, c, ctx=_core.Context(gemm_inputs="bfloat16"))
     want = round_bf16(x)
     path = _core.build_info()["bfloat16_gemm"]
-    if path.startswith("AMX") and k < 32:      # below one 32-k chunk: the path AMX falls back on
+    if path.startswith("AMX") and k < 32:  # below one 32-k chunk: the path AMX falls back on
         previous = _core.set_bf16_amx(False)
         path = _core.build_info()["bfloat16_gemm"]
         _core.set_bf16_amx(previous)
@@ -127,10 +167,11 @@ def test_gemm_rounding_is_round_to_nearest_even_on_every_bit_pattern(isa, k):
         want[tiny] = 0
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(c), nan)
-    assert np.array_equal(c[~nan], want[~nan])    # -0 * 1 + 0 is +0 on both sides (==)
+    assert np.array_equal(c[~nan], want[~nan])  # -0 * 1 + 0 is +0 on both sides (==)
 
 
 # ---- models ----------------------------------------------------------------------------
+
 
 def mlp_grads_bf16(model, x, y):
     """The MLP's mean-loss gradient with every matmul's inputs rounded to bfloat16 (NumPy)."""
@@ -163,7 +204,7 @@ def test_a_bfloat16_model_is_float32_with_bfloat16_gemms():
     assert m.config()["dtype"] == "bfloat16"
     f = dptrain.MLP((12, 16, 3))
     assert f.precision == "float32" and f._net.gemm_inputs is None
-    np.testing.assert_array_equal(m.params, f.params)      # the same initial weights
+    np.testing.assert_array_equal(m.params, f.params)  # the same initial weights
 
 
 def test_bfloat16_needs_float32_buffers_and_names_the_problem():
@@ -174,8 +215,9 @@ def test_bfloat16_needs_float32_buffers_and_names_the_problem():
     with pytest.raises(ValueError, match="expected float32 and"):
         dptrain.MLP((4, 3), dtype="bfloat16", params=np.zeros(15))
     p, g = np.zeros(15), np.zeros(15)
-    with pytest.raises(ValueError,
-                       match="gemm_inputs='bfloat16' needs float32 params, got float64"):
+    with pytest.raises(
+        ValueError, match="gemm_inputs='bfloat16' needs float32 params, got float64"
+    ):
         _core.Model([("dense", 3)], (4,), "softmax_xent", p, g, gemm_inputs="bfloat16")
 
 
@@ -192,32 +234,33 @@ def test_mlp_gradient_is_the_bfloat16_reference(isa):
     for (gw, gb), (w, b), (fw, _) in zip(mlp_grads_bf16(m, x, y), m.grad_layers(), f.grad_layers()):
         np.testing.assert_allclose(w, gw, rtol=1e-4, atol=1e-6 * np.abs(gw).max())
         np.testing.assert_allclose(b, gb, rtol=1e-4, atol=1e-6 * np.abs(gb).max())
-        assert not np.array_equal(w, fw)       # not float32's
+        assert not np.array_equal(w, fw)  # not float32's
 
 
-CPU_BF16 = ("avx512" in _core.build_info()["isas_available"]
-            and bool(_core.cpu_features()["avx512_bf16"]))
+CPU_BF16 = "avx512" in _core.build_info()["isas_available"] and bool(
+    _core.cpu_features()["avx512_bf16"]
+)
 # the path exists where the CPU has AVX512_BF16 and the compiler its intrinsics: then and only
 # then build_info has the measured ratio
 HAS_BF16_DOT = _core.build_info()["bfloat16_dot_vs_fma"] is not None
 
 
 def test_set_bf16_dot_says_which_path_runs():
-    previous_amx = _core.set_bf16_amx(False)      # AMX, where it runs, comes first
+    previous_amx = _core.set_bf16_amx(False)  # AMX, where it runs, comes first
     previous = _core.set_bf16_dot(False)
     try:
-        assert previous is None                               # auto, unless a test left it set
+        assert previous is None  # auto, unless a test left it set
         assert _core.build_info()["bfloat16_gemm"].startswith("inputs rounded to bfloat16")
         assert _core.set_bf16_dot(False) is False
         with pytest.raises(TypeError, match="on must be True, False or None"):
             _core.set_bf16_dot(1)
         ratio = _core.build_info()["bfloat16_dot_vs_fma"]
-        assert CPU_BF16 or not HAS_BF16_DOT                    # no ratio without the CPU
+        assert CPU_BF16 or not HAS_BF16_DOT  # no ratio without the CPU
         if not HAS_BF16_DOT:
             assert ratio is None
             with pytest.raises(ValueError, match="needs AVX512_BF16 .* which this CPU .* lacks"):
                 _core.set_bf16_dot(True)
-            assert _core.set_bf16_dot(None) is False          # the refusals changed nothing
+            assert _core.set_bf16_dot(None) is False  # the refusals changed nothing
             assert _core.build_info()["bfloat16_gemm"].startswith("inputs rounded")
         else:
             assert ratio > 0
@@ -242,11 +285,17 @@ def path_case(model):
     rng = np.random.default_rng(7)
     if model == "mlp":
         x = rng.standard_normal((100, 50)).astype(np.float32)
-        make = lambda t: dptrain.MLP((50, 40, 33, 7), dtype="bfloat16", seed=4, threads=t)
+
+        def make(t):
+            return dptrain.MLP((50, 40, 33, 7), dtype="bfloat16", seed=4, threads=t)
     else:
         x = rng.standard_normal((6, 2 * 11 * 11)).astype(np.float32)
-        make = lambda t: dptrain.CNN((2, 11, 11), 7, channels=(5, 9), hidden=(13,),
-                                     dtype="bfloat16", seed=4, threads=t)
+
+        def make(t):
+            return dptrain.CNN(
+                (2, 11, 11), 7, channels=(5, 9), hidden=(13,), dtype="bfloat16", seed=4, threads=t
+            )
+
     return x, rng.integers(0, 7, len(x)), make
 
 
@@ -256,27 +305,35 @@ def test_set_bf16_amx_says_which_path_runs():
     assert not HAS_AMX or (CPU_BF16 and _core.cpu_features()["amx_bf16"])
     previous = _core.set_bf16_amx(None)
     try:
-        assert previous is None                               # auto, unless a test left it set
+        assert previous is None  # auto, unless a test left it set
         assert _core.build_info()["bfloat16_gemm"].startswith("AMX") == (
-            HAS_AMX and _core.isa() == "avx512")
+            HAS_AMX and _core.isa() == "avx512"
+        )
         with pytest.raises(TypeError, match="on must be True, False or None"):
             _core.set_bf16_amx(1)
         assert _core.set_bf16_amx(False) is None
         assert not _core.build_info()["bfloat16_gemm"].startswith("AMX")
         if not HAS_AMX:
-            with pytest.raises(ValueError, match="the AMX path cannot run here .*: " +
-                               re.escape(info["bfloat16_amx_why"])):
+            with pytest.raises(
+                ValueError,
+                match="the AMX path cannot run here .*: " + re.escape(info["bfloat16_amx_why"]),
+            ):
                 _core.set_bf16_amx(True)
-            assert _core.set_bf16_amx(None) is False          # the refusal changed nothing
+            assert _core.set_bf16_amx(None) is False  # the refusal changed nothing
         else:
             assert _core.set_bf16_amx(True) is False
-            assert _core.build_info()["bfloat16_gemm"].startswith("AMX") == (_core.isa() == "avx512")
+            assert _core.build_info()["bfloat16_gemm"].startswith("AMX") == (
+                _core.isa() == "avx512"
+            )
     finally:
         _core.set_bf16_amx(previous)
 
 
-@pytest.mark.skipif(not HAS_AMX, reason="this process cannot run AMX here (build_info()"
-                    "['bfloat16_amx_why']); csrc/tests' test_core_wide runs its emulation")
+@pytest.mark.skipif(
+    not HAS_AMX,
+    reason="this process cannot run AMX here (build_info()"
+    "['bfloat16_amx_why']); csrc/tests' test_core_wide runs its emulation",
+)
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_the_amx_path_is_within_float32s_bound_and_reproducible(model):
     """dp_gemm_amx_tmpl.h: tdpbf16ps sums otherwise than the rounding path (more precision
@@ -298,9 +355,9 @@ def test_the_amx_path_is_within_float32s_bound_and_reproducible(model):
     finally:
         _core.set_bf16_amx(None)
         _core.set_isa(previous_isa)
-    (l0, g0), = runs[False, 1]
+    ((l0, g0),) = runs[False, 1]
     (l1, g1), (l1b, g1b) = runs[True, 1]
-    (l3, g3), = runs[True, 3]
+    ((l3, g3),) = runs[True, 3]
     assert l1 == l1b
     np.testing.assert_array_equal(g1, g1b)
     if model == "mlp":
@@ -310,8 +367,11 @@ def test_the_amx_path_is_within_float32s_bound_and_reproducible(model):
     np.testing.assert_allclose(g1, g0, rtol=1e-3, atol=1e-5 * np.abs(g0).max())
 
 
-@pytest.mark.skipif(not HAS_BF16_DOT, reason="this CPU has no AVX512_BF16: the vdpbf16ps "
-                    "micro-kernel cannot run here (csrc/tests' test_core_wide runs its emulation)")
+@pytest.mark.skipif(
+    not HAS_BF16_DOT,
+    reason="this CPU has no AVX512_BF16: the vdpbf16ps "
+    "micro-kernel cannot run here (csrc/tests' test_core_wide runs its emulation)",
+)
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_the_vdpbf16ps_path_gives_the_rounding_paths_bits(model):
     """dp_gemm_dot_tmpl.h: vdpbf16ps adds the pair's two exact products one after the other,
@@ -337,11 +397,21 @@ def test_the_vdpbf16ps_path_gives_the_rounding_paths_bits(model):
     np.testing.assert_array_equal(grads[True], grads[False])
 
 
-@pytest.mark.skipif(not HAS_AMX, reason="this process cannot run AMX here (build_info()"
-                    "['bfloat16_amx_why']); csrc/tests' test_core_wide runs its emulation")
-@pytest.mark.parametrize("shape", [(128, 256, 784, False, True), (256, 784, 128, True, False),
-                                   (77, 45, 1000, False, False), (5, 300, 33, True, True),
-                                   (300, 10, 64, False, True)])
+@pytest.mark.skipif(
+    not HAS_AMX,
+    reason="this process cannot run AMX here (build_info()"
+    "['bfloat16_amx_why']); csrc/tests' test_core_wide runs its emulation",
+)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (128, 256, 784, False, True),
+        (256, 784, 128, True, False),
+        (77, 45, 1000, False, False),
+        (5, 300, 33, True, True),
+        (300, 10, 64, False, True),
+    ],
+)
 def test_an_amx_gemm_has_the_same_bits_on_any_threads(shape):
     """Each C element's sum runs over the same K slices and tiles whatever the threads (they
     split C by whole 32-row or 32-column blocks); against the rounding path, the float32
@@ -357,8 +427,16 @@ def test_an_amx_gemm_has_the_same_bits_on_any_threads(shape):
         for amx, threads in ((False, 1), (True, 1), (True, 2), (True, 3)):
             _core.set_bf16_amx(amx)
             c = c0.copy()
-            _core.gemm(a, b, c, trans_a=ta, trans_b=tb, alpha=0.5, beta=2.0,
-                       ctx=_core.Context(threads, gemm_inputs="bfloat16"))
+            _core.gemm(
+                a,
+                b,
+                c,
+                trans_a=ta,
+                trans_b=tb,
+                alpha=0.5,
+                beta=2.0,
+                ctx=_core.Context(threads, gemm_inputs="bfloat16"),
+            )
             out[amx, threads] = c
     finally:
         _core.set_bf16_amx(None)
@@ -366,8 +444,11 @@ def test_an_amx_gemm_has_the_same_bits_on_any_threads(shape):
     for threads in (2, 3):
         np.testing.assert_array_equal(out[True, threads], out[True, 1])
     opa, opb = (a.T if ta else a), (b.T if tb else b)
-    bound = (K + 16) * np.finfo(np.float32).eps * (
-        0.5 * np.abs(opa).astype(np.float64) @ np.abs(opb) + 2 * np.abs(c0))
+    bound = (
+        (K + 16)
+        * np.finfo(np.float32).eps
+        * (0.5 * np.abs(opa).astype(np.float64) @ np.abs(opb) + 2 * np.abs(c0))
+    )
     assert np.all(np.abs(out[True, 1].astype(np.float64) - out[False, 1]) <= 2 * bound)
 
 
@@ -378,10 +459,10 @@ def test_logistic_regression_takes_the_bfloat16_gemms():
     m = dptrain.LogisticRegression(20, dtype="bfloat16", seed=1)
     m.zero_grad()
     m.loss_grad(x, y)
-    (w, b), = m.layers()
+    ((w, b),) = m.layers()
     z = (rmm(x, w.T)[:, 0] + b[0]).astype(np.float32).astype(np.float64)
     d = ((1 / (1 + np.exp(-z)) - y) / len(y)).astype(np.float32)
-    (gw, gb), = m.grad_layers()
+    ((gw, gb),) = m.grad_layers()
     np.testing.assert_allclose(gw[0], rmm(d[None, :], x)[0], rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(gb[0], d.astype(np.float64).sum(), rtol=1e-4, atol=1e-7)
 
@@ -413,10 +494,20 @@ def test_save_and_load_keep_the_precision(tmp_path):
 
 # ---- training --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("comm_dtype", ["float32", "bfloat16"])
 def test_deterministic_bfloat16_training_is_the_same_bits_for_1_2_and_3_workers(comm_dtype):
-    runs = {w: dptrain.train(**SMALL, dtype="bfloat16", comm_dtype=comm_dtype, deterministic=True,
-                             workers=w, backend="thread")["params"] for w in (1, 2, 3)}
+    runs = {
+        w: dptrain.train(
+            **SMALL,
+            dtype="bfloat16",
+            comm_dtype=comm_dtype,
+            deterministic=True,
+            workers=w,
+            backend="thread",
+        )["params"]
+        for w in (1, 2, 3)
+    }
     assert np.array_equal(runs[1], runs[2]) and np.array_equal(runs[1], runs[3])
     f32 = dptrain.train(**SMALL, deterministic=True)["params"]
     assert runs[1].dtype == np.float32 and not np.array_equal(runs[1], f32)
@@ -428,8 +519,9 @@ def test_a_bfloat16_run_resumes_from_its_checkpoint(tmp_path):
     whole = dptrain.train(**SMALL, dtype="bfloat16")
     path = tmp_path / "run.npz"
     with pytest.raises(RuntimeError, match="injected fault"):
-        dptrain.train(**SMALL, dtype="bfloat16", checkpoint=path, checkpoint_every=5,
-                      fault=(0, 17, "raise"))
+        dptrain.train(
+            **SMALL, dtype="bfloat16", checkpoint=path, checkpoint_every=5, fault=(0, 17, "raise")
+        )
     resumed = dptrain.train(**SMALL, dtype="bfloat16", resume=path)
     np.testing.assert_array_equal(resumed["params"], whole["params"])
     assert resumed["config"]["dtype"] == "bfloat16"
@@ -437,9 +529,28 @@ def test_a_bfloat16_run_resumes_from_its_checkpoint(tmp_path):
 
 def test_the_cli_trains_in_bfloat16_and_says_so(tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = cli.main(["train", "--model", "mlp", "--hidden", "16", "--dataset", "synthetic",
-                   "--n-samples", "600", "--n-features", "12", "--epochs", "1",
-                   "--dtype", "bfloat16", "--quiet", "--out", str(out)])
+    rc = cli.main(
+        [
+            "train",
+            "--model",
+            "mlp",
+            "--hidden",
+            "16",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "600",
+            "--n-features",
+            "12",
+            "--epochs",
+            "1",
+            "--dtype",
+            "bfloat16",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["config"]["dtype"] == "bfloat16"
@@ -448,6 +559,7 @@ def test_the_cli_trains_in_bfloat16_and_says_so(tmp_path, capsys):
 
 def test_sklearn_estimator_takes_bfloat16_and_pickles():
     from dptrain.sklearn import MLPClassifier
+
     rng = np.random.default_rng(6)
     X = rng.standard_normal((200, 6))
     y = (X[:, 0] + X[:, 1] > 0).astype(int)
@@ -466,11 +578,15 @@ def test_a_data_set_asked_for_in_bfloat16_says_to_use_float32():
 
 # ---- the bfloat16 gradient exchange ------------------------------------------------------
 
+
 def test_to_bf16_and_from_bf16_round_trip_every_pattern(isa):
     rng = np.random.default_rng(8)
-    x = np.concatenate([rng.integers(0, 2**32, 5000, dtype=np.uint64).astype(np.uint32),
-                        np.array([0x7F7FFFFF, 0x7F800000, 0x3F808000, 0x3F818000, 0xFFC12345],
-                                 np.uint32)]).view(np.float32)
+    x = np.concatenate(
+        [
+            rng.integers(0, 2**32, 5000, dtype=np.uint64).astype(np.uint32),
+            np.array([0x7F7FFFFF, 0x7F800000, 0x3F808000, 0x3F818000, 0xFFC12345], np.uint32),
+        ]
+    ).view(np.float32)
     b = np.empty(x.size, np.uint16)
     _core.to_bf16(x, b)
     want = bits(x)
@@ -487,7 +603,7 @@ def test_sum_buffers_of_bfloat16_sums_in_float32_then_rounds(isa):
     ins = [bits(rng.standard_normal(5003).astype(np.float32)) for _ in range(5)]
     acc = widen(ins[0]).copy()
     for b in ins[1:]:
-        acc = acc + widen(b)                      # float32, in order
+        acc = acc + widen(b)  # float32, in order
     out = np.empty(5003, np.uint16)
     _core.sum_buffers(out, ins, scale=0.5)
     assert np.array_equal(out, bits(acc * np.float32(0.5)))
@@ -500,8 +616,11 @@ def test_sum_buffers_of_bfloat16_sums_in_float32_then_rounds(isa):
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_the_bfloat16_exchange_sends_half_the_bytes_and_trains_the_same_model(backend):
     from dptrain.comm.algorithms import bytes_sent
-    runs = {cd: dptrain.train(**SMALL, dtype="bfloat16", workers=2, backend=backend,
-                              comm_dtype=cd) for cd in ("bfloat16", "float32")}
+
+    runs = {
+        cd: dptrain.train(**SMALL, dtype="bfloat16", workers=2, backend=backend, comm_dtype=cd)
+        for cd in ("bfloat16", "float32")
+    }
     bf, f32 = runs["bfloat16"], runs["float32"]
     assert bf["config"]["comm_dtype"] == "bfloat16"
     m, steps = bf["breakdown"]["param_bytes"], bf["steps"]
@@ -519,6 +638,7 @@ def test_deterministic_bfloat16_exchange_matches_the_numpy_chunk_sum():
     bfloat16, summed in chunk order in float32, the sum rounded: the update is SGD on it."""
     from dptrain.config import CHUNKS
     from dptrain.sampler import shard
+
     rng = np.random.default_rng(10)
     x = rng.standard_normal((200, 12)).astype(np.float32)
     y = rng.integers(0, 3, 200)
@@ -531,24 +651,38 @@ def test_deterministic_bfloat16_exchange_matches_the_numpy_chunk_sum():
         m.loss_grad(x[lo:hi], y[lo:hi], 1.0 / 200)
         acc = acc + round_bf16(m.grads)
     want = p0 - np.float32(0.05) * round_bf16(acc)
-    r = dptrain.fit(m, x, y, epochs=1, batch_size=200, lr=0.05, momentum=0.0, shuffle=False,
-                    deterministic=True, comm_dtype="bfloat16", workers=2, backend="thread",
-                    quiet=True)
+    r = dptrain.fit(
+        m,
+        x,
+        y,
+        epochs=1,
+        batch_size=200,
+        lr=0.05,
+        momentum=0.0,
+        shuffle=False,
+        deterministic=True,
+        comm_dtype="bfloat16",
+        workers=2,
+        backend="thread",
+        quiet=True,
+    )
     assert r["steps"] == 1
     np.testing.assert_allclose(m.params, want, rtol=1e-6, atol=1e-7)
     assert not np.allclose(m.params, p0 - np.float32(0.05) * acc, rtol=1e-6, atol=1e-7)
 
 
 def test_comm_dtype_is_checked_against_the_model_and_the_exchange():
-    with pytest.raises(ValueError,
-                       match="needs float32 gradients: dtype float32 or bfloat16, got float64"):
+    with pytest.raises(
+        ValueError, match="needs float32 gradients: dtype float32 or bfloat16, got float64"
+    ):
         dptrain.train(**SMALL, dtype="float64", comm_dtype="bfloat16")
     with pytest.raises(ValueError, match="works with allreduce='native'.*allreduce='ring'"):
         dptrain.train(**SMALL, comm_dtype="bfloat16", allreduce="ring", workers=2, backend="thread")
     with pytest.raises(ValueError, match="overlap=True"):
         dptrain.train(**SMALL, comm_dtype="bfloat16", overlap=True, workers=2, backend="thread")
-    with pytest.raises(ValueError,
-                       match="comm_dtype is 'float64', but the model's gradients are float32"):
+    with pytest.raises(
+        ValueError, match="comm_dtype is 'float64', but the model's gradients are float32"
+    ):
         dptrain.train(**SMALL, comm_dtype="float64")
     with pytest.raises(ValueError, match="comm_dtype is 'int8'"):
         dptrain.train(**SMALL, comm_dtype="int8")

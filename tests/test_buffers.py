@@ -3,13 +3,13 @@ dptrain.reference.sum_buffers / scale_, exactly (the order of the additions is t
 over sizes, ranges, scales and outputs that are one of the inputs, every kernel ISA; and their
 boundary. (The bfloat16 buffers, to_bf16, from_bf16 and sum_buffers on uint16: test_bf16.py.)
 """
+
 import numpy as np
 import pytest
+from _core_helpers import DTYPES, assert_rejected, dname, family_tests, make_calls, randn, rng_for
 
-from _core_helpers import assert_rejected, dname, DTYPES, family_tests, make_calls, randn, rng_for
 from dptrain import _core as core
 from dptrain import reference as ref
-
 
 SUM_SLICES = [(0, None), (3, None), (0, 5), (2, 2), ("half", None)]
 
@@ -36,8 +36,11 @@ def test_sum_buffers(isa, out_is, start, stop, scale, k, n, dtype):
     ref.sum_buffers(out_ref, inputs_ref, scale=scale, start=start, stop=stop)
     # The order of the additions is part of the contract, so the result is exact.
     np.testing.assert_array_equal(
-        out, out_ref, err_msg=f"sum_buffers n={n} k={k} scale={scale} [{start}:{stop}] "
-                              f"out={out_is} dtype={dname(dtype)}")
+        out,
+        out_ref,
+        err_msg=f"sum_buffers n={n} k={k} scale={scale} [{start}:{stop}] "
+        f"out={out_is} dtype={dname(dtype)}",
+    )
     for i, (a, a_ref) in enumerate(zip(inputs, inputs_ref)):
         if a is not out:
             np.testing.assert_array_equal(a, a_ref, err_msg=f"sum_buffers modified inputs[{i}]")
@@ -57,8 +60,9 @@ def test_sum_buffers_slices_compose(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("n", [1, 7, 33, 129, 5000])
-@pytest.mark.parametrize("start,stop", [(0, None), (1, None), (0, 1), ("half", None), (0, 0)],
-                         ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "start,stop", [(0, None), (1, None), (0, 1), ("half", None), (0, 0)], ids=lambda v: str(v)
+)
 @pytest.mark.parametrize("alpha", [0.5, -3.0, 0.0])
 def test_scale_(isa, alpha, start, stop, n, dtype):
     if start == "half":
@@ -67,8 +71,9 @@ def test_scale_(isa, alpha, start, stop, n, dtype):
     want = buf.copy()
     core.scale_(buf, alpha, start=start, stop=stop)
     ref.scale_(want, alpha, start=start, stop=stop)
-    np.testing.assert_array_equal(buf, want, err_msg=f"scale_ n={n} alpha={alpha} "
-                                                     f"[{start}:{stop}] dtype={dname(dtype)}")
+    np.testing.assert_array_equal(
+        buf, want, err_msg=f"scale_ n={n} alpha={alpha} [{start}:{stop}] dtype={dname(dtype)}"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -76,10 +81,15 @@ def test_scale_(isa, alpha, start, stop, n, dtype):
 
 
 @pytest.mark.boundary
-@pytest.mark.parametrize("kernel,kw", [("sum_buffers", dict(start=-1)),
-                                       ("sum_buffers", dict(start=5, stop=4)),
-                                       ("sum_buffers", dict(stop=10)),
-                                       ("scale_", dict(start=3, stop=10))])
+@pytest.mark.parametrize(
+    "kernel,kw",
+    [
+        ("sum_buffers", dict(start=-1)),
+        ("sum_buffers", dict(start=5, stop=4)),
+        ("sum_buffers", dict(stop=10)),
+        ("scale_", dict(start=3, stop=10)),
+    ],
+)
 def test_ranges_outside_the_buffer_rejected(kernel, kw):
     call = make_calls()[kernel]
     call.kwargs.update(kw)

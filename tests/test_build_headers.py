@@ -6,6 +6,7 @@ NumPy (`python setup.py build_ext`, or pip without build isolation) compiles aga
 1.x headers instead: this test does that, then trains with the result. It runs in CI's
 oldest-NumPy pass; with NumPy 2 installed, the build it would check is the one every other
 test already uses, so it skips."""
+
 import shutil
 import sys
 from pathlib import Path
@@ -18,12 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [
     pytest.mark.build,
     pytest.mark.numpy1_headers,
-    pytest.mark.skipif(not (ROOT / "setup.py").is_file() or not (ROOT / "csrc").is_dir(),
-                       reason=f"no C sources at {ROOT} (installed package only)"),
-    pytest.mark.skipif(int(np.__version__.split(".")[0]) >= 2,
-                       reason=f"NumPy {np.__version__}: NumPy 2 headers are what pip's build "
-                              f"and every other test use; this checks NumPy 1.x headers "
-                              f"(CI's oldest-NumPy pass)"),
+    pytest.mark.skipif(
+        not (ROOT / "setup.py").is_file() or not (ROOT / "csrc").is_dir(),
+        reason=f"no C sources at {ROOT} (installed package only)",
+    ),
+    pytest.mark.skipif(
+        int(np.__version__.split(".")[0]) >= 2,
+        reason=f"NumPy {np.__version__}: NumPy 2 headers are what pip's build "
+        f"and every other test use; this checks NumPy 1.x headers "
+        f"(CI's oldest-NumPy pass)",
+    ),
 ]
 
 
@@ -32,20 +37,42 @@ def _build_and_train(workdir, run) -> dict:
     a package of its own, then a short training with it; each step's CompletedProcess."""
     lib = workdir / "lib"
     steps = {"lib": lib}
-    steps["build"] = run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", lib,
-                          "--build-temp", workdir / "build"], cwd=ROOT, timeout=900)
+    steps["build"] = run(
+        [
+            sys.executable,
+            "setup.py",
+            "-q",
+            "build_ext",
+            "--build-lib",
+            lib,
+            "--build-temp",
+            workdir / "build",
+        ],
+        cwd=ROOT,
+        timeout=900,
+    )
     if steps["build"].returncode != 0:
         return steps
-    shutil.copytree(ROOT / "dptrain", lib / "dptrain", dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
-    probe = ("import numpy, dptrain\n"
-             "info = dptrain.build_info()\n"
-             "r = dptrain.train(model='mlp', hidden=(8,), dataset='synthetic', n_samples=600, "
-             "epochs=1, workers=2, backend='thread', quiet=True)\n"
-             "print(dptrain._core.__file__, numpy.__version__, info['numpy_build_api'], "
-             "r['final_test_accuracy'], sep='|')\n")
-    steps["run"] = run([sys.executable, "-c", probe], cwd=lib, timeout=300,
-                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(lib)})
+    shutil.copytree(
+        ROOT / "dptrain",
+        lib / "dptrain",
+        dirs_exist_ok=True,
+        ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"),
+    )
+    probe = (
+        "import numpy, dptrain\n"
+        "info = dptrain.build_info()\n"
+        "r = dptrain.train(model='mlp', hidden=(8,), dataset='synthetic', n_samples=600, "
+        "epochs=1, workers=2, backend='thread', quiet=True)\n"
+        "print(dptrain._core.__file__, numpy.__version__, info['numpy_build_api'], "
+        "r['final_test_accuracy'], sep='|')\n"
+    )
+    steps["run"] = run(
+        [sys.executable, "-c", probe],
+        cwd=lib,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(lib)},
+    )
     return steps
 
 
@@ -56,7 +83,7 @@ def test_the_extension_builds_against_numpy_1_headers_and_trains(background):
     run = background["run"]
     assert run.returncode == 0, run.stderr[-3000:]
     so, version, api, accuracy = run.stdout.splitlines()[-1].split("|")
-    assert so.startswith(str(background["lib"])), so         # this build, not the installed one
+    assert so.startswith(str(background["lib"])), so  # this build, not the installed one
     assert version == np.__version__
     # NumPy 1.x headers have no NPY_FEATURE_VERSION_STRING: build_info gives the C API version
     assert api.startswith("C API 0x"), api

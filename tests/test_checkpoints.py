@@ -1,6 +1,7 @@
 """No result lost, every bad file a clear error: output paths are checked before the first
 step; checkpoints are written atomically and durably, stale temporaries are cleaned, and a
 damaged, foreign or impossible checkpoint given to resume is one error naming the file."""
+
 import json
 import subprocess
 import sys
@@ -28,11 +29,17 @@ def checkpoint(train_small, tmp_path_factory):
 @pytest.mark.parametrize("arg", ["out", "save_weights", "trace", "steps_csv", "checkpoint"])
 def test_an_unwritable_output_fails_before_training(train_small, tmp_path, arg):
     t0 = time.monotonic()
-    with pytest.raises(ValueError, match=rf"{arg}=.*the directory .*missing.* does not exist "
-                                         rf"\(checked before training"):
-        train_small(**{arg: tmp_path / "missing" / "f.out"}, checkpoint_every=5 if arg ==
-               "checkpoint" else 0, epochs=50)
-    assert time.monotonic() - t0 < 5              # 50 epochs would take far longer
+    with pytest.raises(
+        ValueError,
+        match=rf"{arg}=.*the directory .*missing.* does not exist "
+        rf"\(checked before training",
+    ):
+        train_small(
+            **{arg: tmp_path / "missing" / "f.out"},
+            checkpoint_every=5 if arg == "checkpoint" else 0,
+            epochs=50,
+        )
+    assert time.monotonic() - t0 < 5  # 50 epochs would take far longer
     with pytest.raises(ValueError, match=rf"{arg}=.* is a directory"):
         train_small(**{arg: tmp_path}, checkpoint_every=5 if arg == "checkpoint" else 0)
 
@@ -45,9 +52,21 @@ def test_a_directory_that_nobody_can_write_is_refused(train_small):
 
 
 def test_cli_unwritable_steps_csv_fails_first(tmp_path, capsys):
-    rc = cli.main(["train", "--dataset", "synthetic", "--n-samples", "500",
-                           "--model", "logreg", "--epochs", "1",
-                           "--steps-csv", str(tmp_path / "no" / "steps.csv")])
+    rc = cli.main(
+        [
+            "train",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "500",
+            "--model",
+            "logreg",
+            "--epochs",
+            "1",
+            "--steps-csv",
+            str(tmp_path / "no" / "steps.csv"),
+        ]
+    )
     assert rc == 1 and "steps_csv=" in capsys.readouterr().err
 
 
@@ -60,11 +79,12 @@ def test_steps_csv_is_written_bytrain_small(train_small, tmp_path):
 # ---------------------------------------------------------------- writing
 def test_no_temporary_is_left_and_stale_ones_are_removed(train_small, tmp_path):
     path = tmp_path / "c.npz"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
-    stale = tmp_path / f"c.npz.tmp-{dead}.npz"     # a writer killed mid-write left it
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
+    stale = tmp_path / f"c.npz.tmp-{dead}.npz"  # a writer killed mid-write left it
     stale.write_bytes(b"half a checkpoint")
-    other = tmp_path / "other.npz.tmp-1.npz"        # another file's: not ours to remove
+    other = tmp_path / "other.npz.tmp-1.npz"  # another file's: not ours to remove
     other.write_bytes(b"x")
     train_small(checkpoint=path, checkpoint_every=4, epochs=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npz", "other.npz.tmp-1.npz"]
@@ -74,9 +94,11 @@ def test_a_kill_while_writing_leaves_the_previous_checkpoint_whole(tmp_path):
     """SIGKILL at random moments of a run that checkpoints every step: whatever is left at
     the path always reads as a whole checkpoint."""
     path = tmp_path / "c.npz"
-    code = (f"import dptrain; dptrain.train(model='mlp', hidden=(64,), dataset='synthetic', "
-            f"n_samples=20000, n_features=64, epochs=20, batch_size=50, quiet=True, "
-            f"checkpoint={str(path)!r}, checkpoint_every=1)")
+    code = (
+        f"import dptrain; dptrain.train(model='mlp', hidden=(64,), dataset='synthetic', "
+        f"n_samples=20000, n_features=64, epochs=20, batch_size=50, quiet=True, "
+        f"checkpoint={str(path)!r}, checkpoint_every=1)"
+    )
     for delay in (1.5, 2.0, 2.6):
         proc = subprocess.Popen([sys.executable, "-c", code])
         time.sleep(delay)
@@ -94,7 +116,7 @@ def _damaged(tmp_path, checkpoint, how):
     data = checkpoint.read_bytes()
     p = tmp_path / f"{how}.npz"
     if how == "truncated":
-        p.write_bytes(data[:len(data) // 2])
+        p.write_bytes(data[: len(data) // 2])
     elif how == "bit-flipped":
         b = bytearray(data)
         b[len(b) // 3] ^= 0x10
@@ -111,8 +133,9 @@ def _damaged(tmp_path, checkpoint, how):
     return p
 
 
-@pytest.mark.parametrize("how", ["truncated", "bit-flipped", "empty", "not a checkpoint",
-                                 "a .npy array", "text"])
+@pytest.mark.parametrize(
+    "how", ["truncated", "bit-flipped", "empty", "not a checkpoint", "a .npy array", "text"]
+)
 def test_a_damaged_checkpoint_is_one_clear_error(train_small, tmp_path, checkpoint, how):
     p = _damaged(tmp_path, checkpoint, how)
     with pytest.raises(ValueError, match=rf"checkpoint {p}") as info:
@@ -136,18 +159,21 @@ def _rewritten(tmp_path, checkpoint, name, **change):
     return p
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(velocity=np.float32(0.0)), r"velocity has dtype float32 and shape \(\), expected"),
-    (dict(params=np.zeros(7, np.float32)), r"params has dtype float32 and shape \(7,\)"),
-    (dict(params=np.zeros(225, np.float64)), r"params has dtype float64"),
-    (dict(step=10_000), r"step 10000 at epoch 1, batch 4 is impossible"),
-    (dict(epoch=5, step=59), r"is impossible for 2 epoch\(s\) of 11 steps"),
-    (dict(batch=-1), r"impossible"),
-    (dict(history=[]), r"history has 0 epoch record\(s\), expected 1"),
-    (dict(loss_sum=float("nan")), r"running sums are impossible"),
-    (dict(step="15"), r"position field 'step' is '15', expected int"),
-    (dict(format=np.int64(9)), r"has format"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(velocity=np.float32(0.0)), r"velocity has dtype float32 and shape \(\), expected"),
+        (dict(params=np.zeros(7, np.float32)), r"params has dtype float32 and shape \(7,\)"),
+        (dict(params=np.zeros(225, np.float64)), r"params has dtype float64"),
+        (dict(step=10_000), r"step 10000 at epoch 1, batch 4 is impossible"),
+        (dict(epoch=5, step=59), r"is impossible for 2 epoch\(s\) of 11 steps"),
+        (dict(batch=-1), r"impossible"),
+        (dict(history=[]), r"history has 0 epoch record\(s\), expected 1"),
+        (dict(loss_sum=float("nan")), r"running sums are impossible"),
+        (dict(step="15"), r"position field 'step' is '15', expected int"),
+        (dict(format=np.int64(9)), r"has format"),
+    ],
+)
 def test_an_impossible_checkpoint_is_refused(train_small, tmp_path, checkpoint, change, message):
     p = _rewritten(tmp_path, checkpoint, "bad.npz", **change)
     with pytest.raises(ValueError, match=message):
@@ -160,24 +186,49 @@ def test_the_good_checkpoint_still_resumes(train_small, checkpoint):
 
 def test_cli_resume_of_a_damaged_file_prints_one_error(tmp_path, checkpoint, capsys):
     p = _damaged(tmp_path, checkpoint, "truncated")
-    rc = cli.main(["train", "--model", "mlp", "--hidden", "16", "--dataset",
-                           "synthetic", "--n-samples", "1030", "--n-features", "12",
-                           "--epochs", "2", "--batch-size", "100", "--lr", "0.05",
-                           "--momentum", "0.9", "--quiet", "--resume", str(p)])
+    rc = cli.main(
+        [
+            "train",
+            "--model",
+            "mlp",
+            "--hidden",
+            "16",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "1030",
+            "--n-features",
+            "12",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "100",
+            "--lr",
+            "0.05",
+            "--momentum",
+            "0.9",
+            "--quiet",
+            "--resume",
+            str(p),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and f"checkpoint {p} cannot be read" in err
 
 
 # ---------------------------------------------------------------- hyper-parameters
-@pytest.mark.parametrize("kw, message", [
-    (dict(momentum=1.5), r"momentum must be in \[0, 1\), got 1\.5"),
-    (dict(momentum=1.0), r"momentum must be in \[0, 1\), got 1\.0"),
-    (dict(momentum=-0.1), r"momentum must be a finite number >= 0"),
-    (dict(dampening=2.0), r"dampening must be in \[0, 1\], got 2\.0"),
-    (dict(lr=float("nan")), r"lr must be a finite number >= 0"),
-    (dict(weight_decay=float("inf")), r"weight_decay must be a finite number"),
-    (dict(lr="0.1"), r"lr must be a finite number >= 0, got '0.1'"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(momentum=1.5), r"momentum must be in \[0, 1\), got 1\.5"),
+        (dict(momentum=1.0), r"momentum must be in \[0, 1\), got 1\.0"),
+        (dict(momentum=-0.1), r"momentum must be a finite number >= 0"),
+        (dict(dampening=2.0), r"dampening must be in \[0, 1\], got 2\.0"),
+        (dict(lr=float("nan")), r"lr must be a finite number >= 0"),
+        (dict(weight_decay=float("inf")), r"weight_decay must be a finite number"),
+        (dict(lr="0.1"), r"lr must be a finite number >= 0, got '0.1'"),
+    ],
+)
 def test_bad_optimizer_settings_are_refused_before_training(train_small, kw, message):
     with pytest.raises(ValueError, match=message):
         train_small(**kw)
@@ -187,21 +238,40 @@ def test_bad_optimizer_settings_are_refused_before_training(train_small, kw, mes
 
 
 def test_cli_momentum_above_one_exits_with_the_value(capsys):
-    rc = cli.main(["train", "--dataset", "synthetic", "--n-samples", "500",
-                           "--model", "logreg", "--epochs", "1", "--momentum", "1.5"])
+    rc = cli.main(
+        [
+            "train",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "500",
+            "--model",
+            "logreg",
+            "--epochs",
+            "1",
+            "--momentum",
+            "1.5",
+        ]
+    )
     assert rc == 1 and "momentum must be in [0, 1), got 1.5" in capsys.readouterr().err
 
 
 def test_a_batch_larger_than_the_data_set_says_so(train_small):
-    with pytest.warns(UserWarning, match=r"batch_size=2000 is larger than the 1030 training "
-                                         r"samples"):
+    with pytest.warns(
+        UserWarning,
+        match=r"batch_size=2000 is larger than the 1030 training "
+        r"samples",
+    ):
         train_small(batch_size=2000, epochs=1)
 
 
-@pytest.mark.parametrize("workers, backend, deterministic", [
-    (1, "thread", True), (2, "thread", True), (2, "process", False), (4, "thread", False)])
-def test_a_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(train_small, tmp_path, workers, backend,
-                                                                  deterministic):
+@pytest.mark.parametrize(
+    "workers, backend, deterministic",
+    [(1, "thread", True), (2, "thread", True), (2, "process", False), (4, "thread", False)],
+)
+def test_a_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(
+    train_small, tmp_path, workers, backend, deterministic
+):
     kw = dict(workers=workers, backend=backend, deterministic=deterministic)
     whole = train_small(**kw)
     ckpt = tmp_path / "run.ckpt.npz"

@@ -1,5 +1,6 @@
 """The command line (python -m dptrain): help, info, a training run's files, the demo with
 no data present, bad values."""
+
 import json
 import os
 import subprocess
@@ -22,10 +23,33 @@ def test_cli_help_and_info():
 
 def test_cli_train_writes_result_and_weights(tmp_path):
     out, w = tmp_path / "run.json", tmp_path / "w.npz"
-    r = _cli("train", "--model", "softmax", "--dataset", "synthetic", "--n-samples", "2000",
-             "--epochs", "2", "--batch-size", "50", "--lr", "0.05", "--momentum", "0.9",
-             "--seed", "0", "--no-shuffle", "--dtype", "float64", "--out", str(out),
-             "--save-weights", str(w), "--quiet")
+    r = _cli(
+        "train",
+        "--model",
+        "softmax",
+        "--dataset",
+        "synthetic",
+        "--n-samples",
+        "2000",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "50",
+        "--lr",
+        "0.05",
+        "--momentum",
+        "0.9",
+        "--seed",
+        "0",
+        "--no-shuffle",
+        "--dtype",
+        "float64",
+        "--out",
+        str(out),
+        "--save-weights",
+        str(w),
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""
     res = json.loads(out.read_text())
@@ -37,8 +61,7 @@ def test_cli_main_job_runs_with_no_data_present(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "DPTRAIN_DATA"}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     env["HOME"] = str(tmp_path)
-    r = _cli("train", "--no-download", "--epochs", "1", "--limit", "3000", env=env,
-             cwd=tmp_path)
+    r = _cli("train", "--no-download", "--epochs", "1", "--limit", "3000", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "synthetic" in r.stdout.lower()
     assert "test acc" in r.stdout
@@ -59,5 +82,11 @@ def _cli(*args, env=None, cwd=None):
     if cwd is None:
         with tempfile.TemporaryDirectory(prefix="dptrain-cli-") as tmp:
             return _cli(*args, env=env, cwd=tmp)
-    return subprocess.run([sys.executable, "-m", "dptrain", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dptrain", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )

@@ -7,28 +7,35 @@ the CLI runs, and the MNIST CNN reaches >= 98 % test accuracy in 2 epochs (about
 cores). (Its kernels: test_conv.py and test_pool.py; the engine's conv blocks:
 test_model_core.py.)
 """
+
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _core_helpers import numeric_grad
 
 import dptrain
-from _core_helpers import numeric_grad
 from dptrain.models import CNN, build_model, image_shape, load_model, named_spec
-
 
 MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
 
 
-needs_mnist = pytest.mark.skipif(not MNIST_DIR.is_dir(),
-                                 reason=f"MNIST not present at {MNIST_DIR}")
+needs_mnist = pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=f"MNIST not present at {MNIST_DIR}")
 
 
 @pytest.mark.parametrize("kernel,padding", [(3, 0), (3, 1), (2, 1)])
 def test_cnn_model_gradient_matches_finite_differences(kernel, padding):
-    m = CNN((2, 11, 10), 3, channels=(2, 3), hidden=(5,), kernel=kernel, padding=padding,
-            dtype="float64", seed=1)
+    m = CNN(
+        (2, 11, 10),
+        3,
+        channels=(2, 3),
+        hidden=(5,),
+        kernel=kernel,
+        padding=padding,
+        dtype="float64",
+        seed=1,
+    )
     rng = np.random.default_rng(kernel + padding)
     x = rng.standard_normal((6, 2 * 11 * 10))
     y = rng.integers(0, 3, 6)
@@ -51,22 +58,32 @@ def test_cnn_matches_pytorch(shape):
     loss = m.forward_backward(x, y)
     c = shape[0]
     net = torch.nn.Sequential(
-        torch.nn.Conv2d(c, 32, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(32, 64, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
-        torch.nn.Linear(m.sizes[2], 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).double()
+        torch.nn.Conv2d(c, 32, 3),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(m.sizes[2], 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 10),
+    ).double()
     params = [p for p in net.parameters()]
     flat = [a for wb in m.layers() for a in wb]
     assert [tuple(p.shape) for p in params] == [a.shape for a in flat]
     with torch.no_grad():
         for p, a in zip(params, flat):
             p.copy_(torch.from_numpy(a))
-    t_loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(x).reshape(4, *shape)),
-                                               torch.from_numpy(y))
+    t_loss = torch.nn.functional.cross_entropy(
+        net(torch.from_numpy(x).reshape(4, *shape)), torch.from_numpy(y)
+    )
     t_loss.backward()
     assert abs(t_loss.item() - loss) < 1e-12
     for p, (i, g) in zip(params, enumerate(a for wb in m.grad_layers() for a in wb)):
-        np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-9, atol=1e-12,
-                                   err_msg=f"parameter tensor {i}")
+        np.testing.assert_allclose(
+            g, p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=f"parameter tensor {i}"
+        )
 
 
 def test_cnn_architecture_and_parameter_count():
@@ -78,7 +95,7 @@ def test_cnn_architecture_and_parameter_count():
     assert mnist.input_shape == (1, 28, 28) and mnist.sizes[2] == 1600
     assert mnist.n_params == 320 + 18496 + (1600 * 128 + 128) + 1290
     for m in (cifar, mnist):
-        spec = named_spec("cnn", m.n_features, 10)     # planned, not allocated
+        spec = named_spec("cnn", m.n_features, 10)  # planned, not allocated
         assert tuple(spec["sizes"]) == m.sizes and spec["n_params"] == m.n_params
         assert spec == m.spec()
         slices = m.layer_slices()
@@ -108,14 +125,19 @@ def test_cnn_takes_image_batches_as_pytorch_passes_them():
     assert flat_model.loss_grad(images.reshape(6, -1), y) == image_model.loss_grad(images, y)
     np.testing.assert_array_equal(flat_model.grads, image_model.grads)
     assert np.array_equal(images, before)
-    np.testing.assert_array_equal(flat_model.logits(images.reshape(6, -1)),
-                                  image_model.logits(images))
-    np.testing.assert_array_equal(flat_model.predict(images.reshape(6, -1)),
-                                  image_model.predict(images))
+    np.testing.assert_array_equal(
+        flat_model.logits(images.reshape(6, -1)), image_model.logits(images)
+    )
+    np.testing.assert_array_equal(
+        flat_model.predict(images.reshape(6, -1)), image_model.predict(images)
+    )
     assert flat_model.evaluate(images.reshape(6, -1), y) == image_model.evaluate(images, y)
-    assert image_model._rows(images).base is images          # a view, no copy
-    with pytest.raises(ValueError, match=r"x has shape \(6, 3, 8, 7\), expected \(B, 192\) "
-                                         r"rows or \(B, 3, 8, 8\) samples"):
+    assert image_model._rows(images).base is images  # a view, no copy
+    with pytest.raises(
+        ValueError,
+        match=r"x has shape \(6, 3, 8, 7\), expected \(B, 192\) "
+        r"rows or \(B, 3, 8, 8\) samples",
+    ):
         image_model.loss_grad(images[..., :7].copy(), y)
     with pytest.raises(ValueError, match="not C-contiguous: pass np.ascontiguousarray"):
         image_model.logits(np.asfortranarray(images))
@@ -140,7 +162,7 @@ def test_cnn_buffers_can_be_caller_owned_and_grads_accumulate(tmp_path):
     params, grads = np.zeros(n, np.float32), np.zeros(n, np.float32)
     m = CNN((1, 8, 8), 3, channels=(2,), hidden=(4,), params=params, grads=grads)
     assert m.params is params and m.grads is grads
-    assert not params.any()                  # given buffers are used as they are
+    assert not params.any()  # given buffers are used as they are
     m.reset_parameters()
     x, y = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32), np.arange(5) % 3
     m.loss_grad(x, y)
@@ -174,8 +196,17 @@ def _train(**kw):
 
 
 # 12x12 "images" of the synthetic binary set: a CNN small enough for many steps in a test
-SMALL = dict(model="cnn", dataset="synthetic", n_samples=384, n_features=144, batch_size=64,
-             epochs=1, lr=0.05, momentum=0.9, seed=3)
+SMALL = dict(
+    model="cnn",
+    dataset="synthetic",
+    n_samples=384,
+    n_features=144,
+    batch_size=64,
+    epochs=1,
+    lr=0.05,
+    momentum=0.9,
+    seed=3,
+)
 
 
 def test_two_workers_give_the_one_worker_weights():
@@ -196,23 +227,52 @@ def test_overlap_and_buckets_work_for_the_cnn():
 
 def test_cli_trains_the_cnn(tmp_path, capsys):
     from dptrain.cli import main
+
     out = tmp_path / "r.json"
-    rc = main(["train", "--model", "cnn", "--dataset", "synthetic", "--n-samples", "256",
-               "--n-features", "144", "--epochs", "1", "--batch-size", "64", "--lr", "0.05",
-               "--out", str(out)])
+    rc = main(
+        [
+            "train",
+            "--model",
+            "cnn",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "256",
+            "--n-features",
+            "144",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "64",
+            "--lr",
+            "0.05",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     assert "cnn (144, 800, 64, 128, 2)" in capsys.readouterr().out
     assert out.is_file()
-    rc = main(["train", "--model", "cnn", "--dataset", "synthetic", "--n-samples", "256",
-               "--epochs", "1"])
+    rc = main(
+        ["train", "--model", "cnn", "--dataset", "synthetic", "--n-samples", "256", "--epochs", "1"]
+    )
     assert rc == 1 and "neither s*s nor 3*s*s" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 @needs_mnist
 def test_mnist_cnn_reaches_98_percent_in_2_epochs():
-    r = _train(model="cnn", dataset="mnist", data_dir=MNIST_DIR, epochs=2, batch_size=128,
-               lr=0.05, momentum=0.9, threads=2, seed=0)
+    r = _train(
+        model="cnn",
+        dataset="mnist",
+        data_dir=MNIST_DIR,
+        epochs=2,
+        batch_size=128,
+        lr=0.05,
+        momentum=0.9,
+        threads=2,
+        seed=0,
+    )
     assert r["dataset"]["source"].startswith(str(MNIST_DIR)), r["dataset"]
     assert r["model"]["sizes"] == [784, 5408, 1600, 128, 10]
     assert r["final_test_accuracy"] >= 0.98, r["test_accuracy"]

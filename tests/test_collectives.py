@@ -1,4 +1,5 @@
 """The point-to-point all-reduce algorithms against MPI_Allreduce, run under mpiexec."""
+
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,7 @@ from dptrain.comm.mpi import find_mpiexec
 
 MPIEXEC = find_mpiexec()
 
-pytestmark = pytest.mark.mpi          # MPI ranks under mpiexec (conftest skips without)
+pytestmark = pytest.mark.mpi  # MPI ranks under mpiexec (conftest skips without)
 
 SCRIPT = textwrap.dedent("""
     import numpy as np
@@ -36,7 +37,12 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_ring_and_tree_equal_mpi_allreduce_and_agree_bitwise_across_ranks(ranks, tmp_path):
-    r = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, "-c", SCRIPT],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [MPIEXEC, "-n", str(ranks), sys.executable, "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "collectives ok" in r.stdout

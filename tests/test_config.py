@@ -1,19 +1,23 @@
 """The run's configuration (dptrain.config.TrainConfig): every bad value is refused before
 any work with a message naming the option, and what depends on the number of workers is
 checked against it."""
+
 import pytest
 
 import dptrain
 from dptrain import TrainConfig, cli
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(workers=4, batch_size=3), "batch_size=3 is smaller than workers=4"),
-    (dict(workers=2, backend="carrier-pigeon"), "backend is 'carrier-pigeon'"),
-    (dict(workers=0), "workers must be a positive integer"),
-    (dict(fault=(0, 1, "kill"), workers=2, backend="thread"), "use backend='process'"),
-    (dict(timeout=-1.0), "timeout must be"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(workers=4, batch_size=3), "batch_size=3 is smaller than workers=4"),
+        (dict(workers=2, backend="carrier-pigeon"), "backend is 'carrier-pigeon'"),
+        (dict(workers=0), "workers must be a positive integer"),
+        (dict(fault=(0, 1, "kill"), workers=2, backend="thread"), "use backend='process'"),
+        (dict(timeout=-1.0), "timeout must be"),
+    ],
+)
 def test_bad_configurations_are_rejected(train_small, kw, match):
     with pytest.raises(ValueError, match=match):
         train_small(**kw)
@@ -37,15 +41,18 @@ def test_mpi_workers_must_match_the_world_size(train_small):
         train_small(workers=2, backend="mpi")
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(epochs=0), "epochs must be a positive integer"),
-    (dict(batch_size=-1), "batch_size must be a positive integer"),
-    (dict(model="resnet"), "model is 'resnet'"),
-    (dict(dtype="float16"), "dtype is 'float16'"),
-    (dict(lr_schedule="linear"), "lr_schedule is 'linear'"),
-    (dict(dataset="imagenet"), "imagenet"),
-    (dict(lr=-1.0), "lr must be"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(epochs=0), "epochs must be a positive integer"),
+        (dict(batch_size=-1), "batch_size must be a positive integer"),
+        (dict(model="resnet"), "model is 'resnet'"),
+        (dict(dtype="float16"), "dtype is 'float16'"),
+        (dict(lr_schedule="linear"), "lr_schedule is 'linear'"),
+        (dict(dataset="imagenet"), "imagenet"),
+        (dict(lr=-1.0), "lr must be"),
+    ],
+)
 def test_bad_arguments_are_named(train_small, kw, match):
     args = dict(model="softmax", dataset="synthetic", n_samples=500, epochs=1)
     args.update(kw)
@@ -64,7 +71,7 @@ def test_what_the_number_of_workers_makes_impossible_is_named():
         TrainConfig(deterministic=True).check_world(3, "mpi")
     with pytest.raises(ValueError, match="batch_size=4 is smaller than workers=8"):
         TrainConfig(batch_size=4).check_world(8, "thread")
-    TrainConfig(batch_size=None, batch_per_worker=1).check_world(8, "thread")   # 8 in all
+    TrainConfig(batch_size=None, batch_per_worker=1).check_world(8, "thread")  # 8 in all
     with pytest.raises(ValueError, match="use backend='process'"):
         TrainConfig(fault=(0, 1, "kill")).check_world(2, "thread")
 
@@ -79,13 +86,44 @@ def test_a_run_validates_its_configuration_once(monkeypatch, how):
     def counting(self):
         built.append(self)
         original(self)
+
     monkeypatch.setattr(TrainConfig, "__post_init__", counting)
-    args = dict(model="softmax", dataset="synthetic", n_samples=300, epochs=1, batch_size=50,
-                workers=2, backend="thread", scale_lr=True, quiet=True)
+    args = dict(
+        model="softmax",
+        dataset="synthetic",
+        n_samples=300,
+        epochs=1,
+        batch_size=50,
+        workers=2,
+        backend="thread",
+        scale_lr=True,
+        quiet=True,
+    )
     if how == "train":
         dptrain.train(**args)
     else:
-        assert cli.main(["train", "--model", "softmax", "--dataset", "synthetic", "--n-samples",
-                         "300", "--epochs", "1", "--batch-size", "50", "--workers", "2",
-                         "--backend", "thread", "--scale-lr", "--quiet"]) == 0
+        assert (
+            cli.main(
+                [
+                    "train",
+                    "--model",
+                    "softmax",
+                    "--dataset",
+                    "synthetic",
+                    "--n-samples",
+                    "300",
+                    "--epochs",
+                    "1",
+                    "--batch-size",
+                    "50",
+                    "--workers",
+                    "2",
+                    "--backend",
+                    "thread",
+                    "--scale-lr",
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
     assert len(built) == 1

@@ -2,6 +2,7 @@
 threads attribute, its arguments, contexts and their pools freed, two Python threads sharing
 one, a fresh pool used at once, and a threaded model in a forked child.
 """
+
 import os
 import sys
 import threading
@@ -9,9 +10,16 @@ import time
 
 import numpy as np
 import pytest
+from _core_helpers import (
+    assert_rejected,
+    gemm_job,
+    make_calls,
+    mlp_spec,
+    run_gemm,
+    run_threads,
+    small_net,
+)
 
-from _core_helpers import (assert_rejected, gemm_job, make_calls, mlp_spec, run_gemm, run_threads,
-                           small_net)
 from dptrain import MLP
 from dptrain import _core as core
 
@@ -67,8 +75,7 @@ def test_fresh_thread_pool_used_at_once_does_not_deadlock(threads):
     def churn():
         for _ in range(100):
             core.gemm(a, b, c, ctx=core.Context(threads=threads))
-            core.Model(*mlp_spec((6, 64, 3)), params, grads,
-                       threads=threads).loss_grad(x, labels)
+            core.Model(*mlp_spec((6, 64, 3)), params, grads, threads=threads).loss_grad(x, labels)
         return True
 
     assert run_threads([churn]) == [True]
@@ -86,7 +93,7 @@ def test_a_threaded_model_keeps_working_in_a_forked_child():
     y = np.zeros(128, np.int64)
     expected = m.loss_grad(x, y)[0]
     pid = os.fork()
-    if pid == 0:                          # the child: its pool has no threads; must not hang
+    if pid == 0:  # the child: its pool has no threads; must not hang
         try:
             ok = abs(m.loss_grad(x, y)[0] - expected) < 1e-4
             del m

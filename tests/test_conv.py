@@ -4,22 +4,38 @@ loop twins against dptrain.reference.conv2d_forward / conv2d_backward over odd s
 with a tolerance relative to the magnitude of the summed terms (|got - want| <= RTOL sqrt(K) *
 sum of |terms|), with a Context, against central finite differences; and their boundary.
 """
+
 import numpy as np
 import pytest
+from _core_helpers import (
+    BAD_CALLS,
+    DTYPES,
+    assert_close_terms,
+    check_bad_kernel_arguments_are_named,
+    conv_data,
+    conv_gil_cases,
+    dname,
+    family_tests,
+    numeric_grad,
+    rng_for,
+)
 
-from _core_helpers import (assert_close_terms, BAD_CALLS, check_bad_kernel_arguments_are_named,
-                           conv_data, conv_gil_cases, dname, DTYPES, family_tests, numeric_grad,
-                           rng_for)
 from dptrain import _core as core
 from dptrain import reference as ref
-
 
 # (B, C, H, W, OC, KH, KW): sizes 1, 3, 7 mixed, non-square images and kernels, a kernel as
 # large as the image, 1x1 (no im2col copy), and the two layers of the studies' CNN
 CONV_SHAPES = [
-    (1, 1, 1, 1, 1, 1, 1), (3, 1, 7, 7, 1, 3, 3), (1, 3, 7, 3, 7, 3, 3), (7, 3, 3, 7, 3, 1, 3),
-    (3, 7, 7, 7, 3, 3, 1), (1, 3, 7, 7, 3, 7, 7), (3, 7, 3, 3, 7, 1, 1), (1, 7, 3, 7, 1, 3, 7),
-    (2, 3, 32, 32, 32, 3, 3), (2, 32, 15, 15, 64, 3, 3),
+    (1, 1, 1, 1, 1, 1, 1),
+    (3, 1, 7, 7, 1, 3, 3),
+    (1, 3, 7, 3, 7, 3, 3),
+    (7, 3, 3, 7, 3, 1, 3),
+    (3, 7, 7, 7, 3, 3, 1),
+    (1, 3, 7, 7, 3, 7, 7),
+    (3, 7, 3, 3, 7, 1, 1),
+    (1, 7, 3, 7, 1, 3, 7),
+    (2, 3, 32, 32, 32, 3, 3),
+    (2, 32, 15, 15, 64, 3, 3),
 ]
 
 
@@ -64,9 +80,15 @@ def check_conv(fwd, bwd, shape, pad, dtype, what, **kw):
     bwd(dy, x, w, dw, db, dx, padding=pad, **kw)
     ref.conv2d_backward(dy, x, w, dw_ref, db_ref, dx_ref, padding=pad)
     positions = dy[0, 0].size * dy.shape[0]
-    assert_close_terms(dw, dw_ref, dw_mag + np.abs(start_w), dtype=dtype, k=positions, what=f"{what}: dw")
-    assert_close_terms(db, db_ref, db_mag + np.abs(start_b), dtype=dtype, k=positions, what=f"{what}: db")
-    assert_close_terms(dx, dx_ref, dx_mag, dtype=dtype, k=w.shape[0] * w[0, 0].size, what=f"{what}: dx")
+    assert_close_terms(
+        dw, dw_ref, dw_mag + np.abs(start_w), dtype=dtype, k=positions, what=f"{what}: dw"
+    )
+    assert_close_terms(
+        db, db_ref, db_mag + np.abs(start_b), dtype=dtype, k=positions, what=f"{what}: db"
+    )
+    assert_close_terms(
+        dx, dx_ref, dx_mag, dtype=dtype, k=w.shape[0] * w[0, 0].size, what=f"{what}: dx"
+    )
     # without dx, dw and db are the same
     dw2, db2 = start_w.copy(), start_b.copy()
     bwd(dy, x, w, dw2, db2, padding=pad, **kw)
@@ -78,15 +100,15 @@ def check_conv(fwd, bwd, shape, pad, dtype, what, **kw):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("shape,pad", list(conv_cases()))
 def test_conv2d_matches_reference(isa, shape, pad, dtype):
-    check_conv(core.conv2d_forward, core.conv2d_backward, shape, pad, dtype,
-               f"conv2d[{isa}]")
+    check_conv(core.conv2d_forward, core.conv2d_backward, shape, pad, dtype, f"conv2d[{isa}]")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("shape,pad", list(conv_cases(max_work=20000)))
 def test_conv2d_naive_twin_matches_reference(shape, pad, dtype):
-    check_conv(core.conv2d_forward_naive, core.conv2d_backward_naive, shape, pad, dtype,
-               "conv2d_naive")
+    check_conv(
+        core.conv2d_forward_naive, core.conv2d_backward_naive, shape, pad, dtype, "conv2d_naive"
+    )
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -94,8 +116,15 @@ def test_conv2d_naive_twin_matches_reference(shape, pad, dtype):
 def test_conv2d_with_a_context(threads, dtype):
     ctx = core.Context(threads=threads)
     for shape, pad in [((3, 7, 7, 7, 3, 3, 1), 1), ((2, 32, 15, 15, 64, 3, 3), 0)]:
-        check_conv(core.conv2d_forward, core.conv2d_backward, shape, pad, dtype,
-                   f"conv2d[Context(threads={threads})]", ctx=ctx)
+        check_conv(
+            core.conv2d_forward,
+            core.conv2d_backward,
+            shape,
+            pad,
+            dtype,
+            f"conv2d[Context(threads={threads})]",
+            ctx=ctx,
+        )
 
 
 @pytest.mark.parametrize("pad", [0, 1])
@@ -132,4 +161,10 @@ def test_bad_kernel_arguments_are_named(name):
 # ---------------------------------------------------------------------------------------
 # the boundary table's checks on this family's kernels (_core_helpers.family_tests)
 
-globals().update(family_tests(("conv2d_forward", "conv2d_backward"), gil=("conv2d_forward", "conv2d_backward"), cases=conv_gil_cases))
+globals().update(
+    family_tests(
+        ("conv2d_forward", "conv2d_backward"),
+        gil=("conv2d_forward", "conv2d_backward"),
+        cases=conv_gil_cases,
+    )
+)

@@ -7,6 +7,7 @@ CPUID and also hides what the OS does not save), a positive finite rate for ever
 has, a ValueError naming each ISA it lacks, and clear errors for bad arguments. No wall-clock
 threshold is asserted anywhere: the figures themselves live in bench/ (bench/_util.py).
 """
+
 import gc
 import math
 import platform
@@ -17,10 +18,21 @@ import pytest
 
 from dptrain import _core as core
 
-FLAGS = ("avx", "fma", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
-         "avx512_bf16", "amx_tile", "amx_bf16")
+FLAGS = (
+    "avx",
+    "fma",
+    "avx2",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512dq",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+)
 ISAS = ("generic", "avx2", "avx512")
-SHORT = 0.01   # seconds per measurement: enough for a positive rate, cheap on 2 shared cores
+SHORT = 0.01  # seconds per measurement: enough for a positive rate, cheap on 2 shared cores
 
 
 def available(isa):
@@ -60,9 +72,11 @@ def _proc_cpuinfo_flags():
     return None
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux")
-                    or platform.machine() not in ("x86_64", "AMD64", "i686", "i386"),
-                    reason="/proc/cpuinfo x86 flags: Linux on x86 only")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux")
+    or platform.machine() not in ("x86_64", "AMD64", "i686", "i386"),
+    reason="/proc/cpuinfo x86 flags: Linux on x86 only",
+)
 def test_cpu_features_agree_with_proc_cpuinfo():
     flags = _proc_cpuinfo_flags()
     if flags is None:
@@ -71,11 +85,14 @@ def test_cpu_features_agree_with_proc_cpuinfo():
     for name in FLAGS:
         assert f[name] == (name in flags), (
             f"cpu_features()[{name!r}] is {f[name]}, /proc/cpuinfo "
-            f"{'lists' if name in flags else 'does not list'} {name!r}")
+            f"{'lists' if name in flags else 'does not list'} {name!r}"
+        )
 
 
-@pytest.mark.skipif(platform.machine() in ("x86_64", "AMD64", "i686", "i386"),
-                    reason="x86: the flags come from CPUID")
+@pytest.mark.skipif(
+    platform.machine() in ("x86_64", "AMD64", "i686", "i386"),
+    reason="x86: the flags come from CPUID",
+)
 def test_cpu_features_all_false_off_x86():
     f = core.cpu_features()
     assert not any(f[name] for name in FLAGS), f
@@ -105,20 +122,26 @@ def test_fma_peak_defaults_and_dtype_spellings():
         assert core.fma_peak("generic", dtype, SHORT) > 0
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"isa": "sse9"}, ValueError,
-     r"isa must be 'widest', 'avx512', 'avx2' or 'generic', got 'sse9'"),
-    ({"isa": None}, TypeError, "str"),
-    ({"seconds": 0.0}, ValueError, r"seconds must be a finite number in \(0, 60\], got 0"),
-    ({"seconds": -1.0}, ValueError, "got -1"),
-    ({"seconds": float("nan")}, ValueError, "got nan"),
-    ({"seconds": float("inf")}, ValueError, "got inf"),
-    ({"seconds": 61.0}, ValueError, "got 61"),
-    ({"seconds": "0.1"}, TypeError, "real number"),
-    ({"dtype": "int8"}, ValueError, r"dtype must be float32 or float64, got dtype\('int8'\)"),
-    ({"dtype": np.float16}, ValueError, "float16"),
-    ({"dtype": "float99"}, TypeError, "float99"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (
+            {"isa": "sse9"},
+            ValueError,
+            r"isa must be 'widest', 'avx512', 'avx2' or 'generic', got 'sse9'",
+        ),
+        ({"isa": None}, TypeError, "str"),
+        ({"seconds": 0.0}, ValueError, r"seconds must be a finite number in \(0, 60\], got 0"),
+        ({"seconds": -1.0}, ValueError, "got -1"),
+        ({"seconds": float("nan")}, ValueError, "got nan"),
+        ({"seconds": float("inf")}, ValueError, "got inf"),
+        ({"seconds": 61.0}, ValueError, "got 61"),
+        ({"seconds": "0.1"}, TypeError, "real number"),
+        ({"dtype": "int8"}, ValueError, r"dtype must be float32 or float64, got dtype\('int8'\)"),
+        ({"dtype": np.float16}, ValueError, "float16"),
+        ({"dtype": "float99"}, TypeError, "float99"),
+    ],
+)
 def test_fma_peak_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         core.fma_peak(**{"isa": "generic", "seconds": SHORT, **kwargs})

@@ -43,6 +43,7 @@ TEST_SIZE = 7
 # writers for both formats
 # ---------------------------------------------------------------------------------------
 
+
 class Global:
     """A reference to module.name, written with the GLOBAL opcode."""
 
@@ -63,8 +64,7 @@ def py2_pickle(obj) -> bytes:
     memo = [0]
 
     def put():
-        out.append(b"q" + bytes([memo[0]]) if memo[0] < 256
-                   else b"r" + struct.pack("<I", memo[0]))
+        out.append(b"q" + bytes([memo[0]]) if memo[0] < 256 else b"r" + struct.pack("<I", memo[0]))
         memo[0] += 1
 
     def reduce(func, args, state):
@@ -91,8 +91,9 @@ def py2_pickle(obj) -> bytes:
             else:
                 out.append(b"J" + struct.pack("<i", v))
         elif isinstance(v, bytes):
-            out.append(b"U" + bytes([len(v)]) + v if len(v) < 256
-                       else b"T" + struct.pack("<i", len(v)) + v)
+            out.append(
+                b"U" + bytes([len(v)]) + v if len(v) < 256 else b"T" + struct.pack("<i", len(v)) + v
+            )
             put()
         elif isinstance(v, tuple):
             if not v:
@@ -109,7 +110,7 @@ def py2_pickle(obj) -> bytes:
             put()
             for start in range(0, len(v), 1000):  # cPickle appends in batches of 1000
                 out.append(b"(")
-                for item in v[start:start + 1000]:
+                for item in v[start : start + 1000]:
                     save(item)
                 out.append(b"e")
         elif isinstance(v, dict):
@@ -121,13 +122,18 @@ def py2_pickle(obj) -> bytes:
                 save(value)
             out.append(b"u")
         elif isinstance(v, np.dtype):
-            reduce(Global("numpy", "dtype"), (v.str[1:].encode(), 0, 1),
-                   (3, v.str[:1].encode(), None, None, None, -1, -1, 0))
+            reduce(
+                Global("numpy", "dtype"),
+                (v.str[1:].encode(), 0, 1),
+                (3, v.str[:1].encode(), None, None, None, -1, -1, 0),
+            )
         elif isinstance(v, np.ndarray):
             fortran = bool(np.isfortran(v))
-            reduce(Global("numpy.core.multiarray", "_reconstruct"),
-                   (Global("numpy", "ndarray"), (0,), b"b"),
-                   (1, tuple(v.shape), v.dtype, fortran, v.tobytes(order="F" if fortran else "C")))
+            reduce(
+                Global("numpy.core.multiarray", "_reconstruct"),
+                (Global("numpy", "ndarray"), (0,), b"b"),
+                (1, tuple(v.shape), v.dtype, fortran, v.tobytes(order="F" if fortran else "C")),
+            )
         else:
             raise TypeError(f"py2_pickle cannot write {type(v).__name__}")
 
@@ -138,10 +144,12 @@ def py2_pickle(obj) -> bytes:
 
 def batch_dict(images: np.ndarray, labels, name: str) -> dict:
     """A batch as the published files hold it (Python 2 str keys and values)."""
-    return {b"batch_label": f"{name} of 6 (test files)".encode(),
-            b"labels": [int(v) for v in labels],
-            b"data": images,
-            b"filenames": [f"img_{name}_{i}.png".encode() for i in range(len(labels))]}
+    return {
+        b"batch_label": f"{name} of 6 (test files)".encode(),
+        b"labels": [int(v) for v in labels],
+        b"data": images,
+        b"filenames": [f"img_{name}_{i}.png".encode() for i in range(len(labels))],
+    }
 
 
 def bin_batch(images: np.ndarray, labels) -> bytes:
@@ -158,19 +166,28 @@ def fake_cifar(seed: int = 0, train_sizes=TRAIN_SIZES, n_test: int = TEST_SIZE) 
     """{batch name: (images (n, 3, 32, 32) uint8, labels (n,) uint8)} for the six batches."""
     rng = np.random.default_rng(seed + 1000)
     sizes = dict(zip(CIFAR10_BATCHES, (*train_sizes, n_test)))
-    return {name: (make_images(n, seed * 10 + i), rng.integers(0, 10, n, dtype=np.uint8))
-            for i, (name, n) in enumerate(sizes.items())}
+    return {
+        name: (make_images(n, seed * 10 + i), rng.integers(0, 10, n, dtype=np.uint8))
+        for i, (name, n) in enumerate(sizes.items())
+    }
 
 
 def write_py(directory: Path, batches: dict, *, meta: bool = True) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for name, (images, labels) in batches.items():
         (directory / name).write_bytes(
-            py2_pickle(batch_dict(images.reshape(len(images), -1), labels, name)))
+            py2_pickle(batch_dict(images.reshape(len(images), -1), labels, name))
+        )
     if meta:
-        (directory / "batches.meta").write_bytes(py2_pickle(
-            {b"num_cases_per_batch": 10000, b"label_names": [b"airplane", b"automobile"],
-             b"num_vis": 3072}))
+        (directory / "batches.meta").write_bytes(
+            py2_pickle(
+                {
+                    b"num_cases_per_batch": 10000,
+                    b"label_names": [b"airplane", b"automobile"],
+                    b"num_vis": 3072,
+                }
+            )
+        )
     return directory
 
 
@@ -183,15 +200,20 @@ def write_bin(directory: Path, batches: dict) -> Path:
 
 def write_archive(path: Path, fmt: str, batches: dict, *, skip=()) -> Path:
     """The official archive layout: <official directory>/<batch>, gzip-compressed tar."""
-    directory, suffix = {"python": ("cifar-10-batches-py", ""),
-                         "binary": ("cifar-10-batches-bin", ".bin")}[fmt]
+    directory, suffix = {
+        "python": ("cifar-10-batches-py", ""),
+        "binary": ("cifar-10-batches-bin", ".bin"),
+    }[fmt]
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w:gz") as tar:
         for name, (images, labels) in reversed(batches.items()):  # order must not matter
             if name in skip:
                 continue
-            blob = (bin_batch(images, labels) if fmt == "binary" else
-                    py2_pickle(batch_dict(images.reshape(len(images), -1), labels, name)))
+            blob = (
+                bin_batch(images, labels)
+                if fmt == "binary"
+                else py2_pickle(batch_dict(images.reshape(len(images), -1), labels, name))
+            )
             info = tarfile.TarInfo(f"{directory}/{name}{suffix}")
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
@@ -215,8 +237,10 @@ def assert_matches(ds, batches: dict, *, scale: float = 255.0):
 @pytest.fixture(autouse=True)
 def isolated_environment(monkeypatch, tmp_path):
     """No network, no DPTRAIN_DATA from the caller, and an empty private cache directory."""
+
     def no_network(url, timeout):
         pytest.fail(f"a test tried to download {url}")
+
     monkeypatch.setattr(data.mnist, "_fetch", no_network)
     monkeypatch.delenv("DPTRAIN_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
@@ -231,13 +255,17 @@ def batches():
 # the writers themselves
 # ---------------------------------------------------------------------------------------
 
+
 def test_py2_writer_is_what_numpy_reads_and_uses_only_the_expected_globals():
     images = make_images(3, 0).reshape(3, -1)
     blob = py2_pickle(batch_dict(images, [1, 0, 9], "data_batch_1"))
     ops = [(op.name, arg) for op, arg, _ in pickletools.genops(blob)]
     assert ops[0] == ("PROTO", 2)
     assert [arg for name, arg in ops if name == "GLOBAL"] == [
-        "numpy.core.multiarray _reconstruct", "numpy ndarray", "numpy dtype"]
+        "numpy.core.multiarray _reconstruct",
+        "numpy ndarray",
+        "numpy dtype",
+    ]
     assert {name for name, _ in ops} >= {"SHORT_BINSTRING", "BINSTRING", "BINPUT", "BUILD"}
     trusted = pickle.loads(blob, encoding="bytes")  # our own bytes: safe to load for real
     assert trusted[b"data"].dtype == np.uint8 and trusted[b"data"].shape == (3, 3072)
@@ -249,10 +277,12 @@ def test_py2_writer_is_what_numpy_reads_and_uses_only_the_expected_globals():
 # read_cifar10_batch: both formats, pixel order
 # ---------------------------------------------------------------------------------------
 
+
 def test_binary_record_layout_is_label_then_red_green_blue_planes(tmp_path):
     image = make_images(1, 5)[0]  # (3, 32, 32): channel, row, column
-    record = bytes([7]) + bytes(int(image[c, r, w]) for c in range(3) for r in range(32)
-                                for w in range(32))
+    record = bytes([7]) + bytes(
+        int(image[c, r, w]) for c in range(3) for r in range(32) for w in range(32)
+    )
     path = tmp_path / "one.bin"
     path.write_bytes(record * 2)
     images, labels = read_cifar10_batch(path)
@@ -266,11 +296,12 @@ def test_read_python_batch(tmp_path, writer):
     images = make_images(7, 1).reshape(7, -1)
     labels = [0, 1, 2, 3, 4, 5, 9]
     batch = batch_dict(images, labels, "test_batch")
-    blob = {"python2": lambda: py2_pickle(batch),
-            "py3-protocol2": lambda: pickle.dumps(batch, protocol=2),
-            "py3-protocol4": lambda: pickle.dumps(batch, protocol=4),
-            "str-keys": lambda: pickle.dumps({"data": images, "labels": labels}, protocol=2),
-            }[writer]()
+    blob = {
+        "python2": lambda: py2_pickle(batch),
+        "py3-protocol2": lambda: pickle.dumps(batch, protocol=2),
+        "py3-protocol4": lambda: pickle.dumps(batch, protocol=4),
+        "str-keys": lambda: pickle.dumps({"data": images, "labels": labels}, protocol=2),
+    }[writer]()
     path = tmp_path / "test_batch"
     path.write_bytes(blob)
     got_images, got_labels = read_cifar10_batch(path)
@@ -289,6 +320,7 @@ def test_read_python_batch_fortran_order(tmp_path):
 # malformed files: ValueError naming the file and the problem
 # ---------------------------------------------------------------------------------------
 
+
 def write_batch(tmp_path, obj, name="data_batch_1") -> Path:
     path = tmp_path / name
     path.write_bytes(py2_pickle(obj) if not isinstance(obj, bytes) else obj)
@@ -303,12 +335,18 @@ def test_truncated_pickle(tmp_path, cut):
         read_cifar10_batch(path)
 
 
-@pytest.mark.parametrize("size, problem", [
-    (0, r"empty file; a CIFAR-10 binary batch holds 3073-byte records"),
-    (3072, r"size 3072 bytes is not a whole number of 3073-byte records .*"
-           r"0 records and 3072 bytes over; the file is truncated"),
-    (2 * 3073 + 100, r"size 6246 bytes .*: 2 records and 100 bytes over"),
-])
+@pytest.mark.parametrize(
+    "size, problem",
+    [
+        (0, r"empty file; a CIFAR-10 binary batch holds 3073-byte records"),
+        (
+            3072,
+            r"size 3072 bytes is not a whole number of 3073-byte records .*"
+            r"0 records and 3072 bytes over; the file is truncated",
+        ),
+        (2 * 3073 + 100, r"size 6246 bytes .*: 2 records and 100 bytes over"),
+    ],
+)
 def test_truncated_binary(tmp_path, size, problem):
     path = tmp_path / "data_batch_3.bin"
     path.write_bytes(bin_batch(make_images(3, 0), [1, 2, 3])[:size])
@@ -319,41 +357,60 @@ def test_truncated_binary(tmp_path, size, problem):
 def test_binary_label_out_of_range(tmp_path):
     path = tmp_path / "test_batch.bin"
     path.write_bytes(bin_batch(make_images(3, 0), [1, 10, 3]))
-    with pytest.raises(DataError, match=r"test_batch\.bin: label 10 of image 1 is out of "
-                                        r"range 0\.\.9"):
+    with pytest.raises(
+        DataError,
+        match=r"test_batch\.bin: label 10 of image 1 is out of "
+        r"range 0\.\.9",
+    ):
         read_cifar10_batch(path)
 
 
-@pytest.mark.parametrize("data_value, problem", [
-    (np.zeros((2, 3071), np.uint8), r"data has shape \(2, 3071\), expected \(n, 3072\)"),
-    (np.zeros(3072, np.uint8), r"data has shape \(3072,\), expected \(n, 3072\)"),
-    (np.zeros((2, 3, 1024), np.uint8), r"data has shape \(2, 3, 1024\)"),
-    (np.zeros((0, 3072), np.uint8), r"data has shape \(0, 3072\), expected .* n >= 1"),
-    (np.zeros((2, 3072), np.float32), r"not a CIFAR-10 batch: dtype b'f4' is not uint8"),
-    (np.zeros((2, 3072), np.int16), r"not a CIFAR-10 batch: dtype b'i2' is not uint8"),
-    ([[0] * 3072] * 2, r"'data' is a list, expected a uint8 NumPy array"),
-])
+@pytest.mark.parametrize(
+    "data_value, problem",
+    [
+        (np.zeros((2, 3071), np.uint8), r"data has shape \(2, 3071\), expected \(n, 3072\)"),
+        (np.zeros(3072, np.uint8), r"data has shape \(3072,\), expected \(n, 3072\)"),
+        (np.zeros((2, 3, 1024), np.uint8), r"data has shape \(2, 3, 1024\)"),
+        (np.zeros((0, 3072), np.uint8), r"data has shape \(0, 3072\), expected .* n >= 1"),
+        (np.zeros((2, 3072), np.float32), r"not a CIFAR-10 batch: dtype b'f4' is not uint8"),
+        (np.zeros((2, 3072), np.int16), r"not a CIFAR-10 batch: dtype b'i2' is not uint8"),
+        ([[0] * 3072] * 2, r"'data' is a list, expected a uint8 NumPy array"),
+    ],
+)
 def test_pickle_with_wrong_data(tmp_path, data_value, problem):
     path = write_batch(tmp_path, {b"data": data_value, b"labels": [1, 2]})
     with pytest.raises(DataError, match=r"data_batch_1: " + problem):
         read_cifar10_batch(path)
 
 
-@pytest.mark.parametrize("obj, problem", [
-    ([1, 2], r"expected a pickled dict with 'data' and 'labels', found list"),
-    ({b"labels": [1]}, r"the pickled dict has no 'data' entry"),
-    ({b"data": np.zeros((2, 3072), np.uint8)},
-     r"the pickled dict has no 'labels' entry \(keys: b'data'\)"),
-    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [1]}, r"2 images but 1 labels"),
-    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [1, 10]},
-     r"label 10 of image 1 is out of range 0\.\.9"),
-    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [-1, 0]},
-     r"label -1 of image 0 is out of range"),
-    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [1, b"x"]},
-     r"'labels' is not a list of integers"),
-    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": b"\x01\x02"},
-     r"'labels' is a bytes, expected a list of integers"),
-])
+@pytest.mark.parametrize(
+    "obj, problem",
+    [
+        ([1, 2], r"expected a pickled dict with 'data' and 'labels', found list"),
+        ({b"labels": [1]}, r"the pickled dict has no 'data' entry"),
+        (
+            {b"data": np.zeros((2, 3072), np.uint8)},
+            r"the pickled dict has no 'labels' entry \(keys: b'data'\)",
+        ),
+        ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [1]}, r"2 images but 1 labels"),
+        (
+            {b"data": np.zeros((2, 3072), np.uint8), b"labels": [1, 10]},
+            r"label 10 of image 1 is out of range 0\.\.9",
+        ),
+        (
+            {b"data": np.zeros((2, 3072), np.uint8), b"labels": [-1, 0]},
+            r"label -1 of image 0 is out of range",
+        ),
+        (
+            {b"data": np.zeros((2, 3072), np.uint8), b"labels": [1, b"x"]},
+            r"'labels' is not a list of integers",
+        ),
+        (
+            {b"data": np.zeros((2, 3072), np.uint8), b"labels": b"\x01\x02"},
+            r"'labels' is a bytes, expected a list of integers",
+        ),
+    ],
+)
 def test_pickle_with_wrong_structure(tmp_path, obj, problem):
     path = write_batch(tmp_path, obj)
     with pytest.raises(DataError, match=r"data_batch_1: " + problem):
@@ -365,8 +422,11 @@ def test_pickle_whose_array_bytes_do_not_match_its_shape(tmp_path):
     # the raw bytes are a BINSTRING of 6144 zero bytes; claim 3 rows instead of 2
     blob = blob.replace(b"K\x02M\x00\x0c\x86", b"K\x03M\x00\x0c\x86", 1)
     path = write_batch(tmp_path, blob)
-    with pytest.raises(DataError, match=r"data of shape \(3, 3072\) needs 9216 bytes, the "
-                                        r"file holds 6144"):
+    with pytest.raises(
+        DataError,
+        match=r"data of shape \(3, 3072\) needs 9216 bytes, the "
+        r"file holds 6144",
+    ):
         read_cifar10_batch(path)
 
 
@@ -377,6 +437,7 @@ def test_data_error_is_a_value_error():
 # ---------------------------------------------------------------------------------------
 # malicious pickles: refused, nothing run
 # ---------------------------------------------------------------------------------------
+
 
 class Payload:
     """Unpickling this calls `func(*args)`: what an attacker would put in a batch file."""
@@ -403,9 +464,11 @@ def test_malicious_pickle_is_refused_and_nothing_runs(tmp_path, kind, where, pro
     marker = tmp_path / "pwned"
     payload = payloads(marker)[kind]
     good = batch_dict(make_images(2, 0).reshape(2, -1), [1, 2], "data_batch_1")
-    obj = {"top": payload,
-           "inside the batch": {**good, b"filenames": [b"a.png", payload]},
-           "as the labels": {**good, b"labels": payload}}[where]
+    obj = {
+        "top": payload,
+        "inside the batch": {**good, b"filenames": [b"a.png", payload]},
+        "as the labels": {**good, b"labels": payload},
+    }[where]
     blob = pickle.dumps(obj, protocol=protocol)
     # the payload is live: an ordinary load would create the marker (checked on a copy)
     live_marker = tmp_path / "live"
@@ -415,9 +478,12 @@ def test_malicious_pickle_is_refused_and_nothing_runs(tmp_path, kind, where, pro
     assert live_marker.exists()
     path = tmp_path / "data_batch_1"
     path.write_bytes(blob)
-    with pytest.raises(DataError, match=r"data_batch_1: refused to unpickle: the file asks for "
-                                        r"(posix\.system|builtins\.open|__builtin__\.open|io\.open)"
-                                        r".*nothing in it was run"):
+    with pytest.raises(
+        DataError,
+        match=r"data_batch_1: refused to unpickle: the file asks for "
+        r"(posix\.system|builtins\.open|__builtin__\.open|io\.open)"
+        r".*nothing in it was run",
+    ):
         read_cifar10_batch(path)
     assert not marker.exists()
 
@@ -433,27 +499,39 @@ def test_malicious_pickle_in_the_data_directory_stops_the_load(tmp_path, batches
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("module, name", [
-    ("numpy", "load"), ("numpy.core.multiarray", "scalar"), ("builtins", "eval"),
-    ("subprocess", "Popen"), ("numpy.core.numeric", "_frombuffer"), ("numpy", "frombuffer"),
-])
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("numpy", "load"),
+        ("numpy.core.multiarray", "scalar"),
+        ("builtins", "eval"),
+        ("subprocess", "Popen"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy", "frombuffer"),
+    ],
+)
 def test_globals_beyond_the_array_reconstruction_are_refused(tmp_path, module, name):
     blob = b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\nq\x00)R."
     path = write_batch(tmp_path, blob)
-    with pytest.raises(DataError, match=re.escape(f"refused to unpickle: the file asks for "
-                                                  f"{module}.{name}")):
+    with pytest.raises(
+        DataError, match=re.escape(f"refused to unpickle: the file asks for {module}.{name}")
+    ):
         read_cifar10_batch(path)
 
 
 def test_allowed_globals_only_accept_what_numpy_writes_for_a_uint8_array(tmp_path):
     # an object array goes through the very same _reconstruct: its dtype gives it away
-    path = write_batch(tmp_path, pickle.dumps(
-        {b"data": np.array([print, 1], dtype=object), b"labels": [1, 2]}, protocol=2))
+    path = write_batch(
+        tmp_path,
+        pickle.dumps({b"data": np.array([print, 1], dtype=object), b"labels": [1, 2]}, protocol=2),
+    )
     with pytest.raises(DataError, match=r"not a CIFAR-10 batch: dtype 'O8' is not uint8"):
         read_cifar10_batch(path)
     # _reconstruct asked for something other than a plain ndarray
-    blob = (b"\x80\x02cnumpy.core.multiarray\n_reconstruct\nq\x00cnumpy\ndtype\nq\x01"
-            b"K\x00\x85U\x01b\x87R.")
+    blob = (
+        b"\x80\x02cnumpy.core.multiarray\n_reconstruct\nq\x00cnumpy\ndtype\nq\x01"
+        b"K\x00\x85U\x01b\x87R."
+    )
     path = write_batch(tmp_path, blob)
     with pytest.raises(DataError, match=r"not how NumPy starts a plain ndarray"):
         read_cifar10_batch(path)
@@ -467,18 +545,24 @@ def test_allowed_globals_only_accept_what_numpy_writes_for_a_uint8_array(tmp_pat
     with pytest.raises(DataError, match=r"numpy\.ndarray called directly"):
         read_cifar10_batch(path)
     # _codecs.encode only turns latin-1 text into bytes
-    path = write_batch(tmp_path, b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00xX\x05\x00\x00"
-                                 b"\x00rot13\x86R.")
+    path = write_batch(
+        tmp_path, b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00xX\x05\x00\x00\x00rot13\x86R."
+    )
     with pytest.raises(DataError, match=r"_codecs\.encode with str and 'rot13'"):
         read_cifar10_batch(path)
 
 
 def test_numpy_protocol_5_pickles_are_refused_cleanly(tmp_path):
     # NumPy writes arrays at protocol 5 through _frombuffer, which is not allowed
-    path = write_batch(tmp_path, pickle.dumps(
-        {b"data": np.zeros((2, 3072), np.uint8), b"labels": [1, 2]}, protocol=5))
-    with pytest.raises(DataError, match=r"refused to unpickle: the file asks for "
-                                        r"numpy\.(_core|core)\.numeric\._frombuffer"):   # NumPy 2 | 1
+    path = write_batch(
+        tmp_path,
+        pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [1, 2]}, protocol=5),
+    )
+    with pytest.raises(
+        DataError,
+        match=r"refused to unpickle: the file asks for "
+        r"numpy\.(_core|core)\.numeric\._frombuffer",
+    ):  # NumPy 2 | 1
         read_cifar10_batch(path)
 
 
@@ -486,10 +570,14 @@ def test_numpy_protocol_5_pickles_are_refused_cleanly(tmp_path):
 # load_cifar10: both formats, every place it is looked for
 # ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", ["python", "binary"])
 def test_load_cifar10_both_formats(tmp_path, batches, fmt):
-    directory = (write_py(tmp_path / "cifar-10-batches-py", batches) if fmt == "python"
-                 else write_bin(tmp_path / "cifar-10-batches-bin", batches))
+    directory = (
+        write_py(tmp_path / "cifar-10-batches-py", batches)
+        if fmt == "python"
+        else write_bin(tmp_path / "cifar-10-batches-bin", batches)
+    )
     ds = load_cifar10(tmp_path)
     assert ds.name == "cifar10" and ds.n_classes == 10 and ds.source == str(directory)
     assert ds.input_shape == (3, 32, 32) and ds.n_features == 3072
@@ -499,8 +587,9 @@ def test_load_cifar10_both_formats(tmp_path, batches, fmt):
     assert_matches(ds, batches)
     # CHW: row k of the training set viewed as (3, 32, 32) is image k as written
     first = batches["data_batch_1"][0]
-    np.testing.assert_array_equal(ds.x_train[:3].reshape(3, 3, 32, 32) * np.float32(255),
-                                  first.astype(np.float32))
+    np.testing.assert_array_equal(
+        ds.x_train[:3].reshape(3, 3, 32, 32) * np.float32(255), first.astype(np.float32)
+    )
     assert "3072 features (3x32x32)" in ds.describe()
 
 
@@ -517,11 +606,20 @@ def test_load_cifar10_dtype_and_normalize(tmp_path, batches):
         load_cifar10(tmp_path, dtype=np.int32)
 
 
-@pytest.mark.parametrize("layout", [
-    "python files directly", "binary files directly", "cifar-10-batches-py/",
-    "cifar-10-batches-bin/", "cifar10/cifar-10-batches-py/", "cifar10/ directly",
-    "cifar-10-python.tar.gz", "cifar-10-binary.tar.gz", "cifar10/cifar-10-binary.tar.gz",
-])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "python files directly",
+        "binary files directly",
+        "cifar-10-batches-py/",
+        "cifar-10-batches-bin/",
+        "cifar10/cifar-10-batches-py/",
+        "cifar10/ directly",
+        "cifar-10-python.tar.gz",
+        "cifar-10-binary.tar.gz",
+        "cifar10/cifar-10-binary.tar.gz",
+    ],
+)
 def test_load_cifar10_layouts_under_data_dir(tmp_path, batches, layout):
     root = tmp_path / "datasets"
     place = {
@@ -530,14 +628,18 @@ def test_load_cifar10_layouts_under_data_dir(tmp_path, batches, layout):
         "cifar-10-batches-py/": lambda: write_py(root / "cifar-10-batches-py", batches),
         "cifar-10-batches-bin/": lambda: write_bin(root / "cifar-10-batches-bin", batches),
         "cifar10/cifar-10-batches-py/": lambda: write_py(
-            root / "cifar10" / "cifar-10-batches-py", batches),
+            root / "cifar10" / "cifar-10-batches-py", batches
+        ),
         "cifar10/ directly": lambda: write_bin(root / "cifar10", batches),
         "cifar-10-python.tar.gz": lambda: write_archive(
-            root / "cifar-10-python.tar.gz", "python", batches),
+            root / "cifar-10-python.tar.gz", "python", batches
+        ),
         "cifar-10-binary.tar.gz": lambda: write_archive(
-            root / "cifar-10-binary.tar.gz", "binary", batches),
+            root / "cifar-10-binary.tar.gz", "binary", batches
+        ),
         "cifar10/cifar-10-binary.tar.gz": lambda: write_archive(
-            root / "cifar10" / "cifar-10-binary.tar.gz", "binary", batches),
+            root / "cifar10" / "cifar-10-binary.tar.gz", "binary", batches
+        ),
     }[layout]()
     ds = load_cifar10(root)
     assert ds.source == str(place)
@@ -585,17 +687,25 @@ def test_explicit_data_dir_is_the_only_place_searched(tmp_path, monkeypatch, bat
     empty.mkdir()
     with pytest.raises(DataNotFound) as info:
         load_cifar10(empty)
-    assert info.value.searched == [f"{empty} (no CIFAR-10 batches)",
-                                   f"{empty / 'cifar10'} (no such directory)"]
+    assert info.value.searched == [
+        f"{empty} (no CIFAR-10 batches)",
+        f"{empty / 'cifar10'} (no such directory)",
+    ]
 
 
 def test_not_found_lists_places_searched(tmp_path, monkeypatch):
     monkeypatch.setenv("DPTRAIN_DATA", str(tmp_path / "nowhere"))
-    with pytest.raises(DataNotFound, match=r"CIFAR-10 not found: looked for "
-                                           r"cifar-10-batches-py/") as info:
+    with pytest.raises(
+        DataNotFound,
+        match=r"CIFAR-10 not found: looked for "
+        r"cifar-10-batches-py/",
+    ) as info:
         load_cifar10()
-    for place in (tmp_path / "nowhere", tmp_path / "nowhere" / "cifar10",
-                  tmp_path / "xdg-cache" / "dptrain" / "cifar10"):
+    for place in (
+        tmp_path / "nowhere",
+        tmp_path / "nowhere" / "cifar10",
+        tmp_path / "xdg-cache" / "dptrain" / "cifar10",
+    ):
         assert str(place) in str(info.value)
     assert len(info.value.searched) == 3
 
@@ -603,8 +713,7 @@ def test_not_found_lists_places_searched(tmp_path, monkeypatch):
 def test_incomplete_directory_and_archive_name_what_is_missing(tmp_path, batches):
     directory = write_bin(tmp_path / "cifar-10-batches-bin", batches)
     (directory / "data_batch_2.bin").unlink()
-    write_archive(tmp_path / "cifar-10-python.tar.gz", "python", batches,
-                  skip=("test_batch",))
+    write_archive(tmp_path / "cifar-10-python.tar.gz", "python", batches, skip=("test_batch",))
     with pytest.raises(DataNotFound) as info:
         load_cifar10(tmp_path)
     reason = info.value.searched[0]
@@ -617,15 +726,19 @@ def test_corrupt_archive(tmp_path, batches, damage):
     archive = write_archive(tmp_path / "cifar-10-binary.tar.gz", "binary", batches)
     blob = archive.read_bytes()
     archive.write_bytes(blob[: len(blob) // 2] if damage == "cut" else b"\x1f\x8b" + bytes(100))
-    with pytest.raises(DataError, match=r"cifar-10-binary\.tar\.gz: corrupt or unreadable "
-                                        r"tar\.gz archive") as info:
+    with pytest.raises(
+        DataError,
+        match=r"cifar-10-binary\.tar\.gz: corrupt or unreadable "
+        r"tar\.gz archive",
+    ) as info:
         get_cifar10(tmp_path, announce=None)
     assert not isinstance(info.value, DataNotFound)
 
 
 def test_archive_member_that_is_not_a_regular_file(tmp_path, batches):
-    archive = write_archive(tmp_path / "cifar-10-binary.tar.gz", "binary", batches,
-                            skip=("data_batch_1",))
+    archive = write_archive(
+        tmp_path / "cifar-10-binary.tar.gz", "binary", batches, skip=("data_batch_1",)
+    )
     with tarfile.open(archive, "r:gz") as tar:
         members = [(m, tar.extractfile(m).read()) for m in tar]
     with tarfile.open(archive, "w:gz") as tar:
@@ -634,17 +747,23 @@ def test_archive_member_that_is_not_a_regular_file(tmp_path, batches):
         tar.addfile(link)
         for member, blob in members:
             tar.addfile(member, io.BytesIO(blob))
-    with pytest.raises(DataError, match=r"member cifar-10-batches-bin/data_batch_1\.bin is not "
-                                        r"a regular file"):
+    with pytest.raises(
+        DataError,
+        match=r"member cifar-10-batches-bin/data_batch_1\.bin is not "
+        r"a regular file",
+    ):
         load_cifar10(tmp_path)
 
 
 def test_bad_batch_in_archive_names_archive_and_member(tmp_path, batches):
     batches["data_batch_5"][1][0] = 11
     write_archive(tmp_path / "cifar-10-binary.tar.gz", "binary", batches)
-    with pytest.raises(DataError, match=r"cifar-10-binary\.tar\.gz member "
-                                        r"cifar-10-batches-bin/data_batch_5\.bin: label 11 of "
-                                        r"image 0 is out of range"):
+    with pytest.raises(
+        DataError,
+        match=r"cifar-10-binary\.tar\.gz member "
+        r"cifar-10-batches-bin/data_batch_5\.bin: label 11 of "
+        r"image 0 is out of range",
+    ):
         load_cifar10(tmp_path)
 
 
@@ -652,14 +771,18 @@ def test_truncated_file_in_directory_is_reported_not_replaced(tmp_path, batches)
     directory = write_bin(tmp_path / "cifar-10-batches-bin", batches)
     blob = (directory / "test_batch.bin").read_bytes()
     (directory / "test_batch.bin").write_bytes(blob[:-5])
-    with pytest.raises(DataError, match=r"test_batch\.bin: size 21506 bytes is not a whole "
-                                        r"number of 3073-byte records"):
+    with pytest.raises(
+        DataError,
+        match=r"test_batch\.bin: size 21506 bytes is not a whole "
+        r"number of 3073-byte records",
+    ):
         get_cifar10(tmp_path, announce=None)
 
 
 # ---------------------------------------------------------------------------------------
 # the synthetic stand-in
 # ---------------------------------------------------------------------------------------
+
 
 def test_get_cifar10_synthetic_fallback_announces_one_line(tmp_path):
     lines = []
@@ -687,6 +810,7 @@ def test_a_named_directory_without_cifar10_is_an_error_and_nothing_is_created(tm
 # load_dataset and the command line
 # ---------------------------------------------------------------------------------------
 
+
 def test_load_dataset_cifar10_with_limit(tmp_path, batches):
     write_py(tmp_path / "cifar-10-batches-py", batches)
     ds = load_dataset("cifar10", data_dir=tmp_path, limit=4)
@@ -697,11 +821,17 @@ def test_load_dataset_cifar10_with_limit(tmp_path, batches):
     assert ds.input_shape == (3, 32, 32)
     with pytest.raises(ValueError, match=r"limit=16 exceeds the 15 training samples of cifar10"):
         load_dataset("cifar10", data_dir=tmp_path, limit=16)
-    with pytest.raises(ValueError, match=r"n_samples=5 applies only to name='synthetic', not "
-                                         r"name='cifar10'"):
+    with pytest.raises(
+        ValueError,
+        match=r"n_samples=5 applies only to name='synthetic', not "
+        r"name='cifar10'",
+    ):
         load_dataset("cifar10", data_dir=tmp_path, n_samples=5)
-    with pytest.raises(ValueError, match=r"cannot upscale cifar10: n_features=3072 is not a "
-                                         r"square image"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot upscale cifar10: n_features=3072 is not a "
+        r"square image",
+    ):
         load_dataset("cifar10", data_dir=tmp_path, upscale=2)
 
 
@@ -717,9 +847,24 @@ def test_load_dataset_cifar10_fallback_draws_only_the_limit(tmp_path):
 def test_cli_trains_on_cifar10_files(tmp_path, batches, capsys):
     write_bin(tmp_path / "cifar-10-batches-bin", batches)
     out = tmp_path / "run.json"
-    rc = cli.main(["train", "--dataset", "cifar10", "--data-dir", str(tmp_path), "--model",
-                   "softmax", "--epochs", "1", "--batch-size", "5", "--out", str(out),
-                   "--quiet"])
+    rc = cli.main(
+        [
+            "train",
+            "--dataset",
+            "cifar10",
+            "--data-dir",
+            str(tmp_path),
+            "--model",
+            "softmax",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "5",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     result = json.loads(out.read_text())
     assert result["dataset"]["source"] == str(tmp_path / "cifar-10-batches-bin")
@@ -729,11 +874,27 @@ def test_cli_trains_on_cifar10_files(tmp_path, batches, capsys):
 @pytest.mark.parametrize("quiet", [False, True])
 def test_cli_cifar10_fallback_is_announced_on_stderr_even_when_quiet(tmp_path, capsys, quiet):
     from dptrain.engine import data
+
     data.ANNOUNCED.clear()
     out = tmp_path / "run.json"
-    rc = cli.main(["train", "--dataset", "cifar10", "--model", "softmax", "--epochs", "1",
-                   "--limit", "200", "--batch-size", "50", "--out", str(out)]
-                  + (["--quiet"] if quiet else []))
+    rc = cli.main(
+        [
+            "train",
+            "--dataset",
+            "cifar10",
+            "--model",
+            "softmax",
+            "--epochs",
+            "1",
+            "--limit",
+            "200",
+            "--batch-size",
+            "50",
+            "--out",
+            str(out),
+        ]
+        + (["--quiet"] if quiet else [])
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "CIFAR-10 not found" in captured.err and "SYNTHETIC CIFAR-10-shaped" in captured.err
@@ -744,8 +905,21 @@ def test_cli_cifar10_fallback_is_announced_on_stderr_even_when_quiet(tmp_path, c
 
 
 def test_cli_named_data_dir_without_cifar10_fails_and_creates_nothing(tmp_path, capsys):
-    rc = cli.main(["train", "--dataset", "cifar10", "--data-dir", str(tmp_path / "none"),
-                   "--model", "softmax", "--epochs", "1", "--out", str(tmp_path / "r.json")])
+    rc = cli.main(
+        [
+            "train",
+            "--dataset",
+            "cifar10",
+            "--data-dir",
+            str(tmp_path / "none"),
+            "--model",
+            "softmax",
+            "--epochs",
+            "1",
+            "--out",
+            str(tmp_path / "r.json"),
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 1 and "CIFAR-10 not found" in captured.err
     assert str(tmp_path / "none") in captured.err
@@ -754,9 +928,12 @@ def test_cli_named_data_dir_without_cifar10_fails_and_creates_nothing(tmp_path, 
 
 def test_python_batches_are_checked_against_the_published_md5(tmp_path, batches):
     write_py(tmp_path / "cifar-10-batches-py", batches)
-    with pytest.warns(data.DataWarning, match=r"CIFAR-10 in .* is not the published data set: "
-                                              r"data_batch_1 \(md5 [0-9a-f]{32}, published "
-                                              r"c99cafc152244af753f735de768cd75f\)"):
+    with pytest.warns(
+        data.DataWarning,
+        match=r"CIFAR-10 in .* is not the published data set: "
+        r"data_batch_1 \(md5 [0-9a-f]{32}, published "
+        r"c99cafc152244af753f735de768cd75f\)",
+    ):
         ds = load_cifar10(tmp_path)
     assert ds.integrity == "modified"
 

@@ -1,5 +1,6 @@
 """Tests for MNIST in dptrain.data: the IDX reader (idx.py), the files' lookup, validation
 and download (mnist.py), and the MNIST policies of catalog.py (get_mnist, load_dataset)."""
+
 import gzip
 import hashlib
 import re
@@ -78,8 +79,10 @@ def write_fake_mnist(directory: Path, arrays=None, *, gz=True) -> dict:
 @pytest.fixture(autouse=True)
 def isolated_environment(monkeypatch, tmp_path):
     """No network, no DPTRAIN_DATA from the caller, and an empty private cache directory."""
+
     def no_network(url, timeout):
         pytest.fail(f"a test tried to download {url}")
+
     monkeypatch.setattr(data.mnist, "_fetch", no_network)
     monkeypatch.delenv("DPTRAIN_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
@@ -137,8 +140,9 @@ def test_read_idx_zero_dimensions_is_wrong_magic(tmp_path):
 def test_read_idx_unsupported_element_type(tmp_path):
     path = tmp_path / "floats.idx"
     path.write_bytes(idx_bytes(np.zeros(4, np.uint8), elem_type=0x0D))
-    with pytest.raises(DataError,
-                       match=r"floats\.idx.*unsupported IDX element type 0x0d \(float32\)"):
+    with pytest.raises(
+        DataError, match=r"floats\.idx.*unsupported IDX element type 0x0d \(float32\)"
+    ):
         read_idx(path)
 
 
@@ -147,8 +151,11 @@ def test_read_idx_truncated_data(tmp_path, gz):
     blob = idx_bytes(np.zeros((3, 28, 28), np.uint8))[:-100]
     path = tmp_path / "short-images"
     path.write_bytes(gzip.compress(blob) if gz else blob)
-    with pytest.raises(DataError, match=r"short-images: truncated file: dims \(3, 28, 28\) need "
-                                        r"2352 bytes of data, found 2252"):
+    with pytest.raises(
+        DataError,
+        match=r"short-images: truncated file: dims \(3, 28, 28\) need "
+        r"2352 bytes of data, found 2252",
+    ):
         read_idx(path)
 
 
@@ -167,17 +174,22 @@ def test_read_idx_trailing_garbage(tmp_path, gz):
     blob = idx_bytes(np.zeros(10, np.uint8)) + b"junk"
     path = tmp_path / "trailing-labels"
     path.write_bytes(gzip.compress(blob) if gz else blob)
-    with pytest.raises(DataError, match=r"trailing-labels.*trailing garbage.*need 10 bytes of "
-                                        r"data, found 14 \(4 extra\)"):
+    with pytest.raises(
+        DataError,
+        match=r"trailing-labels.*trailing garbage.*need 10 bytes of "
+        r"data, found 14 \(4 extra\)",
+    ):
         read_idx(path)
 
 
 @pytest.mark.parametrize("damage", ["cut", "garbage", "crc"])
 def test_read_idx_corrupt_gzip(tmp_path, damage):
     good = gzip.compress(idx_bytes(np.arange(100, dtype=np.uint8)))
-    blob = {"cut": good[: len(good) // 2],
-            "garbage": b"\x1f\x8b" + b"not really gzip" * 4,
-            "crc": good[:-8] + bytes(4) + good[-4:]}[damage]
+    blob = {
+        "cut": good[: len(good) // 2],
+        "garbage": b"\x1f\x8b" + b"not really gzip" * 4,
+        "crc": good[:-8] + bytes(4) + good[-4:],
+    }[damage]
     path = tmp_path / "broken.gz"
     path.write_bytes(blob)
     with pytest.raises(DataError, match=r"broken\.gz.*corrupt gzip"):
@@ -270,8 +282,10 @@ def test_explicit_data_dir_is_the_only_place_searched(tmp_path, monkeypatch):
     empty.mkdir()
     with pytest.raises(DataNotFound) as info:
         load_mnist(empty)
-    assert info.value.searched == [f"{empty} (no MNIST files)",
-                                   f"{empty / 'mnist'} (no such directory)"]
+    assert info.value.searched == [
+        f"{empty} (no MNIST files)",
+        f"{empty / 'mnist'} (no such directory)",
+    ]
 
 
 def test_load_mnist_not_found_lists_places_searched(tmp_path, monkeypatch):
@@ -279,8 +293,11 @@ def test_load_mnist_not_found_lists_places_searched(tmp_path, monkeypatch):
     with pytest.raises(DataNotFound, match=r"MNIST not found") as info:
         load_mnist()
     message = str(info.value)
-    for place in (tmp_path / "nowhere", tmp_path / "nowhere" / "mnist",
-                  tmp_path / "xdg-cache" / "dptrain" / "mnist"):
+    for place in (
+        tmp_path / "nowhere",
+        tmp_path / "nowhere" / "mnist",
+        tmp_path / "xdg-cache" / "dptrain" / "mnist",
+    ):
         assert str(place) in message
     assert len(info.value.searched) == 3
 
@@ -296,8 +313,11 @@ def test_load_mnist_mismatched_counts_names_both_files(tmp_path):
     arrays = fake_mnist_arrays()
     arrays["train-labels-idx1-ubyte"] = arrays["train-labels-idx1-ubyte"][:49]
     write_fake_mnist(tmp_path / "m", arrays)
-    with pytest.raises(DataError, match=r"train-images-idx3-ubyte\.gz has 50 images but .*"
-                                        r"train-labels-idx1-ubyte\.gz has 49 labels"):
+    with pytest.raises(
+        DataError,
+        match=r"train-images-idx3-ubyte\.gz has 50 images but .*"
+        r"train-labels-idx1-ubyte\.gz has 49 labels",
+    ):
         load_mnist(tmp_path / "m")
 
 
@@ -305,8 +325,11 @@ def test_load_mnist_labels_out_of_range(tmp_path):
     arrays = fake_mnist_arrays()
     arrays["t10k-labels-idx1-ubyte"][3] = 10
     write_fake_mnist(tmp_path / "m", arrays)
-    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte\.gz: label 10 at index 3 is "
-                                        r"out of range 0\.\.9"):
+    with pytest.raises(
+        DataError,
+        match=r"t10k-labels-idx1-ubyte\.gz: label 10 at index 3 is "
+        r"out of range 0\.\.9",
+    ):
         load_mnist(tmp_path / "m")
 
 
@@ -315,8 +338,13 @@ def test_load_mnist_wrong_image_dims(tmp_path, bad_shape):
     arrays = fake_mnist_arrays()
     arrays["train-images-idx3-ubyte"] = np.zeros(bad_shape, np.uint8)
     write_fake_mnist(tmp_path / "m", arrays)
-    with pytest.raises(DataError, match=re.escape(f"train-images-idx3-ubyte.gz: expected images "
-                                                  f"of shape (n, 28, 28), found dims {bad_shape}")):
+    with pytest.raises(
+        DataError,
+        match=re.escape(
+            f"train-images-idx3-ubyte.gz: expected images "
+            f"of shape (n, 28, 28), found dims {bad_shape}"
+        ),
+    ):
         load_mnist(tmp_path / "m")
 
 
@@ -359,8 +387,9 @@ def test_other_mnist_files_are_read_with_one_warning_naming_them(fake_mnist):
     message = str(caught[0].message)
     assert str(fake_mnist[0]) in message and "not the published data set" in message
     for base in data.MNIST_FILES:
-        assert (f"{base}.gz (sha256 of the content " in message
-                and data.MNIST_SHA256[base] in message)
+        assert (
+            f"{base}.gz (sha256 of the content " in message and data.MNIST_SHA256[base] in message
+        )
 
 
 def test_get_mnist_prefers_local_files(fake_mnist):
@@ -376,13 +405,13 @@ def test_get_mnist_not_found_without_download_or_synthetic(tmp_path):
 
 @pytest.mark.parametrize("make", [False, True], ids=["missing", "empty"])
 def test_a_named_directory_without_mnist_is_an_error_and_nothing_is_created(tmp_path, make):
-    named = tmp_path / "mnsit"                      # a typo of the user's
+    named = tmp_path / "mnsit"  # a typo of the user's
     if make:
         named.mkdir()
     before = sorted(tmp_path.rglob("*"))
     lines = []
     with pytest.raises(DataNotFound) as info:
-        get_mnist(named, announce=lines.append)     # download and synthetic both allowed
+        get_mnist(named, announce=lines.append)  # download and synthetic both allowed
     message = str(info.value)
     assert str(named) in message
     for base in data.MNIST_FILES:
@@ -399,8 +428,9 @@ def test_a_missing_dptrain_data_directory_is_an_error(tmp_path, monkeypatch):
 
 def test_get_mnist_synthetic_fallback_announces_one_line(tmp_path):
     lines = []
-    ds = get_mnist(allow_download=False, announce=lines.append,
-                   synthetic_n_train=600, synthetic_n_test=200)
+    ds = get_mnist(
+        allow_download=False, announce=lines.append, synthetic_n_train=600, synthetic_n_test=200
+    )
     assert len(lines) == 1 and "\n" not in lines[0]
     assert "MNIST not found" in lines[0] and "SYNTHETIC" in lines[0]
     assert str(tmp_path / "xdg-cache" / "dptrain" / "mnist") in lines[0]
@@ -413,6 +443,7 @@ def test_get_mnist_synthetic_fallback_announces_one_line(tmp_path):
 def test_get_mnist_download_failure_falls_back_to_synthetic(tmp_path, monkeypatch):
     def unreachable(url, timeout):
         raise urllib.error.URLError("no route to host")
+
     monkeypatch.setattr(data.mnist, "_fetch", unreachable)
     lines = []
     ds = get_mnist(announce=lines.append, synthetic_n_train=100, synthetic_n_test=100)
@@ -430,6 +461,7 @@ def serve(monkeypatch, blobs: dict, fail_prefix: str | None = None):
         if fail_prefix and url.startswith(fail_prefix):
             raise urllib.error.URLError("mirror down")
         return blobs[url.rsplit("/", 1)[1]]
+
     monkeypatch.setattr(data.mnist, "_fetch", fetch)
     return requested
 
@@ -449,8 +481,10 @@ def test_download_mnist_verifies_and_writes_atomically(tmp_path, monkeypatch):
     requested = serve(monkeypatch, blobs, fail_prefix=data.MNIST_MIRRORS[0])
     dest = download_mnist(tmp_path / "dl")
     assert sorted(p.name for p in dest.iterdir()) == sorted(blobs)  # no temp files left
-    assert requested[:2] == [data.MNIST_MIRRORS[0] + "train-images-idx3-ubyte.gz",
-                             data.MNIST_MIRRORS[1] + "train-images-idx3-ubyte.gz"]
+    assert requested[:2] == [
+        data.MNIST_MIRRORS[0] + "train-images-idx3-ubyte.gz",
+        data.MNIST_MIRRORS[1] + "train-images-idx3-ubyte.gz",
+    ]
     ds = load_mnist(dest, normalize=False)
     np.testing.assert_array_equal(ds.y_train, arrays["train-labels-idx1-ubyte"])
     # files already present and correct are not fetched again
@@ -463,9 +497,12 @@ def test_download_mnist_rejects_checksum_mismatch(tmp_path, monkeypatch):
     _, blobs = fake_mnist_gz_and_sha(monkeypatch)
     monkeypatch.setitem(data.MNIST_SHA256, "train-images-idx3-ubyte", "0" * 64)
     serve(monkeypatch, blobs)
-    with pytest.raises(DataError, match=r"could not download train-images-idx3-ubyte\.gz.*"
-                                        r"sha256 of decompressed data is [0-9a-f]{64}, "
-                                        r"expected 0{64}"):
+    with pytest.raises(
+        DataError,
+        match=r"could not download train-images-idx3-ubyte\.gz.*"
+        r"sha256 of decompressed data is [0-9a-f]{64}, "
+        r"expected 0{64}",
+    ):
         download_mnist(tmp_path / "dl")
     assert not (tmp_path / "dl" / "train-images-idx3-ubyte.gz").exists()
 
@@ -486,12 +523,12 @@ def test_get_mnist_downloads_when_allowed(tmp_path, monkeypatch):
 
 def test_load_dataset_mnist_limit_and_upscale(fake_mnist):
     full = load_dataset("mnist", data_dir=fake_mnist[0], allow_download=False)
-    ds = load_dataset("mnist", data_dir=fake_mnist[0], allow_download=False, limit=10,
-                      upscale=4)
+    ds = load_dataset("mnist", data_dir=fake_mnist[0], allow_download=False, limit=10, upscale=4)
     assert ds.x_train.shape == (10, 112 * 112) and ds.x_test.shape == (20, 112 * 112)
     np.testing.assert_array_equal(ds.y_train, full.y_train[:10])
-    np.testing.assert_array_equal(ds.x_train.reshape(10, 112, 112)[:, ::4, ::4],
-                                  full.x_train[:10].reshape(10, 28, 28))
+    np.testing.assert_array_equal(
+        ds.x_train.reshape(10, 112, 112)[:, ::4, ::4], full.x_train[:10].reshape(10, 28, 28)
+    )
     limited = load_dataset("mnist", data_dir=fake_mnist[0], allow_download=False, limit=10)
     assert limited.x_train.base is None  # a copy, not a view keeping the full array alive
     assert limited.x_test.shape == (20, 784)
@@ -508,13 +545,16 @@ def test_load_dataset_mnist_falls_back_to_synthetic(tmp_path, monkeypatch):
         load_dataset("synthetic", data_dir=tmp_path, n_samples=100)
 
 
-@pytest.mark.parametrize("limit, message", [
-    (0, r"limit=0 must be >= 1"),
-    (-5, r"limit=-5 must be >= 1"),
-    (1.5, r"limit=1\.5 must be an integer"),
-    (True, r"limit=True must be an integer"),
-    (51, r"limit=51 exceeds the 50 training samples of mnist"),
-])
+@pytest.mark.parametrize(
+    "limit, message",
+    [
+        (0, r"limit=0 must be >= 1"),
+        (-5, r"limit=-5 must be >= 1"),
+        (1.5, r"limit=1\.5 must be an integer"),
+        (True, r"limit=True must be an integer"),
+        (51, r"limit=51 exceeds the 50 training samples of mnist"),
+    ],
+)
 def test_load_dataset_rejects_bad_limit(fake_mnist, limit, message):
     with pytest.raises(ValueError, match=message):
         load_dataset("mnist", data_dir=fake_mnist[0], allow_download=False, limit=limit)
@@ -530,8 +570,9 @@ def test_load_dataset_rejects_synthetic_options_for_mnist(fake_mnist):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not REAL_MNIST_DIR.is_dir(),
-                    reason=f"real MNIST not present at {REAL_MNIST_DIR}")
+@pytest.mark.skipif(
+    not REAL_MNIST_DIR.is_dir(), reason=f"real MNIST not present at {REAL_MNIST_DIR}"
+)
 def test_real_mnist():
     for base, expected in REAL_SHA256.items():
         path = REAL_MNIST_DIR / (base + ".gz")

@@ -1,4 +1,5 @@
 """Tests for dptrain.data.synthetic: shapes, determinism, learnability, bounded memory."""
+
 import tracemalloc
 
 import numpy as np
@@ -56,13 +57,16 @@ def test_synthetic_binary_float32_allocates_no_float64_copy():
     assert peak < result + 8 * 2**20, f"peak {peak} bytes for a {result}-byte result"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(n=0, d=3), r"n=0 must be >= 1"),
-    (dict(n=10, d=-1), r"d=-1 must be >= 1"),
-    (dict(n=2.5, d=3), r"n=2\.5 must be an integer"),
-    (dict(n=10, d=3, n_test=0), r"n_test=0 must be >= 1"),
-    (dict(n=10, d=3, dtype=np.float16), r"dtype=float16 is not supported"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n=0, d=3), r"n=0 must be >= 1"),
+        (dict(n=10, d=-1), r"d=-1 must be >= 1"),
+        (dict(n=2.5, d=3), r"n=2\.5 must be an integer"),
+        (dict(n=10, d=3, n_test=0), r"n_test=0 must be >= 1"),
+        (dict(n=10, d=3, dtype=np.float16), r"dtype=float16 is not supported"),
+    ],
+)
 def test_synthetic_binary_validates_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         synthetic_binary(**kwargs)
@@ -110,17 +114,21 @@ def test_synthetic_cifar10_prefixes_and_determinism():
     wide = synthetic_cifar10(50, 10, seed=3, dtype=np.float64)
     assert wide.x_train.dtype == np.float64 and wide.x_train.flags.c_contiguous
     assert 0.0 <= wide.x_train.min() and wide.x_train.max() <= 1.0
-    np.testing.assert_array_equal(wide.x_train, synthetic_cifar10(50, 1, seed=3,
-                                                                  dtype=np.float64).x_train)
+    np.testing.assert_array_equal(
+        wide.x_train, synthetic_cifar10(50, 1, seed=3, dtype=np.float64).x_train
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(n_train=0), r"n_train=0 must be >= 1"),
-    (dict(n_test=-1), r"n_test=-1 must be >= 1"),
-    (dict(distractor=1.5), r"distractor=1\.5 must be a number in \[0, 1\.0\]"),
-    (dict(noise=-0.1), r"noise=-0\.1 must be a number"),
-    (dict(dtype=np.int8), r"dtype=int8 is not supported"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n_train=0), r"n_train=0 must be >= 1"),
+        (dict(n_test=-1), r"n_test=-1 must be >= 1"),
+        (dict(distractor=1.5), r"distractor=1\.5 must be a number in \[0, 1\.0\]"),
+        (dict(noise=-0.1), r"noise=-0\.1 must be a number"),
+        (dict(dtype=np.int8), r"dtype=int8 is not supported"),
+    ],
+)
 def test_synthetic_cifar10_validates_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         synthetic_cifar10(**{"n_train": 10, "n_test": 10, **kwargs})

@@ -1,4 +1,5 @@
 """Tests for dptrain.data.transforms: nearest-neighbour up-scaling of images and data sets."""
+
 import dataclasses
 
 import numpy as np
@@ -40,8 +41,9 @@ def test_upscale_images_factor_2_pixel_positions():
 
 def test_upscale_images_other_side_and_errors():
     x = np.arange(9, dtype=np.float64).reshape(1, 9)
-    np.testing.assert_array_equal(upscale_images(x, 3, side=3).reshape(9, 9),
-                                  np.kron(x.reshape(3, 3), np.ones((3, 3))))
+    np.testing.assert_array_equal(
+        upscale_images(x, 3, side=3).reshape(9, 9), np.kron(x.reshape(3, 3), np.ones((3, 3)))
+    )
     with pytest.raises(ValueError, match=r"x has shape \(1, 9\), expected \(n, 784\)"):
         upscale_images(x, 2)
     with pytest.raises(ValueError, match=r"factor=0 must be >= 1"):
@@ -50,8 +52,9 @@ def test_upscale_images_other_side_and_errors():
 
 def test_upscale_dataset():
     # MNIST's layout: 50 / 20 images of (1, 28, 28)
-    ds = dataclasses.replace(synthetic_classification(50, n_test=20), name="mnist",
-                             input_shape=(1, 28, 28))
+    ds = dataclasses.replace(
+        synthetic_classification(50, n_test=20), name="mnist", input_shape=(1, 28, 28)
+    )
     up = upscale_dataset(ds, 2)
     assert up.x_train.shape == (50, 3136) and up.x_test.shape == (20, 3136)
     assert up.n_features == 3136 and up.name == "mnist-x2"

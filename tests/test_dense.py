@@ -3,25 +3,45 @@ dptrain.reference.dense_forward / dense_backward over odd shapes, both dtypes, e
 with and without a Context; the backward accumulates into dw and db and writes dx, and equals
 central finite differences; and the layer's boundary.
 """
+
 import numpy as np
 import pytest
+from _core_helpers import (
+    DTYPES,
+    assert_close,
+    dname,
+    family_tests,
+    make_calls,
+    numeric_grad,
+    randn,
+    rng_for,
+    shape_params,
+)
 
-from _core_helpers import (assert_close, dname, DTYPES, family_tests, make_calls, numeric_grad,
-                           randn, rng_for, shape_params)
 from dptrain import _core as core
 from dptrain import reference as ref
 
-
 DENSE_SHAPES = [  # (B, IN, OUT)
-    (1, 1, 1), (7, 33, 1), (1, 7, 33), (33, 1, 7), (129, 33, 7), (7, 129, 33), (33, 7, 129),
+    (1, 1, 1),
+    (7, 33, 1),
+    (1, 7, 33),
+    (33, 1, 7),
+    (129, 33, 7),
+    (7, 129, 33),
+    (33, 7, 129),
     (128, 784, 256),
 ]
 
 
 def dense_data(b_rows, n_in, n_out, dtype, tag):
     rng = rng_for(tag, b_rows, n_in, n_out, dname(dtype))
-    return (randn(rng, (b_rows, n_in), dtype), randn(rng, (n_out, n_in), dtype),
-            randn(rng, (n_out,), dtype), randn(rng, (b_rows, n_out), dtype), rng)
+    return (
+        randn(rng, (b_rows, n_in), dtype),
+        randn(rng, (n_out, n_in), dtype),
+        randn(rng, (n_out,), dtype),
+        randn(rng, (b_rows, n_out), dtype),
+        rng,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +60,15 @@ def test_dense_forward(isa, b_rows, n_in, n_out, dtype, use_ctx, ctx2):
     core.dense_forward(x, w, b, y, **kw)
     ref.dense_forward(x, w, b, want)
     scale = np.abs(x).astype(np.float64) @ np.abs(w).T + np.abs(b)
-    assert_close(y, want, dtype=dtype, scale=scale, k=n_in + 1,
-                 what=f"dense_forward[{isa}] B,IN,OUT={b_rows, n_in, n_out} "
-                      f"dtype={dname(dtype)} ctx={use_ctx}")
+    assert_close(
+        y,
+        want,
+        dtype=dtype,
+        scale=scale,
+        k=n_in + 1,
+        what=f"dense_forward[{isa}] B,IN,OUT={b_rows, n_in, n_out} "
+        f"dtype={dname(dtype)} ctx={use_ctx}",
+    )
 
 
 @pytest.mark.parametrize("with_dx", [False, True], ids=["no_dx", "dx"])
@@ -58,16 +84,18 @@ def test_dense_backward(isa, b_rows, n_in, n_out, dtype, use_ctx, with_dx, ctx2)
     kw = {"ctx": ctx2} if use_ctx else {}
     core.dense_backward(dy, x, w, dw, db, dx, **kw)
     ref.dense_backward(dy, x, w, dw_ref, db_ref, dx_ref)
-    what = (f"dense_backward[{isa}] B,IN,OUT={b_rows, n_in, n_out} "
-            f"dtype={dname(dtype)} ctx={use_ctx}")
+    what = (
+        f"dense_backward[{isa}] B,IN,OUT={b_rows, n_in, n_out} dtype={dname(dtype)} ctx={use_ctx}"
+    )
     ady, ax = np.abs(dy).astype(np.float64), np.abs(x).astype(np.float64)
-    assert_close(dw, dw_ref, dtype=dtype, scale=ady.T @ ax + np.abs(dw0), k=b_rows + 1,
-                 what=what + " dw")
-    assert_close(db, db_ref, dtype=dtype, scale=ady.sum(0) + np.abs(db0), k=b_rows + 1,
-                 what=what + " db")
+    assert_close(
+        dw, dw_ref, dtype=dtype, scale=ady.T @ ax + np.abs(dw0), k=b_rows + 1, what=what + " dw"
+    )
+    assert_close(
+        db, db_ref, dtype=dtype, scale=ady.sum(0) + np.abs(db0), k=b_rows + 1, what=what + " db"
+    )
     if with_dx:
-        assert_close(dx, dx_ref, dtype=dtype, scale=ady @ np.abs(w), k=n_out,
-                     what=what + " dx")
+        assert_close(dx, dx_ref, dtype=dtype, scale=ady @ np.abs(w), k=n_out, what=what + " dx")
 
 
 def test_dense_backward_accumulates_and_dx_is_overwritten():
@@ -86,8 +114,9 @@ def test_dense_backward_accumulates_and_dx_is_overwritten():
 def test_dense_gradients_finite_differences(b_rows, n_in, n_out):
     """L = sum(R * dense_forward(x)): dense_backward(dy=R) must give dL/dw, dL/db, dL/dx."""
     rng = rng_for("dense_fd", b_rows, n_in, n_out)
-    x, w, b, r = (rng.standard_normal(s) for s in
-                  [(b_rows, n_in), (n_out, n_in), (n_out,), (b_rows, n_out)])
+    x, w, b, r = (
+        rng.standard_normal(s) for s in [(b_rows, n_in), (n_out, n_in), (n_out,), (b_rows, n_out)]
+    )
     y = np.empty((b_rows, n_out))
 
     def loss():
@@ -97,9 +126,13 @@ def test_dense_gradients_finite_differences(b_rows, n_in, n_out):
     dw, db, dx = np.zeros_like(w), np.zeros_like(b), np.empty_like(x)
     core.dense_backward(r, x, w, dw, db, dx)
     for name, arr, grad in [("w", w, dw), ("b", b, db), ("x", x, dx)]:
-        np.testing.assert_allclose(numeric_grad(loss, arr), grad, rtol=1e-6, atol=1e-8,
-                                   err_msg=f"dense_backward d{name} vs finite differences "
-                                           f"B,IN,OUT={b_rows, n_in, n_out}")
+        np.testing.assert_allclose(
+            numeric_grad(loss, arr),
+            grad,
+            rtol=1e-6,
+            atol=1e-8,
+            err_msg=f"dense_backward d{name} vs finite differences B,IN,OUT={b_rows, n_in, n_out}",
+        )
 
 
 # ---------------------------------------------------------------------------------------

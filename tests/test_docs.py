@@ -30,6 +30,7 @@ lines just above its opening fence (invisible on GitHub):
 - ``<!-- snippet: needs: mnist -->``: skipped, saying so, where MNIST is not found.
 - ``<!-- snippet: slow -->``: marked ``slow`` (``pytest -m "not slow"`` leaves it out).
 """
+
 import importlib.util
 import os
 import re
@@ -46,7 +47,7 @@ pytestmark = pytest.mark.docs
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LANGUAGES = {"bash": "shell", "sh": "shell", "python": "python"}
-LINKED = ("examples", "bench")            # repository folders the snippets name by relative path
+LINKED = ("examples", "bench")  # repository folders the snippets name by relative path
 TIMEOUT_S = 300
 
 FENCE = re.compile(r"^```(\w*)\s*$")
@@ -107,8 +108,10 @@ class Snippet:
             elif text.startswith("run with ") and SUBSTITUTION.search(text):
                 self.substitutions += SUBSTITUTION.findall(text)
             else:
-                raise ValueError(f"{self.where}: unknown snippet marker <!-- snippet: {text} -->"
-                                 f" (see tests/test_docs.py)")
+                raise ValueError(
+                    f"{self.where}: unknown snippet marker <!-- snippet: {text} -->"
+                    f" (see tests/test_docs.py)"
+                )
 
     @property
     def where(self) -> str:
@@ -142,8 +145,9 @@ def snippets(path: Path) -> list:
                 if lines[j].strip():
                     markers.insert(0, MARKER.match(lines[j]).group(1))
                 j -= 1
-            found.append(Snippet(path, start + 1, language, "\n".join(lines[start + 1:i]) + "\n",
-                                 markers))
+            found.append(
+                Snippet(path, start + 1, language, "\n".join(lines[start + 1 : i]) + "\n", markers)
+            )
         i += 1
     return found
 
@@ -165,6 +169,7 @@ def mnist_dir():
     """The directory of the MNIST files, where the command line would look for them (the
     cache, $DPTRAIN_DATA) or in the shared data beside the checkout; None where absent."""
     from dptrain.data.locations import default_cache_dir
+
     env = os.environ.get("DPTRAIN_DATA")
     places = [Path(env).expanduser(), Path(env).expanduser() / "mnist"] if env else []
     places += [default_cache_dir("mnist"), ROOT.parent / "shared" / "data" / "mnist"]
@@ -179,7 +184,7 @@ def _snippet_path() -> str:
 def _environment(tmp: Path) -> dict:
     env = dict(os.environ)
     env["PATH"] = _snippet_path()
-    closed = "http://127.0.0.1:9"                       # no network: nothing is downloaded
+    closed = "http://127.0.0.1:9"  # no network: nothing is downloaded
     for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         env[name] = closed
     for name in ("no_proxy", "NO_PROXY"):
@@ -196,15 +201,18 @@ def _environment(tmp: Path) -> dict:
 
 def _has_mpi() -> bool:
     """mpiexec on the snippets' PATH, and mpi4py (found, not imported: no MPI start-up here)."""
-    return (importlib.util.find_spec("mpi4py") is not None
-            and shutil.which("mpiexec", path=_snippet_path()) is not None)
+    return (
+        importlib.util.find_spec("mpi4py") is not None
+        and shutil.which("mpiexec", path=_snippet_path()) is not None
+    )
 
 
 def _run(args, tmp: Path, env: dict, what: str):
-    r = subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True,
-                       timeout=TIMEOUT_S)
-    assert r.returncode == 0, (f"{what} failed (exit {r.returncode})\n--- stdout\n"
-                               f"{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}")
+    r = subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert r.returncode == 0, (
+        f"{what} failed (exit {r.returncode})\n--- stdout\n"
+        f"{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"
+    )
     return r
 
 
@@ -213,8 +221,10 @@ def test_documented_snippet_runs(snippet, tmp_path):
     if snippet.skip:
         pytest.skip(f"{snippet.where}: {snippet.skip}")
     if "mnist" in snippet.needs and mnist_dir() is None:
-        pytest.skip(f"{snippet.where}: needs MNIST, not found ($DPTRAIN_DATA, the cache, "
-                    f"../shared/data/mnist); nothing is downloaded here")
+        pytest.skip(
+            f"{snippet.where}: needs MNIST, not found ($DPTRAIN_DATA, the cache, "
+            f"../shared/data/mnist); nothing is downloaded here"
+        )
     code = snippet.text()
     if re.search(r"\bmpiexec\b", code) and not _has_mpi():
         pytest.skip(f"{snippet.where}: needs MPI (mpiexec and mpi4py: pip install '.[mpi]')")
@@ -223,14 +233,26 @@ def test_documented_snippet_runs(snippet, tmp_path):
     env = _environment(tmp_path)
     prelude = textwrap.dedent(PRELUDES[snippet.setup]) if snippet.setup else ""
     if snippet.language == "python":
-        _run([sys.executable, "-c", prelude + code], tmp_path, env,
-             f"{snippet.where} (python)\n{code}")
+        _run(
+            [sys.executable, "-c", prelude + code],
+            tmp_path,
+            env,
+            f"{snippet.where} (python)\n{code}",
+        )
     else:
         if prelude:
-            _run([sys.executable, "-c", prelude], tmp_path, env,
-                 f"{snippet.where}: the prelude {snippet.setup!r}")
-        _run(["bash", "-e", "-o", "pipefail", "-c", code], tmp_path, env,
-             f"{snippet.where} (shell)\n{code}")
+            _run(
+                [sys.executable, "-c", prelude],
+                tmp_path,
+                env,
+                f"{snippet.where}: the prelude {snippet.setup!r}",
+            )
+        _run(
+            ["bash", "-e", "-o", "pipefail", "-c", code],
+            tmp_path,
+            env,
+            f"{snippet.where} (shell)\n{code}",
+        )
 
 
 def test_every_marker_stands_above_a_block():
@@ -247,8 +269,8 @@ def test_every_marker_stands_above_a_block():
             m = FENCE.match(lines[j]) if j < len(lines) else None
             where = f"{path.relative_to(ROOT)}:{n + 1}"
             assert m and m.group(1) in LANGUAGES, (
-                f"{where}: the marker {line.strip()} stands above no ```bash/```sh/```python "
-                f"block")
+                f"{where}: the marker {line.strip()} stands above no ```bash/```sh/```python block"
+            )
 
 
 def test_the_docs_have_snippets_and_markers_parse():

@@ -3,6 +3,7 @@ user's terminal runs it): a rank stuck in compute, the launcher killed with SIGK
 whole process group killed, SIGINT to the launcher or to the whole group. Each case asserts
 how long the run took to stop, the exit code, that no process of the run is left, and that
 nothing new is left in /dev/shm."""
+
 import os
 import signal
 import subprocess
@@ -12,15 +13,34 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.signals,
-              pytest.mark.skipif(not Path("/proc").is_dir() or not hasattr(os, "killpg"),
-                                 reason="reads /proc and signals process groups (Linux)")]
+pytestmark = [
+    pytest.mark.signals,
+    pytest.mark.skipif(
+        not Path("/proc").is_dir() or not hasattr(os, "killpg"),
+        reason="reads /proc and signals process groups (Linux)",
+    ),
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 # long enough never to finish on its own during a test (minutes at 2 workers; 200 epochs took
 # 25 s on a 2-core machine)
-LONG_RUN = ["--model", "mlp", "--hidden", "64", "--dataset", "synthetic", "--n-samples",
-            "200000", "--epochs", "5000", "--workers", "2", "--backend", "process", "--quiet"]
+LONG_RUN = [
+    "--model",
+    "mlp",
+    "--hidden",
+    "64",
+    "--dataset",
+    "synthetic",
+    "--n-samples",
+    "200000",
+    "--epochs",
+    "5000",
+    "--workers",
+    "2",
+    "--backend",
+    "process",
+    "--quiet",
+]
 
 
 def _terminal_signals():
@@ -63,15 +83,29 @@ def alive(pid: int) -> bool:
 def start(*extra, start_method="fork"):
     """The long run, in a session of its own (a terminal's process group); returns the
     launcher and its worker pids once both workers are up and training."""
-    proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", *LONG_RUN,
-                             "--start-method", start_method, *extra],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_terminal_signals)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dptrain",
+            "train",
+            *LONG_RUN,
+            "--start-method",
+            start_method,
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_terminal_signals,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         workers = [c for c in children(proc.pid) if _is_worker(c)]
-        if len(workers) >= 2:          # (spawn also starts a resource tracker)
-            time.sleep(1.5)                  # past start-up, inside the training loop
+        if len(workers) >= 2:  # (spawn also starts a resource tracker)
+            time.sleep(1.5)  # past start-up, inside the training loop
             return proc, workers
         if proc.poll() is not None:
             break
@@ -107,15 +141,39 @@ def wait_gone(pids, seconds: float) -> list[int]:
 def test_a_rank_stuck_in_compute_is_stopped_and_the_timeout_names_it():
     before = shm_entries()
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "dptrain", "train", "--model", "softmax",
-                        "--dataset", "synthetic", "--n-samples", "4000", "--epochs", "1",
-                        "--workers", "2", "--backend", "process", "--timeout", "2",
-                        "--straggle", "1:60000", "--quiet"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dptrain",
+            "train",
+            "--model",
+            "softmax",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "4000",
+            "--epochs",
+            "1",
+            "--workers",
+            "2",
+            "--backend",
+            "process",
+            "--timeout",
+            "2",
+            "--straggle",
+            "1:60000",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     took = time.monotonic() - t0
     assert r.returncode == 1, r.stderr
     assert "worker rank 0 failed: TimeoutError" in r.stderr
-    assert "rank 1 did not arrive" in r.stderr                  # the culprit, named
+    assert "rank 1 did not arrive" in r.stderr  # the culprit, named
     assert "rank(s) 1 still running" in r.stderr and "were terminated" in r.stderr
     assert took < 15, f"took {took:.1f} s to stop (the stuck rank sleeps 60 s)"
     assert shm_entries() == before
@@ -149,7 +207,7 @@ def test_sigint_stops_every_worker_within_a_second_with_one_line(target):
     t0 = time.monotonic()
     if target == "launcher":
         os.kill(proc.pid, signal.SIGINT)
-    else:                                     # Ctrl-C in a terminal: the whole group
+    else:  # Ctrl-C in a terminal: the whole group
         os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     took = time.monotonic() - t0

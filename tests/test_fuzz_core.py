@@ -16,6 +16,7 @@ LDFLAGS=-fsanitize=address python setup.py build_ext --inplace`:
 
 (a sanitizer report ends a child with exit status 1: a crash, summarized from its report).
 """
+
 import importlib.util
 import os
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.boundary       # also run under ASan (test_asan_extension)
+pytestmark = pytest.mark.boundary  # also run under ASan (test_asan_extension)
 
 CALLS = int(os.environ.get("DPTRAIN_FUZZ_CALLS", "12000"))
 SEED = int(os.environ.get("DPTRAIN_FUZZ_SEED", "0"))
@@ -45,8 +46,10 @@ fuzz = load_fuzzer()
 
 def test_every_public_callable_has_a_fuzzer():
     """A new function, class, method or getter of _core must be added to the fuzzer."""
-    assert fuzz.uncovered() == [], (f"not fuzzed: {fuzz.uncovered()}: give each a builder in "
-                                    f"SPECS or a step in a scenario, then an entry in COVERAGE")
+    assert fuzz.uncovered() == [], (
+        f"not fuzzed: {fuzz.uncovered()}: give each a builder in "
+        f"SPECS or a step in a scenario, then an entry in COVERAGE"
+    )
 
 
 def test_hostile_calls_neither_crash_nor_give_wrong_results():

@@ -2,11 +2,11 @@
 x[index[i]] for rows of any dtype, with the GIL released and its arguments checked. (Its
 memory-safety cases: test_memory_safety.py.)
 """
+
 import numpy as np
 import pytest
 
 from dptrain import _core as core
-
 
 # ---------------------------------------------------------------------------------------
 # behaviour fixed after review

@@ -8,31 +8,48 @@ magnitude of the terms summed: |c - ref| <= RTOL[dtype] sqrt(K) (|alpha| |op(a)|
 blocking edge (an O(1) relative error) cannot pass. The matrix-vector path gives the same bits
 on any number of threads; beta == 0 never reads c.
 """
+
 import itertools
 
 import numpy as np
 import pytest
+from _core_helpers import (
+    DTYPES,
+    assert_close,
+    assert_rejected,
+    dname,
+    family_tests,
+    make_calls,
+    randn,
+    rng_for,
+    shape_params,
+)
 
-from _core_helpers import (assert_close, assert_rejected, dname, DTYPES, family_tests, make_calls,
-                           randn, rng_for, shape_params)
 from dptrain import _core as core
 from dptrain import reference as ref
-
 
 # (M, N, K): odd sizes around the 6 x 8/16 micro-tile, and shapes that cross the blocking
 # (K > KC = 320/256 gives several K slices, M > MC = 120/96 several row blocks, N > NC = 3072
 # two column panels in float32).
 GEMM_SHAPES = [
-    (1, 1, 1), (1, 7, 33), (7, 1, 33), (33, 7, 1), (7, 33, 129), (129, 33, 7),
-    (33, 129, 7), (129, 129, 129), (128, 256, 784), (250, 5, 641), (6, 3100, 9),
-    (100, 64, 27),      # K = 27 (a 3x3 conv of 3 channels): the small-K kernel in two passes
+    (1, 1, 1),
+    (1, 7, 33),
+    (7, 1, 33),
+    (33, 7, 1),
+    (7, 33, 129),
+    (129, 33, 7),
+    (33, 129, 7),
+    (129, 129, 129),
+    (128, 256, 784),
+    (250, 5, 641),
+    (6, 3100, 9),
+    (100, 64, 27),  # K = 27 (a 3x3 conv of 3 channels): the small-K kernel in two passes
 ]
 
 
 # (alpha, beta); beta == 0 runs with c full of NaN: the contract says c is then never read.
 # (1, 0) and (1, 1) are the engines' products (the small-K kernel takes them).
-ALPHA_BETA = [(1.0, 0.0), (1.0, 1.0), (0.5, 0.0), (-2.0, 1.0), (1.5, -0.25), (0.0, 0.5),
-              (0.0, 0.0)]
+ALPHA_BETA = [(1.0, 0.0), (1.0, 1.0), (0.5, 0.0), (-2.0, 1.0), (1.5, -0.25), (0.0, 0.5), (0.0, 0.0)]
 
 
 def check_gemm(fn, name, m, n, k, trans_a, trans_b, dtype, ctx=None):
@@ -51,24 +68,36 @@ def check_gemm(fn, name, m, n, k, trans_a, trans_b, dtype, ctx=None):
         fn(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, **kw)
         ref.gemm(a, b, want, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
         scale = abs(alpha) * magnitude + (abs(beta) * np.abs(c0) if beta else 0.0)
-        assert_close(c, want, dtype=dtype, scale=scale, k=k + 1,
-                     what=f"{name} M,N,K={m, n, k} trans_a={trans_a} trans_b={trans_b} "
-                          f"alpha={alpha} beta={beta} dtype={dname(dtype)}")
+        assert_close(
+            c,
+            want,
+            dtype=dtype,
+            scale=scale,
+            k=k + 1,
+            what=f"{name} M,N,K={m, n, k} trans_a={trans_a} trans_b={trans_b} "
+            f"alpha={alpha} beta={beta} dtype={dname(dtype)}",
+        )
     np.testing.assert_array_equal(a, a_in, err_msg=f"{name} modified a")
     np.testing.assert_array_equal(b, b_in, err_msg=f"{name} modified b")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("trans_a,trans_b", list(itertools.product([False, True], repeat=2)),
-                         ids=lambda t: "T" if t else "N")
+@pytest.mark.parametrize(
+    "trans_a,trans_b",
+    list(itertools.product([False, True], repeat=2)),
+    ids=lambda t: "T" if t else "N",
+)
 @pytest.mark.parametrize("m,n,k", shape_params(GEMM_SHAPES))
 def test_gemm(isa, m, n, k, trans_a, trans_b, dtype):
     check_gemm(core.gemm, f"gemm[{isa}]", m, n, k, trans_a, trans_b, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("trans_a,trans_b", list(itertools.product([False, True], repeat=2)),
-                         ids=lambda t: "T" if t else "N")
+@pytest.mark.parametrize(
+    "trans_a,trans_b",
+    list(itertools.product([False, True], repeat=2)),
+    ids=lambda t: "T" if t else "N",
+)
 @pytest.mark.parametrize("m,n,k", shape_params(GEMM_SHAPES))
 def test_gemm_naive(m, n, k, trans_a, trans_b, dtype):
     check_gemm(core.gemm_naive, "gemm_naive", m, n, k, trans_a, trans_b, dtype)
@@ -81,22 +110,38 @@ CTX_SHAPES = [(128, 256, 784), (250, 5, 641), (6, 3100, 9), (33, 129, 129), (129
 
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("trans_a,trans_b", list(itertools.product([False, True], repeat=2)),
-                         ids=lambda t: "T" if t else "N")
+@pytest.mark.parametrize(
+    "trans_a,trans_b",
+    list(itertools.product([False, True], repeat=2)),
+    ids=lambda t: "T" if t else "N",
+)
 @pytest.mark.parametrize("m,n,k", shape_params(CTX_SHAPES))
 def test_gemm_with_context(isa, m, n, k, trans_a, trans_b, dtype, threads):
     ctx = core.Context(threads=threads)
-    check_gemm(core.gemm, f"gemm[{isa}, Context(threads={threads})]", m, n, k,
-               trans_a, trans_b, dtype, ctx=ctx)
+    check_gemm(
+        core.gemm,
+        f"gemm[{isa}, Context(threads={threads})]",
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+        dtype,
+        ctx=ctx,
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("m,n,k,trans_a,trans_b", [
-    (8192, 1, 520, False, True),     # x w^T: rows of x, split by rows
-    (8192, 1, 520, True, True),      # x^T stored: columns, split by columns
-    (1, 520, 8192, True, False),     # dz^T x: columns, split by columns (8 units + 8 columns)
-    (1, 8192, 520, False, True),     # rows of w^T
-], ids=["N1-rows", "N1-cols", "M1-cols", "M1-rows"])
+@pytest.mark.parametrize(
+    "m,n,k,trans_a,trans_b",
+    [
+        (8192, 1, 520, False, True),  # x w^T: rows of x, split by rows
+        (8192, 1, 520, True, True),  # x^T stored: columns, split by columns
+        (1, 520, 8192, True, False),  # dz^T x: columns, split by columns (8 units + 8 columns)
+        (1, 8192, 520, False, True),  # rows of w^T
+    ],
+    ids=["N1-rows", "N1-cols", "M1-cols", "M1-rows"],
+)
 def test_gemv_has_the_same_bits_on_any_threads(isa, m, n, k, trans_a, trans_b, dtype):
     """A matrix-vector GEMM (dp_gemm_drv.h's gemv), big enough for several threads: the same
     bits on 1, 2 and 3 threads, and within the bound of np.matmul."""
@@ -109,11 +154,18 @@ def test_gemv_has_the_same_bits_on_any_threads(isa, m, n, k, trans_a, trans_b, d
         core.gemm(a, b, c, trans_a=trans_a, trans_b=trans_b, ctx=core.Context(threads=threads))
         outs.append(c)
     for threads, c in zip((2, 3), outs[1:]):
-        np.testing.assert_array_equal(c, outs[0], err_msg=f"gemv[{isa}] {m}x{n}x{k} on {threads} "
-                                                          f"threads against 1")
+        np.testing.assert_array_equal(
+            c, outs[0], err_msg=f"gemv[{isa}] {m}x{n}x{k} on {threads} threads against 1"
+        )
     op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
-    assert_close(outs[0], op_a @ op_b, dtype=dtype, scale=np.abs(op_a) @ np.abs(op_b), k=k,
-                 what=f"gemv[{isa}] {m}x{n}x{k} vs np.matmul")
+    assert_close(
+        outs[0],
+        op_a @ op_b,
+        dtype=dtype,
+        scale=np.abs(op_a) @ np.abs(op_b),
+        k=k,
+        what=f"gemv[{isa}] {m}x{n}x{k} vs np.matmul",
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
@@ -124,8 +176,14 @@ def test_gemm_matches_its_naive_twin(isa, dtype):
         c1, c2 = np.empty((m, n), dtype), np.empty((m, n), dtype)
         core.gemm(a, b, c1)
         core.gemm_naive(a, b, c2)
-        assert_close(c1, c2, dtype=dtype, scale=np.abs(a) @ np.abs(b), k=k,
-                     what=f"gemm[{isa}] vs gemm_naive M,N,K={m, n, k} dtype={dname(dtype)}")
+        assert_close(
+            c1,
+            c2,
+            dtype=dtype,
+            scale=np.abs(a) @ np.abs(b),
+            k=k,
+            what=f"gemm[{isa}] vs gemm_naive M,N,K={m, n, k} dtype={dname(dtype)}",
+        )
 
 
 @pytest.mark.parametrize("fn", [core.gemm, core.gemm_naive], ids=["gemm", "gemm_naive"])

@@ -3,6 +3,7 @@
 bits in deterministic mode whatever the split of ranks into nodes, the abort and the
 breakdown. Run under mpiexec; the nodes are simulated on this machine (DPTRAIN_MPI_NODES /
 --mpi-nodes), so the inter-node path runs here."""
+
 import json
 import os
 import subprocess
@@ -16,29 +17,56 @@ import pytest
 import dptrain
 from dptrain.comm.mpi import find_mpiexec
 
-
 MPIEXEC = find_mpiexec()
-pytestmark = pytest.mark.mpi          # MPI ranks under mpiexec (conftest skips without)
+pytestmark = pytest.mark.mpi  # MPI ranks under mpiexec (conftest skips without)
 
 # conftest's SMALL, as CLI flags
-CLI = ["--model", "mlp", "--hidden", "16", "--dataset", "synthetic", "--n-samples", "1030",
-       "--n-features", "12", "--epochs", "2", "--batch-size", "100", "--lr", "0.05",
-       "--momentum", "0.9", "--backend", "mpi", "--quiet"]
+CLI = [
+    "--model",
+    "mlp",
+    "--hidden",
+    "16",
+    "--dataset",
+    "synthetic",
+    "--n-samples",
+    "1030",
+    "--n-features",
+    "12",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "100",
+    "--lr",
+    "0.05",
+    "--momentum",
+    "0.9",
+    "--backend",
+    "mpi",
+    "--quiet",
+]
 
 
 def _run(ranks, args, env=None, timeout=300):
     # outside the checkout (its dptrain/ has no built extension), in a directory removed after
     with tempfile.TemporaryDirectory(prefix="dptrain-hier-") as cwd:
-        return subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, *args],
-                              capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **(env or {})}, cwd=cwd)
+        return subprocess.run(
+            [MPIEXEC, "-n", str(ranks), sys.executable, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+        )
 
 
 def _train(ranks, tmp_path, *extra, env=None):
     """SMALL under mpiexec -n ranks (plus CLI flags): (saved weights, the result JSON)."""
     weights, out = tmp_path / "w.npz", tmp_path / "run.json"
-    r = _run(ranks, ["-m", "dptrain", "train", *CLI, "--save-weights", str(weights),
-                     "--out", str(out), *extra], env)
+    r = _run(
+        ranks,
+        ["-m", "dptrain", "train", *CLI, "--save-weights", str(weights), "--out", str(out), *extra],
+        env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return dptrain.load_model(weights).params, json.loads(out.read_text())
 
@@ -116,9 +144,15 @@ COLLECTIVES = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("ranks,nodes,layout", [
-    (4, 1, [[0, 1, 2, 3]]), (4, 2, [[0, 1], [2, 3]]), (4, 4, [[0], [1], [2], [3]]),
-    (3, 2, [[0, 1], [2]])])
+@pytest.mark.parametrize(
+    "ranks,nodes,layout",
+    [
+        (4, 1, [[0, 1, 2, 3]]),
+        (4, 2, [[0, 1], [2, 3]]),
+        (4, 4, [[0], [1], [2], [3]]),
+        (3, 2, [[0, 1], [2]]),
+    ],
+)
 def test_collectives_on_simulated_nodes_give_the_exact_sums(tmp_path, ranks, nodes, layout):
     script = tmp_path / "collectives.py"
     script.write_text(COLLECTIVES)
@@ -127,10 +161,15 @@ def test_collectives_on_simulated_nodes_give_the_exact_sums(tmp_path, ranks, nod
     assert r.stdout.strip() == f"layouts {(nodes, layout)}", r.stdout
 
 
-@pytest.mark.parametrize("extra", [("--mpi-nodes", "2"), ("--mpi-nodes", "2", "--allreduce",
-                                                            "ring"),
-                                   ("--mpi-nodes", "2", "--allreduce", "ps"),
-                                   ("--mpi-nodes", "2", "--bucket-kb", "0.25", "--overlap")])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--mpi-nodes", "2"),
+        ("--mpi-nodes", "2", "--allreduce", "ring"),
+        ("--mpi-nodes", "2", "--allreduce", "ps"),
+        ("--mpi-nodes", "2", "--bucket-kb", "0.25", "--overlap"),
+    ],
+)
 def test_four_ranks_as_two_nodes_equal_sequential(sequential, tmp_path, extra):
     params, res = _train(4, tmp_path, *extra)
     np.testing.assert_allclose(params, sequential["params"], rtol=0, atol=1e-5)
@@ -151,21 +190,21 @@ def test_no_mpi_shm_is_the_flat_mpi_all_reduce(sequential, tmp_path):
 
 def test_deterministic_weights_are_the_same_bits_for_every_layout(deterministic_one, tmp_path):
     one = deterministic_one["params"]
-    layouts = {"4 ranks, 2 nodes": (4, ("--mpi-nodes", "2"), None),
-               "4 ranks, 4 nodes": (4, (), {"DPTRAIN_MPI_NODES": "4"}),
-               "4 ranks, 1 node": (4, (), None),
-               "4 ranks, flat MPI": (4, ("--no-mpi-shm",), None),
-               "2 ranks, 2 nodes": (2, ("--mpi-nodes", "2"), None)}
+    layouts = {
+        "4 ranks, 2 nodes": (4, ("--mpi-nodes", "2"), None),
+        "4 ranks, 4 nodes": (4, (), {"DPTRAIN_MPI_NODES": "4"}),
+        "4 ranks, 1 node": (4, (), None),
+        "4 ranks, flat MPI": (4, ("--no-mpi-shm",), None),
+        "2 ranks, 2 nodes": (2, ("--mpi-nodes", "2"), None),
+    }
     for name, (ranks, extra, env) in layouts.items():
         params, _ = _train(ranks, tmp_path, "--deterministic", *extra, env=env)
-        assert np.array_equal(params, one), (
-            f"{name}: max difference {np.abs(params - one).max()}")
+        assert np.array_equal(params, one), f"{name}: max difference {np.abs(params - one).max()}"
 
 
 def test_the_breakdown_has_every_rank_and_the_straggler_is_waited_for(tmp_path):
     trace = tmp_path / "trace.json"
-    _, res = _train(4, tmp_path, "--mpi-nodes", "2", "--trace", str(trace),
-                    "--straggle", "3:3")
+    _, res = _train(4, tmp_path, "--mpi-nodes", "2", "--trace", str(trace), "--straggle", "3:3")
     ranks = res["rank_phase_seconds"]
     assert len(ranks) == 4
     # rank 3 (node 1) straggles: its node partner waits inside the node, the other node's
@@ -176,8 +215,11 @@ def test_the_breakdown_has_every_rank_and_the_straggler_is_waited_for(tmp_path):
 
 
 def test_a_failing_rank_on_another_node_stops_every_rank_and_is_named(mpich_leftovers):
-    r = _run(4, ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "2",
-                 "--inject-fault", "3:3:raise"], timeout=60)
+    r = _run(
+        4,
+        ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "2", "--inject-fault", "3:3:raise"],
+        timeout=60,
+    )
     assert r.returncode != 0
     assert "worker rank 3 failed: RuntimeError: injected fault on rank 3 at step 3" in r.stderr
 
@@ -188,46 +230,90 @@ def test_bad_node_counts_are_refused_with_the_value(tmp_path):
     r = _run(2, ["-m", "dptrain", "train", *CLI], env={"DPTRAIN_MPI_NODES": "two"}, timeout=60)
     assert r.returncode != 0 and "DPTRAIN_MPI_NODES is 'two'" in r.stderr
     r = _run(2, ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "3"], timeout=60)
-    assert r.returncode != 0 and "nodes is 3, expected 0 (the real nodes) to the world size 2" \
-        in r.stderr
+    assert (
+        r.returncode != 0
+        and "nodes is 3, expected 0 (the real nodes) to the world size 2" in r.stderr
+    )
 
 
 def test_a_timeout_inside_a_node_names_the_world_ranks(mpich_leftovers):
     # a timeout well above the start-up skew of 4 ranks on 2 cores (a tight one can fire at
     # the first broadcast on a loaded machine, naming whichever rank was late there)
-    r = _run(4, ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "2", "--timeout", "2",
-                 "--straggle", "3:20000"], timeout=120)
+    r = _run(
+        4,
+        [
+            "-m",
+            "dptrain",
+            "train",
+            *CLI,
+            "--mpi-nodes",
+            "2",
+            "--timeout",
+            "2",
+            "--straggle",
+            "3:20000",
+        ],
+        timeout=120,
+    )
     assert r.returncode != 0
     assert "worker rank 2 failed: TimeoutError" in r.stderr, r.stderr
-    assert ("rank 1 did not arrive (ranks of node 1, numbered in it: 0...1 are world ranks "
-            "2, 3)") in r.stderr, r.stderr
+    assert (
+        "rank 1 did not arrive (ranks of node 1, numbered in it: 0...1 are world ranks 2, 3)"
+    ) in r.stderr, r.stderr
 
 
 def test_a_rank_waiting_for_its_leader_says_so(mpich_leftovers):
     """Rank 3 alone on its node straggles: nobody of its node can time out, its leader-peers
     wait in MPI (no timeout), and rank 1 waits twice the timeout for its leader's result."""
-    r = _run(4, ["-m", "dptrain", "train", *CLI, "--mpi-nodes", "3", "--timeout", "2",
-                 "--straggle", "3:20000"], timeout=120)
+    r = _run(
+        4,
+        [
+            "-m",
+            "dptrain",
+            "train",
+            *CLI,
+            "--mpi-nodes",
+            "3",
+            "--timeout",
+            "2",
+            "--straggle",
+            "3:20000",
+        ],
+        timeout=120,
+    )
     assert r.returncode != 0
-    assert ("worker rank 1 failed: LeaderWaitTimeout: rank 1 waited 4 s for its node's leader "
-            "(world rank 0) to finish the exchange between nodes") in r.stderr, r.stderr
+    assert (
+        "worker rank 1 failed: LeaderWaitTimeout: rank 1 waited 4 s for its node's leader "
+        "(world rank 0) to finish the exchange between nodes"
+    ) in r.stderr, r.stderr
 
 
 def test_deterministic_bfloat16_weights_are_the_same_bits_under_mpi(train_small, tmp_path):
     """The bfloat16 exchange (uint16 chunks gathered between nodes, summed over shared memory
     or after MPI's all-gather) gives the single worker's bits."""
     one = train_small(dtype="bfloat16", comm_dtype="bfloat16", deterministic=True)["params"]
-    for name, (ranks, extra) in {"2 ranks, 2 nodes": (2, ("--mpi-nodes", "2")),
-                                 "2 ranks, flat MPI": (2, ("--no-mpi-shm",))}.items():
-        params, res = _train(ranks, tmp_path, "--deterministic", "--dtype", "bfloat16",
-                             "--comm-dtype", "bfloat16", *extra)
+    for name, (ranks, extra) in {
+        "2 ranks, 2 nodes": (2, ("--mpi-nodes", "2")),
+        "2 ranks, flat MPI": (2, ("--no-mpi-shm",)),
+    }.items():
+        params, res = _train(
+            ranks,
+            tmp_path,
+            "--deterministic",
+            "--dtype",
+            "bfloat16",
+            "--comm-dtype",
+            "bfloat16",
+            *extra,
+        )
         assert res["config"]["comm_dtype"] == "bfloat16"
         assert np.array_equal(params, one), f"{name}: max difference {np.abs(params - one).max()}"
 
 
 def test_the_bfloat16_exchange_runs_under_mpi(tmp_path, sequential):
-    params, res = _train(2, tmp_path, "--dtype", "bfloat16", "--comm-dtype", "bfloat16",
-                         "--mpi-nodes", "2")
+    params, res = _train(
+        2, tmp_path, "--dtype", "bfloat16", "--comm-dtype", "bfloat16", "--mpi-nodes", "2"
+    )
     assert res["config"]["comm_dtype"] == "bfloat16"
     # the float32 single worker's model, to bfloat16's precision
     assert np.abs(params - sequential["params"]).max() <= 0.02 * np.abs(sequential["params"]).max()

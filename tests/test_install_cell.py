@@ -1,6 +1,7 @@
 """The notebooks' install cell, run as Colab runs it: in a fresh Python where dptrain is
 missing. Pointed at an sdist it installs dptrain; with no source and an index without
 dptrain it stops with a short message naming DPTRAIN_SOURCE, not a traceback."""
+
 import json
 import os
 import re
@@ -26,7 +27,7 @@ def install_cell() -> str:
         cells.append("".join(first["source"]))
     assert cells and all(c == cells[0] for c in cells), "the notebooks' install cells differ"
     cell = cells[0]
-    assert len(ASSIGNMENT.findall(cell)) == 1, "no line DPTRAIN_SOURCE = \"\" in the cell"
+    assert len(ASSIGNMENT.findall(cell)) == 1, 'no line DPTRAIN_SOURCE = "" in the cell'
     magic = [line for line in cell.splitlines() if line.lstrip().startswith(("%", "!"))]
     assert not magic, f"the install cell must be plain Python, has {magic}"
     return cell
@@ -47,8 +48,11 @@ def fresh_venv(path: Path) -> Path:
 
 def clean_env(**extra) -> dict:
     """This process's environment without what would let the fresh Python see another dptrain."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
+    }
     return {**env, **extra}
 
 
@@ -56,8 +60,12 @@ def _install_from_an_sdist(workdir, run) -> dict:
     """The background job (conftest): an sdist of this checkout, a fresh venv, then the
     install cell pointed at the sdist, run as Colab runs it; each step's CompletedProcess."""
     root = Path(__file__).resolve().parents[1]
-    steps = {"sdist_build": run([sys.executable, "-m", "build", "--sdist", "--outdir",
-                                 workdir / "sdist", root], timeout=600)}
+    steps = {
+        "sdist_build": run(
+            [sys.executable, "-m", "build", "--sdist", "--outdir", workdir / "sdist", root],
+            timeout=600,
+        )
+    }
     if steps["sdist_build"].returncode != 0:
         return steps
     (sdist,) = (workdir / "sdist").glob("dptrain-*.tar.gz")
@@ -67,22 +75,32 @@ def _install_from_an_sdist(workdir, run) -> dict:
     env = clean_env()
     steps.update(sdist=sdist, venv=workdir / "venv")
     steps["absent"] = run([python, "-c", "import dptrain"], cwd=outside, env=env)
-    steps["install"] = run([python, cell_script(workdir, str(sdist))], cwd=outside, env=env,
-                           timeout=900)
-    steps["check"] = run([python, "-c", "import dptrain, matplotlib; "
-                          "print(dptrain.__version__); print(dptrain.__file__)"],
-                         cwd=outside, env=env)
+    steps["install"] = run(
+        [python, cell_script(workdir, str(sdist))], cwd=outside, env=env, timeout=900
+    )
+    steps["check"] = run(
+        [
+            python,
+            "-c",
+            "import dptrain, matplotlib; print(dptrain.__version__); print(dptrain.__file__)",
+        ],
+        cwd=outside,
+        env=env,
+    )
     steps["flag"] = run([python, "-m", "dptrain", "--version"], cwd=outside, env=env)
     # importable now: the cell installs nothing, so even a wrong source is never read
-    steps["again"] = run([python, cell_script(workdir, str(workdir / "missing.tar.gz"))],
-                         cwd=outside, env=env)
+    steps["again"] = run(
+        [python, cell_script(workdir, str(workdir / "missing.tar.gz"))], cwd=outside, env=env
+    )
     return steps
 
 
 @pytest.mark.background.with_args(_install_from_an_sdist)
 def test_install_cell_installs_dptrain_from_an_sdist(background):
-    pytest.importorskip("build", reason="building an sdist needs the build package "
-                                        "(pip install build, or the test extra)")
+    pytest.importorskip(
+        "build",
+        reason="building an sdist needs the build package (pip install build, or the test extra)",
+    )
     steps = background
     build = steps["sdist_build"]
     assert build.returncode == 0, f"python -m build --sdist failed:\n{build.stdout}\n{build.stderr}"
@@ -119,9 +137,14 @@ def offline_index_env(tmp_path: Path) -> dict:
 
 
 def test_install_cell_without_a_source_stops_with_what_to_set(python_without_dptrain, tmp_path):
-    proc = subprocess.run([python_without_dptrain, cell_script(tmp_path, "")], cwd=tmp_path,
-                          env=offline_index_env(tmp_path), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [python_without_dptrain, cell_script(tmp_path, "")],
+        cwd=tmp_path,
+        env=offline_index_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "Traceback" not in out, out
@@ -131,10 +154,17 @@ def test_install_cell_without_a_source_stops_with_what_to_set(python_without_dpt
 
 def test_install_cell_with_a_missing_file_says_so(python_without_dptrain, tmp_path):
     missing = tmp_path / "dptrain-0.2.0.tar.gz"
-    proc = subprocess.run([python_without_dptrain, cell_script(tmp_path, str(missing))],
-                          cwd=tmp_path, env=offline_index_env(tmp_path), capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [python_without_dptrain, cell_script(tmp_path, str(missing))],
+        cwd=tmp_path,
+        env=offline_index_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stdout + proc.stderr
-    assert f"DPTRAIN_SOURCE is {str(missing)!r}, which is neither a URL nor an existing file" \
-        in proc.stderr, proc.stderr
+    assert (
+        f"DPTRAIN_SOURCE is {str(missing)!r}, which is neither a URL nor an existing file"
+        in proc.stderr
+    ), proc.stderr

@@ -4,6 +4,7 @@ The C core has a generic, an AVX2+FMA and an AVX-512 build of the GEMM and of ev
 kernel (csrc/dp_vec.h); one process-wide choice says which runs. The kernel tests run every
 build this CPU has (conftest.isa); here: the choice itself, and that the builds agree.
 """
+
 import os
 import re
 import subprocess
@@ -32,8 +33,9 @@ def widest_from_flags():
 
 def run_python(code, **env):
     full = dict(os.environ, **env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120
+    )
 
 
 @pytest.mark.parametrize("name", ISAS)
@@ -41,25 +43,30 @@ def test_each_isa_runs_where_the_cpu_has_it(name):
     """Where the CPU has the ISA, set_isa makes it the kernels' ISA (build_info says so, and
     the GEMM's micro-tile is that build's); where it lacks it, a skip that names it."""
     if name not in HAVE_ISAS:
-        pytest.skip(f"isa {name!r} is not on this CPU ({core.cpu_features()['brand']}): its "
-                    f"build is compiled but cannot run here (the C tests run the AVX-512 GEMM's "
-                    f"shape and the loss kernels' 64-byte vectors emulated: make -C csrc/tests "
-                    f"check)")
+        pytest.skip(
+            f"isa {name!r} is not on this CPU ({core.cpu_features()['brand']}): its "
+            f"build is compiled but cannot run here (the C tests run the AVX-512 GEMM's "
+            f"shape and the loss kernels' 64-byte vectors emulated: make -C csrc/tests "
+            f"check)"
+        )
     previous = core.set_isa(name)
     try:
         info = core.build_info()
         assert core.isa() == name and info["isa"] == name
         mr, nr = info["gemm_blocking_mr_nr_kc_mc_nc"]["float32"][:2]
         assert (mr, nr) == {"generic": (6, 8), "avx2": (6, 16), "avx512": (12, 32)}[name]
-        assert info["simd"].startswith({"generic": "generic", "avx2": "avx2",
-                                        "avx512": "avx512"}[name])
+        assert info["simd"].startswith(
+            {"generic": "generic", "avx2": "avx2", "avx512": "avx512"}[name]
+        )
     finally:
         core.set_isa(previous)
 
 
 def test_default_is_the_widest_the_cpu_has():
-    proc = run_python("from dptrain import _core as c; print(c.isa(), c.build_info()['isas_available'])",
-                      DPTRAIN_ISA="")
+    proc = run_python(
+        "from dptrain import _core as c; print(c.isa(), c.build_info()['isas_available'])",
+        DPTRAIN_ISA="",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[0] == widest_from_flags()
     assert HAVE_ISAS[-1] == widest_from_flags() and HAVE_ISAS[0] == "generic"
@@ -92,22 +99,31 @@ def test_set_isa_names_what_the_cpu_lacks():
 
 
 def test_dptrain_isa_forces_a_path_and_a_bad_one_stops_the_import():
-    code = ("from dptrain import _core as c; import dptrain; "
-            "print(c.isa(), dptrain.build_info()['simd'])")
+    code = (
+        "from dptrain import _core as c; import dptrain; "
+        "print(c.isa(), dptrain.build_info()['simd'])"
+    )
     proc = run_python(code, DPTRAIN_ISA="generic")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[:2] == ["generic", "generic"]
     proc = run_python("import dptrain", DPTRAIN_ISA="avx9")
     assert proc.returncode != 0
-    assert ("environment variable DPTRAIN_ISA must be 'widest', 'avx512', 'avx2' or 'generic', "
-            "got 'avx9'") in proc.stderr
+    assert (
+        "environment variable DPTRAIN_ISA must be 'widest', 'avx512', 'avx2' or 'generic', "
+        "got 'avx9'"
+    ) in proc.stderr
     proc = run_python("from dptrain import _core as c; print(c.isa())", DPTRAIN_ISA="widest")
     assert proc.stdout.strip() == widest_from_flags()
 
 
 def test_cli_info_shows_the_isa():
-    proc = subprocess.run([sys.executable, "-m", "dptrain", "info"], capture_output=True,
-                          text=True, env=dict(os.environ, DPTRAIN_ISA="generic"), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dptrain", "info"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, DPTRAIN_ISA="generic"),
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^\s+isa\s+generic$", proc.stdout, re.M), proc.stdout
     assert re.search(r"^\s+isas_available\s+\[\"generic\"", proc.stdout, re.M), proc.stdout
@@ -148,8 +164,9 @@ def test_builds_agree():
 
 
 @pytest.mark.skipif("avx512" not in HAVE_ISAS, reason="needs a CPU with AVX-512")
-@pytest.mark.parametrize("dtype,features", [("float32", 8), ("float32", 15), ("float64", 4),
-                                            ("float64", 7)])
+@pytest.mark.parametrize(
+    "dtype,features", [("float32", 8), ("float32", 15), ("float64", 4), ("float64", 7)]
+)
 def test_logistic_rows_narrower_than_a_zmm_take_the_avx2_build(dtype, features):
     """A row of fewer features than a 64-byte vector holds, but at least half of them: the
     AVX-512 build hands the fused logistic kernel to the AVX2 build (its own code would go one
@@ -176,7 +193,11 @@ def test_the_avx512_pragma_is_the_gemm_target():
     """dp_vec_avx512.c's #pragma GCC target spells DP_TARGET_AVX512 out (a pragma takes no
     macro): the vector kernels and the GEMM must be built for the same ISA that
     dp_cpu_has_isa checks."""
-    macro = re.search(r'#define DP_TARGET_AVX512 "([^"]+)"', (REPO / "csrc/dp_common.h").read_text())
-    pragma = re.search(r'#pragma GCC target\("([^"]+)"\)', (REPO / "csrc/dp_vec_avx512.c").read_text())
+    macro = re.search(
+        r'#define DP_TARGET_AVX512 "([^"]+)"', (REPO / "csrc/dp_common.h").read_text()
+    )
+    pragma = re.search(
+        r'#pragma GCC target\("([^"]+)"\)', (REPO / "csrc/dp_vec_avx512.c").read_text()
+    )
     assert macro and pragma and macro.group(1) == pragma.group(1)
     assert set(macro.group(1).split(",")) >= {"avx512f", "avx512bw", "avx512vl", "avx512dq"}

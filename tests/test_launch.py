@@ -1,5 +1,6 @@
 """Your own loop on N workers: dptrain.launch runs fn(comm, *args) on threads, processes and
 MPI ranks, the public communicator's collectives on any array, and the example script."""
+
 import shutil
 import subprocess
 import sys
@@ -20,10 +21,10 @@ def collectives(comm, n):
     a = comm.zeros(n, np.float32)
     a[:] = comm.rank + 1
     comm.allreduce_sum_(a)
-    own = np.full(5, comm.rank + 1.0)             # not from zeros: goes through staging
+    own = np.full(5, comm.rank + 1.0)  # not from zeros: goes through staging
     comm.allreduce_mean_(own)
     part = np.arange(6.0) + comm.rank
-    comm.allreduce_sum_(part, start=2, stop=4)    # a range only
+    comm.allreduce_sum_(part, start=2, stop=4)  # a range only
     root = np.arange(3.0) * (comm.rank + 1)
     comm.broadcast_(root, root=comm.size - 1)
     chunks = comm.shared_zeros(4, 3, np.float64)
@@ -33,33 +34,41 @@ def collectives(comm, n):
     comm.sum_into_(total, chunks)
     reduced = comm.reduce_sum_(a, root=0)
     comm.barrier()
-    return (a.tolist(), own.tolist(), part.tolist(), root.tolist(), total.tolist(),
-            reduced.tolist() if comm.rank == 0 else None)
+    return (
+        a.tolist(),
+        own.tolist(),
+        part.tolist(),
+        root.tolist(),
+        total.tolist(),
+        reduced.tolist() if comm.rank == 0 else None,
+    )
 
 
 @pytest.mark.parametrize("backend, workers", [("thread", 1), ("thread", 3), ("process", 2)])
 def test_the_public_collectives(backend, workers):
     results = dptrain.launch(collectives, 4, workers=workers, backend=backend)
     assert len(results) == workers
-    s = workers * (workers + 1) / 2                   # 1 + 2 + ... + workers
+    s = workers * (workers + 1) / 2  # 1 + 2 + ... + workers
     for rank, (a, own, part, root, total, reduced) in enumerate(results):
         assert a == [s] * 4
         assert own == [s / workers] * 5
         want = list(np.arange(6.0) + rank)
-        want[2:4] = [2 * workers + workers * (workers - 1) / 2,
-                     3 * workers + workers * (workers - 1) / 2]
+        want[2:4] = [
+            2 * workers + workers * (workers - 1) / 2,
+            3 * workers + workers * (workers - 1) / 2,
+        ]
         assert part == want
         assert root == list(np.arange(3.0) * workers)
-        assert total == [10.0] * 3                    # 1 + 2 + 3 + 4, in chunk order
+        assert total == [10.0] * 3  # 1 + 2 + 3 + 4, in chunk order
         if rank == 0:
-            assert reduced == [s * workers] * 4       # the sum of the already summed a
+            assert reduced == [s * workers] * 4  # the sum of the already summed a
 
 
 def failing(comm):
     comm.barrier()
     if comm.rank == 1:
         raise KeyError("bad worker")
-    comm.barrier()                                    # rank 0 waits here: stopped by the abort
+    comm.barrier()  # rank 0 waits here: stopped by the abort
     return "never"
 
 
@@ -84,14 +93,21 @@ def test_allreduce_async_needs_an_array_in_place():
         a[:] = 1
         comm.wait_([comm.allreduce_async_(a)])
         return a.tolist()
+
     assert dptrain.launch(fn, workers=2, backend="thread") == [[2.0] * 4] * 2
 
 
 def _example(backend=None, workers=None):
     args = ([] if backend is None else ["--backend", backend]) + (
-        [] if workers is None else ["--workers", str(workers)])
-    r = subprocess.run([sys.executable, str(EXAMPLE), "--epochs", "2", *args],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+        [] if workers is None else ["--workers", str(workers)]
+    )
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--epochs", "2", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout.strip().splitlines()[-1]
 
@@ -110,8 +126,13 @@ def test_the_example_trains_the_same_model_on_every_transport():
         mpiexec = None
     if mpiexec is None:
         pytest.skip("the thread and process runs were checked; MPI needs mpi4py and mpiexec")
-    r = subprocess.run([mpiexec, "-n", "2", sys.executable, str(EXAMPLE), "--epochs", "2"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        [mpiexec, "-n", "2", sys.executable, str(EXAMPLE), "--epochs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     line = r.stdout.strip().splitlines()[-1]
     assert line.startswith("2 worker(s)") and line.endswith(loss), (line, one)
@@ -119,6 +140,7 @@ def test_the_example_trains_the_same_model_on_every_transport():
 
 class _World:
     """mpi4py's COMM_WORLD as abort_job uses it: the size, and Abort recorded."""
+
     def __init__(self):
         self.aborted = None
 
@@ -129,14 +151,20 @@ class _World:
         self.aborted = code
 
 
-@pytest.mark.parametrize("exc, code, cause", [
-    (RuntimeError("boom"), 1, "failed: RuntimeError: boom"),
-    (KeyboardInterrupt(), 130, "interrupted (SIGINT)")])
+@pytest.mark.parametrize(
+    "exc, code, cause",
+    [
+        (RuntimeError("boom"), 1, "failed: RuntimeError: boom"),
+        (KeyboardInterrupt(), 130, "interrupted (SIGINT)"),
+    ],
+)
 def test_a_failing_mpi_rank_names_itself_then_waits_for_the_launcher_then_aborts(
-        monkeypatch, capsys, exc, code, cause):
+    monkeypatch, capsys, exc, code, cause
+):
     # MPICH's Hydra forwards a rank's stderr through its proxy: an abort that reaches the
     # launcher first lost the line (1 run in 80 of a 4-rank job under load), hence the wait
     from dptrain.comm import mpi
+
     events, world = [], _World()
     monkeypatch.setattr(mpi.time, "sleep", lambda s: events.append(("sleep", s)))
     mpi.abort_job(world, 3, exc)
@@ -150,6 +178,7 @@ def test_a_second_interrupt_during_the_wait_still_aborts_the_mpi_job(monkeypatch
 
     def interrupted(seconds):
         raise KeyboardInterrupt
+
     world = _World()
     monkeypatch.setattr(mpi.time, "sleep", interrupted)
     mpi.abort_job(world, 0, KeyboardInterrupt())

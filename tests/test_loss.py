@@ -5,14 +5,24 @@ gradient and its scale; stable for huge logits; central finite differences; ties
 NumPy's argmax; and their boundary (labels int64 and in range, named by index and value;
 dlogits aliasing logits).
 """
+
 import numpy as np
 import pytest
+from _core_helpers import (
+    DTYPES,
+    assert_close,
+    assert_rejected,
+    dname,
+    family_tests,
+    make_calls,
+    numeric_grad,
+    rng_for,
+    shape_id,
+    shape_params,
+)
 
-from _core_helpers import (assert_close, assert_rejected, dname, DTYPES, family_tests, make_calls,
-                           numeric_grad, rng_for, shape_id, shape_params)
 from dptrain import _core as core
 from dptrain import reference as ref
-
 
 SOFTMAX_SHAPES = [(b, c) for b in (1, 7, 33, 129) for c in (2, 7, 33, 129)] + [(7, 1)]
 
@@ -110,8 +120,9 @@ def test_loss_gradients_finite_differences(fn):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("b_rows,n_classes",
-                         shape_params([(1, 1), (7, 2), (33, 7), (129, 33), (7, 129)]))
+@pytest.mark.parametrize(
+    "b_rows,n_classes", shape_params([(1, 1), (7, 2), (33, 7), (129, 33), (7, 129)])
+)
 def test_argmax_first_maximum_wins(b_rows, n_classes, dtype):
     rng = rng_for("argmax", b_rows, n_classes, dname(dtype))
     x = rng.integers(0, 3, (b_rows, n_classes)).astype(dtype)  # ties in almost every row
@@ -123,14 +134,14 @@ def test_argmax_first_maximum_wins(b_rows, n_classes, dtype):
     want = np.empty(b_rows, np.int64)
     core.argmax(x, out)
     ref.argmax(x, want)
-    np.testing.assert_array_equal(out, want, err_msg=f"argmax B,C={b_rows, n_classes} "
-                                                     f"dtype={dname(dtype)}")
+    np.testing.assert_array_equal(
+        out, want, err_msg=f"argmax B,C={b_rows, n_classes} dtype={dname(dtype)}"
+    )
     np.testing.assert_array_equal(out, np.argmax(x, axis=1))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("shape", [(1, 2), (7, 3), (33, 7), (129, 10), (129, 129)],
-                         ids=shape_id)
+@pytest.mark.parametrize("shape", [(1, 2), (7, 3), (33, 7), (129, 10), (129, 129)], ids=shape_id)
 def test_count_correct_multiclass(shape, dtype):
     rng = rng_for("count_multi", shape, dname(dtype))
     z = rng.integers(0, 3, shape).astype(dtype)  # ties: the first maximum is the prediction
@@ -142,8 +153,7 @@ def test_count_correct_multiclass(shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("shape", [(1,), (7,), (129,), (1, 1), (33, 1), (129, 1)],
-                         ids=shape_id)
+@pytest.mark.parametrize("shape", [(1,), (7,), (129,), (1, 1), (33, 1), (129, 1)], ids=shape_id)
 def test_count_correct_binary(shape, dtype):
     rng = rng_for("count_binary", shape, dname(dtype))
     z = rng.standard_normal(shape).astype(dtype)
@@ -195,7 +205,8 @@ def test_softmax_xent_dlogits_is_logits_is_refused_or_correct():
         return
     np.testing.assert_allclose(zz, d_ref, rtol=1e-12, atol=1e-15)
     assert loss == pytest.approx(loss_ref, rel=1e-12), (
-        f"softmax_xent(z, labels, dlogits=z) returned loss {loss}, expected {loss_ref}")
+        f"softmax_xent(z, labels, dlogits=z) returned loss {loss}, expected {loss_ref}"
+    )
 
 
 @pytest.mark.boundary
@@ -216,22 +227,37 @@ def test_sigmoid_bce_dlogits_is_logits_is_refused_or_correct():
 
 
 @pytest.mark.boundary
-@pytest.mark.parametrize("kernel,index,value", [
-    ("softmax_xent", 3, 4), ("softmax_xent", 0, -1), ("softmax_xent", 6, 1 << 40),
-    ("sigmoid_bce", 2, 2), ("sigmoid_bce", 5, -1),
-])
+@pytest.mark.parametrize(
+    "kernel,index,value",
+    [
+        ("softmax_xent", 3, 4),
+        ("softmax_xent", 0, -1),
+        ("softmax_xent", 6, 1 << 40),
+        ("sigmoid_bce", 2, 2),
+        ("sigmoid_bce", 5, -1),
+    ],
+)
 def test_labels_out_of_range_named_by_index_and_value(kernel, index, value):
     call = make_calls()[kernel]
     call.get("labels")[index] = value
     # labels are checked inside the kernel's loop: dlogits may already be partly written
-    assert_rejected(call, ValueError, "labels", f"[{index}]", str(value), what=kernel,
-                    unchanged=["logits", "labels"])
+    assert_rejected(
+        call,
+        ValueError,
+        "labels",
+        f"[{index}]",
+        str(value),
+        what=kernel,
+        unchanged=["logits", "labels"],
+    )
 
 
 @pytest.mark.boundary
-@pytest.mark.parametrize("logits_shape,index,value", [((7, 4), 3, 4), ((7, 4), 0, -1),
-                                                      ((7,), 2, 2), ((7, 1), 6, 3)],
-                         ids=["multiclass-4", "multiclass--1", "binary-2", "binary_B1-3"])
+@pytest.mark.parametrize(
+    "logits_shape,index,value",
+    [((7, 4), 3, 4), ((7, 4), 0, -1), ((7,), 2, 2), ((7, 1), 6, 3)],
+    ids=["multiclass-4", "multiclass--1", "binary-2", "binary_B1-3"],
+)
 def test_count_correct_labels_out_of_range(logits_shape, index, value):
     """Like the reference (and the losses), count_correct must not count an invalid label
     as simply 'wrong': a label outside [0, C) is a caller bug and raises."""
@@ -262,7 +288,7 @@ def test_softmax_xent_grad_scale_past_float32_gives_the_twins_infinities(scale):
     the NumPy twin computes it), not p * inf - inf = NaN (the fuzzer's 503k-call campaign)."""
     rng = np.random.default_rng(3)
     z = rng.standard_normal((6, 5)).astype(np.float32)
-    z[0, 2] = 200.0                                 # a row whose softmax is exactly one-hot
+    z[0, 2] = 200.0  # a row whose softmax is exactly one-hot
     labels = np.array([2, 0, 4, 1, 3, 2])
     got, want = np.empty_like(z), np.empty_like(z)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -278,4 +304,6 @@ def test_softmax_xent_grad_scale_past_float32_gives_the_twins_infinities(scale):
 # ---------------------------------------------------------------------------------------
 # the boundary table's checks on this family's kernels (_core_helpers.family_tests)
 
-globals().update(family_tests(("softmax_xent", "sigmoid_bce", "argmax", "count_correct"), gil=("softmax_xent",)))
+globals().update(
+    family_tests(("softmax_xent", "sigmoid_bce", "argmax", "count_correct"), gil=("softmax_xent",))
+)

@@ -25,40 +25,105 @@ reference.model_* (written layer by layer in the list's order, where the C engin
   no reference leaks, __init__ twice refused, two Python threads on their own models and on
   one, the GIL released.
 """
+
 import math
 import sys
 import zlib
 
 import numpy as np
 import pytest
+from _core_helpers import (
+    DTYPES,
+    N_CALLS,
+    NETS,
+    RTOL,
+    assert_close,
+    blocks_data,
+    blocks_id,
+    cnn_spec,
+    conv_args,
+    conv_gil_cases,
+    dname,
+    family_tests,
+    gemm_job,
+    mlp_spec,
+    numeric_grad,
+    randn,
+    refcounts,
+    rng_for,
+    run_gemm,
+    run_threads,
+    small_convnet,
+    small_net,
+)
 
-from _core_helpers import (assert_close, blocks_data, blocks_id, cnn_spec, conv_args,
-                           conv_gil_cases, dname, DTYPES, family_tests, gemm_job, mlp_spec,
-                           N_CALLS, NETS, numeric_grad, randn, refcounts, rng_for, RTOL, run_gemm,
-                           run_threads, small_convnet, small_net)
 from dptrain import MLP
 from dptrain import _core as core
 from dptrain import reference as ref
 
-
 # (id, layers, input_shape, loss)
 MODELS = [
-    ("cnn", [("conv", 4, 3, 1), "relu", "maxpool2", ("conv", 3, 3), "relu", "maxpool2", "flatten",
-             ("dense", 6), "relu", ("dense", 4)], (2, 12, 11), "softmax_xent"),
-    ("conv-pool-tanh", [("conv", 3, 2), "maxpool2", "tanh", ("conv", 2, 2, 1), "sigmoid", "flatten",
-                        ("dense", 3)], (1, 9, 8), "softmax_xent"),
-    ("conv-flatten-relu", [("conv", 2, 3), "flatten", "relu", ("dense", 4), "flatten", "tanh",
-                           ("dense", 2)], (2, 6, 5), "softmax_xent"),
-    ("pool-first", ["tanh", "maxpool2", ("conv", 2, 3), "sigmoid", "maxpool2", "relu", "flatten",
-                    ("dense", 3)], (1, 10, 11), "softmax_xent"),
+    (
+        "cnn",
+        [
+            ("conv", 4, 3, 1),
+            "relu",
+            "maxpool2",
+            ("conv", 3, 3),
+            "relu",
+            "maxpool2",
+            "flatten",
+            ("dense", 6),
+            "relu",
+            ("dense", 4),
+        ],
+        (2, 12, 11),
+        "softmax_xent",
+    ),
+    (
+        "conv-pool-tanh",
+        [("conv", 3, 2), "maxpool2", "tanh", ("conv", 2, 2, 1), "sigmoid", "flatten", ("dense", 3)],
+        (1, 9, 8),
+        "softmax_xent",
+    ),
+    (
+        "conv-flatten-relu",
+        [("conv", 2, 3), "flatten", "relu", ("dense", 4), "flatten", "tanh", ("dense", 2)],
+        (2, 6, 5),
+        "softmax_xent",
+    ),
+    (
+        "pool-first",
+        [
+            "tanh",
+            "maxpool2",
+            ("conv", 2, 3),
+            "sigmoid",
+            "maxpool2",
+            "relu",
+            "flatten",
+            ("dense", 3),
+        ],
+        (1, 10, 11),
+        "softmax_xent",
+    ),
     ("gelu", [("dense", 9), "gelu", ("dense", 5), "gelu", ("dense", 3)], (7,), "softmax_xent"),
-    ("flatten-only-dense", ["flatten", "flatten", ("dense", 6), "flatten", "sigmoid", ("dense", 2)],
-     (2, 3, 3), "softmax_xent"),
+    (
+        "flatten-only-dense",
+        ["flatten", "flatten", ("dense", 6), "flatten", "sigmoid", ("dense", 2)],
+        (2, 3, 3),
+        "softmax_xent",
+    ),
     ("mlp", [("dense", 33), "relu", ("dense", 7), "relu", ("dense", 3)], (17,), "softmax_xent"),
     ("logistic", [("dense", 1)], (13,), "sigmoid_bce"),
     ("bce", [("dense", 5), "sigmoid", ("dense", 1)], (6,), "sigmoid_bce"),
     ("mse", [("dense", 8), "tanh", ("dense", 3)], (5,), "mse"),
-    ("conv-mse", [("conv", 2, 3, 1), "gelu", "maxpool2", ("conv", 3, 2), "flatten"], (2, 7, 7), "mse"),
+    (
+        "conv-mse",
+        [("conv", 2, 3, 1), "gelu", "maxpool2", ("conv", 3, 2), "flatten"],
+        (2, 7, 7),
+        "mse",
+    ),
     ("conv-only", [("conv", 3, 3)], (1, 5, 4), "softmax_xent"),
 ]
 MODEL_IDS = [m[0] for m in MODELS]
@@ -74,8 +139,10 @@ def model_data(model, dtype, batch=13, tag=""):
     for e in plan["params"]:
         n_w = math.prod(e["weight_shape"])
         fan_in = n_w // e["weight_shape"][0]
-        params[e["weight"]:e["weight"] + n_w] = rng.standard_normal(n_w) / math.sqrt(fan_in)
-        params[e["bias"]:e["bias"] + e["bias_shape"][0]] = 0.1 * rng.standard_normal(e["bias_shape"])
+        params[e["weight"] : e["weight"] + n_w] = rng.standard_normal(n_w) / math.sqrt(fan_in)
+        params[e["bias"] : e["bias"] + e["bias_shape"][0]] = 0.1 * rng.standard_normal(
+            e["bias_shape"]
+        )
     x = rng.standard_normal((batch, math.prod(shape))).astype(dtype)
     return plan, params, x, make_labels(plan, batch, rng, dtype)
 
@@ -99,13 +166,17 @@ def check_blocks(plan, got, want, start, dtype, k, what):
     tol = RTOL[np.dtype(dtype)] * math.sqrt(k)
     got, want, start = (np.asarray(a, np.float64) for a in (got, want, start))
     for e in plan["params"]:
-        for name, lo, n in (("W", e["weight"], math.prod(e["weight_shape"])),
-                            ("b", e["bias"], e["bias_shape"][0])):
+        for name, lo, n in (
+            ("W", e["weight"], math.prod(e["weight_shape"])),
+            ("b", e["bias"], e["bias_shape"][0]),
+        ):
             block = slice(lo, lo + n)
             scale = np.abs(want[block] - start[block]).max() + np.abs(start[block]).max()
             err = np.abs(got[block] - want[block]).max()
-            assert err <= tol * scale, (f"{what}: grads of layers[{e['layer']}] {name} off by "
-                                        f"{err:.3g} (tolerance {tol * scale:.3g})")
+            assert err <= tol * scale, (
+                f"{what}: grads of layers[{e['layer']}] {name} off by "
+                f"{err:.3g} (tolerance {tol * scale:.3g})"
+            )
 
 
 def near_ties(outputs, loss, dtype, k):
@@ -125,9 +196,12 @@ def check_result(got, want, outputs, loss, dtype, k, what):
     assert isinstance(got[0], float) and type(got[1]) is int, f"{what}: returned {got!r}"
     scale = abs(want[0]) + len(outputs) * (1 + float(np.abs(outputs).max(initial=0)))
     assert abs(got[0] - want[0]) <= RTOL[np.dtype(dtype)] * math.sqrt(k) * scale, (
-        f"{what}: loss_sum {got[0]!r}, expected {want[0]!r}")
+        f"{what}: loss_sum {got[0]!r}, expected {want[0]!r}"
+    )
     slack = near_ties(outputs, loss, dtype, k)
-    assert abs(got[1] - want[1]) <= slack, f"{what}: n_correct {got[1]}, expected {want[1]} (+-{slack})"
+    assert abs(got[1] - want[1]) <= slack, (
+        f"{what}: n_correct {got[1]}, expected {want[1]} (+-{slack})"
+    )
     if loss == "mse":
         assert got[1] == 0, what
 
@@ -170,15 +244,24 @@ def test_model_matches_reference(isa, model, dtype):
         check_blocks(plan, grads, grads_ref, start, dtype, k, what + " loss_grad")
         outputs = np.full_like(outputs_ref, np.nan)
         m.logits(x, outputs)
-        np.testing.assert_allclose(outputs, outputs_ref, rtol=0, err_msg=what + " logits",
-                                   atol=RTOL[np.dtype(dtype)] * math.sqrt(k) * (1 + np.abs(outputs_ref).max()))
+        np.testing.assert_allclose(
+            outputs,
+            outputs_ref,
+            rtol=0,
+            err_msg=what + " logits",
+            atol=RTOL[np.dtype(dtype)] * math.sqrt(k) * (1 + np.abs(outputs_ref).max()),
+        )
         check_result(m.evaluate(x, labels), want, outputs_ref, loss, dtype, k, what + " evaluate")
         for before, after in zip(inputs, (params, x, labels)):
             np.testing.assert_array_equal(after, before, err_msg=what + " modified an input")
         results[threads] = got, grads
     # threads = 2 splits the images (conv) and the GEMMs: the same sums in another order
-    check_result(results[2][0], results[1][0], outputs_ref, loss, dtype, k, f"Model {name} threads 2 vs 1")
-    check_blocks(plan, results[2][1], results[1][1], start, dtype, k, f"Model {name} threads 2 vs 1")
+    check_result(
+        results[2][0], results[1][0], outputs_ref, loss, dtype, k, f"Model {name} threads 2 vs 1"
+    )
+    check_blocks(
+        plan, results[2][1], results[1][1], start, dtype, k, f"Model {name} threads 2 vs 1"
+    )
 
 
 @pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
@@ -194,24 +277,42 @@ def test_steps_equal_loss_grad(model):
     got_steps = m.forward_loss(x, labels)
     n = m.n_param_layers
     if n > 1:
-        with pytest.raises(RuntimeError, match=f"backward_layer\\(0\\) out of order: the next layer is {n - 1}"):
+        with pytest.raises(
+            RuntimeError, match=f"backward_layer\\(0\\) out of order: the next layer is {n - 1}"
+        ):
             m.backward_layer(0, grads=steps)
     for layer in reversed(range(n)):
         m.backward_layer(layer, grads=steps)
     with pytest.raises(RuntimeError, match="no forward_loss to go back from"):
         m.backward_layer(0, grads=steps)
     if name == "logistic":
-        check_result(got_steps, got_whole, reference_outputs(model, params, x), loss, np.float64,
-                     reduction(plan, len(x)), f"Model {name} steps")
-        check_blocks(plan, steps, whole, np.zeros_like(params), np.float64, reduction(plan, len(x)),
-                     f"Model {name} steps")
+        check_result(
+            got_steps,
+            got_whole,
+            reference_outputs(model, params, x),
+            loss,
+            np.float64,
+            reduction(plan, len(x)),
+            f"Model {name} steps",
+        )
+        check_blocks(
+            plan,
+            steps,
+            whole,
+            np.zeros_like(params),
+            np.float64,
+            reduction(plan, len(x)),
+            f"Model {name} steps",
+        )
     else:
         assert got_steps == got_whole, name
         np.testing.assert_array_equal(steps, whole, err_msg=f"Model {name}: steps vs loss_grad")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("model", [MODELS[i] for i in (0, 1, 7, 10)], ids=[MODEL_IDS[i] for i in (0, 1, 7, 10)])
+@pytest.mark.parametrize(
+    "model", [MODELS[i] for i in (0, 1, 7, 10)], ids=[MODEL_IDS[i] for i in (0, 1, 7, 10)]
+)
 def test_gradients_accumulate_and_scale(model, dtype):
     """Two calls from zero give twice one call's gradient; grad_scale s gives s B times the
     default (1/B) gradient; grads= writes the given buffer and leaves the held one alone."""
@@ -226,15 +327,24 @@ def test_gradients_accumulate_and_scale(model, dtype):
     assert m.loss_grad(x, labels) == first
     check_blocks(plan, held, 2 * once, np.zeros_like(params), dtype, k, what + " accumulation")
     m.loss_grad(x, labels, 0.75, other)
-    check_blocks(plan, other, 0.75 * len(x) * once, np.zeros_like(params), dtype, k, what + " grad_scale")
-    check_blocks(plan, held, 2 * once, np.zeros_like(params), dtype, 1, what + " held grads after grads=")
+    check_blocks(
+        plan, other, 0.75 * len(x) * once, np.zeros_like(params), dtype, k, what + " grad_scale"
+    )
+    check_blocks(
+        plan, held, 2 * once, np.zeros_like(params), dtype, 1, what + " held grads after grads="
+    )
 
 
 # (id, layers, input_shape, loss, batch): the conv model's chunks are bounded by memory (its
 # activations are ~23 KB a row: 727 rows), the MLP's by the 1024-row cap
 CHUNKED = [
-    ("conv-tanh-pool-mse", [("conv", 8, 3, 1), "tanh", "maxpool2", "flatten", ("dense", 3)],
-     (4, 16, 16), "mse", 2000),
+    (
+        "conv-tanh-pool-mse",
+        [("conv", 8, 3, 1), "tanh", "maxpool2", "flatten", ("dense", 3)],
+        (4, 16, 16),
+        "mse",
+        2000,
+    ),
     ("mlp", [("dense", 20), "gelu", ("dense", 5)], (9,), "softmax_xent", 2500),
 ]
 
@@ -252,12 +362,24 @@ def test_evaluate_and_logits_in_chunks(case, dtype):
     m = core.Model(layers, shape, loss, params, grads)
     what, k = f"Model {name} B={batch} dtype={dname(dtype)}", reduction(plan, 1)
     outputs_ref = reference_outputs(model, params, x)
-    check_result(m.evaluate(x, labels), ref.model_evaluate(layers, shape, loss, params, x, labels),
-                 outputs_ref, loss, dtype, k, what + " evaluate")
+    check_result(
+        m.evaluate(x, labels),
+        ref.model_evaluate(layers, shape, loss, params, x, labels),
+        outputs_ref,
+        loss,
+        dtype,
+        k,
+        what + " evaluate",
+    )
     outputs = np.full_like(outputs_ref, np.nan)
     m.logits(x, outputs)
-    np.testing.assert_allclose(outputs, outputs_ref, rtol=0, err_msg=what + " logits",
-                               atol=RTOL[np.dtype(dtype)] * math.sqrt(k) * (1 + np.abs(outputs_ref).max()))
+    np.testing.assert_allclose(
+        outputs,
+        outputs_ref,
+        rtol=0,
+        err_msg=what + " logits",
+        atol=RTOL[np.dtype(dtype)] * math.sqrt(k) * (1 + np.abs(outputs_ref).max()),
+    )
     np.testing.assert_array_equal(grads, np.full_like(params, 3.0), err_msg=what + " wrote grads")
     if loss != "mse":
         labels[1500] = 5
@@ -265,23 +387,33 @@ def test_evaluate_and_logits_in_chunks(case, dtype):
             m.evaluate(x, labels)
 
 
-@pytest.mark.parametrize("model", [MODELS[i] for i in (0, 6, 7, 8)], ids=[MODEL_IDS[i] for i in (0, 6, 7, 8)])
+@pytest.mark.parametrize(
+    "model", [MODELS[i] for i in (0, 6, 7, 8)], ids=[MODEL_IDS[i] for i in (0, 6, 7, 8)]
+)
 def test_bad_label_names_its_row_and_leaves_grads(model):
     name, layers, shape, loss = model
     plan, params, x, labels = model_data(model, np.float64, batch=70, tag="bad label")
     classes = 2 if loss == "sigmoid_bce" else math.prod(plan["shapes"][-1])
     grads = np.ones_like(params)
     m = core.Model(layers, shape, loss, params, grads)
-    for row, value in ((0, -1), (65, classes), (69, 2 ** 40)):
+    for row, value in ((0, -1), (65, classes), (69, 2**40)):
         bad = labels.copy()
         bad[row] = value
-        for call in (lambda: m.loss_grad(x, bad), lambda: m.forward_loss(x, bad),
-                     lambda: m.evaluate(x, bad)):
-            with pytest.raises(ValueError, match=rf"labels\[{row}\] = {value} is out of range: "
-                                                 rf"expected 0 <= label < {classes}"):
+        for call in (
+            lambda: m.loss_grad(x, bad),
+            lambda: m.forward_loss(x, bad),
+            lambda: m.evaluate(x, bad),
+        ):
+            with pytest.raises(
+                ValueError,
+                match=rf"labels\[{row}\] = {value} is out of range: "
+                rf"expected 0 <= label < {classes}",
+            ):
                 call()
-        np.testing.assert_array_equal(grads, np.ones_like(params), err_msg=f"Model {name}: wrote grads")
-    with pytest.raises(RuntimeError, match="no forward_loss"):        # the refused sweep is none
+        np.testing.assert_array_equal(
+            grads, np.ones_like(params), err_msg=f"Model {name}: wrote grads"
+        )
+    with pytest.raises(RuntimeError, match="no forward_loss"):  # the refused sweep is none
         m.backward_layer(m.n_param_layers - 1)
 
 
@@ -290,16 +422,20 @@ def test_mse_targets_are_checked():
     _, layers, shape, loss = model
     plan, params, x, targets = model_data(model, np.float64, batch=4)
     m = core.Model(layers, shape, loss, params, np.zeros_like(params))
-    cases = [(None, TypeError, "targets must be a float64 array, got None"),
-             (targets[:, :2].copy(), ValueError, r"targets has shape \(4, 2\), expected \(4, 3\)"),
-             (targets.astype(np.float32), TypeError, "targets has dtype float32, expected float64"),
-             (np.zeros(4, np.int64), TypeError, "targets has dtype int64")]
+    cases = [
+        (None, TypeError, "targets must be a float64 array, got None"),
+        (targets[:, :2].copy(), ValueError, r"targets has shape \(4, 2\), expected \(4, 3\)"),
+        (targets.astype(np.float32), TypeError, "targets has dtype float32, expected float64"),
+        (np.zeros(4, np.int64), TypeError, "targets has dtype int64"),
+    ]
     for bad, exc, match in cases:
         for call in (m.loss_grad, m.forward_loss, m.evaluate):
             with pytest.raises(exc, match=match):
                 call(x, bad)
-    assert m.loss_grad(x, targets, 1.0) == (pytest.approx(ref.mse(reference_outputs(model, params, x), targets),
-                                                          rel=1e-12), 0)
+    assert m.loss_grad(x, targets, 1.0) == (
+        pytest.approx(ref.mse(reference_outputs(model, params, x), targets), rel=1e-12),
+        0,
+    )
 
 
 @pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
@@ -308,12 +444,19 @@ def test_empty_batch(model):
     plan, params, x, labels = model_data(model, np.float64, batch=0)
     grads = np.ones_like(params)
     m = core.Model(layers, shape, loss, params, grads)
-    assert m.loss_grad(x, labels) == (0.0, 0) == ref.model_loss_grad(layers, shape, loss, params,
-                                                                      np.ones_like(params), x, labels)
+    assert (
+        m.loss_grad(x, labels)
+        == (0.0, 0)
+        == ref.model_loss_grad(layers, shape, loss, params, np.ones_like(params), x, labels)
+    )
     assert m.forward_loss(x, labels) == (0.0, 0)
-    with pytest.raises(RuntimeError, match="no forward_loss"):     # nothing to go back from
+    with pytest.raises(RuntimeError, match="no forward_loss"):  # nothing to go back from
         m.backward_layer(m.n_param_layers - 1)
-    assert m.evaluate(x, labels) == (0.0, 0) == ref.model_evaluate(layers, shape, loss, params, x, labels)
+    assert (
+        m.evaluate(x, labels)
+        == (0.0, 0)
+        == ref.model_evaluate(layers, shape, loss, params, x, labels)
+    )
     m.logits(x, np.empty((0, math.prod(plan["shapes"][-1]))))
     np.testing.assert_array_equal(grads, np.ones_like(params), err_msg=f"Model {name}")
 
@@ -336,13 +479,31 @@ def central_differences(loss, a, eps=1e-6):
 
 
 FD_MODELS = [
-    ("cnn", [("conv", 2, 3, 1), "relu", "maxpool2", "flatten", ("dense", 3)], (1, 6, 5), "softmax_xent"),
-    ("conv-pool-tanh", [("conv", 2, 2), "maxpool2", "tanh", ("conv", 2, 2, 1), "sigmoid", "flatten",
-                        ("dense", 2)], (2, 5, 6), "softmax_xent"),
-    ("gelu-bce", [("dense", 4), "gelu", ("dense", 3), "sigmoid", ("dense", 1)], (3,), "sigmoid_bce"),
+    (
+        "cnn",
+        [("conv", 2, 3, 1), "relu", "maxpool2", "flatten", ("dense", 3)],
+        (1, 6, 5),
+        "softmax_xent",
+    ),
+    (
+        "conv-pool-tanh",
+        [("conv", 2, 2), "maxpool2", "tanh", ("conv", 2, 2, 1), "sigmoid", "flatten", ("dense", 2)],
+        (2, 5, 6),
+        "softmax_xent",
+    ),
+    (
+        "gelu-bce",
+        [("dense", 4), "gelu", ("dense", 3), "sigmoid", ("dense", 1)],
+        (3,),
+        "sigmoid_bce",
+    ),
     ("logistic", [("dense", 1)], (4,), "sigmoid_bce"),
-    ("gelu-mse", ["gelu", ("conv", 2, 3), "gelu", "flatten", ("dense", 3), "tanh", ("dense", 2)],
-     (1, 5, 5), "mse"),
+    (
+        "gelu-mse",
+        ["gelu", ("conv", 2, 3), "gelu", "flatten", ("dense", 3), "tanh", ("dense", 2)],
+        (1, 5, 5),
+        "mse",
+    ),
 ]
 
 
@@ -357,8 +518,9 @@ def test_gradient_matches_finite_differences(model, grad_scale):
     m.loss_grad(x, labels, grad_scale)
     gs = 1 / len(x) if grad_scale is None else grad_scale
     numeric = central_differences(lambda: gs * m.evaluate(x, labels)[0], params)
-    np.testing.assert_allclose(grads, numeric, rtol=1e-5, atol=1e-8,
-                               err_msg=f"Model {name} gradient vs finite differences")
+    np.testing.assert_allclose(
+        grads, numeric, rtol=1e-5, atol=1e-8, err_msg=f"Model {name} gradient vs finite differences"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -367,16 +529,26 @@ def test_gradient_matches_finite_differences(model, grad_scale):
 
 def test_plan_layout_of_a_small_cnn():
     """Shapes and the flat layout spelled out: W then b per layer, PyTorch's shapes."""
-    plan = core.model_plan([("conv", 4, 3, 1), "relu", ("maxpool2",), "flatten", ("dense", 5),
-                            ["gelu"], ("dense", 3)], (2, 8, 8))
-    assert plan["layers"] == [("conv", 4, 3, 1), ("relu",), ("maxpool2",), ("flatten",), ("dense", 5),
-                              ("gelu",), ("dense", 3)]
+    plan = core.model_plan(
+        [("conv", 4, 3, 1), "relu", ("maxpool2",), "flatten", ("dense", 5), ["gelu"], ("dense", 3)],
+        (2, 8, 8),
+    )
+    assert plan["layers"] == [
+        ("conv", 4, 3, 1),
+        ("relu",),
+        ("maxpool2",),
+        ("flatten",),
+        ("dense", 5),
+        ("gelu",),
+        ("dense", 3),
+    ]
     assert plan["input_shape"] == (2, 8, 8) and plan["loss"] == "softmax_xent"
     assert plan["shapes"] == [(4, 8, 8), (4, 8, 8), (4, 4, 4), (64,), (5,), (5,), (3,)]
     assert plan["params"] == [
         {"layer": 0, "weight": 0, "weight_shape": (4, 2, 3, 3), "bias": 72, "bias_shape": (4,)},
         {"layer": 4, "weight": 76, "weight_shape": (5, 64), "bias": 396, "bias_shape": (5,)},
-        {"layer": 6, "weight": 401, "weight_shape": (3, 5), "bias": 416, "bias_shape": (3,)}]
+        {"layer": 6, "weight": 401, "weight_shape": (3, 5), "bias": 416, "bias_shape": (3,)},
+    ]
     assert plan["n_params"] == 419
     assert core.model_plan([("conv", 4, 3)], (1, 5, 5), loss="mse")["layers"] == [("conv", 4, 3, 0)]
 
@@ -389,68 +561,256 @@ def test_plan_equals_the_twin(model):
     assert plan == ref.model_plan(layers, shape, loss)
     # the stages run every layer but the flattens, once and in order
     kinds = [spec[0] for spec in plan["layers"]]
-    ran = [i for s in stages for i in range(s["layers"][0], s["layers"][1] + 1) if kinds[i] != "flatten"]
+    ran = [
+        i
+        for s in stages
+        for i in range(s["layers"][0], s["layers"][1] + 1)
+        if kinds[i] != "flatten"
+    ]
     assert ran == [i for i, kind in enumerate(kinds) if kind != "flatten"]
     ops = [op for s in stages for op in s["ops"].split("+")]
     assert ops == [kind for kind in kinds if kind != "flatten"]
 
 
-@pytest.mark.parametrize("layers,shape,stages", [
-    ([("conv", 2, 3), "relu", "maxpool2", "flatten", ("dense", 2)], (1, 8, 8),
-     ["conv+relu+maxpool2", "dense"]),
-    ([("conv", 2, 3), "maxpool2", "tanh", ("dense", 2)], (1, 8, 8), ["conv+maxpool2+tanh", "dense"]),
-    ([("conv", 2, 3), "maxpool2", "gelu", ("dense", 2)], (1, 8, 8), ["conv+maxpool2", "gelu", "dense"]),
-    ([("conv", 2, 3), "flatten", "sigmoid", ("dense", 2)], (1, 8, 8), ["conv+sigmoid", "dense"]),
-    ([("conv", 2, 3), "gelu", "maxpool2", ("dense", 2)], (1, 8, 8), ["conv", "gelu", "maxpool2", "dense"]),
-    (["maxpool2", "relu", ("dense", 4), "relu", "tanh", ("dense", 2)], (1, 8, 8),
-     ["maxpool2", "relu", "dense+relu", "tanh", "dense"]),
-], ids=["conv+relu+pool", "conv+pool+tanh", "conv+pool,gelu", "conv+act-across-flatten",
-        "standalone", "dense+act"])
+@pytest.mark.parametrize(
+    "layers,shape,stages",
+    [
+        (
+            [("conv", 2, 3), "relu", "maxpool2", "flatten", ("dense", 2)],
+            (1, 8, 8),
+            ["conv+relu+maxpool2", "dense"],
+        ),
+        (
+            [("conv", 2, 3), "maxpool2", "tanh", ("dense", 2)],
+            (1, 8, 8),
+            ["conv+maxpool2+tanh", "dense"],
+        ),
+        (
+            [("conv", 2, 3), "maxpool2", "gelu", ("dense", 2)],
+            (1, 8, 8),
+            ["conv+maxpool2", "gelu", "dense"],
+        ),
+        (
+            [("conv", 2, 3), "flatten", "sigmoid", ("dense", 2)],
+            (1, 8, 8),
+            ["conv+sigmoid", "dense"],
+        ),
+        (
+            [("conv", 2, 3), "gelu", "maxpool2", ("dense", 2)],
+            (1, 8, 8),
+            ["conv", "gelu", "maxpool2", "dense"],
+        ),
+        (
+            ["maxpool2", "relu", ("dense", 4), "relu", "tanh", ("dense", 2)],
+            (1, 8, 8),
+            ["maxpool2", "relu", "dense+relu", "tanh", "dense"],
+        ),
+    ],
+    ids=[
+        "conv+relu+pool",
+        "conv+pool+tanh",
+        "conv+pool,gelu",
+        "conv+act-across-flatten",
+        "standalone",
+        "dense+act",
+    ],
+)
 def test_plan_fuses_the_documented_patterns(layers, shape, stages):
     assert [s["ops"] for s in core.model_plan(layers, shape)["stages"]] == stages
 
 
 DENSE = ("dense", 2)
-BAD_PLANS = [   # (id, layers, input_shape, loss, exception, what the message must say)
-    ("unknown-kind", [("dense", 3), "softmax"], (4,), "softmax_xent", ValueError,
-     r"layers\[1\]: unknown layer 'softmax'"),
-    ("name-with-nul", ["relu\0junk", DENSE], (4,), "softmax_xent", ValueError,
-     r"layers\[0\]: unknown layer 'relu\\x00junk'"),
-    ("name-surrogate", ["\udcff", DENSE], (4,), "softmax_xent", ValueError,
-     r"layers\[0\]: unknown layer '\\udcff'"),
-    ("conv-on-flat", [("dense", 4), ("conv", 2, 3)], (5,), "mse", ValueError,
-     r"layers\[1\] \('conv'\) gets a \(4,\) input: conv needs a \(C, H, W\) input"),
-    ("pool-on-flat", ["flatten", "maxpool2", DENSE], (1, 4, 4), "mse", ValueError,
-     r"layers\[1\] \('maxpool2'\) gets a \(16,\) input: max-pooling needs a \(C, H, W\) input"),
-    ("kernel-too-large", [("conv", 2, 6, 1)], (1, 3, 7), "mse", ValueError,
-     r"layers\[0\] \('conv'\) gets a \(1, 3, 7\) input: conv kernel larger than the padded input"),
-    ("pool-below-2x2", [("conv", 2, 3), "maxpool2", "maxpool2", DENSE], (1, 5, 5), "mse", ValueError,
-     r"layers\[2\] \('maxpool2'\) gets a \(2, 1, 1\) input: max-pooling needs a map of at least 2x2"),
-    ("no-parameters", ["relu", "flatten"], (4,), "mse", ValueError,
-     r"layers has no dense or conv layer"),
-    ("softmax-1-output", [("dense", 4), ("dense", 1)], (5,), "softmax_xent", ValueError,
-     r"softmax cross-entropy needs >= 2 outputs, but layers\[1\] \('dense'\) gives \(1,\)"),
-    ("bce-2-outputs", [("dense", 2), "tanh"], (5,), "sigmoid_bce", ValueError,
-     r"sigmoid BCE needs exactly 1 output, but layers\[1\] \('tanh'\) gives \(2,\)"),
-    ("too-many-layers", [DENSE] * 65, (4,), "mse", ValueError, r"layers has 65 entries, expected 1 to 64"),
+BAD_PLANS = [  # (id, layers, input_shape, loss, exception, what the message must say)
+    (
+        "unknown-kind",
+        [("dense", 3), "softmax"],
+        (4,),
+        "softmax_xent",
+        ValueError,
+        r"layers\[1\]: unknown layer 'softmax'",
+    ),
+    (
+        "name-with-nul",
+        ["relu\0junk", DENSE],
+        (4,),
+        "softmax_xent",
+        ValueError,
+        r"layers\[0\]: unknown layer 'relu\\x00junk'",
+    ),
+    (
+        "name-surrogate",
+        ["\udcff", DENSE],
+        (4,),
+        "softmax_xent",
+        ValueError,
+        r"layers\[0\]: unknown layer '\\udcff'",
+    ),
+    (
+        "conv-on-flat",
+        [("dense", 4), ("conv", 2, 3)],
+        (5,),
+        "mse",
+        ValueError,
+        r"layers\[1\] \('conv'\) gets a \(4,\) input: conv needs a \(C, H, W\) input",
+    ),
+    (
+        "pool-on-flat",
+        ["flatten", "maxpool2", DENSE],
+        (1, 4, 4),
+        "mse",
+        ValueError,
+        r"layers\[1\] \('maxpool2'\) gets a \(16,\) input: max-pooling needs a \(C, H, W\) input",
+    ),
+    (
+        "kernel-too-large",
+        [("conv", 2, 6, 1)],
+        (1, 3, 7),
+        "mse",
+        ValueError,
+        r"layers\[0\] \('conv'\) gets a \(1, 3, 7\) input: "
+        r"conv kernel larger than the padded input",
+    ),
+    (
+        "pool-below-2x2",
+        [("conv", 2, 3), "maxpool2", "maxpool2", DENSE],
+        (1, 5, 5),
+        "mse",
+        ValueError,
+        r"layers\[2\] \('maxpool2'\) gets a \(2, 1, 1\) input: "
+        r"max-pooling needs a map of at least 2x2",
+    ),
+    (
+        "no-parameters",
+        ["relu", "flatten"],
+        (4,),
+        "mse",
+        ValueError,
+        r"layers has no dense or conv layer",
+    ),
+    (
+        "softmax-1-output",
+        [("dense", 4), ("dense", 1)],
+        (5,),
+        "softmax_xent",
+        ValueError,
+        r"softmax cross-entropy needs >= 2 outputs, but layers\[1\] \('dense'\) gives \(1,\)",
+    ),
+    (
+        "bce-2-outputs",
+        [("dense", 2), "tanh"],
+        (5,),
+        "sigmoid_bce",
+        ValueError,
+        r"sigmoid BCE needs exactly 1 output, but layers\[1\] \('tanh'\) gives \(2,\)",
+    ),
+    (
+        "too-many-layers",
+        [DENSE] * 65,
+        (4,),
+        "mse",
+        ValueError,
+        r"layers has 65 entries, expected 1 to 64",
+    ),
     ("no-layers", [], (4,), "mse", ValueError, r"layers has 0 entries"),
-    ("float-size", [("dense", 2.5)], (4,), "mse", TypeError, r"layers\[0\] = \('dense', 2.5\): sizes must be ints"),
-    ("str-size", [DENSE, ("conv", "3", 3)], (4,), "mse", TypeError, r"layers\[1\] = .*sizes must be ints, got str"),
-    ("zero-size", [("dense", 0)], (4,), "mse", ValueError, r"layers\[0\] = .*the output size must be 1\.\."),
-    ("huge-size", [("dense", 2 ** 31)], (4,), "mse", ValueError, r"layers\[0\] = .*the output size must be"),
-    ("negative-padding", [("conv", 2, 3, -1)], (1, 4, 4), "mse", ValueError, r"layers\[0\] = .*padding must be 0\.\."),
-    ("conv-one-size", [("conv", 2)], (1, 4, 4), "mse", ValueError, r"layers\[0\] = \('conv', 2\): 'conv' takes"),
-    ("dense-no-size", [DENSE, ("dense",)], (4,), "mse", ValueError, r"layers\[1\] = .*'dense' takes one size"),
-    ("relu-with-size", [("relu", 1), DENSE], (4,), "mse", ValueError, r"layers\[0\] = .*'relu' takes no sizes"),
-    ("not-a-spec", [DENSE, 5], (4,), "mse", TypeError, r"layers\[1\] must be a layer name or a tuple"),
-    ("name-not-first", [(3, "dense")], (4,), "mse", TypeError, r"layers\[0\] = .*the first entry must be"),
+    (
+        "float-size",
+        [("dense", 2.5)],
+        (4,),
+        "mse",
+        TypeError,
+        r"layers\[0\] = \('dense', 2.5\): sizes must be ints",
+    ),
+    (
+        "str-size",
+        [DENSE, ("conv", "3", 3)],
+        (4,),
+        "mse",
+        TypeError,
+        r"layers\[1\] = .*sizes must be ints, got str",
+    ),
+    (
+        "zero-size",
+        [("dense", 0)],
+        (4,),
+        "mse",
+        ValueError,
+        r"layers\[0\] = .*the output size must be 1\.\.",
+    ),
+    (
+        "huge-size",
+        [("dense", 2**31)],
+        (4,),
+        "mse",
+        ValueError,
+        r"layers\[0\] = .*the output size must be",
+    ),
+    (
+        "negative-padding",
+        [("conv", 2, 3, -1)],
+        (1, 4, 4),
+        "mse",
+        ValueError,
+        r"layers\[0\] = .*padding must be 0\.\.",
+    ),
+    (
+        "conv-one-size",
+        [("conv", 2)],
+        (1, 4, 4),
+        "mse",
+        ValueError,
+        r"layers\[0\] = \('conv', 2\): 'conv' takes",
+    ),
+    (
+        "dense-no-size",
+        [DENSE, ("dense",)],
+        (4,),
+        "mse",
+        ValueError,
+        r"layers\[1\] = .*'dense' takes one size",
+    ),
+    (
+        "relu-with-size",
+        [("relu", 1), DENSE],
+        (4,),
+        "mse",
+        ValueError,
+        r"layers\[0\] = .*'relu' takes no sizes",
+    ),
+    (
+        "not-a-spec",
+        [DENSE, 5],
+        (4,),
+        "mse",
+        TypeError,
+        r"layers\[1\] must be a layer name or a tuple",
+    ),
+    (
+        "name-not-first",
+        [(3, "dense")],
+        (4,),
+        "mse",
+        TypeError,
+        r"layers\[0\] = .*the first entry must be",
+    ),
     ("layers-not-a-list", "relu", (4,), "mse", TypeError, r"layers must be a list"),
-    ("params-overflow", [("dense", 2 ** 31 - 1)] * 3, (2 ** 31 - 1,), "mse", ValueError,
-     r"layers\[2\] \('dense'\) gets a \(2147483647,\) input: parameter count overflows"),
+    (
+        "params-overflow",
+        [("dense", 2**31 - 1)] * 3,
+        (2**31 - 1,),
+        "mse",
+        ValueError,
+        r"layers\[2\] \('dense'\) gets a \(2147483647,\) input: parameter count overflows",
+    ),
     ("input-2-d", [DENSE], (2, 3), "mse", ValueError, r"input_shape .* has 2 entries"),
     ("input-zero", [DENSE], (0,), "mse", ValueError, r"input_shape .*positive"),
-    ("input-too-large", [DENSE], [65536, 65536, 1], "mse", ValueError,
-     r"input_shape \[65536, 65536, 1\]: the input size does not fit an int"),
+    (
+        "input-too-large",
+        [DENSE],
+        [65536, 65536, 1],
+        "mse",
+        ValueError,
+        r"input_shape \[65536, 65536, 1\]: the input size does not fit an int",
+    ),
     ("unknown-loss", [DENSE], (4,), "hinge", ValueError, r"loss must be"),
 ]
 
@@ -462,7 +822,9 @@ def test_bad_layer_lists_are_named(case):
     _, layers, shape, loss, exc, match = case
     with pytest.raises(exc, match=match) as c_error:
         core.model_plan(layers, shape, loss)
-    with pytest.raises(exc, match=match if loss in ref.MODEL_LOSSES else "loss must be") as ref_error:
+    with pytest.raises(
+        exc, match=match if loss in ref.MODEL_LOSSES else "loss must be"
+    ) as ref_error:
         ref.model_plan(layers, shape, loss)
     if loss in ref.MODEL_LOSSES:
         assert str(c_error.value) == str(ref_error.value)
@@ -487,8 +849,22 @@ def test_model_checks_params_against_the_plan():
 
 def test_model_matches_pytorch():
     torch = pytest.importorskip("torch")
-    model = ("mix", [("conv", 3, 3, 1), "gelu", "maxpool2", ("conv", 2, 2), "tanh", "flatten",
-                     ("dense", 5), "sigmoid", ("dense", 3)], (2, 9, 8), "mse")
+    model = (
+        "mix",
+        [
+            ("conv", 3, 3, 1),
+            "gelu",
+            "maxpool2",
+            ("conv", 2, 2),
+            "tanh",
+            "flatten",
+            ("dense", 5),
+            "sigmoid",
+            ("dense", 3),
+        ],
+        (2, 9, 8),
+        "mse",
+    )
     _, layers, shape, loss = model
     plan, params, x, targets = model_data(model, np.float64, batch=5, tag="torch")
     grads = np.zeros_like(params)
@@ -498,16 +874,27 @@ def test_model_matches_pytorch():
     for i, (kind, *sizes) in enumerate(plan["layers"]):
         if kind in ("dense", "conv"):
             e = views[i]
-            w = params[e["weight"]:e["weight"] + math.prod(e["weight_shape"])].reshape(e["weight_shape"])
-            b = params[e["bias"]:e["bias"] + e["bias_shape"][0]]
-            mod = (torch.nn.Linear(w.shape[1], w.shape[0]) if kind == "dense" else
-                   torch.nn.Conv2d(w.shape[1], w.shape[0], sizes[1], padding=sizes[2])).double()
+            w = params[e["weight"] : e["weight"] + math.prod(e["weight_shape"])].reshape(
+                e["weight_shape"]
+            )
+            b = params[e["bias"] : e["bias"] + e["bias_shape"][0]]
+            mod = (
+                torch.nn.Linear(w.shape[1], w.shape[0])
+                if kind == "dense"
+                else torch.nn.Conv2d(w.shape[1], w.shape[0], sizes[1], padding=sizes[2])
+            ).double()
             with torch.no_grad():
                 mod.weight.copy_(torch.from_numpy(w.copy()))
                 mod.bias.copy_(torch.from_numpy(b.copy()))
         else:
-            mod = {"maxpool2": lambda: torch.nn.MaxPool2d(2), "relu": torch.nn.ReLU, "tanh": torch.nn.Tanh,
-                   "sigmoid": torch.nn.Sigmoid, "gelu": torch.nn.GELU, "flatten": torch.nn.Flatten}[kind]()
+            mod = {
+                "maxpool2": lambda: torch.nn.MaxPool2d(2),
+                "relu": torch.nn.ReLU,
+                "tanh": torch.nn.Tanh,
+                "sigmoid": torch.nn.Sigmoid,
+                "gelu": torch.nn.GELU,
+                "flatten": torch.nn.Flatten,
+            }[kind]()
         modules.append(mod)
     net = torch.nn.Sequential(*modules)
     out = net(torch.from_numpy(x.reshape(len(x), *shape).copy()))
@@ -515,10 +902,16 @@ def test_model_matches_pytorch():
     torch_loss.backward()
     assert abs(got[0] - torch_loss.item()) <= 1e-10 * abs(torch_loss.item())
     for e, mod in ((views[i], modules[i]) for i in views):
-        w_grad = grads[e["weight"]:e["weight"] + math.prod(e["weight_shape"])].reshape(e["weight_shape"])
+        w_grad = grads[e["weight"] : e["weight"] + math.prod(e["weight_shape"])].reshape(
+            e["weight_shape"]
+        )
         np.testing.assert_allclose(w_grad, mod.weight.grad.numpy(), rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(grads[e["bias"]:e["bias"] + e["bias_shape"][0]], mod.bias.grad.numpy(),
-                                   rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(
+            grads[e["bias"] : e["bias"] + e["bias_shape"][0]],
+            mod.bias.grad.numpy(),
+            rtol=1e-9,
+            atol=1e-12,
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -530,8 +923,8 @@ NET_CASES = [  # (sizes, loss, B)
     ((7, 33, 3), "softmax_xent", 129),
     ((7, 33, 3), "softmax_xent", 1),
     ((1, 2), "softmax_xent", 33),
-    ((5, 1), "sigmoid_bce", 33),      # one layer, one output: the fused logistic kernel
-    ((20, 1), "sigmoid_bce", 129),    # fused, more than one 64-row block
+    ((5, 1), "sigmoid_bce", 33),  # one layer, one output: the fused logistic kernel
+    ((20, 1), "sigmoid_bce", 129),  # fused, more than one 64-row block
     ((20, 1), "sigmoid_bce", 1),
     ((20, 7, 1), "sigmoid_bce", 33),  # BCE through the general layer path
 ]
@@ -544,8 +937,9 @@ def stack_id(case):
 
 def stack_data(sizes, loss, batch, dtype, tag="net"):
     rng = rng_for(tag, sizes, loss, batch, dname(dtype))
-    params = ref.model_init_params(*mlp_spec(sizes, loss),
-                                   seed=zlib.crc32(repr((tag, sizes)).encode()), dtype=dtype)
+    params = ref.model_init_params(
+        *mlp_spec(sizes, loss), seed=zlib.crc32(repr((tag, sizes)).encode()), dtype=dtype
+    )
     x = randn(rng, (batch, sizes[0]), dtype)
     n_classes = 2 if loss == "sigmoid_bce" else sizes[-1]
     labels = rng.integers(0, n_classes, batch)
@@ -569,13 +963,15 @@ def net_k(sizes, batch):
 
 def assert_grads_close(sizes, loss, grads, grads_ref, grads0, dtype, k, what):
     """Per-block (W_l, b_l) comparison, relative to the largest entry of the block."""
-    blocks = zip(*(ref.model_unflatten(*mlp_spec(sizes, loss), flat)
-                   for flat in (grads, grads_ref, grads0)))
+    blocks = zip(
+        *(ref.model_unflatten(*mlp_spec(sizes, loss), flat) for flat in (grads, grads_ref, grads0))
+    )
     for layer, ((w, b), (w_ref, b_ref), (w0, b0)) in enumerate(blocks):
         for name, got, want, start in [("W", w, w_ref, w0), ("b", b, b_ref, b0)]:
             scale = np.abs(want - start).max() + np.abs(start).max()
-            assert_close(got, want, dtype=dtype, scale=scale, k=k,
-                         what=f"{what} grads {name}_{layer}")
+            assert_close(
+                got, want, dtype=dtype, scale=scale, k=k, what=f"{what} grads {name}_{layer}"
+            )
 
 
 def check_loss_and_correct(got, want, logits_ref, loss, dtype, k, batch, what):
@@ -586,7 +982,8 @@ def check_loss_and_correct(got, want, logits_ref, loss, dtype, k, batch, what):
     assert_close(loss_sum, loss_ref, dtype=dtype, scale=scale, k=k, what=what + " loss_sum")
     slack = 0 if np.dtype(dtype) == np.float64 else ambiguous_rows(logits_ref, loss, dtype, k)
     assert abs(n_correct - correct_ref) <= slack, (
-        f"{what}: n_correct {n_correct}, expected {correct_ref} (+-{slack} near-ties)")
+        f"{what}: n_correct {n_correct}, expected {correct_ref} (+-{slack} near-ties)"
+    )
 
 
 def reference_logits(sizes, loss, params, x):
@@ -609,8 +1006,9 @@ def test_dense_stack_loss_grad(isa, case, dtype, grad_scale):
     want = ref.model_loss_grad(*mlp_spec(sizes, loss), params, grads_ref, x, labels, grad_scale)
     what = f"Model.loss_grad[{isa}] {stack_id(case)} dtype={dname(dtype)} gs={grad_scale}"
     k = net_k(sizes, batch)
-    check_loss_and_correct(got, want, reference_logits(sizes, loss, params, x), loss, dtype, k,
-                           batch, what)
+    check_loss_and_correct(
+        got, want, reference_logits(sizes, loss, params, x), loss, dtype, k, batch, what
+    )
     assert_grads_close(sizes, loss, grads, grads_ref, grads0, dtype, k, what)
     np.testing.assert_array_equal(params, params_in, err_msg=what + " modified params")
     np.testing.assert_array_equal(x, x_in, err_msg=what + " modified x")
@@ -630,16 +1028,27 @@ def test_dense_stack_loss_grad_accumulates(case, dtype):
     second = net.loss_grad(x, labels)
     assert first == second
     assert np.any(once != 0)
-    assert_close(grads, 2 * once, dtype=dtype, scale=2 * np.abs(once).max(), k=batch,
-                 what=f"Model.loss_grad accumulation {stack_id(case)} dtype={dname(dtype)}")
+    assert_close(
+        grads,
+        2 * once,
+        dtype=dtype,
+        scale=2 * np.abs(once).max(),
+        k=batch,
+        what=f"Model.loss_grad accumulation {stack_id(case)} dtype={dname(dtype)}",
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-@pytest.mark.parametrize("sizes,loss", [((784, 256, 128, 10), "softmax_xent"),
-                                        ((7, 33, 3), "softmax_xent"),
-                                        ((20, 1), "sigmoid_bce"),
-                                        ((20, 7, 1), "sigmoid_bce")],
-                         ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else v)
+@pytest.mark.parametrize(
+    "sizes,loss",
+    [
+        ((784, 256, 128, 10), "softmax_xent"),
+        ((7, 33, 3), "softmax_xent"),
+        ((20, 1), "sigmoid_bce"),
+        ((20, 7, 1), "sigmoid_bce"),
+    ],
+    ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else v,
+)
 def test_dense_stack_evaluate_and_logits_chunked(sizes, loss, dtype):
     """B = 2500 is evaluated in 1024-row chunks: 1024 + 1024 + 452."""
     batch = 2500
@@ -656,24 +1065,38 @@ def test_dense_stack_evaluate_and_logits_chunked(sizes, loss, dtype):
     net.logits(x, logits)
     scale = 1 + np.abs(logits_ref).max()
     assert_close(logits, logits_ref, dtype=dtype, scale=scale, k=k, what=what + " logits")
-    np.testing.assert_array_equal(grads, np.full_like(params, 3.0),
-                                  err_msg="evaluate/logits must not touch grads")
+    np.testing.assert_array_equal(
+        grads, np.full_like(params, 3.0), err_msg="evaluate/logits must not touch grads"
+    )
     # evaluate is the forward of loss_grad: the same loss and count on the same batch
     small = slice(0, 100)
     lg = core.Model(*mlp_spec(sizes, loss), params, np.zeros_like(params)).loss_grad(
-        x[small], labels[small])
+        x[small], labels[small]
+    )
     ev = net.evaluate(x[small], labels[small])
-    assert_close(lg[0], ev[0], dtype=dtype, scale=abs(ev[0]) + 100, k=k,
-                 what=what + " evaluate vs loss_grad loss")
+    assert_close(
+        lg[0],
+        ev[0],
+        dtype=dtype,
+        scale=abs(ev[0]) + 100,
+        k=k,
+        what=what + " evaluate vs loss_grad loss",
+    )
     assert lg[1] == ev[1]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("threads", [2, 3])
-@pytest.mark.parametrize("case", [((784, 256, 128, 10), "softmax_xent", 129),
-                                  ((7, 33, 3), "softmax_xent", 7),
-                                  ((20, 7, 1), "sigmoid_bce", 33),
-                                  ((20, 1), "sigmoid_bce", 129)], ids=stack_id)
+@pytest.mark.parametrize(
+    "case",
+    [
+        ((784, 256, 128, 10), "softmax_xent", 129),
+        ((7, 33, 3), "softmax_xent", 7),
+        ((20, 7, 1), "sigmoid_bce", 33),
+        ((20, 1), "sigmoid_bce", 129),
+    ],
+    ids=stack_id,
+)
 def test_dense_stack_threads_match_one_thread(isa, case, threads, dtype):
     sizes, loss, batch = case
     params, x, labels, _ = stack_data(sizes, loss, batch, dtype, tag="threads")
@@ -690,18 +1113,31 @@ def test_dense_stack_threads_match_one_thread(isa, case, threads, dtype):
     assert_grads_close(sizes, loss, gt, g1, np.zeros_like(params), dtype, k, what)
     logits_t = np.empty_like(logits1)
     nett.logits(x, logits_t)
-    assert_close(logits_t, logits1, dtype=dtype, scale=1 + np.abs(logits1).max(), k=k,
-                 what=what + " logits")
-    check_loss_and_correct(nett.evaluate(x, labels), net1.evaluate(x, labels), logits1, loss,
-                           dtype, k, batch, what + " evaluate")
+    assert_close(
+        logits_t, logits1, dtype=dtype, scale=1 + np.abs(logits1).max(), k=k, what=what + " logits"
+    )
+    check_loss_and_correct(
+        nett.evaluate(x, labels),
+        net1.evaluate(x, labels),
+        logits1,
+        loss,
+        dtype,
+        k,
+        batch,
+        what + " evaluate",
+    )
 
 
-@pytest.mark.parametrize("sizes,loss,grad_scale", [
-    ((4, 5, 3), "softmax_xent", None),
-    ((3, 4, 5, 2), "softmax_xent", 0.3),
-    ((4, 5, 1), "sigmoid_bce", None),
-    ((4, 1), "sigmoid_bce", 0.3),  # the fused logistic kernel
-], ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else str(v))
+@pytest.mark.parametrize(
+    "sizes,loss,grad_scale",
+    [
+        ((4, 5, 3), "softmax_xent", None),
+        ((3, 4, 5, 2), "softmax_xent", 0.3),
+        ((4, 5, 1), "sigmoid_bce", None),
+        ((4, 1), "sigmoid_bce", 0.3),  # the fused logistic kernel
+    ],
+    ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else str(v),
+)
 def test_dense_stack_gradient_finite_differences(sizes, loss, grad_scale):
     """loss_grad's gradient equals central differences of grad_scale * evaluate()'s loss.
 
@@ -715,8 +1151,13 @@ def test_dense_stack_gradient_finite_differences(sizes, loss, grad_scale):
     net.loss_grad(x, labels, grad_scale)
     gs = 1.0 / batch if grad_scale is None else grad_scale
     num = numeric_grad(lambda: gs * net.evaluate(x, labels)[0], params)
-    np.testing.assert_allclose(grads, num, rtol=1e-5, atol=1e-8,
-                               err_msg=f"Model {sizes} {loss} gradient vs finite differences")
+    np.testing.assert_allclose(
+        grads,
+        num,
+        rtol=1e-5,
+        atol=1e-8,
+        err_msg=f"Model {sizes} {loss} gradient vs finite differences",
+    )
 
 
 def test_dense_stack_params_can_be_a_view_into_a_larger_buffer():
@@ -724,25 +1165,33 @@ def test_dense_stack_params_can_be_a_view_into_a_larger_buffer():
     n = core.model_plan(*mlp_spec(sizes))["n_params"]
     assert n == ref.model_plan(*mlp_spec(sizes))["n_params"]
     shared = np.zeros(3 * n + 10)
-    params, grads = shared[5:5 + n], shared[5 + n:5 + 2 * n]
+    params, grads = shared[5 : 5 + n], shared[5 + n : 5 + 2 * n]
     params[...] = ref.model_init_params(*mlp_spec(sizes), seed=1, dtype=np.float64)
     rng = rng_for("view")
     x, labels = rng.standard_normal((9, 7)), rng.integers(0, 3, 9)
     net = core.Model(*mlp_spec(sizes), params, grads)
     assert net.params is params and net.grads is grads
-    assert net.sizes == (7, 5, 5, 3) and net.loss == "softmax_xent"   # input, dense, relu, dense
+    assert net.sizes == (7, 5, 5, 3) and net.loss == "softmax_xent"  # input, dense, relu, dense
     got = net.loss_grad(x, labels)
     grads_ref = np.zeros(n)
     want = ref.model_loss_grad(*mlp_spec(sizes), params, grads_ref, x, labels)
-    assert_close(got[0], want[0], dtype=np.float64, scale=abs(want[0]) + 9, k=16,
-                 what="Model on views loss")
-    assert_close(grads, grads_ref, dtype=np.float64, scale=np.abs(grads_ref).max(), k=16,
-                 what="Model on views grads")
-    assert np.all(shared[:5] == 0) and np.all(shared[5 + 2 * n:] == 0), "wrote outside the views"
+    assert_close(
+        got[0], want[0], dtype=np.float64, scale=abs(want[0]) + 9, k=16, what="Model on views loss"
+    )
+    assert_close(
+        grads,
+        grads_ref,
+        dtype=np.float64,
+        scale=np.abs(grads_ref).max(),
+        k=16,
+        what="Model on views grads",
+    )
+    assert np.all(shared[:5] == 0) and np.all(shared[5 + 2 * n :] == 0), "wrote outside the views"
 
 
-@pytest.mark.parametrize("loss,sizes", [("softmax_xent", (5, 4, 3)), ("sigmoid_bce", (5, 1)),
-                                        ("sigmoid_bce", (5, 3, 1))])
+@pytest.mark.parametrize(
+    "loss,sizes", [("softmax_xent", (5, 4, 3)), ("sigmoid_bce", (5, 1)), ("sigmoid_bce", (5, 3, 1))]
+)
 def test_dense_stack_empty_batch(loss, sizes):
     params = ref.model_init_params(*mlp_spec(sizes, loss), seed=0, dtype=np.float64)
     grads = np.ones_like(params)
@@ -779,12 +1228,14 @@ def test_conv_blocks_match_reference(isa, case, dtype, threads):
     diff = grads.astype(np.float64) - grads_ref
     scale = np.abs(grads_ref - start).max()
     assert np.abs(diff).max() <= 10 * rtol * scale, (
-        f"{what}: grads off by {np.abs(diff).max():.3g} (scale {scale:.3g})")
+        f"{what}: grads off by {np.abs(diff).max():.3g} (scale {scale:.3g})"
+    )
     logits, logits_ref = np.empty((len(x), dense[-1]), dtype), np.empty((len(x), dense[-1]), dtype)
     net.logits(x, logits)
     ref.model_logits(*spec, params, x, logits_ref)
-    np.testing.assert_allclose(logits, logits_ref, rtol=rtol, atol=rtol * np.abs(logits_ref).max(),
-                               err_msg=what)
+    np.testing.assert_allclose(
+        logits, logits_ref, rtol=rtol, atol=rtol * np.abs(logits_ref).max(), err_msg=what
+    )
     ev = net.evaluate(x, labels)
     assert ev[1] == correct and abs(ev[0] - loss) <= rtol * abs(loss), f"{what}: evaluate {ev}"
 
@@ -823,31 +1274,65 @@ def test_bad_conv_block_arguments_are_named():
     p = np.zeros(ref.model_plan(*spec)["n_params"], np.float32)
     g = np.zeros_like(p)
     cases = [
-        (lambda: core.Model(spec[0], (1, 8), spec[2], p, g), ValueError,
-         "input_shape \\(1, 8\\) has 2 entries, expected \\(F,\\) or \\(C, H, W\\)"),
-        (lambda: core.Model(*cnn_spec((1, 6, 6), (2, 2), (3,)), p, g), ValueError,
-         "layers\\[3\\] \\('conv'\\) gets a \\(2, 2, 2\\) input: conv kernel larger than the padded"),
-        (lambda: core.Model(*cnn_spec((1, 3, 3), (2,), (3,)), p, g), ValueError,
-         "layers\\[2\\] \\('maxpool2'\\) gets a \\(2, 1, 1\\) input: max-pooling needs a map of "
-         "at least 2x2"),
-        (lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (1,)), p, g), ValueError,
-         "loss 'softmax_xent' on this model: softmax cross-entropy needs >= 2 outputs"),
-        (lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (0, 3)), p, g), ValueError,
-         "layers\\[4\\] = \\('dense', 0\\): the output size must be 1.."),
-        (lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (3,), kernel=0), p, g), ValueError,
-         "the kernel size must be 1.."),
-        (lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (3,), padding=-2), p, g), ValueError,
-         "padding must be 0.."),
+        (
+            lambda: core.Model(spec[0], (1, 8), spec[2], p, g),
+            ValueError,
+            "input_shape \\(1, 8\\) has 2 entries, expected \\(F,\\) or \\(C, H, W\\)",
+        ),
+        (
+            lambda: core.Model(*cnn_spec((1, 6, 6), (2, 2), (3,)), p, g),
+            ValueError,
+            "layers\\[3\\] \\('conv'\\) gets a \\(2, 2, 2\\) input: "
+            "conv kernel larger than the padded",
+        ),
+        (
+            lambda: core.Model(*cnn_spec((1, 3, 3), (2,), (3,)), p, g),
+            ValueError,
+            "layers\\[2\\] \\('maxpool2'\\) gets a \\(2, 1, 1\\) input: max-pooling needs a map of "
+            "at least 2x2",
+        ),
+        (
+            lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (1,)), p, g),
+            ValueError,
+            "loss 'softmax_xent' on this model: softmax cross-entropy needs >= 2 outputs",
+        ),
+        (
+            lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (0, 3)), p, g),
+            ValueError,
+            "layers\\[4\\] = \\('dense', 0\\): the output size must be 1..",
+        ),
+        (
+            lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (3,), kernel=0), p, g),
+            ValueError,
+            "the kernel size must be 1..",
+        ),
+        (
+            lambda: core.Model(*cnn_spec((1, 8, 8), (2,), (3,), padding=-2), p, g),
+            ValueError,
+            "padding must be 0..",
+        ),
         (lambda: core.Model(*spec, p, g, threads=0), ValueError, "threads must be in \\[1, "),
-        (lambda: core.Model(*spec, p[:-1], g), ValueError,
-         f"params has shape \\({p.size - 1},\\), expected"),
-        (lambda: core.Model(*spec, p, g.astype(np.float64)), TypeError,
-         "grads has dtype float64, expected float32"),
+        (
+            lambda: core.Model(*spec, p[:-1], g),
+            ValueError,
+            f"params has shape \\({p.size - 1},\\), expected",
+        ),
+        (
+            lambda: core.Model(*spec, p, g.astype(np.float64)),
+            TypeError,
+            "grads has dtype float64, expected float32",
+        ),
         (lambda: core.Model(*spec, p, p), ValueError, "grads shares memory with params"),
-        (lambda: core.Model(cnn_spec((1, 8, 8), ("a",), (3,))[0], *spec[1:], p, g), TypeError,
-         "sizes must be ints, got str"),
-        (lambda: core.Model(7, *spec[1:], p, g), TypeError,
-         "layers must be a list of layer specs, got int"),
+        (
+            lambda: core.Model(cnn_spec((1, 8, 8), ("a",), (3,))[0], *spec[1:], p, g),
+            TypeError,
+            "sizes must be ints, got str",
+        ),
+        (
+            lambda: core.Model(7, *spec[1:], p, g),
+            TypeError,
+            "layers must be a list of layer specs, got int",
+        ),
     ]
     for build, exc, pattern in cases:
         with pytest.raises(exc, match=pattern):
@@ -916,6 +1401,7 @@ def test_two_threads_sharing_one_network_and_one_context():
             for _ in range(6):
                 core.conv2d_forward(x, w, b, yy, ctx=ctx)
             return out, yy
+
         return run
 
     (r0, y0), (r1, y1) = run_threads([worker(x0, labels0), worker(x1, labels1)])
@@ -929,7 +1415,8 @@ def test_two_threads_sharing_one_network_and_one_context():
 @pytest.mark.parametrize("kernel", ["Model.loss_grad", "Model.evaluate"])
 def test_conv_blocks_release_the_gil(kernel, gil_probe):
     assert gil_probe(conv_gil_cases()[kernel]), (
-        f"{kernel}: the main thread never ran while the worker was inside the call")
+        f"{kernel}: the main thread never ran while the worker was inside the call"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -982,14 +1469,26 @@ def test_model_rejects_bad_batches():
     x, labels = np.zeros((64, 784), np.float32), np.zeros(64, np.int64)
     out = np.zeros((64, 10), np.float32)
     cases = [
-        (lambda: net.loss_grad(np.zeros((64, 783), np.float32), labels), ValueError,
-         "x has shape (64, 783), expected (64, 784)"),
-        (lambda: net.evaluate(np.zeros((64, 783), np.float32), labels), ValueError,
-         "x has shape (64, 783), expected (64, 784)"),
-        (lambda: net.logits(x, np.zeros((64, 9), np.float32)), ValueError,
-         "out has shape (64, 9), expected (64, 10)"),
-        (lambda: net.loss_grad(x.astype(np.float64), labels), TypeError,
-         "x has dtype float64, expected float32"),
+        (
+            lambda: net.loss_grad(np.zeros((64, 783), np.float32), labels),
+            ValueError,
+            "x has shape (64, 783), expected (64, 784)",
+        ),
+        (
+            lambda: net.evaluate(np.zeros((64, 783), np.float32), labels),
+            ValueError,
+            "x has shape (64, 783), expected (64, 784)",
+        ),
+        (
+            lambda: net.logits(x, np.zeros((64, 9), np.float32)),
+            ValueError,
+            "out has shape (64, 9), expected (64, 10)",
+        ),
+        (
+            lambda: net.loss_grad(x.astype(np.float64), labels),
+            TypeError,
+            "x has dtype float64, expected float32",
+        ),
         (lambda: net.logits(x, out.astype(np.float64)), TypeError, "out has dtype float64"),
         (lambda: net.loss_grad(x, labels.astype(np.int32)), TypeError, "labels has dtype int32"),
         (lambda: net.evaluate(x, labels.astype(np.int32)), TypeError, "labels has dtype int32"),
@@ -1018,9 +1517,11 @@ def test_model_rejects_bad_batches():
 
 
 @pytest.mark.boundary
-@pytest.mark.parametrize("sizes,loss", [((6, 5, 3), "softmax_xent"), ((6, 5, 1), "sigmoid_bce"),
-                                        ((6, 1), "sigmoid_bce")],
-                         ids=["softmax", "bce_layers", "bce_fused"])
+@pytest.mark.parametrize(
+    "sizes,loss",
+    [((6, 5, 3), "softmax_xent"), ((6, 5, 1), "sigmoid_bce"), ((6, 1), "sigmoid_bce")],
+    ids=["softmax", "bce_layers", "bce_fused"],
+)
 @pytest.mark.parametrize("index", [0, 100])
 def test_model_labels_out_of_range_named_and_grads_untouched(sizes, loss, index):
     """A batch with a bad label raises, naming index and value, and adds nothing to grads.
@@ -1038,7 +1539,8 @@ def test_model_labels_out_of_range_named_and_grads_untouched(sizes, loss, index)
         assert f"labels[{index}]" in msg and str(bad_value) in msg, msg
     assert not grads.any(), (
         f"loss_grad raised on labels[{index}] = {bad_value} but had already accumulated into "
-        f"grads ({np.count_nonzero(grads)} of {grads.size} entries nonzero)")
+        f"grads ({np.count_nonzero(grads)} of {grads.size} entries nonzero)"
+    )
 
 
 @pytest.mark.boundary
@@ -1178,7 +1680,7 @@ def test_model_plan_and_huge_sizes_are_checked():
     with pytest.raises(ValueError, match="sizes must be positive ints"):
         core.model_plan(*mlp_spec([-5, 3]))
     n = 2**31 - 1
-    with pytest.raises(ValueError, match=r"expected \(6442450944,\)"):   # 3 * 2**31, not negative
+    with pytest.raises(ValueError, match=r"expected \(6442450944,\)"):  # 3 * 2**31, not negative
         core.Model(*mlp_spec((n, 3)), np.zeros(66, np.float32), np.zeros(66, np.float32))
 
 
@@ -1203,8 +1705,7 @@ def test_evaluate_ends_a_backward_sweep_in_progress(kind):
         x = rng.standard_normal((4, 36))
         last = len(ch) + len(dense) - 1
     labels = np.array([0, 1, 2, 1])
-    for forward_only in (lambda: net.evaluate(x, labels),
-                         lambda: net.logits(x, np.empty((4, 3)))):
+    for forward_only in (lambda: net.evaluate(x, labels), lambda: net.logits(x, np.empty((4, 3)))):
         net.forward_loss(x, labels)
         forward_only()
         with pytest.raises(RuntimeError, match="no forward_loss to go back from"):

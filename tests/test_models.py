@@ -1,5 +1,6 @@
 """The model face (dptrain.models): gradients against finite differences, PyTorch's default
 initialization, flat and caller-owned buffers, chunked gradients, save and load."""
+
 import math
 
 import numpy as np
@@ -9,11 +10,15 @@ from dptrain import reference
 from dptrain.models import MLP, LogisticRegression, SoftmaxRegression, load_model
 
 
-@pytest.mark.parametrize("make", [
-    lambda: LogisticRegression(6, dtype="float64", seed=1),
-    lambda: SoftmaxRegression(6, 4, dtype="float64", seed=1),
-    lambda: MLP((6, 5, 7, 3), dtype="float64", seed=1),
-], ids=["logreg", "softmax", "mlp"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: LogisticRegression(6, dtype="float64", seed=1),
+        lambda: SoftmaxRegression(6, 4, dtype="float64", seed=1),
+        lambda: MLP((6, 5, 7, 3), dtype="float64", seed=1),
+    ],
+    ids=["logreg", "softmax", "mlp"],
+)
 def test_model_gradient_matches_finite_differences(make):
     m = make()
     rng = np.random.default_rng(0)
@@ -40,7 +45,7 @@ def test_init_is_pytorch_default_and_deterministic():
     assert np.array_equal(a.params, b.params)
     (w1, b1), (w2, _) = a.layers()
     assert np.abs(w1).max() <= 1 / math.sqrt(784) and np.abs(w2).max() <= 1 / math.sqrt(256)
-    assert np.abs(w1).max() > 0.9 / math.sqrt(784)     # uses the whole range
+    assert np.abs(w1).max() > 0.9 / math.sqrt(784)  # uses the whole range
     assert not np.array_equal(a.params, MLP((784, 256, 10), seed=8).params)
 
 
@@ -64,7 +69,7 @@ def test_chunk_gradients_into_separate_buffers_sum_to_the_batch_gradient():
     m.loss_grad(x, y)
     chunks = [np.zeros(m.n_params) for _ in range(4)]
     for i, g in enumerate(chunks):
-        m.loss_grad(x[10 * i:10 * i + 10], y[10 * i:10 * i + 10], grad_scale=1 / 40, grads=g)
+        m.loss_grad(x[10 * i : 10 * i + 10], y[10 * i : 10 * i + 10], grad_scale=1 / 40, grads=g)
     np.testing.assert_allclose(sum(chunks), m.grads, rtol=1e-12, atol=1e-15)
     with pytest.raises(ValueError, match=r"grads has shape \(3,\), expected"):
         m.loss_grad(x, y, grads=np.zeros(3))
@@ -94,10 +99,12 @@ def test_load_model_rejects_damaged_files_with_their_name(tmp_path):
     good = tmp_path / "m.npz"
     m.save(good)
     cases = {
-        "scalar.npz": dict(config=np.array(open(good, "rb") and str(np.load(good)["config"])),
-                           params=np.float32(0.5), velocity=np.zeros(23, np.float32)),
-        "f64.npz": dict(config=np.load(good)["config"], params=np.zeros(23),
-                        velocity=np.zeros(23)),
+        "scalar.npz": dict(
+            config=np.array(open(good, "rb") and str(np.load(good)["config"])),
+            params=np.float32(0.5),
+            velocity=np.zeros(23, np.float32),
+        ),
+        "f64.npz": dict(config=np.load(good)["config"], params=np.zeros(23), velocity=np.zeros(23)),
         "novel.npz": dict(config=np.load(good)["config"], params=np.zeros(23, np.float32)),
         "nokind.npz": dict(config=np.array('{"sizes": [4, 3, 2]}'), params=np.zeros(23)),
     }

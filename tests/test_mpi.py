@@ -1,5 +1,6 @@
 """The MPI backend's start (dptrain.comm.mpi): picked from the launcher's environment, run
 from the clone's root under mpiexec, refused with a non-MPI backend."""
+
 import json
 import subprocess
 import sys
@@ -17,7 +18,7 @@ def test_backend_follows_the_mpi_launcher(monkeypatch, var):
     for v, _ in parallel.mpi.MPI_LAUNCH_VARIABLES:
         monkeypatch.delenv(v, raising=False)
     assert parallel.resolve_backend(None) == ("thread", None)
-    monkeypatch.setenv(var, "1")                        # one rank: nothing to coordinate
+    monkeypatch.setenv(var, "1")  # one rank: nothing to coordinate
     assert parallel.resolve_backend(None) == ("thread", None)
     assert parallel.resolve_backend("process") == ("process", None)
     monkeypatch.setenv(var, "4")
@@ -25,8 +26,11 @@ def test_backend_follows_the_mpi_launcher(monkeypatch, var):
     assert backend == "mpi" and f"{var}=4" in note and "4 ranks" in note
     assert parallel.resolve_backend("mpi") == ("mpi", None)
     for explicit in ("thread", "process"):
-        with pytest.raises(ValueError, match=rf"one of 4 ranks, but backend='{explicit}' .*"
-                                             rf"--backend mpi"):
+        with pytest.raises(
+            ValueError,
+            match=rf"one of 4 ranks, but backend='{explicit}' .*"
+            rf"--backend mpi",
+        ):
             parallel.resolve_backend(explicit)
     with pytest.raises(ValueError, match="backend is 'gpu'"):
         parallel.resolve_backend("gpu")
@@ -37,24 +41,66 @@ def test_mpiexec_without_backend_runs_one_mpi_training_from_the_clone_root(mpiex
     """The README's way in: `mpiexec -n 2 python -m dptrain train` from the clone's root
     (where ./dptrain is first on sys.path) trains once on 2 MPI ranks and says so."""
     out = tmp_path / "run.json"
-    r = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "dptrain", "train",
-                        "--model", "softmax", "--dataset", "synthetic", "--n-samples", "2000",
-                        "--epochs", "1", "--out", str(out)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [
+            mpiexec,
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "dptrain",
+            "train",
+            "--model",
+            "softmax",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "2000",
+            "--epochs",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     first = r.stdout.splitlines()[0]
     assert "as one of 2 ranks: using the MPI backend" in first, r.stdout
-    assert r.stdout.count("epoch 1/1") == 1              # one training, reported once
+    assert r.stdout.count("epoch 1/1") == 1  # one training, reported once
     res = json.loads(out.read_text())
     assert res["config"]["backend"] == "mpi" and res["config"]["workers"] == 2
 
 
 @pytest.mark.mpi
 def test_mpiexec_with_a_non_mpi_backend_is_refused(mpiexec, tmp_path):
-    r = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "dptrain", "train",
-                        "--model", "softmax", "--dataset", "synthetic", "--n-samples", "500",
-                        "--epochs", "1", "--backend", "thread"],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [
+            mpiexec,
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "dptrain",
+            "train",
+            "--model",
+            "softmax",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "500",
+            "--epochs",
+            "1",
+            "--backend",
+            "thread",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert r.returncode != 0
     assert "one of 2 ranks, but backend='thread'" in r.stderr and "--backend mpi" in r.stderr
     assert "epoch" not in r.stdout

@@ -8,11 +8,12 @@ processes) to bitwise the same weights in deterministic mode; mean-squared-error
 trains end to end; save/load keeps the architecture; bad layer lists are refused naming the
 layer.
 """
+
 import numpy as np
 import pytest
+from _core_helpers import cnn_spec, mlp_spec
 
 import dptrain
-from _core_helpers import cnn_spec, mlp_spec
 from dptrain import nn, reference
 from dptrain.models import CNN, MLP, Sequential, load_model
 
@@ -27,8 +28,18 @@ def blobs(n=600, d=12, classes=3, seed=0):
 
 # ---------------------------------------------------------------- building
 def test_layers_build_the_plan_they_say():
-    model = nn.Sequential([nn.Conv2d(4, 3, padding=1), nn.Tanh(), nn.MaxPool2(), nn.Flatten(),
-                           nn.Dense(16), nn.GELU(), nn.Dense(3)], input_shape=(2, 6, 6))
+    model = nn.Sequential(
+        [
+            nn.Conv2d(4, 3, padding=1),
+            nn.Tanh(),
+            nn.MaxPool2(),
+            nn.Flatten(),
+            nn.Dense(16),
+            nn.GELU(),
+            nn.Dense(3),
+        ],
+        input_shape=(2, 6, 6),
+    )
     shapes = [tuple(s) for s in model.plan["shapes"]]
     assert shapes == [(4, 6, 6), (4, 6, 6), (4, 3, 3), (36,), (16,), (16,), (3,)]
     assert model.sizes == (72, 36, 16, 3) and model.n_features == 72 and model.n_outputs == 3
@@ -37,8 +48,13 @@ def test_layers_build_the_plan_they_say():
     assert w0.shape == (4, 2, 3, 3) and w1.shape == (16, 36) and w2.shape == (3, 16)
     assert np.shares_memory(w1, model.params) and b2.shape == (3,)
     # conv -> tanh is one stage; GELU is never fused (its backward needs its input)
-    assert [s["ops"] for s in model.plan["stages"]] == ["conv+tanh", "maxpool2", "dense",
-                                                        "gelu", "dense"]
+    assert [s["ops"] for s in model.plan["stages"]] == [
+        "conv+tanh",
+        "maxpool2",
+        "dense",
+        "gelu",
+        "dense",
+    ]
     text = model.summary()
     assert "Conv2d(4, 3, padding=1)" in text and "GELU()" in text and f"{model.n_params:,}" in text
     assert repr(model).startswith("Sequential([Conv2d(4, 3, padding=1), Tanh(), MaxPool2()")
@@ -58,13 +74,15 @@ def test_named_models_are_sequentials_of_their_layers():
     mlp = MLP((20, 16, 8, 3), seed=5)
     seq = nn.mlp(20, (16, 8), 3, seed=5)
     np.testing.assert_array_equal(mlp.params, seq.params)
-    np.testing.assert_array_equal(mlp.params,
-                                  reference.model_init_params(*mlp_spec((20, 16, 8, 3)), 5))
+    np.testing.assert_array_equal(
+        mlp.params, reference.model_init_params(*mlp_spec((20, 16, 8, 3)), 5)
+    )
     cnn = CNN((1, 10, 10), 4, channels=(3, 5), hidden=(7,), seed=2)
     seq = nn.cnn((1, 10, 10), 4, channels=(3, 5), hidden=(7,), seed=2)
     np.testing.assert_array_equal(cnn.params, seq.params)
     np.testing.assert_array_equal(
-        cnn.params, reference.model_init_params(*cnn_spec((1, 10, 10), (3, 5), (7, 4)), 2))
+        cnn.params, reference.model_init_params(*cnn_spec((1, 10, 10), (3, 5), (7, 4)), 2)
+    )
     # the input, each conv block's pooled output (3x4x4, 5x1x1), each dense layer's output
     assert cnn.sizes == (100, 48, 5, 7, 4)
 
@@ -81,8 +99,9 @@ def test_a_sequential_gradient_is_the_twins(dtype):
     y = rng.integers(0, 5, 7)
     loss, correct = seq.loss_grad(x, y)
     ref_grads = np.zeros_like(seq.params)
-    ref_loss, ref_correct = reference.model_loss_grad(*cnn_spec((2, 9, 9), (3,), (6, 5)),
-                                                      seq.params, ref_grads, x, y)
+    ref_loss, ref_correct = reference.model_loss_grad(
+        *cnn_spec((2, 9, 9), (3,), (6, 5)), seq.params, ref_grads, x, y
+    )
     assert correct == ref_correct
     np.testing.assert_allclose(loss, ref_loss, **tol)
     np.testing.assert_allclose(seq.grads, ref_grads, **tol)
@@ -92,8 +111,9 @@ def test_a_sequential_gradient_is_the_twins(dtype):
     y = rng.integers(0, 2, 9)
     loss, _ = seq.loss_grad(x, y)
     ref_grads = np.zeros_like(seq.params)
-    ref_loss, _ = reference.model_loss_grad(*mlp_spec((6, 5, 1), "sigmoid_bce"), seq.params,
-                                            ref_grads, x, y)
+    ref_loss, _ = reference.model_loss_grad(
+        *mlp_spec((6, 5, 1), "sigmoid_bce"), seq.params, ref_grads, x, y
+    )
     np.testing.assert_allclose(loss, ref_loss, **tol)
     np.testing.assert_allclose(seq.grads, ref_grads, **tol)
 
@@ -121,18 +141,32 @@ def test_mse_is_pytorchs_mean_squared_error():
         assert model.grads[i] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9)
 
 
-@pytest.mark.parametrize("layers, shape, match", [
-    ([nn.Conv2d(4, 3)], (12,), r"layers\[0\] \('conv'\) gets a \(12,\) input: conv needs a "
-                               r"\(C, H, W\) input"),
-    ([nn.Conv2d(4, 5), nn.Dense(2)], (1, 4, 4), r"layers\[0\].*kernel larger than the padded"),
-    ([nn.Dense(3), nn.MaxPool2()], (1, 8, 8), r"layers\[1\] \('maxpool2'\).*needs a \(C, H, W\)"),
-    ([nn.ReLU()], (3,), "no dense or conv layer"),
-    ([nn.Dense(1)], (3,), "softmax cross-entropy needs >= 2 outputs"),
-    ([("dense", 0)], (3,),
-     r"layers\[0\] = \('dense', 0\): the output size must be 1\.\.2147483647"),
-    (["softmax"], (3,), r"layers\[0\]: unknown layer 'softmax'"),
-    ([3], (3,), r"layers\[0\] = 3 is not a layer"),
-])
+@pytest.mark.parametrize(
+    "layers, shape, match",
+    [
+        (
+            [nn.Conv2d(4, 3)],
+            (12,),
+            r"layers\[0\] \('conv'\) gets a \(12,\) input: conv needs a "
+            r"\(C, H, W\) input",
+        ),
+        ([nn.Conv2d(4, 5), nn.Dense(2)], (1, 4, 4), r"layers\[0\].*kernel larger than the padded"),
+        (
+            [nn.Dense(3), nn.MaxPool2()],
+            (1, 8, 8),
+            r"layers\[1\] \('maxpool2'\).*needs a \(C, H, W\)",
+        ),
+        ([nn.ReLU()], (3,), "no dense or conv layer"),
+        ([nn.Dense(1)], (3,), "softmax cross-entropy needs >= 2 outputs"),
+        (
+            [("dense", 0)],
+            (3,),
+            r"layers\[0\] = \('dense', 0\): the output size must be 1\.\.2147483647",
+        ),
+        (["softmax"], (3,), r"layers\[0\]: unknown layer 'softmax'"),
+        ([3], (3,), r"layers\[0\] = 3 is not a layer"),
+    ],
+)
 def test_bad_layer_lists_are_refused_naming_the_layer(layers, shape, match):
     with pytest.raises((ValueError, TypeError), match=match):
         nn.Sequential(layers, input_shape=shape)
@@ -153,8 +187,9 @@ def test_bad_layer_arguments_are_refused_where_they_are_written():
 
 # ---------------------------------------------------------------- training
 def small_net(**kw):
-    return nn.Sequential([nn.Dense(16), nn.Tanh(), nn.Dense(8), nn.GELU(), nn.Dense(3)],
-                         input_shape=(12,), **kw)
+    return nn.Sequential(
+        [nn.Dense(16), nn.Tanh(), nn.Dense(8), nn.GELU(), nn.Dense(3)], input_shape=(12,), **kw
+    )
 
 
 @pytest.mark.parametrize("workers, backend", [(2, "thread"), (2, "process")])
@@ -177,14 +212,15 @@ def test_mse_regression_trains_end_to_end(capsys):
     y = (X @ np.array([1.5, -2.0, 0.5]) + 0.3 + rng.normal(0, 0.01, 800)).astype(np.float32)
     model = nn.mlp(3, (16,), 1, loss="mse", seed=0)
     before = model.evaluate(X, y[:, None])[0]
-    result = dptrain.fit(model, X, y, epochs=8, batch_size=32, lr=0.05, workers=2,
-                         validation=0.2, log=print)
+    result = dptrain.fit(
+        model, X, y, epochs=8, batch_size=32, lr=0.05, workers=2, validation=0.2, log=print
+    )
     after = model.evaluate(X, y[:, None])[0]
     assert after < before / 20 and after < 0.02, (before, after)
     rec = result.history[-1]
     assert rec["train_accuracy"] is None and rec["test_accuracy"] is None
     out = capsys.readouterr().out
-    assert "test loss" in out and "acc" not in out       # a regression reports no accuracy
+    assert "test loss" in out and "acc" not in out  # a regression reports no accuracy
     with pytest.raises(ValueError, match="regresses onto 1 output"):
         dptrain.fit(model, X, np.stack([y, y], axis=1), epochs=1, quiet=True)
     with pytest.raises(ValueError, match=r"y\[0\] = .* is not a whole number"):
@@ -217,23 +253,68 @@ def test_the_cli_trains_a_model_written_as_layers(tmp_path, capsys):
     """--layers NAME[:SIZE...],...: a model of the user's from the command line, saved with
     its architecture (load_model rebuilds it)."""
     from dptrain import cli
+
     out = tmp_path / "m.npz"
-    rc = cli.main(["train", "--layers", "dense:16,tanh,dense:2", "--dataset", "synthetic",
-                   "--n-samples", "400", "--epochs", "1", "--workers", "2", "--quiet",
-                   "--save-weights", str(out)])
+    rc = cli.main(
+        [
+            "train",
+            "--layers",
+            "dense:16,tanh,dense:2",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "400",
+            "--epochs",
+            "1",
+            "--workers",
+            "2",
+            "--quiet",
+            "--save-weights",
+            str(out),
+        ]
+    )
     assert rc == 0
     model = load_model(out)
     assert isinstance(model, Sequential) and model.loss == "softmax_xent"
     assert model.plan["layers"] == [("dense", 16), ("tanh",), ("dense", 2)]
     # a binary data set and a last dense:1 is logistic: sigmoid BCE
-    rc = cli.main(["train", "--layers", "dense:1", "--dataset", "synthetic", "--n-samples",
-                   "400", "--epochs", "1", "--quiet", "--save-weights", str(out)])
+    rc = cli.main(
+        [
+            "train",
+            "--layers",
+            "dense:1",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "400",
+            "--epochs",
+            "1",
+            "--quiet",
+            "--save-weights",
+            str(out),
+        ]
+    )
     assert rc == 0 and load_model(out).loss == "sigmoid_bce"
     capsys.readouterr()
-    assert cli.main(["train", "--layers", "dense:16,relu,dense:3", "--dataset", "synthetic",
-                     "--n-samples", "400", "--epochs", "1", "--quiet"]) != 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--layers",
+                "dense:16,relu,dense:3",
+                "--dataset",
+                "synthetic",
+                "--n-samples",
+                "400",
+                "--epochs",
+                "1",
+                "--quiet",
+            ]
+        )
+        != 0
+    )
     assert "the model has 3 outputs, but the data set has 2 classes" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exit_:            # argparse refuses the text
+    with pytest.raises(SystemExit) as exit_:  # argparse refuses the text
         cli.main(["train", "--layers", "dense:x", "--quiet"])
     assert exit_.value.code == 2
     assert "--layers: 'dense:x' has a size that is not an int" in capsys.readouterr().err
@@ -242,7 +323,7 @@ def test_the_cli_trains_a_model_written_as_layers(tmp_path, capsys):
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_a_regression_trains_to_the_same_weights_on_any_number_of_workers(backend):
     rng = np.random.default_rng(3)
-    X = rng.normal(size=(300, 5))                       # float64 in, converted once
+    X = rng.normal(size=(300, 5))  # float64 in, converted once
     y = np.stack([X[:, 0] - X[:, 1], np.tanh(X[:, 2])], axis=1)
     opts = dict(epochs=2, batch_size=32, lr=0.05, deterministic=True, quiet=True)
     one, two = (nn.mlp(5, (8,), 2, activation="gelu", loss="mse", seed=1) for _ in range(2))

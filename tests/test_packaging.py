@@ -1,6 +1,7 @@
 """What a release ships: the sdist holds everything the build needs, one version string is
 seen everywhere, the cibuildwheel test command works, and a source tree imported without its
 built extension says what to run."""
+
 import importlib.machinery
 import os
 import re
@@ -14,7 +15,7 @@ import pytest
 
 import dptrain
 
-pytestmark = pytest.mark.build       # builds an sdist and a source tree of its own
+pytestmark = pytest.mark.build  # builds an sdist and a source tree of its own
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = Path(dptrain.__file__).resolve().parent
@@ -29,12 +30,21 @@ def sdist_version(path: Path) -> str:
 def test_sdist_holds_every_source_the_build_needs(sdist):
     top = f"dptrain-{sdist_version(sdist)}/"
     with tarfile.open(sdist) as tar:
-        names = {n[len(top):] for n in tar.getnames() if n.startswith(top)}
-    needed = {"pyproject.toml", "setup.cfg", "setup.py", "README.md", "LICENSE",
-              "dptrain/_version.py"}
+        names = {n[len(top) :] for n in tar.getnames() if n.startswith(top)}
+    needed = {
+        "pyproject.toml",
+        "setup.cfg",
+        "setup.py",
+        "README.md",
+        "LICENSE",
+        "dptrain/_version.py",
+    }
     needed |= {f"csrc/{p.name}" for p in (REPO_ROOT / "csrc").glob("*.[ch]")}
-    needed |= {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "dptrain").rglob("*.py")
-               if "__pycache__" not in p.parts}
+    needed |= {
+        p.relative_to(REPO_ROOT).as_posix()
+        for p in (REPO_ROOT / "dptrain").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
     assert any(n.endswith(".c") for n in needed) and any(n.endswith(".h") for n in needed)
     assert not needed - names, f"{sdist.name} lacks {sorted(needed - names)}"
     built = [n for n in names if n.endswith((".so", ".pyd", ".o"))]
@@ -45,8 +55,9 @@ def test_every_subpackage_is_a_regular_package():
     """setup.cfg's `packages = find:` ships only directories with an __init__.py: one
     without (a namespace package, which imports fine from the checkout) would be missing from
     every installed copy."""
-    for d in sorted(p.parent for p in (REPO_ROOT / "dptrain").rglob("*.py")
-                    if "__pycache__" not in p.parts):
+    for d in sorted(
+        p.parent for p in (REPO_ROOT / "dptrain").rglob("*.py") if "__pycache__" not in p.parts
+    ):
         assert (d / "__init__.py").is_file(), f"{d.relative_to(REPO_ROOT)} has no __init__.py"
 
 
@@ -59,8 +70,9 @@ def test_one_version_string(sdist):
 
 
 def test_version_flag_prints_the_version(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "dptrain", "--version"], cwd=tmp_path,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dptrain", "--version"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"dptrain {dptrain.__version__}"
 
@@ -74,10 +86,13 @@ def test_cibuildwheel_config_and_its_test_command(tmp_path):
     assert cibw["linux"]["archs"] == ["x86_64", "aarch64"]
     assert cibw["macos"]["archs"] == ["x86_64", "arm64"]
     # the wheel's test command, run here against the dptrain under test
-    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
-                                                  os.environ.get("PATH", "")]))
-    proc = subprocess.run(cibw["test-command"], shell=True, cwd=tmp_path, env=env,
-                          capture_output=True, text=True)
+    env = dict(
+        os.environ,
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    )
+    proc = subprocess.run(
+        cibw["test-command"], shell=True, cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 0, f"{cibw['test-command']}\n{proc.stdout}\n{proc.stderr}"
     assert proc.stdout.startswith(f"dptrain {dptrain.__version__} ")
 
@@ -93,9 +108,13 @@ def copy_source_tree(dest: Path) -> Path:
 def import_dptrain_in(cwd: Path) -> subprocess.CompletedProcess:
     # -S: no site-packages, so that only cwd's dptrain can be found (an editable install's
     # finder would otherwise lend it the checkout's built _core)
-    return subprocess.run([sys.executable, "-S", "-c", "import dptrain"], cwd=cwd,
-                          capture_output=True, text=True,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    return subprocess.run(
+        [sys.executable, "-S", "-c", "import dptrain"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
 
 
 def test_source_tree_without_built_core_says_what_to_run(tmp_path):
@@ -103,8 +122,10 @@ def test_source_tree_without_built_core_says_what_to_run(tmp_path):
     proc = import_dptrain_in(tmp_path)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"ImportError: dptrain is being imported from the source tree "
-                           f"{package}, whose C extension dptrain._core is not built"), last
+    assert last.startswith(
+        f"ImportError: dptrain is being imported from the source tree "
+        f"{package}, whose C extension dptrain._core is not built"
+    ), last
     assert f"run `pip install -e .` in {tmp_path}" in last
     assert "circular import" not in last
     # Python's own error stays chained above it

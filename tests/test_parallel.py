@@ -1,5 +1,6 @@
 """The data-parallel engine: N workers equal 1 worker, on every transport; failures stop the
 run with the rank named and nothing left behind."""
+
 import glob
 import json
 import os
@@ -23,8 +24,9 @@ def test_n_workers_equal_one_worker(train_small, sequential, backend, workers):
     """Global batch 100 over 1030 samples: the last batch (30) is uneven, and 100 does not
     split evenly over 3 workers either."""
     r = train_small(workers=workers, backend=backend)
-    np.testing.assert_allclose(r["params"], sequential["params"], rtol=0, atol=1e-5,
-                               err_msg=f"{backend} x {workers}")
+    np.testing.assert_allclose(
+        r["params"], sequential["params"], rtol=0, atol=1e-5, err_msg=f"{backend} x {workers}"
+    )
     np.testing.assert_allclose(r["train_loss"], sequential["train_loss"], rtol=1e-5)
     assert r["config"]["workers"] == workers
     assert len(r["rank_phase_seconds"]) == workers
@@ -47,8 +49,11 @@ def test_float64_threads_match_tightly(train_small):
 def test_a_raising_worker_stops_the_run_and_is_named(train_small, backend):
     before = _shm_segments()
     t0 = time.monotonic()
-    with pytest.raises(parallel.WorkerError, match=r"worker rank 1 failed: RuntimeError: "
-                                                   r"injected fault on rank 1 at step 3") as info:
+    with pytest.raises(
+        parallel.WorkerError,
+        match=r"worker rank 1 failed: RuntimeError: "
+        r"injected fault on rank 1 at step 3",
+    ) as info:
         train_small(workers=3, backend=backend, fault=(1, 3, "raise"))
     assert info.value.rank == 1
     assert time.monotonic() - t0 < 10
@@ -57,10 +62,12 @@ def test_a_raising_worker_stops_the_run_and_is_named(train_small, backend):
 
 def test_a_killed_worker_process_stops_the_run_and_leaves_nothing_behind(train_small):
     import multiprocessing
+
     before = _shm_segments()
     t0 = time.monotonic()
-    with pytest.raises(parallel.WorkerError, match="worker rank 2 failed: killed by signal "
-                                                   "SIGKILL") as info:
+    with pytest.raises(
+        parallel.WorkerError, match="worker rank 2 failed: killed by signal SIGKILL"
+    ) as info:
         train_small(workers=3, backend="process", fault=(2, 5, "kill"))
     assert info.value.rank == 2
     assert time.monotonic() - t0 < 10
@@ -100,11 +107,34 @@ def test_mpi_ranks_report_their_own_step_breakdown(mpi_weights, tmp_path):
 @pytest.mark.mpi
 def test_a_failing_mpi_rank_aborts_every_rank_and_is_named(mpiexec, tmp_path, mpich_leftovers):
     t0 = time.monotonic()
-    r = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "dptrain", "train",
-                        "--model", "softmax", "--dataset", "synthetic", "--n-samples", "2000",
-                        "--epochs", "1", "--backend", "mpi", "--quiet",
-                        "--inject-fault", "1:3:raise"],
-                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            mpiexec,
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "dptrain",
+            "train",
+            "--model",
+            "softmax",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "2000",
+            "--epochs",
+            "1",
+            "--backend",
+            "mpi",
+            "--quiet",
+            "--inject-fault",
+            "1:3:raise",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert r.returncode != 0
     assert "worker rank 1 failed: RuntimeError: injected fault on rank 1 at step 3" in r.stderr
     assert time.monotonic() - t0 < 30
@@ -131,18 +161,12 @@ def test_a_failing_mpi_rank_aborts_every_rank_and_is_named(mpiexec, tmp_path, mp
 # ------------------------------------------------------------------ MPI launch detection
 
 
-
-
-
-
 @pytest.mark.parametrize("backend, workers", [("thread", 1), ("thread", 2), ("process", 2)])
-def test_epoch_lines_are_printed_by_the_launcher_on_every_transport(train_small, backend,
-                                                                    workers):
+def test_epoch_lines_are_printed_by_the_launcher_on_every_transport(train_small, backend, workers):
     """Rank 0 reports each epoch as it ends (comm.report) and the launching process prints
     its line, in order, before the breakdown: the same on threads and processes."""
     lines = []
-    train_small(workers=workers, backend=backend, quiet=False, progress=False,
-                log=lines.append)
+    train_small(workers=workers, backend=backend, quiet=False, progress=False, log=lines.append)
     epochs = [i for i, line in enumerate(lines) if line.startswith("epoch ")]
     assert [lines[i].split()[1] for i in epochs] == ["1/2", "2/2"]
     assert "time per step" in lines[epochs[-1] + 1]

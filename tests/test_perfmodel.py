@@ -6,6 +6,7 @@ The synthetic sweeps are generated here from the model's formulas written out ag
 (``synthetic_runs``), not with perfmodel.predict, so the fit is checked against an
 independent statement of the model.
 """
+
 import json
 import math
 
@@ -14,18 +15,31 @@ import pytest
 
 from dptrain.measure import perfmodel as pm
 
-M = 940584.0          # the MNIST MLP's gradient, bytes
+M = 940584.0  # the MNIST MLP's gradient, bytes
 
 # E[max of p standard normals]: closed forms for 2 and 3, Harter's (1961) table otherwise
-E_MAX = {1: 0.0, 2: 1 / math.sqrt(math.pi), 3: 1.5 / math.sqrt(math.pi), 4: 1.0293754,
-         5: 1.1629645, 8: 1.4236003, 16: 1.7659913}
+E_MAX = {
+    1: 0.0,
+    2: 1 / math.sqrt(math.pi),
+    3: 1.5 / math.sqrt(math.pi),
+    4: 1.0293754,
+    5: 1.1629645,
+    8: 1.4236003,
+    16: 1.7659913,
+}
 
 TRUTH = {
-    "data_per_sample": 2e-7, "data_per_step": 5e-6,
-    "compute_per_sample": 4e-6, "compute_per_step": 2e-5,
-    "update_per_sample": 0.0, "update_per_step": 1.5e-4,
-    "other_per_sample": 0.0, "other_per_step": 1e-5,
-    "alpha": 2e-6, "beta": 1e-10, "sigma": 3e-5,
+    "data_per_sample": 2e-7,
+    "data_per_step": 5e-6,
+    "compute_per_sample": 4e-6,
+    "compute_per_step": 2e-5,
+    "update_per_sample": 0.0,
+    "update_per_step": 1.5e-4,
+    "other_per_sample": 0.0,
+    "other_per_step": 1e-5,
+    "alpha": 2e-6,
+    "beta": 1e-10,
+    "sigma": 3e-5,
 }
 
 
@@ -37,14 +51,23 @@ def comm_seconds(algorithm, p, nbytes, alpha, beta, calls=1.0):
         return calls * 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
     if algorithm == "tree":
         rounds = int(math.log2(p))
-        msgs = rounds if 2 ** rounds == p else rounds + 2
+        msgs = rounds if 2**rounds == p else rounds + 2
         return calls * msgs * alpha + msgs * nbytes * beta
-    return 2 * (p - 1) * (alpha + nbytes * beta)            # ps
+    return 2 * (p - 1) * (alpha + nbytes * beta)  # ps
 
 
-def synthetic_runs(truth=TRUTH, workers=(1, 2, 4, 8), sizes=(5000, 10000, 20000, 40000),
-                   batch_size=128, epochs=1, allreduce="native", repeats=1, noise=0.0,
-                   buckets=1, seed=0):
+def synthetic_runs(
+    truth=TRUTH,
+    workers=(1, 2, 4, 8),
+    sizes=(5000, 10000, 20000, 40000),
+    batch_size=128,
+    epochs=1,
+    allreduce="native",
+    repeats=1,
+    noise=0.0,
+    buckets=1,
+    seed=0,
+):
     """RUN rows (docs/sweep_schema.md) whose phases follow the model exactly, times a
     log-normal factor of relative size ``noise`` per phase."""
     rng = np.random.default_rng(seed)
@@ -58,25 +81,39 @@ def synthetic_runs(truth=TRUTH, workers=(1, 2, 4, 8), sizes=(5000, 10000, 20000,
             mean = epochs * n / p
             busiest = epochs * (full * math.ceil(batch_size / p) + math.ceil(rem / p))
             for rep in range(repeats):
-                ph = {k: truth[f"{k}_per_sample"] * mean + truth[f"{k}_per_step"] * steps
-                      for k in ("data", "compute", "update", "other")}
-                comm = steps * comm_seconds(algorithm, p, M, truth["alpha"], truth["beta"],
-                                            buckets)
-                if allreduce == "ps":       # the broadcast lands in the update phase
+                ph = {
+                    k: truth[f"{k}_per_sample"] * mean + truth[f"{k}_per_step"] * steps
+                    for k in ("data", "compute", "update", "other")
+                }
+                comm = steps * comm_seconds(algorithm, p, M, truth["alpha"], truth["beta"], buckets)
+                if allreduce == "ps":  # the broadcast lands in the update phase
                     half = comm / 2
                     ph["communication"], ph["update"] = half, ph["update"] + half
                 else:
                     ph["communication"] = comm
-                ph["sync_wait"] = (steps * truth["sigma"] * E_MAX[p]
-                                   + t_sample * (busiest - mean))
+                ph["sync_wait"] = steps * truth["sigma"] * E_MAX[p] + t_sample * (busiest - mean)
                 ph = {k: v * float(np.exp(noise * rng.standard_normal())) for k, v in ph.items()}
-                runs.append({
-                    "model": "mlp", "dataset": "mnist", "backend": "process",
-                    "allreduce": allreduce, "n_samples": n, "workers": p, "threads": 1,
-                    "repeat": rep, "epochs": epochs, "batch_size": batch_size, "steps": steps,
-                    "param_count": int(M // 4), "dtype": "float32", "param_bytes": M,
-                    "train_seconds": sum(ph.values()), "phases": ph,
-                    "collective_calls": steps * buckets if p > 1 else 0})
+                runs.append(
+                    {
+                        "model": "mlp",
+                        "dataset": "mnist",
+                        "backend": "process",
+                        "allreduce": allreduce,
+                        "n_samples": n,
+                        "workers": p,
+                        "threads": 1,
+                        "repeat": rep,
+                        "epochs": epochs,
+                        "batch_size": batch_size,
+                        "steps": steps,
+                        "param_count": int(M // 4),
+                        "dtype": "float32",
+                        "param_bytes": M,
+                        "train_seconds": sum(ph.values()),
+                        "phases": ph,
+                        "collective_calls": steps * buckets if p > 1 else 0,
+                    }
+                )
     return runs
 
 
@@ -86,7 +123,7 @@ def recovered(model):
 
 
 # ------------------------------------------------------------------ cost formulas
-NET = pm.Network("test", alpha=1e-5, bandwidth=1e9)      # beta = 1 ns/B
+NET = pm.Network("test", alpha=1e-5, bandwidth=1e9)  # beta = 1 ns/B
 G = 2e-10
 
 
@@ -96,21 +133,24 @@ def test_one_worker_costs_nothing(algorithm):
     assert pm.allreduce_coefficients(algorithm, 1) == (0.0, 0.0, 0.0)
 
 
-@pytest.mark.parametrize("algorithm, p, expected", [
-    # ring: 2 (p - 1) alpha + 2 (p - 1) / p M beta + (p - 1) / p M gamma
-    ("ring", 2, 2 * 1e-5 + 1 * 1e-3 + 0.5 * 2e-4),
-    ("ring", 3, 4 * 1e-5 + 4 / 3 * 1e-3 + 2 / 3 * 2e-4),
-    ("ring", 8, 14 * 1e-5 + 1.75 * 1e-3 + 0.875 * 2e-4),
-    # tree: log2 p rounds; p = 3 is fold + 1 round + unfold (3 messages, 2 sums)
-    ("tree", 2, 1e-5 + 1e-3 + 2e-4),
-    ("tree", 3, 3 * (1e-5 + 1e-3) + 2 * 2e-4),
-    ("tree", 8, 3 * (1e-5 + 1e-3 + 2e-4)),
-    ("tree", 6, 4 * (1e-5 + 1e-3) + 3 * 2e-4),
-    # flat parameter server: 2 (p - 1) messages of M through the root, (p - 1) M summed
-    ("ps", 2, 2 * (1e-5 + 1e-3) + 2e-4),
-    ("ps", 3, 4 * (1e-5 + 1e-3) + 2 * 2e-4),
-    ("ps", 8, 14 * (1e-5 + 1e-3) + 7 * 2e-4),
-])
+@pytest.mark.parametrize(
+    "algorithm, p, expected",
+    [
+        # ring: 2 (p - 1) alpha + 2 (p - 1) / p M beta + (p - 1) / p M gamma
+        ("ring", 2, 2 * 1e-5 + 1 * 1e-3 + 0.5 * 2e-4),
+        ("ring", 3, 4 * 1e-5 + 4 / 3 * 1e-3 + 2 / 3 * 2e-4),
+        ("ring", 8, 14 * 1e-5 + 1.75 * 1e-3 + 0.875 * 2e-4),
+        # tree: log2 p rounds; p = 3 is fold + 1 round + unfold (3 messages, 2 sums)
+        ("tree", 2, 1e-5 + 1e-3 + 2e-4),
+        ("tree", 3, 3 * (1e-5 + 1e-3) + 2 * 2e-4),
+        ("tree", 8, 3 * (1e-5 + 1e-3 + 2e-4)),
+        ("tree", 6, 4 * (1e-5 + 1e-3) + 3 * 2e-4),
+        # flat parameter server: 2 (p - 1) messages of M through the root, (p - 1) M summed
+        ("ps", 2, 2 * (1e-5 + 1e-3) + 2e-4),
+        ("ps", 3, 4 * (1e-5 + 1e-3) + 2 * 2e-4),
+        ("ps", 8, 14 * (1e-5 + 1e-3) + 7 * 2e-4),
+    ],
+)
 def test_allreduce_seconds_hand_checked(algorithm, p, expected):
     # M = 1 MB: M beta = 1e-3 s, M gamma = 2e-4 s
     got = pm.allreduce_seconds(algorithm, p, 1e6, NET, gamma=G)
@@ -120,8 +160,9 @@ def test_allreduce_seconds_hand_checked(algorithm, p, expected):
 def test_ring_large_message_approaches_two_m_beta():
     # for M >> alpha / beta the ring costs 2 (p - 1) / p M beta -> 2 M beta
     m = 1e15
-    ratios = [pm.allreduce_seconds("ring", p, m, NET, gamma=0.0) / (m * NET.beta)
-              for p in (2, 4, 16, 256)]
+    ratios = [
+        pm.allreduce_seconds("ring", p, m, NET, gamma=0.0) / (m * NET.beta) for p in (2, 4, 16, 256)
+    ]
     assert ratios == sorted(ratios)
     assert ratios[0] == pytest.approx(1.0, rel=1e-6)
     assert ratios[-1] == pytest.approx(2 * 255 / 256, rel=1e-6)
@@ -130,8 +171,9 @@ def test_ring_large_message_approaches_two_m_beta():
 
 def test_tree_beats_ring_on_latency_and_ring_beats_tree_on_bandwidth():
     slow_link = pm.Network("latency-bound", alpha=1e-3, bandwidth=1e12)
-    assert pm.allreduce_seconds("tree", 64, 1e3, slow_link) < \
-        pm.allreduce_seconds("ring", 64, 1e3, slow_link)
+    assert pm.allreduce_seconds("tree", 64, 1e3, slow_link) < pm.allreduce_seconds(
+        "ring", 64, 1e3, slow_link
+    )
     assert pm.allreduce_seconds("ring", 64, 1e9, NET) < pm.allreduce_seconds("tree", 64, 1e9, NET)
 
 
@@ -148,14 +190,17 @@ def test_networks():
     json.dumps(own.to_dict(), allow_nan=False)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(name="x", alpha=-1e-6, bandwidth=1e9), "alpha"),
-    (dict(name="x", alpha=math.nan, bandwidth=1e9), "alpha"),
-    (dict(name="x", alpha=1e-6, bandwidth=0.0), "bandwidth"),
-    (dict(name="x", alpha=1e-6, bandwidth=-5.0), "bandwidth"),
-    (dict(name="x", alpha="fast", bandwidth=1e9), "alpha"),
-    (dict(name="", alpha=1e-6, bandwidth=1e9), "name"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(name="x", alpha=-1e-6, bandwidth=1e9), "alpha"),
+        (dict(name="x", alpha=math.nan, bandwidth=1e9), "alpha"),
+        (dict(name="x", alpha=1e-6, bandwidth=0.0), "bandwidth"),
+        (dict(name="x", alpha=1e-6, bandwidth=-5.0), "bandwidth"),
+        (dict(name="x", alpha="fast", bandwidth=1e9), "alpha"),
+        (dict(name="", alpha=1e-6, bandwidth=1e9), "name"),
+    ],
+)
 def test_network_rejects_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         pm.Network(**kwargs)
@@ -180,7 +225,7 @@ def test_expected_max_normal():
     assert all(b > a for a, b in zip(values, values[1:]))
     # below its asymptote sqrt(2 ln p), and approaching it slowly
     assert pm.expected_max_normal(256) < math.sqrt(2 * math.log(256))
-    assert pm.expected_max_normal(10 ** 6) / math.sqrt(2 * math.log(10 ** 6)) > 0.88
+    assert pm.expected_max_normal(10**6) / math.sqrt(2 * math.log(10**6)) > 0.88
 
 
 # ------------------------------------------------------------------ the fit
@@ -194,8 +239,7 @@ def test_fit_recovers_known_parameters_exactly():
     t_serial = sum(TRUTH[f"{k}_per_step"] for k in ("data", "compute", "update", "other"))
     assert model.t_sample == pytest.approx(t_sample, rel=1e-6)
     assert model.t_serial == pytest.approx(t_serial, rel=1e-6)
-    assert model.serial_fraction == pytest.approx(t_serial / (t_serial + 128 * t_sample),
-                                                  rel=1e-6)
+    assert model.serial_fraction == pytest.approx(t_serial / (t_serial + 128 * t_sample), rel=1e-6)
     # the fit's predictions of the runs it saw are the runs
     for run in synthetic_runs(workers=(2, 8), sizes=(10000,)):
         pred = model.predict_run(run)
@@ -262,8 +306,9 @@ def test_fit_with_known_alpha():
     assert model.alpha_fixed and model.alpha == TRUTH["alpha"]
     assert model.beta == pytest.approx(TRUTH["beta"], rel=1e-6)
     assert model.sigma == pytest.approx(TRUTH["sigma"], rel=1e-6)
-    assert "given, not fitted" in [r for r in model.parameters() if r["name"] == "alpha"][0][
-        "meaning"]
+    assert (
+        "given, not fitted" in [r for r in model.parameters() if r["name"] == "alpha"][0]["meaning"]
+    )
 
 
 def test_fit_accepts_sweep_dict_and_parameters_are_documented():
@@ -272,8 +317,13 @@ def test_fit_accepts_sweep_dict_and_parameters_are_documented():
     names = {r["name"] for r in rows}
     assert {"alpha", "beta", "sigma", "t_sample", "t_serial", "serial_fraction"} <= names
     assert all(r["unit"] and r["meaning"] for r in rows)
-    assert model.labels == {"model": "mlp", "dataset": "mnist", "backend": "process",
-                            "dtype": "float32", "threads": 1}
+    assert model.labels == {
+        "model": "mlp",
+        "dataset": "mnist",
+        "backend": "process",
+        "dtype": "float32",
+        "threads": 1,
+    }
     assert model.n_samples == 40000 and model.workers_fitted == [1, 2, 4, 8]
 
 
@@ -352,9 +402,15 @@ def test_validate_holds_out_the_largest_data_set():
     assert all(r["repeats"] == 3 for r in val.rows)
     assert val.fit.n_runs == 3 * 4 * 3 and 40000 not in val.fit.n_samples_fitted
     for r in val.rows:
-        assert r["measured"] == pytest.approx(np.median(
-            [x["train_seconds"] for x in runs if (x["workers"], x["n_samples"]) ==
-             (r["workers"], r["n_samples"])]))
+        assert r["measured"] == pytest.approx(
+            np.median(
+                [
+                    x["train_seconds"]
+                    for x in runs
+                    if (x["workers"], x["n_samples"]) == (r["workers"], r["n_samples"])
+                ]
+            )
+        )
         assert r["error_pct"] == pytest.approx(100 * (r["predicted"] / r["measured"] - 1))
     assert val.max_abs_error_pct < 5 and val.within_target
     doc = json.loads(json.dumps(val.to_dict(), allow_nan=False))
@@ -365,7 +421,7 @@ def test_validate_holds_out_the_largest_worker_count():
     runs = synthetic_runs(workers=(1, 2, 4, 8, 16))
     val = pm.validate(runs, holdout="workers")
     assert {r["workers"] for r in val.rows} == {16} and 16 not in val.fit.workers_fitted
-    assert val.max_abs_error_pct < 1e-4                   # noiseless: the model extrapolates
+    assert val.max_abs_error_pct < 1e-4  # noiseless: the model extrapolates
     # a model that is wrong shows as a validation error: the truth's communication doubles
     # at 16 workers (a second, slower network level)
     slow = [dict(r) for r in runs]
@@ -400,21 +456,28 @@ def test_validate_callable_and_bad_holdouts():
 def test_validation_verdict_states_a_failed_or_too_small_check():
     v = pm.validation_verdict(102.13, 15.0, n_points=2, n_parameters=5)
     assert v["validated"] is False
-    assert v["text"] == ("NOT VALIDATED: held-out error up to 102.1 % > 15 % target; "
-                         "checked on 2 held-out points for 5 fitted parameters: not a "
-                         "validation")
+    assert v["text"] == (
+        "NOT VALIDATED: held-out error up to 102.1 % > 15 % target; "
+        "checked on 2 held-out points for 5 fitted parameters: not a "
+        "validation"
+    )
     v = pm.validation_verdict(3.0, 15.0, n_points=4, n_parameters=11)
     assert not v["validated"] and v["problems"] == [
-        "checked on 4 held-out points for 11 fitted parameters: not a validation"]
-    assert v["text"] == ("NOT VALIDATED: checked on 4 held-out points for 11 fitted "
-                         "parameters: not a validation (held-out error up to 3.0 %, within "
-                         "the 15 % target)")
+        "checked on 4 held-out points for 11 fitted parameters: not a validation"
+    ]
+    assert v["text"] == (
+        "NOT VALIDATED: checked on 4 held-out points for 11 fitted "
+        "parameters: not a validation (held-out error up to 3.0 %, within "
+        "the 15 % target)"
+    )
     v = pm.validation_verdict(30.0, 15.0, n_points=20, n_parameters=11)
     assert not v["validated"] and v["problems"] == ["held-out error up to 30.0 % > 15 % target"]
     v = pm.validation_verdict(3.0, 15.0, n_points=12, n_parameters=11)
     assert v["validated"] and v["problems"] == []
-    assert v["text"] == ("validated: held-out error up to 3.0 % <= 15 % target on 12 "
-                         "held-out points for 11 fitted parameters")
+    assert v["text"] == (
+        "validated: held-out error up to 3.0 % <= 15 % target on 12 "
+        "held-out points for 11 fitted parameters"
+    )
     # the points test is left out, and said so, when the parameter count is not known
     v = pm.validation_verdict(3.0, 15.0, n_points=3)
     assert v["validated"] and "number of fitted parameters not given" in v["text"]
@@ -425,16 +488,18 @@ def test_validation_verdict_states_a_failed_or_too_small_check():
 def test_validation_counts_held_out_points_against_fitted_parameters():
     runs = synthetic_runs(noise=0.02, repeats=3, seed=3)
     val = pm.validate(runs, holdout="n_samples")
-    assert val.fit.n_fitted_parameters == 11            # 8 work coefficients, alpha, beta, sigma
+    assert val.fit.n_fitted_parameters == 11  # 8 work coefficients, alpha, beta, sigma
     assert pm.fit(runs, alpha=TRUTH["alpha"]).n_fitted_parameters == 10
     # within the target, but 4 held-out points for 11 parameters: not a validation
     assert val.within_target and val.n_points == 4 and not val.validated
     doc = val.to_dict()
     assert doc["within_target"] is True and doc["validated"] is False
     assert doc["n_points"] == 4 and doc["n_fitted_parameters"] == 11
-    assert doc["verdict"] == (f"NOT VALIDATED: checked on 4 held-out points for 11 fitted "
-                              f"parameters: not a validation (held-out error up to "
-                              f"{val.max_abs_error_pct:.1f} %, within the 15 % target)")
+    assert doc["verdict"] == (
+        f"NOT VALIDATED: checked on 4 held-out points for 11 fitted "
+        f"parameters: not a validation (held-out error up to "
+        f"{val.max_abs_error_pct:.1f} %, within the 15 % target)"
+    )
     assert doc["fit"]["n_fitted_parameters"] == 11
     # three data-set sizes of five worker counts held out: 15 points, within the target
     sizes = (2500, 5000, 10000, 20000, 40000, 80000)
@@ -443,8 +508,9 @@ def test_validation_counts_held_out_points_against_fitted_parameters():
     assert val.n_points == 15 and val.validated
     assert val.to_dict()["verdict"].startswith("validated: held-out error up to 0.0 % <= 15 %")
     # a model that misses: the verdict names the error first
-    slow = [dict(r, train_seconds=2 * r["train_seconds"]) if r["n_samples"] >= 20000 else r
-            for r in big]
+    slow = [
+        dict(r, train_seconds=2 * r["train_seconds"]) if r["n_samples"] >= 20000 else r for r in big
+    ]
     doc = pm.validate(slow, holdout=lambda r: r["n_samples"] >= 20000).to_dict()
     assert doc["validated"] is False
     assert doc["verdict"] == "NOT VALIDATED: held-out error up to 50.0 % > 15 % target"
@@ -472,19 +538,21 @@ def test_projection_rows_and_monotonic_properties():
     for alg in pm.ALGORITHMS:
         for p in workers[1:]:
             # a faster network is never slower
-            assert by["100 Gb InfiniBand (EDR)", alg, p]["seconds"] < by["10 GbE", alg, p][
-                "seconds"]
+            assert (
+                by["100 Gb InfiniBand (EDR)", alg, p]["seconds"] < by["10 GbE", alg, p]["seconds"]
+            )
     # the flat parameter server falls behind the ring at scale
     assert by["10 GbE", "ps", 256]["seconds"] > 10 * by["10 GbE", "ring", 256]["seconds"]
 
 
 def test_projection_ring_step_approaches_two_m_beta_for_large_models():
     model = pm.fit(synthetic_runs())
-    big = 4e9                                        # a 1 B-parameter float32 gradient
+    big = 4e9  # a 1 B-parameter float32 gradient
     eth = pm.NETWORKS["10 GbE"]
     for p in (128, 256):
-        pred = model.predict(p, 128, batch_size=128, param_bytes=big, algorithm="ring",
-                             network=eth, gamma=0.0)
+        pred = model.predict(
+            p, 128, batch_size=128, param_bytes=big, algorithm="ring", network=eth, gamma=0.0
+        )
         assert pred.config["steps"] == 1
         assert pred.phases["communication"] / (2 * big * eth.beta) == pytest.approx(1, abs=0.01)
 
@@ -492,11 +560,15 @@ def test_projection_ring_step_approaches_two_m_beta_for_large_models():
 def test_projection_arguments():
     model = pm.fit(synthetic_runs())
     own = pm.Network("my cluster", 3e-6, 5e9)
-    rows = pm.project(model, (1, 4), networks=[own, "25 GbE"], algorithms="tree",
-                      n_samples=1000, batch_size=64)
+    rows = pm.project(
+        model, (1, 4), networks=[own, "25 GbE"], algorithms="tree", n_samples=1000, batch_size=64
+    )
     assert [(r["network"], r["algorithm"], r["workers"]) for r in rows] == [
-        ("my cluster", "tree", 1), ("my cluster", "tree", 4), ("25 GbE", "tree", 1),
-        ("25 GbE", "tree", 4)]
+        ("my cluster", "tree", 1),
+        ("my cluster", "tree", 4),
+        ("25 GbE", "tree", 1),
+        ("25 GbE", "tree", 4),
+    ]
     assert all(r["n_samples"] == 1000 and r["batch_size"] == 64 for r in rows)
     with pytest.raises(ValueError, match="algorithm is 'mesh'"):
         pm.project(model, (1, 2), algorithms=("ring", "mesh"))
@@ -521,6 +593,7 @@ def test_break_even_is_where_speedup_crosses_one():
                     one = model.predict(1, size, batch_size=size, algorithm=alg, network=net)
                     many = model.predict(p, size, batch_size=size, algorithm=alg, network=net)
                     return one.seconds / many.seconds
+
                 assert speedup(b) > 1, (net, alg, p, b)
                 if b > 2:
                     assert speedup(b - 1) <= 1 + 1e-12, (net, alg, p, b)
@@ -528,15 +601,18 @@ def test_break_even_is_where_speedup_crosses_one():
 
 def test_break_even_grows_with_latency_and_shrinks_with_bandwidth():
     model = pm.fit(synthetic_runs())
-    sizes = [pm.break_even_samples(model, 16, pm.Network(f"a{a}", a, 1e9), "ring")
-             for a in (1e-6, 1e-5, 1e-4, 1e-3)]
+    sizes = [
+        pm.break_even_samples(model, 16, pm.Network(f"a{a}", a, 1e9), "ring")
+        for a in (1e-6, 1e-5, 1e-4, 1e-3)
+    ]
     assert sizes == sorted(sizes) and sizes[-1] > 10 * sizes[0]
     fast = pm.break_even_samples(model, 16, pm.Network("fast", 1e-5, 1e11), "ring")
     slow = pm.break_even_samples(model, 16, pm.Network("slow", 1e-5, 1e8), "ring")
     assert fast < slow
     # more workers of the parameter server need more samples per step
-    assert pm.break_even_samples(model, 64, "10 GbE", "ps") > \
-        pm.break_even_samples(model, 8, "10 GbE", "ps")
+    assert pm.break_even_samples(model, 64, "10 GbE", "ps") > pm.break_even_samples(
+        model, 8, "10 GbE", "ps"
+    )
     with pytest.raises(ValueError, match="workers is 1, expected 2 or more"):
         pm.break_even_samples(model, 1, "10 GbE", "ring")
     with pytest.raises(ValueError, match="algorithm is 'x'"):
@@ -577,21 +653,30 @@ def test_hierarchical_allreduce_cost_by_its_terms():
     eth, shm, m, g = pm.NETWORKS["10 GbE"], pm.NETWORKS["shared memory"], 0.94e6, 3e-11
     # one rank per node: the flat algorithm; one node: the shared-memory ring alone
     for alg in ("ring", "tree"):
-        assert pm.hierarchical_allreduce_seconds(alg, 64, m, 1, eth, gamma=g) == \
-            pytest.approx(pm.allreduce_seconds(alg, 64, m, eth, gamma=g))
-        assert pm.hierarchical_allreduce_seconds(alg, 16, m, 16, eth, gamma=g) == \
-            pytest.approx(pm.allreduce_seconds("ring", 16, m, shm, gamma=g))
+        assert pm.hierarchical_allreduce_seconds(alg, 64, m, 1, eth, gamma=g) == pytest.approx(
+            pm.allreduce_seconds(alg, 64, m, eth, gamma=g)
+        )
+        assert pm.hierarchical_allreduce_seconds(alg, 16, m, 16, eth, gamma=g) == pytest.approx(
+            pm.allreduce_seconds("ring", 16, m, shm, gamma=g)
+        )
     # 256 ranks on 16 nodes: the node's sum and read-out, then a ring over 16 leaders
-    want = (3 * shm.alpha + 15 / 16 * m * (shm.beta + g) + m * shm.beta
-            + pm.allreduce_seconds("ring", 16, m, eth, gamma=g))
+    want = (
+        3 * shm.alpha
+        + 15 / 16 * m * (shm.beta + g)
+        + m * shm.beta
+        + pm.allreduce_seconds("ring", 16, m, eth, gamma=g)
+    )
     got = pm.hierarchical_allreduce_seconds("ring", 256, m, 16, eth, gamma=g)
     assert got == pytest.approx(want)
     # 30 fewer inter-node latencies than the flat ring's 2 * 255: far cheaper on Ethernet
     assert got < 0.3 * pm.allreduce_seconds("ring", 256, m, eth, gamma=g)
     # a rank count that does not fill the last node: ceil(p / m) nodes
     assert pm.hierarchical_allreduce_seconds("tree", 20, m, 16, eth, gamma=g) == pytest.approx(
-        3 * shm.alpha + 15 / 16 * m * (shm.beta + g) + m * shm.beta
-        + pm.allreduce_seconds("tree", 2, m, eth, gamma=g))
+        3 * shm.alpha
+        + 15 / 16 * m * (shm.beta + g)
+        + m * shm.beta
+        + pm.allreduce_seconds("tree", 2, m, eth, gamma=g)
+    )
     with pytest.raises(ValueError, match="ranks_per_node is 0, expected a positive integer"):
         pm.hierarchical_allreduce_seconds("ring", 8, m, 0, eth)
 
@@ -599,20 +684,24 @@ def test_hierarchical_allreduce_cost_by_its_terms():
 def test_projection_shows_flat_and_hierarchical_to_256_workers():
     model = pm.fit(synthetic_runs())
     workers = (1, 2, 16, 64, 256)
-    rows = pm.project(model, workers, networks=["10 GbE", "100 Gb InfiniBand (EDR)"],
-                      ranks_per_node=16)
+    rows = pm.project(
+        model, workers, networks=["10 GbE", "100 Gb InfiniBand (EDR)"], ranks_per_node=16
+    )
     algs = list(dict.fromkeys(r["algorithm"] for r in rows))
     assert algs == ["ring", "tree", "ps", "hier-ring", "hier-tree"]
     assert len(rows) == 2 * 5 * len(workers)
     by = {(r["network"], r["algorithm"], r["workers"]): r for r in rows}
-    assert all(r["ranks_per_node"] == (16 if r["algorithm"].startswith("hier") else None)
-               for r in rows)
+    assert all(
+        r["ranks_per_node"] == (16 if r["algorithm"].startswith("hier") else None) for r in rows
+    )
     for net in ("10 GbE", "100 Gb InfiniBand (EDR)"):
         for alg in ("ring", "tree"):
             assert by[net, f"hier-{alg}", 1]["speedup"] == pytest.approx(1.0)
             for p in (64, 256):
-                assert by[net, f"hier-{alg}", p]["communication_seconds"] < \
-                    by[net, alg, p]["communication_seconds"]
+                assert (
+                    by[net, f"hier-{alg}", p]["communication_seconds"]
+                    < by[net, alg, p]["communication_seconds"]
+                )
     with pytest.raises(ValueError, match="no parameter-server form"):
         model.predict(16, algorithm="ps", network="10 GbE", ranks_per_node=4)
     # without ranks_per_node: the flat rows only, as before

@@ -1,5 +1,6 @@
 """The figures (dptrain.measure.plots): every figure type from realistic fake sweep data, the data
 behind each figure checked against its input, graceful degradation, and clear errors."""
+
 import copy
 import json
 import math
@@ -11,8 +12,10 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from dptrain.measure import plots  # noqa: E402
-from dptrain.measure.plots import PHASES  # noqa: E402
-from dptrain.measure.plots import style  # noqa: E402
+from dptrain.measure.plots import (
+    PHASES,  # noqa: E402
+    style,  # noqa: E402
+)
 
 MACHINE = {"cores": 2, "simd": "avx2", "cpu": "AMD EPYC 7B13"}
 
@@ -34,17 +37,35 @@ def _run(model, dataset, backend, allreduce, n, p, repeat, rng, straggle=1.0):
         "other": 0.02e-3 * steps * noise(),
     }
     train = sum(phases.values()) * (1 + rng.uniform(0.0, 0.02))
-    return {"model": model, "dataset": dataset, "backend": backend, "allreduce": allreduce,
-            "n_samples": n, "workers": p, "threads": 1, "repeat": repeat, "epochs": 1,
-            "batch_size": batch, "steps": steps, "param_count": 235146, "dtype": "float32",
-            "param_bytes": 940584, "train_seconds": train, "phases": phases,
-            "rank_phases": [dict(phases) for _ in range(p)], "collective_calls": steps,
-            "bytes_sent": 2 * (p - 1) / p * 940584 * steps,
-            "step_seconds": {"p50": train / steps, "p90": 1.1 * train / steps,
-                             "p99": 1.3 * train / steps, "mean": train / steps},
-            "steal_fraction": 0.01,
-            "independent_seconds": None if p == 1 else
-            (0.8e-6 + 11e-6 * contention) * n / p * noise()}
+    return {
+        "model": model,
+        "dataset": dataset,
+        "backend": backend,
+        "allreduce": allreduce,
+        "n_samples": n,
+        "workers": p,
+        "threads": 1,
+        "repeat": repeat,
+        "epochs": 1,
+        "batch_size": batch,
+        "steps": steps,
+        "param_count": 235146,
+        "dtype": "float32",
+        "param_bytes": 940584,
+        "train_seconds": train,
+        "phases": phases,
+        "rank_phases": [dict(phases) for _ in range(p)],
+        "collective_calls": steps,
+        "bytes_sent": 2 * (p - 1) / p * 940584 * steps,
+        "step_seconds": {
+            "p50": train / steps,
+            "p90": 1.1 * train / steps,
+            "p99": 1.3 * train / steps,
+            "mean": train / steps,
+        },
+        "steal_fraction": 0.01,
+        "independent_seconds": None if p == 1 else (0.8e-6 + 11e-6 * contention) * n / p * noise(),
+    }
 
 
 def _stat(values):
@@ -65,35 +86,65 @@ def _summarize(runs):
         t1 = _stat([r["train_seconds"] for r in base])["median"] if base else None
         p = key[-1]
         times = [r["train_seconds"] for r in rs]
-        row = dict(zip(dims, key), repeats=len(rs), time=_stat(times),
-                   phases={ph: _stat([r["phases"][ph] for r in rs])["median"] for ph in PHASES},
-                   param_bytes=rs[0]["param_bytes"], steps=rs[0]["steps"],
-                   batch_size=rs[0]["batch_size"], collective_calls=rs[0]["collective_calls"],
-                   bytes_sent=rs[0]["bytes_sent"])
+        row = dict(
+            zip(dims, key),
+            repeats=len(rs),
+            time=_stat(times),
+            phases={ph: _stat([r["phases"][ph] for r in rs])["median"] for ph in PHASES},
+            param_bytes=rs[0]["param_bytes"],
+            steps=rs[0]["steps"],
+            batch_size=rs[0]["batch_size"],
+            collective_calls=rs[0]["collective_calls"],
+            bytes_sent=rs[0]["bytes_sent"],
+        )
         row["speedup"] = _stat([t1 / t for t in times]) if t1 else None
-        row["efficiency"] = ({k: v / p for k, v in row["speedup"].items()} if t1 else None)
+        row["efficiency"] = {k: v / p for k, v in row["speedup"].items()} if t1 else None
         ind = [r["independent_seconds"] for r in rs if r["independent_seconds"]]
         row["ceiling_speedup"] = t1 / _stat(ind)["median"] if (t1 and ind) else None
         summary.append(row)
     return summary
 
 
-def fake_sweep(sizes=(5000, 10000, 20000, 40000), workers=(1, 2, 4), backends=("process",),
-               repeats=3, seed=0, model="mlp", dataset="mnist"):
+def fake_sweep(
+    sizes=(5000, 10000, 20000, 40000),
+    workers=(1, 2, 4),
+    backends=("process",),
+    repeats=3,
+    seed=0,
+    model="mlp",
+    dataset="mnist",
+):
     rng = random.Random(seed)
-    runs = [_run(model, dataset, b, "native", n, p, k, rng)
-            for b in backends for n in sizes for p in workers for k in range(repeats)]
-    return {"config": {"model": model, "dataset": dataset, "sizes": list(sizes),
-                       "workers": list(workers), "backends": list(backends), "repeat": repeats},
-            "machine": dict(MACHINE), "runs": runs, "summary": _summarize(runs)}
+    runs = [
+        _run(model, dataset, b, "native", n, p, k, rng)
+        for b in backends
+        for n in sizes
+        for p in workers
+        for k in range(repeats)
+    ]
+    return {
+        "config": {
+            "model": model,
+            "dataset": dataset,
+            "sizes": list(sizes),
+            "workers": list(workers),
+            "backends": list(backends),
+            "repeat": repeats,
+        },
+        "machine": dict(MACHINE),
+        "runs": runs,
+        "summary": _summarize(runs),
+    }
 
 
 def fake_trace(ranks=4, steps=6, seed=0, straggler=1):
     """A merged Chrome trace of one run: per step and rank data, compute (one slow rank),
     sync_wait until the slowest rank arrives, communication, update, other."""
     rng = random.Random(seed)
-    events = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": r,
-               "args": {"name": f"rank {r}"}} for r in range(ranks)]
+    events = [
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}}
+        for r in range(ranks)
+    ]
     t = 1_000_000.0
     for s in range(steps):
         arrive = {}
@@ -114,34 +165,60 @@ def fake_trace(ranks=4, steps=6, seed=0, straggler=1):
             events.append(_slice("other", last + 155, 15, r, s))
             end = max(end, last + 170)
         t = end + 5
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"model": "mlp", "dataset": "mnist", "backend": "process",
-                          "allreduce": "native", "workers": ranks, "n_samples": 20000}}
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "model": "mlp",
+            "dataset": "mnist",
+            "backend": "process",
+            "allreduce": "native",
+            "workers": ranks,
+            "n_samples": 20000,
+        },
+    }
 
 
 def _slice(name, ts, dur, rank, step):
-    return {"name": name, "cat": "phase", "ph": "X", "ts": ts, "dur": dur, "pid": 0,
-            "tid": rank, "args": {"step": step}}
+    return {
+        "name": name,
+        "cat": "phase",
+        "ph": "X",
+        "ts": ts,
+        "dur": dur,
+        "pid": 0,
+        "tid": rank,
+        "args": {"step": step},
+    }
 
 
 def fake_validation(sweep):
     """Performance-model rows: a prediction within a few % of each measured median."""
     rng = random.Random(1)
-    return [{"workers": r["workers"], "n_samples": r["n_samples"],
-             "measured": r["time"]["median"],
-             "predicted": r["time"]["median"] * (1 + rng.uniform(-0.12, 0.12)),
-             "held_out": r["n_samples"] == 20000} for r in sweep["summary"]]
+    return [
+        {
+            "workers": r["workers"],
+            "n_samples": r["n_samples"],
+            "measured": r["time"]["median"],
+            "predicted": r["time"]["median"] * (1 + rng.uniform(-0.12, 0.12)),
+            "held_out": r["n_samples"] == 20000,
+        }
+        for r in sweep["summary"]
+    ]
 
 
 def fake_projection():
-    nets = {"10 GbE": (50e-6, 1 / 1.25e9), "25 GbE": (20e-6, 1 / 3.1e9),
-            "100 Gb InfiniBand": (2e-6, 1 / 12.5e9)}
+    nets = {
+        "10 GbE": (50e-6, 1 / 1.25e9),
+        "25 GbE": (20e-6, 1 / 3.1e9),
+        "100 Gb InfiniBand": (2e-6, 1 / 12.5e9),
+    }
     m, t_comp, steps = 940584, 20.0, 313
     rows = []
     for net, (alpha, beta) in nets.items():
         for alg in ("ring", "tree", "ps"):
             for k in range(9):
-                p = 2 ** k
+                p = 2**k
                 if p == 1:
                     comm = 0.0
                 elif alg == "ring":
@@ -151,8 +228,15 @@ def fake_projection():
                 else:
                     comm = 2 * (alpha + p * m * beta)
                 tp = t_comp / p + steps * comm
-                rows.append({"network": net, "algorithm": alg, "workers": p,
-                             "speedup": t_comp / tp, "efficiency": t_comp / tp / p})
+                rows.append(
+                    {
+                        "network": net,
+                        "algorithm": alg,
+                        "workers": p,
+                        "speedup": t_comp / tp,
+                        "efficiency": t_comp / tp / p,
+                    }
+                )
     return rows
 
 
@@ -160,9 +244,11 @@ def fake_projection():
 def _lines(ax):
     """Every line of ``ax`` by its label (an error-bar line by its container's label)."""
     from matplotlib.container import ErrorbarContainer
+
     lines = {line.get_label(): line for line in ax.get_lines()}
-    lines.update({c.get_label(): c.lines[0] for c in ax.containers
-                  if isinstance(c, ErrorbarContainer)})
+    lines.update(
+        {c.get_label(): c.lines[0] for c in ax.containers if isinstance(c, ErrorbarContainer)}
+    )
     return lines
 
 
@@ -172,8 +258,9 @@ def _medians(summary, key, **match):
 
 
 def _close(a, b, rel=1e-9):
-    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=rel, abs_tol=1e-12)
-                                    for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        math.isclose(x, y, rel_tol=rel, abs_tol=1e-12) for x, y in zip(a, b)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -193,24 +280,32 @@ def _write_sweep_dir(root, sweep, traces=()):
 
 def _svg_text(path):
     import xml.etree.ElementTree as ET
-    root = ET.parse(path).getroot()             # well-formed XML, or this raises
+
+    root = ET.parse(path).getroot()  # well-formed XML, or this raises
     assert root.tag.endswith("svg"), root.tag
     return "".join(root.itertext())
 
 
 # ------------------------------------------------------------------ every figure type, as files
 def test_plot_sweep_writes_every_figure_as_png_and_svg(tmp_path, sweep):
-    root = _write_sweep_dir(tmp_path / "results", sweep,
-                            traces=[("mlp_n20000_p2", fake_trace(ranks=2)),
-                                    ("mlp_n20000_p4", fake_trace(ranks=4))])
+    root = _write_sweep_dir(
+        tmp_path / "results",
+        sweep,
+        traces=[("mlp_n20000_p2", fake_trace(ranks=2)), ("mlp_n20000_p4", fake_trace(ranks=4))],
+    )
     (tmp_path / "validation.json").write_text(json.dumps(fake_validation(sweep)))
     said = []
-    files = plots.plot_sweep(root, tmp_path / "figures", trace=None,
-                             validation=fake_validation(sweep), projection=fake_projection(),
-                             report=said.append)
+    files = plots.plot_sweep(
+        root,
+        tmp_path / "figures",
+        trace=None,
+        validation=fake_validation(sweep),
+        projection=fake_projection(),
+        report=said.append,
+    )
     names = {f"{n}.{ext}" for n in plots.FIGURE_NAMES for ext in ("png", "svg")}
     assert {p.name for p in files} == names and len(files) == len(names)
-    assert said == []                                   # nothing skipped
+    assert said == []  # nothing skipped
     for path in files:
         assert path.is_file() and path.stat().st_size > 2000, path
         head = path.read_bytes()[:8]
@@ -264,12 +359,18 @@ def test_speedup_lines_are_the_summary_medians_with_min_max_bars(sweep):
         assert _close([s[1][1] for s in segments], [r["speedup"]["max"] for r in rows])
         # the ceiling starts at (1, 1) and follows ceiling_speedup
         ceiling = lines[f"contention ceiling, n = {n:,}"]
-        assert _close(list(ceiling.get_ydata()),
-                      [1.0] + [r["ceiling_speedup"] for r in rows if r["workers"] > 1])
+        assert _close(
+            list(ceiling.get_ydata()),
+            [1.0] + [r["ceiling_speedup"] for r in rows if r["workers"] > 1],
+        )
     # the efficiency loss is shaded between the largest data set's line and the ideal line
     from matplotlib.collections import PolyCollection
-    shade = [c for c in ax.collections if isinstance(c, PolyCollection) and c.get_paths()
-             and len(c.get_paths()[0].vertices) > 4]
+
+    shade = [
+        c
+        for c in ax.collections
+        if isinstance(c, PolyCollection) and c.get_paths() and len(c.get_paths()[0].vertices) > 4
+    ]
     assert len(shade) == 1
     verts = {(round(x, 9), round(y, 9)) for x, y in shade[0].get_paths()[0].vertices}
     big = sorted((r for r in summary if r["n_samples"] == 40000), key=lambda r: r["workers"])
@@ -278,7 +379,8 @@ def test_speedup_lines_are_the_summary_medians_with_min_max_bars(sweep):
         assert (r["workers"], float(r["workers"])) in verts
     legend = [a.get_legend() for a in fig.axes if a.get_legend()][0]
     assert "efficiency loss (ideal − measured), n = 40,000" in [
-        t.get_text() for t in legend.get_texts()]
+        t.get_text() for t in legend.get_texts()
+    ]
 
 
 def test_speedup_table_holds_time_speedup_efficiency_per_configuration(sweep):
@@ -287,10 +389,19 @@ def test_speedup_table_holds_time_speedup_efficiency_per_configuration(sweep):
     cells = table.get_celld()
     ncols = 1 + max(c for _, c in cells)
     header = [cells[0, c].get_text().get_text() for c in range(ncols)]
-    assert header == ["configuration", "workers", "time [ms]", "speedup", "efficiency",
-                      "ceiling", "note"]
-    rows = [[cells[r, c].get_text().get_text() for c in range(ncols)]
-            for r in range(1, 1 + max(r for r, _ in cells))]
+    assert header == [
+        "configuration",
+        "workers",
+        "time [ms]",
+        "speedup",
+        "efficiency",
+        "ceiling",
+        "note",
+    ]
+    rows = [
+        [cells[r, c].get_text().get_text() for c in range(ncols)]
+        for r in range(1, 1 + max(r for r, _ in cells))
+    ]
     assert len(rows) == len(sweep["summary"])
     by_config = {(r[0], int(r[1])): r for r in rows}
     for s in sweep["summary"]:
@@ -301,8 +412,8 @@ def test_speedup_table_holds_time_speedup_efficiency_per_configuration(sweep):
         assert row[5] == ("–" if s["workers"] == 1 else f"{s['ceiling_speedup']:.2f}×")
         # the machine has 2 cores: 4 workers are oversubscribed, a speedup above 2 is flagged
         flags = (["oversubscribed"] if s["workers"] > 2 else []) + (
-            ["speedup > 2 cores"] if max(s["speedup"]["max"], s["ceiling_speedup"] or 0) > 2
-            else [])
+            ["speedup > 2 cores"] if max(s["speedup"]["max"], s["ceiling_speedup"] or 0) > 2 else []
+        )
         assert row[6] == (", ".join(flags) or "–"), row
 
 
@@ -312,9 +423,10 @@ def test_speedup_one_line_per_backend_when_several():
     lines = _lines(ax)
     for backend in ("thread", "process"):
         label = f"measured, {backend} backend"
-        assert _close(list(lines[label].get_ydata()),
-                      _medians(sweep["summary"], "speedup", backend=backend))
-    assert "n = 20,000" in ax.figure.get_suptitle()      # the size is in the title, once
+        assert _close(
+            list(lines[label].get_ydata()), _medians(sweep["summary"], "speedup", backend=backend)
+        )
+    assert "n = 20,000" in ax.figure.get_suptitle()  # the size is in the title, once
 
 
 # ------------------------------------------------------------------ 2./3. vs data-set size
@@ -323,12 +435,13 @@ def test_efficiency_and_time_vs_size_one_line_per_worker_count(sweep):
     ax = plots.plot_efficiency_vs_size(sweep).axes[0]
     lines = _lines(ax)
     assert ax.get_xscale() == "log"
-    assert "1 worker" not in lines                       # 100 % by definition: not drawn
-    for p, label in ((2, "2 workers"), (4, "4 workers (oversubscribed)")):   # 2 cores
+    assert "1 worker" not in lines  # 100 % by definition: not drawn
+    for p, label in ((2, "2 workers"), (4, "4 workers (oversubscribed)")):  # 2 cores
         line = lines[label]
         assert list(line.get_xdata()) == [5000, 10000, 20000, 40000]
-        assert _close(list(line.get_ydata()),
-                      [100 * m for m in _medians(summary, "efficiency", workers=p)])
+        assert _close(
+            list(line.get_ydata()), [100 * m for m in _medians(summary, "efficiency", workers=p)]
+        )
     assert list(lines["ideal (100 %)"].get_ydata()) == [100, 100]
 
     ax = plots.plot_time_vs_size(sweep).axes[0]
@@ -337,19 +450,22 @@ def test_efficiency_and_time_vs_size_one_line_per_worker_count(sweep):
     for p, label in ((1, "1 worker"), (2, "2 workers"), (4, "4 workers (oversubscribed)")):
         assert _close(list(lines[label].get_ydata()), _medians(summary, "time", workers=p))
     # one color per worker count, the same in both figures
-    eff_colors = {k: v.get_color() for k, v in _lines(
-        plots.plot_efficiency_vs_size(sweep).axes[0]).items()}
+    eff_colors = {
+        k: v.get_color() for k, v in _lines(plots.plot_efficiency_vs_size(sweep).axes[0]).items()
+    }
     assert eff_colors["2 workers"] == lines["2 workers"].get_color()
 
 
 # ------------------------------------------------------------------ 4. stacked breakdown
 def _bar_containers(ax):
     from matplotlib.container import BarContainer
+
     return {c.get_label(): c for c in ax.containers if isinstance(c, BarContainer)}
 
 
 def test_breakdown_stacks_every_phase_and_sums_to_the_phase_totals(sweep):
     from matplotlib.colors import to_rgba
+
     fig = plots.plot_breakdown(sweep)
     ax, ax_pct = fig.axes[:2]
     bars = _bar_containers(ax)
@@ -372,8 +488,7 @@ def test_breakdown_stacks_every_phase_and_sums_to_the_phase_totals(sweep):
     for cont in _bar_containers(ax_pct).values():
         tops = [t + rect.get_height() for t, rect in zip(tops, cont.patches)]
     assert _close(tops, [100.0] * len(order))
-    assert [t.get_text() for t in ax_pct.get_xticklabels()] == [
-        f"p={r['workers']}" for r in order]
+    assert [t.get_text() for t in ax_pct.get_xticklabels()] == [f"p={r['workers']}" for r in order]
 
 
 # ------------------------------------------------------------------ 5. baseline vs distributed
@@ -382,25 +497,43 @@ def test_baseline_vs_distributed_bars_are_total_compute_communication(sweep):
     bars = _bar_containers(ax)
     assert list(bars) == ["1 worker (baseline)", "2 workers", "4 workers (oversubscribed)"]
     assert [t.get_text() for t in ax.get_xticklabels()] == [
-        "total", "compute (fwd + bwd)", "communication", "sync wait"]
+        "total",
+        "compute (fwd + bwd)",
+        "communication",
+        "sync wait",
+    ]
     rows = {r["workers"]: r for r in sweep["summary"] if r["n_samples"] == 40000}  # largest
-    for label, p in (("1 worker (baseline)", 1), ("2 workers", 2),
-                     ("4 workers (oversubscribed)", 4)):
+    for label, p in (
+        ("1 worker (baseline)", 1),
+        ("2 workers", 2),
+        ("4 workers (oversubscribed)", 4),
+    ):
         heights = [rect.get_height() for rect in bars[label].patches]
         r = rows[p]
-        assert _close(heights, [r["time"]["median"], r["phases"]["compute"],
-                                r["phases"]["communication"], r["phases"]["sync_wait"]])
+        assert _close(
+            heights,
+            [
+                r["time"]["median"],
+                r["phases"]["compute"],
+                r["phases"]["communication"],
+                r["phases"]["sync_wait"],
+            ],
+        )
     # the ideal marks: the 1-worker total and compute divided by p
     ideal = [c for c in ax.collections if c.get_label() == "ideal: 1-worker time / p"]
     assert len(ideal) == 1
     ys = sorted(seg[0][1] for c in ax.collections for seg in c.get_segments())
-    expected = sorted([rows[1]["time"]["median"] / p for p in (2, 4)]
-                      + [rows[1]["phases"]["compute"] / p for p in (2, 4)])
+    expected = sorted(
+        [rows[1]["time"]["median"] / p for p in (2, 4)]
+        + [rows[1]["phases"]["compute"] / p for p in (2, 4)]
+    )
     assert _close(ys, expected)
     # another size on request; a size without a pair is a clear error
     ax = plots.plot_baseline_vs_distributed(sweep, n_samples=5000).axes[0]
-    assert math.isclose(_bar_containers(ax)["2 workers"].patches[0].get_height(),
-                        _medians(sweep["summary"], "time", n_samples=5000, workers=2)[0])
+    assert math.isclose(
+        _bar_containers(ax)["2 workers"].patches[0].get_height(),
+        _medians(sweep["summary"], "time", n_samples=5000, workers=2)[0],
+    )
     with pytest.raises(ValueError, match="n_samples=1234 .* sizes that do: \\[5000, 10000"):
         plots.plot_baseline_vs_distributed(sweep, n_samples=1234)
 
@@ -410,13 +543,15 @@ def _timeline_rects(ax):
     out = []
     for label, cont in _bar_containers(ax).items():
         for rect in cont.patches:
-            out.append((label, rect.get_x(), rect.get_width(),
-                        rect.get_y() + rect.get_height() / 2))
+            out.append(
+                (label, rect.get_x(), rect.get_width(), rect.get_y() + rect.get_height() / 2)
+            )
     return out
 
 
 def test_timeline_has_one_row_per_rank_and_every_slice():
     from matplotlib.colors import to_rgba
+
     trace = fake_trace(ranks=4, steps=5)
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     ax = plots.plot_timeline(trace, steps=None).axes[0]
@@ -425,8 +560,15 @@ def test_timeline_has_one_row_per_rank_and_every_slice():
     assert len(rects) == len(slices)
     t0 = min(e["ts"] for e in slices)
     drawn = sorted((label, round(x, 9), round(w, 9), round(y)) for label, x, w, y in rects)
-    wanted = sorted((plots.PHASE_LABELS[e["name"]], round((e["ts"] - t0) / 1000, 9),
-                     round(e["dur"] / 1000, 9), e["tid"]) for e in slices)
+    wanted = sorted(
+        (
+            plots.PHASE_LABELS[e["name"]],
+            round((e["ts"] - t0) / 1000, 9),
+            round(e["dur"] / 1000, 9),
+            e["tid"],
+        )
+        for e in slices
+    )
     assert drawn == wanted
     for phase, cont in ((p, _bar_containers(ax)[plots.PHASE_LABELS[p]]) for p in PHASES):
         assert all(r.get_facecolor() == to_rgba(plots.PHASE_COLORS[phase]) for r in cont)
@@ -434,8 +576,7 @@ def test_timeline_has_one_row_per_rank_and_every_slice():
     ax = plots.plot_timeline(trace, steps=2, first_step=2).axes[0]
     assert len(_timeline_rects(ax)) == sum(e["args"]["step"] in (2, 3) for e in slices)
     fig = plots.plot_timeline(trace)
-    assert len(_timeline_rects(fig.axes[0])) == sum(
-        e["args"]["step"] in (1, 2, 3) for e in slices)
+    assert len(_timeline_rects(fig.axes[0])) == sum(e["args"]["step"] in (1, 2, 3) for e in slices)
     assert "steps 1–3" in fig.get_suptitle() and "4 workers" in fig.get_suptitle()
 
 
@@ -447,10 +588,12 @@ def test_timeline_errors_name_the_problem():
         plots.plot_timeline(bad)
     # events of another category are not phases: left out, not an error
     other = copy.deepcopy(trace)
-    other["traceEvents"].append({"name": "epoch", "cat": "marker", "ph": "X", "ts": 0,
-                                 "dur": 5, "pid": 0, "tid": 0})
+    other["traceEvents"].append(
+        {"name": "epoch", "cat": "marker", "ph": "X", "ts": 0, "dur": 5, "pid": 0, "tid": 0}
+    )
     assert len(_timeline_rects(plots.plot_timeline(other, steps=None).axes[0])) == sum(
-        e["ph"] == "X" for e in trace["traceEvents"])
+        e["ph"] == "X" for e in trace["traceEvents"]
+    )
     with pytest.raises(ValueError, match="no phase slices"):
         plots.plot_timeline({"traceEvents": []})
     with pytest.raises(ValueError, match="first_step=9 is not in the trace"):
@@ -462,19 +605,21 @@ def test_timeline_errors_name_the_problem():
 # ------------------------------------------------------------------ 7. performance model
 def test_model_validation_scatter_line_and_band(sweep):
     rows = fake_validation(sweep)
-    rows[0] = dict(rows[0], predicted=rows[0]["measured"] * 1.3)      # one miss
+    rows[0] = dict(rows[0], predicted=rows[0]["measured"] * 1.3)  # one miss
     fig = plots.plot_model_validation(rows, context="mlp on mnist")
     ax = fig.axes[0]
-    points = sorted((round(x, 12), round(y, 12)) for c in ax.collections
-                    if c.get_label().startswith(("1 worker", "2 workers", "4 workers"))
-                    for x, y in c.get_offsets())
-    assert points == sorted((round(r["measured"], 12), round(r["predicted"], 12))
-                            for r in rows)
+    points = sorted(
+        (round(x, 12), round(y, 12))
+        for c in ax.collections
+        if c.get_label().startswith(("1 worker", "2 workers", "4 workers"))
+        for x, y in c.get_offsets()
+    )
+    assert points == sorted((round(r["measured"], 12), round(r["predicted"], 12)) for r in rows)
     line = _lines(ax)["predicted = measured"]
     assert list(line.get_xdata()) == list(line.get_ydata())
     band = [c for c in ax.collections if c.get_label() == "±15% of measured"][0]
     verts = band.get_paths()[0].vertices
-    ratios = [y / x for x, y in verts]                  # the band is y = (1 ± 0.15) x
+    ratios = [y / x for x, y in verts]  # the band is y = (1 ± 0.15) x
     assert math.isclose(max(ratios), 1.15) and math.isclose(min(ratios), 0.85)
     within = sum(abs(r["predicted"] / r["measured"] - 1) <= 0.15 for r in rows)
     assert f"{within} of {len(rows)} within ±15%" in "".join(t.get_text() for t in ax.texts)
@@ -501,8 +646,9 @@ def test_projection_one_line_per_network_and_algorithm():
             assert list(line.get_xdata()) == [r["workers"] for r in mine]
             assert max(line.get_xdata()) == 256
             assert _close(list(line.get_ydata()), [r["speedup"] for r in mine])
-            assert any(_close(list(e.get_ydata()), [100 * r["efficiency"] for r in mine])
-                       for e in eff)
+            assert any(
+                _close(list(e.get_ydata()), [100 * r["efficiency"] for r in mine]) for e in eff
+            )
     assert list(lines["ideal (speedup = workers)"].get_ydata())[-1] == 256
     with pytest.raises(ValueError, match="projection row 0.speedup is -1"):
         plots.plot_projection([dict(rows[0], speedup=-1)])
@@ -513,24 +659,32 @@ def _texts(fig):
     """Every text drawn on ``fig`` (titles, notes, legends, tick labels, table cells), with
     the no-break spaces of '15 %' made plain."""
     import matplotlib.text
-    fig.canvas.draw()                                   # tick labels are made at draw time
-    return "\n".join(t.get_text() for t in fig.findobj(matplotlib.text.Text)).replace(
-        "\u00a0", " ")
+
+    fig.canvas.draw()  # tick labels are made at draw time
+    return "\n".join(t.get_text() for t in fig.findobj(matplotlib.text.Text)).replace("\u00a0", " ")
 
 
 def _significant_digits(label):
     """Digits of a tick label without leading and trailing zeros: '0.00391' -> 3."""
     import re
+
     return len(re.sub(r"\D", "", label.replace("\u2212", "-")).strip("0"))
 
 
-FAILED_CHECK = {"target_pct": 15.0, "max_abs_error_pct": 102.1, "n_points": 2,
-                "n_fitted_parameters": 5}
+FAILED_CHECK = {
+    "target_pct": 15.0,
+    "max_abs_error_pct": 102.1,
+    "n_points": 2,
+    "n_fitted_parameters": 5,
+}
 
 
 def _failed_validation(sweep):
-    rows = [dict(r, predicted=2.021 * r["measured"], held_out=True)
-            for r in fake_validation(sweep) if r["n_samples"] == 20000][:2]
+    rows = [
+        dict(r, predicted=2.021 * r["measured"], held_out=True)
+        for r in fake_validation(sweep)
+        if r["n_samples"] == 20000
+    ][:2]
     return dict(FAILED_CHECK, rows=rows)
 
 
@@ -540,16 +694,22 @@ def test_projection_of_a_model_that_fails_its_check_says_not_validated_on_the_fi
     text = _texts(fig)
     assert "NOT VALIDATED" in fig.get_suptitle() and "illustration only" in fig.get_suptitle()
     box = [t.get_text().replace("\u00a0", " ") for t in fig.axes[0].texts]
-    assert any("NOT VALIDATED: held-out error up to 102.1 % > 15 % target" in " ".join(
-        b.split()) for b in box), box
-    assert any("checked on 2 held-out points for 5 fitted parameters: not a validation"
-               in " ".join(b.split()) for b in box), box
+    assert any(
+        "NOT VALIDATED: held-out error up to 102.1 % > 15 % target" in " ".join(b.split())
+        for b in box
+    ), box
+    assert any(
+        "checked on 2 held-out points for 5 fitted parameters: not a validation"
+        in " ".join(b.split())
+        for b in box
+    ), box
     assert any("projection shown for illustration only" in b for b in box)
     assert "projection shown for illustration only" in " ".join(text.split())
     # the projection itself is still drawn, unchanged
-    assert _close(list(_lines(fig.axes[0])["10 GbE, ring"].get_ydata()),
-                  [r["speedup"] for r in rows if r["network"] == "10 GbE"
-                   and r["algorithm"] == "ring"])
+    assert _close(
+        list(_lines(fig.axes[0])["10 GbE, ring"].get_ydata()),
+        [r["speedup"] for r in rows if r["network"] == "10 GbE" and r["algorithm"] == "ring"],
+    )
     # within the target but on fewer points than parameters: still not a validation
     few = dict(_failed_validation(sweep), max_abs_error_pct=3.0)
     text = " ".join(_texts(plots.plot_projection(rows, validation=few)).split())
@@ -560,20 +720,29 @@ def test_projection_of_a_model_that_fails_its_check_says_not_validated_on_the_fi
     assert "NOT VALIDATED" in fig.get_suptitle()
     assert "no held-out validation given" in _texts(fig)
     # a validation that passes both tests: no caveat anywhere on the figure
-    good = dict(FAILED_CHECK, max_abs_error_pct=4.0, n_points=12, n_fitted_parameters=11,
-                rows=[dict(r, held_out=True) for r in fake_validation(sweep)])
+    good = dict(
+        FAILED_CHECK,
+        max_abs_error_pct=4.0,
+        n_points=12,
+        n_fitted_parameters=11,
+        rows=[dict(r, held_out=True) for r in fake_validation(sweep)],
+    )
     fig = plots.plot_projection(rows, validation=good)
     assert "NOT VALIDATED" not in _texts(fig)
-    assert "validated: held-out error up to 4.0 % <= 15 % target on 12 held-out points " \
-           "for 11 fitted parameters" in " ".join(_texts(fig).split())
+    assert (
+        "validated: held-out error up to 4.0 % <= 15 % target on 12 held-out points "
+        "for 11 fitted parameters" in " ".join(_texts(fig).split())
+    )
 
 
 def test_model_validation_figure_states_the_verdict(sweep):
     fig = plots.plot_model_validation(_failed_validation(sweep), context="mlp on mnist")
     assert "NOT VALIDATED" in fig.get_suptitle()
     text = " ".join(_texts(fig).split())
-    assert "NOT VALIDATED: held-out error up to 102.1 % > 15 % target; checked on 2 " \
-           "held-out points for 5 fitted parameters: not a validation" in text
+    assert (
+        "NOT VALIDATED: held-out error up to 102.1 % > 15 % target; checked on 2 "
+        "held-out points for 5 fitted parameters: not a validation" in text
+    )
     # bare rows: the error test alone, and the held-out rows are the ones counted
     rows = fake_validation(sweep)
     text = " ".join(_texts(plots.plot_model_validation(rows)).split())
@@ -583,8 +752,10 @@ def test_model_validation_figure_states_the_verdict(sweep):
 
 def test_marker_size_sentence_only_for_several_data_set_sizes(sweep):
     rows = fake_validation(sweep)
-    assert "Marker size grows with the data-set size (5,000 to 40,000 samples)" in \
-        plots.plot_model_validation(rows).get_supxlabel().replace("\n", " ")
+    assert (
+        "Marker size grows with the data-set size (5,000 to 40,000 samples)"
+        in plots.plot_model_validation(rows).get_supxlabel().replace("\n", " ")
+    )
     one = [r for r in rows if r["n_samples"] == 20000]
     note = plots.plot_model_validation(one).get_supxlabel().replace("\n", " ")
     assert "Marker size" not in note and "20,000 to 20,000" not in note
@@ -592,20 +763,27 @@ def test_marker_size_sentence_only_for_several_data_set_sizes(sweep):
 
 
 def test_tick_labels_have_at_most_three_significant_digits(sweep):
-    rows = [dict(r, speedup=r["speedup"] / 300, efficiency=r["efficiency"] / 300)
-            for r in fake_projection()]                 # speedups down to 1/256 and below
+    rows = [
+        dict(r, speedup=r["speedup"] / 300, efficiency=r["efficiency"] / 300)
+        for r in fake_projection()
+    ]  # speedups down to 1/256 and below
     fig = plots.plot_projection(rows)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert "0.00391" in labels and "0.00390625" not in labels
     assert len(labels) <= 13
-    tiny = copy.deepcopy(sweep)                          # a run of milliseconds
+    tiny = copy.deepcopy(sweep)  # a run of milliseconds
     for r in tiny["summary"]:
         r["time"] = {k: v / 1000 for k, v in r["time"].items()}
         r["phases"] = {k: v / 1000 for k, v in r["phases"].items()}
-    figs = [plots.plot_projection(rows), plots.plot_model_validation(fake_validation(sweep)),
-            plots.plot_breakdown(tiny), plots.plot_baseline_vs_distributed(tiny),
-            plots.plot_time_vs_size(tiny), plots.plot_speedup(tiny),
-            plots.plot_efficiency_vs_size(tiny)]
+    figs = [
+        plots.plot_projection(rows),
+        plots.plot_model_validation(fake_validation(sweep)),
+        plots.plot_breakdown(tiny),
+        plots.plot_baseline_vs_distributed(tiny),
+        plots.plot_time_vs_size(tiny),
+        plots.plot_speedup(tiny),
+        plots.plot_efficiency_vs_size(tiny),
+    ]
     for fig in figs:
         fig.canvas.draw()
         for ax in fig.axes:
@@ -621,6 +799,7 @@ def test_tick_labels_have_at_most_three_significant_digits(sweep):
 def _circled(ax):
     """The points circled red on ``ax`` (speedups above the core count)."""
     from matplotlib.colors import to_rgba
+
     out = []
     for c in ax.collections:
         edges = c.get_edgecolors()
@@ -630,22 +809,30 @@ def _circled(ax):
 
 
 def test_speedup_above_the_core_count_is_circled_and_explained(sweep):
-    summary = sweep["summary"]                           # the machine has 2 cores
+    summary = sweep["summary"]  # the machine has 2 cores
     fig = plots.plot_speedup(sweep)
     ax = fig.axes[0]
-    expected = sorted({(float(r["workers"]), float(v)) for r in summary
-                       for v in (r["speedup"]["median"], r["speedup"]["max"],
-                                 r["ceiling_speedup"] or 0) if v > 2})
+    expected = sorted(
+        {
+            (float(r["workers"]), float(v))
+            for r in summary
+            for v in (r["speedup"]["median"], r["speedup"]["max"], r["ceiling_speedup"] or 0)
+            if v > 2
+        }
+    )
     assert expected and _circled(ax) == expected
     text = " ".join(_texts(fig).split())
     assert "speedup > 2 cores (circled): superlinear (cache effects) or a noisy baseline" in text
     assert "2 cores: the most CPU-bound work can gain" in text
-    assert "superlinear (cache effects: each worker's shard fits in cache) or a noisy " \
-           "baseline (a slow 1-worker run)" in " ".join(fig.get_supxlabel().split())
-    assert [ln for ln in ax.get_lines() if list(ln.get_ydata()) == [2, 2]]     # the cores line
+    assert (
+        "superlinear (cache effects: each worker's shard fits in cache) or a noisy "
+        "baseline (a slow 1-worker run)" in " ".join(fig.get_supxlabel().split())
+    )
+    assert [ln for ln in ax.get_lines() if list(ln.get_ydata()) == [2, 2]]  # the cores line
     # the 4 workers time-share 2 cores: shaded and named oversubscribed
     assert "oversubscribed (> 2 cores)" in " ".join(t.get_text() for t in ax.texts).replace(
-        "\n", " ")
+        "\n", " "
+    )
     assert "oversubscribed: workers > 2 cores" in text
     # efficiency: the same points (measured, not the ceiling, which it does not draw)
     eff = plots.plot_efficiency_vs_size(sweep).axes[0]
@@ -658,7 +845,8 @@ def test_speedup_above_the_core_count_is_circled_and_explained(sweep):
     roomy["machine"]["cores"] = 8
     fig = plots.plot_speedup(roomy)
     assert _circled(fig.axes[0]) == [] and "cores" not in " ".join(
-        t.get_text() for t in fig.axes[0].texts)
+        t.get_text() for t in fig.axes[0].texts
+    )
     assert "oversubscribed" not in _texts(fig) and "speedup >" not in _texts(fig)
     # no machine recorded: no core count to compare with, no marks and no error
     bare = copy.deepcopy(sweep)
@@ -687,18 +875,28 @@ def test_subtitles_name_synthetic_data_and_quick_runs(tmp_path):
     sweep = fake_sweep(sizes=(5000, 20000), dataset="synthetic-mnist")
     sweep["quick"] = True
     trace = fake_trace(ranks=2)
-    files = plots.plot_sweep(sweep, tmp_path, formats="svg", trace=trace,
-                             validation=fake_validation(sweep), projection=fake_projection())
+    files = plots.plot_sweep(
+        sweep,
+        tmp_path,
+        formats="svg",
+        trace=trace,
+        validation=fake_validation(sweep),
+        projection=fake_projection(),
+    )
     assert {p.stem for p in files} == set(plots.FIGURE_NAMES)
     for path in files:
         text = " ".join(_svg_text(path).replace("\u00a0", " ").split())
         assert "synthetic-mnist (SYNTHETIC DATA)" in text, path.stem
         assert "QUICK RUN" in text, path.stem
     # the same checks on the figures' own titles
-    for fig in (plots.plot_speedup(sweep), plots.plot_breakdown(sweep),
-                plots.plot_time_vs_size(sweep), plots.plot_efficiency_vs_size(sweep),
-                plots.plot_baseline_vs_distributed(sweep),
-                plots.plot_timeline(trace, sweep=sweep)):
+    for fig in (
+        plots.plot_speedup(sweep),
+        plots.plot_breakdown(sweep),
+        plots.plot_time_vs_size(sweep),
+        plots.plot_efficiency_vs_size(sweep),
+        plots.plot_baseline_vs_distributed(sweep),
+        plots.plot_timeline(trace, sweep=sweep),
+    ):
         title = " ".join(fig.get_suptitle().split())
         assert "synthetic-mnist (SYNTHETIC DATA)" in title and "QUICK RUN" in title, title
     # a real data set: neither mark
@@ -726,12 +924,16 @@ def test_subtitles_name_synthetic_data_and_quick_runs(tmp_path):
 # ------------------------------------------------------------------ consistent colors
 def test_phase_colors_are_the_same_in_every_figure(sweep):
     from matplotlib.colors import to_rgba
+
     breakdown = _bar_containers(plots.plot_breakdown(sweep).axes[0])
     timeline = _bar_containers(plots.plot_timeline(fake_trace()).axes[0])
     for phase in PHASES:
         label = plots.PHASE_LABELS[phase]
-        assert breakdown[label].patches[0].get_facecolor() == \
-            timeline[label].patches[0].get_facecolor() == to_rgba(plots.PHASE_COLORS[phase])
+        assert (
+            breakdown[label].patches[0].get_facecolor()
+            == timeline[label].patches[0].get_facecolor()
+            == to_rgba(plots.PHASE_COLORS[phase])
+        )
 
 
 # ------------------------------------------------------------------ missing data degrades
@@ -743,14 +945,19 @@ def test_no_ceiling_no_ceiling_line_or_column():
     assert not any("ceiling" in label for label in _lines(fig.axes[0]))
     table = [a for a in fig.axes if a.tables][0].tables[0]
     assert "ceiling" not in [c.get_text().get_text() for c in table.get_celld().values()]
-    assert _close(list(_lines(fig.axes[0])["measured"].get_ydata()),
-                  _medians(sweep["summary"], "speedup"))
+    assert _close(
+        list(_lines(fig.axes[0])["measured"].get_ydata()), _medians(sweep["summary"], "speedup")
+    )
 
 
 def test_one_worker_count_one_size_no_trace_skip_what_cannot_be_drawn(tmp_path):
     said = []
-    files = plots.plot_sweep(fake_sweep(sizes=(5000, 20000), workers=(1,)), tmp_path / "a",
-                             formats=("png",), report=said.append)
+    files = plots.plot_sweep(
+        fake_sweep(sizes=(5000, 20000), workers=(1,)),
+        tmp_path / "a",
+        formats=("png",),
+        report=said.append,
+    )
     assert sorted(p.stem for p in files) == ["breakdown", "time_vs_size"]
     skipped = " | ".join(said)
     assert "skipped speedup: speedup vs workers needs at least two worker counts" in skipped
@@ -758,8 +965,9 @@ def test_one_worker_count_one_size_no_trace_skip_what_cannot_be_drawn(tmp_path):
     with pytest.raises(plots.NotEnoughData, match="at least two worker counts.*\\[1\\]"):
         plots.plot_speedup(fake_sweep(sizes=(5000,), workers=(1,)))
 
-    files = plots.plot_sweep(fake_sweep(sizes=(20000,), workers=(1, 2)), tmp_path / "b",
-                             formats=("png",))
+    files = plots.plot_sweep(
+        fake_sweep(sizes=(20000,), workers=(1, 2)), tmp_path / "b", formats=("png",)
+    )
     assert sorted(p.stem for p in files) == ["baseline_vs_distributed", "breakdown", "speedup"]
     with pytest.raises(ValueError, match="needs at least two data-set sizes"):
         plots.plot_time_vs_size(fake_sweep(sizes=(20000,), workers=(1, 2)))
@@ -770,10 +978,12 @@ def test_missing_min_max_and_phases_still_draw():
     for r in sweep["summary"]:
         for key in ("time", "speedup", "efficiency"):
             r[key] = {"median": r[key]["median"]}
-        del r["phases"]["other"]                          # a phase not recorded counts as 0
+        del r["phases"]["other"]  # a phase not recorded counts as 0
     ax = plots.plot_speedup(sweep, table=False).axes[0]
-    assert _close(list(_lines(ax)["measured, n = 10,000"].get_ydata()),
-                  _medians(sweep["summary"], "speedup", n_samples=10000))
+    assert _close(
+        list(_lines(ax)["measured, n = 10,000"].get_ydata()),
+        _medians(sweep["summary"], "speedup", n_samples=10000),
+    )
     bars = _bar_containers(plots.plot_breakdown(sweep).axes[0])
     assert all(rect.get_height() == 0 for rect in bars["other"].patches)
 
@@ -786,8 +996,9 @@ def test_bad_input_gives_clear_errors(tmp_path, sweep):
         plots.plot_sweep({"config": {}, "runs": [], "summary": []}, tmp_path)
     bad = copy.deepcopy(sweep)
     bad["summary"][4]["phases"]["gpu_time"] = 0.1
-    with pytest.raises(ValueError, match="summary\\[4\\] .*phases has unknown phase\\(s\\) "
-                                         "\\['gpu_time'\\]"):
+    with pytest.raises(
+        ValueError, match="summary\\[4\\] .*phases has unknown phase\\(s\\) \\['gpu_time'\\]"
+    ):
         plots.plot_breakdown(bad)
     bad = copy.deepcopy(sweep)
     bad["summary"][1]["speedup"] = 1.7
@@ -795,8 +1006,10 @@ def test_bad_input_gives_clear_errors(tmp_path, sweep):
         plots.plot_speedup(bad)
     bad = copy.deepcopy(sweep)
     bad["summary"][3]["time"]["min"] = 99.0
-    with pytest.raises(ValueError, match="summary\\[3\\] .*time has min 99.0, median .*expected "
-                                         "min <= median <= max"):
+    with pytest.raises(
+        ValueError,
+        match="summary\\[3\\] .*time has min 99.0, median .*expected min <= median <= max",
+    ):
         plots.plot_time_vs_size(bad)
     bad = copy.deepcopy(sweep)
     bad["summary"][0]["workers"] = 0
@@ -818,9 +1031,10 @@ def test_bad_input_gives_clear_errors(tmp_path, sweep):
 
 def test_matplotlib_missing_gives_the_install_hint(monkeypatch, sweep):
     import sys
+
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "matplotlib", None)        # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(ImportError, match='pip install "dptrain\\[plot\\]"'):
         plots.plot_speedup(sweep)
 
@@ -828,11 +1042,21 @@ def test_matplotlib_missing_gives_the_install_hint(monkeypatch, sweep):
 def test_importing_dptrain_plots_does_not_import_matplotlib():
     import subprocess
     import sys
+
     src = str(Path(plots.__file__).resolve().parents[2])
-    r = subprocess.run([sys.executable, "-c", "import sys, dptrain.measure.plots; "
-                        "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))"],
-                       capture_output=True, text=True, env={"PYTHONPATH": src, "PATH": ""},
-                       timeout=60, cwd=src)     # not a checkout whose dptrain is unbuilt
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, dptrain.measure.plots; "
+            "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))",
+        ],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": src, "PATH": ""},
+        timeout=60,
+        cwd=src,
+    )  # not a checkout whose dptrain is unbuilt
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 
@@ -840,24 +1064,36 @@ def test_importing_dptrain_plots_does_not_import_matplotlib():
 def test_notebook_detection_and_figures_there(monkeypatch, sweep, tmp_path):
     import sys
     import types
-    assert not style._in_notebook()                     # pytest is no notebook
-    shell = types.SimpleNamespace(kernel=object())      # what a Jupyter/Colab shell has
-    monkeypatch.setitem(sys.modules, "IPython",
-                        types.SimpleNamespace(get_ipython=lambda: shell))
+
+    assert not style._in_notebook()  # pytest is no notebook
+    shell = types.SimpleNamespace(kernel=object())  # what a Jupyter/Colab shell has
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
     assert style._in_notebook()
-    fig = plots.plot_time_vs_size(sweep)                 # made without pyplot's figure list
+    fig = plots.plot_time_vs_size(sweep)  # made without pyplot's figure list
     assert plots.save_figure(fig, tmp_path / "nb.png").stat().st_size > 2000
     import matplotlib.pyplot as plt
-    assert plt.get_fignums() == []                       # nothing left open in pyplot
+
+    assert plt.get_fignums() == []  # nothing left open in pyplot
 
 
 # ------------------------------------------------------------------ the command line
 def test_cli_plot_writes_the_figures(tmp_path, sweep, capsys):
     from dptrain.cli import main
+
     root = _write_sweep_dir(tmp_path / "results", sweep, traces=[("run", fake_trace())])
     (tmp_path / "proj.json").write_text(json.dumps(fake_projection()))
-    rc = main(["plot", str(root), "--out", str(tmp_path / "figures"), "--formats", "svg",
-               "--projection", str(tmp_path / "proj.json")])
+    rc = main(
+        [
+            "plot",
+            str(root),
+            "--out",
+            str(tmp_path / "figures"),
+            "--formats",
+            "svg",
+            "--projection",
+            str(tmp_path / "proj.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     written = sorted(p.name for p in (tmp_path / "figures").iterdir())
@@ -868,8 +1104,17 @@ def test_cli_plot_writes_the_figures(tmp_path, sweep, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and "dptrain: error: no sweep found" in err
     (tmp_path / "proj.json").write_text(json.dumps({"rows": []}))
-    rc = main(["plot", str(root), "--out", str(tmp_path / "x"), "--quiet",
-               "--projection", str(tmp_path / "proj.json")])
+    rc = main(
+        [
+            "plot",
+            str(root),
+            "--out",
+            str(tmp_path / "x"),
+            "--quiet",
+            "--projection",
+            str(tmp_path / "proj.json"),
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 1 and "--projection" in captured.err and "expected a JSON list" in captured.err
     assert captured.out == ""
@@ -881,16 +1126,51 @@ def test_plot_cli_fits_the_model_of_a_real_sweep(tmp_path):
     pytest.importorskip("matplotlib")
     from dptrain.cli import main
     from dptrain.measure.sweep import sweep
-    sweep("softmax", "synthetic", sizes=(400, 800), workers=(2,), backend="thread", repeat=1,
-          batch_size=50, out=tmp_path / "sw", quiet=True)
-    assert main(["plot", str(tmp_path / "sw"), "--out", str(tmp_path / "fig"),
-                 "--formats", "png", "--quiet"]) == 0
+
+    sweep(
+        "softmax",
+        "synthetic",
+        sizes=(400, 800),
+        workers=(2,),
+        backend="thread",
+        repeat=1,
+        batch_size=50,
+        out=tmp_path / "sw",
+        quiet=True,
+    )
+    assert (
+        main(
+            [
+                "plot",
+                str(tmp_path / "sw"),
+                "--out",
+                str(tmp_path / "fig"),
+                "--formats",
+                "png",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     model = json.loads((tmp_path / "fig" / "model.json").read_text())
     assert {"fit", "validation", "projection", "break_even"} <= set(model)
     for name in ("model_validation", "model_projection", "speedup", "timeline"):
         assert (tmp_path / "fig" / f"{name}.png").stat().st_size > 0
-    assert main(["plot", str(tmp_path / "sw"), "--out", str(tmp_path / "fig2"),
-                 "--formats", "png", "--quiet", "--no-model"]) == 0
+    assert (
+        main(
+            [
+                "plot",
+                str(tmp_path / "sw"),
+                "--out",
+                str(tmp_path / "fig2"),
+                "--formats",
+                "png",
+                "--quiet",
+                "--no-model",
+            ]
+        )
+        == 0
+    )
     assert not (tmp_path / "fig2" / "model.json").exists()
 
 
@@ -899,28 +1179,48 @@ def test_cli_plot_prints_the_verdict_and_marks_the_figures(tmp_path, capsys):
     two held-out points remain for 10 fitted parameters: not a validation, said on the
     command line, in model.json and on both model figures."""
     from dptrain.cli import main
+
     root = _write_sweep_dir(tmp_path / "results", fake_sweep(dataset="synthetic-mnist"))
     assert main(["plot", str(root), "--out", str(tmp_path / "fig"), "--formats", "svg"]) == 0
     out = capsys.readouterr().out
     assert "sweep: mlp on synthetic-mnist (SYNTHETIC DATA)" in out
     verdict = json.loads((tmp_path / "fig" / "model.json").read_text())["validation"]
     assert verdict["validated"] is False and verdict["n_points"] == 2
-    assert verdict["verdict"].startswith("NOT VALIDATED: checked on 2 held-out points for 10 "
-                                         "fitted parameters: not a validation")
+    assert verdict["verdict"].startswith(
+        "NOT VALIDATED: checked on 2 held-out points for 10 fitted parameters: not a validation"
+    )
     line = [ln for ln in out.splitlines() if "NOT VALIDATED" in ln]
-    assert line == [f"performance model: {verdict['verdict']}; projection shown for "
-                    f"illustration only (marked so on the figure)"]
+    assert line == [
+        f"performance model: {verdict['verdict']}; projection shown for "
+        f"illustration only (marked so on the figure)"
+    ]
     for name in ("model_projection", "model_validation"):
-        text = " ".join(_svg_text(tmp_path / "fig" / f"{name}.svg").replace(
-            "\u00a0", " ").split())
-        assert "NOT VALIDATED" in text and "checked on 2 held-out points for 10 fitted " \
-            "parameters: not a validation" in text, name
+        text = " ".join(_svg_text(tmp_path / "fig" / f"{name}.svg").replace("\u00a0", " ").split())
+        assert (
+            "NOT VALIDATED" in text
+            and "checked on 2 held-out points for 10 fitted parameters: not a validation" in text
+        ), name
         assert "synthetic-mnist (SYNTHETIC DATA)" in text, name
     assert "oversubscribed" in _svg_text(tmp_path / "fig" / "speedup.svg")
     # the model.json it wrote, given back as --projection and --validation: the same verdict
     model = str(tmp_path / "fig" / "model.json")
-    assert main(["plot", str(root), "--out", str(tmp_path / "again"), "--formats", "svg",
-                 "--projection", model, "--validation", model]) == 0
+    assert (
+        main(
+            [
+                "plot",
+                str(root),
+                "--out",
+                str(tmp_path / "again"),
+                "--formats",
+                "svg",
+                "--projection",
+                model,
+                "--validation",
+                model,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"performance model: {verdict['verdict']}; projection shown" in out
     assert "NOT VALIDATED" in _svg_text(tmp_path / "again" / "model_projection.svg")

@@ -4,12 +4,13 @@ The reference is the oracle the C core is tested against, so here it is checked 
 things that do not share its code: np.matmul, naive float64 loss formulas, central finite
 differences, and PyTorch's SGD update written out by hand (torch itself is not imported).
 """
+
 import math
 
 import numpy as np
 import pytest
-
 from _core_helpers import mlp_spec
+
 from dptrain import reference as ref
 
 DTYPES = [np.float32, np.float64]
@@ -43,9 +44,12 @@ def test_gemm_matches_matmul(dtype, trans_a, trans_b, m, n, k):
         expected = alpha * np.matmul(op_a, op_b) + beta * c0.astype(np.float64)
         assert c.dtype == dtype
         np.testing.assert_allclose(
-            c, expected, **TOL[dtype],
+            c,
+            expected,
+            **TOL[dtype],
             err_msg=f"gemm shape m,n,k={m, n, k} trans=({trans_a}, {trans_b}) "
-                    f"alpha={alpha} beta={beta} dtype={np.dtype(dtype).name}")
+            f"alpha={alpha} beta={beta} dtype={np.dtype(dtype).name}",
+        )
 
 
 def test_gemm_beta_zero_never_reads_c():
@@ -104,8 +108,7 @@ def test_dense_rejects_shape_mismatch():
     with pytest.raises(ValueError, match="b has shape"):
         ref.dense_forward(x, w, np.ones(4), np.empty((4, 3)))
     with pytest.raises(ValueError, match="dx has shape"):
-        ref.dense_backward(np.ones((4, 3)), x, w, np.zeros((3, 5)), np.zeros(3),
-                           np.empty((4, 4)))
+        ref.dense_backward(np.ones((4, 3)), x, w, np.zeros((3, 5)), np.zeros(3), np.empty((4, 4)))
 
 
 def test_relu_in_place_and_backward_uses_output():
@@ -293,9 +296,10 @@ def make_problem(sizes, loss, batch=8, seed=0):
     return params, x, labels
 
 
-@pytest.mark.parametrize("sizes,loss", [((5, 7, 3), "softmax_xent"),
-                                        ((4, 6, 1), "sigmoid_bce"),
-                                        ((6, 3), "softmax_xent")])
+@pytest.mark.parametrize(
+    "sizes,loss",
+    [((5, 7, 3), "softmax_xent"), ((4, 6, 1), "sigmoid_bce"), ((6, 3), "softmax_xent")],
+)
 @pytest.mark.parametrize("grad_scale", [None, 0.7])
 def test_dense_stack_gradient_is_finite_difference(sizes, loss, grad_scale):
     params, x, labels = make_problem(sizes, loss)
@@ -314,8 +318,7 @@ def test_dense_stack_gradient_is_finite_difference(sizes, loss, grad_scale):
     assert np.count_nonzero(grads) > 0.5 * grads.size  # the check is not vacuous
 
 
-@pytest.mark.parametrize("sizes,loss", [((5, 7, 3), "softmax_xent"),
-                                        ((4, 6, 1), "sigmoid_bce")])
+@pytest.mark.parametrize("sizes,loss", [((5, 7, 3), "softmax_xent"), ((4, 6, 1), "sigmoid_bce")])
 def test_dense_stack_loss_grad_accumulates(sizes, loss):
     params, x, labels = make_problem(sizes, loss, seed=1)
     spec = mlp_spec(sizes, loss)
@@ -427,7 +430,9 @@ SGD_CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("config", SGD_CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize(
+    "config", SGD_CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items())
+)
 def test_sgd_step_matches_pytorch_formulas(config):
     rng = np.random.default_rng(6)
     p0 = rng.standard_normal(11)
@@ -552,5 +557,6 @@ def test_model_init_params_draw_order():
         bound = 1 / math.sqrt(n_in)
         parts.append(rng.uniform(-bound, bound, n_out * n_in))
         parts.append(rng.uniform(-bound, bound, n_out))
-    np.testing.assert_array_equal(ref.model_init_params(*mlp_spec(sizes), 42, np.float64),
-                                  np.concatenate(parts))
+    np.testing.assert_array_equal(
+        ref.model_init_params(*mlp_spec(sizes), 42, np.float64), np.concatenate(parts)
+    )

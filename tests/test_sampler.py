@@ -1,5 +1,6 @@
 """Which samples each step uses (dptrain.sampler): the shards of a global batch, the
 epochs' orders, the steps per epoch."""
+
 import numpy as np
 
 from dptrain import sampler

@@ -3,13 +3,14 @@
 first step, over odd sizes, both dtypes, every kernel ISA; split over a Context's or a Model's
 threads with the same bits; zero_ (zero_grad, split the same way); and the step's boundary.
 """
+
 import functools
 import itertools
 
 import numpy as np
 import pytest
+from _core_helpers import DTYPES, assert_close, dname, family_tests, randn, rng_for
 
-from _core_helpers import assert_close, dname, DTYPES, family_tests, randn, rng_for
 from dptrain import MLP
 from dptrain import _core as core
 from dptrain import reference as ref
@@ -22,30 +23,48 @@ def sgd_configs():
     """
     out = []
     for mom, damp, wd, nest, first in itertools.product(
-            [0.0, 0.9], [0.0, 0.3], [0.0, 0.01], [False, True], [True, False]):
+        [0.0, 0.9], [0.0, 0.3], [0.0, 0.01], [False, True], [True, False]
+    ):
         if nest and (mom == 0 or damp != 0):
             continue
         if mom == 0 and (damp != 0 or not first):  # dampening/first_step only matter with momentum
             continue
-        out.append(pytest.param(mom, damp, wd, nest, first,
-                                id=f"mom={mom}-damp={damp}-wd={wd}-nesterov={nest}-first={first}"))
+        out.append(
+            pytest.param(
+                mom,
+                damp,
+                wd,
+                nest,
+                first,
+                id=f"mom={mom}-damp={damp}-wd={wd}-nesterov={nest}-first={first}",
+            )
+        )
     return out
 
 
 @pytest.mark.parametrize("n", [1, 7, 33, 129, 4099])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("momentum,dampening,weight_decay,nesterov,first_step", sgd_configs())
-def test_sgd_step_three_steps(isa, momentum, dampening, weight_decay, nesterov, first_step, dtype, n):
+def test_sgd_step_three_steps(
+    isa, momentum, dampening, weight_decay, nesterov, first_step, dtype, n
+):
     rng = rng_for("sgd", momentum, dampening, weight_decay, nesterov, first_step, dname(dtype), n)
     p = randn(rng, (n,), dtype)
     p_ref = p.copy()
     # momentum == 0: velocity is None (neither read nor written)
     v = np.zeros(n, dtype) if momentum else None
     v_ref = np.zeros(n, dtype) if momentum else None
-    kw = dict(lr=0.05, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-              nesterov=nesterov)
-    what = (f"sgd_step n={n} dtype={dname(dtype)} momentum={momentum} dampening={dampening} "
-            f"weight_decay={weight_decay} nesterov={nesterov}")
+    kw = dict(
+        lr=0.05,
+        momentum=momentum,
+        dampening=dampening,
+        weight_decay=weight_decay,
+        nesterov=nesterov,
+    )
+    what = (
+        f"sgd_step n={n} dtype={dname(dtype)} momentum={momentum} dampening={dampening} "
+        f"weight_decay={weight_decay} nesterov={nesterov}"
+    )
     for step in range(3):
         g = randn(rng, (n,), dtype)
         g_in = g.copy()
@@ -54,11 +73,18 @@ def test_sgd_step_three_steps(isa, momentum, dampening, weight_decay, nesterov, 
         ref.sgd_step(p_ref, g, v_ref, first_step=first, **kw)
         np.testing.assert_array_equal(g, g_in, err_msg=what + " modified grads")
         scale = 1.0 + np.abs(p_ref.astype(np.float64))
-        assert_close(p, p_ref, dtype=dtype, scale=scale, k=8,
-                     what=f"{what} params after step {step + 1}")
+        assert_close(
+            p, p_ref, dtype=dtype, scale=scale, k=8, what=f"{what} params after step {step + 1}"
+        )
         if momentum:
-            assert_close(v, v_ref, dtype=dtype, scale=1.0 + np.abs(v_ref), k=8,
-                         what=f"{what} velocity after step {step + 1}")
+            assert_close(
+                v,
+                v_ref,
+                dtype=dtype,
+                scale=1.0 + np.abs(v_ref),
+                k=8,
+                what=f"{what} velocity after step {step + 1}",
+            )
 
 
 # around one part of the threaded split (32,768 elements) and its 1,024-element units
@@ -68,23 +94,36 @@ SPLIT_SIZES = [32767, 65535, 65536 + 1, 100003, 3 * 32768 + 1023]
 @functools.cache
 def _split_owners():
     """The objects whose threads sgd_step / zero_ may take: None, Contexts, a model's net."""
-    return {"none": None, "context-1": core.Context(1), "context-2": core.Context(2),
-            "context-3": core.Context(3), "model-2": MLP((784, 8, 10), threads=2)._net}
+    return {
+        "none": None,
+        "context-1": core.Context(1),
+        "context-2": core.Context(2),
+        "context-3": core.Context(3),
+        "model-2": MLP((784, 8, 10), threads=2)._net,
+    }
 
 
 @pytest.mark.parametrize("n", SPLIT_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("momentum,dampening,weight_decay,nesterov,first_step", sgd_configs())
-def test_sgd_step_split_over_threads_same_bits(isa, momentum, dampening, weight_decay, nesterov,
-                                                first_step, dtype, n):
+def test_sgd_step_split_over_threads_same_bits(
+    isa, momentum, dampening, weight_decay, nesterov, first_step, dtype, n
+):
     """sgd_step(ctx=...) on 1, 2, 3 threads and on a Model's threads: the same bits as the
     caller alone (the step is elementwise; a wrong part boundary skips or repeats elements)."""
-    rng = rng_for("sgd-split", momentum, dampening, weight_decay, nesterov, first_step,
-                  dname(dtype), n)
+    rng = rng_for(
+        "sgd-split", momentum, dampening, weight_decay, nesterov, first_step, dname(dtype), n
+    )
     p0, g = randn(rng, (n,), dtype), randn(rng, (n,), dtype)
     v0 = randn(rng, (n,), dtype) if momentum else None
-    kw = dict(lr=0.05, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-              nesterov=nesterov, first_step=first_step)
+    kw = dict(
+        lr=0.05,
+        momentum=momentum,
+        dampening=dampening,
+        weight_decay=weight_decay,
+        nesterov=nesterov,
+        first_step=first_step,
+    )
     results = {}
     for name, owner in _split_owners().items():
         p, v = p0.copy(), None if v0 is None else v0.copy()
@@ -92,11 +131,13 @@ def test_sgd_step_split_over_threads_same_bits(isa, momentum, dampening, weight_
         results[name] = (p, v)
     want_p, want_v = results.pop("none")
     for name, (p, v) in results.items():
-        np.testing.assert_array_equal(p, want_p, strict=True,
-                                      err_msg=f"sgd_step ctx={name} n={n} params")
+        np.testing.assert_array_equal(
+            p, want_p, strict=True, err_msg=f"sgd_step ctx={name} n={n} params"
+        )
         if momentum:
-            np.testing.assert_array_equal(v, want_v, strict=True,
-                                          err_msg=f"sgd_step ctx={name} n={n} velocity")
+            np.testing.assert_array_equal(
+                v, want_v, strict=True, err_msg=f"sgd_step ctx={name} n={n} velocity"
+            )
 
 
 @pytest.mark.parametrize("n", [0, 1, 2 * 32768 - 3, 2 * 32768 + 1025, 100003])
@@ -113,13 +154,16 @@ def test_zero_split_over_threads_clears_every_element(n, dtype):
 @pytest.mark.parametrize("fn", ["sgd_step", "zero_"])
 def test_split_ctx_of_the_wrong_type_is_refused(fn):
     p = np.ones(8)
-    call = (lambda ctx: core.sgd_step(p, np.ones(8), None, lr=0.1, ctx=ctx)) \
-        if fn == "sgd_step" else (lambda ctx: core.zero_(p, ctx=ctx))
+    call = (
+        (lambda ctx: core.sgd_step(p, np.ones(8), None, lr=0.1, ctx=ctx))
+        if fn == "sgd_step"
+        else (lambda ctx: core.zero_(p, ctx=ctx))
+    )
     with pytest.raises(TypeError, match=r"ctx must be a dptrain._core.Context, Model.*got str"):
         call("threads")
     with pytest.raises(RuntimeError, match=r"ctx: this dptrain._core.Context is not initialized"):
         call(core.Context.__new__(core.Context))
-    np.testing.assert_array_equal(p, 1.0)   # untouched
+    np.testing.assert_array_equal(p, 1.0)  # untouched
 
 
 def test_sgd_step_by_hand():

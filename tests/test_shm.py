@@ -1,6 +1,7 @@
 """Workers sharing memory (dptrain.comm.shm): how the launcher's arrays reach worker
 processes (inherited, copied once, or mapped again from their file), and what a worker
 reports home while it runs."""
+
 import operator
 import os
 import time
@@ -26,15 +27,19 @@ def test_process_workers_get_the_extras_inherited_or_copied():
     import operator
 
     from dptrain.comm.shm import run_processes
+
     x = np.arange(3000, dtype=np.float64).reshape(100, 30)
-    for address, total, in_segment in run_processes(2, _extras_as_seen, extras={"x": x},
-                                                    start_method="fork"):
+    for address, total, in_segment in run_processes(
+        2, _extras_as_seen, extras={"x": x}, start_method="fork"
+    ):
         assert address == x.ctypes.data and total == float(x.sum()) and in_segment == []
-    for seen in run_processes(2, operator.methodcaller("extra", "x"), extras={"x": x},
-                              start_method="spawn"):
+    for seen in run_processes(
+        2, operator.methodcaller("extra", "x"), extras={"x": x}, start_method="spawn"
+    ):
         np.testing.assert_array_equal(seen, x)
-    for layout in run_processes(2, operator.attrgetter("layout.extras"), extras={"x": x},
-                                start_method="spawn"):
+    for layout in run_processes(
+        2, operator.attrgetter("layout.extras"), extras={"x": x}, start_method="spawn"
+    ):
         assert sorted(layout) == ["x"]
 
 
@@ -58,8 +63,15 @@ def test_a_report_reaches_the_launcher_while_the_worker_runs(tmp_path, backend, 
     def received(record):
         got.append(record)
         flag.touch()
-    results = launch(_report_then_wait_for_the_launcher, str(flag), workers=workers,
-                     backend=backend, start_method="fork", report=received)
+
+    results = launch(
+        _report_then_wait_for_the_launcher,
+        str(flag),
+        workers=workers,
+        backend=backend,
+        start_method="fork",
+        report=received,
+    )
     assert results[0] == "seen" and got == [{"epoch": 1, "rank": 0}]
 
 
@@ -75,7 +87,7 @@ def test_a_memory_mapped_extra_is_mapped_again_not_copied(tmp_path, start_method
     targets are picklable callables from the standard library.)"""
     path = tmp_path / "x.npy"
     np.save(path, np.arange(1000, dtype=np.float32).reshape(100, 10))
-    x = np.load(path, mmap_mode="r")[10:60]            # a view of the file, at an offset
+    x = np.load(path, mmap_mode="r")[10:60]  # a view of the file, at an offset
     options = dict(workers=2, backend="process", start_method=start_method, extras={"x": x})
     if start_method == "fork":
         for seen in launch(_what_the_worker_reads, **options):
@@ -89,10 +101,22 @@ def test_a_memory_mapped_extra_is_mapped_again_not_copied(tmp_path, start_method
 
 def test_an_extra_that_was_not_given_is_named():
     def reads(comm):
-        with pytest.raises(KeyError, match="no extra array named 'y' was given to launch "
-                                           r"\(extras: x\)"):
+        with pytest.raises(
+            KeyError,
+            match="no extra array named 'y' was given to launch "
+            r"\(extras: x\)",
+        ):
             comm.extra("y")
         return comm.extra("y", None)
+
     for backend, workers in (("thread", 1), ("thread", 2), ("process", 2)):
-        assert launch(reads, workers=workers, backend=backend, start_method="fork",
-                      extras={"x": np.ones(3)}) == [None] * workers
+        assert (
+            launch(
+                reads,
+                workers=workers,
+                backend=backend,
+                start_method="fork",
+                extras={"x": np.ones(3)},
+            )
+            == [None] * workers
+        )

@@ -1,6 +1,7 @@
 """dptrain.sklearn: scikit-learn's check_estimator on every estimator, the estimators on a
 real problem (digits), the same weights on 1 and 2 workers (threads, processes, MPI ranks),
 dptrain.fit underneath, labels, partial_fit, pickling, parameters and their help."""
+
 import copy
 import os
 import pickle
@@ -19,11 +20,16 @@ sklearn = pytest.importorskip("sklearn", minversion="1.6")
 from sklearn.base import clone  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
-from sklearn.utils.estimator_checks import check_estimator, parametrize_with_checks  # noqa: E402
+from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
 import dptrain  # noqa: E402
-from dptrain.sklearn import (CNNClassifier, LogisticRegression, MLPClassifier,  # noqa: E402
-                             MLPRegressor, SoftmaxRegression)
+from dptrain.sklearn import (  # noqa: E402
+    CNNClassifier,
+    LogisticRegression,
+    MLPClassifier,
+    MLPRegressor,
+    SoftmaxRegression,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSIFIERS = (MLPClassifier, LogisticRegression, SoftmaxRegression, CNNClassifier)
@@ -34,12 +40,16 @@ def small(cls, **kw):
     layers), still reaching their accuracy bar (0.83 on three blobs)."""
     if cls is MLPClassifier:
         kw = {"hidden_layer_sizes": (16,), **kw}
-    if cls is CNNClassifier:      # 2 blob features in a 4x4 image: padding=1 keeps it whole
-        kw = {"channels": (4, 8), "hidden_layer_sizes": (16,), "padding": 1, "batch_size": 16,
-              **kw}
-    if cls is MLPRegressor:       # the checks' targets reach ~600 unscaled: plain SGD needs
-        kw = {"hidden_layer_sizes": (16,), "max_iter": 100, "learning_rate_init": 0.001,
-              "batch_size": 32, **kw}     # a small step (lr 0.005 diverges there)
+    if cls is CNNClassifier:  # 2 blob features in a 4x4 image: padding=1 keeps it whole
+        kw = {"channels": (4, 8), "hidden_layer_sizes": (16,), "padding": 1, "batch_size": 16, **kw}
+    if cls is MLPRegressor:  # the checks' targets reach ~600 unscaled: plain SGD needs
+        kw = {
+            "hidden_layer_sizes": (16,),
+            "max_iter": 100,
+            "learning_rate_init": 0.001,
+            "batch_size": 32,
+            **kw,
+        }  # a small step (lr 0.005 diverges there)
     return cls(**{"max_iter": 20, "random_state": 0, **kw})
 
 
@@ -50,7 +60,7 @@ def digits():
 
 
 # ---------------------------------------------------------------- scikit-learn's checks
-@pytest.mark.filterwarnings("ignore:.*batch_size=16 is larger than the")   # small data
+@pytest.mark.filterwarnings("ignore:.*batch_size=16 is larger than the")  # small data
 @parametrize_with_checks([small(cls) for cls in CLASSIFIERS])
 def test_check_estimator(estimator, check):
     """Every check passes: no exemption (expected_failed_checks) is declared. Only the
@@ -61,10 +71,24 @@ def test_check_estimator(estimator, check):
 def test_the_array_api_check_passes_where_scipy_enables_it():
     """The one check skipped above needs SCIPY_ARRAY_API=1 before scipy is imported: run
     it in a fresh interpreter with it."""
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "-k", "check_array_api_input", str(Path(__file__))],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT,
-                       env={**os.environ, "SCIPY_ARRAY_API": "1"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "check_array_api_input",
+            str(Path(__file__)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "SCIPY_ARRAY_API": "1"},
+    )
     assert r.returncode == 0 and f"{len(CLASSIFIERS) + 1} passed" in r.stdout, r.stdout + r.stderr
 
 
@@ -78,19 +102,25 @@ def test_regressor_fits_a_smooth_function_as_well_as_sklearns():
     """y = sin(x0) + x1^2 / 2 + noise: dptrain's MLPRegressor reaches an R^2 within 0.05 of
     scikit-learn's own MLPRegressor with the same layers, solver (SGD) and epochs."""
     from sklearn.neural_network import MLPRegressor as SkMLPRegressor
+
     rng = np.random.default_rng(0)
     X = rng.uniform(-2, 2, size=(2000, 2))
     y = np.sin(X[:, 0]) + X[:, 1] ** 2 / 2 + rng.normal(0, 0.05, size=len(X))
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.25, random_state=0)
     ours = MLPRegressor(hidden_layer_sizes=(32, 32), max_iter=60, random_state=0)
     ours.fit(Xtr, ytr)
-    assert ours.model_.loss == "mse"                # trained through the C engine's MSE
-    theirs = SkMLPRegressor(hidden_layer_sizes=(32, 32), solver="sgd", max_iter=60,
-                            learning_rate_init=ours.learning_rate_init, momentum=ours.momentum,
-                            batch_size=ours.batch_size if isinstance(ours.batch_size, int)
-                            else "auto", random_state=0)
+    assert ours.model_.loss == "mse"  # trained through the C engine's MSE
+    theirs = SkMLPRegressor(
+        hidden_layer_sizes=(32, 32),
+        solver="sgd",
+        max_iter=60,
+        learning_rate_init=ours.learning_rate_init,
+        momentum=ours.momentum,
+        batch_size=ours.batch_size if isinstance(ours.batch_size, int) else "auto",
+        random_state=0,
+    )
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")            # sklearn: not converged in 60 epochs
+        warnings.simplefilter("ignore")  # sklearn: not converged in 60 epochs
         theirs.fit(Xtr, ytr)
     r2, r2_sk = ours.score(Xte, yte), theirs.score(Xte, yte)
     assert ours.predict(Xte).shape == (len(Xte),)
@@ -103,20 +133,27 @@ def test_regressor_fits_a_smooth_function_as_well_as_sklearns():
 
 def test_import_dptrain_does_not_import_sklearn():
     code = "import sys, dptrain; print('sklearn' in sys.modules)"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
 
 
 # ---------------------------------------------------------------- a real problem
-@pytest.mark.parametrize("est, floor", [
-    (MLPClassifier(max_iter=30, random_state=0), 0.95),
-    (LogisticRegression(max_iter=30, random_state=0), 0.93),
-    (SoftmaxRegression(max_iter=30, random_state=0), 0.93),
-    (CNNClassifier(channels=(8, 16), padding=1, batch_size=32, max_iter=10, random_state=0),
-     0.95),
-], ids=lambda v: type(v).__name__ if not isinstance(v, float) else "")
+@pytest.mark.parametrize(
+    "est, floor",
+    [
+        (MLPClassifier(max_iter=30, random_state=0), 0.95),
+        (LogisticRegression(max_iter=30, random_state=0), 0.93),
+        (SoftmaxRegression(max_iter=30, random_state=0), 0.93),
+        (
+            CNNClassifier(channels=(8, 16), padding=1, batch_size=32, max_iter=10, random_state=0),
+            0.95,
+        ),
+    ],
+    ids=lambda v: type(v).__name__ if not isinstance(v, float) else "",
+)
 def test_digits(digits, est, floor):
     X_train, X_test, y_train, y_test = digits
     est.fit(X_train, y_train)
@@ -139,8 +176,7 @@ def test_cnn_takes_images_as_they_come(digits):
     for est in (gray, chw):
         assert est.input_shape_ == (1, 8, 8) and est.n_features_in_ == 64
         np.testing.assert_array_equal(est.model_.params, flat.model_.params)
-    np.testing.assert_array_equal(gray.predict(X_test.reshape(-1, 8, 8)),
-                                  flat.predict(X_test))
+    np.testing.assert_array_equal(gray.predict(X_test.reshape(-1, 8, 8)), flat.predict(X_test))
     with pytest.raises(ValueError, match=r"images of shape \(1, 4, 16\).*fitted on \(1, 8, 8\)"):
         gray.predict(X_test.reshape(-1, 4, 16))
 
@@ -166,12 +202,13 @@ def test_cnn_reads_tabular_rows_as_a_padded_square_image():
 @pytest.mark.parametrize("cls", [MLPClassifier, LogisticRegression, CNNClassifier])
 def test_two_workers_give_the_weights_of_one(digits, cls, backend):
     X_train, _, y_train, _ = digits
-    if cls is LogisticRegression:       # the binary (sigmoid) model
+    if cls is LogisticRegression:  # the binary (sigmoid) model
         keep = y_train < 2
         X_train, y_train = X_train[keep], y_train[keep]
     one = small(cls, max_iter=3, batch_size=64, dtype="float64").fit(X_train, y_train)
-    two = small(cls, max_iter=3, batch_size=64, dtype="float64", workers=2,
-                backend=backend).fit(X_train, y_train)
+    two = small(cls, max_iter=3, batch_size=64, dtype="float64", workers=2, backend=backend).fit(
+        X_train, y_train
+    )
     np.testing.assert_allclose(two.model_.params, one.model_.params, rtol=0, atol=1e-5)
     np.testing.assert_allclose(two.loss_curve_, one.loss_curve_, rtol=1e-6)
 
@@ -201,14 +238,20 @@ def test_mpi_ranks_are_all_fitted(tmp_path):
         "X, y = load_digits(return_X_y=True)\n"
         "est = MLPClassifier((16,), max_iter=2, random_state=0, dtype='float64').fit(X / 16, y)\n"
         "with open(f'{sys.argv[1]}/rank{MPI.COMM_WORLD.Get_rank()}.txt', 'w') as f:\n"
-        "    f.write(f'{float(est.model_.params.sum())!r} {len(est.history_)}')\n")
-    r = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script), str(tmp_path)],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+        "    f.write(f'{float(est.model_.params.sum())!r} {len(est.history_)}')\n"
+    )
+    r = subprocess.run(
+        [mpiexec, "-n", "2", sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     ranks = [(tmp_path / f"rank{i}.txt").read_text().split() for i in range(2)]
     X, y = load_digits(return_X_y=True)
     alone = MLPClassifier((16,), max_iter=2, random_state=0, dtype="float64").fit(X / 16, y)
-    for total, epochs in ranks:       # every rank holds the model and the history
+    for total, epochs in ranks:  # every rank holds the model and the history
         assert int(epochs) == 2
         assert abs(float(total) - alone.model_.params.sum()) < 1e-6, ranks
 
@@ -218,12 +261,30 @@ def test_the_estimator_is_dptrain_fit_with_its_options(digits):
     estimator's model is the one dptrain.fit trains on the encoded labels."""
     X_train, _, y_train, _ = digits
     labels = np.array(list("abcdefghij"))[y_train]
-    est = MLPClassifier((32,), learning_rate_init=0.02, max_iter=2, batch_size=50,
-                        momentum=0.8, alpha=1e-3, random_state=7).fit(X_train, labels)
+    est = MLPClassifier(
+        (32,),
+        learning_rate_init=0.02,
+        max_iter=2,
+        batch_size=50,
+        momentum=0.8,
+        alpha=1e-3,
+        random_state=7,
+    ).fit(X_train, labels)
     model = dptrain.MLP([64, 32, 10], seed=7)
-    result = dptrain.fit(model, X_train, y_train, epochs=2, batch_size=50, lr=0.02,
-                         lr_schedule="constant", momentum=0.8, weight_decay=1e-3, seed=7,
-                         quiet=True, progress=False)
+    result = dptrain.fit(
+        model,
+        X_train,
+        y_train,
+        epochs=2,
+        batch_size=50,
+        lr=0.02,
+        lr_schedule="constant",
+        momentum=0.8,
+        weight_decay=1e-3,
+        seed=7,
+        quiet=True,
+        progress=False,
+    )
     np.testing.assert_array_equal(est.model_.params, model.params)
     assert est.loss_curve_ == result["train_loss"]
     assert list(est.classes_) == list("abcdefghij")
@@ -241,7 +302,7 @@ def test_binary_logistic_probabilities_are_the_sigmoid_in_float64():
     np.testing.assert_allclose(est.predict_proba(X)[:, 1], 1 / (1 + np.exp(-z)), rtol=1e-12)
     np.testing.assert_array_equal(est.predict(X), np.where(z > 0, "yes", "no"))
     assert est.score(X, y) > 0.95
-    big = LogisticRegression(max_iter=1).fit(X * 1e3, y)   # saturated logits stay exact
+    big = LogisticRegression(max_iter=1).fit(X * 1e3, y)  # saturated logits stay exact
     logp = big.predict_log_proba(X * 1e3)
     assert np.isfinite(logp).all()
     np.testing.assert_allclose(np.exp(logp).sum(axis=1), 1.0)
@@ -266,7 +327,7 @@ def test_partial_fit_is_one_epoch_more():
     est = small(MLPClassifier)
     with pytest.raises(ValueError, match="classes must be given"):
         est.partial_fit(X, y)
-    est.partial_fit(X[:30], y[:30], classes=["a", "b", "c"])   # a batch of one class
+    est.partial_fit(X[:30], y[:30], classes=["a", "b", "c"])  # a batch of one class
     assert est.n_iter_ == 1 and len(est.loss_curve_) == 1
     before = est.model_.params.copy()
     est.partial_fit(X, y)
@@ -276,7 +337,7 @@ def test_partial_fit_is_one_epoch_more():
         est.partial_fit(X[:2], ["a", "d"])
     with pytest.raises(ValueError, match="expecting 4 features"):
         est.partial_fit(X[:, :3], y)
-    assert est.n_iter_ == 2      # a refused call changed nothing
+    assert est.n_iter_ == 2  # a refused call changed nothing
 
 
 def test_warm_start_continues_and_a_plain_fit_starts_again():
@@ -303,8 +364,9 @@ def test_same_random_state_same_model_and_none_draws_one():
 
 # ---------------------------------------------------------------- parameters, pickle, help
 def test_params_round_trip_through_clone_and_set_params():
-    est = CNNClassifier((1, 8, 8), channels=(4,), workers=2, backend="process",
-                        engine_options={"timeout": 30.0})
+    est = CNNClassifier(
+        (1, 8, 8), channels=(4,), workers=2, backend="process", engine_options={"timeout": 30.0}
+    )
     params = est.get_params()
     assert params["workers"] == 2 and params["backend"] == "process"
     twin = clone(est)
@@ -316,18 +378,21 @@ def test_params_round_trip_through_clone_and_set_params():
     assert repr(MLPClassifier(workers=2)) == "MLPClassifier(workers=2)"
 
 
-@pytest.mark.parametrize("param, value, message", [
-    ("learning_rate_init", 0.0, "learning_rate_init must be a finite number in \\(0"),
-    ("max_iter", 0, "max_iter must be an integer >= 1"),
-    ("batch_size", "big", "batch_size must be an integer"),
-    ("momentum", 1.0, "momentum must be"),
-    ("learning_rate", "adaptive", "learning_rate must be one of 'constant', 'cosine'"),
-    ("backend", "gpu", "backend must be one of thread, process, mpi or None"),
-    ("dtype", "float16", "dtype must be one of float32, float64"),
-    ("random_state", -1, "random_state must be an int >= 0"),
-    ("hidden_layer_sizes", (16, 0), "hidden_layer_sizes must be a sequence of positive"),
-    ("engine_options", {"lr": 1.0}, "engine_options may not set lr"),
-])
+@pytest.mark.parametrize(
+    "param, value, message",
+    [
+        ("learning_rate_init", 0.0, "learning_rate_init must be a finite number in \\(0"),
+        ("max_iter", 0, "max_iter must be an integer >= 1"),
+        ("batch_size", "big", "batch_size must be an integer"),
+        ("momentum", 1.0, "momentum must be"),
+        ("learning_rate", "adaptive", "learning_rate must be one of 'constant', 'cosine'"),
+        ("backend", "gpu", "backend must be one of thread, process, mpi or None"),
+        ("dtype", "float16", "dtype must be one of float32, float64"),
+        ("random_state", -1, "random_state must be an int >= 0"),
+        ("hidden_layer_sizes", (16, 0), "hidden_layer_sizes must be a sequence of positive"),
+        ("engine_options", {"lr": 1.0}, "engine_options may not set lr"),
+    ],
+)
 def test_bad_parameters_are_named(param, value, message):
     X = np.random.default_rng(6).normal(size=(20, 3))
     y = np.arange(20) % 2
@@ -339,10 +404,11 @@ def test_engine_options_hold_out_a_validation_split(digits):
     X_train, _, y_train, _ = digits
     est = small(MLPClassifier, max_iter=2, engine_options={"validation": 0.2})
     est.fit(X_train, y_train)
-    cut = len(X_train) - int(0.2 * len(X_train) + 0.5)      # the last rows are held out
+    cut = len(X_train) - int(0.2 * len(X_train) + 0.5)  # the last rows are held out
     assert all(h["test_accuracy"] is not None for h in est.history_)
     assert est.history_[-1]["test_accuracy"] == pytest.approx(
-        est.score(X_train[cut:], y_train[cut:]))
+        est.score(X_train[cut:], y_train[cut:])
+    )
 
 
 def test_unknown_engine_option_lists_the_known_ones():
@@ -366,7 +432,7 @@ def test_pickle_keeps_the_model_and_training_goes_on(cls, digits):
     np.testing.assert_array_equal(back.model_.params, est.model_.params)
     deep = copy.deepcopy(est)
     np.testing.assert_array_equal(deep.predict(X_test), est.predict(X_test))
-    assert "model_" in est.__dict__ and isinstance(est.model_, dptrain.Model)   # unchanged
+    assert "model_" in est.__dict__ and isinstance(est.model_, dptrain.Model)  # unchanged
 
 
 @pytest.mark.parametrize("cls", CLASSIFIERS + (MLPRegressor,))

@@ -1,4 +1,5 @@
 """Every study preset runs in its reduced --quick form and writes its report files."""
+
 import csv
 import json
 from pathlib import Path
@@ -17,12 +18,26 @@ def data_env(monkeypatch):
         monkeypatch.setenv("DPTRAIN_DATA", str(SHARED_DATA))
 
 
-FILES = {"mnist-mlp": ["speedup.png", "efficiency_vs_size.png", "time_vs_size.png",
-                       "breakdown.png", "summary.csv", "runs.csv", "sweep.json"],
-         "cifar10-cnn": ["speedup.png", "breakdown.png", "baseline_vs_distributed.png",
-                         "summary.csv", "sweep.json"],
-         "logreg-1m": ["speedup.png", "breakdown.png", "summary.csv", "sweep.json"],
-         "mnist-softmax-scaled": ["speedup_layouts.png", "results.csv", "results.json"]}
+FILES = {
+    "mnist-mlp": [
+        "speedup.png",
+        "efficiency_vs_size.png",
+        "time_vs_size.png",
+        "breakdown.png",
+        "summary.csv",
+        "runs.csv",
+        "sweep.json",
+    ],
+    "cifar10-cnn": [
+        "speedup.png",
+        "breakdown.png",
+        "baseline_vs_distributed.png",
+        "summary.csv",
+        "sweep.json",
+    ],
+    "logreg-1m": ["speedup.png", "breakdown.png", "summary.csv", "sweep.json"],
+    "mnist-softmax-scaled": ["speedup_layouts.png", "results.csv", "results.json"],
+}
 
 
 @pytest.mark.slow
@@ -31,13 +46,14 @@ def test_quick_study_writes_its_report(name, tmp_path):
     out = tmp_path / name
     res = studies.study(name, out, quick=True, log=lambda *a: None)
     report = (out / "report.md").read_text()
-    assert report.startswith("# QUICK RUN - Study:")       # a quick run never passes for a study
+    assert report.startswith("# QUICK RUN - Study:")  # a quick run never passes for a study
     assert "**QUICK RUN**" in report and "| QUICK |" in report
-    if name == "cifar10-cnn":                             # no CIFAR-10 here: the stand-in, named
+    if name == "cifar10-cnn":  # no CIFAR-10 here: the stand-in, named
         assert "SYNTHETIC CIFAR-10-shaped data (synthetic-cifar10" in report
-        assert json.loads((out / "sweep.json").read_text())["config"]["dataset"] == \
-            "synthetic-cifar10"
-    if "†" in report:                                     # a speedup above the cores: explained
+        assert (
+            json.loads((out / "sweep.json").read_text())["config"]["dataset"] == "synthetic-cifar10"
+        )
+    if "†" in report:  # a speedup above the cores: explained
         assert studies.SUPERLINEAR_NOTE in report
     for section in ("## Configuration", "## Against the original", "## Figures"):
         assert section in report, f"{name}: no {section!r}"

@@ -1,5 +1,6 @@
 """Scaling sweeps: every configuration timed and summarized, the baseline our own 1 worker,
 the gap to the ideal decomposed; the progress bar."""
+
 import csv
 import io
 import json
@@ -10,8 +11,17 @@ from dptrain.measure import sweep as sweep_mod
 from dptrain.measure import timing
 from dptrain.measure.progress import Progress, format_seconds
 
-SMALL = dict(model="softmax", dataset="synthetic", sizes=(600, 1200), workers=(2, 3),
-             backend="thread", repeat=2, epochs=1, batch_size=60, quiet=True)
+SMALL = dict(
+    model="softmax",
+    dataset="synthetic",
+    sizes=(600, 1200),
+    workers=(2, 3),
+    backend="thread",
+    repeat=2,
+    epochs=1,
+    batch_size=60,
+    quiet=True,
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +33,21 @@ def result(tmp_path_factory):
 def test_every_configuration_and_repeat_is_run_and_summarized(result):
     out, res = result
     runs, summary = res["runs"], res["summary"]
-    assert len(runs) == 2 * 3 * 2                  # sizes x workers (1 added) x repeats
+    assert len(runs) == 2 * 3 * 2  # sizes x workers (1 added) x repeats
     assert {(r["n_samples"], r["workers"]) for r in runs} == {
-        (n, p) for n in (600, 1200) for p in (1, 2, 3)}
+        (n, p) for n in (600, 1200) for p in (1, 2, 3)
+    }
     assert len(summary) == 6
     for s in summary:
-        mine = [r for r in runs if (r["n_samples"], r["workers"]) == (s["n_samples"],
-                                                                     s["workers"])]
+        mine = [r for r in runs if (r["n_samples"], r["workers"]) == (s["n_samples"], s["workers"])]
         times = sorted(r["train_seconds"] for r in mine)
         assert s["time"]["min"] == times[0] and s["time"]["max"] == times[-1]
-        base = [r["train_seconds"] for r in runs
-                if r["n_samples"] == s["n_samples"] and r["workers"] == 1]
-        t1 = sorted(base)[0] / 2 + sorted(base)[1] / 2        # median of 2
+        base = [
+            r["train_seconds"]
+            for r in runs
+            if r["n_samples"] == s["n_samples"] and r["workers"] == 1
+        ]
+        t1 = sorted(base)[0] / 2 + sorted(base)[1] / 2  # median of 2
         assert s["speedup"]["max"] == pytest.approx(t1 / times[0])
         assert s["efficiency"]["median"] == pytest.approx(s["speedup"]["median"] / s["workers"])
         assert set(s["phases"]) == set(timing.PHASES)
@@ -76,9 +89,27 @@ def test_bad_sweeps_are_rejected():
 
 def test_cli_sweep(tmp_path, capsys):
     from dptrain.cli import main
-    rc = main(["sweep", "--model", "logreg", "--dataset", "synthetic", "--sizes", "500",
-               "--workers", "2", "--backend", "thread", "--repeat", "1", "--no-ceiling",
-               "--out", str(tmp_path)])
+
+    rc = main(
+        [
+            "sweep",
+            "--model",
+            "logreg",
+            "--dataset",
+            "synthetic",
+            "--sizes",
+            "500",
+            "--workers",
+            "2",
+            "--backend",
+            "thread",
+            "--repeat",
+            "1",
+            "--no-ceiling",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     captured = capsys.readouterr()
     assert "speedup" in captured.out and "sweep:" in captured.err and "2/2" in captured.err
@@ -95,7 +126,7 @@ def test_progress_line_and_eta():
         assert bar.done == 2
     last = buf.getvalue().replace("\r", "\n").strip().splitlines()[-1]
     assert last.startswith("demo:") and "2/4" in last and last.rstrip("]").endswith("b")
-    assert "<" in last                              # tqdm's elapsed<remaining: the ETA
+    assert "<" in last  # tqdm's elapsed<remaining: the ETA
     assert format_seconds(75) == "1 min 15 s" and format_seconds(4000) == "1 h 06 min"
     quiet = io.StringIO()
     Progress(3, stream=quiet, quiet=True).update()
@@ -108,13 +139,25 @@ def test_a_synthetic_stand_in_is_named_in_every_output(tmp_path, monkeypatch, ca
     """MNIST absent (no $DPTRAIN_DATA, an empty cache, no network): the sweep's JSON, CSV
     tables and printed table all say synthetic-mnist, never mnist."""
     from dptrain import data
+
     monkeypatch.delenv("DPTRAIN_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(data.mnist, "_fetch", lambda url, timeout: pytest.fail("tried to download"))
     out = tmp_path / "sweep"
-    res = sweep_mod.sweep("softmax", "mnist", sizes=(256,), workers=(2,), backend="thread",
-                          repeat=1, epochs=1, batch_size=64, ceiling=False, out=out,
-                          quick=True, allow_download=False)
+    res = sweep_mod.sweep(
+        "softmax",
+        "mnist",
+        sizes=(256,),
+        workers=(2,),
+        backend="thread",
+        repeat=1,
+        epochs=1,
+        batch_size=64,
+        ceiling=False,
+        out=out,
+        quick=True,
+        allow_download=False,
+    )
     assert res["config"]["dataset"] == "synthetic-mnist" and res["config"]["synthetic"]
     assert res["config"]["requested_dataset"] == "mnist" and res["config"]["quick"]
     saved = json.loads((out / "sweep.json").read_text())

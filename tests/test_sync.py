@@ -2,10 +2,11 @@
 control block, and ShmGroup's arguments, on thread workers (the process backend's tests cover
 the same group across processes). The all-reduce over it: test_allreduce.py.
 """
+
 import numpy as np
 import pytest
-
 from _core_helpers import control_block, run_workers
+
 from dptrain import _core
 
 
@@ -18,14 +19,15 @@ def test_abort_wakes_every_waiter_with_its_code():
 
     def work(r):
         if r == 2:
-            groups[r].abort(7)            # rank 2 fails instead of arriving
+            groups[r].abort(7)  # rank 2 fails instead of arriving
             return "aborted"
         with pytest.raises(_core.GroupAborted) as info:
             groups[r].allreduce()
         return info.value.args[1]
+
     assert run_workers(n, work) == [7, 7, "aborted"]
     assert groups[0].aborted == 7
-    with pytest.raises(_core.GroupAborted):   # and later calls fail at once
+    with pytest.raises(_core.GroupAborted):  # and later calls fail at once
         groups[0].barrier()
 
 
@@ -68,13 +70,13 @@ def test_a_timed_out_wait_aborts_the_group_instead_of_leaving_a_stale_arrival():
     with pytest.raises(TimeoutError):
         g.barrier()
     with pytest.raises(_core.GroupAborted):
-        g.barrier()                        # not a barrier that opens one worker short
+        g.barrier()  # not a barrier that opens one worker short
 
 
 def test_a_foreign_control_block_is_rejected_not_trusted():
     ctrl = control_block()
     _core.init_group_control(ctrl, 2)
-    ctrl[16:20] = np.frombuffer(np.uint32(5000).tobytes(), np.uint8)   # n = 5000
+    ctrl[16:20] = np.frombuffer(np.uint32(5000).tobytes(), np.uint8)  # n = 5000
     with pytest.raises(ValueError, match="group of 5000 workers"):
         _core.ShmGroup(ctrl, [np.zeros(1) for _ in range(5000)], 0)
 
@@ -83,14 +85,15 @@ def test_init_group_control_writes_its_block_and_nothing_past_it():
     """The barrier and n arrival counters (group_control_bytes(n)) are zeroed and set; a
     control array that is part of a larger buffer keeps the rest as it was."""
     from dptrain.comm.base import aligned_zeros
+
     mem = aligned_zeros(512, np.uint8)
     mem[:] = 0xAB
     block = _core.group_control_bytes(3)
     _core.init_group_control(mem, 3)
     words = mem[:64].view(np.uint32)
-    assert words[4] == 3 and words[5] != 0                      # n and the magic
-    assert not mem[24:block].any() and not mem[:16].any()       # the rest of the block: zero
+    assert words[4] == 3 and words[5] != 0  # n and the magic
+    assert not mem[24:block].any() and not mem[:16].any()  # the rest of the block: zero
     assert (mem[block:] == 0xAB).all()
-    mem[:] = 0xAB                                               # a block with no room for the
-    _core.init_group_control(mem[:64], 3)                       # counters: 64 bytes only
+    mem[:] = 0xAB  # a block with no room for the
+    _core.init_group_control(mem[:64], 3)  # counters: 64 bytes only
     assert (mem[64:] == 0xAB).all()

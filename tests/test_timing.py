@@ -1,5 +1,6 @@
 """Where the time goes: per-step, per-rank phases, sync wait apart from transfer, traces,
 calls and bytes, the tables and their exports."""
+
 import json
 
 import numpy as np
@@ -8,8 +9,17 @@ import pytest
 import dptrain
 from dptrain.measure import timing
 
-SMALL = dict(model="mlp", hidden=(32,), dataset="synthetic", n_samples=2000, n_features=16,
-             epochs=2, batch_size=100, lr=0.05, quiet=True)
+SMALL = dict(
+    model="mlp",
+    hidden=(32,),
+    dataset="synthetic",
+    n_samples=2000,
+    n_features=16,
+    epochs=2,
+    batch_size=100,
+    lr=0.05,
+    quiet=True,
+)
 
 
 def _train(**kw):
@@ -18,8 +28,9 @@ def _train(**kw):
     return dptrain.train(**args)
 
 
-@pytest.mark.parametrize("backend, workers", [("thread", 1), ("thread", 2), ("process", 2),
-                                              ("process", 3)])
+@pytest.mark.parametrize(
+    "backend, workers", [("thread", 1), ("thread", 2), ("process", 2), ("process", 3)]
+)
 def test_the_phases_of_every_rank_add_up_to_its_training_time(backend, workers):
     r = _train(workers=workers, backend=backend)
     st = r["step_times"]
@@ -66,6 +77,7 @@ def test_random_stragglers_are_seeded_and_validated():
 @pytest.mark.parametrize("algorithm", ["native", "ring", "tree", "ps"])
 def test_collective_calls_and_bytes_follow_the_schedule(algorithm):
     from dptrain.comm.algorithms import bytes_sent
+
     workers = 2
     r = _train(workers=workers, backend="thread", allreduce=algorithm, epochs=1)
     b, steps = r["breakdown"], r["steps"]
@@ -74,11 +86,17 @@ def test_collective_calls_and_bytes_follow_the_schedule(algorithm):
     # stats all-reduce and one barrier; once: the parameters' broadcast from rank 0
     per_step = 2 if algorithm == "ps" else 1
     assert b["collective_calls"] == steps * per_step + 2 + 1
-    grad = (bytes_sent("reduce", workers, m, 1) + bytes_sent("broadcast", workers, m, 0)
-            if algorithm == "ps" else bytes_sent(algorithm, workers, m))
+    grad = (
+        bytes_sent("reduce", workers, m, 1) + bytes_sent("broadcast", workers, m, 0)
+        if algorithm == "ps"
+        else bytes_sent(algorithm, workers, m)
+    )
     # rank 0 sends the most under ps (the broadcast); the max over ranks is reported
-    expected = max(steps * grad + (m if algorithm != "ps" else 0), steps * grad) \
-        + bytes_sent("native", workers, 16) + m * (algorithm == "ps")
+    expected = (
+        max(steps * grad + (m if algorithm != "ps" else 0), steps * grad)
+        + bytes_sent("native", workers, 16)
+        + m * (algorithm == "ps")
+    )
     if algorithm == "ps":
         expected = steps * (workers - 1) * m + bytes_sent("native", workers, 16) + m
     assert b["bytes_sent"] == expected
@@ -87,6 +105,7 @@ def test_collective_calls_and_bytes_follow_the_schedule(algorithm):
 
 def test_bytes_sent_by_schedule():
     from dptrain.comm.algorithms import bytes_sent
+
     assert bytes_sent("ring", 1, 1000) == 0
     assert bytes_sent("ring", 4, 1000) == 1500
     assert bytes_sent("tree", 4, 1000) == 2000
@@ -140,7 +159,8 @@ def test_tables_and_exports_agree(tmp_path):
     df = st.to_pandas()
     assert isinstance(df, pd.DataFrame) and len(df) == len(steps)
     assert df.groupby("rank")["compute"].sum().tolist() == pytest.approx(
-        [p["compute"] for p in r["rank_phase_seconds"]])
+        [p["compute"] for p in r["rank_phase_seconds"]]
+    )
     with pytest.raises(ValueError, match="per is 'rank'"):
         st.to_csv(per="rank")
 
@@ -162,9 +182,30 @@ def test_steal_reading():
 
 def test_cli_writes_trace_and_steps_csv(tmp_path, capsys):
     from dptrain.cli import main
-    rc = main(["train", "--model", "softmax", "--dataset", "synthetic", "--n-samples", "1000",
-               "--epochs", "1", "--workers", "2", "--backend", "thread", "--straggle", "1:1",
-               "--trace", str(tmp_path / "t.json"), "--steps-csv", str(tmp_path / "s.csv")])
+
+    rc = main(
+        [
+            "train",
+            "--model",
+            "softmax",
+            "--dataset",
+            "synthetic",
+            "--n-samples",
+            "1000",
+            "--epochs",
+            "1",
+            "--workers",
+            "2",
+            "--backend",
+            "thread",
+            "--straggle",
+            "1:1",
+            "--trace",
+            str(tmp_path / "t.json"),
+            "--steps-csv",
+            str(tmp_path / "s.csv"),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "time per step: p50" in out and "sync_wait" in out

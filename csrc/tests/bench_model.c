@@ -80,8 +80,8 @@ static int run_once(runner *r)
     if (r->f64)
         return dp_model_loss_grad_f64(r->model, r->grads, &loss, &correct, r->params, r->x,
                                       r->labels, NULL, r->B, gs);
-    return dp_model_loss_grad_f32(r->model, r->grads, &loss, &correct, r->params, r->x,
-                                  r->labels, NULL, r->B, (float)gs);
+    return dp_model_loss_grad_f32(r->model, r->grads, &loss, &correct, r->params, r->x, r->labels,
+                                  NULL, r->B, (float)gs);
 }
 
 /* Seconds per call: wall clock, and CPU time of the whole process in *cpu (all its threads;
@@ -114,10 +114,10 @@ static double loss_grad_flops(const dp_plan *p, int B)
     double f = 0;
     for (int k = 0; k < p->n_param_layers; k++) {
         const dp_stage *st = &p->stage[p->param_stage[k]];
-        double macs = st->op == DP_STAGE_DENSE
-                          ? (double)st->in_width * st->out_width
-                          : (double)st->g.OC * st->g.C * st->g.KH * st->g.KW * st->conv_h * st->conv_w;
-        f += 2.0 * B * macs * (k ? 3 : 2);     /* forward, dW, and dX after the first layer */
+        double macs = st->op == DP_STAGE_DENSE ? (double)st->in_width * st->out_width
+                                               : (double)st->g.OC * st->g.C * st->g.KH * st->g.KW *
+                                                     st->conv_h * st->conv_w;
+        f += 2.0 * B * macs * (k ? 3 : 2); /* forward, dW, and dX after the first layer */
     }
     return f;
 }
@@ -167,8 +167,10 @@ static void *buf(int f64, ptrdiff_t n, double lo, double hi)
         exit(1);
     }
     for (ptrdiff_t i = 0; i < n && hi > lo; i++) {
-        if (f64) ((double *)p)[i] = unif(lo, hi);
-        else ((float *)p)[i] = (float)unif(lo, hi);
+        if (f64)
+            ((double *)p)[i] = unif(lo, hi);
+        else
+            ((float *)p)[i] = (float)unif(lo, hi);
     }
     return p;
 }
@@ -182,8 +184,8 @@ typedef struct {
 } model_case;
 
 /* One row: the case's model at threads_a (A) and at threads_b (B), two instances. */
-static void bench_pair(const char *row, const model_case *c, int f64, int threads_a,
-                       int threads_b, int repeats)
+static void bench_pair(const char *row, const model_case *c, int f64, int threads_a, int threads_b,
+                       int repeats)
 {
     if (only && !strstr(row, only)) return;
     dp_model ma, mb;
@@ -205,7 +207,11 @@ static void bench_pair(const char *row, const model_case *c, int f64, int thread
     for (int i = 0; i < c->B; i++) lab[i] = (int64_t)(unif(0, 1) * classes);
     runner a = {&ma, f64, ga, params, x, lab, c->B}, b = {&mb, f64, gb, params, x, lab, c->B};
     time_pair(row, &a, &b, repeats);
-    free(params); free(x); free(ga); free(gb); free(lab);
+    free(params);
+    free(x);
+    free(ga);
+    free(gb);
+    free(lab);
     dp_model_free(&ma);
     dp_model_free(&mb);
 }
@@ -225,19 +231,23 @@ int main(int argc, char **argv)
     if (repeats > MAX_REPEATS) repeats = MAX_REPEATS;
     if (threads < 1) threads = 1;
     if (threads > DP_MAX_THREADS) threads = DP_MAX_THREADS;
-    const model_case mlp = {{DENSE(256), RELU, DENSE(128), RELU, DENSE(10)}, 5, 1, {784},
-                            DP_LOSS_SOFTMAX_XENT, 128};
-    const model_case cnn = {{CONV(32, 3, 0), RELU, POOL, CONV(64, 3, 0), RELU, POOL, FLAT,
-                             DENSE(128), RELU, DENSE(10)}, 10, 3, {3, 32, 32},
-                            DP_LOSS_SOFTMAX_XENT, 128};
+    const model_case mlp = {
+        {DENSE(256), RELU, DENSE(128), RELU, DENSE(10)}, 5, 1, {784}, DP_LOSS_SOFTMAX_XENT, 128};
+    const model_case cnn = {
+        {CONV(32, 3, 0), RELU, POOL, CONV(64, 3, 0), RELU, POOL, FLAT, DENSE(128), RELU, DENSE(10)},
+        10,
+        3,
+        {3, 32, 32},
+        DP_LOSS_SOFTMAX_XENT,
+        128};
     const model_case softreg = {{DENSE(10)}, 1, 1, {784}, DP_LOSS_SOFTMAX_XENT, 128};
     const model_case logreg = {{DENSE(1)}, 1, 1, {100}, DP_LOSS_SIGMOID_BCE, 8192};
 
     printf("bench_model: dp_model loss_grad, median of %d interleaved repeats; A = 1 thread, "
-           "B = %d threads (control rows: B is a second instance of A)\n", repeats, threads);
-    printf("%-30s %5s | %2s %8s %5s %7s | %2s %8s %5s %7s | %6s | %8s %8s\n", "case", "steps",
-           "A", "ms", "iqr%", "GFLOP/s", "B", "ms", "iqr%", "GFLOP/s", "B/A", "A cpu ms",
-           "B cpu ms");
+           "B = %d threads (control rows: B is a second instance of A)\n",
+           repeats, threads);
+    printf("%-30s %5s | %2s %8s %5s %7s | %2s %8s %5s %7s | %6s | %8s %8s\n", "case", "steps", "A",
+           "ms", "iqr%", "GFLOP/s", "B", "ms", "iqr%", "GFLOP/s", "B/A", "A cpu ms", "B cpu ms");
     bench_pair("mlp 784-256-128-10 f32", &mlp, 0, 1, threads, repeats);
     bench_pair("cnn (3,32,32) B=128 f32", &cnn, 0, 1, threads, repeats);
     bench_pair("softmax reg 784-10 f32", &softreg, 0, 1, threads, repeats);
@@ -248,13 +258,17 @@ int main(int argc, char **argv)
     for (int pass = 0; pass < 2; pass++) {
         int t = pass ? threads : 1;
         if (pass && threads == 1) break;
-        bench_pair(t == 1 ? "control: mlp f32 1 thread" : "control: mlp f32 N threads", &mlp, 0, t, t, repeats);
-        bench_pair(t == 1 ? "control: mlp f64 1 thread" : "control: mlp f64 N threads", &mlp, 1, t, t, repeats);
-        bench_pair(t == 1 ? "control: cnn f32 1 thread" : "control: cnn f32 N threads", &cnn, 0, t, t, repeats);
+        bench_pair(t == 1 ? "control: mlp f32 1 thread" : "control: mlp f32 N threads", &mlp, 0, t,
+                   t, repeats);
+        bench_pair(t == 1 ? "control: mlp f64 1 thread" : "control: mlp f64 N threads", &mlp, 1, t,
+                   t, repeats);
+        bench_pair(t == 1 ? "control: cnn f32 1 thread" : "control: cnn f32 N threads", &cnn, 0, t,
+                   t, repeats);
     }
-    printf("columns: per model its threads, the median wall ms per call, the interquartile range of "
-           "the repeats in %% of the median, GFLOP/s of its GEMM/conv work at the median; B/A = "
-           "median of the per-pair quotients of wall time; the median process CPU ms per call of "
-           "each (all threads)\n");
+    printf(
+        "columns: per model its threads, the median wall ms per call, the interquartile range of "
+        "the repeats in %% of the median, GFLOP/s of its GEMM/conv work at the median; B/A = "
+        "median of the per-pair quotients of wall time; the median process CPU ms per call of "
+        "each (all threads)\n");
     return 0;
 }

@@ -11,6 +11,7 @@
    cut after 2n + 1 is x P(x^2) / Q(x^2) with integer coefficients; |x| <= 0.55: n = 7 is
    8e-19 relative (double), n = 4 is 2e-10 (float).
 """
+
 from fractions import Fraction
 
 import mpmath as mp
@@ -27,8 +28,12 @@ def g(t):
 def chebyshev(f, n, nodes=160):
     us = [mp.cos(mp.pi * (q + mp.mpf(1) / 2) / nodes) for q in range(nodes)]
     vals = [f((u + 1) / 2) for u in us]
-    a = [2 * sum(v * mp.cos(mp.pi * j * (q + mp.mpf(1) / 2) / nodes) for q, v in enumerate(vals))
-         / nodes for j in range(n)]
+    a = [
+        2
+        * sum(v * mp.cos(mp.pi * j * (q + mp.mpf(1) / 2) / nodes) for q, v in enumerate(vals))
+        / nodes
+        for j in range(n)
+    ]
     a[0] /= 2
     return a
 
@@ -42,7 +47,7 @@ def lambert(n):
         for i, c in enumerate(den):
             new[i + 1] += c
         num, den = new, num
-    return den, num     # tanh x = x P(x^2) / Q(x^2)
+    return den, num  # tanh x = x P(x^2) / Q(x^2)
 
 
 if __name__ == "__main__":

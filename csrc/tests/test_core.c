@@ -73,15 +73,15 @@ static int expect(int ok, const char *fmt, ...)
 
 /* Element-wise comparison of one output array, reported as one check. */
 typedef struct {
-    ptrdiff_t n, bad, at;          /* elements compared, out of tolerance, index of the worst */
-    double got, want, tol, ratio;  /* at the worst element */
+    ptrdiff_t n, bad, at;         /* elements compared, out of tolerance, index of the worst */
+    double got, want, tol, ratio; /* at the worst element */
 } diff;
 
 static void diff_add(diff *d, ptrdiff_t i, double got, double want, double tol)
 {
     double err = fabs(got - want);
     d->n++;
-    if (err <= tol) return;        /* false for NaN */
+    if (err <= tol) return; /* false for NaN */
     double ratio = (isnan(err) || tol <= 0) ? INFINITY : err / tol;
     if (d->bad++ == 0 || ratio > d->ratio) {
         d->at = i;
@@ -105,11 +105,14 @@ static void expect_diff(const diff *d, ptrdiff_t cols, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    if (cols > 0) snprintf(where, sizeof where, "[%td,%td]", d->at / cols, d->at % cols);
-    else snprintf(where, sizeof where, "[%td]", d->at);
+    if (cols > 0)
+        snprintf(where, sizeof where, "[%td,%td]", d->at / cols, d->at % cols);
+    else
+        snprintf(where, sizeof where, "[%td]", d->at);
     printf("FAIL [isa %s] %s: %td of %td elements off, worst %s got %.10g expected %.10g "
-           "(|err| %.3g > tol %.3g)\n", dp_isa_name(dp_isa_active()),
-           what, d->bad, d->n, where, d->got, d->want, fabs(d->got - d->want), d->tol);
+           "(|err| %.3g > tol %.3g)\n",
+           dp_isa_name(dp_isa_active()), what, d->bad, d->n, where, d->got, d->want,
+           fabs(d->got - d->want), d->tol);
     fflush(stdout);
 }
 
@@ -118,7 +121,8 @@ static void put_uint(char **p, unsigned v)
 {
     char tmp[16];
     int k = 0;
-    do tmp[k++] = (char)('0' + v % 10); while ((v /= 10) && k < 16);
+    do tmp[k++] = (char)('0' + v % 10);
+    while ((v /= 10) && k < 16);
     while (k) *(*p)++ = tmp[--k];
 }
 
@@ -150,9 +154,7 @@ static uint64_t xorshift64(void)
 }
 
 static double unif(double lo, double hi)
-{
-    return lo + (hi - lo) * ((double)(xorshift64() >> 11) * 0x1.0p-53);
-}
+{ return lo + (hi - lo) * ((double)(xorshift64() >> 11) * 0x1.0p-53); }
 
 static int randint(int n) { return (int)(xorshift64() % (uint64_t)n); }
 
@@ -179,14 +181,14 @@ static double *dalloc(ptrdiff_t n) { return xalloc((size_t)(n > 0 ? n : 1) * siz
 static int64_t *ialloc(ptrdiff_t n) { return xalloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t)); }
 
 static double tget(dtype dt, const void *p, ptrdiff_t i)
-{
-    return dt == F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
-}
+{ return dt == F32 ? (double)((const float *)p)[i] : ((const double *)p)[i]; }
 
 static void tset(dtype dt, void *p, ptrdiff_t i, double v)
 {
-    if (dt == F32) ((float *)p)[i] = (float)v;
-    else ((double *)p)[i] = v;
+    if (dt == F32)
+        ((float *)p)[i] = (float)v;
+    else
+        ((double *)p)[i] = v;
 }
 
 /* Rounds to the dtype. One float + or * done in double and rounded once is exactly the float
@@ -241,14 +243,18 @@ static int dense_backward_t(dtype dt, dp_ctx *ctx, void *dw, void *db, void *dx,
 
 static void relu_forward_t(dtype dt, void *y, const void *x, ptrdiff_t n)
 {
-    if (dt == F32) dp_relu_forward_f32(y, x, n);
-    else dp_relu_forward_f64(y, x, n);
+    if (dt == F32)
+        dp_relu_forward_f32(y, x, n);
+    else
+        dp_relu_forward_f64(y, x, n);
 }
 
 static void relu_backward_t(dtype dt, void *dx, const void *dy, const void *y, ptrdiff_t n)
 {
-    if (dt == F32) dp_relu_backward_f32(dx, dy, y, n);
-    else dp_relu_backward_f64(dx, dy, y, n);
+    if (dt == F32)
+        dp_relu_backward_f32(dx, dy, y, n);
+    else
+        dp_relu_backward_f64(dx, dy, y, n);
 }
 
 static int softmax_xent_t(dtype dt, void *dlogits, double *loss, const void *logits,
@@ -276,8 +282,10 @@ static int logistic_grad_t(dtype dt, void *dw, void *db, double *loss, int64_t *
 
 static void argmax_t(dtype dt, int64_t *out, const void *x, int B, int C)
 {
-    if (dt == F32) dp_argmax_f32(out, x, B, C);
-    else dp_argmax_f64(out, x, B, C);
+    if (dt == F32)
+        dp_argmax_f32(out, x, B, C);
+    else
+        dp_argmax_f64(out, x, B, C);
 }
 
 /* The count, or -1 when the kernel rejected a label. */
@@ -315,8 +323,10 @@ static void sum_buffers_t(dtype dt, void *out, void *const *ins, int k, ptrdiff_
 
 static void scale_t(dtype dt, void *buf, ptrdiff_t n, double alpha)
 {
-    if (dt == F32) dp_scale_f32(buf, n, (float)alpha);
-    else dp_scale_f64(buf, n, alpha);
+    if (dt == F32)
+        dp_scale_f32(buf, n, (float)alpha);
+    else
+        dp_scale_f64(buf, n, alpha);
 }
 
 /* ---- contexts and ISA paths ------------------------------------------------------------ */
@@ -339,10 +349,7 @@ static ctx_case ctxs[3] = {{"NULL", NULL}, {"1", &ctx1}, {"3", &ctx3}};
 
 /* Makes `isa` the kernels' ISA (DP_ISA_*); returns the GEMM's name for it, or NULL where the
  * CPU lacks it (those cases are skipped: the start of main lists what runs here). */
-static const char *use_isa(int isa)
-{
-    return dp_isa_select(isa) == DP_OK ? dp_gemm_isa() : NULL;
-}
+static const char *use_isa(int isa) { return dp_isa_select(isa) == DP_OK ? dp_gemm_isa() : NULL; }
 
 static int widest_isa(void)
 {
@@ -357,9 +364,16 @@ static int widest_isa(void)
  * 'S' neither stride 1 (every other element of rows 2 * cols + 1 long). *len: elements spanned. */
 static void layout(char l, int rows, int cols, ptrdiff_t *rs, ptrdiff_t *cs, ptrdiff_t *len)
 {
-    if (l == 'N') { *rs = cols; *cs = 1; }
-    else if (l == 'T') { *rs = 1; *cs = rows; }
-    else { *rs = 2 * (ptrdiff_t)cols + 1; *cs = 2; }
+    if (l == 'N') {
+        *rs = cols;
+        *cs = 1;
+    } else if (l == 'T') {
+        *rs = 1;
+        *cs = rows;
+    } else {
+        *rs = 2 * (ptrdiff_t)cols + 1;
+        *cs = 2;
+    }
     *len = (ptrdiff_t)(rows - 1) * *rs + (ptrdiff_t)(cols - 1) * *cs + 1;
 }
 
@@ -385,8 +399,8 @@ static void gemm_ref(double *ref, double *mag, dtype dt, const void *C0, ptrdiff
 
 /* C (M rows of ldc) against want (a T array like C, or NULL: the double ref) within rel * mag;
  * the columns N..ldc-1 must still hold what C0 held. */
-static void diff_gemm(diff *d, dtype dt, const void *C, const void *C0, ptrdiff_t ldc, int M,
-                      int N, const void *want, const double *ref, const double *mag, double rel)
+static void diff_gemm(diff *d, dtype dt, const void *C, const void *C0, ptrdiff_t ldc, int M, int N,
+                      const void *want, const double *ref, const double *mag, double rel)
 {
     for (int i = 0; i < M; i++)
         for (ptrdiff_t j = 0; j < ldc; j++) {
@@ -449,7 +463,8 @@ static void gemm_case_bf16(const float *A, ptrdiff_t na, ptrdiff_t rsa, ptrdiff_
                        ctxs[c].name, path, rc);
                 diff e = {0};
                 diff_gemm(&e, F32, C, C0, ldc, M, N, Cn, ref, mag, rel);
-                expect_diff(&e, ldc, "dp_gemm_%s bf16 inputs isa=%s ctx=%s %s path vs naive on rounded",
+                expect_diff(&e, ldc,
+                            "dp_gemm_%s bf16 inputs isa=%s ctx=%s %s path vs naive on rounded",
                             what, isa, ctxs[c].name, path);
                 if (!dot) {
                     memcpy(Cr, C, (size_t)nc * sizeof *C);
@@ -467,14 +482,22 @@ static void gemm_case_bf16(const float *A, ptrdiff_t na, ptrdiff_t rsa, ptrdiff_
                         float x = C[(ptrdiff_t)i * ldc + j], y = Cr[(ptrdiff_t)i * ldc + j];
                         differ += !(x == y || (isnan(x) && isnan(y)));
                     }
-                expect(differ == 0, "dp_gemm_%s bf16 isa=%s ctx=%s: the %s path differs from the "
-                       "rounding path in %d of %d values", what, isa, ctxs[c].name, path, differ, M * N);
+                expect(differ == 0,
+                       "dp_gemm_%s bf16 isa=%s ctx=%s: the %s path differs from the "
+                       "rounding path in %d of %d values",
+                       what, isa, ctxs[c].name, path, differ, M * N);
             }
             dp_gemm_set_bf16_dot(DP_BF16_DOT_AUTO);
             dp_gemm_set_bf16_amx(DP_BF16_DOT_AUTO);
         }
     }
-    free(Ar); free(Br); free(Cn); free(C); free(Cr); free(ref); free(mag);
+    free(Ar);
+    free(Br);
+    free(Cn);
+    free(C);
+    free(Cr);
+    free(ref);
+    free(mag);
 }
 
 /* dp_round_bf16 on the values that decide it, then each ISA build's vector rounding through
@@ -483,24 +506,24 @@ static void gemm_case_bf16(const float *A, ptrdiff_t na, ptrdiff_t rsa, ptrdiff_
 static void test_round_bf16(void)
 {
     static const uint32_t cases[][2] = {
-        {0x3f800000u, 0x3f800000u},   /* 1 */
-        {0x3f808000u, 0x3f800000u},   /* 1 + 2^-8: a tie, to the even 1 */
-        {0x3f818000u, 0x3f820000u},   /* a tie, up to the even neighbour */
-        {0x3f808001u, 0x3f810000u},   /* above the tie: up */
-        {0x3f807fffu, 0x3f800000u},   /* below the tie: down */
-        {0xbf818000u, 0xbf820000u},   /* negative: the same on |x| */
-        {0x7f7fffffu, 0x7f800000u},   /* FLT_MAX: above bfloat16's largest, to +inf */
-        {0x7f7f0000u, 0x7f7f0000u},   /* bfloat16's largest stays */
-        {0x7f800000u, 0x7f800000u},   /* +inf */
-        {0xff800000u, 0xff800000u},   /* -inf */
-        {0x00000000u, 0x00000000u},   /* +0 */
-        {0x80000000u, 0x80000000u},   /* -0 */
-        {0x00008000u, 0x00000000u},   /* denormal tie: to the even 0 */
-        {0x00018000u, 0x00020000u},   /* denormal tie: up */
-        {0x007fffffu, 0x00800000u},   /* the largest denormal rounds to FLT_MIN */
-        {0x7fc00000u, 0x7fc00000u},   /* quiet NaN */
-        {0x7f800001u, 0x7fc00000u},   /* signalling NaN, payload in the low bits: quiet NaN */
-        {0xffc12345u, 0xffc10000u},   /* negative NaN keeps its sign and high payload */
+        {0x3f800000u, 0x3f800000u}, /* 1 */
+        {0x3f808000u, 0x3f800000u}, /* 1 + 2^-8: a tie, to the even 1 */
+        {0x3f818000u, 0x3f820000u}, /* a tie, up to the even neighbour */
+        {0x3f808001u, 0x3f810000u}, /* above the tie: up */
+        {0x3f807fffu, 0x3f800000u}, /* below the tie: down */
+        {0xbf818000u, 0xbf820000u}, /* negative: the same on |x| */
+        {0x7f7fffffu, 0x7f800000u}, /* FLT_MAX: above bfloat16's largest, to +inf */
+        {0x7f7f0000u, 0x7f7f0000u}, /* bfloat16's largest stays */
+        {0x7f800000u, 0x7f800000u}, /* +inf */
+        {0xff800000u, 0xff800000u}, /* -inf */
+        {0x00000000u, 0x00000000u}, /* +0 */
+        {0x80000000u, 0x80000000u}, /* -0 */
+        {0x00008000u, 0x00000000u}, /* denormal tie: to the even 0 */
+        {0x00018000u, 0x00020000u}, /* denormal tie: up */
+        {0x007fffffu, 0x00800000u}, /* the largest denormal rounds to FLT_MIN */
+        {0x7fc00000u, 0x7fc00000u}, /* quiet NaN */
+        {0x7f800001u, 0x7fc00000u}, /* signalling NaN, payload in the low bits: quiet NaN */
+        {0xffc12345u, 0xffc10000u}, /* negative NaN keeps its sign and high payload */
     };
     enum { NC = sizeof cases / sizeof cases[0] };
     float x[NC], want[NC];
@@ -538,18 +561,22 @@ static void test_round_bf16(void)
                  * (not the AMX emulation, whose bits are the rounding path's) */
                 int amx = kk >= DP_GEMM_AMX_MIN_K && dp_gemm_bf16_amx() &&
                           !strstr(dp_gemm_bf16_amx_name(), "emulated");
-                int daz = amx || (!dp_gemm_bf16_amx() || kk < DP_GEMM_AMX_MIN_K ? dp_gemm_bf16_dot() : 0);
+                int daz =
+                    amx || (!dp_gemm_bf16_amx() || kk < DP_GEMM_AMX_MIN_K ? dp_gemm_bf16_dot() : 0);
                 for (int i = 0; i < NC; i++) {
                     uint32_t got;
                     memcpy(&got, &C[i], 4);
                     /* a NaN times 1 is a NaN; the hardware may set other payload bits. -0:
                      * the accumulator starts at +0, and +0 + -0 is +0 */
                     int ok = isnan(want[i]) ? isnan(C[i]) && signbit(C[i]) == signbit(want[i])
-                             : want[i] == 0 ? C[i] == 0 : got == cases[i][1];
+                             : want[i] == 0 ? C[i] == 0
+                                            : got == cases[i][1];
                     if (daz && fpclassify(want[i]) == FP_SUBNORMAL) ok = ok || C[i] == 0;
                     if (amx && fpclassify(x[i]) == FP_SUBNORMAL) ok = ok || C[i] == 0;
-                    expect(ok, "bf16 GEMM isa=%s ctx=%s K=%d: round(0x%08x) * 1 = 0x%08x, expected "
-                           "0x%08x", isa, ctxs[c].name, kk, cases[i][0], got, cases[i][1]);
+                    expect(ok,
+                           "bf16 GEMM isa=%s ctx=%s K=%d: round(0x%08x) * 1 = 0x%08x, expected "
+                           "0x%08x",
+                           isa, ctxs[c].name, kk, cases[i][0], got, cases[i][1]);
                 }
             }
     }
@@ -559,8 +586,8 @@ static void test_round_bf16(void)
 
 /* One GEMM shape: the naive twin against the double reference, then the optimized GEMM on
  * both ISA paths and every context against the naive twin. */
-static void gemm_case(dtype dt, char la, char lb, int M, int N, int K, double alpha,
-                      double beta, int pad)
+static void gemm_case(dtype dt, char la, char lb, int M, int N, int K, double alpha, double beta,
+                      int pad)
 {
     ptrdiff_t rsa, csa, na, rsb, csb, nb, ldc = N + pad;
     layout(la, M, K, &rsa, &csa, &na);
@@ -579,8 +606,8 @@ static void gemm_case(dtype dt, char la, char lb, int M, int N, int K, double al
      * the slack covers alpha, beta and the per-KC-slice updates of C */
     double rel = (K + 16) * deps(dt);
     char what[200];
-    snprintf(what, sizeof what, "%s M=%d N=%d K=%d A=%c B=%c alpha=%g beta=%g ldc=%td", dtn(dt),
-             M, N, K, la, lb, alpha, beta, ldc);
+    snprintf(what, sizeof what, "%s M=%d N=%d K=%d A=%c B=%c alpha=%g beta=%g ldc=%td", dtn(dt), M,
+             N, K, la, lb, alpha, beta, ldc);
 
     memcpy(Cn, C0, (size_t)nc * dts(dt));
     gemm_naive_t(dt, Cn, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta);
@@ -592,8 +619,8 @@ static void gemm_case(dtype dt, char la, char lb, int M, int N, int K, double al
         const char *isa = use_isa(g);
         for (int c = 0; isa && c < 3; c++) {
             memcpy(C, C0, (size_t)nc * dts(dt));
-            int rc = gemm_t(dt, ctxs[c].ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha,
-                            beta);
+            int rc =
+                gemm_t(dt, ctxs[c].ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta);
             expect(rc == DP_OK, "dp_gemm_%s isa=%s ctx=%s: returned %d", what, isa, ctxs[c].name,
                    rc);
             diff e = {0};
@@ -601,10 +628,16 @@ static void gemm_case(dtype dt, char la, char lb, int M, int N, int K, double al
             expect_diff(&e, ldc, "dp_gemm_%s isa=%s ctx=%s vs naive", what, isa, ctxs[c].name);
         }
     }
-    if (dt == F32) gemm_case_bf16(A, na, rsa, csa, B, nb, rsb, csb, C0, ldc, M, N, K, alpha,
-                                  beta, what);
+    if (dt == F32)
+        gemm_case_bf16(A, na, rsa, csa, B, nb, rsb, csb, C0, ldc, M, N, K, alpha, beta, what);
     use_isa(widest_isa());
-    free(A); free(B); free(C0); free(Cn); free(C); free(ref); free(mag);
+    free(A);
+    free(B);
+    free(C0);
+    free(Cn);
+    free(C);
+    free(ref);
+    free(mag);
 }
 
 static void test_gemm(dtype dt)
@@ -687,24 +720,29 @@ static void test_gemm_order_invariance(dtype dt)
             void *vs = talloc(dt, K * vstride);
             for (int k = 0; k < K; k++) tset(dt, vs, k * vstride, tget(dt, v, k));
             int rc;
-            if (m1) {       /* C (1, R) = v (1, K) A^T: B (K, R) is A's vectors as columns */
+            if (m1) { /* C (1, R) = v (1, K) A^T: B (K, R) is A's vectors as columns */
                 rc = gemm_t(dt, NULL, C, R, vs, K * vstride, vstride, A, cs, rs, 1, R, K, 1, 0);
                 rc |= gemm_t(dt, NULL, Cr, R, vs, K * vstride, vstride, Ar, cs, rs, 1, R, K, 1, 0);
-            } else {        /* C (R, 1) = A (R, K) v (K, 1) */
+            } else { /* C (R, 1) = A (R, K) v (K, 1) */
                 rc = gemm_t(dt, NULL, C, 1, A, rs, cs, vs, vstride, 1, R, 1, K, 1, 0);
                 rc |= gemm_t(dt, NULL, Cr, 1, Ar, rs, cs, vs, vstride, 1, R, 1, K, 1, 0);
             }
             diff d = {0};
             for (int i = 0; i < R; i++) diff_add(&d, i, tget(dt, Cr, R - 1 - i), tget(dt, C, i), 0);
             expect(rc == DP_OK, "dp_gemm_%s order invariance: returned %d", dtn(dt), rc);
-            expect_diff(&d, 0, "dp_gemm_%s isa=%s %s, vectors as %s, stride %d: reversed order "
-                        "changes the bits", dtn(dt), name, m1 ? "M=1" : "N=1",
-                        trans ? "columns" : "rows", vstride);
+            expect_diff(&d, 0,
+                        "dp_gemm_%s isa=%s %s, vectors as %s, stride %d: reversed order "
+                        "changes the bits",
+                        dtn(dt), name, m1 ? "M=1" : "N=1", trans ? "columns" : "rows", vstride);
             free(vs);
         }
     }
     use_isa(widest_isa());
-    free(A); free(Ar); free(v); free(C); free(Cr);
+    free(A);
+    free(Ar);
+    free(v);
+    free(C);
+    free(Cr);
 }
 
 /* X^T v sums each column in the same order whether X's rows are long (streamed in order,
@@ -725,17 +763,23 @@ static void test_gemv_cols_window(dtype dt)
         /* C (1, L) = v (1, R) X (R, L) */
         int rc = gemm_t(dt, NULL, C, L, v, R, 1, X, L, 1, 1, L, R, 1, 0);
         for (int s = 0; s < 5; s++) {
-            rc |= gemm_t(dt, NULL, Cw, W, v, R, 1, (char *)X + (size_t)starts[s] * dts(dt), L, 1,
-                         1, W, R, 1, 0);
+            rc |= gemm_t(dt, NULL, Cw, W, v, R, 1, (char *)X + (size_t)starts[s] * dts(dt), L, 1, 1,
+                         W, R, 1, 0);
             diff d = {0};
-            for (int j = 0; j < W; j++) diff_add(&d, j, tget(dt, Cw, j), tget(dt, C, starts[s] + j), 0);
-            expect_diff(&d, 0, "dp_gemm_%s isa=%s: X^T v columns %d..%d alone differ from the "
-                        "whole product's", dtn(dt), name, starts[s], starts[s] + W - 1);
+            for (int j = 0; j < W; j++)
+                diff_add(&d, j, tget(dt, Cw, j), tget(dt, C, starts[s] + j), 0);
+            expect_diff(&d, 0,
+                        "dp_gemm_%s isa=%s: X^T v columns %d..%d alone differ from the "
+                        "whole product's",
+                        dtn(dt), name, starts[s], starts[s] + W - 1);
         }
         expect(rc == DP_OK, "dp_gemm_%s isa=%s X^T v window: returned %d", dtn(dt), name, rc);
     }
     use_isa(widest_isa());
-    free(X); free(v); free(C); free(Cw);
+    free(X);
+    free(v);
+    free(C);
+    free(Cw);
 }
 
 /* An element of C must not depend on which micro-tile computes it (a whole NR-wide one, the
@@ -748,7 +792,7 @@ static void test_gemv_cols_window(dtype dt)
 static void test_gemm_tile_window(dtype dt, int K)
 {
     enum { M = 29, N = 80 };
-    static const int win[][4] = {{0, 0, M, 16}, {3, 64, 17, 16}, {0, 70, 12, 10},
+    static const int win[][4] = {{0, 0, M, 16},   {3, 64, 17, 16}, {0, 70, 12, 10},
                                  {5, 16, 24, 48}, {1, 47, 13, 33}, {0, 3, 2, 5}};
     void *A = talloc(dt, M * K), *B = talloc(dt, K * N), *C = talloc(dt, M * N);
     void *Cw = talloc(dt, M * N);
@@ -763,23 +807,27 @@ static void test_gemm_tile_window(dtype dt, int K)
             for (int w = 0; w < 6; w++) {
                 int i0 = win[w][0], j0 = win[w][1], mw = win[w][2], nw = win[w][3];
                 rc |= gemm_t(dt, NULL, Cw, nw, (char *)A + (size_t)i0 * K * dts(dt), K, 1,
-                             (char *)B + (size_t)j0 * (nt ? K : 1) * dts(dt), rsb, csb, mw, nw,
-                             K, 1, 0);
+                             (char *)B + (size_t)j0 * (nt ? K : 1) * dts(dt), rsb, csb, mw, nw, K,
+                             1, 0);
                 diff d = {0};
                 for (int i = 0; i < mw; i++)
                     for (int j = 0; j < nw; j++)
                         diff_add(&d, i * nw + j, tget(dt, Cw, i * nw + j),
                                  tget(dt, C, (i0 + i) * N + j0 + j), 0);
-                expect_diff(&d, nw, "dp_gemm_%s isa=%s %s K=%d: rows %d..%d x columns %d..%d "
-                            "alone differ from the whole product's", dtn(dt), name,
-                            nt ? "NT" : "NN", K, i0, i0 + mw - 1, j0, j0 + nw - 1);
+                expect_diff(&d, nw,
+                            "dp_gemm_%s isa=%s %s K=%d: rows %d..%d x columns %d..%d "
+                            "alone differ from the whole product's",
+                            dtn(dt), name, nt ? "NT" : "NN", K, i0, i0 + mw - 1, j0, j0 + nw - 1);
             }
-            expect(rc == DP_OK, "dp_gemm_%s isa=%s K=%d tile window: returned %d", dtn(dt), name,
-                   K, rc);
+            expect(rc == DP_OK, "dp_gemm_%s isa=%s K=%d tile window: returned %d", dtn(dt), name, K,
+                   rc);
         }
     }
     use_isa(widest_isa());
-    free(A); free(B); free(C); free(Cw);
+    free(A);
+    free(B);
+    free(C);
+    free(Cw);
 }
 
 /* K == 0 or alpha == 0: C = beta C without reading A, B (beta == 0 writes zeros over NaN);
@@ -800,16 +848,21 @@ static void test_gemm_degenerate(dtype dt)
         for (int naive = 0; naive < 2; naive++) {
             memcpy(C, C0, (size_t)nc * dts(dt));
             int rc = DP_OK;
-            if (naive) gemm_naive_t(dt, C, ldc, A, K, 1, B, N, 1, M, N, k, alpha, beta);
-            else rc = gemm_t(dt, NULL, C, ldc, A, K, 1, B, N, 1, M, N, k, alpha, beta);
+            if (naive)
+                gemm_naive_t(dt, C, ldc, A, K, 1, B, N, 1, M, N, k, alpha, beta);
+            else
+                rc = gemm_t(dt, NULL, C, ldc, A, K, 1, B, N, 1, M, N, k, alpha, beta);
             diff d = {0};
             for (ptrdiff_t i = 0; i < nc; i++) {
                 double c0 = tget(dt, C0, i);
                 diff_add(&d, i, tget(dt, C, i),
-                         i % ldc >= N ? c0 : beta == 0 ? 0 : trnd(dt, beta * c0), 0);
+                         i % ldc >= N ? c0
+                         : beta == 0  ? 0
+                                      : trnd(dt, beta * c0),
+                         0);
             }
-            expect(rc == DP_OK, "dp_gemm_%s M=%d N=%d K=%d alpha=%g beta=%g: returned %d",
-                   dtn(dt), M, N, k, alpha, beta, rc);
+            expect(rc == DP_OK, "dp_gemm_%s M=%d N=%d K=%d alpha=%g beta=%g: returned %d", dtn(dt),
+                   M, N, k, alpha, beta, rc);
             expect_diff(&d, ldc, "dp_gemm%s_%s M=%d N=%d K=%d alpha=%g beta=%g",
                         naive ? "_naive" : "", dtn(dt), M, N, k, alpha, beta);
         }
@@ -824,7 +877,10 @@ static void test_gemm_degenerate(dtype dt)
         expect(rc == DP_OK, "dp_gemm_%s M=%d N=%d K=%d: returned %d", dtn(dt), m, n, K, rc);
         expect_diff(&d, ldc, "dp_gemm_%s M=%d N=%d K=%d (nothing to write)", dtn(dt), m, n, K);
     }
-    free(A); free(B); free(C0); free(C);
+    free(A);
+    free(B);
+    free(C0);
+    free(C);
 }
 
 /* dp_threads: a job issued right after dp_ctx_init must reach every helper even if a helper has
@@ -842,7 +898,8 @@ static void test_threads_startup(void)
             return;
         }
         if (pid == 0) {
-            float *A = calloc((size_t)n * n, sizeof(float)), *B = calloc((size_t)n * n, sizeof(float));
+            float *A = calloc((size_t)n * n, sizeof(float)),
+                  *B = calloc((size_t)n * n, sizeof(float));
             float *C = calloc((size_t)n * n, sizeof(float));
             int rc = !A || !B || !C;
             for (int r = 0; r < 3 && !rc; r++) {
@@ -870,7 +927,8 @@ static void test_threads_startup(void)
     }
     expect(!hung && !crashed,
            "dp_threads_run via dp_gemm_f32 M=N=K=129 issued right after dp_ctx_init(ctx, 3): "
-           "trial %d of %d %s", t, trials,
+           "trial %d of %d %s",
+           t, trials,
            hung ? "deadlocked (no return within 3 s; a helper thread that starts after the "
                   "first job missed its generation bump)"
                 : "failed (nonzero exit or signal)");
@@ -957,7 +1015,7 @@ static void test_dense(dtype dt)
 
                     memcpy(dw, dw0, (size_t)nw * dts(dt));
                     memcpy(db, db0, (size_t)OUT * dts(dt));
-                    tconst(dt, dx, nx, NAN);   /* dx is overwritten, never read */
+                    tconst(dt, dx, nx, NAN); /* dx is overwritten, never read */
                     rc = dense_backward_t(dt, cc.ctx, dw, db, c == 3 ? NULL : dx, dy, x, w, B, IN,
                                           OUT);
                     expect(rc == DP_OK, "dp_dense_backward_%s: returned %d", what, rc);
@@ -974,9 +1032,24 @@ static void test_dense(dtype dt)
                         expect_diff(&ex, IN, "dp_dense_backward_%s dx", what);
                     }
                 }
-                free(x); free(w); free(b); free(dy); free(dw0); free(db0); free(y); free(dw);
-                free(db); free(dx); free(yr); free(ym); free(dwr); free(dwm); free(dbr);
-                free(dbm); free(dxr); free(dxm);
+                free(x);
+                free(w);
+                free(b);
+                free(dy);
+                free(dw0);
+                free(db0);
+                free(y);
+                free(dw);
+                free(db);
+                free(dx);
+                free(yr);
+                free(ym);
+                free(dwr);
+                free(dwm);
+                free(dbr);
+                free(dbm);
+                free(dxr);
+                free(dxm);
             }
 }
 
@@ -990,7 +1063,7 @@ static void test_relu(dtype dt)
         void *x = talloc(dt, n), *y = talloc(dt, n), *dy = talloc(dt, n), *dx = talloc(dt, n);
         tfill(dt, x, n, -1, 1);
         tfill(dt, dy, n, -1, 1);
-        for (int i = 0; i < n; i += 5) tset(dt, x, i, i % 10 ? -0.0 : 0.0);  /* relu'(0) = 0 */
+        for (int i = 0; i < n; i += 5) tset(dt, x, i, i % 10 ? -0.0 : 0.0); /* relu'(0) = 0 */
         for (int inplace = 0; inplace < 2; inplace++) {
             diff d = {0}, e = {0};
             if (inplace) {
@@ -1014,9 +1087,13 @@ static void test_relu(dtype dt)
             }
             for (int i = 0; i < n; i++)
                 diff_add(&e, i, tget(dt, dx, i), tget(dt, x, i) > 0 ? tget(dt, dy, i) : 0, 0);
-            expect_diff(&e, 0, "dp_relu_backward_%s n=%d%s", dtn(dt), n, inplace ? " in place" : "");
+            expect_diff(&e, 0, "dp_relu_backward_%s n=%d%s", dtn(dt), n,
+                        inplace ? " in place" : "");
         }
-        free(x); free(y); free(dy); free(dx);
+        free(x);
+        free(y);
+        free(dy);
+        free(dx);
     }
 }
 
@@ -1030,15 +1107,18 @@ static void test_math(void)
     const int n = 20000;
     for (int i = 0; i <= n; i++) {
         double x = -750.0 * i / n, r = exp(x);
-        diff_add(&e64, i, dp_expneg_f64(x), r, r >= 4 * DBL_MIN ? 4 * DBL_EPSILON * r : 4 * DBL_MIN);
+        diff_add(&e64, i, dp_expneg_f64(x), r,
+                 r >= 4 * DBL_MIN ? 4 * DBL_EPSILON * r : 4 * DBL_MIN);
         float xf = (float)(-110.0 * i / n);
         double rf = exp((double)xf);
-        diff_add(&e32, i, dp_expneg_f32(xf), rf, rf >= 4 * FLT_MIN ? 4 * FLT_EPSILON * rf : 4 * FLT_MIN);
+        diff_add(&e32, i, dp_expneg_f32(xf), rf,
+                 rf >= 4 * FLT_MIN ? 4 * FLT_EPSILON * rf : 4 * FLT_MIN);
         /* e on [0, 1] plus tiny e, where log1p must stay accurate in relative terms */
         double e = i < n / 2 ? (double)i / (n / 2) : ldexp(1.0, -(i - n / 2) % 1000);
         diff_add(&l64, i, dp_log1p01_f64(e), log1p(e), 4 * DBL_EPSILON * log1p(e));
         float ef = i < n / 2 ? (float)e : (float)ldexp(1.0, -(i - n / 2) % 120);
-        diff_add(&l32, i, dp_log1p01_f32(ef), log1p((double)ef), 4 * FLT_EPSILON * log1p((double)ef));
+        diff_add(&l32, i, dp_log1p01_f32(ef), log1p((double)ef),
+                 4 * FLT_EPSILON * log1p((double)ef));
     }
     expect_diff(&e64, 0, "dp_expneg_f64 at x = -750 i / %d", n);
     expect_diff(&e32, 0, "dp_expneg_f32 at x = -110 i / %d", n);
@@ -1062,7 +1142,8 @@ static void test_scale(dtype dt)
             for (int i = 0; i < n; i++)
                 diff_add(&d, i, tget(dt, buf, i), trnd(dt, tget(dt, orig, i) * alpha), 0);
             expect_diff(&d, 0, "dp_scale_%s n=%d alpha=%g", dtn(dt), n, alpha);
-            free(buf); free(orig);
+            free(buf);
+            free(orig);
         }
 }
 
@@ -1071,7 +1152,7 @@ static void test_scale(dtype dt)
  * (and sliced calls bit-identical to one); the ISA is the caller's. */
 static void test_bf16_buffers(void)
 {
-    enum { N = 4099, K = 3 };       /* past two chunks of 2048 */
+    enum { N = 4099, K = 3 }; /* past two chunks of 2048 */
     static float x[N], r[N], back[N];
     static uint16_t b[N], ins[K][N], whole[N], sliced[N];
     uint64_t st = 0x9e3779b97f4a7c15ull;
@@ -1092,7 +1173,9 @@ static void test_bf16_buffers(void)
     for (int i = 0; i < N; i++) {
         uint32_t ru;
         memcpy(&ru, &r[i], 4);
-        if (isnan(x[i]) ? (b[i] & 0x7f80u) != 0x7f80u || !(b[i] & 0x7fu) : b[i] != (uint16_t)(ru >> 16)) bad++;
+        if (isnan(x[i]) ? (b[i] & 0x7f80u) != 0x7f80u || !(b[i] & 0x7fu)
+                        : b[i] != (uint16_t)(ru >> 16))
+            bad++;
     }
     expect(bad == 0, "dp_to_bf16: %d of %d values differ from dp_round_bf16", bad, N);
     dp_from_bf16(back, b, N);
@@ -1124,10 +1207,12 @@ static void test_bf16_buffers(void)
         dp_to_bf16(&want, &acc, 1);
         if (whole[i] != want) bad++;
     }
-    expect(bad == 0, "dp_sum_bf16 k=3 scale=0.5: %d of %d differ from the float sum rounded", bad, N);
+    expect(bad == 0, "dp_sum_bf16 k=3 scale=0.5: %d of %d differ from the float sum rounded", bad,
+           N);
     ptrdiff_t cut[4] = {0, 1001, 2049, N};
     for (int c = 0; c < 3; c++) dp_sum_bf16(sliced, pins, K, cut[c], cut[c + 1], 0.5f);
-    expect(memcmp(whole, sliced, sizeof whole) == 0, "dp_sum_bf16: sliced calls differ from one call");
+    expect(memcmp(whole, sliced, sizeof whole) == 0,
+           "dp_sum_bf16: sliced calls differ from one call");
     /* out may be one of the inputs */
     memcpy(sliced, ins[0], sizeof sliced);
     const uint16_t *alias[K] = {sliced, ins[1], ins[2]};
@@ -1137,7 +1222,7 @@ static void test_bf16_buffers(void)
 
 static void test_sum_buffers(dtype dt)
 {
-    static const int sz[] = {1, 7, 33, 129, 4099};   /* 4099: three SUM_CHUNKs of 2048 */
+    static const int sz[] = {1, 7, 33, 129, 4099}; /* 4099: three SUM_CHUNKs of 2048 */
     static const int ks[] = {0, 1, 2, 3, 5};
     static const double scales[] = {1, 0.5, 1.0 / 3.0};
     for (int s = 0; s < 5; s++)
@@ -1172,7 +1257,8 @@ static void test_sum_buffers(dtype dt)
                 ptrdiff_t cut[4] = {0, n / 3, n / 3 + (n - n / 3) / 2 + 1, n};
                 if (cut[2] > n) cut[2] = n;
                 tconst(dt, sliced, n, PAD_SENTINEL);
-                for (int c = 0; c < 3; c++) sum_buffers_t(dt, sliced, ins, k, cut[c], cut[c + 1], scale);
+                for (int c = 0; c < 3; c++)
+                    sum_buffers_t(dt, sliced, ins, k, cut[c], cut[c + 1], scale);
                 expect(memcmp(whole, sliced, (size_t)n * dts(dt)) == 0,
                        "%s: slices [0,%td) [%td,%td) [%td,%d) differ from one call over [0,%d)",
                        what, cut[1], cut[1], cut[2], cut[2], n, n);
@@ -1183,11 +1269,15 @@ static void test_sum_buffers(dtype dt)
                 sum_buffers_t(dt, part, ins, k, lo, hi, scale);
                 diff e = {0};
                 for (int i = 0; i < n; i++)
-                    diff_add(&e, i, tget(dt, part, i), i >= lo && i < hi ? ref[i] : PAD_SENTINEL, 0);
+                    diff_add(&e, i, tget(dt, part, i), i >= lo && i < hi ? ref[i] : PAD_SENTINEL,
+                             0);
                 expect_diff(&e, 0, "%s [%td,%td) (elements outside untouched)", what, lo, hi);
 
                 for (int q = 0; q < k; q++) free(ins[q]);
-                free(ref); free(whole); free(sliced); free(part);
+                free(ref);
+                free(whole);
+                free(sliced);
+                free(part);
             }
 }
 
@@ -1206,8 +1296,10 @@ static void test_sgd(dtype dt)
             void *p = talloc(dt, n), *v = talloc(dt, n), *g = talloc(dt, n);
             double *p0 = dalloc(n), *v0 = dalloc(n);
             tfill(dt, p, n, -1, 1);
-            if (m == 0) tconst(dt, v, n, PAD_SENTINEL);
-            else tconst(dt, v, n, NAN);    /* the first step must not read v */
+            if (m == 0)
+                tconst(dt, v, n, PAD_SENTINEL);
+            else
+                tconst(dt, v, n, NAN); /* the first step must not read v */
             for (int step = 0; step < 3; step++) {
                 int first = step == 0;
                 tfill(dt, g, n, -1, 1);
@@ -1226,7 +1318,8 @@ static void test_sgd(dtype dt)
                         vn = first ? d : m * v0[i] + (1 - damp) * d;
                         st = nesterov ? d + m * vn : vn;
                     }
-                    double vmag = fabs(gi) + fabs(wd * p0[i]) + (first || m == 0 ? 0 : fabs(m * v0[i]));
+                    double vmag =
+                        fabs(gi) + fabs(wd * p0[i]) + (first || m == 0 ? 0 : fabs(m * v0[i]));
                     double pmag = fabs(p0[i]) + lr * (vmag + fabs(d) + fabs(m * vn) + fabs(vn));
                     diff_add(&dp_, i, tget(dt, p, i), p0[i] - lr * st, 8 * eps * pmag);
                     diff_add(&dv, i, tget(dt, v, i), vn, m == 0 ? 0 : 8 * eps * vmag);
@@ -1239,7 +1332,11 @@ static void test_sgd(dtype dt)
                 expect_diff(&dp_, 0, "%s p", what);
                 expect_diff(&dv, 0, "%s v%s", what, m == 0 ? " (must be untouched)" : "");
             }
-            free(p); free(v); free(g); free(p0); free(v0);
+            free(p);
+            free(v);
+            free(g);
+            free(p0);
+            free(v0);
         }
 }
 
@@ -1273,8 +1370,8 @@ static void test_sgd_team(dtype dt)
                 memcpy(v1, v, (size_t)n * es);
                 for (int first = 0; first <= 1; first++) {
                     if (dt == F32) {
-                        dp_sgd_step_f32(p1, mom ? v1 : NULL, g, n, (float)lr, (float)m,
-                                        (float)damp, (float)wd, nesterov, first);
+                        dp_sgd_step_f32(p1, mom ? v1 : NULL, g, n, (float)lr, (float)m, (float)damp,
+                                        (float)wd, nesterov, first);
                         dp_sgd_step_team_f32(team, p, mom ? v : NULL, g, n, (float)lr, (float)m,
                                              (float)damp, (float)wd, nesterov, first);
                     } else {
@@ -1283,13 +1380,17 @@ static void test_sgd_team(dtype dt)
                         dp_sgd_step_team_f64(team, p, mom ? v : NULL, g, n, lr, m, damp, wd,
                                              nesterov, first);
                     }
-                    expect(memcmp(p, p1, (size_t)n * es) == 0 &&
-                               memcmp(v, v1, (size_t)n * es) == 0,
+                    expect(memcmp(p, p1, (size_t)n * es) == 0 && memcmp(v, v1, (size_t)n * es) == 0,
                            "dp_sgd_step_team_%s threads=%d n=%td momentum=%g dampening=%g "
                            "weight_decay=%g nesterov=%d first_step=%d: differs from "
-                           "dp_sgd_step", dtn(dt), teamsize, n, m, damp, wd, nesterov, first);
+                           "dp_sgd_step",
+                           dtn(dt), teamsize, n, m, damp, wd, nesterov, first);
                 }
-                free(p); free(v); free(g); free(p1); free(v1);
+                free(p);
+                free(v);
+                free(g);
+                free(p1);
+                free(v1);
             }
         for (int s = 0; s < 5; s++) {
             size_t nb = (size_t)sz[s] * es;
@@ -1298,8 +1399,10 @@ static void test_sgd_team(dtype dt)
             dp_zero_team(team, b, sz[s], es);
             size_t bad = 0;
             for (size_t i = 0; i < nb + 64; i++) bad += b[i] != (i < nb ? 0 : 0xAB);
-            expect(bad == 0, "dp_zero_team threads=%d n=%td size=%zu: %zu bytes wrong (cleared "
-                   "range or the 64 after it)", teamsize, sz[s], es, bad);
+            expect(bad == 0,
+                   "dp_zero_team threads=%d n=%td size=%zu: %zu bytes wrong (cleared "
+                   "range or the 64 after it)",
+                   teamsize, sz[s], es, bad);
             free(b);
         }
         dp_threads_destroy(team);
@@ -1344,7 +1447,8 @@ static void test_softmax_xent(dtype dt)
                     ltol += (C + 16) * eps * (2 + spread[i] + log(C + 1.0)) +
                             8 * DBL_EPSILON * (fabs(mx) + fabs(zy) + B * fabs(lse - zy));
                     for (int j = 0; j < C; j++)
-                        dref[i * C + j] = gs * (exp(tget(dt, z, i * C + j) - mx) / s - (j == lab[i]));
+                        dref[i * C + j] =
+                            gs * (exp(tget(dt, z, i * C + j) - mx) / s - (j == lab[i]));
                 }
                 char what[96];
                 snprintf(what, sizeof what, "dp_softmax_xent_%s B=%d C=%d grad_scale=%g%s", dtn(dt),
@@ -1353,8 +1457,9 @@ static void test_softmax_xent(dtype dt)
                 double loss = NAN;
                 int rc = softmax_xent_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, C, gs);
                 expect(rc == DP_OK, "%s: returned %d", what, rc);
-                expect(fabs(loss - lref) <= ltol, "%s: loss_sum %.12g expected %.12g (|err| %.3g > tol %.3g)",
-                       what, loss, lref, fabs(loss - lref), ltol);
+                expect(fabs(loss - lref) <= ltol,
+                       "%s: loss_sum %.12g expected %.12g (|err| %.3g > tol %.3g)", what, loss,
+                       lref, fabs(loss - lref), ltol);
                 if (var < 2) {
                     diff d = {0};
                     for (ptrdiff_t i = 0; i < n; i++) {
@@ -1370,12 +1475,17 @@ static void test_softmax_xent(dtype dt)
                 int64_t keep = lab[B - 1];
                 lab[B - 1] = C;
                 rc = softmax_xent_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, C, gs);
-                expect(rc == DP_ELABEL, "%s label=%d (== C): returned %d, expected DP_ELABEL", what, C, rc);
+                expect(rc == DP_ELABEL, "%s label=%d (== C): returned %d, expected DP_ELABEL", what,
+                       C, rc);
                 lab[B - 1] = -1;
                 rc = softmax_xent_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, C, gs);
                 expect(rc == DP_ELABEL, "%s label=-1: returned %d, expected DP_ELABEL", what, rc);
                 lab[B - 1] = keep;
-                free(z); free(dz); free(lab); free(dref); free(spread);
+                free(z);
+                free(dz);
+                free(lab);
+                free(dref);
+                free(spread);
             }
 }
 
@@ -1393,7 +1503,7 @@ static void test_sigmoid_bce(dtype dt)
     static const double special[] = {0, 50, -50, 200, -200, 1000, -1000, 1e-3};
     const double eps = deps(dt);
     for (int bi = 0; bi < 4; bi++)
-        for (int var = 0; var < 4; var++) {   /* 3: in place, dlogits = logits */
+        for (int var = 0; var < 4; var++) { /* 3: in place, dlogits = logits */
             int B = Bs[bi];
             double gs = trnd(dt, var == 1 ? -1.5 : 1.0 / B);
             void *z = talloc(dt, B), *dz = talloc(dt, B);
@@ -1405,7 +1515,9 @@ static void test_sigmoid_bce(dtype dt)
             }
             char what[96];
             snprintf(what, sizeof what, "dp_sigmoid_bce_%s B=%d grad_scale=%g%s", dtn(dt), B, gs,
-                     var == 2 ? " dlogits=NULL" : var == 3 ? " in place" : "");
+                     var == 2   ? " dlogits=NULL"
+                     : var == 3 ? " in place"
+                                : "");
             tconst(dt, dz, B, NAN);
             if (var == 3) memcpy(dz, z, (size_t)B * dts(dt));
             double loss = NAN;
@@ -1416,10 +1528,12 @@ static void test_sigmoid_bce(dtype dt)
                 double s, zi = tget(dt, z, i), l = bce_ref(zi, (double)lab[i], &s);
                 lref += l;
                 ltol += 8 * eps * (1 + 2 * fabs(zi)) + B * DBL_EPSILON * l;
-                if (var != 2) diff_add(&d, i, tget(dt, dz, i), gs * (s - lab[i]), 8 * eps * fabs(gs));
+                if (var != 2)
+                    diff_add(&d, i, tget(dt, dz, i), gs * (s - lab[i]), 8 * eps * fabs(gs));
             }
-            expect(fabs(loss - lref) <= ltol, "%s: loss_sum %.12g expected %.12g (|err| %.3g > tol %.3g)",
-                   what, loss, lref, fabs(loss - lref), ltol);
+            expect(fabs(loss - lref) <= ltol,
+                   "%s: loss_sum %.12g expected %.12g (|err| %.3g > tol %.3g)", what, loss, lref,
+                   fabs(loss - lref), ltol);
             if (var != 2) expect_diff(&d, 0, "%s dlogits", what);
             int64_t keep = lab[B / 2];
             lab[B / 2] = 2;
@@ -1429,7 +1543,9 @@ static void test_sigmoid_bce(dtype dt)
             rc = sigmoid_bce_t(dt, var == 2 ? NULL : dz, &loss, z, lab, B, gs);
             expect(rc == DP_ELABEL, "%s label=-1: returned %d, expected DP_ELABEL", what, rc);
             lab[B / 2] = keep;
-            free(z); free(dz); free(lab);
+            free(z);
+            free(dz);
+            free(lab);
         }
 }
 
@@ -1455,9 +1571,14 @@ static void test_sigmoid_bce_position(dtype dt)
             bad += memcmp(part, all, (size_t)k * dts(dt)) != 0;
         }
     }
-    expect(bad == 0, "dp_sigmoid_bce_%s: the gradients of a prefix of %d logits differ from "
-           "theirs in the whole batch for %d of 40 x %d prefixes", dtn(dt), N, bad, N);
-    free(z); free(all); free(part); free(lab);
+    expect(bad == 0,
+           "dp_sigmoid_bce_%s: the gradients of a prefix of %d logits differ from "
+           "theirs in the whole batch for %d of 40 x %d prefixes",
+           dtn(dt), N, bad, N);
+    free(z);
+    free(all);
+    free(part);
+    free(lab);
 }
 
 /* dp_sigmoid_bce densely over z, with y = (z > 0): each loss is then log1p(exp(-|z|)) alone,
@@ -1487,9 +1608,11 @@ static void test_sigmoid_bce_dense(dtype dt)
     }
     expect_diff(&dl, 0, "dp_sigmoid_bce_%s loss at z = %g (2 i / %d - 1), y = (z > 0)", dtn(dt),
                 zmax, n - 1);
-    expect_diff(&dg, 0, "dp_sigmoid_bce_%s dlogits at z = %g (2 i / %d - 1), y = (z > 0)",
-                dtn(dt), zmax, n - 1);
-    free(z); free(dz); free(lab);
+    expect_diff(&dg, 0, "dp_sigmoid_bce_%s dlogits at z = %g (2 i / %d - 1), y = (z > 0)", dtn(dt),
+                zmax, n - 1);
+    free(z);
+    free(dz);
+    free(lab);
 }
 
 /* The fused logistic-regression kernel against its naive computation: z = x w + b, BCE,
@@ -1506,7 +1629,8 @@ static void test_logistic_grad(dtype dt)
             ptrdiff_t nx = (ptrdiff_t)B * IN;
             double gs = trnd(dt, 1.0 / B);
             void *x = talloc(dt, nx), *w = talloc(dt, IN), *b = talloc(dt, 1);
-            void *dw0 = talloc(dt, IN), *db0 = talloc(dt, 1), *dw = talloc(dt, IN), *db = talloc(dt, 1);
+            void *dw0 = talloc(dt, IN), *db0 = talloc(dt, 1), *dw = talloc(dt, IN),
+                 *db = talloc(dt, 1);
             int64_t *lab = ialloc(B);
             double *g = dalloc(B), *gtol = dalloc(B);
             tfill(dt, x, nx, -1, 1);
@@ -1527,10 +1651,12 @@ static void test_logistic_grad(dtype dt)
                 double ztol = (IN + 8) * eps * zm, l = bce_ref(z, (double)lab[r], &s);
                 lref += l;
                 ltol += ztol + 8 * eps * (1 + 2 * fabs(z)) + B * DBL_EPSILON * l;
-                if (fabs(z) <= ztol) ambiguous++;
-                else cref += (z > 0) == (lab[r] == 1);
+                if (fabs(z) <= ztol)
+                    ambiguous++;
+                else
+                    cref += (z > 0) == (lab[r] == 1);
                 g[r] = gs * (s - lab[r]);
-                gtol[r] = fabs(gs) * (ztol / 4 + 8 * eps);   /* sigmoid' <= 1/4 */
+                gtol[r] = fabs(gs) * (ztol / 4 + 8 * eps); /* sigmoid' <= 1/4 */
                 dbr += g[r];
                 dbm += fabs(g[r]);
                 dbt += gtol[r];
@@ -1543,10 +1669,12 @@ static void test_logistic_grad(dtype dt)
             int64_t correct = -1;
             int rc = logistic_grad_t(dt, dw, db, &loss, &correct, x, w, b, lab, B, IN, gs);
             expect(rc == DP_OK, "%s: returned %d", what, rc);
-            expect(fabs(loss - lref) <= ltol, "%s: loss_sum %.12g expected %.12g (|err| %.3g > tol %.3g)",
-                   what, loss, lref, fabs(loss - lref), ltol);
+            expect(fabs(loss - lref) <= ltol,
+                   "%s: loss_sum %.12g expected %.12g (|err| %.3g > tol %.3g)", what, loss, lref,
+                   fabs(loss - lref), ltol);
             expect(correct >= cref && correct <= cref + ambiguous,
-                   "%s: correct %" PRId64 " expected %" PRId64 " (+ up to %" PRId64 " rows with z ~ 0)",
+                   "%s: correct %" PRId64 " expected %" PRId64 " (+ up to %" PRId64
+                   " rows with z ~ 0)",
                    what, correct, cref, ambiguous);
             diff d = {0}, e = {0};
             for (int j = 0; j < IN; j++) {
@@ -1565,8 +1693,16 @@ static void test_logistic_grad(dtype dt)
             lab[B - 1] = 2;
             rc = logistic_grad_t(dt, dw, db, &loss, &correct, x, w, b, lab, B, IN, gs);
             expect(rc == DP_ELABEL, "%s label=2: returned %d, expected DP_ELABEL", what, rc);
-            free(x); free(w); free(b); free(dw0); free(db0); free(dw); free(db); free(lab);
-            free(g); free(gtol);
+            free(x);
+            free(w);
+            free(b);
+            free(dw0);
+            free(db0);
+            free(dw);
+            free(db);
+            free(lab);
+            free(g);
+            free(gtol);
         }
 }
 
@@ -1600,7 +1736,10 @@ static void test_argmax_count(dtype dt)
             int64_t got = count_correct_t(dt, x, lab, B, C);
             expect(got == cref, "dp_count_correct_%s B=%d C=%d: %" PRId64 " expected %" PRId64,
                    dtn(dt), B, C, got, cref);
-            free(x); free(out); free(lab); free(ref);
+            free(x);
+            free(out);
+            free(lab);
+            free(ref);
         }
 }
 
@@ -1627,15 +1766,27 @@ static void *sync_worker(void *p)
         for (int i = 0; i < a->len; i++) a->bufs[a->rank][i] = (float)(a->rank + round + i % 7);
         ptrdiff_t lo, hi;
         dp_slice(0, a->len, a->rank, a->n, 4, &lo, &hi);
-        if (dp_barrier_wait(a->bar, &pol, &code)) { a->failed = 1; return NULL; }
+        if (dp_barrier_wait(a->bar, &pol, &code)) {
+            a->failed = 1;
+            return NULL;
+        }
         dp_allreduce_slice_f32(a->bufs, a->n, lo, hi, 1.0f);
-        if (dp_barrier_wait(a->bar, &pol, &code)) { a->failed = 1; return NULL; }
+        if (dp_barrier_wait(a->bar, &pol, &code)) {
+            a->failed = 1;
+            return NULL;
+        }
         for (int i = 0; i < a->len; i++) {
             float want = 0;
             for (int r = 0; r < a->n; r++) want += (float)(r + round + i % 7);
-            if (a->bufs[a->rank][i] != want) { a->failed = 2; break; }
+            if (a->bufs[a->rank][i] != want) {
+                a->failed = 2;
+                break;
+            }
         }
-        if (dp_barrier_wait(a->bar, &pol, &code)) { a->failed = 1; return NULL; }
+        if (dp_barrier_wait(a->bar, &pol, &code)) {
+            a->failed = 1;
+            return NULL;
+        }
     }
     return NULL;
 }
@@ -1657,7 +1808,7 @@ static void *default_ctx_worker(void *p)
     float *A = malloc(sizeof(float) * 400 * 400), *B = malloc(sizeof(float) * 400 * 400);
     float *C = malloc(sizeof(float) * 400 * 400), *R = malloc(sizeof(float) * 400 * 400);
     for (int i = 0; i < 400 * 400; i++) {
-        A[i] = (float)((i * 7 + a->seed) % 13) - 6;   /* small integers: exact sums */
+        A[i] = (float)((i * 7 + a->seed) % 13) - 6; /* small integers: exact sums */
         B[i] = (float)((i * 5 + 3 * a->seed) % 11) - 5;
     }
     a->ctx = dp_ctx_default();
@@ -1670,7 +1821,10 @@ static void *default_ctx_worker(void *p)
             if (memcmp(C, R, sizeof(float) * (size_t)m * (size_t)n)) a->failed = 2;
             if (dp_ctx_default() != a->ctx) a->failed = 3;
         }
-    free(A); free(B); free(C); free(R);
+    free(A);
+    free(B);
+    free(C);
+    free(R);
     return NULL;
 }
 
@@ -1722,10 +1876,12 @@ static void test_sync(void)
         dp_wait_policy quick = {1e-5, 1e-5, 0.05, NULL};
         if (n > 1) {
             int rc = dp_barrier_wait(bar, &quick, &code);
-            expect(rc == DP_ETIMEOUT, "dp_barrier_wait alone of %d: returned %d, expected timeout", n, rc);
+            expect(rc == DP_ETIMEOUT, "dp_barrier_wait alone of %d: returned %d, expected timeout",
+                   n, rc);
             rc = dp_barrier_wait(bar, &quick, &code);
             expect(rc == DP_EABORT && code == DP_TIMEOUT_ABORT_CODE,
-                   "dp_barrier_wait after a timeout: returned %d code %u, expected abort", rc, code);
+                   "dp_barrier_wait after a timeout: returned %d code %u, expected abort", rc,
+                   code);
         }
         for (int r = 0; r < n; r++) free(bufs[r]);
         dp_aligned_free(bar);
@@ -1743,7 +1899,7 @@ static void test_sync(void)
 typedef struct {
     dp_group g;
     dtype dt;
-    int len, failed;          /* failed: the first wrong check, 0 when none */
+    int len, failed; /* failed: the first wrong check, 0 when none */
     ptrdiff_t bad_at;
     int bad_round;
 } group_arg;
@@ -1762,39 +1918,56 @@ static void *group_worker(void *p)
         double scale = round % 2 ? 0.5 : 1.0, waited = -1;
         uint32_t code = 0;
         /* with out, worker r fills buffer r (k == n here); the out is shared by all */
-        for (int i = 0; i < a->len; i++) tset(a->dt, g->bufs[g->rank], i, group_value(g->rank, round, i));
+        for (int i = 0; i < a->len; i++)
+            tset(a->dt, g->bufs[g->rank], i, group_value(g->rank, round, i));
         if (g->out && g->rank == 0) tconst(a->dt, g->out, a->len, -99);
         /* nobody may read a buffer (or find the out unset) before every worker has set its own */
-        if (dp_group_barrier(g, &waited, &code)) { a->failed = 1; return NULL; }
+        if (dp_group_barrier(g, &waited, &code)) {
+            a->failed = 1;
+            return NULL;
+        }
         int rc = a->dt == F32 ? dp_allreduce_f32(g, start, stop, (float)scale, &waited, &code)
                               : dp_allreduce_f64(g, start, stop, scale, &waited, &code);
-        if (rc || !(waited >= 0)) { a->failed = 2; a->bad_round = round; return NULL; }
+        if (rc || !(waited >= 0)) {
+            a->failed = 2;
+            a->bad_round = round;
+            return NULL;
+        }
         const void *res = g->out ? g->out : g->bufs[g->rank];
         for (int i = 0; i < a->len && !a->failed; i++) {
             double want;
             if (i < start || i >= stop) {
-                want = g->out ? -99 : group_value(g->rank, round, i);     /* untouched */
+                want = g->out ? -99 : group_value(g->rank, round, i); /* untouched */
             } else {
                 want = 0;
                 for (int r = 0; r < g->k; r++) want += group_value(r, round, i);
                 want *= scale;
             }
-            if (tget(a->dt, res, i) != want) { a->failed = 3; a->bad_at = i; a->bad_round = round; }
+            if (tget(a->dt, res, i) != want) {
+                a->failed = 3;
+                a->bad_at = i;
+                a->bad_round = round;
+            }
         }
         /* with out, the buffers are inputs only */
         for (int i = 0; g->out && i < a->len && !a->failed; i++)
             if (tget(a->dt, g->bufs[g->rank], i) != group_value(g->rank, round, i)) {
-                a->failed = 4; a->bad_at = i; a->bad_round = round;
+                a->failed = 4;
+                a->bad_at = i;
+                a->bad_round = round;
             }
         /* the next round refills the buffers that others may still be reading */
-        if (dp_group_barrier(g, &waited, &code)) { a->failed = 1; return NULL; }
+        if (dp_group_barrier(g, &waited, &code)) {
+            a->failed = 1;
+            return NULL;
+        }
     }
     return NULL;
 }
 
 static void group_case(dtype dt, int algorithm, int n, int with_out)
 {
-    int len = 517 + 64 * n;           /* odd, and more than one cache line per worker */
+    int len = 517 + 64 * n; /* odd, and more than one cache line per worker */
     size_t ctl = dp_group_control_bytes(n);
     dp_barrier *bar = dp_aligned_alloc(ctl);
     memset(bar, 0, ctl);
@@ -1805,7 +1978,15 @@ static void group_case(dtype dt, int algorithm, int n, int with_out)
     group_arg args[8];
     for (int r = 0; r < n; r++) bufs[r] = talloc(dt, len);
     for (int r = 0; r < n; r++) {
-        dp_group g = {bar, arrivals, {1e-4, 1e-3, 20.0, NULL}, n, r, n, algorithm, bufs, out,
+        dp_group g = {bar,
+                      arrivals,
+                      {1e-4, 1e-3, 20.0, NULL},
+                      n,
+                      r,
+                      n,
+                      algorithm,
+                      bufs,
+                      out,
                       algorithm == DP_ALLREDUCE_TREE ? talloc(dt, len) : NULL};
         args[r] = (group_arg){g, dt, len, 0, 0, 0};
         pthread_create(&th[r], NULL, group_worker, &args[r]);
@@ -1813,17 +1994,21 @@ static void group_case(dtype dt, int algorithm, int n, int with_out)
     int bad = 0, who = 0;
     for (int r = 0; r < n; r++) {
         pthread_join(th[r], NULL);
-        if (args[r].failed && !bad) { bad = args[r].failed; who = r; }
+        if (args[r].failed && !bad) {
+            bad = args[r].failed;
+            who = r;
+        }
     }
-    static const char *const what[] = {"", "a barrier failed", "the call failed",
-                                       "wrong result", "an input buffer was modified"};
-    expect(!bad, "dp_allreduce_%s %s n=%d%s: rank %d round %d: %s (element %td)",
-           dtn(dt), dp_allreduce_name(algorithm), n, with_out ? " with out" : "", who,
-           args[who].bad_round, what[bad], args[who].bad_at);
+    static const char *const what[] = {"", "a barrier failed", "the call failed", "wrong result",
+                                       "an input buffer was modified"};
+    expect(!bad, "dp_allreduce_%s %s n=%d%s: rank %d round %d: %s (element %td)", dtn(dt),
+           dp_allreduce_name(algorithm), n, with_out ? " with out" : "", who, args[who].bad_round,
+           what[bad], args[who].bad_at);
     /* ring and tree leave identical bits in every buffer (checked above against one sum);
      * every worker arrived as often as every other */
     int missing[8];
-    expect(dp_group_missing(arrivals, n, 0, missing, 8) == 0 && (n == 1 || arrivals[0] == arrivals[n - 1]),
+    expect(dp_group_missing(arrivals, n, 0, missing, 8) == 0 &&
+               (n == 1 || arrivals[0] == arrivals[n - 1]),
            "dp_allreduce_%s %s n=%d: arrival counters differ after the run", dtn(dt),
            dp_allreduce_name(algorithm), n);
     for (int r = 0; r < n; r++) {
@@ -1844,9 +2029,9 @@ static void test_group_allreduce(void)
     group_case(F64, DP_ALLREDUCE_NATIVE, 3, 1);
 
     expect(strcmp(dp_allreduce_name(DP_ALLREDUCE_NATIVE), "native") == 0 &&
-           strcmp(dp_allreduce_name(DP_ALLREDUCE_RING), "ring") == 0 &&
-           strcmp(dp_allreduce_name(DP_ALLREDUCE_TREE), "tree") == 0 &&
-           dp_allreduce_name(DP_ALLREDUCE_COUNT) == NULL && dp_allreduce_name(-1) == NULL,
+               strcmp(dp_allreduce_name(DP_ALLREDUCE_RING), "ring") == 0 &&
+               strcmp(dp_allreduce_name(DP_ALLREDUCE_TREE), "tree") == 0 &&
+               dp_allreduce_name(DP_ALLREDUCE_COUNT) == NULL && dp_allreduce_name(-1) == NULL,
            "dp_allreduce_name: native, ring, tree, then NULL");
 
     /* a handle that breaks the rules: DP_EVALUE, before any wait (a wait would time out) */
@@ -1856,28 +2041,37 @@ static void test_group_allreduce(void)
     void *bufs[2] = {b0, b1};
     double waited;
     uint32_t code = 0;
-    dp_group ring_out = {bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 2, DP_ALLREDUCE_RING, bufs, o, NULL};
-    dp_group tree_noscratch = {bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 2, DP_ALLREDUCE_TREE, bufs, NULL, NULL};
-    dp_group native_short = {bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 1, DP_ALLREDUCE_NATIVE, bufs, NULL, NULL};
-    dp_group bad_rank = {bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 2, 2, DP_ALLREDUCE_NATIVE, bufs, NULL, NULL};
+    dp_group ring_out = {bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 2, DP_ALLREDUCE_RING, bufs,
+                         o,   NULL};
+    dp_group tree_noscratch = {
+        bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 2, DP_ALLREDUCE_TREE, bufs, NULL, NULL};
+    dp_group native_short = {
+        bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 1, DP_ALLREDUCE_NATIVE, bufs, NULL, NULL};
+    dp_group bad_rank = {bar,  NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 2, 2, DP_ALLREDUCE_NATIVE, bufs,
+                         NULL, NULL};
     expect(dp_allreduce_f32(&ring_out, 0, 8, 1, &waited, &code) == DP_EVALUE &&
-           dp_allreduce_f32(&tree_noscratch, 0, 8, 1, &waited, &code) == DP_EVALUE &&
-           dp_allreduce_f32(&native_short, 0, 8, 1, &waited, &code) == DP_EVALUE &&
-           dp_allreduce_f32(&bad_rank, 0, 8, 1, &waited, &code) == DP_EVALUE &&
-           dp_allreduce_f32(&ring_out, 5, 4, 1, &waited, &code) == DP_EVALUE,
+               dp_allreduce_f32(&tree_noscratch, 0, 8, 1, &waited, &code) == DP_EVALUE &&
+               dp_allreduce_f32(&native_short, 0, 8, 1, &waited, &code) == DP_EVALUE &&
+               dp_allreduce_f32(&bad_rank, 0, 8, 1, &waited, &code) == DP_EVALUE &&
+               dp_allreduce_f32(&ring_out, 5, 4, 1, &waited, &code) == DP_EVALUE,
            "dp_allreduce_f32 with ring + out, tree without scratch, k != n without out, "
            "rank n, start > stop: expected DP_EVALUE");
     /* alone in a group of two: the entry barrier times out, the group is aborted, and the
      * next call (of anyone) fails at once with the timeout's abort code */
-    dp_group alone = {bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 2, DP_ALLREDUCE_NATIVE, bufs, NULL, NULL};
+    dp_group alone = {bar,  NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 2, DP_ALLREDUCE_NATIVE, bufs,
+                      NULL, NULL};
     int rc = dp_allreduce_f32(&alone, 0, 8, 1, &waited, &code);
-    expect(rc == DP_ETIMEOUT && waited >= 0.05, "dp_allreduce_f32 alone of 2: returned %d after "
-           "%.3f s, expected a timeout after >= 0.05 s", rc, waited);
+    expect(rc == DP_ETIMEOUT && waited >= 0.05,
+           "dp_allreduce_f32 alone of 2: returned %d after "
+           "%.3f s, expected a timeout after >= 0.05 s",
+           rc, waited);
     code = 0;
     alone.rank = 1;
     rc = dp_allreduce_f64(&alone, 0, 8, 1, &waited, &code);
-    expect(rc == DP_EABORT && code == DP_TIMEOUT_ABORT_CODE, "dp_allreduce_f64 after a "
-           "timeout: returned %d code %u, expected the abort", rc, code);
+    expect(rc == DP_EABORT && code == DP_TIMEOUT_ABORT_CODE,
+           "dp_allreduce_f64 after a "
+           "timeout: returned %d code %u, expected the abort",
+           rc, code);
     dp_aligned_free(bar);
 }
 
@@ -1906,8 +2100,8 @@ static void conv_case(dtype dt, int B, int C, int H, int W, int OC, int KH, int 
 {
     dp_conv_geom g = {C, H, W, OC, KH, KW, pad};
     int OH, OW;
-    if (!expect(dp_conv_out(&g, &OH, &OW) == DP_OK, "dp_conv_out %dx%dx%d k%dx%d p%d", C, H, W,
-                KH, KW, pad))
+    if (!expect(dp_conv_out(&g, &OH, &OW) == DP_OK, "dp_conv_out %dx%dx%d k%dx%d p%d", C, H, W, KH,
+                KW, pad))
         return;
     ptrdiff_t nx = (ptrdiff_t)B * C * H * W, nw = (ptrdiff_t)OC * C * KH * KW;
     ptrdiff_t ny = (ptrdiff_t)B * OC * OH * OW;
@@ -1922,7 +2116,8 @@ static void conv_case(dtype dt, int B, int C, int H, int W, int OC, int KH, int 
     tfill(dt, dy, ny, -1, 1);
     tfill(dt, dw0, nw, -1, 1);
     tfill(dt, db0, OC, -1, 1);
-    for (ptrdiff_t i = 0; i < ny; i++) ry[i] = tget(dt, b, (i / ((ptrdiff_t)OH * OW)) % OC), my[i] = fabs(ry[i]);
+    for (ptrdiff_t i = 0; i < ny; i++)
+        ry[i] = tget(dt, b, (i / ((ptrdiff_t)OH * OW)) % OC), my[i] = fabs(ry[i]);
     for (ptrdiff_t i = 0; i < nw; i++) rdw[i] = tget(dt, dw0, i), mdw[i] = fabs(rdw[i]);
     for (ptrdiff_t i = 0; i < nx; i++) rdx[i] = mdx[i] = 0;
     for (int o = 0; o < OC; o++) rdb[o] = tget(dt, db0, o), mdb[o] = fabs(rdb[o]);
@@ -1955,8 +2150,10 @@ static void conv_case(dtype dt, int B, int C, int H, int W, int OC, int KH, int 
         tconst(dt, y, ny, NAN);
         int rc = DP_OK;
         if (naive) {
-            if (dt == F32) dp_conv2d_forward_naive_f32(y, x, w, b, B, &g);
-            else dp_conv2d_forward_naive_f64(y, x, w, b, B, &g);
+            if (dt == F32)
+                dp_conv2d_forward_naive_f32(y, x, w, b, B, &g);
+            else
+                dp_conv2d_forward_naive_f64(y, x, w, b, B, &g);
         } else {
             rc = conv_fwd_t(dt, ctx, &s, y, x, w, b, B, &g);
         }
@@ -1970,8 +2167,10 @@ static void conv_case(dtype dt, int B, int C, int H, int W, int OC, int KH, int 
         memcpy(db, db0, dts(dt) * (size_t)OC);
         tconst(dt, dx, nx, NAN);
         if (naive) {
-            if (dt == F32) dp_conv2d_backward_naive_f32(dw, db, dx, dy, x, w, B, &g);
-            else dp_conv2d_backward_naive_f64(dw, db, dx, dy, x, w, B, &g);
+            if (dt == F32)
+                dp_conv2d_backward_naive_f32(dw, db, dx, dy, x, w, B, &g);
+            else
+                dp_conv2d_backward_naive_f64(dw, db, dx, dy, x, w, B, &g);
         } else {
             rc = conv_bwd_t(dt, ctx, &s, dw, db, dx, dy, x, w, B, &g);
         }
@@ -1979,18 +2178,33 @@ static void conv_case(dtype dt, int B, int C, int H, int W, int OC, int KH, int 
         diff ddw = {0}, ddb = {0}, ddx = {0};
         for (ptrdiff_t i = 0; i < nw; i++)
             diff_add(&ddw, i, tget(dt, dw, i), rdw[i], (Pn + 4) * eps * mdw[i]);
-        for (int o = 0; o < OC; o++) diff_add(&ddb, o, tget(dt, db, o), rdb[o], (Pn + 4) * eps * mdb[o]);
+        for (int o = 0; o < OC; o++)
+            diff_add(&ddb, o, tget(dt, db, o), rdb[o], (Pn + 4) * eps * mdb[o]);
         for (ptrdiff_t i = 0; i < nx; i++)
             diff_add(&ddx, i, tget(dt, dx, i), rdx[i], (OC * KH * KW + 4) * eps * mdx[i] + 1e-300);
         expect_diff(&ddw, 0, "dp_conv2d_backward_%s[%s] %s B=%d C=%d %dx%d OC=%d k%dx%d p%d dw",
                     dtn(dt), kn, cname, B, C, H, W, OC, KH, KW, pad);
         expect_diff(&ddb, 0, "dp_conv2d_backward_%s[%s] %s OC=%d db", dtn(dt), kn, cname, OC);
-        expect_diff(&ddx, 0, "dp_conv2d_backward_%s[%s] %s B=%d C=%d %dx%d k%dx%d p%d dx",
-                    dtn(dt), kn, cname, B, C, H, W, KH, KW, pad);
+        expect_diff(&ddx, 0, "dp_conv2d_backward_%s[%s] %s B=%d C=%d %dx%d k%dx%d p%d dx", dtn(dt),
+                    kn, cname, B, C, H, W, KH, KW, pad);
         dp_scratch_free(&s);
     }
-    free(x); free(w); free(b); free(dy); free(y); free(dw); free(db); free(dx); free(dw0);
-    free(db0); free(ry); free(my); free(rdw); free(mdw); free(rdx); free(mdx);
+    free(x);
+    free(w);
+    free(b);
+    free(dy);
+    free(y);
+    free(dw);
+    free(db);
+    free(dx);
+    free(dw0);
+    free(db0);
+    free(ry);
+    free(my);
+    free(rdw);
+    free(mdw);
+    free(rdx);
+    free(mdx);
 }
 
 /* dp_conv_direct_forward (one image, no im2col) against the im2col path it stands in for:
@@ -2004,10 +2218,10 @@ static void test_conv_direct(dtype dt)
 {
     static const int shapes[][6] = {
         /* C, H, W, OC, KH, KW (pad 0; B = 1) */
-        {3, 32, 32, 32, 3, 3}, {1, 7, 7, 1, 3, 3}, {3, 9, 10, 5, 3, 3}, {2, 6, 18, 13, 3, 3},
-        {3, 5, 19, 7, 3, 3}, {1, 4, 34, 2, 3, 3}, {4, 8, 35, 30, 3, 3}, {7, 5, 40, 3, 3, 3},
-        {16, 4, 20, 6, 2, 2}, {2, 5, 24, 25, 1, 5}, {1, 9, 9, 4, 5, 5}, {3, 12, 21, 16, 4, 4},
-        {65, 4, 20, 3, 1, 1}, {3, 6, 3, 4, 3, 3},
+        {3, 32, 32, 32, 3, 3}, {1, 7, 7, 1, 3, 3},   {3, 9, 10, 5, 3, 3},  {2, 6, 18, 13, 3, 3},
+        {3, 5, 19, 7, 3, 3},   {1, 4, 34, 2, 3, 3},  {4, 8, 35, 30, 3, 3}, {7, 5, 40, 3, 3, 3},
+        {16, 4, 20, 6, 2, 2},  {2, 5, 24, 25, 1, 5}, {1, 9, 9, 4, 5, 5},   {3, 12, 21, 16, 4, 4},
+        {65, 4, 20, 3, 1, 1},  {3, 6, 3, 4, 3, 3},
     };
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
         const int *sh = shapes[i];
@@ -2024,7 +2238,7 @@ static void test_conv_direct(dtype dt)
         tfill(dt, y0, ny, -1, 1);
         int isa = dp_isa_active();
         int vl = (isa == DP_ISA_AVX512 ? 64 : isa == DP_ISA_AVX2 ? 32 : 16) / (int)dts(dt);
-        int fits = dt == F32 && vl >= 8 && OW >= vl && Kd <= 64;   /* float, 32 bytes and up */
+        int fits = dt == F32 && vl >= 8 && OW >= vl && Kd <= 64; /* float, 32 bytes and up */
         for (int beta = 0; beta < 2; beta++) {
             for (int o = 0; o < g.OC; o++)
                 for (ptrdiff_t p = 0; p < P; p++) {
@@ -2050,22 +2264,24 @@ static void test_conv_direct(dtype dt)
             memcpy(y, y0, dts(dt) * (size_t)ny);
             int got = dt == F32 ? dp_conv_direct_forward_f32(y, x, w, &g, OH, OW, (float)beta)
                                 : dp_conv_direct_forward_f64(y, x, w, &g, OH, OW, beta);
-            expect(rc == DP_OK && got == !fits, "conv direct %s isa %s geometry %d beta %d: "
-                   "returned %d (gemm %d), expected %d", dtn(dt), dp_isa_name(dp_isa_active()), i,
-                   beta, got, rc, !fits);
+            expect(rc == DP_OK && got == !fits,
+                   "conv direct %s isa %s geometry %d beta %d: "
+                   "returned %d (gemm %d), expected %d",
+                   dtn(dt), dp_isa_name(dp_isa_active()), i, beta, got, rc, !fits);
             diff d = {0};
             for (ptrdiff_t q = 0; q < ny; q++) {
                 if (!fits)
-                    diff_add(&d, q, tget(dt, y, q), tget(dt, y0, q), 0);     /* untouched */
+                    diff_add(&d, q, tget(dt, y, q), tget(dt, y0, q), 0); /* untouched */
                 else if (g.OC >= 2)
-                    diff_add(&d, q, tget(dt, y, q), tget(dt, want, q), 0);   /* the same bits */
+                    diff_add(&d, q, tget(dt, y, q), tget(dt, want, q), 0); /* the same bits */
                 else
                     diff_add(&d, q, tget(dt, y, q), ref[q], (Kd + 4) * deps(dt) * mag[q]);
             }
-            expect_diff(&d, 0, "conv direct %s isa %s C=%d %dx%d OC=%d k%dx%d beta %d: %s",
-                        dtn(dt), dp_isa_name(dp_isa_active()), g.C, g.H, g.W, g.OC, g.KH, g.KW,
-                        beta, !fits ? "y changed where it does not apply"
-                                    : g.OC >= 2 ? "bits differ from im2col + GEMM" : "y");
+            expect_diff(&d, 0, "conv direct %s isa %s C=%d %dx%d OC=%d k%dx%d beta %d: %s", dtn(dt),
+                        dp_isa_name(dp_isa_active()), g.C, g.H, g.W, g.OC, g.KH, g.KW, beta,
+                        !fits       ? "y changed where it does not apply"
+                        : g.OC >= 2 ? "bits differ from im2col + GEMM"
+                                    : "y");
         }
         /* the weight gradient, dwt (K, OC) += col(x) dy^T (AVX-512 only): within the bound of
          * a sum of P products (it sums in another order than the GEMM), dwt untouched where it
@@ -2099,8 +2315,19 @@ static void test_conv_direct(dtype dt)
         expect_diff(&dd, 0, "conv direct dwt %s isa %s C=%d %dx%d OC=%d k%dx%d: %s", dtn(dt),
                     dp_isa_name(isa), g.C, g.H, g.W, g.OC, g.KH, g.KW,
                     fits_dw ? "dwt" : "dwt changed where it does not apply");
-        free(dy); free(dwt0); free(dwt); free(rw); free(mw);
-        free(x); free(w); free(y0); free(y); free(want); free(col); free(ref); free(mag);
+        free(dy);
+        free(dwt0);
+        free(dwt);
+        free(rw);
+        free(mw);
+        free(x);
+        free(w);
+        free(y0);
+        free(y);
+        free(want);
+        free(col);
+        free(ref);
+        free(mag);
     }
 }
 
@@ -2113,9 +2340,9 @@ static void test_gemm_patch(dtype dt)
 {
     static const int shapes[][8] = {
         /* C, H, W, OC, KH, KW, oh, ow (the output block) */
-        {32, 15, 15, 64, 3, 3, 12, 12}, {3, 32, 32, 32, 3, 3, 30, 30}, {1, 7, 7, 2, 3, 3, 5, 5},
-        {16, 9, 11, 5, 3, 3, 7, 9}, {2, 24, 24, 70, 5, 5, 20, 19}, {4, 6, 40, 33, 2, 3, 5, 3},
-        {1, 1, 1, 3, 1, 1, 1, 1}, {15, 10, 10, 17, 1, 1, 10, 10}, {3, 8, 30, 12, 4, 1, 5, 30},
+        {32, 15, 15, 64, 3, 3, 12, 12}, {3, 32, 32, 32, 3, 3, 30, 30},  {1, 7, 7, 2, 3, 3, 5, 5},
+        {16, 9, 11, 5, 3, 3, 7, 9},     {2, 24, 24, 70, 5, 5, 20, 19},  {4, 6, 40, 33, 2, 3, 5, 3},
+        {1, 1, 1, 3, 1, 1, 1, 1},       {15, 10, 10, 17, 1, 1, 10, 10}, {3, 8, 30, 12, 4, 1, 5, 30},
     };
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
         const int *sh = shapes[i];
@@ -2154,31 +2381,38 @@ static void test_gemm_patch(dtype dt)
             diff d = {0};
             for (ptrdiff_t q = 0; q < nc; q++)
                 diff_add(&d, q, tget(dt, got, q), tget(dt, want, q), 0);
-            expect_diff(&d, 0, "dp_gemm_patch %s isa %s C=%d %dx%d OC=%d k%dx%d block %dx%d beta "
-                        "%d: bits differ from im2col + dp_gemm", dtn(dt),
-                        dp_isa_name(dp_isa_active()), g.C, g.H, g.W, g.OC, g.KH, g.KW, oh, ow,
-                        beta);
+            expect_diff(&d, 0,
+                        "dp_gemm_patch %s isa %s C=%d %dx%d OC=%d k%dx%d block %dx%d beta "
+                        "%d: bits differ from im2col + dp_gemm",
+                        dtn(dt), dp_isa_name(dp_isa_active()), g.C, g.H, g.W, g.OC, g.KH, g.KW, oh,
+                        ow, beta);
         }
         /* and through dp_conv_image_backward (its tables in col's space): one thread takes
          * dp_gemm_patch, three take im2col + dp_gemm (each sum on one thread: the same bits) */
         memcpy(want, c0, dts(dt) * (size_t)nc);
         memcpy(got, c0, dts(dt) * (size_t)nc);
-        int r1 = dt == F32 ? dp_conv_image_backward_f32(&ctx1, col, got, NULL, dy, x, NULL, &g,
-                                                        oh, ow)
-                           : dp_conv_image_backward_f64(&ctx1, col, got, NULL, dy, x, NULL, &g,
-                                                        oh, ow);
-        int r3 = dt == F32 ? dp_conv_image_backward_f32(&ctx3, col, want, NULL, dy, x, NULL, &g,
-                                                        oh, ow)
-                           : dp_conv_image_backward_f64(&ctx3, col, want, NULL, dy, x, NULL, &g,
-                                                        oh, ow);
+        int r1 = dt == F32
+                     ? dp_conv_image_backward_f32(&ctx1, col, got, NULL, dy, x, NULL, &g, oh, ow)
+                     : dp_conv_image_backward_f64(&ctx1, col, got, NULL, dy, x, NULL, &g, oh, ow);
+        int r3 = dt == F32
+                     ? dp_conv_image_backward_f32(&ctx3, col, want, NULL, dy, x, NULL, &g, oh, ow)
+                     : dp_conv_image_backward_f64(&ctx3, col, want, NULL, dy, x, NULL, &g, oh, ow);
         diff d = {0};
         for (ptrdiff_t q = 0; q < nc; q++) diff_add(&d, q, tget(dt, got, q), tget(dt, want, q), 0);
         expect(r1 == DP_OK && r3 == DP_OK, "conv image backward %s: returned %d and %d", dtn(dt),
                r1, r3);
-        expect_diff(&d, 0, "conv image backward %s isa %s C=%d %dx%d OC=%d k%dx%d block %dx%d: "
-                    "dwt on 1 thread differs from 3", dtn(dt), dp_isa_name(dp_isa_active()), g.C,
-                    g.H, g.W, g.OC, g.KH, g.KW, oh, ow);
-        free(x); free(dy); free(c0); free(want); free(got); free(col); free(aoff); free(koff);
+        expect_diff(&d, 0,
+                    "conv image backward %s isa %s C=%d %dx%d OC=%d k%dx%d block %dx%d: "
+                    "dwt on 1 thread differs from 3",
+                    dtn(dt), dp_isa_name(dp_isa_active()), g.C, g.H, g.W, g.OC, g.KH, g.KW, oh, ow);
+        free(x);
+        free(dy);
+        free(c0);
+        free(want);
+        free(got);
+        free(col);
+        free(aoff);
+        free(koff);
     }
 }
 
@@ -2189,14 +2423,21 @@ static void test_conv(dtype dt)
     test_gemm_patch(dt);
     static const int shapes[][8] = {
         /* B, C, H, W, OC, KH, KW, pad */
-        {1, 1, 1, 1, 1, 1, 1, 0}, {3, 1, 7, 7, 1, 3, 3, 0}, {1, 3, 7, 3, 7, 3, 3, 1},
-        {7, 3, 3, 7, 3, 1, 3, 0}, {3, 7, 7, 7, 3, 3, 1, 1}, {1, 3, 7, 7, 3, 7, 7, 0},
-        {2, 2, 5, 6, 3, 2, 3, 2}, {2, 3, 9, 33, 5, 3, 3, 1}, {1, 1, 1, 1, 2, 5, 5, 2},
+        {1, 1, 1, 1, 1, 1, 1, 0},
+        {3, 1, 7, 7, 1, 3, 3, 0},
+        {1, 3, 7, 3, 7, 3, 3, 1},
+        {7, 3, 3, 7, 3, 1, 3, 0},
+        {3, 7, 7, 7, 3, 3, 1, 1},
+        {1, 3, 7, 7, 3, 7, 7, 0},
+        {2, 2, 5, 6, 3, 2, 3, 2},
+        {2, 3, 9, 33, 5, 3, 3, 1},
+        {1, 1, 1, 1, 2, 5, 5, 2},
         {1, 2, 20, 5, 2, 17, 2, 1},
         /* no padding, rows narrower than a vector (dp_im2col's permutes on 64-byte vectors):
          * conv2's 12-value rows (3 patterns for float, 3 for double), 13-value rows (13
          * patterns each), both ending in the image's last values (the copy loop's tail) */
-        {2, 3, 14, 14, 2, 3, 3, 0}, {1, 4, 15, 15, 3, 3, 3, 0},
+        {2, 3, 14, 14, 2, 3, 3, 0},
+        {1, 4, 15, 15, 3, 3, 3, 0},
     };
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
         const int *s = shapes[i];
@@ -2212,11 +2453,14 @@ static void test_conv(dtype dt)
     use_isa(entry_isa);
     /* the last: a padding near INT_MAX makes OH and OW near 2^32 each (their product overflowed
      * a long long; found by the fuzzer under UBSan) */
-    dp_conv_geom bad[] = {{0, 3, 3, 1, 1, 1, 0}, {1, 3, 3, 1, 6, 1, 1}, {1, 3, 3, 1, 1, 1, -1},
+    dp_conv_geom bad[] = {{0, 3, 3, 1, 1, 1, 0},
+                          {1, 3, 3, 1, 6, 1, 1},
+                          {1, 3, 3, 1, 1, 1, -1},
                           {2, 4, 6, 1, 3, 1, INT_MAX}};
     for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
         int OH, OW;
-        expect(dp_conv_out(&bad[i], &OH, &OW) == DP_EVALUE, "dp_conv_out bad geometry %d accepted", i);
+        expect(dp_conv_out(&bad[i], &OH, &OW) == DP_EVALUE, "dp_conv_out bad geometry %d accepted",
+               i);
     }
 }
 
@@ -2225,7 +2469,7 @@ static void test_conv(dtype dt)
  * checks that they never leave them). */
 static void test_maxpool(dtype dt)
 {
-    static const int shapes[][3] = {{1, 2, 2}, {3, 7, 7}, {2, 7, 3}, {1, 3, 7}, {2, 30, 30},
+    static const int shapes[][3] = {{1, 2, 2},   {3, 7, 7},  {2, 7, 3},   {1, 3, 7}, {2, 30, 30},
                                     {5, 13, 13}, {1, 2, 41}, {3, 33, 18}, {2, 4, 34}};
     for (int s = 0; s < 9; s++) {
         int P = shapes[s][0], H = shapes[s][1], W = shapes[s][2], OH = H / 2, OW = W / 2;
@@ -2234,14 +2478,18 @@ static void test_maxpool(dtype dt)
         uint8_t *idx = xalloc((size_t)ny);
         for (ptrdiff_t i = 0; i < nx; i++) {
             double r = unif(0, 1);
-            tset(dt, x, i, r < 0.03 ? NAN : floor(unif(-3, 3)));     /* ties and NaNs */
+            tset(dt, x, i, r < 0.03 ? NAN : floor(unif(-3, 3))); /* ties and NaNs */
         }
         tfill(dt, dy, ny, -1, 1);
-        if (dt == F32) dp_maxpool2_forward_f32(y, idx, x, P, H, W);
-        else dp_maxpool2_forward_f64(y, idx, x, P, H, W);
+        if (dt == F32)
+            dp_maxpool2_forward_f32(y, idx, x, P, H, W);
+        else
+            dp_maxpool2_forward_f64(y, idx, x, P, H, W);
         tconst(dt, dx, nx, NAN);
-        if (dt == F32) dp_maxpool2_backward_f32(dx, dy, idx, P, H, W);
-        else dp_maxpool2_backward_f64(dx, dy, idx, P, H, W);
+        if (dt == F32)
+            dp_maxpool2_backward_f32(dx, dy, idx, P, H, W);
+        else
+            dp_maxpool2_backward_f64(dx, dy, idx, P, H, W);
         int bad_y = 0, bad_i = 0, bad_dx = 0;
         for (int p = 0; p < P; p++)
             for (int i = 0; i < OH; i++)
@@ -2249,7 +2497,8 @@ static void test_maxpool(dtype dt)
                     int best = 0;
                     double m = tget(dt, x, ((ptrdiff_t)p * H + 2 * i) * W + 2 * j);
                     for (int k = 1; k < 4; k++) {
-                        double a = tget(dt, x, ((ptrdiff_t)p * H + 2 * i + k / 2) * W + 2 * j + k % 2);
+                        double a =
+                            tget(dt, x, ((ptrdiff_t)p * H + 2 * i + k / 2) * W + 2 * j + k % 2);
                         if (!isnan(m) && (a > m || isnan(a))) m = a, best = k;
                     }
                     ptrdiff_t yi = ((ptrdiff_t)p * OH + i) * OW + j;
@@ -2270,8 +2519,13 @@ static void test_maxpool(dtype dt)
                 }
         expect(!bad_y && !bad_i, "dp_maxpool2_forward_%s %dx%dx%d: %d values, %d codes wrong",
                dtn(dt), P, H, W, bad_y, bad_i);
-        expect(!bad_dx, "dp_maxpool2_backward_%s %dx%dx%d: %d values wrong", dtn(dt), P, H, W, bad_dx);
-        free(x); free(y); free(dy); free(dx); free(idx);
+        expect(!bad_dx, "dp_maxpool2_backward_%s %dx%dx%d: %d values wrong", dtn(dt), P, H, W,
+               bad_dx);
+        free(x);
+        free(y);
+        free(dy);
+        free(dx);
+        free(idx);
     }
 }
 
@@ -2290,15 +2544,19 @@ static void test_gather_rows(void)
             unsigned char *want = malloc(rb * (size_t)n + 64);
             int64_t *ix = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
             for (size_t b = 0; b < rb * (size_t)rows; b++) src[b] = (unsigned char)randint(256);
-            for (int i = 0; i < n; i++) ix[i] = randint(i % 3 ? rows : 3);   /* repeats */
+            for (int i = 0; i < n; i++) ix[i] = randint(i % 3 ? rows : 3); /* repeats */
             memset(dst, 0xA5, rb * (size_t)n + 64);
             memset(want, 0xA5, rb * (size_t)n + 64);
             for (int i = 0; i < n; i++) memcpy(want + (size_t)i * rb, src + (size_t)ix[i] * rb, rb);
             dp_gather_rows(dst, src, ix, n, rb);
-            expect(memcmp(dst, want, rb * (size_t)n + 64) == 0,
-                   "dp_gather_rows rows of %zu bytes, n=%d: differs from the rows copied one by one",
-                   rb, n);
-            free(src); free(dst); free(want); free(ix);
+            expect(
+                memcmp(dst, want, rb * (size_t)n + 64) == 0,
+                "dp_gather_rows rows of %zu bytes, n=%d: differs from the rows copied one by one",
+                rb, n);
+            free(src);
+            free(dst);
+            free(want);
+            free(ix);
         }
 }
 
@@ -2311,12 +2569,13 @@ static void test_cpu(void)
     dp_cpu_features f;
     dp_cpu_detect(&f);
     printf("test_core: cpu %s / %s: avx %d fma %d avx2 %d avx512 f %d bw %d vl %d dq %d vnni %d "
-           "bf16 %d; widest FMA %s\n", f.vendor, f.brand, f.avx, f.fma, f.avx2, f.avx512f,
-           f.avx512bw, f.avx512vl, f.avx512dq, f.avx512_vnni, f.avx512_bf16,
-           dp_isa_name(dp_cpu_widest_isa(&f)));
+           "bf16 %d; widest FMA %s\n",
+           f.vendor, f.brand, f.avx, f.fma, f.avx2, f.avx512f, f.avx512bw, f.avx512vl, f.avx512dq,
+           f.avx512_vnni, f.avx512_bf16, dp_isa_name(dp_cpu_widest_isa(&f)));
     expect(f.avx512f || !(f.avx512bw || f.avx512vl || f.avx512dq || f.avx512_vnni || f.avx512_bf16),
            "dp_cpu_detect: an AVX-512 sub-feature without avx512f");
-    expect(f.avx || !(f.fma || f.avx2), "dp_cpu_detect: fma %d / avx2 %d without avx", f.fma, f.avx2);
+    expect(f.avx || !(f.fma || f.avx2), "dp_cpu_detect: fma %d / avx2 %d without avx", f.fma,
+           f.avx2);
     expect(dp_cpu_has_isa(&f, DP_ISA_GENERIC) && dp_cpu_has_isa(&f, dp_cpu_widest_isa(&f)),
            "dp_cpu_has_isa: generic or the widest isa (%d) refused", dp_cpu_widest_isa(&f));
     for (int isa = 0; isa < DP_ISA_COUNT; isa++) {
@@ -2327,16 +2586,19 @@ static void test_cpu(void)
                 expect(rc == DP_OK && g > 0 && isfinite(g), "dp_fma_peak_%s(%s): rc %d, %g GFLOP/s",
                        f64 ? "f64" : "f32", dp_isa_name(isa), rc, g);
             else
-                expect(rc == DP_ENOTSUP && g == -1.0, "dp_fma_peak_%s(%s) on a CPU without it: "
-                       "rc %d, %g", f64 ? "f64" : "f32", dp_isa_name(isa), rc, g);
+                expect(rc == DP_ENOTSUP && g == -1.0,
+                       "dp_fma_peak_%s(%s) on a CPU without it: "
+                       "rc %d, %g",
+                       f64 ? "f64" : "f32", dp_isa_name(isa), rc, g);
         }
     }
     double g = -1.0;
-    expect(dp_fma_peak_f32(DP_ISA_COUNT, 0.01, &g) == DP_EVALUE && dp_fma_peak_f32(-1, 0.01, &g) == DP_EVALUE,
+    expect(dp_fma_peak_f32(DP_ISA_COUNT, 0.01, &g) == DP_EVALUE &&
+               dp_fma_peak_f32(-1, 0.01, &g) == DP_EVALUE,
            "dp_fma_peak_f32: an unknown isa was accepted");
     expect(dp_fma_peak_f32(DP_ISA_GENERIC, 0.0, &g) == DP_EVALUE &&
-           dp_fma_peak_f64(DP_ISA_GENERIC, NAN, &g) == DP_EVALUE &&
-           dp_fma_peak_f64(DP_ISA_GENERIC, INFINITY, &g) == DP_EVALUE && g == -1.0,
+               dp_fma_peak_f64(DP_ISA_GENERIC, NAN, &g) == DP_EVALUE &&
+               dp_fma_peak_f64(DP_ISA_GENERIC, INFINITY, &g) == DP_EVALUE && g == -1.0,
            "dp_fma_peak: seconds 0, NaN or inf accepted (or the output written: %g)", g);
     /* vdpbf16ps's rate: where the CPU has AVX-512 and AVX512_BF16 (and this compiler the
      * intrinsic, which the CI compilers have), else DP_ENOTSUP with nothing written */
@@ -2344,14 +2606,17 @@ static void test_cpu(void)
         double d = -1.0;
         int rc = dp_bf16dot_peak(0.01, &d);
         if (dp_cpu_has_isa(&f, DP_ISA_AVX512) && f.avx512_bf16)
-            expect(rc == DP_OK && d > 0 && isfinite(d), "dp_bf16dot_peak: rc %d, %g GFLOP/s", rc, d);
+            expect(rc == DP_OK && d > 0 && isfinite(d), "dp_bf16dot_peak: rc %d, %g GFLOP/s", rc,
+                   d);
         else
-            expect(rc == DP_ENOTSUP && d == -1.0, "dp_bf16dot_peak on a CPU without it: rc %d, %g", rc, d);
+            expect(rc == DP_ENOTSUP && d == -1.0, "dp_bf16dot_peak on a CPU without it: rc %d, %g",
+                   rc, d);
         expect(dp_bf16dot_peak(0.0, &d) == DP_EVALUE && dp_bf16dot_peak(NAN, &d) == DP_EVALUE,
                "dp_bf16dot_peak: seconds 0 or NaN accepted");
     }
     expect(dp_isa_name(DP_ISA_COUNT) == NULL && dp_isa_bits(DP_ISA_AVX512) == 512 &&
-           dp_isa_bits(DP_ISA_AVX2) == 256, "dp_isa_name / dp_isa_bits");
+               dp_isa_bits(DP_ISA_AVX2) == 256,
+           "dp_isa_name / dp_isa_bits");
 }
 
 /* ---- main -------------------------------------------------------------------------------- */
@@ -2361,15 +2626,17 @@ int main(void)
     signal(SIGALRM, on_watchdog);
     alarm(120);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    printf("test_core: kernels' ISA on this CPU: %s (GEMM %s); tested:", dp_isa_name(dp_isa_active()),
-           dp_gemm_isa());
+    printf("test_core: kernels' ISA on this CPU: %s (GEMM %s); tested:",
+           dp_isa_name(dp_isa_active()), dp_gemm_isa());
     for (int isa = 0; isa < DP_ISA_COUNT; isa++)
-        if (dp_isa_select(isa) == DP_OK) printf(" %s (GEMM %s)", dp_isa_name(isa), dp_gemm_isa());
-        else printf(" %s (skipped: not on this CPU)", dp_isa_name(isa));
+        if (dp_isa_select(isa) == DP_OK)
+            printf(" %s (GEMM %s)", dp_isa_name(isa), dp_gemm_isa());
+        else
+            printf(" %s (skipped: not on this CPU)", dp_isa_name(isa));
     printf("\n");
     use_isa(widest_isa());
 
-    test_threads_startup();   /* before this process has any threads of its own */
+    test_threads_startup(); /* before this process has any threads of its own */
     test_cpu();
     test_gather_rows();
     test_math();
@@ -2383,23 +2650,25 @@ int main(void)
         return 1;
     }
     let_helpers_start();
-    expect(ctx3.threads == 3 && ctx1.threads == 1, "dp_ctx_init: threads %d and %d, expected 1 and 3",
-           ctx1.threads, ctx3.threads);
+    expect(ctx3.threads == 3 && ctx1.threads == 1,
+           "dp_ctx_init: threads %d and %d, expected 1 and 3", ctx1.threads, ctx3.threads);
     /* "generic", or "generic (NEON)" where the portable vectors are NEON's (ARM) */
     expect(strncmp(use_isa(DP_ISA_GENERIC), "generic", 7) == 0, "dp_gemm_isa with isa generic: %s",
            dp_gemm_isa());
     expect(dp_isa_select(DP_ISA_COUNT) == DP_EVALUE && dp_isa_select(-1) == DP_EVALUE &&
-           dp_isa_active() == DP_ISA_GENERIC, "dp_isa_select: an unknown isa was accepted");
+               dp_isa_active() == DP_ISA_GENERIC,
+           "dp_isa_select: an unknown isa was accepted");
     expect(dp_isa_from_name("avx2") == DP_ISA_AVX2 && dp_isa_from_name("avx512") == DP_ISA_AVX512 &&
-           dp_isa_from_name("generic") == DP_ISA_GENERIC && dp_isa_from_name("AVX2") == -1 &&
-           dp_isa_from_name("") == -1, "dp_isa_from_name");
+               dp_isa_from_name("generic") == DP_ISA_GENERIC && dp_isa_from_name("AVX2") == -1 &&
+               dp_isa_from_name("") == -1,
+           "dp_isa_from_name");
     use_isa(widest_isa());
     expect(dp_isa_active() == widest_isa(), "dp_isa_select(widest): active %d", dp_isa_active());
 
     test_round_bf16();
     for (int t = 0; t < 2; t++) {
         dtype dt = t ? F64 : F32;
-        test_gemm(dt);            /* every ISA inside; float: also with bfloat16 inputs */
+        test_gemm(dt); /* every ISA inside; float: also with bfloat16 inputs */
         test_gemm_degenerate(dt);
         test_gemm_order_invariance(dt);
         test_gemv_cols_window(dt);
@@ -2409,10 +2678,11 @@ int main(void)
     }
     printf("bfloat16 dot path: %s; %d GEMM cases ran it against the rounding path; vdpbf16ps / "
            "float32 FMA flop, measured: %.2f (the default takes it from %.2f)\n",
-           dp_gemm_bf16_dot_available() ? dp_gemm_bf16_dot_name() : "not on this CPU", bf16_dot_cases,
-           dp_gemm_bf16_dot_ratio(), DP_BF16_DOT_GAIN);
+           dp_gemm_bf16_dot_available() ? dp_gemm_bf16_dot_name() : "not on this CPU",
+           bf16_dot_cases, dp_gemm_bf16_dot_ratio(), DP_BF16_DOT_GAIN);
     printf("bfloat16 AMX path: %s; %d GEMM cases ran it\n",
-           dp_gemm_bf16_amx_available() ? dp_gemm_bf16_amx_name() : dp_gemm_bf16_amx_why(), bf16_amx_cases);
+           dp_gemm_bf16_amx_available() ? dp_gemm_bf16_amx_name() : dp_gemm_bf16_amx_why(),
+           bf16_amx_cases);
     /* the vector kernels (dp_vec.h), on every ISA this CPU has */
     for (int isa = 0; isa < DP_ISA_COUNT; isa++) {
         if (!use_isa(isa)) continue;
@@ -2430,7 +2700,7 @@ int main(void)
             test_sigmoid_bce_position(dt);
             test_logistic_grad(dt);
             test_maxpool(dt);
-            test_conv(dt);        /* im2col and col2im */
+            test_conv(dt); /* im2col and col2im */
         }
         test_group_allreduce();
     }

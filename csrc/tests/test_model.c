@@ -96,8 +96,9 @@ static void expect_diff(const diff *d, const char *fmt, ...)
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     printf("FAIL [isa %s] %s: %td of %td elements off, worst [%td] got %.10g expected %.10g "
-           "(|err| %.3g > tol %.3g)\n", dp_isa_name(dp_isa_active()),
-           what, d->bad, d->n, d->at, d->got, d->want, fabs(d->got - d->want), d->tol);
+           "(|err| %.3g > tol %.3g)\n",
+           dp_isa_name(dp_isa_active()), what, d->bad, d->n, d->at, d->got, d->want,
+           fabs(d->got - d->want), d->tol);
     fflush(stdout);
 }
 
@@ -121,9 +122,7 @@ static uint64_t xorshift64(void)
 }
 
 static double unif(double lo, double hi)
-{
-    return lo + (hi - lo) * ((double)(xorshift64() >> 11) * 0x1.0p-53);
-}
+{ return lo + (hi - lo) * ((double)(xorshift64() >> 11) * 0x1.0p-53); }
 
 static int randint(int n) { return (int)(xorshift64() % (uint64_t)n); }
 
@@ -172,10 +171,17 @@ static double ref_dact(act_id a, double x)
 {
     long double v = x;
     switch (a) {
-    case A_TANH: { long double t = tanhl(v); return (double)(1 - t * t); }
-    case A_SIGMOID: { long double s = 1 / (1 + expl(-v)); return (double)(s * (1 - s)); }
+    case A_TANH: {
+        long double t = tanhl(v);
+        return (double)(1 - t * t);
+    }
+    case A_SIGMOID: {
+        long double s = 1 / (1 + expl(-v));
+        return (double)(s * (1 - s));
+    }
     default:
-        return (double)(0.5L * erfcl(-v / sqrtl(2.0L)) + v * expl(-v * v / 2) / sqrtl(2 * 3.14159265358979323846264338327950288L));
+        return (double)(0.5L * erfcl(-v / sqrtl(2.0L)) +
+                        v * expl(-v * v / 2) / sqrtl(2 * 3.14159265358979323846264338327950288L));
     }
 }
 
@@ -190,8 +196,10 @@ static void act_fwd(act_id a, int naive, int f64, void *y, const void *x, ptrdif
     static void (*const f64s[2][3])(double *, const double *, ptrdiff_t) = {
         {dp_tanh_forward_f64, dp_sigmoid_forward_f64, dp_gelu_forward_f64},
         {dp_tanh_forward_naive_f64, dp_sigmoid_forward_naive_f64, dp_gelu_forward_naive_f64}};
-    if (f64) f64s[naive][a](y, x, n);
-    else f32s[naive][a](y, x, n);
+    if (f64)
+        f64s[naive][a](y, x, n);
+    else
+        f32s[naive][a](y, x, n);
 }
 
 /* yx: the forward output (tanh, sigmoid) or input (GELU) the backward takes */
@@ -204,15 +212,17 @@ static void act_bwd(act_id a, int naive, int f64, void *dx, const void *dy, cons
     static void (*const f64s[2][3])(double *, const double *, const double *, ptrdiff_t) = {
         {dp_tanh_backward_f64, dp_sigmoid_backward_f64, dp_gelu_backward_f64},
         {dp_tanh_backward_naive_f64, dp_sigmoid_backward_naive_f64, dp_gelu_backward_naive_f64}};
-    if (f64) f64s[naive][a](dx, dy, yx, n);
-    else f32s[naive][a](dx, dy, yx, n);
+    if (f64)
+        f64s[naive][a](dx, dy, yx, n);
+    else
+        f32s[naive][a](dx, dy, yx, n);
 }
 
 /* Inputs for the activation tests: uniform on [-8, 8] and [-40, 40], then special values. */
-static const double specials[] = {0.0, -0.0, 1e-30, -1e-30, 1e-8, -1e-8, 0.5499, 0.55, -0.55,
-                                  0.5501, 1.0, -1.0, 5.0, -5.0, 9.0, -9.0, 13.5, -13.5, 20.0,
-                                  -20.0, 37.0, -37.0, 40.0, -40.0, 100.0, -100.0, 1e30, -1e30,
-                                  INFINITY, -INFINITY, NAN};
+static const double specials[] = {0.0,   -0.0,   1e-30, -1e-30, 1e-8,     -1e-8,     0.5499, 0.55,
+                                  -0.55, 0.5501, 1.0,   -1.0,   5.0,      -5.0,      9.0,    -9.0,
+                                  13.5,  -13.5,  20.0,  -20.0,  37.0,     -37.0,     40.0,   -40.0,
+                                  100.0, -100.0, 1e30,  -1e30,  INFINITY, -INFINITY, NAN};
 #define N_SPECIALS ((int)(sizeof specials / sizeof specials[0]))
 
 static void fill_act_inputs(double *x, ptrdiff_t n)
@@ -232,7 +242,7 @@ static double tol_of(int f64, double want, double k)
 static void test_act_kernels(void)
 {
     const ptrdiff_t sizes[] = {1, 3, 7, 33, 1000};
-    double worst[3][2] = {{0}};      /* max relative error of the fast kernel vs libm */
+    double worst[3][2] = {{0}}; /* max relative error of the fast kernel vs libm */
     for (int f64 = 0; f64 < 2; f64++)
         for (int a = 0; a < 3; a++)
             for (int si = 0; si < 5; si++) {
@@ -244,8 +254,10 @@ static void test_act_kernels(void)
                 void *yn = xalloc(ts * (size_t)n), *dy = xalloc(ts * (size_t)n);
                 void *dx = xalloc(ts * (size_t)n), *dxn = xalloc(ts * (size_t)n);
                 for (ptrdiff_t i = 0; i < n; i++) {
-                    if (f64) ((double *)x)[i] = xd[i], ((double *)dy)[i] = unif(-2, 2);
-                    else ((float *)x)[i] = (float)xd[i], ((float *)dy)[i] = (float)unif(-2, 2);
+                    if (f64)
+                        ((double *)x)[i] = xd[i], ((double *)dy)[i] = unif(-2, 2);
+                    else
+                        ((float *)x)[i] = (float)xd[i], ((float *)dy)[i] = (float)unif(-2, 2);
                 }
 #define GET(p, i) (f64 ? ((double *)(p))[i] : (double)((float *)(p))[i])
                 act_fwd(a, 0, f64, y, x, n);
@@ -256,7 +268,8 @@ static void test_act_kernels(void)
                     /* GELU(-inf) = -inf * 0: NaN, as the formula is in IEEE arithmetic */
                     /* the naive GELU is x^2 eps off (see ref_act): so much the tolerance */
                     double twin = a == A_GELU && isfinite(xi) ? 8 + xi * xi : 8;
-                    diff_add(&dl, i, GET(y, i), want, tol_of(f64, want, 8) + ref_tol(xi) * fabs(want));
+                    diff_add(&dl, i, GET(y, i), want,
+                             tol_of(f64, want, 8) + ref_tol(xi) * fabs(want));
                     diff_add(&dn, i, GET(y, i), GET(yn, i), tol_of(f64, GET(yn, i), twin));
                     if (isfinite(want) && fabs(want) > (f64 ? DBL_MIN : FLT_MIN) * 4) {
                         double r = fabs(GET(y, i) - want) / fabs(want);
@@ -272,7 +285,8 @@ static void test_act_kernels(void)
                 memcpy(yy, x, ts * (size_t)n);
                 act_fwd(a, 0, f64, yy, yy, n);
                 expect(memcmp(yy, y, ts * (size_t)n) == 0 || n == 0,
-                       "dp_%s_forward_%s n=%td in place differs", act_name[a], f64 ? "f64" : "f32", n);
+                       "dp_%s_forward_%s n=%td in place differs", act_name[a], f64 ? "f64" : "f32",
+                       n);
                 /* backward: from the output (tanh, sigmoid) or the input (GELU), against the
                  * twin and against the derivative in double */
                 const void *yx = a == A_GELU ? x : y;
@@ -284,36 +298,47 @@ static void test_act_kernels(void)
                     double tol, twin;
                     if (a == A_GELU) {
                         /* Phi + x phi: each term relative-accurate, so eps times their sizes */
-                        double sz = fabs(g) * (0.5 * erfc(-xi / sqrt(2.0)) + fabs(xi) * exp(-xi * xi / 2));
+                        double sz =
+                            fabs(g) * (0.5 * erfc(-xi / sqrt(2.0)) + fabs(xi) * exp(-xi * xi / 2));
                         /* and the flush: the branch-free exp returns 0 below e^-87 (float)
                          * or e^-708 (double), where |x| phi(x) is still up to 14 * 0.4 * e^-87
                          * = 8 FLT_MIN (40 * 0.4 * e^-708 = 24 DBL_MIN); whether x^2 / 2 rounds
                          * below the cut depends on the ISA's FMA (the generic build flushed
                          * at x = -13.2 where the AVX2 build did not) */
                         double flush = 32 * (f64 ? DBL_MIN : FLT_MIN);
-                        tol = tol_of(f64, isfinite(sz) ? sz : 0, 16) + ref_tol(xi) * fabs(want) + flush;
+                        tol = tol_of(f64, isfinite(sz) ? sz : 0, 16) + ref_tol(xi) * fabs(want) +
+                              flush;
                         twin = tol_of(f64, isfinite(sz) ? sz : 0, 16 + 2 * xi * xi) + flush;
                     } else {
                         /* from the rounded output: 1 - y^2 and y (1 - y) lose up to eps / f'
                          * relative when f' is small; bound by eps times |g| */
                         tol = twin = tol_of(f64, g, 8);
                     }
-                    if (isnan(xi)) want = NAN;
-                    else if (isinf(xi)) want = a == A_GELU ? NAN : 0.0;   /* inf * 0 */
+                    if (isnan(xi))
+                        want = NAN;
+                    else if (isinf(xi))
+                        want = a == A_GELU ? NAN : 0.0; /* inf * 0 */
                     diff_add(&bl, i, GET(dx, i), want, tol);
                     diff_add(&bn, i, GET(dx, i), GET(dxn, i), twin);
                 }
-                expect_diff(&bl, "dp_%s_backward_%s n=%td vs the derivative in double",
-                            act_name[a], f64 ? "f64" : "f32", n);
+                expect_diff(&bl, "dp_%s_backward_%s n=%td vs the derivative in double", act_name[a],
+                            f64 ? "f64" : "f32", n);
                 expect_diff(&bn, "dp_%s_backward_%s n=%td vs its naive twin", act_name[a],
                             f64 ? "f64" : "f32", n);
 #undef GET
-                free(xd); free(x); free(y); free(yn); free(dy); free(dx); free(dxn); free(yy);
+                free(xd);
+                free(x);
+                free(y);
+                free(yn);
+                free(dy);
+                free(dx);
+                free(dxn);
+                free(yy);
             }
     printf("test_model [isa %s]: max relative error vs libm (double reference): tanh %.2g / "
            "%.2g, sigmoid %.2g / %.2g, gelu %.2g / %.2g (f32 / f64)\n",
-           dp_isa_name(dp_isa_active()), worst[0][0], worst[0][1],
-           worst[1][0], worst[1][1], worst[2][0], worst[2][1]);
+           dp_isa_name(dp_isa_active()), worst[0][0], worst[0][1], worst[1][0], worst[1][1],
+           worst[2][0], worst[2][1]);
 
     /* the double kernels' derivative against central differences of their own forward */
     for (int a = 0; a < 3; a++) {
@@ -346,8 +371,10 @@ static void test_mse(void)
             void *y = xalloc(ts * (size_t)n), *t = xalloc(ts * (size_t)n);
             void *dy = xalloc(ts * (size_t)n), *dyn = xalloc(ts * (size_t)n);
             for (ptrdiff_t i = 0; i < n; i++) {
-                if (f64) ((double *)y)[i] = yd[i], ((double *)t)[i] = td[i];
-                else ((float *)y)[i] = (float)yd[i], ((float *)t)[i] = (float)td[i];
+                if (f64)
+                    ((double *)y)[i] = yd[i], ((double *)t)[i] = td[i];
+                else
+                    ((float *)y)[i] = (float)yd[i], ((float *)t)[i] = (float)td[i];
             }
 #define GET(p, i) (f64 ? ((double *)(p))[i] : (double)((float *)(p))[i])
             for (ptrdiff_t i = 0; i < n; i++) {
@@ -365,9 +392,10 @@ static void test_mse(void)
                 dp_mse_f32(NULL, &l0, y, t, B, OUT, (float)gs);
             }
             double eps = f64 ? DBL_EPSILON : FLT_EPSILON;
-            expect(fabs(l - ref) <= 64 * eps * ref && fabs(ln - ref) <= 64 * eps * ref && l0 == l,
-                   "dp_mse_%s B=%d OUT=%d: loss_sum %.10g, naive %.10g, no-grad %.10g, expected %.10g",
-                   f64 ? "f64" : "f32", B, OUT, l, ln, l0, ref);
+            expect(
+                fabs(l - ref) <= 64 * eps * ref && fabs(ln - ref) <= 64 * eps * ref && l0 == l,
+                "dp_mse_%s B=%d OUT=%d: loss_sum %.10g, naive %.10g, no-grad %.10g, expected %.10g",
+                f64 ? "f64" : "f32", B, OUT, l, ln, l0, ref);
             diff d = {0}, dn = {0};
             for (ptrdiff_t i = 0; i < n; i++) {
                 double want = 2 * gs * (GET(y, i) - GET(t, i));
@@ -377,12 +405,19 @@ static void test_mse(void)
             expect_diff(&d, "dp_mse_%s B=%d OUT=%d dy", f64 ? "f64" : "f32", B, OUT);
             expect_diff(&dn, "dp_mse_naive_%s B=%d OUT=%d dy", f64 ? "f64" : "f32", B, OUT);
             /* in place: dy = y */
-            if (f64) dp_mse_f64(y, &l0, y, t, B, OUT, gs);
-            else dp_mse_f32(y, &l0, y, t, B, OUT, (float)gs);
+            if (f64)
+                dp_mse_f64(y, &l0, y, t, B, OUT, gs);
+            else
+                dp_mse_f32(y, &l0, y, t, B, OUT, (float)gs);
             expect(l0 == l && memcmp(y, dy, ts * (size_t)n) == 0,
                    "dp_mse_%s B=%d OUT=%d in place (dy = y) differs", f64 ? "f64" : "f32", B, OUT);
 #undef GET
-            free(yd); free(td); free(y); free(t); free(dy); free(dyn);
+            free(yd);
+            free(td);
+            free(y);
+            free(t);
+            free(dy);
+            free(dyn);
         }
     /* NaN propagates into the loss and its gradient */
     double y[3] = {1, NAN, 2}, t[3] = {0, 0, 0}, dy[3], l;
@@ -394,7 +429,7 @@ static void test_mse(void)
 /* ---- a reference forward in double: the layer list, walked directly ----------------------- */
 
 typedef struct {
-    int ndim, c, h, w;        /* (c, h, w), or (c,) flat when ndim == 1 */
+    int ndim, c, h, w; /* (c, h, w), or (c,) flat when ndim == 1 */
 } shape3;
 
 static int width_of(shape3 s) { return s.ndim == 3 ? s.c * s.h * s.w : s.c; }
@@ -421,7 +456,8 @@ static double *ref_forward(const dp_layer *L, int n, shape3 in, const double *pa
             for (int i = 0; i < B; i++)
                 for (int j = 0; j < OUT; j++) {
                     double a = b[j];
-                    for (int k = 0; k < IN; k++) a += h[(ptrdiff_t)i * IN + k] * W[(ptrdiff_t)j * IN + k];
+                    for (int k = 0; k < IN; k++)
+                        a += h[(ptrdiff_t)i * IN + k] * W[(ptrdiff_t)j * IN + k];
                     y[(ptrdiff_t)i * OUT + j] = a;
                 }
             o.ndim = 1;
@@ -471,8 +507,8 @@ static double *ref_forward(const dp_layer *L, int n, shape3 in, const double *pa
             y = dalloc(m);
             for (ptrdiff_t i = 0; i < m; i++) {
                 double v = h[i];
-                y[i] = ly->kind == DP_LAYER_RELU ? (v > 0 ? v : 0)
-                       : ly->kind == DP_LAYER_TANH ? ref_act(A_TANH, v)
+                y[i] = ly->kind == DP_LAYER_RELU      ? (v > 0 ? v : 0)
+                       : ly->kind == DP_LAYER_TANH    ? ref_act(A_TANH, v)
                        : ly->kind == DP_LAYER_SIGMOID ? ref_act(A_SIGMOID, v)
                                                       : ref_act(A_GELU, v);
             }
@@ -489,8 +525,8 @@ static double *ref_forward(const dp_layer *L, int n, shape3 in, const double *pa
 }
 
 /* Loss sum of outputs z (B, OUT), in double. */
-static double ref_loss(dp_loss loss, const double *z, const int64_t *lab, const double *tgt,
-                       int B, int OUT)
+static double ref_loss(dp_loss loss, const double *z, const int64_t *lab, const double *tgt, int B,
+                       int OUT)
 {
     double total = 0;
     for (int i = 0; i < B; i++) {
@@ -522,8 +558,8 @@ static int m_loss_grad(int f64, dp_model *m, void *g, double *l, int64_t *c, con
                : dp_model_loss_grad_f32(m, g, l, c, p, x, lab, t, B, (float)gs);
 }
 
-static int m_forward_loss(int f64, dp_model *m, double *l, int64_t *c, const void *p,
-                          const void *x, const int64_t *lab, const void *t, int B, double gs)
+static int m_forward_loss(int f64, dp_model *m, double *l, int64_t *c, const void *p, const void *x,
+                          const int64_t *lab, const void *t, int B, double gs)
 {
     return f64 ? dp_model_forward_loss_f64(m, l, c, p, x, lab, t, B, gs)
                : dp_model_forward_loss_f32(m, l, c, p, x, lab, t, B, (float)gs);
@@ -566,9 +602,7 @@ static void *to_dtype(int f64, const double *v, ptrdiff_t n)
 }
 
 static double get_t(int f64, const void *p, ptrdiff_t i)
-{
-    return f64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
-}
+{ return f64 ? ((const double *)p)[i] : (double)((const float *)p)[i]; }
 
 /* ---- plans ------------------------------------------------------------------------------- */
 
@@ -603,8 +637,8 @@ static void test_plans(void)
     dp_plan p;
     const int img[3] = {3, 32, 32}, flat[1] = {784};
     /* the studies' CNN: two fused blocks, then the dense tail */
-    const dp_layer cnn[] = {CONV(32, 3, 0), RELU, POOL, CONV(64, 3, 0), RELU, POOL, FLAT,
-                            DENSE(128), RELU, DENSE(10)};
+    const dp_layer cnn[] = {CONV(32, 3, 0), RELU, POOL,       CONV(64, 3, 0), RELU,
+                            POOL,           FLAT, DENSE(128), RELU,           DENSE(10)};
     int rc = dp_model_plan(&p, cnn, NL(cnn), img, 3, DP_LOSS_SOFTMAX_XENT);
     stages_str(&p, buf, sizeof buf);
     expect(rc == DP_OK && strcmp(buf, "conv+pool:relu conv+pool:relu dense:relu dense") == 0 &&
@@ -631,20 +665,26 @@ static void test_plans(void)
     const dp_layer mlp[] = {DENSE(256), RELU, DENSE(128), RELU, DENSE(10)};
     rc = dp_model_plan(&p, mlp, NL(mlp), flat, 1, DP_LOSS_SOFTMAX_XENT);
     const ptrdiff_t mlp_params = (784 + 1) * 256 + (256 + 1) * 128 + (128 + 1) * 10;
-    expect(rc == DP_OK && strcmp(stages_str(&p, buf, sizeof buf), "dense:relu dense:relu dense") == 0 &&
+    expect(rc == DP_OK &&
+               strcmp(stages_str(&p, buf, sizeof buf), "dense:relu dense:relu dense") == 0 &&
                p.n_params == mlp_params && p.stage[2].w_off == mlp_params - 1290,
            "dp_model_plan MLP: rc %d, stages '%s', n_params %td (expected %td), last W at %td", rc,
            buf, p.n_params, mlp_params, p.stage[2].w_off);
     /* the other patterns */
     const int small[3] = {2, 9, 8};
-    const struct { dp_layer l[8]; int n; const char *want; } pats[] = {
+    const struct {
+        dp_layer l[8];
+        int n;
+        const char *want;
+    } pats[] = {
         {{CONV(3, 3, 1), POOL, TANH}, 3, "conv+pool:tanh"},
         {{CONV(3, 3, 1), POOL}, 2, "conv+pool"},
         {{CONV(3, 3, 1), POOL, RELU, RELU}, 4, "conv+pool:relu act:relu"},
         {{CONV(3, 3, 1), SIGM, POOL}, 3, "conv:sigmoid pool"},
         {{CONV(3, 3, 1), GELU, POOL}, 3, "conv act:gelu pool"},
         {{CONV(3, 3, 1), FLAT, RELU}, 3, "conv:relu"},
-        {{POOL, GELU, CONV(2, 1, 0), FLAT, DENSE(4), GELU, DENSE(3), SIGM}, 8,
+        {{POOL, GELU, CONV(2, 1, 0), FLAT, DENSE(4), GELU, DENSE(3), SIGM},
+         8,
          "pool act:gelu conv dense act:gelu dense:sigmoid"},
         {{TANH, DENSE(4), TANH, TANH}, 4, "act:tanh dense:tanh act:tanh"},
     };
@@ -658,8 +698,15 @@ static void test_plans(void)
     /* refusals: the layer at fault */
     const int tiny[3] = {1, 3, 3}, huge[3] = {1, 40000, 40000}, bigflat[1] = {INT_MAX};
     const int zero[3] = {1, 0, 3}, over[3] = {70000, 70000, 1}, six[3] = {1, 6, 6};
-    const struct { dp_layer l[8]; int n; const int *shape; int ndim; dp_loss loss; int bad;
-                   const char *name; } bad[] = {
+    const struct {
+        dp_layer l[8];
+        int n;
+        const int *shape;
+        int ndim;
+        dp_loss loss;
+        int bad;
+        const char *name;
+    } bad[] = {
         {{CONV(2, 3, 0)}, 1, flat, 1, DP_LOSS_MSE, 0, "conv on a flat input"},
         {{DENSE(4), POOL, DENSE(2)}, 3, tiny, 3, DP_LOSS_MSE, 1, "pool after dense"},
         {{CONV(2, 3, 1), FLAT, POOL}, 3, tiny, 3, DP_LOSS_MSE, 2, "pool after flatten"},
@@ -672,8 +719,13 @@ static void test_plans(void)
         {{DENSE(3), DENSE(0)}, 2, tiny, 3, DP_LOSS_MSE, 1, "dense width 0"},
         {{DENSE(3), {(dp_layer_kind)99, 1, 1, 1}}, 2, tiny, 3, DP_LOSS_MSE, 1, "unknown kind"},
         {{CONV(2, 1, 0)}, 1, huge, 3, DP_LOSS_MSE, 0, "conv output over INT_MAX"},
-        {{DENSE(INT_MAX), DENSE(INT_MAX), DENSE(INT_MAX), DENSE(INT_MAX)}, 4, bigflat, 1,
-         DP_LOSS_MSE, 2, "parameter count overflow"},
+        {{DENSE(INT_MAX), DENSE(INT_MAX), DENSE(INT_MAX), DENSE(INT_MAX)},
+         4,
+         bigflat,
+         1,
+         DP_LOSS_MSE,
+         2,
+         "parameter count overflow"},
         {{RELU, TANH}, 2, tiny, 3, DP_LOSS_MSE, 2, "no dense or conv layer"},
         {{DENSE(1)}, 1, tiny, 3, DP_LOSS_SOFTMAX_XENT, 1, "softmax on 1 output"},
         {{DENSE(3)}, 1, tiny, 3, DP_LOSS_SIGMOID_BCE, 1, "bce on 3 outputs"},
@@ -682,19 +734,26 @@ static void test_plans(void)
         {{DENSE(3)}, 1, over, 3, DP_LOSS_MSE, -1, "input size over INT_MAX"},
         {{DENSE(3)}, 1, tiny, 2, DP_LOSS_MSE, -1, "input of 2 dims"},
         {{DENSE(3)}, 0, tiny, 3, DP_LOSS_MSE, -1, "no layers"},
-        {{CONV(3, 3, 0), RELU, POOL, CONV(3, 3, 0), RELU, POOL, FLAT, DENSE(3)}, 8, six, 3,
-         DP_LOSS_SOFTMAX_XENT, 3, "conv blocks (1,6,6) conv 3,3 k3 (nothing left for the second block)"},
+        {{CONV(3, 3, 0), RELU, POOL, CONV(3, 3, 0), RELU, POOL, FLAT, DENSE(3)},
+         8,
+         six,
+         3,
+         DP_LOSS_SOFTMAX_XENT,
+         3,
+         "conv blocks (1,6,6) conv 3,3 k3 (nothing left for the second block)"},
     };
     /* init refuses the same way, and free is safe after it */
     for (int i = 0; i < NL(bad); i++) {
         rc = dp_model_plan(&p, bad[i].l, bad[i].n, bad[i].shape, bad[i].ndim, bad[i].loss);
         expect(rc == DP_EVALUE && p.bad_layer == bad[i].bad && p.why && p.n_stages == 0,
-               "dp_model_plan refuses %s: rc %d, bad_layer %d (expected %d), why '%s'",
-               bad[i].name, rc, p.bad_layer, bad[i].bad, p.why ? p.why : "(null)");
+               "dp_model_plan refuses %s: rc %d, bad_layer %d (expected %d), why '%s'", bad[i].name,
+               rc, p.bad_layer, bad[i].bad, p.why ? p.why : "(null)");
         dp_model m;
         rc = dp_model_init(&m, bad[i].l, bad[i].n, bad[i].shape, bad[i].ndim, bad[i].loss, 2);
-        expect(rc == DP_EVALUE && m.plan.bad_layer == bad[i].bad, "dp_model_init refuses %s: "
-               "rc %d, bad_layer %d", bad[i].name, rc, m.plan.bad_layer);
+        expect(rc == DP_EVALUE && m.plan.bad_layer == bad[i].bad,
+               "dp_model_init refuses %s: "
+               "rc %d, bad_layer %d",
+               bad[i].name, rc, m.plan.bad_layer);
         dp_model_free(&m);
     }
     dp_layer many[DP_MODEL_MAX_LAYERS + 1];
@@ -766,21 +825,23 @@ static void test_model_case(const arch *a, int B)
     ptrdiff_t used;
     double *z = ref_forward(a->l, a->n, in, params, x, B, &ow, &used);
     double lref = ref_loss(a->loss, z, lab, tgt, B, OUT);
-    expect(used == P, "dp_model_init %s: n_params %td, the reference forward reads %td", a->name,
-           P, used);
+    expect(used == P, "dp_model_init %s: n_params %td, the reference forward reads %td", a->name, P,
+           used);
 
     /* outputs and loss (f64) against the reference */
     double l = NAN, l2 = NAN;
     int64_t c = -1, c2 = -1;
     int rc = dp_model_evaluate_f64(&m1, zo, &l, &c, params, x, lab, tgt, B);
     diff dz = {0};
-    for (ptrdiff_t i = 0; i < (ptrdiff_t)B * OUT; i++) diff_add(&dz, i, zo[i], z[i], 1e-12 * (1 + fabs(z[i])));
+    for (ptrdiff_t i = 0; i < (ptrdiff_t)B * OUT; i++)
+        diff_add(&dz, i, zo[i], z[i], 1e-12 * (1 + fabs(z[i])));
     expect(rc == DP_OK && ow == OUT, "dp_model_evaluate_f64 %s B=%d: rc %d, width %d vs %d",
            a->name, B, rc, OUT, ow);
     expect_diff(&dz, "dp_model_evaluate_f64 %s B=%d outputs vs the reference forward", a->name, B);
     expect(fabs(l - lref) <= 1e-12 * (1 + fabs(lref)) && c == count_right(a->loss, zo, lab, B, OUT),
            "dp_model_evaluate_f64 %s B=%d: loss %.15g expected %.15g, correct %" PRId64
-           " expected %" PRId64, a->name, B, l, lref, c, count_right(a->loss, zo, lab, B, OUT));
+           " expected %" PRId64,
+           a->name, B, l, lref, c, count_right(a->loss, zo, lab, B, OUT));
 
     /* loss_grad (f64) accumulates the gradient of gs * loss: central differences; its inputs
      * are left as they were */
@@ -799,7 +860,8 @@ static void test_model_case(const arch *a, int B)
                       p->stage[0].op == DP_STAGE_DENSE && p->stage[0].act == DP_ACT_NONE;
     expect(rc == DP_OK && (fused ? fabs(l2 - l) <= 1e-14 * (1 + fabs(l)) : l2 == l) && c2 == c,
            "dp_model_loss_grad_f64 %s B=%d: rc %d, loss %.15g "
-           "vs evaluate's %.15g, correct %" PRId64 " vs %" PRId64, a->name, B, rc, l2, l, c2, c);
+           "vs evaluate's %.15g, correct %" PRId64 " vs %" PRId64,
+           a->name, B, rc, l2, l, c2, c);
     diff dg = {0};
     const double h = 1e-6;
     for (ptrdiff_t i = 0; i < P; i++) {
@@ -809,19 +871,24 @@ static void test_model_case(const arch *a, int B)
         params[i] = old - h;
         double *zm = ref_forward(a->l, a->n, in, params, x, B, &ow, NULL);
         params[i] = old;
-        double fd = gs * (ref_loss(a->loss, zp, lab, tgt, B, OUT) - ref_loss(a->loss, zm, lab, tgt, B, OUT)) / (2 * h);
+        double fd =
+            gs *
+            (ref_loss(a->loss, zp, lab, tgt, B, OUT) - ref_loss(a->loss, zm, lab, tgt, B, OUT)) /
+            (2 * h);
         free(zp);
         free(zm);
         diff_add(&dg, i, g[i] - g0[i], fd, 1e-7 + 1e-6 * fabs(fd));
     }
-    expect_diff(&dg, "dp_model_loss_grad_f64 %s B=%d grads (minus the prefill) vs central differences",
+    expect_diff(&dg,
+                "dp_model_loss_grad_f64 %s B=%d grads (minus the prefill) vs central differences",
                 a->name, B);
 
     /* the split sweep: the same numbers, bit for bit */
     memcpy(g2, g0, sizeof(double) * (size_t)P);
     rc = m_split_sweep(1, &m1, g2, &l2, &c2, params, x, lab, tgt, B, gs);
     diff ds = {0};
-    for (ptrdiff_t i = 0; i < P; i++) diff_add(&ds, i, g2[i], g[i], fused ? 1e-14 * (1 + fabs(g[i])) : 0);
+    for (ptrdiff_t i = 0; i < P; i++)
+        diff_add(&ds, i, g2[i], g[i], fused ? 1e-14 * (1 + fabs(g[i])) : 0);
     expect(rc == DP_OK && (fused ? fabs(l2 - l) <= 1e-14 * (1 + fabs(l)) : l2 == l) && c2 == c,
            "dp_model forward_loss + backward_layer %s B=%d: rc %d, loss %.17g vs loss_grad's %.17g",
            a->name, B, rc, l2, l);
@@ -857,7 +924,8 @@ static void test_model_case(const arch *a, int B)
     diff d3 = {0};
     for (ptrdiff_t i = 0; i < P; i++) diff_add(&d3, i, g2[i], g[i], 1e-13 * (1 + fabs(g[i])));
     expect(rc == DP_OK && fabs(l2 - l) <= 1e-13 * (1 + fabs(l)) && c2 == c,
-           "dp_model_loss_grad_f64 %s B=%d threads=3: rc %d, loss %.15g vs %.15g", a->name, B, rc, l2, l);
+           "dp_model_loss_grad_f64 %s B=%d threads=3: rc %d, loss %.15g vs %.15g", a->name, B, rc,
+           l2, l);
     expect_diff(&d3, "dp_model_loss_grad_f64 %s B=%d threads=3 grads vs threads=1", a->name, B);
 
     /* evaluate in chunks of 2 rows (threads=3) against the whole batch at once (threads=1), in
@@ -881,18 +949,23 @@ static void test_model_case(const arch *a, int B)
         rc = m_evaluate(f64, &m3, zc, &lc, &cc, pt, xt, lab, tt, B);
         diff dc = {0};
         for (ptrdiff_t i = 0; i < NZ; i++)
-            diff_add(&dc, i, get_t(f64, zc, i), get_t(f64, zw, i), tol * (1 + fabs(get_t(f64, zw, i))));
+            diff_add(&dc, i, get_t(f64, zc, i), get_t(f64, zw, i),
+                     tol * (1 + fabs(get_t(f64, zw, i))));
         expect(rcw == DP_OK && rc == DP_OK && fabs(lc - lw) <= tol * (1 + fabs(lw)) && cc == cw,
                "dp_model_evaluate_%s %s B=%d in chunks of 2 threads=3: rc %d / %d, loss %.15g vs "
-               "%.15g, correct %" PRId64 " vs %" PRId64, dn, a->name, B, rc, rcw, lc, lw, cc, cw);
+               "%.15g, correct %" PRId64 " vs %" PRId64,
+               dn, a->name, B, rc, rcw, lc, lw, cc, cw);
         expect_diff(&dc, "dp_model_evaluate_%s %s B=%d in chunks of 2 outputs", dn, a->name, B);
         rc = m_evaluate(f64, &m3, NULL, &l2, &c2, pt, xt, lab, tt, B);
-        expect(rc == DP_OK && l2 == lc && c2 == cc, "dp_model_evaluate_%s %s without outputs: rc %d, "
-               "loss %.15g vs %.15g, correct %" PRId64 " vs %" PRId64, dn, a->name, rc, l2, lc, c2, cc);
+        expect(rc == DP_OK && l2 == lc && c2 == cc,
+               "dp_model_evaluate_%s %s without outputs: rc %d, "
+               "loss %.15g vs %.15g, correct %" PRId64 " vs %" PRId64,
+               dn, a->name, rc, l2, lc, c2, cc);
         rc = m_evaluate(f64, &m3, zn, &l2, &c2, pt, xt, NULL, NULL, B);
         expect(rc == DP_OK && l2 == 0 && c2 == 0 && memcmp(zn, zc, zbytes) == 0,
                "dp_model_evaluate_%s %s without labels/targets: rc %d, loss %g, correct %" PRId64
-               ", outputs %s", dn, a->name, rc, l2, c2, memcmp(zn, zc, zbytes) ? "differ" : "same");
+               ", outputs %s",
+               dn, a->name, rc, l2, c2, memcmp(zn, zc, zbytes) ? "differ" : "same");
         rc = m_loss_grad(f64, &m3, gt, &l2, &c2, pt, xt, NULL, NULL, B, gs);
         expect(rc == DP_EVALUE, "dp_model_loss_grad_%s %s without labels/targets: rc %d", dn,
                a->name, rc);
@@ -905,17 +978,25 @@ static void test_model_case(const arch *a, int B)
                 lab[row] = bad ? -1 : a->loss == DP_LOSS_SIGMOID_BCE ? 2 : OUT;
                 m3.bad_row = m1.bad_row = -1;
                 rc = m_evaluate(f64, &m3, NULL, &l2, &c2, pt, xt, lab, tt, B);
-                expect(rc == DP_ELABEL && m3.bad_row == row, "dp_model_evaluate_%s %s label %" PRId64
-                       " at row %d of %d: rc %d, bad_row %d", dn, a->name, lab[row], row, B, rc,
-                       m3.bad_row);
+                expect(rc == DP_ELABEL && m3.bad_row == row,
+                       "dp_model_evaluate_%s %s label %" PRId64
+                       " at row %d of %d: rc %d, bad_row %d",
+                       dn, a->name, lab[row], row, B, rc, m3.bad_row);
                 rc = m_loss_grad(f64, &m1, gt, &l2, &c2, pt, xt, lab, tt, B, gs);
-                expect(rc == DP_ELABEL && m1.bad_row == row, "dp_model_loss_grad_%s %s label %" PRId64
-                       " at row %d of %d: rc %d, bad_row %d", dn, a->name, lab[row], row, B, rc,
-                       m1.bad_row);
+                expect(rc == DP_ELABEL && m1.bad_row == row,
+                       "dp_model_loss_grad_%s %s label %" PRId64
+                       " at row %d of %d: rc %d, bad_row %d",
+                       dn, a->name, lab[row], row, B, rc, m1.bad_row);
             }
             lab[row] = keep;
         }
-        free(pt); free(xt); free(tt); free(gt); free(zw); free(zc); free(zn);
+        free(pt);
+        free(xt);
+        free(tt);
+        free(gt);
+        free(zw);
+        free(zc);
+        free(zn);
     }
     m3.eval_rows = keep_rows;
 
@@ -924,7 +1005,8 @@ static void test_model_case(const arch *a, int B)
     for (ptrdiff_t i = 0; i < (ptrdiff_t)B * IN; i++) x[i] = (float)x[i];
     for (ptrdiff_t i = 0; i < (ptrdiff_t)B * OUT; i++) tgt[i] = (float)tgt[i];
     float *pf = to_dtype(0, params, P), *xf = to_dtype(0, x, (ptrdiff_t)B * IN);
-    float *tf = to_dtype(0, tgt, (ptrdiff_t)B * OUT), *gf = falloc(P), *zf = falloc((ptrdiff_t)B * OUT);
+    float *tf = to_dtype(0, tgt, (ptrdiff_t)B * OUT), *gf = falloc(P),
+          *zf = falloc((ptrdiff_t)B * OUT);
     memset(g, 0, sizeof(double) * (size_t)P);
     rc = dp_model_loss_grad_f64(&m1, g, &l, &c, params, x, lab, tgt, B, gs);
     int rcf = dp_model_loss_grad_f32(&m3, gf, &l2, &c2, pf, xf, lab, tf, B, (float)gs);
@@ -942,22 +1024,38 @@ static void test_model_case(const arch *a, int B)
     int64_t c3 = -1;
     rcf = m_split_sweep(0, &m3, gfs, &l3, &c3, pf, xf, lab, tf, B, gs);
     diff dsf = {0};
-    for (ptrdiff_t i = 0; i < P; i++) diff_add(&dsf, i, gfs[i], gf[i], fused ? 1e-5 * (1 + fabs(gf[i])) : 0);
-    expect(rcf == DP_OK && (fused ? fabs(l3 - l2) <= 1e-5 * (1 + fabs(l2)) : l3 == l2) && c3 == c2,
-           "dp_model forward_loss_f32 + backward_layer_f32 %s B=%d: rc %d, loss %.9g vs loss_grad's "
-           "%.9g", a->name, B, rcf, l3, l2);
+    for (ptrdiff_t i = 0; i < P; i++)
+        diff_add(&dsf, i, gfs[i], gf[i], fused ? 1e-5 * (1 + fabs(gf[i])) : 0);
+    expect(
+        rcf == DP_OK && (fused ? fabs(l3 - l2) <= 1e-5 * (1 + fabs(l2)) : l3 == l2) && c3 == c2,
+        "dp_model forward_loss_f32 + backward_layer_f32 %s B=%d: rc %d, loss %.9g vs loss_grad's "
+        "%.9g",
+        a->name, B, rcf, l3, l2);
     expect_diff(&dsf, "dp_model forward_loss_f32 + backward_layer_f32 %s B=%d grads vs loss_grad's",
                 a->name, B);
     free(gfs);
     rc = dp_model_evaluate_f64(&m1, zo, &l, &c, params, x, lab, tgt, B);
     rcf = dp_model_evaluate_f32(&m1, zf, &l2, &c2, pf, xf, lab, tf, B);
     diff dzf = {0};
-    for (ptrdiff_t i = 0; i < (ptrdiff_t)B * OUT; i++) diff_add(&dzf, i, zf[i], zo[i], 1e-5 * (1 + fabs(zo[i])));
+    for (ptrdiff_t i = 0; i < (ptrdiff_t)B * OUT; i++)
+        diff_add(&dzf, i, zf[i], zo[i], 1e-5 * (1 + fabs(zo[i])));
     expect(rc == DP_OK && rcf == DP_OK, "dp_model_evaluate_f32 %s: rc %d", a->name, rcf);
     expect_diff(&dzf, "dp_model_evaluate_f32 %s B=%d outputs vs f64", a->name, B);
 
-    free(pf); free(xf); free(tf); free(gf); free(zf);
-    free(params); free(g0); free(g); free(g2); free(x); free(tgt); free(zo); free(lab); free(z);
+    free(pf);
+    free(xf);
+    free(tf);
+    free(gf);
+    free(zf);
+    free(params);
+    free(g0);
+    free(g);
+    free(g2);
+    free(x);
+    free(tgt);
+    free(zo);
+    free(lab);
+    free(z);
     dp_model_free(&m1);
     dp_model_free(&m3);
 }
@@ -965,19 +1063,45 @@ static void test_model_case(const arch *a, int B)
 static void test_models(void)
 {
     const arch archs[] = {
-        {"mlp relu softmax", {DENSE(3), RELU, DENSE(7), RELU, DENSE(3)}, 5, 1, {7}, DP_LOSS_SOFTMAX_XENT},
-        {"tanh sigmoid bce", {DENSE(7), TANH, DENSE(3), SIGM, DENSE(1)}, 5, 1, {3}, DP_LOSS_SIGMOID_BCE},
+        {"mlp relu softmax",
+         {DENSE(3), RELU, DENSE(7), RELU, DENSE(3)},
+         5,
+         1,
+         {7},
+         DP_LOSS_SOFTMAX_XENT},
+        {"tanh sigmoid bce",
+         {DENSE(7), TANH, DENSE(3), SIGM, DENSE(1)},
+         5,
+         1,
+         {3},
+         DP_LOSS_SIGMOID_BCE},
         {"gelu mse", {GELU, DENSE(7), GELU, DENSE(3), TANH}, 5, 1, {7}, DP_LOSS_MSE},
         {"logistic regression (fast path)", {DENSE(1)}, 1, 1, {7}, DP_LOSS_SIGMOID_BCE},
         {"softmax regression on an image", {FLAT, DENSE(3)}, 2, 3, {1, 3, 3}, DP_LOSS_SOFTMAX_XENT},
-        {"conv sigmoid, pool, conv1x1 pool relu", {CONV(3, 3, 1), SIGM, POOL, CONV(3, 1, 0), POOL,
-         RELU, FLAT, DENSE(3)}, 8, 3, {1, 9, 7}, DP_LOSS_SOFTMAX_XENT},
-        {"conv relu pool (cropped), gelu, conv p1 tanh, mse", {CONV(3, 3, 0), RELU, POOL, GELU,
-         CONV(1, 2, 1), FLAT, TANH, DENSE(1)}, 8, 3, {2, 7, 7}, DP_LOSS_MSE},
-        {"pool first, conv pool tanh, dense sigmoid mse", {POOL, CONV(7, 3, 1), POOL, TANH, DENSE(3),
-         SIGM}, 6, 3, {3, 6, 7}, DP_LOSS_MSE},
-        {"conv relu, conv, dense gelu bce", {CONV(2, 3, 1), RELU, CONV(3, 3, 0), FLAT, DENSE(3), GELU,
-         DENSE(1)}, 7, 3, {1, 5, 5}, DP_LOSS_SIGMOID_BCE},
+        {"conv sigmoid, pool, conv1x1 pool relu",
+         {CONV(3, 3, 1), SIGM, POOL, CONV(3, 1, 0), POOL, RELU, FLAT, DENSE(3)},
+         8,
+         3,
+         {1, 9, 7},
+         DP_LOSS_SOFTMAX_XENT},
+        {"conv relu pool (cropped), gelu, conv p1 tanh, mse",
+         {CONV(3, 3, 0), RELU, POOL, GELU, CONV(1, 2, 1), FLAT, TANH, DENSE(1)},
+         8,
+         3,
+         {2, 7, 7},
+         DP_LOSS_MSE},
+        {"pool first, conv pool tanh, dense sigmoid mse",
+         {POOL, CONV(7, 3, 1), POOL, TANH, DENSE(3), SIGM},
+         6,
+         3,
+         {3, 6, 7},
+         DP_LOSS_MSE},
+        {"conv relu, conv, dense gelu bce",
+         {CONV(2, 3, 1), RELU, CONV(3, 3, 0), FLAT, DENSE(3), GELU, DENSE(1)},
+         7,
+         3,
+         {1, 5, 5},
+         DP_LOSS_SIGMOID_BCE},
     };
     for (int i = 0; i < NL(archs); i++) {
         test_model_case(&archs[i], 7);
@@ -1003,7 +1127,12 @@ static void dense_stack(arch *a, const int *widths, int n)
  * padding, an odd map cropped by the pool). */
 static void test_dense_stacks_and_conv_blocks(void)
 {
-    static const struct { const char *name; int sizes[3], L; dp_loss loss; int B; } nets[] = {
+    static const struct {
+        const char *name;
+        int sizes[3], L;
+        dp_loss loss;
+        int B;
+    } nets[] = {
         {"dense stack {7,33,5} softmax", {7, 33, 5}, 2, DP_LOSS_SOFTMAX_XENT, 11},
         {"dense stack {20,1} bce (logistic regression)", {20, 1}, 1, DP_LOSS_SIGMOID_BCE, 13},
         {"dense stack {20,6,1} bce", {20, 6, 1}, 2, DP_LOSS_SIGMOID_BCE, 13},
@@ -1014,11 +1143,22 @@ static void test_dense_stacks_and_conv_blocks(void)
         dense_stack(&a, nets[i].sizes + 1, nets[i].L);
         test_model_case(&a, nets[i].B);
     }
-    static const struct { const char *name; int shape[3], ch[2], nc, kernel, pad, dense[2], nd, B; } cnns[] = {
+    static const struct {
+        const char *name;
+        int shape[3], ch[2], nc, kernel, pad, dense[2], nd, B;
+    } cnns[] = {
         {"conv blocks (1,12,10) conv 3,4 k3 dense 6,5", {1, 12, 10}, {3, 4}, 2, 3, 0, {6, 5}, 2, 5},
         {"conv blocks (2,9,9) conv 4 k3 p1 dense 5,4", {2, 9, 9}, {4}, 1, 3, 1, {5, 4}, 2, 7},
         {"conv blocks (3,9,7) conv 3,4 k1 dense 3", {3, 9, 7}, {3, 4}, 2, 1, 0, {3}, 1, 4},
-        {"conv blocks (3,12,10) conv 4,5 k3 p1 dense 6,5", {3, 12, 10}, {4, 5}, 2, 3, 1, {6, 5}, 2, 7},
+        {"conv blocks (3,12,10) conv 4,5 k3 p1 dense 6,5",
+         {3, 12, 10},
+         {4, 5},
+         2,
+         3,
+         1,
+         {6, 5},
+         2,
+         7},
         {"conv blocks (2,9,9) conv 3 k3 dense 3", {2, 9, 9}, {3}, 1, 3, 0, {3}, 1, 5},
     };
     for (int i = 0; i < NL(cnns); i++) {
@@ -1046,7 +1186,8 @@ int main(void)
     dp_cpu_detect(&f);
     printf("test_model: ISAs tested:");
     for (int isa = 0; isa < DP_ISA_COUNT; isa++)
-        printf(" %s%s", dp_isa_name(isa), dp_cpu_has_isa(&f, isa) ? "" : " (skipped: not on this CPU)");
+        printf(" %s%s", dp_isa_name(isa),
+               dp_cpu_has_isa(&f, isa) ? "" : " (skipped: not on this CPU)");
     printf("\n");
     for (int isa = 0; isa < DP_ISA_COUNT; isa++) {
         if (dp_isa_select(isa) != DP_OK) continue;

@@ -19,6 +19,7 @@ Every rank ends with bitwise the same values: a ring chunk is summed along one c
 copied, and a doubling round computes x + y on one side and y + x on the other (addition is
 commutative, only its association varies, and both partners associate alike).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,8 +55,9 @@ def bytes_sent(algorithm: str, p: int, nbytes: int, rank: int = 0, root: int = 0
         return 0 if rank == root else nbytes
     if algorithm == "broadcast":
         return (p - 1) * nbytes if rank == root else 0
-    raise ValueError(f"algorithm is {algorithm!r}, expected native, ring, tree, reduce, "
-                     f"broadcast or barrier")
+    raise ValueError(
+        f"algorithm is {algorithm!r}, expected native, ring, tree, reduce, broadcast or barrier"
+    )
 
 
 def _bounds(n: int, p: int) -> list[tuple[int, int]]:
@@ -80,7 +82,7 @@ def ring_allreduce(comm, buf: np.ndarray) -> None:
     for s in range(p - 1):
         slo, shi = parts[(r - s) % p]
         rlo, rhi = parts[(r - s - 1) % p]
-        recv = tmp[:rhi - rlo]
+        recv = tmp[: rhi - rlo]
         comm.Sendrecv(buf[slo:shi], dest=right, recvbuf=recv, source=left)
         buf[rlo:rhi] += recv
     # all-gather: pass the finished parts around the ring

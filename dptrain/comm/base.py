@@ -21,6 +21,7 @@ A communicator also counts what its collectives cost this worker (``waited``: se
 at a collective's entry waiting for the slowest worker, ``calls``, ``bytes_sent`` by the
 schedule's volume), which the training loop's step timer reads.
 """
+
 from __future__ import annotations
 
 import abc
@@ -32,7 +33,7 @@ from .._aligned import ALIGN, aligned_zeros  # noqa: F401  (re-exported: the tra
 from .algorithms import ALLREDUCE_SCHEDULES
 from .algorithms import bytes_sent as _schedule_bytes
 
-BACKENDS = ("thread", "process", "mpi")   # the transports of more than one worker
+BACKENDS = ("thread", "process", "mpi")  # the transports of more than one worker
 
 
 class WorkerError(RuntimeError):
@@ -59,8 +60,10 @@ def check_flat(array, what: str = "array") -> np.ndarray:
     if array.dtype not in (np.float32, np.float64):
         raise TypeError(f"{what} has dtype {array.dtype}, expected float32 or float64")
     if array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
-        raise ValueError(f"{what} must be a writeable, C-contiguous 1-D array (got shape "
-                         f"{array.shape}); reshape(-1) a contiguous array, outside the loop")
+        raise ValueError(
+            f"{what} must be a writeable, C-contiguous 1-D array (got shape "
+            f"{array.shape}); reshape(-1) a contiguous array, outside the loop"
+        )
     return array
 
 
@@ -92,8 +95,10 @@ class Communicator(abc.ABC):
         if name in extras:
             return extras[name]
         if default is KeyError:
-            raise KeyError(f"no extra array named {name!r} was given to launch (extras: "
-                           f"{', '.join(sorted(extras)) or 'none'})")
+            raise KeyError(
+                f"no extra array named {name!r} was given to launch (extras: "
+                f"{', '.join(sorted(extras)) or 'none'})"
+            )
         return default
 
     def report(self, record) -> None:
@@ -117,8 +122,9 @@ class Communicator(abc.ABC):
 
     # ---- collectives
     @abc.abstractmethod
-    def allreduce_sum_(self, array: np.ndarray, *, scale: float = 1.0, start: int = 0,
-                       stop: int | None = None) -> None:
+    def allreduce_sum_(
+        self, array: np.ndarray, *, scale: float = 1.0, start: int = 0, stop: int | None = None
+    ) -> None:
         """In place on every rank: array[start:stop] = scale * its sum over the ranks."""
 
     def allreduce_mean_(self, array: np.ndarray) -> None:
@@ -170,8 +176,9 @@ class Communicator(abc.ABC):
         self.close()
 
     # ---- accounting
-    def _account(self, kind: str, nbytes: int, algorithm: str = "native", root: int = 0,
-                 waited: float = 0.0) -> None:
+    def _account(
+        self, kind: str, nbytes: int, algorithm: str = "native", root: int = 0, waited: float = 0.0
+    ) -> None:
         """Counts one collective of `kind` on nbytes per rank (bytes: algorithms.bytes_sent)."""
         self.calls += 1
         self.waited += waited
@@ -180,7 +187,7 @@ class Communicator(abc.ABC):
         key = (kind, nbytes, algorithm, root)
         cache = self.__dict__.setdefault("_bytes_cache", {})
         sent = cache.get(key)
-        if sent is None:                     # once per distinct collective: a dict hit after
+        if sent is None:  # once per distinct collective: a dict hit after
             sent = cache[key] = self._bytes_of(kind, nbytes, algorithm, root)
         self.bytes_sent += sent
 
@@ -227,6 +234,7 @@ class LocalComm(Communicator):
 
     def sum_into_(self, out, arrays, *, scale=1.0):
         from .. import _core
+
         _core.sum_buffers(out, arrays, scale=scale)
         self._account("allreduce", filled_bytes(arrays, self.size))
 

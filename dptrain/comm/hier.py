@@ -27,6 +27,7 @@ chunks handed out by a bump pointer that every rank of the node moves alike, bec
 allocation is collective. They live until MPI finalizes (``close_windows`` frees them
 earlier, collectively, once nothing refers to them: ``dptrain.train`` does so).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -40,7 +41,7 @@ from .base import ALIGN, check_flat, range_bytes
 from .mpi import allreduce_in_place, timed_barrier
 from .shm import SegmentLayout, ShmComm, WaitPolicy, _round_up
 
-WINDOW_BYTES = 4 << 20           # a window's least size (the arena grows by such chunks)
+WINDOW_BYTES = 4 << 20  # a window's least size (the arena grows by such chunks)
 
 
 def env_nodes() -> int:
@@ -49,25 +50,26 @@ def env_nodes() -> int:
     if not text:
         return 0
     if not text.isdigit():
-        raise ValueError(f"DPTRAIN_MPI_NODES is {text!r}, expected a number of nodes >= 1 "
-                         f"(or unset: the machine's real nodes)")
+        raise ValueError(
+            f"DPTRAIN_MPI_NODES is {text!r}, expected a number of nodes >= 1 "
+            f"(or unset: the machine's real nodes)"
+        )
     return int(text)
 
 
 def env_shm() -> bool:
     """False when $DPTRAIN_MPI_SHM is 0/false/off: a flat MPI all-reduce over every rank."""
-    return os.environ.get("DPTRAIN_MPI_SHM", "1").strip().lower() not in ("0", "false", "off",
-                                                                         "no")
+    return os.environ.get("DPTRAIN_MPI_SHM", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def split_nodes(world, nodes: int = 0):
     """This rank's node communicator: the ranks that share its memory, or with nodes=k > 0
     its block of consecutive ranks out of k (a simulated node, also inside one real node)."""
     from mpi4py import MPI
+
     size, rank = world.Get_size(), world.Get_rank()
     if nodes < 0 or nodes > size:
-        raise ValueError(f"nodes is {nodes}, expected 0 (the real nodes) to the world size "
-                         f"{size}")
+        raise ValueError(f"nodes is {nodes}, expected 0 (the real nodes) to the world size {size}")
     if nodes:
         block = world.Split(rank * nodes // size, key=rank)
         node = block.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
@@ -86,6 +88,7 @@ def _collective(method):
     flight on the communication thread (so that the two threads never use the node's
     barriers or MPI at once), and a timeout of the node's C group (which numbers the node's
     ranks from 0) also says which world ranks those are."""
+
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         if self._pending:
@@ -96,9 +99,12 @@ def _collective(method):
             raise
         except TimeoutError as exc:
             members = self.node_members[self._node_id]
-            raise TimeoutError(f"{exc} (ranks of node {self._node_id}, numbered in it: 0..."
-                               f"{len(members) - 1} are world ranks "
-                               f"{', '.join(map(str, members))})") from None
+            raise TimeoutError(
+                f"{exc} (ranks of node {self._node_id}, numbered in it: 0..."
+                f"{len(members) - 1} are world ranks "
+                f"{', '.join(map(str, members))})"
+            ) from None
+
     return call
 
 
@@ -109,7 +115,7 @@ class _Windows:
     def __init__(self, MPI, node):
         self._MPI, self._node = MPI, node
         self.bases: list[int] = []
-        self.spans: list[tuple[int, np.ndarray, object]] = []    # (end, memory, window)
+        self.spans: list[tuple[int, np.ndarray, object]] = []  # (end, memory, window)
         self.end = 0
 
     def grow(self, nbytes: int) -> int:
@@ -120,15 +126,17 @@ class _Windows:
         try:
             win = self._MPI.Win.Allocate_shared(mine, 1, comm=node)
         except self._MPI.Exception as exc:
-            raise MemoryError(f"MPI could not allocate a shared window of {nbytes} bytes for "
-                              f"the node's ranks ({exc}); run with --no-mpi-shm "
-                              f"(DPTRAIN_MPI_SHM=0) for a flat MPI all-reduce") from None
+            raise MemoryError(
+                f"MPI could not allocate a shared window of {nbytes} bytes for "
+                f"the node's ranks ({exc}); run with --no-mpi-shm "
+                f"(DPTRAIN_MPI_SHM=0) for a flat MPI all-reduce"
+            ) from None
         buf, _ = win.Shared_query(0)
         raw = np.frombuffer(buf, np.uint8, nbytes + ALIGN)
         off = (-raw.ctypes.data) % ALIGN
-        mem = raw[off:off + nbytes]
+        mem = raw[off : off + nbytes]
         if node.Get_rank() == 0:
-            mem[:] = 0                  # MPI does not promise zeroed memory
+            mem[:] = 0  # MPI does not promise zeroed memory
         node.Barrier()
         base = self.end
         self.bases.append(base)
@@ -142,7 +150,7 @@ class _Windows:
             raise IndexError(f"[{off}, {off + nbytes}) is not inside one shared window")
         mem = self.spans[i][1]
         lo = off - self.bases[i]
-        return mem[lo:lo + nbytes]
+        return mem[lo : lo + nbytes]
 
     def free(self) -> None:
         for _, _, win in self.spans:
@@ -155,28 +163,37 @@ class HierComm(ShmComm):
     """An MPI rank: shared memory with its node's ranks, MPI between nodes' leaders (see the
     module docstring)."""
 
-    def __init__(self, world=None, *, nodes: int = 0, policy: WaitPolicy | None = None,
-                 measure_wait: bool = True):
+    def __init__(
+        self,
+        world=None,
+        *,
+        nodes: int = 0,
+        policy: WaitPolicy | None = None,
+        measure_wait: bool = True,
+    ):
         """world: an mpi4py communicator (default COMM_WORLD); nodes: 0 for the machine's
         real nodes, k to split the ranks into k simulated nodes of consecutive ranks;
         policy: how the node's ranks wait (default: for the ranks that share this machine);
         measure_wait: leaders enter the inter-node all-reduce through MPI_Barrier and count
         its time as waiting (as MPIComm does)."""
         from mpi4py import MPI
+
         self._MPI = MPI
         self._mpi = world if world is not None else MPI.COMM_WORLD
         self._measure_wait = measure_wait
         self._node = split_nodes(self._mpi, nodes)
         local, peers = self._node.Get_rank(), self._node.Get_size()
-        self._leaders = self._mpi.Split(0 if local == 0 else MPI.UNDEFINED,
-                                        key=self._mpi.Get_rank())
+        self._leaders = self._mpi.Split(
+            0 if local == 0 else MPI.UNDEFINED, key=self._mpi.Get_rank()
+        )
         # each rank's node, numbered as the leaders are (by their world rank)
         leader = self._node.allgather(self._mpi.Get_rank())[0]
         leader_of_rank = self._mpi.allgather(leader)
         leaders = sorted(set(leader_of_rank))
         self._node_of = [leaders.index(lead) for lead in leader_of_rank]
-        self.node_members = [[r for r, lead in enumerate(leader_of_rank) if lead == first]
-                             for first in leaders]
+        self.node_members = [
+            [r for r, lead in enumerate(leader_of_rank) if lead == first] for first in leaders
+        ]
         self.nodes = len(leaders)
         if policy is None:
             policy = machine_policy(self._mpi)
@@ -193,10 +210,10 @@ class HierComm(ShmComm):
         self.progress = np.zeros(2)
         self._node_id = self._node_of[self.rank]
         self._next = self._windows.end
-        self._flat: dict[int, tuple] = {}     # id(arrays[0]) of shared_zeros -> packing plan
+        self._flat: dict[int, tuple] = {}  # id(arrays[0]) of shared_zeros -> packing plan
         # MPI from the communication thread while the caller computes (overlap across nodes)
         self._threaded_mpi = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
-        self._pending: list = []              # handles of exchanges posted across nodes
+        self._pending: list = []  # handles of exchanges posted across nodes
         self._readout: dict[int, object] = {}  # id(shared) -> the group of its read-out wait
 
     # ---- memory: the node's windows
@@ -263,11 +280,14 @@ class HierComm(ShmComm):
         if shared.out_group is None:
             buf = shared.arrays[0]
             shared.out = self._view(self._alloc(buf.nbytes), buf.size, buf.dtype)
-            shared.out_group = self._group(self._alloc(self._layout.control_bytes),
-                                           shared.arrays, out=shared.out)
+            shared.out_group = self._group(
+                self._alloc(self._layout.control_bytes), shared.arrays, out=shared.out
+            )
             self._readout[id(shared)] = self._group(
-                self._alloc(self._layout.control_bytes), shared.arrays,
-                timeout=2 * self._policy.timeout)
+                self._alloc(self._layout.control_bytes),
+                shared.arrays,
+                timeout=2 * self._policy.timeout,
+            )
         return shared.out_group
 
     def _await_leader(self, shared) -> None:
@@ -282,14 +302,15 @@ class HierComm(ShmComm):
                 f"rank {self.rank} waited {2 * self._policy.timeout:g} s for its node's leader "
                 f"(world rank {self.node_members[self._node_id][0]}) to finish the exchange "
                 f"between nodes: a rank of another node did not arrive in time, or the network "
-                f"stalled") from None
+                f"stalled"
+            ) from None
 
     # ---- collectives
     @_collective
     def allreduce_sum_(self, array, *, scale=1.0, start=0, stop=None):
         if self.nodes == 1:
             return super().allreduce_sum_(array, scale=scale, start=start, stop=stop)
-        if self._peers == 1:               # alone on its node: MPI in place, no copies
+        if self._peers == 1:  # alone on its node: MPI in place, no copies
             shared = self._by_id.get(id(check_flat(array)))
         else:
             shared, buf = self._shared(array)
@@ -305,16 +326,17 @@ class HierComm(ShmComm):
         barrier, left out on the communication thread, where waiting is not counted)."""
         if self._peers == 1:
             part = array[start:stop]
-            waited = self._leaders_allreduce(part, shared.algorithm if shared else "native",
-                                             measure)
+            waited = self._leaders_allreduce(
+                part, shared.algorithm if shared else "native", measure
+            )
             if scale != 1.0:
                 part *= scale
             return waited
-        waited = self._node_sum(shared).allreduce(1.0, start, stop)   # into shared.out
+        waited = self._node_sum(shared).allreduce(1.0, start, stop)  # into shared.out
         total = shared.out[start:stop]
         if self._local == 0:
             waited += self._leaders_allreduce(total, shared.algorithm, measure)
-        self._await_leader(shared)                      # the leader wrote the total
+        self._await_leader(shared)  # the leader wrote the total
         part = array[start:stop]
         if scale != 1.0:
             np.multiply(total, scale, out=part)
@@ -336,7 +358,7 @@ class HierComm(ShmComm):
             self.allreduce_sum_(array, start=start, stop=stop)
             return None
         if self._peers > 1 and shared.out_group is None:
-            self._settle()                 # set up here, alone: allocation is collective
+            self._settle()  # set up here, alone: allocation is collective
             self._node_sum(shared)
         handle = self._post(lambda: self._exchange(shared, array, start, stop, 1.0, False))
         self._pending.append(handle)
@@ -354,8 +376,9 @@ class HierComm(ShmComm):
         root_node = self._node_of[root]
         if self._local == 0:
             if self._node_id == root_node:
-                self._leaders.Reduce(self._MPI.IN_PLACE, shared.out, op=self._MPI.SUM,
-                                     root=root_node)
+                self._leaders.Reduce(
+                    self._MPI.IN_PLACE, shared.out, op=self._MPI.SUM, root=root_node
+                )
             else:
                 self._leaders.Reduce(shared.out, None, op=self._MPI.SUM, root=root_node)
         self._await_leader(shared)
@@ -383,7 +406,7 @@ class HierComm(ShmComm):
         node's ranks filled: rank r fills arrays [r count / size, (r + 1) count / size)),
         then the node sums them in index order over shared memory."""
         if self.nodes > 1:
-            waited = self._world.barrier()             # the node's ranks filled their arrays
+            waited = self._world.barrier()  # the node's ranks filled their arrays
             if self._local == 0:
                 self._gather_filled(arrays)
             self._world.barrier()
@@ -394,9 +417,10 @@ class HierComm(ShmComm):
         plan = self._flat.get(id(arrays[0]))
         if plan is None:
             count, size = len(arrays), self.size
-            owned = [[i for r in members for i in range(r * count // size,
-                                                        (r + 1) * count // size)]
-                     for members in self.node_members]
+            owned = [
+                [i for r in members for i in range(r * count // size, (r + 1) * count // size)]
+                for members in self.node_members
+            ]
             n = arrays[0].size
             counts = [len(o) * n for o in owned]
             displs = list(np.cumsum([0] + counts[:-1]))
@@ -406,15 +430,18 @@ class HierComm(ShmComm):
         n = arrays[0].size
         mine = owned[self._node_id]
         send = np.concatenate([arrays[i] for i in mine]) if mine else recv[:0]
-        mpi_type = {np.dtype(np.float32): self._MPI.FLOAT, np.dtype(np.float64): self._MPI.DOUBLE,
-                    np.dtype(np.uint16): self._MPI.UINT16_T}[recv.dtype]    # uint16: bfloat16
+        mpi_type = {
+            np.dtype(np.float32): self._MPI.FLOAT,
+            np.dtype(np.float64): self._MPI.DOUBLE,
+            np.dtype(np.uint16): self._MPI.UINT16_T,
+        }[recv.dtype]  # uint16: bfloat16
         self._leaders.Allgatherv(send, [recv, counts, displs, mpi_type])
         for node_id, idx in enumerate(owned):
             if node_id == self._node_id:
                 continue
             base = displs[node_id]
             for j, i in enumerate(idx):
-                arrays[i][:] = recv[base + j * n:base + (j + 1) * n]
+                arrays[i][:] = recv[base + j * n : base + (j + 1) * n]
 
     @_collective
     def barrier(self):
@@ -430,30 +457,40 @@ class HierComm(ShmComm):
 
     # ---- accounting: bytes over shared memory inside the node, plus a leader's MPI bytes
     def _bytes_of(self, kind, nbytes, algorithm, root):
-        if self.nodes == 1:                   # the process transport's own schedules
+        if self.nodes == 1:  # the process transport's own schedules
             return super()._bytes_of(kind, nbytes, algorithm, root)
         schedule = algorithm if kind == "allreduce" else kind
         # inside the node: the native sum (whatever the algorithm between nodes), a
         # broadcast from the root on its node and from the leader on the others
         members = self.node_members[self._node_id]
         local_root = members.index(root) if root in members else 0
-        inside = _schedule_bytes("native" if kind == "allreduce" else kind, self._peers,
-                                 nbytes, self._local, local_root)
+        inside = _schedule_bytes(
+            "native" if kind == "allreduce" else kind, self._peers, nbytes, self._local, local_root
+        )
         if self._local:
             return inside
-        return inside + _schedule_bytes(schedule, self.nodes, nbytes, self._node_id,
-                                        self._node_of[root])
+        return inside + _schedule_bytes(
+            schedule, self.nodes, nbytes, self._node_id, self._node_of[root]
+        )
 
 
-def mpi_comm(world=None, *, shm: bool | None = None, nodes: int | None = None,
-             timeout: float = 0.0, threads: int = 1):
+def mpi_comm(
+    world=None,
+    *,
+    shm: bool | None = None,
+    nodes: int | None = None,
+    timeout: float = 0.0,
+    threads: int = 1,
+):
     """The communicator of this MPI rank: a HierComm (shared memory inside each node), or a
     flat MPIComm when shm is False, $DPTRAIN_MPI_SHM is 0, or the world has one rank.
     nodes: k simulated nodes (None or 0: $DPTRAIN_MPI_NODES, else the real nodes). timeout
     and threads: as for launch. Collective: every rank calls it."""
-    from .mpi import MPIComm, world as mpi_world
+    from .mpi import MPIComm
+    from .mpi import world as mpi_world
+
     world = world if world is not None else mpi_world()
-    shm = env_shm() and (shm is None or bool(shm))      # off when either says off
+    shm = env_shm() and (shm is None or bool(shm))  # off when either says off
     nodes = int(nodes) if nodes else env_nodes()
     if not shm or world.Get_size() == 1:
         return MPIComm(world)
@@ -464,6 +501,7 @@ def machine_policy(world, threads: int = 1, timeout: float = 0.0) -> WaitPolicy:
     """How the ranks of world that run on this rank's machine wait at a barrier: the
     WaitPolicy of as many workers as that (collective on world)."""
     from mpi4py import MPI
+
     machine = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
     try:
         return WaitPolicy.for_workers(machine.Get_size(), threads, timeout)

@@ -7,6 +7,7 @@ world size comes from MPI). This is how a custom training loop goes data-paralle
 PyTorch DDP and Horovod users write one: the gradient of a flat buffer is one
 ``comm.allreduce_mean_(grads)``.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,15 +24,28 @@ def oversubscription_warning(workers: int, threads: int) -> str | None:
     """The warning for more workers x threads than this machine has cores, or None."""
     cores = os.cpu_count() or 1
     if workers * threads > cores:
-        return (f"{workers} workers x {threads} threads = {workers * threads} exceeds the "
-                f"{cores} cores of this machine: timings will reflect time-sharing")
+        return (
+            f"{workers} workers x {threads} threads = {workers * threads} exceeds the "
+            f"{cores} cores of this machine: timings will reflect time-sharing"
+        )
     return None
 
 
-def launch(fn, *args, workers: int | None = None, backend: str | None = None,
-           timeout: float = 0.0, threads: int = 1, start_method: str | None = None,
-           extras: dict | None = None, mpi_shm: bool | None = None, mpi_nodes: int = 0,
-           watch=None, report=None, gather: str = "all") -> list:
+def launch(
+    fn,
+    *args,
+    workers: int | None = None,
+    backend: str | None = None,
+    timeout: float = 0.0,
+    threads: int = 1,
+    start_method: str | None = None,
+    extras: dict | None = None,
+    mpi_shm: bool | None = None,
+    mpi_nodes: int = 0,
+    watch=None,
+    report=None,
+    gather: str = "all",
+) -> list:
     """Runs ``fn(comm, *args)`` on every worker; returns their return values, by rank.
 
     backend: 'thread' (threads of this process), 'process' (processes sharing memory), 'mpi'
@@ -65,8 +79,20 @@ def launch(fn, *args, workers: int | None = None, backend: str | None = None,
         raise ValueError(f"gather is {gather!r}, expected 'all' or 'root'")
     backend, note = resolve_backend(backend)
     if backend == "mpi":
-        return _launch_mpi(fn, args, workers, note, timeout, threads, extras, mpi_shm,
-                           mpi_nodes, watch, report, gather)
+        return _launch_mpi(
+            fn,
+            args,
+            workers,
+            note,
+            timeout,
+            threads,
+            extras,
+            mpi_shm,
+            mpi_nodes,
+            watch,
+            report,
+            gather,
+        )
     workers = 1 if workers is None else int(workers)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -75,7 +101,7 @@ def launch(fn, *args, workers: int | None = None, backend: str | None = None,
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
     policy = WaitPolicy.for_workers(workers, threads, timeout, backend)
     if backend == "thread":
-        if workers == 1:        # no one to talk to: no shared segment, no thread
+        if workers == 1:  # no one to talk to: no shared segment, no thread
             comm = LocalComm(extras, report)
             if watch is not None:
                 watch(comm.progress)
@@ -83,31 +109,49 @@ def launch(fn, *args, workers: int | None = None, backend: str | None = None,
                 return [fn(comm, *args)]
             finally:
                 comm.close()
-        return run_threads(workers, lambda comm: fn(comm, *args), policy=policy, extras=extras,
-                           watch=watch, report=report)
-    return run_processes(workers, _call, (fn, args), policy=policy, extras=extras,
-                         start_method=start_method, watch=watch, report=report)
+        return run_threads(
+            workers,
+            lambda comm: fn(comm, *args),
+            policy=policy,
+            extras=extras,
+            watch=watch,
+            report=report,
+        )
+    return run_processes(
+        workers,
+        _call,
+        (fn, args),
+        policy=policy,
+        extras=extras,
+        start_method=start_method,
+        watch=watch,
+        report=report,
+    )
 
 
-def _launch_mpi(fn, args, workers, note, timeout, threads, extras, mpi_shm, mpi_nodes, watch,
-                report, gather) -> list:
+def _launch_mpi(
+    fn, args, workers, note, timeout, threads, extras, mpi_shm, mpi_nodes, watch, report, gather
+) -> list:
     """launch's MPI rank: this process runs fn once, as its rank."""
     comm_world = world()
     size, rank = comm_world.Get_size(), comm_world.Get_rank()
     if note and rank == 0:
         print(f"dptrain: {note}", file=sys.stderr, flush=True)
     if workers not in (None, size):
-        raise ValueError(f"under MPI the number of workers is the world size set by "
-                         f"mpiexec -n (here {size}), but workers={workers} was asked for: "
-                         f"launch with mpiexec -n {workers}")
-    comm = mpi_comm(comm_world, shm=mpi_shm, nodes=mpi_nodes or None, timeout=timeout,
-                    threads=threads)
+        raise ValueError(
+            f"under MPI the number of workers is the world size set by "
+            f"mpiexec -n (here {size}), but workers={workers} was asked for: "
+            f"launch with mpiexec -n {workers}"
+        )
+    comm = mpi_comm(
+        comm_world, shm=mpi_shm, nodes=mpi_nodes or None, timeout=timeout, threads=threads
+    )
     comm._extras, comm._report = dict(extras or {}), report
     if watch is not None and rank == 0:
         watch(comm.progress)
     try:
         mine = fn(comm, *args)
-        comm.free()                 # collective: every rank got here; the results are copies
+        comm.free()  # collective: every rank got here; the results are copies
     except BaseException as exc:
         # the other ranks wait in a collective this rank will never join (MPI_Abort ends
         # every rank; MPICH then leaves its own /dev/shm/mpich_shm_* segment behind, see

@@ -7,6 +7,7 @@ or the ring / tree schedule of ``algorithms`` for arrays allocated with that alg
 Also here: reading from the environment whether this process was started by an MPI launcher
 (without importing mpi4py), and picking the backend from it (``resolve_backend``).
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,15 @@ import time
 
 import numpy as np
 
-from .base import (BACKENDS, Communicator, _check_algorithm, aligned_zeros, describe,
-                   filled_bytes, range_bytes)
+from .base import (
+    BACKENDS,
+    Communicator,
+    _check_algorithm,
+    aligned_zeros,
+    describe,
+    filled_bytes,
+    range_bytes,
+)
 
 # Launchers and the variable each sets to the world size in every process it starts.
 MPI_LAUNCH_VARIABLES = (
@@ -51,19 +59,24 @@ def resolve_backend(backend: str | None) -> tuple[str, str | None]:
     explicit 'thread' or 'process' under such a launcher is refused: every rank would run
     its own copy of the whole training."""
     if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"backend is {backend!r}, expected one of {BACKENDS} (or None: "
-                         f"MPI when started by an MPI launcher, else thread)")
+        raise ValueError(
+            f"backend is {backend!r}, expected one of {BACKENDS} (or None: "
+            f"MPI when started by an MPI launcher, else thread)"
+        )
     launch = mpi_launch()
     if launch is None or launch[1] <= 1 or backend == "mpi":
         return backend or "thread", None
     where, size = launch
     if backend is None:
-        return "mpi", (f"started by {where} as one of {size} ranks: using the MPI backend "
-                       f"(--backend mpi)")
-    raise ValueError(f"this process was started by {where} as one of {size} ranks, but "
-                     f"backend={backend!r} would make each rank run its own, separate "
-                     f"training: use --backend mpi (backend='mpi'), or start one process "
-                     f"without the MPI launcher")
+        return "mpi", (
+            f"started by {where} as one of {size} ranks: using the MPI backend (--backend mpi)"
+        )
+    raise ValueError(
+        f"this process was started by {where} as one of {size} ranks, but "
+        f"backend={backend!r} would make each rank run its own, separate "
+        f"training: use --backend mpi (backend='mpi'), or start one process "
+        f"without the MPI launcher"
+    )
 
 
 def find_mpiexec() -> str | None:
@@ -71,6 +84,7 @@ def find_mpiexec() -> str | None:
     needs to start MPI ranks of dptrain."""
     import importlib.util
     import shutil
+
     if importlib.util.find_spec("mpi4py") is None:
         return None
     return shutil.which("mpiexec") or shutil.which("mpirun")
@@ -80,7 +94,9 @@ def allreduce_in_place(comm, buf, algorithm: str = "native") -> None:
     """buf (1-D, contiguous) = its sum over the ranks of the mpi4py communicator comm, in
     place: MPI_Allreduce ('native'), or the ring or tree schedule of ``algorithms``."""
     from mpi4py import MPI
+
     from . import algorithms
+
     if algorithm == "ring":
         algorithms.ring_allreduce(comm, buf)
     elif algorithm == "tree":
@@ -101,8 +117,9 @@ def world():
     try:
         from mpi4py import MPI
     except ImportError as exc:
-        raise RuntimeError("backend 'mpi' needs mpi4py and an MPI library: "
-                           "pip install 'dptrain[mpi]'") from exc
+        raise RuntimeError(
+            "backend 'mpi' needs mpi4py and an MPI library: pip install 'dptrain[mpi]'"
+        ) from exc
     return MPI.COMM_WORLD
 
 
@@ -121,11 +138,14 @@ def abort_job(comm_world, rank: int, exc: BaseException) -> None:
     nothing short of the abort stops them."""
     interrupted = isinstance(exc, KeyboardInterrupt)
     cause = "interrupted (SIGINT)" if interrupted else f"failed: {describe(exc)}"
-    print(f"dptrain: worker rank {rank} {cause}; aborting all {comm_world.Get_size()} MPI "
-          f"ranks", file=sys.stderr, flush=True)
+    print(
+        f"dptrain: worker rank {rank} {cause}; aborting all {comm_world.Get_size()} MPI ranks",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         time.sleep(ABORT_GRACE_SECONDS)
-    except KeyboardInterrupt:       # a second Ctrl-C: abort at once
+    except KeyboardInterrupt:  # a second Ctrl-C: abort at once
         pass
     comm_world.Abort(130 if interrupted else 1)
 
@@ -141,14 +161,15 @@ class MPIComm(Communicator):
         microseconds per collective on one machine). False: the wait stays inside the
         collective's time."""
         from mpi4py import MPI
+
         self._MPI = MPI
         self._comm = comm if comm is not None else MPI.COMM_WORLD
         self._measure_wait = measure_wait
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
         self.progress = np.zeros(2)
-        self._algorithm: dict[int, tuple[str, np.ndarray]] = {}   # id(array) -> schedule
-        self._shared: dict[int, np.ndarray] = {}     # id(arrays[0]) -> their flat buffer
+        self._algorithm: dict[int, tuple[str, np.ndarray]] = {}  # id(array) -> schedule
+        self._shared: dict[int, np.ndarray] = {}  # id(arrays[0]) -> their flat buffer
 
     def zeros(self, length, dtype="float32", *, algorithm="native"):
         _check_algorithm(algorithm)
@@ -160,10 +181,12 @@ class MPIComm(Communicator):
     def shared_zeros(self, count, length, dtype="float32"):
         count, length = int(count), int(length)
         if count > 1 and count % self.size:
-            raise ValueError(f"{count} shared arrays cannot be split evenly over {self.size} "
-                             f"MPI ranks (use a world size that divides {count})")
+            raise ValueError(
+                f"{count} shared arrays cannot be split evenly over {self.size} "
+                f"MPI ranks (use a world size that divides {count})"
+            )
         flat = aligned_zeros(count * length, dtype)
-        arrays = [flat[i * length:(i + 1) * length] for i in range(count)]
+        arrays = [flat[i * length : (i + 1) * length] for i in range(count)]
         self._shared[id(arrays[0])] = flat
         return arrays
 
@@ -174,8 +197,9 @@ class MPIComm(Communicator):
 
     def allreduce_sum_(self, array, *, scale=1.0, start=0, stop=None):
         schedule = self._algorithm.get(id(array), ("native", None))[0]
-        self._account("allreduce", range_bytes(array, start, stop), schedule,
-                      waited=self._entry_wait())
+        self._account(
+            "allreduce", range_bytes(array, start, stop), schedule, waited=self._entry_wait()
+        )
         buf = array[start:stop]
         allreduce_in_place(self._comm, buf, schedule)
         if scale != 1.0:
@@ -183,8 +207,10 @@ class MPIComm(Communicator):
 
     def allreduce_async_(self, array, start=0, stop=None):
         if id(array) in self._algorithm:
-            raise ValueError("overlap needs a non-blocking all-reduce: use allreduce='native' "
-                             "with the mpi backend")
+            raise ValueError(
+                "overlap needs a non-blocking all-reduce: use allreduce='native' "
+                "with the mpi backend"
+            )
         self._account("allreduce", range_bytes(array, start, stop))
         return self._comm.Iallreduce(self._MPI.IN_PLACE, array[start:stop], op=self._MPI.SUM)
 
@@ -206,6 +232,7 @@ class MPIComm(Communicator):
         """Rank r filled arrays [r k / size, (r + 1) k / size): gather them all (exact copies,
         no arithmetic), then every rank sums them in index order."""
         from .. import _core
+
         flat = self._shared.get(id(arrays[0]))
         if flat is None:
             raise ValueError("sum_into_ needs arrays from comm.shared_zeros()")

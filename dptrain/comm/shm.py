@@ -21,6 +21,7 @@ rank; a process that dies without a word (SIGKILL) is noticed by the launcher, w
 the world itself; workers still computing are terminated a second later, and worker
 processes die with their launcher.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,16 @@ import numpy as np
 
 from .. import _core
 from .._memmap import memmap_region, open_region
-from .base import (ALIGN, Communicator, WorkerError, _check_algorithm, check_flat, describe,
-                   filled_bytes, range_bytes)
+from .base import (
+    ALIGN,
+    Communicator,
+    WorkerError,
+    _check_algorithm,
+    check_flat,
+    describe,
+    filled_bytes,
+    range_bytes,
+)
 
 # The arena's virtual size: a sparse memfd, backed page by page as arrays are touched.
 ARENA_BYTES = 1 << 36
@@ -43,8 +52,8 @@ ARENA_BYTES = 1 << 36
 # collective leaves at once: the world is aborted); then they are terminated, and killed
 # after as long again. A worker stuck in compute never holds the run hostage.
 STOP_GRACE_S = 1.0
-INTERRUPTED = 0xfffffff0        # the abort code of a run stopped by Ctrl-C / SIGINT
-SLOT_BYTES = 64                 # the world group's per-rank buffer (a barrier needs one)
+INTERRUPTED = 0xFFFFFFF0  # the abort code of a run stopped by Ctrl-C / SIGINT
+SLOT_BYTES = 64  # the world group's per-rank buffer (a barrier needs one)
 
 
 def _round_up(n: int) -> int:
@@ -72,8 +81,9 @@ class WaitPolicy:
     timeout: float = 0.0
 
     @classmethod
-    def for_workers(cls, workers: int, threads: int = 1, timeout: float = 0.0,
-                    backend: str = "process") -> "WaitPolicy":
+    def for_workers(
+        cls, workers: int, threads: int = 1, timeout: float = 0.0, backend: str = "process"
+    ) -> "WaitPolicy":
         """The policy for `workers` x `threads` on this machine's cores (see above)."""
         cores = os.cpu_count() or 1
         if workers * threads > cores:
@@ -100,7 +110,7 @@ class SharedSegment:
         if fd is None:
             fd = _anonymous_fd("dptrain-shared")
             try:
-                os.ftruncate(fd, self.nbytes)          # zero-filled, sparse
+                os.ftruncate(fd, self.nbytes)  # zero-filled, sparse
             except BaseException:
                 os.close(fd)
                 raise
@@ -115,7 +125,7 @@ class SharedSegment:
         """Unmaps and closes this process's handle (the memory goes with the last one)."""
         try:
             self._map.close()
-        except BufferError:      # a view still alive (e.g. in a traceback): the OS unmaps at exit
+        except BufferError:  # a view still alive (e.g. in a traceback): the OS unmaps at exit
             pass
         if self.fd >= 0:
             os.close(self.fd)
@@ -123,6 +133,7 @@ class SharedSegment:
 
     def __reduce__(self):
         from multiprocessing import reduction
+
         return _attach_segment, (reduction.DupFd(self.fd), self.nbytes)
 
 
@@ -135,9 +146,10 @@ def _anonymous_fd(name: str) -> int:
     if hasattr(os, "memfd_create"):
         return os.memfd_create(name, os.MFD_CLOEXEC)
     import tempfile
+
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     fd, path = tempfile.mkstemp(prefix=name + "-", dir=base)
-    os.unlink(path)                   # nameless from here on
+    os.unlink(path)  # nameless from here on
     return fd
 
 
@@ -151,7 +163,7 @@ class SegmentLayout:
         off = _round_up(self.control_bytes)
         self.slots = off
         off += world * SLOT_BYTES
-        self.progress_at = off                # rank 0's progress (see Communicator.progress)
+        self.progress_at = off  # rank 0's progress (see Communicator.progress)
         off += ALIGN
         self.extras = {}
         for name, (shape, dtype) in (extras or {}).items():
@@ -162,20 +174,20 @@ class SegmentLayout:
         self.nbytes = off + ARENA_BYTES
 
     def world_control(self, mem: np.ndarray) -> np.ndarray:
-        return mem[:self.control_bytes]
+        return mem[: self.control_bytes]
 
     def slot(self, mem: np.ndarray, rank: int) -> np.ndarray:
         off = self.slots + rank * SLOT_BYTES
-        return mem[off:off + SLOT_BYTES].view(np.float64)
+        return mem[off : off + SLOT_BYTES].view(np.float64)
 
     def progress(self, mem: np.ndarray) -> np.ndarray:
-        return mem[self.progress_at:self.progress_at + 16].view(np.float64)
+        return mem[self.progress_at : self.progress_at + 16].view(np.float64)
 
     def extra(self, mem: np.ndarray, name: str) -> np.ndarray:
         off, shape, dt = self.extras[name]
         dt = np.dtype(dt)
         n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        return mem[off:off + n].view(dt).reshape(shape)
+        return mem[off : off + n].view(dt).reshape(shape)
 
     def init(self, mem: np.ndarray) -> None:
         """Readies the world group (the launcher does this once, before any worker starts)."""
@@ -197,7 +209,7 @@ class _Shared:
         self.control = control
         self.algorithm = algorithm
         self.group = None
-        self.out = None            # reduce_sum_'s shared result and its group
+        self.out = None  # reduce_sum_'s shared result and its group
         self.out_group = None
 
 
@@ -214,8 +226,9 @@ class _Handle:
 class ShmComm(Communicator):
     """A worker of a group sharing one segment (threads or processes)."""
 
-    def __init__(self, rank: int, layout: SegmentLayout, mem: np.ndarray, policy: WaitPolicy,
-                 backend: str):
+    def __init__(
+        self, rank: int, layout: SegmentLayout, mem: np.ndarray, policy: WaitPolicy, backend: str
+    ):
         self.rank = rank
         self.size = layout.world
         # this worker's place in the group that shares the segment (the same as rank and size
@@ -225,16 +238,20 @@ class ShmComm(Communicator):
         self._layout = layout
         self._mem = mem
         self._policy = policy
-        self._next = layout.arena             # the arena's bump pointer, identical on every rank
+        self._next = layout.arena  # the arena's bump pointer, identical on every rank
         self._world_control = layout.world_control(mem)
         self.progress = layout.progress(mem)
-        self._world = _core.ShmGroup(self._world_control,
-                                     [layout.slot(mem, r) for r in range(self._peers)], rank,
-                                     spin=policy.spin, yield_time=policy.yield_time,
-                                     timeout=policy.timeout)
-        self._by_id: dict[int, _Shared] = {}    # id(array) -> its allocation (arrays held there)
+        self._world = _core.ShmGroup(
+            self._world_control,
+            [layout.slot(mem, r) for r in range(self._peers)],
+            rank,
+            spin=policy.spin,
+            yield_time=policy.yield_time,
+            timeout=policy.timeout,
+        )
+        self._by_id: dict[int, _Shared] = {}  # id(array) -> its allocation (arrays held there)
         self._staging: dict[tuple, tuple] = {}  # (dtype, length) -> (allocation, this rank's array)
-        self._sums: dict[tuple, object] = {}    # (id(out), id(arrays[0])) -> sum_into_'s group
+        self._sums: dict[tuple, object] = {}  # (id(out), id(arrays[0])) -> sum_into_'s group
         self._extras: dict[str, np.ndarray] = {}  # the launcher's arrays (threads, fork, files)
         self._comm_thread = None
 
@@ -247,14 +264,15 @@ class ShmComm(Communicator):
         return off
 
     def _view(self, off: int, length: int, dt: np.dtype) -> np.ndarray:
-        return self._mem[off:off + length * dt.itemsize].view(dt)
+        return self._mem[off : off + length * dt.itemsize].view(dt)
 
     def zeros(self, length, dtype="float32", *, algorithm="native"):
         _check_algorithm(algorithm)
         dt, length = np.dtype(dtype), int(length)
         control = self._alloc(self._layout.control_bytes)
-        arrays = [self._view(self._alloc(length * dt.itemsize), length, dt)
-                  for _ in range(self._peers)]
+        arrays = [
+            self._view(self._alloc(length * dt.itemsize), length, dt) for _ in range(self._peers)
+        ]
         shared = _Shared(arrays, control, algorithm)
         self._by_id[id(arrays[self._local])] = shared
         return arrays[self._local]
@@ -262,8 +280,9 @@ class ShmComm(Communicator):
     def shared_zeros(self, count, length, dtype="float32"):
         dt, length = np.dtype(dtype), int(length)
         control = self._alloc(self._layout.control_bytes)
-        arrays = [self._view(self._alloc(length * dt.itemsize), length, dt)
-                  for _ in range(int(count))]
+        arrays = [
+            self._view(self._alloc(length * dt.itemsize), length, dt) for _ in range(int(count))
+        ]
         shared = _Shared(arrays, control, "native")
         for a in arrays:
             self._by_id[id(a)] = shared
@@ -283,8 +302,15 @@ class ShmComm(Communicator):
             return self._layout.extra(self._mem, name)
         return super().extra(name, default)
 
-    def _group(self, control_off: int, buffers, *, out=None, algorithm="native",
-               timeout: float | None = None):
+    def _group(
+        self,
+        control_off: int,
+        buffers,
+        *,
+        out=None,
+        algorithm="native",
+        timeout: float | None = None,
+    ):
         """Sets up a group on a fresh control block: rank 0 readies it, then every rank
         meets at the world barrier, so nobody waits on it before it is ready. timeout: the
         policy's unless given."""
@@ -293,10 +319,17 @@ class ShmComm(Communicator):
             _core.init_group_control(control, self._peers)
         self._world.barrier()
         p = self._policy
-        return _core.ShmGroup(control, buffers, self._local, out=out, spin=p.spin,
-                              yield_time=p.yield_time,
-                              timeout=p.timeout if timeout is None else timeout,
-                              algorithm=algorithm, world=self._world_control)
+        return _core.ShmGroup(
+            control,
+            buffers,
+            self._local,
+            out=out,
+            spin=p.spin,
+            yield_time=p.yield_time,
+            timeout=p.timeout if timeout is None else timeout,
+            algorithm=algorithm,
+            world=self._world_control,
+        )
 
     def _shared(self, array: np.ndarray) -> tuple[_Shared, np.ndarray]:
         """The allocation of an array from zeros (and the array itself), or of a staging array
@@ -314,8 +347,7 @@ class ShmComm(Communicator):
 
     def _ready(self, shared: _Shared):
         if shared.group is None:
-            shared.group = self._group(shared.control, shared.arrays,
-                                       algorithm=shared.algorithm)
+            shared.group = self._group(shared.control, shared.arrays, algorithm=shared.algorithm)
         return shared.group
 
     # ---- collectives
@@ -327,8 +359,7 @@ class ShmComm(Communicator):
         waited = group.allreduce(scale, start, stop)
         if buf is not array:
             array[start:stop] = buf[start:stop]
-        self._account("allreduce", range_bytes(array, start, stop), shared.algorithm,
-                      waited=waited)
+        self._account("allreduce", range_bytes(array, start, stop), shared.algorithm, waited=waited)
 
     def allreduce_async_(self, array, start=0, stop=None):
         """Queues the all-reduce on this worker's communication thread, which runs the C call
@@ -344,8 +375,10 @@ class ShmComm(Communicator):
     def _async_shared(self, array) -> _Shared:
         shared = self._by_id.get(id(array))
         if shared is None:
-            raise ValueError("allreduce_async_ needs an array from comm.zeros() (it is reduced "
-                             "in place while the caller computes)")
+            raise ValueError(
+                "allreduce_async_ needs an array from comm.zeros() (it is reduced "
+                "in place while the caller computes)"
+            )
         return shared
 
     def _post(self, work) -> _Handle:
@@ -353,9 +386,11 @@ class ShmComm(Communicator):
         order; the handle says when it is done, and holds what it raised."""
         if self._comm_thread is None:
             import queue
+
             self._queue = queue.SimpleQueue()
-            self._comm_thread = threading.Thread(target=self._comm_loop, daemon=True,
-                                                 name=f"dptrain-comm-{self._local}")
+            self._comm_thread = threading.Thread(
+                target=self._comm_loop, daemon=True, name=f"dptrain-comm-{self._local}"
+            )
             self._comm_thread.start()
         handle = _Handle()
         self._queue.put((handle, work))
@@ -398,8 +433,9 @@ class ShmComm(Communicator):
         if shared.out_group is None:
             out_off = self._alloc(buf.nbytes)
             shared.out = self._view(out_off, buf.size, buf.dtype)
-            shared.out_group = self._group(self._alloc(self._layout.control_bytes),
-                                           shared.arrays, out=shared.out)
+            shared.out_group = self._group(
+                self._alloc(self._layout.control_bytes), shared.arrays, out=shared.out
+            )
         waited = shared.out_group.allreduce()
         self._account("reduce", array.nbytes, root=root, waited=waited)
         return shared.out
@@ -408,11 +444,13 @@ class ShmComm(Communicator):
         key = (id(out), id(arrays[0]), len(arrays))
         group = self._sums.get(key)
         if group is None:
-            if self._by_id.get(id(out)) is None or any(self._by_id.get(id(a)) is None
-                                                       for a in arrays):
+            if self._by_id.get(id(out)) is None or any(
+                self._by_id.get(id(a)) is None for a in arrays
+            ):
                 raise ValueError("sum_into_ needs out and arrays from comm.shared_zeros()")
-            group = self._sums[key] = self._group(self._alloc(self._layout.control_bytes),
-                                                  list(arrays), out=out)
+            group = self._sums[key] = self._group(
+                self._alloc(self._layout.control_bytes), list(arrays), out=out
+            )
         waited = group.allreduce(scale)
         self._account("allreduce", filled_bytes(arrays, self.size), waited=waited)
 
@@ -427,10 +465,10 @@ class ShmComm(Communicator):
         group = self._ready(shared)
         if buf is not array and self._local == local_root:
             buf[:] = array
-        waited = group.barrier()                 # root's values are final
+        waited = group.barrier()  # root's values are final
         if self._local != local_root:
             array[:] = shared.arrays[local_root]
-        group.barrier()                          # nobody changes root's copy while others read
+        group.barrier()  # nobody changes root's copy while others read
         return waited
 
     def barrier(self):
@@ -446,9 +484,17 @@ class ShmComm(Communicator):
 
 
 # ------------------------------------------------------------------ launchers
-def run_threads(world: int, target, *, policy: WaitPolicy | None = None, extras=None,
-                join_timeout: float | None = None, grace: float = STOP_GRACE_S, watch=None,
-                report=None):
+def run_threads(
+    world: int,
+    target,
+    *,
+    policy: WaitPolicy | None = None,
+    extras=None,
+    join_timeout: float | None = None,
+    grace: float = STOP_GRACE_S,
+    watch=None,
+    report=None,
+):
     """Runs target(comm) on `world` threads sharing one segment; returns their results by
     rank. ``extras`` (name -> array) are handed to every worker as they are (threads share
     memory): ``comm.extra(name)``. ``watch``: called once with rank 0's progress array
@@ -479,8 +525,8 @@ def run_threads(world: int, target, *, policy: WaitPolicy | None = None, extras=
         try:
             results[rank] = target(comms[rank])
         except _core.GroupAborted:
-            pass                          # another worker failed first; it is reported
-        except BaseException as exc:      # report, then stop the others
+            pass  # another worker failed first; it is reported
+        except BaseException as exc:  # report, then stop the others
             with lock:
                 failures.append((rank, describe(exc)))
             comms[rank].abort(rank + 1)
@@ -488,8 +534,10 @@ def run_threads(world: int, target, *, policy: WaitPolicy | None = None, extras=
         finally:
             comms[rank].close()
 
-    threads = [threading.Thread(target=body, args=(r,), name=f"dptrain-worker-{r}", daemon=True)
-               for r in range(world)]
+    threads = [
+        threading.Thread(target=body, args=(r,), name=f"dptrain-worker-{r}", daemon=True)
+        for r in range(world)
+    ]
     for t in threads:
         t.start()
     if watch is not None:
@@ -515,13 +563,15 @@ def run_threads(world: int, target, *, policy: WaitPolicy | None = None, extras=
     if failures:
         rank, cause = min(failures)
         if stuck:
-            cause += (f"; rank(s) {', '.join(map(str, stuck))} still computing {grace:g} s "
-                      f"later (a thread cannot be stopped from outside: it leaves at its next "
-                      f"collective)")
+            cause += (
+                f"; rank(s) {', '.join(map(str, stuck))} still computing {grace:g} s "
+                f"later (a thread cannot be stopped from outside: it leaves at its next "
+                f"collective)"
+            )
         raise WorkerError(rank, cause)
     if comms[0].aborted:
         raise WorkerError(comms[0].aborted - 1, "aborted the group")
-    if not stuck:            # a stuck thread may still hold views of the segment
+    if not stuck:  # a stuck thread may still hold views of the segment
         del comms, mem
         segment.close()
     return results
@@ -533,12 +583,14 @@ def _die_with_parent(parent: int | None) -> None:
     the parent's pid twice a second. parent: the pid the parent must have (None: the one it
     has now)."""
     import signal
+
     parent = os.getppid() if parent is None else parent
     try:
         import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:     # PR_SET_PDEATHSIG
-            if os.getppid() != parent:       # the parent died before prctl took effect
+        if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before prctl took effect
                 os._exit(1)
             return
     except (OSError, AttributeError):
@@ -548,23 +600,25 @@ def _die_with_parent(parent: int | None) -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
         os._exit(1)
+
     threading.Thread(target=watch, daemon=True, name="dptrain-parent-watch").start()
 
 
-def _process_main(rank, segment, layout, policy, target, args, conn, parent, inherited,
-                  mapped):
+def _process_main(rank, segment, layout, policy, target, args, conn, parent, inherited, mapped):
     """Entry point of a worker process: map the segment, run, send the result home.
     inherited: the extras this process got from its parent by fork, or None; mapped: the
     extras that are views of files, {name: (path, offset, shape, dtype)}, mapped here."""
     import signal
+
     _die_with_parent(parent)
     # Ctrl-C in a terminal reaches the whole process group: the launcher alone handles it
     # (it aborts the run and stops everyone), so a worker neither dies on it half-way nor
     # prints a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        conn.send(_run_attached(rank, segment, layout, policy, target, args, conn, inherited,
-                                mapped))
+        conn.send(
+            _run_attached(rank, segment, layout, policy, target, args, conn, inherited, mapped)
+        )
     finally:
         conn.close()
         segment.close()
@@ -596,12 +650,21 @@ def _touch_pages(a: np.ndarray) -> None:
     mapped. Memory maps of the user's files are not touched: they may be larger than RAM."""
     flat = a.reshape(-1).view(np.uint8)
     if flat.size:
-        flat[::4096].sum()                   # one read per 4 KiB page
+        flat[::4096].sum()  # one read per 4 KiB page
 
 
-def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = None,
-                  extras=None, start_method: str | None = None, grace: float = STOP_GRACE_S,
-                  watch=None, report=None):
+def run_processes(
+    world: int,
+    target,
+    args=(),
+    *,
+    policy: WaitPolicy | None = None,
+    extras=None,
+    start_method: str | None = None,
+    grace: float = STOP_GRACE_S,
+    watch=None,
+    report=None,
+):
     """Runs target(comm, *args) in `world` processes sharing one new SharedSegment; returns
     the results by rank. ``extras`` (name -> array, e.g. the data set) reach every worker as
     ``comm.extra(name)``: under the 'fork' start method as the launcher's own arrays, which
@@ -627,6 +690,7 @@ def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = No
     """
     import multiprocessing as mp
     from multiprocessing import connection
+
     policy = policy or WaitPolicy.for_workers(world, backend="process")
     ctx = mp.get_context(start_method)
     # the process a worker's parent must be: this one, except under a fork server (whose
@@ -653,9 +717,23 @@ def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = No
             layout.extra(mem, name)[...] = a
         for r in range(world):
             parent_end, child_end = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_process_main, name=f"dptrain-worker-{r}", daemon=True,
-                            args=(r, segment, layout, policy, target, args, child_end,
-                                  parent, inherited, mapped))
+            p = ctx.Process(
+                target=_process_main,
+                name=f"dptrain-worker-{r}",
+                daemon=True,
+                args=(
+                    r,
+                    segment,
+                    layout,
+                    policy,
+                    target,
+                    args,
+                    child_end,
+                    parent,
+                    inherited,
+                    mapped,
+                ),
+            )
             p.start()
             child_end.close()
             procs.append(p)
@@ -668,8 +746,9 @@ def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = No
             watch(layout.progress(mem))
         try:
             while pending and (deadline is None or time.monotonic() < deadline):
-                ready = connection.wait(list(pending) + list(sentinels),
-                                        timeout=0.05 if deadline else 1.0)
+                ready = connection.wait(
+                    list(pending) + list(sentinels), timeout=0.05 if deadline else 1.0
+                )
                 for obj in ready:
                     if obj in pending:
                         r = pending.pop(obj)
@@ -677,7 +756,7 @@ def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = No
                             status, rank, payload = obj.recv()
                         except EOFError:
                             status, rank, payload = "died", r, None
-                        if status == "report":          # more to come from this worker
+                        if status == "report":  # more to come from this worker
                             pending[obj] = r
                             if report is not None:
                                 report(payload)
@@ -704,15 +783,18 @@ def run_processes(world: int, target, args=(), *, policy: WaitPolicy | None = No
         if failure is not None:
             left = [r for r in pending.values() if procs[r].is_alive()]
             if left:
-                failure = (failure[0], failure[1] + f"; rank(s) {', '.join(map(str, left))} "
-                           f"still running {grace:g} s later were terminated")
+                failure = (
+                    failure[0],
+                    failure[1] + f"; rank(s) {', '.join(map(str, left))} "
+                    f"still running {grace:g} s later were terminated",
+                )
             raise WorkerError(*failure)
         return results
     finally:
         _stop(procs, 0.0 if (failure or interrupted) else 10.0, grace)
         for c in conns:
             c.close()
-        del mem          # every view of the mapping must go before close()
+        del mem  # every view of the mapping must go before close()
         segment.close()
 
 
@@ -740,6 +822,7 @@ def _exit_cause(p) -> str:
         return "stopped responding"
     if code < 0:
         import signal
+
         try:
             name = signal.Signals(-code).name
         except ValueError:

@@ -36,17 +36,47 @@ pass `announce=lambda line: None` on ranks other than 0.
 """
 
 from .arrays import from_arrays, from_npy, from_npz, memmap_region
-from .catalog import (DATASET_NAMES, SYNTHETIC_DEFAULT_FEATURES, SYNTHETIC_DEFAULT_SAMPLES,
-                      get_cifar10, get_mnist, load_dataset)
-from .cifar10 import (CIFAR10_ARCHIVE_MD5, CIFAR10_BATCHES, CIFAR10_CLASSES, CIFAR10_FEATURES,
-                      CIFAR10_PYTHON_BATCH_MD5, CIFAR10_SHAPE, CIFAR10_TEST_SIZE,
-                      CIFAR10_TRAIN_SIZE, load_cifar10, read_cifar10_batch)
-from .dataset import (CLASSIFICATION, REGRESSION, TASKS, DataError, DataNotFound, Dataset,
-                      DataWarning, first_nonfinite_row)
+from .catalog import (
+    DATASET_NAMES,
+    SYNTHETIC_DEFAULT_FEATURES,
+    SYNTHETIC_DEFAULT_SAMPLES,
+    get_cifar10,
+    get_mnist,
+    load_dataset,
+)
+from .cifar10 import (
+    CIFAR10_ARCHIVE_MD5,
+    CIFAR10_BATCHES,
+    CIFAR10_CLASSES,
+    CIFAR10_FEATURES,
+    CIFAR10_PYTHON_BATCH_MD5,
+    CIFAR10_SHAPE,
+    CIFAR10_TEST_SIZE,
+    CIFAR10_TRAIN_SIZE,
+    load_cifar10,
+    read_cifar10_batch,
+)
+from .dataset import (
+    CLASSIFICATION,
+    REGRESSION,
+    TASKS,
+    DataError,
+    DataNotFound,
+    Dataset,
+    DataWarning,
+    first_nonfinite_row,
+)
 from .idx import read_idx
 from .locations import ENV_DATA_DIR, default_cache_dir
-from .mnist import (MNIST_CLASSES, MNIST_FILES, MNIST_MIRRORS, MNIST_SHA256, MNIST_SIDE,
-                    download_mnist, load_mnist)
+from .mnist import (
+    MNIST_CLASSES,
+    MNIST_FILES,
+    MNIST_MIRRORS,
+    MNIST_SHA256,
+    MNIST_SIDE,
+    download_mnist,
+    load_mnist,
+)
 from .synthetic import synthetic_binary, synthetic_cifar10, synthetic_classification
 from .transforms import upscale_dataset, upscale_images
 

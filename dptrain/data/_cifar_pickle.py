@@ -69,8 +69,12 @@ class _PickledDtype:
             raise _BadArrayPickle(f"dtype {spec!r} is not uint8 ('u1')")
 
     def __setstate__(self, state):
-        if not (isinstance(state, tuple) and len(state) >= 5 and state[1] in ("|", b"|")
-                and state[2:5] == (None, None, None)):
+        if not (
+            isinstance(state, tuple)
+            and len(state) >= 5
+            and state[1] in ("|", b"|")
+            and state[2:5] == (None, None, None)
+        ):
             raise _BadArrayPickle(f"unexpected uint8 dtype state {state!r}")
 
 
@@ -94,23 +98,31 @@ class _PickledArray:
         """The (n, row_size) uint8 array with n >= 1; DataError naming `where` otherwise."""
         state = self.state
         if not (isinstance(state, tuple) and len(state) == 5 and state[0] == 1):
-            raise DataError(f"{where}: the data array's pickled state is not NumPy's "
-                            f"(1, shape, dtype, is_fortran, bytes) layout")
+            raise DataError(
+                f"{where}: the data array's pickled state is not NumPy's "
+                f"(1, shape, dtype, is_fortran, bytes) layout"
+            )
         _, shape, dtype, fortran, raw = state
         if not isinstance(dtype, _PickledDtype):
             raise DataError(f"{where}: the data array has no uint8 dtype")
-        if not (isinstance(shape, tuple) and all(
-                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+        if not (
+            isinstance(shape, tuple)
+            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
+        ):
             raise DataError(f"{where}: the data array has an invalid shape {shape!r}")
         if len(shape) != 2 or shape[1] != row_size or shape[0] == 0:
-            raise DataError(f"{where}: data has shape {shape}, expected (n, {row_size}) "
-                            f"with n >= 1")
+            raise DataError(
+                f"{where}: data has shape {shape}, expected (n, {row_size}) with n >= 1"
+            )
         if not isinstance(raw, (bytes, bytearray)):
-            raise DataError(f"{where}: the data array's pixels are a {type(raw).__name__}, "
-                            f"expected bytes")
+            raise DataError(
+                f"{where}: the data array's pixels are a {type(raw).__name__}, expected bytes"
+            )
         if len(raw) != math.prod(shape):
-            raise DataError(f"{where}: data of shape {shape} needs {math.prod(shape)} bytes, "
-                            f"the file holds {len(raw)}")
+            raise DataError(
+                f"{where}: data of shape {shape} needs {math.prod(shape)} bytes, "
+                f"the file holds {len(raw)}"
+            )
         if fortran not in (False, True, 0, 1):
             raise DataError(f"{where}: the data array has an invalid is_fortran flag {fortran!r}")
         if fortran:
@@ -121,16 +133,19 @@ class _PickledArray:
 def _reconstruct_array(subtype, shape, typecode):
     # numpy.core.multiarray._reconstruct(ndarray, (0,), b"b") starts every pickled ndarray
     if subtype is not _NDARRAY or shape != (0,) or typecode not in (b"b", "b"):
-        raise _BadArrayPickle(f"_reconstruct{(subtype, shape, typecode)!r} is not how NumPy "
-                              f"starts a plain ndarray")
+        raise _BadArrayPickle(
+            f"_reconstruct{(subtype, shape, typecode)!r} is not how NumPy starts a plain ndarray"
+        )
     return _PickledArray()
 
 
 def _latin1_encode(text, encoding):
     # _codecs.encode(text, "latin1") is how Python 3 writes bytes at pickle protocol 2
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        raise _BadArrayPickle(f"_codecs.encode with {type(text).__name__} and {encoding!r} is "
-                              f"not a protocol-2 bytes object")
+        raise _BadArrayPickle(
+            f"_codecs.encode with {type(text).__name__} and {encoding!r} is "
+            f"not a protocol-2 bytes object"
+        )
     return text.encode("latin-1")
 
 

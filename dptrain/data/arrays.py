@@ -58,19 +58,37 @@ import numpy as np
 
 from .._aligned import aligned_empty
 from .._memmap import memmap_region  # noqa: F401  (dptrain.data's: where a map lies)
-from .dataset import (CLASSIFICATION, REGRESSION, TASKS, DataError, Dataset, _check_count,
-                      _float_dtype, first_nonfinite_row)
+from .dataset import (
+    CLASSIFICATION,
+    REGRESSION,
+    TASKS,
+    DataError,
+    Dataset,
+    _check_count,
+    _float_dtype,
+    first_nonfinite_row,
+)
 
-_CHUNK_BYTES = 8 << 20          # bytes per chunk of a conversion or a scan: bounded temporaries
-_REAL_KINDS = "biuf"            # bool, signed and unsigned integers, floats
-_EXACT_INTEGERS = 2 ** 53       # float labels at or beyond this are not exact class indices
+_CHUNK_BYTES = 8 << 20  # bytes per chunk of a conversion or a scan: bounded temporaries
+_REAL_KINDS = "biuf"  # bool, signed and unsigned integers, floats
+_EXACT_INTEGERS = 2**53  # float labels at or beyond this are not exact class indices
 _NPZ_LAYOUTS = (("x_train", "y_train", "x_test", "y_test"), ("X", "y", "X_test", "y_test"))
 
 
-def from_arrays(X, y, *, X_test=None, y_test=None, validation: float | None = None,
-                task: str = CLASSIFICATION, n_classes: int | None = None, dtype="float32",
-                input_shape: tuple[int, ...] | None = None, name: str = "arrays",
-                tmp_dir=None) -> Dataset:
+def from_arrays(
+    X,
+    y,
+    *,
+    X_test=None,
+    y_test=None,
+    validation: float | None = None,
+    task: str = CLASSIFICATION,
+    n_classes: int | None = None,
+    dtype="float32",
+    input_shape: tuple[int, ...] | None = None,
+    name: str = "arrays",
+    tmp_dir=None,
+) -> Dataset:
     """A Dataset of the user's arrays: X (n, ...) of real numbers, y one target per row.
 
     X: bool, integer or float values (complex, object and string arrays are a TypeError
@@ -89,16 +107,37 @@ def from_arrays(X, y, *, X_test=None, y_test=None, validation: float | None = No
     arguments.
     """
     names = {"X": "X", "y": "y", "X_test": "X_test", "y_test": "y_test"}
-    return _build(X, y, X_test, y_test, names=names, validation=validation, task=task,
-                  n_classes=n_classes, dtype=dtype, input_shape=input_shape, name=name,
-                  source=_describe_source(X, y, X_test), tmp_dir=tmp_dir)
+    return _build(
+        X,
+        y,
+        X_test,
+        y_test,
+        names=names,
+        validation=validation,
+        task=task,
+        n_classes=n_classes,
+        dtype=dtype,
+        input_shape=input_shape,
+        name=name,
+        source=_describe_source(X, y, X_test),
+        tmp_dir=tmp_dir,
+    )
 
 
-def from_npy(x_path, y_path, *, x_test_path=None, y_test_path=None,
-             validation: float | None = None, task: str = CLASSIFICATION,
-             n_classes: int | None = None, dtype="float32",
-             input_shape: tuple[int, ...] | None = None, name: str | None = None,
-             tmp_dir=None) -> Dataset:
+def from_npy(
+    x_path,
+    y_path,
+    *,
+    x_test_path=None,
+    y_test_path=None,
+    validation: float | None = None,
+    task: str = CLASSIFICATION,
+    n_classes: int | None = None,
+    dtype="float32",
+    input_shape: tuple[int, ...] | None = None,
+    name: str | None = None,
+    tmp_dir=None,
+) -> Dataset:
     """A Dataset of .npy files (np.save's format), X files opened as read-only memory maps.
 
     When an X file already holds the model's dtype in C order, the Dataset's x IS the
@@ -112,21 +151,38 @@ def from_npy(x_path, y_path, *, x_test_path=None, y_test_path=None,
     """
     x_path, y_path = Path(x_path), Path(y_path)
     if (x_test_path is None) != (y_test_path is None):
-        raise ValueError(f"x_test_path={x_test_path!r} and y_test_path={y_test_path!r}: "
-                         f"give both or neither")
-    paths = [x_path, y_path] + ([] if x_test_path is None else
-                                [Path(x_test_path), Path(y_test_path)])
+        raise ValueError(
+            f"x_test_path={x_test_path!r} and y_test_path={y_test_path!r}: give both or neither"
+        )
+    paths = [x_path, y_path] + (
+        [] if x_test_path is None else [Path(x_test_path), Path(y_test_path)]
+    )
     arrays = [_open_npy(p) for p in paths] + [None] * (4 - len(paths))
     names = dict(zip(("X", "y", "X_test", "y_test"), map(str, paths)))
-    return _build(*arrays, names=names, validation=validation, task=task,
-                  n_classes=n_classes, dtype=dtype, input_shape=input_shape,
-                  name=x_path.stem if name is None else name,
-                  source=", ".join(map(str, paths)), tmp_dir=tmp_dir)
+    return _build(
+        *arrays,
+        names=names,
+        validation=validation,
+        task=task,
+        n_classes=n_classes,
+        dtype=dtype,
+        input_shape=input_shape,
+        name=x_path.stem if name is None else name,
+        source=", ".join(map(str, paths)),
+        tmp_dir=tmp_dir,
+    )
 
 
-def from_npz(path, *, validation: float | None = None, task: str = CLASSIFICATION,
-             n_classes: int | None = None, dtype="float32",
-             input_shape: tuple[int, ...] | None = None, name: str | None = None) -> Dataset:
+def from_npz(
+    path,
+    *,
+    validation: float | None = None,
+    task: str = CLASSIFICATION,
+    n_classes: int | None = None,
+    dtype="float32",
+    input_shape: tuple[int, ...] | None = None,
+    name: str | None = None,
+) -> Dataset:
     """A Dataset of an .npz archive (np.savez's format), its members read into memory.
 
     The archive holds x_train and y_train (and, optionally, x_test and y_test), or X and y
@@ -139,7 +195,7 @@ def from_npz(path, *, validation: float | None = None, task: str = CLASSIFICATIO
     path = Path(path)
     try:
         archive = np.load(path, allow_pickle=False)
-    except ValueError as exc:           # no zip and no .npy magic: NumPy takes it for a pickle
+    except ValueError as exc:  # no zip and no .npy magic: NumPy takes it for a pickle
         raise DataError(f"{path}: not an .npz archive ({exc})") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise DataError(f"{path}: a .npy file, not an .npz archive: use from_npy")
@@ -147,63 +203,102 @@ def from_npz(path, *, validation: float | None = None, task: str = CLASSIFICATIO
         keys = set(archive.files)
         layout = next((lay for lay in _NPZ_LAYOUTS if set(lay[:2]) <= keys), None)
         if layout is None:
-            raise DataError(f"{path}: expected members x_train and y_train (or X and y), "
-                            f"found {', '.join(sorted(keys)) or 'none'}")
+            raise DataError(
+                f"{path}: expected members x_train and y_train (or X and y), "
+                f"found {', '.join(sorted(keys)) or 'none'}"
+            )
         test_keys = [k for k in layout[2:] if k in keys]
         if len(test_keys) == 1:
-            raise DataError(f"{path}: holds {test_keys[0]} without "
-                            f"{({*layout[2:]} - {*test_keys}).pop()}; give both or neither")
+            raise DataError(
+                f"{path}: holds {test_keys[0]} without "
+                f"{({*layout[2:]} - {*test_keys}).pop()}; give both or neither"
+            )
         wanted = layout if test_keys else layout[:2]
         arrays = [_npz_member(archive, key, path) for key in wanted] + [None] * (4 - len(wanted))
     names = dict(zip(("X", "y", "X_test", "y_test"), (f"{path}[{k}]" for k in layout)))
-    return _build(*arrays, names=names, validation=validation, task=task,
-                  n_classes=n_classes, dtype=dtype, input_shape=input_shape,
-                  name=path.stem if name is None else name, source=str(path), tmp_dir=None)
+    return _build(
+        *arrays,
+        names=names,
+        validation=validation,
+        task=task,
+        n_classes=n_classes,
+        dtype=dtype,
+        input_shape=input_shape,
+        name=path.stem if name is None else name,
+        source=str(path),
+        tmp_dir=None,
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # building the Dataset
 # ---------------------------------------------------------------------------------------
 
-def _build(X, y, X_test, y_test, *, names: dict, validation, task, n_classes, dtype,
-           input_shape, name, source, tmp_dir) -> Dataset:
+
+def _build(
+    X,
+    y,
+    X_test,
+    y_test,
+    *,
+    names: dict,
+    validation,
+    task,
+    n_classes,
+    dtype,
+    input_shape,
+    name,
+    source,
+    tmp_dir,
+) -> Dataset:
     """The Dataset of validated arrays; cheap checks (shapes, labels) before converting X."""
     dt = _float_dtype(dtype)
     if task not in TASKS:
         raise ValueError(f"task={task!r} is not one of {', '.join(TASKS)}")
     if n_classes is not None:
         if task == REGRESSION:
-            raise ValueError(f"n_classes={n_classes!r} applies to task='classification', not "
-                             f"task='regression'")
+            raise ValueError(
+                f"n_classes={n_classes!r} applies to task='classification', not task='regression'"
+            )
         n_classes = _check_count(n_classes, "n_classes", minimum=2)
     if (X_test is None) != (y_test is None):
         raise ValueError(f"{names['X_test']} and {names['y_test']}: give both or neither")
     if validation is not None and X_test is not None:
-        raise ValueError(f"validation={validation!r} holds out rows of {names['X']}, but a "
-                         f"test set ({names['X_test']}, {names['y_test']}) is given too: "
-                         f"pass one or the other")
+        raise ValueError(
+            f"validation={validation!r} holds out rows of {names['X']}, but a "
+            f"test set ({names['X_test']}, {names['y_test']}) is given too: "
+            f"pass one or the other"
+        )
     notes: list[str] = []
     X = _real_rows(X, names["X"])
     n = X.shape[0]
     if X_test is not None:
         X_test = _real_rows(X_test, names["X_test"])
         if X_test.shape[1:] != X.shape[1:]:
-            raise DataError(f"{names['X_test']} has rows of shape {X_test.shape[1:]} but "
-                            f"{names['X']} has rows of shape {X.shape[1:]}")
+            raise DataError(
+                f"{names['X_test']} has rows of shape {X_test.shape[1:]} but "
+                f"{names['X']} has rows of shape {X.shape[1:]}"
+            )
     n_held_out = 0 if validation is None else _held_out_rows(validation, n)
 
     # targets first: they are small, and a bad label should not wait for X's conversion
     if task == CLASSIFICATION:
         labels = _class_labels(y, n, names["y"], names["X"], notes)
-        test_labels = (None if y_test is None else
-                       _class_labels(y_test, len(X_test), names["y_test"], names["X_test"],
-                                     notes))
+        test_labels = (
+            None
+            if y_test is None
+            else _class_labels(y_test, len(X_test), names["y_test"], names["X_test"], notes)
+        )
         n_classes = _check_label_range(labels, test_labels, n_classes, names, notes)
     else:
         labels = _regression_targets(y, n, dt, names["y"], names["X"], notes)
-        test_labels = (None if y_test is None else
-                       _regression_targets(y_test, len(X_test), dt, names["y_test"],
-                                           names["X_test"], notes))
+        test_labels = (
+            None
+            if y_test is None
+            else _regression_targets(
+                y_test, len(X_test), dt, names["y_test"], names["X_test"], notes
+            )
+        )
 
     rows = _rows_of(X, dt, names["X"], tmp_dir, notes)
     if X_test is not None:
@@ -213,34 +308,51 @@ def _build(X, y, X_test, y_test, *, names: dict, validation, task, n_classes, dt
         cut = n - n_held_out
         x_train, x_test = rows[:cut], rows[cut:]
         y_train, y_test = labels[:cut], labels[cut:]
-        notes.append(f"validation={validation}: the last {n_held_out} of the {n} rows "
-                     f"(rows {cut}..{n - 1}) are the test set, taken as they are (not "
-                     f"shuffled): shuffle X and y together first if the rows are ordered")
+        notes.append(
+            f"validation={validation}: the last {n_held_out} of the {n} rows "
+            f"(rows {cut}..{n - 1}) are the test set, taken as they are (not "
+            f"shuffled): shuffle X and y together first if the rows are ordered"
+        )
         if task == CLASSIFICATION:
             seen, held = len(np.unique(y_train)), len(np.unique(y_test))
             if held < seen:
-                notes.append(f"the held-out rows hold {held} of the {seen} classes of the "
-                             f"training rows: are the rows ordered by label? Then shuffle "
-                             f"X and y together first")
+                notes.append(
+                    f"the held-out rows hold {held} of the {seen} classes of the "
+                    f"training rows: are the rows ordered by label? Then shuffle "
+                    f"X and y together first"
+                )
     else:
         x_train, y_train = rows, labels
         x_test = np.empty((0, rows.shape[1]), dtype=dt)
         y_test = labels[:0].copy()
-        notes.append("no test set: nothing is held out to measure the model on (give a test "
-                     "set, or validation=0.1 to hold out the last 10 % of the rows)")
+        notes.append(
+            "no test set: nothing is held out to measure the model on (give a test "
+            "set, or validation=0.1 to hold out the last 10 % of the rows)"
+        )
     shape = _default_input_shape(X.shape) if input_shape is None else input_shape
-    return Dataset(x_train, y_train, x_test, y_test, name=name,
-                   n_classes=n_classes if task == CLASSIFICATION else None, source=source,
-                   input_shape=shape, task=task, notes=tuple(notes))
+    return Dataset(
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        name=name,
+        n_classes=n_classes if task == CLASSIFICATION else None,
+        source=source,
+        input_shape=shape,
+        task=task,
+        notes=tuple(notes),
+    )
 
 
 def _real_rows(a, what: str) -> np.ndarray:
     """a as an ndarray of real numbers with n >= 1 rows of >= 1 value (an np.memmap stays one)."""
     arr = _real_array(a, what, "expected real numbers (bool, integers or floats)")
     if arr.ndim < 2:
-        raise DataError(f"{what} has shape {arr.shape}: expected one row per sample, (n, "
-                        f"features) or (n, C, H, W); for one feature per sample pass "
-                        f"{what}.reshape(-1, 1)")
+        raise DataError(
+            f"{what} has shape {arr.shape}: expected one row per sample, (n, "
+            f"features) or (n, C, H, W); for one feature per sample pass "
+            f"{what}.reshape(-1, 1)"
+        )
     if arr.shape[0] == 0:
         raise DataError(f"{what} has no rows (shape {arr.shape})")
     if 0 in arr.shape[1:]:
@@ -254,11 +366,13 @@ def _real_array(a, what: str, expected: str) -> np.ndarray:
     else:
         try:
             arr = np.asarray(a)
-        except ValueError as exc:          # ragged nested sequences
+        except ValueError as exc:  # ragged nested sequences
             raise DataError(f"{what} is not an array: {exc}") from None
     if arr.dtype.kind not in _REAL_KINDS:
-        raise TypeError(f"{what} has dtype {arr.dtype}: {expected}; complex, object, string "
-                        f"and structured data are refused")
+        raise TypeError(
+            f"{what} has dtype {arr.dtype}: {expected}; complex, object, string "
+            f"and structured data are refused"
+        )
     return arr
 
 
@@ -268,20 +382,25 @@ def _default_input_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _held_out_rows(validation, n: int) -> int:
-    if (isinstance(validation, bool) or not isinstance(validation, (int, float))
-            or not 0 < validation < 1):
-        raise ValueError(f"validation={validation!r} must be a fraction between 0 and 1 "
-                         f"(e.g. 0.1)")
+    if (
+        isinstance(validation, bool)
+        or not isinstance(validation, (int, float))
+        or not 0 < validation < 1
+    ):
+        raise ValueError(f"validation={validation!r} must be a fraction between 0 and 1 (e.g. 0.1)")
     held = int(validation * n + 0.5)
     if not 1 <= held <= n - 1:
-        raise ValueError(f"validation={validation} of {n} rows holds out {held} rows: the "
-                         f"training and the held-out rows need one row each at least")
+        raise ValueError(
+            f"validation={validation} of {n} rows holds out {held} rows: the "
+            f"training and the held-out rows need one row each at least"
+        )
     return held
 
 
 # ---------------------------------------------------------------------------------------
 # X: converted once, checked in chunks
 # ---------------------------------------------------------------------------------------
+
 
 def _size(nbytes: int) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -298,13 +417,16 @@ def _rows_of(X: np.ndarray, dt: np.dtype, what: str, tmp_dir, notes: list[str]) 
     """
     n, d = X.shape[0], math.prod(X.shape[1:])
     if X.dtype == dt and X.flags.c_contiguous:
-        rows = X.reshape(n, d)                    # a view (of a memory map: a memory map)
+        rows = X.reshape(n, d)  # a view (of a memory map: a memory map)
         bad = first_nonfinite_row(rows, _CHUNK_BYTES)
         if bad is not None:
             raise _nonfinite_error(what, rows, bad, dt)
         return rows
-    change = (f"converted once from {X.dtype} to {dt}" if X.dtype != dt else
-              "copied once into C order (rows contiguous)")
+    change = (
+        f"converted once from {X.dtype} to {dt}"
+        if X.dtype != dt
+        else "copied once into C order (rows contiguous)"
+    )
     if isinstance(X, np.memmap):
         return _convert_to_file(X, dt, what, change, tmp_dir, notes)
     out = aligned_empty((n, d), dt)
@@ -313,8 +435,9 @@ def _rows_of(X: np.ndarray, dt: np.dtype, what: str, tmp_dir, notes: list[str]) 
     return out
 
 
-def _convert_to_file(X: np.memmap, dt: np.dtype, what: str, change: str, tmp_dir,
-                     notes: list[str]) -> np.memmap:
+def _convert_to_file(
+    X: np.memmap, dt: np.dtype, what: str, change: str, tmp_dir, notes: list[str]
+) -> np.memmap:
     """X converted chunk by chunk into a temporary .npy file, mapped read-only and unlinked."""
     directory = Path(tempfile.gettempdir() if tmp_dir is None else tmp_dir).expanduser()
     if not directory.is_dir():
@@ -322,23 +445,27 @@ def _convert_to_file(X: np.memmap, dt: np.dtype, what: str, change: str, tmp_dir
     n, d = X.shape[0], math.prod(X.shape[1:])
     nbytes = n * d * dt.itemsize
     free = shutil.disk_usage(directory).free
-    if nbytes > free:                      # a full disk under a memory map is a SIGBUS
-        raise DataError(f"{what}: converting {X.dtype} to {dt} needs {_size(nbytes)} in "
-                        f"{directory}, which has {_size(free)} free: pass tmp_dir= a directory "
-                        f"with room, or save {what} as {dt} in C order (used then as it is)")
+    if nbytes > free:  # a full disk under a memory map is a SIGBUS
+        raise DataError(
+            f"{what}: converting {X.dtype} to {dt} needs {_size(nbytes)} in "
+            f"{directory}, which has {_size(free)} free: pass tmp_dir= a directory "
+            f"with room, or save {what} as {dt} in C order (used then as it is)"
+        )
     fd, name = tempfile.mkstemp(prefix="dptrain-", suffix=".npy", dir=directory)
     os.close(fd)
     try:
         out = np.lib.format.open_memmap(name, mode="w+", dtype=dt, shape=(n, d))
         _copy_rows(X, out, what)
         out.flush()
-        del out                            # unmaps the writable view
+        del out  # unmaps the writable view
         rows = np.load(name, mmap_mode="r")
     finally:
-        os.unlink(name)                    # nameless now: freed with the last mapping
-    notes.append(f"{what}: {change} into a temporary memory-mapped file in {directory} "
-                 f"({_size(nbytes)} on disk, unlinked at once: freed with the data set); "
-                 f"save it as {dt} in C order to train on the file itself, with no copy")
+        os.unlink(name)  # nameless now: freed with the last mapping
+    notes.append(
+        f"{what}: {change} into a temporary memory-mapped file in {directory} "
+        f"({_size(nbytes)} on disk, unlinked at once: freed with the data set); "
+        f"save it as {dt} in C order to train on the file itself, with no copy"
+    )
     return rows
 
 
@@ -363,44 +490,61 @@ def _nonfinite_error(what: str, src: np.ndarray, row: int, dt: np.dtype) -> Data
     values = np.asarray(src[row], dtype=np.float64).reshape(-1)
     finite = np.isfinite(values)
     if not finite.all():
-        return DataError(f"{what} row {row} holds {values[np.argmin(finite)]}: NaN and "
-                         f"infinity are refused; drop or fill in that row")
+        return DataError(
+            f"{what} row {row} holds {values[np.argmin(finite)]}: NaN and "
+            f"infinity are refused; drop or fill in that row"
+        )
     big = values[np.argmax(np.abs(values) > np.finfo(dt).max)]
-    return DataError(f"{what} row {row} holds {big:g}, beyond the range of {dt} (largest "
-                     f"{np.finfo(dt).max:g}): rescale the data or use dtype='float64'")
+    return DataError(
+        f"{what} row {row} holds {big:g}, beyond the range of {dt} (largest "
+        f"{np.finfo(dt).max:g}): rescale the data or use dtype='float64'"
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # y: class labels or regression targets
 # ---------------------------------------------------------------------------------------
 
+
 def _class_labels(y, n: int, what: str, x_what: str, notes: list[str]) -> np.ndarray:
     """y as (n,) int64 class indices >= 0 (upper bound checked by _check_label_range)."""
-    y = _real_array(y, what, "classification labels must be class indices 0..C-1 (integers, "
-                             "or floats that are whole numbers); encode other labels first, "
-                             "e.g. classes, y = np.unique(y, return_inverse=True)")
+    y = _real_array(
+        y,
+        what,
+        "classification labels must be class indices 0..C-1 (integers, "
+        "or floats that are whole numbers); encode other labels first, "
+        "e.g. classes, y = np.unique(y, return_inverse=True)",
+    )
     if y.ndim != 1:
         hint = ""
         if y.ndim == 2:
-            hint = (f"; pass {what}.ravel()" if y.shape[1] == 1 else
-                    f"; one-hot rows? pass {what}.argmax(axis=1)")
-        raise DataError(f"{what} has shape {y.shape}: classification labels are one class "
-                        f"index per row, shape (n,){hint}")
+            hint = (
+                f"; pass {what}.ravel()"
+                if y.shape[1] == 1
+                else f"; one-hot rows? pass {what}.argmax(axis=1)"
+            )
+        raise DataError(
+            f"{what} has shape {y.shape}: classification labels are one class "
+            f"index per row, shape (n,){hint}"
+        )
     if len(y) != n:
         raise DataError(f"{what} has {len(y)} labels but {x_what} has {n} rows")
     if y.dtype.kind == "f":
         whole = np.isfinite(y) & (np.floor(y) == y)
         if not whole.all():
             i = int(np.argmin(whole))
-            raise DataError(f"{what}[{i}] = {y[i]} is not a whole number: classification "
-                            f"labels are class indices 0..C-1 (for real-valued targets pass "
-                            f"task='regression')")
+            raise DataError(
+                f"{what}[{i}] = {y[i]} is not a whole number: classification "
+                f"labels are class indices 0..C-1 (for real-valued targets pass "
+                f"task='regression')"
+            )
     if y.dtype.kind in "if" and len(y):
         negative = y < 0
         if negative.any():
             i = int(np.argmax(negative))
-            raise DataError(f"{what}[{i}] = {y[i]} is negative: classification labels are "
-                            f"class indices 0..C-1")
+            raise DataError(
+                f"{what}[{i}] = {y[i]} is negative: classification labels are class indices 0..C-1"
+            )
     if y.dtype.kind in "uf" and len(y):
         limit = _EXACT_INTEGERS if y.dtype.kind == "f" else np.iinfo(np.int64).max
         i = int(np.argmax(y))
@@ -411,8 +555,13 @@ def _class_labels(y, n: int, what: str, x_what: str, notes: list[str]) -> np.nda
     return np.ascontiguousarray(y, dtype=np.int64)
 
 
-def _check_label_range(labels: np.ndarray, test_labels: np.ndarray | None,
-                       n_classes: int | None, names: dict, notes: list[str]) -> int:
+def _check_label_range(
+    labels: np.ndarray,
+    test_labels: np.ndarray | None,
+    n_classes: int | None,
+    names: dict,
+    notes: list[str],
+) -> int:
     """n_classes (given, or the largest label + 1), every label checked against it."""
     if n_classes is not None:
         for array, what in ((labels, names["y"]), (test_labels, names["y_test"])):
@@ -421,37 +570,45 @@ def _check_label_range(labels: np.ndarray, test_labels: np.ndarray | None,
             i = int(np.argmax(array))
             if array[i] >= n_classes:
                 binary = " (a binary classifier's labels are 0 and 1)" if n_classes == 2 else ""
-                raise DataError(f"{what}[{i}] = {array[i]} is out of range 0..{n_classes - 1} "
-                                f"for n_classes={n_classes}{binary}")
+                raise DataError(
+                    f"{what}[{i}] = {array[i]} is out of range 0..{n_classes - 1} "
+                    f"for n_classes={n_classes}{binary}"
+                )
         return n_classes
     every = labels if test_labels is None else np.concatenate([labels, test_labels])
     n_classes = int(every.max()) + 1
     if n_classes < 2:
-        raise DataError(f"{names['y']} holds only the label 0: a classification needs two "
-                        f"classes at least (pass n_classes=2 if the other class is only "
-                        f"missing from these rows)")
+        raise DataError(
+            f"{names['y']} holds only the label 0: a classification needs two "
+            f"classes at least (pass n_classes=2 if the other class is only "
+            f"missing from these rows)"
+        )
     used = len(np.unique(every))
     if used < n_classes:
-        notes.append(f"{names['y']}: the labels use {used} of the {n_classes} classes "
-                     f"0..{n_classes - 1}, so the model gets {n_classes} outputs, "
-                     f"{n_classes - used} of them for classes that never appear (encode the "
-                     f"labels as 0..{used - 1}, e.g. with np.unique(y, return_inverse=True), "
-                     f"for {used})")
+        notes.append(
+            f"{names['y']}: the labels use {used} of the {n_classes} classes "
+            f"0..{n_classes - 1}, so the model gets {n_classes} outputs, "
+            f"{n_classes - used} of them for classes that never appear (encode the "
+            f"labels as 0..{used - 1}, e.g. with np.unique(y, return_inverse=True), "
+            f"for {used})"
+        )
     return n_classes
 
 
-def _regression_targets(y, n: int, dt: np.dtype, what: str, x_what: str,
-                        notes: list[str]) -> np.ndarray:
+def _regression_targets(
+    y, n: int, dt: np.dtype, what: str, x_what: str, notes: list[str]
+) -> np.ndarray:
     """y as a C-contiguous (n, k) array of dt, finite."""
     y = _real_array(y, what, "regression targets must be real numbers")
     if y.ndim == 1:
         y = y.reshape(-1, 1)
     elif y.ndim != 2 or y.shape[1] == 0:
-        raise DataError(f"{what} has shape {y.shape}: regression targets are (n,) or (n, k) "
-                        f"with k >= 1")
+        raise DataError(
+            f"{what} has shape {y.shape}: regression targets are (n,) or (n, k) with k >= 1"
+        )
     if len(y) != n:
         raise DataError(f"{what} has {len(y)} rows of targets but {x_what} has {n} rows")
-    with np.errstate(over="ignore", invalid="ignore"):   # out of range: caught below
+    with np.errstate(over="ignore", invalid="ignore"):  # out of range: caught below
         targets = np.ascontiguousarray(y, dtype=dt)
     bad = first_nonfinite_row(targets, _CHUNK_BYTES)
     if bad is not None:
@@ -465,12 +622,16 @@ def _regression_targets(y, n: int, dt: np.dtype, what: str, x_what: str,
 # files
 # ---------------------------------------------------------------------------------------
 
+
 def _npy_header(f, where) -> tuple[tuple[int, ...], np.dtype]:
     """(shape, dtype) from an open .npy stream's header; DataError naming `where` if none."""
     try:
         version = np.lib.format.read_magic(f)
-        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                else np.lib.format.read_array_header_2_0)
+        read = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
         shape, _, dtype = read(f)
     except ValueError as exc:
         raise DataError(f"{where}: not a .npy file ({exc})") from None
@@ -479,8 +640,10 @@ def _npy_header(f, where) -> tuple[tuple[int, ...], np.dtype]:
 
 def _refuse_unreal(dtype: np.dtype, where) -> None:
     if dtype.kind not in _REAL_KINDS:
-        raise TypeError(f"{where} holds {dtype} data: expected real numbers (bool, integers or "
-                        f"floats); complex, object, string and structured data are refused")
+        raise TypeError(
+            f"{where} holds {dtype} data: expected real numbers (bool, integers or "
+            f"floats); complex, object, string and structured data are refused"
+        )
 
 
 def _open_npy(path: Path) -> np.ndarray:
@@ -488,11 +651,11 @@ def _open_npy(path: Path) -> np.ndarray:
     with open(path, "rb") as f:
         shape, dtype = _npy_header(f, path)
     _refuse_unreal(dtype, path)
-    if math.prod(shape) == 0:              # nothing to map; the row checks name it
+    if math.prod(shape) == 0:  # nothing to map; the row checks name it
         return np.load(path)
     try:
         return np.load(path, mmap_mode="r")
-    except ValueError as exc:              # shorter than its header says
+    except ValueError as exc:  # shorter than its header says
         raise DataError(f"{path}: {exc}") from None
 
 
@@ -506,9 +669,11 @@ def _npz_member(archive, key: str, path: Path) -> np.ndarray:
 def _describe_source(X, y, X_test) -> str:
     """Dataset.source for arrays: their types, shapes and dtypes, e.g. "arrays (X: ndarray
     (100, 784) uint8; y: ndarray (100,) int64)"."""
+
     def one(what, a):
         shape, dtype = getattr(a, "shape", None), getattr(a, "dtype", None)
         known = [str(v) for v in (shape, dtype) if v is not None]
         return " ".join([f"{what}: {type(a).__name__}"] + known)
+
     parts = [one("X", X), one("y", y)] + ([] if X_test is None else [one("X_test", X_test)])
     return "arrays (" + "; ".join(parts) + ")"

@@ -24,9 +24,17 @@ SYNTHETIC_DEFAULT_SAMPLES = 100_000
 SYNTHETIC_DEFAULT_FEATURES = 20
 
 
-def get_mnist(data_dir=None, dtype=np.float32, allow_download=True, allow_synthetic=True,
-              announce: Callable[[str], None] | None = print, *, seed: int = 0,
-              synthetic_n_train: int = 60_000, synthetic_n_test: int = 10_000) -> Dataset:
+def get_mnist(
+    data_dir=None,
+    dtype=np.float32,
+    allow_download=True,
+    allow_synthetic=True,
+    announce: Callable[[str], None] | None = print,
+    *,
+    seed: int = 0,
+    synthetic_n_train: int = 60_000,
+    synthetic_n_test: int = 10_000,
+) -> Dataset:
     """MNIST for the main job: local files, else a download, else synthetic stand-in data.
 
     A directory the user names (`data_dir`, or $DPTRAIN_DATA when it does not exist) must
@@ -58,23 +66,38 @@ def get_mnist(data_dir=None, dtype=np.float32, allow_download=True, allow_synthe
         except DataError as exc:
             download_note = f"download into {dest} failed: {exc}"
     if not allow_synthetic:
-        raise DataNotFound(f"{not_found}; {download_note}", searched=not_found.searched) \
-            from not_found
-    ds = synthetic_classification(synthetic_n_train, n_features=MNIST_SIDE * MNIST_SIDE,
-                                  n_classes=MNIST_CLASSES, seed=seed, n_test=synthetic_n_test,
-                                  dtype=dt)
-    ds = dataclasses.replace(ds, source="synthetic (MNIST not found)",
-                             input_shape=(1, MNIST_SIDE, MNIST_SIDE))
+        raise DataNotFound(
+            f"{not_found}; {download_note}", searched=not_found.searched
+        ) from not_found
+    ds = synthetic_classification(
+        synthetic_n_train,
+        n_features=MNIST_SIDE * MNIST_SIDE,
+        n_classes=MNIST_CLASSES,
+        seed=seed,
+        n_test=synthetic_n_test,
+        dtype=dt,
+    )
+    ds = dataclasses.replace(
+        ds, source="synthetic (MNIST not found)", input_shape=(1, MNIST_SIDE, MNIST_SIDE)
+    )
     if announce is not None:
-        announce(f"MNIST not found (searched: {', '.join(not_found.searched)}; "
-                 f"{download_note}); using SYNTHETIC MNIST-shaped data: {ds.describe()}")
+        announce(
+            f"MNIST not found (searched: {', '.join(not_found.searched)}; "
+            f"{download_note}); using SYNTHETIC MNIST-shaped data: {ds.describe()}"
+        )
     return ds
 
 
-def get_cifar10(data_dir=None, dtype=np.float32, allow_synthetic=True,
-                announce: Callable[[str], None] | None = print, *, seed: int = 0,
-                synthetic_n_train: int = CIFAR10_TRAIN_SIZE,
-                synthetic_n_test: int = CIFAR10_TEST_SIZE) -> Dataset:
+def get_cifar10(
+    data_dir=None,
+    dtype=np.float32,
+    allow_synthetic=True,
+    announce: Callable[[str], None] | None = print,
+    *,
+    seed: int = 0,
+    synthetic_n_train: int = CIFAR10_TRAIN_SIZE,
+    synthetic_n_test: int = CIFAR10_TEST_SIZE,
+) -> Dataset:
     """CIFAR-10 for the main job: local files, else announced synthetic stand-in data.
 
     A directory the user names (`data_dir`, or $DPTRAIN_DATA when it does not exist) must
@@ -102,15 +125,26 @@ def get_cifar10(data_dir=None, dtype=np.float32, allow_synthetic=True,
     ds = synthetic_cifar10(synthetic_n_train, synthetic_n_test, seed=seed, dtype=dt)
     ds = dataclasses.replace(ds, source="synthetic (CIFAR-10 not found)")
     if announce is not None:
-        announce(f"CIFAR-10 not found (searched: {', '.join(not_found.searched)}; it is never "
-                 f"downloaded); using SYNTHETIC CIFAR-10-shaped data: {ds.describe()}")
+        announce(
+            f"CIFAR-10 not found (searched: {', '.join(not_found.searched)}; it is never "
+            f"downloaded); using SYNTHETIC CIFAR-10-shaped data: {ds.describe()}"
+        )
     return ds
 
 
-def load_dataset(name: str, *, data_dir=None, dtype=np.float32, limit: int | None = None,
-                 seed: int = 0, n_samples: int | None = None, n_features: int | None = None,
-                 upscale: int = 1, allow_download: bool = True,
-                 announce: Callable[[str], None] | None = print) -> Dataset:
+def load_dataset(
+    name: str,
+    *,
+    data_dir=None,
+    dtype=np.float32,
+    limit: int | None = None,
+    seed: int = 0,
+    n_samples: int | None = None,
+    n_features: int | None = None,
+    upscale: int = 1,
+    allow_download: bool = True,
+    announce: Callable[[str], None] | None = print,
+) -> Dataset:
     """Load a dataset by name for the training job.
 
     "mnist": `get_mnist` (local, else download if allowed, else announced synthetic data).
@@ -122,8 +156,9 @@ def load_dataset(name: str, *, data_dir=None, dtype=np.float32, limit: int | Non
     square synthetic sets only).
     """
     if name not in DATASET_NAMES:
-        raise ValueError(f"name={name!r} is not a known dataset; valid names: "
-                         f"{', '.join(DATASET_NAMES)}")
+        raise ValueError(
+            f"name={name!r} is not a known dataset; valid names: {', '.join(DATASET_NAMES)}"
+        )
     dt = _float_dtype(dtype)
     if limit is not None:
         limit = _check_count(limit, "limit")
@@ -131,32 +166,55 @@ def load_dataset(name: str, *, data_dir=None, dtype=np.float32, limit: int | Non
     if name in ("mnist", "cifar10"):
         for arg, value in (("n_samples", n_samples), ("n_features", n_features)):
             if value is not None:
-                raise ValueError(f"{arg}={value!r} applies only to name='synthetic', "
-                                 f"not name={name!r} (use limit to subsample {name})")
+                raise ValueError(
+                    f"{arg}={value!r} applies only to name='synthetic', "
+                    f"not name={name!r} (use limit to subsample {name})"
+                )
     if name == "mnist":
-        ds = get_mnist(data_dir, dtype=dt, allow_download=allow_download,
-                       allow_synthetic=True, announce=announce, seed=seed)
+        ds = get_mnist(
+            data_dir,
+            dtype=dt,
+            allow_download=allow_download,
+            allow_synthetic=True,
+            announce=announce,
+            seed=seed,
+        )
     elif name == "cifar10":
         # the stand-in's first k rows do not depend on its size: draw only what is kept
         n_synthetic = CIFAR10_TRAIN_SIZE if limit is None else min(limit, CIFAR10_TRAIN_SIZE)
-        ds = get_cifar10(data_dir, dtype=dt, allow_synthetic=True, announce=announce,
-                         seed=seed, synthetic_n_train=n_synthetic)
+        ds = get_cifar10(
+            data_dir,
+            dtype=dt,
+            allow_synthetic=True,
+            announce=announce,
+            seed=seed,
+            synthetic_n_train=n_synthetic,
+        )
     else:
         if data_dir is not None:
-            raise ValueError(f"data_dir={str(data_dir)!r} applies to 'mnist' and 'cifar10'; "
-                             f"the 'synthetic' data set is generated, not read")
+            raise ValueError(
+                f"data_dir={str(data_dir)!r} applies to 'mnist' and 'cifar10'; "
+                f"the 'synthetic' data set is generated, not read"
+            )
         n = SYNTHETIC_DEFAULT_SAMPLES if n_samples is None else _check_count(n_samples, "n_samples")
-        d = (SYNTHETIC_DEFAULT_FEATURES if n_features is None
-             else _check_count(n_features, "n_features"))
+        d = (
+            SYNTHETIC_DEFAULT_FEATURES
+            if n_features is None
+            else _check_count(n_features, "n_features")
+        )
         ds = synthetic_binary(n, d, seed=seed, dtype=dt)
     if limit is not None:
         if limit > ds.n_train:
-            raise ValueError(f"limit={limit} exceeds the {ds.n_train} training samples of "
-                             f"{ds.name}")
+            raise ValueError(
+                f"limit={limit} exceeds the {ds.n_train} training samples of {ds.name}"
+            )
         # copy, so the full training array can be freed
-        ds = dataclasses.replace(ds, x_train=ds.x_train[:limit].copy(),
-                                 y_train=ds.y_train[:limit].copy(),
-                                 source=f"{ds.source}, first {limit} training samples")
+        ds = dataclasses.replace(
+            ds,
+            x_train=ds.x_train[:limit].copy(),
+            y_train=ds.y_train[:limit].copy(),
+            source=f"{ds.source}, first {limit} training samples",
+        )
     if upscale > 1:
         ds = upscale_dataset(ds, upscale)
     return ds

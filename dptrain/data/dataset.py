@@ -45,13 +45,20 @@ def _integrity(what: str, where, checks: list[tuple[str, str, str, str | None]])
     such files are a subset, a re-encoding or damaged, and results on them are not
     comparable with published ones; training goes on with them.
     """
-    differ = [f"{file} ({algorithm} {digest}, published {expected})"
-              for file, algorithm, digest, expected in checks
-              if expected is not None and digest != expected]
+    differ = [
+        f"{file} ({algorithm} {digest}, published {expected})"
+        for file, algorithm, digest, expected in checks
+        if expected is not None and digest != expected
+    ]
     if differ:
-        warnings.warn(f"{what} in {where} is not the published data set: "
-                      + "; ".join(differ) + ". Training goes on with these files, but results "
-                      "will not be comparable with published ones.", DataWarning, stacklevel=4)
+        warnings.warn(
+            f"{what} in {where} is not the published data set: "
+            + "; ".join(differ)
+            + ". Training goes on with these files, but results "
+            "will not be comparable with published ones.",
+            DataWarning,
+            stacklevel=4,
+        )
         return "modified"
     if checks and all(expected is not None for *_, expected in checks):
         return "verified"
@@ -85,13 +92,16 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 def _float_dtype(dtype, arg: str = "dtype") -> np.dtype:
     """Normalize a requested dtype; only float32 and float64 are supported by the C core."""
     if isinstance(dtype, str) and dtype == "bfloat16":
-        raise ValueError(f"{arg}='bfloat16': data sets hold float32 or float64; a bfloat16 "
-                         f"(mixed precision) model reads float32 data")
+        raise ValueError(
+            f"{arg}='bfloat16': data sets hold float32 or float64; a bfloat16 "
+            f"(mixed precision) model reads float32 data"
+        )
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
-        raise ValueError(f"{arg}={dtype!r} is not a NumPy dtype; expected float32 or "
-                         f"float64") from exc
+        raise ValueError(
+            f"{arg}={dtype!r} is not a NumPy dtype; expected float32 or float64"
+        ) from exc
     if dt not in _FLOAT_DTYPES:
         raise ValueError(f"{arg}={dt} is not supported; expected float32 or float64")
     return dt
@@ -117,7 +127,7 @@ def first_nonfinite_row(x: np.ndarray, chunk_bytes: int = _CHUNK_BYTES) -> int |
         return None
     rows = max(1, chunk_bytes // max(1, x[0].nbytes))
     for start in range(0, len(x), rows):
-        block = x[start:start + rows].reshape(min(rows, len(x) - start), -1)
+        block = x[start : start + rows].reshape(min(rows, len(x) - start), -1)
         finite = np.isfinite(block).all(axis=1)
         if not finite.all():
             return start + int(np.argmin(finite))
@@ -168,52 +178,77 @@ class Dataset:
             x = getattr(self, f"x_{split}")
             y = getattr(self, f"y_{split}")
             if not isinstance(x, np.ndarray) or x.ndim != 2:
-                raise ValueError(f"x_{split} must be a 2-D ndarray (n, features), got "
-                                 f"{type(x).__name__} with shape {getattr(x, 'shape', None)}")
+                raise ValueError(
+                    f"x_{split} must be a 2-D ndarray (n, features), got "
+                    f"{type(x).__name__} with shape {getattr(x, 'shape', None)}"
+                )
             if x.dtype not in _FLOAT_DTYPES:
                 raise ValueError(f"x_{split} has dtype {x.dtype}, expected float32 or float64")
             if not x.flags.c_contiguous:
                 raise ValueError(f"x_{split} with shape {x.shape} is not C-contiguous")
             if self.task == CLASSIFICATION:
                 if not isinstance(y, np.ndarray) or y.ndim != 1 or y.dtype != np.int64:
-                    raise ValueError(f"y_{split} must be a 1-D int64 ndarray, got "
-                                     f"{type(y).__name__} with shape "
-                                     f"{getattr(y, 'shape', None)} and dtype "
-                                     f"{getattr(y, 'dtype', None)}")
-            elif not (isinstance(y, np.ndarray) and y.ndim == 2 and y.shape[1] >= 1
-                      and y.dtype == x.dtype and y.flags.c_contiguous):
-                raise ValueError(f"y_{split} of a regression must be a C-contiguous (n, k) "
-                                 f"ndarray with k >= 1 and x's dtype {x.dtype}, got "
-                                 f"{type(y).__name__} with shape {getattr(y, 'shape', None)} "
-                                 f"and dtype {getattr(y, 'dtype', None)}")
+                    raise ValueError(
+                        f"y_{split} must be a 1-D int64 ndarray, got "
+                        f"{type(y).__name__} with shape "
+                        f"{getattr(y, 'shape', None)} and dtype "
+                        f"{getattr(y, 'dtype', None)}"
+                    )
+            elif not (
+                isinstance(y, np.ndarray)
+                and y.ndim == 2
+                and y.shape[1] >= 1
+                and y.dtype == x.dtype
+                and y.flags.c_contiguous
+            ):
+                raise ValueError(
+                    f"y_{split} of a regression must be a C-contiguous (n, k) "
+                    f"ndarray with k >= 1 and x's dtype {x.dtype}, got "
+                    f"{type(y).__name__} with shape {getattr(y, 'shape', None)} "
+                    f"and dtype {getattr(y, 'dtype', None)}"
+                )
             if len(x) != len(y):
                 raise ValueError(f"x_{split} has {len(x)} samples but y_{split} has {len(y)}")
         if self.x_test.dtype != self.x_train.dtype:
-            raise ValueError(f"x_train has dtype {self.x_train.dtype} but x_test has "
-                             f"{self.x_test.dtype}")
+            raise ValueError(
+                f"x_train has dtype {self.x_train.dtype} but x_test has {self.x_test.dtype}"
+            )
         if self.x_test.shape[1] != self.x_train.shape[1]:
-            raise ValueError(f"x_train has {self.x_train.shape[1]} features but x_test has "
-                             f"{self.x_test.shape[1]}")
+            raise ValueError(
+                f"x_train has {self.x_train.shape[1]} features but x_test has "
+                f"{self.x_test.shape[1]}"
+            )
         if self.task == CLASSIFICATION:
             if self.n_classes is None or int(self.n_classes) < 2:
                 raise ValueError(f"n_classes={self.n_classes} must be at least 2")
         else:
             if self.n_classes is not None:
-                raise ValueError(f"n_classes={self.n_classes!r}: a regression has no classes "
-                                 f"(n_classes=None)")
+                raise ValueError(
+                    f"n_classes={self.n_classes!r}: a regression has no classes (n_classes=None)"
+                )
             if self.y_test.shape[1] != self.y_train.shape[1]:
-                raise ValueError(f"y_train has {self.y_train.shape[1]} targets per row but "
-                                 f"y_test has {self.y_test.shape[1]}")
+                raise ValueError(
+                    f"y_train has {self.y_train.shape[1]} targets per row but "
+                    f"y_test has {self.y_test.shape[1]}"
+                )
         shape = (self.x_train.shape[1],) if self.input_shape is None else self.input_shape
-        if not (isinstance(shape, (tuple, list)) and shape and all(
+        if not (
+            isinstance(shape, (tuple, list))
+            and shape
+            and all(
                 isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1
-                for s in shape)):
-            raise ValueError(f"input_shape={self.input_shape!r} must be a non-empty tuple of "
-                             f"positive integers")
+                for s in shape
+            )
+        ):
+            raise ValueError(
+                f"input_shape={self.input_shape!r} must be a non-empty tuple of positive integers"
+            )
         shape = tuple(int(s) for s in shape)
         if math.prod(shape) != self.x_train.shape[1]:
-            raise ValueError(f"input_shape={shape} holds {math.prod(shape)} values but x_train "
-                             f"has {self.x_train.shape[1]} features")
+            raise ValueError(
+                f"input_shape={shape} holds {math.prod(shape)} values but x_train "
+                f"has {self.x_train.shape[1]} features"
+            )
         object.__setattr__(self, "input_shape", shape)  # frozen: the normalized tuple
         if isinstance(self.notes, str) or not all(isinstance(s, str) for s in self.notes):
             raise ValueError(f"notes={self.notes!r} must be a sequence of strings")
@@ -253,6 +288,8 @@ class Dataset:
         else:
             k = self.n_outputs
             targets = f"{k} regression target{'s' if k > 1 else ''}"
-        return (f"{self.name}: {self.n_train} train / {test}, "
-                f"{self.n_features} features{shape}, {targets}, {self.dtype} "
-                f"[{self.source}]")
+        return (
+            f"{self.name}: {self.n_train} train / {test}, "
+            f"{self.n_features} features{shape}, {targets}, {self.dtype} "
+            f"[{self.source}]"
+        )

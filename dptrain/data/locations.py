@@ -42,5 +42,6 @@ def check_env_data_dir() -> None:
     typo), that is an error, never a reason to fall back to synthetic data."""
     env = os.environ.get(ENV_DATA_DIR, "")
     if env and not Path(env).expanduser().is_dir():
-        raise DataNotFound(f"${ENV_DATA_DIR} is {env!r}, but there is no such directory",
-                           searched=[env])
+        raise DataNotFound(
+            f"${ENV_DATA_DIR} is {env!r}, but there is no such directory", searched=[env]
+        )

@@ -24,8 +24,12 @@ from .dataset import DataError, DataNotFound, Dataset, _float_dtype, _integrity
 from .idx import _parse_idx, _read_bytes
 from .locations import ENV_DATA_DIR, default_cache_dir, search_dirs
 
-MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
 
 # sha256 of the DECOMPRESSED files (see shared/data/README.md); the gzip bytes vary by mirror.
 MNIST_SHA256 = {
@@ -35,8 +39,10 @@ MNIST_SHA256 = {
     "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
 }
 
-MNIST_MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/",
-                 "https://storage.googleapis.com/cvdf-datasets/mnist/")
+MNIST_MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
 
 MNIST_SIDE = 28
 MNIST_CLASSES = 10
@@ -70,17 +76,22 @@ def _find_mnist_files(directory: Path) -> tuple[dict[str, Path] | None, str]:
 def _check_split(images: np.ndarray, labels: np.ndarray, img_path: Path, lbl_path: Path):
     side = MNIST_SIDE
     if images.ndim != 3 or images.shape[1:] != (side, side):
-        raise DataError(f"{img_path}: expected images of shape (n, {side}, {side}), found "
-                        f"dims {images.shape}")
+        raise DataError(
+            f"{img_path}: expected images of shape (n, {side}, {side}), found dims {images.shape}"
+        )
     if labels.ndim != 1:
         raise DataError(f"{lbl_path}: expected labels of shape (n,), found dims {labels.shape}")
     if images.shape[0] != labels.shape[0]:
-        raise DataError(f"sample counts differ: {img_path} has {images.shape[0]} images but "
-                        f"{lbl_path} has {labels.shape[0]} labels")
+        raise DataError(
+            f"sample counts differ: {img_path} has {images.shape[0]} images but "
+            f"{lbl_path} has {labels.shape[0]} labels"
+        )
     if labels.size and int(labels.max()) >= MNIST_CLASSES:
         bad = int(np.argmax(labels >= MNIST_CLASSES))
-        raise DataError(f"{lbl_path}: label {int(labels[bad])} at index {bad} is out of range "
-                        f"0..{MNIST_CLASSES - 1}")
+        raise DataError(
+            f"{lbl_path}: label {int(labels[bad])} at index {bad} is out of range "
+            f"0..{MNIST_CLASSES - 1}"
+        )
 
 
 def _images_to_float(images: np.ndarray, dtype: np.dtype, normalize: bool) -> np.ndarray:
@@ -109,27 +120,41 @@ def load_mnist(data_dir=None, *, dtype=np.float32, normalize=True) -> Dataset:
         arrays, checks = {}, []
         for base, path in files.items():
             raw = _read_bytes(path)
-            checks.append((path.name, "sha256 of the content", hashlib.sha256(raw).hexdigest(),
-                           MNIST_SHA256[base]))
+            checks.append(
+                (
+                    path.name,
+                    "sha256 of the content",
+                    hashlib.sha256(raw).hexdigest(),
+                    MNIST_SHA256[base],
+                )
+            )
             arrays[base] = _parse_idx(raw, path)
         x_tr_img, y_tr_lbl = arrays["train-images-idx3-ubyte"], arrays["train-labels-idx1-ubyte"]
         x_te_img, y_te_lbl = arrays["t10k-images-idx3-ubyte"], arrays["t10k-labels-idx1-ubyte"]
-        _check_split(x_tr_img, y_tr_lbl, files["train-images-idx3-ubyte"],
-                     files["train-labels-idx1-ubyte"])
-        _check_split(x_te_img, y_te_lbl, files["t10k-images-idx3-ubyte"],
-                     files["t10k-labels-idx1-ubyte"])
+        _check_split(
+            x_tr_img, y_tr_lbl, files["train-images-idx3-ubyte"], files["train-labels-idx1-ubyte"]
+        )
+        _check_split(
+            x_te_img, y_te_lbl, files["t10k-images-idx3-ubyte"], files["t10k-labels-idx1-ubyte"]
+        )
         return Dataset(
             x_train=_images_to_float(x_tr_img, dt, normalize),
             y_train=y_tr_lbl.astype(np.int64),
             x_test=_images_to_float(x_te_img, dt, normalize),
             y_test=y_te_lbl.astype(np.int64),
-            name="mnist", n_classes=MNIST_CLASSES, source=str(directory),
+            name="mnist",
+            n_classes=MNIST_CLASSES,
+            source=str(directory),
             input_shape=(1, MNIST_SIDE, MNIST_SIDE),
-            integrity=_integrity("MNIST", directory, checks))
+            integrity=_integrity("MNIST", directory, checks),
+        )
     hint = "" if data_dir is not None else f" (set {ENV_DATA_DIR} to a directory holding them)"
     raise DataNotFound(
         f"MNIST not found: looked for {', '.join(f + '[.gz]' for f in MNIST_FILES)} in: "
-        + "; ".join(searched) + hint, searched=searched)
+        + "; ".join(searched)
+        + hint,
+        searched=searched,
+    )
 
 
 def _fetch(url: str, timeout: float) -> bytes:
@@ -165,10 +190,11 @@ def download_mnist(dest_dir=None, *, timeout: float = 10.0, mirrors=MNIST_MIRROR
                 failures.append(f"{url}: {type(exc).__name__}: {exc}")
                 continue
             if digest != MNIST_SHA256[base]:
-                failures.append(f"{url}: sha256 of decompressed data is {digest}, "
-                                f"expected {MNIST_SHA256[base]}")
+                failures.append(
+                    f"{url}: sha256 of decompressed data is {digest}, expected {MNIST_SHA256[base]}"
+                )
                 continue
-            try:                          # created only once there is something to keep
+            try:  # created only once there is something to keep
                 dest.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise DataError(f"cannot create dest_dir={str(dest)!r}: {exc}") from exc

@@ -11,16 +11,22 @@ import math
 
 import numpy as np
 
-from .cifar10 import CIFAR10_CLASSES, CIFAR10_FEATURES, CIFAR10_SHAPE, CIFAR10_TEST_SIZE, \
-    CIFAR10_TRAIN_SIZE
 from .._aligned import aligned_empty
+from .cifar10 import (
+    CIFAR10_CLASSES,
+    CIFAR10_FEATURES,
+    CIFAR10_SHAPE,
+    CIFAR10_TEST_SIZE,
+    CIFAR10_TRAIN_SIZE,
+)
 from .dataset import Dataset, _check_count, _float_dtype
 
 _CHUNK_ROWS = 16_384  # rows per chunk: bounds temporaries to a few MiB whatever n is
 
 
-def synthetic_binary(n: int, d: int, *, seed: int = 0, n_test: int | None = None,
-                     dtype=np.float64) -> Dataset:
+def synthetic_binary(
+    n: int, d: int, *, seed: int = 0, n_test: int | None = None, dtype=np.float64
+) -> Dataset:
     """The logistic-regression workload: x ~ N(0, 1) of shape (n, d), y = 1[x . w* > 0].
 
     w* ~ N(0, 1) of shape (d,) is drawn first (returned as `true_weights`, float64); train
@@ -49,13 +55,28 @@ def synthetic_binary(n: int, d: int, *, seed: int = 0, n_test: int | None = None
 
     x_train, y_train = draw(n, train_seq)
     x_test, y_test = draw(n_test, test_seq)
-    return Dataset(x_train, y_train, x_test, y_test, name="synthetic", n_classes=2,
-                   source=f"synthetic_binary(n={n}, d={d}, seed={seed})", true_weights=w)
+    return Dataset(
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        name="synthetic",
+        n_classes=2,
+        source=f"synthetic_binary(n={n}, d={d}, seed={seed})",
+        true_weights=w,
+    )
 
 
-def synthetic_classification(n_train: int, n_features: int = 784, n_classes: int = 10,
-                             seed: int = 0, *, n_test: int | None = None, dtype=np.float32,
-                             noise: float = 2.0) -> Dataset:
+def synthetic_classification(
+    n_train: int,
+    n_features: int = 784,
+    n_classes: int = 10,
+    seed: int = 0,
+    *,
+    n_test: int | None = None,
+    dtype=np.float32,
+    noise: float = 2.0,
+) -> Dataset:
     """A learnable multi-class set shaped like MNIST: class prototypes plus Gaussian noise.
 
     Each class has a sparse "ink" prototype p_c (about 20% of the features lit with values
@@ -85,23 +106,29 @@ def synthetic_classification(n_train: int, n_features: int = 784, n_classes: int
         x = aligned_empty((count, n_features), dt)
         rng.standard_normal(out=x, dtype=dt)
         for start in range(0, count, _CHUNK_ROWS):
-            block = x[start:start + _CHUNK_ROWS]
+            block = x[start : start + _CHUNK_ROWS]
             block -= 1.0
             block *= noise  # noise * (N(0, 1) - 1): mostly-dark background after clipping
-            block += prototypes[y[start:start + _CHUNK_ROWS]]
+            block += prototypes[y[start : start + _CHUNK_ROWS]]
             np.clip(block, 0.0, 1.0, out=block)
         return x, y
 
     x_train, y_train = draw(n_train, train_seq)
     x_test, y_test = draw(n_test, test_seq)
-    return Dataset(x_train, y_train, x_test, y_test, name="synthetic-mnist",
-                   n_classes=n_classes,
-                   source=f"synthetic_classification(n_train={n_train}, "
-                          f"n_features={n_features}, n_classes={n_classes}, seed={seed})")
+    return Dataset(
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        name="synthetic-mnist",
+        n_classes=n_classes,
+        source=f"synthetic_classification(n_train={n_train}, "
+        f"n_features={n_features}, n_classes={n_classes}, seed={seed})",
+    )
 
 
-_SYNTH_GRID = 4      # a pattern: per channel, a 4x4 grid of random levels, interpolated to 32x32
-_SYNTH_SHIFT = 3     # class patterns move by up to 3 pixels each way (wrapping around)
+_SYNTH_GRID = 4  # a pattern: per channel, a 4x4 grid of random levels, interpolated to 32x32
+_SYNTH_SHIFT = 3  # class patterns move by up to 3 pixels each way (wrapping around)
 _SYNTH_CHUNK = 2048  # rows per independently seeded chunk
 
 
@@ -123,9 +150,15 @@ def _bilinear(levels: np.ndarray, side: int) -> np.ndarray:
     return rows[..., lo] * w0 + rows[..., lo + 1] * w1
 
 
-def synthetic_cifar10(n_train: int = CIFAR10_TRAIN_SIZE, n_test: int = CIFAR10_TEST_SIZE, *,
-                      seed: int = 0, dtype=np.float32, distractor: float = 0.6,
-                      noise: float = 0.2) -> Dataset:
+def synthetic_cifar10(
+    n_train: int = CIFAR10_TRAIN_SIZE,
+    n_test: int = CIFAR10_TEST_SIZE,
+    *,
+    seed: int = 0,
+    dtype=np.float32,
+    distractor: float = 0.6,
+    noise: float = 0.2,
+) -> Dataset:
     """A learnable 10-class set shaped like CIFAR-10: x (n, 3072) in CHW order, in [0, 1].
 
     A "pattern" is, per channel, a 4x4 grid of uniform random levels bilinearly interpolated
@@ -155,8 +188,14 @@ def synthetic_cifar10(n_train: int = CIFAR10_TRAIN_SIZE, n_test: int = CIFAR10_T
     patterns = _bilinear(prng.random((CIFAR10_CLASSES, channels) + grid, dtype=dt), side)
     # every class pattern at every shift, pre-scaled: a sample starts as one row of this
     offsets = range(-_SYNTH_SHIFT, _SYNTH_SHIFT + 1)
-    shifted = np.stack([np.roll(p, (dy, dx), axis=(1, 2)).reshape(-1)
-                        for p in patterns for dy in offsets for dx in offsets])
+    shifted = np.stack(
+        [
+            np.roll(p, (dy, dx), axis=(1, 2)).reshape(-1)
+            for p in patterns
+            for dy in offsets
+            for dx in offsets
+        ]
+    )
     shifted *= 1.0 - distractor
     n_shifts = len(offsets) ** 2
     uniform_scale = noise * math.sqrt(12.0)  # U(-1/2, 1/2) has variance 1/12
@@ -169,8 +208,9 @@ def synthetic_cifar10(n_train: int = CIFAR10_TRAIN_SIZE, n_test: int = CIFAR10_T
             # of what a full one would, whatever the other streams hold
             label_rng, shift_rng, noise_rng, clutter_rng = (
                 np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(split, k, role)))
-                for role in range(4))
-            block = x[start:start + _SYNTH_CHUNK]
+                for role in range(4)
+            )
+            block = x[start : start + _SYNTH_CHUNK]
             m = len(block)
             labels = label_rng.integers(0, CIFAR10_CLASSES, size=m, dtype=np.int64)
             which = labels * n_shifts + shift_rng.integers(0, n_shifts, size=m)
@@ -182,11 +222,18 @@ def synthetic_cifar10(n_train: int = CIFAR10_TRAIN_SIZE, n_test: int = CIFAR10_T
             clutter *= distractor
             block += clutter.reshape(m, channels * plane)
             np.clip(block, 0.0, 1.0, out=block)
-            y[start:start + m] = labels
+            y[start : start + m] = labels
         return x, y
 
     x_train, y_train = draw(n_train, 1)
     x_test, y_test = draw(n_test, 2)
-    return Dataset(x_train, y_train, x_test, y_test, name="synthetic-cifar10",
-                   n_classes=CIFAR10_CLASSES, input_shape=CIFAR10_SHAPE,
-                   source=f"synthetic_cifar10(n_train={n_train}, n_test={n_test}, seed={seed})")
+    return Dataset(
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        name="synthetic-cifar10",
+        n_classes=CIFAR10_CLASSES,
+        input_shape=CIFAR10_SHAPE,
+        source=f"synthetic_cifar10(n_train={n_train}, n_test={n_test}, seed={seed})",
+    )

@@ -24,18 +24,20 @@ def upscale_images(x: np.ndarray, factor: int, side: int = MNIST_SIDE) -> np.nda
     factor = _check_count(factor, "factor")
     side = _check_count(side, "side")
     if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != side * side:
-        raise ValueError(f"x has shape {getattr(x, 'shape', None)}, expected (n, {side * side}) "
-                         f"for side={side}")
+        raise ValueError(
+            f"x has shape {getattr(x, 'shape', None)}, expected (n, {side * side}) for side={side}"
+        )
     n = x.shape[0]
     wide = side * factor
     # out viewed as (n, side, factor, wide): source row r fills output rows r*factor + a.
     out = np.empty((n, side, factor, wide), dtype=x.dtype)
     chunk = _UPSCALE_CHUNK_ROWS
     for start in range(0, n, chunk):
-        block = out[start:start + chunk]
+        block = out[start : start + chunk]
         # repeat each pixel along the row, into the first of the factor copies of the row ...
-        block[:, :, 0, :] = np.repeat(x[start:start + chunk].reshape(-1, side, side), factor,
-                                      axis=2)
+        block[:, :, 0, :] = np.repeat(
+            x[start : start + chunk].reshape(-1, side, side), factor, axis=2
+        )
         # ... then duplicate that widened row factor - 1 times
         block[:, :, 1:, :] = block[:, :, :1, :]
     return out.reshape(n, wide * wide)
@@ -50,16 +52,23 @@ def upscale_dataset(ds: Dataset, factor: int) -> Dataset:
     factor = _check_count(factor, "factor")
     side = math.isqrt(ds.n_features)
     if side * side != ds.n_features:
-        raise ValueError(f"cannot upscale {ds.name}: n_features={ds.n_features} is not a "
-                         f"square image (side * side)")
+        raise ValueError(
+            f"cannot upscale {ds.name}: n_features={ds.n_features} is not a "
+            f"square image (side * side)"
+        )
     if ds.input_shape not in ((1, side, side), (ds.n_features,)):
-        raise ValueError(f"cannot upscale {ds.name}: input_shape={ds.input_shape} is not a "
-                         f"single-channel square image")
+        raise ValueError(
+            f"cannot upscale {ds.name}: input_shape={ds.input_shape} is not a "
+            f"single-channel square image"
+        )
     if factor == 1:
         return ds
     wide = side * factor
     return dataclasses.replace(
-        ds, x_train=upscale_images(ds.x_train, factor, side),
+        ds,
+        x_train=upscale_images(ds.x_train, factor, side),
         x_test=upscale_images(ds.x_test, factor, side),
         input_shape=(1, wide, wide) if len(ds.input_shape) == 3 else (wide * wide,),
-        name=f"{ds.name}-x{factor}", source=f"{ds.source}, upscaled x{factor}")
+        name=f"{ds.name}-x{factor}",
+        source=f"{ds.source}, upscaled x{factor}",
+    )

@@ -3,14 +3,38 @@
 spec), the job every worker is given (``job``), the training loop it runs (``loop``, with
 ``hooks`` from outside), the gradient exchange strategies (``exchange``), checkpoints
 (``checkpoint``), and what a run returns and writes (``result``: ``TrainResult``)."""
-from .exchange import (AllReduce, Bf16AllReduce, Deterministic, Exchange, Overlap,
-                       ParameterServer, gradient_buckets, make_exchange)
-from .job import Job
+
+from .exchange import (
+    AllReduce,
+    Bf16AllReduce,
+    Deterministic,
+    Exchange,
+    Overlap,
+    ParameterServer,
+    gradient_buckets,
+    make_exchange,
+)
 from .hooks import Hooks
+from .job import Job
 from .loop import run_worker, train_worker
 from .result import TrainResult
 from .run import fit, run, train
 
-__all__ = ["AllReduce", "Bf16AllReduce", "Deterministic", "Exchange", "Hooks", "Job", "Overlap",
-           "ParameterServer", "TrainResult", "fit", "gradient_buckets", "make_exchange", "run",
-           "run_worker", "train", "train_worker"]
+__all__ = [
+    "AllReduce",
+    "Bf16AllReduce",
+    "Deterministic",
+    "Exchange",
+    "Hooks",
+    "Job",
+    "Overlap",
+    "ParameterServer",
+    "TrainResult",
+    "fit",
+    "gradient_buckets",
+    "make_exchange",
+    "run",
+    "run_worker",
+    "train",
+    "train_worker",
+]

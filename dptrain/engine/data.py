@@ -1,6 +1,7 @@
 """What a run trains on, read and checked before any worker starts: a named data set, a
 Dataset, or the user's arrays (converted once to the model's dtype, labels checked against
 a given model's classes, limited, finite)."""
+
 from __future__ import annotations
 
 import sys
@@ -25,8 +26,10 @@ def data_arg(dataset, X, y, X_test, y_test, validation):
         if rest:
             X_test, y_test = rest
     elif dataset is not None and not isinstance(dataset, str):
-        raise TypeError(f"dataset is a {type(dataset).__name__}: give a name ('mnist', "
-                        f"'cifar10', 'synthetic'), a dptrain.data.Dataset, or (X, y)")
+        raise TypeError(
+            f"dataset is a {type(dataset).__name__}: give a name ('mnist', "
+            f"'cifar10', 'synthetic'), a dptrain.data.Dataset, or (X, y)"
+        )
     if X is None:
         if y is not None or X_test is not None:
             raise ValueError("y, X_test and y_test need X")
@@ -36,7 +39,7 @@ def data_arg(dataset, X, y, X_test, y_test, validation):
     return ("arrays", X, y, X_test, y_test, validation)
 
 
-ANNOUNCED: set = set()      # lines already printed by this process (a sweep's runs repeat them)
+ANNOUNCED: set = set()  # lines already printed by this process (a sweep's runs repeat them)
 
 
 def announce(line: str) -> None:
@@ -54,11 +57,18 @@ def load_data(cfg, data, model_obj, note):
     if data is None:
         if model_obj is not None:
             raise ValueError("fit needs the arrays X, y")
-        return data_mod.load_dataset(cfg.dataset, data_dir=cfg.data_dir,
-                                     dtype=storage_dtype(cfg.dtype), limit=cfg.limit, seed=cfg.seed,
-                                     n_samples=cfg.n_samples, n_features=cfg.n_features,
-                                     upscale=cfg.upscale, allow_download=cfg.allow_download,
-                                     announce=note)
+        return data_mod.load_dataset(
+            cfg.dataset,
+            data_dir=cfg.data_dir,
+            dtype=storage_dtype(cfg.dtype),
+            limit=cfg.limit,
+            seed=cfg.seed,
+            n_samples=cfg.n_samples,
+            n_features=cfg.n_features,
+            upscale=cfg.upscale,
+            allow_download=cfg.allow_download,
+            announce=note,
+        )
     if isinstance(data, data_mod.Dataset):
         ds = data
     else:
@@ -67,17 +77,27 @@ def load_data(cfg, data, model_obj, note):
         # and arrays that hold only some of them (one, in a partial_fit batch) are fine
         regression = model_obj is not None and model_obj.loss == "mse"
         n_classes = None if model_obj is None or regression else model_classes(model_obj.spec())
-        ds = data_mod.from_arrays(X, y, X_test=X_test, y_test=y_test, validation=validation,
-                                  n_classes=n_classes, dtype=storage_dtype(cfg.dtype),
-                                  task="regression" if regression else "classification")
+        ds = data_mod.from_arrays(
+            X,
+            y,
+            X_test=X_test,
+            y_test=y_test,
+            validation=validation,
+            n_classes=n_classes,
+            dtype=storage_dtype(cfg.dtype),
+            task="regression" if regression else "classification",
+        )
     if ds.dtype != storage_dtype(cfg.dtype):
-        raise ValueError(f"the data set is {ds.dtype}, but the run is {cfg.dtype}"
-                         + (" (float32 data)" if cfg.dtype == "bfloat16" else ""))
+        raise ValueError(
+            f"the data set is {ds.dtype}, but the run is {cfg.dtype}"
+            + (" (float32 data)" if cfg.dtype == "bfloat16" else "")
+        )
     if cfg.limit is not None:
         if cfg.limit > ds.n_train:
-            raise ValueError(f"limit={cfg.limit} exceeds the {ds.n_train} training samples of "
-                             f"{ds.name}")
-        ds = replace(ds, x_train=ds.x_train[:cfg.limit], y_train=ds.y_train[:cfg.limit])
+            raise ValueError(
+                f"limit={cfg.limit} exceeds the {ds.n_train} training samples of {ds.name}"
+            )
+        ds = replace(ds, x_train=ds.x_train[: cfg.limit], y_train=ds.y_train[: cfg.limit])
     return ds
 
 

@@ -28,6 +28,7 @@ gradient, also for an uneven last batch.
 A strategy reports its phase boundaries to the step's ``clock`` (``data``, ``computed``,
 ``exchanged``), which the training loop turns into the step's timings.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,8 +55,11 @@ class Exchange:
         """Allocates the model's flat buffers (and the strategy's own): {'params', 'grads',
         'velocity'} arrays for the model to live on."""
         self.n_params, self.dtype = n_params, np.dtype(dtype)
-        return {"params": comm.zeros(n_params, dtype), "grads": self._grads(comm),
-                "velocity": comm.zeros(n_params, dtype)}
+        return {
+            "params": comm.zeros(n_params, dtype),
+            "grads": self._grads(comm),
+            "velocity": comm.zeros(n_params, dtype),
+        }
 
     def _grads(self, comm):
         return comm.zeros(self.n_params, self.dtype)
@@ -95,7 +99,7 @@ class AllReduce(Exchange):
         loss, correct = self._share(comm, model, rows, start, stop, clock)
         grads = self.grads = model.grads
         for lo, hi in gradient_buckets(grads.size, grads.itemsize, self.bucket_kb):
-            comm.allreduce_sum_(grads, start=lo, stop=hi)    # one collective per bucket
+            comm.allreduce_sum_(grads, start=lo, stop=hi)  # one collective per bucket
         clock.exchanged()
         return loss, correct
 
@@ -122,7 +126,7 @@ class Overlap(Exchange):
                 handles.append(comm.allreduce_async_(grads, *buckets[k]))
                 k += 1
         clock.computed()
-        comm.wait_(handles)                      # the communication backward did not hide
+        comm.wait_(handles)  # the communication backward did not hide
         clock.exchanged()
         return loss, correct
 
@@ -134,14 +138,14 @@ class Bf16AllReduce(Exchange):
 
     def buffers(self, comm, n_params, dtype):
         bufs = super().buffers(comm, n_params, dtype)
-        self.slots = comm.shared_zeros(comm.size, n_params, np.uint16)   # bfloat16 bits
-        self.sum = comm.shared_zeros(1, n_params, np.uint16)[0]          # their sum, bfloat16
-        self.grads = aligned_zeros(n_params, dtype)                      # ... widened
+        self.slots = comm.shared_zeros(comm.size, n_params, np.uint16)  # bfloat16 bits
+        self.sum = comm.shared_zeros(1, n_params, np.uint16)[0]  # their sum, bfloat16
+        self.grads = aligned_zeros(n_params, dtype)  # ... widened
         return bufs
 
     def gradient(self, comm, model, rows, start, stop, clock):
         loss, correct = self._share(comm, model, rows, start, stop, clock)
-        _core.to_bf16(model.grads, self.slots[comm.rank])    # the exchange's own cost
+        _core.to_bf16(model.grads, self.slots[comm.rank])  # the exchange's own cost
         comm.sum_into_(self.sum, self.slots)
         _core.from_bf16(self.sum, self.grads)
         clock.exchanged()
@@ -161,10 +165,13 @@ class Deterministic(Exchange):
         self.chunks = comm.shared_zeros(CHUNKS, n_params, np.uint16 if self.bf16 else dtype)
         # the chunks' ordered sum (bf16: in bfloat16, widened into grads for the update)
         self.sum = comm.shared_zeros(1, n_params, np.uint16)[0] if self.bf16 else None
-        self.grads = aligned_zeros(n_params, dtype) if self.bf16 else \
-            comm.shared_zeros(1, n_params, dtype)[0]
+        self.grads = (
+            aligned_zeros(n_params, dtype)
+            if self.bf16
+            else comm.shared_zeros(1, n_params, dtype)[0]
+        )
         self.mine = range(comm.rank * CHUNKS // comm.size, (comm.rank + 1) * CHUNKS // comm.size)
-        self.work = aligned_zeros(n_params, dtype) if self.bf16 else None   # a chunk, float32
+        self.work = aligned_zeros(n_params, dtype) if self.bf16 else None  # a chunk, float32
         return bufs
 
     def gradient(self, comm, model, rows, start, stop, clock):
@@ -181,7 +188,7 @@ class Deterministic(Exchange):
             correct += cc
         clock.computed()
         if self.bf16:
-            comm.sum_into_(self.sum, self.chunks)    # the chunks, summed in chunk order
+            comm.sum_into_(self.sum, self.chunks)  # the chunks, summed in chunk order
             _core.from_bf16(self.sum, self.grads)
         else:
             comm.sum_into_(self.grads, self.chunks)
@@ -194,7 +201,7 @@ class ParameterServer(Exchange):
 
     def gradient(self, comm, model, rows, start, stop, clock):
         loss, correct = self._share(comm, model, rows, start, stop, clock)
-        self.grads = comm.reduce_sum_(model.grads, root=0)   # the gradients' sum, for rank 0
+        self.grads = comm.reduce_sum_(model.grads, root=0)  # the gradients' sum, for rank 0
         clock.exchanged()
         self.params = model.params
         return loss, correct
@@ -212,7 +219,7 @@ def make_exchange(config) -> Exchange:
     bf16 = config.comm_dtype == "bfloat16"
     if config.deterministic:
         return Deterministic(bf16)
-    if bf16:            # the config allows it with the native all-reduce only
+    if bf16:  # the config allows it with the native all-reduce only
         return Bf16AllReduce()
     if config.allreduce == "ps":
         return ParameterServer()

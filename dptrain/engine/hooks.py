@@ -1,5 +1,6 @@
 """What wraps a worker's training loop from outside (``Hooks``): nothing by default, or
 injected faults and stragglers (``Injection``), to study failures and synchronization."""
+
 from __future__ import annotations
 
 import os
@@ -28,15 +29,17 @@ class Injection(Hooks):
 
     def __init__(self, config: TrainConfig, rank: int):
         self.fault = config.fault
-        self.fixed = (config.straggle[1] / 1e3
-                      if config.straggle and config.straggle[0] == rank else 0.0)
+        self.fixed = (
+            config.straggle[1] / 1e3 if config.straggle and config.straggle[0] == rank else 0.0
+        )
         self.spread = config.straggle_random_ms / 1e3
-        self.rng = np.random.default_rng([config.seed, rank, 0x57a6])
+        self.rng = np.random.default_rng([config.seed, rank, 0x57A6])
 
     def step_start(self, rank, step):
         if self.fault and self.fault[0] == rank and self.fault[1] == step:
             if self.fault[2] == "kill":
                 import signal
+
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected fault on rank {rank} at step {step}")
 

@@ -1,6 +1,7 @@
 """A run's job: everything a worker needs besides the data, settled once in the launching
 process (``Job.plan``) and handed to every worker as it is (plain values: it pickles for the
 'spawn' start method)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -31,16 +32,19 @@ class Job:
     def plan(cls, config: TrainConfig, model: dict, world: int, n_train: int) -> "Job":
         """The job of a run of `config` on `world` workers over n_train samples."""
         batch = config.global_batch(world)
-        return cls(config=config, model=model, world=world, batch_size=batch,
-                   lr=config.peak_lr(world),
-                   warmup_steps=int(round(config.warmup_epochs * steps_per_epoch(n_train,
-                                                                                 batch))))
+        return cls(
+            config=config,
+            model=model,
+            world=world,
+            batch_size=batch,
+            lr=config.peak_lr(world),
+            warmup_steps=int(round(config.warmup_epochs * steps_per_epoch(n_train, batch))),
+        )
 
     def uncoupled(self) -> "Job":
         """One of `world` uncoupled workers: a 1-worker run with 1/world of the batch (the
         same number of steps over its 1/world of the data)."""
-        return replace(self, world=1, batch_size=-(-self.batch_size // self.world),
-                       coupled=False)
+        return replace(self, world=1, batch_size=-(-self.batch_size // self.world), coupled=False)
 
     @property
     def deterministic(self) -> bool:

@@ -9,9 +9,10 @@
 The loop knows nothing of transports (``comm`` is a ``dptrain.comm.Communicator``), of how
 the gradient is exchanged (``engine.exchange``), or of injected faults and stragglers
 (``engine.hooks``, given from outside); a step's phases are marked by
-``measure.timing.StepClock`` and its batch gathered by ``sampler.BatchRows``. It returns the worker's timings; rank 0 also returns the
-per-epoch history and the final parameters.
+``measure.timing.StepClock`` and its batch gathered by ``sampler.BatchRows``. It returns the
+worker's timings; rank 0 also returns the per-epoch history and the final parameters.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,9 +30,8 @@ from .exchange import AllReduce, make_exchange
 from .hooks import Hooks, hooks_for
 from .job import Job
 
-
-DATA_NAMES = ("x_train", "y_train", "x_test", "y_test")   # a run's data, as launch's extras
-INIT_PARAMS = "init_params"      # the extra holding the starting parameters of a user's model
+DATA_NAMES = ("x_train", "y_train", "x_test", "y_test")  # a run's data, as launch's extras
+INIT_PARAMS = "init_params"  # the extra holding the starting parameters of a user's model
 
 
 def train_worker(comm, job: Job) -> dict:
@@ -40,8 +40,7 @@ def train_worker(comm, job: Job) -> dict:
     set under ``DATA_NAMES``; the parameters of a model the user built under
     ``INIT_PARAMS``, when there is one)."""
     x, y, x_test, y_test = (comm.extra(name) for name in DATA_NAMES)
-    return run_worker(comm, job, x, y, x_test, y_test,
-                      init_params=comm.extra(INIT_PARAMS, None))
+    return run_worker(comm, job, x, y, x_test, y_test, init_params=comm.extra(INIT_PARAMS, None))
 
 
 def uncoupled_worker(comm, job: Job) -> dict:
@@ -55,8 +54,9 @@ def uncoupled_worker(comm, job: Job) -> dict:
     return {"train_seconds": out["train_seconds"]}
 
 
-def run_worker(comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = None,
-               init_params=None) -> dict:
+def run_worker(
+    comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = None, init_params=None
+) -> dict:
     """The training loop of one worker (see the module docstring). init_params: the starting
     parameters (a model the user built), else the model's seeded initialization. Rank 0
     reports each epoch's record (``comm.report``: the launcher prints it) and returns the
@@ -68,11 +68,25 @@ def run_worker(comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = No
     n_params = job.model["n_params"]
     bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
-    opt = SGD(net, job.lr, momentum=cfg.momentum, dampening=cfg.dampening,
-              weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
+    opt = SGD(
+        net,
+        job.lr,
+        momentum=cfg.momentum,
+        dampening=cfg.dampening,
+        weight_decay=cfg.weight_decay,
+        nesterov=cfg.nesterov,
+    )
     stats = comm.zeros(2, np.float64)
-    state = {"step": 0, "epoch": 0, "batch": 0, "loss_sum": 0.0, "correct": 0, "history": [],
-             "train_seconds": 0.0, "eval_seconds": 0.0}
+    state = {
+        "step": 0,
+        "epoch": 0,
+        "batch": 0,
+        "loss_sum": 0.0,
+        "correct": 0,
+        "history": [],
+        "train_seconds": 0.0,
+        "eval_seconds": 0.0,
+    }
     n = len(x)
     if rank == 0:
         if job.resume:
@@ -80,13 +94,13 @@ def run_worker(comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = No
         elif init_params is not None:
             net.params[:] = init_params
         else:
-            net.reset_parameters()          # the seeded init, into the exchanged buffer
+            net.reset_parameters()  # the seeded init, into the exchanged buffer
     if job.resume:
         # every rank reads the position (the file is visible to all: one machine, or a shared
         # file system under MPI); parameters and momentum come from rank 0
         if rank != 0:
             state.update(load_checkpoint(job.resume, job, None, n))
-            state.update(loss_sum=0.0, correct=0)   # the epoch's sums so far count once, on 0
+            state.update(loss_sum=0.0, correct=0)  # the epoch's sums so far count once, on 0
         comm.broadcast_(net.velocity, root=0)
     comm.broadcast_(net.params, root=0)
     opt.steps = state["step"]
@@ -105,14 +119,15 @@ def run_worker(comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = No
         rows.order = epoch_order(n, epoch, cfg.seed, cfg.shuffle)
         first_batch = state["batch"] if epoch == state["epoch"] else 0
         loss_sum, correct = (state["loss_sum"], state["correct"]) if first_batch else (0.0, 0)
-        comm.barrier()                    # every worker starts the epoch together
+        comm.barrier()  # every worker starts the epoch together
         e0 = now()
         for b in range(first_batch, len(bounds)):
             hooks.step_start(rank, step)
             clock.begin(e0 if b == first_batch else now())
             batch_loss, batch_correct = exchange.gradient(comm, net, rows, *bounds[b], clock)
-            exchange.update(comm, opt, lr_at(step, total_steps, job.lr, cfg.lr_schedule,
-                                             job.warmup_steps))
+            exchange.update(
+                comm, opt, lr_at(step, total_steps, job.lr, cfg.lr_schedule, job.warmup_steps)
+            )
             clock.record(timer, epoch, now())
             loss_sum += batch_loss
             correct += batch_correct
@@ -125,13 +140,21 @@ def run_worker(comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = No
                 stats[0], stats[1] = loss_sum, correct
                 comm.allreduce_sum_(stats)
                 if rank == 0:
-                    save_checkpoint(cfg.checkpoint, job, net, step=step, epoch=epoch,
-                                    batch=b + 1, loss_sum=float(stats[0]),
-                                    correct=int(round(stats[1])), history=history,
-                                    train_seconds=train_seconds + now() - e0,
-                                    eval_seconds=eval_seconds)
+                    save_checkpoint(
+                        cfg.checkpoint,
+                        job,
+                        net,
+                        step=step,
+                        epoch=epoch,
+                        batch=b + 1,
+                        loss_sum=float(stats[0]),
+                        correct=int(round(stats[1])),
+                        history=history,
+                        train_seconds=train_seconds + now() - e0,
+                        eval_seconds=eval_seconds,
+                    )
         stats[0], stats[1] = loss_sum, correct
-        comm.allreduce_sum_(stats)        # also the barrier that ends the epoch's timing
+        comm.allreduce_sum_(stats)  # also the barrier that ends the epoch's timing
         e1 = now()
         timer.end(e1)
         epoch_seconds = e1 - e0
@@ -140,20 +163,36 @@ def run_worker(comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = No
         if not math.isfinite(loss_sum):
             raise FloatingPointError(
                 f"training diverged: the loss is {loss_sum} in epoch {epoch + 1} "
-                f"(lr={job.lr}); try a smaller learning rate")
+                f"(lr={job.lr}); try a smaller learning rate"
+            )
         if rank == 0:
             v0 = now()
             test_loss, test_acc = net.evaluate(x_test, y_test) if len(x_test) else (None, None)
             eval_seconds += now() - v0
-            rec = {"epoch": epoch + 1, "train_loss": loss_sum / n,
-                   "train_accuracy": None if net.loss == "mse" else correct / n,
-                   "test_loss": test_loss, "test_accuracy": test_acc, "seconds": epoch_seconds}
+            rec = {
+                "epoch": epoch + 1,
+                "train_loss": loss_sum / n,
+                "train_accuracy": None if net.loss == "mse" else correct / n,
+                "test_loss": test_loss,
+                "test_accuracy": test_acc,
+                "seconds": epoch_seconds,
+            }
             history.append(rec)
             comm.report(rec)
-    out = {"rank": rank, "steps": step, "stamps": timer.array(), "calls": comm.calls,
-           "bytes_sent": comm.bytes_sent, "train_seconds": train_seconds,
-           "node_members": comm.node_members}
+    out = {
+        "rank": rank,
+        "steps": step,
+        "stamps": timer.array(),
+        "calls": comm.calls,
+        "bytes_sent": comm.bytes_sent,
+        "train_seconds": train_seconds,
+        "node_members": comm.node_members,
+    }
     if rank == 0:
-        out.update(history=history, eval_seconds=eval_seconds,
-                   params=net.params.copy(), velocity=net.velocity.copy())
+        out.update(
+            history=history,
+            eval_seconds=eval_seconds,
+            params=net.params.copy(),
+            velocity=net.velocity.copy(),
+        )
     return out

@@ -2,6 +2,7 @@
 process and checked against the data before any worker starts: the user's model, a model of
 the config's layers, or the named model planned for the data (neither allocated: the
 workers build theirs on the buffers their exchange wants)."""
+
 from __future__ import annotations
 
 from ..models import MODEL_KINDS, layers_spec, named_spec
@@ -13,40 +14,65 @@ def model_spec(cfg, ds, model_obj) -> dict:
     if model_obj is not None:
         spec = model_obj.spec()
         if spec["sizes"][0] != ds.n_features:
-            raise ValueError(f"the model takes {spec['sizes'][0]} features, but X has "
-                             f"{ds.n_features} per row")
+            raise ValueError(
+                f"the model takes {spec['sizes'][0]} features, but X has {ds.n_features} per row"
+            )
         if spec["loss"] == "mse":
             if ds.task != "regression" or ds.n_outputs != spec["sizes"][-1]:
-                got = (f"{ds.n_outputs} target(s) per row" if ds.task == "regression"
-                       else "class labels")
-                raise ValueError(f"the model regresses onto {spec['sizes'][-1]} output(s) "
-                                 f"(loss 'mse'), but y has {got}")
+                got = (
+                    f"{ds.n_outputs} target(s) per row"
+                    if ds.task == "regression"
+                    else "class labels"
+                )
+                raise ValueError(
+                    f"the model regresses onto {spec['sizes'][-1]} output(s) "
+                    f"(loss 'mse'), but y has {got}"
+                )
             return spec
         if ds.task != "classification":
-            raise ValueError(f"the model is a classifier (loss {spec['loss']!r}), but the data "
-                             f"set is a regression: use a model with loss='mse'")
+            raise ValueError(
+                f"the model is a classifier (loss {spec['loss']!r}), but the data "
+                f"set is a regression: use a model with loss='mse'"
+            )
         classes = model_classes(spec)
         if ds.n_classes > classes:
-            raise ValueError(f"the labels name {ds.n_classes} classes, but the model has "
-                             f"{classes} outputs")
+            raise ValueError(
+                f"the labels name {ds.n_classes} classes, but the model has {classes} outputs"
+            )
         return spec
     if cfg.layers is not None:
         binary = ds.n_classes == 2 and cfg.layers[-1] in (("dense", 1), ["dense", 1])
-        spec = layers_spec(cfg.layers, ds.input_shape, "sigmoid_bce" if binary else
-                           "softmax_xent", dtype=cfg.dtype, seed=cfg.seed)
+        spec = layers_spec(
+            cfg.layers,
+            ds.input_shape,
+            "sigmoid_bce" if binary else "softmax_xent",
+            dtype=cfg.dtype,
+            seed=cfg.seed,
+        )
         outputs = spec["sizes"][-1]
         if not binary and outputs != ds.n_classes:
-            raise ValueError(f"layers: the model has {outputs} outputs, but the data "
-                             f"set has {ds.n_classes} classes: end with dense:{ds.n_classes}"
-                             + (" (or dense:1 for two classes)" if ds.n_classes == 2 else ""))
+            raise ValueError(
+                f"layers: the model has {outputs} outputs, but the data "
+                f"set has {ds.n_classes} classes: end with dense:{ds.n_classes}"
+                + (" (or dense:1 for two classes)" if ds.n_classes == 2 else "")
+            )
         return spec
     if cfg.model not in MODEL_KINDS:
-        raise ValueError(f"model={cfg.model!r} is a model you build (dptrain.nn.Sequential): "
-                         f"train it with dptrain.fit(model, X, y); dptrain.train names one of "
-                         f"{MODEL_KINDS}")
+        raise ValueError(
+            f"model={cfg.model!r} is a model you build (dptrain.nn.Sequential): "
+            f"train it with dptrain.fit(model, X, y); dptrain.train names one of "
+            f"{MODEL_KINDS}"
+        )
     shape = ds.input_shape if len(ds.input_shape) == 3 else None
-    return named_spec(cfg.model, ds.n_features, ds.n_classes, hidden=cfg.hidden,
-                      input_shape=shape, dtype=cfg.dtype, seed=cfg.seed)
+    return named_spec(
+        cfg.model,
+        ds.n_features,
+        ds.n_classes,
+        hidden=cfg.hidden,
+        input_shape=shape,
+        dtype=cfg.dtype,
+        seed=cfg.seed,
+    )
 
 
 def model_classes(spec) -> int:

@@ -1,6 +1,7 @@
 """What a run returns (``TrainResult``) and writes: the trained model, the per-epoch history,
 where the time went, the JSON result and the files the options ask for; and the lines it
 prints about them (``epoch_line``, ``breakdown_line``)."""
+
 from __future__ import annotations
 
 import json
@@ -53,20 +54,35 @@ class TrainResult(dict):
     def to_json(self, path=None) -> str:
         """The JSON result (without the parameters and the step table); written to path
         when given."""
-        text = json.dumps({k: v for k, v in self.items()
-                           if k not in ("params", "step_times", "_model")}, indent=2) + "\n"
+        text = (
+            json.dumps(
+                {k: v for k, v in self.items() if k not in ("params", "step_times", "_model")},
+                indent=2,
+            )
+            + "\n"
+        )
         if path is not None:
             Path(path).write_text(text)
         return text
 
 
-def make_result(job, config: dict, ds, per_rank: list, steal, data_load_seconds: float,
-                wall0: float, model_obj, say) -> TrainResult:
+def make_result(
+    job,
+    config: dict,
+    ds,
+    per_rank: list,
+    steal,
+    data_load_seconds: float,
+    wall0: float,
+    model_obj,
+    say,
+) -> TrainResult:
     """The run's TrainResult from its workers' returns (``per_rank``, rank 0's first: its
     history and final parameters): the trained model (``model_obj``, the user's, updated in
     place; else the named model built from the spec on the trained parameters), where the
     time went, and the files the options ask for (JSON, weights, trace, step table)."""
     from .. import __version__, build_info
+
     cfg, spec, head = job.config, job.model, per_rank[0]
     history = head["history"]
     if model_obj is not None:
@@ -79,48 +95,69 @@ def make_result(job, config: dict, ds, per_rank: list, steal, data_load_seconds:
     if cfg.save_weights:
         net.save(cfg.save_weights)
     n, train_seconds, steps = ds.n_train, head["train_seconds"], head["steps"]
-    step_times = timing.StepTimes([r["stamps"] for r in per_rank],
-                                  [r["calls"] for r in per_rank],
-                                  [r["bytes_sent"] for r in per_rank],
-                                  meta={k: config[k] for k in ("model", "dataset", "workers",
-                                                               "backend", "batch_size")})
+    step_times = timing.StepTimes(
+        [r["stamps"] for r in per_rank],
+        [r["calls"] for r in per_rank],
+        [r["bytes_sent"] for r in per_rank],
+        meta={k: config[k] for k in ("model", "dataset", "workers", "backend", "batch_size")},
+    )
     breakdown = step_times.summary()
     timer_cost = timing.timer_cost_seconds(5000)
     breakdown["timer_seconds_per_step"] = timer_cost
-    breakdown["timer_fraction"] = (timer_cost / breakdown["step_seconds"]["mean"]
-                                   if breakdown["step_seconds"]["mean"] > 0 else None)
+    breakdown["timer_fraction"] = (
+        timer_cost / breakdown["step_seconds"]["mean"]
+        if breakdown["step_seconds"]["mean"] > 0
+        else None
+    )
     breakdown["steal_fraction"] = steal
     breakdown["param_bytes"] = net.n_params * net.dtype.itemsize
     breakdown["rank_train_seconds"] = [r["train_seconds"] for r in per_rank]
-    result = TrainResult({
-        "dptrain_version": __version__,
-        "config": config,
-        "dataset": {"name": ds.name, "source": ds.source, "integrity": ds.integrity,
-                    "synthetic": ds.name.startswith("synthetic"), "n_train": n,
-                    "n_test": ds.n_test, "n_features": ds.n_features,
-                    "n_classes": ds.n_classes, "task": ds.task},
-        "model": {"kind": spec["kind"], "sizes": list(net.sizes), "n_params": net.n_params,
-                  "dtype": cfg.dtype, "loss": net.loss},
-        "epochs": history,
-        "train_loss": [h["train_loss"] for h in history],
-        "test_accuracy": [h["test_accuracy"] for h in history],
-        "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
-        "final_test_loss": history[-1]["test_loss"] if history else None,
-        "steps": steps,
-        "samples": n * cfg.epochs,
-        "train_seconds": train_seconds,
-        "eval_seconds": head["eval_seconds"],
-        "data_load_seconds": data_load_seconds,
-        "phase_seconds": breakdown["phase_seconds"],
-        "rank_phase_seconds": breakdown["rank_phase_seconds"],
-        "breakdown": breakdown,
-        "steps_per_second": steps / train_seconds if train_seconds > 0 else None,
-        "samples_per_second": n * cfg.epochs / train_seconds if train_seconds > 0 else None,
-        "build": build_info(),
-        "host": {"python": platform.python_version(), "machine": platform.machine(),
-                 "cpus": os.cpu_count()},
-        "job": {"model": spec, "warmup_steps": job.warmup_steps},
-    })
+    result = TrainResult(
+        {
+            "dptrain_version": __version__,
+            "config": config,
+            "dataset": {
+                "name": ds.name,
+                "source": ds.source,
+                "integrity": ds.integrity,
+                "synthetic": ds.name.startswith("synthetic"),
+                "n_train": n,
+                "n_test": ds.n_test,
+                "n_features": ds.n_features,
+                "n_classes": ds.n_classes,
+                "task": ds.task,
+            },
+            "model": {
+                "kind": spec["kind"],
+                "sizes": list(net.sizes),
+                "n_params": net.n_params,
+                "dtype": cfg.dtype,
+                "loss": net.loss,
+            },
+            "epochs": history,
+            "train_loss": [h["train_loss"] for h in history],
+            "test_accuracy": [h["test_accuracy"] for h in history],
+            "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
+            "final_test_loss": history[-1]["test_loss"] if history else None,
+            "steps": steps,
+            "samples": n * cfg.epochs,
+            "train_seconds": train_seconds,
+            "eval_seconds": head["eval_seconds"],
+            "data_load_seconds": data_load_seconds,
+            "phase_seconds": breakdown["phase_seconds"],
+            "rank_phase_seconds": breakdown["rank_phase_seconds"],
+            "breakdown": breakdown,
+            "steps_per_second": steps / train_seconds if train_seconds > 0 else None,
+            "samples_per_second": n * cfg.epochs / train_seconds if train_seconds > 0 else None,
+            "build": build_info(),
+            "host": {
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+                "cpus": os.cpu_count(),
+            },
+            "job": {"model": spec, "warmup_steps": job.warmup_steps},
+        }
+    )
     result["wall_seconds"] = time.perf_counter() - wall0
     if cfg.out:
         result.to_json(cfg.out)
@@ -132,9 +169,9 @@ def make_result(job, config: dict, ds, per_rank: list, steal, data_load_seconds:
     if cfg.steps_csv:
         step_times.to_csv(cfg.steps_csv)
         say(f"wrote {cfg.steps_csv}")
-    result["params"] = head["params"]      # not in the JSON: the trained parameters
-    result["step_times"] = step_times      # not in the JSON: every step of every rank
-    result["_model"] = net                 # not in the JSON: the trained model
+    result["params"] = head["params"]  # not in the JSON: the trained parameters
+    result["step_times"] = step_times  # not in the JSON: every step of every rank
+    result["_model"] = net  # not in the JSON: the trained model
     return result
 
 
@@ -143,17 +180,19 @@ def breakdown_line(b: dict) -> str:
     total = sum(b["phase_seconds"].values()) or 1.0
     shares = "  ".join(f"{k} {100 * v / total:.0f}%" for k, v in b["phase_seconds"].items())
     st = b["step_seconds"]
-    return (f"time per step: p50 {1e3 * st['p50']:.2f} ms, p99 {1e3 * st['p99']:.2f} ms; "
-            f"{shares}")
+    return f"time per step: p50 {1e3 * st['p50']:.2f} ms, p99 {1e3 * st['p99']:.2f} ms; {shares}"
 
 
 def epoch_line(rec: dict, epochs: int, n: int) -> str:
     """One line per epoch: losses, accuracy, time, throughput and the ETA."""
     from ..measure.progress import format_seconds
+
     left = epochs - rec["epoch"]
     eta = f", eta {format_seconds(left * rec['seconds'])}" if left else ""
     test = f"test loss {rec['test_loss']:.4f}  " if rec["test_loss"] is not None else ""
-    if rec["test_accuracy"] is not None:          # None: a regression
+    if rec["test_accuracy"] is not None:  # None: a regression
         test += f"test acc {100 * rec['test_accuracy']:.2f}%  "
-    return (f"epoch {rec['epoch']}/{epochs}  train loss {rec['train_loss']:.4f}  {test}"
-            f"({rec['seconds']:.2f} s, {n / rec['seconds']:,.0f} samples/s{eta})")
+    return (
+        f"epoch {rec['epoch']}/{epochs}  train loss {rec['train_loss']:.4f}  {test}"
+        f"({rec['seconds']:.2f} s, {n / rec['seconds']:,.0f} samples/s{eta})"
+    )

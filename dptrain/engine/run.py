@@ -7,8 +7,9 @@ the command line and the estimators pass it), on 1..N workers.
    transport is picked (``--backend``, or MPI when started by an MPI launcher); every
    output path is checked for writing.
 2. The data are loaded once and the model's spec is made without allocating a model
-   (``engine.data``, ``engine.model``); what depends on the number of workers is settled once, into the
-   ``Job``; the checkpoint to resume is checked: all before any worker starts.
+   (``engine.data``, ``engine.model``); what depends on the number of workers is settled
+   once, into the ``Job``; the checkpoint to resume is checked: all before any worker
+   starts.
 3. ``dptrain.comm.launch`` starts the workers, each running ``engine.loop.train_worker`` on
    the data it hands them (``comm.extra``): threads of this process, processes sharing
    memory (the data inherited under 'fork', copied once into shared memory under the other
@@ -28,6 +29,7 @@ update to its identical copy of the parameters.
 data loading and the per-epoch evaluation (on rank 0) are reported separately and are part of
 ``wall_seconds`` only.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -51,15 +53,35 @@ from .result import TrainResult, epoch_line, make_result
 
 
 # ---------------------------------------------------------------- entry points
-def train(model: str = "mlp", dataset="mnist", *, X=None, y=None, X_test=None, y_test=None,
-          validation: float | None = None, log=print, **options) -> TrainResult:
-    config = TrainConfig.from_kwargs(model=model, dataset=dataset if isinstance(dataset, str)
-                                     else "mnist", **options)
+def train(
+    model: str = "mlp",
+    dataset="mnist",
+    *,
+    X=None,
+    y=None,
+    X_test=None,
+    y_test=None,
+    validation: float | None = None,
+    log=print,
+    **options,
+) -> TrainResult:
+    config = TrainConfig.from_kwargs(
+        model=model, dataset=dataset if isinstance(dataset, str) else "mnist", **options
+    )
     return run(config, data=data_arg(dataset, X, y, X_test, y_test, validation), log=log)
 
 
-def fit(model: Model, X, y, *, X_test=None, y_test=None, validation: float | None = None,
-        log=print, **options) -> TrainResult:
+def fit(
+    model: Model,
+    X,
+    y,
+    *,
+    X_test=None,
+    y_test=None,
+    validation: float | None = None,
+    log=print,
+    **options,
+) -> TrainResult:
     """Trains ``model`` (a dptrain model object: MLP, CNN, ...) on the arrays X, y, on 1..N
     workers, starting from its current parameters; its parameters and momentum are updated
     in place and it is ``result.model``. X: any real dtype, shape (n, features) or (n, C, H,
@@ -67,32 +89,45 @@ def fit(model: Model, X, y, *, X_test=None, y_test=None, validation: float | Non
     X_test/y_test: a held-out set, or validation=0.1: a fraction of the data held out. The
     options are ``dptrain.train``'s (epochs, batch_size, lr, workers, backend, ...)."""
     if not isinstance(model, Model):
-        raise TypeError(f"model must be a dptrain model (e.g. dptrain.MLP([784, 256, 10])), "
-                        f"got {type(model).__name__}")
+        raise TypeError(
+            f"model must be a dptrain model (e.g. dptrain.MLP([784, 256, 10])), "
+            f"got {type(model).__name__}"
+        )
     spec = model.spec()
     options.setdefault("dtype", spec["dtype"])
     if options["dtype"] != spec["dtype"]:
         raise ValueError(f"dtype={options['dtype']!r}, but the model is {spec['dtype']}")
     options.setdefault("seed", spec["seed"])
-    return run(TrainConfig.from_kwargs(model=spec["kind"], **options),
-               data=data_arg(None, X, y, X_test, y_test, validation), model=model, log=log)
+    return run(
+        TrainConfig.from_kwargs(model=spec["kind"], **options),
+        data=data_arg(None, X, y, X_test, y_test, validation),
+        model=model,
+        log=log,
+    )
 
 
 def _signature():
     """train's signature for help(): the data arguments, then every TrainConfig option."""
     from dataclasses import MISSING, fields
-    params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default="mlp"),
-              inspect.Parameter("dataset", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                default="mnist")]
+
+    params = [
+        inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default="mlp"),
+        inspect.Parameter("dataset", inspect.Parameter.POSITIONAL_OR_KEYWORD, default="mnist"),
+    ]
     for name in ("X", "y", "X_test", "y_test", "validation"):
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None))
     params.append(inspect.Parameter("log", inspect.Parameter.KEYWORD_ONLY, default=print))
     for f in fields(TrainConfig):
         if f.name in ("model", "dataset"):
             continue
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
-                                        default=f.default if f.default is not MISSING else None,
-                                        annotation=f.type))
+        params.append(
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=f.default if f.default is not MISSING else None,
+                annotation=f.type,
+            )
+        )
     return inspect.Signature(params, return_annotation="TrainResult")
 
 
@@ -118,8 +153,7 @@ the rank) when a worker fails."""
 
 
 # ---------------------------------------------------------------- the run
-def run(config: TrainConfig, *, data=None, model: Model | None = None,
-        log=print) -> TrainResult:
+def run(config: TrainConfig, *, data=None, model: Model | None = None, log=print) -> TrainResult:
     """Runs the training that ``config`` describes (see the module docstring). data: None
     (the config's named data set), a ``dptrain.data.Dataset``, or ``engine.data.data_arg``'s
     arrays; model: the user's model to train (its parameters are the start and are updated
@@ -131,10 +165,12 @@ def run(config: TrainConfig, *, data=None, model: Model | None = None,
         comm_world = mpi_world()
         world, rank = comm_world.Get_size(), comm_world.Get_rank()
         if config.workers not in (1, world):
-            raise ValueError(f"under MPI the number of workers is the world size set by "
-                             f"mpiexec -n (here {world}), but workers={config.workers} was "
-                             f"asked for: launch with mpiexec -n {config.workers} python -m "
-                             f"dptrain train ...")
+            raise ValueError(
+                f"under MPI the number of workers is the world size set by "
+                f"mpiexec -n (here {world}), but workers={config.workers} was "
+                f"asked for: launch with mpiexec -n {config.workers} python -m "
+                f"dptrain train ..."
+            )
     config.check_world(world, backend)
     if config.resume and not Path(config.resume).is_file():
         raise ValueError(f"resume: no checkpoint file at {config.resume}")
@@ -153,45 +189,62 @@ def run(config: TrainConfig, *, data=None, model: Model | None = None,
     # ---- the data and the model's spec, once
     t0 = time.perf_counter()
     ds = load_data(config, data, model, announce if rank == 0 else None)
-    for line in ds.notes:                 # what was done to the data (a conversion, a split)
+    for line in ds.notes:  # what was done to the data (a conversion, a split)
         say(f"dptrain: {line}")
     check_finite(ds)
     if ds.n_train < world:
-        raise ValueError(f"the data set has {ds.n_train} training samples, fewer than "
-                         f"workers={world}")
+        raise ValueError(
+            f"the data set has {ds.n_train} training samples, fewer than workers={world}"
+        )
     data_load_seconds = time.perf_counter() - t0
     job = Job.plan(config, model_spec(config, ds, model), world, ds.n_train)
-    if config.resume:      # a damaged or foreign checkpoint fails here, before any worker starts
+    if config.resume:  # a damaged or foreign checkpoint fails here, before any worker starts
         read_checkpoint(config.resume, job, job.model["n_params"], ds.n_train)
     if job.batch_size > ds.n_train:
-        warnings.warn(f"batch_size={job.batch_size} is larger than the {ds.n_train} training "
-                      f"samples of {ds.name}: every step is one full-batch step over all of "
-                      f"them", UserWarning, stacklevel=3)
-    record = _config_record(job, backend, ds, requested=config.dataset if data is None
-                            else "arrays")
+        warnings.warn(
+            f"batch_size={job.batch_size} is larger than the {ds.n_train} training "
+            f"samples of {ds.name}: every step is one full-batch step over all of "
+            f"them",
+            UserWarning,
+            stacklevel=3,
+        )
+    record = _config_record(
+        job, backend, ds, requested=config.dataset if data is None else "arrays"
+    )
     say(_header_line(job, ds, record["backend"]))
 
     extras = dict(zip(DATA_NAMES, (ds.x_train, ds.y_train, ds.x_test, ds.y_test)))
     if model is not None:
         extras[INIT_PARAMS] = model.params
-    options = dict(workers=world, backend=backend, timeout=config.timeout,
-                   threads=config.threads, start_method=config.start_method, extras=extras,
-                   mpi_shm=config.mpi_shm, mpi_nodes=config.mpi_nodes, gather="root")
+    options = dict(
+        workers=world,
+        backend=backend,
+        timeout=config.timeout,
+        threads=config.threads,
+        start_method=config.start_method,
+        extras=extras,
+        mpi_shm=config.mpi_shm,
+        mpi_nodes=config.mpi_nodes,
+        gather="root",
+    )
     if config.uncoupled:
         if backend == "mpi":
             raise ValueError("uncoupled runs use the thread or process backend")
         seconds = [r["train_seconds"] for r in launch(uncoupled_worker, job, **options)]
-        return TrainResult(config=record, uncoupled=True, train_seconds=max(seconds),
-                           rank_train_seconds=seconds)
+        return TrainResult(
+            config=record, uncoupled=True, train_seconds=max(seconds), rank_train_seconds=seconds
+        )
     steal0 = timing.read_steal()
     bar = _step_bar(config) if rank == 0 else None
 
-    def report(rec):          # rank 0's record of an epoch, as it ends
+    def report(rec):  # rank 0's record of an epoch, as it ends
         line = epoch_line(rec, config.epochs, ds.n_train)
         bar.above(say, line) if bar is not None else say(line)
+
     try:
-        per_rank = launch(train_worker, job, watch=bar.watch if bar else None, report=report,
-                          **options)
+        per_rank = launch(
+            train_worker, job, watch=bar.watch if bar else None, report=report, **options
+        )
     finally:
         if bar is not None:
             bar.close()
@@ -212,23 +265,36 @@ def _config_record(job: Job, backend: str, ds, requested: str) -> dict:
     asked for) and what the run really used (the data set, the backend)."""
     cfg = job.config
     record = cfg.as_dict()
-    record.update(workers=job.world, batch_size=job.batch_size, lr=job.lr,
-                  requested_dataset=requested, dataset=ds.name, base_lr=cfg.lr,
-                  hidden=list(cfg.hidden) if job.model["kind"] == "mlp" else None,
-                  backend=backend if job.world > 1 or backend == "mpi" else "sequential")
+    record.update(
+        workers=job.world,
+        batch_size=job.batch_size,
+        lr=job.lr,
+        requested_dataset=requested,
+        dataset=ds.name,
+        base_lr=cfg.lr,
+        hidden=list(cfg.hidden) if job.model["kind"] == "mlp" else None,
+        backend=backend if job.world > 1 or backend == "mpi" else "sequential",
+    )
     return record
 
 
 def _header_line(job: Job, ds, backend: str) -> str:
     """The line that says what is about to be trained, on what, how."""
     cfg, spec = job.config, job.model
-    return (f"dptrain: {spec['kind']} {tuple(spec['sizes'])} on {ds.name} ({ds.n_train} train / "
-            f"{ds.n_test} test, source: {ds.source}), global batch {job.batch_size}, lr "
-            f"{job.lr}, momentum {cfg.momentum}, {job.world} worker(s)"
-            + (f" on {backend}" if backend != "sequential" else "")
-            + (f", {cfg.dtype} (float32 weights, bfloat16 GEMM inputs; gradient exchange in "
-               f"{cfg.comm_dtype})" if cfg.dtype == "bfloat16" else
-               ", gradient exchange in bfloat16" if cfg.comm_dtype == "bfloat16" else ""))
+    return (
+        f"dptrain: {spec['kind']} {tuple(spec['sizes'])} on {ds.name} ({ds.n_train} train / "
+        f"{ds.n_test} test, source: {ds.source}), global batch {job.batch_size}, lr "
+        f"{job.lr}, momentum {cfg.momentum}, {job.world} worker(s)"
+        + (f" on {backend}" if backend != "sequential" else "")
+        + (
+            f", {cfg.dtype} (float32 weights, bfloat16 GEMM inputs; gradient exchange in "
+            f"{cfg.comm_dtype})"
+            if cfg.dtype == "bfloat16"
+            else ", gradient exchange in bfloat16"
+            if cfg.comm_dtype == "bfloat16"
+            else ""
+        )
+    )
 
 
 def _step_bar(config: TrainConfig):
@@ -238,6 +304,7 @@ def _step_bar(config: TrainConfig):
         return None
     try:
         from ..measure.progress import StepBar
+
         return StepBar()
     except ImportError:
         return None
@@ -253,14 +320,18 @@ def check_writable(path, arg: str) -> None:
     if p.is_dir():
         raise ValueError(f"{arg}={str(path)!r} is a directory, expected a file path")
     if not directory.is_dir():
-        raise ValueError(f"{arg}={str(path)!r}: the directory {str(directory)!r} does not exist "
-                         f"(checked before training, so that no result is lost)")
+        raise ValueError(
+            f"{arg}={str(path)!r}: the directory {str(directory)!r} does not exist "
+            f"(checked before training, so that no result is lost)"
+        )
     try:
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".dptrain-probe-"):
             pass
     except OSError as exc:
-        raise ValueError(f"{arg}={str(path)!r}: cannot write in {str(directory)!r} "
-                         f"({exc.strerror or exc}; checked before training, so that no result "
-                         f"is lost)") from None
+        raise ValueError(
+            f"{arg}={str(path)!r}: cannot write in {str(directory)!r} "
+            f"({exc.strerror or exc}; checked before training, so that no result "
+            f"is lost)"
+        ) from None
     if p.exists() and not os.access(p, os.W_OK):
         raise ValueError(f"{arg}={str(path)!r}: the file exists and is not writable")

@@ -2,6 +2,7 @@
 performance model to the sweep (unless given or told not to), print its verdict, and draw
 every figure the data allows (dptrain.measure.plots).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,21 +21,34 @@ def main_plot(args) -> int:
     try:
         sweep = load_sweep(args.sweep)
         say(f"sweep: {_context(sweep['summary'], sweep=sweep)}")
-        validation = _read_model_file(getattr(args, "validation", None), "--validation",
-                                      "validation")
-        projection = _read_model_file(getattr(args, "projection", None), "--projection",
-                                      "projection")
+        validation = _read_model_file(
+            getattr(args, "validation", None), "--validation", "validation"
+        )
+        projection = _read_model_file(
+            getattr(args, "projection", None), "--projection", "projection"
+        )
         if validation is None and projection is None and not getattr(args, "no_model", False):
             validation, projection = _fit_model(args.sweep, args.out, say)
         if validation is not None or projection is not None:
             verdict = model_verdict(validation)
-            say(f"performance model: {verdict['text']}"
-                + (f"; {_ILLUSTRATION} (marked so on the figure)"
-                   if projection is not None and not verdict["validated"] else ""))
-        files = plot_sweep(args.sweep, args.out, formats=tuple(args.formats),
-                           trace=getattr(args, "trace", None), validation=validation,
-                           projection=projection, report=say)
-    except (ImportError, ValueError, OSError) as exc:      # no matplotlib, bad or no data
+            say(
+                f"performance model: {verdict['text']}"
+                + (
+                    f"; {_ILLUSTRATION} (marked so on the figure)"
+                    if projection is not None and not verdict["validated"]
+                    else ""
+                )
+            )
+        files = plot_sweep(
+            args.sweep,
+            args.out,
+            formats=tuple(args.formats),
+            trace=getattr(args, "trace", None),
+            validation=validation,
+            projection=projection,
+            report=say,
+        )
+    except (ImportError, ValueError, OSError) as exc:  # no matplotlib, bad or no data
         print(f"dptrain: error: {exc}", file=sys.stderr)
         return 1
     for path in files:
@@ -50,6 +64,7 @@ def _fit_model(sweep, out_dir, say):
     transport's latency cannot be told from its bandwidth: the shared-memory preset's alpha
     is then used, and said so."""
     from . import perfmodel
+
     try:
         runs = perfmodel.load_runs(sweep)
     except ValueError as exc:
@@ -61,8 +76,10 @@ def _fit_model(sweep, out_dir, say):
     if cores:
         fitting = [r for r in runs if r["workers"] * r.get("threads", 1) <= cores]
         if len(fitting) < len(runs):
-            say(f"performance model: {len(runs) - len(fitting)} run(s) with more workers x "
-                f"threads than the {cores} cores left out of the fit (oversubscribed)")
+            say(
+                f"performance model: {len(runs) - len(fitting)} run(s) with more workers x "
+                f"threads than the {cores} cores left out of the fit (oversubscribed)"
+            )
             runs = fitting
     # the hierarchical all-reduce projected on nodes like the sweep's machine (its cores)
     per_node = cores if cores and cores > 1 else None
@@ -75,8 +92,10 @@ def _fit_model(sweep, out_dir, say):
         except ValueError as exc:
             say(f"no performance model: {exc}")
             return None, None
-        say(f"performance model: alpha fixed at the shared-memory preset ({alpha:.2g} s): "
-            f"the sweep has too few worker counts to fit it")
+        say(
+            f"performance model: alpha fixed at the shared-memory preset ({alpha:.2g} s): "
+            f"the sweep has too few worker counts to fit it"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "model.json").write_text(json.dumps(analysis, indent=1) + "\n")
@@ -93,11 +112,13 @@ def _read_model_file(path, option: str, key: str):
         doc = json.loads(Path(path).read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{option} {path} is not valid JSON: {exc}") from None
-    if isinstance(doc, dict) and key in doc:            # a model.json written by plot
+    if isinstance(doc, dict) and key in doc:  # a model.json written by plot
         doc = doc[key]
     if key == "validation" and isinstance(doc, dict) and isinstance(doc.get("rows"), list):
         return doc
     if not isinstance(doc, list):
-        raise ValueError(f"{option} {path} holds a {type(doc).__name__}, expected a JSON "
-                         f"list of rows (or the model.json that plot writes)")
+        raise ValueError(
+            f"{option} {path} holds a {type(doc).__name__}, expected a JSON "
+            f"list of rows (or the model.json that plot writes)"
+        )
     return doc

@@ -1,6 +1,7 @@
 """Progress for sweeps and long runs, drawn by tqdm (``tqdm.auto``: a widget in Jupyter and
 Colab, one rewritten line in a terminal, lines in a log): ``Progress`` over a sweep's runs,
 ``StepBar`` over a run's steps; and durations for people."""
+
 from __future__ import annotations
 
 import sys
@@ -29,9 +30,15 @@ class Progress:
         self._bar = None
         if not quiet:
             from tqdm.auto import tqdm
-            self._bar = tqdm(total=total, desc=title or None, unit="run",
-                             file=stream if stream is not None else sys.stderr,
-                             dynamic_ncols=True, mininterval=0.0)
+
+            self._bar = tqdm(
+                total=total,
+                desc=title or None,
+                unit="run",
+                file=stream if stream is not None else sys.stderr,
+                dynamic_ncols=True,
+                mininterval=0.0,
+            )
 
     @property
     def done(self) -> int:
@@ -65,8 +72,15 @@ class StepBar:
 
     def __init__(self):
         from tqdm.auto import tqdm
-        self.bar = tqdm(total=None, desc="training", unit="step", leave=False,
-                        dynamic_ncols=True, file=sys.stderr)
+
+        self.bar = tqdm(
+            total=None,
+            desc="training",
+            unit="step",
+            leave=False,
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
         self.done = threading.Event()
         self.thread = None
 
@@ -81,6 +95,7 @@ class StepBar:
             while not self.done.wait(0.2):
                 self._draw(slot)
             self._draw(slot)
+
         self.thread = threading.Thread(target=loop, daemon=True, name="dptrain-progress")
         self.thread.start()
 

@@ -28,6 +28,7 @@ phases, the ceiling's speedup, and the decomposition of the gap Tp - T1/p into:
 
 Each part is (phase time at p) - (phase time at 1) / p, so the four add up to the gap.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,25 +40,52 @@ from .._plain import is_json
 from .progress import Progress
 from .summary import data_label, format_summary, run_row, summarize, write_csv
 
-__all__ = ["sweep", "summarize", "format_summary", "write_csv", "run_row", "machine_info",
-           "data_label"]
+__all__ = [
+    "sweep",
+    "summarize",
+    "format_summary",
+    "write_csv",
+    "run_row",
+    "machine_info",
+    "data_label",
+]
 
 TRACE_STEPS = 30
-SWEEP_BACKENDS = ("thread", "process")   # a sweep starts its own workers (MPI: one mpiexec each)
+SWEEP_BACKENDS = ("thread", "process")  # a sweep starts its own workers (MPI: one mpiexec each)
 
 
 def machine_info() -> dict:
     """What the sweep ran on: cores, CPU model, the C core's SIMD level, Python, platform."""
     from .. import build_info
+
     info = build_info()
-    return {"cores": os.cpu_count(), "cpu": info["cpu"], "simd": info.get("simd"),
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "cores": os.cpu_count(),
+        "cpu": info["cpu"],
+        "simd": info.get("simd"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
-def sweep(model: str = "mlp", dataset: str = "mnist", *, sizes=(5000, 10000, 20000, 40000),
-          workers=(1, 2, 4), backend: str = "process", repeat: int = 3, epochs: int = 1,
-          batch_size: int = 128, allreduce: str = "native", ceiling: bool = True,
-          out=None, quiet: bool = False, log=print, quick: bool = False, **train_kw) -> dict:
+def sweep(
+    model: str = "mlp",
+    dataset: str = "mnist",
+    *,
+    sizes=(5000, 10000, 20000, 40000),
+    workers=(1, 2, 4),
+    backend: str = "process",
+    repeat: int = 3,
+    epochs: int = 1,
+    batch_size: int = 128,
+    allreduce: str = "native",
+    ceiling: bool = True,
+    out=None,
+    quiet: bool = False,
+    log=print,
+    quick: bool = False,
+    **train_kw,
+) -> dict:
     """Runs the sweep (see the module docstring) and returns its dict; writes it to `out`.
 
     sizes: training-set sizes (the first N samples of MNIST, or N synthetic samples);
@@ -69,9 +97,12 @@ def sweep(model: str = "mlp", dataset: str = "mnist", *, sizes=(5000, 10000, 200
     "synthetic-mnist" when MNIST was not found ("requested_dataset" keeps the name asked for).
     """
     from ..engine import train
+
     if backend not in SWEEP_BACKENDS:
-        raise ValueError(f"backend is {backend!r}: a sweep starts its own workers with "
-                         f"'thread' or 'process' (under MPI, run one mpiexec per worker count)")
+        raise ValueError(
+            f"backend is {backend!r}: a sweep starts its own workers with "
+            f"'thread' or 'process' (under MPI, run one mpiexec per worker count)"
+        )
     sizes = sorted({int(s) for s in sizes})
     counts = sorted({int(w) for w in workers} | {1})
     if not sizes or sizes[0] < 1:
@@ -85,37 +116,62 @@ def sweep(model: str = "mlp", dataset: str = "mnist", *, sizes=(5000, 10000, 200
     if outdir:
         (outdir / "traces").mkdir(parents=True, exist_ok=True)
     size_arg = "n_samples" if dataset == "synthetic" else "limit"
-    common = dict(model=model, dataset=dataset, epochs=epochs, batch_size=batch_size,
-                  allreduce=allreduce, quiet=True, backend=backend, **train_kw)
-    plan = [(n, r, p) for n in sizes for r in range(repeat)
-            for p in (counts if r % 2 == 0 else counts[::-1])]
+    common = dict(
+        model=model,
+        dataset=dataset,
+        epochs=epochs,
+        batch_size=batch_size,
+        allreduce=allreduce,
+        quiet=True,
+        backend=backend,
+        **train_kw,
+    )
+    plan = [
+        (n, r, p)
+        for n in sizes
+        for r in range(repeat)
+        for p in (counts if r % 2 == 0 else counts[::-1])
+    ]
     runs = []
     n_ceiling = sum(1 for n, r, p in plan if p > 1) if ceiling else 0
     with Progress(len(plan) + n_ceiling, "sweep", quiet=quiet) as bar:
         for n, r, p in plan:
             kw = dict(common, workers=p, **{size_arg: n})
             if p == 1:
-                kw["backend"] = "thread"     # 1 worker runs in this process, no communicator
+                kw["backend"] = "thread"  # 1 worker runs in this process, no communicator
             trace = (outdir / "traces" / f"{n}_{p}w.json") if (outdir and r == 0) else None
             res = train(**kw)
             if trace:
                 res["step_times"].chrome_trace(trace, last_step=TRACE_STEPS)
-            bar.update(f"{n} samples x {p} worker(s), repeat {r + 1}: "
-                       f"{res['train_seconds']:.3f} s")
+            bar.update(f"{n} samples x {p} worker(s), repeat {r + 1}: {res['train_seconds']:.3f} s")
             indep = None
             if ceiling and p > 1:
                 indep = train(**kw, uncoupled=True)["train_seconds"]
                 bar.update(f"{n} samples, {p} uncoupled workers: {indep:.3f} s")
             runs.append(run_row(res, n_samples=n, repeat=r, independent=indep, backend=backend))
     summary = summarize(runs)
-    used = runs[0]["dataset"]             # what the runs trained on, e.g. "synthetic-mnist"
-    result = {"config": dict(model=model, dataset=used, requested_dataset=dataset,
-                             synthetic=used.startswith("synthetic"), quick=bool(quick),
-                             sizes=sizes, workers=counts, backend=backend, repeat=repeat,
-                             epochs=epochs, batch_size=batch_size, allreduce=allreduce,
-                             ceiling=ceiling,
-                             **{k: v for k, v in train_kw.items() if is_json(v)}),
-              "machine": machine_info(), "runs": runs, "summary": summary}
+    used = runs[0]["dataset"]  # what the runs trained on, e.g. "synthetic-mnist"
+    result = {
+        "config": dict(
+            model=model,
+            dataset=used,
+            requested_dataset=dataset,
+            synthetic=used.startswith("synthetic"),
+            quick=bool(quick),
+            sizes=sizes,
+            workers=counts,
+            backend=backend,
+            repeat=repeat,
+            epochs=epochs,
+            batch_size=batch_size,
+            allreduce=allreduce,
+            ceiling=ceiling,
+            **{k: v for k, v in train_kw.items() if is_json(v)},
+        ),
+        "machine": machine_info(),
+        "runs": runs,
+        "summary": summary,
+    }
     if outdir:
         (outdir / "sweep.json").write_text(json.dumps(result, indent=1) + "\n")
         write_csv(runs, outdir / "runs.csv")

@@ -19,12 +19,13 @@ steps of a rank add up to its training time (exactly, by construction). With ove
 exchange's wait is hidden inside the communication phase (it runs beside backward).
 
 ``StepClock`` is what the exchange strategies mark the boundaries on during a step,
-``StepTimer`` what keeps a rank's stamps. ``StepTimes`` holds the stamps of all ranks (ranks x steps) and turns them into per-step and
-per-epoch tables, a summary, CSV/JSON, pandas frames and a Chrome trace. The trace keeps the
-ranks' real offsets on one machine (one monotonic clock); ranks whose clocks disagree by more
-than a second (MPI over machines) are aligned on their first stamp, where every rank leaves
-the same barrier.
+``StepTimer`` what keeps a rank's stamps. ``StepTimes`` holds the stamps of all ranks (ranks
+x steps) and turns them into per-step and per-epoch tables, a summary, CSV/JSON, pandas
+frames and a Chrome trace. The trace keeps the ranks' real offsets on one machine (one
+monotonic clock); ranks whose clocks disagree by more than a second (MPI over machines) are
+aligned on their first stamp, where every rank leaves the same barrier.
 """
+
 from __future__ import annotations
 
 import csv
@@ -35,8 +36,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["PHASES", "StepTimer", "StepTimes", "timer_cost_seconds", "read_steal",
-           "steal_fraction"]
+__all__ = ["PHASES", "StepTimer", "StepTimes", "timer_cost_seconds", "read_steal", "steal_fraction"]
 
 PHASES = ("data", "compute", "communication", "sync_wait", "update", "other")
 # columns of a rank's stamp array
@@ -164,8 +164,7 @@ class StepTimes:
         rows = []
         for r in range(self.ranks):
             for i in range(self.steps):
-                row = {"rank": r, "step": i, "epoch": int(ep[i]) + 1,
-                       "seconds": float(wall[r, i])}
+                row = {"rank": r, "step": i, "epoch": int(ep[i]) + 1, "seconds": float(wall[r, i])}
                 row.update({p: float(ph[r, i, k]) for k, p in enumerate(PHASES)})
                 rows.append(row)
         return rows
@@ -177,8 +176,12 @@ class StepTimes:
         for r in range(self.ranks):
             for e in np.unique(ep):
                 m = ep == e
-                row = {"rank": r, "epoch": int(e) + 1, "steps": int(m.sum()),
-                       "seconds": float(wall[r, m].sum())}
+                row = {
+                    "rank": r,
+                    "epoch": int(e) + 1,
+                    "steps": int(m.sum()),
+                    "seconds": float(wall[r, m].sum()),
+                }
                 row.update({p: float(ph[r, m, k].sum()) for k, p in enumerate(PHASES)})
                 rows.append(row)
         return rows
@@ -188,21 +191,29 @@ class StepTimes:
         the compute-to-communication ratio, collective calls and bytes per epoch."""
         ph, wall = self.phases(), self.step_seconds()
         n_epochs = max(1, len(np.unique(self.epochs()))) if self.steps else 1
-        totals = ph.sum(axis=1)                       # (ranks, phases)
+        totals = ph.sum(axis=1)  # (ranks, phases)
         mean_tot = totals.mean(axis=0)
         comm = mean_tot[2] + mean_tot[3]
         per_step = wall.mean(axis=0) if self.steps else np.zeros(0)
         pct = (lambda q: float(np.percentile(per_step, q))) if self.steps else (lambda q: 0.0)
         return {
-            "ranks": self.ranks, "steps": self.steps,
+            "ranks": self.ranks,
+            "steps": self.steps,
             "seconds": float(wall.sum(axis=1).mean()),
             "phase_seconds": {p: float(mean_tot[k]) for k, p in enumerate(PHASES)},
-            "rank_phase_seconds": [{p: float(totals[r, k]) for k, p in enumerate(PHASES)}
-                                   for r in range(self.ranks)],
-            "step_median_seconds": {p: float(np.median(ph[:, :, k])) if self.steps else 0.0
-                                    for k, p in enumerate(PHASES)},
-            "step_seconds": {"mean": float(per_step.mean()) if self.steps else 0.0,
-                             "p50": pct(50), "p90": pct(90), "p99": pct(99)},
+            "rank_phase_seconds": [
+                {p: float(totals[r, k]) for k, p in enumerate(PHASES)} for r in range(self.ranks)
+            ],
+            "step_median_seconds": {
+                p: float(np.median(ph[:, :, k])) if self.steps else 0.0
+                for k, p in enumerate(PHASES)
+            },
+            "step_seconds": {
+                "mean": float(per_step.mean()) if self.steps else 0.0,
+                "p50": pct(50),
+                "p90": pct(90),
+                "p99": pct(99),
+            },
             "compute_to_communication": float(mean_tot[1] / comm) if comm > 0 else None,
             "collective_calls": int(max(self.calls)) if self.calls else 0,
             "collective_calls_per_epoch": max(self.calls) / n_epochs if self.calls else 0.0,
@@ -229,10 +240,15 @@ class StepTimes:
 
     def to_dict(self) -> dict:
         """Metadata, summary, per-epoch table, calls and bytes as plain values (JSON-ready)."""
-        return {"meta": self.meta, "phases": list(PHASES), "summary": self.summary(),
-                "per_epoch": self.per_epoch(), "calls": self.calls,
-                "bytes_sent": self.bytes_sent,
-                "stamps": [s.tolist() for s in self.stamps]}
+        return {
+            "meta": self.meta,
+            "phases": list(PHASES),
+            "summary": self.summary(),
+            "per_epoch": self.per_epoch(),
+            "calls": self.calls,
+            "bytes_sent": self.bytes_sent,
+            "stamps": [s.tolist() for s in self.stamps],
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepTimes":
@@ -268,25 +284,43 @@ class StepTimes:
         # rank is then aligned on its own first stamp (all ranks leave the same barrier there)
         shared_clock = bool(firsts) and max(firsts) - min(firsts) < 1.0
         for r, s in enumerate(self.stamps):
-            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r,
-                           "args": {"name": f"rank {r}"}})
+            events.append(
+                {
+                    "name": "thread_name",
+                    "ph": "M",
+                    "pid": 0,
+                    "tid": r,
+                    "args": {"name": f"rank {r}"},
+                }
+            )
             if not len(s):
                 continue
             t0 = min(firsts) if shared_clock else s[0, _START]
             for i in range(first_step, stop):
                 row = s[i]
                 wait = min(max(row[_WAIT], 0.0), row[_EXCHANGE] - row[_COMPUTE])
-                bounds = [("data", row[_START], row[_DATA]),
-                          ("compute", row[_DATA], row[_COMPUTE]),
-                          ("sync_wait", row[_COMPUTE], row[_COMPUTE] + wait),
-                          ("communication", row[_COMPUTE] + wait, row[_EXCHANGE]),
-                          ("update", row[_EXCHANGE], row[_UPDATE]),
-                          ("other", row[_UPDATE], row[_END])]
+                bounds = [
+                    ("data", row[_START], row[_DATA]),
+                    ("compute", row[_DATA], row[_COMPUTE]),
+                    ("sync_wait", row[_COMPUTE], row[_COMPUTE] + wait),
+                    ("communication", row[_COMPUTE] + wait, row[_EXCHANGE]),
+                    ("update", row[_EXCHANGE], row[_UPDATE]),
+                    ("other", row[_UPDATE], row[_END]),
+                ]
                 for name, a, b in bounds:
                     if b > a:
-                        events.append({"name": name, "cat": "phase", "ph": "X", "pid": 0,
-                                       "tid": r, "ts": (a - t0) * 1e6, "dur": (b - a) * 1e6,
-                                       "args": {"step": i, "epoch": int(row[_EPOCH]) + 1}})
+                        events.append(
+                            {
+                                "name": name,
+                                "cat": "phase",
+                                "ph": "X",
+                                "pid": 0,
+                                "tid": r,
+                                "ts": (a - t0) * 1e6,
+                                "dur": (b - a) * 1e6,
+                                "args": {"step": i, "epoch": int(row[_EPOCH]) + 1},
+                            }
+                        )
         trace = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": self.meta}
         if path is not None:
             with open(path, "w") as f:
@@ -300,8 +334,17 @@ class StepClock:
     at its collectives' entry (read from the communicator). ``hooks.computed(rank)`` (the
     training loop's hooks: an injected straggler) runs when the compute ends."""
 
-    __slots__ = ("comm", "hooks", "rank", "start", "data_seconds", "t_data", "t_compute",
-                 "t_exchange", "waited_before")
+    __slots__ = (
+        "comm",
+        "hooks",
+        "rank",
+        "start",
+        "data_seconds",
+        "t_data",
+        "t_compute",
+        "t_exchange",
+        "waited_before",
+    )
 
     def __init__(self, comm, hooks):
         self.comm, self.hooks, self.rank = comm, hooks, comm.rank
@@ -321,7 +364,7 @@ class StepClock:
         self.data_seconds += time.perf_counter() - t0
 
     def computed(self) -> None:
-        self.hooks.computed(self.rank)              # an injected straggler computes longer
+        self.hooks.computed(self.rank)  # an injected straggler computes longer
         self.t_compute = time.perf_counter()
         self.waited_before = self.comm.waited
 
@@ -330,5 +373,12 @@ class StepClock:
 
     def record(self, timer: StepTimer, epoch: int, t_update: float) -> None:
         t_data = self.t_data if self.t_data is not None else self.start + self.data_seconds
-        timer.step(epoch, self.start, t_data, self.t_compute, self.t_exchange, t_update,
-                   self.comm.waited - self.waited_before)
+        timer.step(
+            epoch,
+            self.start,
+            t_data,
+            self.t_compute,
+            self.t_exchange,
+            t_update,
+            self.comm.waited - self.waited_before,
+        )

@@ -38,27 +38,74 @@ This package re-exports every twin: ``reference.softmax_xent`` is
 functions, which shadow their modules as attributes of the package (their other names come
 with ``from dptrain.reference.allreduce import allreduce_slice``).
 """
+
+from .act import (
+    gelu_backward,
+    gelu_forward,
+    mse,
+    relu_backward,
+    relu_forward,
+    sigmoid_backward,
+    sigmoid_forward,
+    tanh_backward,
+    tanh_forward,
+)
+from .allreduce import ALLREDUCE_ALGORITHMS, allreduce, allreduce_slice
+from .buffers import from_bf16, scale_, sum_buffers, to_bf16
+from .conv import conv2d_backward, conv2d_forward
+from .dense import dense_backward, dense_forward
 from .gemm import gemm
-from .dense import dense_forward, dense_backward
-from .act import (relu_forward, relu_backward, tanh_forward, tanh_backward, sigmoid_forward,
-                  sigmoid_backward, gelu_forward, gelu_backward, mse)
-from .loss import softmax_xent, sigmoid_bce, argmax, count_correct
+from .loss import argmax, count_correct, sigmoid_bce, softmax_xent
+from .model import (
+    LAYER_SIZES,
+    MODEL_LOSSES,
+    MODEL_MAX_LAYERS,
+    model_evaluate,
+    model_init_params,
+    model_logits,
+    model_loss_grad,
+    model_plan,
+    model_unflatten,
+)
+from .pool import maxpool2_backward, maxpool2_forward
 from .sgd import sgd_step
-from .buffers import sum_buffers, to_bf16, from_bf16, scale_
-from .allreduce import allreduce, allreduce_slice, ALLREDUCE_ALGORITHMS
-from .conv import conv2d_forward, conv2d_backward
-from .pool import maxpool2_forward, maxpool2_backward
-from .model import (model_plan, model_unflatten, model_init_params, model_loss_grad,
-                    model_evaluate, model_logits, MODEL_LOSSES, LAYER_SIZES, MODEL_MAX_LAYERS)
 
 __all__ = [
-    "gemm", "dense_forward", "dense_backward", "relu_forward", "relu_backward",
-    "softmax_xent", "sigmoid_bce", "argmax", "count_correct", "sgd_step", "sum_buffers",
-    "to_bf16", "from_bf16", "scale_", "allreduce", "allreduce_slice", "ALLREDUCE_ALGORITHMS",
-    "conv2d_forward", "conv2d_backward", "maxpool2_forward",
+    "gemm",
+    "dense_forward",
+    "dense_backward",
+    "relu_forward",
+    "relu_backward",
+    "softmax_xent",
+    "sigmoid_bce",
+    "argmax",
+    "count_correct",
+    "sgd_step",
+    "sum_buffers",
+    "to_bf16",
+    "from_bf16",
+    "scale_",
+    "allreduce",
+    "allreduce_slice",
+    "ALLREDUCE_ALGORITHMS",
+    "conv2d_forward",
+    "conv2d_backward",
+    "maxpool2_forward",
     "maxpool2_backward",
-    "tanh_forward", "tanh_backward", "sigmoid_forward", "sigmoid_backward", "gelu_forward",
-    "gelu_backward", "mse", "model_plan", "model_unflatten", "model_init_params",
-    "model_loss_grad", "model_evaluate", "model_logits",
-    "MODEL_LOSSES", "LAYER_SIZES", "MODEL_MAX_LAYERS",
+    "tanh_forward",
+    "tanh_backward",
+    "sigmoid_forward",
+    "sigmoid_backward",
+    "gelu_forward",
+    "gelu_backward",
+    "mse",
+    "model_plan",
+    "model_unflatten",
+    "model_init_params",
+    "model_loss_grad",
+    "model_evaluate",
+    "model_logits",
+    "MODEL_LOSSES",
+    "LAYER_SIZES",
+    "MODEL_MAX_LAYERS",
 ]

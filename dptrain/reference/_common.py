@@ -1,7 +1,7 @@
 """Validation helpers every twin uses: light, but with messages that name the argument and
 the values, in the words of the C boundary (docs/core_api.md)."""
-import numpy as np
 
+import numpy as np
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -29,8 +29,9 @@ def _common_float_dtype(**arrays):
         if dtype is None:
             dtype, first = arr.dtype, name
         elif arr.dtype != dtype:
-            raise TypeError(f"{name} has dtype {arr.dtype}, expected {dtype} "
-                            f"(the dtype of {first})")
+            raise TypeError(
+                f"{name} has dtype {arr.dtype}, expected {dtype} (the dtype of {first})"
+            )
     return dtype
 
 

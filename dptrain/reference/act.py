@@ -1,13 +1,24 @@
 """Twins of the activations (csrc/dp_act.h): ReLU (dptrain._core.relu_forward,
 relu_backward), and tanh, sigmoid, GELU and the MSE loss, which have no binding of their own:
 the C core runs them inside Model (model.py)."""
+
 import math
 
 import numpy as np
 
 from ._common import _check_ndim, _check_shape, _common_float_dtype
 
-__all__ = ["relu_forward", "relu_backward", "tanh_forward", "tanh_backward", "sigmoid_forward", "sigmoid_backward", "gelu_forward", "gelu_backward", "mse"]
+__all__ = [
+    "relu_forward",
+    "relu_backward",
+    "tanh_forward",
+    "tanh_backward",
+    "sigmoid_forward",
+    "sigmoid_backward",
+    "gelu_forward",
+    "gelu_backward",
+    "mse",
+]
 
 
 def relu_forward(x, y):
@@ -64,7 +75,7 @@ def sigmoid_backward(dy, y, dx):
     dx[...] = dy * y * (dt.type(1) - y)
 
 
-_erfc = np.frompyfunc(math.erfc, 1, 1)   # libm's erfc, element by element (NumPy has none)
+_erfc = np.frompyfunc(math.erfc, 1, 1)  # libm's erfc, element by element (NumPy has none)
 
 
 def _normal_cdf(x):
@@ -109,7 +120,7 @@ def mse(outputs, targets, doutputs=None, grad_scale=None):
     batch = outputs.shape[0]
     if batch == 0:
         return 0.0
-    diff = outputs - targets                      # (B, OUT), in the dtype
+    diff = outputs - targets  # (B, OUT), in the dtype
     if doutputs is not None:
         scale = 1.0 / batch if grad_scale is None else grad_scale
         doutputs[...] = dt.type(2) * dt.type(scale) * diff

@@ -1,5 +1,6 @@
 """Twin of the shared-memory all-reduce (csrc/dp_allreduce.h): dptrain._core.ShmGroup.allreduce,
 as the result of the whole group's collective, in each algorithm's order of summation."""
+
 import numpy as np
 
 from ._common import _check_ndim, _check_shape, _common_float_dtype, _range
@@ -8,7 +9,7 @@ from .buffers import sum_buffers
 __all__ = ["allreduce", "allreduce_slice", "ALLREDUCE_ALGORITHMS"]
 
 
-ALLREDUCE_ALGORITHMS = ("native", "ring", "tree")     # dp_allreduce_name's
+ALLREDUCE_ALGORITHMS = ("native", "ring", "tree")  # dp_allreduce_name's
 
 
 def allreduce_slice(start, stop, rank, n, elem_bytes):
@@ -63,7 +64,7 @@ def allreduce(bufs, *, scale=1.0, start=0, stop=None, out=None, algorithm="nativ
             acc = bufs[j][lo:hi].copy()
             for q in range(1, n):
                 acc = acc + bufs[(j + q) % n][lo:hi]
-            result[lo - sl.start:hi - sl.start] = acc * scale
+            result[lo - sl.start : hi - sl.start] = acc * scale
     else:
         pof2 = 1 << (n.bit_length() - 1)
         run = [b[sl].copy() for b in bufs[:pof2]]

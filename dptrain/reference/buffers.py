@@ -1,5 +1,6 @@
 """Twins of the flat-buffer arithmetic (csrc/dp_buffers.h): dptrain._core.sum_buffers,
 scale_, to_bf16, from_bf16. uint16 arrays hold bfloat16 values, computed in float32."""
+
 import numpy as np
 
 from ._common import _check_ndim, _check_shape, _common_float_dtype, _range
@@ -23,8 +24,9 @@ def sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None):
     if bf16:
         for i, arr in enumerate(inputs):
             if not (isinstance(arr, np.ndarray) and arr.dtype == np.uint16):
-                raise TypeError(f"inputs[{i}] has dtype {getattr(arr, 'dtype', type(arr))}, "
-                                f"expected uint16")
+                raise TypeError(
+                    f"inputs[{i}] has dtype {getattr(arr, 'dtype', type(arr))}, expected uint16"
+                )
         dt = np.dtype(np.float32)
     else:
         dt = _common_float_dtype(out=out, **{f"inputs[{i}]": a for i, a in enumerate(inputs)})
@@ -60,8 +62,9 @@ def _bf16_widen(b) -> np.ndarray:
 def _check_bf16_pair(x, x_dt, out, out_dt):
     for name, arr, dt in (("x", x, x_dt), ("out", out, out_dt)):
         if not isinstance(arr, np.ndarray) or arr.dtype != dt:
-            raise TypeError(f"{name} has dtype {getattr(arr, 'dtype', type(arr))}, expected "
-                            f"{np.dtype(dt).name}")
+            raise TypeError(
+                f"{name} has dtype {getattr(arr, 'dtype', type(arr))}, expected {np.dtype(dt).name}"
+            )
     _check_shape("out", out, x.shape)
 
 

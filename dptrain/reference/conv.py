@@ -1,5 +1,6 @@
 """Twins of the convolution (csrc/dp_conv.h): dptrain._core.conv2d_forward and
 conv2d_backward (and their loop twins, conv2d_*_naive). NCHW, stride 1, zero padding."""
+
 import numpy as np
 
 from ._common import _check_ndim, _check_shape, _common_float_dtype
@@ -14,14 +15,18 @@ def _conv_shapes(x, w, padding):
     batch, c, h, wd = x.shape
     oc, wc, kh, kw = w.shape
     if wc != c:
-        raise ValueError(f"w has shape {w.shape}, but x has shape {x.shape}: w.shape[1] must be "
-                         f"x's channel count {c}")
+        raise ValueError(
+            f"w has shape {w.shape}, but x has shape {x.shape}: w.shape[1] must be "
+            f"x's channel count {c}"
+        )
     if padding < 0:
         raise ValueError(f"padding must be >= 0, got {padding}")
     oh, ow = h + 2 * padding - kh + 1, wd + 2 * padding - kw + 1
     if oh < 1 or ow < 1:
-        raise ValueError(f"w has shape {w.shape}: its {kh}x{kw} kernel is larger than the "
-                         f"{h}x{wd} input of x {x.shape} with padding {padding}")
+        raise ValueError(
+            f"w has shape {w.shape}: its {kh}x{kw} kernel is larger than the "
+            f"{h}x{wd} input of x {x.shape} with padding {padding}"
+        )
     return batch, c, h, wd, oc, kh, kw, oh, ow
 
 
@@ -63,7 +68,7 @@ def conv2d_backward(dy, x, w, dw, db, dx=None, *, padding=0, ctx=None):
     if dx is not None:
         p = padding
         dxp = np.zeros((batch, c, h + 2 * p, wd + 2 * p), dtype=dx.dtype)
-        for u in range(kh):          # x[.., i + u, j + v] took part in y[.., i, j] via w[.., u, v]
+        for u in range(kh):  # x[.., i + u, j + v] took part in y[.., i, j] via w[.., u, v]
             for v in range(kw):
-                dxp[:, :, u:u + oh, v:v + ow] += np.einsum("noij,oc->ncij", dy, w[:, :, u, v])
-        dx[...] = dxp[:, :, p:p + h, p:p + wd]
+                dxp[:, :, u : u + oh, v : v + ow] += np.einsum("noij,oc->ncij", dy, w[:, :, u, v])
+        dx[...] = dxp[:, :, p : p + h, p : p + wd]

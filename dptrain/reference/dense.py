@@ -1,6 +1,7 @@
 """Twins of the dense layer (csrc/dp_dense.h): dptrain._core.dense_forward, dense_backward.
 
 Dimension letters: B batch, IN/OUT features."""
+
 from ._common import _check_ndim, _check_shape, _common_float_dtype
 
 __all__ = ["dense_forward", "dense_backward"]

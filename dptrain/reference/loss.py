@@ -2,6 +2,7 @@
 dptrain._core.softmax_xent, sigmoid_bce, argmax, count_correct.
 
 Dimension letters: B batch, C classes. Loss sums are accumulated in float64."""
+
 import numpy as np
 
 from ._common import _check_labels, _check_ndim, _check_shape, _common_float_dtype

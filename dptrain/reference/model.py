@@ -7,20 +7,40 @@ Written layer by layer in the list's order with the twins of the kernels (dense,
 act, loss): conv -> ReLU -> 2x2 max-pool is computed in the textbook order ReLU-then-pool,
 where the C core pools first, which gives the same values and gradients. model_init_params
 also *defines* the parameter initialisation the models use."""
+
 import math
 import operator
 
 import numpy as np
 
 from ._common import _FLOAT_DTYPES, _check_ndim, _check_shape, _common_float_dtype
-from .dense import dense_backward, dense_forward
-from .act import (gelu_backward, gelu_forward, mse, relu_backward, relu_forward,
-                  sigmoid_backward, sigmoid_forward, tanh_backward, tanh_forward)
-from .loss import count_correct, sigmoid_bce, softmax_xent
+from .act import (
+    gelu_backward,
+    gelu_forward,
+    mse,
+    relu_backward,
+    relu_forward,
+    sigmoid_backward,
+    sigmoid_forward,
+    tanh_backward,
+    tanh_forward,
+)
 from .conv import conv2d_backward, conv2d_forward
+from .dense import dense_backward, dense_forward
+from .loss import count_correct, sigmoid_bce, softmax_xent
 from .pool import maxpool2_backward, maxpool2_forward
 
-__all__ = ["model_plan", "model_unflatten", "model_init_params", "model_loss_grad", "model_evaluate", "model_logits", "MODEL_LOSSES", "LAYER_SIZES", "MODEL_MAX_LAYERS"]
+__all__ = [
+    "model_plan",
+    "model_unflatten",
+    "model_init_params",
+    "model_loss_grad",
+    "model_evaluate",
+    "model_logits",
+    "MODEL_LOSSES",
+    "LAYER_SIZES",
+    "MODEL_MAX_LAYERS",
+]
 
 
 # The loss names a Model takes.
@@ -28,17 +48,25 @@ MODEL_LOSSES = ("softmax_xent", "sigmoid_bce", "mse")
 
 
 # Layer kinds and how many sizes each takes: (fewest, most); conv's padding may be left out.
-LAYER_SIZES = {"dense": (1, 1), "conv": (2, 3), "maxpool2": (0, 0), "relu": (0, 0),
-               "tanh": (0, 0), "sigmoid": (0, 0), "gelu": (0, 0), "flatten": (0, 0)}
+LAYER_SIZES = {
+    "dense": (1, 1),
+    "conv": (2, 3),
+    "maxpool2": (0, 0),
+    "relu": (0, 0),
+    "tanh": (0, 0),
+    "sigmoid": (0, 0),
+    "gelu": (0, 0),
+    "flatten": (0, 0),
+}
 
 
-MODEL_MAX_LAYERS = 64           # DP_MODEL_MAX_LAYERS (csrc/dp_model.h)
+MODEL_MAX_LAYERS = 64  # DP_MODEL_MAX_LAYERS (csrc/dp_model.h)
 
 
-_INT_MAX = 2 ** 31 - 1          # every count the C kernels index with is a C int
+_INT_MAX = 2**31 - 1  # every count the C kernels index with is a C int
 
 
-_PTRDIFF_MAX = 2 ** 63 - 1      # the flat parameter offsets are ptrdiff_t
+_PTRDIFF_MAX = 2**63 - 1  # the flat parameter offsets are ptrdiff_t
 
 
 _ACTIVATIONS = {  # kind -> (forward, backward, whether backward takes the input (else output))
@@ -63,27 +91,30 @@ def _model_layer(spec, i):
     elif _is_sequence(spec):
         items = tuple(spec)
     else:
-        raise TypeError(f"layers[{i}] must be a layer name or a tuple (name, sizes...), got "
-                        f"{type(spec).__name__}")
+        raise TypeError(
+            f"layers[{i}] must be a layer name or a tuple (name, sizes...), got "
+            f"{type(spec).__name__}"
+        )
     if not items or not isinstance(items[0], str):
         raise TypeError(f"layers[{i}] = {spec!r}: the first entry must be the layer's name")
     kind = items[0]
     if kind not in LAYER_SIZES:
-        raise ValueError(f"layers[{i}]: unknown layer {kind!r} (known: "
-                         f"{', '.join(LAYER_SIZES)})")
+        raise ValueError(f"layers[{i}]: unknown layer {kind!r} (known: {', '.join(LAYER_SIZES)})")
     fewest, most = LAYER_SIZES[kind]
     if not fewest <= len(items) - 1 <= most:
-        takes = {"dense": "one size: ('dense', out_features)",
-                 "conv": "('conv', out_channels, kernel) or ('conv', out_channels, kernel, "
-                         "padding)"}.get(kind, "no sizes")
+        takes = {
+            "dense": "one size: ('dense', out_features)",
+            "conv": "('conv', out_channels, kernel) or ('conv', out_channels, kernel, padding)",
+        }.get(kind, "no sizes")
         raise ValueError(f"layers[{i}] = {spec!r}: {kind!r} takes {takes}")
     sizes = []
     for j, v in enumerate(items[1:], start=1):
         try:
-            v = operator.index(v)                 # int, bool, NumPy integers; not float
+            v = operator.index(v)  # int, bool, NumPy integers; not float
         except TypeError:
-            raise TypeError(f"layers[{i}] = {spec!r}: sizes must be ints, got "
-                            f"{type(v).__name__}") from None
+            raise TypeError(
+                f"layers[{i}] = {spec!r}: sizes must be ints, got {type(v).__name__}"
+            ) from None
         lowest = 0 if (kind, j) == ("conv", 3) else 1
         if not lowest <= v <= _INT_MAX:
             what = ("the output size", "the kernel size", "padding")[j - 1]
@@ -96,12 +127,14 @@ def _model_layer(spec, i):
 
 def _model_input_shape(input_shape):
     if not _is_sequence(input_shape):
-        raise TypeError(f"input_shape must be a tuple (F,) or (C, H, W), got "
-                        f"{type(input_shape).__name__}")
+        raise TypeError(
+            f"input_shape must be a tuple (F,) or (C, H, W), got {type(input_shape).__name__}"
+        )
     shape = tuple(input_shape)
     if len(shape) not in (1, 3):
-        raise ValueError(f"input_shape {input_shape!r} has {len(shape)} entries, expected (F,) or "
-                         f"(C, H, W)")
+        raise ValueError(
+            f"input_shape {input_shape!r} has {len(shape)} entries, expected (F,) or (C, H, W)"
+        )
     try:
         shape = tuple(operator.index(v) for v in shape)
     except TypeError:
@@ -138,7 +171,7 @@ def _layer_output(kind, sizes, shape):
         return (shape[0], shape[1] // 2, shape[2] // 2), None
     if kind == "flatten":
         return (math.prod(shape),), None
-    return shape, None                            # an activation
+    return shape, None  # an activation
 
 
 def model_plan(layers, input_shape, loss="softmax_xent"):
@@ -178,23 +211,40 @@ def model_plan(layers, input_shape, loss="softmax_xent"):
         if isinstance(out, str):
             raise ValueError(f"layers[{i}] ('{kind}') gets a {shape} input: {out}")
         shape, weight_shape = out
-        if weight_shape is not None:        # W, then b
-            params.append({"layer": i, "weight": offset, "weight_shape": weight_shape,
-                           "bias": offset + n_weights, "bias_shape": (weight_shape[0],)})
+        if weight_shape is not None:  # W, then b
+            params.append(
+                {
+                    "layer": i,
+                    "weight": offset,
+                    "weight_shape": weight_shape,
+                    "bias": offset + n_weights,
+                    "bias_shape": (weight_shape[0],),
+                }
+            )
             offset += n_weights + weight_shape[0]
         shapes.append(shape)
     if not params:
         raise ValueError("layers has no dense or conv layer: nothing to train")
     n_out = math.prod(shape)
-    need = {"softmax_xent": (n_out >= 2, "softmax cross-entropy needs >= 2 outputs"),
-            "sigmoid_bce": (n_out == 1, "sigmoid BCE needs exactly 1 output"),
-            "mse": (True, "")}[loss]
+    need = {
+        "softmax_xent": (n_out >= 2, "softmax cross-entropy needs >= 2 outputs"),
+        "sigmoid_bce": (n_out == 1, "sigmoid BCE needs exactly 1 output"),
+        "mse": (True, ""),
+    }[loss]
     if not need[0]:
         last = len(specs) - 1
-        raise ValueError(f"loss '{loss}' on this model: {need[1]}, but layers[{last}] "
-                         f"('{specs[last][0]}') gives {shape}")
-    return {"layers": specs, "input_shape": in_shape, "shapes": shapes, "n_params": offset,
-            "params": params, "loss": loss}
+        raise ValueError(
+            f"loss '{loss}' on this model: {need[1]}, but layers[{last}] "
+            f"('{specs[last][0]}') gives {shape}"
+        )
+    return {
+        "layers": specs,
+        "input_shape": in_shape,
+        "shapes": shapes,
+        "n_params": offset,
+        "params": params,
+        "loss": loss,
+    }
 
 
 def _model_check(plan, params, x):
@@ -211,8 +261,11 @@ def _model_param_views(plan, flat):
     """{layer index: (W, b)}: views into the flat buffer, in model_plan's layout."""
     views = {}
     for e in plan["params"]:
-        w = flat[e["weight"]:e["weight"] + math.prod(e["weight_shape"])]
-        views[e["layer"]] = (w.reshape(e["weight_shape"]), flat[e["bias"]:e["bias"] + e["bias_shape"][0]])
+        w = flat[e["weight"] : e["weight"] + math.prod(e["weight_shape"])]
+        views[e["layer"]] = (
+            w.reshape(e["weight_shape"]),
+            flat[e["bias"] : e["bias"] + e["bias_shape"][0]],
+        )
     return views
 
 
@@ -289,8 +342,9 @@ def _model_backward(plan, params, grads, acts, codes, dout):
         d = d.reshape(y.shape)
         dx = np.empty_like(h) if i > first else None
         if kind == "dense":
-            dense_backward(d, _rows(h), weights[i][0], *grad_views[i],
-                           None if dx is None else _rows(dx))
+            dense_backward(
+                d, _rows(h), weights[i][0], *grad_views[i], None if dx is None else _rows(dx)
+            )
         elif kind == "conv":
             conv2d_backward(d, h, weights[i][0], *grad_views[i], dx, padding=sizes[2])
         elif kind == "maxpool2":

@@ -1,9 +1,9 @@
 """Twins of 2x2 max-pooling, stride 2 (csrc/dp_pool.h): dptrain._core.maxpool2_forward,
 maxpool2_backward."""
+
 import numpy as np
 
 from ._common import _check_ndim, _check_shape, _common_float_dtype
-from .loss import argmax
 
 __all__ = ["maxpool2_forward", "maxpool2_backward"]
 
@@ -12,7 +12,7 @@ def _pool_windows(x):
     """(B, C, OH, OW, 4) copy of the 2x2 windows, positions in the order 2 du + dv."""
     batch, c, h, wd = x.shape
     oh, ow = h // 2, wd // 2
-    win = x[:, :, :2 * oh, :2 * ow].reshape(batch, c, oh, 2, ow, 2)
+    win = x[:, :, : 2 * oh, : 2 * ow].reshape(batch, c, oh, 2, ow, 2)
     return win.transpose(0, 1, 2, 4, 3, 5).reshape(batch, c, oh, ow, 4)
 
 
@@ -53,5 +53,8 @@ def maxpool2_backward(dy, idx, dx):
     win = np.zeros((batch, c, oh, ow, 4), dtype=dx.dtype)
     np.put_along_axis(win, idx[..., None].astype(np.intp), dy[..., None], axis=-1)
     dx[...] = 0
-    dx[:, :, :2 * oh, :2 * ow] = (win.reshape(batch, c, oh, ow, 2, 2).transpose(0, 1, 2, 4, 3, 5)
-                                  .reshape(batch, c, 2 * oh, 2 * ow))
+    dx[:, :, : 2 * oh, : 2 * ow] = (
+        win.reshape(batch, c, oh, ow, 2, 2)
+        .transpose(0, 1, 2, 4, 3, 5)
+        .reshape(batch, c, 2 * oh, 2 * ow)
+    )

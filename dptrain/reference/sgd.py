@@ -1,11 +1,22 @@
 """Twin of the SGD step (csrc/dp_sgd.h): dptrain._core.sgd_step, PyTorch's SGD."""
+
 from ._common import _check_shape, _common_float_dtype
 
 __all__ = ["sgd_step"]
 
 
-def sgd_step(params, grads, velocity, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
-             nesterov=False, first_step=False):
+def sgd_step(
+    params,
+    grads,
+    velocity,
+    *,
+    lr,
+    momentum=0.0,
+    dampening=0.0,
+    weight_decay=0.0,
+    nesterov=False,
+    first_step=False,
+):
     """One torch.optim.SGD step on flat buffers, in place on params (and velocity).
 
     Follows torch.optim.sgd._single_tensor_sgd (maximize=False) line by line:
@@ -25,8 +36,10 @@ def sgd_step(params, grads, velocity, *, lr, momentum=0.0, dampening=0.0, weight
     _check_shape("grads", grads, params.shape)
     if momentum != 0:
         if velocity is None:
-            raise ValueError(f"velocity is None, expected an array of shape {params.shape} "
-                             f"when momentum is {momentum}")
+            raise ValueError(
+                f"velocity is None, expected an array of shape {params.shape} "
+                f"when momentum is {momentum}"
+            )
         _check_shape("velocity", velocity, params.shape)
     g = grads
     if weight_decay != 0:

@@ -33,12 +33,12 @@ the original studies' code (we compare against their published figures, quoted i
 templates), and runs that need more cores than the machine has, which are
 run but flagged (oversubscribed) in the report.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from .report import (ORIGINAL, QUICK_BANNER, STUDIES, SUPERLINEAR_NOTE,  # noqa: F401
-                     TEMPLATES, template)
+from .report import ORIGINAL, QUICK_BANNER, STUDIES, SUPERLINEAR_NOTE, TEMPLATES, template  # noqa: F401
 from .runs import _RUNNERS
 
 

@@ -4,13 +4,13 @@ machine's cores, an oversubscribed layout, synthetic data).
 
 Each template quotes the original study's published figures on its "Original: " line
 (``ORIGINAL``); see the package docstring for what the original studies are."""
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 from ..measure import sweep as sweep_mod
-
 
 STUDIES = ("mnist-mlp", "cifar10-cnn", "logreg-1m", "mnist-softmax-scaled")
 
@@ -25,7 +25,7 @@ def template(name: str) -> str:
 def _original(name: str) -> str:
     """The original study's published figures, as its template quotes them."""
     line = next(line for line in template(name).splitlines() if line.startswith("Original: "))
-    return line[len("Original: "):]
+    return line[len("Original: ") :]
 
 
 # The original studies' published figures, quoted in the reports (from the templates).
@@ -47,11 +47,13 @@ def _speedup_cell(speedup: float) -> str:
     return f"{speedup:.2f}" + (" †" if speedup > (os.cpu_count() or 1) else "")
 
 
-SUPERLINEAR_NOTE = ("† A speedup above the number of cores of this machine cannot come from "
-                    "the added cores alone: it is either a measurement artefact (runs this "
-                    "short are dominated by noise: the host time-sharing the cores, a cold "
-                    "baseline) or a cache effect (each worker's share of the data fits in "
-                    "its cache). Do not read it as scaling.")
+SUPERLINEAR_NOTE = (
+    "† A speedup above the number of cores of this machine cannot come from "
+    "the added cores alone: it is either a measurement artefact (runs this "
+    "short are dominated by noise: the host time-sharing the cores, a cold "
+    "baseline) or a cache effect (each worker's share of the data fits in "
+    "its cache). Do not read it as scaling."
+)
 
 
 def _notes(speedups) -> str:
@@ -68,8 +70,7 @@ def _dataset_text(name: str) -> str:
 
 def _machine_md() -> str:
     m = sweep_mod.machine_info()
-    return (f"Machine: {m['cpu']}, {m['cores']} cores, SIMD {m['simd']}, Python "
-            f"{m['python']}.")
+    return f"Machine: {m['cpu']}, {m['cores']} cores, SIMD {m['simd']}, Python {m['python']}."
 
 
 def _oversubscribed(workers: int, threads: int = 1) -> bool:
@@ -80,22 +81,25 @@ def _workers_label(workers: int, threads: int = 1) -> str:
     return f"{workers}" + (" (oversubscribed)" if _oversubscribed(workers, threads) else "")
 
 
-QUICK_BANNER = ("**QUICK RUN**: a reduced form (small data, few epochs, one repeat) that "
-                "checks the pipeline. Its numbers are not the study's result; run the study "
-                "without --quick for those.")
+QUICK_BANNER = (
+    "**QUICK RUN**: a reduced form (small data, few epochs, one repeat) that "
+    "checks the pipeline. Its numbers are not the study's result; run the study "
+    "without --quick for those."
+)
 
 
 def _write(out: Path, name: str, quick: bool, **fields) -> Path:
     """Renders the study's template into out/report.md; a quick run says so in the title and
     in a banner under it."""
     import re
+
     fields.setdefault("machine", _machine_md())
     text = template(name).format_map(fields)
     if quick:
         title, rest = text.split("\n", 1)
         text = f"# QUICK RUN - {title[2:]}\n\n{QUICK_BANNER}\n{rest}"
     path = out / "report.md"
-    path.write_text(re.sub(r"\n{3,}", "\n\n", text))     # an empty field leaves no gap
+    path.write_text(re.sub(r"\n{3,}", "\n\n", text))  # an empty field leaves no gap
     return path
 
 

@@ -1,5 +1,6 @@
 """The four studies' runs: each runs its configurations (a sweep, or train() per layout),
 writes its data, figures and report, and returns its results."""
+
 from __future__ import annotations
 
 import json
@@ -8,131 +9,279 @@ from pathlib import Path
 
 from ..measure import sweep as sweep_mod
 from .figures import _save, _speedup_layouts
-from .report import (_dataset_text, _figures, _md_table, _notes, _oversubscribed,
-                     _speedup_cell, _workers_label, _write)
+from .report import (
+    _dataset_text,
+    _figures,
+    _md_table,
+    _notes,
+    _oversubscribed,
+    _speedup_cell,
+    _workers_label,
+    _write,
+)
 
 
 # ------------------------------------------------------------------ 1. mnist-mlp
 def _mnist_mlp(out: Path, quick: bool, say) -> dict:
     from ..measure import plots
+
     sizes = (1000, 2000) if quick else (5000, 10000, 20000, 40000)
     workers = (1, 2) if quick else (1, 2, 4)
-    res = sweep_mod.sweep("mlp", "mnist", sizes=sizes, workers=workers, backend="process",
-                          repeat=1 if quick else 3, epochs=1, batch_size=128, out=out,
-                          quiet=True, quick=quick)
+    res = sweep_mod.sweep(
+        "mlp",
+        "mnist",
+        sizes=sizes,
+        workers=workers,
+        backend="process",
+        repeat=1 if quick else 3,
+        epochs=1,
+        batch_size=128,
+        out=out,
+        quiet=True,
+        quick=quick,
+    )
     data = _dataset_text(res["config"]["dataset"])
-    figs = [_save(plots.plot_speedup(res), out, "speedup"),
-            _save(plots.plot_efficiency_vs_size(res), out, "efficiency_vs_size"),
-            _save(plots.plot_time_vs_size(res), out, "time_vs_size"),
-            _save(plots.plot_breakdown(res), out, "breakdown")]
-    rows = [[s["n_samples"], _workers_label(s["workers"]), f"{s['time']['median']:.3g}",
-             _speedup_cell(s["speedup"]["median"]),
-             f"{s['efficiency']['median']:.2f}",
-             f"{s['ceiling_speedup']:.2f}" if s["ceiling_speedup"] else "-"]
-            for s in res["summary"]]
-    best = max((s for s in res["summary"] if s["workers"] == 2),
-               key=lambda s: s["speedup"]["median"])
-    _write(out, "mnist-mlp", quick, data=data, sizes=list(sizes), workers=list(workers),
-           repeat=res["config"]["repeat"],
-           table=_md_table(["samples", "workers", "time s", "speedup", "efficiency",
-                            "ceiling"], rows, quick),
-           notes=_notes(s["speedup"]["median"] for s in res["summary"]),
-           best_speedup=f"{best['speedup']['median']:.2f}", best_samples=best["n_samples"],
-           figures=_figures(figs))
+    figs = [
+        _save(plots.plot_speedup(res), out, "speedup"),
+        _save(plots.plot_efficiency_vs_size(res), out, "efficiency_vs_size"),
+        _save(plots.plot_time_vs_size(res), out, "time_vs_size"),
+        _save(plots.plot_breakdown(res), out, "breakdown"),
+    ]
+    rows = [
+        [
+            s["n_samples"],
+            _workers_label(s["workers"]),
+            f"{s['time']['median']:.3g}",
+            _speedup_cell(s["speedup"]["median"]),
+            f"{s['efficiency']['median']:.2f}",
+            f"{s['ceiling_speedup']:.2f}" if s["ceiling_speedup"] else "-",
+        ]
+        for s in res["summary"]
+    ]
+    best = max(
+        (s for s in res["summary"] if s["workers"] == 2), key=lambda s: s["speedup"]["median"]
+    )
+    _write(
+        out,
+        "mnist-mlp",
+        quick,
+        data=data,
+        sizes=list(sizes),
+        workers=list(workers),
+        repeat=res["config"]["repeat"],
+        table=_md_table(
+            ["samples", "workers", "time s", "speedup", "efficiency", "ceiling"], rows, quick
+        ),
+        notes=_notes(s["speedup"]["median"] for s in res["summary"]),
+        best_speedup=f"{best['speedup']['median']:.2f}",
+        best_samples=best["n_samples"],
+        figures=_figures(figs),
+    )
     return res
 
 
 # ------------------------------------------------------------------ 2. cifar10-cnn
 def _cifar10_cnn(out: Path, quick: bool, say) -> dict:
     from ..measure import plots
+
     limit = 512 if quick else None
     workers = (1, 2) if quick else (1, 2, 4)
     n = limit or 50000
-    res = sweep_mod.sweep("cnn", "cifar10", sizes=(n,), workers=workers, backend="process",
-                          repeat=1, epochs=1 if quick else 2, batch_size=128, lr=0.01,
-                          momentum=0.9, out=out, quiet=True, ceiling=not quick, quick=quick)
+    res = sweep_mod.sweep(
+        "cnn",
+        "cifar10",
+        sizes=(n,),
+        workers=workers,
+        backend="process",
+        repeat=1,
+        epochs=1 if quick else 2,
+        batch_size=128,
+        lr=0.01,
+        momentum=0.9,
+        out=out,
+        quiet=True,
+        ceiling=not quick,
+        quick=quick,
+    )
     data = _dataset_text(res["config"]["dataset"])
-    figs = [_save(plots.plot_speedup(res), out, "speedup"),
-            _save(plots.plot_breakdown(res), out, "breakdown"),
-            _save(plots.plot_baseline_vs_distributed(res), out, "baseline_vs_distributed")]
+    figs = [
+        _save(plots.plot_speedup(res), out, "speedup"),
+        _save(plots.plot_breakdown(res), out, "breakdown"),
+        _save(plots.plot_baseline_vs_distributed(res), out, "baseline_vs_distributed"),
+    ]
     rows = []
     for s, r in zip(res["summary"], sorted(res["runs"], key=lambda r: r["workers"])):
         ph = s["phases"]
         comm = ph["communication"] + ph["sync_wait"]
         epochs = r["epochs"]
-        rows.append([_workers_label(s["workers"]),
-                     f"{s['time']['median']:.2f}",
-                     f"{r['collective_calls'] / epochs:.0f}",
-                     f"{comm:.3f}", f"{1e3 * s['time']['median'] / s['steps']:.1f}",
-                     f"{ph['compute'] / comm:.1f}" if comm > 0 else "-",
-                     _speedup_cell(s["speedup"]["median"]),
-                     f"{r['final_test_accuracy']:.3f}"])
-    _write(out, "cifar10-cnn", quick, data=data, epochs=res["config"]["epochs"], samples=n,
-           table=_md_table(["workers", "time s", "collective calls / epoch",
-                            "communication s (incl. wait)", "iteration ms",
-                            "compute / communication", "speedup", "test acc"], rows, quick),
-           notes=_notes(s["speedup"]["median"] for s in res["summary"]),
-           figures=_figures(figs))
+        rows.append(
+            [
+                _workers_label(s["workers"]),
+                f"{s['time']['median']:.2f}",
+                f"{r['collective_calls'] / epochs:.0f}",
+                f"{comm:.3f}",
+                f"{1e3 * s['time']['median'] / s['steps']:.1f}",
+                f"{ph['compute'] / comm:.1f}" if comm > 0 else "-",
+                _speedup_cell(s["speedup"]["median"]),
+                f"{r['final_test_accuracy']:.3f}",
+            ]
+        )
+    _write(
+        out,
+        "cifar10-cnn",
+        quick,
+        data=data,
+        epochs=res["config"]["epochs"],
+        samples=n,
+        table=_md_table(
+            [
+                "workers",
+                "time s",
+                "collective calls / epoch",
+                "communication s (incl. wait)",
+                "iteration ms",
+                "compute / communication",
+                "speedup",
+                "test acc",
+            ],
+            rows,
+            quick,
+        ),
+        notes=_notes(s["speedup"]["median"] for s in res["summary"]),
+        figures=_figures(figs),
+    )
     return res
 
 
 # ------------------------------------------------------------------ 3. logreg-1m
 def _logreg_1m(out: Path, quick: bool, say) -> dict:
     from ..measure import plots
+
     n = 50_000 if quick else 1_000_000
     workers = (1, 2) if quick else (1, 2, 4)
-    res = sweep_mod.sweep("logreg", "synthetic", sizes=(n,), workers=workers,
-                          backend="process", repeat=1 if quick else 3,
-                          epochs=2 if quick else 8, batch_size=8192, batch_per_worker=8192,
-                          lr=0.1, scale_lr=True, warmup_epochs=1, momentum=0.0,
-                          lr_schedule="constant", n_features=20, dtype="float64",
-                          shuffle=False, out=out, quiet=True, quick=quick)
-    figs = [_save(plots.plot_speedup(res), out, "speedup"),
-            _save(plots.plot_breakdown(res), out, "breakdown")]
+    res = sweep_mod.sweep(
+        "logreg",
+        "synthetic",
+        sizes=(n,),
+        workers=workers,
+        backend="process",
+        repeat=1 if quick else 3,
+        epochs=2 if quick else 8,
+        batch_size=8192,
+        batch_per_worker=8192,
+        lr=0.1,
+        scale_lr=True,
+        warmup_epochs=1,
+        momentum=0.0,
+        lr_schedule="constant",
+        n_features=20,
+        dtype="float64",
+        shuffle=False,
+        out=out,
+        quiet=True,
+        quick=quick,
+    )
+    figs = [
+        _save(plots.plot_speedup(res), out, "speedup"),
+        _save(plots.plot_breakdown(res), out, "breakdown"),
+    ]
     rows = []
     for s in res["summary"]:
         r = next(x for x in res["runs"] if x["workers"] == s["workers"])
-        rows.append([_workers_label(s["workers"]),
-                     f"{s['time']['median']:.3g}", _speedup_cell(s["speedup"]["median"]),
-                     f"{s['ceiling_speedup']:.2f}" if s["ceiling_speedup"] else "-",
-                     f"{r['final_test_accuracy']:.4f}", r["collective_calls"],
-                     f"{r['bytes_sent'] / 1e6:.2f}"])
-    _write(out, "logreg-1m", quick, samples=f"{n:,}", epochs=res["config"]["epochs"],
-           table=_md_table(["workers", "time s", "speedup", "ceiling", "test accuracy",
-                            "synchronizations", "MB sent (rank max)"], rows, quick),
-           notes=_notes(s["speedup"]["median"] for s in res["summary"]),
-           figures=_figures(figs))
+        rows.append(
+            [
+                _workers_label(s["workers"]),
+                f"{s['time']['median']:.3g}",
+                _speedup_cell(s["speedup"]["median"]),
+                f"{s['ceiling_speedup']:.2f}" if s["ceiling_speedup"] else "-",
+                f"{r['final_test_accuracy']:.4f}",
+                r["collective_calls"],
+                f"{r['bytes_sent'] / 1e6:.2f}",
+            ]
+        )
+    _write(
+        out,
+        "logreg-1m",
+        quick,
+        samples=f"{n:,}",
+        epochs=res["config"]["epochs"],
+        table=_md_table(
+            [
+                "workers",
+                "time s",
+                "speedup",
+                "ceiling",
+                "test accuracy",
+                "synchronizations",
+                "MB sent (rank max)",
+            ],
+            rows,
+            quick,
+        ),
+        notes=_notes(s["speedup"]["median"] for s in res["summary"]),
+        figures=_figures(figs),
+    )
     return res
 
 
 # ------------------------------------------------------------------ 4. mnist-softmax-scaled
 def _softmax_scaled(out: Path, quick: bool, say) -> dict:
     from ..engine import train
+
     ups = (1, 2) if quick else (1, 2, 4)
     limit = 1000 if quick else 60000
     epochs = 3 if quick else 100
-    layouts = [("1 worker x 1 thread", 1, 1, "native"), ("1 worker x 2 threads", 1, 2, "native"),
-               ("2 workers x 1 thread", 2, 1, "native"), ("2 workers x 1 thread, ps", 2, 1, "ps")]
+    layouts = [
+        ("1 worker x 1 thread", 1, 1, "native"),
+        ("1 worker x 2 threads", 1, 2, "native"),
+        ("2 workers x 1 thread", 2, 1, "native"),
+        ("2 workers x 1 thread, ps", 2, 1, "ps"),
+    ]
     if not quick:
         layouts.append(("2 workers x 2 threads", 2, 2, "native"))
     rows, data = [], []
     for up in ups:
         base = None
         for label, w, t, alg in layouts:
-            r = train(model="softmax", dataset="mnist", limit=limit, upscale=up, epochs=epochs,
-                      batch_size=limit, lr=0.5, momentum=0.0, lr_schedule="constant",
-                      workers=w, threads=t, allreduce=alg, backend="process", quiet=True)
+            r = train(
+                model="softmax",
+                dataset="mnist",
+                limit=limit,
+                upscale=up,
+                epochs=epochs,
+                batch_size=limit,
+                lr=0.5,
+                momentum=0.0,
+                lr_schedule="constant",
+                workers=w,
+                threads=t,
+                allreduce=alg,
+                backend="process",
+                quiet=True,
+            )
             base = base or r["train_seconds"]
             dataset = r["config"]["dataset"]
-            d = {"pixels": 784 * up * up, "layout": label, "workers": w, "threads": t,
-                 "allreduce": alg, "seconds": r["train_seconds"],
-                 "speedup": base / r["train_seconds"],
-                 "test_accuracy": r["final_test_accuracy"],
-                 "oversubscribed": _oversubscribed(w, t)}
+            d = {
+                "pixels": 784 * up * up,
+                "layout": label,
+                "workers": w,
+                "threads": t,
+                "allreduce": alg,
+                "seconds": r["train_seconds"],
+                "speedup": base / r["train_seconds"],
+                "test_accuracy": r["final_test_accuracy"],
+                "oversubscribed": _oversubscribed(w, t),
+            }
             data.append(d)
-            rows.append([d["pixels"], label + (" (oversubscribed)" if d["oversubscribed"] else ""),
-                         f"{d['seconds']:.3g}", _speedup_cell(d["speedup"]),
-                         f"{d['test_accuracy']:.4f}"])
+            rows.append(
+                [
+                    d["pixels"],
+                    label + (" (oversubscribed)" if d["oversubscribed"] else ""),
+                    f"{d['seconds']:.3g}",
+                    _speedup_cell(d["speedup"]),
+                    f"{d['test_accuracy']:.4f}",
+                ]
+            )
             say(f"{d['pixels']} pixels, {label}: {d['seconds']:.2f} s")
     data_name = _dataset_text(dataset.split("-x")[0])
     for d in data:
@@ -140,14 +289,26 @@ def _softmax_scaled(out: Path, quick: bool, say) -> dict:
     (out / "results.json").write_text(json.dumps(data, indent=1))
     sweep_mod.write_csv(data, out / "results.csv")
     figs = [_speedup_layouts(out, data, layouts, ups, limit, data_name, quick)]
-    _write(out, "mnist-softmax-scaled", quick, data=data_name, samples=limit,
-           factors=list(ups), pixels=", ".join(str(784 * u * u) for u in ups), epochs=epochs,
-           cores=os.cpu_count() or 1,
-           table=_md_table(["pixels", "layout", "time s", "speedup", "test accuracy"], rows,
-                           quick),
-           notes=_notes(d["speedup"] for d in data), figures=_figures(figs))
+    _write(
+        out,
+        "mnist-softmax-scaled",
+        quick,
+        data=data_name,
+        samples=limit,
+        factors=list(ups),
+        pixels=", ".join(str(784 * u * u) for u in ups),
+        epochs=epochs,
+        cores=os.cpu_count() or 1,
+        table=_md_table(["pixels", "layout", "time s", "speedup", "test accuracy"], rows, quick),
+        notes=_notes(d["speedup"] for d in data),
+        figures=_figures(figs),
+    )
     return {"runs": data}
 
 
-_RUNNERS = {"mnist-mlp": _mnist_mlp, "cifar10-cnn": _cifar10_cnn, "logreg-1m": _logreg_1m,
-            "mnist-softmax-scaled": _softmax_scaled}
+_RUNNERS = {
+    "mnist-mlp": _mnist_mlp,
+    "cifar10-cnn": _cifar10_cnn,
+    "logreg-1m": _logreg_1m,
+    "mnist-softmax-scaled": _softmax_scaled,
+}

@@ -71,20 +71,49 @@ hierarchical; the synchronization shape), ``runs`` (the RUN rows read and checke
 held-out check and its verdict), ``projection`` (projection, break-even, ``analyze``), and
 ``checks`` (the argument checks they share). Every public name imports from here.
 """
+
 from __future__ import annotations
 
 from ..timing import PHASES
-from .costs import (ALGORITHMS, DEFAULT_GAMMA, HIERARCHICAL, NETWORKS, Network,
-                    allreduce_coefficients, allreduce_seconds, expected_max_normal, get_network,
-                    hierarchical_allreduce_seconds)
+from .costs import (
+    ALGORITHMS,
+    DEFAULT_GAMMA,
+    HIERARCHICAL,
+    NETWORKS,
+    Network,
+    allreduce_coefficients,
+    allreduce_seconds,
+    expected_max_normal,
+    get_network,
+    hierarchical_allreduce_seconds,
+)
 from .fitting import FittedModel, Prediction, fit
 from .projection import DEFAULT_WORKERS, analyze, break_even_samples, project
 from .runs import load_runs
 from .validation import TARGET_ERROR_PCT, Validation, validate, validation_verdict
 
-__all__ = ["PHASES", "ALGORITHMS", "Network", "NETWORKS", "DEFAULT_GAMMA", "TARGET_ERROR_PCT",
-           "get_network", "allreduce_coefficients", "allreduce_seconds", "HIERARCHICAL",
-           "hierarchical_allreduce_seconds",
-           "expected_max_normal", "DEFAULT_WORKERS", "FittedModel", "Prediction", "Validation",
-           "fit", "validate", "validation_verdict", "project", "break_even_samples", "analyze",
-           "load_runs"]
+__all__ = [
+    "PHASES",
+    "ALGORITHMS",
+    "Network",
+    "NETWORKS",
+    "DEFAULT_GAMMA",
+    "TARGET_ERROR_PCT",
+    "get_network",
+    "allreduce_coefficients",
+    "allreduce_seconds",
+    "HIERARCHICAL",
+    "hierarchical_allreduce_seconds",
+    "expected_max_normal",
+    "DEFAULT_WORKERS",
+    "FittedModel",
+    "Prediction",
+    "Validation",
+    "fit",
+    "validate",
+    "validation_verdict",
+    "project",
+    "break_even_samples",
+    "analyze",
+    "load_runs",
+]

@@ -1,5 +1,6 @@
 """Argument checks shared by the performance model's modules: numbers, non-negative numbers,
 positive integers, each refused with a ValueError that names the argument and its value."""
+
 from __future__ import annotations
 
 import math

@@ -2,6 +2,7 @@
 ``NETWORKS``), the cost of each algorithm over p workers, flat or hierarchical (nodes of
 several ranks), and the expected wait for the slowest of p workers (``expected_max_normal``).
 Plain formulas: nothing here is fitted."""
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,6 @@ import numpy as np
 
 from ...comm.algorithms import ALGORITHMS as EXCHANGE_ALGORITHMS
 from .checks import _nonneg, _number, _positive_int
-
 
 # the algorithms of a network between machines ('native' is a transport's own, not modeled)
 ALGORITHMS = tuple(a for a in EXCHANGE_ALGORITHMS if a != "native")
@@ -45,8 +45,9 @@ class Network:
             raise ValueError(f"network name must be a non-empty string, got {self.name!r}")
         a, bw = _number("alpha", self.alpha), _number("bandwidth", self.bandwidth, inf=True)
         if a < 0 or math.isinf(a):
-            raise ValueError(f"network {self.name!r}: alpha is {a!r} s, expected a finite "
-                             f"latency >= 0")
+            raise ValueError(
+                f"network {self.name!r}: alpha is {a!r} s, expected a finite latency >= 0"
+            )
         if not bw > 0:
             raise ValueError(f"network {self.name!r}: bandwidth is {bw!r} bytes/s, expected > 0")
         object.__setattr__(self, "alpha", a)
@@ -58,8 +59,12 @@ class Network:
         return 0.0 if math.isinf(self.bandwidth) else 1.0 / self.bandwidth
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "alpha_s": self.alpha, "beta_s_per_byte": self.beta,
-                "bandwidth_bytes_per_s": None if math.isinf(self.bandwidth) else self.bandwidth}
+        return {
+            "name": self.name,
+            "alpha_s": self.alpha,
+            "beta_s_per_byte": self.beta,
+            "bandwidth_bytes_per_s": None if math.isinf(self.bandwidth) else self.bandwidth,
+        }
 
 
 # Nominal figures, to the order of magnitude: bandwidths are line rates (what MPI achieves is
@@ -70,12 +75,15 @@ class Network:
 # squares in relative error of 2 alpha + M beta + M gamma / 2 (the ring form at p = 2) with
 # gamma = DEFAULT_GAMMA, so that the projections start from a link we have timed (the data and
 # how well it fits: bench/README.md, "Design measurements behind the comments").
-NETWORKS = {net.name: net for net in (
-    Network("10 GbE", alpha=20e-6, bandwidth=10e9 / 8),
-    Network("25 GbE", alpha=10e-6, bandwidth=25e9 / 8),
-    Network("100 Gb InfiniBand (EDR)", alpha=1.0e-6, bandwidth=100e9 / 8),
-    Network("shared memory", alpha=0.17e-6, bandwidth=27.4e9),
-)}
+NETWORKS = {
+    net.name: net
+    for net in (
+        Network("10 GbE", alpha=20e-6, bandwidth=10e9 / 8),
+        Network("25 GbE", alpha=10e-6, bandwidth=25e9 / 8),
+        Network("100 Gb InfiniBand (EDR)", alpha=1.0e-6, bandwidth=100e9 / 8),
+        Network("shared memory", alpha=0.17e-6, bandwidth=27.4e9),
+    )
+}
 
 
 def get_network(network) -> Network:
@@ -84,8 +92,9 @@ def get_network(network) -> Network:
         return network
     if isinstance(network, str):
         if network not in NETWORKS:
-            raise ValueError(f"network is {network!r}, expected a Network or one of "
-                             f"{sorted(NETWORKS)}")
+            raise ValueError(
+                f"network is {network!r}, expected a Network or one of {sorted(NETWORKS)}"
+            )
         return NETWORKS[network]
     raise ValueError(f"network is {network!r}, expected a Network or one of {sorted(NETWORKS)}")
 
@@ -120,8 +129,9 @@ def allreduce_coefficients(algorithm: str, p: int) -> tuple[float, float, float]
     return 2.0 * (p - 1), 2.0 * (p - 1), float(p - 1)
 
 
-def allreduce_seconds(algorithm: str, p: int, nbytes: float, network,
-                      gamma: float = DEFAULT_GAMMA) -> float:
+def allreduce_seconds(
+    algorithm: str, p: int, nbytes: float, network, gamma: float = DEFAULT_GAMMA
+) -> float:
     """Seconds for one all-reduce of ``nbytes`` over ``p`` workers linked by ``network``
     (a Network or a preset name), with ``gamma`` seconds per byte summed (0 to leave the
     reduction out). p = 1 costs 0."""
@@ -139,8 +149,15 @@ def allreduce_seconds(algorithm: str, p: int, nbytes: float, network,
 HIERARCHICAL = ("hier-ring", "hier-tree")
 
 
-def _terms(algorithm: str, p: int, nbytes: float, net: Network, gamma: float,
-           ranks_per_node: int | None, node_network) -> tuple[float, float]:
+def _terms(
+    algorithm: str,
+    p: int,
+    nbytes: float,
+    net: Network,
+    gamma: float,
+    ranks_per_node: int | None,
+    node_network,
+) -> tuple[float, float]:
     """(seconds of latency, seconds of bytes) of one all-reduce of nbytes over p workers:
     flat on net, or hierarchical with ranks_per_node ranks per node (see
     hierarchical_allreduce_seconds). The latency part is what buckets multiply."""
@@ -150,21 +167,31 @@ def _terms(algorithm: str, p: int, nbytes: float, net: Network, gamma: float,
         return na * net.alpha, nb * nbytes * net.beta + ng * nbytes * gamma
     node = get_network(node_network)
     nodes = -(-p // m)
-    if nodes == 1:                   # one node: the shared-memory all-reduce alone
+    if nodes == 1:  # one node: the shared-memory all-reduce alone
         na, nb, ng = allreduce_coefficients("ring", m)
         return na * node.alpha, nb * nbytes * node.beta + ng * nbytes * gamma
     na, nb, ng = allreduce_coefficients(algorithm, nodes)
     # the node's sum: a barrier in and out, each rank sums its 1/m slice of the m arrays;
     # then the leaders; then a barrier and every rank copies the total out of shared memory
     latency = 3 * node.alpha + na * net.alpha
-    volume = ((m - 1) / m * nbytes * (node.beta + gamma) + nbytes * node.beta
-              + nb * nbytes * net.beta + ng * nbytes * gamma)
+    volume = (
+        (m - 1) / m * nbytes * (node.beta + gamma)
+        + nbytes * node.beta
+        + nb * nbytes * net.beta
+        + ng * nbytes * gamma
+    )
     return latency, volume
 
 
-def hierarchical_allreduce_seconds(algorithm: str, p: int, nbytes: float, ranks_per_node: int,
-                                   network, node_network="shared memory",
-                                   gamma: float = DEFAULT_GAMMA) -> float:
+def hierarchical_allreduce_seconds(
+    algorithm: str,
+    p: int,
+    nbytes: float,
+    ranks_per_node: int,
+    network,
+    node_network="shared memory",
+    gamma: float = DEFAULT_GAMMA,
+) -> float:
     """Seconds for one hierarchical all-reduce of ``nbytes`` over ``p`` workers, nodes of
     ``ranks_per_node`` ranks (m) joined by ``network``, the ranks of a node by
     ``node_network`` (default the measured shared-memory preset):
@@ -180,8 +207,15 @@ def hierarchical_allreduce_seconds(algorithm: str, p: int, nbytes: float, ranks_
     p = _positive_int("p", p)
     nbytes = _nonneg("nbytes", nbytes)
     ranks_per_node = _positive_int("ranks_per_node", ranks_per_node)
-    latency, volume = _terms(algorithm, p, nbytes, get_network(network), _nonneg("gamma", gamma),
-                             ranks_per_node, node_network)
+    latency, volume = _terms(
+        algorithm,
+        p,
+        nbytes,
+        get_network(network),
+        _nonneg("gamma", gamma),
+        ranks_per_node,
+        node_network,
+    )
     return latency + volume
 
 
@@ -202,7 +236,7 @@ def expected_max_normal(p: int) -> float:
     if p == 1:
         return 0.0
     x, cdf = _normal_grid()
-    fp = cdf ** p
+    fp = cdf**p
     pos, neg = x >= 0, x <= 0
     return float(_integral(1.0 - fp[pos], x[pos]) - _integral(fp[neg], x[neg]))
 

@@ -1,5 +1,6 @@
 """The fit: every coefficient of the model at once by non-negative least squares on a sweep's
 runs (``fit``), the fitted model (``FittedModel``) and what it predicts (``Prediction``)."""
+
 from __future__ import annotations
 
 import math
@@ -11,12 +12,18 @@ import numpy as np
 from ..._plain import plain
 from ..timing import PHASES
 from .checks import _nonneg, _positive_int
-from .costs import (DEFAULT_GAMMA, Network, _check_algorithm, _terms, allreduce_coefficients,
-                    expected_max_normal, get_network)
+from .costs import (
+    DEFAULT_GAMMA,
+    Network,
+    _check_algorithm,
+    _terms,
+    allreduce_coefficients,
+    expected_max_normal,
+    get_network,
+)
 from .runs import _SAME, _medians, _parse_runs, _Run, _run_list, _work
 
-
-WORK_PHASES = ("data", "compute", "update", "other")   # per-sample + per-step coefficients
+WORK_PHASES = ("data", "compute", "update", "other")  # per-sample + per-step coefficients
 
 
 def _nnls(a: np.ndarray, y: np.ndarray, max_iter: int = 500) -> np.ndarray:
@@ -54,13 +61,18 @@ def _param_names() -> list[str]:
 
 
 _MEANING = {
-    "per_sample": ("s/sample", "seconds of the {} phase per sample a worker processes "
-                               "(shrinks as 1/p)"),
+    "per_sample": (
+        "s/sample",
+        "seconds of the {} phase per sample a worker processes (shrinks as 1/p)",
+    ),
     "per_step": ("s/step", "seconds of the {} phase per step whatever p is (serial)"),
     "alpha": ("s", "latency per message of the measured transport (effective)"),
     "beta": ("s/byte", "time per byte of the measured transport, summing included"),
-    "sigma": ("s/step", "standard deviation of a worker's arrival time per step; the wait "
-                        "is sigma * E[max of p normals]"),
+    "sigma": (
+        "s/step",
+        "standard deviation of a worker's arrival time per step; the wait "
+        "is sigma * E[max of p normals]",
+    ),
 }
 
 
@@ -71,7 +83,7 @@ def _design(runs: Sequence[_Run], fixed_alpha: float | None):
     col = {nm: j for j, nm in enumerate(names)}
     rows, ys, what = [], [], []
     for r in runs:
-        w = 1.0 / r.train_seconds          # every run counts in relative error
+        w = 1.0 / r.train_seconds  # every run counts in relative error
         na, nb, _ = allreduce_coefficients(r.algorithm, r.workers)
         comm = np.zeros(len(names))
         comm[col["alpha"]] = r.steps * r.calls_per_step * na
@@ -113,28 +125,36 @@ def _check_identifiable(runs: Sequence[_Run], fixed_alpha):
             f"too few distinct configurations to fit: every run has "
             f"{next(iter(per_step)):g} samples per worker per step (batch_size / workers); "
             f"per-sample work and per-step serial work need runs at two or more worker "
-            f"counts (or batch sizes)")
+            f"counts (or batch sizes)"
+        )
     multi = [r for r in runs if r.workers > 1]
     if not multi:
-        raise ValueError("too few distinct configurations to fit: every run has workers=1, "
-                         "so nothing measures communication or synchronization; add runs "
-                         "with 2 or more workers")
+        raise ValueError(
+            "too few distinct configurations to fit: every run has workers=1, "
+            "so nothing measures communication or synchronization; add runs "
+            "with 2 or more workers"
+        )
     if fixed_alpha is None:
         shapes = set()
         for r in multi:
             na, nb, _ = allreduce_coefficients(r.algorithm, r.workers)
-            shapes.add(round(r.calls_per_step * na / (nb * r.param_bytes), 9)
-                       if nb * r.param_bytes > 0 else math.inf)
+            shapes.add(
+                round(r.calls_per_step * na / (nb * r.param_bytes), 9)
+                if nb * r.param_bytes > 0
+                else math.inf
+            )
         if len(shapes) < 2:
-            confs = sorted({(r.workers, r.algorithm, r.param_bytes, r.calls_per_step)
-                            for r in multi})
+            confs = sorted(
+                {(r.workers, r.algorithm, r.param_bytes, r.calls_per_step) for r in multi}
+            )
             raise ValueError(
                 f"too few distinct configurations to fit: latency (alpha) and bandwidth "
                 f"(beta) of the transport cannot be told apart from the multi-worker "
                 f"configurations (workers, algorithm, param_bytes, calls per step) {confs}; "
                 f"the ring needs two worker counts above 1, the tree two bucket sizes, the "
                 f"parameter server runs with another algorithm; or pass a known alpha=..., "
-                f"e.g. NETWORKS['shared memory'].alpha")
+                f"e.g. NETWORKS['shared memory'].alpha"
+            )
 
 
 def fit(runs, *, native_algorithm: str = "ring", alpha: float | None = None) -> "FittedModel":
@@ -152,8 +172,10 @@ def fit(runs, *, native_algorithm: str = "ring", alpha: float | None = None) -> 
     a, y, names = _design(configs, fixed)
     scale = np.linalg.norm(a, axis=0)
     if (scale == 0).any() or np.linalg.matrix_rank(a / scale) < a.shape[1]:
-        raise ValueError("too few distinct configurations to fit: the runs do not determine "
-                         f"every parameter of {names}")
+        raise ValueError(
+            "too few distinct configurations to fit: the runs do not determine "
+            f"every parameter of {names}"
+        )
     theta = _nnls(a / scale, y) / scale
     values = dict(zip(names, (float(v) for v in theta)))
     if fixed is not None:
@@ -164,17 +186,26 @@ def fit(runs, *, native_algorithm: str = "ring", alpha: float | None = None) -> 
     for r in parsed:
         counts[r.algorithm] = counts.get(r.algorithm, 0) + (r.workers > 1)
     model = FittedModel(
-        coefficients={nm: values[nm] for nm in _param_names() if nm not in
-                      ("alpha", "beta", "sigma")},
-        alpha=values["alpha"], beta=values["beta"], sigma=values["sigma"],
-        alpha_fixed=fixed is not None, native_algorithm=native_algorithm,
+        coefficients={
+            nm: values[nm] for nm in _param_names() if nm not in ("alpha", "beta", "sigma")
+        },
+        alpha=values["alpha"],
+        beta=values["beta"],
+        sigma=values["sigma"],
+        alpha_fixed=fixed is not None,
+        native_algorithm=native_algorithm,
         algorithm=max(counts, key=counts.get),
-        batch_size=ref.batch_size, epochs=ref.epochs, n_samples=ref.n_samples,
-        param_bytes=ref.param_bytes, calls_per_step=ref.calls_per_step,
+        batch_size=ref.batch_size,
+        epochs=ref.epochs,
+        n_samples=ref.n_samples,
+        param_bytes=ref.param_bytes,
+        calls_per_step=ref.calls_per_step,
         labels={k: first.get(k) for k in _SAME},
-        n_runs=len(parsed), n_configurations=len(configs),
+        n_runs=len(parsed),
+        n_configurations=len(configs),
         workers_fitted=sorted({r.workers for r in parsed}),
-        n_samples_fitted=sorted({r.n_samples for r in parsed}))
+        n_samples_fitted=sorted({r.n_samples for r in parsed}),
+    )
     rel = [(model.predict_run(r).seconds - r.train_seconds) / r.train_seconds for r in configs]
     model.fit_rms_error_pct = float(100.0 * np.sqrt(np.mean(np.square(rel))))
     return model
@@ -194,8 +225,12 @@ class Prediction:
     config: dict
 
     def to_dict(self) -> dict:
-        return {"seconds": self.seconds, "phases": dict(self.phases),
-                "breakdown": dict(self.breakdown), "config": dict(self.config)}
+        return {
+            "seconds": self.seconds,
+            "phases": dict(self.phases),
+            "breakdown": dict(self.breakdown),
+            "config": dict(self.config),
+        }
 
 
 @dataclass
@@ -263,12 +298,21 @@ class FittedModel:
             return self.network, 0.0 if gamma is None else _nonneg("gamma", gamma)
         return get_network(network), DEFAULT_GAMMA if gamma is None else _nonneg("gamma", gamma)
 
-    def predict(self, workers: int, n_samples: int | None = None, *,
-                batch_size: int | None = None, epochs: int | None = None,
-                param_bytes: float | None = None, calls_per_step: float | None = None,
-                algorithm: str | None = None, network=None,
-                gamma: float | None = None, ranks_per_node: int | None = None,
-                node_network="shared memory") -> Prediction:
+    def predict(
+        self,
+        workers: int,
+        n_samples: int | None = None,
+        *,
+        batch_size: int | None = None,
+        epochs: int | None = None,
+        param_bytes: float | None = None,
+        calls_per_step: float | None = None,
+        algorithm: str | None = None,
+        network=None,
+        gamma: float | None = None,
+        ranks_per_node: int | None = None,
+        node_network="shared memory",
+    ) -> Prediction:
         """Predicted seconds of a run of ``n_samples`` (default: the sweep's largest) on
         ``workers``. Unset arguments take the sweep's values; network=None is the measured
         transport (gamma then 0: its beta includes summing), a Network or preset name uses
@@ -280,39 +324,67 @@ class FittedModel:
         b = self.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
         e = self.epochs if epochs is None else _positive_int("epochs", epochs)
         m = self.param_bytes if param_bytes is None else _nonneg("param_bytes", param_bytes)
-        cps = self.calls_per_step if calls_per_step is None else _nonneg("calls_per_step",
-                                                                          calls_per_step)
+        cps = (
+            self.calls_per_step
+            if calls_per_step is None
+            else _nonneg("calls_per_step", calls_per_step)
+        )
         alg = self.algorithm if algorithm is None else algorithm
         _check_algorithm(alg)
         net, g = self.link(network, gamma)
         steps, mean, busiest = _work(n, b, e, p)
         if ranks_per_node is not None and alg == "ps":
-            raise ValueError("ranks_per_node: the hierarchical all-reduce has no parameter-"
-                             "server form; use algorithm 'ring' or 'tree'")
+            raise ValueError(
+                "ranks_per_node: the hierarchical all-reduce has no parameter-"
+                "server form; use algorithm 'ring' or 'tree'"
+            )
         latency, volume = _terms(alg, p, m, net, g, ranks_per_node, node_network)
         calls = 1.0 if alg == "ps" else cps
         comm = steps * (calls * latency + volume)
         c = self.coefficients
-        phases = {ph: c[f"{ph}_per_sample"] * mean + c[f"{ph}_per_step"] * steps
-                  for ph in WORK_PHASES}
+        phases = {
+            ph: c[f"{ph}_per_sample"] * mean + c[f"{ph}_per_step"] * steps for ph in WORK_PHASES
+        }
         phases["communication"] = comm
-        phases["sync_wait"] = (steps * self.sigma * expected_max_normal(p)
-                               + self.t_sample * (busiest - mean))
+        phases["sync_wait"] = steps * self.sigma * expected_max_normal(p) + self.t_sample * (
+            busiest - mean
+        )
         phases = {ph: float(phases[ph]) for ph in PHASES}
-        breakdown = {"parallel_work": self.t_sample * mean, "serial": self.t_serial * steps,
-                     "communication": comm, "sync_wait": phases["sync_wait"]}
-        config = {"workers": p, "n_samples": n, "batch_size": b, "epochs": e, "steps": steps,
-                  "param_bytes": m, "calls_per_step": calls, "algorithm": alg,
-                  "network": net.name, "gamma": g, "ranks_per_node": ranks_per_node}
-        return Prediction(float(sum(phases.values())), phases,
-                          {k: float(v) for k, v in breakdown.items()}, config)
+        breakdown = {
+            "parallel_work": self.t_sample * mean,
+            "serial": self.t_serial * steps,
+            "communication": comm,
+            "sync_wait": phases["sync_wait"],
+        }
+        config = {
+            "workers": p,
+            "n_samples": n,
+            "batch_size": b,
+            "epochs": e,
+            "steps": steps,
+            "param_bytes": m,
+            "calls_per_step": calls,
+            "algorithm": alg,
+            "network": net.name,
+            "gamma": g,
+            "ranks_per_node": ranks_per_node,
+        }
+        return Prediction(
+            float(sum(phases.values())), phases, {k: float(v) for k, v in breakdown.items()}, config
+        )
 
     def predict_run(self, run) -> Prediction:
         """The prediction for the configuration of one RUN (dict) on the measured transport."""
         r = run if isinstance(run, _Run) else _parse_runs([run], self.native_algorithm)[0]
-        return self.predict(r.workers, r.n_samples, batch_size=r.batch_size, epochs=r.epochs,
-                            param_bytes=r.param_bytes, calls_per_step=r.calls_per_step,
-                            algorithm=r.algorithm)
+        return self.predict(
+            r.workers,
+            r.n_samples,
+            batch_size=r.batch_size,
+            epochs=r.epochs,
+            param_bytes=r.param_bytes,
+            calls_per_step=r.calls_per_step,
+            algorithm=r.algorithm,
+        )
 
     def parameters(self) -> list[dict]:
         """Every fitted parameter: {name, value, unit, meaning}, then the derived ones."""
@@ -327,27 +399,49 @@ class FittedModel:
                 text += " (given, not fitted)"
             rows.append({"name": nm, "value": getattr(self, nm), "unit": unit, "meaning": text})
         rows += [
-            {"name": "t_sample", "value": self.t_sample, "unit": "s/sample",
-             "meaning": "per-sample work, all phases (T_comp = t_sample * samples)"},
-            {"name": "t_serial", "value": self.t_serial, "unit": "s/step",
-             "meaning": "serial work per step, all phases"},
-            {"name": "serial_fraction", "value": self.serial_fraction, "unit": "1",
-             "meaning": f"Amdahl serial fraction of a 1-worker step of {self.batch_size} "
-                        f"samples (speedup <= 1 / f)"},
+            {
+                "name": "t_sample",
+                "value": self.t_sample,
+                "unit": "s/sample",
+                "meaning": "per-sample work, all phases (T_comp = t_sample * samples)",
+            },
+            {
+                "name": "t_serial",
+                "value": self.t_serial,
+                "unit": "s/step",
+                "meaning": "serial work per step, all phases",
+            },
+            {
+                "name": "serial_fraction",
+                "value": self.serial_fraction,
+                "unit": "1",
+                "meaning": f"Amdahl serial fraction of a 1-worker step of {self.batch_size} "
+                f"samples (speedup <= 1 / f)",
+            },
         ]
         return rows
 
     def to_dict(self) -> dict:
-        return plain({
-            "parameters": self.parameters(),
-            "alpha_fixed": self.alpha_fixed,
-            "algorithm": self.algorithm, "native_algorithm": self.native_algorithm,
-            "reference": {"n_samples": self.n_samples, "batch_size": self.batch_size,
-                          "epochs": self.epochs, "param_bytes": self.param_bytes,
-                          "calls_per_step": self.calls_per_step},
-            "labels": self.labels, "n_runs": self.n_runs,
-            "n_configurations": self.n_configurations,
-            "n_fitted_parameters": self.n_fitted_parameters,
-            "workers_fitted": self.workers_fitted, "n_samples_fitted": self.n_samples_fitted,
-            "fit_rms_error_pct": self.fit_rms_error_pct,
-            "network": self.network.to_dict()})
+        return plain(
+            {
+                "parameters": self.parameters(),
+                "alpha_fixed": self.alpha_fixed,
+                "algorithm": self.algorithm,
+                "native_algorithm": self.native_algorithm,
+                "reference": {
+                    "n_samples": self.n_samples,
+                    "batch_size": self.batch_size,
+                    "epochs": self.epochs,
+                    "param_bytes": self.param_bytes,
+                    "calls_per_step": self.calls_per_step,
+                },
+                "labels": self.labels,
+                "n_runs": self.n_runs,
+                "n_configurations": self.n_configurations,
+                "n_fitted_parameters": self.n_fitted_parameters,
+                "workers_fitted": self.workers_fitted,
+                "n_samples_fitted": self.n_samples_fitted,
+                "fit_rms_error_pct": self.fit_rms_error_pct,
+                "network": self.network.to_dict(),
+            }
+        )

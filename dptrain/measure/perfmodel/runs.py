@@ -1,6 +1,7 @@
 """The model's input: a sweep's RUN rows (docs/sweep_schema.md), read, checked and reduced to
 one per configuration (the median over its repeats), and the work of a run (steps, samples
 per worker)."""
+
 from __future__ import annotations
 
 import json
@@ -37,15 +38,22 @@ class _Run:
     busiest_work: float
     param_bytes: float
     calls_per_step: float
-    allreduce: str          # as the sweep wrote it
-    algorithm: str          # the model's algorithm for it
+    allreduce: str  # as the sweep wrote it
+    algorithm: str  # the model's algorithm for it
     train_seconds: float
     phases: dict
 
     @property
     def config(self) -> tuple:
-        return (self.workers, self.n_samples, self.batch_size, self.epochs, self.allreduce,
-                self.param_bytes, self.calls_per_step)
+        return (
+            self.workers,
+            self.n_samples,
+            self.batch_size,
+            self.epochs,
+            self.allreduce,
+            self.param_bytes,
+            self.calls_per_step,
+        )
 
 
 _SAME = ("model", "dataset", "backend", "dtype", "threads")
@@ -56,8 +64,10 @@ def _run_list(runs) -> list:
     if isinstance(runs, Mapping) and "runs" in runs:
         runs = runs["runs"]
     if isinstance(runs, (str, bytes, Mapping)) or not isinstance(runs, Iterable):
-        raise ValueError(f"runs must be a list of RUN dicts (or a sweep dict with 'runs'), "
-                         f"got {type(runs).__name__}")
+        raise ValueError(
+            f"runs must be a list of RUN dicts (or a sweep dict with 'runs'), "
+            f"got {type(runs).__name__}"
+        )
     runs = list(runs)
     if not runs:
         raise ValueError("runs is empty: the model needs a sweep's RUN rows to fit")
@@ -66,14 +76,20 @@ def _run_list(runs) -> list:
 
 def _parse_runs(runs: list, native_algorithm: str) -> list[_Run]:
     if native_algorithm not in ALGORITHMS:
-        raise ValueError(f"native_algorithm is {native_algorithm!r}, expected one of "
-                         f"{ALGORITHMS}")
+        raise ValueError(f"native_algorithm is {native_algorithm!r}, expected one of {ALGORITHMS}")
     out = []
     for i, r in enumerate(runs):
         if not isinstance(r, Mapping):
             raise ValueError(f"runs[{i}] is a {type(r).__name__}, expected a RUN dict")
-        for key in ("workers", "n_samples", "batch_size", "epochs", "param_bytes",
-                    "train_seconds", "phases"):
+        for key in (
+            "workers",
+            "n_samples",
+            "batch_size",
+            "epochs",
+            "param_bytes",
+            "train_seconds",
+            "phases",
+        ):
             if key not in r:
                 raise ValueError(f"runs[{i}] has no {key!r} (see the RUN schema)")
         try:
@@ -100,31 +116,39 @@ def _parse_runs(runs: list, native_algorithm: str) -> list[_Run]:
                 raise ValueError(f"runs[{i}]: {exc}") from None
         steps, mean, busiest = _work(n, b, e, p)
         if "steps" in r and r["steps"] is not None and int(r["steps"]) != steps:
-            raise ValueError(f"runs[{i}]: steps is {r['steps']!r}, but epochs * "
-                             f"ceil(n_samples / batch_size) = {e} * ceil({n} / {b}) = {steps}")
+            raise ValueError(
+                f"runs[{i}]: steps is {r['steps']!r}, but epochs * "
+                f"ceil(n_samples / batch_size) = {e} * ceil({n} / {b}) = {steps}"
+            )
         allreduce = r.get("allreduce", "native")
         if allreduce == "native":
             algorithm = native_algorithm
         elif allreduce in ALGORITHMS:
             algorithm = allreduce
         else:
-            raise ValueError(f"runs[{i}]: allreduce is {allreduce!r}, expected 'native' or "
-                             f"one of {ALGORITHMS}")
+            raise ValueError(
+                f"runs[{i}]: allreduce is {allreduce!r}, expected 'native' or one of {ALGORITHMS}"
+            )
         calls = r.get("collective_calls")
         if algorithm == "ps" or calls is None or p == 1:
             cps = 1.0
         else:
             cps = _nonneg("collective_calls", calls) / steps
             if cps <= 0:
-                raise ValueError(f"runs[{i}]: collective_calls is {calls!r} with {p} workers; "
-                                 f"expected at least one all-reduce per step")
-        out.append(_Run(i, p, n, b, e, steps, mean, busiest, m, cps, allreduce, algorithm,
-                        t, phases))
+                raise ValueError(
+                    f"runs[{i}]: collective_calls is {calls!r} with {p} workers; "
+                    f"expected at least one all-reduce per step"
+                )
+        out.append(
+            _Run(i, p, n, b, e, steps, mean, busiest, m, cps, allreduce, algorithm, t, phases)
+        )
     for key in _SAME:
         values = {repr(r.get(key)) for r in runs}
         if len(values) > 1:
-            raise ValueError(f"runs mix {key} values {sorted(values)}: fit one {key} at a time "
-                             f"(filter the runs), the model's coefficients belong to one")
+            raise ValueError(
+                f"runs mix {key} values {sorted(values)}: fit one {key} at a time "
+                f"(filter the runs), the model's coefficients belong to one"
+            )
     return out
 
 
@@ -139,11 +163,24 @@ def _medians(runs: Sequence[_Run]) -> list[_Run]:
     for members in groups.values():
         first = members[0]
         phases = {ph: float(np.median([m.phases[ph] for m in members])) for ph in PHASES}
-        out.append(_Run(first.index, first.workers, first.n_samples, first.batch_size,
-                        first.epochs, first.steps, first.mean_work, first.busiest_work,
-                        first.param_bytes, first.calls_per_step, first.allreduce,
-                        first.algorithm,
-                        float(np.median([m.train_seconds for m in members])), phases))
+        out.append(
+            _Run(
+                first.index,
+                first.workers,
+                first.n_samples,
+                first.batch_size,
+                first.epochs,
+                first.steps,
+                first.mean_work,
+                first.busiest_work,
+                first.param_bytes,
+                first.calls_per_step,
+                first.allreduce,
+                first.algorithm,
+                float(np.median([m.train_seconds for m in members])),
+                phases,
+            )
+        )
     return out
 
 

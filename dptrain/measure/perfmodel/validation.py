@@ -1,5 +1,6 @@
 """The held-out check: fit on some runs, predict the configurations left out (``validate``),
 and whether that validates the model (``validation_verdict``)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,12 +13,15 @@ from .checks import _nonneg
 from .fitting import FittedModel, fit
 from .runs import _parse_runs, _run_list
 
-
 TARGET_ERROR_PCT = 15.0
 
 
-def validation_verdict(max_abs_error_pct: float, target_pct: float = TARGET_ERROR_PCT,
-                       n_points: int | None = None, n_parameters: int | None = None) -> dict:
+def validation_verdict(
+    max_abs_error_pct: float,
+    target_pct: float = TARGET_ERROR_PCT,
+    n_points: int | None = None,
+    n_parameters: int | None = None,
+) -> dict:
     """Whether a held-out check validates the model, and one line that says why or why not:
     ``{"validated": bool, "problems": [...], "text": "..."}``.
 
@@ -34,18 +38,23 @@ def validation_verdict(max_abs_error_pct: float, target_pct: float = TARGET_ERRO
     if not err <= target:
         problems.append(f"held-out error up to {err:.1f} % > {target:g} % target")
     if n_points is not None and n_parameters is not None and n_points < n_parameters:
-        problems.append(f"checked on {n_points} held-out point{'s' if n_points != 1 else ''}"
-                        f" for {n_parameters} fitted parameters: not a validation")
+        problems.append(
+            f"checked on {n_points} held-out point{'s' if n_points != 1 else ''}"
+            f" for {n_parameters} fitted parameters: not a validation"
+        )
     if problems:
         text = "NOT VALIDATED: " + "; ".join(problems)
-        if err <= target:                   # the error passed: say so, after the failure
+        if err <= target:  # the error passed: say so, after the failure
             text += f" (held-out error up to {err:.1f} %, within the {target:g} % target)"
     else:
         text = f"validated: held-out error up to {err:.1f} % <= {target:g} % target"
         if n_points is not None:
             text += f" on {n_points} held-out point{'s' if n_points != 1 else ''}"
-            text += (f" for {n_parameters} fitted parameters" if n_parameters is not None
-                     else " (number of fitted parameters not given)")
+            text += (
+                f" for {n_parameters} fitted parameters"
+                if n_parameters is not None
+                else " (number of fitted parameters not given)"
+            )
     return {"validated": not problems, "problems": problems, "text": text}
 
 
@@ -77,8 +86,9 @@ class Validation:
 
     def verdict(self) -> dict:
         """``validation_verdict`` of this check: validated or not, and the line that says so."""
-        return validation_verdict(self.max_abs_error_pct, self.target_pct, self.n_points,
-                                  self.fit.n_fitted_parameters)
+        return validation_verdict(
+            self.max_abs_error_pct, self.target_pct, self.n_points, self.fit.n_fitted_parameters
+        )
 
     @property
     def validated(self) -> bool:
@@ -89,16 +99,25 @@ class Validation:
 
     def to_dict(self) -> dict:
         verdict = self.verdict()
-        return plain({"holdout": self.holdout, "target_pct": self.target_pct,
-                          "max_abs_error_pct": self.max_abs_error_pct,
-                          "within_target": self.within_target, "n_points": self.n_points,
-                          "n_fitted_parameters": self.fit.n_fitted_parameters,
-                          "validated": verdict["validated"], "verdict": verdict["text"],
-                          "rows": self.to_rows(), "fit": self.fit.to_dict()})
+        return plain(
+            {
+                "holdout": self.holdout,
+                "target_pct": self.target_pct,
+                "max_abs_error_pct": self.max_abs_error_pct,
+                "within_target": self.within_target,
+                "n_points": self.n_points,
+                "n_fitted_parameters": self.fit.n_fitted_parameters,
+                "validated": verdict["validated"],
+                "verdict": verdict["text"],
+                "rows": self.to_rows(),
+                "fit": self.fit.to_dict(),
+            }
+        )
 
 
-def validate(runs, holdout="n_samples", *, target_pct: float = TARGET_ERROR_PCT,
-             **fit_kwargs) -> Validation:
+def validate(
+    runs, holdout="n_samples", *, target_pct: float = TARGET_ERROR_PCT, **fit_kwargs
+) -> Validation:
     """Fit on some runs and predict the configurations left out.
 
     holdout: 'n_samples' (leave out the largest data set), 'workers' (the largest worker
@@ -116,8 +135,9 @@ def validate(runs, holdout="n_samples", *, target_pct: float = TARGET_ERROR_PCT,
         out = [bool(holdout(run)) for run in raw]
         label = getattr(holdout, "__name__", "callable")
     else:
-        raise ValueError(f"holdout is {holdout!r}, expected 'workers', 'n_samples' or a "
-                         f"callable run -> bool")
+        raise ValueError(
+            f"holdout is {holdout!r}, expected 'workers', 'n_samples' or a callable run -> bool"
+        )
     if not any(out):
         raise ValueError(f"holdout {label!r} leaves no run out: nothing to validate")
     if all(out):
@@ -132,11 +152,21 @@ def validate(runs, holdout="n_samples", *, target_pct: float = TARGET_ERROR_PCT,
         members = groups[key]
         measured = float(np.median([r.train_seconds for r in members]))
         pred = model.predict_run(members[0])
-        rows.append({"workers": key[0], "n_samples": key[1], "batch_size": key[2],
-                     "epochs": key[3], "allreduce": key[4], "repeats": len(members),
-                     "measured": measured, "predicted": pred.seconds,
-                     "error_pct": 100.0 * (pred.seconds - measured) / measured,
-                     "measured_phases": {ph: float(np.median([r.phases[ph] for r in members]))
-                                         for ph in PHASES},
-                     "predicted_phases": pred.phases})
+        rows.append(
+            {
+                "workers": key[0],
+                "n_samples": key[1],
+                "batch_size": key[2],
+                "epochs": key[3],
+                "allreduce": key[4],
+                "repeats": len(members),
+                "measured": measured,
+                "predicted": pred.seconds,
+                "error_pct": 100.0 * (pred.seconds - measured) / measured,
+                "measured_phases": {
+                    ph: float(np.median([r.phases[ph] for r in members])) for ph in PHASES
+                },
+                "predicted_phases": pred.phases,
+            }
+        )
     return Validation(label, rows, model, target)

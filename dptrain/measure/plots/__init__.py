@@ -51,7 +51,7 @@ figure family (``scaling``, ``phases``, ``timeline``, ``performance``), and ``wr
 Left out on purpose: interactive figures, and any statistics beyond what the sweep recorded
 (medians and min/max over repeats are drawn as they are).
 """
-from __future__ import annotations
+
 from __future__ import annotations
 
 from ..timing import PHASES  # noqa: F401  (re-exported: the one list of phases)
@@ -63,7 +63,21 @@ from .style import PHASE_COLORS, PHASE_LABELS  # noqa: F401  (re-exported)
 from .timeline import plot_timeline
 from .write import FIGURE_NAMES, plot_sweep, save_figure
 
-__all__ = ["plot_sweep", "load_sweep", "load_trace", "plot_speedup", "plot_efficiency_vs_size",
-           "plot_time_vs_size", "plot_breakdown", "plot_baseline_vs_distributed",
-           "plot_timeline", "plot_model_validation", "plot_projection", "model_verdict",
-           "save_figure", "machine_cores", "NotEnoughData", "FIGURE_NAMES"]
+__all__ = [
+    "plot_sweep",
+    "load_sweep",
+    "load_trace",
+    "plot_speedup",
+    "plot_efficiency_vs_size",
+    "plot_time_vs_size",
+    "plot_breakdown",
+    "plot_baseline_vs_distributed",
+    "plot_timeline",
+    "plot_model_validation",
+    "plot_projection",
+    "model_verdict",
+    "save_figure",
+    "machine_cores",
+    "NotEnoughData",
+    "FIGURE_NAMES",
+]

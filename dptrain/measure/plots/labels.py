@@ -2,6 +2,7 @@
 label, and what a reader must not miss (provenance): synthetic data, a quick run, an
 oversubscribed worker count, a speedup above the machine's cores.
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -27,17 +28,29 @@ def _context(rows, exclude=(), sweep=None) -> str:
     """What is the same in every row, for a title: 'mlp on mnist · process backend · ...',
     and what the reader must not miss: synthetic data, a quick run (``_data_marks``)."""
     varying = _varying(rows)
-    fixed = {d: rows[0].get(d) for d in CONFIG_DIMS
-             if d not in exclude and d not in varying and rows[0].get(d) is not None}
-    if "dataset" not in fixed and "dataset" not in varying and "dataset" not in exclude \
-            and _sweep_config(sweep).get("dataset") is not None:
-        fixed["dataset"] = _sweep_config(sweep)["dataset"]    # rows without a dataset field
+    fixed = {
+        d: rows[0].get(d)
+        for d in CONFIG_DIMS
+        if d not in exclude and d not in varying and rows[0].get(d) is not None
+    }
+    if (
+        "dataset" not in fixed
+        and "dataset" not in varying
+        and "dataset" not in exclude
+        and _sweep_config(sweep).get("dataset") is not None
+    ):
+        fixed["dataset"] = _sweep_config(sweep)["dataset"]  # rows without a dataset field
     parts = []
     if "model" in fixed or "dataset" in fixed:
-        parts.append(" on ".join(_dataset_text(fixed[d]) if d == "dataset" else str(fixed[d])
-                                 for d in ("model", "dataset") if d in fixed))
+        parts.append(
+            " on ".join(
+                _dataset_text(fixed[d]) if d == "dataset" else str(fixed[d])
+                for d in ("model", "dataset")
+                if d in fixed
+            )
+        )
     parts += [_dim_text(d, fixed[d]) for d in ("backend", "allreduce", "n_samples") if d in fixed]
-    named = _is_synthetic_name(fixed.get("dataset"))       # already marked after its name
+    named = _is_synthetic_name(fixed.get("dataset"))  # already marked after its name
     return " · ".join(parts + _data_marks(sweep, rows, synthetic_named=named))
 
 
@@ -85,21 +98,28 @@ def _oversubscribed_text(sweep) -> str:
     """Oversubscribed, explained: 'Oversubscribed: workers > 2 cores, ...'."""
     cores, threads = machine_cores(sweep), _threads(sweep)
     per = f" × {threads} threads" if threads > 1 else ""
-    return (f"Oversubscribed: workers{per} > {cores} cores; the workers time-share the cores "
-            f"(these runs are left out of the performance-model fit).")
+    return (
+        f"Oversubscribed: workers{per} > {cores} cores; the workers time-share the cores "
+        f"(these runs are left out of the performance-model fit)."
+    )
 
 
 def _above_cores_text(cores: int) -> str:
     """Why a speedup can exceed the core count (the figure's note under the plot)."""
-    return (f"Circled red, speedup > {cores} cores: more than {cores} cores can give "
-            f"CPU-bound work, so either superlinear (cache effects: each worker's shard fits "
-            f"in cache) or a noisy baseline (a slow 1-worker run). See the min–max bars; "
-            f"repeat the sweep to tell them apart.")
+    return (
+        f"Circled red, speedup > {cores} cores: more than {cores} cores can give "
+        f"CPU-bound work, so either superlinear (cache effects: each worker's shard fits "
+        f"in cache) or a noisy baseline (a slow 1-worker run). See the min–max bars; "
+        f"repeat the sweep to tell them apart."
+    )
 
 
 def _above_cores_short(cores: int) -> str:
-    return textwrap.fill(f"speedup > {cores} cores (circled): superlinear (cache effects) or "
-                         f"a noisy baseline; see the note below", 38)
+    return textwrap.fill(
+        f"speedup > {cores} cores (circled): superlinear (cache effects) or "
+        f"a noisy baseline; see the note below",
+        38,
+    )
 
 
 def _machine_text(sweep) -> str:
@@ -138,15 +158,21 @@ def _run_text(config, sweep=None) -> str:
     config = config if isinstance(config, dict) else {}
     parts = []
     if config.get("model") or config.get("dataset"):
-        parts.append(" on ".join(_dataset_text(config[k]) if k == "dataset" else str(config[k])
-                                 for k in ("model", "dataset") if config.get(k)))
+        parts.append(
+            " on ".join(
+                _dataset_text(config[k]) if k == "dataset" else str(config[k])
+                for k in ("model", "dataset")
+                if config.get(k)
+            )
+        )
     if config.get("workers"):
         over = isinstance(config["workers"], int) and _oversubscribed(config["workers"], sweep)
-        parts.append(_workers_text(config["workers"])
-                     + (f" (oversubscribed: > {machine_cores(sweep)} cores)" if over else ""))
+        parts.append(
+            _workers_text(config["workers"])
+            + (f" (oversubscribed: > {machine_cores(sweep)} cores)" if over else "")
+        )
     for d in ("backend", "allreduce", "n_samples"):
         if config.get(d) is not None:
             parts.append(_dim_text(d, config[d]))
-    marks = _data_marks(sweep, [config],
-                        synthetic_named=_is_synthetic_name(config.get("dataset")))
+    marks = _data_marks(sweep, [config], synthetic_named=_is_synthetic_name(config.get("dataset")))
     return " · ".join(parts + marks)

@@ -6,6 +6,7 @@ worker count is oversubscribed).
 Every check raises ``ValueError`` naming the row and the field, so the figures can trust
 the data; ``NotEnoughData`` says a figure needs more than the data holds.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,10 @@ def load_sweep(source) -> dict:
         if path.is_dir():
             path = path / "sweep.json"
         if not path.is_file():
-            raise FileNotFoundError(f"no sweep found: {path} does not exist (expected the "
-                                    f"sweep.json written by `python -m dptrain sweep`)")
+            raise FileNotFoundError(
+                f"no sweep found: {path} does not exist (expected the "
+                f"sweep.json written by `python -m dptrain sweep`)"
+            )
         try:
             sweep = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
@@ -45,17 +48,20 @@ def load_sweep(source) -> dict:
     if isinstance(sweep, list):
         sweep = {"summary": sweep}
     if not isinstance(sweep, dict) or "summary" not in sweep:
-        raise ValueError(f"sweep must be a dict with a 'summary' list (sweep.json), a list of "
-                         f"SUMMARY rows, or a path; got {type(sweep).__name__}"
-                         + (f" with keys {sorted(sweep)}" if isinstance(sweep, dict) else ""))
+        raise ValueError(
+            f"sweep must be a dict with a 'summary' list (sweep.json), a list of "
+            f"SUMMARY rows, or a path; got {type(sweep).__name__}"
+            + (f" with keys {sorted(sweep)}" if isinstance(sweep, dict) else "")
+        )
     _check_summary(sweep["summary"])
     return sweep
 
 
 def _check_summary(rows) -> None:
     if not isinstance(rows, list) or not rows:
-        raise ValueError("sweep summary is empty: there is no configuration to plot "
-                         "(did the sweep finish?)")
+        raise ValueError(
+            "sweep summary is empty: there is no configuration to plot (did the sweep finish?)"
+        )
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise ValueError(f"summary[{i}] is a {type(row).__name__}, expected a dict")
@@ -69,15 +75,17 @@ def _check_summary(rows) -> None:
         for key in ("time", "speedup", "efficiency"):
             stat = row.get(key)
             if stat is None and key != "time":
-                continue                  # no baseline for this size: no speedup to draw
+                continue  # no baseline for this size: no speedup to draw
             where = f"summary[{i}] ({_config_text(row)}).{key}"
             if not isinstance(stat, dict) or not _is_number(stat.get("median")):
-                raise ValueError(f"{where} is {stat!r}, expected "
-                                 f"{{'median': .., 'min': .., 'max': ..}}")
+                raise ValueError(
+                    f"{where} is {stat!r}, expected {{'median': .., 'min': .., 'max': ..}}"
+                )
             med, lo, hi = _stat(row, key)
             if not lo <= med <= hi:
-                raise ValueError(f"{where} has min {lo}, median {med}, max {hi}; expected "
-                                 f"min <= median <= max")
+                raise ValueError(
+                    f"{where} has min {lo}, median {med}, max {hi}; expected min <= median <= max"
+                )
         phases = row.get("phases")
         if phases is not None:
             _check_phases(phases, f"summary[{i}] ({_config_text(row)}).phases")
@@ -85,8 +93,9 @@ def _check_summary(rows) -> None:
 
 def _check_phases(phases, where: str) -> None:
     if not isinstance(phases, dict):
-        raise ValueError(f"{where} is a {type(phases).__name__}, expected a dict of seconds "
-                         f"per phase")
+        raise ValueError(
+            f"{where} is a {type(phases).__name__}, expected a dict of seconds per phase"
+        )
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
         raise ValueError(f"{where} has unknown phase(s) {unknown}; the phases are {PHASES}")
@@ -152,8 +161,9 @@ def _threads(sweep) -> int:
         return value
     runs = (sweep or {}).get("runs") if isinstance(sweep, dict) else None
     used = [r.get("threads") for r in runs or () if isinstance(r, dict)]
-    return max((t for t in used if isinstance(t, int) and not isinstance(t, bool) and t >= 1),
-               default=1)
+    return max(
+        (t for t in used if isinstance(t, int) and not isinstance(t, bool) and t >= 1), default=1
+    )
 
 
 def _oversubscribed(workers: int, sweep) -> bool:
@@ -195,8 +205,11 @@ def _pick_trace(sweep_dir: Path):
     best = None
     for path in sorted((sweep_dir / "traces").glob("*.json")):
         trace = load_trace(path)
-        ranks = {(e.get("pid", 0), e.get("tid", 0)) for e in trace.get("traceEvents", [])
-                 if isinstance(e, dict) and e.get("ph") == "X"}
+        ranks = {
+            (e.get("pid", 0), e.get("tid", 0))
+            for e in trace.get("traceEvents", [])
+            if isinstance(e, dict) and e.get("ph") == "X"
+        }
         if best is None or len(ranks) > best[0]:
             best = (len(ranks), trace)
     return best[1] if best else None
@@ -209,8 +222,10 @@ def _trace_slices(trace) -> tuple[list, dict]:
     else:
         events = trace
     if not isinstance(events, list):
-        raise ValueError("trace must be a Chrome trace dict with a 'traceEvents' list (or "
-                         f"that list); got {type(trace).__name__}")
+        raise ValueError(
+            "trace must be a Chrome trace dict with a 'traceEvents' list (or "
+            f"that list); got {type(trace).__name__}"
+        )
     slices, names = [], {}
     for i, ev in enumerate(events):
         if not isinstance(ev, dict):
@@ -224,13 +239,16 @@ def _trace_slices(trace) -> tuple[list, dict]:
         name = ev.get("name")
         if name not in PHASES:
             if ev.get("cat", "phase") == "phase":
-                raise ValueError(f"trace event {i} has unknown phase {name!r}; the phases "
-                                 f"are {PHASES}")
-            continue                      # other categories (e.g. markers) are not drawn
+                raise ValueError(
+                    f"trace event {i} has unknown phase {name!r}; the phases are {PHASES}"
+                )
+            continue  # other categories (e.g. markers) are not drawn
         ts, dur = ev.get("ts"), ev.get("dur")
         if not _is_number(ts) or not _is_number(dur) or dur < 0:
-            raise ValueError(f"trace event {i} ({name}) has ts={ts!r}, dur={dur!r}; expected "
-                             f"microseconds, dur >= 0")
+            raise ValueError(
+                f"trace event {i} ({name}) has ts={ts!r}, dur={dur!r}; expected "
+                f"microseconds, dur >= 0"
+            )
         step = (ev.get("args") or {}).get("step")
         slices.append((row, name, float(ts), float(dur), step))
     if not slices:

@@ -1,14 +1,29 @@
 """Figures of where the time goes: the phases stacked per configuration, and one worker
 against p workers per phase."""
+
 from __future__ import annotations
 
-from .labels import (_context, _dim_text, _machine_text, _repeats_text, _seconds_text,
-                     _series_label, _workers_text)
 from ..timing import PHASES
-from .load import (NotEnoughData, _oversubscribed, _phase_seconds, _series, _stat, _summary,
-                   _varying)
-from .style import (PHASE_COLORS, PHASE_LABELS, _figure, _footnote, _seconds_axis, _style,
-                    _titles, _worker_colors)
+from .labels import (
+    _context,
+    _dim_text,
+    _machine_text,
+    _repeats_text,
+    _seconds_text,
+    _series_label,
+    _workers_text,
+)
+from .load import NotEnoughData, _oversubscribed, _phase_seconds, _series, _stat, _summary, _varying
+from .style import (
+    PHASE_COLORS,
+    PHASE_LABELS,
+    _figure,
+    _footnote,
+    _seconds_axis,
+    _style,
+    _titles,
+    _worker_colors,
+)
 
 
 def plot_breakdown(sweep):
@@ -18,8 +33,9 @@ def plot_breakdown(sweep):
     if not rows:
         raise NotEnoughData("breakdown needs per-phase times; no summary row has 'phases'")
     dims = _varying(rows)
-    ordered = [r for grp in _series(rows, [d for d in dims if d != "n_samples"]).values()
-               for r in grp]
+    ordered = [
+        r for grp in _series(rows, [d for d in dims if d != "n_samples"]).values() for r in grp
+    ]
     # bars of one data-set size (and variant) side by side, a gap between groups
     x, pos = [], 0.0
     for i, r in enumerate(ordered):
@@ -37,18 +53,48 @@ def plot_breakdown(sweep):
         for phase in PHASES:
             h = [s[phase] for s in seconds]
             pct = [100 * v / t if t > 0 else 0.0 for v, t in zip(h, totals)]
-            ax.bar(x, h, bottom=bottom, width=0.8, color=PHASE_COLORS[phase],
-                   label=PHASE_LABELS[phase], edgecolor="white", lw=0.5)
-            ax_pct.bar(x, pct, bottom=bottom_pct, width=0.8, color=PHASE_COLORS[phase],
-                       edgecolor="white", lw=0.5)
+            ax.bar(
+                x,
+                h,
+                bottom=bottom,
+                width=0.8,
+                color=PHASE_COLORS[phase],
+                label=PHASE_LABELS[phase],
+                edgecolor="white",
+                lw=0.5,
+            )
+            ax_pct.bar(
+                x,
+                pct,
+                bottom=bottom_pct,
+                width=0.8,
+                color=PHASE_COLORS[phase],
+                edgecolor="white",
+                lw=0.5,
+            )
             bottom = [b + v for b, v in zip(bottom, h)]
             bottom_pct = [b + v for b, v in zip(bottom_pct, pct)]
         measured = [_stat(r, "time")[0] for r in ordered]
-        ax.scatter(x, measured, marker="_", s=500, color="black", lw=2, zorder=4,
-                   label="measured training time")
+        ax.scatter(
+            x,
+            measured,
+            marker="_",
+            s=500,
+            color="black",
+            lw=2,
+            zorder=4,
+            label="measured training time",
+        )
         for xi, t, m in zip(x, totals, measured):
-            ax.annotate(_seconds_text(t), (xi, max(t, m)), textcoords="offset points",
-                        xytext=(0, 4), ha="center", va="bottom", fontsize=7.5)
+            ax.annotate(
+                _seconds_text(t),
+                (xi, max(t, m)),
+                textcoords="offset points",
+                xytext=(0, 4),
+                ha="center",
+                va="bottom",
+                fontsize=7.5,
+            )
         ax.set_ylim(0, max(*totals, *measured) * 1.12)
         unit = _seconds_axis(ax.yaxis, ax.get_ylim()[1])
         ax.set_ylabel(f"time per run  [{unit}]\n(mean over ranks)")
@@ -62,29 +108,54 @@ def plot_breakdown(sweep):
             start = 0
             for i in range(1, len(ordered) + 1):
                 if i == len(ordered) or tuple(ordered[i].get(d) for d in dims) != tuple(
-                        ordered[start].get(d) for d in dims):
-                    ax_pct.annotate("\n".join(_dim_text(d, ordered[start].get(d)) for d in dims),
-                                    ((x[start] + x[i - 1]) / 2, 0),
-                                    xycoords=("data", "axes fraction"), xytext=(0, -20),
-                                    textcoords="offset points", ha="center", va="top",
-                                    fontsize=9)
+                    ordered[start].get(d) for d in dims
+                ):
+                    ax_pct.annotate(
+                        "\n".join(_dim_text(d, ordered[start].get(d)) for d in dims),
+                        ((x[start] + x[i - 1]) / 2, 0),
+                        xycoords=("data", "axes fraction"),
+                        xytext=(0, -20),
+                        textcoords="offset points",
+                        ha="center",
+                        va="top",
+                        fontsize=9,
+                    )
                     start = i
         ax_pct.set_xlabel("configuration (p = workers)", labelpad=8 + 14 * len(dims))
         ctx = _context(rows, sweep=sweep)
         _titles(fig, "Where the training time goes, per configuration", ctx)
         handles, names = ax.get_legend_handles_labels()
-        ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                  title="phase (stacked)")
-        _footnote(fig, "\n".join(filter(None, [
-            f"{_repeats_text(rows)}. Phases summed over the steps of a run, mean over ranks; "
-            f"the number on a bar is their sum, the black mark the measured training time. "
-            f"sync wait = waiting for the slowest worker, communication = the transfer itself.",
-            _machine_text(sweep)])))
+        ax.legend(
+            handles[::-1],
+            names[::-1],
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            title="phase (stacked)",
+        )
+        _footnote(
+            fig,
+            "\n".join(
+                filter(
+                    None,
+                    [
+                        f"{_repeats_text(rows)}. Phases summed over the steps of a run, mean "
+                        f"over ranks; the number on a bar is their sum, the black mark the "
+                        f"measured training time. sync wait = waiting for the slowest worker, "
+                        f"communication = the transfer itself.",
+                        _machine_text(sweep),
+                    ],
+                )
+            ),
+        )
     return fig
 
 
-_BAR_METRICS = (("total", "total"), ("compute", "compute (fwd + bwd)"),
-                ("communication", "communication"), ("sync_wait", "sync wait"))
+_BAR_METRICS = (
+    ("total", "total"),
+    ("compute", "compute (fwd + bwd)"),
+    ("communication", "communication"),
+    ("sync_wait", "sync wait"),
+)
 
 
 def plot_baseline_vs_distributed(sweep, *, n_samples=None):
@@ -93,16 +164,22 @@ def plot_baseline_vs_distributed(sweep, *, n_samples=None):
     One data-set size (default: the largest that has a 1-worker run and a p-worker run).
     """
     rows, sweep = _summary(sweep)
-    sizes = sorted({r["n_samples"] for r in rows
-                    if r["workers"] == 1} & {r["n_samples"] for r in rows if r["workers"] > 1})
+    sizes = sorted(
+        {r["n_samples"] for r in rows if r["workers"] == 1}
+        & {r["n_samples"] for r in rows if r["workers"] > 1}
+    )
     if not sizes:
-        raise NotEnoughData("baseline vs distributed needs a 1-worker run and a p-worker run "
-                            "of the same data-set size; the sweep has none")
+        raise NotEnoughData(
+            "baseline vs distributed needs a 1-worker run and a p-worker run "
+            "of the same data-set size; the sweep has none"
+        )
     if n_samples is None:
         n_samples = sizes[-1]
     elif n_samples not in sizes:
-        raise ValueError(f"n_samples={n_samples!r} has no 1-worker and p-worker pair in the "
-                         f"sweep; sizes that do: {sizes}")
+        raise ValueError(
+            f"n_samples={n_samples!r} has no 1-worker and p-worker pair in the "
+            f"sweep; sizes that do: {sizes}"
+        )
     rows = [r for r in rows if r["n_samples"] == n_samples]
     variant_dims = [d for d in _varying(rows) if d != "n_samples"]
     bars = [r for grp in _series(rows, ("workers", *variant_dims)).values() for r in grp]
@@ -122,26 +199,49 @@ def plot_baseline_vs_distributed(sweep, *, n_samples=None):
             top = max(top, *values)
             xs = [g + (i - (len(bars) - 1) / 2) * width for g in range(len(_BAR_METRICS))]
             variant = tuple(r.get(d) for d in variant_dims)
-            label = _workers_text(r["workers"]) + (" (baseline)" if r["workers"] == 1 else
-                                                   " (oversubscribed)"
-                                                   if _oversubscribed(r["workers"], sweep) else "")
+            label = _workers_text(r["workers"]) + (
+                " (baseline)"
+                if r["workers"] == 1
+                else " (oversubscribed)"
+                if _oversubscribed(r["workers"], sweep)
+                else ""
+            )
             if variant_dims:
                 label += ", " + _series_label(variant_dims, variant)
-            cont = ax.bar(xs, values, width=width * 0.95, color=wcolors[r["workers"]],
-                          hatch=hatches[variants.index(variant) % 4], edgecolor="white",
-                          label=label)
+            cont = ax.bar(
+                xs,
+                values,
+                width=width * 0.95,
+                color=wcolors[r["workers"]],
+                hatch=hatches[variants.index(variant) % 4],
+                edgecolor="white",
+                label=label,
+            )
             base = baselines.get(variant)
             if r["workers"] > 1 and base is not None:
                 # what perfect scaling would give: the 1-worker total and compute over p
-                ideal = [_stat(base, "time")[0] / r["workers"],
-                         _phase_seconds(base)["compute"] / r["workers"]]
-                ax.hlines(ideal, [v - width * 0.45 for v in xs[:2]],
-                          [v + width * 0.45 for v in xs[:2]], color="black", lw=2,
-                          linestyles="--", zorder=4,
-                          label="ideal: 1-worker time / p" if not ideal_drawn else None)
+                ideal = [
+                    _stat(base, "time")[0] / r["workers"],
+                    _phase_seconds(base)["compute"] / r["workers"],
+                ]
+                ax.hlines(
+                    ideal,
+                    [v - width * 0.45 for v in xs[:2]],
+                    [v + width * 0.45 for v in xs[:2]],
+                    color="black",
+                    lw=2,
+                    linestyles="--",
+                    zorder=4,
+                    label="ideal: 1-worker time / p" if not ideal_drawn else None,
+                )
                 ideal_drawn = True
-            ax.bar_label(cont, labels=[_seconds_text(v) for v in values], fontsize=7.5,
-                         padding=2, rotation=90 if len(bars) > 4 else 0)
+            ax.bar_label(
+                cont,
+                labels=[_seconds_text(v) for v in values],
+                fontsize=7.5,
+                padding=2,
+                rotation=90 if len(bars) > 4 else 0,
+            )
         ax.set_xticks(range(len(_BAR_METRICS)), [name for _, name in _BAR_METRICS])
         ax.set_ylim(0, top * (1.3 if len(bars) > 4 else 1.15))
         unit = _seconds_axis(ax.yaxis, ax.get_ylim()[1])
@@ -150,8 +250,18 @@ def plot_baseline_vs_distributed(sweep, *, n_samples=None):
         ctx = _context(rows, sweep=sweep)
         _titles(fig, "1 worker vs p workers: where the time goes", ctx)
         ax.legend(loc="upper right")
-        _footnote(fig, "\n".join(filter(None, [
-            f"{_repeats_text(rows)}. total = training-loop time on rank 0; the phases are summed "
-            f"over steps, mean over ranks (each of p workers computes 1/p of every batch).",
-            _machine_text(sweep)])))
+        _footnote(
+            fig,
+            "\n".join(
+                filter(
+                    None,
+                    [
+                        f"{_repeats_text(rows)}. total = training-loop time on rank 0; the "
+                        f"phases are summed over steps, mean over ranks (each of p workers "
+                        f"computes 1/p of every batch).",
+                        _machine_text(sweep),
+                    ],
+                )
+            ),
+        )
     return fig

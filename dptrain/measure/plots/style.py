@@ -4,6 +4,7 @@ worker count, tick labels without float noise.
 
 Nothing here knows what a sweep is: the figure modules pass it numbers and text.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -11,12 +12,23 @@ import sys
 import textwrap
 from contextlib import contextmanager
 
-PHASE_LABELS = {"data": "data", "compute": "compute (fwd + bwd)",
-                "communication": "communication", "sync_wait": "sync wait",
-                "update": "optimizer update", "other": "other"}
+PHASE_LABELS = {
+    "data": "data",
+    "compute": "compute (fwd + bwd)",
+    "communication": "communication",
+    "sync_wait": "sync wait",
+    "update": "optimizer update",
+    "other": "other",
+}
 # One color per phase in every figure: waiting is red, moving bytes orange, useful work blue.
-PHASE_COLORS = {"data": "#2ca02c", "compute": "#1f77b4", "communication": "#ff7f0e",
-                "sync_wait": "#d62728", "update": "#9467bd", "other": "#9a9a9a"}
+PHASE_COLORS = {
+    "data": "#2ca02c",
+    "compute": "#1f77b4",
+    "communication": "#ff7f0e",
+    "sync_wait": "#d62728",
+    "update": "#9467bd",
+    "other": "#9a9a9a",
+}
 BASELINE_COLOR = "#6f6f6f"
 
 _PIP_HINT = 'pip install "dptrain[plot]"'
@@ -27,8 +39,9 @@ def _matplotlib():
         import matplotlib
         import matplotlib.figure  # noqa: F401
     except ImportError as exc:
-        raise ImportError(f"dptrain.measure.plots needs matplotlib, which is not installed: "
-                          f"{_PIP_HINT}") from exc
+        raise ImportError(
+            f"dptrain.measure.plots needs matplotlib, which is not installed: {_PIP_HINT}"
+        ) from exc
     return matplotlib
 
 
@@ -37,17 +50,28 @@ def _in_notebook() -> bool:
     if ipython is None:
         return False
     shell = ipython.get_ipython()
-    return shell is not None and hasattr(shell, "kernel")   # Jupyter, Colab; not a terminal
+    return shell is not None and hasattr(shell, "kernel")  # Jupyter, Colab; not a terminal
 
 
 @contextmanager
 def _style():
     mpl = _matplotlib()
-    with mpl.rc_context({"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10,
-                         "legend.fontsize": 8.5, "xtick.labelsize": 9, "ytick.labelsize": 9,
-                         "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
-                         "axes.spines.right": False, "axes.axisbelow": True,
-                         "svg.fonttype": "none"}):           # SVG text stays text
+    with mpl.rc_context(
+        {
+            "font.size": 10,
+            "axes.titlesize": 11,
+            "axes.labelsize": 10,
+            "legend.fontsize": 8.5,
+            "xtick.labelsize": 9,
+            "ytick.labelsize": 9,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "axes.axisbelow": True,
+            "svg.fonttype": "none",
+        }
+    ):  # SVG text stays text
         yield mpl
 
 
@@ -55,9 +79,10 @@ def _figure(width: float, height: float):
     mpl = _matplotlib()
     fig = mpl.figure.Figure(figsize=(width, height), layout="constrained")
     if _in_notebook():
-        importlib.import_module("matplotlib.pyplot")   # registers the inline display
+        importlib.import_module("matplotlib.pyplot")  # registers the inline display
     else:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
+
         FigureCanvasAgg(fig)
     return fig
 
@@ -65,7 +90,7 @@ def _figure(width: float, height: float):
 def _titles(fig, what: str, context: str = "") -> None:
     """The figure's title: what it shows, and under it for which model/data/backend (wrapped
     between its ' · ' parts to the figure's width, so that no part is cut off)."""
-    width = int(fig.get_figwidth() * 11)            # characters of 12 pt per line
+    width = int(fig.get_figwidth() * 11)  # characters of 12 pt per line
     lines, line = [], ""
     for part in context.split(" · ") if context else ():
         if line and len(line) + 3 + len(part) > width:
@@ -108,6 +133,7 @@ def _tick_text(v: float) -> str:
 
 def _tick_formatter():
     from matplotlib.ticker import FuncFormatter
+
     return FuncFormatter(lambda v, _: _tick_text(v))
 
 
@@ -115,6 +141,7 @@ def _seconds_axis(axis, top: float) -> str:
     """Tick labels of a time axis whose data are seconds: milliseconds where the axis ends
     below 0.1 s (0.0175 s reads '17.5'), else seconds. Returns the unit for the label."""
     from matplotlib.ticker import FuncFormatter
+
     scale, unit = (1000.0, "ms") if top < 0.1 else (1.0, "s")
     axis.set_major_formatter(FuncFormatter(lambda v, _: _tick_text(scale * v)))
     return unit

@@ -1,4 +1,5 @@
 """Writing figures: one (``save_figure``), or every figure a sweep allows (``plot_sweep``)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,14 +12,24 @@ from .scaling import plot_efficiency_vs_size, plot_speedup, plot_time_vs_size
 from .style import _matplotlib, _style
 from .timeline import plot_timeline
 
-
-FIGURE_NAMES = ("speedup", "efficiency_vs_size", "time_vs_size", "breakdown",
-                "baseline_vs_distributed", "timeline", "model_validation", "model_projection")
+FIGURE_NAMES = (
+    "speedup",
+    "efficiency_vs_size",
+    "time_vs_size",
+    "breakdown",
+    "baseline_vs_distributed",
+    "timeline",
+    "model_validation",
+    "model_projection",
+)
 
 
 # no dates or versions in the files
-_METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None},
-             "pdf": {"CreationDate": None, "Producer": None, "Creator": None}}
+_METADATA = {
+    "png": {"Software": None},
+    "svg": {"Date": None, "Creator": None},
+    "pdf": {"CreationDate": None, "Producer": None, "Creator": None},
+}
 
 
 def save_figure(fig, path) -> Path:
@@ -26,15 +37,24 @@ def save_figure(fig, path) -> Path:
     path = Path(path)
     fmt = path.suffix.lstrip(".").lower()
     if fmt not in _METADATA:
-        raise ValueError(f"path {str(path)!r} has suffix {path.suffix!r}, expected .png, .svg "
-                         f"or .pdf")
-    with _style():          # the SVG font setting is read when the file is written
+        raise ValueError(
+            f"path {str(path)!r} has suffix {path.suffix!r}, expected .png, .svg or .pdf"
+        )
+    with _style():  # the SVG font setting is read when the file is written
         fig.savefig(path, dpi=130, metadata=_METADATA[fmt])
     return path
 
 
-def plot_sweep(sweep_dir_or_dict, out_dir, formats=("png", "svg"), *, trace=None,
-               validation=None, projection=None, report=None) -> list:
+def plot_sweep(
+    sweep_dir_or_dict,
+    out_dir,
+    formats=("png", "svg"),
+    *,
+    trace=None,
+    validation=None,
+    projection=None,
+    report=None,
+) -> list:
     """Write every figure the data allows to ``out_dir``; return the files written.
 
     ``trace``: a trace dict or file (default: the trace with the most ranks in the sweep
@@ -63,16 +83,30 @@ def plot_sweep(sweep_dir_or_dict, out_dir, formats=("png", "svg"), *, trace=None
         "breakdown": lambda: plot_breakdown(sweep),
         "baseline_vs_distributed": lambda: plot_baseline_vs_distributed(sweep),
         "timeline": (lambda: plot_timeline(trace, sweep=sweep)) if trace is not None else None,
-        "model_validation": ((lambda: plot_model_validation(validation, context=context))
-                             if validation is not None else None),
-        "model_projection": ((lambda: plot_projection(
-            projection, validation=validation,
-            context=_context(sweep["summary"], exclude=("backend", "allreduce"), sweep=sweep)))
-                             if projection is not None else None),
+        "model_validation": (
+            (lambda: plot_model_validation(validation, context=context))
+            if validation is not None
+            else None
+        ),
+        "model_projection": (
+            (
+                lambda: plot_projection(
+                    projection,
+                    validation=validation,
+                    context=_context(
+                        sweep["summary"], exclude=("backend", "allreduce"), sweep=sweep
+                    ),
+                )
+            )
+            if projection is not None
+            else None
+        ),
     }
-    absent = {"timeline": "no trace given, and no traces/*.json in the sweep directory",
-              "model_validation": "no performance-model validation rows given",
-              "model_projection": "no performance-model projection rows given"}
+    absent = {
+        "timeline": "no trace given, and no traces/*.json in the sweep directory",
+        "model_validation": "no performance-model validation rows given",
+        "model_projection": "no performance-model projection rows given",
+    }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
