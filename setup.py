@@ -6,6 +6,7 @@ so the wheel is portable and no flag is asked of the user.
 """
 
 import os
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,12 +48,21 @@ depends = sorted(str(p) for p in Path("csrc").glob("*.h"))
 
 extra_compile_args = []
 extra_link_args = []
+
+
+def optimization() -> list:
+    """-O3, unless $CFLAGS names a level (-O0 -g to debug, -O1 for a sanitizer build, as
+    tests/test_asan_extension's): distutils puts $CFLAGS before these flags, where -O3 would
+    override the user's."""
+    return [] if re.search(r"(^|\s)-O", os.environ.get("CFLAGS", "")) else ["-O3"]
+
+
 if sys.platform != "win32":
     # gnu11 (not c11): GNU vector extensions and target attributes; fp-contract lets the
     # compiler fuse multiply-adds in the generic kernels.
     extra_compile_args = [
         "-std=gnu11",
-        "-O3",
+        *optimization(),
         "-ffp-contract=fast",
         "-fno-math-errno",
         "-fno-trapping-math",
@@ -84,6 +94,76 @@ def build_jobs() -> int:
     return int(value)
 
 
+class ObjectCache:
+    """Object files kept in build/objcache/ by what made them, so that a build of the same
+    sources with the same compiler and flags copies them instead of compiling again (pip's
+    editable install builds afresh each time it runs: the README's two set-up commands build
+    the same extension twice). The key: the compiler and its version, every flag (the NumPy
+    include directory, which an isolated build environment names anew each time, by NumPy's
+    version instead), the Python it builds for, the source and every csrc/ header (a template
+    is included by many sources). DPTRAIN_BUILD_CACHE=0 turns it off."""
+
+    KEEP = 3  # objects kept per source (older ones are removed)
+
+    def __init__(self, compiler):
+        import hashlib
+        import subprocess
+
+        self.dir = Path(__file__).resolve().parent / "build" / "objcache"
+        self.on = os.environ.get("DPTRAIN_BUILD_CACHE", "1") != "0"
+        cc = list(compiler.compiler_so)
+        try:
+            version = subprocess.run(
+                [cc[0], "--version"], capture_output=True, text=True, timeout=30
+            ).stdout
+        except OSError:
+            self.on = False
+            return
+        headers = b"".join(p.read_bytes() for p in sorted(Path("csrc").glob("*.h")))
+        base = hashlib.sha256()
+        for part in (repr(cc), version, sys.version, np.__version__):
+            base.update(part.encode())
+        base.update(headers)
+        self.base = base
+
+    def key(self, src: str, args: list) -> str:
+        if not self.on:
+            return ""
+        h = self.base.copy()
+        numpy_include = np.get_include()
+        h.update(repr([a.replace(numpy_include, "<numpy>") for a in args]).encode())
+        h.update(Path(src).read_bytes())
+        return h.hexdigest()[:24]
+
+    def _path(self, key: str, src: str) -> Path:
+        return self.dir / f"{Path(src).stem}-{key}.o"
+
+    def fetch(self, key: str, src: str, obj: str) -> bool:
+        import shutil
+
+        if not key or not self._path(key, src).is_file():
+            return False
+        os.makedirs(os.path.dirname(obj) or ".", exist_ok=True)
+        shutil.copyfile(self._path(key, src), obj)
+        return True
+
+    def store(self, key: str, src: str, obj: str) -> None:
+        import shutil
+
+        if not key:
+            return
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self._path(key, src).with_suffix(f".tmp{os.getpid()}")
+            shutil.copyfile(obj, tmp)
+            os.replace(tmp, self._path(key, src))
+            kept = sorted(self.dir.glob(f"{Path(src).stem}-*.o"), key=os.path.getmtime)
+            for old in kept[: -self.KEEP]:
+                old.unlink(missing_ok=True)
+        except OSError:  # a read-only checkout builds all the same
+            pass
+
+
 class ParallelBuildExt(build_ext):
     """build_ext compiling one extension's C files in parallel (setuptools' own -j runs
     extensions, not files, at once; this package has one of 20 files, 24 s one after another
@@ -112,9 +192,10 @@ class ParallelBuildExt(build_ext):
 
     def build_extension(self, ext):
         compiler, jobs = self.compiler, build_jobs()
-        if jobs == 1 or not self.per_file_compiler(compiler):
+        if not self.per_file_compiler(compiler):
             return super().build_extension(ext)
         serial = compiler.compile
+        cache = ObjectCache(compiler)
 
         def compile(
             sources,
@@ -133,7 +214,10 @@ class ParallelBuildExt(build_ext):
 
             def one(obj):
                 src, src_ext = build[obj]
-                compiler._compile(obj, src, src_ext, cc_args, extra_postargs, pp_opts)
+                key = cache.key(src, cc_args + extra_postargs + pp_opts)
+                if not cache.fetch(key, src, obj):
+                    compiler._compile(obj, src, src_ext, cc_args, extra_postargs, pp_opts)
+                    cache.store(key, src, obj)
 
             with ThreadPoolExecutor(jobs) as pool:
                 list(pool.map(one, [obj for obj in objects if obj in build]))  # re-raises
