@@ -254,7 +254,7 @@ def _main(argv=None) -> int:
 
 
 def _train(args) -> int:
-    from .engine import run
+    from .engine.run import run
 
     try:
         cfg = config_from_args(args)
