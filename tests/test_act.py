@@ -12,6 +12,8 @@ from _core_helpers import DTYPES, dname, family_tests, numeric_grad, randn, rng_
 from dptrain import _core as core
 from dptrain import reference as ref
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 RELU_SHAPES = [(1,), (7,), (33, 7), (129, 33), (2, 3, 5)]
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from dptrain import _core as core
 
-pytestmark = pytest.mark.boundary  # also run under ASan (test_asan_extension)
+# also run under ASan (test_asan_extension); in-process, safe beside other tests
+pytestmark = [pytest.mark.boundary, pytest.mark.kernels]
 
 
 def _two():

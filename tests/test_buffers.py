@@ -11,6 +11,8 @@ from _core_helpers import DTYPES, assert_rejected, dname, family_tests, make_cal
 from dptrain import _core as core
 from dptrain import reference as ref
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 SUM_SLICES = [(0, None), (3, None), (0, 5), (2, 2), ("half", None)]
 
 

@@ -23,6 +23,8 @@ from _core_helpers import (
 from dptrain import MLP
 from dptrain import _core as core
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 
 def test_context_threads_attribute():
     assert core.Context().threads == 1

@@ -23,6 +23,8 @@ from _core_helpers import (
 from dptrain import _core as core
 from dptrain import reference as ref
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 # (B, C, H, W, OC, KH, KW): sizes 1, 3, 7 mixed, non-square images and kernels, a kernel as
 # large as the image, 1x1 (no im2col copy), and the two layers of the studies' CNN
 CONV_SHAPES = [

@@ -18,6 +18,8 @@ import pytest
 
 from dptrain import _core as core
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 FLAGS = (
     "avx",
     "fma",

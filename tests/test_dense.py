@@ -21,6 +21,8 @@ from _core_helpers import (
 from dptrain import _core as core
 from dptrain import reference as ref
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 DENSE_SHAPES = [  # (B, IN, OUT)
     (1, 1, 1),
     (7, 33, 1),

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.boundary  # also run under ASan (test_asan_extension)
+# also run under ASan (test_asan_extension); in-process, safe beside other tests
+pytestmark = [pytest.mark.boundary, pytest.mark.kernels]
 
 CALLS = int(os.environ.get("DPTRAIN_FUZZ_CALLS", "12000"))
 SEED = int(os.environ.get("DPTRAIN_FUZZ_SEED", "0"))

@@ -28,6 +28,8 @@ from _core_helpers import (
 from dptrain import _core as core
 from dptrain import reference as ref
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 # (M, N, K): odd sizes around the 6 x 8/16 micro-tile, and shapes that cross the blocking
 # (K > KC = 320/256 gives several K slices, M > MC = 120/96 several row blocks, N > NC = 3072
 # two column panels in float32).

@@ -17,6 +17,8 @@ import pytest
 import dptrain
 from dptrain import _core as core
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 REPO = Path(__file__).resolve().parents[1]
 ISAS = ("generic", "avx2", "avx512")
 HAVE_ISAS = core.build_info()["isas_available"]

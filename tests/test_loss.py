@@ -24,6 +24,8 @@ from _core_helpers import (
 from dptrain import _core as core
 from dptrain import reference as ref
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 SOFTMAX_SHAPES = [(b, c) for b in (1, 7, 33, 129) for c in (2, 7, 33, 129)] + [(7, 1)]
 
 

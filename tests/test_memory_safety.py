@@ -15,7 +15,8 @@ from _core_helpers import cnn_spec, mlp_spec
 from dptrain import _core as core
 from dptrain import reference as ref
 
-pytestmark = pytest.mark.boundary  # also run under ASan (test_asan_extension)
+# also run under ASan (test_asan_extension); in-process, safe beside other tests
+pytestmark = [pytest.mark.boundary, pytest.mark.kernels]
 
 
 def run_isolated(code: str) -> str:

@@ -61,6 +61,8 @@ from dptrain import MLP
 from dptrain import _core as core
 from dptrain import reference as ref
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 # (id, layers, input_shape, loss)
 MODELS = [
     (

@@ -19,6 +19,8 @@ from _core_helpers import (
 from dptrain import _core as core
 from dptrain import reference as ref
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 POOL_SHAPES = [
     (1, 1, 2, 2),
     (3, 1, 7, 7),

@@ -15,6 +15,8 @@ from dptrain import MLP
 from dptrain import _core as core
 from dptrain import reference as ref
 
+pytestmark = pytest.mark.kernels  # the C core's, in-process: safe beside other tests
+
 
 def sgd_configs():
     """(momentum, dampening, weight_decay, nesterov, first_step on the first of 3 steps).
