@@ -136,7 +136,8 @@ int get_range(PyObject *starto, PyObject *stopo, npy_intp n, ptrdiff_t *start, p
 /* A Context: threads and GEMM packing buffers the kernels reuse between calls (its type and
  * methods: mod_context.c). */
 typedef struct {
-    PyObject_HEAD dp_ctx ctx;
+    PyObject_HEAD
+    dp_ctx ctx;
     dp_scratch col; /* the convolution kernels' im2col buffer */
     PyThread_type_lock lock;
     int ready;

@@ -19,11 +19,12 @@
 #include "dp_sync.h"
 
 typedef struct {
-    PyObject_HEAD PyObject *control; /* the array holding the dp_barrier (owned) */
-    PyObject *buffers;               /* tuple of the workers' flat buffers (owned) */
-    PyObject *out_obj;               /* owned reference to the out array, or NULL */
-    PyObject *world_obj;             /* owned reference to the world control array, or NULL */
-    dp_group g;                      /* the handle the dp_group_* calls take; g.bufs is ptrs */
+    PyObject_HEAD
+    PyObject *control;   /* the array holding the dp_barrier (owned) */
+    PyObject *buffers;   /* tuple of the workers' flat buffers (owned) */
+    PyObject *out_obj;   /* owned reference to the out array, or NULL */
+    PyObject *world_obj; /* owned reference to the world control array, or NULL */
+    dp_group g;          /* the handle the dp_group_* calls take; g.bufs is ptrs */
     void *ptrs[DP_MAX_GROUP];
     int btype; /* the buffers' (and out's) typenum: float32, float64, or
                                    * uint16 (bfloat16 bits, summed in float32) */

@@ -16,12 +16,13 @@
 #include "dp_model.h"
 
 typedef struct {
-    PyObject_HEAD held_array params, grads; /* re-checked on every call (see held_array) */
-    PyObject *sizes;                        /* tuple: flat width of the input and of every layer */
-    PyObject *input_shape;                  /* tuple: one input row's shape */
-    PyObject *plan;                         /* dict: model_plan()'s description */
-    PyArrayObject *pending_x;               /* the input of a backward sweep in progress (owned) */
-    void *pending_data;                     /* ... its memory and size when the sweep began */
+    PyObject_HEAD
+    held_array params, grads; /* re-checked on every call (see held_array) */
+    PyObject *sizes;          /* tuple: flat width of the input and of every layer */
+    PyObject *input_shape;    /* tuple: one input row's shape */
+    PyObject *plan;           /* dict: model_plan()'s description */
+    PyArrayObject *pending_x; /* the input of a backward sweep in progress (owned) */
+    void *pending_data;       /* ... its memory and size when the sweep began */
     npy_intp pending_nbytes;
     unsigned long sweep_owner; /* the thread whose sweep is in flight, 0: none; read and
                                       * written only under `lock` */
