@@ -5,8 +5,11 @@ No BLAS or system library is needed; SIMD code paths are chosen at run time (csr
 so the wheel is portable and no flag is asked of the user.
 """
 
+import hashlib
 import os
 import re
+import shutil
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -106,9 +109,6 @@ class ObjectCache:
     KEEP = 3  # objects kept per source (older ones are removed)
 
     def __init__(self, compiler):
-        import hashlib
-        import subprocess
-
         self.dir = Path(__file__).resolve().parent / "build" / "objcache"
         self.on = os.environ.get("DPTRAIN_BUILD_CACHE", "1") != "0"
         cc = list(compiler.compiler_so)
@@ -139,8 +139,6 @@ class ObjectCache:
         return self.dir / f"{Path(src).stem}-{key}.o"
 
     def fetch(self, key: str, src: str, obj: str) -> bool:
-        import shutil
-
         if not key or not self._path(key, src).is_file():
             return False
         os.makedirs(os.path.dirname(obj) or ".", exist_ok=True)
@@ -148,8 +146,6 @@ class ObjectCache:
         return True
 
     def store(self, key: str, src: str, obj: str) -> None:
-        import shutil
-
         if not key:
             return
         try:

@@ -7,13 +7,17 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-# tests/_core_helpers.py, which the C core's test files import (with --import-mode=importlib
-# pytest puts no test folder on sys.path itself)
+# tests/_core_helpers.py, _runs.py and _jobs.py, which the test files import (with
+# --import-mode=importlib pytest puts no test folder on sys.path itself)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _jobs import RUNNING, build_sdist, run_background  # noqa: E402
+from _runs import SMALL, SMALL_FLAGS  # noqa: E402
 
 JOIN_TIMEOUT_S = 60  # a deadlocked thread fails the test instead of hanging the run
 
@@ -108,11 +112,7 @@ def sdist(tmp_path_factory):
     if not (REPO_ROOT / "setup.py").is_file():
         pytest.skip(f"{REPO_ROOT} is not a dptrain checkout (no setup.py)")
     out = tmp_path_factory.mktemp("sdist")
-    proc = subprocess.run(
-        [sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(REPO_ROOT)],
-        capture_output=True,
-        text=True,
-    )
+    proc = build_sdist(out, partial(subprocess.run, capture_output=True, text=True))
     assert proc.returncode == 0, f"python -m build --sdist failed:\n{proc.stdout}\n{proc.stderr}"
     (path,) = out.glob("dptrain-*.tar.gz")
     return path
@@ -139,11 +139,14 @@ def mpich_leftovers():
 
 
 # ---------------------------------------------------------------- MPI (the `mpi` marker)
+NO_MPI = "mpi4py or mpiexec not installed (pip install 'dptrain[mpi]')"
+
+
 def pytest_runtest_setup(item):
     """A test marked `mpi` starts ranks with mpiexec: it skips, saying why, where mpi4py or
     mpiexec is missing (pip install 'dptrain[mpi]')."""
     if item.get_closest_marker("mpi") is not None and _mpiexec() is None:
-        pytest.skip("mpi4py or mpiexec not installed (pip install 'dptrain[mpi]')")
+        pytest.skip(NO_MPI)
 
 
 def _mpiexec():
@@ -157,27 +160,13 @@ def mpiexec():
     """The path of mpiexec (tests marked `mpi` skip without it)."""
     path = _mpiexec()
     if path is None:
-        pytest.skip("mpi4py or mpiexec not installed (pip install 'dptrain[mpi]')")
+        pytest.skip(NO_MPI)
     return path
 
 
 # ---------------------------------------------------------------- the engine's small run
-# An MLP on a synthetic set whose last global batch (30 of 1030) is uneven and whose batch of
-# 100 does not split evenly over 3 workers: what the transport, exchange, job and checkpoint
-# tests train and compare.
-SMALL = dict(
-    model="mlp",
-    hidden=(16,),
-    dataset="synthetic",
-    n_samples=1030,
-    n_features=12,
-    epochs=2,
-    batch_size=100,
-    lr=0.05,
-    momentum=0.9,
-    lr_schedule="cosine",
-    quiet=True,
-)
+# tests/_runs.py's SMALL: what the transport, exchange, job and checkpoint tests train and
+# compare.
 
 
 @pytest.fixture(scope="session")
@@ -221,27 +210,9 @@ def mpi_weights(mpiexec, tmp_path):
                 "-m",
                 "dptrain",
                 "train",
-                "--model",
-                "mlp",
-                "--hidden",
-                "16",
-                "--dataset",
-                "synthetic",
-                "--n-samples",
-                "1030",
-                "--n-features",
-                "12",
-                "--epochs",
-                "2",
-                "--batch-size",
-                "100",
-                "--lr",
-                "0.05",
-                "--momentum",
-                "0.9",
+                *SMALL_FLAGS,
                 "--backend",
                 "mpi",
-                "--quiet",
                 "--save-weights",
                 str(weights),
                 *extra,
@@ -261,7 +232,7 @@ def mpi_weights(mpiexec, tmp_path):
 # A test whose work is long and self-contained (building the extension or the C tests with
 # sanitizers and running them, installing an sdist into a fresh venv) carries
 # @pytest.mark.background.with_args(job): job(workdir, run) is a function of its module that
-# does that work, running its commands with run (run_background below), and returns what the
+# does that work, running its commands with run (tests/_jobs.run_background), and returns what the
 # test asserts on. Every selected test's job starts as soon as the
 # session's tests are collected, in a thread of this process (two at a time, their
 # subprocesses niced and in sessions of their own, so that a test signalling its process
@@ -337,7 +308,7 @@ def pytest_sessionfinish(session):
         pool, root = _POOL
         for future in _JOBS.values():
             future.cancel()
-        for proc in list(_RUNNING):
+        for proc in list(RUNNING):
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -360,32 +331,3 @@ def background(request, tmp_path):
     finally:
         if job in _TIMES:
             _TIMES[job][1] += time.monotonic() - t0
-
-
-_RUNNING: set = set()  # the background jobs' processes now running
-
-
-def run_background(argv, *, timeout=None, **kwargs) -> subprocess.CompletedProcess:
-    """subprocess.run for a background job: niced (the foreground tests keep their cores),
-    in a session of its own (stopped with the session if it ends first), output captured as
-    text; past timeout its process group is killed and TimeoutExpired raised."""
-    import signal
-
-    proc = subprocess.Popen(
-        ["nice", "-n", "10", *map(str, argv)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        **kwargs,
-    )
-    _RUNNING.add(proc)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    finally:
-        _RUNNING.discard(proc)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

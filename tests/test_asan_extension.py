@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _jobs import build_package
 
 ROOT = Path(__file__).resolve().parent.parent
 # the boundary's tests (marked `boundary`): every entry point with bad, aliased and changed
@@ -52,32 +53,10 @@ def _asan_build_and_run(workdir, run) -> dict:
         "-fno-sanitize-recover=undefined"
     )
     env = dict(os.environ, CFLAGS=flags, LDFLAGS="-fsanitize=address,undefined")
-    steps = {"lib": lib}
-    steps["build"] = run(
-        [
-            sys.executable,
-            "setup.py",
-            "-q",
-            "build_ext",
-            "--build-lib",
-            lib,
-            "--build-temp",
-            workdir / "asan-tmp",
-        ],
-        cwd=ROOT,
-        env=env,
-        timeout=900,
-    )
+    # the package's modules and data (the studies' templates too) around the ASan build
+    steps = {"lib": lib, "build": build_package(lib, workdir / "asan-tmp", run, env)}
     if steps["build"].returncode != 0:
         return steps
-    # the package's modules and data (the studies' templates), subpackages too, around the
-    # ASan build of _core
-    shutil.copytree(
-        ROOT / "dptrain",
-        lib / "dptrain",
-        dirs_exist_ok=True,
-        ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"),
-    )
     preload = ":".join(p for p in (_runtime("libasan.so"), _runtime("libubsan.so")) if p)
     env = dict(
         os.environ,

@@ -12,23 +12,11 @@ import re
 
 import numpy as np
 import pytest
+from _runs import SMALL
 
 import dptrain
 from dptrain import _core, cli
 from dptrain import reference as ref
-
-SMALL = dict(
-    model="mlp",
-    hidden=(16,),
-    dataset="synthetic",
-    n_samples=1030,
-    n_features=12,
-    epochs=2,
-    batch_size=100,
-    lr=0.05,
-    momentum=0.9,
-    quiet=True,
-)
 
 
 def bits(a) -> np.ndarray:

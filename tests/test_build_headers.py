@@ -7,12 +7,12 @@ NumPy (`python setup.py build_ext`, or pip without build isolation) compiles aga
 oldest-NumPy pass; with NumPy 2 installed, the build it would check is the one every other
 test already uses, so it skips."""
 
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _jobs import build_package
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,29 +36,9 @@ def _build_and_train(workdir, run) -> dict:
     """The background job (conftest): the extension built against this NumPy's headers into
     a package of its own, then a short training with it; each step's CompletedProcess."""
     lib = workdir / "lib"
-    steps = {"lib": lib}
-    steps["build"] = run(
-        [
-            sys.executable,
-            "setup.py",
-            "-q",
-            "build_ext",
-            "--build-lib",
-            lib,
-            "--build-temp",
-            workdir / "build",
-        ],
-        cwd=ROOT,
-        timeout=900,
-    )
+    steps = {"lib": lib, "build": build_package(lib, workdir / "build", run)}
     if steps["build"].returncode != 0:
         return steps
-    shutil.copytree(
-        ROOT / "dptrain",
-        lib / "dptrain",
-        dirs_exist_ok=True,
-        ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"),
-    )
     probe = (
         "import numpy, dptrain\n"
         "info = dptrain.build_info()\n"

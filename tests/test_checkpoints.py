@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _runs import SMALL_FLAGS
 
 import dptrain
 from dptrain import cli
@@ -189,25 +190,7 @@ def test_cli_resume_of_a_damaged_file_prints_one_error(tmp_path, checkpoint, cap
     rc = cli.main(
         [
             "train",
-            "--model",
-            "mlp",
-            "--hidden",
-            "16",
-            "--dataset",
-            "synthetic",
-            "--n-samples",
-            "1030",
-            "--n-features",
-            "12",
-            "--epochs",
-            "2",
-            "--batch-size",
-            "100",
-            "--lr",
-            "0.05",
-            "--momentum",
-            "0.9",
-            "--quiet",
+            *SMALL_FLAGS,
             "--resume",
             str(p),
         ]

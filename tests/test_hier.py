@@ -13,6 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from _runs import SMALL_FLAGS
 
 import dptrain
 from dptrain.comm.mpi import find_mpiexec
@@ -20,30 +21,8 @@ from dptrain.comm.mpi import find_mpiexec
 MPIEXEC = find_mpiexec()
 pytestmark = pytest.mark.mpi  # MPI ranks under mpiexec (conftest skips without)
 
-# conftest's SMALL, as CLI flags
-CLI = [
-    "--model",
-    "mlp",
-    "--hidden",
-    "16",
-    "--dataset",
-    "synthetic",
-    "--n-samples",
-    "1030",
-    "--n-features",
-    "12",
-    "--epochs",
-    "2",
-    "--batch-size",
-    "100",
-    "--lr",
-    "0.05",
-    "--momentum",
-    "0.9",
-    "--backend",
-    "mpi",
-    "--quiet",
-]
+# tests/_runs.py's SMALL, as CLI flags, under MPI
+CLI = [*SMALL_FLAGS, "--backend", "mpi"]
 
 
 def _run(ranks, args, env=None, timeout=300):

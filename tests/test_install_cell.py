@@ -6,11 +6,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
 import pytest
+from _jobs import build_sdist
 
 pytestmark = pytest.mark.build
 
@@ -59,13 +59,7 @@ def clean_env(**extra) -> dict:
 def _install_from_an_sdist(workdir, run) -> dict:
     """The background job (conftest): an sdist of this checkout, a fresh venv, then the
     install cell pointed at the sdist, run as Colab runs it; each step's CompletedProcess."""
-    root = Path(__file__).resolve().parents[1]
-    steps = {
-        "sdist_build": run(
-            [sys.executable, "-m", "build", "--sdist", "--outdir", workdir / "sdist", root],
-            timeout=600,
-        )
-    }
+    steps = {"sdist_build": build_sdist(workdir / "sdist", run)}
     if steps["sdist_build"].returncode != 0:
         return steps
     (sdist,) = (workdir / "sdist").glob("dptrain-*.tar.gz")

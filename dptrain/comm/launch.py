@@ -82,16 +82,16 @@ def launch(
         return _launch_mpi(
             fn,
             args,
-            workers,
             note,
-            timeout,
-            threads,
-            extras,
-            mpi_shm,
-            mpi_nodes,
-            watch,
-            report,
-            gather,
+            workers=workers,
+            timeout=timeout,
+            threads=threads,
+            extras=extras,
+            mpi_shm=mpi_shm,
+            mpi_nodes=mpi_nodes,
+            watch=watch,
+            report=report,
+            gather=gather,
         )
     workers = 1 if workers is None else int(workers)
     if workers < 1:
@@ -130,7 +130,7 @@ def launch(
 
 
 def _launch_mpi(
-    fn, args, workers, note, timeout, threads, extras, mpi_shm, mpi_nodes, watch, report, gather
+    fn, args, note, *, workers, timeout, threads, extras, mpi_shm, mpi_nodes, watch, report, gather
 ) -> list:
     """launch's MPI rank: this process runs fn once, as its rank."""
     comm_world = world()

@@ -115,6 +115,7 @@ def run_worker(
     history = state["history"]
     train_seconds, eval_seconds, step = state["train_seconds"], state["eval_seconds"], state["step"]
     now = time.perf_counter
+    checkpoint_every = job.checkpoint_every
     for epoch in range(state["epoch"], cfg.epochs):
         rows.order = epoch_order(n, epoch, cfg.seed, cfg.shuffle)
         first_batch = state["batch"] if epoch == state["epoch"] else 0
@@ -134,7 +135,7 @@ def run_worker(
             step += 1
             if progress is not None:
                 progress[0], progress[1] = step, total_steps
-            if job.checkpoint_every and step % job.checkpoint_every == 0:
+            if checkpoint_every and step % checkpoint_every == 0:
                 # the epoch's loss so far, over all workers (this all-reduce is also the
                 # barrier after which every update of this step is done)
                 stats[0], stats[1] = loss_sum, correct
