@@ -234,6 +234,16 @@ class TrainConfig:
     warmup_epochs: float = option(
         0.0, "ramp the learning rate up linearly over this many epochs first", group="optimization"
     )
+    tol: float | None = option(
+        None,
+        "stop early once the epoch's training loss has not fallen below the best so far by "
+        "at least this much for more than n_iter_no_change epochs in a row (scikit-learn's "
+        "tol for its stochastic solvers); default: run every epoch",
+        group="optimization",
+    )
+    n_iter_no_change: int = option(
+        10, "with tol: epochs in a row without improvement before stopping", group="optimization"
+    )
     # ---- the workers
     workers: int = option(
         1, "data-parallel workers (under mpiexec: the MPI world size)", group="parallel"
@@ -382,7 +392,7 @@ class TrainConfig:
             raise ValueError(
                 "batch_size must be a positive integer, got None (None only with batch_per_worker)"
             )
-        for name in ("epochs", "threads", "workers", "upscale") + (
+        for name in ("epochs", "threads", "workers", "upscale", "n_iter_no_change") + (
             ("batch_size",) if self.batch_size is not None else ()
         ):
             set_(name, _positive_int(name, getattr(self, name)))
@@ -419,8 +429,10 @@ class TrainConfig:
                 raise ValueError("layers is empty: give at least one dense or conv layer")
             set_("layers", specs)
             set_("model", "sequential")
-        for name in ("timeout", "bucket_kb", "warmup_epochs", "straggle_random_ms"):
+        for name in ("timeout", "bucket_kb", "warmup_epochs", "straggle_random_ms", "tol"):
             value = getattr(self, name)
+            if name == "tol" and value is None:
+                continue
             if (
                 isinstance(value, bool)
                 or not isinstance(value, numbers.Real)

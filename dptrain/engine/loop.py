@@ -34,6 +34,22 @@ DATA_NAMES = ("x_train", "y_train", "x_test", "y_test")  # a run's data, as laun
 INIT_PARAMS = "init_params"  # the extra holding the starting parameters of a user's model
 
 
+class Plateau:
+    """scikit-learn's stopping rule for its stochastic solvers: an epoch improves when its
+    training loss is below the best so far by more than tol; training stops once more than
+    ``patience`` epochs in a row have not."""
+
+    def __init__(self, tol: float, patience: int):
+        self.tol, self.patience = tol, patience
+        self.best, self.without = math.inf, 0
+
+    def stalled(self, loss: float) -> bool:
+        """Counts one more epoch's loss; True when training should stop."""
+        self.without = self.without + 1 if loss > self.best - self.tol else 0
+        self.best = min(self.best, loss)
+        return self.without > self.patience
+
+
 def train_worker(comm, job: Job) -> dict:
     """What every worker of a run executes (``dptrain.comm.launch``'s fn): the training loop
     on the run's data and starting parameters, which the launcher gave as extras (the data
@@ -116,6 +132,15 @@ def run_worker(
     train_seconds, eval_seconds, step = state["train_seconds"], state["eval_seconds"], state["step"]
     now = time.perf_counter
     checkpoint_every = job.checkpoint_every
+    # early stopping: rank 0 decides from the epochs' losses (those of a resumed run's history
+    # too) and every rank learns its decision by the broadcast of `stop`
+    plateau = None
+    if cfg.tol is not None:
+        stop = comm.zeros(1, np.float64)
+        if rank == 0:
+            plateau = Plateau(cfg.tol, cfg.n_iter_no_change)
+            for rec in history:
+                plateau.stalled(rec["train_loss"])
     for epoch in range(state["epoch"], cfg.epochs):
         rows.order = epoch_order(n, epoch, cfg.seed, cfg.shuffle)
         first_batch = state["batch"] if epoch == state["epoch"] else 0
@@ -178,8 +203,18 @@ def run_worker(
                 "test_accuracy": test_acc,
                 "seconds": epoch_seconds,
             }
+            if plateau is not None and plateau.stalled(rec["train_loss"]):
+                rec["stopped"] = (
+                    f"stopped after epoch {epoch + 1}: the training loss has not fallen by "
+                    f"tol={cfg.tol:g} for {plateau.patience + 1} epochs in a row"
+                )
             history.append(rec)
             comm.report(rec)
+        if cfg.tol is not None:
+            stop[0] = rank == 0 and "stopped" in history[-1]
+            comm.broadcast_(stop, root=0)
+            if stop[0]:
+                break
     out = {
         "rank": rank,
         "steps": step,

@@ -140,7 +140,7 @@ def make_result(
             "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
             "final_test_loss": history[-1]["test_loss"] if history else None,
             "steps": steps,
-            "samples": n * cfg.epochs,
+            "samples": n * len(history),
             "train_seconds": train_seconds,
             "eval_seconds": head["eval_seconds"],
             "data_load_seconds": data_load_seconds,
@@ -148,7 +148,7 @@ def make_result(
             "rank_phase_seconds": breakdown["rank_phase_seconds"],
             "breakdown": breakdown,
             "steps_per_second": steps / train_seconds if train_seconds > 0 else None,
-            "samples_per_second": n * cfg.epochs / train_seconds if train_seconds > 0 else None,
+            "samples_per_second": n * len(history) / train_seconds if train_seconds > 0 else None,
             "build": build_info(),
             "host": {
                 "python": platform.python_version(),

@@ -240,6 +240,8 @@ def run(config: TrainConfig, *, data=None, model: Model | None = None, log=print
     def report(rec):  # rank 0's record of an epoch, as it ends
         line = epoch_line(rec, config.epochs, ds.n_train)
         bar.above(say, line) if bar is not None else say(line)
+        if "stopped" in rec:
+            say(rec["stopped"])
 
     try:
         per_rank = launch(
