@@ -37,6 +37,7 @@ sources = [
     "csrc/dp_act.c",
     "csrc/dp_loss.c",
     "csrc/dp_sgd.c",
+    "csrc/dp_adam.c",
     "csrc/dp_buffers.c",
     "csrc/dp_allreduce.c",
     "csrc/dp_threads.c",

@@ -23,6 +23,7 @@
 #include "dp_loss.c"
 #include "dp_gemm_gemv.c" /* after dp_loss.c: see dp_gemm_gemv_tmpl.h */
 #include "dp_sgd.c"
+#include "dp_adam.c"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -1,7 +1,7 @@
 /* mod_kernels.c - the module-level functions of dptrain._core that run a kernel: one binding
- * per kernel family (gemm, dense, ReLU, losses, argmax, count_correct, sgd_step, sum_buffers,
- * scale_, gather_rows, zero_, conv2d, maxpool2). Each follows the recipe of mod_common.h; the
- * contract and the NumPy twins are in docs/core_api.md.
+ * per kernel family (gemm, dense, ReLU, losses, argmax, count_correct, sgd_step, adam_step,
+ * sum_buffers, scale_, gather_rows, zero_, conv2d, maxpool2). Each follows the recipe of
+ * mod_common.h; the contract and the NumPy twins are in docs/core_api.md.
  * Leaves out on purpose: the objects (mod_context.c, mod_model.c, mod_group.c), and what
  * describes or chooses the build and the CPU (mod_build.c).
  */
@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "dp_act.h"
+#include "dp_adam.h"
 #include "dp_buffers.h"
 #include "dp_conv.h"
 #include "dp_pool.h"
@@ -410,6 +411,93 @@ static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t
     else
         WITHOUT_GIL_LOCKED(lock, dp_sgd_step_team_f64(team, PyArray_DATA(p), vp, PyArray_DATA(g), n,
                                                       lr, mom, damp, wd, nesterov, first));
+    Py_RETURN_NONE;
+}
+
+/* An Adam buffer: a writeable 1-D array of params' dtype and shape that shares no memory with
+ * params, grads or the buffers checked before it (others[0 .. nothers)). */
+static PyArrayObject *adam_buffer(PyObject *obj, const char *name, PyArrayObject *p,
+                                  PyArrayObject *const *others, const char *const *other_names,
+                                  int nothers)
+{
+    PyArrayObject *a = check_array(obj, name, NPY_NOTYPE, 1, 1);
+    if (!a || check_same_dtype(a, name, p, "params") || check_shape(a, name, 1, PyArray_DIMS(p)) ||
+        check_no_overlap(a, name, p, "params"))
+        return NULL;
+    for (int i = 0; i < nothers; i++)
+        if (check_no_overlap(a, name, others[i], other_names[i])) return NULL;
+    return a;
+}
+
+static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
+{
+    static const char *const kwlist[] = {
+        "params", "grads", "exp_avg",      "exp_avg_sq", "max_exp_avg_sq", "step", "lr", "beta1",
+        "beta2",  "eps",   "weight_decay", "amsgrad",    "decoupled",      "ctx",  NULL};
+    PyObject *po, *go, *mo, *vo, *vmo, *ctxo = NULL;
+    int step, amsgrad = 0, decoupled = 0;
+    double lr, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, wd = 0;
+    dp_threads *team;
+    PyThread_type_lock lock;
+    if (parse_args(args, nargs, kwnames, "OOOOO$id|ddddppO:adam_step", kwlist, &po, &go, &mo, &vo,
+                   &vmo, &step, &lr, &beta1, &beta2, &eps, &wd, &amsgrad, &decoupled, &ctxo) ||
+        get_team(module, ctxo, &team, &lock))
+        return NULL;
+    char b[64];
+    if (step < 1)
+        return PyErr_Format(PyExc_ValueError, "step must be >= 1 (the first step is 1), got %d",
+                            step),
+               NULL;
+    const char *const scalar[] = {"lr", "eps", "weight_decay"};
+    const double value[] = {lr, eps, wd};
+    for (int i = 0; i < 3; i++) {
+        if (check_finite(value[i], scalar[i])) return NULL;
+        if (value[i] < 0)
+            return PyErr_Format(PyExc_ValueError, "%s must be >= 0, got %s", scalar[i],
+                                double_repr(b, sizeof b, value[i])),
+                   NULL;
+    }
+    const char *const beta_name[] = {"beta1", "beta2"};
+    const double beta[] = {beta1, beta2};
+    for (int i = 0; i < 2; i++)
+        if (!(beta[i] >= 0 && beta[i] < 1)) /* also NaN */
+            return PyErr_Format(PyExc_ValueError, "%s must be in [0, 1), got %s", beta_name[i],
+                                double_repr(b, sizeof b, beta[i])),
+                   NULL;
+    PyArrayObject *p, *g, *m, *v, *vmax = NULL;
+    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 1)) ||
+        !(g = check_array(go, "grads", NPY_NOTYPE, 1, 0)) ||
+        check_elementwise(g, "grads", p, "params") || check_no_overlap(p, "params", g, "grads"))
+        return NULL;
+    PyArrayObject *seen[3] = {g};
+    const char *const seen_names[] = {"grads", "exp_avg", "exp_avg_sq"};
+    if (!(m = adam_buffer(mo, "exp_avg", p, seen, seen_names, 1))) return NULL;
+    seen[1] = m;
+    if (!(v = adam_buffer(vo, "exp_avg_sq", p, seen, seen_names, 2))) return NULL;
+    seen[2] = v;
+    if (amsgrad) {
+        if (vmo == Py_None)
+            return PyErr_Format(PyExc_ValueError,
+                                "max_exp_avg_sq is None, but amsgrad=True needs it"),
+                   NULL;
+        if (!(vmax = adam_buffer(vmo, "max_exp_avg_sq", p, seen, seen_names, 3))) return NULL;
+    }
+    ptrdiff_t n = PyArray_SIZE(p);
+    void *vm = vmax ? PyArray_DATA(vmax) : NULL;
+    if (IS_F32(p)) {
+        dp_adam_hyper_f32 h;
+        dp_adam_prepare_f32(&h, lr, beta1, beta2, eps, wd, decoupled, step);
+        WITHOUT_GIL_LOCKED(lock,
+                           dp_adam_step_team_f32(team, PyArray_DATA(p), PyArray_DATA(m),
+                                                 PyArray_DATA(v), vm, PyArray_DATA(g), n, &h));
+    } else {
+        dp_adam_hyper_f64 h;
+        dp_adam_prepare_f64(&h, lr, beta1, beta2, eps, wd, decoupled, step);
+        WITHOUT_GIL_LOCKED(lock,
+                           dp_adam_step_team_f64(team, PyArray_DATA(p), PyArray_DATA(m),
+                                                 PyArray_DATA(v), vm, PyArray_DATA(g), n, &h));
+    }
     Py_RETURN_NONE;
 }
 
@@ -861,6 +949,11 @@ PyMethodDef mod_kernels_functions[] = {
      "sgd_step(params, grads, velocity, *, lr, momentum=0, dampening=0, weight_decay=0, "
      "nesterov=False, first_step=False, ctx=None): one torch.optim.SGD step in place; ctx (a "
      "Context, or the Model that computed grads) splits it over that object's threads"},
+    {"adam_step", FASTFN(py_adam_step), FASTKW,
+     "adam_step(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, *, step, lr, beta1=0.9, "
+     "beta2=0.999, eps=1e-8, weight_decay=0, amsgrad=False, decoupled=False, ctx=None): step "
+     "number `step` (1-based) of torch.optim.Adam (decoupled: AdamW) in place; "
+     "max_exp_avg_sq is used only with amsgrad (may be None otherwise); ctx as sgd_step's"},
     {"sum_buffers", FASTFN(py_sum_buffers), FASTKW,
      "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None): "
      "out[start:stop] = scale * sum(inputs)[start:stop], added in order; uint16 arrays hold "

@@ -31,7 +31,7 @@ from .comm import Communicator, WorkerError, launch
 from .config import TrainConfig
 from .engine import TrainResult, fit, train
 from .models import CNN, MLP, LogisticRegression, Model, Sequential, SoftmaxRegression, load_model
-from .optim import SGD
+from .optim import SGD, Adam, AdamW
 
 __all__ = [
     "CNN",
@@ -40,6 +40,8 @@ __all__ = [
     "LogisticRegression",
     "Model",
     "SGD",
+    "Adam",
+    "AdamW",
     "Sequential",
     "SoftmaxRegression",
     "nn",

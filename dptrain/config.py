@@ -25,7 +25,7 @@ from .comm.base import BACKENDS
 from .data.catalog import DATASET_NAMES as DATASETS  # the named data sets
 from .models import MODEL_KINDS as MODELS  # the named models
 from .models import PRECISIONS as DTYPES  # float32, float64, bfloat16 (mixed)
-from .optim import SCHEDULES, SGD
+from .optim import OPTIMIZERS, SCHEDULES, SGD, Adam
 from .sampler import CHUNKS  # deterministic mode's fixed chunks
 
 START_METHODS = ("spawn", "fork", "forkserver")
@@ -78,6 +78,14 @@ def parse_fault(text: str) -> tuple[int, int, str]:
     return int(parts[0]), int(parts[1]), parts[2]
 
 
+def parse_beta(text: str) -> float:
+    """'0.999' -> 0.999 (one of --betas' two values)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--betas takes two numbers in [0, 1), got {text!r}") from None
+
+
 def parse_straggle(text: str) -> tuple[int, float]:
     """'1:5' -> (1, 5.0)."""
     parts = text.split(":")
@@ -100,10 +108,12 @@ def option(
     metavar=None,
     cli: bool = True,
     late: bool = False,
+    nargs=None,
 ):
     """A TrainConfig field with what the CLI and the docs say about it. parse: the CLI text's
     parser (argparse refuses bad text with exit code 2; late=True parses it with the rest of
-    the config instead: exit code 1 and the config's message)."""
+    the config instead: exit code 1 and the config's message); nargs: the CLI flag takes
+    that many values, each parsed by parse."""
     return field(
         default=default,
         metadata={
@@ -115,6 +125,7 @@ def option(
             "metavar": metavar,
             "cli": cli,
             "late": late,
+            "nargs": nargs,
         },
     )
 
@@ -217,7 +228,11 @@ class TrainConfig:
         group="optimization",
         metavar="B",
     )
-    lr: float = option(0.1, "learning rate", group="optimization")
+    lr: float | None = option(
+        None,
+        "learning rate (default: 0.1 with optimizer sgd, 0.001 with adam and adamw)",
+        group="optimization",
+    )
     scale_lr: bool = option(
         False, "multiply lr by the number of workers (linear scaling rule)", group="optimization"
     )
@@ -225,6 +240,28 @@ class TrainConfig:
     dampening: float = option(0.0, "SGD dampening, in [0, 1]", group="optimization")
     weight_decay: float = option(0.0, "L2 weight decay", group="optimization")
     nesterov: bool = option(False, "Nesterov momentum", group="optimization")
+    optimizer: str = option(
+        "sgd",
+        "sgd (with momentum, dampening, nesterov), adam or adamw (PyTorch's Adam and AdamW, "
+        "with betas and eps; adamw's weight decay shrinks the weights instead of adding an L2 "
+        "term to the gradient)",
+        group="optimization",
+        choices=tuple(OPTIMIZERS),
+    )
+    betas: tuple = option(
+        (0.9, 0.999),
+        "adam/adamw: the decay rates of the gradient's moving average and of its square's, "
+        "each in [0, 1)",
+        group="optimization",
+        parse=parse_beta,
+        nargs=2,
+        metavar=("B1", "B2"),
+    )
+    eps: float = option(
+        1e-8,
+        "adam/adamw: added to the denominator (the root of the second moment)",
+        group="optimization",
+    )
     lr_schedule: str = option(
         "cosine",
         "learning-rate schedule over the whole run",
@@ -440,15 +477,7 @@ class TrainConfig:
             ):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
             set_(name, float(value))
-        SGD.check(
-            lr=self.lr,
-            momentum=self.momentum,
-            dampening=self.dampening,
-            weight_decay=self.weight_decay,
-            nesterov=self.nesterov,
-        )
-        for name in ("lr", "momentum", "dampening", "weight_decay"):
-            set_(name, float(getattr(self, name)))
+        self._check_optimizer(set_)
         if self.overlap and (self.deterministic or self.allreduce != "native"):
             raise ValueError("overlap works with allreduce='native' and without deterministic mode")
         if self.allreduce != "native" and self.deterministic:
@@ -530,6 +559,42 @@ class TrainConfig:
                 set_(name, str(value))
 
     # ---- construction
+    def _check_optimizer(self, set_) -> None:
+        """The optimizer's options: its own checks, and the other optimizers' options left at
+        their defaults (an SGD momentum given to Adam would otherwise be silently ignored)."""
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer is {self.optimizer!r}, expected one of {tuple(OPTIMIZERS)}"
+            )
+        sgd = self.optimizer == "sgd"
+        if self.lr is None:
+            set_("lr", 0.1 if sgd else 1e-3)  # the usual starting rates (PyTorch's for Adam)
+        SGD.check(
+            lr=self.lr,
+            momentum=self.momentum,
+            dampening=self.dampening,
+            weight_decay=self.weight_decay,
+            nesterov=self.nesterov,
+        )
+        Adam.check(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+        for name in ("lr", "momentum", "dampening", "weight_decay", "eps"):
+            set_(name, float(getattr(self, name)))
+        set_("betas", tuple(float(b) for b in self.betas))
+        defaults = {f.name: f.default for f in fields(self)}
+        others = ("betas", "eps") if sgd else ("momentum", "dampening", "nesterov")
+        for name in others:
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not an option of "
+                    f"optimizer={self.optimizer!r}: "
+                    + (
+                        "betas and eps are adam's and adamw's"
+                        if sgd
+                        else f"{name} is sgd's (adam and adamw take betas and eps); "
+                        f"leave it at its default {defaults[name]!r}"
+                    )
+                )
+
     @classmethod
     def from_kwargs(cls, **kwargs) -> "TrainConfig":
         """A validated config from keyword arguments; an unknown name is a TypeError that
@@ -633,6 +698,8 @@ def add_train_arguments(parser, only=None, defaults=None) -> None:
         kw = {"dest": f.name, "help": meta["help"]}
         if meta["metavar"]:
             kw["metavar"] = meta["metavar"]
+        if meta.get("nargs"):
+            kw["nargs"] = meta["nargs"]
         if isinstance(default, bool):
             kw["action"] = "store_false" if default else "store_true"
             kw["default"] = default

@@ -1,7 +1,18 @@
-"""SGD with momentum, Nesterov and weight decay on a model's flat buffers (one C kernel call).
+"""The optimizers on a model's flat buffers, one C kernel call per step each.
 
-Semantics are torch.optim.SGD's: d = g + wd * p; v = momentum * v + (1 - dampening) * d
-(v = d on the first step); d = d + momentum * v if nesterov else v; p -= lr * d.
+SGD (momentum, Nesterov, weight decay), torch.optim.SGD's semantics: d = g + wd * p;
+v = momentum * v + (1 - dampening) * d (v = d on the first step); d = d + momentum * v if
+nesterov else v; p -= lr * d.
+
+Adam and AdamW, torch.optim.Adam's / AdamW's (t the step, from 1): g = g + wd * p (Adam) or
+p = p * (1 - lr * wd) (AdamW); m = b1 * m + (1 - b1) * g; v = b2 * v + (1 - b2) * g * g;
+with amsgrad v is replaced by vmax = max(vmax, v); p -= lr / (1 - b1^t) * m /
+(sqrt(v) / sqrt(1 - b2^t) + eps).
+
+The first moment of every optimizer (SGD's momentum, Adam's m) is ``model.velocity``: the
+buffer that every transport already allocates, broadcasts and checkpoints; Adam's second
+moment (and maximum) are its own buffers. ``state_dict()`` / ``load_state_dict()`` hold the
+step count and those own buffers (the model's save holds velocity).
 """
 
 from __future__ import annotations
@@ -9,9 +20,12 @@ from __future__ import annotations
 import math
 import numbers
 
-from . import _core
+import numpy as np
 
-__all__ = ["SGD", "SCHEDULES", "lr_at"]
+from . import _core
+from ._aligned import aligned_zeros
+
+__all__ = ["SGD", "Adam", "AdamW", "OPTIMIZERS", "make_optimizer", "SCHEDULES", "lr_at"]
 
 SCHEDULES = ("constant", "cosine")
 
@@ -36,7 +50,71 @@ def lr_at(
     return base_lr * 0.5 * (1.0 + math.cos(math.pi * min(step - warmup_steps, span) / span))
 
 
-class SGD:
+def _check_nonnegative(**values) -> None:
+    """ValueError naming the first value that is not a finite real number >= 0."""
+    for name, v in values.items():
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, numbers.Real)
+            or not (float(v) >= 0.0)
+            or float(v) == float("inf")
+        ):
+            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+
+
+def _check_state(state, own: dict) -> int:
+    """The steps of a state_dict for an optimizer whose own arrays are `own` (name: array),
+    after checking that it holds exactly those, of their dtype and shape; ValueError naming
+    what is wrong."""
+    if not isinstance(state, dict):
+        raise ValueError(f"state must be a dict (from state_dict()), got {type(state).__name__}")
+    want = {"steps", *own}
+    if set(state) != want:
+        raise ValueError(
+            f"state holds {sorted(state)}, expected {sorted(want)} (an other optimizer's?)"
+        )
+    steps = state["steps"]
+    if isinstance(steps, (bool, float)) or not isinstance(steps, numbers.Integral) or steps < 0:
+        raise ValueError(f"state['steps'] must be an integer >= 0, got {steps!r}")
+    for name, arr in own.items():
+        got = np.asarray(state[name])
+        if got.shape != arr.shape or got.dtype != arr.dtype:
+            raise ValueError(
+                f"state[{name!r}] has dtype {got.dtype} and shape {got.shape}, expected "
+                f"{arr.dtype} and {arr.shape}"
+            )
+    return int(steps)
+
+
+class _Optimizer:
+    """What every optimizer here shares: its hyper-parameters by name (HYPER) and its state
+    (the step count and the arrays of its own, ``_own()``; model.velocity is the model's)."""
+
+    HYPER: tuple = ()
+
+    def config(self) -> dict:
+        """The hyper-parameters as a dict."""
+        return {name: getattr(self, name) for name in self.HYPER}
+
+    def _own(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        """{"steps": int, plus each array of the optimizer's own by name (copies)}: the state
+        besides model.velocity, which the model's buffers hold (and checkpoints save)."""
+        return {"steps": self.steps, **{k: a.copy() for k, a in self._own().items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continues from a state_dict() of an optimizer of this kind and size (model.velocity
+        is restored with the model)."""
+        own = self._own()
+        steps = _check_state(state, own)
+        for name, arr in own.items():
+            arr[:] = state[name]
+        self.steps = steps
+
+
+class SGD(_Optimizer):
     """Stochastic gradient descent on a model's flat buffers, one C kernel call per step.
 
     ``SGD(model, lr, momentum=0.9, dampening=0, weight_decay=0, nesterov=False)``;
@@ -45,6 +123,8 @@ class SGD:
     the threads of ``model.context`` where the model has one. Bad hyper-parameters raise
     ValueError naming the value (see ``check``).
     """
+
+    HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
 
     def __init__(
         self,
@@ -74,19 +154,7 @@ class SGD:
     @staticmethod
     def check(*, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False) -> None:
         """Raises ValueError naming the first hyper-parameter that SGD cannot use."""
-        for name, v in (
-            ("lr", lr),
-            ("momentum", momentum),
-            ("dampening", dampening),
-            ("weight_decay", weight_decay),
-        ):
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, numbers.Real)
-                or not (float(v) >= 0.0)
-                or float(v) == float("inf")
-            ):
-                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        _check_nonnegative(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay)
         if momentum >= 1:
             raise ValueError(
                 f"momentum must be in [0, 1), got {momentum!r}: with momentum >= 1 "
@@ -120,12 +188,123 @@ class SGD:
         )
         self.steps += 1
 
-    def config(self) -> dict:
-        """The hyper-parameters as a dict."""
-        return {
-            "lr": self.lr,
-            "momentum": self.momentum,
-            "dampening": self.dampening,
-            "weight_decay": self.weight_decay,
-            "nesterov": self.nesterov,
-        }
+
+class Adam(_Optimizer):
+    """Adam (Kingma & Ba, 2015) on a model's flat buffers, one C kernel call per step.
+
+    ``Adam(model, lr=1e-3, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+    amsgrad=False)``, as torch.optim.Adam (weight_decay is an L2 term added to the
+    gradient; see the module docstring). ``step()`` updates ``model.params`` from
+    ``model.grads``; the first moment is ``model.velocity``, the second moment
+    ``exp_avg_sq`` (and its running maximum ``max_exp_avg_sq`` with amsgrad) are this
+    optimizer's. The first step starts every moment from 0, as a new torch optimizer does.
+    Split over the threads of ``model.context`` where the model has one. Bad
+    hyper-parameters raise ValueError naming the value (see ``check``).
+    """
+
+    HYPER = ("lr", "betas", "eps", "weight_decay", "amsgrad")
+    decoupled = False  # AdamW: the weight decay shrinks the parameters instead
+
+    def __init__(
+        self,
+        model,
+        lr: float = 1e-3,
+        *,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+    ):
+        self.check(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+        self.model = model
+        self.lr = float(lr)
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.eps = float(eps)
+        self.weight_decay = float(weight_decay)
+        self.amsgrad = bool(amsgrad)
+        n, dtype = len(model.params), model.params.dtype
+        self.exp_avg_sq = aligned_zeros(n, dtype)
+        self.max_exp_avg_sq = aligned_zeros(n, dtype) if self.amsgrad else None
+        self.steps = 0
+
+    @staticmethod
+    def check(*, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False) -> None:
+        """Raises ValueError naming the first hyper-parameter that Adam cannot use."""
+        _check_nonnegative(lr=lr, eps=eps, weight_decay=weight_decay)
+        if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        for i, b in enumerate(betas):
+            if (
+                isinstance(b, bool)
+                or not isinstance(b, numbers.Real)
+                or not (0.0 <= float(b) < 1.0)
+            ):
+                raise ValueError(f"betas[{i}] must be a number in [0, 1), got {b!r}")
+        if not isinstance(amsgrad, (bool, np.bool_)):
+            raise ValueError(f"amsgrad must be True or False, got {amsgrad!r}")
+
+    def step(self, lr: float | None = None, grads=None) -> None:
+        """One update of model.params from model.grads (or ``grads``, a buffer of the same
+        layout); lr overrides the default, e.g. for a schedule."""
+        m = self.model
+        ctx = getattr(m, "context", None)  # the threads that computed the gradient (see SGD)
+        if self.steps == 0:  # a new optimizer's moments are 0 (velocity may hold SGD's)
+            for buf in (m.velocity, self.exp_avg_sq, self.max_exp_avg_sq):
+                if buf is not None:
+                    _core.zero_(buf, ctx=ctx)
+        _core.adam_step(
+            m.params,
+            m.grads if grads is None else grads,
+            m.velocity,
+            self.exp_avg_sq,
+            self.max_exp_avg_sq,
+            step=self.steps + 1,
+            lr=self.lr if lr is None else float(lr),
+            beta1=self.betas[0],
+            beta2=self.betas[1],
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            amsgrad=self.amsgrad,
+            decoupled=self.decoupled,
+            ctx=ctx,
+        )
+        self.steps += 1
+
+    def _own(self) -> dict:
+        own = {"exp_avg_sq": self.exp_avg_sq}
+        if self.amsgrad:
+            own["max_exp_avg_sq"] = self.max_exp_avg_sq
+        return own
+
+
+class AdamW(Adam):
+    """AdamW (Loshchilov & Hutter, 2019): Adam whose weight decay multiplies the parameters
+    by 1 - lr * weight_decay before the update instead of adding to the gradient;
+    ``AdamW(model, lr=1e-3, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+    amsgrad=False)``, as torch.optim.AdamW."""
+
+    decoupled = True
+
+    def __init__(self, model, lr: float = 1e-3, *, weight_decay: float = 1e-2, **options):
+        # only the default differs (PyTorch's AdamW decays by default); options: Adam's
+        super().__init__(model, lr, weight_decay=weight_decay, **options)
+
+
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+
+
+def make_optimizer(model, lr: float, config):
+    """The optimizer that a TrainConfig names (``config.optimizer``) on model, at the learning
+    rate lr (the run's peak rate; the schedule passes each step's to step())."""
+    if config.optimizer == "sgd":
+        return SGD(
+            model,
+            lr,
+            momentum=config.momentum,
+            dampening=config.dampening,
+            weight_decay=config.weight_decay,
+            nesterov=config.nesterov,
+        )
+    return OPTIMIZERS[config.optimizer](
+        model, lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
+    )

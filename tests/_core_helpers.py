@@ -14,6 +14,8 @@ this folder on sys.path; tests/fuzz_core.py, run as a script, finds it beside it
   shared-memory group of thread workers).
 """
 
+import functools
+import itertools
 import math
 import sys
 import threading
@@ -468,6 +470,19 @@ def make_calls(dtype=np.float64, seed=0):
             core.sum_buffers, dict(out=f(9), inputs=[f(9), f(9)]), dict(scale=0.5), ("out",)
         ),
         "scale_": Call(core.scale_, dict(buf=f(9), alpha=0.5), outputs=("buf",)),
+        # (last: its draws leave the other calls' values as they were)
+        "adam_step": Call(
+            core.adam_step,
+            dict(
+                params=f(9),
+                grads=f(9),
+                exp_avg=f(9),
+                exp_avg_sq=f(9) ** 2,
+                max_exp_avg_sq=f(9) ** 2,
+            ),
+            dict(step=3, lr=0.01, weight_decay=0.01, amsgrad=True),
+            ("params", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+        ),
     }
 
 
@@ -490,8 +505,9 @@ def float_array_params(min_floats=1, kernels=KERNELS):
 
 def all_array_params(min_ndim=1, required_only=False, kernels=KERNELS):
     """(kernel, argument) for every array argument; optionally only those with ndim >=
-    min_ndim, or only those that may not be None (dx, dlogits, velocity are optional)."""
-    optional = ("dx", "dlogits", "velocity")
+    min_ndim, or only those that may not be None (dx, dlogits, velocity, max_exp_avg_sq are
+    optional)."""
+    optional = ("dx", "dlogits", "velocity", "max_exp_avg_sq")
     return [
         pytest.param(k, name, id=f"{k}-{name}")
         for k, call in make_calls().items()
@@ -577,6 +593,13 @@ SHAPE_MESSAGES_1D = [
     ("argmax-out", "argmax", "out", (6,), "out has shape (6,), expected (7,)"),
     ("sgd_step-grads", "sgd_step", "grads", (8,), "grads has shape (8,), expected (9,)"),
     (
+        "adam_step-exp_avg_sq",
+        "adam_step",
+        "exp_avg_sq",
+        (8,),
+        "exp_avg_sq has shape (8,), expected (9,)",
+    ),
+    (
         "sum_buffers-inputs1",
         "sum_buffers",
         "inputs[1]",
@@ -605,6 +628,30 @@ def check_non_contiguous_rejected(kernel, name, relayout, layout):
     assert not bad.flags.c_contiguous
     call = call.replaced(name, bad)
     assert_rejected(call, ValueError, name, "C-contiguous", what=f"{kernel}({name} {layout})")
+
+
+@functools.cache
+def thread_owners():
+    """The objects whose threads sgd_step, adam_step and zero_ may take (their ctx): None,
+    Contexts of 1, 2 and 3 threads, a 2-thread model's net."""
+    from dptrain import MLP
+
+    return {
+        "none": None,
+        "context-1": core.Context(1),
+        "context-2": core.Context(2),
+        "context-3": core.Context(3),
+        "model-2": MLP((784, 8, 10), threads=2)._net,
+    }
+
+
+def _adam_aliased(a, b):
+    """adam_step with its argument b the same array as its argument a (amsgrad on: every
+    buffer is read)."""
+    arrays = {n: np.ones(6) for n in ("params", "grads", "exp_avg", "exp_avg_sq")}
+    arrays["max_exp_avg_sq"] = np.ones(6)
+    arrays[b] = arrays[a]
+    return core.adam_step(*arrays.values(), step=1, lr=0.1, amsgrad=True)
 
 
 def aliasing_cases(kernels=KERNELS):
@@ -696,6 +743,10 @@ def aliasing_cases(kernels=KERNELS):
             ["velocity", "grads"],
         )
     )
+    for a, b in itertools.combinations(
+        ("params", "grads", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), 2
+    ):
+        cases.append((f"adam_step-{b}_is_{a}", functools.partial(_adam_aliased, a, b), [b, a]))
     s = np.ones(10)
     cases.append(
         (
@@ -720,6 +771,9 @@ NONFINITE_CASES = [
     ("sgd_step", "momentum"),
     ("sgd_step", "dampening"),
     ("sgd_step", "weight_decay"),
+    ("adam_step", "lr"),
+    ("adam_step", "eps"),
+    ("adam_step", "weight_decay"),
     ("softmax_xent", "grad_scale"),
     ("sigmoid_bce", "grad_scale"),
 ]
@@ -789,6 +843,12 @@ LEAKY_ERROR_CASES = {
     ),
     "sgd_step-velocity_none": lambda: core.sgd_step(
         np.ones(3), np.ones(3), None, lr=0.1, momentum=0.9
+    ),
+    "adam_step-beta1_nan": lambda: core.adam_step(
+        np.ones(3), np.ones(3), np.ones(3), np.ones(3), None, step=1, lr=0.1, beta1=float("nan")
+    ),
+    "adam_step-eps_negative": lambda: core.adam_step(
+        np.ones(3), np.ones(3), np.ones(3), np.ones(3), None, step=1, lr=0.1, eps=-1.0
     ),
     "gemm-control_shape_error": lambda: core.gemm(
         np.ones((2, 2)), np.ones((3, 2)), np.ones((2, 2))
@@ -865,6 +925,7 @@ def gil_cases():
     big = [rng.standard_normal(2_000_000) for _ in range(3)]
     z = rng.standard_normal((20000, 100))
     zl = rng.integers(0, 100, 20000)
+    sq = np.ones(2_000_000)
     return {
         "gemm": lambda: core.gemm(a, b, c),
         "gemm_naive": lambda: core.gemm_naive(a[:100], b, c[:100]),
@@ -873,6 +934,7 @@ def gil_cases():
         "Model.evaluate": lambda: net.evaluate(x, labels),
         "sum_buffers": lambda: core.sum_buffers(big[0], big[1:]),
         "softmax_xent": lambda: core.softmax_xent(z, zl),
+        "adam_step": lambda: core.adam_step(big[0], big[1], big[2], sq, None, step=1, lr=1e-9),
     }
 
 
@@ -1094,7 +1156,7 @@ def family_tests(kernels, gil=(), cases=None):
         @pytest.mark.parametrize("kernel", ks)
         def test_no_reference_leaks_on_success(kernel):
             call = make_calls()[kernel]
-            if kernel == "sgd_step":
+            if kernel in ("sgd_step", "adam_step"):
                 call.kwargs["lr"] = 1e-6  # 2000 steps must stay finite
             objs = leak_objects(call)
             call()

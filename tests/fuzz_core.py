@@ -1561,6 +1561,55 @@ def oracle_sgd_step(
     )
 
 
+def build_adam_step(rng, fz):
+    dt, n = pick_dtype(rng), dim(rng)
+    amsgrad = bool(rng.random() < 0.4)
+    v = np.abs(draw(rng, (n,), dt, pick_style(rng)))
+    vmax = v + np.abs(draw(rng, (n,), dt)) if amsgrad or rng.random() < 0.3 else None
+    return Call(
+        "adam_step",
+        core.adam_step,
+        [
+            Arg("params", draw(rng, (n,), dt, pick_style(rng)), "F", output=True),
+            Arg("grads", draw(rng, (n,), dt, pick_style(rng)), "F"),
+            Arg("exp_avg", draw(rng, (n,), dt), "F", output=True),
+            Arg("exp_avg_sq", v, "F", output=True),
+            Arg("max_exp_avg_sq", vmax, "F", output=True),
+            Arg("step", int(pick(rng, (1, 2, 10, 1000))), "i", keyword=True),
+            Arg("lr", pick(rng, (1e-3, 0.1, 0.0, 1.0)), "f", keyword=True),
+            Arg("beta1", pick(rng, (0.9, 0.0, 0.5)), "f", keyword=True, omit=rng.random() < 0.5),
+            Arg("beta2", pick(rng, (0.999, 0.0, 0.9)), "f", keyword=True, omit=rng.random() < 0.5),
+            Arg("eps", pick(rng, (1e-8, 0.0, 0.1)), "f", keyword=True, omit=rng.random() < 0.5),
+            Arg("weight_decay", pick(rng, (0.0, 1e-2, 0.5)), "f", keyword=True),
+            Arg("amsgrad", amsgrad, "b", keyword=True, omit=not amsgrad and rng.random() < 0.5),
+            Arg("decoupled", bool(rng.random() < 0.5), "b", keyword=True),
+        ],
+        oracle_adam_step,
+    )
+
+
+def oracle_adam_step(
+    before, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, *, step, lr, amsgrad=False, **kw
+):
+    # the contract: max_exp_avg_sq is neither read nor written without amsgrad (any value then)
+    vmax = max_exp_avg_sq if amsgrad else None
+    p0, m0, v0 = params.copy(), np.abs(exp_avg), np.abs(exp_avg_sq)
+    vmax0 = np.abs(vmax) if amsgrad else None
+    ref.adam_step(params, grads, exp_avg, exp_avg_sq, vmax, step=step, lr=lr, amsgrad=amsgrad, **kw)
+    g = np.abs(grads) + abs(kw.get("weight_decay", 0.0)) * np.abs(p0)
+    with np.errstate(all="ignore"):
+        # the update is a ratio of rounded values: a few ulps of its size, plus p's
+        update = np.abs(params - p0)
+    return Expect(
+        scale={
+            "params": np.abs(p0) + 8 * update,
+            "exp_avg": m0 + g,
+            "exp_avg_sq": v0 + g * g,
+            "max_exp_avg_sq": vmax0 + v0 + g * g if amsgrad else None,
+        }
+    )
+
+
 def range_args(rng, n):
     start = int(rng.integers(0, n + 1)) if rng.random() < 0.5 else None
     stop = int(rng.integers(start or 0, n + 1)) if rng.random() < 0.5 else None
@@ -2442,6 +2491,7 @@ SPECS = {
     "argmax": build_argmax,
     "count_correct": build_count_correct,
     "sgd_step": build_sgd_step,
+    "adam_step": build_adam_step,
     "sum_buffers": build_sum_buffers,
     "scale_": build_scale,
     "to_bf16": build_to_bf16,

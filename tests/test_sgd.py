@@ -4,14 +4,20 @@ first step, over odd sizes, both dtypes, every kernel ISA; split over a Context'
 threads with the same bits; zero_ (zero_grad, split the same way); and the step's boundary.
 """
 
-import functools
 import itertools
 
 import numpy as np
 import pytest
-from _core_helpers import DTYPES, assert_close, dname, family_tests, randn, rng_for
+from _core_helpers import (
+    DTYPES,
+    assert_close,
+    dname,
+    family_tests,
+    randn,
+    rng_for,
+    thread_owners,
+)
 
-from dptrain import MLP
 from dptrain import _core as core
 from dptrain import reference as ref
 
@@ -93,18 +99,6 @@ def test_sgd_step_three_steps(
 SPLIT_SIZES = [32767, 65535, 65536 + 1, 100003, 3 * 32768 + 1023]
 
 
-@functools.cache
-def _split_owners():
-    """The objects whose threads sgd_step / zero_ may take: None, Contexts, a model's net."""
-    return {
-        "none": None,
-        "context-1": core.Context(1),
-        "context-2": core.Context(2),
-        "context-3": core.Context(3),
-        "model-2": MLP((784, 8, 10), threads=2)._net,
-    }
-
-
 @pytest.mark.parametrize("n", SPLIT_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("momentum,dampening,weight_decay,nesterov,first_step", sgd_configs())
@@ -127,7 +121,7 @@ def test_sgd_step_split_over_threads_same_bits(
         first_step=first_step,
     )
     results = {}
-    for name, owner in _split_owners().items():
+    for name, owner in thread_owners().items():
         p, v = p0.copy(), None if v0 is None else v0.copy()
         core.sgd_step(p, g, v, ctx=owner, **kw)
         results[name] = (p, v)
@@ -146,7 +140,7 @@ def test_sgd_step_split_over_threads_same_bits(
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 def test_zero_split_over_threads_clears_every_element(n, dtype):
     """zero_(buf, ctx=...) clears the whole buffer on any number of threads, nothing past it."""
-    for name, owner in _split_owners().items():
+    for name, owner in thread_owners().items():
         buf = np.full(n + 16, np.nan, dtype)
         core.zero_(buf[:n], ctx=owner)
         assert (buf[:n] == 0).all(), f"zero_ ctx={name}: elements left of {n}"

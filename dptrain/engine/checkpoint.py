@@ -38,18 +38,38 @@ def resume_keys(job) -> dict:
         "shuffle": cfg.shuffle,
         "warmup_steps": job.warmup_steps,
         "deterministic": cfg.deterministic,
+        "optimizer": cfg.optimizer,
+        **({} if cfg.optimizer == "sgd" else {"betas": list(cfg.betas), "eps": cfg.eps}),
     }
+
+
+# what a checkpoint that lacks a resume key was written with: before the optimizer option
+# every run was SGD's
+_RESUME_KEY_BEFORE = {"optimizer": "sgd"}
 
 
 CHECKPOINT_FORMAT = 1
 
 
 def save_checkpoint(
-    path, job, net, *, step, epoch, batch, loss_sum, correct, history, train_seconds, eval_seconds
+    path,
+    job,
+    net,
+    *,
+    step,
+    epoch,
+    batch,
+    loss_sum,
+    correct,
+    history,
+    train_seconds,
+    eval_seconds,
+    optimizer=None,
 ) -> None:
     """Writes everything a run needs to continue bitwise where it stopped (.npz, no pickle):
     parameters, momentum, the position (epoch, batch, step: the sampler's order and the
-    learning-rate schedule are functions of these and the seed) and the epoch so far.
+    learning-rate schedule are functions of these and the seed) and the epoch so far; and
+    the optimizer's own state arrays (Adam's second moment) as OPTIMIZER_ARRAY + name.
 
     Atomic and durable: written to a temporary beside it, flushed to disk (file, then the
     directory after the rename), then renamed over the old one, so a crash or a kill at any
@@ -77,6 +97,7 @@ def save_checkpoint(
                 params=net.params,
                 velocity=net.velocity,
                 position=np.array(json.dumps(position)),
+                **_optimizer_arrays(optimizer),
             )
             f.flush()
             os.fsync(f.fileno())
@@ -85,6 +106,38 @@ def save_checkpoint(
         tmp.unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
+
+
+OPTIMIZER_ARRAY = "optimizer_"  # the prefix of the optimizer's arrays in a checkpoint
+
+
+def _optimizer_arrays(optimizer) -> dict:
+    """The optimizer's state_dict arrays (its steps are the position's step), by .npz name."""
+    if optimizer is None:
+        return {}
+    state = optimizer.state_dict()
+    return {OPTIMIZER_ARRAY + k: v for k, v in state.items() if k != "steps"}
+
+
+def load_optimizer_state(path, optimizer, step: int) -> None:
+    """The optimizer's state from a checkpoint that read_checkpoint accepted for this run (its
+    arrays, named OPTIMIZER_ARRAY + name; its step count, the position's step); a checkpoint
+    whose arrays this optimizer cannot take is a ValueError naming the file."""
+    where = f"checkpoint {path}"
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            state = {
+                k[len(OPTIMIZER_ARRAY) :]: f[k] for k in f.files if k.startswith(OPTIMIZER_ARRAY)
+            }
+    except (OSError, EOFError, ValueError, KeyError, RuntimeError) as exc:
+        raise ValueError(f"{where} cannot be read: {type(exc).__name__}: {exc}") from None
+    for name, arr in state.items():
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise ValueError(f"{where}: optimizer array {name} holds non-finite values")
+    try:
+        optimizer.load_state_dict({"steps": step, **state})
+    except ValueError as exc:
+        raise ValueError(f"{where}: its optimizer state does not fit this run: {exc}") from None
 
 
 def _remove_stale_temporaries(path: Path) -> None:
@@ -189,7 +242,7 @@ def read_checkpoint(path, job, n_params: int, n_train: int):
                     f"{where}: position field {key!r} is {value!r}, expected {kind.__name__}"
                 )
     for key, now in resume_keys(job).items():
-        saved = position["job"].get(key)
+        saved = position["job"].get(key, _RESUME_KEY_BEFORE.get(key))
         if saved != now:
             raise ValueError(
                 f"{path} was written by a run with {key}={saved!r}, but this run "

@@ -23,9 +23,9 @@ import numpy as np
 from ..comm import LocalComm
 from ..measure import timing
 from ..models import model_from_spec, storage_dtype
-from ..optim import SGD, lr_at
+from ..optim import lr_at, make_optimizer
 from ..sampler import CHUNKS, BatchRows, batch_bounds, epoch_order, shard
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, load_optimizer_state, save_checkpoint
 from .exchange import AllReduce, make_exchange
 from .hooks import Hooks, hooks_for
 from .job import Job
@@ -84,14 +84,7 @@ def run_worker(
     n_params = job.model["n_params"]
     bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
-    opt = SGD(
-        net,
-        job.lr,
-        momentum=cfg.momentum,
-        dampening=cfg.dampening,
-        weight_decay=cfg.weight_decay,
-        nesterov=cfg.nesterov,
-    )
+    opt = make_optimizer(net, job.lr, cfg)
     stats = comm.zeros(2, np.float64)
     state = {
         "step": 0,
@@ -118,6 +111,7 @@ def run_worker(
             state.update(load_checkpoint(job.resume, job, None, n))
             state.update(loss_sum=0.0, correct=0)  # the epoch's sums so far count once, on 0
         comm.broadcast_(net.velocity, root=0)
+        load_optimizer_state(job.resume, opt, state["step"])  # Adam's own moments, every rank
     comm.broadcast_(net.params, root=0)
     opt.steps = state["step"]
 
@@ -170,6 +164,7 @@ def run_worker(
                         cfg.checkpoint,
                         job,
                         net,
+                        optimizer=opt,
                         step=step,
                         epoch=epoch,
                         batch=b + 1,

@@ -283,10 +283,15 @@ def _config_record(job: Job, backend: str, ds, requested: str) -> dict:
 def _header_line(job: Job, ds, backend: str) -> str:
     """The line that says what is about to be trained, on what, how."""
     cfg, spec = job.config, job.model
+    optimizer = (
+        f"momentum {cfg.momentum}"
+        if cfg.optimizer == "sgd"
+        else f"{cfg.optimizer} betas {cfg.betas}, eps {cfg.eps}"
+    )
     return (
         f"dptrain: {spec['kind']} {tuple(spec['sizes'])} on {ds.name} ({ds.n_train} train / "
         f"{ds.n_test} test, source: {ds.source}), global batch {job.batch_size}, lr "
-        f"{job.lr}, momentum {cfg.momentum}, {job.world} worker(s)"
+        f"{job.lr}, {optimizer}, {job.world} worker(s)"
         + (f" on {backend}" if backend != "sequential" else "")
         + (
             f", {cfg.dtype} (float32 weights, bfloat16 GEMM inputs; gradient exchange in "
