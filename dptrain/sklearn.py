@@ -1,8 +1,8 @@
 """scikit-learn estimators on dptrain's one engine: ``MLPClassifier``, ``LogisticRegression``,
 ``SoftmaxRegression``, ``CNNClassifier`` and ``MLPRegressor``.
 
-Every ``fit`` is one ``dptrain.fit`` run (the same SGD on 1..N workers: threads, processes
-or MPI ranks; the updates do not depend on N), so ``workers=`` and ``backend=`` are
+Every ``fit`` is one ``dptrain.fit`` run (the same updates on 1..N workers: threads,
+processes or MPI ranks; they do not depend on N), so ``workers=`` and ``backend=`` are
 ordinary parameters, and ``clone``, ``GridSearchCV``, ``Pipeline`` and pickle work as for
 scikit-learn's own estimators. What this layer adds to the engine:
 
@@ -22,9 +22,17 @@ to dptrain's TrainConfig options (``lr``, ``epochs``, ``weight_decay``, ...); th
 ``_Estimator._engine_options``. ``engine_options`` passes any other option (``allreduce``,
 ``deterministic``, ``timeout``, ...) as it is.
 
-Left out on purpose: early stopping and a convergence tolerance (``max_iter`` epochs are
-always run), sample weights, class weights, solvers other than SGD with momentum, sparse
-input.
+The defaults are scikit-learn's MLP ones: Adam at learning rate 0.001, stopping when the
+training loss stops improving by ``tol`` (a ConvergenceWarning when ``max_iter`` epochs ran
+first), so that models train on data as users bring it. When training goes wrong on
+unscaled data (a first epoch whose loss explodes, every row predicted as one class, a
+diverged loss) the warning or error names the features' span and the fix (StandardScaler).
+
+Left out on purpose: scikit-learn's ``early_stopping`` on a held-out fraction (dptrain's
+``validation`` option holds one out and reports it, but does not stop on it), sample
+weights, class weights, the "lbfgs" solver, sparse input. Each ``fit`` and ``partial_fit``
+call starts the optimizer afresh (zero moments; scikit-learn keeps them across
+``partial_fit`` calls).
 
 scikit-learn is no requirement of dptrain: ``import dptrain`` does not import this module,
 which needs scikit-learn >= 1.6 (``pip install scikit-learn``).
@@ -41,6 +49,7 @@ import numpy as np
 
 try:
     from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+    from sklearn.exceptions import ConvergenceWarning
     from sklearn.utils import check_random_state
     from sklearn.utils.multiclass import check_classification_targets, unique_labels
     from sklearn.utils.validation import check_array, check_is_fitted, validate_data
@@ -64,6 +73,7 @@ __all__ = [
     "SoftmaxRegression",
 ]
 
+SOLVERS = ("adam", "adamw", "sgd")  # solver: TrainConfig's optimizer
 AUTO_BATCH = 200  # batch_size="auto": min(200, n_samples), as sklearn's MLP
 # dptrain.fit options an estimator sets from its own parameters and data (or that make no
 # sense for an estimator): engine_options may not give them
@@ -80,6 +90,11 @@ _OWN_OPTIONS = (
     "lr_schedule",
     "momentum",
     "nesterov",
+    "optimizer",
+    "betas",
+    "eps",
+    "tol",
+    "n_iter_no_change",
     "weight_decay",
     "shuffle",
     "workers",
@@ -158,6 +173,14 @@ def _widths_param(est, name, allow_empty=True):
     return tuple(int(w) for w in widths)
 
 
+def _keep_params(est, params: dict) -> None:
+    """An __init__'s parameters kept as they are, under their names (scikit-learn's rule:
+    no validation or conversion in __init__; ``get_params`` reads them back)."""
+    for name, value in params.items():
+        if name not in ("self", "__class__"):
+            setattr(est, name, value)
+
+
 def _seed_of(random_state) -> int:
     """The engine's seed: an int >= 0 as it is (the seed of dptrain.MLP(seed=...)), else one
     drawn from the RandomState (None: NumPy's global one)."""
@@ -179,6 +202,13 @@ class _Estimator(BaseEstimator):
     # ---- checks and the engine's options
     def _check_params(self) -> None:
         """Refuses a bad parameter, naming it, before any data is read."""
+        if self.solver == "lbfgs":
+            raise ValueError(
+                f"{type(self).__name__}: solver='lbfgs' is scikit-learn's full-batch "
+                f"solver; dptrain trains by minibatch gradients: use 'adam' (the default), "
+                f"'adamw' or 'sgd'"
+            )
+        _choice_param(self, "solver", SOLVERS)
         _real_param(self, "learning_rate_init", 0, low_open=True)
         _choice_param(self, "learning_rate", SCHEDULES)
         _int_param(self, "max_iter")
@@ -186,6 +216,11 @@ class _Estimator(BaseEstimator):
             _int_param(self, "batch_size")
         _real_param(self, "momentum", 0, 1, high_open=True)
         _real_param(self, "alpha", 0)
+        _real_param(self, "beta_1", 0, 1, high_open=True)
+        _real_param(self, "beta_2", 0, 1, high_open=True)
+        _real_param(self, "epsilon", 0, low_open=True)
+        _real_param(self, "tol", 0)
+        _int_param(self, "n_iter_no_change")
         for name in ("nesterovs_momentum", "shuffle", "warm_start"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise _bad(self, name, "True or False")
@@ -232,17 +267,24 @@ class _Estimator(BaseEstimator):
             )
         return min(self.batch_size, n)
 
-    def _engine_options(self, n: int, epochs: int, schedule: str, seed: int) -> dict:
-        """The estimator's parameters as dptrain.fit options (TrainConfig names)."""
+    def _engine_options(self, n: int, epochs: int, schedule: str, seed: int, tol) -> dict:
+        """The estimator's parameters as dptrain.fit options (TrainConfig names); tol None:
+        every epoch is run."""
         verbose = int(self.verbose)
+        if self.solver == "sgd":
+            rule = {"momentum": self.momentum, "nesterov": bool(self.nesterovs_momentum)}
+        else:
+            rule = {"betas": (self.beta_1, self.beta_2), "eps": self.epsilon}
         return {
             **(self.engine_options or {}),
+            **rule,
+            "optimizer": self.solver,
             "epochs": epochs,
             "batch_size": self._batch(n),
             "lr": self.learning_rate_init,
             "lr_schedule": schedule,
-            "momentum": self.momentum,
-            "nesterov": bool(self.nesterovs_momentum),
+            "tol": tol,
+            "n_iter_no_change": self.n_iter_no_change,
             "weight_decay": self.alpha,
             "shuffle": bool(self.shuffle),
             "workers": self.workers,
@@ -260,7 +302,7 @@ class _Estimator(BaseEstimator):
     def __sklearn_is_fitted__(self) -> bool:
         return self._is_trained()
 
-    def _train(self, model, X, targets, *, partial: bool, seed: int | None = None) -> None:
+    def _train(self, model, X, targets, *, partial: bool, seed: int | None = None) -> list:
         """Trains ``model`` on (X, targets) through dptrain.fit: ``max_iter`` epochs (one
         for partial_fit), then records the run. seed: that of a new model, which becomes
         self.model_ only when the run succeeds; None: model is self.model_, continued (the
@@ -272,14 +314,18 @@ class _Estimator(BaseEstimator):
         epochs = 1 if partial else self.max_iter
         schedule = "constant" if partial else self.learning_rate
         backend, _ = resolve_backend(self.backend)
+        tol = None if partial else self.tol  # partial_fit runs its one epoch
         # each run's epochs get their own sample orders: the seed moves on by the epochs done
-        result = engine_fit(
-            model,
-            X,
-            targets,
-            log=print,
-            **self._engine_options(len(X), epochs, schedule, seed + done),
-        )
+        try:
+            result = engine_fit(
+                model,
+                X,
+                targets,
+                log=print,
+                **self._engine_options(len(X), epochs, schedule, seed + done, tol),
+            )
+        except FloatingPointError as exc:
+            raise FloatingPointError(f"{type(self).__name__}: {exc}{_scale_advice(X)}") from None
         history = result.history
         if backend == "mpi":  # rank 0 holds the result: every rank gets the model
             history = _from_rank0(model, history)
@@ -288,7 +334,50 @@ class _Estimator(BaseEstimator):
             self.n_iter_, self.loss_curve_, self.history_ = 0, [], []
         self.history_ += [dict(rec, epoch=done + rec["epoch"]) for rec in history]
         self.loss_curve_ += [rec["train_loss"] for rec in history]
-        self.n_iter_ = done + epochs
+        self.n_iter_ = done + len(history)
+        if not partial and len(history) == epochs and "stopped" not in history[-1]:
+            warnings.warn(
+                f"{type(self).__name__}: max_iter={epochs} epochs ran and the training loss "
+                f"still fell by more than tol={self.tol:g} within the last "
+                f"{self.n_iter_no_change + 1}: it has not converged (raise max_iter)",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
+        return history
+
+    def _check_training(self, X, targets, history, *, partial: bool) -> None:
+        """Warns, naming the cause and the fix, when the first epoch's loss exploded (ten
+        times that of the constant prediction: the class frequencies' cross-entropy, or the
+        targets' variance) or when a classifier ended predicting one class for every row."""
+        if partial or not history:
+            return
+        first = history[0]["train_loss"]
+        if self.model_.loss == "mse":
+            baseline = float(np.mean(np.var(targets, axis=0, dtype=np.float64)))
+        else:
+            freq = np.bincount(targets) / len(targets)
+            baseline = float(-np.sum(freq[freq > 0] * np.log(freq[freq > 0])))
+        if first > 10 * max(baseline, 1e-12):
+            warnings.warn(
+                f"{type(self).__name__}: the first epoch's training loss was {first:,.4g}, "
+                f"{first / max(baseline, 1e-12):,.0f} times that of a constant prediction "
+                f"({baseline:.4g}): the steps were too large for the data"
+                f"{_scale_advice(X) or ': lower learning_rate_init'}",
+                UserWarning,
+                stacklevel=5,
+            )
+        if self.model_.loss != "mse":
+            predicted = np.unique(_codes(self._logits(X[:10000])))
+            if len(predicted) == 1:
+                share = np.mean(targets == predicted[0])
+                advice = _scale_advice(X) or ": try solver='adam' or a smaller learning_rate_init"
+                warnings.warn(
+                    f"{type(self).__name__}: training stalled: every training row is "
+                    f"predicted as class {self.classes_[predicted[0]]!r} "
+                    f"({100 * share:.0f}% of the rows){advice}",
+                    UserWarning,
+                    stacklevel=5,
+                )
 
     # ---- pickling: the model as its architecture and flat buffers, not the C object
     def __getstate__(self):
@@ -320,6 +409,31 @@ class _Estimator(BaseEstimator):
     def _logits(self, X) -> np.ndarray:
         """The model's outputs for validated rows, as float64."""
         return self.model_.logits(X).astype(np.float64)
+
+
+def _codes(scores) -> np.ndarray:
+    """The predicted class indices from decision scores: (n,) (positive: class 1) or one
+    column per class (the largest)."""
+    if scores.ndim == 1 or scores.shape[1] == 1:
+        return (scores.reshape(len(scores)) > 0).astype(np.intp)
+    return np.argmax(scores, axis=1)
+
+
+def _scale_advice(X) -> str:
+    """ "; features span lo..hi: scale them ..." when X's columns are far from unit scale (a
+    value beyond 10 in magnitude, or columns whose spreads differ by 100 times), else ""."""
+    if X.size == 0:
+        return ""
+    lo, hi = float(X.min()), float(X.max())
+    spread = np.ptp(X, axis=0)
+    spread = spread[spread > 0]
+    uneven = spread.size > 0 and spread.max() > 100 * spread.min()
+    if max(abs(lo), abs(hi)) <= 10 and not uneven:
+        return ""
+    return (
+        f"; the features span {lo:,.6g}..{hi:,.6g}: scale them, e.g. "
+        f"make_pipeline(StandardScaler(), estimator) with sklearn.preprocessing.StandardScaler"
+    )
 
 
 def _from_rank0(model, history):
@@ -379,10 +493,11 @@ class _Classifier(ClassifierMixin, _Estimator):
         if fresh:
             seed = _seed_of(self.random_state)
             model = self._build_model(X.shape[1], len(labels), seed)
-            self._train(model, X, codes, partial=partial, seed=seed)
+            history = self._train(model, X, codes, partial=partial, seed=seed)
         else:
-            self._train(self.model_, X, codes, partial=partial)
+            history = self._train(self.model_, X, codes, partial=partial)
         self.classes_ = labels
+        self._check_training(X, codes, history, partial=partial)
         return self
 
     def _rows(self, X, y=NO_Y, *, reset: bool):
@@ -410,8 +525,7 @@ class _Classifier(ClassifierMixin, _Estimator):
     def predict(self, X) -> np.ndarray:
         """The predicted labels (from classes_): the class of the largest logit."""
         d = self.decision_function(X)
-        codes = (d > 0).astype(np.intp) if d.ndim == 1 else np.argmax(d, axis=1)
-        return self.classes_[codes]
+        return self.classes_[_codes(d)]
 
     def predict_log_proba(self, X) -> np.ndarray:
         """log of predict_proba, computed stably in float64: (n_samples, n_classes)."""
@@ -445,26 +559,44 @@ def _encode(y, labels) -> np.ndarray:
 _PARAM_DOCS = {
     "hidden_layer_sizes": """hidden_layer_sizes : int or tuple of int, default={default}
     Widths of the hidden layers (ReLU between them).""",
+    "solver": """solver : {{"adam", "adamw", "sgd"}}, default={default}
+    The optimizer (dptrain's ``optimizer``): Adam, as scikit-learn's default solver and
+    PyTorch's ``torch.optim.Adam``; AdamW (decoupled weight decay: ``alpha`` shrinks the
+    weights instead of entering the gradient); or SGD with momentum. scikit-learn's
+    full-batch "lbfgs" is refused: dptrain trains by minibatches.""",
     "learning_rate_init": """learning_rate_init : float > 0, default={default}
-    The SGD learning rate (dptrain's ``lr``).""",
+    The learning rate (dptrain's ``lr``); scikit-learn's default.""",
     "learning_rate": """learning_rate : {{"constant", "cosine"}}, default={default}
     The rate over one ``fit``: constant, or a cosine decay to 0 over its ``max_iter``
     epochs (``lr_schedule``). ``partial_fit`` runs at the constant rate.""",
     "max_iter": """max_iter : int, default={default}
-    Epochs (passes over the training set) of one ``fit`` (``epochs``); all are run:
-    there is no convergence tolerance and no early stopping.""",
+    The most epochs (passes over the training set) of one ``fit`` (``epochs``); fewer run
+    when the loss stops improving (``tol``). A ConvergenceWarning says when all ran.""",
+    "tol": """tol : float >= 0, default={default}
+    ``fit`` stops once the epoch's training loss has not fallen below the best so far by
+    ``tol`` for more than ``n_iter_no_change`` epochs in a row (scikit-learn's rule for
+    its stochastic solvers; dptrain's ``tol``). ``partial_fit`` runs its one epoch.""",
+    "n_iter_no_change": """n_iter_no_change : int, default={default}
+    Epochs without improvement by ``tol`` before ``fit`` stops.""",
     "batch_size": """batch_size : int or "auto", default={default}
     The global batch: "auto" is ``min(200, n_samples)``; a larger one is clipped to
     n_samples. Worker r of N takes its share of every global batch, so the updates do
     not depend on ``workers``.""",
     "momentum": """momentum : float in [0, 1), default={default}
-    SGD momentum. ``fit`` and ``partial_fit`` start from zero velocity.""",
+    SGD momentum (solver="sgd" only).""",
     "nesterovs_momentum": """nesterovs_momentum : bool, default={default}
-    Nesterov momentum (``nesterov``).""",
+    Nesterov momentum (``nesterov``; solver="sgd" only).""",
+    "beta_1": """beta_1 : float in [0, 1), default={default}
+    Adam's decay rate of the gradient's running mean (``betas[0]``).""",
+    "beta_2": """beta_2 : float in [0, 1), default={default}
+    Adam's decay rate of the squared gradient's running mean (``betas[1]``).""",
+    "epsilon": """epsilon : float > 0, default={default}
+    Adam's term added to the denominator (``eps``).""",
     "alpha": """alpha : float >= 0, default={default}
-    L2 penalty as SGD weight decay: each step adds ``alpha * w`` to the gradient of every
-    parameter, biases included (``weight_decay``; scikit-learn's MLP divides its alpha by
-    n_samples and spares the biases).""",
+    L2 penalty as weight decay: each step adds ``alpha * w`` to the gradient of every
+    parameter, biases included (``weight_decay``; with "adamw" the weights shrink by
+    ``lr * alpha`` instead). scikit-learn's MLP divides its alpha by the batch size and
+    spares the biases.""",
     "shuffle": """shuffle : bool, default={default}
     A new seeded sample order every epoch.""",
     "random_state": """random_state : int >= 0, RandomState or None, default={default}
@@ -505,24 +637,6 @@ _PARAM_DOCS = {
     "padding": """padding : int, default={default}
     Zeros around each convolution's input.""",
 }
-_COMMON = (
-    "learning_rate_init",
-    "learning_rate",
-    "max_iter",
-    "batch_size",
-    "momentum",
-    "nesterovs_momentum",
-    "alpha",
-    "shuffle",
-    "random_state",
-    "warm_start",
-    "dtype",
-    "workers",
-    "backend",
-    "threads",
-    "engine_options",
-    "verbose",
-)
 _CLASSIFIER_ATTRIBUTES = """classes_ : ndarray (n_classes,)
     The labels, sorted; predictions are taken from them.
 n_features_in_ : int
@@ -565,13 +679,19 @@ class MLPClassifier(_Classifier):
         self,
         hidden_layer_sizes=(100,),
         *,
-        learning_rate_init=0.05,
+        solver="adam",
+        learning_rate_init=0.001,
         learning_rate="constant",
         max_iter=200,
         batch_size="auto",
         momentum=0.9,
-        nesterovs_momentum=False,
-        alpha=0.0,
+        nesterovs_momentum=True,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-8,
+        tol=1e-4,
+        n_iter_no_change=10,
+        alpha=0.0001,
         shuffle=True,
         random_state=None,
         warm_start=False,
@@ -582,23 +702,7 @@ class MLPClassifier(_Classifier):
         engine_options=None,
         verbose=0,
     ):
-        self.hidden_layer_sizes = hidden_layer_sizes
-        self.learning_rate_init = learning_rate_init
-        self.learning_rate = learning_rate
-        self.max_iter = max_iter
-        self.batch_size = batch_size
-        self.momentum = momentum
-        self.nesterovs_momentum = nesterovs_momentum
-        self.alpha = alpha
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self.warm_start = warm_start
-        self.dtype = dtype
-        self.workers = workers
-        self.backend = backend
-        self.threads = threads
-        self.engine_options = engine_options
-        self.verbose = verbose
+        _keep_params(self, locals())
 
     def _check_params(self):
         super()._check_params()
@@ -628,13 +732,19 @@ class _LinearClassifier(_Classifier):
     def __init__(
         self,
         *,
-        learning_rate_init=0.1,
+        solver="adam",
+        learning_rate_init=0.001,
         learning_rate="constant",
         max_iter=100,
         batch_size="auto",
         momentum=0.9,
-        nesterovs_momentum=False,
-        alpha=0.0,
+        nesterovs_momentum=True,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-8,
+        tol=1e-4,
+        n_iter_no_change=10,
+        alpha=0.0001,
         shuffle=True,
         random_state=None,
         warm_start=False,
@@ -645,22 +755,7 @@ class _LinearClassifier(_Classifier):
         engine_options=None,
         verbose=0,
     ):
-        self.learning_rate_init = learning_rate_init
-        self.learning_rate = learning_rate
-        self.max_iter = max_iter
-        self.batch_size = batch_size
-        self.momentum = momentum
-        self.nesterovs_momentum = nesterovs_momentum
-        self.alpha = alpha
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self.warm_start = warm_start
-        self.dtype = dtype
-        self.workers = workers
-        self.backend = backend
-        self.threads = threads
-        self.engine_options = engine_options
-        self.verbose = verbose
+        _keep_params(self, locals())
 
 
 class LogisticRegression(_LinearClassifier):
@@ -687,13 +782,19 @@ class CNNClassifier(_Classifier):
         hidden_layer_sizes=(128,),
         kernel_size=3,
         padding=0,
-        learning_rate_init=0.05,
+        solver="adam",
+        learning_rate_init=0.001,
         learning_rate="constant",
         max_iter=10,
         batch_size="auto",
         momentum=0.9,
-        nesterovs_momentum=False,
-        alpha=0.0,
+        nesterovs_momentum=True,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-8,
+        tol=1e-4,
+        n_iter_no_change=10,
+        alpha=0.0001,
         shuffle=True,
         random_state=None,
         warm_start=False,
@@ -704,27 +805,7 @@ class CNNClassifier(_Classifier):
         engine_options=None,
         verbose=0,
     ):
-        self.input_shape = input_shape
-        self.channels = channels
-        self.hidden_layer_sizes = hidden_layer_sizes
-        self.kernel_size = kernel_size
-        self.padding = padding
-        self.learning_rate_init = learning_rate_init
-        self.learning_rate = learning_rate
-        self.max_iter = max_iter
-        self.batch_size = batch_size
-        self.momentum = momentum
-        self.nesterovs_momentum = nesterovs_momentum
-        self.alpha = alpha
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self.warm_start = warm_start
-        self.dtype = dtype
-        self.workers = workers
-        self.backend = backend
-        self.threads = threads
-        self.engine_options = engine_options
-        self.verbose = verbose
+        _keep_params(self, locals())
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -884,13 +965,19 @@ class MLPRegressor(RegressorMixin, _Estimator):
         self,
         hidden_layer_sizes=(100,),
         *,
-        learning_rate_init=0.01,
+        solver="adam",
+        learning_rate_init=0.001,
         learning_rate="constant",
         max_iter=200,
         batch_size="auto",
         momentum=0.9,
-        nesterovs_momentum=False,
-        alpha=0.0,
+        nesterovs_momentum=True,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-8,
+        tol=1e-4,
+        n_iter_no_change=10,
+        alpha=0.0001,
         shuffle=True,
         random_state=None,
         warm_start=False,
@@ -901,23 +988,7 @@ class MLPRegressor(RegressorMixin, _Estimator):
         engine_options=None,
         verbose=0,
     ):
-        self.hidden_layer_sizes = hidden_layer_sizes
-        self.learning_rate_init = learning_rate_init
-        self.learning_rate = learning_rate
-        self.max_iter = max_iter
-        self.batch_size = batch_size
-        self.momentum = momentum
-        self.nesterovs_momentum = nesterovs_momentum
-        self.alpha = alpha
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self.warm_start = warm_start
-        self.dtype = dtype
-        self.workers = workers
-        self.backend = backend
-        self.threads = threads
-        self.engine_options = engine_options
-        self.verbose = verbose
+        _keep_params(self, locals())
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -955,7 +1026,7 @@ class MLPRegressor(RegressorMixin, _Estimator):
             seed = _seed_of(self.random_state)
             sizes = (X.shape[1], *_widths_param(self, "hidden_layer_sizes"), targets.shape[1])
             model = models.MLP(sizes, "mse", seed=seed, dtype=self._dtype(), threads=self.threads)
-            self._train(model, X, targets, partial=partial, seed=seed)
+            history = self._train(model, X, targets, partial=partial, seed=seed)
             self._single_output = y.ndim == 1
         else:
             if targets.shape[1] != self.model_.n_outputs:
@@ -963,7 +1034,8 @@ class MLPRegressor(RegressorMixin, _Estimator):
                     f"y has {targets.shape[1]} outputs per row, but the model "
                     f"was fitted on {self.model_.n_outputs}"
                 )
-            self._train(self.model_, X, targets, partial=partial)
+            history = self._train(self.model_, X, targets, partial=partial)
+        self._check_training(X, targets, history, partial=partial)
         return self
 
     def predict(self, X) -> np.ndarray:
