@@ -29,20 +29,49 @@ SWEEP_OPTIONS = (
 )
 
 
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """argparse's help with each option's default after its text, in the form the option
+    takes on the command line (--hidden 256,128; --sizes 5000 10000). Not shown: None (the
+    help says what happens then) and switches (a --flag is off, a --no-flag on, by
+    default)."""
+
+    def _get_help_string(self, action):
+        text = default_text(action.default)
+        help = action.help or ""
+        if text is None or action.nargs == 0:
+            return help
+        return f"{help} (default: {text.replace('%', '%%')})"
+
+
+def default_text(default) -> str | None:
+    """A default as the command line writes it, or None where it is not shown."""
+    if default is None or default is argparse.SUPPRESS or isinstance(default, bool):
+        return None
+    if isinstance(default, tuple):
+        return ",".join(str(v) for v in default)
+    if isinstance(default, list):
+        return " ".join(str(v) for v in default)
+    return str(default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m dptrain`` (subcommands train, sweep, study, info,
     plot)."""
     p = argparse.ArgumentParser(
         prog="python -m dptrain",
         description="Synchronous data-parallel training on CPUs, with a C core.",
+        formatter_class=_HelpWithDefaults,
     )
     from ._version import __version__
 
     p.add_argument("--version", action="version", version=f"dptrain {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(
+        dest="command", metavar="COMMAND", help="what to do (COMMAND --help: its options)"
+    )
 
     t = sub.add_parser(
         "train",
+        formatter_class=_HelpWithDefaults,
         help="train a model and report where the time went",
         description="Train a model on 1..N workers. With no data present, "
         "MNIST and CIFAR-10 fall back to a clearly announced "
@@ -77,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser(
         "sweep",
+        formatter_class=_HelpWithDefaults,
         help="time every (data-set size, worker count) and tabulate "
         "speedup, efficiency and where the time went",
         description="A scaling sweep: each size with each worker count, "
@@ -118,11 +148,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser(
         "study",
+        formatter_class=_HelpWithDefaults,
         help="run one of the four studies dptrain reproduces "
         "(help(dptrain.studies)) and write its "
         "report (Markdown, PNG, CSV)",
+        description="Run one of the four original studies and write its report. The "
+        "original studies are four earlier measurements of data-parallel training on "
+        "CPUs that dptrain set out to reproduce and explain (their code is not part of "
+        "dptrain): an MLP on MNIST subsets, a CIFAR-10 CNN, a logistic regression on 1M "
+        "synthetic samples, a softmax regression on enlarged MNIST. Each report's "
+        "'Against the original' section puts their published figures beside ours and "
+        "says what explains the difference (help(dptrain.studies)).",
     )
-    st.add_argument("name", choices=STUDIES)
+    st.add_argument(
+        "name",
+        choices=STUDIES,
+        help="the study (" + ", ".join(STUDIES) + ")",
+    )
     st.add_argument("--out", default=None, help="report directory (default: study-NAME)")
     st.add_argument(
         "--quick",
@@ -130,18 +172,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="a reduced run that checks the pipeline (not the study's result)",
     )
 
-    sub.add_parser("info", help="print how the C core was built (SIMD, dtypes, compiler, MPI)")
+    sub.add_parser(
+        "info",
+        formatter_class=_HelpWithDefaults,
+        help="print how the C core was built (SIMD, dtypes, compiler, MPI)",
+    )
 
     f = sub.add_parser(
         "plot",
+        formatter_class=_HelpWithDefaults,
         help="draw the figures of a sweep (needs matplotlib)",
         description="Draw every figure that a sweep's data allows (speedup, "
         "efficiency, time, breakdown, baseline vs distributed, "
         "timeline, performance model) as PNG and SVG.",
     )
     f.add_argument("sweep", help="the sweep directory (holding sweep.json) or the file itself")
-    f.add_argument("--out", default="figures", help="directory for the figures (default figures)")
-    f.add_argument("--formats", nargs="+", choices=("png", "svg", "pdf"), default=["png", "svg"])
+    f.add_argument("--out", default="figures", help="directory for the figures")
+    f.add_argument(
+        "--formats",
+        nargs="+",
+        choices=("png", "svg", "pdf"),
+        default=["png", "svg"],
+        help="the file formats to write each figure in",
+    )
     f.add_argument(
         "--trace",
         default=None,
