@@ -227,7 +227,7 @@ def test_documented_snippet_runs(snippet, tmp_path):
         )
     code = snippet.text()
     if re.search(r"\bmpiexec\b", code) and not _has_mpi():
-        pytest.skip(f"{snippet.where}: needs MPI (mpiexec and mpi4py: pip install '.[mpi]')")
+        pytest.skip(f"{snippet.where}: needs MPI (mpiexec and mpi4py: pip install -e '.[mpi]')")
     for name in LINKED:
         (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)
     env = _environment(tmp_path)
