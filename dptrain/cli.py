@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 from .config import add_train_arguments, config_from_args, positive_int
 from .measure.sweep import SWEEP_BACKENDS
@@ -229,7 +230,8 @@ def main(argv=None) -> int:
     after Ctrl-C, with one line on stderr: the workers are stopped by then; 141, quietly, when
     the reader of stdout went away, as in ``python -m dptrain info | head -3``)."""
     try:
-        return _main(argv)
+        with warnings.catch_warnings():  # _main's one-line warnings end with it
+            return _main(argv)
     except KeyboardInterrupt:
         print("dptrain: interrupted: every worker was stopped", file=sys.stderr, flush=True)
         return 130
@@ -244,6 +246,7 @@ def main(argv=None) -> int:
 def _main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _warnings_as_lines(quiet=getattr(args, "quiet", False))
     if args.command is None:
         parser.print_help()
         return 2
@@ -304,6 +307,20 @@ def _main(argv=None) -> int:
 
         return main_plot(args)
     return _train(args)
+
+
+def _warnings_as_lines(quiet: bool) -> None:
+    """A warning is one line on stderr, 'dptrain: warning: ...', as errors are: not the file,
+    line number and source line of the library code that raised it, which tell a user of
+    the command line nothing. None under --quiet (nothing but errors)."""
+    if quiet:
+        warnings.simplefilter("ignore")
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"dptrain: warning: {message}", file=file or sys.stderr, flush=True)
+
+    warnings.showwarning = show
 
 
 def _train(args) -> int:

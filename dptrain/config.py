@@ -398,6 +398,12 @@ class TrainConfig:
             ("batch_size",) if self.batch_size is not None else ()
         ):
             set_(name, _positive_int(name, getattr(self, name)))
+        if self.threads > 1:  # the C core's bound, refused here rather than in a worker
+            from . import _core
+
+            most = _core.build_info()["max_threads"]
+            if self.threads > most:
+                raise ValueError(f"threads must be in [1, {most}], got {self.threads}")
         for name in ("limit", "n_samples", "n_features", "batch_per_worker"):
             if getattr(self, name) is not None:
                 set_(name, _positive_int(name, getattr(self, name)))
