@@ -37,21 +37,28 @@ class _HelpWithDefaults(argparse.HelpFormatter):
     default)."""
 
     def _get_help_string(self, action):
-        text = default_text(action.default)
+        text = default_text(action)
         help = action.help or ""
-        if text is None or action.nargs == 0:
+        if text is None:
             return help
         return f"{help} (default: {text.replace('%', '%%')})"
 
 
-def default_text(default) -> str | None:
-    """A default as the command line writes it, or None where it is not shown."""
-    if default is None or default is argparse.SUPPRESS or isinstance(default, bool):
+def default_text(action) -> str | None:
+    """An option's default as the command line writes it (values after a flag that takes
+    several, a tuple's text form such as 256,128 after one that takes one), or None where
+    it is not shown."""
+    default = action.default
+    if (
+        default is None
+        or default is argparse.SUPPRESS
+        or isinstance(default, bool)
+        or action.nargs == 0
+    ):
         return None
-    if isinstance(default, tuple):
-        return ",".join(str(v) for v in default)
-    if isinstance(default, list):
-        return " ".join(str(v) for v in default)
+    if isinstance(default, (tuple, list)):
+        several = action.nargs not in (None, argparse.OPTIONAL)
+        return (" " if several else ",").join(str(v) for v in default)
     return str(default)
 
 

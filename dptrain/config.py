@@ -95,19 +95,16 @@ def option(
     *,
     group: str,
     flag: str | None = None,
-    flag_help: str | None = None,
+    flag_help: str | None = None,  # a True default's --no-x flag: what the flag does
     parse=None,
     choices=None,
     metavar=None,
     cli: bool = True,
     late: bool = False,
 ):
-    """A TrainConfig field with what the CLI and the docs say about it. help: what the
-    option does (help(dptrain.train), and the CLI's flag of the same name); flag_help: what
-    a --no-x flag does, for a boolean that defaults to True (the flag turns it off, so the
-    help of the option itself would tell the opposite). parse: the CLI text's parser
-    (argparse refuses bad text with exit code 2; late=True parses it with the rest of the
-    config instead: exit code 1 and the config's message)."""
+    """A TrainConfig field with what the CLI and the docs say about it. parse: the CLI text's
+    parser (argparse refuses bad text with exit code 2; late=True parses it with the rest of
+    the config instead: exit code 1 and the config's message)."""
     return field(
         default=default,
         metadata={
