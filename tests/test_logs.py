@@ -45,6 +45,18 @@ def test_a_terminal_still_gets_the_step_bar(monkeypatch):
     assert lines == ["epoch 1/1"] and "training:" in terminal.getvalue()
 
 
+def test_a_notebook_still_gets_its_widget(monkeypatch):
+    """Jupyter's and Colab's stderr is no terminal, but tqdm.auto draws a widget there."""
+    import tqdm.auto
+
+    from dptrain.measure.progress import live_bar
+
+    widget = type("tqdm_notebook", (), {"__module__": "tqdm.notebook"})
+    assert not live_bar(io.StringIO())
+    monkeypatch.setattr(tqdm.auto, "tqdm", type("tqdm", (widget,), {}))
+    assert live_bar(io.StringIO())
+
+
 def test_a_sweep_writes_whole_lines_where_its_stream_is_not_a_terminal():
     log = io.StringIO()
     with Progress(3, "sweep", stream=log) as bar:
