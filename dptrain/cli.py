@@ -171,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "name",
         choices=STUDIES,
-        help="the study (" + ", ".join(STUDIES) + ")",
+        metavar="NAME",
+        help="the study: " + ", ".join(STUDIES),
     )
     st.add_argument("--out", default=None, help="report directory (default: study-NAME)")
     st.add_argument(
