@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 from .config import add_train_arguments, config_from_args, positive_int
 from .measure.sweep import SWEEP_BACKENDS
@@ -29,20 +30,56 @@ SWEEP_OPTIONS = (
 )
 
 
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """argparse's help with each option's default after its text, in the form the option
+    takes on the command line (--hidden 256,128; --sizes 5000 10000). Not shown: None (the
+    help says what happens then) and switches (a --flag is off, a --no-flag on, by
+    default)."""
+
+    def _get_help_string(self, action):
+        text = default_text(action)
+        help = action.help or ""
+        if text is None:
+            return help
+        return f"{help} (default: {text.replace('%', '%%')})"
+
+
+def default_text(action) -> str | None:
+    """An option's default as the command line writes it (values after a flag that takes
+    several, a tuple's text form such as 256,128 after one that takes one), or None where
+    it is not shown."""
+    default = action.default
+    if (
+        default is None
+        or default is argparse.SUPPRESS
+        or isinstance(default, bool)
+        or action.nargs == 0
+    ):
+        return None
+    if isinstance(default, (tuple, list)):
+        several = action.nargs not in (None, argparse.OPTIONAL)
+        return (" " if several else ",").join(str(v) for v in default)
+    return str(default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m dptrain`` (subcommands train, sweep, study, info,
     plot)."""
     p = argparse.ArgumentParser(
         prog="python -m dptrain",
         description="Synchronous data-parallel training on CPUs, with a C core.",
+        formatter_class=_HelpWithDefaults,
     )
     from ._version import __version__
 
     p.add_argument("--version", action="version", version=f"dptrain {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(
+        dest="command", metavar="COMMAND", help="what to do (COMMAND --help: its options)"
+    )
 
     t = sub.add_parser(
         "train",
+        formatter_class=_HelpWithDefaults,
         help="train a model and report where the time went",
         description="Train a model on 1..N workers. With no data present, "
         "MNIST and CIFAR-10 fall back to a clearly announced "
@@ -77,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser(
         "sweep",
+        formatter_class=_HelpWithDefaults,
         help="time every (data-set size, worker count) and tabulate "
         "speedup, efficiency and where the time went",
         description="A scaling sweep: each size with each worker count, "
@@ -118,11 +156,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser(
         "study",
+        formatter_class=_HelpWithDefaults,
         help="run one of the four studies dptrain reproduces "
         "(help(dptrain.studies)) and write its "
         "report (Markdown, PNG, CSV)",
+        description="Run one of the four original studies and write its report. The "
+        "original studies are four earlier measurements of data-parallel training on "
+        "CPUs that dptrain set out to reproduce and explain (their code is not part of "
+        "dptrain): an MLP on MNIST subsets, a CIFAR-10 CNN, a logistic regression on 1M "
+        "synthetic samples, a softmax regression on enlarged MNIST. Each report's "
+        "'Against the original' section puts their published figures beside ours and "
+        "says what explains the difference (help(dptrain.studies)).",
     )
-    st.add_argument("name", choices=STUDIES)
+    st.add_argument(
+        "name",
+        choices=STUDIES,
+        metavar="NAME",
+        help="the study: " + ", ".join(STUDIES),
+    )
     st.add_argument("--out", default=None, help="report directory (default: study-NAME)")
     st.add_argument(
         "--quick",
@@ -130,18 +181,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="a reduced run that checks the pipeline (not the study's result)",
     )
 
-    sub.add_parser("info", help="print how the C core was built (SIMD, dtypes, compiler, MPI)")
+    sub.add_parser(
+        "info",
+        formatter_class=_HelpWithDefaults,
+        help="print how the C core was built (SIMD, dtypes, compiler, MPI)",
+    )
 
     f = sub.add_parser(
         "plot",
+        formatter_class=_HelpWithDefaults,
         help="draw the figures of a sweep (needs matplotlib)",
         description="Draw every figure that a sweep's data allows (speedup, "
         "efficiency, time, breakdown, baseline vs distributed, "
         "timeline, performance model) as PNG and SVG.",
     )
     f.add_argument("sweep", help="the sweep directory (holding sweep.json) or the file itself")
-    f.add_argument("--out", default="figures", help="directory for the figures (default figures)")
-    f.add_argument("--formats", nargs="+", choices=("png", "svg", "pdf"), default=["png", "svg"])
+    f.add_argument("--out", default="figures", help="directory for the figures")
+    f.add_argument(
+        "--formats",
+        nargs="+",
+        choices=("png", "svg", "pdf"),
+        default=["png", "svg"],
+        help="the file formats to write each figure in",
+    )
     f.add_argument(
         "--trace",
         default=None,
@@ -176,7 +238,8 @@ def main(argv=None) -> int:
     after Ctrl-C, with one line on stderr: the workers are stopped by then; 141, quietly, when
     the reader of stdout went away, as in ``python -m dptrain info | head -3``)."""
     try:
-        return _main(argv)
+        with warnings.catch_warnings():  # _main's one-line warnings end with it
+            return _main(argv)
     except KeyboardInterrupt:
         print("dptrain: interrupted: every worker was stopped", file=sys.stderr, flush=True)
         return 130
@@ -191,6 +254,7 @@ def main(argv=None) -> int:
 def _main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _warnings_as_lines(quiet=getattr(args, "quiet", False))
     if args.command is None:
         parser.print_help()
         return 2
@@ -251,6 +315,20 @@ def _main(argv=None) -> int:
 
         return main_plot(args)
     return _train(args)
+
+
+def _warnings_as_lines(quiet: bool) -> None:
+    """A warning is one line on stderr, 'dptrain: warning: ...', as errors are: not the file,
+    line number and source line of the library code that raised it, which tell a user of
+    the command line nothing. None under --quiet (nothing but errors)."""
+    if quiet:
+        warnings.simplefilter("ignore")
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"dptrain: warning: {message}", file=file or sys.stderr, flush=True)
+
+    warnings.showwarning = show
 
 
 def _train(args) -> int:

@@ -103,6 +103,7 @@ def option(
     *,
     group: str,
     flag: str | None = None,
+    flag_help: str | None = None,  # a True default's --no-x flag: what the flag does
     parse=None,
     choices=None,
     metavar=None,
@@ -120,6 +121,7 @@ def option(
             "help": help,
             "group": group,
             "flag": flag,
+            "flag_help": flag_help,
             "parse": parse,
             "choices": choices,
             "metavar": metavar,
@@ -189,7 +191,7 @@ class TrainConfig:
         group="data",
     )
     limit: int | None = option(
-        None, "use only the first N training samples", group="data", metavar="N"
+        None, "use only the first N training samples (default: all)", group="data", metavar="N"
     )
     n_samples: int | None = option(
         None, "synthetic data set: training samples (default 100000)", group="data"
@@ -206,12 +208,15 @@ class TrainConfig:
         "download MNIST into the cache when it is not found (CLI: --no-download turns it off)",
         group="data",
         flag="--no-download",
+        flag_help="never download MNIST: without local files, train on the announced "
+        "synthetic stand-in",
     )
     shuffle: bool = option(
         True,
         "a seeded new order every epoch (CLI: --no-shuffle keeps the data set's order)",
         group="data",
         flag="--no-shuffle",
+        flag_help="no reshuffle: every epoch takes the data set's own order",
     )
     # ---- the optimization
     epochs: int = option(2, "passes over the training set", group="optimization")
@@ -348,6 +353,8 @@ class TrainConfig:
         "every rank)",
         group="parallel",
         flag="--no-mpi-shm",
+        flag_help="no shared-memory reduction inside each node: under MPI, one flat MPI "
+        "all-reduce over every rank (as DPTRAIN_MPI_SHM=0 does)",
     )
     mpi_nodes: int = option(
         0,
@@ -387,6 +394,8 @@ class TrainConfig:
         "a live progress bar inside each epoch (terminal, Jupyter, Colab); CLI: --no-progress",
         group="outputs",
         flag="--no-progress",
+        flag_help="no live progress bar (the epoch lines are still printed); there is "
+        "none either where stderr is not a terminal (a log file)",
     )
     # ---- fault and straggler injection (to study failures and synchronization)
     fault: tuple | None = option(
@@ -433,6 +442,12 @@ class TrainConfig:
             ("batch_size",) if self.batch_size is not None else ()
         ):
             set_(name, _positive_int(name, getattr(self, name)))
+        if self.threads > 1:  # the C core's bound, refused here rather than in a worker
+            from . import _core
+
+            most = _core.build_info()["max_threads"]
+            if self.threads > most:
+                raise ValueError(f"threads must be in [1, {most}], got {self.threads}")
         for name in ("limit", "n_samples", "n_features", "batch_per_worker"):
             if getattr(self, name) is not None:
                 set_(name, _positive_int(name, getattr(self, name)))
@@ -680,9 +695,9 @@ def option_fields():
 def add_train_arguments(parser, only=None, defaults=None) -> None:
     """Adds the TrainConfig options to an argparse parser, grouped, as --kebab-case flags: a
     boolean that defaults to False is a switch; one that defaults to True has a --no-x flag
-    (in its metadata); tuples and parsed values take their CLI text form. only: the names
-    of the options to add (default: every one); defaults: other defaults, by name (a sweep
-    runs one epoch)."""
+    (in its metadata, with the help of what the flag does); tuples and parsed values take
+    their CLI text form. only: the names of the options to add (default: every one);
+    defaults: other defaults, by name (a sweep runs one epoch)."""
     import argparse
 
     groups = {}
@@ -704,6 +719,8 @@ def add_train_arguments(parser, only=None, defaults=None) -> None:
             kw["action"] = "store_false" if default else "store_true"
             kw["default"] = default
             kw.pop("metavar", None)
+            if default:  # a --no-x flag: say what it does, and what it sets
+                kw["help"] = f"{meta['flag_help']} (dptrain.train: {f.name}=False)"
         else:
             kw["default"] = default
             parse = meta["parse"]

@@ -9,19 +9,16 @@ test_model_core.py.)
 """
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from _core_helpers import numeric_grad
+from _mnist import find_mnist, mnist_mark
 
 import dptrain
 from dptrain.models import CNN, build_model, image_shape, load_model, named_spec
 
-MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
-
-
-needs_mnist = pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=f"MNIST not present at {MNIST_DIR}")
+MNIST_DIR, needs_mnist = find_mnist(), mnist_mark()
 
 
 @pytest.mark.parametrize("kernel,padding", [(3, 0), (3, 1), (2, 1)])

@@ -223,6 +223,22 @@ def test_bool_labels_are_a_binary_classification():
     assert ds.n_classes == 2 and ds.n_outputs == 2
 
 
+def test_real_valued_labels_name_the_fix_that_fit_accepts():
+    import dptrain
+    from dptrain import nn
+
+    X = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    y = X @ np.array([1.0, -2.0, 0.5]) + 0.25
+    with pytest.raises(ValueError, match=r"loss='mse'") as info:
+        dptrain.fit(nn.mlp(3, [8], 2, seed=0), X, y, epochs=1, batch_size=16, quiet=True)
+    assert "pass task=" not in str(info.value)  # an option fit refuses
+    # what the message names works: the same call with a model built with loss='mse'
+    r = dptrain.fit(
+        nn.mlp(3, [8], 1, loss="mse", seed=0), X, y, epochs=1, batch_size=16, quiet=True
+    )
+    assert np.isfinite(r.history[-1]["train_loss"])
+
+
 def test_whole_float_labels_become_int64_with_a_note():
     ds = from_arrays(np.ones((4, 2)), np.array([0.0, 1.0, 2.0, 1.0]))
     assert ds.y_train.dtype == np.int64 and ds.n_classes == 3
@@ -235,8 +251,9 @@ def test_whole_float_labels_become_int64_with_a_note():
         (
             [0.0, 1.0, 0.5, 2.0],
             r"y\[2\] = 0\.5 is not a whole number: classification labels are "
-            r"class indices 0\.\.C-1 \(for real-valued targets pass "
-            r"task='regression'\)",
+            r"class indices 0\.\.C-1 \(real-valued targets need a regression "
+            r"model: dptrain\.fit with a model built with loss='mse'.*"
+            r"MLPRegressor; dptrain\.data\.from_arrays takes task='regression'\)",
         ),
         ([0.0, np.nan, 1.0, 1.0], r"y\[1\] = nan is not a whole number"),
         ([0.0, 1.0, np.inf, 1.0], r"y\[2\] = inf is not a whole number"),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _mnist import SHARED_MNIST, find_mnist, mnist_mark, mnist_places
 
 from dptrain import data
 from dptrain.data import (
@@ -26,7 +27,7 @@ from dptrain.data import (
 # is tested below, and silenced elsewhere
 pytestmark = pytest.mark.filterwarnings("ignore::dptrain.data.DataWarning")
 
-REAL_MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
+REAL_MNIST_DIR, needs_mnist = find_mnist(), mnist_mark()
 
 
 REAL_TRAIN_CLASS_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
@@ -369,13 +370,9 @@ def test_load_mnist_corrupt_file_is_not_reported_as_missing(fake_mnist):
 # ---------------------------------------------------------------------------------------
 
 
-SHARED_MNIST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
-
-
+@needs_mnist
 def test_the_published_mnist_files_are_verified(recwarn):
-    if not SHARED_MNIST.is_dir():
-        pytest.skip(f"the published MNIST files are not at {SHARED_MNIST}")
-    ds = load_mnist(SHARED_MNIST)
+    ds = load_mnist(REAL_MNIST_DIR)
     assert ds.integrity == "verified" and ds.n_train == 60_000
     assert not [w for w in recwarn if issubclass(w.category, data.DataWarning)]
 
@@ -570,13 +567,35 @@ def test_load_dataset_rejects_synthetic_options_for_mnist(fake_mnist):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(
-    not REAL_MNIST_DIR.is_dir(), reason=f"real MNIST not present at {REAL_MNIST_DIR}"
-)
+def test_the_tests_find_mnist_where_the_command_line_does(tmp_path, monkeypatch):
+    """$DPTRAIN_DATA (or its mnist/), then the cache, then ../shared/data/mnist: the first
+    that holds the files, raw or gzip (isolated_environment: no $DPTRAIN_DATA, an empty
+    cache)."""
+    shared = tmp_path / "shared"
+    assert find_mnist(shared) is None
+    write_fake_mnist(shared)
+    assert find_mnist(shared) == shared
+    cache = tmp_path / "xdg-cache" / "dptrain" / "mnist"
+    write_fake_mnist(cache, gz=False)
+    assert find_mnist(shared) == cache
+    env = tmp_path / "env"
+    write_fake_mnist(env / "mnist")
+    monkeypatch.setenv("DPTRAIN_DATA", str(env))
+    assert find_mnist(shared) == env / "mnist"
+    assert mnist_places(shared) == [env, env / "mnist", cache, shared]
+    loaded = load_dataset("mnist", allow_download=False, announce=None)
+    assert loaded.source.startswith(str(env / "mnist"))  # where the command line reads it
+    reason = mnist_mark().kwargs["reason"]  # a skip names every place looked in
+    assert all(str(d) in reason for d in (env, cache, SHARED_MNIST)), reason
+
+
+@needs_mnist
 def test_real_mnist():
+    files, _ = data.mnist._find_mnist_files(REAL_MNIST_DIR)
     for base, expected in REAL_SHA256.items():
-        path = REAL_MNIST_DIR / (base + ".gz")
-        digest = hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest()
+        path = files[base]  # raw or gzip, as the command line reads them
+        raw = path.read_bytes()
+        digest = hashlib.sha256(gzip.decompress(raw) if path.suffix == ".gz" else raw).hexdigest()
         assert digest == expected, f"{path}: sha256 {digest}, README says {expected}"
         assert data.MNIST_SHA256[base] == expected
     ds = load_mnist(REAL_MNIST_DIR)

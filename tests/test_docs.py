@@ -41,6 +41,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _mnist import find_mnist, mnist_places
 
 pytestmark = pytest.mark.docs
 
@@ -161,21 +162,6 @@ def _params():
     return out
 
 
-def _has_mnist(d: Path) -> bool:
-    return any((d / f"train-images-idx3-ubyte{ext}").is_file() for ext in ("", ".gz"))
-
-
-def mnist_dir():
-    """The directory of the MNIST files, where the command line would look for them (the
-    cache, $DPTRAIN_DATA) or in the shared data beside the checkout; None where absent."""
-    from dptrain.data.locations import default_cache_dir
-
-    env = os.environ.get("DPTRAIN_DATA")
-    places = [Path(env).expanduser(), Path(env).expanduser() / "mnist"] if env else []
-    places += [default_cache_dir("mnist"), ROOT.parent / "shared" / "data" / "mnist"]
-    return next((d for d in places if _has_mnist(d)), None)
-
-
 def _snippet_path() -> str:
     """PATH for the snippets: this interpreter's directory first (its python, its mpiexec)."""
     return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
@@ -191,7 +177,7 @@ def _environment(tmp: Path) -> dict:
         env.pop(name, None)
     env["XDG_CACHE_HOME"] = str(tmp / ".cache")
     env.pop("DPTRAIN_DATA", None)
-    mnist = mnist_dir()
+    mnist = find_mnist()
     if mnist is not None:
         env["DPTRAIN_DATA"] = str(mnist)
         env["MNIST_DIR"] = str(mnist)
@@ -220,14 +206,14 @@ def _run(args, tmp: Path, env: dict, what: str):
 def test_documented_snippet_runs(snippet, tmp_path):
     if snippet.skip:
         pytest.skip(f"{snippet.where}: {snippet.skip}")
-    if "mnist" in snippet.needs and mnist_dir() is None:
+    if "mnist" in snippet.needs and find_mnist() is None:
         pytest.skip(
-            f"{snippet.where}: needs MNIST, not found ($DPTRAIN_DATA, the cache, "
-            f"../shared/data/mnist); nothing is downloaded here"
+            f"{snippet.where}: needs MNIST, not found in "
+            f"{', '.join(map(str, mnist_places()))}; nothing is downloaded here"
         )
     code = snippet.text()
     if re.search(r"\bmpiexec\b", code) and not _has_mpi():
-        pytest.skip(f"{snippet.where}: needs MPI (mpiexec and mpi4py: pip install '.[mpi]')")
+        pytest.skip(f"{snippet.where}: needs MPI (mpiexec and mpi4py: pip install -e '.[mpi]')")
     for name in LINKED:
         (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)
     env = _environment(tmp_path)

@@ -631,6 +631,55 @@ def test_model_validation_scatter_line_and_band(sweep):
         plots.plot_model_validation([])
 
 
+def _validation_rows(ratios):
+    """Held-out rows at measured times 1, 2, 4, ... s with these predicted/measured ratios."""
+    return [
+        {"workers": 2, "n_samples": 20000, "measured": 2.0**i, "predicted": r * 2.0**i}
+        for i, r in enumerate(ratios)
+    ]
+
+
+def test_model_validation_states_the_true_median_error():
+    # the issue's errors, 8.7 % and 62.4 %: the median is their mean, not the upper one
+    text = "".join(
+        t.get_text()
+        for t in plots.plot_model_validation(_validation_rows([1.087, 1 - 0.624])).axes[0].texts
+    ).replace("\u00a0", " ")
+    assert "median |error| 35.5 %, max 62.4 %" in text, text
+    odd = _validation_rows([1.01, 1.05, 1.3])  # an odd count: the middle one
+    text = "".join(t.get_text() for t in plots.plot_model_validation(odd).axes[0].texts)
+    assert "median |error| 5.0 %" in text.replace("\u00a0", " "), text
+
+
+@pytest.mark.parametrize(
+    "ratios",
+    [
+        [1.087, 1 - 0.624],  # the issue's: the point that misses by 62 % was hidden
+        [1.0, 1.02, 0.95, 0.4, 0.38],  # misses at the lower right, under the old boxes
+        [2.5, 2.2, 1.0, 1.05, 0.9],  # over-predictions at the upper left, the old legend's
+        [0.3, 0.35, 1.0, 3.0, 2.8],
+    ],
+)
+def test_model_validation_draws_nothing_over_a_point(ratios):
+    fig = plots.plot_model_validation(_validation_rows(ratios))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    dots = [c for c in ax.collections if c.get_label().startswith("2 workers")]
+    points = [
+        (x, y, math.sqrt(size) / 2 * fig.dpi / 72)  # the marker's radius in pixels
+        for c in dots
+        for (x, y), size in zip(ax.transData.transform(c.get_offsets()), c.get_sizes())
+    ]
+    assert len(points) == len(ratios)
+    boxes = [t.get_bbox_patch() or t for t in ax.texts] + [ax.get_legend()]
+    assert len(boxes) == 3  # the verdict, the figures, the legend
+    for box in boxes:
+        extent = box.get_window_extent()
+        for x, y, r in points:
+            hidden = extent.x0 - r < x < extent.x1 + r and extent.y0 - r < y < extent.y1 + r
+            assert not hidden, f"{box} covers the point at ({x:.0f}, {y:.0f}) px"
+
+
 def test_projection_one_line_per_network_and_algorithm():
     rows = fake_projection()
     fig = plots.plot_projection(rows)

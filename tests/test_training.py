@@ -2,18 +2,17 @@
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+from _mnist import find_mnist, mnist_mark
 
 import dptrain
 from dptrain import optim, reference
 from dptrain.measure import timing
 from dptrain.models import MLP, load_model
 
-MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
-needs_mnist = pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=f"MNIST not present at {MNIST_DIR}")
+MNIST_DIR, needs_mnist = find_mnist(), mnist_mark()
 
 
 def _train(**kw):

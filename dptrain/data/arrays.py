@@ -535,8 +535,10 @@ def _class_labels(y, n: int, what: str, x_what: str, notes: list[str]) -> np.nda
             i = int(np.argmin(whole))
             raise DataError(
                 f"{what}[{i}] = {y[i]} is not a whole number: classification "
-                f"labels are class indices 0..C-1 (for real-valued targets pass "
-                f"task='regression')"
+                f"labels are class indices 0..C-1 (real-valued targets need a "
+                f"regression model: dptrain.fit with a model built with loss='mse', "
+                f"e.g. nn.mlp(..., loss='mse'), or dptrain.sklearn.MLPRegressor; "
+                f"dptrain.data.from_arrays takes task='regression')"
             )
     if y.dtype.kind in "if" and len(y):
         negative = y < 0

@@ -182,9 +182,6 @@ def run(config: TrainConfig, *, data=None, model: Model | None = None, log=print
     say = (lambda *a: None) if (config.quiet or rank != 0) else log
     if launch_note:
         say(f"dptrain: {launch_note}")
-    warning = oversubscription_warning(world, config.threads)
-    if warning and rank == 0:
-        warnings.warn(warning, RuntimeWarning, stacklevel=3)
 
     # ---- the data and the model's spec, once
     t0 = time.perf_counter()
@@ -198,8 +195,14 @@ def run(config: TrainConfig, *, data=None, model: Model | None = None, log=print
         )
     data_load_seconds = time.perf_counter() - t0
     job = Job.plan(config, model_spec(config, ds, model), world, ds.n_train)
+    resumed = None
     if config.resume:  # a damaged or foreign checkpoint fails here, before any worker starts
-        read_checkpoint(config.resume, job, job.model["n_params"], ds.n_train)
+        resumed = read_checkpoint(config.resume, job, job.model["n_params"], ds.n_train)[-1]
+    # every check is done: warnings now (a refusal comes before them and the header); launch
+    # warns of oversubscribed threads and processes itself, not of MPI ranks
+    warning = oversubscription_warning(world, config.threads)
+    if warning and rank == 0 and backend == "mpi":
+        warnings.warn(warning, RuntimeWarning, stacklevel=3)
     if job.batch_size > ds.n_train:
         warnings.warn(
             f"batch_size={job.batch_size} is larger than the {ds.n_train} training "
@@ -212,6 +215,11 @@ def run(config: TrainConfig, *, data=None, model: Model | None = None, log=print
         job, backend, ds, requested=config.dataset if data is None else "arrays"
     )
     say(_header_line(job, ds, record["backend"]))
+    if resumed is not None:  # the position: epochs done (the one it resumes in, from 1)
+        say(
+            f"dptrain: resumed from {config.resume} at epoch {resumed['epoch'] + 1}, "
+            f"step {resumed['step']}"
+        )
 
     extras = dict(zip(DATA_NAMES, (ds.x_train, ds.y_train, ds.x_test, ds.y_test)))
     if model is not None:

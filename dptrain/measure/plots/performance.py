@@ -4,6 +4,7 @@ times, and the projection to large clusters, each carrying the model's held-out 
 from __future__ import annotations
 
 import math
+from statistics import median
 
 from .labels import _fmt_n, _workers_text
 from .load import _check_rows, _is_number, _validation_rows
@@ -61,15 +62,20 @@ _ILLUSTRATION = "projection shown for illustration only"
 _NOT_VALIDATED_RED = "#b22222"
 
 
-def _verdict_box(ax, verdict, x, y, ha, va, width=52, extra="") -> None:
-    """The verdict in a box on ``ax`` (axes fraction): red when not validated."""
+def _verdict_box(ax, verdict, x, y, ha, va, width=52, extra="", below=None):
+    """The verdict in a box on ``ax`` (at axes fraction x, y; or, given an artist `below`,
+    14 points under its lower left corner): red when not validated. Returns the text."""
     color = "#2a6e2a" if verdict["validated"] else _NOT_VALIDATED_RED
     text = "\n".join(_wrap(verdict["text"], width)) + (f"\n{extra}" if extra else "")
-    ax.text(
-        x,
-        y,
+    where = (
+        dict(xycoords=ax.transAxes)
+        if below is None
+        else dict(xycoords=below, xytext=(0, -14), textcoords="offset points")
+    )
+    return ax.annotate(
         text,
-        transform=ax.transAxes,
+        (x, y),
+        **where,
         ha=ha,
         va=va,
         fontsize=8.5,
@@ -107,7 +113,7 @@ def plot_model_validation(validation, *, context: str = ""):
     within = sum(e <= TOLERANCE_BAND + 1e-12 for e in errors)
     has_split = any("held_out" in r for r in rows)
     with _style():
-        fig = _figure(7.0, 6.8)
+        fig = _figure(9.4, 6.8)
         ax = fig.subplots()
         line = [lo, hi]
         ax.fill_between(
@@ -157,20 +163,24 @@ def plot_model_validation(validation, *, context: str = ""):
         ax.set_ylabel("predicted training time  [s, log scale]")
         title = "Performance model: predicted vs measured training time"
         _titles(fig, title + ("" if verdict["validated"] else " (NOT VALIDATED)"), context)
-        ax.legend(loc="upper left")
-        ax.text(
-            0.98,
-            0.03,
+        # the legend, the verdict and the figures in a column right of the axes, each below
+        # the one before: inside, they would hide the points that miss by most (far from
+        # the diagonal, in the corners), which are the figure's evidence
+        legend = ax.legend(loc="upper left", bbox_to_anchor=(1.03, 1.0), borderaxespad=0)
+        box = _verdict_box(ax, verdict, 0, 0, "left", "top", width=34, below=legend)
+        ax.annotate(
             f"{within} of {len(rows)} within ±{TOLERANCE_BAND:.0%}\n"
-            f"median |error| {100 * sorted(errors)[len(errors) // 2]:.1f} %, "
+            f"median |error| {100 * median(errors):.1f} %, "
             f"max {100 * max(errors):.1f} %",
-            transform=ax.transAxes,
-            ha="right",
-            va="bottom",
+            (0, 0),
+            xycoords=box,
+            xytext=(0, -14),
+            textcoords="offset points",
+            ha="left",
+            va="top",
             fontsize=9,
             bbox=dict(fc="white", ec="#bbbbbb", alpha=0.9),
         )
-        _verdict_box(ax, verdict, 0.98, 0.17, "right", "bottom", width=44)
         size_text = (
             f"Marker size grows with the data-set size ({_fmt_n(sizes[0])} to "
             f"{_fmt_n(sizes[-1])} samples)."

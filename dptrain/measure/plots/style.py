@@ -110,7 +110,7 @@ def _wrap(text: str, width: int) -> list:
 
 def _footnote(fig, text: str) -> None:
     """How to read the figure (repeats, error bars, definitions), wrapped to its width."""
-    width = int(fig.get_figwidth() * 17)
+    width = int(fig.get_figwidth() * 15)  # characters of 8 pt per line, with room to spare
     lines = [wrapped for para in text.split("\n") for wrapped in _wrap(para, width)]
     fig.supxlabel("\n".join(lines), fontsize=8, color="#444444", ha="left", x=0.01)
 
