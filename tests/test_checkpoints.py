@@ -277,3 +277,25 @@ def test_resume_refuses_a_checkpoint_of_another_run(train_small, tmp_path):
         train_small(resume=tmp_path / "missing.npz")
     with pytest.raises(ValueError, match="checkpoint_every needs a checkpoint path"):
         train_small(checkpoint_every=3)
+
+
+def test_cli_resume_of_a_header_declaring_2_to_the_40_values_prints_one_error(
+    tmp_path, checkpoint, capsys
+):
+    """A params header declaring 2^40 values is refused from the header (no MemoryError)."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (2**40,)}
+    )
+    p = tmp_path / "huge.npz"
+    with zipfile.ZipFile(checkpoint) as src, zipfile.ZipFile(p, "w") as out:
+        for name in src.namelist():
+            raw = header.getvalue() + b"\0" * 64 if name == "params.npy" else src.read(name)
+            out.writestr(name, raw)
+    rc = cli.main(["train", *SMALL_FLAGS, "--resume", str(p)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1, err
+    assert f"checkpoint {p}: params has dtype float32 and shape (1099511627776,)" in err
