@@ -166,27 +166,28 @@ def _what_it_is(path) -> str:
 class NpzArchive:
     """An .npz archive opened for checked reads (see the module docstring). where: how
     errors name the file ("checkpoint run.npz", "model file m.npz"). Use as a context
-    manager; every failure is a ValueError "<where> cannot be read: <what>" (damage) or
-    "<where>: <what>" (a size or shape the caller refused)."""
+    manager; every failure is a ValueError (or `error`, a subclass such as the data sets'
+    DataError) "<where> cannot be read: <what>" (damage) or "<where>: <what>" (a size or
+    shape the caller refused). advice: what to do, added when the file is not an .npz."""
 
-    def __init__(self, path, where: str, advice: str = ""):
-        self.path, self.where = Path(path), where
+    def __init__(self, path, where: str, advice: str = "", error=ValueError):
+        self.path, self.where, self.error = Path(path), where, error
         try:
             self._size = os.path.getsize(self.path)
             self._zip = zipfile.ZipFile(self.path)
         except FileNotFoundError:
-            raise ValueError(f"{where}: no such file") from None
+            raise error(f"{where}: no such file") from None
         except IsADirectoryError:
-            raise ValueError(f"{where} is a directory, not an .npz file") from None
+            raise error(f"{where} is a directory, not an .npz file") from None
         except _DAMAGE as exc:
             if sniff_safe(self.path) != "npz":
                 more = f": {advice}" if advice else ""
-                raise ValueError(f"{where} is {_what_it_is(self.path)}{more}") from None
+                raise error(f"{where} is {_what_it_is(self.path)}{more}") from None
             raise self.damaged(exc) from None
         self.files = [n[:-4] for n in self._zip.namelist() if n.endswith(".npy")]
 
     def damaged(self, exc) -> ValueError:
-        return ValueError(f"{self.where} cannot be read: {type(exc).__name__}: {exc}")
+        return self.error(f"{self.where} cannot be read: {type(exc).__name__}: {exc}")
 
     def __enter__(self):
         return self
@@ -244,7 +245,7 @@ class NpzArchive:
                 if f.readinto(view) != nbytes or f.read(1):  # at its end, the CRC is checked
                     raise EOFError(f"{name} is shorter than its header says")
         except _Refused as exc:
-            raise ValueError(str(exc)) from None
+            raise self.error(str(exc)) from None
         except _DAMAGE as exc:
             raise self.damaged(exc) from None
         return out
@@ -255,7 +256,7 @@ class NpzArchive:
         try:
             info = self._zip.getinfo(key + ".npy")
         except KeyError:
-            raise ValueError(f"{self.where}: no {key!r} array in the file") from None
+            raise self.error(f"{self.where}: no {key!r} array in the file") from None
         stored = info.compress_type == zipfile.ZIP_STORED
         if info.compress_size > self._size or (stored and info.compress_size != info.file_size):
             raise self.damaged(
