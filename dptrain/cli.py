@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from .config import add_train_arguments, config_from_args, positive_int
+from .config import add_train_arguments, check_paths, config_from_args, positive_int
 from .measure.sweep import SWEEP_BACKENDS
 from .studies import STUDIES
 
@@ -290,6 +290,8 @@ def _own_data(args, cfg):
         return None
     if given["data"] and (given["train_x"] or given["train_y"]):
         raise ValueError("give either --data or --train-x/--train-y, not both")
+    # no output may overwrite a data file (checked before anything is read or written)
+    check_paths(cfg, {"--" + k.replace("_", "-"): v for k, v in given.items() if v})
     csv = dict(
         label_column=args.label_column,
         header={"auto": None, "yes": True, "no": False}[args.csv_header],

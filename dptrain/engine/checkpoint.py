@@ -3,13 +3,15 @@ pickle), written atomically and durably, and read back through one validating fu
 
 A checkpoint holds the parameters, the momentum, and the position: epoch, batch, step (the
 sampler's order and the learning-rate schedule are functions of these and the seed) and the
-epoch's running sums; plus the options a run must share to resume it (``resume_keys``).
+epoch's running sums; plus the options a run must share to resume it (``resume_keys``),
+the data set's identity among them (``data_identity``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import zlib
 
 import numpy as np
 
@@ -37,6 +39,31 @@ def resume_keys(job) -> dict:
         "shuffle": cfg.shuffle,
         "warmup_steps": job.warmup_steps,
         "deterministic": cfg.deterministic,
+        **job.data,
+    }
+
+
+_FINGERPRINT_ROWS = 8  # rows of x (and 64 labels) at each end of the training set
+
+
+def data_identity(ds) -> dict:
+    """The data set a run trains on, as its checkpoints record it (resume keys): its name,
+    its training samples and features, and a fingerprint: the CRC-32 of its first and last
+    rows and labels (cheap on any size: not a hash of the whole set, so it tells data sets
+    apart, not a changed row in the middle)."""
+    crc = 0
+    for part in (
+        ds.x_train[:_FINGERPRINT_ROWS],
+        ds.x_train[-_FINGERPRINT_ROWS:],
+        ds.y_train[: 8 * _FINGERPRINT_ROWS],
+        ds.y_train[-8 * _FINGERPRINT_ROWS :],
+    ):
+        crc = zlib.crc32(np.ascontiguousarray(part).tobytes(), crc)
+    return {
+        "data": ds.name,
+        "n_train": int(ds.n_train),
+        "n_features": int(ds.n_features),
+        "data_fingerprint": f"{crc:08x}",
     }
 
 
