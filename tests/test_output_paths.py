@@ -1,15 +1,13 @@
 """Outputs that would overwrite an input or each other are refused before anything is read
 or written, naming both options; numeric options out of range are refused naming the
-option (the API's TrainConfig and the command line alike); a checkpoint resumes only on
-the data set it was written on."""
+option (the API's TrainConfig and the command line alike). (A checkpoint resumes only on
+its own data set: tests/test_checkpoints.py.)"""
 
 import re
 
 import numpy as np
 import pytest
-from _runs import SMALL, SMALL_FLAGS
 
-import dptrain
 from dptrain import cli
 from dptrain import config as config_module
 from dptrain.config import TrainConfig
@@ -111,38 +109,3 @@ def test_a_huge_hidden_width_is_refused_with_the_memory_it_needs(monkeypatch, ca
     rc = cli.main(["train", "--dataset", "synthetic", "--hidden", "1000000000", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "(--hidden) needs at least" in err
-
-
-# ---------------------------------------------------------------- resume on other data
-@pytest.fixture(scope="module")
-def small_checkpoint(train_small, tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt") / "run.npz"
-    with pytest.raises(RuntimeError, match="injected fault"):
-        train_small(checkpoint=path, checkpoint_every=5, fault=(0, 17, "raise"))
-    return path
-
-
-def test_a_checkpoint_resumes_only_on_its_data_set(train_small, small_checkpoint):
-    with pytest.raises(ValueError, match=r"n_train=1030, but this run has n_train=1500"):
-        train_small(resume=small_checkpoint, n_samples=1500)
-    assert train_small(resume=small_checkpoint)["steps"] == 22
-
-
-def test_the_same_size_of_other_data_does_not_resume(tmp_path):
-    rng = np.random.default_rng(1)
-    X, y = rng.random((200, 4), dtype=np.float32), np.arange(200) % 3
-    path = tmp_path / "run.npz"
-    options = dict(model="softmax", epochs=2, batch_size=20, quiet=True, checkpoint=str(path))
-    with pytest.raises(RuntimeError, match="injected fault"):
-        dptrain.train(X=X, y=y, checkpoint_every=5, fault=(0, 12, "raise"), **options)
-    with pytest.raises(ValueError, match=r"data_fingerprint="):
-        dptrain.train(X=X[::-1].copy(), y=y, resume=str(path), **options)
-    assert dptrain.train(X=X, y=y, resume=str(path), **options)["steps"] == 20
-
-
-def test_cli_resume_on_other_data_is_one_line(tmp_path, small_checkpoint, capsys):
-    flags = [f for f in SMALL_FLAGS]
-    flags[flags.index("--n-samples") + 1] = str(SMALL["n_samples"] + 970)
-    rc = cli.main(["train", *flags, "--resume", str(small_checkpoint)])
-    err = capsys.readouterr().err
-    assert rc == 1 and err.count("\n") == 1 and "n_train=2000" in err, err
