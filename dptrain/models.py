@@ -388,11 +388,22 @@ class Model:
             **self._arch,
         }
 
-    def save(self, path, **extra_arrays) -> Path:
+    def save(self, path, **extra_arrays) -> Path | None:
         """Writes params, velocity and the configuration to ``path`` (.npz, no pickle; ".npz"
         is appended when the name lacks it, as np.savez does, and ``load_model`` finds it
         the same way); returns the path written. Atomic and durable, as checkpoints are:
-        a crash or a full disk leaves the previous file whole. A directory is refused."""
+        a crash or a full disk leaves the previous file whole. A directory is refused. An
+        open binary file is written as it is (returns None)."""
+        arrays = dict(
+            format=np.int64(SAVE_FORMAT),
+            config=np.array(json.dumps(self.config())),
+            params=self.params,
+            velocity=self.velocity,
+            **extra_arrays,
+        )
+        if hasattr(path, "write"):
+            np.savez(path, **arrays)
+            return None
         target = npz_path(path)
         for p in (Path(path).expanduser(), target):
             if p.is_dir():
@@ -404,13 +415,6 @@ class Model:
             raise ValueError(
                 f"cannot save the model to {target}: the directory {target.parent} does not exist"
             )
-        arrays = dict(
-            format=np.int64(SAVE_FORMAT),
-            config=np.array(json.dumps(self.config())),
-            params=self.params,
-            velocity=self.velocity,
-            **extra_arrays,
-        )
         write_atomically(target, lambda f: np.savez(f, **arrays))
         return target
 

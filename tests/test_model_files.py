@@ -66,6 +66,13 @@ def test_save_and_load_model_agree_on_the_npz_suffix(tmp_path):
     assert np.array_equal(load_model(str(tmp_path / "m.npz")).params, model.params)
 
 
+def test_save_to_an_open_file_writes_it_as_it_is(tmp_path):
+    model = MLP((4, 3, 2), seed=3)
+    with open(tmp_path / "open.bin", "wb") as f:
+        assert model.save(f) is None
+    assert np.array_equal(load_model(tmp_path / "open.bin").params, model.params)
+
+
 def test_save_to_a_directory_is_refused_naming_it(tmp_path):
     model = MLP((4, 3, 2))
     (tmp_path / "somedir").mkdir()
