@@ -168,9 +168,10 @@ def read_checkpoint(path, job, n_params: int, n_train: int):
     for key, now in resume_keys(job).items():
         saved = position["job"].get(key)
         if saved != now:
+            other = " (on another data set)" if key in job.data else ""
             raise ValueError(
                 f"{path} was written by a run with {key}={saved!r}, but this run "
-                f"has {key}={now!r}: it cannot resume it"
+                f"has {key}={now!r}: it cannot resume it{other}"
             )
     per_epoch = steps_per_epoch(n_train, job.batch_size)
     step, epoch, batch = position["step"], position["epoch"], position["batch"]
