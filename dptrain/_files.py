@@ -47,6 +47,7 @@ _DAMAGE = (
     MemoryError,
 )
 _NPY_HEADER_BYTES = 1 << 16  # an .npy header's bound (NumPy writes ~128 bytes)
+_READ_BYTES = 16 << 20  # a member's data is read in chunks of this size
 NPZ_SUFFIX = ".npz"
 
 
@@ -153,14 +154,38 @@ def sniff(path) -> str:
     return "binary"
 
 
-def _what_it_is(path) -> str:
-    kind = sniff(path)
-    return {
-        "npy": "a single .npy array, not an .npz archive",
-        "text": "a text file (CSV?), not an .npz archive",
-        "empty": "empty",
-        "binary": "not an .npz archive (no zip signature)",
-    }.get(kind, "a damaged .npz archive")
+# what a file is, by ``sniff``'s kind: the words every message about a mistaken file uses
+KIND_NAMES = {
+    "npy": "a .npy array (np.save's format)",
+    "npz": "an .npz archive (np.savez's format)",
+    "text": "a text file (CSV?)",
+    "empty": "empty",
+    "binary": "neither a .npy or .npz file nor CSV text",
+    "unreadable": "unreadable",
+}
+
+
+def not_the_kind(path, kind: str, advice: str = "", where=None) -> str | None:
+    """What is wrong with `path` when it is not a file of `kind` ('npy', 'npz', 'text'):
+    "<where> is a text file (CSV?), not an .npz archive (np.savez's format): <advice>"
+    (where: the path, unless given); None when it is one."""
+    found = sniff_safe(path)
+    if found == kind:
+        return None
+    where = path if where is None else where
+    if found in ("empty", "binary", "unreadable"):
+        text = f"{where} is {KIND_NAMES[found]}: expected {KIND_NAMES[kind]}"
+    else:
+        text = f"{where} is {KIND_NAMES[found]}, not {KIND_NAMES[kind]}"
+    return text + (f": {advice}" if advice else "")
+
+
+def sniff_safe(path) -> str:
+    """``sniff``, or 'unreadable' when the file cannot be opened at all."""
+    try:
+        return sniff(path)
+    except OSError:
+        return "unreadable"
 
 
 class NpzArchive:
@@ -180,9 +205,9 @@ class NpzArchive:
         except IsADirectoryError:
             raise error(f"{where} is a directory, not an .npz file") from None
         except _DAMAGE as exc:
-            if sniff_safe(self.path) != "npz":
-                more = f": {advice}" if advice else ""
-                raise error(f"{where} is {_what_it_is(self.path)}{more}") from None
+            wrong = not_the_kind(self.path, "npz", advice, where)
+            if wrong is not None:
+                raise error(wrong) from None
             raise self.damaged(exc) from None
         self.files = [n[:-4] for n in self._zip.namelist() if n.endswith(".npy")]
 
@@ -242,8 +267,13 @@ class NpzArchive:
                     )
                 out = np.empty(got_shape, dtype=got_dtype, order="F" if fortran else "C")
                 view = memoryview(out.reshape(-1, order="A")).cast("B")
-                if f.readinto(view) != nbytes or f.read(1):  # at its end, the CRC is checked
-                    raise EOFError(f"{name} is shorter than its header says")
+                for start in range(0, nbytes, _READ_BYTES):  # in chunks: no second copy
+                    if f.readinto(view[start : start + _READ_BYTES]) != len(
+                        view[start : start + _READ_BYTES]
+                    ):
+                        raise EOFError(f"{name} is shorter than its header says")
+                if f.read(1):  # at its end, the CRC is checked
+                    raise ValueError(f"{name} is longer than its header says")
         except _Refused as exc:
             raise self.error(str(exc)) from None
         except _DAMAGE as exc:
@@ -270,11 +300,3 @@ class NpzArchive:
 
 class _Refused(Exception):
     """A member's header read well but names a shape, dtype or size the caller refused."""
-
-
-def sniff_safe(path) -> str:
-    """``sniff``, or 'unreadable' when the file cannot be opened at all."""
-    try:
-        return sniff(path)
-    except OSError:
-        return "unreadable"

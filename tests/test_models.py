@@ -116,6 +116,8 @@ def test_load_model_rejects_damaged_files_with_their_name(tmp_path):
     with pytest.raises(ValueError, match=r"junk.npz is a text file \(CSV\?\), not an .npz archive"):
         load_model(tmp_path / "junk.npz")
     np.save(tmp_path / "single.npy", np.zeros(3))
-    with pytest.raises(ValueError, match="single .npy array"):
+    with pytest.raises(
+        ValueError, match=r"single.npy is a .npy array \(np.save's format\), not an .npz archive"
+    ):
         load_model(tmp_path / "single.npy")
     assert np.array_equal(load_model(good).params, m.params)

@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from .._aligned import aligned_empty
-from .._files import NpzArchive, memory_bytes, read_npy_header, sniff
+from .._files import NpzArchive, memory_bytes, not_the_kind, read_npy_header, sniff
 from .._memmap import memmap_region  # noqa: F401  (dptrain.data's: where a map lies)
 from .csvfiles import label_index, labels_of, read_csv, split_csv
 from .dataset import (
@@ -745,16 +745,11 @@ def _refuse_unreal(dtype: np.dtype, where) -> None:
         )
 
 
-# what each kind of file is, and what to do with one
-_KINDS = {
-    "npy": ("a .npy array (np.save's format)", "read it with from_npy (command line: --train-x)"),
-    "npz": ("an .npz archive (np.savez's format)", "read it with from_npz (command line: --data)"),
-    "text": (
-        "a text file (CSV?)",
-        "read CSV with from_csv (command line: --data, --train-x and --train-y read CSV too)",
-    ),
-    "empty": ("empty", ""),
-    "binary": ("neither a .npy or .npz file nor CSV text", ""),
+# what to do with a file of each kind given where another kind was expected
+_ADVICE = {
+    "npy": "read it with from_npy (command line: --train-x)",
+    "npz": "read it with from_npz (command line: --data)",
+    "text": "read CSV with from_csv (command line: --data, --train-x and --train-y read CSV too)",
 }
 
 
@@ -763,14 +758,10 @@ def _expect(path: Path, kind: str) -> None:
     of `kind` ('npy', 'npz' or 'text'). A missing file is left to open() (FileNotFoundError)."""
     if path.is_dir():
         raise DataError(f"{path} is a directory, expected a file")
-    if not path.exists():
-        return
-    found = sniff(path)
-    if found != kind:
-        what, advice = _KINDS[found]
-        if advice:
-            raise DataError(f"{path} is {what}, not {_KINDS[kind][0]}: {advice}")
-        raise DataError(f"{path} is {what}: expected {_KINDS[kind][0]}")
+    if path.exists():
+        wrong = not_the_kind(path, kind, _ADVICE.get(sniff(path), ""))
+        if wrong is not None:
+            raise DataError(wrong)
 
 
 def _open_npy(path: Path) -> np.ndarray:
