@@ -172,3 +172,14 @@ def test_from_files_reads_each_file_by_its_content(tmp_path):
     y = _write(tmp_path / "labels.bin", "label\n0\n1\n2\n1\n0\n2\n")
     ds = from_files(x, y)
     assert isinstance(ds.x_train, np.memmap) and list(ds.y_train) == [0, 1, 2, 1, 0, 2]
+
+
+def test_a_label_column_for_a_file_that_is_not_csv_is_refused(tmp_path):
+    np.savez(tmp_path / "d.npz", X=np.ones((4, 2)), y=np.arange(4) % 2)
+    with pytest.raises(ValueError, match=r"label column 'y' picks a column of a CSV file, but"):
+        from_files(tmp_path / "d.npz", label_column="y")
+    np.save(tmp_path / "y.npy", np.arange(4) % 2)
+    x = _write(tmp_path / "x.csv", "1,2\n3,4\n5,6\n7,8\n")
+    with pytest.raises(ValueError, match=rf"label column 0 .* but {tmp_path / 'y.npy'} is not"):
+        from_files(x, tmp_path / "y.npy", label_column=0)
+    assert from_files(x, tmp_path / "y.npy").n_train == 4

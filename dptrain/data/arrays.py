@@ -284,6 +284,7 @@ def from_files(
             raise ValueError("a test set goes with an X and a y file, not with one data file")
         if x_path.is_file() and sniff(x_path) == "text":
             return from_csv(x_path, label_column=label_column, header=header, name=name, **options)
+        _no_label_column(label_column, x_path)
         return from_npz(x_path, name=name, **options)
     if (x_test_path is None) != (y_test_path is None):
         raise ValueError(
@@ -292,6 +293,8 @@ def from_files(
     paths = [x_path, Path(y_path)] + (
         [] if x_test_path is None else [Path(x_test_path), Path(y_test_path)]
     )
+    if not (paths[1].is_file() and sniff(paths[1]) == "text"):
+        _no_label_column(label_column, paths[1])
     task = options.get("task", CLASSIFICATION)
     arrays = [
         _open_data_file(p, labels=i % 2 == 1, label_column=label_column, header=header, task=task)
@@ -319,6 +322,14 @@ def _build_named(arrays: list, names: list, paths: list, name, tmp_dir, options)
         source=", ".join(map(str, paths)),
         tmp_dir=tmp_dir,
     )
+
+
+def _no_label_column(label_column, path: Path) -> None:
+    if label_column is not None:
+        raise ValueError(
+            f"label column {label_column!r} picks a column of a CSV file, but {path} is not "
+            f"one: its labels are its own array"
+        )
 
 
 def _open_data_file(path: Path, *, labels: bool, label_column, header, task) -> np.ndarray:
