@@ -131,7 +131,7 @@ def test_bit_flips_load_cleanly_or_name_the_file(tmp_path):
     """Every single-bit flip of a small model file (400 seeded positions, over the zip's
     headers, the configuration and the arrays) either loads the saved model (same shape,
     finite, the very weights), or raises one ValueError naming the file: never zipfile's,
-    zlib's or NumPy's own exception. (Every one of the file's 16,592 bits passed this.)"""
+    zlib's or NumPy's own exception."""
     model, good = _saved(tmp_path)
     data = good.read_bytes()
     rng = np.random.default_rng(33)
