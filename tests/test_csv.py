@@ -63,7 +63,10 @@ def test_other_delimiters(tmp_path, delimiter):
         ("# comment\n1,2,0\n\n3,4\n", r"line 4 has 2 fields, but line 2 has 3"),
         ("a,b,label\n", r"holds a header line but no data"),
         ("\n# only a comment\n", r"holds no data"),
-        ("id,2019,label\n1,2,0\n", r"line 1, column 1: 'id' is not a finite number \(a header"),
+        (
+            "id,2019,label\n1,2,0\n",
+            r"line 1, column 1: 'id' is not a finite number \(if line 1 is a header, say so",
+        ),
     ],
 )
 def test_a_bad_value_is_named_by_line_and_column(tmp_path, text, message):

@@ -47,16 +47,12 @@ def _delimiter(line: str) -> str | None:
 
 
 def _lines(path: Path):
-    """(line number, fields) of every line that holds data, and the delimiter."""
+    """(line number, fields) of every line that holds data (the delimiter read from the
+    first such line)."""
     with open(path, newline="", encoding="utf-8-sig") as f:
-        first = ""
-        for line in f:
-            if line.strip() and not line.lstrip().startswith(_COMMENT):
-                first = line
-                break
-        delimiter = _delimiter(first)
-    f = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 (closed by the generator)
-    try:
+        first = next((t for t in f if t.strip() and not t.lstrip().startswith(_COMMENT)), "")
+    delimiter = _delimiter(first)
+    with open(path, newline="", encoding="utf-8-sig") as f:
         if delimiter is None:
             for number, line in enumerate(f, 1):
                 fields = line.split()
@@ -67,8 +63,6 @@ def _lines(path: Path):
         for fields in reader:
             if any(s.strip() for s in fields) and not fields[0].lstrip().startswith(_COMMENT):
                 yield reader.line_num, [s.strip() for s in fields]
-    finally:
-        f.close()
 
 
 def read_csv(path, *, header: bool | None = None) -> tuple[np.ndarray, list[str] | None]:
@@ -130,7 +124,7 @@ def _values(path, block: list, numbers: list, names, top: int) -> np.ndarray:
                 column = f"column {j + 1}" + (f" ({names[j]!r})" if names else "")
                 what = "is empty" if not text else f"{text!r} is not a finite number"
                 hint = (
-                    " (a header line has no number in it: name every column)"
+                    f" (if line {top} is a header, say so: header=True, --csv-header yes)"
                     if number == top and names is None
                     else ""
                 )
