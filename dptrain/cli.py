@@ -10,7 +10,7 @@ import os
 import sys
 import warnings
 
-from .config import add_train_arguments, config_from_args, positive_int
+from .config import add_train_arguments, check_paths, config_from_args, positive_int
 from .measure.sweep import SWEEP_BACKENDS
 from .studies import STUDIES
 
@@ -104,6 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--train-y", default=None, metavar="Y.npy", help="training labels (.npy)")
     d.add_argument("--test-x", default=None, metavar="X.npy", help="held-out features (.npy)")
     d.add_argument("--test-y", default=None, metavar="Y.npy", help="held-out labels (.npy)")
+    d.add_argument(
+        "--label-column",
+        default=None,
+        metavar="NAME|INDEX",
+        help="CSV data: the column of the labels, by its header name or its index "
+        "(negative from the end; default: the last column)",
+    )
+    d.add_argument(
+        "--csv-header",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="CSV data: whether the first line names the columns (default auto: it does "
+        "when none of its fields is a number)",
+    )
     d.add_argument(
         "--validation",
         type=float,
@@ -354,17 +368,24 @@ def _own_data(args, cfg):
         return None
     if given["data"] and (given["train_x"] or given["train_y"]):
         raise ValueError("give either --data or --train-x/--train-y, not both")
+    # no output may overwrite a data file (checked before anything is read or written)
+    check_paths(cfg, {"--" + k.replace("_", "-"): v for k, v in given.items() if v})
+    csv = dict(
+        label_column=args.label_column,
+        header={"auto": None, "yes": True, "no": False}[args.csv_header],
+        dtype=storage_dtype(cfg.dtype),
+        validation=args.validation,
+    )
     if given["data"]:
-        return data.from_npz(
-            given["data"], dtype=storage_dtype(cfg.dtype), validation=args.validation
-        )
+        if given["test_x"] or given["test_y"]:
+            raise ValueError("--test-x/--test-y go with --train-x/--train-y, not with --data")
+        return data.from_files(given["data"], **csv)
     if not (given["train_x"] and given["train_y"]):
         raise ValueError("--train-x and --train-y go together")
-    return data.from_npy(
+    return data.from_files(
         given["train_x"],
         given["train_y"],
         x_test_path=given["test_x"],
         y_test_path=given["test_y"],
-        dtype=storage_dtype(cfg.dtype),
-        validation=args.validation,
+        **csv,
     )

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
 
+from ._files import memory_bytes, npz_path, size_text
 from .comm.algorithms import ALGORITHMS
 from .comm.base import BACKENDS
 from .data.catalog import DATASET_NAMES as DATASETS  # the named data sets
@@ -451,7 +454,7 @@ class TrainConfig:
         for name in ("limit", "n_samples", "n_features", "batch_per_worker"):
             if getattr(self, name) is not None:
                 set_(name, _positive_int(name, getattr(self, name)))
-        set_("seed", _int("seed", self.seed))
+        set_("seed", _int("seed", self.seed, minimum=0))
         set_("checkpoint_every", _int("checkpoint_every", self.checkpoint_every, minimum=0))
         set_("mpi_nodes", _int("mpi_nodes", self.mpi_nodes, minimum=0))
         # "sequential": the kind of a model the user built (dptrain.fit passes its kind)
@@ -493,6 +496,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
             set_(name, float(value))
         self._check_optimizer(set_)
+        if self.lr <= 0:
+            raise ValueError(
+                f"lr must be a finite number > 0, got {self.lr!r}: with 0 nothing learns"
+            )
+        self._check_model_memory()
         if self.overlap and (self.deterministic or self.allreduce != "native"):
             raise ValueError("overlap works with allreduce='native' and without deterministic mode")
         if self.allreduce != "native" and self.deterministic:
@@ -572,6 +580,26 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None:
                 set_(name, str(value))
+        check_paths(self)
+
+    def _check_model_memory(self) -> None:
+        """ValueError naming --hidden when the MLP's widths alone need more memory than this
+        machine has: its buffers (params, grads, velocity) and one batch's activations, for
+        the fewest features and classes (1 and 2), a lower bound of what any data needs."""
+        memory = memory_bytes()
+        if self.model != "mlp" or memory is None:
+            return
+        widths = (1, *self.hidden, 2)
+        n_params = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
+        itemsize = 8 if self.dtype == "float64" else 4
+        batch = self.global_batch(self.workers)
+        need = itemsize * (_MODEL_BUFFERS * n_params + batch * sum(self.hidden))
+        if need > memory:
+            raise ValueError(
+                f"hidden={self.hidden} (--hidden) needs at least {size_text(need)} of memory "
+                f"({n_params:,} parameters, times {_MODEL_BUFFERS} buffers, and a batch of "
+                f"{batch}'s activations), more than this machine's {size_text(memory)}"
+            )
 
     # ---- construction
     def _check_optimizer(self, set_) -> None:
@@ -665,6 +693,57 @@ class TrainConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
+# the options that name a file the run writes; and those that name one it reads
+OUTPUT_PATHS = ("out", "save_weights", "checkpoint", "trace", "steps_csv")
+_MODEL_BUFFERS = 3  # params, grads, velocity
+
+
+def _option_name(name: str) -> str:
+    """'save_weights (--save-weights)': how a message names an option for the API and the
+    command line at once; a name that already is a flag (a CLI-only input) as it is."""
+    if name.startswith("--"):
+        return name
+    meta = {f.name: f.metadata for f in option_fields()}[name]
+    return f"{name} ({meta['flag'] or '--' + name.replace('_', '-')})"
+
+
+def _files_named(name: str, value) -> set:
+    """The files an option's path names, resolved (links too): the path, and for
+    save_weights also the path with the .npz that Model.save appends (``--out P
+    --save-weights P`` is a mistake even though the model goes to P.npz)."""
+    paths = {Path(value).expanduser()}
+    if name == "save_weights":
+        paths.add(npz_path(value))
+    return {os.path.realpath(p) for p in paths}
+
+
+def check_paths(config: "TrainConfig", inputs: dict | None = None) -> None:
+    """ValueError naming both options when two outputs name the same file, or an output
+    names a file the run reads: resume's checkpoint (except checkpoint itself: a run goes on
+    writing the checkpoint it resumed) and ``inputs`` ({option: path}, e.g. the command
+    line's {'--train-x': 'x.npy'}). Paths are compared resolved."""
+    written = {}
+    for name in OUTPUT_PATHS:
+        value = getattr(config, name)
+        if value is None:
+            continue
+        for path in _files_named(name, value):
+            if written.get(path, name) != name:
+                raise ValueError(
+                    f"{_option_name(written[path])} and {_option_name(name)} both name "
+                    f"{path}: one would overwrite the other; give each output its own file"
+                )
+            written[path] = name
+    for name, value in {"resume": config.resume, **(inputs or {})}.items():
+        for path in set() if value is None else _files_named(name, value):
+            out = written.get(path)
+            if out is not None and not (name == "resume" and out == "checkpoint"):
+                raise ValueError(
+                    f"{_option_name(out)} names {path}, the file that {_option_name(name)} "
+                    f"reads: writing it would destroy the input; give the output another name"
+                )
+
+
 def _int(name, value, minimum=None) -> int:
     if (
         isinstance(value, bool)
@@ -730,7 +809,9 @@ def add_train_arguments(parser, only=None, defaults=None) -> None:
             elif f.name in _NONNEGATIVE_INTS:
                 kw["type"] = _argparse_type(_nonneg_int)
             elif f.type in ("int", "int | None"):
-                kw["type"] = _argparse_type(_pos_int_text) if f.name != "seed" else int
+                kw["type"] = _argparse_type(_pos_int_text)
+            elif f.name in _POSITIVE_FLOATS:
+                kw["type"] = _argparse_type(_pos_float_text)
             elif f.type in ("float", "float | None"):
                 kw["type"] = _argparse_type(_nonneg_float_text)
             if meta["choices"]:
@@ -739,7 +820,8 @@ def add_train_arguments(parser, only=None, defaults=None) -> None:
     del argparse
 
 
-_NONNEGATIVE_INTS = ("checkpoint_every", "mpi_nodes")
+_NONNEGATIVE_INTS = ("checkpoint_every", "mpi_nodes", "seed")
+_POSITIVE_FLOATS = ("lr",)
 
 
 def _pos_int_text(text: str) -> int:
@@ -769,6 +851,13 @@ def _nonneg_float_text(text: str) -> float:
         raise ValueError(f"expected a number, got {text!r}") from None
     if not (v >= 0) or v == float("inf"):
         raise ValueError(f"expected a finite number >= 0, got {text!r}")
+    return v
+
+
+def _pos_float_text(text: str) -> float:
+    v = _nonneg_float_text(text)
+    if v == 0:
+        raise ValueError(f"expected a finite number > 0, got {text!r}")
     return v
 
 

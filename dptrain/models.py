@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 
 from . import _core
+from ._files import NpzArchive, memory_bytes, npz_path, size_text, write_atomically
 
 __all__ = [
     "Model",
@@ -386,43 +388,44 @@ class Model:
             **self._arch,
         }
 
-    def save(self, path, **extra_arrays) -> None:
-        """Writes params, velocity and the configuration to ``path`` (.npz, no pickle)."""
-        np.savez(
-            path,
+    def save(self, path, **extra_arrays) -> Path | None:
+        """Writes params, velocity and the configuration to ``path`` (.npz, no pickle; ".npz"
+        is appended when the name lacks it, as np.savez does, and ``load_model`` finds it
+        the same way); returns the path written. Atomic and durable, as checkpoints are:
+        a crash or a full disk leaves the previous file whole. A directory is refused. An
+        open binary file is written as it is (returns None)."""
+        arrays = dict(
             format=np.int64(SAVE_FORMAT),
             config=np.array(json.dumps(self.config())),
             params=self.params,
             velocity=self.velocity,
             **extra_arrays,
         )
+        if hasattr(path, "write"):
+            np.savez(path, **arrays)
+            return None
+        target = npz_path(path)
+        for p in (Path(path).expanduser(), target):
+            if p.is_dir():
+                raise ValueError(
+                    f"cannot save the model to {p}: it is a directory (name a file in it, "
+                    f"e.g. {p / 'model.npz'})"
+                )
+        if not target.parent.is_dir():
+            raise ValueError(
+                f"cannot save the model to {target}: the directory {target.parent} does not exist"
+            )
+        write_atomically(target, lambda f: np.savez(f, **arrays))
+        return target
 
     def load_state(self, path) -> dict:
         """Loads params/velocity saved by ``save`` into this model (the architecture, loss and
-        dtype must match); returns the other arrays of the file."""
-        with _open_model_file(path) as f:
-            cfg = _read_config(path, f)
-            mine = self.config()
-            for key in self._arch_keys + ("sizes", "loss", "input_shape", "layers"):
-                if key in cfg and cfg[key] != mine[key]:
-                    raise ValueError(
-                        f"{path}: saved model has {key} {_plain(cfg[key])!r}, "
-                        f"this model has {_plain(mine[key])!r}"
-                    )
-            for name in ("params", "velocity"):
-                arr = f[name] if name in f.files else None
-                if arr is None:
-                    raise ValueError(f"{path}: no {name!r} array in the file")
-                if arr.shape != (self.n_params,) or arr.dtype != self.dtype:
-                    raise ValueError(
-                        f"{path}: {name} has dtype {arr.dtype} and shape "
-                        f"{arr.shape}, expected {self.dtype.name} and "
-                        f"({self.n_params},)"
-                    )
-            self.params[:] = f["params"]
-            self.velocity[:] = f["velocity"]
-            own = ("params", "velocity", "config", "format")
-            return {k: f[k] for k in f.files if k not in own}
+        dtype must match; the values finite); returns the other arrays of the file. Every
+        problem is one ValueError naming the file, raised before this model is changed."""
+        cfg, params, velocity, others = _read_model_file(path, self)
+        self.params[:] = params
+        self.velocity[:] = velocity
+        return others
 
     def __repr__(self) -> str:
         return (
@@ -522,6 +525,11 @@ class Sequential(Model):
             grads=grads,
             velocity=velocity,
         )
+
+    @staticmethod
+    def architecture(layers, input_shape, loss: str = "softmax_xent") -> tuple:
+        """(layers, input_shape, loss) of the model, as every family's ``architecture``."""
+        return layers, input_shape, loss
 
     def __repr__(self) -> str:
         layers = ", ".join(_spec_text(s) for s in self.plan["layers"])
@@ -881,27 +889,25 @@ def build_model(
     )
 
 
-def _open_model_file(path):
-    """np.load of a .npz model file (never pickle), with errors that name the file."""
-    try:
-        f = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} is not a readable .npz model file: {exc}") from exc
-    if not isinstance(f, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path} is a single .npy array, not a dptrain .npz model file")
-    return f
-
-
-def _read_config(path, f) -> dict:
-    if "config" not in f.files or "params" not in f.files:
-        raise ValueError(f"{path} is not a dptrain model file (no 'config'/'params' arrays)")
-    try:
-        cfg = json.loads(str(f["config"]))
-        for key in ("kind", "sizes", "loss", "dtype", "seed"):
-            cfg[key]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: the model configuration is damaged ({exc!r})") from exc
-    return cfg
+def _spec_arguments(spec: dict) -> tuple:
+    """(class, args, kw) of the model a spec describes: what its constructor and its
+    ``architecture`` take (one reading for building a model and for planning it)."""
+    kind, sizes = spec["kind"], spec["sizes"]
+    if kind == "cnn":
+        kw = {k: spec[k] for k in CNN._arch_keys}
+        return CNN, (spec["input_shape"], sizes[-1]), kw
+    if kind == "logreg":
+        return LogisticRegression, (sizes[0],), {}
+    if kind == "softmax":
+        return SoftmaxRegression, (sizes[0], sizes[1]), {}
+    if kind in ("mlp", "model"):  # "model": a dense stack saved by dptrain 0.1
+        return MLP, (sizes, spec["loss"]), {}
+    if kind == "sequential":
+        layers = [tuple(s) if isinstance(s, list) else s for s in spec["layers"]]
+        return Sequential, (layers, tuple(spec["input_shape"]), spec["loss"]), {}
+    raise ValueError(
+        f"model kind {kind!r} is not one dptrain knows ({', '.join(MODEL_KINDS + ('sequential',))})"
+    )
 
 
 def model_from_spec(
@@ -910,8 +916,10 @@ def model_from_spec(
     """The model a spec describes (``Model.spec()`` / ``Model.config()``: its class, sizes,
     loss, dtype, seed, layers and input shape), on the given flat buffers (e.g. a worker's,
     in shared memory) or new ones. Given params are used as they are (not initialized)."""
-    kind, sizes = spec["kind"], spec["sizes"]
-    kw = dict(
+    cls, args, kw = _spec_arguments(spec)
+    return cls(
+        *args,
+        **kw,
         seed=spec["seed"],
         dtype=spec["dtype"],
         threads=threads,
@@ -919,41 +927,80 @@ def model_from_spec(
         grads=grads,
         velocity=velocity,
     )
-    if kind == "cnn":
-        return CNN(
-            spec["input_shape"],
-            sizes[-1],
-            channels=spec["channels"],
-            hidden=spec["hidden"],
-            kernel=spec["kernel"],
-            padding=spec["padding"],
-            **kw,
-        )
-    if kind == "logreg":
-        return LogisticRegression(sizes[0], **kw)
-    if kind == "softmax":
-        return SoftmaxRegression(sizes[0], sizes[1], **kw)
-    if kind in ("mlp", "model"):  # "model": a dense stack saved by dptrain 0.1
-        return MLP(sizes, spec["loss"], **kw)
-    if kind == "sequential":
-        return Sequential(
-            [tuple(s) if isinstance(s, list) else s for s in spec["layers"]],
-            tuple(spec["input_shape"]),
-            spec["loss"],
-            **kw,
-        )
-    raise ValueError(
-        f"model kind {kind!r} is not one dptrain knows ({', '.join(MODEL_KINDS + ('sequential',))})"
-    )
+
+
+# a saved configuration's bound: a Sequential of thousands of layers is a few hundred kB
+_CONFIG_BYTES = 1 << 20
+_MODEL_BUFFERS = 3  # params, grads, velocity: what building the model allocates
+
+
+def _model_path(path) -> Path:
+    """The file ``load_model(path)`` reads: path, or path + ".npz" when only that exists
+    (what ``save(path)`` wrote, as np.savez names it)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ValueError(f"model file {path} is a directory, not a model file (.npz)")
+    if not p.exists() and npz_path(p).is_file():
+        return npz_path(p)
+    return p
+
+
+def _read_model_file(path, model: Model | None = None) -> tuple:
+    """(config, params, velocity, other arrays) of a model file, every size checked before
+    anything is allocated: the configuration (bounded) first; the model it names planned
+    without building it (its parameter count, against this machine's memory and, given
+    ``model``, against that model's architecture); the stored arrays' .npy headers against
+    that plan; only then their data, which must be finite. One ValueError naming the file
+    for any problem (a damaged, truncated or foreign file, a zip bomb)."""
+    path = _model_path(path)
+    where = f"model file {path}"
+    with NpzArchive(path, where, advice="load_model reads the .npz files Model.save writes") as f:
+        if "config" not in f.files or "params" not in f.files:
+            raise ValueError(f"{where} is not a dptrain model file (no 'config'/'params' arrays)")
+        text = f.array("config", max_bytes=_CONFIG_BYTES)
+        try:
+            cfg = json.loads(str(text[()]))
+            for key in ("kind", "sizes", "loss", "dtype", "seed"):
+                cfg[key]
+            cls, args, kw = _spec_arguments(cfg)
+            layers, shape, loss, *_ = cls.architecture(*args, **kw)
+            n_params = _plan(layers, shape, loss)["n_params"]
+            dtype = storage_dtype(cfg["dtype"])
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ValueError(f"{where}: the model configuration is damaged ({exc!r})") from None
+        if model is not None:
+            mine = model.config()
+            for key in model._arch_keys + ("sizes", "loss", "input_shape", "layers"):
+                if key in cfg and cfg[key] != mine[key]:
+                    raise ValueError(
+                        f"{where}: saved model has {key} {_plain(cfg[key])!r}, "
+                        f"this model has {_plain(mine[key])!r}"
+                    )
+        need, memory = _MODEL_BUFFERS * n_params * dtype.itemsize, memory_bytes()
+        if memory is not None and need > memory:
+            raise ValueError(
+                f"{where} names a model of {n_params:,} parameters, whose buffers need "
+                f"{size_text(need)}, more than this machine's {size_text(memory)} of memory"
+            )
+        arrays = {}
+        for name in ("params", "velocity"):
+            arrays[name] = f.array(
+                name, max_bytes=n_params * dtype.itemsize, shape=(n_params,), dtype=dtype
+            )
+            if not np.isfinite(arrays[name]).all():
+                raise ValueError(
+                    f"{where}: {name} holds non-finite values (NaN or infinity): the model "
+                    f"that was saved had diverged"
+                )
+        own = ("params", "velocity", "config", "format")
+        others = {k: f.array(k, max_bytes=memory) for k in f.files if k not in own}
+    return cfg, arrays["params"], arrays["velocity"], others
 
 
 def load_model(path, *, threads: int = 1) -> Model:
-    """Rebuilds a model saved with ``Model.save`` (its class, sizes, dtype, params, velocity)."""
-    with _open_model_file(path) as f:
-        cfg = _read_config(path, f)
-    try:
-        model = model_from_spec(cfg, threads=threads)
-    except KeyError as exc:
-        raise ValueError(f"{path}: the {cfg['kind']} configuration lacks {exc}") from exc
-    model.load_state(path)
+    """Rebuilds a model saved with ``Model.save`` (its class, sizes, dtype, params, velocity).
+    ``path`` may omit the ".npz" that ``save`` appended. Every problem with the file is one
+    ValueError naming it, found before the model is built."""
+    cfg, params, velocity, _ = _read_model_file(path)
+    model = model_from_spec(cfg, threads=threads, params=params, velocity=velocity)
     return model

@@ -165,7 +165,7 @@ def test_a_checkpoint_with_a_damaged_second_moment_is_refused(train_small, tmp_p
     with np.load(ckpt) as f:
         arrays = {k: f[k] for k in f.files}
     for bad, fragment in (
-        (arrays["optimizer_exp_avg_sq"][:-1], r"exp_avg_sq'\] has dtype float32 and shape"),
+        (arrays["optimizer_exp_avg_sq"][:-1], r"optimizer_exp_avg_sq has dtype float32 and shape .*expected"),
         (np.full_like(arrays["optimizer_exp_avg_sq"], np.nan), "holds non-finite values"),
     ):
         np.savez(ckpt, **{**arrays, "optimizer_exp_avg_sq": bad})
@@ -173,7 +173,7 @@ def test_a_checkpoint_with_a_damaged_second_moment_is_refused(train_small, tmp_p
             train_small(**ADAM, resume=ckpt, epochs=1)
     del arrays["optimizer_exp_avg_sq"]
     np.savez(ckpt, **arrays)
-    with pytest.raises(ValueError, match=r"checkpoint .*optimizer state does not fit"):
+    with pytest.raises(ValueError, match=r"checkpoint .*no 'optimizer_exp_avg_sq' array"):
         train_small(**ADAM, resume=ckpt, epochs=1)
 
 

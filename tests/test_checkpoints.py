@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _runs import SMALL_FLAGS
+from _runs import SMALL, SMALL_FLAGS
 
 import dptrain
 from dptrain import cli
@@ -277,3 +277,52 @@ def test_resume_refuses_a_checkpoint_of_another_run(train_small, tmp_path):
         train_small(resume=tmp_path / "missing.npz")
     with pytest.raises(ValueError, match="checkpoint_every needs a checkpoint path"):
         train_small(checkpoint_every=3)
+
+
+def test_cli_resume_of_a_header_declaring_2_to_the_40_values_prints_one_error(
+    tmp_path, checkpoint, capsys
+):
+    """A params header declaring 2^40 values is refused from the header (no MemoryError)."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (2**40,)}
+    )
+    p = tmp_path / "huge.npz"
+    with zipfile.ZipFile(checkpoint) as src, zipfile.ZipFile(p, "w") as out:
+        for name in src.namelist():
+            raw = header.getvalue() + b"\0" * 64 if name == "params.npy" else src.read(name)
+            out.writestr(name, raw)
+    rc = cli.main(["train", *SMALL_FLAGS, "--resume", str(p)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1, err
+    assert f"checkpoint {p}: params has dtype float32 and shape (1099511627776,)" in err
+
+
+# ---------------------------------------------------------------- the data set's identity
+def test_a_checkpoint_resumes_only_on_its_data_set(train_small, checkpoint):
+    with pytest.raises(ValueError, match=r"n_train=1030, but this run has n_train=1500"):
+        train_small(resume=checkpoint, n_samples=1500)
+    assert train_small(resume=checkpoint)["steps"] == 22
+
+
+def test_the_same_size_of_other_data_does_not_resume(tmp_path):
+    rng = np.random.default_rng(1)
+    X, y = rng.random((200, 4), dtype=np.float32), np.arange(200) % 3
+    path = tmp_path / "run.npz"
+    options = dict(model="softmax", epochs=2, batch_size=20, quiet=True, checkpoint=str(path))
+    with pytest.raises(RuntimeError, match="injected fault"):
+        dptrain.train(X=X, y=y, checkpoint_every=5, fault=(0, 12, "raise"), **options)
+    with pytest.raises(ValueError, match=r"data_fingerprint="):
+        dptrain.train(X=X[::-1].copy(), y=y, resume=str(path), **options)
+    assert dptrain.train(X=X, y=y, resume=str(path), **options)["steps"] == 20
+
+
+def test_cli_resume_on_other_data_is_one_line(tmp_path, checkpoint, capsys):
+    flags = [f for f in SMALL_FLAGS]
+    flags[flags.index("--n-samples") + 1] = str(SMALL["n_samples"] + 970)
+    rc = cli.main(["train", *flags, "--resume", str(checkpoint)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and "n_train=2000" in err, err

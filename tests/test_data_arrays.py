@@ -619,7 +619,7 @@ def test_bad_npy_files_are_named(tmp_path):
     y_path = save(tmp_path / "y.npy", labels(3))
     text = tmp_path / "x.npy"
     text.write_text("1,2,3\n")
-    with pytest.raises(DataError, match=rf"{text}: not a \.npy file"):
+    with pytest.raises(DataError, match=rf"{text} is a text file \(CSV\?\), not a \.npy array"):
         from_npy(text, y_path)
     objects = tmp_path / "objects.npy"
     np.save(objects, np.array([[1, None]] * 3, dtype=object), allow_pickle=True)
@@ -683,11 +683,11 @@ def test_bad_npz_archives_are_named(tmp_path):
     npy = save(tmp_path / "x.npy", np.ones((3, 2)))
     with pytest.raises(
         DataError,
-        match=rf"{npy}: a \.npy file, not an \.npz archive: use "
-        rf"from_npy",
+        match=rf"{npy} is a \.npy array \(np.save's format\), not an \.npz archive "
+        rf".*: read it with from_npy",
     ):
         from_npz(npy)
     junk = tmp_path / "junk.npz"
     junk.write_bytes(b"not a zip at all")
-    with pytest.raises(DataError, match=rf"{junk}: not an \.npz archive"):
+    with pytest.raises(DataError, match=rf"{junk} is a text file \(CSV\?\), not an \.npz archive"):
         from_npz(junk)

@@ -20,7 +20,11 @@ One role per module; every public name is re-exported here (`from dptrain.data i
 - arrays.py: the user's own data: `from_arrays` (NumPy arrays), `from_npy` (.npy files as
   memory maps: larger than memory is fine), `from_npz`; X converted to the model's dtype
   once (no copy when it already is), labels or regression targets validated row by row,
-  a held-out set or `validation=` fraction; `memmap_region` for workers that map the data.
+  a held-out set or `validation=` fraction; `memmap_region` for workers that map the data;
+  `from_csv` (CSV files, read by csvfiles.py) and `from_files` (each file read by what it
+  holds: .npz, .npy or CSV; what the command line uses).
+- csvfiles.py: `read_csv` and the column choice of `from_csv`: delimited text, header
+  detected, every value checked (the first bad one named by line and column).
 - catalog.py: `load_dataset`, the single entry point the command line uses, and the
   policies `get_mnist` / `get_cifar10` (local files, else a download for MNIST, else an
   announced synthetic stand-in).
@@ -35,7 +39,7 @@ can call it and get identical arrays. Messages go through the `announce` callabl
 pass `announce=lambda line: None` on ranks other than 0.
 """
 
-from .arrays import from_arrays, from_npy, from_npz, memmap_region
+from .arrays import from_arrays, from_csv, from_files, from_npy, from_npz, memmap_region
 from .catalog import (
     DATASET_NAMES,
     SYNTHETIC_DEFAULT_FEATURES,
@@ -109,6 +113,8 @@ __all__ = [
     "download_mnist",
     "first_nonfinite_row",
     "from_arrays",
+    "from_csv",
+    "from_files",
     "from_npy",
     "from_npz",
     "get_cifar10",

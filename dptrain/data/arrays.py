@@ -4,7 +4,11 @@
 - `from_npy(x_path, y_path, ...)`: .npy files opened as read-only memory maps, so that a
   data set larger than memory trains: the OS pages rows in as the training loop reads them.
 - `from_npz(path, ...)`: an .npz archive (x_train / y_train [/ x_test / y_test], or X / y
-  [/ X_test / y_test]); its members are read into memory (NumPy cannot map inside a zip).
+  [/ X_test / y_test]); its members are read into memory (NumPy cannot map inside a zip),
+  each after its header was checked (a damaged or hostile archive is a DataError naming it).
+- `from_csv(path, label_column=..., ...)`: a CSV file (dptrain.data.csvfiles).
+- `from_files(x_path, y_path=None, ...)`: the files a user names, each read by what it holds
+  (.npz, .npy or CSV): what the command line's --data and --train-x/--train-y read.
 - `memmap_region(x)`: where a memory-mapped array lies in its file, so that a worker
   process can map the same bytes itself instead of being sent a copy.
 
@@ -43,7 +47,8 @@ are ordered, e.g. by label); or neither, and the Dataset's test split is empty
 (n_test == 0).
 
 Left out on purpose: label encoding, shuffling (the training loop shuffles every epoch),
-feature scaling (divide uint8 pixels by 255 yourself), reading anything but NumPy's formats.
+feature scaling (divide uint8 pixels by 255 yourself), reading anything but NumPy's formats
+and CSV.
 """
 
 from __future__ import annotations
@@ -57,7 +62,9 @@ from pathlib import Path
 import numpy as np
 
 from .._aligned import aligned_empty
+from .._files import NpzArchive, memory_bytes, not_the_kind, read_npy_header, sniff
 from .._memmap import memmap_region  # noqa: F401  (dptrain.data's: where a map lies)
+from .csvfiles import label_index, labels_of, read_csv, split_csv
 from .dataset import (
     CLASSIFICATION,
     REGRESSION,
@@ -193,13 +200,8 @@ def from_npz(
     member for complex, object or string data.
     """
     path = Path(path)
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except ValueError as exc:  # no zip and no .npy magic: NumPy takes it for a pickle
-        raise DataError(f"{path}: not an .npz archive ({exc})") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise DataError(f"{path}: a .npy file, not an .npz archive: use from_npy")
-    with archive:
+    _expect(path, "npz")
+    with NpzArchive(path, str(path), error=DataError) as archive:
         keys = set(archive.files)
         layout = next((lay for lay in _NPZ_LAYOUTS if set(lay[:2]) <= keys), None)
         if layout is None:
@@ -228,6 +230,120 @@ def from_npz(
         source=str(path),
         tmp_dir=None,
     )
+
+
+def from_csv(
+    path,
+    *,
+    label_column: int | str | None = None,
+    header: bool | None = None,
+    test_path=None,
+    name: str | None = None,
+    **options,
+) -> Dataset:
+    """A Dataset of a CSV file (or any delimited text, see dptrain.data.csvfiles): one
+    sample per line, its label in ``label_column`` (a header name, or an index, negative
+    from the end; default the last column), its features in the other columns. header:
+    None (detected: a first line with no number in it is a header), True or False.
+    test_path: a held-out set in a second file of the same columns. options: from_arrays'
+    validation, task, n_classes, dtype, input_shape; `name` defaults to the file's stem. A
+    value that is not a finite number is a DataError naming the file, line and column."""
+    paths = [Path(path)] + ([] if test_path is None else [Path(test_path)])
+    arrays = []
+    for p in paths:
+        _expect(p, "text")
+        features, labels, _ = split_csv(
+            p, label_column=label_column, header=header, task=options.get("task", CLASSIFICATION)
+        )
+        arrays += [features, labels]
+    names = [f"{p} ({part})" for p in paths for part in ("features", "labels")]
+    return _build_named(arrays, names, paths, name, None, options)
+
+
+def from_files(
+    x_path,
+    y_path=None,
+    *,
+    x_test_path=None,
+    y_test_path=None,
+    label_column: int | str | None = None,
+    header: bool | None = None,
+    name: str | None = None,
+    tmp_dir=None,
+    **options,
+) -> Dataset:
+    """A Dataset of the files a user names, each read by what it holds (not by its name):
+    one file (``y_path`` None): an .npz archive (from_npz) or a CSV of features and labels
+    (from_csv); or an X and a y file (and X_test, y_test), each a .npy (memory-mapped, as
+    from_npy) or a CSV: an X CSV's columns are all features, a y CSV holds one column or
+    its ``label_column``. options: from_arrays' validation, task, n_classes, dtype,
+    input_shape. What the command line reads."""
+    x_path = Path(x_path)
+    if y_path is None:
+        if x_test_path is not None or y_test_path is not None:
+            raise ValueError("a test set goes with an X and a y file, not with one data file")
+        if x_path.is_file() and sniff(x_path) == "text":
+            return from_csv(x_path, label_column=label_column, header=header, name=name, **options)
+        _no_label_column(label_column, x_path)
+        return from_npz(x_path, name=name, **options)
+    if (x_test_path is None) != (y_test_path is None):
+        raise ValueError(
+            f"x_test_path={x_test_path!r} and y_test_path={y_test_path!r}: give both or neither"
+        )
+    paths = [x_path, Path(y_path)] + (
+        [] if x_test_path is None else [Path(x_test_path), Path(y_test_path)]
+    )
+    if not (paths[1].is_file() and sniff(paths[1]) == "text"):
+        _no_label_column(label_column, paths[1])
+    task = options.get("task", CLASSIFICATION)
+    arrays = [
+        _open_data_file(p, labels=i % 2 == 1, label_column=label_column, header=header, task=task)
+        for i, p in enumerate(paths)
+    ]
+    return _build_named(arrays, list(map(str, paths)), paths, name, tmp_dir, options)
+
+
+# from_arrays' defaults of the options that from_csv and from_files pass on
+_BUILD_DEFAULTS = dict(
+    validation=None, task=CLASSIFICATION, n_classes=None, dtype="float32", input_shape=None
+)
+
+
+def _build_named(arrays: list, names: list, paths: list, name, tmp_dir, options) -> Dataset:
+    """_build of the arrays read from files: [X, y] or [X, y, X_test, y_test], named
+    as given; the Dataset named after the first file unless `name` is given."""
+    arrays = arrays + [None] * (4 - len(arrays))
+    names = names + [None] * (4 - len(names))
+    return _build(
+        *arrays,
+        names=dict(zip(("X", "y", "X_test", "y_test"), names)),
+        **{**_BUILD_DEFAULTS, **options},
+        name=paths[0].stem if name is None else name,
+        source=", ".join(map(str, paths)),
+        tmp_dir=tmp_dir,
+    )
+
+
+def _no_label_column(label_column, path: Path) -> None:
+    if label_column is not None:
+        raise ValueError(
+            f"label column {label_column!r} picks a column of a CSV file, but {path} is not "
+            f"one: its labels are its own array"
+        )
+
+
+def _open_data_file(path: Path, *, labels: bool, label_column, header, task) -> np.ndarray:
+    """One file of from_files: a .npy (memory-mapped) or a CSV (all its columns for X;
+    one column, or ``label_column``, for the labels)."""
+    if not path.is_file() or sniff(path) != "text":
+        return _open_npy(path)
+    values, names = read_csv(path, header=header)
+    if not labels:
+        return values
+    j = 0
+    if values.shape[1] > 1:
+        j = label_index(-1 if label_column is None else label_column, names, values.shape[1], path)
+    return labels_of(values[:, j], task)
 
 
 # ---------------------------------------------------------------------------------------
@@ -628,13 +744,7 @@ def _regression_targets(
 def _npy_header(f, where) -> tuple[tuple[int, ...], np.dtype]:
     """(shape, dtype) from an open .npy stream's header; DataError naming `where` if none."""
     try:
-        version = np.lib.format.read_magic(f)
-        read = (
-            np.lib.format.read_array_header_1_0
-            if version == (1, 0)
-            else np.lib.format.read_array_header_2_0
-        )
-        shape, _, dtype = read(f)
+        shape, _, dtype = read_npy_header(f)
     except ValueError as exc:
         raise DataError(f"{where}: not a .npy file ({exc})") from None
     return shape, dtype
@@ -648,8 +758,28 @@ def _refuse_unreal(dtype: np.dtype, where) -> None:
         )
 
 
+# what to do with a file of each kind given where another kind was expected
+_ADVICE = {
+    "npy": "read it with from_npy (command line: --train-x)",
+    "npz": "read it with from_npz (command line: --data)",
+    "text": "read CSV with from_csv (command line: --data, --train-x and --train-y read CSV too)",
+}
+
+
+def _expect(path: Path, kind: str) -> None:
+    """DataError naming the file, what it is and what to do with it, when it is not a file
+    of `kind` ('npy', 'npz' or 'text'). A missing file is left to open() (FileNotFoundError)."""
+    if path.is_dir():
+        raise DataError(f"{path} is a directory, expected a file")
+    if path.exists():
+        wrong = not_the_kind(path, kind, _ADVICE.get(sniff(path), ""))
+        if wrong is not None:
+            raise DataError(wrong)
+
+
 def _open_npy(path: Path) -> np.ndarray:
     """A .npy file as a read-only memory map (read into memory only when it is empty)."""
+    _expect(path, "npy")
     with open(path, "rb") as f:
         shape, dtype = _npy_header(f, path)
     _refuse_unreal(dtype, path)
@@ -661,11 +791,12 @@ def _open_npy(path: Path) -> np.ndarray:
         raise DataError(f"{path}: {exc}") from None
 
 
-def _npz_member(archive, key: str, path: Path) -> np.ndarray:
-    with archive.zip.open(key + ".npy") as f:
-        _, dtype = _npy_header(f, f"{path}[{key}]")
+def _npz_member(archive: NpzArchive, key: str, path: Path) -> np.ndarray:
+    """A member of the user's .npz, its header checked (real numbers, a size this
+    machine's memory holds) before its data is read."""
+    _, dtype = archive.header(key)
     _refuse_unreal(dtype, f"{path}[{key}]")
-    return archive[key]
+    return archive.array(key, max_bytes=memory_bytes())
 
 
 def _describe_source(X, y, X_test) -> str:

@@ -3,18 +3,19 @@ pickle), written atomically and durably, and read back through one validating fu
 
 A checkpoint holds the parameters, the momentum, and the position: epoch, batch, step (the
 sampler's order and the learning-rate schedule are functions of these and the seed) and the
-epoch's running sums; plus the options a run must share to resume it (``resume_keys``).
+epoch's running sums; plus the options a run must share to resume it (``resume_keys``),
+the data set's identity among them (``data_identity``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-from pathlib import Path
+import zlib
 
 import numpy as np
 
+from .._files import NpzArchive, write_atomically
 from ..models import storage_dtype
 from ..sampler import steps_per_epoch
 
@@ -40,6 +41,31 @@ def resume_keys(job) -> dict:
         "deterministic": cfg.deterministic,
         "optimizer": cfg.optimizer,
         **({} if cfg.optimizer == "sgd" else {"betas": list(cfg.betas), "eps": cfg.eps}),
+        **job.data,
+    }
+
+
+_FINGERPRINT_ROWS = 8  # rows of x (and 64 labels) at each end of the training set
+
+
+def data_identity(ds) -> dict:
+    """The data set a run trains on, as its checkpoints record it (resume keys): its name,
+    its training samples and features, and a fingerprint: the CRC-32 of its first and last
+    rows and labels (cheap on any size: not a hash of the whole set, so it tells data sets
+    apart, not a changed row in the middle)."""
+    crc = 0
+    for part in (
+        ds.x_train[:_FINGERPRINT_ROWS],
+        ds.x_train[-_FINGERPRINT_ROWS:],
+        ds.y_train[: 8 * _FINGERPRINT_ROWS],
+        ds.y_train[-8 * _FINGERPRINT_ROWS :],
+    ):
+        crc = zlib.crc32(np.ascontiguousarray(part).tobytes(), crc)
+    return {
+        "data": ds.name,
+        "n_train": int(ds.n_train),
+        "n_features": int(ds.n_features),
+        "data_fingerprint": f"{crc:08x}",
     }
 
 
@@ -75,7 +101,6 @@ def save_checkpoint(
     directory after the rename), then renamed over the old one, so a crash or a kill at any
     moment leaves the previous checkpoint or the new one, whole. Temporaries that a killed
     writer left behind are removed."""
-    path = Path(path)
     position = {
         "step": step,
         "epoch": epoch,
@@ -87,25 +112,17 @@ def save_checkpoint(
         "eval_seconds": eval_seconds,
         "job": resume_keys(job),
     }
-    _remove_stale_temporaries(path)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}.npz")
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(
-                f,
-                format=np.int64(CHECKPOINT_FORMAT),
-                params=net.params,
-                velocity=net.velocity,
-                position=np.array(json.dumps(position)),
-                **_optimizer_arrays(optimizer),
-            )
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
+    write_atomically(
+        path,
+        lambda f: np.savez(
+            f,
+            format=np.int64(CHECKPOINT_FORMAT),
+            params=net.params,
+            velocity=net.velocity,
+            position=np.array(json.dumps(position)),
+            **_optimizer_arrays(optimizer),
+        ),
+    )
 
 
 OPTIMIZER_ARRAY = "optimizer_"  # the prefix of the optimizer's arrays in a checkpoint
@@ -124,13 +141,16 @@ def load_optimizer_state(path, optimizer, step: int) -> None:
     arrays, named OPTIMIZER_ARRAY + name; its step count, the position's step); a checkpoint
     whose arrays this optimizer cannot take is a ValueError naming the file."""
     where = f"checkpoint {path}"
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            state = {
-                k[len(OPTIMIZER_ARRAY) :]: f[k] for k in f.files if k.startswith(OPTIMIZER_ARRAY)
-            }
-    except (OSError, EOFError, ValueError, KeyError, RuntimeError) as exc:
-        raise ValueError(f"{where} cannot be read: {type(exc).__name__}: {exc}") from None
+    # the arrays this optimizer holds, as it holds them: each is read only after its header
+    # matched (shape, dtype, size), as read_checkpoint reads the parameters
+    expected = {k: v for k, v in optimizer.state_dict().items() if k != "steps"}
+    with NpzArchive(path, where) as f:
+        state = {
+            name: f.array(
+                OPTIMIZER_ARRAY + name, max_bytes=arr.nbytes, shape=arr.shape, dtype=arr.dtype
+            )
+            for name, arr in expected.items()
+        }
     for name, arr in state.items():
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise ValueError(f"{where}: optimizer array {name} holds non-finite values")
@@ -140,33 +160,7 @@ def load_optimizer_state(path, optimizer, step: int) -> None:
         raise ValueError(f"{where}: its optimizer state does not fit this run: {exc}") from None
 
 
-def _remove_stale_temporaries(path: Path) -> None:
-    """Deletes <path>.tmp-PID.npz files whose writer (PID) no longer runs."""
-    for tmp in path.parent.glob(f"{path.name}.tmp-*.npz"):
-        pid = tmp.name[len(path.name) + 5 : -4]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            tmp.unlink(missing_ok=True)
-        except PermissionError:  # alive, someone else's
-            pass
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # not supported here (e.g. Windows): best effort
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
+_POSITION_BYTES = 64 << 20  # the position's JSON: its history grows by ~200 bytes an epoch
 _POSITION_FIELDS = {
     "step": int,
     "epoch": int,
@@ -186,46 +180,32 @@ def read_checkpoint(path, job, n_params: int, n_train: int):
     length, finite), the run it belongs to (resume_keys) and its position (a step this
     data set and batch size can reach). Any problem is one ValueError naming the file and
     what is wrong."""
-    import zipfile
-
     where = f"checkpoint {path}"
+    dtype = storage_dtype(job.config.dtype)
+    with NpzArchive(path, where, advice="--resume reads the checkpoints --checkpoint writes") as f:
+        missing = {"format", "params", "velocity", "position"} - set(f.files)
+        if missing:
+            raise ValueError(
+                f"{where} has no {', '.join(sorted(missing))} array (not a dptrain checkpoint?)"
+            )
+        # every array's header is checked before its data is read: a damaged or hostile
+        # header (2^40 values) is refused here, not met as a MemoryError
+        fmt = f.array("format", max_bytes=64)
+        params, velocity = (
+            f.array(name, max_bytes=n_params * dtype.itemsize, shape=(n_params,), dtype=dtype)
+            for name in ("params", "velocity")
+        )
+        text = f.array("position", max_bytes=_POSITION_BYTES)
     try:
-        with np.load(path, allow_pickle=False) as f:
-            if not isinstance(f, np.lib.npyio.NpzFile):
-                raise ValueError("a single .npy array, not a .npz checkpoint")
-            missing = {"format", "params", "velocity", "position"} - set(f.files)
-            if missing:
-                raise ValueError(
-                    f"no {', '.join(sorted(missing))} array (not a dptrain checkpoint?)"
-                )
-            fmt, params, velocity = f["format"], f["params"], f["velocity"]
-            position = json.loads(str(f["position"]))
-    except FileNotFoundError:
-        raise ValueError(f"{where}: no such file") from None
-    except (
-        OSError,
-        EOFError,
-        zipfile.BadZipFile,
-        KeyError,
-        ValueError,
-        TypeError,
-        UnicodeDecodeError,
-        RuntimeError,
-    ) as exc:
-        # truncated, bit-flipped (a CRC error), empty, not a zip, a damaged member, bad JSON
-        raise ValueError(f"{where} cannot be read: {type(exc).__name__}: {exc}") from None
-    if fmt.shape != () or int(fmt) != CHECKPOINT_FORMAT:
+        position = json.loads(str(text[()]))
+    except ValueError as exc:
+        raise ValueError(f"{where} cannot be read: its position is not JSON ({exc})") from None
+    if fmt.shape != () or fmt.dtype.kind not in "iu" or int(fmt) != CHECKPOINT_FORMAT:
         raise ValueError(
             f"{where} has format {fmt!r}, this dptrain reads format {CHECKPOINT_FORMAT}"
         )
     cfg = job.config
-    dtype = storage_dtype(cfg.dtype)
     for name, arr in (("params", params), ("velocity", velocity)):
-        if arr.shape != (n_params,) or arr.dtype != dtype:
-            raise ValueError(
-                f"{where}: {name} has dtype {arr.dtype} and shape {arr.shape}, "
-                f"expected {dtype} and ({n_params},) for this model"
-            )
         if not np.isfinite(arr).all():
             raise ValueError(f"{where}: {name} holds non-finite values")
     if not isinstance(position, dict):
@@ -244,9 +224,10 @@ def read_checkpoint(path, job, n_params: int, n_train: int):
     for key, now in resume_keys(job).items():
         saved = position["job"].get(key, _RESUME_KEY_BEFORE.get(key))
         if saved != now:
+            other = " (on another data set)" if key in job.data else ""
             raise ValueError(
                 f"{path} was written by a run with {key}={saved!r}, but this run "
-                f"has {key}={now!r}: it cannot resume it"
+                f"has {key}={now!r}: it cannot resume it{other}"
             )
     per_epoch = steps_per_epoch(n_train, job.batch_size)
     step, epoch, batch = position["step"], position["epoch"], position["batch"]

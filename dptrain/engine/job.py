@@ -4,7 +4,7 @@ process (``Job.plan``) and handed to every worker as it is (plain values: it pic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..config import TrainConfig
 from ..sampler import steps_per_epoch
@@ -18,7 +18,8 @@ class Job:
     what depends on the number of workers, settled once (``Job.plan``): ``world``,
     ``batch_size`` (the global batch), ``lr`` (the peak learning rate), ``warmup_steps``.
     ``coupled=False``: one of the uncoupled workers that measure the contention ceiling (a
-    1-worker run on its own data: no deterministic chunks, checkpoints or resume)."""
+    1-worker run on its own data: no deterministic chunks, checkpoints or resume). ``data``:
+    the data set's identity (``checkpoint.data_identity``), among the resume keys."""
 
     config: TrainConfig
     model: dict
@@ -27,10 +28,14 @@ class Job:
     lr: float
     warmup_steps: int = 0
     coupled: bool = True
+    data: dict = field(default_factory=dict)
 
     @classmethod
-    def plan(cls, config: TrainConfig, model: dict, world: int, n_train: int) -> "Job":
-        """The job of a run of `config` on `world` workers over n_train samples."""
+    def plan(
+        cls, config: TrainConfig, model: dict, world: int, n_train: int, data: dict | None = None
+    ) -> "Job":
+        """The job of a run of `config` on `world` workers over n_train samples (of the data
+        set whose identity is `data`)."""
         batch = config.global_batch(world)
         return cls(
             config=config,
@@ -39,6 +44,7 @@ class Job:
             batch_size=batch,
             lr=config.peak_lr(world),
             warmup_steps=int(round(config.warmup_epochs * steps_per_epoch(n_train, batch))),
+            data=dict(data or {}),
         )
 
     def uncoupled(self) -> "Job":

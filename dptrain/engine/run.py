@@ -44,7 +44,7 @@ from ..comm.mpi import world as mpi_world
 from ..config import TrainConfig, options_doc
 from ..measure import timing
 from ..models import Model
-from .checkpoint import read_checkpoint
+from .checkpoint import data_identity, read_checkpoint
 from .data import announce, check_finite, data_arg, load_data
 from .job import Job
 from .loop import DATA_NAMES, INIT_PARAMS, train_worker, uncoupled_worker
@@ -194,7 +194,7 @@ def run(config: TrainConfig, *, data=None, model: Model | None = None, log=print
             f"the data set has {ds.n_train} training samples, fewer than workers={world}"
         )
     data_load_seconds = time.perf_counter() - t0
-    job = Job.plan(config, model_spec(config, ds, model), world, ds.n_train)
+    job = Job.plan(config, model_spec(config, ds, model), world, ds.n_train, data_identity(ds))
     resumed = None
     if config.resume:  # a damaged or foreign checkpoint fails here, before any worker starts
         resumed = read_checkpoint(config.resume, job, job.model["n_params"], ds.n_train)[-1]
