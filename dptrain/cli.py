@@ -83,27 +83,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a model and report where the time went",
         description="Train a model on 1..N workers. With no data present, "
         "MNIST and CIFAR-10 fall back to a clearly announced "
-        "synthetic data set. Your own data: --train-x X.npy "
-        "--train-y y.npy (memory-mapped) or --data file.npz.",
+        "synthetic data set. Your own data: --data file.npz or --data file.csv, or "
+        "--train-x X.npy --train-y y.npy (memory-mapped; or CSV files).",
     )
     add_train_arguments(t)
     d = t.add_argument_group("your own data")
     d.add_argument(
         "--data",
         default=None,
-        metavar="FILE.npz",
-        help="train on the arrays of this .npz (x_train, y_train and optionally "
-        "x_test, y_test; or X, y)",
+        metavar="FILE",
+        help="train on this file: an .npz of x_train, y_train and optionally "
+        "x_test, y_test (or X, y), or a CSV of features and labels (--label-column); "
+        "read by what it holds, not by its name",
     )
     d.add_argument(
         "--train-x",
         default=None,
-        metavar="X.npy",
-        help="training features (.npy, memory-mapped: may be larger than RAM)",
+        metavar="X",
+        help="training features: .npy (memory-mapped: may be larger than RAM) or CSV "
+        "(every column a feature)",
     )
-    d.add_argument("--train-y", default=None, metavar="Y.npy", help="training labels (.npy)")
-    d.add_argument("--test-x", default=None, metavar="X.npy", help="held-out features (.npy)")
-    d.add_argument("--test-y", default=None, metavar="Y.npy", help="held-out labels (.npy)")
+    d.add_argument(
+        "--train-y",
+        default=None,
+        metavar="Y",
+        help="training labels: .npy or CSV (one column, or --label-column)",
+    )
+    d.add_argument("--test-x", default=None, metavar="X", help="held-out features (as --train-x)")
+    d.add_argument("--test-y", default=None, metavar="Y", help="held-out labels (as --train-y)")
     d.add_argument(
         "--label-column",
         default=None,
