@@ -511,6 +511,37 @@ def run_threads(
     policy = policy or WaitPolicy.for_workers(world, backend="thread")
     layout = SegmentLayout(world)
     segment = SharedSegment(layout.nbytes)
+    threads: list[threading.Thread] = []
+    try:
+        results, error = _join_threads(
+            world,
+            target,
+            layout,
+            segment,
+            policy,
+            extras,
+            join_timeout,
+            grace,
+            watch,
+            report,
+            threads,
+        )
+    finally:
+        # every path (a result, a failure, Ctrl-C) gives the segment back, unless a stuck
+        # thread may still hold views of it (it is a daemon: the OS unmaps at exit)
+        if not any(t.is_alive() for t in threads):
+            segment.close()
+    if error is not None:
+        raise error
+    return results
+
+
+def _join_threads(
+    world, target, layout, segment, policy, extras, join_timeout, grace, watch, report, threads
+):
+    """run_threads' body: starts the threads (appended to ``threads``) and waits for them;
+    returns (results, None), or (None, the error to raise) once its views of the segment are
+    gone (a traceback through this frame would hold them, and the segment with them)."""
     mem = segment.array()
     layout.init(mem)
     comms = [ShmComm(r, layout, mem, policy, "thread") for r in range(world)]
@@ -534,16 +565,16 @@ def run_threads(
         finally:
             comms[rank].close()
 
-    threads = [
+    threads += [
         threading.Thread(target=body, args=(r,), name=f"dptrain-worker-{r}", daemon=True)
         for r in range(world)
     ]
     for t in threads:
         t.start()
-    if watch is not None:
-        watch(comms[0].progress)
     deadline = None if join_timeout is None else time.monotonic() + join_timeout
     try:
+        if watch is not None:
+            watch(comms[0].progress)
         while any(t.is_alive() for t in threads):
             if failed.is_set():
                 deadline = min(deadline or math.inf, time.monotonic() + grace)
@@ -551,15 +582,15 @@ def run_threads(
             if deadline is not None and time.monotonic() > deadline:
                 break
             next(t for t in threads if t.is_alive()).join(0.05)
-    except KeyboardInterrupt:
+    except BaseException as exc:  # Ctrl-C, or the watch callback failed: stop the workers
         layout.abort(mem, INTERRUPTED)
         for t in threads:
             t.join(grace)
-        raise
+        return None, exc.with_traceback(None)
     stuck = [r for r, t in enumerate(threads) if t.is_alive()]
     if stuck and not failures:
         layout.abort(mem, world + 1)
-        raise WorkerError(stuck[0], "did not finish in time")
+        return None, WorkerError(stuck[0], "did not finish in time")
     if failures:
         rank, cause = min(failures)
         if stuck:
@@ -568,13 +599,10 @@ def run_threads(
                 f"later (a thread cannot be stopped from outside: it leaves at its next "
                 f"collective)"
             )
-        raise WorkerError(rank, cause)
+        return None, WorkerError(rank, cause)
     if comms[0].aborted:
-        raise WorkerError(comms[0].aborted - 1, "aborted the group")
-    if not stuck:  # a stuck thread may still hold views of the segment
-        del comms, mem
-        segment.close()
-    return results
+        return None, WorkerError(comms[0].aborted - 1, "aborted the group")
+    return results, None
 
 
 def _die_with_parent(parent: int | None) -> None:

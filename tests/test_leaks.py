@@ -1,0 +1,85 @@
+"""Failure paths give back what a run holds: after many failing and interrupted fits on the
+thread and the process transport, this process holds as many file descriptors and shared
+segments (memfd mappings) as before."""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dptrain
+from dptrain.comm import WorkerError
+from dptrain.engine import loop
+from dptrain.engine.hooks import Hooks
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd and /proc/self/maps (Linux)"
+)
+
+FITS = 50
+SEGMENT = "dptrain-shared"  # the memfd's name (comm.shm.SharedSegment)
+
+
+def _held() -> tuple[int, int, int]:
+    """(open descriptors, descriptors of a shared segment, mappings of one) of this process."""
+    fds = os.listdir("/proc/self/fd")
+    segment_fds = 0
+    for fd in fds:
+        try:
+            segment_fds += SEGMENT in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed since
+            pass
+    maps = Path("/proc/self/maps").read_text().count(SEGMENT)
+    return len(fds), segment_fds, maps
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(64, 4)).astype(np.float32), rng.integers(0, 2, 64)
+
+
+class _Interrupt(Hooks):
+    """Ctrl-C during a run: rank 1 sends SIGINT to the launching process at its first step
+    (from a worker thread the signal reaches the main thread; from a worker process, its
+    parent), then gives the launcher time to stop the run before it goes on."""
+
+    def __init__(self, rank: int, launcher: int):
+        self.rank, self.launcher = rank, launcher
+
+    def step_start(self, rank, step):
+        if rank == 1 and step == 1:
+            os.kill(self.launcher, signal.SIGINT)
+            time.sleep(0.3)
+
+
+def _fit(backend: str, **options):
+    X, y = _data()
+    model = dptrain.MLP([4, 8, 2])
+    return dptrain.fit(
+        model, X, y, epochs=2, batch_size=16, workers=2, backend=backend, quiet=True, **options
+    )
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_failing_fits_release_descriptors_and_segments(backend):
+    _fit(backend)  # warm: what the first run loads for good (the extension, its threads)
+    before = _held()
+    for _ in range(FITS):
+        with pytest.raises(WorkerError, match="injected fault on rank 1"):
+            _fit(backend, fault=(1, 1, "raise"))
+    assert _held() == before
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_interrupted_fits_release_descriptors_and_segments(backend, monkeypatch):
+    _fit(backend)
+    launcher = os.getpid()
+    monkeypatch.setattr(loop, "hooks_for", lambda config, rank: _Interrupt(rank, launcher))
+    before = _held()
+    for _ in range(FITS):
+        with pytest.raises(KeyboardInterrupt):
+            _fit(backend)
+    assert _held() == before
