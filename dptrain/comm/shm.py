@@ -241,13 +241,20 @@ class ShmComm(Communicator):
         self._next = layout.arena  # the arena's bump pointer, identical on every rank
         self._world_control = layout.world_control(mem)
         self.progress = layout.progress(mem)
-        self._world = _core.ShmGroup(
-            self._world_control,
-            [layout.slot(mem, r) for r in range(self._peers)],
-            rank,
-            spin=policy.spin,
-            yield_time=policy.yield_time,
-            timeout=policy.timeout,
+        slots = [layout.slot(mem, r) for r in range(self._peers)]
+        # two handles on the world barrier: one waits with the timeout; the other with none
+        # (abort still ends it), for the waits on a peer doing the run's own work
+        # (barrier_after_work)
+        self._world, self._world_patient = (
+            _core.ShmGroup(
+                self._world_control,
+                slots,
+                rank,
+                spin=policy.spin,
+                yield_time=policy.yield_time,
+                timeout=timeout,
+            )
+            for timeout in (policy.timeout, 0.0)
         )
         self._by_id: dict[int, _Shared] = {}  # id(array) -> its allocation (arrays held there)
         self._staging: dict[tuple, tuple] = {}  # (dtype, length) -> (allocation, this rank's array)
@@ -472,7 +479,16 @@ class ShmComm(Communicator):
         return waited
 
     def barrier(self):
-        self._account("barrier", 0, waited=self._world.barrier())
+        self._account("barrier", 0, waited=self._world_barrier(self._world))
+
+    def barrier_after_work(self, worker=None):
+        group = self._world if worker == self.rank else self._world_patient
+        self._account("barrier", 0, waited=self._world_barrier(group))
+
+    def _world_barrier(self, group) -> float:
+        """A barrier of every rank on a handle of the world barrier (timed or patient);
+        returns the seconds waited."""
+        return group.barrier()
 
     def abort(self, code=1):
         self._world.abort(code)
@@ -510,41 +526,61 @@ def run_threads(
     """
     policy = policy or WaitPolicy.for_workers(world, backend="thread")
     layout = SegmentLayout(world)
-    segment = SharedSegment(layout.nbytes)
-    threads: list[threading.Thread] = []
+    holders = _Holders(SharedSegment(layout.nbytes))
     try:
         results, error = _join_threads(
             world,
             target,
             layout,
-            segment,
+            holders,
             policy,
             extras,
             join_timeout,
             grace,
             watch,
             report,
-            threads,
         )
     finally:
-        # every path (a result, a failure, Ctrl-C) gives the segment back, unless a stuck
-        # thread may still hold views of it (it is a daemon: the OS unmaps at exit)
-        if not any(t.is_alive() for t in threads):
-            segment.close()
+        holders.release()  # every path: a result, a failure, Ctrl-C
     if error is not None:
         raise error
     return results
 
 
+class _Holders:
+    """Who holds a thread run's segment: the launcher and each worker thread started. The
+    last to let go closes it, so that a thread still computing when the launcher gave up
+    (it cannot be stopped from outside) closes it as it ends."""
+
+    def __init__(self, segment: SharedSegment):
+        self.segment, self.count, self.lock = segment, 1, threading.Lock()
+        self.comms: list = []  # the workers' communicators: their views of the segment
+
+    def hold(self) -> None:
+        with self.lock:
+            self.count += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.count -= 1
+            last = self.count == 0
+        if last:
+            # the views go first: a mapping with views cannot be closed, and it holds its
+            # own descriptor of the segment until it is
+            self.comms.clear()
+            self.segment.close()
+
+
 def _join_threads(
-    world, target, layout, segment, policy, extras, join_timeout, grace, watch, report, threads
+    world, target, layout, holders, policy, extras, join_timeout, grace, watch, report
 ):
-    """run_threads' body: starts the threads (appended to ``threads``) and waits for them;
-    returns (results, None), or (None, the error to raise) once its views of the segment are
-    gone (a traceback through this frame would hold them, and the segment with them)."""
-    mem = segment.array()
+    """run_threads' body: starts the threads and waits for them; returns (results, None),
+    or (None, the error to raise) once its views of the segment are gone (a traceback
+    through this frame would hold them, and the segment with them)."""
+    mem = holders.segment.array()
     layout.init(mem)
-    comms = [ShmComm(r, layout, mem, policy, "thread") for r in range(world)]
+    comms = holders.comms
+    comms += [ShmComm(r, layout, mem, policy, "thread") for r in range(world)]
     for c in comms:
         c._extras, c._report = dict(extras or {}), report
     results = [None] * world
@@ -564,12 +600,14 @@ def _join_threads(
             failed.set()
         finally:
             comms[rank].close()
+            holders.release()
 
-    threads += [
+    threads = [
         threading.Thread(target=body, args=(r,), name=f"dptrain-worker-{r}", daemon=True)
         for r in range(world)
     ]
     for t in threads:
+        holders.hold()
         t.start()
     deadline = None if join_timeout is None else time.monotonic() + join_timeout
     try:
