@@ -309,8 +309,9 @@ class TrainConfig:
     )
     timeout: float = option(
         0.0,
-        "fail a collective that waits longer than this many seconds "
-        "(0: never); the error names the ranks that did not arrive",
+        "fail a collective that waits longer than this many seconds for a late rank "
+        "(0: never; waits for rank 0's evaluation or checkpoint and for the start-up "
+        "do not count); the error names the ranks that did not arrive",
         group="parallel",
     )
     allreduce: str = option(

@@ -51,6 +51,7 @@ import numpy as np
 
 from . import _core
 from ._files import NpzArchive, memory_bytes, npz_path, size_text, write_atomically
+from .data.arrays import as_rows, as_targets
 
 __all__ = [
     "Model",
@@ -287,20 +288,39 @@ class Model:
     def _rows(self, x):
         """x as the (B, features) rows the C core reads. A batch shaped like the input,
         (B, *input_shape) (images (B, C, H, W), as PyTorch passes them), is viewed flat, with no
-        copy; any other array of more than 2 dimensions is an error that names both shapes."""
-        if not isinstance(x, np.ndarray) or x.ndim <= 2:
-            return x
-        if tuple(x.shape[1:]) != self.input_shape:
+        copy; any other array of more than 2 dimensions is an error that names both shapes.
+        Rows of another dtype or layout (float64, integers, a list, non-contiguous) are
+        converted as fit converts them (``data.as_rows``), with a note, once per process."""
+        if isinstance(x, np.ndarray) and x.ndim > 2 and tuple(x.shape[1:]) != self.input_shape:
             raise ValueError(
                 f"x has shape {x.shape}, expected (B, {self.n_features}) rows or "
                 f"(B, {', '.join(map(str, self.input_shape))}) samples"
             )
-        if not x.flags.c_contiguous:
-            raise ValueError(
-                f"x of shape {x.shape} is not C-contiguous: pass "
-                "np.ascontiguousarray(x), once, outside the training loop"
-            )
-        return x.reshape(len(x), -1)
+        if not (isinstance(x, np.ndarray) and x.dtype == self.dtype and x.flags.c_contiguous):
+            if isinstance(x, np.ndarray) and x.ndim < 2:
+                return x  # the C core says what shape it expects
+            notes: list[str] = []
+            x = as_rows(x, self.dtype, "x", notes, per_call=True)
+            _say(notes)
+        return x.reshape(len(x), -1) if x.ndim > 2 else x
+
+    def _targets(self, y, n: int):
+        """y as the C core reads it: int64 class labels (B,), or the (B, OUT) targets of an mse
+        model in its dtype; any labels fit takes (integers of any width, whole-number floats,
+        (B,) targets) are converted as fit converts them (``data.as_targets``), with a note
+        once per process, and what fit refuses (NaN, fractions, a class beyond the outputs, a
+        wrong shape) is refused naming it."""
+        if self.loss == "mse":
+            ready, n_classes = self.dtype, None
+        else:
+            ready, n_classes = np.dtype(np.int64), 2 if self.n_outputs == 1 else self.n_outputs
+        if isinstance(y, np.ndarray) and y.dtype == ready and y.flags.c_contiguous:
+            if y.ndim == (2 if n_classes is None else 1):
+                return y  # the C core checks the rows and the classes
+        notes: list[str] = []
+        y = as_targets(y, n, self.dtype, n_classes, "y", "x", notes)
+        _say(notes)
+        return y
 
     def _grad_scale(self, x, grad_scale):
         if grad_scale is None:
@@ -320,9 +340,11 @@ class Model:
         worker holding b of a global batch of B passes 1/B so that the all-reduced sum of the
         workers' gradients is exactly the global batch's mean gradient. ``grads`` redirects the
         gradient into another buffer of the same layout (one per chunk, for a fixed-order sum).
-        y: int64 labels (B,), or for mse the (B, OUT) targets in the model's dtype.
+        y: class labels (B,), or for mse the targets (B, OUT) or (B,): int64 labels and targets
+        in the model's dtype are used as they are, others converted as fit converts them.
         """
         x = self._rows(x)
+        y = self._targets(y, len(x))
         loss, correct = self._net.loss_grad(x, y, self._grad_scale(x, grad_scale), grads)
         return loss / self._scale(), correct
 
@@ -333,6 +355,7 @@ class Model:
         exchange it while the next layers are computed). The sweep belongs to the calling
         thread until it ends."""
         x = self._rows(x)
+        y = self._targets(y, len(x))
         loss, correct = self._net.forward_loss(x, y, self._grad_scale(x, grad_scale))
         return loss / self._scale(), correct
 
@@ -370,7 +393,8 @@ class Model:
         """(mean loss, accuracy) on a data set, forward only; accuracy is None for mse."""
         if len(x) == 0:
             raise ValueError("evaluate needs at least one sample, x is empty")
-        loss_sum, correct = self._net.evaluate(self._rows(x), y)
+        x = self._rows(x)
+        loss_sum, correct = self._net.evaluate(x, self._targets(y, len(x)))
         accuracy = None if self.loss == "mse" else correct / len(x)
         return loss_sum / self._scale() / len(x), accuracy
 
@@ -432,6 +456,15 @@ class Model:
             f"{type(self).__name__}(sizes={self.sizes}, loss={self.loss!r}, "
             f"dtype={self.precision}, params={self.n_params})"
         )
+
+
+def _say(notes) -> None:
+    """Prints what a model's call did to its arguments (a conversion) on stderr, each line
+    once per process (as a run says its data's notes)."""
+    from .engine.data import announce  # the engine builds on this module
+
+    for line in notes:
+        announce(line)
 
 
 def _plain(v):

@@ -83,9 +83,10 @@ def test_collective_calls_and_bytes_follow_the_schedule(algorithm):
     b, steps = r["breakdown"], r["steps"]
     m = b["param_bytes"]
     # per step: the gradient exchange (+ the parameter server's broadcast); per epoch one
-    # stats all-reduce and one barrier; once: the parameters' broadcast from rank 0
+    # stats all-reduce and one barrier; once: the start-up barrier and the parameters'
+    # broadcast from rank 0
     per_step = 2 if algorithm == "ps" else 1
-    assert b["collective_calls"] == steps * per_step + 2 + 1
+    assert b["collective_calls"] == steps * per_step + 2 + 2
     grad = (
         bytes_sent("reduce", workers, m, 1) + bytes_sent("broadcast", workers, m, 0)
         if algorithm == "ps"

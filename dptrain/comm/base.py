@@ -160,6 +160,14 @@ class Communicator(abc.ABC):
     def barrier(self) -> None:
         """Returns when every worker has called it."""
 
+    def barrier_after_work(self, worker: int | None = None) -> None:
+        """A barrier after rank ``worker`` did the run's own work while the others waited
+        (rank 0's evaluation, its checkpoint write or read; None: every rank's start-up,
+        data and model): the others wait for it however long it takes, since it is working,
+        not late, so a timeout does not count that wait; ``worker`` itself waits with the
+        timeout (a peer late for it is named). Collective, as ``barrier``."""
+        self.barrier()  # no timeout on this transport: every barrier is one
+
     @abc.abstractmethod
     def abort(self, code: int = 1) -> None:
         """Makes every worker's current and next collective fail (one failed worker stops

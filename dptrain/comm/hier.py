@@ -250,7 +250,7 @@ class HierComm(ShmComm):
         self._by_id.clear()
         self._staging.clear()
         self._sums.clear()
-        self._world = None
+        self._world = self._world_patient = None
         self._windows.free()
         self._node.Free()
         if self._leaders != self._MPI.COMM_NULL:
@@ -445,12 +445,21 @@ class HierComm(ShmComm):
 
     @_collective
     def barrier(self):
-        waited = self._world.barrier()
+        super().barrier()
+
+    @_collective
+    def barrier_after_work(self, worker=None):
+        super().barrier_after_work(worker)
+
+    def _world_barrier(self, group) -> float:
+        # the node's ranks meet, the leaders meet in MPI (no timeout), then the node again:
+        # both node waits on the handle given (a patient one waits out the leader's MPI wait)
+        waited = group.barrier()
         if self.nodes > 1:
             if self._local == 0:
                 waited += timed_barrier(self._leaders)
-            self._world.barrier()
-        self._account("barrier", 0, waited=waited)
+            group.barrier()
+        return waited
 
     def abort(self, code=1):
         self._mpi.Abort(code)

@@ -24,9 +24,11 @@ processes die with their launcher.
 
 from __future__ import annotations
 
+import ast
 import math
 import mmap
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -241,13 +243,20 @@ class ShmComm(Communicator):
         self._next = layout.arena  # the arena's bump pointer, identical on every rank
         self._world_control = layout.world_control(mem)
         self.progress = layout.progress(mem)
-        self._world = _core.ShmGroup(
-            self._world_control,
-            [layout.slot(mem, r) for r in range(self._peers)],
-            rank,
-            spin=policy.spin,
-            yield_time=policy.yield_time,
-            timeout=policy.timeout,
+        slots = [layout.slot(mem, r) for r in range(self._peers)]
+        # two handles on the world barrier: one waits with the timeout; the other with none
+        # (abort still ends it), for the waits on a peer doing the run's own work
+        # (barrier_after_work)
+        self._world, self._world_patient = (
+            _core.ShmGroup(
+                self._world_control,
+                slots,
+                rank,
+                spin=policy.spin,
+                yield_time=policy.yield_time,
+                timeout=timeout,
+            )
+            for timeout in (policy.timeout, 0.0)
         )
         self._by_id: dict[int, _Shared] = {}  # id(array) -> its allocation (arrays held there)
         self._staging: dict[tuple, tuple] = {}  # (dtype, length) -> (allocation, this rank's array)
@@ -472,7 +481,16 @@ class ShmComm(Communicator):
         return waited
 
     def barrier(self):
-        self._account("barrier", 0, waited=self._world.barrier())
+        self._account("barrier", 0, waited=self._world_barrier(self._world))
+
+    def barrier_after_work(self, worker=None):
+        group = self._world if worker == self.rank else self._world_patient
+        self._account("barrier", 0, waited=self._world_barrier(group))
+
+    def _world_barrier(self, group) -> float:
+        """A barrier of every rank on a handle of the world barrier (timed or patient);
+        returns the seconds waited."""
+        return group.barrier()
 
     def abort(self, code=1):
         self._world.abort(code)
@@ -510,10 +528,61 @@ def run_threads(
     """
     policy = policy or WaitPolicy.for_workers(world, backend="thread")
     layout = SegmentLayout(world)
-    segment = SharedSegment(layout.nbytes)
-    mem = segment.array()
+    holders = _Holders(SharedSegment(layout.nbytes))
+    try:
+        results, error = _join_threads(
+            world,
+            target,
+            layout,
+            holders,
+            policy,
+            extras,
+            join_timeout,
+            grace,
+            watch,
+            report,
+        )
+    finally:
+        holders.release()  # every path: a result, a failure, Ctrl-C
+    if error is not None:
+        raise error
+    return results
+
+
+class _Holders:
+    """Who holds a thread run's segment: the launcher and each worker thread started. The
+    last to let go closes it, so that a thread still computing when the launcher gave up
+    (it cannot be stopped from outside) closes it as it ends."""
+
+    def __init__(self, segment: SharedSegment):
+        self.segment, self.count, self.lock = segment, 1, threading.Lock()
+        self.comms: list = []  # the workers' communicators: their views of the segment
+
+    def hold(self) -> None:
+        with self.lock:
+            self.count += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.count -= 1
+            last = self.count == 0
+        if last:
+            # the views go first: a mapping with views cannot be closed, and it holds its
+            # own descriptor of the segment until it is
+            self.comms.clear()
+            self.segment.close()
+
+
+def _join_threads(
+    world, target, layout, holders, policy, extras, join_timeout, grace, watch, report
+):
+    """run_threads' body: starts the threads and waits for them; returns (results, None),
+    or (None, the error to raise) once its views of the segment are gone (a traceback
+    through this frame would hold them, and the segment with them)."""
+    mem = holders.segment.array()
     layout.init(mem)
-    comms = [ShmComm(r, layout, mem, policy, "thread") for r in range(world)]
+    comms = holders.comms
+    comms += [ShmComm(r, layout, mem, policy, "thread") for r in range(world)]
     for c in comms:
         c._extras, c._report = dict(extras or {}), report
     results = [None] * world
@@ -533,17 +602,19 @@ def run_threads(
             failed.set()
         finally:
             comms[rank].close()
+            holders.release()
 
     threads = [
         threading.Thread(target=body, args=(r,), name=f"dptrain-worker-{r}", daemon=True)
         for r in range(world)
     ]
     for t in threads:
+        holders.hold()
         t.start()
-    if watch is not None:
-        watch(comms[0].progress)
     deadline = None if join_timeout is None else time.monotonic() + join_timeout
     try:
+        if watch is not None:
+            watch(comms[0].progress)
         while any(t.is_alive() for t in threads):
             if failed.is_set():
                 deadline = min(deadline or math.inf, time.monotonic() + grace)
@@ -551,15 +622,15 @@ def run_threads(
             if deadline is not None and time.monotonic() > deadline:
                 break
             next(t for t in threads if t.is_alive()).join(0.05)
-    except KeyboardInterrupt:
+    except BaseException as exc:  # Ctrl-C, or the watch callback failed: stop the workers
         layout.abort(mem, INTERRUPTED)
         for t in threads:
             t.join(grace)
-        raise
+        return None, exc.with_traceback(None)
     stuck = [r for r, t in enumerate(threads) if t.is_alive()]
     if stuck and not failures:
         layout.abort(mem, world + 1)
-        raise WorkerError(stuck[0], "did not finish in time")
+        return None, WorkerError(stuck[0], "did not finish in time")
     if failures:
         rank, cause = min(failures)
         if stuck:
@@ -568,13 +639,96 @@ def run_threads(
                 f"later (a thread cannot be stopped from outside: it leaves at its next "
                 f"collective)"
             )
-        raise WorkerError(rank, cause)
+        return None, WorkerError(rank, cause)
     if comms[0].aborted:
-        raise WorkerError(comms[0].aborted - 1, "aborted the group")
-    if not stuck:  # a stuck thread may still hold views of the segment
-        del comms, mem
-        segment.close()
-    return results
+        return None, WorkerError(comms[0].aborted - 1, "aborted the group")
+    return results, None
+
+
+MAIN_GUARD_FIX = (
+    "Put the call under a main guard, in the script:\n\n"
+    '    if __name__ == "__main__":\n'
+    "        ...  # the call that starts the run, indented\n"
+)
+
+
+def _main_file() -> str:
+    """The main script's path; in a worker that imports it again, the file being run as
+    __mp_main__ (its module has no __file__ before the import ends)."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    frame = sys._getframe(1)
+    while path is None and frame is not None:
+        if frame.f_globals.get("__name__") == "__mp_main__":
+            path = frame.f_code.co_filename
+        frame = frame.f_back
+    return path or "the main module"
+
+
+def check_main_guard(method: str) -> None:
+    """Refuses, before any worker starts, a run started at the top level of the main script,
+    with no ``if __name__ == "__main__":`` around it, under a start method that imports that
+    script again in every worker ('spawn', 'forkserver'; the default on macOS and, from
+    Python 3.14, on Linux): each worker would run the script's call again. Under any start
+    method it refuses the call made in such a worker, while it imports the script."""
+    import multiprocessing as mp
+
+    if getattr(mp.process.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            f"this is a worker process importing the main script ({_main_file()}) again, "
+            f"which starts a run of its own. {MAIN_GUARD_FIX}"
+        )
+    if method == "fork":
+        return
+    where = _unguarded_main_call()
+    if where is not None:
+        path, line = where
+        import linecache
+
+        call = linecache.getline(path, line).strip()
+        raise RuntimeError(
+            f"{path}, line {line} ({call}) starts worker processes with the '{method}' start "
+            f"method, which imports the script again in every worker; the line runs at the "
+            f"script's top level, so every worker would start a run of its own. "
+            f"{MAIN_GUARD_FIX}"
+        )
+
+
+def _unguarded_main_call() -> tuple[str, int] | None:
+    """(file, line) of the top-level statement of the main script that this call comes from,
+    when no ``if`` holds it; None when an ``if`` does (a main guard, or a test this cannot
+    read) or when there is no script (an interactive session, python -c, a notebook)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    name = getattr(getattr(main, "__spec__", None), "name", None) or ""
+    if not path or name.endswith("__main__"):  # a package's __main__: never imported again
+        return None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
+            break
+        frame = frame.f_back
+    if frame is None or os.path.realpath(frame.f_code.co_filename) != os.path.realpath(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return None if _inside_if(tree.body, frame.f_lineno) else (path, frame.f_lineno)
+
+
+def _inside_if(statements, line: int) -> bool:
+    """Whether an ``if`` holds the statement at ``line`` of these statements (searched down
+    through the compound statements that hold it: try, with, for, while)."""
+    for stmt in statements:
+        if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
+            if isinstance(stmt, ast.If):
+                return True
+            return any(
+                _inside_if(getattr(stmt, field, None) or [], line)
+                for field in ("body", "orelse", "finalbody", "handlers")
+            )
+    return False
 
 
 def _die_with_parent(parent: int | None) -> None:
@@ -611,6 +765,7 @@ def _process_main(rank, segment, layout, policy, target, args, conn, parent, inh
     import signal
 
     _die_with_parent(parent)
+    conn.send(("started", rank, None))  # past the start method's bootstrapping (see below)
     # Ctrl-C in a terminal reaches the whole process group: the launcher alone handles it
     # (it aborts the run and stops everyone), so a worker neither dies on it half-way nor
     # prints a traceback of its own
@@ -693,6 +848,8 @@ def run_processes(
 
     policy = policy or WaitPolicy.for_workers(world, backend="process")
     ctx = mp.get_context(start_method)
+    method = ctx.get_start_method()
+    check_main_guard(method)
     # the process a worker's parent must be: this one, except under a fork server (whose
     # process is the parent; it exits when this one does)
     parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
@@ -739,6 +896,7 @@ def run_processes(
             procs.append(p)
             conns.append(parent_end)
         results = [None] * world
+        started: set[int] = set()  # the ranks whose worker got past its bootstrapping
         pending = {c: r for r, c in enumerate(conns)}
         sentinels = {p.sentinel: r for r, p in enumerate(procs)}
         deadline = None
@@ -756,7 +914,10 @@ def run_processes(
                             status, rank, payload = obj.recv()
                         except EOFError:
                             status, rank, payload = "died", r, None
-                        if status == "report":  # more to come from this worker
+                        if status == "started":  # more to come from this worker
+                            pending[obj] = r
+                            started.add(rank)
+                        elif status == "report":  # more to come from this worker
                             pending[obj] = r
                             if report is not None:
                                 report(payload)
@@ -766,13 +927,13 @@ def run_processes(
                             failure = (rank, payload)
                         elif status == "died" and failure is None:
                             procs[rank].join(0.1)
-                            failure = (rank, _exit_cause(procs[rank]))
+                            failure = (rank, _exit_cause(procs[rank], rank in started, method))
                     elif obj in sentinels:
                         r = sentinels.pop(obj)
                         procs[r].join(0.1)
                         if procs[r].exitcode not in (0, None) and failure is None:
                             # died before reporting (SIGKILL, segfault, os._exit)
-                            failure = (r, _exit_cause(procs[r]))
+                            failure = (r, _exit_cause(procs[r], r in started, method))
                 if failure is not None and deadline is None:
                     layout.abort(mem, failure[0] + 1)
                     deadline = time.monotonic() + grace
@@ -816,8 +977,18 @@ def _stop(procs, wait: float, grace: float) -> None:
             p.join(1.0)
 
 
-def _exit_cause(p) -> str:
+def _exit_cause(p, started: bool = True, method: str = "fork") -> str:
+    """Why a worker process ended without a word: its signal or exit code, and for one that
+    died in the start method's bootstrapping (spawn, forkserver: it imports the main script
+    again), the likeliest cause, the script running the training when imported."""
     code = p.exitcode
+    if code is not None and not started and method != "fork":
+        return (
+            f"exited with code {code} while starting, before any of dptrain's code ran in it: "
+            f"the '{method}' start method imports the main script ({_main_file()}) again in "
+            f"every worker, and an error there (shown above) ends it; a script that starts "
+            f"the run at its top level starts it again in every worker. {MAIN_GUARD_FIX}"
+        )
     if code is None:
         return "stopped responding"
     if code < 0:

@@ -460,6 +460,27 @@ def _build(
     )
 
 
+def as_rows(X, dtype, what: str = "X", notes: list[str] | None = None, *, per_call=False):
+    """X as fit takes it (any real dtype, array-like, (n, ...) with n >= 1) as C-contiguous
+    (n, features) rows of ``dtype``: X itself when it already is, else converted once, NaN
+    and infinity refused naming the row; the conversion is said in ``notes``. per_call: the
+    note says that a model's call converts on every call (it has no data set to keep)."""
+    notes = [] if notes is None else notes
+    return _rows_of(_real_rows(X, what), _float_dtype(dtype), what, None, notes, per_call)
+
+
+def as_targets(y, n: int, dtype, n_classes, what="y", x_what="X", notes=None) -> np.ndarray:
+    """y for n rows as fit takes it: with n_classes (a classifier's), class indices 0..C-1
+    (integers of any width, bool, whole-number floats) as int64; with n_classes None
+    (regression), real targets as (n, k) of ``dtype``. Errors name ``what`` and the row."""
+    notes = [] if notes is None else notes
+    if n_classes is None:
+        return _regression_targets(y, n, _float_dtype(dtype), what, x_what, notes)
+    labels = _class_labels(y, n, what, x_what, notes)
+    _check_label_range(labels, None, n_classes, {"y": what, "y_test": what}, notes)
+    return labels
+
+
 def _real_rows(a, what: str) -> np.ndarray:
     """a as an ndarray of real numbers with n >= 1 rows of >= 1 value (an np.memmap stays one)."""
     arr = _real_array(a, what, "expected real numbers (bool, integers or floats)")
@@ -525,7 +546,9 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def _rows_of(X: np.ndarray, dt: np.dtype, what: str, tmp_dir, notes: list[str]) -> np.ndarray:
+def _rows_of(
+    X: np.ndarray, dt: np.dtype, what: str, tmp_dir, notes: list[str], per_call: bool = False
+) -> np.ndarray:
     """X (n, ...) as a C-contiguous (n, features) array of dt, checked for NaN and infinity.
 
     A view when X already is one; else converted once: into memory, or into a temporary
@@ -543,11 +566,16 @@ def _rows_of(X: np.ndarray, dt: np.dtype, what: str, tmp_dir, notes: list[str]) 
         if X.dtype != dt
         else "copied once into C order (rows contiguous)"
     )
-    if isinstance(X, np.memmap):
+    if per_call:  # a model's call: in memory, said without a size (the batches differ)
+        change = (
+            f"{change.replace(' once', '')} on every call (the model's dtype is {dt}: pass "
+            f"{dt} rows in C order to skip the copy)"
+        )
+    elif isinstance(X, np.memmap):
         return _convert_to_file(X, dt, what, change, tmp_dir, notes)
     out = aligned_empty((n, d), dt)
     _copy_rows(X, out, what)
-    notes.append(f"{what}: {change} ({_size(out.nbytes)} in memory)")
+    notes.append(f"{what}: {change}" + ("" if per_call else f" ({_size(out.nbytes)} in memory)"))
     return out
 
 

@@ -64,7 +64,7 @@ def uncoupled_worker(comm, job: Job) -> dict:
     all run at the same moment), a 1-worker run on this rank's 1/N of the training set.
     Evaluation uses one test row: it is outside the timed loop and only has to exist."""
     x, y, x_test, y_test = (comm.extra(name) for name in DATA_NAMES)
-    comm.barrier()
+    comm.barrier_after_work(None)  # every worker's start-up is work, not lateness
     lo, hi = shard(0, len(x), comm.rank, comm.size)
     out = run_worker(LocalComm(), job.uncoupled(), x[lo:hi], y[lo:hi], x_test[:1], y_test[:1])
     return {"train_seconds": out["train_seconds"]}
@@ -104,12 +104,15 @@ def run_worker(
             net.params[:] = init_params
         else:
             net.reset_parameters()  # the seeded init, into the exchanged buffer
-    if job.resume:
+    if job.resume and rank != 0:
         # every rank reads the position (the file is visible to all: one machine, or a shared
         # file system under MPI); parameters and momentum come from rank 0
-        if rank != 0:
-            state.update(load_checkpoint(job.resume, job, None, n))
-            state.update(loss_sum=0.0, correct=0)  # the epoch's sums so far count once, on 0
+        state.update(load_checkpoint(job.resume, job, None, n))
+        state.update(loss_sum=0.0, correct=0)  # the epoch's sums so far count once, on 0
+    # every rank's start-up (its data mapped, its model built, a checkpoint read) is work,
+    # not lateness: --timeout counts none of it
+    comm.barrier_after_work(None)
+    if job.resume:
         comm.broadcast_(net.velocity, root=0)
         load_optimizer_state(job.resume, opt, state["step"])  # Adam's own moments, every rank
     comm.broadcast_(net.params, root=0)
@@ -139,7 +142,8 @@ def run_worker(
         rows.order = epoch_order(n, epoch, cfg.seed, cfg.shuffle)
         first_batch = state["batch"] if epoch == state["epoch"] else 0
         loss_sum, correct = (state["loss_sum"], state["correct"]) if first_batch else (0.0, 0)
-        comm.barrier()  # every worker starts the epoch together
+        # every worker starts the epoch together, after rank 0's evaluation of the last one
+        comm.barrier_after_work(0)
         e0 = now()
         for b in range(first_batch, len(bounds)):
             hooks.step_start(rank, step)
@@ -174,6 +178,7 @@ def run_worker(
                         train_seconds=train_seconds + now() - e0,
                         eval_seconds=eval_seconds,
                     )
+                comm.barrier_after_work(0)  # the next exchange does not wait out the write
         stats[0], stats[1] = loss_sum, correct
         comm.allreduce_sum_(stats)  # also the barrier that ends the epoch's timing
         e1 = now()

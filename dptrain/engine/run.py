@@ -33,6 +33,7 @@ data loading and the per-epoch evaluation (on rank 0) are reported separately an
 from __future__ import annotations
 
 import inspect
+import multiprocessing
 import os
 import tempfile
 import time
@@ -41,6 +42,7 @@ from pathlib import Path
 
 from ..comm import launch, oversubscription_warning, resolve_backend
 from ..comm.mpi import world as mpi_world
+from ..comm.shm import check_main_guard
 from ..config import TrainConfig, options_doc
 from ..measure import timing
 from ..models import Model
@@ -172,6 +174,8 @@ def run(config: TrainConfig, *, data=None, model: Model | None = None, log=print
                 f"dptrain train ..."
             )
     config.check_world(world, backend)
+    if backend == "process":  # before the header: a script that lacks its main guard
+        check_main_guard(multiprocessing.get_context(config.start_method).get_start_method())
     if config.resume and not Path(config.resume).is_file():
         raise ValueError(f"resume: no checkpoint file at {config.resume}")
     if rank == 0:
