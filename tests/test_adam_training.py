@@ -165,7 +165,10 @@ def test_a_checkpoint_with_a_damaged_second_moment_is_refused(train_small, tmp_p
     with np.load(ckpt) as f:
         arrays = {k: f[k] for k in f.files}
     for bad, fragment in (
-        (arrays["optimizer_exp_avg_sq"][:-1], r"optimizer_exp_avg_sq has dtype float32 and shape .*expected"),
+        (
+            arrays["optimizer_exp_avg_sq"][:-1],
+            r"optimizer_exp_avg_sq has dtype float32 and shape .*expected",
+        ),
         (np.full_like(arrays["optimizer_exp_avg_sq"], np.nan), "holds non-finite values"),
     ):
         np.savez(ckpt, **{**arrays, "optimizer_exp_avg_sq": bad})
