@@ -36,7 +36,9 @@ def adam_step(
         bias2_sqrt = (1 - beta2 ** step) ** 0.5
         vmax = maximum(vmax, v); v' = vmax  with amsgrad, else v' = v
         p = p - step_size * (m / (sqrt(v') / bias2_sqrt + eps))
-    The scalars are rounded once to the buffers' dtype. max_exp_avg_sq may be None without
+    The scalars are rounded once to the buffers' dtype. (PyTorch writes the first moment as
+    exp_avg.lerp_(grad, 1 - beta1), m + (1 - beta1) (g - m): the same value, rounded in
+    another order.) max_exp_avg_sq may be None without
     amsgrad (it is then neither read nor written). grads are not modified.
     """
     dt = _common_float_dtype(
