@@ -238,7 +238,11 @@ class TrainConfig:
     )
     momentum: float = option(0.9, "SGD momentum, in [0, 1)", group="optimization")
     dampening: float = option(0.0, "SGD dampening, in [0, 1]", group="optimization")
-    weight_decay: float = option(0.0, "L2 weight decay", group="optimization")
+    weight_decay: float = option(
+        0.0,
+        "weight decay: an L2 term in the gradient (sgd, adam), or decoupled (adamw)",
+        group="optimization",
+    )
     nesterov: bool = option(False, "Nesterov momentum", group="optimization")
     optimizer: str = option(
         "sgd",
@@ -546,7 +550,6 @@ class TrainConfig:
             if value is not None:
                 set_(name, str(value))
 
-    # ---- construction
     def _check_optimizer(self, set_) -> None:
         """The optimizer's options: its own checks, and the other optimizers' options left at
         their defaults (an SGD momentum given to Adam would otherwise be silently ignored)."""
@@ -583,6 +586,7 @@ class TrainConfig:
                     )
                 )
 
+    # ---- construction
     @classmethod
     def from_kwargs(cls, **kwargs) -> "TrainConfig":
         """A validated config from keyword arguments; an unknown name is a TypeError that
