@@ -56,6 +56,9 @@ def adam_step(
         if max_exp_avg_sq is None:
             raise ValueError("max_exp_avg_sq is None, but amsgrad=True needs it")
         _check_shape("max_exp_avg_sq", max_exp_avg_sq, params.shape)
+    # the derived scalars in Python floats, as PyTorch's (a NumPy float32 lr would make
+    # 1 - lr * weight_decay a float32 under NumPy 2's promotion rules)
+    lr, beta1, beta2, eps, weight_decay = map(float, (lr, beta1, beta2, eps, weight_decay))
     T = dt.type
     g = grads
     if weight_decay != 0:
