@@ -69,7 +69,7 @@ def save_checkpoint(
     """Writes everything a run needs to continue bitwise where it stopped (.npz, no pickle):
     parameters, momentum, the position (epoch, batch, step: the sampler's order and the
     learning-rate schedule are functions of these and the seed) and the epoch so far; and
-    the optimizer's own state arrays (Adam's second moment) as OPTIMIZER_ARRAY + name.
+    the optimizer's state (Adam's second moment, the step count) as OPTIMIZER_ARRAY + name.
 
     Atomic and durable: written to a temporary beside it, flushed to disk (file, then the
     directory after the rename), then renamed over the old one, so a crash or a kill at any
@@ -112,17 +112,20 @@ OPTIMIZER_ARRAY = "optimizer_"  # the prefix of the optimizer's arrays in a chec
 
 
 def _optimizer_arrays(optimizer) -> dict:
-    """The optimizer's state_dict arrays (its steps are the position's step), by .npz name."""
+    """The optimizer's state_dict (its arrays, and its step count: a run that continued an
+    earlier one's optimizer counts on from there), by .npz name."""
     if optimizer is None:
         return {}
     state = optimizer.state_dict()
-    return {OPTIMIZER_ARRAY + k: v for k, v in state.items() if k != "steps"}
+    state["steps"] = np.int64(state["steps"])
+    return {OPTIMIZER_ARRAY + k: v for k, v in state.items()}
 
 
 def load_optimizer_state(path, optimizer, step: int) -> None:
     """The optimizer's state from a checkpoint that read_checkpoint accepted for this run (its
-    arrays, named OPTIMIZER_ARRAY + name; its step count, the position's step); a checkpoint
-    whose arrays this optimizer cannot take is a ValueError naming the file."""
+    arrays and step count, named OPTIMIZER_ARRAY + name; a checkpoint without the count was
+    written at the position's step); a checkpoint whose arrays this optimizer cannot take is
+    a ValueError naming the file."""
     where = f"checkpoint {path}"
     try:
         with np.load(path, allow_pickle=False) as f:
@@ -131,11 +134,16 @@ def load_optimizer_state(path, optimizer, step: int) -> None:
             }
     except (OSError, EOFError, ValueError, KeyError, RuntimeError) as exc:
         raise ValueError(f"{where} cannot be read: {type(exc).__name__}: {exc}") from None
+    steps = state.pop("steps", np.int64(step))
+    if steps.shape != () or steps.dtype.kind not in "iu" or not step <= steps:
+        raise ValueError(
+            f"{where}: the optimizer's step count {steps.item()!r} is impossible at step {step}"
+        )
     for name, arr in state.items():
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise ValueError(f"{where}: optimizer array {name} holds non-finite values")
     try:
-        optimizer.load_state_dict({"steps": step, **state})
+        optimizer.load_state_dict({"steps": int(steps), **state})
     except ValueError as exc:
         raise ValueError(f"{where}: its optimizer state does not fit this run: {exc}") from None
 
