@@ -10,6 +10,11 @@ foreach=True and fused=True named. Every function runs once per call, all interl
 order reversed every other repeat), after warm-up calls; the figure is the median repeat's
 microseconds per update, with the spread (max - min) / median of the repeats.
 
+Before timing, both sides must compute the same thing: the MNIST MLP trained AGREE_STEPS
+steps by our Adam / AdamW and by torch.optim's, from the same weights on the same batches
+(MNIST-shaped synthetic data, batch 128), gives the same training loss at every step within
+1e-4 relative (issue 33's); the largest difference is printed.
+
 Issue 33's target: our Adam update <= 1.2x our SGD update's time (the "adam / sgd" line).
 The arithmetic of the memory traffic behind it is in bench/README.md. A second table times
 ours alone on flat buffers of IN_CACHE parameters (each buffer 64 KiB: all of them stay in
@@ -29,10 +34,12 @@ import numpy as np  # noqa: E402
 
 import dptrain  # noqa: E402
 from dptrain.config import TrainConfig  # noqa: E402
+from dptrain.data import synthetic_classification  # noqa: E402
 
 MNIST_IN, MNIST_CLASSES = 784, 10
 LR = 1e-3
 IN_CACHE = 16384
+AGREE_STEPS, AGREE_BATCH, AGREE_RTOL = 200, 128, 1e-4
 OURS = {
     "dptrain SGD (momentum 0.9)": lambda m: dptrain.SGD(m, LR, momentum=0.9),
     "dptrain Adam": lambda m: dptrain.Adam(m, LR),
@@ -132,6 +139,41 @@ def theirs(torch, model) -> dict:
     return fns
 
 
+def agreement(torch, name: str, steps: int) -> float:
+    """The largest relative difference of the training loss, over `steps` steps of the MNIST
+    MLP trained by dptrain's optimizer `name` and by torch.optim's (same weights, batches,
+    hyper-parameters); AssertionError past AGREE_RTOL."""
+    model = mnist_mlp(1)
+    layers = []
+    for i, (w, b) in enumerate(model.layers()):
+        lin = torch.nn.Linear(w.shape[1], w.shape[0])
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(np.array(w)))
+            lin.bias.copy_(torch.from_numpy(np.array(b)))
+        layers += [torch.nn.ReLU(), lin] if i else [lin]
+    net = torch.nn.Sequential(*layers)
+    ours = getattr(dptrain, name)(model, LR)
+    theirs = getattr(torch.optim, name)(net.parameters(), lr=LR)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    ds = synthetic_classification(steps * AGREE_BATCH, seed=0, n_test=1, dtype=np.float32)
+    worst = 0.0
+    for s in range(steps):
+        x = ds.x_train[s * AGREE_BATCH : (s + 1) * AGREE_BATCH]
+        y = ds.y_train[s * AGREE_BATCH : (s + 1) * AGREE_BATCH]
+        model.zero_grad()
+        loss_sum, _ = model.loss_grad(x, y)
+        ours.step()
+        theirs.zero_grad()
+        loss = loss_fn(net(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        theirs.step()
+        mine, ref = loss_sum / len(y), loss.item()
+        worst = max(worst, abs(mine - ref) / abs(ref))
+        if not worst <= AGREE_RTOL:
+            raise AssertionError(f"{name} step {s + 1}: loss {mine} (dptrain), {ref} (torch)")
+    return worst
+
+
 def main() -> None:
     def options(p):
         p.add_argument("--threads", type=int, default=1, help="threads of each side (default 1)")
@@ -142,6 +184,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     env = _util.environment(**_util.torch_info(torch))
     _util.print_environment(env)
+    steps = 20 if args.quick else AGREE_STEPS
+    agree = {name: agreement(torch, name, steps) for name in ("Adam", "AdamW")}
+    print(
+        f"# the same training loss as torch.optim over {steps} steps of the MNIST MLP "
+        f"(batch {AGREE_BATCH}, lr {LR}): largest relative difference "
+        + ", ".join(f"{k} {v:.1e}" for k, v in agree.items())
+        + f" (<= {AGREE_RTOL:g})"
+    )
     fns = ours(lambda: mnist_mlp(args.threads))
     n_params = mnist_mlp(1).n_params
     fns.update(theirs(torch, mnist_mlp(1)))
@@ -171,7 +221,13 @@ def main() -> None:
         args.json,
         "bench_adam",
         env,
-        {"n_params": n_params, "threads": args.threads, "repeats": repeats, "in_cache": IN_CACHE},
+        {
+            "n_params": n_params,
+            "threads": args.threads,
+            "repeats": repeats,
+            "in_cache": IN_CACHE,
+            "loss_agreement": {"steps": steps, **agree},
+        },
         rows + [dict(r, params=IN_CACHE) for r in small_rows],
     )
 
