@@ -238,9 +238,10 @@ class TrainConfig:
     )
     momentum: float = option(0.9, "SGD momentum, in [0, 1)", group="optimization")
     dampening: float = option(0.0, "SGD dampening, in [0, 1]", group="optimization")
-    weight_decay: float = option(
-        0.0,
-        "weight decay: an L2 term in the gradient (sgd, adam), or decoupled (adamw)",
+    weight_decay: float | None = option(
+        None,
+        "weight decay: an L2 term in the gradient (sgd, adam), or decoupled (adamw); default "
+        "0, and 0.01 with adamw (PyTorch's defaults)",
         group="optimization",
     )
     nesterov: bool = option(False, "Nesterov momentum", group="optimization")
@@ -560,6 +561,8 @@ class TrainConfig:
         sgd = self.optimizer == "sgd"
         if self.lr is None:
             set_("lr", 0.1 if sgd else 1e-3)  # the usual starting rates (PyTorch's for Adam)
+        if self.weight_decay is None:
+            set_("weight_decay", 1e-2 if self.optimizer == "adamw" else 0.0)  # PyTorch's
         SGD.check(
             lr=self.lr,
             momentum=self.momentum,

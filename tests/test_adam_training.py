@@ -22,11 +22,15 @@ def adam_one(train_small):
 
 
 # ---------------------------------------------------------------- the options
-def test_the_default_is_still_sgd_with_its_learning_rate():
+def test_the_default_is_still_sgd_and_the_defaults_are_pytorchs():
     c = TrainConfig()
     assert (c.optimizer, c.lr, c.betas, c.eps) == ("sgd", 0.1, (0.9, 0.999), 1e-8)
     assert TrainConfig(optimizer="adam").lr == 1e-3  # PyTorch's default for Adam
     assert TrainConfig(optimizer="adamw", lr=0.5).lr == 0.5
+    # PyTorch's AdamW decays by default, its Adam and SGD do not
+    assert TrainConfig().weight_decay == TrainConfig(optimizer="adam").weight_decay == 0.0
+    assert TrainConfig(optimizer="adamw").weight_decay == 1e-2
+    assert TrainConfig(optimizer="adamw", weight_decay=0).weight_decay == 0.0
     assert TrainConfig(optimizer="adam", betas=[0.8, 0.99]).betas == (0.8, 0.99)
 
 
