@@ -74,9 +74,9 @@ def run_worker(
     """The training loop of one worker (see the module docstring). init_params: the starting
     parameters (a model the user built), else the model's seeded initialization; the
     optimizer continues a previous run's state where the launcher gave one (INIT_OPTIMIZER
-    extras: fit's optimizer_state). Rank 0
-    reports each epoch's record (``comm.report``: the launcher prints it) and returns the
-    history and the final parameters. (The launcher closes the communicator after.)"""
+    extras: fit's optimizer_state). Rank 0 reports each epoch's record (``comm.report``: the
+    launcher prints it) and returns the history, the final parameters and the optimizer's
+    state. (The launcher closes the communicator after.)"""
     cfg = job.config
     hooks = hooks or hooks_for(cfg, comm.rank)
     rank = comm.rank
