@@ -22,13 +22,13 @@
 /* The step's scalars in the buffers' dtype, computed in double from the hyper-parameters and
  * the step number by dp_adam_prepare_* as PyTorch computes them in Python floats, then rounded
  * once (PyTorch hands its kernels Python floats, which they round to the tensor's dtype):
- *   step_size = lr / (1 - beta1^t), bias2_sqrt = (1 - beta2^t)^0.5,
+ *   step_size = lr / (1 - beta1^t), inv_bias2_sqrt = 1 / (1 - beta2^t)^0.5,
  *   one_minus_beta1 = 1 - beta1, one_minus_beta2 = 1 - beta2,
  *   weight_decay: Adam's L2 term (g += weight_decay p), 0 for AdamW or none,
  *   decay: AdamW's decoupled factor 1 - lr weight_decay on p, 1 for Adam or none. */
-#define DP_ADAM_HYPER_FIELDS(T)                                                                 \
-    T step_size, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, bias2_sqrt, weight_decay, \
-        decay;
+#define DP_ADAM_HYPER_FIELDS(T)                                                       \
+    T step_size, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, inv_bias2_sqrt, \
+        weight_decay, decay;
 typedef struct {
     DP_ADAM_HYPER_FIELDS(float)
 } dp_adam_hyper_f32;
@@ -44,7 +44,10 @@ void dp_adam_prepare_f64(dp_adam_hyper_f64 *h, double lr, double beta1, double b
 
 /* p, m, v, vmax, g (P,): g' = g + weight_decay p (Adam) or p *= decay first (AdamW);
  * m = beta1 m + (1 - beta1) g'; v = beta2 v + (1 - beta2) g'^2; vmax = max(vmax, v) and vmax
- * replaces v below (vmax != NULL: AMSGrad); p -= step_size m / (sqrt(v) / bias2_sqrt + eps).
+ * replaces v below (vmax != NULL: AMSGrad); p -= step_size m / (sqrt(v) inv_bias2_sqrt + eps).
+ * PyTorch divides sqrt(v) by (1 - beta2^t)^0.5; the product by its reciprocal rounds up to an
+ * ulp otherwise and leaves one division per element, not two: on buffers in cache the
+ * division and the square root set the step's time (bench/README.md, "Adam").
  * weight_decay == 0 adds no term and decay == 1 multiplies by nothing (an infinite p stays,
  * as in PyTorch, which skips both when its weight_decay is 0). */
 #define DP_ADAM_VEC(X, T, S)                               \

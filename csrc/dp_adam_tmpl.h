@@ -7,22 +7,22 @@
 
 /* One element's update; `amsgrad` is a constant 0 or 1, so that each of the kernel's loops
  * below is a straight line the compiler vectorizes. */
-#define ADAM_ELEMENT(i, amsgrad)                                      \
-    do {                                                              \
-        T pi = p[i];                                                  \
-        if (decoupled) pi *= decay;                                   \
-        T gi = l2 ? g[i] + weight_decay * pi : g[i];                  \
-        T mi = beta1 * m[i] + omb1 * gi;                              \
-        T vi = beta2 * v[i] + omb2 * gi * gi;                         \
-        m[i] = mi;                                                    \
-        v[i] = vi;                                                    \
-        if (amsgrad) {                                                \
-            /* torch.maximum: NaN wins (a diverged run shows) */      \
-            T vm = vmax[i];                                           \
-            vi = (vi > vm || vi != vi) ? vi : vm;                     \
-            vmax[i] = vi;                                             \
-        }                                                             \
-        p[i] = pi - step_size * (mi / (SQRT(vi) / bias2_sqrt + eps)); \
+#define ADAM_ELEMENT(i, amsgrad)                                          \
+    do {                                                                  \
+        T pi = p[i];                                                      \
+        if (decoupled) pi *= decay;                                       \
+        T gi = l2 ? g[i] + weight_decay * pi : g[i];                      \
+        T mi = beta1 * m[i] + omb1 * gi;                                  \
+        T vi = beta2 * v[i] + omb2 * gi * gi;                             \
+        m[i] = mi;                                                        \
+        v[i] = vi;                                                        \
+        if (amsgrad) {                                                    \
+            /* torch.maximum: NaN wins (a diverged run shows) */          \
+            T vm = vmax[i];                                               \
+            vi = (vi > vm || vi != vi) ? vi : vm;                         \
+            vmax[i] = vi;                                                 \
+        }                                                                 \
+        p[i] = pi - step_size * (mi / (SQRT(vi) * inv_bias2_sqrt + eps)); \
     } while (0)
 
 void KV(dp_adam_step)(T *p, T *m, T *v, T *vmax, const T *g, ptrdiff_t n,
@@ -34,7 +34,7 @@ void KV(dp_adam_step)(T *p, T *m, T *v, T *vmax, const T *g, ptrdiff_t n,
     // decoupled are loop-invariant (the compiler unswitches them).
     const T step_size = h->step_size, beta1 = h->beta1, omb1 = h->one_minus_beta1;
     const T beta2 = h->beta2, omb2 = h->one_minus_beta2, eps = h->eps;
-    const T bias2_sqrt = h->bias2_sqrt, weight_decay = h->weight_decay, decay = h->decay;
+    const T inv_bias2_sqrt = h->inv_bias2_sqrt, weight_decay = h->weight_decay, decay = h->decay;
     const int l2 = weight_decay != 0, decoupled = decay != 1;
     if (vmax) {
         for (ptrdiff_t i = 0; i < n; i++) ADAM_ELEMENT(i, 1);
@@ -53,7 +53,7 @@ void K(dp_adam_prepare)(K(dp_adam_hyper) * h, double lr, double beta1, double be
     // torch: step_size = lr / bias_correction1; bias_correction2_sqrt = bias_correction2 ** 0.5
     // (Python's float ** is C's pow); AdamW's param.mul_(1 - lr * weight_decay)
     h->step_size = (T)(lr / (1.0 - pow(beta1, (double)t)));
-    h->bias2_sqrt = (T)pow(1.0 - pow(beta2, (double)t), 0.5);
+    h->inv_bias2_sqrt = (T)(1.0 / pow(1.0 - pow(beta2, (double)t), 0.5));
     h->beta1 = (T)beta1;
     h->one_minus_beta1 = (T)(1.0 - beta1);
     h->beta2 = (T)beta2;

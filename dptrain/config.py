@@ -246,7 +246,12 @@ class TrainConfig:
     )
     momentum: float = option(0.9, "SGD momentum, in [0, 1)", group="optimization")
     dampening: float = option(0.0, "SGD dampening, in [0, 1]", group="optimization")
-    weight_decay: float = option(0.0, "L2 weight decay", group="optimization")
+    weight_decay: float | None = option(
+        None,
+        "weight decay: an L2 term in the gradient (sgd, adam), or decoupled (adamw); default "
+        "0, and 0.01 with adamw (PyTorch's defaults)",
+        group="optimization",
+    )
     nesterov: bool = option(False, "Nesterov momentum", group="optimization")
     optimizer: str = option(
         "sgd",
@@ -602,7 +607,6 @@ class TrainConfig:
                 f"{batch}'s activations), more than this machine's {size_text(memory)}"
             )
 
-    # ---- construction
     def _check_optimizer(self, set_) -> None:
         """The optimizer's options: its own checks, and the other optimizers' options left at
         their defaults (an SGD momentum given to Adam would otherwise be silently ignored)."""
@@ -613,6 +617,8 @@ class TrainConfig:
         sgd = self.optimizer == "sgd"
         if self.lr is None:
             set_("lr", 0.1 if sgd else 1e-3)  # the usual starting rates (PyTorch's for Adam)
+        if self.weight_decay is None:
+            set_("weight_decay", 1e-2 if self.optimizer == "adamw" else 0.0)  # PyTorch's
         SGD.check(
             lr=self.lr,
             momentum=self.momentum,
@@ -639,6 +645,7 @@ class TrainConfig:
                     )
                 )
 
+    # ---- construction
     @classmethod
     def from_kwargs(cls, **kwargs) -> "TrainConfig":
         """A validated config from keyword arguments; an unknown name is a TypeError that

@@ -71,7 +71,7 @@ def _check_state(state, own: dict) -> int:
     want = {"steps", *own}
     if set(state) != want:
         raise ValueError(
-            f"state holds {sorted(state)}, expected {sorted(want)} (an other optimizer's?)"
+            f"state holds {sorted(state)}, expected {sorted(want)} (another optimizer's?)"
         )
     steps = state["steps"]
     if isinstance(steps, (bool, float)) or not isinstance(steps, numbers.Integral) or steps < 0:

@@ -22,11 +22,15 @@ def adam_one(train_small):
 
 
 # ---------------------------------------------------------------- the options
-def test_the_default_is_still_sgd_with_its_learning_rate():
+def test_the_default_is_still_sgd_and_the_defaults_are_pytorchs():
     c = TrainConfig()
     assert (c.optimizer, c.lr, c.betas, c.eps) == ("sgd", 0.1, (0.9, 0.999), 1e-8)
     assert TrainConfig(optimizer="adam").lr == 1e-3  # PyTorch's default for Adam
     assert TrainConfig(optimizer="adamw", lr=0.5).lr == 0.5
+    # PyTorch's AdamW decays by default, its Adam and SGD do not
+    assert TrainConfig().weight_decay == TrainConfig(optimizer="adam").weight_decay == 0.0
+    assert TrainConfig(optimizer="adamw").weight_decay == 1e-2
+    assert TrainConfig(optimizer="adamw", weight_decay=0).weight_decay == 0.0
     assert TrainConfig(optimizer="adam", betas=[0.8, 0.99]).betas == (0.8, 0.99)
 
 
@@ -164,14 +168,18 @@ def test_a_checkpoint_with_a_damaged_second_moment_is_refused(train_small, tmp_p
     train_small(**ADAM, checkpoint=ckpt, checkpoint_every=5, epochs=1)
     with np.load(ckpt) as f:
         arrays = {k: f[k] for k in f.files}
-    for bad, fragment in (
+    assert arrays["optimizer_steps"] == 10  # the optimizer's count: the position's here
+    for name, bad, fragment in (
         (
+            "exp_avg_sq",
             arrays["optimizer_exp_avg_sq"][:-1],
-            r"optimizer_exp_avg_sq has dtype float32 and shape .*expected",
+            r"optimizer_exp_avg_sq has dtype float32",
         ),
-        (np.full_like(arrays["optimizer_exp_avg_sq"], np.nan), "holds non-finite values"),
+        ("exp_avg_sq", np.full_like(arrays["optimizer_exp_avg_sq"], np.nan), "non-finite"),
+        ("steps", np.int64(9), "the optimizer's step count 9 is impossible at step 10"),
+        ("steps", np.float64(10), "step count 10.0 is impossible"),
     ):
-        np.savez(ckpt, **{**arrays, "optimizer_exp_avg_sq": bad})
+        np.savez(ckpt, **{**arrays, "optimizer_" + name: bad})
         with pytest.raises(ValueError, match=f"checkpoint {ckpt}.*" + fragment):
             train_small(**ADAM, resume=ckpt, epochs=1)
     del arrays["optimizer_exp_avg_sq"]
@@ -183,3 +191,66 @@ def test_a_checkpoint_with_a_damaged_second_moment_is_refused(train_small, tmp_p
 def test_small_still_trains_sgd():
     """_runs.SMALL (every other engine test's run) names no optimizer: SGD, momentum 0.9."""
     assert "optimizer" not in SMALL and TrainConfig(**SMALL).optimizer == "sgd"
+
+
+# ---------------------------------------------------------------- fit, continued
+def _blobs(n=400, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 8))
+    return X, (X[:, 0] + X[:, 1] > 0).astype(int)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+@pytest.mark.parametrize("workers,backend", [(1, "thread"), (2, "process")])
+def test_fit_continues_the_optimizer_bitwise(optimizer, workers, backend):
+    """Two fits of one epoch each, the second given the first's optimizer_state, end with
+    the bits of one fit of two epochs (constant rate, deterministic mode, no shuffle: each
+    fit's first epoch has the first epoch's order): the step count, the moments and the
+    velocity carry over."""
+    X, y = _blobs()
+    kw = dict(
+        optimizer=optimizer,
+        lr=0.01,
+        batch_size=64,
+        lr_schedule="constant",
+        shuffle=False,
+        deterministic=True,
+        quiet=True,
+        workers=workers,
+        backend=backend,
+        **({} if optimizer == "sgd" else {"weight_decay": 0.01}),
+    )
+    whole = dptrain.MLP((8, 16, 2), seed=0)
+    r = dptrain.fit(whole, X, y, epochs=2, **kw)
+    assert r.optimizer_state["steps"] == 2 * 7  # 400 samples, batches of 64
+    part = dptrain.MLP((8, 16, 2), seed=0)
+    first = dptrain.fit(part, X, y, epochs=1, **kw)
+    second = dptrain.fit(part, X, y, epochs=1, optimizer_state=first.optimizer_state, **kw)
+    assert second.optimizer_state["steps"] == 2 * 7
+    np.testing.assert_array_equal(part.params, whole.params)
+    restarted = dptrain.MLP((8, 16, 2), seed=0)
+    dptrain.fit(restarted, X, y, epochs=1, **kw)
+    dptrain.fit(restarted, X, y, epochs=1, **kw)  # a new optimizer: not the same run
+    assert not np.array_equal(restarted.params, whole.params)
+    assert "optimizer_state" not in r.to_json()
+
+
+def test_fit_refuses_an_optimizer_state_that_does_not_fit():
+    X, y = _blobs(100)
+    model = dptrain.MLP((8, 16, 2), seed=0)
+    adam = dptrain.fit(model, X, y, optimizer="adam", epochs=1, batch_size=50, quiet=True)
+    with pytest.raises(ValueError, match=r"optimizer_state does not fit optimizer='sgd'"):
+        dptrain.fit(
+            model, X, y, epochs=1, batch_size=50, quiet=True, optimizer_state=adam.optimizer_state
+        )
+    with pytest.raises(ValueError, match=r"optimizer_state does not fit optimizer='adam'.*shape"):
+        dptrain.fit(
+            dptrain.MLP((8, 4, 2)),
+            X,
+            y,
+            optimizer="adam",
+            epochs=1,
+            batch_size=50,
+            quiet=True,
+            optimizer_state=adam.optimizer_state,
+        )

@@ -33,6 +33,7 @@
 #include "dp_dense.h"
 #include "dp_loss.h"
 #include "dp_sgd.h"
+#include "dp_adam.h"
 #include "dp_math.h"
 
 #include <float.h>
@@ -305,6 +306,21 @@ static void sgd_step_t(dtype dt, void *p, void *v, const void *g, ptrdiff_t n, d
                         nesterov, first);
     else
         dp_sgd_step_f64(p, v, g, n, lr, momentum, dampening, wd, nesterov, first);
+}
+
+/* One Adam step (step number t) with the scalars dp_adam_prepare_* makes; team NULL: alone. */
+static void adam_step_t(dtype dt, dp_threads *team, void *p, void *m, void *v, void *vmax,
+                        const void *g, ptrdiff_t n, double lr, double wd, int decoupled, int t)
+{
+    if (dt == F32) {
+        dp_adam_hyper_f32 h;
+        dp_adam_prepare_f32(&h, lr, 0.9, 0.999, 1e-8, wd, decoupled, t);
+        dp_adam_step_team_f32(team, p, m, v, vmax, g, n, &h);
+    } else {
+        dp_adam_hyper_f64 h;
+        dp_adam_prepare_f64(&h, lr, 0.9, 0.999, 1e-8, wd, decoupled, t);
+        dp_adam_step_team_f64(team, p, m, v, vmax, g, n, &h);
+    }
 }
 
 static void sum_buffers_t(dtype dt, void *out, void *const *ins, int k, ptrdiff_t start,
@@ -1340,9 +1356,47 @@ static void test_sgd(dtype dt)
         }
 }
 
+/* dp_adam_step_team on `team` (of teamsize threads): the same bits as the caller alone at sizes
+ * around one part (DP_SGD_MIN_PART) and a unit (DP_SGD_UNIT), every configuration. */
+static void check_adam_team(dtype dt, dp_threads *team, int teamsize)
+{
+    const ptrdiff_t P = DP_SGD_MIN_PART, U = DP_SGD_UNIT;
+    const ptrdiff_t sz[] = {1, P - 1, 2 * P + U + 1, 3 * P + 7};
+    const size_t es = dts(dt);
+    for (int s = 0; s < 4; s++)
+        for (int cfg = 0; cfg < 8; cfg++) {
+            ptrdiff_t n = sz[s];
+            int ams = cfg & 1, decoupled = cfg >> 1 & 1;
+            double wd = cfg & 4 ? 0.05 : 0;
+            void *buf[2][4], *g = talloc(dt, n); /* [alone, team][p, m, v, vmax] */
+            tfill(dt, g, n, -1, 1);
+            for (int k = 0; k < 4; k++) {
+                buf[0][k] = talloc(dt, n);
+                buf[1][k] = talloc(dt, n);
+                tfill(dt, buf[0][k], n, k ? 0 : -1, 1);
+                memcpy(buf[1][k], buf[0][k], (size_t)n * es);
+            }
+            for (int who = 0; who < 2; who++)
+                adam_step_t(dt, who ? team : NULL, buf[who][0], buf[who][1], buf[who][2],
+                            ams ? buf[who][3] : NULL, g, n, 0.01, wd, decoupled, 5);
+            int same = 1;
+            for (int k = 0; k < 4; k++) {
+                same &= memcmp(buf[0][k], buf[1][k], (size_t)n * es) == 0;
+                free(buf[0][k]);
+                free(buf[1][k]);
+            }
+            expect(same,
+                   "dp_adam_step_team_%s threads=%d n=%td amsgrad=%d decoupled=%d "
+                   "weight_decay=%g: differs from the caller alone",
+                   dtn(dt), teamsize, n, ams, decoupled, wd);
+            free(g);
+        }
+}
+
 /* dp_sgd_step_team and dp_zero_team on teams of 2 and 3 threads: the same bits as the caller
  * alone (dp_sgd_step / memset) at sizes around one part (DP_SGD_MIN_PART) and a unit
- * (DP_SGD_UNIT), every configuration; the zero clears its n elements and nothing past them. */
+ * (DP_SGD_UNIT), every configuration; the zero clears its n elements and nothing past them.
+ * dp_adam_step_team, which splits the same way, on the same teams (check_adam_team). */
 static void test_sgd_team(dtype dt)
 {
     const ptrdiff_t P = DP_SGD_MIN_PART, U = DP_SGD_UNIT;
@@ -1405,8 +1459,76 @@ static void test_sgd_team(dtype dt)
                    teamsize, sz[s], es, bad);
             free(b);
         }
+        check_adam_team(dt, team, teamsize);
         dp_threads_destroy(team);
     }
+}
+
+/* torch.optim.Adam / AdamW, written out in double (betas 0.9, 0.999, eps 1e-8): g += wd p
+ * (Adam) or p *= 1 - lr wd (AdamW); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; with
+ * AMSGrad vmax = max(vmax, v) replaces v; p -= lr / (1 - b1^t) m / (sqrt(v) / sqrt(1 - b2^t)
+ * + eps). Three steps from zero moments; without AMSGrad vmax is NULL (a NaN-filled buffer
+ * beside it must stay so). */
+static void test_adam(dtype dt)
+{
+    static const int sz[] = {1, 7, 33, 129};
+    const double eps = deps(dt), b1 = 0.9, b2 = 0.999;
+    for (int s = 0; s < 4; s++)
+        for (int cfg = 0; cfg < 8; cfg++) {
+            int n = sz[s], ams = cfg & 1, decoupled = cfg >> 1 & 1;
+            double lr = 0.01, wd = cfg & 4 ? 0.05 : 0;
+            void *p = talloc(dt, n), *m = talloc(dt, n), *v = talloc(dt, n);
+            void *vm = talloc(dt, n), *g = talloc(dt, n);
+            double *p0 = dalloc(n), *m0 = dalloc(n), *v0 = dalloc(n), *vm0 = dalloc(n);
+            tfill(dt, p, n, -1, 1);
+            tconst(dt, m, n, 0);
+            tconst(dt, v, n, 0);
+            tconst(dt, vm, n, ams ? 0 : NAN);
+            for (int t = 1; t <= 3; t++) {
+                tfill(dt, g, n, -1, 1);
+                for (int i = 0; i < n; i++) {
+                    p0[i] = tget(dt, p, i);
+                    m0[i] = tget(dt, m, i);
+                    v0[i] = tget(dt, v, i);
+                    vm0[i] = tget(dt, vm, i);
+                }
+                adam_step_t(dt, NULL, p, m, v, ams ? vm : NULL, g, n, lr, wd, decoupled, t);
+                diff dp_ = {0}, dm = {0}, dv = {0}, dvm = {0};
+                double step_size = lr / (1 - pow(b1, t)), bias2_sqrt = sqrt(1 - pow(b2, t));
+                for (int i = 0; i < n; i++) {
+                    double pi = decoupled && wd != 0 ? p0[i] * (1 - lr * wd) : p0[i];
+                    double gi = tget(dt, g, i) + (decoupled ? 0 : wd * p0[i]);
+                    double mi = b1 * m0[i] + (1 - b1) * gi, vi = b2 * v0[i] + (1 - b2) * gi * gi;
+                    double vmi = ams ? fmax(vm0[i], vi) : vm0[i];
+                    double upd = step_size * mi / (sqrt(ams ? vmi : vi) / bias2_sqrt + 1e-8);
+                    double gmag = fabs(tget(dt, g, i)) + wd * fabs(p0[i]);
+                    diff_add(&dp_, i, tget(dt, p, i), pi - upd, 16 * eps * (fabs(pi) + fabs(upd)));
+                    diff_add(&dm, i, tget(dt, m, i), mi, 8 * eps * (fabs(m0[i]) + gmag));
+                    diff_add(&dv, i, tget(dt, v, i), vi, 8 * eps * (v0[i] + gmag * gmag));
+                    if (ams)
+                        diff_add(&dvm, i, tget(dt, vm, i), vmi, 8 * eps * (vm0[i] + gmag * gmag));
+                    else
+                        diff_add(&dvm, i, isnan(tget(dt, vm, i)) ? 0 : 1, 0, 0);
+                }
+                char what[160];
+                snprintf(what, sizeof what,
+                         "dp_adam_step_%s n=%d amsgrad=%d decoupled=%d weight_decay=%g step=%d",
+                         dtn(dt), n, ams, decoupled, wd, t);
+                expect_diff(&dp_, 0, "%s p", what);
+                expect_diff(&dm, 0, "%s m", what);
+                expect_diff(&dv, 0, "%s v", what);
+                expect_diff(&dvm, 0, "%s vmax%s", what, ams ? "" : " (must be untouched)");
+            }
+            free(p);
+            free(m);
+            free(v);
+            free(vm);
+            free(g);
+            free(p0);
+            free(m0);
+            free(v0);
+            free(vm0);
+        }
 }
 
 /* ---- losses ------------------------------------------------------------------------------ */
@@ -2694,6 +2816,7 @@ int main(void)
             if (dt == F32) test_bf16_buffers();
             test_sgd(dt);
             test_sgd_team(dt);
+            test_adam(dt);
             test_softmax_xent(dt);
             test_sigmoid_bce(dt);
             test_sigmoid_bce_dense(dt);

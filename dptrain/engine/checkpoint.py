@@ -95,7 +95,7 @@ def save_checkpoint(
     """Writes everything a run needs to continue bitwise where it stopped (.npz, no pickle):
     parameters, momentum, the position (epoch, batch, step: the sampler's order and the
     learning-rate schedule are functions of these and the seed) and the epoch so far; and
-    the optimizer's own state arrays (Adam's second moment) as OPTIMIZER_ARRAY + name.
+    the optimizer's state (Adam's second moment, the step count) as OPTIMIZER_ARRAY + name.
 
     Atomic and durable: written to a temporary beside it, flushed to disk (file, then the
     directory after the rename), then renamed over the old one, so a crash or a kill at any
@@ -129,20 +129,23 @@ OPTIMIZER_ARRAY = "optimizer_"  # the prefix of the optimizer's arrays in a chec
 
 
 def _optimizer_arrays(optimizer) -> dict:
-    """The optimizer's state_dict arrays (its steps are the position's step), by .npz name."""
+    """The optimizer's state_dict (its arrays, and its step count: a run that continued an
+    earlier one's optimizer counts on from there), by .npz name."""
     if optimizer is None:
         return {}
     state = optimizer.state_dict()
-    return {OPTIMIZER_ARRAY + k: v for k, v in state.items() if k != "steps"}
+    state["steps"] = np.int64(state["steps"])
+    return {OPTIMIZER_ARRAY + k: v for k, v in state.items()}
 
 
 def load_optimizer_state(path, optimizer, step: int) -> None:
     """The optimizer's state from a checkpoint that read_checkpoint accepted for this run (its
-    arrays, named OPTIMIZER_ARRAY + name; its step count, the position's step); a checkpoint
-    whose arrays this optimizer cannot take is a ValueError naming the file."""
+    arrays and step count, named OPTIMIZER_ARRAY + name; a checkpoint without the count was
+    written at the position's step); a checkpoint whose arrays this optimizer cannot take is
+    a ValueError naming the file."""
     where = f"checkpoint {path}"
-    # the arrays this optimizer holds, as it holds them: each is read only after its header
-    # matched (shape, dtype, size), as read_checkpoint reads the parameters
+    # the arrays this optimizer holds, as it holds them, and its step count: each is read only
+    # after its header matched (shape, dtype, size), as read_checkpoint reads the parameters
     expected = {k: v for k, v in optimizer.state_dict().items() if k != "steps"}
     with NpzArchive(path, where) as f:
         state = {
@@ -151,11 +154,17 @@ def load_optimizer_state(path, optimizer, step: int) -> None:
             )
             for name, arr in expected.items()
         }
+        counted = OPTIMIZER_ARRAY + "steps" in f.files
+        steps = f.array(OPTIMIZER_ARRAY + "steps", max_bytes=64) if counted else np.int64(step)
+    if steps.shape != () or steps.dtype.kind not in "iu" or not step <= steps:
+        raise ValueError(
+            f"{where}: the optimizer's step count {steps.item()!r} is impossible at step {step}"
+        )
     for name, arr in state.items():
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise ValueError(f"{where}: optimizer array {name} holds non-finite values")
     try:
-        optimizer.load_state_dict({"steps": step, **state})
+        optimizer.load_state_dict({"steps": int(steps), **state})
     except ValueError as exc:
         raise ValueError(f"{where}: its optimizer state does not fit this run: {exc}") from None
 

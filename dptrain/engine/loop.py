@@ -32,6 +32,9 @@ from .job import Job
 
 DATA_NAMES = ("x_train", "y_train", "x_test", "y_test")  # a run's data, as launch's extras
 INIT_PARAMS = "init_params"  # the extra holding the starting parameters of a user's model
+# the extras holding a previous run's optimizer state that fit(optimizer_state=...) continues:
+# INIT_OPTIMIZER + "steps" (one int64), + "velocity", + each of its state_dict()'s arrays
+INIT_OPTIMIZER = "init_optimizer_"
 
 
 class Plateau:
@@ -59,6 +62,17 @@ def train_worker(comm, job: Job) -> dict:
     return run_worker(comm, job, x, y, x_test, y_test, init_params=comm.extra(INIT_PARAMS, None))
 
 
+def continued_state(comm, opt) -> dict | None:
+    """The optimizer state (a state_dict, plus "velocity") that the launcher gave for this run
+    to continue (INIT_OPTIMIZER extras), or None."""
+    steps = comm.extra(INIT_OPTIMIZER + "steps", None)
+    if steps is None:
+        return None
+    names = [k for k in opt.state_dict() if k != "steps"] + ["velocity"]
+    found = {k: comm.extra(INIT_OPTIMIZER + k, None) for k in names}
+    return {"steps": int(steps[0]), **{k: a for k, a in found.items() if a is not None}}
+
+
 def uncoupled_worker(comm, job: Job) -> dict:
     """One of N workers that never talk (``Job.uncoupled``): after one start barrier (so that
     all run at the same moment), a 1-worker run on this rank's 1/N of the training set.
@@ -74,9 +88,11 @@ def run_worker(
     comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = None, init_params=None
 ) -> dict:
     """The training loop of one worker (see the module docstring). init_params: the starting
-    parameters (a model the user built), else the model's seeded initialization. Rank 0
-    reports each epoch's record (``comm.report``: the launcher prints it) and returns the
-    history and the final parameters. (The launcher closes the communicator after.)"""
+    parameters (a model the user built), else the model's seeded initialization; the
+    optimizer continues a previous run's state where the launcher gave one (INIT_OPTIMIZER
+    extras: fit's optimizer_state). Rank 0 reports each epoch's record (``comm.report``: the
+    launcher prints it) and returns the history, the final parameters and the optimizer's
+    state. (The launcher closes the communicator after.)"""
     cfg = job.config
     hooks = hooks or hooks_for(cfg, comm.rank)
     rank = comm.rank
@@ -115,8 +131,10 @@ def run_worker(
     if job.resume:
         comm.broadcast_(net.velocity, root=0)
         load_optimizer_state(job.resume, opt, state["step"])  # Adam's own moments, every rank
+    elif (continued := continued_state(comm, opt)) is not None:
+        net.velocity[:] = continued.pop("velocity")  # every rank got the same extras
+        opt.load_state_dict(continued)
     comm.broadcast_(net.params, root=0)
-    opt.steps = state["step"]
 
     bounds = batch_bounds(n, job.batch_size)
     total_steps = cfg.epochs * len(bounds)
@@ -230,5 +248,6 @@ def run_worker(
             eval_seconds=eval_seconds,
             params=net.params.copy(),
             velocity=net.velocity.copy(),
+            optimizer_state=opt.state_dict(),
         )
     return out

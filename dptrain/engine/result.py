@@ -13,6 +13,8 @@ from pathlib import Path
 from ..measure import timing
 from ..models import Model, model_from_spec
 
+NOT_IN_JSON = ("params", "step_times", "_model", "optimizer_state")  # arrays and objects
+
 
 class TrainResult(dict):
     """What a run returns: a dict (the JSON result's keys, plus ``params`` and
@@ -23,7 +25,8 @@ class TrainResult(dict):
       seconds);
     - ``breakdown``: where the time went (phases per rank, step percentiles, collectives);
     - ``step_times``: every step of every rank (``dptrain.measure.timing.StepTimes``);
-    - ``config``: the options as run; ``to_json()``.
+    - ``config``: the options as run; ``to_json()``;
+    - ``optimizer_state``: the optimizer's state_dict at the end, for ``fit`` to continue.
     """
 
     @property
@@ -51,12 +54,18 @@ class TrainResult(dict):
         """The options as run."""
         return self.get("config", {})
 
+    @property
+    def optimizer_state(self) -> dict | None:
+        """The optimizer's state at the end (its step count; Adam's second moment): what
+        ``dptrain.fit(..., optimizer_state=...)`` continues, with the model's velocity."""
+        return self.get("optimizer_state")
+
     def to_json(self, path=None) -> str:
         """The JSON result (without the parameters and the step table); written to path
         when given."""
         text = (
             json.dumps(
-                {k: v for k, v in self.items() if k not in ("params", "step_times", "_model")},
+                {k: v for k, v in self.items() if k not in NOT_IN_JSON},
                 indent=2,
             )
             + "\n"
@@ -172,6 +181,7 @@ def make_result(
     result["params"] = head["params"]  # not in the JSON: the trained parameters
     result["step_times"] = step_times  # not in the JSON: every step of every rank
     result["_model"] = net  # not in the JSON: the trained model
+    result["optimizer_state"] = head["optimizer_state"]  # not in the JSON: for fit to continue
     return result
 
 

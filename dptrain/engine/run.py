@@ -40,16 +40,19 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from ..comm import launch, oversubscription_warning, resolve_backend
 from ..comm.mpi import world as mpi_world
 from ..comm.shm import check_main_guard
 from ..config import TrainConfig, options_doc
 from ..measure import timing
 from ..models import Model
+from ..optim import make_optimizer
 from .checkpoint import data_identity, read_checkpoint
 from .data import announce, check_finite, data_arg, load_data
 from .job import Job
-from .loop import DATA_NAMES, INIT_PARAMS, train_worker, uncoupled_worker
+from .loop import DATA_NAMES, INIT_OPTIMIZER, INIT_PARAMS, train_worker, uncoupled_worker
 from .model import model_spec
 from .result import TrainResult, epoch_line, make_result
 
@@ -82,6 +85,7 @@ def fit(
     y_test=None,
     validation: float | None = None,
     log=print,
+    optimizer_state: dict | None = None,
     **options,
 ) -> TrainResult:
     """Trains ``model`` (a dptrain model object: MLP, CNN, ...) on the arrays X, y, on 1..N
@@ -89,7 +93,11 @@ def fit(
     in place and it is ``result.model``. X: any real dtype, shape (n, features) or (n, C, H,
     W), converted once to the model's dtype; y: integer class labels (or integral floats).
     X_test/y_test: a held-out set, or validation=0.1: a fraction of the data held out. The
-    options are ``dptrain.train``'s (epochs, batch_size, lr, workers, backend, ...)."""
+    options are ``dptrain.train``'s (epochs, batch_size, lr, workers, backend, optimizer,
+    ...). optimizer_state: an earlier fit's ``result.optimizer_state`` (of the same optimizer
+    and model), to continue that optimizer (its step count, Adam's moments, with the model's
+    velocity as the momentum or first moment) instead of starting a new one, as
+    torch.optim does across calls of a loop and scikit-learn's partial_fit."""
     if not isinstance(model, Model):
         raise TypeError(
             f"model must be a dptrain model (e.g. dptrain.MLP([784, 256, 10])), "
@@ -105,6 +113,7 @@ def fit(
         data=data_arg(None, X, y, X_test, y_test, validation),
         model=model,
         log=log,
+        optimizer_state=optimizer_state,
     )
 
 
@@ -155,11 +164,18 @@ the rank) when a worker fails."""
 
 
 # ---------------------------------------------------------------- the run
-def run(config: TrainConfig, *, data=None, model: Model | None = None, log=print) -> TrainResult:
+def run(
+    config: TrainConfig,
+    *,
+    data=None,
+    model: Model | None = None,
+    log=print,
+    optimizer_state: dict | None = None,
+) -> TrainResult:
     """Runs the training that ``config`` describes (see the module docstring). data: None
     (the config's named data set), a ``dptrain.data.Dataset``, or ``engine.data.data_arg``'s
     arrays; model: the user's model to train (its parameters are the start and are updated
-    in place), else the config's named model or layers."""
+    in place), else the config's named model or layers; optimizer_state: see ``fit``."""
     wall0 = time.perf_counter()
     backend, launch_note = resolve_backend(config.backend)
     rank, world = 0, config.workers
@@ -228,6 +244,8 @@ def run(config: TrainConfig, *, data=None, model: Model | None = None, log=print
     extras = dict(zip(DATA_NAMES, (ds.x_train, ds.y_train, ds.x_test, ds.y_test)))
     if model is not None:
         extras[INIT_PARAMS] = model.params
+    if optimizer_state is not None:
+        extras.update(_continued_optimizer(optimizer_state, config, job, model))
     options = dict(
         workers=world,
         backend=backend,
@@ -271,6 +289,30 @@ def run(config: TrainConfig, *, data=None, model: Model | None = None, log=print
         record["mpi_layout"] = per_rank[0]["node_members"]
         record["mpi_shm"] = record["mpi_layout"] is not None
     return make_result(job, record, ds, per_rank, steal, data_load_seconds, wall0, model, say)
+
+
+def _continued_optimizer(state, config: TrainConfig, job: Job, model) -> dict:
+    """The INIT_OPTIMIZER extras that continue ``state`` (an earlier fit's optimizer_state),
+    checked first (by loading it into a throwaway optimizer of this run's kind): a state of
+    another optimizer or model size is a ValueError naming it, before any worker starts."""
+    if model is None:
+        raise ValueError(
+            "optimizer_state continues an earlier fit of the same model: give the model"
+        )
+    if config.resume:
+        raise ValueError(
+            "optimizer_state and resume: the checkpoint holds the optimizer's state; give one"
+        )
+    try:
+        make_optimizer(model, job.lr, config).load_state_dict(state)
+    except ValueError as exc:
+        raise ValueError(
+            f"optimizer_state does not fit optimizer={config.optimizer!r}: {exc}"
+        ) from None
+    arrays = {k: np.ascontiguousarray(v) for k, v in state.items() if k != "steps"}
+    arrays["steps"] = np.array([state["steps"]], np.int64)
+    arrays["velocity"] = model.velocity
+    return {INIT_OPTIMIZER + k: v for k, v in arrays.items()}
 
 
 def _config_record(job: Job, backend: str, ds, requested: str) -> dict:

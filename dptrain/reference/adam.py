@@ -36,7 +36,9 @@ def adam_step(
         bias2_sqrt = (1 - beta2 ** step) ** 0.5
         vmax = maximum(vmax, v); v' = vmax  with amsgrad, else v' = v
         p = p - step_size * (m / (sqrt(v') / bias2_sqrt + eps))
-    The scalars are rounded once to the buffers' dtype. max_exp_avg_sq may be None without
+    The scalars are rounded once to the buffers' dtype. (PyTorch writes the first moment as
+    exp_avg.lerp_(grad, 1 - beta1), m + (1 - beta1) (g - m): the same value, rounded in
+    another order.) max_exp_avg_sq may be None without
     amsgrad (it is then neither read nor written). grads are not modified.
     """
     dt = _common_float_dtype(
@@ -54,6 +56,9 @@ def adam_step(
         if max_exp_avg_sq is None:
             raise ValueError("max_exp_avg_sq is None, but amsgrad=True needs it")
         _check_shape("max_exp_avg_sq", max_exp_avg_sq, params.shape)
+    # the derived scalars in Python floats, as PyTorch's (a NumPy float32 lr would make
+    # 1 - lr * weight_decay a float32 under NumPy 2's promotion rules)
+    lr, beta1, beta2, eps, weight_decay = map(float, (lr, beta1, beta2, eps, weight_decay))
     T = dt.type
     g = grads
     if weight_decay != 0:
