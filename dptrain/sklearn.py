@@ -30,9 +30,9 @@ diverged loss) the warning or error names the features' span and the fix (Standa
 
 Left out on purpose: scikit-learn's ``early_stopping`` on a held-out fraction (dptrain's
 ``validation`` option holds one out and reports it, but does not stop on it), sample
-weights, class weights, the "lbfgs" solver, sparse input. Each ``fit`` and ``partial_fit``
-call starts the optimizer afresh (zero moments; scikit-learn keeps them across
-``partial_fit`` calls).
+weights, class weights, the "lbfgs" solver, sparse input. As in scikit-learn, each ``fit``
+(warm-started or not) starts a new optimizer and ``partial_fit`` continues the one before
+it (Adam's moments and step count); the learning-rate schedule restarts with each call.
 
 scikit-learn is no requirement of dptrain: ``import dptrain`` does not import this module,
 which needs scikit-learn >= 1.6 (``pip install scikit-learn``).
@@ -315,6 +315,10 @@ class _Estimator(BaseEstimator):
         schedule = "constant" if partial else self.learning_rate
         backend, _ = resolve_backend(self.backend)
         tol = None if partial else self.tol  # partial_fit runs its one epoch
+        # partial_fit continues the optimizer of the fit before it (Adam's moments and step
+        # count), as scikit-learn's does; fit, warm-started or not, starts a new one
+        solver, state = getattr(self, "_optimizer", (None, None))
+        state = state if partial and not new and solver == self.solver else None
         # each run's epochs get their own sample orders: the seed moves on by the epochs done
         try:
             result = engine_fit(
@@ -322,13 +326,15 @@ class _Estimator(BaseEstimator):
                 X,
                 targets,
                 log=print,
+                optimizer_state=state,
                 **self._engine_options(len(X), epochs, schedule, seed + done, tol),
             )
         except FloatingPointError as exc:
             raise FloatingPointError(f"{type(self).__name__}: {exc}{_scale_advice(X)}") from None
-        history = result.history
+        history, state = result.history, result.optimizer_state
         if backend == "mpi":  # rank 0 holds the result: every rank gets the model
-            history = _from_rank0(model, history)
+            history, state = _from_rank0(model, history, state)
+        self._optimizer = (self.solver, state)
         if new:
             self._seed, self.model_ = seed, model
             self.n_iter_, self.loss_curve_, self.history_ = 0, [], []
@@ -436,15 +442,16 @@ def _scale_advice(X) -> str:
     )
 
 
-def _from_rank0(model, history):
-    """Under MPI only rank 0 holds the trained model and the history: broadcast them, so
-    that the estimator on every rank is fitted (once per fit, outside the training loop)."""
+def _from_rank0(model, history, optimizer_state):
+    """Under MPI only rank 0 holds the trained model, the history and the optimizer's state:
+    broadcast them, so that the estimator on every rank is fitted (once per fit, outside the
+    training loop)."""
     comm = mpi_world()
     if comm.Get_size() == 1:
-        return history
+        return history, optimizer_state
     comm.Bcast(model.params, root=0)
     comm.Bcast(model.velocity, root=0)
-    return comm.bcast(history if comm.Get_rank() == 0 else None, root=0)
+    return comm.bcast((history, optimizer_state) if comm.Get_rank() == 0 else None, root=0)
 
 
 class _Classifier(ClassifierMixin, _Estimator):

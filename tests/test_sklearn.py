@@ -19,6 +19,7 @@ sklearn = pytest.importorskip("sklearn", minversion="1.6")
 
 from sklearn.base import clone  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
@@ -373,6 +374,26 @@ def test_partial_fit_is_one_epoch_more():
     with pytest.raises(ValueError, match="expecting 4 features"):
         est.partial_fit(X[:, :3], y)
     assert est.n_iter_ == 2  # a refused call changed nothing
+
+
+@pytest.mark.parametrize("solver", ["adam", "sgd"])
+def test_partial_fit_continues_the_optimizer_as_one_fit(solver):
+    """Two partial_fit calls are one 2-epoch fit, bit for bit: the second continues Adam's
+    moments and step count (or SGD's velocity), as scikit-learn's partial_fit does."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(80, 4))
+    y = (X[:, 0] - X[:, 1] > 0).astype(int)
+    kw = dict(solver=solver, shuffle=False, batch_size=20, tol=0.0, n_iter_no_change=5)
+    whole = small(MLPClassifier, max_iter=2, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # 2 epochs do not converge
+        whole.fit(X, y)
+    parts = small(MLPClassifier, **kw)
+    parts.partial_fit(X, y, classes=[0, 1]).partial_fit(X, y)
+    np.testing.assert_array_equal(parts.model_.params, whole.model_.params)
+    # a change of solver between calls starts a new optimizer, which trains on
+    parts.set_params(solver="adamw" if solver == "adam" else "adam").partial_fit(X, y)
+    assert parts.n_iter_ == 3
 
 
 def test_warm_start_continues_and_a_plain_fit_starts_again():
