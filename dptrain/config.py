@@ -376,7 +376,11 @@ class TrainConfig:
     # ---- checkpoints
     checkpoint: str | None = option(None, "checkpoint file to write (.npz)", group="checkpoints")
     checkpoint_every: int = option(
-        0, "write the checkpoint every K steps", group="checkpoints", metavar="K"
+        0,
+        "write the checkpoint every K steps (0: at the end of every epoch, when a checkpoint "
+        "path is given)",
+        group="checkpoints",
+        metavar="K",
     )
     resume: str | None = option(
         None, "continue the run saved in this checkpoint", group="checkpoints", metavar="PATH"

@@ -268,6 +268,20 @@ def test_a_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(
     assert [h["epoch"] for h in resumed["epochs"]] == [1, 2]
 
 
+def test_a_checkpoint_path_alone_writes_one_at_every_epochs_end(train_small, tmp_path):
+    """--checkpoint without --checkpoint-every: a checkpoint at the end of each epoch (11
+    steps), so that a run killed in its second epoch resumes from the first's end."""
+    whole = train_small()
+    ckpt = tmp_path / "run.npz"
+    with pytest.raises(RuntimeError, match="injected fault"):
+        train_small(checkpoint=ckpt, fault=(0, 17, "raise"))
+    assert ckpt.is_file()
+    with np.load(ckpt) as f:
+        assert json.loads(str(f["position"]))["step"] == 11
+    resumed = train_small(resume=ckpt)
+    assert np.array_equal(resumed["params"], whole["params"])
+
+
 def test_resume_refuses_a_checkpoint_of_another_run(train_small, tmp_path):
     ckpt = tmp_path / "c.npz"
     train_small(checkpoint=ckpt, checkpoint_every=3)

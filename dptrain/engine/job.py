@@ -19,7 +19,9 @@ class Job:
     ``batch_size`` (the global batch), ``lr`` (the peak learning rate), ``warmup_steps``.
     ``coupled=False``: one of the uncoupled workers that measure the contention ceiling (a
     1-worker run on its own data: no deterministic chunks, checkpoints or resume). ``data``:
-    the data set's identity (``checkpoint.data_identity``), among the resume keys."""
+    the data set's identity (``checkpoint.data_identity``), among the resume keys.
+    ``checkpoint_steps``: steps between checkpoints (config's checkpoint_every; with a
+    checkpoint path and no interval, one epoch's steps: a checkpoint named is written)."""
 
     config: TrainConfig
     model: dict
@@ -29,6 +31,7 @@ class Job:
     warmup_steps: int = 0
     coupled: bool = True
     data: dict = field(default_factory=dict)
+    checkpoint_steps: int = 0
 
     @classmethod
     def plan(
@@ -37,14 +40,16 @@ class Job:
         """The job of a run of `config` on `world` workers over n_train samples (of the data
         set whose identity is `data`)."""
         batch = config.global_batch(world)
+        per_epoch = steps_per_epoch(n_train, batch)
         return cls(
             config=config,
             model=model,
             world=world,
             batch_size=batch,
             lr=config.peak_lr(world),
-            warmup_steps=int(round(config.warmup_epochs * steps_per_epoch(n_train, batch))),
+            warmup_steps=int(round(config.warmup_epochs * per_epoch)),
             data=dict(data or {}),
+            checkpoint_steps=config.checkpoint_every or (per_epoch if config.checkpoint else 0),
         )
 
     def uncoupled(self) -> "Job":
@@ -58,7 +63,7 @@ class Job:
 
     @property
     def checkpoint_every(self) -> int:
-        return self.config.checkpoint_every if self.coupled else 0
+        return self.checkpoint_steps if self.coupled else 0
 
     @property
     def resume(self) -> str | None:
