@@ -291,18 +291,24 @@ class Model:
         copy; any other array of more than 2 dimensions is an error that names both shapes.
         Rows of another dtype or layout (float64, integers, a list, non-contiguous) are
         converted as fit converts them (``data.as_rows``), with a note, once per process."""
-        if isinstance(x, np.ndarray) and x.ndim > 2 and tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(
-                f"x has shape {x.shape}, expected (B, {self.n_features}) rows or "
-                f"(B, {', '.join(map(str, self.input_shape))}) samples"
-            )
+        shape = x.shape if isinstance(x, np.ndarray) else _shape_of(x)
+        if shape and (len(shape) < 2 or (len(shape) > 2 and shape[1:] != self.input_shape)):
+            raise ValueError(self._rows_expected(shape))
         if not (isinstance(x, np.ndarray) and x.dtype == self.dtype and x.flags.c_contiguous):
-            if isinstance(x, np.ndarray) and x.ndim < 2:
-                return x  # the C core says what shape it expects
             notes: list[str] = []
             x = as_rows(x, self.dtype, "x", notes, per_call=True)
             _say(notes)
         return x.reshape(len(x), -1) if x.ndim > 2 else x
+
+    def _rows_expected(self, shape: tuple) -> str:
+        """What _rows says of an x of this shape (of the wrong number of dimensions)."""
+        rows = f"(B, {self.n_features}) rows"
+        if len(self.input_shape) > 1:
+            rows += f" or (B, {', '.join(map(str, self.input_shape))}) samples"
+        one = len(shape) < 2 and math.prod(shape) == self.n_features
+        return f"x has shape {shape}, expected {rows}" + (
+            "; for one sample pass x.reshape(1, -1)" if one else ""
+        )
 
     def _targets(self, y, n: int):
         """y as the C core reads it: int64 class labels (B,), or the (B, OUT) targets of an mse
@@ -1028,6 +1034,14 @@ def _read_model_file(path, model: Model | None = None) -> tuple:
         own = ("params", "velocity", "config", "format")
         others = {k: f.array(k, max_bytes=memory) for k in f.files if k not in own}
     return cfg, arrays["params"], arrays["velocity"], others
+
+
+def _shape_of(x) -> tuple:
+    """x's shape as NumPy reads it; () for what it cannot (a ragged list: as_rows says why)."""
+    try:
+        return np.shape(x)
+    except ValueError:
+        return ()
 
 
 def load_model(path, *, threads: int = 1) -> Model:

@@ -117,3 +117,20 @@ def test_matching_arrays_are_used_as_they_are(monkeypatch):
     X, y = _data()
     model = dptrain.MLP([6, 8, 3])
     model.loss_grad(X.astype(np.float32), y.astype(np.int64))
+
+
+def test_one_sample_without_its_batch_axis_says_how_to_pass_it():
+    model = dptrain.MLP([20, 8, 3], seed=0)
+    x = np.random.default_rng(0).normal(size=(5, 20))
+    for one in (x[0], x[0].astype(np.float32), list(x[0])):
+        with pytest.raises(
+            ValueError,
+            match=r"x has shape \(20,\), expected \(B, 20\) rows; for one sample pass "
+            r"x.reshape\(1, -1\)",
+        ):
+            model.predict(one)
+    with pytest.raises(ValueError, match=r"x has shape \(20,\)"):
+        model.evaluate(x[0], np.array([1]))
+    with pytest.raises(ValueError, match=r"x has shape \(5, 20, 1\), expected \(B, 20\) rows$"):
+        model.predict(x.reshape(5, 20, 1))
+    assert model.predict(x[:1]).shape == (1,)
