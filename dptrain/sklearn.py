@@ -24,9 +24,12 @@ to dptrain's TrainConfig options (``lr``, ``epochs``, ``weight_decay``, ...); th
 
 The defaults are scikit-learn's MLP ones: Adam at learning rate 0.001, stopping when the
 training loss stops improving by ``tol`` (a ConvergenceWarning when ``max_iter`` epochs ran
-first), so that models train on data as users bring it. When training goes wrong on
-unscaled data (a first epoch whose loss explodes, every row predicted as one class, a
-diverged loss) the warning or error names the features' span and the fix (StandardScaler).
+first), so that models train on data as users bring it. LogisticRegression and
+SoftmaxRegression (scikit-learn's LogisticRegression is a full-batch solver with no rate)
+take Adam at 0.01 for up to 1000 epochs: a one-layer model needs more epochs than an MLP.
+When training goes wrong on unscaled data (a first epoch whose loss explodes, every row
+predicted as one class, no better than the majority class, a diverged loss) the warning or
+error names the features' span and the fix (StandardScaler).
 
 Left out on purpose: scikit-learn's ``early_stopping`` on a held-out fraction (dptrain's
 ``validation`` option holds one out and reports it, but does not stop on it), sample
@@ -373,14 +376,26 @@ class _Estimator(BaseEstimator):
                 stacklevel=5,
             )
         if self.model_.loss != "mse":
-            predicted = np.unique(_codes(self._logits(X[:10000])))
-            if len(predicted) == 1:
-                share = np.mean(targets == predicted[0])
-                advice = _scale_advice(X) or ": try solver='adam' or a smaller learning_rate_init"
+            rows, labels = X[:10000], targets[:10000]
+            predicted = _codes(self._logits(rows))
+            majority = np.bincount(labels).argmax()
+            share = np.mean(labels == majority)
+            accuracy = np.mean(predicted == labels)
+            advice = _scale_advice(X) or ": try solver='adam' or a smaller learning_rate_init"
+            name = type(self).__name__
+            if len(np.unique(predicted)) == 1:
                 warnings.warn(
-                    f"{type(self).__name__}: training stalled: every training row is "
-                    f"predicted as class {self.classes_[predicted[0]]!r} "
-                    f"({100 * share:.0f}% of the rows){advice}",
+                    f"{name}: training stalled: every training row is predicted as class "
+                    f"{_label(self.classes_[predicted[0]])} ({100 * share:.0f}% of the rows)"
+                    f"{advice}",
+                    UserWarning,
+                    stacklevel=5,
+                )
+            elif accuracy <= share:
+                warnings.warn(
+                    f"{name}: training has not beaten the majority class: training accuracy "
+                    f"{accuracy:.3f}, where always predicting class "
+                    f"{_label(self.classes_[majority])} scores {share:.3f}{advice}",
                     UserWarning,
                     stacklevel=5,
                 )
@@ -415,6 +430,11 @@ class _Estimator(BaseEstimator):
     def _logits(self, X) -> np.ndarray:
         """The model's outputs for validated rows, as float64."""
         return self.model_.logits(X).astype(np.float64)
+
+
+def _label(label) -> str:
+    """A class label as a user wrote it: 2 or 'cat', not np.int64(2)."""
+    return repr(label.item() if isinstance(label, np.generic) else label)
 
 
 def _codes(scores) -> np.ndarray:
@@ -740,9 +760,9 @@ class _LinearClassifier(_Classifier):
         self,
         *,
         solver="adam",
-        learning_rate_init=0.001,
+        learning_rate_init=0.01,
         learning_rate="constant",
-        max_iter=100,
+        max_iter=1000,
         batch_size="auto",
         momentum=0.9,
         nesterovs_momentum=True,
