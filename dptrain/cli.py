@@ -10,7 +10,15 @@ import os
 import sys
 import warnings
 
-from .config import add_train_arguments, check_paths, config_from_args, positive_int
+from .config import (
+    add_train_arguments,
+    check_paths,
+    cli_message,
+    config_from_args,
+    fraction,
+    positive_int,
+)
+from .config import given as given_options
 from .measure.sweep import SWEEP_BACKENDS
 from .studies import STUDIES
 
@@ -127,10 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--validation",
-        type=float,
+        type=fraction,
         default=None,
         metavar="FRACTION",
-        help="hold out this fraction of the training data as the test set",
+        help="hold out this fraction of your training data (--data, --train-x) as the test "
+        "set; a named --dataset has its own test set",
     )
 
     w = sub.add_parser(
@@ -328,7 +337,7 @@ def _main(argv=None) -> int:
                 **({"hidden": args.hidden} if args.model == "mlp" else {}),
             )
         except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
-            print(f"dptrain: error: {exc}", file=sys.stderr)
+            print(f"dptrain: error: {cli_message(exc)}", file=sys.stderr)
             return 1
         return 0
     if args.command == "plot":
@@ -359,7 +368,7 @@ def _train(args) -> int:
         cfg = config_from_args(args)
         run(cfg, data=_own_data(args, cfg))
     except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
-        print(f"dptrain: error: {exc}", file=sys.stderr)
+        print(f"dptrain: error: {cli_message(exc)}", file=sys.stderr)
         return 1
     return 0
 
@@ -371,8 +380,27 @@ def _own_data(args, cfg):
     from .models import storage_dtype
 
     given = {k: getattr(args, k) for k in ("data", "train_x", "train_y", "test_x", "test_y")}
+    files = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
     if not (given["data"] or given["train_x"] or given["train_y"]):
+        # what applies to the user's files only would be silently ignored: refused
+        for option, value in (
+            ("--label-column", args.label_column),
+            ("--csv-header", None if args.csv_header == "auto" else args.csv_header),
+            ("--validation", args.validation),
+            *((name, True) for name in files),  # --test-x without --train-x
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"{option} applies to your own data (--data, or --train-x and "
+                    f"--train-y) only, but the run trains on the named data set --dataset "
+                    f"{cfg.dataset}"
+                    + (", which has its own test set" if option == "--validation" else "")
+                )
         return None
+    if "dataset" in given_options(args):
+        raise ValueError(
+            f"--dataset {cfg.dataset} and {files[0]} both name the training data: give one"
+        )
     if given["data"] and (given["train_x"] or given["train_y"]):
         raise ValueError("give either --data or --train-x/--train-y, not both")
     # no output may overwrite a data file (checked before anything is read or written)

@@ -8,7 +8,8 @@ scikit-learn estimators make one from their parameters, and the result records i
 (``as_dict``). Nothing about transports or data lives in the training loop: it reads this.
 
 Validation happens in ``__post_init__``: a bad value raises ValueError naming the option and
-the value before any data is read or worker started. What depends on the number of workers
+the value before any data is read or worker started: an ``OptionError``, whose ``option`` the
+command line names by its flag (``cli_message``). What depends on the number of workers
 (the global batch of ``batch_per_worker``, the scaled learning rate, ranks named by faults)
 is settled once per run, into its ``engine.job.Job`` (``global_batch``, ``peak_lr``,
 ``check_world``): the config itself is never rebuilt.
@@ -16,9 +17,11 @@ is settled once per run, into its ``engine.job.Job`` (``global_batch``, ``peak_l
 
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
 import os
+import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -35,11 +38,25 @@ START_METHODS = ("spawn", "fork", "forkserver")
 COMM_DTYPES = ("float32", "float64", "bfloat16")
 
 
+class OptionError(ValueError):
+    """A bad option of TrainConfig: ``option`` is its field name, and the message names it as
+    the Python API does (``threads must be ...``, ``save_weights='x': ...``), first.
+    ``cli_message`` names it as the command line's flag instead."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
 # ---- parsers of the command line's text forms (the API takes the values themselves)
 def parse_hidden(text: str) -> tuple[int, ...]:
     """'256,128' -> (256, 128)."""
+    if not text.strip():
+        return ()
+    if any(not s.strip() for s in text.split(",")):
+        raise ValueError(f"--hidden is {text!r}: a width between its commas is empty")
     try:
-        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+        sizes = tuple(int(s) for s in text.split(","))
     except ValueError:
         raise ValueError(
             f"--hidden is {text!r}, expected comma-separated widths such as 256,128"
@@ -244,7 +261,9 @@ class TrainConfig:
     scale_lr: bool = option(
         False, "multiply lr by the number of workers (linear scaling rule)", group="optimization"
     )
-    momentum: float = option(0.9, "SGD momentum, in [0, 1)", group="optimization")
+    momentum: float | None = option(
+        None, "SGD momentum, in [0, 1) (default: 0.9 with optimizer sgd)", group="optimization"
+    )
     dampening: float = option(0.0, "SGD dampening, in [0, 1]", group="optimization")
     weight_decay: float | None = option(
         None,
@@ -291,8 +310,10 @@ class TrainConfig:
         "tol for its stochastic solvers); default: run every epoch",
         group="optimization",
     )
-    n_iter_no_change: int = option(
-        10, "with tol: epochs in a row without improvement before stopping", group="optimization"
+    n_iter_no_change: int | None = option(
+        None,
+        "with tol: epochs in a row without improvement before stopping (default: 10 with tol)",
+        group="optimization",
     )
     # ---- the workers
     workers: int = option(
@@ -446,12 +467,24 @@ class TrainConfig:
     )
 
     def __post_init__(self):
+        try:
+            self._validate()
+        except OptionError:
+            raise
+        except ValueError as exc:  # about the option its message starts with: say which
+            name = re.match(r"\w*", str(exc)).group()
+            if name not in {f.name for f in fields(self)}:
+                raise
+            raise OptionError(name, str(exc)) from None
+        check_paths(self)  # its messages name both options, as both APIs spell them
+
+    def _validate(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen)
         if self.batch_size is None and self.batch_per_worker is None:
             raise ValueError(
                 "batch_size must be a positive integer, got None (None only with batch_per_worker)"
             )
-        for name in ("epochs", "threads", "workers", "upscale", "n_iter_no_change") + (
+        for name in ("epochs", "threads", "workers", "upscale") + (
             ("batch_size",) if self.batch_size is not None else ()
         ):
             set_(name, _positive_int(name, getattr(self, name)))
@@ -461,7 +494,7 @@ class TrainConfig:
             most = _core.build_info()["max_threads"]
             if self.threads > most:
                 raise ValueError(f"threads must be in [1, {most}], got {self.threads}")
-        for name in ("limit", "n_samples", "n_features", "batch_per_worker"):
+        for name in ("limit", "n_samples", "n_features", "batch_per_worker", "n_iter_no_change"):
             if getattr(self, name) is not None:
                 set_(name, _positive_int(name, getattr(self, name)))
         set_("seed", _int("seed", self.seed, minimum=0))
@@ -485,7 +518,9 @@ class TrainConfig:
         if self.upscale not in (1, 2, 4):
             raise ValueError(f"upscale is {self.upscale}, expected 1, 2 or 4")
         hidden = self.hidden if isinstance(self.hidden, (tuple, list)) else (self.hidden,)
-        set_("hidden", tuple(_positive_int("hidden size", h) for h in hidden))
+        if not all(_is_positive_int(h) for h in hidden):
+            raise ValueError(f"hidden must hold positive integer widths, got {self.hidden!r}")
+        set_("hidden", tuple(int(h) for h in hidden))
         if self.layers is not None:  # a model of the user's: it replaces the named one
             from .models import layer_specs
 
@@ -505,11 +540,21 @@ class TrainConfig:
             ):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
             set_(name, float(value))
-        self._check_optimizer(set_)
-        if self.lr <= 0:
+        if self.tol is None and self.n_iter_no_change is not None:
             raise ValueError(
-                f"lr must be a finite number > 0, got {self.lr!r}: with 0 nothing learns"
+                f"n_iter_no_change={self.n_iter_no_change} counts the epochs without an "
+                f"improvement by tol, which is not given (every epoch runs): give tol too, "
+                f"or leave it out"
             )
+        if self.tol is not None and self.n_iter_no_change is None:
+            set_("n_iter_no_change", 10)  # scikit-learn's
+        if self.start_method is not None and self.backend != "process":
+            raise ValueError(
+                f"start_method={self.start_method!r} says how the process backend starts its "
+                f"workers, but backend={self.backend!r}: give backend='process' too, or leave "
+                f"it out"
+            )
+        self._check_optimizer(set_)
         self._check_model_memory()
         if self.overlap and (self.deterministic or self.allreduce != "native"):
             raise ValueError("overlap works with allreduce='native' and without deterministic mode")
@@ -590,7 +635,6 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None:
                 set_(name, str(value))
-        check_paths(self)
 
     def _check_model_memory(self) -> None:
         """ValueError naming --hidden when the MLP's widths alone need more memory than this
@@ -606,7 +650,7 @@ class TrainConfig:
         need = itemsize * (_MODEL_BUFFERS * n_params + batch * sum(self.hidden))
         if need > memory:
             raise ValueError(
-                f"hidden={self.hidden} (--hidden) needs at least {size_text(need)} of memory "
+                f"hidden={self.hidden} needs at least {size_text(need)} of memory "
                 f"({n_params:,} parameters, times {_MODEL_BUFFERS} buffers, and a batch of "
                 f"{batch}'s activations), more than this machine's {size_text(memory)}"
             )
@@ -619,20 +663,30 @@ class TrainConfig:
                 f"optimizer is {self.optimizer!r}, expected one of {tuple(OPTIMIZERS)}"
             )
         sgd = self.optimizer == "sgd"
+        if self.momentum is None and sgd:
+            set_("momentum", 0.9)
         if self.lr is None:
             set_("lr", 0.1 if sgd else 1e-3)  # the usual starting rates (PyTorch's for Adam)
+        if (
+            isinstance(self.lr, bool)
+            or not isinstance(self.lr, numbers.Real)
+            or not (0 < self.lr < math.inf)
+        ):  # before the optimizers' checks: they allow 0, with which nothing learns
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
         if self.weight_decay is None:
             set_("weight_decay", 1e-2 if self.optimizer == "adamw" else 0.0)  # PyTorch's
         SGD.check(
             lr=self.lr,
-            momentum=self.momentum,
+            # adam's None: checked as sgd's default, so that nesterov is refused as adam's
+            momentum=0.9 if self.momentum is None else self.momentum,
             dampening=self.dampening,
             weight_decay=self.weight_decay,
             nesterov=self.nesterov,
         )
         Adam.check(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
         for name in ("lr", "momentum", "dampening", "weight_decay", "eps"):
-            set_(name, float(getattr(self, name)))
+            if getattr(self, name) is not None:
+                set_(name, float(getattr(self, name)))
         set_("betas", tuple(float(b) for b in self.betas))
         defaults = {f.name: f.default for f in fields(self)}
         others = ("betas", "eps") if sgd else ("momentum", "dampening", "nesterov")
@@ -645,7 +699,11 @@ class TrainConfig:
                         "betas and eps are adam's and adamw's"
                         if sgd
                         else f"{name} is sgd's (adam and adamw take betas and eps); "
-                        f"leave it at its default {defaults[name]!r}"
+                        + (
+                            "leave it out"
+                            if defaults[name] is None
+                            else f"leave it at its default {defaults[name]!r}"
+                        )
                     )
                 )
 
@@ -767,13 +825,18 @@ def _int(name, value, minimum=None) -> int:
     return int(value)
 
 
+def _is_positive_int(value) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, numbers.Real)
+        and math.isfinite(value)
+        and int(value) == value
+        and int(value) >= 1
+    )
+
+
 def _positive_int(name, value) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or int(value) != value
-        or int(value) < 1
-    ):
+    if not _is_positive_int(value):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
@@ -789,8 +852,6 @@ def add_train_arguments(parser, only=None, defaults=None) -> None:
     (in its metadata, with the help of what the flag does); tuples and parsed values take
     their CLI text form. only: the names of the options to add (default: every one);
     defaults: other defaults, by name (a sweep runs one epoch)."""
-    import argparse
-
     groups = {}
     for f in option_fields():
         meta = f.metadata
@@ -806,8 +867,9 @@ def add_train_arguments(parser, only=None, defaults=None) -> None:
             kw["metavar"] = meta["metavar"]
         if meta.get("nargs"):
             kw["nargs"] = meta["nargs"]
+        kw["action"] = _Given
         if isinstance(default, bool):
-            kw["action"] = "store_false" if default else "store_true"
+            kw["action"] = _GivenFalse if default else _GivenTrue
             kw["default"] = default
             kw.pop("metavar", None)
             if default:  # a --no-x flag: say what it does, and what it sets
@@ -829,7 +891,29 @@ def add_train_arguments(parser, only=None, defaults=None) -> None:
             if meta["choices"]:
                 kw["choices"] = meta["choices"]
         group.add_argument(flag, **kw)
-    del argparse
+
+
+def _given_action(base):
+    """argparse's action ``base`` that also records its option's name in the namespace's
+    ``given`` (the options the command line named, whatever their value: ``--dataset mnist``
+    is a choice, the default is not)."""
+
+    class Given(base):
+        def __call__(self, parser, namespace, values, option_string=None):
+            super().__call__(parser, namespace, values, option_string)
+            namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
+
+    return Given
+
+
+_Given = _given_action(argparse._StoreAction)
+_GivenTrue = _given_action(argparse._StoreTrueAction)
+_GivenFalse = _given_action(argparse._StoreFalseAction)
+
+
+def given(args) -> frozenset:
+    """The TrainConfig options that parsed arguments (of add_train_arguments) name."""
+    return getattr(args, "given", frozenset())
 
 
 _NONNEGATIVE_INTS = ("checkpoint_every", "mpi_nodes", "seed")
@@ -867,15 +951,16 @@ def _nonneg_float_text(text: str) -> float:
 
 
 def _pos_float_text(text: str) -> float:
-    v = _nonneg_float_text(text)
+    try:
+        v = _nonneg_float_text(text)
+    except ValueError:
+        v = 0.0  # one message for every number it refuses
     if v == 0:
         raise ValueError(f"expected a finite number > 0, got {text!r}")
     return v
 
 
 def _argparse_type(parse):
-    import argparse
-
     def convert(text):
         try:
             return parse(text)
@@ -884,6 +969,21 @@ def _argparse_type(parse):
 
     convert.__name__ = parse.__name__.replace("parse_", "")
     return convert
+
+
+def _fraction_text(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = 0.0  # one message for every text it refuses
+    if not 0 < v < 1:
+        raise ValueError(f"expected a fraction between 0 and 1 (e.g. 0.1), got {text!r}")
+    return v
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number strictly between 0 and 1 (its error names the text)."""
+    return _argparse_type(_fraction_text)(text)
 
 
 def positive_int(text: str) -> int:
@@ -903,6 +1003,41 @@ def config_from_args(args) -> TrainConfig:
             value = f.metadata["parse"](value)
         values[f.name] = value
     return TrainConfig.from_kwargs(**values)
+
+
+def flag(name: str) -> str:
+    """The command line's flag of the option ``name`` ('save_weights' -> '--save-weights')."""
+    meta = {f.name: f.metadata for f in option_fields()}[name]
+    return meta["flag"] or "--" + name.replace("_", "-")
+
+
+def cli_message(exc: Exception) -> str:
+    """An error's message as the command line says it: the options it names as the API
+    spells them (an OptionError's first word, ``name=value`` anywhere) named by their flags,
+    as the user typed them: 'threads must be ...' -> '--threads must be ...',
+    "optimizer='adam'" -> '--optimizer adam'."""
+    text = str(exc)
+    options = [f for f in option_fields() if f.metadata.get("cli", True)]
+    flags = {f.name: flag(f.name) for f in options}
+    switched = {f.name: repr(not f.default) for f in options if isinstance(f.default, bool)}
+    option = getattr(exc, "option", None)
+    if option in flags:
+        lead = re.match(rf"{option}(\[\d+\])?(?![\w=])", text)
+        if lead:  # 'betas[0] must be' -> '--betas must be': the value it shows says which
+            text = flags[option] + text[lead.end() :]
+        elif not text.startswith(option + "="):
+            text = f"{flags[option]}: {text}"
+
+    def as_typed(m):
+        value = m.group(2)
+        if switched.get(m.group(1)) == value:  # nesterov=True: the switch --nesterov
+            return flags[m.group(1)]
+        if value[0] == "'" and value[-1] == "'" and " " not in value and len(value) > 2:
+            value = value[1:-1]
+        return f"{flags[m.group(1)]} {value}"
+
+    names = "|".join(sorted(flags, key=len, reverse=True))
+    return re.sub(rf"\b({names})=('[^']*'|\([^)]*\)|[^\s,:;)]+)", as_typed, text)
 
 
 def options_doc() -> str:

@@ -287,7 +287,7 @@ class _Estimator(BaseEstimator):
             "lr": self.learning_rate_init,
             "lr_schedule": schedule,
             "tol": tol,
-            "n_iter_no_change": self.n_iter_no_change,
+            "n_iter_no_change": None if tol is None else self.n_iter_no_change,
             "weight_decay": self.alpha,
             "shuffle": bool(self.shuffle),
             "workers": self.workers,

@@ -174,6 +174,7 @@ def test_a_rank_stuck_in_compute_is_stopped_and_the_timeout_names_it():
     assert r.returncode == 1, r.stderr
     assert "worker rank 0 failed: TimeoutError" in r.stderr
     assert "rank 1 did not arrive" in r.stderr  # the culprit, named
+    assert "(at " not in r.stderr, r.stderr  # no place inside dptrain: not the user's code
     assert "rank(s) 1 still running" in r.stderr and "were terminated" in r.stderr
     assert took < 15, f"took {took:.1f} s to stop (the stuck rank sleeps 60 s)"
     assert shm_entries() == before

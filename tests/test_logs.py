@@ -89,7 +89,7 @@ def test_a_refusal_comes_before_the_header_and_any_warning(capsys, monkeypatch, 
     monkeypatch.setattr(os, "cpu_count", lambda: 1)  # --threads 2 would warn
     rc, out, err = _train(capsys, "--threads", "1000")
     assert rc == 1 and out == "", out
-    assert err == "dptrain: error: threads must be in [1, 256], got 1000\n", err
+    assert err == "dptrain: error: --threads must be in [1, 256], got 1000\n", err
     # a refusal found late (a checkpoint of another run) still comes before both
     ckpt = tmp_path / "run.npz"
     rc, out, err = _train(capsys, "--checkpoint", str(ckpt), "--checkpoint-every", "5")

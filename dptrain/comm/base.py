@@ -25,6 +25,8 @@ schedule's volume), which the training loop's step timer reads.
 from __future__ import annotations
 
 import abc
+import os
+import sysconfig
 import traceback
 
 import numpy as np
@@ -46,10 +48,34 @@ class WorkerError(RuntimeError):
 
 
 def describe(exc: BaseException) -> str:
-    """One line: the exception, its message and where it was raised."""
-    tb = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    """One line: the exception, its message and, where the user's code raised it (a layer or
+    a callback of theirs, or a library it called), where: a place inside dptrain, or inside a
+    library that dptrain called, tells the user nothing they could change."""
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        place = _place(frame.filename)
+        if place != "library":  # the innermost frame of dptrain's or of the user's code
+            if place == "user":
+                where = f" (at {frame.filename}:{frame.lineno})"
+            break
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+_DPTRAIN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LIBRARIES = tuple(
+    os.path.realpath(sysconfig.get_paths()[k]) + os.sep
+    for k in ("stdlib", "platstdlib", "purelib", "platlib")
+)
+
+
+def _place(filename: str) -> str:
+    """'dptrain', 'library' (Python's own or an installed package) or 'user'."""
+    real = os.path.realpath(filename)
+    if real.startswith(os.path.realpath(_DPTRAIN)):
+        return "dptrain"
+    if filename.startswith("<frozen") or real.startswith(_LIBRARIES):
+        return "library"
+    return "user"
 
 
 def check_flat(array, what: str = "array") -> np.ndarray:

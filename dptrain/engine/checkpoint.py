@@ -21,27 +21,27 @@ from ..sampler import steps_per_epoch
 
 
 def resume_keys(job) -> dict:
-    """What a checkpoint must agree on with the run that resumes it."""
+    """What a checkpoint must agree on with the run that resumes it, compared in this order:
+    first what a user changes on purpose (the optimizer, the data set) and whose refusal
+    should name it, not a consequence of it (another default lr, another model size)."""
     cfg = job.config
+    sgd = {"momentum": cfg.momentum, "dampening": cfg.dampening, "nesterov": cfg.nesterov}
     return {
+        "optimizer": cfg.optimizer,
+        **job.data,
         "model": job.model["kind"],
         "sizes": list(job.model["sizes"]),
         "dtype": cfg.dtype,
         "seed": cfg.seed,
         "lr": job.lr,
-        "momentum": cfg.momentum,
-        "dampening": cfg.dampening,
         "weight_decay": cfg.weight_decay,
-        "nesterov": cfg.nesterov,
         "lr_schedule": cfg.lr_schedule,
         "epochs": cfg.epochs,
         "batch_size": job.batch_size,
         "shuffle": cfg.shuffle,
         "warmup_steps": job.warmup_steps,
         "deterministic": cfg.deterministic,
-        "optimizer": cfg.optimizer,
-        **({} if cfg.optimizer == "sgd" else {"betas": list(cfg.betas), "eps": cfg.eps}),
-        **job.data,
+        **(sgd if cfg.optimizer == "sgd" else {"betas": list(cfg.betas), "eps": cfg.eps}),
     }
 
 

@@ -4,6 +4,7 @@ a given model's classes, limited, finite)."""
 
 from __future__ import annotations
 
+import numbers
 import sys
 from dataclasses import replace
 
@@ -14,7 +15,21 @@ from .model import model_classes
 
 def data_arg(dataset, X, y, X_test, y_test, validation):
     """What the data of train/fit are: None (the named data set of the config), a Dataset,
-    or the arrays ("arrays", X, y, X_test, y_test, validation); errors name the argument."""
+    or the arrays ("arrays", X, y, X_test, y_test, validation); errors name the argument.
+    validation holds out a fraction of the arrays: a named data set or a Dataset has its own
+    test set, and is refused it rather than silently ignoring it."""
+    if validation is not None and (
+        isinstance(validation, bool)
+        or not isinstance(validation, numbers.Real)
+        or not 0 < validation < 1
+    ):
+        raise ValueError(f"validation={validation!r} must be a fraction between 0 and 1 (e.g. 0.1)")
+    if validation is not None and (X is None and not isinstance(dataset, (tuple, list))):
+        what = f"the named data set {dataset!r}" if isinstance(dataset, str) else "a Dataset"
+        raise ValueError(
+            f"validation={validation!r} holds out a fraction of your arrays (X, y), but the "
+            f"run trains on {what}, which has its own test set"
+        )
     if isinstance(dataset, data_mod.Dataset):
         if X is not None:
             raise ValueError("give either dataset= (a Dataset) or X=, not both")

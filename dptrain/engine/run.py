@@ -337,11 +337,12 @@ def _config_record(job: Job, backend: str, ds, requested: str) -> dict:
 def _header_line(job: Job, ds, backend: str) -> str:
     """The line that says what is about to be trained, on what, how."""
     cfg, spec = job.config, job.model
-    optimizer = (
-        f"momentum {cfg.momentum}"
-        if cfg.optimizer == "sgd"
-        else f"{cfg.optimizer} betas {cfg.betas}, eps {cfg.eps}"
-    )
+    if cfg.optimizer == "sgd":
+        optimizer = f"sgd momentum {cfg.momentum}" + (" (nesterov)" if cfg.nesterov else "")
+    else:
+        optimizer = f"{cfg.optimizer} betas {cfg.betas}, eps {cfg.eps}"
+    if cfg.weight_decay:
+        optimizer += f", weight decay {cfg.weight_decay}"
     return (
         f"dptrain: {spec['kind']} {tuple(spec['sizes'])} on {ds.name} ({ds.n_train} train / "
         f"{ds.n_test} test, source: {ds.source}), global batch {job.batch_size}, lr "
