@@ -83,23 +83,49 @@ def write_atomically(path, write) -> None:
     writer left behind are removed."""
     path = Path(path)
     remove_stale_temporaries(path)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}{NPZ_SUFFIX}")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}{path.suffix}")
     try:
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _write_error(path, exc) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_directory(path.parent)
 
 
+def write_text_atomically(path, text: str) -> None:
+    """``write_atomically`` of a text file (UTF-8): the JSON and CSV outputs."""
+    write_atomically(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _write_error(path: Path, exc: OSError) -> OSError:
+    """The OSError of a failed write, naming the file and the cause (the OS's own names
+    neither the file nor, on a write, anything but the errno), of the same class and errno:
+    "cannot write w.npz: File too large (errno 27); the previous w.npz is kept"."""
+    cause = exc.strerror or str(exc)
+    if exc.errno is not None:
+        cause += f" (errno {exc.errno})"
+    kept = (
+        f"the previous {path.name} is kept"
+        if path.exists()
+        else f"nothing was written to {path.name}"
+    )
+    error = type(exc)(f"cannot write {path}: {cause}; {kept}")
+    error.errno = exc.errno
+    return error
+
+
 def remove_stale_temporaries(path: Path) -> None:
-    """Deletes <path>.tmp-PID.npz files whose writer (PID) no longer runs."""
-    for tmp in path.parent.glob(f"{path.name}.tmp-*{NPZ_SUFFIX}"):
-        pid = tmp.name[len(path.name) + 5 : -len(NPZ_SUFFIX)]
+    """Deletes <path>.tmp-PID<suffix> files (w.npz.tmp-PID.npz) whose writer (PID) no longer
+    runs."""
+    for tmp in path.parent.glob(f"{path.name}.tmp-*{path.suffix}"):
+        pid = tmp.name[len(path.name) + 5 : len(tmp.name) - len(path.suffix)]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
