@@ -18,6 +18,7 @@ map inside a zip; .npy files are mapped by ``dptrain.data.from_npy``).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import struct
@@ -160,8 +161,9 @@ def read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
 
 
 def sniff(path) -> str:
-    """What a file is, from its first bytes: 'npz' (a zip), 'npy', 'text' (printable
-    UTF-8: CSV and the like), 'empty' or 'binary'."""
+    """What a file is, from its first bytes: 'npz' (a zip), 'npy', 'json' (UTF-8 text whose
+    first non-space character is { or [), 'text' (other UTF-8 text: CSV and the like),
+    'empty' or 'binary'."""
     with open(path, "rb") as f:
         head = f.read(4096)
     if not head:
@@ -171,12 +173,13 @@ def sniff(path) -> str:
     if head.startswith(b"\x93NUMPY"):
         return "npy"
     if b"\0" not in head:
+        text = "json" if head.lstrip()[:1] in (b"{", b"[") else "text"
         try:
-            head.decode("utf-8")
-            return "text"
+            head.decode("utf-8-sig")
+            return text
         except UnicodeDecodeError as exc:
             if exc.start >= len(head) - 3:  # a character cut by the 4096-byte window
-                return "text"
+                return text
     return "binary"
 
 
@@ -184,6 +187,7 @@ def sniff(path) -> str:
 KIND_NAMES = {
     "npy": "a .npy array (np.save's format)",
     "npz": "an .npz archive (np.savez's format)",
+    "json": "a JSON file (such as a run's --out result)",
     "text": "a text file (CSV?)",
     "empty": "empty",
     "binary": "neither a .npy or .npz file nor CSV text",
@@ -204,6 +208,27 @@ def not_the_kind(path, kind: str, advice: str = "", where=None) -> str | None:
     else:
         text = f"{where} is {KIND_NAMES[found]}, not {KIND_NAMES[kind]}"
     return text + (f": {advice}" if advice else "")
+
+
+def read_json(path, expected: str):
+    """The JSON document in the file at `path`; ValueError naming the file, what it is and
+    what it should be (`expected`, e.g. "a sweep directory or its sweep.json") when it is
+    not JSON text (an .npz, binary data) or not valid JSON. A missing file is open()'s
+    FileNotFoundError (it names the file)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory: expected {expected}")
+    found = sniff_safe(path) if path.exists() else "json"
+    if found not in ("json", "text", "unreadable"):  # unreadable: open() names why
+        what = {"binary": "binary data", "empty": "empty"}.get(found, KIND_NAMES[found])
+        raise ValueError(f"{path} is {what}, not JSON: expected {expected}")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        reason = f"byte {exc.start} is not UTF-8 text"
+    except json.JSONDecodeError as exc:
+        reason = f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+    raise ValueError(f"{path} is not valid JSON ({reason}): expected {expected}")
 
 
 def sniff_safe(path) -> str:
