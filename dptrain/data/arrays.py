@@ -344,12 +344,15 @@ def _open_data_file(path: Path, *, labels: bool, label_column, header, task) -> 
     one column, or ``label_column``, for the labels)."""
     if not path.is_file() or sniff(path) != "text":
         return _open_npy(path)
-    values, names = read_csv(path, header=header)
+    label_column = -1 if label_column is None else label_column
+    values, names = read_csv(
+        path, header=header, label_column=label_column if labels else None, task=task
+    )
     if not labels:
         return values
     j = 0
     if values.shape[1] > 1:
-        j = label_index(-1 if label_column is None else label_column, names, values.shape[1], path)
+        j = label_index(label_column, names, values.shape[1], path)
     return labels_of(values[:, j], task)
 
 
