@@ -97,3 +97,38 @@ def test_cli_output_past_a_file_size_limit_is_one_line_naming_it(tmp_path, optio
     )
     assert target.read_bytes() == b"the previous file"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["d.csv", name])
+
+
+def _figure(path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    from dptrain.measure.plots import save_figure
+
+    save_figure(matplotlib.figure.Figure(), path)
+
+
+def _summary_csv(path):
+    from dptrain.measure.summary import write_csv
+
+    write_csv([{"workers": 1, "time": {"median": 2.0}}], path)
+
+
+@pytest.mark.parametrize("write, name", [(_summary_csv, "summary.csv"), (_figure, "speedup.png")])
+def test_the_sweep_and_plot_outputs_name_a_failed_write(tmp_path, monkeypatch, write, name):
+    """sweep's tables and plot's figures go through the same writer (a file-size limit
+    here: the flush to disk fails)."""
+    target = tmp_path / name
+    target.write_bytes(b"the previous file")
+
+    def too_large(fd):
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+    monkeypatch.setattr(os, "fsync", too_large)
+    with pytest.raises(OSError) as info:
+        write(target)
+    assert str(info.value) == (
+        f"cannot write {target}: File too large (errno 27); the previous {name} is kept"
+    )
+    assert target.read_bytes() == b"the previous file"
+    assert [p.name for p in tmp_path.iterdir()] == [name]

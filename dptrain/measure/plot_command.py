@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from .._files import read_json
+from .._files import read_json, write_text_atomically
 from .plots import load_sweep, machine_cores, model_verdict, plot_sweep
 from .plots.labels import _context
 from .plots.performance import _ILLUSTRATION
@@ -99,7 +99,7 @@ def _fit_model(sweep, out_dir, say):
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "model.json").write_text(json.dumps(analysis, indent=1) + "\n")
+    write_text_atomically(out / "model.json", json.dumps(analysis, indent=1) + "\n")
     say(f"performance model: wrote {out / 'model.json'}")
     return analysis.get("validation"), analysis["projection"]
 
