@@ -10,6 +10,11 @@
   and its CRC checked. Any damage (truncation, a flipped bit, a zip bomb, a header that
   declares 2^40 values) is one ValueError naming the file, never NumPy's or zipfile's own
   exception (BadZipFile, EOFError, zlib.error, a MemoryError).
+- ``write_text_atomically(path, text)``: the same, for the JSON and CSV outputs. A failed
+  write is an OSError naming the file and the cause ("cannot write w.npz: File too large
+  (errno 27); the previous w.npz is kept").
+- ``read_json(path, expected)``: a JSON file, or one ValueError naming it, what it is (an
+  .npz, binary data, invalid JSON) and what it should be.
 - ``memory_bytes()``: this machine's physical memory, the bound on what a file may ask for.
 
 Left out on purpose: pickled members (never loaded) and memory-mapping members (NumPy cannot
