@@ -10,6 +10,11 @@
   and its CRC checked. Any damage (truncation, a flipped bit, a zip bomb, a header that
   declares 2^40 values) is one ValueError naming the file, never NumPy's or zipfile's own
   exception (BadZipFile, EOFError, zlib.error, a MemoryError).
+- ``write_text_atomically(path, text)``: the same, for the JSON and CSV outputs. A failed
+  write is an OSError naming the file and the cause ("cannot write w.npz: File too large
+  (errno 27); the previous w.npz is kept").
+- ``read_json(path, expected)``: a JSON file, or one ValueError naming it, what it is (an
+  .npz, binary data, invalid JSON) and what it should be.
 - ``memory_bytes()``: this machine's physical memory, the bound on what a file may ask for.
 
 Left out on purpose: pickled members (never loaded) and memory-mapping members (NumPy cannot
@@ -18,6 +23,7 @@ map inside a zip; .npy files are mapped by ``dptrain.data.from_npy``).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import struct
@@ -83,23 +89,49 @@ def write_atomically(path, write) -> None:
     writer left behind are removed."""
     path = Path(path)
     remove_stale_temporaries(path)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}{NPZ_SUFFIX}")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}{path.suffix}")
     try:
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _write_error(path, exc) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_directory(path.parent)
 
 
+def write_text_atomically(path, text: str) -> None:
+    """``write_atomically`` of a text file (UTF-8): the JSON and CSV outputs."""
+    write_atomically(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _write_error(path: Path, exc: OSError) -> OSError:
+    """The OSError of a failed write, naming the file and the cause (the OS's own names
+    neither the file nor, on a write, anything but the errno), of the same class and errno:
+    "cannot write w.npz: File too large (errno 27); the previous w.npz is kept"."""
+    cause = exc.strerror or str(exc)
+    if exc.errno is not None:
+        cause += f" (errno {exc.errno})"
+    kept = (
+        f"the previous {path.name} is kept"
+        if path.exists()
+        else f"nothing was written to {path.name}"
+    )
+    error = type(exc)(f"cannot write {path}: {cause}; {kept}")
+    error.errno = exc.errno
+    return error
+
+
 def remove_stale_temporaries(path: Path) -> None:
-    """Deletes <path>.tmp-PID.npz files whose writer (PID) no longer runs."""
-    for tmp in path.parent.glob(f"{path.name}.tmp-*{NPZ_SUFFIX}"):
-        pid = tmp.name[len(path.name) + 5 : -len(NPZ_SUFFIX)]
+    """Deletes <path>.tmp-PID<suffix> files (w.npz.tmp-PID.npz) whose writer (PID) no longer
+    runs."""
+    for tmp in path.parent.glob(f"{path.name}.tmp-*{path.suffix}"):
+        pid = tmp.name[len(path.name) + 5 : len(tmp.name) - len(path.suffix)]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
@@ -134,8 +166,9 @@ def read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
 
 
 def sniff(path) -> str:
-    """What a file is, from its first bytes: 'npz' (a zip), 'npy', 'text' (printable
-    UTF-8: CSV and the like), 'empty' or 'binary'."""
+    """What a file is, from its first bytes: 'npz' (a zip), 'npy', 'json' (UTF-8 text whose
+    first non-space character is { or [), 'text' (other UTF-8 text: CSV and the like),
+    'empty' or 'binary'."""
     with open(path, "rb") as f:
         head = f.read(4096)
     if not head:
@@ -145,12 +178,13 @@ def sniff(path) -> str:
     if head.startswith(b"\x93NUMPY"):
         return "npy"
     if b"\0" not in head:
+        text = "json" if head.lstrip()[:1] in (b"{", b"[") else "text"
         try:
-            head.decode("utf-8")
-            return "text"
+            head.decode("utf-8-sig")
+            return text
         except UnicodeDecodeError as exc:
             if exc.start >= len(head) - 3:  # a character cut by the 4096-byte window
-                return "text"
+                return text
     return "binary"
 
 
@@ -158,6 +192,7 @@ def sniff(path) -> str:
 KIND_NAMES = {
     "npy": "a .npy array (np.save's format)",
     "npz": "an .npz archive (np.savez's format)",
+    "json": "a JSON file (such as a run's --out result)",
     "text": "a text file (CSV?)",
     "empty": "empty",
     "binary": "neither a .npy or .npz file nor CSV text",
@@ -178,6 +213,27 @@ def not_the_kind(path, kind: str, advice: str = "", where=None) -> str | None:
     else:
         text = f"{where} is {KIND_NAMES[found]}, not {KIND_NAMES[kind]}"
     return text + (f": {advice}" if advice else "")
+
+
+def read_json(path, expected: str):
+    """The JSON document in the file at `path`; ValueError naming the file, what it is and
+    what it should be (`expected`, e.g. "a sweep directory or its sweep.json") when it is
+    not JSON text (an .npz, binary data) or not valid JSON. A missing file is open()'s
+    FileNotFoundError (it names the file)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory: expected {expected}")
+    found = sniff_safe(path) if path.exists() else "json"
+    if found not in ("json", "text", "unreadable"):  # unreadable: open() names why
+        what = {"binary": "binary data", "empty": "empty"}.get(found, KIND_NAMES[found])
+        raise ValueError(f"{path} is {what}, not JSON: expected {expected}")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        reason = f"byte {exc.start} is not UTF-8 text"
+    except json.JSONDecodeError as exc:
+        reason = f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+    raise ValueError(f"{path} is not valid JSON ({reason}): expected {expected}")
 
 
 def sniff_safe(path) -> str:

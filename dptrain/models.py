@@ -994,6 +994,13 @@ def _read_model_file(path, model: Model | None = None) -> tuple:
     path = _model_path(path)
     where = f"model file {path}"
     with NpzArchive(path, where, advice="load_model reads the .npz files Model.save writes") as f:
+        if "config" not in f.files and {"params", "position"} <= set(f.files):
+            # a checkpoint (dptrain.engine.checkpoint) holds the weights but no configuration
+            raise ValueError(
+                f"{where} is a training checkpoint (what --resume, or train(resume=...), "
+                f"continues), not a model file: to get a model, save it with --save-weights "
+                f"FILE (train(save_weights=FILE)) or model.save(FILE) after fit, and load that"
+            )
         if "config" not in f.files or "params" not in f.files:
             raise ValueError(f"{where} is not a dptrain model file (no 'config'/'params' arrays)")
         text = f.array("config", max_bytes=_CONFIG_BYTES)

@@ -75,6 +75,40 @@ def test_a_bad_value_is_named_by_line_and_column(tmp_path, text, message):
         from_csv(p)
 
 
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("a,b,animal\n1,2,cat\n3,4,dog\n", "line 2, column 3 ('animal')"),
+        ("1,2,cat\n3,4,dog\n", "line 1, column 3"),  # no header: not taken for one
+        ("animal,a,b\ncat,1,2\n", "line 2, column 1 ('animal')"),  # label_column below
+    ],
+)
+def test_text_labels_say_labels_are_numbers_and_how_to_map_them(tmp_path, text, where):
+    p = _write(tmp_path / "pets.csv", text)
+    column = "animal" if text.startswith("animal") else None
+    with pytest.raises(DataError) as info:
+        from_csv(p, label_column=column)
+    assert str(info.value).startswith(f"{p} {where}: 'cat' is a text label: labels must be ")
+    for part in ("class indices 0..C-1", "np.unique(labels, return_inverse=True)", "sklearn"):
+        assert part in str(info.value)
+    with pytest.raises(DataError, match=r"'cat' is not a number: regression targets must be"):
+        from_csv(p, label_column=column, task="regression")
+
+
+def test_cli_text_labels_in_a_labels_file_are_one_line(tmp_path, capsys):
+    x = _write(tmp_path / "x.csv", "1,2\n3,4\n")
+    y = _write(tmp_path / "y.csv", "animal\ncat\ndog\n")
+    assert cli.main(["train", *TRAIN_FLAGS, "--train-x", str(x), "--train-y", str(y)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{y} line 2, column 1 ('animal'): 'cat' is a text label: labels must be" in err
+    # a text column among the features is not a label: the message stays the value's own
+    x = _write(tmp_path / "x.csv", "1,red\n3,blue\n")
+    y = _write(tmp_path / "y.csv", "0\n1\n")
+    assert cli.main(["train", *TRAIN_FLAGS, "--train-x", str(x), "--train-y", str(y)]) == 1
+    assert f"{x} line 1, column 2: 'red' is not a finite number" in capsys.readouterr().err
+
+
 def test_an_unknown_label_column_lists_the_columns(tmp_path):
     p = _csv(tmp_path / "d.csv")
     with pytest.raises(
@@ -147,7 +181,8 @@ def test_cli_trains_on_csv_features_and_labels(tmp_path):
         (b"PK\x03\x04 a damaged zip", "cannot be read"),
         (b"", "is empty"),
         (b"\x00\x01\x02\x03binary", "neither a .npy or .npz file nor CSV text"),
-        (b"a,b\n1,x\n", "line 2, column 2 ('b'): 'x' is not a finite number"),
+        (b"a,b,c\n1,x,0\n", "line 2, column 2 ('b'): 'x' is not a finite number"),
+        (b"a,b\n1,x\n", "line 2, column 2 ('b'): 'x' is a text label: labels must be numbers"),
     ],
 )
 def test_cli_bad_data_file_is_one_line(tmp_path, capsys, content, message):

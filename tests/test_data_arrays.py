@@ -14,6 +14,7 @@ from dptrain.data import (
     DataError,
     Dataset,
     from_arrays,
+    from_files,
     from_npy,
     from_npz,
     memmap_region,
@@ -628,15 +629,54 @@ def test_bad_npy_files_are_named(tmp_path):
     strings = save(tmp_path / "strings.npy", np.array(["a", "b", "c"]))
     with pytest.raises(TypeError, match=rf"{strings} holds <U1 data"):
         from_npy(save(tmp_path / "x2.npy", np.ones((3, 2))), strings)
-    short = tmp_path / "short.npy"
-    short.write_bytes(save(tmp_path / "full.npy", np.ones((100, 4))).read_bytes()[:-100])
-    with pytest.raises(DataError, match=rf"{short}: "):
-        from_npy(short, y_path)
     empty = save(tmp_path / "empty.npy", np.ones((0, 4)))
     with pytest.raises(DataError, match=rf"{empty} has no rows"):
         from_npy(empty, y_path)
     with pytest.raises(FileNotFoundError):
         from_npy(tmp_path / "missing.npy", y_path)
+
+
+def _npy_header_over(path, shape, data: bytes, dtype="<f4"):
+    """An .npy file whose header declares `shape` over `data` (whatever its size)."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": dtype, "fortran_order": False, "shape": shape}
+        )
+        f.write(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "shape, data, message",
+    [
+        (
+            (100, 4),
+            bytes(1500),
+            r"is truncated: its header declares shape \(100, 4\) of float32, "
+            r"1,600 bytes of data \(1.6 kB\), but the file holds 1,500 after the header",
+        ),
+        (
+            (2**40, 4),
+            bytes(1000),
+            r"is truncated: its header declares shape \(1099511627776, 4\) "
+            r"of float32, 17,592,186,044,416 bytes of data \(17.6 TB\), but the file holds 1,000",
+        ),
+        ((100, 4), bytes(1603), r"is longer than its header says: .* the file holds 1,603"),
+    ],
+)
+@pytest.mark.parametrize("which", ["X", "y"])
+def test_a_npy_whose_header_disagrees_with_its_size_is_named_before_mapping(
+    tmp_path, shape, data, message, which
+):
+    """Checked from the header, before np.load maps it (NumPy's own words, "mmap length is
+    greater than file size", name neither the file nor the sizes)."""
+    bad = _npy_header_over(tmp_path / "Xtr.npy", shape, data)
+    x = save(tmp_path / "x.npy", np.ones((4, 2), np.float32))
+    args = (bad, save(tmp_path / "y.npy", labels(4))) if which == "X" else (x, bad)
+    with pytest.raises(DataError, match=rf"^{bad} {message}"):
+        from_npy(*args)
+    with pytest.raises(DataError, match=rf"^{bad} {message}"):
+        from_files(*args)
 
 
 # ---------------------------------------------------------------------------------------

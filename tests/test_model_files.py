@@ -182,6 +182,27 @@ def test_text_and_csv_files_are_named_with_what_they_are(tmp_path):
     assert "Model.save" in str(info.value) and "allow_pickle" not in str(info.value)
 
 
+def test_a_checkpoint_is_named_as_one_with_how_to_get_a_model(tmp_path, train_small):
+    ckpt = tmp_path / "ck.npz"
+    train_small(checkpoint=str(ckpt), checkpoint_every=4, epochs=1)
+    with pytest.raises(ValueError) as info:
+        load_model(ckpt)
+    text = str(info.value)
+    assert text.startswith(f"model file {ckpt} is a training checkpoint (what --resume")
+    assert "--save-weights FILE" in text and "model.save(FILE)" in text
+
+
+@pytest.mark.parametrize("text", ['{"config": {}, "epochs": []}\n', "  [1, 2]"])
+def test_a_json_file_is_named_json_not_csv(tmp_path, text):
+    run = tmp_path / "run.json"
+    run.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_model(run)
+    assert str(info.value).startswith(
+        f"model file {run} is a JSON file (such as a run's --out result), not an .npz archive"
+    )
+
+
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_non_finite_weights_are_refused_on_load(tmp_path, value):
     model, path = _saved(tmp_path)

@@ -62,7 +62,14 @@ from pathlib import Path
 import numpy as np
 
 from .._aligned import aligned_empty
-from .._files import NpzArchive, memory_bytes, not_the_kind, read_npy_header, sniff
+from .._files import (
+    NpzArchive,
+    memory_bytes,
+    not_the_kind,
+    read_npy_header,
+    size_text,
+    sniff,
+)
 from .._memmap import memmap_region  # noqa: F401  (dptrain.data's: where a map lies)
 from .csvfiles import label_index, labels_of, read_csv, split_csv
 from .dataset import (
@@ -337,12 +344,15 @@ def _open_data_file(path: Path, *, labels: bool, label_column, header, task) -> 
     one column, or ``label_column``, for the labels)."""
     if not path.is_file() or sniff(path) != "text":
         return _open_npy(path)
-    values, names = read_csv(path, header=header)
+    label_column = -1 if label_column is None else label_column
+    values, names = read_csv(
+        path, header=header, label_column=label_column if labels else None, task=task
+    )
     if not labels:
         return values
     j = 0
     if values.shape[1] > 1:
-        j = label_index(-1 if label_column is None else label_column, names, values.shape[1], path)
+        j = label_index(label_column, names, values.shape[1], path)
     return labels_of(values[:, j], task)
 
 
@@ -810,13 +820,21 @@ def _open_npy(path: Path) -> np.ndarray:
     _expect(path, "npy")
     with open(path, "rb") as f:
         shape, dtype = _npy_header(f, path)
+        data_start = f.tell()
     _refuse_unreal(dtype, path)
+    # the header's size against the file's before mapping: np.load's own words for a short
+    # file are "mmap length is greater than file size", naming neither file nor sizes
+    declared, held = math.prod(shape) * dtype.itemsize, os.path.getsize(path) - data_start
+    if declared != held:
+        raise DataError(
+            f"{path} is "
+            + ("truncated" if declared > held else "longer than its header says")
+            + f": its header declares shape {tuple(shape)} of {dtype}, {declared:,} bytes "
+            f"of data ({size_text(declared)}), but the file holds {held:,} after the header"
+        )
     if math.prod(shape) == 0:  # nothing to map; the row checks name it
         return np.load(path)
-    try:
-        return np.load(path, mmap_mode="r")
-    except ValueError as exc:  # shorter than its header says
-        raise DataError(f"{path}: {exc}") from None
+    return np.load(path, mmap_mode="r")
 
 
 def _npz_member(archive: NpzArchive, key: str, path: Path) -> np.ndarray:

@@ -65,12 +65,16 @@ def _lines(path: Path):
                 yield reader.line_num, [s.strip() for s in fields]
 
 
-def read_csv(path, *, header: bool | None = None) -> tuple[np.ndarray, list[str] | None]:
+def read_csv(
+    path, *, header: bool | None = None, label_column=None, task: str = CLASSIFICATION
+) -> tuple[np.ndarray, list[str] | None]:
     """(values, column names) of a delimited text file: values a (n, columns) float64
     array, names the header's fields (None when the file has no header). header: None
     (detected: a first line with no number in it), True or False. DataError naming the
     file, line and column for a value that is not a finite number, a line with another
-    number of fields than the first, a file with no data."""
+    number of fields than the first, a file with no data. label_column (as ``label_index``
+    takes it; None: no column holds labels) and task: text in the label column is told
+    apart, with how to turn text labels into numbers."""
     path = Path(path)
     try:
         lines = _lines(path)
@@ -82,6 +86,10 @@ def read_csv(path, *, header: bool | None = None) -> tuple[np.ndarray, list[str]
             header = not any(_number(s) for s in fields)
         names = fields if header else None
         width = len(fields)
+        labels = None
+        if label_column is not None:  # a one-column file is all labels
+            labels = 0 if width == 1 else label_index(label_column, names, width, path)
+        where = (names, top, labels, task)
         chunks, block, numbers = [], [], []
         if not header:
             block, numbers = [fields], [top]
@@ -93,10 +101,10 @@ def read_csv(path, *, header: bool | None = None) -> tuple[np.ndarray, list[str]
             block.append(fields)
             numbers.append(number)
             if len(block) == _CHUNK_LINES:
-                chunks.append(_values(path, block, numbers, names, top))
+                chunks.append(_values(path, block, numbers, *where))
                 block, numbers = [], []
         if block:
-            chunks.append(_values(path, block, numbers, names, top))
+            chunks.append(_values(path, block, numbers, *where))
     except UnicodeDecodeError as exc:
         raise DataError(
             f"{path} is not a text file (byte {exc.start} is not UTF-8): expected CSV "
@@ -109,9 +117,9 @@ def read_csv(path, *, header: bool | None = None) -> tuple[np.ndarray, list[str]
     return np.concatenate(chunks) if len(chunks) > 1 else chunks[0], names
 
 
-def _values(path, block: list, numbers: list, names, top: int) -> np.ndarray:
+def _values(path, block: list, numbers: list, names, top: int, labels, task) -> np.ndarray:
     """A chunk of lines as float64, or a DataError naming the first value that is not a
-    finite number."""
+    finite number (in the label column, `labels`, text is told apart: it names the fix)."""
     try:
         values = np.array(block, dtype=np.float64)
         if np.isfinite(values).all():
@@ -123,6 +131,8 @@ def _values(path, block: list, numbers: list, names, top: int) -> np.ndarray:
             if not (_number(text) and np.isfinite(float(text))):
                 column = f"column {j + 1}" + (f" ({names[j]!r})" if names else "")
                 what = "is empty" if not text else f"{text!r} is not a finite number"
+                if j == labels and text and not _number(text):
+                    raise DataError(f"{path} line {number}, {column}: {_text_label(text, task)}")
                 hint = (
                     f" (if line {top} is a header, say so: header=True, --csv-header yes)"
                     if number == top and names is None
@@ -130,6 +140,18 @@ def _values(path, block: list, numbers: list, names, top: int) -> np.ndarray:
                 )
                 raise DataError(f"{path} line {number}, {column}: {what}{hint}")
     raise AssertionError("unreachable: a chunk failed to convert but every value is a number")
+
+
+def _text_label(text: str, task: str) -> str:
+    """What is wrong with a text label (or target), and the fix."""
+    if task != CLASSIFICATION:
+        return f"{text!r} is not a number: regression targets must be numbers"
+    return (
+        f"{text!r} is a text label: labels must be numbers, the class indices 0..C-1. Map "
+        f"the labels to numbers first (e.g. np.unique(labels, return_inverse=True) gives "
+        f"the indices), or use the scikit-learn estimators (dptrain.sklearn.MLPClassifier), "
+        f"which take any labels"
+    )
 
 
 def label_index(label_column, names: list[str] | None, width: int, path) -> int:
@@ -167,14 +189,15 @@ def labels_of(column: np.ndarray, task: str) -> np.ndarray:
 
 def split_csv(path, *, label_column=-1, header=None, task=CLASSIFICATION):
     """(features (n, d) float64, labels, names of the feature columns or None) of a CSV."""
-    values, names = read_csv(path, header=header)
+    label_column = -1 if label_column is None else label_column
+    values, names = read_csv(path, header=header, label_column=label_column, task=task)
     width = values.shape[1]
     if width < 2:
         raise DataError(
             f"{path} has one column: expected the features and a label column (or give "
             f"the labels in a file of their own)"
         )
-    j = label_index(-1 if label_column is None else label_column, names, width, path)
+    j = label_index(label_column, names, width, path)
     features = np.ascontiguousarray(np.delete(values, j, axis=1))
     kept = None if names is None else [n for i, n in enumerate(names) if i != j]
     return features, labels_of(values[:, j], task), kept

@@ -8,8 +8,8 @@ import json
 import os
 import platform
 import time
-from pathlib import Path
 
+from .._files import write_text_atomically
 from ..measure import timing
 from ..models import Model, model_from_spec
 
@@ -71,7 +71,7 @@ class TrainResult(dict):
             + "\n"
         )
         if path is not None:
-            Path(path).write_text(text)
+            write_text_atomically(path, text)
         return text
 
 

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from .._files import read_json, write_text_atomically
 from .plots import load_sweep, machine_cores, model_verdict, plot_sweep
 from .plots.labels import _context
 from .plots.performance import _ILLUSTRATION
@@ -98,7 +99,7 @@ def _fit_model(sweep, out_dir, say):
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "model.json").write_text(json.dumps(analysis, indent=1) + "\n")
+    write_text_atomically(out / "model.json", json.dumps(analysis, indent=1) + "\n")
     say(f"performance model: wrote {out / 'model.json'}")
     return analysis.get("validation"), analysis["projection"]
 
@@ -108,10 +109,7 @@ def _read_model_file(path, option: str, key: str):
     the validation) perfmodel's validation dict with its 'rows'."""
     if path is None:
         return None
-    try:
-        doc = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{option} {path} is not valid JSON: {exc}") from None
+    doc = read_json(path, f"for {option}: the model.json that plot writes (or its rows)")
     if isinstance(doc, dict) and key in doc:  # a model.json written by plot
         doc = doc[key]
     if key == "validation" and isinstance(doc, dict) and isinstance(doc.get("rows"), list):

@@ -7,9 +7,11 @@ dptrain.measure.sweep."""
 from __future__ import annotations
 
 import csv
+import io
 
 import numpy as np
 
+from .._files import write_text_atomically
 from . import timing
 
 GAP_PARTS = {
@@ -130,10 +132,11 @@ def write_csv(rows: list[dict], path) -> None:
     """Writes rows (nested dicts flattened to prefix_key columns, lists left out) as CSV."""
     flat = [_flat(r) for r in rows]
     fields = list(dict.fromkeys(k for r in flat for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
-        w.writeheader()
-        w.writerows(flat)
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    w.writerows(flat)
+    write_text_atomically(path, text.getvalue())
 
 
 def data_label(config: dict) -> str:

@@ -36,6 +36,7 @@ import os
 import platform
 from pathlib import Path
 
+from .._files import write_text_atomically
 from .._plain import is_json
 from .progress import Progress
 from .summary import data_label, format_summary, run_row, summarize, write_csv
@@ -173,7 +174,7 @@ def sweep(
         "summary": summary,
     }
     if outdir:
-        (outdir / "sweep.json").write_text(json.dumps(result, indent=1) + "\n")
+        write_text_atomically(outdir / "sweep.json", json.dumps(result, indent=1) + "\n")
         write_csv(runs, outdir / "runs.csv")
         write_csv(summary, outdir / "summary.csv")
         say(f"wrote {outdir / 'sweep.json'}, runs.csv, summary.csv, traces/")

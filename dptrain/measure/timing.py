@@ -36,6 +36,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from .._files import write_text_atomically
+
 __all__ = ["PHASES", "StepTimer", "StepTimes", "timer_cost_seconds", "read_steal", "steal_fraction"]
 
 PHASES = ("data", "compute", "communication", "sync_wait", "update", "other")
@@ -234,8 +236,7 @@ class StepTimes:
             w.writerows(rows)
         text = buf.getvalue()
         if path is not None:
-            with open(path, "w", newline="") as f:
-                f.write(text)
+            write_text_atomically(path, text)
         return text
 
     def to_dict(self) -> dict:
@@ -258,8 +259,7 @@ class StepTimes:
         """``to_dict()`` as JSON text, also written to ``path`` when given."""
         text = json.dumps(self.to_dict())
         if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
+            write_text_atomically(path, text)
         return text
 
     def to_pandas(self, per="step"):
@@ -323,8 +323,7 @@ class StepTimes:
                         )
         trace = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": self.meta}
         if path is not None:
-            with open(path, "w") as f:
-                json.dump(trace, f)
+            write_text_atomically(path, json.dumps(trace))
         return trace
 
 

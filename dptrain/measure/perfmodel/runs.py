@@ -4,13 +4,12 @@ per worker)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..._files import read_json
 from ..timing import PHASES
 from .checks import _nonneg, _positive_int
 from .costs import ALGORITHMS
@@ -186,12 +185,13 @@ def _medians(runs: Sequence[_Run]) -> list[_Run]:
 
 def load_runs(path) -> list[dict]:
     """The RUN rows of a sweep: a sweep directory (holding sweep.json) or a sweep.json."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "sweep.json"
-    if not path.is_file():
-        raise ValueError(f"{path} does not exist: expected a sweep directory or sweep.json")
-    doc = json.loads(path.read_text())
+    from ..plots.load import SWEEP_EXPECTED, sweep_json  # plots imports perfmodel
+
+    try:
+        path = sweep_json(path)
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from None
+    doc = read_json(path, SWEEP_EXPECTED)
     if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
         raise ValueError(f"{path} has no 'runs' list (see the sweep schema)")
     return doc["runs"]

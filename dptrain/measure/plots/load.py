@@ -9,10 +9,10 @@ the data; ``NotEnoughData`` says a figure needs more than the data holds.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+from ..._files import read_json
 from ..timing import PHASES  # the one list of phases
 
 
@@ -30,21 +30,42 @@ def load_sweep(source) -> dict:
     A bare list of SUMMARY rows is accepted too (wrapped as ``{"summary": rows}``). The rows
     are checked here (``ValueError`` naming the row and the field), so the figures can trust them.
     """
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if path.is_dir():
-            path = path / "sweep.json"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"no sweep found: {path} does not exist (expected the "
-                f"sweep.json written by `python -m dptrain sweep`)"
-            )
-        try:
-            sweep = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON: {exc}") from None
-    else:
-        sweep = source
+    if not isinstance(source, (str, Path)):
+        return _checked_sweep(source)
+    path = sweep_json(source)
+    sweep = read_json(path, SWEEP_EXPECTED)
+    if not isinstance(sweep, (dict, list)) or (isinstance(sweep, dict) and "summary" not in sweep):
+        raise ValueError(
+            f"{path} holds a JSON {type(sweep).__name__}"
+            + (f" with keys {sorted(sweep)[:8]}" if isinstance(sweep, dict) else "")
+            + f", not a sweep (a dict with a 'summary' list): expected {SWEEP_EXPECTED}"
+        )
+    try:
+        return _checked_sweep(sweep)
+    except ValueError as exc:  # the file is named: it holds something else
+        raise ValueError(f"{path}: {exc} (expected {SWEEP_EXPECTED})") from None
+
+
+# what a sweep file is, in every message about one that is not
+SWEEP_EXPECTED = (
+    "a sweep directory or its sweep.json, written by `python -m dptrain sweep --out DIR`"
+)
+
+
+def sweep_json(source) -> Path:
+    """The sweep.json of a sweep directory, or the file given; FileNotFoundError naming it
+    when it does not exist."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / "sweep.json"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no sweep found: {path} does not exist (expected {SWEEP_EXPECTED})"
+        )
+    return path
+
+
+def _checked_sweep(sweep) -> dict:
     if isinstance(sweep, list):
         sweep = {"summary": sweep}
     if not isinstance(sweep, dict) or "summary" not in sweep:
@@ -190,11 +211,7 @@ def _order(value):
 
 def load_trace(path) -> dict:
     """A Chrome trace-event JSON file as a dict (a bare event list is wrapped)."""
-    path = Path(path)
-    try:
-        trace = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"trace {path} is not valid JSON: {exc}") from None
+    trace = read_json(path, "a Chrome trace (JSON), as a run's --trace or a sweep's traces/ hold")
     if isinstance(trace, list):
         trace = {"traceEvents": trace}
     return trace

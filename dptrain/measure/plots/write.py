@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..._files import write_atomically
 from .labels import _context
 from .load import NotEnoughData, _pick_trace, load_sweep, load_trace
 from .performance import plot_model_validation, plot_projection
@@ -41,7 +42,9 @@ def save_figure(fig, path) -> Path:
             f"path {str(path)!r} has suffix {path.suffix!r}, expected .png, .svg or .pdf"
         )
     with _style():  # the SVG font setting is read when the file is written
-        fig.savefig(path, dpi=130, metadata=_METADATA[fmt])
+        write_atomically(
+            path, lambda f: fig.savefig(f, format=fmt, dpi=130, metadata=_METADATA[fmt])
+        )
     return path
 
 
