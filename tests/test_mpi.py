@@ -28,8 +28,7 @@ def test_backend_follows_the_mpi_launcher(monkeypatch, var):
     for explicit in ("thread", "process"):
         with pytest.raises(
             ValueError,
-            match=rf"one of 4 ranks, but backend='{explicit}' .*"
-            rf"--backend mpi",
+            match=rf"one of 4 ranks, but backend='{explicit}' .*use backend='mpi'",
         ):
             parallel.resolve_backend(explicit)
     with pytest.raises(ValueError, match="backend is 'gpu'"):
@@ -102,5 +101,6 @@ def test_mpiexec_with_a_non_mpi_backend_is_refused(mpiexec, tmp_path):
         cwd=ROOT,
     )
     assert r.returncode != 0
-    assert "one of 2 ranks, but backend='thread'" in r.stderr and "--backend mpi" in r.stderr
+    assert "one of 2 ranks, but --backend thread would" in r.stderr, r.stderr
+    assert "use --backend mpi, or start one process" in r.stderr, r.stderr
     assert "epoch" not in r.stdout

@@ -74,7 +74,7 @@ def resolve_backend(backend: str | None) -> tuple[str, str | None]:
     raise ValueError(
         f"this process was started by {where} as one of {size} ranks, but "
         f"backend={backend!r} would make each rank run its own, separate "
-        f"training: use --backend mpi (backend='mpi'), or start one process "
+        f"training: use backend='mpi', or start one process "
         f"without the MPI launcher"
     )
 
