@@ -105,6 +105,17 @@ def write_atomically(path, write) -> None:
     fsync_directory(path.parent)
 
 
+def savez(f, **arrays) -> None:
+    """np.savez's format (an uncompressed zip of .npy members, zip64 where needed) written
+    to the open binary file f, the zip closed on every path: NumPy 1.x's np.savez left its
+    ZipFile open when a write failed (a full disk, a file-size limit), and the ZipFile's
+    __del__ later wrote to the closed file and printed "Exception ignored" on stderr."""
+    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, arr in arrays.items():
+            with zf.open(name + ".npy", mode="w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(arr), allow_pickle=False)
+
+
 def write_text_atomically(path, text: str) -> None:
     """``write_atomically`` of a text file (UTF-8): the JSON and CSV outputs."""
     write_atomically(path, lambda f: f.write(text.encode("utf-8")))

@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _core
-from ._files import NpzArchive, memory_bytes, npz_path, size_text, write_atomically
+from ._files import NpzArchive, memory_bytes, npz_path, savez, size_text, write_atomically
 from .data.arrays import as_rows, as_targets
 
 __all__ = [
@@ -445,7 +445,7 @@ class Model:
             raise ValueError(
                 f"cannot save the model to {target}: the directory {target.parent} does not exist"
             )
-        write_atomically(target, lambda f: np.savez(f, **arrays))
+        write_atomically(target, lambda f: savez(f, **arrays))
         return target
 
     def load_state(self, path) -> dict:

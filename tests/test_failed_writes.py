@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+import dptrain.models
 from dptrain import MLP, load_model
 
 # runs the command line under a file-size limit (RLIMIT_FSIZE, what `ulimit -f` sets): a
@@ -36,7 +37,7 @@ def test_a_failed_save_names_the_file_and_the_cause(tmp_path, monkeypatch):
         f.write(b"PK\x03\x04 part of a file")
         raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
 
-    monkeypatch.setattr(np, "savez", too_large)
+    monkeypatch.setattr(dptrain.models, "savez", too_large)
     with pytest.raises(OSError) as info:
         MLP((4, 3, 2), seed=2).save(path)
     assert str(info.value) == (

@@ -103,7 +103,7 @@ def test_save_is_atomic_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch)
         f.write(b"PK\x03\x04 half a file")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(np, "savez", full_disk)
+    monkeypatch.setattr(dptrain.models, "savez", full_disk)
     with pytest.raises(OSError, match="No space left"):
         MLP((6, 5, 3), seed=9).save(path)
     monkeypatch.undo()

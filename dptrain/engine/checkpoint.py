@@ -15,7 +15,7 @@ import zlib
 
 import numpy as np
 
-from .._files import NpzArchive, write_atomically
+from .._files import NpzArchive, savez, write_atomically
 from ..models import storage_dtype
 from ..sampler import steps_per_epoch
 
@@ -114,7 +114,7 @@ def save_checkpoint(
     }
     write_atomically(
         path,
-        lambda f: np.savez(
+        lambda f: savez(
             f,
             format=np.int64(CHECKPOINT_FORMAT),
             params=net.params,
