@@ -8,6 +8,8 @@ import pytest
 
 import dptrain
 
+pytestmark = pytest.mark.slow  # 200 training steps beside torch
+
 torch = pytest.importorskip(
     "torch", reason="PyTorch is not installed: the Adam-vs-PyTorch comparison needs it"
 )

@@ -18,9 +18,13 @@ from dptrain.comm import WorkerError
 from dptrain.engine import loop
 from dptrain.engine.hooks import Hooks
 
-pytestmark = pytest.mark.skipif(
-    not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd and /proc/self/maps (Linux)"
-)
+pytestmark = [
+    pytest.mark.slow,  # 100+ fits in a subprocess of their own per test
+    pytest.mark.skipif(
+        not Path("/proc/self/fd").is_dir(),
+        reason="counts /proc/self/fd and /proc/self/maps (Linux)",
+    ),
+]
 
 FITS = 50
 SEGMENT = "dptrain-shared"  # the memfd's name (comm.shm.SharedSegment)

@@ -9,7 +9,10 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="forkserver is POSIX only")
+pytestmark = [
+    pytest.mark.slow,  # scripts started under spawn and forkserver
+    pytest.mark.skipif(sys.platform == "win32", reason="forkserver is POSIX only"),
+]
 
 SETUP = """\
 import numpy as np

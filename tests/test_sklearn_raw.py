@@ -21,6 +21,8 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 from dptrain.sklearn import MLPClassifier, MLPRegressor, SoftmaxRegression  # noqa: E402
 
+pytestmark = pytest.mark.slow  # cross-validated fits of scikit-learn's MLP beside ours
+
 SHARED = (
     "solver",
     "learning_rate_init",
@@ -59,7 +61,6 @@ RAW_SETS = [
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name, ours, theirs, seeds", RAW_SETS, ids=[s[0] for s in RAW_SETS])
 def test_raw_data_scores_as_scikit_learns_mlp_does(name, ours, theirs, seeds):
     X, y = getattr(datasets, f"load_{name}")(return_X_y=True)
@@ -145,7 +146,6 @@ def test_every_solver_trains(solver):
     assert est.history_ and est.score(X, y) > 0.95
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name, floor", [("iris", 0.95), ("digits", 0.9)])
 def test_one_layer_models_train_on_raw_data(name, floor):
     """LogisticRegression / SoftmaxRegression's defaults (Adam at 0.01, up to 1000 epochs)

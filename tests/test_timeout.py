@@ -16,6 +16,8 @@ import dptrain
 from dptrain.comm import WorkerError
 from dptrain.models import Model
 
+pytestmark = pytest.mark.slow  # runs with a deliberate 3 s evaluation or checkpoint write
+
 TIMEOUT = 1.0
 SLOW = 3 * TIMEOUT  # rank 0's first evaluation takes this long
 
