@@ -357,7 +357,8 @@ class _Estimator(BaseEstimator):
     def _check_training(self, X, targets, history, *, partial: bool) -> None:
         """Warns, naming the cause and the fix, when the first epoch's loss exploded (ten
         times that of the constant prediction: the class frequencies' cross-entropy, or the
-        targets' variance) or when a classifier ended predicting one class for every row."""
+        targets' variance) or when a classifier ended predicting one class for every row, or
+        no better than always predicting the majority class."""
         if partial or not history:
             return
         first = history[0]["train_loss"]
@@ -381,24 +382,22 @@ class _Estimator(BaseEstimator):
             majority = np.bincount(labels).argmax()
             share = np.mean(labels == majority)
             accuracy = np.mean(predicted == labels)
-            advice = _scale_advice(X) or ": try solver='adam' or a smaller learning_rate_init"
-            name = type(self).__name__
             if len(np.unique(predicted)) == 1:
-                warnings.warn(
-                    f"{name}: training stalled: every training row is predicted as class "
+                what = (
+                    f"training stalled: every training row is predicted as class "
                     f"{_label(self.classes_[predicted[0]])} ({100 * share:.0f}% of the rows)"
-                    f"{advice}",
-                    UserWarning,
-                    stacklevel=5,
                 )
             elif accuracy <= share:
-                warnings.warn(
-                    f"{name}: training has not beaten the majority class: training accuracy "
+                what = (
+                    f"training has not beaten the majority class: training accuracy "
                     f"{accuracy:.3f}, where always predicting class "
-                    f"{_label(self.classes_[majority])} scores {share:.3f}{advice}",
-                    UserWarning,
-                    stacklevel=5,
+                    f"{_label(self.classes_[majority])} scores {share:.3f}"
                 )
+            else:
+                return
+            # the features' span is read only for a warning (a pass over all of X)
+            advice = _scale_advice(X) or ": try solver='adam' or a smaller learning_rate_init"
+            warnings.warn(f"{type(self).__name__}: {what}{advice}", UserWarning, stacklevel=5)
 
     # ---- pickling: the model as its architecture and flat buffers, not the C object
     def __getstate__(self):
