@@ -72,10 +72,10 @@ def _expected_random_wait(seed, steps, ms):
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_a_persistent_straggler_is_named_with_what_waiting_for_it_cost(backend, tmp_path):
     trace = tmp_path / "trace.json"
-    r = _train(workers=2, backend=backend, straggle=(1, 20.0), trace=trace)
+    r = _train(workers=2, backend=backend, straggle=(1, 20.0), trace=trace, n_samples=4000)
     s = r.breakdown["stragglers"]
     _consistent(s, 2, r["steps"])
-    assert s["steps"] == r["steps"] == 20  # long enough: 20 ms x 20 steps of waiting
+    assert s["steps"] == r["steps"] == 40  # long enough: 20 ms x 40 steps of waiting
     assert s["pattern"] == "persistent" and s["straggler"] == 1, s
     assert s["last_share"][1] >= 0.9 and s["p_value"] < 1e-3
     # the others waited about the injected 20 ms per step, nearly all of it for rank 1
@@ -104,10 +104,13 @@ def test_random_jitter_is_not_called_a_straggler_and_its_cost_is_shown(backend):
     _consistent(s, 2, steps)
     assert s["pattern"] == "random" and s["straggler"] is None, s
     assert min(s["last_count"]) > 0  # the last arrivals spread over both ranks
-    # the earlier rank waits for the later one: mean |x0 - x1|, a/3 for U(0, a) on 2 ranks
-    mine = _expected_random_wait(0, steps, 20.0)
-    assert 0.5 < s["wait_seconds_per_step"] / mine < 2.0, (s["wait_seconds_per_step"], mine)
-    assert 0.5 < s["wait_seconds_per_step"] / (0.020 / 3) < 2.0
+    # the earlier rank waits for the later one: mean |x0 - x1|, a/3 for U(0, a) on 2 ranks;
+    # on a busy machine the workers' own jitter (what they wait without injection) adds to it
+    own = _train(workers=2, backend=backend, n_samples=100 * steps)
+    own = own.breakdown["stragglers"]["wait_seconds_per_step"]
+    wait = s["wait_seconds_per_step"]
+    for expected in (_expected_random_wait(0, steps, 20.0), 0.020 / 3):
+        assert 0.5 * expected < wait < 2 * expected + own, (wait, expected, own)
     assert straggler_line(r.breakdown).startswith(
         "the last arrival at the collectives is random jitter"
     )
@@ -140,7 +143,7 @@ def test_jitter_spread_over_the_ranks_names_no_straggler():
 
 def test_a_persistent_straggler_needs_both_significance_and_a_share_far_above_chance():
     rng = np.random.default_rng(2)
-    # 16 ranks, rank 3 late by 1 ms in 60 % of the steps: chance is 1/16, the bar 17/32
+    # 16 ranks, rank 3 late by 1 ms in 60 % of the steps: chance is 1/16, the bar 9/24
     late = rng.uniform(size=500) < 0.6
     arrive = rng.uniform(0, 0.0005, (16, 500))
     arrive[3] += np.where(late, 0.001, 0.0)
@@ -148,10 +151,12 @@ def test_a_persistent_straggler_needs_both_significance_and_a_share_far_above_ch
     assert s["pattern"] == "persistent" and s["straggler"] == 3
     line = straggler_line({"stragglers": s})
     assert line.startswith(f"rank 3 arrived last at {100 * s['last_share'][3]:.0f} % of the steps")
-    # 2 ranks, rank 0 last in 55 % of 10,000 steps: significant, but hardly a straggler
-    first = (rng.uniform(size=10000) < 0.55).astype(np.float64)
-    s = _stamps([np.where(first, 0, 1e-4), np.where(first, 1e-4, 0)]).stragglers()
-    assert s["p_value"] < 1e-3 and s["pattern"] == "random" and s["straggler"] is None
+    # 2 ranks, rank 0 last in 85 % of 10,000 steps: significant, but below the bar of 0.9
+    for share, pattern, straggler in [(0.85, "random", None), (0.95, "persistent", 0)]:
+        first = rng.uniform(size=10000) < share
+        s = _stamps([np.where(first, 0, 1e-4), np.where(first, 1e-4, 0)]).stragglers()
+        assert s["p_value"] < 1e-3 and s["last_count"][0] == first.sum()
+        assert s["pattern"] == pattern and s["straggler"] == straggler
     # last in all of 5 steps: too few to tell
     s = _stamps([[1e-3] * 5, [0.0] * 5]).stragglers()
     assert s["last_count"] == [0, 5] and s["pattern"] is None and s["p_value"] is None
