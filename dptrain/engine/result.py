@@ -1,7 +1,6 @@
 """What a run returns (``TrainResult``) and writes: the trained model, the per-epoch history,
 where the time went, the JSON result and the files the options ask for; and the lines it
-prints about them (``epoch_line``, ``breakdown_line``,
-``straggler_line``)."""
+prints about them (``epoch_line``, ``breakdown_line``, ``straggler_line``)."""
 
 from __future__ import annotations
 
