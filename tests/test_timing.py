@@ -152,7 +152,8 @@ def test_tables_and_exports_agree(tmp_path):
                 assert row[p] == pytest.approx(sum(x[p] for x in mine), rel=1e-9)
     text = st.to_csv(tmp_path / "s.csv")
     assert (tmp_path / "s.csv").read_text() == text
-    assert text.splitlines()[0] == "rank,step,epoch,seconds," + ",".join(timing.PHASES)
+    header = ["rank", "step", "epoch", "seconds", *timing.PHASES, "last_rank"]
+    assert text.splitlines()[0] == ",".join(header)
     assert len(text.splitlines()) == 1 + len(steps)
     again = timing.StepTimes.from_dict(json.loads(st.to_json()))
     assert again.summary() == st.summary()

@@ -1,6 +1,6 @@
 """What a run returns (``TrainResult``) and writes: the trained model, the per-epoch history,
 where the time went, the JSON result and the files the options ask for; and the lines it
-prints about them (``epoch_line``, ``breakdown_line``)."""
+prints about them (``epoch_line``, ``breakdown_line``, ``straggler_line``)."""
 
 from __future__ import annotations
 
@@ -172,6 +172,9 @@ def make_result(
         result.to_json(cfg.out)
         say(f"wrote {cfg.out}")
     say(breakdown_line(breakdown))
+    line = straggler_line(breakdown)
+    if line:
+        say(line)
     if cfg.trace:
         step_times.chrome_trace(cfg.trace)
         say(f"wrote {cfg.trace} (open it in https://ui.perfetto.dev)")
@@ -191,6 +194,33 @@ def breakdown_line(b: dict) -> str:
     shares = "  ".join(f"{k} {100 * v / total:.0f}%" for k, v in b["phase_seconds"].items())
     st = b["step_seconds"]
     return f"time per step: p50 {1e3 * st['p50']:.2f} ms, p99 {1e3 * st['p99']:.2f} ms; {shares}"
+
+
+# random jitter's cost gets its own line from this share of the step on (below it, the
+# breakdown line's sync_wait share says enough)
+NOTABLE_WAIT_SHARE = 0.05
+
+
+def straggler_line(b: dict) -> str | None:
+    """The line about the last arrivals at the collectives: a persistent straggler, named
+    with what waiting for it cost the others; random jitter, where its cost is a notable share
+    of the step (NOTABLE_WAIT_SHARE); else None."""
+    s = b.get("stragglers") or {}
+    if s.get("pattern") == "persistent":
+        r = s["straggler"]
+        return (
+            f"rank {r} arrived last at {100 * s['last_share'][r]:.0f} % of the steps: the others "
+            f"waited {1e3 * s['rank_cost_seconds_per_step'][r]:.1f} ms per step for it "
+            f"({100 * s['rank_cost_share'][r]:.0f} % of the step)"
+        )
+    if s.get("pattern") == "random" and s["wait_share"] >= NOTABLE_WAIT_SHARE:
+        shares = ", ".join(f"{100 * x:.0f}" for x in s["last_share"])
+        return (
+            f"the last arrival at the collectives is random jitter (last at {shares} % of the "
+            f"steps, by rank): the others waited {1e3 * s['wait_seconds_per_step']:.2f} ms per "
+            f"step for the last ({100 * s['wait_share']:.0f} % of the step)"
+        )
+    return None
 
 
 def epoch_line(rec: dict, epochs: int, n: int) -> str:
