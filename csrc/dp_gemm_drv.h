@@ -218,6 +218,22 @@ static void D(gemm_task)(void *arg, int t, int n)
     }
 }
 
+/* Part t's packing buffers (of `threads` parts): mcb x kc of A, ncb x kc of B. */
+static int D(gemm_scratch)(const D(gemm_job) * job, int t, int threads)
+{
+    int m0 = 0, m1 = job->M, n0 = 0, n1 = job->N;
+    if (job->split_n)
+        D(part)(job->N, NR, t, threads, &n0, &n1);
+    else
+        D(part)(job->M, MR, t, threads, &m0, &m1);
+    int mcb = D(balanced)(m1 - m0 > 0 ? m1 - m0 : 1, MC, MR);
+    int ncb = D(round_up)((n1 - n0) < NC ? (n1 - n0 > 0 ? n1 - n0 : 1) : NC, NR);
+    if (!dp_scratch_get(&job->ctx->pack[2 * t], sizeof(T) * (size_t)mcb * job->kc) ||
+        !dp_scratch_get(&job->ctx->pack[2 * t + 1], sizeof(T) * (size_t)ncb * job->kc))
+        return DP_ENOMEM;
+    return DP_OK;
+}
+
 /* A matrix-vector product (N == 1 or M == 1) whose matrix has a unit stride, on the logistic
  * kernel's halves (dp_gemv_rows / dp_gemv_cols, dp_gemm.h): the blocked path packs the
  * matrix for a micro-tile that the vector fills 1 / NR of, a fraction of OpenBLAS's speed.
@@ -351,26 +367,39 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
     D(gemm_job)
     job = {ctx,  D(pick_impl_for)(bf16), C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta, 1,
            bf16, D(balanced)(K, KC, 1)};
-    const int mr = job.impl.mr, nr = job.impl.nr;
-    int threads = D(plan_threads)(ctx->threads, M, N, K, mr, nr, GEMM_THREAD_FLOPS, &job.split_n);
+    int threads = D(plan_threads)(ctx->threads, M, N, K, job.impl.mr, job.impl.nr,
+                                  GEMM_THREAD_FLOPS, &job.split_n);
     /* Scratch is sized in the caller so that no thread can fail. */
-    for (int t = 0; t < threads; t++) {
-        int m0 = 0, m1 = M, n0 = 0, n1 = N;
-        if (job.split_n)
-            D(part)(N, nr, t, threads, &n0, &n1);
-        else
-            D(part)(M, mr, t, threads, &m0, &m1);
-        int mcb = D(balanced)(m1 - m0 > 0 ? m1 - m0 : 1, MC, mr);
-        int ncb = D(round_up)((n1 - n0) < NC ? (n1 - n0 > 0 ? n1 - n0 : 1) : NC, nr);
-        if (!dp_scratch_get(&ctx->pack[2 * t], sizeof(T) * (size_t)mcb * job.kc) ||
-            !dp_scratch_get(&ctx->pack[2 * t + 1], sizeof(T) * (size_t)ncb * job.kc)) {
+    for (int t = 0; t < threads; t++)
+        if (D(gemm_scratch)(&job, t, threads)) {
             if (own) dp_ctx_free(&local);
             return DP_ENOMEM;
         }
-    }
     dp_threads_run(ctx->team, threads, D(gemm_task), &job);
     if (own) dp_ctx_free(&local);
     return DP_OK;
+}
+
+int D(dp_gemm_part)(dp_ctx *ctx, int t, int n, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa,
+                    ptrdiff_t csa, const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K,
+                    T alpha, T beta)
+{
+    // part t of dp_gemm over the n parts of a region: every part calls it alike and computes
+    // its own block of C, dp_gemm's on n threads (the same sums); the caller's barrier ends it
+    if (n <= 1 || M <= 1 || N <= 1 || K <= 0 || alpha == 0 ||
+        (ctx->bf16_inputs && sizeof(T) == sizeof(float)))
+        /* the empty, matrix-vector and bfloat16 paths: whole on the first part */
+        return t == 0 ? D(dp_gemm)(ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta)
+                      : DP_OK;
+    D(gemm_job)
+    job = {ctx, D(pick_impl_for)(0),  C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta, 1,
+           0,   D(balanced)(K, KC, 1)};
+    int threads =
+        D(plan_threads)(n, M, N, K, job.impl.mr, job.impl.nr, GEMM_THREAD_FLOPS, &job.split_n);
+    if (t >= threads) return DP_OK;
+    int rc = D(gemm_scratch)(&job, t, threads);
+    if (rc == DP_OK) D(gemm_task)(&job, t, threads);
+    return rc;
 }
 
 int D(dp_gemm_patch)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *x, const ptrdiff_t *aoff,

@@ -3,6 +3,7 @@
 #include "dp_model.h"
 
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -305,6 +306,9 @@ void dp_model_free(dp_model *m)
     dp_scratch_free(&m->codes);
     dp_scratch_free(&m->grad_io);
 }
+
+/* the phases the calling thread has ended in the sweep it runs (dp_model_tmpl.h: K(phase_end)) */
+static _Thread_local int sweep_phase;
 
 #define T float
 #define S _f32

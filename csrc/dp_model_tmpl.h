@@ -220,51 +220,6 @@ static void K(rows_backward_task)(void *arg, int t, int n)
                         job->in + lo * iw, (hi - lo) * ow);
 }
 
-/* Runs a job on every thread (one when the batch has a single row); the first failing
- * thread's code, or DP_OK. */
-static int K(run_job)(dp_model *m, K(stage_job) * job, dp_task_fn fn)
-{
-    int n = job->rows < m->threads ? job->rows : m->threads;
-    if (n < 1) n = 1;
-    dp_threads_run(m->ctx.team, n, fn, job);
-    for (int t = 0; t < n; t++)
-        if (job->rc[t]) return job->rc[t];
-    return DP_OK;
-}
-
-/* ---- forward, loss ---------------------------------------------------------------------- */
-
-/* Forward through every stage; out[n_stages - 1] holds the model's outputs (rows, OUT). */
-static int K(model_forward)(dp_model *m, K(model_bufs) * bf, const T *params, const T *x, int rows)
-{
-    const dp_plan *p = &m->plan;
-    const T *h = x;
-    for (int s = 0; s < p->n_stages; s++) {
-        const dp_stage *st = &p->stage[s];
-        int rc = DP_OK;
-        if (st->op == DP_STAGE_DENSE) {
-            rc = K(dp_dense_forward)(&m->ctx, bf->out[s], h, params + st->w_off, params + st->b_off,
-                                     rows, st->in_width, st->out_width);
-            if (rc == DP_OK && st->act != DP_ACT_NONE)
-                K(act_forward)(st->act, bf->out[s], bf->out[s], (ptrdiff_t)rows * st->out_width);
-        } else {
-            K(stage_job)
-            job = {.m = m,
-                   .st = st,
-                   .rows = rows,
-                   .in = h,
-                   .out = bf->out[s],
-                   .code = bf->code[s],
-                   .params = params};
-            rc = K(run_job)(m, &job,
-                            st->op == DP_STAGE_CONV ? K(conv_forward_task) : K(rows_forward_task));
-        }
-        if (rc) return rc;
-        h = bf->out[s];
-    }
-    return DP_OK;
-}
-
 /* The first row whose label the loss refuses (after DP_ELABEL). */
 static int K(first_bad_label)(const dp_plan *p, const int64_t *labels, int rows)
 {
@@ -300,51 +255,307 @@ static int K(model_loss)(dp_model *m, T *dout, double *loss_sum, int64_t *correc
 DP_INLINE int K(has_targets)(const dp_plan *p, const int64_t *labels, const T *targets)
 { return p->loss == DP_LOSS_MSE ? targets != NULL : labels != NULL; }
 
-int K(dp_model_forward_loss)(dp_model *m, double *loss_sum, int64_t *correct, const T *params,
-                             const T *x, const int64_t *labels, const T *targets, int B,
-                             T grad_scale)
+/* ---- the sweep: one parallel region per call ------------------------------------------------
+ *
+ * A call (forward_loss, a backward step, loss_grad, an evaluate chunk) runs as one region of
+ * the model's team (dp_threads_region): every part walks the same stages and does its share of
+ * each (rows of the row-wise work, its block of each GEMM, its images of a conv stage), the
+ * parts meeting at a barrier where a phase reads what others wrote. The loss and the conv
+ * stages' sum of the threads' partials run on part 0. Where the region has one part (one
+ * thread, or a model that keeps the fork/join per kernel: see use_region) the same walk runs on
+ * the caller, and every kernel splits itself over the team as before.
+ *
+ * The bits are those of the fork/join path: a GEMM's blocks are the ones dp_gemm cuts for the
+ * team's size, a conv stage's images go to the threads as before (row_range over
+ * min(rows, threads)) and its partials are summed in thread order, the bias gradient's columns
+ * are each summed over the rows in row order. */
+
+typedef struct {
+    dp_model *m;
+    K(model_bufs) bf;
+    const T *params, *x; /* x: the batch (rows, in_width) */
+    T *grads;
+    int rows;
+    int forward;           /* run the stages forward */
+    int loss;              /* then the loss of rows [row0, row0 + rows) */
+    const int64_t *labels; /* the loss's labels / targets, from the batch's first row */
+    const T *targets;
+    int row0;
+    T grad_scale; /* and its gradient into bf.g0 (with_grad) */
+    int with_grad;
+    int top, bottom; /* then backward steps top, top - 1, .., bottom (none: top < bottom) */
+    int d_second;    /* which grad_io half holds d loss / d output, before and after */
+    double loss_sum;
+    int64_t correct;
+    _Atomic int rc;      /* the first failure of any part, or DP_OK */
+    _Atomic int fail_at; /* the first phase a part failed in (INT_MAX: none) */
+} K(sweep);
+
+/* Records a part's failure (the first code is kept) and the phase it happened in. */
+DP_INLINE void K(fail)(K(sweep) * sw, int rc)
 {
-    // x is (B, in_width): forward and loss; d(grad_scale * loss)/d(outputs) is kept for the
-    // backward steps that follow
+    if (!rc) return;
+    int ok = DP_OK, at = atomic_load(&sw->fail_at);
+    atomic_compare_exchange_strong(&sw->rc, &ok, rc);
+    while (sweep_phase < at && !atomic_compare_exchange_weak(&sw->fail_at, &at, sweep_phase)) {}
+}
+
+/* Ends a phase: every part waits for the others; 1 (all parts alike) if a part failed in this
+ * phase or before. Not "any failure so far": a part already in the next phase may fail before
+ * a slower one has looked, and the parts would leave at different barriers. */
+DP_INLINE int K(phase_end)(K(sweep) * sw, int n)
+{
+    dp_threads_barrier(sw->m->ctx.team, n);
+    return atomic_load(&sw->fail_at) <= sweep_phase++;
+}
+
+/* A conv, pool or activation stage's task (images or rows) on this part: on a region its own
+ * share (parts past min(rows, n) have none), else split over the team as a fork/join. */
+static void K(stage_part)(K(sweep) * sw, K(stage_job) * job, dp_task_fn fn, int t, int n)
+{
+    int parts = job->rows < sw->m->threads ? job->rows : sw->m->threads;
+    if (parts < 1) parts = 1;
+    if (n == 1) {
+        dp_threads_run(sw->m->ctx.team, parts, fn, job);
+    } else {
+        parts = job->rows < n ? job->rows : n;
+        if (t >= parts) return;
+        fn(job, t, parts);
+        K(fail)(sw, job->rc[t]);
+        return;
+    }
+    for (int i = 0; i < parts; i++) K(fail)(sw, job->rc[i]);
+}
+
+/* Forward through every stage; out[n_stages - 1] holds the model's outputs. */
+static int K(forward_part)(K(sweep) * sw, int t, int n)
+{
+    dp_model *m = sw->m;
+    const dp_plan *p = &m->plan;
+    int rows = sw->rows, lo, hi;
+    K(row_range)(rows, t, n, &lo, &hi);
+    const T *h = sw->x;
+    for (int s = 0; s < p->n_stages; s++) {
+        const dp_stage *st = &p->stage[s];
+        T *y = sw->bf.out[s];
+        if (st->op == DP_STAGE_DENSE) {
+            int IN = st->in_width, OUT = st->out_width;
+            const T *b = sw->params + st->b_off;
+            for (int i = lo; i < hi; i++)
+                memcpy(y + (ptrdiff_t)i * OUT, b, sizeof(T) * (size_t)OUT);
+            if (K(phase_end)(sw, n)) return 1;
+            K(fail)(sw, K(dp_gemm_part)(&m->ctx, t, n, y, OUT, h, IN, 1, sw->params + st->w_off, 1,
+                                        IN, rows, OUT, IN, (T)1, (T)1));
+            if (K(phase_end)(sw, n)) return 1;
+            if (st->act != DP_ACT_NONE)
+                K(act_forward)(st->act, y + (ptrdiff_t)lo * OUT, y + (ptrdiff_t)lo * OUT,
+                               (ptrdiff_t)(hi - lo) * OUT);
+            /* a dense stage next fills its own rows of another buffer, then meets the others */
+            if (s + 1 < p->n_stages && p->stage[s + 1].op == DP_STAGE_DENSE) {
+                h = y;
+                continue;
+            }
+        } else {
+            K(stage_job)
+            job = {.m = m,
+                   .st = st,
+                   .rows = rows,
+                   .in = h,
+                   .out = y,
+                   .code = sw->bf.code[s],
+                   .params = sw->params};
+            K(stage_part)(sw, &job,
+                          st->op == DP_STAGE_CONV ? K(conv_forward_task) : K(rows_forward_task), t,
+                          n);
+        }
+        if (K(phase_end)(sw, n)) return 1;
+        h = y;
+    }
+    return 0;
+}
+
+/* Backward through stage s (parameter-free: POOL or ACT): d holds d loss / d out[s]; the
+ * result, d loss / d in[s], is left in d (ACT, in place) or dnext (POOL, and the halves swap). */
+static int K(free_stage_backward)(K(sweep) * sw, int s, int *d_second, int t, int n)
+{
+    const dp_stage *st = &sw->m->plan.stage[s];
+    K(model_bufs) *bf = &sw->bf;
+    K(stage_job)
+    job = {.m = sw->m,
+           .st = st,
+           .rows = sw->rows,
+           .in = bf->out[s - 1],
+           .out = bf->out[s],
+           .code = bf->code[s],
+           .d = *d_second ? bf->g1 : bf->g0,
+           .dnext = *d_second ? bf->g0 : bf->g1};
+    K(stage_part)(sw, &job, K(rows_backward_task), t, n);
+    if (st->op == DP_STAGE_POOL) *d_second = !*d_second;
+    return K(phase_end)(sw, n);
+}
+
+/* One backward step: the parameter-free stages after parameterized layer `layer`, then its
+ * dW, db (accumulated into grads) and d loss / d its input (not for layer 0). */
+static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int n)
+{
+    dp_model *m = sw->m;
+    const dp_plan *p = &m->plan;
+    K(model_bufs) *bf = &sw->bf;
+    int B = sw->rows, lo, hi;
+    int s0 = p->param_stage[layer];
+    int s1 = layer + 1 < p->n_param_layers ? p->param_stage[layer + 1] : p->n_stages;
+    for (int s = s1 - 1; s > s0; s--)
+        if (K(free_stage_backward)(sw, s, d_second, t, n)) return 1;
+    const dp_stage *st = &p->stage[s0];
+    T *d = *d_second ? bf->g1 : bf->g0;
+    T *dnext = layer > 0 ? (*d_second ? bf->g0 : bf->g1) : NULL;
+    const T *h = s0 > 0 ? bf->out[s0 - 1] : sw->x;
+    T *grads = sw->grads;
+    K(row_range)(B, t, n, &lo, &hi);
+    if (st->op == DP_STAGE_DENSE) {
+        int IN = st->in_width, OUT = st->out_width;
+        const T *w = sw->params + st->w_off;
+        if (st->act != DP_ACT_NONE) {
+            K(act_backward)(st->act, d + (ptrdiff_t)lo * OUT, d + (ptrdiff_t)lo * OUT,
+                            bf->out[s0] + (ptrdiff_t)lo * OUT, NULL, (ptrdiff_t)(hi - lo) * OUT);
+            if (K(phase_end)(sw, n)) return 1;
+        }
+        /* dW += d^T h, dx = d W and db += column sums of d: one phase, each part its share */
+        K(fail)(sw, K(dp_gemm_part)(&m->ctx, t, n, grads + st->w_off, IN, d, 1, OUT, h, IN, 1, OUT,
+                                    IN, B, (T)1, (T)1));
+        if (dnext)
+            K(fail)(sw, K(dp_gemm_part)(&m->ctx, t, n, dnext, IN, d, OUT, 1, w, IN, 1, B, IN, OUT,
+                                        (T)1, (T)0));
+        int o0, o1;
+        K(row_range)(OUT, t, n, &o0, &o1);
+        T *db = grads + st->b_off;
+        for (int i = 0; i < B; i++) {
+            const T *r = d + (ptrdiff_t)i * OUT;
+            for (int o = o0; o < o1; o++) db[o] += r[o];
+        }
+        if (K(phase_end)(sw, n)) return 1;
+    } else {
+        K(stage_job)
+        job = {.m = m,
+               .st = st,
+               .rows = B,
+               .in = h,
+               .out = bf->out[s0],
+               .code = bf->code[s0],
+               .params = sw->params,
+               .d = d,
+               .dnext = dnext};
+        K(stage_part)(sw, &job, K(conv_backward_task), t, n);
+        if (K(phase_end)(sw, n)) return 1;
+        if (t == 0) { /* the threads' partials, in thread order */
+            const dp_conv_geom *g = &st->g;
+            ptrdiff_t nw = (ptrdiff_t)g->OC * g->C * g->KH * g->KW;
+            T *dw = grads + st->w_off, *db = grads + st->b_off;
+            int parts = B < m->threads ? B : m->threads;
+            for (int i = 0; i < parts; i++) {
+                int a, z;
+                K(row_range)(B, i, parts, &a, &z);
+                if (a >= z) continue;
+                const T *dwt = m->th[i].grad.ptr;
+                K(dp_conv_add_dwt)(dw, dwt, g);
+                for (int o = 0; o < g->OC; o++) db[o] += dwt[nw + o];
+            }
+        }
+        /* the partials' buffers are the next conv step's */
+        if (K(phase_end)(sw, n)) return 1;
+    }
+    if (layer > 0) *d_second = !*d_second;
+    return 0;
+}
+
+static void K(sweep_task)(void *arg, int t, int n)
+{
+    K(sweep) *sw = arg;
+    sweep_phase = 0;
+    if (sw->forward && K(forward_part)(sw, t, n)) return;
+    if (sw->loss) {
+        if (t == 0) {
+            double part = 0;
+            int64_t ok = 0;
+            const dp_plan *p = &sw->m->plan;
+            K(fail)(sw, K(model_loss)(sw->m, sw->with_grad ? sw->bf.g0 : NULL, &part, &ok,
+                                      sw->bf.out[p->n_stages - 1], sw->labels, sw->targets,
+                                      sw->row0, sw->rows, sw->grad_scale));
+            sw->loss_sum = part;
+            sw->correct = ok;
+        }
+        if (K(phase_end)(sw, n)) return;
+    }
+    int d_second = sw->d_second;
+    for (int layer = sw->top; layer >= sw->bottom; layer--)
+        if (K(backward_part)(sw, layer, &d_second, t, n)) return;
+    if (t == 0) sw->d_second = d_second;
+}
+
+/* One parallel region per call where the team can run one and it pays: more than one stage
+ * (a single GEMM gains nothing from it) and no bfloat16 inputs (their GEMMs thread
+ * themselves). Elsewhere the walk runs on the caller, its kernels fork and join as before. */
+static int K(run_sweep)(K(sweep) * sw)
+{
+    dp_model *m = sw->m;
+    atomic_init(&sw->rc, DP_OK);
+    atomic_init(&sw->fail_at, INT_MAX);
+    if (m->plan.n_stages > 1 && !m->ctx.bf16_inputs)
+        dp_threads_region(m->ctx.team, K(sweep_task), sw);
+    else
+        K(sweep_task)(sw, 0, 1);
+    return atomic_load(&sw->rc);
+}
+
+/* forward_loss, then backward steps top .. bottom (none where top < bottom), in one region;
+ * the sweep's state is the model's before and after */
+static int K(forward_backward)(dp_model *m, T *grads, double *loss_sum, int64_t *correct,
+                               const T *params, const T *x, const int64_t *labels, const T *targets,
+                               int B, T grad_scale, int top)
+{
     const dp_plan *p = &m->plan;
     m->pending_rows = 0;
     *loss_sum = 0;
     *correct = 0;
     if (B <= 0) return DP_OK;
     if (!K(has_targets)(p, labels, targets)) return DP_EVALUE;
-    K(model_bufs) bf;
-    int rc = K(model_buffers)(m, B, &bf, 1);
+    K(sweep)
+    sw = {.m = m,
+          .params = params,
+          .x = x,
+          .grads = grads,
+          .rows = B,
+          .forward = 1,
+          .loss = 1,
+          .labels = labels,
+          .targets = targets,
+          .grad_scale = grad_scale,
+          .with_grad = 1,
+          .top = top,
+          .bottom = 0};
+    int rc = K(model_buffers)(m, B, &sw.bf, 1);
     if (rc) return rc;
-    rc = K(model_forward)(m, &bf, params, x, B);
+    rc = K(run_sweep)(&sw);
     if (rc) return rc;
-    rc = K(model_loss)(m, bf.g0, loss_sum, correct, bf.out[p->n_stages - 1], labels, targets, 0, B,
-                       grad_scale);
-    if (rc) return rc;
-    m->pending_rows = B;
-    m->pending_x = x;
-    m->next_layer = p->n_param_layers - 1;
-    m->d_second = 0;
+    *loss_sum = sw.loss_sum;
+    *correct = sw.correct;
+    if (top < 0) { /* a sweep in progress: its steps come one call each */
+        m->pending_rows = B;
+        m->pending_x = x;
+        m->next_layer = p->n_param_layers - 1;
+        m->d_second = 0;
+    }
     return DP_OK;
 }
 
-/* Backward through stage s (parameter-free: POOL or ACT): d holds d loss / d out[s]; the
- * result, d loss / d in[s], is left in d (ACT, in place) or dnext (POOL, and the halves swap). */
-static int K(free_stage_backward)(dp_model *m, K(model_bufs) * bf, int s, int rows)
+int K(dp_model_forward_loss)(dp_model *m, double *loss_sum, int64_t *correct, const T *params,
+                             const T *x, const int64_t *labels, const T *targets, int B,
+                             T grad_scale)
 {
-    const dp_stage *st = &m->plan.stage[s];
-    T *d = m->d_second ? bf->g1 : bf->g0, *dnext = m->d_second ? bf->g0 : bf->g1;
-    K(stage_job)
-    job = {.m = m,
-           .st = st,
-           .rows = rows,
-           .in = bf->out[s - 1],
-           .out = bf->out[s],
-           .code = bf->code[s],
-           .d = d,
-           .dnext = dnext};
-    int rc = K(run_job)(m, &job, K(rows_backward_task));
-    if (rc == DP_OK && st->op == DP_STAGE_POOL) m->d_second = !m->d_second;
-    return rc;
+    // x is (B, in_width): forward and loss; d(grad_scale * loss)/d(outputs) is kept for the
+    // backward steps that follow
+    return K(forward_backward)(m, NULL, loss_sum, correct, params, x, labels, targets, B,
+                               grad_scale, -1);
 }
 
 int K(dp_model_backward_layer)(dp_model *m, T *grads, const T *params, int layer)
@@ -352,56 +563,22 @@ int K(dp_model_backward_layer)(dp_model *m, T *grads, const T *params, int layer
     // one step of the sweep: the parameter-free stages after parameterized layer `layer`, then
     // its dW, db (accumulated into grads) and d(loss)/d(its input) for the step after (not
     // computed for layer 0)
-    const dp_plan *p = &m->plan;
     int B = m->pending_rows;
     if (B == 0 || layer != m->next_layer) return DP_EORDER;
-    K(model_bufs) bf;
-    int rc = K(model_buffers)(m, B, &bf, 1); /* the same scratch: no allocation */
+    K(sweep)
+    sw = {.m = m,
+          .params = params,
+          .x = m->pending_x,
+          .grads = grads,
+          .rows = B,
+          .top = layer,
+          .bottom = layer,
+          .d_second = m->d_second};
+    int rc = K(model_buffers)(m, B, &sw.bf, 1); /* the same scratch: no allocation */
     if (rc) return rc;
-    int s0 = p->param_stage[layer];
-    int s1 = layer + 1 < p->n_param_layers ? p->param_stage[layer + 1] : p->n_stages;
-    for (int s = s1 - 1; s > s0; s--) {
-        rc = K(free_stage_backward)(m, &bf, s, B);
-        if (rc) return rc;
-    }
-    const dp_stage *st = &p->stage[s0];
-    T *d = m->d_second ? bf.g1 : bf.g0, *dnext = layer > 0 ? (m->d_second ? bf.g0 : bf.g1) : NULL;
-    const T *h = s0 > 0 ? bf.out[s0 - 1] : (const T *)m->pending_x;
-    if (st->op == DP_STAGE_DENSE) {
-        int IN = st->in_width, OUT = st->out_width;
-        if (st->act != DP_ACT_NONE)
-            K(act_backward)(st->act, d, d, bf.out[s0], NULL, (ptrdiff_t)B * OUT);
-        rc = K(dp_dense_backward)(&m->ctx, grads + st->w_off, grads + st->b_off, dnext, d, h,
-                                  params + st->w_off, B, IN, OUT);
-        if (rc) return rc;
-    } else {
-        K(stage_job)
-        job = {.m = m,
-               .st = st,
-               .rows = B,
-               .in = h,
-               .out = bf.out[s0],
-               .code = bf.code[s0],
-               .params = params,
-               .d = d,
-               .dnext = dnext};
-        rc = K(run_job)(m, &job, K(conv_backward_task));
-        if (rc) return rc;
-        /* the threads' partials, in thread order */
-        const dp_conv_geom *g = &st->g;
-        ptrdiff_t nw = (ptrdiff_t)g->OC * g->C * g->KH * g->KW;
-        T *dw = grads + st->w_off, *db = grads + st->b_off;
-        int n = B < m->threads ? B : m->threads;
-        for (int t = 0; t < n; t++) {
-            int lo, hi;
-            K(row_range)(B, t, n, &lo, &hi);
-            if (lo >= hi) continue;
-            const T *dwt = m->th[t].grad.ptr;
-            K(dp_conv_add_dwt)(dw, dwt, g);
-            for (int o = 0; o < g->OC; o++) db[o] += dwt[nw + o];
-        }
-    }
-    if (layer > 0) m->d_second = !m->d_second;
+    rc = K(run_sweep)(&sw);
+    if (rc) return rc;
+    m->d_second = sw.d_second;
     m->next_layer = layer - 1;
     if (layer == 0) m->pending_rows = 0;
     return DP_OK;
@@ -426,12 +603,8 @@ int K(dp_model_loss_grad)(dp_model *m, T *grads, double *loss_sum, int64_t *corr
         if (rc == DP_ELABEL) m->bad_row = K(first_bad_label)(p, labels, B);
         return rc;
     }
-    int rc =
-        K(dp_model_forward_loss)(m, loss_sum, correct, params, x, labels, targets, B, grad_scale);
-    for (int l = p->n_param_layers - 1; l >= 0 && rc == DP_OK && m->pending_rows; l--)
-        rc = K(dp_model_backward_layer)(m, grads, params, l);
-    m->pending_rows = 0;
-    return rc;
+    return K(forward_backward)(m, grads, loss_sum, correct, params, x, labels, targets, B,
+                               grad_scale, p->n_param_layers - 1);
 }
 
 int K(dp_model_evaluate)(dp_model *m, T *out, double *loss_sum, int64_t *correct, const T *params,
@@ -447,21 +620,27 @@ int K(dp_model_evaluate)(dp_model *m, T *out, double *loss_sum, int64_t *correct
     *correct = 0;
     for (int r0 = 0; r0 < B; r0 += m->eval_rows) {
         int rows = B - r0 < m->eval_rows ? B - r0 : m->eval_rows;
-        K(model_bufs) bf;
-        int rc = K(model_buffers)(m, rows, &bf, 0);
+        K(sweep)
+        sw = {.m = m,
+              .params = params,
+              .x = x + (ptrdiff_t)r0 * IN0,
+              .rows = rows,
+              .forward = 1,
+              .loss = with_loss,
+              .labels = labels,
+              .targets = targets,
+              .row0 = r0,
+              .grad_scale = (T)1,
+              .top = -1};
+        int rc = K(model_buffers)(m, rows, &sw.bf, 0);
         if (rc) return rc;
-        rc = K(model_forward)(m, &bf, params, x + (ptrdiff_t)r0 * IN0, rows);
+        rc = K(run_sweep)(&sw);
         if (rc) return rc;
-        const T *y = bf.out[p->n_stages - 1];
-        if (with_loss) {
-            double part;
-            int64_t ok;
-            rc = K(model_loss)(m, NULL, &part, &ok, y, labels, targets, r0, rows, (T)1);
-            if (rc) return rc;
-            total += part;
-            right += ok;
-        }
-        if (out) memcpy(out + (ptrdiff_t)r0 * OUT, y, sizeof(T) * (size_t)rows * (size_t)OUT);
+        total += sw.loss_sum;
+        right += sw.correct;
+        if (out)
+            memcpy(out + (ptrdiff_t)r0 * OUT, sw.bf.out[p->n_stages - 1],
+                   sizeof(T) * (size_t)rows * (size_t)OUT);
     }
     *loss_sum = total;
     *correct = right;

@@ -45,6 +45,22 @@ void dp_threads_run(dp_threads *team, int n, dp_task_fn fn, void *arg)
     (void)team;
     for (int t = 0; t < n; t++) fn(arg, t, n);
 }
+int dp_threads_region_size(const dp_threads *team)
+{
+    (void)team;
+    return 1;
+}
+void dp_threads_region(dp_threads *team, dp_task_fn fn, void *arg)
+{
+    (void)team;
+    fn(arg, 0, 1);
+}
+void dp_threads_barrier(dp_threads *team, int n) { (void)team, (void)n; }
+unsigned long long dp_threads_jobs(const dp_threads *team)
+{
+    (void)team;
+    return 0;
+}
 
 #else
 
@@ -55,19 +71,32 @@ void dp_threads_run(dp_threads *team, int n, dp_task_fn fn, void *arg)
 #include <time.h>
 #include <unistd.h>
 
+/* how long a wait spins before it sleeps: adapted, see spin_until */
+typedef struct {
+    _Atomic int64_t ns;
+    atomic_uint waits; /* spin-waits so far (every DP_THREADS_SPIN_PROBE-th spins long) */
+} spin_policy;
+
 struct dp_threads {
     int threads;        /* parts it can run: helpers + the caller */
     pid_t owner;        /* the process whose threads these are: a fork()ed child has
                                    none of them, so there the team runs everything inline */
     pthread_t *helpers; /* threads - 1 of them */
     pthread_mutex_t mutex;
-    pthread_cond_t wake;    /* helpers sleep here between jobs */
-    pthread_cond_t done_cv; /* the caller sleeps here until the job is done */
-    atomic_uint generation; /* bumped once per job; helpers wait for a change */
-    atomic_int remaining;   /* helpers still working on this job */
+    pthread_cond_t wake;     /* helpers sleep here between jobs */
+    pthread_cond_t done_cv;  /* the caller sleeps here until the job is done */
+    atomic_uint generation;  /* bumped once per job; helpers wait for a change */
+    unsigned long long jobs; /* jobs posted (dp_threads_jobs): written by the one caller */
+    atomic_int remaining;    /* helpers still working on this job */
     int stop;
-    _Atomic int64_t spin_ns; /* how long to spin before sleeping: adapted, see spin_until */
-    atomic_uint waits;       /* spin-waits so far (every DP_THREADS_SPIN_PROBE-th spins long) */
+    spin_policy job_spin; /* the waits for a job and for its end */
+    spin_policy bar_spin; /* the waits at a region's barriers: apart, so that the long waits
+                                between two calls do not shorten the short ones within a call */
+    /* the barrier of a region: arrivals in this round, rounds completed, parts asleep */
+    atomic_int bar_count;
+    atomic_uint bar_round;
+    atomic_int bar_sleepers;
+    pthread_cond_t bar_cv;
     /* the job */
     dp_task_fn fn;
     void *arg;
@@ -78,6 +107,9 @@ typedef struct {
     dp_threads *team;
     int t;
 } helper_arg;
+
+/* > 0 while this thread runs a part of a job: a dp_threads_run from there runs inline */
+static _Thread_local int in_job;
 
 static int64_t now_ns(void)
 {
@@ -113,16 +145,17 @@ static inline void cpu_relax(void)
 #define DP_THREADS_SPIN_MIN_NS 1000
 #define DP_THREADS_SPIN_PROBE 64
 
-/* Spins while waiting(team, arg) holds, for at most team->spin_ns (the clock read once per 64
+/* Spins while waiting(team, arg) holds, for at most sp->ns (the clock read once per 64
  * spins), and adapts the spin: 1 if the wait ended while spinning (the spin doubles what this
  * wait spun, up to DP_THREADS_SPIN_NS), 0 if it outlasted the spin and the caller must sleep
  * (the spin halves, down to DP_THREADS_SPIN_MIN_NS). */
-static int spin_until(dp_threads *team, int (*waiting)(dp_threads *, unsigned), unsigned arg)
+static int spin_until(spin_policy *sp, dp_threads *team, int (*waiting)(dp_threads *, unsigned),
+                      unsigned arg)
 {
     /* every DP_THREADS_SPIN_PROBE-th wait spins the whole DP_THREADS_SPIN_NS: a spin halved
      * down to its minimum would otherwise only grow back from waits shorter than a few us */
-    int64_t cur = atomic_load_explicit(&team->spin_ns, memory_order_relaxed), until = 0;
-    unsigned wait = atomic_fetch_add_explicit(&team->waits, 1u, memory_order_relaxed);
+    int64_t cur = atomic_load_explicit(&sp->ns, memory_order_relaxed), until = 0;
+    unsigned wait = atomic_fetch_add_explicit(&sp->waits, 1u, memory_order_relaxed);
     int64_t ns = wait % DP_THREADS_SPIN_PROBE == 0 ? DP_THREADS_SPIN_NS : cur;
     for (unsigned spins = 0; waiting(team, arg); spins++) {
         if ((spins & 63) == 0) {
@@ -130,18 +163,16 @@ static int spin_until(dp_threads *team, int (*waiting)(dp_threads *, unsigned), 
             if (!until) {
                 until = t + ns;
             } else if (t >= until) {
-                atomic_store_explicit(&team->spin_ns,
-                                      cur / 2 > DP_THREADS_SPIN_MIN_NS ? cur / 2
-                                                                       : DP_THREADS_SPIN_MIN_NS,
-                                      memory_order_relaxed);
+                atomic_store_explicit(
+                    &sp->ns, cur / 2 > DP_THREADS_SPIN_MIN_NS ? cur / 2 : DP_THREADS_SPIN_MIN_NS,
+                    memory_order_relaxed);
                 return 0;
             }
         }
         cpu_relax();
     }
     if (cur < DP_THREADS_SPIN_NS)
-        atomic_store_explicit(&team->spin_ns,
-                              2 * ns < DP_THREADS_SPIN_NS ? 2 * ns : DP_THREADS_SPIN_NS,
+        atomic_store_explicit(&sp->ns, 2 * ns < DP_THREADS_SPIN_NS ? 2 * ns : DP_THREADS_SPIN_NS,
                               memory_order_relaxed);
     return 1;
 }
@@ -166,7 +197,7 @@ static void *helper_main(void *p)
      * returns; reading the counter here instead would race with the first job and skip it. */
     unsigned seen = 0;
     for (;;) {
-        if (!spin_until(team, no_new_job, seen)) {
+        if (!spin_until(&team->job_spin, team, no_new_job, seen)) {
             pthread_mutex_lock(&team->mutex);
             while (atomic_load(&team->generation) == seen && !team->stop)
                 pthread_cond_wait(&team->wake, &team->mutex);
@@ -174,7 +205,11 @@ static void *helper_main(void *p)
         }
         if (team->stop) return NULL;
         seen = atomic_load(&team->generation);
-        if (ha.t < team->n) team->fn(team->arg, ha.t, team->n);
+        if (ha.t < team->n) {
+            in_job++;
+            team->fn(team->arg, ha.t, team->n);
+            in_job--;
+        }
         if (atomic_fetch_sub_explicit(&team->remaining, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&team->mutex);
             pthread_cond_signal(&team->done_cv);
@@ -190,16 +225,23 @@ int dp_threads_create(dp_threads **out, int threads)
     if (!team) return DP_ENOMEM;
     team->threads = threads;
     team->owner = getpid();
-    atomic_init(&team->spin_ns, DP_THREADS_SPIN_NS);
-    atomic_init(&team->waits, 1u);
+    int64_t spin = DP_THREADS_SPIN_NS;
 #ifdef CPU_COUNT
     cpu_set_t allowed;
     if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) < threads)
-        atomic_store(&team->spin_ns, DP_THREADS_SPIN_OVERSUBSCRIBED_NS);
+        spin = DP_THREADS_SPIN_OVERSUBSCRIBED_NS;
 #endif
+    atomic_init(&team->job_spin.ns, spin);
+    atomic_init(&team->job_spin.waits, 1u);
+    atomic_init(&team->bar_spin.ns, spin);
+    atomic_init(&team->bar_spin.waits, 1u);
     pthread_mutex_init(&team->mutex, NULL);
     pthread_cond_init(&team->wake, NULL);
     pthread_cond_init(&team->done_cv, NULL);
+    pthread_cond_init(&team->bar_cv, NULL);
+    atomic_init(&team->bar_count, 0);
+    atomic_init(&team->bar_round, 0u);
+    atomic_init(&team->bar_sleepers, 0);
     atomic_init(&team->generation, 0u);
     atomic_init(&team->remaining, 0);
     if (threads > 1) {
@@ -251,14 +293,20 @@ void dp_threads_destroy(dp_threads *team)
     pthread_mutex_destroy(&team->mutex);
     pthread_cond_destroy(&team->wake);
     pthread_cond_destroy(&team->done_cv);
+    pthread_cond_destroy(&team->bar_cv);
     free(team);
 }
 
 int dp_threads_size(const dp_threads *team) { return team ? team->threads : 1; }
 
+/* the team can run parts at once: it has helpers, they exist in this process, and the caller
+ * is not one of a job's parts (whose team is busy with it) */
+static int team_usable(const dp_threads *team)
+{ return team && team->threads > 1 && team->owner == getpid() && !in_job; }
+
 void dp_threads_run(dp_threads *team, int n, dp_task_fn fn, void *arg)
 {
-    if (!team || team->threads == 1 || n <= 1 || team->owner != getpid()) {
+    if (n <= 1 || !team_usable(team)) {
         for (int t = 0; t < n; t++) fn(arg, t, n);
         return;
     }
@@ -266,17 +314,59 @@ void dp_threads_run(dp_threads *team, int n, dp_task_fn fn, void *arg)
     team->fn = fn;
     team->arg = arg;
     team->n = n;
+    team->jobs++;
     atomic_store(&team->remaining, team->threads - 1);
     pthread_mutex_lock(&team->mutex);
     atomic_fetch_add_explicit(&team->generation, 1u, memory_order_release);
     pthread_cond_broadcast(&team->wake);
     pthread_mutex_unlock(&team->mutex);
+    in_job++;
     fn(arg, 0, n);
-    if (!spin_until(team, helpers_busy, 0)) {
+    in_job--;
+    if (!spin_until(&team->job_spin, team, helpers_busy, 0)) {
         pthread_mutex_lock(&team->mutex);
         while (atomic_load(&team->remaining) > 0) pthread_cond_wait(&team->done_cv, &team->mutex);
         pthread_mutex_unlock(&team->mutex);
     }
+}
+
+int dp_threads_region_size(const dp_threads *team) { return team_usable(team) ? team->threads : 1; }
+
+unsigned long long dp_threads_jobs(const dp_threads *team) { return team ? team->jobs : 0; }
+
+void dp_threads_region(dp_threads *team, dp_task_fn fn, void *arg)
+{ dp_threads_run(team, dp_threads_region_size(team), fn, arg); }
+
+/* the barrier's wait: round `round` not completed yet */
+static int round_open(dp_threads *team, unsigned round)
+{ return atomic_load(&team->bar_round) == round; }
+
+void dp_threads_barrier(dp_threads *team, int n)
+{
+    if (n <= 1) return;
+    unsigned round = atomic_load(&team->bar_round);
+    if (atomic_fetch_add(&team->bar_count, 1) == n - 1) {
+        /* the last to arrive: the count is reset before the round ends, so no part can
+         * arrive at the next barrier before it */
+        atomic_store(&team->bar_count, 0);
+        atomic_fetch_add(&team->bar_round, 1u);
+        /* a sleeper counts itself before it reads the round (both sequentially consistent):
+         * either it sees the new round, or this sees it */
+        if (atomic_load(&team->bar_sleepers) > 0) {
+            pthread_mutex_lock(&team->mutex);
+            pthread_cond_broadcast(&team->bar_cv);
+            pthread_mutex_unlock(&team->mutex);
+        }
+        return;
+    }
+    /* an adaptive spin (spin_until): on a machine whose cores are time-shared with other
+     * processes a part that spins holds the core the part it waits for needs */
+    if (spin_until(&team->bar_spin, team, round_open, round)) return;
+    pthread_mutex_lock(&team->mutex);
+    atomic_fetch_add(&team->bar_sleepers, 1);
+    while (round_open(team, round)) pthread_cond_wait(&team->bar_cv, &team->mutex);
+    atomic_fetch_sub(&team->bar_sleepers, 1);
+    pthread_mutex_unlock(&team->mutex);
 }
 
 #endif

@@ -391,6 +391,8 @@ static PyObject *Model_get_input_shape(ModelObject *self, void *c)
 static PyObject *Model_get_plan(ModelObject *self, void *c) { return held(self->plan); }
 static PyObject *Model_get_threads(ModelObject *self, void *c)
 { return PyLong_FromLong(self->ready ? self->model.threads : 0); }
+static PyObject *Model_get_team_jobs(ModelObject *self, void *c)
+{ return PyLong_FromUnsignedLongLong(self->ready ? dp_threads_jobs(self->model.ctx.team) : 0); }
 static PyObject *Model_get_gemm_inputs(ModelObject *self, void *c)
 {
     if (self->ready && self->model.ctx.bf16_inputs) return PyUnicode_FromString("bfloat16");
@@ -835,6 +837,10 @@ static PyGetSetDef Model_getset[] = {
     {"plan", (getter)Model_get_plan, NULL,
      "model_plan() of the layers: shapes, parameter layout, stages", NULL},
     {"threads", (getter)Model_get_threads, NULL, "threads the kernels split work over", NULL},
+    {"team_jobs", (getter)Model_get_team_jobs, NULL,
+     "the fork/joins of the model's threads so far: one per call where a call is one parallel "
+     "region (0 with one thread)",
+     NULL},
     {"gemm_inputs", (getter)Model_get_gemm_inputs, NULL,
      "'bfloat16': every GEMM rounds its inputs to bfloat16 (float32 accumulation); None: as the "
      "params",

@@ -3186,6 +3186,12 @@ def net_getters(model):
     g["sizes"] = expect_eq((model.in_width, *(math.prod(s) for s in model.plan["shapes"])))
     g["input_shape"] = expect_eq(tuple(c["input_shape"]))
     g["n_param_layers"] = expect_eq(model.n_layers)
+    # a count that only grows, and stays 0 without helper threads
+    g["team_jobs"] = lambda got: (
+        None
+        if type(got) is int and got >= 0 and (model.threads > 1 or got == 0)
+        else f"returned {short(got)}, expected a count >= 0 (0 on one thread)"
+    )
     return g
 
 
@@ -4194,6 +4200,7 @@ NET_METHODS = (
     "grads",
     "sizes",
     "threads",
+    "team_jobs",
     "loss",
 )
 COVERAGE = {
