@@ -17,7 +17,7 @@ import pytest
 import dptrain
 from dptrain.cli import main
 from dptrain.comm import launch
-from dptrain.comm.placement import AUTO, auto_split, plan, usable_cpus
+from dptrain.comm.placement import AUTO, MPINode, auto_split, plan, usable_cpus
 from dptrain.config import OptionError, TrainConfig, cli_message
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -75,6 +75,23 @@ def test_the_plan_refuses_pin_true_and_skips_by_default_when_the_cpus_are_too_fe
     assert not plan(2, 1, False, [0, 1]).pinned and "pin=False" in plan(2, 1, False, [0]).reason
     # one worker: pinned only when asked (several runs of one worker would all take CPU 0)
     assert not plan(1, 1, None, [0, 1]).pinned and plan(1, 2, True, [0, 1]).cpus == ((0, 1),)
+
+
+def test_the_reasons_name_the_usable_cpus_as_ranges():
+    assert "(CPUs 0-3,8,10-11)" in plan(5, 2, None, [0, 1, 2, 3, 8, 10, 11]).reason
+
+
+def test_mpi_ranks_share_out_their_common_mask_and_keep_a_launchers_binding():
+    shared = MPINode(1, 2, [[0, 1, 2, 3], [0, 1, 2, 3]])
+    assert not shared.bound and shared.cpus == 4 and shared.threads() == 2
+    assert shared.plan(2, None).cpus == ((0, 1), (2, 3))
+    with pytest.raises(ValueError, match="^pin=True"):
+        shared.plan(3, True)
+    bound = MPINode(0, 2, [[4, 5], [6, 7]])  # mpiexec -bind-to core:2
+    assert bound.bound and bound.cpus == 4 and bound.threads() == 2
+    for pin in (None, True):
+        p = bound.plan(8, pin)  # never refused or re-pinned: the launcher's binding stands
+        assert not p.pinned and "kept the binding the MPI launcher gave" in p.reason
 
 
 def test_usable_cpus_are_this_process_mask_one_per_core_first():

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 AUTO = "auto"
 
 
-def usable_cpus() -> list[int]:
-    """The CPUs this process may run on, one CPU of each physical core first (by core, in
-    CPU order), then the other SMT threads of those cores."""
-    allowed = sorted(os.sched_getaffinity(0))
+def usable_cpus(allowed=None) -> list[int]:
+    """The CPUs this process may run on (or those of `allowed`), one CPU of each physical
+    core first (by core, in CPU order), then the other SMT threads of those cores."""
+    allowed = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
     first, siblings, seen = [], [], set()
     for cpu in allowed:
         core = _core_of(cpu)
@@ -120,16 +120,13 @@ def plan(
 
 def _cpu_list(cpus) -> str:
     """'0-3,8' for CPUs 0, 1, 2, 3, 8."""
-    runs, out = sorted(cpus), []
-    start = prev = None
-    for c in runs + [None]:
-        if start is not None and c != prev + 1:
-            out.append(str(start) if start == prev else f"{start}-{prev}")
-            start = None
-        if start is None:
-            start = c
-        prev = c
-    return ",".join(out)
+    runs = []  # [first, last] of each run of consecutive CPUs
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 @dataclass(frozen=True)
@@ -168,7 +165,7 @@ class MPINode:
         share out the CPUs they all may use, or keep the launcher's binding."""
         if self.bound:
             return Placement(None, "not re-pinned: kept the binding the MPI launcher gave")
-        return plan(self.size, threads, pin, usable_cpus(), "mpi")
+        return plan(self.size, threads, pin, usable_cpus(self.masks[self.rank]), "mpi")
 
     def threads(self) -> int:
         """threads='auto' on this node: the CPUs the launcher bound this rank to, or the
