@@ -17,12 +17,22 @@ import pytest
 import dptrain
 from dptrain.cli import main
 from dptrain.comm import launch
-from dptrain.comm.placement import AUTO, MPINode, auto_split, plan, usable_cpus
+from dptrain.comm.placement import (
+    AUTO,
+    MPINode,
+    allowed_cpus,
+    auto_split,
+    can_pin,
+    plan,
+    usable_cpus,
+)
 from dptrain.config import OptionError, TrainConfig, cli_message
 
-CPUS = sorted(os.sched_getaffinity(0))
+CPUS = sorted(allowed_cpus())
 NCPU = len(CPUS)
-TWO = pytest.mark.skipif(NCPU < 2, reason="needs 2 usable CPUs")
+# pinning and /proc: Linux (elsewhere placement pins nothing: see the test that fakes that)
+PINS = pytest.mark.skipif(not can_pin(), reason="needs sched_setaffinity and /proc (Linux)")
+TWO = pytest.mark.skipif(NCPU < 2 or not can_pin(), reason="needs 2 usable CPUs, and Linux")
 SMALL = dict(
     model="softmax",
     dataset="synthetic",
@@ -77,6 +87,20 @@ def test_the_plan_refuses_pin_true_and_skips_by_default_when_the_cpus_are_too_fe
     assert not plan(1, 1, None, [0, 1]).pinned and plan(1, 2, True, [0, 1]).cpus == ((0, 1),)
 
 
+def test_where_the_os_cannot_pin_nothing_is_pinned_and_pin_true_is_refused(monkeypatch):
+    # macOS: no sched_setaffinity; the CPUs are the machine's
+    monkeypatch.delattr(os, "sched_setaffinity")
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert usable_cpus() == [0, 1, 2] and TrainConfig(workers=AUTO).split() == (3, 1)
+    p = plan(2, 1, None, [0, 1, 2])
+    assert not p.pinned and "cannot pin" in p.reason and p.describe()["cpus"] == [0, 1, 2]
+    with pytest.raises(ValueError, match="^pin=True: this OS cannot pin"):
+        plan(2, 1, True, [0, 1, 2])
+    r = dptrain.train(**SMALL, workers=2, backend="thread")
+    assert r["placement"]["cpus"] == [[0, 1, 2]] * 2 and not r["placement"]["pinned"]
+
+
 def test_the_reasons_name_the_usable_cpus_as_ranges():
     assert "(CPUs 0-3,8,10-11)" in plan(5, 2, None, [0, 1, 2, 3, 8, 10, 11]).reason
 
@@ -94,6 +118,7 @@ def test_mpi_ranks_share_out_their_common_mask_and_keep_a_launchers_binding():
         assert not p.pinned and "kept the binding the MPI launcher gave" in p.reason
 
 
+@PINS
 def test_usable_cpus_are_this_process_mask_one_per_core_first():
     cpus = usable_cpus()
     assert sorted(cpus) == CPUS
@@ -163,6 +188,7 @@ def test_a_workers_thread_team_inherits_its_cpus():
     assert all(cpus == set(mine) for cpus in threads.values()), threads
 
 
+@PINS
 @pytest.mark.filterwarnings("ignore:.*exceeds the")
 def test_launch_refuses_pin_true_past_the_cpus_and_skips_by_default():
     with pytest.raises(ValueError, match="pin=True"):
@@ -208,6 +234,7 @@ def test_the_cli_result_and_last_line_say_where_the_workers_ran(tmp_path, capsys
     assert "pin=False" in placed["reason"]
 
 
+@PINS
 def test_the_cli_refuses_pin_past_the_cpus_naming_the_flag(capsys):
     assert main(SMALL_ARGS + ["--workers", str(NCPU + 1), "--pin"]) == 1
     err = capsys.readouterr().err
@@ -215,6 +242,7 @@ def test_the_cli_refuses_pin_past_the_cpus_naming_the_flag(capsys):
     assert err.count("\n") == 1
 
 
+@PINS
 @pytest.mark.filterwarnings("ignore:.*exceeds the")
 def test_by_default_too_few_cpus_run_unpinned_and_say_so():
     r = dptrain.train(**SMALL, workers=NCPU + 1, backend="thread")
@@ -224,7 +252,7 @@ def test_by_default_too_few_cpus_run_unpinned_and_say_so():
 
 def test_an_uncoupled_run_reports_its_placement():
     r = dptrain.train(**SMALL, workers=NCPU, backend="process", uncoupled=True)
-    assert r["placement"]["pinned"] is (NCPU > 1)
+    assert r["placement"]["pinned"] is (NCPU > 1 and can_pin())
 
 
 # ---------------------------------------------------------------- a narrower mask: taskset
@@ -239,6 +267,7 @@ def _cli(*args, prefix=()):
     )
 
 
+@PINS
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset not installed")
 def test_a_taskset_mask_is_respected(tmp_path):
     last = CPUS[-1]

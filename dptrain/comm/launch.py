@@ -119,11 +119,13 @@ def launch(
             comm = LocalComm(extras, report)
             if watch is not None:
                 watch(comm.progress)
-            mask = os.sched_getaffinity(0)  # the caller's thread: its own mask back after
+            # the caller's own thread: pinned, it gets its mask back after
+            mask = os.sched_getaffinity(0) if placement.pinned else None
             try:
                 return [_placed(comm, fn, args, placement)]
             finally:
-                os.sched_setaffinity(0, mask)
+                if mask is not None:
+                    os.sched_setaffinity(0, mask)
                 comm.close()
         return run_threads(
             workers,

@@ -26,10 +26,21 @@ from dataclasses import dataclass
 AUTO = "auto"
 
 
+def can_pin() -> bool:
+    """Whether this OS lets a thread choose its CPUs (Linux; not macOS)."""
+    return hasattr(os, "sched_setaffinity") and hasattr(os, "sched_getaffinity")
+
+
+def allowed_cpus() -> set:
+    """The CPUs the calling thread may run on: its affinity mask, or every CPU where the OS
+    keeps none (macOS)."""
+    return os.sched_getaffinity(0) if can_pin() else set(range(os.cpu_count() or 1))
+
+
 def usable_cpus(allowed=None) -> list[int]:
     """The CPUs this process may run on (or those of `allowed`), one CPU of each physical
     core first (by core, in CPU order), then the other SMT threads of those cores."""
-    allowed = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+    allowed = sorted(allowed_cpus() if allowed is None else allowed)
     first, siblings, seen = [], [], set()
     for cpu in allowed:
         core = _core_of(cpu)
@@ -83,7 +94,7 @@ class Placement:
         as it reads them itself."""
         return {
             "pinned": self.pinned,
-            "cpus": sorted(os.sched_getaffinity(0)),
+            "cpus": sorted(allowed_cpus()),
             "reason": self.reason,
         }
 
@@ -99,6 +110,10 @@ def plan(
     need, have = workers * threads, len(cpus)
     if pin is False:
         return Placement(None, "not pinned (pin=False)")
+    if not can_pin():
+        if pin:
+            raise ValueError("pin=True: this OS cannot pin threads to CPUs (no sched_setaffinity)")
+        return Placement(None, "not pinned: this OS cannot pin threads to CPUs")
     if need > have:
         what = (
             f"{workers} worker(s) x {threads} thread(s) = {need} CPUs, but this process may "
@@ -145,7 +160,7 @@ class MPINode:
 
         node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
         try:
-            masks = node.allgather(sorted(os.sched_getaffinity(0)))
+            masks = node.allgather(sorted(allowed_cpus()))
             return cls(node.Get_rank(), node.Get_size(), masks)
         finally:
             node.Free()
@@ -177,7 +192,7 @@ class MPINode:
 def cpu_count() -> int:
     """The number of CPUs this process may use (its affinity mask; os.cpu_count() counts the
     machine's)."""
-    return len(os.sched_getaffinity(0))
+    return len(allowed_cpus())
 
 
 def summary(described: list) -> dict:
