@@ -532,7 +532,7 @@ class TrainConfig:
                     continue  # chosen for the machine by the run (engine.run.resolve_auto)
                 raise ValueError(f"{name} must be a positive integer or {AUTO!r}, got {value!r}")
             set_(name, _positive_int(name, value))
-        if self.pin not in (None, True, False):
+        if self.pin is not None and not isinstance(self.pin, bool):
             raise ValueError(f"pin must be True, False or None (where it helps): {self.pin!r}")
         # the C core's bound, refused here rather than in a worker
         if self.threads != AUTO and self.threads > 1:

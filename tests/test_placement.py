@@ -325,8 +325,9 @@ def test_bad_counts_in_the_api_name_the_option(name):
     with pytest.raises(OptionError, match=rf"^{name} must be a positive integer or 'auto'") as e:
         TrainConfig(**{name: "many"})
     assert cli_message(e.value).startswith(f"--{name} must be")
-    with pytest.raises(OptionError, match="^pin must be True, False or None"):
-        TrainConfig(pin="yes")
+    for bad in ("yes", 1):
+        with pytest.raises(OptionError, match="^pin must be True, False or None"):
+            TrainConfig(pin=bad)
 
 
 # ---------------------------------------------------------------- MPI ranks
