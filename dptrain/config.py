@@ -28,6 +28,7 @@ from pathlib import Path
 from ._files import memory_bytes, npz_path, size_text
 from .comm.algorithms import ALGORITHMS
 from .comm.base import BACKENDS
+from .comm.placement import AUTO, auto_split, cpu_count
 from .data.catalog import DATASET_NAMES as DATASETS  # the named data sets
 from .models import MODEL_KINDS as MODELS  # the named models
 from .models import PRECISIONS as DTYPES  # float32, float64, bfloat16 (mixed)
@@ -104,6 +105,19 @@ def parse_beta(text: str) -> float:
         return float(text)
     except ValueError:
         raise ValueError(f"--betas takes two numbers in [0, 1), got {text!r}") from None
+
+
+def parse_count(text: str) -> int | str:
+    """'4' -> 4, 'auto' -> 'auto' (--workers, --threads)."""
+    if text.strip() == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0  # one message for every text it refuses
+    if value < 1:
+        raise ValueError(f"expected a positive integer or {AUTO}, got {text!r}")
+    return value
 
 
 def parse_straggle(text: str) -> tuple[int, float]:
@@ -194,7 +208,14 @@ class TrainConfig:
     seed: int = option(
         0, "seeds the initial weights, the epochs' sample order and synthetic data", group="model"
     )
-    threads: int = option(1, "threads the C kernels split each worker's batch over", group="model")
+    threads: int | str = option(
+        1,
+        "threads the C kernels split each worker's batch over; auto: the usable CPUs divided "
+        "among the workers (under mpiexec, among the node's ranks, or the CPUs the launcher "
+        "bound the rank to)",
+        group="model",
+        parse=parse_count,
+    )
     # ---- the data
     dataset: str = option(
         "mnist",
@@ -316,8 +337,26 @@ class TrainConfig:
         group="optimization",
     )
     # ---- the workers
-    workers: int = option(
-        1, "data-parallel workers (under mpiexec: the MPI world size)", group="parallel"
+    workers: int | str = option(
+        1,
+        "data-parallel workers (under mpiexec: the MPI world size); auto: one per CPU this "
+        "process may use (CPUs // threads with threads given; under mpiexec the world size). "
+        "Both workers and threads auto: one worker per CPU with one thread each, as worker "
+        "processes scale better than one worker's threads today",
+        group="parallel",
+        parse=parse_count,
+    )
+    pin: bool | None = option(
+        None,
+        "pin each worker (process, MPI rank or worker thread) to CPUs of its own, threads "
+        "CPUs each, out of those this process may use, before it builds its model; refused "
+        "where workers x threads exceed them. Default: worker processes and MPI ranks are "
+        "pinned where there are several, with CPUs enough for their threads (thread workers "
+        "are not: they ran slower pinned); under mpiexec a binding the launcher gave is kept "
+        "(see docs/multinode.md)",
+        group="parallel",
+        flag="--pin",
+        flag_help="never pin the workers: the OS places them",
     )
     backend: str | None = option(
         None,
@@ -487,8 +526,16 @@ class TrainConfig:
         for name in ("epochs", "threads", "workers", "upscale") + (
             ("batch_size",) if self.batch_size is not None else ()
         ):
-            set_(name, _positive_int(name, getattr(self, name)))
-        if self.threads > 1:  # the C core's bound, refused here rather than in a worker
+            value = getattr(self, name)
+            if name in ("threads", "workers") and not _is_positive_int(value):
+                if value == AUTO:
+                    continue  # chosen for the machine by the run (engine.run.resolve_auto)
+                raise ValueError(f"{name} must be a positive integer or {AUTO!r}, got {value!r}")
+            set_(name, _positive_int(name, value))
+        if self.pin is not None and not isinstance(self.pin, bool):
+            raise ValueError(f"pin must be True, False or None (where it helps): {self.pin!r}")
+        # the C core's bound, refused here rather than in a worker
+        if self.threads != AUTO and self.threads > 1:
             from . import _core
 
             most = _core.build_info()["max_threads"]
@@ -593,7 +640,7 @@ class TrainConfig:
                 f"comm_dtype is {self.comm_dtype!r}, but the model's gradients are "
                 f"{storage}: use {storage!r} or 'bfloat16'"
             )
-        if self.deterministic and self.workers > CHUNKS:
+        if self.deterministic and self.split()[0] > CHUNKS:
             raise ValueError(
                 f"deterministic mode supports up to {CHUNKS} workers, got {self.workers}"
             )
@@ -646,7 +693,7 @@ class TrainConfig:
         widths = (1, *self.hidden, 2)
         n_params = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
         itemsize = 8 if self.dtype == "float64" else 4
-        batch = self.global_batch(self.workers)
+        batch = self.global_batch(self.split()[0])
         need = itemsize * (_MODEL_BUFFERS * n_params + batch * sum(self.hidden))
         if need > memory:
             raise ValueError(
@@ -720,6 +767,11 @@ class TrainConfig:
                 f"{', '.join(sorted(known))}"
             )
         return cls(**kwargs)
+
+    def split(self, cores: int | None = None) -> tuple[int, int]:
+        """(workers, threads), each 'auto' chosen for `cores` CPUs (default: those this
+        process may use); see comm.placement.auto_split."""
+        return auto_split(self.workers, self.threads, cores or cpu_count())
 
     # ---- what depends on the number of workers (settled once per run, in its Job)
     def global_batch(self, world: int) -> int:
@@ -868,6 +920,13 @@ def add_train_arguments(parser, only=None, defaults=None) -> None:
         if meta.get("nargs"):
             kw["nargs"] = meta["nargs"]
         kw["action"] = _Given
+        if f.type == "bool | None":  # --x sets True, --no-x False, neither leaves None
+            group.add_argument(flag, dest=f.name, action=_GivenConst, const=True, help=kw["help"])
+            no_help = f"{meta['flag_help']} (dptrain.train: {f.name}=False)"
+            group.add_argument(
+                _no_flag(flag), dest=f.name, action=_GivenConst, const=False, help=no_help
+            )
+            continue
         if isinstance(default, bool):
             kw["action"] = _GivenFalse if default else _GivenTrue
             kw["default"] = default
@@ -909,6 +968,12 @@ def _given_action(base):
 _Given = _given_action(argparse._StoreAction)
 _GivenTrue = _given_action(argparse._StoreTrueAction)
 _GivenFalse = _given_action(argparse._StoreFalseAction)
+_GivenConst = _given_action(argparse._StoreConstAction)
+
+
+def _no_flag(flag: str) -> str:
+    """'--pin' -> '--no-pin'."""
+    return "--no-" + flag[2:]
 
 
 def given(args) -> frozenset:
@@ -1020,6 +1085,8 @@ def cli_message(exc: Exception) -> str:
     options = [f for f in option_fields() if f.metadata.get("cli", True)]
     flags = {f.name: flag(f.name) for f in options}
     switched = {f.name: repr(not f.default) for f in options if isinstance(f.default, bool)}
+    # a switch of both ways (pin): its True is --x, its False --no-x
+    both = {f.name for f in options if f.type == "bool | None"}
     option = getattr(exc, "option", None)
     if option in flags:
         lead = re.match(rf"{option}(\[\d+\])?(?![\w=])", text)
@@ -1032,6 +1099,8 @@ def cli_message(exc: Exception) -> str:
         value = m.group(2)
         if switched.get(m.group(1)) == value:  # nesterov=True: the switch --nesterov
             return flags[m.group(1)]
+        if m.group(1) in both and value in ("True", "False"):  # pin=False: --no-pin
+            return flags[m.group(1)] if value == "True" else _no_flag(flags[m.group(1)])
         if value[0] == "'" and value[-1] == "'" and " " not in value and len(value) > 2:
             value = value[1:-1]
         return f"{flags[m.group(1)]} {value}"

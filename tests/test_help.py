@@ -100,7 +100,7 @@ NO_FLAGS = _no_flags()
 
 def test_the_known_no_flags_are_all_checked():
     seen = {p.values[3] for p in NO_FLAGS}
-    assert {"--no-download", "--no-shuffle", "--no-progress", "--no-mpi-shm"} <= seen, seen
+    assert {"--no-download", "--no-shuffle", "--no-progress", "--no-mpi-shm", "--no-pin"} <= seen
 
 
 @pytest.mark.parametrize("name,parser,action,flag", NO_FLAGS)
@@ -110,7 +110,9 @@ def test_a_no_flag_says_what_it_turns_off_and_does_it(name, parser, action, flag
     args = REQUIRED.get(name, [])
     without, with_flag = parser.parse_args(args), parser.parse_args(args + [flag])
     assert getattr(with_flag, action.dest) != getattr(without, action.dest), flag
-    field = next((f for f in option_fields() if f.metadata["flag"] == flag), None)
+    # a TrainConfig option's --no-x flag: its own flag, or the negation of a switch of both
+    # ways (--pin / --no-pin, default None: neither given)
+    field = next((f for f in option_fields() if flag in (f.metadata["flag"], _negation(f))), None)
     if field is None:  # a command's own switch (--no-ceiling, --no-model): on when given
         assert getattr(with_flag, action.dest) is True
         return
@@ -123,7 +125,13 @@ def test_a_no_flag_says_what_it_turns_off_and_does_it(name, parser, action, flag
     assert m, f"{flag}: its help names no value: {text!r}"
     assert m.group(1) == field.name == action.dest
     assert getattr(with_flag, action.dest) is (m.group(2) == "True")
-    assert field.default is (m.group(2) != "True")
+    assert field.default is (None if field.type == "bool | None" else m.group(2) != "True")
+
+
+def _negation(field) -> str | None:
+    """--no-x of a switch of both ways (--x and --no-x), else None."""
+    flag = field.metadata["flag"]
+    return "--no-" + flag[2:] if field.type == "bool | None" and flag else None
 
 
 def test_a_no_flag_reaches_the_config():

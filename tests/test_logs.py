@@ -73,11 +73,11 @@ def test_a_sweep_writes_whole_lines_where_its_stream_is_not_a_terminal():
 
 @OVERSUBSCRIBED
 def test_a_warning_is_one_line_without_a_source_line(capsys, monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # one usable CPU
     rc, out, err = _train(capsys, "--threads", "2")
     assert rc == 0, err
     assert err.splitlines() == [
-        "dptrain: warning: 1 workers x 2 threads = 2 exceeds the 1 cores of this machine: "
+        "dptrain: warning: 1 workers x 2 threads = 2 exceeds the 1 cores this process may use: "
         "timings will reflect time-sharing"
     ], err
     rc, out, err = _train(capsys, "--threads", "2", "--quiet")
@@ -86,7 +86,7 @@ def test_a_warning_is_one_line_without_a_source_line(capsys, monkeypatch):
 
 @OVERSUBSCRIBED
 def test_a_refusal_comes_before_the_header_and_any_warning(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # --threads 2 would warn
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # --threads 2 would warn
     rc, out, err = _train(capsys, "--threads", "1000")
     assert rc == 1 and out == "", out
     assert err == "dptrain: error: --threads must be in [1, 256], got 1000\n", err

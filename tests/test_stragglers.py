@@ -186,5 +186,6 @@ def test_the_run_prints_the_straggler_line(capsys):
     args += ["--batch-size", "100", "--epochs", "1", "--workers", "2", "--backend", "thread"]
     assert main(args + ["--straggle", "1:20"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1].startswith("rank 1 arrived last at") and "for it (" in out[-1], out[-2:]
-    assert out[-2].startswith("time per step: p50")
+    assert out[-2].startswith("rank 1 arrived last at") and "for it (" in out[-2], out[-3:]
+    assert out[-3].startswith("time per step: p50")
+    assert out[-1].startswith("placement: ")

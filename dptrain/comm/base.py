@@ -108,6 +108,8 @@ class Communicator(abc.ABC):
     progress: np.ndarray
     # the ranks of each node that share memory (hierarchical MPI), else None
     node_members: list | None = None
+    # where launch placed this worker: pinned or not, its CPUs, why (placement.describe)
+    placement: dict | None = None
     # what launch gave the workers: its extras (name -> array) and its report callback
     _extras: dict | None = None
     _report = None

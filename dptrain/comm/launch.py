@@ -17,16 +17,18 @@ import warnings
 from .base import LocalComm, WorkerError
 from .hier import mpi_comm
 from .mpi import abort_job, resolve_backend, world
+from .placement import MPINode, cpu_count, plan, usable_cpus
 from .shm import WaitPolicy, run_processes, run_threads
 
 
-def oversubscription_warning(workers: int, threads: int) -> str | None:
-    """The warning for more workers x threads than this machine has cores, or None."""
-    cores = os.cpu_count() or 1
+def oversubscription_warning(workers: int, threads: int, cores: int | None = None) -> str | None:
+    """The warning for more workers x threads than `cores`, by default the CPUs this process
+    may use (its affinity mask: a cgroup's, taskset's), or None."""
+    cores = cores or cpu_count()
     if workers * threads > cores:
         return (
             f"{workers} workers x {threads} threads = {workers * threads} exceeds the "
-            f"{cores} cores of this machine: timings will reflect time-sharing"
+            f"{cores} cores this process may use: timings will reflect time-sharing"
         )
     return None
 
@@ -45,6 +47,7 @@ def launch(
     watch=None,
     report=None,
     gather: str = "all",
+    pin: bool | None = None,
 ) -> list:
     """Runs ``fn(comm, *args)`` on every worker; returns their return values, by rank.
 
@@ -74,6 +77,15 @@ def launch(
     rank (under MPI the failing rank prints its error and aborts the whole job). Under MPI
     every rank gets the list of every rank's return value (gathered once, at the end), or,
     with gather='root', rank 0 gets it and every other rank a list holding only its own.
+
+    pin: each worker pins itself to CPUs of its own (``threads`` each, out of those this
+    process may use) before fn runs, so that the threads it starts inherit them: True
+    (refused with a ValueError when workers x threads exceed those CPUs), False, or None:
+    where it helps (several worker processes or MPI ranks with enough CPUs; see
+    ``comm.placement.plan``). Under MPI the ranks of a node share out its CPUs, and a
+    binding the launcher gave is kept. ``comm.placement`` tells fn what it got
+    (``Placement.describe``). One worker of the thread backend runs in the calling thread:
+    pinned, it gets its mask back after.
     """
     if gather not in ("all", "root"):
         raise ValueError(f"gather is {gather!r}, expected 'all' or 'root'")
@@ -92,10 +104,12 @@ def launch(
             watch=watch,
             report=report,
             gather=gather,
+            pin=pin,
         )
     workers = 1 if workers is None else int(workers)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    placement = plan(workers, threads, pin, usable_cpus(), backend)
     warning = oversubscription_warning(workers, threads)
     if warning:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
@@ -105,13 +119,17 @@ def launch(
             comm = LocalComm(extras, report)
             if watch is not None:
                 watch(comm.progress)
+            # the caller's own thread: pinned, it gets its mask back after
+            mask = os.sched_getaffinity(0) if placement.pinned else None
             try:
-                return [fn(comm, *args)]
+                return [_placed(comm, fn, args, placement)]
             finally:
+                if mask is not None:
+                    os.sched_setaffinity(0, mask)
                 comm.close()
         return run_threads(
             workers,
-            lambda comm: fn(comm, *args),
+            lambda comm: _placed(comm, fn, args, placement),
             policy=policy,
             extras=extras,
             watch=watch,
@@ -119,8 +137,8 @@ def launch(
         )
     return run_processes(
         workers,
-        _call,
-        (fn, args),
+        _placed,
+        (fn, args, placement),
         policy=policy,
         extras=extras,
         start_method=start_method,
@@ -130,7 +148,20 @@ def launch(
 
 
 def _launch_mpi(
-    fn, args, note, *, workers, timeout, threads, extras, mpi_shm, mpi_nodes, watch, report, gather
+    fn,
+    args,
+    note,
+    *,
+    workers,
+    timeout,
+    threads,
+    extras,
+    mpi_shm,
+    mpi_nodes,
+    watch,
+    report,
+    gather,
+    pin,
 ) -> list:
     """launch's MPI rank: this process runs fn once, as its rank."""
     comm_world = world()
@@ -143,10 +174,14 @@ def _launch_mpi(
             f"mpiexec -n (here {size}), but workers={workers} was asked for: "
             f"launch with mpiexec -n {workers}"
         )
+    node = MPINode.of(comm_world)
+    placement = node.plan(threads, pin)
+    placement.pin(node.rank)  # before the communicator: its threads inherit the mask
     comm = mpi_comm(
         comm_world, shm=mpi_shm, nodes=mpi_nodes or None, timeout=timeout, threads=threads
     )
     comm._extras, comm._report = dict(extras or {}), report
+    comm.placement = placement.describe()
     if watch is not None and rank == 0:
         watch(comm.progress)
     try:
@@ -164,7 +199,11 @@ def _launch_mpi(
     return comm_world.allgather(mine)
 
 
-def _call(comm, fn, args):
+def _placed(comm, fn, args, placement):
+    """A worker's start: it pins itself (before fn builds anything that starts threads),
+    records where it runs, and runs fn."""
+    placement.pin(comm.rank)
+    comm.placement = placement.describe()
     return fn(comm, *args)
 
 

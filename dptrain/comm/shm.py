@@ -47,6 +47,7 @@ from .base import (
     filled_bytes,
     range_bytes,
 )
+from .placement import cpu_count
 
 # The arena's virtual size: a sparse memfd, backed page by page as arrays are touched.
 ARENA_BYTES = 1 << 36
@@ -86,8 +87,8 @@ class WaitPolicy:
     def for_workers(
         cls, workers: int, threads: int = 1, timeout: float = 0.0, backend: str = "process"
     ) -> "WaitPolicy":
-        """The policy for `workers` x `threads` on this machine's cores (see above)."""
-        cores = os.cpu_count() or 1
+        """The policy for `workers` x `threads` on the CPUs this process may use (see above)."""
+        cores = cpu_count()
         if workers * threads > cores:
             return cls(spin=2e-6, yield_time=0.05, timeout=timeout)
         if backend == "thread":

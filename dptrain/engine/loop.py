@@ -59,7 +59,9 @@ def train_worker(comm, job: Job) -> dict:
     set under ``DATA_NAMES``; the parameters of a model the user built under
     ``INIT_PARAMS``, when there is one)."""
     x, y, x_test, y_test = (comm.extra(name) for name in DATA_NAMES)
-    return run_worker(comm, job, x, y, x_test, y_test, init_params=comm.extra(INIT_PARAMS, None))
+    out = run_worker(comm, job, x, y, x_test, y_test, init_params=comm.extra(INIT_PARAMS, None))
+    out["placement"] = comm.placement  # where launch placed this worker (its CPUs, pinned?)
+    return out
 
 
 def continued_state(comm, opt) -> dict | None:
@@ -81,7 +83,7 @@ def uncoupled_worker(comm, job: Job) -> dict:
     comm.barrier_after_work(None)  # every worker's start-up is work, not lateness
     lo, hi = shard(0, len(x), comm.rank, comm.size)
     out = run_worker(LocalComm(), job.uncoupled(), x[lo:hi], y[lo:hi], x_test[:1], y_test[:1])
-    return {"train_seconds": out["train_seconds"]}
+    return {"train_seconds": out["train_seconds"], "placement": comm.placement}
 
 
 def run_worker(

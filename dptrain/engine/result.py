@@ -10,6 +10,7 @@ import platform
 import time
 
 from .._files import write_text_atomically
+from ..comm import placement
 from ..measure import timing
 from ..models import Model, model_from_spec
 
@@ -165,6 +166,7 @@ def make_result(
                 "cpus": os.cpu_count(),
             },
             "job": {"model": spec, "warmup_steps": job.warmup_steps},
+            "placement": placement.summary([r.get("placement") for r in per_rank]),
         }
     )
     result["wall_seconds"] = time.perf_counter() - wall0
@@ -175,6 +177,7 @@ def make_result(
     line = straggler_line(breakdown)
     if line:
         say(line)
+    say(placement.summary_line(result["placement"]))
     if cfg.trace:
         step_times.chrome_trace(cfg.trace)
         say(f"wrote {cfg.trace} (open it in https://ui.perfetto.dev)")

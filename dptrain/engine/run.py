@@ -38,12 +38,14 @@ import os
 import tempfile
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from ..comm import launch, oversubscription_warning, resolve_backend
+from ..comm import launch, oversubscription_warning, placement, resolve_backend
 from ..comm.mpi import world as mpi_world
+from ..comm.placement import AUTO
 from ..comm.shm import check_main_guard
 from ..config import TrainConfig, options_doc
 from ..measure import timing
@@ -178,6 +180,8 @@ def run(
     in place), else the config's named model or layers; optimizer_state: see ``fit``."""
     wall0 = time.perf_counter()
     backend, launch_note = resolve_backend(config.backend)
+    auto = [name for name in ("workers", "threads") if getattr(config, name) == AUTO]
+    config = resolve_auto(config, backend)
     rank, world = 0, config.workers
     if backend == "mpi":
         comm_world = mpi_world()
@@ -190,6 +194,12 @@ def run(
                 f"dptrain train ..."
             )
     config.check_world(world, backend)
+    # pin=True with more workers x threads than CPUs: refused here, before the header
+    if backend == "mpi":
+        node = placement.MPINode.of(comm_world)
+        node.plan(config.threads, config.pin)
+    else:
+        placement.plan(world, config.threads, config.pin, placement.usable_cpus(), backend)
     if backend == "process":  # before the header: a script that lacks its main guard
         check_main_guard(multiprocessing.get_context(config.start_method).get_start_method())
     if config.resume and not Path(config.resume).is_file():
@@ -220,8 +230,8 @@ def run(
         resumed = read_checkpoint(config.resume, job, job.model["n_params"], ds.n_train)[-1]
     # every check is done: warnings now (a refusal comes before them and the header); launch
     # warns of oversubscribed threads and processes itself, not of MPI ranks
-    warning = oversubscription_warning(world, config.threads)
-    if warning and rank == 0 and backend == "mpi":
+    warning = backend == "mpi" and oversubscription_warning(node.size, config.threads, node.cpus)
+    if warning and rank == 0:
         warnings.warn(warning, RuntimeWarning, stacklevel=3)
     if job.batch_size > ds.n_train:
         warnings.warn(
@@ -234,7 +244,10 @@ def run(
     record = _config_record(
         job, backend, ds, requested=config.dataset if data is None else "arrays"
     )
+    record["auto"] = auto
     say(_header_line(job, ds, record["backend"]))
+    if auto:
+        say(_auto_line(auto, job))
     if resumed is not None:  # the position: epochs done (the one it resumes in, from 1)
         say(
             f"dptrain: resumed from {config.resume} at epoch {resumed['epoch'] + 1}, "
@@ -256,13 +269,19 @@ def run(
         mpi_shm=config.mpi_shm,
         mpi_nodes=config.mpi_nodes,
         gather="root",
+        pin=config.pin,
     )
     if config.uncoupled:
         if backend == "mpi":
             raise ValueError("uncoupled runs use the thread or process backend")
-        seconds = [r["train_seconds"] for r in launch(uncoupled_worker, job, **options)]
+        per_rank = launch(uncoupled_worker, job, **options)
+        seconds = [r["train_seconds"] for r in per_rank]
         return TrainResult(
-            config=record, uncoupled=True, train_seconds=max(seconds), rank_train_seconds=seconds
+            config=record,
+            uncoupled=True,
+            train_seconds=max(seconds),
+            rank_train_seconds=seconds,
+            placement=placement.summary([r["placement"] for r in per_rank]),
         )
     steal0 = timing.read_steal()
     bar = _step_bar(config) if rank == 0 else None
@@ -289,6 +308,34 @@ def run(
         record["mpi_layout"] = per_rank[0]["node_members"]
         record["mpi_shm"] = record["mpi_layout"] is not None
     return make_result(job, record, ds, per_rank, steal, data_load_seconds, wall0, model, say)
+
+
+def resolve_auto(config: TrainConfig, backend: str) -> TrainConfig:
+    """The config with workers='auto' and threads='auto' chosen for the machine (see
+    TrainConfig.split); under MPI workers='auto' is the world size and threads='auto' the
+    CPUs of the rank's node divided among its ranks, or those the launcher bound the rank
+    to (collective on the world)."""
+    if AUTO not in (config.workers, config.threads):
+        return config
+    if backend != "mpi":
+        workers, threads = config.split()
+    else:
+        comm_world = mpi_world()
+        workers = comm_world.Get_size() if config.workers == AUTO else config.workers
+        node = placement.MPINode.of(comm_world)
+        threads = node.threads() if config.threads == AUTO else config.threads
+    return replace(config, workers=workers, threads=threads)
+
+
+def _auto_line(auto: list, job: Job) -> str:
+    """The line that says what workers='auto' / threads='auto' chose."""
+    chosen = ", ".join(
+        f"--{name} auto: {job.world if name == 'workers' else job.config.threads}" for name in auto
+    )
+    return (
+        f"dptrain: {chosen} (of the {placement.cpu_count()} CPUs this process may use: "
+        f"{job.world} worker(s) x {job.config.threads} thread(s))"
+    )
 
 
 def _continued_optimizer(state, config: TrainConfig, job: Job, model) -> dict:

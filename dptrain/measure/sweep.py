@@ -112,6 +112,11 @@ def sweep(
         raise ValueError(f"workers must be positive, got {counts}")
     if int(repeat) < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
+    if train_kw.get("threads") == "auto":  # its runs would differ in threads, not only workers
+        raise ValueError(
+            "threads='auto' divides the CPUs among one run's workers, and a sweep's runs have "
+            "1 to several workers: give threads a number"
+        )
     say = (lambda *a: None) if quiet else log
     outdir = Path(out) if out else None
     if outdir:
