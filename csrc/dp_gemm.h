@@ -52,17 +52,21 @@ int dp_gemm_f64(dp_ctx *ctx, double *C, ptrdiff_t ldc, const double *A, ptrdiff_
                 double alpha, double beta);
 
 /* dp_gemm from inside a parallel region (dp_threads_region on ctx->team, n its size): each of
- * the n parts calls it with the same arguments and its own t, computes its block of C (the
- * blocks of dp_gemm on n threads, so the same bits as on one) and returns without waiting;
- * the region's barrier after the call ends the product. The matrix-vector, bfloat16 and empty
- * cases run whole on part 0. Each part sizes its own packing buffers: DP_ENOMEM from the part
- * that could not (the others may have finished theirs). */
-int dp_gemm_part_f32(dp_ctx *ctx, int t, int n, float *C, ptrdiff_t ldc, const float *A,
-                     ptrdiff_t rsa, ptrdiff_t csa, const float *B, ptrdiff_t rsb, ptrdiff_t csb,
-                     int M, int N, int K, float alpha, float beta);
-int dp_gemm_part_f64(dp_ctx *ctx, int t, int n, double *C, ptrdiff_t ldc, const double *A,
-                     ptrdiff_t rsa, ptrdiff_t csa, const double *B, ptrdiff_t rsb, ptrdiff_t csb,
-                     int M, int N, int K, double alpha, double beta);
+ * the n parts calls it with the same arguments and its own t, computes its share (the blocks
+ * of C that dp_gemm cuts on n threads, or, for an accumulation with too few blocks, K slices
+ * of them into `partials`, then its rows of C: see ksplit_slices in dp_gemm_drv.h; either way
+ * the bits of one thread) and returns; the region's barrier after the call ends the product.
+ * partials: dp_gemm_part_scratch(n, M, N, K, alpha, beta) elements, or NULL (no cut along
+ * K). The matrix-vector, bfloat16 and empty cases run whole on part 0. Each part sizes its
+ * own packing buffers: DP_ENOMEM from the part that could not (C is then unspecified). */
+int dp_gemm_part_f32(dp_ctx *ctx, float *partials, int t, int n, float *C, ptrdiff_t ldc,
+                     const float *A, ptrdiff_t rsa, ptrdiff_t csa, const float *B, ptrdiff_t rsb,
+                     ptrdiff_t csb, int M, int N, int K, float alpha, float beta);
+int dp_gemm_part_f64(dp_ctx *ctx, double *partials, int t, int n, double *C, ptrdiff_t ldc,
+                     const double *A, ptrdiff_t rsa, ptrdiff_t csa, const double *B, ptrdiff_t rsb,
+                     ptrdiff_t csb, int M, int N, int K, double alpha, double beta);
+size_t dp_gemm_part_scratch_f32(int n, int M, int N, int K, float alpha, float beta);
+size_t dp_gemm_part_scratch_f64(int n, int M, int N, int K, double alpha, double beta);
 
 /* dp_gemm on the calling thread with A (M, K) read in place from an image: element (i, k)
  * at x[aoff[i] + koff[k]] (the convolution's col(x) without im2col, for

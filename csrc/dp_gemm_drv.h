@@ -128,18 +128,23 @@ static int D(critical_stride)(ptrdiff_t rs, ptrdiff_t cs)
     return step % 4096 == 0;
 }
 
-static void D(gemm_task)(void *arg, int t, int n)
+/* Part t of n of C: its rows [*m0, *m1) and columns [*n0, *n1) (empty for a part past the
+ * blocks). */
+static void D(part_of)(const D(gemm_job) * job, int t, int n, int *m0, int *m1, int *n0, int *n1)
 {
-    D(gemm_job) *job = arg;
-    int m0 = 0, m1 = job->M, n0 = 0, n1 = job->N;
+    *m0 = 0, *m1 = job->M, *n0 = 0, *n1 = job->N;
     if (job->split_n)
-        D(part)(job->N, NR, t, n, &n0, &n1);
+        D(part)(job->N, NR, t, n, n0, n1);
     else
-        D(part)(job->M, MR, t, n, &m0, &m1);
-    if (m0 >= m1 || n0 >= n1) return;
+        D(part)(job->M, MR, t, n, m0, m1);
+}
+
+/* The block [m0, m1) x [n0, n1) of C, packing into the buffers of `slot` (a thread's). */
+static void D(gemm_block)(const D(gemm_job) * job, int slot, int m0, int m1, int n0, int n1)
+{
     int M = m1 - m0, N = n1 - n0, kcb = job->kc;
     int mcb = D(balanced)(M, MC, MR);
-    T *Ap = job->ctx->pack[2 * t].ptr, *Bp = job->ctx->pack[2 * t + 1].ptr;
+    T *Ap = job->ctx->pack[2 * slot].ptr, *Bp = job->ctx->pack[2 * slot + 1].ptr;
     const T *A = job->A + (ptrdiff_t)m0 * job->rsa;
     const T *B = job->B + (ptrdiff_t)n0 * job->csb;
     T *C = job->C + (ptrdiff_t)m0 * job->ldc + n0;
@@ -218,20 +223,31 @@ static void D(gemm_task)(void *arg, int t, int n)
     }
 }
 
-/* Part t's packing buffers (of `threads` parts): mcb x kc of A, ncb x kc of B. */
-static int D(gemm_scratch)(const D(gemm_job) * job, int t, int threads)
+static void D(gemm_task)(void *arg, int t, int n)
 {
-    int m0 = 0, m1 = job->M, n0 = 0, n1 = job->N;
-    if (job->split_n)
-        D(part)(job->N, NR, t, threads, &n0, &n1);
-    else
-        D(part)(job->M, MR, t, threads, &m0, &m1);
-    int mcb = D(balanced)(m1 - m0 > 0 ? m1 - m0 : 1, MC, MR);
-    int ncb = D(round_up)((n1 - n0) < NC ? (n1 - n0 > 0 ? n1 - n0 : 1) : NC, NR);
-    if (!dp_scratch_get(&job->ctx->pack[2 * t], sizeof(T) * (size_t)mcb * job->kc) ||
-        !dp_scratch_get(&job->ctx->pack[2 * t + 1], sizeof(T) * (size_t)ncb * job->kc))
+    const D(gemm_job) *job = arg;
+    int m0, m1, n0, n1;
+    D(part_of)(job, t, n, &m0, &m1, &n0, &n1);
+    if (m0 < m1 && n0 < n1) D(gemm_block)(job, t, m0, m1, n0, n1);
+}
+
+/* The packing buffers of `slot` for a block of M x N of C: mcb x kc of A, ncb x kc of B. */
+static int D(block_scratch)(const D(gemm_job) * job, int slot, int M, int N)
+{
+    int mcb = D(balanced)(M > 0 ? M : 1, MC, MR);
+    int ncb = D(round_up)(N < NC ? (N > 0 ? N : 1) : NC, NR);
+    if (!dp_scratch_get(&job->ctx->pack[2 * slot], sizeof(T) * (size_t)mcb * job->kc) ||
+        !dp_scratch_get(&job->ctx->pack[2 * slot + 1], sizeof(T) * (size_t)ncb * job->kc))
         return DP_ENOMEM;
     return DP_OK;
+}
+
+/* Part t's packing buffers (of `threads` parts). */
+static int D(gemm_scratch)(const D(gemm_job) * job, int t, int threads)
+{
+    int m0, m1, n0, n1;
+    D(part_of)(job, t, threads, &m0, &m1, &n0, &n1);
+    return D(block_scratch)(job, t, m1 - m0, n1 - n0);
 }
 
 /* A matrix-vector product (N == 1 or M == 1) whose matrix has a unit stride, on the logistic
@@ -380,9 +396,40 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
     return DP_OK;
 }
 
-int D(dp_gemm_part)(dp_ctx *ctx, int t, int n, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa,
-                    ptrdiff_t csa, const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K,
-                    T alpha, T beta)
+/* dp_gemm_part's cut along K, for an accumulation (alpha = beta = 1: the weight gradient,
+ * whose K is the batch) whose C has too few blocks for n parts (a 256 x 784 weight's 25
+ * column panels keep 16 threads 78 % busy, a 128-row one's 11 row panels 11 of 16 threads,
+ * each packing the whole batch): the K slices of one thread's product (balanced(K, KC)) times
+ * C's NR-column panels are the work items, dealt out in contiguous runs; each item's product
+ * goes to the slice's own partial C (beta 0), and after a barrier every part adds the
+ * partials of its rows of C in slice order. That is the one-thread sum, whose every slice
+ * adds its product to C in turn, so the bits are those of one thread.
+ * Returns the slices (0: no cut along K) where it cuts more evenly than the blocks, by 10 %
+ * at least (the partials cost a pass over C per slice). */
+static int D(ksplit_slices)(const D(gemm_impl) * impl, int M, int N, int K, T alpha, T beta, int n)
+{
+    if (n <= 1 || alpha != 1 || beta != 1 || M <= 1 || N <= 1) return 0;
+    int kc = D(balanced)(K, KC, 1), slices = (K + kc - 1) / kc, split_n;
+    if (slices < 2) return 0;
+    int threads = D(plan_threads)(n, M, N, K, impl->mr, impl->nr, GEMM_THREAD_FLOPS, &split_n);
+    if (threads < 2) return 0;
+    /* the busiest part's share of the work, blocks against items (in 1/1000s) */
+    long long blocks = split_n ? (N + impl->nr - 1) / impl->nr : (M + impl->mr - 1) / impl->mr;
+    long long items = (long long)slices * ((N + impl->nr - 1) / impl->nr);
+    long long busiest_blocks = 1000 * ((blocks + threads - 1) / threads) / blocks;
+    long long busiest_items = 1000 * ((items + n - 1) / n) / items;
+    return 10 * busiest_items < 9 * busiest_blocks ? slices : 0;
+}
+
+size_t D(dp_gemm_part_scratch)(int n, int M, int N, int K, T alpha, T beta)
+{
+    D(gemm_impl) impl = D(pick_impl_for)(0);
+    return (size_t)D(ksplit_slices)(&impl, M, N, K, alpha, beta, n) * (size_t)M * (size_t)N;
+}
+
+int D(dp_gemm_part)(dp_ctx *ctx, T *partials, int t, int n, T *C, ptrdiff_t ldc, const T *A,
+                    ptrdiff_t rsa, ptrdiff_t csa, const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M,
+                    int N, int K, T alpha, T beta)
 {
     // part t of dp_gemm over the n parts of a region: every part calls it alike and computes
     // its own block of C, dp_gemm's on n threads (the same sums); the caller's barrier ends it
@@ -394,11 +441,47 @@ int D(dp_gemm_part)(dp_ctx *ctx, int t, int n, T *C, ptrdiff_t ldc, const T *A, 
     D(gemm_job)
     job = {ctx, D(pick_impl_for)(0),  C, ldc, A, B, rsa, csa, rsb, csb, M, N, K, alpha, beta, 1,
            0,   D(balanced)(K, KC, 1)};
-    int threads =
-        D(plan_threads)(n, M, N, K, job.impl.mr, job.impl.nr, GEMM_THREAD_FLOPS, &job.split_n);
-    if (t >= threads) return DP_OK;
-    int rc = D(gemm_scratch)(&job, t, threads);
-    if (rc == DP_OK) D(gemm_task)(&job, t, threads);
+    int slices = partials ? D(ksplit_slices)(&job.impl, M, N, K, alpha, beta, n) : 0;
+    if (!slices) {
+        int threads =
+            D(plan_threads)(n, M, N, K, job.impl.mr, job.impl.nr, GEMM_THREAD_FLOPS, &job.split_n);
+        if (t >= threads) return DP_OK;
+        int rc = D(gemm_scratch)(&job, t, threads);
+        if (rc == DP_OK) D(gemm_task)(&job, t, threads);
+        return rc;
+    }
+    /* items: slice-major, then NR-column panels; this part's run [i0, i1) */
+    int nr = job.impl.nr, panels = (N + nr - 1) / nr, kc = job.kc, rc = DP_OK, i0, i1;
+    D(part)(slices * panels, 1, t, n, &i0, &i1);
+    for (int i = i0; i < i1 && rc == DP_OK;) {
+        int slice = i / panels, p0 = i % panels;
+        int p1 = panels < p0 + (i1 - i) ? panels : p0 + (i1 - i);
+        int pc = slice * kc, c0 = p0 * nr, c1 = p1 * nr < N ? p1 * nr : N;
+        D(gemm_job)
+        sub = job;
+        sub.C = partials + (size_t)slice * M * N + c0;
+        sub.ldc = N;
+        sub.A = A + (ptrdiff_t)pc * csa;
+        sub.B = B + (ptrdiff_t)pc * rsb + (ptrdiff_t)c0 * csb;
+        sub.N = c1 - c0;
+        sub.K = kc < K - pc ? kc : K - pc;
+        sub.kc = sub.K;
+        sub.beta = 0;
+        rc = D(block_scratch)(&sub, t, M, sub.N);
+        if (rc == DP_OK) D(gemm_block)(&sub, t, 0, M, 0, sub.N);
+        i += p1 - p0;
+    }
+    dp_threads_barrier(ctx->team, n);
+    int r0, r1;
+    D(part)(M, 1, t, n, &r0, &r1);
+    for (int slice = 0; slice < slices; slice++) {
+        const T *P = partials + (size_t)slice * M * N;
+        for (int r = r0; r < r1; r++) {
+            T *c = C + (ptrdiff_t)r * ldc;
+            const T *q = P + (ptrdiff_t)r * N;
+            for (int j = 0; j < N; j++) c[j] += q[j];
+        }
+    }
     return rc;
 }
 

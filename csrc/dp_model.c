@@ -305,6 +305,7 @@ void dp_model_free(dp_model *m)
     dp_scratch_free(&m->acts);
     dp_scratch_free(&m->codes);
     dp_scratch_free(&m->grad_io);
+    dp_scratch_free(&m->partials);
 }
 
 /* the phases the calling thread has ended in the sweep it runs (dp_model_tmpl.h: K(phase_end)) */

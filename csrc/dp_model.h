@@ -62,11 +62,15 @@
  * first row), DP_ENOMEM, DP_EORDER. B <= 0 is an empty batch: loss 0, correct 0, nothing
  * accumulated.
  *
- * Threads (dp_model_init's `threads`): dense stages run the GEMM on the model's context with
- * that many threads; conv stages split the batch's images over the threads, each with its own
- * GEMM context, im2col buffer and partial dW^T, db, added into the gradient in thread order
- * (the sum's order depends on the thread count, not on timing); pooling and standalone
- * activations split the rows.
+ * Threads (dp_model_init's `threads`): each call runs as one parallel region of the model's
+ * team (dp_threads_region; see the sweep in dp_model_tmpl.h), whose parts meet at barriers
+ * between phases. Dense stages split each GEMM's blocks (or, for a weight gradient with too
+ * few blocks, its K slices: dp_gemm_part), the bias fill and activations by rows and the bias
+ * gradient by columns: the bits of one thread on any thread count. Conv stages split the
+ * batch's images over the threads, each with its own GEMM context, im2col buffer and partial
+ * dW^T, db, added into the gradient in thread order (the sum's order depends on the thread
+ * count, not on timing); pooling and standalone activations split the rows. A model of one
+ * stage, or with bfloat16 inputs, keeps a fork/join per kernel instead.
  *
  * A model is used by one caller at a time (its scratch and sweep state are the model's).
  * Leaves out on purpose: dropout (it needs a counter-based RNG keyed on (seed, step, global
@@ -155,6 +159,7 @@ typedef struct {
     dp_scratch acts;     /* every stage's output for `rows` rows (T) */
     dp_scratch codes;    /* pooling argmax codes (uint8) */
     dp_scratch grad_io;  /* two rows x max(out_width) buffers for the backward sweep */
+    dp_scratch partials; /* a dense GEMM's K slices on a region (dp_gemm_part) */
     int bad_row;         /* after DP_ELABEL: the first row with a bad label */
     /* a backward sweep in progress (forward_loss, then backward_layer P_L - 1 .. 0) */
     int pending_rows; /* rows of the batch in flight; 0 when none */

@@ -12,6 +12,7 @@ typedef struct {
     T *out[DP_MODEL_MAX_LAYERS];        /* stage outputs, (rows, out_width) */
     uint8_t *code[DP_MODEL_MAX_LAYERS]; /* pooling stages' argmax codes, like their outputs */
     T *g0, *g1;                         /* the backward ping-pong buffers (NULL: evaluate) */
+    T *partials;                        /* a dense GEMM's K slices (dp_gemm_part), or NULL */
 } K(model_bufs);
 
 DP_INLINE int K(has_codes)(const dp_stage *st)
@@ -38,6 +39,22 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_
     T *gio = NULL;
     if (with_grad) gio = dp_scratch_get(&m->grad_io, sizeof(T) * 2 * (size_t)rows * widest);
     if (!acts || !codes || (with_grad && !gio)) return DP_ENOMEM;
+    /* the dense stages' GEMMs cut along K on a region (dp_gemm_part): forward and dW */
+    size_t partials = 0;
+    for (int s = 0; s < p->n_stages; s++) {
+        const dp_stage *st = &p->stage[s];
+        if (st->op != DP_STAGE_DENSE) continue;
+        size_t f = K(dp_gemm_part_scratch)(m->threads, rows, st->out_width, st->in_width, 1, 1);
+        size_t w =
+            with_grad ? K(dp_gemm_part_scratch)(m->threads, st->out_width, st->in_width, rows, 1, 1)
+                      : 0;
+        if (f > partials) partials = f;
+        if (w > partials) partials = w;
+    }
+    bf->partials = NULL;
+    if (partials && partials > SIZE_MAX / sizeof(T)) return DP_ENOMEM;
+    if (partials && !(bf->partials = dp_scratch_get(&m->partials, sizeof(T) * partials)))
+        return DP_ENOMEM;
     for (int t = 0; t < m->threads; t++) {
         dp_model_thread *th = &m->th[t];
         if (!dp_scratch_get(&th->col, sizeof(T) * m->col_elems) ||
@@ -344,8 +361,8 @@ static int K(forward_part)(K(sweep) * sw, int t, int n)
             for (int i = lo; i < hi; i++)
                 memcpy(y + (ptrdiff_t)i * OUT, b, sizeof(T) * (size_t)OUT);
             if (K(phase_end)(sw, n)) return 1;
-            K(fail)(sw, K(dp_gemm_part)(&m->ctx, t, n, y, OUT, h, IN, 1, sw->params + st->w_off, 1,
-                                        IN, rows, OUT, IN, (T)1, (T)1));
+            K(fail)(sw, K(dp_gemm_part)(&m->ctx, sw->bf.partials, t, n, y, OUT, h, IN, 1,
+                                        sw->params + st->w_off, 1, IN, rows, OUT, IN, (T)1, (T)1));
             if (K(phase_end)(sw, n)) return 1;
             if (st->act != DP_ACT_NONE)
                 K(act_forward)(st->act, y + (ptrdiff_t)lo * OUT, y + (ptrdiff_t)lo * OUT,
@@ -421,11 +438,11 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
             if (K(phase_end)(sw, n)) return 1;
         }
         /* dW += d^T h, dx = d W and db += column sums of d: one phase, each part its share */
-        K(fail)(sw, K(dp_gemm_part)(&m->ctx, t, n, grads + st->w_off, IN, d, 1, OUT, h, IN, 1, OUT,
-                                    IN, B, (T)1, (T)1));
+        K(fail)(sw, K(dp_gemm_part)(&m->ctx, sw->bf.partials, t, n, grads + st->w_off, IN, d, 1,
+                                    OUT, h, IN, 1, OUT, IN, B, (T)1, (T)1));
         if (dnext)
-            K(fail)(sw, K(dp_gemm_part)(&m->ctx, t, n, dnext, IN, d, OUT, 1, w, IN, 1, B, IN, OUT,
-                                        (T)1, (T)0));
+            K(fail)(sw, K(dp_gemm_part)(&m->ctx, sw->bf.partials, t, n, dnext, IN, d, OUT, 1, w, IN,
+                                        1, B, IN, OUT, (T)1, (T)0));
         int o0, o1;
         K(row_range)(OUT, t, n, &o0, &o1);
         T *db = grads + st->b_off;

@@ -65,14 +65,14 @@ def _same_bits(a, b, what):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch", [1, 3, 515])
+@pytest.mark.parametrize("batch", [1, 3, 515, 2048])
 def test_dense_models_keep_the_bits_of_one_thread_on_any_threads(dtype, batch):
     rng = np.random.default_rng(batch)
     x = rng.standard_normal((batch, 784)).astype(dtype)
     labels = rng.integers(0, 10, batch)
     targets = rng.standard_normal((batch, 1)).astype(dtype)
     one = _dense_models(dtype, 1)
-    for threads in (2, 3, 8):  # 8: more threads than the CI machine's cores
+    for threads in (2, 3, 8, 16):  # 8, 16: more threads than the CI machine's cores
         for name, model in _dense_models(dtype, threads).items():
             y = targets if name == "mse" else labels
             want = _everything(one[name], x, y)
