@@ -20,7 +20,7 @@ JSON name the data each workload used. The data is loaded once in this process a
 every run from one .npz file (the first rows a run needs, 256 test rows: the evaluation after
 each epoch is outside the timed loop).
 
-Every run takes about `--steps` steps (defaults: mlp 150, mlp-global 60, cnn 40): whole
+Every run takes about `--steps` steps (defaults: mlp 120, mlp-global 60, cnn 32): whole
 epochs of full batches over the first rows of the data (E epochs of ceil(steps / E) batches,
 E the fewest epochs the data allows). Configurations at each N, all on the same batches:
 
@@ -54,10 +54,13 @@ the ceiling's included (e.g. `--train-arg=--pin`).
 Checks: every run takes the planned steps; the dptrain runs of one N (the same global batch
 on the same data) end with the same mean training loss (relative 1e-3).
 
-Time: on the 2-core development VM (N = 1, 2) the whole run takes about 3.5 minutes; on a
-16-core machine (N = 1, 2, 4, 8, 16) about 7-8 minutes, estimated from the 2-core timings and
-issue 34's 16-core figures (per-step times of each configuration, plus about 1 s to start
-each mpiexec, ceiling or DDP group). `--quick`: 1 repeat, a quarter of the steps.
+Time: on the 2-core development VM (N = 1, 2; 117 runs) the whole run took 2.5 minutes at
+load 1.7 and 3.7 at load 2-4 (other sessions' work); `--quick` (1 repeat, a quarter of the
+steps) about 30 s. On a 16-core machine (N = 1, 2, 4, 8, 16: 351 runs) it should take 5-6
+minutes, estimated: the training loops about 150 s at issue 34's 16-core per-step figures
+(per repeat: mlp 14 s, mlp-global 13 s, cnn 22 s), and the start-up of each run about 170 s
+(measured on 2 cores: 0.03-0.15 s for a run in this process, 0.1-0.4 s for PyTorch's, 0.5-1.6
+s for an mpiexec or a ceiling group, whose N processes start in parallel).
 
 Run: python bench/bench_scale.py [--quick] [--workers 1,2,4] [--workloads mlp,cnn]
      [--repeats R] [--steps S] [--limit ROWS] [--train-arg=--pin] [--json PATH]
