@@ -54,13 +54,14 @@ the ceiling's included (e.g. `--train-arg=--pin`).
 Checks: every run takes the planned steps; the dptrain runs of one N (the same global batch
 on the same data) end with the same mean training loss (relative 1e-3).
 
-Time: on the 2-core development VM (N = 1, 2; 117 runs) the whole run took 2.5 minutes at
-load 1.7 and 3.7 at load 2-4 (other sessions' work); `--quick` (1 repeat, a quarter of the
-steps) about 30 s. On a 16-core machine (N = 1, 2, 4, 8, 16: 351 runs) it should take 5-6
-minutes, estimated: the training loops about 150 s at issue 34's 16-core per-step figures
-(per repeat: mlp 14 s, mlp-global 13 s, cnn 22 s), and the start-up of each run about 170 s
-(measured on 2 cores: 0.03-0.15 s for a run in this process, 0.1-0.4 s for PyTorch's, 0.5-1.6
-s for an mpiexec or a ceiling group, whose N processes start in parallel).
+Time: on the 2-core development VM (N = 1, 2; 117 runs) the whole run took 1.8 minutes from
+load 0.6 and 3.7-4.6 at load 2-6 (other sessions' work); `--quick` (1 repeat, a quarter of
+the steps) well under a minute. On a 16-core machine (N = 1, 2, 4, 8, 16: 351 runs) it
+should take 5-6 minutes, estimated: the training loops about 150 s at issue 34's 16-core
+per-step figures (per repeat: mlp 14 s, mlp-global 13 s, cnn 22 s), and the start-up of
+each run about 170 s in all (measured on 2 cores: 0.03-0.15 s for a run in this process,
+0.1-0.4 s for PyTorch's, 0.5-1.6 s for an mpiexec or a ceiling group, whose N processes
+start in parallel).
 
 Run: python bench/bench_scale.py [--quick] [--workers 1,2,4] [--workloads mlp,cnn]
      [--repeats R] [--steps S] [--limit ROWS] [--train-arg=--pin] [--json PATH]
