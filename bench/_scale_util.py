@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-SUBPROCESS_TIMEOUT = 300
+SUBPROCESS_TIMEOUT = 120  # a group of processes that has not reported by then hangs
 TORCH_WARMUP_STEPS = 3  # untimed steps of each PyTorch run (dptrain's runs leave none out)
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 

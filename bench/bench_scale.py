@@ -49,7 +49,10 @@ column's N = 1; share of the ceiling; dptrain's phase shares (compute, sync_wait
 communication, update, data, other: each phase's seconds, mean over ranks, over their sum, as
 dptrain's own breakdown line) and its straggler verdict (breakdown["stragglers"]: pattern and
 wait_share). `--train-arg=ARG` (repeatable, shell-split) is added to every dptrain run,
-the ceiling's included (e.g. `--train-arg=--pin`).
+the ceiling's included, so that its members run the same per-worker job (e.g. `--dtype
+bfloat16`). An option that places a run's workers on cores (`--pin`) reaches each member's
+single worker too: the ceiling stays fair only where it leaves a 1-worker run on the cores
+the member was given (the unpinned members may use any core).
 
 Checks: every run takes the planned steps; the dptrain runs of one N (the same global batch
 on the same data) end with the same mean training loss (relative 1e-3).
