@@ -808,20 +808,24 @@ def workload_record(name: str, ctx: dict) -> dict:
 
 def commands(name: str, ctx: dict) -> dict:
     """How each configuration runs, as commands (for the JSON)."""
-    data = "--data " + os.path.basename(ctx["data"][name]["npz"])
+    npz = os.path.basename(ctx["data"][name]["npz"])
+    data = "--data " + npz
     out = {}
     for n in ctx["workers"]:
         for c in CONFIGS:
             a = " ".join(ctx["args"][(name, n, c)])
-            if c == MPI:
+            if n == 1 and c == THREADS:
+                out[f"{c} x{n}"] = f"the {THREAD} x1 run (the same command)"
+            elif c == MPI:
                 out[f"{c} x{n}"] = f"mpiexec -n {n} python -m dptrain train {a} {data}"
             elif c in (CEILING, PINNED):
                 pin = ", each pinned to its own core" if c == PINNED else ""
                 out[f"{c} x{n}"] = f"{n} x python -m dptrain train {a} {data}{pin}"
             elif c in (DDP, TORCH_THREADS):
-                out[f"{c} x{n}"] = "torch: " + str(
-                    torch_spec(name, ctx["plans"][name][n], c, data, 0)
+                spec = torch_spec(
+                    name, ctx["plans"][name][n], c, npz, ctx["data"][name]["n_features"]
                 )
+                out[f"{c} x{n}"] = f"PyTorch: {spec}"
             else:
                 out[f"{c} x{n}"] = f"python -m dptrain train {a} {data} (in this process)"
     return out
