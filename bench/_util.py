@@ -304,6 +304,25 @@ def peak_legend(dtypes: Sequence[str] = ("float32",)) -> str:
     )
 
 
+def torch_cnn(torch, in_channels: int, fc_in: int, channels=(32, 64), hidden=128, classes=10):
+    """The studies' CNN in PyTorch: conv(in->32, 3x3) -> ReLU -> maxpool 2 -> conv(32->64,
+    3x3) -> ReLU -> maxpool 2 -> fc(fc_in->128) -> ReLU -> fc(128->10), its parameters in
+    the order of dptrain's models.CNN.layers()."""
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(in_channels, channels[0], 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(channels[0], channels[1], 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(fc_in, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, classes),
+    )
+
+
 def torch_info(torch) -> dict:
     """PyTorch's version, threads, and the BLAS / ISA it says it uses."""
     info = {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}

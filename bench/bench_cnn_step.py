@@ -93,18 +93,7 @@ def build(shape, batch, threads=1):
     opt = dptrain.SGD(model, lr=LR, momentum=MOMENTUM)
 
     c = shape[0]
-    net = torch.nn.Sequential(
-        torch.nn.Conv2d(c, CHANNELS[0], 3),
-        torch.nn.ReLU(),
-        torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(CHANNELS[0], CHANNELS[1], 3),
-        torch.nn.ReLU(),
-        torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(),
-        torch.nn.Linear(model.sizes[2], HIDDEN),
-        torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, CLASSES),
-    )
+    net = _util.torch_cnn(torch, c, model.sizes[2], CHANNELS, HIDDEN, CLASSES)
     tparams = list(net.parameters())
     ours_arrays = [a for wb in model.layers() for a in wb]
     if [tuple(p.shape) for p in tparams] != [a.shape for a in ours_arrays]:

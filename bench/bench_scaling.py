@@ -30,10 +30,10 @@ between barriers: no start-up, data loading or evaluation):
   T1 / T_pair is what 2 workers could reach with free communication on this machine (memory
   bandwidth, shared caches and the host's time-sharing included);
 - DDP (mlp only): PyTorch 2.13 DistributedDataParallel, gloo backend, 1 and 2 ranks
-  (torch.multiprocessing spawn, 1 thread each), the same MLP, global batch 128 (64 per rank at
-  2 ranks, the same contiguous shards of the same shuffled order), 235 steps, SGD momentum 0.9,
-  lr 0.1; 3 untimed warm-up steps, then the epoch between barriers. Run in a helper mode of
-  this script, so this process never imports torch.
+  (1 thread each), the same MLP, global batch 128 (64 per rank at 2 ranks, the contiguous
+  shards of a seeded shuffled order), 235 steps, SGD momentum 0.9, lr 0.1; 3 untimed warm-up
+  steps, then the epoch between barriers. Its ranks fork from a server process that imported
+  torch (bench/_scale_util.py's run_torch), so this process never imports torch.
 
 speedup = T1 / T (T1 our 1 worker, medians of the same run); % of ceiling = speedup / ceiling
 speedup. Every configuration runs `repeats` times, interleaved (the order reversed every other
@@ -56,30 +56,20 @@ from __future__ import annotations
 
 import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy loads)
 
-import argparse  # noqa: E402
-import json  # noqa: E402
+import _scale_util as su  # noqa: E402
+
 import math  # noqa: E402
 import os  # noqa: E402
-import shutil  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
-import numpy as np  # noqa: E402
-
 import dptrain  # noqa: E402
-from dptrain import sampler  # noqa: E402
 from dptrain.comm import describe  # noqa: E402
-from dptrain.data import load_dataset  # noqa: E402
+from dptrain.config import TrainConfig  # noqa: E402
 
 MNIST_DIR = "/work/shared/data/mnist"
 WORKERS = 2
 MLP_LIMIT = 30_000
 LOGREG_N, LOGREG_D, LOGREG_BATCH = 1_000_000, 20, 8192
-DDP_WARMUP_STEPS = 3
-SUBPROCESS_TIMEOUT = 300
 
 SPEEDUP_TARGETS = {"mlp": 1.75, "softmax": 1.6, "logreg": 1.3}
 CEILING_TARGETS = {"mlp": 0.90, "logreg": 0.90}
@@ -165,225 +155,45 @@ def cli_args(cfg: dict) -> list[str]:
     return out
 
 
-def summary(result: dict) -> dict:
-    """What the benchmark keeps of a dptrain result dict."""
-    return {
-        "train_seconds": result["train_seconds"],
-        "steps": result["steps"],
-        "train_loss": result["train_loss"][-1],
-        "phase_seconds": result["phase_seconds"],
-        "source": result["dataset"]["source"],
-    }
-
-
 # ------------------------------------------------------------------ the configurations
 def run_in_process(name: str, workers: int, backend: str) -> dict:
     cfg = workload_config(name, workers)
-    return summary(dptrain.train(workers=workers, backend=backend, quiet=True, **cfg))
+    return su.run_summary(dptrain.train(workers=workers, backend=backend, quiet=True, **cfg))
 
 
 def run_mpi(name: str, ranks: int, mpiexec: str, *extra: str) -> dict:
-    cfg = workload_config(name, ranks)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        cmd = [
-            mpiexec,
-            "-n",
-            str(ranks),
-            sys.executable,
-            "-m",
-            "dptrain",
-            "train",
-            *cli_args(cfg),
-            "--backend",
-            "mpi",
-            "--out",
-            out,
-            "--quiet",
-            *extra,
-        ]
-        proc = subprocess.run(
-            cmd,
-            cwd=_util.REPO_ROOT,
-            env=_util.child_env(),
-            capture_output=True,
-            text=True,
-            timeout=SUBPROCESS_TIMEOUT,
-        )
-        if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(
-                f"mpiexec -n {ranks} exited with {proc.returncode}: "
-                f"{(proc.stderr or proc.stdout).strip()[-2000:]}"
-            )
-        with open(out) as f:
-            return summary(json.load(f))
-
-
-def _pair_member(cfg: dict, barrier, conn) -> None:
-    """One of the independent pair ('spawn' entry point): dptrain.train on 1 worker, with the
-    training loop held at `barrier` until the other member has loaded its data too."""
-    from dptrain.engine import run
-
-    original = run.train_worker
-
-    def synchronized_train_worker(*args, **kwargs):
-        barrier.wait(SUBPROCESS_TIMEOUT)
-        return original(*args, **kwargs)
-
-    run.train_worker = synchronized_train_worker
-    try:
-        conn.send(("ok", summary(dptrain.train(workers=1, quiet=True, **cfg))))
-    except BaseException as exc:  # sent to the parent, which reports it
-        barrier.abort()
-        conn.send(("error", describe(exc)))
-    finally:
-        conn.close()
+    args = [*cli_args(workload_config(name, ranks)), "--backend", "mpi", *extra]
+    return su.run_mpi_train(mpiexec, ranks, args)
 
 
 def run_pair(name: str) -> dict:
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    cfg = workload_config(name, 1, half=True)
-    barrier = ctx.Barrier(WORKERS)
-    procs, conns = [], []
-    try:
-        for i in range(WORKERS):
-            parent_end, child_end = ctx.Pipe(duplex=False)
-            p = ctx.Process(
-                target=_pair_member,
-                args=(cfg, barrier, child_end),
-                name=f"bench-pair-{i}",
-                daemon=True,
-            )
-            procs.append(p)
-            conns.append(parent_end)
-        for p in procs:  # started back to back, after both exist
-            p.start()
-        members = []
-        for i, c in enumerate(conns):
-            if not c.poll(SUBPROCESS_TIMEOUT):
-                raise RuntimeError(f"pair member {i} did not report in {SUBPROCESS_TIMEOUT} s")
-            status, payload = c.recv()
-            if status != "ok":
-                raise RuntimeError(f"pair member {i} failed: {payload}")
-            members.append(payload)
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join(1)
-    slow = max(members, key=lambda m: m["train_seconds"])
-    return {**slow, "member_seconds": [m["train_seconds"] for m in members]}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The independent pair: 2 uncoupled 1-worker runs, each on half the job."""
+    config = TrainConfig.from_kwargs(workers=1, quiet=True, **workload_config(name, 1, half=True))
+    return su.run_ceiling(config, WORKERS)
 
 
 def run_ddp(world: int) -> dict:
-    """The DDP reference in a helper process of this script (which spawns the ranks)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "ddp.json")
-        cmd = [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--ddp-helper",
-            out,
-            "--ddp-world",
-            str(world),
-        ]
-        proc = subprocess.run(
-            cmd, env=_util.child_env(), capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT
-        )
-        if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(
-                f"DDP helper (world {world}) exited with {proc.returncode}: "
-                f"{(proc.stderr or proc.stdout).strip()[-2000:]}"
-            )
-        with open(out) as f:
-            return json.load(f)
-
-
-# ------------------------------------------------------------------ the DDP reference
-def _ddp_rank(rank: int, world: int, port: int, out_path: str) -> None:
-    """One DDP rank (torch.multiprocessing.spawn entry point)."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    _util.pin_torch(torch)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        cfg = workload_config("mlp", world)
-        ds = load_dataset(
-            "mnist",
-            data_dir=cfg["data_dir"],
-            dtype=np.float32,
-            limit=cfg["limit"],
-            allow_download=False,
-            announce=None,
-        )
-        x, y = torch.from_numpy(ds.x_train), torch.from_numpy(ds.y_train.astype(np.int64))
-        torch.manual_seed(0)
-        net = torch.nn.Sequential(
-            torch.nn.Linear(784, 256),
-            torch.nn.ReLU(),
-            torch.nn.Linear(256, 128),
-            torch.nn.ReLU(),
-            torch.nn.Linear(128, 10),
-        )
-        model = DDP(net)
-        opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
-        loss_fn = torch.nn.CrossEntropyLoss()
-        n, batch = len(x), cfg["batch_size"]
-        order = torch.from_numpy(np.random.default_rng(0).permutation(n))
-        bounds = [(s, min(s + batch, n)) for s in range(0, n, batch)]
-        shards = [order[slice(*sampler.shard(s, e, rank, world))] for s, e in bounds]
-
-        def step(idx):
-            opt.zero_grad()
-            loss = loss_fn(model(x.index_select(0, idx)), y.index_select(0, idx))
-            loss.backward()
-            opt.step()
-            return loss
-
-        for idx in shards[:DDP_WARMUP_STEPS]:
-            step(idx)
-        dist.barrier()
-        t0 = time.perf_counter()
-        loss_sum = 0.0
-        for idx in shards:
-            loss_sum += float(step(idx).detach())
-        dist.barrier()
-        seconds = time.perf_counter() - t0
-        if rank == 0:
-            with open(out_path, "w") as f:
-                json.dump(
-                    {
-                        "train_seconds": seconds,
-                        "steps": len(shards),
-                        "samples": n,
-                        "mean_batch_loss": loss_sum / len(shards),
-                        "source": ds.source,
-                        "torch": torch.__version__,
-                        "threads": torch.get_num_threads(),
-                    },
-                    f,
-                )
-    finally:
-        dist.destroy_process_group()
-
-
-def ddp_helper(out_path: str, world: int) -> None:
-    import torch.multiprocessing as tmp
-
-    tmp.spawn(_ddp_rank, args=(world, free_port(), out_path), nprocs=world, join=True)
+    """The DDP reference (_scale_util.run_torch): the MLP workload, `world` ranks."""
+    cfg = workload_config("mlp", world)
+    return su.run_torch(
+        {
+            "kind": "mlp",
+            "load": {
+                "name": "mnist",
+                "data_dir": cfg["data_dir"],
+                "allow_download": False,
+            },
+            "n_features": 784,
+            "limit": cfg["limit"],
+            "global_batch": cfg["batch_size"],
+            "epochs": cfg["epochs"],
+            "steps_per_epoch": math.ceil(cfg["limit"] / cfg["batch_size"]),
+            "lr": cfg["lr"],
+            "momentum": cfg["momentum"],
+            "world": world,
+            "threads": 1,
+        }
+    )
 
 
 # ------------------------------------------------------------------ the benchmark
@@ -578,8 +388,6 @@ def main(argv=None):
             help="comma-separated subset of mlp,softmax,logreg",
         )
         p.add_argument("--no-ddp", action="store_true", help="skip the PyTorch DDP reference")
-        p.add_argument("--ddp-helper", metavar="OUT", help=argparse.SUPPRESS)
-        p.add_argument("--ddp-world", type=int, default=1, help=argparse.SUPPRESS)
 
     args = _util.parse_args(
         "2-worker scaling of dptrain's transports, against the independent-"
@@ -587,31 +395,16 @@ def main(argv=None):
         extra,
         argv=argv,
     )
-    if args.ddp_helper:
-        ddp_helper(args.ddp_helper, args.ddp_world)
-        return None
-
     repeats = 1 if args.quick else 3
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    mpiexec = shutil.which("mpiexec")
-    try:
-        import mpi4py
-
-        mpi_version = mpi4py.__version__
-    except ImportError:
-        mpiexec, mpi_version = None, None
-    import importlib.metadata
-
-    try:
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        torch_version = None
+    mpiexec, mpi_reason = su.find_mpiexec()
+    mpi_version, torch_version = su.package_version("mpi4py"), su.package_version("torch")
     with_ddp = torch_version is not None and not args.no_ddp
     env = _util.environment(mpi4py=mpi_version, mpiexec=mpiexec, torch_installed=torch_version)
     _util.print_environment(env)
     print(
         f"# MNIST: {mnist_dir() or 'not found: the announced synthetic stand-in'}; mpiexec: "
-        f"{mpiexec or 'not found, MPI rows left out'}; torch: "
+        f"{mpiexec or mpi_reason + ', MPI rows left out'}; torch: "
         f"{torch_version or 'not installed'}{'' if with_ddp else ' (DDP rows left out)'}"
     )
     if env["loadavg_1min"] and env["loadavg_1min"] > 0.5:
