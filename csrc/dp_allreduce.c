@@ -41,9 +41,14 @@ static int group_valid(const dp_group *g, ptrdiff_t start, ptrdiff_t stop)
 #define GROUP_ALLREDUCE(T, S)                                                                     \
     int dp_allreduce##S(dp_group *g, ptrdiff_t start, ptrdiff_t stop, T scale, double *waited_s,  \
                         uint32_t *code)                                                           \
+    { return dp_allreduce_ex##S(g, start, stop, scale, 1, waited_s, code); }                      \
+    int dp_allreduce_ex##S(dp_group *g, ptrdiff_t start, ptrdiff_t stop, T scale, int publish,    \
+                           double *waited_s, uint32_t *code)                                      \
     {                                                                                             \
         *waited_s = 0;                                                                            \
-        if (!group_valid(g, start, stop)) return DP_EVALUE;                                       \
+        if (!group_valid(g, start, stop) ||                                                       \
+            (!publish && (g->algorithm != DP_ALLREDUCE_NATIVE || !g->out)))                       \
+            return DP_EVALUE;                                                                     \
         T *const *bufs = (T *const *)g->bufs;                                                     \
         int rc = dp_group_barrier(g, waited_s, code); /* every buffer is complete */              \
         if (rc) return rc;                                                                        \
@@ -64,6 +69,7 @@ static int group_valid(const dp_group *g, ptrdiff_t start, ptrdiff_t stop)
             dp_sum_buffers##S((T *)g->out, (const T *const *)bufs, g->k, lo, hi, scale);          \
         else                                                                                      \
             dp_allreduce_slice##S(bufs, g->k, lo, hi, scale);                                     \
+        if (!publish) return DP_OK; /* this worker's slice is reduced, the others' may not be */  \
         return dp_barrier_wait(g->barrier, &g->policy, code); /* every slice is reduced */        \
     }
 

@@ -87,6 +87,14 @@ int dp_allreduce_f32(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale, 
                      uint32_t *code);
 int dp_allreduce_f64(dp_group *g, ptrdiff_t start, ptrdiff_t stop, double scale, double *waited_s,
                      uint32_t *code);
+/* The same with publish = 0 allowed: native with out only (DP_EVALUE otherwise), it returns
+ * once this worker's slice of out (dp_slice) is summed, without the exit barrier: the other
+ * slices may still be in progress (a sharded update: each worker goes on with its own slice,
+ * and a later barrier publishes them all). publish = 1 is dp_allreduce_f32 / _f64. */
+int dp_allreduce_ex_f32(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale, int publish,
+                        double *waited_s, uint32_t *code);
+int dp_allreduce_ex_f64(dp_group *g, ptrdiff_t start, ptrdiff_t stop, double scale, int publish,
+                        double *waited_s, uint32_t *code);
 /* The same for bfloat16 buffers (uint16_t, dp_buffers.h) and a bfloat16 out: native with
  * out only (DP_EVALUE otherwise); out[slice] = bfloat16(scale * the float sum of the buffers
  * widened, in buffer order) (dp_sum_bf16): half the bytes of a float all-reduce both ways. */

@@ -384,24 +384,35 @@ static PyObject *ShmGroup_barrier(ShmGroupObject *self, PyObject *unused)
 static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *const *args, Py_ssize_t nargs,
                                     PyObject *kwnames)
 {
-    static const char *const kwlist[] = {"scale", "start", "stop", NULL};
+    static const char *const kwlist[] = {"scale", "start", "stop", "publish", NULL};
     double scale = 1.0;
     PyObject *starto = NULL, *stopo = NULL;
-    if (parse_args(args, nargs, kwnames, "|dOO:allreduce", kwlist, &scale, &starto, &stopo))
+    int publish = 1;
+    if (parse_args(args, nargs, kwnames, "|dOOp:allreduce", kwlist, &scale, &starto, &stopo,
+                   &publish))
         return NULL;
     ptrdiff_t start, stop;
     if (group_ready(self) || check_finite(scale, "scale") ||
         get_range(starto, stopo, self->length, &start, &stop))
         return NULL;
+    if (!publish &&
+        (!self->g.out || self->btype == NPY_UINT16 || self->g.algorithm != DP_ALLREDUCE_NATIVE)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "publish=False needs the native algorithm, an out array and float32 or "
+                        "float64 buffers (a group of sum_into_)");
+        return NULL;
+    }
     uint32_t code = 0;
     double waited = 0;
     int rc;
     if (self->btype == NPY_UINT16)
         WITHOUT_GIL(rc = dp_allreduce_bf16(&self->g, start, stop, (float)scale, &waited, &code));
     else if (self->btype == NPY_FLOAT32)
-        WITHOUT_GIL(rc = dp_allreduce_f32(&self->g, start, stop, (float)scale, &waited, &code));
+        WITHOUT_GIL(
+            rc = dp_allreduce_ex_f32(&self->g, start, stop, (float)scale, publish, &waited, &code));
     else
-        WITHOUT_GIL(rc = dp_allreduce_f64(&self->g, start, stop, scale, &waited, &code));
+        WITHOUT_GIL(rc =
+                        dp_allreduce_ex_f64(&self->g, start, stop, scale, publish, &waited, &code));
     if (rc) return group_error(self, rc, code, "allreduce");
     /* the wait at the entry barrier: this worker waiting for the slowest one (arrival skew),
      * not transfer */
@@ -436,12 +447,15 @@ static PyMethodDef ShmGroup_methods[] = {
     {"barrier", (PyCFunction)ShmGroup_barrier, METH_NOARGS,
      "barrier() -> seconds waited: wait until every worker arrives"},
     {"allreduce", FASTFN(ShmGroup_allreduce), FASTKW,
-     "allreduce(scale=1.0, start=0, stop=None) -> seconds waited at the entry barrier: every "
+     "allreduce(scale=1.0, start=0, stop=None, publish=True) -> seconds waited at the entry "
+     "barrier: every "
      "buffer[start:stop] (or only out[start:stop] when the group has an out array) = scale * the "
      "sum "
      "of all buffers[start:stop]; native: summed in buffer order, this worker reduces its slice; "
      "ring/tree: the point-to-point schedules of the group's algorithm; uint16 buffers (bfloat16 "
-     "values) are summed in float32 into the uint16 out, rounded to bfloat16"},
+     "values) are summed in float32 into the uint16 out, rounded to bfloat16; publish=False "
+     "(native, with out, float): return once this worker's slice of out is summed, without the "
+     "exit barrier"},
     {"abort", (PyCFunction)ShmGroup_abort, METH_VARARGS,
      "abort(code=1): wake every waiter with an error"},
     {NULL},

@@ -86,6 +86,14 @@ def _check_state(state, own: dict) -> int:
     return int(steps)
 
 
+def _part_views(part, *arrays):
+    """The arrays (None stays None) whole where part is None, else their [lo, hi) views."""
+    if part is None:
+        return arrays
+    lo, hi = part
+    return tuple(None if a is None else a[lo:hi] for a in arrays)
+
+
 class _Optimizer:
     """What every optimizer here shares: its hyper-parameters by name (HYPER) and its state
     (the step count and the arrays of its own, ``_own()``; model.velocity is the model's)."""
@@ -168,16 +176,21 @@ class SGD(_Optimizer):
                 f"momentum={momentum}, dampening={dampening}"
             )
 
-    def step(self, lr: float | None = None, grads=None) -> None:
+    def step(self, lr: float | None = None, grads=None, part=None) -> None:
         """One update of model.params from model.grads (or ``grads``, a buffer of the same
-        layout); lr overrides the default, e.g. for a schedule."""
+        layout); lr overrides the default, e.g. for a schedule. part=(lo, hi): only those
+        elements (of the parameters, the gradient and the state), the others untouched, with
+        the bits the whole step gives them (the update is elementwise)."""
         m = self.model
+        params, grads, velocity = _part_views(
+            part, m.params, m.grads if grads is None else grads, m.velocity
+        )
         # the threads that computed the gradient share the step: the model's `context` (what
         # _core.sgd_step takes as ctx: a dptrain model's C engine), None where it has none
         _core.sgd_step(
-            m.params,
-            m.grads if grads is None else grads,
-            m.velocity,
+            params,
+            grads,
+            velocity,
             lr=self.lr if lr is None else float(lr),
             momentum=self.momentum,
             dampening=self.dampening,
@@ -243,21 +256,30 @@ class Adam(_Optimizer):
         if not isinstance(amsgrad, (bool, np.bool_)):
             raise ValueError(f"amsgrad must be True or False, got {amsgrad!r}")
 
-    def step(self, lr: float | None = None, grads=None) -> None:
+    def step(self, lr: float | None = None, grads=None, part=None) -> None:
         """One update of model.params from model.grads (or ``grads``, a buffer of the same
-        layout); lr overrides the default, e.g. for a schedule."""
+        layout); lr overrides the default, e.g. for a schedule. part=(lo, hi): only those
+        elements, as SGD.step."""
         m = self.model
         ctx = getattr(m, "context", None)  # the threads that computed the gradient (see SGD)
-        if self.steps == 0:  # a new optimizer's moments are 0 (velocity may hold SGD's)
-            for buf in (m.velocity, self.exp_avg_sq, self.max_exp_avg_sq):
-                if buf is not None:
-                    _core.zero_(buf, ctx=ctx)
-        _core.adam_step(
+        params, grads, velocity, sq, sq_max = _part_views(
+            part,
             m.params,
             m.grads if grads is None else grads,
             m.velocity,
             self.exp_avg_sq,
             self.max_exp_avg_sq,
+        )
+        if self.steps == 0:  # a new optimizer's moments are 0 (velocity may hold SGD's)
+            for buf in (velocity, sq, sq_max):
+                if buf is not None:
+                    _core.zero_(buf, ctx=ctx)
+        _core.adam_step(
+            params,
+            grads,
+            velocity,
+            sq,
+            sq_max,
             step=self.steps + 1,
             lr=self.lr if lr is None else float(lr),
             beta1=self.betas[0],

@@ -104,6 +104,19 @@ def test_collective_calls_and_bytes_follow_the_schedule(algorithm):
     assert b["bytes_sent_per_epoch"] == expected
 
 
+def test_the_sharded_schedule():
+    """Per step the gradient's sum (each rank its slice: an all-reduce's payload) and the
+    barrier that publishes the updated slices; the start-up publishes rank 0's parameters with
+    a barrier (no broadcast: one array for all)."""
+    from dptrain.comm.algorithms import bytes_sent
+
+    r = _train(workers=2, backend="thread", epochs=1, shard_update=True)
+    b, steps, m = r["breakdown"], r["steps"], r["breakdown"]["param_bytes"]
+    assert r["exchange"] == "ShardedUpdate"
+    assert b["collective_calls"] == 2 * steps + 2 + 2
+    assert b["bytes_sent"] == steps * bytes_sent("native", 2, m) + bytes_sent("native", 2, 16)
+
+
 def test_bytes_sent_by_schedule():
     from dptrain.comm.algorithms import bytes_sent
 

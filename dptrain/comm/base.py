@@ -78,6 +78,16 @@ def _place(filename: str) -> str:
     return "user"
 
 
+def line_slice(n: int, itemsize: int, rank: int, size: int) -> tuple[int, int]:
+    """Rank's [lo, hi) of n elements among size ranks: whole 64-byte lines, as even as lines
+    go (the slice a rank sums in the shared-memory collectives: csrc/dp_sync.c's dp_slice)."""
+    line = 64 // itemsize
+    q, r = divmod(-(-n // line), size)
+    l0 = rank * q + min(rank, r)
+    l1 = l0 + q + (1 if rank < r else 0)
+    return min(l0 * line, n), min(l1 * line, n)
+
+
 def check_flat(array, what: str = "array") -> np.ndarray:
     """array, if it is a writeable C-contiguous 1-D float ndarray (what the collectives
     reduce in place); else a ValueError/TypeError naming what is wrong."""
@@ -179,6 +189,13 @@ class Communicator(abc.ABC):
         (``out`` and ``arrays`` from ``shared_zeros``). uint16 arrays (out and all of
         ``arrays``) hold bfloat16 values: summed in float32, the sum rounded to bfloat16 (half
         the bytes of float32 arrays)."""
+
+    def reduce_scatter_into_(self, out: np.ndarray, arrays: list, *, scale: float = 1.0):
+        """``sum_into_``, of which only this rank's slice of out is sure to be summed when it
+        returns (on shared memory the others may still be in progress: a barrier later
+        publishes them); returns that slice, (lo, hi) (``line_slice``)."""
+        self.sum_into_(out, arrays, scale=scale)
+        return line_slice(out.size, out.itemsize, self.rank, self.size)
 
     @abc.abstractmethod
     def broadcast_(self, array: np.ndarray, root: int = 0) -> None:

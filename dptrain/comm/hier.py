@@ -37,7 +37,7 @@ import os
 import numpy as np
 
 from .algorithms import bytes_sent as _schedule_bytes
-from .base import ALIGN, check_flat, range_bytes
+from .base import ALIGN, Communicator, check_flat, range_bytes
 from .mpi import allreduce_in_place, timed_barrier
 from .shm import SegmentLayout, ShmComm, WaitPolicy, _round_up
 
@@ -399,6 +399,9 @@ class HierComm(ShmComm):
             # the wait here is for the leader's transfer from the root's node: not sync wait
             self._shared_broadcast(array, 0)
         self._account("broadcast", array.nbytes, root=root, waited=waited)
+
+    # the whole sum, published, then this rank's slice: the cross-node gather comes first
+    reduce_scatter_into_ = Communicator.reduce_scatter_into_
 
     @_collective
     def sum_into_(self, out, arrays, *, scale=1.0):

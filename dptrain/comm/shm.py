@@ -45,6 +45,7 @@ from .base import (
     check_flat,
     describe,
     filled_bytes,
+    line_slice,
     range_bytes,
 )
 from .placement import cpu_count
@@ -451,6 +452,17 @@ class ShmComm(Communicator):
         return shared.out
 
     def sum_into_(self, out, arrays, *, scale=1.0):
+        waited = self._sum_group(out, arrays).allreduce(scale)
+        self._account("allreduce", filled_bytes(arrays, self.size), waited=waited)
+
+    def reduce_scatter_into_(self, out, arrays, *, scale=1.0):
+        # the sum's entry barrier, then this rank's slice: the group's own, no exit barrier
+        waited = self._sum_group(out, arrays).allreduce(scale, publish=False)
+        self._account("allreduce", filled_bytes(arrays, self.size), waited=waited)
+        return line_slice(out.size, out.itemsize, self._local, self._peers)
+
+    def _sum_group(self, out, arrays):
+        """The group that sums `arrays` into `out` (made on first use: collective)."""
         key = (id(out), id(arrays[0]), len(arrays))
         group = self._sums.get(key)
         if group is None:
@@ -461,8 +473,7 @@ class ShmComm(Communicator):
             group = self._sums[key] = self._group(
                 self._alloc(self._layout.control_bytes), list(arrays), out=out
             )
-        waited = group.allreduce(scale)
-        self._account("allreduce", filled_bytes(arrays, self.size), waited=waited)
+        return group
 
     def broadcast_(self, array, root=0):
         waited = self._shared_broadcast(array, root)

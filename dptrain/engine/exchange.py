@@ -11,6 +11,8 @@ batch's gradient, exchanges it, and applies the update:
 - ``Deterministic``: the global batch cut into CHUNKS fixed chunks by position, each chunk's
   gradient computed alone and the chunks summed in chunk order: nothing depends on which
   worker computed what, so any world size up to CHUNKS gives bitwise-identical weights;
+- ``ShardedUpdate`` (workers sharing memory, TrainConfig's shard_update): the parameters and
+  the optimizer's state held once in shared memory, each worker summing and updating its slice;
 - ``ParameterServer``: the gradients summed on rank 0, which alone updates and broadcasts the
   parameters;
 - ``Bf16AllReduce``: each worker rounds its share's gradient to bfloat16 into a shared slot of
@@ -73,6 +75,13 @@ class Exchange:
     def update(self, comm, opt, lr: float) -> None:
         """The optimizer step from the exchanged gradient."""
         opt.step(lr, grads=self.grads)
+
+    def adopt(self, comm, opt) -> None:
+        """Places the optimizer's own state (Adam's moments) where the strategy needs it."""
+
+    def publish(self, comm, array) -> None:
+        """Every rank's array (the parameters, the velocity) becomes rank 0's."""
+        comm.broadcast_(array, root=0)
 
     @staticmethod
     def _share(comm, model, rows, start, stop, clock) -> tuple[float, int]:
@@ -196,6 +205,51 @@ class Deterministic(Exchange):
         return loss, correct
 
 
+class ShardedUpdate(Exchange):
+    """The all-reduce and the update split over the workers (workers sharing memory): the
+    parameters, the velocity and the optimizer's own state live once, in shared memory; each
+    worker writes its share of the gradient into a shared slot, sums its slice of every slot
+    in rank order (the native all-reduce's sum, so the same bits) and updates that slice of
+    the parameters and the state; a barrier then publishes them to every worker.
+
+    Against AllReduce, each of N workers updates 1/N of the parameters instead of all of them,
+    from a slice of the gradient it has just summed (in its cache) instead of a gradient the
+    other workers wrote, and the sum is written once instead of into N buffers; the
+    parameters are read from shared memory by the next step's forward. (TrainConfig's
+    shard_update.)"""
+
+    def buffers(self, comm, n_params, dtype):
+        self.n_params, self.dtype = n_params, np.dtype(dtype)
+        self.slots = comm.shared_zeros(comm.size, n_params, dtype)  # each worker's gradient
+        self.grads = comm.shared_zeros(1, n_params, dtype)[0]  # their sum
+        return {
+            "params": comm.shared_zeros(1, n_params, dtype)[0],
+            "grads": self.slots[comm.rank],
+            "velocity": comm.shared_zeros(1, n_params, dtype)[0],
+        }
+
+    def gradient(self, comm, model, rows, start, stop, clock):
+        loss, correct = self._share(comm, model, rows, start, stop, clock)
+        self.part = comm.reduce_scatter_into_(self.grads, self.slots)  # this worker's slice
+        clock.exchanged()
+        return loss, correct
+
+    def update(self, comm, opt, lr):
+        opt.step(lr, grads=self.grads, part=self.part)
+        # every slice summed and updated before any worker reads the parameters (or the sum:
+        # the next step's slots are written only after this)
+        comm.barrier()
+
+    def adopt(self, comm, opt):
+        for name, own in opt._own().items():
+            shared = comm.shared_zeros(1, own.size, own.dtype)[0]
+            shared[:] = own  # the same values on every rank
+            setattr(opt, name, shared)
+
+    def publish(self, comm, array):
+        comm.barrier()  # one array for all: rank 0's writes are everyone's after a barrier
+
+
 class ParameterServer(Exchange):
     """The gradients' sum to rank 0, which alone updates, then sends the parameters out."""
 
@@ -214,8 +268,9 @@ class ParameterServer(Exchange):
         comm.broadcast_(self.params, root=0)
 
 
-def make_exchange(config) -> Exchange:
-    """The strategy a TrainConfig asks for."""
+def make_exchange(config, comm=None) -> Exchange:
+    """The strategy a TrainConfig asks for (on comm, the run's communicator: ShardedUpdate
+    where its workers share memory)."""
     bf16 = config.comm_dtype == "bfloat16"
     if config.deterministic:
         return Deterministic(bf16)
@@ -225,4 +280,12 @@ def make_exchange(config) -> Exchange:
         return ParameterServer()
     if config.overlap:
         return Overlap(config.bucket_kb)
+    shared = comm is not None and comm.backend in ("thread", "process")
+    if config.shard_update and comm is not None and comm.size > 1 and not shared:
+        raise ValueError(
+            f"shard_update=True needs workers sharing memory (backend thread or process); "
+            f"this run's workers are {comm.backend} ranks"
+        )
+    if config.shard_update and shared and comm.size > 1:  # the config checked the rest
+        return ShardedUpdate()
     return AllReduce(config.allreduce, config.bucket_kb)

@@ -98,11 +98,12 @@ def run_worker(
     cfg = job.config
     hooks = hooks or hooks_for(cfg, comm.rank)
     rank = comm.rank
-    exchange = make_exchange(cfg) if job.coupled else AllReduce()
+    exchange = make_exchange(cfg, comm) if job.coupled else AllReduce()
     n_params = job.model["n_params"]
     bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
     opt = make_optimizer(net, job.lr, cfg)
+    exchange.adopt(comm, opt)
     stats = comm.zeros(2, np.float64)
     state = {
         "step": 0,
@@ -131,12 +132,12 @@ def run_worker(
     # not lateness: --timeout counts none of it
     comm.barrier_after_work(None)
     if job.resume:
-        comm.broadcast_(net.velocity, root=0)
+        exchange.publish(comm, net.velocity)
         load_optimizer_state(job.resume, opt, state["step"])  # Adam's own moments, every rank
     elif (continued := continued_state(comm, opt)) is not None:
         net.velocity[:] = continued.pop("velocity")  # every rank got the same extras
         opt.load_state_dict(continued)
-    comm.broadcast_(net.params, root=0)
+    exchange.publish(comm, net.params)
 
     bounds = batch_bounds(n, job.batch_size)
     total_steps = cfg.epochs * len(bounds)
@@ -243,6 +244,7 @@ def run_worker(
         "bytes_sent": comm.bytes_sent,
         "train_seconds": train_seconds,
         "node_members": comm.node_members,
+        "exchange": type(exchange).__name__,
     }
     if rank == 0:
         out.update(

@@ -167,6 +167,8 @@ def make_result(
             },
             "job": {"model": spec, "warmup_steps": job.warmup_steps},
             "placement": placement.summary([r.get("placement") for r in per_rank]),
+            # the gradient exchange and update the run took (engine.exchange's class)
+            "exchange": head.get("exchange"),
         }
     )
     result["wall_seconds"] = time.perf_counter() - wall0

@@ -499,6 +499,7 @@ class StepClock:
         "t_compute",
         "t_exchange",
         "waited_before",
+        "waited_exchange",
     )
 
     def __init__(self, comm, hooks):
@@ -525,6 +526,9 @@ class StepClock:
 
     def exchanged(self) -> None:
         self.t_exchange = time.perf_counter()
+        # the exchange's waits: a wait in the update (the barrier of a sharded update) is the
+        # update's, not the wait at the gradient collective's entry
+        self.waited_exchange = self.comm.waited - self.waited_before
 
     def record(self, timer: StepTimer, epoch: int, t_update: float) -> None:
         t_data = self.t_data if self.t_data is not None else self.start + self.data_seconds
@@ -535,5 +539,5 @@ class StepClock:
             self.t_compute,
             self.t_exchange,
             t_update,
-            self.comm.waited - self.waited_before,
+            self.waited_exchange,
         )
