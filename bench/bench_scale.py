@@ -313,6 +313,8 @@ def one_run(name: str, p: dict, config: str, ctx: dict) -> dict:
 
 def skipped(config: str, n: int, ctx: dict) -> str | None:
     """Why a configuration is left out at n workers (None: it runs)."""
+    if config not in ctx["configs"]:
+        return "not in --configs"
     if config == MPI and not ctx["mpiexec"]:
         return f"no MPI: {ctx['mpi_reason']}"
     if config in (DDP, TORCH_THREADS) and not ctx["torch"]:
@@ -349,7 +351,7 @@ def measure(name: str, ctx: dict, repeats: int) -> dict:
             except Exception as exc:  # reported in the tables and the checks, not hidden
                 out[(n, c)].append({"error": describe(exc)})
                 print(f"# {name} / {c} x{n}: FAILED: {describe(exc)}", flush=True)
-    if 1 in ctx["workers"] and (1, THREAD) in out:
+    if 1 in ctx["workers"] and (1, THREAD) in out and THREADS in ctx["configs"]:
         out[(1, THREADS)] = out[(1, THREAD)]
     return out
 
@@ -642,6 +644,11 @@ def main(argv=None):
             help="the MNIST IDX files (default: $DPTRAIN_DATA, else ../shared/data/mnist)",
         )
         p.add_argument(
+            "--configs",
+            help=f"comma-separated subset of {','.join(CONFIGS)} (default: all; e.g. leave "
+            f"mpi out for a --train-arg that MPI refuses, such as --shard-update)",
+        )
+        p.add_argument(
             "--train-arg",
             action="append",
             default=[],
@@ -668,7 +675,17 @@ def main(argv=None):
             )
     repeats = args.repeats or (1 if args.quick else 3)
     extra_args = [a for text in args.train_arg for a in shlex.split(text)]
+    configs = CONFIGS
+    if args.configs is not None:
+        configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
+        unknown = [c for c in configs if c not in CONFIGS]
+        if unknown or not configs:
+            raise SystemExit(
+                f"bench_scale.py: --configs {args.configs!r}: expected names from "
+                f"{', '.join(CONFIGS)}"
+            )
     ctx = {
+        "configs": configs,
         "workers": parse_workers(args.workers) if args.workers else default_workers(),
         "cores": sorted(os.sched_getaffinity(0)),
         "max_threads": _core.build_info()["max_threads"],

@@ -104,6 +104,7 @@ def test_bad_options_are_one_line_errors(tmp_path):
     for args, words in (
         (["--workers", "1,x"], "--workers"),
         (["--workloads", "mlp,resnet"], "--workloads"),
+        (["--configs", "process,gpu"], "--configs"),
         (["--train-arg=--no-such-option"], "--train-arg"),
         (["--limit", "100", "--workloads", "mlp", "--workers", "1"], "--limit"),
     ):
@@ -112,3 +113,17 @@ def test_bad_options_are_one_line_errors(tmp_path):
         )
         assert r.returncode != 0 and words in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_configs_picks_the_configurations_and_train_arg_reaches_them(tmp_path):
+    out = tmp_path / "scale.json"
+    args = ["--quick", "--workers", "1,2", "--workloads", "mlp", "--limit", "1024"]
+    args += ["--configs", "process,thread", "--train-arg=--shard-update", "--json", str(out)]
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    assert {row["config"] for row in result["rows"]} == {"process", "thread"}
+    assert result["config"]["skipped"]["mpi x2"] == "not in --configs"
+    assert all(row["failed"] == 0 for row in result["rows"])
