@@ -279,7 +279,7 @@ DP_INLINE int K(has_targets)(const dp_plan *p, const int64_t *labels, const T *t
  * each (rows of the row-wise work, its block of each GEMM, its images of a conv stage), the
  * parts meeting at a barrier where a phase reads what others wrote. The loss and the conv
  * stages' sum of the threads' partials run on part 0. Where the region has one part (one
- * thread, or a model that keeps the fork/join per kernel: see use_region) the same walk runs on
+ * thread, or a model that keeps the fork/join per kernel: see run_sweep) the same walk runs on
  * the caller, and every kernel splits itself over the team as before.
  *
  * The bits are those of the fork/join path: a GEMM's blocks are the ones dp_gemm cuts for the
@@ -330,17 +330,18 @@ DP_INLINE int K(phase_end)(K(sweep) * sw, int n)
  * share (parts past min(rows, n) have none), else split over the team as a fork/join. */
 static void K(stage_part)(K(sweep) * sw, K(stage_job) * job, dp_task_fn fn, int t, int n)
 {
-    int parts = job->rows < sw->m->threads ? job->rows : sw->m->threads;
+    /* the parts of a fork/join and of a region alike: one per thread, at most one per row */
+    int threads = n == 1 ? sw->m->threads : n;
+    int parts = job->rows < threads ? job->rows : threads;
     if (parts < 1) parts = 1;
-    if (n == 1) {
-        dp_threads_run(sw->m->ctx.team, parts, fn, job);
-    } else {
-        parts = job->rows < n ? job->rows : n;
-        if (t >= parts) return;
-        fn(job, t, parts);
-        K(fail)(sw, job->rc[t]);
+    if (n > 1) {
+        if (t < parts) {
+            fn(job, t, parts);
+            K(fail)(sw, job->rc[t]);
+        }
         return;
     }
+    dp_threads_run(sw->m->ctx.team, parts, fn, job);
     for (int i = 0; i < parts; i++) K(fail)(sw, job->rc[i]);
 }
 

@@ -39,11 +39,12 @@ void dp_threads_run(dp_threads *team, int n, dp_task_fn fn, void *arg);
  * helpers wait for a job (a spin that adapts, then sleep), and a part that finished its share
  * goes straight on to the next phase instead of back to sleep until the next kernel. */
 int dp_threads_region_size(const dp_threads *team);
+void dp_threads_region(dp_threads *team, dp_task_fn fn, void *arg);
+void dp_threads_barrier(dp_threads *team, int n);
+
 /* The jobs the team's helpers have run so far (the fork/joins: calls of dp_threads_run and
  * dp_threads_region that did not run inline); 0 for a NULL team. */
 unsigned long long dp_threads_jobs(const dp_threads *team);
-void dp_threads_region(dp_threads *team, dp_task_fn fn, void *arg);
-void dp_threads_barrier(dp_threads *team, int n);
 
 /* How a job is cut (the GEMM's blocks, the SGD step's elements): of `threads`, how many
  * `work` keeps busy with min_work each at least, and one (a small job runs on fewer threads

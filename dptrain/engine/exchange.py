@@ -280,12 +280,11 @@ def make_exchange(config, comm=None) -> Exchange:
         return ParameterServer()
     if config.overlap:
         return Overlap(config.bucket_kb)
-    shared = comm is not None and comm.backend in ("thread", "process")
-    if config.shard_update and comm is not None and comm.size > 1 and not shared:
-        raise ValueError(
-            f"shard_update=True needs workers sharing memory (backend thread or process); "
-            f"this run's workers are {comm.backend} ranks"
-        )
-    if config.shard_update and shared and comm.size > 1:  # the config checked the rest
+    if config.shard_update and comm is not None and comm.size > 1:  # the config checked the rest
+        if comm.backend not in ("thread", "process"):  # e.g. MPI chosen by the launcher
+            raise ValueError(
+                f"shard_update=True needs workers sharing memory (backend thread or process); "
+                f"this run's workers are {comm.backend} ranks"
+            )
         return ShardedUpdate()
     return AllReduce(config.allreduce, config.bucket_kb)

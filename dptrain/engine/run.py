@@ -180,8 +180,10 @@ def run(
     in place), else the config's named model or layers; optimizer_state: see ``fit``."""
     wall0 = time.perf_counter()
     backend, launch_note = resolve_backend(config.backend)
+    # under MPI, this rank's node: its ranks and their CPUs (collective on the world, once)
+    node = placement.MPINode.of(mpi_world()) if backend == "mpi" else None
     auto = [name for name in ("workers", "threads") if getattr(config, name) == AUTO]
-    config = resolve_auto(config, backend)
+    config = resolve_auto(config, node)
     rank, world = 0, config.workers
     if backend == "mpi":
         comm_world = mpi_world()
@@ -196,7 +198,6 @@ def run(
     config.check_world(world, backend)
     # pin=True with more workers x threads than CPUs: refused here, before the header
     if backend == "mpi":
-        node = placement.MPINode.of(comm_world)
         node.plan(config.threads, config.pin)
     else:
         placement.plan(world, config.threads, config.pin, placement.usable_cpus(), backend)
@@ -310,19 +311,17 @@ def run(
     return make_result(job, record, ds, per_rank, steal, data_load_seconds, wall0, model, say)
 
 
-def resolve_auto(config: TrainConfig, backend: str) -> TrainConfig:
+def resolve_auto(config: TrainConfig, node=None) -> TrainConfig:
     """The config with workers='auto' and threads='auto' chosen for the machine (see
     TrainConfig.split); under MPI workers='auto' is the world size and threads='auto' the
     CPUs of the rank's node divided among its ranks, or those the launcher bound the rank
-    to (collective on the world)."""
+    to (node: the rank's MPINode under MPI, else None)."""
     if AUTO not in (config.workers, config.threads):
         return config
-    if backend != "mpi":
+    if node is None:
         workers, threads = config.split()
     else:
-        comm_world = mpi_world()
-        workers = comm_world.Get_size() if config.workers == AUTO else config.workers
-        node = placement.MPINode.of(comm_world)
+        workers = mpi_world().Get_size() if config.workers == AUTO else config.workers
         threads = node.threads() if config.threads == AUTO else config.threads
     return replace(config, workers=workers, threads=threads)
 

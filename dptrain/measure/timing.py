@@ -265,7 +265,7 @@ class StepTimes:
         others = (wait.sum(axis=0) - wait[lasts, np.arange(steps)]) / (n - 1)
         step_total = float(self.step_seconds()[:, mask].mean(axis=0).sum())
         counts = np.bincount(lasts, minlength=n)
-        cost = np.array([others[lasts == r].sum() for r in range(n)])
+        cost = np.bincount(lasts, weights=others, minlength=n)  # per rank waited for
         top = int(counts.argmax())
         out.update(
             last_count=[int(c) for c in counts],
