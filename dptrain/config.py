@@ -131,6 +131,23 @@ def parse_straggle(text: str) -> tuple[int, float]:
         raise ValueError(f"--straggle is {text!r}, expected RANK:MS, e.g. 1:5") from None
 
 
+def parse_period(text: str) -> int | str:
+    """'8' -> 8, 'auto' -> 'auto' (--sync-every)."""
+    if text.strip() == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"--sync-every is {text!r}, expected a positive integer (the local steps between "
+            f"two averages) or {AUTO}"
+        ) from None
+
+
+LOCAL_MOMENTA = ("average", "local", "reset")  # what an average does to the optimizer's state
+SYNC_EVERY_MAX = 64  # the longest period --sync-every auto chooses
+
+
 def option(
     default,
     help: str,
@@ -442,6 +459,51 @@ class TrainConfig:
         group="parallel",
         metavar="K",
     )
+    # ---- local SGD (periodic model averaging)
+    sync_every: int | str = option(
+        1,
+        "local SGD: each replica takes H local steps on its own shard of every global batch, "
+        "then the replicas' parameters are averaged (1: synchronous SGD; auto: chosen from the "
+        "run's loss and breakdown, starting at 2 and doubling while the loss keeps falling "
+        f"and the averages cost time, up to {SYNC_EVERY_MAX}). The result depends on the "
+        "replicas and the period, not on the workers that run them",
+        group="local sgd",
+        parse=parse_period,
+        metavar="H|auto",
+    )
+    local_after: int = option(
+        0,
+        "post-local SGD: average after every step for the first E epochs, then every "
+        "sync_every steps",
+        group="local sgd",
+        metavar="E",
+    )
+    replicas: int | None = option(
+        None,
+        "local SGD's replicas K (a multiple of the workers: each worker runs K / workers of "
+        "them), each with its shard of every global batch and its own optimizer state; "
+        "default: one per worker. K replicas give the same weights on any number of workers "
+        "that divides K",
+        group="local sgd",
+        metavar="K",
+    )
+    local_momentum: str = option(
+        "average",
+        "local SGD: what an average does to the optimizer's state (momentum, Adam's moments): "
+        "average it too, keep each replica's own, or reset it to zero",
+        group="local sgd",
+        choices=LOCAL_MOMENTA,
+    )
+    outer_lr: float = option(
+        1.0,
+        "local SGD's outer optimizer (DiLoCo): the average's delta from the last average is "
+        "applied with this learning rate and Nesterov momentum outer_momentum (1 and 0: plain "
+        "averaging)",
+        group="local sgd",
+    )
+    outer_momentum: float = option(
+        0.0, "local SGD's outer Nesterov momentum (see outer_lr)", group="local sgd"
+    )
     # ---- checkpoints
     checkpoint: str | None = option(None, "checkpoint file to write (.npz)", group="checkpoints")
     checkpoint_every: int = option(
@@ -668,6 +730,7 @@ class TrainConfig:
                     f"shard_update=True needs workers sharing memory (backend thread or process) "
                     f"and the native all-reduce of the whole gradient; got {', '.join(clash)}"
                 )
+        self._check_local(set_)
         if self.deterministic and self.split()[0] > CHUNKS:
             raise ValueError(
                 f"deterministic mode supports up to {CHUNKS} workers, got {self.workers}"
@@ -710,6 +773,78 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None:
                 set_(name, str(value))
+
+    @property
+    def local(self) -> bool:
+        """Local SGD: replicas that average their parameters (sync_every, replicas)."""
+        return self.sync_every != 1 or self.replicas is not None
+
+    def _check_local(self, set_) -> None:
+        """The local SGD options: their values, then what they cannot run with."""
+        if self.sync_every != AUTO:
+            set_("sync_every", _positive_int("sync_every", self.sync_every))
+        set_("local_after", _int("local_after", self.local_after, minimum=0))
+        if self.replicas is not None:
+            set_("replicas", _positive_int("replicas", self.replicas))
+        if self.local_momentum not in LOCAL_MOMENTA:
+            raise ValueError(
+                f"local_momentum is {self.local_momentum!r}, expected one of {LOCAL_MOMENTA}"
+            )
+        for name in ("outer_lr", "outer_momentum"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, numbers.Real)
+                or not (value >= 0 and math.isfinite(value))
+            ):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            set_(name, float(value))
+        if self.outer_lr == 0:
+            raise ValueError("outer_lr must be > 0: 0 would never move the parameters")
+        if self.outer_momentum >= 1:
+            raise ValueError(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
+        if not self.local:
+            changed = [
+                f"{name}={getattr(self, name)!r}"
+                for name, default in (
+                    ("local_after", 0),
+                    ("local_momentum", "average"),
+                    ("outer_lr", 1.0),
+                    ("outer_momentum", 0.0),
+                )
+                if getattr(self, name) != default
+            ]
+            if changed:
+                raise ValueError(
+                    f"{changed[0].split('=')[0]}: {', '.join(changed)} set(s) local SGD's "
+                    f"averages, but sync_every=1 without replicas is synchronous SGD: give "
+                    f"sync_every (e.g. 8 or 'auto') too"
+                )
+            return
+        clash = [
+            f"{name}={value!r}"
+            for name, value, ok in [
+                ("allreduce", self.allreduce, self.allreduce == "native"),
+                ("bucket_kb", self.bucket_kb, not self.bucket_kb),
+                ("overlap", self.overlap, not self.overlap),
+                ("shard_update", self.shard_update, not self.shard_update),
+                ("comm_dtype", self.comm_dtype, self.comm_dtype != "bfloat16"),
+                ("checkpoint_every", self.checkpoint_every, not self.checkpoint_every),
+            ]
+            if not ok
+        ]
+        if clash:
+            raise ValueError(
+                f"sync_every={self.sync_every!r} (local SGD) averages the parameters in a fixed "
+                f"replica order, with the native transport, and writes its checkpoints at the "
+                f"end of each epoch (where the replicas are averaged); it cannot run with "
+                f"{', '.join(clash)}"
+            )
+        if self.checkpoint and self.local_momentum == "local":
+            raise ValueError(
+                "local_momentum='local' keeps a momentum per replica, which a checkpoint "
+                "(one model) cannot hold: use 'average' or 'reset' to write checkpoints"
+            )
 
     def _check_model_memory(self) -> None:
         """ValueError naming --hidden when the MLP's widths alone need more memory than this
@@ -829,6 +964,18 @@ class TrainConfig:
             )
         if self.fault is not None and self.fault[0] >= world:
             raise ValueError(f"fault names rank {self.fault[0]}, but there are {world} workers")
+        if self.local:
+            replicas = self.replicas or world
+            if replicas % world:
+                raise ValueError(
+                    f"replicas={replicas} cannot be split evenly over {world} workers: give a "
+                    f"multiple of the workers (each worker runs replicas / workers of them)"
+                )
+            if self.global_batch(world) < replicas:
+                raise ValueError(
+                    f"batch_size={self.global_batch(world)} is smaller than replicas="
+                    f"{replicas}: every replica needs at least one sample of each global batch"
+                )
         batch = self.global_batch(world)
         if batch < world:
             raise ValueError(
@@ -1009,7 +1156,7 @@ def given(args) -> frozenset:
     return getattr(args, "given", frozenset())
 
 
-_NONNEGATIVE_INTS = ("checkpoint_every", "mpi_nodes", "seed")
+_NONNEGATIVE_INTS = ("checkpoint_every", "mpi_nodes", "seed", "local_after")
 _POSITIVE_FLOATS = ("lr",)
 
 

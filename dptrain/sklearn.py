@@ -293,6 +293,7 @@ class _Estimator(BaseEstimator):
             "workers": self.workers,
             "backend": self.backend,
             "threads": self.threads,
+            "sync_every": self.sync_every,
             "seed": seed,
             "quiet": verbose == 0,
             "progress": verbose >= 2,
@@ -643,6 +644,12 @@ _PARAM_DOCS = {
     MPI when started by an MPI launcher, else threads.""",
     "threads": """threads : int, default={default}
     Threads the C kernels split each worker's batch over.""",
+    "sync_every": """sync_every : int or "auto", default={default}
+    Local SGD: the workers' replicas take this many local steps on their own shards of
+    each batch, then average their parameters (1: synchronous SGD; "auto": chosen from
+    the run's loss and timings). The fitted model depends on it and on the replicas
+    (``engine_options={{"replicas": K}}``, one per worker by default), not on how many
+    workers run them.""",
     "engine_options": """engine_options : dict or None, default={default}
     Further ``dptrain.fit`` options, as they are (e.g. ``{{"allreduce": "ring"}}``,
     ``{{"deterministic": True}}``, ``{{"timeout": 60}}``; ``{{"validation": 0.1}}`` holds
@@ -725,6 +732,7 @@ class MLPClassifier(_Classifier):
         workers=1,
         backend=None,
         threads=1,
+        sync_every=1,
         engine_options=None,
         verbose=0,
     ):
@@ -778,6 +786,7 @@ class _LinearClassifier(_Classifier):
         workers=1,
         backend=None,
         threads=1,
+        sync_every=1,
         engine_options=None,
         verbose=0,
     ):
@@ -828,6 +837,7 @@ class CNNClassifier(_Classifier):
         workers=1,
         backend=None,
         threads=1,
+        sync_every=1,
         engine_options=None,
         verbose=0,
     ):
@@ -1011,6 +1021,7 @@ class MLPRegressor(RegressorMixin, _Estimator):
         workers=1,
         backend=None,
         threads=1,
+        sync_every=1,
         engine_options=None,
         verbose=0,
     ):

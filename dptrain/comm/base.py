@@ -4,7 +4,8 @@ A worker's ``Communicator`` has a ``rank`` and the group's ``size``, allocates t
 that it exchanges (``zeros``, ``shared_zeros``: collective, so every rank calls them in the
 same order), and runs the collectives on flat NumPy arrays, in place:
 
-- ``allreduce_sum_(a, scale=1, start=0, stop=None)`` / ``allreduce_mean_(a)``;
+- ``allreduce_sum_(a, scale=1, start=0, stop=None)`` / ``allreduce_mean_(a)`` / ``average_(a)``
+  (the mean, for local SGD in your own loop);
 - ``allreduce_async_(a, start, stop)`` + ``wait_(handles)`` (overlap with compute);
 - ``reduce_sum_(a, root)``: every rank's ``a`` summed for root (a parameter server);
 - ``sum_into_(out, arrays, scale)``: shared arrays summed in index order (a fixed order that
@@ -168,6 +169,14 @@ class Communicator(abc.ABC):
     def allreduce_mean_(self, array: np.ndarray) -> None:
         """In place on every rank: array = its mean over the ranks."""
         self.allreduce_sum_(array, scale=1.0 / self.size)
+
+    def average_(self, array: np.ndarray) -> None:
+        """In place on every rank: array = its mean over the ranks. Local SGD in a function
+        of your own under ``launch``: each rank takes H steps on its own data, then
+        ``comm.average_(model.params)`` (and the velocity, to average the momentum too);
+        ``train(sync_every=H)`` does this with replicas whose result does not depend on the
+        number of ranks."""
+        self.allreduce_mean_(array)
 
     def allreduce_async_(self, array: np.ndarray, start: int = 0, stop: int | None = None):
         """Starts allreduce_sum_(array, start=start, stop=stop) and returns a handle for

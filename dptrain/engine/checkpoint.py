@@ -41,6 +41,13 @@ def resume_keys(job) -> dict:
         "shuffle": cfg.shuffle,
         "warmup_steps": job.warmup_steps,
         "deterministic": cfg.deterministic,
+        # local SGD's (replicas 0: synchronous SGD)
+        "sync_every": cfg.sync_every,
+        "replicas": job.replicas,
+        "local_after": cfg.local_after,
+        "local_momentum": cfg.local_momentum,
+        "outer_lr": cfg.outer_lr,
+        "outer_momentum": cfg.outer_momentum,
         **(sgd if cfg.optimizer == "sgd" else {"betas": list(cfg.betas), "eps": cfg.eps}),
     }
 
@@ -71,7 +78,16 @@ def data_identity(ds) -> dict:
 
 # what a checkpoint that lacks a resume key was written with: before the optimizer option
 # every run was SGD's
-_RESUME_KEY_BEFORE = {"optimizer": "sgd"}
+# and before local SGD, every run was synchronous
+_RESUME_KEY_BEFORE = {
+    "optimizer": "sgd",
+    "sync_every": 1,
+    "replicas": 0,
+    "local_after": 0,
+    "local_momentum": "average",
+    "outer_lr": 1.0,
+    "outer_momentum": 0.0,
+}
 
 
 CHECKPOINT_FORMAT = 1
@@ -91,6 +107,7 @@ def save_checkpoint(
     train_seconds,
     eval_seconds,
     optimizer=None,
+    local=None,
 ) -> None:
     """Writes everything a run needs to continue bitwise where it stopped (.npz, no pickle):
     parameters, momentum, the position (epoch, batch, step: the sampler's order and the
@@ -100,7 +117,12 @@ def save_checkpoint(
     Atomic and durable: written to a temporary beside it, flushed to disk (file, then the
     directory after the rename), then renamed over the old one, so a crash or a kill at any
     moment leaves the previous checkpoint or the new one, whole. Temporaries that a killed
-    writer left behind are removed."""
+    writer left behind are removed.
+
+    local: local SGD's (position, arrays) (``LocalSGD.checkpoint_state``), written at an
+    average, where every replica holds the same model: the position's ``local_sgd`` and
+    the arrays as LOCAL_ARRAY + name."""
+    local_position, local_arrays = local if local is not None else (None, {})
     position = {
         "step": step,
         "epoch": epoch,
@@ -112,6 +134,8 @@ def save_checkpoint(
         "eval_seconds": eval_seconds,
         "job": resume_keys(job),
     }
+    if local_position is not None:
+        position["local_sgd"] = local_position
     write_atomically(
         path,
         lambda f: savez(
@@ -121,8 +145,32 @@ def save_checkpoint(
             velocity=net.velocity,
             position=np.array(json.dumps(position)),
             **_optimizer_arrays(optimizer),
+            **{LOCAL_ARRAY + k: v for k, v in local_arrays.items()},
         ),
     )
+
+
+LOCAL_ARRAY = "local_"  # the prefix of local SGD's arrays (its outer momentum)
+
+
+def read_local_arrays(path, n_params: int, dtype) -> dict:
+    """Local SGD's arrays in a checkpoint that read_checkpoint accepted (its outer momentum,
+    where it has one), checked as the parameters are."""
+    where = f"checkpoint {path}"
+    out = {}
+    with NpzArchive(path, where) as f:
+        for name in f.files:
+            if name.startswith(LOCAL_ARRAY):
+                arr = f.array(
+                    name,
+                    max_bytes=n_params * np.dtype(dtype).itemsize,
+                    shape=(n_params,),
+                    dtype=np.dtype(dtype),
+                )
+                if not np.isfinite(arr).all():
+                    raise ValueError(f"{where}: {name} holds non-finite values")
+                out[name[len(LOCAL_ARRAY) :]] = arr
+    return out
 
 
 OPTIMIZER_ARRAY = "optimizer_"  # the prefix of the optimizer's arrays in a checkpoint

@@ -13,6 +13,8 @@ batch's gradient, exchanges it, and applies the update:
   worker computed what, so any world size up to CHUNKS gives bitwise-identical weights;
 - ``ShardedUpdate`` (workers sharing memory, TrainConfig's shard_update): the parameters and
   the optimizer's state held once in shared memory, each worker summing and updating its slice;
+- ``engine.local.LocalSGD`` (TrainConfig's sync_every, replicas): no gradient exchange; K
+  replicas take local steps and average their parameters every H steps;
 - ``ParameterServer``: the gradients summed on rank 0, which alone updates and broadcasts the
   parameters;
 - ``Bf16AllReduce``: each worker rounds its share's gradient to bfloat16 into a shared slot of
@@ -82,6 +84,13 @@ class Exchange:
     def publish(self, comm, array) -> None:
         """Every rank's array (the parameters, the velocity) becomes rank 0's."""
         comm.broadcast_(array, root=0)
+
+    def ready(self, comm, opt, position=None, arrays=None) -> None:
+        """The model and the optimizer are set up (published, resumed): a strategy's own
+        start (local SGD's replicas; position/arrays: its record in a resumed checkpoint)."""
+
+    def epoch_start(self, epoch: int, batch: int, batches: int) -> None:
+        """The loop starts (or resumes) epoch `epoch` at batch `batch` of `batches`."""
 
     @staticmethod
     def _share(comm, model, rows, start, stop, clock) -> tuple[float, int]:

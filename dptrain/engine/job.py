@@ -21,7 +21,8 @@ class Job:
     1-worker run on its own data: no deterministic chunks, checkpoints or resume). ``data``:
     the data set's identity (``checkpoint.data_identity``), among the resume keys.
     ``checkpoint_steps``: steps between checkpoints (config's checkpoint_every; with a
-    checkpoint path and no interval, one epoch's steps: a checkpoint named is written)."""
+    checkpoint path and no interval, one epoch's steps: a checkpoint named is written).
+    ``replicas``: local SGD's replicas (config's replicas, else one per worker); 0: none."""
 
     config: TrainConfig
     model: dict
@@ -32,6 +33,7 @@ class Job:
     coupled: bool = True
     data: dict = field(default_factory=dict)
     checkpoint_steps: int = 0
+    replicas: int = 0
 
     @classmethod
     def plan(
@@ -50,6 +52,7 @@ class Job:
             warmup_steps=int(round(config.warmup_epochs * per_epoch)),
             data=dict(data or {}),
             checkpoint_steps=config.checkpoint_every or (per_epoch if config.checkpoint else 0),
+            replicas=(config.replicas or world) if config.local else 0,
         )
 
     def uncoupled(self) -> "Job":
@@ -60,6 +63,12 @@ class Job:
     @property
     def deterministic(self) -> bool:
         return self.coupled and self.config.deterministic
+
+    @property
+    def local(self) -> bool:
+        """Local SGD: ``replicas`` replicas that average their parameters (config's
+        sync_every), K / world on each worker."""
+        return self.coupled and self.replicas > 0
 
     @property
     def checkpoint_every(self) -> int:

@@ -25,10 +25,11 @@ from ..measure import timing
 from ..models import model_from_spec, storage_dtype
 from ..optim import lr_at, make_optimizer
 from ..sampler import CHUNKS, BatchRows, batch_bounds, epoch_order, shard
-from .checkpoint import load_checkpoint, load_optimizer_state, save_checkpoint
+from .checkpoint import load_checkpoint, load_optimizer_state, read_local_arrays, save_checkpoint
 from .exchange import AllReduce, make_exchange
 from .hooks import Hooks, hooks_for
 from .job import Job
+from .local import LocalSGD
 
 DATA_NAMES = ("x_train", "y_train", "x_test", "y_test")  # a run's data, as launch's extras
 INIT_PARAMS = "init_params"  # the extra holding the starting parameters of a user's model
@@ -98,7 +99,10 @@ def run_worker(
     cfg = job.config
     hooks = hooks or hooks_for(cfg, comm.rank)
     rank = comm.rank
-    exchange = make_exchange(cfg, comm) if job.coupled else AllReduce()
+    if job.local:
+        exchange = LocalSGD(job, comm)
+    else:
+        exchange = make_exchange(cfg, comm) if job.coupled else AllReduce()
     n_params = job.model["n_params"]
     bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
@@ -138,10 +142,19 @@ def run_worker(
         net.velocity[:] = continued.pop("velocity")  # every rank got the same extras
         opt.load_state_dict(continued)
     exchange.publish(comm, net.params)
+    exchange.ready(
+        comm,
+        opt,
+        state.get("local_sgd"),
+        read_local_arrays(job.resume, job.model["n_params"], net.params.dtype)
+        if job.resume and job.local
+        else None,
+    )
 
     bounds = batch_bounds(n, job.batch_size)
     total_steps = cfg.epochs * len(bounds)
-    parts = CHUNKS if job.deterministic else comm.size
+    # the most rows one call of rows() gathers: a worker's share, a chunk, a replica's shard
+    parts = job.replicas if job.local else CHUNKS if job.deterministic else comm.size
     rows = BatchRows(x, y, -(-min(job.batch_size, n) // parts), cfg.shuffle)
     timer = timing.StepTimer()
     clock = timing.StepClock(comm, hooks)
@@ -165,6 +178,7 @@ def run_worker(
         loss_sum, correct = (state["loss_sum"], state["correct"]) if first_batch else (0.0, 0)
         # every worker starts the epoch together, after rank 0's evaluation of the last one
         comm.barrier_after_work(0)
+        exchange.epoch_start(epoch, first_batch, len(bounds))
         e0 = now()
         for b in range(first_batch, len(bounds)):
             hooks.step_start(rank, step)
@@ -198,6 +212,7 @@ def run_worker(
                         history=history,
                         train_seconds=train_seconds + now() - e0,
                         eval_seconds=eval_seconds,
+                        local=exchange.checkpoint_state() if job.local else None,
                     )
                 comm.barrier_after_work(0)  # the next exchange does not wait out the write
         stats[0], stats[1] = loss_sum, correct
@@ -246,6 +261,8 @@ def run_worker(
         "node_members": comm.node_members,
         "exchange": type(exchange).__name__,
     }
+    if job.local:
+        out["local_sgd"] = exchange.record()
     if rank == 0:
         out.update(
             history=history,

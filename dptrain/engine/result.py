@@ -111,6 +111,9 @@ def make_result(
         [r["bytes_sent"] for r in per_rank],
         meta={k: config[k] for k in ("model", "dataset", "workers", "backend", "batch_size")},
     )
+    local = head.get("local_sgd")
+    if local is not None:  # the trace names the period and sync_every auto's every choice
+        step_times.meta["local_sgd"] = local
     breakdown = step_times.summary()
     timer_cost = timing.timer_cost_seconds(5000)
     breakdown["timer_seconds_per_step"] = timer_cost
@@ -169,6 +172,9 @@ def make_result(
             "placement": placement.summary([r.get("placement") for r in per_rank]),
             # the gradient exchange and update the run took (engine.exchange's class)
             "exchange": head.get("exchange"),
+            # local SGD's replicas, period, averages and sync_every auto's choices (None:
+            # synchronous SGD)
+            "local_sgd": local,
         }
     )
     result["wall_seconds"] = time.perf_counter() - wall0
@@ -176,9 +182,11 @@ def make_result(
         result.to_json(cfg.out)
         say(f"wrote {cfg.out}")
     say(breakdown_line(breakdown))
-    line = straggler_line(breakdown)
+    line = straggler_line(breakdown, "average" if local is not None else "step")
     if line:
         say(line)
+    if local is not None:
+        say(local_line(local, steps))
     say(placement.summary_line(result["placement"]))
     if cfg.trace:
         step_times.chrome_trace(cfg.trace)
@@ -201,29 +209,44 @@ def breakdown_line(b: dict) -> str:
     return f"time per step: p50 {1e3 * st['p50']:.2f} ms, p99 {1e3 * st['p99']:.2f} ms; {shares}"
 
 
+def local_line(local: dict, steps: int) -> str:
+    """One line: local SGD's replicas, period and averages (sync_every auto: its choices)."""
+    period = local["sync_every"]
+    if period == "auto":
+        path = [c["sync_every"] for c in local["choices"]]
+        period = "auto (" + (" -> ".join(str(p) for p in [2, *path]) if path else "2") + ")"
+    each = 1e3 * local["average_seconds"] / local["averages"] if local["averages"] else 0.0
+    return (
+        f"local SGD: {local['replicas']} replicas, an average every {period} steps"
+        + (f" after {local['local_after']} synchronous epoch(s)" if local["local_after"] else "")
+        + f": {local['averages']} averages in {steps} steps, {each:.2f} ms each"
+    )
+
+
 # random jitter's cost gets its own line from this share of the step on (below it, the
 # breakdown line's sync_wait share says enough)
 NOTABLE_WAIT_SHARE = 0.05
 
 
-def straggler_line(b: dict) -> str | None:
+def straggler_line(b: dict, step: str = "step") -> str | None:
     """The line about the last arrivals at the collectives: a persistent straggler, named
     with what waiting for it cost the others; random jitter, where its cost is a notable share
-    of the step (NOTABLE_WAIT_SHARE); else None."""
+    of the step (NOTABLE_WAIT_SHARE); else None. step: what a step with a collective is
+    ("average": local SGD's steps that end in one; the others have none)."""
     s = b.get("stragglers") or {}
     if s.get("pattern") == "persistent":
         r = s["straggler"]
         return (
-            f"rank {r} arrived last at {100 * s['last_share'][r]:.0f} % of the steps: the others "
-            f"waited {1e3 * s['rank_cost_seconds_per_step'][r]:.1f} ms per step for it "
+            f"rank {r} arrived last at {100 * s['last_share'][r]:.0f} % of the {step}s: the "
+            f"others waited {1e3 * s['rank_cost_seconds_per_step'][r]:.1f} ms per {step} for it "
             f"({100 * s['rank_cost_share'][r]:.0f} % of the step)"
         )
     if s.get("pattern") == "random" and s["wait_share"] >= NOTABLE_WAIT_SHARE:
         shares = ", ".join(f"{100 * x:.0f}" for x in s["last_share"])
         return (
             f"the last arrival at the collectives is random jitter (last at {shares} % of the "
-            f"steps, by rank): the others waited {1e3 * s['wait_seconds_per_step']:.2f} ms per "
-            f"step for the last ({100 * s['wait_share']:.0f} % of the step)"
+            f"{step}s, by rank): the others waited {1e3 * s['wait_seconds_per_step']:.2f} ms per "
+            f"{step} for the last ({100 * s['wait_share']:.0f} % of the step)"
         )
     return None
 

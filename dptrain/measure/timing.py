@@ -530,6 +530,18 @@ class StepClock:
         # update's, not the wait at the gradient collective's entry
         self.waited_exchange = self.comm.waited - self.waited_before
 
+    def averaged(self, t_update: float, t_updated: float, done: bool) -> None:
+        """Local SGD's step: its update ran from t_update to t_updated, then, where done, the
+        exchange (the replicas' average, until now). Recorded in the phases' usual order
+        (exchange, then update), each phase its own duration: the exchange ends at t_compute
+        + the average's seconds; a step without an average has none."""
+        if not done:
+            self.t_exchange, self.waited_exchange = self.t_compute, 0.0
+            return
+        now = time.perf_counter()
+        self.t_exchange = self.t_compute + (t_update - self.t_compute) + (now - t_updated)
+        self.waited_exchange = self.comm.waited - self.waited_before
+
     def record(self, timer: StepTimer, epoch: int, t_update: float) -> None:
         t_data = self.t_data if self.t_data is not None else self.start + self.data_seconds
         timer.step(
