@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _mnist import find_mnist, mnist_mark
 from _runs import SMALL, as_flags
 
 import dptrain
@@ -257,3 +258,30 @@ def test_the_cli_runs_local_sgd_and_refuses_bad_text(capsys):
         main(["train", "--sync-every", "often"])
     assert exc.value.code == 2
     assert "--sync-every is 'often'" in capsys.readouterr().err
+
+
+MNIST_DIR, needs_mnist = find_mnist(), mnist_mark()
+
+
+@pytest.mark.slow
+@needs_mnist
+def test_bench_local_sgd_runs_and_reports_its_targets(tmp_path):
+    """bench/bench_local_sgd.py --quick on a slice of MNIST: every configuration ran, and the
+    targets table is printed from those runs (a benchmark: no figure is held to a value)."""
+    out = tmp_path / "lsgd.json"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_local_sgd.py"), "--quick"]
+        + ["--limit", "3000", "--epochs", "1", "--data-dir", str(MNIST_DIR), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(out.read_text())["rows"]
+    names = [row["configuration"] for row in rows]
+    assert names[:4] == ["sync", "H=8 K=2 after 1", "auto", "auto after 1"]
+    for row in rows:
+        (run,) = row["runs"]
+        assert 0 < run["accuracy"] <= 1 and run["train_seconds"] > 0
+        assert (run["averages"] is None) == (row["configuration"] == "sync")
+    assert "H=8 after 1: sync_wait / sync's" in r.stdout and "targets" in r.stdout
