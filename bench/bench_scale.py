@@ -313,7 +313,9 @@ def one_run(name: str, p: dict, config: str, ctx: dict) -> dict:
 
 def skipped(config: str, n: int, ctx: dict) -> str | None:
     """Why a configuration is left out at n workers (None: it runs)."""
-    if config not in ctx["configs"]:
+    if config not in ctx["configs"] and not (
+        config == THREAD and n == 1 and THREADS in ctx["configs"]
+    ):  # (`threads` at N = 1 is `thread` x1: its speedups' base)
         return "not in --configs"
     if config == MPI and not ctx["mpiexec"]:
         return f"no MPI: {ctx['mpi_reason']}"
