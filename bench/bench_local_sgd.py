@@ -57,7 +57,7 @@ def configurations(args) -> list[tuple[str, dict, int]]:
     w = args.workers
     targets = [
         (SYNC, {}, args.repeats),
-        ("H=8 K=2 after 1", dict(sync_every=8, replicas=w, local_after=1), args.repeats),
+        (f"H=8 K={w} after 1", dict(sync_every=8, replicas=w, local_after=1), args.repeats),
         ("auto", dict(sync_every="auto", replicas=w), args.repeats),
         ("auto after 1", dict(sync_every="auto", replicas=w, local_after=1), args.repeats),
     ]
@@ -183,7 +183,7 @@ def main():
         title="median [min-max] of the runs",
     )
     # ---- the targets, on the same runs
-    h8 = runs["H=8 K=2 after 1"] if args.workers == 2 else runs[configs[1][0]]
+    h8 = runs[configs[1][0]]
     fixed = {
         name: med(rs, "to_target_seconds")
         for (name, options, _), rs in zip(configs, runs.values())

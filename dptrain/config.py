@@ -647,7 +647,15 @@ class TrainConfig:
                 raise ValueError("layers is empty: give at least one dense or conv layer")
             set_("layers", specs)
             set_("model", "sequential")
-        for name in ("timeout", "bucket_kb", "warmup_epochs", "straggle_random_ms", "tol"):
+        for name in (
+            "timeout",
+            "bucket_kb",
+            "warmup_epochs",
+            "straggle_random_ms",
+            "tol",
+            "outer_lr",
+            "outer_momentum",
+        ):
             value = getattr(self, name)
             if name == "tol" and value is None:
                 continue
@@ -790,15 +798,6 @@ class TrainConfig:
             raise ValueError(
                 f"local_momentum is {self.local_momentum!r}, expected one of {LOCAL_MOMENTA}"
             )
-        for name in ("outer_lr", "outer_momentum"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, numbers.Real)
-                or not (value >= 0 and math.isfinite(value))
-            ):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-            set_(name, float(value))
         if self.outer_lr == 0:
             raise ValueError("outer_lr must be > 0: 0 would never move the parameters")
         if self.outer_momentum >= 1:

@@ -38,13 +38,14 @@ import numpy as np
 
 from .._aligned import aligned_zeros
 from ..comm.placement import AUTO
+from ..config import SYNC_EVERY_MAX
 from ..models import model_from_spec
 from ..optim import make_optimizer
 from ..sampler import shard
 from .exchange import Exchange
 
 AUTO_START = 2  # sync_every auto's first period
-AUTO_MAX = 64  # ... and its longest (config.SYNC_EVERY_MAX)
+AUTO_MAX = SYNC_EVERY_MAX  # ... and its longest
 AUTO_WINDOW = 50  # steps between two of its choices (also at each epoch's end)
 AUTO_FALLING = 0.01  # the window's mean loss below the last one's by this share: still falling
 AUTO_COSTLY = 0.02  # the averages took more than this share of the window's time
@@ -81,6 +82,8 @@ class LocalSGD(Exchange):
         self.grads_of = [aligned_zeros(n_params, dtype) for _ in self.mine]
         self.anchor = aligned_zeros(n_params, dtype)  # the parameters at the last average
         self.outer = None if self.plain else aligned_zeros(n_params, dtype)  # its momentum
+        # auto's window figures, all-reduced (allocated here: zeros is collective)
+        self.figures = comm.zeros(4, np.float64) if self.auto else None
         first = self.mine[0]
         return {
             "params": self.slots["params"][first],
@@ -222,7 +225,7 @@ class LocalSGD(Exchange):
         error floor); else keep it."""
         now = time.perf_counter()
         self.window[3] = now - self.window_t0
-        figures = comm.zeros(4, np.float64)
+        figures = self.figures
         figures[:] = self.window
         comm.allreduce_sum_(figures)
         loss = figures[0] / max(figures[1], 1.0)

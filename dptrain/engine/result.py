@@ -11,8 +11,10 @@ import time
 
 from .._files import write_text_atomically
 from ..comm import placement
+from ..comm.placement import AUTO
 from ..measure import timing
 from ..models import Model, model_from_spec
+from .local import AUTO_START
 
 NOT_IN_JSON = ("params", "step_times", "_model", "optimizer_state")  # arrays and objects
 
@@ -212,9 +214,9 @@ def breakdown_line(b: dict) -> str:
 def local_line(local: dict, steps: int) -> str:
     """One line: local SGD's replicas, period and averages (sync_every auto: its choices)."""
     period = local["sync_every"]
-    if period == "auto":
-        path = [c["sync_every"] for c in local["choices"]]
-        period = "auto (" + (" -> ".join(str(p) for p in [2, *path]) if path else "2") + ")"
+    if period == AUTO:
+        path = [AUTO_START, *(c["sync_every"] for c in local["choices"])]
+        period = "auto (" + " -> ".join(str(p) for p in path) + ")"
     each = 1e3 * local["average_seconds"] / local["averages"] if local["averages"] else 0.0
     return (
         f"local SGD: {local['replicas']} replicas, an average every {period} steps"

@@ -539,7 +539,7 @@ class StepClock:
             self.t_exchange, self.waited_exchange = self.t_compute, 0.0
             return
         now = time.perf_counter()
-        self.t_exchange = self.t_compute + (t_update - self.t_compute) + (now - t_updated)
+        self.t_exchange = t_update + (now - t_updated)  # t_compute + the gap + the average
         self.waited_exchange = self.comm.waited - self.waited_before
 
     def record(self, timer: StepTimer, epoch: int, t_update: float) -> None:
