@@ -463,8 +463,9 @@ class TrainConfig:
     sync_every: int | str = option(
         1,
         "local SGD: each replica takes H local steps on its own shard of every global batch, "
-        "then the replicas' parameters are averaged (1: synchronous SGD; auto: chosen from the "
-        "run's loss and breakdown, starting at 2 and doubling while the loss keeps falling "
+        "then the replicas' parameters are averaged (1: synchronous SGD, run as such; auto: "
+        "chosen from the run's loss and breakdown, starting at 2 and doubling while the loss "
+        "keeps falling "
         f"and the averages cost time, up to {SYNC_EVERY_MAX}). The result depends on the "
         "replicas and the period, not on the workers that run them",
         group="local sgd",
@@ -784,8 +785,15 @@ class TrainConfig:
 
     @property
     def local(self) -> bool:
-        """Local SGD: replicas that average their parameters (sync_every, replicas)."""
-        return self.sync_every != 1 or self.replicas is not None
+        """Local SGD: replicas that average their parameters (sync_every, replicas). An
+        average after every step of the parameters and the optimizer's state, taken as it is,
+        is synchronous SGD, and runs as such (the gradient all-reduce: one exchange instead
+        of two, and the same bits as synchronous SGD, --deterministic's included): sync_every
+        1 is local SGD only with an outer optimizer or another momentum policy."""
+        if self.sync_every != 1:
+            return True
+        plain = self.outer_lr == 1.0 and self.outer_momentum == 0.0
+        return self.replicas is not None and not (plain and self.local_momentum == "average")
 
     def _check_local(self, set_) -> None:
         """The local SGD options: their values, then what they cannot run with."""
@@ -816,8 +824,8 @@ class TrainConfig:
             if changed:
                 raise ValueError(
                     f"{changed[0].split('=')[0]}: {', '.join(changed)} set(s) local SGD's "
-                    f"averages, but sync_every=1 without replicas is synchronous SGD: give "
-                    f"sync_every (e.g. 8 or 'auto') too"
+                    f"averages, but sync_every=1 is synchronous SGD: give sync_every (e.g. 8 "
+                    f"or 'auto') too"
                 )
             return
         clash = [

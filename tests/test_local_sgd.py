@@ -84,16 +84,34 @@ def test_k_replicas_under_mpiexec_give_the_thread_runs_bits(mpiexec, tmp_path):
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-6), ("float64", 1e-12)])
 @pytest.mark.parametrize("workers", [1, 2])
-def test_one_step_periods_are_synchronous_sgd_up_to_rounding(dtype, tol, workers):
+def test_averaging_every_step_is_synchronous_sgd_up_to_rounding(dtype, tol, workers):
     opts = dict(SMALL, dtype=dtype, nesterov=True, weight_decay=1e-3, workers=workers)
     sync = dptrain.train(**opts, backend="thread")
-    local = dptrain.train(**opts, sync_every=1, replicas=2, backend="thread")
+    # local_after covering the run: the replicas average after every step
+    local = dptrain.train(**opts, sync_every=4, local_after=2, replicas=2, backend="thread")
     assert sync["exchange"] == "AllReduce" and local["exchange"] == "LocalSGD"
     scale = np.abs(sync["params"]).max()
     assert np.abs(local["params"] - sync["params"]).max() <= tol * scale
     assert local["train_loss"] == pytest.approx(sync["train_loss"], rel=10 * tol)
     # rounding, not the same computation: the mean of 2 updates, not the update of a mean
     assert local["local_sgd"]["averages"] == 2 * STEPS_PER_EPOCH
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_sync_every_1_runs_as_synchronous_sgd_bit_for_bit(deterministic):
+    opts = dict(SMALL, deterministic=deterministic, workers=2, backend="thread")
+    sync = dptrain.train(**opts)
+    one = dptrain.train(**opts, sync_every=1, replicas=4)
+    assert one["exchange"] == sync["exchange"] != "LocalSGD" and one["local_sgd"] is None
+    for got, want in zip(_state(one), _state(sync)):
+        assert np.array_equal(got, want)
+    if deterministic:  # and on any number of workers, as synchronous SGD is
+        alone = dptrain.train(**dict(opts, workers=1), sync_every=1, replicas=4)
+        assert np.array_equal(alone["params"], sync["params"])
+    # an outer optimizer or another momentum policy makes H = 1 another algorithm
+    for other in (dict(outer_lr=0.7), dict(local_momentum="reset")):
+        r = dptrain.train(**opts, sync_every=1, replicas=2, **other)
+        assert r["exchange"] == "LocalSGD" and r["local_sgd"]["averages"] == 2 * STEPS_PER_EPOCH
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,10 @@ The average is applied by an outer optimizer (DiLoCo, Douillard et al. 2023): de
 - average (anchor: the parameters at the last average), b = mu b + delta, anchor -= lr
 (delta + mu b) (Nesterov); outer lr 1 and momentum 0 (the defaults) are plain averaging,
 taken as the average itself. The optimizer's state (SGD's momentum, Adam's moments) is
-averaged too, kept per replica, or reset to zero (``local_momentum``). With H = 1 and the
-state averaged, SGD's replicas are synchronous SGD up to rounding: the mean of K updates
-instead of the update of the mean gradient.
+averaged too, kept per replica, or reset to zero (``local_momentum``). With an average
+every step and the state averaged, SGD's replicas are synchronous SGD up to rounding (the
+mean of K updates instead of the update of the mean gradient): ``sync_every`` 1 with plain
+averaging is not local SGD at all (``TrainConfig.local``) and runs as synchronous SGD.
 
 ``local_after`` E: synchronous (an average every step, plain) for the first E epochs, then
 local: post-local SGD (Lin et al. 2020). ``sync_every='auto'`` chooses H every AUTO_WINDOW
