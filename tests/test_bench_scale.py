@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dptrain.measure.timing import PHASES
+
 pytestmark = pytest.mark.slow  # about 15 s: some 15 short training runs, MPI and torch's
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "bench_scale.py"
@@ -24,7 +26,6 @@ CONFIGS = (
     "DDP gloo",
     "torch threads",
 )
-PHASES = ("data", "compute", "communication", "sync_wait", "update", "other")
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,11 @@ local_momentum, outer_lr, outer_momentum):
 
 - K replicas give bitwise-identical weights on 1, 2 and K workers (thread, process,
   mpiexec), also with the outer optimizer and Adam;
-- H = 1 with the state averaged is synchronous SGD up to rounding (1e-6 relative);
+- averaging every step (the state too) is synchronous SGD up to rounding (1e-6 relative),
+  and sync_every=1 runs as synchronous SGD, bit for bit;
 - the averages fall where the period, the epochs' ends and local_after put them, and the
-  breakdown shows them: communication and sync_wait only in the steps that end in one;
+  breakdown shows them: an average phase (and sync_wait) only in the steps that end in one,
+  no communication; the trace and the timeline draw the average after the update;
 - local_momentum: reset leaves no momentum at an average, local keeps each replica's;
 - sync_every='auto' records choices that follow its rule, in the result and the trace;
 - a run resumed from its checkpoint ends bitwise equal to an uninterrupted one;
@@ -29,6 +31,7 @@ import dptrain
 from dptrain.cli import main
 from dptrain.comm import WorkerError, launch
 from dptrain.engine.local import AUTO_COSTLY, AUTO_FALLING, AUTO_MAX
+from dptrain.measure import timing
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL = dict(SMALL, sync_every=3, replicas=4)
@@ -126,12 +129,51 @@ def test_the_averages_fall_where_the_period_and_the_epochs_put_them(options, ave
     r = dptrain.train(**dict(SMALL, replicas=2, **options), workers=2, backend="thread")
     assert r["local_sgd"]["averages"] == averages
     ph = r["step_times"].phases()  # (ranks, steps, phases)
-    exchange = ph[:, :, 2] + ph[:, :, 3]  # communication + sync_wait
-    has = (exchange > 0).any(axis=0)
+    column = dict(zip(timing.PHASES, np.moveaxis(ph, 2, 0)))
+    assert not column["communication"].any()  # no gradient exchange: an average instead
+    has = (column["average"] > 0).all(axis=0)
+    assert (has == (column["average"] > 0).any(axis=0)).all()  # every rank averages together
+    assert not column["sync_wait"][:, ~has].any()  # waits only where there is a collective
     assert has.sum() == averages
     assert has[STEPS_PER_EPOCH - 1] and has[-1]  # every epoch ends with one
     if options.get("sync_every") == 3 and "local_after" not in options:
         assert list(np.flatnonzero(has[:STEPS_PER_EPOCH]) + 1) == [3, 6, 9, 11]
+
+
+def test_the_trace_and_the_timeline_draw_the_average_after_the_update():
+    pytest.importorskip("matplotlib")
+    from dptrain.measure import plots
+
+    r = dptrain.train(**dict(SMALL, sync_every=4, replicas=2, epochs=1), workers=2)
+    b = r["breakdown"]
+    assert b["phase_seconds"]["average"] > 0 and b["phase_seconds"]["communication"] == 0
+    assert b["compute_to_communication"] > 0  # the average is the exchange it divides by
+    trace = r["step_times"].chrome_trace()
+    slices = [e for e in trace["traceEvents"] if e.get("cat") == "phase"]
+    for rank in (0, 1):
+        steps = {}
+        for e in slices:
+            if e["tid"] == rank:
+                steps.setdefault(e["args"]["step"], []).append(e)
+        averaged = [i for i, es in steps.items() if "average" in {e["name"] for e in es}]
+        assert averaged == [3, 7, 10]  # after steps 4, 8 and the epoch's last (11)
+        for i in averaged:
+            at = {e["name"]: e for e in steps[i]}
+            update, average = at["update"], at["average"]
+            assert update["ts"] + update["dur"] <= average["ts"] + 1e-3  # in the order it ran
+            assert "communication" not in at
+            # the slices tile the step: each starts where the one before it ends
+            ordered = sorted(steps[i], key=lambda e: e["ts"])
+            for a, c in zip(ordered, ordered[1:]):
+                assert c["ts"] == pytest.approx(a["ts"] + a["dur"], abs=1e-3)
+    from matplotlib.colors import to_rgba
+    from matplotlib.container import BarContainer
+
+    fig = plots.plot_timeline(trace)
+
+    bars = {c.get_label(): c for c in fig.axes[0].containers if isinstance(c, BarContainer)}
+    drawn = bars[plots.PHASE_LABELS["average"]].patches  # the steps the figure shows
+    assert drawn and all(p.get_facecolor() == to_rgba(plots.PHASE_COLORS["average"]) for p in drawn)
 
 
 def test_local_momentum_reset_and_local():
@@ -272,6 +314,10 @@ def test_the_cli_runs_local_sgd_and_refuses_bad_text(capsys):
     assert main(["train", *as_flags(dict(loud, sync_every=3, replicas=2)), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "local SGD: 2 replicas, an average every 3 steps: 8 averages in 22 steps" in out
+    breakdown = next(line for line in out.splitlines() if line.startswith("time per step"))
+    assert " average " in breakdown and "communication 0%" in breakdown
+    assert main(["train", *as_flags(loud), "--no-progress"]) == 0
+    assert " average " not in capsys.readouterr().out  # synchronous SGD has none
     with pytest.raises(SystemExit) as exc:
         main(["train", "--sync-every", "often"])
     assert exc.value.code == 2

@@ -245,7 +245,8 @@ def test_fit_recovers_known_parameters_exactly():
         pred = model.predict_run(run)
         assert pred.seconds == pytest.approx(run["train_seconds"], rel=1e-6)
         for ph in pm.PHASES:
-            assert pred.phases[ph] == pytest.approx(run["phases"][ph], rel=1e-6, abs=1e-12)
+            want = run["phases"].get(ph, 0.0)  # no "average": synchronous SGD's runs
+            assert pred.phases[ph] == pytest.approx(want, rel=1e-6, abs=1e-12)
         assert sum(pred.breakdown.values()) == pytest.approx(pred.seconds, rel=1e-12)
 
 
@@ -706,3 +707,43 @@ def test_projection_shows_flat_and_hierarchical_to_256_workers():
         model.predict(16, algorithm="ps", network="10 GbE", ranks_per_node=4)
     # without ranks_per_node: the flat rows only, as before
     assert len(pm.project(model, workers, networks="10 GbE")) == 3 * len(workers)
+
+
+def test_local_sgd_prediction_exchanges_every_h_steps():
+    model = pm.fit(synthetic_runs())
+    n, b, epochs, p = 10000, 128, 2, 8
+    per_epoch = -(-n // b)  # 79 steps
+    sync = model.predict(p, n, batch_size=b, epochs=epochs)
+    assert model.predict(p, n, batch_size=b, epochs=epochs, sync_every=1).phases == sync.phases
+    assert sync.phases["average"] == 0.0
+    one_exchange = sync.phases["communication"] / (epochs * per_epoch)  # calls_per_step 1
+    jitter = model.sigma * pm.expected_max_normal(p)
+    uneven = sync.phases["sync_wait"] - epochs * per_epoch * jitter
+    for h in (2, 8, 64, 200):
+        local = model.predict(p, n, batch_size=b, epochs=epochs, sync_every=h)
+        full, rest = divmod(per_epoch, h)
+        averages = epochs * (full + (rest > 0))  # every h steps and each epoch's end
+        assert local.phases["communication"] == 0.0
+        # the parameters and the momentum, each one exchange of param_bytes
+        assert local.phases["average"] == pytest.approx(2 * averages * one_exchange, rel=1e-9)
+        waits = epochs * (full * math.sqrt(h) + math.sqrt(rest))
+        assert local.phases["sync_wait"] == pytest.approx(waits * jitter + uneven, rel=1e-9)
+        for ph in ("data", "compute", "update", "other"):  # the same work
+            assert local.phases[ph] == pytest.approx(sync.phases[ph], rel=1e-12)
+        assert local.seconds == pytest.approx(sum(local.phases.values()), rel=1e-12)
+        assert local.seconds < sync.seconds
+        assert local.config["sync_every"] == h
+    # parameters only: half the bytes; synchronous epochs average every step
+    lone = model.predict(p, n, batch_size=b, epochs=epochs, sync_every=8, averaged_arrays=1)
+    local = model.predict(p, n, batch_size=b, epochs=epochs, sync_every=8)
+    assert lone.phases["average"] == pytest.approx(local.phases["average"] / 2, rel=1e-12)
+    post = model.predict(p, n, batch_size=b, epochs=epochs, sync_every=8, local_after=epochs)
+    assert post.phases["average"] == pytest.approx(2 * epochs * per_epoch * one_exchange)
+    assert post.phases["sync_wait"] == pytest.approx(sync.phases["sync_wait"], rel=1e-12)
+    for bad, match in (
+        (dict(sync_every=0), "sync_every is 0, expected a positive integer"),
+        (dict(sync_every=8, local_after=-1), "local_after is -1, expected an integer >= 0"),
+        (dict(sync_every=8, averaged_arrays=True), "averaged_arrays is True"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            model.predict(p, n, **bad)

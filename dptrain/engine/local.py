@@ -26,9 +26,9 @@ steps from the window's training loss and the share of its time the averages too
 ``LocalSGD._choose``), every rank from the same all-reduced figures; every choice is
 recorded (``LocalSGD.record``: the result's ``local_sgd`` and the trace).
 
-A step's timings: the average is the step's exchange (its communication and its sync wait
-at the collective's entry); it runs after the replicas' updates, and the step is recorded
-in the phases' usual order (``StepClock.averaged``).
+A step's timings: the average is the step's ``average`` phase, and its wait at the
+collective's entry the step's sync_wait (``StepClock.averaged``; it runs after the replicas'
+updates, and the trace draws it there).
 """
 
 from __future__ import annotations
@@ -164,17 +164,16 @@ class LocalSGD(Exchange):
         return loss, correct
 
     def update(self, comm, opt, lr):
-        u0 = time.perf_counter()
         for o in self.opts:
             o.step(lr)
-        u1 = time.perf_counter()
+        updated = time.perf_counter()
         self.batch += 1
         self.since += 1
         synchronous = self.epoch < self.cfg.local_after
         due = synchronous or self.since >= self.period or self.batch == self.batches
         if due:
             self._average(comm, plain=synchronous or self.plain)
-        self.clock.averaged(u0, u1, due)
+        self.clock.averaged(updated, due)
         if self.auto and not synchronous:
             self.window[0] += self.step_loss
             self.window[1] += self.samples

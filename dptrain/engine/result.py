@@ -206,7 +206,11 @@ def make_result(
 def breakdown_line(b: dict) -> str:
     """One line: each phase's share of the training time (mean over ranks), step p50/p99."""
     total = sum(b["phase_seconds"].values()) or 1.0
-    shares = "  ".join(f"{k} {100 * v / total:.0f}%" for k, v in b["phase_seconds"].items())
+    shares = "  ".join(
+        f"{k} {100 * v / total:.0f}%"
+        for k, v in b["phase_seconds"].items()
+        if v or k != "average"  # local SGD's phase: said where there were averages
+    )
     st = b["step_seconds"]
     return f"time per step: p50 {1e3 * st['p50']:.2f} ms, p99 {1e3 * st['p99']:.2f} ms; {shares}"
 

@@ -16,7 +16,7 @@ from . import timing
 
 GAP_PARTS = {
     "contention": ("data", "compute"),
-    "communication": ("communication",),
+    "communication": ("communication", "average"),
     "sync_wait": ("sync_wait",),
     "serial": ("update", "other"),
 }

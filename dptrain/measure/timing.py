@@ -11,6 +11,9 @@ communicator how long its collectives waited at their entry for the slowest work
   (the entry barrier's wait on shared memory, an MPI_Barrier before the collective under MPI),
   communication: the rest of it, the transfer and reduction;
 - update: the optimizer step (and the parameter server's broadcast);
+- average: local SGD's average of the replicas (``engine.local``), which takes the gradient
+  exchange's place: it runs after the update (c ─update─ ─sync_wait─ ─average─ e), its
+  entry wait is the step's sync_wait, and a local step without one has neither;
 - other: from the end of the update to the start of the next step (loop bookkeeping,
   checkpoints), and for an epoch's last step up to the end of the epoch's closing collective.
 
@@ -48,6 +51,7 @@ from .._files import write_text_atomically
 
 __all__ = [
     "PHASES",
+    "EXCHANGE_PHASES",
     "StepTimer",
     "StepTimes",
     "timer_cost_seconds",
@@ -56,9 +60,12 @@ __all__ = [
     "binomial_tail",
 ]
 
-PHASES = ("data", "compute", "communication", "sync_wait", "update", "other")
-# columns of a rank's stamp array
-_START, _DATA, _COMPUTE, _EXCHANGE, _UPDATE, _END, _WAIT, _EPOCH = range(8)
+PHASES = ("data", "compute", "communication", "sync_wait", "update", "other", "average")
+EXCHANGE_PHASES = ("communication", "sync_wait", "average")  # what the exchange costs a step
+# columns of a rank's stamp array; _AVERAGE: 1 where the step's exchange is local SGD's
+# average (its seconds then go to the average phase, not to communication)
+_START, _DATA, _COMPUTE, _EXCHANGE, _UPDATE, _END, _WAIT, _EPOCH, _AVERAGE = range(9)
+_COLUMNS = 9
 # a persistent straggler: last this many times as often as the other ranks on average, at
 # this significance (StepTimes.stragglers)
 STRAGGLER_ODDS = 9
@@ -77,12 +84,13 @@ class StepTimer:
         self.rows: list[list] = []
         self._open = None
 
-    def step(self, epoch, t_start, t_data, t_compute, t_exchange, t_update, waited):
+    def step(self, epoch, t_start, t_data, t_compute, t_exchange, t_update, waited, average=False):
         """Records one step from its phase-boundary clock readings (perf_counter seconds)
-        and the seconds waited at its collectives' entry (the sync wait inside the exchange)."""
+        and the seconds waited at its collectives' entry (the sync wait inside the exchange);
+        average: the exchange was local SGD's average (recorded in the exchange's place)."""
         if self._open is not None:
             self._open[_END] = t_start
-        row = [t_start, t_data, t_compute, t_exchange, t_update, t_update, waited, epoch]
+        row = [t_start, t_data, t_compute, t_exchange, t_update, t_update, waited, epoch, average]
         self.rows.append(row)
         self._open = row
 
@@ -93,8 +101,8 @@ class StepTimer:
             self._open = None
 
     def array(self) -> np.ndarray:
-        """The recorded steps as a (steps, 8) float64 array (the per-rank stamps)."""
-        return np.array(self.rows, dtype=np.float64).reshape(-1, 8)
+        """The recorded steps as a (steps, 9) float64 array (the per-rank stamps)."""
+        return np.array(self.rows, dtype=np.float64).reshape(-1, _COLUMNS)
 
 
 def timer_cost_seconds(number: int = 20000) -> float:
@@ -156,16 +164,29 @@ def binomial_tail(n: int, k: int, p: float) -> float:
     return float(min(1.0, math.exp(top) * np.exp(log_terms - top).sum()))
 
 
+def _stamp_array(s) -> np.ndarray:
+    """One rank's stamps as a (steps, 9) array; 8 columns (no _AVERAGE) get a zero one."""
+    a = np.asarray(s, dtype=np.float64)
+    if a.size == 0:
+        return a.reshape(0, _COLUMNS)
+    if a.ndim != 2 or a.shape[1] not in (_COLUMNS - 1, _COLUMNS):
+        raise ValueError(f"a rank's stamps must be (steps, {_COLUMNS}), got shape {a.shape}")
+    if a.shape[1] == _COLUMNS - 1:
+        a = np.hstack([a, np.zeros((len(a), 1))])
+    return a
+
+
 class StepTimes:
     """The step stamps of every rank of one run.
 
-    stamps: one (steps, 8) array per rank (StepTimer.array()); calls / bytes_sent: per rank,
-    the collective calls and bytes of the whole run; meta: the run's configuration (goes into
-    the trace and the JSON).
+    stamps: one (steps, 9) array per rank (StepTimer.array(); the 8 columns of the files
+    written before local SGD's average had a phase of its own are read as runs without one);
+    calls / bytes_sent: per rank, the collective calls and bytes of the whole run; meta: the
+    run's configuration (goes into the trace and the JSON).
     """
 
     def __init__(self, stamps, calls=None, bytes_sent=None, meta=None):
-        stamps = [np.asarray(s, dtype=np.float64).reshape(-1, 8) for s in stamps]
+        stamps = [_stamp_array(s) for s in stamps]
         if not stamps:
             raise ValueError("StepTimes needs the stamps of at least one rank")
         steps = {len(s) for s in stamps}
@@ -184,12 +205,15 @@ class StepTimes:
         out = np.empty((self.ranks, self.steps, len(PHASES)))
         for r, s in enumerate(self.stamps):
             wait = np.clip(s[:, _WAIT], 0.0, s[:, _EXCHANGE] - s[:, _COMPUTE])
+            exchange = s[:, _EXCHANGE] - s[:, _COMPUTE] - wait
+            average = s[:, _AVERAGE] != 0
             out[r, :, 0] = s[:, _DATA] - s[:, _START]
             out[r, :, 1] = s[:, _COMPUTE] - s[:, _DATA]
-            out[r, :, 2] = s[:, _EXCHANGE] - s[:, _COMPUTE] - wait
+            out[r, :, 2] = np.where(average, 0.0, exchange)
             out[r, :, 3] = wait
             out[r, :, 4] = s[:, _UPDATE] - s[:, _EXCHANGE]
             out[r, :, 5] = s[:, _END] - s[:, _UPDATE]
+            out[r, :, 6] = np.where(average, exchange, 0.0)
         return out
 
     def step_seconds(self) -> np.ndarray:
@@ -326,7 +350,7 @@ class StepTimes:
         n_epochs = max(1, len(np.unique(self.epochs()))) if self.steps else 1
         totals = ph.sum(axis=1)  # (ranks, phases)
         mean_tot = totals.mean(axis=0)
-        comm = mean_tot[2] + mean_tot[3]
+        comm = mean_tot[2] + mean_tot[3] + mean_tot[6]
         per_step = wall.mean(axis=0) if self.steps else np.zeros(0)
         pct = (lambda q: float(np.percentile(per_step, q))) if self.steps else (lambda q: 0.0)
         return {
@@ -435,12 +459,23 @@ class StepTimes:
             for i in range(first_step, stop):
                 row = s[i]
                 wait = min(max(row[_WAIT], 0.0), row[_EXCHANGE] - row[_COMPUTE])
+                if row[_AVERAGE]:  # in the order it ran: the update, then the average
+                    updated = row[_COMPUTE] + (row[_UPDATE] - row[_EXCHANGE])
+                    bounds = [
+                        ("update", row[_COMPUTE], updated),
+                        ("sync_wait", updated, updated + wait),
+                        ("average", updated + wait, row[_UPDATE]),
+                    ]
+                else:
+                    bounds = [
+                        ("sync_wait", row[_COMPUTE], row[_COMPUTE] + wait),
+                        ("communication", row[_COMPUTE] + wait, row[_EXCHANGE]),
+                        ("update", row[_EXCHANGE], row[_UPDATE]),
+                    ]
                 bounds = [
                     ("data", row[_START], row[_DATA]),
                     ("compute", row[_DATA], row[_COMPUTE]),
-                    ("sync_wait", row[_COMPUTE], row[_COMPUTE] + wait),
-                    ("communication", row[_COMPUTE] + wait, row[_EXCHANGE]),
-                    ("update", row[_EXCHANGE], row[_UPDATE]),
+                    *bounds,
                     ("other", row[_UPDATE], row[_END]),
                 ]
                 args = {"step": i, "epoch": int(row[_EPOCH]) + 1}
@@ -500,10 +535,12 @@ class StepClock:
         "t_exchange",
         "waited_before",
         "waited_exchange",
+        "average",
     )
 
     def __init__(self, comm, hooks):
         self.comm, self.hooks, self.rank = comm, hooks, comm.rank
+        self.average = False
 
     def begin(self, t: float) -> None:
         self.start, self.data_seconds, self.t_data = t, 0.0, None
@@ -530,16 +567,17 @@ class StepClock:
         # update's, not the wait at the gradient collective's entry
         self.waited_exchange = self.comm.waited - self.waited_before
 
-    def averaged(self, t_update: float, t_updated: float, done: bool) -> None:
-        """Local SGD's step: its update ran from t_update to t_updated, then, where done, the
-        exchange (the replicas' average, until now). Recorded in the phases' usual order
-        (exchange, then update), each phase its own duration: the exchange ends at t_compute
-        + the average's seconds; a step without an average has none."""
+    def averaged(self, t_updated: float, done: bool) -> None:
+        """Local SGD's step: its update ended at t_updated, then, where done, the replicas'
+        average ran until now. Recorded in the exchange's place (the stamps' order: exchange,
+        then update), each phase its own duration and the step flagged as averaged (the
+        average phase; the trace draws it after the update); a step without an average has
+        no exchange."""
+        self.average = done
         if not done:
             self.t_exchange, self.waited_exchange = self.t_compute, 0.0
             return
-        now = time.perf_counter()
-        self.t_exchange = t_update + (now - t_updated)  # t_compute + the gap + the average
+        self.t_exchange = self.t_compute + (time.perf_counter() - t_updated)
         self.waited_exchange = self.comm.waited - self.waited_before
 
     def record(self, timer: StepTimer, epoch: int, t_update: float) -> None:
@@ -552,4 +590,6 @@ class StepClock:
             self.t_exchange,
             t_update,
             self.waited_exchange,
+            self.average,
         )
+        self.average = False

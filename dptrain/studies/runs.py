@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ..measure import sweep as sweep_mod
+from ..measure.timing import EXCHANGE_PHASES
 from .figures import _save, _speedup_layouts
 from .report import (
     _dataset_text,
@@ -112,7 +113,7 @@ def _cifar10_cnn(out: Path, quick: bool, say) -> dict:
     rows = []
     for s, r in zip(res["summary"], sorted(res["runs"], key=lambda r: r["workers"])):
         ph = s["phases"]
-        comm = ph["communication"] + ph["sync_wait"]
+        comm = sum(ph.get(name, 0.0) for name in EXCHANGE_PHASES)
         epochs = r["epochs"]
         rows.append(
             [

@@ -32,3 +32,13 @@ def _positive_int(name, value) -> int:
     if value < 1:
         raise ValueError(f"{name} is {value!r}, expected a positive integer")
     return int(value)
+
+
+def _nonneg_int(name, value) -> int:
+    """An integer >= 0 (0 allowed, unlike _positive_int)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return _positive_int(name, value + 1) - 1
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} is {value!r}, expected an integer >= 0") from None

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..._plain import plain
 from ..timing import PHASES
-from .checks import _nonneg, _positive_int
+from .checks import _nonneg, _nonneg_int, _positive_int
 from .costs import (
     DEFAULT_GAMMA,
     Network,
@@ -215,7 +215,8 @@ def fit(runs, *, native_algorithm: str = "ring", alpha: float | None = None) -> 
 class Prediction:
     """Predicted seconds of one run, its breakdown and the configuration it is for.
 
-    phases: the six PHASES (a parameter server's broadcast counted in communication);
+    phases: the PHASES (a parameter server's broadcast counted in communication; local SGD's
+    averages in average);
     breakdown: parallel_work (t_sample b / p per step, the part that shrinks), serial
     (t_serial per step), communication, sync_wait (jitter and uneven shards)."""
 
@@ -312,14 +313,28 @@ class FittedModel:
         gamma: float | None = None,
         ranks_per_node: int | None = None,
         node_network="shared memory",
+        sync_every: int = 1,
+        local_after: int = 0,
+        averaged_arrays: int = 2,
     ) -> Prediction:
         """Predicted seconds of a run of ``n_samples`` (default: the sweep's largest) on
         ``workers``. Unset arguments take the sweep's values; network=None is the measured
         transport (gamma then 0: its beta includes summing), a Network or preset name uses
         that link with gamma (default DEFAULT_GAMMA) for the sums. ranks_per_node > 1: the
         hierarchical all-reduce (hierarchical_allreduce_seconds) on nodes of that many ranks
-        linked inside by node_network."""
+        linked inside by node_network.
+
+        sync_every H > 1: local SGD (``engine.local``, one replica per worker) after
+        local_after synchronous epochs: no gradient exchange; an average of averaged_arrays
+        arrays of param_bytes each (2: the parameters and SGD's momentum, local_momentum
+        'average'; 1: the parameters alone) every H steps and at each epoch's end, in the
+        average phase; the jitter accumulated over an average's H steps is sigma sqrt(H)
+        (independent steps), so sync_wait falls as 1 / sqrt(H) where the exchange falls as
+        1 / H. The synchronous epochs are averages every step, priced as such."""
         p = _positive_int("workers", workers)
+        period = _positive_int("sync_every", sync_every)
+        synchronous_epochs = _nonneg_int("local_after", local_after)
+        arrays = _positive_int("averaged_arrays", averaged_arrays)
         n = self.n_samples if n_samples is None else _positive_int("n_samples", n_samples)
         b = self.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
         e = self.epochs if epochs is None else _positive_int("epochs", epochs)
@@ -340,15 +355,23 @@ class FittedModel:
             )
         latency, volume = _terms(alg, p, m, net, g, ranks_per_node, node_network)
         calls = 1.0 if alg == "ps" else cps
-        comm = steps * (calls * latency + volume)
         c = self.coefficients
         phases = {
             ph: c[f"{ph}_per_sample"] * mean + c[f"{ph}_per_step"] * steps for ph in WORK_PHASES
         }
-        phases["communication"] = comm
-        phases["sync_wait"] = steps * self.sigma * expected_max_normal(p) + self.t_sample * (
-            busiest - mean
-        )
+        jitter = self.sigma * expected_max_normal(p)  # one step's wait for the slowest
+        uneven = self.t_sample * (busiest - mean)  # the bigger shards, added up either way
+        if period == 1:
+            comm = steps * (calls * latency + volume)
+            phases.update(communication=comm, sync_wait=steps * jitter + uneven, average=0.0)
+        else:
+            per_epoch = steps // e
+            local = max(e - synchronous_epochs, 0)
+            full, rest = divmod(per_epoch, period)
+            averages = (e - local) * per_epoch + local * (full + (rest > 0))
+            comm = averages * arrays * (latency + volume)
+            waits = (e - local) * per_epoch + local * (full * math.sqrt(period) + math.sqrt(rest))
+            phases.update(communication=0.0, sync_wait=waits * jitter + uneven, average=comm)
         phases = {ph: float(phases[ph]) for ph in PHASES}
         breakdown = {
             "parallel_work": self.t_sample * mean,
@@ -368,6 +391,8 @@ class FittedModel:
             "network": net.name,
             "gamma": g,
             "ranks_per_node": ranks_per_node,
+            "sync_every": period,
+            "local_after": synchronous_epochs,
         }
         return Prediction(
             float(sum(phases.values())), phases, {k: float(v) for k, v in breakdown.items()}, config

@@ -107,6 +107,9 @@ def _parse_runs(runs: list, native_algorithm: str) -> list[_Run]:
             raise ValueError(f"runs[{i}]: phases is {ph!r}, expected a dict of {PHASES}")
         phases = {}
         for name in PHASES:
+            if name == "average" and name not in ph:  # sweeps of before local SGD's phase
+                phases[name] = 0.0
+                continue
             if name not in ph:
                 raise ValueError(f"runs[{i}]: phases has no {name!r} (expected {PHASES})")
             try:

@@ -52,6 +52,8 @@ def plot_breakdown(sweep):
         bottom_pct = [0.0] * len(ordered)
         for phase in PHASES:
             h = [s[phase] for s in seconds]
+            if phase == "average" and not any(h):  # local SGD's: no legend entry elsewhere
+                continue
             pct = [100 * v / t if t > 0 else 0.0 for v, t in zip(h, totals)]
             ax.bar(
                 x,

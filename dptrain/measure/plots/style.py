@@ -19,6 +19,7 @@ PHASE_LABELS = {
     "sync_wait": "sync wait",
     "update": "optimizer update",
     "other": "other",
+    "average": "average (local SGD)",
 }
 # One color per phase in every figure: waiting is red, moving bytes orange, useful work blue.
 PHASE_COLORS = {
@@ -28,6 +29,7 @@ PHASE_COLORS = {
     "sync_wait": "#d62728",
     "update": "#9467bd",
     "other": "#9a9a9a",
+    "average": "#e6a117",  # local SGD's exchange: moving bytes, as communication
 }
 BASELINE_COLOR = "#6f6f6f"
 

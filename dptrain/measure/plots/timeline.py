@@ -63,6 +63,8 @@ def plot_timeline(
         ax = fig.subplots()
         for phase in PHASES:
             mine = [s for s in slices if s[1] == phase]
+            if not mine and phase == "average":  # local SGD's: no legend entry elsewhere
+                continue
             ax.barh(
                 [y_of[s[0]] for s in mine],
                 [s[3] / 1000 for s in mine],
