@@ -184,7 +184,26 @@ def test_step_times_rejects_ragged_ranks_and_nothing():
     with pytest.raises(ValueError, match="at least one rank"):
         timing.StepTimes([])
     with pytest.raises(ValueError, match="same number of steps"):
-        timing.StepTimes([np.zeros((3, 8)), np.zeros((2, 8))])
+        timing.StepTimes([np.zeros((3, 9)), np.zeros((2, 9))])
+    with pytest.raises(ValueError, match=r"must be \(steps, 9\), got shape \(3, 7\)"):
+        timing.StepTimes([np.zeros((3, 7))])
+
+
+def test_stamps_without_the_average_column_read_as_steps_without_one():
+    # a step: data 1, compute 2, exchange 3 (0.5 of it waiting), update 1, other 1
+    row = [10.0, 11.0, 13.0, 16.0, 17.0, 18.0, 0.5, 0.0]
+    old = timing.StepTimes([np.array([row])])  # the 8 columns of files before the phase
+    new = timing.StepTimes([np.array([row + [1.0]])])  # the same step, an average
+    want = dict(zip(timing.PHASES, old.phases()[0, 0]))
+    assert want == dict(
+        data=1, compute=2, communication=2.5, sync_wait=0.5, update=1, other=1, average=0
+    )
+    got = dict(zip(timing.PHASES, new.phases()[0, 0]))
+    assert got == dict(want, communication=0.0, average=2.5)
+    assert (
+        timing.StepTimes.from_dict(json.loads(old.to_json())).phases().tolist()
+        == old.phases().tolist()
+    )
 
 
 def test_steal_reading():
