@@ -747,3 +747,38 @@ def test_local_sgd_prediction_exchanges_every_h_steps():
     ):
         with pytest.raises(ValueError, match=match):
             model.predict(p, n, **bad)
+
+
+def test_local_sgd_phases_from_a_measured_synchronous_run():
+    phases = dict(data=1.0, compute=10.0, communication=2.0, sync_wait=4.0, update=0.5, other=0.1)
+    run = {
+        "breakdown": {"phase_seconds": phases},
+        "steps": 100,
+        "epochs": [{}, {}],  # 2 epochs of 50 steps
+        "local_sgd": None,
+    }
+    got = pm.predict_local_run(run, sync_every=8)
+    averages = 2 * 7  # 6 full periods and the epoch's end, twice
+    p = got["phases"]
+    assert p["communication"] == 0.0
+    assert p["average"] == pytest.approx(2 * averages * 2.0 / 100)  # 2 arrays, 0.02 s each
+    assert p["sync_wait"] == pytest.approx(2 * (6 * math.sqrt(8) + math.sqrt(2)) * 4.0 / 100)
+    assert all(p[k] == phases[k] for k in ("data", "compute", "update", "other"))
+    assert got["seconds"] == pytest.approx(sum(p.values()))
+    assert pm.averages_and_waits(50, 2, 8) == (averages, pytest.approx(2 * (6 * 8**0.5 + 2**0.5)))
+    # one period: unchanged; local_after covering the run: an average every step
+    assert pm.predict_local_run(run, 1)["phases"] == dict(phases, average=0.0)
+    every = pm.predict_local_run(run, 8, local_after=2, averaged_arrays=1)["phases"]
+    assert every["average"] == pytest.approx(2.0) and every["sync_wait"] == pytest.approx(4.0)
+    # a wait that does not average out stays
+    kept = pm.local_sgd_phases(phases, steps_per_epoch=50, epochs=2, sync_every=4, uneven_wait=1.0)
+    full = pm.local_sgd_phases(phases, steps_per_epoch=50, epochs=2, sync_every=4)
+    assert kept["sync_wait"] - 1.0 == pytest.approx(0.75 * (full["sync_wait"]))
+    with pytest.raises(ValueError, match="the run is local SGD's"):
+        pm.predict_local_run(dict(run, local_sgd={"averages": 3}), 8)
+    with pytest.raises(ValueError, match="101 steps over 2 epochs"):
+        pm.predict_local_run(dict(run, steps=101), 8)
+    with pytest.raises(ValueError, match="phases has no 'compute'"):
+        pm.local_sgd_phases({"data": 1.0}, steps_per_epoch=5, epochs=1, sync_every=2)
+    with pytest.raises(ValueError, match="sync_every is 'x'"):
+        pm.predict_local_run(run, "x")

@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from .._aligned import aligned_zeros
+from .._aligned import ALIGN, aligned_zeros
 from ..comm.placement import AUTO
 from ..config import SYNC_EVERY_MAX
 from ..models import model_from_spec
@@ -76,10 +76,24 @@ class LocalSGD(Exchange):
     # ---- buffers: every replica's state in a slot of K, the sum's output beside them
     def buffers(self, comm, n_params, dtype):
         self.n_params, self.dtype = n_params, np.dtype(dtype)
-        self.slots = {
-            name: comm.shared_zeros(self.k, n_params, dtype) for name in ("params", "velocity")
-        }
-        self.mean = comm.shared_zeros(1, n_params, dtype)[0]  # one sum at a time, in place
+        n, k = n_params, self.k
+        if self.cfg.local_momentum == "average":
+            # the parameters and the velocity side by side in one slot (the velocity on a
+            # cache line of its own): an average is one sum (one entry and one exit barrier)
+            # and one copy back per replica, not two of each
+            stride = n + (-n * self.dtype.itemsize) % ALIGN // self.dtype.itemsize
+            self.fused = comm.shared_zeros(k, stride + n, dtype)
+            self.fused_mean = comm.shared_zeros(1, stride + n, dtype)[0]
+            self.slots = {
+                "params": [a[:n] for a in self.fused],
+                "velocity": [a[stride:] for a in self.fused],
+            }
+            self.mean = self.fused_mean[:n]
+            self.velocity_mean = self.fused_mean[stride:]
+        else:
+            self.fused = None
+            self.slots = {name: comm.shared_zeros(k, n, dtype) for name in ("params", "velocity")}
+            self.mean = comm.shared_zeros(1, n, dtype)[0]  # one sum at a time, in place
         self.grads_of = [aligned_zeros(n_params, dtype) for _ in self.mine]
         self.anchor = aligned_zeros(n_params, dtype)  # the parameters at the last average
         self.outer = None if self.plain else aligned_zeros(n_params, dtype)  # its momentum
@@ -98,6 +112,7 @@ class LocalSGD(Exchange):
         into slots of its own."""
         job = self.job
         self.nets, self.opts = [opt.model], [opt]
+        self.mean_of = {}  # each of the optimizer's own states: its sum's output
         for i, k in enumerate(self.mine[1:], 1):
             net = model_from_spec(
                 job.model,
@@ -110,6 +125,7 @@ class LocalSGD(Exchange):
             self.opts.append(make_optimizer(net, job.lr, self.cfg))
         for name, own in opt._own().items():
             slots = self.slots[name] = comm.shared_zeros(self.k, own.size, own.dtype)
+            self.mean_of[name] = comm.shared_zeros(1, own.size, own.dtype)[0]
             for o, k in zip(self.opts, self.mine):
                 slots[k][:] = getattr(o, name)
                 setattr(o, name, slots[k])
@@ -188,10 +204,12 @@ class LocalSGD(Exchange):
         t0 = time.perf_counter()
         scale = 1.0 / self.k
         mean = self.mean
-        comm.sum_into_(mean, self.slots["params"], scale=scale)
-        if plain:
-            self.anchor[:] = mean
-        else:  # the outer Nesterov step on the average's delta from the anchor
+        fused = self.fused is not None
+        if fused:  # the parameters' and the velocity's means in one sum
+            comm.sum_into_(self.fused_mean, self.fused, scale=scale)
+        else:
+            comm.sum_into_(mean, self.slots["params"], scale=scale)
+        if not plain:  # the outer Nesterov step on the average's delta from the anchor
             delta = np.subtract(self.anchor, mean, out=self.grads_of[0])
             mu, b = self.cfg.outer_momentum, self.outer
             b *= mu
@@ -199,17 +217,26 @@ class LocalSGD(Exchange):
             delta += mu * b
             delta *= self.cfg.outer_lr
             self.anchor -= delta
-        for net in self.nets:
-            net.params[:] = self.anchor
+        elif not self.plain:  # a synchronous epoch's average: the outer step's next anchor
+            self.anchor[:] = mean
+        # every replica continues from the result (the shared mean is only read: a rank
+        # still reading it may be behind; the next sum's entry barrier waits for them all)
+        for k in self.mine:
+            if fused and plain:
+                self.fused[k][:] = self.fused_mean
+                continue
+            self.slots["params"][k][:] = mean if plain else self.anchor
+            if fused:
+                self.slots["velocity"][k][:] = self.velocity_mean
         policy = self.cfg.local_momentum
         for name, slots in self.slots.items():
-            if name == "params" or policy == "local":
+            if name == "params" or (name == "velocity" and fused) or policy == "local":
                 continue
             if policy == "average":
-                comm.sum_into_(mean, slots, scale=scale)
+                comm.sum_into_(self.mean_of[name], slots, scale=scale)
             for k in self.mine:
                 if policy == "average":
-                    slots[k][:] = mean
+                    slots[k][:] = self.mean_of[name]
                 else:
                     slots[k].fill(0)
         self.since = 0

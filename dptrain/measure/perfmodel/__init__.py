@@ -67,7 +67,8 @@ Python + NumPy; every object has a JSON-ready ``to_dict``.
 
 One module per part: ``costs`` (networks and the alpha-beta cost of each all-reduce, flat or
 hierarchical; the synchronization shape), ``runs`` (the RUN rows read and checked),
-``fitting`` (the least-squares fit, ``FittedModel``, ``Prediction``), ``validation`` (the
+``fitting`` (the least-squares fit, ``FittedModel``, ``Prediction``), ``local`` (local
+SGD's price: an average every H steps instead of an exchange every step), ``validation`` (the
 held-out check and its verdict), ``projection`` (projection, break-even, ``analyze``), and
 ``checks`` (the argument checks they share). Every public name imports from here.
 """
@@ -88,6 +89,7 @@ from .costs import (
     hierarchical_allreduce_seconds,
 )
 from .fitting import FittedModel, Prediction, fit
+from .local import averages_and_waits, local_sgd_phases, predict_local_run
 from .projection import DEFAULT_WORKERS, analyze, break_even_samples, project
 from .runs import load_runs
 from .validation import TARGET_ERROR_PCT, Validation, validate, validation_verdict
@@ -108,6 +110,9 @@ __all__ = [
     "DEFAULT_WORKERS",
     "FittedModel",
     "Prediction",
+    "local_sgd_phases",
+    "predict_local_run",
+    "averages_and_waits",
     "Validation",
     "fit",
     "validate",

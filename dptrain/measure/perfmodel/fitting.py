@@ -10,7 +10,6 @@ from typing import Sequence
 import numpy as np
 
 from ..._plain import plain
-from ..timing import PHASES
 from .checks import _nonneg, _nonneg_int, _positive_int
 from .costs import (
     DEFAULT_GAMMA,
@@ -21,6 +20,7 @@ from .costs import (
     expected_max_normal,
     get_network,
 )
+from .local import local_sgd_phases
 from .runs import _SAME, _medians, _parse_runs, _Run, _run_list, _work
 
 WORK_PHASES = ("data", "compute", "update", "other")  # per-sample + per-step coefficients
@@ -324,13 +324,9 @@ class FittedModel:
         hierarchical all-reduce (hierarchical_allreduce_seconds) on nodes of that many ranks
         linked inside by node_network.
 
-        sync_every H > 1: local SGD (``engine.local``, one replica per worker) after
-        local_after synchronous epochs: no gradient exchange; an average of averaged_arrays
-        arrays of param_bytes each (2: the parameters and SGD's momentum, local_momentum
-        'average'; 1: the parameters alone) every H steps and at each epoch's end, in the
-        average phase; the jitter accumulated over an average's H steps is sigma sqrt(H)
-        (independent steps), so sync_wait falls as 1 / sqrt(H) where the exchange falls as
-        1 / H. The synchronous epochs are averages every step, priced as such."""
+        sync_every H > 1: local SGD (one replica per worker) after local_after synchronous
+        epochs, averaging averaged_arrays arrays of param_bytes each (``local_sgd_phases``:
+        the exchange falls as 1 / H, the wait as 1 / sqrt(H))."""
         p = _positive_int("workers", workers)
         period = _positive_int("sync_every", sync_every)
         synchronous_epochs = _nonneg_int("local_after", local_after)
@@ -359,20 +355,20 @@ class FittedModel:
         phases = {
             ph: c[f"{ph}_per_sample"] * mean + c[f"{ph}_per_step"] * steps for ph in WORK_PHASES
         }
-        jitter = self.sigma * expected_max_normal(p)  # one step's wait for the slowest
-        uneven = self.t_sample * (busiest - mean)  # the bigger shards, added up either way
-        if period == 1:
-            comm = steps * (calls * latency + volume)
-            phases.update(communication=comm, sync_wait=steps * jitter + uneven, average=0.0)
-        else:
-            per_epoch = steps // e
-            local = max(e - synchronous_epochs, 0)
-            full, rest = divmod(per_epoch, period)
-            averages = (e - local) * per_epoch + local * (full + (rest > 0))
-            comm = averages * arrays * (latency + volume)
-            waits = (e - local) * per_epoch + local * (full * math.sqrt(period) + math.sqrt(rest))
-            phases.update(communication=0.0, sync_wait=waits * jitter + uneven, average=comm)
-        phases = {ph: float(phases[ph]) for ph in PHASES}
+        uneven = self.t_sample * (busiest - mean)  # the bigger shards: never averages out
+        # local SGD's averages all-reduce each array in one call, bucketed or not
+        phases["communication"] = steps * ((calls if period == 1 else 1.0) * latency + volume)
+        phases["sync_wait"] = steps * self.sigma * expected_max_normal(p) + uneven
+        phases = local_sgd_phases(
+            phases,
+            steps_per_epoch=steps // e,
+            epochs=e,
+            sync_every=period,
+            local_after=synchronous_epochs,
+            averaged_arrays=arrays,
+            uneven_wait=uneven,
+        )
+        comm = phases["communication"] + phases["average"]
         breakdown = {
             "parallel_work": self.t_sample * mean,
             "serial": self.t_serial * steps,
