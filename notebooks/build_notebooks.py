@@ -213,6 +213,41 @@ pd.DataFrame(rows)""",
     """r = dptrain.train(straggle=(1, 3.0), **common)
 pd.DataFrame(r["rank_phase_seconds"]).rename_axis("rank")""",
     """plots.plot_timeline(r["step_times"].chrome_trace(), steps=3)""",
+    "md:## Communicate less, wait less: local SGD\n\nWith `sync_every=H` each worker's "
+    "replica takes H steps on its own shard of every global batch, then the replicas average "
+    "their parameters and momentum (also at each epoch's end, where the run evaluates). Every "
+    "worker's compute is stretched by a random 0-3 ms here (`straggle_random_ms`), like the "
+    "jitter of a 16-core machine: synchronous SGD waits for the slowest worker at every step, "
+    "local SGD only at an average, and that wait grows as sqrt(H) while the averages fall as "
+    "1/H. The weights depend on H and the replicas, not on the number of workers.",
+    """jitter = dict(common, limit=4000 if QUICK else None, epochs=2 if QUICK else 3,
+              straggle_random_ms=3.0, progress=False)
+runs = {"synchronous": dptrain.train(**jitter)}
+for h in (4,) if QUICK else (2, 8, 32):
+    runs[f"H={h}"] = dptrain.train(sync_every=h, **jitter)
+runs["H=8 after 1 epoch"] = dptrain.train(sync_every=8, local_after=1, **jitter)
+runs["auto"] = dptrain.train(sync_every="auto", **jitter)
+rows = []
+for name, r in runs.items():
+    ph = r["breakdown"]["phase_seconds"]
+    rows.append({"run": name, "test acc": r["final_test_accuracy"], "train s": r["train_seconds"],
+                 "sync_wait s": ph["sync_wait"], "average s": ph["average"],
+                 "averages": (r["local_sgd"] or {}).get("averages")})
+pd.DataFrame(rows)""",
+    """display(plots.plot_accuracy_vs_time(runs, target=0.975, quick=QUICK))
+plots.plot_run_phases(runs, quick=QUICK)""",
+    "md:The performance model prices a period H from the synchronous run alone (no gradient "
+    "exchange; an average every H steps; the wait at an average sqrt(H) times a step's): its "
+    "prediction against what each run took.",
+    """from dptrain.measure import perfmodel as pm
+pd.DataFrame([
+    {"run": name, "measured s": r["train_seconds"],
+     "predicted s": pm.predict_local_run(runs["synchronous"], r["config"]["sync_every"],
+                                         r["config"]["local_after"])["seconds"]}
+    for name, r in runs.items() if name.startswith("H=")
+])""",
+    "md:`python -m dptrain study local-sgd` runs the whole comparison (H from 2 to 32, the MLP "
+    "and the CNN) and writes its report, tables and figures.",
 ]
 
 

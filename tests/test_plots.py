@@ -1278,3 +1278,49 @@ def test_cli_plot_prints_the_verdict_and_marks_the_figures(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"performance model: {verdict['verdict']}; projection shown" in out
     assert "NOT VALIDATED" in _svg_text(tmp_path / "again" / "model_projection.svg")
+
+
+# ------------------------------------------------------------------ local SGD's trade
+def _history_run(dataset="mnist", accs=(0.9, 0.95, 0.97), seconds=1.0, average=0.0):
+    return {
+        "config": {"model": "mlp", "dataset": dataset, "workers": 2},
+        "epochs": [{"test_accuracy": a, "seconds": seconds} for a in accs],
+        "breakdown": {
+            "phase_seconds": dict(
+                data=0.1,
+                compute=2.0,
+                communication=0.0 if average else 0.2,
+                sync_wait=0.3,
+                update=0.1,
+                other=0.0,
+                average=average,
+            )
+        },
+    }
+
+
+def test_accuracy_vs_time_draws_each_run_and_marks_the_target():
+    runs = {"synchronous": _history_run(seconds=1.0), "H=8": _history_run(seconds=0.8, average=0.1)}
+    fig = plots.plot_accuracy_vs_time(runs, target=0.95)
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines["H=8"].get_xdata()) == pytest.approx([0.8, 1.6, 2.4])
+    assert list(lines["synchronous"].get_ydata()) == pytest.approx([90, 95, 97])
+    assert "target 95 %" in lines
+    circles = [
+        line for line in ax.get_lines() if line.get_marker() == "o" and len(line.get_xdata()) == 1
+    ]
+    assert sorted(float(c.get_xdata()[0]) for c in circles) == pytest.approx([1.6, 2.0])
+    assert "mlp on mnist · 2 workers" in fig.get_suptitle()
+    synthetic = plots.plot_accuracy_vs_time({"a": _history_run("synthetic-mnist")}, quick=True)
+    assert "SYNTHETIC DATA" in synthetic.get_suptitle() and "QUICK RUN" in synthetic.get_suptitle()
+    phases = _bar_containers(plots.plot_run_phases(runs).axes[0])
+    assert plots.PHASE_LABELS["average"] in phases and len(phases["average (local SGD)"]) == 2
+    assert "other" not in phases  # no run spent time there
+    for bad, match in (
+        ({}, "runs is empty"),
+        ({"x": {"epochs": []}}, "run 'x' has no per-epoch history"),
+        ({"x": _history_run(accs=(None,))}, "run 'x' has no test accuracy"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            plots.plot_accuracy_vs_time(bad)

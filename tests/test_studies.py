@@ -37,6 +37,7 @@ FILES = {
     ],
     "logreg-1m": ["speedup.png", "breakdown.png", "summary.csv", "sweep.json"],
     "mnist-softmax-scaled": ["speedup_layouts.png", "results.csv", "results.json"],
+    "local-sgd": ["accuracy_vs_time_mlp.png", "phases_mlp.png", "results.csv", "results.json"],
 }
 
 
@@ -68,6 +69,20 @@ def test_quick_study_writes_its_report(name, tmp_path):
         rows = list(csv.DictReader(open(out / "summary.csv")))
         assert len(rows) == len(res["summary"]) >= 2
         assert {int(r["workers"]) for r in rows} >= {1, 2}
+    elif name == "local-sgd":
+        data = json.loads((out / "results.json").read_text())
+        runs = {d["run"]: d for d in data}
+        assert list(runs) == ["synchronous", "H=4", "H=4 after 1 epoch", "auto"]
+        assert runs["synchronous"]["time_vs_synchronous"] == 1.0
+        assert runs["synchronous"]["averages"] is None
+        # 4000 samples in batches of 128: 32 steps an epoch, 3 epochs
+        assert runs["H=4"]["averages"] == 3 * 8
+        assert runs["H=4 after 1 epoch"]["averages"] == 32 + 2 * 8
+        assert runs["auto"]["auto_periods"] and runs["auto"]["predicted_seconds"] is None
+        for d in data:
+            assert len(d["history"]) == 3 and d["train_seconds"] > 0
+            assert (d["predicted_seconds"] is not None) == d["run"].startswith("H=")
+        assert "| QUICK | H=4 |" in report and "largest error: mlp:" in report
     else:
         data = json.loads((out / "results.json").read_text())
         assert {d["pixels"] for d in data} == {784, 3136}

@@ -1,4 +1,5 @@
-"""The four studies dptrain grew from, each one command away, each writing its report.
+"""The four studies dptrain grew from (and local SGD's), each one command away, each writing
+its report.
 
 The "original studies" are four earlier measurements of data-parallel training on CPUs that
 dptrain set out to reproduce and explain: an MLP on MNIST subsets whose speedup stayed near 1
@@ -25,6 +26,15 @@ pipeline in a minute; its figures are not the study's result.
 - ``mnist-softmax-scaled``: softmax regression on MNIST enlarged to 784, 3136 and 12544
   pixels, full-batch gradient descent: threads in a worker vs workers vs both, parameter
   server vs all-reduce.
+
+A fifth preset is not an earlier study but the comparison behind local SGD
+(``engine.local``), set against the published results its design rests on:
+
+- ``local-sgd``: MNIST MLP (3 epochs) and CNN (2 epochs) on 2 worker processes with
+  ``--straggle-random 3``: synchronous SGD, local SGD at H = 2..32, post-local SGD and
+  ``--sync-every auto``; final and per-epoch test accuracy against training time, time to the
+  target accuracy (97.5 / 98.5 %), the phases, and the performance model's prediction of each
+  period from the synchronous run (``perfmodel.predict_local_run``).
 
 Each report's prose (what the original study found, what explains the difference) is its
 template in ``templates/NAME.md``, filled with the run's figures (``report``); the runs are

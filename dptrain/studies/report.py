@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..measure import sweep as sweep_mod
 
-STUDIES = ("mnist-mlp", "cifar10-cnn", "logreg-1m", "mnist-softmax-scaled")
+STUDIES = ("mnist-mlp", "cifar10-cnn", "logreg-1m", "mnist-softmax-scaled", "local-sgd")
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 

@@ -307,9 +307,175 @@ def _softmax_scaled(out: Path, quick: bool, say) -> dict:
     return {"runs": data}
 
 
+# ------------------------------------------------------------------ 5. local-sgd
+LOCAL_TARGETS = {"mlp": 0.975, "cnn": 0.985}  # issue 35's target test accuracies
+LOCAL_STRAGGLE_MS = 3.0  # --straggle-random: jitter like the 16-core machine's
+
+
+def _local_configurations(quick: bool) -> list[tuple[str, dict]]:
+    if quick:
+        periods, after = (4,), 4
+    else:
+        periods, after = (2, 4, 8, 16, 32), 8
+    return (
+        [("synchronous", {})]
+        + [(f"H={h}", dict(sync_every=h)) for h in periods]
+        + [
+            (f"H={after} after 1 epoch", dict(sync_every=after, local_after=1)),
+            ("auto", dict(sync_every="auto")),
+        ]
+    )
+
+
+def _local_sgd(out: Path, quick: bool, say) -> dict:
+    from ..engine import train
+    from ..measure import plots
+    from ..measure.perfmodel import predict_local_run
+
+    workers, batch = 2, 128
+    models = [("mlp", 3)] if quick else [("mlp", 3), ("cnn", 2)]
+    limit = 4000 if quick else None
+    data, tables, figs, records, checks = None, [], [], [], []
+    for model, epochs in models:
+        target = LOCAL_TARGETS[model]
+        results = {}
+        for label, options in _local_configurations(quick):
+            r = train(
+                model=model,
+                dataset="mnist",
+                limit=limit,
+                workers=workers,
+                backend="process",
+                epochs=epochs,
+                batch_size=batch,
+                straggle_random_ms=LOCAL_STRAGGLE_MS,
+                quiet=True,
+                progress=False,
+                **options,
+            )
+            results[label] = r
+            say(
+                f"{model}, {label}: {100 * r['final_test_accuracy']:.2f} % in "
+                f"{r['train_seconds']:.2f} s"
+            )
+        data = r["config"]["dataset"]
+        sync = results["synchronous"]
+        rows, worst = [], 0.0
+        for label, r in results.items():
+            options = dict(_local_configurations(quick))[label]
+            ph = r["breakdown"]["phase_seconds"]
+            t, reached = 0.0, None
+            for h in r["epochs"]:
+                t += h["seconds"]
+                if reached is None and h["test_accuracy"] >= target:
+                    reached = t
+            local = r["local_sgd"] or {}
+            predicted = None
+            if local and options.get("sync_every") != "auto":
+                predicted = predict_local_run(
+                    sync, options["sync_every"], options.get("local_after", 0)
+                )["seconds"]
+                worst = max(worst, abs(predicted / r["train_seconds"] - 1))
+            periods = [c["sync_every"] for c in local.get("choices", [])]
+            record = {
+                "model": model,
+                "run": label,
+                "options": options,
+                "dataset": data,
+                "workers": workers,
+                "epochs": epochs,
+                "quick": quick,
+                "test_accuracy": r["final_test_accuracy"],
+                "accuracy_vs_synchronous_points": 100
+                * (r["final_test_accuracy"] - sync["final_test_accuracy"]),
+                "train_seconds": r["train_seconds"],
+                "time_vs_synchronous": r["train_seconds"] / sync["train_seconds"],
+                "sync_wait_seconds": ph["sync_wait"],
+                "average_seconds": ph.get("average", 0.0),
+                "averages": local.get("averages"),
+                "auto_periods": periods,
+                "target_accuracy": target,
+                "to_target_seconds": reached,
+                "predicted_seconds": predicted,
+                "history": r["epochs"],
+            }
+            records.append(record)
+            rows.append(
+                [
+                    label
+                    + (
+                        f" (H {min(periods)} to {max(periods)}, last {periods[-1]})"
+                        if periods
+                        else ""
+                    ),
+                    f"{100 * record['test_accuracy']:.2f}",
+                    f"{record['accuracy_vs_synchronous_points']:+.2f}" if local else "",
+                    f"{record['train_seconds']:.2f}",
+                    f"{record['time_vs_synchronous']:.2f}x",
+                    f"{record['sync_wait_seconds']:.2f}",
+                    f"{record['average_seconds']:.2f}" if local else "",
+                    f"{reached:.2f}" if reached is not None else "never",
+                    f"{predicted:.2f}" if predicted is not None else "",
+                ]
+            )
+        checks.append(f"{model}: {100 * worst:.1f} %")
+        tables.append(
+            f"### {model.upper()}, {epochs} epochs, target {100 * target:g} %\n\n"
+            + _md_table(
+                [
+                    "configuration",
+                    "test acc %",
+                    "vs sync (points)",
+                    "time s",
+                    "vs sync",
+                    "sync wait s",
+                    "average s",
+                    f"to {100 * target:g} % (s)",
+                    "predicted s",
+                ],
+                rows,
+                quick,
+            )
+        )
+        figs.append(
+            _save(
+                plots.plot_accuracy_vs_time(results, target=target, quick=quick),
+                out,
+                f"accuracy_vs_time_{model}",
+            )
+        )
+        figs.append(_save(plots.plot_run_phases(results, quick=quick), out, f"phases_{model}"))
+    (out / "results.json").write_text(json.dumps(records, indent=1))
+    sweep_mod.write_csv(
+        [{k: v for k, v in r.items() if k != "history"} for r in records], out / "results.csv"
+    )
+    mlp = [r for r in records if r["model"] == "mlp"]
+    best = min(mlp[1:], key=lambda r: r["train_seconds"])
+    _write(
+        out,
+        "local-sgd",
+        quick,
+        data=_dataset_text(data),
+        workers=workers,
+        batch=batch,
+        lr=f"{sync['config']['lr']:g}",
+        momentum=f"{sync['config']['momentum']:g}",
+        straggle=f"{LOCAL_STRAGGLE_MS:g}",
+        samples=f"{limit:,}" if limit else "all 60,000",
+        tables="\n\n".join(tables),
+        best_run=best["run"],
+        best_ratio=f"{best['time_vs_synchronous']:.2f}",
+        best_points=f"{best['accuracy_vs_synchronous_points']:+.2f}",
+        model_check=", ".join(checks),
+        figures=_figures(figs),
+    )
+    return {"runs": records}
+
+
 _RUNNERS = {
     "mnist-mlp": _mnist_mlp,
     "cifar10-cnn": _cifar10_cnn,
     "logreg-1m": _logreg_1m,
     "mnist-softmax-scaled": _softmax_scaled,
+    "local-sgd": _local_sgd,
 }

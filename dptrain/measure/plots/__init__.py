@@ -9,6 +9,9 @@ Every function takes plain data and returns a ``matplotlib.figure.Figure``:
 - ``plot_breakdown(sweep)``: stacked phases per configuration, in seconds and in % of the step.
 - ``plot_baseline_vs_distributed(sweep)``: grouped bars, 1 worker vs p workers, per phase.
 - ``plot_timeline(trace)``: a few steps of a Chrome trace, one row per rank.
+- ``plot_accuracy_vs_time(runs)`` and ``plot_run_phases(runs)``: ``train()`` results side by
+  side (``{label: result}``, e.g. synchronous SGD against local SGD at several periods): test
+  accuracy at each epoch's end against the training time so far, and each run's phases.
 - ``plot_model_validation(rows)`` and ``plot_projection(rows)``: the performance model's
   predicted vs measured times, and its projection to large clusters (rows as produced by
   dptrain.measure.perfmodel: ``{workers, n_samples, measured, predicted}`` and ``{network,
@@ -45,7 +48,7 @@ In a notebook pyplot is imported once, so that the returned figure displays inli
 
 One module per role: ``style`` (matplotlib, lazily, and the house style), ``load`` (the
 inputs, read and checked), ``labels`` (titles, labels and provenance marks), one module per
-figure family (``scaling``, ``phases``, ``timeline``, ``performance``), and ``write``
+figure family (``scaling``, ``phases``, ``timeline``, ``performance``, ``tradeoff``), and ``write``
 (``save_figure``, ``plot_sweep``). This package imports no matplotlib until a figure is made.
 
 Left out on purpose: interactive figures, and any statistics beyond what the sweep recorded
@@ -61,6 +64,7 @@ from .phases import plot_baseline_vs_distributed, plot_breakdown
 from .scaling import plot_efficiency_vs_size, plot_speedup, plot_time_vs_size
 from .style import PHASE_COLORS, PHASE_LABELS  # noqa: F401  (re-exported)
 from .timeline import plot_timeline
+from .tradeoff import plot_accuracy_vs_time, plot_run_phases
 from .write import FIGURE_NAMES, plot_sweep, save_figure
 
 __all__ = [
@@ -73,6 +77,8 @@ __all__ = [
     "plot_breakdown",
     "plot_baseline_vs_distributed",
     "plot_timeline",
+    "plot_accuracy_vs_time",
+    "plot_run_phases",
     "plot_model_validation",
     "plot_projection",
     "model_verdict",
