@@ -15,10 +15,9 @@ from .labels import (
 )
 from .load import NotEnoughData, _oversubscribed, _phase_seconds, _series, _stat, _summary, _varying
 from .style import (
-    PHASE_COLORS,
-    PHASE_LABELS,
     _figure,
     _footnote,
+    _phase_bar,
     _seconds_axis,
     _style,
     _titles,
@@ -55,25 +54,8 @@ def plot_breakdown(sweep):
             if phase == "average" and not any(h):  # local SGD's: no legend entry elsewhere
                 continue
             pct = [100 * v / t if t > 0 else 0.0 for v, t in zip(h, totals)]
-            ax.bar(
-                x,
-                h,
-                bottom=bottom,
-                width=0.8,
-                color=PHASE_COLORS[phase],
-                label=PHASE_LABELS[phase],
-                edgecolor="white",
-                lw=0.5,
-            )
-            ax_pct.bar(
-                x,
-                pct,
-                bottom=bottom_pct,
-                width=0.8,
-                color=PHASE_COLORS[phase],
-                edgecolor="white",
-                lw=0.5,
-            )
+            _phase_bar(ax, x, h, bottom, phase, 0.8)
+            _phase_bar(ax_pct, x, pct, bottom_pct, phase, 0.8, label=False)
             bottom = [b + v for b, v in zip(bottom, h)]
             bottom_pct = [b + v for b, v in zip(bottom_pct, pct)]
         measured = [_stat(r, "time")[0] for r in ordered]

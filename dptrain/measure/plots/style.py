@@ -149,6 +149,20 @@ def _seconds_axis(axis, top: float) -> str:
     return unit
 
 
+def _phase_bar(ax, x, heights, bottom, phase: str, width: float, label: bool = True):
+    """One phase's segment of stacked bars, in its color (and its label for the legend)."""
+    return ax.bar(
+        x,
+        heights,
+        bottom=bottom,
+        width=width,
+        color=PHASE_COLORS[phase],
+        label=PHASE_LABELS[phase] if label else None,
+        edgecolor="white",
+        lw=0.5,
+    )
+
+
 def _colors(n: int, cmap: str = "viridis", lo: float = 0.1, hi: float = 0.8) -> list:
     mpl = _matplotlib()
     cm = mpl.colormaps[cmap]

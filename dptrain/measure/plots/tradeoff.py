@@ -7,11 +7,10 @@ from __future__ import annotations
 from ..timing import PHASES
 from .labels import SYNTHETIC_MARK, _is_synthetic_name
 from .style import (
-    PHASE_COLORS,
-    PHASE_LABELS,
     _colors,
     _figure,
     _footnote,
+    _phase_bar,
     _style,
     _titles,
 )
@@ -102,16 +101,7 @@ def plot_run_phases(runs, *, quick: bool = False):
         bottom = [0.0] * len(pairs)
         for phase in shown:
             h = [s.get(phase, 0.0) for s in seconds]
-            ax.bar(
-                x,
-                h,
-                bottom=bottom,
-                width=0.75,
-                color=PHASE_COLORS[phase],
-                label=PHASE_LABELS[phase],
-                edgecolor="white",
-                lw=0.5,
-            )
+            _phase_bar(ax, x, h, bottom, phase, 0.75)
             bottom = [b + v for b, v in zip(bottom, h)]
         for i, total in enumerate(bottom):
             ax.annotate(f"{total:.2f}", (i, total), ha="center", va="bottom", fontsize=8)
