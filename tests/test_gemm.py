@@ -145,8 +145,9 @@ def test_gemm_with_context(isa, m, n, k, trans_a, trans_b, dtype, threads):
     ids=["N1-rows", "N1-cols", "M1-cols", "M1-rows"],
 )
 def test_gemv_has_the_same_bits_on_any_threads(isa, m, n, k, trans_a, trans_b, dtype):
-    """A matrix-vector GEMM (dp_gemm_drv.h's gemv), big enough for several threads: the same
-    bits on 1, 2 and 3 threads, and within the bound of np.matmul."""
+    """A matrix-vector GEMM, big enough for several threads: the same bits on 1, 2 and 3
+    threads, and within the bound of np.matmul (one column of outputs takes dp_gemm_drv.h's
+    gemv; one row of them the blocked path, as any batch does: batch invariance)."""
     rng = rng_for("gemv-threads", m, n, k)
     a = randn(rng, (k, m) if trans_a else (m, k), dtype)
     b = randn(rng, (n, k) if trans_b else (k, n), dtype)
@@ -168,6 +169,36 @@ def test_gemv_has_the_same_bits_on_any_threads(isa, m, n, k, trans_a, trans_b, d
         k=k,
         what=f"gemv[{isa}] {m}x{n}x{k} vs np.matmul",
     )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("trans_b", [False, True], ids=["B", "Bt"])
+@pytest.mark.parametrize("n,k", [(1, 45), (10, 64), (37, 45), (200, 700)])
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(isa, n, k, trans_b, dtype):
+    """Batch invariance (a dense layer's forward is x w^T + b: beta 1 over the bias): rows
+    i..i+m of op(a) op(b) are the same bits computed alone (m = 1, the one-sample prediction),
+    in a few rows or in the whole batch, at any offset. A holds the rows (samples) row-major,
+    as every layer's input does; a transposed A with one output column (X^T v, a gradient's
+    layout) sums in an order of its own (dp_gemv_cols) and is not held to this."""
+    rng = rng_for("row-invariance", n, k)
+    rows = 41
+    a_rows = randn(rng, (rows, k), dtype)
+    b = randn(rng, (n, k) if trans_b else (k, n), dtype)
+    bias = randn(rng, (1, n), dtype)
+
+    def product(x):
+        c = np.repeat(bias, len(x), axis=0)
+        core.gemm(x, b, c, trans_b=trans_b, beta=1.0)
+        return c
+
+    full = product(a_rows)
+    for m in (1, 2, 5, 13):
+        for i in (0, 6, rows - m):
+            np.testing.assert_array_equal(
+                product(a_rows[i : i + m]),
+                full[i : i + m],
+                err_msg=f"[{isa}] rows {i}..{i + m} of {rows}, n={n}, k={k}",
+            )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dptrain import reference
-from dptrain.models import MLP, LogisticRegression, SoftmaxRegression, load_model
+from dptrain.models import CNN, MLP, LogisticRegression, SoftmaxRegression, load_model
 
 
 @pytest.mark.parametrize(
@@ -121,3 +121,37 @@ def test_load_model_rejects_damaged_files_with_their_name(tmp_path):
     ):
         load_model(tmp_path / "single.npy")
     assert np.array_equal(load_model(good).params, m.params)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **kw: MLP((64, 32, 16, 10), **kw),
+        lambda **kw: MLP((64, 32, 1), loss="sigmoid_bce", **kw),
+        lambda **kw: MLP((64, 24, 3), loss="mse", **kw),
+        lambda **kw: SoftmaxRegression(64, 10, **kw),
+        lambda **kw: LogisticRegression(64, **kw),
+        lambda **kw: CNN((1, 8, 8), 10, channels=(4,), hidden=(16,), padding=1, **kw),
+    ],
+    ids=["mlp", "mlp-binary", "mlp-mse", "softmax", "logistic", "cnn"],
+)
+def test_logits_are_batch_invariant(make, dtype, threads):
+    """A sample's outputs are the same bits whatever batch it is evaluated in: alone, among
+    others, at another position (the kernels' sums for one row do not depend on the rows
+    beside it; a single row once took the matrix-vector path, which sums in another order)."""
+    model = make(dtype=dtype, threads=threads, seed=3)
+    model.reset_parameters()
+    x = np.random.default_rng(1).standard_normal((45, 64)).astype(dtype)
+    full = model.logits(x)
+    alone = np.concatenate([model.logits(x[i : i + 1]) for i in range(len(x))])
+    chunks = np.concatenate([model.logits(x[i : i + 7]) for i in range(0, len(x), 7)])
+    order = np.random.default_rng(2).permutation(len(x))
+    shuffled = np.empty_like(full)
+    shuffled[order] = model.logits(x[order])
+    for other in (alone, chunks, shuffled):
+        assert np.array_equal(other, full)
+    assert np.array_equal(
+        np.concatenate([model.predict(x[i : i + 1]) for i in range(45)]), model.predict(x)
+    )

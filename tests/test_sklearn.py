@@ -64,11 +64,13 @@ def digits():
 
 
 # ---------------------------------------------------------------- scikit-learn's checks
-@pytest.mark.filterwarnings("ignore:.*batch_size=16 is larger than the")  # small data
-@parametrize_with_checks([small(cls) for cls in CLASSIFIERS])
+@pytest.mark.filterwarnings("ignore:.*is larger than the")  # the checks' small data sets
+@pytest.mark.filterwarnings("ignore:.*has not converged")
+@parametrize_with_checks([cls() for cls in CLASSIFIERS])
 def test_check_estimator(estimator, check):
-    """Every check passes: no exemption (expected_failed_checks) is declared. Only the
-    array-API check skips itself where SCIPY_ARRAY_API is not set (see the next test)."""
+    """Every check passes with the estimators' default parameters: no exemption
+    (expected_failed_checks) is declared. Only the array-API check skips itself where
+    SCIPY_ARRAY_API is not set (see the next test)."""
     check(estimator)
 
 
@@ -96,10 +98,35 @@ def test_the_array_api_check_passes_where_scipy_enables_it():
     assert r.returncode == 0 and f"{len(CLASSIFIERS) + 1} passed" in r.stdout, r.stdout + r.stderr
 
 
-@parametrize_with_checks([small(MLPRegressor)])
+@pytest.mark.filterwarnings("ignore:.*is larger than the")
+@pytest.mark.filterwarnings("ignore:.*has not converged")
+@parametrize_with_checks([MLPRegressor()])
 def test_check_estimator_regressor(estimator, check):
-    """The regressor passes every check too (MSE through the C engine)."""
+    """The regressor passes every check too, with its defaults (MSE through the C engine)."""
     check(estimator)
+
+
+@pytest.mark.parametrize("cls", CLASSIFIERS + (MLPRegressor,))
+def test_a_samples_outputs_are_the_same_bits_in_any_batch(cls, digits):
+    """Batch-invariant inference: a sample's outputs do not depend on the batch it is
+    evaluated in (alone, in chunks, in another order), in float32 and float64."""
+    X_train, X_test, y_train, _ = digits
+    for dtype in ("float32", "float64"):
+        est = cls(max_iter=2, random_state=0, dtype=dtype).fit(X_train, y_train)
+        methods = ["predict"] + [
+            m for m in ("decision_function", "predict_proba") if hasattr(est, m)
+        ]
+        X = X_test[:97]
+        order = np.random.default_rng(0).permutation(len(X))
+        for m in methods:
+            f = getattr(est, m)
+            full = f(X)
+            alone = np.concatenate([f(X[i : i + 1]) for i in range(len(X))])
+            chunks = np.concatenate([f(X[i : i + 13]) for i in range(0, len(X), 13)])
+            shuffled = np.empty_like(full)
+            shuffled[order] = f(X[order])
+            for other in (alone, chunks, shuffled):
+                assert np.array_equal(other, full), (cls.__name__, dtype, m)
 
 
 def test_regressor_fits_a_smooth_function_as_well_as_sklearns():

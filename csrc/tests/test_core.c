@@ -699,15 +699,16 @@ static void test_gemm(dtype dt)
     gemm_case(dt, 'N', 'N', 7, 3100, 5, 1, 0, 3);
     gemm_case(dt, 'T', 'T', 9, 17, 700, 1, 0, 0);
     gemm_case(dt, 'N', 'T', 9, 17, 700, -0.5, 1, 1);
-    /* matrix-vector products (dp_gemm_drv.h's gemv): logistic regression's forward and
-     * gradient shapes, with 45 columns (the 8- and 16-lane builds' masked tail) and more
-     * rows than one block of dp_gemv_cols */
+    /* matrix-vector shapes: logistic regression's forward and gradient, with 45 columns
+     * (the 8- and 16-lane builds' masked tail) and more rows than one block of dp_gemv_cols;
+     * a column of outputs (N = 1) takes dp_gemm_drv.h's gemv, a row of them (M = 1) the
+     * blocked path (batch invariance) */
     gemm_case(dt, 'N', 'T', 300, 1, 45, 1, 0, 0);
     gemm_case(dt, 'T', 'N', 1, 45, 300, -0.5, 1, 0);
     gemm_case(dt, 'T', 'T', 300, 1, 45, 2, 0, 3);
     gemm_case(dt, 'N', 'T', 1, 300, 45, 1, 0.5, 0);
-    /* X^T v with long rows (dp_gemv_cols's row-streaming pass): more columns than one chunk
-     * of either dtype, an odd number of rows in the last block of rows */
+    /* one row of outputs wider than one chunk of either dtype (once dp_gemv_cols's
+     * row-streaming pass, now the blocked path's), an odd number of rows of B */
     gemm_case(dt, 'T', 'N', 1, 2100, 151, 1, 0, 0);
     gemm_case(dt, 'N', 'N', 1, 2100, 151, -0.5, 1, 2);
 }
