@@ -1,4 +1,5 @@
-/* dp_adam.h - the Adam and AdamW optimizers: one step over the whole flat parameter buffer.
+/* dp_adam.h - the adaptive optimizers, Adam, AdamW and RMSprop: one step over the whole flat
+ * parameter buffer.
  *
  * Letters: P the flat parameter count (n below). As dp_sgd.h, one call updates every layer:
  * parameters, gradients, the first moment m, the second moment v (and its running maximum
@@ -68,5 +69,37 @@ void dp_adam_step_team_f32(dp_threads *team, float *p, float *m, float *v, float
                            const float *g, ptrdiff_t n, const dp_adam_hyper_f32 *h);
 void dp_adam_step_team_f64(dp_threads *team, double *p, double *m, double *v, double *vmax,
                            const double *g, ptrdiff_t n, const dp_adam_hyper_f64 *h);
+
+/* RMSprop (Hinton's lecture 6e; torch.optim.RMSprop, as its single-tensor code writes it):
+ * g' = g + weight_decay p; sq = alpha sq + (1 - alpha) g'^2; centered: gavg = gavg + (1 -
+ * alpha) (g' - gavg) (torch's lerp) and avg = sqrt(max(sq - gavg^2, 0)) + eps, else avg =
+ * sqrt(sq) + eps; momentum > 0: buf = momentum buf + g' / avg, p -= lr buf; else p -= lr g' /
+ * avg. The variance sq - gavg^2 can round below 0 where it is about 0 (a gradient that stays
+ * the same), which would make torch's sqrt a NaN that ends the run: it is taken as 0 here.
+ * The step's scalars in the buffers' dtype (torch rounds its Python floats once likewise). */
+#define DP_RMSPROP_HYPER_FIELDS(T) T lr, alpha, one_minus_alpha, eps, weight_decay, momentum;
+typedef struct {
+    DP_RMSPROP_HYPER_FIELDS(float)
+} dp_rmsprop_hyper_f32;
+typedef struct {
+    DP_RMSPROP_HYPER_FIELDS(double)
+} dp_rmsprop_hyper_f64;
+
+/* p, sq, gavg, buf, g (P,): gavg NULL unless centered, buf NULL unless momentum > 0 */
+#define DP_RMSPROP_VEC(X, T, S)                               \
+    X(void, dp_rmsprop_step, S,                               \
+      (T *p, T *sq, T *gavg, T *buf, const T *g, ptrdiff_t n, \
+       const DP_VEC_CAT(dp_rmsprop_hyper, S) * h),            \
+      (p, sq, gavg, buf, g, n, h))
+
+/* The concrete symbols, for grep: dp_rmsprop_step_f32 dp_rmsprop_step_f64 (vector kernels). */
+DP_RMSPROP_VEC(DP_VEC_PROTO, float, _f32)
+DP_RMSPROP_VEC(DP_VEC_PROTO, double, _f64)
+
+/* Split over a thread team as dp_adam_step_team (elementwise: the bits do not depend on it). */
+void dp_rmsprop_step_team_f32(dp_threads *team, float *p, float *sq, float *gavg, float *buf,
+                              const float *g, ptrdiff_t n, const dp_rmsprop_hyper_f32 *h);
+void dp_rmsprop_step_team_f64(dp_threads *team, double *p, double *sq, double *gavg, double *buf,
+                              const double *g, ptrdiff_t n, const dp_rmsprop_hyper_f64 *h);
 
 #endif

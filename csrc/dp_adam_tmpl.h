@@ -44,8 +44,52 @@ void KV(dp_adam_step)(T *p, T *m, T *v, T *vmax, const T *g, ptrdiff_t n,
 }
 #undef ADAM_ELEMENT
 
+/* One element of RMSprop; `centered` and `mom` are constants 0 or 1 in each loop below. */
+#define RMSPROP_ELEMENT(i, centered, mom)                     \
+    do {                                                      \
+        T gi = l2 ? g[i] + weight_decay * p[i] : g[i];        \
+        T si = alpha * sq[i] + oma * gi * gi;                 \
+        sq[i] = si;                                           \
+        T avg;                                                \
+        if (centered) {                                       \
+            T ga = gavg[i] + oma * (gi - gavg[i]);            \
+            gavg[i] = ga;                                     \
+            T var = si - ga * ga; /* below 0: 0; NaN stays */ \
+            avg = SQRT(var < 0 ? (T)0 : var) + eps;           \
+        } else {                                              \
+            avg = SQRT(si) + eps;                             \
+        }                                                     \
+        if (mom) {                                            \
+            T bi = momentum * buf[i] + gi / avg;              \
+            buf[i] = bi;                                      \
+            p[i] = p[i] - lr * bi;                            \
+        } else {                                              \
+            p[i] = p[i] - lr * (gi / avg);                    \
+        }                                                     \
+    } while (0)
+
+void KV(dp_rmsprop_step)(T *p, T *sq, T *gavg, T *buf, const T *g, ptrdiff_t n,
+                         const K(dp_rmsprop_hyper) * h)
+{
+    // p, sq, gavg, buf, g are (P,): torch.optim.rmsprop._single_tensor_rmsprop (see dp_adam.h)
+    const T lr = h->lr, alpha = h->alpha, oma = h->one_minus_alpha, eps = h->eps;
+    const T weight_decay = h->weight_decay, momentum = h->momentum;
+    const int l2 = weight_decay != 0;
+    if (gavg && buf) {
+        for (ptrdiff_t i = 0; i < n; i++) RMSPROP_ELEMENT(i, 1, 1);
+    } else if (gavg) {
+        for (ptrdiff_t i = 0; i < n; i++) RMSPROP_ELEMENT(i, 1, 0);
+    } else if (buf) {
+        for (ptrdiff_t i = 0; i < n; i++) RMSPROP_ELEMENT(i, 0, 1);
+    } else {
+        for (ptrdiff_t i = 0; i < n; i++) RMSPROP_ELEMENT(i, 0, 0);
+    }
+}
+#undef RMSPROP_ELEMENT
+
 #ifndef DP_VEC_PASS
 DP_ADAM_VEC(DP_VEC_DEFINE, T, S)
+DP_RMSPROP_VEC(DP_VEC_DEFINE, T, S)
 
 void K(dp_adam_prepare)(K(dp_adam_hyper) * h, double lr, double beta1, double beta2, double eps,
                         double weight_decay, int decoupled, long long t)
@@ -91,6 +135,36 @@ void K(dp_adam_step_team)(dp_threads *team, T *p, T *m, T *v, T *vmax, const T *
     }
     K(adam_job) job = {p, m, v, vmax, g, n, h};
     dp_threads_run(team, threads, K(adam_task), &job);
+}
+
+typedef struct {
+    T *p, *sq, *gavg, *buf;
+    const T *g;
+    ptrdiff_t n;
+    const K(dp_rmsprop_hyper) * h;
+} K(rmsprop_job);
+
+static void K(rmsprop_task)(void *arg, int t, int nt)
+{
+    const K(rmsprop_job) *j = arg;
+    ptrdiff_t lo, hi;
+    dp_threads_part(j->n, DP_SGD_UNIT, t, nt, &lo, &hi);
+    if (lo < hi)
+        K(dp_rmsprop_step)(j->p + lo, j->sq + lo, j->gavg ? j->gavg + lo : NULL,
+                           j->buf ? j->buf + lo : NULL, j->g + lo, hi - lo, j->h);
+}
+
+void K(dp_rmsprop_step_team)(dp_threads *team, T *p, T *sq, T *gavg, T *buf, const T *g,
+                             ptrdiff_t n, const K(dp_rmsprop_hyper) * h)
+{
+    // p, sq, gavg, buf, g are (P,), split over the team in whole units
+    int threads = dp_threads_for(dp_threads_size(team), n, DP_SGD_MIN_PART);
+    if (threads <= 1) {
+        K(dp_rmsprop_step)(p, sq, gavg, buf, g, n, h);
+        return;
+    }
+    K(rmsprop_job) job = {p, sq, gavg, buf, g, n, h};
+    dp_threads_run(team, threads, K(rmsprop_task), &job);
 }
 #endif
 

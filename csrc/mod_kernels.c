@@ -501,6 +501,76 @@ static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
+static PyObject *py_rmsprop_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames)
+{
+    static const char *const kwlist[] = {
+        "params",   "grads", "square_avg", "grad_avg",     "momentum_buffer",
+        "lr",       "alpha", "eps",        "weight_decay", "momentum",
+        "centered", "ctx",   NULL};
+    PyObject *po, *go, *so, *gao, *bo, *ctxo = NULL;
+    int centered = 0;
+    double lr, alpha = 0.99, eps = 1e-8, wd = 0, mom = 0;
+    dp_threads *team;
+    PyThread_type_lock lock;
+    if (parse_args(args, nargs, kwnames, "OOOOO$d|ddddpO:rmsprop_step", kwlist, &po, &go, &so, &gao,
+                   &bo, &lr, &alpha, &eps, &wd, &mom, &centered, &ctxo) ||
+        get_team(module, ctxo, &team, &lock))
+        return NULL;
+    char b[64];
+    const char *const scalar[] = {"lr", "eps", "weight_decay", "momentum"};
+    const double value[] = {lr, eps, wd, mom};
+    for (int i = 0; i < 4; i++) {
+        if (check_finite(value[i], scalar[i])) return NULL;
+        if (value[i] < 0)
+            return PyErr_Format(PyExc_ValueError, "%s must be >= 0, got %s", scalar[i],
+                                double_repr(b, sizeof b, value[i])),
+                   NULL;
+    }
+    if (check_finite(alpha, "alpha")) return NULL;
+    if (!(alpha >= 0 && alpha <= 1))
+        return PyErr_Format(PyExc_ValueError, "alpha must be in [0, 1], got %s",
+                            double_repr(b, sizeof b, alpha)),
+               NULL;
+    PyArrayObject *p, *g, *sq, *gavg = NULL, *buf = NULL;
+    if (!(p = check_array(po, "params", NPY_NOTYPE, 1, 1)) ||
+        !(g = check_array(go, "grads", NPY_NOTYPE, 1, 0)) ||
+        check_elementwise(g, "grads", p, "params") || check_no_overlap(p, "params", g, "grads"))
+        return NULL;
+    PyArrayObject *seen[3] = {g};
+    const char *const seen_names[] = {"grads", "square_avg", "grad_avg"};
+    if (!(sq = adam_buffer(so, "square_avg", p, seen, seen_names, 1))) return NULL;
+    seen[1] = sq;
+    if (centered) {
+        if (gao == Py_None)
+            return PyErr_Format(PyExc_ValueError, "grad_avg is None, but centered=True needs it"),
+                   NULL;
+        if (!(gavg = adam_buffer(gao, "grad_avg", p, seen, seen_names, 2))) return NULL;
+        seen[2] = gavg;
+    }
+    if (mom > 0) {
+        if (bo == Py_None)
+            return PyErr_Format(PyExc_ValueError,
+                                "momentum_buffer is None, but momentum > 0 needs it"),
+                   NULL;
+        if (!(buf = adam_buffer(bo, "momentum_buffer", p, seen, seen_names, centered ? 3 : 2)))
+            return NULL;
+    }
+    ptrdiff_t n = PyArray_SIZE(p);
+    void *ga = gavg ? PyArray_DATA(gavg) : NULL, *bu = buf ? PyArray_DATA(buf) : NULL;
+    if (IS_F32(p)) {
+        dp_rmsprop_hyper_f32 h = {(float)lr,  (float)alpha, (float)(1.0 - alpha),
+                                  (float)eps, (float)wd,    (float)mom};
+        WITHOUT_GIL_LOCKED(lock, dp_rmsprop_step_team_f32(team, PyArray_DATA(p), PyArray_DATA(sq),
+                                                          ga, bu, PyArray_DATA(g), n, &h));
+    } else {
+        dp_rmsprop_hyper_f64 h = {lr, alpha, 1.0 - alpha, eps, wd, mom};
+        WITHOUT_GIL_LOCKED(lock, dp_rmsprop_step_team_f64(team, PyArray_DATA(p), PyArray_DATA(sq),
+                                                          ga, bu, PyArray_DATA(g), n, &h));
+    }
+    Py_RETURN_NONE;
+}
+
 #define MAX_SUM_INPUTS 1024
 
 static PyObject *py_sum_buffers(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
@@ -954,6 +1024,11 @@ PyMethodDef mod_kernels_functions[] = {
      "beta2=0.999, eps=1e-8, weight_decay=0, amsgrad=False, decoupled=False, ctx=None): step "
      "number `step` (1-based) of torch.optim.Adam (decoupled: AdamW) in place; "
      "max_exp_avg_sq is used only with amsgrad (may be None otherwise); ctx as sgd_step's"},
+    {"rmsprop_step", FASTFN(py_rmsprop_step), FASTKW,
+     "rmsprop_step(params, grads, square_avg, grad_avg, momentum_buffer, *, lr, alpha=0.99, "
+     "eps=1e-8, weight_decay=0, momentum=0, centered=False, ctx=None): one torch.optim.RMSprop "
+     "step in place; grad_avg is used only when centered, momentum_buffer only with momentum > "
+     "0 (either may be None otherwise); ctx as sgd_step's"},
     {"sum_buffers", FASTFN(py_sum_buffers), FASTKW,
      "sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None): "
      "out[start:stop] = scale * sum(inputs)[start:stop], added in order; uint16 arrays hold "

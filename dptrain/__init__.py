@@ -31,7 +31,7 @@ from .comm import Communicator, WorkerError, launch
 from .config import TrainConfig
 from .engine import TrainResult, fit, train
 from .models import CNN, MLP, LogisticRegression, Model, Sequential, SoftmaxRegression, load_model
-from .optim import SGD, Adam, AdamW
+from .optim import SGD, Adam, AdamW, RMSprop
 
 __all__ = [
     "CNN",
@@ -42,6 +42,7 @@ __all__ = [
     "SGD",
     "Adam",
     "AdamW",
+    "RMSprop",
     "Sequential",
     "SoftmaxRegression",
     "nn",

@@ -32,7 +32,7 @@ from .comm.placement import AUTO, auto_split, cpu_count
 from .data.catalog import DATASET_NAMES as DATASETS  # the named data sets
 from .models import MODEL_KINDS as MODELS  # the named models
 from .models import PRECISIONS as DTYPES  # float32, float64, bfloat16 (mixed)
-from .optim import OPTIMIZERS, SCHEDULES, SGD, Adam
+from .optim import OPTIMIZERS, SCHEDULES, SGD, Adam, RMSprop
 from .sampler import CHUNKS  # deterministic mode's fixed chunks
 
 START_METHODS = ("spawn", "fork", "forkserver")
@@ -144,6 +144,13 @@ def parse_period(text: str) -> int | str:
         ) from None
 
 
+# the options that only some optimizers take (each refuses the others' when changed)
+OPTIMIZER_OPTIONS = {
+    "sgd": {"momentum", "dampening", "nesterov"},
+    "adam": {"betas", "eps"},
+    "adamw": {"betas", "eps"},
+    "rmsprop": {"momentum", "eps", "rms_alpha", "centered"},
+}
 LOCAL_MOMENTA = ("average", "local", "reset")  # what an average does to the optimizer's state
 SYNC_EVERY_MAX = 64  # the longest period --sync-every auto chooses
 
@@ -293,14 +300,17 @@ class TrainConfig:
     )
     lr: float | None = option(
         None,
-        "learning rate (default: 0.1 with optimizer sgd, 0.001 with adam and adamw)",
+        "learning rate (default: 0.1 with optimizer sgd, 0.001 with adam and adamw, 0.01 "
+        "with rmsprop)",
         group="optimization",
     )
     scale_lr: bool = option(
         False, "multiply lr by the number of workers (linear scaling rule)", group="optimization"
     )
     momentum: float | None = option(
-        None, "SGD momentum, in [0, 1) (default: 0.9 with optimizer sgd)", group="optimization"
+        None,
+        "momentum, in [0, 1): SGD's (default 0.9) or RMSprop's (default 0)",
+        group="optimization",
     )
     dampening: float = option(0.0, "SGD dampening, in [0, 1]", group="optimization")
     weight_decay: float | None = option(
@@ -314,7 +324,8 @@ class TrainConfig:
         "sgd",
         "sgd (with momentum, dampening, nesterov), adam or adamw (PyTorch's Adam and AdamW, "
         "with betas and eps; adamw's weight decay shrinks the weights instead of adding an L2 "
-        "term to the gradient)",
+        "term to the gradient), rmsprop (PyTorch's RMSprop, with rms_alpha, eps, momentum and "
+        "centered)",
         group="optimization",
         choices=tuple(OPTIMIZERS),
     )
@@ -329,7 +340,18 @@ class TrainConfig:
     )
     eps: float = option(
         1e-8,
-        "adam/adamw: added to the denominator (the root of the second moment)",
+        "adam/adamw/rmsprop: added to the denominator (the root of the second moment)",
+        group="optimization",
+    )
+    rms_alpha: float = option(
+        0.99,
+        "rmsprop: the decay rate of the squared gradient's moving average, in [0, 1]",
+        group="optimization",
+    )
+    centered: bool = option(
+        False,
+        "rmsprop: divide by the root of the gradient's variance (its square's moving average "
+        "less the square of its own)",
         group="optimization",
     )
     lr_schedule: str = option(
@@ -879,11 +901,12 @@ class TrainConfig:
             raise ValueError(
                 f"optimizer is {self.optimizer!r}, expected one of {tuple(OPTIMIZERS)}"
             )
-        sgd = self.optimizer == "sgd"
-        if self.momentum is None and sgd:
-            set_("momentum", 0.9)
+        sgd, rms = self.optimizer == "sgd", self.optimizer == "rmsprop"
+        if self.momentum is None and (sgd or rms):
+            set_("momentum", 0.9 if sgd else 0.0)
         if self.lr is None:
-            set_("lr", 0.1 if sgd else 1e-3)  # the usual starting rates (PyTorch's for Adam)
+            # the usual starting rates (PyTorch's for Adam and RMSprop)
+            set_("lr", 0.1 if sgd else 1e-2 if rms else 1e-3)
         if (
             isinstance(self.lr, bool)
             or not isinstance(self.lr, numbers.Real)
@@ -892,6 +915,21 @@ class TrainConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
         if self.weight_decay is None:
             set_("weight_decay", 1e-2 if self.optimizer == "adamw" else 0.0)  # PyTorch's
+        defaults = {f.name: f.default for f in fields(self)}
+        takes = OPTIMIZER_OPTIONS[self.optimizer]
+        for name in sorted(set().union(*OPTIMIZER_OPTIONS.values()) - takes):
+            if getattr(self, name) != defaults[name]:
+                owners = [o for o, names in OPTIMIZER_OPTIONS.items() if name in names]
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not an option of "
+                    f"optimizer={self.optimizer!r}: {name} is {' and '.join(owners)}'s "
+                    f"({self.optimizer} takes {', '.join(sorted(takes))}); "
+                    + (
+                        "leave it out"
+                        if defaults[name] is None
+                        else f"leave it at its default {defaults[name]!r}"
+                    )
+                )
         SGD.check(
             lr=self.lr,
             # adam's None: checked as sgd's default, so that nesterov is refused as adam's
@@ -901,28 +939,17 @@ class TrainConfig:
             nesterov=self.nesterov,
         )
         Adam.check(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
-        for name in ("lr", "momentum", "dampening", "weight_decay", "eps"):
+        RMSprop.check(
+            lr=self.lr,
+            alpha=self.rms_alpha,
+            eps=self.eps,
+            momentum=self.momentum if rms else 0.0,
+            centered=self.centered,
+        )
+        for name in ("lr", "momentum", "dampening", "weight_decay", "eps", "rms_alpha"):
             if getattr(self, name) is not None:
                 set_(name, float(getattr(self, name)))
         set_("betas", tuple(float(b) for b in self.betas))
-        defaults = {f.name: f.default for f in fields(self)}
-        others = ("betas", "eps") if sgd else ("momentum", "dampening", "nesterov")
-        for name in others:
-            if getattr(self, name) != defaults[name]:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} is not an option of "
-                    f"optimizer={self.optimizer!r}: "
-                    + (
-                        "betas and eps are adam's and adamw's"
-                        if sgd
-                        else f"{name} is sgd's (adam and adamw take betas and eps); "
-                        + (
-                            "leave it out"
-                            if defaults[name] is None
-                            else f"leave it at its default {defaults[name]!r}"
-                        )
-                    )
-                )
 
     # ---- construction
     @classmethod

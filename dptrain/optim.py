@@ -9,7 +9,12 @@ p = p * (1 - lr * wd) (AdamW); m = b1 * m + (1 - b1) * g; v = b2 * v + (1 - b2) 
 with amsgrad v is replaced by vmax = max(vmax, v); p -= lr / (1 - b1^t) * m /
 (sqrt(v) / sqrt(1 - b2^t) + eps).
 
-The first moment of every optimizer (SGD's momentum, Adam's m) is ``model.velocity``: the
+RMSprop, torch.optim.RMSprop's: g = g + wd * p; sq = alpha * sq + (1 - alpha) * g * g;
+centered: gavg = alpha-average of g, avg = sqrt(sq - gavg^2) + eps, else avg = sqrt(sq) + eps;
+momentum: buf = momentum * buf + g / avg, p -= lr * buf; else p -= lr * g / avg.
+
+The first moment of every optimizer (SGD's momentum, Adam's m, RMSprop's buffer) is
+``model.velocity``: the
 buffer that every transport already allocates, broadcasts and checkpoints; Adam's second
 moment (and maximum) are its own buffers. ``state_dict()`` / ``load_state_dict()`` hold the
 step count and those own buffers (the model's save holds velocity).
@@ -25,7 +30,16 @@ import numpy as np
 from . import _core
 from ._aligned import aligned_zeros
 
-__all__ = ["SGD", "Adam", "AdamW", "OPTIMIZERS", "make_optimizer", "SCHEDULES", "lr_at"]
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "RMSprop",
+    "OPTIMIZERS",
+    "make_optimizer",
+    "SCHEDULES",
+    "lr_at",
+]
 
 SCHEDULES = ("constant", "cosine")
 
@@ -111,6 +125,19 @@ class _Optimizer:
         """{"steps": int, plus each array of the optimizer's own by name (copies)}: the state
         besides model.velocity, which the model's buffers hold (and checkpoints save)."""
         return {"steps": self.steps, **{k: a.copy() for k, a in self._own().items()}}
+
+    def _fresh_views(self, part, grads, *own):
+        """(ctx, params, grads, velocity, *own) for a step of an optimizer whose state starts
+        at 0: the model's threads (see SGD.step), the buffers' ``part`` views, and, on the
+        first step, velocity and the own buffers zeroed (velocity may hold SGD's)."""
+        m = self.model
+        ctx = getattr(m, "context", None)
+        views = _part_views(part, m.params, m.grads if grads is None else grads, m.velocity, *own)
+        if self.steps == 0:
+            for buf in views[2:]:
+                if buf is not None:
+                    _core.zero_(buf, ctx=ctx)
+        return (ctx, *views)
 
     def load_state_dict(self, state: dict) -> None:
         """Continues from a state_dict() of an optimizer of this kind and size (model.velocity
@@ -260,20 +287,9 @@ class Adam(_Optimizer):
         """One update of model.params from model.grads (or ``grads``, a buffer of the same
         layout); lr overrides the default, e.g. for a schedule. part=(lo, hi): only those
         elements, as SGD.step."""
-        m = self.model
-        ctx = getattr(m, "context", None)  # the threads that computed the gradient (see SGD)
-        params, grads, velocity, sq, sq_max = _part_views(
-            part,
-            m.params,
-            m.grads if grads is None else grads,
-            m.velocity,
-            self.exp_avg_sq,
-            self.max_exp_avg_sq,
+        ctx, params, grads, velocity, sq, sq_max = self._fresh_views(
+            part, grads, self.exp_avg_sq, self.max_exp_avg_sq
         )
-        if self.steps == 0:  # a new optimizer's moments are 0 (velocity may hold SGD's)
-            for buf in (velocity, sq, sq_max):
-                if buf is not None:
-                    _core.zero_(buf, ctx=ctx)
         _core.adam_step(
             params,
             grads,
@@ -312,7 +328,92 @@ class AdamW(Adam):
         super().__init__(model, lr, weight_decay=weight_decay, **options)
 
 
-OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+class RMSprop(_Optimizer):
+    """RMSprop (Hinton, lecture 6e) on a model's flat buffers, one C kernel call per step.
+
+    ``RMSprop(model, lr=1e-2, *, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
+    centered=False)``, as torch.optim.RMSprop (see the module docstring). The moving average
+    of the squared gradient is ``square_avg``, the gradient's (centered) ``grad_avg``, both
+    this optimizer's; the momentum buffer is ``model.velocity``. Split over the threads of
+    ``model.context`` where the model has one. Bad hyper-parameters raise ValueError naming
+    the value (see ``check``).
+    """
+
+    HYPER = ("lr", "alpha", "eps", "weight_decay", "momentum", "centered")
+
+    def __init__(
+        self,
+        model,
+        lr: float = 1e-2,
+        *,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        momentum: float = 0.0,
+        centered: bool = False,
+    ):
+        self.check(
+            lr=lr,
+            alpha=alpha,
+            eps=eps,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            centered=centered,
+        )
+        self.model = model
+        self.lr, self.alpha, self.eps = float(lr), float(alpha), float(eps)
+        self.weight_decay, self.momentum = float(weight_decay), float(momentum)
+        self.centered = bool(centered)
+        n, dtype = len(model.params), model.params.dtype
+        self.square_avg = aligned_zeros(n, dtype)
+        self.grad_avg = aligned_zeros(n, dtype) if self.centered else None
+        self.steps = 0
+
+    @staticmethod
+    def check(*, lr, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
+        """Raises ValueError naming the first hyper-parameter that RMSprop cannot use."""
+        _check_nonnegative(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay)
+        if alpha > 1:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+        _check_nonnegative(momentum=momentum)
+        if momentum >= 1:
+            raise ValueError(
+                f"momentum must be in [0, 1), got {momentum!r}: with momentum >= 1 the "
+                f"buffer never decays and training diverges"
+            )
+        if not isinstance(centered, (bool, np.bool_)):
+            raise ValueError(f"centered must be True or False, got {centered!r}")
+
+    def step(self, lr: float | None = None, grads=None, part=None) -> None:
+        """One update of model.params from model.grads (or ``grads``); lr overrides the
+        default; part=(lo, hi): only those elements, as SGD.step."""
+        ctx, params, grads, velocity, sq, gavg = self._fresh_views(
+            part, grads, self.square_avg, self.grad_avg
+        )
+        _core.rmsprop_step(
+            params,
+            grads,
+            sq,
+            gavg,
+            velocity if self.momentum > 0 else None,
+            lr=self.lr if lr is None else float(lr),
+            alpha=self.alpha,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
+            centered=self.centered,
+            ctx=ctx,
+        )
+        self.steps += 1
+
+    def _own(self) -> dict:
+        own = {"square_avg": self.square_avg}
+        if self.centered:
+            own["grad_avg"] = self.grad_avg
+        return own
+
+
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "rmsprop": RMSprop}
 
 
 def make_optimizer(model, lr: float, config):
@@ -326,6 +427,16 @@ def make_optimizer(model, lr: float, config):
             dampening=config.dampening,
             weight_decay=config.weight_decay,
             nesterov=config.nesterov,
+        )
+    if config.optimizer == "rmsprop":
+        return RMSprop(
+            model,
+            lr,
+            alpha=config.rms_alpha,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+            momentum=config.momentum,
+            centered=config.centered,
         )
     return OPTIMIZERS[config.optimizer](
         model, lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay

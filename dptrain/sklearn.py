@@ -76,7 +76,7 @@ __all__ = [
     "SoftmaxRegression",
 ]
 
-SOLVERS = ("adam", "adamw", "sgd")  # solver: TrainConfig's optimizer
+SOLVERS = ("adam", "adamw", "sgd", "rmsprop")  # solver: TrainConfig's optimizer
 AUTO_BATCH = 200  # batch_size="auto": min(200, n_samples), as sklearn's MLP
 # dptrain.fit options an estimator sets from its own parameters and data (or that make no
 # sense for an estimator): engine_options may not give them
@@ -276,6 +276,8 @@ class _Estimator(BaseEstimator):
         verbose = int(self.verbose)
         if self.solver == "sgd":
             rule = {"momentum": self.momentum, "nesterov": bool(self.nesterovs_momentum)}
+        elif self.solver == "rmsprop":  # PyTorch's default momentum 0 (engine_options
+            rule = {"eps": self.epsilon}  # may set centered and rms_alpha)
         else:
             rule = {"betas": (self.beta_1, self.beta_2), "eps": self.epsilon}
         return {
@@ -586,11 +588,13 @@ def _encode(y, labels) -> np.ndarray:
 _PARAM_DOCS = {
     "hidden_layer_sizes": """hidden_layer_sizes : int or tuple of int, default={default}
     Widths of the hidden layers (ReLU between them).""",
-    "solver": """solver : {{"adam", "adamw", "sgd"}}, default={default}
+    "solver": """solver : {{"adam", "adamw", "sgd", "rmsprop"}}, default={default}
     The optimizer (dptrain's ``optimizer``): Adam, as scikit-learn's default solver and
     PyTorch's ``torch.optim.Adam``; AdamW (decoupled weight decay: ``alpha`` shrinks the
-    weights instead of entering the gradient); or SGD with momentum. scikit-learn's
-    full-batch "lbfgs" is refused: dptrain trains by minibatches.""",
+    weights instead of entering the gradient); SGD with momentum; or PyTorch's RMSprop
+    (``epsilon`` its eps, no momentum, as PyTorch's default; ``centered`` and ``rms_alpha``
+    through ``engine_options``). scikit-learn's full-batch "lbfgs" is refused: dptrain trains by
+    minibatches.""",
     "learning_rate_init": """learning_rate_init : float > 0, default={default}
     The learning rate (dptrain's ``lr``); scikit-learn's default.""",
     "learning_rate": """learning_rate : {{"constant", "cosine"}}, default={default}

@@ -483,6 +483,18 @@ def make_calls(dtype=np.float64, seed=0):
             dict(step=3, lr=0.01, weight_decay=0.01, amsgrad=True),
             ("params", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
         ),
+        "rmsprop_step": Call(
+            core.rmsprop_step,
+            dict(
+                params=f(9),
+                grads=f(9),
+                square_avg=f(9) ** 2 + 1,
+                grad_avg=f(9) * 0.1,
+                momentum_buffer=f(9),
+            ),
+            dict(lr=0.01, weight_decay=0.01, momentum=0.9, centered=True),
+            ("params", "square_avg", "grad_avg", "momentum_buffer"),
+        ),
     }
 
 
@@ -505,9 +517,9 @@ def float_array_params(min_floats=1, kernels=KERNELS):
 
 def all_array_params(min_ndim=1, required_only=False, kernels=KERNELS):
     """(kernel, argument) for every array argument; optionally only those with ndim >=
-    min_ndim, or only those that may not be None (dx, dlogits, velocity, max_exp_avg_sq are
-    optional)."""
-    optional = ("dx", "dlogits", "velocity", "max_exp_avg_sq")
+    min_ndim, or only those that may not be None (dx, dlogits, velocity, max_exp_avg_sq,
+    grad_avg, momentum_buffer are optional)."""
+    optional = ("dx", "dlogits", "velocity", "max_exp_avg_sq", "grad_avg", "momentum_buffer")
     return [
         pytest.param(k, name, id=f"{k}-{name}")
         for k, call in make_calls().items()
@@ -774,6 +786,11 @@ NONFINITE_CASES = [
     ("adam_step", "lr"),
     ("adam_step", "eps"),
     ("adam_step", "weight_decay"),
+    ("rmsprop_step", "lr"),
+    ("rmsprop_step", "alpha"),
+    ("rmsprop_step", "eps"),
+    ("rmsprop_step", "weight_decay"),
+    ("rmsprop_step", "momentum"),
     ("softmax_xent", "grad_scale"),
     ("sigmoid_bce", "grad_scale"),
 ]
@@ -935,6 +952,9 @@ def gil_cases():
         "sum_buffers": lambda: core.sum_buffers(big[0], big[1:]),
         "softmax_xent": lambda: core.softmax_xent(z, zl),
         "adam_step": lambda: core.adam_step(big[0], big[1], big[2], sq, None, step=1, lr=1e-9),
+        "rmsprop_step": lambda: core.rmsprop_step(
+            big[0], big[1], sq, big[2], None, lr=1e-9, centered=True
+        ),
     }
 
 
@@ -1156,7 +1176,7 @@ def family_tests(kernels, gil=(), cases=None):
         @pytest.mark.parametrize("kernel", ks)
         def test_no_reference_leaks_on_success(kernel):
             call = make_calls()[kernel]
-            if kernel in ("sgd_step", "adam_step"):
+            if kernel in ("sgd_step", "adam_step", "rmsprop_step"):
                 call.kwargs["lr"] = 1e-6  # 2000 steps must stay finite
             objs = leak_objects(call)
             call()

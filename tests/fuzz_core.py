@@ -1588,6 +1588,86 @@ def build_adam_step(rng, fz):
     )
 
 
+def build_rmsprop_step(rng, fz):
+    dt, n = pick_dtype(rng), dim(rng)
+    centered = bool(rng.random() < 0.4)
+    momentum = float(pick(rng, (0.0, 0.9, 0.5)))
+    sq = np.abs(draw(rng, (n,), dt, pick_style(rng)))
+    gavg = draw(rng, (n,), dt) if centered or rng.random() < 0.3 else None
+    buf = draw(rng, (n,), dt) if momentum > 0 or rng.random() < 0.3 else None
+    return Call(
+        "rmsprop_step",
+        core.rmsprop_step,
+        [
+            Arg("params", draw(rng, (n,), dt, pick_style(rng)), "F", output=True),
+            Arg("grads", draw(rng, (n,), dt, pick_style(rng)), "F"),
+            Arg("square_avg", sq, "F", output=True),
+            Arg("grad_avg", gavg, "F", output=True),
+            Arg("momentum_buffer", buf, "F", output=True),
+            Arg("lr", pick(rng, (1e-3, 0.1, 0.0, 1.0)), "f", keyword=True),
+            Arg(
+                "alpha",
+                pick(rng, (0.99, 0.0, 0.5, 1.0)),
+                "f",
+                keyword=True,
+                omit=rng.random() < 0.5,
+            ),
+            Arg("eps", pick(rng, (1e-8, 0.0, 0.1)), "f", keyword=True, omit=rng.random() < 0.5),
+            Arg("weight_decay", pick(rng, (0.0, 1e-2, 0.5)), "f", keyword=True),
+            Arg("momentum", momentum, "f", keyword=True, omit=momentum == 0 and rng.random() < 0.5),
+            Arg("centered", centered, "b", keyword=True, omit=not centered and rng.random() < 0.5),
+        ],
+        oracle_rmsprop_step,
+    )
+
+
+def oracle_rmsprop_step(
+    before,
+    params,
+    grads,
+    square_avg,
+    grad_avg,
+    momentum_buffer,
+    *,
+    lr,
+    centered=False,
+    momentum=0.0,
+    **kw,
+):
+    # the contract: grad_avg is used only when centered, momentum_buffer only with momentum
+    gavg = grad_avg if centered else None
+    buf = momentum_buffer if momentum > 0 else None
+    p0, s0 = params.copy(), np.abs(square_avg)
+    ga0 = np.abs(gavg) if centered else None
+    b0 = np.abs(buf) if buf is not None else None
+    ref.rmsprop_step(
+        params, grads, square_avg, gavg, buf, lr=lr, centered=centered, momentum=momentum, **kw
+    )
+    g = np.abs(grads) + abs(kw.get("weight_decay", 0.0)) * np.abs(p0)
+    with np.errstate(all="ignore"):
+        # the update is a ratio of rounded values: a few ulps of its size, plus p's
+        update = np.abs(params - p0)
+        step = np.abs(buf) if buf is not None else None
+        if centered:
+            # where the variance sq - gavg^2 cancels (it is a few ulps of sq), its rounding
+            # decides the denominator between eps and sqrt(ulps): the update is only bounded
+            # by g / eps there, a difference of its whole size (the scale is in ulps of it)
+            fi = np.finfo(params.dtype)
+            ill = square_avg - gavg * gavg <= 8 * fi.eps * (square_avg + gavg * gavg)
+            worst = np.where(ill, g / (abs(kw.get("eps", 1e-8)) + fi.tiny) / fi.eps, 0)
+            update = update + abs(lr) * worst
+            if step is not None:
+                step = step + worst
+    return Expect(
+        scale={
+            "params": np.abs(p0) + 8 * update,
+            "square_avg": s0 + g * g,
+            "grad_avg": ga0 + g if centered else None,
+            "momentum_buffer": b0 + 8 * step if buf is not None else None,
+        }
+    )
+
+
 def oracle_adam_step(
     before, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, *, step, lr, amsgrad=False, **kw
 ):
@@ -2492,6 +2572,7 @@ SPECS = {
     "count_correct": build_count_correct,
     "sgd_step": build_sgd_step,
     "adam_step": build_adam_step,
+    "rmsprop_step": build_rmsprop_step,
     "sum_buffers": build_sum_buffers,
     "scale_": build_scale,
     "to_bf16": build_to_bf16,

@@ -1,7 +1,7 @@
-"""Adam and AdamW against PyTorch's: the MNIST-shaped MLP trained 200 steps by dptrain and by
-torch.optim.Adam / AdamW from the same weights on the same batches gives the same training
-loss at every step (float32 within 1e-4 relative, float64 within 1e-11), and the same weights
-at the end. Skips, saying so, where PyTorch is not installed."""
+"""Adam, AdamW and RMSprop against PyTorch's: the MNIST-shaped MLP trained 200 steps by
+dptrain and by torch.optim.Adam / AdamW / RMSprop from the same weights on the same batches
+gives the same training loss at every step (float32 within 1e-4 relative, float64 within
+1e-11), and the same weights at the end. Skips, saying so, where PyTorch is not installed."""
 
 import numpy as np
 import pytest
@@ -39,8 +39,19 @@ def _torch_net(model):
         ("Adam", dict(lr=3e-3, weight_decay=1e-2, amsgrad=True, betas=(0.8, 0.99))),
         ("AdamW", dict(lr=1e-3)),
         ("AdamW", dict(lr=3e-3, weight_decay=0.1, amsgrad=True, eps=1e-6)),
+        ("RMSprop", dict(lr=1e-3)),
+        ("RMSprop", dict(lr=1e-3, momentum=0.9, weight_decay=1e-2)),
+        ("RMSprop", dict(lr=3e-4, alpha=0.9, centered=True, momentum=0.5, eps=1e-6)),
     ],
-    ids=["adam", "adam-wd-amsgrad", "adamw", "adamw-amsgrad"],
+    ids=[
+        "adam",
+        "adam-wd-amsgrad",
+        "adamw",
+        "adamw-amsgrad",
+        "rmsprop",
+        "rmsprop-momentum",
+        "rmsprop-centered",
+    ],
 )
 def test_training_loss_equals_torchs(name, kwargs, dtype, rtol):
     torch.set_num_threads(1)

@@ -37,7 +37,13 @@ def test_the_default_is_still_sgd_and_the_defaults_are_pytorchs():
 @pytest.mark.parametrize(
     "kwargs,fragment",
     [
-        (dict(optimizer="rmsprop"), r"optimizer is 'rmsprop', expected one of \('sgd', 'adam'"),
+        (dict(optimizer="lamb"), r"optimizer is 'lamb', expected one of \('sgd', 'adam'"),
+        (dict(optimizer="rmsprop", betas=(0.8, 0.9)), "betas=.* is adam and adamw's"),
+        (dict(optimizer="rmsprop", nesterov=True), "nesterov=True is not an option of optim"),
+        (dict(optimizer="adam", rms_alpha=0.9), "rms_alpha=0.9 is not an option of optimizer="),
+        (dict(centered=True), "centered=True is not an option of optimizer='sgd'"),
+        (dict(optimizer="rmsprop", rms_alpha=1.5), r"alpha must be in \[0, 1\], got 1.5"),
+        (dict(optimizer="rmsprop", momentum=1.0), r"momentum must be in \[0, 1\)"),
         (dict(optimizer="adam", momentum=0.5), "momentum=0.5 is not an option of optimizer='adam'"),
         (dict(optimizer="adamw", nesterov=True), "nesterov=True is not an option of optimizer="),
         (dict(optimizer="adam", dampening=0.1), "dampening=0.1 is not an option of optimizer="),

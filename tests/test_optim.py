@@ -40,7 +40,15 @@ def test_adam_and_adamw_are_exported_with_torchs_defaults():
         lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False
     )
     assert w.config()["weight_decay"] == 1e-2 and w.decoupled and not a.decoupled
-    assert optim.OPTIMIZERS == {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW}
+    assert optim.OPTIMIZERS == {
+        "sgd": optim.SGD,
+        "adam": optim.Adam,
+        "adamw": optim.AdamW,
+        "rmsprop": optim.RMSprop,
+    }
+    assert dptrain.RMSprop(m).config() == dict(
+        lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False
+    )
 
 
 @pytest.mark.parametrize(

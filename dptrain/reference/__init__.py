@@ -27,7 +27,7 @@ and its tests (tests/test_<family>.py) are one name apart:
     act        relu_*, tanh_*, sigmoid_*, gelu_*, mse csrc/dp_act.h
     loss       softmax_xent, sigmoid_bce, argmax, count_correct    csrc/dp_loss.h
     sgd        sgd_step                               csrc/dp_sgd.h
-    adam       adam_step                              csrc/dp_adam.h
+    adam       adam_step, rmsprop_step                csrc/dp_adam.h
     buffers    sum_buffers, scale_, to_bf16, from_bf16            csrc/dp_buffers.h
     allreduce  allreduce, allreduce_slice             csrc/dp_allreduce.h
     conv       conv2d_forward, conv2d_backward        csrc/dp_conv.h
@@ -51,7 +51,7 @@ from .act import (
     tanh_backward,
     tanh_forward,
 )
-from .adam import adam_step
+from .adam import adam_step, rmsprop_step
 from .allreduce import ALLREDUCE_ALGORITHMS, allreduce, allreduce_slice
 from .buffers import from_bf16, scale_, sum_buffers, to_bf16
 from .conv import conv2d_backward, conv2d_forward
@@ -84,6 +84,7 @@ __all__ = [
     "count_correct",
     "sgd_step",
     "adam_step",
+    "rmsprop_step",
     "sum_buffers",
     "to_bf16",
     "from_bf16",

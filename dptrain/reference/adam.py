@@ -1,10 +1,11 @@
-"""Twin of the Adam step (csrc/dp_adam.h): dptrain._core.adam_step, PyTorch's Adam and AdamW."""
+"""Twins of the adaptive steps (csrc/dp_adam.h): dptrain._core.adam_step (PyTorch's Adam and
+AdamW) and dptrain._core.rmsprop_step (PyTorch's RMSprop)."""
 
 import numpy as np
 
 from ._common import _check_shape, _common_float_dtype
 
-__all__ = ["adam_step"]
+__all__ = ["adam_step", "rmsprop_step"]
 
 
 def adam_step(
@@ -77,3 +78,65 @@ def adam_step(
     step_size = lr / (1 - beta1**step)
     bias2_sqrt = (1 - beta2**step) ** 0.5
     params -= T(step_size) * (exp_avg / (np.sqrt(v) / T(bias2_sqrt) + T(eps)))
+
+
+def rmsprop_step(
+    params,
+    grads,
+    square_avg,
+    grad_avg,
+    momentum_buffer,
+    *,
+    lr,
+    alpha=0.99,
+    eps=1e-8,
+    weight_decay=0.0,
+    momentum=0.0,
+    centered=False,
+):
+    """One step of torch.optim.RMSprop on flat buffers, in place on params, square_avg (and
+    grad_avg when centered, momentum_buffer with momentum > 0; either may be None otherwise).
+
+    Follows torch.optim.rmsprop._single_tensor_rmsprop (maximize=False):
+        g = grad + weight_decay * p                  if weight_decay != 0
+        sq = alpha * sq + (1 - alpha) * g * g
+        centered: gavg = gavg + (1 - alpha) * (g - gavg)   (lerp)
+                  avg = sqrt(max(sq - gavg * gavg, 0)) + eps   (torch: NaN below 0)
+        else:     avg = sqrt(sq) + eps
+        momentum > 0: buf = momentum * buf + g / avg; p = p - lr * buf
+        else:         p = p - lr * (g / avg)
+    The scalars are rounded once to the buffers' dtype. grads are not modified.
+    """
+    dt = _common_float_dtype(
+        params=params,
+        grads=grads,
+        square_avg=square_avg,
+        grad_avg=grad_avg if centered else None,
+        momentum_buffer=momentum_buffer if momentum > 0 else None,
+    )
+    _check_shape("grads", grads, params.shape)
+    _check_shape("square_avg", square_avg, params.shape)
+    for name, arr, used, why in (
+        ("grad_avg", grad_avg, centered, "centered=True"),
+        ("momentum_buffer", momentum_buffer, momentum > 0, "momentum > 0"),
+    ):
+        if used:
+            if arr is None:
+                raise ValueError(f"{name} is None, but {why} needs it")
+            _check_shape(name, arr, params.shape)
+    T = dt.type
+    g = grads + T(weight_decay) * params if weight_decay != 0 else grads
+    square_avg *= T(alpha)
+    square_avg += T(1 - alpha) * g * g
+    if centered:
+        grad_avg += T(1 - alpha) * (g - grad_avg)
+        # the variance can round below 0 where it is about 0: taken as 0 (torch: NaN)
+        avg = np.sqrt(np.maximum(square_avg - grad_avg * grad_avg, T(0))) + T(eps)
+    else:
+        avg = np.sqrt(square_avg) + T(eps)
+    if momentum > 0:
+        momentum_buffer *= T(momentum)
+        momentum_buffer += g / avg
+        params -= T(lr) * momentum_buffer
+    else:
+        params -= T(lr) * (g / avg)
