@@ -36,6 +36,26 @@ void KV(dp_sum_buffers)(T *out, const T *const *ins, int k, ptrdiff_t start, ptr
     }
 }
 
+double KV(dp_sum_squares)(const T *x, ptrdiff_t n)
+{
+    // sum of x^2 in double, lane j of DP_SQUARES_LANES taking i = j (mod lanes) in order,
+    // the lanes added in order (dp_buffers.h): one order whatever the build
+    double acc[DP_SQUARES_LANES] = {0};
+    ptrdiff_t i = 0;
+    for (; i + DP_SQUARES_LANES <= n; i += DP_SQUARES_LANES)
+        for (int j = 0; j < DP_SQUARES_LANES; j++) {
+            double v = (double)x[i + j];
+            acc[j] += v * v;
+        }
+    for (int j = 0; i < n; i++, j++) {
+        double v = (double)x[i];
+        acc[j] += v * v;
+    }
+    double s = 0;
+    for (int j = 0; j < DP_SQUARES_LANES; j++) s += acc[j];
+    return s;
+}
+
 void KV(dp_scale)(T *buf, ptrdiff_t n, T alpha)
 {
     for (ptrdiff_t i = 0; i < n; i++) buf[i] *= alpha;

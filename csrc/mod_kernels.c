@@ -670,6 +670,22 @@ static PyObject *py_scale(PyObject *module, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
+static PyObject *py_sum_squares(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
+{
+    static const char *const kwlist[] = {"x", NULL};
+    PyObject *xo;
+    if (parse_args(args, nargs, kwnames, "O:sum_squares", kwlist, &xo)) return NULL;
+    PyArrayObject *x;
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 1, 0))) return NULL;
+    double s;
+    if (IS_F32(x))
+        WITHOUT_GIL(s = dp_sum_squares_f32(PyArray_DATA(x), PyArray_SIZE(x)));
+    else
+        WITHOUT_GIL(s = dp_sum_squares_f64(PyArray_DATA(x), PyArray_SIZE(x)));
+    return PyFloat_FromDouble(s);
+}
+
 /* ------------------------------------------------------------------ batch assembly */
 
 static PyObject *py_gather_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
@@ -1040,6 +1056,9 @@ PyMethodDef mod_kernels_functions[] = {
     {"from_bf16", FASTFN(py_from_bf16), FASTKW,
      "from_bf16(x, out): out (float32, x's shape) = the bfloat16 values "
      "whose bits x (uint16) holds, exactly"},
+    {"sum_squares", FASTFN(py_sum_squares), FASTKW,
+     "sum_squares(x) -> float: the sum of x**2 in double, in 16 interleaved partial sums added "
+     "in order (the same bits on every worker and ISA for float32; GIL released)"},
     {"scale_", FASTFN(py_scale), FASTKW,
      "scale_(buf, alpha, *, start=0, stop=None): buf[start:stop] *= alpha"},
     {"gather_rows", FASTFN(py_gather_rows), FASTKW,

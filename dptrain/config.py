@@ -320,6 +320,14 @@ class TrainConfig:
         group="optimization",
     )
     nesterov: bool = option(False, "Nesterov momentum", group="optimization")
+    clip_norm: float | None = option(
+        None,
+        "clip the gradient to this global L2 norm before every step "
+        "(torch.nn.utils.clip_grad_norm_): the norm of the exchanged gradient, the same on "
+        "every worker",
+        group="optimization",
+        metavar="MAX",
+    )
     optimizer: str = option(
         "sgd",
         "sgd (with momentum, dampening, nesterov), adam or adamw (PyTorch's Adam and AdamW, "
@@ -915,6 +923,14 @@ class TrainConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
         if self.weight_decay is None:
             set_("weight_decay", 1e-2 if self.optimizer == "adamw" else 0.0)  # PyTorch's
+        if self.clip_norm is not None:
+            if (
+                isinstance(self.clip_norm, bool)
+                or not isinstance(self.clip_norm, numbers.Real)
+                or not (0 < self.clip_norm < math.inf)
+            ):
+                raise ValueError(f"clip_norm must be a finite number > 0, got {self.clip_norm!r}")
+            set_("clip_norm", float(self.clip_norm))
         defaults = {f.name: f.default for f in fields(self)}
         takes = OPTIMIZER_OPTIONS[self.optimizer]
         for name in sorted(set().union(*OPTIMIZER_OPTIONS.values()) - takes):

@@ -470,6 +470,7 @@ def make_calls(dtype=np.float64, seed=0):
             core.sum_buffers, dict(out=f(9), inputs=[f(9), f(9)]), dict(scale=0.5), ("out",)
         ),
         "scale_": Call(core.scale_, dict(buf=f(9), alpha=0.5), outputs=("buf",)),
+        "sum_squares": Call(core.sum_squares, dict(x=f(9))),
         # (last: its draws leave the other calls' values as they were)
         "adam_step": Call(
             core.adam_step,
@@ -952,6 +953,7 @@ def gil_cases():
         "sum_buffers": lambda: core.sum_buffers(big[0], big[1:]),
         "softmax_xent": lambda: core.softmax_xent(z, zl),
         "adam_step": lambda: core.adam_step(big[0], big[1], big[2], sq, None, step=1, lr=1e-9),
+        "sum_squares": lambda: core.sum_squares(big[0]),
         "rmsprop_step": lambda: core.rmsprop_step(
             big[0], big[1], sq, big[2], None, lr=1e-9, centered=True
         ),

@@ -1855,6 +1855,26 @@ def oracle_scale(before, buf, alpha, *, start=0, stop=None):
     return Expect(scale={"buf": np.abs(buf)})
 
 
+def build_sum_squares(rng, fz):
+    dt, n = pick_dtype(rng), dim(rng)
+    return Call(
+        "sum_squares",
+        core.sum_squares,
+        [Arg("x", draw(rng, (n,), dt, pick_style(rng)), "F")],
+        oracle_sum_squares,
+    )
+
+
+def oracle_sum_squares(before, x):
+    # the contract: the reference's lanes and order, so float32 gives the same bits; a
+    # float64 square may be fused with its add where the build has FMA (an ulp of the sum)
+    want = ref.sum_squares(x)
+    if x.dtype == np.float32:
+        return Expect(ret=want, exact=True)
+    with np.errstate(all="ignore"):
+        return Expect(ret=want, ret_scale=float(np.sum(x.astype(np.float64) ** 2)))
+
+
 GATHER_DTYPES = [
     np.dtype(t)
     for t in (
@@ -2575,6 +2595,7 @@ SPECS = {
     "rmsprop_step": build_rmsprop_step,
     "sum_buffers": build_sum_buffers,
     "scale_": build_scale,
+    "sum_squares": build_sum_squares,
     "to_bf16": build_to_bf16,
     "from_bf16": build_from_bf16,
     "gather_rows": build_gather_rows,

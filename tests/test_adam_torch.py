@@ -31,6 +31,33 @@ def _torch_net(model):
     return torch.nn.Sequential(*layers)
 
 
+def _side_by_side(model, net, ours_step, theirs_step, rtol, what):
+    """STEPS steps of both on the same batches (blobs around 10 centers): ours_step() after
+    dptrain's loss_grad, theirs_step() after torch's backward; the losses compared at every
+    step. Returns torch's last loss."""
+    torch.set_num_threads(1)
+    dtype = model.params.dtype
+    loss_fn = torch.nn.CrossEntropyLoss()
+    rng = np.random.default_rng(0)
+    centers = rng.standard_normal((SIZES[-1], SIZES[0]))
+    for step in range(STEPS):
+        y = rng.integers(0, SIZES[-1], BATCH)
+        x = (centers[y] + rng.standard_normal((BATCH, SIZES[0]))).astype(dtype)
+        model.zero_grad()
+        loss_sum, _ = model.loss_grad(x, y)
+        ours_step()
+        for p in net.parameters():
+            p.grad = None
+        loss = loss_fn(net(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        theirs_step()
+        assert loss_sum / BATCH == pytest.approx(loss.item(), rel=rtol), (
+            f"{what} {dtype}: step {step + 1}: loss {loss_sum / BATCH} (dptrain), "
+            f"{loss.item()} (torch)"
+        )
+    return loss.item()
+
+
 @pytest.mark.parametrize("dtype,rtol", [("float32", 1e-4), ("float64", 1e-11)])
 @pytest.mark.parametrize(
     "name,kwargs",
@@ -54,29 +81,41 @@ def _torch_net(model):
     ],
 )
 def test_training_loss_equals_torchs(name, kwargs, dtype, rtol):
-    torch.set_num_threads(1)
     model = dptrain.MLP(SIZES, seed=3, dtype=dtype)
     net = _torch_net(model)
     ours = getattr(dptrain, name)(model, **kwargs)
     theirs = getattr(torch.optim, name)(net.parameters(), **kwargs)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    rng = np.random.default_rng(0)
-    centers = rng.standard_normal((SIZES[-1], SIZES[0]))
-    for step in range(STEPS):
-        y = rng.integers(0, SIZES[-1], BATCH)
-        x = (centers[y] + rng.standard_normal((BATCH, SIZES[0]))).astype(dtype)
-        model.zero_grad()
-        loss_sum, _ = model.loss_grad(x, y)
-        ours.step()
-        theirs.zero_grad()
-        loss = loss_fn(net(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        theirs.step()
-        assert loss_sum / BATCH == pytest.approx(loss.item(), rel=rtol), (
-            f"{name} {kwargs} {dtype}: step {step + 1}: loss {loss_sum / BATCH} (dptrain), "
-            f"{loss.item()} (torch)"
-        )
-    assert loss.item() < 0.5 * np.log(SIZES[-1])  # it trained (from log(10) at the start)
+    last = _side_by_side(model, net, ours.step, theirs.step, rtol, f"{name} {kwargs}")
+    assert last < 0.5 * np.log(SIZES[-1])  # it trained (from log(10) at the start)
     for (w, b), lin in zip(model.layers(), net[::2]):
         for a, t in ((w, lin.weight), (b, lin.bias)):
             np.testing.assert_allclose(a, t.detach().numpy(), rtol=0, atol=50 * rtol)
+
+
+@pytest.mark.parametrize("dtype,rtol", [("float32", 1e-4), ("float64", 1e-11)])
+@pytest.mark.parametrize("max_norm", [0.1, 0.3])
+def test_clipped_sgd_equals_torchs(max_norm, dtype, rtol):
+    """SGD with momentum and the gradient clipped to max_norm (dptrain.engine.clip.GradClip,
+    the training loop's clip_norm) against torch.nn.utils.clip_grad_norm_ then
+    torch.optim.SGD: the same training loss at every one of 200 steps."""
+    from dptrain.engine.clip import GradClip
+
+    model = dptrain.MLP(SIZES, seed=3, dtype=dtype)
+    net = _torch_net(model)
+    # a rate at which the loss stays well above 0 (near 0 a relative comparison is noise)
+    ours = dptrain.SGD(model, lr=0.01, momentum=0.9)
+    theirs = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    clip = GradClip(max_norm)
+
+    def torch_step():
+        torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+        theirs.step()
+
+    _side_by_side(
+        model, net, lambda: ours.step(grads=clip(model.grads)), torch_step, rtol, "clipped SGD"
+    )
+    record = clip.record()
+    # the threshold did something: at 0.1 every step is clipped, at 0.3 some
+    assert (
+        record["clipped_steps"] == STEPS if max_norm == 0.1 else 0 < record["clipped_steps"] < STEPS
+    ), record

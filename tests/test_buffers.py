@@ -115,4 +115,21 @@ def test_bad_scalar_types_rejected():
 # ---------------------------------------------------------------------------------------
 # the boundary table's checks on this family's kernels (_core_helpers.family_tests)
 
-globals().update(family_tests(("sum_buffers", "scale_"), gil=("sum_buffers",)))
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 1000, 100003])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+def test_sum_squares_is_the_references_lanes_on_every_isa(isa, n, dtype):
+    """Gradient clipping's norm: the same lanes and order as the reference, so the same bits
+    for float32 on every ISA (each square exact in float64); float64 within an ulp."""
+    x = randn(rng_for("sum-squares", n, dname(dtype)), (n,), dtype)
+    got, want = core.sum_squares(x), ref.sum_squares(x)
+    if dtype == np.float32:
+        assert got == want
+    else:
+        assert got == pytest.approx(want, rel=4e-16, abs=0)
+    assert core.sum_squares(x[::-1].copy()) == pytest.approx(want, rel=1e-12)
+
+
+globals().update(
+    family_tests(("sum_buffers", "scale_", "sum_squares"), gil=("sum_buffers", "sum_squares"))
+)

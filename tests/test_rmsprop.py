@@ -6,6 +6,7 @@ bits; the rule by hand; the step's boundary; and the optimizer in training (the 
 
 import itertools
 
+import _runs
 import numpy as np
 import pytest
 from _core_helpers import DTYPES, assert_close, dname, family_tests, randn, rng_for, thread_owners
@@ -176,17 +177,7 @@ globals().update(family_tests(("rmsprop_step",), gil=("rmsprop_step",)))
 # ---------------------------------------------------------------------------------------
 # the optimizer in training
 
-SMALL = dict(
-    model="mlp",
-    dataset="synthetic",
-    limit=1030,
-    epochs=2,
-    batch_size=100,
-    quiet=True,
-    progress=False,
-    optimizer="rmsprop",
-    lr=3e-3,
-)
+SMALL = dict(_runs.SMALL, optimizer="rmsprop", lr=3e-3)
 
 
 @pytest.mark.parametrize("options", [{}, dict(momentum=0.9, centered=True, weight_decay=1e-3)])

@@ -53,7 +53,10 @@ def gradient_buckets(n_params: int, itemsize: int, bucket_kb: float) -> list[tup
 
 
 class Exchange:
-    """The strategy interface (see the module docstring)."""
+    """The strategy interface (see the module docstring). ``clip``: the run's GradClip
+    (engine.clip; TrainConfig's clip_norm), or None."""
+
+    clip = None
 
     def buffers(self, comm, n_params: int, dtype) -> dict:
         """Allocates the model's flat buffers (and the strategy's own): {'params', 'grads',
@@ -75,8 +78,8 @@ class Exchange:
         raise NotImplementedError
 
     def update(self, comm, opt, lr: float) -> None:
-        """The optimizer step from the exchanged gradient."""
-        opt.step(lr, grads=self.grads)
+        """The optimizer step from the exchanged gradient (clipped where the run clips)."""
+        opt.step(lr, grads=self.clip(self.grads) if self.clip else self.grads)
 
     def adopt(self, comm, opt) -> None:
         """Places the optimizer's own state (Adam's moments) where the strategy needs it."""
@@ -244,7 +247,8 @@ class ShardedUpdate(Exchange):
         return loss, correct
 
     def update(self, comm, opt, lr):
-        opt.step(lr, grads=self.grads, part=self.part)
+        grads = self.clip(self.grads, part=self.part) if self.clip else self.grads
+        opt.step(lr, grads=grads, part=self.part)
         # every slice summed and updated before any worker reads the parameters (or the sum:
         # the next step's slots are written only after this)
         comm.barrier()
@@ -271,7 +275,7 @@ class ParameterServer(Exchange):
 
     def update(self, comm, opt, lr):
         if comm.rank == 0:
-            opt.step(lr, grads=self.grads)
+            opt.step(lr, grads=self.clip(self.grads) if self.clip else self.grads)
         else:
             opt.steps += 1
         comm.broadcast_(self.params, root=0)

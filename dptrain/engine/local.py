@@ -180,8 +180,8 @@ class LocalSGD(Exchange):
         return loss, correct
 
     def update(self, comm, opt, lr):
-        for o in self.opts:
-            o.step(lr)
+        for o in self.opts:  # each replica clips its own gradient, where the run clips
+            o.step(lr, grads=self.clip(o.model.grads) if self.clip else None)
         updated = time.perf_counter()
         self.batch += 1
         self.since += 1

@@ -26,7 +26,8 @@ from ..models import model_from_spec, storage_dtype
 from ..optim import lr_at, make_optimizer
 from ..sampler import CHUNKS, BatchRows, batch_bounds, epoch_order, shard
 from .checkpoint import load_checkpoint, load_optimizer_state, read_local_arrays, save_checkpoint
-from .exchange import AllReduce, make_exchange
+from .clip import GradClip
+from .exchange import AllReduce, ShardedUpdate, make_exchange
 from .hooks import Hooks, hooks_for
 from .job import Job
 from .local import LocalSGD
@@ -103,6 +104,10 @@ def run_worker(
         exchange = LocalSGD(job, comm)
     else:
         exchange = make_exchange(cfg, comm) if job.coupled else AllReduce()
+    if cfg.clip_norm is not None:  # the sharded exchange all-reduces its slices' squares
+        exchange.clip = GradClip(
+            cfg.clip_norm, comm if isinstance(exchange, ShardedUpdate) else None
+        )
     n_params = job.model["n_params"]
     bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
@@ -263,6 +268,8 @@ def run_worker(
     }
     if job.local:
         out["local_sgd"] = exchange.record()
+    if exchange.clip is not None:
+        out["grad_clip"] = exchange.clip.record()
     if rank == 0:
         out.update(
             history=history,

@@ -177,6 +177,8 @@ def make_result(
             # local SGD's replicas, period, averages and sync_every auto's choices (None:
             # synchronous SGD)
             "local_sgd": local,
+            # clip_norm's record: how often it clipped, the norms' median and maximum
+            "grad_clip": head.get("grad_clip"),
         }
     )
     result["wall_seconds"] = time.perf_counter() - wall0
@@ -189,6 +191,8 @@ def make_result(
         say(line)
     if local is not None:
         say(local_line(local, steps))
+    if result["grad_clip"] is not None:
+        say(clip_line(result["grad_clip"]))
     say(placement.summary_line(result["placement"]))
     if cfg.trace:
         step_times.chrome_trace(cfg.trace)
@@ -213,6 +217,16 @@ def breakdown_line(b: dict) -> str:
     )
     st = b["step_seconds"]
     return f"time per step: p50 {1e3 * st['p50']:.2f} ms, p99 {1e3 * st['p99']:.2f} ms; {shares}"
+
+
+def clip_line(clip: dict) -> str:
+    """One line: how often the gradient was clipped, and its norms (rank 0's record)."""
+    share = clip["clipped_steps"] / clip["steps"] if clip["steps"] else 0.0
+    return (
+        f"gradient clipping at norm {clip['max_norm']:g}: {clip['clipped_steps']} of "
+        f"{clip['steps']} steps clipped ({100 * share:.0f} %); the norm's median "
+        f"{clip['norm_median']:.3g}, maximum {clip['norm_max']:.3g}"
+    )
 
 
 def local_line(local: dict, steps: int) -> str:

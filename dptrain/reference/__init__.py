@@ -28,7 +28,7 @@ and its tests (tests/test_<family>.py) are one name apart:
     loss       softmax_xent, sigmoid_bce, argmax, count_correct    csrc/dp_loss.h
     sgd        sgd_step                               csrc/dp_sgd.h
     adam       adam_step, rmsprop_step                csrc/dp_adam.h
-    buffers    sum_buffers, scale_, to_bf16, from_bf16            csrc/dp_buffers.h
+    buffers    sum_buffers, scale_, to_bf16, from_bf16, sum_squares  csrc/dp_buffers.h
     allreduce  allreduce, allreduce_slice             csrc/dp_allreduce.h
     conv       conv2d_forward, conv2d_backward        csrc/dp_conv.h
     pool       maxpool2_forward, maxpool2_backward    csrc/dp_pool.h
@@ -53,7 +53,7 @@ from .act import (
 )
 from .adam import adam_step, rmsprop_step
 from .allreduce import ALLREDUCE_ALGORITHMS, allreduce, allreduce_slice
-from .buffers import from_bf16, scale_, sum_buffers, to_bf16
+from .buffers import from_bf16, scale_, sum_buffers, sum_squares, to_bf16
 from .conv import conv2d_backward, conv2d_forward
 from .dense import dense_backward, dense_forward
 from .gemm import gemm
@@ -89,6 +89,7 @@ __all__ = [
     "to_bf16",
     "from_bf16",
     "scale_",
+    "sum_squares",
     "allreduce",
     "allreduce_slice",
     "ALLREDUCE_ALGORITHMS",

@@ -5,7 +5,9 @@ import numpy as np
 
 from ._common import _check_ndim, _check_shape, _common_float_dtype, _range
 
-__all__ = ["sum_buffers", "to_bf16", "from_bf16", "scale_"]
+__all__ = ["sum_buffers", "to_bf16", "from_bf16", "scale_", "sum_squares"]
+
+SQUARES_LANES = 16  # csrc/dp_buffers.h's DP_SQUARES_LANES
 
 
 def sum_buffers(out, inputs, *, scale=1.0, start=0, stop=None):
@@ -87,3 +89,24 @@ def scale_(buf, alpha, *, start=0, stop=None):
     _check_ndim("buf", buf, (1,))
     sl = _range("scale_", buf.shape[0], start, stop)
     buf[sl] *= dt.type(alpha)
+
+
+def sum_squares(x) -> float:
+    """The sum of x**2 in float64 as csrc's dp_sum_squares takes it: lane j of 16 sums the
+    elements i with i % 16 == j in order, then the lanes are added in order (for float32
+    inputs the same bits; each square is exact in float64)."""
+    x = np.asarray(x)
+    if x.ndim != 1:
+        raise ValueError(f"x must be 1-D, got shape {x.shape}")
+    _common_float_dtype(x=x)
+    v = x.astype(np.float64)
+    acc = np.zeros(SQUARES_LANES)
+    whole = len(v) // SQUARES_LANES * SQUARES_LANES
+    for row in (v[:whole] * v[:whole]).reshape(-1, SQUARES_LANES):  # in order, per lane
+        acc += row
+    tail = v[whole:]
+    acc[: len(tail)] += tail * tail
+    total = 0.0
+    for a in acc:
+        total += float(a)
+    return total
