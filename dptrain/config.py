@@ -364,9 +364,24 @@ class TrainConfig:
     )
     lr_schedule: str = option(
         "cosine",
-        "learning-rate schedule over the whole run",
+        "learning-rate schedule over the whole run: constant; cosine (to 0 at the end); step "
+        "(x lr_gamma every lr_step_epochs epochs) and exponential (x lr_gamma every epoch), "
+        "torch's StepLR and ExponentialLR stepped once an epoch; onecycle (torch's OneCycleLR: "
+        "up from lr/25 to lr over the first 30 percent of the steps, then down to lr/25/1e4)",
         group="optimization",
         choices=SCHEDULES,
+    )
+    lr_gamma: float | None = option(
+        None,
+        "the step and exponential schedules' factor (step's default 0.1, as torch's StepLR; "
+        "exponential needs it)",
+        group="optimization",
+    )
+    lr_step_epochs: int | None = option(
+        None,
+        "the step schedule's period in epochs (as torch's StepLR's step_size; step needs it)",
+        group="optimization",
+        metavar="E",
     )
     warmup_epochs: float = option(
         0.0, "ramp the learning rate up linearly over this many epochs first", group="optimization"
@@ -902,6 +917,45 @@ class TrainConfig:
                 f"{batch}'s activations), more than this machine's {size_text(memory)}"
             )
 
+    def _check_schedule(self, set_) -> None:
+        """The schedule's own options: each named where it is missing, bad, or another
+        schedule's."""
+        sched = self.lr_schedule
+        if sched == "step" and self.lr_gamma is None:
+            set_("lr_gamma", 0.1)  # torch's StepLR's default
+        if sched == "step" and self.lr_step_epochs is None:
+            raise ValueError(
+                "lr_schedule='step' needs lr_step_epochs (--lr-step-epochs E: the learning rate "
+                "is multiplied by lr_gamma every E epochs)"
+            )
+        if sched == "exponential" and self.lr_gamma is None:
+            raise ValueError(
+                "lr_schedule='exponential' needs lr_gamma (--lr-gamma G: the learning rate is "
+                "multiplied by G every epoch, e.g. 0.9)"
+            )
+        for name, used in (
+            ("lr_gamma", sched in ("step", "exponential")),
+            ("lr_step_epochs", sched == "step"),
+        ):
+            if getattr(self, name) is not None and not used:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not an option of lr_schedule="
+                    f"{sched!r}: lr_gamma is the step and exponential schedules', "
+                    f"lr_step_epochs the step schedule's"
+                )
+        if self.lr_gamma is not None:
+            g = self.lr_gamma
+            if isinstance(g, bool) or not isinstance(g, numbers.Real) or not (0 < g <= 1):
+                raise ValueError(f"lr_gamma must be a number in (0, 1], got {g!r}")
+            set_("lr_gamma", float(g))
+        if self.lr_step_epochs is not None:
+            set_("lr_step_epochs", _positive_int("lr_step_epochs", self.lr_step_epochs))
+        if sched == "onecycle" and self.warmup_epochs:
+            raise ValueError(
+                f"warmup_epochs={self.warmup_epochs!r} cannot run with lr_schedule='onecycle', "
+                f"whose first 30 % of the steps are its own warm-up"
+            )
+
     def _check_optimizer(self, set_) -> None:
         """The optimizer's options: its own checks, and the other optimizers' options left at
         their defaults (an SGD momentum given to Adam would otherwise be silently ignored)."""
@@ -923,6 +977,7 @@ class TrainConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
         if self.weight_decay is None:
             set_("weight_decay", 1e-2 if self.optimizer == "adamw" else 0.0)  # PyTorch's
+        self._check_schedule(set_)
         if self.clip_norm is not None:
             if (
                 isinstance(self.clip_norm, bool)

@@ -41,27 +41,65 @@ __all__ = [
     "lr_at",
 ]
 
-SCHEDULES = ("constant", "cosine")
+SCHEDULES = ("constant", "cosine", "step", "exponential", "onecycle")
+ONECYCLE = {"pct_start": 0.3, "div_factor": 25.0, "final_div_factor": 1e4}  # torch's defaults
 
 
 def lr_at(
-    step: int, total_steps: int, base_lr: float, schedule: str = "constant", warmup_steps: int = 0
+    step: int,
+    total_steps: int,
+    base_lr: float,
+    schedule: str = "constant",
+    warmup_steps: int = 0,
+    *,
+    steps_per_epoch: int | None = None,
+    gamma: float | None = None,
+    step_epochs: int | None = None,
 ) -> float:
     """Learning rate of step `step` (0-based) out of `total_steps`.
 
     constant: base_lr. cosine: base_lr * (1 + cos(pi * step / total_steps)) / 2, decaying to 0
-    at the end (Loshchilov & Hutter, SGDR). warmup_steps > 0 ramps linearly from
-    base_lr / warmup_steps up to base_lr first (Goyal et al., 2017), then the schedule runs
-    over the remaining steps.
+    at the end (Loshchilov & Hutter, SGDR). step: base_lr * gamma ** (epoch // step_epochs),
+    torch's StepLR stepped once an epoch (epoch = step // steps_per_epoch). exponential:
+    base_lr * gamma ** epoch, torch's ExponentialLR stepped once an epoch. onecycle: torch's
+    OneCycleLR (Smith & Topin, 2019) over total_steps with its defaults (ONECYCLE): from
+    base_lr / 25 up to base_lr over the first 30 % of the steps, then down to base_lr / 25 /
+    1e4, both halves cosine (the learning rate only: torch also cycles the momentum unless
+    cycle_momentum=False). warmup_steps > 0 ramps linearly from base_lr / warmup_steps up to
+    base_lr first (Goyal et al., 2017), then cosine runs over the remaining steps, and step
+    and exponential from the epoch where the ramp ends (onecycle has its own).
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"lr schedule is {schedule!r}, expected one of {SCHEDULES}")
+    if schedule == "onecycle":
+        return _onecycle(step, total_steps, base_lr)
     if warmup_steps > 0 and step < warmup_steps:
         return base_lr * (step + 1) / warmup_steps
     if schedule == "constant":
         return base_lr
+    if schedule in ("step", "exponential"):
+        per_epoch = max(int(steps_per_epoch or 1), 1)
+        epoch = step // per_epoch - warmup_steps // per_epoch
+        decays = epoch // step_epochs if schedule == "step" else epoch
+        return base_lr * gamma**decays
     span = max(total_steps - warmup_steps, 1)
     return base_lr * 0.5 * (1.0 + math.cos(math.pi * min(step - warmup_steps, span) / span))
+
+
+def _onecycle(step: int, total_steps: int, max_lr: float) -> float:
+    """torch.optim.lr_scheduler.OneCycleLR's rate at step `step` (two phases, cosine)."""
+    initial = max_lr / ONECYCLE["div_factor"]
+    final = initial / ONECYCLE["final_div_factor"]
+    up_end = float(ONECYCLE["pct_start"] * total_steps) - 1
+    down_end = float(total_steps - 1)
+
+    def cos(start, end, pct):
+        return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+
+    if step <= up_end:
+        return cos(initial, max_lr, step / up_end) if up_end > 0 else max_lr
+    span = down_end - up_end
+    return cos(max_lr, final, (step - up_end) / span) if span > 0 else final
 
 
 def _check_nonnegative(**values) -> None:

@@ -597,9 +597,12 @@ _PARAM_DOCS = {
     minibatches.""",
     "learning_rate_init": """learning_rate_init : float > 0, default={default}
     The learning rate (dptrain's ``lr``); scikit-learn's default.""",
-    "learning_rate": """learning_rate : {{"constant", "cosine"}}, default={default}
-    The rate over one ``fit``: constant, or a cosine decay to 0 over its ``max_iter``
-    epochs (``lr_schedule``). ``partial_fit`` runs at the constant rate.""",
+    "learning_rate": """learning_rate : {{"constant", "cosine", "step", "exponential", \
+"onecycle"}}, default={default}
+    The rate over one ``fit`` (``lr_schedule``): constant, a cosine decay to 0 over its
+    ``max_iter`` epochs, torch's StepLR or ExponentialLR stepped every epoch (their
+    ``lr_gamma``, ``lr_step_epochs`` through ``engine_options``), or torch's OneCycleLR
+    over the fit. ``partial_fit`` runs at the constant rate.""",
     "max_iter": """max_iter : int, default={default}
     The most epochs (passes over the training set) of one ``fit`` (``epochs``); fewer run
     when the loss stops improving (``tol``). A ConvergenceWarning says when all ran.""",

@@ -107,3 +107,20 @@ def test_the_cli_says_how_often_it_clipped(capsys):
 def test_bad_clip_norms_are_refused_by_name(bad):
     with pytest.raises((ValueError, TypeError), match="clip_norm"):
         TrainConfig(clip_norm=bad)
+
+
+def test_a_checkpoint_resumes_only_with_its_clip_norm(tmp_path):
+    from dptrain.comm import WorkerError
+
+    opts = dict(SMALL, clip_norm=0.33, workers=2, backend="thread", deterministic=True)
+    whole = dptrain.train(**opts)
+    ckpt = tmp_path / "run.npz"
+    with pytest.raises((WorkerError, RuntimeError), match="injected fault"):
+        dptrain.train(**opts, checkpoint=ckpt, fault=(1, 15, "raise"))
+    for other in (1.0, None):
+        with pytest.raises(
+            ValueError, match=f"with clip_norm=0.33, but this run has clip_norm={other}"
+        ):
+            dptrain.train(**dict(opts, clip_norm=other), resume=ckpt)
+    resumed = dptrain.train(**opts, resume=ckpt)
+    assert np.array_equal(resumed["params"], whole["params"])

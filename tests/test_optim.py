@@ -15,6 +15,80 @@ def test_lr_schedules():
     assert optim.lr_at(5, 10, 0.2, "cosine") == pytest.approx(0.1)
     assert optim.lr_at(0, 10, 0.2, "constant", warmup_steps=4) == pytest.approx(0.05)
     assert optim.lr_at(3, 10, 0.2, "constant", warmup_steps=4) == pytest.approx(0.2)
+    # step and exponential: once an epoch (7 steps here), from the epoch the warm-up ends
+    kw = dict(steps_per_epoch=7)
+    assert optim.lr_at(13, 70, 0.2, "step", gamma=0.5, step_epochs=2, **kw) == 0.2
+    assert optim.lr_at(14, 70, 0.2, "step", gamma=0.5, step_epochs=2, **kw) == 0.1
+    assert optim.lr_at(41, 70, 0.2, "exponential", gamma=0.9, **kw) == pytest.approx(0.2 * 0.9**5)
+    warm = dict(kw, warmup_steps=7, gamma=0.9)
+    assert optim.lr_at(3, 70, 0.2, "exponential", **warm) == pytest.approx(0.2 * 4 / 7)
+    assert optim.lr_at(7, 70, 0.2, "exponential", **warm) == 0.2
+    assert optim.lr_at(14, 70, 0.2, "exponential", **warm) == pytest.approx(0.18)
+    # onecycle: lr / 25 at the start, lr at 30 % of the steps, lr / 25 / 1e4 at the end
+    assert optim.lr_at(0, 100, 0.2, "onecycle") == pytest.approx(0.2 / 25)
+    assert optim.lr_at(29, 100, 0.2, "onecycle") == pytest.approx(0.2)
+    assert optim.lr_at(99, 100, 0.2, "onecycle") == pytest.approx(0.2 / 25 / 1e4)
+
+
+@pytest.mark.parametrize("schedule", ["step", "exponential", "onecycle"])
+def test_lr_schedules_follow_torchs(schedule):
+    """The rate of every step equals torch's scheduler's (StepLR and ExponentialLR stepped
+    once an epoch, OneCycleLR every step without momentum cycling)."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed: nothing to compare")
+    sched = torch.optim.lr_scheduler
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    per_epoch, epochs = 7, 9
+    total = per_epoch * epochs
+    theirs, kw = {
+        "step": (lambda: sched.StepLR(opt, step_size=2, gamma=0.5), dict(gamma=0.5, step_epochs=2)),
+        "exponential": (lambda: sched.ExponentialLR(opt, gamma=0.9), dict(gamma=0.9)),
+        "onecycle": (
+            lambda: sched.OneCycleLR(opt, max_lr=0.1, total_steps=total, cycle_momentum=False),
+            {},
+        ),
+    }[schedule]
+    s = theirs()
+    for step in range(total):
+        want = opt.param_groups[0]["lr"]
+        got = optim.lr_at(step, total, 0.1, schedule, steps_per_epoch=per_epoch, **kw)
+        assert got == pytest.approx(want, rel=1e-12), step
+        opt.step()
+        if schedule == "onecycle" or (step + 1) % per_epoch == 0:
+            s.step()
+
+
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        (dict(lr_schedule="step"), "lr_schedule='step' needs lr_step_epochs"),
+        (dict(lr_schedule="exponential"), "lr_schedule='exponential' needs lr_gamma"),
+        (dict(lr_gamma=0.5), "lr_gamma=0.5 is not an option of lr_schedule='cosine'"),
+        (dict(lr_schedule="exponential", lr_gamma=1.5), r"lr_gamma must be a number in \(0, 1\]"),
+        (dict(lr_schedule="step", lr_step_epochs=0), "lr_step_epochs"),
+        (dict(lr_schedule="onecycle", warmup_epochs=1), "cannot run with lr_schedule='onecycle'"),
+    ],
+)
+def test_bad_schedule_options_are_refused_by_name(kwargs, fragment):
+    from dptrain.config import TrainConfig
+
+    with pytest.raises(ValueError, match=fragment):
+        TrainConfig(**kwargs)
+
+
+def test_a_run_follows_its_schedule():
+    """A step schedule's run: each epoch's steps at their rate (the same on any number of
+    workers: the rate is a function of the step)."""
+    from _runs import SMALL
+
+    import dptrain
+
+    opts = dict(SMALL, epochs=3, lr_schedule="step", lr_step_epochs=1, lr_gamma=0.5)
+    one = dptrain.train(**opts, deterministic=True, workers=1)
+    two = dptrain.train(**opts, deterministic=True, workers=2, backend="thread")
+    assert np.array_equal(one["params"], two["params"])
+    cosine = dptrain.train(**dict(SMALL, epochs=3), deterministic=True)
+    assert not np.array_equal(one["params"], cosine["params"])
 
 
 # ---------------------------------------------------------------- Adam and AdamW

@@ -25,7 +25,6 @@ def resume_keys(job) -> dict:
     first what a user changes on purpose (the optimizer, the data set) and whose refusal
     should name it, not a consequence of it (another default lr, another model size)."""
     cfg = job.config
-    sgd = {"momentum": cfg.momentum, "dampening": cfg.dampening, "nesterov": cfg.nesterov}
     return {
         "optimizer": cfg.optimizer,
         **job.data,
@@ -48,8 +47,25 @@ def resume_keys(job) -> dict:
         "local_momentum": cfg.local_momentum,
         "outer_lr": cfg.outer_lr,
         "outer_momentum": cfg.outer_momentum,
-        **(sgd if cfg.optimizer == "sgd" else {"betas": list(cfg.betas), "eps": cfg.eps}),
+        **OPTIMIZER_KEYS[cfg.optimizer](cfg),
+        "clip_norm": cfg.clip_norm,
+        "lr_gamma": cfg.lr_gamma,
+        "lr_step_epochs": cfg.lr_step_epochs,
     }
+
+
+# each optimizer's own hyper-parameters among the resume keys
+OPTIMIZER_KEYS = {
+    "sgd": lambda c: {"momentum": c.momentum, "dampening": c.dampening, "nesterov": c.nesterov},
+    "adam": lambda c: {"betas": list(c.betas), "eps": c.eps},
+    "adamw": lambda c: {"betas": list(c.betas), "eps": c.eps},
+    "rmsprop": lambda c: {
+        "rms_alpha": c.rms_alpha,
+        "eps": c.eps,
+        "momentum": c.momentum,
+        "centered": c.centered,
+    },
+}
 
 
 _FINGERPRINT_ROWS = 8  # rows of x (and 64 labels) at each end of the training set
@@ -87,6 +103,9 @@ _RESUME_KEY_BEFORE = {
     "local_momentum": "average",
     "outer_lr": 1.0,
     "outer_momentum": 0.0,
+    "clip_norm": None,
+    "lr_gamma": None,
+    "lr_step_epochs": None,
 }
 
 

@@ -158,6 +158,19 @@ def run_worker(
 
     bounds = batch_bounds(n, job.batch_size)
     total_steps = cfg.epochs * len(bounds)
+
+    def lr_of(step: int) -> float:
+        return lr_at(
+            step,
+            total_steps,
+            job.lr,
+            cfg.lr_schedule,
+            job.warmup_steps,
+            steps_per_epoch=len(bounds),
+            gamma=cfg.lr_gamma,
+            step_epochs=cfg.lr_step_epochs,
+        )
+
     # the most rows one call of rows() gathers: a worker's share, a chunk, a replica's shard
     parts = job.replicas if job.local else CHUNKS if job.deterministic else comm.size
     rows = BatchRows(x, y, -(-min(job.batch_size, n) // parts), cfg.shuffle)
@@ -189,9 +202,7 @@ def run_worker(
             hooks.step_start(rank, step)
             clock.begin(e0 if b == first_batch else now())
             batch_loss, batch_correct = exchange.gradient(comm, net, rows, *bounds[b], clock)
-            exchange.update(
-                comm, opt, lr_at(step, total_steps, job.lr, cfg.lr_schedule, job.warmup_steps)
-            )
+            exchange.update(comm, opt, lr_of(step))
             clock.record(timer, epoch, now())
             loss_sum += batch_loss
             correct += batch_correct
