@@ -1,14 +1,15 @@
-"""The optimizer update alone: our Adam and AdamW beside our SGD with momentum, and PyTorch's.
+"""The optimizer update alone: our Adam, AdamW, RMSprop beside our SGD with momentum, and torch's.
 
 One update of the MNIST MLP's parameters (the model `python -m dptrain train --model mlp`
 builds: 784 inputs, TrainConfig's default hidden widths, 10 classes; float32) from a fixed
 gradient: dptrain's `opt.step()` (one fused C kernel over the flat buffers) for SGD
-(momentum 0.9), Adam, AdamW (weight_decay 1e-2) and Adam with AMSGrad; torch.optim's SGD
-(momentum 0.9) and Adam on the same six tensors as nn.Linear holds them, with the
-implementation torch picks by default (on CPU, the single-tensor loop), and with
-foreach=True and fused=True named. Every function runs once per call, all interleaved (the
-order reversed every other repeat), after warm-up calls; the figure is the median repeat's
-microseconds per update, with the spread (max - min) / median of the repeats.
+(momentum 0.9), Adam, AdamW (weight_decay 1e-2), Adam with AMSGrad, RMSprop and RMSprop
+centered with momentum 0.9; torch.optim's SGD (momentum 0.9), Adam and RMSprop on the same
+six tensors as nn.Linear holds them, with the implementation torch picks by default (on CPU,
+the single-tensor loop), and with foreach=True and fused=True named. Every function runs
+once per call, all interleaved (the order reversed every other repeat), after warm-up calls;
+the figure is the median repeat's microseconds per update, with the spread (max - min) /
+median of the repeats.
 
 Before timing, both sides must compute the same thing: the MNIST MLP trained AGREE_STEPS
 steps by our Adam / AdamW and by torch.optim's, from the same weights on the same batches
@@ -45,10 +46,15 @@ OURS = {
     "dptrain Adam": lambda m: dptrain.Adam(m, LR),
     "dptrain AdamW": lambda m: dptrain.AdamW(m, LR),
     "dptrain Adam amsgrad": lambda m: dptrain.Adam(m, LR, amsgrad=True),
+    "dptrain RMSprop": lambda m: dptrain.RMSprop(m, LR),
+    "dptrain RMSprop centered momentum": lambda m: dptrain.RMSprop(
+        m, LR, momentum=0.9, centered=True
+    ),
 }
 # arrays each update reads plus writes, per parameter: SGD reads p, g, v and writes p, v;
-# Adam reads p, g, m, v and writes p, m, v; AMSGrad also reads and writes vmax
-MOVED = {"SGD": 5, "Adam": 7, "AdamW": 7, "amsgrad": 9}
+# Adam reads p, g, m, v and writes p, m, v; AMSGrad also reads and writes vmax; RMSprop reads
+# p, g, sq and writes p, sq; centered with momentum also reads and writes gavg and buf
+MOVED = {"SGD": 5, "Adam": 7, "AdamW": 7, "amsgrad": 9, "RMSprop": 5, "centered": 9}
 
 
 def mnist_mlp(threads: int):
@@ -86,7 +92,10 @@ def table(times: dict, n_params: int) -> list:
     rows = []
     for name, ts in times.items():
         med = _util.median(ts)
-        key = next((k for k in ("amsgrad", "AdamW", "Adam", "SGD") if k in name), None)
+        key = next(
+            (k for k in ("amsgrad", "centered", "AdamW", "Adam", "RMSprop", "SGD") if k in name),
+            None,
+        )
         ours = name.startswith("dptrain")
         rows.append(
             {
@@ -125,6 +134,12 @@ def theirs(torch, model) -> dict:
         ("torch Adam (default)", lambda p: torch.optim.Adam(p, lr=LR)),
         ("torch Adam foreach", lambda p: torch.optim.Adam(p, lr=LR, foreach=True)),
         ("torch Adam fused", lambda p: torch.optim.Adam(p, lr=LR, fused=True)),
+        ("torch RMSprop (default)", lambda p: torch.optim.RMSprop(p, lr=LR)),
+        ("torch RMSprop foreach", lambda p: torch.optim.RMSprop(p, lr=LR, foreach=True)),
+        (
+            "torch RMSprop centered momentum",
+            lambda p: torch.optim.RMSprop(p, lr=LR, momentum=0.9, centered=True),
+        ),
     ):
         params = []
         for w, b in model.layers():
@@ -185,7 +200,7 @@ def main() -> None:
     env = _util.environment(**_util.torch_info(torch))
     _util.print_environment(env)
     steps = 20 if args.quick else AGREE_STEPS
-    agree = {name: agreement(torch, name, steps) for name in ("Adam", "AdamW")}
+    agree = {name: agreement(torch, name, steps) for name in ("Adam", "AdamW", "RMSprop")}
     print(
         f"# the same training loss as torch.optim over {steps} steps of the MNIST MLP "
         f"(batch {AGREE_BATCH}, lr {LR}): largest relative difference "

@@ -309,7 +309,7 @@ class TrainConfig:
     )
     momentum: float | None = option(
         None,
-        "momentum, in [0, 1): SGD's (default 0.9) or RMSprop's (default 0)",
+        "momentum, in [0, 1), SGD's or RMSprop's (default: 0.9 with optimizer sgd, 0 with rmsprop)",
         group="optimization",
     )
     dampening: float = option(0.0, "SGD dampening, in [0, 1]", group="optimization")
