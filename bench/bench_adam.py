@@ -154,14 +154,16 @@ def theirs(torch, model) -> dict:
     return fns
 
 
-def agreement(torch, name: str, steps: int) -> float:
+def agreement(torch, name: str, steps: int, dtype: str = "float32", check: bool = True) -> float:
     """The largest relative difference of the training loss, over `steps` steps of the MNIST
     MLP trained by dptrain's optimizer `name` and by torch.optim's (same weights, batches,
-    hyper-parameters); AssertionError past AGREE_RTOL."""
-    model = mnist_mlp(1)
+    hyper-parameters); AssertionError past AGREE_RTOL where `check`."""
+    sizes = (MNIST_IN, *TrainConfig().hidden, MNIST_CLASSES)
+    model = dptrain.MLP(sizes, seed=0, dtype=dtype)
+    tdt = torch.float64 if dtype == "float64" else torch.float32
     layers = []
     for i, (w, b) in enumerate(model.layers()):
-        lin = torch.nn.Linear(w.shape[1], w.shape[0])
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], dtype=tdt)
         with torch.no_grad():
             lin.weight.copy_(torch.from_numpy(np.array(w)))
             lin.bias.copy_(torch.from_numpy(np.array(b)))
@@ -170,7 +172,7 @@ def agreement(torch, name: str, steps: int) -> float:
     ours = getattr(dptrain, name)(model, LR)
     theirs = getattr(torch.optim, name)(net.parameters(), lr=LR)
     loss_fn = torch.nn.CrossEntropyLoss()
-    ds = synthetic_classification(steps * AGREE_BATCH, seed=0, n_test=1, dtype=np.float32)
+    ds = synthetic_classification(steps * AGREE_BATCH, seed=0, n_test=1, dtype=np.dtype(dtype))
     worst = 0.0
     for s in range(steps):
         x = ds.x_train[s * AGREE_BATCH : (s + 1) * AGREE_BATCH]
@@ -184,7 +186,7 @@ def agreement(torch, name: str, steps: int) -> float:
         theirs.step()
         mine, ref = loss_sum / len(y), loss.item()
         worst = max(worst, abs(mine - ref) / abs(ref))
-        if not worst <= AGREE_RTOL:
+        if check and not worst <= AGREE_RTOL:
             raise AssertionError(f"{name} step {s + 1}: loss {mine} (dptrain), {ref} (torch)")
     return worst
 
@@ -200,12 +202,17 @@ def main() -> None:
     env = _util.environment(**_util.torch_info(torch))
     _util.print_environment(env)
     steps = 20 if args.quick else AGREE_STEPS
-    agree = {name: agreement(torch, name, steps) for name in ("Adam", "AdamW", "RMSprop")}
+    agree = {name: agreement(torch, name, steps) for name in ("Adam", "AdamW")}
+    # RMSprop's first steps move every weight by about 10 lr whatever its gradient's size
+    # (sqrt(sq) is 0.1 |g| then), so float32 rounding differences in tiny gradients (ours
+    # against MKL's GEMMs) change the trajectory: the same computation is checked in float64
+    agree["RMSprop (float64)"] = agreement(torch, "RMSprop", steps, "float64")
+    agree["RMSprop (float32, not checked)"] = agreement(torch, "RMSprop", steps, check=False)
     print(
         f"# the same training loss as torch.optim over {steps} steps of the MNIST MLP "
         f"(batch {AGREE_BATCH}, lr {LR}): largest relative difference "
         + ", ".join(f"{k} {v:.1e}" for k, v in agree.items())
-        + f" (<= {AGREE_RTOL:g})"
+        + f" (<= {AGREE_RTOL:g} where checked)"
     )
     fns = ours(lambda: mnist_mlp(args.threads))
     n_params = mnist_mlp(1).n_params
