@@ -55,6 +55,66 @@ void dp_scratch_free(dp_scratch *s)
 static void gather_prefetch(const char *p, size_t len)
 { dp_prefetch_range(p, len < GATHER_PF_BYTES ? len : GATHER_PF_BYTES); }
 
+/* splitmix64's finalizer (Steele, Lea, Flood 2014): a counter-based draw, no state */
+static uint64_t augment_mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void dp_augment_draw(uint64_t seed, int64_t epoch, int64_t id, int pad, int *oy, int *ox,
+                     int *flipped)
+{
+    uint64_t r = augment_mix(augment_mix(augment_mix(seed) ^ (uint64_t)epoch) ^ (uint64_t)id);
+    uint64_t span = 2 * (uint64_t)pad + 1;
+    *oy = (int)((r & 0xffff) % span);
+    *ox = (int)(((r >> 16) & 0xffff) % span);
+    *flipped = (int)((r >> 32) & 1);
+}
+
+void dp_augment_images(void *dst, const void *src, const int64_t *ids, ptrdiff_t n, int C, int H,
+                       int W, int itemsize, int pad, int flip, uint64_t seed, int64_t epoch)
+{
+    const size_t row = (size_t)C * H * W * itemsize, line = (size_t)W * itemsize;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        int oy, ox, f;
+        dp_augment_draw(seed, epoch, ids[i], pad, &oy, &ox, &f);
+        f &= flip;
+        const char *s = (const char *)src + (size_t)i * row;
+        char *d = (char *)dst + (size_t)i * row;
+        int dy = oy - pad, dx = ox - pad;
+        for (int c = 0; c < C; c++)
+            for (int y = 0; y < H; y++) {
+                char *out = d + ((size_t)c * H + y) * line;
+                int sy = y + dy;
+                if (sy < 0 || sy >= H) {
+                    memset(out, 0, line);
+                    continue;
+                }
+                const char *in = s + ((size_t)c * H + sy) * line;
+                if (!f) { /* the shifted line: a run of copied elements between zeros */
+                    int x0 = dx < 0 ? -dx : 0, x1 = dx > 0 ? W - dx : W;
+                    if (x1 < x0) x1 = x0;
+                    memset(out, 0, (size_t)x0 * itemsize);
+                    memcpy(out + (size_t)x0 * itemsize, in + (size_t)(x0 + dx) * itemsize,
+                           (size_t)(x1 - x0) * itemsize);
+                    memset(out + (size_t)x1 * itemsize, 0, (size_t)(W - x1) * itemsize);
+                    continue;
+                }
+                for (int x = 0; x < W; x++) { /* mirrored: element by element */
+                    int sx = W - 1 - x + dx;
+                    char *o = out + (size_t)x * itemsize;
+                    if (sx < 0 || sx >= W)
+                        memset(o, 0, (size_t)itemsize);
+                    else
+                        memcpy(o, in + (size_t)sx * itemsize, (size_t)itemsize);
+                }
+            }
+    }
+}
+
 void dp_gather_rows(void *dst, const void *src, const int64_t *ix, ptrdiff_t n, size_t row_bytes)
 {
     const char *s = src;

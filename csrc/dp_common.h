@@ -93,6 +93,20 @@ DP_INLINE void dp_prefetch_range(const void *p, size_t len)
  * (the caller checks). A shuffled batch's assembly: see dp_common.c for its prefetching. */
 void dp_gather_rows(void *dst, const void *src, const int64_t *ix, ptrdiff_t n, size_t row_bytes);
 
+/* Image augmentation keyed to the sample, not to the worker: row i of dst (n images of C x H
+ * x W elements of `itemsize` bytes, row-major) = row i of src shifted as a random crop of the
+ * image zero-padded by `pad` on each side (offsets oy, ox in [0, 2 pad]: dst[c][y][x] =
+ * src[c][y + oy - pad][x + ox - pad], 0 outside), then mirrored left-right where `flip` and
+ * the sample's coin say so (torchvision's RandomCrop(padding) then RandomHorizontalFlip).
+ * The draw is a function of (seed, epoch, ids[i]) alone (dp_augment_draw: splitmix64), so
+ * an image gets the same crop and flip whichever worker or chunk takes it. dst and src must
+ * not overlap. */
+void dp_augment_images(void *dst, const void *src, const int64_t *ids, ptrdiff_t n, int C, int H,
+                       int W, int itemsize, int pad, int flip, uint64_t seed, int64_t epoch);
+/* The sample's draw: *oy, *ox in [0, 2 pad], *flipped 0 or 1 (the reference's twin). */
+void dp_augment_draw(uint64_t seed, int64_t epoch, int64_t id, int pad, int *oy, int *ox,
+                     int *flipped);
+
 /* bfloat16 (the high half of a float): the bits u of a float rounded to the nearest bfloat16,
  * ties to even, with the low half 0. A NaN stays a quiet NaN (sign and high payload kept), a
  * float above bfloat16's largest becomes inf. Branch-free so that a loop over it vectorizes

@@ -250,15 +250,16 @@ static int D(gemm_scratch)(const D(gemm_job) * job, int t, int threads)
     return D(block_scratch)(job, t, m1 - m0, n1 - n0);
 }
 
-/* A matrix-vector product c (M, 1) = A (M, K) b (K, 1) whose matrix has a unit stride, on the
- * logistic kernel's halves (dp_gemv_rows / dp_gemv_cols, dp_gemm.h): the blocked path packs
- * the matrix for a micro-tile that the vector fills 1 / NR of, a fraction of OpenBLAS's speed.
+/* A matrix-vector product (N == 1 or M == 1) whose matrix has a unit stride, on the logistic
+ * kernel's halves (dp_gemv_rows / dp_gemv_cols, dp_gemm.h): the blocked path packs the
+ * matrix for a micro-tile that the vector fills 1 / NR of, a fraction of OpenBLAS's speed.
  * The vector is copied into scratch where it is strided, the result is written with alpha
- * and beta. Only a column of outputs (N == 1) comes here: a row of them (M == 1, a dense
- * layer's forward on one sample) takes the blocked path, whose sums are the ones every batch
- * of more rows takes (each output's k in order), so that a sample's outputs are the same
- * bits whatever batch it is in (batch-invariant inference); these dot products would
- * reassociate them. A column's rows are each one dot product here, for any M.
+ * and beta. Not one row times a transposed matrix of several columns (a dense layer's
+ * forward on one sample, x w^T): that takes the blocked path, whose sums are the ones every
+ * batch of more rows takes (each output's k in order), so that a sample's outputs are the
+ * same bits whatever batch it is in (batch-invariant inference); these dot products would
+ * reassociate them. (A row times B's rows, X^T v, stays here: a one-output layer's weight
+ * gradient, not a forward.)
  * Returns GEMV_DECLINE where neither operand layout fits (then the blocked path runs). */
 #define GEMV_DECLINE 1
 /* Several threads split the rows of X v, or the columns of X^T v in whole units of 64 (the
@@ -294,19 +295,30 @@ static void D(gemv_task)(void *arg, int t, int n)
 }
 
 static int D(gemv)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrdiff_t csa,
-                   const T *B, ptrdiff_t rsb, int M, int K, T alpha, T beta)
+                   const T *B, ptrdiff_t rsb, ptrdiff_t csb, int M, int N, int K, T alpha, T beta)
 {
-    /* the matrix X (its rows contiguous, ldx apart), the vector v (K long, stride vs) and
-     * whether out = X v (rows) or X^T v (cols); out has `len_out` values */
-    const T *X, *v = B;
-    ptrdiff_t ldx, vs = rsb;
-    int rows, len, by_rows, len_out = M;
-    if (csa == 1)
-        X = A, ldx = rsa, rows = M, len = K, by_rows = 1;
-    else if (rsa == 1)
-        X = A, ldx = csa, rows = K, len = M, by_rows = 0;
-    else
-        return GEMV_DECLINE;
+    /* the matrix X (its rows contiguous, ldx apart), the vector v (K or the rows' count long,
+     * stride vs) and whether out = X v (rows) or X^T v (cols); out has `len_out` values */
+    const T *X, *v;
+    ptrdiff_t ldx, vs;
+    int rows, len, by_rows, len_out = M == 1 ? N : M;
+    if (M == 1) { /* c (1, N) = a (1, K) B (K, N) */
+        v = A, vs = csa;
+        if (csb == 1)
+            X = B, ldx = rsb, rows = K, len = N, by_rows = 0; /* B rows */
+        else if (rsb == 1 && N == 1)
+            X = B, ldx = csb, rows = N, len = K, by_rows = 1; /* B^T rows: one */
+        else /* a dense layer's forward on one sample: see above */
+            return GEMV_DECLINE;
+    } else { /* c (M, 1) = A (M, K) b (K, 1) */
+        v = B, vs = rsb;
+        if (csa == 1)
+            X = A, ldx = rsa, rows = M, len = K, by_rows = 1;
+        else if (rsa == 1)
+            X = A, ldx = csa, rows = K, len = M, by_rows = 0;
+        else
+            return GEMV_DECLINE;
+    }
     T *out = dp_scratch_get(&ctx->ct, sizeof(T) * ((size_t)len_out + (vs != 1 ? (size_t)K : 0)));
     if (!out) return DP_ENOMEM;
     if (vs != 1) {
@@ -320,10 +332,11 @@ static int D(gemv)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, 
     int threads = dp_threads_for(ctx->threads, 2LL * rows * len, GEMM_THREAD_FLOPS);
     if (threads > units) threads = units;
     dp_threads_run(ctx->team, threads < 1 ? 1 : threads, D(gemv_task), &job);
+    ptrdiff_t cs = M == 1 ? 1 : ldc; /* C's stride along the vector */
     for (int i = 0; i < len_out; i++) {
         T r = out[i] * alpha;
-        if (beta != 0) r += C[(ptrdiff_t)i * ldc] * beta;
-        C[(ptrdiff_t)i * ldc] = r;
+        if (beta != 0) r += C[(ptrdiff_t)i * cs] * beta;
+        C[(ptrdiff_t)i * cs] = r;
     }
     return DP_OK;
 }
@@ -355,8 +368,8 @@ int D(dp_gemm)(dp_ctx *ctx, T *C, ptrdiff_t ldc, const T *A, ptrdiff_t rsa, ptrd
         own = 1;
     }
     int bf16 = ctx->bf16_inputs && sizeof(T) == sizeof(float);
-    if (!bf16 && N == 1) {
-        int rc = D(gemv)(ctx, C, ldc, A, rsa, csa, B, rsb, M, K, alpha, beta);
+    if (!bf16 && (M == 1 || N == 1)) {
+        int rc = D(gemv)(ctx, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K, alpha, beta);
         if (rc != GEMV_DECLINE) {
             if (own) dp_ctx_free(&local);
             return rc;

@@ -670,6 +670,54 @@ static PyObject *py_scale(PyObject *module, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
+static PyObject *py_augment_images(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames)
+{
+    static const char *const kwlist[] = {"x",    "out",   "ids",  "shape", "pad",
+                                         "seed", "epoch", "flip", NULL};
+    PyObject *xo, *oo, *io, *so, *seedo, *epocho;
+    int pad, flip = 0;
+    if (parse_args(args, nargs, kwnames, "OOO$OiOO|p:augment_images", kwlist, &xo, &oo, &io, &so,
+                   &pad, &seedo, &epocho, &flip))
+        return NULL;
+    if (!PyLong_Check(seedo) || !PyLong_Check(epocho))
+        return PyErr_Format(PyExc_TypeError, "seed and epoch must be ints"), NULL;
+    /* the seed's low 64 bits (any int, as numpy's seeds), the epoch's as a signed count */
+    unsigned long long seed = PyLong_AsUnsignedLongLongMask(seedo);
+    long long epoch = PyLong_AsLongLong(epocho);
+    if ((seed == (unsigned long long)-1 || epoch == -1) && PyErr_Occurred()) return NULL;
+    PyArrayObject *x, *out, *ids;
+    if (!(x = check_array(xo, "x", NPY_NOTYPE, 2, 0)) ||
+        !(out = check_array(oo, "out", PyArray_TYPE(x), 2, 1)) ||
+        !(ids = check_array(io, "ids", NPY_INT64, 1, 0)))
+        return NULL;
+    Py_ssize_t C, H, W;
+    if (!PyTuple_Check(so) || !PyArg_ParseTuple(so, "nnn", &C, &H, &W) || C < 1 || H < 1 || W < 1)
+        return PyErr_Clear(),
+               PyErr_Format(PyExc_ValueError, "shape must be a tuple (C, H, W) of positive ints"),
+               NULL;
+    npy_intp n = PyArray_DIM(x, 0);
+    if (PyArray_DIM(x, 1) != C * H * W)
+        return PyErr_Format(PyExc_ValueError,
+                            "x has %ld values a row, but shape (%zd, %zd, %zd) has %zd",
+                            (long)PyArray_DIM(x, 1), C, H, W, C * H * W),
+               NULL;
+    if (pad < 0 || pad >= H || pad >= W)
+        return PyErr_Format(PyExc_ValueError,
+                            "pad must be >= 0 and smaller than the image's %zd x %zd, got %d", H, W,
+                            pad),
+               NULL;
+    npy_intp want[2] = {n, C * H * W}, want_ids[1] = {n};
+    if (check_shape(out, "out", 2, want) || check_shape(ids, "ids", 1, want_ids) ||
+        check_no_overlap(out, "out", x, "x") || check_no_overlap(out, "out", ids, "ids"))
+        return NULL;
+    int itemsize = (int)PyArray_ITEMSIZE(x);
+    WITHOUT_GIL(dp_augment_images(PyArray_DATA(out), PyArray_DATA(x), PyArray_DATA(ids), n, (int)C,
+                                  (int)H, (int)W, itemsize, pad, flip, (uint64_t)seed,
+                                  (int64_t)epoch));
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_sum_squares(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames)
 {
@@ -1056,6 +1104,11 @@ PyMethodDef mod_kernels_functions[] = {
     {"from_bf16", FASTFN(py_from_bf16), FASTKW,
      "from_bf16(x, out): out (float32, x's shape) = the bfloat16 values "
      "whose bits x (uint16) holds, exactly"},
+    {"augment_images", FASTFN(py_augment_images), FASTKW,
+     "augment_images(x, out, ids, *, shape, pad, flip=False, seed, epoch): out[i] = image "
+     "x[i] (shape (C, H, W), flat rows of float32 or float64) randomly cropped from its "
+     "zero-padded copy (pad on each side) and, with flip, mirrored left-right by a coin; the "
+     "draw depends on (seed, epoch, ids[i]) alone (GIL released)"},
     {"sum_squares", FASTFN(py_sum_squares), FASTKW,
      "sum_squares(x) -> float: the sum of x**2 in double, in 16 interleaved partial sums added "
      "in order (the same bits on every worker and ISA for float32; GIL released)"},

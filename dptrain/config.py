@@ -276,6 +276,15 @@ class TrainConfig:
         flag_help="never download MNIST: without local files, train on the announced "
         "synthetic stand-in",
     )
+    augment: str | None = option(
+        None,
+        "augment the training images: 'cropP' (a random crop of the image zero-padded by P "
+        "pixels each side) and/or 'flip' (a random left-right mirror), e.g. crop4,flip; drawn "
+        "from (seed, epoch, sample), so the same on any number of workers; never for "
+        "evaluation. Needs a model of images (input (C, H, W))",
+        group="data",
+        metavar="SPEC",
+    )
     shuffle: bool = option(
         True,
         "a seeded new order every epoch (CLI: --no-shuffle keeps the data set's order)",
@@ -831,14 +840,24 @@ class TrainConfig:
     @property
     def local(self) -> bool:
         """Local SGD: replicas that average their parameters (sync_every, replicas). An
-        average after every step of the parameters and the optimizer's state, taken as it is,
-        is synchronous SGD, and runs as such (the gradient all-reduce: one exchange instead
-        of two, and the same bits as synchronous SGD, --deterministic's included): sync_every
-        1 is local SGD only with an outer optimizer or another momentum policy."""
+        average after every step of the parameters and SGD's momentum, taken as it is, is
+        synchronous SGD, and runs as such (the gradient all-reduce: one exchange instead of
+        two, and the same bits as synchronous SGD, --deterministic's included): sync_every 1
+        is local SGD only with an outer optimizer, another momentum policy, an optimizer
+        whose update is not linear in the gradient (Adam's, RMSprop's moments of the mean
+        are not the mean of the moments) or a gradient clipped per replica."""
         if self.sync_every != 1:
             return True
-        plain = self.outer_lr == 1.0 and self.outer_momentum == 0.0
-        return self.replicas is not None and not (plain and self.local_momentum == "average")
+        # the same algorithm only where the update is linear in the gradient (SGD) and each
+        # replica's gradient is not clipped on its own
+        synchronous = (
+            self.outer_lr == 1.0
+            and self.outer_momentum == 0.0
+            and self.local_momentum == "average"
+            and self.optimizer == "sgd"
+            and self.clip_norm is None
+        )
+        return self.replicas is not None and not synchronous
 
     def _check_local(self, set_) -> None:
         """The local SGD options: their values, then what they cannot run with."""
@@ -917,6 +936,25 @@ class TrainConfig:
                 f"{batch}'s activations), more than this machine's {size_text(memory)}"
             )
 
+    @property
+    def augmentation(self) -> tuple[int, bool] | None:
+        """(pad, flip) of ``augment``, or None."""
+        if not self.augment:
+            return None
+        pad, flip = 0, False
+        for part in self.augment.split(","):
+            part = part.strip()
+            if part == "flip":
+                flip = True
+            elif part.startswith("crop") and part[4:].isdigit() and int(part[4:]) > 0:
+                pad = int(part[4:])
+            else:
+                raise ValueError(
+                    f"augment is {self.augment!r}: {part!r} is not cropP (P a positive number "
+                    f"of pixels, e.g. crop4) or flip; e.g. 'crop4,flip'"
+                )
+        return pad, flip
+
     def _check_schedule(self, set_) -> None:
         """The schedule's own options: each named where it is missing, bad, or another
         schedule's."""
@@ -978,6 +1016,12 @@ class TrainConfig:
         if self.weight_decay is None:
             set_("weight_decay", 1e-2 if self.optimizer == "adamw" else 0.0)  # PyTorch's
         self._check_schedule(set_)
+        if self.augment is not None:
+            if not isinstance(self.augment, str):
+                raise ValueError(
+                    f"augment must be a string such as 'crop4,flip', got {self.augment!r}"
+                )
+            self.augmentation  # noqa: B018  (its ValueError names a bad part)
         if self.clip_norm is not None:
             if (
                 isinstance(self.clip_norm, bool)
@@ -986,6 +1030,8 @@ class TrainConfig:
             ):
                 raise ValueError(f"clip_norm must be a finite number > 0, got {self.clip_norm!r}")
             set_("clip_norm", float(self.clip_norm))
+        if isinstance(self.betas, (list, tuple)):  # as JSON gives them back: a list
+            set_("betas", tuple(self.betas))
         defaults = {f.name: f.default for f in fields(self)}
         takes = OPTIMIZER_OPTIONS[self.optimizer]
         for name in sorted(set().union(*OPTIMIZER_OPTIONS.values()) - takes):

@@ -78,7 +78,13 @@ def lr_at(
     if schedule == "constant":
         return base_lr
     if schedule in ("step", "exponential"):
-        per_epoch = max(int(steps_per_epoch or 1), 1)
+        needs = {"steps_per_epoch": steps_per_epoch, "gamma": gamma}
+        if schedule == "step":
+            needs["step_epochs"] = step_epochs
+        missing = [name for name, v in needs.items() if v is None]
+        if missing:
+            raise ValueError(f"lr schedule {schedule!r} needs {', '.join(missing)}")
+        per_epoch = max(int(steps_per_epoch), 1)
         epoch = step // per_epoch - warmup_steps // per_epoch
         decays = epoch // step_epochs if schedule == "step" else epoch
         return base_lr * gamma**decays

@@ -58,16 +58,32 @@ class BatchRows:
     (``_core.gather_rows``, GIL released, so thread workers gather at the same time), or
     contiguous slices (no copy) when the order is the data set's own."""
 
-    def __init__(self, x, y, rows: int, shuffle: bool):
+    def __init__(self, x, y, rows: int, shuffle: bool, augment: dict | None = None):
         self.x, self.y, self.shuffle = x, y, shuffle
         self.xb = aligned_empty((rows,) + x.shape[1:], x.dtype)
         self.yb = aligned_empty((rows,) + y.shape[1:], y.dtype)
         self.order = None
+        # augment: _core.augment_images' shape, pad, flip and seed; the epoch is set by the
+        # loop (``epoch``); each row is drawn by its sample's index in the data set
+        self.augment, self.epoch = augment, 0
+        self.xa = aligned_empty(self.xb.shape, x.dtype) if augment else None
 
     def __call__(self, lo: int, hi: int):
         if self.shuffle:
             bx, by = self.xb[: hi - lo], self.yb[: hi - lo]
             _core.gather_rows(self.x, self.order[lo:hi], bx)
             _core.gather_rows(self.y, self.order[lo:hi], by)
-            return bx, by
-        return self.x[lo:hi], self.y[lo:hi]
+        else:
+            bx, by = self.x[lo:hi], self.y[lo:hi]
+        if self.augment:
+            ids = self.order[lo:hi] if self.shuffle else np.arange(lo, hi, dtype=np.int64)
+            out = self.xa[: hi - lo]
+            _core.augment_images(
+                bx.reshape(len(bx), -1),
+                out.reshape(len(bx), -1),
+                ids,
+                epoch=self.epoch,
+                **self.augment,
+            )
+            bx = out
+        return bx, by

@@ -471,6 +471,12 @@ def make_calls(dtype=np.float64, seed=0):
         ),
         "scale_": Call(core.scale_, dict(buf=f(9), alpha=0.5), outputs=("buf",)),
         "sum_squares": Call(core.sum_squares, dict(x=f(9))),
+        "augment_images": Call(
+            core.augment_images,
+            dict(x=f(4, 12), out=f(4, 12), ids=np.arange(4, dtype=np.int64)),
+            dict(shape=(1, 3, 4), pad=1, flip=True, seed=1, epoch=0),
+            ("out",),
+        ),
         # (last: its draws leave the other calls' values as they were)
         "adam_step": Call(
             core.adam_step,
@@ -944,6 +950,8 @@ def gil_cases():
     z = rng.standard_normal((20000, 100))
     zl = rng.integers(0, 100, 20000)
     sq = np.ones(2_000_000)
+    aug = rng.standard_normal((2000, 3 * 32 * 32)).astype(np.float32)
+    aug_out = np.empty_like(aug)
     return {
         "gemm": lambda: core.gemm(a, b, c),
         "gemm_naive": lambda: core.gemm_naive(a[:100], b, c[:100]),
@@ -954,6 +962,9 @@ def gil_cases():
         "softmax_xent": lambda: core.softmax_xent(z, zl),
         "adam_step": lambda: core.adam_step(big[0], big[1], big[2], sq, None, step=1, lr=1e-9),
         "sum_squares": lambda: core.sum_squares(big[0]),
+        "augment_images": lambda: core.augment_images(
+            aug, aug_out, np.arange(len(aug)), shape=(3, 32, 32), pad=4, flip=True, seed=0, epoch=0
+        ),
         "rmsprop_step": lambda: core.rmsprop_step(
             big[0], big[1], sq, big[2], None, lr=1e-9, centered=True
         ),

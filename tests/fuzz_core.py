@@ -1612,7 +1612,15 @@ def build_rmsprop_step(rng, fz):
                 keyword=True,
                 omit=rng.random() < 0.5,
             ),
-            Arg("eps", pick(rng, (1e-8, 0.0, 0.1)), "f", keyword=True, omit=rng.random() < 0.5),
+            # centered with eps 0: where the variance cancels, the step is g / 0 or g / its
+            # rounding residue (inf or a huge finite number): no contract to check there
+            Arg(
+                "eps",
+                pick(rng, (1e-8, 0.1) if centered else (1e-8, 0.0, 0.1)),
+                "f",
+                keyword=True,
+                omit=rng.random() < 0.5,
+            ),
             Arg("weight_decay", pick(rng, (0.0, 1e-2, 0.5)), "f", keyword=True),
             Arg("momentum", momentum, "f", keyword=True, omit=momentum == 0 and rng.random() < 0.5),
             Arg("centered", centered, "b", keyword=True, omit=not centered and rng.random() < 0.5),
@@ -1853,6 +1861,35 @@ def oracle_scale(before, buf, alpha, *, start=0, stop=None):
     start = 0 if start is None else start
     ref.scale_(buf, alpha, start=start, stop=stop)
     return Expect(scale={"buf": np.abs(buf)})
+
+
+def build_augment_images(rng, fz):
+    dt = pick_dtype(rng)
+    c, h, w = (int(pick(rng, v)) for v in ((1, 3, 2), (1, 5, 8, 28), (1, 4, 7, 28)))
+    n = int(pick(rng, (0, 1, 3, 17)))
+    pad = int(pick(rng, (0, 1, 2, 4)))
+    return Call(
+        "augment_images",
+        core.augment_images,
+        [
+            Arg("x", draw(rng, (n, c * h * w), dt, pick_style(rng)), "F"),
+            Arg("out", draw(rng, (n, c * h * w), dt), "F", output=True),
+            Arg("ids", rng.integers(-(2**62), 2**62, n), "I"),
+            Arg("shape", (c, h, w), "O", keyword=True),
+            Arg("pad", pad, "i", keyword=True),
+            Arg("flip", bool(rng.random() < 0.5), "b", keyword=True),
+            Arg("seed", int(rng.integers(0, 2**63)), "O", keyword=True),
+            Arg("epoch", int(pick(rng, (0, 1, 99))), "O", keyword=True),
+        ],
+        oracle_augment_images,
+    )
+
+
+def oracle_augment_images(before, x, out, ids, *, shape, pad, flip, seed, epoch):
+    if pad >= min(shape[1:]):
+        raise Refuse("pad not smaller than the image")
+    ref.augment_images(x, out, ids, shape=shape, pad=pad, flip=flip, seed=seed, epoch=epoch)
+    return Expect(exact=True)  # a copy: the same bits, NaN where x has one
 
 
 def build_sum_squares(rng, fz):
@@ -2596,6 +2633,7 @@ SPECS = {
     "sum_buffers": build_sum_buffers,
     "scale_": build_scale,
     "sum_squares": build_sum_squares,
+    "augment_images": build_augment_images,
     "to_bf16": build_to_bf16,
     "from_bf16": build_from_bf16,
     "gather_rows": build_gather_rows,

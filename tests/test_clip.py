@@ -77,8 +77,25 @@ def test_local_sgd_clips_each_replicas_gradient():
     runs = [dptrain.train(**opts, workers=w) for w in (1, 2, 4)]
     for r in runs[1:]:
         assert np.array_equal(r["params"], runs[0]["params"])
-    # rank 0's replicas: each of its steps clips each replica's gradient once
-    assert runs[0]["grad_clip"]["steps"] == 4 * 22 and runs[2]["grad_clip"]["steps"] == 22
+    # the record is the first replica's, whoever runs it: the same on any number of workers
+    assert runs[0]["grad_clip"]["steps"] == 22 and runs[0]["grad_clip"]["clipped_steps"] > 0
+    assert runs[1]["grad_clip"] == runs[2]["grad_clip"] == runs[0]["grad_clip"]
+
+
+def test_one_step_periods_with_clipping_or_adam_stay_local_sgd():
+    """An average every step is synchronous SGD only for SGD's linear update without a
+    per-replica clip: Adam's moments of the mean are not the mean of its moments."""
+    assert not TrainConfig(sync_every=1, replicas=4).local
+    assert TrainConfig(sync_every=1, replicas=4, optimizer="adam").local
+    assert TrainConfig(sync_every=1, replicas=4, clip_norm=0.5).local
+    assert not TrainConfig(sync_every=1, clip_norm=0.5).local  # no replicas asked for
+    # and a JSON round trip of a config (betas as a list) is the same config
+    import json
+    from dataclasses import asdict
+
+    again = TrainConfig(**json.loads(json.dumps(asdict(TrainConfig(optimizer="adam")))))
+    assert again.betas == (0.9, 0.999)
+    assert TrainConfig(optimizer="sgd", betas=[0.9, 0.999]).optimizer == "sgd"
 
 
 def test_a_clipped_sgd_step_is_lr_times_the_scaled_gradient():

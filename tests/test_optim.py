@@ -28,6 +28,8 @@ def test_lr_schedules():
     assert optim.lr_at(0, 100, 0.2, "onecycle") == pytest.approx(0.2 / 25)
     assert optim.lr_at(29, 100, 0.2, "onecycle") == pytest.approx(0.2)
     assert optim.lr_at(99, 100, 0.2, "onecycle") == pytest.approx(0.2 / 25 / 1e4)
+    with pytest.raises(ValueError, match="lr schedule 'step' needs steps_per_epoch, step_epochs"):
+        optim.lr_at(3, 70, 0.2, "step", gamma=0.5)
 
 
 @pytest.mark.parametrize("schedule", ["step", "exponential", "onecycle"])

@@ -744,6 +744,7 @@ def test_local_sgd_prediction_exchanges_every_h_steps():
         (dict(sync_every=0), "sync_every is 0, expected a positive integer"),
         (dict(sync_every=8, local_after=-1), "local_after is -1, expected an integer >= 0"),
         (dict(sync_every=8, averaged_arrays=True), "averaged_arrays is True"),
+        (dict(sync_every=8, algorithm="ps"), "'ps' has no local SGD"),
     ):
         with pytest.raises(ValueError, match=match):
             model.predict(p, n, **bad)

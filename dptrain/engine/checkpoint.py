@@ -49,6 +49,7 @@ def resume_keys(job) -> dict:
         "outer_momentum": cfg.outer_momentum,
         **OPTIMIZER_KEYS[cfg.optimizer](cfg),
         "clip_norm": cfg.clip_norm,
+        "augment": cfg.augment,
         "lr_gamma": cfg.lr_gamma,
         "lr_step_epochs": cfg.lr_step_epochs,
     }
@@ -104,6 +105,7 @@ _RESUME_KEY_BEFORE = {
     "outer_lr": 1.0,
     "outer_momentum": 0.0,
     "clip_norm": None,
+    "augment": None,
     "lr_gamma": None,
     "lr_step_epochs": None,
 }

@@ -247,7 +247,10 @@ class ShardedUpdate(Exchange):
         return loss, correct
 
     def update(self, comm, opt, lr):
-        grads = self.clip(self.grads, part=self.part) if self.clip else self.grads
+        grads = self.grads
+        if self.clip:  # the whole gradient's norm: every slice summed first
+            comm.barrier()
+            grads = self.clip(self.grads, part=self.part)
         opt.step(lr, grads=grads, part=self.part)
         # every slice summed and updated before any worker reads the parameters (or the sum:
         # the next step's slots are written only after this)

@@ -43,6 +43,19 @@ class Job:
         set whose identity is `data`)."""
         batch = config.global_batch(world)
         per_epoch = steps_per_epoch(n_train, batch)
+        if config.augmentation is not None:
+            shape = tuple(model.get("input_shape") or ())
+            pad = config.augmentation[0]
+            if len(shape) != 3:
+                raise ValueError(
+                    f"augment={config.augment!r} needs images, a model whose input is (C, H, W) "
+                    f"(e.g. --model cnn); this model's input is {shape}"
+                )
+            if pad >= min(shape[1:]):
+                raise ValueError(
+                    f"augment={config.augment!r}: a crop padding of {pad} pixels is not smaller "
+                    f"than the {shape[1]} x {shape[2]} images"
+                )
         return cls(
             config=config,
             model=model,

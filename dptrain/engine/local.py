@@ -180,8 +180,9 @@ class LocalSGD(Exchange):
         return loss, correct
 
     def update(self, comm, opt, lr):
-        for o in self.opts:  # each replica clips its own gradient, where the run clips
-            o.step(lr, grads=self.clip(o.model.grads) if self.clip else None)
+        for o, k in zip(self.opts, self.mine):  # each replica clips its own gradient
+            grads = self.clip(o.model.grads, count=k == 0) if self.clip else None
+            o.step(lr, grads=grads)
         updated = time.perf_counter()
         self.batch += 1
         self.since += 1

@@ -27,7 +27,7 @@ from ..optim import lr_at, make_optimizer
 from ..sampler import CHUNKS, BatchRows, batch_bounds, epoch_order, shard
 from .checkpoint import load_checkpoint, load_optimizer_state, read_local_arrays, save_checkpoint
 from .clip import GradClip
-from .exchange import AllReduce, ShardedUpdate, make_exchange
+from .exchange import AllReduce, make_exchange
 from .hooks import Hooks, hooks_for
 from .job import Job
 from .local import LocalSGD
@@ -104,10 +104,8 @@ def run_worker(
         exchange = LocalSGD(job, comm)
     else:
         exchange = make_exchange(cfg, comm) if job.coupled else AllReduce()
-    if cfg.clip_norm is not None:  # the sharded exchange all-reduces its slices' squares
-        exchange.clip = GradClip(
-            cfg.clip_norm, comm if isinstance(exchange, ShardedUpdate) else None
-        )
+    if cfg.clip_norm is not None:
+        exchange.clip = GradClip(cfg.clip_norm)
     n_params = job.model["n_params"]
     bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
@@ -173,7 +171,12 @@ def run_worker(
 
     # the most rows one call of rows() gathers: a worker's share, a chunk, a replica's shard
     parts = job.replicas if job.local else CHUNKS if job.deterministic else comm.size
-    rows = BatchRows(x, y, -(-min(job.batch_size, n) // parts), cfg.shuffle)
+    augment = None
+    if cfg.augmentation is not None:
+        pad, flip = cfg.augmentation
+        shape = tuple(job.model["input_shape"])
+        augment = dict(shape=shape, pad=pad, flip=flip, seed=cfg.seed)
+    rows = BatchRows(x, y, -(-min(job.batch_size, n) // parts), cfg.shuffle, augment)
     timer = timing.StepTimer()
     clock = timing.StepClock(comm, hooks)
     progress = comm.progress if rank == 0 else None
@@ -192,6 +195,7 @@ def run_worker(
                 plateau.stalled(rec["train_loss"])
     for epoch in range(state["epoch"], cfg.epochs):
         rows.order = epoch_order(n, epoch, cfg.seed, cfg.shuffle)
+        rows.epoch = epoch
         first_batch = state["batch"] if epoch == state["epoch"] else 0
         loss_sum, correct = (state["loss_sum"], state["correct"]) if first_batch else (0.0, 0)
         # every worker starts the epoch together, after rank 0's evaluation of the last one

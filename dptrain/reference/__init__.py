@@ -53,7 +53,7 @@ from .act import (
 )
 from .adam import adam_step, rmsprop_step
 from .allreduce import ALLREDUCE_ALGORITHMS, allreduce, allreduce_slice
-from .buffers import from_bf16, scale_, sum_buffers, sum_squares, to_bf16
+from .buffers import augment_images, from_bf16, scale_, sum_buffers, sum_squares, to_bf16
 from .conv import conv2d_backward, conv2d_forward
 from .dense import dense_backward, dense_forward
 from .gemm import gemm
@@ -90,6 +90,7 @@ __all__ = [
     "from_bf16",
     "scale_",
     "sum_squares",
+    "augment_images",
     "allreduce",
     "allreduce_slice",
     "ALLREDUCE_ALGORITHMS",

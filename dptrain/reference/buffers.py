@@ -5,7 +5,7 @@ import numpy as np
 
 from ._common import _check_ndim, _check_shape, _common_float_dtype, _range
 
-__all__ = ["sum_buffers", "to_bf16", "from_bf16", "scale_", "sum_squares"]
+__all__ = ["sum_buffers", "to_bf16", "from_bf16", "scale_", "sum_squares", "augment_images"]
 
 SQUARES_LANES = 16  # csrc/dp_buffers.h's DP_SQUARES_LANES
 
@@ -110,3 +110,38 @@ def sum_squares(x) -> float:
     for a in acc:
         total += float(a)
     return total
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    """splitmix64's finalizer (csrc/dp_common.c's augment_mix), on Python ints mod 2^64."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def augment_draw(seed: int, epoch: int, sample: int, pad: int) -> tuple[int, int, int]:
+    """(oy, ox, flipped) of a sample: csrc's dp_augment_draw."""
+    r = _mix(_mix(_mix(seed & _MASK) ^ (epoch & _MASK)) ^ (sample & _MASK))
+    span = 2 * pad + 1
+    return (r & 0xFFFF) % span, ((r >> 16) & 0xFFFF) % span, (r >> 32) & 1
+
+
+def augment_images(x, out, ids, *, shape, pad, flip=False, seed, epoch):
+    """out[i] = image x[i] (flat rows of shape (C, H, W)) cropped from its copy zero-padded
+    by `pad` at (oy, ox), then mirrored left-right where flip and the sample's coin say so:
+    torchvision's RandomCrop(padding) then RandomHorizontalFlip, drawn by augment_draw."""
+    C, H, W = shape
+    _common_float_dtype(x=x, out=out)
+    _check_shape("out", out, x.shape)
+    for i, sample in enumerate(np.asarray(ids)):
+        oy, ox, flipped = augment_draw(seed, epoch, int(sample), pad)
+        padded = np.zeros((C, H + 2 * pad, W + 2 * pad), x.dtype)
+        padded[:, pad : pad + H, pad : pad + W] = x[i].reshape(C, H, W)
+        img = padded[:, oy : oy + H, ox : ox + W]
+        if flip and flipped:
+            img = img[:, :, ::-1]
+        out[i] = img.reshape(-1)

@@ -342,6 +342,11 @@ class FittedModel:
         )
         alg = self.algorithm if algorithm is None else algorithm
         _check_algorithm(alg)
+        if period > 1 and alg == "ps":
+            raise ValueError(
+                "sync_every > 1 (local SGD) averages with an all-reduce: the parameter "
+                "server's algorithm 'ps' has no local SGD"
+            )
         net, g = self.link(network, gamma)
         steps, mean, busiest = _work(n, b, e, p)
         if ranks_per_node is not None and alg == "ps":
