@@ -103,13 +103,24 @@ void dp_augment_images(void *dst, const void *src, const int64_t *ids, ptrdiff_t
                     memset(out + (size_t)x1 * itemsize, 0, (size_t)(W - x1) * itemsize);
                     continue;
                 }
-                for (int x = 0; x < W; x++) { /* mirrored: element by element */
-                    int sx = W - 1 - x + dx;
-                    char *o = out + (size_t)x * itemsize;
-                    if (sx < 0 || sx >= W)
-                        memset(o, 0, (size_t)itemsize);
-                    else
-                        memcpy(o, in + (size_t)sx * itemsize, (size_t)itemsize);
+                /* mirrored: out[x] = in[W - 1 - x + dx], 0 outside; as integers of the
+                 * element's width (a copy of its bits), a memcpy per element where neither */
+                int x0 = dx > 0 ? dx : 0, x1 = dx < 0 ? W + dx : W; /* x with sx inside */
+                if (x1 < x0) x1 = x0;
+                memset(out, 0, (size_t)x0 * itemsize);
+                memset(out + (size_t)x1 * itemsize, 0, (size_t)(W - x1) * itemsize);
+                if (itemsize == 4) {
+                    uint32_t *o = (uint32_t *)(void *)out;
+                    const uint32_t *v = (const uint32_t *)(const void *)in;
+                    for (int x = x0; x < x1; x++) o[x] = v[W - 1 - x + dx];
+                } else if (itemsize == 8) {
+                    uint64_t *o = (uint64_t *)(void *)out;
+                    const uint64_t *v = (const uint64_t *)(const void *)in;
+                    for (int x = x0; x < x1; x++) o[x] = v[W - 1 - x + dx];
+                } else {
+                    for (int x = x0; x < x1; x++)
+                        memcpy(out + (size_t)x * itemsize, in + (size_t)(W - 1 - x + dx) * itemsize,
+                               (size_t)itemsize);
                 }
             }
     }
