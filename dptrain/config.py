@@ -736,6 +736,8 @@ class TrainConfig:
                 f"it out"
             )
         self._check_optimizer(set_)
+        self._check_schedule(set_)
+        self._check_step_options(set_)
         self._check_model_memory()
         if self.overlap and (self.deterministic or self.allreduce != "native"):
             raise ValueError("overlap works with allreduce='native' and without deterministic mode")
@@ -955,6 +957,23 @@ class TrainConfig:
                 )
         return pad, flip
 
+    def _check_step_options(self, set_) -> None:
+        """What a step does besides the optimizer: augment's spec and clip_norm's value."""
+        if self.augment is not None:
+            if not isinstance(self.augment, str):
+                raise ValueError(
+                    f"augment must be a string such as 'crop4,flip', got {self.augment!r}"
+                )
+            self.augmentation  # noqa: B018  (its ValueError names a bad part)
+        if self.clip_norm is not None:
+            if (
+                isinstance(self.clip_norm, bool)
+                or not isinstance(self.clip_norm, numbers.Real)
+                or not (0 < self.clip_norm < math.inf)
+            ):
+                raise ValueError(f"clip_norm must be a finite number > 0, got {self.clip_norm!r}")
+            set_("clip_norm", float(self.clip_norm))
+
     def _check_schedule(self, set_) -> None:
         """The schedule's own options: each named where it is missing, bad, or another
         schedule's."""
@@ -1015,21 +1034,6 @@ class TrainConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
         if self.weight_decay is None:
             set_("weight_decay", 1e-2 if self.optimizer == "adamw" else 0.0)  # PyTorch's
-        self._check_schedule(set_)
-        if self.augment is not None:
-            if not isinstance(self.augment, str):
-                raise ValueError(
-                    f"augment must be a string such as 'crop4,flip', got {self.augment!r}"
-                )
-            self.augmentation  # noqa: B018  (its ValueError names a bad part)
-        if self.clip_norm is not None:
-            if (
-                isinstance(self.clip_norm, bool)
-                or not isinstance(self.clip_norm, numbers.Real)
-                or not (0 < self.clip_norm < math.inf)
-            ):
-                raise ValueError(f"clip_norm must be a finite number > 0, got {self.clip_norm!r}")
-            set_("clip_norm", float(self.clip_norm))
         if isinstance(self.betas, (list, tuple)):  # as JSON gives them back: a list
             set_("betas", tuple(self.betas))
         defaults = {f.name: f.default for f in fields(self)}

@@ -416,10 +416,11 @@ class RMSprop(_Optimizer):
     @staticmethod
     def check(*, lr, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
         """Raises ValueError naming the first hyper-parameter that RMSprop cannot use."""
-        _check_nonnegative(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay)
+        _check_nonnegative(
+            lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum
+        )
         if alpha > 1:
             raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
-        _check_nonnegative(momentum=momentum)
         if momentum >= 1:
             raise ValueError(
                 f"momentum must be in [0, 1), got {momentum!r}: with momentum >= 1 the "

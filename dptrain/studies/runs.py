@@ -338,8 +338,9 @@ def _local_sgd(out: Path, quick: bool, say) -> dict:
     data, tables, figs, records, checks = None, [], [], [], []
     for model, epochs in models:
         target = LOCAL_TARGETS[model]
+        configurations = dict(_local_configurations(quick))
         results = {}
-        for label, options in _local_configurations(quick):
+        for label, options in configurations.items():
             r = train(
                 model=model,
                 dataset="mnist",
@@ -362,7 +363,7 @@ def _local_sgd(out: Path, quick: bool, say) -> dict:
         sync = results["synchronous"]
         rows, worst = [], 0.0
         for label, r in results.items():
-            options = dict(_local_configurations(quick))[label]
+            options = configurations[label]
             ph = r["breakdown"]["phase_seconds"]
             t, reached = 0.0, None
             for h in r["epochs"]:
