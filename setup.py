@@ -32,6 +32,7 @@ sources = [
     "csrc/dp_gemm_gemv.c",
     "csrc/dp_conv.c",
     "csrc/dp_pool.c",
+    "csrc/dp_layers.c",
     "csrc/dp_cpu.c",
     "csrc/dp_dense.c",
     "csrc/dp_act.c",

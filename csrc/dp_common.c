@@ -55,19 +55,10 @@ void dp_scratch_free(dp_scratch *s)
 static void gather_prefetch(const char *p, size_t len)
 { dp_prefetch_range(p, len < GATHER_PF_BYTES ? len : GATHER_PF_BYTES); }
 
-/* splitmix64's finalizer (Steele, Lea, Flood 2014): a counter-based draw, no state */
-static uint64_t augment_mix(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 void dp_augment_draw(uint64_t seed, int64_t epoch, int64_t id, int pad, int *oy, int *ox,
                      int *flipped)
 {
-    uint64_t r = augment_mix(augment_mix(augment_mix(seed) ^ (uint64_t)epoch) ^ (uint64_t)id);
+    uint64_t r = dp_mix64(dp_mix64(dp_mix64(seed) ^ (uint64_t)epoch) ^ (uint64_t)id);
     uint64_t span = 2 * (uint64_t)pad + 1;
     *oy = (int)((r & 0xffff) % span);
     *ox = (int)(((r >> 16) & 0xffff) % span);

@@ -112,6 +112,16 @@ void dp_augment_draw(uint64_t seed, int64_t epoch, int64_t id, int pad, int *oy,
  * float above bfloat16's largest becomes inf. Branch-free so that a loop over it vectorizes
  * (a signed compare: SSE2 has none unsigned, and u & 0x7fffffff < 2^31). Used by the GEMM's
  * bfloat16 inputs and the bfloat16 buffers; dp_round_bf16 (dp_gemm.h) is its readable twin. */
+/* splitmix64's output for the state z (Steele, Lea, Flood 2014): the finalizer of
+ * z + golden. A counter-based draw, no state: augmentation's and dropout's. */
+DP_INLINE uint64_t dp_mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
 DP_INLINE uint32_t dp_bf16_round_bits(uint32_t u)
 {
     uint32_t rne = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x00400000u;

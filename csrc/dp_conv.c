@@ -11,11 +11,13 @@
 #ifndef DP_VEC_PASS /* the vector kernels' builds (dp_vec.h) need only the template */
 int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW)
 {
-    if (g->C < 1 || g->H < 1 || g->W < 1 || g->OC < 1 || g->KH < 1 || g->KW < 1 || g->pad < 0)
+    if (g->C < 1 || g->H < 1 || g->W < 1 || g->OC < 1 || g->KH < 1 || g->KW < 1 || g->pad < 0 ||
+        g->stride < 0)
         return DP_EVALUE;
-    long long oh = (long long)g->H + 2LL * g->pad - g->KH + 1;
-    long long ow = (long long)g->W + 2LL * g->pad - g->KW + 1;
-    if (oh < 1 || ow < 1) return DP_EVALUE;
+    long long span_h = (long long)g->H + 2LL * g->pad - g->KH;
+    long long span_w = (long long)g->W + 2LL * g->pad - g->KW;
+    if (span_h < 0 || span_w < 0) return DP_EVALUE;
+    long long oh = span_h / dp_conv_stride(g) + 1, ow = span_w / dp_conv_stride(g) + 1;
     /* every count the kernels index with an int (oh and ow first: their product of two
      * values near 2^32, from a padding near INT_MAX, would overflow a long long) */
     if (oh > INT_MAX || ow > INT_MAX) return DP_EVALUE;

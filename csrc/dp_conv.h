@@ -1,13 +1,15 @@
-/* dp_conv.h - 2-D convolution (stride 1, zero padding), NCHW (plain C99).
+/* dp_conv.h - 2-D convolution (zero padding, a stride), NCHW (plain C99).
  *
  * Letters: B batch, C input channels, H/W input height/width, OC output channels, KH/KW
- * kernel height/width, PAD zero rows/columns added on every side, OH = H + 2 PAD - KH + 1 and
- * OW = W + 2 PAD - KW + 1 the output size, P = OH OW output positions per channel, K = C KH KW
+ * kernel height/width, PAD zero rows/columns added on every side, ST the stride, OH = (H + 2 PAD
+ * - KH) / ST + 1 and OW = (W + 2 PAD - KW) / ST + 1 the output size (rounded down), P = OH OW output positions per channel, K = C KH KW
  * the length of one patch (the reduction of the convolution's GEMM).
  * Layout as PyTorch's Conv2d: x (B, C, H, W), w (OC, C, KH, KW), b (OC,), y (B, OC, OH, OW);
  * the "convolution" is a cross-correlation:
- *     y[n, o, i, j] = b[o] + sum_{c, u, v} w[o, c, u, v] x[n, c, i + u - PAD, j + v - PAD]
- * (x read as 0 outside the image).
+ *     y[n, o, i, j] = b[o] + sum_{c, u, v} w[o, c, u, v] x[n, c, i ST + u - PAD, j ST + v - PAD]
+ * (x read as 0 outside the image). A stride above 1 takes plain loops in im2col and col2im
+ * (and declines the direct and in-place paths, written for stride 1): a strided layer is one
+ * of a few in a network, and its GEMM is the same.
  *
  * How: per image, im2col copies the patches into a (K, P) matrix `col` (row k = (c, u, v) holds
  * x[c, i + u - PAD, j + v - PAD] for every output position (i, j)), and the convolution is our
@@ -21,7 +23,7 @@
  * Gradients: dw and db ACCUMULATE (+=) as in dp_dense.h; dx is WRITTEN (=), every element
  * of it.
  *
- * Leaves out on purpose: strides other than 1, dilation, groups, batching several images into
+ * Leaves out on purpose: dilation, groups, batching several images into
  * one GEMM (per image, col and the output stay in L2), and pooling (dp_pool.h).
  */
 #ifndef DP_CONV_H
@@ -35,7 +37,11 @@ typedef struct {
     int C, H, W;    /* input channels, height, width */
     int OC, KH, KW; /* output channels, kernel height and width */
     int pad;        /* zero padding on each side */
+    int stride;     /* the step between output positions; 0 (an initializer without it) is 1 */
 } dp_conv_geom;
+
+/* A geometry's stride: 0 counts as 1. */
+DP_INLINE int dp_conv_stride(const dp_conv_geom *g) { return g->stride > 1 ? g->stride : 1; }
 
 /* Checks the geometry and sets the output size: DP_EVALUE when a size is < 1, pad < 0, the
  * kernel is larger than the padded input, or C KH KW or OC OH OW overflows an int. */

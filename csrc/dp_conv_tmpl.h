@@ -98,6 +98,54 @@ static int K(im2col_plan)(K(rmask) * idx, int *base, int *npat, int *rows, int W
 }
 #endif
 
+/* im2col and col2im with a stride above 1: one value at a time (ST = 2 takes every other
+ * value of a row, which the row copies cannot) */
+static void K(im2col_strided)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int OH,
+                              int OW)
+{
+    int H = g->H, W = g->W, pad = g->pad, st = dp_conv_stride(g);
+    for (int c = 0; c < g->C; c++)
+        for (int u = 0; u < g->KH; u++)
+            for (int v = 0; v < g->KW; v++) {
+                T *dst = col + ((ptrdiff_t)(c * g->KH + u) * g->KW + v) * ldcol;
+                for (int i = 0; i < OH; i++) {
+                    int h = i * st + u - pad;
+                    T *d = dst + (ptrdiff_t)i * OW;
+                    if (h < 0 || h >= H) {
+                        for (int j = 0; j < OW; j++) d[j] = 0;
+                        continue;
+                    }
+                    const T *xr = x + ((ptrdiff_t)c * H + h) * W;
+                    for (int j = 0; j < OW; j++) {
+                        int q = j * st + v - pad;
+                        d[j] = q >= 0 && q < W ? xr[q] : (T)0;
+                    }
+                }
+            }
+}
+
+static void K(col2im_strided)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g, int OH,
+                              int OW)
+{
+    int H = g->H, W = g->W, pad = g->pad, st = dp_conv_stride(g);
+    memset(dx, 0, sizeof(T) * (size_t)g->C * H * W);
+    for (int c = 0; c < g->C; c++)
+        for (int u = 0; u < g->KH; u++)
+            for (int v = 0; v < g->KW; v++) {
+                const T *src = dcol + ((ptrdiff_t)(c * g->KH + u) * g->KW + v) * ldcol;
+                for (int i = 0; i < OH; i++) {
+                    int h = i * st + u - pad;
+                    if (h < 0 || h >= H) continue;
+                    T *xr = dx + ((ptrdiff_t)c * H + h) * W;
+                    const T *s = src + (ptrdiff_t)i * OW;
+                    for (int j = 0; j < OW; j++) {
+                        int q = j * st + v - pad;
+                        if (q >= 0 && q < W) xr[q] += s[j];
+                    }
+                }
+            }
+}
+
 void KV(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int OH, int OW)
 {
     // x is (C, H, W), col is (C KH KW, OH OW) with row stride ldcol, for the output block
@@ -105,6 +153,10 @@ void KV(dp_im2col)(T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, i
     // outside the image
     int H = g->H, W = g->W, pad = g->pad;
     const T *xend = x + (ptrdiff_t)g->C * H * W;
+    if (dp_conv_stride(g) != 1) {
+        K(im2col_strided)(col, ldcol, x, g, OH, OW);
+        return;
+    }
 #ifdef IM2COL_PERMUTE
     K(rmask) idx[RVL];
     int base[RVL], npat, rows;
@@ -268,6 +320,10 @@ void KV(dp_col2im)(T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g,
     // (those im2col copied x[c, h, q] into), gathered one dx row at a time and written once.
     // Scattering dcol's rows instead would add into dx at a different offset for every v, and
     // the vector loads of dx would wait on the stores just made (store-forwarding stalls).
+    if (dp_conv_stride(g) != 1) {
+        K(col2im_strided)(dx, dcol, ldcol, g, OH, OW);
+        return;
+    }
     if (K(col2im_narrow)(dx, dcol, ldcol, g, OH, OW) == 0) return;
     int H = g->H, W = g->W, pad = g->pad, KH = g->KH, KW = g->KW;
     /* q in [qlo, qhi): every v reads inside the dcol row (j = q + PAD - v in [0, OW)) */
@@ -379,7 +435,8 @@ int KV(dp_conv_direct_forward)(T *y, const T *x, const T *w, const dp_conv_geom 
     // dp_conv_image_forward; returns 1 (nothing written) where the layer does not fit: padding,
     // an output row narrower than one vector, a patch longer than DIRECT_K
     int Kd = g->C * g->KH * g->KW;
-    if (!DIRECT_BUILD || g->pad != 0 || ow < RVL || Kd > DIRECT_K) return 1;
+    if (!DIRECT_BUILD || g->pad != 0 || dp_conv_stride(g) != 1 || ow < RVL || Kd > DIRECT_K)
+        return 1;
     /* 64-byte vectors: 32 registers, 12 filters x 2 vectors + 2 + a broadcast; else 16 */
     const int big = DP_VEC_BYTES >= 64 ? 12 : 6;
     ptrdiff_t P = (ptrdiff_t)oh * ow;
@@ -518,7 +575,9 @@ int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *
     // would
     int Kd = g->C * g->KH * g->KW;
     /* 4 x 6 vectors: 32 registers (AVX-512) */
-    if (!DIRECT_BUILD || DP_VEC_BYTES < 64 || g->pad != 0 || ow < RVL || Kd > DIRECT_K) return 1;
+    if (!DIRECT_BUILD || DP_VEC_BYTES < 64 || g->pad != 0 || dp_conv_stride(g) != 1 || ow < RVL ||
+        Kd > DIRECT_K)
+        return 1;
     ptrdiff_t P = (ptrdiff_t)oh * ow;
     int full = ow / RVL * RVL, js = ow - RVL;
     /* m: the last vector's lanes that the vector before it has not taken */
@@ -566,7 +625,7 @@ int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *
 #ifndef DP_VEC_PASS
 /* A 1x1 kernel without padding: the patch matrix is the image itself. */
 DP_INLINE int K(is_direct)(const dp_conv_geom *g)
-{ return g->KH == 1 && g->KW == 1 && g->pad == 0; }
+{ return g->KH == 1 && g->KW == 1 && g->pad == 0 && dp_conv_stride(g) == 1; }
 
 /* The output block of an image call: 1 <= oh <= OH, 1 <= ow <= OW; sets P = oh ow. */
 DP_INLINE int K(check_block)(const dp_conv_geom *g, int oh, int ow, int *P)
@@ -579,7 +638,7 @@ DP_INLINE int K(check_block)(const dp_conv_geom *g, int oh, int ow, int *P)
 
 /* The offset tables of dp_gemm_patch for an output block without padding, in col's space
  * (K P values of T, which im2col would fill): pos[p] the offset in x of output position
- * p = i ow + j's patch (i W + j), ent[k] that of patch entry k = (c KH + u) KW + v
+ * p = i ow + j's patch (ST (i W + j)), ent[k] that of patch entry k = (c KH + u) KW + v
  * ((c H + u) W + v). 0 where they do not fit (or col is not aligned for them), or where the
  * patch path is not taken: padding (its zeros are not in x), one filter, one patch entry or
  * one output position (dp_gemm's matrix-vector path sums in another order), a context of
@@ -594,8 +653,9 @@ static int K(patch_tables)(const dp_ctx *ctx, const dp_conv_geom *g, int oh, int
         return 0;
     *pos = (ptrdiff_t *)(void *)col;
     *ent = *pos + P;
+    ptrdiff_t st = dp_conv_stride(g);
     for (int i = 0, p = 0; i < oh; i++)
-        for (int j = 0; j < ow; j++, p++) (*pos)[p] = (ptrdiff_t)i * g->W + j;
+        for (int j = 0; j < ow; j++, p++) (*pos)[p] = i * st * g->W + j * st;
     for (int k = 0; k < (int)Kd; k++) (*ent)[k] = K(entry_offset)(g, k);
     return 1;
 }
@@ -721,8 +781,9 @@ int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T 
 void K(dp_conv2d_forward_naive)(T *y, const T *x, const T *w, const T *b, int B,
                                 const dp_conv_geom *g)
 {
-    // y[n, o, i, j] = b[o] + sum_{c, u, v} w[o, c, u, v] x[n, c, i + u - PAD, j + v - PAD]
-    int OH = g->H + 2 * g->pad - g->KH + 1, OW = g->W + 2 * g->pad - g->KW + 1;
+    // y[n, o, i, j] = b[o] + sum_{c, u, v} w[o, c, u, v] x[n, c, i ST + u - PAD, j ST + v - PAD]
+    int OH, OW, st = dp_conv_stride(g);
+    if (dp_conv_out(g, &OH, &OW)) return;
     int C = g->C, H = g->H, W = g->W, KH = g->KH, KW = g->KW, pad = g->pad;
     for (int n = 0; n < B; n++)
         for (int o = 0; o < g->OC; o++)
@@ -732,7 +793,7 @@ void K(dp_conv2d_forward_naive)(T *y, const T *x, const T *w, const T *b, int B,
                     for (int c = 0; c < C; c++)
                         for (int u = 0; u < KH; u++)
                             for (int v = 0; v < KW; v++) {
-                                int h = i + u - pad, q = j + v - pad;
+                                int h = i * st + u - pad, q = j * st + v - pad;
                                 int inside = h >= 0 && h < H && q >= 0 && q < W;
                                 /* a padded position is a zero, not a skipped term: an inf or
                                  * NaN weight over it gives NaN, as in the reference and the
@@ -749,7 +810,8 @@ void K(dp_conv2d_backward_naive)(T *dw, T *db, T *dx, const T *dy, const T *x, c
 {
     // the same sums, read backwards: every (n, o, i, j, c, u, v) term of the forward adds
     // dy * x to dw and dy * w to dx
-    int OH = g->H + 2 * g->pad - g->KH + 1, OW = g->W + 2 * g->pad - g->KW + 1;
+    int OH, OW, st = dp_conv_stride(g);
+    if (dp_conv_out(g, &OH, &OW)) return;
     int C = g->C, H = g->H, W = g->W, KH = g->KH, KW = g->KW, pad = g->pad, OC = g->OC;
     if (dx) memset(dx, 0, sizeof(T) * (size_t)B * C * H * W);
     for (int n = 0; n < B; n++)
@@ -761,7 +823,7 @@ void K(dp_conv2d_backward_naive)(T *dw, T *db, T *dx, const T *dy, const T *x, c
                     for (int c = 0; c < C; c++)
                         for (int u = 0; u < KH; u++)
                             for (int v = 0; v < KW; v++) {
-                                int h = i + u - pad, q = j + v - pad;
+                                int h = i * st + u - pad, q = j * st + v - pad;
                                 ptrdiff_t wi = ((ptrdiff_t)(o * C + c) * KH + u) * KW + v;
                                 if (h < 0 || h >= H || q < 0 || q >= W) {
                                     dw[wi] += d * (T)0; /* the zero padding: see forward */

@@ -12,6 +12,7 @@
 #include "dp_dense.h"
 #include "dp_loss.h"
 #include "dp_buffers.h"
+#include "dp_layers.h"
 
 /* Activations per evaluate chunk (counted as doubles, so both dtypes chunk alike). */
 #define EVAL_BYTES ((size_t)16 << 20)
@@ -77,7 +78,9 @@ static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off)
             if (ndim != 3) return refuse(p, l, "conv needs a (C, H, W) input");
             if (ly->out < 1 || ly->kernel < 1 || ly->pad < 0)
                 return refuse(p, l, "conv channels or kernel < 1, or padding < 0");
-            dp_conv_geom g = {sh[0], sh[1], sh[2], ly->out, ly->kernel, ly->kernel, ly->pad};
+            if (ly->stride < 0) return refuse(p, l, "conv stride < 1");
+            dp_conv_geom g = {sh[0],      sh[1],      sh[2],   ly->out,
+                              ly->kernel, ly->kernel, ly->pad, ly->stride};
             int OH, OW;
             if ((long long)ly->pad * 2 + sh[1] > INT_MAX ||
                 (long long)ly->pad * 2 + sh[2] > INT_MAX)
@@ -102,6 +105,27 @@ static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off)
                 return refuse(p, l, "max-pooling needs a map of at least 2x2");
             sh[1] /= 2;
             sh[2] /= 2;
+            break;
+        case DP_LAYER_AVGPOOL2:
+            if (ndim != 3) return refuse(p, l, "average pooling needs a (C, H, W) input");
+            if (sh[1] < 2 || sh[2] < 2)
+                return refuse(p, l, "average pooling needs a map of at least 2x2");
+            sh[1] /= 2;
+            sh[2] /= 2;
+            break;
+        case DP_LAYER_GAP:
+            if (ndim != 3) return refuse(p, l, "global average pooling needs a (C, H, W) input");
+            ndim = 1;
+            break;
+        case DP_LAYER_DROPOUT:
+            if (!(ly->rate >= 0 && ly->rate < 1))
+                return refuse(p, l, "dropout's rate must be in [0, 1)");
+            break;
+        case DP_LAYER_LAYERNORM: /* gamma, then beta: one per feature */
+            w_off[l] = off;
+            if (grow(&off, width)) return refuse(p, l, "parameter count overflows");
+            b_off[l] = off;
+            if (grow(&off, width)) return refuse(p, l, "parameter count overflows");
             break;
         case DP_LAYER_RELU:
         case DP_LAYER_TANH:
@@ -146,15 +170,19 @@ static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_o
         int j = next_layer(p, l), k = j < n ? next_layer(p, j) : n;
         dp_layer_kind kj = j < n ? p->layer[j].kind : DP_LAYER_FLATTEN;
         dp_layer_kind kk = k < n ? p->layer[k].kind : DP_LAYER_FLATTEN;
-        if (kind == DP_LAYER_DENSE || kind == DP_LAYER_CONV) {
-            st.op = kind == DP_LAYER_DENSE ? DP_STAGE_DENSE : DP_STAGE_CONV;
+        if (kind == DP_LAYER_DENSE || kind == DP_LAYER_CONV || kind == DP_LAYER_LAYERNORM) {
+            st.op = kind == DP_LAYER_DENSE  ? DP_STAGE_DENSE
+                    : kind == DP_LAYER_CONV ? DP_STAGE_CONV
+                                            : DP_STAGE_NORM;
             st.param = p->n_param_layers;
             st.w_off = w_off[l];
             st.b_off = b_off[l];
             p->param_stage[p->n_param_layers] = p->n_stages;
             p->param_spec[p->n_param_layers] = l;
             p->n_param_layers++;
-            if (kind == DP_LAYER_CONV && kj == DP_LAYER_RELU && kk == DP_LAYER_MAXPOOL2) {
+            if (kind == DP_LAYER_LAYERNORM) {
+                /* a stage of its own: its backward needs its output's gradient as it is */
+            } else if (kind == DP_LAYER_CONV && kj == DP_LAYER_RELU && kk == DP_LAYER_MAXPOOL2) {
                 st.pool = 1; /* conv relu pool = conv pool relu */
                 st.act = DP_ACT_RELU;
                 st.last = k;
@@ -174,7 +202,7 @@ static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_o
                 int C = l == 0 ? p->in_shape[0] : p->out_shape[l - 1][0];
                 int H = l == 0 ? p->in_shape[1] : p->out_shape[l - 1][1];
                 int W = l == 0 ? p->in_shape[2] : p->out_shape[l - 1][2];
-                dp_conv_geom g = {C, H, W, ly->out, ly->kernel, ly->kernel, ly->pad};
+                dp_conv_geom g = {C, H, W, ly->out, ly->kernel, ly->kernel, ly->pad, ly->stride};
                 st.g = g;
                 st.conv_h = p->out_shape[l][1];
                 st.conv_w = p->out_shape[l][2];
@@ -183,14 +211,19 @@ static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_o
                     st.conv_w = st.conv_w / 2 * 2;
                 }
             }
-        } else if (kind == DP_LAYER_MAXPOOL2) {
-            st.op = DP_STAGE_POOL;
+        } else if (kind == DP_LAYER_MAXPOOL2 || kind == DP_LAYER_AVGPOOL2 || kind == DP_LAYER_GAP) {
+            st.op = kind == DP_LAYER_MAXPOOL2   ? DP_STAGE_POOL
+                    : kind == DP_LAYER_AVGPOOL2 ? DP_STAGE_AVGPOOL
+                                                : DP_STAGE_GAP;
             int C = l == 0 ? p->in_shape[0] : p->out_shape[l - 1][0];
             int H = l == 0 ? p->in_shape[1] : p->out_shape[l - 1][1];
             int W = l == 0 ? p->in_shape[2] : p->out_shape[l - 1][2];
             st.g.C = C;
             st.g.H = H;
             st.g.W = W;
+        } else if (kind == DP_LAYER_DROPOUT) {
+            st.op = DP_STAGE_DROPOUT;
+            st.rate = p->layer[l].rate;
         } else {
             st.op = DP_STAGE_ACT;
             st.act = act_of(kind);
@@ -228,7 +261,7 @@ int dp_model_plan(dp_plan *p, const dp_layer *layers, int n_layers, const int *i
     if (rc) return rc;
     p->out_width = flat_width(p->out_ndim[n_layers - 1], p->out_shape[n_layers - 1]);
     plan_stages(p, w_off, b_off);
-    if (p->n_param_layers == 0) return refuse(p, n_layers, "no dense or conv layer");
+    if (p->n_param_layers == 0) return refuse(p, n_layers, "no dense, conv or layernorm layer");
     switch (loss) {
     case DP_LOSS_SOFTMAX_XENT:
         if (p->out_width < 2)
@@ -306,6 +339,7 @@ void dp_model_free(dp_model *m)
     dp_scratch_free(&m->codes);
     dp_scratch_free(&m->grad_io);
     dp_scratch_free(&m->partials);
+    dp_scratch_free(&m->stats);
 }
 
 /* the phases the calling thread has ended in the sweep it runs (dp_model_tmpl.h: K(phase_end)) */

@@ -4,13 +4,21 @@
  * loss. dp_model_plan checks the list and compiles it into STAGES, the units the engine runs:
  *
  *   DENSE [act]                  y = act(x W^T + b) on the flattened input (GEMM), act in place
- *   CONV [act]                   2-D convolution, stride 1, zero padding, the images split over
+ *   CONV [act]                   2-D convolution, zero padding, a stride, the images split over
  *                                the threads; y = act(conv(x) + b) in place
  *   CONV MAXPOOL2 [act]          the fused conv block: conv, 2x2 max-pool, then the bias and the
  *   CONV RELU MAXPOOL2           act on the pooled map (relu(max(a) + b) = max(relu(a + b)), the
  *                                same argmax and gradient), and of the conv output only the
  *                                2 (OH/2) x 2 (OW/2) block the pooling reads is computed
  *   MAXPOOL2                     2x2 max-pool, stride 2, argmax codes kept for backward
+ *   AVGPOOL2 | GAP               2x2 average pooling, stride 2; global average pooling (C, H, W)
+ *                                -> (C,) (dp_layers.h)
+ *   DROPOUT                      training (loss_grad, forward_loss): a mask keyed on (rng_seed,
+ *                                rng_step, rng_row0 + row, the layer's index), kept (a byte per
+ *                                value) for backward; evaluate: its input passed on
+ *   LAYERNORM                    a parameterized stage of its own: per row, normalized over
+ *                                its features, then gamma and beta per feature; (mean, rstd)
+ *                                kept per row
  *   RELU | TANH | SIGMOID | GELU an activation on its own (a GELU always is: its backward needs
  *                                its input, which an in-place activation would overwrite)
  *
@@ -29,9 +37,10 @@
  * input and output; OUT = the model's output width (the last stage's out_width). x is
  * (B, in_width of the input shape), outputs (B, OUT).
  *
- * Parameters: one flat array, per parameterized layer (DENSE, CONV) in list order its W then
- * its b: dense W (OUT, IN) row-major (PyTorch's Linear), conv W (OC, C, K, K) (Conv2d), b
- * (OUT,) / (OC,). Gradients: one flat array of the same layout; backward ACCUMULATES (+=).
+ * Parameters: one flat array, per parameterized layer (DENSE, CONV, LAYERNORM) in list order
+ * its W then its b: dense W (OUT, IN) row-major (PyTorch's Linear), conv W (OC, C, K, K)
+ * (Conv2d), b (OUT,) / (OC,); a layer norm's gamma then beta, (F,) each (F its input's
+ * features, LayerNorm(input shape)'s weight and bias flattened). Gradients: one flat array of the same layout; backward ACCUMULATES (+=).
  *
  * Losses (dp_loss, dp_loss.h), summed over the batch and scaled by grad_scale for the gradient:
  *   DP_LOSS_SOFTMAX_XENT  int64 labels in [0, OUT), OUT >= 2; correct = argmax hits
@@ -73,9 +82,14 @@
  * stage, or with bfloat16 inputs, keeps a fork/join per kernel instead.
  *
  * A model is used by one caller at a time (its scratch and sweep state are the model's).
- * Leaves out on purpose: dropout (it needs a counter-based RNG keyed on (seed, step, global
- * sample index) so that N workers equal 1 worker: not cheap enough to be worth it yet), batch
- * norm, strides other than 1, pooling other than 2x2 max, and residual connections (a list
+ * Dropout's key is the caller's (rng_seed, rng_step, rng_row0: the model's seed, the training
+ * step and the global index of the batch's first row): a sample's mask is then its own on any
+ * number of workers, threads and batch cuts. Pooling stages split rows, a layer norm's
+ * parameter gradient splits its columns (each summed over the rows in row order): the bits of
+ * one thread.
+ *
+ * Leaves out on purpose: batch norm (its statistics are the global batch's: an exchange in the
+ * middle of the forward pass, which one call cannot make) and residual connections (a list
  * has no branches).
  */
 #ifndef DP_MODEL_H
@@ -97,28 +111,45 @@ typedef enum {
     DP_LAYER_SIGMOID = 5,
     DP_LAYER_GELU = 6, /* erf form: PyTorch's nn.GELU() default (see dp_act.h) */
     DP_LAYER_FLATTEN = 7,
+    DP_LAYER_AVGPOOL2 = 8,  /* 2x2 average, stride 2 */
+    DP_LAYER_GAP = 9,       /* global average pooling: (C, H, W) -> (C,) */
+    DP_LAYER_DROPOUT = 10,  /* rate: the probability of a zero */
+    DP_LAYER_LAYERNORM = 11 /* over every feature of a row, with a scale and a shift each */
 } dp_layer_kind;
 
 typedef struct {
     dp_layer_kind kind;
     int out, kernel, pad; /* unused fields of a kind are ignored */
+    int stride;           /* CONV: 0 or 1 is stride 1 */
+    double rate;          /* DROPOUT: in [0, 1) */
 } dp_layer;
 
 typedef enum { DP_ACT_NONE = 0, DP_ACT_RELU, DP_ACT_TANH, DP_ACT_SIGMOID, DP_ACT_GELU } dp_act;
 
-typedef enum { DP_STAGE_DENSE = 0, DP_STAGE_CONV, DP_STAGE_POOL, DP_STAGE_ACT } dp_stage_op;
+typedef enum {
+    DP_STAGE_DENSE = 0,
+    DP_STAGE_CONV,
+    DP_STAGE_POOL,
+    DP_STAGE_ACT,
+    DP_STAGE_AVGPOOL,
+    DP_STAGE_GAP,
+    DP_STAGE_DROPOUT,
+    DP_STAGE_NORM /* LAYERNORM: parameterized (gamma as its W, beta as its b) */
+} dp_stage_op;
 
 typedef struct {
     dp_stage_op op;
     dp_act act;              /* DENSE, CONV: applied in place after (NONE, RELU, TANH,
                               * SIGMOID); ACT: the stage's activation */
     int pool;                /* CONV: a 2x2 max-pool fused in */
-    int param;               /* the parameterized layer's index (DENSE, CONV), else -1 */
+    int param;               /* the parameterized layer's index (DENSE, CONV, NORM), else -1 */
     int first, last;         /* the layer specs it runs (FLATTENs between them included) */
     int in_width, out_width; /* flat features per row of its input and its output */
-    dp_conv_geom g;          /* CONV: the convolution; POOL: g.C, g.H, g.W its input map */
+    dp_conv_geom g;          /* CONV: the convolution; POOL, AVGPOOL, GAP: g.C, g.H, g.W its
+                              * input map */
+    double rate;             /* DROPOUT */
     int conv_h, conv_w;      /* CONV: the output block computed (all of it without pool) */
-    ptrdiff_t w_off, b_off;  /* DENSE, CONV: where W and b start in the flat parameters */
+    ptrdiff_t w_off, b_off;  /* DENSE, CONV, NORM: where W and b start in the flat parameters */
 } dp_stage;
 
 typedef struct {
@@ -129,7 +160,7 @@ typedef struct {
     int out_shape[DP_MODEL_MAX_LAYERS][3];
     int n_stages;
     dp_stage stage[DP_MODEL_MAX_LAYERS];
-    int n_param_layers;                   /* P_L: DENSE and CONV layers */
+    int n_param_layers;                   /* P_L: DENSE, CONV and LAYERNORM layers */
     int param_stage[DP_MODEL_MAX_LAYERS]; /* parameterized layer k's stage */
     int param_spec[DP_MODEL_MAX_LAYERS];  /* ... and its index in the list */
     ptrdiff_t n_params;
@@ -160,7 +191,12 @@ typedef struct {
     dp_scratch codes;    /* pooling argmax codes (uint8) */
     dp_scratch grad_io;  /* two rows x max(out_width) buffers for the backward sweep */
     dp_scratch partials; /* a dense GEMM's K slices on a region (dp_gemm_part) */
-    int bad_row;         /* after DP_ELABEL: the first row with a bad label */
+    dp_scratch stats;    /* layer norms' (mean, rstd) per row, doubles */
+    /* dropout's draws (dp_layers.h): the model's seed, the training step and the global index
+     * of the batch's first row, set by the caller before forward_loss / loss_grad */
+    uint64_t rng_seed;
+    int64_t rng_step, rng_row0;
+    int bad_row; /* after DP_ELABEL: the first row with a bad label */
     /* a backward sweep in progress (forward_loss, then backward_layer P_L - 1 .. 0) */
     int pending_rows; /* rows of the batch in flight; 0 when none */
     int next_layer;   /* the parameterized layer the next step must be */

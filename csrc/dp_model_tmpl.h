@@ -10,25 +10,31 @@
 
 typedef struct {
     T *out[DP_MODEL_MAX_LAYERS];        /* stage outputs, (rows, out_width) */
-    uint8_t *code[DP_MODEL_MAX_LAYERS]; /* pooling stages' argmax codes, like their outputs */
+    uint8_t *code[DP_MODEL_MAX_LAYERS]; /* pooling stages' argmax codes, dropout's masks, like
+                                         * their outputs */
+    double *stats[DP_MODEL_MAX_LAYERS]; /* NORM stages' (mean, rstd) per row */
     T *g0, *g1;                         /* the backward ping-pong buffers (NULL: evaluate) */
     T *partials;                        /* a dense GEMM's K slices (dp_gemm_part), or NULL */
 } K(model_bufs);
 
 DP_INLINE int K(has_codes)(const dp_stage *st)
-{ return st->op == DP_STAGE_POOL || (st->op == DP_STAGE_CONV && st->pool); }
+{
+    return st->op == DP_STAGE_POOL || st->op == DP_STAGE_DROPOUT ||
+           (st->op == DP_STAGE_CONV && st->pool);
+}
 
 /* Makes room for `rows` rows (the model's and every thread's scratch) and returns where the
  * stages' buffers are. Growing only: the same rows again allocates nothing. */
 static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_grad)
 {
     const dp_plan *p = &m->plan;
-    size_t width = 0, widest = 0, coded = 0;
+    size_t width = 0, widest = 0, coded = 0, norms = 0;
     for (int s = 0; s < p->n_stages; s++) {
         size_t w = (size_t)p->stage[s].out_width;
         width += w;
         if (w > widest) widest = w;
         if (K(has_codes)(&p->stage[s])) coded += w;
+        if (p->stage[s].op == DP_STAGE_NORM) norms++;
     }
     /* sizes that would overflow a size_t: no allocation could hold them */
     if (width > SIZE_MAX / sizeof(T) / 2 / (size_t)rows || m->col_elems > SIZE_MAX / sizeof(T) ||
@@ -36,9 +42,11 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_
         return DP_ENOMEM;
     T *acts = dp_scratch_get(&m->acts, sizeof(T) * (size_t)rows * width);
     uint8_t *codes = dp_scratch_get(&m->codes, (size_t)rows * (coded ? coded : 1));
+    double *stats =
+        dp_scratch_get(&m->stats, sizeof(double) * 2 * (size_t)rows * (norms ? norms : 1));
     T *gio = NULL;
     if (with_grad) gio = dp_scratch_get(&m->grad_io, sizeof(T) * 2 * (size_t)rows * widest);
-    if (!acts || !codes || (with_grad && !gio)) return DP_ENOMEM;
+    if (!acts || !codes || !stats || (with_grad && !gio)) return DP_ENOMEM;
     /* the dense stages' GEMMs cut along K on a region (dp_gemm_part): forward and dW */
     size_t partials = 0;
     for (int s = 0; s < p->n_stages; s++) {
@@ -70,6 +78,11 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_
         if (K(has_codes)(st)) {
             bf->code[s] = codes;
             codes += (ptrdiff_t)rows * st->out_width;
+        }
+        bf->stats[s] = NULL;
+        if (st->op == DP_STAGE_NORM) {
+            bf->stats[s] = stats;
+            stats += (ptrdiff_t)rows * 2;
         }
     }
     bf->g0 = gio;
@@ -132,8 +145,10 @@ typedef struct {
     int rows;
     const T *in;   /* (rows, in_width) */
     T *out;        /* (rows, out_width) */
-    uint8_t *code; /* like out (pooling stages) */
+    uint8_t *code; /* like out (pooling stages, dropout's masks) */
+    double *stats; /* NORM: (rows, 2) */
     const T *params;
+    int train; /* dropout draws a mask (else it passes its input on) */
     /* backward only */
     T *d;     /* d loss / d out (through the stage's activation here, in place) */
     T *dnext; /* d loss / d in (written), or NULL */
@@ -213,11 +228,29 @@ static void K(rows_forward_task)(void *arg, int t, int n)
     job->rc[t] = DP_OK;
     if (lo >= hi) return;
     ptrdiff_t iw = st->in_width, ow = st->out_width;
-    if (st->op == DP_STAGE_POOL)
-        K(dp_maxpool2_forward)(job->out + lo * ow, job->code + lo * ow, job->in + lo * iw,
-                               (ptrdiff_t)(hi - lo) * st->g.C, st->g.H, st->g.W);
-    else
-        K(act_forward)(st->act, job->out + lo * ow, job->in + lo * iw, (hi - lo) * ow);
+    T *y = job->out + lo * ow;
+    const T *x = job->in + lo * iw;
+    ptrdiff_t planes = (ptrdiff_t)(hi - lo) * st->g.C;
+    const dp_model *m = job->m;
+    switch (st->op) {
+    case DP_STAGE_POOL:
+        K(dp_maxpool2_forward)(y, job->code + lo * ow, x, planes, st->g.H, st->g.W);
+        break;
+    case DP_STAGE_AVGPOOL: K(dp_avgpool2_forward)(y, x, planes, st->g.H, st->g.W); break;
+    case DP_STAGE_GAP: K(dp_gap_forward)(y, x, planes, st->g.H * st->g.W); break;
+    case DP_STAGE_DROPOUT:
+        if (job->train)
+            K(dp_dropout_forward)(y, job->code + lo * ow, x, hi - lo, (int)ow, st->rate,
+                                  m->rng_seed, m->rng_step, m->rng_row0 + lo, st->first);
+        else
+            memcpy(y, x, sizeof(T) * (size_t)(hi - lo) * (size_t)ow);
+        break;
+    case DP_STAGE_NORM:
+        K(dp_layernorm_forward)(y, job->stats + 2 * lo, x, job->params + st->w_off,
+                                job->params + st->b_off, hi - lo, (int)ow);
+        break;
+    default: K(act_forward)(st->act, y, x, (hi - lo) * ow); break;
+    }
 }
 
 static void K(rows_backward_task)(void *arg, int t, int n)
@@ -229,13 +262,31 @@ static void K(rows_backward_task)(void *arg, int t, int n)
     job->rc[t] = DP_OK;
     if (lo >= hi) return;
     ptrdiff_t iw = st->in_width, ow = st->out_width;
-    if (st->op == DP_STAGE_POOL)
-        K(dp_maxpool2_backward)(job->dnext + lo * iw, job->d + lo * ow, job->code + lo * ow,
-                                (ptrdiff_t)(hi - lo) * st->g.C, st->g.H, st->g.W);
-    else
-        K(act_backward)(st->act, job->d + lo * ow, job->d + lo * ow, job->out + lo * ow,
-                        job->in + lo * iw, (hi - lo) * ow);
+    T *d = job->d + lo * ow;
+    ptrdiff_t planes = (ptrdiff_t)(hi - lo) * st->g.C;
+    switch (st->op) {
+    case DP_STAGE_POOL:
+        K(dp_maxpool2_backward)(job->dnext + lo * iw, d, job->code + lo * ow, planes, st->g.H,
+                                st->g.W);
+        break;
+    case DP_STAGE_AVGPOOL:
+        K(dp_avgpool2_backward)(job->dnext + lo * iw, d, planes, st->g.H, st->g.W);
+        break;
+    case DP_STAGE_GAP:
+        K(dp_gap_backward)(job->dnext + lo * iw, d, planes, st->g.H * st->g.W);
+        break;
+    case DP_STAGE_DROPOUT:
+        K(dp_dropout_backward)(d, d, job->code + lo * ow, hi - lo, (int)ow, st->rate);
+        break;
+    default:
+        K(act_backward)(st->act, d, d, job->out + lo * ow, job->in + lo * iw, (hi - lo) * ow);
+        break;
+    }
 }
+
+/* The stage's gradient moves to the other half of grad_io (its width changes). */
+DP_INLINE int K(moves_gradient)(const dp_stage *st)
+{ return st->op == DP_STAGE_POOL || st->op == DP_STAGE_AVGPOOL || st->op == DP_STAGE_GAP; }
 
 /* The first row whose label the loss refuses (after DP_ELABEL). */
 static int K(first_bad_label)(const dp_plan *p, const int64_t *labels, int rows)
@@ -381,7 +432,9 @@ static int K(forward_part)(K(sweep) * sw, int t, int n)
                    .in = h,
                    .out = y,
                    .code = sw->bf.code[s],
-                   .params = sw->params};
+                   .stats = sw->bf.stats[s],
+                   .params = sw->params,
+                   .train = sw->with_grad};
             K(stage_part)(sw, &job,
                           st->op == DP_STAGE_CONV ? K(conv_forward_task) : K(rows_forward_task), t,
                           n);
@@ -392,8 +445,9 @@ static int K(forward_part)(K(sweep) * sw, int t, int n)
     return 0;
 }
 
-/* Backward through stage s (parameter-free: POOL or ACT): d holds d loss / d out[s]; the
- * result, d loss / d in[s], is left in d (ACT, in place) or dnext (POOL, and the halves swap). */
+/* Backward through stage s (parameter-free: POOL, AVGPOOL, GAP, DROPOUT or ACT): d holds
+ * d loss / d out[s]; the result, d loss / d in[s], is left in d (ACT, DROPOUT: in place) or
+ * dnext (the pools, and the halves swap). */
 static int K(free_stage_backward)(K(sweep) * sw, int s, int *d_second, int t, int n)
 {
     const dp_stage *st = &sw->m->plan.stage[s];
@@ -408,7 +462,7 @@ static int K(free_stage_backward)(K(sweep) * sw, int s, int *d_second, int t, in
            .d = *d_second ? bf->g1 : bf->g0,
            .dnext = *d_second ? bf->g0 : bf->g1};
     K(stage_part)(sw, &job, K(rows_backward_task), t, n);
-    if (st->op == DP_STAGE_POOL) *d_second = !*d_second;
+    if (K(moves_gradient)(st)) *d_second = !*d_second;
     return K(phase_end)(sw, n);
 }
 
@@ -451,6 +505,18 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
             const T *r = d + (ptrdiff_t)i * OUT;
             for (int o = o0; o < o1; o++) db[o] += r[o];
         }
+        if (K(phase_end)(sw, n)) return 1;
+    } else if (st->op == DP_STAGE_NORM) {
+        /* dgamma, dbeta: each part its columns over every row in row order; dx its rows */
+        int F = st->out_width, c0, c1;
+        double *stats = bf->stats[s0];
+        K(row_range)(F, t, n, &c0, &c1);
+        K(dp_layernorm_backward_params)(grads + st->w_off, grads + st->b_off, d, h, stats, B, F, c0,
+                                        c1);
+        if (dnext && lo < hi)
+            K(dp_layernorm_backward_dx)(dnext + (ptrdiff_t)lo * F, d + (ptrdiff_t)lo * F,
+                                        h + (ptrdiff_t)lo * F, stats + 2 * lo,
+                                        sw->params + st->w_off, hi - lo, F);
         if (K(phase_end)(sw, n)) return 1;
     } else {
         K(stage_job)

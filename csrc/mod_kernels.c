@@ -828,6 +828,7 @@ static int conv_geometry(PyArrayObject *x, PyArrayObject *w, int padding, dp_con
         if (PyArray_DIM(w, i) < 1)
             return PyErr_Format(PyExc_ValueError, "w has shape %s, expected every size >= 1", ws),
                    -1;
+    memset(g, 0, sizeof *g); /* stride 0: 1 (the standalone kernels' only stride) */
     g->C = (int)PyArray_DIM(x, 1);
     g->H = (int)PyArray_DIM(x, 2);
     g->W = (int)PyArray_DIM(x, 3);

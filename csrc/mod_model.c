@@ -54,10 +54,18 @@ static const struct {
     int n_ints;
 } LAYER_KINDS[] = {
     {"dense", DP_LAYER_DENSE, 1}, /* (out,) */
-    {"conv", DP_LAYER_CONV, 3},   /* (out_channels, kernel, padding); padding may be left out */
-    {"maxpool2", DP_LAYER_MAXPOOL2, 0}, {"relu", DP_LAYER_RELU, 0},
-    {"tanh", DP_LAYER_TANH, 0},         {"sigmoid", DP_LAYER_SIGMOID, 0},
-    {"gelu", DP_LAYER_GELU, 0},         {"flatten", DP_LAYER_FLATTEN, 0},
+    /* (out_channels, kernel, padding, stride); padding and stride may be left out */
+    {"conv", DP_LAYER_CONV, 4},
+    {"maxpool2", DP_LAYER_MAXPOOL2, 0},
+    {"relu", DP_LAYER_RELU, 0},
+    {"tanh", DP_LAYER_TANH, 0},
+    {"sigmoid", DP_LAYER_SIGMOID, 0},
+    {"gelu", DP_LAYER_GELU, 0},
+    {"flatten", DP_LAYER_FLATTEN, 0},
+    {"avgpool2", DP_LAYER_AVGPOOL2, 0},
+    {"globalavgpool", DP_LAYER_GAP, 0},
+    {"dropout", DP_LAYER_DROPOUT, 1}, /* (rate,): a float */
+    {"layernorm", DP_LAYER_LAYERNORM, 0},
 };
 #define N_KINDS ((int)(sizeof LAYER_KINDS / sizeof LAYER_KINDS[0]))
 
@@ -326,6 +334,34 @@ static PyObject *Model_backward_layer(ModelObject *self, PyObject *const *args, 
     Py_RETURN_NONE;
 }
 
+static PyObject *Model_set_rng(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames)
+{
+    static const char *const kwlist[] = {"seed", "step", "row0", NULL};
+    PyObject *so, *to, *ro;
+    if (parse_args(args, nargs, kwnames, "OOO:set_rng", kwlist, &so, &to, &ro)) return NULL;
+    if (model_ready(self, 0)) return NULL;
+    PyObject *objs[3] = {so, to, ro};
+    long long vals[3];
+    for (int i = 0; i < 3; i++) {
+        PyObject *index = PyNumber_Index(objs[i]);
+        if (!index) return NULL;
+        int overflow;
+        vals[i] = PyLong_AsLongLongAndOverflow(index, &overflow);
+        Py_DECREF(index);
+        if (overflow || (i > 0 && vals[i] < 0) || (vals[i] == -1 && PyErr_Occurred()))
+            return PyErr_Format(PyExc_ValueError, "set_rng: %s must be %s int64, got %R", kwlist[i],
+                                i ? "a non-negative" : "an", objs[i]),
+                   NULL;
+    }
+    WITHOUT_GIL_LOCKED(self->lock, {
+        self->model.rng_seed = (uint64_t)vals[0];
+        self->model.rng_step = vals[1];
+        self->model.rng_row0 = vals[2];
+    });
+    Py_RETURN_NONE;
+}
+
 /* evaluate and logits: forward only, in chunks. The engine reuses the activation scratch, so
  * a backward sweep in progress ends here (the engine says so too: no pending rows after). */
 static PyObject *model_forward_only(ModelObject *self, PyObject *xo, PyObject *lo, PyObject *oo,
@@ -433,6 +469,10 @@ static PyMethodDef Model_methods[] = {
      "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
      "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it (L: the dense and "
      "conv layers)"},
+    {"set_rng", FASTFN(Model_set_rng), FASTKW,
+     "set_rng(seed, step, row0): the key of dropout's masks for the next forward_loss / "
+     "loss_grad: row i of the batch is the sample at global index row0 + i of training step "
+     "`step` (csrc/dp_layers.h)"},
     {"backward_layer", FASTFN(Model_backward_layer), FASTKW,
      "backward_layer(layer, grads=None): one backward step, last parameterized layer first; "
      "that layer's gradient is final when it returns"},
@@ -547,23 +587,46 @@ static int parse_layer(PyObject *item, Py_ssize_t i, dp_layer *out)
     if (k < 0) {
         PyErr_Format(PyExc_ValueError,
                      "layers[%zd]: unknown layer %R (known: dense, conv, maxpool2, "
-                     "relu, tanh, sigmoid, gelu, flatten)",
+                     "relu, tanh, sigmoid, gelu, flatten, avgpool2, globalavgpool, dropout, "
+                     "layernorm)",
                      i, name_obj);
         Py_XDECREF(seq);
         return -1;
     }
     const char *name = LAYER_KINDS[k].name;
-    int want = LAYER_KINDS[k].n_ints, vals[3] = {0, 0, 0};
-    int min_given = LAYER_KINDS[k].kind == DP_LAYER_CONV ? 2 : want; /* conv: padding optional */
+    int want = LAYER_KINDS[k].n_ints, vals[4] = {0, 0, 0, 1};
+    /* conv: padding and stride optional */
+    int min_given = LAYER_KINDS[k].kind == DP_LAYER_CONV ? 2 : want;
     if (n - 1 < min_given || n - 1 > want) {
-        PyErr_Format(
-            PyExc_ValueError, "layers[%zd] = %R: '%s' takes %s", i, item, name,
-            want == 0 ? "no sizes"
-            : want == 1
-                ? "one size: ('dense', out_features)"
-                : "('conv', out_channels, kernel) or ('conv', out_channels, kernel, padding)");
+        PyErr_Format(PyExc_ValueError, "layers[%zd] = %R: '%s' takes %s", i, item, name,
+                     want == 0                                 ? "no sizes"
+                     : LAYER_KINDS[k].kind == DP_LAYER_DROPOUT ? "one rate: ('dropout', p)"
+                     : want == 1                               ? "one size: ('dense', out_features)"
+                                                               : "('conv', out_channels, kernel[, "
+                                                                 "padding[, stride]])");
         Py_XDECREF(seq);
         return -1;
+    }
+    if (LAYER_KINDS[k].kind == DP_LAYER_DROPOUT) {
+        PyObject *v = PyTuple_GET_ITEM(seq, 1);
+        double rate = PyFloat_AsDouble(v);
+        if ((rate == -1.0 && PyErr_Occurred()) || PyBool_Check(v)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "layers[%zd] = %R: dropout's rate must be a number, got %s", i, item,
+                         Py_TYPE(v)->tp_name);
+            Py_DECREF(seq);
+            return -1;
+        }
+        Py_DECREF(seq);
+        if (!(rate >= 0 && rate < 1)) {
+            PyErr_Format(PyExc_ValueError, "layers[%zd] = %R: dropout's rate must be in [0, 1)", i,
+                         item);
+            return -1;
+        }
+        out->kind = DP_LAYER_DROPOUT;
+        out->rate = rate;
+        return 0;
     }
     for (Py_ssize_t j = 1; j < n; j++) {
         PyObject *v = PyTuple_GET_ITEM(seq, j);
@@ -580,7 +643,8 @@ static int parse_layer(PyObject *item, Py_ssize_t i, dp_layer *out)
         int lowest = LAYER_KINDS[k].kind == DP_LAYER_CONV && j == 3 ? 0 : 1;
         if (overflow || x < lowest || x > INT_MAX) {
             PyErr_Format(PyExc_ValueError, "layers[%zd] = %R: %s must be %d..%d", i, item,
-                         j == 3   ? "padding"
+                         j == 4   ? "the stride"
+                         : j == 3 ? "padding"
                          : j == 2 ? "the kernel size"
                                   : "the output size",
                          lowest, INT_MAX);
@@ -594,6 +658,7 @@ static int parse_layer(PyObject *item, Py_ssize_t i, dp_layer *out)
     out->out = vals[0];
     out->kernel = vals[1];
     out->pad = vals[2];
+    out->stride = vals[3];
     return 0;
 }
 
@@ -682,7 +747,8 @@ static int parse_model(PyObject *lo, PyObject *so, const char *loss_name, dp_lay
         PyErr_Format(PyExc_ValueError, "layers[%d] ('%s') gets a %s input: %s", l,
                      kind_name(layers[l].kind), s, why);
     } else if (l == n && plan->n_param_layers == 0) {
-        PyErr_SetString(PyExc_ValueError, "layers has no dense or conv layer: nothing to train");
+        PyErr_SetString(PyExc_ValueError,
+                        "layers has no dense, conv or layernorm layer: nothing to train");
     } else if (l == n) {
         char s[48];
         shape_text(s, sizeof s, plan->out_shape[n - 1], plan->out_ndim[n - 1]);
@@ -699,7 +765,12 @@ static PyObject *layer_tuple(const dp_layer *ly)
 {
     switch (ly->kind) {
     case DP_LAYER_DENSE: return Py_BuildValue("(si)", "dense", ly->out);
-    case DP_LAYER_CONV: return Py_BuildValue("(siii)", "conv", ly->out, ly->kernel, ly->pad);
+    case DP_LAYER_CONV:
+        /* stride 1 is left out: the spec of a conv without one */
+        if (ly->stride > 1)
+            return Py_BuildValue("(siiii)", "conv", ly->out, ly->kernel, ly->pad, ly->stride);
+        return Py_BuildValue("(siii)", "conv", ly->out, ly->kernel, ly->pad);
+    case DP_LAYER_DROPOUT: return Py_BuildValue("(sd)", "dropout", ly->rate);
     default: return Py_BuildValue("(s)", kind_name(ly->kind));
     }
 }
@@ -744,14 +815,16 @@ static PyObject *plan_dict(const dp_plan *p)
         if (st->param >= 0) {
             const dp_layer *ly = &p->layer[p->param_spec[st->param]];
             int in_w = st->in_width;
+            int n_b = ly->kind == DP_LAYER_LAYERNORM ? in_w : ly->out;
             PyObject *wshape =
-                ly->kind == DP_LAYER_DENSE
-                    ? Py_BuildValue("(ii)", ly->out, in_w)
-                    : Py_BuildValue("(iiii)", ly->out, st->g.C, ly->kernel, ly->kernel);
+                ly->kind == DP_LAYER_DENSE ? Py_BuildValue("(ii)", ly->out, in_w)
+                : ly->kind == DP_LAYER_CONV
+                    ? Py_BuildValue("(iiii)", ly->out, st->g.C, ly->kernel, ly->kernel)
+                    : Py_BuildValue("(i)", in_w);
             PyObject *e =
                 wshape ? Py_BuildValue("{s:i,s:n,s:O,s:n,s:(i)}", "layer", p->param_spec[st->param],
                                        "weight", (Py_ssize_t)st->w_off, "weight_shape", wshape,
-                                       "bias", (Py_ssize_t)st->b_off, "bias_shape", ly->out)
+                                       "bias", (Py_ssize_t)st->b_off, "bias_shape", n_b)
                        : NULL;
             Py_XDECREF(wshape);
             if (!e || PyList_Append(params, e)) {
@@ -847,7 +920,7 @@ static PyGetSetDef Model_getset[] = {
      NULL},
     {"n_params", (getter)Model_get_n_params, NULL, "length of the flat parameter layout", NULL},
     {"n_param_layers", (getter)Model_get_n_param_layers, NULL,
-     "dense and conv layers (backward_layer's range)", NULL},
+     "dense, conv and layernorm layers (backward_layer's range)", NULL},
     {"loss", (getter)Model_get_loss, NULL, "the loss name", NULL},
     {NULL},
 };

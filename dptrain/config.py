@@ -67,19 +67,28 @@ def parse_hidden(text: str) -> tuple[int, ...]:
 
 def parse_layers(text: str) -> tuple:
     """'conv:32:3,relu,maxpool2,flatten,dense:10' -> (('conv', 32, 3), 'relu', 'maxpool2',
-    'flatten', ('dense', 10)): a layer's name, then its sizes after colons."""
+    'flatten', ('dense', 10)): a layer's name, then its sizes after colons (a conv's
+    OUT:KERNEL[:PADDING[:STRIDE]], dropout's rate: dropout:0.5)."""
     layers = []
     for item in (t.strip() for t in text.split(",")):
         if not item:
             continue
         name, *sizes = item.split(":")
+        if name == "dropout":  # its rate is a number: dropout:0.5
+            try:
+                layers.append((name, *(float(v) for v in sizes)))
+            except ValueError:
+                raise ValueError(
+                    f"--layers: {item!r}: dropout's rate is a number in [0, 1), e.g. dropout:0.5"
+                ) from None
+            continue
         try:
             layers.append((name, *(int(v) for v in sizes)) if sizes else name)
         except ValueError:
             raise ValueError(
                 f"--layers: {item!r} has a size that is not an int; write layers "
                 f"as NAME[:SIZE...], e.g. conv:32:3,relu,maxpool2,flatten,"
-                f"dense:10"
+                f"dense:10 (conv:OUT:KERNEL:PADDING:STRIDE, dropout:RATE)"
             ) from None
     return tuple(layers)
 
@@ -213,7 +222,8 @@ class TrainConfig:
         None,
         "a model of your own instead of --model: its layers, "
         "e.g. conv:32:3,relu,maxpool2,flatten,dense:128,relu,dense:10 "
-        "(dense:OUT, conv:CHANNELS:KERNEL[:PADDING], maxpool2, "
+        "(dense:OUT, conv:CHANNELS:KERNEL[:PADDING[:STRIDE]], maxpool2, "
+        "avgpool2, globalavgpool, dropout:RATE, layernorm, "
         "flatten, relu, tanh, sigmoid, gelu; the last dense layer "
         "has one output per class, or 1 for two classes). API: a "
         "list of dptrain.nn layers",

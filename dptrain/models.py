@@ -171,6 +171,10 @@ class Model:
             self.reset_parameters()
         self.grads = _flat_buffer("grads", grads, n, self.dtype)
         self.velocity = _flat_buffer("velocity", velocity, n, self.dtype)
+        # dropout's key (csrc/dp_layers.h): the training step, set by the engine each step; a
+        # call without row0 (a loop of the user's own) moves it on by one
+        self.step = 0
+        self._dropout = any(spec[0] == "dropout" for spec in self.plan["layers"])
         self._net = _core.Model(
             self.plan["layers"],
             self.input_shape,
@@ -245,14 +249,16 @@ class Model:
             p["layer"]: math.prod(p["weight_shape"]) + p["bias_shape"][0]
             for p in self.plan["params"]
         }
+        width = max([26] + [len(_spec_text(spec)) for spec in self.plan["layers"]])
         lines = [
             f"{type(self).__name__} on input {self.input_shape}, loss {self.loss}, "
             f"{self._precision_text()}",
-            f"{'#':>3}  {'layer':<26} {'output':<16} {'params':>10}",
+            f"{'#':>3}  {'layer':<{width}} {'output':<16} {'params':>10}",
         ]
         for i, (spec, shape) in enumerate(zip(self.plan["layers"], self.plan["shapes"])):
             lines.append(
-                f"{i:>3}  {_spec_text(spec):<26} {str(tuple(shape)):<16} {per_layer.get(i, 0):>10,}"
+                f"{i:>3}  {_spec_text(spec):<{width}} {str(tuple(shape)):<16} "
+                f"{per_layer.get(i, 0):>10,}"
             )
         lines.append(
             f"total {self.n_params:,} parameters; engine stages: "
@@ -269,7 +275,11 @@ class Model:
         """Writes the seeded initial parameters (PyTorch's default init, see the module
         docstring) into ``params``."""
         rng = np.random.default_rng(self.seed)
-        for w, b in self.layers():
+        for p, (w, b) in zip(self.plan["params"], self.layers()):
+            if self.plan["layers"][p["layer"]][0] == "layernorm":  # nn.LayerNorm's, no draw
+                w[...] = 1
+                b[...] = 0
+                continue
             bound = 1.0 / math.sqrt(math.prod(w.shape[1:]))
             w[...] = rng.uniform(-bound, bound, size=w.shape)
             b[...] = rng.uniform(-bound, bound, size=b.shape)
@@ -339,6 +349,8 @@ class Model:
         y: np.ndarray,
         grad_scale: float | None = None,
         grads: np.ndarray | None = None,
+        *,
+        row0: int | None = None,
     ):
         """Forward + backward on a batch; ACCUMULATES into grads. Returns (loss_sum, n_correct).
 
@@ -348,21 +360,45 @@ class Model:
         gradient into another buffer of the same layout (one per chunk, for a fixed-order sum).
         y: class labels (B,), or for mse the targets (B, OUT) or (B,): int64 labels and targets
         in the model's dtype are used as they are, others converted as fit converts them.
+
+        Dropout (training: its masks drawn; ``evaluate`` and ``logits`` pass through): row i's
+        mask is keyed on (``seed``, ``step``, row0 + i), the sample's index in the step's global
+        batch, so that N workers draw what one does. The engine sets ``step`` and passes its
+        shard's row0; without row0 (a loop of your own) rows count from 0 and ``step`` moves
+        on by one after the call, so that each call draws new masks.
         """
         x = self._rows(x)
         y = self._targets(y, len(x))
+        auto = self._keyed(row0)
         loss, correct = self._net.loss_grad(x, y, self._grad_scale(x, grad_scale), grads)
+        self.step += auto
         return loss / self._scale(), correct
 
-    def forward_loss(self, x: np.ndarray, y: np.ndarray, grad_scale: float | None = None):
+    def _keyed(self, row0) -> int:
+        """Sets dropout's key for the next sweep; 1 where step then moves on (no row0)."""
+        if not self._dropout:
+            return 0
+        self._net.set_rng(self.seed % 2**63, self.step, 0 if row0 is None else row0)
+        return int(row0 is None)
+
+    def forward_loss(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        grad_scale: float | None = None,
+        *,
+        row0: int | None = None,
+    ):
         """The first half of loss_grad: forward and loss; returns (loss_sum, n_correct).
         Then ``backward_layer(L - 1)``, ..., ``backward_layer(0)`` (L: the dense and conv
         layers) finish the backward sweep, each layer's gradient final when it returns (to
         exchange it while the next layers are computed). The sweep belongs to the calling
-        thread until it ends."""
+        thread until it ends. Dropout's key as in ``loss_grad``."""
         x = self._rows(x)
         y = self._targets(y, len(x))
+        auto = self._keyed(row0)
         loss, correct = self._net.forward_loss(x, y, self._grad_scale(x, grad_scale))
+        self.step += auto
         return loss / self._scale(), correct
 
     def backward_layer(self, layer: int, grads: np.ndarray | None = None) -> None:

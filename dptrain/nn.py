@@ -14,11 +14,19 @@ from ``input_shape``, as in Keras. The whole list runs in the C core's one engin
 per batch, with conv -> activation -> pool fused; the parameters are one flat buffer per role
 (``dptrain.models``), so the data-parallel exchange is one collective whatever the model.
 
-What the engine has: Dense (PyTorch's nn.Linear), Conv2d (stride 1, square kernel, zero
-padding; nn.Conv2d), MaxPool2 (2x2, stride 2; nn.MaxPool2d(2)), Flatten, and the activations
-ReLU, Tanh, Sigmoid and GELU (erf form, nn.GELU()). Losses: softmax cross-entropy, sigmoid
-BCE, mean squared error. What it does not have (yet): dropout, batch norm, strides other than
-1, other pooling, residual connections (a list has no branches).
+What the engine has: Dense (PyTorch's nn.Linear), Conv2d (square kernel, zero padding, a
+stride; nn.Conv2d), MaxPool2 and AvgPool2 (2x2, stride 2; nn.MaxPool2d(2), nn.AvgPool2d(2)),
+GlobalAvgPool (nn.AdaptiveAvgPool2d(1) then a flatten), Flatten, Dropout (nn.Dropout: its
+masks keyed on the sample, not the worker), LayerNorm (over all of a sample's features,
+nn.LayerNorm(shape)), and the activations ReLU, Tanh, Sigmoid and GELU (erf form,
+nn.GELU()). Losses: softmax cross-entropy, sigmoid BCE, mean squared error. What it does not
+have (yet): batch norm and residual connections (a list has no branches).
+
+Dropout draws its masks where a model trains (``loss_grad``; dptrain.fit) and passes its
+input on where it evaluates (``evaluate``, ``logits``, ``predict``), as PyTorch's train() and
+eval() modes do. A sample's mask is a function of the model's seed, the training step, the
+sample's index in the step's global batch and the layer: the same on 1 worker and on N, in
+every transport.
 """
 
 from __future__ import annotations
@@ -31,6 +39,10 @@ __all__ = [
     "Conv2d",
     "MaxPool2",
     "Flatten",
+    "AvgPool2",
+    "GlobalAvgPool",
+    "Dropout",
+    "LayerNorm",
     "ReLU",
     "Tanh",
     "Sigmoid",
@@ -87,27 +99,75 @@ class Dense(Layer):
 
 class Conv2d(Layer):
     """2-D convolution onto ``out_channels`` maps: a ``kernel_size`` x ``kernel_size`` kernel,
-    stride 1, ``padding`` zeros on each side (PyTorch's nn.Conv2d with those arguments)."""
+    ``padding`` zeros on each side, ``stride`` (PyTorch's nn.Conv2d with those arguments: the
+    output is (H + 2 padding - kernel_size) // stride + 1 high, likewise wide)."""
 
     name = "conv"
 
-    def __init__(self, out_channels: int, kernel_size: int, padding: int = 0):
+    def __init__(self, out_channels: int, kernel_size: int, padding: int = 0, stride: int = 1):
         self.out_channels = _positive("Conv2d out_channels", out_channels)
         self.kernel_size = _positive("Conv2d kernel_size", kernel_size)
         self.padding = _positive("Conv2d padding", padding, 0)
+        self.stride = _positive("Conv2d stride", stride)
 
     def spec(self):
-        return ("conv", self.out_channels, self.kernel_size, self.padding)
+        base = ("conv", self.out_channels, self.kernel_size, self.padding)
+        return base + (self.stride,) if self.stride != 1 else base
 
     def __repr__(self) -> str:
         pad = f", padding={self.padding}" if self.padding else ""
-        return f"Conv2d({self.out_channels}, {self.kernel_size}{pad})"
+        stride = f", stride={self.stride}" if self.stride != 1 else ""
+        return f"Conv2d({self.out_channels}, {self.kernel_size}{pad}{stride})"
 
 
 class MaxPool2(Layer):
     """2x2 max-pooling, stride 2 (nn.MaxPool2d(2); an odd last row or column is dropped)."""
 
     name = "maxpool2"
+
+
+class AvgPool2(Layer):
+    """2x2 average pooling, stride 2 (nn.AvgPool2d(2); an odd last row or column is dropped)."""
+
+    name = "avgpool2"
+
+
+class GlobalAvgPool(Layer):
+    """Each map's mean: (C, H, W) to (C,) (nn.AdaptiveAvgPool2d(1) then a flatten; Keras's
+    GlobalAveragePooling2D)."""
+
+    name = "globalavgpool"
+
+
+class Dropout(Layer):
+    """Zeroes each value with probability ``p`` while the model trains and scales the others
+    by 1 / (1 - p) (nn.Dropout(p)); passes its input on where the model evaluates. The masks
+    are keyed on (seed, step, the sample's index in the global batch, the layer): N workers
+    draw what one does."""
+
+    name = "dropout"
+
+    def __init__(self, p: float = 0.5):
+        if isinstance(p, bool) or not isinstance(p, (int, float)) and not hasattr(p, "__float__"):
+            raise TypeError(f"Dropout p must be a number, got {type(p).__name__}")
+        p = float(p)
+        if not 0 <= p < 1:
+            raise ValueError(f"Dropout p must be in [0, 1), got {p}")
+        self.p = p
+
+    def spec(self):
+        return ("dropout", self.p)
+
+    def __repr__(self) -> str:
+        return f"Dropout({self.p:g})"
+
+
+class LayerNorm(Layer):
+    """Normalizes each sample over all its features (mean 0, variance 1, eps 1e-5), then
+    scales and shifts each feature by a parameter of its own (nn.LayerNorm(input shape);
+    initialized to 1 and 0)."""
+
+    name = "layernorm"
 
 
 class Flatten(Layer):
@@ -140,11 +200,27 @@ class GELU(Layer):
     name = "gelu"
 
 
-_BY_NAME = {cls.name: cls for cls in (Dense, Conv2d, MaxPool2, Flatten, ReLU, Tanh, Sigmoid, GELU)}
+_BY_NAME = {
+    cls.name: cls
+    for cls in (
+        Dense,
+        Conv2d,
+        MaxPool2,
+        AvgPool2,
+        GlobalAvgPool,
+        Dropout,
+        LayerNorm,
+        Flatten,
+        ReLU,
+        Tanh,
+        Sigmoid,
+        GELU,
+    )
+}
 
 
 def from_spec(spec) -> Layer:
-    """The layer of a spec: 'relu', ('dense', 10), ('conv', 32, 3, 1), ..."""
+    """The layer of a spec: 'relu', ('dense', 10), ('conv', 32, 3, 1), ('dropout', 0.5), ..."""
     if isinstance(spec, str):
         spec = (spec,)
     spec = tuple(spec)
@@ -160,33 +236,43 @@ def mlp(
     *,
     activation: str = "relu",
     loss: str = "softmax_xent",
+    dropout: float = 0.0,
     **kw,
 ) -> Sequential:
     """Dense layers ``hidden`` with ``activation`` between them, then ``n_outputs``:
-    ``nn.mlp(784, [256, 128], 10)``. loss: softmax_xent, sigmoid_bce (n_outputs 1) or mse."""
+    ``nn.mlp(784, [256, 128], 10)``. loss: softmax_xent, sigmoid_bce (n_outputs 1) or mse.
+    dropout > 0: a Dropout(dropout) after each hidden layer's activation."""
     act = from_spec(activation)
+    drop = [Dropout(dropout)] if dropout else []
     layers = []
     for width in tuple(hidden):
-        layers += [Dense(width), act]
+        layers += [Dense(width), act, *drop]
     return Sequential(layers + [Dense(n_outputs)], (int(n_features),), loss, **kw)
 
 
 def lenet5(
-    input_shape=(1, 28, 28), n_classes: int = 10, *, activation: str = "relu", **kw
+    input_shape=(1, 28, 28),
+    n_classes: int = 10,
+    *,
+    activation: str = "relu",
+    pooling: str = "max",
+    **kw,
 ) -> Sequential:
     """LeNet-5 (LeCun et al. 1998) as it is usually written today: conv(6, 5x5, padding 2) ->
     act -> max-pool -> conv(16, 5x5) -> act -> max-pool -> dense 120 -> act -> dense 84 ->
-    act -> dense ``n_classes`` (the original's tanh: ``activation="tanh"``; it pooled by
-    averaging, which the engine does not have)."""
+    act -> dense ``n_classes``. The original's: ``activation="tanh", pooling="avg"``."""
     act = from_spec(activation)
+    if pooling not in ("max", "avg"):
+        raise ValueError(f"pooling is {pooling!r}, expected 'max' or 'avg'")
+    pool = MaxPool2 if pooling == "max" else AvgPool2
     return Sequential(
         [
             Conv2d(6, 5, padding=2),
             act,
-            MaxPool2(),
+            pool(),
             Conv2d(16, 5),
             act,
-            MaxPool2(),
+            pool(),
             Flatten(),
             Dense(120),
             act,

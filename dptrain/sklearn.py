@@ -61,7 +61,7 @@ except ImportError as exc:  # no scikit-learn, or one older than 1.6 (validate_d
         f"dptrain.sklearn needs scikit-learn >= 1.6 (pip install scikit-learn): {exc}"
     ) from exc
 
-from . import models
+from . import models, nn
 from .comm import BACKENDS, resolve_backend
 from .comm.mpi import world as mpi_world
 from .config import DTYPES
@@ -631,6 +631,10 @@ _PARAM_DOCS = {
     parameter, biases included (``weight_decay``; with "adamw" the weights shrink by
     ``lr * alpha`` instead). scikit-learn's MLP divides its alpha by the batch size and
     spares the biases.""",
+    "dropout": """dropout : float in [0, 1), default={default}
+    A Dropout layer of this rate after each hidden layer's ReLU while training (none while
+    predicting), its masks keyed on the sample: the same with any number of workers. 0: no
+    dropout layer (scikit-learn's MLP has none).""",
     "shuffle": """shuffle : bool, default={default}
     A new seeded sample order every epoch.""",
     "random_state": """random_state : int >= 0, RandomState or None, default={default}
@@ -714,6 +718,16 @@ def _doc(cls, summary: str, attributes: str, notes: str = "") -> str:
 
 
 # ---------------------------------------------------------------- the estimators
+def _mlp_model(est, n_features: int, n_outputs: int, loss: str, seed: int):
+    """dptrain.MLP of the estimator's widths, or with dropout > 0 the same dense stack with
+    a Dropout after each hidden ReLU (a Sequential)."""
+    widths = _widths_param(est, "hidden_layer_sizes")
+    kw = {"seed": seed, "dtype": est._dtype(), "threads": est.threads}
+    if est.dropout:
+        return nn.mlp(n_features, widths, n_outputs, loss=loss, dropout=float(est.dropout), **kw)
+    return models.MLP((n_features, *widths, n_outputs), loss, **kw)
+
+
 class MLPClassifier(_Classifier):
     def __init__(
         self,
@@ -732,6 +746,7 @@ class MLPClassifier(_Classifier):
         tol=1e-4,
         n_iter_no_change=10,
         alpha=0.0001,
+        dropout=0.0,
         shuffle=True,
         random_state=None,
         warm_start=False,
@@ -748,14 +763,10 @@ class MLPClassifier(_Classifier):
     def _check_params(self):
         super()._check_params()
         _widths_param(self, "hidden_layer_sizes")
+        _real_param(self, "dropout", 0, 1, high_open=True)
 
     def _build_model(self, n_features, n_classes, seed):
-        return models.MLP(
-            (n_features, *_widths_param(self, "hidden_layer_sizes"), n_classes),
-            seed=seed,
-            dtype=self._dtype(),
-            threads=self.threads,
-        )
+        return _mlp_model(self, n_features, n_classes, "softmax_xent", seed)
 
 
 MLPClassifier.__doc__ = _doc(
@@ -1021,6 +1032,7 @@ class MLPRegressor(RegressorMixin, _Estimator):
         tol=1e-4,
         n_iter_no_change=10,
         alpha=0.0001,
+        dropout=0.0,
         shuffle=True,
         random_state=None,
         warm_start=False,
@@ -1068,8 +1080,8 @@ class MLPRegressor(RegressorMixin, _Estimator):
         )
         if fresh:
             seed = _seed_of(self.random_state)
-            sizes = (X.shape[1], *_widths_param(self, "hidden_layer_sizes"), targets.shape[1])
-            model = models.MLP(sizes, "mse", seed=seed, dtype=self._dtype(), threads=self.threads)
+            _real_param(self, "dropout", 0, 1, high_open=True)
+            model = _mlp_model(self, X.shape[1], targets.shape[1], "mse", seed)
             history = self._train(model, X, targets, partial=partial, seed=seed)
             self._single_output = y.ndim == 1
         else:

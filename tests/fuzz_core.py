@@ -2483,7 +2483,12 @@ def model_config(rng):
 
     def conv():
         oc, k, pad = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(0, 2))
+        if rng.random() < 0.2:
+            return ("conv", oc, k, pad, int(rng.integers(2, 4)))
         return ("conv", oc, k, pad) if pad or rng.random() < 0.5 else ("conv", oc, k)
+
+    def dropout():
+        return ("dropout", pick(rng, (0.0, 0.25, 0.5, 0.9)))
 
     image_pieces = (
         lambda: [conv(), "relu", "maxpool2"],
@@ -2494,12 +2499,18 @@ def model_config(rng):
         lambda: ["maxpool2"],
         lambda: [act()],
         lambda: ["flatten"],
+        lambda: ["avgpool2"],
+        lambda: ["globalavgpool"],
+        lambda: [dropout()],
+        lambda: [("layernorm",)],
     )
     flat_pieces = (
         lambda: [("dense", int(rng.integers(1, 9)))],
         lambda: [("dense", int(rng.integers(1, 9))), act()],
         lambda: [act()],
         lambda: ["flatten"],
+        lambda: [dropout()],
+        lambda: [("layernorm",)],
     )
     while True:
         image = rng.random() < 0.6
@@ -2751,6 +2762,7 @@ class Sweep:
     grad_scale: float
     next_layer: int
     grads: np.ndarray = None  # the whole gradient of the batch (computed when needed)
+    rng: tuple = (0, 0, 0)  # dropout's key when forward_loss ran (set_rng's)
 
 
 class NetModel:
@@ -2782,7 +2794,7 @@ class NetModel:
         # NumPy may round two equal values apart (a tie either argmax serves): inputs
         # drawn from a continuum leave no such ties
         last_pool = max((i for i, kind in enumerate(kinds) if kind == "maxpool2"), default=0)
-        if {"tanh", "sigmoid", "gelu"} & set(kinds[:last_pool]):
+        if {"tanh", "sigmoid", "gelu", "layernorm", "dropout"} & set(kinds[:last_pool]):
             self.x_style = "normal"
         if cfg["loss"] == "mse":
             self.labels_kind = "F"
@@ -2790,12 +2802,16 @@ class NetModel:
         self.n_layers = len(self.ranges)
         self.sweeps = {}  # thread -> [Sweep or None, uncertain]
         self.notes = []  # state worth naming in a failure's tags
+        self.rng = (0, 0, 0)  # dropout's key (set_rng)
+        self.dropout = "dropout" in kinds
 
     # -- the reference ------------------------------------------------------------------
-    def ref_loss_grad(self, x, labels, grad_scale):
+    def ref_loss_grad(self, x, labels, grad_scale, rng=None):
         g = np.zeros_like(self.params_view)
         p = self.params_view.copy()
-        loss, correct = ref.model_loss_grad(*self.model_args(), p, g, x, labels, grad_scale)
+        loss, correct = ref.model_loss_grad(
+            *self.model_args(), p, g, x, labels, grad_scale, rng=rng or self.rng
+        )
         return loss, correct, g
 
     def model_args(self):
@@ -2935,7 +2951,10 @@ class NetModel:
                 return True
             try:
                 acts, _ = ref.model._model_forward(
-                    self.plan, self.params_view.copy(), np.asarray(x)
+                    self.plan,
+                    self.params_view.copy(),
+                    np.asarray(x),
+                    self.rng if self.dropout else None,
                 )
             except Exception:  # a batch the reference refuses: the call is checked elsewhere
                 return True
@@ -2957,7 +2976,15 @@ class NetModel:
                     w, b = weights[conv]
                     h = acts[conv].astype(np.float64)
                     u = np.empty(acts[conv + 1].shape, np.float64)
-                    ref.conv2d_forward(h, w, np.zeros_like(b), u, padding=layers[conv][3])
+                    spec = layers[conv]
+                    ref.conv2d_forward(
+                        h,
+                        w,
+                        np.zeros_like(b),
+                        u,
+                        padding=spec[3],
+                        stride=spec[4] if len(spec) > 4 else 1,
+                    )
                     bias = np.abs(b)[None, :, None, None]
                 if not self._pool_ties_exact(u, bias):
                     return False
@@ -3084,8 +3111,13 @@ def step_forward_loss(rng, fz, net, model, thread="", hostile=0.25, big_p=0.02):
     def oracle(before, x, labels, grad_scale=None):
         rows = model.check_batch(x, labels)
         gs = model.grad_scale(grad_scale, rows)
-        loss, correct = model.ref_evaluate(x, labels)
-        sweep = Sweep(x.copy(), labels.copy(), gs, model.n_layers - 1) if rows else None
+        if model.dropout:  # the training forward: dropout's masks drawn
+            loss, correct = model.ref_loss_grad(x, labels, gs)[:2]
+        else:
+            loss, correct = model.ref_evaluate(x, labels)
+        sweep = (
+            Sweep(x.copy(), labels.copy(), gs, model.n_layers - 1, rng=model.rng) if rows else None
+        )
         return Expect(
             ret_check=model.result_check(loss, correct, x, labels), extra={"sweep": sweep}
         )
@@ -3136,7 +3168,9 @@ def step_backward_layer(rng, fz, net, model, thread="", hostile=0.25, layer=None
         if layer != sweep.next_layer:
             raise Refuse(f"layer {layer} out of order, next is {sweep.next_layer}")
         if sweep.grads is None:
-            sweep.grads = model.ref_loss_grad(sweep.x, sweep.labels, sweep.grad_scale)[2]
+            sweep.grads = model.ref_loss_grad(
+                sweep.x, sweep.labels, sweep.grad_scale, rng=sweep.rng
+            )[2]
         exp = Expect()
         if grads is None:
             exp.held["grads"], exp.held_scale["grads"] = model.grads_expect(
@@ -3380,6 +3414,39 @@ def step_retype_x(rng, fz, net, model, thread=""):
             model.notes.append(note)
 
 
+def step_set_rng(rng, fz, net, model, thread=""):
+    """set_rng(seed, step, row0): dropout's key for the sweeps after (int64s; step and row0
+    not negative)."""
+    vals = [
+        int(rng.integers(-(2**63), 2**63 - 1)) if rng.random() < 0.5 else int(rng.integers(0, 9)),
+        int(rng.integers(0, 2**40)),
+        int(rng.integers(0, 2**20)),
+    ]
+
+    def oracle(before, seed, step, row0):
+        got = []
+        for name, v in (("seed", seed), ("step", step), ("row0", row0)):
+            try:
+                v = int(v.__index__())
+            except AttributeError:
+                raise Refuse(f"{name} must be an int, got {type(v).__name__}") from None
+            if not -(2**63) <= v < 2**63 or (name != "seed" and v < 0):
+                raise Refuse(f"{name} = {v} is not a valid int64 here")
+            got.append(v)
+        model.rng = tuple(got)
+        return Expect()
+
+    call = net_call(
+        model,
+        net,
+        "set_rng",
+        [Arg("seed", vals[0]), Arg("step", vals[1]), Arg("row0", vals[2])],
+        oracle,
+        thread,
+    )
+    return fz.run(mutate(rng, call, hostile_count(rng, 0.25)))
+
+
 def step_reinit(rng, fz, net, model, thread=""):
     """__init__ again on a live object: refused (it holds arrays and scratch)."""
     fz.run(
@@ -3404,6 +3471,7 @@ NET_STEPS = [
     (0.7, step_retype_held),
     (0.5, step_retype_x),
     (0.3, step_reinit),
+    (1, step_set_rng),
 ]
 
 
@@ -4281,6 +4349,7 @@ UNINIT_ARGS = {
     "loss_grad": lambda: [np.zeros((2, 3)), np.zeros(2, np.int64)],
     "forward_loss": lambda: [np.zeros((2, 3)), np.zeros(2, np.int64)],
     "backward_layer": lambda: [0],
+    "set_rng": lambda: [0, 0, 0],
     "evaluate": lambda: [np.zeros((2, 3)), np.zeros(2, np.int64)],
     "logits": lambda: [np.zeros((2, 3)), np.zeros((2, 2))],
     "barrier": lambda: [],
@@ -4331,6 +4400,7 @@ CASE_P = np.array([w for _, w, _ in CASES]) / sum(w for _, w, _ in CASES)
 # Who calls each public callable; test_fuzz_core fails when dir(_core) grows a name that is
 # not here (add it to a builder or a scenario, then here).
 NET_METHODS = (
+    "set_rng",
     "loss_grad",
     "forward_loss",
     "backward_layer",

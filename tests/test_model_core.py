@@ -127,6 +127,55 @@ MODELS = [
         "mse",
     ),
     ("conv-only", [("conv", 3, 3)], (1, 5, 4), "softmax_xent"),
+    # the layers of issue 36: strides (odd maps, padding, a fused pool after one), average
+    # pooling, global average pooling, dropout (its masks keyed like the twin's) and layer
+    # norm, on a (C, H, W) map and on features, first among the parameterized layers too
+    (
+        "strided",
+        [("conv", 3, 3, 1, 2), "relu", "maxpool2", ("conv", 4, 2, 0, 3), "flatten", ("dense", 3)],
+        (2, 13, 11),
+        "softmax_xent",
+    ),
+    (
+        "avgpool-gap",
+        [
+            ("conv", 3, 3, 1),
+            "relu",
+            "avgpool2",
+            ("conv", 4, 1, 0, 2),
+            "globalavgpool",
+            ("dense", 3),
+        ],
+        (2, 9, 7),
+        "softmax_xent",
+    ),
+    (
+        "dropout",
+        [("dense", 12), "relu", ("dropout", 0.3), ("dense", 6), ("dropout", 0.5), ("dense", 3)],
+        (5,),
+        "softmax_xent",
+    ),
+    (
+        "layernorm",
+        [("layernorm",), ("dense", 8), ("layernorm",), "gelu", ("dense", 2)],
+        (6,),
+        "mse",
+    ),
+    (
+        "resnet-parts",
+        [
+            ("conv", 4, 3, 1, 2),
+            ("layernorm",),
+            "relu",
+            ("dropout", 0.2),
+            ("conv", 4, 3, 1),
+            "avgpool2",
+            "globalavgpool",
+            ("dense", 3),
+        ],
+        (1, 10, 10),
+        "softmax_xent",
+    ),
 ]
 MODEL_IDS = [m[0] for m in MODELS]
 
@@ -230,6 +279,8 @@ def test_model_matches_reference(isa, model, dtype):
     start = rng_for("start", name, dname(dtype)).standard_normal(params.size).astype(dtype)
     grads_ref = start.copy()
     want = ref.model_loss_grad(layers, shape, loss, params, grads_ref, x, labels, 0.25)
+    # evaluation's loss: training's but for dropout, which passes its input on
+    want_eval = ref.model_evaluate(layers, shape, loss, params, x, labels)
     outputs_ref = reference_outputs(model, params, x)
     k = reduction(plan, len(x))
     inputs = [a.copy() for a in (params, x, labels)]
@@ -253,7 +304,9 @@ def test_model_matches_reference(isa, model, dtype):
             err_msg=what + " logits",
             atol=RTOL[np.dtype(dtype)] * math.sqrt(k) * (1 + np.abs(outputs_ref).max()),
         )
-        check_result(m.evaluate(x, labels), want, outputs_ref, loss, dtype, k, what + " evaluate")
+        check_result(
+            m.evaluate(x, labels), want_eval, outputs_ref, loss, dtype, k, what + " evaluate"
+        )
         for before, after in zip(inputs, (params, x, labels)):
             np.testing.assert_array_equal(after, before, err_msg=what + " modified an input")
         results[threads] = got, grads
@@ -506,6 +559,25 @@ FD_MODELS = [
         (1, 5, 5),
         "mse",
     ),
+    (
+        "strided-avgpool-gap",
+        [
+            ("conv", 3, 3, 1, 2),
+            "tanh",
+            "avgpool2",
+            ("conv", 2, 1, 0, 2),
+            "globalavgpool",
+            ("dense", 2),
+        ],
+        (2, 9, 10),
+        "softmax_xent",
+    ),
+    (
+        "layernorm",
+        [("dense", 5), ("layernorm",), "tanh", ("dense", 4), ("layernorm",), ("dense", 2)],
+        (3,),
+        "mse",
+    ),
 ]
 
 
@@ -624,6 +696,80 @@ def test_plan_fuses_the_documented_patterns(layers, shape, stages):
 DENSE = ("dense", 2)
 BAD_PLANS = [  # (id, layers, input_shape, loss, exception, what the message must say)
     (
+        "dropout-rate-1",
+        [("dropout", 1.0), DENSE],
+        (4,),
+        "mse",
+        ValueError,
+        r"layers\[0\] = \('dropout', 1.0\): dropout's rate must be in \[0, 1\)",
+    ),
+    (
+        "dropout-rate-negative",
+        [DENSE, ("dropout", -0.1)],
+        (4,),
+        "mse",
+        ValueError,
+        r"dropout's rate must be in \[0, 1\)",
+    ),
+    (
+        "dropout-rate-nan",
+        [("dropout", float("nan")), DENSE],
+        (4,),
+        "mse",
+        ValueError,
+        r"dropout's rate must be in \[0, 1\)",
+    ),
+    (
+        "dropout-rate-text",
+        [("dropout", "0.5"), DENSE],
+        (4,),
+        "mse",
+        TypeError,
+        r"dropout's rate must be a number, got str",
+    ),
+    ("dropout-no-rate", ["dropout", DENSE], (4,), "mse", ValueError, r"one rate: \('dropout', p\)"),
+    (
+        "conv-stride-0",
+        [("conv", 2, 3, 0, 0)],
+        (1, 5, 5),
+        "mse",
+        ValueError,
+        r"the stride must be 1\.\.2147483647",
+    ),
+    (
+        "conv-five-sizes",
+        [("conv", 2, 3, 0, 1, 1)],
+        (1, 5, 5),
+        "mse",
+        ValueError,
+        r"\('conv', out_channels, kernel\[, padding\[, stride\]\]\)",
+    ),
+    (
+        "avgpool-on-flat",
+        ["flatten", "avgpool2", DENSE],
+        (1, 4, 4),
+        "mse",
+        ValueError,
+        r"layers\[1\] \('avgpool2'\) gets a \(16,\) input: average pooling needs a \(C, H, W\)",
+    ),
+    (
+        "avgpool-1-row",
+        ["avgpool2", DENSE],
+        (2, 1, 4),
+        "mse",
+        ValueError,
+        r"average pooling needs a map of at least 2x2",
+    ),
+    (
+        "gap-on-flat",
+        [DENSE, "globalavgpool", DENSE],
+        (4,),
+        "mse",
+        ValueError,
+        r"\('globalavgpool'\) gets a \(2,\) input: global average pooling needs a \(C, H, W\)",
+    ),
+    ("layernorm-sizes", [("layernorm", 3), DENSE], (4,), "mse", ValueError, r"takes no sizes"),
+    (
         "unknown-kind",
         [("dense", 3), "softmax"],
         (4,),
@@ -687,7 +833,7 @@ BAD_PLANS = [  # (id, layers, input_shape, loss, exception, what the message mus
         (4,),
         "mse",
         ValueError,
-        r"layers has no dense or conv layer",
+        r"layers has no dense, conv or layernorm layer",
     ),
     (
         "softmax-1-output",

@@ -216,11 +216,11 @@ static void bench_pair(const char *row, const model_case *c, int f64, int thread
     dp_model_free(&mb);
 }
 
-#define DENSE(n) {DP_LAYER_DENSE, (n), 0, 0}
-#define CONV(oc, k, p) {DP_LAYER_CONV, (oc), (k), (p)}
-#define POOL {DP_LAYER_MAXPOOL2, 0, 0, 0}
-#define RELU {DP_LAYER_RELU, 0, 0, 0}
-#define FLAT {DP_LAYER_FLATTEN, 0, 0, 0}
+#define DENSE(n) {DP_LAYER_DENSE, (n), 0, 0, 1, 0.0}
+#define CONV(oc, k, p) {DP_LAYER_CONV, (oc), (k), (p), 1, 0.0}
+#define POOL {DP_LAYER_MAXPOOL2, 0, 0, 0, 1, 0.0}
+#define RELU {DP_LAYER_RELU, 0, 0, 0, 1, 0.0}
+#define FLAT {DP_LAYER_FLATTEN, 0, 0, 0, 1, 0.0}
 
 int main(int argc, char **argv)
 {

@@ -2218,10 +2218,10 @@ static int conv_bwd_t(dtype dt, dp_ctx *ctx, dp_scratch *s, void *dw, void *db, 
  * through the batch kernels (GEMM) and the naive twins, with dw/db prefilled (they accumulate)
  * and dx prefilled with NaN (it is written). Buffers are malloc'ed to their exact size, so
  * AddressSanitizer sees any read or write past them. */
-static void conv_case(dtype dt, int B, int C, int H, int W, int OC, int KH, int KW, int pad,
-                      dp_ctx *ctx, const char *cname)
+static void conv_case_s(dtype dt, int B, int C, int H, int W, int OC, int KH, int KW, int pad,
+                        int st, dp_ctx *ctx, const char *cname)
 {
-    dp_conv_geom g = {C, H, W, OC, KH, KW, pad};
+    dp_conv_geom g = {C, H, W, OC, KH, KW, pad, st};
     int OH, OW;
     if (!expect(dp_conv_out(&g, &OH, &OW) == DP_OK, "dp_conv_out %dx%dx%d k%dx%d p%d", C, H, W, KH,
                 KW, pad))
@@ -2255,7 +2255,7 @@ static void conv_case(dtype dt, int B, int C, int H, int W, int OC, int KH, int 
                     for (int c = 0; c < C; c++)
                         for (int u = 0; u < KH; u++)
                             for (int v = 0; v < KW; v++) {
-                                int h = i + u - pad, q = j + v - pad;
+                                int h = i * st + u - pad, q = j * st + v - pad;
                                 if (h < 0 || h >= H || q < 0 || q >= W) continue;
                                 ptrdiff_t wi = (((ptrdiff_t)o * C + c) * KH + u) * KW + v;
                                 ptrdiff_t xi = (((ptrdiff_t)n * C + c) * H + h) * W + q;
@@ -2348,7 +2348,7 @@ static void test_conv_direct(dtype dt)
     };
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
         const int *sh = shapes[i];
-        dp_conv_geom g = {sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], 0};
+        dp_conv_geom g = {sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], 0, 1};
         int OH, OW, Kd = sh[0] * sh[4] * sh[5];
         if (!expect(dp_conv_out(&g, &OH, &OW) == DP_OK, "conv direct: geometry %d", i)) continue;
         ptrdiff_t P = (ptrdiff_t)OH * OW, nx = (ptrdiff_t)g.C * g.H * g.W, ny = g.OC * P;
@@ -2469,7 +2469,7 @@ static void test_gemm_patch(dtype dt)
     };
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
         const int *sh = shapes[i];
-        dp_conv_geom g = {sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], 0};
+        dp_conv_geom g = {sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], 0, 1};
         int oh = sh[6], ow = sh[7], Kd = g.C * g.KH * g.KW, P = oh * ow;
         ptrdiff_t nx = (ptrdiff_t)g.C * g.H * g.W, nc = (ptrdiff_t)Kd * g.OC;
         void *x = talloc(dt, nx), *dy = talloc(dt, (ptrdiff_t)g.OC * P), *c0 = talloc(dt, nc);
@@ -2544,42 +2544,53 @@ static void test_conv(dtype dt)
     int entry_isa = dp_isa_active();
     test_conv_direct(dt);
     test_gemm_patch(dt);
-    static const int shapes[][8] = {
-        /* B, C, H, W, OC, KH, KW, pad */
-        {1, 1, 1, 1, 1, 1, 1, 0},
-        {3, 1, 7, 7, 1, 3, 3, 0},
-        {1, 3, 7, 3, 7, 3, 3, 1},
-        {7, 3, 3, 7, 3, 1, 3, 0},
-        {3, 7, 7, 7, 3, 3, 1, 1},
-        {1, 3, 7, 7, 3, 7, 7, 0},
-        {2, 2, 5, 6, 3, 2, 3, 2},
-        {2, 3, 9, 33, 5, 3, 3, 1},
-        {1, 1, 1, 1, 2, 5, 5, 2},
-        {1, 2, 20, 5, 2, 17, 2, 1},
+    static const int shapes[][9] = {
+        /* B, C, H, W, OC, KH, KW, pad, stride */
+        {1, 1, 1, 1, 1, 1, 1, 0, 1},
+        {3, 1, 7, 7, 1, 3, 3, 0, 1},
+        {1, 3, 7, 3, 7, 3, 3, 1, 1},
+        {7, 3, 3, 7, 3, 1, 3, 0, 1},
+        {3, 7, 7, 7, 3, 3, 1, 1, 1},
+        {1, 3, 7, 7, 3, 7, 7, 0, 1},
+        {2, 2, 5, 6, 3, 2, 3, 2, 1},
+        {2, 3, 9, 33, 5, 3, 3, 1, 1},
+        {1, 1, 1, 1, 2, 5, 5, 2, 1},
+        {1, 2, 20, 5, 2, 17, 2, 1, 1},
         /* no padding, rows narrower than a vector (dp_im2col's permutes on 64-byte vectors):
          * conv2's 12-value rows (3 patterns for float, 3 for double), 13-value rows (13
          * patterns each), both ending in the image's last values (the copy loop's tail) */
-        {2, 3, 14, 14, 2, 3, 3, 0},
-        {1, 4, 15, 15, 3, 3, 3, 0},
+        {2, 3, 14, 14, 2, 3, 3, 0, 1},
+        {1, 4, 15, 15, 3, 3, 3, 0, 1},
+        /* strides (im2col and col2im one value at a time; the direct, in-place and patch
+         * paths declined or strided): odd maps, padding, a 1x1 projection, a stride past the
+         * kernel */
+        {2, 3, 9, 9, 4, 3, 3, 1, 2},
+        {1, 2, 8, 7, 3, 1, 1, 0, 2},
+        {2, 3, 11, 10, 2, 3, 3, 0, 3},
+        {1, 4, 16, 16, 8, 3, 3, 1, 2},
+        {1, 1, 7, 9, 2, 2, 2, 0, 4},
     };
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
         const int *s = shapes[i];
         for (int c = 0; c < 3; c++)
-            conv_case(dt, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], ctxs[c].ctx,
-                      ctxs[c].name);
+            conv_case_s(dt, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], ctxs[c].ctx,
+                        ctxs[c].name);
     }
     for (int isa = 0; isa < DP_ISA_COUNT; isa++)
-        if (isa != widest_isa() && use_isa(isa))
-            conv_case(dt, 2, 3, 9, 33, 5, 3, 3, 1, &ctx1, dp_isa_name(isa));
+        if (isa != widest_isa() && use_isa(isa)) {
+            conv_case_s(dt, 2, 3, 9, 33, 5, 3, 3, 1, 1, &ctx1, dp_isa_name(isa));
+            conv_case_s(dt, 2, 3, 9, 9, 4, 3, 3, 1, 2, &ctx1, dp_isa_name(isa));
+        }
     /* back to the ISA the caller's loop is testing (the widest, which this left active, ran
      * the float64 kernels after it in every pass) */
     use_isa(entry_isa);
-    /* the last: a padding near INT_MAX makes OH and OW near 2^32 each (their product overflowed
-     * a long long; found by the fuzzer under UBSan) */
-    dp_conv_geom bad[] = {{0, 3, 3, 1, 1, 1, 0},
-                          {1, 3, 3, 1, 6, 1, 1},
-                          {1, 3, 3, 1, 1, 1, -1},
-                          {2, 4, 6, 1, 3, 1, INT_MAX}};
+    /* the fourth: a padding near INT_MAX makes OH and OW near 2^32 each (their product
+     * overflowed a long long; found by the fuzzer under UBSan); the last: a negative stride */
+    dp_conv_geom bad[] = {{0, 3, 3, 1, 1, 1, 0, 1},
+                          {1, 3, 3, 1, 6, 1, 1, 1},
+                          {1, 3, 3, 1, 1, 1, -1, 1},
+                          {2, 4, 6, 1, 3, 1, INT_MAX, 1},
+                          {2, 4, 6, 1, 3, 1, 0, -1}};
     for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
         int OH, OW;
         expect(dp_conv_out(&bad[i], &OH, &OW) == DP_EVALUE, "dp_conv_out bad geometry %d accepted",

@@ -606,14 +606,14 @@ static double get_t(int f64, const void *p, ptrdiff_t i)
 
 /* ---- plans ------------------------------------------------------------------------------- */
 
-#define DENSE(n) {DP_LAYER_DENSE, (n), 0, 0}
-#define CONV(oc, k, p) {DP_LAYER_CONV, (oc), (k), (p)}
-#define POOL {DP_LAYER_MAXPOOL2, 0, 0, 0}
-#define RELU {DP_LAYER_RELU, 0, 0, 0}
-#define TANH {DP_LAYER_TANH, 0, 0, 0}
-#define SIGM {DP_LAYER_SIGMOID, 0, 0, 0}
-#define GELU {DP_LAYER_GELU, 0, 0, 0}
-#define FLAT {DP_LAYER_FLATTEN, 0, 0, 0}
+#define DENSE(n) {DP_LAYER_DENSE, (n), 0, 0, 1, 0.0}
+#define CONV(oc, k, p) {DP_LAYER_CONV, (oc), (k), (p), 1, 0.0}
+#define POOL {DP_LAYER_MAXPOOL2, 0, 0, 0, 1, 0.0}
+#define RELU {DP_LAYER_RELU, 0, 0, 0, 1, 0.0}
+#define TANH {DP_LAYER_TANH, 0, 0, 0, 1, 0.0}
+#define SIGM {DP_LAYER_SIGMOID, 0, 0, 0, 1, 0.0}
+#define GELU {DP_LAYER_GELU, 0, 0, 0, 1, 0.0}
+#define FLAT {DP_LAYER_FLATTEN, 0, 0, 0, 1, 0.0}
 #define NL(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* "op[act][+pool] ..." of a plan's stages, for messages and checks */
@@ -717,7 +717,13 @@ static void test_plans(void)
         {{CONV(2, 0, 0)}, 1, tiny, 3, DP_LOSS_MSE, 0, "conv kernel 0"},
         {{CONV(2, 1, -1)}, 1, tiny, 3, DP_LOSS_MSE, 0, "conv padding -1"},
         {{DENSE(3), DENSE(0)}, 2, tiny, 3, DP_LOSS_MSE, 1, "dense width 0"},
-        {{DENSE(3), {(dp_layer_kind)99, 1, 1, 1}}, 2, tiny, 3, DP_LOSS_MSE, 1, "unknown kind"},
+        {{DENSE(3), {(dp_layer_kind)99, 1, 1, 1, 1, 0.0}},
+         2,
+         tiny,
+         3,
+         DP_LOSS_MSE,
+         1,
+         "unknown kind"},
         {{CONV(2, 1, 0)}, 1, huge, 3, DP_LOSS_MSE, 0, "conv output over INT_MAX"},
         {{DENSE(INT_MAX), DENSE(INT_MAX), DENSE(INT_MAX), DENSE(INT_MAX)},
          4,
@@ -726,7 +732,7 @@ static void test_plans(void)
          DP_LOSS_MSE,
          2,
          "parameter count overflow"},
-        {{RELU, TANH}, 2, tiny, 3, DP_LOSS_MSE, 2, "no dense or conv layer"},
+        {{RELU, TANH}, 2, tiny, 3, DP_LOSS_MSE, 2, "no dense, conv or layernorm layer"},
         {{DENSE(1)}, 1, tiny, 3, DP_LOSS_SOFTMAX_XENT, 1, "softmax on 1 output"},
         {{DENSE(3)}, 1, tiny, 3, DP_LOSS_SIGMOID_BCE, 1, "bce on 3 outputs"},
         {{DENSE(3)}, 1, tiny, 3, (dp_loss)7, 1, "unknown loss"},

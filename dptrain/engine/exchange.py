@@ -99,10 +99,11 @@ class Exchange:
     def _share(comm, model, rows, start, stop, clock) -> tuple[float, int]:
         """This worker's share of the batch into ``model.grads`` (zeroed first), scaled by
         1 / (global batch); the clock marks the data and the compute phases."""
-        x, y = rows(*shard(start, stop, comm.rank, comm.size))
+        lo, hi = shard(start, stop, comm.rank, comm.size)
+        x, y = rows(lo, hi)
         clock.data_done()
         model.zero_grad()
-        loss, correct = model.loss_grad(x, y, 1.0 / (stop - start))
+        loss, correct = model.loss_grad(x, y, 1.0 / (stop - start), row0=lo - start)
         clock.computed()
         return loss, correct
 
@@ -133,10 +134,11 @@ class Overlap(Exchange):
         self.bucket_kb = bucket_kb
 
     def gradient(self, comm, model, rows, start, stop, clock):
-        x, y = rows(*shard(start, stop, comm.rank, comm.size))
+        lo, hi = shard(start, stop, comm.rank, comm.size)
+        x, y = rows(lo, hi)
         clock.data_done()
         model.zero_grad()
-        loss, correct = model.forward_loss(x, y, 1.0 / (stop - start))
+        loss, correct = model.forward_loss(x, y, 1.0 / (stop - start), row0=lo - start)
         grads = self.grads = model.grads
         buckets = gradient_buckets(grads.size, grads.itemsize, self.bucket_kb)
         starts = [lo for lo, _ in model.layer_slices()]
@@ -199,10 +201,11 @@ class Deterministic(Exchange):
         loss, correct = 0.0, 0
         for c in self.mine:
             with clock.data():
-                x, y = rows(*shard(start, stop, c, CHUNKS))
+                lo, hi = shard(start, stop, c, CHUNKS)
+                x, y = rows(lo, hi)
             into = self.work if self.bf16 else self.chunks[c]
             _core.zero_(into)
-            cl, cc = model.loss_grad(x, y, 1.0 / (stop - start), grads=into)
+            cl, cc = model.loss_grad(x, y, 1.0 / (stop - start), grads=into, row0=lo - start)
             if self.bf16:
                 _core.to_bf16(into, self.chunks[c])
             loss += cl

@@ -169,9 +169,11 @@ class LocalSGD(Exchange):
         scale = self.k / (stop - start)  # each replica's mean: their mean is the batch's
         for net, k in zip(self.nets, self.mine):
             with clock.data():
-                x, y = rows(*shard(start, stop, k, self.k))
+                lo, hi = shard(start, stop, k, self.k)
+                x, y = rows(lo, hi)
             net.zero_grad()
-            cl, cc = net.loss_grad(x, y, scale)
+            net.step = model.step  # dropout's key: the step's, on every replica
+            cl, cc = net.loss_grad(x, y, scale, row0=lo - start)
             loss += cl
             correct += cc
         clock.computed()

@@ -205,6 +205,7 @@ def run_worker(
         for b in range(first_batch, len(bounds)):
             hooks.step_start(rank, step)
             clock.begin(e0 if b == first_batch else now())
+            net.step = step  # dropout's key (Model.loss_grad)
             batch_loss, batch_correct = exchange.gradient(comm, net, rows, *bounds[b], clock)
             exchange.update(comm, opt, lr_of(step))
             clock.record(timer, epoch, now())

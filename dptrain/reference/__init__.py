@@ -32,6 +32,7 @@ and its tests (tests/test_<family>.py) are one name apart:
     allreduce  allreduce, allreduce_slice             csrc/dp_allreduce.h
     conv       conv2d_forward, conv2d_backward        csrc/dp_conv.h
     pool       maxpool2_forward, maxpool2_backward    csrc/dp_pool.h
+    layers     avgpool2_*, gap_*, dropout_*, layernorm_*   csrc/dp_layers.h
     model      model_plan, model_loss_grad, ... (the Model contract)    csrc/dp_model.h
 
 This package re-exports every twin: ``reference.softmax_xent`` is
@@ -57,6 +58,18 @@ from .buffers import augment_images, from_bf16, scale_, sum_buffers, sum_squares
 from .conv import conv2d_backward, conv2d_forward
 from .dense import dense_backward, dense_forward
 from .gemm import gemm
+from .layers import (
+    LAYERNORM_EPS,
+    avgpool2_backward,
+    avgpool2_forward,
+    dropout_backward,
+    dropout_forward,
+    dropout_mask,
+    gap_backward,
+    gap_forward,
+    layernorm_backward,
+    layernorm_forward,
+)
 from .loss import argmax, count_correct, sigmoid_bce, softmax_xent
 from .model import (
     LAYER_SIZES,
@@ -98,6 +111,16 @@ __all__ = [
     "conv2d_backward",
     "maxpool2_forward",
     "maxpool2_backward",
+    "avgpool2_forward",
+    "avgpool2_backward",
+    "gap_forward",
+    "gap_backward",
+    "dropout_mask",
+    "dropout_forward",
+    "dropout_backward",
+    "layernorm_forward",
+    "layernorm_backward",
+    "LAYERNORM_EPS",
     "tanh_forward",
     "tanh_backward",
     "sigmoid_forward",

@@ -4,6 +4,7 @@ scale_, to_bf16, from_bf16. uint16 arrays hold bfloat16 values, computed in floa
 import numpy as np
 
 from ._common import _check_ndim, _check_shape, _common_float_dtype, _range
+from .layers import mix64
 
 __all__ = ["sum_buffers", "to_bf16", "from_bf16", "scale_", "sum_squares", "augment_images"]
 
@@ -116,11 +117,9 @@ _MASK = (1 << 64) - 1
 
 
 def _mix(z: int) -> int:
-    """splitmix64's finalizer (csrc/dp_common.c's augment_mix), on Python ints mod 2^64."""
-    z = (z + 0x9E3779B97F4A7C15) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
+    """splitmix64's output for the state z (csrc/dp_common.h's dp_mix64), on Python ints mod
+    2^64."""
+    return int(mix64(np.uint64(z)))
 
 
 def augment_draw(seed: int, epoch: int, sample: int, pad: int) -> tuple[int, int, int]:

@@ -27,6 +27,17 @@ from .act import (
 )
 from .conv import conv2d_backward, conv2d_forward
 from .dense import dense_backward, dense_forward
+from .layers import (
+    avgpool2_backward,
+    avgpool2_forward,
+    dropout_backward,
+    dropout_forward,
+    dropout_mask,
+    gap_backward,
+    gap_forward,
+    layernorm_backward,
+    layernorm_forward,
+)
 from .loss import count_correct, sigmoid_bce, softmax_xent
 from .pool import maxpool2_backward, maxpool2_forward
 
@@ -50,13 +61,17 @@ MODEL_LOSSES = ("softmax_xent", "sigmoid_bce", "mse")
 # Layer kinds and how many sizes each takes: (fewest, most); conv's padding may be left out.
 LAYER_SIZES = {
     "dense": (1, 1),
-    "conv": (2, 3),
+    "conv": (2, 4),
     "maxpool2": (0, 0),
     "relu": (0, 0),
     "tanh": (0, 0),
     "sigmoid": (0, 0),
     "gelu": (0, 0),
     "flatten": (0, 0),
+    "avgpool2": (0, 0),
+    "globalavgpool": (0, 0),
+    "dropout": (1, 1),
+    "layernorm": (0, 0),
 }
 
 
@@ -84,7 +99,8 @@ def _is_sequence(obj):
 
 
 def _model_layer(spec, i):
-    """One layer spec normalized: ('dense', out), ('conv', out_channels, kernel, padding) or
+    """One layer spec normalized: ('dense', out), ('conv', out_channels, kernel, padding),
+    ('conv', out_channels, kernel, padding, stride) for a stride above 1, ('dropout', p) or
     (kind,); TypeError/ValueError naming layers[i]."""
     if isinstance(spec, str):
         items = (spec,)
@@ -104,9 +120,20 @@ def _model_layer(spec, i):
     if not fewest <= len(items) - 1 <= most:
         takes = {
             "dense": "one size: ('dense', out_features)",
-            "conv": "('conv', out_channels, kernel) or ('conv', out_channels, kernel, padding)",
+            "conv": "('conv', out_channels, kernel[, padding[, stride]])",
+            "dropout": "one rate: ('dropout', p)",
         }.get(kind, "no sizes")
         raise ValueError(f"layers[{i}] = {spec!r}: {kind!r} takes {takes}")
+    if kind == "dropout":
+        rate = items[1]
+        if isinstance(rate, bool) or not isinstance(rate, (int, float, np.integer, np.floating)):
+            raise TypeError(
+                f"layers[{i}] = {spec!r}: dropout's rate must be a number, got "
+                f"{type(rate).__name__}"
+            )
+        if not 0 <= float(rate) < 1:
+            raise ValueError(f"layers[{i}] = {spec!r}: dropout's rate must be in [0, 1)")
+        return ("dropout", float(rate))
     sizes = []
     for j, v in enumerate(items[1:], start=1):
         try:
@@ -117,12 +144,19 @@ def _model_layer(spec, i):
             ) from None
         lowest = 0 if (kind, j) == ("conv", 3) else 1
         if not lowest <= v <= _INT_MAX:
-            what = ("the output size", "the kernel size", "padding")[j - 1]
+            what = ("the output size", "the kernel size", "padding", "the stride")[j - 1]
             raise ValueError(f"layers[{i}] = {spec!r}: {what} must be {lowest}..{_INT_MAX}")
         sizes.append(int(v))
     if kind == "conv" and len(sizes) == 2:
         sizes.append(0)
+    if kind == "conv" and len(sizes) == 4 and sizes[3] == 1:
+        sizes.pop()  # stride 1: the spec of a conv without one
     return (kind, *sizes)
+
+
+def _stride(sizes):
+    """A conv spec's stride (1 where the spec leaves it out)."""
+    return sizes[3] if len(sizes) > 3 else 1
 
 
 def _model_input_shape(input_shape):
@@ -154,12 +188,12 @@ def _layer_output(kind, sizes, shape):
     if kind == "conv":
         if len(shape) != 3:
             return "conv needs a (C, H, W) input"
-        (oc, k, pad), (c, h, w) = sizes, shape
+        (oc, k, pad), (c, h, w), st = sizes[:3], shape, _stride(sizes)
         if 2 * pad + max(h, w) > _INT_MAX:
             return "conv padding does not fit an int"
         if min(h, w) + 2 * pad < k:
             return "conv kernel larger than the padded input"
-        oh, ow = h + 2 * pad - k + 1, w + 2 * pad - k + 1
+        oh, ow = (h + 2 * pad - k) // st + 1, (w + 2 * pad - k) // st + 1
         if max(oh, ow, c * k * k, oh * ow, oc * oh * ow) > _INT_MAX:
             return "conv sizes do not fit an int"
         return (oc, oh, ow), (oc, c, k, k)
@@ -169,9 +203,21 @@ def _layer_output(kind, sizes, shape):
         if min(shape[1:]) < 2:
             return "max-pooling needs a map of at least 2x2"
         return (shape[0], shape[1] // 2, shape[2] // 2), None
+    if kind == "avgpool2":
+        if len(shape) != 3:
+            return "average pooling needs a (C, H, W) input"
+        if min(shape[1:]) < 2:
+            return "average pooling needs a map of at least 2x2"
+        return (shape[0], shape[1] // 2, shape[2] // 2), None
+    if kind == "globalavgpool":
+        if len(shape) != 3:
+            return "global average pooling needs a (C, H, W) input"
+        return (shape[0],), None
+    if kind == "layernorm":  # gamma and beta, one per feature
+        return shape, (math.prod(shape),)
     if kind == "flatten":
         return (math.prod(shape),), None
-    return shape, None  # an activation
+    return shape, None  # an activation, dropout
 
 
 def model_plan(layers, input_shape, loss="softmax_xent"):
@@ -206,25 +252,26 @@ def model_plan(layers, input_shape, loss="softmax_xent"):
         out = _layer_output(kind, sizes, shape)
         if not isinstance(out, str) and out[1] is not None:
             n_weights = math.prod(out[1])
-            if offset + n_weights + out[1][0] > _PTRDIFF_MAX:
+            if offset + n_weights + n_weights * (kind == "layernorm") + out[1][0] > _PTRDIFF_MAX:
                 out = "parameter count overflows"
         if isinstance(out, str):
             raise ValueError(f"layers[{i}] ('{kind}') gets a {shape} input: {out}")
         shape, weight_shape = out
-        if weight_shape is not None:  # W, then b
+        if weight_shape is not None:  # W, then b (a layer norm's gamma, then beta)
+            n_bias = n_weights if kind == "layernorm" else weight_shape[0]
             params.append(
                 {
                     "layer": i,
                     "weight": offset,
                     "weight_shape": weight_shape,
                     "bias": offset + n_weights,
-                    "bias_shape": (weight_shape[0],),
+                    "bias_shape": (n_bias,),
                 }
             )
-            offset += n_weights + weight_shape[0]
+            offset += n_weights + n_bias
         shapes.append(shape)
     if not params:
-        raise ValueError("layers has no dense or conv layer: nothing to train")
+        raise ValueError("layers has no dense, conv or layernorm layer: nothing to train")
     n_out = math.prod(shape)
     need = {
         "softmax_xent": (n_out >= 2, "softmax cross-entropy needs >= 2 outputs"),
@@ -284,7 +331,8 @@ def model_init_params(layers, input_shape, loss, seed, dtype=np.float32):
 
     kaiming_uniform_(a=sqrt(5)) for W is the bound gain * sqrt(3 / fan_in) with gain =
     sqrt(2 / (1 + 5)), which is 1 / sqrt(fan_in), and U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for
-    b; fan_in = IN for a dense layer, C K K for a conv. Draws come from
+    b; fan_in = IN for a dense layer, C K K for a conv; a layer norm's scale is 1 and its
+    shift 0 (nn.LayerNorm's), drawing nothing. Draws come from
     np.random.default_rng(seed), layer by layer, W (in row-major order) then b, in float64,
     then are rounded to dtype.
     """
@@ -292,8 +340,13 @@ def model_init_params(layers, input_shape, loss, seed, dtype=np.float32):
     if dtype not in _FLOAT_DTYPES:
         raise TypeError(f"dtype is {dtype}, expected float32 or float64")
     rng = np.random.default_rng(seed)
-    flat = np.empty(model_plan(layers, input_shape, loss)["n_params"], dtype=dtype)
-    for w, b in model_unflatten(layers, input_shape, loss, flat):
+    plan = model_plan(layers, input_shape, loss)
+    flat = np.empty(plan["n_params"], dtype=dtype)
+    for e, (w, b) in zip(plan["params"], model_unflatten(layers, input_shape, loss, flat)):
+        if plan["layers"][e["layer"]][0] == "layernorm":  # nn.LayerNorm's: no draw
+            w[...] = 1
+            b[...] = 0
+            continue
         bound = 1.0 / math.sqrt(math.prod(w.shape[1:]))
         w[...] = rng.uniform(-bound, bound, size=w.shape)
         b[...] = rng.uniform(-bound, bound, size=b.shape)
@@ -305,10 +358,12 @@ def _rows(a):
     return a.reshape(len(a), math.prod(a.shape[1:]))
 
 
-def _model_forward(plan, params, x):
+def _model_forward(plan, params, x, rng=None):
     """(acts, codes): acts[l] is layer l's input and acts[l + 1] its output, each
-    (B, *shape); codes[l] a maxpool2 layer's argmax codes. Written layer by layer, in the
-    list's order (the C core fuses some, with the same values; see csrc/dp_model.h)."""
+    (B, *shape); codes[l] a maxpool2 layer's argmax codes, a dropout layer's mask. Written
+    layer by layer, in the list's order (the C core fuses some, with the same values; see
+    csrc/dp_model.h). rng = (seed, step, row0) trains (dropout draws its masks); None
+    evaluates (dropout passes its input on)."""
     batch, dt = x.shape[0], params.dtype
     weights = _model_param_views(plan, params)
     acts, codes = [x.reshape((batch, *plan["input_shape"]))], {}
@@ -318,12 +373,27 @@ def _model_forward(plan, params, x):
         if kind == "dense":
             dense_forward(_rows(h), *weights[i], y)
         elif kind == "conv":
-            conv2d_forward(h, *weights[i], y, padding=sizes[2])
+            conv2d_forward(h, *weights[i], y, padding=sizes[2], stride=_stride(sizes))
         elif kind == "maxpool2":
             codes[i] = np.empty(y.shape, np.uint8)
             maxpool2_forward(h, y, codes[i])
         elif kind == "flatten":
             y = h.reshape(y.shape)
+        elif kind == "avgpool2":
+            y = avgpool2_forward(h)
+        elif kind == "globalavgpool":
+            y = gap_forward(h)
+        elif kind == "dropout":
+            if rng is None:
+                y = h.copy()
+            else:
+                seed, step, row0 = rng
+                rows = np.arange(row0, row0 + batch, dtype=np.int64)
+                codes[i] = dropout_mask(seed, step, rows, math.prod(h.shape[1:]), sizes[0], i)
+                y = dropout_forward(_rows(h), sizes[0], codes[i]).reshape(h.shape)
+        elif kind == "layernorm":
+            gamma, beta = weights[i]
+            y = layernorm_forward(_rows(h), gamma, beta).reshape(h.shape)
         else:
             _ACTIVATIONS[kind][0](h, y)
         acts.append(y)
@@ -346,9 +416,21 @@ def _model_backward(plan, params, grads, acts, codes, dout):
                 d, _rows(h), weights[i][0], *grad_views[i], None if dx is None else _rows(dx)
             )
         elif kind == "conv":
-            conv2d_backward(d, h, weights[i][0], *grad_views[i], dx, padding=sizes[2])
+            conv2d_backward(
+                d, h, weights[i][0], *grad_views[i], dx, padding=sizes[2], stride=_stride(sizes)
+            )
         elif kind == "maxpool2":
             maxpool2_backward(d, codes[i], dx)
+        elif kind == "avgpool2":
+            dx = avgpool2_backward(d, h.shape)
+        elif kind == "globalavgpool":
+            dx = gap_backward(d, h.shape)
+        elif kind == "dropout":
+            dx = dropout_backward(_rows(d), sizes[0], codes[i]).reshape(h.shape)
+        elif kind == "layernorm":
+            dg, db = grad_views[i]
+            dxr = layernorm_backward(_rows(d), _rows(h), weights[i][0], dg, db, dx is not None)
+            dx = None if dxr is None else dxr.reshape(h.shape)
         elif kind == "flatten":
             dx = d.reshape(h.shape)
         else:
@@ -366,20 +448,23 @@ def _model_loss(plan, outputs, labels, doutputs=None, grad_scale=None):
     return fn(outputs, labels, doutputs, grad_scale), count_correct(outputs, labels)
 
 
-def model_loss_grad(layers, input_shape, loss, params, grads, x, labels, grad_scale=None):
+def model_loss_grad(
+    layers, input_shape, loss, params, grads, x, labels, grad_scale=None, rng=(0, 0, 0)
+):
     """Model.loss_grad: forward and backward on one batch -> (loss_sum, n_correct).
 
     x is (B, in_width) flat rows (a (C, H, W) input in C, H, W order); labels are int64 (B,)
     class labels for softmax_xent / sigmoid_bce, or the (B, OUT) float targets of the
     params' dtype for mse (loss_sum = sum of squared errors, n_correct = 0). The gradient of
     grad_scale * loss_sum is ACCUMULATED into grads (grad_scale defaults to 1/B). An empty
-    batch gives (0.0, 0) and leaves grads as they are.
+    batch gives (0.0, 0) and leaves grads as they are. rng = (seed, step, row0): dropout's key
+    (Model.set_rng's).
     """
     plan = model_plan(layers, input_shape, loss)
     batch = _model_check(plan, params, x)
     _common_float_dtype(params=params, grads=grads)
     _check_shape("grads", grads, params.shape)
-    acts, codes = _model_forward(plan, params, x)
+    acts, codes = _model_forward(plan, params, x, rng)
     outputs = _rows(acts[-1])
     dout = np.empty_like(outputs)
     result = _model_loss(plan, outputs, labels, dout, grad_scale)

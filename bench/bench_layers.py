@@ -1,0 +1,115 @@
+"""The layers of issue 36 beside PyTorch's, one thread, float32: a training step (zero_grad,
+forward, loss, backward; no update) of a small network built around each layer, on a batch
+of 128, dptrain's engine against torch.nn on the same weights. The networks:
+
+- conv-s2: conv(3->32, 3x3, padding 1, stride 2) -> ReLU -> flatten -> dense 10, on 3x32x32;
+- avgpool2: conv(3->32, 3x3, padding 1) -> ReLU -> avgpool2 -> flatten -> dense 10, 3x32x32;
+- gap: conv(3->32, 3x3, padding 1) -> ReLU -> global average pool -> dense 10, 3x32x32;
+- layernorm: dense(784->512) -> layernorm -> ReLU -> dense 10 (a transformer-style block);
+- dropout: dense(784->1024) -> ReLU -> dropout 0.5 -> dense 10;
+- base rows without the layer (conv -> ReLU -> flatten -> dense; dense -> ReLU -> dense), so
+  that the layer's own cost is the difference.
+
+Before timing, each pair must agree: the same loss to 1e-4 relative (dropout: torch's masks
+differ, so the dropout row checks in eval mode). The figure is the median repeat's
+milliseconds per step, interleaved (bench/_util.interleaved), with the spread.
+
+Run: python bench/bench_layers.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import _util  # noqa: F401  (first: pins BLAS/OpenMP threads before numpy/torch load)
+
+import numpy as np  # noqa: E402
+
+from dptrain import nn  # noqa: E402
+from dptrain._torch import torch_sequential  # noqa: E402
+
+BATCH = 128
+CASES = {
+    "conv-s2": (
+        [nn.Conv2d(32, 3, padding=1, stride=2), nn.ReLU(), nn.Flatten(), nn.Dense(10)],
+        (3, 32, 32),
+    ),
+    "conv (base)": (
+        [nn.Conv2d(32, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Dense(10)],
+        (3, 32, 32),
+    ),
+    "avgpool2": (
+        [nn.Conv2d(32, 3, padding=1), nn.ReLU(), nn.AvgPool2(), nn.Flatten(), nn.Dense(10)],
+        (3, 32, 32),
+    ),
+    "gap": (
+        [nn.Conv2d(32, 3, padding=1), nn.ReLU(), nn.GlobalAvgPool(), nn.Dense(10)],
+        (3, 32, 32),
+    ),
+    "dense (base)": ([nn.Dense(512), nn.ReLU(), nn.Dense(10)], (784,)),
+    "layernorm": ([nn.Dense(512), nn.LayerNorm(), nn.ReLU(), nn.Dense(10)], (784,)),
+    "dropout": ([nn.Dense(1024), nn.ReLU(), nn.Dropout(0.5), nn.Dense(10)], (784,)),
+    "dense 1024 (base)": ([nn.Dense(1024), nn.ReLU(), nn.Dense(10)], (784,)),
+}
+
+
+def main() -> None:
+    args = _util.parse_args(__doc__.splitlines()[0])
+    import torch
+
+    torch.set_num_threads(1)
+    _util.pin_torch(torch)
+    env = _util.environment(**_util.torch_info(torch))
+    _util.print_environment(env)
+    repeats, number = (3, 3) if args.quick else (9, 10)
+    rows, results = [], {}
+    rng = np.random.default_rng(0)
+    for name, (layers, shape) in CASES.items():
+        model = nn.Sequential(layers, input_shape=shape, seed=1, threads=1)
+        x = rng.standard_normal((BATCH, int(np.prod(shape)))).astype(np.float32)
+        y = rng.integers(0, 10, BATCH).astype(np.int64)
+        net, _ = torch_sequential(model.plan, model.params, torch)
+        tx, ty = torch.from_numpy(x.reshape(BATCH, *shape)), torch.from_numpy(y)
+        dropout = any(layer.name == "dropout" for layer in layers)
+        if dropout:
+            net.eval()  # the check: torch's masks are its own
+        with torch.no_grad():
+            want = torch.nn.functional.cross_entropy(net(tx), ty).item()
+        got = model.evaluate(x, y)[0] if dropout else model.loss_grad(x, y)[0] / BATCH
+        assert abs(got - want) <= 1e-4 * abs(want), f"{name}: loss {got} vs torch {want}"
+        net.train()
+
+        def ours():
+            model.zero_grad()
+            model.loss_grad(x, y)
+
+        def theirs():
+            net.zero_grad()
+            torch.nn.functional.cross_entropy(net(tx), ty).backward()
+
+        t = _util.interleaved({"dptrain": ours, "torch": theirs}, repeats=repeats, number=number)
+        a, b = _util.median(t["dptrain"]), _util.median(t["torch"])
+        results[name] = {
+            "dptrain_ms": a * 1e3,
+            "torch_ms": b * 1e3,
+            "ratio": a / b,
+            "spread": [_util.spread(t["dptrain"]), _util.spread(t["torch"])],
+        }
+        rows.append(
+            (
+                name,
+                f"{a * 1e3:.3f}",
+                f"{b * 1e3:.3f}",
+                f"{a / b:.2f}",
+                f"{_util.spread(t['dptrain']):.0%} / {_util.spread(t['torch']):.0%}",
+            )
+        )
+    _util.print_table(
+        ["network", "dptrain ms", "torch ms", "ours / torch", "spread"],
+        rows,
+        title=f"training step (no update), batch {BATCH}, float32, 1 thread",
+    )
+    if args.json:
+        _util.write_helper_json(args.json, {"environment": env, "results": results})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""The layers of issue 36 in training (strided Conv2d, AvgPool2, GlobalAvgPool, Dropout,
+LayerNorm; csrc/dp_layers.h, dp_model.h): the engine's data-parallel promises with them on,
+on scikit-learn's digits (real 8x8 images):
+
+- N workers give the bits of one in --deterministic (threads 1-4, processes, mpiexec), with
+  augmentation on too; within 1e-5 without it, on every transport;
+- dropout's masks are a sample's: a batch cut in two at row r (row0 = r for the second
+  part) gives the whole batch's gradient; new masks each step; evaluation passes through;
+- a resumed run and local SGD's replicas keep the bits;
+- the nn classes, the command line's --layers, summary(), save/load;
+- the estimator's dropout on digits reaches scikit-learn's MLPClassifier() accuracy.
+The kernels against their NumPy twins and finite differences: tests/test_model_core.py;
+against PyTorch: tests/test_layers_torch.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _runs import as_flags
+
+import dptrain
+from dptrain import nn
+from dptrain.cli import main
+from dptrain.comm import WorkerError
+from dptrain.config import parse_layers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LAYERS = [
+    nn.Conv2d(6, 3, padding=1, stride=2),
+    nn.LayerNorm(),
+    nn.ReLU(),
+    nn.Dropout(0.3),
+    nn.Conv2d(8, 3, padding=1),
+    nn.ReLU(),
+    nn.AvgPool2(),
+    nn.GlobalAvgPool(),
+    nn.Dropout(0.2),
+    nn.Dense(10),
+]
+
+
+def _digits(n=530):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.images[:n, None] / 16).astype(np.float32), d.target[:n].astype(np.int64)
+
+
+X, Y = _digits()
+OPTS = dict(layers=LAYERS, X=X, y=Y, epochs=2, batch_size=50, lr=0.1, quiet=True, progress=False)
+
+
+def _train(**kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # more workers than this machine's cores
+        return dptrain.train(**dict(OPTS, **kw))
+
+
+@pytest.mark.parametrize("augment", [None, "crop1,flip"])
+def test_n_workers_give_one_workers_bits_in_deterministic(augment):
+    runs = [
+        _train(workers=w, backend=b, deterministic=True, augment=augment)
+        for w, b in [(1, "thread"), (2, "thread"), (3, "thread"), (4, "thread"), (2, "process")]
+    ]
+    for r in runs[1:]:
+        assert np.array_equal(r["params"], runs[0]["params"])
+        assert r["train_loss"] == runs[0]["train_loss"]
+    # dropout is on: without it, another model
+    plain = _train(
+        workers=1,
+        deterministic=True,
+        augment=augment,
+        layers=[x for x in LAYERS if x.name != "dropout"],
+    )
+    assert not np.array_equal(plain["params"], runs[0]["params"])
+
+
+@pytest.mark.parametrize(
+    "backend,options",
+    [
+        ("thread", {}),
+        ("thread", {"overlap": True}),
+        ("process", {}),
+        ("process", {"shard_update": True}),
+    ],
+    ids=["thread", "thread-overlap", "process", "process-shard-update"],
+)
+def test_every_transport_is_within_1e5_of_one_worker(backend, options):
+    one = _train(workers=1)
+    two = _train(workers=2, backend=backend, **options)
+    scale = np.abs(one["params"]).max()
+    assert np.abs(two["params"] - one["params"]).max() <= 1e-5 * scale
+
+
+@pytest.mark.mpi
+def test_mpiexec_gives_one_workers_bits(mpiexec, tmp_path):
+    np.savez(tmp_path / "digits.npz", X=X, y=Y)
+    spec = "conv:6:3:1:2,layernorm,relu,dropout:0.3,conv:8:3:1,relu,avgpool2,globalavgpool,dense:10"
+    opts = dict(layers=spec, epochs=1, batch_size=50, deterministic=True)
+    flags = as_flags(dict(opts, data=str(tmp_path / "digits.npz"), quiet=True))
+    subprocess.run(
+        [mpiexec, "-n", "2", sys.executable, "-m", "dptrain", "train", *flags]
+        + ["--save-weights", str(tmp_path / "mpi.npz")],
+        check=True,
+        cwd=ROOT,
+        timeout=180,
+        capture_output=True,
+    )
+    want = dptrain.train(**dict(opts, layers=parse_layers(spec)), X=X, y=Y, quiet=True)
+    assert np.array_equal(np.load(tmp_path / "mpi.npz")["params"], want["params"])
+
+
+def _net(dtype="float64", layers=LAYERS):
+    return nn.Sequential(layers, input_shape=(1, 8, 8), dtype=dtype, seed=4)
+
+
+def test_a_samples_mask_is_its_own_whatever_its_batch():
+    m = _net()
+    whole = np.zeros_like(m.grads)
+    m.step = 7
+    m.loss_grad(X[:9], Y[:9], 1.0, grads=whole, row0=0)
+    parts = np.zeros_like(m.grads)
+    m.loss_grad(X[:4], Y[:4], 1.0, grads=parts, row0=0)
+    m.loss_grad(X[4:9], Y[4:9], 1.0, grads=parts, row0=4)
+    np.testing.assert_allclose(parts, whole, rtol=1e-12, atol=1e-15)
+    assert m.step == 7  # the engine's calls (row0 given) leave the step to it
+    # the wrong row0: other masks, another gradient
+    other = np.zeros_like(m.grads)
+    m.loss_grad(X[:4], Y[:4], 1.0, grads=other, row0=0)
+    m.loss_grad(X[4:9], Y[4:9], 1.0, grads=other, row0=0)
+    assert not np.allclose(other, whole, rtol=1e-6)
+
+
+def test_each_call_of_a_users_loop_draws_new_masks_and_evaluation_passes_through():
+    m = _net()
+    g1, g2 = np.zeros_like(m.grads), np.zeros_like(m.grads)
+    m.loss_grad(X[:8], Y[:8], grads=g1)
+    m.loss_grad(X[:8], Y[:8], grads=g2)
+    assert m.step == 2 and not np.allclose(g1, g2)
+    before = m.logits(X[:8])
+    m.step = 123
+    assert np.array_equal(m.logits(X[:8]), before)
+    # evaluation's outputs are dropout-free: the model without its dropout layers agrees
+    bare = _net(layers=[x for x in LAYERS if x.name != "dropout"])
+    bare.params[...] = m.params
+    assert np.array_equal(bare.logits(X[:8]), before)
+
+
+def test_a_resumed_run_keeps_the_bits(tmp_path):
+    opts = dict(workers=2, backend="thread", deterministic=True)
+    whole = _train(**opts)
+    ckpt = tmp_path / "run.npz"
+    with pytest.raises((WorkerError, RuntimeError), match="injected fault"):
+        _train(**opts, checkpoint=ckpt, fault=(1, 13, "raise"))
+    resumed = _train(**opts, resume=ckpt)
+    assert np.array_equal(resumed["params"], whole["params"])
+
+
+def test_local_sgd_replicas_keep_the_bits_on_any_number_of_workers():
+    runs = [
+        _train(sync_every=3, replicas=2, workers=w, backend=b)
+        for w, b in [(1, "thread"), (2, "thread"), (2, "process")]
+    ]
+    for r in runs[1:]:
+        assert np.array_equal(r["params"], runs[0]["params"])
+
+
+def test_nn_layers_specs_and_summary():
+    assert nn.Conv2d(8, 3, padding=1, stride=2).spec() == ("conv", 8, 3, 1, 2)
+    assert nn.Conv2d(8, 3, padding=1).spec() == ("conv", 8, 3, 1)
+    assert repr(nn.Conv2d(8, 3, stride=2)) == "Conv2d(8, 3, stride=2)"
+    for layer in LAYERS:
+        assert nn.from_spec(layer.spec()) == layer
+    assert repr(nn.Dropout(0.25)) == "Dropout(0.25)"
+    with pytest.raises(ValueError, match=r"Dropout p must be in \[0, 1\), got 1.0"):
+        nn.Dropout(1)
+    with pytest.raises(TypeError, match="Dropout p must be a number, got str"):
+        nn.Dropout("0.5")
+    with pytest.raises(ValueError, match="Conv2d stride must be >= 1, got 0"):
+        nn.Conv2d(4, 3, stride=0)
+    m = _net("float32")
+    text = m.summary()
+    for row in (
+        "Conv2d(6, 3, padding=1, stride=2)",
+        "(6, 4, 4)",
+        "LayerNorm()",
+        "192",
+        "Dropout(0.3)",
+    ):
+        assert row in text
+    assert (
+        "engine stages: conv, layernorm, relu, dropout, conv+relu, avgpool2, globalavgpool" in text
+    )
+    # a layer norm starts at scale 1 and shift 0, and draws nothing: the conv before it and
+    # the layers after have the weights they would have without it
+    w, b = m.layers()[1]
+    assert np.all(w == 1) and np.all(b == 0)
+    assert nn.lenet5(pooling="avg").plan["layers"][2] == ("avgpool2",)
+    assert ("dropout", 0.5) in nn.mlp(4, [8], 2, dropout=0.5).plan["layers"]
+
+
+def test_the_cli_parses_the_new_layers():
+    assert parse_layers("conv:8:3:1:2,layernorm,dropout:0.25,avgpool2,globalavgpool,dense:10") == (
+        ("conv", 8, 3, 1, 2),
+        "layernorm",
+        ("dropout", 0.25),
+        "avgpool2",
+        "globalavgpool",
+        ("dense", 10),
+    )
+    with pytest.raises(
+        ValueError, match=r"dropout's rate is a number in \[0, 1\), e.g. dropout:0.5"
+    ):
+        parse_layers("dense:4,dropout:half")
+
+
+def test_the_cli_trains_them(tmp_path):
+    np.savez(tmp_path / "digits.npz", X=X, y=Y)
+    spec = "conv:6:3:1:2,layernorm,relu,dropout:0.3,globalavgpool,dense:10"
+    weights = tmp_path / "w.npz"
+    args = ["train", "--data", str(tmp_path / "digits.npz"), "--layers", spec, "--epochs", "1"]
+    assert main(args + ["--no-progress", "--quiet", "--save-weights", str(weights)]) == 0
+    back = dptrain.load_model(weights)
+    assert ("dropout", 0.3) in back.plan["layers"] and ("conv", 6, 3, 1, 2) in back.plan["layers"]
+
+
+def test_save_and_load_keep_the_layers(tmp_path):
+    m = _net("float32")
+    m.params[...] = np.random.default_rng(0).standard_normal(m.n_params).astype(np.float32)
+    m.save(tmp_path / "m.npz")
+    back = dptrain.load_model(tmp_path / "m.npz")
+    assert back.plan["layers"] == m.plan["layers"]
+    assert np.array_equal(back.logits(X[:5]), m.logits(X[:5]))
+
+
+def test_the_estimators_dropout_reaches_sklearns_mlp_on_digits():
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from sklearn.neural_network import MLPClassifier as SkMLP
+
+    from dptrain.sklearn import MLPClassifier
+
+    x, y = load_digits(return_X_y=True)
+    xtr, xte, ytr, yte = train_test_split(x / 16, y, test_size=0.25, random_state=0, stratify=y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scikit-learn's ConvergenceWarning
+        theirs = SkMLP(random_state=0).fit(xtr, ytr).score(xte, yte)
+    est = MLPClassifier(dropout=0.2, random_state=0)
+    ours = est.fit(xtr, ytr).score(xte, yte)
+    assert ("dropout", 0.2) in est.model_.plan["layers"]
+    assert ours >= theirs, f"dptrain {ours:.4f} < scikit-learn {theirs:.4f}"
+    two = MLPClassifier(
+        dropout=0.2, random_state=0, workers=2, engine_options={"deterministic": True}
+    )
+    one = MLPClassifier(dropout=0.2, random_state=0, engine_options={"deterministic": True})
+    assert np.array_equal(two.fit(xtr, ytr).model_.params, one.fit(xtr, ytr).model_.params)
+    with pytest.raises(ValueError, match="dropout"):
+        MLPClassifier(dropout=1.0).fit(xtr, ytr)
