@@ -56,12 +56,24 @@ static int refuse(dp_plan *p, int layer, const char *why)
 }
 
 /* Pass 1: every layer's output shape and the parameter layout, per layer. */
+/* The most residual blocks open at once. */
+#define MAX_NESTING 8
+
+/* The stride of a 1x1 projection from (H, W) onto (OH, OW), or 0 where none gives it. */
+static int projection_stride(int H, int W, int OH, int OW)
+{
+    for (int s = 1; s <= H || s <= W; s++)
+        if ((H - 1) / s + 1 == OH && (W - 1) / s + 1 == OW) return s;
+    return 0;
+}
+
 static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off)
 {
     int ndim = p->in_ndim, sh[3] = {p->in_shape[0], p->in_shape[1], p->in_shape[2]};
+    int open = 0, open_at[MAX_NESTING], open_ndim[MAX_NESTING], open_sh[MAX_NESTING][3];
     ptrdiff_t off = 0;
     for (int l = 0; l < p->n_layers; l++) {
-        const dp_layer *ly = &p->layer[l];
+        dp_layer *ly = &p->layer[l];
         int width = flat_width(ndim, sh);
         switch (ly->kind) {
         case DP_LAYER_DENSE:
@@ -127,6 +139,40 @@ static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off)
             b_off[l] = off;
             if (grow(&off, width)) return refuse(p, l, "parameter count overflows");
             break;
+        case DP_LAYER_RES_BEGIN:
+            if (open == MAX_NESTING) return refuse(p, l, "more than 8 residual blocks nested");
+            open_at[open] = l;
+            open_ndim[open] = ndim;
+            memcpy(open_sh[open], sh, sizeof sh);
+            open++;
+            break;
+        case DP_LAYER_RES_END: {
+            if (open == 0) return refuse(p, l, "res_end without its res_begin");
+            open--;
+            int bn = open_ndim[open], *bs = open_sh[open];
+            ly->kernel = 0;
+            ly->stride = 1;
+            ly->out = sh[0];
+            if (bn == ndim && bs[0] == sh[0] && (ndim == 1 || (bs[1] == sh[1] && bs[2] == sh[2])))
+                break; /* the identity */
+            if (bn != 3 || ndim != 3)
+                return refuse(p, l,
+                              "a residual block on features must keep their number (its input "
+                              "is added to its output)");
+            int s = projection_stride(bs[1], bs[2], sh[1], sh[2]);
+            if (!s)
+                return refuse(p, l,
+                              "no 1x1 projection with a stride takes the residual block's input "
+                              "to its output's size");
+            ly->kernel = 1;
+            ly->stride = s;
+            w_off[l] = off;
+            if (grow(&off, (ptrdiff_t)sh[0] * bs[0]))
+                return refuse(p, l, "parameter count overflows");
+            b_off[l] = off;
+            if (grow(&off, sh[0])) return refuse(p, l, "parameter count overflows");
+            break;
+        }
         case DP_LAYER_RELU:
         case DP_LAYER_TANH:
         case DP_LAYER_SIGMOID:
@@ -140,6 +186,9 @@ static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off)
         p->out_ndim[l] = ndim;
         for (int d = 0; d < 3; d++) p->out_shape[l][d] = d < ndim ? sh[d] : 1;
     }
+    if (open)
+        return refuse(p, open_at[open - 1],
+                      "a residual block is not closed (res_begin without res_end)");
     p->n_params = off;
     return DP_OK;
 }
@@ -157,7 +206,7 @@ static int in_width_of(const dp_plan *p, int l)
 /* Pass 2: the stages (dp_model.h lists the patterns). */
 static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_off)
 {
-    int n = p->n_layers;
+    int n = p->n_layers, begin_stage[DP_MODEL_MAX_LAYERS];
     p->n_stages = 0;
     p->n_param_layers = 0;
     for (int l = 0; l < n; l++) {
@@ -170,7 +219,38 @@ static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_o
         int j = next_layer(p, l), k = j < n ? next_layer(p, j) : n;
         dp_layer_kind kj = j < n ? p->layer[j].kind : DP_LAYER_FLATTEN;
         dp_layer_kind kk = k < n ? p->layer[k].kind : DP_LAYER_FLATTEN;
-        if (kind == DP_LAYER_DENSE || kind == DP_LAYER_CONV || kind == DP_LAYER_LAYERNORM) {
+        if (kind == DP_LAYER_RES_END) {
+            /* its RES_BEGIN: the open block's, found by counting back */
+            int depth = 0, b = l - 1;
+            for (; b >= 0; b--) {
+                if (p->layer[b].kind == DP_LAYER_RES_END) depth++;
+                if (p->layer[b].kind == DP_LAYER_RES_BEGIN && depth-- == 0) break;
+            }
+            st.op = DP_STAGE_RESEND;
+            st.skip = begin_stage[b];
+            if (p->layer[l].kernel) {
+                st.param = p->n_param_layers;
+                st.w_off = w_off[l];
+                st.b_off = b_off[l];
+                p->param_stage[p->n_param_layers] = p->n_stages;
+                p->param_spec[p->n_param_layers] = l;
+                p->n_param_layers++;
+                int C = b == 0 ? p->in_shape[0] : p->out_shape[b - 1][0];
+                int H = b == 0 ? p->in_shape[1] : p->out_shape[b - 1][1];
+                int W = b == 0 ? p->in_shape[2] : p->out_shape[b - 1][2];
+                dp_conv_geom g = {C, H, W, p->layer[l].out, 1, 1, 0, p->layer[l].stride};
+                st.g = g;
+                st.conv_h = p->out_shape[l][1];
+                st.conv_w = p->out_shape[l][2];
+            }
+            if (is_out_act(kj)) {
+                st.act = act_of(kj);
+                st.last = j;
+            }
+        } else if (kind == DP_LAYER_RES_BEGIN) {
+            st.op = DP_STAGE_RESBEGIN;
+            begin_stage[l] = p->n_stages;
+        } else if (kind == DP_LAYER_DENSE || kind == DP_LAYER_CONV || kind == DP_LAYER_LAYERNORM) {
             st.op = kind == DP_LAYER_DENSE  ? DP_STAGE_DENSE
                     : kind == DP_LAYER_CONV ? DP_STAGE_CONV
                                             : DP_STAGE_NORM;
@@ -294,7 +374,8 @@ int dp_model_init(dp_model *m, const dp_layer *layers, int n_layers, const int *
     m->col_elems = m->conv_elems = m->grad_elems = 1;
     for (int s = 0; s < p->n_stages; s++) {
         const dp_stage *st = &p->stage[s];
-        if (st->op != DP_STAGE_CONV) continue;
+        /* conv stages, and residual ends with a projection (a 1x1 conv) */
+        if (st->op != DP_STAGE_CONV && !(st->op == DP_STAGE_RESEND && st->param >= 0)) continue;
         const dp_conv_geom *g = &st->g;
         size_t blk = (size_t)st->conv_h * (size_t)st->conv_w;
         size_t col = (size_t)g->C * g->KH * g->KW * blk + DP_CONV_COL_SLACK(g);
@@ -340,6 +421,7 @@ void dp_model_free(dp_model *m)
     dp_scratch_free(&m->grad_io);
     dp_scratch_free(&m->partials);
     dp_scratch_free(&m->stats);
+    dp_scratch_free(&m->skips);
 }
 
 /* the phases the calling thread has ended in the sweep it runs (dp_model_tmpl.h: K(phase_end)) */

@@ -19,6 +19,12 @@
  *   LAYERNORM                    a parameterized stage of its own: per row, normalized over
  *                                its features, then gamma and beta per feature; (mean, rstd)
  *                                kept per row
+ *   RES_BEGIN                    a copy of its input: the skip connection's source
+ *   RES_END [act]                the block's output plus RES_BEGIN's copy, projected by a 1x1
+ *                                conv (a stride, a bias; parameterized) where the shapes
+ *                                differ; backward leaves d as the block output's gradient and
+ *                                puts the skip's into a buffer of its own, which RES_BEGIN's
+ *                                backward adds
  *   RELU | TANH | SIGMOID | GELU an activation on its own (a GELU always is: its backward needs
  *                                its input, which an in-place activation would overwrite)
  *
@@ -89,8 +95,7 @@
  * one thread.
  *
  * Leaves out on purpose: batch norm (its statistics are the global batch's: an exchange in the
- * middle of the forward pass, which one call cannot make) and residual connections (a list
- * has no branches).
+ * middle of the forward pass, which one call cannot make).
  */
 #ifndef DP_MODEL_H
 #define DP_MODEL_H
@@ -111,10 +116,15 @@ typedef enum {
     DP_LAYER_SIGMOID = 5,
     DP_LAYER_GELU = 6, /* erf form: PyTorch's nn.GELU() default (see dp_act.h) */
     DP_LAYER_FLATTEN = 7,
-    DP_LAYER_AVGPOOL2 = 8,  /* 2x2 average, stride 2 */
-    DP_LAYER_GAP = 9,       /* global average pooling: (C, H, W) -> (C,) */
-    DP_LAYER_DROPOUT = 10,  /* rate: the probability of a zero */
-    DP_LAYER_LAYERNORM = 11 /* over every feature of a row, with a scale and a shift each */
+    DP_LAYER_AVGPOOL2 = 8,   /* 2x2 average, stride 2 */
+    DP_LAYER_GAP = 9,        /* global average pooling: (C, H, W) -> (C,) */
+    DP_LAYER_DROPOUT = 10,   /* rate: the probability of a zero */
+    DP_LAYER_LAYERNORM = 11, /* over every feature of a row, with a scale and a shift each */
+    /* a residual block: RES_BEGIN, the block's layers, RES_END, whose output is the block's
+     * plus the block's input, through a 1x1 convolution (a stride, a bias) where the shapes
+     * differ; the plan sets RES_END's out (channels), stride and kernel (1: projected) */
+    DP_LAYER_RES_BEGIN = 12,
+    DP_LAYER_RES_END = 13
 } dp_layer_kind;
 
 typedef struct {
@@ -134,7 +144,9 @@ typedef enum {
     DP_STAGE_AVGPOOL,
     DP_STAGE_GAP,
     DP_STAGE_DROPOUT,
-    DP_STAGE_NORM /* LAYERNORM: parameterized (gamma as its W, beta as its b) */
+    DP_STAGE_NORM,     /* LAYERNORM: parameterized (gamma as its W, beta as its b) */
+    DP_STAGE_RESBEGIN, /* a copy of its input: the skip connection's source */
+    DP_STAGE_RESEND    /* block output + skip (projected: parameterized, a 1x1 conv) [act] */
 } dp_stage_op;
 
 typedef struct {
@@ -148,6 +160,7 @@ typedef struct {
     dp_conv_geom g;          /* CONV: the convolution; POOL, AVGPOOL, GAP: g.C, g.H, g.W its
                               * input map */
     double rate;             /* DROPOUT */
+    int skip;                /* RESEND: its RESBEGIN's stage (its output is the skip's source) */
     int conv_h, conv_w;      /* CONV: the output block computed (all of it without pool) */
     ptrdiff_t w_off, b_off;  /* DENSE, CONV, NORM: where W and b start in the flat parameters */
 } dp_stage;
@@ -192,6 +205,7 @@ typedef struct {
     dp_scratch grad_io;  /* two rows x max(out_width) buffers for the backward sweep */
     dp_scratch partials; /* a dense GEMM's K slices on a region (dp_gemm_part) */
     dp_scratch stats;    /* layer norms' (mean, rstd) per row, doubles */
+    dp_scratch skips;    /* residual ends' gradients of the skip connection (backward) */
     /* dropout's draws (dp_layers.h): the model's seed, the training step and the global index
      * of the batch's first row, set by the caller before forward_loss / loss_grad */
     uint64_t rng_seed;

@@ -13,6 +13,7 @@ typedef struct {
     uint8_t *code[DP_MODEL_MAX_LAYERS]; /* pooling stages' argmax codes, dropout's masks, like
                                          * their outputs */
     double *stats[DP_MODEL_MAX_LAYERS]; /* NORM stages' (mean, rstd) per row */
+    T *skip[DP_MODEL_MAX_LAYERS];       /* RESEND stages: d loss / d skip source (backward) */
     T *g0, *g1;                         /* the backward ping-pong buffers (NULL: evaluate) */
     T *partials;                        /* a dense GEMM's K slices (dp_gemm_part), or NULL */
 } K(model_bufs);
@@ -28,13 +29,15 @@ DP_INLINE int K(has_codes)(const dp_stage *st)
 static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_grad)
 {
     const dp_plan *p = &m->plan;
-    size_t width = 0, widest = 0, coded = 0, norms = 0;
+    size_t width = 0, widest = 0, coded = 0, norms = 0, skips = 0;
     for (int s = 0; s < p->n_stages; s++) {
         size_t w = (size_t)p->stage[s].out_width;
         width += w;
         if (w > widest) widest = w;
         if (K(has_codes)(&p->stage[s])) coded += w;
         if (p->stage[s].op == DP_STAGE_NORM) norms++;
+        if (p->stage[s].op == DP_STAGE_RESEND)
+            skips += (size_t)p->stage[p->stage[s].skip].out_width;
     }
     /* sizes that would overflow a size_t: no allocation could hold them */
     if (width > SIZE_MAX / sizeof(T) / 2 / (size_t)rows || m->col_elems > SIZE_MAX / sizeof(T) ||
@@ -44,9 +47,10 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_
     uint8_t *codes = dp_scratch_get(&m->codes, (size_t)rows * (coded ? coded : 1));
     double *stats =
         dp_scratch_get(&m->stats, sizeof(double) * 2 * (size_t)rows * (norms ? norms : 1));
-    T *gio = NULL;
+    T *gio = NULL, *skip = NULL;
     if (with_grad) gio = dp_scratch_get(&m->grad_io, sizeof(T) * 2 * (size_t)rows * widest);
-    if (!acts || !codes || !stats || (with_grad && !gio)) return DP_ENOMEM;
+    if (with_grad && skips) skip = dp_scratch_get(&m->skips, sizeof(T) * (size_t)rows * skips);
+    if (!acts || !codes || !stats || (with_grad && (!gio || (skips && !skip)))) return DP_ENOMEM;
     /* the dense stages' GEMMs cut along K on a region (dp_gemm_part): forward and dW */
     size_t partials = 0;
     for (int s = 0; s < p->n_stages; s++) {
@@ -83,6 +87,11 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_
         if (st->op == DP_STAGE_NORM) {
             bf->stats[s] = stats;
             stats += (ptrdiff_t)rows * 2;
+        }
+        bf->skip[s] = NULL;
+        if (st->op == DP_STAGE_RESEND && skip) {
+            bf->skip[s] = skip;
+            skip += (ptrdiff_t)rows * p->stage[st->skip].out_width;
         }
     }
     bf->g0 = gio;
@@ -147,6 +156,7 @@ typedef struct {
     T *out;        /* (rows, out_width) */
     uint8_t *code; /* like out (pooling stages, dropout's masks) */
     double *stats; /* NORM: (rows, 2) */
+    const T *src;  /* RESEND: the skip's source (its RESBEGIN's output) */
     const T *params;
     int train; /* dropout draws a mask (else it passes its input on) */
     /* backward only */
@@ -249,6 +259,7 @@ static void K(rows_forward_task)(void *arg, int t, int n)
         K(dp_layernorm_forward)(y, job->stats + 2 * lo, x, job->params + st->w_off,
                                 job->params + st->b_off, hi - lo, (int)ow);
         break;
+    case DP_STAGE_RESBEGIN: memcpy(y, x, sizeof(T) * (size_t)(hi - lo) * (size_t)ow); break;
     default: K(act_forward)(st->act, y, x, (hi - lo) * ow); break;
     }
 }
@@ -278,9 +289,96 @@ static void K(rows_backward_task)(void *arg, int t, int n)
     case DP_STAGE_DROPOUT:
         K(dp_dropout_backward)(d, d, job->code + lo * ow, hi - lo, (int)ow, st->rate);
         break;
+    case DP_STAGE_RESBEGIN: /* the block's gradient plus the skip connection's */
+        for (ptrdiff_t i = 0; i < (hi - lo) * ow; i++) d[i] += job->dnext[lo * ow + i];
+        break;
     default:
         K(act_backward)(st->act, d, d, job->out + lo * ow, job->in + lo * iw, (hi - lo) * ow);
         break;
+    }
+}
+
+/* RESEND: y = h + skip, or h + conv1x1(skip) + b (projected), then the act; rows (images)
+ * split over the threads, each projection on the thread's own GEMM context. */
+static void K(resend_forward_task)(void *arg, int t, int n)
+{
+    K(stage_job) *job = arg;
+    const dp_stage *st = job->st;
+    dp_model_thread *th = &job->m->th[t];
+    int lo, hi, sw = job->m->plan.stage[st->skip].out_width, w = st->out_width;
+    K(row_range)(job->rows, t, n, &lo, &hi);
+    job->rc[t] = DP_OK;
+    for (int i = lo; i < hi; i++) {
+        T *y = job->out + (ptrdiff_t)i * w;
+        const T *h = job->in + (ptrdiff_t)i * w, *src = job->src + (ptrdiff_t)i * sw;
+        if (st->param >= 0) {
+            const dp_conv_geom *g = &st->g;
+            int rc =
+                K(dp_conv_image_forward)(&th->ctx, th->col.ptr, y, src, job->params + st->w_off, g,
+                                         st->conv_h, st->conv_w, (T)0);
+            if (rc) {
+                job->rc[t] = rc;
+                return;
+            }
+            K(dp_bias_add)(y, job->params + st->b_off, g->OC, st->conv_h * st->conv_w);
+            for (int j = 0; j < w; j++) y[j] = h[j] + y[j];
+        } else {
+            for (int j = 0; j < w; j++) y[j] = h[j] + src[j];
+        }
+        if (st->act != DP_ACT_NONE) K(act_forward)(st->act, y, y, w);
+    }
+}
+
+/* RESEND backward: d through the act (in place: it is also the block output's gradient), then
+ * the skip's gradient into dnext (a copy, or the projection's input gradient; NULL: not
+ * needed) and, projected, this thread's dW^T and db (summed after, in thread order). */
+static void K(resend_backward_task)(void *arg, int t, int n)
+{
+    K(stage_job) *job = arg;
+    const dp_stage *st = job->st;
+    dp_model_thread *th = &job->m->th[t];
+    int lo, hi, sw = job->m->plan.stage[st->skip].out_width, w = st->out_width;
+    K(row_range)(job->rows, t, n, &lo, &hi);
+    job->rc[t] = DP_OK;
+    if (lo >= hi) return;
+    const dp_conv_geom *g = &st->g;
+    ptrdiff_t nw = (ptrdiff_t)g->OC * g->C;
+    T *dwt = th->grad.ptr, *db = dwt + nw;
+    if (st->param >= 0) memset(dwt, 0, sizeof(T) * (size_t)(nw + g->OC));
+    for (int i = lo; i < hi; i++) {
+        T *d = job->d + (ptrdiff_t)i * w;
+        K(act_backward)(st->act, d, d, job->out + (ptrdiff_t)i * w, NULL, w);
+        T *dsrc = job->dnext ? job->dnext + (ptrdiff_t)i * sw : NULL;
+        if (st->param < 0) {
+            if (dsrc) memcpy(dsrc, d, sizeof(T) * (size_t)w);
+            continue;
+        }
+        K(dp_add_row_sums)(db, d, g->OC, st->conv_h * st->conv_w);
+        int rc = K(dp_conv_image_backward)(&th->ctx, th->col.ptr, dwt, dsrc, d,
+                                           job->src + (ptrdiff_t)i * sw, job->params + st->w_off, g,
+                                           st->conv_h, st->conv_w);
+        if (rc) {
+            job->rc[t] = rc;
+            return;
+        }
+    }
+}
+
+/* The threads' partial dW^T and db of a conv stage or a projection (each thread's images'
+ * sums), added into the gradient in thread order: part 0's work. */
+static void K(add_partials)(dp_model *m, const dp_stage *st, T *grads, int B)
+{
+    const dp_conv_geom *g = &st->g;
+    ptrdiff_t nw = (ptrdiff_t)g->OC * g->C * g->KH * g->KW;
+    T *dw = grads + st->w_off, *db = grads + st->b_off;
+    int parts = B < m->threads ? B : m->threads;
+    for (int i = 0; i < parts; i++) {
+        int a, z;
+        K(row_range)(B, i, parts, &a, &z);
+        if (a >= z) continue;
+        const T *dwt = m->th[i].grad.ptr;
+        K(dp_conv_add_dwt)(dw, dwt, g);
+        for (int o = 0; o < g->OC; o++) db[o] += dwt[nw + o];
     }
 }
 
@@ -433,11 +531,14 @@ static int K(forward_part)(K(sweep) * sw, int t, int n)
                    .out = y,
                    .code = sw->bf.code[s],
                    .stats = sw->bf.stats[s],
+                   .src = st->op == DP_STAGE_RESEND ? sw->bf.out[st->skip] : NULL,
                    .params = sw->params,
                    .train = sw->with_grad};
             K(stage_part)(sw, &job,
-                          st->op == DP_STAGE_CONV ? K(conv_forward_task) : K(rows_forward_task), t,
-                          n);
+                          st->op == DP_STAGE_CONV     ? K(conv_forward_task)
+                          : st->op == DP_STAGE_RESEND ? K(resend_forward_task)
+                                                      : K(rows_forward_task),
+                          t, n);
         }
         if (K(phase_end)(sw, n)) return 1;
         h = y;
@@ -461,6 +562,17 @@ static int K(free_stage_backward)(K(sweep) * sw, int s, int *d_second, int t, in
            .code = bf->code[s],
            .d = *d_second ? bf->g1 : bf->g0,
            .dnext = *d_second ? bf->g0 : bf->g1};
+    if (st->op == DP_STAGE_RESEND) { /* the identity: the skip's gradient is d's copy */
+        job.dnext = bf->skip[s];
+        job.src = bf->out[st->skip];
+        K(stage_part)(sw, &job, K(resend_backward_task), t, n);
+        return K(phase_end)(sw, n);
+    }
+    if (st->op == DP_STAGE_RESBEGIN) { /* its RESEND's skip gradient, added */
+        int e = s + 1;
+        while (!(sw->m->plan.stage[e].op == DP_STAGE_RESEND && sw->m->plan.stage[e].skip == s)) e++;
+        job.dnext = bf->skip[e];
+    }
     K(stage_part)(sw, &job, K(rows_backward_task), t, n);
     if (K(moves_gradient)(st)) *d_second = !*d_second;
     return K(phase_end)(sw, n);
@@ -506,6 +618,23 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
             for (int o = o0; o < o1; o++) db[o] += r[o];
         }
         if (K(phase_end)(sw, n)) return 1;
+    } else if (st->op == DP_STAGE_RESEND) {
+        /* d stays the block output's gradient (no swap); the skip's into its own buffer */
+        K(stage_job)
+        job = {.m = m,
+               .st = st,
+               .rows = B,
+               .in = h,
+               .out = bf->out[s0],
+               .src = bf->out[st->skip],
+               .params = sw->params,
+               .d = d,
+               .dnext = layer > 0 ? bf->skip[s0] : NULL};
+        K(stage_part)(sw, &job, K(resend_backward_task), t, n);
+        if (K(phase_end)(sw, n)) return 1;
+        if (t == 0) K(add_partials)(m, st, grads, B);
+        if (K(phase_end)(sw, n)) return 1;
+        return 0;
     } else if (st->op == DP_STAGE_NORM) {
         /* dgamma, dbeta: each part its columns over every row in row order; dx its rows */
         int F = st->out_width, c0, c1;
@@ -531,20 +660,7 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
                .dnext = dnext};
         K(stage_part)(sw, &job, K(conv_backward_task), t, n);
         if (K(phase_end)(sw, n)) return 1;
-        if (t == 0) { /* the threads' partials, in thread order */
-            const dp_conv_geom *g = &st->g;
-            ptrdiff_t nw = (ptrdiff_t)g->OC * g->C * g->KH * g->KW;
-            T *dw = grads + st->w_off, *db = grads + st->b_off;
-            int parts = B < m->threads ? B : m->threads;
-            for (int i = 0; i < parts; i++) {
-                int a, z;
-                K(row_range)(B, i, parts, &a, &z);
-                if (a >= z) continue;
-                const T *dwt = m->th[i].grad.ptr;
-                K(dp_conv_add_dwt)(dw, dwt, g);
-                for (int o = 0; o < g->OC; o++) db[o] += dwt[nw + o];
-            }
-        }
+        if (t == 0) K(add_partials)(m, st, grads, B); /* the threads', in thread order */
         /* the partials' buffers are the next conv step's */
         if (K(phase_end)(sw, n)) return 1;
     }

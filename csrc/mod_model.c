@@ -66,6 +66,8 @@ static const struct {
     {"globalavgpool", DP_LAYER_GAP, 0},
     {"dropout", DP_LAYER_DROPOUT, 1}, /* (rate,): a float */
     {"layernorm", DP_LAYER_LAYERNORM, 0},
+    {"res_begin", DP_LAYER_RES_BEGIN, 0},
+    {"res_end", DP_LAYER_RES_END, 0},
 };
 #define N_KINDS ((int)(sizeof LAYER_KINDS / sizeof LAYER_KINDS[0]))
 
@@ -588,7 +590,7 @@ static int parse_layer(PyObject *item, Py_ssize_t i, dp_layer *out)
         PyErr_Format(PyExc_ValueError,
                      "layers[%zd]: unknown layer %R (known: dense, conv, maxpool2, "
                      "relu, tanh, sigmoid, gelu, flatten, avgpool2, globalavgpool, dropout, "
-                     "layernorm)",
+                     "layernorm, res_begin, res_end)",
                      i, name_obj);
         Py_XDECREF(seq);
         return -1;
@@ -820,7 +822,8 @@ static PyObject *plan_dict(const dp_plan *p)
                 ly->kind == DP_LAYER_DENSE ? Py_BuildValue("(ii)", ly->out, in_w)
                 : ly->kind == DP_LAYER_CONV
                     ? Py_BuildValue("(iiii)", ly->out, st->g.C, ly->kernel, ly->kernel)
-                    : Py_BuildValue("(i)", in_w);
+                : ly->kind == DP_LAYER_RES_END ? Py_BuildValue("(iiii)", ly->out, st->g.C, 1, 1)
+                                               : Py_BuildValue("(i)", in_w);
             PyObject *e =
                 wshape ? Py_BuildValue("{s:i,s:n,s:O,s:n,s:(i)}", "layer", p->param_spec[st->param],
                                        "weight", (Py_ssize_t)st->w_off, "weight_shape", wshape,

@@ -131,6 +131,9 @@ def layer_specs(layers) -> list:
         )
     out = []
     for i, layer in enumerate(layers):
+        if callable(getattr(layer, "specs", None)):  # several: a residual block's
+            out += layer.specs()
+            continue
         spec = layer.spec() if hasattr(layer, "spec") and callable(layer.spec) else layer
         if isinstance(spec, list):
             spec = tuple(spec)
@@ -249,16 +252,20 @@ class Model:
             p["layer"]: math.prod(p["weight_shape"]) + p["bias_shape"][0]
             for p in self.plan["params"]
         }
-        width = max([26] + [len(_spec_text(spec)) for spec in self.plan["layers"]])
+        texts, depth = [], 0
+        for spec in self.plan["layers"]:  # a residual block's layers indented
+            depth -= spec[0] == "res_end"
+            texts.append("  " * depth + _spec_text(spec))
+            depth += spec[0] == "res_begin"
+        width = max([26] + [len(t) for t in texts])
         lines = [
             f"{type(self).__name__} on input {self.input_shape}, loss {self.loss}, "
             f"{self._precision_text()}",
             f"{'#':>3}  {'layer':<{width}} {'output':<16} {'params':>10}",
         ]
-        for i, (spec, shape) in enumerate(zip(self.plan["layers"], self.plan["shapes"])):
+        for i, (text, shape) in enumerate(zip(texts, self.plan["shapes"])):
             lines.append(
-                f"{i:>3}  {_spec_text(spec):<{width}} {str(tuple(shape)):<16} "
-                f"{per_layer.get(i, 0):>10,}"
+                f"{i:>3}  {text:<{width}} {str(tuple(shape)):<16} {per_layer.get(i, 0):>10,}"
             )
         lines.append(
             f"total {self.n_params:,} parameters; engine stages: "
@@ -517,9 +524,14 @@ def _plain(v):
 
 
 def _spec_text(spec) -> str:
-    """How dptrain.nn writes the layer of a spec: Conv2d(32, 3), ReLU(), Dense(10)."""
+    """How dptrain.nn writes the layer of a spec: Conv2d(32, 3), ReLU(), Dense(10); a
+    residual block's ends as 'Residual([' and '])  + input'."""
     from .nn import from_spec  # nn builds on this module
 
+    if spec[0] == "res_begin":
+        return "Residual(["
+    if spec[0] == "res_end":
+        return "])  + input"
     return repr(from_spec(spec))
 
 

@@ -19,8 +19,10 @@ stride; nn.Conv2d), MaxPool2 and AvgPool2 (2x2, stride 2; nn.MaxPool2d(2), nn.Av
 GlobalAvgPool (nn.AdaptiveAvgPool2d(1) then a flatten), Flatten, Dropout (nn.Dropout: its
 masks keyed on the sample, not the worker), LayerNorm (over all of a sample's features,
 nn.LayerNorm(shape)), and the activations ReLU, Tanh, Sigmoid and GELU (erf form,
-nn.GELU()). Losses: softmax cross-entropy, sigmoid BCE, mean squared error. What it does not
-have (yet): batch norm and residual connections (a list has no branches).
+nn.GELU()), and Residual([...]) around any block (the input added to the block's output,
+through a strided 1x1 conv where the shape changes; ``resnet(depth)`` builds He et al.'s CIFAR
+ResNet from it). Losses: softmax cross-entropy, sigmoid BCE, mean squared error. What it does
+not have (yet): batch norm.
 
 Dropout draws its masks where a model trains (``loss_grad``; dptrain.fit) and passes its
 input on where it evaluates (``evaluate``, ``logits``, ``predict``), as PyTorch's train() and
@@ -43,6 +45,7 @@ __all__ = [
     "GlobalAvgPool",
     "Dropout",
     "LayerNorm",
+    "Residual",
     "ReLU",
     "Tanh",
     "Sigmoid",
@@ -51,6 +54,7 @@ __all__ = [
     "mlp",
     "lenet5",
     "cnn",
+    "resnet",
     "from_spec",
 ]
 
@@ -170,6 +174,34 @@ class LayerNorm(Layer):
     name = "layernorm"
 
 
+class Residual(Layer):
+    """A skip connection around a list of layers: the block's output plus its input (He et
+    al. 2016). Where the block changes the shape of an image, the input goes through a 1x1
+    convolution first (its stride and bias the engine's choice: the stride that takes the
+    input's size to the output's), as ResNet's projection shortcut. Blocks nest. On flat
+    features the block must keep their number. Runs as 'res_begin', the block, 'res_end' in
+    the engine's layer list."""
+
+    name = "residual"
+
+    def __init__(self, block):
+        from .models import layer_specs
+
+        self.block = list(block)
+        if not self.block:
+            raise ValueError("Residual needs at least one layer in its block")
+        self._specs = ["res_begin", *layer_specs(self.block), "res_end"]
+
+    def specs(self) -> list:
+        return list(self._specs)
+
+    def spec(self):
+        return ("residual", tuple(self._specs[1:-1]))
+
+    def __repr__(self) -> str:
+        return f"Residual({self.block!r})"
+
+
 class Flatten(Layer):
     """(C, H, W) to (C H W,) in that order (torch.flatten); a Dense layer does it anyway."""
 
@@ -220,10 +252,13 @@ _BY_NAME = {
 
 
 def from_spec(spec) -> Layer:
-    """The layer of a spec: 'relu', ('dense', 10), ('conv', 32, 3, 1), ('dropout', 0.5), ..."""
+    """The layer of a spec: 'relu', ('dense', 10), ('conv', 32, 3, 1), ('dropout', 0.5), ...;
+    ('residual', (specs...)) for a residual block."""
     if isinstance(spec, str):
         spec = (spec,)
     spec = tuple(spec)
+    if spec and spec[0] == "residual" and len(spec) == 2:
+        return Residual([from_spec(s) for s in spec[1]])
     if not spec or spec[0] not in _BY_NAME:
         raise ValueError(f"{spec!r} is not a layer spec (known: {', '.join(_BY_NAME)})")
     return _BY_NAME[spec[0]](*spec[1:])
@@ -304,3 +339,48 @@ def cnn(
         "softmax_xent",
         **kw,
     )
+
+
+def resnet(
+    depth: int = 8,
+    input_shape=(3, 32, 32),
+    n_classes: int = 10,
+    *,
+    width: int = 16,
+    norm: str | None = "layer",
+    **kw,
+) -> Sequential:
+    """The CIFAR ResNet of He et al. (2016), depth = 6 n + 2 (8, 14, 20, 32, ...): a 3x3 conv
+    of ``width`` maps, then three stages of n residual blocks each (width, 2 width, 4 width
+    maps; the first block of the second and third stages halves the map by a stride-2 conv,
+    its skip a strided 1x1 projection), each block conv3x3 -> norm -> ReLU -> conv3x3 -> norm,
+    plus its input, then ReLU; global average pooling and the ``n_classes`` logits.
+
+    norm: "layer" (LayerNorm over each sample's maps: the engine has no batch norm yet), or
+    None (no normalization). ``nn.resnet(8, (1, 28, 28))`` is ResNet-8 for MNIST."""
+    depth = _positive("resnet depth", depth, 8)
+    if (depth - 2) % 6:
+        raise ValueError(f"resnet depth is 6 n + 2 (8, 14, 20, 32, ...), got {depth}")
+    if norm not in ("layer", None):
+        raise ValueError(f"resnet norm is 'layer' or None, got {norm!r}")
+    width = _positive("resnet width", width)
+
+    def normed():
+        return [LayerNorm()] if norm == "layer" else []
+
+    n = (depth - 2) // 6
+    layers = [Conv2d(width, 3, padding=1), *normed(), ReLU()]
+    for stage in range(3):
+        maps = width << stage
+        for b in range(n):
+            stride = 2 if stage > 0 and b == 0 else 1
+            block = [
+                Conv2d(maps, 3, padding=1, stride=stride),
+                *normed(),
+                ReLU(),
+                Conv2d(maps, 3, padding=1),
+                *normed(),
+            ]
+            layers += [Residual(block), ReLU()]
+    layers += [GlobalAvgPool(), Dense(n_classes)]
+    return Sequential(layers, tuple(input_shape), "softmax_xent", **kw)

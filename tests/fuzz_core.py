@@ -2503,6 +2503,8 @@ def model_config(rng):
         lambda: ["globalavgpool"],
         lambda: [dropout()],
         lambda: [("layernorm",)],
+        lambda: ["res_begin", conv(), act(), "res_end"],
+        lambda: ["res_begin", act(), "res_begin", conv(), "res_end", "res_end"],
     )
     flat_pieces = (
         lambda: [("dense", int(rng.integers(1, 9)))],
@@ -2511,6 +2513,7 @@ def model_config(rng):
         lambda: ["flatten"],
         lambda: [dropout()],
         lambda: [("layernorm",)],
+        lambda: ["res_begin", act(), ("layernorm",), "res_end"],
     )
     while True:
         image = rng.random() < 0.6

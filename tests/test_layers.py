@@ -37,7 +37,8 @@ LAYERS = [
     nn.LayerNorm(),
     nn.ReLU(),
     nn.Dropout(0.3),
-    nn.Conv2d(8, 3, padding=1),
+    nn.Residual([nn.Conv2d(6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 3, padding=1)]),
+    nn.Residual([nn.Conv2d(8, 3, padding=1)]),
     nn.ReLU(),
     nn.AvgPool2(),
     nn.GlobalAvgPool(),
@@ -195,8 +196,10 @@ def test_nn_layers_specs_and_summary():
         "Dropout(0.3)",
     ):
         assert row in text
+    assert "  Conv2d(6, 3, padding=1)" in text and "])  + input" in text  # a block, indented
     assert (
-        "engine stages: conv, layernorm, relu, dropout, conv+relu, avgpool2, globalavgpool" in text
+        "engine stages: conv, layernorm, relu, dropout, res_begin, conv+relu, conv, res_end, "
+        "res_begin, conv, res_end+relu, avgpool2, globalavgpool, dropout, dense" in text
     )
     # a layer norm starts at scale 1 and shift 0, and draws nothing: the conv before it and
     # the layers after have the weights they would have without it
@@ -204,6 +207,28 @@ def test_nn_layers_specs_and_summary():
     assert np.all(w == 1) and np.all(b == 0)
     assert nn.lenet5(pooling="avg").plan["layers"][2] == ("avgpool2",)
     assert ("dropout", 0.5) in nn.mlp(4, [8], 2, dropout=0.5).plan["layers"]
+    # the second block changes 6 maps to 8: a 1x1 projection, 8 x 6 weights and 8 biases
+    proj = [p for p in m.plan["params"] if m.plan["layers"][p["layer"]] == ("res_end",)]
+    assert [p["weight_shape"] for p in proj] == [(8, 6, 1, 1)]
+
+
+def test_resnet_is_he_et_als_cifar_resnet():
+    m = nn.resnet(20, (3, 32, 32), 10, norm=None)
+    kinds = [spec[0] for spec in m.plan["layers"]]
+    assert kinds.count("res_begin") == 9 and kinds.count("conv") == 19
+    assert m.plan["shapes"][-2] == (64,) and m.n_outputs == 10
+    # the two stage changes halve the map (stride 2) and project the skip
+    assert [p["weight_shape"] for p in m.plan["params"] if kinds[p["layer"]] == "res_end"] == [
+        (32, 16, 1, 1),
+        (64, 32, 1, 1),
+    ]
+    assert nn.resnet(8, (1, 28, 28)).plan["shapes"][-3] == (64, 7, 7)
+    with pytest.raises(ValueError, match=r"resnet depth is 6 n \+ 2"):
+        nn.resnet(10)
+    with pytest.raises(ValueError, match="resnet norm is 'layer' or None"):
+        nn.resnet(8, norm="batch")
+    with pytest.raises(ValueError, match="Residual needs at least one layer"):
+        nn.Residual([])
 
 
 def test_the_cli_parses_the_new_layers():

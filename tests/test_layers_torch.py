@@ -1,6 +1,6 @@
 """The layers of issue 36 (strided conv, average and global average pooling, layer norm,
-dropout) against PyTorch's, where torch is installed (it is not a dependency: skipped
-elsewhere, with the reason):
+dropout, residual blocks with and without a projection) against PyTorch's, where torch is
+installed (it is not a dependency: skipped elsewhere, with the reason):
 
 - one loss_grad in float64 equals torch's loss and gradient (1e-9), with dropout in
   evaluation mode on both sides (logits) and p = 0 in training;
@@ -25,8 +25,16 @@ LAYERS = [
     ("conv", 4, 3, 1, 2),
     ("layernorm",),
     "relu",
-    ("conv", 6, 3, 1),
+    "res_begin",  # a residual block with the identity
+    ("conv", 4, 3, 1),
     "relu",
+    ("conv", 4, 3, 1),
+    "res_end",
+    "relu",
+    "res_begin",  # and one with a strided 1x1 projection
+    ("conv", 6, 3, 1, 2),
+    "relu",
+    "res_end",
     "avgpool2",
     ("conv", 8, 1, 0, 2),
     "globalavgpool",
@@ -49,7 +57,7 @@ def _data(dtype, batch, seed=0):
 
 @pytest.mark.parametrize("dropout", [None, 0.0])
 def test_loss_grad_equals_torch(dropout):
-    layers = LAYERS if dropout is None else LAYERS[:3] + [("dropout", dropout)] + LAYERS[3:]
+    layers = LAYERS if dropout is None else LAYERS[:5] + [("dropout", dropout)] + LAYERS[5:]
     plan0, params, x, y = _data(np.float64, 7)
     plan = ref.model_plan(layers, SHAPE, "softmax_xent")
     grads = np.zeros_like(params)
@@ -64,7 +72,7 @@ def test_loss_grad_equals_torch(dropout):
 
 
 def test_evaluation_passes_dropout_on_like_torch_eval():
-    layers = LAYERS[:3] + [("dropout", 0.5)] + LAYERS[3:-1] + [("dropout", 0.3), LAYERS[-1]]
+    layers = LAYERS[:5] + [("dropout", 0.5)] + LAYERS[5:-1] + [("dropout", 0.3), LAYERS[-1]]
     plan = ref.model_plan(layers, SHAPE, "softmax_xent")
     _, params, x, _ = _data(np.float64, 9)
     m = core.Model(layers, SHAPE, "softmax_xent", params, np.zeros_like(params))

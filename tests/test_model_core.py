@@ -176,6 +176,46 @@ MODELS = [
         (1, 10, 10),
         "softmax_xent",
     ),
+    # residual blocks: the identity, a strided 1x1 projection, nested, an activation fused
+    # after the add, and on features
+    (
+        "residual",
+        [
+            ("conv", 4, 3, 1),
+            "relu",
+            "res_begin",
+            ("conv", 4, 3, 1),
+            "relu",
+            ("conv", 4, 3, 1),
+            "res_end",
+            "relu",
+            "res_begin",
+            ("conv", 6, 3, 1, 2),
+            ("layernorm",),
+            "res_begin",
+            "tanh",
+            "res_end",
+            "res_end",
+            "globalavgpool",
+            ("dense", 3),
+        ],
+        (2, 9, 8),
+        "softmax_xent",
+    ),
+    (
+        "residual-mlp",
+        [
+            ("dense", 7),
+            "res_begin",
+            ("dense", 7),
+            "gelu",
+            ("dropout", 0.25),
+            "res_end",
+            ("dense", 2),
+        ],
+        (5,),
+        "mse",
+    ),
 ]
 MODEL_IDS = [m[0] for m in MODELS]
 
@@ -578,6 +618,24 @@ FD_MODELS = [
         (3,),
         "mse",
     ),
+    (
+        "residual",
+        [
+            ("conv", 2, 3, 1),
+            "res_begin",
+            ("conv", 2, 3, 1),
+            "tanh",
+            "res_end",
+            "res_begin",
+            ("conv", 3, 3, 1, 2),
+            "res_end",
+            "sigmoid",
+            "flatten",
+            ("dense", 2),
+        ],
+        (1, 6, 5),
+        "softmax_xent",
+    ),
 ]
 
 
@@ -769,6 +827,38 @@ BAD_PLANS = [  # (id, layers, input_shape, loss, exception, what the message mus
         r"\('globalavgpool'\) gets a \(2,\) input: global average pooling needs a \(C, H, W\)",
     ),
     ("layernorm-sizes", [("layernorm", 3), DENSE], (4,), "mse", ValueError, r"takes no sizes"),
+    (
+        "res-end-alone",
+        [DENSE, "res_end"],
+        (4,),
+        "mse",
+        ValueError,
+        r"layers\[1\] \('res_end'\) gets a \(2,\) input: res_end without its res_begin",
+    ),
+    (
+        "res-not-closed",
+        ["res_begin", DENSE, "res_begin", DENSE, "res_end"],
+        (4,),
+        "mse",
+        ValueError,
+        r"layers\[0\] \('res_begin'\) gets a \(4,\) input: a residual block is not closed",
+    ),
+    (
+        "res-features-width",
+        ["res_begin", DENSE, "res_end"],
+        (4,),
+        "mse",
+        ValueError,
+        r"a residual block on features must keep their number",
+    ),
+    (
+        "res-no-projection",
+        ["res_begin", ("conv", 2, 3), "res_end", DENSE],
+        (1, 9, 9),
+        "mse",
+        ValueError,
+        r"layers\[2\] \('res_end'\) gets a \(2, 7, 7\) input: no 1x1 projection",
+    ),
     (
         "unknown-kind",
         [("dense", 3), "softmax"],

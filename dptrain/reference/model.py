@@ -72,6 +72,8 @@ LAYER_SIZES = {
     "globalavgpool": (0, 0),
     "dropout": (1, 1),
     "layernorm": (0, 0),
+    "res_begin": (0, 0),
+    "res_end": (0, 0),
 }
 
 
@@ -220,6 +222,44 @@ def _layer_output(kind, sizes, shape):
     return shape, None  # an activation, dropout
 
 
+def _projection_stride(h, w, oh, ow):
+    """The stride of a 1x1 projection from (h, w) onto (oh, ow), or 0 (csrc/dp_model.c's)."""
+    for s in range(1, max(h, w) + 1):
+        if (h - 1) // s + 1 == oh and (w - 1) // s + 1 == ow:
+            return s
+    return 0
+
+
+def _residual_output(begin, shape):
+    """(shape, projection weight shape or None) of a res_end whose block took `begin` to
+    `shape`, or the reason it cannot add them."""
+    if begin == shape:
+        return shape, None
+    if len(begin) != 3 or len(shape) != 3:
+        return (
+            "a residual block on features must keep their number (its input is added to its output)"
+        )
+    if not _projection_stride(begin[1], begin[2], shape[1], shape[2]):
+        return (
+            "no 1x1 projection with a stride takes the residual block's input to its output's size"
+        )
+    return shape, (shape[0], begin[0], 1, 1)
+
+
+def _residuals(plan):
+    """{res_end index: (res_begin index, the projection's stride or 0)}."""
+    out, opened = {}, []
+    for i, (kind, *_) in enumerate(plan["layers"]):
+        if kind == "res_begin":
+            opened.append(i)
+        elif kind == "res_end":
+            b = opened.pop()
+            shapes = [tuple(plan["input_shape"])] + [tuple(s) for s in plan["shapes"]]
+            src, dst = shapes[b], shapes[i + 1]
+            out[i] = (b, 0 if src == dst else _projection_stride(src[1], src[2], dst[1], dst[2]))
+    return out
+
+
 def model_plan(layers, input_shape, loss="softmax_xent"):
     """_core.model_plan: what Model(layers, input_shape, loss, ...) builds, without the C
     engine's fused 'stages' (its own business): a dict of
@@ -248,8 +288,23 @@ def model_plan(layers, input_shape, loss="softmax_xent"):
         raise ValueError(f"layers has {len(specs)} entries, expected 1 to {MODEL_MAX_LAYERS}")
     specs = [_model_layer(spec, i) for i, spec in enumerate(specs)]
     shapes, params, offset = [], [], 0
+    opened = []  # the residual blocks open: (res_begin's index, its input shape)
     for i, (kind, *sizes) in enumerate(specs):
-        out = _layer_output(kind, sizes, shape)
+        if kind == "res_begin":
+            if len(opened) == 8:
+                raise ValueError(
+                    f"layers[{i}] ('res_begin') gets a {shape} input: more than 8 residual "
+                    f"blocks nested"
+                )
+            opened.append((i, shape))
+        if kind == "res_end":
+            if not opened:
+                raise ValueError(
+                    f"layers[{i}] ('res_end') gets a {shape} input: res_end without its res_begin"
+                )
+            out = _residual_output(opened.pop()[1], shape)
+        else:
+            out = _layer_output(kind, sizes, shape)
         if not isinstance(out, str) and out[1] is not None:
             n_weights = math.prod(out[1])
             if offset + n_weights + n_weights * (kind == "layernorm") + out[1][0] > _PTRDIFF_MAX:
@@ -270,6 +325,12 @@ def model_plan(layers, input_shape, loss="softmax_xent"):
             )
             offset += n_weights + n_bias
         shapes.append(shape)
+    if opened:
+        b, s = opened[-1]
+        raise ValueError(
+            f"layers[{b}] ('res_begin') gets a {s} input: a residual block is not closed "
+            f"(res_begin without res_end)"
+        )
     if not params:
         raise ValueError("layers has no dense, conv or layernorm layer: nothing to train")
     n_out = math.prod(shape)
@@ -366,11 +427,23 @@ def _model_forward(plan, params, x, rng=None):
     evaluates (dropout passes its input on)."""
     batch, dt = x.shape[0], params.dtype
     weights = _model_param_views(plan, params)
+    residuals = _residuals(plan)
     acts, codes = [x.reshape((batch, *plan["input_shape"]))], {}
     for i, (kind, *sizes) in enumerate(plan["layers"]):
         h = acts[-1]
         y = np.empty((batch, *plan["shapes"][i]), dt)
-        if kind == "dense":
+        if kind == "res_begin":
+            y = h.copy()
+        elif kind == "res_end":  # the block's output plus its input (projected)
+            b, stride = residuals[i]
+            src = acts[b + 1]
+            if stride:
+                proj = np.empty_like(y)
+                conv2d_forward(src, *weights[i], proj, stride=stride)
+                y = h + proj
+            else:
+                y = h + src
+        elif kind == "dense":
             dense_forward(_rows(h), *weights[i], y)
         elif kind == "conv":
             conv2d_forward(h, *weights[i], y, padding=sizes[2], stride=_stride(sizes))
@@ -404,6 +477,7 @@ def _model_backward(plan, params, grads, acts, codes, dout):
     """ACCUMULATES d(loss)/d(params) into grads from dout = d(loss)/d(outputs), last layer
     first, down to the first dense/conv layer (nothing below it has a parameter)."""
     weights, grad_views = _model_param_views(plan, params), _model_param_views(plan, grads)
+    residuals, skip_grads = _residuals(plan), {}
     first = plan["params"][0]["layer"]
     d = dout
     for i in range(len(plan["layers"]) - 1, first - 1, -1):
@@ -411,7 +485,19 @@ def _model_backward(plan, params, grads, acts, codes, dout):
         h, y = acts[i], acts[i + 1]
         d = d.reshape(y.shape)
         dx = np.empty_like(h) if i > first else None
-        if kind == "dense":
+        if kind == "res_end":  # d to the block as it is, and to the skip connection
+            b, stride = residuals[i]
+            src = acts[b + 1]
+            if stride:
+                dsrc = np.empty_like(src)
+                conv2d_backward(d, src, weights[i][0], *grad_views[i], dsrc, stride=stride)
+                skip_grads[b] = dsrc
+            else:
+                skip_grads[b] = d.copy()
+            dx = d
+        elif kind == "res_begin":
+            dx = d + skip_grads.pop(i)
+        elif kind == "dense":
             dense_backward(
                 d, _rows(h), weights[i][0], *grad_views[i], None if dx is None else _rows(dx)
             )
