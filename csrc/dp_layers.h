@@ -22,40 +22,80 @@
  *   (the means in double); dgamma += sum over rows of dy xhat, dbeta += sum of dy, for the
  *   columns [c0, c1) (the engine splits them over its threads, each column summed in row
  *   order: the bits of one thread).
+ * - batch norm, per channel c of (C, HW) rows ((F,) rows: C = F, HW = 1): bn_row_sums writes
+ *   each row's (sum x, sum x^2) per channel in double; the engine adds the rows in row order
+ *   and, where a run has several workers, across them (its exchange), into the batch's mean
+ *   and variance (biased); bn_normalize: y = (x - mean) rstd gamma + beta, with (mean, rstd)
+ *   per channel. Backward: bn_grad_row_sums writes each row's (sum dy, sum dy xhat); with
+ *   their batch totals (A, B) and the batch's count N, bn_backward_dx: dx = gamma rstd (dy -
+ *   A / N - xhat B / N).
  */
 #ifndef DP_LAYERS_H
 #define DP_LAYERS_H
 
 #include "dp_common.h"
+#include "dp_vec.h"
 
 #define DP_LAYERNORM_EPS 1e-5 /* PyTorch's nn.LayerNorm default */
+#define DP_BATCHNORM_EPS 1e-5 /* PyTorch's nn.BatchNorm*d defaults */
+#define DP_BATCHNORM_MOMENTUM 0.1
 
 /* The row key of a dropout draw, and the 32 bits of unit u (splitmix64's output sequence from
  * the key: the finalizer of key + (u + 1) golden). */
 uint64_t dp_dropout_key(uint64_t seed, int64_t step, int64_t row, int layer);
-uint32_t dp_dropout_bits(uint64_t key, int64_t unit);
+DP_INLINE uint32_t dp_dropout_bits(uint64_t key, int64_t unit)
+{ return (uint32_t)(dp_mix64(key + (uint64_t)unit * 0x9e3779b97f4a7c15ULL) >> 32); }
 /* The smallest kept draw: floor(p 2^32) (p in [0, 1)). */
 uint32_t dp_dropout_threshold(double p);
 
-#define DP_DECLARE_LAYERS(T, S)                                                                  \
-    void dp_avgpool2_forward##S(T *y, const T *x, ptrdiff_t planes, int H, int W);               \
-    void dp_avgpool2_backward##S(T *dx, const T *dy, ptrdiff_t planes, int H, int W);            \
-    void dp_gap_forward##S(T *y, const T *x, ptrdiff_t planes, int n);                           \
-    void dp_gap_backward##S(T *dx, const T *dy, ptrdiff_t planes, int n);                        \
-    /* rows [0, rows) of width n; mask (rows, n) is written */                                   \
-    void dp_dropout_forward##S(T *y, uint8_t *mask, const T *x, int rows, int n, double p,       \
-                               uint64_t seed, int64_t step, int64_t row0, int layer);            \
-    void dp_dropout_backward##S(T *dx, const T *dy, const uint8_t *mask, int rows, int n,        \
-                                double p);                                                       \
-    /* stats (rows, 2): mean, rstd */                                                            \
-    void dp_layernorm_forward##S(T *y, double *stats, const T *x, const T *gamma, const T *beta, \
-                                 int rows, int n);                                               \
-    /* dx (rows, n), written; NULL: not computed */                                              \
-    void dp_layernorm_backward_dx##S(T *dx, const T *dy, const T *x, const double *stats,        \
-                                     const T *gamma, int rows, int n);                           \
-    /* dgamma, dbeta += over rows [0, rows), columns [c0, c1) */                                 \
-    void dp_layernorm_backward_params##S(T *dgamma, T *dbeta, const T *dy, const T *x,           \
-                                         const double *stats, int rows, int n, int c0, int c1);
+/* Every kernel below is a vector kernel (dp_vec.h: a build per ISA, the public function
+ * picks one). */
+#define DP_LAYERS_VEC(X, T, S)                                                                     \
+    X(void, dp_avgpool2_forward, S, (T *y, const T *x, ptrdiff_t planes, int H, int W),            \
+      (y, x, planes, H, W))                                                                        \
+    X(void, dp_avgpool2_backward, S, (T *dx, const T *dy, ptrdiff_t planes, int H, int W),         \
+      (dx, dy, planes, H, W))                                                                      \
+    X(void, dp_gap_forward, S, (T *y, const T *x, ptrdiff_t planes, int n), (y, x, planes, n))     \
+    X(void, dp_gap_backward, S, (T *dx, const T *dy, ptrdiff_t planes, int n),                     \
+      (dx, dy, planes, n))                                                                         \
+    /* rows [0, rows) of width n; mask (rows, n) is written */                                     \
+    X(void, dp_dropout_forward, S,                                                                 \
+      (T *y, uint8_t *mask, const T *x, int rows, int n, double p, uint64_t seed, int64_t step,    \
+       int64_t row0, int layer),                                                                   \
+      (y, mask, x, rows, n, p, seed, step, row0, layer))                                           \
+    X(void, dp_dropout_backward, S,                                                                \
+      (T *dx, const T *dy, const uint8_t *mask, int rows, int n, double p),                        \
+      (dx, dy, mask, rows, n, p))                                                                  \
+    /* stats (rows, 2): mean, rstd */                                                              \
+    X(void, dp_layernorm_forward, S,                                                               \
+      (T *y, double *stats, const T *x, const T *gamma, const T *beta, int rows, int n),           \
+      (y, stats, x, gamma, beta, rows, n))                                                         \
+    /* dx (rows, n), written */                                                                    \
+    X(void, dp_layernorm_backward_dx, S,                                                           \
+      (T *dx, const T *dy, const T *x, const double *stats, const T *gamma, int rows, int n),      \
+      (dx, dy, x, stats, gamma, rows, n))                                                          \
+    /* dgamma, dbeta += over rows [0, rows), columns [c0, c1) */                                   \
+    X(void, dp_layernorm_backward_params, S,                                                       \
+      (T *dgamma, T *dbeta, const T *dy, const T *x, const double *stats, int rows, int n, int c0, \
+       int c1),                                                                                    \
+      (dgamma, dbeta, dy, x, stats, rows, n, c0, c1))                                              \
+    /* sums (rows, 2 C): per row, (sum x, sum x^2) of each channel */                              \
+    X(void, dp_bn_row_sums, S, (double *sums, const T *x, int rows, int C, int HW),                \
+      (sums, x, rows, C, HW))                                                                      \
+    /* mr (2 C): (mean, rstd) per channel */                                                       \
+    X(void, dp_bn_normalize, S,                                                                    \
+      (T *y, const T *x, const double *mr, const T *gamma, const T *beta, int rows, int C,         \
+       int HW),                                                                                    \
+      (y, x, mr, gamma, beta, rows, C, HW))                                                        \
+    /* sums (rows, 2 C): per row, (sum dy, sum dy xhat) of each channel */                         \
+    X(void, dp_bn_grad_row_sums, S,                                                                \
+      (double *sums, const T *dy, const T *x, const double *mr, int rows, int C, int HW),          \
+      (sums, dy, x, mr, rows, C, HW))                                                              \
+    /* tot (2 C): the batch's (A, B); count: its values per channel (N) */                         \
+    X(void, dp_bn_backward_dx, S,                                                                  \
+      (T *dx, const T *dy, const T *x, const double *mr, const double *tot, const T *gamma,        \
+       double count, int rows, int C, int HW),                                                     \
+      (dx, dy, x, mr, tot, gamma, count, rows, C, HW))
 
 /* The concrete symbols, for grep: dp_avgpool2_forward_f32 dp_avgpool2_forward_f64
  * dp_avgpool2_backward_f32 dp_avgpool2_backward_f64 dp_gap_forward_f32 dp_gap_forward_f64
@@ -63,7 +103,7 @@ uint32_t dp_dropout_threshold(double p);
  * dp_dropout_backward_f32 dp_dropout_backward_f64 dp_layernorm_forward_f32
  * dp_layernorm_forward_f64 dp_layernorm_backward_dx_f32 dp_layernorm_backward_dx_f64
  * dp_layernorm_backward_params_f32 dp_layernorm_backward_params_f64 */
-DP_DECLARE_LAYERS(float, _f32)
-DP_DECLARE_LAYERS(double, _f64)
+DP_LAYERS_VEC(DP_VEC_PROTO, float, _f32)
+DP_LAYERS_VEC(DP_VEC_PROTO, double, _f64)
 
 #endif

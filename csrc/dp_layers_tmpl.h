@@ -4,7 +4,49 @@
 #define CAT(a, b) CAT_(a, b)
 #define K(name) CAT(name, S)
 
-void K(dp_avgpool2_forward)(T *y, const T *x, ptrdiff_t planes, int H, int W)
+/* The reductions below sum in LANES interleaved partial sums (value i into lane i % LANES,
+ * the lanes then added in a fixed tree): a single running sum is a chain of dependent adds
+ * the compiler may not reorder, LANES of them are one vector. The same bits on every build. */
+#define LANES 8
+
+DP_INLINE double K(lanes_total)(const double *acc)
+{
+    double a[LANES];
+    for (int j = 0; j < LANES; j++) a[j] = acc[j];
+    for (int h = LANES / 2; h >= 1; h /= 2)
+        for (int j = 0; j < h; j++) a[j] += a[j + h];
+    return a[0];
+}
+
+/* sum of x[0:n] (as doubles) */
+DP_INLINE double K(sum_lanes)(const T *x, int n)
+{
+    double acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += (double)x[i + j];
+    for (int j = 0; i < n; i++, j++) acc[j] += (double)x[i];
+    return K(lanes_total)(acc);
+}
+
+/* sum of (x[i] - mean)^2 */
+DP_INLINE double K(sq_lanes)(const T *x, int n, double mean)
+{
+    double acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) {
+            double c = (double)x[i + j] - mean;
+            acc[j] += c * c;
+        }
+    for (int j = 0; i < n; i++, j++) {
+        double c = (double)x[i] - mean;
+        acc[j] += c * c;
+    }
+    return K(lanes_total)(acc);
+}
+
+void KV(dp_avgpool2_forward)(T *y, const T *x, ptrdiff_t planes, int H, int W)
 {
     // x is (planes, H, W), y (planes, H / 2, W / 2)
     int OH = H / 2, OW = W / 2;
@@ -20,7 +62,7 @@ void K(dp_avgpool2_forward)(T *y, const T *x, ptrdiff_t planes, int H, int W)
     }
 }
 
-void K(dp_avgpool2_backward)(T *dx, const T *dy, ptrdiff_t planes, int H, int W)
+void KV(dp_avgpool2_backward)(T *dx, const T *dy, ptrdiff_t planes, int H, int W)
 {
     // dy is (planes, H / 2, W / 2), dx (planes, H, W), written
     int OH = H / 2, OW = W / 2;
@@ -38,18 +80,16 @@ void K(dp_avgpool2_backward)(T *dx, const T *dy, ptrdiff_t planes, int H, int W)
     }
 }
 
-void K(dp_gap_forward)(T *y, const T *x, ptrdiff_t planes, int n)
+void KV(dp_gap_forward)(T *y, const T *x, ptrdiff_t planes, int n)
 {
     // x is (planes, n), y (planes,)
     for (ptrdiff_t p = 0; p < planes; p++) {
         const T *xp = x + p * n;
-        double s = 0;
-        for (int i = 0; i < n; i++) s += (double)xp[i];
-        y[p] = (T)(s / n);
+        y[p] = (T)(K(sum_lanes)(xp, n) / n);
     }
 }
 
-void K(dp_gap_backward)(T *dx, const T *dy, ptrdiff_t planes, int n)
+void KV(dp_gap_backward)(T *dx, const T *dy, ptrdiff_t planes, int n)
 {
     for (ptrdiff_t p = 0; p < planes; p++) {
         T g = (T)((double)dy[p] / n);
@@ -58,8 +98,8 @@ void K(dp_gap_backward)(T *dx, const T *dy, ptrdiff_t planes, int n)
     }
 }
 
-void K(dp_dropout_forward)(T *y, uint8_t *mask, const T *x, int rows, int n, double p,
-                           uint64_t seed, int64_t step, int64_t row0, int layer)
+void KV(dp_dropout_forward)(T *y, uint8_t *mask, const T *x, int rows, int n, double p,
+                            uint64_t seed, int64_t step, int64_t row0, int layer)
 {
     // x, y are (rows, n), mask (rows, n): 1 where the value is kept
     uint32_t thr = dp_dropout_threshold(p);
@@ -77,28 +117,22 @@ void K(dp_dropout_forward)(T *y, uint8_t *mask, const T *x, int rows, int n, dou
     }
 }
 
-void K(dp_dropout_backward)(T *dx, const T *dy, const uint8_t *mask, int rows, int n, double p)
+void KV(dp_dropout_backward)(T *dx, const T *dy, const uint8_t *mask, int rows, int n, double p)
 {
     T scale = (T)(1.0 / (1.0 - p));
     ptrdiff_t total = (ptrdiff_t)rows * n;
     for (ptrdiff_t i = 0; i < total; i++) dx[i] = mask[i] ? dy[i] * scale : (T)0;
 }
 
-void K(dp_layernorm_forward)(T *y, double *stats, const T *x, const T *gamma, const T *beta,
-                             int rows, int n)
+void KV(dp_layernorm_forward)(T *y, double *stats, const T *x, const T *gamma, const T *beta,
+                              int rows, int n)
 {
     // x, y are (rows, n); gamma, beta (n,); stats (rows, 2)
     for (int r = 0; r < rows; r++) {
         const T *xr = x + (ptrdiff_t)r * n;
         T *yr = y + (ptrdiff_t)r * n;
-        double s = 0, q = 0;
-        for (int i = 0; i < n; i++) s += (double)xr[i];
-        double mean = s / n;
-        for (int i = 0; i < n; i++) {
-            double c = (double)xr[i] - mean;
-            q += c * c;
-        }
-        double rstd = 1.0 / sqrt(q / n + DP_LAYERNORM_EPS);
+        double mean = K(sum_lanes)(xr, n) / n;
+        double rstd = 1.0 / sqrt(K(sq_lanes)(xr, n, mean) / n + DP_LAYERNORM_EPS);
         stats[2 * r] = mean;
         stats[2 * r + 1] = rstd;
         for (int i = 0; i < n; i++) {
@@ -108,21 +142,28 @@ void K(dp_layernorm_forward)(T *y, double *stats, const T *x, const T *gamma, co
     }
 }
 
-void K(dp_layernorm_backward_dx)(T *dx, const T *dy, const T *x, const double *stats,
-                                 const T *gamma, int rows, int n)
+void KV(dp_layernorm_backward_dx)(T *dx, const T *dy, const T *x, const double *stats,
+                                  const T *gamma, int rows, int n)
 {
     for (int r = 0; r < rows; r++) {
         const T *xr = x + (ptrdiff_t)r * n, *gr = dy + (ptrdiff_t)r * n;
         T *dr = dx + (ptrdiff_t)r * n;
-        double mean = stats[2 * r], rstd = stats[2 * r + 1], a = 0, b = 0;
-        for (int i = 0; i < n; i++) {
+        double mean = stats[2 * r], rstd = stats[2 * r + 1], sa[LANES] = {0}, sb[LANES] = {0};
+        int i = 0;
+        for (; i + LANES <= n; i += LANES)
+            for (int j = 0; j < LANES; j++) {
+                double g = (double)gr[i + j] * (double)gamma[i + j];
+                double h = (double)(T)(((double)xr[i + j] - mean) * rstd);
+                sa[j] += g;
+                sb[j] += g * h;
+            }
+        for (int j = 0; i < n; i++, j++) {
             double g = (double)gr[i] * (double)gamma[i];
             double h = (double)(T)(((double)xr[i] - mean) * rstd);
-            a += g;
-            b += g * h;
+            sa[j] += g;
+            sb[j] += g * h;
         }
-        a /= n;
-        b /= n;
+        double a = K(lanes_total)(sa) / n, b = K(lanes_total)(sb) / n;
         for (int i = 0; i < n; i++) {
             double g = (double)gr[i] * (double)gamma[i];
             double h = (double)(T)(((double)xr[i] - mean) * rstd);
@@ -131,8 +172,8 @@ void K(dp_layernorm_backward_dx)(T *dx, const T *dy, const T *x, const double *s
     }
 }
 
-void K(dp_layernorm_backward_params)(T *dgamma, T *dbeta, const T *dy, const T *x,
-                                     const double *stats, int rows, int n, int c0, int c1)
+void KV(dp_layernorm_backward_params)(T *dgamma, T *dbeta, const T *dy, const T *x,
+                                      const double *stats, int rows, int n, int c0, int c1)
 {
     for (int r = 0; r < rows; r++) {
         const T *xr = x + (ptrdiff_t)r * n, *gr = dy + (ptrdiff_t)r * n;
@@ -145,4 +186,71 @@ void K(dp_layernorm_backward_params)(T *dgamma, T *dbeta, const T *dy, const T *
     }
 }
 
+void KV(dp_bn_row_sums)(double *sums, const T *x, int rows, int C, int HW)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++) {
+            const T *xp = x + ((ptrdiff_t)r * C + c) * HW;
+            double mean = 0; /* sum x^2 as the sum of squares from 0: sq_lanes with mean 0 */
+            sums[((ptrdiff_t)r * C + c) * 2] = K(sum_lanes)(xp, HW);
+            sums[((ptrdiff_t)r * C + c) * 2 + 1] = K(sq_lanes)(xp, HW, mean);
+        }
+}
+
+void KV(dp_bn_normalize)(T *y, const T *x, const double *mr, const T *gamma, const T *beta,
+                         int rows, int C, int HW)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++) {
+            ptrdiff_t o = ((ptrdiff_t)r * C + c) * HW;
+            double mean = mr[2 * c], rstd = mr[2 * c + 1];
+            T g = gamma[c], b = beta[c];
+            for (int i = 0; i < HW; i++) y[o + i] = (T)(((double)x[o + i] - mean) * rstd) * g + b;
+        }
+}
+
+void KV(dp_bn_grad_row_sums)(double *sums, const T *dy, const T *x, const double *mr, int rows,
+                             int C, int HW)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++) {
+            ptrdiff_t o = ((ptrdiff_t)r * C + c) * HW;
+            double mean = mr[2 * c], rstd = mr[2 * c + 1], sa[LANES] = {0}, sb[LANES] = {0};
+            int i = 0;
+            for (; i + LANES <= HW; i += LANES)
+                for (int j = 0; j < LANES; j++) {
+                    double g = (double)dy[o + i + j];
+                    sa[j] += g;
+                    sb[j] += g * (double)(T)(((double)x[o + i + j] - mean) * rstd);
+                }
+            for (int j = 0; i < HW; i++, j++) {
+                double g = (double)dy[o + i];
+                sa[j] += g;
+                sb[j] += g * (double)(T)(((double)x[o + i] - mean) * rstd);
+            }
+            sums[((ptrdiff_t)r * C + c) * 2] = K(lanes_total)(sa);
+            sums[((ptrdiff_t)r * C + c) * 2 + 1] = K(lanes_total)(sb);
+        }
+}
+
+void KV(dp_bn_backward_dx)(T *dx, const T *dy, const T *x, const double *mr, const double *tot,
+                           const T *gamma, double count, int rows, int C, int HW)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++) {
+            ptrdiff_t o = ((ptrdiff_t)r * C + c) * HW;
+            double mean = mr[2 * c], rstd = mr[2 * c + 1];
+            double a = tot[2 * c] / count, b = tot[2 * c + 1] / count, k = (double)gamma[c] * rstd;
+            for (int i = 0; i < HW; i++) {
+                double h = (double)(T)(((double)x[o + i] - mean) * rstd);
+                dx[o + i] = (T)(k * ((double)dy[o + i] - a - h * b));
+            }
+        }
+}
+
+#ifndef DP_VEC_PASS
+DP_LAYERS_VEC(DP_VEC_DEFINE, T, S)
+#endif
+
+#undef LANES
 #undef K

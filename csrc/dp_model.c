@@ -3,6 +3,7 @@
 #include "dp_model.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -67,7 +68,7 @@ static int projection_stride(int H, int W, int OH, int OW)
     return 0;
 }
 
-static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off)
+static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off, ptrdiff_t *s_off)
 {
     int ndim = p->in_ndim, sh[3] = {p->in_shape[0], p->in_shape[1], p->in_shape[2]};
     int open = 0, open_at[MAX_NESTING], open_ndim[MAX_NESTING], open_sh[MAX_NESTING][3];
@@ -139,6 +140,14 @@ static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off)
             b_off[l] = off;
             if (grow(&off, width)) return refuse(p, l, "parameter count overflows");
             break;
+        case DP_LAYER_BATCHNORM: /* gamma, then beta: one per channel (per feature on (F,)) */
+            w_off[l] = off;
+            if (grow(&off, sh[0])) return refuse(p, l, "parameter count overflows");
+            b_off[l] = off;
+            if (grow(&off, sh[0])) return refuse(p, l, "parameter count overflows");
+            s_off[l] = p->n_state;
+            p->n_state += 2 * (ptrdiff_t)sh[0];
+            break;
         case DP_LAYER_RES_BEGIN:
             if (open == MAX_NESTING) return refuse(p, l, "more than 8 residual blocks nested");
             open_at[open] = l;
@@ -204,7 +213,8 @@ static int in_width_of(const dp_plan *p, int l)
 { return l == 0 ? p->in_width : flat_width(p->out_ndim[l - 1], p->out_shape[l - 1]); }
 
 /* Pass 2: the stages (dp_model.h lists the patterns). */
-static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_off)
+static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_off,
+                        const ptrdiff_t *s_off)
 {
     int n = p->n_layers, begin_stage[DP_MODEL_MAX_LAYERS];
     p->n_stages = 0;
@@ -250,6 +260,20 @@ static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_o
         } else if (kind == DP_LAYER_RES_BEGIN) {
             st.op = DP_STAGE_RESBEGIN;
             begin_stage[l] = p->n_stages;
+        } else if (kind == DP_LAYER_BATCHNORM) {
+            st.op = DP_STAGE_BN;
+            st.param = p->n_param_layers;
+            st.w_off = w_off[l];
+            st.b_off = b_off[l];
+            st.s_off = s_off[l];
+            p->param_stage[p->n_param_layers] = p->n_stages;
+            p->param_spec[p->n_param_layers] = l;
+            p->n_param_layers++;
+            int nd = l == 0 ? p->in_ndim : p->out_ndim[l - 1];
+            const int *sh = l == 0 ? p->in_shape : p->out_shape[l - 1];
+            st.g.C = sh[0];
+            st.g.H = nd == 3 ? sh[1] : 1;
+            st.g.W = nd == 3 ? sh[2] : 1;
         } else if (kind == DP_LAYER_DENSE || kind == DP_LAYER_CONV || kind == DP_LAYER_LAYERNORM) {
             st.op = kind == DP_LAYER_DENSE  ? DP_STAGE_DENSE
                     : kind == DP_LAYER_CONV ? DP_STAGE_CONV
@@ -336,12 +360,13 @@ int dp_model_plan(dp_plan *p, const dp_layer *layers, int n_layers, const int *i
     p->in_ndim = in_ndim;
     for (int d = 0; d < 3; d++) p->in_shape[d] = d < in_ndim ? in_shape[d] : 1;
     p->in_width = (int)width;
-    ptrdiff_t w_off[DP_MODEL_MAX_LAYERS], b_off[DP_MODEL_MAX_LAYERS];
-    int rc = plan_shapes(p, w_off, b_off);
+    ptrdiff_t w_off[DP_MODEL_MAX_LAYERS], b_off[DP_MODEL_MAX_LAYERS], s_off[DP_MODEL_MAX_LAYERS];
+    int rc = plan_shapes(p, w_off, b_off, s_off);
     if (rc) return rc;
     p->out_width = flat_width(p->out_ndim[n_layers - 1], p->out_shape[n_layers - 1]);
-    plan_stages(p, w_off, b_off);
-    if (p->n_param_layers == 0) return refuse(p, n_layers, "no dense, conv or layernorm layer");
+    plan_stages(p, w_off, b_off, s_off);
+    if (p->n_param_layers == 0)
+        return refuse(p, n_layers, "no dense, conv, layernorm or batchnorm layer");
     switch (loss) {
     case DP_LOSS_SOFTMAX_XENT:
         if (p->out_width < 2)
@@ -385,6 +410,18 @@ int dp_model_init(dp_model *m, const dp_layer *layers, int n_layers, const int *
         if (conv > m->conv_elems) m->conv_elems = conv;
         if (grad > m->grad_elems) m->grad_elems = grad;
     }
+    if (p->n_state) { /* running means 0, variances 1 (PyTorch's) */
+        m->state = malloc(sizeof(double) * (size_t)p->n_state);
+        if (!m->state) return DP_ENOMEM;
+        for (int s = 0; s < p->n_stages; s++) {
+            const dp_stage *st = &p->stage[s];
+            if (st->op != DP_STAGE_BN) continue;
+            for (int c = 0; c < st->g.C; c++) {
+                m->state[st->s_off + c] = 0;
+                m->state[st->s_off + st->g.C + c] = 1;
+            }
+        }
+    }
     if (threads < 1) threads = 1;
     if (threads > DP_MAX_THREADS) threads = DP_MAX_THREADS;
     m->threads = threads;
@@ -422,6 +459,9 @@ void dp_model_free(dp_model *m)
     dp_scratch_free(&m->partials);
     dp_scratch_free(&m->stats);
     dp_scratch_free(&m->skips);
+    dp_scratch_free(&m->bnrows);
+    free(m->state);
+    m->state = NULL;
 }
 
 /* the phases the calling thread has ended in the sweep it runs (dp_model_tmpl.h: K(phase_end)) */

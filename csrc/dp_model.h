@@ -19,6 +19,13 @@
  *   LAYERNORM                    a parameterized stage of its own: per row, normalized over
  *                                its features, then gamma and beta per feature; (mean, rstd)
  *                                kept per row
+ *   BATCHNORM                    parameterized, a stage of its own: training sums each row's
+ *                                channels (x, x^2), part 0 adds the rows in row order, the
+ *                                caller's exchange (if any) adds the workers', then every
+ *                                row is normalized by the batch's mean and variance; the
+ *                                running statistics (state) move after the call succeeds.
+ *                                Backward: the rows' (dy, dy xhat) sums likewise, exchanged,
+ *                                for dx; dgamma and dbeta are this call's rows' sums
  *   RES_BEGIN                    a copy of its input: the skip connection's source
  *   RES_END [act]                the block's output plus RES_BEGIN's copy, projected by a 1x1
  *                                conv (a stride, a bias; parameterized) where the shapes
@@ -94,8 +101,9 @@
  * parameter gradient splits its columns (each summed over the rows in row order): the bits of
  * one thread.
  *
- * Leaves out on purpose: batch norm (its statistics are the global batch's: an exchange in the
- * middle of the forward pass, which one call cannot make).
+ * Leaves out on purpose: batch norm's exchange in a fixed order across workers (the
+ * caller's all-reduce sums them, so N workers give one worker's model to rounding, not bit
+ * for bit).
  */
 #ifndef DP_MODEL_H
 #define DP_MODEL_H
@@ -124,7 +132,8 @@ typedef enum {
      * plus the block's input, through a 1x1 convolution (a stride, a bias) where the shapes
      * differ; the plan sets RES_END's out (channels), stride and kernel (1: projected) */
     DP_LAYER_RES_BEGIN = 12,
-    DP_LAYER_RES_END = 13
+    DP_LAYER_RES_END = 13,
+    DP_LAYER_BATCHNORM = 14 /* per channel ((C, H, W)) or feature ((F,)), the batch's statistics */
 } dp_layer_kind;
 
 typedef struct {
@@ -146,7 +155,8 @@ typedef enum {
     DP_STAGE_DROPOUT,
     DP_STAGE_NORM,     /* LAYERNORM: parameterized (gamma as its W, beta as its b) */
     DP_STAGE_RESBEGIN, /* a copy of its input: the skip connection's source */
-    DP_STAGE_RESEND    /* block output + skip (projected: parameterized, a 1x1 conv) [act] */
+    DP_STAGE_RESEND,   /* block output + skip (projected: parameterized, a 1x1 conv) [act] */
+    DP_STAGE_BN        /* BATCHNORM: parameterized (gamma, beta); running statistics in state */
 } dp_stage_op;
 
 typedef struct {
@@ -161,6 +171,7 @@ typedef struct {
                               * input map */
     double rate;             /* DROPOUT */
     int skip;                /* RESEND: its RESBEGIN's stage (its output is the skip's source) */
+    ptrdiff_t s_off;         /* BN: its running mean, then variance, in the model's state */
     int conv_h, conv_w;      /* CONV: the output block computed (all of it without pool) */
     ptrdiff_t w_off, b_off;  /* DENSE, CONV, NORM: where W and b start in the flat parameters */
 } dp_stage;
@@ -177,6 +188,7 @@ typedef struct {
     int param_stage[DP_MODEL_MAX_LAYERS]; /* parameterized layer k's stage */
     int param_spec[DP_MODEL_MAX_LAYERS];  /* ... and its index in the list */
     ptrdiff_t n_params;
+    ptrdiff_t n_state; /* batch norms' running statistics: 2 C doubles each */
     int in_width, out_width;
     dp_loss loss;
     /* after DP_EVALUE: the layer at fault (-1: the input shape or the layer count; n_layers:
@@ -192,6 +204,10 @@ typedef struct {
     dp_scratch grad; /* this thread's dW^T and db of one conv layer */
 } dp_model_thread;
 
+/* A batch norm's exchange (dp_model.exchange): buf (n doubles: per channel the batch's sums,
+ * then the count) summed over the workers in place; 0, or nonzero where it failed. */
+typedef int (*dp_model_exchange_fn)(void *ctx, double *buf, int n);
+
 typedef struct {
     dp_plan plan;
     int threads;
@@ -206,6 +222,14 @@ typedef struct {
     dp_scratch partials; /* a dense GEMM's K slices on a region (dp_gemm_part) */
     dp_scratch stats;    /* layer norms' (mean, rstd) per row, doubles */
     dp_scratch skips;    /* residual ends' gradients of the skip connection (backward) */
+    dp_scratch bnrows;   /* a batch norm's per-row sums, then their totals */
+    /* batch norms' running means and variances (plan.n_state doubles; means 0, variances 1
+     * at init), updated by each training forward from the batch's statistics */
+    double *state;
+    /* the exchange of a batch norm's sums, forward and backward (NULL: this call's rows are
+     * the batch) */
+    dp_model_exchange_fn exchange;
+    void *exchange_ctx;
     /* dropout's draws (dp_layers.h): the model's seed, the training step and the global index
      * of the batch's first row, set by the caller before forward_loss / loss_grad */
     uint64_t rng_seed;

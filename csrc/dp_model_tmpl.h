@@ -14,6 +14,7 @@ typedef struct {
                                          * their outputs */
     double *stats[DP_MODEL_MAX_LAYERS]; /* NORM stages' (mean, rstd) per row */
     T *skip[DP_MODEL_MAX_LAYERS];       /* RESEND stages: d loss / d skip source (backward) */
+    double *bnrows;                     /* a BN stage's per-row sums (rows, 2 C), then totals */
     T *g0, *g1;                         /* the backward ping-pong buffers (NULL: evaluate) */
     T *partials;                        /* a dense GEMM's K slices (dp_gemm_part), or NULL */
 } K(model_bufs);
@@ -29,7 +30,7 @@ DP_INLINE int K(has_codes)(const dp_stage *st)
 static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_grad)
 {
     const dp_plan *p = &m->plan;
-    size_t width = 0, widest = 0, coded = 0, norms = 0, skips = 0;
+    size_t width = 0, widest = 0, coded = 0, norms = 0, skips = 0, bnstats = 0, bnrows = 0;
     for (int s = 0; s < p->n_stages; s++) {
         size_t w = (size_t)p->stage[s].out_width;
         width += w;
@@ -38,6 +39,11 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_
         if (p->stage[s].op == DP_STAGE_NORM) norms++;
         if (p->stage[s].op == DP_STAGE_RESEND)
             skips += (size_t)p->stage[p->stage[s].skip].out_width;
+        if (p->stage[s].op == DP_STAGE_BN) {
+            size_t C = (size_t)p->stage[s].g.C;
+            bnstats += 3 * C + 1;
+            if (((size_t)rows + 1) * 2 * C > bnrows) bnrows = ((size_t)rows + 1) * 2 * C;
+        }
     }
     /* sizes that would overflow a size_t: no allocation could hold them */
     if (width > SIZE_MAX / sizeof(T) / 2 / (size_t)rows || m->col_elems > SIZE_MAX / sizeof(T) ||
@@ -46,11 +52,14 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_
     T *acts = dp_scratch_get(&m->acts, sizeof(T) * (size_t)rows * width);
     uint8_t *codes = dp_scratch_get(&m->codes, (size_t)rows * (coded ? coded : 1));
     double *stats =
-        dp_scratch_get(&m->stats, sizeof(double) * 2 * (size_t)rows * (norms ? norms : 1));
+        dp_scratch_get(&m->stats, sizeof(double) * (2 * (size_t)rows * norms + bnstats + 1));
+    bf->bnrows = bnrows ? dp_scratch_get(&m->bnrows, sizeof(double) * bnrows) : NULL;
     T *gio = NULL, *skip = NULL;
     if (with_grad) gio = dp_scratch_get(&m->grad_io, sizeof(T) * 2 * (size_t)rows * widest);
     if (with_grad && skips) skip = dp_scratch_get(&m->skips, sizeof(T) * (size_t)rows * skips);
-    if (!acts || !codes || !stats || (with_grad && (!gio || (skips && !skip)))) return DP_ENOMEM;
+    if (!acts || !codes || !stats || (bnrows && !bf->bnrows) ||
+        (with_grad && (!gio || (skips && !skip))))
+        return DP_ENOMEM;
     /* the dense stages' GEMMs cut along K on a region (dp_gemm_part): forward and dW */
     size_t partials = 0;
     for (int s = 0; s < p->n_stages; s++) {
@@ -87,6 +96,10 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_
         if (st->op == DP_STAGE_NORM) {
             bf->stats[s] = stats;
             stats += (ptrdiff_t)rows * 2;
+        }
+        if (st->op == DP_STAGE_BN) { /* (mean, rstd) per channel, the count, the variances */
+            bf->stats[s] = stats;
+            stats += 3 * (ptrdiff_t)st->g.C + 1;
         }
         bf->skip[s] = NULL;
         if (st->op == DP_STAGE_RESEND && skip) {
@@ -494,6 +507,73 @@ static void K(stage_part)(K(sweep) * sw, K(stage_job) * job, dp_task_fn fn, int 
     for (int i = 0; i < parts; i++) K(fail)(sw, job->rc[i]);
 }
 
+/* A BN stage forward: training, each part's rows' sums, part 0's totals in row order (and the
+ * exchange's across workers) into (mean, rstd) per channel, the count and the variances in
+ * stats; evaluation, (mean, rstd) from the running statistics; then each part normalizes its
+ * rows. 1 where a part failed. */
+static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T *y, int t, int n)
+{
+    dp_model *m = sw->m;
+    int rows = sw->rows, C = st->g.C, HW = st->g.H * st->g.W, lo, hi;
+    K(row_range)(rows, t, n, &lo, &hi);
+    double *mr = sw->bf.stats[s], *rs = sw->bf.bnrows, *tot = rs + (ptrdiff_t)rows * 2 * C;
+    ptrdiff_t w = (ptrdiff_t)C * HW;
+    if (sw->with_grad) {
+        if (lo < hi) K(dp_bn_row_sums)(rs + (ptrdiff_t)lo * 2 * C, x + lo * w, hi - lo, C, HW);
+        if (K(phase_end)(sw, n)) return 1;
+        if (t == 0) {
+            for (int j = 0; j < 2 * C; j++) tot[j] = 0;
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < 2 * C; j++) tot[j] += rs[(ptrdiff_t)r * 2 * C + j];
+            tot[2 * C] = (double)rows * HW;
+            if (m->exchange && m->exchange(m->exchange_ctx, tot, 2 * C + 1)) {
+                K(fail)(sw, DP_EEXCHANGE);
+            } else {
+                double N = tot[2 * C];
+                for (int c = 0; c < C; c++) {
+                    double mean = tot[2 * c] / N, var = tot[2 * c + 1] / N - mean * mean;
+                    if (var < 0) var = 0;
+                    mr[2 * c] = mean;
+                    mr[2 * c + 1] = 1.0 / sqrt(var + DP_BATCHNORM_EPS);
+                    mr[2 * C + 1 + c] = var;
+                }
+                mr[2 * C] = N;
+            }
+        }
+    } else if (t == 0) {
+        const double *rm = m->state + st->s_off, *rv = rm + C;
+        for (int c = 0; c < C; c++) {
+            mr[2 * c] = rm[c];
+            mr[2 * c + 1] = 1.0 / sqrt(rv[c] + DP_BATCHNORM_EPS);
+        }
+    }
+    if (K(phase_end)(sw, n)) return 1;
+    if (lo < hi)
+        K(dp_bn_normalize)(y + lo * w, x + lo * w, mr, sw->params + st->w_off,
+                           sw->params + st->b_off, hi - lo, C, HW);
+    return 0;
+}
+
+/* After a training forward that succeeded: each BN stage's running statistics move towards
+ * the batch's (PyTorch's update: the unbiased variance). */
+static void K(bn_update_running)(dp_model *m, const K(model_bufs) * bf)
+{
+    const dp_plan *p = &m->plan;
+    for (int s = 0; s < p->n_stages; s++) {
+        const dp_stage *st = &p->stage[s];
+        if (st->op != DP_STAGE_BN) continue;
+        int C = st->g.C;
+        const double *mr = bf->stats[s];
+        double N = mr[2 * C], mom = DP_BATCHNORM_MOMENTUM, *rm = m->state + st->s_off;
+        double *rv = rm + C;
+        for (int c = 0; c < C; c++) {
+            double var = mr[2 * C + 1 + c];
+            rm[c] = (1 - mom) * rm[c] + mom * mr[2 * c];
+            rv[c] = (1 - mom) * rv[c] + mom * (N > 1 ? var * N / (N - 1) : var);
+        }
+    }
+}
+
 /* Forward through every stage; out[n_stages - 1] holds the model's outputs. */
 static int K(forward_part)(K(sweep) * sw, int t, int n)
 {
@@ -522,6 +602,8 @@ static int K(forward_part)(K(sweep) * sw, int t, int n)
                 h = y;
                 continue;
             }
+        } else if (st->op == DP_STAGE_BN) {
+            if (K(bn_forward)(sw, st, s, h, y, t, n)) return 1;
         } else {
             K(stage_job)
             job = {.m = m,
@@ -635,6 +717,33 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
         if (t == 0) K(add_partials)(m, st, grads, B);
         if (K(phase_end)(sw, n)) return 1;
         return 0;
+    } else if (st->op == DP_STAGE_BN) {
+        /* each part's rows' (sum dy, sum dy xhat); part 0 adds them in row order into dgamma,
+         * dbeta (this worker's) and, exchanged, the batch's totals for dx */
+        int C = st->g.C, HW = st->g.H * st->g.W;
+        ptrdiff_t w = (ptrdiff_t)C * HW;
+        double *mr = bf->stats[s0], *rs = bf->bnrows, *tot = rs + (ptrdiff_t)B * 2 * C;
+        if (lo < hi)
+            K(dp_bn_grad_row_sums)(rs + (ptrdiff_t)lo * 2 * C, d + lo * w, h + lo * w, mr, hi - lo,
+                                   C, HW);
+        if (K(phase_end)(sw, n)) return 1;
+        if (t == 0) {
+            for (int j = 0; j < 2 * C; j++) tot[j] = 0;
+            for (int r = 0; r < B; r++)
+                for (int j = 0; j < 2 * C; j++) tot[j] += rs[(ptrdiff_t)r * 2 * C + j];
+            T *dg = grads + st->w_off, *db = grads + st->b_off;
+            for (int c = 0; c < C; c++) {
+                dg[c] += (T)tot[2 * c + 1];
+                db[c] += (T)tot[2 * c];
+            }
+            if (dnext && m->exchange && m->exchange(m->exchange_ctx, tot, 2 * C))
+                K(fail)(sw, DP_EEXCHANGE);
+        }
+        if (K(phase_end)(sw, n)) return 1;
+        if (dnext && lo < hi)
+            K(dp_bn_backward_dx)(dnext + lo * w, d + lo * w, h + lo * w, mr, tot,
+                                 sw->params + st->w_off, mr[2 * C], hi - lo, C, HW);
+        if (K(phase_end)(sw, n)) return 1;
     } else if (st->op == DP_STAGE_NORM) {
         /* dgamma, dbeta: each part its columns over every row in row order; dx its rows */
         int F = st->out_width, c0, c1;
@@ -737,6 +846,7 @@ static int K(forward_backward)(dp_model *m, T *grads, double *loss_sum, int64_t 
     if (rc) return rc;
     rc = K(run_sweep)(&sw);
     if (rc) return rc;
+    K(bn_update_running)(m, &sw.bf);
     *loss_sum = sw.loss_sum;
     *correct = sw.correct;
     if (top < 0) { /* a sweep in progress: its steps come one call each */

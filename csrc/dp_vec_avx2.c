@@ -17,6 +17,7 @@
 #include "dp_buffers.c"
 #include "dp_conv.c"
 #include "dp_pool.c"
+#include "dp_layers.c"
 #include "dp_loss.c"
 #include "dp_gemm_gemv.c" /* after dp_loss.c: see dp_gemm_gemv_tmpl.h */
 #include "dp_sgd.c"

@@ -30,6 +30,8 @@ typedef struct {
     int ready;
     int f32;
     dp_model model;
+    PyObject *exchange_fn;                   /* set_exchange's callable, or NULL */
+    PyObject *exc_type, *exc_value, *exc_tb; /* what it raised inside the engine, if it did */
 } ModelObject;
 
 /* ------------------------------------------------------------------ names */
@@ -66,6 +68,7 @@ static const struct {
     {"globalavgpool", DP_LAYER_GAP, 0},
     {"dropout", DP_LAYER_DROPOUT, 1}, /* (rate,): a float */
     {"layernorm", DP_LAYER_LAYERNORM, 0},
+    {"batchnorm", DP_LAYER_BATCHNORM, 0},
     {"res_begin", DP_LAYER_RES_BEGIN, 0},
     {"res_end", DP_LAYER_RES_END, 0},
 };
@@ -183,6 +186,14 @@ static PyArrayObject *model_grads(ModelObject *self, PyObject *go, PyArrayObject
 /* The exception of a failed kernel call: labels out of range, or the code's own message. */
 static PyObject *model_error(ModelObject *self, int rc, PyArrayObject *labels, const char *method)
 {
+    if (rc == DP_EEXCHANGE) { /* what the exchange raised, as it raised it */
+        if (self->exc_type) {
+            PyErr_Restore(self->exc_type, self->exc_value, self->exc_tb);
+            self->exc_type = self->exc_value = self->exc_tb = NULL;
+            return NULL;
+        }
+        return PyErr_Format(PyExc_RuntimeError, "Model.%s: a batch norm's exchange failed", method);
+    }
     if (rc == DP_ELABEL && labels) {
         const dp_plan *p = &self->model.plan;
         label_error(labels, p->loss == DP_LOSS_SIGMOID_BCE ? 2 : p->out_width);
@@ -336,6 +347,54 @@ static PyObject *Model_backward_layer(ModelObject *self, PyObject *const *args, 
     Py_RETURN_NONE;
 }
 
+/* The engine's exchange (dp_model_exchange_fn): the callable on a float64 copy of buf, with
+ * the GIL, then the copy back. What it raises is kept for the method to raise. */
+static int model_exchange(void *ctx, double *buf, int n)
+{
+    ModelObject *self = ctx;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    npy_intp dims[1] = {n};
+    PyObject *arr = PyArray_SimpleNew(1, dims, NPY_FLOAT64), *r = NULL;
+    if (arr) {
+        memcpy(PyArray_DATA((PyArrayObject *)arr), buf, sizeof(double) * (size_t)n);
+        r = PyObject_CallOneArg(self->exchange_fn, arr);
+    }
+    int rc = r ? 0 : -1;
+    if (r) memcpy(buf, PyArray_DATA((PyArrayObject *)arr), sizeof(double) * (size_t)n);
+    if (rc) {
+        if (!self->exc_type)
+            PyErr_Fetch(&self->exc_type, &self->exc_value, &self->exc_tb);
+        else
+            PyErr_Clear();
+    }
+    Py_XDECREF(r);
+    Py_XDECREF(arr);
+    PyGILState_Release(gil);
+    return rc;
+}
+
+static PyObject *Model_set_exchange(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames)
+{
+    static const char *const kwlist[] = {"fn", NULL};
+    PyObject *fn;
+    if (parse_args(args, nargs, kwnames, "O:set_exchange", kwlist, &fn)) return NULL;
+    if (model_ready(self, 0)) return NULL;
+    if (fn != Py_None && !PyCallable_Check(fn))
+        return PyErr_Format(PyExc_TypeError, "set_exchange: fn must be callable or None, got %s",
+                            Py_TYPE(fn)->tp_name),
+               NULL;
+    PyObject *old = self->exchange_fn;
+    Py_XINCREF(fn == Py_None ? NULL : fn);
+    WITHOUT_GIL_LOCKED(self->lock, {
+        self->exchange_fn = fn == Py_None ? NULL : fn;
+        self->model.exchange = fn == Py_None ? NULL : model_exchange;
+        self->model.exchange_ctx = self;
+    });
+    Py_XDECREF(old);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Model_set_rng(ModelObject *self, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames)
 {
@@ -438,6 +497,21 @@ static PyObject *Model_get_gemm_inputs(ModelObject *self, void *c)
 }
 static PyObject *Model_get_n_params(ModelObject *self, void *c)
 { return PyLong_FromSsize_t(self->model.plan.n_params); }
+static PyObject *Model_get_state(ModelObject *self, void *c)
+{
+    if (!self->ready) Py_RETURN_NONE;
+    npy_intp dims[1] = {(npy_intp)self->model.plan.n_state};
+    if (!dims[0]) return PyArray_ZEROS(1, dims, NPY_FLOAT64, 0);
+    PyObject *arr = PyArray_SimpleNewFromData(1, dims, NPY_FLOAT64, self->model.state);
+    if (!arr) return NULL;
+    Py_INCREF(self);
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)self)) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
 static PyObject *Model_get_n_param_layers(ModelObject *self, void *c)
 { return PyLong_FromLong(self->model.plan.n_param_layers); }
 static PyObject *Model_get_loss(ModelObject *self, void *c)
@@ -449,6 +523,10 @@ static PyObject *Model_get_loss(ModelObject *self, void *c)
 static void Model_dealloc(ModelObject *self)
 {
     if (self->ready) dp_model_free(&self->model);
+    Py_XDECREF(self->exchange_fn);
+    Py_XDECREF(self->exc_type);
+    Py_XDECREF(self->exc_value);
+    Py_XDECREF(self->exc_tb);
     Py_XDECREF(self->params.arr);
     Py_XDECREF(self->grads.arr);
     Py_XDECREF(self->sizes);
@@ -471,6 +549,10 @@ static PyMethodDef Model_methods[] = {
      "forward_loss(x, labels, grad_scale=None) -> (loss_sum, n_correct): the first half of "
      "loss_grad; then backward_layer(L-1), ..., backward_layer(0) finish it (L: the dense and "
      "conv layers)"},
+    {"set_exchange", FASTFN(Model_set_exchange), FASTKW,
+     "set_exchange(fn): batch norm's statistics over the workers: fn(buf) sums the float64 "
+     "array buf over every worker in place (an all-reduce), called in each training forward "
+     "and backward at each batch norm (None: this call's rows are the batch)"},
     {"set_rng", FASTFN(Model_set_rng), FASTKW,
      "set_rng(seed, step, row0): the key of dropout's masks for the next forward_loss / "
      "loss_grad: row i of the batch is the sample at global index row0 + i of training step "
@@ -590,7 +672,7 @@ static int parse_layer(PyObject *item, Py_ssize_t i, dp_layer *out)
         PyErr_Format(PyExc_ValueError,
                      "layers[%zd]: unknown layer %R (known: dense, conv, maxpool2, "
                      "relu, tanh, sigmoid, gelu, flatten, avgpool2, globalavgpool, dropout, "
-                     "layernorm, res_begin, res_end)",
+                     "layernorm, batchnorm, res_begin, res_end)",
                      i, name_obj);
         Py_XDECREF(seq);
         return -1;
@@ -749,8 +831,9 @@ static int parse_model(PyObject *lo, PyObject *so, const char *loss_name, dp_lay
         PyErr_Format(PyExc_ValueError, "layers[%d] ('%s') gets a %s input: %s", l,
                      kind_name(layers[l].kind), s, why);
     } else if (l == n && plan->n_param_layers == 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "layers has no dense, conv or layernorm layer: nothing to train");
+        PyErr_SetString(
+            PyExc_ValueError,
+            "layers has no dense, conv, layernorm or batchnorm layer: nothing to train");
     } else if (l == n) {
         char s[48];
         shape_text(s, sizeof s, plan->out_shape[n - 1], plan->out_ndim[n - 1]);
@@ -817,13 +900,15 @@ static PyObject *plan_dict(const dp_plan *p)
         if (st->param >= 0) {
             const dp_layer *ly = &p->layer[p->param_spec[st->param]];
             int in_w = st->in_width;
-            int n_b = ly->kind == DP_LAYER_LAYERNORM ? in_w : ly->out;
+            int n_b = ly->kind == DP_LAYER_LAYERNORM   ? in_w
+                      : ly->kind == DP_LAYER_BATCHNORM ? st->g.C
+                                                       : ly->out;
             PyObject *wshape =
                 ly->kind == DP_LAYER_DENSE ? Py_BuildValue("(ii)", ly->out, in_w)
                 : ly->kind == DP_LAYER_CONV
                     ? Py_BuildValue("(iiii)", ly->out, st->g.C, ly->kernel, ly->kernel)
                 : ly->kind == DP_LAYER_RES_END ? Py_BuildValue("(iiii)", ly->out, st->g.C, 1, 1)
-                                               : Py_BuildValue("(i)", in_w);
+                                               : Py_BuildValue("(i)", n_b);
             PyObject *e =
                 wshape ? Py_BuildValue("{s:i,s:n,s:O,s:n,s:(i)}", "layer", p->param_spec[st->param],
                                        "weight", (Py_ssize_t)st->w_off, "weight_shape", wshape,
@@ -922,6 +1007,10 @@ static PyGetSetDef Model_getset[] = {
      "params",
      NULL},
     {"n_params", (getter)Model_get_n_params, NULL, "length of the flat parameter layout", NULL},
+    {"state", (getter)Model_get_state, NULL,
+     "the batch norms' running means and variances (float64, C each per layer, in list order; "
+     "a view the engine updates in each training forward: write into it to restore them)",
+     NULL},
     {"n_param_layers", (getter)Model_get_n_param_layers, NULL,
      "dense, conv and layernorm layers (backward_layer's range)", NULL},
     {"loss", (getter)Model_get_loss, NULL, "the loss name", NULL},

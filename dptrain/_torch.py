@@ -65,6 +65,9 @@ def torch_sequential(plan: dict, params: np.ndarray, torch):
         if kind == "layernorm":
             owners[i] = nn.LayerNorm(list(shape))
             return owners[i]
+        if kind == "batchnorm":
+            owners[i] = (nn.BatchNorm2d if len(shape) == 3 else nn.BatchNorm1d)(shape[0])
+            return owners[i]
         if kind == "dropout":
             return nn.Dropout(sizes[0])
         if kind == "globalavgpool":

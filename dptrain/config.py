@@ -223,7 +223,7 @@ class TrainConfig:
         "a model of your own instead of --model: its layers, "
         "e.g. conv:32:3,relu,maxpool2,flatten,dense:128,relu,dense:10 "
         "(dense:OUT, conv:CHANNELS:KERNEL[:PADDING[:STRIDE]], maxpool2, "
-        "avgpool2, globalavgpool, dropout:RATE, layernorm, res_begin ... "
+        "avgpool2, globalavgpool, dropout:RATE, layernorm, batchnorm, res_begin ... "
         "res_end (a residual block), "
         "flatten, relu, tanh, sigmoid, gelu; the last dense layer "
         "has one output per class, or 1 for two classes). API: a "

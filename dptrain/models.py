@@ -190,6 +190,13 @@ class Model:
 
     # ---- shapes and views
     @property
+    def state(self) -> np.ndarray:
+        """The batch norms' running means and variances (float64; per batch norm layer in
+        list order, C means then C variances): updated by every training step, used by
+        evaluate, logits and predict, saved with the model. Empty without batch norm."""
+        return self._net.state
+
+    @property
     def n_params(self) -> int:
         """Length of the flat parameter (and gradient, velocity) buffer."""
         return self.params.size
@@ -283,7 +290,7 @@ class Model:
         docstring) into ``params``."""
         rng = np.random.default_rng(self.seed)
         for p, (w, b) in zip(self.plan["params"], self.layers()):
-            if self.plan["layers"][p["layer"]][0] == "layernorm":  # nn.LayerNorm's, no draw
+            if self.plan["layers"][p["layer"]][0] in ("layernorm", "batchnorm"):  # no draw
                 w[...] = 1
                 b[...] = 0
                 continue
@@ -472,6 +479,7 @@ class Model:
             config=np.array(json.dumps(self.config())),
             params=self.params,
             velocity=self.velocity,
+            **({"bn_state": self.state} if self.state.size else {}),
             **extra_arrays,
         )
         if hasattr(path, "write"):
@@ -496,8 +504,11 @@ class Model:
         dtype must match; the values finite); returns the other arrays of the file. Every
         problem is one ValueError naming the file, raised before this model is changed."""
         cfg, params, velocity, others = _read_model_file(path, self)
+        state = _checked_state(others.pop("bn_state", None), self, path)
         self.params[:] = params
         self.velocity[:] = velocity
+        if state is not None:
+            self.state[:] = state
         return others
 
     def __repr__(self) -> str:
@@ -1103,6 +1114,27 @@ def load_model(path, *, threads: int = 1) -> Model:
     """Rebuilds a model saved with ``Model.save`` (its class, sizes, dtype, params, velocity).
     ``path`` may omit the ".npz" that ``save`` appended. Every problem with the file is one
     ValueError naming it, found before the model is built."""
-    cfg, params, velocity, _ = _read_model_file(path)
+    cfg, params, velocity, others = _read_model_file(path)
     model = model_from_spec(cfg, threads=threads, params=params, velocity=velocity)
+    state = _checked_state(others.get("bn_state"), model, path)
+    if state is not None:
+        model.state[:] = state
     return model
+
+
+def _checked_state(state, model: Model, path):
+    """A saved batch norm state (running means, variances) checked against the model."""
+    if state is None:
+        return None
+    state = np.asarray(state)
+    if (
+        state.shape != model.state.shape
+        or state.dtype != np.float64
+        or not np.isfinite(state).all()
+    ):
+        raise ValueError(
+            f"model file {_model_path(path)}: its batch norm statistics (bn_state, "
+            f"{state.dtype}{list(state.shape)}) do not fit this model's "
+            f"(float64[{model.state.size}]) or are not finite"
+        )
+    return state

@@ -18,11 +18,12 @@ What the engine has: Dense (PyTorch's nn.Linear), Conv2d (square kernel, zero pa
 stride; nn.Conv2d), MaxPool2 and AvgPool2 (2x2, stride 2; nn.MaxPool2d(2), nn.AvgPool2d(2)),
 GlobalAvgPool (nn.AdaptiveAvgPool2d(1) then a flatten), Flatten, Dropout (nn.Dropout: its
 masks keyed on the sample, not the worker), LayerNorm (over all of a sample's features,
-nn.LayerNorm(shape)), and the activations ReLU, Tanh, Sigmoid and GELU (erf form,
+nn.LayerNorm(shape)), BatchNorm (statistics over the global batch, exchanged between the
+workers: nn.SyncBatchNorm), and the activations ReLU, Tanh, Sigmoid and GELU (erf form,
 nn.GELU()), and Residual([...]) around any block (the input added to the block's output,
 through a strided 1x1 conv where the shape changes; ``resnet(depth)`` builds He et al.'s CIFAR
 ResNet from it). Losses: softmax cross-entropy, sigmoid BCE, mean squared error. What it does
-not have (yet): batch norm.
+not have (yet): batch norm with --deterministic, overlap or local SGD.
 
 Dropout draws its masks where a model trains (``loss_grad``; dptrain.fit) and passes its
 input on where it evaluates (``evaluate``, ``logits``, ``predict``), as PyTorch's train() and
@@ -45,6 +46,9 @@ __all__ = [
     "GlobalAvgPool",
     "Dropout",
     "LayerNorm",
+    "BatchNorm",
+    "BatchNorm1d",
+    "BatchNorm2d",
     "Residual",
     "ReLU",
     "Tanh",
@@ -174,6 +178,21 @@ class LayerNorm(Layer):
     name = "layernorm"
 
 
+class BatchNorm(Layer):
+    """Batch normalization (Ioffe and Szegedy 2015): each channel of a (C, H, W) input
+    (nn.BatchNorm2d), or each feature of an (F,) one (nn.BatchNorm1d), normalized by the
+    mean and variance of the GLOBAL batch while training (the workers' sums exchanged inside
+    the forward and backward pass: PyTorch's SyncBatchNorm, always on), then scaled and
+    shifted by parameters of its own (1 and 0 at first). Running statistics (momentum 0.1,
+    the unbiased variance, as PyTorch) are updated every step and used by evaluate, logits
+    and predict; they are the model's ``state``, saved with it. eps 1e-5."""
+
+    name = "batchnorm"
+
+
+BatchNorm1d = BatchNorm2d = BatchNorm  # PyTorch's names: the input's shape decides
+
+
 class Residual(Layer):
     """A skip connection around a list of layers: the block's output plus its input (He et
     al. 2016). Where the block changes the shape of an image, the input goes through a 1x1
@@ -242,6 +261,7 @@ _BY_NAME = {
         GlobalAvgPool,
         Dropout,
         LayerNorm,
+        BatchNorm,
         Flatten,
         ReLU,
         Tanh,
@@ -347,7 +367,7 @@ def resnet(
     n_classes: int = 10,
     *,
     width: int = 16,
-    norm: str | None = "layer",
+    norm: str | None = "batch",
     **kw,
 ) -> Sequential:
     """The CIFAR ResNet of He et al. (2016), depth = 6 n + 2 (8, 14, 20, 32, ...): a 3x3 conv
@@ -356,17 +376,18 @@ def resnet(
     its skip a strided 1x1 projection), each block conv3x3 -> norm -> ReLU -> conv3x3 -> norm,
     plus its input, then ReLU; global average pooling and the ``n_classes`` logits.
 
-    norm: "layer" (LayerNorm over each sample's maps: the engine has no batch norm yet), or
-    None (no normalization). ``nn.resnet(8, (1, 28, 28))`` is ResNet-8 for MNIST."""
+    norm: "batch" (BatchNorm over the global batch, the paper's), "layer" (LayerNorm over
+    each sample's maps) or None (no normalization). ``nn.resnet(8, (1, 28, 28))`` is
+    ResNet-8 for MNIST."""
     depth = _positive("resnet depth", depth, 8)
     if (depth - 2) % 6:
         raise ValueError(f"resnet depth is 6 n + 2 (8, 14, 20, 32, ...), got {depth}")
-    if norm not in ("layer", None):
-        raise ValueError(f"resnet norm is 'layer' or None, got {norm!r}")
+    if norm not in ("batch", "layer", None):
+        raise ValueError(f"resnet norm is 'batch', 'layer' or None, got {norm!r}")
     width = _positive("resnet width", width)
 
     def normed():
-        return [LayerNorm()] if norm == "layer" else []
+        return {"batch": [BatchNorm()], "layer": [LayerNorm()], None: []}[norm]
 
     n = (depth - 2) // 6
     layers = [Conv2d(width, 3, padding=1), *normed(), ReLU()]

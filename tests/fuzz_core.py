@@ -2472,7 +2472,13 @@ def oracle_fma_peak(before, isa="widest", dtype="float32", seconds=0.2):
 MODEL_ACTS = ("relu", "tanh", "sigmoid", "gelu")
 
 
-def model_config(rng):
+def model_config_bn(rng):
+    """model_config with batch norms among its pieces (scenario_net alone: the running
+    statistics a model's evaluate reads follow its calls, which threads would race)."""
+    return model_config(rng, batchnorm=True)
+
+
+def model_config(rng, batchnorm=False):
     """A random valid Model, small: {layers, input_shape, loss}. An image input gets conv
     pieces (the fused patterns conv+relu+maxpool2 and conv+maxpool2+act, and others), then
     maybe a flatten; dense pieces follow, flatten and activations anywhere, mostly a dense
@@ -2505,7 +2511,7 @@ def model_config(rng):
         lambda: [("layernorm",)],
         lambda: ["res_begin", conv(), act(), "res_end"],
         lambda: ["res_begin", act(), "res_begin", conv(), "res_end", "res_end"],
-    )
+    ) + ((lambda: [conv(), "batchnorm"], lambda: ["batchnorm", act()]) if batchnorm else ())
     flat_pieces = (
         lambda: [("dense", int(rng.integers(1, 9)))],
         lambda: [("dense", int(rng.integers(1, 9))), act()],
@@ -2514,7 +2520,7 @@ def model_config(rng):
         lambda: [dropout()],
         lambda: [("layernorm",)],
         lambda: ["res_begin", act(), ("layernorm",), "res_end"],
-    )
+    ) + ((lambda: [("dense", int(rng.integers(1, 9))), "batchnorm"],) if batchnorm else ())
     while True:
         image = rng.random() < 0.6
         if image:
@@ -2807,22 +2813,40 @@ class NetModel:
         self.notes = []  # state worth naming in a failure's tags
         self.rng = (0, 0, 0)  # dropout's key (set_rng)
         self.dropout = "dropout" in kinds
+        # batch norms' running statistics as the net keeps them (committed after each
+        # training call the net accepted), and those of the last call the oracle computed
+        self.state = np.zeros(ref.model.model_state_size(plan))
+        for _, var in ref.model._bn_views(plan, self.state).values():
+            var[...] = 1
+        self.next_state = self.state
 
     # -- the reference ------------------------------------------------------------------
     def ref_loss_grad(self, x, labels, grad_scale, rng=None):
         g = np.zeros_like(self.params_view)
         p = self.params_view.copy()
+        self.next_state = self.state.copy()
         loss, correct = ref.model_loss_grad(
-            *self.model_args(), p, g, x, labels, grad_scale, rng=rng or self.rng
+            *self.model_args(),
+            p,
+            g,
+            x,
+            labels,
+            grad_scale,
+            rng=rng or self.rng,
+            state=self.next_state,
         )
         return loss, correct, g
+
+    def commit_state(self):
+        """A training call was accepted: its running statistics are the net's now."""
+        self.state = self.next_state
 
     def model_args(self):
         return self.cfg["layers"], self.cfg["input_shape"], self.cfg["loss"]
 
     def ref_logits(self, x):
         out = np.empty((len(x), self.out_width), self.dtype)
-        ref.model_logits(*self.model_args(), self.params_view.copy(), x, out)
+        ref.model_logits(*self.model_args(), self.params_view.copy(), x, out, state=self.state)
         return out
 
     def magnitude(self, x):
@@ -2839,7 +2863,9 @@ class NetModel:
         return out
 
     def ref_evaluate(self, x, labels):
-        return ref.model_evaluate(*self.model_args(), self.params_view.copy(), x, labels)
+        return ref.model_evaluate(
+            *self.model_args(), self.params_view.copy(), x, labels, state=self.state
+        )
 
     # -- the contract's checks ------------------------------------------------------------
     def check_batch(self, x, labels=None):
@@ -3114,7 +3140,7 @@ def step_forward_loss(rng, fz, net, model, thread="", hostile=0.25, big_p=0.02):
     def oracle(before, x, labels, grad_scale=None):
         rows = model.check_batch(x, labels)
         gs = model.grad_scale(grad_scale, rows)
-        if model.dropout:  # the training forward: dropout's masks drawn
+        if model.dropout or model.state.size:  # training: dropout's masks, the batch's stats
             loss, correct = model.ref_loss_grad(x, labels, gs)[:2]
         else:
             loss, correct = model.ref_evaluate(x, labels)
@@ -3144,6 +3170,8 @@ def step_forward_loss(rng, fz, net, model, thread="", hostile=0.25, big_p=0.02):
     aliased = isinstance(x, np.ndarray) and np.may_share_memory(x, model.grads_view)
     del x, call  # the net alone keeps x alive now
     if out.expect is not None:
+        if out.expect.extra["sweep"] is not None:  # a batch ran: the running statistics moved
+            model.commit_state()
         model.started(thread, out.expect.extra["sweep"])
         if aliased and "pending x~held grads" not in model.notes:
             model.notes.append("pending x~held grads")
@@ -3266,6 +3294,8 @@ def step_loss_grad(rng, fz, net, model, thread="", hostile=0.25):
         call.arg("grad_scale").keyword = True
     del x
     out = fz.run(mutate(rng, call, hostile_count(rng, hostile)))
+    if out.expect is not None:
+        model.commit_state()
     (model.ended if out.expect is not None else model.unsure)(thread)
     return out
 
@@ -3363,6 +3393,14 @@ def net_getters(model):
     g["sizes"] = expect_eq((model.in_width, *(math.prod(s) for s in model.plan["shapes"])))
     g["input_shape"] = expect_eq(tuple(c["input_shape"]))
     g["n_param_layers"] = expect_eq(model.n_layers)
+    g["state"] = lambda got: (
+        None
+        if isinstance(got, np.ndarray)
+        and got.dtype == np.float64
+        and got.shape == model.state.shape
+        and np.allclose(got, model.state, rtol=1e-3, atol=1e-4, equal_nan=True)
+        else f"returned {short(got)}, expected the running statistics {short(model.state)}"
+    )
     # a count that only grows, and stays 0 without helper threads
     g["team_jobs"] = lambda got: (
         None
@@ -3450,6 +3488,20 @@ def step_set_rng(rng, fz, net, model, thread=""):
     return fz.run(mutate(rng, call, hostile_count(rng, 0.25)))
 
 
+def step_set_exchange(rng, fz, net, model, thread=""):
+    """set_exchange(fn): None, or a sum over one worker (leaves the sums as they are): the
+    model computes what it did; anything else callable-or-None is refused."""
+    fn = pick(rng, (None, lambda buf: None))
+
+    def oracle(before, fn):
+        if fn is not None and not callable(fn):
+            raise Refuse("fn must be callable or None")
+        return Expect()
+
+    call = net_call(model, net, "set_exchange", [Arg("fn", fn)], oracle, thread)
+    return fz.run(mutate(rng, call, hostile_count(rng, 0.25)))
+
+
 def step_reinit(rng, fz, net, model, thread=""):
     """__init__ again on a live object: refused (it holds arrays and scratch)."""
     fz.run(
@@ -3475,6 +3527,7 @@ NET_STEPS = [
     (0.5, step_retype_x),
     (0.3, step_reinit),
     (1, step_set_rng),
+    (0.5, step_set_exchange),
 ]
 
 
@@ -4353,6 +4406,7 @@ UNINIT_ARGS = {
     "forward_loss": lambda: [np.zeros((2, 3)), np.zeros(2, np.int64)],
     "backward_layer": lambda: [0],
     "set_rng": lambda: [0, 0, 0],
+    "set_exchange": lambda: [None],
     "evaluate": lambda: [np.zeros((2, 3)), np.zeros(2, np.int64)],
     "logits": lambda: [np.zeros((2, 3)), np.zeros((2, 2))],
     "barrier": lambda: [],
@@ -4387,6 +4441,7 @@ def scenario_uninitialized(rng, fz):
 
 SCENARIOS = {
     "Model": (5.0, scenario_net(model_config)),
+    "Model batch norm": (2.0, scenario_net(model_config_bn)),
     "Model dense stack": (5.0, scenario_net(dense_stack_config)),
     "Model conv blocks": (4.0, scenario_net(conv_blocks_config)),
     "ShmGroup": (3.0, scenario_shm_group),
@@ -4404,6 +4459,8 @@ CASE_P = np.array([w for _, w, _ in CASES]) / sum(w for _, w, _ in CASES)
 # not here (add it to a builder or a scenario, then here).
 NET_METHODS = (
     "set_rng",
+    "set_exchange",
+    "state",
     "loss_grad",
     "forward_loss",
     "backward_layer",

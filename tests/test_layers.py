@@ -225,8 +225,8 @@ def test_resnet_is_he_et_als_cifar_resnet():
     assert nn.resnet(8, (1, 28, 28)).plan["shapes"][-3] == (64, 7, 7)
     with pytest.raises(ValueError, match=r"resnet depth is 6 n \+ 2"):
         nn.resnet(10)
-    with pytest.raises(ValueError, match="resnet norm is 'layer' or None"):
-        nn.resnet(8, norm="batch")
+    with pytest.raises(ValueError, match="resnet norm is 'batch', 'layer' or None"):
+        nn.resnet(8, norm="group")
     with pytest.raises(ValueError, match="Residual needs at least one layer"):
         nn.Residual([])
 
@@ -288,3 +288,101 @@ def test_the_estimators_dropout_reaches_sklearns_mlp_on_digits():
     assert np.array_equal(two.fit(xtr, ytr).model_.params, one.fit(xtr, ytr).model_.params)
     with pytest.raises(ValueError, match="dropout"):
         MLPClassifier(dropout=1.0).fit(xtr, ytr)
+
+
+BN_LAYERS = [
+    nn.Conv2d(6, 3, padding=1),
+    nn.BatchNorm2d(),
+    nn.ReLU(),
+    nn.Residual([nn.Conv2d(8, 3, padding=1, stride=2), nn.BatchNorm2d()]),
+    nn.ReLU(),
+    nn.GlobalAvgPool(),
+    nn.Dense(16),
+    nn.BatchNorm1d(),
+    nn.ReLU(),
+    nn.Dense(10),
+]
+
+
+@pytest.mark.parametrize(
+    "backend,options",
+    [("thread", {}), ("process", {}), ("process", {"shard_update": True})],
+    ids=["thread", "process", "process-shard-update"],
+)
+def test_batch_norm_over_the_global_batch_on_n_workers(backend, options):
+    """The workers exchange their sums inside the sweep: 2 and 3 workers train the model one
+    worker trains (within 1e-5), running statistics included; without the exchange each
+    worker would normalize by its own shard's statistics, another model."""
+    one = _train(layers=BN_LAYERS, workers=1)
+    for w in (2, 3):
+        r = _train(layers=BN_LAYERS, workers=w, backend=backend, **options)
+        scale = np.abs(one["params"]).max()
+        assert np.abs(r["params"] - one["params"]).max() <= 1e-5 * scale
+        np.testing.assert_allclose(r.model.state, one.model.state, rtol=1e-5, atol=1e-6)
+    assert one.model.state.size == 2 * (6 + 8 + 16)
+    assert not np.allclose(one.model.state[:6], 0)  # the running means moved
+
+
+def test_batch_norm_state_is_saved_resumed_and_refused_where_not_supported(tmp_path):
+    opts = dict(layers=BN_LAYERS, workers=2, backend="thread")
+    whole = _train(**opts)
+    ckpt = tmp_path / "run.npz"
+    with pytest.raises((WorkerError, RuntimeError), match="injected fault"):
+        _train(**opts, checkpoint=ckpt, fault=(1, 13, "raise"))
+    resumed = _train(**opts, resume=ckpt)
+    np.testing.assert_allclose(resumed["params"], whole["params"], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(resumed.model.state, whole.model.state, rtol=1e-6, atol=1e-7)
+    whole.model.save(tmp_path / "m.npz")
+    back = dptrain.load_model(tmp_path / "m.npz")
+    assert np.array_equal(back.state, whole.model.state)
+    assert np.array_equal(back.logits(X[:7]), whole.model.logits(X[:7]))
+    for bad in (dict(deterministic=True), dict(overlap=True), dict(sync_every=2)):
+        with pytest.raises(ValueError, match="batch norm does not run with"):
+            _train(**opts, **bad)
+
+
+def test_a_failing_exchange_raises_its_error_and_moves_nothing():
+    m = _net(layers=BN_LAYERS)
+    before = m.state.copy()
+
+    def broken(buf):
+        raise OSError("the network went away")
+
+    m._net.set_exchange(broken)
+    with pytest.raises(OSError, match="the network went away"):
+        m.loss_grad(X[:8], Y[:8])
+    assert np.array_equal(m.state, before)
+    m._net.set_exchange(lambda buf: None)  # one worker's sums: the batch's
+    m.loss_grad(X[:8], Y[:8])
+    assert not np.array_equal(m.state, before)
+    with pytest.raises(TypeError, match="fn must be callable or None"):
+        m._net.set_exchange(3)
+
+
+def test_resnet_with_batch_norm_is_the_default():
+    m = nn.resnet(8, (1, 28, 28))
+    assert sum(spec[0] == "batchnorm" for spec in m.plan["layers"]) == 7
+    assert m.state.size == 2 * (16 + 16 + 16 + 32 + 32 + 64 + 64)
+
+
+@pytest.mark.mpi
+def test_batch_norm_under_mpiexec_is_one_workers_model(mpiexec, tmp_path):
+    np.savez(tmp_path / "digits.npz", X=X, y=Y)
+    spec = (
+        "conv:6:3:1,batchnorm,relu,res_begin,conv:8:3:1:2,batchnorm,res_end,globalavgpool,dense:10"
+    )
+    opts = dict(layers=spec, epochs=1, batch_size=50)
+    flags = as_flags(dict(opts, data=str(tmp_path / "digits.npz"), quiet=True))
+    subprocess.run(
+        [mpiexec, "-n", "2", sys.executable, "-m", "dptrain", "train", *flags]
+        + ["--save-weights", str(tmp_path / "mpi.npz")],
+        check=True,
+        cwd=ROOT,
+        timeout=180,
+        capture_output=True,
+    )
+    want = dptrain.train(**dict(opts, layers=parse_layers(spec)), X=X, y=Y, quiet=True)
+    got = dptrain.load_model(tmp_path / "mpi.npz")
+    scale = np.abs(want["params"]).max()
+    assert np.abs(got.params - want["params"]).max() <= 1e-5 * scale
+    np.testing.assert_allclose(got.state, want.model.state, rtol=1e-5, atol=1e-6)

@@ -85,17 +85,19 @@ def test_evaluation_passes_dropout_on_like_torch_eval():
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-14)
 
 
-def train_losses(steps, batch=16, lr=0.05, threads=1):
+def train_losses(steps, batch=16, lr=0.05, threads=1, layers=None):
     """(ours, torch's): the training loss of every step of plain SGD, float32, from the same
-    weights on the same batches."""
-    plan, params, _, _ = _data(np.float32, 1)
+    weights on the same batches; and both models after (ours, torch's)."""
+    layers = layers or LAYERS
+    plan = ref.model_plan(layers, SHAPE, "softmax_xent")
+    params = ref.model_init_params(layers, SHAPE, "softmax_xent", 0, np.float32)
     rng = np.random.default_rng(5)
     xs = rng.standard_normal((steps, batch, math.prod(SHAPE))).astype(np.float32)
     ys = rng.integers(0, 5, (steps, batch)).astype(np.int64)
     net, owners = torch_sequential(plan, params, torch)
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     grads = np.zeros_like(params)
-    m = core.Model(LAYERS, SHAPE, "softmax_xent", params, grads, threads=threads)
+    m = core.Model(layers, SHAPE, "softmax_xent", params, grads, threads=threads)
     ours, theirs = [], []
     for x, y in zip(xs, ys):
         grads[...] = 0
@@ -108,12 +110,28 @@ def train_losses(steps, batch=16, lr=0.05, threads=1):
         loss.backward()
         opt.step()
         theirs.append(loss.item())
-    return np.array(ours), np.array(theirs)
+    return np.array(ours), np.array(theirs), (m, net)
+
+
+BN_LAYERS = [
+    ("conv", 4, 3, 1, 2),
+    "batchnorm",
+    "relu",
+    "res_begin",
+    ("conv", 4, 3, 1),
+    "batchnorm",
+    "res_end",
+    "relu",
+    "globalavgpool",
+    ("dense", 8),
+    "batchnorm",
+    ("dense", 5),
+]
 
 
 def test_200_sgd_steps_follow_torch():
     torch.set_num_threads(1)
-    ours, theirs = train_losses(200)
+    ours, theirs, _ = train_losses(200)
     rel = np.abs(ours - theirs) / np.abs(theirs)
     assert rel.max() <= 1e-4, f"step {rel.argmax()}: {ours[rel.argmax()]} vs {theirs[rel.argmax()]}"
     assert theirs[-20:].mean() < theirs[:20].mean()  # it trained: the check is not vacuous
@@ -144,3 +162,32 @@ def test_dropout_statistics_match_torch(p):
     for stat in (np.mean, np.var):
         a, b = stat(hs), stat(t)
         assert abs(a - b) <= 0.03 * abs(b), f"{stat.__name__}: ours {a}, torch {b}"
+
+
+def test_batch_norm_trains_and_evaluates_as_torchs():
+    """Train mode for 200 SGD steps (the batch's statistics; the loss within 1e-4 at every
+    step), then eval mode (the running statistics, updated as torch updates them)."""
+    torch.set_num_threads(1)
+    ours, theirs, (m, net) = train_losses(200, layers=BN_LAYERS)
+    rel = np.abs(ours - theirs) / np.abs(theirs)
+    assert rel.max() <= 1e-4, f"step {rel.argmax()}: {ours[rel.argmax()]} vs {theirs[rel.argmax()]}"
+    running = np.concatenate(
+        [
+            np.concatenate([mod.running_mean.numpy(), mod.running_var.numpy()])
+            for _, mod in sorted(torch_owners(net))
+        ]
+    )
+    np.testing.assert_allclose(m.state, running, rtol=1e-4, atol=1e-5)
+    x = np.random.default_rng(9).standard_normal((20, math.prod(SHAPE))).astype(np.float32)
+    out = np.empty((20, 5), np.float32)
+    m.logits(x, out)
+    net.eval()
+    with torch.no_grad():
+        want = net(torch.from_numpy(x.reshape(20, *SHAPE))).numpy()
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def torch_owners(net):
+    """(position, module) of the batch norms of a torch twin, in list order."""
+    mods = [mod for mod in net.modules() if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm)]
+    return list(enumerate(mods))

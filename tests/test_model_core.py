@@ -203,6 +203,25 @@ MODELS = [
         "softmax_xent",
     ),
     (
+        "batchnorm",
+        [
+            ("conv", 4, 3, 1),
+            "batchnorm",
+            "relu",
+            "res_begin",
+            ("conv", 4, 3, 1, 2),
+            "batchnorm",
+            "res_end",
+            "flatten",
+            ("dense", 6),
+            "batchnorm",
+            "tanh",
+            ("dense", 3),
+        ],
+        (2, 7, 6),
+        "softmax_xent",
+    ),
+    (
         "residual-mlp",
         [
             ("dense", 7),
@@ -297,12 +316,22 @@ def check_result(got, want, outputs, loss, dtype, k, what):
         assert got[1] == 0, what
 
 
-def reference_outputs(model, params, x):
+def reference_outputs(model, params, x, state=None):
     _, layers, shape, loss = model
     plan = ref.model_plan(layers, shape, loss)
     out = np.empty((len(x), math.prod(plan["shapes"][-1])), x.dtype)
-    ref.model_logits(layers, shape, loss, params, x, out)
+    ref.model_logits(layers, shape, loss, params, x, out, state=state)
     return out
+
+
+def fresh_state(model):
+    """A new model's batch norm statistics (means 0, variances 1), as the twin keeps them."""
+    _, layers, shape, loss = model
+    plan = ref.model_plan(layers, shape, loss)
+    state = np.zeros(ref.model.model_state_size(plan))
+    for _, var in ref.model._bn_views(plan, state).values():
+        var[...] = 1
+    return state
 
 
 # ---------------------------------------------------------------------------------------
@@ -318,10 +347,12 @@ def test_model_matches_reference(isa, model, dtype):
     plan, params, x, labels = model_data(model, dtype)
     start = rng_for("start", name, dname(dtype)).standard_normal(params.size).astype(dtype)
     grads_ref = start.copy()
-    want = ref.model_loss_grad(layers, shape, loss, params, grads_ref, x, labels, 0.25)
-    # evaluation's loss: training's but for dropout, which passes its input on
-    want_eval = ref.model_evaluate(layers, shape, loss, params, x, labels)
-    outputs_ref = reference_outputs(model, params, x)
+    state = fresh_state(model)
+    want = ref.model_loss_grad(layers, shape, loss, params, grads_ref, x, labels, 0.25, state=state)
+    # evaluation's loss: training's but for dropout, which passes its input on, and batch
+    # norm, which normalizes by the running statistics (loss_grad has moved them once)
+    want_eval = ref.model_evaluate(layers, shape, loss, params, x, labels, state=state)
+    outputs_ref = reference_outputs(model, params, x, state)
     k = reduction(plan, len(x))
     inputs = [a.copy() for a in (params, x, labels)]
     results = {}
@@ -335,6 +366,8 @@ def test_model_matches_reference(isa, model, dtype):
         got = m.loss_grad(x, labels, 0.25)
         check_result(got, want, outputs_ref, loss, dtype, k, what + " loss_grad")
         check_blocks(plan, grads, grads_ref, start, dtype, k, what + " loss_grad")
+        tol = 1e-4 if dtype == np.float32 else 1e-9  # statistics of the dtype's activations
+        np.testing.assert_allclose(m.state, state, rtol=tol, atol=tol, err_msg=what + " state")
         outputs = np.full_like(outputs_ref, np.nan)
         m.logits(x, outputs)
         np.testing.assert_allclose(
@@ -655,6 +688,47 @@ def test_gradient_matches_finite_differences(model, grad_scale):
     )
 
 
+TRAIN_FD_MODELS = [  # layers whose training loss is not evaluate's: differenced through loss_grad
+    (
+        "batchnorm",
+        [
+            ("conv", 3, 3, 1),
+            "batchnorm",
+            "tanh",
+            "flatten",
+            ("dense", 4),
+            "batchnorm",
+            ("dense", 2),
+        ],
+        (2, 4, 5),
+        "softmax_xent",
+    ),
+    (
+        "dropout-batchnorm-residual",
+        [("dense", 5), "res_begin", "batchnorm", ("dropout", 0.4), "res_end", ("dense", 3)],
+        (4,),
+        "mse",
+    ),
+]
+
+
+@pytest.mark.parametrize("model", TRAIN_FD_MODELS, ids=[m[0] for m in TRAIN_FD_MODELS])
+def test_training_gradient_matches_finite_differences(model):
+    """Batch norm (the batch's statistics) and dropout (the same masks: the key is fixed):
+    loss_grad's gradient is the central difference of its own loss."""
+    name, layers, shape, loss = model
+    plan, params, x, labels = model_data(model, np.float64, batch=6, tag="fd")
+    grads = np.zeros_like(params)
+    m = core.Model(layers, shape, loss, params, grads)
+    m.set_rng(5, 3, 0)
+    m.loss_grad(x, labels, 0.5)
+    scratch = np.zeros_like(params)
+    numeric = central_differences(lambda: 0.5 * m.loss_grad(x, labels, 0.5, scratch)[0], params)
+    np.testing.assert_allclose(
+        grads, numeric, rtol=1e-5, atol=1e-8, err_msg=f"Model {name} gradient vs finite differences"
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # model_plan
 
@@ -923,7 +997,7 @@ BAD_PLANS = [  # (id, layers, input_shape, loss, exception, what the message mus
         (4,),
         "mse",
         ValueError,
-        r"layers has no dense, conv or layernorm layer",
+        r"layers has no dense, conv, layernorm or batchnorm layer",
     ),
     (
         "softmax-1-output",

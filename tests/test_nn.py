@@ -156,7 +156,7 @@ def test_mse_is_pytorchs_mean_squared_error():
             (1, 8, 8),
             r"layers\[1\] \('maxpool2'\).*needs a \(C, H, W\)",
         ),
-        ([nn.ReLU()], (3,), "no dense, conv or layernorm layer"),
+        ([nn.ReLU()], (3,), "no dense, conv, layernorm or batchnorm layer"),
         ([nn.Dense(1)], (3,), "softmax cross-entropy needs >= 2 outputs"),
         (
             [("dense", 0)],

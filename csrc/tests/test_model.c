@@ -732,7 +732,7 @@ static void test_plans(void)
          DP_LOSS_MSE,
          2,
          "parameter count overflow"},
-        {{RELU, TANH}, 2, tiny, 3, DP_LOSS_MSE, 2, "no dense, conv or layernorm layer"},
+        {{RELU, TANH}, 2, tiny, 3, DP_LOSS_MSE, 2, "no dense, conv, layernorm or batchnorm layer"},
         {{DENSE(1)}, 1, tiny, 3, DP_LOSS_SOFTMAX_XENT, 1, "softmax on 1 output"},
         {{DENSE(3)}, 1, tiny, 3, DP_LOSS_SIGMOID_BCE, 1, "bce on 3 outputs"},
         {{DENSE(3)}, 1, tiny, 3, (dp_loss)7, 1, "unknown loss"},

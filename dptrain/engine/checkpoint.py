@@ -164,6 +164,7 @@ def save_checkpoint(
             format=np.int64(CHECKPOINT_FORMAT),
             params=net.params,
             velocity=net.velocity,
+            **({"bn_state": net.state} if net.state.size else {}),
             position=np.array(json.dumps(position)),
             **_optimizer_arrays(optimizer),
             **{LOCAL_ARRAY + k: v for k, v in local_arrays.items()},
@@ -344,4 +345,14 @@ def load_checkpoint(path, job, net, n_train: int) -> dict:
     if net is not None:
         net.params[:] = params
         net.velocity[:] = velocity
+        if net.state.size:  # batch norms' running statistics
+            from ..models import _checked_state
+
+            with NpzArchive(path, f"checkpoint {path}") as f:
+                saved = (
+                    f.array("bn_state", max_bytes=8 * net.state.size)
+                    if "bn_state" in f.files
+                    else None
+                )
+            net.state[:] = _checked_state(saved, net, path) if saved is not None else net.state
     return position

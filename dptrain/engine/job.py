@@ -56,6 +56,23 @@ class Job:
                     f"augment={config.augment!r}: a crop padding of {pad} pixels is not smaller "
                     f"than the {shape[1]} x {shape[2]} images"
                 )
+        if any(spec[0] == "batchnorm" for spec in model.get("layers") or ()):
+            # its statistics are the global batch's, exchanged inside each worker's forward
+            # and backward: one sweep per worker and step, which these split or stagger
+            for on, what in (
+                (
+                    config.deterministic and world > 1,
+                    "deterministic (fixed chunks, computed alone)",
+                ),
+                (config.overlap and world > 1, "overlap (buckets exchanged during backward)"),
+                (config.local, "local SGD (replicas that step alone)"),
+            ):
+                if on:
+                    raise ValueError(
+                        f"batch norm does not run with {what} yet: its statistics are the "
+                        f"global batch's, exchanged within each worker's forward and backward; "
+                        f"drop that option, or use layernorm"
+                    )
         return cls(
             config=config,
             model=model,

@@ -88,6 +88,21 @@ def uncoupled_worker(comm, job: Job) -> dict:
     return {"train_seconds": out["train_seconds"], "placement": comm.placement}
 
 
+def _exchange_batch_norm(comm, net) -> None:
+    """Batch norm over the global batch: each worker's per-channel sums (forward: of x and x^2,
+    and the count; backward: of dy and dy xhat) all-reduced inside the engine's sweep, so
+    every worker normalizes by the same statistics (PyTorch's SyncBatchNorm, always on)."""
+    held = comm.zeros(net.state.size + 1, np.float64)  # a batch norm's 2 C + 1 at most
+
+    def exchange(buf):
+        k = len(buf)
+        held[:k] = buf
+        comm.allreduce_sum_(held, start=0, stop=k)
+        buf[:] = held[:k]
+
+    net._net.set_exchange(exchange)
+
+
 def run_worker(
     comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = None, init_params=None
 ) -> dict:
@@ -109,6 +124,8 @@ def run_worker(
     n_params = job.model["n_params"]
     bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
+    if net.state.size and comm.size > 1:
+        _exchange_batch_norm(comm, net)
     opt = make_optimizer(net, job.lr, cfg)
     exchange.adopt(comm, opt)
     stats = comm.zeros(2, np.float64)
@@ -130,6 +147,12 @@ def run_worker(
             net.params[:] = init_params
         else:
             net.reset_parameters()  # the seeded init, into the exchanged buffer
+    if job.resume and net.state.size:  # the running statistics: rank 0's, on every rank
+        held = comm.zeros(net.state.size, np.float64)
+        if rank == 0:
+            held[:] = net.state
+        comm.broadcast_(held, 0)
+        net.state[:] = held
     if job.resume and rank != 0:
         # every rank reads the position (the file is visible to all: one machine, or a shared
         # file system under MPI); parameters and momentum come from rank 0
@@ -292,6 +315,7 @@ def run_worker(
             eval_seconds=eval_seconds,
             params=net.params.copy(),
             velocity=net.velocity.copy(),
+            bn_state=net.state.copy(),
             optimizer_state=opt.state_dict(),
         )
     return out

@@ -104,6 +104,7 @@ def make_result(
     else:
         net = model_from_spec(spec, threads=cfg.threads, params=head["params"].copy())
         net.velocity[:] = head["velocity"]
+    net.state[:] = head["bn_state"]  # batch norms' running statistics (empty without one)
     if cfg.save_weights:
         net.save(cfg.save_weights)
     n, train_seconds, steps = ds.n_train, head["train_seconds"], head["steps"]

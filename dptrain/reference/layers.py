@@ -116,3 +116,53 @@ def layernorm_backward(dy, x, gamma, dgamma, dbeta, want_dx=True):
     a = g.mean(axis=1, keepdims=True)
     b = (g * h).mean(axis=1, keepdims=True)
     return (rstd * (g - a - h * b)).astype(dy.dtype)
+
+
+BATCHNORM_EPS, BATCHNORM_MOMENTUM = 1e-5, 0.1  # DP_BATCHNORM_EPS, DP_BATCHNORM_MOMENTUM
+
+
+def batchnorm_stats(x):
+    """x (B, C, HW): (mean, biased variance, count) per channel over the batch, in float64."""
+    x64 = x.astype(np.float64)
+    n = x.shape[0] * x.shape[2]
+    if n == 0:  # an empty batch: nothing to normalize (the engine does not run it)
+        return np.zeros(x.shape[1]), np.ones(x.shape[1]), 0
+    mean = x64.sum(axis=(0, 2)) / n
+    var = np.maximum((x64**2).sum(axis=(0, 2)) / n - mean**2, 0.0)
+    return mean, var, n
+
+
+def batchnorm_forward(x, gamma, beta, mean, var):
+    """x (B, C, HW) normalized per channel by (mean, var): xhat rounded to x's dtype, then
+    times gamma plus beta (PyTorch's BatchNorm1d / 2d)."""
+    rstd = 1.0 / np.sqrt(var + BATCHNORM_EPS)
+    xhat = ((x.astype(np.float64) - mean[None, :, None]) * rstd[None, :, None]).astype(x.dtype)
+    return xhat * gamma[None, :, None] + beta[None, :, None]
+
+
+def batchnorm_backward(dy, x, gamma, mean, var, dgamma, dbeta, want_dx=True):
+    """dgamma += sum of dy xhat, dbeta += sum of dy (per channel over the batch); returns dx
+    (or None): gamma rstd (dy - A / N - xhat B / N), A and B those sums."""
+    rstd = 1.0 / np.sqrt(var + BATCHNORM_EPS)
+    xhat = ((x.astype(np.float64) - mean[None, :, None]) * rstd[None, :, None]).astype(x.dtype)
+    a = dy.astype(np.float64).sum(axis=(0, 2))
+    b = (dy.astype(np.float64) * xhat.astype(np.float64)).sum(axis=(0, 2))
+    dgamma += b.astype(dgamma.dtype)
+    dbeta += a.astype(dbeta.dtype)
+    if not want_dx:
+        return None
+    n = x.shape[0] * x.shape[2]
+    k = gamma.astype(np.float64) * rstd
+    dx = k[None, :, None] * (
+        dy.astype(np.float64)
+        - (a / n)[None, :, None]
+        - xhat.astype(np.float64) * (b / n)[None, :, None]
+    )
+    return dx.astype(dy.dtype)
+
+
+def batchnorm_update_running(running_mean, running_var, mean, var, n):
+    """PyTorch's update of the running statistics (the unbiased variance), in place."""
+    m = BATCHNORM_MOMENTUM
+    running_mean[...] = (1 - m) * running_mean + m * mean
+    running_var[...] = (1 - m) * running_var + m * (var * n / (n - 1) if n > 1 else var)

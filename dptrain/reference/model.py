@@ -30,6 +30,10 @@ from .dense import dense_backward, dense_forward
 from .layers import (
     avgpool2_backward,
     avgpool2_forward,
+    batchnorm_backward,
+    batchnorm_forward,
+    batchnorm_stats,
+    batchnorm_update_running,
     dropout_backward,
     dropout_forward,
     dropout_mask,
@@ -72,6 +76,7 @@ LAYER_SIZES = {
     "globalavgpool": (0, 0),
     "dropout": (1, 1),
     "layernorm": (0, 0),
+    "batchnorm": (0, 0),
     "res_begin": (0, 0),
     "res_end": (0, 0),
 }
@@ -217,6 +222,8 @@ def _layer_output(kind, sizes, shape):
         return (shape[0],), None
     if kind == "layernorm":  # gamma and beta, one per feature
         return shape, (math.prod(shape),)
+    if kind == "batchnorm":  # gamma and beta, one per channel (per feature on (F,))
+        return shape, (shape[0],)
     if kind == "flatten":
         return (math.prod(shape),), None
     return shape, None  # an activation, dropout
@@ -332,7 +339,9 @@ def model_plan(layers, input_shape, loss="softmax_xent"):
             f"(res_begin without res_end)"
         )
     if not params:
-        raise ValueError("layers has no dense, conv or layernorm layer: nothing to train")
+        raise ValueError(
+            "layers has no dense, conv, layernorm or batchnorm layer: nothing to train"
+        )
     n_out = math.prod(shape)
     need = {
         "softmax_xent": (n_out >= 2, "softmax cross-entropy needs >= 2 outputs"),
@@ -404,7 +413,7 @@ def model_init_params(layers, input_shape, loss, seed, dtype=np.float32):
     plan = model_plan(layers, input_shape, loss)
     flat = np.empty(plan["n_params"], dtype=dtype)
     for e, (w, b) in zip(plan["params"], model_unflatten(layers, input_shape, loss, flat)):
-        if plan["layers"][e["layer"]][0] == "layernorm":  # nn.LayerNorm's: no draw
+        if plan["layers"][e["layer"]][0] in ("layernorm", "batchnorm"):  # torch's: no draw
             w[...] = 1
             b[...] = 0
             continue
@@ -419,12 +428,36 @@ def _rows(a):
     return a.reshape(len(a), math.prod(a.shape[1:]))
 
 
-def _model_forward(plan, params, x, rng=None):
+def model_state_size(plan):
+    """The length of a model's running statistics (Model.state): 2 C per batch norm."""
+    shapes = [tuple(plan["input_shape"])] + [tuple(s) for s in plan["shapes"]]
+    return sum(2 * shapes[i][0] for i, spec in enumerate(plan["layers"]) if spec[0] == "batchnorm")
+
+
+def _bn_views(plan, state):
+    """{layer index: (running mean, running variance)}: views into state."""
+    shapes = [tuple(plan["input_shape"])] + [tuple(s) for s in plan["shapes"]]
+    out, off = {}, 0
+    for i, spec in enumerate(plan["layers"]):
+        if spec[0] == "batchnorm":
+            c = shapes[i][0]
+            out[i] = (state[off : off + c], state[off + c : off + 2 * c])
+            off += 2 * c
+    return out
+
+
+def _channels(h):
+    """h (B, C, H, W) or (B, F) as (B, C, HW) (F channels of 1 value)."""
+    return h.reshape(h.shape[0], h.shape[1], math.prod(h.shape[2:]))
+
+
+def _model_forward(plan, params, x, rng=None, state=None, batch_stats=None):
     """(acts, codes): acts[l] is layer l's input and acts[l + 1] its output, each
     (B, *shape); codes[l] a maxpool2 layer's argmax codes, a dropout layer's mask. Written
     layer by layer, in the list's order (the C core fuses some, with the same values; see
-    csrc/dp_model.h). rng = (seed, step, row0) trains (dropout draws its masks); None
-    evaluates (dropout passes its input on)."""
+    csrc/dp_model.h). rng = (seed, step, row0) trains (dropout draws its masks, batch norm
+    uses the batch's statistics, recorded in batch_stats[i] = (mean, var, n)); None evaluates
+    (dropout passes its input on, batch norm uses the running statistics in state)."""
     batch, dt = x.shape[0], params.dtype
     weights = _model_param_views(plan, params)
     residuals = _residuals(plan)
@@ -467,13 +500,25 @@ def _model_forward(plan, params, x, rng=None):
         elif kind == "layernorm":
             gamma, beta = weights[i]
             y = layernorm_forward(_rows(h), gamma, beta).reshape(h.shape)
+        elif kind == "batchnorm":
+            gamma, beta = weights[i]
+            if rng is None:
+                rm, rv = _bn_views(plan, state)[i] if state is not None else (None, None)
+                c = h.shape[1]
+                mean = np.zeros(c) if rm is None else rm
+                var = np.ones(c) if rv is None else rv
+            else:
+                mean, var, n = batchnorm_stats(_channels(h))
+                if batch_stats is not None:
+                    batch_stats[i] = (mean, var, n)
+            y = batchnorm_forward(_channels(h), gamma, beta, mean, var).reshape(h.shape)
         else:
             _ACTIVATIONS[kind][0](h, y)
         acts.append(y)
     return acts, codes
 
 
-def _model_backward(plan, params, grads, acts, codes, dout):
+def _model_backward(plan, params, grads, acts, codes, dout, batch_stats=None):
     """ACCUMULATES d(loss)/d(params) into grads from dout = d(loss)/d(outputs), last layer
     first, down to the first dense/conv layer (nothing below it has a parameter)."""
     weights, grad_views = _model_param_views(plan, params), _model_param_views(plan, grads)
@@ -517,6 +562,13 @@ def _model_backward(plan, params, grads, acts, codes, dout):
             dg, db = grad_views[i]
             dxr = layernorm_backward(_rows(d), _rows(h), weights[i][0], dg, db, dx is not None)
             dx = None if dxr is None else dxr.reshape(h.shape)
+        elif kind == "batchnorm":
+            dg, db = grad_views[i]
+            mean, var, _ = batch_stats[i]
+            dxr = batchnorm_backward(
+                _channels(d), _channels(h), weights[i][0], mean, var, dg, db, dx is not None
+            )
+            dx = None if dxr is None else dxr.reshape(h.shape)
         elif kind == "flatten":
             dx = d.reshape(h.shape)
         else:
@@ -535,7 +587,7 @@ def _model_loss(plan, outputs, labels, doutputs=None, grad_scale=None):
 
 
 def model_loss_grad(
-    layers, input_shape, loss, params, grads, x, labels, grad_scale=None, rng=(0, 0, 0)
+    layers, input_shape, loss, params, grads, x, labels, grad_scale=None, rng=(0, 0, 0), state=None
 ):
     """Model.loss_grad: forward and backward on one batch -> (loss_sum, n_correct).
 
@@ -544,32 +596,39 @@ def model_loss_grad(
     params' dtype for mse (loss_sum = sum of squared errors, n_correct = 0). The gradient of
     grad_scale * loss_sum is ACCUMULATED into grads (grad_scale defaults to 1/B). An empty
     batch gives (0.0, 0) and leaves grads as they are. rng = (seed, step, row0): dropout's key
-    (Model.set_rng's).
+    (Model.set_rng's). state: the batch norms' running statistics (Model.state), updated in
+    place from the batch's when the call succeeds (None: not kept).
     """
     plan = model_plan(layers, input_shape, loss)
     batch = _model_check(plan, params, x)
     _common_float_dtype(params=params, grads=grads)
     _check_shape("grads", grads, params.shape)
-    acts, codes = _model_forward(plan, params, x, rng)
+    batch_stats = {}
+    acts, codes = _model_forward(plan, params, x, rng, batch_stats=batch_stats)
     outputs = _rows(acts[-1])
     dout = np.empty_like(outputs)
     result = _model_loss(plan, outputs, labels, dout, grad_scale)
     if batch:
-        _model_backward(plan, params, grads, acts, codes, dout)
+        _model_backward(plan, params, grads, acts, codes, dout, batch_stats)
+        if state is not None:
+            for i, (rm, rv) in _bn_views(plan, state).items():
+                batchnorm_update_running(rm, rv, *batch_stats[i])
     return result
 
 
-def model_evaluate(layers, input_shape, loss, params, x, labels):
-    """Model.evaluate: forward only -> (loss_sum, n_correct) (labels as in model_loss_grad)."""
+def model_evaluate(layers, input_shape, loss, params, x, labels, state=None):
+    """Model.evaluate: forward only -> (loss_sum, n_correct) (labels as in model_loss_grad);
+    batch norm by the running statistics in state (None: PyTorch's initial 0 and 1)."""
     plan = model_plan(layers, input_shape, loss)
     _model_check(plan, params, x)
-    return _model_loss(plan, _rows(_model_forward(plan, params, x)[0][-1]), labels)
+    return _model_loss(plan, _rows(_model_forward(plan, params, x, state=state)[0][-1]), labels)
 
 
-def model_logits(layers, input_shape, loss, params, x, out):
-    """Model.logits: forward only, writes the (B, OUT) outputs into out."""
+def model_logits(layers, input_shape, loss, params, x, out, state=None):
+    """Model.logits: forward only, writes the (B, OUT) outputs into out (state: as
+    model_evaluate's)."""
     plan = model_plan(layers, input_shape, loss)
     batch = _model_check(plan, params, x)
     _common_float_dtype(params=params, out=out)
     _check_shape("out", out, (batch, math.prod(plan["shapes"][-1])))
-    out[...] = _rows(_model_forward(plan, params, x)[0][-1])
+    out[...] = _rows(_model_forward(plan, params, x, state=state)[0][-1])
