@@ -5,6 +5,7 @@ of 128, dptrain's engine against torch.nn on the same weights. The networks:
 - conv-s2: conv(3->32, 3x3, padding 1, stride 2) -> ReLU -> flatten -> dense 10, on 3x32x32;
 - avgpool2: conv(3->32, 3x3, padding 1) -> ReLU -> avgpool2 -> flatten -> dense 10, 3x32x32;
 - gap: conv(3->32, 3x3, padding 1) -> ReLU -> global average pool -> dense 10, 3x32x32;
+- batchnorm: conv(3->32, 3x3, padding 1) -> batch norm -> ReLU -> flatten -> dense 10;
 - layernorm: dense(784->512) -> layernorm -> ReLU -> dense 10 (a transformer-style block);
 - dropout: dense(784->1024) -> ReLU -> dropout 0.5 -> dense 10;
 - base rows without the layer (conv -> ReLU -> flatten -> dense; dense -> ReLU -> dense), so
@@ -34,6 +35,10 @@ CASES = {
     ),
     "conv (base)": (
         [nn.Conv2d(32, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Dense(10)],
+        (3, 32, 32),
+    ),
+    "batchnorm": (
+        [nn.Conv2d(32, 3, padding=1), nn.BatchNorm2d(), nn.ReLU(), nn.Flatten(), nn.Dense(10)],
         (3, 32, 32),
     ),
     "avgpool2": (

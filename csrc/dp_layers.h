@@ -26,9 +26,10 @@
  *   each row's (sum x, sum x^2) per channel in double; the engine adds the rows in row order
  *   and, where a run has several workers, across them (its exchange), into the batch's mean
  *   and variance (biased); bn_normalize: y = (x - mean) rstd gamma + beta, with (mean, rstd)
- *   per channel. Backward: bn_grad_row_sums writes each row's (sum dy, sum dy xhat); with
- *   their batch totals (A, B) and the batch's count N, bn_backward_dx: dx = gamma rstd (dy -
- *   A / N - xhat B / N).
+ *   per channel, computed as x sc + sh in T (sc, sh per channel, in double then rounded).
+ *   Backward: bn_grad_row_sums writes each row's (sum dy, sum dy xhat), the second as rstd
+ *   (sum dy x - mean sum dy); with their batch totals (A, B) and the batch's count N,
+ *   bn_backward_dx: dx = gamma rstd (dy - A / N - xhat B / N), as dy c1 + x c2 + c3 in T.
  */
 #ifndef DP_LAYERS_H
 #define DP_LAYERS_H

@@ -202,10 +202,11 @@ void KV(dp_bn_normalize)(T *y, const T *x, const double *mr, const T *gamma, con
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < C; c++) {
+            /* (x - mean) rstd gamma + beta as one multiply-add in T: x sc + sh */
             ptrdiff_t o = ((ptrdiff_t)r * C + c) * HW;
-            double mean = mr[2 * c], rstd = mr[2 * c + 1];
-            T g = gamma[c], b = beta[c];
-            for (int i = 0; i < HW; i++) y[o + i] = (T)(((double)x[o + i] - mean) * rstd) * g + b;
+            double k = mr[2 * c + 1] * (double)gamma[c];
+            T sc = (T)k, sh = (T)((double)beta[c] - mr[2 * c] * k);
+            for (int i = 0; i < HW; i++) y[o + i] = x[o + i] * sc + sh;
         }
 }
 
@@ -214,6 +215,7 @@ void KV(dp_bn_grad_row_sums)(double *sums, const T *dy, const T *x, const double
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < C; c++) {
+            /* sum dy xhat = rstd (sum dy x - mean sum dy) */
             ptrdiff_t o = ((ptrdiff_t)r * C + c) * HW;
             double mean = mr[2 * c], rstd = mr[2 * c + 1], sa[LANES] = {0}, sb[LANES] = {0};
             int i = 0;
@@ -221,15 +223,16 @@ void KV(dp_bn_grad_row_sums)(double *sums, const T *dy, const T *x, const double
                 for (int j = 0; j < LANES; j++) {
                     double g = (double)dy[o + i + j];
                     sa[j] += g;
-                    sb[j] += g * (double)(T)(((double)x[o + i + j] - mean) * rstd);
+                    sb[j] += g * (double)x[o + i + j];
                 }
             for (int j = 0; i < HW; i++, j++) {
                 double g = (double)dy[o + i];
                 sa[j] += g;
-                sb[j] += g * (double)(T)(((double)x[o + i] - mean) * rstd);
+                sb[j] += g * (double)x[o + i];
             }
-            sums[((ptrdiff_t)r * C + c) * 2] = K(lanes_total)(sa);
-            sums[((ptrdiff_t)r * C + c) * 2 + 1] = K(lanes_total)(sb);
+            double a = K(lanes_total)(sa);
+            sums[((ptrdiff_t)r * C + c) * 2] = a;
+            sums[((ptrdiff_t)r * C + c) * 2 + 1] = rstd * (K(lanes_total)(sb) - mean * a);
         }
 }
 
@@ -238,13 +241,12 @@ void KV(dp_bn_backward_dx)(T *dx, const T *dy, const T *x, const double *mr, con
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < C; c++) {
+            /* k (dy - a - xhat b) with xhat = (x - mean) rstd, as dy c1 + x c2 + c3 in T */
             ptrdiff_t o = ((ptrdiff_t)r * C + c) * HW;
             double mean = mr[2 * c], rstd = mr[2 * c + 1];
             double a = tot[2 * c] / count, b = tot[2 * c + 1] / count, k = (double)gamma[c] * rstd;
-            for (int i = 0; i < HW; i++) {
-                double h = (double)(T)(((double)x[o + i] - mean) * rstd);
-                dx[o + i] = (T)(k * ((double)dy[o + i] - a - h * b));
-            }
+            T c1 = (T)k, c2 = (T)(-k * b * rstd), c3 = (T)(k * (b * rstd * mean - a));
+            for (int i = 0; i < HW; i++) dx[o + i] = dy[o + i] * c1 + x[o + i] * c2 + c3;
         }
 }
 

@@ -2805,6 +2805,12 @@ class NetModel:
         last_pool = max((i for i, kind in enumerate(kinds) if kind == "maxpool2"), default=0)
         if {"tanh", "sigmoid", "gelu", "layernorm", "dropout"} & set(kinds[:last_pool]):
             self.x_style = "normal"
+        # a dropout's scale 1 / (1 - p) (not a power of 2) or a norm makes the quantized sums
+        # inexact: a sum that cancels to 0 in exact arithmetic lands a few ulps either side,
+        # by each one's order, and a ReLU after it takes one side or the other
+        rates = [spec[1] for spec in plan["layers"] if spec[0] == "dropout"]
+        if any(r not in (0.0, 0.5) for r in rates) or {"layernorm", "batchnorm"} & set(kinds):
+            self.x_style = "normal"
         if cfg["loss"] == "mse":
             self.labels_kind = "F"
         self.ranges = [(e["weight"], e["bias"] + e["bias_shape"][0]) for e in plan["params"]]
