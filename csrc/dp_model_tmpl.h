@@ -14,9 +14,9 @@ typedef struct {
                                          * their outputs */
     double *stats[DP_MODEL_MAX_LAYERS]; /* NORM stages' (mean, rstd) per row */
     T *skip[DP_MODEL_MAX_LAYERS];       /* RESEND stages: d loss / d skip source (backward) */
-    double *bnrows;                     /* a BN stage's per-row sums (rows, 2 C), then totals */
-    T *g0, *g1;                         /* the backward ping-pong buffers (NULL: evaluate) */
-    T *partials;                        /* a dense GEMM's K slices (dp_gemm_part), or NULL */
+    double *bnrows; /* a BN stage's per-row sums (rows, 2 C), then its totals (2 C) and count */
+    T *g0, *g1;     /* the backward ping-pong buffers (NULL: evaluate) */
+    T *partials;    /* a dense GEMM's K slices (dp_gemm_part), or NULL */
 } K(model_bufs);
 
 DP_INLINE int K(has_codes)(const dp_stage *st)
@@ -42,7 +42,8 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_
         if (p->stage[s].op == DP_STAGE_BN) {
             size_t C = (size_t)p->stage[s].g.C;
             bnstats += 3 * C + 1;
-            if (((size_t)rows + 1) * 2 * C > bnrows) bnrows = ((size_t)rows + 1) * 2 * C;
+            /* the rows' sums, then the totals and the count */
+            if (((size_t)rows + 1) * 2 * C + 1 > bnrows) bnrows = ((size_t)rows + 1) * 2 * C + 1;
         }
     }
     /* sizes that would overflow a size_t: no allocation could hold them */
