@@ -287,7 +287,16 @@ class Model:
 
     def reset_parameters(self) -> None:
         """Writes the seeded initial parameters (PyTorch's default init, see the module
-        docstring) into ``params``."""
+        docstring) into ``params``, and batch norms' running statistics back to 0 and 1."""
+        if getattr(self, "_net", None) is not None and self.state.size:
+            shapes = [tuple(self.input_shape)] + [tuple(v) for v in self.plan["shapes"]]
+            at = 0
+            for i, spec in enumerate(self.plan["layers"]):
+                if spec[0] == "batchnorm":
+                    c = shapes[i][0]
+                    self.state[at : at + c] = 0
+                    self.state[at + c : at + 2 * c] = 1
+                    at += 2 * c
         rng = np.random.default_rng(self.seed)
         for p, (w, b) in zip(self.plan["params"], self.layers()):
             if self.plan["layers"][p["layer"]][0] in ("layernorm", "batchnorm"):  # no draw

@@ -386,3 +386,12 @@ def test_batch_norm_under_mpiexec_is_one_workers_model(mpiexec, tmp_path):
     scale = np.abs(want["params"]).max()
     assert np.abs(got.params - want["params"]).max() <= 1e-5 * scale
     np.testing.assert_allclose(got.state, want.model.state, rtol=1e-5, atol=1e-6)
+
+
+def test_reset_parameters_resets_the_running_statistics():
+    m = _net(layers=BN_LAYERS)
+    fresh = m.state.copy()
+    m.loss_grad(X[:16], Y[:16])
+    assert not np.array_equal(m.state, fresh)
+    m.reset_parameters()
+    assert np.array_equal(m.state, fresh)
