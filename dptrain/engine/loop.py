@@ -34,6 +34,7 @@ from .local import LocalSGD
 
 DATA_NAMES = ("x_train", "y_train", "x_test", "y_test")  # a run's data, as launch's extras
 INIT_PARAMS = "init_params"  # the extra holding the starting parameters of a user's model
+INIT_STATE = "init_state"  # ... and its batch norms' running statistics
 # the extras holding a previous run's optimizer state that fit(optimizer_state=...) continues:
 # INIT_OPTIMIZER + "steps" (one int64), + "velocity", + each of its state_dict()'s arrays
 INIT_OPTIMIZER = "init_optimizer_"
@@ -61,7 +62,16 @@ def train_worker(comm, job: Job) -> dict:
     set under ``DATA_NAMES``; the parameters of a model the user built under
     ``INIT_PARAMS``, when there is one)."""
     x, y, x_test, y_test = (comm.extra(name) for name in DATA_NAMES)
-    out = run_worker(comm, job, x, y, x_test, y_test, init_params=comm.extra(INIT_PARAMS, None))
+    out = run_worker(
+        comm,
+        job,
+        x,
+        y,
+        x_test,
+        y_test,
+        init_params=comm.extra(INIT_PARAMS, None),
+        init_state=comm.extra(INIT_STATE, None),
+    )
     out["placement"] = comm.placement  # where launch placed this worker (its CPUs, pinned?)
     return out
 
@@ -104,7 +114,16 @@ def _exchange_batch_norm(comm, net) -> None:
 
 
 def run_worker(
-    comm, job: Job, x, y, x_test, y_test, *, hooks: Hooks | None = None, init_params=None
+    comm,
+    job: Job,
+    x,
+    y,
+    x_test,
+    y_test,
+    *,
+    hooks: Hooks | None = None,
+    init_params=None,
+    init_state=None,
 ) -> dict:
     """The training loop of one worker (see the module docstring). init_params: the starting
     parameters (a model the user built), else the model's seeded initialization; the
@@ -147,6 +166,8 @@ def run_worker(
             net.params[:] = init_params
         else:
             net.reset_parameters()  # the seeded init, into the exchanged buffer
+    if init_state is not None and not job.resume:  # a user's model: its running statistics
+        net.state[:] = init_state
     if job.resume and net.state.size:  # the running statistics: rank 0's, on every rank
         held = comm.zeros(net.state.size, np.float64)
         if rank == 0:

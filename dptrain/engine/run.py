@@ -54,7 +54,14 @@ from ..optim import make_optimizer
 from .checkpoint import data_identity, read_checkpoint
 from .data import announce, check_finite, data_arg, load_data
 from .job import Job
-from .loop import DATA_NAMES, INIT_OPTIMIZER, INIT_PARAMS, train_worker, uncoupled_worker
+from .loop import (
+    DATA_NAMES,
+    INIT_OPTIMIZER,
+    INIT_PARAMS,
+    INIT_STATE,
+    train_worker,
+    uncoupled_worker,
+)
 from .model import model_spec
 from .result import TrainResult, epoch_line, make_result
 
@@ -258,6 +265,8 @@ def run(
     extras = dict(zip(DATA_NAMES, (ds.x_train, ds.y_train, ds.x_test, ds.y_test)))
     if model is not None:
         extras[INIT_PARAMS] = model.params
+        if model.state.size:  # batch norms' running statistics: every worker starts from them
+            extras[INIT_STATE] = model.state.copy()
     if optimizer_state is not None:
         extras.update(_continued_optimizer(optimizer_state, config, job, model))
     options = dict(
