@@ -191,9 +191,8 @@ void KV(dp_bn_row_sums)(double *sums, const T *x, int rows, int C, int HW)
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < C; c++) {
             const T *xp = x + ((ptrdiff_t)r * C + c) * HW;
-            double mean = 0; /* sum x^2 as the sum of squares from 0: sq_lanes with mean 0 */
             sums[((ptrdiff_t)r * C + c) * 2] = K(sum_lanes)(xp, HW);
-            sums[((ptrdiff_t)r * C + c) * 2 + 1] = K(sq_lanes)(xp, HW, mean);
+            sums[((ptrdiff_t)r * C + c) * 2 + 1] = K(sq_lanes)(xp, HW, 0.0); /* sum of x^2 */
         }
 }
 

@@ -68,7 +68,8 @@ static int projection_stride(int H, int W, int OH, int OW)
     return 0;
 }
 
-static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off, ptrdiff_t *s_off)
+static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off, ptrdiff_t *s_off,
+                       int *res_begin)
 {
     int ndim = p->in_ndim, sh[3] = {p->in_shape[0], p->in_shape[1], p->in_shape[2]};
     int open = 0, open_at[MAX_NESTING], open_ndim[MAX_NESTING], open_sh[MAX_NESTING][3];
@@ -113,19 +114,20 @@ static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off, ptrdiff_t
             break;
         }
         case DP_LAYER_MAXPOOL2:
-            if (ndim != 3) return refuse(p, l, "max-pooling needs a (C, H, W) input");
+        case DP_LAYER_AVGPOOL2: {
+            int max = ly->kind == DP_LAYER_MAXPOOL2;
+            if (ndim != 3)
+                return refuse(p, l,
+                              max ? "max-pooling needs a (C, H, W) input"
+                                  : "average pooling needs a (C, H, W) input");
             if (sh[1] < 2 || sh[2] < 2)
-                return refuse(p, l, "max-pooling needs a map of at least 2x2");
+                return refuse(p, l,
+                              max ? "max-pooling needs a map of at least 2x2"
+                                  : "average pooling needs a map of at least 2x2");
             sh[1] /= 2;
             sh[2] /= 2;
             break;
-        case DP_LAYER_AVGPOOL2:
-            if (ndim != 3) return refuse(p, l, "average pooling needs a (C, H, W) input");
-            if (sh[1] < 2 || sh[2] < 2)
-                return refuse(p, l, "average pooling needs a map of at least 2x2");
-            sh[1] /= 2;
-            sh[2] /= 2;
-            break;
+        }
         case DP_LAYER_GAP:
             if (ndim != 3) return refuse(p, l, "global average pooling needs a (C, H, W) input");
             ndim = 1;
@@ -158,6 +160,7 @@ static int plan_shapes(dp_plan *p, ptrdiff_t *w_off, ptrdiff_t *b_off, ptrdiff_t
         case DP_LAYER_RES_END: {
             if (open == 0) return refuse(p, l, "res_end without its res_begin");
             open--;
+            res_begin[l] = open_at[open];
             int bn = open_ndim[open], *bs = open_sh[open];
             ly->kernel = 0;
             ly->stride = 1;
@@ -212,9 +215,28 @@ static int next_layer(const dp_plan *p, int l)
 static int in_width_of(const dp_plan *p, int l)
 { return l == 0 ? p->in_width : flat_width(p->out_ndim[l - 1], p->out_shape[l - 1]); }
 
+/* Layer l's input shape ((C, H, W), or (F, 1, 1)) and its ndim. */
+static const int *in_shape_of(const dp_plan *p, int l, int *ndim)
+{
+    *ndim = l == 0 ? p->in_ndim : p->out_ndim[l - 1];
+    return l == 0 ? p->in_shape : p->out_shape[l - 1];
+}
+
+/* Stage st is parameterized layer l: the next parameterized layer's index and offsets. */
+static void add_param(dp_plan *p, dp_stage *st, int l, const ptrdiff_t *w_off,
+                      const ptrdiff_t *b_off)
+{
+    st->param = p->n_param_layers;
+    st->w_off = w_off[l];
+    st->b_off = b_off[l];
+    p->param_stage[p->n_param_layers] = p->n_stages;
+    p->param_spec[p->n_param_layers] = l;
+    p->n_param_layers++;
+}
+
 /* Pass 2: the stages (dp_model.h lists the patterns). */
 static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_off,
-                        const ptrdiff_t *s_off)
+                        const ptrdiff_t *s_off, const int *res_begin)
 {
     int n = p->n_layers, begin_stage[DP_MODEL_MAX_LAYERS];
     p->n_stages = 0;
@@ -229,26 +251,18 @@ static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_o
         int j = next_layer(p, l), k = j < n ? next_layer(p, j) : n;
         dp_layer_kind kj = j < n ? p->layer[j].kind : DP_LAYER_FLATTEN;
         dp_layer_kind kk = k < n ? p->layer[k].kind : DP_LAYER_FLATTEN;
+        int nd;
+        const int *in = in_shape_of(p, l, &nd);
         if (kind == DP_LAYER_RES_END) {
-            /* its RES_BEGIN: the open block's, found by counting back */
-            int depth = 0, b = l - 1;
-            for (; b >= 0; b--) {
-                if (p->layer[b].kind == DP_LAYER_RES_END) depth++;
-                if (p->layer[b].kind == DP_LAYER_RES_BEGIN && depth-- == 0) break;
-            }
+            int b = res_begin[l];
             st.op = DP_STAGE_RESEND;
             st.skip = begin_stage[b];
+            p->stage[st.skip].skip = p->n_stages; /* its RES_BEGIN's: this stage */
             if (p->layer[l].kernel) {
-                st.param = p->n_param_layers;
-                st.w_off = w_off[l];
-                st.b_off = b_off[l];
-                p->param_stage[p->n_param_layers] = p->n_stages;
-                p->param_spec[p->n_param_layers] = l;
-                p->n_param_layers++;
-                int C = b == 0 ? p->in_shape[0] : p->out_shape[b - 1][0];
-                int H = b == 0 ? p->in_shape[1] : p->out_shape[b - 1][1];
-                int W = b == 0 ? p->in_shape[2] : p->out_shape[b - 1][2];
-                dp_conv_geom g = {C, H, W, p->layer[l].out, 1, 1, 0, p->layer[l].stride};
+                add_param(p, &st, l, w_off, b_off);
+                const int *bs = in_shape_of(p, b, &nd);
+                dp_conv_geom g = {bs[0], bs[1], bs[2], p->layer[l].out,
+                                  1,     1,     0,     p->layer[l].stride};
                 st.g = g;
                 st.conv_h = p->out_shape[l][1];
                 st.conv_w = p->out_shape[l][2];
@@ -262,28 +276,16 @@ static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_o
             begin_stage[l] = p->n_stages;
         } else if (kind == DP_LAYER_BATCHNORM) {
             st.op = DP_STAGE_BN;
-            st.param = p->n_param_layers;
-            st.w_off = w_off[l];
-            st.b_off = b_off[l];
+            add_param(p, &st, l, w_off, b_off);
             st.s_off = s_off[l];
-            p->param_stage[p->n_param_layers] = p->n_stages;
-            p->param_spec[p->n_param_layers] = l;
-            p->n_param_layers++;
-            int nd = l == 0 ? p->in_ndim : p->out_ndim[l - 1];
-            const int *sh = l == 0 ? p->in_shape : p->out_shape[l - 1];
-            st.g.C = sh[0];
-            st.g.H = nd == 3 ? sh[1] : 1;
-            st.g.W = nd == 3 ? sh[2] : 1;
+            st.g.C = in[0]; /* (F,): F channels of one value (in_shape_of pads with 1s) */
+            st.g.H = in[1];
+            st.g.W = in[2];
         } else if (kind == DP_LAYER_DENSE || kind == DP_LAYER_CONV || kind == DP_LAYER_LAYERNORM) {
             st.op = kind == DP_LAYER_DENSE  ? DP_STAGE_DENSE
                     : kind == DP_LAYER_CONV ? DP_STAGE_CONV
                                             : DP_STAGE_NORM;
-            st.param = p->n_param_layers;
-            st.w_off = w_off[l];
-            st.b_off = b_off[l];
-            p->param_stage[p->n_param_layers] = p->n_stages;
-            p->param_spec[p->n_param_layers] = l;
-            p->n_param_layers++;
+            add_param(p, &st, l, w_off, b_off);
             if (kind == DP_LAYER_LAYERNORM) {
                 /* a stage of its own: its backward needs its output's gradient as it is */
             } else if (kind == DP_LAYER_CONV && kj == DP_LAYER_RELU && kk == DP_LAYER_MAXPOOL2) {
@@ -303,10 +305,8 @@ static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_o
             }
             if (kind == DP_LAYER_CONV) {
                 const dp_layer *ly = &p->layer[l];
-                int C = l == 0 ? p->in_shape[0] : p->out_shape[l - 1][0];
-                int H = l == 0 ? p->in_shape[1] : p->out_shape[l - 1][1];
-                int W = l == 0 ? p->in_shape[2] : p->out_shape[l - 1][2];
-                dp_conv_geom g = {C, H, W, ly->out, ly->kernel, ly->kernel, ly->pad, ly->stride};
+                dp_conv_geom g = {in[0],      in[1],      in[2],   ly->out,
+                                  ly->kernel, ly->kernel, ly->pad, ly->stride};
                 st.g = g;
                 st.conv_h = p->out_shape[l][1];
                 st.conv_w = p->out_shape[l][2];
@@ -319,12 +319,9 @@ static void plan_stages(dp_plan *p, const ptrdiff_t *w_off, const ptrdiff_t *b_o
             st.op = kind == DP_LAYER_MAXPOOL2   ? DP_STAGE_POOL
                     : kind == DP_LAYER_AVGPOOL2 ? DP_STAGE_AVGPOOL
                                                 : DP_STAGE_GAP;
-            int C = l == 0 ? p->in_shape[0] : p->out_shape[l - 1][0];
-            int H = l == 0 ? p->in_shape[1] : p->out_shape[l - 1][1];
-            int W = l == 0 ? p->in_shape[2] : p->out_shape[l - 1][2];
-            st.g.C = C;
-            st.g.H = H;
-            st.g.W = W;
+            st.g.C = in[0];
+            st.g.H = in[1];
+            st.g.W = in[2];
         } else if (kind == DP_LAYER_DROPOUT) {
             st.op = DP_STAGE_DROPOUT;
             st.rate = p->layer[l].rate;
@@ -361,10 +358,11 @@ int dp_model_plan(dp_plan *p, const dp_layer *layers, int n_layers, const int *i
     for (int d = 0; d < 3; d++) p->in_shape[d] = d < in_ndim ? in_shape[d] : 1;
     p->in_width = (int)width;
     ptrdiff_t w_off[DP_MODEL_MAX_LAYERS], b_off[DP_MODEL_MAX_LAYERS], s_off[DP_MODEL_MAX_LAYERS];
-    int rc = plan_shapes(p, w_off, b_off, s_off);
+    int res_begin[DP_MODEL_MAX_LAYERS]; /* each RES_END's RES_BEGIN */
+    int rc = plan_shapes(p, w_off, b_off, s_off, res_begin);
     if (rc) return rc;
     p->out_width = flat_width(p->out_ndim[n_layers - 1], p->out_shape[n_layers - 1]);
-    plan_stages(p, w_off, b_off, s_off);
+    plan_stages(p, w_off, b_off, s_off, res_begin);
     if (p->n_param_layers == 0)
         return refuse(p, n_layers, "no dense, conv, layernorm or batchnorm layer");
     switch (loss) {

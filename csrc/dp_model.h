@@ -170,7 +170,8 @@ typedef struct {
     dp_conv_geom g;          /* CONV: the convolution; POOL, AVGPOOL, GAP: g.C, g.H, g.W its
                               * input map */
     double rate;             /* DROPOUT */
-    int skip;                /* RESEND: its RESBEGIN's stage (its output is the skip's source) */
+    int skip;                /* RESEND: its RESBEGIN's stage (its output is the skip's source);
+                              * RESBEGIN: its RESEND's stage */
     ptrdiff_t s_off;         /* BN: its running mean, then variance, in the model's state */
     int conv_h, conv_w;      /* CONV: the output block computed (all of it without pool) */
     ptrdiff_t w_off, b_off;  /* DENSE, CONV, NORM: where W and b start in the flat parameters */

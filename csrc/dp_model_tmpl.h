@@ -508,6 +508,15 @@ static void K(stage_part)(K(sweep) * sw, K(stage_job) * job, dp_task_fn fn, int 
     for (int i = 0; i < parts; i++) K(fail)(sw, job->rc[i]);
 }
 
+/* tot (2 C) = the rows' sums rs (rows, 2 C) added in row order: the same bits on any
+ * number of threads (part 0 adds what every part wrote). */
+static void K(bn_totals)(double *tot, const double *rs, int rows, int C)
+{
+    for (int j = 0; j < 2 * C; j++) tot[j] = 0;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < 2 * C; j++) tot[j] += rs[(ptrdiff_t)r * 2 * C + j];
+}
+
 /* A BN stage forward: training, each part's rows' sums, part 0's totals in row order (and the
  * exchange's across workers) into (mean, rstd) per channel, the count and the variances in
  * stats; evaluation, (mean, rstd) from the running statistics; then each part normalizes its
@@ -523,9 +532,7 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
         if (lo < hi) K(dp_bn_row_sums)(rs + (ptrdiff_t)lo * 2 * C, x + lo * w, hi - lo, C, HW);
         if (K(phase_end)(sw, n)) return 1;
         if (t == 0) {
-            for (int j = 0; j < 2 * C; j++) tot[j] = 0;
-            for (int r = 0; r < rows; r++)
-                for (int j = 0; j < 2 * C; j++) tot[j] += rs[(ptrdiff_t)r * 2 * C + j];
+            K(bn_totals)(tot, rs, rows, C);
             tot[2 * C] = (double)rows * HW;
             if (m->exchange && m->exchange(m->exchange_ctx, tot, 2 * C + 1)) {
                 K(fail)(sw, DP_EEXCHANGE);
@@ -651,11 +658,7 @@ static int K(free_stage_backward)(K(sweep) * sw, int s, int *d_second, int t, in
         K(stage_part)(sw, &job, K(resend_backward_task), t, n);
         return K(phase_end)(sw, n);
     }
-    if (st->op == DP_STAGE_RESBEGIN) { /* its RESEND's skip gradient, added */
-        int e = s + 1;
-        while (!(sw->m->plan.stage[e].op == DP_STAGE_RESEND && sw->m->plan.stage[e].skip == s)) e++;
-        job.dnext = bf->skip[e];
-    }
+    if (st->op == DP_STAGE_RESBEGIN) job.dnext = bf->skip[st->skip]; /* its RESEND's, added */
     K(stage_part)(sw, &job, K(rows_backward_task), t, n);
     if (K(moves_gradient)(st)) *d_second = !*d_second;
     return K(phase_end)(sw, n);
@@ -729,9 +732,7 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
                                    C, HW);
         if (K(phase_end)(sw, n)) return 1;
         if (t == 0) {
-            for (int j = 0; j < 2 * C; j++) tot[j] = 0;
-            for (int r = 0; r < B; r++)
-                for (int j = 0; j < 2 * C; j++) tot[j] += rs[(ptrdiff_t)r * 2 * C + j];
+            K(bn_totals)(tot, rs, B, C);
             T *dg = grads + st->w_off, *db = grads + st->b_off;
             for (int c = 0; c < C; c++) {
                 dg[c] += (T)tot[2 * c + 1];

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from .reference.model import _projection_stride
+
 
 def torch_sequential(plan: dict, params: np.ndarray, torch):
     """(torch.nn.Sequential, {layer index: module}) of plan's layers with params' values, in
@@ -43,9 +45,7 @@ def torch_sequential(plan: dict, params: np.ndarray, torch):
             proj = None
             if end in views:
                 src, dst = shapes[i], shapes[end + 1]
-                stride = next(
-                    s for s in range(1, max(src[1:]) + 1) if (src[1] - 1) // s + 1 == dst[1]
-                )
+                stride = _projection_stride(src[1], src[2], dst[1], dst[2])
                 proj = owners[end] = nn.Conv2d(src[0], dst[0], 1, stride).to(dtype)
             modules.append(Residual(nn.Sequential(*build(i + 1, end)), proj))
             i = end + 1

@@ -513,7 +513,9 @@ class Model:
         dtype must match; the values finite); returns the other arrays of the file. Every
         problem is one ValueError naming the file, raised before this model is changed."""
         cfg, params, velocity, others = _read_model_file(path, self)
-        state = _checked_state(others.pop("bn_state", None), self, path)
+        state = _checked_state(
+            others.pop("bn_state", None), self, f"model file {_model_path(path)}"
+        )
         self.params[:] = params
         self.velocity[:] = velocity
         if state is not None:
@@ -1125,14 +1127,15 @@ def load_model(path, *, threads: int = 1) -> Model:
     ValueError naming it, found before the model is built."""
     cfg, params, velocity, others = _read_model_file(path)
     model = model_from_spec(cfg, threads=threads, params=params, velocity=velocity)
-    state = _checked_state(others.get("bn_state"), model, path)
+    state = _checked_state(others.get("bn_state"), model, f"model file {_model_path(path)}")
     if state is not None:
         model.state[:] = state
     return model
 
 
-def _checked_state(state, model: Model, path):
-    """A saved batch norm state (running means, variances) checked against the model."""
+def _checked_state(state, model: Model, where: str):
+    """A saved batch norm state (running means, variances; None: none saved) checked against
+    the model; a ValueError names `where` (the model file or checkpoint)."""
     if state is None:
         return None
     state = np.asarray(state)
@@ -1142,7 +1145,7 @@ def _checked_state(state, model: Model, path):
         or not np.isfinite(state).all()
     ):
         raise ValueError(
-            f"model file {_model_path(path)}: its batch norm statistics (bn_state, "
+            f"{where}: its batch norm statistics (bn_state, "
             f"{state.dtype}{list(state.shape)}) do not fit this model's "
             f"(float64[{model.state.size}]) or are not finite"
         )

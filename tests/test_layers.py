@@ -100,11 +100,11 @@ def test_every_transport_is_within_1e5_of_one_worker(backend, options):
     assert np.abs(two["params"] - one["params"]).max() <= 1e-5 * scale
 
 
-@pytest.mark.mpi
-def test_mpiexec_gives_one_workers_bits(mpiexec, tmp_path):
+def _mpiexec_and_one(mpiexec, tmp_path, spec: str, **opts):
+    """(the model `mpiexec -n 2 python -m dptrain train --layers spec` saved, the result of
+    the same run on one worker through the API), one epoch of the digits."""
     np.savez(tmp_path / "digits.npz", X=X, y=Y)
-    spec = "conv:6:3:1:2,layernorm,relu,dropout:0.3,conv:8:3:1,relu,avgpool2,globalavgpool,dense:10"
-    opts = dict(layers=spec, epochs=1, batch_size=50, deterministic=True)
+    opts = dict(layers=spec, epochs=1, batch_size=50, **opts)
     flags = as_flags(dict(opts, data=str(tmp_path / "digits.npz"), quiet=True))
     subprocess.run(
         [mpiexec, "-n", "2", sys.executable, "-m", "dptrain", "train", *flags]
@@ -114,8 +114,15 @@ def test_mpiexec_gives_one_workers_bits(mpiexec, tmp_path):
         timeout=180,
         capture_output=True,
     )
-    want = dptrain.train(**dict(opts, layers=parse_layers(spec)), X=X, y=Y, quiet=True)
-    assert np.array_equal(np.load(tmp_path / "mpi.npz")["params"], want["params"])
+    one = dptrain.train(**dict(opts, layers=parse_layers(spec)), X=X, y=Y, quiet=True)
+    return dptrain.load_model(tmp_path / "mpi.npz"), one
+
+
+@pytest.mark.mpi
+def test_mpiexec_gives_one_workers_bits(mpiexec, tmp_path):
+    spec = "conv:6:3:1:2,layernorm,relu,dropout:0.3,conv:8:3:1,relu,avgpool2,globalavgpool,dense:10"
+    got, want = _mpiexec_and_one(mpiexec, tmp_path, spec, deterministic=True)
+    assert np.array_equal(got.params, want["params"])
 
 
 def _net(dtype="float64", layers=LAYERS):
@@ -367,22 +374,10 @@ def test_resnet_with_batch_norm_is_the_default():
 
 @pytest.mark.mpi
 def test_batch_norm_under_mpiexec_is_one_workers_model(mpiexec, tmp_path):
-    np.savez(tmp_path / "digits.npz", X=X, y=Y)
     spec = (
         "conv:6:3:1,batchnorm,relu,res_begin,conv:8:3:1:2,batchnorm,res_end,globalavgpool,dense:10"
     )
-    opts = dict(layers=spec, epochs=1, batch_size=50)
-    flags = as_flags(dict(opts, data=str(tmp_path / "digits.npz"), quiet=True))
-    subprocess.run(
-        [mpiexec, "-n", "2", sys.executable, "-m", "dptrain", "train", *flags]
-        + ["--save-weights", str(tmp_path / "mpi.npz")],
-        check=True,
-        cwd=ROOT,
-        timeout=180,
-        capture_output=True,
-    )
-    want = dptrain.train(**dict(opts, layers=parse_layers(spec)), X=X, y=Y, quiet=True)
-    got = dptrain.load_model(tmp_path / "mpi.npz")
+    got, want = _mpiexec_and_one(mpiexec, tmp_path, spec)
     scale = np.abs(want["params"]).max()
     assert np.abs(got.params - want["params"]).max() <= 1e-5 * scale
     np.testing.assert_allclose(got.state, want.model.state, rtol=1e-5, atol=1e-6)

@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 
 from .._files import NpzArchive, savez, write_atomically
-from ..models import storage_dtype
+from ..models import _checked_state, storage_dtype
 from ..sampler import steps_per_epoch
 
 
@@ -254,11 +254,11 @@ _POSITION_FIELDS = {
 
 
 def read_checkpoint(path, job, n_params: int, n_train: int):
-    """(params, velocity, position) of a checkpoint that this job can resume, checked
-    through: the file (a readable .npz of this format), its arrays (this model's dtype and
-    length, finite), the run it belongs to (resume_keys) and its position (a step this
-    data set and batch size can reach). Any problem is one ValueError naming the file and
-    what is wrong."""
+    """(params, velocity, position, bn_state or None) of a checkpoint that this job can
+    resume, checked through: the file (a readable .npz of this format), its arrays (this
+    model's dtype and length, finite), the run it belongs to (resume_keys) and its position
+    (a step this data set and batch size can reach). Any problem is one ValueError naming
+    the file and what is wrong. bn_state's size against the model: load_checkpoint."""
     where = f"checkpoint {path}"
     dtype = storage_dtype(job.config.dtype)
     with NpzArchive(path, where, advice="--resume reads the checkpoints --checkpoint writes") as f:
@@ -275,6 +275,12 @@ def read_checkpoint(path, job, n_params: int, n_train: int):
             for name in ("params", "velocity")
         )
         text = f.array("position", max_bytes=_POSITION_BYTES)
+        # batch norms' running statistics: 2 C doubles for 2 C parameters, at most n_params
+        bn_state = (
+            f.array("bn_state", max_bytes=8 * n_params, dtype=np.float64)
+            if "bn_state" in f.files
+            else None
+        )
     try:
         position = json.loads(str(text[()]))
     except ValueError as exc:
@@ -335,24 +341,19 @@ def read_checkpoint(path, job, n_params: int, n_train: int):
             f"{position['loss_sum']!r}, correct {position['correct']!r})"
         )
     position.pop("job")
-    return params, velocity, position
+    return params, velocity, position, bn_state
 
 
 def load_checkpoint(path, job, net, n_train: int) -> dict:
-    """read_checkpoint, then net's params and momentum from it (when net is given); returns
-    the position."""
-    params, velocity, position = read_checkpoint(path, job, job.model["n_params"], n_train)
+    """read_checkpoint, then net's params, momentum and batch norms' running statistics from
+    it (when net is given); returns the position."""
+    params, velocity, position, bn_state = read_checkpoint(
+        path, job, job.model["n_params"], n_train
+    )
     if net is not None:
         net.params[:] = params
         net.velocity[:] = velocity
-        if net.state.size:  # batch norms' running statistics
-            from ..models import _checked_state
-
-            with NpzArchive(path, f"checkpoint {path}") as f:
-                saved = (
-                    f.array("bn_state", max_bytes=8 * net.state.size)
-                    if "bn_state" in f.files
-                    else None
-                )
-            net.state[:] = _checked_state(saved, net, path) if saved is not None else net.state
+        state = _checked_state(bn_state, net, f"checkpoint {path}")
+        if state is not None:
+            net.state[:] = state
     return position

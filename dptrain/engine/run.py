@@ -235,7 +235,7 @@ def run(
     job = Job.plan(config, model_spec(config, ds, model), world, ds.n_train, data_identity(ds))
     resumed = None
     if config.resume:  # a damaged or foreign checkpoint fails here, before any worker starts
-        resumed = read_checkpoint(config.resume, job, job.model["n_params"], ds.n_train)[-1]
+        resumed = read_checkpoint(config.resume, job, job.model["n_params"], ds.n_train)[2]
     # every check is done: warnings now (a refusal comes before them and the header); launch
     # warns of oversubscribed threads and processes itself, not of MPI ranks
     warning = backend == "mpi" and oversubscription_warning(node.size, config.threads, node.cpus)

@@ -256,12 +256,12 @@ def _residual_output(begin, shape):
 def _residuals(plan):
     """{res_end index: (res_begin index, the projection's stride or 0)}."""
     out, opened = {}, []
+    shapes = [tuple(plan["input_shape"])] + [tuple(s) for s in plan["shapes"]]
     for i, (kind, *_) in enumerate(plan["layers"]):
         if kind == "res_begin":
             opened.append(i)
         elif kind == "res_end":
             b = opened.pop()
-            shapes = [tuple(plan["input_shape"])] + [tuple(s) for s in plan["shapes"]]
             src, dst = shapes[b], shapes[i + 1]
             out[i] = (b, 0 if src == dst else _projection_stride(src[1], src[2], dst[1], dst[2]))
     return out
