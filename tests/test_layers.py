@@ -3,7 +3,8 @@ LayerNorm; csrc/dp_layers.h, dp_model.h): the engine's data-parallel promises wi
 on scikit-learn's digits (real 8x8 images):
 
 - N workers give the bits of one in --deterministic (threads 1-4, processes, mpiexec), with
-  augmentation on too; within 1e-5 without it, on every transport;
+  augmentation on too, batch norm included (1-8 workers); within 1e-5 without it, on every
+  transport;
 - dropout's masks are a sample's: a batch cut in two at row r (row0 = r for the second
   part) gives the whole batch's gradient; new masks each step; evaluation passes through;
 - a resumed run and local SGD's replicas keep the bits;
@@ -330,6 +331,68 @@ def test_batch_norm_over_the_global_batch_on_n_workers(backend, options):
     assert not np.allclose(one.model.state[:6], 0)  # the running means moved
 
 
+# batch norm with dropout after it: both keyed on the sample, not the worker
+BN_DROPOUT_LAYERS = BN_LAYERS[:7] + [nn.Dropout(0.3)] + BN_LAYERS[7:]
+
+
+@pytest.mark.parametrize("augment", [None, "crop1,flip"])
+def test_batch_norm_in_deterministic_gives_one_workers_bits(augment):
+    """Each chunk's batch norm totals are summed in chunk order (ChunkSweeps): 1 to 8 workers
+    (threads, processes) give the same parameters and running statistics, bit for bit, with
+    dropout and augmentation on; and that model is the global batch's (within 1e-5 of the
+    ordinary run), not 8 chunks normalized each by its own statistics."""
+    opts = dict(layers=BN_DROPOUT_LAYERS, deterministic=True, augment=augment)
+    runs = [
+        _train(workers=w, backend=b, **opts)
+        for w, b in [(1, "thread"), (2, "thread"), (3, "thread"), (8, "thread"), (2, "process")]
+        + [(5, "process")]
+    ]
+    for r in runs[1:]:
+        assert np.array_equal(r["params"], runs[0]["params"])
+        assert np.array_equal(r.model.state, runs[0].model.state)
+        assert r["train_loss"] == runs[0]["train_loss"]
+    plain = _train(layers=BN_DROPOUT_LAYERS, augment=augment, workers=1)
+    scale = np.abs(plain["params"]).max()
+    assert np.abs(runs[0]["params"] - plain["params"]).max() <= 1e-5 * scale
+    np.testing.assert_allclose(runs[0].model.state, plain.model.state, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_norm_in_deterministic_with_a_bfloat16_exchange_keeps_the_bits():
+    opts = dict(layers=BN_LAYERS, deterministic=True, comm_dtype="bfloat16", dtype="float32")
+    one, four = (_train(workers=w, backend="thread", **opts) for w in (1, 4))
+    assert np.array_equal(four["params"], one["params"])
+    assert np.array_equal(four.model.state, one.model.state)
+
+
+def test_a_failing_chunk_stops_the_worker_with_its_own_error():
+    """One chunk's sweep failing while the others wait for its batch norm totals: the
+    step raises that chunk's error (not the barrier's) once every chunk's thread is done."""
+    from dptrain.comm import LocalComm
+    from dptrain.engine.exchange import Deterministic
+    from dptrain.engine.hooks import Hooks
+    from dptrain.measure.timing import StepClock
+    from dptrain.sampler import BatchRows
+
+    comm = LocalComm()
+    det = Deterministic()
+    m = nn.Sequential(BN_LAYERS, input_shape=(1, 8, 8), seed=4)
+    bufs = det.buffers(comm, m.n_params, m.params.dtype)
+    net = dptrain.models.model_from_spec(m.spec(), **bufs)
+    det.batch_norm(comm, net, m.spec(), 1)
+    rows = BatchRows(X, Y, 64, False)
+    clock = StepClock(comm, Hooks())
+    clock.begin(0.0)
+    loss, _ = det.gradient(comm, net, rows, 0, 64, clock)
+    assert np.isfinite(loss)
+
+    def broken(*args, **kw):
+        raise OSError("chunk 5 broke")
+
+    det.sweeps.models[5].loss_grad = broken
+    with pytest.raises(OSError, match="chunk 5 broke"):
+        det.gradient(comm, net, rows, 0, 64, clock)
+
+
 def test_batch_norm_state_is_saved_resumed_and_refused_where_not_supported(tmp_path):
     opts = dict(layers=BN_LAYERS, workers=2, backend="thread")
     whole = _train(**opts)
@@ -343,7 +406,15 @@ def test_batch_norm_state_is_saved_resumed_and_refused_where_not_supported(tmp_p
     back = dptrain.load_model(tmp_path / "m.npz")
     assert np.array_equal(back.state, whole.model.state)
     assert np.array_equal(back.logits(X[:7]), whole.model.logits(X[:7]))
-    for bad in (dict(deterministic=True), dict(overlap=True), dict(sync_every=2)):
+    # deterministic: a run that failed and resumed on 3 workers is the whole run's bits
+    det = dict(layers=BN_DROPOUT_LAYERS, deterministic=True)
+    whole = _train(**det, workers=2, backend="process")
+    with pytest.raises((WorkerError, RuntimeError), match="injected fault"):
+        _train(**det, workers=2, backend="process", checkpoint=ckpt, fault=(1, 13, "raise"))
+    resumed = _train(**det, workers=3, backend="thread", resume=ckpt)
+    assert np.array_equal(resumed["params"], whole["params"])
+    assert np.array_equal(resumed.model.state, whole.model.state)
+    for bad in (dict(overlap=True), dict(sync_every=2)):
         with pytest.raises(ValueError, match="batch norm does not run with"):
             _train(**opts, **bad)
 
@@ -381,6 +452,10 @@ def test_batch_norm_under_mpiexec_is_one_workers_model(mpiexec, tmp_path):
     scale = np.abs(want["params"]).max()
     assert np.abs(got.params - want["params"]).max() <= 1e-5 * scale
     np.testing.assert_allclose(got.state, want.model.state, rtol=1e-5, atol=1e-6)
+    # deterministic: the chunks' totals gathered across the ranks, the same bits
+    got, want = _mpiexec_and_one(mpiexec, tmp_path, spec, deterministic=True)
+    assert np.array_equal(got.params, want["params"])
+    assert np.array_equal(got.state, want.model.state)
 
 
 def test_reset_parameters_resets_the_running_statistics():

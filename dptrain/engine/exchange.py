@@ -35,10 +35,15 @@ A strategy reports its phase boundaries to the step's ``clock`` (``data``, ``com
 
 from __future__ import annotations
 
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor, wait
+
 import numpy as np
 
 from .. import _core
 from ..comm.base import aligned_zeros
+from ..models import model_from_spec
 from ..sampler import CHUNKS, shard
 
 
@@ -95,6 +100,13 @@ class Exchange:
     def epoch_start(self, epoch: int, batch: int, batches: int) -> None:
         """The loop starts (or resumes) epoch `epoch` at batch `batch` of `batches`."""
 
+    def batch_norm(self, comm, net, spec: dict, threads: int) -> None:
+        """The model (``net``, built from ``spec`` on ``threads`` threads) has batch norm,
+        whose statistics are the global batch's: each worker's per-channel sums all-reduced
+        inside the engine's sweep."""
+        if comm.size > 1:
+            allreduce_batch_norm(comm, net)
+
     @staticmethod
     def _share(comm, model, rows, start, stop, clock) -> tuple[float, int]:
         """This worker's share of the batch into ``model.grads`` (zeroed first), scaled by
@@ -106,6 +118,21 @@ class Exchange:
         loss, correct = model.loss_grad(x, y, 1.0 / (stop - start), row0=lo - start)
         clock.computed()
         return loss, correct
+
+
+def allreduce_batch_norm(comm, net) -> None:
+    """Batch norm over the global batch: each worker's per-channel sums (forward: of x and x^2,
+    and the count; backward: of dy and dy xhat) all-reduced inside the engine's sweep, so
+    every worker normalizes by the same statistics (PyTorch's SyncBatchNorm, always on)."""
+    held = comm.zeros(net.state.size + 1, np.float64)  # a batch norm's 2 C + 1 at most
+
+    def exchange(buf):
+        k = len(buf)
+        held[:k] = buf
+        comm.allreduce_sum_(held, start=0, stop=k)
+        buf[:] = held[:k]
+
+    net._net.set_exchange(exchange)
 
 
 class AllReduce(Exchange):
@@ -178,10 +205,16 @@ class Bf16AllReduce(Exchange):
 class Deterministic(Exchange):
     """CHUNKS fixed chunks of the global batch, each computed alone into its own shared
     array, summed in chunk order into the gradient every worker reads. bf16: each chunk's
-    gradient is computed in float32 and rounded to bfloat16 into its shared array."""
+    gradient is computed in float32 and rounded to bfloat16 into its shared array.
+
+    With batch norm a chunk cannot be computed alone: its forward needs the global batch's
+    statistics. Each of the worker's chunks is then swept by a model of its own, all at once
+    (``ChunkSweeps``), and each batch norm's totals are summed over the chunks in chunk order,
+    so they too are the same bits whatever the number of workers."""
 
     def __init__(self, bf16: bool = False):
         self.bf16 = bf16
+        self.sweeps = None
 
     def buffers(self, comm, n_params, dtype):
         bufs = super().buffers(comm, n_params, dtype)
@@ -197,19 +230,33 @@ class Deterministic(Exchange):
         self.work = aligned_zeros(n_params, dtype) if self.bf16 else None  # a chunk, float32
         return bufs
 
+    def batch_norm(self, comm, net, spec, threads):
+        # where each chunk's gradient is computed: its shared array, or (bf16) a float32 one
+        into = {
+            c: aligned_zeros(self.n_params, self.dtype) if self.bf16 else self.chunks[c]
+            for c in self.mine
+        }
+        self.sweeps = ChunkSweeps(comm, net, spec, threads, self.mine, into)
+
     def gradient(self, comm, model, rows, start, stop, clock):
-        loss, correct = 0.0, 0
-        for c in self.mine:
-            with clock.data():
-                lo, hi = shard(start, stop, c, CHUNKS)
-                x, y = rows(lo, hi)
-            into = self.work if self.bf16 else self.chunks[c]
-            _core.zero_(into)
-            cl, cc = model.loss_grad(x, y, 1.0 / (stop - start), grads=into, row0=lo - start)
+        if self.sweeps is not None:
+            loss, correct = self.sweeps.gradient(model, rows, start, stop, clock)
             if self.bf16:
-                _core.to_bf16(into, self.chunks[c])
-            loss += cl
-            correct += cc
+                for c, into in zip(self.mine, self.sweeps.into):
+                    _core.to_bf16(into, self.chunks[c])
+        else:
+            loss, correct = 0.0, 0
+            for c in self.mine:
+                with clock.data():
+                    lo, hi = shard(start, stop, c, CHUNKS)
+                    x, y = rows(lo, hi)
+                into = self.work if self.bf16 else self.chunks[c]
+                _core.zero_(into)
+                cl, cc = model.loss_grad(x, y, 1.0 / (stop - start), grads=into, row0=lo - start)
+                if self.bf16:
+                    _core.to_bf16(into, self.chunks[c])
+                loss += cl
+                correct += cc
         clock.computed()
         if self.bf16:
             comm.sum_into_(self.sum, self.chunks)  # the chunks, summed in chunk order
@@ -217,6 +264,99 @@ class Deterministic(Exchange):
         else:
             comm.sum_into_(self.grads, self.chunks)
         clock.exchanged()
+        return loss, correct
+
+
+class ChunkSweeps:
+    """Deterministic mode with batch norm: each of this worker's chunks swept by a model of its
+    own (the worker's model for the first, on the worker's thread; one more model per chunk,
+    on the same parameters, each on a thread of its own), all at once. Each batch norm's
+    per-chunk totals (forward: the sums of x and x^2 and the count; backward: of dy and
+    dy xhat) meet in one shared array per chunk; the worker's thread sums the CHUNKS arrays
+    in chunk order (``comm.sum_into_``, across the workers) and every chunk normalizes by
+    that sum. A chunk's totals depend only on its rows, and their sum only on the chunk
+    order, so the statistics, the running statistics and the gradients are the same bits on
+    any number of workers.
+
+    A failure in any chunk's sweep (or the exchange's: a worker gone) breaks the chunks'
+    barrier, so the others stop too; the step raises once every chunk's thread is done."""
+
+    def __init__(self, comm, net, spec, threads, mine, into):
+        self.comm, self.mine = comm, list(mine)
+        self.models = [net] + [
+            model_from_spec(
+                spec, threads=threads, params=net.params, grads=into[c], velocity=net.velocity
+            )
+            for c in self.mine[1:]
+        ]
+        self.into = [into[c] for c in self.mine]
+        width = net.state.size + 1  # a batch norm's 2 C + 1 at most
+        self.totals = comm.shared_zeros(CHUNKS, width, np.float64)
+        self.total = comm.shared_zeros(1, width, np.float64)[0]
+        self.barrier = threading.Barrier(len(self.mine))
+        for i, (c, m) in enumerate(zip(self.mine, self.models)):
+            m._net.set_exchange(self._exchanger(c, i == 0))
+        self.pool = None
+        if len(self.mine) > 1:
+            self.pool = ThreadPoolExecutor(len(self.mine) - 1, thread_name_prefix="dptrain-chunk")
+            weakref.finalize(self, self.pool.shutdown, wait=False)
+
+    def _exchanger(self, c: int, leader: bool):
+        def exchange(buf):
+            k = len(buf)
+            self.totals[c][:k] = buf
+            self.barrier.wait()  # every chunk of this worker has written its totals
+            if leader:
+                self.comm.sum_into_(self.total, self.totals)  # in chunk order, all workers
+            self.barrier.wait()
+            buf[:] = self.total[:k]
+
+        return exchange
+
+    def gradient(self, net, rows, start, stop, clock):
+        with clock.data():  # the worker's chunks are consecutive: one gather
+            bounds = [shard(start, stop, c, CHUNKS) for c in self.mine]
+            first = bounds[0][0]
+            x, y = rows(first, bounds[-1][1])
+        scale = 1.0 / (stop - start)
+        for m in self.models[1:]:
+            m.step = net.step  # dropout's key
+            m.state[:] = net.state  # the running statistics: each chunk's model updates its own
+
+        def sweep(i):
+            lo, hi = bounds[i]
+            _core.zero_(self.into[i])
+            try:
+                return self.models[i].loss_grad(
+                    x[lo - first : hi - first],
+                    y[lo - first : hi - first],
+                    scale,
+                    grads=self.into[i],
+                    row0=lo - start,
+                )
+            except BaseException:
+                self.barrier.abort()  # the other chunks must not wait for this one
+                raise
+
+        futures = [self.pool.submit(sweep, i) for i in range(1, len(self.mine))]
+        failure = None
+        try:
+            results = [sweep(0)]
+        except BaseException as exc:
+            failure, results = exc, []
+        wait(futures)
+        for f in futures:
+            exc = f.exception()
+            if exc is None:
+                results.append(f.result())
+            elif failure is None or isinstance(failure, threading.BrokenBarrierError):
+                failure = exc  # the chunk that failed first, not one the barrier stopped
+        if failure is not None:
+            raise failure
+        loss, correct = 0.0, 0
+        for cl, cc in results:  # in chunk order
+            loss += cl
+            correct += cc
         return loss, correct
 
 

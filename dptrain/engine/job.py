@@ -58,12 +58,8 @@ class Job:
                 )
         if any(spec[0] == "batchnorm" for spec in model.get("layers") or ()):
             # its statistics are the global batch's, exchanged inside each worker's forward
-            # and backward: one sweep per worker and step, which these split or stagger
+            # and backward (deterministic mode: inside every chunk's), which these stagger
             for on, what in (
-                (
-                    config.deterministic and world > 1,
-                    "deterministic (fixed chunks, computed alone)",
-                ),
                 (config.overlap and world > 1, "overlap (buckets exchanged during backward)"),
                 (config.local, "local SGD (replicas that step alone)"),
             ):

@@ -98,21 +98,6 @@ def uncoupled_worker(comm, job: Job) -> dict:
     return {"train_seconds": out["train_seconds"], "placement": comm.placement}
 
 
-def _exchange_batch_norm(comm, net) -> None:
-    """Batch norm over the global batch: each worker's per-channel sums (forward: of x and x^2,
-    and the count; backward: of dy and dy xhat) all-reduced inside the engine's sweep, so
-    every worker normalizes by the same statistics (PyTorch's SyncBatchNorm, always on)."""
-    held = comm.zeros(net.state.size + 1, np.float64)  # a batch norm's 2 C + 1 at most
-
-    def exchange(buf):
-        k = len(buf)
-        held[:k] = buf
-        comm.allreduce_sum_(held, start=0, stop=k)
-        buf[:] = held[:k]
-
-    net._net.set_exchange(exchange)
-
-
 def run_worker(
     comm,
     job: Job,
@@ -143,8 +128,8 @@ def run_worker(
     n_params = job.model["n_params"]
     bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
-    if net.state.size and comm.size > 1:
-        _exchange_batch_norm(comm, net)
+    if net.state.size:  # batch norm: its statistics are the global batch's
+        exchange.batch_norm(comm, net, job.model, cfg.threads)
     opt = make_optimizer(net, job.lr, cfg)
     exchange.adopt(comm, opt)
     stats = comm.zeros(2, np.float64)
@@ -215,12 +200,14 @@ def run_worker(
 
     # the most rows one call of rows() gathers: a worker's share, a chunk, a replica's shard
     parts = job.replicas if job.local else CHUNKS if job.deterministic else comm.size
+    # deterministic mode with batch norm sweeps all of a worker's chunks at once
+    together = -(-CHUNKS // comm.size) if job.deterministic and net.state.size else 1
     augment = None
     if cfg.augmentation is not None:
         pad, flip = cfg.augmentation
         shape = tuple(job.model["input_shape"])
         augment = dict(shape=shape, pad=pad, flip=flip, seed=cfg.seed)
-    rows = BatchRows(x, y, -(-min(job.batch_size, n) // parts), cfg.shuffle, augment)
+    rows = BatchRows(x, y, together * -(-min(job.batch_size, n) // parts), cfg.shuffle, augment)
     timer = timing.StepTimer()
     clock = timing.StepClock(comm, hooks)
     progress = comm.progress if rank == 0 else None
