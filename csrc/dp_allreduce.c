@@ -46,12 +46,16 @@ static int group_valid(const dp_group *g, ptrdiff_t start, ptrdiff_t stop)
                            double *waited_s, uint32_t *code)                                      \
     {                                                                                             \
         *waited_s = 0;                                                                            \
+        int entered = publish & DP_ALLREDUCE_ENTERED;                                             \
+        publish &= DP_ALLREDUCE_PUBLISH;                                                          \
         if (!group_valid(g, start, stop) ||                                                       \
             (!publish && (g->algorithm != DP_ALLREDUCE_NATIVE || !g->out)))                       \
             return DP_EVALUE;                                                                     \
         T *const *bufs = (T *const *)g->bufs;                                                     \
-        int rc = dp_group_barrier(g, waited_s, code); /* every buffer is complete */              \
-        if (rc) return rc;                                                                        \
+        if (!entered) { /* every buffer is complete (else the caller's barrier said so) */        \
+            int rc = dp_group_barrier(g, waited_s, code);                                         \
+            if (rc) return rc;                                                                    \
+        }                                                                                         \
         if (g->algorithm == DP_ALLREDUCE_RING)                                                    \
             return dp_allreduce_ring##S(bufs, g->n, g->rank, start, stop, scale, g->barrier,      \
                                         &g->policy, code);                                        \

@@ -87,10 +87,14 @@ int dp_allreduce_f32(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale, 
                      uint32_t *code);
 int dp_allreduce_f64(dp_group *g, ptrdiff_t start, ptrdiff_t stop, double scale, double *waited_s,
                      uint32_t *code);
-/* The same with publish = 0 allowed: native with out only (DP_EVALUE otherwise), it returns
- * once this worker's slice of out (dp_slice) is summed, without the exit barrier: the other
- * slices may still be in progress (a sharded update: each worker goes on with its own slice,
- * and a later barrier publishes them all). publish = 1 is dp_allreduce_f32 / _f64. */
+/* The same with flags in `publish`. Without DP_ALLREDUCE_PUBLISH (native with out only,
+ * DP_EVALUE otherwise) it returns once this worker's slice of out (dp_slice) is summed, without
+ * the exit barrier: the other slices may still be in progress (a sharded update: each worker
+ * goes on with its own slice, and a later barrier publishes them all). DP_ALLREDUCE_ENTERED:
+ * every worker has just passed a barrier of its own with its buffer complete (the
+ * communicator's check of the call's arguments), so the entry barrier is left out and
+ * *waited_s is 0. DP_ALLREDUCE_PUBLISH alone is dp_allreduce_f32 / _f64. */
+enum { DP_ALLREDUCE_PUBLISH = 1, DP_ALLREDUCE_ENTERED = 2 };
 int dp_allreduce_ex_f32(dp_group *g, ptrdiff_t start, ptrdiff_t stop, float scale, int publish,
                         double *waited_s, uint32_t *code);
 int dp_allreduce_ex_f64(dp_group *g, ptrdiff_t start, ptrdiff_t stop, double scale, int publish,

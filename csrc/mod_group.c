@@ -384,12 +384,12 @@ static PyObject *ShmGroup_barrier(ShmGroupObject *self, PyObject *unused)
 static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *const *args, Py_ssize_t nargs,
                                     PyObject *kwnames)
 {
-    static const char *const kwlist[] = {"scale", "start", "stop", "publish", NULL};
+    static const char *const kwlist[] = {"scale", "start", "stop", "publish", "entered", NULL};
     double scale = 1.0;
     PyObject *starto = NULL, *stopo = NULL;
-    int publish = 1;
-    if (parse_args(args, nargs, kwnames, "|dOOp:allreduce", kwlist, &scale, &starto, &stopo,
-                   &publish))
+    int publish = 1, entered = 0;
+    if (parse_args(args, nargs, kwnames, "|dOOp$p:allreduce", kwlist, &scale, &starto, &stopo,
+                   &publish, &entered))
         return NULL;
     ptrdiff_t start, stop;
     if (group_ready(self) || check_finite(scale, "scale") ||
@@ -404,18 +404,163 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *const *args,
     }
     uint32_t code = 0;
     double waited = 0;
-    int rc;
-    if (self->btype == NPY_UINT16)
+    int rc, flags = (publish ? DP_ALLREDUCE_PUBLISH : 0) | (entered ? DP_ALLREDUCE_ENTERED : 0);
+    if (self->btype == NPY_UINT16) /* its entry barrier always: it is not on a hot path */
         WITHOUT_GIL(rc = dp_allreduce_bf16(&self->g, start, stop, (float)scale, &waited, &code));
     else if (self->btype == NPY_FLOAT32)
         WITHOUT_GIL(
-            rc = dp_allreduce_ex_f32(&self->g, start, stop, (float)scale, publish, &waited, &code));
+            rc = dp_allreduce_ex_f32(&self->g, start, stop, (float)scale, flags, &waited, &code));
     else
-        WITHOUT_GIL(rc =
-                        dp_allreduce_ex_f64(&self->g, start, stop, scale, publish, &waited, &code));
+        WITHOUT_GIL(rc = dp_allreduce_ex_f64(&self->g, start, stop, scale, flags, &waited, &code));
     if (rc) return group_error(self, rc, code, "allreduce");
     /* the wait at the entry barrier: this worker waiting for the slowest one (arrival skew),
      * not transfer */
+    return PyFloat_FromDouble(waited);
+}
+
+/* The signature check of agree and checked_allreduce: `world` (a ShmGroup on the barrier every
+ * worker meets at) writes sig into this worker's row of table[parity] (int64, (2, n, 8)), waits
+ * at its barrier, and compares every worker's row with its own. Every worker compares the same
+ * rows, so all of them see a mismatch or none does, before any of them touches an array. Two
+ * parities: a worker writes table[p] again only two calls later, after every worker has passed
+ * the barrier between, i.e. has read table[p]. Parsed with the GIL (the arrays checked); run
+ * without it. */
+enum { SIG_FIELDS = 8 };
+typedef struct {
+    ShmGroupObject *world;
+    PyArrayObject *table, *sig_array; /* borrowed: the call's arguments */
+    int64_t *rows;                    /* table[parity] */
+    int64_t sig[SIG_FIELDS];
+} sig_check;
+
+static int parse_check(ShmGroupObject *self, PyObject *const *args, sig_check *c)
+{
+    if (!PyObject_TypeCheck(args[0], Py_TYPE(self)))
+        return PyErr_Format(PyExc_TypeError, "world must be a ShmGroup, got %s",
+                            Py_TYPE(args[0])->tp_name),
+               -1;
+    c->world = (ShmGroupObject *)args[0];
+    if (group_control_ready(c->world)) return -1;
+    PyArrayObject *t = check_array(args[1], "table", NPY_INT64, 1, 1);
+    PyArrayObject *sig = t ? check_array(args[3], "signature", NPY_INT64, 1, 0) : NULL;
+    if (!sig) return -1;
+    int n = c->world->g.n;
+    if (PyArray_SIZE(t) < (npy_intp)2 * n * SIG_FIELDS || PyArray_SIZE(sig) != SIG_FIELDS ||
+        !PyArray_IS_C_CONTIGUOUS(t) || !PyArray_IS_C_CONTIGUOUS(sig))
+        return PyErr_Format(PyExc_ValueError,
+                            "table must hold >= %d contiguous int64 values (has %zd) and "
+                            "signature %d (has %zd)",
+                            2 * n * SIG_FIELDS, (Py_ssize_t)PyArray_SIZE(t), SIG_FIELDS,
+                            (Py_ssize_t)PyArray_SIZE(sig)),
+               -1;
+    long parity = PyLong_AsLong(args[2]);
+    if (parity == -1 && PyErr_Occurred()) return -1;
+    c->table = t;
+    c->sig_array = sig;
+    c->rows = (int64_t *)PyArray_DATA(t) + (size_t)(parity & 1) * n * SIG_FIELDS;
+    return 0;
+}
+
+/* The last check, after an abort has had its say: the signature copied, unless it lies
+ * inside the table, where the other workers' rows would change it under this one. */
+static int take_signature(sig_check *c)
+{
+    const char *t0 = PyArray_DATA(c->table), *s0 = PyArray_DATA(c->sig_array);
+    if (s0 < t0 + PyArray_NBYTES(c->table) && t0 < s0 + PyArray_NBYTES(c->sig_array))
+        return PyErr_Format(PyExc_ValueError,
+                            "signature lies inside table, which the workers write to"),
+               -1;
+    memcpy(c->sig, s0, sizeof c->sig);
+    return 0;
+}
+
+/* 0 when every row matched, 1 when one did not, or a barrier's error code. */
+static int run_check(sig_check *c, double *waited, uint32_t *code)
+{
+    dp_group *w = &c->world->g;
+    memcpy(c->rows + (size_t)w->rank * SIG_FIELDS, c->sig, sizeof c->sig);
+    int rc = dp_group_barrier(w, waited, code);
+    if (rc) return rc;
+    for (int r = 0; r < w->n; r++)
+        if (memcmp(c->rows + (size_t)r * SIG_FIELDS, c->sig, sizeof c->sig) != 0) return 1;
+    return 0;
+}
+
+/* agree(table, parity, signature) -> seconds waited, or None when the workers did not all
+ * pass the same signature (8 int64: a collective's arguments, dptrain.comm.base.signature),
+ * on this group's barrier (see sig_check). */
+static PyObject *ShmGroup_agree(ShmGroupObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3)
+        return PyErr_Format(PyExc_TypeError,
+                            "agree() takes 3 arguments (table, parity, signature), got %zd", nargs),
+               NULL;
+    PyObject *with_self[4] = {(PyObject *)self, args[0], args[1], args[2]};
+    sig_check c;
+    if (parse_check(self, with_self, &c)) return NULL;
+    uint32_t aborted = dp_barrier_abort_code(self->g.barrier);
+    if (!aborted && self->g.policy.world) aborted = dp_barrier_abort_code(self->g.policy.world);
+    if (aborted) return group_error(self, DP_EABORT, aborted, "collective");
+    if (take_signature(&c)) return NULL;
+    uint32_t code = 0;
+    double waited = 0;
+    int rc;
+    WITHOUT_GIL(rc = run_check(&c, &waited, &code));
+    if (rc == 1) Py_RETURN_NONE;
+    if (rc) return group_error(self, rc, code, "collective");
+    return PyFloat_FromDouble(waited);
+}
+
+/* run_check, then (every row matched) the group's all-reduce entered by it; *in_check: the
+ * code is the check's (its barrier is the world's, whose arrivals name a late worker). */
+static int checked_sum(ShmGroupObject *self, sig_check *c, ptrdiff_t start, ptrdiff_t stop,
+                       double scale, int flags, double *waited, uint32_t *code, int *in_check)
+{
+    double unused;
+    int rc = run_check(c, waited, code);
+    *in_check = 1;
+    if (rc) return rc;
+    *in_check = 0;
+    return self->btype == NPY_FLOAT32
+               ? dp_allreduce_ex_f32(&self->g, start, stop, (float)scale, flags, &unused, code)
+               : dp_allreduce_ex_f64(&self->g, start, stop, scale, flags, &unused, code);
+}
+
+/* checked_allreduce(world, table, parity, signature, scale, start, stop, publish) -> seconds
+ * waited, or None: world.agree's check, then allreduce(scale, start, stop, publish,
+ * entered=True) in the same call (float buffers, every one complete before the call): one
+ * release of the GIL, which thread workers hand to each other at every release. */
+static PyObject *ShmGroup_checked_allreduce(ShmGroupObject *self, PyObject *const *args,
+                                            Py_ssize_t nargs)
+{
+    if (nargs != 8)
+        return PyErr_Format(PyExc_TypeError,
+                            "checked_allreduce() takes 8 arguments (world, table, parity, "
+                            "signature, scale, start, stop, publish), got %zd",
+                            nargs),
+               NULL;
+    sig_check c;
+    ptrdiff_t start, stop;
+    if (parse_check(self, args, &c) || group_ready(self)) return NULL;
+    double scale = PyFloat_AsDouble(args[4]);
+    int publish = PyObject_IsTrue(args[7]);
+    if ((scale == -1.0 && PyErr_Occurred()) || publish < 0 || check_finite(scale, "scale") ||
+        get_range(args[5], args[6], self->length, &start, &stop) || take_signature(&c))
+        return NULL;
+    if (self->btype == NPY_UINT16 ||
+        (!publish && (!self->g.out || self->g.algorithm != DP_ALLREDUCE_NATIVE))) {
+        PyErr_SetString(PyExc_ValueError,
+                        "checked_allreduce needs float32 or float64 buffers (publish=False: "
+                        "the native algorithm and an out array)");
+        return NULL;
+    }
+    int flags = DP_ALLREDUCE_ENTERED | (publish ? DP_ALLREDUCE_PUBLISH : 0);
+    uint32_t code = 0;
+    double waited = 0;
+    int rc, in_check = 1;
+    WITHOUT_GIL(rc = checked_sum(self, &c, start, stop, scale, flags, &waited, &code, &in_check));
+    if (rc == 1) Py_RETURN_NONE;
+    if (rc) return group_error(in_check ? c.world : self, rc, code, "allreduce");
     return PyFloat_FromDouble(waited);
 }
 
@@ -455,7 +600,17 @@ static PyMethodDef ShmGroup_methods[] = {
      "ring/tree: the point-to-point schedules of the group's algorithm; uint16 buffers (bfloat16 "
      "values) are summed in float32 into the uint16 out, rounded to bfloat16; publish=False "
      "(native, with out, float): return once this worker's slice of out is summed, without the "
-     "exit barrier"},
+     "exit barrier; entered=True (float): every worker has just passed a barrier of its own with "
+     "its buffer complete (agree), so the entry barrier is left out"},
+    {"agree", FASTFN(ShmGroup_agree), METH_FASTCALL,
+     "agree(table, parity, signature) -> seconds waited, or None: write signature (8 int64) "
+     "into this worker's row of table[parity] (int64, (2, n, 8)), wait at the barrier, then "
+     "None unless every worker's row equals this one's (a collective's arguments, checked "
+     "before it runs)"},
+    {"checked_allreduce", FASTFN(ShmGroup_checked_allreduce), METH_FASTCALL,
+     "checked_allreduce(world, table, parity, signature, scale, start, stop, publish) -> "
+     "seconds waited, or None: world.agree(table, parity, signature), then, if every worker "
+     "agreed, allreduce(scale, start, stop, publish, entered=True), in one call"},
     {"abort", (PyCFunction)ShmGroup_abort, METH_VARARGS,
      "abort(code=1): wake every waiter with an error"},
     {NULL},

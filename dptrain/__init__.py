@@ -27,7 +27,7 @@ except ImportError as exc:  # say so if this is a source tree with _core not bui
         raise
     raise unbuilt from exc
 from . import nn
-from .comm import Communicator, WorkerError, launch
+from .comm import CollectiveMismatch, Communicator, WorkerError, launch
 from .config import TrainConfig
 from .engine import TrainResult, fit, train
 from .models import CNN, MLP, LogisticRegression, Model, Sequential, SoftmaxRegression, load_model
@@ -35,6 +35,7 @@ from .optim import SGD, Adam, AdamW, RMSprop
 
 __all__ = [
     "CNN",
+    "CollectiveMismatch",
     "Communicator",
     "MLP",
     "LogisticRegression",

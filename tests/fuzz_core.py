@@ -50,6 +50,7 @@ import ctypes
 import faulthandler
 import gc
 import math
+import operator
 import os
 import queue
 import re
@@ -3805,6 +3806,11 @@ def float_seconds(v):
     return None if ok else f"returned {short(v)}, expected the seconds waited"
 
 
+# the signature table every rank writes its row of (agree, checked_allreduce): an output the
+# oracle cannot tell at a rank's return, the other ranks' rows being theirs to write
+UNCHECKED = {"table": None}
+
+
 def group_call(model, label, fn, args, check_args, thread):
     """A collective call of one rank; check_args(*args) raises Refuse for bad arguments."""
 
@@ -3812,7 +3818,7 @@ def group_call(model, label, fn, args, check_args, thread):
         check_args(*a, **k)
         if model.aborted != 0:
             raise Refuse("the group is aborted")
-        return Expect(ret_check=float_seconds)
+        return Expect(ret_check=float_seconds, scale=dict(UNCHECKED))
 
     return Call(
         label, fn, args, oracle, writes_on_error=True, thread=thread, tags=list(model.notes)
@@ -3831,17 +3837,17 @@ def arm_aborted_check(model, call, check_args):
     call.expect_error = model.aborted_error
 
 
-def run_collective(rng, fz, groups, model, pool, method, args, check_args, hostile):
+def run_collective(rng, fz, groups, model, pool, method, args, check_args, hostile, per_rank=None):
+    """Every rank calls method with the same (maybe mutated) arguments; per_rank(args, g), if
+    given, puts rank g's own values in."""
     template = mutate(rng, Call("", None, args, None), hostile_count(rng, hostile))
     calls = []
     for r, g in enumerate(groups):
+        mine = [Arg(a.name, a.value, a.kind, a.keyword, a.output, a.omit) for a in template.args]
+        if per_rank is not None:
+            per_rank(mine, g)
         c = group_call(
-            model,
-            f"ShmGroup.{method}",
-            getattr(g, method),
-            [Arg(a.name, a.value, a.kind, a.keyword, a.output, a.omit) for a in template.args],
-            check_args,
-            f"rank{r}",
+            model, f"ShmGroup.{method}", getattr(g, method), mine, check_args, f"rank{r}"
         )
         c.extra_pos, c.extra_kw, c.tags = (
             list(template.extra_pos),
@@ -3883,6 +3889,12 @@ def step_allreduce(rng, fz, groups, model, pool):
     if not all(o.expect is not None and o.status == "A" for o in outs):
         return
     kw = {a.name: a.value for a in calls[0].args if not a.omit}
+    check_group_sum(fz, model, before, out_before, kw, "ShmGroup.allreduce", calls[0].tags)
+
+
+def check_group_sum(fz, model, before, out_before, kw, label, tags):
+    """The buffers (or out) after an accepted all-reduce of kw's scale, start and stop: the
+    sum of the buffers as they were before, in rank order."""
     scale = float(kw.get("scale", 1.0))
     lo, hi = group_range(kw.get("start"), kw.get("stop"), model.length)
     dt = model.dtype
@@ -3916,15 +3928,140 @@ def step_allreduce(rng, fz, groups, model, pool):
             problems.append(p)
     if problems:
         fz.wrong(
-            "ShmGroup.allreduce",
-            "buffers after allreduce differ",
+            label,
+            f"buffers after {label.split('.')[-1]} differ",
             "; ".join(problems[:3]),
-            calls[0].tags + [model.algorithm],
+            tags + [model.algorithm],
         )
 
 
 def step_barrier(rng, fz, groups, model, pool):
     run_collective(rng, fz, groups, model, pool, "barrier", [], lambda: None, 0.1)
+
+
+I64 = np.dtype(np.int64)
+
+
+def int64_array(v, name, size_ok, output=False):
+    """check_array(v, name, NPY_INT64, 1, output) and a size size_ok accepts."""
+    if not isinstance(v, np.ndarray):
+        raise Refuse(f"{name} must be a numpy.ndarray")
+    if v.dtype.num != I64.num or not v.dtype.isnative or v.ndim != 1:
+        raise Refuse(f"{name} must be a 1-D int64 array")
+    if not (v.flags.c_contiguous and v.flags.aligned) or (output and not v.flags.writeable):
+        raise Refuse(f"{name} must be C-contiguous, aligned (and writeable)")
+    if not size_ok(v.size):
+        raise Refuse(f"{name} has {v.size} values")
+
+
+def c_long(v, name):
+    """PyLong_AsLong: an int (or anything with __index__) that fits a C long."""
+    if isinstance(v, float) or not hasattr(type(v), "__index__"):
+        raise Refuse(f"{name} must be an int")
+    if not -(2**63) <= operator.index(v) < 2**63:
+        raise Refuse(f"{name} does not fit a C long")
+
+
+def check_agree(n):
+    def check(table, parity, signature, /):
+        int64_array(table, "table", lambda k: k >= 2 * n * 8, output=True)
+        int64_array(signature, "signature", lambda k: k == 8)
+        if np.may_share_memory(table, signature):
+            raise Refuse("signature lies inside table")
+        c_long(parity, "parity")
+
+    return check
+
+
+def signature_args(rng, n):
+    table = np.zeros(2 * n * 8 + int(rng.integers(0, 9)), np.int64)
+    signature = rng.integers(-3, 3, 8).astype(np.int64)
+    return table, signature, pick(rng, (0, 1, 2, 7, True))
+
+
+def step_agree(rng, fz, groups, model, pool):
+    """agree(table, parity, signature): the seconds waited when every rank passed the same
+    signature; None on every rank when one rank's differs (no mutation then)."""
+    table, signature, parity = signature_args(rng, model.n)
+    if model.n > 1 and model.aborted == 0 and rng.random() < 0.3:
+        odd = int(rng.integers(model.n))
+        field = int(rng.integers(8))
+        calls = []
+        for r, g in enumerate(groups):
+            mine = signature.copy()
+            mine[field] += r == odd
+            calls.append(
+                Call(
+                    "ShmGroup.agree",
+                    g.agree,
+                    [Arg("table", table, "A", output=True), Arg("parity", parity, "i")]
+                    + [Arg("signature", mine, "A")],
+                    lambda before, *a: Expect(ret=None, scale=dict(UNCHECKED)),
+                    writes_on_error=True,
+                    thread=f"rank{r}",
+                    tags=list(model.notes) + ["mismatch"],
+                )
+            )
+        pool.run_all([lambda c=c: fz.run(c) for c in calls])
+        return
+    args = [
+        Arg("table", table, "A", output=True),
+        Arg("parity", parity, "i"),
+        Arg("signature", signature, "A"),
+    ]
+    run_collective(rng, fz, groups, model, pool, "agree", args, check_agree(model.n), 0.3)
+
+
+def step_checked_allreduce(rng, fz, groups, model, pool):
+    """checked_allreduce(world, table, parity, signature, scale, start, stop, publish), each
+    rank's own group as the world: agree's check on the group's barrier, then the
+    all-reduce of allreduce(..., entered=True)."""
+    before = [v.copy() for v in model.views]
+    out_before = None if model.out_view is None else model.out_view.copy()
+    table, signature, parity = signature_args(rng, model.n)
+    start, stop = None, None
+    if model.length and rng.random() < 0.4:
+        start = int(rng.integers(0, model.length + 1))
+        stop = int(rng.integers(start, model.length + 1))
+    publish = model.out_view is None or rng.random() < 0.7
+    hostile_world = rng.random() < 0.05
+    args = [
+        Arg("world", None, "O"),
+        Arg("table", table, "A", output=True),
+        Arg("parity", parity, "i"),
+        Arg("signature", signature, "A"),
+        Arg("scale", pick(rng, (1.0, 0.5, -2.0)), "f"),
+        Arg("start", start, "i?"),
+        Arg("stop", stop, "i?"),
+        Arg("publish", publish, "b"),
+    ]
+
+    def check_args(world, table, parity, signature, scale, start, stop, publish, /):
+        if not isinstance(world, core.ShmGroup):
+            raise Refuse("world must be a ShmGroup")
+        check_agree(model.n)(table, parity, signature)
+        if model.aborted == 0:  # an aborted group says so before it reads the rest
+            finite_float(scale, "scale")
+            group_range(start, stop, model.length)
+        try:
+            publish = bool(publish)
+        except Exception:
+            raise Refuse("publish has no truth value") from None
+        if model.dtype == np.uint16:
+            raise Refuse("bfloat16 buffers")
+        if not publish and (model.out_view is None or model.algorithm != "native"):
+            raise Refuse("publish=False needs out and the native algorithm")
+
+    def own_world(args, g):
+        args[0].value = None if hostile_world else g  # the check's barrier: the group's own
+
+    outs, calls = run_collective(
+        rng, fz, groups, model, pool, "checked_allreduce", args, check_args, 0.25, own_world
+    )
+    if not all(o.expect is not None and o.status == "A" for o in outs):
+        return
+    kw = {a.name: a.value for a in calls[0].args}
+    check_group_sum(fz, model, before, out_before, kw, "ShmGroup.checked_allreduce", calls[0].tags)
 
 
 def record_abort(model, out, code_arg):
@@ -4054,6 +4191,8 @@ def step_reinit_group(rng, fz, groups, model, pool):
 GROUP_STEPS = [
     (5, step_allreduce),
     (2, step_barrier),
+    (1.5, step_agree),
+    (2, step_checked_allreduce),
     (1, step_abort),
     (0.7, step_abort_control),
     (1, step_reset_control),
@@ -4417,6 +4556,17 @@ UNINIT_ARGS = {
     "logits": lambda: [np.zeros((2, 3)), np.zeros((2, 2))],
     "barrier": lambda: [],
     "allreduce": lambda: [],
+    "agree": lambda: [np.zeros(16, np.int64), 0, np.zeros(8, np.int64)],
+    "checked_allreduce": lambda: [
+        uninitialized(core.ShmGroup),
+        np.zeros(16, np.int64),
+        0,
+        np.zeros(8, np.int64),
+        1.0,
+        None,
+        None,
+        True,
+    ],
     "abort": lambda: [1],
 }
 
@@ -4499,6 +4649,12 @@ COVERAGE = {
         f"ShmGroup.{m}": "scenario_shm_group, scenario_uninitialized"
         for m in ("barrier", "allreduce", "abort", "aborted", "rank", "size")
     },
+    "ShmGroup.agree": (
+        "scenario_shm_group (step_agree: matched, mismatched), scenario_uninitialized"
+    ),
+    "ShmGroup.checked_allreduce": (
+        "scenario_shm_group (step_checked_allreduce), scenario_uninitialized"
+    ),
     "GroupAborted": "raised by ShmGroup.barrier/allreduce after an abort (checked: its code)",
 }
 

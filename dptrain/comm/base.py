@@ -48,6 +48,91 @@ class WorkerError(RuntimeError):
         self.cause = cause
 
 
+class CollectiveMismatch(ValueError):
+    """The ranks called one collective with different arrays (length, dtype, range), another
+    root, another scale, or another collective altogether: raised on every rank, before any
+    array is touched, naming what each rank passed."""
+
+
+# A collective's signature: what every rank must pass alike, 8 integers (the shared-memory
+# transports compare them in C: ShmGroup.agree; MPI in one small all-reduce). op: an index of
+# SIGNATURE_OPS; dtype: of _DTYPE_CODES (0: none); length, start, stop: the array's and the
+# range's (sum_into_: each array's length, and 0 and the number of arrays); root (-1: none);
+# scale (its float64 bits); where: the array's allocation (-1: an array not from zeros)
+SIGNATURE_OPS = (
+    "allreduce_sum_",
+    "allreduce_async_",
+    "reduce_sum_",
+    "sum_into_",
+    "reduce_scatter_into_",
+    "broadcast_",
+    "barrier",
+    "barrier_after_work",
+)
+_DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.uint16): 3}
+_DTYPE_NAMES = {code: dt.name for dt, code in _DTYPE_CODES.items()}
+
+
+def signature(op, array=None, *, start=0, stop=None, root=-1, scale=1.0, where=-1, count=None):
+    """The 8 values of a collective's signature (see SIGNATURE_OPS)."""
+    if array is None:
+        return (SIGNATURE_OPS.index(op), 0, 0, 0, 0, root, float(scale), where)
+    n = array.size
+    if count is not None:
+        start, stop = 0, count
+    else:
+        start, stop, _ = slice(start, stop).indices(n)
+    return (
+        SIGNATURE_OPS.index(op),
+        _DTYPE_CODES.get(array.dtype, 0),
+        n,
+        start,
+        stop,
+        root,
+        float(scale),
+        where,
+    )
+
+
+def signature_array(sig) -> np.ndarray:
+    """A signature as the 8 int64 that ShmGroup.agree compares (the scale as its bits)."""
+    out = np.array(sig[:6] + (0, sig[7]), np.int64)
+    out[6] = np.float64(sig[6]).view(np.int64)
+    return out
+
+
+def mismatch_message(rows, ranks) -> str:
+    """The error of a collective whose signatures differ: rows[i] is rank ranks[i]'s."""
+    parts = []
+    # two arrays from zeros, yet not the same one: their allocations tell them apart
+    places = len({int(row[7]) for row in rows if row[7] >= 0}) > 1
+    for rank, row in zip(ranks, rows):
+        op, dt, n, start, stop, root, scale_bits, where = (int(v) for v in row)
+        what = SIGNATURE_OPS[op] if 0 <= op < len(SIGNATURE_OPS) else f"collective {op}"
+        text = f"rank {rank}: {what}"
+        if dt:
+            text += f" of a {_DTYPE_NAMES.get(dt, '?')} array of length {n}"
+            if what in ("sum_into_", "reduce_scatter_into_"):
+                text += f" (x {stop} arrays)"
+            elif (start, stop) != (0, n):
+                text += f" [{start}:{stop}]"
+            if where >= 0:
+                text += (
+                    f" from comm.zeros() (allocation {where})" if places else " from comm.zeros()"
+                )
+        if root >= 0:
+            text += f", root {root}"
+        scale = float(np.array(scale_bits, np.int64).view(np.float64))
+        if scale != 1.0:
+            text += f", scale {scale:g}"
+        parts.append(text)
+    return (
+        "the ranks called a collective with different arguments (every rank must pass the "
+        "same length, dtype and range, the same root and scale, in the same order): "
+        + "; ".join(parts)
+    )
+
+
 def describe(exc: BaseException) -> str:
     """One line: the exception, its message and, where the user's code raised it (a layer or
     a callback of theirs, or a library it called), where: a place inside dptrain, or inside a

@@ -37,8 +37,8 @@ import os
 import numpy as np
 
 from .algorithms import bytes_sent as _schedule_bytes
-from .base import ALIGN, Communicator, check_flat, range_bytes
-from .mpi import allreduce_in_place, timed_barrier
+from .base import ALIGN, Communicator, check_flat, range_bytes, signature, signature_array
+from .mpi import allreduce_in_place, mpi_agree
 from .shm import SegmentLayout, ShmComm, WaitPolicy, _round_up
 
 WINDOW_BYTES = 4 << 20  # a window's least size (the arena grows by such chunks)
@@ -268,10 +268,22 @@ class HierComm(ShmComm):
         self._pending = [h for h in self._pending if id(h) not in done]
 
     # ---- the inter-node step of the leaders
-    def _leaders_allreduce(self, buf: np.ndarray, algorithm: str, measure: bool = True) -> float:
-        waited = timed_barrier(self._leaders) if measure and self._measure_wait else 0.0
+    def _leaders_allreduce(
+        self, buf: np.ndarray, algorithm: str, sig, measure: bool = True
+    ) -> float:
+        waited = self._leaders_agree(sig)
         allreduce_in_place(self._leaders, buf, algorithm)
-        return waited
+        return waited if measure and self._measure_wait else 0.0
+
+    def _leaders_agree(self, sig) -> float:
+        """The leaders' entry to an exchange between nodes, where every node's leader checks
+        that its node called what the others did (mpi_agree; the node's ranks checked among
+        themselves first, in C). A mismatch raises on the leaders; their nodes' ranks, waiting
+        for them, stop with the run. An allocation's offset is its node's: only whether the
+        array came from zeros compares."""
+        sig = sig.copy() if isinstance(sig, np.ndarray) else signature_array(sig)
+        sig[7] = min(sig[7], 0)
+        return mpi_agree(self._leaders, sig)
 
     def _node_sum(self, shared):
         """The group that sums the node's arrays into one shared array (shared.out), set up
@@ -310,6 +322,8 @@ class HierComm(ShmComm):
     def allreduce_sum_(self, array, *, scale=1.0, start=0, stop=None):
         if self.nodes == 1:
             return super().allreduce_sum_(array, scale=scale, start=start, stop=stop)
+        sig = self._signature("allreduce_sum_", array, start=start, stop=stop, scale=scale)
+        agreed = self._agree(sig)
         if self._peers == 1:  # alone on its node: MPI in place, no copies
             shared = self._by_id.get(id(check_flat(array)))
         else:
@@ -317,17 +331,17 @@ class HierComm(ShmComm):
             if buf is not array:
                 buf[start:stop] = array[start:stop]
         algorithm = shared.algorithm if shared is not None else "native"
-        waited = self._exchange(shared, array, start, stop, scale)
+        waited = agreed + self._exchange(shared, array, start, stop, scale, sig)
         self._account("allreduce", range_bytes(array, start, stop), algorithm, waited=waited)
 
-    def _exchange(self, shared, array, start, stop, scale, measure=True) -> float:
+    def _exchange(self, shared, array, start, stop, scale, sig, measure=True) -> float:
         """array[start:stop] = scale * the world's sum, the node's arrays (shared.arrays)
         filled; returns the seconds waited for other ranks (measure: the leaders' entry
         barrier, left out on the communication thread, where waiting is not counted)."""
         if self._peers == 1:
             part = array[start:stop]
             waited = self._leaders_allreduce(
-                part, shared.algorithm if shared else "native", measure
+                part, shared.algorithm if shared else "native", sig, measure
             )
             if scale != 1.0:
                 part *= scale
@@ -335,7 +349,7 @@ class HierComm(ShmComm):
         waited = self._node_sum(shared).allreduce(1.0, start, stop)  # into shared.out
         total = shared.out[start:stop]
         if self._local == 0:
-            waited += self._leaders_allreduce(total, shared.algorithm, measure)
+            waited += self._leaders_allreduce(total, shared.algorithm, sig, measure)
         self._await_leader(shared)  # the leader wrote the total
         part = array[start:stop]
         if scale != 1.0:
@@ -354,13 +368,15 @@ class HierComm(ShmComm):
         if self.nodes == 1:
             return super().allreduce_async_(array, start, stop)
         shared = self._async_shared(array)
+        sig = self._signature("allreduce_async_", array, start=start, stop=stop)
+        self._agree(sig)  # the node's ranks, here; the leaders in the exchange
         if not self._threaded_mpi:
             self.allreduce_sum_(array, start=start, stop=stop)
             return None
         if self._peers > 1 and shared.out_group is None:
             self._settle()  # set up here, alone: allocation is collective
             self._node_sum(shared)
-        handle = self._post(lambda: self._exchange(shared, array, start, stop, 1.0, False))
+        handle = self._post(lambda: self._exchange(shared, array, start, stop, 1.0, sig, False))
         self._pending.append(handle)
         self._account("allreduce", range_bytes(array, start, stop), shared.algorithm)
         return handle
@@ -369,12 +385,15 @@ class HierComm(ShmComm):
     def reduce_sum_(self, array, root=0):
         if self.nodes == 1:
             return super().reduce_sum_(array, root)
+        sig = self._signature("reduce_sum_", array, root=root)
+        waited = self._agree(sig)
         shared, buf = self._shared(array)
         if buf is not array:
             buf[:] = array
-        waited = self._node_sum(shared).allreduce()
+        waited += self._node_sum(shared).allreduce()
         root_node = self._node_of[root]
         if self._local == 0:
+            self._leaders_agree(sig)
             if self._node_id == root_node:
                 self._leaders.Reduce(
                     self._MPI.IN_PLACE, shared.out, op=self._MPI.SUM, root=root_node
@@ -394,6 +413,7 @@ class HierComm(ShmComm):
         if self._node_id == root_node:
             waited += self._shared_broadcast(array, self.node_members[root_node].index(root))
         if self._local == 0:
+            self._leaders_agree(self._signature("broadcast_", array, root=root))
             self._leaders.Bcast(array, root=root_node)
         if self._node_id != root_node:
             # the wait here is for the leader's transfer from the root's node: not sync wait
@@ -409,8 +429,10 @@ class HierComm(ShmComm):
         node's ranks filled: rank r fills arrays [r count / size, (r + 1) count / size)),
         then the node sums them in index order over shared memory."""
         if self.nodes > 1:
-            waited = self._world.barrier()  # the node's ranks filled their arrays
+            sig = self._sum_signature("sum_into_", out, arrays, scale)
+            waited = self._agree(sig)  # the node's ranks filled their arrays
             if self._local == 0:
+                self._leaders_agree(sig)
                 self._gather_filled(arrays)
             self._world.barrier()
             self.waited += waited
@@ -454,15 +476,20 @@ class HierComm(ShmComm):
     def barrier_after_work(self, worker=None):
         super().barrier_after_work(worker)
 
-    def _world_barrier(self, group) -> float:
+    def _world_barrier(self, group, op, root=-1) -> float:
         # the node's ranks meet, the leaders meet in MPI (no timeout), then the node again:
-        # both node waits on the handle given (a patient one waits out the leader's MPI wait)
-        waited = group.barrier()
+        # both node waits on the handle given (a patient one waits out the leader's MPI wait);
+        # the first two check that every rank called the same barrier
+        sig = signature(op, root=root)
+        waited = self._agree(sig, group)
         if self.nodes > 1:
             if self._local == 0:
-                waited += timed_barrier(self._leaders)
+                waited += self._leaders_agree(sig)
             group.barrier()
         return waited
+
+    def _peer_ranks(self):
+        return list(self.node_members[self._node_id])
 
     def abort(self, code=1):
         self._mpi.Abort(code)

@@ -18,12 +18,17 @@ import numpy as np
 
 from .base import (
     BACKENDS,
+    CollectiveMismatch,
     Communicator,
     _check_algorithm,
     aligned_zeros,
+    check_flat,
     describe,
     filled_bytes,
+    mismatch_message,
     range_bytes,
+    signature,
+    signature_array,
 )
 
 # Launchers and the variable each sets to the world size in every process it starts.
@@ -105,11 +110,24 @@ def allreduce_in_place(comm, buf, algorithm: str = "native") -> None:
         comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
 
-def timed_barrier(comm) -> float:
-    """MPI_Barrier on comm; the seconds it waited."""
+def mpi_agree(comm, sig) -> float:
+    """Every rank of comm called the same collective with the same arguments (its signature,
+    base.signature): one small all-reduce of the signature and its negation (MAX: every rank
+    then knows the largest and the smallest of each value), which also waits for every rank;
+    returns the seconds it took. Otherwise CollectiveMismatch on every rank, naming each
+    rank's arguments (gathered only then)."""
+    from mpi4py import MPI
+
+    mine = sig.copy() if isinstance(sig, np.ndarray) else signature_array(sig)
+    both = np.concatenate([mine, -mine])
     t0 = time.perf_counter()
-    comm.Barrier()
-    return time.perf_counter() - t0
+    comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
+    waited = time.perf_counter() - t0
+    if np.array_equal(both[:8], mine) and np.array_equal(-both[8:], mine):
+        return waited
+    rows = np.empty((comm.Get_size(), 8), np.int64)
+    comm.Allgather(mine, rows)
+    raise CollectiveMismatch(mismatch_message(rows, range(comm.Get_size())))
 
 
 def world():
@@ -190,16 +208,20 @@ class MPIComm(Communicator):
         self._shared[id(arrays[0])] = flat
         return arrays
 
-    def _entry_wait(self) -> float:
-        if not self._measure_wait or self.size == 1:
+    def _entry_wait(self, op, array=None, **kw) -> float:
+        """Every rank called op with the same arguments (mpi_agree): the collective's entry,
+        where the wait for the slowest rank is spent (0 unless measure_wait)."""
+        if self.size == 1:
             return 0.0
-        return timed_barrier(self._comm)
+        if array is not None and op != "sum_into_":  # sum_into_'s may be bfloat16 bits
+            check_flat(array)
+        waited = mpi_agree(self._comm, signature(op, array, **kw))
+        return waited if self._measure_wait else 0.0
 
     def allreduce_sum_(self, array, *, scale=1.0, start=0, stop=None):
         schedule = self._algorithm.get(id(array), ("native", None))[0]
-        self._account(
-            "allreduce", range_bytes(array, start, stop), schedule, waited=self._entry_wait()
-        )
+        waited = self._entry_wait("allreduce_sum_", array, start=start, stop=stop, scale=scale)
+        self._account("allreduce", range_bytes(array, start, stop), schedule, waited=waited)
         buf = array[start:stop]
         allreduce_in_place(self._comm, buf, schedule)
         if scale != 1.0:
@@ -211,6 +233,7 @@ class MPIComm(Communicator):
                 "overlap needs a non-blocking all-reduce: use allreduce='native' "
                 "with the mpi backend"
             )
+        self._entry_wait("allreduce_async_", array, start=start, stop=stop)  # not a wait
         self._account("allreduce", range_bytes(array, start, stop))
         return self._comm.Iallreduce(self._MPI.IN_PLACE, array[start:stop], op=self._MPI.SUM)
 
@@ -221,7 +244,8 @@ class MPIComm(Communicator):
 
     def reduce_sum_(self, array, root=0):
         """The sum of every rank's array, in root's own array (MPI_Reduce in place)."""
-        self._account("reduce", array.nbytes, root=root, waited=self._entry_wait())
+        waited = self._entry_wait("reduce_sum_", array, root=root)
+        self._account("reduce", array.nbytes, root=root, waited=waited)
         if self.rank == root:
             self._comm.Reduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM, root=root)
         else:
@@ -236,16 +260,19 @@ class MPIComm(Communicator):
         flat = self._shared.get(id(arrays[0]))
         if flat is None:
             raise ValueError("sum_into_ needs arrays from comm.shared_zeros()")
-        self._account("allreduce", filled_bytes(arrays, self.size), waited=self._entry_wait())
+        waited = self._entry_wait("sum_into_", out, count=len(arrays), scale=scale)
+        self._account("allreduce", filled_bytes(arrays, self.size), waited=waited)
         self._comm.Allgather(self._MPI.IN_PLACE, flat)
         _core.sum_buffers(out, arrays, scale=scale)
 
     def broadcast_(self, array, root=0):
-        self._account("broadcast", array.nbytes, root=root, waited=self._entry_wait())
+        waited = self._entry_wait("broadcast_", array, root=root)
+        self._account("broadcast", array.nbytes, root=root, waited=waited)
         self._comm.Bcast(array, root=root)
 
     def barrier(self):
-        self._account("barrier", 0, waited=timed_barrier(self._comm))
+        waited = mpi_agree(self._comm, signature("barrier")) if self.size > 1 else 0.0
+        self._account("barrier", 0, waited=waited)
 
     def abort(self, code=1):
         self._comm.Abort(code)

@@ -39,6 +39,7 @@ from .. import _core
 from .._memmap import memmap_region, open_region
 from .base import (
     ALIGN,
+    CollectiveMismatch,
     Communicator,
     WorkerError,
     _check_algorithm,
@@ -46,7 +47,10 @@ from .base import (
     describe,
     filled_bytes,
     line_slice,
+    mismatch_message,
     range_bytes,
+    signature,
+    signature_array,
 )
 from .placement import cpu_count
 
@@ -206,7 +210,7 @@ class _Shared:
     """An allocation of the arena: one array per rank (``zeros``) or ``count`` arrays every
     rank sees (``shared_zeros``), their control block, and their group once set up."""
 
-    __slots__ = ("arrays", "control", "algorithm", "group", "out", "out_group")
+    __slots__ = ("arrays", "control", "algorithm", "group", "out", "out_group", "signatures")
 
     def __init__(self, arrays, control, algorithm):
         self.arrays = arrays
@@ -215,6 +219,7 @@ class _Shared:
         self.group = None
         self.out = None  # reduce_sum_'s shared result and its group
         self.out_group = None
+        self.signatures = {}  # (op, start, stop, scale, root) -> its signature (a hot call's)
 
 
 class _Handle:
@@ -265,6 +270,12 @@ class ShmComm(Communicator):
         self._sums: dict[tuple, object] = {}  # (id(out), id(arrays[0])) -> sum_into_'s group
         self._extras: dict[str, np.ndarray] = {}  # the launcher's arrays (threads, fork, files)
         self._comm_thread = None
+        # every collective's signature, checked before it runs (_agree): a row of 8 int64 per
+        # rank, in two parities (ShmGroup.agree)
+        self._signatures = self._view(
+            self._alloc(2 * self._peers * 64), 2 * self._peers * 8, np.dtype(np.int64)
+        )
+        self._parity = 0
 
     # ---- memory
     def _alloc(self, nbytes: int) -> int:
@@ -361,13 +372,66 @@ class ShmComm(Communicator):
             shared.group = self._group(shared.control, shared.arrays, algorithm=shared.algorithm)
         return shared.group
 
+    # ---- every rank called the same collective with the same arguments
+    def _agree(self, sig, group=None) -> float:
+        """Waits for every rank at the world barrier with this collective's signature and
+        raises CollectiveMismatch on every rank unless all of them passed the same one;
+        returns the seconds waited. Called before the collective touches (or stages) an
+        array: mismatched arrays would meet in different groups, or sum unlike values."""
+        parity = self._parity
+        self._parity = parity ^ 1
+        if isinstance(sig, tuple):
+            sig = signature_array(sig)
+        waited = (group or self._world).agree(self._signatures, parity, sig)
+        if waited is None:
+            self._mismatch(parity)
+        return waited
+
+    def _mismatch(self, parity):
+        rows = self._signatures.reshape(2, self._peers, 8)[parity].copy()
+        raise CollectiveMismatch(mismatch_message(rows, self._peer_ranks()))
+
+    def _peer_ranks(self) -> list[int]:
+        """The world ranks of the workers sharing this segment, in their order."""
+        return list(range(self._peers))
+
+    def _signature(self, op, array, start=0, stop=None, scale=1.0, root=-1):
+        """array's signature for op (an array not from zeros checked first: a bad one raises
+        here, on its own rank, before the others are waited for; an array from zeros's kept,
+        the training loop's calls being the same every step)."""
+        shared = self._by_id.get(id(array))
+        if shared is None:
+            check_flat(array)
+            return signature(op, array, start=start, stop=stop, scale=scale, root=root)
+        key = (op, start, stop, scale, root)
+        sig = shared.signatures.get(key)
+        if sig is None:
+            sig = shared.signatures[key] = signature_array(
+                signature(
+                    op, array, start=start, stop=stop, scale=scale, root=root, where=shared.control
+                )
+            )
+        return sig
+
     # ---- collectives
     def allreduce_sum_(self, array, *, scale=1.0, start=0, stop=None):
+        shared = self._by_id.get(id(array))
+        group = shared.group if shared is not None else None
+        sig = group and shared.signatures.get(("allreduce_sum_", start, stop, scale, -1))
+        if sig is not None:  # the training loop's call: an array from zeros, every step
+            waited = self._checked(group, sig, scale, start, stop, True)
+            nbytes = range_bytes(array, start, stop)
+            self._account("allreduce", nbytes, shared.algorithm, waited=waited)
+            return
+        waited = self._agree(
+            self._signature("allreduce_sum_", array, start=start, stop=stop, scale=scale)
+        )
         shared, buf = self._shared(array)
         group = self._ready(shared)
         if buf is not array:
             buf[start:stop] = array[start:stop]
-        waited = group.allreduce(scale, start, stop)
+        # an array from zeros was complete at the check's barrier: no entry barrier then
+        waited += group.allreduce(scale, start, stop, entered=buf is array)
         if buf is not array:
             array[start:stop] = buf[start:stop]
         self._account("allreduce", range_bytes(array, start, stop), shared.algorithm, waited=waited)
@@ -375,8 +439,10 @@ class ShmComm(Communicator):
     def allreduce_async_(self, array, start=0, stop=None):
         """Queues the all-reduce on this worker's communication thread, which runs the C call
         (GIL released) while the caller goes on computing. ``array`` must come from
-        ``zeros`` (it is reduced where it lies)."""
+        ``zeros`` (it is reduced where it lies). Its signature is checked here, in the
+        caller: every rank posts its buckets in the same order."""
         shared = self._async_shared(array)
+        self._agree(self._signature("allreduce_async_", array, start=start, stop=stop))
         group = self._ready(shared)
         handle = self._post(lambda: group.allreduce(1.0, start, stop))
         # its wait overlaps compute: not counted as waiting
@@ -438,6 +504,7 @@ class ShmComm(Communicator):
     def reduce_sum_(self, array, root=0):
         """The rank-order sum of every rank's array in a shared array (readable by root, and
         by everyone): the parameter server's reduce."""
+        self._agree(self._signature("reduce_sum_", array, root=root))
         shared, buf = self._shared(array)
         if buf is not array:
             buf[:] = array
@@ -452,14 +519,47 @@ class ShmComm(Communicator):
         return shared.out
 
     def sum_into_(self, out, arrays, *, scale=1.0):
-        waited = self._sum_group(out, arrays).allreduce(scale)
+        waited = self._checked_sum("sum_into_", out, arrays, scale, True)
         self._account("allreduce", filled_bytes(arrays, self.size), waited=waited)
 
     def reduce_scatter_into_(self, out, arrays, *, scale=1.0):
-        # the sum's entry barrier, then this rank's slice: the group's own, no exit barrier
-        waited = self._sum_group(out, arrays).allreduce(scale, publish=False)
+        # the check's barrier, then this rank's slice: no exit barrier
+        waited = self._checked_sum("reduce_scatter_into_", out, arrays, scale, False)
         self._account("allreduce", filled_bytes(arrays, self.size), waited=waited)
         return line_slice(out.size, out.itemsize, self._local, self._peers)
+
+    def _checked_sum(self, op, out, arrays, scale, publish) -> float:
+        """sum_into_'s group, after the check of every rank's call (one C call where the
+        arrays are float: the check's barrier is the sum's entry)."""
+        sig = self._sum_signature(op, out, arrays, scale)
+        if out.dtype == np.uint16:  # bfloat16: the check, then the sum with its own entry
+            waited = self._agree(sig)
+            return waited + self._sum_group(out, arrays).allreduce(scale, publish=publish)
+        return self._checked(self._sum_group(out, arrays), sig, scale, None, None, publish)
+
+    def _checked(self, group, sig, scale, start, stop, publish) -> float:
+        """The check of every rank's call (_agree), then group's all-reduce entered by its
+        barrier, in one C call: thread workers hand the GIL over at every release."""
+        parity = self._parity
+        self._parity = parity ^ 1
+        waited = group.checked_allreduce(
+            self._world, self._signatures, parity, sig, scale, start, stop, publish
+        )
+        if waited is None:
+            self._mismatch(parity)
+        return waited
+
+    def _sum_signature(self, op, out, arrays, scale):
+        shared = self._by_id.get(id(out))
+        if shared is None:
+            return signature_array(signature(op, out, count=len(arrays), scale=scale))
+        key = (op, len(arrays), scale)
+        sig = shared.signatures.get(key)
+        if sig is None:
+            sig = shared.signatures[key] = signature_array(
+                signature(op, out, count=len(arrays), scale=scale, where=shared.control)
+            )
+        return sig
 
     def _sum_group(self, out, arrays):
         """The group that sums `arrays` into `out` (made on first use: collective)."""
@@ -482,27 +582,29 @@ class ShmComm(Communicator):
     def _shared_broadcast(self, array, local_root: int) -> float:
         """array = the array of the sharing group's worker local_root; returns the seconds
         waited for the others."""
+        waited = self._agree(self._signature("broadcast_", array, root=local_root))
         shared, buf = self._shared(array)
         group = self._ready(shared)
         if buf is not array and self._local == local_root:
             buf[:] = array
-        waited = group.barrier()  # root's values are final
+        waited += group.barrier()  # root's values are final
         if self._local != local_root:
             array[:] = shared.arrays[local_root]
         group.barrier()  # nobody changes root's copy while others read
         return waited
 
     def barrier(self):
-        self._account("barrier", 0, waited=self._world_barrier(self._world))
+        self._account("barrier", 0, waited=self._world_barrier(self._world, "barrier"))
 
     def barrier_after_work(self, worker=None):
         group = self._world if worker == self.rank else self._world_patient
-        self._account("barrier", 0, waited=self._world_barrier(group))
+        waited = self._world_barrier(group, "barrier_after_work", -1 if worker is None else worker)
+        self._account("barrier", 0, waited=waited)
 
-    def _world_barrier(self, group) -> float:
-        """A barrier of every rank on a handle of the world barrier (timed or patient);
-        returns the seconds waited."""
-        return group.barrier()
+    def _world_barrier(self, group, op: str, root: int = -1) -> float:
+        """A barrier of every rank on a handle of the world barrier (timed or patient), which
+        checks that every rank called the same one; returns the seconds waited."""
+        return self._agree(signature(op, root=root), group)
 
     def abort(self, code=1):
         self._world.abort(code)
