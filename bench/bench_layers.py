@@ -9,7 +9,14 @@ of 128, dptrain's engine against torch.nn on the same weights. The networks:
 - layernorm: dense(784->512) -> layernorm -> ReLU -> dense 10 (a transformer-style block);
 - dropout: dense(784->1024) -> ReLU -> dropout 0.5 -> dense 10;
 - base rows without the layer (conv -> ReLU -> flatten -> dense; dense -> ReLU -> dense), so
-  that the layer's own cost is the difference.
+  that the layer's own cost is the difference;
+- resnet8: ``nn.resnet(8, (3, 32, 32))`` (He et al.'s CIFAR ResNet, batch norm), issue 36's
+  step target, and the same without batch norm.
+
+Each row also gives its convolutions' and dense layers' multiply-adds as a floor: a training
+step's 2 B OC OH OW C K K flops per conv forward, twice that backward (the input's and the
+weights' gradients; the first layer's input gradient is not computed), at the FMA peak
+measured here; the floor's share is the step's time spent at the peak on those alone.
 
 Before timing, each pair must agree: the same loss to 1e-4 relative (dropout: torch's masks
 differ, so the dropout row checks in eval mode). The figure is the median repeat's
@@ -53,7 +60,23 @@ CASES = {
     "layernorm": ([nn.Dense(512), nn.LayerNorm(), nn.ReLU(), nn.Dense(10)], (784,)),
     "dropout": ([nn.Dense(1024), nn.ReLU(), nn.Dropout(0.5), nn.Dense(10)], (784,)),
     "dense 1024 (base)": ([nn.Dense(1024), nn.ReLU(), nn.Dense(10)], (784,)),
+    "resnet8": (nn.resnet(8, (3, 32, 32)).plan["layers"], (3, 32, 32)),
+    "resnet8 (no norm)": (nn.resnet(8, (3, 32, 32), norm=None).plan["layers"], (3, 32, 32)),
 }
+
+
+def step_flops(plan: dict, batch: int) -> float:
+    """The flops of a training step's convolutions and dense layers (see the docstring)."""
+    total, first = 0.0, True
+    for p in plan["params"]:
+        shape = p["weight_shape"]
+        if len(shape) not in (2, 4):  # a norm's scale
+            continue
+        out = plan["shapes"][p["layer"]]
+        macs = np.prod(shape) * (np.prod(out[1:]) if len(shape) == 4 else 1)
+        total += 2.0 * batch * macs * (2 if first else 3)
+        first = False
+    return total
 
 
 def main() -> None:
@@ -66,6 +89,7 @@ def main() -> None:
     _util.print_environment(env)
     repeats, number = (3, 3) if args.quick else (9, 10)
     rows, results = [], {}
+    peak = _util.peaks()["kernels"]["float32"] * 1e9
     rng = np.random.default_rng(0)
     for name, (layers, shape) in CASES.items():
         model = nn.Sequential(layers, input_shape=shape, seed=1, threads=1)
@@ -73,7 +97,7 @@ def main() -> None:
         y = rng.integers(0, 10, BATCH).astype(np.int64)
         net, _ = torch_sequential(model.plan, model.params, torch)
         tx, ty = torch.from_numpy(x.reshape(BATCH, *shape)), torch.from_numpy(y)
-        dropout = any(layer.name == "dropout" for layer in layers)
+        dropout = any(spec[0] == "dropout" for spec in model.plan["layers"])
         if dropout:
             net.eval()  # the check: torch's masks are its own
         with torch.no_grad():
@@ -92,11 +116,13 @@ def main() -> None:
 
         t = _util.interleaved({"dptrain": ours, "torch": theirs}, repeats=repeats, number=number)
         a, b = _util.median(t["dptrain"]), _util.median(t["torch"])
+        floor = step_flops(model.plan, BATCH) / peak
         results[name] = {
             "dptrain_ms": a * 1e3,
             "torch_ms": b * 1e3,
             "ratio": a / b,
             "spread": [_util.spread(t["dptrain"]), _util.spread(t["torch"])],
+            "floor_ms": floor * 1e3,
         }
         rows.append(
             (
@@ -105,12 +131,15 @@ def main() -> None:
                 f"{b * 1e3:.3f}",
                 f"{a / b:.2f}",
                 f"{_util.spread(t['dptrain']):.0%} / {_util.spread(t['torch']):.0%}",
+                f"{floor * 1e3:.3f}",
+                f"{floor / a:.0%} / {floor / b:.0%}",
             )
         )
     _util.print_table(
-        ["network", "dptrain ms", "torch ms", "ours / torch", "spread"],
+        ["network", "dptrain ms", "torch ms", "ours / torch", "spread", "floor ms", "floor share"],
         rows,
-        title=f"training step (no update), batch {BATCH}, float32, 1 thread",
+        title=f"training step (no update), batch {BATCH}, float32, 1 thread; floor: the "
+        f"convs' and dense layers' flops at {peak / 1e9:.1f} GFLOP/s (measured peak)",
     )
     if args.json:
         _util.write_helper_json(args.json, {"environment": env, "results": results})
