@@ -23,7 +23,7 @@ workers: nn.SyncBatchNorm), and the activations ReLU, Tanh, Sigmoid and GELU (er
 nn.GELU()), and Residual([...]) around any block (the input added to the block's output,
 through a strided 1x1 conv where the shape changes; ``resnet(depth)`` builds He et al.'s CIFAR
 ResNet from it). Losses: softmax cross-entropy, sigmoid BCE, mean squared error. What it does
-not have (yet): batch norm with overlap or local SGD.
+not have (yet): batch norm with local SGD.
 
 Dropout draws its masks where a model trains (``loss_grad``; dptrain.fit) and passes its
 input on where it evaluates (``evaluate``, ``logits``, ``predict``), as PyTorch's train() and

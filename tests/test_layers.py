@@ -314,8 +314,14 @@ BN_LAYERS = [
 
 @pytest.mark.parametrize(
     "backend,options",
-    [("thread", {}), ("process", {}), ("process", {"shard_update": True})],
-    ids=["thread", "process", "process-shard-update"],
+    [
+        ("thread", {}),
+        ("process", {}),
+        ("process", {"shard_update": True}),
+        ("thread", {"overlap": True, "bucket_kb": 0.25}),
+        ("process", {"overlap": True, "bucket_kb": 0.25}),
+    ],
+    ids=["thread", "process", "process-shard-update", "thread-overlap", "process-overlap"],
 )
 def test_batch_norm_over_the_global_batch_on_n_workers(backend, options):
     """The workers exchange their sums inside the sweep: 2 and 3 workers train the model one
@@ -414,7 +420,7 @@ def test_batch_norm_state_is_saved_resumed_and_refused_where_not_supported(tmp_p
     resumed = _train(**det, workers=3, backend="thread", resume=ckpt)
     assert np.array_equal(resumed["params"], whole["params"])
     assert np.array_equal(resumed.model.state, whole.model.state)
-    for bad in (dict(overlap=True), dict(sync_every=2)):
+    for bad in (dict(sync_every=2),):
         with pytest.raises(ValueError, match="batch norm does not run with"):
             _train(**opts, **bad)
 
@@ -456,6 +462,10 @@ def test_batch_norm_under_mpiexec_is_one_workers_model(mpiexec, tmp_path):
     got, want = _mpiexec_and_one(mpiexec, tmp_path, spec, deterministic=True)
     assert np.array_equal(got.params, want["params"])
     assert np.array_equal(got.state, want.model.state)
+    # overlap: the backward's batch norm totals exchanged while buckets are in flight
+    got, want = _mpiexec_and_one(mpiexec, tmp_path, spec, overlap=True, bucket_kb=0.25)
+    assert np.abs(got.params - want["params"]).max() <= 1e-5 * scale
+    np.testing.assert_allclose(got.state, want.model.state, rtol=1e-5, atol=1e-6)
 
 
 def test_reset_parameters_resets_the_running_statistics():

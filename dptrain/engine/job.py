@@ -58,17 +58,14 @@ class Job:
                 )
         if any(spec[0] == "batchnorm" for spec in model.get("layers") or ()):
             # its statistics are the global batch's, exchanged inside each worker's forward
-            # and backward (deterministic mode: inside every chunk's), which these stagger
-            for on, what in (
-                (config.overlap and world > 1, "overlap (buckets exchanged during backward)"),
-                (config.local, "local SGD (replicas that step alone)"),
-            ):
-                if on:
-                    raise ValueError(
-                        f"batch norm does not run with {what} yet: its statistics are the "
-                        f"global batch's, exchanged within each worker's forward and backward; "
-                        f"drop that option, or use layernorm"
-                    )
+            # and backward (deterministic mode: inside every chunk's); local SGD's replicas
+            # step alone
+            if config.local:
+                raise ValueError(
+                    "batch norm does not run with local SGD (replicas that step alone) yet: "
+                    "its statistics are the global batch's, exchanged within each worker's "
+                    "forward and backward; drop that option, or use layernorm"
+                )
         return cls(
             config=config,
             model=model,
