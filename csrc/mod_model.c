@@ -98,8 +98,10 @@ static int model_ready(ModelObject *self, int writes_grads)
 /* The backward sweep (forward_loss, then backward_layer for L-1 .. 0) keeps activations in
  * the object between calls, so it belongs to the thread that started it: while it is in
  * flight, another thread's call on the object is refused (MODEL_EBUSY) instead of silently
- * replacing the activations that the owner's next backward_layer reads. Fused calls
- * (loss_grad, evaluate, logits) from threads with no sweep in flight serialize on the lock. */
+ * replacing the activations that the owner's next backward_layer reads; once that thread has
+ * ended, the sweep is abandoned and the next call takes it back (model_reclaim_sweep). Fused
+ * calls (loss_grad, evaluate, logits) from threads with no sweep in flight serialize on the
+ * lock. */
 #define MODEL_EBUSY (-100)
 
 static PyObject *model_busy_error(const char *method)
@@ -117,6 +119,24 @@ static void model_end_sweep(ModelObject *self)
     Py_CLEAR(self->pending_x);
     self->pending_data = NULL;
     self->pending_nbytes = 0;
+}
+
+/* A sweep whose thread has ended can never be finished: 1 when `owner` (the sweep_owner a
+ * refused call saw) is no thread of this interpreter any more and its sweep was taken back
+ * (under the lock, if it is still that one's), so that the call can be made again; else 0.
+ * Needs the GIL (the thread states are read under it). */
+static int model_reclaim_sweep(ModelObject *self, unsigned long owner)
+{
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts))
+        if (ts->thread_id == owner) return 0;
+    WITHOUT_GIL_LOCKED(
+        self->lock, if (self->sweep_owner == owner) {
+            self->sweep_owner = 0;
+            self->model.pending_rows = 0; /* the engine's own mark of an abandoned sweep */
+        });
+    model_end_sweep(self);
+    return 1;
 }
 
 int model_team(PyObject *model, dp_threads **team, PyThread_type_lock *lock)
@@ -251,14 +271,19 @@ static PyObject *Model_loss_grad(ModelObject *self, PyObject *const *args, Py_ss
     double loss = 0;
     int64_t correct = 0;
     int rc;
-    unsigned long me = PyThread_get_thread_ident();
-    /* a whole sweep: one of this thread's in progress ends here (the engine says so too) */
+    unsigned long me = PyThread_get_thread_ident(), busy = 0;
+again: /* a whole sweep: one of this thread's in progress ends here (the engine says so too) */
     WITHOUT_GIL_LOCKED(
-        self->lock, if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY; else {
+        self->lock,
+        if (self->sweep_owner && self->sweep_owner != me) {
+            rc = MODEL_EBUSY;
+            busy = self->sweep_owner;
+        } else {
             rc = run_loss_grad(self, PyArray_DATA(grads), &loss, &correct, PyArray_DATA(x), l,
                                (int)B, gs);
             self->sweep_owner = 0;
         });
+    if (rc == MODEL_EBUSY && model_reclaim_sweep(self, busy)) goto again;
     if (rc == MODEL_EBUSY) return model_busy_error("loss_grad");
     model_end_sweep(self);
     if (rc) return model_error(self, rc, l, "loss_grad");
@@ -279,13 +304,19 @@ static PyObject *Model_forward_loss(ModelObject *self, PyObject *const *args, Py
     double loss = 0;
     int64_t correct = 0;
     int rc, pending = 0;
-    unsigned long me = PyThread_get_thread_ident();
+    unsigned long me = PyThread_get_thread_ident(), busy = 0;
+again:
     WITHOUT_GIL_LOCKED(
-        self->lock, if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY; else {
+        self->lock,
+        if (self->sweep_owner && self->sweep_owner != me) {
+            rc = MODEL_EBUSY;
+            busy = self->sweep_owner;
+        } else {
             rc = run_forward_loss(self, &loss, &correct, PyArray_DATA(x), l, (int)B, gs);
             pending = rc == 0 && self->model.pending_rows;
             self->sweep_owner = pending ? me : 0;
         });
+    if (rc == MODEL_EBUSY && model_reclaim_sweep(self, busy)) goto again;
     if (rc == MODEL_EBUSY) return model_busy_error("forward_loss");
     model_end_sweep(self); /* this thread's earlier sweep, if any, is replaced */
     if (rc) return model_error(self, rc, l, "forward_loss");
@@ -317,11 +348,13 @@ static PyObject *Model_backward_layer(ModelObject *self, PyObject *const *args, 
     PyArrayObject *grads = model_grads(self, go, px, NULL);
     if (!grads) return NULL;
     int rc, ended = 0, next = -1, owned_by_other = 0;
-    unsigned long me = PyThread_get_thread_ident();
+    unsigned long me = PyThread_get_thread_ident(), busy = 0;
+again:
     WITHOUT_GIL_LOCKED(
         self->lock,
         if (self->sweep_owner != me) {
             owned_by_other = self->sweep_owner != 0;
+            busy = self->sweep_owner;
             rc = DP_EORDER;
         } else {
             rc = self->f32 ? dp_model_backward_layer_f32(&self->model, PyArray_DATA(grads),
@@ -332,6 +365,10 @@ static PyObject *Model_backward_layer(ModelObject *self, PyObject *const *args, 
             if (ended) self->sweep_owner = 0;
             next = self->model.next_layer;
         });
+    if (owned_by_other && model_reclaim_sweep(self, busy)) {
+        owned_by_other = 0;
+        goto again;
+    }
     if (owned_by_other) return model_busy_error("backward_layer");
     if (rc == DP_EORDER) {
         if (next < 0)
@@ -440,13 +477,19 @@ static PyObject *model_forward_only(ModelObject *self, PyObject *xo, PyObject *l
     double loss = 0;
     int64_t correct = 0;
     int rc, B = (int)PyArray_DIM(x, 0);
-    unsigned long me = PyThread_get_thread_ident();
+    unsigned long me = PyThread_get_thread_ident(), busy = 0;
+again:
     WITHOUT_GIL_LOCKED(
-        self->lock, if (self->sweep_owner && self->sweep_owner != me) rc = MODEL_EBUSY; else {
+        self->lock,
+        if (self->sweep_owner && self->sweep_owner != me) {
+            rc = MODEL_EBUSY;
+            busy = self->sweep_owner;
+        } else {
             rc = run_evaluate(self, o ? PyArray_DATA(o) : NULL, &loss, &correct, PyArray_DATA(x), l,
                               B);
             self->sweep_owner = 0;
         });
+    if (rc == MODEL_EBUSY && model_reclaim_sweep(self, busy)) goto again;
     if (rc == MODEL_EBUSY) return model_busy_error(method);
     model_end_sweep(self);
     if (rc) return model_error(self, rc, l, method);

@@ -259,6 +259,55 @@ def test_a_sweep_belongs_to_the_thread_that_started_it():
     np.testing.assert_array_equal(got, g)
 
 
+def test_a_sweep_left_by_a_thread_that_ended_is_taken_back():
+    """Issue 37: a thread that starts a sweep and ends without finishing it used to lock the
+    object for good (every other thread's call refused). Its sweep can never be finished, so
+    the next call takes it back: loss_grad, evaluate and a new sweep of this thread run, and
+    backward_layer says there is no forward_loss to go back from."""
+    n, p, g = net()
+    x, y = np.ones((6, 10), np.float32), np.zeros(6, np.int64)
+    g[:] = 0
+    n.loss_grad(x, y)
+    want = g.copy()
+    for call in (
+        lambda: n.loss_grad(x, y),
+        lambda: n.evaluate(x, y),
+        lambda: n.forward_loss(x, y),
+        lambda: n.backward_layer(1),
+    ):
+        t = threading.Thread(target=lambda: n.forward_loss(x, y))
+        t.start()
+        t.join(60)
+        g[:] = 0
+        try:
+            call()
+        except RuntimeError as exc:
+            assert "no forward_loss to go back from" in str(exc), exc
+    n.forward_loss(x, y)  # this thread's own sweep, whole
+    g[:] = 0
+    n.backward_layer(1)
+    n.backward_layer(0)
+    np.testing.assert_array_equal(g, want)
+    # a thread that is alive still owns its sweep
+    started, finish = threading.Event(), threading.Event()
+
+    def owner():
+        n.forward_loss(x, y)
+        started.set()
+        finish.wait(60)
+        n.backward_layer(1)
+        n.backward_layer(0)
+
+    t = threading.Thread(target=owner)
+    t.start()
+    started.wait(60)
+    with pytest.raises(RuntimeError, match="started by another thread"):
+        n.loss_grad(x, y)
+    finish.set()
+    t.join(60)
+    n.loss_grad(x, y)
+
+
 def test_interleaved_sweeps_never_give_a_wrong_gradient():
     """Two threads run forward_loss + backward_layer sweeps on one object: every sweep either
     completes with exactly the fused loss_grad's gradient, or is refused with an error."""
