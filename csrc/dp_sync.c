@@ -114,6 +114,7 @@ static uint32_t aborted(dp_barrier *b, const dp_wait_policy *policy)
 
 int dp_barrier_wait(dp_barrier *b, const dp_wait_policy *policy, uint32_t *code)
 {
+    if (policy->arrivals) dp_group_arrive(policy->arrivals, policy->rank);
     uint32_t c = aborted(b, policy);
     if (c) {
         *code = c;
@@ -179,7 +180,8 @@ void dp_slice(ptrdiff_t start, ptrdiff_t stop, int rank, int n, int elem_bytes, 
 int dp_group_barrier(dp_group *g, double *waited_s, uint32_t *code)
 {
     double t0 = dp_clock_s();
-    if (g->arrivals) dp_group_arrive(g->arrivals, g->rank);
+    /* the arrival: the policy's where the group has counters (dp_barrier_wait), else here */
+    if (g->arrivals && g->policy.arrivals != g->arrivals) dp_group_arrive(g->arrivals, g->rank);
     int rc = dp_barrier_wait(g->barrier, &g->policy, code);
     *waited_s = dp_clock_s() - t0;
     return rc;

@@ -49,11 +49,17 @@ typedef struct {
      * abort of it stops every group of the set (a worker that fails before it ever meets a
      * group others already wait in still stops them); a timeout aborts it too */
     dp_barrier *world;
+    /* NULL, or this worker's arrival counter's array (dp_group_arrivals) and its rank in it:
+     * every wait counts an arrival first, so that a worker late at any barrier of a
+     * collective, not only its first, is the one whose count lags */
+    uint32_t *arrivals;
+    int rank;
 } dp_wait_policy;
 
 /* A group's control block: the barrier, then (when the block is large enough) one arrival
- * counter per worker, bumped as the worker enters each collective, so that a worker that
- * times out can name the workers that never arrived. dp_group_control_bytes(n) is the size
+ * counter per worker, bumped as the worker enters each collective (and at each of its later
+ * barriers where the policy holds the counters), so that a worker that times out can name the
+ * workers that never arrived. dp_group_control_bytes(n) is the size
  * with the counters (64-byte multiple); a block of only sizeof(dp_barrier) works untracked. */
 size_t dp_group_control_bytes(int n);
 /* The counters of a control block of `bytes` bytes for n workers, or NULL when too small. */

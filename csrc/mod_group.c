@@ -251,6 +251,8 @@ static int ShmGroup_init(ShmGroupObject *self, PyObject *args, PyObject *kwds)
     self->g.policy.spin_s = spin;
     self->g.policy.yield_s = yield_time;
     self->g.policy.timeout_s = timeout;
+    self->g.policy.arrivals = self->g.arrivals; /* every barrier of a collective counts */
+    self->g.policy.rank = rank;
     if (world) {
         Py_INCREF(wo);
         self->world_obj = wo;

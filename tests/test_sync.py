@@ -40,6 +40,32 @@ def test_timeout_names_the_rank():
         g.allreduce()
 
 
+@pytest.mark.parametrize("algorithm", ["native", "ring", "tree"])
+def test_a_rank_late_inside_a_collective_is_named(algorithm):
+    """Issue 37: a rank that met the first barrier of a collective, then stopped (stalled
+    inside the reduction), used to leave its peer saying "yet no rank is missing": arrivals
+    were counted at a collective's first barrier only. Every barrier counts now."""
+    n = 2
+    nbytes = _core.group_control_bytes(n)
+    raw = np.zeros(nbytes + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    ctrl = raw[off : off + nbytes]
+    _core.init_group_control(ctrl, n)
+    bufs = [np.ones(64) for _ in range(n)]
+    groups = [_core.ShmGroup(ctrl, bufs, r, timeout=0.3, algorithm=algorithm) for r in range(n)]
+
+    def work(r):
+        if r == 1:
+            groups[1].barrier()  # rank 0's all-reduce passes its entry; rank 1 goes no further
+            return None
+        with pytest.raises(TimeoutError) as info:
+            groups[0].allreduce()
+        return str(info.value)
+
+    message = run_workers(n, work)[0]
+    assert "rank 1 did not arrive" in message, message
+
+
 def test_bad_group_arguments():
     ctrl = control_block()
     bufs = [np.zeros(4), np.zeros(4)]

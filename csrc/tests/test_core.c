@@ -1883,7 +1883,7 @@ typedef struct {
 static void *sync_worker(void *p)
 {
     sync_arg *a = p;
-    dp_wait_policy pol = {1e-4, 1e-3, 20.0, NULL};
+    dp_wait_policy pol = {1e-4, 1e-3, 20.0, NULL, NULL, 0};
     uint32_t code;
     for (int round = 0; round < a->rounds; round++) {
         for (int i = 0; i < a->len; i++) a->bufs[a->rank][i] = (float)(a->rank + round + i % 7);
@@ -1996,7 +1996,7 @@ static void test_sync(void)
         expect(!bad, "dp_allreduce_slice_f32 / dp_barrier_wait n=%d: worker failure %d", n, bad);
         /* an abort wakes a waiter with the code; a timed-out wait aborts the group */
         uint32_t code = 0;
-        dp_wait_policy quick = {1e-5, 1e-5, 0.05, NULL};
+        dp_wait_policy quick = {1e-5, 1e-5, 0.05, NULL, NULL, 0};
         if (n > 1) {
             int rc = dp_barrier_wait(bar, &quick, &code);
             expect(rc == DP_ETIMEOUT, "dp_barrier_wait alone of %d: returned %d, expected timeout",
@@ -2103,7 +2103,7 @@ static void group_case(dtype dt, int algorithm, int n, int with_out)
     for (int r = 0; r < n; r++) {
         dp_group g = {bar,
                       arrivals,
-                      {1e-4, 1e-3, 20.0, NULL},
+                      {1e-4, 1e-3, 20.0, NULL, NULL, 0},
                       n,
                       r,
                       n,
@@ -2164,14 +2164,16 @@ static void test_group_allreduce(void)
     void *bufs[2] = {b0, b1};
     double waited;
     uint32_t code = 0;
-    dp_group ring_out = {bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 2, DP_ALLREDUCE_RING, bufs,
-                         o,   NULL};
+    dp_group ring_out = {
+        bar, NULL, {1e-5, 1e-5, 0.05, NULL, NULL, 0}, 2, 0, 2, DP_ALLREDUCE_RING, bufs, o, NULL};
     dp_group tree_noscratch = {
-        bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 2, DP_ALLREDUCE_TREE, bufs, NULL, NULL};
+        bar, NULL, {1e-5, 1e-5, 0.05, NULL, NULL, 0}, 2, 0, 2, DP_ALLREDUCE_TREE, bufs, NULL, NULL};
     dp_group native_short = {
-        bar, NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 1, DP_ALLREDUCE_NATIVE, bufs, NULL, NULL};
-    dp_group bad_rank = {bar,  NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 2, 2, DP_ALLREDUCE_NATIVE, bufs,
-                         NULL, NULL};
+        bar,  NULL, {1e-5, 1e-5, 0.05, NULL, NULL, 0}, 2, 0, 1, DP_ALLREDUCE_NATIVE, bufs,
+        NULL, NULL};
+    dp_group bad_rank = {
+        bar,  NULL, {1e-5, 1e-5, 0.05, NULL, NULL, 0}, 2, 2, 2, DP_ALLREDUCE_NATIVE, bufs,
+        NULL, NULL};
     expect(dp_allreduce_f32(&ring_out, 0, 8, 1, &waited, &code) == DP_EVALUE &&
                dp_allreduce_f32(&tree_noscratch, 0, 8, 1, &waited, &code) == DP_EVALUE &&
                dp_allreduce_f32(&native_short, 0, 8, 1, &waited, &code) == DP_EVALUE &&
@@ -2181,8 +2183,9 @@ static void test_group_allreduce(void)
            "rank n, start > stop: expected DP_EVALUE");
     /* alone in a group of two: the entry barrier times out, the group is aborted, and the
      * next call (of anyone) fails at once with the timeout's abort code */
-    dp_group alone = {bar,  NULL, {1e-5, 1e-5, 0.05, NULL}, 2, 0, 2, DP_ALLREDUCE_NATIVE, bufs,
-                      NULL, NULL};
+    dp_group alone = {
+        bar,  NULL, {1e-5, 1e-5, 0.05, NULL, NULL, 0}, 2, 0, 2, DP_ALLREDUCE_NATIVE, bufs,
+        NULL, NULL};
     int rc = dp_allreduce_f32(&alone, 0, 8, 1, &waited, &code);
     expect(rc == DP_ETIMEOUT && waited >= 0.05,
            "dp_allreduce_f32 alone of 2: returned %d after "
