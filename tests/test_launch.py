@@ -167,10 +167,31 @@ def test_a_failing_mpi_rank_names_itself_then_waits_for_the_launcher_then_aborts
 
     events, world = [], _World()
     monkeypatch.setattr(mpi.time, "sleep", lambda s: events.append(("sleep", s)))
+    monkeypatch.setattr(mpi.os, "_exit", lambda c: events.append(("exit", c)))
     mpi.abort_job(world, 3, exc)
     assert capsys.readouterr().err == f"dptrain: worker rank 3 {cause}; aborting all 4 MPI ranks\n"
-    assert events == [("sleep", mpi.ABORT_GRACE_SECONDS)] and mpi.ABORT_GRACE_SECONDS > 0
-    assert world.aborted == code
+    assert events == [("sleep", mpi.ABORT_GRACE_SECONDS), ("exit", code)]
+    assert mpi.ABORT_GRACE_SECONDS > 0 and world.aborted == code
+
+
+@pytest.mark.parametrize("code, status", [(0xFFFFFFFE, 1), (0xFFFFFFF0, 130)])
+def test_a_rank_woken_by_anothers_abort_says_nothing_and_lets_the_first_abort(
+    monkeypatch, capsys, code, status
+):
+    """Issue 37: the late rank that another timed out waiting for, arriving during that one's
+    grace, printed "worker rank R failed: GroupAborted", naming itself as failed. A rank woken
+    by another's abort (its timeout's, its failure's, its Ctrl-C's) is silent and waits
+    twice the grace, so that the first rank's line and exit status come first."""
+    from dptrain import _core
+    from dptrain.comm import mpi
+
+    events, world = [], _World()
+    monkeypatch.setattr(mpi.time, "sleep", lambda s: events.append(("sleep", s)))
+    monkeypatch.setattr(mpi.os, "_exit", lambda c: events.append(("exit", c)))
+    mpi.abort_job(world, 1, _core.GroupAborted("group aborted", code))
+    assert capsys.readouterr().err == ""
+    assert events == [("sleep", 2 * mpi.ABORT_GRACE_SECONDS), ("exit", status)]
+    assert world.aborted == status
 
 
 def test_a_second_interrupt_during_the_wait_still_aborts_the_mpi_job(monkeypatch):
@@ -179,7 +200,8 @@ def test_a_second_interrupt_during_the_wait_still_aborts_the_mpi_job(monkeypatch
     def interrupted(seconds):
         raise KeyboardInterrupt
 
-    world = _World()
+    world, exits = _World(), []
     monkeypatch.setattr(mpi.time, "sleep", interrupted)
+    monkeypatch.setattr(mpi.os, "_exit", exits.append)
     mpi.abort_job(world, 0, KeyboardInterrupt())
-    assert world.aborted == 130
+    assert world.aborted == 130 and exits == [130]

@@ -123,3 +123,26 @@ def test_a_slow_evaluation_does_not_time_an_mpi_run_out(mpiexec, nodes, mpich_le
         )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"epochs {SMALL['epochs']}" in r.stdout
+
+
+@pytest.mark.mpi
+def test_a_late_mpi_rank_is_named_once_and_never_as_failed(mpiexec, mpich_leftovers):
+    """Issue 37: rank 1, 1.2 s late with --timeout 1, arrives while rank 0 (which timed out
+    waiting for it) is still giving the launcher its line: rank 1 used to print "worker rank 1
+    failed: GroupAborted", and rank 0's CLI sometimes the error a third time after
+    MPI_Abort returned. One line now, naming rank 1 as the one that did not arrive."""
+    with tempfile.TemporaryDirectory(prefix="dptrain-timeout-") as cwd:
+        r = subprocess.run(
+            [mpiexec, "-n", "2", sys.executable, "-m", "dptrain", "train", "--model", "mlp"]
+            + ["--hidden", "16", "--dataset", "synthetic", "--n-samples", "2000"]
+            + ["--epochs", "1", "--batch-size", "64", "--backend", "mpi", "--timeout", "1"]
+            + ["--straggle", "1:1200", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=cwd,
+        )
+    assert r.returncode == 1, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("dptrain:")]
+    assert len(lines) == 1, r.stderr
+    assert "worker rank 0 failed: TimeoutError" in lines[0] and "rank 1 did not arrive" in lines[0]

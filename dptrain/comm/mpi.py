@@ -153,19 +153,34 @@ def abort_job(comm_world, rank: int, exc: BaseException) -> None:
     """A rank's failure under MPI: print which rank failed and why (stderr), give the
     launcher a moment to forward it, then MPI_Abort the whole job (exit status 130 for an
     interrupt, else 1). The other ranks wait in a collective this rank will never join, so
-    nothing short of the abort stops them."""
-    interrupted = isinstance(exc, KeyboardInterrupt)
-    cause = "interrupted (SIGINT)" if interrupted else f"failed: {describe(exc)}"
-    print(
-        f"dptrain: worker rank {rank} {cause}; aborting all {comm_world.Get_size()} MPI ranks",
-        file=sys.stderr,
-        flush=True,
+    nothing short of the abort stops them.
+
+    A rank woken by another's abort of their shared memory (GroupAborted: that rank failed
+    first, or was interrupted, and said so) prints nothing: a line of its own would name it as
+    failed, e.g. the late rank that the first one timed out waiting for. It aborts after twice
+    the grace, so that the first rank's line and exit status come first."""
+    from .. import _core
+    from .shm import INTERRUPTED
+
+    woken = isinstance(exc, _core.GroupAborted)
+    interrupted = isinstance(exc, KeyboardInterrupt) or (
+        woken and tuple(exc.args[1:2]) == (INTERRUPTED,)
     )
+    if not woken:
+        cause = "interrupted (SIGINT)" if interrupted else f"failed: {describe(exc)}"
+        print(
+            f"dptrain: worker rank {rank} {cause}; aborting all {comm_world.Get_size()} MPI ranks",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
-        time.sleep(ABORT_GRACE_SECONDS)
+        time.sleep(ABORT_GRACE_SECONDS * (2 if woken else 1))
     except KeyboardInterrupt:  # a second Ctrl-C: abort at once
         pass
     comm_world.Abort(130 if interrupted else 1)
+    # MPICH's MPI_Abort can return in the calling rank before the launcher kills it: leave
+    # now, or the exception goes on up and prints the failure a second time
+    os._exit(130 if interrupted else 1)
 
 
 class MPIComm(Communicator):
