@@ -22,8 +22,8 @@ nn.LayerNorm(shape)), BatchNorm (statistics over the global batch, exchanged bet
 workers: nn.SyncBatchNorm), and the activations ReLU, Tanh, Sigmoid and GELU (erf form,
 nn.GELU()), and Residual([...]) around any block (the input added to the block's output,
 through a strided 1x1 conv where the shape changes; ``resnet(depth)`` builds He et al.'s CIFAR
-ResNet from it). Losses: softmax cross-entropy, sigmoid BCE, mean squared error. What it does
-not have (yet): batch norm with local SGD.
+ResNet from it). Losses: softmax cross-entropy, sigmoid BCE, mean squared error. Under local
+SGD a replica's batch norm uses its own shard's statistics.
 
 Dropout draws its masks where a model trains (``loss_grad``; dptrain.fit) and passes its
 input on where it evaluates (``evaluate``, ``logits``, ``predict``), as PyTorch's train() and

@@ -399,7 +399,7 @@ def test_a_failing_chunk_stops_the_worker_with_its_own_error():
         det.gradient(comm, net, rows, 0, 64, clock)
 
 
-def test_batch_norm_state_is_saved_resumed_and_refused_where_not_supported(tmp_path):
+def test_batch_norm_state_is_saved_and_resumed(tmp_path):
     opts = dict(layers=BN_LAYERS, workers=2, backend="thread")
     whole = _train(**opts)
     ckpt = tmp_path / "run.npz"
@@ -420,9 +420,35 @@ def test_batch_norm_state_is_saved_resumed_and_refused_where_not_supported(tmp_p
     resumed = _train(**det, workers=3, backend="thread", resume=ckpt)
     assert np.array_equal(resumed["params"], whole["params"])
     assert np.array_equal(resumed.model.state, whole.model.state)
-    for bad in (dict(sync_every=2),):
-        with pytest.raises(ValueError, match="batch norm does not run with"):
-            _train(**opts, **bad)
+
+
+def test_batch_norm_with_local_sgd_depends_on_the_replicas_not_the_workers():
+    """Local SGD's replicas step alone: each normalizes by its own shard's statistics, and
+    every average also averages their running statistics in replica order. 4 replicas on 1,
+    2 and 4 workers (threads, processes) give the same bits, running statistics included."""
+    opts = dict(layers=BN_DROPOUT_LAYERS, sync_every=2, replicas=4)
+    runs = [
+        _train(workers=w, backend=b, **opts)
+        for w, b in [(1, "thread"), (2, "thread"), (4, "thread"), (2, "process")]
+    ]
+    for r in runs[1:]:
+        assert np.array_equal(r["params"], runs[0]["params"])
+        assert np.array_equal(r.model.state, runs[0].model.state)
+    fresh = _net(layers=BN_DROPOUT_LAYERS).state
+    assert not np.allclose(runs[0].model.state, fresh)  # the running statistics moved
+    synchronous = _train(layers=BN_DROPOUT_LAYERS, workers=2, backend="thread")
+    assert not np.allclose(runs[0]["params"], synchronous["params"])  # another model
+
+
+def test_batch_norm_with_local_sgd_resumes_bitwise(tmp_path):
+    opts = dict(layers=BN_DROPOUT_LAYERS, sync_every=2, replicas=4, workers=2)
+    whole = _train(**opts, backend="thread")
+    ckpt = tmp_path / "run.npz"
+    with pytest.raises((WorkerError, RuntimeError), match="injected fault"):
+        _train(**opts, backend="process", checkpoint=ckpt, fault=(1, 13, "raise"))
+    resumed = _train(**dict(opts, workers=4), backend="thread", resume=ckpt)
+    assert np.array_equal(resumed["params"], whole["params"])
+    assert np.array_equal(resumed.model.state, whole.model.state)
 
 
 def test_a_failing_exchange_raises_its_error_and_moves_nothing():

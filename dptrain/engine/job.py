@@ -56,16 +56,6 @@ class Job:
                     f"augment={config.augment!r}: a crop padding of {pad} pixels is not smaller "
                     f"than the {shape[1]} x {shape[2]} images"
                 )
-        if any(spec[0] == "batchnorm" for spec in model.get("layers") or ()):
-            # its statistics are the global batch's, exchanged inside each worker's forward
-            # and backward (deterministic mode: inside every chunk's); local SGD's replicas
-            # step alone
-            if config.local:
-                raise ValueError(
-                    "batch norm does not run with local SGD (replicas that step alone) yet: "
-                    "its statistics are the global batch's, exchanged within each worker's "
-                    "forward and backward; drop that option, or use layernorm"
-                )
         return cls(
             config=config,
             model=model,

@@ -20,6 +20,10 @@ every step and the state averaged, SGD's replicas are synchronous SGD up to roun
 mean of K updates instead of the update of the mean gradient): ``sync_every`` 1 with plain
 averaging is not local SGD at all (``TrainConfig.local``) and runs as synchronous SGD.
 
+Batch norm: each replica normalizes by its own shard's statistics (the replicas step alone:
+a replica is a model of its own between averages, as a DDP worker without SyncBatchNorm is),
+and each average also averages the replicas' running statistics, in replica order.
+
 ``local_after`` E: synchronous (an average every step, plain) for the first E epochs, then
 local: post-local SGD (Lin et al. 2020). ``sync_every='auto'`` chooses H every AUTO_WINDOW
 steps from the window's training loss and the share of its time the averages took (see
@@ -72,6 +76,7 @@ class LocalSGD(Exchange):
         self.window = np.zeros(4)  # auto: loss sum, samples, average seconds, seconds
         self.window_steps, self.window_t0 = 0, None
         self.last_loss = None  # auto: the last window's mean loss
+        self.states = None  # batch norm: every replica's running statistics, in slots of K
 
     # ---- buffers: every replica's state in a slot of K, the sum's output beside them
     def buffers(self, comm, n_params, dtype):
@@ -105,6 +110,12 @@ class LocalSGD(Exchange):
             "grads": self.grads_of[0],
             "velocity": self.slots["velocity"][first],
         }
+
+    def batch_norm(self, comm, net, spec, threads):
+        """No exchange inside the sweep (each replica's statistics are its shard's); slots
+        for the replicas' running statistics, averaged with the parameters."""
+        self.states = comm.shared_zeros(self.k, net.state.size, np.float64)
+        self.state_mean = comm.shared_zeros(1, net.state.size, np.float64)[0]
 
     def adopt(self, comm, opt):
         """The loop's model and optimizer are this worker's first replica; builds the others
@@ -146,6 +157,7 @@ class LocalSGD(Exchange):
         for net, o in zip(self.nets[1:], self.opts[1:]):
             net.params[:] = first.model.params
             net.velocity[:] = first.model.velocity
+            net.state[:] = first.model.state  # batch norm's running statistics
             o.load_state_dict(first.state_dict())
         self.anchor[:] = first.model.params
         if position:
@@ -231,6 +243,12 @@ class LocalSGD(Exchange):
             self.slots["params"][k][:] = mean if plain else self.anchor
             if fused:
                 self.slots["velocity"][k][:] = self.velocity_mean
+        if self.states is not None:  # batch norm's running statistics, in replica order
+            for net, k in zip(self.nets, self.mine):
+                self.states[k][:] = net.state
+            comm.sum_into_(self.state_mean, self.states, scale=scale)
+            for net in self.nets:
+                net.state[:] = self.state_mean
         policy = self.cfg.local_momentum
         for name, slots in self.slots.items():
             if name == "params" or (name == "velocity" and fused) or policy == "local":
