@@ -512,3 +512,30 @@ def test_fit_continues_a_models_running_statistics(workers):
     dptrain.fit(m, X[:100], Y[:100], epochs=1, batch_size=50, workers=workers, quiet=True)
     # two steps of momentum 0.1 from 100: 100 * 0.81 plus a little, had it been carried over
     assert np.all(m.state[:6] > 70), m.state[:6]
+
+
+def test_a_second_fit_continues_dropouts_step_count():
+    """A fit on a model continues its dropout step count, as a loop of one's own does: a
+    second fit (partial_fit, warm start) draws new masks instead of the first fit's again,
+    and workers=2 give the bits of one."""
+    layers = [nn.Flatten(), nn.Dense(32), nn.ReLU(), nn.Dropout(0.5), nn.Dense(10)]
+    opts = dict(X=X[:200], y=Y[:200], epochs=1, batch_size=50, quiet=True)
+    runs = {}
+    for workers in (1, 2):
+        m = _net("float32", layers=layers)
+        dptrain.fit(m, **opts, workers=workers, deterministic=True)
+        assert m.step == 4
+        again = _net("float32", layers=layers)
+        again.params[:], again.velocity[:] = m.params, m.velocity  # step 0: the old masks
+        dptrain.fit(m, **opts, workers=workers, deterministic=True)
+        dptrain.fit(again, **opts, workers=workers, deterministic=True)
+        assert m.step == 8 and again.step == 4
+        assert not np.array_equal(m.params, again.params)
+        runs[workers] = m.params.copy()
+    assert np.array_equal(runs[1], runs[2])
+    from dptrain.sklearn import MLPClassifier
+
+    clf = MLPClassifier(hidden_layer_sizes=(16,), dropout=0.3, batch_size=50)
+    clf.partial_fit(X[:200].reshape(200, -1), Y[:200], classes=np.arange(10))
+    clf.partial_fit(X[:200].reshape(200, -1), Y[:200])
+    assert clf.model_.step == 8

@@ -35,6 +35,7 @@ from .local import LocalSGD
 DATA_NAMES = ("x_train", "y_train", "x_test", "y_test")  # a run's data, as launch's extras
 INIT_PARAMS = "init_params"  # the extra holding the starting parameters of a user's model
 INIT_STATE = "init_state"  # ... and its batch norms' running statistics
+INIT_STEP = "init_step"  # ... and its dropout step count (int64 [step]): a fit continues it
 # the extras holding a previous run's optimizer state that fit(optimizer_state=...) continues:
 # INIT_OPTIMIZER + "steps" (one int64), + "velocity", + each of its state_dict()'s arrays
 INIT_OPTIMIZER = "init_optimizer_"
@@ -71,6 +72,7 @@ def train_worker(comm, job: Job) -> dict:
         y_test,
         init_params=comm.extra(INIT_PARAMS, None),
         init_state=comm.extra(INIT_STATE, None),
+        init_step=comm.extra(INIT_STEP, None),
     )
     out["placement"] = comm.placement  # where launch placed this worker (its CPUs, pinned?)
     return out
@@ -109,6 +111,7 @@ def run_worker(
     hooks: Hooks | None = None,
     init_params=None,
     init_state=None,
+    init_step=None,
 ) -> dict:
     """The training loop of one worker (see the module docstring). init_params: the starting
     parameters (a model the user built), else the model's seeded initialization; the
@@ -118,6 +121,9 @@ def run_worker(
     state. (The launcher closes the communicator after.)"""
     cfg = job.config
     hooks = hooks or hooks_for(cfg, comm.rank)
+    # dropout's step key continues a user's model's count (a second fit, partial_fit draws
+    # new masks); the run's own step (the schedule's, checkpoints') starts at 0 as ever
+    step0 = 0 if init_step is None else int(init_step[0])
     rank = comm.rank
     if job.local:
         exchange = LocalSGD(job, comm)
@@ -236,7 +242,7 @@ def run_worker(
         for b in range(first_batch, len(bounds)):
             hooks.step_start(rank, step)
             clock.begin(e0 if b == first_batch else now())
-            net.step = step  # dropout's key (Model.loss_grad)
+            net.step = step0 + step  # dropout's key (Model.loss_grad)
             batch_loss, batch_correct = exchange.gradient(comm, net, rows, *bounds[b], clock)
             exchange.update(comm, opt, lr_of(step))
             clock.record(timer, epoch, now())

@@ -100,6 +100,7 @@ def make_result(
     if model_obj is not None:
         model_obj.params[:] = head["params"]
         model_obj.velocity[:] = head["velocity"]
+        model_obj.step += head["steps"]  # dropout's count: the next fit draws new masks
         net = model_obj
     else:
         net = model_from_spec(spec, threads=cfg.threads, params=head["params"].copy())

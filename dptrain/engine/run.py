@@ -59,6 +59,7 @@ from .loop import (
     INIT_OPTIMIZER,
     INIT_PARAMS,
     INIT_STATE,
+    INIT_STEP,
     train_worker,
     uncoupled_worker,
 )
@@ -267,6 +268,7 @@ def run(
         extras[INIT_PARAMS] = model.params
         if model.state.size:  # batch norms' running statistics: every worker starts from them
             extras[INIT_STATE] = model.state.copy()
+        extras[INIT_STEP] = np.array([model.step], np.int64)  # dropout's count, continued
     if optimizer_state is not None:
         extras.update(_continued_optimizer(optimizer_state, config, job, model))
     options = dict(
@@ -311,6 +313,8 @@ def run(
             bar.close()
     steal = timing.steal_fraction(steal0, timing.read_steal())
     if rank != 0:
+        if model is not None:  # dropout's count, as make_result moves rank 0's
+            model.step += per_rank[rank]["steps"]
         return TrainResult(rank=rank)
     if backend == "mpi":
         # the ranks of each node (shared memory inside, MPI between leaders); None: flat MPI
