@@ -20,6 +20,7 @@
 #define DP_EVALUE (-4)  /* an argument value is invalid */
 #define DP_EORDER (-5)  /* a step of a backward sweep out of order, or with no sweep in progress */
 #define DP_EEXCHANGE (-6) /* a caller's exchange (a batch norm's statistics) failed */
+#define DP_EBNSINGLE (-7) /* a batch norm in training saw one value per channel */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define DP_RESTRICT __restrict__

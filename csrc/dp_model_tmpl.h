@@ -536,6 +536,11 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
             tot[2 * C] = (double)rows * HW;
             if (m->exchange && m->exchange(m->exchange_ctx, tot, 2 * C + 1)) {
                 K(fail)(sw, DP_EEXCHANGE);
+            } else if (tot[2 * C] == 1.0) {
+                /* one value per channel: its variance is 0, the normalized value 0 whatever
+                 * the input, and the gradient through it rounding amplified by 1/sqrt(eps);
+                 * refused, as PyTorch refuses it */
+                K(fail)(sw, DP_EBNSINGLE);
             } else {
                 double N = tot[2 * C];
                 for (int c = 0; c < C; c++) {

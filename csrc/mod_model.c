@@ -214,6 +214,14 @@ static PyObject *model_error(ModelObject *self, int rc, PyArrayObject *labels, c
         }
         return PyErr_Format(PyExc_RuntimeError, "Model.%s: a batch norm's exchange failed", method);
     }
+    if (rc == DP_EBNSINGLE)
+        return PyErr_Format(PyExc_ValueError,
+                            "Model.%s: a batch norm in training got one value per channel (a "
+                            "batch of 1 row into a batch norm on features, or on 1x1 maps): its "
+                            "variance is 0 and its gradient only rounding. Train on batches of 2 "
+                            "rows or more (an epoch's last batch has n %% batch_size rows), as "
+                            "PyTorch requires too",
+                            method);
     if (rc == DP_ELABEL && labels) {
         const dp_plan *p = &self->model.plan;
         label_error(labels, p->loss == DP_LOSS_SIGMOID_BCE ? 2 : p->out_width);

@@ -1658,12 +1658,18 @@ def oracle_rmsprop_step(
         update = np.abs(params - p0)
         step = np.abs(buf) if buf is not None else None
         if centered:
-            # where the variance sq - gavg^2 cancels (it is a few ulps of sq), its rounding
-            # decides the denominator between eps and sqrt(ulps): the update is only bounded
-            # by g / eps there, a difference of its whole size (the scale is in ulps of it)
+            # the variance sq - gavg^2 is known to a few ulps of sq + gavg^2 (delta: how the
+            # kernel rounds it, with or without FMA); where it is small, that decides the
+            # denominator sqrt(var) + eps, and g / denominator lies between its values at
+            # var - delta and var + delta: the difference of those two is the bound (between
+            # g / eps and nothing where the variance cancels; the scale is in ulps of it)
             fi = np.finfo(params.dtype)
-            ill = square_avg - gavg * gavg <= 8 * fi.eps * (square_avg + gavg * gavg)
-            worst = np.where(ill, g / (abs(kw.get("eps", 1e-8)) + fi.tiny) / fi.eps, 0)
+            var = square_avg - gavg * gavg
+            delta = 8 * fi.eps * (square_avg + gavg * gavg)
+            e = abs(kw.get("eps", 1e-8))
+            low = np.sqrt(np.maximum(var - delta, 0)) + e + fi.tiny
+            high = np.sqrt(np.maximum(var + delta, 0)) + e + fi.tiny
+            worst = (g / low - g / high) / fi.eps
             update = update + abs(lr) * worst
             if step is not None:
                 step = step + worst

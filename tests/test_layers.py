@@ -539,3 +539,19 @@ def test_a_second_fit_continues_dropouts_step_count():
     clf.partial_fit(X[:200].reshape(200, -1), Y[:200], classes=np.arange(10))
     clf.partial_fit(X[:200].reshape(200, -1), Y[:200])
     assert clf.model_.step == 8
+
+
+def test_batch_norm_refuses_one_value_per_channel_in_training():
+    """A batch of 1 row into a batch norm on features: its variance is 0 and its gradient
+    only rounding amplified by 1/sqrt(eps) (the fuzzer's seed 7 found it differ from the
+    reference's, both noise). Refused as PyTorch refuses it, the running statistics left as
+    they were; evaluation of one row is fine, and so is one image through a BatchNorm2d."""
+    m = _net(layers=[nn.Flatten(), nn.Dense(8), nn.BatchNorm1d(), nn.ReLU(), nn.Dense(10)])
+    before = m.state.copy()
+    with pytest.raises(ValueError, match="one value per channel .* batches of 2 rows or more"):
+        m.loss_grad(X[:1], Y[:1])
+    assert np.array_equal(m.state, before)
+    m.evaluate(X[:1], Y[:1])
+    m.loss_grad(X[:2], Y[:2])
+    conv = _net(layers=[nn.Conv2d(4, 3, padding=1), nn.BatchNorm2d(), nn.Flatten(), nn.Dense(10)])
+    conv.loss_grad(X[:1], Y[:1])  # 64 values per channel

@@ -509,6 +509,10 @@ def _model_forward(plan, params, x, rng=None, state=None, batch_stats=None):
                 var = np.ones(c) if rv is None else rv
             else:
                 mean, var, n = batchnorm_stats(_channels(h))
+                if n == 1:  # the engine's DP_EBNSINGLE
+                    raise ValueError(
+                        "a batch norm in training got one value per channel: its variance is 0"
+                    )
                 if batch_stats is not None:
                     batch_stats[i] = (mean, var, n)
             y = batchnorm_forward(_channels(h), gamma, beta, mean, var).reshape(h.shape)
