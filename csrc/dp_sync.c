@@ -180,8 +180,6 @@ void dp_slice(ptrdiff_t start, ptrdiff_t stop, int rank, int n, int elem_bytes, 
 int dp_group_barrier(dp_group *g, double *waited_s, uint32_t *code)
 {
     double t0 = dp_clock_s();
-    /* the arrival: the policy's where the group has counters (dp_barrier_wait), else here */
-    if (g->arrivals && g->policy.arrivals != g->arrivals) dp_group_arrive(g->arrivals, g->rank);
     int rc = dp_barrier_wait(g->barrier, &g->policy, code);
     *waited_s = dp_clock_s() - t0;
     return rc;

@@ -11,7 +11,7 @@
  * stops all of them instead of leaving them in a collective forever.
  *
  * dp_group: one worker's handle on a group (what a Python ShmGroup holds), and
- * dp_group_barrier, a barrier of one worker: arrival, then the wait. The module only validates
+ * dp_group_barrier, a barrier of one worker: arrival (its policy's), then the wait. The module only validates
  * and releases the GIL around it; the plain-C tests run it on pthreads.
  *
  * Leaves out on purpose: the all-reduce over the group, its own family (dp_allreduce.h).
@@ -88,7 +88,8 @@ void dp_slice(ptrdiff_t start, ptrdiff_t stop, int rank, int n, int elem_bytes, 
 /* One worker's handle on a group. The caller owns every pointer and keeps it valid. */
 typedef struct {
     dp_barrier *barrier; /* the group's control block (shared memory) */
-    uint32_t *arrivals;  /* its per-worker arrival counters (dp_group_arrivals), or NULL */
+    uint32_t *arrivals;  /* its per-worker arrival counters (dp_group_arrivals), or NULL; the
+                          * policy's arrivals and rank count them (set them alike) */
     dp_wait_policy policy;
     int n;             /* workers in the group */
     int rank;          /* this worker, in [0, n) */
@@ -99,8 +100,8 @@ typedef struct {
     void *scratch;     /* tree: this worker's scratch, as long as a buffer; else NULL */
 } dp_group;
 
-/* Counts this worker's arrival and waits at the group's barrier; *waited_s = the seconds it
- * waited. 0, or DP_EABORT / DP_ETIMEOUT (abort code in *code). */
+/* Waits at the group's barrier (its policy counts the arrival, where it holds the counters);
+ * *waited_s = the seconds it waited. 0, or DP_EABORT / DP_ETIMEOUT (abort code in *code). */
 int dp_group_barrier(dp_group *g, double *waited_s, uint32_t *code);
 
 #endif

@@ -386,12 +386,12 @@ static PyObject *ShmGroup_barrier(ShmGroupObject *self, PyObject *unused)
 static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *const *args, Py_ssize_t nargs,
                                     PyObject *kwnames)
 {
-    static const char *const kwlist[] = {"scale", "start", "stop", "publish", "entered", NULL};
+    static const char *const kwlist[] = {"scale", "start", "stop", "publish", NULL};
     double scale = 1.0;
     PyObject *starto = NULL, *stopo = NULL;
-    int publish = 1, entered = 0;
-    if (parse_args(args, nargs, kwnames, "|dOOp$p:allreduce", kwlist, &scale, &starto, &stopo,
-                   &publish, &entered))
+    int publish = 1;
+    if (parse_args(args, nargs, kwnames, "|dOOp:allreduce", kwlist, &scale, &starto, &stopo,
+                   &publish))
         return NULL;
     ptrdiff_t start, stop;
     if (group_ready(self) || check_finite(scale, "scale") ||
@@ -406,8 +406,8 @@ static PyObject *ShmGroup_allreduce(ShmGroupObject *self, PyObject *const *args,
     }
     uint32_t code = 0;
     double waited = 0;
-    int rc, flags = (publish ? DP_ALLREDUCE_PUBLISH : 0) | (entered ? DP_ALLREDUCE_ENTERED : 0);
-    if (self->btype == NPY_UINT16) /* its entry barrier always: it is not on a hot path */
+    int rc, flags = publish ? DP_ALLREDUCE_PUBLISH : 0;
+    if (self->btype == NPY_UINT16)
         WITHOUT_GIL(rc = dp_allreduce_bf16(&self->g, start, stop, (float)scale, &waited, &code));
     else if (self->btype == NPY_FLOAT32)
         WITHOUT_GIL(
@@ -530,7 +530,7 @@ static int checked_sum(ShmGroupObject *self, sig_check *c, ptrdiff_t start, ptrd
 
 /* checked_allreduce(world, table, parity, signature, scale, start, stop, publish) -> seconds
  * waited, or None: world.agree's check, then allreduce(scale, start, stop, publish,
- * entered=True) in the same call (float buffers, every one complete before the call): one
+ * its entry barrier left out: the check's was it) in the same call (float buffers, every one complete before the call): one
  * release of the GIL, which thread workers hand to each other at every release. */
 static PyObject *ShmGroup_checked_allreduce(ShmGroupObject *self, PyObject *const *args,
                                             Py_ssize_t nargs)
@@ -602,8 +602,7 @@ static PyMethodDef ShmGroup_methods[] = {
      "ring/tree: the point-to-point schedules of the group's algorithm; uint16 buffers (bfloat16 "
      "values) are summed in float32 into the uint16 out, rounded to bfloat16; publish=False "
      "(native, with out, float): return once this worker's slice of out is summed, without the "
-     "exit barrier; entered=True (float): every worker has just passed a barrier of its own with "
-     "its buffer complete (agree), so the entry barrier is left out"},
+     "exit barrier"},
     {"agree", FASTFN(ShmGroup_agree), METH_FASTCALL,
      "agree(table, parity, signature) -> seconds waited, or None: write signature (8 int64) "
      "into this worker's row of table[parity] (int64, (2, n, 8)), wait at the barrier, then "
@@ -612,7 +611,7 @@ static PyMethodDef ShmGroup_methods[] = {
     {"checked_allreduce", FASTFN(ShmGroup_checked_allreduce), METH_FASTCALL,
      "checked_allreduce(world, table, parity, signature, scale, start, stop, publish) -> "
      "seconds waited, or None: world.agree(table, parity, signature), then, if every worker "
-     "agreed, allreduce(scale, start, stop, publish, entered=True), in one call"},
+     "agreed, allreduce(scale, start, stop, publish) without its entry barrier, in one call"},
     {"abort", (PyCFunction)ShmGroup_abort, METH_VARARGS,
      "abort(code=1): wake every waiter with an error"},
     {NULL},

@@ -4021,7 +4021,7 @@ def step_agree(rng, fz, groups, model, pool):
 def step_checked_allreduce(rng, fz, groups, model, pool):
     """checked_allreduce(world, table, parity, signature, scale, start, stop, publish), each
     rank's own group as the world: agree's check on the group's barrier, then the
-    all-reduce of allreduce(..., entered=True)."""
+    all-reduce of allreduce(...) without its entry barrier."""
     before = [v.copy() for v in model.views]
     out_before = None if model.out_view is None else model.out_view.copy()
     table, signature, parity = signature_args(rng, model.n)

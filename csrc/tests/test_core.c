@@ -2103,7 +2103,7 @@ static void group_case(dtype dt, int algorithm, int n, int with_out)
     for (int r = 0; r < n; r++) {
         dp_group g = {bar,
                       arrivals,
-                      {1e-4, 1e-3, 20.0, NULL, NULL, 0},
+                      {1e-4, 1e-3, 20.0, NULL, arrivals, r},
                       n,
                       r,
                       n,

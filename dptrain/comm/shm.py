@@ -430,8 +430,7 @@ class ShmComm(Communicator):
         group = self._ready(shared)
         if buf is not array:
             buf[start:stop] = array[start:stop]
-        # an array from zeros was complete at the check's barrier: no entry barrier then
-        waited += group.allreduce(scale, start, stop, entered=buf is array)
+        waited += group.allreduce(scale, start, stop)
         if buf is not array:
             array[start:stop] = buf[start:stop]
         self._account("allreduce", range_bytes(array, start, stop), shared.algorithm, waited=waited)
