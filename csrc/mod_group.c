@@ -276,6 +276,36 @@ static void ShmGroup_dealloc(ShmGroupObject *self)
     Py_DECREF(type); /* a heap type: each instance holds a reference to it */
 }
 
+/* Raises TimeoutError(message) with `missing`: a tuple of every rank that did not arrive
+ * (the message names 16 at most), so that an elastic run knows whom to drop. k: how many. */
+static PyObject *raise_timeout(ShmGroupObject *self, PyObject *message, int k)
+{
+    if (!message) return NULL;
+    PyObject *exc = PyObject_CallOneArg(PyExc_TimeoutError, message);
+    Py_DECREF(message);
+    int *all = k > 0 ? PyMem_RawMalloc(sizeof(int) * (size_t)k) : NULL;
+    if (!exc || (k > 0 && !all)) {
+        Py_XDECREF(exc);
+        PyMem_RawFree(all);
+        return exc ? PyErr_NoMemory() : NULL;
+    }
+    if (k > 0) k = dp_group_missing(self->g.arrivals, self->g.n, self->g.rank, all, k);
+    PyObject *missing = PyTuple_New(k > 0 ? k : 0);
+    for (int i = 0; missing && i < k; i++) {
+        PyObject *r = PyLong_FromLong(all[i]);
+        if (r)
+            PyTuple_SET_ITEM(missing, i, r);
+        else
+            Py_CLEAR(missing);
+    }
+    PyMem_RawFree(all);
+    if (missing && PyObject_SetAttrString(exc, "missing", missing) == 0)
+        PyErr_SetObject(PyExc_TimeoutError, exc);
+    Py_XDECREF(missing);
+    Py_DECREF(exc);
+    return NULL;
+}
+
 static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const char *what)
 {
     if (rc == DP_EABORT) {
@@ -302,11 +332,14 @@ static PyObject *group_error(ShmGroupObject *self, int rc, uint32_t code, const 
                      ", yet no rank is missing: the control block was written "
                      "to from outside the group");
         }
-        return PyErr_Format(PyExc_TimeoutError,
-                            "%s on rank %d timed out after %s s waiting for the "
-                            "other %d workers%s",
-                            what, self->g.rank, double_repr(t, sizeof t, self->g.policy.timeout_s),
-                            self->g.n - 1, who);
+        return raise_timeout(
+            self,
+            PyUnicode_FromFormat("%s on rank %d timed out after %s s waiting for the other %d "
+                                 "workers%s",
+                                 what, self->g.rank,
+                                 double_repr(t, sizeof t, self->g.policy.timeout_s), self->g.n - 1,
+                                 who),
+            k);
     }
     return raise_code(rc, what);
 }

@@ -93,17 +93,16 @@ def parse_layers(text: str) -> tuple:
     return tuple(layers)
 
 
+FAULT_KINDS = ("raise", "kill", "stop")  # --inject-fault's: see engine.hooks.Injection
+
+
 def parse_fault(text: str) -> tuple[int, int, str]:
     """'1:10:raise' -> (1, 10, 'raise')."""
     parts = text.split(":")
-    if (
-        len(parts) != 3
-        or parts[2] not in ("raise", "kill")
-        or not all(p.isdigit() for p in parts[:2])
-    ):
+    if len(parts) != 3 or parts[2] not in FAULT_KINDS or not all(p.isdigit() for p in parts[:2]):
         raise ValueError(
-            f"--inject-fault is {text!r}, expected RANK:STEP:raise or "
-            f"RANK:STEP:kill, e.g. 1:10:raise"
+            f"--inject-fault is {text!r}, expected RANK:STEP:KIND with KIND raise, kill or "
+            f"stop, e.g. 1:10:raise"
         )
     return int(parts[0]), int(parts[1]), parts[2]
 
@@ -461,6 +460,19 @@ class TrainConfig:
         "do not count); the error names the ranks that did not arrive",
         group="parallel",
     )
+    elastic: bool = option(
+        False,
+        "a worker that fails (raises, dies, or misses --timeout) costs the step it was in, "
+        "not the run: the others go on without it from the last completed step, the same "
+        "global batch shared by one worker less (with --deterministic the same bits as a "
+        "run that lost no one); thread and process backends",
+        group="parallel",
+    )
+    min_workers: int = option(
+        1,
+        "with elastic: the fewest workers the run goes on with; losing one more fails it",
+        group="parallel",
+    )
     allreduce: str = option(
         "native",
         "gradient exchange: the transport's own (native), the "
@@ -610,12 +622,13 @@ class TrainConfig:
     # ---- fault and straggler injection (to study failures and synchronization)
     fault: tuple | None = option(
         None,
-        "make one worker fail at one step: (rank, step, 'raise' "
-        "| 'kill'); 'kill' needs the process backend",
+        "make one worker fail at one step: (rank, step, 'raise' | 'kill' | 'stop'); 'kill' "
+        "(SIGKILL) needs the process backend; 'stop' stalls it (SIGSTOP a process, a thread "
+        "sleeps until the run gives up on it), for --timeout",
         group="injection",
         flag="--inject-fault",
         parse=parse_fault,
-        metavar="RANK:STEP:raise|kill",
+        metavar="RANK:STEP:raise|kill|stop",
         late=True,
     )
     straggle: tuple | None = option(
@@ -807,6 +820,7 @@ class TrainConfig:
                     f"and the native all-reduce of the whole gradient; got {', '.join(clash)}"
                 )
         self._check_local(set_)
+        self._check_elastic(set_)
         if self.deterministic and self.split()[0] > CHUNKS:
             raise ValueError(
                 f"deterministic mode supports up to {CHUNKS} workers, got {self.workers}"
@@ -817,11 +831,11 @@ class TrainConfig:
             f = tuple(self.fault)
             if (
                 len(f) != 3
-                or f[2] not in ("raise", "kill")
+                or f[2] not in FAULT_KINDS
                 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in f[:2])
             ):
                 raise ValueError(
-                    f"fault must be (rank, step, 'raise' | 'kill'), got {self.fault!r}"
+                    f"fault must be (rank, step, 'raise' | 'kill' | 'stop'), got {self.fault!r}"
                 )
             set_("fault", f)
         if self.straggle is not None:
@@ -871,6 +885,40 @@ class TrainConfig:
             and self.clip_norm is None
         )
         return self.replicas is not None and not synchronous
+
+    def _check_elastic(self, set_) -> None:
+        """elastic and min_workers: an elastic run goes on from the last completed step, which
+        every worker holds whole (the parameters, the optimizer's state); what keeps state
+        apart on some workers, or exchanges inside the update, is refused."""
+        set_("min_workers", _positive_int("min_workers", self.min_workers))
+        if not self.elastic:
+            if self.min_workers != 1:
+                raise ValueError(
+                    f"min_workers={self.min_workers} is the fewest workers an elastic run goes "
+                    f"on with: give elastic=True (--elastic) too, or leave it out"
+                )
+            return
+        if self.workers != AUTO and self.min_workers > self.workers:
+            raise ValueError(f"min_workers={self.min_workers} is more than workers={self.workers}")
+        clash = [
+            text
+            for text, on in (
+                (f"backend={self.backend!r} (under MPI, see the README)", self.backend == "mpi"),
+                ("overlap=True", self.overlap),
+                ("allreduce='ps'", self.allreduce == "ps"),
+                ("shard_update=True", self.shard_update),
+                ("local SGD (sync_every, replicas)", self.local),
+                ("uncoupled=True", self.uncoupled),
+            )
+            if on
+        ]
+        if clash:
+            raise ValueError(
+                f"elastic=True goes on from the last completed step, which every worker holds "
+                f"whole; it works on the thread and process backends with the all-reduce of "
+                f"the whole gradient (native, ring, tree, bucketed, bfloat16) or deterministic "
+                f"mode, not with {', '.join(clash)}"
+            )
 
     def _check_local(self, set_) -> None:
         """The local SGD options: their values, then what they cannot run with."""
@@ -1150,6 +1198,17 @@ class TrainConfig:
             )
         if self.fault and self.fault[2] == "kill" and backend != "process":
             raise ValueError("fault kind 'kill' kills the worker's process: use backend='process'")
+        if self.fault and self.fault[2] == "stop" and world == 1:
+            raise ValueError(
+                "fault kind 'stop' stalls a worker until another names it: give 2 workers or more"
+            )
+        if self.fault and self.fault[2] == "stop" and not self.timeout:
+            raise ValueError(
+                "fault kind 'stop' stalls a worker for good: give a timeout (--timeout), after "
+                "which the others name it (and an elastic run goes on without it)"
+            )
+        if self.elastic and self.min_workers > world:
+            raise ValueError(f"min_workers={self.min_workers} is more than the {world} workers")
 
     def as_dict(self) -> dict:
         """Plain values (tuples as lists), for JSON."""

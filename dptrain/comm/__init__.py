@@ -3,7 +3,15 @@ behind it (shared memory for threads and processes, MPI), the exchange algorithm
 ``launch``, which starts workers on any of them. See ``base`` for the interface."""
 
 from .algorithms import ALGORITHMS, ALLREDUCE_SCHEDULES, bytes_sent
-from .base import BACKENDS, CollectiveMismatch, Communicator, LocalComm, WorkerError, describe
+from .base import (
+    BACKENDS,
+    CollectiveMismatch,
+    Communicator,
+    Interrupted,
+    LocalComm,
+    WorkerError,
+    describe,
+)
 from .hier import HierComm, mpi_comm
 from .launch import launch, oversubscription_warning
 from .mpi import MPIComm, mpi_launch, mpi_world_size, resolve_backend
@@ -16,6 +24,7 @@ __all__ = [
     "CollectiveMismatch",
     "Communicator",
     "HierComm",
+    "Interrupted",
     "LocalComm",
     "MPIComm",
     "SharedSegment",

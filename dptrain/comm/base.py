@@ -40,12 +40,27 @@ BACKENDS = ("thread", "process", "mpi")  # the transports of more than one worke
 
 
 class WorkerError(RuntimeError):
-    """A worker failed; ``rank`` names it and ``cause`` says why."""
+    """A worker failed; ``rank`` names it and ``cause`` says why. From an elastic launch
+    (``launch(..., elastic=True)``) also ``lost``: {rank: cause} of every worker lost (failed,
+    or named missing by a survivor's timeout), and ``results``: what each worker returned (an
+    ``Interrupted`` from a survivor; None from a lost worker)."""
 
-    def __init__(self, rank: int, cause: str):
+    def __init__(self, rank: int, cause: str, lost: dict | None = None, results=None):
         super().__init__(f"worker rank {rank} failed: {cause}")
         self.rank = rank
         self.cause = cause
+        self.lost = {rank: cause} if lost is None else dict(lost)
+        self.results = results
+
+
+class Interrupted:
+    """What a worker of an elastic launch returns when its group stopped under it (another
+    worker failed; or this one's collective timed out, naming the ranks in ``missing``):
+    ``value``, whatever the worker saved to go on from (its state at its last completed
+    step). The launcher then raises WorkerError with every survivor's Interrupted."""
+
+    def __init__(self, value, missing=()):
+        self.value, self.missing = value, tuple(missing)
 
 
 class CollectiveMismatch(ValueError):

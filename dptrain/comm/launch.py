@@ -48,6 +48,7 @@ def launch(
     report=None,
     gather: str = "all",
     pin: bool | None = None,
+    elastic: bool = False,
 ) -> list:
     """Runs ``fn(comm, *args)`` on every worker; returns their return values, by rank.
 
@@ -86,10 +87,19 @@ def launch(
     binding the launcher gave is kept. ``comm.placement`` tells fn what it got
     (``Placement.describe``). One worker of the thread backend runs in the calling thread:
     pinned, it gets its mask back after.
+
+    elastic (thread and process): when a worker fails, the others are let finish: fn may
+    catch the group's stop (``dptrain._core.GroupAborted``, or a collective's TimeoutError,
+    whose ``missing`` names the ranks that did not arrive) and return
+    ``Interrupted(state, missing)``; the WorkerError raised then holds every lost rank
+    (``lost``) and every survivor's return (``results``), from which the caller goes on
+    (``dptrain.train``'s elastic runs do).
     """
     if gather not in ("all", "root"):
         raise ValueError(f"gather is {gather!r}, expected 'all' or 'root'")
     backend, note = resolve_backend(backend)
+    if elastic and backend == "mpi":
+        raise ValueError("elastic launches run on the thread and process backends, not MPI")
     if backend == "mpi":
         return _launch_mpi(
             fn,
@@ -134,6 +144,7 @@ def launch(
             extras=extras,
             watch=watch,
             report=report,
+            elastic=elastic,
         )
     return run_processes(
         workers,
@@ -144,6 +155,7 @@ def launch(
         start_method=start_method,
         watch=watch,
         report=report,
+        elastic=elastic,
     )
 
 

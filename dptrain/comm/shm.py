@@ -41,6 +41,7 @@ from .base import (
     ALIGN,
     CollectiveMismatch,
     Communicator,
+    Interrupted,
     WorkerError,
     _check_algorithm,
     check_flat,
@@ -61,6 +62,10 @@ ARENA_BYTES = 1 << 36
 # after as long again. A worker stuck in compute never holds the run hostage.
 STOP_GRACE_S = 1.0
 INTERRUPTED = 0xFFFFFFF0  # the abort code of a run stopped by Ctrl-C / SIGINT
+TIMED_OUT = 0xFFFFFFFE  # ... of a group a worker's collective timed out in (dp_sync.h)
+# An elastic launch waits this much longer than STOP_GRACE_S for the survivors of a failure:
+# a survivor computing a long step returns only at its next collective
+ELASTIC_WAIT_S = 10.0
 SLOT_BYTES = 64  # the world group's per-rank buffer (a barrier needs one)
 
 
@@ -625,6 +630,7 @@ def run_threads(
     grace: float = STOP_GRACE_S,
     watch=None,
     report=None,
+    elastic: bool = False,
 ):
     """Runs target(comm) on `world` threads sharing one segment; returns their results by
     rank. ``extras`` (name -> array) are handed to every worker as they are (threads share
@@ -638,6 +644,10 @@ def run_threads(
     from outside, so it is left to finish its step in the background (it is a daemon, and
     its next collective raises) and the error says so. Ctrl-C (KeyboardInterrupt) aborts the
     world and is re-raised.
+
+    elastic: a failure still raises WorkerError, but after waiting for the survivors (each
+    returns an ``Interrupted``: see ``_elastic_error``), not for the ranks a survivor's
+    timeout named missing (a stalled thread is left behind, as above).
     """
     policy = policy or WaitPolicy.for_workers(world, backend="thread")
     layout = SegmentLayout(world)
@@ -654,6 +664,7 @@ def run_threads(
             grace,
             watch,
             report,
+            elastic,
         )
     finally:
         holders.release()  # every path: a result, a failure, Ctrl-C
@@ -687,7 +698,7 @@ class _Holders:
 
 
 def _join_threads(
-    world, target, layout, holders, policy, extras, join_timeout, grace, watch, report
+    world, target, layout, holders, policy, extras, join_timeout, grace, watch, report, elastic
 ):
     """run_threads' body: starts the threads and waits for them; returns (results, None),
     or (None, the error to raise) once its views of the segment are gone (a traceback
@@ -706,6 +717,8 @@ def _join_threads(
     def body(rank):
         try:
             results[rank] = target(comms[rank])
+            if isinstance(results[rank], Interrupted):
+                failed.set()  # the group stopped under this worker: stop waiting for its missing
         except _core.GroupAborted:
             pass  # another worker failed first; it is reported
         except BaseException as exc:  # report, then stop the others
@@ -728,19 +741,31 @@ def _join_threads(
     try:
         if watch is not None:
             watch(comms[0].progress)
-        while any(t.is_alive() for t in threads):
+        given_up: set[int] = set()  # elastic: the ranks a survivor's timeout named missing
+        while any(t.is_alive() for r, t in enumerate(threads) if r not in given_up):
             if failed.is_set():
-                deadline = min(deadline or math.inf, time.monotonic() + grace)
+                wait = grace + (ELASTIC_WAIT_S if elastic else 0.0)
+                deadline = min(deadline or math.inf, time.monotonic() + wait)
                 failed.clear()
+                if elastic:
+                    given_up |= _missing(results)
             if deadline is not None and time.monotonic() > deadline:
                 break
-            next(t for t in threads if t.is_alive()).join(0.05)
+            waited = [t for r, t in enumerate(threads) if t.is_alive() and r not in given_up]
+            if waited:
+                waited[0].join(0.05)
     except BaseException as exc:  # Ctrl-C, or the watch callback failed: stop the workers
         layout.abort(mem, INTERRUPTED)
         for t in threads:
             t.join(grace)
         return None, exc.with_traceback(None)
     stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+    interrupted = any(isinstance(res, Interrupted) for res in results)
+    if elastic and (failures or interrupted or stuck and deadline is not None):
+        lost = {r: _late(policy) for r in _missing(results)}
+        lost.update({r: "still computing when the others stopped" for r in stuck if r not in lost})
+        lost.update(failures)  # a worker's own error says more than a survivor's view of it
+        return None, _elastic_error(lost, results)
     if stuck and not failures:
         layout.abort(mem, world + 1)
         return None, WorkerError(stuck[0], "did not finish in time")
@@ -753,9 +778,33 @@ def _join_threads(
                 f"collective)"
             )
         return None, WorkerError(rank, cause)
-    if comms[0].aborted:
-        return None, WorkerError(comms[0].aborted - 1, "aborted the group")
+    code = comms[0].aborted
+    if code == TIMED_OUT:  # a worker caught its collective's TimeoutError and went on
+        return None, WorkerError(-1, "a collective timed out (a worker caught its TimeoutError)")
+    if code:
+        return None, WorkerError(code - 1, "aborted the group")
     return results, None
+
+
+def _late(policy: WaitPolicy) -> str:
+    """The cause of a rank another's collective timed out waiting for."""
+    return f"did not arrive within the {policy.timeout:g} s timeout"
+
+
+def _missing(results) -> set[int]:
+    """The ranks the survivors' timeouts named missing (``Interrupted.missing``)."""
+    return {r for res in results if isinstance(res, Interrupted) for r in res.missing}
+
+
+def _elastic_error(lost: dict, results: list) -> WorkerError:
+    """An elastic launch's failure: WorkerError naming the first lost rank, with every lost
+    rank and cause (``lost``) and what each survivor returned (``results``; None for the
+    lost). No rank lost (a survivor's timeout that named no one): the error of rank -1."""
+    results = [None if r in lost else res for r, res in enumerate(results)]
+    if not lost:
+        return WorkerError(-1, "a collective timed out, yet no rank is missing", {}, results)
+    first = min(lost)
+    return WorkerError(first, lost[first], lost, results)
 
 
 MAIN_GUARD_FIX = (
@@ -932,6 +981,7 @@ def run_processes(
     grace: float = STOP_GRACE_S,
     watch=None,
     report=None,
+    elastic: bool = False,
 ):
     """Runs target(comm, *args) in `world` processes sharing one new SharedSegment; returns
     the results by rank. ``extras`` (name -> array, e.g. the data set) reach every worker as
@@ -955,6 +1005,10 @@ def run_processes(
     Communicator.progress) when the workers have started; ``report``, if given, is called
     in this process with what a worker passes to ``comm.report`` (sent through its pipe),
     while the workers run.
+
+    elastic: a failure still raises WorkerError, after waiting for the survivors (each
+    returns an ``Interrupted``: see ``_elastic_error``); the ranks a survivor's timeout names
+    missing are killed at once (a stalled process may not take a SIGTERM).
     """
     import multiprocessing as mp
     from multiprocessing import connection
@@ -1009,6 +1063,7 @@ def run_processes(
             procs.append(p)
             conns.append(parent_end)
         results = [None] * world
+        lost: dict[int, str] = {}  # elastic: every rank lost, and why
         started: set[int] = set()  # the ranks whose worker got past its bootstrapping
         pending = {c: r for r, c in enumerate(conns)}
         sentinels = {p.sentinel: r for r, p in enumerate(procs)}
@@ -1036,24 +1091,40 @@ def run_processes(
                                 report(payload)
                         elif status == "ok":
                             results[rank] = payload
+                            if elastic and isinstance(payload, Interrupted):
+                                for m in payload.missing:  # stalled: SIGKILL reaches it
+                                    if m not in lost and procs[m].is_alive():
+                                        procs[m].kill()
+                                    lost.setdefault(m, _late(policy))
+                                if deadline is None:
+                                    deadline = time.monotonic() + grace + ELASTIC_WAIT_S
                         elif status == "error" and failure is None:
                             failure = (rank, payload)
-                        elif status == "died" and failure is None:
+                        elif status == "error":
+                            lost.setdefault(rank, payload)
+                        elif status == "died" and failure is None and rank not in lost:
                             procs[rank].join(0.1)
                             failure = (rank, _exit_cause(procs[rank], rank in started, method))
                     elif obj in sentinels:
                         r = sentinels.pop(obj)
                         procs[r].join(0.1)
-                        if procs[r].exitcode not in (0, None) and failure is None:
+                        if procs[r].exitcode not in (0, None) and failure is None and r not in lost:
                             # died before reporting (SIGKILL, segfault, os._exit)
                             failure = (r, _exit_cause(procs[r], r in started, method))
-                if failure is not None and deadline is None:
+                if failure is not None and (deadline is None or failure[0] not in lost):
+                    lost.setdefault(*failure)
                     layout.abort(mem, failure[0] + 1)
-                    deadline = time.monotonic() + grace
+                    wait = grace + (ELASTIC_WAIT_S if elastic else 0.0)
+                    deadline = min(deadline or math.inf, time.monotonic() + wait)
         except KeyboardInterrupt:
             interrupted = True
             layout.abort(mem, INTERRUPTED)
             raise
+        if elastic and (lost or any(isinstance(res, Interrupted) for res in results)):
+            for r in pending.values():  # a survivor that never got back: lost too
+                lost.setdefault(r, f"still running {grace + ELASTIC_WAIT_S:g} s after the failure")
+            failure = failure or (min(lost) if lost else -1, "")
+            raise _elastic_error(lost, results)
         if failure is not None:
             left = [r for r in pending.values() if procs[r].is_alive()]
             if left:

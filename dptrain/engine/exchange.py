@@ -57,11 +57,54 @@ def gradient_buckets(n_params: int, itemsize: int, bucket_kb: float) -> list[tup
     return [(max(0, stop - per), stop) for stop in range(n_params, 0, -per)]
 
 
+class Tally:
+    """An elastic run's epoch sums (loss, correct) as every worker knows them after each step,
+    so that the survivors of a lost worker hold them too: before its step's exchange, each
+    worker writes its running sums of the epoch into its row of a shared table; after it
+    (the exchange is a collective: every row is written), each sums the table in rank order.
+    Two tables, by the step's parity: a worker a step ahead writes the other one, and none
+    can be two steps ahead of a worker still reading (it would have to pass an exchange that
+    worker has not entered)."""
+
+    def __init__(self, comm):
+        self.table = comm.shared_zeros(2 * comm.size, 2, np.float64)
+        self.rank, self.size = comm.rank, comm.size
+        self.mine = np.zeros(2)  # this worker's running sums of the epoch
+        self.parity = 0
+
+    def start_epoch(self, loss: float = 0.0, correct: float = 0.0) -> None:
+        """A new epoch (or one resumed: loss, correct: its sums so far, on one worker only)."""
+        self.mine[:] = loss, correct
+
+    def add(self, loss: float, correct: float) -> None:
+        """This worker's share of the step, before the step's exchange."""
+        self.mine += loss, correct
+        self.table[self.parity * self.size + self.rank][:] = self.mine
+
+    def read(self) -> tuple[float, int]:
+        """The epoch's sums over every worker so far, after the step's exchange."""
+        rows = self.table[self.parity * self.size : (self.parity + 1) * self.size]
+        loss = correct = 0.0
+        for row in rows:  # in rank order: the same bits on every worker
+            loss += row[0]
+            correct += row[1]
+        return float(loss), int(round(correct))
+
+
 class Exchange:
     """The strategy interface (see the module docstring). ``clip``: the run's GradClip
-    (engine.clip; TrainConfig's clip_norm), or None."""
+    (engine.clip; TrainConfig's clip_norm), or None. ``tally``: an elastic run's ``Tally``,
+    or None."""
 
     clip = None
+    tally = None
+
+    def _tallied(self, loss: float, correct: int) -> tuple[float, int]:
+        """This worker's share of the step, added to the elastic run's tally (before the
+        exchange: see Tally)."""
+        if self.tally is not None:
+            self.tally.add(loss, correct)
+        return loss, correct
 
     def buffers(self, comm, n_params: int, dtype) -> dict:
         """Allocates the model's flat buffers (and the strategy's own): {'params', 'grads',
@@ -145,7 +188,7 @@ class AllReduce(Exchange):
         return comm.zeros(self.n_params, self.dtype, algorithm=self.algorithm)
 
     def gradient(self, comm, model, rows, start, stop, clock):
-        loss, correct = self._share(comm, model, rows, start, stop, clock)
+        loss, correct = self._tallied(*self._share(comm, model, rows, start, stop, clock))
         grads = self.grads = model.grads
         for lo, hi in gradient_buckets(grads.size, grads.itemsize, self.bucket_kb):
             comm.allreduce_sum_(grads, start=lo, stop=hi)  # one collective per bucket
@@ -194,7 +237,7 @@ class Bf16AllReduce(Exchange):
         return bufs
 
     def gradient(self, comm, model, rows, start, stop, clock):
-        loss, correct = self._share(comm, model, rows, start, stop, clock)
+        loss, correct = self._tallied(*self._share(comm, model, rows, start, stop, clock))
         _core.to_bf16(model.grads, self.slots[comm.rank])  # the exchange's own cost
         comm.sum_into_(self.sum, self.slots)
         _core.from_bf16(self.sum, self.grads)
@@ -258,6 +301,7 @@ class Deterministic(Exchange):
                 loss += cl
                 correct += cc
         clock.computed()
+        self._tallied(loss, correct)
         if self.bf16:
             comm.sum_into_(self.sum, self.chunks)  # the chunks, summed in chunk order
             _core.from_bf16(self.sum, self.grads)

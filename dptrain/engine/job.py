@@ -22,7 +22,8 @@ class Job:
     the data set's identity (``checkpoint.data_identity``), among the resume keys.
     ``checkpoint_steps``: steps between checkpoints (config's checkpoint_every; with a
     checkpoint path and no interval, one epoch's steps: a checkpoint named is written).
-    ``replicas``: local SGD's replicas (config's replicas, else one per worker); 0: none."""
+    ``replicas``: local SGD's replicas (config's replicas, else one per worker); 0: none.
+    ``restore``: where an elastic run goes on after a lost worker (engine.elastic)."""
 
     config: TrainConfig
     model: dict
@@ -34,6 +35,9 @@ class Job:
     data: dict = field(default_factory=dict)
     checkpoint_steps: int = 0
     replicas: int = 0
+    # an elastic run going on after a lost worker: loop.POSITION's values, "epoch_seconds"
+    # and "history" (the arrays travel as the launch's INIT_ extras); None: a run's start
+    restore: dict | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def plan(

@@ -20,14 +20,15 @@ import time
 
 import numpy as np
 
-from ..comm import LocalComm
+from .. import _core
+from ..comm import Interrupted, LocalComm
 from ..measure import timing
 from ..models import model_from_spec, storage_dtype
 from ..optim import lr_at, make_optimizer
 from ..sampler import CHUNKS, BatchRows, batch_bounds, epoch_order, shard
 from .checkpoint import load_checkpoint, load_optimizer_state, read_local_arrays, save_checkpoint
 from .clip import GradClip
-from .exchange import AllReduce, make_exchange
+from .exchange import AllReduce, Tally, make_exchange
 from .hooks import Hooks, hooks_for
 from .job import Job
 from .local import LocalSGD
@@ -39,6 +40,18 @@ INIT_STEP = "init_step"  # ... and its dropout step count (int64 [step]): a fit 
 # the extras holding a previous run's optimizer state that fit(optimizer_state=...) continues:
 # INIT_OPTIMIZER + "steps" (one int64), + "velocity", + each of its state_dict()'s arrays
 INIT_OPTIMIZER = "init_optimizer_"
+# where an elastic run goes on (Job.restore's plain values besides the history): the epoch,
+# the batches of it done, the steps done, the epoch's sums over every worker so far, the
+# seconds of training and of evaluation so far, and of the epoch so far
+POSITION = (
+    "epoch",
+    "batch",
+    "step",
+    "loss_sum",
+    "correct",
+    "train_seconds",
+    "eval_seconds",
+)
 
 
 class Plateau:
@@ -74,8 +87,27 @@ def train_worker(comm, job: Job) -> dict:
         init_state=comm.extra(INIT_STATE, None),
         init_step=comm.extra(INIT_STEP, None),
     )
-    out["placement"] = comm.placement  # where launch placed this worker (its CPUs, pinned?)
+    if not isinstance(out, Interrupted):  # (an elastic run's survivor hands home its state)
+        out["placement"] = comm.placement  # where launch placed this worker (its CPUs, pinned?)
     return out
+
+
+def _snapshot(done: dict, net, opt, held_state) -> dict:
+    """A survivor's state at the last step every worker completed (``done``): the position
+    (POSITION, the epoch's seconds so far, rank 0's history), the parameters, the optimizer's
+    state (its state_dict and the velocity), the running statistics; when the group stopped
+    (``caught``) and when the interrupted step began (``began``), in wall-clock seconds."""
+    snap = {k: done[k] for k in POSITION + ("epoch_seconds", "began")}
+    snap.update(
+        caught=time.time(),
+        first_step_wall=done.get("first_step_wall"),
+        history=list(done["history"]),
+        params=net.params.copy(),
+        velocity=net.velocity.copy(),
+        bn_state=held_state.copy(),
+        optimizer=opt.state_dict(),
+    )
+    return snap
 
 
 def continued_state(comm, opt) -> dict | None:
@@ -120,7 +152,9 @@ def run_worker(
     launcher prints it) and returns the history, the final parameters and the optimizer's
     state. (The launcher closes the communicator after.)"""
     cfg = job.config
-    hooks = hooks or hooks_for(cfg, comm.rank)
+    restore = job.restore  # an elastic run going on after a lost worker: where, and its state
+    hooks = hooks or hooks_for(cfg, comm.rank, faults=restore is None)
+    hooks.bind(comm)
     # dropout's step key continues a user's model's count (a second fit, partial_fit draws
     # new masks); the run's own step (the schedule's, checkpoints') starts at 0 as ever
     step0 = 0 if init_step is None else int(init_step[0])
@@ -131,6 +165,8 @@ def run_worker(
         exchange = make_exchange(cfg, comm) if job.coupled else AllReduce()
     if cfg.clip_norm is not None:
         exchange.clip = GradClip(cfg.clip_norm)
+    elastic = cfg.elastic and comm.size > 1
+    tally = exchange.tally = Tally(comm) if elastic else None
     n_params = job.model["n_params"]
     bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
@@ -165,30 +201,15 @@ def run_worker(
             held[:] = net.state
         comm.broadcast_(held, 0)
         net.state[:] = held
+    if restore is not None:  # every rank: the position, and the epoch's sums (over all ranks)
+        state.update({k: restore[k] for k in POSITION})
+        if rank == 0:
+            state["history"] = list(restore["history"])
     if job.resume and rank != 0:
         # every rank reads the position (the file is visible to all: one machine, or a shared
         # file system under MPI); parameters and momentum come from rank 0
         state.update(load_checkpoint(job.resume, job, None, n))
         state.update(loss_sum=0.0, correct=0)  # the epoch's sums so far count once, on 0
-    # every rank's start-up (its data mapped, its model built, a checkpoint read) is work,
-    # not lateness: --timeout counts none of it
-    comm.barrier_after_work(None)
-    if job.resume:
-        exchange.publish(comm, net.velocity)
-        load_optimizer_state(job.resume, opt, state["step"])  # Adam's own moments, every rank
-    elif (continued := continued_state(comm, opt)) is not None:
-        net.velocity[:] = continued.pop("velocity")  # every rank got the same extras
-        opt.load_state_dict(continued)
-    exchange.publish(comm, net.params)
-    exchange.ready(
-        comm,
-        opt,
-        state.get("local_sgd"),
-        read_local_arrays(job.resume, job.model["n_params"], net.params.dtype)
-        if job.resume and job.local
-        else None,
-    )
-
     bounds = batch_bounds(n, job.batch_size)
     total_steps = cfg.epochs * len(bounds)
 
@@ -230,85 +251,164 @@ def run_worker(
             plateau = Plateau(cfg.tol, cfg.n_iter_no_change)
             for rec in history:
                 plateau.stalled(rec["train_loss"])
-    for epoch in range(state["epoch"], cfg.epochs):
-        rows.order = epoch_order(n, epoch, cfg.seed, cfg.shuffle)
-        rows.epoch = epoch
-        first_batch = state["batch"] if epoch == state["epoch"] else 0
-        loss_sum, correct = (state["loss_sum"], state["correct"]) if first_batch else (0.0, 0)
-        # every worker starts the epoch together, after rank 0's evaluation of the last one
-        comm.barrier_after_work(0)
-        exchange.epoch_start(epoch, first_batch, len(bounds))
-        e0 = now()
-        for b in range(first_batch, len(bounds)):
-            hooks.step_start(rank, step)
-            clock.begin(e0 if b == first_batch else now())
-            net.step = step0 + step  # dropout's key (Model.loss_grad)
-            batch_loss, batch_correct = exchange.gradient(comm, net, rows, *bounds[b], clock)
-            exchange.update(comm, opt, lr_of(step))
-            clock.record(timer, epoch, now())
-            loss_sum += batch_loss
-            correct += batch_correct
-            step += 1
-            if progress is not None:
-                progress[0], progress[1] = step, total_steps
-            if checkpoint_every and step % checkpoint_every == 0:
-                # the epoch's loss so far, over all workers (this all-reduce is also the
-                # barrier after which every update of this step is done)
-                stats[0], stats[1] = loss_sum, correct
-                comm.allreduce_sum_(stats)
-                if rank == 0:
-                    save_checkpoint(
-                        cfg.checkpoint,
-                        job,
-                        net,
-                        optimizer=opt,
-                        step=step,
+    # an elastic run's survivors go on from `done`: the last step every worker completed
+    done = dict(ready=False, began=time.time())
+    held_state = net.state.copy() if elastic else None  # ... and its running statistics
+    offset = restore["epoch_seconds"] if restore is not None else 0.0  # the epoch's time before
+    try:
+        # every rank's start-up (its data mapped, its model built, a checkpoint read) is work,
+        # not lateness: --timeout counts none of it
+        comm.barrier_after_work(None)
+        if job.resume:
+            exchange.publish(comm, net.velocity)
+            load_optimizer_state(job.resume, opt, state["step"])  # Adam's own moments, every rank
+        elif (continued := continued_state(comm, opt)) is not None:
+            net.velocity[:] = continued.pop("velocity")  # every rank got the same extras
+            opt.load_state_dict(continued)
+        exchange.publish(comm, net.params)
+        exchange.ready(
+            comm,
+            opt,
+            state.get("local_sgd"),
+            read_local_arrays(job.resume, job.model["n_params"], net.params.dtype)
+            if job.resume and job.local
+            else None,
+        )
+        if elastic:
+            held_state[:] = net.state
+            done.update(
+                ready=True,
+                step=step,
+                **{k: state[k] for k in ("epoch", "batch", "loss_sum", "correct")},
+                train_seconds=train_seconds,
+                eval_seconds=eval_seconds,
+                epoch_seconds=offset,
+                history=history,
+            )
+
+        for epoch in range(state["epoch"], cfg.epochs):
+            rows.order = epoch_order(n, epoch, cfg.seed, cfg.shuffle)
+            rows.epoch = epoch
+            first_batch = state["batch"] if epoch == state["epoch"] else 0
+            loss_sum, correct = (state["loss_sum"], state["correct"]) if first_batch else (0.0, 0)
+            sums = loss_sum, correct  # elastic: the epoch's sums over every worker so far
+            if tally is not None:  # the sums so far count once, on rank 0
+                tally.start_epoch(*(sums if rank == 0 else (0.0, 0)))
+            if epoch != state["epoch"]:
+                offset = 0.0
+            # every worker starts the epoch together, after rank 0's evaluation of the last one
+            comm.barrier_after_work(0)
+            exchange.epoch_start(epoch, first_batch, len(bounds))
+            e0 = now()
+            for b in range(first_batch, len(bounds)):
+                hooks.step_start(rank, step)
+                clock.begin(e0 if b == first_batch else now())
+                net.step = step0 + step  # dropout's key (Model.loss_grad)
+                if tally is not None:
+                    tally.parity = step & 1
+                batch_loss, batch_correct = exchange.gradient(comm, net, rows, *bounds[b], clock)
+                if tally is not None:
+                    sums = tally.read()
+                exchange.update(comm, opt, lr_of(step))
+                clock.record(timer, epoch, now())
+                loss_sum += batch_loss
+                correct += batch_correct
+                step += 1
+                if elastic:  # no collective since the exchange: every worker completed it
+                    held_state[:] = net.state
+                    done.update(
                         epoch=epoch,
                         batch=b + 1,
-                        loss_sum=float(stats[0]),
-                        correct=int(round(stats[1])),
-                        history=history,
+                        step=step,
+                        loss_sum=sums[0],
+                        correct=sums[1],
                         train_seconds=train_seconds + now() - e0,
-                        eval_seconds=eval_seconds,
-                        local=exchange.checkpoint_state() if job.local else None,
+                        epoch_seconds=offset + now() - e0,
+                        began=time.time(),
                     )
-                comm.barrier_after_work(0)  # the next exchange does not wait out the write
-        stats[0], stats[1] = loss_sum, correct
-        comm.allreduce_sum_(stats)  # also the barrier that ends the epoch's timing
-        e1 = now()
-        timer.end(e1)
-        epoch_seconds = e1 - e0
-        train_seconds += epoch_seconds
-        loss_sum, correct = float(stats[0]), int(round(stats[1]))
-        if not math.isfinite(loss_sum):
-            raise FloatingPointError(
-                f"training diverged: the loss is {loss_sum} in epoch {epoch + 1} "
-                f"(lr={job.lr}); try a smaller learning rate"
-            )
-        if rank == 0:
-            v0 = now()
-            test_loss, test_acc = net.evaluate(x_test, y_test) if len(x_test) else (None, None)
-            eval_seconds += now() - v0
-            rec = {
-                "epoch": epoch + 1,
-                "train_loss": loss_sum / n,
-                "train_accuracy": None if net.loss == "mse" else correct / n,
-                "test_loss": test_loss,
-                "test_accuracy": test_acc,
-                "seconds": epoch_seconds,
-            }
-            if plateau is not None and plateau.stalled(rec["train_loss"]):
-                rec["stopped"] = (
-                    f"stopped after epoch {epoch + 1}: the training loss has not fallen by "
-                    f"tol={cfg.tol:g} for {plateau.patience + 1} epochs in a row"
+                    done.setdefault("first_step_wall", done["began"])  # a recovery's end
+                if progress is not None:
+                    progress[0], progress[1] = step, total_steps
+                if checkpoint_every and step % checkpoint_every == 0:
+                    # the epoch's loss so far, over all workers (this all-reduce is also the
+                    # barrier after which every update of this step is done)
+                    stats[0], stats[1] = loss_sum, correct
+                    if elastic:  # every worker holds the sums: a barrier is enough
+                        comm.barrier()
+                        stats[0], stats[1] = sums
+                    else:
+                        comm.allreduce_sum_(stats)
+                    if rank == 0:
+                        save_checkpoint(
+                            cfg.checkpoint,
+                            job,
+                            net,
+                            optimizer=opt,
+                            step=step,
+                            epoch=epoch,
+                            batch=b + 1,
+                            loss_sum=float(stats[0]),
+                            correct=int(round(stats[1])),
+                            history=history,
+                            train_seconds=train_seconds + now() - e0,
+                            eval_seconds=eval_seconds,
+                            local=exchange.checkpoint_state() if job.local else None,
+                        )
+                    comm.barrier_after_work(0)  # the next exchange does not wait out the write
+            stats[0], stats[1] = loss_sum, correct
+            if elastic:  # every worker holds the sums: a barrier ends the epoch's timing
+                comm.barrier()
+                stats[0], stats[1] = sums
+            else:
+                comm.allreduce_sum_(stats)  # also the barrier that ends the epoch's timing
+            e1 = now()
+            timer.end(e1)
+            epoch_seconds = offset + e1 - e0
+            train_seconds += e1 - e0
+            done["train_seconds"] = train_seconds
+            loss_sum, correct = float(stats[0]), int(round(stats[1]))
+            if not math.isfinite(loss_sum):
+                raise FloatingPointError(
+                    f"training diverged: the loss is {loss_sum} in epoch {epoch + 1} "
+                    f"(lr={job.lr}); try a smaller learning rate"
                 )
-            history.append(rec)
-            comm.report(rec)
-        if cfg.tol is not None:
-            stop[0] = rank == 0 and "stopped" in history[-1]
-            comm.broadcast_(stop, root=0)
-            if stop[0]:
-                break
+            if rank == 0:
+                v0 = now()
+                test_loss, test_acc = net.evaluate(x_test, y_test) if len(x_test) else (None, None)
+                eval_seconds += now() - v0
+                done["eval_seconds"] = eval_seconds
+                rec = {
+                    "epoch": epoch + 1,
+                    "train_loss": loss_sum / n,
+                    "train_accuracy": None if net.loss == "mse" else correct / n,
+                    "test_loss": test_loss,
+                    "test_accuracy": test_acc,
+                    "seconds": epoch_seconds,
+                }
+                if plateau is not None and plateau.stalled(rec["train_loss"]):
+                    rec["stopped"] = (
+                        f"stopped after epoch {epoch + 1}: the training loss has not fallen by "
+                        f"tol={cfg.tol:g} for {plateau.patience + 1} epochs in a row"
+                    )
+                history.append(rec)
+                comm.report(rec)
+            if cfg.tol is not None:
+                stop[0] = rank == 0 and "stopped" in history[-1]
+                comm.broadcast_(stop, root=0)
+                if stop[0]:
+                    break
+        if elastic:  # a failure in rank 0's last evaluation is a lost worker too
+            comm.barrier_after_work(0)
+    except (_core.GroupAborted, TimeoutError) as exc:
+        if not elastic:
+            raise
+        # another worker failed (or, TimeoutError, missed a collective): this one stops at
+        # once and hands home its state at the last completed step (the group is aborted:
+        # by the failure, or by the timeout itself)
+        return Interrupted(
+            _snapshot(done, net, opt, held_state) if done["ready"] else None,
+            getattr(exc, "missing", ()),
+        )
     out = {
         "rank": rank,
         "steps": step,
@@ -318,6 +418,7 @@ def run_worker(
         "train_seconds": train_seconds,
         "node_members": comm.node_members,
         "exchange": type(exchange).__name__,
+        "first_step_wall": done.get("first_step_wall"),
     }
     if job.local:
         out["local_sgd"] = exchange.record()

@@ -88,11 +88,14 @@ def make_result(
     wall0: float,
     model_obj,
     say,
+    recoveries=None,
 ) -> TrainResult:
     """The run's TrainResult from its workers' returns (``per_rank``, rank 0's first: its
     history and final parameters): the trained model (``model_obj``, the user's, updated in
     place; else the named model built from the spec on the trained parameters), where the
-    time went, and the files the options ask for (JSON, weights, trace, step table)."""
+    time went, and the files the options ask for (JSON, weights, trace, step table).
+    recoveries: an elastic run's (``engine.elastic``), or None; the breakdown then covers the
+    steps since the last one (on its workers)."""
     from .. import __version__, build_info
 
     cfg, spec, head = job.config, job.model, per_rank[0]
@@ -118,6 +121,8 @@ def make_result(
     local = head.get("local_sgd")
     if local is not None:  # the trace names the period and sync_every auto's every choice
         step_times.meta["local_sgd"] = local
+    if recoveries:
+        step_times.meta["elastic"] = recoveries
     breakdown = step_times.summary()
     timer_cost = timing.timer_cost_seconds(5000)
     breakdown["timer_seconds_per_step"] = timer_cost
@@ -129,6 +134,13 @@ def make_result(
     breakdown["steal_fraction"] = steal
     breakdown["param_bytes"] = net.n_params * net.dtype.itemsize
     breakdown["rank_train_seconds"] = [r["train_seconds"] for r in per_rank]
+    if recoveries is not None:  # an elastic run: its lost workers, and what each one cost
+        breakdown["elastic"] = {
+            "recoveries": len(recoveries),
+            "final_workers": len(per_rank),
+            "recovery_seconds": [e["recovery_seconds"] for e in recoveries],
+            "steps_in_breakdown": len(head["stamps"]),
+        }
     result = TrainResult(
         {
             "dptrain_version": __version__,
@@ -181,12 +193,16 @@ def make_result(
             "local_sgd": local,
             # clip_norm's record: how often it clipped, the norms' median and maximum
             "grad_clip": head.get("grad_clip"),
+            # an elastic run's recoveries (engine.elastic), else None
+            "elastic": recoveries,
         }
     )
     result["wall_seconds"] = time.perf_counter() - wall0
     if cfg.out:
         result.to_json(cfg.out)
         say(f"wrote {cfg.out}")
+    if recoveries:
+        say(elastic_line(recoveries, len(head["stamps"])))
     say(breakdown_line(breakdown))
     line = straggler_line(breakdown, "average" if local is not None else "step")
     if line:
@@ -248,6 +264,20 @@ def local_line(local: dict, steps: int) -> str:
 # random jitter's cost gets its own line from this share of the step on (below it, the
 # breakdown line's sync_wait share says enough)
 NOTABLE_WAIT_SHARE = 0.05
+
+
+def elastic_line(recoveries: list, steps: int) -> str:
+    """One line: an elastic run's lost workers, what each cost, and what the breakdown after
+    it covers (the steps since the last recovery)."""
+    parts = []
+    for e in recoveries:
+        ranks = ", ".join(str(x["rank"]) for x in e["lost"])
+        cost = e["recovery_seconds"]
+        parts.append(
+            f"rank {ranks} at step {e['step']} ({e['world'][0]} -> {e['world'][1]} workers"
+            + (f", the step redone {cost:.2f} s after it began)" if cost else ")")
+        )
+    return f"elastic: lost {'; '.join(parts)}; the times below cover the {steps} steps since"
 
 
 def straggler_line(b: dict, step: str = "step") -> str | None:

@@ -53,6 +53,7 @@ from ..models import Model
 from ..optim import make_optimizer
 from .checkpoint import data_identity, read_checkpoint
 from .data import announce, check_finite, data_arg, load_data
+from .elastic import launch_elastic
 from .job import Job
 from .loop import (
     DATA_NAMES,
@@ -304,10 +305,16 @@ def run(
         if "stopped" in rec:
             say(rec["stopped"])
 
+    recoveries = None
     try:
-        per_rank = launch(
-            train_worker, job, watch=bar.watch if bar else None, report=report, **options
-        )
+        if config.elastic and world > 1:
+            per_rank, recoveries = launch_elastic(
+                job, ds.n_train, options, say, report=report, watch=bar.watch if bar else None
+            )
+        else:
+            per_rank = launch(
+                train_worker, job, watch=bar.watch if bar else None, report=report, **options
+            )
     finally:
         if bar is not None:
             bar.close()
@@ -321,7 +328,9 @@ def run(
         # (--no-mpi-shm, DPTRAIN_MPI_SHM=0 or one rank)
         record["mpi_layout"] = per_rank[0]["node_members"]
         record["mpi_shm"] = record["mpi_layout"] is not None
-    return make_result(job, record, ds, per_rank, steal, data_load_seconds, wall0, model, say)
+    return make_result(
+        job, record, ds, per_rank, steal, data_load_seconds, wall0, model, say, recoveries
+    )
 
 
 def resolve_auto(config: TrainConfig, node=None) -> TrainConfig:

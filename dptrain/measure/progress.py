@@ -132,13 +132,15 @@ class StepBar:
             say(line)
 
     def watch(self, slot) -> None:
-        if self.bar is None:
+        """Draws from `slot` from now on (again: an elastic run's workers after a recovery)."""
+        self.slot = slot
+        if self.bar is None or self.thread is not None:
             return
 
         def loop():
             while not self.done.wait(0.2):
-                self._draw(slot)
-            self._draw(slot)
+                self._draw(self.slot)
+            self._draw(self.slot)
 
         self.thread = threading.Thread(target=loop, daemon=True, name="dptrain-progress")
         self.thread.start()

@@ -1,0 +1,206 @@
+"""Elastic runs (--elastic): a worker lost mid-run (raised, killed, stalled past --timeout)
+costs the step it was in; the others go on with one worker fewer from the last completed step,
+and with --deterministic the weights are the same bits as a run that lost no one."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import dptrain
+from dptrain.comm import Interrupted, WorkerError, launch
+from dptrain.config import parse_layers
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # 4 workers on 2 CPUs
+
+# 8 steps an epoch; the faults land mid-epoch 2 unless a test says otherwise
+RUN = dict(
+    dataset="synthetic",
+    n_samples=1024,
+    n_features=20,
+    epochs=2,
+    batch_size=128,
+    workers=4,
+    hidden=(32,),
+    seed=5,
+    quiet=True,
+)
+
+
+def train(**options):
+    return dptrain.train("mlp", **{**RUN, **options})
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """The deterministic run that lost no one (its bits do not depend on the backend)."""
+    return train(deterministic=True, backend="thread")
+
+
+@pytest.mark.parametrize(
+    "backend, kind",
+    [
+        ("thread", "raise"),
+        ("thread", "stop"),
+        ("process", "raise"),
+        ("process", "kill"),
+        ("process", "stop"),
+    ],
+)
+def test_lost_worker_costs_a_step_not_the_bits(uninterrupted, backend, kind):
+    lines = []
+    r = train(
+        deterministic=True,
+        backend=backend,
+        elastic=True,
+        fault=(2, 11, kind),
+        timeout=1.0,
+        quiet=False,
+        progress=False,
+        log=lines.append,
+    )
+    assert np.array_equal(r["params"], uninterrupted["params"])  # the same bits
+    assert [h["train_loss"] for h in r.history] == pytest.approx(
+        [h["train_loss"] for h in uninterrupted.history], rel=1e-12
+    )
+    (event,) = r["elastic"]
+    assert event["world"] == [4, 3] and event["step"] == 11 and event["epoch"] == 2
+    assert [x["rank"] for x in event["lost"]] == [2]
+    cause = event["lost"][0]["cause"]
+    if kind == "stop":
+        assert "did not arrive within the 1 s timeout" in cause
+    else:
+        assert ("SIGKILL" if kind == "kill" else "injected fault on rank 2 at step 11") in cause
+    # from the interrupted step's start to its redo's end: the timeout, then well under 1 s
+    assert 0 < event["recovery_seconds"] < 1.0 + (1.0 if kind == "stop" else 0.0) + 2.0
+    said = [x for x in lines if "lost worker" in x]
+    assert said == [
+        f"dptrain: lost worker rank 2 at step 11 ({cause}): going on with 3 worker(s) from "
+        f"step 11 (elastic)"
+    ]
+    assert any(x.startswith("elastic: lost rank 2 at step 11 (4 -> 3 workers, ") for x in lines)
+    assert r.breakdown["elastic"]["final_workers"] == 3
+    assert r["config"]["elastic"] is True
+
+
+def test_rank_0_lost_and_a_fault_at_an_epoch_boundary(uninterrupted):
+    # rank 0 evaluates and reports: the new rank 0 takes over; step 8 opens epoch 2
+    r = train(deterministic=True, backend="thread", elastic=True, fault=(0, 8, "raise"))
+    assert np.array_equal(r["params"], uninterrupted["params"])
+    assert len(r.history) == 2
+    assert r.history[1]["train_loss"] == pytest.approx(uninterrupted.history[1]["train_loss"])
+    assert r["elastic"][0]["step"] == 8
+
+
+def test_without_deterministic_equal_to_rounding():
+    base = dict(backend="process", workers=3)
+    ref = train(**base)
+    r = train(**base, elastic=True, fault=(1, 5, "kill"))
+    assert r["elastic"][0]["world"] == [3, 2]
+    np.testing.assert_allclose(r["params"], ref["params"], rtol=1e-5, atol=1e-6)
+
+
+def test_adam_batch_norm_dropout_bitwise():
+    # every state a step carries: Adam's moments and step count, the running statistics,
+    # dropout's masks (keyed by the step)
+    layers = parse_layers("dense:32,batchnorm,relu,dropout:0.2,dense:2")
+    opts = dict(deterministic=True, backend="thread", layers=layers, optimizer="adam")
+    ref = train(**opts)
+    r = train(**opts, elastic=True, fault=(3, 12, "raise"))
+    assert np.array_equal(r["params"], ref["params"])
+    assert np.array_equal(r.model.state, ref.model.state)
+    assert np.array_equal(r.optimizer_state["exp_avg_sq"], ref.optimizer_state["exp_avg_sq"])
+
+
+def test_fewer_than_min_workers_fails_naming_the_rank():
+    with pytest.raises(
+        WorkerError,
+        match=r"worker rank 1 failed: .*injected.*1 worker\(s\) "
+        r"left, fewer than min_workers=2",
+    ):
+        train(workers=2, backend="thread", elastic=True, min_workers=2, fault=(1, 3, "raise"))
+
+
+def test_the_runs_own_error_is_not_a_lost_worker():
+    # every worker diverges alike: the run fails (once more on fewer workers at most), with
+    # the divergence named, instead of going on down to one worker
+    with pytest.raises(WorkerError, match="training diverged"):
+        train(backend="thread", elastic=True, lr=1e6, epochs=1)
+
+
+def test_fit_elastic_continues_the_users_model():
+    X, y = np.random.default_rng(0).normal(size=(512, 10)), np.arange(512) % 3
+    ref_model = dptrain.MLP([10, 16, 3], seed=1)
+    model = dptrain.MLP([10, 16, 3], seed=1)
+    kw = dict(epochs=2, batch_size=64, workers=4, backend="thread", deterministic=True)
+    dptrain.fit(ref_model, X, y, quiet=True, **kw)
+    r = dptrain.fit(model, X, y, quiet=True, elastic=True, fault=(1, 9, "raise"), **kw)
+    assert np.array_equal(model.params, ref_model.params)
+    assert model.step == ref_model.step  # dropout's count moved on by every step, once
+    assert r["elastic"][0]["world"] == [4, 3]
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(elastic=True, overlap=True), "not with overlap=True"),
+        (dict(elastic=True, sync_every=4), "local SGD"),
+        (dict(elastic=True, shard_update=True), "shard_update=True"),
+        (dict(min_workers=2), "give elastic=True"),
+        (dict(elastic=True, min_workers=5), "min_workers=5 is more than workers=4"),
+        (dict(fault=(1, 3, "stop")), "give a timeout"),
+    ],
+)
+def test_refused_before_any_work(options, message):
+    with pytest.raises(ValueError, match=message):
+        train(backend="thread", **options)
+
+
+def test_launch_elastic_hands_home_the_survivors():
+    """A launch user's own loop: survivors catch the group's stop and return what they hold;
+    the WorkerError carries the lost ranks and each survivor's Interrupted."""
+    from dptrain import _core
+
+    def fn(comm):
+        a = comm.zeros(4)
+        try:
+            for step in range(50):
+                if comm.rank == 1 and step == 7:
+                    raise RuntimeError("rank 1 gives up")
+                a[:] = 1.0
+                comm.allreduce_sum_(a)
+        except _core.GroupAborted:
+            return Interrupted({"step": step})
+        return "finished"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(WorkerError) as info:
+            launch(fn, workers=3, backend="thread", elastic=True)
+    err = info.value
+    assert err.rank == 1 and "rank 1 gives up" in err.lost[1]
+    assert err.results[1] is None
+    survivors = [err.results[r] for r in (0, 2)]
+    assert all(isinstance(s, Interrupted) for s in survivors)
+    assert {s.value["step"] for s in survivors} <= {7, 8}
+
+
+def test_timeout_names_the_missing_ranks():
+    import time
+
+    def fn(comm):
+        a = comm.zeros(4)
+        if comm.rank == 2:
+            while not comm.aborted:
+                time.sleep(0.01)
+            return None
+        try:
+            comm.allreduce_sum_(a)
+        except TimeoutError as exc:
+            return Interrupted(None, exc.missing)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(WorkerError) as info:
+            launch(fn, workers=3, backend="thread", timeout=0.3, elastic=True)
+    assert info.value.lost == {2: "did not arrive within the 0.3 s timeout"}
