@@ -71,7 +71,7 @@ def default_text(action) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``python -m dptrain`` (subcommands train, sweep, study, info,
+    """The argument parser of ``python -m dptrain`` (subcommands train, sweep, study, elastic, info,
     plot)."""
     p = argparse.ArgumentParser(
         prog="python -m dptrain",
@@ -212,6 +212,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="a reduced run that checks the pipeline (not the study's result)",
     )
 
+    e = sub.add_parser(
+        "elastic",
+        formatter_class=_HelpWithDefaults,
+        help="run an MPI training job that goes on after a lost rank",
+        description="Run `mpiexec -n N python -m dptrain train ...` (given after --) and, "
+        "when it fails (a rank raised, was killed or missed --timeout), run it again on "
+        "fewer ranks from its last checkpoint (written every --every steps), until it ends "
+        "well. With --deterministic the result is the same bits as a job that lost no one. "
+        "(The thread and process backends go on in place: train --elastic.)",
+    )
+    e.add_argument(
+        "--min-workers", type=int, default=1, help="the fewest ranks the job goes on with"
+    )
+    e.add_argument(
+        "--every",
+        type=int,
+        default=50,
+        help="steps between the checkpoints a restart resumes (unless the train command "
+        "gives --checkpoint-every)",
+    )
+    e.add_argument(
+        "job",
+        nargs=argparse.REMAINDER,
+        metavar="-- mpiexec -n N python -m dptrain train ...",
+        help="the MPI job",
+    )
+
     sub.add_parser(
         "info",
         formatter_class=_HelpWithDefaults,
@@ -345,6 +372,20 @@ def _main(argv=None) -> int:
         from .measure.plot_command import main_plot
 
         return main_plot(args)
+    if args.command == "elastic":
+        from .engine.restart import supervise
+
+        job = args.job[1:] if args.job[:1] == ["--"] else args.job
+        try:
+            return supervise(
+                job,
+                min_workers=args.min_workers,
+                every=args.every,
+                log=lambda line: print(line, file=sys.stderr, flush=True),
+            )
+        except (ValueError, OSError) as exc:
+            print(f"dptrain: error: {exc}", file=sys.stderr)
+            return 1
     return _train(args)
 
 

@@ -473,6 +473,12 @@ class TrainConfig:
         "with elastic: the fewest workers the run goes on with; losing one more fails it",
         group="parallel",
     )
+    respawn: bool = option(
+        False,
+        "with elastic: a new worker replaces each one lost, from the same step, so the run "
+        "goes on with as many workers as it started with",
+        group="parallel",
+    )
     allreduce: str = option(
         "native",
         "gradient exchange: the transport's own (native), the "
@@ -623,8 +629,8 @@ class TrainConfig:
     fault: tuple | None = option(
         None,
         "make one worker fail at one step: (rank, step, 'raise' | 'kill' | 'stop'); 'kill' "
-        "(SIGKILL) needs the process backend; 'stop' stalls it (SIGSTOP a process, a thread "
-        "sleeps until the run gives up on it), for --timeout",
+        "(SIGKILL) needs worker processes (process backend, MPI); 'stop' stalls it (SIGSTOP "
+        "a process, a thread sleeps until the run gives up on it), for --timeout",
         group="injection",
         flag="--inject-fault",
         parse=parse_fault,
@@ -892,11 +898,19 @@ class TrainConfig:
         apart on some workers, or exchanges inside the update, is refused."""
         set_("min_workers", _positive_int("min_workers", self.min_workers))
         if not self.elastic:
-            if self.min_workers != 1:
-                raise ValueError(
-                    f"min_workers={self.min_workers} is the fewest workers an elastic run goes "
-                    f"on with: give elastic=True (--elastic) too, or leave it out"
-                )
+            for name, value, what in (
+                (
+                    "min_workers",
+                    self.min_workers != 1,
+                    "is the fewest workers an elastic run goes on with",
+                ),
+                ("respawn", self.respawn, "replaces an elastic run's lost workers"),
+            ):
+                if value:
+                    raise ValueError(
+                        f"{name}={getattr(self, name)} {what}: give elastic=True (--elastic) "
+                        f"too, or leave it out"
+                    )
             return
         if self.workers != AUTO and self.min_workers > self.workers:
             raise ValueError(f"min_workers={self.min_workers} is more than workers={self.workers}")
@@ -1196,8 +1210,10 @@ class TrainConfig:
                 f"batch_size={batch} is smaller than workers={world}: every "
                 f"worker needs at least one sample of each global batch"
             )
-        if self.fault and self.fault[2] == "kill" and backend != "process":
-            raise ValueError("fault kind 'kill' kills the worker's process: use backend='process'")
+        if self.fault and self.fault[2] == "kill" and backend not in ("process", "mpi"):
+            raise ValueError(
+                "fault kind 'kill' kills the worker's process: use backend='process' (or MPI)"
+            )
         if self.fault and self.fault[2] == "stop" and world == 1:
             raise ValueError(
                 "fault kind 'stop' stalls a worker until another names it: give 2 workers or more"

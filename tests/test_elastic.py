@@ -83,6 +83,24 @@ def test_lost_worker_costs_a_step_not_the_bits(uninterrupted, backend, kind):
     assert r["config"]["elastic"] is True
 
 
+def test_respawn_replaces_the_lost_worker(uninterrupted):
+    lines = []
+    r = train(
+        deterministic=True,
+        backend="process",
+        elastic=True,
+        respawn=True,
+        fault=(1, 6, "kill"),
+        quiet=False,
+        progress=False,
+        log=lines.append,
+    )
+    assert np.array_equal(r["params"], uninterrupted["params"])
+    assert r["elastic"][0]["world"] == [4, 4]
+    assert r.breakdown["elastic"]["final_workers"] == 4
+    assert any("going on with 4 worker(s) from step 6 (1 new, respawned)" in x for x in lines)
+
+
 def test_rank_0_lost_and_a_fault_at_an_epoch_boundary(uninterrupted):
     # rank 0 evaluates and reports: the new rank 0 takes over; step 8 opens epoch 2
     r = train(deterministic=True, backend="thread", elastic=True, fault=(0, 8, "raise"))
@@ -147,6 +165,7 @@ def test_fit_elastic_continues_the_users_model():
         (dict(elastic=True, sync_every=4), "local SGD"),
         (dict(elastic=True, shard_update=True), "shard_update=True"),
         (dict(min_workers=2), "give elastic=True"),
+        (dict(respawn=True), "give elastic=True"),
         (dict(elastic=True, min_workers=5), "min_workers=5 is more than workers=4"),
         (dict(fault=(1, 3, "stop")), "give a timeout"),
     ],
@@ -204,3 +223,64 @@ def test_timeout_names_the_missing_ranks():
         with pytest.raises(WorkerError) as info:
             launch(fn, workers=3, backend="thread", timeout=0.3, elastic=True)
     assert info.value.lost == {2: "did not arrive within the 0.3 s timeout"}
+
+
+# ------------------------------------------------------------------ under MPI: a restart
+MPI_RUN = [
+    "--dataset",
+    "synthetic",
+    "--n-samples",
+    "1024",
+    "--n-features",
+    "20",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "128",
+    "--hidden",
+    "32",
+    "--seed",
+    "5",
+    "--deterministic",
+    "--quiet",
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fault", ["1:10:raise", "2:5:kill", "3:12:stop"])
+def test_mpi_job_restarted_on_fewer_ranks_keeps_the_bits(mpiexec, tmp_path, fault, uninterrupted):
+    import subprocess
+    import sys
+
+    weights = tmp_path / "w.npz"
+    r = subprocess.run(
+        [sys.executable, "-m", "dptrain", "elastic", "--every", "4", "--", mpiexec, "-n", "4"]
+        + [sys.executable, "-m", "dptrain", "train", *MPI_RUN, "--timeout", "2"]
+        + ["--inject-fault", fault, "--save-weights", str(weights)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    step = int(fault.split(":")[1])
+    restarted = [x for x in r.stderr.splitlines() if x.startswith("dptrain elastic:")]
+    assert len(restarted) == 1, r.stderr
+    assert "the job on 4 ranks failed" in restarted[0]
+    assert f"restarting it on 2 ranks from step {step // 4 * 4} " in restarted[0]
+    with np.load(weights) as f:  # the bits of the run that lost no one (any world size)
+        assert np.array_equal(f["params"], uninterrupted["params"])
+
+
+def test_supervisor_refuses_what_it_cannot_restart(tmp_path):
+    from dptrain.engine.restart import next_size, supervise
+
+    with pytest.raises(ValueError, match="starting with mpiexec or mpirun"):
+        supervise(["python", "-m", "dptrain", "train"])
+    with pytest.raises(ValueError, match="rank count as mpiexec -n N"):
+        supervise(["mpiexec", "python", "-m", "dptrain", "train"])
+    with pytest.raises(ValueError, match="no dptrain train in the command"):
+        supervise(["mpiexec", "-n", "2", "python", "script.py"])
+    with pytest.raises(ValueError, match="adds --resume itself"):
+        supervise(["mpiexec", "-n", "2", "python", "-m", "dptrain", "train", "--resume", "x"])
+    assert [next_size(n, True) for n in (8, 4, 2)] == [4, 2, 1]
+    assert [next_size(n, False) for n in (8, 3)] == [7, 2]

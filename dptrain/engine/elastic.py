@@ -8,7 +8,8 @@ training that state is the same on every worker, so no checkpoint file is needed
 process takes the one furthest on, starts the workers again, one fewer (the same global
 batch, shared out again; the same learning rate), from it (``Job.restore``, the arrays as the
 launch's INIT_ extras: the parameters, the optimizer's state, the running statistics), and
-they redo the interrupted step and go on, down to ``min_workers``.
+they redo the interrupted step and go on, down to ``min_workers``; with ``respawn`` a new
+worker takes each lost one's place, from the same step.
 
 With ``deterministic`` the result is the same bits as a run that lost no one: each global
 batch is summed in fixed chunks, whoever computes them. Without it, as between world sizes:
@@ -82,7 +83,9 @@ def launch_elastic(
             snaps = [r.value for r in done if isinstance(r, Interrupted) and r.value]
             snap = max(snaps, key=lambda s: s["step"]) if snaps else None
             cause = _repeated(events, err, snap)
-            if left < job.config.min_workers or cause:
+            if not snaps and not left:
+                cause = "; no worker left"
+            if left < job.config.min_workers and not job.config.respawn or cause:
                 raise WorkerError(
                     err.rank,
                     err.cause
@@ -99,12 +102,15 @@ def launch_elastic(
                 job = replace(job, restore=restore)
             event = _note(events, err, world, snap, began)
             event["step"] = job.restore["step"] if job.restore else 0
-            world = left
+            if not job.config.respawn:
+                world = left
+            event["world"][1] = world
             job = replace(job, world=world, config=replace(job.config, resume=None))
             say(
                 f"dptrain: lost worker rank {', '.join(map(str, sorted(err.lost)))} at step "
                 f"{event['step']} ({err.cause}): going on with {world} worker(s) from step "
-                f"{event['step']} (elastic)"
+                f"{event['step']} ("
+                + (f"{len(err.lost)} new, respawned)" if job.config.respawn else "elastic)")
             )
             continue
         return per_rank, _recovered(events, per_rank)
