@@ -344,6 +344,8 @@ class _Estimator(BaseEstimator):
         if new:
             self._seed, self.model_ = seed, model
             self.n_iter_, self.loss_curve_, self.history_ = 0, [], []
+            self.recoveries_ = []
+        self.recoveries_ += (result.get("elastic") or []) if backend != "mpi" else []
         self.history_ += [dict(rec, epoch=done + rec["epoch"]) for rec in history]
         self.loss_curve_ += [rec["train_loss"] for rec in history]
         self.n_iter_ = done + len(history)
@@ -694,7 +696,10 @@ n_iter_ : int
 loss_curve_ : list of float
     The mean training loss of every epoch.
 history_ : list of dict
-    dptrain's per-epoch records (epoch, train_loss, train_accuracy, seconds, ...)."""
+    dptrain's per-epoch records (epoch, train_loss, train_accuracy, seconds, ...).
+recoveries_ : list of dict
+    With engine_options=dict(elastic=True): every worker lost and recovered from (ranks,
+    causes, step, workers before and after, seconds), over every fit of the model."""
 
 
 def _doc(cls, summary: str, attributes: str, notes: str = "") -> str:
@@ -1126,5 +1131,7 @@ n_iter_ : int
 loss_curve_ : list of float
     The mean training loss of every epoch.
 history_ : list of dict
-    dptrain's per-epoch records.""",
+    dptrain's per-epoch records.
+recoveries_ : list of dict
+    The workers an elastic fit lost and recovered from (engine_options=dict(elastic=True)).""",
 )

@@ -12,6 +12,7 @@ from .base import (
     WorkerError,
     describe,
 )
+from .elastic import ElasticState, run_elastic
 from .hier import HierComm, mpi_comm
 from .launch import launch, oversubscription_warning
 from .mpi import MPIComm, mpi_launch, mpi_world_size, resolve_backend
@@ -23,6 +24,7 @@ __all__ = [
     "BACKENDS",
     "CollectiveMismatch",
     "Communicator",
+    "ElasticState",
     "HierComm",
     "Interrupted",
     "LocalComm",
@@ -39,6 +41,7 @@ __all__ = [
     "mpi_world_size",
     "oversubscription_warning",
     "resolve_backend",
+    "run_elastic",
     "run_processes",
     "run_threads",
 ]
