@@ -218,3 +218,85 @@ def test_sigint_stops_every_worker_within_a_second_with_one_line(target):
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines == ["dptrain: interrupted: every worker was stopped"], err
     assert shm_entries() == before
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_memory_mapped_input_truncated_mid_run_is_named(tmp_path, backend):
+    """A user's .npy is read through a memory map: cut short under the run, the next read of
+    a page past its new end is a SIGBUS, which used to end a thread-transport run without a
+    word. Now one line names the file, and the exit code is 74 (a worker process's failure
+    is its rank's, with the file named)."""
+    import numpy as np
+
+    x_path = tmp_path / "X.npy"
+    np.save(x_path, np.random.default_rng(0).normal(size=(20000, 100)).astype(np.float32))
+    np.save(tmp_path / "y.npy", (np.arange(20000) % 10).astype(np.int64))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dptrain", "train", "--train-x", str(x_path), "--train-y"]
+        + [str(tmp_path / "y.npy"), "--backend", backend, "--workers", "2", "--epochs", "500"]
+        + ["--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        while "epoch 1/" not in proc.stdout.readline():
+            assert proc.poll() is None, proc.stderr.read()
+        with open(x_path, "r+b") as f:
+            f.truncate(4096)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, err  # one line, naming the file
+    assert f"{x_path} was truncated while the run read it" in lines[0]
+    if backend == "thread":
+        assert proc.returncode == 74
+    else:
+        assert proc.returncode == 1 and "worker rank " in lines[0]
+
+
+def test_a_dead_fork_server_is_named_not_blamed_on_a_worker(tmp_path):
+    """Under the 'forkserver' start method the workers are the fork server's children and die
+    with it: the error names the fork server, not a worker's own failure ("exited with code
+    255" before)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dptrain", "train", "--dataset", "synthetic", "--n-samples"]
+        + ["20000", "--backend", "process", "--start-method", "forkserver", "--workers", "2"]
+        + ["--epochs", "500", "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        while "epoch 1/" not in proc.stdout.readline():
+            assert proc.poll() is None, proc.stderr.read()
+        servers = [
+            pid
+            for pid in _children(proc.pid)
+            if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        assert len(servers) == 1
+        os.kill(servers[0], signal.SIGKILL)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert f"the fork server (pid {servers[0]}) that started the workers died" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of pid's children (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found

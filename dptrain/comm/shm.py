@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _core
-from .._memmap import memmap_region, open_region
+from .._memmap import TRUNCATED_EXIT, memmap_region, open_region, truncated_file
 from .base import (
     ALIGN,
     CollectiveMismatch,
@@ -1104,13 +1104,16 @@ def run_processes(
                             lost.setdefault(rank, payload)
                         elif status == "died" and failure is None and rank not in lost:
                             procs[rank].join(0.1)
-                            failure = (rank, _exit_cause(procs[rank], rank in started, method))
+                            failure = (
+                                rank,
+                                _exit_cause(procs[rank], rank in started, method, mapped),
+                            )
                     elif obj in sentinels:
                         r = sentinels.pop(obj)
                         procs[r].join(0.1)
                         if procs[r].exitcode not in (0, None) and failure is None and r not in lost:
                             # died before reporting (SIGKILL, segfault, os._exit)
-                            failure = (r, _exit_cause(procs[r], r in started, method))
+                            failure = (r, _exit_cause(procs[r], r in started, method, mapped))
                 if failure is not None and (deadline is None or failure[0] not in lost):
                     lost.setdefault(*failure)
                     layout.abort(mem, failure[0] + 1)
@@ -1161,11 +1164,41 @@ def _stop(procs, wait: float, grace: float) -> None:
             p.join(1.0)
 
 
-def _exit_cause(p, started: bool = True, method: str = "fork") -> str:
+def _dead_fork_server() -> int | None:
+    """The pid of multiprocessing's fork server when it has died, else None (alive, or none
+    known: a private attribute of multiprocessing.forkserver, read defensively)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if not isinstance(pid, int):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return pid
+    except OSError:
+        return None
+    try:  # a zombie (this process is its parent and has not reaped it) is dead too
+        with open(f"/proc/{pid}/stat") as f:
+            return pid if f.read().rsplit(")", 1)[1].split()[0] == "Z" else None
+    except OSError:
+        return None
+
+
+def _exit_cause(p, started: bool = True, method: str = "fork", mapped=None) -> str:
     """Why a worker process ended without a word: its signal or exit code, and for one that
     died in the start method's bootstrapping (spawn, forkserver: it imports the main script
-    again), the likeliest cause, the script running the training when imported."""
+    again), the likeliest cause, the script running the training when imported. mapped:
+    the extras the workers map ({name: (path, offset, shape, dtype)}): a worker ended by a
+    truncated one (TRUNCATED_EXIT) is said to be."""
+    mapped = mapped or {}
     code = p.exitcode
+    server = _dead_fork_server() if method == "forkserver" else None
+    if server is not None:  # the workers' parent: its death ends them (PR_SET_PDEATHSIG)
+        return (
+            f"the fork server (pid {server}) that started the workers died, and the workers "
+            f"with it: the worker's exit (code {code}) is not its own failure"
+        )
     if code is not None and not started and method != "fork":
         return (
             f"exited with code {code} while starting, before any of dptrain's code ran in it: "
@@ -1175,6 +1208,8 @@ def _exit_cause(p, started: bool = True, method: str = "fork") -> str:
         )
     if code is None:
         return "stopped responding"
+    if code == TRUNCATED_EXIT:
+        return truncated_file(mapped.values()) or "a memory-mapped input file was truncated"
     if code < 0:
         import signal
 

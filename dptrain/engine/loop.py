@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from .. import _core
+from .._memmap import truncation_named
 from ..comm import Interrupted, LocalComm
 from ..measure import timing
 from ..models import model_from_spec, storage_dtype
@@ -76,17 +77,19 @@ def train_worker(comm, job: Job) -> dict:
     set under ``DATA_NAMES``; the parameters of a model the user built under
     ``INIT_PARAMS``, when there is one)."""
     x, y, x_test, y_test = (comm.extra(name) for name in DATA_NAMES)
-    out = run_worker(
-        comm,
-        job,
-        x,
-        y,
-        x_test,
-        y_test,
-        init_params=comm.extra(INIT_PARAMS, None),
-        init_state=comm.extra(INIT_STATE, None),
-        init_step=comm.extra(INIT_STEP, None),
-    )
+    # a user's .npy cut short under the run: named (a worker process's by its launcher)
+    with truncation_named((x, y, x_test, y_test), say=comm.backend != "process"):
+        out = run_worker(
+            comm,
+            job,
+            x,
+            y,
+            x_test,
+            y_test,
+            init_params=comm.extra(INIT_PARAMS, None),
+            init_state=comm.extra(INIT_STATE, None),
+            init_step=comm.extra(INIT_STEP, None),
+        )
     if not isinstance(out, Interrupted):  # (an elastic run's survivor hands home its state)
         out["placement"] = comm.placement  # where launch placed this worker (its CPUs, pinned?)
     return out
