@@ -231,18 +231,11 @@ def test_a_memory_mapped_input_truncated_mid_run_is_named(tmp_path, backend):
     x_path = tmp_path / "X.npy"
     np.save(x_path, np.random.default_rng(0).normal(size=(20000, 100)).astype(np.float32))
     np.save(tmp_path / "y.npy", (np.arange(20000) % 10).astype(np.int64))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dptrain", "train", "--train-x", str(x_path), "--train-y"]
-        + [str(tmp_path / "y.npy"), "--backend", backend, "--workers", "2", "--epochs", "500"]
-        + ["--no-progress"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+    proc = _past_epoch_1(
+        tmp_path,
+        ["--train-x", str(x_path), "--train-y", str(tmp_path / "y.npy"), "--backend", backend],
     )
     try:
-        while "epoch 1/" not in proc.stdout.readline():
-            assert proc.poll() is None, proc.stderr.read()
         with open(x_path, "r+b") as f:
             f.truncate(4096)
         err = proc.communicate(timeout=120)[1]
@@ -261,18 +254,12 @@ def test_a_dead_fork_server_is_named_not_blamed_on_a_worker(tmp_path):
     """Under the 'forkserver' start method the workers are the fork server's children and die
     with it: the error names the fork server, not a worker's own failure ("exited with code
     255" before)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dptrain", "train", "--dataset", "synthetic", "--n-samples"]
-        + ["20000", "--backend", "process", "--start-method", "forkserver", "--workers", "2"]
-        + ["--epochs", "500", "--no-progress"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+    proc = _past_epoch_1(
+        tmp_path,
+        ["--dataset", "synthetic", "--n-samples", "20000", "--backend", "process"]
+        + ["--start-method", "forkserver"],
     )
     try:
-        while "epoch 1/" not in proc.stdout.readline():
-            assert proc.poll() is None, proc.stderr.read()
         servers = [
             pid
             for pid in _children(proc.pid)
@@ -286,6 +273,24 @@ def test_a_dead_fork_server_is_named_not_blamed_on_a_worker(tmp_path):
     assert proc.returncode == 1
     assert f"the fork server (pid {servers[0]}) that started the workers died" in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def _past_epoch_1(cwd, options: list[str]) -> subprocess.Popen:
+    """`python -m dptrain train` on 2 workers for 500 epochs with `options`, once it has
+    printed its first epoch's line (the caller ends it)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dptrain", "train", "--workers", "2", "--epochs", "500"]
+        + ["--no-progress", *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+    while "epoch 1/" not in proc.stdout.readline():
+        if proc.poll() is not None:
+            proc.kill()
+            raise AssertionError(proc.stderr.read())
+    return proc
 
 
 def _children(pid: int) -> list[int]:
