@@ -27,7 +27,7 @@ sources = [
     "csrc/mod_context.c",
     "csrc/mod_model.c",
     "csrc/mod_group.c",
-    "csrc/mod_mapped.c",
+    "csrc/mod_guard.c",
     "csrc/dp_common.c",
     "csrc/dp_gemm.c",
     "csrc/dp_gemm_gemv.c",

@@ -177,10 +177,10 @@ int parse_gemm_inputs(PyObject *obj, int f32, int *bf16);
 
 /* Module-level functions, added by module.c's exec slot (PyModule_AddFunctions). */
 extern PyMethodDef mod_kernels_functions[];
-extern PyMethodDef mod_build_functions[];  /* mod_build.c: the build and the CPU */
-extern PyMethodDef mod_model_functions[];  /* mod_model.c: model_plan */
-extern PyMethodDef mod_group_functions[];  /* mod_group.c: the control-block functions */
-extern PyMethodDef mod_mapped_functions[]; /* mod_mapped.c: truncated mapped files named */
+extern PyMethodDef mod_build_functions[]; /* mod_build.c: the build and the CPU */
+extern PyMethodDef mod_model_functions[]; /* mod_model.c: model_plan */
+extern PyMethodDef mod_group_functions[]; /* mod_group.c: the control-block functions */
+extern PyMethodDef mod_guard_functions[]; /* mod_guard.c: a truncated mapped file, a deadline */
 /* DPTRAIN_ISA, read once at import: selects the kernels' ISA; -1 with ValueError when it names
  * no ISA or one the CPU lacks (the import fails with that message). */
 int mod_isa_from_env(void); /* mod_build.c */

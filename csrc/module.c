@@ -34,7 +34,7 @@ static int core_exec(PyObject *m)
         if (!*types[i].slot || PyModule_AddType(m, *types[i].slot) < 0) return -1;
     }
     PyMethodDef *functions[] = {mod_kernels_functions, mod_build_functions, mod_model_functions,
-                                mod_group_functions, mod_mapped_functions};
+                                mod_group_functions, mod_guard_functions};
     for (size_t i = 0; i < sizeof functions / sizeof functions[0]; i++)
         if (PyModule_AddFunctions(m, functions[i]) < 0) return -1;
     return 0;

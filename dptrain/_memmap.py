@@ -39,7 +39,7 @@ def open_region(path: str, offset: int, shape, dtype) -> np.memmap:
     return np.memmap(path, np.dtype(dtype), "r", int(offset), tuple(shape))
 
 
-TRUNCATED_EXIT = 74  # a process ended by a mapped input file's truncation (csrc/mod_mapped.c)
+TRUNCATED_EXIT = 74  # a process ended by a mapped input file's truncation (csrc/mod_guard.c)
 
 
 @contextmanager

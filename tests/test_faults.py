@@ -305,3 +305,81 @@ def _children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry.name))
     return found
+
+
+MPI_SMALL = ["--dataset", "synthetic", "--n-samples", "1024", "--n-features", "20"]
+MPI_SMALL += ["--epochs", "2", "--batch-size", "128", "--hidden", "32", "--quiet"]
+
+
+@pytest.mark.mpi
+def test_mpi_timeout_covers_the_end(mpiexec, tmp_path):
+    """A rank stalled after its last step (2 epochs of 8 steps: the fault at step 16 is the
+    end) used to leave the others waiting for ever in MPI's collectives at the end; now the
+    lowest rank that arrived names it within the timeout and the job ends, one line."""
+    r = subprocess.run(
+        [mpiexec, "-n", "3", sys.executable, "-m", "dptrain", "train", *MPI_SMALL]
+        + ["--timeout", "2", "--inject-fault", "2:16:stop"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    ours = [x for x in r.stderr.splitlines() if x.startswith("dptrain")]
+    assert r.returncode != 0 and len(ours) == 1, r.stderr
+    assert "the end on rank 0 timed out after 2 s" in ours[0]
+    assert "rank 2 did not arrive" in ours[0]
+
+
+@pytest.mark.mpi
+def test_mpi_timeout_covers_the_start_up(mpiexec, tmp_path):
+    """A rank stalled (SIGSTOP) during its start-up used to leave the others waiting for ever
+    (in MPI_Init, or in the first collective after loading the data): now the job ends within
+    the timeout, saying the start-up did not end."""
+    proc = subprocess.Popen(
+        [mpiexec, "-n", "3", sys.executable, "-m", "dptrain", "train", *MPI_SMALL]
+        + ["--timeout", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    stopped = None
+    try:
+        deadline = time.monotonic() + 20
+        while stopped is None and time.monotonic() < deadline:
+            # rank 2 (rank 0's own start-up work is waited for without a limit)
+            ranks = [pid for pid in _descendants(proc.pid) if _environ(pid).get("PMI_RANK") == "2"]
+            if ranks:
+                stopped = ranks[0]
+                os.kill(stopped, signal.SIGSTOP)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert stopped is not None and proc.returncode != 0
+    ours = [x for x in err.splitlines() if x.startswith("dptrain")]
+    assert ours and all("start-up" in x for x in ours), err
+    assert "did not arrive" in ours[0] or "did not end within 2 s" in ours[0]
+
+
+def _environ(pid: int) -> dict:
+    """A process's environment ({} where it cannot be read)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(e.split("=", 1) for e in raw.decode(errors="replace").split("\0") if "=" in e)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below pid (children, theirs, ...)."""
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [k for p in frontier for k in _children(p)]
+        found += kids
+        frontier = kids
+    return found

@@ -95,7 +95,7 @@ def count_around_failures(backend: str, case: str) -> str:
     _fit(backend)  # warm: what the first run loads for good (the extension, its threads)
     if case == "interrupted":
         launcher = os.getpid()
-        loop.hooks_for = lambda config, rank: _Interrupt(rank, launcher)
+        loop.hooks_for = lambda config, rank, **_: _Interrupt(rank, launcher)
         options, expected, message = {}, KeyboardInterrupt, ""
     else:
         (options, message), expected = FAILURES[case], WorkerError

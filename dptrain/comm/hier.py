@@ -474,7 +474,11 @@ class HierComm(ShmComm):
 
     @_collective
     def barrier_after_work(self, worker=None):
-        super().barrier_after_work(worker)
+        # every rank's start-up (None) is waited for by rank 0 with the timeout: the ranks
+        # met after loading their data (launch's timed start-up arrival), and what is left
+        # (the model, a checkpoint's position) is the same work on each, so a rank stalled
+        # in it is named instead of holding the job for ever
+        super().barrier_after_work(0 if worker is None else worker)
 
     def _world_barrier(self, group, op, root=-1) -> float:
         # the node's ranks meet, the leaders meet in MPI (no timeout), then the node again:

@@ -16,7 +16,7 @@ import warnings
 
 from .base import LocalComm, WorkerError
 from .hier import mpi_comm
-from .mpi import abort_job, resolve_backend, world
+from .mpi import abort_job, bounded, resolve_backend, timed_arrival, world
 from .placement import MPINode, cpu_count, plan, usable_cpus
 from .shm import WaitPolicy, run_processes, run_threads
 
@@ -186,29 +186,36 @@ def _launch_mpi(
             f"mpiexec -n (here {size}), but workers={workers} was asked for: "
             f"launch with mpiexec -n {workers}"
         )
-    node = MPINode.of(comm_world)
-    placement = node.plan(threads, pin)
-    placement.pin(node.rank)  # before the communicator: its threads inherit the mask
-    comm = mpi_comm(
-        comm_world, shm=mpi_shm, nodes=mpi_nodes or None, timeout=timeout, threads=threads
-    )
+    # every rank's start-up (its data loaded) is done, or named within the timeout
+    timed_arrival(comm_world, "start-up", timeout)
+    with bounded("the communicator's set-up", timeout, rank):
+        node = MPINode.of(comm_world)
+        placement = node.plan(threads, pin)
+        placement.pin(node.rank)  # before the communicator: its threads inherit the mask
+        comm = mpi_comm(
+            comm_world, shm=mpi_shm, nodes=mpi_nodes or None, timeout=timeout, threads=threads
+        )
     comm._extras, comm._report = dict(extras or {}), report
     comm.placement = placement.describe()
     if watch is not None and rank == 0:
         watch(comm.progress)
     try:
         mine = fn(comm, *args)
-        comm.free()  # collective: every rank got here; the results are copies
+        # every rank got here (rank 0's last evaluation is work), or is named in time
+        timed_arrival(comm_world, "the end", timeout, after_work_of=0)
+        with bounded("the end", timeout, rank):
+            comm.free()  # collective: every rank got here; the results are copies
     except BaseException as exc:
         # the other ranks wait in a collective this rank will never join (MPI_Abort ends
         # every rank; MPICH then leaves its own /dev/shm/mpich_shm_* segment behind, see
         # the README)
         abort_job(comm_world, rank, exc)
         raise
-    if gather == "root":
-        got = comm_world.gather(mine, root=0)
-        return got if rank == 0 else [mine if r == rank else None for r in range(size)]
-    return comm_world.allgather(mine)
+    with bounded("the end (the results' gather)", timeout, rank):
+        if gather == "root":
+            got = comm_world.gather(mine, root=0)
+            return got if rank == 0 else [mine if r == rank else None for r in range(size)]
+        return comm_world.allgather(mine)
 
 
 def _placed(comm, fn, args, placement):

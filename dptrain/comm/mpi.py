@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -130,15 +131,48 @@ def mpi_agree(comm, sig) -> float:
     raise CollectiveMismatch(mismatch_message(rows, range(comm.Get_size())))
 
 
-def world():
-    """mpi4py's COMM_WORLD, or a RuntimeError that says what to install."""
+def world(timeout: float = 0.0):
+    """mpi4py's COMM_WORLD, or a RuntimeError that says what to install. timeout > 0: MPI's
+    start-up (MPI_Init, at the first import of mpi4py.MPI) waits for every rank of the job to
+    start it, for ever where one is stalled or died before it, and holds the GIL meanwhile:
+    a C thread ends this rank with a line that says so after `timeout` seconds."""
+    rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "?")
+    first = "mpi4py.MPI" not in sys.modules
     try:
-        from mpi4py import MPI
+        with bounded("MPI's start-up (MPI_Init)", timeout if first else 0.0, rank):
+            from mpi4py import MPI
     except ImportError as exc:
         raise RuntimeError(
             "backend 'mpi' needs mpi4py and an MPI library: pip install 'dptrain[mpi]'"
         ) from exc
     return MPI.COMM_WORLD
+
+
+@contextmanager
+def bounded(what: str, timeout: float, rank="?"):
+    """Around a blocking MPI call that waits for every rank (MPI_Init, a collective of the
+    start-up or the end), which holds the GIL and would wait for ever for a rank that is
+    stalled or gone: after `timeout` seconds (0: never) a C thread ends this rank with a line
+    that says so (exit code 1; the launcher then ends the job)."""
+    if timeout <= 0:
+        yield
+        return
+    from .. import _core
+
+    _core.exit_later(
+        timeout,
+        f"dptrain: error: {what} on rank {rank} did not end within {timeout:g} s (--timeout): "
+        f"a rank of the job is stalled, or died before it\n",
+    )
+    try:
+        yield
+    finally:
+        _core.exit_later_cancel()
+
+
+# where the launchers put a rank's number before MPI_Init (MPICH/Hydra's PMI, Open MPI's,
+# Slurm's)
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
 # Seconds a failing rank waits between printing why and MPI_Abort. The launcher forwards a
@@ -147,6 +181,50 @@ def world():
 # 4-rank job under load lost the whole of the failing rank's stderr (Flux and Chapel report
 # the same of theirs). The other ranks wait in a collective meanwhile.
 ABORT_GRACE_SECONDS = 0.5
+
+
+ARRIVAL_TAG = 0x7D7A  # timed_arrival's messages (a tag of their own on the world)
+
+
+def timed_arrival(comm, what: str, timeout: float, after_work_of: int | None = None) -> None:
+    """Every rank of comm meets here (a barrier), each waiting at most `timeout` seconds for
+    the others (after_work_of: a rank whose lateness is work, e.g. rank 0 evaluating the last
+    epoch: waited for without a limit, the others then within `timeout` of it); 0: a plain
+    barrier. MPI's own collectives wait for ever, so a rank stalled in its start-up or at
+    the end would hold the job: here each rank tells every other one it arrived, and a rank
+    that times out names the ranks it did not hear from and aborts the job (the lowest such
+    rank at once; the others a moment later, in case it is gone too)."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if timeout <= 0 or size == 1:
+        comm.Barrier()
+        return
+    mark = np.array([rank], np.int64)
+    sends = [comm.Isend(mark, dest=d, tag=ARRIVAL_TAG) for d in range(size) if d != rank]
+    got = {src: np.zeros(1, np.int64) for src in range(size) if src != rank}
+    pending = {src: comm.Irecv(buf, source=src, tag=ARRIVAL_TAG) for src, buf in got.items()}
+    deadline = None if after_work_of in pending else time.monotonic() + timeout
+    while pending:
+        for src in [s for s, req in pending.items() if req.Test()]:
+            del pending[src]
+            if src == after_work_of:
+                deadline = time.monotonic() + timeout
+        if pending and deadline is not None and time.monotonic() > deadline:
+            missing = sorted(pending)
+            if rank != min(set(range(size)) - set(missing)):  # the lowest arrived rank names
+                time.sleep(3 * ABORT_GRACE_SECONDS)  # ... and aborts after one grace
+            who = ", ".join(map(str, missing))
+            abort_job(
+                comm,
+                rank,
+                TimeoutError(
+                    f"{what} on rank {rank} timed out after {timeout:g} s waiting for the other "
+                    f"{size - 1} ranks: rank{'s' if len(missing) > 1 else ''} {who} did not "
+                    f"arrive"
+                ),
+            )
+        time.sleep(0.001)
+    for req in sends:
+        req.Wait()
 
 
 def abort_job(comm_world, rank: int, exc: BaseException) -> None:

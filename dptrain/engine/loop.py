@@ -400,6 +400,7 @@ def run_worker(
                 comm.broadcast_(stop, root=0)
                 if stop[0]:
                     break
+        hooks.step_start(rank, step)  # (a fault injected at the step after the last: the end)
         if elastic:  # a failure in rank 0's last evaluation is a lost worker too
             comm.barrier_after_work(0)
     except (_core.GroupAborted, TimeoutError) as exc:

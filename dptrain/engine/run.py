@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..comm import launch, oversubscription_warning, placement, resolve_backend
+from ..comm.mpi import bounded, timed_arrival
 from ..comm.mpi import world as mpi_world
 from ..comm.placement import AUTO
 from ..comm.shm import check_main_guard
@@ -189,8 +190,16 @@ def run(
     in place), else the config's named model or layers; optimizer_state: see ``fit``."""
     wall0 = time.perf_counter()
     backend, launch_note = resolve_backend(config.backend)
-    # under MPI, this rank's node: its ranks and their CPUs (collective on the world, once)
-    node = placement.MPINode.of(mpi_world()) if backend == "mpi" else None
+    if backend == "mpi":  # MPI's start-up, bounded by the timeout (see comm.mpi.world)
+        mpi_world(float(config.timeout or 0.0))
+    # under MPI, this rank's node: its ranks and their CPUs (collective on the world, once,
+    # after every rank's start: a rank stalled before it is named within the timeout)
+    node = None
+    if backend == "mpi":
+        timeout = float(config.timeout or 0.0)
+        timed_arrival(mpi_world(), "start-up", timeout)
+        with bounded("MPI's start-up", timeout, mpi_world().Get_rank()):
+            node = placement.MPINode.of(mpi_world())
     auto = [name for name in ("workers", "threads") if getattr(config, name) == AUTO]
     config = resolve_auto(config, node)
     rank, world = 0, config.workers

@@ -1,4 +1,10 @@
-/* mod_mapped.c - memory-mapped input files that shrink under a run: named, not a bare SIGBUS.
+/* mod_guard.c - what ends a process with a line that says why, where Python cannot run:
+ *
+ * 1. A deadline (exit_later): a C thread that ends the process with a line unless cancelled
+ *    in time, around a blocking call that holds the GIL (MPI_Init waiting for a rank that
+ *    never starts it: no Python thread or signal handler runs meanwhile).
+ *
+ * 2. Memory-mapped input files that shrink under a run: named, not a bare SIGBUS.
  *
  * A user's .npy is read through a memory map (a data set larger than RAM stays on disk). When
  * the file is truncated while the run reads it, the pages past its new end no longer exist
@@ -14,9 +20,106 @@
  */
 #include "mod_common.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+/* ------------------------------------------------------------------ a deadline */
+
+/* One armed deadline: its own thread and memory (freed by the thread), so that a new one may
+ * be set while a cancelled one's thread has not yet woken. */
+typedef struct {
+    struct timespec at;
+    int cancel, code;
+    size_t len;
+    char text[768];
+} dp_deadline;
+
+static pthread_mutex_t deadline_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t deadline_cond = PTHREAD_COND_INITIALIZER;
+static dp_deadline *deadline_now; /* the armed one, or NULL */
+
+static void *deadline_thread(void *arg)
+{
+    dp_deadline *d = arg;
+    pthread_mutex_lock(&deadline_lock);
+    int rc = 0;
+    while (!d->cancel && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&deadline_cond, &deadline_lock, &d->at);
+    int fire = !d->cancel;
+    if (deadline_now == d) deadline_now = NULL;
+    pthread_mutex_unlock(&deadline_lock);
+    if (fire) {
+        ssize_t done = write(2, d->text, d->len);
+        (void)done;
+        _exit(d->code);
+    }
+    free(d);
+    return NULL;
+}
+
+static PyObject *py_exit_later(PyObject *module, PyObject *args)
+{
+    (void)module;
+    double seconds;
+    const char *text;
+    Py_ssize_t len;
+    int code = 1;
+    if (!PyArg_ParseTuple(args, "ds#|i:exit_later", &seconds, &text, &len, &code)) return NULL;
+    if (!(seconds > 0 && seconds < 1e9) || len < 0 || (size_t)len >= sizeof((dp_deadline *)0)->text)
+        return PyErr_Format(PyExc_ValueError,
+                            "exit_later needs seconds in (0, 1e9) and a text of at most 767 bytes"),
+               NULL;
+    dp_deadline *d = calloc(1, sizeof *d);
+    if (!d) return PyErr_NoMemory();
+    memcpy(d->text, text, (size_t)len);
+    d->len = (size_t)len;
+    d->code = code;
+    clock_gettime(CLOCK_REALTIME, &d->at);
+    double whole = (double)(long long)seconds;
+    d->at.tv_sec += (time_t)whole;
+    d->at.tv_nsec += (long)((seconds - whole) * 1e9);
+    if (d->at.tv_nsec >= 1000000000L) d->at.tv_sec++, d->at.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&deadline_lock);
+    if (deadline_now) {
+        pthread_mutex_unlock(&deadline_lock);
+        free(d);
+        return PyErr_Format(PyExc_RuntimeError, "exit_later: a deadline is already set"), NULL;
+    }
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &attr, deadline_thread, d);
+    pthread_attr_destroy(&attr);
+    if (rc == 0) deadline_now = d;
+    pthread_mutex_unlock(&deadline_lock);
+    if (rc != 0) {
+        free(d);
+        errno = rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_exit_later_cancel(PyObject *module, PyObject *unused)
+{
+    (void)module, (void)unused;
+    pthread_mutex_lock(&deadline_lock);
+    if (deadline_now) {
+        deadline_now->cancel = 1;
+        deadline_now = NULL;
+        pthread_cond_broadcast(&deadline_cond);
+    }
+    pthread_mutex_unlock(&deadline_lock);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ mapped input files */
 
 #define DP_EXIT_TRUNCATED 74 /* sysexits.h's EX_IOERR */
 #define WATCHED_MAX 32
@@ -29,6 +132,7 @@ static struct {
     char text[WATCHED_TEXT];
 } watched[WATCHED_MAX];
 static struct sigaction previous_bus;
+static int bus_said; /* a watched fault's line is being written */
 static int installed;
 
 static void on_bus(int sig, siginfo_t *info, void *context)
@@ -37,6 +141,10 @@ static void on_bus(int sig, siginfo_t *info, void *context)
     uintptr_t at = (uintptr_t)info->si_addr;
     for (int i = 0; i < WATCHED_MAX; i++)
         if (watched[i].hi && at >= watched[i].lo && at < watched[i].hi) {
+            /* one line per process: a second thread faulting at once waits for the first
+             * one's _exit instead of cutting its line short */
+            if (__atomic_exchange_n(&bus_said, 1, __ATOMIC_ACQ_REL))
+                for (;;) pause();
             if (watched[i].len) {
                 ssize_t done = write(2, watched[i].text, watched[i].len);
                 (void)done;
@@ -102,7 +210,13 @@ static PyObject *py_unwatch_mapping(PyObject *module, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-PyMethodDef mod_mapped_functions[] = {
+PyMethodDef mod_guard_functions[] = {
+    {"exit_later", py_exit_later, METH_VARARGS,
+     "exit_later(seconds, text, code=1): unless exit_later_cancel() is called within seconds, "
+     "a C thread writes text to stderr and ends the process with code (it runs while a "
+     "blocking call holds the GIL)"},
+    {"exit_later_cancel", py_exit_later_cancel, METH_NOARGS,
+     "exit_later_cancel(): the deadline exit_later set no longer ends the process"},
     {"watch_mapping", py_watch_mapping, METH_VARARGS,
      "watch_mapping(array, text) -> int or None: a SIGBUS reading `array` (a view of a memory-"
      "mapped file) writes text to stderr (none: '') and ends the process with exit code 74 (the "
