@@ -13,9 +13,13 @@ is the wall time beyond the uninterrupted MPI job's (the restart, the redone ste
 stop the timeout), measured in the same run.
 
 Prints one row per run and a summary per transport and kind (passes, recovery median and
-maximum); --json writes every row. Run:
+maximum); --json writes every row. --overhead R instead measures what --elastic costs when
+no one fails (its shared tally of the epoch's sums and its per-step bookkeeping): R repeats
+of the same run with and without it, interleaved, on each backend; the step's p50 median
+over the repeats and their ratio. Run:
     python bench/bench_elastic.py [--runs 20] [--workers 4] [--timeout 2]
         [--backends thread,process] [--limit N] [--json out.json]
+    python bench/bench_elastic.py --overhead 7 [--workers 2] [--limit N]
 """
 
 from __future__ import annotations
@@ -72,6 +76,40 @@ def command(args, workdir, name, backend, fault=None) -> list[str]:
     return cmd
 
 
+def overhead(args) -> int:
+    """--overhead: the step's p50 with and without --elastic, no fault, interleaved."""
+    import dptrain
+
+    print(
+        f"--elastic's cost with no failure: MNIST MLP, {args.workers} workers, "
+        f"{args.overhead} repeats interleaved (step p50, ms)"
+    )
+    for backend in args.backends.split(","):
+        if backend == "mpi":
+            continue
+        p50 = {False: [], True: []}
+        for i in range(args.overhead):
+            for elastic in (False, True) if i % 2 == 0 else (True, False):
+                r = dptrain.train(
+                    "mlp",
+                    dataset="mnist",
+                    limit=args.limit or None,
+                    epochs=args.epochs,
+                    workers=args.workers,
+                    backend=backend,
+                    deterministic=True,
+                    elastic=elastic,
+                    quiet=True,
+                )
+                p50[elastic].append(r.breakdown["step_seconds"]["p50"] * 1e3)
+        off, on = statistics.median(p50[False]), statistics.median(p50[True])
+        print(
+            f"  {backend:8} without {off:.3f} ({min(p50[False]):.3f}-{max(p50[False]):.3f})"
+            f"  with {on:.3f} ({min(p50[True]):.3f}-{max(p50[True]):.3f})  ratio {on / off:.3f}"
+        )
+    return 0
+
+
 def weights(path: str) -> dict:
     with np.load(path) as f:
         return {k: f[k].copy() for k in ("params", "velocity")}
@@ -88,7 +126,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--every", type=int, default=20, help="mpi: steps between checkpoints")
     ap.add_argument("--json")
+    ap.add_argument("--overhead", type=int, default=0, help="repeats of the no-failure A/B")
     args = ap.parse_args()
+    if args.overhead:
+        return overhead(args)
     rng = np.random.default_rng(args.seed)
     rows = []
     with tempfile.TemporaryDirectory() as workdir:

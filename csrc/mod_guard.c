@@ -1,6 +1,6 @@
 /* mod_guard.c - what ends a process with a line that says why, where Python cannot run:
  *
- * 1. A deadline (exit_later): a C thread that ends the process with a line unless cancelled
+ * 1. A deadline (_exit_later): a C thread that ends the process with a line unless cancelled
  *    in time, around a blocking call that holds the GIL (MPI_Init waiting for a rank that
  *    never starts it: no Python thread or signal handler runs meanwhile).
  *
@@ -69,10 +69,11 @@ static PyObject *py_exit_later(PyObject *module, PyObject *args)
     const char *text;
     Py_ssize_t len;
     int code = 1;
-    if (!PyArg_ParseTuple(args, "ds#|i:exit_later", &seconds, &text, &len, &code)) return NULL;
+    if (!PyArg_ParseTuple(args, "ds#|i:_exit_later", &seconds, &text, &len, &code)) return NULL;
     if (!(seconds > 0 && seconds < 1e9) || len < 0 || (size_t)len >= sizeof((dp_deadline *)0)->text)
-        return PyErr_Format(PyExc_ValueError,
-                            "exit_later needs seconds in (0, 1e9) and a text of at most 767 bytes"),
+        return PyErr_Format(
+                   PyExc_ValueError,
+                   "_exit_later needs seconds in (0, 1e9) and a text of at most 767 bytes"),
                NULL;
     dp_deadline *d = calloc(1, sizeof *d);
     if (!d) return PyErr_NoMemory();
@@ -88,7 +89,7 @@ static PyObject *py_exit_later(PyObject *module, PyObject *args)
     if (deadline_now) {
         pthread_mutex_unlock(&deadline_lock);
         free(d);
-        return PyErr_Format(PyExc_RuntimeError, "exit_later: a deadline is already set"), NULL;
+        return PyErr_Format(PyExc_RuntimeError, "_exit_later: a deadline is already set"), NULL;
     }
     pthread_t t;
     pthread_attr_t attr;
@@ -164,9 +165,11 @@ static PyObject *py_watch_mapping(PyObject *module, PyObject *args)
 {
     (void)module;
     PyArrayObject *a;
-    const char *text;
+    PyObject *str;
     Py_ssize_t len;
-    if (!PyArg_ParseTuple(args, "O!s#:watch_mapping", &PyArray_Type, &a, &text, &len)) return NULL;
+    if (!PyArg_ParseTuple(args, "O!U:watch_mapping", &PyArray_Type, &a, &str)) return NULL;
+    const char *text = PyUnicode_AsUTF8AndSize(str, &len); /* a str only: its UTF-8 bytes */
+    if (!text) return NULL;
     if (len < 0 || (size_t)len >= WATCHED_TEXT)
         return PyErr_Format(PyExc_ValueError, "the text must have 0 to %d bytes, got %zd",
                             WATCHED_TEXT - 1, len),
@@ -211,12 +214,13 @@ static PyObject *py_unwatch_mapping(PyObject *module, PyObject *arg)
 }
 
 PyMethodDef mod_guard_functions[] = {
-    {"exit_later", py_exit_later, METH_VARARGS,
-     "exit_later(seconds, text, code=1): unless exit_later_cancel() is called within seconds, "
-     "a C thread writes text to stderr and ends the process with code (it runs while a "
-     "blocking call holds the GIL)"},
-    {"exit_later_cancel", py_exit_later_cancel, METH_NOARGS,
-     "exit_later_cancel(): the deadline exit_later set no longer ends the process"},
+    {"_exit_later", py_exit_later, METH_VARARGS,
+     "_exit_later(seconds, text, code=1): unless _exit_later_cancel() is called within "
+     "seconds, a C thread writes text to stderr and ends the process with code (it runs while "
+     "a blocking call holds the GIL). Private: it ends the process that calls it, so hostile "
+     "arguments are tested by tests/test_faults.py, not by the fuzzer"},
+    {"_exit_later_cancel", py_exit_later_cancel, METH_NOARGS,
+     "_exit_later_cancel(): the deadline _exit_later set no longer ends the process"},
     {"watch_mapping", py_watch_mapping, METH_VARARGS,
      "watch_mapping(array, text) -> int or None: a SIGBUS reading `array` (a view of a memory-"
      "mapped file) writes text to stderr (none: '') and ends the process with exit code 74 (the "

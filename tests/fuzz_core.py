@@ -2378,6 +2378,60 @@ def oracle_abort_group_control(before, control, code=1, /):
     return Expect(exact=True)
 
 
+def build_watch_mapping(rng, fz):
+    """A plain array's range watched for a SIGBUS (none comes: it maps no file), with a line;
+    the table may be full (None), an entry is given back by unwatch_mapping's calls."""
+    shape = tuple(dim(rng) for _ in range(int(rng.integers(0, 3))))
+    text = pick(rng, ("", "dptrain: error: x.npy was truncated\n", "é" * 300, "y" * 767, "z" * 768))
+    return Call(
+        "watch_mapping",
+        core.watch_mapping,
+        [Arg("array", np.zeros(shape, pick(rng, (F32, F64, U8))), "A"), Arg("text", text, "s")],
+        oracle_watch_mapping,
+    )
+
+
+def oracle_watch_mapping(before, array, text, /):
+    """An ndarray and a str of at most 767 bytes in UTF-8: the entry (0..31), or None (an
+    empty array, a full table)."""
+    if not isinstance(array, np.ndarray):
+        raise Refuse("array must be a numpy.ndarray")
+    if not isinstance(text, str):
+        raise Refuse("text must be a str")
+    try:
+        text = text.encode()
+    except UnicodeEncodeError:
+        raise Refuse("text must encode to UTF-8") from None
+    if len(text) >= 768:
+        raise Refuse("text must have at most 767 bytes")
+    return Expect(
+        ret_check=lambda r: (
+            None
+            if r is None or (type(r) is int and 0 <= r < 32)
+            else f"returned {r!r}, not an entry in [0, 32) or None"
+        )
+    )
+
+
+def build_unwatch_mapping(rng, fz):
+    return Call(
+        "unwatch_mapping",
+        core.unwatch_mapping,
+        [Arg("entry", int(rng.integers(-2, 34)), "i")],
+        oracle_unwatch_mapping,
+    )
+
+
+def oracle_unwatch_mapping(before, entry, /):
+    """An entry in [0, 32): an int, or anything with __index__ (a bool too)."""
+    if isinstance(entry, float) or not hasattr(type(entry), "__index__"):
+        raise Refuse("entry must be an int")
+    i = operator.index(entry)
+    if not 0 <= i < 32:
+        raise Refuse(f"no watched mapping {i}")
+    return Expect(ret=None)
+
+
 def build_group_control_bytes(rng, fz):
     return Call(
         "group_control_bytes",
@@ -2688,6 +2742,8 @@ SPECS = {
     "init_group_control": build_init_group_control,
     "abort_group_control": build_abort_group_control,
     "group_control_bytes": build_group_control_bytes,
+    "watch_mapping": build_watch_mapping,
+    "unwatch_mapping": build_unwatch_mapping,
     "cpu_features": build_cpu_features,
     "fma_peak": build_fma_peak,
 }

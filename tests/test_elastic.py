@@ -64,7 +64,10 @@ def test_lost_worker_costs_a_step_not_the_bits(uninterrupted, backend, kind):
         [h["train_loss"] for h in uninterrupted.history], rel=1e-12
     )
     (event,) = r["elastic"]
-    assert event["world"] == [4, 3] and event["step"] == 11 and event["epoch"] == 2
+    # from the step rank 2 never joined (11), or the one before it where every survivor saw
+    # the abort before that step's (complete) exchange ended
+    step = event["step"]
+    assert event["world"] == [4, 3] and step in (10, 11) and event["epoch"] == 2
     assert [x["rank"] for x in event["lost"]] == [2]
     cause = event["lost"][0]["cause"]
     if kind == "stop":
@@ -75,10 +78,12 @@ def test_lost_worker_costs_a_step_not_the_bits(uninterrupted, backend, kind):
     assert 0 < event["recovery_seconds"] < 1.0 + (1.0 if kind == "stop" else 0.0) + 2.0
     said = [x for x in lines if "lost worker" in x]
     assert said == [
-        f"dptrain: lost worker rank 2 at step 11 ({cause}): going on with 3 worker(s) from "
-        f"step 11 (elastic)"
+        f"dptrain: lost worker rank 2 at step {step} ({cause}): going on with 3 worker(s) "
+        f"from step {step} (elastic)"
     ]
-    assert any(x.startswith("elastic: lost rank 2 at step 11 (4 -> 3 workers, ") for x in lines)
+    assert any(
+        x.startswith(f"elastic: lost rank 2 at step {step} (4 -> 3 workers, ") for x in lines
+    )
     assert r.breakdown["elastic"]["final_workers"] == 3
     assert r["config"]["elastic"] is True
 
@@ -98,7 +103,9 @@ def test_respawn_replaces_the_lost_worker(uninterrupted):
     assert np.array_equal(r["params"], uninterrupted["params"])
     assert r["elastic"][0]["world"] == [4, 4]
     assert r.breakdown["elastic"]["final_workers"] == 4
-    assert any("going on with 4 worker(s) from step 6 (1 new, respawned)" in x for x in lines)
+    step = r["elastic"][0]["step"]
+    assert step in (5, 6)  # (see the first test)
+    assert any(f"going on with 4 worker(s) from step {step} (1 new, respawned)" in x for x in lines)
 
 
 def test_rank_0_lost_and_a_fault_at_an_epoch_boundary(uninterrupted):
@@ -107,7 +114,7 @@ def test_rank_0_lost_and_a_fault_at_an_epoch_boundary(uninterrupted):
     assert np.array_equal(r["params"], uninterrupted["params"])
     assert len(r.history) == 2
     assert r.history[1]["train_loss"] == pytest.approx(uninterrupted.history[1]["train_loss"])
-    assert r["elastic"][0]["step"] == 8
+    assert r["elastic"][0]["step"] in (7, 8)  # (see the first test)
 
 
 def test_without_deterministic_equal_to_rounding():
@@ -303,7 +310,7 @@ def test_estimator_elastic_through_engine_options():
         ).fit(X, y)
     assert np.array_equal(est.model_.params, ref.model_.params)
     assert ref.recoveries_ == [] and len(est.recoveries_) == 1
-    assert est.recoveries_[0]["world"] == [4, 3] and est.recoveries_[0]["step"] == 20
+    assert est.recoveries_[0]["world"] == [4, 3] and est.recoveries_[0]["step"] in (19, 20)
 
 
 @pytest.mark.parametrize("backend", ["thread", "process"])

@@ -159,7 +159,7 @@ def bounded(what: str, timeout: float, rank="?"):
         return
     from .. import _core
 
-    _core.exit_later(
+    _core._exit_later(
         timeout,
         f"dptrain: error: {what} on rank {rank} did not end within {timeout:g} s (--timeout): "
         f"a rank of the job is stalled, or died before it\n",
@@ -167,7 +167,7 @@ def bounded(what: str, timeout: float, rank="?"):
     try:
         yield
     finally:
-        _core.exit_later_cancel()
+        _core._exit_later_cancel()
 
 
 # where the launchers put a rank's number before MPI_Init (MPICH/Hydra's PMI, Open MPI's,

@@ -82,7 +82,8 @@ def launch_elastic(
             left = world - len(err.lost)
             snaps = [r.value for r in done if isinstance(r, Interrupted) and r.value]
             snap = max(snaps, key=lambda s: s["step"]) if snaps else None
-            cause = _repeated(events, err, snap)
+            at = snap["step"] if snap else job.restore["step"] if job.restore else 0
+            cause = _repeated(events, err, at)
             if not snaps and not left:
                 cause = "; no worker left"
             if left < job.config.min_workers and not job.config.respawn or cause:
@@ -180,15 +181,15 @@ def _recovered(events: list, returns: list) -> list:
     return events
 
 
-def _repeated(events: list, err: WorkerError, snap) -> str | None:
-    """Why not to go on: the same error at the same step as the last recovery's (the run's
+def _repeated(events: list, err: WorkerError, step: int) -> str | None:
+    """Why not to go on: the same error from the same step as the last recovery's (the run's
     own failure, on whichever workers run it, not a lost worker), else None."""
-    if not events or snap is None:
+    if not events:
         return None
     last = events[-1]
-    if last["step"] == snap["step"] and err.cause in [x["cause"] for x in last["lost"]]:
+    if last["step"] == step and err.cause in [x["cause"] for x in last["lost"]]:
         return (
-            f"; the same failure again at step {snap['step']} after going on without the "
-            f"worker (the run's own error, not a lost worker's)"
+            f"; the same failure again from step {step} after going on without the worker "
+            f"(the run's own error, not a lost worker's)"
         )
     return None
