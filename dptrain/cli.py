@@ -299,14 +299,29 @@ def main(argv=None) -> int:
         with warnings.catch_warnings():  # _main's one-line warnings end with it
             return _main(argv)
     except KeyboardInterrupt:
-        print("dptrain: interrupted: every worker was stopped", file=sys.stderr, flush=True)
-        return 130
+        return _interrupted()
     except BrokenPipeError:
         # what is left in stdout's buffer cannot be written either: point stdout at
         # /dev/null so that the interpreter's final flush does not fail again
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+
+
+def _interrupted() -> int:
+    """Ctrl-C: one line, exit status 130. Under MPI the launcher forwards it to every rank:
+    rank 0 says it, and each rank leaves at once with 130 (MPI's finalization would wait for
+    ranks that are leaving too, and a second SIGINT there would kill it by the signal)."""
+    from .comm.mpi import RANK_VARIABLES, mpi_world_size
+
+    if (mpi_world_size() or 1) > 1:
+        rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "0")
+        if rank == "0":
+            print("dptrain: interrupted: every rank was stopped", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
+    print("dptrain: interrupted: every worker was stopped", file=sys.stderr, flush=True)
+    return 130
 
 
 def _main(argv=None) -> int:

@@ -383,3 +383,35 @@ def _descendants(pid: int) -> list[int]:
         found += kids
         frontier = kids
     return found
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("delay", [0.0, 0.005, 0.02, 0.05])
+def test_mpi_ctrl_c_just_after_the_last_epoch_is_one_line_and_130(mpiexec, tmp_path, delay):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) in the moments
+    after the last epoch's line, while rank 0 writes the result and the ranks leave: it used
+    to exit 2 (a rank killed by SIGINT in MPI's finalization), with 0 to 6 lines. Now: exit
+    130 and one line from rank 0, or, once the job has finished, 0 and no error."""
+    proc = subprocess.Popen(
+        [mpiexec, "-n", "2", sys.executable, "-m", "dptrain", "train", *MPI_SMALL[:-1]]
+        + ["--epochs", "3", "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        while "epoch 3/3" not in proc.stdout.readline():
+            assert proc.poll() is None, proc.stderr.read()
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    ours = [x for x in err.splitlines() if x.startswith("dptrain")]
+    if proc.returncode == 0:  # finished before the signal: the whole result, no error
+        assert not ours and "placement:" in out, err
+    else:
+        assert proc.returncode == 130, (proc.returncode, err)
+        assert len(ours) == 1 and "interrupted" in ours[0], err

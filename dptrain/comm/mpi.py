@@ -244,7 +244,8 @@ def abort_job(comm_world, rank: int, exc: BaseException) -> None:
     interrupted = isinstance(exc, KeyboardInterrupt) or (
         woken and tuple(exc.args[1:2]) == (INTERRUPTED,)
     )
-    if not woken:
+    # Ctrl-C reaches every rank (the launcher forwards it): rank 0 says it, once
+    if not woken and (rank == 0 or not interrupted):
         cause = "interrupted (SIGINT)" if interrupted else f"failed: {describe(exc)}"
         print(
             f"dptrain: worker rank {rank} {cause}; aborting all {comm_world.Get_size()} MPI ranks",
