@@ -207,11 +207,12 @@ def main() -> int:
                 bound = float("inf")
             within = sum(x <= bound for x in rec)
             ok_all &= len(ok) == len(sel) and within == len(sel)
+            what = "recovery" if backend != "mpi" else "wall time beyond the uninterrupted job's"
             print(
-                f"  {backend:8} {kind:6} {len(ok)}/{len(sel)} exit 0 and bitwise; recovery "
+                f"  {backend:8} {kind:6} {len(ok)}/{len(sel)} exit 0 and bitwise; {what} "
                 f"median {statistics.median(rec) if rec else float('nan'):.3f} s, max "
-                f"{max(rec) if rec else float('nan'):.3f} s; {within}/{len(sel)} within "
-                f"{bound:g} s"
+                f"{max(rec) if rec else float('nan'):.3f} s"
+                + (f"; {within}/{len(sel)} within {bound:g} s" if backend != "mpi" else "")
             )
     if args.json:
         with open(args.json, "w") as f:

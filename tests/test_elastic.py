@@ -344,3 +344,22 @@ def test_run_elastic_a_custom_loop_goes_on_from_its_last_commit(backend):
     (event,) = state.recoveries
     assert event["world"] == [4, 3] and event["commit"] in (4, 5)
     assert "rank 2 fails" in event["lost"][0]["cause"] and len(lines) == 1
+
+
+def test_checkpoints_of_an_elastic_run_hold_the_epochs_sums(tmp_path, uninterrupted):
+    """Checkpoints written after a recovery hold the epoch's sums over every worker (the
+    tally's, not a sum over the workers left) and resume as ever."""
+    import json
+
+    def position(path):
+        with np.load(path) as f:
+            return json.loads(str(f["position"]))
+
+    opts = dict(deterministic=True, backend="thread", checkpoint_every=12)
+    train(**opts, checkpoint=tmp_path / "plain.npz")
+    r = train(**opts, checkpoint=tmp_path / "el.npz", elastic=True, fault=(1, 9, "raise"))
+    assert np.array_equal(r["params"], uninterrupted["params"])
+    plain, el = position(tmp_path / "plain.npz"), position(tmp_path / "el.npz")
+    assert el["step"] == plain["step"] == 12
+    assert el["loss_sum"] == pytest.approx(plain["loss_sum"], rel=1e-12)
+    assert el["correct"] == plain["correct"]

@@ -58,13 +58,14 @@ def gradient_buckets(n_params: int, itemsize: int, bucket_kb: float) -> list[tup
 
 
 class Tally:
-    """An elastic run's epoch sums (loss, correct) as every worker knows them after each step,
-    so that the survivors of a lost worker hold them too: before its step's exchange, each
-    worker writes its running sums of the epoch into its row of a shared table; after it
-    (the exchange is a collective: every row is written), each sums the table in rank order.
-    Two tables, by the step's parity: a worker a step ahead writes the other one, and none
-    can be two steps ahead of a worker still reading (it would have to pass an exchange that
-    worker has not entered)."""
+    """An elastic run's epoch sums (loss, correct) as every worker can know them after each
+    step, so that the survivors of a lost worker hold them too: before its step's exchange,
+    each worker writes its running sums of the epoch into its row of a shared table; after
+    it (the exchange is a collective: every row is written), the table summed in rank order
+    is the epoch's sums through that step, read where needed (a snapshot, the epoch's end,
+    a checkpoint). Two tables, by the step's parity: a worker a step ahead writes the other
+    one, and none can be two steps ahead of one that has not passed the step (it would have
+    to pass an exchange that worker has not entered)."""
 
     def __init__(self, comm):
         self.table = comm.shared_zeros(2 * comm.size, 2, np.float64)
@@ -81,9 +82,10 @@ class Tally:
         self.mine += loss, correct
         self.table[self.parity * self.size + self.rank][:] = self.mine
 
-    def read(self) -> tuple[float, int]:
-        """The epoch's sums over every worker so far, after the step's exchange."""
-        rows = self.table[self.parity * self.size : (self.parity + 1) * self.size]
+    def read(self, parity: int) -> tuple[float, int]:
+        """The epoch's sums over every worker through the last step of that parity whose
+        exchange is done."""
+        rows = self.table[parity * self.size : (parity + 1) * self.size]
         loss = correct = 0.0
         for row in rows:  # in rank order: the same bits on every worker
             loss += row[0]

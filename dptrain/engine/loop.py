@@ -95,12 +95,24 @@ def train_worker(comm, job: Job) -> dict:
     return out
 
 
-def _snapshot(done: dict, net, opt, held_state) -> dict:
+def _epoch_sums(done: dict, tally) -> tuple[float, int]:
+    """The sums (loss, correct) over every worker of the epoch of `done`, through its last
+    completed step: from the tally's table of that step's parity where this launch ran a
+    step of that epoch (no worker can have written that table again: it would have had to
+    pass the next step's exchange), else those the epoch started from, or ended with."""
+    epoch, first, base = done.get("opened", (None, 0, None))
+    if done["epoch"] == epoch:
+        return tally.read((done["step"] - 1) & 1) if done["batch"] > first else base
+    return done["loss_sum"], done["correct"]
+
+
+def _snapshot(done: dict, net, opt, held_state, tally) -> dict:
     """A survivor's state at the last step every worker completed (``done``): the position
     (POSITION, the epoch's seconds so far, rank 0's history), the parameters, the optimizer's
     state (its state_dict and the velocity), the running statistics; when the group stopped
     (``caught``) and when the interrupted step began (``began``), in wall-clock seconds."""
     snap = {k: done[k] for k in POSITION + ("epoch_seconds", "began")}
+    snap["loss_sum"], snap["correct"] = _epoch_sums(done, tally)
     snap.update(
         caught=time.time(),
         first_step_wall=done.get("first_step_wall"),
@@ -169,7 +181,6 @@ def run_worker(
     if cfg.clip_norm is not None:
         exchange.clip = GradClip(cfg.clip_norm)
     elastic = cfg.elastic and comm.size > 1
-    tally = exchange.tally = Tally(comm) if elastic else None
     n_params = job.model["n_params"]
     bufs = exchange.buffers(comm, n_params, storage_dtype(job.model["dtype"]))
     net = model_from_spec(job.model, threads=cfg.threads, **bufs)
@@ -177,6 +188,8 @@ def run_worker(
         exchange.batch_norm(comm, net, job.model, cfg.threads)
     opt = make_optimizer(net, job.lr, cfg)
     exchange.adopt(comm, opt)
+    # (after the model's buffers: they lie where they do without --elastic)
+    tally = exchange.tally = Tally(comm) if elastic else None
     stats = comm.zeros(2, np.float64)
     state = {
         "step": 0,
@@ -212,6 +225,7 @@ def run_worker(
         # every rank reads the position (the file is visible to all: one machine, or a shared
         # file system under MPI); parameters and momentum come from rank 0
         state.update(load_checkpoint(job.resume, job, None, n))
+        state["sums"] = state["loss_sum"], state["correct"]  # (an elastic run's, on every rank)
         state.update(loss_sum=0.0, correct=0)  # the epoch's sums so far count once, on 0
     bounds = batch_bounds(n, job.batch_size)
     total_steps = cfg.epochs * len(bounds)
@@ -254,6 +268,9 @@ def run_worker(
             plateau = Plateau(cfg.tol, cfg.n_iter_no_change)
             for rec in history:
                 plateau.stalled(rec["train_loss"])
+    # an elastic run: the epoch's sums so far over every worker, on every rank (a resumed
+    # rank other than 0 counts none of them itself)
+    sums0 = state.get("sums", (state["loss_sum"], state["correct"]))
     # an elastic run's survivors go on from `done`: the last step every worker completed
     done = dict(ready=False, began=time.time())
     held_state = net.state.copy() if elastic else None  # ... and its running statistics
@@ -282,7 +299,10 @@ def run_worker(
             done.update(
                 ready=True,
                 step=step,
-                **{k: state[k] for k in ("epoch", "batch", "loss_sum", "correct")},
+                epoch=state["epoch"],
+                batch=state["batch"],
+                loss_sum=sums0[0],
+                correct=sums0[1],
                 train_seconds=train_seconds,
                 eval_seconds=eval_seconds,
                 epoch_seconds=offset,
@@ -294,9 +314,10 @@ def run_worker(
             rows.epoch = epoch
             first_batch = state["batch"] if epoch == state["epoch"] else 0
             loss_sum, correct = (state["loss_sum"], state["correct"]) if first_batch else (0.0, 0)
-            sums = loss_sum, correct  # elastic: the epoch's sums over every worker so far
-            if tally is not None:  # the sums so far count once, on rank 0
-                tally.start_epoch(*(sums if rank == 0 else (0.0, 0)))
+            if tally is not None:  # the epoch's sums so far, over every worker, count on rank 0
+                base = sums0 if first_batch else (0.0, 0)
+                tally.start_epoch(*(base if rank == 0 else (0.0, 0)))
+                done["opened"] = (epoch, first_batch, base)
             if epoch != state["epoch"]:
                 offset = 0.0
             # every worker starts the epoch together, after rank 0's evaluation of the last one
@@ -310,8 +331,6 @@ def run_worker(
                 if tally is not None:
                     tally.parity = step & 1
                 batch_loss, batch_correct = exchange.gradient(comm, net, rows, *bounds[b], clock)
-                if tally is not None:
-                    sums = tally.read()
                 exchange.update(comm, opt, lr_of(step))
                 clock.record(timer, epoch, now())
                 loss_sum += batch_loss
@@ -323,8 +342,6 @@ def run_worker(
                         epoch=epoch,
                         batch=b + 1,
                         step=step,
-                        loss_sum=sums[0],
-                        correct=sums[1],
                         train_seconds=train_seconds + now() - e0,
                         epoch_seconds=offset + now() - e0,
                         began=time.time(),
@@ -338,7 +355,7 @@ def run_worker(
                     stats[0], stats[1] = loss_sum, correct
                     if elastic:  # every worker holds the sums: a barrier is enough
                         comm.barrier()
-                        stats[0], stats[1] = sums
+                        stats[0], stats[1] = _epoch_sums(done, tally)
                     else:
                         comm.allreduce_sum_(stats)
                     if rank == 0:
@@ -361,7 +378,8 @@ def run_worker(
             stats[0], stats[1] = loss_sum, correct
             if elastic:  # every worker holds the sums: a barrier ends the epoch's timing
                 comm.barrier()
-                stats[0], stats[1] = sums
+                stats[0], stats[1] = _epoch_sums(done, tally)
+                done["loss_sum"], done["correct"] = float(stats[0]), int(stats[1])
             else:
                 comm.allreduce_sum_(stats)  # also the barrier that ends the epoch's timing
             e1 = now()
@@ -410,7 +428,7 @@ def run_worker(
         # once and hands home its state at the last completed step (the group is aborted:
         # by the failure, or by the timeout itself)
         return Interrupted(
-            _snapshot(done, net, opt, held_state) if done["ready"] else None,
+            _snapshot(done, net, opt, held_state, tally) if done["ready"] else None,
             getattr(exc, "missing", ()),
         )
     out = {
