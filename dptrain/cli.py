@@ -310,13 +310,13 @@ def main(argv=None) -> int:
 
 def _interrupted() -> int:
     """Ctrl-C: one line, exit status 130. Under MPI the launcher forwards it to every rank:
-    rank 0 says it, and each rank leaves at once with 130 (MPI's finalization would wait for
-    ranks that are leaving too, and a second SIGINT there would kill it by the signal)."""
-    from .comm.mpi import RANK_VARIABLES, mpi_world_size
+    the first rank of the node to handle it says it, and each leaves at once with 130
+    (MPI's finalization would wait for ranks that are leaving too, and a second SIGINT
+    there would kill it by the signal)."""
+    from .comm.mpi import first_on_node, mpi_world_size
 
     if (mpi_world_size() or 1) > 1:
-        rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "0")
-        if rank == "0":
+        if first_on_node("interrupted"):  # the same election as comm.mpi.abort_job's
             print("dptrain: interrupted: every rank was stopped", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(130)

@@ -1,6 +1,7 @@
 """Your own loop on N workers: dptrain.launch runs fn(comm, *args) on threads, processes and
 MPI ranks, the public communicator's collectives on any array, and the example script."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -152,26 +153,44 @@ class _World:
 
 
 @pytest.mark.parametrize(
-    "exc, code, cause",
+    "exc, rank, code, cause",
     [
-        (RuntimeError("boom"), 1, "failed: RuntimeError: boom"),
-        (KeyboardInterrupt(), 130, "interrupted (SIGINT)"),
+        (RuntimeError("boom"), 3, 1, "failed: RuntimeError: boom"),
+        (KeyboardInterrupt(), 3, 130, "interrupted (SIGINT)"),
     ],
 )
 def test_a_failing_mpi_rank_names_itself_then_waits_for_the_launcher_then_aborts(
-    monkeypatch, capsys, exc, code, cause
+    monkeypatch, capsys, exc, rank, code, cause
 ):
     # MPICH's Hydra forwards a rank's stderr through its proxy: an abort that reaches the
     # launcher first lost the line (1 run in 80 of a 4-rank job under load), hence the wait
     from dptrain.comm import mpi
 
     events, world = [], _World()
+    monkeypatch.setattr(mpi, "_HELD", [])  # this test's election, given back after it
     monkeypatch.setattr(mpi.time, "sleep", lambda s: events.append(("sleep", s)))
     monkeypatch.setattr(mpi.os, "_exit", lambda c: events.append(("exit", c)))
-    mpi.abort_job(world, 3, exc)
-    assert capsys.readouterr().err == f"dptrain: worker rank 3 {cause}; aborting all 4 MPI ranks\n"
+    mpi.abort_job(world, rank, exc)
+    said = f"dptrain: worker rank {rank} {cause}; aborting all 4 MPI ranks\n"
+    assert capsys.readouterr().err == said
     assert events == [("sleep", mpi.ABORT_GRACE_SECONDS), ("exit", code)]
     assert mpi.ABORT_GRACE_SECONDS > 0 and world.aborted == code
+
+
+def test_ctrl_c_is_said_by_the_first_rank_of_the_node_to_handle_it(monkeypatch, capsys):
+    """Ctrl-C reaches every rank: the first of the node to handle it says it, the others (in
+    this test, this same process asking again) say nothing."""
+    from dptrain.comm import mpi
+
+    monkeypatch.setattr(mpi, "_HELD", [])
+    name = f"test-{os.getpid()}"
+    assert mpi.first_on_node(name) is True
+    assert mpi.first_on_node(name) is False
+    monkeypatch.setattr(mpi.time, "sleep", lambda s: None)
+    monkeypatch.setattr(mpi.os, "_exit", lambda c: None)
+    monkeypatch.setattr(mpi, "first_on_node", lambda what: False)
+    mpi.abort_job(_World(), 2, KeyboardInterrupt())
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("code, status", [(0xFFFFFFFE, 1), (0xFFFFFFF0, 130)])
@@ -201,6 +220,7 @@ def test_a_second_interrupt_during_the_wait_still_aborts_the_mpi_job(monkeypatch
         raise KeyboardInterrupt
 
     world, exits = _World(), []
+    monkeypatch.setattr(mpi, "_HELD", [])
     monkeypatch.setattr(mpi.time, "sleep", interrupted)
     monkeypatch.setattr(mpi.os, "_exit", exits.append)
     mpi.abort_job(world, 0, KeyboardInterrupt())

@@ -227,6 +227,30 @@ def timed_arrival(comm, what: str, timeout: float, after_work_of: int | None = N
         req.Wait()
 
 
+_HELD = []  # first_on_node's sockets: held until this process ends
+
+
+def first_on_node(what: str) -> bool:
+    """True in the first rank of this node (the ranks that share a parent: the launcher's
+    proxy) to call it with `what`, False in the others: the name of an abstract Unix socket
+    (Linux) is held by one process at a time and goes with it, so nothing is left behind.
+    Elsewhere: True in rank 0. For one line where every rank would say the same (Ctrl-C
+    reaches them all), said by whichever rank gets there first, even where rank 0 is stuck
+    in a blocking call."""
+    if not sys.platform.startswith("linux"):
+        return next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "0") == "0"
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind(f"\0dptrain-{what}-{os.getuid()}-{os.getppid()}")
+    except OSError:
+        sock.close()
+        return False
+    _HELD.append(sock)
+    return True
+
+
 def abort_job(comm_world, rank: int, exc: BaseException) -> None:
     """A rank's failure under MPI: print which rank failed and why (stderr), give the
     launcher a moment to forward it, then MPI_Abort the whole job (exit status 130 for an
@@ -244,8 +268,8 @@ def abort_job(comm_world, rank: int, exc: BaseException) -> None:
     interrupted = isinstance(exc, KeyboardInterrupt) or (
         woken and tuple(exc.args[1:2]) == (INTERRUPTED,)
     )
-    # Ctrl-C reaches every rank (the launcher forwards it): rank 0 says it, once
-    if not woken and (rank == 0 or not interrupted):
+    # Ctrl-C reaches every rank (the launcher forwards it): the first to handle it says it
+    if not woken and (not interrupted or first_on_node("interrupted")):
         cause = "interrupted (SIGINT)" if interrupted else f"failed: {describe(exc)}"
         print(
             f"dptrain: worker rank {rank} {cause}; aborting all {comm_world.Get_size()} MPI ranks",

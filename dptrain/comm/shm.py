@@ -1172,17 +1172,26 @@ def _dead_fork_server() -> int | None:
     pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
     if not isinstance(pid, int):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return pid
-    except OSError:
-        return None
-    try:  # a zombie (this process is its parent and has not reaped it) is dead too
-        with open(f"/proc/{pid}/stat") as f:
-            return pid if f.read().rsplit(")", 1)[1].split()[0] == "Z" else None
-    except OSError:
-        return None
+    # the workers' deaths are seen when the server's pipes close, a moment before the server
+    # is a zombie: a dying server gets half a second to become one
+    deadline = time.monotonic() + 0.5
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except OSError:
+            return None
+        try:  # a zombie (this process is its parent and has not reaped it) is dead too
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return pid
+        if state in ("Z", "X"):
+            return pid
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.01)
 
 
 def _exit_cause(p, started: bool = True, method: str = "fork", mapped=None) -> str:
