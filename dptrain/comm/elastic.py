@@ -59,6 +59,27 @@ def _copied(value):
     return np.array(value, copy=True) if isinstance(value, np.ndarray) else copy.deepcopy(value)
 
 
+def regroup(err: WorkerError, world: int, min_workers: int, respawn: bool):
+    """After an elastic launch of `world` workers failed with `err`: (the next launch's
+    workers: the survivors, or as many as before with respawn; the values the survivors'
+    Interrupted hold, None left out; why not to go on, or None: fewer than min_workers
+    left). Re-raises err when it lost no worker (not a failure an elastic run goes on
+    from)."""
+    if err.results is None or not err.lost:
+        raise err
+    left = world - len(err.lost)
+    held = [r.value for r in err.results if isinstance(r, Interrupted) and r.value is not None]
+    short = None
+    if left < min_workers and not respawn:
+        short = f"; {left} worker(s) left, fewer than min_workers={min_workers}"
+    return (world if respawn else left), held, short
+
+
+def lost_record(err: WorkerError) -> list:
+    """An elastic recovery's record of the workers it lost: [{rank, cause}, ...]."""
+    return [{"rank": r, "cause": c} for r, c in sorted(err.lost.items())]
+
+
 class _Target:
     """A worker of one launch: fn on a state restored from the latest commit, its state's
     last commit handed home (an Interrupted) when the group stops under it. (A class, not a
@@ -107,22 +128,13 @@ def run_elastic(
                 **options,
             )
         except WorkerError as err:
-            if err.results is None or not err.lost:
-                raise
-            left = world - len(err.lost)
-            held = [r.value for r in err.results if isinstance(r, Interrupted)]
-            if not held or (left < min_workers and not respawn):
-                raise WorkerError(
-                    err.rank, err.cause + f"; {left} worker(s) left (min_workers={min_workers})"
-                ) from None
+            after, held, short = regroup(err, world, min_workers, respawn)
+            short = short or (None if held else "; no survivor held a commit")
+            if short:
+                raise WorkerError(err.rank, err.cause + short) from None
             commits, saved = max(held, key=lambda h: h[0])
-            after = world if respawn else left
             state.recoveries.append(
-                {
-                    "lost": [{"rank": r, "cause": c} for r, c in sorted(err.lost.items())],
-                    "commit": commits,
-                    "world": [world, after],
-                }
+                {"lost": lost_record(err), "commit": commits, "world": [world, after]}
             )
             if log is not None:
                 log(

@@ -1033,7 +1033,7 @@ def run_processes(
     segment = SharedSegment(layout.nbytes)
     mem = None
     procs, conns = [], []
-    failure, interrupted = None, False
+    failure, interrupted, given_up = None, False, False
     try:
         mem = segment.array()
         layout.init(mem)
@@ -1126,7 +1126,7 @@ def run_processes(
         if elastic and (lost or any(isinstance(res, Interrupted) for res in results)):
             for r in pending.values():  # a survivor that never got back: lost too
                 lost.setdefault(r, f"still running {grace + ELASTIC_WAIT_S:g} s after the failure")
-            failure = failure or (min(lost) if lost else -1, "")
+            given_up = True  # the survivors are home: no one to wait for
             raise _elastic_error(lost, results)
         if failure is not None:
             left = [r for r in pending.values() if procs[r].is_alive()]
@@ -1139,7 +1139,7 @@ def run_processes(
             raise WorkerError(*failure)
         return results
     finally:
-        _stop(procs, 0.0 if (failure or interrupted) else 10.0, grace)
+        _stop(procs, 0.0 if (failure or interrupted or given_up) else 10.0, grace)
         for c in conns:
             c.close()
         del mem  # every view of the mapping must go before close()

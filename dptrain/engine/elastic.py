@@ -30,6 +30,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..comm import Interrupted, WorkerError, launch
+from ..comm.elastic import lost_record, regroup
 from ..sampler import batch_bounds
 from .loop import INIT_OPTIMIZER, INIT_PARAMS, INIT_STATE, POSITION, train_worker
 
@@ -68,8 +69,7 @@ def launch_elastic(
                     elastic=True,
                 )
         except WorkerError as err:
-            if err.results is None or not err.lost:
-                raise
+            after, snaps, short = regroup(err, world, job.config.min_workers, job.config.respawn)
             done = [res for res in err.results if res is not None]
             if done and not any(isinstance(res, Interrupted) for res in done):
                 # lost after the run's last barrier: every step is done
@@ -79,23 +79,13 @@ def launch_elastic(
                     ) from None
                 _note(events, err, world, None, began)
                 return done, _recovered(events, done)
-            left = world - len(err.lost)
-            snaps = [r.value for r in done if isinstance(r, Interrupted) and r.value]
             snap = max(snaps, key=lambda s: s["step"]) if snaps else None
             at = snap["step"] if snap else job.restore["step"] if job.restore else 0
             cause = _repeated(events, err, at)
-            if not snaps and not left:
+            if not snaps and len(err.lost) == world:
                 cause = "; no worker left"
-            if left < job.config.min_workers and not job.config.respawn or cause:
-                raise WorkerError(
-                    err.rank,
-                    err.cause
-                    + (
-                        cause
-                        or f"; {left} worker(s) left, fewer than min_workers="
-                        f"{job.config.min_workers}"
-                    ),
-                ) from None
+            if cause or short:
+                raise WorkerError(err.rank, err.cause + (cause or short)) from None
             _recovered(events, snaps)
             if snap is not None:
                 restore = _position(snap, reported, job, n_batches)
@@ -103,9 +93,7 @@ def launch_elastic(
                 job = replace(job, restore=restore)
             event = _note(events, err, world, snap, began)
             event["step"] = job.restore["step"] if job.restore else 0
-            if not job.config.respawn:
-                world = left
-            event["world"][1] = world
+            world = event["world"][1] = after
             job = replace(job, world=world, config=replace(job.config, resume=None))
             say(
                 f"dptrain: lost worker rank {', '.join(map(str, sorted(err.lost)))} at step "
@@ -151,7 +139,7 @@ def _arrays(snap: dict) -> dict:
 def _note(events: list, err: WorkerError, world: int, snap, began: float) -> dict:
     """The record of one recovery (its cost is filled in once a step is done again)."""
     event = {
-        "lost": [{"rank": r, "cause": c} for r, c in sorted(err.lost.items())],
+        "lost": lost_record(err),
         "world": [world, world - len(err.lost)],
         "step": None if snap is None else snap["step"],  # the step redone first
         "epoch": None if snap is None else snap["epoch"] + 1,

@@ -338,12 +338,13 @@ def run_worker(
                 step += 1
                 if elastic:  # no collective since the exchange: every worker completed it
                     held_state[:] = net.state
+                    spent = now() - e0
                     done.update(
                         epoch=epoch,
                         batch=b + 1,
                         step=step,
-                        train_seconds=train_seconds + now() - e0,
-                        epoch_seconds=offset + now() - e0,
+                        train_seconds=train_seconds + spent,
+                        epoch_seconds=offset + spent,
                         began=time.time(),
                     )
                     done.setdefault("first_step_wall", done["began"])  # a recovery's end
