@@ -12,6 +12,10 @@ python -m dptrain train ...`, the job restarted on 2 ranks from its last checkpo
 is the wall time beyond the uninterrupted MPI job's (the restart, the redone steps, and for a
 stop the timeout), measured in the same run.
 
+Backend "ulfm" (Open MPI 5, as dptrain.comm.ulfm.open_mpi finds it: $DPTRAIN_OPENMPI or the
+mpiexec on PATH): `mpiexec --with-ft ulfm -n 4 python -m dptrain train --elastic ...`, the
+job going on in place; its recovery is the result's, as on threads and processes.
+
 Prints one row per run and a summary per transport and kind (passes, recovery median and
 maximum); --json writes every row. --overhead R instead measures what --elastic costs when
 no one fails (its shared tally of the epoch's sums and its per-step bookkeeping): R repeats
@@ -19,7 +23,7 @@ of the same run with and without it, interleaved, on each backend; the step's p5
 over the repeats and their ratio. Run:
     python bench/bench_elastic.py [--runs 20] [--workers 4] [--timeout 2]
         [--backends thread,process] [--limit N] [--json out.json]
-    python bench/bench_elastic.py --overhead 7 [--workers 2] [--limit N]
+    python bench/bench_elastic.py --overhead 7 [--workers 2] [--limit N] [--backends ...,ulfm]
 """
 
 from __future__ import annotations
@@ -36,11 +40,22 @@ import time
 import numpy as np
 
 KINDS = {"thread": ("raise", "stop"), "process": ("raise", "kill", "stop")}
-KINDS["mpi"] = KINDS["process"]
+KINDS["mpi"] = KINDS["ulfm"] = KINDS["process"]
 
 
-def command(args, workdir, name, backend, fault=None) -> list[str]:
+def open_mpi() -> tuple[list, dict]:
+    from dptrain.comm import ulfm
+
+    found = ulfm.open_mpi()
+    if found is None:
+        sys.exit("backend ulfm: no Open MPI 5 found (set DPTRAIN_OPENMPI, see its docstring)")
+    return found
+
+
+def command(args, workdir, name, backend, fault=None, elastic=None) -> list[str]:
     train = [sys.executable, "-m", "dptrain", "train"]
+    if backend == "ulfm":
+        train = [*open_mpi()[0], "--oversubscribe", "-n", str(args.workers), *train]
     if backend == "mpi":  # the ranks are the workers
         train = ["mpiexec", "-n", str(args.workers), *train]
         if fault is not None:
@@ -60,7 +75,11 @@ def command(args, workdir, name, backend, fault=None) -> list[str]:
         "mnist",
         "--epochs",
         str(args.epochs),
-        *(["--workers", str(args.workers), "--backend", backend] if backend != "mpi" else []),
+        *(
+            ["--workers", str(args.workers), "--backend", backend]
+            if backend not in ("mpi", "ulfm")
+            else []
+        ),
         "--deterministic",
         "--quiet",
         "--save-weights",
@@ -72,8 +91,13 @@ def command(args, workdir, name, backend, fault=None) -> list[str]:
         cmd += ["--limit", str(args.limit)]
     if fault is not None:
         cmd += ["--timeout", str(args.timeout), "--inject-fault", fault]
-        cmd += ["--elastic"] if backend != "mpi" else []
+    if (fault is not None and backend != "mpi") or elastic:
+        cmd += ["--elastic"]
     return cmd
+
+
+def environment(backend: str) -> dict:
+    return {**os.environ, **open_mpi()[1]} if backend == "ulfm" else dict(os.environ)
 
 
 def overhead(args) -> int:
@@ -90,6 +114,18 @@ def overhead(args) -> int:
         p50 = {False: [], True: []}
         for i in range(args.overhead):
             for elastic in (False, True) if i % 2 == 0 else (True, False):
+                if backend == "ulfm":  # a job of its own, its result read back
+                    with tempfile.TemporaryDirectory() as workdir:
+                        subprocess.run(
+                            command(args, workdir, "o", "ulfm", elastic=elastic)
+                            + ["--timeout", str(args.timeout)],
+                            check=True,
+                            env=environment("ulfm"),
+                        )
+                        with open(os.path.join(workdir, "o.json")) as f:
+                            step = json.load(f)["breakdown"]["step_seconds"]["p50"]
+                    p50[elastic].append(step * 1e3)
+                    continue
                 r = dptrain.train(
                     "mlp",
                     dataset="mnist",
@@ -110,6 +146,28 @@ def overhead(args) -> int:
     return 0
 
 
+def run(cmd: list, backend: str, timeout: float) -> subprocess.CompletedProcess:
+    """cmd, its output captured; one still running after `timeout` seconds is killed with
+    its process group and counted as a hang (exit code None)."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment(backend),
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(
+            cmd, None, out, err + f"\nhung: killed after {timeout:g} s"
+        )
+
+
 def weights(path: str) -> dict:
     with np.load(path) as f:
         return {k: f[k].copy() for k in ("params", "velocity")}
@@ -126,6 +184,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--every", type=int, default=20, help="mpi: steps between checkpoints")
     ap.add_argument("--json")
+    ap.add_argument("--run-timeout", type=float, default=120.0, help="a run's limit (s): a hang")
     ap.add_argument("--overhead", type=int, default=0, help="repeats of the no-failure A/B")
     args = ap.parse_args()
     if args.overhead:
@@ -157,9 +216,7 @@ def main() -> int:
                 fault = f"{rng.integers(args.workers)}:{rng.integers(1, steps - 1)}:{kind}"
                 name = f"{backend}-{i}"
                 t0 = time.perf_counter()
-                proc = subprocess.run(
-                    command(args, workdir, name, backend, fault), capture_output=True, text=True
-                )
+                proc = run(command(args, workdir, name, backend, fault), backend, args.run_timeout)
                 wall = time.perf_counter() - t0
                 row = dict(
                     backend=backend,
@@ -186,12 +243,12 @@ def main() -> int:
                 rows.append(row)
                 rec = row["recovery_seconds"]
                 print(
-                    f"{backend:8} {i:>3} {fault:>16} {row['exit']:>4} "
+                    f"{backend:8} {i:>3} {fault:>16} {str(row['exit']):>4} "
                     f"{str(row['bitwise']):>7} {rec if rec is None else round(rec, 3):>10} "
                     f"{wall:6.1f}",
                     flush=True,
                 )
-                if proc.returncode:
+                if proc.returncode != 0:
                     print(proc.stderr[-2000:], file=sys.stderr)
     print("\nsummary (recovery: from the interrupted step's start to its redo's end)")
     ok_all = True

@@ -465,7 +465,8 @@ class TrainConfig:
         "a worker that fails (raises, dies, or misses --timeout) costs the step it was in, "
         "not the run: the others go on without it from the last completed step, the same "
         "global batch shared by one worker less (with --deterministic the same bits as a "
-        "run that lost no one); thread and process backends",
+        "run that lost no one); thread and process backends, and MPI under ULFM (Open MPI's "
+        "mpiexec --with-ft ulfm)",
         group="parallel",
     )
     min_workers: int = option(
@@ -917,7 +918,6 @@ class TrainConfig:
         clash = [
             text
             for text, on in (
-                (f"backend={self.backend!r} (under MPI, see the README)", self.backend == "mpi"),
                 ("overlap=True", self.overlap),
                 ("allreduce='ps'", self.allreduce == "ps"),
                 ("shard_update=True", self.shard_update),
@@ -929,7 +929,8 @@ class TrainConfig:
         if clash:
             raise ValueError(
                 f"elastic=True goes on from the last completed step, which every worker holds "
-                f"whole; it works on the thread and process backends with the all-reduce of "
+                f"whole; it works on the thread and process backends (and MPI under ULFM) "
+                f"with the all-reduce of "
                 f"the whole gradient (native, ring, tree, bucketed, bfloat16) or deterministic "
                 f"mode, not with {', '.join(clash)}"
             )
@@ -1180,10 +1181,10 @@ class TrainConfig:
     def check_world(self, world: int, backend: str) -> None:
         """ValueError, naming the option, for what a run on `world` workers of `backend`
         cannot do."""
-        if backend == "mpi" and self.deterministic and CHUNKS % world:
+        if backend == "mpi" and self.deterministic and world > CHUNKS:
             raise ValueError(
-                f"deterministic mode under MPI needs a world size that divides "
-                f"{CHUNKS}, got {world}"
+                f"deterministic mode supports up to {CHUNKS} workers, got an MPI world of "
+                f"{world} ranks"
             )
         if self.straggle is not None and self.straggle[0] >= world:
             raise ValueError(

@@ -31,3 +31,8 @@ def as_flags(options: dict) -> list:
 
 
 SMALL_FLAGS = as_flags(SMALL)  # SMALL as `python -m dptrain train` flags
+
+
+# the elastic tests' MPI job (test_elastic, test_ulfm): 8 steps an epoch, the faults mid-run
+ELASTIC_MPI_FLAGS = ["--dataset", "synthetic", "--n-samples", "1024", "--n-features", "20"]
+ELASTIC_MPI_FLAGS += ["--epochs", "2", "--batch-size", "128", "--hidden", "32", "--seed", "5"]

@@ -57,10 +57,12 @@ class Interrupted:
     """What a worker of an elastic launch returns when its group stopped under it (another
     worker failed; or this one's collective timed out, naming the ranks in ``missing``):
     ``value``, whatever the worker saved to go on from (its state at its last completed
-    step). The launcher then raises WorkerError with every survivor's Interrupted."""
+    step). The launcher then raises WorkerError with every survivor's Interrupted.
+    ``progress``: how far on the value is (a step or commit count): where each survivor holds
+    its own, an MPI launch hands every survivor the value furthest on (comm.ulfm)."""
 
-    def __init__(self, value, missing=()):
-        self.value, self.missing = value, tuple(missing)
+    def __init__(self, value, missing=(), progress: int = 0):
+        self.value, self.missing, self.progress = value, tuple(missing), progress
 
 
 class CollectiveMismatch(ValueError):

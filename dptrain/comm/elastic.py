@@ -93,7 +93,9 @@ class _Target:
         try:
             return self.fn(comm, state)
         except (_core.GroupAborted, TimeoutError) as exc:
-            return Interrupted((state.commits, state._saved), getattr(exc, "missing", ()))
+            return Interrupted(
+                (state.commits, state._saved), getattr(exc, "missing", ()), progress=state.commits
+            )
 
 
 def run_elastic(
@@ -107,17 +109,19 @@ def run_elastic(
     log=None,
     **options,
 ) -> list:
-    """Runs ``fn(comm, state)`` on `workers` workers (thread or process backend; ``options``
-    are ``launch``'s: timeout, threads, extras, ...) and returns what each worker of the
-    last launch returned, by rank; after a lost worker, runs them again from the latest
-    commit (see the module docstring). ``state.recoveries`` then lists each restart (the
-    lost ranks and causes, the commit, the workers before and after); ``log``: called with
-    one line per restart. WorkerError when fewer than ``min_workers`` would be left."""
+    """Runs ``fn(comm, state)`` on `workers` workers (thread or process backend, or MPI
+    ranks under ULFM: see comm.ulfm; ``options`` are ``launch``'s: timeout, threads,
+    extras, ...) and returns what each worker of the last launch returned, by rank; after a
+    lost worker, runs them again from the latest commit (see the module docstring).
+    ``state.recoveries`` then lists each restart (the lost ranks and causes, the commit, the
+    workers before and after); ``log``: called with one line per restart (under MPI, on
+    rank 0 of the survivors). WorkerError when fewer than ``min_workers`` would be left."""
     if not isinstance(state, ElasticState):
         raise TypeError(f"state must be a dptrain.comm.ElasticState, got {type(state).__name__}")
     if not 1 <= min_workers <= workers:
         raise ValueError(f"min_workers must be in [1, workers={workers}], got {min_workers}")
     saved, commits, world = state._saved, state.commits, workers
+    speaks = True  # under MPI only rank 0 of the survivors logs
     while True:
         try:
             return launch(
@@ -136,7 +140,10 @@ def run_elastic(
             state.recoveries.append(
                 {"lost": lost_record(err), "commit": commits, "world": [world, after]}
             )
-            if log is not None:
+            shrunk = getattr(err, "mpi_world", None)
+            if shrunk is not None:  # an MPI rank: the survivors' communicator is the next world
+                options["mpi_world"], speaks = shrunk, shrunk.Get_rank() == 0
+            if log is not None and speaks:
                 log(
                     f"dptrain: lost worker rank {', '.join(map(str, sorted(err.lost)))} "
                     f"({err.cause}): going on with {after} worker(s) from commit {commits}"

@@ -14,11 +14,19 @@ import os
 import sys
 import warnings
 
+from . import ulfm
 from .base import LocalComm, WorkerError
 from .hier import mpi_comm
-from .mpi import abort_job, bounded, resolve_backend, timed_arrival, world
+from .mpi import MPIComm, abort_job, bounded, resolve_backend, timed_arrival, watch_node, world
 from .placement import MPINode, cpu_count, plan, usable_cpus
 from .shm import WaitPolicy, run_processes, run_threads
+
+# an elastic launch under an MPI that ends the job with any rank (see comm.ulfm)
+ELASTIC_MPI_REFUSAL = (
+    "elastic under MPI needs an MPI job that survives a lost rank (ULFM): Open MPI 5 "
+    "started with `mpiexec --with-ft ulfm`; under any other MPI run the job under "
+    "`python -m dptrain elastic -- mpiexec ...`, which restarts it from a checkpoint"
+)
 
 
 def oversubscription_warning(workers: int, threads: int, cores: int | None = None) -> str | None:
@@ -49,6 +57,7 @@ def launch(
     gather: str = "all",
     pin: bool | None = None,
     elastic: bool = False,
+    mpi_world=None,
 ) -> list:
     """Runs ``fn(comm, *args)`` on every worker; returns their return values, by rank.
 
@@ -88,18 +97,19 @@ def launch(
     (``Placement.describe``). One worker of the thread backend runs in the calling thread:
     pinned, it gets its mask back after.
 
-    elastic (thread and process): when a worker fails, the others are let finish: fn may
-    catch the group's stop (``dptrain._core.GroupAborted``, or a collective's TimeoutError,
-    whose ``missing`` names the ranks that did not arrive) and return
-    ``Interrupted(state, missing)``; the WorkerError raised then holds every lost rank
-    (``lost``) and every survivor's return (``results``), from which the caller goes on
-    (``dptrain.train``'s elastic runs do).
+    elastic (thread, process; MPI under ULFM, see ``comm.ulfm``): when a worker fails, the
+    others are let finish: fn may catch the group's stop (``dptrain._core.GroupAborted``, or
+    a collective's TimeoutError, whose ``missing`` names the ranks that did not arrive) and
+    return ``Interrupted(state, missing, progress)``; the WorkerError raised then holds every
+    lost rank (``lost``) and every survivor's return (``results``), from which the caller
+    goes on (``dptrain.train``'s elastic runs do); under MPI also the survivors' shrunk
+    communicator (``mpi_world``), to give the next launch as ``mpi_world``.
     """
     if gather not in ("all", "root"):
         raise ValueError(f"gather is {gather!r}, expected 'all' or 'root'")
     backend, note = resolve_backend(backend)
-    if elastic and backend == "mpi":
-        raise ValueError("elastic launches run on the thread and process backends, not MPI")
+    if elastic and backend == "mpi" and not ulfm.available():
+        raise ValueError(ELASTIC_MPI_REFUSAL)
     if backend == "mpi":
         return _launch_mpi(
             fn,
@@ -115,6 +125,8 @@ def launch(
             report=report,
             gather=gather,
             pin=pin,
+            elastic=elastic,
+            comm_world=mpi_world,
         )
     workers = 1 if workers is None else int(workers)
     if workers < 1:
@@ -174,9 +186,12 @@ def _launch_mpi(
     report,
     gather,
     pin,
+    elastic=False,
+    comm_world=None,
 ) -> list:
-    """launch's MPI rank: this process runs fn once, as its rank."""
-    comm_world = world()
+    """launch's MPI rank: this process runs fn once, as its rank (of comm_world: by default
+    MPI's world; an elastic launch's survivors give the communicator they shrank to)."""
+    comm_world = world() if comm_world is None else comm_world
     size, rank = comm_world.Get_size(), comm_world.Get_rank()
     if note and rank == 0:
         print(f"dptrain: {note}", file=sys.stderr, flush=True)
@@ -185,6 +200,11 @@ def _launch_mpi(
             f"under MPI the number of workers is the world size set by "
             f"mpiexec -n (here {size}), but workers={workers} was asked for: "
             f"launch with mpiexec -n {workers}"
+        )
+    watch_node(rank)  # (MPICH: a rank gone without a word is named by its node's watcher)
+    if elastic:
+        return _launch_ulfm(
+            fn, args, comm_world, threads, pin, extras, watch, report, gather, timeout
         )
     # every rank's start-up (its data loaded) is done, or named within the timeout
     timed_arrival(comm_world, "start-up", timeout)
@@ -216,6 +236,29 @@ def _launch_mpi(
             got = comm_world.gather(mine, root=0)
             return got if rank == 0 else [mine if r == rank else None for r in range(size)]
         return comm_world.allgather(mine)
+
+
+def _launch_ulfm(
+    fn, args, comm_world, threads, pin, extras, watch, report, gather, timeout
+) -> list:
+    """launch's elastic MPI rank (comm.ulfm): fn on a flat, failure-aware MPIComm, whose
+    collectives wait at most `timeout` seconds (0: without a limit) for a rank; the
+    start-up and the end wait in ULFM's own fault-tolerant calls."""
+    from mpi4py import MPI
+
+    comm_world.Set_errhandler(MPI.ERRORS_RETURN)  # (mpi4py's default: said, not assumed)
+    node = MPINode.of(comm_world)
+    placement = node.plan(threads, pin)
+    placement.pin(node.rank)
+    comm = MPIComm(comm_world, elastic=True, timeout=timeout)
+    comm._extras, comm._report = dict(extras or {}), report
+    comm.placement = placement.describe()
+    if watch is not None and comm.rank == 0:
+        watch(comm.progress)
+    try:
+        return ulfm.run_once(comm_world, fn, args, comm, gather, timeout)
+    finally:
+        comm._comm.close()  # (its watch's thread)
 
 
 def _placed(comm, fn, args, placement):

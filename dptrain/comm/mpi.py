@@ -138,6 +138,10 @@ def world(timeout: float = 0.0):
     a C thread ends this rank with a line that says so after `timeout` seconds."""
     rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "?")
     first = "mpi4py.MPI" not in sys.modules
+    # Open MPI 5's UCX one-sided component prints an error per rank and window for the node's
+    # shared windows (hier) where it cannot serve them, 3 per rank and run here; they are
+    # within a node, which UCX is not needed for. (A user's own choice is kept.)
+    os.environ.setdefault("OMPI_MCA_osc", "^ucx")
     try:
         with bounded("MPI's start-up (MPI_Init)", timeout if first else 0.0, rank):
             from mpi4py import MPI
@@ -159,6 +163,7 @@ def bounded(what: str, timeout: float, rank="?"):
         return
     from .. import _core
 
+    tell_watcher("armed")
     _core._exit_later(
         timeout,
         f"dptrain: error: {what} on rank {rank} did not end within {timeout:g} s (--timeout): "
@@ -168,6 +173,7 @@ def bounded(what: str, timeout: float, rank="?"):
         yield
     finally:
         _core._exit_later_cancel()
+        tell_watcher("disarmed")
 
 
 # where the launchers put a rank's number before MPI_Init (MPICH/Hydra's PMI, Open MPI's,
@@ -251,6 +257,64 @@ def first_on_node(what: str) -> bool:
     return True
 
 
+_WATCHED = []  # watch_node's connection: held until this process ends
+
+
+def watch_node(rank: int) -> None:
+    """Under MPICH's Hydra (which kills every rank with the first, by SIGKILL: no handler
+    runs): this rank reports to its node's watcher (comm.watch), started here by the first
+    rank of the node to get here, so that a rank gone without a word is named by rank. Once
+    per process; nothing elsewhere (Open MPI's launcher names a killed rank itself)."""
+    import atexit
+    import socket
+    import subprocess
+
+    if _WATCHED or "PMI_SIZE" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    name = f"\0dptrain-watch-{os.getuid()}-{os.getppid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(name)  # the first rank of the node: it starts the watcher
+        listener.listen(256)
+        subprocess.Popen(
+            [sys.executable, "-S", "-I", os.path.join(os.path.dirname(__file__), "watch.py")]
+            + [str(listener.fileno())],
+            pass_fds=[listener.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # out of the launcher's reach
+        )
+    except OSError:  # another rank of the node got there first
+        pass
+    finally:
+        listener.close()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            conn.connect(name)
+            break
+        except OSError:  # its watcher is not listening yet
+            if time.monotonic() > deadline:
+                conn.close()
+                return
+            time.sleep(0.005)
+    conn.sendall(f"rank {rank} pid {os.getpid()}\n".encode())
+    _WATCHED.append(conn)
+    atexit.register(tell_watcher, "done")
+
+
+def tell_watcher(word: str) -> None:
+    """Tells this node's watcher (watch_node) how this rank ends: 'done' (normally), 'said'
+    (it said why itself: a failure, an interrupt), 'armed' / 'disarmed' (a C timer that
+    ends it with a line of its own is set / cleared). Nothing where there is none."""
+    for conn in _WATCHED:
+        try:
+            conn.sendall(word.encode() + b"\n")
+        except OSError:
+            pass
+
+
 def abort_job(comm_world, rank: int, exc: BaseException) -> None:
     """A rank's failure under MPI: print which rank failed and why (stderr), give the
     launcher a moment to forward it, then MPI_Abort the whole job (exit status 130 for an
@@ -276,6 +340,7 @@ def abort_job(comm_world, rank: int, exc: BaseException) -> None:
             file=sys.stderr,
             flush=True,
         )
+    tell_watcher("said")
     try:
         time.sleep(ABORT_GRACE_SECONDS * (2 if woken else 1))
     except KeyboardInterrupt:  # a second Ctrl-C: abort at once
@@ -291,15 +356,26 @@ class MPIComm(Communicator):
 
     backend = "mpi"
 
-    def __init__(self, comm=None, measure_wait: bool = True):
+    def __init__(
+        self, comm=None, measure_wait: bool = True, elastic: bool = False, timeout: float = 0.0
+    ):
         """measure_wait: enter each collective through MPI_Barrier and count the time spent
         in it as synchronization wait (MPI reports no arrival times; the barrier costs a few
         microseconds per collective on one machine). False: the wait stays inside the
-        collective's time."""
+        collective's time. elastic (under ULFM, see comm.ulfm): a collective that a lost rank
+        stops raises ulfm.RanksLost (a GroupAborted) on every rank, as does one that waits
+        longer than timeout seconds (> 0; the waits for a rank's own work, barrier_after_work,
+        are not timed)."""
         from mpi4py import MPI
+
+        from . import ulfm
 
         self._MPI = MPI
         self._comm = comm if comm is not None else MPI.COMM_WORLD
+        self._elastic = elastic
+        self._timeout = timeout if elastic else 0.0
+        if elastic:
+            self._comm = ulfm.FailureAware(self._comm, self._timeout)
         self._measure_wait = measure_wait
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
@@ -316,11 +392,6 @@ class MPIComm(Communicator):
 
     def shared_zeros(self, count, length, dtype="float32"):
         count, length = int(count), int(length)
-        if count > 1 and count % self.size:
-            raise ValueError(
-                f"{count} shared arrays cannot be split evenly over {self.size} "
-                f"MPI ranks (use a world size that divides {count})"
-            )
         flat = aligned_zeros(count * length, dtype)
         arrays = [flat[i * length : (i + 1) * length] for i in range(count)]
         self._shared[id(arrays[0])] = flat
@@ -357,7 +428,11 @@ class MPIComm(Communicator):
 
     def wait_(self, handles):
         reqs = [h for h in handles if h is not None]
-        if reqs:
+        if reqs and self._elastic:
+            from . import ulfm
+
+            ulfm.wait_all(self._comm._comm, reqs)
+        elif reqs:
             self._MPI.Request.Waitall(reqs)
 
     def reduce_sum_(self, array, root=0):
@@ -380,7 +455,13 @@ class MPIComm(Communicator):
             raise ValueError("sum_into_ needs arrays from comm.shared_zeros()")
         waited = self._entry_wait("sum_into_", out, count=len(arrays), scale=scale)
         self._account("allreduce", filled_bytes(arrays, self.size), waited=waited)
-        self._comm.Allgather(self._MPI.IN_PLACE, flat)
+        count, length = len(arrays), arrays[0].size
+        if count % self.size:  # rank r's arrays [r k // size, (r + 1) k // size): uneven
+            first = [r * count // self.size * length for r in range(self.size + 1)]
+            sizes = [hi - lo for lo, hi in zip(first, first[1:])]
+            self._comm.Allgatherv(self._MPI.IN_PLACE, [flat, (sizes, first[:-1])])
+        else:
+            self._comm.Allgather(self._MPI.IN_PLACE, flat)
         _core.sum_buffers(out, arrays, scale=scale)
 
     def broadcast_(self, array, root=0):
@@ -391,6 +472,17 @@ class MPIComm(Communicator):
     def barrier(self):
         waited = mpi_agree(self._comm, signature("barrier")) if self.size > 1 else 0.0
         self._account("barrier", 0, waited=waited)
+
+    def barrier_after_work(self, worker=None):
+        # (an elastic launch's timeout counts none of it: the late rank is working)
+        comm = getattr(self._comm, "untimed", self._comm)
+        waited = mpi_agree(comm, signature("barrier")) if self.size > 1 else 0.0
+        self._account("barrier", 0, waited=waited)
+
+    def broadcast_object(self, value, root=0):
+        """root's value (anything that pickles, small), on every rank (MPI_Bcast of its
+        pickle): what an elastic run's ranks must all hold, e.g. rank 0's epoch records."""
+        return self._comm.bcast(value, root=root)
 
     def abort(self, code=1):
         self._comm.Abort(code)

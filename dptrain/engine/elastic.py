@@ -36,12 +36,14 @@ from .loop import INIT_OPTIMIZER, INIT_PARAMS, INIT_STATE, POSITION, train_worke
 
 
 def launch_elastic(
-    job, n_train: int, options: dict, say, report=None, watch=None
+    job, n_train: int, options: dict, say, report=None, watch=None, became=None
 ) -> tuple[list, list]:
     """Runs ``train_worker`` on job.world workers over n_train samples (launch's
     ``options``, besides the job, the report and the watch), going on after every lost
     worker (see the module docstring). Returns (what each worker of the last launch
-    returned, by rank; the recoveries)."""
+    returned, by rank; the recoveries). Under MPI (ULFM, ``comm.ulfm``) this is one rank,
+    which goes on with the survivors' communicator; ``became`` is called with its rank in
+    it after each recovery (rank 0 then says what happens)."""
     reported: list = []  # every epoch's record, as rank 0 reported it, whatever the launch
 
     def collect(rec):
@@ -87,8 +89,16 @@ def launch_elastic(
             if cause or short:
                 raise WorkerError(err.rank, err.cause + (cause or short)) from None
             _recovered(events, snaps)
+            shrunk = getattr(err, "mpi_world", None)
+            if shrunk is not None:  # an MPI rank: the survivors' communicator, and its rank
+                options["mpi_world"] = shrunk
+                if became is not None:
+                    became(shrunk.Get_rank())
             if snap is not None:
-                restore = _position(snap, reported, job, n_batches)
+                # an MPI rank holds no launcher's records: every rank holds rank 0's history
+                restore = _position(
+                    snap, reported if shrunk is None else snap["history"], job, n_batches
+                )
                 extras.update(_arrays(snap))
                 job = replace(job, restore=restore)
             event = _note(events, err, world, snap, began)

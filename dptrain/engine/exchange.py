@@ -93,6 +93,36 @@ class Tally:
         return float(loss), int(round(correct))
 
 
+class MPITally(Tally):
+    """Tally for MPI ranks, which share no memory: each step's sums over every rank, by an
+    all-reduce of the two values (besides the step's exchange: one more small collective
+    per step of an elastic MPI run)."""
+
+    def __init__(self, comm):
+        self.comm, self.rank, self.size = comm, comm.rank, comm.size
+        self.table = np.zeros((2, 2))  # by the step's parity: the sums through that step
+        self.mine = np.zeros(2)
+        self.sums = np.zeros(2)
+        self.parity = 0
+
+    def add(self, loss: float, correct: float) -> None:
+        from mpi4py import MPI
+
+        self.mine += loss, correct
+        self.sums[:] = self.mine
+        self.comm._comm.Allreduce(MPI.IN_PLACE, self.sums, op=MPI.SUM)
+        self.table[self.parity] = self.sums
+
+    def read(self, parity: int) -> tuple[float, int]:
+        loss, correct = self.table[parity]
+        return float(loss), int(round(correct))
+
+
+def tally_for(comm) -> Tally:
+    """An elastic run's Tally on comm's transport."""
+    return MPITally(comm) if comm.backend == "mpi" else Tally(comm)
+
+
 class Exchange:
     """The strategy interface (see the module docstring). ``clip``: the run's GradClip
     (engine.clip; TrainConfig's clip_norm), or None. ``tally``: an elastic run's ``Tally``,

@@ -29,7 +29,7 @@ from ..optim import lr_at, make_optimizer
 from ..sampler import CHUNKS, BatchRows, batch_bounds, epoch_order, shard
 from .checkpoint import load_checkpoint, load_optimizer_state, read_local_arrays, save_checkpoint
 from .clip import GradClip
-from .exchange import AllReduce, Tally, make_exchange
+from .exchange import AllReduce, make_exchange, tally_for
 from .hooks import Hooks, hooks_for
 from .job import Job
 from .local import LocalSGD
@@ -189,7 +189,7 @@ def run_worker(
     opt = make_optimizer(net, job.lr, cfg)
     exchange.adopt(comm, opt)
     # (after the model's buffers: they lie where they do without --elastic)
-    tally = exchange.tally = Tally(comm) if elastic else None
+    tally = exchange.tally = tally_for(comm) if elastic else None
     stats = comm.zeros(2, np.float64)
     state = {
         "step": 0,
@@ -219,8 +219,7 @@ def run_worker(
         net.state[:] = held
     if restore is not None:  # every rank: the position, and the epoch's sums (over all ranks)
         state.update({k: restore[k] for k in POSITION})
-        if rank == 0:
-            state["history"] = list(restore["history"])
+        state["history"] = list(restore["history"])
     if job.resume and rank != 0:
         # every rank reads the position (the file is visible to all: one machine, or a shared
         # file system under MPI); parameters and momentum come from rank 0
@@ -414,6 +413,13 @@ def run_worker(
                     )
                 history.append(rec)
                 comm.report(rec)
+            if elastic and comm.backend == "mpi":  # rank 0 may be the rank lost: all hold it
+                rec, eval_seconds = comm.broadcast_object(
+                    (history[-1], eval_seconds) if rank == 0 else None
+                )
+                if rank != 0:
+                    history.append(rec)
+                    done["eval_seconds"] = eval_seconds
             if cfg.tol is not None:
                 stop[0] = rank == 0 and "stopped" in history[-1]
                 comm.broadcast_(stop, root=0)
@@ -431,6 +437,7 @@ def run_worker(
         return Interrupted(
             _snapshot(done, net, opt, held_state, tally) if done["ready"] else None,
             getattr(exc, "missing", ()),
+            progress=done.get("step", -1),
         )
     out = {
         "rank": rank,

@@ -3,15 +3,15 @@ mpiexec -n N python -m dptrain train ...`` runs the job, and when it fails (a ra
 was killed or missed ``--timeout``: MPI ends the whole job) runs it again on fewer ranks from
 its last checkpoint, until it ends well or fewer than ``--min-workers`` ranks would be left.
 
-MPI cannot drop a rank from a running job unless the library is fault tolerant (ULFM's
-``MPIX_Comm_shrink``; the MPICH wheel and Debian's Open MPI 4 do not offer it to mpi4py), so
-the job is restarted: every ``--every`` steps the ranks commit the run to a checkpoint (the
-train command's own ``--checkpoint``, else one in a temporary directory, removed at the end),
-and a restart resumes from it (``--resume``): at most ``--every`` steps are redone. With
+MPI drops a rank from a running job only where the library is fault tolerant (ULFM: Open
+MPI 5 under ``mpiexec --with-ft ulfm``, where ``train --elastic`` goes on in the job itself,
+see ``comm.ulfm``); elsewhere (MPICH's Hydra kills every rank with the first) the job is
+restarted: every ``--every`` steps the ranks commit the run to a checkpoint (the train
+command's own ``--checkpoint``, else one in a temporary directory, removed at the end), and a
+restart resumes from it (``--resume``): at most ``--every`` steps are redone. With
 ``--deterministic`` the result is the same bits as a job that lost no one (its checkpoints
-and resumes are exact, and its sums do not depend on the number of ranks, which there must
-divide 8: 4 ranks go on as 2). An injected fault (``--inject-fault``) happens once: the
-restarts leave it out.
+and resumes are exact, and its sums do not depend on the number of ranks: 4 ranks go on as
+3). An injected fault (``--inject-fault``) happens once: the restarts leave it out.
 """
 
 from __future__ import annotations
@@ -86,13 +86,9 @@ def _without(args: list[str], name: str, takes_value: bool = True) -> list[str]:
 
 
 def next_size(size: int, deterministic: bool) -> int:
-    """The rank count a job of `size` ranks goes on with after losing one: size - 1, or in
-    deterministic mode the largest divisor of CHUNKS below it (MPI's deterministic mode
-    needs one)."""
-    n = size - 1
-    while deterministic and n > 1 and CHUNKS % n:
-        n -= 1
-    return n
+    """The rank count a job of `size` ranks goes on with after losing one: size - 1, and in
+    deterministic mode no more than CHUNKS (the most ranks it runs on)."""
+    return min(size - 1, CHUNKS) if deterministic else size - 1
 
 
 def supervise(command: list[str], *, min_workers: int = 1, every: int = 50, log=print) -> int:

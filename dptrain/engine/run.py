@@ -43,7 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..comm import launch, oversubscription_warning, placement, resolve_backend
+from ..comm import launch, oversubscription_warning, placement, resolve_backend, ulfm
+from ..comm.launch import ELASTIC_MPI_REFUSAL
 from ..comm.mpi import bounded, timed_arrival
 from ..comm.mpi import world as mpi_world
 from ..comm.placement import AUTO
@@ -214,6 +215,15 @@ def run(
                 f"dptrain train ..."
             )
     config.check_world(world, backend)
+    if backend == "mpi" and config.elastic and world > 1:
+        if not ulfm.available():
+            raise ValueError(ELASTIC_MPI_REFUSAL)
+        if config.respawn:
+            raise ValueError(
+                "respawn=True starts a new worker process in a lost one's place: the process "
+                "backend's; an MPI job's ranks are mpiexec's (an elastic MPI run goes on with "
+                "the survivors)"
+            )
     # pin=True with more workers x threads than CPUs: refused here, before the header
     if backend == "mpi":
         node.plan(config.threads, config.pin)
@@ -314,11 +324,22 @@ def run(
         if "stopped" in rec:
             say(rec["stopped"])
 
+    def became(new_rank):  # an elastic MPI run's survivors: rank 0 of theirs speaks now
+        nonlocal rank, say
+        rank = new_rank
+        say = (lambda *a: None) if (config.quiet or rank != 0) else log
+
     recoveries = None
     try:
         if config.elastic and world > 1:
             per_rank, recoveries = launch_elastic(
-                job, ds.n_train, options, say, report=report, watch=bar.watch if bar else None
+                job,
+                ds.n_train,
+                options,
+                lambda line: say(line),
+                report=report,
+                watch=bar.watch if bar else None,
+                became=became,
             )
         else:
             per_rank = launch(
