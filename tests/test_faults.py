@@ -355,7 +355,9 @@ def test_a_killed_mpi_rank_is_named_by_rank(mpiexec, tmp_path, fault):
             continue
         assert len(ours) == 1, r.stdout + r.stderr
         assert ours[0].startswith(f"dptrain: MPI rank {rank} (pid "), ours[0]
-        assert "ended first, without a word: killed by signal 9 (SIGKILL)" in ours[0]
+        how = ours[0].split("ended first, without a word: ")[1]
+        # its exit status, where /proc still showed it (the launcher may have reaped it)
+        assert how.startswith(("killed by signal 9 (SIGKILL)", "killed, or ended in C code")), how
         break
     else:
         pytest.fail("3 runs, each with the watcher too late to name one rank")

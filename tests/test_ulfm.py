@@ -70,6 +70,7 @@ def uninterrupted():
         ("1:3:raise", ulfm.CAUSE),
         ("0:9:kill", ulfm.CAUSE),  # rank 0: the survivors' new rank 0 reports
         ("3:12:stop", "stalled past --timeout 2 s, ended by the others"),
+        ("2:16:stop", "stalled past --timeout 2 s, ended by the others"),  # at the end
     ],
 )
 def test_a_lost_rank_costs_a_step_not_the_bits(open_mpi, uninterrupted, tmp_path, fault, cause):

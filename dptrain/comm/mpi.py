@@ -474,8 +474,9 @@ class MPIComm(Communicator):
         self._account("barrier", 0, waited=waited)
 
     def barrier_after_work(self, worker=None):
-        # (an elastic launch's timeout counts none of it: the late rank is working)
-        comm = getattr(self._comm, "untimed", self._comm)
+        # an elastic launch's timeout: the others wait for `worker` without it (working, not
+        # late); `worker` itself waits with it (a peer late for it is lost)
+        comm = self._comm if worker == self.rank else getattr(self._comm, "untimed", self._comm)
         waited = mpi_agree(comm, signature("barrier")) if self.size > 1 else 0.0
         self._account("barrier", 0, waited=waited)
 

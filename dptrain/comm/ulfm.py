@@ -16,8 +16,10 @@ the value of the one furthest on (``Interrupted.progress``) and raise ``WorkerEr
 
 The communicator of an elastic MPI launch is a flat ``MPIComm``: ULFM sees failures inside
 MPI's own calls, and a shared-memory layer's barriers would wait for a dead rank instead.
-A rank whose fn raises says why and leaves the job (exit code 1) without aborting it: the
-others go on without it. Ctrl-C still ends the whole job.
+A rank whose fn raises says why and leaves the job without aborting it (it kills itself:
+Open MPI noticed a rank that exited without MPI_Finalize late or never); the others go on
+without it. (An error every rank meets at once, e.g. a diverged loss, so ends every rank,
+each saying it.) Ctrl-C still ends the whole job.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import functools
 import os
 import re
 import signal
+import socket
 import sys
 import time
 
@@ -148,7 +151,8 @@ class _Watch:
     def _run(self) -> None:
         while not self._stop.wait(WATCH_TICK_S):
             deadline = self.deadline
-            if deadline is not None and time.monotonic() > deadline:
+            # (read again: the call may have ended and another begun meanwhile)
+            if deadline is not None and time.monotonic() > deadline and self.deadline is deadline:
                 self.fired, self.deadline = True, None
                 _revoke(self.comm)
             if not self.answered and self.comm.Is_revoked():
@@ -164,7 +168,7 @@ class FailureAware:
     """An mpi4py communicator whose calls raise RanksLost where a rank is lost (see
     ``_lost``), and whose blocking collectives (TIMED) wait at most ``timeout`` seconds
     (0: without a limit; ``untimed``: the same communicator without one, for the waits for
-    a rank's own work): past it, RanksLost with ``late`` True; everything else is the
+    a rank's own work): past it, RanksLost; everything else is the
     communicator's own. ``close()`` ends the watch."""
 
     def __init__(self, comm, timeout: float = 0.0, watch=None):
@@ -196,7 +200,6 @@ class FailureAware:
                     lost = RanksLost(
                         f"a collective waited longer than --timeout {self._timeout:g} s", 1
                     )
-                    lost.late = True
                 raise lost from exc
             finally:
                 if watch is not None:
@@ -218,6 +221,7 @@ def wait_all(comm, requests) -> None:
 
 
 PROBE_TAG = 0x7D7B  # the roll call's messages, on a communicator of its own
+_POSTED: list = []  # the roll call's receive buffers
 
 
 def _answer(side) -> None:
@@ -226,10 +230,11 @@ def _answer(side) -> None:
     from mpi4py import MPI
 
     mark = np.array([side.Get_rank()], np.int64)
+    _POSTED.append(mark)
     for d in range(side.Get_size()):
         if d != side.Get_rank():
             try:
-                side.Isend(mark, dest=d, tag=PROBE_TAG)
+                side.Isend(mark, dest=d, tag=PROBE_TAG).Free()  # (small: sent eagerly)
             except MPI.Exception:  # (d failed)
                 pass
 
@@ -244,8 +249,10 @@ def _roll_call(base, side, wait: float) -> set:
     pending = {}
     for s in range(side.Get_size()):
         if s != me:
+            buf = np.zeros(1, np.int64)
+            _POSTED.append(buf)  # (a late answer still lands in it: kept for good)
             try:
-                pending[s] = side.Irecv(np.zeros(1, np.int64), source=s, tag=PROBE_TAG)
+                pending[s] = side.Irecv(buf, source=s, tag=PROBE_TAG)
             except MPI.Exception:  # (s failed)
                 pass
     here, deadline = {me}, time.monotonic() + wait
@@ -260,6 +267,12 @@ def _roll_call(base, side, wait: float) -> set:
         if pending and set(pending) <= _failed(base):
             break
         time.sleep(0.001)
+    for req in pending.values():  # (no answer will come: a request left posted would keep
+        try:  # MPI_Finalize waiting)
+            req.Cancel()
+            req.Free()
+        except MPI.Exception:
+            pass
     return here
 
 
@@ -271,8 +284,9 @@ def run_once(base, fn, args, comm, gather: str, timeout: float = 0.0) -> list:
     from mpi4py import MPI
 
     rank = base.Get_rank()
-    # each rank's launcher proxy and pid (a stalled rank is ended by a survivor beside it)
-    procs = base.allgather((os.getppid(), os.getpid()))
+    # each rank's node (its host and launcher proxy) and pid: a stalled rank is ended by a
+    # survivor beside it
+    procs = base.allgather(((socket.gethostname(), os.getppid()), os.getpid()))
     watch = comm._comm._watch if timeout > 0 else None
     try:
         mine = fn(comm, *args)
@@ -298,6 +312,7 @@ def run_once(base, fn, args, comm, gather: str, timeout: float = 0.0) -> list:
     # the job aborted)
     causes = {}
     if watch is not None and (not done or base.Is_revoked()):
+        _revoke(base)  # (fn may have stopped on a timeout of its own: every watch answers)
         causes = _stalled(base, watch.side, procs, timeout)
     try:  # uniform: every survivor gets the same answer, or the same error
         if base.Agree(int(done)):
@@ -311,20 +326,25 @@ def run_once(base, fn, args, comm, gather: str, timeout: float = 0.0) -> list:
     return _regroup(base, mine, gather, procs, causes)
 
 
-def _end(stalled: list, procs: list) -> None:
-    """SIGKILL to each stalled rank that has this rank's launcher proxy (its node; its pid
-    checked to be the proxy's child still: nothing else is hit)."""
+def _end(stalled: list, procs: list) -> list:
+    """SIGKILL to each stalled rank on this rank's node (its host and launcher proxy; its
+    pid checked to be the proxy's child still, and alive: nothing else is hit); returns
+    those it found alive (the others had died)."""
+    alive = []
     for r in stalled:
-        proxy, pid = procs[r]
-        if proxy != os.getppid():
+        (host, proxy), pid = procs[r]
+        if (host, proxy) != (socket.gethostname(), os.getppid()):
             continue
         try:
             with open(f"/proc/{pid}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) != proxy:
-                    continue
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) != proxy or fields[0] == "Z":
+                continue
             os.kill(pid, signal.SIGKILL)
+            alive.append(r)
         except (OSError, ValueError, IndexError):
             pass
+    return alive
 
 
 def _failed(comm) -> set:
@@ -349,9 +369,13 @@ def _stalled(base, side, procs: list, timeout: float) -> dict:
 
     here = _roll_call(base, side, min(timeout, ROLL_CALL_S))
     stalled = sorted(set(range(base.Get_size())) - here - _failed(base))
-    _end(stalled, procs)
+    ended = _end(stalled, procs)
     nodes = {procs[r][0] for r in here}
     beyond = [r for r in stalled if procs[r][0] not in nodes]
+    deadline = time.monotonic() + timeout
+    while beyond and time.monotonic() < deadline:  # dead there, and MPI not yet told?
+        time.sleep(0.01)
+        beyond = sorted(set(beyond) - _failed(base))
     if beyond and base.Get_rank() == min(here):
         who = ", ".join(map(str, beyond))
         print(
@@ -365,7 +389,7 @@ def _stalled(base, side, procs: list, timeout: float) -> dict:
     if beyond:
         time.sleep(2 * timeout)  # (the lowest rank present aborts the job)
         base.Abort(1)
-    return {r: f"stalled past --timeout {timeout:g} s, ended by the others" for r in stalled}
+    return {r: f"stalled past --timeout {timeout:g} s, ended by the others" for r in ended}
 
 
 # how long a survivor's MPI_Finalize may take before it leaves without it (see _bounded_end)
@@ -403,27 +427,39 @@ def _regroup(base, mine, gather: str, procs: list, causes: dict):
     from mpi4py import MPI
 
     _bounded_end()
+    launch = base.Get_size()
+    members = list(range(launch))  # the launch's rank of each rank of base
     while True:
         _revoke(base)
         shrunk = base.Shrink()
         survivors = MPI.Group.Translate_ranks(
             shrunk.Get_group(), list(range(shrunk.Get_size())), base.Get_group()
         )
-        lost = sorted(set(range(base.Get_size())) - set(survivors))
+        members = [members[r] for r in survivors]
+        lost = sorted(set(range(launch)) - set(members))
+        if not lost:  # a collective timed out, yet every rank answered the roll call
+            raise WorkerError(
+                base.Get_rank(),
+                "a collective waited longer than --timeout, yet no rank was lost: a rank was "
+                "late (its own work, not a stall) and answered after it; give a longer "
+                "--timeout",
+            )
         try:
             held = isinstance(mine, Interrupted) and mine.value is not None
+            # (with each survivor's causes: the one that ended a stalled rank saw it alive)
             states = shrunk.allgather(
-                (not isinstance(mine, Interrupted), mine.progress if held else None)
+                (not isinstance(mine, Interrupted), mine.progress if held else None, causes)
             )
-            if all(done for done, _ in states):  # lost after the last step
-                if survivors[0] != 0:  # ... with rank 0's result (the run's)
+            causes = {r: why for _, _, theirs in states for r, why in theirs.items()}
+            if all(done for done, _, _ in states):  # lost after the last step
+                if members[0] != 0:  # ... with rank 0's result (the run's)
                     raise WorkerError(lost[0], CAUSE + " (after the last step, with the result)")
                 if gather == "root":
                     got = shrunk.gather(mine, root=0)
                     me = shrunk.Get_rank()
-                    return got if me == 0 else [mine if r == me else None for r in survivors]
+                    return got if me == 0 else [mine if i == me else None for i in members]
                 return shrunk.allgather(mine)
-            progress = [(p, -i) for i, (_, p) in enumerate(states) if p is not None]
+            progress = [(p, -i) for i, (_, p, _) in enumerate(states) if p is not None]
             holder = -max(progress)[1] if progress else None
             value = None
             if holder is not None:
@@ -431,11 +467,10 @@ def _regroup(base, mine, gather: str, procs: list, causes: dict):
         except MPI.Exception as exc:  # another rank lost while regrouping: again
             if exc.Get_error_class() not in failure_classes(MPI):
                 raise
-            procs = [procs[r] for r in survivors]
             base = shrunk
             continue
-        results: list = [None] * base.Get_size()
-        for i, r in enumerate(survivors):
+        results: list = [None] * launch
+        for i, r in enumerate(members):
             results[r] = Interrupted(value if i == holder else None)
         lost = {r: causes.get(r, CAUSE) for r in lost}
         err = WorkerError(min(lost), lost[min(lost)], lost=lost, results=results)

@@ -102,11 +102,17 @@ def watch(listener: socket.socket, out) -> None:
                 elif words:
                     entry[3] = words[0]
         silent = [e for e in closed if e[3] not in ("done", "said", "armed") and e[1] is not None]
+        # a rank said why the job ends (its error, Ctrl-C; or its C timer may end it with a
+        # line): the others' silent ends that follow are the launcher's doing
+        hushed = any(e[3] == "said" for e in conns.values()) or any(
+            e[3] in ("said", "armed") for e in closed
+        )
         # the first ranks gone without a word, while others of the node still run: named (one,
         # or the few seen to end at once when this watcher woke late)
-        if not spoke and silent and len(conns) > len(closed):
+        if not spoke and not hushed and silent and len(conns) > len(closed):
             out.write(_line(silent))
             out.flush()
+        spoke = spoke or hushed
         spoke = spoke or bool(silent)  # one line at most, for the first loss
         for entry in closed:
             poller.unregister(entry[0])
