@@ -29,6 +29,7 @@ over the repeats and their ratio. Run:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -43,6 +44,7 @@ KINDS = {"thread": ("raise", "stop"), "process": ("raise", "kill", "stop")}
 KINDS["mpi"] = KINDS["ulfm"] = KINDS["process"]
 
 
+@functools.cache  # (it runs `mpiexec --version`: once per benchmark)
 def open_mpi() -> tuple[list, dict]:
     from dptrain.comm import ulfm
 

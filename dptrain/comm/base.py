@@ -191,6 +191,16 @@ def line_slice(n: int, itemsize: int, rank: int, size: int) -> tuple[int, int]:
     return min(l0 * line, n), min(l1 * line, n)
 
 
+def proc_stat(pid: int) -> list | None:
+    """The fields of /proc/PID/stat after the command's name (the state first, then the
+    parent's pid, ...), or None where it cannot be read (gone, or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def check_flat(array, what: str = "array") -> np.ndarray:
     """array, if it is a writeable C-contiguous 1-D float ndarray (what the collectives
     reduce in place); else a ValueError/TypeError naming what is wrong."""

@@ -209,16 +209,17 @@ def _launch_mpi(
     # every rank's start-up (its data loaded) is done, or named within the timeout
     timed_arrival(comm_world, "start-up", timeout)
     with bounded("the communicator's set-up", timeout, rank):
-        node = MPINode.of(comm_world)
-        placement = node.plan(threads, pin)
-        placement.pin(node.rank)  # before the communicator: its threads inherit the mask
-        comm = mpi_comm(
-            comm_world, shm=mpi_shm, nodes=mpi_nodes or None, timeout=timeout, threads=threads
+        comm = _set_up(
+            comm_world,
+            threads,
+            pin,
+            lambda: mpi_comm(
+                comm_world, shm=mpi_shm, nodes=mpi_nodes or None, timeout=timeout, threads=threads
+            ),
+            extras,
+            report,
+            watch,
         )
-    comm._extras, comm._report = dict(extras or {}), report
-    comm.placement = placement.describe()
-    if watch is not None and rank == 0:
-        watch(comm.progress)
     try:
         mine = fn(comm, *args)
         # every rank got here (rank 0's last evaluation is work), or is named in time
@@ -247,18 +248,33 @@ def _launch_ulfm(
     from mpi4py import MPI
 
     comm_world.Set_errhandler(MPI.ERRORS_RETURN)  # (mpi4py's default: said, not assumed)
-    node = MPINode.of(comm_world)
-    placement = node.plan(threads, pin)
-    placement.pin(node.rank)
-    comm = MPIComm(comm_world, elastic=True, timeout=timeout)
-    comm._extras, comm._report = dict(extras or {}), report
-    comm.placement = placement.describe()
-    if watch is not None and comm.rank == 0:
-        watch(comm.progress)
+    comm = _set_up(
+        comm_world,
+        threads,
+        pin,
+        lambda: MPIComm(comm_world, elastic=True, timeout=timeout),
+        extras,
+        report,
+        watch,
+    )
     try:
         return ulfm.run_once(comm_world, fn, args, comm, gather, timeout)
     finally:
         comm._comm.close()  # (its watch's thread)
+
+
+def _set_up(comm_world, threads, pin, make, extras, report, watch):
+    """An MPI rank's communicator (make()), made after the rank is placed on its node's CPUs
+    (the communicator's threads inherit the mask), with what launch gave the workers."""
+    node = MPINode.of(comm_world)
+    placement = node.plan(threads, pin)
+    placement.pin(node.rank)
+    comm = make()
+    comm._extras, comm._report = dict(extras or {}), report
+    comm.placement = placement.describe()
+    if watch is not None and comm.rank == 0:
+        watch(comm.progress)
+    return comm
 
 
 def _placed(comm, fn, args, placement):

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from . import ulfm
 from .base import (
     BACKENDS,
     CollectiveMismatch,
@@ -236,6 +237,12 @@ def timed_arrival(comm, what: str, timeout: float, after_work_of: int | None = N
 _HELD = []  # first_on_node's sockets: held until this process ends
 
 
+def node_socket_name(what: str) -> str:
+    """The abstract Unix socket name of `what` for this node's ranks of this job (those
+    that share a parent: the launcher's proxy): first_on_node's election, the watcher's."""
+    return f"\0dptrain-{what}-{os.getuid()}-{os.getppid()}"
+
+
 def first_on_node(what: str) -> bool:
     """True in the first rank of this node (the ranks that share a parent: the launcher's
     proxy) to call it with `what`, False in the others: the name of an abstract Unix socket
@@ -249,7 +256,7 @@ def first_on_node(what: str) -> bool:
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
-        sock.bind(f"\0dptrain-{what}-{os.getuid()}-{os.getppid()}")
+        sock.bind(node_socket_name(what))
     except OSError:
         sock.close()
         return False
@@ -271,7 +278,7 @@ def watch_node(rank: int) -> None:
 
     if _WATCHED or "PMI_SIZE" not in os.environ or not sys.platform.startswith("linux"):
         return
-    name = f"\0dptrain-watch-{os.getuid()}-{os.getppid()}"
+    name = node_socket_name("watch")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(name)  # the first rank of the node: it starts the watcher
@@ -368,8 +375,6 @@ class MPIComm(Communicator):
         are not timed)."""
         from mpi4py import MPI
 
-        from . import ulfm
-
         self._MPI = MPI
         self._comm = comm if comm is not None else MPI.COMM_WORLD
         self._elastic = elastic
@@ -429,8 +434,6 @@ class MPIComm(Communicator):
     def wait_(self, handles):
         reqs = [h for h in handles if h is not None]
         if reqs and self._elastic:
-            from . import ulfm
-
             ulfm.wait_all(self._comm._comm, reqs)
         elif reqs:
             self._MPI.Request.Waitall(reqs)
@@ -470,13 +473,16 @@ class MPIComm(Communicator):
         self._comm.Bcast(array, root=root)
 
     def barrier(self):
-        waited = mpi_agree(self._comm, signature("barrier")) if self.size > 1 else 0.0
-        self._account("barrier", 0, waited=waited)
+        self._barrier(self._comm)
 
     def barrier_after_work(self, worker=None):
         # an elastic launch's timeout: the others wait for `worker` without it (working, not
         # late); `worker` itself waits with it (a peer late for it is lost)
-        comm = self._comm if worker == self.rank else getattr(self._comm, "untimed", self._comm)
+        self._barrier(
+            self._comm if worker == self.rank else getattr(self._comm, "untimed", self._comm)
+        )
+
+    def _barrier(self, comm):
         waited = mpi_agree(comm, signature("barrier")) if self.size > 1 else 0.0
         self._account("barrier", 0, waited=waited)
 

@@ -49,6 +49,7 @@ from .base import (
     filled_bytes,
     line_slice,
     mismatch_message,
+    proc_stat,
     range_bytes,
     signature,
     signature_array,
@@ -1182,12 +1183,9 @@ def _dead_fork_server() -> int | None:
             return pid
         except OSError:
             return None
-        try:  # a zombie (this process is its parent and has not reaped it) is dead too
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return pid
-        if state in ("Z", "X"):
+        # a zombie (this process is its parent and has not reaped it) is dead too
+        fields = proc_stat(pid)
+        if fields is None or fields[0] in ("Z", "X"):
             return pid
         if time.monotonic() > deadline:
             return None

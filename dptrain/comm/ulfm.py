@@ -33,7 +33,7 @@ import sys
 import time
 
 from .. import _core
-from .base import Interrupted, WorkerError, describe
+from .base import Interrupted, WorkerError, describe, proc_stat
 
 # the cause a survivor gives for a rank that ULFM reports failed (it cannot know why: the
 # rank said why itself, on its own stderr, when it could)
@@ -186,6 +186,9 @@ class FailureAware:
             self._watch.close()
 
     def __getattr__(self, name):
+        # (called once per name: the wrapped call is kept on the instance, off the hot path)
+        from mpi4py import MPI
+
         attr = getattr(self._comm, name)
         if not callable(attr):
             return attr
@@ -193,8 +196,6 @@ class FailureAware:
 
         @functools.wraps(attr)
         def call(*args, **kwargs):
-            from mpi4py import MPI
-
             if watch is not None:
                 watch.deadline = time.monotonic() + self._timeout
             try:
@@ -210,6 +211,7 @@ class FailureAware:
                 if watch is not None:
                     watch.deadline = None
 
+        self.__dict__[name] = call
         return call
 
 
@@ -340,14 +342,13 @@ def _end(stalled: list, procs: list) -> list:
         (host, proxy), pid = procs[r]
         if (host, proxy) != (socket.gethostname(), os.getppid()):
             continue
+        fields = proc_stat(pid)
+        if fields is None or fields[0] == "Z" or fields[1] != str(proxy):
+            continue
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) != proxy or fields[0] == "Z":
-                continue
             os.kill(pid, signal.SIGKILL)
             alive.append(r)
-        except (OSError, ValueError, IndexError):
+        except OSError:
             pass
     return alive
 

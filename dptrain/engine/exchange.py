@@ -99,18 +99,19 @@ class MPITally(Tally):
     per step of an elastic MPI run)."""
 
     def __init__(self, comm):
+        from mpi4py import MPI
+
         self.comm, self.rank, self.size = comm, comm.rank, comm.size
         self.table = np.zeros((2, 2))  # by the step's parity: the sums through that step
         self.mine = np.zeros(2)
         self.sums = np.zeros(2)
         self.parity = 0
+        self._MPI = MPI
 
     def add(self, loss: float, correct: float) -> None:
-        from mpi4py import MPI
-
         self.mine += loss, correct
         self.sums[:] = self.mine
-        self.comm._comm.Allreduce(MPI.IN_PLACE, self.sums, op=MPI.SUM)
+        self.comm._comm.Allreduce(self._MPI.IN_PLACE, self.sums, op=self._MPI.SUM)
         self.table[self.parity] = self.sums
 
     def read(self, parity: int) -> tuple[float, int]:
