@@ -9,7 +9,7 @@
  *     y[n, o, i, j] = b[o] + sum_{c, u, v} w[o, c, u, v] x[n, c, i ST + u - PAD, j ST + v - PAD]
  * (x read as 0 outside the image). A stride above 1 takes plain loops in im2col and col2im
  * (and declines the direct and in-place paths, written for stride 1): a strided layer is one
- * of a few in a network, and its GEMM is the same.
+ * of a few in a network, and its GEMM is the same (the plane path, below, takes strides).
  *
  * How: per image, im2col copies the patches into a (K, P) matrix `col` (row k = (c, u, v) holds
  * x[c, i + u - PAD, j + v - PAD] for every output position (i, j)), and the convolution is our
@@ -19,6 +19,16 @@
  * col is x_n itself. The col buffer is the caller's (a dp_scratch owned by a context or a
  * network): nothing here is file-scope state. The image functions can compute just the
  * top-left block of the output (what a 2x2 pooling reads when the output size is odd).
+ *
+ * The plane path (float, AVX2 and AVX-512 builds; the caller passes the weights packed once,
+ * dp_conv_pack, as `wp`): every layer with padding or a stride, whole outputs. The image is
+ * copied once into zero-padded planes (for a stride S, its S x S phases: dp_conv_to_planes),
+ * where each patch entry k of output (i, j) sits at a fixed offset ent[k] from i Wq + j, so
+ * the forward is a sum of shifted vector loads times broadcast weights (dp_conv_plane, no
+ * im2col: a 3x3 patch copied the image 9 times); the weight gradient is the patch GEMM
+ * (dp_gemm_patch) reading the planes in place; at stride 1 the input gradient is dp_conv_plane
+ * again on dy's planes with the kernel flipped (padding KH - 1 - PAD), instead of a GEMM of
+ * depth OC and col2im. A stride above 1 keeps GEMM + col2im for its input gradient.
  *
  * Gradients: dw and db ACCUMULATE (+=) as in dp_dense.h; dx is WRITTEN (=), every element
  * of it.
@@ -59,47 +69,70 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
  *   col(x) dy^T for one image in the same way, where the direct forward runs on the AVX-512
  *   build (its sums in another order than the GEMM's: within the same bound, not the same
  *   bits);
+ * - conv_plane: y (NO, OH OW) = the sums over entries k of wt[k OCp + o] xq[ent[k] + i Wq + j]
+ *   (+ beta y), through ye (the extended positions i Wq + j, j < Wq, in whole vectors); 1
+ *   where the build does not take it (float on 32- and 64-byte vectors only);
+ *   conv_to_planes: x (C, H, W) as zero-padded planes (S x S phases each, Hq x Wq) and a
+ *   zero tail up to nq elements;
  * - im2col: col (K, oh ow) with row stride ldcol from x (C, H, W); col2im is its adjoint (dx
  *   is written). */
-#define DP_CONV_VEC(X, T, S)                                                          \
-    X(int, dp_conv_direct_forward, S,                                                 \
-      (T *y, const T *x, const T *w, const dp_conv_geom *g, int oh, int ow, T beta),  \
-      (y, x, w, g, oh, ow, beta))                                                     \
-    X(int, dp_conv_direct_dwt, S,                                                     \
-      (T *dwt, const T *dy, const T *x, const dp_conv_geom *g, int oh, int ow),       \
-      (dwt, dy, x, g, oh, ow))                                                        \
-    X(void, dp_im2col, S,                                                             \
-      (T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh, int ow),   \
-      (col, ldcol, x, g, oh, ow))                                                     \
-    X(void, dp_col2im, S,                                                             \
-      (T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g, int oh, int ow), \
+#define DP_CONV_VEC(X, T, S)                                                                   \
+    X(int, dp_conv_direct_forward, S,                                                          \
+      (T *y, const T *x, const T *w, const dp_conv_geom *g, int oh, int ow, T beta),           \
+      (y, x, w, g, oh, ow, beta))                                                              \
+    X(int, dp_conv_direct_dwt, S,                                                              \
+      (T *dwt, const T *dy, const T *x, const dp_conv_geom *g, int oh, int ow),                \
+      (dwt, dy, x, g, oh, ow))                                                                 \
+    X(int, dp_conv_plane, S,                                                                   \
+      (T *y, T *ye, int NO, int OH, int OW, int Wq, const T *xq, const ptrdiff_t *ent, int Kd, \
+       const T *wt, int OCp, T beta),                                                          \
+      (y, ye, NO, OH, OW, Wq, xq, ent, Kd, wt, OCp, beta))                                     \
+    X(void, dp_conv_to_planes, S,                                                              \
+      (T *xq, const T *x, int C, int H, int W, int S_, int ph, int pw, int Hq, int Wq,         \
+       ptrdiff_t nq),                                                                          \
+      (xq, x, C, H, W, S_, ph, pw, Hq, Wq, nq))                                                \
+    X(void, dp_im2col, S,                                                                      \
+      (T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh, int ow),            \
+      (col, ldcol, x, g, oh, ow))                                                              \
+    X(void, dp_col2im, S,                                                                      \
+      (T *dx, const T *dcol, ptrdiff_t ldcol, const dp_conv_geom *g, int oh, int ow),          \
       (dx, dcol, ldcol, g, oh, ow))
 
-#define DP_DECLARE_CONV(T, S)                                                                     \
+#define DP_DECLARE_CONV(T, S)                                                                      \
     /* One image, the top-left oh x ow block of its output (oh <= OH, ow <= OW; a network    \
      * whose 2x2 pooling drops an odd last row or column never computes it): y (OC, oh ow)    \
-     * = w col(x) + beta y, col a scratch of dp_conv_col_elems(g) elements. */    \
-    int dp_conv_image_forward##S(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,               \
-                                 const dp_conv_geom *g, int oh, int ow, T beta);                  \
+     * = w col(x) + beta y, col a scratch of dp_conv_scratch_elems(g) elements; wp: w packed \
+     * (dp_conv_pack) for the plane path, or NULL (im2col + GEMM). */     \
+    int dp_conv_image_forward##S(dp_ctx *ctx, T *col, T *y, const T *x, const T *w, const T *wp,   \
+                                 const dp_conv_geom *g, int oh, int ow, T beta);                   \
     /* One image, dy (OC, oh ow) the gradient of that block: dwt (K, OC) += col(x) dy^T, dw's \
      * gradient transposed (see dp_conv_add_dwt); dx = col2im(w^T dy) when dx is not NULL    \
-     * (written). */   \
-    int dp_conv_image_backward##S(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, const T *x,    \
-                                  const T *w, const dp_conv_geom *g, int oh, int ow);             \
-    /* dw (OC, K) += dwt^T */                                                                     \
-    void dp_conv_add_dwt##S(T *dw, const T *dwt, const dp_conv_geom *g);                          \
-    /* The batch: y = conv(x) + b; col_scratch grows to dp_conv_col_elems(g) + 1 elements. */     \
-    int dp_conv2d_forward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x, const T *w,  \
-                             const T *b, int B, const dp_conv_geom *g);                           \
+     * (written). */    \
+    int dp_conv_image_backward##S(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, const T *x,     \
+                                  const T *w, const T *wp, const dp_conv_geom *g, int oh, int ow); \
+    /* The plane path's packed weights (wp of the image calls; NULL there: not taken): their  \
+     * elements, and w packed into them (after each change of w). */    \
+    size_t dp_conv_pack_elems##S(const dp_conv_geom *g);                                           \
+    void dp_conv_pack##S(T *wp, const T *w, const dp_conv_geom *g);                                \
+    /* The image calls' scratch: im2col's buffer or the plane path's, the larger (0: a bad   \
+     * geometry). */     \
+    size_t dp_conv_plane_elems##S(const dp_conv_geom *g);                                          \
+    size_t dp_conv_scratch_elems##S(const dp_conv_geom *g);                                        \
+    /* dw (OC, K) += dwt^T */                                                                      \
+    void dp_conv_add_dwt##S(T *dw, const T *dwt, const dp_conv_geom *g);                           \
+    /* The batch: y = conv(x) + b; col_scratch grows to dp_conv_scratch_elems(g) +    \
+     * dp_conv_pack_elems(g) + 1 elements (the image calls' scratch, the packed weights). */            \
+    int dp_conv2d_forward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x, const T *w,   \
+                             const T *b, int B, const dp_conv_geom *g);                            \
     /* dw += d/dw, db += d/db of sum(dy * y); dx (optional) = d/dx, written; col_scratch    \
-     * grows to dp_conv_col_elems(g) + OC K + 1 elements (col, then dw^T). */     \
-    int dp_conv2d_backward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T *dx,          \
-                              const T *dy, const T *x, const T *w, int B, const dp_conv_geom *g); \
-    /* The readable twins: the sums above as loops, accumulated in T (tests, reference). */       \
-    void dp_conv2d_forward_naive##S(T *y, const T *x, const T *w, const T *b, int B,              \
-                                    const dp_conv_geom *g);                                       \
-    void dp_conv2d_backward_naive##S(T *dw, T *db, T *dx, const T *dy, const T *x, const T *w,    \
-                                     int B, const dp_conv_geom *g);                               \
+     * grows by OC K elements more (dw^T). */      \
+    int dp_conv2d_backward##S(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T *dx,           \
+                              const T *dy, const T *x, const T *w, int B, const dp_conv_geom *g);  \
+    /* The readable twins: the sums above as loops, accumulated in T (tests, reference). */        \
+    void dp_conv2d_forward_naive##S(T *y, const T *x, const T *w, const T *b, int B,               \
+                                    const dp_conv_geom *g);                                        \
+    void dp_conv2d_backward_naive##S(T *dw, T *db, T *dx, const T *dy, const T *x, const T *w,     \
+                                     int B, const dp_conv_geom *g);                                \
     DP_CONV_VEC(DP_VEC_PROTO, T, S)
 
 /* Declared above for float and double (bodies: dp_conv_tmpl.h), that is:
@@ -109,7 +142,10 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
  * dp_conv2d_forward_f32, dp_conv2d_forward_f64, dp_conv2d_backward_f32, dp_conv2d_backward_f64,
  * dp_conv2d_forward_naive_f32, dp_conv2d_forward_naive_f64, dp_conv2d_backward_naive_f32,
  * dp_conv2d_backward_naive_f64, dp_conv_direct_forward_f32, dp_conv_direct_forward_f64,
- * dp_conv_direct_dwt_f32, dp_conv_direct_dwt_f64. */
+ * dp_conv_direct_dwt_f32, dp_conv_direct_dwt_f64, dp_conv_plane_f32, dp_conv_plane_f64,
+ * dp_conv_to_planes_f32, dp_conv_to_planes_f64, dp_conv_pack_elems_f32, dp_conv_pack_elems_f64,
+ * dp_conv_pack_f32, dp_conv_pack_f64, dp_conv_plane_elems_f32, dp_conv_plane_elems_f64,
+ * dp_conv_scratch_elems_f32, dp_conv_scratch_elems_f64. */
 DP_DECLARE_CONV(float, _f32)
 DP_DECLARE_CONV(double, _f64)
 

@@ -601,6 +601,170 @@ int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *
     return 0;
 }
 
+/* The plane path (dp_conv_plane): a convolution of any kernel, padding and stride as a sum
+ * of shifted vectors, without im2col. The image is first laid out as planes
+ * (dp_conv_to_planes): zero-padded, and for a stride S split into its S x S phases, so that
+ * patch entry k of output (i, j) reads xq[ent[k] + i Wq + j] (Wq: a plane's row). Every load
+ * is then a plain vector load at a constant offset from the output position, whatever the
+ * padding and the stride: no zeros copied in nine times (im2col's 3x3 patches), no branch at
+ * a row's edge. A tile is PL_NF filters x PL_NV vectors of outputs: per entry, PL_NV loads of
+ * x and PL_NF broadcasts of a weight feed PL_NF PL_NV FMAs (AVX-512: 8 x 3 = 24 of the 32
+ * registers; AVX2: 4 x 3 of 16). Each output sums its entries k ascending, one FMA each from
+ * 0, then adds beta y. Float on 32- and 64-byte vectors (double and the generic build keep
+ * im2col + GEMM). */
+#define PL_BUILD (sizeof(T) == 4 && DP_VEC_BYTES >= 32)
+#define PL_NF (DP_VEC_BYTES >= 64 ? 8 : 4)
+#define PL_NV 3
+
+/* Filters o0 .. o0 + PL_NF - 1 at NV (3 or 1) vectors of extended positions from p (row o
+ * at ye + o lde). Named accumulators, not an array, and one pointer to the vectors (constant
+ * offsets from it): with arrays and a pointer a vector, GCC ran out of general registers and
+ * kept two of the three x vectors on the stack (a load an FMA). */
+#define PT_DECL3(f) K(rvec) a##f##_0 = {0}, a##f##_1 = {0}, a##f##_2 = {0};
+#define PT_DECL1(f) K(rvec) a##f##_0 = {0};
+#define PT_FMA3(f)           \
+    {                        \
+        T s_ = wk[f];        \
+        a##f##_0 += x0 * s_; \
+        a##f##_1 += x1 * s_; \
+        a##f##_2 += x2 * s_; \
+    }
+#define PT_FMA1(f)           \
+    {                        \
+        T s_ = wk[f];        \
+        a##f##_0 += x0 * s_; \
+    }
+#define PT_STORE3(f)                               \
+    {                                              \
+        T *at_ = ye + (ptrdiff_t)(o0 + (f)) * lde; \
+        K(rstore)(at_, a##f##_0);                  \
+        K(rstore)(at_ + RVL, a##f##_1);            \
+        K(rstore)(at_ + 2 * RVL, a##f##_2);        \
+    }
+#define PT_STORE1(f) K(rstore)(ye + (ptrdiff_t)(o0 + (f)) * lde, a##f##_0);
+#if DP_VEC_BYTES >= 64
+#define PT_DO(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#else
+#define PT_DO(X) X(0) X(1) X(2) X(3)
+#endif
+
+DP_INLINE void K(plane_tile3)(T *ye, ptrdiff_t lde, int o0, const T *xq, const ptrdiff_t *ent,
+                              int Kd, const T *wk, int OCp)
+{
+    PT_DO(PT_DECL3)
+    for (int k = 0; k < Kd; k++, wk += OCp) {
+        const T *xs = xq + ent[k];
+        K(rvec) x0 = K(rload)(xs), x1 = K(rload)(xs + RVL), x2 = K(rload)(xs + 2 * RVL);
+        PT_DO(PT_FMA3)
+    }
+    PT_DO(PT_STORE3)
+}
+
+DP_INLINE void K(plane_tile1)(T *ye, ptrdiff_t lde, int o0, const T *xq, const ptrdiff_t *ent,
+                              int Kd, const T *wk, int OCp)
+{
+    PT_DO(PT_DECL1)
+    for (int k = 0; k < Kd; k++, wk += OCp) {
+        K(rvec) x0 = K(rload)(xq + ent[k]);
+        PT_DO(PT_FMA1)
+    }
+    PT_DO(PT_STORE1)
+}
+
+#undef PT_DECL3
+#undef PT_DECL1
+#undef PT_FMA3
+#undef PT_FMA1
+#undef PT_STORE3
+#undef PT_STORE1
+#undef PT_DO
+
+int KV(dp_conv_plane)(T *y, T *ye, int NO, int OH, int OW, int Wq, const T *xq,
+                      const ptrdiff_t *ent, int Kd, const T *wt, int OCp, T beta)
+{
+    // y (NO, OH OW) = sum over k of wt[k OCp + o] xq[ent[k] + i Wq + j] + beta y, OCp (a
+    // multiple of 8) >= NO, through ye: a scratch of OCp rows of OH Wq rounded up to 16 (the
+    // extended positions p = i Wq + j, j < Wq, computed in whole vectors; y takes the
+    // columns j < OW); returns 1 (nothing written) where the build does not take it
+    if (!PL_BUILD || OCp % 8 || NO > OCp) return 1;
+    ptrdiff_t Pe = (ptrdiff_t)OH * Wq, lde = (Pe + 15) / 16 * 16, p = 0;
+    /* positions outer, filters inner: a tile's x (its rows of every channel) stays in L1
+     * while the weights cycle */
+    for (; p + PL_NV * RVL <= Pe; p += PL_NV * RVL)
+        for (int o = 0; o < OCp; o += PL_NF)
+            K(plane_tile3)(ye + p, lde, o, xq + p, ent, Kd, wt + o, OCp);
+    for (; p < Pe; p += RVL)
+        for (int o = 0; o < OCp; o += PL_NF)
+            K(plane_tile1)(ye + p, lde, o, xq + p, ent, Kd, wt + o, OCp);
+    for (int o = 0; o < NO; o++)
+        for (int i = 0; i < OH; i++) {
+            T *DP_RESTRICT d = y + (ptrdiff_t)o * OH * OW + (ptrdiff_t)i * OW;
+            const T *DP_RESTRICT e = ye + o * lde + (ptrdiff_t)i * Wq;
+            if (beta != 0)
+                for (int j = 0; j < OW; j++) d[j] = e[j] + beta * d[j];
+            else
+                for (int j = 0; j < OW; j++) d[j] = e[j];
+        }
+    return 0;
+}
+
+void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int ph, int pw, int Hq,
+                           int Wq, ptrdiff_t nq)
+{
+    // xq[((c S + a) S + b) Hq Wq + r Wq + s] = x[c, S r + a - ph, S s + b - pw], 0 outside x;
+    // xq's elements from there to nq: 0
+    T *at = xq;
+    const K(rvec) zero = {0};
+#ifndef __clang__
+    K(rmask) even; /* lanes 2 l of (lo, hi) where hi starts at lo's lane RVL - 1 */
+    for (int l = 0; l < RVL; l++) even[l] = (IT)(2 * l < RVL ? 2 * l : 2 * l + 1);
+#endif
+    for (int c = 0; c < C; c++)
+        for (int a = 0; a < S; a++)
+            for (int b = 0; b < S; b++)
+                for (int r = 0; r < Hq; r++, at += Wq) {
+                    int h = S * r + a - ph;
+                    /* zeros over the row in whole vectors (the last one may run into the
+                     * next row, written after, or the tail) */
+                    for (int s = 0; s < Wq; s += RVL) K(rstore)(at + s, zero);
+                    if (h < 0 || h >= H) continue;
+                    const T *xr = x + ((ptrdiff_t)c * H + h) * W;
+                    if (S == 1) { /* columns [pw, pw + W) of the row hold x's row */
+                        int lo = pw, m = Wq - lo < W ? Wq - lo : W;
+                        if (m >= RVL) {
+                            for (int s = 0; s + RVL < m; s += RVL)
+                                K(rstore)(at + lo + s, K(rload)(xr + s));
+                            K(rstore)(at + lo + m - RVL, K(rload)(xr + m - RVL));
+                        } else {
+                            for (int s = 0; s < m; s++) at[lo + s] = xr[s];
+                        }
+                        continue;
+                    }
+                    /* columns s with 0 <= S s + b - pw < W: [s0, s1) */
+                    int s0 = pw - b > 0 ? (pw - b + S - 1) / S : 0;
+                    int last = W - 1 + pw - b, s1 = last < 0 ? 0 : last / S + 1;
+                    if (s1 > Wq) s1 = Wq;
+                    const T *xs = xr + S * s0 + b - pw;
+                    int s = s0;
+#ifndef __clang__
+                    /* stride 2: a vector of every other value from two loads, the second
+                     * from the first's last lane on, so that nothing past the last value
+                     * taken is read (Clang has no permute with a mask of variables) */
+                    if (S == 2)
+                        for (; s + RVL <= s1; s += RVL, xs += 2 * RVL)
+                            K(rstore)(at + s, __builtin_shuffle(K(rload)(xs),
+                                                                K(rload)(xs + RVL - 1), even));
+#endif
+                    for (; s < s1; s++, xs += S) at[s] = *xs;
+                }
+    ptrdiff_t i = at - xq;
+    for (; i + RVL <= nq; i += RVL) K(rstore)(xq + i, zero);
+    for (; i < nq; i++) xq[i] = 0;
+}
+
+#undef PL_NF
+#undef PL_NV
+
 #undef DW_NO
 #undef DW_NK
 #undef DW_KDO
@@ -620,6 +784,7 @@ int KV(dp_conv_direct_dwt)(T *dwt, const T *dy, const T *x, const dp_conv_geom *
 #undef DT_BODY
 #undef DIRECT_K
 #undef DIRECT_BUILD
+#undef PL_BUILD
 #undef RVL
 
 #ifndef DP_VEC_PASS
@@ -660,7 +825,146 @@ static int K(patch_tables)(const dp_ctx *ctx, const dp_conv_geom *g, int oh, int
     return 1;
 }
 
-int K(dp_conv_image_forward)(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,
+/* ---- the plane path (dp_conv_plane): geometry, layout of the scratch, packing ------------ */
+
+/* A convolution read as the plane kernel reads it: an input (C, H, W), a KH x KW kernel at
+ * stride S with padding ph (rows) and pw (columns); the output OH x OW; the planes Hq x Wq
+ * (the S x S phases of each padded channel: plane (c, a, b) row r column s holds the padded
+ * image's row S r + a, column S s + b), so that output (i, j) reads entry (c, u, v) at plane
+ * (c, u % S, v % S), row i + u / S, column j + v / S. Pe = OH Wq extended positions; lde, their
+ * row stride in ye, rounded up to 16 (the widest vector). */
+typedef struct {
+    int C, H, W, KH, KW, S, ph, pw, OH, OW, Hq, Wq, Kd, NO; /* NO: the outputs' channels */
+    ptrdiff_t Pe, lde, nq;                                  /* nq: planes' elements */
+} K(plgeom);
+
+static void K(plgeom_set)(K(plgeom) * q, int C, int H, int W, int NO, int KH, int KW, int S, int ph,
+                          int pw)
+{
+    q->C = C, q->H = H, q->W = W, q->NO = NO, q->KH = KH, q->KW = KW, q->S = S, q->ph = ph,
+    q->pw = pw;
+    q->OH = (H + 2 * ph - KH) / S + 1;
+    q->OW = (W + 2 * pw - KW) / S + 1;
+    q->Hq = q->OH + (KH - 1) / S;
+    q->Wq = q->OW + (KW - 1) / S;
+    q->Kd = C * KH * KW;
+    q->Pe = (ptrdiff_t)q->OH * q->Wq;
+    q->lde = (q->Pe + 15) / 16 * 16;
+    /* the last entry's offset plus a tile's reach past the last extended position */
+    q->nq = (ptrdiff_t)C * S * S * q->Hq * q->Wq + q->lde + 64;
+}
+
+/* ent[k]: the offset of patch entry k = (c KH + u) KW + v in the planes */
+static void K(pl_entries)(ptrdiff_t *ent, const K(plgeom) * q)
+{
+    int S = q->S, k = 0;
+    for (int c = 0; c < q->C; c++)
+        for (int u = 0; u < q->KH; u++)
+            for (int v = 0; v < q->KW; v++)
+                ent[k++] =
+                    (((ptrdiff_t)(c * S + u % S) * S + v % S) * q->Hq + u / S) * q->Wq + v / S;
+}
+
+/* Elements of T the tables take: n offsets, rounded up to 64 bytes. */
+DP_INLINE size_t K(pl_table_elems)(size_t n)
+{ return (n * sizeof(ptrdiff_t) + 63) / 64 * (64 / sizeof(T)); }
+
+/* The scratch of one pass over it: the entry table (and, for dwt, the position table), the
+ * planes, then ye (rows output channels rounded up to 8). */
+DP_INLINE size_t K(pl_elems)(const K(plgeom) * q, int positions, int with_ye)
+{
+    size_t n = K(pl_table_elems)((size_t)q->Kd + (size_t)positions) + (size_t)q->nq;
+    return n + (with_ye ? (size_t)(q->NO + 7) / 8 * 8 * (size_t)q->lde : 0);
+}
+
+/* The forward's geometry (the layer's) and the input gradient's (stride 1 only: the gradient
+ * spread back by the flipped kernel, a convolution of dy padded by KH - 1 - PAD); 0, or 1
+ * where the backward one does not exist. */
+static int K(pl_geoms)(const dp_conv_geom *g, K(plgeom) * fw, K(plgeom) * bw)
+{
+    K(plgeom_set)(fw, g->C, g->H, g->W, g->OC, g->KH, g->KW, dp_conv_stride(g), g->pad, g->pad);
+    if (dp_conv_stride(g) != 1 || g->pad > g->KH - 1 || g->pad > g->KW - 1) return 1;
+    K(plgeom_set)(bw, g->OC, fw->OH, fw->OW, g->C, g->KH, g->KW, 1, g->KH - 1 - g->pad,
+                  g->KW - 1 - g->pad);
+    return 0;
+}
+
+/* Whether a layer takes the plane path: float (the plane kernel's builds), a kernel larger
+ * than 1x1 or a padding or a stride (a plain 1x1 has no patch to gather), not the first-layer
+ * direct forward's layers (pad 0, stride 1, K <= DIRECT_K: that path stays), the full output
+ * (a pooled block's top-left part keeps im2col) and the active build's kernel (the probe:
+ * an empty call). */
+static int K(pl_takes)(const dp_ctx *ctx, const dp_conv_geom *g, int oh, int ow)
+{
+    int OH, OW;
+    if (sizeof(T) != 4 || (ctx && ctx->bf16_inputs) || dp_conv_out(g, &OH, &OW) || oh != OH ||
+        ow != OW)
+        return 0;
+    if (g->KH == 1 && g->KW == 1 && g->pad == 0 && dp_conv_stride(g) == 1) return 0;
+    if (g->pad == 0 && dp_conv_stride(g) == 1 && g->C * g->KH * g->KW <= 64) return 0;
+    return K(dp_conv_plane)(NULL, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL, 8, 0) == 0;
+}
+
+size_t K(dp_conv_pack_elems)(const dp_conv_geom *g)
+{
+    int OH, OW;
+    if (dp_conv_out(g, &OH, &OW)) return 0;
+    size_t taps = (size_t)g->KH * g->KW;
+    return taps * ((size_t)g->C * ((g->OC + 7) / 8 * 8) + (size_t)g->OC * ((g->C + 7) / 8 * 8));
+}
+
+void K(dp_conv_pack)(T *wp, const T *w, const dp_conv_geom *g)
+{
+    // wp = [wt (K, OCp): w transposed, the forward's] [wd (OC KH KW, Cp): the input
+    // gradient's, w[o, c] flipped in both axes, entry (o, u, v) of the dy planes], the channel
+    // counts rounded up to 8 with zeros
+    int Kd = g->C * g->KH * g->KW, OCp = (g->OC + 7) / 8 * 8, Cp = (g->C + 7) / 8 * 8;
+    int KH = g->KH, KW = g->KW;
+    T *wt = wp, *wd = wp + (size_t)Kd * OCp;
+    for (int k = 0; k < Kd; k++)
+        for (int o = 0; o < OCp; o++)
+            wt[(ptrdiff_t)k * OCp + o] = o < g->OC ? w[(ptrdiff_t)o * Kd + k] : (T)0;
+    for (int o = 0; o < g->OC; o++)
+        for (int u = 0; u < KH; u++)
+            for (int v = 0; v < KW; v++) {
+                T *row = wd + ((ptrdiff_t)(o * KH + u) * KW + v) * Cp;
+                for (int c = 0; c < Cp; c++)
+                    row[c] =
+                        c < g->C
+                            ? w[(((ptrdiff_t)o * g->C + c) * KH + KH - 1 - u) * KW + KW - 1 - v]
+                            : (T)0;
+            }
+}
+
+size_t K(dp_conv_plane_elems)(const dp_conv_geom *g)
+{
+    // the scratch the plane path needs beside the packed weights (0: a bad geometry)
+    K(plgeom) fw, bw;
+    if (K(dp_conv_pack_elems)(g) == 0) return 0;
+    int has_bw = K(pl_geoms)(g, &fw, &bw) == 0;
+    size_t n = K(pl_elems)(&fw, 0, 1), m = K(pl_elems)(&fw, fw.OH * fw.OW, 0);
+    if (m > n) n = m;
+    if (has_bw && (m = K(pl_elems)(&bw, 0, 1)) > n) n = m;
+    return n;
+}
+
+/* x (C, H, W) laid out as q's planes in xq (every element of q->nq written) */
+DP_INLINE void K(to_planes)(T *xq, const T *x, const K(plgeom) * q)
+{ K(dp_conv_to_planes)(xq, x, q->C, q->H, q->W, q->S, q->ph, q->pw, q->Hq, q->Wq, q->nq); }
+
+/* The plane kernel over q: out (NO, OH OW) = sum over entries of wpk (Kd, NO rounded up to 8)
+ * times in's entries, + beta out; scratch laid out as pl_elems(q, 0, 1). */
+static void K(pl_conv)(T *scratch, T *out, const T *in, const T *wpk, const K(plgeom) * q, T beta)
+{
+    ptrdiff_t *ent = (ptrdiff_t *)(void *)scratch;
+    T *xq = scratch + K(pl_table_elems)((size_t)q->Kd), *ye = xq + q->nq;
+    K(pl_entries)(ent, q);
+    K(to_planes)(xq, in, q);
+    K(dp_conv_plane)(out, ye, q->NO, q->OH, q->OW, q->Wq, xq, ent, q->Kd, wpk, (q->NO + 7) / 8 * 8,
+                     beta);
+}
+
+int K(dp_conv_image_forward)(dp_ctx *ctx, T *col, T *y, const T *x, const T *w, const T *wp,
                              const dp_conv_geom *g, int oh, int ow, T beta)
 {
     // x is (C, H, W), w is (OC, K), y is (OC, oh ow): y = w col(x) + beta y over the output
@@ -671,6 +975,12 @@ int K(dp_conv_image_forward)(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,
     const T *cx = x;
     int bf16 = ctx && ctx->bf16_inputs && sizeof(T) == sizeof(float);
     if (!bf16 && K(dp_conv_direct_forward)(y, x, w, g, oh, ow, beta) == 0) return DP_OK;
+    if (wp && K(pl_takes)(ctx, g, oh, ow)) {
+        K(plgeom) fw, bw;
+        K(pl_geoms)(g, &fw, &bw);
+        K(pl_conv)(col, y, x, wp, &fw, beta);
+        return DP_OK;
+    }
     if (!K(is_direct)(g) || oh * ow != g->H * g->W) {
         K(dp_im2col)(col, P, x, g, oh, ow);
         cx = col;
@@ -679,7 +989,7 @@ int K(dp_conv_image_forward)(dp_ctx *ctx, T *col, T *y, const T *x, const T *w,
 }
 
 int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, const T *x,
-                              const T *w, const dp_conv_geom *g, int oh, int ow)
+                              const T *w, const T *wp, const dp_conv_geom *g, int oh, int ow)
 {
     // dy is (OC, oh ow) (the output block i < oh, j < ow; the rest of the output has no
     // gradient), x is (C, H, W), w is (OC, K), dwt is (K, OC): dwt += col(x) dy^T (the
@@ -688,13 +998,26 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
     if (K(check_block)(g, oh, ow, &P)) return DP_EVALUE;
     int Kd = g->C * g->KH * g->KW, direct = K(is_direct)(g) && oh * ow == g->H * g->W;
     int bf16 = ctx && ctx->bf16_inputs && sizeof(T) == sizeof(float), rc = DP_OK;
+    K(plgeom) fw, bw;
+    int planes = wp && K(pl_takes)(ctx, g, oh, ow), back = planes && !K(pl_geoms)(g, &fw, &bw);
     /* the direct kernel where it runs, with dx or without (dw the same bits either way) */
     if (bf16 || K(dp_conv_direct_dwt)(dwt, dy, x, g, oh, ow) != 0) {
         ptrdiff_t *pos, *ent;
         /* dw^T = col dy^T rather than dw = dy col^T: the big operand, col, is then packed
          * along its rows (A's fast path) instead of transposed column by column into B
          * panels, and M = K, N = OC fill the 6 x 16 tiles better (288 x 64: no padding) */
-        if (!bf16 && !direct && K(patch_tables)(ctx, g, oh, ow, col, &pos, &ent)) {
+        if (planes && (!ctx || ctx->threads <= 1) && g->OC > 1 && Kd > 1 && P > 1) {
+            /* col(x)'s rows read from x's planes (padding and stride laid out there) */
+            ent = (ptrdiff_t *)(void *)col;
+            pos = ent + Kd;
+            T *xq = col + K(pl_table_elems)((size_t)Kd + (size_t)P);
+            K(pl_entries)(ent, &fw);
+            for (int i = 0, p = 0; i < oh; i++)
+                for (int j = 0; j < ow; j++, p++) pos[p] = (ptrdiff_t)i * fw.Wq + j;
+            K(to_planes)(xq, x, &fw);
+            rc =
+                K(dp_gemm_patch)(ctx, dwt, g->OC, xq, ent, pos, dy, 1, P, Kd, g->OC, P, (T)1, (T)1);
+        } else if (!bf16 && !direct && K(patch_tables)(ctx, g, oh, ow, col, &pos, &ent)) {
             /* col(x)'s rows read from x where they are: the same sums as on im2col's copy,
              * without writing the copy */
             rc = K(dp_gemm_patch)(ctx, dwt, g->OC, x, ent, pos, dy, 1, P, Kd, g->OC, P, (T)1, (T)1);
@@ -705,6 +1028,10 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
         }
     }
     if (rc || !dx) return rc;
+    if (back) { /* dx: dy's planes through the flipped kernel */
+        K(pl_conv)(col, dx, dy, wp + (size_t)Kd * ((g->OC + 7) / 8 * 8), &bw, (T)0);
+        return DP_OK;
+    }
     /* dcol (K, P) = w^T dy; col(x) is no longer needed, so dcol takes its place */
     T *dcol = direct ? dx : col;
     rc = K(dp_gemm)(ctx, dcol, P, w, 1, Kd, dy, P, 1, Kd, P, g->OC, (T)1, (T)0);
@@ -720,12 +1047,25 @@ void K(dp_conv_add_dwt)(T *dw, const T *dwt, const dp_conv_geom *g)
         for (int k = 0; k < Kd; k++) dw[(ptrdiff_t)o * Kd + k] += dwt[(ptrdiff_t)k * OC + o];
 }
 
-/* The scratch of a batch call (the caller's, or a local one): the im2col buffer, then
- * (extra > 0) `extra` more elements. */
-static T *K(conv_scratch)(dp_scratch *cs, dp_scratch *local, const dp_conv_geom *g, size_t extra)
+size_t K(dp_conv_scratch_elems)(const dp_conv_geom *g)
 {
-    size_t n = dp_conv_col_elems(g);
-    return dp_scratch_get(cs ? cs : local, sizeof(T) * (n + extra + 1));
+    size_t n = dp_conv_col_elems(g), m = K(dp_conv_plane_elems)(g);
+    return m > n ? m : n;
+}
+
+/* The scratch of a batch call (the caller's, or a local one): the image calls' scratch, then
+ * the packed weights, then (extra > 0) `extra` more elements; *wp: the packed weights (w
+ * packed into them). */
+static T *K(conv_scratch)(dp_scratch *cs, dp_scratch *local, const dp_conv_geom *g, const T *w,
+                          T **wp, size_t extra)
+{
+    size_t n = K(dp_conv_scratch_elems)(g), np = K(dp_conv_pack_elems)(g);
+    T *col = dp_scratch_get(cs ? cs : local, sizeof(T) * (n + np + extra + 1));
+    if (col) {
+        *wp = col + n;
+        K(dp_conv_pack)(*wp, w, g);
+    }
+    return col;
 }
 
 int K(dp_conv2d_forward)(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x, const T *w,
@@ -736,14 +1076,15 @@ int K(dp_conv2d_forward)(dp_ctx *ctx, dp_scratch *col_scratch, T *y, const T *x,
     if (dp_conv_out(g, &OH, &OW)) return DP_EVALUE;
     ptrdiff_t P = (ptrdiff_t)OH * OW, in = (ptrdiff_t)g->C * g->H * g->W, out = g->OC * P;
     dp_scratch local = {0};
-    T *col = K(conv_scratch)(col_scratch, &local, g, 0);
+    T *wp;
+    T *col = K(conv_scratch)(col_scratch, &local, g, w, &wp, 0);
     if (!col) return DP_ENOMEM;
     int rc = DP_OK;
     for (int n = 0; n < B && rc == DP_OK; n++) {
         T *yn = y + n * out;
         for (int o = 0; o < g->OC; o++)
             for (ptrdiff_t p = 0; p < P; p++) yn[o * P + p] = b[o];
-        rc = K(dp_conv_image_forward)(ctx, col, yn, x + n * in, w, g, OH, OW, (T)1);
+        rc = K(dp_conv_image_forward)(ctx, col, yn, x + n * in, w, wp, g, OH, OW, (T)1);
     }
     dp_scratch_free(&local);
     return rc;
@@ -759,9 +1100,10 @@ int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T 
     ptrdiff_t P = (ptrdiff_t)OH * OW, in = (ptrdiff_t)g->C * g->H * g->W, out = g->OC * P;
     size_t nw = (size_t)g->OC * g->C * g->KH * g->KW;
     dp_scratch local = {0};
-    T *col = K(conv_scratch)(col_scratch, &local, g, nw);
+    T *wp;
+    T *col = K(conv_scratch)(col_scratch, &local, g, w, &wp, nw);
     if (!col) return DP_ENOMEM;
-    T *dwt = col + dp_conv_col_elems(g); /* dw^T, (K, OC), summed over the batch */
+    T *dwt = wp + K(dp_conv_pack_elems)(g); /* dw^T, (K, OC), summed over the batch */
     memset(dwt, 0, sizeof(T) * nw);
     int rc = DP_OK;
     for (int n = 0; n < B && rc == DP_OK; n++) {
@@ -771,7 +1113,7 @@ int K(dp_conv2d_backward)(dp_ctx *ctx, dp_scratch *col_scratch, T *dw, T *db, T 
          * the CNN engine sums its db the same way */
         K(dp_add_row_sums)(db, dyn, g->OC, (int)P);
         rc = K(dp_conv_image_backward)(ctx, col, dwt, dx ? dx + n * in : NULL, dyn, x + n * in, w,
-                                       g, OH, OW);
+                                       wp, g, OH, OW);
     }
     if (rc == DP_OK) K(dp_conv_add_dwt)(dw, dwt, g);
     dp_scratch_free(&local);

@@ -403,7 +403,13 @@ int dp_model_init(dp_model *m, const dp_layer *layers, int n_layers, const int *
         size_t blk = (size_t)st->conv_h * (size_t)st->conv_w;
         size_t col = (size_t)g->C * g->KH * g->KW * blk + DP_CONV_COL_SLACK(g);
         size_t conv = st->pool ? (size_t)g->OC * blk : 1;
-        size_t grad = (size_t)g->OC * g->C * g->KH * g->KW + (size_t)g->OC;
+        /* the plane path's scratch (float only; its element count the larger of the two
+         * dtypes': the offset tables take two floats an entry) and its packed weights, after
+         * dW^T and db in grad */
+        size_t planes = dp_conv_plane_elems_f32(g);
+        if (planes > col) col = planes;
+        size_t grad =
+            (size_t)g->OC * g->C * g->KH * g->KW + (size_t)g->OC + dp_conv_pack_elems_f32(g);
         if (col > m->col_elems) m->col_elems = col;
         if (conv > m->conv_elems) m->conv_elems = conv;
         if (grad > m->grad_elems) m->grad_elems = grad;

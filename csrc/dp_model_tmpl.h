@@ -192,10 +192,14 @@ static void K(conv_forward_task)(void *arg, int t, int n)
     T *col = th->col.ptr, *conv = th->conv.ptr;
     K(row_range)(job->rows, t, n, &lo, &hi);
     job->rc[t] = DP_OK;
+    if (lo >= hi) return;
+    /* the plane path's weights, packed once for this thread's images (grad's tail) */
+    T *wp = (T *)th->grad.ptr + (ptrdiff_t)g->OC * g->C * g->KH * g->KW + g->OC;
+    K(dp_conv_pack)(wp, w, g);
     for (int i = lo; i < hi; i++) {
         T *y = job->out + (ptrdiff_t)i * wout;
         int rc = K(dp_conv_image_forward)(&th->ctx, col, st->pool ? conv : y,
-                                          job->in + (ptrdiff_t)i * win, w, g, CH, CW, (T)0);
+                                          job->in + (ptrdiff_t)i * win, w, wp, g, CH, CW, (T)0);
         if (rc) {
             job->rc[t] = rc;
             return;
@@ -221,8 +225,9 @@ static void K(conv_backward_task)(void *arg, int t, int n)
     job->rc[t] = DP_OK;
     if (lo >= hi) return;
     /* this thread's dw^T (K, OC) and db, summed over its images; added into grads after */
-    T *dwt = th->grad.ptr, *db = dwt + nw;
+    T *dwt = th->grad.ptr, *db = dwt + nw, *wp = db + g->OC;
     memset(dwt, 0, sizeof(T) * (size_t)(nw + g->OC));
+    K(dp_conv_pack)(wp, w, g);
     T *col = th->col.ptr, *dconv = th->conv.ptr;
     for (int i = lo; i < hi; i++) {
         T *d = job->d + (ptrdiff_t)i * wout;
@@ -232,7 +237,7 @@ static void K(conv_backward_task)(void *arg, int t, int n)
             K(dp_maxpool2_backward)(dconv, d, job->code + (ptrdiff_t)i * wout, g->OC, CH, CW);
         int rc = K(dp_conv_image_backward)(
             &th->ctx, col, dwt, job->dnext ? job->dnext + (ptrdiff_t)i * win : NULL,
-            st->pool ? dconv : d, job->in + (ptrdiff_t)i * win, w, g, CH, CW);
+            st->pool ? dconv : d, job->in + (ptrdiff_t)i * win, w, wp, g, CH, CW);
         if (rc) {
             job->rc[t] = rc;
             return;
@@ -328,8 +333,8 @@ static void K(resend_forward_task)(void *arg, int t, int n)
         if (st->param >= 0) {
             const dp_conv_geom *g = &st->g;
             int rc =
-                K(dp_conv_image_forward)(&th->ctx, th->col.ptr, y, src, job->params + st->w_off, g,
-                                         st->conv_h, st->conv_w, (T)0);
+                K(dp_conv_image_forward)(&th->ctx, th->col.ptr, y, src, job->params + st->w_off,
+                                         NULL, g, st->conv_h, st->conv_w, (T)0);
             if (rc) {
                 job->rc[t] = rc;
                 return;
@@ -369,8 +374,8 @@ static void K(resend_backward_task)(void *arg, int t, int n)
         }
         K(dp_add_row_sums)(db, d, g->OC, st->conv_h * st->conv_w);
         int rc = K(dp_conv_image_backward)(&th->ctx, th->col.ptr, dwt, dsrc, d,
-                                           job->src + (ptrdiff_t)i * sw, job->params + st->w_off, g,
-                                           st->conv_h, st->conv_w);
+                                           job->src + (ptrdiff_t)i * sw, job->params + st->w_off,
+                                           NULL, g, st->conv_h, st->conv_w);
         if (rc) {
             job->rc[t] = rc;
             return;

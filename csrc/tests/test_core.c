@@ -2517,12 +2517,14 @@ static void test_gemm_patch(dtype dt)
          * dp_gemm_patch, three take im2col + dp_gemm (each sum on one thread: the same bits) */
         memcpy(want, c0, dts(dt) * (size_t)nc);
         memcpy(got, c0, dts(dt) * (size_t)nc);
-        int r1 = dt == F32
-                     ? dp_conv_image_backward_f32(&ctx1, col, got, NULL, dy, x, NULL, &g, oh, ow)
-                     : dp_conv_image_backward_f64(&ctx1, col, got, NULL, dy, x, NULL, &g, oh, ow);
-        int r3 = dt == F32
-                     ? dp_conv_image_backward_f32(&ctx3, col, want, NULL, dy, x, NULL, &g, oh, ow)
-                     : dp_conv_image_backward_f64(&ctx3, col, want, NULL, dy, x, NULL, &g, oh, ow);
+        int r1 =
+            dt == F32
+                ? dp_conv_image_backward_f32(&ctx1, col, got, NULL, dy, x, NULL, NULL, &g, oh, ow)
+                : dp_conv_image_backward_f64(&ctx1, col, got, NULL, dy, x, NULL, NULL, &g, oh, ow);
+        int r3 =
+            dt == F32
+                ? dp_conv_image_backward_f32(&ctx3, col, want, NULL, dy, x, NULL, NULL, &g, oh, ow)
+                : dp_conv_image_backward_f64(&ctx3, col, want, NULL, dy, x, NULL, NULL, &g, oh, ow);
         diff d = {0};
         for (ptrdiff_t q = 0; q < nc; q++) diff_add(&d, q, tget(dt, got, q), tget(dt, want, q), 0);
         expect(r1 == DP_OK && r3 == DP_OK, "conv image backward %s: returned %d and %d", dtn(dt),
@@ -2572,6 +2574,16 @@ static void test_conv(dtype dt)
         {2, 3, 11, 10, 2, 3, 3, 0, 3},
         {1, 4, 16, 16, 8, 3, 3, 1, 2},
         {1, 1, 7, 9, 2, 2, 2, 0, 4},
+        /* the plane path (float, 32- and 64-byte vectors): ResNet's 3x3 layers (16 maps of
+         * 32 x 32, stride 1 and 2; 64 maps of 8 x 8, rows narrower than a vector), filter and
+         * channel counts off the multiple of 8, odd maps wide enough for stride 2's vector
+         * permutes, a 5x5 kernel with padding 2, padding past a 2x2 kernel's reach */
+        {1, 16, 32, 32, 16, 3, 3, 1, 1},
+        {1, 16, 32, 32, 32, 3, 3, 1, 2},
+        {2, 32, 8, 8, 64, 3, 3, 1, 1},
+        {2, 5, 35, 34, 13, 3, 3, 1, 2},
+        {1, 3, 20, 21, 9, 5, 5, 2, 1},
+        {1, 2, 6, 7, 3, 2, 2, 3, 1},
     };
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
         const int *s = shapes[i];
