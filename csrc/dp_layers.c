@@ -1,6 +1,7 @@
 /* dp_layers.c - see dp_layers.h; instantiates dp_layers_tmpl.h for float and double (and
  * once per wider ISA by dp_vec_*.c). */
 #include "dp_layers.h"
+#include "dp_buffers.h" /* dp_add_row_sums (batch norm's fused bias sums) */
 
 #include <math.h>
 #include <string.h>

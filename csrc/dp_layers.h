@@ -30,6 +30,12 @@
  *   Backward: bn_grad_row_sums writes each row's (sum dy, sum dy xhat), the second as rstd
  *   (sum dy x - mean sum dy); with their batch totals (A, B) and the batch's count N,
  *   bn_backward_dx: dx = gamma rstd (dy - A / N - xhat B / N), as dy c1 + x c2 + c3 in T.
+ *   Fused for the engine (each an option, NULL or 0: off): bn_normalize applies the ReLU
+ *   after it (relu: dp_relu_forward's y, the ReLU stage's pass saved); bn_grad_row_sums
+ *   first takes dy through that ReLU (relu_y: its output; dy is masked in place, as
+ *   dp_relu_backward would); bn_backward_dx also writes each row's channel sums of dx in T
+ *   (rsum, (rows, C): dp_add_row_sums's sums, the conv before's bias gradient, made while
+ *   dx is in cache).
  */
 #ifndef DP_LAYERS_H
 #define DP_LAYERS_H
@@ -85,18 +91,19 @@ uint32_t dp_dropout_threshold(double p);
       (sums, x, rows, C, HW))                                                                      \
     /* mr (2 C): (mean, rstd) per channel */                                                       \
     X(void, dp_bn_normalize, S,                                                                    \
-      (T *y, const T *x, const double *mr, const T *gamma, const T *beta, int rows, int C,         \
-       int HW),                                                                                    \
-      (y, x, mr, gamma, beta, rows, C, HW))                                                        \
+      (T *y, const T *x, const double *mr, const T *gamma, const T *beta, int rows, int C, int HW, \
+       int relu),                                                                                  \
+      (y, x, mr, gamma, beta, rows, C, HW, relu))                                                  \
     /* sums (rows, 2 C): per row, (sum dy, sum dy xhat) of each channel */                         \
     X(void, dp_bn_grad_row_sums, S,                                                                \
-      (double *sums, const T *dy, const T *x, const double *mr, int rows, int C, int HW),          \
-      (sums, dy, x, mr, rows, C, HW))                                                              \
+      (double *sums, T *dy, const T *x, const double *mr, int rows, int C, int HW,                 \
+       const T *relu_y),                                                                           \
+      (sums, dy, x, mr, rows, C, HW, relu_y))                                                      \
     /* tot (2 C): the batch's (A, B); count: its values per channel (N) */                         \
     X(void, dp_bn_backward_dx, S,                                                                  \
       (T *dx, const T *dy, const T *x, const double *mr, const double *tot, const T *gamma,        \
-       double count, int rows, int C, int HW),                                                     \
-      (dx, dy, x, mr, tot, gamma, count, rows, C, HW))
+       double count, int rows, int C, int HW, T *rsum),                                            \
+      (dx, dy, x, mr, tot, gamma, count, rows, C, HW, rsum))
 
 /* The concrete symbols, for grep: dp_avgpool2_forward_f32 dp_avgpool2_forward_f64
  * dp_avgpool2_backward_f32 dp_avgpool2_backward_f64 dp_gap_forward_f32 dp_gap_forward_f64

@@ -186,18 +186,44 @@ void KV(dp_layernorm_backward_params)(T *dgamma, T *dbeta, const T *dy, const T 
     }
 }
 
+/* Batch norm's row sums in BN_LANES partial sums (4 vectors of 8 doubles: with LANES, one
+ * vector, each add waited on the one before, and the sums were a third of the layer's time;
+ * the same bits on every build all the same), then a fixed tree */
+#define BN_LANES 32
+
+DP_INLINE double K(bn_total)(double *acc)
+{
+    for (int h = BN_LANES / 2; h >= 1; h /= 2)
+        for (int j = 0; j < h; j++) acc[j] += acc[j + h];
+    return acc[0];
+}
+
 void KV(dp_bn_row_sums)(double *sums, const T *x, int rows, int C, int HW)
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < C; c++) {
+            /* (sum x, sum x^2): value i into lane i % BN_LANES */
             const T *xp = x + ((ptrdiff_t)r * C + c) * HW;
-            sums[((ptrdiff_t)r * C + c) * 2] = K(sum_lanes)(xp, HW);
-            sums[((ptrdiff_t)r * C + c) * 2 + 1] = K(sq_lanes)(xp, HW, 0.0); /* sum of x^2 */
+            double s1[BN_LANES] = {0}, s2[BN_LANES] = {0};
+            int i = 0;
+            for (; i + BN_LANES <= HW; i += BN_LANES)
+                for (int j = 0; j < BN_LANES; j++) {
+                    double v = (double)xp[i + j];
+                    s1[j] += v;
+                    s2[j] += v * v;
+                }
+            for (int j = 0; i < HW; i++, j++) {
+                double v = (double)xp[i];
+                s1[j] += v;
+                s2[j] += v * v;
+            }
+            sums[((ptrdiff_t)r * C + c) * 2] = K(bn_total)(s1);
+            sums[((ptrdiff_t)r * C + c) * 2 + 1] = K(bn_total)(s2);
         }
 }
 
 void KV(dp_bn_normalize)(T *y, const T *x, const double *mr, const T *gamma, const T *beta,
-                         int rows, int C, int HW)
+                         int rows, int C, int HW, int relu)
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < C; c++) {
@@ -205,21 +231,30 @@ void KV(dp_bn_normalize)(T *y, const T *x, const double *mr, const T *gamma, con
             ptrdiff_t o = ((ptrdiff_t)r * C + c) * HW;
             double k = mr[2 * c + 1] * (double)gamma[c];
             T sc = (T)k, sh = (T)((double)beta[c] - mr[2 * c] * k);
-            for (int i = 0; i < HW; i++) y[o + i] = x[o + i] * sc + sh;
+            if (relu) { /* dp_relu_forward's test: NaN stays NaN */
+                for (int i = 0; i < HW; i++) {
+                    T v = x[o + i] * sc + sh;
+                    y[o + i] = v <= 0 ? (T)0 : v;
+                }
+            } else {
+                for (int i = 0; i < HW; i++) y[o + i] = x[o + i] * sc + sh;
+            }
         }
 }
 
-void KV(dp_bn_grad_row_sums)(double *sums, const T *dy, const T *x, const double *mr, int rows,
-                             int C, int HW)
+void KV(dp_bn_grad_row_sums)(double *sums, T *dy, const T *x, const double *mr, int rows, int C,
+                             int HW, const T *relu_y)
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < C; c++) {
             /* sum dy xhat = rstd (sum dy x - mean sum dy) */
             ptrdiff_t o = ((ptrdiff_t)r * C + c) * HW;
-            double mean = mr[2 * c], rstd = mr[2 * c + 1], sa[LANES] = {0}, sb[LANES] = {0};
+            if (relu_y) /* dp_relu_backward in place, the row in L1 for the sums after */
+                for (int i = 0; i < HW; i++) dy[o + i] = relu_y[o + i] > 0 ? dy[o + i] : (T)0;
+            double mean = mr[2 * c], rstd = mr[2 * c + 1], sa[BN_LANES] = {0}, sb[BN_LANES] = {0};
             int i = 0;
-            for (; i + LANES <= HW; i += LANES)
-                for (int j = 0; j < LANES; j++) {
+            for (; i + BN_LANES <= HW; i += BN_LANES)
+                for (int j = 0; j < BN_LANES; j++) {
                     double g = (double)dy[o + i + j];
                     sa[j] += g;
                     sb[j] += g * (double)x[o + i + j];
@@ -229,14 +264,14 @@ void KV(dp_bn_grad_row_sums)(double *sums, const T *dy, const T *x, const double
                 sa[j] += g;
                 sb[j] += g * (double)x[o + i];
             }
-            double a = K(lanes_total)(sa);
+            double a = K(bn_total)(sa);
             sums[((ptrdiff_t)r * C + c) * 2] = a;
-            sums[((ptrdiff_t)r * C + c) * 2 + 1] = rstd * (K(lanes_total)(sb) - mean * a);
+            sums[((ptrdiff_t)r * C + c) * 2 + 1] = rstd * (K(bn_total)(sb) - mean * a);
         }
 }
 
 void KV(dp_bn_backward_dx)(T *dx, const T *dy, const T *x, const double *mr, const double *tot,
-                           const T *gamma, double count, int rows, int C, int HW)
+                           const T *gamma, double count, int rows, int C, int HW, T *rsum)
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < C; c++) {
@@ -246,6 +281,10 @@ void KV(dp_bn_backward_dx)(T *dx, const T *dy, const T *x, const double *mr, con
             double a = tot[2 * c] / count, b = tot[2 * c + 1] / count, k = (double)gamma[c] * rstd;
             T c1 = (T)k, c2 = (T)(-k * b * rstd), c3 = (T)(k * (b * rstd * mean - a));
             for (int i = 0; i < HW; i++) dx[o + i] = dy[o + i] * c1 + x[o + i] * c2 + c3;
+            if (rsum) { /* the row's sum (dp_add_row_sums's additions) while it is in L1 */
+                rsum[(ptrdiff_t)r * C + c] = 0;
+                KV(dp_add_row_sums)(rsum + (ptrdiff_t)r * C + c, dx + o, 1, HW);
+            }
         }
 }
 
@@ -254,4 +293,5 @@ DP_LAYERS_VEC(DP_VEC_DEFINE, T, S)
 #endif
 
 #undef LANES
+#undef BN_LANES
 #undef K

@@ -169,7 +169,8 @@ typedef struct {
     const T *in;   /* (rows, in_width) */
     T *out;        /* (rows, out_width) */
     uint8_t *code; /* like out (pooling stages, dropout's masks) */
-    double *stats; /* NORM: (rows, 2) */
+    double *stats; /* NORM: (rows, 2); CONV before a training BN: forward, its rows' sums
+                    * (rows, 2 OC); backward, d's row sums (rows, OC) of T (bn_rsum_made) */
     const T *src;  /* RESEND: the skip's source (its RESBEGIN's output) */
     const T *params;
     int train; /* dropout draws a mask (else it passes its input on) */
@@ -207,6 +208,8 @@ static void K(conv_forward_task)(void *arg, int t, int n)
         if (st->pool)
             K(dp_maxpool2_forward)(y, job->code + (ptrdiff_t)i * wout, conv, g->OC, CH, CW);
         K(bias_act)(y, b, g->OC, npos, st->act);
+        /* the next stage's batch-norm sums, while the image's output is in cache */
+        if (job->stats) K(dp_bn_row_sums)(job->stats + (ptrdiff_t)i * 2 * g->OC, y, 1, g->OC, npos);
     }
 }
 
@@ -232,7 +235,12 @@ static void K(conv_backward_task)(void *arg, int t, int n)
     for (int i = lo; i < hi; i++) {
         T *d = job->d + (ptrdiff_t)i * wout;
         K(act_backward)(st->act, d, d, job->out + (ptrdiff_t)i * wout, NULL, wout);
-        K(dp_add_row_sums)(db, d, g->OC, npos);
+        if (job->stats) { /* the batch norm after made d's row sums (bn_rsum_made) */
+            const T *rsum = (const T *)(const void *)job->stats + (ptrdiff_t)i * g->OC;
+            for (int o = 0; o < g->OC; o++) db[o] += rsum[o];
+        } else {
+            K(dp_add_row_sums)(db, d, g->OC, npos);
+        }
         if (st->pool)
             K(dp_maxpool2_backward)(dconv, d, job->code + (ptrdiff_t)i * wout, g->OC, CH, CW);
         int rc = K(dp_conv_image_backward)(
@@ -513,6 +521,29 @@ static void K(stage_part)(K(sweep) * sw, K(stage_job) * job, dp_task_fn fn, int 
     for (int i = 0; i < parts; i++) K(fail)(sw, job->rc[i]);
 }
 
+/* Whether BN stage s of a training pass finds its rows' sums made: by the conv stage before
+ * it (conv_forward_task, image by image as each output is made: the same kernel on the same
+ * values, so the same bits, without reading the batch's maps from memory again). */
+DP_INLINE int K(bn_sums_made)(const dp_plan *p, int s)
+{
+    return s > 0 && s < p->n_stages && p->stage[s].op == DP_STAGE_BN &&
+           p->stage[s - 1].op == DP_STAGE_CONV && !p->stage[s - 1].pool;
+}
+
+/* Whether BN stage s has a ReLU stage after it that it does itself: forward, the ReLU on its
+ * output (written to the ReLU's buffer; its own is not written), backward, the ReLU's mask on
+ * d in its row sums pass. */
+DP_INLINE int K(bn_relu_fused)(const dp_plan *p, int s)
+{
+    return s + 1 < p->n_stages && p->stage[s].op == DP_STAGE_BN &&
+           p->stage[s + 1].op == DP_STAGE_ACT && p->stage[s + 1].act == DP_ACT_RELU;
+}
+
+/* Whether the input gradient of BN stage s comes with its rows' channel sums for the conv
+ * stage before it (its bias gradient; bn_backward_dx's rsum, in bnrows) */
+DP_INLINE int K(bn_rsum_made)(const dp_plan *p, int s)
+{ return K(bn_sums_made)(p, s) && p->stage[s - 1].act == DP_ACT_NONE; }
+
 /* tot (2 C) = the rows' sums rs (rows, 2 C) added in row order: the same bits on any
  * number of threads (part 0 adds what every part wrote). */
 static void K(bn_totals)(double *tot, const double *rs, int rows, int C)
@@ -526,7 +557,8 @@ static void K(bn_totals)(double *tot, const double *rs, int rows, int C)
  * exchange's across workers) into (mean, rstd) per channel, the count and the variances in
  * stats; evaluation, (mean, rstd) from the running statistics; then each part normalizes its
  * rows. 1 where a part failed. */
-static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T *y, int t, int n)
+static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T *y, int relu,
+                         int t, int n)
 {
     dp_model *m = sw->m;
     int rows = sw->rows, C = st->g.C, HW = st->g.H * st->g.W, lo, hi;
@@ -534,7 +566,8 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
     double *mr = sw->bf.stats[s], *rs = sw->bf.bnrows, *tot = rs + (ptrdiff_t)rows * 2 * C;
     ptrdiff_t w = (ptrdiff_t)C * HW;
     if (sw->with_grad) {
-        if (lo < hi) K(dp_bn_row_sums)(rs + (ptrdiff_t)lo * 2 * C, x + lo * w, hi - lo, C, HW);
+        if (lo < hi && !K(bn_sums_made)(&m->plan, s))
+            K(dp_bn_row_sums)(rs + (ptrdiff_t)lo * 2 * C, x + lo * w, hi - lo, C, HW);
         if (K(phase_end)(sw, n)) return 1;
         if (t == 0) {
             K(bn_totals)(tot, rs, rows, C);
@@ -568,7 +601,7 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
     if (K(phase_end)(sw, n)) return 1;
     if (lo < hi)
         K(dp_bn_normalize)(y + lo * w, x + lo * w, mr, sw->params + st->w_off,
-                           sw->params + st->b_off, hi - lo, C, HW);
+                           sw->params + st->b_off, hi - lo, C, HW, relu);
     return 0;
 }
 
@@ -621,7 +654,10 @@ static int K(forward_part)(K(sweep) * sw, int t, int n)
                 continue;
             }
         } else if (st->op == DP_STAGE_BN) {
-            if (K(bn_forward)(sw, st, s, h, y, t, n)) return 1;
+            int relu = K(bn_relu_fused)(p, s);
+            if (relu) y = sw->bf.out[s + 1]; /* the ReLU stage's output */
+            if (K(bn_forward)(sw, st, s, h, y, relu, t, n)) return 1;
+            s += relu; /* and the ReLU stage done */
         } else {
             K(stage_job)
             job = {.m = m,
@@ -630,7 +666,10 @@ static int K(forward_part)(K(sweep) * sw, int t, int n)
                    .in = h,
                    .out = y,
                    .code = sw->bf.code[s],
-                   .stats = sw->bf.stats[s],
+                   .stats =
+                       st->op == DP_STAGE_CONV
+                           ? (sw->with_grad && K(bn_sums_made)(p, s + 1) ? sw->bf.bnrows : NULL)
+                           : sw->bf.stats[s],
                    .src = st->op == DP_STAGE_RESEND ? sw->bf.out[st->skip] : NULL,
                    .params = sw->params,
                    .train = sw->with_grad};
@@ -684,7 +723,9 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
     int B = sw->rows, lo, hi;
     int s0 = p->param_stage[layer];
     int s1 = layer + 1 < p->n_param_layers ? p->param_stage[layer + 1] : p->n_stages;
-    for (int s = s1 - 1; s > s0; s--)
+    /* a ReLU after a batch norm: the norm's row sums pass takes its mask */
+    int fused = K(bn_relu_fused)(p, s0);
+    for (int s = s1 - 1; s > s0 + fused; s--)
         if (K(free_stage_backward)(sw, s, d_second, t, n)) return 1;
     const dp_stage *st = &p->stage[s0];
     T *d = *d_second ? bf->g1 : bf->g0;
@@ -739,7 +780,7 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
         double *mr = bf->stats[s0], *rs = bf->bnrows, *tot = rs + (ptrdiff_t)B * 2 * C;
         if (lo < hi)
             K(dp_bn_grad_row_sums)(rs + (ptrdiff_t)lo * 2 * C, d + lo * w, h + lo * w, mr, hi - lo,
-                                   C, HW);
+                                   C, HW, fused ? bf->out[s0 + 1] + lo * w : NULL);
         if (K(phase_end)(sw, n)) return 1;
         if (t == 0) {
             K(bn_totals)(tot, rs, B, C);
@@ -752,9 +793,13 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
                 K(fail)(sw, DP_EEXCHANGE);
         }
         if (K(phase_end)(sw, n)) return 1;
+        /* rs's row sums are added up: its space takes the conv's bias sums (T in doubles'
+         * room), which its backward_part reads next */
+        T *rsum = K(bn_rsum_made)(p, s0) ? (T *)(void *)rs : NULL;
         if (dnext && lo < hi)
             K(dp_bn_backward_dx)(dnext + lo * w, d + lo * w, h + lo * w, mr, tot,
-                                 sw->params + st->w_off, mr[2 * C], hi - lo, C, HW);
+                                 sw->params + st->w_off, mr[2 * C], hi - lo, C, HW,
+                                 rsum ? rsum + (ptrdiff_t)lo * C : NULL);
         if (K(phase_end)(sw, n)) return 1;
     } else if (st->op == DP_STAGE_NORM) {
         /* dgamma, dbeta: each part its columns over every row in row order; dx its rows */
@@ -776,6 +821,7 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
                .in = h,
                .out = bf->out[s0],
                .code = bf->code[s0],
+               .stats = K(bn_rsum_made)(p, s0 + 1) ? bf->bnrows : NULL,
                .params = sw->params,
                .d = d,
                .dnext = dnext};
