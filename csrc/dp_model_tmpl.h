@@ -86,8 +86,14 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_
     }
     for (int s = 0; s < p->n_stages; s++) {
         const dp_stage *st = &p->stage[s];
-        bf->out[s] = acts;
-        acts += (ptrdiff_t)rows * st->out_width;
+        if (st->op == DP_STAGE_RESBEGIN && s > 0) {
+            /* a residual block's source is its input, in place: no copy of it (the stage
+             * before is done with its buffer, which no stage writes again) */
+            bf->out[s] = bf->out[s - 1];
+        } else {
+            bf->out[s] = acts;
+            acts += (ptrdiff_t)rows * st->out_width;
+        }
         bf->code[s] = NULL;
         if (K(has_codes)(st)) {
             bf->code[s] = codes;
@@ -286,7 +292,9 @@ static void K(rows_forward_task)(void *arg, int t, int n)
         K(dp_layernorm_forward)(y, job->stats + 2 * lo, x, job->params + st->w_off,
                                 job->params + st->b_off, hi - lo, (int)ow);
         break;
-    case DP_STAGE_RESBEGIN: memcpy(y, x, sizeof(T) * (size_t)(hi - lo) * (size_t)ow); break;
+    case DP_STAGE_RESBEGIN: /* the model's first stage: a copy of the batch */
+        if (y != x) memcpy(y, x, sizeof(T) * (size_t)(hi - lo) * (size_t)ow);
+        break;
     default: K(act_forward)(st->act, y, x, (hi - lo) * ow); break;
     }
 }
@@ -348,10 +356,16 @@ static void K(resend_forward_task)(void *arg, int t, int n)
                 return;
             }
             K(dp_bias_add)(y, job->params + st->b_off, g->OC, st->conv_h * st->conv_w);
-            for (int j = 0; j < w; j++) y[j] = h[j] + y[j];
-        } else {
-            for (int j = 0; j < w; j++) y[j] = h[j] + src[j];
+            src = y;
         }
+        if (st->act == DP_ACT_RELU) { /* the add and dp_relu_forward's ReLU in one pass */
+            for (int j = 0; j < w; j++) {
+                T v = h[j] + src[j];
+                y[j] = v <= 0 ? (T)0 : v;
+            }
+            continue;
+        }
+        for (int j = 0; j < w; j++) y[j] = h[j] + src[j];
         if (st->act != DP_ACT_NONE) K(act_forward)(st->act, y, y, w);
     }
 }
@@ -374,8 +388,14 @@ static void K(resend_backward_task)(void *arg, int t, int n)
     if (st->param >= 0) memset(dwt, 0, sizeof(T) * (size_t)(nw + g->OC));
     for (int i = lo; i < hi; i++) {
         T *d = job->d + (ptrdiff_t)i * w;
-        K(act_backward)(st->act, d, d, job->out + (ptrdiff_t)i * w, NULL, w);
         T *dsrc = job->dnext ? job->dnext + (ptrdiff_t)i * sw : NULL;
+        if (st->param < 0 && dsrc && st->act == DP_ACT_RELU) {
+            /* dp_relu_backward and the skip's copy in one pass */
+            const T *y = job->out + (ptrdiff_t)i * w;
+            for (int j = 0; j < w; j++) dsrc[j] = d[j] = y[j] > 0 ? d[j] : (T)0;
+            continue;
+        }
+        K(act_backward)(st->act, d, d, job->out + (ptrdiff_t)i * w, NULL, w);
         if (st->param < 0) {
             if (dsrc) memcpy(dsrc, d, sizeof(T) * (size_t)w);
             continue;
