@@ -58,6 +58,9 @@ DP_INLINE int dp_conv_stride(const dp_conv_geom *g) { return g->stride > 1 ? g->
 int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW);
 /* Elements of the im2col buffer for one image: K * P and a slack of DP_CONV_COL_SLACK (col2im's
  * masked vector lanes may read up to W + KW + PAD past the end of its dcol). */
+/* The plane path's input gradient takes strides whose S x S phases fit this (stride 4 and
+ * less; a larger stride keeps GEMM + col2im). */
+#define DP_CONV_MAX_STRIDE_PHASES 16
 #define DP_CONV_COL_SLACK(g) ((size_t)(g)->W + (size_t)(g)->KW + (size_t)(g)->pad + 16)
 size_t dp_conv_col_elems(const dp_conv_geom *g);
 
@@ -84,13 +87,17 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
       (T *dwt, const T *dy, const T *x, const dp_conv_geom *g, int oh, int ow),                \
       (dwt, dy, x, g, oh, ow))                                                                 \
     X(int, dp_conv_plane, S,                                                                   \
-      (T *y, T *ye, int NO, int OH, int OW, int Wq, const T *xq, const ptrdiff_t *ent, int Kd, \
-       const T *wt, int OCp, T beta),                                                          \
-      (y, ye, NO, OH, OW, Wq, xq, ent, Kd, wt, OCp, beta))                                     \
+      (T *ye, ptrdiff_t lde, const T *xq, const ptrdiff_t *ent, int Kd, const T *wt, int OCp,  \
+       ptrdiff_t Pe),                                                                          \
+      (ye, lde, xq, ent, Kd, wt, OCp, Pe))                                                     \
+    X(void, dp_conv_unext, S,                                                                  \
+      (T *y, ptrdiff_t ldy, int W, int rs, int cs, ptrdiff_t off, const T *ye, ptrdiff_t lde,  \
+       int NO, int R, int Cn, int Wq, T beta),                                                 \
+      (y, ldy, W, rs, cs, off, ye, lde, NO, R, Cn, Wq, beta))                                  \
     X(void, dp_conv_to_planes, S,                                                              \
-      (T *xq, const T *x, int C, int H, int W, int S_, int ph, int pw, int Hq, int Wq,         \
-       ptrdiff_t nq),                                                                          \
-      (xq, x, C, H, W, S_, ph, pw, Hq, Wq, nq))                                                \
+      (T *xq, const T *x, int C, int H, int W, int S_, int PA, int PB, int ph, int pw, int Hq, \
+       int Wq, ptrdiff_t nq),                                                                  \
+      (xq, x, C, H, W, S_, PA, PB, ph, pw, Hq, Wq, nq))                                        \
     X(void, dp_im2col, S,                                                                      \
       (T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh, int ow),            \
       (col, ldcol, x, g, oh, ow))                                                              \

@@ -679,15 +679,14 @@ DP_INLINE void K(plane_tile1)(T *ye, ptrdiff_t lde, int o0, const T *xq, const p
 #undef PT_STORE1
 #undef PT_DO
 
-int KV(dp_conv_plane)(T *y, T *ye, int NO, int OH, int OW, int Wq, const T *xq,
-                      const ptrdiff_t *ent, int Kd, const T *wt, int OCp, T beta)
+int KV(dp_conv_plane)(T *ye, ptrdiff_t lde, const T *xq, const ptrdiff_t *ent, int Kd, const T *wt,
+                      int OCp, ptrdiff_t Pe)
 {
-    // y (NO, OH OW) = sum over k of wt[k OCp + o] xq[ent[k] + i Wq + j] + beta y, OCp (a
-    // multiple of 8) >= NO, through ye: a scratch of OCp rows of OH Wq rounded up to 16 (the
-    // extended positions p = i Wq + j, j < Wq, computed in whole vectors; y takes the
-    // columns j < OW); returns 1 (nothing written) where the build does not take it
-    if (!PL_BUILD || OCp % 8 || NO > OCp) return 1;
-    ptrdiff_t Pe = (ptrdiff_t)OH * Wq, lde = (Pe + 15) / 16 * 16, p = 0;
+    // ye[o lde + p] = sum over k of wt[k OCp + o] xq[ent[k] + p], k ascending, for o < OCp
+    // (a multiple of 8) and p < Pe rounded up to a whole vector (lde at least that); returns
+    // 1 (nothing written) where the build does not take it
+    if (!PL_BUILD || OCp % 8) return 1;
+    ptrdiff_t p = 0;
     /* positions outer, filters inner: a tile's x (its rows of every channel) stays in L1
      * while the weights cycle */
     for (; p + PL_NV * RVL <= Pe; p += PL_NV * RVL)
@@ -696,23 +695,35 @@ int KV(dp_conv_plane)(T *y, T *ye, int NO, int OH, int OW, int Wq, const T *xq,
     for (; p < Pe; p += RVL)
         for (int o = 0; o < OCp; o += PL_NF)
             K(plane_tile1)(ye + p, lde, o, xq + p, ent, Kd, wt + o, OCp);
-    for (int o = 0; o < NO; o++)
-        for (int i = 0; i < OH; i++) {
-            T *DP_RESTRICT d = y + (ptrdiff_t)o * OH * OW + (ptrdiff_t)i * OW;
-            const T *DP_RESTRICT e = ye + o * lde + (ptrdiff_t)i * Wq;
-            if (beta != 0)
-                for (int j = 0; j < OW; j++) d[j] = e[j] + beta * d[j];
-            else
-                for (int j = 0; j < OW; j++) d[j] = e[j];
-        }
     return 0;
 }
 
-void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int ph, int pw, int Hq,
-                           int Wq, ptrdiff_t nq)
+void KV(dp_conv_unext)(T *y, ptrdiff_t ldy, int W, int rs, int cs, ptrdiff_t off, const T *ye,
+                       ptrdiff_t lde, int NO, int R, int Cn, int Wq, T beta)
 {
-    // xq[((c S + a) S + b) Hq Wq + r Wq + s] = x[c, S r + a - ph, S s + b - pw], 0 outside x;
-    // xq's elements from there to nq: 0
+    // y[o ldy + off + r rs W + s cs] = ye[o lde + r Wq + s] (+ beta y), o < NO, r < R, s < Cn:
+    // the extended positions' valid columns, in place (cs = 1) or as one phase of a stride
+    for (int o = 0; o < NO; o++)
+        for (int r = 0; r < R; r++) {
+            T *DP_RESTRICT d = y + o * ldy + off + (ptrdiff_t)r * rs * W;
+            const T *DP_RESTRICT e = ye + o * lde + (ptrdiff_t)r * Wq;
+            if (cs == 1) {
+                if (beta != 0)
+                    for (int j = 0; j < Cn; j++) d[j] = e[j] + beta * d[j];
+                else
+                    for (int j = 0; j < Cn; j++) d[j] = e[j];
+            } else {
+                for (int j = 0; j < Cn; j++) d[(ptrdiff_t)j * cs] = e[j];
+            }
+        }
+}
+
+void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int PA, int PB, int ph,
+                           int pw, int Hq, int Wq, ptrdiff_t nq)
+{
+    // xq[((c PA + a) PB + b) Hq Wq + r Wq + s] = x[c, S r + a - ph, S s + b - pw], 0 outside
+    // x, for the phases a < PA, b < PB (those a kernel reads); xq's elements from there to nq:
+    // 0
     T *at = xq;
     const K(rvec) zero = {0};
 #ifndef __clang__
@@ -720,15 +731,27 @@ void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int ph
     for (int l = 0; l < RVL; l++) even[l] = (IT)(2 * l < RVL ? 2 * l : 2 * l + 1);
 #endif
     for (int c = 0; c < C; c++)
-        for (int a = 0; a < S; a++)
-            for (int b = 0; b < S; b++)
+        for (int a = 0; a < PA; a++)
+            for (int b = 0; b < PB; b++)
                 for (int r = 0; r < Hq; r++, at += Wq) {
-                    int h = S * r + a - ph;
+                    int h = S * r + a - ph, inside = h >= 0 && h < H;
+                    const T *xr = inside ? x + ((ptrdiff_t)c * H + h) * W : x;
+                    if (S == 1 && inside && Wq - pw >= RVL && W >= RVL) {
+                        /* columns [pw, pw + W) of the row hold x's row, the rest 0: the zeros
+                         * first (the last vector may run into the next row, written after,
+                         * or the tail), then the row over them */
+                        int m = Wq - pw < W ? Wq - pw : W;
+                        for (int s = 0; s < pw; s += RVL) K(rstore)(at + s, zero);
+                        for (int s = pw + m; s < Wq; s += RVL) K(rstore)(at + s, zero);
+                        for (int s = 0; s + RVL < m; s += RVL)
+                            K(rstore)(at + pw + s, K(rload)(xr + s));
+                        K(rstore)(at + pw + m - RVL, K(rload)(xr + m - RVL));
+                        continue;
+                    }
                     /* zeros over the row in whole vectors (the last one may run into the
                      * next row, written after, or the tail) */
                     for (int s = 0; s < Wq; s += RVL) K(rstore)(at + s, zero);
-                    if (h < 0 || h >= H) continue;
-                    const T *xr = x + ((ptrdiff_t)c * H + h) * W;
+                    if (!inside) continue;
                     if (S == 1) { /* columns [pw, pw + W) of the row hold x's row */
                         int lo = pw, m = Wq - lo < W ? Wq - lo : W;
                         if (m >= RVL) {
@@ -827,65 +850,112 @@ static int K(patch_tables)(const dp_ctx *ctx, const dp_conv_geom *g, int oh, int
 
 /* ---- the plane path (dp_conv_plane): geometry, layout of the scratch, packing ------------ */
 
-/* A convolution read as the plane kernel reads it: an input (C, H, W), a KH x KW kernel at
- * stride S with padding ph (rows) and pw (columns); the output OH x OW; the planes Hq x Wq
- * (the S x S phases of each padded channel: plane (c, a, b) row r column s holds the padded
- * image's row S r + a, column S s + b), so that output (i, j) reads entry (c, u, v) at plane
- * (c, u % S, v % S), row i + u / S, column j + v / S. Pe = OH Wq extended positions; lde, their
- * row stride in ye, rounded up to 16 (the widest vector). */
+/* The planes of an input (C, H, W) read at stride S: PA x PB phases a channel (those some
+ * kernel row / column reads), each Hq x Wq: phase (a, b) row r column s holds x[S r + a - ph,
+ * S s + b - pw] (0 outside x; Hq and Wq may cut x short or pad it past its end); nq: their
+ * elements and a zero tail that the tiles' last vectors may read into (garbage positions). */
 typedef struct {
-    int C, H, W, KH, KW, S, ph, pw, OH, OW, Hq, Wq, Kd, NO; /* NO: the outputs' channels */
-    ptrdiff_t Pe, lde, nq;                                  /* nq: planes' elements */
-} K(plgeom);
+    int C, H, W, S, PA, PB, ph, pw, Hq, Wq;
+    ptrdiff_t nq;
+} K(planes);
 
-static void K(plgeom_set)(K(plgeom) * q, int C, int H, int W, int NO, int KH, int KW, int S, int ph,
-                          int pw)
+static void K(planes_set)(K(planes) * q, int C, int H, int W, int S, int PA, int PB, int ph, int pw,
+                          int Hq, int Wq)
 {
-    q->C = C, q->H = H, q->W = W, q->NO = NO, q->KH = KH, q->KW = KW, q->S = S, q->ph = ph,
-    q->pw = pw;
-    q->OH = (H + 2 * ph - KH) / S + 1;
-    q->OW = (W + 2 * pw - KW) / S + 1;
-    q->Hq = q->OH + (KH - 1) / S;
-    q->Wq = q->OW + (KW - 1) / S;
-    q->Kd = C * KH * KW;
-    q->Pe = (ptrdiff_t)q->OH * q->Wq;
-    q->lde = (q->Pe + 15) / 16 * 16;
-    /* the last entry's offset plus a tile's reach past the last extended position */
-    q->nq = (ptrdiff_t)C * S * S * q->Hq * q->Wq + q->lde + 64;
+    q->C = C, q->H = H, q->W = W, q->S = S, q->PA = PA, q->PB = PB, q->ph = ph, q->pw = pw;
+    q->Hq = Hq, q->Wq = Wq;
+    q->nq = (ptrdiff_t)C * PA * PB * Hq * Wq + Wq + 64;
 }
 
-/* ent[k]: the offset of patch entry k = (c KH + u) KW + v in the planes */
-static void K(pl_entries)(ptrdiff_t *ent, const K(plgeom) * q)
+DP_INLINE void K(to_planes)(T *xq, const T *x, const K(planes) * q)
 {
-    int S = q->S, k = 0;
-    for (int c = 0; c < q->C; c++)
-        for (int u = 0; u < q->KH; u++)
-            for (int v = 0; v < q->KW; v++)
-                ent[k++] =
-                    (((ptrdiff_t)(c * S + u % S) * S + v % S) * q->Hq + u / S) * q->Wq + v / S;
+    K(dp_conv_to_planes)(xq, x, q->C, q->H, q->W, q->S, q->PA, q->PB, q->ph, q->pw, q->Hq, q->Wq,
+                         q->nq);
 }
 
-/* Elements of T the tables take: n offsets, rounded up to 64 bytes. */
+/* Elements of T that n offsets take, rounded up to 64 bytes. */
 DP_INLINE size_t K(pl_table_elems)(size_t n)
 { return (n * sizeof(ptrdiff_t) + 63) / 64 * (64 / sizeof(T)); }
 
-/* The scratch of one pass over it: the entry table (and, for dwt, the position table), the
- * planes, then ye (rows output channels rounded up to 8). */
-DP_INLINE size_t K(pl_elems)(const K(plgeom) * q, int positions, int with_ye)
+DP_INLINE ptrdiff_t K(lde)(ptrdiff_t Pe) { return (Pe + 15) / 16 * 16; }
+DP_INLINE int K(up8)(int n) { return (n + 7) / 8 * 8; }
+
+/* The forward's planes: the layer's padding and stride, OH + (KH - 1) / S rows of phases (a
+ * kernel row u reads phase u % S from row u / S on) */
+static void K(fw_planes)(K(planes) * q, const dp_conv_geom *g, int OH, int OW)
 {
-    size_t n = K(pl_table_elems)((size_t)q->Kd + (size_t)positions) + (size_t)q->nq;
-    return n + (with_ye ? (size_t)(q->NO + 7) / 8 * 8 * (size_t)q->lde : 0);
+    int S = dp_conv_stride(g);
+    K(planes_set)(q, g->C, g->H, g->W, S, S < g->KH ? S : g->KH, S < g->KW ? S : g->KW, g->pad,
+                  g->pad, OH + (g->KH - 1) / S, OW + (g->KW - 1) / S);
 }
 
-/* The forward's geometry (the layer's) and the input gradient's (stride 1 only: the gradient
- * spread back by the flipped kernel, a convolution of dy padded by KH - 1 - PAD); 0, or 1
- * where the backward one does not exist. */
-static int K(pl_geoms)(const dp_conv_geom *g, K(plgeom) * fw, K(plgeom) * bw)
+/* ent[k]: the offset of patch entry k = (c KH + u) KW + v in the forward's planes */
+static void K(fw_entries)(ptrdiff_t *ent, const K(planes) * q, const dp_conv_geom *g)
 {
-    K(plgeom_set)(fw, g->C, g->H, g->W, g->OC, g->KH, g->KW, dp_conv_stride(g), g->pad, g->pad);
-    if (dp_conv_stride(g) != 1 || g->pad > g->KH - 1 || g->pad > g->KW - 1) return 1;
-    K(plgeom_set)(bw, g->OC, fw->OH, fw->OW, g->C, g->KH, g->KW, 1, g->KH - 1 - g->pad,
-                  g->KW - 1 - g->pad);
+    int S = q->S, k = 0;
+    for (int c = 0; c < g->C; c++)
+        for (int u = 0; u < g->KH; u++)
+            for (int v = 0; v < g->KW; v++)
+                ent[k++] =
+                    (((ptrdiff_t)(c * q->PA + u % S) * q->PB + v % S) * q->Hq + u / S) * q->Wq +
+                    v / S;
+}
+
+/* The input gradient, phase by phase: dx[c, h, q] with h + PAD = S r + a, q + PAD = S s + b
+ * gets the terms of kernel rows u = a + S tu (tu <= TU) and columns v = b + S tv, from dy at
+ * (r - tu, s - tv): phase (a, b) of dx is a stride-1 convolution of dy (each output channel
+ * o an input channel) with those taps, over its rows [r0, r1) and columns [s0, s1) (those
+ * inside dx). At stride 1, one phase: the kernel flipped. All phases read one set of dy
+ * planes (stride 1, padding ph on top, pw on the left, Hq x Wq). */
+typedef struct {
+    int TU, TV, r0, r1, s0, s1;
+} K(dxphase);
+
+typedef struct {
+    K(planes) q;
+    K(dxphase) ph[DP_CONV_MAX_STRIDE_PHASES];
+    int zero; /* a phase without taps: dx is cleared first */
+    int taps; /* the most taps of a phase: OC (TU + 1) (TV + 1) */
+    ptrdiff_t lde;
+} K(dxplan);
+
+static int K(dx_plan)(K(dxplan) * d, const dp_conv_geom *g, int OH, int OW)
+{
+    int S = dp_conv_stride(g), pad = g->pad, ph = 0, pw = 0, r1max = 0, s1max = 0;
+    if (S * S > DP_CONV_MAX_STRIDE_PHASES) return 1;
+    d->zero = 0;
+    d->taps = 0;
+    d->lde = 0;
+    for (int a = 0; a < S; a++)
+        for (int b = 0; b < S; b++) {
+            K(dxphase) *f = &d->ph[a * S + b];
+            f->TU = a <= g->KH - 1 ? (g->KH - 1 - a) / S : -1;
+            f->TV = b <= g->KW - 1 ? (g->KW - 1 - b) / S : -1;
+            int lh = g->H - 1 + pad - a, lw = g->W - 1 + pad - b;
+            f->r0 = pad > a ? (pad - a + S - 1) / S : 0;
+            f->s0 = pad > b ? (pad - b + S - 1) / S : 0;
+            f->r1 = lh < 0 ? 0 : lh / S + 1;
+            f->s1 = lw < 0 ? 0 : lw / S + 1;
+            if (f->r1 <= f->r0 || f->s1 <= f->s0) continue; /* no dx value in this phase */
+            if (f->TU < 0 || f->TV < 0) {
+                d->zero = 1;
+                continue;
+            }
+            if (f->TU - f->r0 > ph) ph = f->TU - f->r0;
+            if (f->TV - f->s0 > pw) pw = f->TV - f->s0;
+            if (f->r1 > r1max) r1max = f->r1;
+            if (f->s1 > s1max) s1max = f->s1;
+            int taps = g->OC * (f->TU + 1) * (f->TV + 1);
+            if (taps > d->taps) d->taps = taps;
+        }
+    K(planes_set)(&d->q, g->OC, OH, OW, 1, 1, 1, ph, pw, r1max + ph, s1max + pw);
+    for (int f = 0; f < S * S; f++) {
+        const K(dxphase) *e = &d->ph[f];
+        if (e->r1 > e->r0 && e->s1 > e->s0 && e->TU >= 0 && e->TV >= 0) {
+            ptrdiff_t l = K(lde)((ptrdiff_t)(e->r1 - e->r0) * d->q.Wq);
+            if (l > d->lde) d->lde = l;
+        }
+    }
     return 0;
 }
 
@@ -902,7 +972,7 @@ static int K(pl_takes)(const dp_ctx *ctx, const dp_conv_geom *g, int oh, int ow)
         return 0;
     if (g->KH == 1 && g->KW == 1 && g->pad == 0 && dp_conv_stride(g) == 1) return 0;
     if (g->pad == 0 && dp_conv_stride(g) == 1 && g->C * g->KH * g->KW <= 64) return 0;
-    return K(dp_conv_plane)(NULL, NULL, 0, 0, 0, 0, NULL, NULL, 0, NULL, 8, 0) == 0;
+    return K(dp_conv_plane)(NULL, 0, NULL, NULL, 0, NULL, 8, 0) == 0;
 }
 
 size_t K(dp_conv_pack_elems)(const dp_conv_geom *g)
@@ -910,58 +980,98 @@ size_t K(dp_conv_pack_elems)(const dp_conv_geom *g)
     int OH, OW;
     if (dp_conv_out(g, &OH, &OW)) return 0;
     size_t taps = (size_t)g->KH * g->KW;
-    return taps * ((size_t)g->C * ((g->OC + 7) / 8 * 8) + (size_t)g->OC * ((g->C + 7) / 8 * 8));
+    return taps * ((size_t)g->C * K(up8)(g->OC) + (size_t)g->OC * K(up8)(g->C));
 }
 
 void K(dp_conv_pack)(T *wp, const T *w, const dp_conv_geom *g)
 {
-    // wp = [wt (K, OCp): w transposed, the forward's] [wd (OC KH KW, Cp): the input
-    // gradient's, w[o, c] flipped in both axes, entry (o, u, v) of the dy planes], the channel
+    // wp = [wt (K, OCp): w transposed, the forward's] [the input gradient's, phase by phase
+    // (a, b), its taps (o, tu, tv) a row of Cp: w[o, c, a + S tu, b + S tv]], the channel
     // counts rounded up to 8 with zeros
-    int Kd = g->C * g->KH * g->KW, OCp = (g->OC + 7) / 8 * 8, Cp = (g->C + 7) / 8 * 8;
+    int Kd = g->C * g->KH * g->KW, OCp = K(up8)(g->OC), Cp = K(up8)(g->C), S = dp_conv_stride(g);
     int KH = g->KH, KW = g->KW;
     T *wt = wp, *wd = wp + (size_t)Kd * OCp;
     for (int k = 0; k < Kd; k++)
         for (int o = 0; o < OCp; o++)
             wt[(ptrdiff_t)k * OCp + o] = o < g->OC ? w[(ptrdiff_t)o * Kd + k] : (T)0;
-    for (int o = 0; o < g->OC; o++)
-        for (int u = 0; u < KH; u++)
-            for (int v = 0; v < KW; v++) {
-                T *row = wd + ((ptrdiff_t)(o * KH + u) * KW + v) * Cp;
-                for (int c = 0; c < Cp; c++)
-                    row[c] =
-                        c < g->C
-                            ? w[(((ptrdiff_t)o * g->C + c) * KH + KH - 1 - u) * KW + KW - 1 - v]
-                            : (T)0;
-            }
+    for (int a = 0; a < S && a < KH; a++)
+        for (int b = 0; b < S && b < KW; b++)
+            for (int o = 0; o < g->OC; o++)
+                for (int u = a; u < KH; u += S)
+                    for (int v = b; v < KW; v += S, wd += Cp)
+                        for (int c = 0; c < Cp; c++)
+                            wd[c] =
+                                c < g->C ? w[(((ptrdiff_t)o * g->C + c) * KH + u) * KW + v] : (T)0;
+}
+
+/* Scratch of the forward (ent, planes, ye), the weight gradient (ent, pos, planes) and the
+ * input gradient (its taps' table, dy's planes, ye) */
+static size_t K(fw_elems)(const K(planes) * q, int Kd, int OCp, int OH)
+{
+    return K(pl_table_elems)((size_t)Kd) + (size_t)q->nq +
+           (size_t)OCp * K(lde)((ptrdiff_t)OH * q->Wq);
 }
 
 size_t K(dp_conv_plane_elems)(const dp_conv_geom *g)
 {
     // the scratch the plane path needs beside the packed weights (0: a bad geometry)
-    K(plgeom) fw, bw;
-    if (K(dp_conv_pack_elems)(g) == 0) return 0;
-    int has_bw = K(pl_geoms)(g, &fw, &bw) == 0;
-    size_t n = K(pl_elems)(&fw, 0, 1), m = K(pl_elems)(&fw, fw.OH * fw.OW, 0);
+    int OH, OW, Kd = g->C * g->KH * g->KW;
+    if (K(dp_conv_pack_elems)(g) == 0 || dp_conv_out(g, &OH, &OW)) return 0;
+    K(planes) fw;
+    K(dxplan) dx;
+    K(fw_planes)(&fw, g, OH, OW);
+    size_t n = K(fw_elems)(&fw, Kd, K(up8)(g->OC), OH), m;
+    m = K(pl_table_elems)((size_t)Kd + (size_t)OH * OW) + (size_t)fw.nq;
     if (m > n) n = m;
-    if (has_bw && (m = K(pl_elems)(&bw, 0, 1)) > n) n = m;
+    if (K(dx_plan)(&dx, g, OH, OW) == 0) {
+        m = K(pl_table_elems)((size_t)dx.taps) + (size_t)dx.q.nq + (size_t)K(up8)(g->C) * dx.lde;
+        if (m > n) n = m;
+    }
     return n;
 }
 
-/* x (C, H, W) laid out as q's planes in xq (every element of q->nq written) */
-DP_INLINE void K(to_planes)(T *xq, const T *x, const K(plgeom) * q)
-{ K(dp_conv_to_planes)(xq, x, q->C, q->H, q->W, q->S, q->ph, q->pw, q->Hq, q->Wq, q->nq); }
-
-/* The plane kernel over q: out (NO, OH OW) = sum over entries of wpk (Kd, NO rounded up to 8)
- * times in's entries, + beta out; scratch laid out as pl_elems(q, 0, 1). */
-static void K(pl_conv)(T *scratch, T *out, const T *in, const T *wpk, const K(plgeom) * q, T beta)
+/* The forward on the planes: y (OC, OH OW) = conv(x) + beta y */
+static void K(pl_forward)(T *scratch, T *y, const T *x, const T *wt, const dp_conv_geom *g, int OH,
+                          int OW, T beta)
 {
+    int Kd = g->C * g->KH * g->KW, OCp = K(up8)(g->OC);
+    K(planes) q;
+    K(fw_planes)(&q, g, OH, OW);
+    ptrdiff_t *ent = (ptrdiff_t *)(void *)scratch, Pe = (ptrdiff_t)OH * q.Wq, lde = K(lde)(Pe);
+    T *xq = scratch + K(pl_table_elems)((size_t)Kd), *ye = xq + q.nq;
+    K(fw_entries)(ent, &q, g);
+    K(to_planes)(xq, x, &q);
+    K(dp_conv_plane)(ye, lde, xq, ent, Kd, wt, OCp, Pe);
+    K(dp_conv_unext)(y, (ptrdiff_t)OH * OW, OW, 1, 1, 0, ye, lde, g->OC, OH, OW, q.Wq, beta);
+}
+
+/* The input gradient on dy's planes, phase by phase (dx written) */
+static void K(pl_dx)(T *scratch, T *dx, const T *dy, const T *wd, const dp_conv_geom *g,
+                     const K(dxplan) * d)
+{
+    int S = dp_conv_stride(g), Cp = K(up8)(g->C), Wq = d->q.Wq, Hq = d->q.Hq;
     ptrdiff_t *ent = (ptrdiff_t *)(void *)scratch;
-    T *xq = scratch + K(pl_table_elems)((size_t)q->Kd), *ye = xq + q->nq;
-    K(pl_entries)(ent, q);
-    K(to_planes)(xq, in, q);
-    K(dp_conv_plane)(out, ye, q->NO, q->OH, q->OW, q->Wq, xq, ent, q->Kd, wpk, (q->NO + 7) / 8 * 8,
-                     beta);
+    T *xq = scratch + K(pl_table_elems)((size_t)d->taps), *ye = xq + d->q.nq;
+    if (d->zero) memset(dx, 0, sizeof(T) * (size_t)g->C * g->H * g->W);
+    K(to_planes)(xq, dy, &d->q);
+    for (int a = 0; a < S && a < g->KH; a++)
+        for (int b = 0; b < S && b < g->KW; b++) {
+            const K(dxphase) *f = &d->ph[a * S + b];
+            int n = 0, R = f->r1 - f->r0, Cn = f->s1 - f->s0;
+            int taps = g->OC * (f->TU + 1) * (f->TV + 1);
+            if (R > 0 && Cn > 0) {
+                for (int o = 0; o < g->OC; o++)
+                    for (int tu = 0; tu <= f->TU; tu++)
+                        for (int tv = 0; tv <= f->TV; tv++)
+                            ent[n++] = ((ptrdiff_t)o * Hq + d->q.ph - tu) * Wq + d->q.pw - tv;
+                ptrdiff_t Pe = (ptrdiff_t)R * Wq, lde = K(lde)(Pe);
+                K(dp_conv_plane)(ye, lde, xq + (ptrdiff_t)f->r0 * Wq + f->s0, ent, n, wd, Cp, Pe);
+                ptrdiff_t off = (ptrdiff_t)(S * f->r0 + a - g->pad) * g->W + S * f->s0 + b - g->pad;
+                K(dp_conv_unext)(dx, (ptrdiff_t)g->H * g->W, g->W, S, S, off, ye, lde, g->C, R, Cn,
+                                 Wq, (T)0);
+            }
+            wd += (size_t)taps * Cp; /* the next phase's weights */
+        }
 }
 
 int K(dp_conv_image_forward)(dp_ctx *ctx, T *col, T *y, const T *x, const T *w, const T *wp,
@@ -976,9 +1086,7 @@ int K(dp_conv_image_forward)(dp_ctx *ctx, T *col, T *y, const T *x, const T *w, 
     int bf16 = ctx && ctx->bf16_inputs && sizeof(T) == sizeof(float);
     if (!bf16 && K(dp_conv_direct_forward)(y, x, w, g, oh, ow, beta) == 0) return DP_OK;
     if (wp && K(pl_takes)(ctx, g, oh, ow)) {
-        K(plgeom) fw, bw;
-        K(pl_geoms)(g, &fw, &bw);
-        K(pl_conv)(col, y, x, wp, &fw, beta);
+        K(pl_forward)(col, y, x, wp, g, oh, ow, beta);
         return DP_OK;
     }
     if (!K(is_direct)(g) || oh * ow != g->H * g->W) {
@@ -998,8 +1106,7 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
     if (K(check_block)(g, oh, ow, &P)) return DP_EVALUE;
     int Kd = g->C * g->KH * g->KW, direct = K(is_direct)(g) && oh * ow == g->H * g->W;
     int bf16 = ctx && ctx->bf16_inputs && sizeof(T) == sizeof(float), rc = DP_OK;
-    K(plgeom) fw, bw;
-    int planes = wp && K(pl_takes)(ctx, g, oh, ow), back = planes && !K(pl_geoms)(g, &fw, &bw);
+    int planes = wp && K(pl_takes)(ctx, g, oh, ow);
     /* the direct kernel where it runs, with dx or without (dw the same bits either way) */
     if (bf16 || K(dp_conv_direct_dwt)(dwt, dy, x, g, oh, ow) != 0) {
         ptrdiff_t *pos, *ent;
@@ -1008,13 +1115,15 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
          * panels, and M = K, N = OC fill the 6 x 16 tiles better (288 x 64: no padding) */
         if (planes && (!ctx || ctx->threads <= 1) && g->OC > 1 && Kd > 1 && P > 1) {
             /* col(x)'s rows read from x's planes (padding and stride laid out there) */
+            K(planes) q;
+            K(fw_planes)(&q, g, oh, ow);
             ent = (ptrdiff_t *)(void *)col;
             pos = ent + Kd;
             T *xq = col + K(pl_table_elems)((size_t)Kd + (size_t)P);
-            K(pl_entries)(ent, &fw);
+            K(fw_entries)(ent, &q, g);
             for (int i = 0, p = 0; i < oh; i++)
-                for (int j = 0; j < ow; j++, p++) pos[p] = (ptrdiff_t)i * fw.Wq + j;
-            K(to_planes)(xq, x, &fw);
+                for (int j = 0; j < ow; j++, p++) pos[p] = (ptrdiff_t)i * q.Wq + j;
+            K(to_planes)(xq, x, &q);
             rc =
                 K(dp_gemm_patch)(ctx, dwt, g->OC, xq, ent, pos, dy, 1, P, Kd, g->OC, P, (T)1, (T)1);
         } else if (!bf16 && !direct && K(patch_tables)(ctx, g, oh, ow, col, &pos, &ent)) {
@@ -1028,8 +1137,9 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
         }
     }
     if (rc || !dx) return rc;
-    if (back) { /* dx: dy's planes through the flipped kernel */
-        K(pl_conv)(col, dx, dy, wp + (size_t)Kd * ((g->OC + 7) / 8 * 8), &bw, (T)0);
+    K(dxplan) d;
+    if (planes && K(dx_plan)(&d, g, oh, ow) == 0) { /* dx: dy's planes, phase by phase */
+        K(pl_dx)(col, dx, dy, wp + (size_t)Kd * K(up8)(g->OC), g, &d);
         return DP_OK;
     }
     /* dcol (K, P) = w^T dy; col(x) is no longer needed, so dcol takes its place */

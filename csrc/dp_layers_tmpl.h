@@ -198,27 +198,47 @@ DP_INLINE double K(bn_total)(double *acc)
     return acc[0];
 }
 
+/* 8 values of T and of double: GNU vectors, the loads whole (GCC built the 32 lanes' loads
+ * one value at a time from the scalar loops) */
+typedef T K(t8) __attribute__((vector_size(8 * sizeof(T))));
+typedef double K(d8) __attribute__((vector_size(64)));
+
+DP_INLINE K(d8) K(load_d8)(const T *p)
+{
+    K(t8) v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, K(d8));
+}
+
+/* the 4 vectors' lanes (value i in lane i % BN_LANES) through bn_total's tree */
+DP_INLINE double K(bn_total4)(const K(d8) * v)
+{
+    double acc[BN_LANES];
+    memcpy(acc, v, sizeof acc);
+    return K(bn_total)(acc);
+}
+
 void KV(dp_bn_row_sums)(double *sums, const T *x, int rows, int C, int HW)
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < C; c++) {
             /* (sum x, sum x^2): value i into lane i % BN_LANES */
             const T *xp = x + ((ptrdiff_t)r * C + c) * HW;
-            double s1[BN_LANES] = {0}, s2[BN_LANES] = {0};
+            K(d8) s1[4] = {{0}}, s2[4] = {{0}};
             int i = 0;
             for (; i + BN_LANES <= HW; i += BN_LANES)
-                for (int j = 0; j < BN_LANES; j++) {
-                    double v = (double)xp[i + j];
-                    s1[j] += v;
-                    s2[j] += v * v;
+                for (int q = 0; q < 4; q++) {
+                    K(d8) v = K(load_d8)(xp + i + 8 * q);
+                    s1[q] += v;
+                    s2[q] += v * v;
                 }
             for (int j = 0; i < HW; i++, j++) {
                 double v = (double)xp[i];
-                s1[j] += v;
-                s2[j] += v * v;
+                s1[j / 8][j % 8] += v;
+                s2[j / 8][j % 8] += v * v;
             }
-            sums[((ptrdiff_t)r * C + c) * 2] = K(bn_total)(s1);
-            sums[((ptrdiff_t)r * C + c) * 2 + 1] = K(bn_total)(s2);
+            sums[((ptrdiff_t)r * C + c) * 2] = K(bn_total4)(s1);
+            sums[((ptrdiff_t)r * C + c) * 2 + 1] = K(bn_total4)(s2);
         }
 }
 
@@ -251,22 +271,23 @@ void KV(dp_bn_grad_row_sums)(double *sums, T *dy, const T *x, const double *mr, 
             ptrdiff_t o = ((ptrdiff_t)r * C + c) * HW;
             if (relu_y) /* dp_relu_backward in place, the row in L1 for the sums after */
                 for (int i = 0; i < HW; i++) dy[o + i] = relu_y[o + i] > 0 ? dy[o + i] : (T)0;
-            double mean = mr[2 * c], rstd = mr[2 * c + 1], sa[BN_LANES] = {0}, sb[BN_LANES] = {0};
+            double mean = mr[2 * c], rstd = mr[2 * c + 1];
+            K(d8) sa[4] = {{0}}, sb[4] = {{0}};
             int i = 0;
             for (; i + BN_LANES <= HW; i += BN_LANES)
-                for (int j = 0; j < BN_LANES; j++) {
-                    double g = (double)dy[o + i + j];
-                    sa[j] += g;
-                    sb[j] += g * (double)x[o + i + j];
+                for (int q = 0; q < 4; q++) {
+                    K(d8) g = K(load_d8)(dy + o + i + 8 * q);
+                    sa[q] += g;
+                    sb[q] += g * K(load_d8)(x + o + i + 8 * q);
                 }
             for (int j = 0; i < HW; i++, j++) {
                 double g = (double)dy[o + i];
-                sa[j] += g;
-                sb[j] += g * (double)x[o + i];
+                sa[j / 8][j % 8] += g;
+                sb[j / 8][j % 8] += g * (double)x[o + i];
             }
-            double a = K(bn_total)(sa);
+            double a = K(bn_total4)(sa);
             sums[((ptrdiff_t)r * C + c) * 2] = a;
-            sums[((ptrdiff_t)r * C + c) * 2 + 1] = rstd * (K(bn_total)(sb) - mean * a);
+            sums[((ptrdiff_t)r * C + c) * 2 + 1] = rstd * (K(bn_total4)(sb) - mean * a);
         }
 }
 

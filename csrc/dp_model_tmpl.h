@@ -343,14 +343,20 @@ static void K(resend_forward_task)(void *arg, int t, int n)
     int lo, hi, sw = job->m->plan.stage[st->skip].out_width, w = st->out_width;
     K(row_range)(job->rows, t, n, &lo, &hi);
     job->rc[t] = DP_OK;
+    if (lo >= hi) return;
+    T *wp = NULL; /* the projection's weights for the plane path, after dW^T and db */
+    if (st->param >= 0) {
+        wp = (T *)th->grad.ptr + (ptrdiff_t)st->g.OC * st->g.C + st->g.OC;
+        K(dp_conv_pack)(wp, job->params + st->w_off, &st->g);
+    }
     for (int i = lo; i < hi; i++) {
         T *y = job->out + (ptrdiff_t)i * w;
         const T *h = job->in + (ptrdiff_t)i * w, *src = job->src + (ptrdiff_t)i * sw;
         if (st->param >= 0) {
             const dp_conv_geom *g = &st->g;
             int rc =
-                K(dp_conv_image_forward)(&th->ctx, th->col.ptr, y, src, job->params + st->w_off,
-                                         NULL, g, st->conv_h, st->conv_w, (T)0);
+                K(dp_conv_image_forward)(&th->ctx, th->col.ptr, y, src, job->params + st->w_off, wp,
+                                         g, st->conv_h, st->conv_w, (T)0);
             if (rc) {
                 job->rc[t] = rc;
                 return;
@@ -384,8 +390,11 @@ static void K(resend_backward_task)(void *arg, int t, int n)
     if (lo >= hi) return;
     const dp_conv_geom *g = &st->g;
     ptrdiff_t nw = (ptrdiff_t)g->OC * g->C;
-    T *dwt = th->grad.ptr, *db = dwt + nw;
-    if (st->param >= 0) memset(dwt, 0, sizeof(T) * (size_t)(nw + g->OC));
+    T *dwt = th->grad.ptr, *db = dwt + nw, *wp = db + g->OC;
+    if (st->param >= 0) {
+        memset(dwt, 0, sizeof(T) * (size_t)(nw + g->OC));
+        K(dp_conv_pack)(wp, job->params + st->w_off, g);
+    }
     for (int i = lo; i < hi; i++) {
         T *d = job->d + (ptrdiff_t)i * w;
         T *dsrc = job->dnext ? job->dnext + (ptrdiff_t)i * sw : NULL;
@@ -403,7 +412,7 @@ static void K(resend_backward_task)(void *arg, int t, int n)
         K(dp_add_row_sums)(db, d, g->OC, st->conv_h * st->conv_w);
         int rc = K(dp_conv_image_backward)(&th->ctx, th->col.ptr, dwt, dsrc, d,
                                            job->src + (ptrdiff_t)i * sw, job->params + st->w_off,
-                                           NULL, g, st->conv_h, st->conv_w);
+                                           wp, g, st->conv_h, st->conv_w);
         if (rc) {
             job->rc[t] = rc;
             return;
