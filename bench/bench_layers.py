@@ -8,8 +8,12 @@ of 128, dptrain's engine against torch.nn on the same weights. The networks:
 - batchnorm: conv(3->32, 3x3, padding 1) -> batch norm -> ReLU -> flatten -> dense 10;
 - layernorm: dense(784->512) -> layernorm -> ReLU -> dense 10 (a transformer-style block);
 - dropout: dense(784->1024) -> ReLU -> dropout 0.5 -> dense 10;
-- base rows without the layer (conv -> ReLU -> flatten -> dense; dense -> ReLU -> dense), so
-  that the layer's own cost is the difference;
+- batchnorm alone: batch norm -> flatten -> dense 10 on 32 x 32 x 32 maps (16 MiB a batch:
+  the layer on its own, no conv before it to fuse its sums into);
+- base rows without the layer (conv -> ReLU -> flatten -> dense; dense -> ReLU -> dense;
+  flatten -> dense on the 32 x 32 x 32 maps), so that the layer's own cost is the difference,
+  which a second table gives for each layer (issue 36's batch norm target: "batch norm
+  alone", ours against torch's);
 - resnet8: ``nn.resnet(8, (3, 32, 32))`` (He et al.'s CIFAR ResNet, batch norm), issue 36's
   step target, and the same without batch norm.
 
@@ -60,8 +64,20 @@ CASES = {
     "layernorm": ([nn.Dense(512), nn.LayerNorm(), nn.ReLU(), nn.Dense(10)], (784,)),
     "dropout": ([nn.Dense(1024), nn.ReLU(), nn.Dropout(0.5), nn.Dense(10)], (784,)),
     "dense 1024 (base)": ([nn.Dense(1024), nn.ReLU(), nn.Dense(10)], (784,)),
+    "batchnorm alone": ([nn.BatchNorm2d(), nn.Flatten(), nn.Dense(10)], (32, 32, 32)),
+    "maps (base)": ([nn.Flatten(), nn.Dense(10)], (32, 32, 32)),
     "resnet8": (nn.resnet(8, (3, 32, 32)).plan["layers"], (3, 32, 32)),
     "resnet8 (no norm)": (nn.resnet(8, (3, 32, 32), norm=None).plan["layers"], (3, 32, 32)),
+}
+
+
+# each layer's own cost: (its network, the same network without it)
+LAYER_ROWS = {
+    "batch norm, after a conv": ("batchnorm", "conv (base)"),
+    "batch norm alone": ("batchnorm alone", "maps (base)"),
+    "average pool": ("avgpool2", "conv (base)"),
+    "layer norm": ("layernorm", "dense (base)"),
+    "dropout": ("dropout", "dense 1024 (base)"),
 }
 
 
@@ -140,6 +156,17 @@ def main() -> None:
         rows,
         title=f"training step (no update), batch {BATCH}, float32, 1 thread; floor: the "
         f"convs' and dense layers' flops at {peak / 1e9:.1f} GFLOP/s (measured peak)",
+    )
+    layers = []
+    for name, (net, base) in LAYER_ROWS.items():
+        a = results[net]["dptrain_ms"] - results[base]["dptrain_ms"]
+        b = results[net]["torch_ms"] - results[base]["torch_ms"]
+        results[name] = {"dptrain_ms": a, "torch_ms": b, "ratio": a / b if b > 0 else None}
+        layers.append((name, f"{a:.3f}", f"{b:.3f}", f"{a / b:.2f}" if b > 0 else "-"))
+    _util.print_table(
+        ["layer", "dptrain ms", "torch ms", "ours / torch"],
+        layers,
+        title="the layer's own cost: its network's median step minus its base network's",
     )
     if args.json:
         _util.write_helper_json(args.json, {"environment": env, "results": results})

@@ -42,8 +42,10 @@ static int K(model_buffers)(dp_model *m, int rows, K(model_bufs) * bf, int with_
         if (p->stage[s].op == DP_STAGE_BN) {
             size_t C = (size_t)p->stage[s].g.C;
             bnstats += 3 * C + 1;
-            /* the rows' sums, then the totals and the count */
-            if (((size_t)rows + 1) * 2 * C + 1 > bnrows) bnrows = ((size_t)rows + 1) * 2 * C + 1;
+            /* the rows' sums, then the totals and the count, then the conv's bias sums
+             * (bn_rsum_at: rows C of T, in as many doubles) */
+            size_t need = ((size_t)rows + 1) * 2 * C + 1 + (size_t)rows * C;
+            if (need > bnrows) bnrows = need;
         }
     }
     /* sizes that would overflow a size_t: no allocation could hold them */
@@ -166,6 +168,33 @@ DP_INLINE void K(row_range)(int rows, int t, int n, int *lo, int *hi)
     *hi = (int)((long long)rows * (t + 1) / n);
 }
 
+/* Whether BN stage s of a training pass finds its rows' sums made: by the conv stage before
+ * it (conv_forward_task, image by image as each output is made: the same kernel on the same
+ * values, so the same bits, without reading the batch's maps from memory again). */
+DP_INLINE int K(bn_sums_made)(const dp_plan *p, int s)
+{
+    return s > 0 && s < p->n_stages && p->stage[s].op == DP_STAGE_BN &&
+           p->stage[s - 1].op == DP_STAGE_CONV && !p->stage[s - 1].pool;
+}
+
+/* Whether BN stage s has a ReLU stage after it that it does itself: forward, the ReLU on its
+ * output (written to the ReLU's buffer; its own is not written), backward, the ReLU's mask on
+ * d in its row sums pass. */
+DP_INLINE int K(bn_relu_fused)(const dp_plan *p, int s)
+{
+    return s + 1 < p->n_stages && p->stage[s].op == DP_STAGE_BN &&
+           p->stage[s + 1].op == DP_STAGE_ACT && p->stage[s + 1].act == DP_ACT_RELU;
+}
+
+/* Whether the input gradient of BN stage s comes with its rows' channel sums for the conv
+ * stage before it (its bias gradient; bn_backward_dx's rsum, in bnrows) */
+DP_INLINE int K(bn_rsum_made)(const dp_plan *p, int s)
+{ return K(bn_sums_made)(p, s) && p->stage[s - 1].act == DP_ACT_NONE; }
+
+/* where those sums are: bnrows past the rows' sums, the totals and the count */
+DP_INLINE T *K(bn_rsum_at)(double *bnrows, int rows, int C)
+{ return (T *)(void *)(bnrows + ((ptrdiff_t)rows + 1) * 2 * C + 1); }
+
 /* ---- a stage's work over a batch, split over the threads ---------------------------------- */
 
 typedef struct {
@@ -242,7 +271,7 @@ static void K(conv_backward_task)(void *arg, int t, int n)
         T *d = job->d + (ptrdiff_t)i * wout;
         K(act_backward)(st->act, d, d, job->out + (ptrdiff_t)i * wout, NULL, wout);
         if (job->stats) { /* the batch norm after made d's row sums (bn_rsum_made) */
-            const T *rsum = (const T *)(const void *)job->stats + (ptrdiff_t)i * g->OC;
+            const T *rsum = K(bn_rsum_at)(job->stats, job->rows, g->OC) + (ptrdiff_t)i * g->OC;
             for (int o = 0; o < g->OC; o++) db[o] += rsum[o];
         } else {
             K(dp_add_row_sums)(db, d, g->OC, npos);
@@ -550,29 +579,6 @@ static void K(stage_part)(K(sweep) * sw, K(stage_job) * job, dp_task_fn fn, int 
     for (int i = 0; i < parts; i++) K(fail)(sw, job->rc[i]);
 }
 
-/* Whether BN stage s of a training pass finds its rows' sums made: by the conv stage before
- * it (conv_forward_task, image by image as each output is made: the same kernel on the same
- * values, so the same bits, without reading the batch's maps from memory again). */
-DP_INLINE int K(bn_sums_made)(const dp_plan *p, int s)
-{
-    return s > 0 && s < p->n_stages && p->stage[s].op == DP_STAGE_BN &&
-           p->stage[s - 1].op == DP_STAGE_CONV && !p->stage[s - 1].pool;
-}
-
-/* Whether BN stage s has a ReLU stage after it that it does itself: forward, the ReLU on its
- * output (written to the ReLU's buffer; its own is not written), backward, the ReLU's mask on
- * d in its row sums pass. */
-DP_INLINE int K(bn_relu_fused)(const dp_plan *p, int s)
-{
-    return s + 1 < p->n_stages && p->stage[s].op == DP_STAGE_BN &&
-           p->stage[s + 1].op == DP_STAGE_ACT && p->stage[s + 1].act == DP_ACT_RELU;
-}
-
-/* Whether the input gradient of BN stage s comes with its rows' channel sums for the conv
- * stage before it (its bias gradient; bn_backward_dx's rsum, in bnrows) */
-DP_INLINE int K(bn_rsum_made)(const dp_plan *p, int s)
-{ return K(bn_sums_made)(p, s) && p->stage[s - 1].act == DP_ACT_NONE; }
-
 /* tot (2 C) = the rows' sums rs (rows, 2 C) added in row order: the same bits on any
  * number of threads (part 0 adds what every part wrote). */
 static void K(bn_totals)(double *tot, const double *rs, int rows, int C)
@@ -582,10 +588,54 @@ static void K(bn_totals)(double *tot, const double *rs, int rows, int C)
         for (int j = 0; j < 2 * C; j++) tot[j] += rs[(ptrdiff_t)r * 2 * C + j];
 }
 
+/* (mean, rstd) of channels [c0, c1) into mr from the totals tot (2 C, then the count), and
+ * their variances; mr[2 C] the count */
+static void K(bn_stats)(double *mr, const double *tot, int C, int c0, int c1)
+{
+    double N = tot[2 * C];
+    for (int c = c0; c < c1; c++) {
+        double mean = tot[2 * c] / N, var = tot[2 * c + 1] / N - mean * mean;
+        if (var < 0) var = 0;
+        mr[2 * c] = mean;
+        mr[2 * c + 1] = 1.0 / sqrt(var + DP_BATCHNORM_EPS);
+        mr[2 * C + 1 + c] = var;
+    }
+    mr[2 * C] = N;
+}
+
+/* A single worker's batch norm (no exchange: the statistics wait on no one else) goes
+ * through the batch channel block by channel block, each block's maps (BN_BLOCK values of
+ * each of the streams it reads) read from memory once and again from L2: the sums, then the
+ * normalization (forward) or the input gradient (backward). Each part takes its share of the
+ * channels; every value and sum is the one the row-split passes make (the same kernels on
+ * the same rows, the totals in row order), so the same bits. */
+#define BN_BLOCK (256 * 1024)
+
+DP_INLINE int K(bn_blocked)(const dp_model *m, int rows, int HW)
+{ return !m->exchange && (ptrdiff_t)rows * HW <= BN_BLOCK; }
+
+/* this part's channels [*c0, *c1) and its block of nb channels (streams: the maps it reads) */
+DP_INLINE void K(bn_block_of)(int C, int rows, int HW, int streams, int t, int n, int *c0, int *c1,
+                              int *nb)
+{
+    K(row_range)(C, t, n, c0, c1);
+    ptrdiff_t per = (ptrdiff_t)rows * HW * streams;
+    *nb = per >= BN_BLOCK ? 1 : (int)(BN_BLOCK / per);
+}
+
+/* totals of channels [c0, c1) in row order, as bn_totals */
+static void K(bn_totals_of)(double *tot, const double *rs, int rows, int C, int c0, int c1)
+{
+    for (int j = 2 * c0; j < 2 * c1; j++) tot[j] = 0;
+    for (int r = 0; r < rows; r++)
+        for (int j = 2 * c0; j < 2 * c1; j++) tot[j] += rs[(ptrdiff_t)r * 2 * C + j];
+}
+
 /* A BN stage forward: training, each part's rows' sums, part 0's totals in row order (and the
  * exchange's across workers) into (mean, rstd) per channel, the count and the variances in
  * stats; evaluation, (mean, rstd) from the running statistics; then each part normalizes its
- * rows. 1 where a part failed. */
+ * rows (or, one worker with the sums still to make, bn_blocked: channel blocks). 1 where a
+ * part failed. */
 static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T *y, int relu,
                          int t, int n)
 {
@@ -594,6 +644,26 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
     K(row_range)(rows, t, n, &lo, &hi);
     double *mr = sw->bf.stats[s], *rs = sw->bf.bnrows, *tot = rs + (ptrdiff_t)rows * 2 * C;
     ptrdiff_t w = (ptrdiff_t)C * HW;
+    const T *gamma = sw->params + st->w_off, *beta = sw->params + st->b_off;
+    if (sw->with_grad && !K(bn_sums_made)(&m->plan, s) && K(bn_blocked)(m, rows, HW)) {
+        if (t == 0 && (double)rows * HW == 1.0) K(fail)(sw, DP_EBNSINGLE); /* see below */
+        if (K(phase_end)(sw, n)) return 1;
+        int c0, c1, nb;
+        K(bn_block_of)(C, rows, HW, 1, t, n, &c0, &c1, &nb);
+        tot[2 * C] = (double)rows * HW; /* every part writes the same count */
+        for (int b0 = c0; b0 < c1; b0 += nb) {
+            int b1 = b0 + nb < c1 ? b0 + nb : c1;
+            for (int r = 0; r < rows; r++)
+                K(dp_bn_row_sums)(rs + (ptrdiff_t)r * 2 * C + 2 * b0, x + r * w + b0 * HW, 1,
+                                  b1 - b0, HW);
+            K(bn_totals_of)(tot, rs, rows, C, b0, b1);
+            K(bn_stats)(mr, tot, C, b0, b1);
+            for (int r = 0; r < rows; r++)
+                K(dp_bn_normalize)(y + r * w + b0 * HW, x + r * w + b0 * HW, mr + 2 * b0,
+                                   gamma + b0, beta + b0, 1, b1 - b0, HW, relu);
+        }
+        return 0;
+    }
     if (sw->with_grad) {
         if (lo < hi && !K(bn_sums_made)(&m->plan, s))
             K(dp_bn_row_sums)(rs + (ptrdiff_t)lo * 2 * C, x + lo * w, hi - lo, C, HW);
@@ -609,15 +679,7 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
                  * refused, as PyTorch refuses it */
                 K(fail)(sw, DP_EBNSINGLE);
             } else {
-                double N = tot[2 * C];
-                for (int c = 0; c < C; c++) {
-                    double mean = tot[2 * c] / N, var = tot[2 * c + 1] / N - mean * mean;
-                    if (var < 0) var = 0;
-                    mr[2 * c] = mean;
-                    mr[2 * c + 1] = 1.0 / sqrt(var + DP_BATCHNORM_EPS);
-                    mr[2 * C + 1 + c] = var;
-                }
-                mr[2 * C] = N;
+                K(bn_stats)(mr, tot, C, 0, C);
             }
         }
     } else if (t == 0) {
@@ -628,9 +690,7 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
         }
     }
     if (K(phase_end)(sw, n)) return 1;
-    if (lo < hi)
-        K(dp_bn_normalize)(y + lo * w, x + lo * w, mr, sw->params + st->w_off,
-                           sw->params + st->b_off, hi - lo, C, HW, relu);
+    if (lo < hi) K(dp_bn_normalize)(y + lo * w, x + lo * w, mr, gamma, beta, hi - lo, C, HW, relu);
     return 0;
 }
 
@@ -803,33 +863,58 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
         return 0;
     } else if (st->op == DP_STAGE_BN) {
         /* each part's rows' (sum dy, sum dy xhat); part 0 adds them in row order into dgamma,
-         * dbeta (this worker's) and, exchanged, the batch's totals for dx */
+         * dbeta (this worker's) and, exchanged, the batch's totals for dx (one worker:
+         * channel blocks, each part its channels, see bn_blocked) */
         int C = st->g.C, HW = st->g.H * st->g.W;
         ptrdiff_t w = (ptrdiff_t)C * HW;
         double *mr = bf->stats[s0], *rs = bf->bnrows, *tot = rs + (ptrdiff_t)B * 2 * C;
-        if (lo < hi)
-            K(dp_bn_grad_row_sums)(rs + (ptrdiff_t)lo * 2 * C, d + lo * w, h + lo * w, mr, hi - lo,
-                                   C, HW, fused ? bf->out[s0 + 1] + lo * w : NULL);
-        if (K(phase_end)(sw, n)) return 1;
-        if (t == 0) {
-            K(bn_totals)(tot, rs, B, C);
-            T *dg = grads + st->w_off, *db = grads + st->b_off;
-            for (int c = 0; c < C; c++) {
-                dg[c] += (T)tot[2 * c + 1];
-                db[c] += (T)tot[2 * c];
+        T *rsum = K(bn_rsum_made)(p, s0) ? K(bn_rsum_at)(bf->bnrows, B, C) : NULL;
+        const T *gamma = sw->params + st->w_off, *relu_y = fused ? bf->out[s0 + 1] : NULL;
+        T *dg = grads + st->w_off, *db = grads + st->b_off;
+        if (K(bn_blocked)(m, B, HW)) {
+            int c0, c1, nb;
+            K(bn_block_of)(C, B, HW, 2 + fused, t, n, &c0, &c1, &nb);
+            for (int b0 = c0; b0 < c1; b0 += nb) {
+                int b1 = b0 + nb < c1 ? b0 + nb : c1;
+                ptrdiff_t o = (ptrdiff_t)b0 * HW;
+                for (int r = 0; r < B; r++)
+                    K(dp_bn_grad_row_sums)(rs + (ptrdiff_t)r * 2 * C + 2 * b0, d + r * w + o,
+                                           h + r * w + o, mr + 2 * b0, 1, b1 - b0, HW,
+                                           relu_y ? relu_y + r * w + o : NULL);
+                K(bn_totals_of)(tot, rs, B, C, b0, b1);
+                for (int c = b0; c < b1; c++) {
+                    dg[c] += (T)tot[2 * c + 1];
+                    db[c] += (T)tot[2 * c];
+                }
+                if (dnext)
+                    for (int r = 0; r < B; r++)
+                        K(dp_bn_backward_dx)(dnext + r * w + o, d + r * w + o, h + r * w + o,
+                                             mr + 2 * b0, tot + 2 * b0, gamma + b0, mr[2 * C], 1,
+                                             b1 - b0, HW,
+                                             rsum ? rsum + (ptrdiff_t)r * C + b0 : NULL);
             }
-            if (dnext && m->exchange && m->exchange(m->exchange_ctx, tot, 2 * C))
-                K(fail)(sw, DP_EEXCHANGE);
+            if (K(phase_end)(sw, n)) return 1;
+        } else {
+            if (lo < hi)
+                K(dp_bn_grad_row_sums)(rs + (ptrdiff_t)lo * 2 * C, d + lo * w, h + lo * w, mr,
+                                       hi - lo, C, HW, relu_y ? relu_y + lo * w : NULL);
+            if (K(phase_end)(sw, n)) return 1;
+            if (t == 0) {
+                K(bn_totals)(tot, rs, B, C);
+                for (int c = 0; c < C; c++) {
+                    dg[c] += (T)tot[2 * c + 1];
+                    db[c] += (T)tot[2 * c];
+                }
+                if (dnext && m->exchange && m->exchange(m->exchange_ctx, tot, 2 * C))
+                    K(fail)(sw, DP_EEXCHANGE);
+            }
+            if (K(phase_end)(sw, n)) return 1;
+            if (dnext && lo < hi)
+                K(dp_bn_backward_dx)(dnext + lo * w, d + lo * w, h + lo * w, mr, tot, gamma,
+                                     mr[2 * C], hi - lo, C, HW,
+                                     rsum ? rsum + (ptrdiff_t)lo * C : NULL);
+            if (K(phase_end)(sw, n)) return 1;
         }
-        if (K(phase_end)(sw, n)) return 1;
-        /* rs's row sums are added up: its space takes the conv's bias sums (T in doubles'
-         * room), which its backward_part reads next */
-        T *rsum = K(bn_rsum_made)(p, s0) ? (T *)(void *)rs : NULL;
-        if (dnext && lo < hi)
-            K(dp_bn_backward_dx)(dnext + lo * w, d + lo * w, h + lo * w, mr, tot,
-                                 sw->params + st->w_off, mr[2 * C], hi - lo, C, HW,
-                                 rsum ? rsum + (ptrdiff_t)lo * C : NULL);
-        if (K(phase_end)(sw, n)) return 1;
     } else if (st->op == DP_STAGE_NORM) {
         /* dgamma, dbeta: each part its columns over every row in row order; dx its rows */
         int F = st->out_width, c0, c1;

@@ -337,6 +337,30 @@ def test_batch_norm_over_the_global_batch_on_n_workers(backend, options):
     assert not np.allclose(one.model.state[:6], 0)  # the running means moved
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batch_norm_without_an_exchange_gives_the_exchanges_bits(dtype, threads):
+    """One worker's batch norm (no exchange) goes through the batch channel block by channel
+    block, each part its channels; with an exchange (here one that leaves the sums as they
+    are) it splits the rows and adds them across the parts: the same sums in the same order,
+    so the same loss, gradient and running statistics, bit for bit, in a first layer (no
+    input gradient), after a conv (its sums and bias sums fused) and after a dense layer."""
+    layers = [nn.BatchNorm2d()] + BN_LAYERS
+    runs = []
+    for exchange in (None, lambda buf: None):
+        m = nn.Sequential(layers, input_shape=(1, 8, 8), dtype=dtype, seed=4, threads=threads)
+        m._net.set_exchange(exchange)
+        grads = np.zeros_like(m.grads)
+        loss = m.loss_grad(X[:37], Y[:37], grads=grads)
+        runs.append((loss, grads, m.state.copy(), m.logits(X[:5])))
+    (l1, g1, s1, y1), (l2, g2, s2, y2) = runs
+    assert l1 == l2
+    assert np.array_equal(g1, g2)
+    assert np.array_equal(s1, s2)
+    assert np.array_equal(y1, y2)
+    assert not np.allclose(s1[:1], 0)  # the first norm's running mean moved
+
+
 # batch norm with dropout after it: both keyed on the sample, not the worker
 BN_DROPOUT_LAYERS = BN_LAYERS[:7] + [nn.Dropout(0.3)] + BN_LAYERS[7:]
 
