@@ -17,6 +17,16 @@
  * The handler only reads the table and calls write(2) and _exit(2), which are
  * async-signal-safe. Registration happens before the workers read (the table grows in place;
  * unwatch_mapping clears an entry's range before its text).
+ *
+ * 3. Ctrl-C at the end of an MPI job (_exit_on_interrupt). Once the ranks are past their last
+ *    collective of training, a rank's SIGINT may find it blocked in C (the results' gather,
+ *    MPI_Finalize) waiting for a rank that has already handled its own SIGINT in Python and
+ *    left: MPICH's launcher then kills the blocked one (SIGKILL) and the job ends with 9, not
+ *    130. From there on a C handler ends each rank at once, wherever it is: the first rank of
+ *    the node to get there (an abstract Unix socket's name, bound: the same election as
+ *    comm.mpi.first_on_node's) writes the line, each tells its node's watcher "said" (a
+ *    descriptor, or -1), then, with the node's other ranks, _exit(130). socket(2), bind(2),
+ *    write(2), clock_gettime(2), clock_nanosleep(2) and _exit(2) are async-signal-safe.
  */
 #include "mod_common.h"
 
@@ -27,6 +37,11 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <stddef.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#endif
 
 /* ------------------------------------------------------------------ a deadline */
 
@@ -213,7 +228,88 @@ static PyObject *py_unwatch_mapping(PyObject *module, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ Ctrl-C, an MPI job's end */
+
+#ifdef __linux__
+static struct {
+    char line[512];
+    size_t len;
+    struct sockaddr_un addr;
+    socklen_t addrlen;
+    int said_fd;
+} interrupt_end;
+
+static void on_interrupt(int sig)
+{
+    (void)sig;
+    int s = socket(AF_UNIX, SOCK_DGRAM, 0);
+    /* the socket stays bound until the process ends: the election's other ranks lose */
+    if (s >= 0 &&
+        bind(s, (const struct sockaddr *)&interrupt_end.addr, interrupt_end.addrlen) == 0) {
+        ssize_t done = write(2, interrupt_end.line, interrupt_end.len);
+        (void)done;
+    }
+    if (interrupt_end.said_fd >= 0) {
+        ssize_t done = write(interrupt_end.said_fd, "said\n", 5);
+        (void)done;
+    }
+    /* The node's ranks leave at one instant: the first 100 ms mark of the shared monotonic
+     * clock at least 50 ms away (their SIGINTs, forwarded one by one, arrive well within
+     * that). A rank that left first had MPICH's proxy kill (SIGKILL) the ones still on their
+     * way out: 1 run in 60 here ended 9. */
+    struct timespec at;
+    clock_gettime(CLOCK_MONOTONIC, &at);
+    long long ns = (long long)at.tv_sec * 1000000000LL + at.tv_nsec, step = 100000000LL;
+    ns = (ns + step / 2) / step * step + step;
+    at.tv_sec = (time_t)(ns / 1000000000LL);
+    at.tv_nsec = (long)(ns % 1000000000LL);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR) {}
+    _exit(130);
+}
+#endif
+
+static PyObject *py_exit_on_interrupt(PyObject *module, PyObject *args)
+{
+    (void)module;
+    const char *line, *name;
+    Py_ssize_t len, nlen;
+    int said_fd;
+    if (!PyArg_ParseTuple(args, "y#y#i:_exit_on_interrupt", &line, &len, &name, &nlen, &said_fd))
+        return NULL;
+#ifdef __linux__
+    if ((size_t)len >= sizeof interrupt_end.line || nlen < 1 ||
+        (size_t)nlen > sizeof interrupt_end.addr.sun_path)
+        return PyErr_Format(PyExc_ValueError,
+                            "_exit_on_interrupt needs a line of at most 511 bytes and a socket "
+                            "name of 1 to %d bytes",
+                            (int)sizeof interrupt_end.addr.sun_path),
+               NULL;
+    memcpy(interrupt_end.line, line, (size_t)len);
+    interrupt_end.len = (size_t)len;
+    memset(&interrupt_end.addr, 0, sizeof interrupt_end.addr);
+    interrupt_end.addr.sun_family = AF_UNIX;
+    memcpy(interrupt_end.addr.sun_path, name, (size_t)nlen);
+    interrupt_end.addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)nlen);
+    interrupt_end.said_fd = said_fd;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGINT, &sa, NULL) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_TRUE;
+#else
+    (void)line, (void)name, (void)len, (void)nlen, (void)said_fd;
+    Py_RETURN_FALSE;
+#endif
+}
+
 PyMethodDef mod_guard_functions[] = {
+    {"_exit_on_interrupt", py_exit_on_interrupt, METH_VARARGS,
+     "_exit_on_interrupt(line, name, said_fd) -> bool: from now on SIGINT ends the process at "
+     "once with 130, in C wherever it is: the first process to bind the abstract Unix socket "
+     "name writes line to stderr, each writes 'said' to said_fd (-1: none). False where there "
+     "is no such handler (not Linux). Private: it ends the process that calls it, so it is "
+     "tested by tests/test_faults.py, not by the fuzzer"},
     {"_exit_later", py_exit_later, METH_VARARGS,
      "_exit_later(seconds, text, code=1): unless _exit_later_cancel() is called within "
      "seconds, a C thread writes text to stderr and ends the process with code (it runs while "

@@ -313,11 +313,11 @@ def _interrupted() -> int:
     the first rank of the node to handle it says it, and each leaves at once with 130
     (MPI's finalization would wait for ranks that are leaving too, and a second SIGINT
     there would kill it by the signal)."""
-    from .comm.mpi import first_on_node, mpi_world_size, tell_watcher
+    from .comm.mpi import INTERRUPTED_LINE, first_on_node, mpi_world_size, tell_watcher
 
     if (mpi_world_size() or 1) > 1:
         if first_on_node("interrupted"):  # the same election as comm.mpi.abort_job's
-            print("dptrain: interrupted: every rank was stopped", file=sys.stderr, flush=True)
+            print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
         tell_watcher("said")
         sys.stdout.flush()
         os._exit(130)

@@ -17,7 +17,16 @@ import warnings
 from . import ulfm
 from .base import LocalComm, WorkerError
 from .hier import mpi_comm
-from .mpi import MPIComm, abort_job, bounded, resolve_backend, timed_arrival, watch_node, world
+from .mpi import (
+    MPIComm,
+    abort_job,
+    bounded,
+    interrupt_ends_rank,
+    resolve_backend,
+    timed_arrival,
+    watch_node,
+    world,
+)
 from .placement import MPINode, cpu_count, plan, usable_cpus
 from .shm import WaitPolicy, run_processes, run_threads
 
@@ -206,6 +215,7 @@ def _launch_mpi(
         return _launch_ulfm(
             fn, args, comm_world, threads, pin, extras, watch, report, gather, timeout
         )
+    interrupt_ends_rank()  # Ctrl-C from here on: every rank leaves at once, with 130
     # every rank's start-up (its data loaded) is done, or named within the timeout
     timed_arrival(comm_world, "start-up", timeout)
     with bounded("the communicator's set-up", timeout, rank):

@@ -322,6 +322,27 @@ def tell_watcher(word: str) -> None:
             pass
 
 
+INTERRUPTED_LINE = "dptrain: interrupted: every rank was stopped"
+
+
+def interrupt_ends_rank() -> None:
+    """Ctrl-C ends this MPI rank at once with 130, in C, wherever it is
+    (_core._exit_on_interrupt), the first rank of the node saying INTERRUPTED_LINE (cli's
+    Ctrl-C line). Ctrl-C reaches every rank (the terminal's process group, or the launcher
+    forwarding it), and a rank blocked in C (a collective, the results' gather,
+    MPI_Finalize) runs no Python handler: once one rank had left on its KeyboardInterrupt,
+    MPICH's launcher killed the blocked ones (SIGKILL) and the job ended with 9, not 130.
+    Linux only (the election is an abstract socket); nothing elsewhere or with one rank (an
+    elastic job keeps Python's handler: its ranks go on past a lost one)."""
+    from .. import _core
+
+    if not sys.platform.startswith("linux") or (mpi_world_size() or 1) < 2:
+        return
+    fd = _WATCHED[0].fileno() if _WATCHED else -1
+    name = node_socket_name("interrupted").encode()
+    _core._exit_on_interrupt((INTERRUPTED_LINE + "\n").encode(), name, fd)
+
+
 def abort_job(comm_world, rank: int, exc: BaseException) -> None:
     """A rank's failure under MPI: print which rank failed and why (stderr), give the
     launcher a moment to forward it, then MPI_Abort the whole job (exit status 130 for an
