@@ -170,3 +170,45 @@ globals().update(
         cases=conv_gil_cases,
     )
 )
+
+
+def _plane_cases(n=48):
+    """Random geometries the plane path takes (float32 with padding or a stride): strides 1-4,
+    padding past the kernel's reach, maps narrower than a vector, channel counts off 8."""
+    rng = np.random.default_rng(36)
+    cases = []
+    while len(cases) < n:
+        c, oc = int(rng.integers(1, 20)), int(rng.integers(1, 70))
+        h, w = int(rng.integers(1, 36)), int(rng.integers(1, 36))
+        k, pad, stride = int(rng.integers(1, 6)), int(rng.integers(0, 4)), int(rng.integers(1, 5))
+        if h + 2 * pad >= k and w + 2 * pad >= k and (pad or stride > 1):
+            cases.append((c, h, w, oc, k, pad, stride))
+    return cases
+
+
+@pytest.mark.parametrize(
+    "case", _plane_cases(), ids=lambda c: "c{}-{}x{}-oc{}-k{}-p{}-s{}".format(*c)
+)
+def test_the_plane_path_matches_float64s_im2col_path(case):
+    """A network's conv on the plane path (float32: forward, weight gradient and, the conv not
+    being first, input gradient, stride by stride phase) against the same network in float64
+    (im2col + GEMM): the loss and every gradient agree to float32's rounding."""
+    from dptrain import nn
+
+    c, h, w, oc, k, pad, stride = case
+    layers = [nn.Conv2d(c, 1), nn.Conv2d(oc, k, padding=pad, stride=stride), nn.Flatten()]
+    layers.append(nn.Dense(3))
+    m64 = nn.Sequential(layers, input_shape=(2, h, w), dtype="float64", seed=5)
+    m32 = nn.Sequential(layers, input_shape=(2, h, w), dtype="float32", seed=5)
+    m32.params[:] = m64.params
+    m64.params[:] = m32.params  # the float32 values, exactly
+    rng = rng_for("plane", case)
+    x = rng.standard_normal((5, 2 * h * w))
+    y = rng.integers(0, 3, 5)
+    g64, g32 = np.zeros_like(m64.grads), np.zeros_like(m32.grads)
+    l64 = m64.loss_grad(x, y, grads=g64)[0]
+    l32 = m32.loss_grad(x.astype(np.float32), y, grads=g32)[0]
+    assert abs(l32 - l64) <= 1e-4 * max(1.0, abs(l64)), (l32, l64)
+    scale = np.abs(g64).max()
+    worst = np.abs(g32 - g64).max()
+    assert worst <= 1e-4 * scale + 1e-6, f"gradient off by {worst:.3g} (largest {scale:.3g})"
