@@ -25,6 +25,10 @@ int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW)
     if (k > INT_MAX || p > INT_MAX || (long long)g->OC * p > INT_MAX ||
         (long long)g->C * g->H * g->W > INT_MAX)
         return DP_EVALUE;
+    /* the plane path's counts: the input gradient's taps (OC KH KW) and the channel counts
+     * rounded up to 8 */
+    if ((long long)g->OC * g->KH * g->KW > INT_MAX || g->C > INT_MAX - 7 || g->OC > INT_MAX - 7)
+        return DP_EVALUE;
     *OH = (int)oh;
     *OW = (int)ow;
     return DP_OK;

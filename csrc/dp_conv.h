@@ -21,14 +21,17 @@
  * top-left block of the output (what a 2x2 pooling reads when the output size is odd).
  *
  * The plane path (float, AVX2 and AVX-512 builds; the caller passes the weights packed once,
- * dp_conv_pack, as `wp`): every layer with padding or a stride, whole outputs. The image is
+ * dp_conv_pack, as `wp`): whole outputs of every layer but a plain 1x1 and the direct
+ * forward's short unpadded patches (every layer with padding or a stride, and unpadded
+ * stride-1 layers with C KH KW > 64). The image is
  * copied once into zero-padded planes (for a stride S, its S x S phases: dp_conv_to_planes),
  * where each patch entry k of output (i, j) sits at a fixed offset ent[k] from i Wq + j, so
  * the forward is a sum of shifted vector loads times broadcast weights (dp_conv_plane, no
  * im2col: a 3x3 patch copied the image 9 times); the weight gradient is the patch GEMM
  * (dp_gemm_patch) reading the planes in place; at stride 1 the input gradient is dp_conv_plane
- * again on dy's planes with the kernel flipped (padding KH - 1 - PAD), instead of a GEMM of
- * depth OC and col2im. A stride above 1 keeps GEMM + col2im for its input gradient.
+ * again on dy's planes with the kernel flipped, instead of a GEMM of depth OC and col2im; at a
+ * stride S (up to 4: DP_CONV_MAX_STRIDE_PHASES) it is that phase by phase, each of dx's S x S
+ * phases a stride-1 convolution of dy with its kernel taps, written into dx with stride S.
  *
  * Gradients: dw and db ACCUMULATE (+=) as in dp_dense.h; dx is WRITTEN (=), every element
  * of it.
@@ -54,15 +57,17 @@ typedef struct {
 DP_INLINE int dp_conv_stride(const dp_conv_geom *g) { return g->stride > 1 ? g->stride : 1; }
 
 /* Checks the geometry and sets the output size: DP_EVALUE when a size is < 1, pad < 0, the
- * kernel is larger than the padded input, or C KH KW or OC OH OW overflows an int. */
+ * kernel is larger than the padded input, or C KH KW, OC KH KW or OC OH OW overflows an int
+ * (or C or OC rounded up to 8 would). */
 int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW);
 /* Elements of the im2col buffer for one image: K * P and a slack of DP_CONV_COL_SLACK (col2im's
  * masked vector lanes may read up to W + KW + PAD past the end of its dcol). */
+#define DP_CONV_COL_SLACK(g) ((size_t)(g)->W + (size_t)(g)->KW + (size_t)(g)->pad + 16)
+size_t dp_conv_col_elems(const dp_conv_geom *g);
+
 /* The plane path's input gradient takes strides whose S x S phases fit this (stride 4 and
  * less; a larger stride keeps GEMM + col2im). */
 #define DP_CONV_MAX_STRIDE_PHASES 16
-#define DP_CONV_COL_SLACK(g) ((size_t)(g)->W + (size_t)(g)->KW + (size_t)(g)->pad + 16)
-size_t dp_conv_col_elems(const dp_conv_geom *g);
 
 /* The vector kernels (dp_vec.h: a build per ISA and the public function that picks one):
  * - conv_direct_forward: y (OC, oh ow) = w col(x) + beta y for one image without im2col,

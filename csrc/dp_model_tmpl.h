@@ -589,7 +589,7 @@ static void K(bn_totals)(double *tot, const double *rs, int rows, int C)
 }
 
 /* (mean, rstd) of channels [c0, c1) into mr from the totals tot (2 C, then the count), and
- * their variances; mr[2 C] the count */
+ * their variances (the count, mr[2 C], is the caller's to set: one part writes it) */
 static void K(bn_stats)(double *mr, const double *tot, int C, int c0, int c1)
 {
     double N = tot[2 * C];
@@ -600,7 +600,6 @@ static void K(bn_stats)(double *mr, const double *tot, int C, int c0, int c1)
         mr[2 * c + 1] = 1.0 / sqrt(var + DP_BATCHNORM_EPS);
         mr[2 * C + 1 + c] = var;
     }
-    mr[2 * C] = N;
 }
 
 /* A single worker's batch norm (no exchange: the statistics wait on no one else) goes
@@ -646,11 +645,13 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
     ptrdiff_t w = (ptrdiff_t)C * HW;
     const T *gamma = sw->params + st->w_off, *beta = sw->params + st->b_off;
     if (sw->with_grad && !K(bn_sums_made)(&m->plan, s) && K(bn_blocked)(m, rows, HW)) {
-        if (t == 0 && (double)rows * HW == 1.0) K(fail)(sw, DP_EBNSINGLE); /* see below */
+        if (t == 0) { /* the count, by part 0 before the others read it */
+            if ((double)rows * HW == 1.0) K(fail)(sw, DP_EBNSINGLE); /* see below */
+            tot[2 * C] = mr[2 * C] = (double)rows * HW;
+        }
         if (K(phase_end)(sw, n)) return 1;
         int c0, c1, nb;
         K(bn_block_of)(C, rows, HW, 1, t, n, &c0, &c1, &nb);
-        tot[2 * C] = (double)rows * HW; /* every part writes the same count */
         for (int b0 = c0; b0 < c1; b0 += nb) {
             int b1 = b0 + nb < c1 ? b0 + nb : c1;
             for (int r = 0; r < rows; r++)
@@ -680,6 +681,7 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
                 K(fail)(sw, DP_EBNSINGLE);
             } else {
                 K(bn_stats)(mr, tot, C, 0, C);
+                mr[2 * C] = tot[2 * C];
             }
         }
     } else if (t == 0) {
