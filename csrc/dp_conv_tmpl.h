@@ -752,15 +752,9 @@ void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int PA
                      * next row, written after, or the tail) */
                     for (int s = 0; s < Wq; s += RVL) K(rstore)(at + s, zero);
                     if (!inside) continue;
-                    if (S == 1) { /* columns [pw, pw + W) of the row hold x's row */
-                        int lo = pw, m = Wq - lo < W ? Wq - lo : W;
-                        if (m >= RVL) {
-                            for (int s = 0; s + RVL < m; s += RVL)
-                                K(rstore)(at + lo + s, K(rload)(xr + s));
-                            K(rstore)(at + lo + m - RVL, K(rload)(xr + m - RVL));
-                        } else {
-                            for (int s = 0; s < m; s++) at[lo + s] = xr[s];
-                        }
+                    if (S == 1) { /* a row narrower than a vector (wider: above) */
+                        int m = Wq - pw < W ? Wq - pw : W;
+                        for (int s = 0; s < m; s++) at[pw + s] = xr[s];
                         continue;
                     }
                     /* columns s with 0 <= S s + b - pw < W: [s0, s1) */

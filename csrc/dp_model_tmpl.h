@@ -579,15 +579,6 @@ static void K(stage_part)(K(sweep) * sw, K(stage_job) * job, dp_task_fn fn, int 
     for (int i = 0; i < parts; i++) K(fail)(sw, job->rc[i]);
 }
 
-/* tot (2 C) = the rows' sums rs (rows, 2 C) added in row order: the same bits on any
- * number of threads (part 0 adds what every part wrote). */
-static void K(bn_totals)(double *tot, const double *rs, int rows, int C)
-{
-    for (int j = 0; j < 2 * C; j++) tot[j] = 0;
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < 2 * C; j++) tot[j] += rs[(ptrdiff_t)r * 2 * C + j];
-}
-
 /* (mean, rstd) of channels [c0, c1) into mr from the totals tot (2 C, then the count), and
  * their variances (the count, mr[2 C], is the caller's to set: one part writes it) */
 static void K(bn_stats)(double *mr, const double *tot, int C, int c0, int c1)
@@ -622,8 +613,10 @@ DP_INLINE void K(bn_block_of)(int C, int rows, int HW, int streams, int t, int n
     *nb = per >= BN_BLOCK ? 1 : (int)(BN_BLOCK / per);
 }
 
-/* totals of channels [c0, c1) in row order, as bn_totals */
-static void K(bn_totals_of)(double *tot, const double *rs, int rows, int C, int c0, int c1)
+/* tot[2 c0 .. 2 c1) = the rows' sums rs (rows, 2 C) of channels [c0, c1) added in row order:
+ * the same bits on any number of threads (all channels: part 0 adds what every part wrote;
+ * a channel block: its part) */
+static void K(bn_totals)(double *tot, const double *rs, int rows, int C, int c0, int c1)
 {
     for (int j = 2 * c0; j < 2 * c1; j++) tot[j] = 0;
     for (int r = 0; r < rows; r++)
@@ -657,7 +650,7 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
             for (int r = 0; r < rows; r++)
                 K(dp_bn_row_sums)(rs + (ptrdiff_t)r * 2 * C + 2 * b0, x + r * w + b0 * HW, 1,
                                   b1 - b0, HW);
-            K(bn_totals_of)(tot, rs, rows, C, b0, b1);
+            K(bn_totals)(tot, rs, rows, C, b0, b1);
             K(bn_stats)(mr, tot, C, b0, b1);
             for (int r = 0; r < rows; r++)
                 K(dp_bn_normalize)(y + r * w + b0 * HW, x + r * w + b0 * HW, mr + 2 * b0,
@@ -670,7 +663,7 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
             K(dp_bn_row_sums)(rs + (ptrdiff_t)lo * 2 * C, x + lo * w, hi - lo, C, HW);
         if (K(phase_end)(sw, n)) return 1;
         if (t == 0) {
-            K(bn_totals)(tot, rs, rows, C);
+            K(bn_totals)(tot, rs, rows, C, 0, C);
             tot[2 * C] = (double)rows * HW;
             if (m->exchange && m->exchange(m->exchange_ctx, tot, 2 * C + 1)) {
                 K(fail)(sw, DP_EEXCHANGE);
@@ -883,7 +876,7 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
                     K(dp_bn_grad_row_sums)(rs + (ptrdiff_t)r * 2 * C + 2 * b0, d + r * w + o,
                                            h + r * w + o, mr + 2 * b0, 1, b1 - b0, HW,
                                            relu_y ? relu_y + r * w + o : NULL);
-                K(bn_totals_of)(tot, rs, B, C, b0, b1);
+                K(bn_totals)(tot, rs, B, C, b0, b1);
                 for (int c = b0; c < b1; c++) {
                     dg[c] += (T)tot[2 * c + 1];
                     db[c] += (T)tot[2 * c];
@@ -902,7 +895,7 @@ static int K(backward_part)(K(sweep) * sw, int layer, int *d_second, int t, int 
                                        hi - lo, C, HW, relu_y ? relu_y + lo * w : NULL);
             if (K(phase_end)(sw, n)) return 1;
             if (t == 0) {
-                K(bn_totals)(tot, rs, B, C);
+                K(bn_totals)(tot, rs, B, C, 0, C);
                 for (int c = 0; c < C; c++) {
                     dg[c] += (T)tot[2 * c + 1];
                     db[c] += (T)tot[2 * c];
