@@ -186,10 +186,15 @@ void KV(dp_layernorm_backward_params)(T *dgamma, T *dbeta, const T *dy, const T 
     }
 }
 
-/* Batch norm's row sums in BN_LANES partial sums (4 vectors of 8 doubles: with LANES, one
- * vector, each add waited on the one before, and the sums were a third of the layer's time;
- * the same bits on every build all the same), then a fixed tree */
+/* Batch norm's row sums in BN_LANES partial sums, value i into lane i % BN_LANES (with one
+ * vector of lanes, each add waited on the one before, and the sums were a third of the
+ * layer's time), then a fixed tree: the same bits on every build. The lanes are held as
+ * vectors of this build's register width, BN_PASS_LANES of them per pass over the row (4
+ * registers for each of the two sums: the row, in L1, is read once per pass). With 64-byte
+ * vectors on AVX2, GCC moved every lane through the stack and general registers. */
 #define BN_LANES 32
+#define BN_VD (DP_VEC_BYTES / 8)
+#define BN_PASS_LANES (4 * BN_VD)
 
 DP_INLINE double K(bn_total)(double *acc)
 {
@@ -198,47 +203,53 @@ DP_INLINE double K(bn_total)(double *acc)
     return acc[0];
 }
 
-/* 8 values of T and of double: GNU vectors, the loads whole (GCC built the 32 lanes' loads
+/* BN_VD values of T and of double: GNU vectors, the loads whole (GCC built the lanes' loads
  * one value at a time from the scalar loops) */
-typedef T K(t8) __attribute__((vector_size(8 * sizeof(T))));
-typedef double K(d8) __attribute__((vector_size(64)));
+typedef T K(tvd) __attribute__((vector_size(BN_VD * sizeof(T))));
+typedef double K(dvd) __attribute__((vector_size(BN_VD * 8)));
 
-DP_INLINE K(d8) K(load_d8)(const T *p)
+DP_INLINE K(dvd) K(load_dvd)(const T *p)
 {
-    K(t8) v;
+    K(tvd) v;
     memcpy(&v, p, sizeof v);
-    return __builtin_convertvector(v, K(d8));
+    return __builtin_convertvector(v, K(dvd));
 }
 
-/* the 4 vectors' lanes (value i in lane i % BN_LANES) through bn_total's tree */
-DP_INLINE double K(bn_total4)(const K(d8) * v)
+/* lanes [l0, l0 + BN_PASS_LANES) of (sum a, sum a b) over HW values (b NULL: a^2), the
+ * BN_LANES-blocks only; the tail's values go to their lanes after */
+DP_INLINE void K(bn_lane_pass)(double *acc1, double *acc2, const T *a, const T *b, int HW, int l0)
 {
-    double acc[BN_LANES];
-    memcpy(acc, v, sizeof acc);
-    return K(bn_total)(acc);
+    K(dvd) s1[4] = {{0}}, s2[4] = {{0}};
+    for (int i = 0; i + BN_LANES <= HW; i += BN_LANES)
+        for (int q = 0; q < 4; q++) {
+            K(dvd) v = K(load_dvd)(a + i + l0 + BN_VD * q);
+            s1[q] += v;
+            s2[q] += v * (b ? K(load_dvd)(b + i + l0 + BN_VD * q) : v);
+        }
+    memcpy(acc1 + l0, s1, sizeof s1);
+    memcpy(acc2 + l0, s2, sizeof s2);
+}
+
+/* (sum a, sum a b) (b NULL: a^2) in the lanes, each through bn_total's tree */
+DP_INLINE void K(bn_pair_sums)(double *out1, double *out2, const T *a, const T *b, int HW)
+{
+    double acc1[BN_LANES], acc2[BN_LANES];
+    for (int l0 = 0; l0 < BN_LANES; l0 += BN_PASS_LANES) K(bn_lane_pass)(acc1, acc2, a, b, HW, l0);
+    for (int i = HW - HW % BN_LANES, j = 0; i < HW; i++, j++) {
+        double v = (double)a[i];
+        acc1[j] += v;
+        acc2[j] += v * (b ? (double)b[i] : v);
+    }
+    *out1 = K(bn_total)(acc1);
+    *out2 = K(bn_total)(acc2);
 }
 
 void KV(dp_bn_row_sums)(double *sums, const T *x, int rows, int C, int HW)
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < C; c++) {
-            /* (sum x, sum x^2): value i into lane i % BN_LANES */
-            const T *xp = x + ((ptrdiff_t)r * C + c) * HW;
-            K(d8) s1[4] = {{0}}, s2[4] = {{0}};
-            int i = 0;
-            for (; i + BN_LANES <= HW; i += BN_LANES)
-                for (int q = 0; q < 4; q++) {
-                    K(d8) v = K(load_d8)(xp + i + 8 * q);
-                    s1[q] += v;
-                    s2[q] += v * v;
-                }
-            for (int j = 0; i < HW; i++, j++) {
-                double v = (double)xp[i];
-                s1[j / 8][j % 8] += v;
-                s2[j / 8][j % 8] += v * v;
-            }
-            sums[((ptrdiff_t)r * C + c) * 2] = K(bn_total4)(s1);
-            sums[((ptrdiff_t)r * C + c) * 2 + 1] = K(bn_total4)(s2);
+            ptrdiff_t o = (ptrdiff_t)r * C + c;
+            K(bn_pair_sums)(sums + 2 * o, sums + 2 * o + 1, x + o * HW, NULL, HW);
         }
 }
 
@@ -271,23 +282,10 @@ void KV(dp_bn_grad_row_sums)(double *sums, T *dy, const T *x, const double *mr, 
             ptrdiff_t o = ((ptrdiff_t)r * C + c) * HW;
             if (relu_y) /* dp_relu_backward in place, the row in L1 for the sums after */
                 for (int i = 0; i < HW; i++) dy[o + i] = relu_y[o + i] > 0 ? dy[o + i] : (T)0;
-            double mean = mr[2 * c], rstd = mr[2 * c + 1];
-            K(d8) sa[4] = {{0}}, sb[4] = {{0}};
-            int i = 0;
-            for (; i + BN_LANES <= HW; i += BN_LANES)
-                for (int q = 0; q < 4; q++) {
-                    K(d8) g = K(load_d8)(dy + o + i + 8 * q);
-                    sa[q] += g;
-                    sb[q] += g * K(load_d8)(x + o + i + 8 * q);
-                }
-            for (int j = 0; i < HW; i++, j++) {
-                double g = (double)dy[o + i];
-                sa[j / 8][j % 8] += g;
-                sb[j / 8][j % 8] += g * (double)x[o + i];
-            }
-            double a = K(bn_total4)(sa);
+            double mean = mr[2 * c], rstd = mr[2 * c + 1], a, ab;
+            K(bn_pair_sums)(&a, &ab, dy + o, x + o, HW);
             sums[((ptrdiff_t)r * C + c) * 2] = a;
-            sums[((ptrdiff_t)r * C + c) * 2 + 1] = rstd * (K(bn_total4)(sb) - mean * a);
+            sums[((ptrdiff_t)r * C + c) * 2 + 1] = rstd * (ab - mean * a);
         }
 }
 
@@ -315,4 +313,6 @@ DP_LAYERS_VEC(DP_VEC_DEFINE, T, S)
 
 #undef LANES
 #undef BN_LANES
+#undef BN_VD
+#undef BN_PASS_LANES
 #undef K

@@ -165,6 +165,53 @@ def test_builds_agree():
         np.testing.assert_allclose(c, base[4], rtol=1e-12, atol=1e-12, err_msg=f"gemm on {name}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(3, 9, 9), (2, 32, 32), (4, 5, 5)])
+def test_batch_norms_sums_on_every_build(dtype, shape):
+    """Batch norm's per-channel sums go through 32 double lanes (value i into lane i % 32),
+    held in vectors of each build's width (one pass over a row on AVX-512, two on AVX2, four
+    in the generic build's 16 bytes), then a fixed tree. On maps of 81 values (two whole
+    blocks of 32 and a tail), 1024 (32 blocks) and 25 (a tail only): the running statistics
+    after one step are NumPy's float64 mean and unbiased variance (momentum 0.1), and the
+    builds with FMA give the same bits (the generic one has none: within rounding)."""
+    from dptrain import nn
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((24, int(np.prod(shape)))) * 3 + 1.5).astype(dtype)
+    y = rng.integers(0, 10, 24)
+    xs = x.astype(np.float64).reshape(24, shape[0], -1)
+    mean = xs.mean(axis=(0, 2))
+    var = xs.transpose(1, 0, 2).reshape(shape[0], -1).var(axis=1, ddof=1)
+    previous = core.isa()
+    results = {}
+    try:
+        for name in HAVE_ISAS:
+            core.set_isa(name)
+            m = nn.Sequential(
+                [nn.BatchNorm2d(), nn.ReLU(), nn.Flatten(), nn.Dense(10)],
+                input_shape=shape,
+                dtype=dtype,
+                seed=2,
+            )
+            grads = np.zeros_like(m.grads)
+            loss = m.loss_grad(x, y, grads=grads)
+            results[name] = (loss, grads, m.state.copy())
+    finally:
+        core.set_isa(previous)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    for name, (loss, grads, state) in results.items():
+        C = shape[0]
+        np.testing.assert_allclose(state[:C], 0.1 * mean, rtol=tol, err_msg=f"mean on {name}")
+        np.testing.assert_allclose(
+            state[C:], 0.9 + 0.1 * var, rtol=tol, err_msg=f"variance on {name}"
+        )
+    fma = [results[n] for n in HAVE_ISAS if n != "generic"]
+    for loss, grads, state in fma[1:]:
+        assert loss == fma[0][0]
+        assert np.array_equal(grads, fma[0][1])
+        assert np.array_equal(state, fma[0][2])
+
+
 @pytest.mark.skipif("avx512" not in HAVE_ISAS, reason="needs a CPU with AVX-512")
 @pytest.mark.parametrize(
     "dtype,features", [("float32", 8), ("float32", 15), ("float64", 4), ("float64", 7)]
