@@ -1,7 +1,9 @@
 """Adam, AdamW and RMSprop against PyTorch's: the MNIST-shaped MLP trained 200 steps by
 dptrain and by torch.optim.Adam / AdamW / RMSprop from the same weights on the same batches
 gives the same training loss at every step (float32 within 1e-4 relative, float64 within
-1e-11), and the same weights at the end. Skips, saying so, where PyTorch is not installed."""
+1e-11; or within 64 ulps of 1, where the loss has come so near 0 that its float rounding is
+the difference), and the same weights at the end. Skips, saying so, where PyTorch is not
+installed."""
 
 import numpy as np
 import pytest
@@ -34,12 +36,15 @@ def _torch_net(model):
 def _side_by_side(model, net, ours_step, theirs_step, rtol, what):
     """STEPS steps of both on the same batches (blobs around 10 centers): ours_step() after
     dptrain's loss_grad, theirs_step() after torch's backward; the losses compared at every
-    step. Returns torch's last loss."""
+    step. Returns torch's last loss. Near 0, a loss is log(1 + t) of a t below float's
+    resolution at 1: each library's rounding of it is the loss's own size (seen on an AVX2
+    CPU: 7.97e-7 against torch's 8.01e-7 at RMSprop's 30th step), so the absolute floor."""
     torch.set_num_threads(1)
     dtype = model.params.dtype
     loss_fn = torch.nn.CrossEntropyLoss()
     rng = np.random.default_rng(0)
     centers = rng.standard_normal((SIZES[-1], SIZES[0]))
+    floor = 64 * float(np.finfo(dtype).eps)
     for step in range(STEPS):
         y = rng.integers(0, SIZES[-1], BATCH)
         x = (centers[y] + rng.standard_normal((BATCH, SIZES[0]))).astype(dtype)
@@ -51,7 +56,7 @@ def _side_by_side(model, net, ours_step, theirs_step, rtol, what):
         loss = loss_fn(net(torch.from_numpy(x)), torch.from_numpy(y))
         loss.backward()
         theirs_step()
-        assert loss_sum / BATCH == pytest.approx(loss.item(), rel=rtol), (
+        assert loss_sum / BATCH == pytest.approx(loss.item(), rel=rtol, abs=floor), (
             f"{what} {dtype}: step {step + 1}: loss {loss_sum / BATCH} (dptrain), "
             f"{loss.item()} (torch)"
         )
