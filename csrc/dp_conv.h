@@ -32,6 +32,10 @@
  * again on dy's planes with the kernel flipped, instead of a GEMM of depth OC and col2im; at a
  * stride S (up to 4: DP_CONV_MAX_STRIDE_PHASES) it is that phase by phase, each of dx's S x S
  * phases a stride-1 convolution of dy with its kernel taps, written into dx with stride S.
+ * The forward of a 3x3 kernel at stride 1 and padding 1 on even maps of 32 channels or more
+ * is Winograd's F(2x2, 3x3) instead: each 2x2 block of outputs from its 4x4 input patch with
+ * 16 multiplies a channel pair, not 36 (the weights transformed once, in dp_conv_pack); its
+ * rounding differs from the direct sum's by float's ulps, not more.
  *
  * Gradients: dw and db ACCUMULATE (+=) as in dp_dense.h; dx is WRITTEN (=), every element
  * of it.
@@ -81,7 +85,10 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
  *   (+ beta y), through ye (the extended positions i Wq + j, j < Wq, in whole vectors); 1
  *   where the build does not take it (float on 32- and 64-byte vectors only);
  *   conv_to_planes: x (C, H, W) as zero-padded planes (S x S phases each, Hq x Wq) and a
- *   zero tail up to nq elements;
+ *   zero tail up to nq elements; conv_wino_in / conv_wino_out: Winograd F(2x2, 3x3)'s input
+ *   transform of a chunk of 2x2 tiles (read from the 2 x 2 phases) and output transform
+ *   (written to y), around dp_conv_plane's 16 products (a 3x3 kernel, stride 1, padding 1,
+ *   even maps, 32 channels or more);
  * - im2col: col (K, oh ow) with row stride ldcol from x (C, H, W); col2im is its adjoint (dx
  *   is written). */
 #define DP_CONV_VEC(X, T, S)                                                                   \
@@ -103,6 +110,13 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
       (T *xq, const T *x, int C, int H, int W, int S_, int PA, int PB, int ph, int pw, int Hq, \
        int Wq, ptrdiff_t nq),                                                                  \
       (xq, x, C, H, W, S_, PA, PB, ph, pw, Hq, Wq, nq))                                        \
+    X(void, dp_conv_wino_in, S,                                                                \
+      (T *V, ptrdiff_t ldv, const T *xq, int C, int Hq, int Wq, ptrdiff_t p0, ptrdiff_t np),   \
+      (V, ldv, xq, C, Hq, Wq, p0, np))                                                         \
+    X(void, dp_conv_wino_out, S,                                                               \
+      (T *y, ptrdiff_t ldy, const T *M, ptrdiff_t ldm, int OC, int OCp, int TH, int TW, int W, \
+       int Wq, ptrdiff_t p0, ptrdiff_t np, T beta),                                            \
+      (y, ldy, M, ldm, OC, OCp, TH, TW, W, Wq, p0, np, beta))                                  \
     X(void, dp_im2col, S,                                                                      \
       (T *col, ptrdiff_t ldcol, const T *x, const dp_conv_geom *g, int oh, int ow),            \
       (col, ldcol, x, g, oh, ow))                                                              \
@@ -157,7 +171,8 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
  * dp_conv_direct_dwt_f32, dp_conv_direct_dwt_f64, dp_conv_plane_f32, dp_conv_plane_f64,
  * dp_conv_to_planes_f32, dp_conv_to_planes_f64, dp_conv_pack_elems_f32, dp_conv_pack_elems_f64,
  * dp_conv_pack_f32, dp_conv_pack_f64, dp_conv_plane_elems_f32, dp_conv_plane_elems_f64,
- * dp_conv_scratch_elems_f32, dp_conv_scratch_elems_f64. */
+ * dp_conv_scratch_elems_f32, dp_conv_scratch_elems_f64, dp_conv_wino_in_f32,
+ * dp_conv_wino_in_f64, dp_conv_wino_out_f32, dp_conv_wino_out_f64. */
 DP_DECLARE_CONV(float, _f32)
 DP_DECLARE_CONV(double, _f64)
 

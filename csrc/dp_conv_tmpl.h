@@ -779,6 +779,109 @@ void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int PA
     for (; i < nq; i++) xq[i] = 0;
 }
 
+/* Winograd F(2x2, 3x3) for 3x3 kernels at stride 1 and padding 1 (dp_conv_wino_*): each
+ * 2x2 block of outputs (a tile) is A^T [(G g G^T) . (B^T d B)] A from the tile's 4x4 input
+ * patch d, so a channel pair costs 16 multiplies a tile, not 36. The tiles are the plane
+ * path's extended positions over the input's 2 x 2 phases (dp_conv_to_planes at stride 2,
+ * padding 1: tile p = i Wq + j, j < Wq, reads phase (r % 2, s % 2) at p + (r / 2) Wq + s / 2
+ * for its d[r][s]); the 16 products, summed over channels, are dp_conv_plane with an entry a
+ * channel, one call per product. */
+void KV(dp_conv_wino_in)(T *V, ptrdiff_t ldv, const T *xq, int C, int Hq, int Wq, ptrdiff_t p0,
+                         ptrdiff_t np)
+{
+    // V[(xi C + c) ldv + q] = (B^T d B)[xi / 4][xi % 4] of tile p0 + q of channel c, for
+    // q < np rounded up to whole vectors; xq: the 2 x 2 phases (Hq x Wq each) of C channels
+    ptrdiff_t pl = (ptrdiff_t)Hq * Wq;
+    for (int c = 0; c < C; c++) {
+        const T *ph[4];
+        for (int f = 0; f < 4; f++) ph[f] = xq + (4 * (ptrdiff_t)c + f) * pl + p0;
+        T *vc = V + (ptrdiff_t)c * ldv;
+        for (ptrdiff_t q = 0; q < np; q += RVL) {
+            K(rvec) t[4][4];
+            for (int s = 0; s < 4; s++) { /* B^T on the patch's columns */
+                const T *col = ph[s & 1] + q + (s >> 1);
+                K(rvec) d0 = K(rload)(col), d1 = K(rload)(col + 2 * pl);
+                K(rvec) d2 = K(rload)(col + Wq), d3 = K(rload)(col + 2 * pl + Wq);
+                t[0][s] = d0 - d2;
+                t[1][s] = d1 + d2;
+                t[2][s] = d2 - d1;
+                t[3][s] = d1 - d3;
+            }
+            for (int r = 0; r < 4; r++) { /* then B on its rows */
+                T *at = vc + (ptrdiff_t)4 * r * C * ldv + q;
+                K(rstore)(at, t[r][0] - t[r][2]);
+                K(rstore)(at + (ptrdiff_t)C * ldv, t[r][1] + t[r][2]);
+                K(rstore)(at + (ptrdiff_t)2 * C * ldv, t[r][2] - t[r][1]);
+                K(rstore)(at + (ptrdiff_t)3 * C * ldv, t[r][1] - t[r][3]);
+            }
+        }
+    }
+}
+
+void KV(dp_conv_wino_out)(T *y, ptrdiff_t ldy, const T *M, ptrdiff_t ldm, int OC, int OCp, int TH,
+                          int TW, int W, int Wq, ptrdiff_t p0, ptrdiff_t np, T beta)
+{
+    // y[o ldy + (2 i + a) W + 2 j + b] = (A^T m A)[a][b] (+ beta y) for the tiles p0 + q =
+    // i Wq + j (q < np, i < TH, j < TW), m[xi] = M[(xi OCp + o) ldm + q]
+    for (int o = 0; o < OC; o++) {
+        T *yo = y + (ptrdiff_t)o * ldy;
+        int i = (int)(p0 / Wq), j = (int)(p0 % Wq);
+        for (ptrdiff_t q = 0; q < np; q += RVL) {
+            K(rvec) u0[4], u1[4];
+            for (int s = 0; s < 4; s++) { /* A^T on the columns */
+                const T *m = M + ((ptrdiff_t)s * OCp + o) * ldm + q;
+                ptrdiff_t row = (ptrdiff_t)4 * OCp * ldm;
+                K(rvec) m0 = K(rload)(m), m1 = K(rload)(m + row), m2 = K(rload)(m + 2 * row);
+                K(rvec) m3 = K(rload)(m + 3 * row);
+                u0[s] = m0 + m1 + m2;
+                u1[s] = m1 - m2 - m3;
+            }
+            K(rvec) y00 = u0[0] + u0[1] + u0[2], y01 = u0[1] - u0[2] - u0[3];
+            K(rvec) y10 = u1[0] + u1[1] + u1[2], y11 = u1[1] - u1[2] - u1[3];
+            int n = np - q < RVL ? (int)(np - q) : RVL;
+#ifndef __clang__
+            if (n == RVL && j + RVL <= TW && i < TH && beta == 0) {
+                /* the vector's tiles in one tile row: its two output rows, each (a, 0) and
+                 * (a, 1) interleaved */
+                K(rmask) lo, hi;
+                for (int l = 0; l < RVL; l++) {
+                    lo[l] = (IT)(l / 2 + (l % 2) * RVL);
+                    hi[l] = (IT)(RVL / 2 + l / 2 + (l % 2) * RVL);
+                }
+                T *at = yo + (ptrdiff_t)2 * i * W + 2 * j;
+                K(rstore)(at, __builtin_shuffle(y00, y01, lo));
+                K(rstore)(at + RVL, __builtin_shuffle(y00, y01, hi));
+                K(rstore)(at + W, __builtin_shuffle(y10, y11, lo));
+                K(rstore)(at + W + RVL, __builtin_shuffle(y10, y11, hi));
+                j += RVL;
+                continue;
+            }
+#endif
+            T out[4][RVL]; /* (a, b): the tiles' outputs, then to their places in y */
+            K(rstore)(out[0], y00);
+            K(rstore)(out[1], y01);
+            K(rstore)(out[2], y10);
+            K(rstore)(out[3], y11);
+            for (int l = 0; l < n; l++, j++) {
+                if (j == Wq) j = 0, i++;
+                if (j >= TW || i >= TH) continue;
+                T *at = yo + (ptrdiff_t)2 * i * W + 2 * j;
+                if (beta != 0) {
+                    at[0] = out[0][l] + beta * at[0];
+                    at[1] = out[1][l] + beta * at[1];
+                    at[W] = out[2][l] + beta * at[W];
+                    at[W + 1] = out[3][l] + beta * at[W + 1];
+                } else {
+                    at[0] = out[0][l];
+                    at[1] = out[1][l];
+                    at[W] = out[2][l];
+                    at[W + 1] = out[3][l];
+                }
+            }
+        }
+    }
+}
+
 #undef PL_NF
 #undef PL_NV
 
@@ -969,12 +1072,37 @@ static int K(pl_takes)(const dp_ctx *ctx, const dp_conv_geom *g, int oh, int ow)
     return K(dp_conv_plane)(NULL, 0, NULL, NULL, 0, NULL, 8, 0) == 0;
 }
 
+/* Whether the plane path's forward is Winograd's F(2x2, 3x3) (dp_conv_wino_in): float, a 3x3
+ * kernel at stride 1 with padding 1 (the output the input's size), an even height and width
+ * (whole 2x2 tiles), and 32 input channels or more: each product is then a sum over C
+ * channels; with 16 the transforms and the plane kernel's short tiles cost more than the
+ * multiplies saved (bench/README.md, "Winograd") */
+DP_INLINE int K(wino_takes)(const dp_conv_geom *g)
+{
+    return sizeof(T) == 4 && g->KH == 3 && g->KW == 3 && g->pad == 1 && dp_conv_stride(g) == 1 &&
+           g->H % 2 == 0 && g->W % 2 == 0 && g->C >= 32;
+}
+
+/* The tiles a pass of the Winograd forward transforms: at most 96 (4 tiles of 3 vectors on
+ * AVX-512, 2 x 6 on AVX2), fewer where the image has fewer; its 16 products (C and OCp rows
+ * of that many) then stay in L2 */
+DP_INLINE ptrdiff_t K(wino_chunk)(const dp_conv_geom *g)
+{
+    ptrdiff_t Pe = (ptrdiff_t)(g->H / 2) * (g->W / 2 + 1);
+    return Pe < 96 ? (Pe + 23) / 24 * 24 : 96;
+}
+
+DP_INLINE size_t K(pack_base_elems)(const dp_conv_geom *g)
+{
+    size_t taps = (size_t)g->KH * g->KW;
+    return taps * ((size_t)g->C * K(up8)(g->OC) + (size_t)g->OC * K(up8)(g->C));
+}
+
 size_t K(dp_conv_pack_elems)(const dp_conv_geom *g)
 {
     int OH, OW;
     if (dp_conv_out(g, &OH, &OW)) return 0;
-    size_t taps = (size_t)g->KH * g->KW;
-    return taps * ((size_t)g->C * K(up8)(g->OC) + (size_t)g->OC * K(up8)(g->C));
+    return K(pack_base_elems)(g) + (K(wino_takes)(g) ? (size_t)16 * g->C * K(up8)(g->OC) : 0);
 }
 
 void K(dp_conv_pack)(T *wp, const T *w, const dp_conv_geom *g)
@@ -996,6 +1124,30 @@ void K(dp_conv_pack)(T *wp, const T *w, const dp_conv_geom *g)
                         for (int c = 0; c < Cp; c++)
                             wd[c] =
                                 c < g->C ? w[(((ptrdiff_t)o * g->C + c) * KH + u) * KW + v] : (T)0;
+    if (!K(wino_takes)(g)) return;
+    /* then Winograd's U[xi][c][o] = (G g G^T)[xi / 4][xi % 4] of filter o, channel c, with
+     * G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1], in double and rounded once */
+    T *U = wp + K(pack_base_elems)(g);
+    for (int c = 0; c < g->C; c++)
+        for (int o = 0; o < OCp; o++) {
+            double gg[3][3], t[4][3];
+            for (int u = 0; u < 3; u++)
+                for (int v = 0; v < 3; v++)
+                    gg[u][v] =
+                        o < g->OC ? (double)w[(((ptrdiff_t)o * g->C + c) * 3 + u) * 3 + v] : 0.0;
+            for (int v = 0; v < 3; v++) {
+                t[0][v] = gg[0][v];
+                t[1][v] = (gg[0][v] + gg[1][v] + gg[2][v]) / 2;
+                t[2][v] = (gg[0][v] - gg[1][v] + gg[2][v]) / 2;
+                t[3][v] = gg[2][v];
+            }
+            for (int r = 0; r < 4; r++) {
+                double u4[4] = {t[r][0], (t[r][0] + t[r][1] + t[r][2]) / 2,
+                                (t[r][0] - t[r][1] + t[r][2]) / 2, t[r][2]};
+                for (int s4 = 0; s4 < 4; s4++)
+                    U[((ptrdiff_t)(4 * r + s4) * g->C + c) * OCp + o] = (T)u4[s4];
+            }
+        }
 }
 
 /* Scratch of the forward (ent, planes, ye), the weight gradient (ent, pos, planes) and the
@@ -1021,13 +1173,50 @@ size_t K(dp_conv_plane_elems)(const dp_conv_geom *g)
         m = K(pl_table_elems)((size_t)dx.taps) + (size_t)dx.q.nq + (size_t)K(up8)(g->C) * dx.lde;
         if (m > n) n = m;
     }
+    if (K(wino_takes)(g)) { /* ent, the 2 x 2 phases, V and M of a chunk */
+        K(planes) q;
+        K(planes_set)(&q, g->C, g->H, g->W, 2, 2, 2, 1, 1, g->H / 2 + 1, g->W / 2 + 1);
+        m = K(pl_table_elems)((size_t)g->C) + (size_t)q.nq +
+            (size_t)16 * K(wino_chunk)(g) * ((size_t)g->C + K(up8)(g->OC));
+        if (m > n) n = m;
+    }
     return n;
+}
+
+/* The Winograd forward (K(wino_takes)): y (OC, H W) = conv(x) + beta y, U the packed
+ * transformed weights (dp_conv_pack) */
+static void K(wino_forward)(T *scratch, T *y, const T *x, const T *U, const dp_conv_geom *g, T beta)
+{
+    int C = g->C, OCp = K(up8)(g->OC), TH = g->H / 2, TW = g->W / 2;
+    ptrdiff_t Pe = (ptrdiff_t)TH * (TW + 1), ldc = K(wino_chunk)(g);
+    K(planes) q;
+    K(planes_set)(&q, C, g->H, g->W, 2, 2, 2, 1, 1, TH + 1, TW + 1);
+    ptrdiff_t *ent = (ptrdiff_t *)(void *)scratch;
+    T *xq = scratch + K(pl_table_elems)((size_t)C), *V = xq + q.nq;
+    T *M = V + (ptrdiff_t)16 * C * ldc;
+    for (int c = 0; c < C; c++) ent[c] = (ptrdiff_t)c * ldc;
+    K(to_planes)(xq, x, &q);
+    for (ptrdiff_t p0 = 0; p0 < Pe; p0 += ldc) {
+        ptrdiff_t np = Pe - p0 < ldc ? Pe - p0 : ldc;
+        /* whole chunks for the products (the plane kernel's 3-vector tiles; the last
+         * chunk's tiles past Pe are garbage that dp_conv_wino_out leaves) */
+        K(dp_conv_wino_in)(V, ldc, xq, C, q.Hq, q.Wq, p0, ldc);
+        for (int xi = 0; xi < 16; xi++)
+            K(dp_conv_plane)(M + (ptrdiff_t)xi * OCp * ldc, ldc, V + (ptrdiff_t)xi * C * ldc, ent,
+                             C, U + (ptrdiff_t)xi * C * OCp, OCp, ldc);
+        K(dp_conv_wino_out)(y, (ptrdiff_t)g->H * g->W, M, ldc, g->OC, OCp, TH, TW, g->W, q.Wq, p0,
+                            np, beta);
+    }
 }
 
 /* The forward on the planes: y (OC, OH OW) = conv(x) + beta y */
 static void K(pl_forward)(T *scratch, T *y, const T *x, const T *wt, const dp_conv_geom *g, int OH,
                           int OW, T beta)
 {
+    if (K(wino_takes)(g)) {
+        K(wino_forward)(scratch, y, x, wt + K(pack_base_elems)(g), g, beta);
+        return;
+    }
     int Kd = g->C * g->KH * g->KW, OCp = K(up8)(g->OC);
     K(planes) q;
     K(fw_planes)(&q, g, OH, OW);

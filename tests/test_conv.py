@@ -186,14 +186,32 @@ def _plane_cases(n=48):
     return cases
 
 
+def _winograd_cases():
+    """Geometries whose forward is Winograd's F(2x2, 3x3) (3x3, padding 1, stride 1, even
+    maps, 32 channels or more): one 2x2 tile, a tile row narrower than a vector, rows of whole
+    vectors and not, filter counts off 8, more tiles than a chunk (96) holds."""
+    return [
+        (32, 2, 2, 5, 3, 1, 1),
+        (37, 4, 6, 1, 3, 1, 1),
+        (32, 8, 8, 64, 3, 1, 1),
+        (64, 8, 8, 13, 3, 1, 1),
+        (33, 10, 14, 40, 3, 1, 1),
+        (32, 16, 16, 32, 3, 1, 1),
+        (40, 30, 8, 9, 3, 1, 1),
+        (32, 2, 34, 8, 3, 1, 1),
+    ]
+
+
 @pytest.mark.parametrize(
-    "case", _plane_cases(), ids=lambda c: "c{}-{}x{}-oc{}-k{}-p{}-s{}".format(*c)
+    "case",
+    _plane_cases() + _winograd_cases(),
+    ids=lambda c: "c{}-{}x{}-oc{}-k{}-p{}-s{}".format(*c),
 )
 def test_the_plane_path_matches_float64s_im2col_path(isa, case):
     """A network's conv on the plane path (float32 on the AVX2 and AVX-512 builds: forward,
-    weight gradient and, the conv not being first, input gradient, phase by phase) against the
-    same network in float64 (im2col + GEMM): the loss and every gradient agree to float32's
-    rounding (the generic build: im2col in both)."""
+    Winograd's where it takes it, weight gradient and, the conv not being first, input
+    gradient, phase by phase) against the same network in float64 (im2col + GEMM): the loss
+    and every gradient agree to float32's rounding (the generic build: im2col in both)."""
     from dptrain import nn
 
     c, h, w, oc, k, pad, stride = case
