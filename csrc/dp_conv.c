@@ -40,6 +40,8 @@ size_t dp_conv_col_elems(const dp_conv_geom *g)
     if (dp_conv_out(g, &OH, &OW)) return 0;
     return (size_t)g->C * g->KH * g->KW * (size_t)OH * (size_t)OW + DP_CONV_COL_SLACK(g);
 }
+
+int dp_conv_generic_vec_bytes(void) { return DP_VEC_BYTES; }
 #endif
 
 /* The 32-byte vectors (dp_vec32_tmpl.h): VL values of T, IT the same-width integer, and the

@@ -32,10 +32,11 @@
  * again on dy's planes with the kernel flipped, instead of a GEMM of depth OC and col2im; at a
  * stride S (up to 4: DP_CONV_MAX_STRIDE_PHASES) it is that phase by phase, each of dx's S x S
  * phases a stride-1 convolution of dy with its kernel taps, written into dx with stride S.
- * The forward of a 3x3 kernel at stride 1 and padding 1 on even maps of 32 channels or more
- * is Winograd's F(2x2, 3x3) instead: each 2x2 block of outputs from its 4x4 input patch with
- * 16 multiplies a channel pair, not 36 (the weights transformed once, in dp_conv_pack); its
- * rounding differs from the direct sum's by float's ulps, not more.
+ * A 3x3 kernel at stride 1 and padding 1 on even maps takes Winograd's F(2x2, 3x3) instead,
+ * for the forward where C >= 32 and for the input gradient (the same convolution of dy with
+ * the kernel flipped and transposed) where OC >= 32: each 2x2 block of outputs from its 4x4
+ * input patch with 16 multiplies a channel pair, not 36 (the weights transformed once, in
+ * dp_conv_pack); its rounding differs from the direct sum's by float's ulps, not more.
  *
  * Gradients: dw and db ACCUMULATE (+=) as in dp_dense.h; dx is WRITTEN (=), every element
  * of it.
@@ -68,6 +69,9 @@ int dp_conv_out(const dp_conv_geom *g, int *OH, int *OW);
  * masked vector lanes may read up to W + KW + PAD past the end of its dcol). */
 #define DP_CONV_COL_SLACK(g) ((size_t)(g)->W + (size_t)(g)->KW + (size_t)(g)->pad + 16)
 size_t dp_conv_col_elems(const dp_conv_geom *g);
+/* The generic build's vector bytes (DP_VEC_BYTES: 16, or 64 where csrc/tests emulates
+ * AVX-512's width with -DDP_VEC_EMULATE_WIDE), for the tests' choice of expected paths. */
+int dp_conv_generic_vec_bytes(void);
 
 /* The plane path's input gradient takes strides whose S x S phases fit this (stride 4 and
  * less; a larger stride keeps GEMM + col2im). */
@@ -88,7 +92,7 @@ size_t dp_conv_col_elems(const dp_conv_geom *g);
  *   zero tail up to nq elements; conv_wino_in / conv_wino_out: Winograd F(2x2, 3x3)'s input
  *   transform of a chunk of 2x2 tiles (read from the 2 x 2 phases) and output transform
  *   (written to y), around dp_conv_plane's 16 products (a 3x3 kernel, stride 1, padding 1,
- *   even maps, 32 channels or more);
+ *   even maps, 32 input channels or more);
  * - im2col: col (K, oh ow) with row stride ldcol from x (C, H, W); col2im is its adjoint (dx
  *   is written). */
 #define DP_CONV_VEC(X, T, S)                                                                   \

@@ -1077,19 +1077,26 @@ static int K(pl_takes)(const dp_ctx *ctx, const dp_conv_geom *g, int oh, int ow)
  * (whole 2x2 tiles), and 32 input channels or more: each product is then a sum over C
  * channels; with 16 the transforms and the plane kernel's short tiles cost more than the
  * multiplies saved (bench/README.md, "Winograd") */
-DP_INLINE int K(wino_takes)(const dp_conv_geom *g)
+DP_INLINE int K(wino_geom)(const dp_conv_geom *g)
 {
     return sizeof(T) == 4 && g->KH == 3 && g->KW == 3 && g->pad == 1 && dp_conv_stride(g) == 1 &&
-           g->H % 2 == 0 && g->W % 2 == 0 && g->C >= 32;
+           g->H % 2 == 0 && g->W % 2 == 0;
 }
 
-/* The tiles a pass of the Winograd forward transforms: at most 96 (4 tiles of 3 vectors on
- * AVX-512, 2 x 6 on AVX2), fewer where the image has fewer; its 16 products (C and OCp rows
- * of that many) then stay in L2 */
-DP_INLINE ptrdiff_t K(wino_chunk)(const dp_conv_geom *g)
+DP_INLINE int K(wino_takes)(const dp_conv_geom *g) { return K(wino_geom)(g) && g->C >= 32; }
+
+/* The input gradient of such a layer is the same convolution of dy (OC channels) with the
+ * kernel flipped and transposed: Winograd's where OC >= 32 */
+DP_INLINE int K(wino_dx_takes)(const dp_conv_geom *g) { return K(wino_geom)(g) && g->OC >= 32; }
+
+/* The tiles a pass of the Winograd forward transforms: at most 96, fewer where the image
+ * has fewer, in whole units of the plane kernel's tiles (unit: 3 vectors, 24 on AVX2, 48 on
+ * AVX-512, which the scratch is sized for): its 16 products (C and OCp rows of that many)
+ * then stay in L2, and no vector runs past a row */
+DP_INLINE ptrdiff_t K(wino_chunk)(const dp_conv_geom *g, int unit)
 {
     ptrdiff_t Pe = (ptrdiff_t)(g->H / 2) * (g->W / 2 + 1);
-    return Pe < 96 ? (Pe + 23) / 24 * 24 : 96;
+    return Pe < 96 ? (Pe + unit - 1) / unit * unit : 96;
 }
 
 DP_INLINE size_t K(pack_base_elems)(const dp_conv_geom *g)
@@ -1102,7 +1109,39 @@ size_t K(dp_conv_pack_elems)(const dp_conv_geom *g)
 {
     int OH, OW;
     if (dp_conv_out(g, &OH, &OW)) return 0;
-    return K(pack_base_elems)(g) + (K(wino_takes)(g) ? (size_t)16 * g->C * K(up8)(g->OC) : 0);
+    return K(pack_base_elems)(g) + (K(wino_takes)(g) ? (size_t)16 * g->C * K(up8)(g->OC) : 0) +
+           (K(wino_dx_takes)(g) ? (size_t)16 * g->OC * K(up8)(g->C) : 0);
+}
+
+/* Winograd's U[xi][c][o] = (G g G^T)[xi / 4][xi % 4] of the 3x3 kernel g from channel c to
+ * filter o (o < up8(OC), 0 past OC), G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1], in double
+ * and rounded once. g is w[o, c] of w (OC, C, 3, 3) (dx 0), or, for the input gradient (dx
+ * 1), w[c, o] rotated by 180 degrees, of w (C, OC, 3, 3): the kernel flipped and transposed. */
+static void K(wino_pack)(T *U, const T *w, int C, int OC, int dx)
+{
+    int OCp = K(up8)(OC);
+    for (int c = 0; c < C; c++)
+        for (int o = 0; o < OCp; o++) {
+            double gg[3][3], t[4][3];
+            for (int u = 0; u < 3; u++)
+                for (int v = 0; v < 3; v++) {
+                    ptrdiff_t at = dx ? (((ptrdiff_t)c * OC + o) * 3 + 2 - u) * 3 + 2 - v
+                                      : (((ptrdiff_t)o * C + c) * 3 + u) * 3 + v;
+                    gg[u][v] = o < OC ? (double)w[at] : 0.0;
+                }
+            for (int v = 0; v < 3; v++) {
+                t[0][v] = gg[0][v];
+                t[1][v] = (gg[0][v] + gg[1][v] + gg[2][v]) / 2;
+                t[2][v] = (gg[0][v] - gg[1][v] + gg[2][v]) / 2;
+                t[3][v] = gg[2][v];
+            }
+            for (int r = 0; r < 4; r++) {
+                double u4[4] = {t[r][0], (t[r][0] + t[r][1] + t[r][2]) / 2,
+                                (t[r][0] - t[r][1] + t[r][2]) / 2, t[r][2]};
+                for (int s4 = 0; s4 < 4; s4++)
+                    U[((ptrdiff_t)(4 * r + s4) * C + c) * OCp + o] = (T)u4[s4];
+            }
+        }
 }
 
 void K(dp_conv_pack)(T *wp, const T *w, const dp_conv_geom *g)
@@ -1124,30 +1163,12 @@ void K(dp_conv_pack)(T *wp, const T *w, const dp_conv_geom *g)
                         for (int c = 0; c < Cp; c++)
                             wd[c] =
                                 c < g->C ? w[(((ptrdiff_t)o * g->C + c) * KH + u) * KW + v] : (T)0;
-    if (!K(wino_takes)(g)) return;
-    /* then Winograd's U[xi][c][o] = (G g G^T)[xi / 4][xi % 4] of filter o, channel c, with
-     * G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1], in double and rounded once */
     T *U = wp + K(pack_base_elems)(g);
-    for (int c = 0; c < g->C; c++)
-        for (int o = 0; o < OCp; o++) {
-            double gg[3][3], t[4][3];
-            for (int u = 0; u < 3; u++)
-                for (int v = 0; v < 3; v++)
-                    gg[u][v] =
-                        o < g->OC ? (double)w[(((ptrdiff_t)o * g->C + c) * 3 + u) * 3 + v] : 0.0;
-            for (int v = 0; v < 3; v++) {
-                t[0][v] = gg[0][v];
-                t[1][v] = (gg[0][v] + gg[1][v] + gg[2][v]) / 2;
-                t[2][v] = (gg[0][v] - gg[1][v] + gg[2][v]) / 2;
-                t[3][v] = gg[2][v];
-            }
-            for (int r = 0; r < 4; r++) {
-                double u4[4] = {t[r][0], (t[r][0] + t[r][1] + t[r][2]) / 2,
-                                (t[r][0] - t[r][1] + t[r][2]) / 2, t[r][2]};
-                for (int s4 = 0; s4 < 4; s4++)
-                    U[((ptrdiff_t)(4 * r + s4) * g->C + c) * OCp + o] = (T)u4[s4];
-            }
-        }
+    if (K(wino_takes)(g)) {
+        K(wino_pack)(U, w, g->C, g->OC, 0);
+        U += (size_t)16 * g->C * OCp;
+    }
+    if (K(wino_dx_takes)(g)) K(wino_pack)(U, w, g->OC, g->C, 1);
 }
 
 /* Scratch of the forward (ent, planes, ye), the weight gradient (ent, pos, planes) and the
@@ -1173,39 +1194,48 @@ size_t K(dp_conv_plane_elems)(const dp_conv_geom *g)
         m = K(pl_table_elems)((size_t)dx.taps) + (size_t)dx.q.nq + (size_t)K(up8)(g->C) * dx.lde;
         if (m > n) n = m;
     }
-    if (K(wino_takes)(g)) { /* ent, the 2 x 2 phases, V and M of a chunk */
+    for (int dxs = 0; dxs < 2; dxs++) { /* ent, the 2 x 2 phases, V and M of a chunk */
+        if (!(dxs ? K(wino_dx_takes)(g) : K(wino_takes)(g))) continue;
+        int C = dxs ? g->OC : g->C, OC = dxs ? g->C : g->OC;
         K(planes) q;
-        K(planes_set)(&q, g->C, g->H, g->W, 2, 2, 2, 1, 1, g->H / 2 + 1, g->W / 2 + 1);
-        m = K(pl_table_elems)((size_t)g->C) + (size_t)q.nq +
-            (size_t)16 * K(wino_chunk)(g) * ((size_t)g->C + K(up8)(g->OC));
+        K(planes_set)(&q, C, g->H, g->W, 2, 2, 2, 1, 1, g->H / 2 + 1, g->W / 2 + 1);
+        m = K(pl_table_elems)((size_t)C) + (size_t)q.nq +
+            (size_t)16 * K(wino_chunk)(g, 48) * ((size_t)C + K(up8)(OC));
         if (m > n) n = m;
     }
     return n;
 }
 
-/* The Winograd forward (K(wino_takes)): y (OC, H W) = conv(x) + beta y, U the packed
- * transformed weights (dp_conv_pack) */
-static void K(wino_forward)(T *scratch, T *y, const T *x, const T *U, const dp_conv_geom *g, T beta)
+/* The Winograd forward (K(wino_takes)) of C channels to OC: y (OC, H W) = conv(x) + beta y,
+ * U the packed transformed weights (dp_conv_pack); g gives the maps' size and the chunk. The
+ * input gradient (K(wino_dx_takes)) is this with C and OC swapped, x dy, y dx. */
+static void K(wino_forward)(T *scratch, T *y, const T *x, const T *U, const dp_conv_geom *g, int C,
+                            int OC, T beta)
 {
-    int C = g->C, OCp = K(up8)(g->OC), TH = g->H / 2, TW = g->W / 2;
-    ptrdiff_t Pe = (ptrdiff_t)TH * (TW + 1), ldc = K(wino_chunk)(g);
+    /* ldc tiles a pass, in whole 3-vector tiles of the plane kernel on this ISA; rows of V and
+     * M ldv long, a multiple of every build's vector (a build whose unit is not ldc's still
+     * writes whole vectors inside its row) */
+    int OCp = K(up8)(OC), TH = g->H / 2, TW = g->W / 2;
+    ptrdiff_t Pe = (ptrdiff_t)TH * (TW + 1);
+    ptrdiff_t ldc = K(wino_chunk)(g, dp_isa_bits(dp_isa_active()) >= 512 ? 48 : 24);
+    ptrdiff_t ldv = (ldc + 47) / 48 * 48;
     K(planes) q;
     K(planes_set)(&q, C, g->H, g->W, 2, 2, 2, 1, 1, TH + 1, TW + 1);
     ptrdiff_t *ent = (ptrdiff_t *)(void *)scratch;
     T *xq = scratch + K(pl_table_elems)((size_t)C), *V = xq + q.nq;
-    T *M = V + (ptrdiff_t)16 * C * ldc;
-    for (int c = 0; c < C; c++) ent[c] = (ptrdiff_t)c * ldc;
+    T *M = V + (ptrdiff_t)16 * C * ldv;
+    for (int c = 0; c < C; c++) ent[c] = (ptrdiff_t)c * ldv;
     K(to_planes)(xq, x, &q);
     for (ptrdiff_t p0 = 0; p0 < Pe; p0 += ldc) {
         ptrdiff_t np = Pe - p0 < ldc ? Pe - p0 : ldc;
-        /* whole chunks for the products (the plane kernel's 3-vector tiles; the last
-         * chunk's tiles past Pe are garbage that dp_conv_wino_out leaves) */
-        K(dp_conv_wino_in)(V, ldc, xq, C, q.Hq, q.Wq, p0, ldc);
+        /* whole chunks for the products (the last chunk's tiles past Pe are garbage that
+         * dp_conv_wino_out leaves) */
+        K(dp_conv_wino_in)(V, ldv, xq, C, q.Hq, q.Wq, p0, ldc);
         for (int xi = 0; xi < 16; xi++)
-            K(dp_conv_plane)(M + (ptrdiff_t)xi * OCp * ldc, ldc, V + (ptrdiff_t)xi * C * ldc, ent,
+            K(dp_conv_plane)(M + (ptrdiff_t)xi * OCp * ldv, ldv, V + (ptrdiff_t)xi * C * ldv, ent,
                              C, U + (ptrdiff_t)xi * C * OCp, OCp, ldc);
-        K(dp_conv_wino_out)(y, (ptrdiff_t)g->H * g->W, M, ldc, g->OC, OCp, TH, TW, g->W, q.Wq, p0,
-                            np, beta);
+        K(dp_conv_wino_out)(y, (ptrdiff_t)g->H * g->W, M, ldv, OC, OCp, TH, TW, g->W, q.Wq, p0, np,
+                            beta);
     }
 }
 
@@ -1214,7 +1244,7 @@ static void K(pl_forward)(T *scratch, T *y, const T *x, const T *wt, const dp_co
                           int OW, T beta)
 {
     if (K(wino_takes)(g)) {
-        K(wino_forward)(scratch, y, x, wt + K(pack_base_elems)(g), g, beta);
+        K(wino_forward)(scratch, y, x, wt + K(pack_base_elems)(g), g, g->C, g->OC, beta);
         return;
     }
     int Kd = g->C * g->KH * g->KW, OCp = K(up8)(g->OC);
@@ -1321,6 +1351,12 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
     }
     if (rc || !dx) return rc;
     K(dxplan) d;
+    if (planes && K(wino_dx_takes)(g)) {
+        const T *U = wp + K(pack_base_elems)(g);
+        if (K(wino_takes)(g)) U += (size_t)16 * g->C * K(up8)(g->OC);
+        K(wino_forward)(col, dx, dy, U, g, g->OC, g->C, (T)0);
+        return DP_OK;
+    }
     if (planes && K(dx_plan)(&d, g, oh, ow) == 0) { /* dx: dy's planes, phase by phase */
         K(pl_dx)(col, dx, dy, wp + (size_t)Kd * K(up8)(g->OC), g, &d);
         return DP_OK;

@@ -187,10 +187,13 @@ def _plane_cases(n=48):
 
 
 def _winograd_cases():
-    """Geometries whose forward is Winograd's F(2x2, 3x3) (3x3, padding 1, stride 1, even
-    maps, 32 channels or more): one 2x2 tile, a tile row narrower than a vector, rows of whole
-    vectors and not, filter counts off 8, more tiles than a chunk (96) holds."""
+    """Geometries whose forward (32 channels or more) or input gradient (32 filters or more)
+    is Winograd's F(2x2, 3x3) (3x3, padding 1, stride 1, even maps): one 2x2 tile, a tile row
+    narrower than a vector, rows of whole vectors and not, counts off 8, more tiles than a
+    chunk (96) holds; both, the forward alone, the input gradient alone."""
     return [
+        (16, 6, 8, 48, 3, 1, 1),
+        (3, 2, 2, 33, 3, 1, 1),
         (32, 2, 2, 5, 3, 1, 1),
         (37, 4, 6, 1, 3, 1, 1),
         (32, 8, 8, 64, 3, 1, 1),

@@ -2363,7 +2363,10 @@ static void test_conv_direct(dtype dt)
         tfill(dt, w, (ptrdiff_t)g.OC * Kd, -1, 1);
         tfill(dt, y0, ny, -1, 1);
         int isa = dp_isa_active();
-        int vl = (isa == DP_ISA_AVX512 ? 64 : isa == DP_ISA_AVX2 ? 32 : 16) / (int)dts(dt);
+        int vl = (isa == DP_ISA_AVX512 ? 64
+                  : isa == DP_ISA_AVX2 ? 32
+                                       : dp_conv_generic_vec_bytes()) /
+                 (int)dts(dt);
         int fits = dt == F32 && vl >= 8 && OW >= vl && Kd <= 64; /* float, 32 bytes and up */
         for (int beta = 0; beta < 2; beta++) {
             for (int o = 0; o < g.OC; o++)
@@ -2409,10 +2412,10 @@ static void test_conv_direct(dtype dt)
                         : g.OC >= 2 ? "bits differ from im2col + GEMM"
                                     : "y");
         }
-        /* the weight gradient, dwt (K, OC) += col(x) dy^T (AVX-512 only): within the bound of
+        /* the weight gradient, dwt (K, OC) += col(x) dy^T (64-byte vectors): within the bound of
          * a sum of P products (it sums in another order than the GEMM), dwt untouched where it
          * does not apply */
-        int fits_dw = fits && isa == DP_ISA_AVX512;
+        int fits_dw = fits && vl * (int)dts(dt) == 64;
         void *dy = talloc(dt, ny), *dwt0 = talloc(dt, (ptrdiff_t)Kd * g.OC);
         void *dwt = talloc(dt, (ptrdiff_t)Kd * g.OC);
         double *rw = dalloc((ptrdiff_t)Kd * g.OC), *mw = dalloc((ptrdiff_t)Kd * g.OC);
@@ -2575,12 +2578,15 @@ static void test_conv(dtype dt)
         {1, 4, 16, 16, 8, 3, 3, 1, 2},
         {1, 1, 7, 9, 2, 2, 2, 0, 4},
         /* the plane path (float, 32- and 64-byte vectors): ResNet's 3x3 layers (16 maps of
-         * 32 x 32, stride 1 and 2; 64 maps of 8 x 8, rows narrower than a vector), filter and
+         * 32 x 32, stride 1 and 2; 64 maps of 8 x 8, rows narrower than a vector, Winograd's
+         * forward and input gradient), filter and
          * channel counts off the multiple of 8, odd maps wide enough for stride 2's vector
          * permutes, a 5x5 kernel with padding 2, padding past a 2x2 kernel's reach */
         {1, 16, 32, 32, 16, 3, 3, 1, 1},
         {1, 16, 32, 32, 32, 3, 3, 1, 2},
         {2, 32, 8, 8, 64, 3, 3, 1, 1},
+        {1, 33, 10, 14, 40, 3, 3, 1, 1}, /* Winograd: tile rows of 7, counts off 8 */
+        {1, 8, 6, 4, 36, 3, 3, 1, 1},    /* Winograd's input gradient alone */
         {2, 5, 35, 34, 13, 3, 3, 1, 2},
         {1, 3, 20, 21, 9, 5, 5, 2, 1},
         {1, 2, 6, 7, 3, 2, 2, 3, 1},
