@@ -823,6 +823,13 @@ void KV(dp_conv_wino_out)(T *y, ptrdiff_t ldy, const T *M, ptrdiff_t ldm, int OC
 {
     // y[o ldy + (2 i + a) W + 2 j + b] = (A^T m A)[a][b] (+ beta y) for the tiles p0 + q =
     // i Wq + j (q < np, i < TH, j < TW), m[xi] = M[(xi OCp + o) ldm + q]
+#ifndef __clang__
+    K(rmask) lo, hi; /* (a, 0) and (a, 1) of a vector of tiles interleaved: two output vectors */
+    for (int l = 0; l < RVL; l++) {
+        lo[l] = (IT)(l / 2 + (l % 2) * RVL);
+        hi[l] = (IT)(RVL / 2 + l / 2 + (l % 2) * RVL);
+    }
+#endif
     for (int o = 0; o < OC; o++) {
         T *yo = y + (ptrdiff_t)o * ldy;
         int i = (int)(p0 / Wq), j = (int)(p0 % Wq);
@@ -841,13 +848,7 @@ void KV(dp_conv_wino_out)(T *y, ptrdiff_t ldy, const T *M, ptrdiff_t ldm, int OC
             int n = np - q < RVL ? (int)(np - q) : RVL;
 #ifndef __clang__
             if (n == RVL && j + RVL <= TW && i < TH && beta == 0) {
-                /* the vector's tiles in one tile row: its two output rows, each (a, 0) and
-                 * (a, 1) interleaved */
-                K(rmask) lo, hi;
-                for (int l = 0; l < RVL; l++) {
-                    lo[l] = (IT)(l / 2 + (l % 2) * RVL);
-                    hi[l] = (IT)(RVL / 2 + l / 2 + (l % 2) * RVL);
-                }
+                /* the vector's tiles in one tile row: its two output rows */
                 T *at = yo + (ptrdiff_t)2 * i * W + 2 * j;
                 K(rstore)(at, __builtin_shuffle(y00, y01, lo));
                 K(rstore)(at + RVL, __builtin_shuffle(y00, y01, hi));
@@ -1105,12 +1106,22 @@ DP_INLINE size_t K(pack_base_elems)(const dp_conv_geom *g)
     return taps * ((size_t)g->C * K(up8)(g->OC) + (size_t)g->OC * K(up8)(g->C));
 }
 
+/* Where the packed weights hold Winograd's transformed ones: the forward's (16 C up8(OC))
+ * after the plane path's, then the input gradient's (16 OC up8(C)); the offset of the
+ * forward's (dx 0), the input gradient's (dx 1), or (dx 2) the end */
+DP_INLINE size_t K(wino_offset)(const dp_conv_geom *g, int dx)
+{
+    size_t at = K(pack_base_elems)(g);
+    if (dx >= 1 && K(wino_takes)(g)) at += (size_t)16 * g->C * K(up8)(g->OC);
+    if (dx >= 2 && K(wino_dx_takes)(g)) at += (size_t)16 * g->OC * K(up8)(g->C);
+    return at;
+}
+
 size_t K(dp_conv_pack_elems)(const dp_conv_geom *g)
 {
     int OH, OW;
     if (dp_conv_out(g, &OH, &OW)) return 0;
-    return K(pack_base_elems)(g) + (K(wino_takes)(g) ? (size_t)16 * g->C * K(up8)(g->OC) : 0) +
-           (K(wino_dx_takes)(g) ? (size_t)16 * g->OC * K(up8)(g->C) : 0);
+    return K(wino_offset)(g, 2);
 }
 
 /* Winograd's U[xi][c][o] = (G g G^T)[xi / 4][xi % 4] of the 3x3 kernel g from channel c to
@@ -1163,12 +1174,8 @@ void K(dp_conv_pack)(T *wp, const T *w, const dp_conv_geom *g)
                         for (int c = 0; c < Cp; c++)
                             wd[c] =
                                 c < g->C ? w[(((ptrdiff_t)o * g->C + c) * KH + u) * KW + v] : (T)0;
-    T *U = wp + K(pack_base_elems)(g);
-    if (K(wino_takes)(g)) {
-        K(wino_pack)(U, w, g->C, g->OC, 0);
-        U += (size_t)16 * g->C * OCp;
-    }
-    if (K(wino_dx_takes)(g)) K(wino_pack)(U, w, g->OC, g->C, 1);
+    if (K(wino_takes)(g)) K(wino_pack)(wp + K(wino_offset)(g, 0), w, g->C, g->OC, 0);
+    if (K(wino_dx_takes)(g)) K(wino_pack)(wp + K(wino_offset)(g, 1), w, g->OC, g->C, 1);
 }
 
 /* Scratch of the forward (ent, planes, ye), the weight gradient (ent, pos, planes) and the
@@ -1244,7 +1251,7 @@ static void K(pl_forward)(T *scratch, T *y, const T *x, const T *wt, const dp_co
                           int OW, T beta)
 {
     if (K(wino_takes)(g)) {
-        K(wino_forward)(scratch, y, x, wt + K(pack_base_elems)(g), g, g->C, g->OC, beta);
+        K(wino_forward)(scratch, y, x, wt + K(wino_offset)(g, 0), g, g->C, g->OC, beta);
         return;
     }
     int Kd = g->C * g->KH * g->KW, OCp = K(up8)(g->OC);
@@ -1352,9 +1359,7 @@ int K(dp_conv_image_backward)(dp_ctx *ctx, T *col, T *dwt, T *dx, const T *dy, c
     if (rc || !dx) return rc;
     K(dxplan) d;
     if (planes && K(wino_dx_takes)(g)) {
-        const T *U = wp + K(pack_base_elems)(g);
-        if (K(wino_takes)(g)) U += (size_t)16 * g->C * K(up8)(g->OC);
-        K(wino_forward)(col, dx, dy, U, g, g->OC, g->C, (T)0);
+        K(wino_forward)(col, dx, dy, wp + K(wino_offset)(g, 1), g, g->OC, g->C, (T)0);
         return DP_OK;
     }
     if (planes && K(dx_plan)(&d, g, oh, ow) == 0) { /* dx: dy's planes, phase by phase */
