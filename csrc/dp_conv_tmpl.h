@@ -724,22 +724,33 @@ void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int PA
     // xq[((c PA + a) PB + b) Hq Wq + r Wq + s] = x[c, S r + a - ph, S s + b - pw], 0 outside
     // x, for the phases a < PA, b < PB (those a kernel reads); xq's elements from there to nq:
     // 0
-    T *at = xq;
+    T *at;
     const K(rvec) zero = {0};
 #ifndef __clang__
     K(rmask) even; /* lanes 2 l of (lo, hi) where hi starts at lo's lane RVL - 1 */
     for (int l = 0; l < RVL; l++) even[l] = (IT)(2 * l < RVL ? 2 * l : 2 * l + 1);
 #endif
+    /* x's rows in order (every phase's row r reads rows S r - ph ..: a strided layer's phases
+     * from one pass over x, which the prefetchers follow); a strided layer's planes are
+     * zeroed first with their tail, in whole vectors (the rows of phases in the order of x's
+     * rows are not written in the order of memory: a row's last vector may not run into the
+     * next, and the rows are often shorter than a vector) */
+    ptrdiff_t i = 0;
+    if (S > 1) {
+        for (; i + RVL <= nq; i += RVL) K(rstore)(xq + i, zero);
+        for (; i < nq; i++) xq[i] = 0;
+    }
     for (int c = 0; c < C; c++)
-        for (int a = 0; a < PA; a++)
-            for (int b = 0; b < PB; b++)
-                for (int r = 0; r < Hq; r++, at += Wq) {
-                    int h = S * r + a - ph, inside = h >= 0 && h < H;
-                    const T *xr = inside ? x + ((ptrdiff_t)c * H + h) * W : x;
+        for (int r = 0; r < Hq; r++)
+            for (int a = 0; a < PA; a++) {
+                int h = S * r + a - ph, inside = h >= 0 && h < H;
+                const T *xr = inside ? x + ((ptrdiff_t)c * H + h) * W : x;
+                for (int b = 0; b < PB; b++) {
+                    at = xq + (((ptrdiff_t)(c * PA + a) * PB + b) * Hq + r) * Wq;
                     if (S == 1 && inside && Wq - pw >= RVL && W >= RVL) {
-                        /* columns [pw, pw + W) of the row hold x's row, the rest 0: the zeros
-                         * first (the last vector may run into the next row, written after,
-                         * or the tail), then the row over them */
+                        /* columns [pw, pw + W) of the row hold x's row, the rest 0: the
+                         * zeros first (the last vector may run into the next row, written
+                         * after, or the tail), then the row over them */
                         int m = Wq - pw < W ? Wq - pw : W;
                         for (int s = 0; s < pw; s += RVL) K(rstore)(at + s, zero);
                         for (int s = pw + m; s < Wq; s += RVL) K(rstore)(at + s, zero);
@@ -748,13 +759,15 @@ void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int PA
                         K(rstore)(at + pw + m - RVL, K(rload)(xr + m - RVL));
                         continue;
                     }
-                    /* zeros over the row in whole vectors (the last one may run into the
-                     * next row, written after, or the tail) */
-                    for (int s = 0; s < Wq; s += RVL) K(rstore)(at + s, zero);
+                    /* stride 1: zeros over the row in whole vectors (the last one may run
+                     * into the next row, written after, or the tail) */
+                    int s = 0;
+                    if (S == 1)
+                        for (; s < Wq; s += RVL) K(rstore)(at + s, zero);
                     if (!inside) continue;
                     if (S == 1) { /* a row narrower than a vector (wider: above) */
                         int m = Wq - pw < W ? Wq - pw : W;
-                        for (int s = 0; s < m; s++) at[pw + s] = xr[s];
+                        for (s = 0; s < m; s++) at[pw + s] = xr[s];
                         continue;
                     }
                     /* columns s with 0 <= S s + b - pw < W: [s0, s1) */
@@ -762,7 +775,7 @@ void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int PA
                     int last = W - 1 + pw - b, s1 = last < 0 ? 0 : last / S + 1;
                     if (s1 > Wq) s1 = Wq;
                     const T *xs = xr + S * s0 + b - pw;
-                    int s = s0;
+                    s = s0;
 #ifndef __clang__
                     /* stride 2: a vector of every other value from two loads, the second
                      * from the first's last lane on, so that nothing past the last value
@@ -774,8 +787,9 @@ void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int PA
 #endif
                     for (; s < s1; s++, xs += S) at[s] = *xs;
                 }
-    ptrdiff_t i = at - xq;
-    for (; i + RVL <= nq; i += RVL) K(rstore)(xq + i, zero);
+            }
+    if (S > 1) return;
+    for (i = (ptrdiff_t)C * Hq * Wq; i + RVL <= nq; i += RVL) K(rstore)(xq + i, zero);
     for (; i < nq; i++) xq[i] = 0;
 }
 
@@ -822,7 +836,8 @@ void KV(dp_conv_wino_out)(T *y, ptrdiff_t ldy, const T *M, ptrdiff_t ldm, int OC
                           int TW, int W, int Wq, ptrdiff_t p0, ptrdiff_t np, T beta)
 {
     // y[o ldy + (2 i + a) W + 2 j + b] = (A^T m A)[a][b] (+ beta y) for the tiles p0 + q =
-    // i Wq + j (q < np, i < TH, j < TW), m[xi] = M[(xi OCp + o) ldm + q]
+    // i Wq + j (q < np, i < TH, j < TW), m[xi] = M[(xi OCp + o) ldm + q]; reads up to a
+    // vector past M's last value used
 #ifndef __clang__
     K(rmask) lo, hi; /* (a, 0) and (a, 1) of a vector of tiles interleaved: two output vectors */
     for (int l = 0; l < RVL; l++) {
@@ -830,53 +845,69 @@ void KV(dp_conv_wino_out)(T *y, ptrdiff_t ldy, const T *M, ptrdiff_t ldm, int OC
         hi[l] = (IT)(RVL / 2 + l / 2 + (l % 2) * RVL);
     }
 #endif
+    /* tile row by tile row, so that a vector's tiles share one (the rows are Wq = TW + 1
+     * tiles apart in M: a vector over M's positions would straddle two rows most times) */
+    ptrdiff_t row = (ptrdiff_t)4 * OCp * ldm, pe = p0 + np;
     for (int o = 0; o < OC; o++) {
         T *yo = y + (ptrdiff_t)o * ldy;
-        int i = (int)(p0 / Wq), j = (int)(p0 % Wq);
-        for (ptrdiff_t q = 0; q < np; q += RVL) {
-            K(rvec) u0[4], u1[4];
-            for (int s = 0; s < 4; s++) { /* A^T on the columns */
-                const T *m = M + ((ptrdiff_t)s * OCp + o) * ldm + q;
-                ptrdiff_t row = (ptrdiff_t)4 * OCp * ldm;
-                K(rvec) m0 = K(rload)(m), m1 = K(rload)(m + row), m2 = K(rload)(m + 2 * row);
-                K(rvec) m3 = K(rload)(m + 3 * row);
-                u0[s] = m0 + m1 + m2;
-                u1[s] = m1 - m2 - m3;
-            }
-            K(rvec) y00 = u0[0] + u0[1] + u0[2], y01 = u0[1] - u0[2] - u0[3];
-            K(rvec) y10 = u1[0] + u1[1] + u1[2], y11 = u1[1] - u1[2] - u1[3];
-            int n = np - q < RVL ? (int)(np - q) : RVL;
+        for (int i = (int)(p0 / Wq); i < TH && (ptrdiff_t)i * Wq < pe; i++) {
+            ptrdiff_t rb = (ptrdiff_t)i * Wq;
+            int jb = rb < p0 ? (int)(p0 - rb) : 0, je = pe - rb < TW ? (int)(pe - rb) : TW;
+            for (int j = jb; j < je; j += RVL) {
+                K(rvec) u0[4], u1[4];
+                for (int s = 0; s < 4; s++) { /* A^T on the columns */
+                    const T *m = M + ((ptrdiff_t)s * OCp + o) * ldm + rb + j - p0;
+                    K(rvec) m0 = K(rload)(m), m1 = K(rload)(m + row), m2 = K(rload)(m + 2 * row);
+                    K(rvec) m3 = K(rload)(m + 3 * row);
+                    u0[s] = m0 + m1 + m2;
+                    u1[s] = m1 - m2 - m3;
+                }
+                K(rvec) y00 = u0[0] + u0[1] + u0[2], y01 = u0[1] - u0[2] - u0[3];
+                K(rvec) y10 = u1[0] + u1[1] + u1[2], y11 = u1[1] - u1[2] - u1[3];
+                int n = je - j < RVL ? je - j : RVL;
+                T *at = yo + (ptrdiff_t)2 * i * W + 2 * j;
 #ifndef __clang__
-            if (n == RVL && j + RVL <= TW && i < TH && beta == 0) {
-                /* the vector's tiles in one tile row: its two output rows */
-                T *at = yo + (ptrdiff_t)2 * i * W + 2 * j;
-                K(rstore)(at, __builtin_shuffle(y00, y01, lo));
-                K(rstore)(at + RVL, __builtin_shuffle(y00, y01, hi));
-                K(rstore)(at + W, __builtin_shuffle(y10, y11, lo));
-                K(rstore)(at + W + RVL, __builtin_shuffle(y10, y11, hi));
-                j += RVL;
-                continue;
-            }
+                if (n == RVL || n == RVL / 2) {
+                    /* the tiles' two output rows, interleaved: 2 n values each, whole
+                     * vectors (half the tiles: the first vector of each row) */
+                    K(rvec) r0 = __builtin_shuffle(y00, y01, lo);
+                    K(rvec) r1 = __builtin_shuffle(y10, y11, lo);
+                    if (beta != 0) {
+                        r0 += beta * K(rload)(at);
+                        r1 += beta * K(rload)(at + W);
+                    }
+                    K(rstore)(at, r0);
+                    K(rstore)(at + W, r1);
+                    if (n == RVL / 2) continue;
+                    r0 = __builtin_shuffle(y00, y01, hi);
+                    r1 = __builtin_shuffle(y10, y11, hi);
+                    if (beta != 0) {
+                        r0 += beta * K(rload)(at + RVL);
+                        r1 += beta * K(rload)(at + W + RVL);
+                    }
+                    K(rstore)(at + RVL, r0);
+                    K(rstore)(at + W + RVL, r1);
+                    continue;
+                }
 #endif
-            T out[4][RVL]; /* (a, b): the tiles' outputs, then to their places in y */
-            K(rstore)(out[0], y00);
-            K(rstore)(out[1], y01);
-            K(rstore)(out[2], y10);
-            K(rstore)(out[3], y11);
-            for (int l = 0; l < n; l++, j++) {
-                if (j == Wq) j = 0, i++;
-                if (j >= TW || i >= TH) continue;
-                T *at = yo + (ptrdiff_t)2 * i * W + 2 * j;
-                if (beta != 0) {
-                    at[0] = out[0][l] + beta * at[0];
-                    at[1] = out[1][l] + beta * at[1];
-                    at[W] = out[2][l] + beta * at[W];
-                    at[W + 1] = out[3][l] + beta * at[W + 1];
-                } else {
-                    at[0] = out[0][l];
-                    at[1] = out[1][l];
-                    at[W] = out[2][l];
-                    at[W + 1] = out[3][l];
+                T out[4][RVL]; /* (a, b): the tiles' outputs, then to their places in y */
+                K(rstore)(out[0], y00);
+                K(rstore)(out[1], y01);
+                K(rstore)(out[2], y10);
+                K(rstore)(out[3], y11);
+                for (int l = 0; l < n; l++) {
+                    T *a = at + 2 * l;
+                    if (beta != 0) {
+                        a[0] = out[0][l] + beta * a[0];
+                        a[1] = out[1][l] + beta * a[1];
+                        a[W] = out[2][l] + beta * a[W];
+                        a[W + 1] = out[3][l] + beta * a[W + 1];
+                    } else {
+                        a[0] = out[0][l];
+                        a[1] = out[1][l];
+                        a[W] = out[2][l];
+                        a[W + 1] = out[3][l];
+                    }
                 }
             }
         }
@@ -1075,8 +1106,8 @@ static int K(pl_takes)(const dp_ctx *ctx, const dp_conv_geom *g, int oh, int ow)
 
 /* Whether the plane path's forward is Winograd's F(2x2, 3x3) (dp_conv_wino_in): float, a 3x3
  * kernel at stride 1 with padding 1 (the output the input's size), an even height and width
- * (whole 2x2 tiles), and 32 input channels or more: each product is then a sum over C
- * channels; with 16 the transforms and the plane kernel's short tiles cost more than the
+ * (whole 2x2 tiles), and 16 input channels or more: each product is then a sum over C
+ * channels; with 8 the transforms and the plane kernel's short tiles cost more than the
  * multiplies saved (bench/README.md, "Winograd") */
 DP_INLINE int K(wino_geom)(const dp_conv_geom *g)
 {
@@ -1084,20 +1115,25 @@ DP_INLINE int K(wino_geom)(const dp_conv_geom *g)
            g->H % 2 == 0 && g->W % 2 == 0;
 }
 
-DP_INLINE int K(wino_takes)(const dp_conv_geom *g) { return K(wino_geom)(g) && g->C >= 32; }
+DP_INLINE int K(wino_takes)(const dp_conv_geom *g) { return K(wino_geom)(g) && g->C >= 16; }
 
 /* The input gradient of such a layer is the same convolution of dy (OC channels) with the
- * kernel flipped and transposed: Winograd's where OC >= 32 */
-DP_INLINE int K(wino_dx_takes)(const dp_conv_geom *g) { return K(wino_geom)(g) && g->OC >= 32; }
+ * kernel flipped and transposed: Winograd's where OC >= 16 */
+DP_INLINE int K(wino_dx_takes)(const dp_conv_geom *g) { return K(wino_geom)(g) && g->OC >= 16; }
 
-/* The tiles a pass of the Winograd forward transforms: at most 96, fewer where the image
+/* The tiles a pass of the Winograd forward transforms: as many as keep its 16 products (V:
+ * C rows of them, M: up8(OC) rows) within 128 KB, so that they stay in L2 beside the weights
+ * and the planes on a 512 KB L2 (Zen 3's; 96 tiles, 392 KB at 32 channels, spilled there:
+ * bench/README.md, "Winograd"), at most 96 and at least one unit, fewer where the image
  * has fewer, in whole units of the plane kernel's tiles (unit: 3 vectors, 24 on AVX2, 48 on
- * AVX-512, which the scratch is sized for): its 16 products (C and OCp rows of that many)
- * then stay in L2, and no vector runs past a row */
+ * AVX-512, which the scratch is sized for): no vector runs past a row */
 DP_INLINE ptrdiff_t K(wino_chunk)(const dp_conv_geom *g, int unit)
 {
     ptrdiff_t Pe = (ptrdiff_t)(g->H / 2) * (g->W / 2 + 1);
-    return Pe < 96 ? (Pe + unit - 1) / unit * unit : 96;
+    ptrdiff_t n = 2048 / (K(up8)(g->C) + K(up8)(g->OC)) / unit * unit;
+    if (n > 96) n = 96 / unit * unit;
+    if (n < unit) n = unit;
+    return Pe < n ? (Pe + unit - 1) / unit * unit : n;
 }
 
 DP_INLINE size_t K(pack_base_elems)(const dp_conv_geom *g)
@@ -1207,7 +1243,7 @@ size_t K(dp_conv_plane_elems)(const dp_conv_geom *g)
         K(planes) q;
         K(planes_set)(&q, C, g->H, g->W, 2, 2, 2, 1, 1, g->H / 2 + 1, g->W / 2 + 1);
         m = K(pl_table_elems)((size_t)C) + (size_t)q.nq +
-            (size_t)16 * K(wino_chunk)(g, 48) * ((size_t)C + K(up8)(OC));
+            (size_t)16 * K(wino_chunk)(g, 48) * ((size_t)C + K(up8)(OC)) + 64;
         if (m > n) n = m;
     }
     return n;
