@@ -33,8 +33,8 @@
  * stride S (up to 4: DP_CONV_MAX_STRIDE_PHASES) it is that phase by phase, each of dx's S x S
  * phases a stride-1 convolution of dy with its kernel taps, written into dx with stride S.
  * A 3x3 kernel at stride 1 and padding 1 on even maps takes Winograd's F(2x2, 3x3) instead,
- * for the forward where C >= 32 and for the input gradient (the same convolution of dy with
- * the kernel flipped and transposed) where OC >= 32: each 2x2 block of outputs from its 4x4
+ * for the forward where C >= 16 and for the input gradient (the same convolution of dy with
+ * the kernel flipped and transposed) where OC >= 16: each 2x2 block of outputs from its 4x4
  * input patch with 16 multiplies a channel pair, not 36 (the weights transformed once, in
  * dp_conv_pack); its rounding differs from the direct sum's by float's ulps, not more.
  *
@@ -92,7 +92,7 @@ int dp_conv_generic_vec_bytes(void);
  *   zero tail up to nq elements; conv_wino_in / conv_wino_out: Winograd F(2x2, 3x3)'s input
  *   transform of a chunk of 2x2 tiles (read from the 2 x 2 phases) and output transform
  *   (written to y), around dp_conv_plane's 16 products (a 3x3 kernel, stride 1, padding 1,
- *   even maps, 32 input channels or more);
+ *   even maps, 16 input channels or more);
  * - im2col: col (K, oh ow) with row stride ldcol from x (C, H, W); col2im is its adjoint (dx
  *   is written). */
 #define DP_CONV_VEC(X, T, S)                                                                   \
