@@ -187,11 +187,17 @@ def _plane_cases(n=48):
 
 
 def _winograd_cases():
-    """Geometries whose forward (32 channels or more) or input gradient (32 filters or more)
+    """Geometries whose forward (16 channels or more) or input gradient (16 filters or more)
     is Winograd's F(2x2, 3x3) (3x3, padding 1, stride 1, even maps): one 2x2 tile, a tile row
     narrower than a vector, rows of whole vectors and not, counts off 8, more tiles than a
-    chunk (96) holds; both, the forward alone, the input gradient alone."""
+    chunk holds (its tile rows split between chunks); both, the forward alone, the input
+    gradient alone; ResNet's first stage (16 maps of 32 x 32), tile rows of half a vector and
+    of 5 (the output transform's whole, half and scalar stores)."""
     return [
+        (16, 32, 32, 16, 3, 1, 1),
+        (16, 12, 16, 20, 3, 1, 1),
+        (20, 10, 10, 16, 3, 1, 1),
+        (16, 8, 8, 8, 3, 1, 1),
         (16, 6, 8, 48, 3, 1, 1),
         (3, 2, 2, 33, 3, 1, 1),
         (32, 2, 2, 5, 3, 1, 1),

@@ -2588,6 +2588,7 @@ static void test_conv(dtype dt)
         {1, 33, 10, 14, 40, 3, 3, 1, 1}, /* Winograd: tile rows of 7, counts off 8 */
         {1, 8, 6, 4, 36, 3, 3, 1, 1},    /* Winograd's input gradient alone */
         {1, 32, 4, 34, 33, 3, 3, 1, 1},  /* Winograd: tile rows of 17 (whole-vector stores) */
+        {1, 16, 12, 16, 20, 3, 3, 1, 1}, /* Winograd: tile rows of 8, half a 16-lane vector */
         {2, 5, 35, 34, 13, 3, 3, 1, 2},
         {1, 3, 20, 21, 9, 5, 5, 2, 1},
         {1, 2, 6, 7, 3, 2, 2, 3, 1},
