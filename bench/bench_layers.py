@@ -15,7 +15,16 @@ of 128, dptrain's engine against torch.nn on the same weights. The networks:
   which a second table gives for each layer (issue 36's batch norm target: "batch norm
   alone", ours against torch's);
 - resnet8: ``nn.resnet(8, (3, 32, 32))`` (He et al.'s CIFAR ResNet, batch norm), issue 36's
-  step target, and the same without batch norm.
+  step target, and the same without batch norm (the difference: batch norm's cost inside
+  the ResNet).
+
+A layer's own cost is a paired difference: its network and the base network are timed in
+the same rounds (with torch's two, interleaved: bench/_util.interleaved), and the figure is
+the median over the rounds of (network - base) within a round, with its quartiles. The host
+time-shares its vCPUs and its memory bandwidth: a difference of two medians taken a minute
+apart gave 7x ratios from noise alone. A cost can still be negative where the layer makes
+what follows it cheaper: the average pool's network has a dense layer a quarter of its base's
+after it.
 
 Each row also gives its convolutions' and dense layers' multiply-adds as a floor: a training
 step's 2 B OC OH OW C K K flops per conv forward, twice that backward (the input's and the
@@ -24,7 +33,8 @@ measured here; the floor's share is the step's time spent at the peak on those a
 
 Before timing, each pair must agree: the same loss to 1e-4 relative (dropout: torch's masks
 differ, so the dropout row checks in eval mode). The figure is the median repeat's
-milliseconds per step, interleaved (bench/_util.interleaved), with the spread.
+milliseconds per step, interleaved (bench/_util.interleaved), with the spread ((max - min) /
+median).
 
 Run: python bench/bench_layers.py [--quick] [--json PATH]
 """
@@ -75,10 +85,33 @@ CASES = {
 LAYER_ROWS = {
     "batch norm, after a conv": ("batchnorm", "conv (base)"),
     "batch norm alone": ("batchnorm alone", "maps (base)"),
+    "batch norm in resnet8": ("resnet8", "resnet8 (no norm)"),
     "average pool": ("avgpool2", "conv (base)"),
     "layer norm": ("layernorm", "dense (base)"),
     "dropout": ("dropout", "dense 1024 (base)"),
 }
+
+
+def timing_groups() -> list[list[str]]:
+    """CASES's networks in groups timed together: a base network with every network that
+    LAYER_ROWS differences against it (a network alone where none does), in CASES's order."""
+    group_of = {name: {name} for name in CASES}
+    for net, base in LAYER_ROWS.values():
+        merged = group_of[net] | group_of[base]
+        for name in merged:
+            group_of[name] = merged
+    groups, seen = [], set()
+    for name in CASES:
+        if name not in seen:
+            members = [n for n in CASES if n in group_of[name]]
+            seen.update(members)
+            groups.append(members)
+    return groups
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = np.percentile(xs, [25, 50, 75])
+    return float(q1), float(q2), float(q3)
 
 
 def step_flops(plan: dict, batch: int) -> float:
@@ -104,49 +137,59 @@ def main() -> None:
     env = _util.environment(**_util.torch_info(torch))
     _util.print_environment(env)
     repeats, number = (3, 3) if args.quick else (9, 10)
-    rows, results = [], {}
+    rows, results, times = [], {}, {}
     peak = _util.peaks()["kernels"]["float32"] * 1e9
     rng = np.random.default_rng(0)
-    for name, (layers, shape) in CASES.items():
-        model = nn.Sequential(layers, input_shape=shape, seed=1, threads=1)
-        x = rng.standard_normal((BATCH, int(np.prod(shape)))).astype(np.float32)
-        y = rng.integers(0, 10, BATCH).astype(np.int64)
-        net, _ = torch_sequential(model.plan, model.params, torch)
-        tx, ty = torch.from_numpy(x.reshape(BATCH, *shape)), torch.from_numpy(y)
-        dropout = any(spec[0] == "dropout" for spec in model.plan["layers"])
-        if dropout:
-            net.eval()  # the check: torch's masks are its own
-        with torch.no_grad():
-            want = torch.nn.functional.cross_entropy(net(tx), ty).item()
-        got = model.evaluate(x, y)[0] if dropout else model.loss_grad(x, y)[0] / BATCH
-        assert abs(got - want) <= 1e-4 * abs(want), f"{name}: loss {got} vs torch {want}"
-        net.train()
+    for group in timing_groups():
+        fns = {}
+        for name in group:
+            layers, shape = CASES[name]
+            model = nn.Sequential(layers, input_shape=shape, seed=1, threads=1)
+            x = rng.standard_normal((BATCH, int(np.prod(shape)))).astype(np.float32)
+            y = rng.integers(0, 10, BATCH).astype(np.int64)
+            net, _ = torch_sequential(model.plan, model.params, torch)
+            tx, ty = torch.from_numpy(x.reshape(BATCH, *shape)), torch.from_numpy(y)
+            dropout = any(spec[0] == "dropout" for spec in model.plan["layers"])
+            if dropout:
+                net.eval()  # the check: torch's masks are its own
+            with torch.no_grad():
+                want = torch.nn.functional.cross_entropy(net(tx), ty).item()
+            got = model.evaluate(x, y)[0] if dropout else model.loss_grad(x, y)[0] / BATCH
+            assert abs(got - want) <= 1e-4 * abs(want), f"{name}: loss {got} vs torch {want}"
+            net.train()
 
-        def ours():
-            model.zero_grad()
-            model.loss_grad(x, y)
+            def ours(model=model, x=x, y=y):
+                model.zero_grad()
+                model.loss_grad(x, y)
 
-        def theirs():
-            net.zero_grad()
-            torch.nn.functional.cross_entropy(net(tx), ty).backward()
+            def theirs(net=net, tx=tx, ty=ty):
+                net.zero_grad()
+                torch.nn.functional.cross_entropy(net(tx), ty).backward()
 
-        t = _util.interleaved({"dptrain": ours, "torch": theirs}, repeats=repeats, number=number)
-        a, b = _util.median(t["dptrain"]), _util.median(t["torch"])
-        floor = step_flops(model.plan, BATCH) / peak
-        results[name] = {
-            "dptrain_ms": a * 1e3,
-            "torch_ms": b * 1e3,
-            "ratio": a / b,
-            "spread": [_util.spread(t["dptrain"]), _util.spread(t["torch"])],
-            "floor_ms": floor * 1e3,
-        }
+            fns[("dptrain", name)] = ours
+            fns[("torch", name)] = theirs
+            results[name] = {"floor_ms": step_flops(model.plan, BATCH) / peak * 1e3}
+        t = _util.interleaved(fns, repeats=repeats, number=number)
+        times.update(t)
+    for name in CASES:
+        ta, tb = times[("dptrain", name)], times[("torch", name)]
+        a, b = _util.median(ta), _util.median(tb)
+        floor = results[name]["floor_ms"] / 1e3
+        results[name].update(
+            {
+                "dptrain_ms": a * 1e3,
+                "torch_ms": b * 1e3,
+                "ratio": a / b,
+                "spread": [_util.spread(ta), _util.spread(tb)],
+            }
+        )
         rows.append(
             (
                 name,
                 f"{a * 1e3:.3f}",
                 f"{b * 1e3:.3f}",
                 f"{a / b:.2f}",
-                f"{_util.spread(t['dptrain']):.0%} / {_util.spread(t['torch']):.0%}",
+                f"{_util.spread(ta):.0%} / {_util.spread(tb):.0%}",
                 f"{floor * 1e3:.3f}",
                 f"{floor / a:.0%} / {floor / b:.0%}",
             )
@@ -159,14 +202,32 @@ def main() -> None:
     )
     layers = []
     for name, (net, base) in LAYER_ROWS.items():
-        a = results[net]["dptrain_ms"] - results[base]["dptrain_ms"]
-        b = results[net]["torch_ms"] - results[base]["torch_ms"]
-        results[name] = {"dptrain_ms": a, "torch_ms": b, "ratio": a / b if b > 0 else None}
-        layers.append((name, f"{a:.3f}", f"{b:.3f}", f"{a / b:.2f}" if b > 0 else "-"))
+        own = {}
+        for side in ("dptrain", "torch"):
+            pairs = zip(times[(side, net)], times[(side, base)])
+            own[side] = quartiles([(n - b) * 1e3 for n, b in pairs])
+        a, b = own["dptrain"][1], own["torch"][1]
+        results[name] = {
+            "dptrain_ms": a,
+            "torch_ms": b,
+            "ratio": a / b if b > 0 else None,
+            "quartiles_ms": {"dptrain": own["dptrain"], "torch": own["torch"]},
+        }
+        layers.append(
+            (
+                name,
+                f"{a:.3f}",
+                f"{own['dptrain'][0]:.2f} .. {own['dptrain'][2]:.2f}",
+                f"{b:.3f}",
+                f"{own['torch'][0]:.2f} .. {own['torch'][2]:.2f}",
+                f"{a / b:.2f}" if b > 0 else "-",
+            )
+        )
     _util.print_table(
-        ["layer", "dptrain ms", "torch ms", "ours / torch"],
+        ["layer", "dptrain ms", "quartiles", "torch ms", "quartiles", "ours / torch"],
         layers,
-        title="the layer's own cost: its network's median step minus its base network's",
+        title="the layer's own cost: the median over rounds of its network's step minus its "
+        "base network's, timed in the same round",
     )
     if args.json:
         _util.write_helper_json(args.json, {"environment": env, "results": results})
