@@ -1126,7 +1126,7 @@ DP_INLINE int K(wino_dx_takes)(const dp_conv_geom *g) { return K(wino_geom)(g) &
  * and the planes on a 512 KB L2 (Zen 3's; 96 tiles, 392 KB at 32 channels, spilled there:
  * bench/README.md, "Winograd"), at most 96 and at least one unit, fewer where the image
  * has fewer, in whole units of the plane kernel's tiles (unit: 3 vectors, 24 on AVX2, 48 on
- * AVX-512, which the scratch is sized for): no vector runs past a row */
+ * AVX-512): no vector runs past a row */
 DP_INLINE ptrdiff_t K(wino_chunk)(const dp_conv_geom *g, int unit)
 {
     ptrdiff_t Pe = (ptrdiff_t)(g->H / 2) * (g->W / 2 + 1);
@@ -1135,6 +1135,12 @@ DP_INLINE ptrdiff_t K(wino_chunk)(const dp_conv_geom *g, int unit)
     if (n < unit) n = unit;
     return Pe < n ? (Pe + unit - 1) / unit * unit : n;
 }
+
+/* The rows of V and M: a pass's tiles rounded up to 48, a multiple of every build's vector.
+ * The scratch holds the longer of the two units' rows: they are not ordered (at 24 channels
+ * in all, 2048 / 24 is 72 tiles on AVX2, 96 long, and 48 on AVX-512) */
+DP_INLINE ptrdiff_t K(wino_ldv)(const dp_conv_geom *g, int unit)
+{ return (K(wino_chunk)(g, unit) + 47) / 48 * 48; }
 
 DP_INLINE size_t K(pack_base_elems)(const dp_conv_geom *g)
 {
@@ -1242,8 +1248,9 @@ size_t K(dp_conv_plane_elems)(const dp_conv_geom *g)
         int C = dxs ? g->OC : g->C, OC = dxs ? g->C : g->OC;
         K(planes) q;
         K(planes_set)(&q, C, g->H, g->W, 2, 2, 2, 1, 1, g->H / 2 + 1, g->W / 2 + 1);
+        ptrdiff_t l24 = K(wino_ldv)(g, 24), l48 = K(wino_ldv)(g, 48);
         m = K(pl_table_elems)((size_t)C) + (size_t)q.nq +
-            (size_t)16 * K(wino_chunk)(g, 48) * ((size_t)C + K(up8)(OC)) + 64;
+            (size_t)16 * (size_t)(l24 > l48 ? l24 : l48) * ((size_t)C + K(up8)(OC)) + 64;
         if (m > n) n = m;
     }
     return n;
@@ -1260,8 +1267,8 @@ static void K(wino_forward)(T *scratch, T *y, const T *x, const T *U, const dp_c
      * writes whole vectors inside its row) */
     int OCp = K(up8)(OC), TH = g->H / 2, TW = g->W / 2;
     ptrdiff_t Pe = (ptrdiff_t)TH * (TW + 1);
-    ptrdiff_t ldc = K(wino_chunk)(g, dp_isa_bits(dp_isa_active()) >= 512 ? 48 : 24);
-    ptrdiff_t ldv = (ldc + 47) / 48 * 48;
+    int unit = dp_isa_bits(dp_isa_active()) >= 512 ? 48 : 24;
+    ptrdiff_t ldc = K(wino_chunk)(g, unit), ldv = K(wino_ldv)(g, unit);
     K(planes) q;
     K(planes_set)(&q, C, g->H, g->W, 2, 2, 2, 1, 1, TH + 1, TW + 1);
     ptrdiff_t *ent = (ptrdiff_t *)(void *)scratch;

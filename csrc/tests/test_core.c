@@ -2589,6 +2589,8 @@ static void test_conv(dtype dt)
         {1, 8, 6, 4, 36, 3, 3, 1, 1},    /* Winograd's input gradient alone */
         {1, 32, 4, 34, 33, 3, 3, 1, 1},  /* Winograd: tile rows of 17 (whole-vector stores) */
         {1, 16, 12, 16, 20, 3, 3, 1, 1}, /* Winograd: tile rows of 8, half a 16-lane vector */
+        {1, 16, 16, 16, 8, 3, 3, 1, 1},  /* Winograd at 24 channels in all: 72-tile passes */
+        {1, 8, 16, 16, 16, 3, 3, 1, 1},  /* the same for the input gradient alone */
         {2, 5, 35, 34, 13, 3, 3, 1, 2},
         {1, 3, 20, 21, 9, 5, 5, 2, 1},
         {1, 2, 6, 7, 3, 2, 2, 3, 1},
