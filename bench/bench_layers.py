@@ -94,19 +94,13 @@ LAYER_ROWS = {
 
 def timing_groups() -> list[list[str]]:
     """CASES's networks in groups timed together: a base network with every network that
-    LAYER_ROWS differences against it (a network alone where none does), in CASES's order."""
-    group_of = {name: {name} for name in CASES}
-    for net, base in LAYER_ROWS.values():
-        merged = group_of[net] | group_of[base]
-        for name in merged:
-            group_of[name] = merged
-    groups, seen = [], set()
+    LAYER_ROWS differences against it (a network alone where none does), in CASES's order
+    (a base is no other row's network)."""
+    base_of = {net: base for net, base in LAYER_ROWS.values()}
+    groups: dict[str, list[str]] = {}
     for name in CASES:
-        if name not in seen:
-            members = [n for n in CASES if n in group_of[name]]
-            seen.update(members)
-            groups.append(members)
-    return groups
+        groups.setdefault(base_of.get(name, name), []).append(name)
+    return list(groups.values())
 
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:

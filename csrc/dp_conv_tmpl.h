@@ -724,7 +724,6 @@ void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int PA
     // xq[((c PA + a) PB + b) Hq Wq + r Wq + s] = x[c, S r + a - ph, S s + b - pw], 0 outside
     // x, for the phases a < PA, b < PB (those a kernel reads); xq's elements from there to nq:
     // 0
-    T *at;
     const K(rvec) zero = {0};
 #ifndef __clang__
     K(rmask) even; /* lanes 2 l of (lo, hi) where hi starts at lo's lane RVL - 1 */
@@ -746,7 +745,7 @@ void KV(dp_conv_to_planes)(T *xq, const T *x, int C, int H, int W, int S, int PA
                 int h = S * r + a - ph, inside = h >= 0 && h < H;
                 const T *xr = inside ? x + ((ptrdiff_t)c * H + h) * W : x;
                 for (int b = 0; b < PB; b++) {
-                    at = xq + (((ptrdiff_t)(c * PA + a) * PB + b) * Hq + r) * Wq;
+                    T *at = xq + (((ptrdiff_t)(c * PA + a) * PB + b) * Hq + r) * Wq;
                     if (S == 1 && inside && Wq - pw >= RVL && W >= RVL) {
                         /* columns [pw, pw + W) of the row hold x's row, the rest 0: the
                          * zeros first (the last vector may run into the next row, written
