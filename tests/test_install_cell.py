@@ -42,7 +42,12 @@ def cell_script(tmp_path: Path, source: str) -> Path:
 
 def fresh_venv(path: Path) -> Path:
     """A new virtual environment with pip and nothing else (no system site-packages)."""
-    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(path)
+    # symlinks, as `python -m venv` makes them on POSIX: a copied interpreter is written by
+    # this process, and a subprocess forked meanwhile by another thread (the other background
+    # job) holds the copy's descriptor open until it execs, so that running the copy failed
+    # with ETXTBSY ("Text file busy", once in CI)
+    builder = venv.EnvBuilder(with_pip=True, system_site_packages=False, symlinks=os.name != "nt")
+    builder.create(path)
     return path / "bin" / "python"
 
 
