@@ -237,7 +237,8 @@ typedef struct {
     int64_t rng_step, rng_row0;
     int bad_row; /* after DP_ELABEL: the first row with a bad label */
     /* a backward sweep in progress (forward_loss, then backward_layer P_L - 1 .. 0) */
-    int pending_rows; /* rows of the batch in flight; 0 when none */
+    int pending;      /* 1 while one is, whatever its rows */
+    int pending_rows; /* its rows (0: a share of no rows, whose steps only exchange) */
     int next_layer;   /* the parameterized layer the next step must be */
     int d_second;     /* which grad_io half holds d(loss)/d(current output) */
     const void *pending_x;

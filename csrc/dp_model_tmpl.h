@@ -691,22 +691,75 @@ static int K(bn_forward)(K(sweep) * sw, const dp_stage *st, int s, const T *x, T
 
 /* After a training forward that succeeded: each BN stage's running statistics move towards
  * the batch's (PyTorch's update: the unbiased variance). */
+static void K(bn_move_running)(dp_model *m, const dp_stage *st, const double *mr)
+{
+    int C = st->g.C;
+    double N = mr[2 * C], mom = DP_BATCHNORM_MOMENTUM, *rm = m->state + st->s_off;
+    double *rv = rm + C;
+    for (int c = 0; c < C; c++) {
+        double var = mr[2 * C + 1 + c];
+        rm[c] = (1 - mom) * rm[c] + mom * mr[2 * c];
+        rv[c] = (1 - mom) * rv[c] + mom * (N > 1 ? var * N / (N - 1) : var);
+    }
+}
+
 static void K(bn_update_running)(dp_model *m, const K(model_bufs) * bf)
 {
     const dp_plan *p = &m->plan;
-    for (int s = 0; s < p->n_stages; s++) {
+    for (int s = 0; s < p->n_stages; s++)
+        if (p->stage[s].op == DP_STAGE_BN) K(bn_move_running)(m, &p->stage[s], bf->stats[s]);
+}
+
+/* A share of no rows (a worker's or a deterministic chunk's, of a batch with fewer rows than
+ * shares): nothing to compute, but where batch norms exchange their sums the other shares
+ * wait for this one's at every exchange. It takes part in each with zero totals, in a
+ * sweep's order: with forward, the forward's, stage by stage; then the backward's, layer by
+ * layer from top down to bottom (a norm above layer 0: the one whose input gradient is
+ * made). Once every exchange has succeeded, the running statistics move as the other shares'
+ * do, from the batch's statistics. */
+static int K(empty_exchanges)(dp_model *m, int forward, int top, int bottom)
+{
+    const dp_plan *p = &m->plan;
+    if (!m->exchange) return DP_OK;
+    size_t n = 0, Cmax = 0;
+    for (int s = 0; s < p->n_stages; s++)
+        if (p->stage[s].op == DP_STAGE_BN) {
+            size_t C = (size_t)p->stage[s].g.C;
+            n += 3 * C + 1; /* its statistics, as bn_stats leaves them */
+            Cmax = C > Cmax ? C : Cmax;
+        }
+    if (Cmax == 0) return DP_OK;
+    double *tot = malloc(sizeof(double) * (2 * Cmax + 1 + n)), *mr = tot + 2 * Cmax + 1;
+    if (!tot) return DP_ENOMEM;
+    int rc = DP_OK, moved = 0;
+    for (int s = 0; forward && s < p->n_stages && rc == DP_OK; s++) {
         const dp_stage *st = &p->stage[s];
         if (st->op != DP_STAGE_BN) continue;
         int C = st->g.C;
-        const double *mr = bf->stats[s];
-        double N = mr[2 * C], mom = DP_BATCHNORM_MOMENTUM, *rm = m->state + st->s_off;
-        double *rv = rm + C;
-        for (int c = 0; c < C; c++) {
-            double var = mr[2 * C + 1 + c];
-            rm[c] = (1 - mom) * rm[c] + mom * mr[2 * c];
-            rv[c] = (1 - mom) * rv[c] + mom * (N > 1 ? var * N / (N - 1) : var);
-        }
+        memset(tot, 0, sizeof(double) * (2 * (size_t)C + 1));
+        if (m->exchange(m->exchange_ctx, tot, 2 * C + 1))
+            rc = DP_EEXCHANGE;
+        else if (tot[2 * C] == 1.0) /* refused by the share with the row: see bn's forward */
+            rc = DP_EBNSINGLE;
+        if (tot[2 * C] > 0) K(bn_stats)(mr, tot, C, 0, C);
+        mr[2 * C] = tot[2 * C]; /* 0: no share had rows (a caller's own exchange), no move */
+        mr += 3 * C + 1;
+        moved = 1;
     }
+    for (int layer = top; layer >= bottom && layer > 0 && rc == DP_OK; layer--) {
+        const dp_stage *st = &p->stage[p->param_stage[layer]];
+        if (st->op != DP_STAGE_BN) continue;
+        memset(tot, 0, sizeof(double) * 2 * (size_t)st->g.C);
+        if (m->exchange(m->exchange_ctx, tot, 2 * st->g.C)) rc = DP_EEXCHANGE;
+    }
+    mr = tot + 2 * Cmax + 1;
+    for (int s = 0; moved && rc == DP_OK && s < p->n_stages; s++)
+        if (p->stage[s].op == DP_STAGE_BN) {
+            if (mr[2 * p->stage[s].g.C] > 0) K(bn_move_running)(m, &p->stage[s], mr);
+            mr += 3 * (size_t)p->stage[s].g.C + 1;
+        }
+    free(tot);
+    return rc;
 }
 
 /* Forward through every stage; out[n_stages - 1] holds the model's outputs. */
@@ -990,10 +1043,19 @@ static int K(forward_backward)(dp_model *m, T *grads, double *loss_sum, int64_t 
                                int B, T grad_scale, int top)
 {
     const dp_plan *p = &m->plan;
-    m->pending_rows = 0;
+    m->pending = m->pending_rows = 0;
     *loss_sum = 0;
     *correct = 0;
-    if (B <= 0) return DP_OK;
+    if (B <= 0) {
+        int rc = K(empty_exchanges)(m, 1, top, 0);
+        if (rc == DP_OK && top < 0) { /* its steps still come, each to exchange */
+            m->pending = 1;
+            m->pending_x = x;
+            m->next_layer = p->n_param_layers - 1;
+            m->d_second = 0;
+        }
+        return rc;
+    }
     if (!K(has_targets)(p, labels, targets)) return DP_EVALUE;
     K(sweep)
     sw = {.m = m,
@@ -1017,6 +1079,7 @@ static int K(forward_backward)(dp_model *m, T *grads, double *loss_sum, int64_t 
     *loss_sum = sw.loss_sum;
     *correct = sw.correct;
     if (top < 0) { /* a sweep in progress: its steps come one call each */
+        m->pending = 1;
         m->pending_rows = B;
         m->pending_x = x;
         m->next_layer = p->n_param_layers - 1;
@@ -1041,7 +1104,14 @@ int K(dp_model_backward_layer)(dp_model *m, T *grads, const T *params, int layer
     // its dW, db (accumulated into grads) and d(loss)/d(its input) for the step after (not
     // computed for layer 0)
     int B = m->pending_rows;
-    if (B == 0 || layer != m->next_layer) return DP_EORDER;
+    if (!m->pending || layer != m->next_layer) return DP_EORDER;
+    if (B == 0) { /* a share of no rows */
+        int rc = K(empty_exchanges)(m, 0, layer, layer);
+        if (rc) return rc;
+        m->next_layer = layer - 1;
+        if (layer == 0) m->pending = 0;
+        return DP_OK;
+    }
     K(sweep)
     sw = {.m = m,
           .params = params,
@@ -1057,7 +1127,7 @@ int K(dp_model_backward_layer)(dp_model *m, T *grads, const T *params, int layer
     if (rc) return rc;
     m->d_second = sw.d_second;
     m->next_layer = layer - 1;
-    if (layer == 0) m->pending_rows = 0;
+    if (layer == 0) m->pending = m->pending_rows = 0;
     return DP_OK;
 }
 
@@ -1069,7 +1139,7 @@ int K(dp_model_loss_grad)(dp_model *m, T *grads, double *loss_sum, int64_t *corr
     // d(grad_scale * sum_i loss_i) / d params
     const dp_plan *p = &m->plan;
     const dp_stage *st = &p->stage[0];
-    m->pending_rows = 0; /* a whole sweep: one in progress ends here, on every path */
+    m->pending = m->pending_rows = 0; /* a whole sweep: one in progress ends here, always */
     if (B > 0 && labels && p->loss == DP_LOSS_SIGMOID_BCE && p->n_stages == 1 &&
         st->op == DP_STAGE_DENSE && st->act == DP_ACT_NONE && !m->ctx.bf16_inputs) {
         /* logistic regression: a GEMM with one output column wastes the micro-kernel; the
@@ -1092,7 +1162,7 @@ int K(dp_model_evaluate)(dp_model *m, T *out, double *loss_sum, int64_t *correct
     int IN0 = p->in_width, OUT = p->out_width, with_loss = K(has_targets)(p, labels, targets);
     double total = 0;
     int64_t right = 0;
-    m->pending_rows = 0; /* the scratch is reused: a sweep in progress is abandoned */
+    m->pending = m->pending_rows = 0; /* the scratch is reused: a sweep in progress ends */
     *loss_sum = 0;
     *correct = 0;
     for (int r0 = 0; r0 < B; r0 += m->eval_rows) {

@@ -133,7 +133,7 @@ static int model_reclaim_sweep(ModelObject *self, unsigned long owner)
     WITHOUT_GIL_LOCKED(
         self->lock, if (self->sweep_owner == owner) {
             self->sweep_owner = 0;
-            self->model.pending_rows = 0; /* the engine's own mark of an abandoned sweep */
+            self->model.pending = 0; /* the engine's own mark of an abandoned sweep */
         });
     model_end_sweep(self);
     return 1;
@@ -321,7 +321,7 @@ again:
             busy = self->sweep_owner;
         } else {
             rc = run_forward_loss(self, &loss, &correct, PyArray_DATA(x), l, (int)B, gs);
-            pending = rc == 0 && self->model.pending_rows;
+            pending = rc == 0 && self->model.pending;
             self->sweep_owner = pending ? me : 0;
         });
     if (rc == MODEL_EBUSY && model_reclaim_sweep(self, busy)) goto again;
@@ -369,7 +369,7 @@ again:
                                                          self->params.data, layer)
                            : dp_model_backward_layer_f64(&self->model, PyArray_DATA(grads),
                                                          self->params.data, layer);
-            ended = !self->model.pending_rows;
+            ended = !self->model.pending;
             if (ended) self->sweep_owner = 0;
             next = self->model.next_layer;
         });

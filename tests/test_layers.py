@@ -387,6 +387,71 @@ def test_batch_norm_in_deterministic_gives_one_workers_bits(augment):
     np.testing.assert_allclose(runs[0].model.state, plain.model.state, rtol=1e-5, atol=1e-6)
 
 
+def _exchanges(m, rows, split):
+    """The lengths of the buffers a sweep of ``rows`` rows exchanges, in order (the exchange
+    leaves the sums as they are: one share's)."""
+    lengths = []
+    m._net.set_exchange(lambda buf: lengths.append(len(buf)))
+    grads = np.zeros_like(m.grads)
+    # the engine's own calls: Model's refuse no rows, a worker's share may have none
+    x, y = X[:rows].reshape(rows, 64).astype(m.dtype), Y[:rows]
+    if split:
+        m._net.forward_loss(x, y, 0.1)
+        for layer in reversed(range(len(m.layer_slices()))):
+            m._net.backward_layer(layer, grads)
+    else:
+        m._net.loss_grad(x, y, 0.1, grads)
+    assert rows or not grads.any()
+    return lengths
+
+
+@pytest.mark.boundary  # run again against the ASan build: the C engine's own path
+@pytest.mark.parametrize("split", [False, True], ids=["loss_grad", "forward_loss"])
+def test_a_share_of_no_rows_takes_part_in_every_exchange(split):
+    """A worker (or a deterministic chunk) whose share of a batch is empty still makes each of
+    the batch norms' exchanges the others wait for, in their order: the forward's, then the
+    backward's (the first layer's norm, whose input gradient is not made, has none)."""
+    m = _net(layers=[nn.BatchNorm2d()] + BN_LAYERS)
+    full = _exchanges(m, 7, split)
+    assert full == [3, 13, 17, 33, 32, 16, 12]  # 2 C + 1 forward, 2 C backward
+    before = m.state.copy()
+    assert _exchanges(m, 0, split) == full
+    # its own zero sums are all it knows of the batch: no statistics to move by
+    assert np.array_equal(m.state, before)
+
+
+TINY = dict(X=X[:23], y=Y[:23], batch_size=10)  # a last batch of 3 rows: shares of none
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_batch_with_fewer_rows_than_workers_or_chunks_trains_as_one_worker(deterministic):
+    """The last batch (3 rows) leaves workers (and, in deterministic mode, the 8 chunks of
+    every worker, one worker's too) with no rows: they take part in the batch norms'
+    exchanges all the same (they stopped the others: a hang, or a collective mismatch), and
+    train the model one worker trains; the same bits in deterministic mode."""
+    opts = dict(layers=BN_DROPOUT_LAYERS, deterministic=deterministic, **TINY)
+    one = _train(workers=1, **opts)
+    runs = [_train(workers=w, backend=b, **opts) for w, b in [(5, "thread"), (4, "process")]]
+    if not deterministic:
+        runs.append(_train(workers=5, backend="thread", overlap=True, bucket_kb=0.25, **opts))
+    scale = np.abs(one["params"]).max()
+    for r in runs:
+        if deterministic:
+            assert np.array_equal(r["params"], one["params"])
+            assert np.array_equal(r.model.state, one.model.state)
+        else:
+            assert np.abs(r["params"] - one["params"]).max() <= 1e-5 * scale
+            np.testing.assert_allclose(r.model.state, one.model.state, rtol=1e-5, atol=1e-6)
+
+
+def test_overlap_with_a_worker_of_no_rows_trains_as_one_worker():
+    """Overlap's backward, layer by layer, on a share of no rows (no batch norm): its steps
+    run, the buckets' all-reduces start as the others' do."""
+    one = _train(workers=1, **TINY)
+    r = _train(workers=5, backend="thread", overlap=True, bucket_kb=0.25, **TINY)
+    assert np.abs(r["params"] - one["params"]).max() <= 1e-5 * np.abs(one["params"]).max()
+
+
 def test_batch_norm_in_deterministic_with_a_bfloat16_exchange_keeps_the_bits():
     opts = dict(layers=BN_LAYERS, deterministic=True, comm_dtype="bfloat16", dtype="float32")
     one, four = (_train(workers=w, backend="thread", **opts) for w in (1, 4))
