@@ -1017,9 +1017,13 @@ class TrainConfig:
         """(pad, flip) of ``augment``, or None."""
         if not self.augment:
             return None
-        pad, flip = 0, False
+        pad, flip, seen = 0, False, set()
         for part in self.augment.split(","):
             part = part.strip()
+            kind = "crop" if part.startswith("crop") else part
+            if kind in seen:  # crop2,crop4 or flip,flip: which was meant?
+                raise ValueError(f"augment is {self.augment!r}: {kind} is given twice")
+            seen.add(kind)
             if part == "flip":
                 flip = True
             elif part.startswith("crop") and part[4:].isdigit() and int(part[4:]) > 0:
@@ -1085,6 +1089,11 @@ class TrainConfig:
             raise ValueError(
                 f"warmup_epochs={self.warmup_epochs!r} cannot run with lr_schedule='onecycle', "
                 f"whose first 30 % of the steps are its own warm-up"
+            )
+        if isinstance(self.epochs, int) and self.warmup_epochs and self.warmup_epochs > self.epochs:
+            raise ValueError(
+                f"warmup_epochs={self.warmup_epochs!r} is longer than the run "
+                f"(epochs={self.epochs}): the learning rate would never reach lr"
             )
 
     def _check_optimizer(self, set_) -> None:
@@ -1399,7 +1408,7 @@ def given(args) -> frozenset:
 
 
 _NONNEGATIVE_INTS = ("checkpoint_every", "mpi_nodes", "seed", "local_after")
-_POSITIVE_FLOATS = ("lr",)
+_POSITIVE_FLOATS = ("lr", "clip_norm", "lr_gamma")  # > 0 (TrainConfig says the rest)
 
 
 def _pos_int_text(text: str) -> int:

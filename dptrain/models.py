@@ -131,6 +131,11 @@ def layer_specs(layers) -> list:
         )
     out = []
     for i, layer in enumerate(layers):
+        if isinstance(layer, type):
+            raise TypeError(
+                f"layers[{i}] is the class {layer.__name__}, not a layer: write "
+                f"{layer.__name__}(...)"
+            )
         if callable(getattr(layer, "specs", None)):  # several: a residual block's
             out += layer.specs()
             continue
@@ -140,8 +145,9 @@ def layer_specs(layers) -> list:
         if not isinstance(spec, (str, tuple)):
             raise TypeError(
                 f"layers[{i}] = {layer!r} is not a layer: expected a dptrain.nn "
-                f"layer (Dense, Conv2d, MaxPool2, Flatten, ReLU, Tanh, Sigmoid, "
-                f"GELU) or its spec ('dense', 10), 'relu', ..."
+                f"layer (Dense, Conv2d, MaxPool2, AvgPool2, GlobalAvgPool, Flatten, "
+                f"ReLU, Tanh, Sigmoid, GELU, Dropout, BatchNorm, LayerNorm, Residual) "
+                f"or its spec ('dense', 10), 'relu', ..."
             )
         out.append(spec)
     return out

@@ -167,7 +167,7 @@ class Dropout(Layer):
         return ("dropout", self.p)
 
     def __repr__(self) -> str:
-        return f"Dropout({self.p:g})"
+        return f"Dropout({self.p!r})"
 
 
 class LayerNorm(Layer):
@@ -206,6 +206,12 @@ class Residual(Layer):
     def __init__(self, block):
         from .models import layer_specs
 
+        if isinstance(block, (Layer, type)) or not hasattr(block, "__iter__"):
+            one = f"{block.__name__}()" if isinstance(block, type) else repr(block)
+            raise TypeError(
+                f"Residual takes a list of layers, e.g. Residual([Conv2d(16, 3, padding=1), "
+                f"ReLU()]), got {block!r}: for a block of one layer pass [{one}]"
+            )
         self.block = list(block)
         if not self.block:
             raise ValueError("Residual needs at least one layer in its block")

@@ -419,8 +419,15 @@ class RMSprop(_Optimizer):
         _check_nonnegative(
             lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum
         )
-        if alpha > 1:
-            raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+        if alpha >= 1:
+            raise ValueError(
+                f"alpha must be in [0, 1), got {alpha!r}: at 1 the average of squared "
+                f"gradients never moves from 0, and every step is the gradient / eps"
+            )
+        if eps == 0:
+            raise ValueError(
+                "eps must be > 0, got 0: a parameter whose gradient is 0 would take 0 / 0"
+            )
         if momentum >= 1:
             raise ValueError(
                 f"momentum must be in [0, 1), got {momentum!r}: with momentum >= 1 the "

@@ -65,6 +65,7 @@ from . import models, nn
 from .comm import BACKENDS, resolve_backend
 from .comm.mpi import world as mpi_world
 from .config import DTYPES
+from .data.arrays import channels_last_note
 from .engine import fit as engine_fit
 from .optim import SCHEDULES  # learning_rate: TrainConfig's lr_schedule
 
@@ -209,7 +210,7 @@ class _Estimator(BaseEstimator):
             raise ValueError(
                 f"{type(self).__name__}: solver='lbfgs' is scikit-learn's full-batch "
                 f"solver; dptrain trains by minibatch gradients: use 'adam' (the default), "
-                f"'adamw' or 'sgd'"
+                f"'adamw', 'sgd' or 'rmsprop'"
             )
         _choice_param(self, "solver", SOLVERS)
         _real_param(self, "learning_rate_init", 0, low_open=True)
@@ -912,6 +913,9 @@ class CNNClassifier(_Classifier):
                     f"(n, H, W), or rows (n, features)"
                 )
             read = (1,) + X.shape[1:] if X.ndim == 3 else X.shape[1:]
+            note = channels_last_note("X", X.shape) if X.ndim == 4 and reset else None
+            if note:  # read as it is, as fit reads X: a warning, as scikit-learn's
+                warnings.warn(note, UserWarning, stacklevel=3)
             X = X.reshape(len(X), -1)
         else:
             read = None

@@ -167,6 +167,8 @@ def test_a_checkpoint_resumes_only_with_its_augmentation(tmp_path):
         (dict(augment="crop0"), "'crop0' is not cropP"),
         (dict(augment="rotate,flip"), "'rotate' is not cropP"),
         (dict(augment=4), "augment must be a string"),
+        (dict(augment="flip,crop2,flip"), "'flip,crop2,flip': flip is given twice"),
+        (dict(augment="crop2,crop4"), "'crop2,crop4': crop is given twice"),
     ],
 )
 def test_bad_specs_are_refused_by_name(kwargs, fragment):

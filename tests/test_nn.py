@@ -164,7 +164,8 @@ def test_mse_is_pytorchs_mean_squared_error():
             r"layers\[0\] = \('dense', 0\): the output size must be 1\.\.2147483647",
         ),
         (["softmax"], (3,), r"layers\[0\]: unknown layer 'softmax'"),
-        ([3], (3,), r"layers\[0\] = 3 is not a layer"),
+        ([3], (3,), r"layers\[0\] = 3 is not a layer: .*BatchNorm, LayerNorm, Residual\)"),
+        ([nn.ReLU, nn.Dense(2)], (3,), r"layers\[0\] is the class ReLU, not a layer: write ReLU"),
     ],
 )
 def test_bad_layer_lists_are_refused_naming_the_layer(layers, shape, match):
@@ -173,6 +174,9 @@ def test_bad_layer_lists_are_refused_naming_the_layer(layers, shape, match):
 
 
 def test_bad_layer_arguments_are_refused_where_they_are_written():
+    with pytest.raises(TypeError, match=r"Residual takes a list of layers, .* pass \[ReLU\(\)\]"):
+        nn.Residual(nn.ReLU())
+    assert repr(nn.Dropout(0.9999999999)) == "Dropout(0.9999999999)"  # not Dropout(1)
     with pytest.raises(ValueError, match="Dense out_features must be >= 1, got 0"):
         nn.Dense(0)
     with pytest.raises(TypeError, match="Conv2d kernel_size must be an int, got float"):
@@ -225,6 +229,44 @@ def test_mse_regression_trains_end_to_end(capsys):
         dptrain.fit(model, X, np.stack([y, y], axis=1), epochs=1, quiet=True)
     with pytest.raises(ValueError, match=r"y\[0\] = .* is not a whole number"):
         dptrain.fit(nn.mlp(3, (4,), 2), X, y, epochs=1, quiet=True)
+
+
+def test_fit_takes_images_of_the_models_shape_and_no_other():
+    """An image model's X: samples of its (C, H, W), or flat rows, as logits takes them; the
+    same number of values in another shape (channels-last images, above all) is refused by
+    name, not trained on as another image."""
+    model = nn.Sequential(
+        [nn.Conv2d(4, 3, padding=1), nn.GlobalAvgPool(), nn.Dense(3)], input_shape=(3, 8, 8)
+    )
+    rng = np.random.default_rng(0)
+    y = np.arange(12) % 3
+    nchw = rng.standard_normal((12, 3, 8, 8)).astype(np.float32)
+    for X in (nchw, nchw.reshape(12, -1)):
+        dptrain.fit(model, X, y, epochs=1, batch_size=4, quiet=True)
+    with pytest.raises(ValueError, match=r"X looks channels last: pass X.transpose\(0, 3, 1, 2\)"):
+        dptrain.fit(model, nchw.transpose(0, 2, 3, 1), y, epochs=1, quiet=True)
+    with pytest.raises(
+        ValueError, match=r"samples of shape \(3, 8, 8\), but X's are \(1, 8, 24\)$"
+    ):
+        dptrain.fit(model, nchw.reshape(12, 8, 24), y, epochs=1, quiet=True)
+    with pytest.raises(ValueError, match=r"but X's are \(3, 4, 4, 4\)$"):
+        dptrain.fit(model, nchw.reshape(12, 3, 4, 4, 4), y, epochs=1, quiet=True)
+
+
+def test_channels_last_images_are_read_as_they_are_and_said():
+    """Without a model to check against (the CLI's layers, the estimators), 4-D X is read
+    channels first, as documented; samples that look channels last get a note saying how
+    they were read and how to transpose them."""
+    from dptrain.data import from_arrays
+
+    X = np.zeros((6, 10, 10, 3), np.float32)
+    ds = from_arrays(X, np.arange(6) % 2)
+    assert ds.input_shape == (10, 10, 3)
+    (note,) = [n for n in ds.notes if "channels" in n]
+    assert "10 channels of 10 x 3" in note and "X.transpose(0, 3, 1, 2)" in note
+    assert not any(
+        "channels" in n for n in from_arrays(X.transpose(0, 3, 1, 2), np.arange(6) % 2).notes
+    )
 
 
 def test_train_names_only_the_named_models():

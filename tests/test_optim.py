@@ -69,6 +69,7 @@ def test_lr_schedules_follow_torchs(schedule):
         (dict(lr_schedule="exponential", lr_gamma=1.5), r"lr_gamma must be a number in \(0, 1\]"),
         (dict(lr_schedule="step", lr_step_epochs=0), "lr_step_epochs"),
         (dict(lr_schedule="onecycle", warmup_epochs=1), "cannot run with lr_schedule='onecycle'"),
+        (dict(warmup_epochs=5, epochs=2), r"warmup_epochs=5.0 is longer than the run \(epochs=2\)"),
     ],
 )
 def test_bad_schedule_options_are_refused_by_name(kwargs, fragment):

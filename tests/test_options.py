@@ -146,6 +146,10 @@ def test_resume_with_another_optimizer_names_the_optimizer(train_small, tmp_path
         (dict(optimizer="adamw"), "adamw betas (0.9, 0.999), eps 1e-08, weight decay 0.01"),
         (dict(optimizer="adam"), "adam betas (0.9, 0.999), eps 1e-08, 1 worker"),
         (dict(nesterov=True, weight_decay=0.001), "sgd momentum 0.9 (nesterov), weight decay"),
+        (
+            dict(optimizer="rmsprop", rms_alpha=0.9, momentum=0.5, centered=True),
+            "rmsprop alpha 0.9, eps 1e-08, momentum 0.5, centered, 1 worker",
+        ),
     ],
 )
 def test_the_header_names_the_optimizer_and_its_options(train_small, options, shown):

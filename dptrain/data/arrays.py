@@ -456,6 +456,9 @@ def _build(
             "set, or validation=0.1 to hold out the last 10 % of the rows)"
         )
     shape = _default_input_shape(X.shape) if input_shape is None else input_shape
+    note = channels_last_note("X", X.shape) if input_shape is None else None
+    if note:
+        notes.append(note)
     return Dataset(
         x_train,
         y_train,
@@ -521,6 +524,27 @@ def _real_array(a, what: str, expected: str) -> np.ndarray:
             f"and structured data are refused"
         )
     return arr
+
+
+def channels_last(sample: tuple[int, ...]) -> tuple[int, ...] | None:
+    """(C, H, W) when an image sample of shape (H, W, C) looks channels last (1, 3 or 4 values
+    on its last axis, more on its first, as Keras and PIL lay images out), else None."""
+    if len(sample) == 3 and sample[2] in (1, 3, 4) and sample[0] > 4:
+        return (sample[2], sample[0], sample[1])
+    return None
+
+
+def channels_last_note(what: str, shape: tuple[int, ...]) -> str | None:
+    """What to say of an X of this shape whose samples look channels last (see
+    channels_last), read channels first as the C core reads images; else None."""
+    chw = channels_last(tuple(shape[1:]))
+    if chw is None:
+        return None
+    return (
+        f"{what} has shape {tuple(shape)}, read channels first: {shape[1]} channels of "
+        f"{shape[2]} x {shape[3]}; if its images are channels last ({chw[0]} channels of "
+        f"{chw[1]} x {chw[2]}), pass {what}.transpose(0, 3, 1, 2)"
+    )
 
 
 def _default_input_shape(shape: tuple[int, ...]) -> tuple[int, ...]:

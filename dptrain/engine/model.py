@@ -5,6 +5,7 @@ workers build theirs on the buffers their exchange wants)."""
 
 from __future__ import annotations
 
+from ..data.arrays import channels_last
 from ..models import MODEL_KINDS, layers_spec, named_spec
 
 
@@ -17,6 +18,7 @@ def model_spec(cfg, ds, model_obj) -> dict:
             raise ValueError(
                 f"the model takes {spec['sizes'][0]} features, but X has {ds.n_features} per row"
             )
+        _check_sample_shape(tuple(spec["input_shape"]), tuple(ds.input_shape))
         if spec["loss"] == "mse":
             if ds.task != "regression" or ds.n_outputs != spec["sizes"][-1]:
                 got = (
@@ -73,6 +75,18 @@ def model_spec(cfg, ds, model_obj) -> dict:
         dtype=cfg.dtype,
         seed=cfg.seed,
     )
+
+
+def _check_sample_shape(model: tuple, data: tuple) -> None:
+    """An image model takes samples of its own shape (rows of as many features are flat
+    samples, reshaped as logits reshapes them); one of another shape is an error, not the same
+    values read another way (channels-last images as channels first)."""
+    if len(model) < 2 or len(data) < 2 or model == data:
+        return
+    hint = ""
+    if channels_last(data) == model:
+        hint = "; X looks channels last: pass X.transpose(0, 3, 1, 2)"
+    raise ValueError(f"the model takes samples of shape {model}, but X's are {data}{hint}")
 
 
 def model_classes(spec) -> int:

@@ -437,6 +437,12 @@ def _header_line(job: Job, ds, backend: str) -> str:
     cfg, spec = job.config, job.model
     if cfg.optimizer == "sgd":
         optimizer = f"sgd momentum {cfg.momentum}" + (" (nesterov)" if cfg.nesterov else "")
+    elif cfg.optimizer == "rmsprop":
+        optimizer = (
+            f"rmsprop alpha {cfg.rms_alpha}, eps {cfg.eps}"
+            + (f", momentum {cfg.momentum}" if cfg.momentum else "")
+            + (", centered" if cfg.centered else "")
+        )
     else:
         optimizer = f"{cfg.optimizer} betas {cfg.betas}, eps {cfg.eps}"
     if cfg.weight_decay:
