@@ -3213,11 +3213,11 @@ def step_forward_loss(rng, fz, net, model, thread="", hostile=0.25, big_p=0.02):
             loss, correct = model.ref_loss_grad(x, labels, gs)[:2]
         else:
             loss, correct = model.ref_evaluate(x, labels)
-        sweep = (
-            Sweep(x.copy(), labels.copy(), gs, model.n_layers - 1, rng=model.rng) if rows else None
-        )
+        # a batch of no rows is a sweep too (a worker's empty share): its steps come, add 0
+        sweep = Sweep(x.copy(), labels.copy(), gs, model.n_layers - 1, rng=model.rng)
         return Expect(
-            ret_check=model.result_check(loss, correct, x, labels), extra={"sweep": sweep}
+            ret_check=model.result_check(loss, correct, x, labels),
+            extra={"sweep": sweep, "rows": rows},
         )
 
     call = net_call(
@@ -3239,7 +3239,7 @@ def step_forward_loss(rng, fz, net, model, thread="", hostile=0.25, big_p=0.02):
     aliased = isinstance(x, np.ndarray) and np.may_share_memory(x, model.grads_view)
     del x, call  # the net alone keeps x alive now
     if out.expect is not None:
-        if out.expect.extra["sweep"] is not None:  # a batch ran: the running statistics moved
+        if out.expect.extra["rows"]:  # a batch ran: the running statistics moved
             model.commit_state()
         model.started(thread, out.expect.extra["sweep"])
         if aliased and "pending x~held grads" not in model.notes:
