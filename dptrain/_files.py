@@ -138,12 +138,16 @@ def _write_error(path: Path, exc: OSError) -> OSError:
     return error
 
 
-def remove_stale_temporaries(path: Path) -> None:
+def remove_stale_temporaries(path: Path, *, own: bool = False) -> None:
     """Deletes <path>.tmp-PID<suffix> files (w.npz.tmp-PID.npz) whose writer (PID) no longer
-    runs."""
+    runs; own: this process's too (its writers, threads, are known to be gone)."""
     for tmp in path.parent.glob(f"{path.name}.tmp-*{path.suffix}"):
         pid = tmp.name[len(path.name) + 5 : len(tmp.name) - len(path.suffix)]
-        if not pid.isdigit() or int(pid) == os.getpid():
+        if not pid.isdigit():
+            continue
+        if int(pid) == os.getpid():
+            if own:
+                tmp.unlink(missing_ok=True)
             continue
         try:
             os.kill(int(pid), 0)

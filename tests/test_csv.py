@@ -119,6 +119,14 @@ def test_an_unknown_label_column_lists_the_columns(tmp_path):
         from_csv(p, label_column=7)
 
 
+def test_a_label_column_name_given_twice_in_the_header_is_refused(tmp_path):
+    p = tmp_path / "dup.csv"
+    p.write_text("a,label,c,label\n1,0,2,1\n3,1,4,0\n5,0,6,1\n")
+    with pytest.raises(DataError, match=r"label column 'label' is ambiguous: .* columns 1, 3 so"):
+        from_csv(p, label_column="label")
+    assert list(from_csv(p, label_column=3).y_train) == [1, 0, 1]
+
+
 def test_csv_header_can_be_forced(tmp_path):
     p = _write(tmp_path / "d.csv", "1999,2000,0\n1,2,1\n3,4,0\n")
     assert from_csv(p, header=True).n_train == 2

@@ -2,6 +2,7 @@
 costs the step it was in; the others go on with one worker fewer from the last completed step,
 and with --deterministic the weights are the same bits as a run that lost no one."""
 
+import os
 import warnings
 
 import numpy as np
@@ -262,6 +263,58 @@ def test_mpi_job_restarted_on_fewer_ranks_keeps_the_bits(mpiexec, tmp_path, faul
     assert f"restarting it on 3 ranks from step {step // 4 * 4} " in restarted[0]
     with np.load(weights) as f:  # the bits of the run that lost no one (any world size)
         assert np.array_equal(f["params"], uninterrupted["params"])
+
+
+FAKE_MPIEXEC = """#!{python}
+import os, signal, sys, time
+def said(signum, frame):
+    open(os.path.join(os.path.dirname(__file__), "got"), "w").write(signal.Signals(signum).name)
+    sys.exit(128 + signum)
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, said)
+open(os.path.join(os.path.dirname(__file__), "started"), "w").write(" ".join(sys.argv))
+time.sleep(60)
+"""
+
+
+@pytest.mark.signals
+@pytest.mark.parametrize("signame, code", [("SIGTERM", 143), ("SIGHUP", 129), ("SIGINT", 130)])
+def test_a_signal_to_the_supervisor_alone_reaches_the_job(tmp_path, signame, code):
+    """kill, a scheduler's SIGTERM or a closed terminal's SIGHUP to the supervisor alone (not
+    its process group): the job gets the signal too and ends, and the supervisor ends with
+    128 + the signal, its temporary checkpoint directory removed. Before, a SIGTERM left the
+    job running with no one to wait for it, and Ctrl-C waited 10 s, then killed it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fake = tmp_path / "bin" / "mpiexec"  # an MPI launcher that says which signal it got
+    fake.parent.mkdir()
+    fake.write_text(FAKE_MPIEXEC.format(python=sys.executable))
+    fake.chmod(0o755)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dptrain", "elastic", "--", str(fake), "-n", "2"]
+        + [sys.executable, "-m", "dptrain", "train"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (fake.parent / "started").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    assert "--checkpoint " + str(scratch) in (fake.parent / "started").read_text()
+    os.kill(proc.pid, getattr(signal, signame))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    assert (fake.parent / "got").read_text() == signame
+    assert list(scratch.iterdir()) == []  # the supervisor's checkpoint directory
+    if signame != "SIGINT":
+        assert f"dptrain elastic: {signame}: the job was stopped, not restarted" in err
 
 
 def test_supervisor_refuses_what_it_cannot_restart(tmp_path):

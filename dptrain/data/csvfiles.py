@@ -160,7 +160,13 @@ def label_index(label_column, names: list[str] | None, width: int, path) -> int:
     if isinstance(label_column, str):
         text = label_column.strip()
         if names is not None and text in names:
-            return names.index(text)
+            at = [i for i, name in enumerate(names) if name == text]
+            if len(at) > 1:  # the first would be a guess
+                raise DataError(
+                    f"label column {text!r} is ambiguous: {path}'s header names columns "
+                    f"{', '.join(map(str, at))} so; give the label column's index"
+                )
+            return at[0]
         try:
             label_column = int(text)
         except ValueError:

@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 
 from ..sampler import CHUNKS
 
@@ -125,7 +126,11 @@ def supervise(command: list[str], *, min_workers: int = 1, every: int = 50, log=
                     args += ["--resume", checkpoint]
             job = list(launcher)
             job[size_at] = str(size)
-            rc = _run(job + args)
+            try:
+                rc = _run(job + args)
+            except _Stopped as stop:
+                log(f"dptrain elastic: {stop.name}: the job was stopped, not restarted")
+                return 128 + stop.signum
             if rc in (0, 130):
                 return rc
             attempt += 1
@@ -147,20 +152,53 @@ def supervise(command: list[str], *, min_workers: int = 1, every: int = 50, log=
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+class _Stopped(Exception):
+    """SIGTERM or SIGHUP to the supervisor (kill's, a scheduler's, a closed terminal's)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum, self.name = signum, signal.Signals(signum).name
+
+
 def _run(command: list[str]) -> int:
-    """Runs one attempt, its output going where ours goes; Ctrl-C reaches the job (the same
-    process group) and ends the supervision with 130."""
+    """Runs one attempt, its output going where ours goes. Ctrl-C ends the supervision with
+    130, SIGTERM and SIGHUP with _Stopped: each is passed on to the job (Ctrl-C at a terminal
+    reaches the job's ranks anyway, in the same process group; sent to the supervisor alone it
+    did not, nor did a SIGTERM, which left the job running with no one to wait for it)."""
     proc = subprocess.Popen(command)
+
+    def stopped(signum, frame):
+        raise _Stopped(signum)
+
+    held = {}
+    if threading.current_thread() is threading.main_thread():
+        held = {s: signal.signal(s, stopped) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         rc = proc.wait()
     except KeyboardInterrupt:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc, signal.SIGINT)
         return 130
+    except _Stopped as stop:
+        _stop(proc, stop.signum)
+        raise
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
     return 130 if rc == -signal.SIGINT else rc
+
+
+def _stop(proc: subprocess.Popen, signum: int) -> None:
+    """The signal passed on to the job's launcher (which passes it to the ranks), 10 s for
+    the job to end, then SIGKILL."""
+    try:
+        proc.send_signal(signum)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _position(checkpoint: str) -> str:

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._files import remove_stale_temporaries
 from ..comm import launch, oversubscription_warning, placement, resolve_backend, ulfm
 from ..comm.launch import ELASTIC_MPI_REFUSAL
 from ..comm.mpi import bounded, timed_arrival
@@ -345,6 +346,13 @@ def run(
             per_rank = launch(
                 train_worker, job, watch=bar.watch if bar else None, report=report, **options
             )
+    except BaseException:
+        # the run stopped (a worker failed, Ctrl-C, a timeout): a checkpoint being written
+        # then leaves its temporary (a killed worker's, or a thread's the interrupt left);
+        # the previous checkpoint is whole, and the workers are gone
+        if config.checkpoint:
+            remove_stale_temporaries(Path(config.checkpoint), own=backend != "mpi")
+        raise
     finally:
         if bar is not None:
             bar.close()
