@@ -183,7 +183,8 @@ def read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
 def sniff(path) -> str:
     """What a file is, from its first bytes: 'npz' (a zip), 'npy', 'json' (UTF-8 text whose
     first non-space character is { or [), 'text' (other UTF-8 text: CSV and the like),
-    'empty' or 'binary'."""
+    'not_utf8' (text in another encoding: UTF-16's byte-order mark, or no zero byte but
+    bytes that are not UTF-8, such as Latin-1's), 'empty' or 'binary'."""
     with open(path, "rb") as f:
         head = f.read(4096)
     if not head:
@@ -192,6 +193,8 @@ def sniff(path) -> str:
         return "npz"
     if head.startswith(b"\x93NUMPY"):
         return "npy"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16 (and UTF-32 LE)
+        return "not_utf8"
     if b"\0" not in head:
         text = "json" if head.lstrip()[:1] in (b"{", b"[") else "text"
         try:
@@ -200,6 +203,7 @@ def sniff(path) -> str:
         except UnicodeDecodeError as exc:
             if exc.start >= len(head) - 3:  # a character cut by the 4096-byte window
                 return text
+            return "not_utf8"
     return "binary"
 
 
@@ -210,6 +214,7 @@ KIND_NAMES = {
     "json": "a JSON file (such as a run's --out result)",
     "text": "a text file (CSV?)",
     "empty": "empty",
+    "not_utf8": "text that is not UTF-8 (CSV is read as UTF-8: save the file as UTF-8)",
     "binary": "neither a .npy or .npz file nor CSV text",
     "unreadable": "unreadable",
 }
@@ -223,7 +228,9 @@ def not_the_kind(path, kind: str, advice: str = "", where=None) -> str | None:
     if found == kind:
         return None
     where = path if where is None else where
-    if found in ("empty", "binary", "unreadable"):
+    if found == "not_utf8":  # text all the same: what to do is to re-encode it
+        text = f"{where} is {KIND_NAMES[found]}"
+    elif found in ("empty", "binary", "unreadable"):
         text = f"{where} is {KIND_NAMES[found]}: expected {KIND_NAMES[kind]}"
     else:
         text = f"{where} is {KIND_NAMES[found]}, not {KIND_NAMES[kind]}"

@@ -475,6 +475,8 @@ def _own_data(args, cfg):
         return data.from_files(given["data"], **csv)
     if not (given["train_x"] and given["train_y"]):
         raise ValueError("--train-x and --train-y go together")
+    if bool(given["test_x"]) != bool(given["test_y"]):
+        raise ValueError("--test-x and --test-y go together")
     return data.from_files(
         given["train_x"],
         given["train_y"],

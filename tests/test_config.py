@@ -60,6 +60,16 @@ def test_bad_arguments_are_named(train_small, kw, match):
         train_small(**args)
 
 
+def test_a_fault_past_the_runs_end_is_refused_not_left_to_never_happen(train_small):
+    """An injected fault is a test of a failure: one at a step the run never reaches would
+    let that test pass silently. The step after the last (the run's end) is allowed."""
+    args = dict(model="softmax", dataset="synthetic", n_samples=500, epochs=1, batch_size=100)
+    with pytest.raises(ValueError, match=r"fault is at step 6, but the run has 5 steps"):
+        train_small(**args, workers=2, fault=(1, 6, "raise"))
+    with pytest.raises(RuntimeError, match="injected fault"):
+        train_small(**args, workers=2, backend="thread", fault=(1, 5, "raise"))
+
+
 def test_what_the_number_of_workers_makes_impossible_is_named():
     TrainConfig(straggle=(3, 1.0)).check_world(4, "thread")
     with pytest.raises(ValueError, match=r"0 <= rank < workers=2"):

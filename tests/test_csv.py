@@ -119,6 +119,26 @@ def test_an_unknown_label_column_lists_the_columns(tmp_path):
         from_csv(p, label_column=7)
 
 
+def test_a_csv_in_another_encoding_or_empty_says_so(tmp_path):
+    """Latin-1 and UTF-16 text is text, not "neither .npy nor .npz nor CSV: expected an .npz
+    archive"; an empty file is empty, with what it could have held."""
+    from dptrain.data import from_files
+
+    latin1, utf16, empty = tmp_path / "l.csv", tmp_path / "u.csv", tmp_path / "e.csv"
+    latin1.write_bytes("a,b,caf\u00e9\n0.1,0.2,0\n0.3,0.4,1\n".encode("latin-1"))
+    utf16.write_bytes("a,b\n1,0\n2,1\n".encode("utf-16"))
+    empty.write_bytes(b"")
+    for p in (latin1, utf16):
+        with pytest.raises(
+            DataError, match=r"is text that is not UTF-8 .*save the file as UTF-8\)$"
+        ):
+            from_files(p)
+    with pytest.raises(DataError, match=r"e.csv is empty: expected CSV text or an .npz archive"):
+        from_files(empty)
+    with pytest.raises(DataError, match=r"e.csv is empty: expected CSV text or a .npy array"):
+        from_files(_csv(tmp_path / "x.csv"), empty)
+
+
 def test_a_label_column_name_given_twice_in_the_header_is_refused(tmp_path):
     p = tmp_path / "dup.csv"
     p.write_text("a,label,c,label\n1,0,2,1\n3,1,4,0\n5,0,6,1\n")
@@ -181,6 +201,13 @@ def test_cli_trains_on_csv_features_and_labels(tmp_path):
             ["train", *TRAIN_FLAGS, "--train-x", str(x), "--train-y", str(labels), *extra]
         )
         assert rc == 0
+
+
+def test_cli_a_test_x_without_a_test_y_names_the_flags(tmp_path, capsys):
+    x = _csv(tmp_path / "d.csv")
+    argv = ["train", *TRAIN_FLAGS, "--train-x", str(x), "--train-y", str(x), "--test-x", str(x)]
+    assert cli.main(argv) == 1
+    assert "--test-x and --test-y go together" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,7 @@ import numpy as np
 
 from .._aligned import aligned_empty
 from .._files import (
+    KIND_NAMES,
     NpzArchive,
     memory_bytes,
     not_the_kind,
@@ -289,8 +290,11 @@ def from_files(
     if y_path is None:
         if x_test_path is not None or y_test_path is not None:
             raise ValueError("a test set goes with an X and a y file, not with one data file")
-        if x_path.is_file() and sniff(x_path) == "text":
+        kind = sniff(x_path) if x_path.is_file() else None
+        if kind == "text":
             return from_csv(x_path, label_column=label_column, header=header, name=name, **options)
+        if kind == "empty":
+            raise DataError(f"{x_path} is empty: expected CSV text or {KIND_NAMES['npz']}")
         _no_label_column(label_column, x_path)
         return from_npz(x_path, name=name, **options)
     if (x_test_path is None) != (y_test_path is None):
@@ -342,7 +346,10 @@ def _no_label_column(label_column, path: Path) -> None:
 def _open_data_file(path: Path, *, labels: bool, label_column, header, task) -> np.ndarray:
     """One file of from_files: a .npy (memory-mapped) or a CSV (all its columns for X;
     one column, or ``label_column``, for the labels)."""
-    if not path.is_file() or sniff(path) != "text":
+    kind = sniff(path) if path.is_file() else None
+    if kind == "empty":
+        raise DataError(f"{path} is empty: expected CSV text or {KIND_NAMES['npy']}")
+    if kind != "text":
         return _open_npy(path)
     label_column = -1 if label_column is None else label_column
     values, names = read_csv(

@@ -47,6 +47,12 @@ class Job:
         set whose identity is `data`)."""
         batch = config.global_batch(world)
         per_epoch = steps_per_epoch(n_train, batch)
+        steps = per_epoch * config.epochs
+        if config.fault is not None and config.fault[1] > steps:  # at `steps`: the run's end
+            raise ValueError(
+                f"fault is at step {config.fault[1]}, but the run has {steps} steps "
+                f"(0..{steps - 1}, and {steps}: its end): it would never happen"
+            )
         if config.augmentation is not None:
             shape = tuple(model.get("input_shape") or ())
             pad = config.augmentation[0]
