@@ -193,8 +193,8 @@ def sniff(path) -> str:
         return "npz"
     if head.startswith(b"\x93NUMPY"):
         return "npy"
-    if head.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16 (and UTF-32 LE)
-        return "not_utf8"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16's byte-order mark
+        return "not_utf8" if _text_elsewise(head) else "binary"
     if b"\0" not in head:
         text = "json" if head.lstrip()[:1] in (b"{", b"[") else "text"
         try:
@@ -203,8 +203,26 @@ def sniff(path) -> str:
         except UnicodeDecodeError as exc:
             if exc.start >= len(head) - 3:  # a character cut by the 4096-byte window
                 return text
-            return "not_utf8"
+            return "not_utf8" if _text_elsewise(head) else "binary"
     return "binary"
+
+
+def _text_elsewise(head: bytes) -> bool:
+    """Whether bytes that are not UTF-8 are text in another encoding: UTF-16 after its
+    byte-order mark, or 8-bit text (Latin-1, cp1252) whose bytes are nearly all printable
+    ASCII (random bytes: about 4 in 10)."""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        body = head[2 : len(head) - len(head) % 2]
+        try:
+            chars = body.decode("utf-16-le" if head[0] == 0xFF else "utf-16-be")
+        except UnicodeDecodeError:
+            return False
+    elif b"\0" in head:
+        return False
+    else:
+        chars = head.decode("latin-1")
+    printable = sum(c.isascii() and (c.isprintable() or c in "\t\r\n") for c in chars)
+    return bool(chars) and printable >= 0.9 * len(chars)
 
 
 # what a file is, by ``sniff``'s kind: the words every message about a mistaken file uses

@@ -135,6 +135,10 @@ def test_a_csv_in_another_encoding_or_empty_says_so(tmp_path):
             from_files(p)
     with pytest.raises(DataError, match=r"e.csv is empty: expected CSV text or an .npz archive"):
         from_files(empty)
+    noise = tmp_path / "n.csv"  # no zero byte, not UTF-8, and not text either
+    noise.write_bytes(bytes(range(128, 256)) * 4)
+    with pytest.raises(DataError, match=r"n.csv is neither a .npy or .npz file nor CSV text"):
+        from_files(noise)
     with pytest.raises(DataError, match=r"e.csv is empty: expected CSV text or a .npy array"):
         from_files(_csv(tmp_path / "x.csv"), empty)
 
