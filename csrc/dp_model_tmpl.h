@@ -731,7 +731,7 @@ static int K(empty_exchanges)(dp_model *m, int forward, int top, int bottom)
     if (Cmax == 0) return DP_OK;
     double *tot = malloc(sizeof(double) * (2 * Cmax + 1 + n)), *mr = tot + 2 * Cmax + 1;
     if (!tot) return DP_ENOMEM;
-    int rc = DP_OK, moved = 0;
+    int rc = DP_OK;
     for (int s = 0; forward && s < p->n_stages && rc == DP_OK; s++) {
         const dp_stage *st = &p->stage[s];
         if (st->op != DP_STAGE_BN) continue;
@@ -744,7 +744,6 @@ static int K(empty_exchanges)(dp_model *m, int forward, int top, int bottom)
         if (tot[2 * C] > 0) K(bn_stats)(mr, tot, C, 0, C);
         mr[2 * C] = tot[2 * C]; /* 0: no share had rows (a caller's own exchange), no move */
         mr += 3 * C + 1;
-        moved = 1;
     }
     for (int layer = top; layer >= bottom && layer > 0 && rc == DP_OK; layer--) {
         const dp_stage *st = &p->stage[p->param_stage[layer]];
@@ -753,7 +752,7 @@ static int K(empty_exchanges)(dp_model *m, int forward, int top, int bottom)
         if (m->exchange(m->exchange_ctx, tot, 2 * st->g.C)) rc = DP_EEXCHANGE;
     }
     mr = tot + 2 * Cmax + 1;
-    for (int s = 0; moved && rc == DP_OK && s < p->n_stages; s++)
+    for (int s = 0; forward && rc == DP_OK && s < p->n_stages; s++)
         if (p->stage[s].op == DP_STAGE_BN) {
             if (mr[2 * p->stage[s].g.C] > 0) K(bn_move_running)(m, &p->stage[s], mr);
             mr += 3 * (size_t)p->stage[s].g.C + 1;

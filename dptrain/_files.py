@@ -193,8 +193,6 @@ def sniff(path) -> str:
         return "npz"
     if head.startswith(b"\x93NUMPY"):
         return "npy"
-    if head.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16's byte-order mark
-        return "not_utf8" if _text_elsewise(head) else "binary"
     if b"\0" not in head:
         text = "json" if head.lstrip()[:1] in (b"{", b"[") else "text"
         try:
@@ -203,8 +201,7 @@ def sniff(path) -> str:
         except UnicodeDecodeError as exc:
             if exc.start >= len(head) - 3:  # a character cut by the 4096-byte window
                 return text
-            return "not_utf8" if _text_elsewise(head) else "binary"
-    return "binary"
+    return "not_utf8" if _text_elsewise(head) else "binary"
 
 
 def _text_elsewise(head: bytes) -> bool:
