@@ -2,6 +2,7 @@
 LeakSanitizer and UndefinedBehaviorSanitizer, then again at -O3 with the SIMD clones, and
 built for 64-bit ARM and run there under user-mode QEMU (the generic path, NEON on ARM)."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -25,8 +26,13 @@ pytestmark = [
 def _make(target: str, *flags: str, timeout: float = 600):
     """The background job (conftest) that builds and runs one make target of the C tests."""
 
+    # beside the suite, at nice 10 on 2 cores, a program can take several times its own
+    # time: its watchdog (csrc/tests/test_watchdog.h; 120 s for test_core) waits about as
+    # long as the job may run, rather than calling a starved run a hang (a CI run did)
+    env = {**os.environ, "DP_TEST_WATCHDOG_S": str(int(timeout) - 60)}
+
     def make(workdir, run):
-        return run(["make", "-s", "-j2", *flags, "-C", C_TESTS, target], timeout=timeout)
+        return run(["make", "-s", "-j2", *flags, "-C", C_TESTS, target], timeout=timeout, env=env)
 
     make.__name__ = f"make_{target.replace('-', '_')}"
     return make

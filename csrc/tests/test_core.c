@@ -35,6 +35,7 @@
 #include "dp_sgd.h"
 #include "dp_adam.h"
 #include "dp_math.h"
+#include "test_watchdog.h"
 
 #include <float.h>
 #include <inttypes.h>
@@ -2783,7 +2784,7 @@ static void test_cpu(void)
 int main(void)
 {
     signal(SIGALRM, on_watchdog);
-    alarm(120);
+    alarm(watchdog_seconds(120));
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("test_core: kernels' ISA on this CPU: %s (GEMM %s); tested:",
            dp_isa_name(dp_isa_active()), dp_gemm_isa());

@@ -26,6 +26,7 @@
 #include "dp_common.h"
 #include "dp_model.h"
 #include "dp_cpu.h"
+#include "test_watchdog.h"
 
 #include <float.h>
 #include <inttypes.h>
@@ -1184,7 +1185,7 @@ static void test_dense_stacks_and_conv_blocks(void)
 int main(void)
 {
     signal(SIGALRM, on_watchdog);
-    alarm(300);
+    alarm(watchdog_seconds(300));
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_plans();
     /* the vector kernels (dp_vec.h) and the models built on them, on every ISA this CPU has */
