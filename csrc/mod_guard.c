@@ -25,8 +25,20 @@
  *    130. From there on a C handler ends each rank at once, wherever it is: the first rank of
  *    the node to get there (an abstract Unix socket's name, bound: the same election as
  *    comm.mpi.first_on_node's) writes the line, each tells its node's watcher "said" (a
- *    descriptor, or -1), then, with the node's other ranks, _exit(130). socket(2), bind(2),
- *    write(2), clock_gettime(2), clock_nanosleep(2) and _exit(2) are async-signal-safe.
+ *    descriptor, or -1), then, with the node's other ranks, _exit(130).
+ *
+ *
+ *    Under MPICH's launcher (Hydra), once every rank of the node is in the handler (each
+ *    binds the next of a row of names; up to a second), each tells its proxy on the PMI
+ *    socket that it finalized ("cmd=finalize", PMI-1's wire form; it waits up to a second
+ *    for the ack). The proxy kills the node's other ranks (SIGTERM, SIGKILL) when a rank's
+ *    PMI socket closes without that message: whichever rank left first, the ones still on
+ *    their way out died by SIGKILL and the job ended 9. Leaving at one instant made that
+ *    rare, not impossible: a CI run beside compile jobs, 3 ranks on 2 cores, still ended 9.
+ *    A SIGINT that reaches one rank alone (kill -INT) sends no finalize: the proxy's kill
+ *    still ends the others, which would wait for that rank forever. socket(2), bind(2),
+ *    connect(2), close(2), write(2), poll(2), read(2), clock_gettime(2), clock_nanosleep(2)
+ *    and _exit(2) are async-signal-safe.
  */
 #include "mod_common.h"
 
@@ -38,6 +50,7 @@
 #include <time.h>
 #include <unistd.h>
 #ifdef __linux__
+#include <poll.h>
 #include <stddef.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -236,16 +249,60 @@ static struct {
     size_t len;
     struct sockaddr_un addr;
     socklen_t addrlen;
-    int said_fd;
+    int said_fd, pmi_fd, local_ranks;
 } interrupt_end;
+
+static long long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void sleep_until_ns(long long ns)
+{
+    struct timespec at = {.tv_sec = (time_t)(ns / 1000000000LL),
+                          .tv_nsec = (long)(ns % 1000000000LL)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR) {}
+}
+
+/* The abstract name of the node's k-th rank to reach the handler: the election's own name
+ * for the first (comm.mpi.first_on_node binds it too), NAME#k after. 0: it does not fit. */
+static socklen_t arrival_name(int k, struct sockaddr_un *a)
+{
+    *a = interrupt_end.addr;
+    size_t at = (size_t)interrupt_end.addrlen - offsetof(struct sockaddr_un, sun_path);
+    char digits[12];
+    int n = 0;
+    if (k > 0) {
+        do digits[n++] = (char)('0' + k % 10);
+        while ((k /= 10) && n < 11);
+        if (at + 1 + (size_t)n > sizeof a->sun_path) return 0;
+        a->sun_path[at++] = '#';
+        while (n) a->sun_path[at++] = digits[--n];
+    }
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + at);
+}
 
 static void on_interrupt(int sig)
 {
     (void)sig;
-    int s = socket(AF_UNIX, SOCK_DGRAM, 0);
-    /* the socket stays bound until the process ends: the election's other ranks lose */
-    if (s >= 0 &&
-        bind(s, (const struct sockaddr *)&interrupt_end.addr, interrupt_end.addrlen) == 0) {
+    int local = interrupt_end.local_ranks, arrival = -1;
+    struct sockaddr_un a;
+    /* Each rank binds the first free name of 0, 1, ... (local - 1) and keeps it until it
+     * ends: 0 is the election's winner, and the last name bound means the whole node is here.
+     * No rank ends before that (or a second), so none takes a name a leaver freed: the line
+     * is written once, where a rank that left first had let a late one win again. */
+    for (int k = 0; k < (local > 0 ? local : 1) && arrival < 0; k++) {
+        socklen_t len = arrival_name(k, &a);
+        int s = len ? socket(AF_UNIX, SOCK_DGRAM, 0) : -1;
+        if (s < 0) break;
+        if (bind(s, (const struct sockaddr *)&a, len) == 0)
+            arrival = k;
+        else
+            close(s);
+    }
+    if (arrival == 0) {
         ssize_t done = write(2, interrupt_end.line, interrupt_end.len);
         (void)done;
     }
@@ -253,17 +310,37 @@ static void on_interrupt(int sig)
         ssize_t done = write(interrupt_end.said_fd, "said\n", 5);
         (void)done;
     }
+    int all_here = 0;
+    socklen_t last = local > 0 && arrival >= 0 ? arrival_name(local - 1, &a) : 0;
+    for (long long give_up = now_ns() + 1000000000LL; last;) {
+        int probe = socket(AF_UNIX, SOCK_DGRAM, 0);
+        if (probe < 0) break;
+        all_here = connect(probe, (const struct sockaddr *)&a, last) == 0;
+        close(probe);
+        if (all_here || now_ns() > give_up) break;
+        sleep_until_ns(now_ns() + 1000000LL);
+    }
+    /* Every rank of the node is leaving with 130: tell the proxy so. Where one is not (a
+     * SIGINT sent to one rank alone), the proxy must still end the others, by its kill. */
+    if (all_here && interrupt_end.pmi_fd >= 0) {
+        static const char finalize[] = "cmd=finalize\n";
+        if (write(interrupt_end.pmi_fd, finalize, sizeof finalize - 1) ==
+            (ssize_t)(sizeof finalize - 1)) {
+            /* the ack: the proxy has read the message before this rank's socket closes */
+            struct pollfd p = {.fd = interrupt_end.pmi_fd, .events = POLLIN};
+            char ack[64];
+            if (poll(&p, 1, 1000) == 1) {
+                ssize_t got = read(interrupt_end.pmi_fd, ack, sizeof ack);
+                (void)got;
+            }
+        }
+    }
     /* The node's ranks leave at one instant: the first 100 ms mark of the shared monotonic
      * clock at least 50 ms away (their SIGINTs, forwarded one by one, arrive well within
-     * that). A rank that left first had MPICH's proxy kill (SIGKILL) the ones still on their
-     * way out: 1 run in 60 here ended 9. */
-    struct timespec at;
-    clock_gettime(CLOCK_MONOTONIC, &at);
-    long long ns = (long long)at.tv_sec * 1000000000LL + at.tv_nsec, step = 100000000LL;
-    ns = (ns + step / 2) / step * step + step;
-    at.tv_sec = (time_t)(ns / 1000000000LL);
-    at.tv_nsec = (long)(ns % 1000000000LL);
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR) {}
+     * that). Without the finalize, a rank that left first had MPICH's proxy kill (SIGKILL)
+     * the ones still on their way out: 1 run in 60 here ended 9. */
+    long long ns = now_ns(), step = 100000000LL;
+    sleep_until_ns((ns + step / 2) / step * step + step);
     _exit(130);
 }
 #endif
@@ -273,8 +350,9 @@ static PyObject *py_exit_on_interrupt(PyObject *module, PyObject *args)
     (void)module;
     const char *line, *name;
     Py_ssize_t len, nlen;
-    int said_fd;
-    if (!PyArg_ParseTuple(args, "y#y#i:_exit_on_interrupt", &line, &len, &name, &nlen, &said_fd))
+    int said_fd, pmi_fd = -1, local_ranks = 0;
+    if (!PyArg_ParseTuple(args, "y#y#i|ii:_exit_on_interrupt", &line, &len, &name, &nlen, &said_fd,
+                          &pmi_fd, &local_ranks))
         return NULL;
 #ifdef __linux__
     if ((size_t)len >= sizeof interrupt_end.line || nlen < 1 ||
@@ -291,6 +369,8 @@ static PyObject *py_exit_on_interrupt(PyObject *module, PyObject *args)
     memcpy(interrupt_end.addr.sun_path, name, (size_t)nlen);
     interrupt_end.addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)nlen);
     interrupt_end.said_fd = said_fd;
+    interrupt_end.pmi_fd = pmi_fd;
+    interrupt_end.local_ranks = local_ranks;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_interrupt;
@@ -298,18 +378,20 @@ static PyObject *py_exit_on_interrupt(PyObject *module, PyObject *args)
     if (sigaction(SIGINT, &sa, NULL) != 0) return PyErr_SetFromErrno(PyExc_OSError);
     Py_RETURN_TRUE;
 #else
-    (void)line, (void)name, (void)len, (void)nlen, (void)said_fd;
+    (void)line, (void)name, (void)len, (void)nlen, (void)said_fd, (void)pmi_fd, (void)local_ranks;
     Py_RETURN_FALSE;
 #endif
 }
 
 PyMethodDef mod_guard_functions[] = {
     {"_exit_on_interrupt", py_exit_on_interrupt, METH_VARARGS,
-     "_exit_on_interrupt(line, name, said_fd) -> bool: from now on SIGINT ends the process at "
-     "once with 130, in C wherever it is: the first process to bind the abstract Unix socket "
-     "name writes line to stderr, each writes 'said' to said_fd (-1: none). False where there "
-     "is no such handler (not Linux). Private: it ends the process that calls it, so it is "
-     "tested by tests/test_faults.py, not by the fuzzer"},
+     "_exit_on_interrupt(line, name, said_fd, pmi_fd=-1, local_ranks=0) -> bool: from now on "
+     "SIGINT ends the process at once with 130, in C wherever it is: the first process to bind "
+     "the abstract Unix socket name writes line to stderr, each writes 'said' to said_fd (-1: "
+     "none), waits up to 1 s for the node's local_ranks (0: unknown) and, where all came and "
+     "pmi_fd >= 0, sends PMI-1's finalize to its launcher's proxy (MPICH's Hydra). False "
+     "where there is no such handler (not Linux). Private: it ends the process that calls it, "
+     "so it is tested by tests/test_faults.py, not by the fuzzer"},
     {"_exit_later", py_exit_later, METH_VARARGS,
      "_exit_later(seconds, text, code=1): unless _exit_later_cancel() is called within "
      "seconds, a C thread writes text to stderr and ends the process with code (it runs while "

@@ -340,7 +340,34 @@ def interrupt_ends_rank() -> None:
         return
     fd = _WATCHED[0].fileno() if _WATCHED else -1
     name = node_socket_name("interrupted").encode()
-    _core._exit_on_interrupt((INTERRUPTED_LINE + "\n").encode(), name, fd)
+    line = (INTERRUPTED_LINE + "\n").encode()
+    _core._exit_on_interrupt(line, name, fd, _hydra_pmi_fd(), _local_ranks())
+
+
+def _local_ranks() -> int:
+    """How many ranks of the job run on this node, from the launcher's environment (MPICH's
+    Hydra, Open MPI), or 0: unknown."""
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        try:
+            return max(0, int(os.environ[var]))
+        except (KeyError, ValueError):
+            pass
+    return 0
+
+
+def _hydra_pmi_fd() -> int:
+    """The descriptor of this rank's PMI-1 socket to MPICH's launcher (Hydra's proxy, this
+    process's parent, names it in PMI_FD), or -1: another launcher (Slurm's srun speaks PMI-2
+    or PMIx there, Open MPI its own), or none. The interrupt handler says 'finalized' on it
+    (mod_guard.c: else the proxy SIGKILLs the node's ranks still leaving)."""
+    try:
+        fd = int(os.environ["PMI_FD"])
+        with open(f"/proc/{os.getppid()}/comm") as f:
+            parent = f.read().strip()
+        os.fstat(fd)
+    except (KeyError, ValueError, OSError):
+        return -1
+    return fd if parent == "hydra_pmi_proxy" else -1
 
 
 def abort_job(comm_world, rank: int, exc: BaseException) -> None:
