@@ -220,6 +220,32 @@ def test_sigint_stops_every_worker_within_a_second_with_one_line(target):
     assert shm_entries() == before
 
 
+@pytest.mark.parametrize(
+    "signum, target",
+    [(signal.SIGTERM, "launcher"), (signal.SIGTERM, "group"), (signal.SIGHUP, "launcher")],
+)
+def test_sigterm_and_sighup_stop_the_run_as_ctrl_c_does(tmp_path, signum, target):
+    """kill PID, a scheduler's stop (Slurm's scancel signals every process of the job), a
+    closed terminal: one line, 128 + the signal, every worker gone, nothing left behind. The
+    process died at once by the signal before, silently, and left the checkpoint's temporary
+    (a checkpoint is written at every step here, so that the signal often comes during one)."""
+    before = shm_entries()
+    ck = tmp_path / "ck.npz"
+    proc, workers = start("--checkpoint", str(ck), "--checkpoint-every", "1")
+    t0 = time.monotonic()
+    (os.kill if target == "launcher" else os.killpg)(proc.pid, signum)
+    out, err = proc.communicate(timeout=30)
+    took = time.monotonic() - t0
+    assert proc.returncode == 128 + signum, (proc.returncode, err)
+    assert took < 3, f"took {took:.1f} s to stop"
+    assert not wait_gone(workers, 2)
+    lines = [line for line in err.splitlines() if line.strip()]
+    name = signal.Signals(signum).name
+    assert lines == [f"dptrain: stopped by {name}: every worker was stopped"], err
+    assert shm_entries() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.npz"]
+
+
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_a_memory_mapped_input_truncated_mid_run_is_named(tmp_path, backend):
     """A user's .npy is read through a memory map: cut short under the run, the next read of
