@@ -70,9 +70,11 @@ def parse_layers(text: str) -> tuple:
     'flatten', ('dense', 10)): a layer's name, then its sizes after colons (a conv's
     OUT:KERNEL[:PADDING[:STRIDE]], dropout's rate: dropout:0.5)."""
     layers = []
+    if not text.strip():
+        return ()
+    if any(not s.strip() for s in text.split(",")):  # "dense:10,,relu": a layer left out?
+        raise ValueError(f"--layers is {text!r}: a layer between its commas is empty")
     for item in (t.strip() for t in text.split(",")):
-        if not item:
-            continue
         name, *sizes = item.split(":")
         if name == "dropout":  # its rate is a number: dropout:0.5
             try:

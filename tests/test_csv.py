@@ -60,6 +60,8 @@ def test_other_delimiters(tmp_path, delimiter):
         ("a,b,label\n1,2,0\n3,x,1\n", r"line 3, column 2 \('b'\): 'x' is not a finite number"),
         ("1,2,0\n3,,1\n", r"line 2, column 2: is empty"),
         ("1,2,0\n3,nan,1\n", r"line 2, column 2: 'nan' is not a finite number"),
+        # Python's float takes digits grouped by _ ('3_1' is 31): an identifier, likelier
+        ("1,2,0\n3_1,4,1\n", r"line 2, column 1: '3_1' is not a finite number"),
         ("# comment\n1,2,0\n\n3,4\n", r"line 4 has 2 fields, but line 2 has 3"),
         ("a,b,label\n", r"holds a header line but no data"),
         ("\n# only a comment\n", r"holds no data"),

@@ -252,6 +252,8 @@ def test_the_cli_parses_the_new_layers():
         ValueError, match=r"dropout's rate is a number in \[0, 1\), e.g. dropout:0.5"
     ):
         parse_layers("dense:4,dropout:half")
+    with pytest.raises(ValueError, match=r"'dense:10,,relu': a layer between its commas"):
+        parse_layers("dense:10,,relu")  # it was read as dense:10,relu
 
 
 def test_the_cli_trains_them(tmp_path):

@@ -32,6 +32,10 @@ _COMMENT = "#"
 
 
 def _number(text: str) -> bool:
+    # Python's float reads "1_000" as 1000 and "3_1" as 31: in a CSV cell that is more
+    # likely an identifier than a number (pandas and np.loadtxt refuse it too)
+    if "_" in text:
+        return False
     try:
         float(text)
     except ValueError:
@@ -122,7 +126,7 @@ def _values(path, block: list, numbers: list, names, top: int, labels, task) -> 
     finite number (in the label column, `labels`, text is told apart: it names the fix)."""
     try:
         values = np.array(block, dtype=np.float64)
-        if np.isfinite(values).all():
+        if np.isfinite(values).all() and not any("_" in "".join(row) for row in block):
             return values
     except ValueError:
         pass
