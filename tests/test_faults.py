@@ -237,7 +237,8 @@ def test_sigterm_and_sighup_stop_the_run_as_ctrl_c_does(tmp_path, signum, target
     out, err = proc.communicate(timeout=30)
     took = time.monotonic() - t0
     assert proc.returncode == 128 + signum, (proc.returncode, err)
-    assert took < 3, f"took {took:.1f} s to stop"
+    # a bound on a hang (the run is minutes long), not a timing: 0.2-0.4 s by hand
+    assert took < 10, f"took {took:.1f} s to stop"
     assert not wait_gone(workers, 2)
     lines = [line for line in err.splitlines() if line.strip()]
     name = signal.Signals(signum).name
