@@ -32,7 +32,7 @@ import numpy as np
 from ..comm import Interrupted, WorkerError, launch
 from ..comm.elastic import lost_record, regroup
 from ..sampler import batch_bounds
-from .loop import INIT_OPTIMIZER, INIT_PARAMS, INIT_STATE, POSITION, train_worker
+from .loop import DIVERGED, INIT_OPTIMIZER, INIT_PARAMS, INIT_STATE, POSITION, train_worker
 
 
 def launch_elastic(
@@ -84,6 +84,11 @@ def launch_elastic(
             snap = max(snaps, key=lambda s: s["step"]) if snaps else None
             at = snap["step"] if snap else job.restore["step"] if job.restore else 0
             cause = _repeated(events, err, at)
+            if any(c.startswith(DIVERGED) or f": {DIVERGED}" in c for c in err.lost.values()):
+                # the run's own failure, on every worker alike: going on without one worker
+                # redid it (from a step whose loss may print as inf, not nan: another text)
+                # down to a single worker, whose error then came unwrapped
+                cause = " (the run's own error, not a lost worker's)"
             if not snaps and len(err.lost) == world:
                 cause = "; no worker left"
             if cause or short:

@@ -38,6 +38,9 @@ DATA_NAMES = ("x_train", "y_train", "x_test", "y_test")  # a run's data, as laun
 INIT_PARAMS = "init_params"  # the extra holding the starting parameters of a user's model
 INIT_STATE = "init_state"  # ... and its batch norms' running statistics
 INIT_STEP = "init_step"  # ... and its dropout step count (int64 [step]): a fit continues it
+# the start of the divergence error's text: every worker raises it at the same step (the loss
+# is all-reduced), so an elastic run never takes it for a lost worker
+DIVERGED = "training diverged"
 # the extras holding a previous run's optimizer state that fit(optimizer_state=...) continues:
 # INIT_OPTIMIZER + "steps" (one int64), + "velocity", + each of its state_dict()'s arrays
 INIT_OPTIMIZER = "init_optimizer_"
@@ -390,7 +393,7 @@ def run_worker(
             loss_sum, correct = float(stats[0]), int(round(stats[1]))
             if not math.isfinite(loss_sum):
                 raise FloatingPointError(
-                    f"training diverged: the loss is {loss_sum} in epoch {epoch + 1} "
+                    f"{DIVERGED}: the loss is {loss_sum} in epoch {epoch + 1} "
                     f"(lr={job.lr}); try a smaller learning rate"
                 )
             if rank == 0:
