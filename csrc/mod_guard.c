@@ -18,27 +18,30 @@
  * async-signal-safe. Registration happens before the workers read (the table grows in place;
  * unwatch_mapping clears an entry's range before its text).
  *
- * 3. Ctrl-C at the end of an MPI job (_exit_on_interrupt). Once the ranks are past their last
- *    collective of training, a rank's SIGINT may find it blocked in C (the results' gather,
- *    MPI_Finalize) waiting for a rank that has already handled its own SIGINT in Python and
- *    left: MPICH's launcher then kills the blocked one (SIGKILL) and the job ends with 9, not
- *    130. From there on a C handler ends each rank at once, wherever it is: the first rank of
+ * 3. Ctrl-C in an MPI job (_exit_on_interrupt). A rank's SIGINT may find it blocked in C (a
+ *    collective, the results' gather, MPI_Finalize) waiting for a rank that has already
+ *    handled its own SIGINT in Python and left: MPICH's launcher then kills the blocked one
+ *    (SIGKILL) and the job ends with 9, not 130. From the rank's start (comm.launch) a C
+ *    handler ends each rank at once, wherever it is: the first rank of
  *    the node to get there (an abstract Unix socket's name, bound: the same election as
  *    comm.mpi.first_on_node's) writes the line, each tells its node's watcher "said" (a
  *    descriptor, or -1), then, with the node's other ranks, _exit(130).
  *
  *
  *    Under MPICH's launcher (Hydra), once every rank of the node is in the handler (each
- *    binds the next of a row of names; up to a second), each tells its proxy on the PMI
- *    socket that it finalized ("cmd=finalize", PMI-1's wire form; it waits up to a second
- *    for the ack). The proxy kills the node's other ranks (SIGTERM, SIGKILL) when a rank's
- *    PMI socket closes without that message: whichever rank left first, the ones still on
+ *    binds the next of a row of names; up to 2 s), each tells its proxy on the PMI socket
+ *    that it finalized ("cmd=finalize", PMI-1's wire form; it waits up to a second for the
+ *    ack). The proxy kills the node's other ranks (SIGKILL) when a rank's PMI socket
+ *    closes without that message: whichever rank left first, the ones still on
  *    their way out died by SIGKILL and the job ended 9. Leaving at one instant made that
  *    rare, not impossible: a CI run beside compile jobs, 3 ranks on 2 cores, still ended 9.
  *    A SIGINT that reaches one rank alone (kill -INT) sends no finalize: the proxy's kill
- *    still ends the others, which would wait for that rank forever. socket(2), bind(2),
- *    connect(2), close(2), write(2), poll(2), read(2), clock_gettime(2), clock_nanosleep(2)
- *    and _exit(2) are async-signal-safe.
+ *    still ends the others, which would wait for that rank forever. (Nor does a rank alone
+ *    on its node. If it alone is signalled, the other nodes' ranks are left waiting for
+ *    it, as they were before the finalize: checked with two one-rank "nodes" on one host.)
+ *    socket(2), bind(2), connect(2), close(2), fstat(2), send(2), write(2), poll(2),
+ *    read(2), pause(2), clock_gettime(2), clock_nanosleep(2) and _exit(2) are
+ *    async-signal-safe.
  */
 #include "mod_common.h"
 
@@ -53,6 +56,7 @@
 #include <poll.h>
 #include <stddef.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #endif
 
@@ -287,11 +291,17 @@ static socklen_t arrival_name(int k, struct sockaddr_un *a)
 static void on_interrupt(int sig)
 {
     (void)sig;
+    /* Once per process: the handler blocks SIGINT in its own thread only, and a second
+     * SIGINT taken by another thread (MPICH's and UCX's own threads do not block it) would
+     * bind a second name of the row, so that the node looked whole with a rank missing. */
+    static volatile int entered;
+    if (__atomic_exchange_n(&entered, 1, __ATOMIC_SEQ_CST))
+        for (;;) pause(); /* the first entry ends the process */
     int local = interrupt_end.local_ranks, arrival = -1;
     struct sockaddr_un a;
     /* Each rank binds the first free name of 0, 1, ... (local - 1) and keeps it until it
      * ends: 0 is the election's winner, and the last name bound means the whole node is here.
-     * No rank ends before that (or a second), so none takes a name a leaver freed: the line
+     * No rank ends before that (or 2 s), so none takes a name a leaver freed: the line
      * is written once, where a rank that left first had let a late one win again. */
     for (int k = 0; k < (local > 0 ? local : 1) && arrival < 0; k++) {
         socklen_t len = arrival_name(k, &a);
@@ -312,7 +322,7 @@ static void on_interrupt(int sig)
     }
     int all_here = 0;
     socklen_t last = local > 0 && arrival >= 0 ? arrival_name(local - 1, &a) : 0;
-    for (long long give_up = now_ns() + 1000000000LL; last;) {
+    for (long long give_up = now_ns() + 2000000000LL; last;) {
         int probe = socket(AF_UNIX, SOCK_DGRAM, 0);
         if (probe < 0) break;
         all_here = connect(probe, (const struct sockaddr *)&a, last) == 0;
@@ -321,10 +331,14 @@ static void on_interrupt(int sig)
         sleep_until_ns(now_ns() + 1000000LL);
     }
     /* Every rank of the node is leaving with 130: tell the proxy so. Where one is not (a
-     * SIGINT sent to one rank alone), the proxy must still end the others, by its kill. */
-    if (all_here && interrupt_end.pmi_fd >= 0) {
+     * SIGINT sent to one rank alone), the proxy must still end the others, by its kill; a
+     * node of one rank has no other to keep from it. The descriptor must still be a socket
+     * (not one that a closed PMI connection's number went to). */
+    struct stat st;
+    if (all_here && local > 1 && interrupt_end.pmi_fd >= 0 &&
+        fstat(interrupt_end.pmi_fd, &st) == 0 && S_ISSOCK(st.st_mode)) {
         static const char finalize[] = "cmd=finalize\n";
-        if (write(interrupt_end.pmi_fd, finalize, sizeof finalize - 1) ==
+        if (send(interrupt_end.pmi_fd, finalize, sizeof finalize - 1, MSG_NOSIGNAL) ==
             (ssize_t)(sizeof finalize - 1)) {
             /* the ack: the proxy has read the message before this rank's socket closes */
             struct pollfd p = {.fd = interrupt_end.pmi_fd, .events = POLLIN};
@@ -388,7 +402,7 @@ PyMethodDef mod_guard_functions[] = {
      "_exit_on_interrupt(line, name, said_fd, pmi_fd=-1, local_ranks=0) -> bool: from now on "
      "SIGINT ends the process at once with 130, in C wherever it is: the first process to bind "
      "the abstract Unix socket name writes line to stderr, each writes 'said' to said_fd (-1: "
-     "none), waits up to 1 s for the node's local_ranks (0: unknown) and, where all came and "
+     "none), waits up to 2 s for the node's local_ranks (0: unknown) and, where all came and "
      "pmi_fd >= 0, sends PMI-1's finalize to its launcher's proxy (MPICH's Hydra). False "
      "where there is no such handler (not Linux). Private: it ends the process that calls it, "
      "so it is tested by tests/test_faults.py, not by the fuzzer"},

@@ -326,7 +326,11 @@ def main(argv=None) -> int:
 
     held = {}
     if threading.current_thread() is threading.main_thread() and (mpi_world_size() or 1) == 1:
-        held = {s: signal.signal(s, _raise_terminated) for s in STOP_SIGNALS}
+        # only where the signal would kill the process: not under nohup (SIGHUP ignored), nor
+        # over a handler of the program that runs main in-process
+        for s in STOP_SIGNALS:
+            if signal.getsignal(s) is signal.SIG_DFL:
+                held[s] = signal.signal(s, _raise_terminated)
     try:
         with warnings.catch_warnings():  # _main's one-line warnings end with it
             return _main(argv)

@@ -247,6 +247,35 @@ def test_sigterm_and_sighup_stop_the_run_as_ctrl_c_does(tmp_path, signum, target
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.npz"]
 
 
+def test_a_run_under_nohup_goes_on_past_sighup():
+    """nohup starts the program with SIGHUP ignored: a closed terminal must not stop it (the
+    command line's SIGHUP handler once replaced the ignored disposition, and did)."""
+
+    def as_nohup():
+        _terminal_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dptrain", "train", *LONG_RUN, "--workers", "1"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=as_nohup,
+    )
+    try:
+        time.sleep(3)  # its imports done, training
+        os.kill(proc.pid, signal.SIGHUP)
+        time.sleep(1)
+        assert proc.poll() is None, proc.communicate()[1]
+        os.kill(proc.pid, signal.SIGTERM)
+        err = proc.communicate(timeout=30)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, err)
+
+
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_a_memory_mapped_input_truncated_mid_run_is_named(tmp_path, backend):
     """A user's .npy is read through a memory map: cut short under the run, the next read of

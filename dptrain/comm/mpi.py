@@ -11,6 +11,7 @@ Also here: reading from the environment whether this process was started by an M
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -388,8 +389,12 @@ def abort_job(comm_world, rank: int, exc: BaseException) -> None:
         woken and tuple(exc.args[1:2]) == (INTERRUPTED,)
     )
     # Ctrl-C reaches every rank (the launcher forwards it): the first to handle it says it
+    # cli.Terminated: SIGTERM or SIGHUP, stopping a run as Ctrl-C does (a singleton MPI run)
+    signum = getattr(exc, "signum", signal.SIGINT) if interrupted else 0
     if not woken and (not interrupted or first_on_node("interrupted")):
-        cause = "interrupted (SIGINT)" if interrupted else f"failed: {describe(exc)}"
+        how = "interrupted" if signum == signal.SIGINT else "stopped"
+        name = signal.Signals(signum).name if interrupted else ""
+        cause = f"{how} ({name})" if interrupted else f"failed: {describe(exc)}"
         print(
             f"dptrain: worker rank {rank} {cause}; aborting all {comm_world.Get_size()} MPI ranks",
             file=sys.stderr,
@@ -400,10 +405,11 @@ def abort_job(comm_world, rank: int, exc: BaseException) -> None:
         time.sleep(ABORT_GRACE_SECONDS * (2 if woken else 1))
     except KeyboardInterrupt:  # a second Ctrl-C: abort at once
         pass
-    comm_world.Abort(130 if interrupted else 1)
+    code = 128 + signum if interrupted else 1
+    comm_world.Abort(code)
     # MPICH's MPI_Abort can return in the calling rank before the launcher kills it: leave
     # now, or the exception goes on up and prints the failure a second time
-    os._exit(130 if interrupted else 1)
+    os._exit(code)
 
 
 class MPIComm(Communicator):

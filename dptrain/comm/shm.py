@@ -927,16 +927,16 @@ def _process_main(rank, segment, layout, policy, target, args, conn, parent, inh
     extras that are views of files, {name: (path, offset, shape, dtype)}, mapped here."""
     import signal
 
+    # a forked worker inherits the command line's handlers of these (cli.Terminated): here
+    # they end the process, as the launcher's SIGTERM to a worker that will not stop expects
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
     _die_with_parent(parent)
     conn.send(("started", rank, None))  # past the start method's bootstrapping (see below)
     # Ctrl-C in a terminal reaches the whole process group: the launcher alone handles it
     # (it aborts the run and stops everyone), so a worker neither dies on it half-way nor
     # prints a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # a forked worker inherits the command line's handlers of these (cli.Terminated): here
-    # they end the process, as the launcher's SIGTERM to a worker that will not stop expects
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, signal.SIG_DFL)
     try:
         conn.send(
             _run_attached(rank, segment, layout, policy, target, args, conn, inherited, mapped)

@@ -183,7 +183,8 @@ def _run(command: list[str]) -> int:
         raise
     finally:
         for s, handler in held.items():
-            signal.signal(s, handler)
+            if handler is not None:  # (None: a handler set from C, which cannot be restored)
+                signal.signal(s, handler)
     return 130 if rc == -signal.SIGINT else rc
 
 
