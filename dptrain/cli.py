@@ -469,9 +469,23 @@ def _train(args) -> int:
         cfg = config_from_args(args)
         run(cfg, data=_own_data(args, cfg))
     except (ValueError, TypeError, FloatingPointError, OSError, RuntimeError) as exc:
-        print(f"dptrain: error: {cli_message(exc)}", file=sys.stderr)
+        line = f"dptrain: error: {cli_message(exc)}"
+        if _first_to_say(line):
+            print(line, file=sys.stderr)
         return 1
     return 0
+
+
+def _first_to_say(line: str) -> bool:
+    """False in an MPI rank whose node has had this line said already: every rank refuses a
+    bad option alike, and said it once per rank. A rank with another error says its own."""
+    import hashlib
+
+    from .comm.mpi import first_on_node, mpi_world_size
+
+    if (mpi_world_size() or 1) == 1:
+        return True
+    return first_on_node("error-" + hashlib.sha1(line.encode()).hexdigest()[:16])
 
 
 def _own_data(args, cfg):

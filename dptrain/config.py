@@ -25,6 +25,8 @@ import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
+
 from ._files import memory_bytes, npz_path, size_text
 from .comm.algorithms import ALGORITHMS
 from .comm.base import BACKENDS
@@ -678,6 +680,16 @@ class TrainConfig:
 
     def _validate(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen)
+        for f in fields(self):  # a switch is a bool: shuffle="False" shuffled
+            if isinstance(f.default, bool):
+                value = getattr(self, f.name)
+                if not (
+                    isinstance(value, (bool, np.bool_))
+                    or isinstance(value, numbers.Integral)
+                    and value in (0, 1)
+                ):
+                    raise ValueError(f"{f.name} must be True or False, got {value!r}")
+                set_(f.name, bool(value))
         if self.batch_size is None and self.batch_per_worker is None:
             raise ValueError(
                 "batch_size must be a positive integer, got None (None only with batch_per_worker)"

@@ -358,3 +358,16 @@ def test_cli_resume_on_other_data_is_one_line(tmp_path, checkpoint, capsys):
     rc = cli.main(["train", *flags, "--resume", str(checkpoint)])
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "n_train=2000" in err, err
+
+
+def test_a_checkpoint_interval_longer_than_the_run_still_writes_one_at_its_end(
+    train_small, tmp_path
+):
+    """--checkpoint-every past the run's last step wrote no checkpoint, and said nothing (a
+    new user's trial): the run's last step writes one, whatever the interval. Resumed, it
+    is the finished run."""
+    path = tmp_path / "run.npz"
+    whole = train_small(checkpoint=path, checkpoint_every=10_000)
+    assert path.is_file()
+    again = train_small(resume=path)
+    assert np.array_equal(again["params"], whole["params"])

@@ -133,3 +133,21 @@ def test_the_sweep_and_plot_outputs_name_a_failed_write(tmp_path, monkeypatch, w
     )
     assert target.read_bytes() == b"the previous file"
     assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
+@pytest.mark.mpi
+def test_an_output_refused_under_mpi_ends_every_rank_with_one_line(mpiexec, tmp_path):
+    """Rank 0 alone checks the outputs it will write: a refusal ended rank 0 and left the
+    others waiting for it in their first collective, forever (a new user's trial). Now
+    every rank leaves with it, and each node says it once."""
+    r = subprocess.run(
+        [mpiexec, "-n", "3", sys.executable, "-m", "dptrain", "train", "--dataset", "synthetic"]
+        + ["--n-samples", "512", "--n-features", "8", "--epochs", "1", "--quiet"]
+        + ["--checkpoint", str(tmp_path / "missing" / "ck.npz")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    ours = [x for x in r.stderr.splitlines() if x.startswith("dptrain")]
+    assert r.returncode == 1, r.stderr
+    assert len(ours) == 1 and "--checkpoint" in ours[0] and "does not exist" in ours[0], r.stderr

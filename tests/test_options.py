@@ -61,6 +61,19 @@ def test_the_api_names_the_field_and_the_error_carries_it():
     assert cli_message(OptionError("workers", "too many")) == "--workers: too many"
 
 
+@pytest.mark.parametrize("name", ["shuffle", "nesterov", "overlap", "elastic", "deterministic"])
+@pytest.mark.parametrize("value", ["False", "no", 2, None])
+def test_a_switch_takes_a_bool_not_a_truthy_value(name, value):
+    # fit(shuffle="False") shuffled (a new user's trial): a non-empty string is truthy
+    with pytest.raises(OptionError, match=rf"^{name} must be True or False, got {value!r}$"):
+        TrainConfig(**{name: value})
+
+
+def test_a_switch_takes_numpys_bool_and_0_or_1_as_bools():
+    config = TrainConfig(shuffle=np.bool_(False), nesterov=1)
+    assert config.shuffle is False and config.nesterov is True
+
+
 # ---------------------------------------------------------------- silently ignored: refused
 @pytest.mark.parametrize(
     "flags, names",

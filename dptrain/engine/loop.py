@@ -352,7 +352,11 @@ def run_worker(
                     done.setdefault("first_step_wall", done["began"])  # a recovery's end
                 if progress is not None:
                     progress[0], progress[1] = step, total_steps
-                if checkpoint_every and step % checkpoint_every == 0:
+                # ... and at the run's last step, whatever the interval: a checkpoint named
+                # is written (an interval longer than the run wrote none, silently)
+                if checkpoint_every and (
+                    step % checkpoint_every == 0 or (cfg.checkpoint and step == total_steps)
+                ):
                     # the epoch's loss so far, over all workers (this all-reduce is also the
                     # barrier after which every update of this step is done)
                     stats[0], stats[1] = loss_sum, correct

@@ -234,11 +234,21 @@ def run(
         check_main_guard(multiprocessing.get_context(config.start_method).get_start_method())
     if config.resume and not Path(config.resume).is_file():
         raise ValueError(f"resume: no checkpoint file at {config.resume}")
+    refused = None
     if rank == 0:
         # every result is written after training: check now that it can be, not after hours
-        for arg in ("out", "save_weights", "trace", "steps_csv", "checkpoint"):
-            if getattr(config, arg):
-                check_writable(getattr(config, arg), arg)
+        try:
+            for arg in ("out", "save_weights", "trace", "steps_csv", "checkpoint"):
+                if getattr(config, arg):
+                    check_writable(getattr(config, arg), arg)
+        except ValueError as exc:
+            refused = str(exc)
+    if backend == "mpi" and world > 1:
+        # rank 0 writes the results, so it alone checks; every rank leaves with its refusal
+        # (the others waited for rank 0 in the first collective, forever)
+        refused = mpi_world().bcast(refused, root=0)
+    if refused is not None:
+        raise ValueError(refused)
     say = (lambda *a: None) if (config.quiet or rank != 0) else log
     if launch_note:
         say(f"dptrain: {launch_note}")
