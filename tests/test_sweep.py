@@ -27,6 +27,8 @@ SMALL = dict(
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
+    (out / "traces").mkdir()
+    (out / "traces" / "99999_8w.json").write_text("[]")  # an earlier sweep's, into this folder
     return out, sweep_mod.sweep(out=out, **SMALL)
 
 
@@ -76,6 +78,9 @@ def test_files_hold_the_same_rows(result):
     assert len(list(csv.DictReader(open(out / "runs.csv")))) == len(res["runs"])
     trace = json.loads((out / "traces" / "1200_3w.json").read_text())
     assert {e["tid"] for e in trace["traceEvents"]} == {0, 1, 2}
+    # an earlier sweep's trace is gone: `plot` drew the one with the most ranks as this
+    # sweep's timeline (a new user's trial)
+    assert not (out / "traces" / "99999_8w.json").exists()
 
 
 def test_bad_sweeps_are_rejected():

@@ -6,7 +6,8 @@ and returns / writes (``out=DIR``):
 
 - ``sweep.json``: {"config", "machine", "runs": [RUN...], "summary": [SUMMARY...]};
 - ``runs.csv`` and ``summary.csv``: the same rows, flat;
-- ``traces/<size>_<workers>w.json``: a Chrome trace of the first steps of repeat 0.
+- ``traces/<size>_<workers>w.json``: a Chrome trace of the first steps of repeat 0 (an
+  earlier sweep's in the folder are removed first).
 
 Every field of these files: docs/sweep_schema.md. The rows and tables are made by
 dptrain.measure.summary (re-exported here); this module runs the sweep.
@@ -121,6 +122,9 @@ def sweep(
     outdir = Path(out) if out else None
     if outdir:
         (outdir / "traces").mkdir(parents=True, exist_ok=True)
+        # an earlier sweep's traces in the same folder: `plot` would draw one as this sweep's
+        for old in (outdir / "traces").glob("*_*w.json"):
+            old.unlink()
     size_arg = "n_samples" if dataset == "synthetic" else "limit"
     common = dict(
         model=model,
