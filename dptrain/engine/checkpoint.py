@@ -127,6 +127,7 @@ def save_checkpoint(
     history,
     train_seconds,
     eval_seconds,
+    epoch_seconds=0.0,
     optimizer=None,
     local=None,
 ) -> None:
@@ -153,6 +154,9 @@ def save_checkpoint(
         "history": history,
         "train_seconds": train_seconds,
         "eval_seconds": eval_seconds,
+        # the epoch's time so far: a resumed run's line for that epoch counts it (it gave the
+        # time since the resume alone, for all the epoch's samples: 9 million samples/s)
+        "epoch_seconds": epoch_seconds,
         "job": resume_keys(job),
     }
     if local_position is not None:
@@ -330,11 +334,16 @@ def read_checkpoint(path, job, n_params: int, n_train: int):
         raise ValueError(
             f"{where}: its history has {len(position['history'])} epoch record(s), expected {epoch}"
         )
+    # (a checkpoint written before it was kept has none: the resumed epoch counts from 0)
+    position.setdefault("epoch_seconds", 0.0)
     if not (
         math.isfinite(position["loss_sum"])
         and 0 <= position["correct"] <= n_train
         and position["train_seconds"] >= 0
         and position["eval_seconds"] >= 0
+        and isinstance(position["epoch_seconds"], (int, float))
+        and not isinstance(position["epoch_seconds"], bool)
+        and 0 <= position["epoch_seconds"] < math.inf
     ):
         raise ValueError(
             f"{where}: the epoch's running sums are impossible (loss_sum "

@@ -261,6 +261,7 @@ def run_worker(
     train_seconds, eval_seconds, step = state["train_seconds"], state["eval_seconds"], state["step"]
     now = time.perf_counter
     checkpoint_every = job.checkpoint_every
+    wrote_checkpoint = False
     # early stopping: rank 0 decides from the epochs' losses (those of a resumed run's history
     # too) and every rank learns its decision by the broadcast of `stop`
     plateau = None
@@ -276,7 +277,8 @@ def run_worker(
     # an elastic run's survivors go on from `done`: the last step every worker completed
     done = dict(ready=False, began=time.time())
     held_state = net.state.copy() if elastic else None  # ... and its running statistics
-    offset = restore["epoch_seconds"] if restore is not None else 0.0  # the epoch's time before
+    # the epoch's time before: an elastic recovery's, or a checkpoint's (rank 0 read it)
+    offset = restore["epoch_seconds"] if restore is not None else state.get("epoch_seconds", 0.0)
     try:
         # every rank's start-up (its data mapped, its model built, a checkpoint read) is work,
         # not lateness: --timeout counts none of it
@@ -352,11 +354,13 @@ def run_worker(
                     done.setdefault("first_step_wall", done["began"])  # a recovery's end
                 if progress is not None:
                     progress[0], progress[1] = step, total_steps
-                # ... and at the run's last step, whatever the interval: a checkpoint named
-                # is written (an interval longer than the run wrote none, silently)
+                # ... and at the run's last step where this run wrote none: a checkpoint
+                # named is written (an interval longer than the run wrote none, silently)
                 if checkpoint_every and (
-                    step % checkpoint_every == 0 or (cfg.checkpoint and step == total_steps)
+                    step % checkpoint_every == 0
+                    or (cfg.checkpoint and step == total_steps and not wrote_checkpoint)
                 ):
+                    wrote_checkpoint = True
                     # the epoch's loss so far, over all workers (this all-reduce is also the
                     # barrier after which every update of this step is done)
                     stats[0], stats[1] = loss_sum, correct
@@ -379,6 +383,7 @@ def run_worker(
                             history=history,
                             train_seconds=train_seconds + now() - e0,
                             eval_seconds=eval_seconds,
+                            epoch_seconds=offset + now() - e0,
                             local=exchange.checkpoint_state() if job.local else None,
                         )
                     comm.barrier_after_work(0)  # the next exchange does not wait out the write
