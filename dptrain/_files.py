@@ -157,6 +157,21 @@ def remove_stale_temporaries(path: Path, *, own: bool = False) -> None:
             pass
 
 
+def check_out_dir(path, flag: str) -> None:
+    """An output directory, made where it is missing; refused naming `flag` where it
+    cannot be written (a file in its place, no permission, a read-only file system), before
+    any work: the sweep, study and plot commands said a bare "[Errno 30] Read-only file
+    system: 'rofs/sw'" after their runs."""
+    import tempfile
+
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".dptrain-probe-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+
+
 def fsync_directory(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)

@@ -384,9 +384,11 @@ def _main(argv=None) -> int:
             print(f"  {k:30s} {json.dumps(v) if not isinstance(v, str) else v}")
         return 0
     if args.command == "study":
+        from ._files import check_out_dir
         from .studies import study
 
         try:
+            check_out_dir(args.out or f"study-{args.name}", "--out")
             study(args.name, args.out or f"study-{args.name}", quick=args.quick)
         except (
             ValueError,
@@ -400,9 +402,12 @@ def _main(argv=None) -> int:
             return 1
         return 0
     if args.command == "sweep":
+        from ._files import check_out_dir
         from .measure.sweep import sweep
 
         try:
+            if args.out:
+                check_out_dir(args.out, "--out")
             sweep(
                 args.model,
                 args.dataset,

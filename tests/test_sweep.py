@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from dptrain import cli
 from dptrain.measure import sweep as sweep_mod
 from dptrain.measure import timing
 from dptrain.measure.progress import Progress, format_seconds
@@ -173,3 +174,20 @@ def test_a_synthetic_stand_in_is_named_in_every_output(tmp_path, monkeypatch, ca
     printed = capsys.readouterr()
     assert "softmax on synthetic-mnist (SYNTHETIC DATA, QUICK RUN)" in printed.out
     assert "SYNTHETIC MNIST-shaped" in printed.err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", "--model", "softmax", "--dataset", "synthetic", "--sizes", "600"],
+        ["study", "mnist-mlp", "--quick"],
+    ],
+)
+def test_an_out_that_cannot_be_written_is_one_line_naming_it_before_any_run(tmp_path, capsys, argv):
+    # it was a bare "[Errno 30] Read-only file system: 'rofs/sw'" after the runs
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "results"
+    assert cli.main([*argv, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"dptrain: error: --out {out}: cannot write there (")
+    assert err.count("\n") == 1, err

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from .._files import read_json, write_text_atomically
+from .._files import check_out_dir, read_json, write_text_atomically
 from .plots import load_sweep, machine_cores, model_verdict, plot_sweep
 from .plots.labels import _context
 from .plots.performance import _ILLUSTRATION
@@ -21,6 +21,8 @@ def main_plot(args) -> int:
     say = (lambda msg: None) if quiet else print
     try:
         sweep = load_sweep(args.sweep)
+        if args.out:  # before the model is fitted and its model.json written there
+            check_out_dir(args.out, "--out")
         say(f"sweep: {_context(sweep['summary'], sweep=sweep)}")
         validation = _read_model_file(
             getattr(args, "validation", None), "--validation", "validation"
