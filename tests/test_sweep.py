@@ -191,3 +191,25 @@ def test_an_out_that_cannot_be_written_is_one_line_naming_it_before_any_run(tmp_
     err = capsys.readouterr().err
     assert err.startswith(f"dptrain: error: --out {out}: cannot write there (")
     assert err.count("\n") == 1, err
+
+
+def test_an_interrupted_sweep_keeps_the_runs_it_finished(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM in the middle of a sweep lost every run done (no sweep.json; a new
+    user's trial): they are written, and the file says the sweep was interrupted."""
+    import dptrain.engine
+
+    real, calls = dptrain.engine.train, []
+
+    def train(**kw):
+        calls.append(kw)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(**kw)
+
+    monkeypatch.setattr(dptrain.engine, "train", train)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_mod.sweep(out=tmp_path, **dict(SMALL, ceiling=False))
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert len(saved["runs"]) == 2
+    assert saved["config"]["interrupted"] == "2 of 12 runs done"
+    assert len(list(csv.DictReader(open(tmp_path / "runs.csv")))) == 2

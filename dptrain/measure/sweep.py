@@ -143,6 +143,20 @@ def sweep(
         for p in (counts if r % 2 == 0 else counts[::-1])
     ]
     runs = []
+    kept = dict(model=model, dataset=dataset, quick=quick, sizes=sizes, counts=counts)
+    kept.update(backend=backend, repeat=repeat, epochs=epochs, batch_size=batch_size)
+    kept.update(allreduce=allreduce, ceiling=ceiling, train_kw=train_kw)
+    try:
+        _run_plan(plan, runs, common, size_arg, outdir, ceiling, backend, quiet, train)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (cli.Terminated): the runs done are kept
+        if outdir and runs:
+            _finish(runs, outdir, say, plan=len(plan), interrupted=True, settings=kept)
+        raise
+    return _finish(runs, outdir, say, plan=len(plan), interrupted=False, settings=kept)
+
+
+def _run_plan(plan, runs, common, size_arg, outdir, ceiling, backend, quiet, train):
+    """Runs the sweep's plan, appending each run's row to runs as it ends."""
     n_ceiling = sum(1 for n, r, p in plan if p > 1) if ceiling else 0
     with Progress(len(plan) + n_ceiling, "sweep", quiet=quiet) as bar:
         for n, r, p in plan:
@@ -159,33 +173,40 @@ def sweep(
                 indep = train(**kw, uncoupled=True)["train_seconds"]
                 bar.update(f"{n} samples, {p} uncoupled workers: {indep:.3f} s")
             runs.append(run_row(res, n_samples=n, repeat=r, independent=indep, backend=backend))
+
+
+def _finish(runs, outdir, say, *, plan: int, interrupted: bool, settings: dict):
+    """The sweep's result from its runs, written to outdir; an interrupted sweep's says so
+    (its runs done of the plan's), and is written all the same: no run is lost. settings:
+    the sweep's arguments, as its config records them."""
+    g = settings
     summary = summarize(runs)
     used = runs[0]["dataset"]  # what the runs trained on, e.g. "synthetic-mnist"
     result = {
         "config": dict(
-            model=model,
+            model=g["model"],
             dataset=used,
-            requested_dataset=dataset,
+            requested_dataset=g["dataset"],
             synthetic=used.startswith("synthetic"),
-            quick=bool(quick),
-            sizes=sizes,
-            workers=counts,
-            backend=backend,
-            repeat=repeat,
-            epochs=epochs,
-            batch_size=batch_size,
-            allreduce=allreduce,
-            ceiling=ceiling,
-            **{k: v for k, v in train_kw.items() if is_json(v)},
+            quick=bool(g["quick"]),
+            sizes=g["sizes"],
+            workers=g["counts"],
+            **{k: g[k] for k in ("backend", "repeat", "epochs", "batch_size", "allreduce")},
+            ceiling=g["ceiling"],
+            **{k: v for k, v in g["train_kw"].items() if is_json(v)},
         ),
         "machine": machine_info(),
         "runs": runs,
         "summary": summary,
     }
+    if interrupted:
+        result["config"]["interrupted"] = f"{len(runs)} of {plan} runs done"
     if outdir:
         write_text_atomically(outdir / "sweep.json", json.dumps(result, indent=1) + "\n")
         write_csv(runs, outdir / "runs.csv")
         write_csv(summary, outdir / "summary.csv")
-        say(f"wrote {outdir / 'sweep.json'}, runs.csv, summary.csv, traces/")
-    say(f"{model} on {data_label(result['config'])}:\n" + format_summary(summary))
+        done = f" (interrupted: {len(runs)} of {plan} runs done)" if interrupted else ""
+        say(f"wrote {outdir / 'sweep.json'}, runs.csv, summary.csv, traces/{done}")
+    if not interrupted:
+        say(f"{g['model']} on {data_label(result['config'])}:\n" + format_summary(summary))
     return result
