@@ -680,6 +680,12 @@ class TrainConfig:
 
     def _validate(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen)
+        for name in (*OUTPUT_PATHS, "resume"):  # checkpoint=123 wrote a file named 123
+            value = getattr(self, name)
+            if value is not None and not (
+                isinstance(value, os.PathLike) or isinstance(value, str) and value.strip()
+            ):
+                raise ValueError(f"{name} must be a file path (str or os.PathLike), got {value!r}")
         for f in fields(self):  # a switch is a bool: shuffle="False" shuffled
             if isinstance(f.default, bool):
                 value = getattr(self, f.name)

@@ -69,6 +69,14 @@ def test_a_switch_takes_a_bool_not_a_truthy_value(name, value):
         TrainConfig(**{name: value})
 
 
+@pytest.mark.parametrize("name", ["checkpoint", "resume", "out", "save_weights"])
+@pytest.mark.parametrize("value", [123, "", b"run.npz", ["run.npz"]])
+def test_a_path_option_takes_a_path(name, value):
+    # checkpoint=123 wrote a file named 123; resume="" was ignored (a new user's trial)
+    with pytest.raises(OptionError, match=rf"^{name} must be a file path \(str or os.PathLike\)"):
+        TrainConfig(**{name: value})
+
+
 def test_a_switch_takes_numpys_bool_and_0_or_1_as_bools():
     config = TrainConfig(shuffle=np.bool_(False), nesterov=1)
     assert config.shuffle is False and config.nesterov is True
