@@ -5,13 +5,13 @@ built from ``dptrain.config.TrainConfig``), ``sweep``, ``study``, ``plot``, ``in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import signal
 import sys
-import threading
 import warnings
 
+from ._signals import Terminated, stop_signals_raise
 from .config import (
     add_train_arguments,
     check_paths,
@@ -293,30 +293,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP to the command line's process (kill, a scheduler's stop or time
-    limit, timeout(1), a closed terminal), raised where Ctrl-C's KeyboardInterrupt is: the
-    run stops as after Ctrl-C (every worker stopped, no checkpoint temporary or shared memory
-    left; by default the process died at once and left them), and the exit status is
-    128 + the signal's number."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_terminated(signum, frame):
-    # once: a second signal while the workers are being stopped would break that off
-    for s in STOP_SIGNALS:
-        signal.signal(s, signal.SIG_IGN)
-    raise Terminated(signum)
-
-
-# the signals that stop a run as Ctrl-C does (not under MPI: there the launcher ends the
-# ranks, and a rank blocked in a collective runs no Python handler)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
 def main(argv=None) -> int:
     """Runs the command line on argv (default sys.argv[1:]); returns the exit code (130
     after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP, with one line on stderr: the workers
@@ -324,27 +300,20 @@ def main(argv=None) -> int:
     ``python -m dptrain info | head -3``)."""
     from .comm.mpi import mpi_world_size
 
-    held = {}
-    if threading.current_thread() is threading.main_thread() and (mpi_world_size() or 1) == 1:
-        # only where the signal would kill the process: not under nohup (SIGHUP ignored), nor
-        # over a handler of the program that runs main in-process
-        for s in STOP_SIGNALS:
-            if signal.getsignal(s) is signal.SIG_DFL:
-                held[s] = signal.signal(s, _raise_terminated)
-    try:
-        with warnings.catch_warnings():  # _main's one-line warnings end with it
-            return _main(argv)
-    except KeyboardInterrupt as exc:
-        return _interrupted(exc)
-    except BrokenPipeError:
-        # what is left in stdout's buffer cannot be written either: point stdout at
-        # /dev/null so that the interpreter's final flush does not fail again
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
-    finally:
-        for s, handler in held.items():
-            signal.signal(s, handler)
+    # not under MPI: there the launcher ends the ranks, and a rank blocked in a collective
+    # runs no Python handler
+    with stop_signals_raise() if (mpi_world_size() or 1) == 1 else contextlib.nullcontext():
+        try:
+            with warnings.catch_warnings():  # _main's one-line warnings end with it
+                return _main(argv)
+        except KeyboardInterrupt as exc:
+            return _interrupted(exc)
+        except BrokenPipeError:
+            # what is left in stdout's buffer cannot be written either: point stdout at
+            # /dev/null so that the interpreter's final flush does not fail again
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 141
 
 
 def _interrupted(exc: KeyboardInterrupt) -> int:
@@ -361,8 +330,9 @@ def _interrupted(exc: KeyboardInterrupt) -> int:
         sys.stdout.flush()
         os._exit(130)
     if isinstance(exc, Terminated):
-        name = signal.Signals(exc.signum).name
-        print(f"dptrain: stopped by {name}: every worker was stopped", file=sys.stderr, flush=True)
+        print(
+            f"dptrain: stopped by {exc.name}: every worker was stopped", file=sys.stderr, flush=True
+        )
         return 128 + exc.signum
     print("dptrain: interrupted: every worker was stopped", file=sys.stderr, flush=True)
     return 130

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from .._signals import Terminated
 from . import ulfm
 from .base import (
     BACKENDS,
@@ -361,11 +362,10 @@ def _hydra_pmi_fd() -> int:
     process's parent, names it in PMI_FD), or -1: another launcher (Slurm's srun speaks PMI-2
     or PMIx there, Open MPI its own), or none. The interrupt handler says 'finalized' on it
     (mod_guard.c: else the proxy SIGKILLs the node's ranks still leaving)."""
-    try:
+    try:  # (the handler checks at its time that the descriptor is still a socket)
         fd = int(os.environ["PMI_FD"])
         with open(f"/proc/{os.getppid()}/comm") as f:
             parent = f.read().strip()
-        os.fstat(fd)
     except (KeyError, ValueError, OSError):
         return -1
     return fd if parent == "hydra_pmi_proxy" else -1
@@ -389,8 +389,8 @@ def abort_job(comm_world, rank: int, exc: BaseException) -> None:
         woken and tuple(exc.args[1:2]) == (INTERRUPTED,)
     )
     # Ctrl-C reaches every rank (the launcher forwards it): the first to handle it says it
-    # cli.Terminated: SIGTERM or SIGHUP, stopping a run as Ctrl-C does (a singleton MPI run)
-    signum = getattr(exc, "signum", signal.SIGINT) if interrupted else 0
+    # SIGTERM or SIGHUP, stopping a run as Ctrl-C does (a singleton MPI run)
+    signum = (exc.signum if isinstance(exc, Terminated) else signal.SIGINT) if interrupted else 0
     if not woken and (not interrupted or first_on_node("interrupted")):
         how = "interrupted" if signum == signal.SIGINT else "stopped"
         name = signal.Signals(signum).name if interrupted else ""

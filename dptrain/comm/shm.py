@@ -927,7 +927,7 @@ def _process_main(rank, segment, layout, policy, target, args, conn, parent, inh
     extras that are views of files, {name: (path, offset, shape, dtype)}, mapped here."""
     import signal
 
-    # a forked worker inherits the command line's handlers of these (cli.Terminated): here
+    # a forked worker inherits the command line's handlers of these (_signals.Terminated): here
     # they end the process, as the launcher's SIGTERM to a worker that will not stop expects
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_DFL)

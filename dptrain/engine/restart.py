@@ -22,8 +22,8 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 
+from .._signals import Terminated, stop_signals_raise
 from ..sampler import CHUNKS
 
 LAUNCHERS = ("mpiexec", "mpirun", "mpiexec.hydra", "mpiexec.mpich", "mpiexec.openmpi")
@@ -128,7 +128,7 @@ def supervise(command: list[str], *, min_workers: int = 1, every: int = 50, log=
             job[size_at] = str(size)
             try:
                 rc = _run(job + args)
-            except _Stopped as stop:
+            except Terminated as stop:
                 log(f"dptrain elastic: {stop.name}: the job was stopped, not restarted")
                 return 128 + stop.signum
             if rc in (0, 130):
@@ -152,39 +152,22 @@ def supervise(command: list[str], *, min_workers: int = 1, every: int = 50, log=
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-class _Stopped(Exception):
-    """SIGTERM or SIGHUP to the supervisor (kill's, a scheduler's, a closed terminal's)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum, self.name = signum, signal.Signals(signum).name
-
-
 def _run(command: list[str]) -> int:
     """Runs one attempt, its output going where ours goes. Ctrl-C ends the supervision with
-    130, SIGTERM and SIGHUP with _Stopped: each is passed on to the job (Ctrl-C at a terminal
-    reaches the job's ranks anyway, in the same process group; sent to the supervisor alone it
-    did not, nor did a SIGTERM, which left the job running with no one to wait for it)."""
+    130, SIGTERM and SIGHUP with Terminated: each is passed on to the job (Ctrl-C at a
+    terminal reaches the job's ranks anyway, in the same process group; sent to the
+    supervisor alone it did not, nor did a SIGTERM, which left the job running with no one
+    to wait for it)."""
     proc = subprocess.Popen(command)
-
-    def stopped(signum, frame):
-        raise _Stopped(signum)
-
-    held = {}
-    if threading.current_thread() is threading.main_thread():
-        held = {s: signal.signal(s, stopped) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        rc = proc.wait()
-    except KeyboardInterrupt:
-        _stop(proc, signal.SIGINT)
-        return 130
-    except _Stopped as stop:
-        _stop(proc, stop.signum)
-        raise
-    finally:
-        for s, handler in held.items():
-            if handler is not None:  # (None: a handler set from C, which cannot be restored)
-                signal.signal(s, handler)
+    with stop_signals_raise():  # (the command line's, where it runs us)
+        try:
+            rc = proc.wait()
+        except Terminated as stop:
+            _stop(proc, stop.signum)
+            raise
+        except KeyboardInterrupt:
+            _stop(proc, signal.SIGINT)
+            return 130
     return 130 if rc == -signal.SIGINT else rc
 
 

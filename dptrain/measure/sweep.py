@@ -148,7 +148,7 @@ def sweep(
     kept.update(allreduce=allreduce, ceiling=ceiling, train_kw=train_kw)
     try:
         _run_plan(plan, runs, common, size_arg, outdir, ceiling, backend, quiet, train)
-    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (cli.Terminated): the runs done are kept
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (_signals.Terminated): the runs done are kept
         if outdir and runs:
             _finish(runs, outdir, say, plan=len(plan), interrupted=True, settings=kept)
         raise
